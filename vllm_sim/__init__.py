@@ -1,0 +1,1 @@
+"""Package vllm_sim (under construction)."""

@@ -1,0 +1,1 @@
+"""Package weights (under construction)."""
