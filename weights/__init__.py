@@ -1,1 +1,58 @@
-"""Package weights (under construction)."""
+"""Weight staging: pin Hugging Face models to commits, pull and verify exact bytes, sign, size.
+
+Public API (other packages import only these names)::
+
+    Lockfile, LockEntry, LockedFile          weights.lock model (load/dumps/save/entry)
+    verify_tree -> VerifyReport, Mismatch    offline verification of a directory or HF cache
+    sha256_file, git_blob_sha1, digest_file  digests as the Hub defines them
+    hf_cache_paths, install_hf_cache         the Hugging Face cache layout
+    WeightsError (+ subclasses, each with a stable ``code``)
+
+Nothing here touches the network; only :mod:`weights.hub` (imported lazily by ``pin``/``pull``)
+talks to the configured hub endpoint.
+"""
+
+from weights.cache import (
+    HfCachePaths,
+    hf_cache_paths,
+    install_hf_cache,
+    repo_folder_name,
+    resolve_model_dir,
+    write_ref,
+)
+from weights.digests import FileDigests, digest_file, git_blob_sha1, sha256_file
+from weights.errors import (
+    CacheLayoutError,
+    DigestMismatchError,
+    EntryNotInLockError,
+    LockfileError,
+    WeightsError,
+)
+from weights.lockfile import LockedFile, LockEntry, Lockfile, check_repo_path, is_commit_sha
+from weights.verify import Mismatch, VerifyReport, verify_tree
+
+__all__ = [
+    "CacheLayoutError",
+    "DigestMismatchError",
+    "EntryNotInLockError",
+    "FileDigests",
+    "HfCachePaths",
+    "LockEntry",
+    "LockedFile",
+    "Lockfile",
+    "LockfileError",
+    "Mismatch",
+    "VerifyReport",
+    "WeightsError",
+    "check_repo_path",
+    "digest_file",
+    "git_blob_sha1",
+    "hf_cache_paths",
+    "install_hf_cache",
+    "is_commit_sha",
+    "repo_folder_name",
+    "resolve_model_dir",
+    "sha256_file",
+    "verify_tree",
+    "write_ref",
+]

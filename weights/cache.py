@@ -1,0 +1,269 @@
+"""The Hugging Face cache layout, written and read without huggingface_hub.
+
+Layout (``$HF_HUB_CACHE``, default ``~/.cache/huggingface/hub``), as huggingface_hub's
+``file_download.py`` writes it and vLLM reads it with ``HF_HUB_OFFLINE=1``::
+
+    models--{org}--{name}/
+        blobs/<blob_id>                  sha256 for LFS files, git blob SHA-1 otherwise
+        snapshots/<commit>/<path>        relative symlink -> ../../blobs/<blob_id>
+        refs/<revision>                  the commit SHA, no trailing newline
+
+Every write is atomic: blobs and refs are written to a temporary name and renamed, symlinks
+are created under a temporary name and renamed over the final one.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from weights.digests import ProgressCallback, digest_file
+from weights.errors import CacheLayoutError, DigestMismatchError
+from weights.lockfile import LockedFile, LockEntry, check_repo_path, is_commit_sha
+
+
+def repo_folder_name(repo_id: str, repo_type: str = "model") -> str:
+    """Return the cache folder name of a repository (``models--org--name``)."""
+    return "--".join([f"{repo_type}s", *repo_id.split("/")])
+
+
+@dataclass(frozen=True)
+class HfCachePaths:
+    """Paths of one repository inside a Hugging Face cache.
+
+    Attributes:
+        root: The cache root (``HF_HUB_CACHE``).
+        repo_dir: ``root/models--{org}--{name}``.
+        blobs: ``repo_dir/blobs``.
+        snapshots: ``repo_dir/snapshots``.
+        refs: ``repo_dir/refs``.
+    """
+
+    root: Path
+    repo_dir: Path
+    blobs: Path
+    snapshots: Path
+    refs: Path
+
+    def blob(self, blob_id: str) -> Path:
+        """Return the path of blob ``blob_id``."""
+        return self.blobs / blob_id
+
+    def snapshot(self, commit: str) -> Path:
+        """Return the snapshot directory of ``commit``."""
+        return self.snapshots / commit
+
+    def ref(self, revision: str) -> Path:
+        """Return the ref file of a branch or tag (``refs/pr/1`` style names nest)."""
+        check_repo_path(revision)
+        return self.refs / revision
+
+    def read_ref(self, revision: str) -> str | None:
+        """Return the commit a ref points to, or None if the ref does not exist."""
+        try:
+            return self.ref(revision).read_text(encoding="ascii").strip()
+        except (FileNotFoundError, ValueError):
+            return None
+
+
+def hf_cache_paths(cache_root: str | os.PathLike[str], repo_id: str) -> HfCachePaths:
+    """Return the cache paths of ``repo_id`` under ``cache_root`` (nothing is created)."""
+    root = Path(cache_root)
+    repo_dir = root / repo_folder_name(repo_id)
+    return HfCachePaths(
+        root=root,
+        repo_dir=repo_dir,
+        blobs=repo_dir / "blobs",
+        snapshots=repo_dir / "snapshots",
+        refs=repo_dir / "refs",
+    )
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="ascii") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _atomic_symlink(target: str, link: Path) -> None:
+    link.parent.mkdir(parents=True, exist_ok=True)
+    if link.is_symlink() and os.readlink(link) == target:
+        return
+    tmp = link.parent / f".{link.name}.{uuid.uuid4().hex}.tmp"
+    os.symlink(target, tmp)
+    try:
+        os.replace(tmp, link)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def write_ref(paths: HfCachePaths, revision: str, commit: str) -> None:
+    """Point ``refs/<revision>`` at ``commit`` (no trailing newline, as huggingface_hub does).
+
+    Nothing is written when ``revision`` is the commit SHA itself (huggingface_hub writes no
+    ref for a SHA either).
+    """
+    if revision == commit or is_commit_sha(revision):
+        return
+    _atomic_write_text(paths.ref(revision), commit)
+
+
+def link_snapshot_file(paths: HfCachePaths, commit: str, locked: LockedFile) -> Path:
+    """Create ``snapshots/<commit>/<path>`` as a relative symlink to its blob; return the link."""
+    link = paths.snapshot(commit) / check_repo_path(locked.path)
+    target = os.path.relpath(paths.blob(locked.blob_id), link.parent)
+    _atomic_symlink(target, link)
+    return link
+
+
+def install_blob(
+    paths: HfCachePaths,
+    locked: LockedFile,
+    source: Path,
+    *,
+    move: bool = False,
+    verify: bool = True,
+    progress: ProgressCallback | None = None,
+) -> Path:
+    """Put ``source`` into ``blobs/<blob_id>`` atomically; return the blob path.
+
+    Args:
+        paths: Cache paths of the repository.
+        locked: The pinned file ``source`` holds.
+        source: File with the content.
+        move: Rename ``source`` instead of copying it (same filesystem only; falls back to copy).
+        verify: Hash ``source`` and compare with the lock first. Pass False only when these
+            exact bytes were verified already.
+        progress: Byte-count callback while hashing.
+
+    Raises:
+        DigestMismatchError: ``source`` does not match the lock (nothing is installed).
+        CacheLayoutError: The blob cannot be written.
+    """
+    if verify:
+        d = digest_file(source, progress)
+        if d.size != locked.size:
+            raise DigestMismatchError(locked.path, f"size:{locked.size}", f"size:{d.size}")
+        if d.sha256 != locked.sha256:
+            raise DigestMismatchError(locked.path, f"sha256:{locked.sha256}", f"sha256:{d.sha256}")
+        if locked.git_sha1 is not None and d.git_sha1 != locked.git_sha1:
+            raise DigestMismatchError(
+                locked.path, f"git-sha1:{locked.git_sha1}", f"git-sha1:{d.git_sha1}"
+            )
+    blob = paths.blob(locked.blob_id)
+    try:
+        paths.blobs.mkdir(parents=True, exist_ok=True)
+        if blob.is_file() and blob.stat().st_size == locked.size and not verify:
+            return blob
+        tmp = paths.blobs / f"{locked.blob_id}.{uuid.uuid4().hex}.incomplete"
+        if move:
+            try:
+                os.replace(source, tmp)
+            except OSError:
+                shutil.copyfile(source, tmp)
+        else:
+            shutil.copyfile(source, tmp)
+        with open(tmp, "rb+") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, blob)
+    except OSError as exc:
+        raise CacheLayoutError(f"cannot write blob {blob}: {exc.strerror or exc}") from exc
+    return blob
+
+
+def install_hf_cache(
+    cache_root: str | os.PathLike[str],
+    entry: LockEntry,
+    files: Mapping[str, Path],
+    *,
+    revision: str | None = None,
+    move: bool = False,
+    verify: bool = True,
+    progress: ProgressCallback | None = None,
+) -> Path:
+    """Install the files of a pinned entry into a Hugging Face cache; return the snapshot dir.
+
+    Writes ``blobs/<blob_id>``, ``snapshots/<commit>/<path>`` relative symlinks and
+    ``refs/<revision>`` so that ``huggingface_hub`` and vLLM find the model offline by repo id
+    and revision.
+
+    Args:
+        cache_root: Cache root directory (``HF_HUB_CACHE``); created if absent.
+        entry: The lock entry; gives repo id, commit and each file's blob id.
+        files: Map from repository path to a local file holding its content. Every file of
+            the entry must be present.
+        revision: Ref to write (default: ``entry.requested_revision``; no ref for a SHA).
+        move: Rename the source files into ``blobs/`` instead of copying them.
+        verify: Hash each source against the lock before installing it (see
+            :func:`install_blob`).
+        progress: Byte-count callback while hashing.
+
+    Raises:
+        CacheLayoutError: A file of the entry is missing from ``files`` or cannot be written.
+        DigestMismatchError: A source does not match the lock; files installed before it stay
+            (they are verified blobs), the ref is not written.
+    """
+    paths = hf_cache_paths(cache_root, entry.repo_id)
+    missing = [f.path for f in entry.files if f.path not in files]
+    if missing:
+        raise CacheLayoutError(f"{entry.repo_id}: no source for {', '.join(missing[:5])}")
+    for locked in entry.files:
+        install_blob(
+            paths, locked, Path(files[locked.path]), move=move, verify=verify, progress=progress
+        )
+        link_snapshot_file(paths, entry.commit, locked)
+    paths.snapshot(entry.commit).mkdir(parents=True, exist_ok=True)
+    write_ref(paths, revision or entry.requested_revision, entry.commit)
+    return paths.snapshot(entry.commit)
+
+
+def resolve_model_dir(path: str | os.PathLike[str], entry: LockEntry | None) -> Path:
+    """Return the directory holding the model files for ``path``.
+
+    ``path`` may be a plain directory, a snapshot directory, a cache repo directory
+    (``models--org--name``) or a cache root; for the last two the snapshot of
+    ``entry.commit`` is returned.
+
+    Raises:
+        CacheLayoutError: ``path`` is not a directory, or the cache has no snapshot of the
+            pinned commit.
+    """
+    p = Path(path)
+    if not p.is_dir():
+        raise CacheLayoutError(f"{p} is not a directory")
+    repo_dir: Path | None = None
+    if (p / "snapshots").is_dir() and (p / "blobs").is_dir():
+        repo_dir = p
+    elif entry is not None and (p / repo_folder_name(entry.repo_id)).is_dir():
+        repo_dir = p / repo_folder_name(entry.repo_id)
+    if repo_dir is None:
+        return p
+    if entry is None:
+        raise CacheLayoutError(f"{p} is a cache; a lock entry is needed to pick the snapshot")
+    snap = repo_dir / "snapshots" / entry.commit
+    if not snap.is_dir():
+        have = (
+            sorted(s.name for s in (repo_dir / "snapshots").iterdir())
+            if (repo_dir / "snapshots").is_dir()
+            else []
+        )
+        raise CacheLayoutError(
+            f"{repo_dir} has no snapshot of pinned commit {entry.commit}"
+            + (f" (has {', '.join(have)})" if have else ""),
+            hint="run `weights pull --cache` to fetch the pinned commit",
+        )
+    return snap

@@ -1,0 +1,137 @@
+"""Errors raised by the ``weights`` package.
+
+Every error derives from :class:`WeightsError` and carries a stable machine ``code``::
+
+    WeightsError                      code "weights_error"
+    +-- LockfileError                 "lockfile_invalid"     bad or unreadable weights.lock
+    +-- EntryNotInLockError           "lock_entry_missing"   repo id not pinned in the lock
+    +-- DigestMismatchError           "digest_mismatch"      bytes differ from the pinned digest
+    +-- HubError                      "hub_error"            hub unreachable or protocol error
+    |   +-- RepoNotFoundError         "repo_not_found"
+    |   +-- RevisionNotFoundError     "revision_not_found"
+    |   +-- FileNotOnHubError         "entry_not_found"
+    |   +-- GatedRepoError            "gated_repo"           needs a token with access
+    +-- LicenseRefusedError           "license_refused"      --allow-license rejected the model
+    +-- DriftError                    "revision_drift"       a branch moved since it was pinned
+    +-- CacheLayoutError              "cache_layout"         unusable Hugging Face cache tree
+    +-- SigningError                  "signing_error"        key or signature file unusable
+    +-- SignatureVerificationError    "signature_invalid"    signature does not verify
+    +-- SizingError                   "sizing_error"         config/safetensors unreadable
+
+The CLI maps verification failures (digest, signature) to exit 1 and everything else to 2.
+"""
+
+from __future__ import annotations
+
+
+class WeightsError(Exception):
+    """Base of every error raised by :mod:`weights`.
+
+    Attributes:
+        code: Stable machine-readable error code (see the module docstring).
+        hint: Optional one-line advice on what to do next, shown by the CLI.
+    """
+
+    code: str = "weights_error"
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+
+class LockfileError(WeightsError):
+    """The lockfile is unreadable, not JSON, or a field is invalid (message names the field)."""
+
+    code = "lockfile_invalid"
+
+
+class EntryNotInLockError(WeightsError):
+    """The requested repository has no entry in the lockfile."""
+
+    code = "lock_entry_missing"
+
+
+class DigestMismatchError(WeightsError):
+    """A file's bytes differ from the digest recorded in the lockfile.
+
+    Attributes:
+        path: Repository-relative path of the file.
+        expected: Expected value, prefixed by its kind (``sha256:...``, ``git-sha1:...``,
+            ``size:...``).
+        actual: Actual value, same form.
+    """
+
+    code = "digest_mismatch"
+
+    def __init__(self, path: str, expected: str, actual: str) -> None:
+        super().__init__(f"{path}: expected {expected}, got {actual}")
+        self.path = path
+        self.expected = expected
+        self.actual = actual
+
+
+class HubError(WeightsError):
+    """The hub could not be reached or answered something unexpected."""
+
+    code = "hub_error"
+
+
+class RepoNotFoundError(HubError):
+    """The repository does not exist on the hub (or is private and no token was given)."""
+
+    code = "repo_not_found"
+
+
+class RevisionNotFoundError(HubError):
+    """The branch, tag or commit does not exist in the repository."""
+
+    code = "revision_not_found"
+
+
+class FileNotOnHubError(HubError):
+    """A file is absent from the repository at the pinned commit."""
+
+    code = "entry_not_found"
+
+
+class GatedRepoError(HubError):
+    """The repository is gated and the request carried no token with access."""
+
+    code = "gated_repo"
+
+
+class LicenseRefusedError(WeightsError):
+    """The model's licence is not in the ``--allow-license`` list."""
+
+    code = "license_refused"
+
+
+class DriftError(WeightsError):
+    """The requested branch now resolves to another commit than the one pinned."""
+
+    code = "revision_drift"
+
+
+class CacheLayoutError(WeightsError):
+    """A Hugging Face cache tree cannot be used (missing snapshot, foreign symlink, ...)."""
+
+    code = "cache_layout"
+
+
+class SigningError(WeightsError):
+    """A key, certificate, trust root or signature file cannot be read or used."""
+
+    code = "signing_error"
+
+
+class SignatureVerificationError(WeightsError):
+    """The signature does not verify for these files and this key or identity."""
+
+    code = "signature_invalid"
+
+
+class SizingError(WeightsError):
+    """A config.json or safetensors header needed for sizing is missing or malformed."""
+
+    code = "sizing_error"

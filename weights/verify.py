@@ -1,0 +1,222 @@
+"""Offline verification of a model directory against a lock entry.
+
+Reports, never raises, for content problems: files whose size or digest differ, pinned files
+that are missing, files present but not pinned (vLLM globs ``*.safetensors`` when there is no
+index, so an extra shard changes the model), and shards named in a
+``*.safetensors.index.json`` ``weight_map`` that are absent (vLLM may load such a checkpoint
+silently with missing tensors).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from weights.cache import resolve_model_dir
+from weights.digests import ProgressCallback, digest_file
+from weights.errors import WeightsError
+from weights.lockfile import LockedFile, LockEntry
+
+
+class Mismatch(NamedTuple):
+    """A file whose content differs from the lock.
+
+    ``expected`` and ``actual`` are prefixed by their kind: ``sha256:<hex>``,
+    ``git-sha1:<hex>`` or ``size:<bytes>``.
+    """
+
+    path: str
+    expected: str
+    actual: str
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    """Outcome of :func:`verify_tree`.
+
+    Attributes:
+        root: Directory that was verified (the snapshot dir for a cache).
+        repo_id: Repository of the lock entry.
+        commit: Pinned commit.
+        checked: Number of pinned files whose content was checked.
+        bytes_checked: Bytes hashed.
+        mismatched: Files whose size or digest differ.
+        missing: Pinned files absent from the directory.
+        extra: Files present but not pinned (relative POSIX paths).
+        missing_shards: Shards named by an index file but absent.
+    """
+
+    root: Path
+    repo_id: str
+    commit: str
+    checked: int
+    bytes_checked: int
+    mismatched: tuple[Mismatch, ...]
+    missing: tuple[str, ...]
+    extra: tuple[str, ...]
+    missing_shards: tuple[str, ...]
+
+    @property
+    def ok(self) -> bool:
+        """True when nothing is mismatched, missing, extra or a missing shard."""
+        return not (self.mismatched or self.missing or self.extra or self.missing_shards)
+
+    def to_json(self) -> dict[str, Any]:
+        """Return the report as a JSON-ready dict."""
+        return {
+            "ok": self.ok,
+            "root": str(self.root),
+            "repo_id": self.repo_id,
+            "commit": self.commit,
+            "checked": self.checked,
+            "bytes_checked": self.bytes_checked,
+            "mismatched": [m._asdict() for m in self.mismatched],
+            "missing": list(self.missing),
+            "extra": list(self.extra),
+            "missing_shards": list(self.missing_shards),
+        }
+
+
+def check_file(
+    path: Path, locked: LockedFile, progress: ProgressCallback | None = None
+) -> Mismatch | None:
+    """Compare one local file with its lock record (size first, then sha256 and git SHA-1).
+
+    Returns:
+        None if the file matches, else the first difference found.
+
+    Raises:
+        WeightsError: The file cannot be read.
+    """
+    size = path.stat().st_size
+    if size != locked.size:
+        return Mismatch(locked.path, f"size:{locked.size}", f"size:{size}")
+    d = digest_file(path, progress)
+    if d.sha256 != locked.sha256:
+        return Mismatch(locked.path, f"sha256:{locked.sha256}", f"sha256:{d.sha256}")
+    if locked.git_sha1 is not None and d.git_sha1 != locked.git_sha1:
+        return Mismatch(locked.path, f"git-sha1:{locked.git_sha1}", f"git-sha1:{d.git_sha1}")
+    return None
+
+
+def list_files(root: Path) -> list[str]:
+    """Return every file (or symlink to a file) under ``root`` as sorted relative POSIX paths.
+
+    Directory symlinks are not followed.
+    """
+    out: list[str] = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        base = Path(dirpath)
+        for name in filenames:
+            out.append((base / name).relative_to(root).as_posix())
+        for name in dirnames:
+            if (base / name).is_symlink():
+                out.append((base / name).relative_to(root).as_posix())
+    return sorted(out)
+
+
+def index_missing_shards(
+    root: Path, index_paths: Iterable[str]
+) -> tuple[list[str], list[Mismatch]]:
+    """Return shards named in index files but absent under ``root``, and unreadable indexes.
+
+    Args:
+        root: Model directory.
+        index_paths: Relative paths of ``*.index.json`` files (``weight_map`` format of
+            safetensors and PyTorch sharded checkpoints).
+
+    Returns:
+        ``(missing_shards, problems)``: missing shard paths (relative to ``root``) and
+        indexes that are not valid JSON with a ``weight_map`` object.
+    """
+    missing: set[str] = set()
+    problems: list[Mismatch] = []
+    for rel in index_paths:
+        idx = root / rel
+        if not idx.is_file():
+            continue
+        try:
+            doc = json.loads(idx.read_text(encoding="utf-8"))
+            weight_map = doc["weight_map"]
+            if not isinstance(weight_map, dict):
+                raise TypeError("weight_map is not an object")
+            shards = {str(v) for v in weight_map.values()}
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            problems.append(Mismatch(rel, "index with weight_map", f"unreadable: {exc}"))
+            continue
+        parent = Path(rel).parent
+        for shard in shards:
+            shard_rel = (parent / shard).as_posix()
+            target = root / shard_rel
+            if ".." in Path(shard).parts or not target.is_file():
+                missing.add(shard_rel)
+    return sorted(missing), problems
+
+
+def verify_tree(
+    path: str | os.PathLike[str],
+    entry: LockEntry,
+    *,
+    ignore: Iterable[str] = (),
+    progress: ProgressCallback | None = None,
+) -> VerifyReport:
+    """Verify a directory against a lock entry, offline.
+
+    Args:
+        path: A plain directory, an HF cache snapshot dir, a cache repo dir
+            (``models--org--name``) or a cache root.
+        entry: The pinned entry to verify against.
+        ignore: ``fnmatch`` patterns of relative paths not to report as extra.
+        progress: Byte-count callback while hashing.
+
+    Returns:
+        A :class:`VerifyReport`; ``report.ok`` tells whether the directory matches.
+
+    Raises:
+        CacheLayoutError: ``path`` is not a directory or a cache lacks the pinned snapshot.
+        WeightsError: A file cannot be read.
+    """
+    root = resolve_model_dir(path, entry)
+    patterns = list(ignore)
+    mismatched: list[Mismatch] = []
+    missing: list[str] = []
+    checked = 0
+    hashed = 0
+    for locked in entry.files:
+        target = root / locked.path
+        if not target.is_file():
+            missing.append(locked.path)
+            continue
+        try:
+            mm = check_file(target, locked, progress)
+        except OSError as exc:
+            raise WeightsError(f"cannot read {target}: {exc.strerror or exc}") from exc
+        checked += 1
+        hashed += locked.size
+        if mm is not None:
+            mismatched.append(mm)
+    pinned = {f.path for f in entry.files}
+    present = list_files(root)
+    extra = [
+        p
+        for p in present
+        if p not in pinned and not any(fnmatch.fnmatchcase(p, pat) for pat in patterns)
+    ]
+    indexes = sorted({p for p in (*pinned, *present) if p.endswith(".index.json")})
+    shards, problems = index_missing_shards(root, indexes)
+    return VerifyReport(
+        root=root,
+        repo_id=entry.repo_id,
+        commit=entry.commit,
+        checked=checked,
+        bytes_checked=hashed,
+        mismatched=tuple(mismatched + problems),
+        missing=tuple(missing),
+        extra=tuple(extra),
+        missing_shards=tuple(shards),
+    )
