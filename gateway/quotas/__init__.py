@@ -1,0 +1,51 @@
+"""Per-key and per-team limits and budgets (issue 9).
+
+Public API::
+
+    QuotaSettings, Limits                 the ``quotas:`` configuration section
+    QuotaService                          admit / settle / release for the gateway
+    MemoryLimiter, RedisLimiter           the two backends (Limiter protocol)
+    TokenEstimator, TokenEstimate         prompt token estimation
+    Admission, SubjectLimits, WindowState
+    admission_headers, format_duration    x-ratelimit-* headers
+    QuotaError, RateLimited, BudgetExhausted, RequestTooLarge, QuotaBackendUnavailable
+"""
+
+from gateway.quotas.errors import (
+    BudgetExhausted,
+    QuotaBackendUnavailable,
+    QuotaConfigError,
+    QuotaError,
+    RateLimited,
+    RequestTooLarge,
+)
+from gateway.quotas.headers import admission_headers, format_duration, window_headers
+from gateway.quotas.limiter import Admission, Limiter, SubjectLimits, WindowState
+from gateway.quotas.memory import MemoryLimiter
+from gateway.quotas.redis_backend import RedisLimiter
+from gateway.quotas.service import QuotaService
+from gateway.quotas.settings import Limits, QuotaSettings
+from gateway.quotas.tokens import TokenEstimate, TokenEstimator
+
+__all__ = [
+    "Admission",
+    "BudgetExhausted",
+    "Limiter",
+    "Limits",
+    "MemoryLimiter",
+    "QuotaBackendUnavailable",
+    "QuotaConfigError",
+    "QuotaError",
+    "QuotaService",
+    "QuotaSettings",
+    "RateLimited",
+    "RedisLimiter",
+    "RequestTooLarge",
+    "SubjectLimits",
+    "TokenEstimate",
+    "TokenEstimator",
+    "WindowState",
+    "admission_headers",
+    "format_duration",
+    "window_headers",
+]

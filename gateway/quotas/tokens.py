@@ -1,0 +1,239 @@
+"""Token estimation before forwarding (for tokens-per-minute limits and budgets).
+
+With a ``tokenizer.json`` staged locally for the model (``quotas.tokenizers``), the prompt is
+counted with the model's own tokenizer (the ``tokenizers`` library, loaded from the file:
+never downloaded). Otherwise a documented approximation is used:
+
+    prompt_tokens = ceil(utf8_bytes(text) / 4) + message_overhead_tokens * messages + 3
+
+(about four bytes of English text per BPE token; the per-message overhead covers role and
+separator tokens of chat templates; 3 primes the assistant reply). Token id prompts
+(``prompt: [1, 2, 3]``) count exactly. To the prompt estimate we add a completion reserve:
+``min(max_tokens, completion_reserve_cap) * n`` when the request sets ``max_tokens`` /
+``max_completion_tokens`` / ``max_output_tokens``, else ``completion_reserve_tokens``. The
+limiter later corrects the estimate with the real usage reported by the backend.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+_log = logging.getLogger(__name__)
+
+#: Last path segments of endpoints that produce no completion tokens.
+NO_COMPLETION_ENDPOINTS = frozenset(
+    {"embeddings", "rerank", "score", "tokenize", "detokenize", "classify", "pooling"}
+)
+#: Above this many bytes of prompt text, tokenizing runs in a worker thread.
+THREAD_THRESHOLD_BYTES = 32 * 1024
+
+
+@dataclass(frozen=True)
+class TokenEstimate:
+    """An estimate of the tokens a request will use.
+
+    Attributes:
+        prompt: estimated prompt tokens.
+        completion_reserve: tokens reserved for the completion.
+        method: ``tokenizer`` (the model's own) or ``approx`` (bytes / 4).
+    """
+
+    prompt: int
+    completion_reserve: int
+    method: Literal["tokenizer", "approx"]
+
+    @property
+    def total(self) -> int:
+        """Prompt plus completion reserve: what the limiter charges at admission."""
+        return self.prompt + self.completion_reserve
+
+
+class TokenEstimator:
+    """Estimates request tokens per model.
+
+    Args:
+        tokenizers: model name -> local directory holding ``tokenizer.json``.
+        message_overhead_tokens: per-message overhead of the approximation.
+        completion_reserve_tokens: reserve when the request gives no max tokens.
+        completion_reserve_cap: cap on a reserve taken from the request's max tokens.
+    """
+
+    def __init__(
+        self,
+        tokenizers: Mapping[str, Path] | None = None,
+        *,
+        message_overhead_tokens: int = 4,
+        completion_reserve_tokens: int = 0,
+        completion_reserve_cap: int = 1024,
+    ) -> None:
+        self._dirs = dict(tokenizers or {})
+        self._loaded: dict[str, Any] = {}
+        self._overhead = message_overhead_tokens
+        self._reserve = completion_reserve_tokens
+        self._cap = completion_reserve_cap
+
+    def load(self) -> dict[str, str]:
+        """Load every configured tokenizer now (call at start-up).
+
+        Returns:
+            Model name -> ``"tokenizer"`` or the reason it falls back to the approximation.
+        """
+        return {model: self._status(model) for model in self._dirs}
+
+    def _status(self, model: str) -> str:
+        return "tokenizer" if self._tokenizer(model) is not None else "approx"
+
+    def _tokenizer(self, model: str) -> Any:
+        if model in self._loaded:
+            return self._loaded[model]
+        tok: Any = None
+        directory = self._dirs.get(model)
+        if directory is not None:
+            path = Path(directory) / "tokenizer.json"
+            try:
+                from tokenizers import Tokenizer
+
+                tok = Tokenizer.from_file(str(path))
+            except ImportError:
+                _log.warning("tokenizers not installed: approximate token counts for %s", model)
+            except Exception as exc:
+                _log.warning(
+                    "cannot load %s (%s): approximate token counts for %s", path, exc, model
+                )
+        self._loaded[model] = tok
+        return tok
+
+    def estimate(
+        self, model: str, body: Mapping[str, Any], endpoint: str | None = None
+    ) -> TokenEstimate:
+        """Estimate the tokens of one request body (an OpenAI-style JSON object).
+
+        Args:
+            model: the model name the client asked for (selects the tokenizer).
+            body: the parsed request body.
+            endpoint: the request path (``/v1/embeddings`` ...); endpoints that generate no
+                completion get no completion reserve. When None, the body shape decides.
+
+        Returns:
+            The estimate; never raises on odd bodies (unknown shapes count their JSON size).
+        """
+        texts, messages, exact = _prompt_parts(body)
+        tok = self._tokenizer(model) if model in self._dirs else None
+        text = "\n".join(texts)
+        if tok is not None:
+            counted = len(tok.encode(text, add_special_tokens=False).ids) if text else 0
+            method: Literal["tokenizer", "approx"] = "tokenizer"
+        else:
+            counted = math.ceil(len(text.encode("utf-8", "surrogatepass")) / 4)
+            method = "approx"
+        prompt = counted + exact
+        if messages:
+            prompt += self._overhead * messages + 3
+        return TokenEstimate(prompt, self._completion_reserve(body, endpoint), method)
+
+    async def estimate_async(
+        self, model: str, body: Mapping[str, Any], endpoint: str | None = None
+    ) -> TokenEstimate:
+        """Like :meth:`estimate`, tokenizing large prompts in a worker thread."""
+        if model in self._dirs and _rough_size(body) > THREAD_THRESHOLD_BYTES:
+            return await asyncio.to_thread(self.estimate, model, body, endpoint)
+        return self.estimate(model, body, endpoint)
+
+    def _completion_reserve(self, body: Mapping[str, Any], endpoint: str | None) -> int:
+        if endpoint is not None:
+            if endpoint.rstrip("/").rsplit("/", 1)[-1] in NO_COMPLETION_ENDPOINTS:
+                return 0
+        elif "input" in body and "messages" not in body and "prompt" not in body:
+            if not any(k in body for k in ("max_output_tokens", "instructions")):
+                return 0  # embeddings / rerank-like: no completion
+        n = body.get("n")
+        choices = n if isinstance(n, int) and 1 <= n <= 128 else 1
+        for name in ("max_completion_tokens", "max_tokens", "max_output_tokens"):
+            value = body.get(name)
+            if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+                return min(value, self._cap) * choices
+        return self._reserve * choices
+
+
+def _rough_size(body: Mapping[str, Any]) -> int:
+    total = 0
+    for key in ("messages", "prompt", "input"):
+        value = body.get(key)
+        if isinstance(value, str):
+            total += len(value)
+        elif isinstance(value, list):
+            total += sum(len(json.dumps(v)) if not isinstance(v, str) else len(v) for v in value)
+    return total
+
+
+def _prompt_parts(body: Mapping[str, Any]) -> tuple[list[str], int, int]:
+    """Return (texts to tokenize, number of chat messages, exactly known token ids)."""
+    texts: list[str] = []
+    exact = 0
+    messages = body.get("messages")
+    n_messages = 0
+    if isinstance(messages, list):
+        for msg in messages:
+            if not isinstance(msg, Mapping):
+                continue
+            n_messages += 1
+            _collect_content(msg.get("content"), texts)
+            for key in ("name", "reasoning_content"):
+                if isinstance(msg.get(key), str):
+                    texts.append(msg[key])
+            calls = msg.get("tool_calls")
+            if isinstance(calls, list):
+                texts.append(json.dumps(calls, ensure_ascii=False))
+        for key in ("tools", "functions", "response_format"):
+            if body.get(key) is not None:
+                texts.append(json.dumps(body[key], ensure_ascii=False))
+        return texts, n_messages, exact
+    for key in ("prompt", "input", "query", "documents", "text_1", "text_2", "instructions"):
+        value = body.get(key)
+        if value is None:
+            continue
+        exact += _collect_prompt(value, texts)
+    if not texts and not exact:
+        # Unknown shape: count the JSON body itself rather than zero.
+        texts.append(json.dumps(body, ensure_ascii=False, default=str))
+    return texts, 0, exact
+
+
+def _collect_content(content: Any, texts: list[str]) -> None:
+    if isinstance(content, str):
+        texts.append(content)
+    elif isinstance(content, list):
+        for part in content:
+            if isinstance(part, str):
+                texts.append(part)
+            elif isinstance(part, Mapping):
+                for key in ("text", "input_text", "content"):
+                    if isinstance(part.get(key), str):
+                        texts.append(part[key])
+
+
+def _collect_prompt(value: Any, texts: list[str]) -> int:
+    """Collect a completions/embeddings prompt; returns the number of literal token ids."""
+    if isinstance(value, str):
+        texts.append(value)
+        return 0
+    if isinstance(value, list):
+        if value and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+            return len(value)
+        exact = 0
+        for item in value:
+            if isinstance(item, Mapping):
+                _collect_content(item.get("content"), texts)
+                if isinstance(item.get("text"), str):
+                    texts.append(item["text"])
+            else:
+                exact += _collect_prompt(item, texts)
+        return exact
+    return 0
