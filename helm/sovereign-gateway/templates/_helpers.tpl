@@ -1,0 +1,165 @@
+{{/* Chart name, truncated to the DNS label limit. */}}
+{{- define "sg.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Full name: <release>-<chart> unless the release name already contains the chart name. */}}
+{{- define "sg.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "sg.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Labels shared by every object of the release. */}}
+{{- define "sg.labels" -}}
+helm.sh/chart: {{ include "sg.chart" . }}
+app.kubernetes.io/name: {{ include "sg.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: sovereign-gateway
+{{- end }}
+
+{{/* Selects every pod of the release (the default-deny policy uses it). */}}
+{{- define "sg.releaseSelector" -}}
+app.kubernetes.io/name: {{ include "sg.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{/* Selects the gateway pods. */}}
+{{- define "sg.gatewaySelector" -}}
+{{ include "sg.releaseSelector" . }}
+app.kubernetes.io/component: gateway
+{{- end }}
+
+{{- define "sg.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "sg.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* Image reference: repository@digest when a digest is given, else repository:tag. */}}
+{{- define "sg.imageRef" -}}
+{{- $img := .image -}}
+{{- if $img.digest -}}
+{{- printf "%s@%s" $img.repository $img.digest -}}
+{{- else -}}
+{{- printf "%s:%s" $img.repository (default .appVersion $img.tag) -}}
+{{- end -}}
+{{- end }}
+
+{{/* Regions of the node affinity: allowed list plus explicitly added regions. */}}
+{{- define "sg.regions" -}}
+{{- $regions := list -}}
+{{- range .Values.sovereignty.allowedRegions }}{{ $regions = append $regions . }}{{ end -}}
+{{- range .Values.sovereignty.additionalRegions }}{{ $regions = append $regions .name }}{{ end -}}
+{{- toYaml (uniq $regions) -}}
+{{- end }}
+
+{{/* Required node affinity pinning pods to the allowed regions. */}}
+{{- define "sg.regionAffinity" -}}
+nodeAffinity:
+  requiredDuringSchedulingIgnoredDuringExecution:
+    nodeSelectorTerms:
+      - matchExpressions:
+          - key: {{ .Values.sovereignty.regionLabel }}
+            operator: In
+            values:
+              {{- include "sg.regions" . | nindent 14 }}
+{{- end }}
+
+{{/* Name of the ConfigMap with config.yaml and policy.yaml. */}}
+{{- define "sg.configMapName" -}}
+{{- default (printf "%s-config" (include "sg.fullname" .)) .Values.gateway.existingConfigMap }}
+{{- end }}
+
+{{/* Name of the Service of one vLLM model. Args: root context, model. */}}
+{{- define "sg.vllmName" -}}
+{{- printf "%s-vllm-%s" (include "sg.fullname" .root) .model.name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Gateway config.yaml (contract: gateway settings file). */}}
+{{- define "sg.config" -}}
+{{- $models := list -}}
+{{- range .Values.gateway.models }}{{ $models = append $models . }}{{ end -}}
+{{- if .Values.vllm.enabled }}
+{{- range .Values.vllm.models }}
+{{- $replica := dict "url" (printf "http://%s:%d" (include "sg.vllmName" (dict "root" $ "model" .)) (int $.Values.vllm.port)) "destination" (printf "vllm-%s" .name) -}}
+{{- if $.Values.vllm.apiKeySecret }}{{ $_ := set $replica "api_key_file" "/etc/sovereign-gateway/vllm-key/api-key" }}{{ end -}}
+{{- $m := dict "name" .name "served_model_name" .servedModelName "aliases" (default (list) .aliases) "replicas" (list $replica) -}}
+{{- $models = append $models $m -}}
+{{- end }}
+{{- end -}}
+{{- $audit := dict "signing_key_file" "/etc/sovereign-gateway/audit-key/ed25519.pem" -}}
+{{- if eq .Values.audit.store.type "postgresql" }}
+{{- $_ := set $audit "store_file" "/etc/sovereign-gateway/audit-db/url" -}}
+{{- else }}
+{{- $_ := set $audit "store" "sqlite:////var/lib/sovereign-gateway/audit/audit.db" -}}
+{{- end }}
+{{- if .Values.audit.checkpoints.enabled }}{{ $_ := set $audit "checkpoint_dir" "/var/lib/sovereign-gateway/checkpoints" }}{{ end -}}
+{{- if .Values.audit.pseudonymKey.existingSecret }}{{ $_ := set $audit "pseudonym_key_file" "/etc/sovereign-gateway/pseudonym-key/pseudonym.key" }}{{ end -}}
+{{- $cfg := dict
+  "listen" (dict "host" "0.0.0.0" "port" (int .Values.gateway.port))
+  "admin" (dict "host" "0.0.0.0" "port" (int .Values.gateway.adminPort))
+  "models" $models
+  "limits" .Values.gateway.limits
+  "timeouts" .Values.gateway.timeouts
+  "policy" (dict "file" "/etc/sovereign-gateway/policy.yaml" "guard" .Values.policy.guard)
+  "audit" $audit -}}
+{{- if .Values.keys.existingSecret }}{{ $_ := set $cfg "keys_file" "/etc/sovereign-gateway/keys/keys.yaml" }}{{ end -}}
+{{- toYaml (mergeOverwrite $cfg (deepCopy .Values.gateway.extraConfig)) -}}
+{{- end }}
+
+{{/* Hardened container security context for the vLLM and test containers. */}}
+{{- define "sg.hardenedContainer" -}}
+runAsNonRoot: true
+runAsUser: {{ .uid }}
+runAsGroup: {{ .uid }}
+readOnlyRootFilesystem: true
+allowPrivilegeEscalation: false
+privileged: false
+capabilities:
+  drop: [ALL]
+seccompProfile:
+  type: RuntimeDefault
+{{- end }}
+
+{{/* Hardened pod security context. */}}
+{{- define "sg.hardenedPod" -}}
+runAsNonRoot: true
+runAsUser: {{ .uid }}
+runAsGroup: {{ .uid }}
+fsGroup: {{ .uid }}
+seccompProfile:
+  type: RuntimeDefault
+{{- end }}
+
+{{/* NetworkPolicy egress rule: cluster DNS only. */}}
+{{- define "sg.dnsEgressRule" -}}
+# cluster DNS
+- to:
+    - namespaceSelector:
+        matchLabels:
+          kubernetes.io/metadata.name: {{ .Values.egress.dns.namespace }}
+      podSelector:
+        matchLabels:
+          {{- toYaml .Values.egress.dns.podLabels | nindent 10 }}
+  ports:
+    - port: {{ .Values.egress.dns.port }}
+      protocol: UDP
+    - port: {{ .Values.egress.dns.port }}
+      protocol: TCP
+{{- end }}

@@ -1,0 +1,26 @@
+{{/*
+Checks that values.schema.json cannot express. Each fails the render with one clear line.
+*/}}
+{{- define "sg.validate" -}}
+{{- if and .Values.networkPolicy.enabled (ne .Values.networkPolicy.flavor "cilium") }}
+{{- range .Values.egress.destinations }}
+{{- if not .cidrs }}
+{{- fail (printf "egress destination %q has only a hostname (%v) and no CIDR: a Kubernetes NetworkPolicy cannot allow it. Set networkPolicy.flavor=cilium (toFQDNs) or give the destination CIDRs in the policy." .id .fqdn) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- if and (eq .Values.audit.store.type "postgresql") .Values.networkPolicy.enabled (not .Values.audit.store.postgresql.cidrs) }}
+{{- fail "audit.store.postgresql.cidrs is empty: the egress policy needs the database address (CIDR) to allow the audit store" }}
+{{- end }}
+{{- if and .Values.telemetry.enabled .Values.networkPolicy.enabled (not .Values.telemetry.cidrs) }}
+{{- fail "telemetry.cidrs is empty: the egress policy needs the collector address (CIDR) when telemetry.enabled=true" }}
+{{- end }}
+{{- if and (not .Values.gateway.existingConfigMap) (not .Values.policy.document) }}
+{{- fail "policy.document is empty: the gateway enforces an egress policy file. Set it with --set-file policy.document=policy.yaml (or use gateway.existingConfigMap)" }}
+{{- end }}
+{{- $ids := dict }}
+{{- range .Values.egress.destinations }}
+{{- if hasKey $ids .id }}{{ fail (printf "egress destination id %q appears twice" .id) }}{{ end }}
+{{- $_ := set $ids .id true }}
+{{- end }}
+{{- end }}
