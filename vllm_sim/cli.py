@@ -1,0 +1,89 @@
+"""``vllm-sim``: serve the vLLM SIMULATOR with uvicorn.
+
+Example::
+
+    vllm-sim --port 8001 --model llama-sim --model embed-sim --ttft-ms 50 --itl-ms 10
+
+Exit codes: 0 after a clean shutdown, 2 on a usage or start-up error.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Annotated
+
+import typer
+import uvicorn
+from pydantic import ValidationError
+
+from vllm_sim.app import create_app
+from vllm_sim.config import SimConfig
+
+app = typer.Typer(add_completion=False, help="Serve the vLLM simulator (not a real vLLM).")
+
+
+@app.command()
+def serve(
+    host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="TCP port to bind.")] = 8001,
+    model: Annotated[
+        list[str] | None, typer.Option("--model", help="Served model name (repeatable).")
+    ] = None,
+    ttft_ms: Annotated[float, typer.Option(help="Time to first token, milliseconds.")] = 0.0,
+    itl_ms: Annotated[float, typer.Option(help="Inter-token latency, milliseconds.")] = 0.0,
+    tokens: Annotated[int, typer.Option(help="Tokens generated per response.")] = 16,
+    max_model_len: Annotated[int, typer.Option(help="Context length in tokens.")] = 2048,
+    embedding_dim: Annotated[int, typer.Option(help="Embedding vector length.")] = 8,
+    log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "warning",
+    access_log: Annotated[bool, typer.Option(help="Log every request.")] = False,
+) -> None:
+    """Serve the simulator until interrupted."""
+    config = SimConfig(
+        models=model or ["sim-model"],
+        ttft_s=ttft_ms / 1000.0,
+        itl_s=itl_ms / 1000.0,
+        tokens_per_response=tokens,
+        max_model_len=max_model_len,
+        embedding_dim=embedding_dim,
+    )
+    uvicorn.run(
+        create_app(config),
+        host=host,
+        port=port,
+        loop="asyncio",
+        http="h11",
+        lifespan="on",
+        log_level=log_level,
+        access_log=access_log,
+        timeout_graceful_shutdown=2,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console-script entry point; the one error boundary of the CLI."""
+    logging.basicConfig(level=logging.WARNING)
+    try:
+        app(args=argv, standalone_mode=False)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        print(f"vllm-sim: invalid option {err['loc'][0]}: {err['msg']}", file=sys.stderr)
+        return 2
+    except (typer.Exit, SystemExit) as exc:
+        code = getattr(exc, "exit_code", None) or getattr(exc, "code", 0)
+        return int(code or 0)
+    except OSError as exc:
+        print(f"vllm-sim: cannot serve: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # click usage errors
+        import click
+
+        if isinstance(exc, click.ClickException):
+            exc.show()
+            return 2
+        raise
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

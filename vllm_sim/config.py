@@ -1,0 +1,84 @@
+"""Configuration of the vLLM simulator: the served models, timing, sizes and fault modes.
+
+``SimConfig`` is fixed when the app is built (``create_app(SimConfig(...))``); ``FaultSpec`` is
+the body of ``POST /sim/faults`` and can change while the simulator runs.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+FaultMode = Literal[
+    "none", "status_500", "status_429", "hang", "die_mid_stream", "split_writes", "crlf"
+]
+"""Fault modes of the simulator.
+
+* ``none``: behave like a healthy vLLM server.
+* ``status_500``: answer 500 with an OpenAI-shaped error body.
+* ``status_429``: answer 429 with ``Retry-After: <retry_after_s>`` and an error body.
+* ``hang``: accept the request and never send a byte (a client disconnect counts as cancelled).
+* ``die_mid_stream``: after ``after_events`` SSE events, abort the connection without the
+  terminating chunk (a non-streamed response is cut after half of its body).
+* ``split_writes``: write every SSE event in several small pieces, cut inside ``data:``, inside
+  the JSON and inside a multi-byte UTF-8 character.
+* ``crlf``: frame SSE events with ``\\r\\n`` line endings (allowed by the SSE specification).
+"""
+
+INFERENCE_PATHS: tuple[str, ...] = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
+"""Paths a fault applies to unless ``FaultSpec.paths`` names others."""
+
+
+class SimConfig(BaseModel):
+    """Start-up configuration of one simulator app (immutable).
+
+    Attributes:
+        models: Served model names (``GET /v1/models``); the first one is the default model.
+        ttft_s: Time to first token in seconds (delay before the first byte of a response).
+        itl_s: Inter-token latency in seconds (delay between two generated tokens of a stream).
+        tokens_per_response: Tokens generated per choice when ``max_tokens`` does not cut it short
+            (finish_reason ``stop``; ``length`` when ``max_tokens`` is smaller).
+        embedding_dim: Length of each embedding vector.
+        max_model_len: Context length in tokens; a prompt plus ``max_tokens`` above it is a 400.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    models: list[str] = Field(default_factory=lambda: ["sim-model"], min_length=1)
+    ttft_s: float = Field(default=0.0, ge=0.0)
+    itl_s: float = Field(default=0.0, ge=0.0)
+    tokens_per_response: int = Field(default=16, ge=1)
+    embedding_dim: int = Field(default=8, ge=1)
+    max_model_len: int = Field(default=2048, ge=1)
+
+
+class FaultSpec(BaseModel):
+    """Body of ``POST /sim/faults``.
+
+    Attributes:
+        mode: The fault to inject (see ``FaultMode``).
+        retry_after_s: Value of the ``Retry-After`` header in seconds (``status_429``).
+        after_events: SSE events sent before the connection dies (``die_mid_stream``).
+        count: Number of matching requests the fault applies to; ``None`` means all of them.
+            The fault switches itself off (mode ``none``) when the count is used up.
+        paths: Request paths the fault applies to; ``None`` means the inference endpoints
+            (``/v1/chat/completions``, ``/v1/completions``, ``/v1/embeddings``).
+        split_delay_s: Pause between the pieces of one event in ``split_writes`` mode, so that
+            the pieces reach the client in separate reads.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    mode: FaultMode = "none"
+    retry_after_s: int = Field(default=1, ge=0)
+    after_events: int = Field(default=3, ge=0)
+    count: int | None = Field(default=None, ge=1)
+    paths: list[str] | None = None
+    split_delay_s: float = Field(default=0.001, ge=0.0, le=1.0)
+
+    def applies_to(self, path: str) -> bool:
+        """Return True when this fault is active for a request to ``path``."""
+        if self.mode == "none":
+            return False
+        return path in (self.paths if self.paths is not None else INFERENCE_PATHS)

@@ -1,0 +1,261 @@
+"""Validation of OpenAI-compatible request bodies into the parameters the simulator needs.
+
+Field names and defaults follow vLLM's OpenAI-compatible server: ``max_tokens`` defaults to the
+rest of the context for chat and to 16 for completions; ``stream_options`` requires
+``stream: true``; a prompt plus ``max_tokens`` beyond ``max_model_len`` is a 400.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from vllm_sim.config import SimConfig
+from vllm_sim.errors import BadRequest, ModelNotFound
+from vllm_sim.tokens import count_text, message_text
+
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+
+
+@dataclass(frozen=True)
+class Generation:
+    """What to generate: shared by chat and completions.
+
+    Attributes:
+        model: Served model name.
+        stream: Answer as Server-Sent Events.
+        include_usage: ``stream_options.include_usage``: a final ``choices: []`` usage event.
+        continuous_usage: ``stream_options.continuous_usage_stats``: usage on every event.
+        n: Choices per prompt.
+        prompt_tokens: Approximate prompt length in tokens (per prompt).
+        completion_tokens: Tokens generated per choice.
+        finish_reason: ``stop`` or ``length``.
+        json_mode: ``response_format`` asks for JSON: the content is a JSON object.
+        tool: The ``tools[]`` entry to call (tool_choice named or "required"), else None.
+    """
+
+    model: str
+    stream: bool
+    include_usage: bool
+    continuous_usage: bool
+    n: int
+    prompt_tokens: int
+    completion_tokens: int
+    finish_reason: str
+    json_mode: bool = False
+    tool: dict[str, Any] | None = None
+
+
+def resolve_model(body: dict[str, Any], config: SimConfig) -> str:
+    """The served model a request names (the first served model when ``model`` is absent).
+
+    Raises:
+        BadRequest: ``model`` is not a string.
+        ModelNotFound: the model is not served.
+    """
+    model = body.get("model")
+    if model is None:
+        return config.models[0]
+    if not isinstance(model, str):
+        raise BadRequest("'model' must be a string", param="model")
+    if model not in config.models:
+        raise ModelNotFound(model)
+    return model
+
+
+def _int_field(body: dict[str, Any], name: str, default: int | None, minimum: int) -> int | None:
+    value = body.get(name, default)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise BadRequest(f"'{name}' must be an integer", param=name)
+    if value < minimum:
+        raise BadRequest(f"{name} must be at least {minimum}, got {value}.", param=name)
+    return value
+
+
+def _stream_flags(body: dict[str, Any]) -> tuple[bool, bool, bool]:
+    stream = body.get("stream") or False
+    if not isinstance(stream, bool):
+        raise BadRequest("'stream' must be a boolean", param="stream")
+    opts = body.get("stream_options")
+    if opts is not None:
+        if not stream:
+            raise BadRequest(
+                "Stream options can only be defined when `stream=True`.", param="stream_options"
+            )
+        if not isinstance(opts, dict):
+            raise BadRequest("'stream_options' must be an object", param="stream_options")
+    opts = opts or {}
+    include_usage = bool(opts.get("include_usage", False))
+    continuous = bool(opts.get("continuous_usage_stats", False))
+    return stream, include_usage, continuous
+
+
+def _sampling_checks(body: dict[str, Any]) -> None:
+    temperature = body.get("temperature")
+    if temperature is not None:
+        if isinstance(temperature, bool) or not isinstance(temperature, int | float):
+            raise BadRequest("'temperature' must be a number", param="temperature")
+        if temperature < 0:
+            raise BadRequest(
+                f"temperature must be non-negative, got {temperature}.", param="temperature"
+            )
+    top_p = body.get("top_p")
+    if top_p is not None and (
+        isinstance(top_p, bool) or not isinstance(top_p, int | float) or not 0 < top_p <= 1
+    ):
+        raise BadRequest(f"top_p must be in (0, 1], got {top_p}.", param="top_p")
+
+
+def _budget(config: SimConfig, prompt_tokens: int, max_tokens: int | None) -> tuple[int, str]:
+    limit = config.max_model_len
+    if prompt_tokens > limit:
+        raise BadRequest(
+            f"This model's maximum context length is {limit} tokens. However, your request has "
+            f"{prompt_tokens} input tokens. Please reduce the length of the input messages.",
+            param="messages",
+        )
+    if max_tokens is None:
+        max_tokens = max(limit - prompt_tokens, 1)
+    elif prompt_tokens + max_tokens > limit:
+        raise BadRequest(
+            f"'max_tokens' or 'max_completion_tokens' is too large: {max_tokens}. This model's "
+            f"maximum context length is {limit} tokens and your request has {prompt_tokens} "
+            f"input tokens ({max_tokens} > {limit} - {prompt_tokens}).",
+            param="max_tokens",
+        )
+    if max_tokens < config.tokens_per_response:
+        return max_tokens, "length"
+    return config.tokens_per_response, "stop"
+
+
+def _pick_tool(body: dict[str, Any]) -> dict[str, Any] | None:
+    tools = body.get("tools")
+    choice = body.get("tool_choice")
+    if tools is not None and not isinstance(tools, list):
+        raise BadRequest("'tools' must be a list", param="tools")
+    tools = tools or []
+    if choice == "required":
+        if not tools:
+            raise BadRequest("tool_choice 'required' needs 'tools'", param="tool_choice")
+        return dict(tools[0])
+    if isinstance(choice, dict):
+        name = (choice.get("function") or {}).get("name")
+        for tool in tools:
+            if isinstance(tool, dict) and (tool.get("function") or {}).get("name") == name:
+                return dict(tool)
+        raise BadRequest(f"Tool '{name}' has not been passed in `tools`.", param="tool_choice")
+    if choice not in (None, "auto", "none"):
+        raise BadRequest(f"invalid tool_choice {choice!r}", param="tool_choice")
+    return None
+
+
+def parse_chat(body: dict[str, Any], config: SimConfig) -> Generation:
+    """Validate a ``/v1/chat/completions`` body.
+
+    Raises:
+        BadRequest: invalid field or prompt too long.
+        ModelNotFound: unknown model.
+    """
+    model = resolve_model(body, config)
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("'messages' must be a non-empty list", param="messages")
+    prompt_tokens = 0
+    for msg in messages:
+        if not isinstance(msg, dict) or not isinstance(msg.get("role"), str):
+            raise BadRequest("each message needs a string 'role'", param="messages")
+        prompt_tokens += count_text(message_text(msg.get("content")))
+    stream, include_usage, continuous = _stream_flags(body)
+    _sampling_checks(body)
+    n = _int_field(body, "n", 1, 1) or 1
+    max_tokens = _int_field(body, "max_completion_tokens", None, 1)
+    if max_tokens is None:
+        max_tokens = _int_field(body, "max_tokens", None, 1)
+    completion_tokens, finish = _budget(config, prompt_tokens, max_tokens)
+    fmt = body.get("response_format")
+    json_mode = isinstance(fmt, dict) and fmt.get("type") in ("json_object", "json_schema")
+    tool = _pick_tool(body)
+    return Generation(
+        model=model,
+        stream=stream,
+        include_usage=include_usage,
+        continuous_usage=continuous,
+        n=n,
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        finish_reason="tool_calls" if tool is not None else finish,
+        json_mode=json_mode,
+        tool=tool,
+    )
+
+
+def completion_prompts(body: dict[str, Any]) -> list[str | list[int]]:
+    """The prompts of a ``/v1/completions`` body (string, token ids, or lists of either).
+
+    Raises:
+        BadRequest: ``prompt`` is missing or of the wrong type.
+    """
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        return [prompt]
+    if isinstance(prompt, list) and prompt:
+        if all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            return [list(prompt)]
+        if all(isinstance(p, str) for p in prompt):
+            return list(prompt)
+        if all(isinstance(p, list) and all(isinstance(t, int) for t in p) for p in prompt):
+            return [list(p) for p in prompt]
+    raise BadRequest(
+        "'prompt' must be a string, a list of strings or a list of token ids", param="prompt"
+    )
+
+
+def prompt_length(prompt: str | list[int]) -> int:
+    """Token count of one completion prompt."""
+    return count_text(prompt) if isinstance(prompt, str) else len(prompt)
+
+
+def parse_completion(
+    body: dict[str, Any], config: SimConfig
+) -> tuple[Generation, list[str | list[int]]]:
+    """Validate a ``/v1/completions`` body; returns the generation and the prompts.
+
+    Raises:
+        BadRequest: invalid field or prompt too long.
+        ModelNotFound: unknown model.
+    """
+    model = resolve_model(body, config)
+    prompts = completion_prompts(body)
+    stream, include_usage, continuous = _stream_flags(body)
+    _sampling_checks(body)
+    n = _int_field(body, "n", 1, 1) or 1
+    max_tokens = _int_field(body, "max_tokens", COMPLETIONS_DEFAULT_MAX_TOKENS, 1)
+    longest = max(prompt_length(p) for p in prompts)
+    completion_tokens, finish = _budget(config, longest, max_tokens)
+    gen = Generation(
+        model=model,
+        stream=stream,
+        include_usage=include_usage,
+        continuous_usage=continuous,
+        n=n,
+        prompt_tokens=sum(prompt_length(p) for p in prompts),
+        completion_tokens=completion_tokens,
+        finish_reason=finish,
+    )
+    return gen, prompts
+
+
+def embedding_inputs(body: dict[str, Any]) -> list[str | list[int]]:
+    """The inputs of a ``/v1/embeddings`` body (same shapes as a completion prompt).
+
+    Raises:
+        BadRequest: ``input`` is missing or of the wrong type.
+    """
+    try:
+        return completion_prompts({"prompt": body.get("input")})
+    except BadRequest:
+        raise BadRequest(
+            "'input' must be a string, a list of strings or a list of token ids", param="input"
+        ) from None
