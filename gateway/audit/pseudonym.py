@@ -1,0 +1,82 @@
+"""Keyed pseudonymisation of identities and content digests (HMAC-SHA256, RFC 2104).
+
+The key lives outside the audit log (a file readable by the gateway only), so the log alone
+does not reveal client addresses, and whoever holds the key can still answer "did address X
+make this request?" by recomputing the pseudonym. Different kinds of values are separated by a
+domain label so a pseudonymised address can never equal a content digest.
+
+Key file: base64 of at least 32 random bytes (``gateway audit keygen --pseudonym-key``).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import os
+import secrets
+from pathlib import Path
+
+from gateway.audit.errors import AuditConfigError
+
+MIN_KEY_BYTES = 32
+PREFIX = "hmac-sha256:"
+
+
+class Pseudonymizer:
+    """Turns identities and content into keyed digests (the key is never exposed)."""
+
+    def __init__(self, key: bytes) -> None:
+        if len(key) < MIN_KEY_BYTES:
+            raise AuditConfigError(f"pseudonym key must be at least {MIN_KEY_BYTES} bytes")
+        self._key = key
+
+    def __repr__(self) -> str:
+        return "Pseudonymizer(<key hidden>)"
+
+    def _mac(self, domain: str, data: bytes) -> str:
+        mac = hmac.new(self._key, domain.encode() + b"\x00" + data, hashlib.sha256)
+        return PREFIX + mac.hexdigest()
+
+    def pseudonymize(self, value: str, domain: str = "client") -> str:
+        """Return ``hmac-sha256:<hex>`` of ``value`` under ``domain`` (e.g. ``client``)."""
+        return self._mac(domain, value.encode("utf-8"))
+
+    def content_digest(self, content: bytes) -> str:
+        """Return the keyed digest of prompt or completion bytes (never the text itself)."""
+        return self._mac("content", content)
+
+
+def generate_key_file(path: Path) -> Path:
+    """Write a new random pseudonym key to ``path`` (mode 0600, must not exist).
+
+    Raises:
+        AuditConfigError: If the file exists or cannot be written.
+    """
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w", encoding="ascii") as fh:
+            fh.write(base64.b64encode(secrets.token_bytes(MIN_KEY_BYTES)).decode() + "\n")
+    except FileExistsError as exc:
+        raise AuditConfigError(f"{path} exists already; refusing to overwrite a key") from exc
+    except OSError as exc:
+        raise AuditConfigError(f"cannot write pseudonym key {path}: {exc.strerror}") from exc
+    return path
+
+
+def load_pseudonymizer(path: Path) -> Pseudonymizer:
+    """Read a pseudonym key file.
+
+    Raises:
+        AuditConfigError: If it cannot be read or holds fewer than 32 bytes of key.
+    """
+    try:
+        text = path.read_text(encoding="ascii").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise AuditConfigError(f"cannot read pseudonym key {path}: {exc}") from exc
+    try:
+        key = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise AuditConfigError(f"{path}: pseudonym key is not base64") from exc
+    return Pseudonymizer(key)

@@ -1,0 +1,61 @@
+"""The ``audit:`` section of the gateway configuration (embedded by ``gateway.settings``)."""
+
+from __future__ import annotations
+
+import re
+import socket
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+_REPLICA_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+
+
+def _default_replica() -> str:
+    name = socket.gethostname().split(".")[0] or "gateway"
+    cleaned = re.sub(r"[^A-Za-z0-9._-]", "-", name)[:63]
+    return cleaned if _REPLICA_RE.match(cleaned) else "gateway"
+
+
+class AuditSettings(BaseModel):
+    """Audit log configuration.
+
+    Attributes:
+        enabled: Record every request; when the store is down requests get 503.
+        store: ``sqlite:///abs/path.db`` or ``postgresql://user@host:port/db``.
+        signing_key_file: Ed25519 signed-note private key (``gateway audit keygen``).
+        pseudonym_key_file: HMAC key for client addresses and content digests.
+        replica_id: Names this replica's chains; default: the host name.
+        checkpoint_every_records: Sign a checkpoint after this many records.
+        checkpoint_every_s: ... or after this many seconds with unsealed records.
+        heartbeat_s: When idle, write a heartbeat record + checkpoint this often (seconds).
+        checkpoint_dir: Also write each chain's newest checkpoint here (outside the database).
+        max_batch_records: Upper bound of records committed in one transaction.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    enabled: bool = True
+    store: str = "sqlite:///var/lib/sovereign-gateway/audit.db"
+    signing_key_file: Path = Path("/var/lib/sovereign-gateway/audit-signing.key")
+    pseudonym_key_file: Path = Path("/var/lib/sovereign-gateway/audit-pseudonym.key")
+    replica_id: str = Field(default_factory=_default_replica)
+    checkpoint_every_records: int = Field(default=1000, ge=1)
+    checkpoint_every_s: float = Field(default=10.0, gt=0)
+    heartbeat_s: float = Field(default=60.0, gt=0)
+    checkpoint_dir: Path | None = None
+    max_batch_records: int = Field(default=512, ge=1)
+
+    @field_validator("replica_id")
+    @classmethod
+    def _check_replica(cls, value: str) -> str:
+        if not _REPLICA_RE.match(value):
+            raise ValueError("replica_id must match [A-Za-z0-9][A-Za-z0-9._-]{0,62}")
+        return value
+
+    @field_validator("store")
+    @classmethod
+    def _check_store(cls, value: str) -> str:
+        if not value.startswith(("sqlite:///", "postgresql://", "postgres://")):
+            raise ValueError("store must be sqlite:///PATH or postgresql://...")
+        return value
