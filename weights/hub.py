@@ -1,0 +1,235 @@
+"""Every call into ``huggingface_hub`` lives here; nothing else in :mod:`weights` imports it.
+
+The module is imported lazily (only by ``pin``, ``pull`` and ``size REPO_ID``), and
+:func:`_hf` switches Hub telemetry off (``HF_HUB_DISABLE_TELEMETRY=1``) before the first
+import of huggingface_hub, whose ``constants`` module reads the environment at import. The
+endpoint is always passed explicitly, so ``HF_ENDPOINT`` is read once by the CLI, not by the
+library.
+
+huggingface_hub exceptions are mapped to :mod:`weights.errors` at this boundary.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import types
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from weights.errors import (
+    FileNotOnHubError,
+    GatedRepoError,
+    HubError,
+    RepoNotFoundError,
+    RevisionNotFoundError,
+)
+
+DEFAULT_ENDPOINT = "https://huggingface.co"
+
+ProgressCallback = Callable[[int], None]
+
+
+def _hf() -> types.ModuleType:
+    """Import huggingface_hub with telemetry off (set before its constants are read)."""
+    os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
+    import huggingface_hub
+
+    return huggingface_hub
+
+
+@dataclass(frozen=True)
+class RemoteFile:
+    """A file as the Hub describes it at one commit.
+
+    Attributes:
+        path: Repository-relative path.
+        size: Size in bytes of the content.
+        git_oid: Git object id (``blobId``): the content's git blob SHA-1 for regular files,
+            the pointer's for LFS files.
+        lfs_sha256: sha256 of the content for LFS files, None for regular files.
+    """
+
+    path: str
+    size: int
+    git_oid: str
+    lfs_sha256: str | None
+
+    @property
+    def lfs(self) -> bool:
+        """True for LFS files."""
+        return self.lfs_sha256 is not None
+
+
+@dataclass(frozen=True)
+class RemoteSnapshot:
+    """A repository resolved at one revision.
+
+    Attributes:
+        repo_id: Canonical repository id as the Hub spells it.
+        commit: 40-hex commit SHA the revision resolved to.
+        files: Every file of the commit, sorted by path.
+        license: ``cardData.license`` of the model card (first one if a list), or None.
+        gated: True if the repository is gated (``gated`` is ``"auto"``/``"manual"``).
+    """
+
+    repo_id: str
+    commit: str
+    files: tuple[RemoteFile, ...]
+    license: str | None
+    gated: bool
+
+
+@contextlib.contextmanager
+def _mapped(what: str, endpoint: str) -> Iterator[None]:
+    """Translate huggingface_hub / HTTP errors into :mod:`weights.errors`."""
+    hf = _hf()
+    errors = hf.errors
+    try:
+        yield
+    except errors.GatedRepoError as exc:
+        raise GatedRepoError(
+            f"{what}: the repository is gated and needs a token with access",
+            hint="accept the licence on the Hub, then set HF_TOKEN or pass --token",
+        ) from exc
+    except errors.RepositoryNotFoundError as exc:
+        raise RepoNotFoundError(f"{what}: repository not found on {endpoint}") from exc
+    except errors.RevisionNotFoundError as exc:
+        raise RevisionNotFoundError(f"{what}: revision not found") from exc
+    except errors.RemoteEntryNotFoundError as exc:
+        raise FileNotOnHubError(f"{what}: file not found at this revision") from exc
+    except errors.LocalEntryNotFoundError as exc:
+        raise HubError(
+            f"{what}: cannot reach the hub at {endpoint}",
+            hint="check HF_ENDPOINT / --endpoint and the network path to the hub",
+        ) from exc
+    except errors.HfHubHTTPError as exc:
+        status = exc.response.status_code if exc.response is not None else "?"
+        raise HubError(f"{what}: hub answered HTTP {status}") from exc
+    except OSError as exc:
+        raise HubError(f"{what}: {exc}") from exc
+
+
+def _progress_tqdm(hf: types.ModuleType, callback: ProgressCallback | None) -> type[Any]:
+    """A silent huggingface_hub tqdm subclass forwarding byte counts to ``callback``."""
+    base: type[Any] = hf.utils.tqdm
+
+    class _Forward(base):  # type: ignore[misc,valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            kwargs["disable"] = True
+            super().__init__(*args, **kwargs)
+            initial = int(kwargs.get("initial") or 0)
+            if callback is not None and initial:
+                callback(initial)
+
+        def update(self, n: float | None = 1) -> bool | None:
+            if callback is not None and n:
+                callback(int(n))
+            return None
+
+    return _Forward
+
+
+class HubClient:
+    """Talks to one hub endpoint with one token.
+
+    Args:
+        endpoint: Base URL of the hub (``HF_ENDPOINT``), e.g. ``https://huggingface.co``.
+        token: Access token for gated or private repositories, or None.
+        timeout_s: Timeout of metadata requests, in seconds.
+    """
+
+    def __init__(self, endpoint: str = DEFAULT_ENDPOINT, token: str | None = None,
+                 timeout_s: float = 30.0) -> None:
+        self.endpoint = endpoint.rstrip("/")
+        # False: never fall back to a token stored on disk or in the environment implicitly.
+        self.token: str | bool = token if token else False
+        self.timeout_s = timeout_s
+
+    def snapshot(self, repo_id: str, revision: str) -> RemoteSnapshot:
+        """Resolve ``revision`` and describe every file at the resulting commit (one request).
+
+        Raises:
+            RepoNotFoundError, RevisionNotFoundError, GatedRepoError, HubError.
+        """
+        hf = _hf()
+        api = hf.HfApi(endpoint=self.endpoint, token=self.token)
+        with _mapped(f"{repo_id}@{revision}", self.endpoint):
+            info = api.model_info(repo_id, revision=revision, files_metadata=True,
+                                  timeout=self.timeout_s)
+        if not info.sha or not info.id:
+            raise HubError(f"{repo_id}@{revision}: hub did not report a commit")
+        files: list[RemoteFile] = []
+        for s in info.siblings or []:
+            if s.size is None or s.blob_id is None:
+                raise HubError(f"{repo_id}: hub gave no size/blob id for {s.rfilename}")
+            lfs = s.lfs
+            files.append(RemoteFile(
+                path=s.rfilename,
+                size=int(lfs["size"]) if lfs else int(s.size),
+                git_oid=s.blob_id,
+                lfs_sha256=str(lfs["sha256"]) if lfs else None,
+            ))
+        card = info.card_data
+        lic: Any = card.get("license") if card is not None else None
+        if isinstance(lic, list):
+            lic = lic[0] if lic else None
+        return RemoteSnapshot(
+            repo_id=info.id,
+            commit=info.sha,
+            files=tuple(sorted(files, key=lambda f: f.path)),
+            license=str(lic) if lic is not None else None,
+            gated=bool(info.gated),
+        )
+
+    def download(
+        self,
+        repo_id: str,
+        path: str,
+        commit: str,
+        staging: Path,
+        progress: ProgressCallback | None = None,
+    ) -> Path:
+        """Download one file of ``commit`` into the private cache ``staging``; return the blob.
+
+        huggingface_hub resumes from ``blobs/<id>.incomplete`` when a previous attempt was cut
+        and retries dropped connections with ``Range`` requests. It checks only the size: the
+        caller must verify the digests before moving the blob anywhere visible.
+
+        Raises:
+            FileNotOnHubError, GatedRepoError, RepoNotFoundError, HubError.
+        """
+        hf = _hf()
+        with _mapped(f"{repo_id}/{path}@{commit[:12]}", self.endpoint):
+            link = hf.hf_hub_download(
+                repo_id,
+                path,
+                revision=commit,
+                cache_dir=staging,
+                endpoint=self.endpoint,
+                token=self.token,
+                etag_timeout=self.timeout_s,
+                tqdm_class=_progress_tqdm(hf, progress),
+            )
+        return Path(link).resolve()
+
+    def read_range(self, repo_id: str, revision: str, path: str, start: int, length: int) -> bytes:
+        """Read ``length`` bytes at ``start`` of a file with an HTTP Range request.
+
+        Raises:
+            FileNotOnHubError, GatedRepoError, RepoNotFoundError, HubError.
+        """
+        hf = _hf()
+        url = hf.hf_hub_url(repo_id, path, revision=revision, endpoint=self.endpoint)
+        headers = hf.utils.build_hf_headers(token=self.token)
+        headers["Range"] = f"bytes={start}-{start + length - 1}"
+        headers["Accept-Encoding"] = "identity"
+        with _mapped(f"{repo_id}/{path}@{revision}", self.endpoint):
+            response = hf.utils.get_session().get(url, headers=headers, timeout=self.timeout_s)
+            hf.utils.hf_raise_for_status(response)
+            data: bytes = response.content
+        if response.status_code == 200:
+            data = data[start : start + length]
+        return data
