@@ -7,7 +7,8 @@ Exception tree (each class has a stable machine ``code``)::
     ├── AuditConfigError            code "audit_config"        bad URL, key file, settings
     ├── AuditFormatError            code "audit_format"        malformed record, note, key, proof
     ├── ProofError                  code "audit_proof_invalid" an inclusion/consistency proof fails
-    └── NotSealedError              code "audit_not_sealed"    record newer than the last checkpoint
+    ├── NotSealedError              code "audit_not_sealed"    record newer than the last checkpoint
+    └── RecordNotFound              code "audit_not_found"     no record with that request id
 
 Foreign errors (sqlite3, asyncpg, OSError) are mapped at the store boundary with
 ``raise ... from exc``.
@@ -54,3 +55,9 @@ class NotSealedError(AuditError):
     """The requested record is not yet covered by a signed checkpoint."""
 
     code = "audit_not_sealed"
+
+
+class RecordNotFound(AuditError):
+    """No record matches the requested id."""
+
+    code = "audit_not_found"
