@@ -1,1 +1,53 @@
-"""Package policy (under construction)."""
+"""Zero-trust egress policy: a prompt only goes where the operator's policy allows.
+
+Public API (other packages import only these names):
+
+* :class:`Policy` (``from_file``/``from_text``, ``evaluate``, ``resolve_class``, ``explain``),
+  :class:`Principal`, :class:`Decision`;
+* :class:`EgressGuard`, :class:`EgressEvent` (process layer, ``sys.addaudithook``);
+* :func:`make_connector`, :func:`make_session`, :class:`PolicyResolver` (transport layer);
+* :class:`EgressMatcher`, :class:`PinStore` (address checks shared by both);
+* :func:`litellm_env`, :func:`import_litellm` (litellm without hidden egress);
+* the :class:`PolicyError` tree (``errors`` module docstring).
+"""
+
+from .egress import EgressMatcher, PinStore, Verdict
+from .errors import (
+    ClassChangeForbidden,
+    EgressDenied,
+    GuardSelfTestFailed,
+    PolicyError,
+    PolicyFileError,
+    RedirectRefused,
+    RenderError,
+    UnknownDataClass,
+    UnknownDestination,
+)
+from .evaluate import UNSAFE_RULE_ID, Decision, Policy, Principal
+from .guard import SELF_TEST_TARGET, EgressEvent, EgressGuard
+from .transport import PolicyResolver, make_connector, make_session
+
+__all__ = [
+    "SELF_TEST_TARGET",
+    "UNSAFE_RULE_ID",
+    "ClassChangeForbidden",
+    "Decision",
+    "EgressDenied",
+    "EgressEvent",
+    "EgressGuard",
+    "EgressMatcher",
+    "GuardSelfTestFailed",
+    "PinStore",
+    "Policy",
+    "PolicyError",
+    "PolicyFileError",
+    "PolicyResolver",
+    "Principal",
+    "RedirectRefused",
+    "RenderError",
+    "UnknownDataClass",
+    "UnknownDestination",
+    "Verdict",
+    "make_connector",
+    "make_session",
+]

@@ -1,0 +1,216 @@
+"""Policy-checked outbound HTTP for aiohttp: a pinning resolver, a connector and a session.
+
+Layer 2 of enforcement. For every request:
+
+1. the session middleware refuses proxies and checks the URL's host and port against the
+   policy (aiohttp skips the resolver for address literals, so they are checked here);
+2. :class:`PolicyResolver` resolves a hostname destination once, checks every address
+   (:meth:`~policy.egress.EgressMatcher.check_resolved`) and pins it; later lookups return the
+   pinned addresses without asking DNS again, so rebinding cannot move a connection. aiohttp
+   then connects to the checked address and sends the original name as Host header and TLS SNI;
+3. a redirect answer is never followed: it raises :class:`~policy.errors.RedirectRefused`;
+4. ``trust_env`` is off: ``HTTP(S)_PROXY``, ``NO_PROXY`` and ``.netrc`` are ignored.
+
+aiohttp wraps resolver and connect errors in its own exceptions; the middleware unwraps them, so
+callers see :class:`~policy.errors.EgressDenied` (the boundary mapping of CONVENTIONS.md).
+"""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+import aiohttp
+from aiohttp.abc import AbstractResolver, ResolveResult
+from aiohttp.client_middlewares import ClientHandlerType, ClientMiddlewareType
+
+from .addresses import parse_host
+from .egress import EgressMatcher, PinStore
+from .errors import EgressDenied, RedirectRefused
+from .evaluate import Policy
+
+_REDIRECTS = frozenset({301, 302, 303, 307, 308})
+
+
+def _matcher(policy: Policy | EgressMatcher, pins: PinStore | None) -> EgressMatcher:
+    if isinstance(policy, EgressMatcher):
+        return policy
+    return EgressMatcher(policy, pins)
+
+
+class PolicyResolver(AbstractResolver):
+    """Resolve only hosts a destination names; check and pin what they resolve to.
+
+    Args:
+        matcher: the policy's egress matcher (its pin store is shared with the process guard).
+        resolver: the resolver asked for hostname destinations (default aiohttp's
+            ``ThreadedResolver``, i.e. the system ``getaddrinfo``); tests inject their own.
+    """
+
+    def __init__(self, matcher: EgressMatcher, resolver: AbstractResolver | None = None) -> None:
+        self.matcher = matcher
+        self._base = resolver
+
+    async def resolve(
+        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
+    ) -> list[ResolveResult]:
+        """Return the checked (pinned) addresses of ``host``.
+
+        Raises:
+            EgressDenied: no destination names ``host:port``, or a resolved address fails the
+                destination's checks.
+            OSError: the underlying resolver failed.
+        """
+        try:
+            parsed = parse_host(host)
+        except ValueError:
+            raise EgressDenied(host, port, "not a valid hostname") from None
+        if not isinstance(parsed, str):
+            verdict = self.matcher.check_connect(str(parsed), port)
+            if not verdict.allowed:
+                raise EgressDenied(host, port, verdict.reason)
+            addresses = [parsed]
+        else:
+            dest = self.matcher.hostname_destination(parsed, port)
+            if dest is None:
+                if not self.matcher.policy.unsafe_allow_all:
+                    raise EgressDenied(host, port, f"no destination names {parsed}:{port}")
+                infos = await self._resolver().resolve(parsed, port, family)
+                return infos
+            pinned = self.matcher.pins.get(parsed)
+            if pinned is None:
+                infos = await self._resolver().resolve(parsed, port, family)
+                checked = self.matcher.check_resolved(dest, [i["host"] for i in infos])
+                pinned = self.matcher.pins.pin(parsed, checked)
+            addresses = sorted(pinned, key=lambda ip: (ip.version, int(ip)))
+        wanted = {socket.AF_INET: 4, socket.AF_INET6: 6}.get(family)
+        results: list[ResolveResult] = [
+            {
+                "hostname": host,
+                "host": str(ip),
+                "port": port,
+                "family": socket.AF_INET if ip.version == 4 else socket.AF_INET6,
+                "proto": 0,
+                "flags": socket.AI_NUMERICHOST,
+            }
+            for ip in addresses
+            if wanted is None or ip.version == wanted
+        ]
+        if not results:
+            raise EgressDenied(host, port, "no checked address of the requested family")
+        return results
+
+    def _resolver(self) -> AbstractResolver:
+        if self._base is None:
+            self._base = aiohttp.ThreadedResolver()
+        return self._base
+
+    async def close(self) -> None:
+        """Close the underlying resolver."""
+        if self._base is not None:
+            await self._base.close()
+
+
+def _egress_cause(exc: BaseException) -> EgressDenied | None:
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, EgressDenied):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def policy_middleware(matcher: EgressMatcher) -> ClientMiddlewareType:
+    """Return an aiohttp client middleware enforcing the policy on every request and hop.
+
+    Raises (from the request):
+        EgressDenied: proxy requested, or host/port not allowed (also when the resolver or the
+            process guard refused; aiohttp's wrapping is removed).
+        RedirectRefused: the upstream answered 301/302/303/307/308.
+    """
+
+    async def middleware(req: aiohttp.ClientRequest, handler: ClientHandlerType) -> Any:
+        host = req.url.raw_host or ""
+        port = req.url.port
+        if req.proxy is not None:
+            raise EgressDenied(host, port, "policy-checked clients never use a proxy")
+        try:
+            parsed = parse_host(host)
+        except ValueError:
+            raise EgressDenied(host, port, "not a valid hostname") from None
+        if not isinstance(parsed, str):
+            verdict = matcher.check_connect(str(parsed), port)
+            if not verdict.allowed:
+                raise EgressDenied(host, port, verdict.reason)
+        try:
+            resp = await handler(req)
+        except aiohttp.ClientError as exc:
+            cause = _egress_cause(exc)
+            if cause is not None:
+                raise cause from None
+            raise
+        if resp.status in _REDIRECTS:
+            location = resp.headers.get("Location", "")
+            resp.release()
+            raise RedirectRefused(
+                host, port, f"upstream answered {resp.status} redirect to {location!r}; "
+                "policy-checked clients never follow redirects",
+            )
+        return resp
+
+    return middleware
+
+
+def make_connector(
+    policy: Policy | EgressMatcher,
+    *,
+    pins: PinStore | None = None,
+    resolver: AbstractResolver | None = None,
+    **kwargs: Any,
+) -> aiohttp.TCPConnector:
+    """Return a ``TCPConnector`` whose lookups go through :class:`PolicyResolver`.
+
+    Args:
+        policy: the policy (or a prepared matcher).
+        pins: pin store to share with the process guard (``guard.pins``).
+        resolver: underlying resolver (default: system getaddrinfo in a thread).
+        **kwargs: passed to ``aiohttp.TCPConnector`` (``limit``, ``ssl``, ...).
+    """
+    matcher = _matcher(policy, pins)
+    kwargs.setdefault("use_dns_cache", False)  # pinning is the cache
+    return aiohttp.TCPConnector(resolver=PolicyResolver(matcher, resolver), **kwargs)
+
+
+def make_session(
+    policy: Policy | EgressMatcher,
+    *,
+    pins: PinStore | None = None,
+    resolver: AbstractResolver | None = None,
+    connector_kwargs: dict[str, Any] | None = None,
+    **kwargs: Any,
+) -> aiohttp.ClientSession:
+    """Return a policy-checked ``ClientSession``: pinning connector, no proxies, no redirects.
+
+    Must be called with a running event loop (as any ``ClientSession``).
+
+    Args:
+        policy: the policy (or a prepared matcher).
+        pins: pin store to share with the process guard.
+        resolver: underlying resolver for hostname destinations.
+        connector_kwargs: passed to :func:`make_connector`.
+        **kwargs: passed to ``aiohttp.ClientSession`` (``timeout``, ``headers``, ...);
+            ``trust_env``, ``connector`` and ``middlewares`` are fixed.
+
+    Raises:
+        ValueError: ``trust_env``, ``connector`` or ``middlewares`` was given.
+    """
+    for fixed in ("trust_env", "connector", "middlewares"):
+        if fixed in kwargs:
+            raise ValueError(f"{fixed} is fixed by the policy transport")
+    matcher = _matcher(policy, pins)
+    return aiohttp.ClientSession(
+        connector=make_connector(matcher, resolver=resolver, **(connector_kwargs or {})),
+        trust_env=False,
+        middlewares=(policy_middleware(matcher),),
+        **kwargs,
+    )
