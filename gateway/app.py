@@ -1,0 +1,198 @@
+"""The app factory: :func:`create_app` builds the gateway's ASGI application.
+
+Relay paths (``POST /v1/chat/completions`` and the others in :data:`gateway.relay.RELAY_PATHS`)
+are dispatched by path *before* FastAPI's middleware and router, straight into the raw-ASGI
+handler of :mod:`gateway.relay` (the hot path: no per-request framework objects). Everything
+else (``/v1/models``, ``/healthz``, ``/readyz``) is ordinary FastAPI.
+
+Everything the app needs is passed to the constructor: settings, and the seams used by later
+issues (connector factory for the egress policy, routing policy, observers such as the audit log,
+admission hooks such as quotas). Observers and hooks may define ``async startup()`` and
+``async shutdown()``; the lifespan awaits them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from gateway import relay
+from gateway.auth import Authenticator, KeyRing, Principal, bearer_token
+from gateway.errors import GatewayError, InvalidRequest, MethodNotAllowed, ModelNotFound
+from gateway.health import HealthProber
+from gateway.records import AdmissionHook, RequestObserver
+from gateway.routing import AllowAll, RoutePolicy, Router
+from gateway.settings import GatewaySettings
+from gateway.state import STATE_KEY, GatewayState, gateway_state
+from gateway.upstream import ConnectorFactory, new_session
+
+__all__ = ["create_app"]
+
+
+class _GatewayApp(FastAPI):
+    """FastAPI with a path dispatch in front for the relay hot path."""
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"] in relay.RELAY_PATHS:
+            await relay.handle(gateway_state(scope), scope, receive, send)
+            return
+        await super().__call__(scope, receive, send)
+
+
+def _error_response(exc: GatewayError) -> JSONResponse:
+    return JSONResponse(exc.to_dict(), status_code=exc.status, headers=exc.headers)
+
+
+def _principal(request: Request) -> Principal:
+    state = gateway_state(request)
+    return state.authenticator.authenticate(
+        bearer_token(request.headers.get("authorization", "").encode("latin-1") or None)
+    )
+
+
+def _model_entry(name: str, aliases: Sequence[str], created: int) -> dict[str, Any]:
+    return {
+        "id": name,
+        "object": "model",
+        "created": created,
+        "owned_by": "sovereign-gateway",
+        "aliases": list(aliases),
+    }
+
+
+def create_app(
+    settings: GatewaySettings,
+    *,
+    connector_factory: ConnectorFactory | None = None,
+    policy: RoutePolicy | None = None,
+    observers: Sequence[RequestObserver] = (),
+    admission: Sequence[AdmissionHook] = (),
+    authenticator: Authenticator | None = None,
+    router: Router | None = None,
+) -> FastAPI:
+    """Build the gateway app.
+
+    Args:
+        settings: The validated configuration.
+        connector_factory: Builds the aiohttp connector for upstream connections (the egress
+            policy's checked connector); default a plain pooled ``TCPConnector``.
+        policy: Per-request routing decision (default: every replica allowed).
+        observers: Request observers (audit log, telemetry), see :mod:`gateway.records`.
+        admission: Admission hooks run before forwarding (quotas).
+        authenticator: Key lookup (default: the ``keys`` of the config file).
+        router: Replica pools (default: built from ``settings``; pass one to inspect it).
+
+    Returns:
+        The ASGI app (run it with lifespan on, standard asyncio loop).
+    """
+    created = int(time.time())
+    the_router = router or Router(settings)
+    the_auth = authenticator or KeyRing(settings.keys)
+    the_policy = policy or AllowAll()
+    hooks: list[Any] = [*observers, *admission]
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[dict[str, Any]]:
+        session = new_session(settings, connector_factory)
+        state = GatewayState(
+            settings=settings,
+            router=the_router,
+            authenticator=the_auth,
+            policy=the_policy,
+            session=session,
+            observers=tuple(observers),
+            admission=tuple(admission),
+            forward_headers=frozenset(h.encode() for h in settings.limits.forward_headers),
+        )
+        prober = HealthProber(the_router, session, settings.health)
+        started: list[Any] = []
+        try:
+            for hook in hooks:
+                startup = getattr(hook, "startup", None)
+                if startup is not None:
+                    await startup()
+                started.append(hook)
+            if settings.health.active:
+                prober.start()
+            yield {STATE_KEY: state}
+        finally:
+            await prober.stop()
+            for hook in reversed(started):
+                shutdown = getattr(hook, "shutdown", None)
+                if shutdown is not None:
+                    await shutdown()
+            await session.close()
+
+    app = _GatewayApp(
+        title="sovereign-gateway",
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+    )
+
+    @app.exception_handler(GatewayError)
+    async def _gateway_error(_: Request, exc: GatewayError) -> JSONResponse:
+        return _error_response(exc)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 405:
+            return _error_response(MethodNotAllowed(f"Method not allowed on {request.url.path}."))
+        err = GatewayError(str(exc.detail), code="not_found" if exc.status_code == 404 else None)
+        err.status = exc.status_code
+        err.type = "invalid_request_error"
+        return _error_response(err)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return _error_response(InvalidRequest(str(exc.errors()[:1])))
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        """Liveness: the process is up and serving."""
+        return {"status": "ok"}
+
+    @app.get("/readyz")
+    async def readyz(request: Request) -> JSONResponse:
+        """Readiness: every model has at least one available replica."""
+        router = gateway_state(request).router
+        models = {
+            name: {
+                "available": sum(1 for r in pool.replicas if r.available(time.monotonic())),
+                "replicas": len(pool.replicas),
+            }
+            for name, pool in router.pools.items()
+        }
+        missing = router.not_ready()
+        body = {"status": "not_ready" if missing else "ready", "models": models}
+        return JSONResponse(body, status_code=503 if missing else 200)
+
+    @app.get("/v1/models")
+    async def list_models(request: Request) -> dict[str, Any]:
+        """The models the calling key may use (OpenAI ``GET /v1/models`` shape)."""
+        principal = _principal(request)
+        data = [
+            _model_entry(m.name, m.aliases, created)
+            for m in settings.models
+            if principal.may_use(m.name)
+        ]
+        return {"object": "list", "data": data}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def get_model(model_id: str, request: Request) -> dict[str, Any]:
+        """One model, if it exists and the key may use it (404 otherwise, no oracle)."""
+        principal = _principal(request)
+        model = settings.model_by_label().get(model_id)
+        if model is None or not principal.may_use(model.name):
+            raise ModelNotFound(f"The model '{model_id}' does not exist.", param="model")
+        return _model_entry(model.name, model.aliases, created)
+
+    return app

@@ -1,0 +1,146 @@
+"""Small raw-ASGI helpers for the relay path: reading a bounded body, sending responses.
+
+ASGI HTTP message types: https://asgi.readthedocs.io/en/latest/specs/www.html
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from gateway.errors import GatewayError, PayloadTooLarge, error_body
+
+__all__ = [
+    "ClientGone",
+    "DisconnectWatch",
+    "Receive",
+    "Responder",
+    "Scope",
+    "Send",
+    "read_body",
+]
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+
+class ClientGone(Exception):
+    """The client disconnected before the request was complete."""
+
+
+async def read_body(receive: Receive, limit: int, declared: int | None) -> bytes:
+    """Read the request body, refusing it as soon as it is known to exceed ``limit`` bytes.
+
+    Args:
+        receive: ASGI receive callable.
+        limit: Maximum body size in bytes.
+        declared: The ``content-length`` value, if the client sent one.
+
+    Raises:
+        PayloadTooLarge: ``declared`` or the bytes received so far exceed ``limit``.
+        ClientGone: The client disconnected.
+    """
+    too_large = PayloadTooLarge(f"Request body exceeds the limit of {limit} bytes.")
+    if declared is not None and declared > limit:
+        raise too_large
+    chunks: list[bytes] = []
+    total = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientGone()
+        body: bytes = message.get("body", b"")
+        if body:
+            total += len(body)
+            if total > limit:
+                raise too_large
+            chunks.append(body)
+        if not message.get("more_body", False):
+            break
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+class Responder:
+    """Tracks what was sent to the client.
+
+    Args:
+        send: ASGI send callable.
+        request_id: Sent back as ``x-request-id``.
+    """
+
+    __slots__ = ("_send", "bytes_out", "request_id", "started", "status")
+
+    def __init__(self, send: Send, request_id: str) -> None:
+        self._send = send
+        self.request_id = request_id.encode()
+        self.started = False
+        self.status = 0
+        self.bytes_out = 0
+
+    async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+        """Send the status line and headers (``x-request-id`` is added)."""
+        self.started = True
+        self.status = status
+        headers.append((b"x-request-id", self.request_id))
+        await self._send({"type": "http.response.start", "status": status, "headers": headers})
+
+    async def body(self, data: bytes, more: bool = True) -> None:
+        """Send body bytes (``more=False`` ends the response)."""
+        self.bytes_out += len(data)
+        await self._send({"type": "http.response.body", "body": data, "more_body": more})
+
+    async def error(self, exc: GatewayError) -> None:
+        """Send ``exc`` as a complete OpenAI-style JSON error response."""
+        payload = error_body(exc)
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(payload)).encode()),
+        ]
+        headers.extend((k.encode(), v.encode()) for k, v in exc.headers.items())
+        await self.start(exc.status, headers)
+        await self.body(payload, more=False)
+
+
+class DisconnectWatch:
+    """Cancels the handler task when the client disconnects (streaming or not).
+
+    uvicorn's ``send`` silently drops data for a gone client, so disconnects are only seen by
+    ``receive()``; this watcher awaits it in a side task once the body has been read and cancels
+    the handler, which closes the upstream connection (vLLM then aborts the request).
+
+    Usage: ``watch.start()`` after reading the body; ``watch.finish()`` before the last send;
+    after catching ``CancelledError`` check ``watch.fired`` (and the handler calls
+    ``uncancel``).
+    """
+
+    __slots__ = ("_done", "_receive", "_task", "_watcher", "fired")
+
+    def __init__(self, receive: Receive) -> None:
+        self._receive = receive
+        self._task: asyncio.Task[Any] | None = None
+        self._watcher: asyncio.Task[None] | None = None
+        self._done = False
+        self.fired = False
+
+    def start(self) -> None:
+        """Begin watching (call from the handler task)."""
+        self._task = asyncio.current_task()
+        self._watcher = asyncio.get_running_loop().create_task(self._watch())
+
+    async def _watch(self) -> None:
+        while True:
+            message = await self._receive()
+            if message["type"] == "http.disconnect":
+                break
+        if not self._done and self._task is not None:
+            self.fired = True
+            self._task.cancel()
+
+    def finish(self) -> None:
+        """Stop watching: the response is complete (or about to be)."""
+        self._done = True
+        if self._watcher is not None and not self._watcher.done():
+            self._watcher.cancel()

@@ -1,0 +1,125 @@
+"""API-key authentication: key -> SHA-256 digest -> :class:`Principal`.
+
+Only digests are configured (``keys[].sha256``). A presented key is hashed once and compared
+against every configured digest with :func:`hmac.compare_digest`, without an early exit, so the
+time taken does not depend on which digest (if any) matched. Every failure (no header, wrong
+scheme, unknown key) raises the same :class:`~gateway.errors.AuthenticationFailed`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Protocol
+
+from gateway.errors import AuthenticationFailed
+from gateway.settings import KeySettings
+
+__all__ = [
+    "Authenticator",
+    "KeyRing",
+    "Principal",
+    "bearer_token",
+    "digest_key",
+    "new_key",
+]
+
+KEY_PREFIX = "sg-"
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """Who is calling.
+
+    Attributes:
+        key_id: The configured key id (safe to log; the key itself never is).
+        team: Team the key belongs to, if configured.
+        data_class: Data classification of the key's traffic (for the egress policy).
+        models: Model names the key may use; ``"*"`` means all.
+    """
+
+    key_id: str
+    team: str | None
+    data_class: str
+    models: frozenset[str]
+
+    def may_use(self, model_name: str) -> bool:
+        """True when the key may call the model with canonical name ``model_name``."""
+        return "*" in self.models or model_name in self.models
+
+
+class Authenticator(Protocol):
+    """Turns a presented API key into a :class:`Principal` (seam for managed key stores)."""
+
+    def authenticate(self, token: str | None) -> Principal:
+        """Return the principal or raise :class:`AuthenticationFailed`."""
+        ...
+
+
+def digest_key(key: str) -> bytes:
+    """SHA-256 of the UTF-8 key string (32 raw bytes)."""
+    return hashlib.sha256(key.encode("utf-8")).digest()
+
+
+def new_key() -> str:
+    """A fresh random key: ``sg-`` + 43 URL-safe characters (256 bits of entropy)."""
+    return KEY_PREFIX + secrets.token_urlsafe(32)
+
+
+def bearer_token(value: bytes | None) -> str | None:
+    """Extract the token from an ``Authorization: Bearer <token>`` header value.
+
+    Returns:
+        The token, or ``None`` for a missing header, another scheme or an empty token.
+    """
+    if not value:
+        return None
+    scheme, _, token = value.partition(b" ")
+    if scheme.lower() != b"bearer":
+        return None
+    token = token.strip()
+    if not token or len(token) > 512:
+        return None
+    try:
+        return token.decode("ascii")
+    except UnicodeDecodeError:
+        return None
+
+
+class KeyRing:
+    """The keys from the configuration file.
+
+    Args:
+        keys: Configured keys (``keys:`` section).
+    """
+
+    def __init__(self, keys: Iterable[KeySettings]) -> None:
+        self._entries: list[tuple[bytes, Principal]] = [
+            (
+                bytes.fromhex(k.sha256),
+                Principal(k.id, k.team, k.data_class, frozenset(k.models)),
+            )
+            for k in keys
+        ]
+        # A dummy digest keeps the work constant when no key is configured.
+        self._dummy = hashlib.sha256(b"no key configured").digest()
+
+    def authenticate(self, token: str | None) -> Principal:
+        """Return the principal for ``token``.
+
+        Raises:
+            AuthenticationFailed: Missing or unknown key (same error for both).
+        """
+        presented = digest_key(token if token is not None else "")
+        found: Principal | None = None
+        hit = False
+        for digest, principal in self._entries or [(self._dummy, None)]:  # type: ignore[list-item]
+            if hmac.compare_digest(digest, presented):
+                found = principal
+                hit = True
+        if token is None or not hit or found is None:
+            raise AuthenticationFailed()
+        return found

@@ -1,0 +1,95 @@
+"""Active health checking: periodic ``GET /health`` on every replica (vLLM answers 200 when ready).
+
+Passive health (ejection on failures) lives in :mod:`gateway.routing`; this module only runs the
+probe loop and reports into :meth:`gateway.routing.Replica.mark_probe`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+import aiohttp
+
+from gateway.routing import Replica, Router
+from gateway.settings import HealthSettings
+from gateway.upstream import USER_AGENT
+
+__all__ = ["HealthProber", "probe"]
+
+_log = logging.getLogger(__name__)
+
+
+async def probe(
+    session: aiohttp.ClientSession, replica: Replica, settings: HealthSettings
+) -> bool:
+    """Probe one replica once.
+
+    Returns:
+        True when ``GET {url}{path}`` answered 200 within ``settings.timeout_s`` seconds.
+    """
+    headers = {"user-agent": USER_AGENT}
+    if replica.api_key:
+        headers["authorization"] = f"Bearer {replica.api_key}"
+    try:
+        async with asyncio.timeout(settings.timeout_s):
+            async with session.get(
+                replica.url + settings.path, headers=headers, allow_redirects=False
+            ) as resp:
+                await resp.read()
+                return resp.status == 200
+    except (aiohttp.ClientError, OSError, TimeoutError):
+        return False
+
+
+class HealthProber:
+    """Runs :func:`probe` for every replica every ``interval_s`` seconds.
+
+    Args:
+        router: Pools whose replicas are probed.
+        session: The app's upstream session.
+        settings: ``health`` settings.
+    """
+
+    def __init__(
+        self, router: Router, session: aiohttp.ClientSession, settings: HealthSettings
+    ) -> None:
+        self._router = router
+        self._session = session
+        self._settings = settings
+        self._task: asyncio.Task[None] | None = None
+
+    async def run_once(self) -> None:
+        """Probe every replica concurrently and record the results."""
+        replicas = [r for pool in self._router.pools.values() for r in pool.replicas]
+        results = await asyncio.gather(
+            *(probe(self._session, r, self._settings) for r in replicas)
+        )
+        for replica, ok in zip(replicas, results, strict=True):
+            if ok != replica.probe_ok:
+                _log.warning(
+                    "replica %s of %s is now %s",
+                    replica.url, replica.model, "healthy" if ok else "failing its health check",
+                )
+            replica.mark_probe(ok)
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                await self.run_once()
+            except Exception:
+                _log.exception("health probe round failed")
+            await asyncio.sleep(self._settings.interval_s)
+
+    def start(self) -> None:
+        """Start the background loop (inside the running event loop)."""
+        self._task = asyncio.get_running_loop().create_task(self._loop())
+
+    async def stop(self) -> None:
+        """Stop the loop and wait for it."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None

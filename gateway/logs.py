@@ -1,0 +1,62 @@
+"""Logging set-up for entry points (library modules only call ``logging.getLogger``).
+
+Production format: JSON lines on stderr. Access lines (logger ``gateway.access``) carry the
+fields of :class:`gateway.records.RequestRecord` that are safe to log: never prompts,
+completions or keys.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from typing import Any
+
+from gateway.settings import LoggingSettings
+
+__all__ = ["JsonFormatter", "configure_logging"]
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: ``ts`` (RFC 3339 UTC), ``level``, ``logger``, ``msg``."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        """Render ``record`` as one JSON line."""
+        ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+        out: dict[str, Any] = {
+            "ts": f"{ts}.{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+        }
+        access = getattr(record, "access", None)
+        if isinstance(access, dict):
+            out["type"] = "access"
+            out.update(access)
+        else:
+            out["msg"] = record.getMessage()
+        if record.exc_info:
+            out["exc"] = self.formatException(record.exc_info)
+        return json.dumps(out, separators=(",", ":"), default=str)
+
+
+class _TextFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        access = getattr(record, "access", None)
+        if isinstance(access, dict):
+            record.msg = " ".join(f"{k}={v}" for k, v in access.items() if v is not None)
+            record.args = None
+        return super().format(record)
+
+
+def configure_logging(settings: LoggingSettings) -> None:
+    """Route the root logger to stderr in the configured format and level."""
+    handler = logging.StreamHandler(sys.stderr)
+    if settings.format == "json":
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(_TextFormatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(settings.level.upper())
+    logging.getLogger("gateway.access").disabled = not settings.access_log

@@ -1,0 +1,199 @@
+"""Replica pools, selection strategies and health (pure logic, no I/O).
+
+Each configured model has a :class:`Pool` of :class:`Replica` objects. Selection:
+
+* ``least_outstanding`` (default): the available replica with the fewest requests in flight;
+  ties are broken round-robin so equal replicas share the load.
+* ``round_robin``: the next available replica in turn.
+
+Health is passive and active. Passive: a connect failure, a 5xx or a timeout *ejects* the replica
+for ``cooldown_s`` (a 429 ejects it for its ``Retry-After``). Active: a prober (in
+:mod:`gateway.health`) reports ``GET /health`` results through :meth:`Replica.mark_probe`.
+A 4xx from the backend is the client's fault and never counts against a replica.
+
+When every candidate is unavailable the pool still offers them, soonest-back first ("panic
+routing", as Envoy does): the gateway should not lengthen a backend outage by refusing to try.
+
+The egress policy (issue 3) plugs in through :class:`RoutePolicy`: for each request it filters the
+candidate replicas and names the rule that decided.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from gateway.auth import Principal
+from gateway.settings import GatewaySettings, ModelSettings
+
+__all__ = ["AllowAll", "Pool", "Replica", "RouteDecision", "RoutePolicy", "Router"]
+
+Clock = Callable[[], float]
+
+
+@dataclass(eq=False, slots=True)
+class Replica:
+    """Run-time state of one backend replica.
+
+    Attributes:
+        model: Canonical model name of the pool.
+        index: Position in the pool (stable).
+        url: Server root URL (no trailing slash).
+        api_key: Credential sent to the backend as ``Authorization: Bearer``.
+        destination: Egress policy destination id, if configured.
+        outstanding: Requests currently in flight to this replica.
+        ejected_until: Monotonic time (s) until which passive health keeps it out.
+        probe_ok: Result of the last active health probe (``True`` before the first probe).
+        failures: Failures counted against the replica since start (for metrics).
+    """
+
+    model: str
+    index: int
+    url: str
+    api_key: str | None = field(default=None, repr=False)
+    destination: str | None = None
+    outstanding: int = 0
+    ejected_until: float = 0.0
+    probe_ok: bool = True
+    failures: int = 0
+
+    def available(self, now: float) -> bool:
+        """True when the replica is neither ejected nor failing its active probe."""
+        return self.probe_ok and now >= self.ejected_until
+
+    def mark_probe(self, ok: bool) -> None:
+        """Record an active health probe result; a passing probe also ends an ejection."""
+        self.probe_ok = ok
+        if ok:
+            self.ejected_until = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class RouteDecision:
+    """The routing decision for one request.
+
+    Attributes:
+        candidates: Replicas this request may go to (a subset of the pool, in pool order).
+        rule_id: Id of the policy rule that decided, ``None`` without a policy.
+    """
+
+    candidates: tuple[Replica, ...]
+    rule_id: str | None = None
+
+
+class RoutePolicy(Protocol):
+    """Filters the replicas a request may reach (egress policy seam, issue 3)."""
+
+    def decide(
+        self, principal: Principal, model: ModelSettings, replicas: Sequence[Replica]
+    ) -> RouteDecision:
+        """Return the allowed candidates, or raise a ``GatewayError`` (e.g. 403) to refuse."""
+        ...
+
+
+class AllowAll:
+    """The default policy: every replica of the model is a candidate."""
+
+    def decide(
+        self, principal: Principal, model: ModelSettings, replicas: Sequence[Replica]
+    ) -> RouteDecision:
+        """Allow every replica."""
+        return RouteDecision(tuple(replicas))
+
+
+class Pool:
+    """The replicas of one model and the strategy that picks among them.
+
+    Args:
+        model: The model's settings.
+        cooldown_s: Passive ejection time in seconds.
+        clock: Monotonic clock in seconds (injectable for tests).
+    """
+
+    def __init__(self, model: ModelSettings, cooldown_s: float, clock: Clock = time.monotonic):
+        self.model = model
+        self.strategy = model.strategy
+        self.cooldown_s = cooldown_s
+        self._clock = clock
+        self._turn = 0
+        self.replicas: tuple[Replica, ...] = tuple(
+            Replica(
+                model=model.name,
+                index=i,
+                url=r.url,
+                api_key=r.api_key.get_secret_value() if r.api_key else None,
+                destination=r.destination,
+            )
+            for i, r in enumerate(model.replicas)
+        )
+
+    def pick(
+        self, candidates: Sequence[Replica] | None = None, exclude: Collection[Replica] = ()
+    ) -> Replica | None:
+        """Choose a replica for the next attempt.
+
+        Args:
+            candidates: Replicas allowed for this request (default: the whole pool).
+            exclude: Replicas already tried by this request.
+
+        Returns:
+            The chosen replica, or ``None`` when every candidate was tried.
+        """
+        pool = self.replicas if candidates is None else candidates
+        now = self._clock()
+        n = len(self.replicas)
+        self._turn = (self._turn + 1) % n
+        turn = self._turn
+        best: Replica | None = None
+        best_key: tuple[int, int] | None = None
+        fallback: Replica | None = None
+        for r in pool:
+            if r in exclude:
+                continue
+            if not r.available(now):
+                if fallback is None or r.ejected_until < fallback.ejected_until:
+                    fallback = r
+                continue
+            rank = (r.index - turn) % n
+            key = (r.outstanding, rank) if self.strategy == "least_outstanding" else (0, rank)
+            if best_key is None or key < best_key:
+                best, best_key = r, key
+        return best if best is not None else fallback
+
+    def ready(self) -> bool:
+        """True when at least one replica is available."""
+        now = self._clock()
+        return any(r.available(now) for r in self.replicas)
+
+    def eject(self, replica: Replica, cooldown_s: float | None = None) -> None:
+        """Keep ``replica`` out for ``cooldown_s`` seconds (default: the pool's cool-down)."""
+        replica.failures += 1
+        until = self._clock() + (self.cooldown_s if cooldown_s is None else cooldown_s)
+        replica.ejected_until = max(replica.ejected_until, until)
+
+
+class Router:
+    """All pools, by canonical name and alias.
+
+    Args:
+        settings: Gateway settings (``models`` and ``health.cooldown_s`` are used).
+        clock: Monotonic clock in seconds.
+    """
+
+    def __init__(self, settings: GatewaySettings, clock: Clock = time.monotonic) -> None:
+        self.pools: dict[str, Pool] = {
+            m.name: Pool(m, settings.health.cooldown_s, clock) for m in settings.models
+        }
+        self._labels: dict[str, Pool] = {
+            label: self.pools[m.name] for label, m in settings.model_by_label().items()
+        }
+
+    def resolve(self, label: str) -> Pool | None:
+        """The pool for a model name or alias, or ``None``."""
+        return self._labels.get(label)
+
+    def not_ready(self) -> list[str]:
+        """Names of models with no available replica (empty when ready)."""
+        return [name for name, pool in self.pools.items() if not pool.ready()]

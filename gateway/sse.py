@@ -1,0 +1,184 @@
+"""Incremental Server-Sent Events scanning for token usage.
+
+Source of the framing rules: the WHATWG HTML standard, "Server-sent events" (§9.2.5): lines end
+with CRLF, LF or CR; an empty line dispatches the event; ``data:`` may be followed by one optional
+space; several ``data:`` lines are joined with LF. vLLM and OpenAI put token usage into the last
+JSON event (``"choices": []`` plus ``"usage"``) when ``stream_options.include_usage`` is set.
+
+The scanner never decodes an event unless its bytes contain ``"usage"``: the hot path is a few
+``bytes.rfind`` calls per network chunk. Events split across chunks and multi-byte UTF-8 split
+across chunks are handled because only complete events (bytes up to a blank line) are decoded.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["SSEUsageScanner", "Usage", "usage_from_body", "usage_from_mapping"]
+
+# An empty line: a line terminator immediately followed by another. Atomic groups stop "\r\n"
+# from being read as two terminators ("\r" then "\n").
+_BLANK_LINE = re.compile(rb"(?>\r\n|\n|\r)(?>\r\n|\n|\r)")
+_BOUNDARIES = (b"\r\n\r\n", b"\n\n", b"\n\r\n", b"\r\r")
+_USAGE = b'"usage"'
+_DONE = b"[DONE]"
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """Token counts of one request (``input`` = prompt, ``output`` = completion)."""
+
+    input_tokens: int
+    output_tokens: int
+
+
+def usage_from_mapping(obj: Any) -> Usage | None:
+    """Read usage from a response object (chat, completions, embeddings or responses API)."""
+    if not isinstance(obj, dict):
+        return None
+    usage = obj.get("usage")
+    if not isinstance(usage, dict):
+        inner = obj.get("response")
+        usage = inner.get("usage") if isinstance(inner, dict) else None
+        if not isinstance(usage, dict):
+            return None
+    tin = usage.get("prompt_tokens", usage.get("input_tokens", 0))
+    tout = usage.get("completion_tokens", usage.get("output_tokens", 0))
+    if not isinstance(tin, int) or not isinstance(tout, int):
+        return None
+    return Usage(tin, tout or 0)
+
+
+def usage_from_body(body: bytes) -> Usage | None:
+    """Usage from a complete non-streamed JSON response body, or ``None``."""
+    if _USAGE not in body:
+        return None
+    try:
+        return usage_from_mapping(json.loads(body))
+    except ValueError:
+        return None
+
+
+def _event_data(event: bytes) -> bytes | None:
+    """The joined ``data:`` payload of one complete event, or ``None`` without data lines."""
+    parts = []
+    for line in event.splitlines():
+        if line.startswith(b"data:"):
+            value = line[5:]
+            parts.append(value[1:] if value.startswith(b" ") else value)
+    return b"\n".join(parts) if parts else None
+
+
+def _last_boundary_end(buf: bytes) -> int:
+    """Index just after the last blank line in ``buf`` (0 when there is none).
+
+    A ``"\\r\\n\\r"`` at the very end is not a boundary yet: the next chunk may complete it
+    to ``"\\r\\n\\r\\n"``, so it waits (no pattern below matches it).
+    """
+    end = 0
+    for pattern in _BOUNDARIES:
+        i = buf.rfind(pattern)
+        if i >= 0 and i + len(pattern) > end:
+            end = i + len(pattern)
+    return end
+
+
+class SSEUsageScanner:
+    """Relay an SSE stream byte-for-byte while finding the usage event.
+
+    Args:
+        drop_usage_only: Remove the usage-only event (``"choices": []`` with ``usage``) from the
+            bytes handed back, because the gateway forced ``include_usage`` on upstream but the
+            client did not ask for it. Only then are incomplete events held back.
+
+    Attributes:
+        usage: The last usage seen, if any.
+        done: Whether ``data: [DONE]`` was seen.
+        at_boundary: Whether everything handed back so far ends at an event boundary (an error
+            event can then be appended without corrupting a half-sent event).
+    """
+
+    __slots__ = ("_drop", "_tail", "at_boundary", "done", "usage")
+
+    def __init__(self, drop_usage_only: bool = False) -> None:
+        self._drop = drop_usage_only
+        self._tail = b""
+        self.usage: Usage | None = None
+        self.done = False
+        self.at_boundary = True
+
+    def feed(self, chunk: bytes) -> bytes:
+        """Take the next network chunk; return the bytes to send to the client now."""
+        buf = self._tail + chunk if self._tail else chunk
+        end = _last_boundary_end(buf)
+        complete = buf[:end]
+        self._tail = buf[end:]
+        if self._drop:
+            out = self._filter(complete) if complete else b""
+            self.at_boundary = True
+            return out
+        if complete:
+            if _USAGE in complete:
+                self._scan(complete)
+            elif _DONE in complete:
+                self.done = True
+        self.at_boundary = not self._tail
+        return chunk
+
+    def finish(self) -> bytes:
+        """End of the upstream body: return what is still held back (drop mode only)."""
+        tail, self._tail = self._tail, b""
+        if not tail:
+            return b""
+        if self._drop:
+            kept = self._filter(tail)
+            self.at_boundary = kept == b""
+            return kept
+        if _USAGE in tail:
+            self._scan(tail)
+        return b""
+
+    def _scan(self, region: bytes) -> None:
+        for event in _BLANK_LINE.split(region):
+            if _USAGE in event or _DONE in event:
+                self._inspect(event)
+
+    def _inspect(self, event: bytes) -> bool:
+        """Update state from one event; True when it is a usage-only event."""
+        data = _event_data(event)
+        if data is None:
+            return False
+        if data == _DONE:
+            self.done = True
+            return False
+        if _USAGE not in data:
+            return False
+        try:
+            obj = json.loads(data)
+        except ValueError:
+            return False
+        usage = usage_from_mapping(obj)
+        if usage is None:
+            return False
+        self.usage = usage
+        return isinstance(obj, dict) and obj.get("choices") == []
+
+    def _filter(self, region: bytes) -> bytes:
+        if _USAGE not in region:
+            if _DONE in region:
+                self.done = True
+            return region
+        out = bytearray()
+        start = 0
+        for m in _BLANK_LINE.finditer(region):
+            event = region[start : m.end()]
+            start = m.end()
+            if not self._inspect(event):
+                out += event
+        rest = region[start:]
+        if rest and not self._inspect(rest):
+            out += rest
+        return bytes(out)

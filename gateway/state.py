@@ -1,0 +1,64 @@
+"""The typed run-time state of one gateway app, built in the lifespan.
+
+Reach it only through :func:`gateway_state` (from an ASGI scope or a Starlette request): the
+lifespan puts it into the ASGI lifespan state under one key, so there is no global and no
+``app.state`` probing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from gateway.auth import Authenticator
+from gateway.records import AdmissionHook, RequestObserver
+from gateway.routing import RoutePolicy, Router
+from gateway.settings import GatewaySettings
+
+__all__ = ["STATE_KEY", "GatewayState", "gateway_state"]
+
+STATE_KEY = "sovereign_gateway"
+
+
+@dataclass(slots=True)
+class GatewayState:
+    """Everything a request handler needs.
+
+    Attributes:
+        settings: The frozen configuration.
+        router: Replica pools by model.
+        authenticator: Key -> principal.
+        policy: Per-request routing decision (egress policy seam).
+        session: The pooled upstream client.
+        observers: Request observers (audit, telemetry).
+        admission: Admission hooks (quotas).
+        forward_headers: Client header names (lower-case bytes) relayed upstream.
+    """
+
+    settings: GatewaySettings
+    router: Router
+    authenticator: Authenticator
+    policy: RoutePolicy
+    session: aiohttp.ClientSession
+    observers: Sequence[RequestObserver] = ()
+    admission: Sequence[AdmissionHook] = ()
+    forward_headers: frozenset[bytes] = field(default_factory=frozenset)
+
+
+def gateway_state(source: Mapping[str, Any] | Any) -> GatewayState:
+    """Return the state from an ASGI ``scope`` or a Starlette ``Request``.
+
+    Raises:
+        RuntimeError: The app's lifespan did not run (the server was started without it).
+    """
+    scope = source if isinstance(source, Mapping) else source.scope
+    try:
+        state = scope["state"][STATE_KEY]
+    except (KeyError, TypeError) as exc:
+        raise RuntimeError("gateway state missing: run the app with lifespan enabled") from exc
+    if not isinstance(state, GatewayState):
+        raise RuntimeError("gateway state has the wrong type")
+    return state

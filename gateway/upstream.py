@@ -1,0 +1,84 @@
+"""The pooled upstream HTTP client and the mapping of its errors to ours.
+
+One :class:`aiohttp.ClientSession` per app, created in the lifespan: keep-alive pooled
+connections, ``trust_env=False`` (proxy variables are ignored), no cookie jar, no automatic
+decompression (bytes are relayed as they come) and never a redirect (``allow_redirects=False`` on
+every call). The connector is injectable: the egress policy (issue 3) passes a factory that
+returns its policy-checked connector.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import aiohttp
+
+from gateway.errors import GatewayError, UpstreamConnectError, UpstreamError, UpstreamTimeout
+from gateway.settings import GatewaySettings
+
+__all__ = ["ConnectorFactory", "map_exception", "new_session"]
+
+ConnectorFactory = Callable[[], aiohttp.BaseConnector]
+
+USER_AGENT = "sovereign-gateway/0.1"
+
+
+def new_session(
+    settings: GatewaySettings, connector_factory: ConnectorFactory | None = None
+) -> aiohttp.ClientSession:
+    """Create the app's upstream session (call inside a running event loop).
+
+    Args:
+        settings: ``timeouts`` and ``limits.max_upstream_connections`` are used.
+        connector_factory: Returns the connector to use; default a plain ``TCPConnector``.
+    """
+    if connector_factory is not None:
+        connector = connector_factory()
+    else:
+        connector = aiohttp.TCPConnector(
+            limit=settings.limits.max_upstream_connections,
+            limit_per_host=0,
+            ttl_dns_cache=10,
+            keepalive_timeout=30,
+        )
+    timeout = aiohttp.ClientTimeout(
+        total=None,
+        connect=settings.timeouts.connect_s,
+        sock_connect=settings.timeouts.connect_s,
+        sock_read=None,
+    )
+    return aiohttp.ClientSession(
+        connector=connector,
+        timeout=timeout,
+        trust_env=False,
+        auto_decompress=False,
+        cookie_jar=aiohttp.DummyCookieJar(),
+        skip_auto_headers=("User-Agent", "Accept-Encoding"),
+        raise_for_status=False,
+    )
+
+
+def map_exception(exc: BaseException, replica_url: str) -> GatewayError:
+    """Translate an aiohttp/OS error into a gateway error (the caller raises it ``from exc``).
+
+    Args:
+        exc: The exception raised while talking to the replica.
+        replica_url: For the message (never the request content).
+
+    Returns:
+        :class:`UpstreamConnectError` for connection failures (retryable),
+        :class:`UpstreamTimeout` for timeouts, :class:`UpstreamError` otherwise.
+    """
+    if isinstance(exc, aiohttp.ConnectionTimeoutError):
+        return UpstreamConnectError(f"Timed out connecting to the model backend ({replica_url}).")
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return UpstreamConnectError(f"Could not connect to the model backend ({replica_url}).")
+    if isinstance(exc, (asyncio.TimeoutError, aiohttp.ServerTimeoutError)):
+        return UpstreamTimeout(f"The model backend ({replica_url}) timed out.")
+    if isinstance(exc, aiohttp.ServerDisconnectedError):
+        return UpstreamError(f"The model backend ({replica_url}) closed the connection.")
+    if isinstance(exc, aiohttp.ClientPayloadError):
+        return UpstreamError(f"The model backend ({replica_url}) sent an incomplete response.")
+    name = type(exc).__name__
+    return UpstreamError(f"Error talking to the model backend ({replica_url}): {name}")
