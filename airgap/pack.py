@@ -1,0 +1,310 @@
+"""Pack pinned, verified weights (and extra files) into a signed bundle.
+
+The bytes are checked against the lockfile pins as they are copied (size, sha256 and, for
+regular files, the git blob SHA-1): the digest is of the very bytes written, so a file that
+changes under us cannot slip in. A size check of every source runs before anything is
+written. The bundle is built in a fresh temporary directory next to ``out`` and renamed into
+place only when complete and signed, so no stale part of an earlier run can mix in.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import shutil
+import stat
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import BinaryIO
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from airgap import __version__, paths
+from airgap.bundle import (
+    DEFAULT_PART_SIZE,
+    INDEX_NAME,
+    SIGNATURE_NAME,
+    Blob,
+    ContentFile,
+    Index,
+    Part,
+)
+from airgap.errors import AirgapError, Code, fail
+from airgap.signing import key_id, sign_index
+from airgap.stream import CHUNK_BYTES, Progress
+from weights import LockEntry, Lockfile, WeightsError, resolve_model_dir, sha256_file
+
+
+@dataclass(frozen=True)
+class Source:
+    """One content file to pack: where its bytes are and what they must be."""
+
+    file: ContentFile
+    origin: Path
+    git_sha1: str | None  # checked too for regular (non-LFS) model files
+
+
+@dataclass(frozen=True)
+class PackReport:
+    """Outcome of ``pack_bundle``: the bundle path, its index and the signer key id."""
+
+    bundle: Path
+    index: Index
+    signer: str
+    seconds: float
+
+
+class _PartWriter:
+    """Writes the payload stream into parts of at most ``part_size`` bytes, hashing each."""
+
+    def __init__(self, directory: Path, part_size: int, total: int) -> None:
+        self.directory, self.part_size, self.total = directory, part_size, total
+        self.count = math.ceil(total / part_size)
+        self.parts: list[Part] = []
+        self._fh: BinaryIO | None = None
+        self._hash = hashlib.sha256()
+        self._written = 0  # in the current part
+        self._offset = 0  # of the current part in the payload
+
+    def write(self, data: memoryview) -> None:
+        while data:
+            if self._fh is None:
+                name = paths.part_name(len(self.parts), self.count)
+                fd = os.open(self.directory / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+                self._fh = os.fdopen(fd, "wb", buffering=0)
+            room = self.part_size - self._written
+            chunk = data[:room]
+            self._fh.write(chunk)
+            self._hash.update(chunk)
+            self._written += len(chunk)
+            data = data[len(chunk) :]
+            if self._written == self.part_size:
+                self._close_part()
+
+    def _close_part(self) -> None:
+        assert self._fh is not None
+        os.fsync(self._fh.fileno())
+        self._fh.close()
+        name = paths.part_name(len(self.parts), self.count)
+        self.parts.append(Part(name, self._offset, self._written, self._hash.hexdigest()))
+        self._offset += self._written
+        self._fh, self._hash, self._written = None, hashlib.sha256(), 0
+
+    def finish(self) -> tuple[Part, ...]:
+        if self._fh is not None:
+            self._close_part()
+        if len(self.parts) != self.count:  # the pre-check sizes guarantee this
+            raise AirgapError(Code.IO_ERROR, "payload size changed while packing")
+        return tuple(self.parts)
+
+
+def collect_sources(
+    lock: Lockfile, source: Path, include_files: Sequence[Path] = ()
+) -> list[Source]:
+    """Find every pinned file under ``source`` and check it exists with the pinned size.
+
+    ``source`` is a Hugging Face cache root (snapshot of the pinned commit), a snapshot or
+    model directory (one model), or a directory with one ``org/name`` sub-directory per model.
+
+    Raises:
+        AirgapError: ``source_missing`` (a file is missing or not a regular file),
+            ``empty_model`` or ``pin_mismatch`` (a size differs), ``unsafe_path``.
+    """
+    if not lock.entries:
+        raise fail(Code.EMPTY_MODEL, "the lockfile pins no model")
+    out: list[Source] = []
+    for entry in lock.entries:
+        if not entry.files:
+            raise fail(Code.EMPTY_MODEL, f"model {entry.repo_id} pins no files")
+        root = _model_root(source, entry, several=len(lock.entries) > 1)
+        for pin in entry.files:
+            paths.check_path(pin.path, what=f"pinned path of {entry.repo_id}")
+            origin = root / pin.path
+            _check_source(origin, pin.size, f"{entry.repo_id}:{pin.path}")
+            cf = ContentFile(entry.repo_id, pin.path, pin.size, pin.sha256, pin.blob_id)
+            out.append(Source(cf, origin, None if pin.lfs else pin.git_sha1))
+        paths.check_tree((f.path for f in entry.files), where=entry.repo_id)
+    names: set[str] = set()
+    for extra in include_files:
+        name = paths.check_path(extra.name, what="included file name")
+        if name in names:
+            raise AirgapError(Code.IO_ERROR, f"two included files are named {name!r}")
+        names.add(name)
+        size = _check_source(extra, None, str(extra))
+        try:  # extras are small and unpinned: their digest is taken now, re-checked on copy
+            sha = sha256_file(extra)
+        except WeightsError as exc:
+            raise AirgapError(Code.SOURCE_MISSING, str(exc)) from exc
+        out.append(Source(ContentFile(None, name, size, sha, sha), extra, None))
+    return out
+
+
+def _model_root(source: Path, entry: LockEntry, *, several: bool) -> Path:
+    nested = source / entry.repo_id
+    if several and nested.is_dir():
+        source = nested
+    try:
+        return resolve_model_dir(source, entry)
+    except WeightsError as exc:
+        raise AirgapError(Code.SOURCE_MISSING, f"{entry.repo_id}: {exc}") from exc
+
+
+def _check_source(path: Path, size: int | None, label: str) -> int:
+    try:
+        st = path.stat()  # follows symlinks: HF snapshots link into blobs/
+    except OSError as exc:
+        raise AirgapError(Code.SOURCE_MISSING, f"{label}: cannot read {path}: {exc}") from exc
+    if not stat.S_ISREG(st.st_mode):
+        raise AirgapError(Code.SOURCE_MISSING, f"{label}: {path} is not a regular file")
+    if size is not None and st.st_size != size:
+        raise fail(Code.PIN_MISMATCH, f"{label}: {path} has {st.st_size} bytes, pinned {size}",
+                   path=label, expected=str(size), actual=str(st.st_size))  # fmt: skip
+    return st.st_size
+
+
+def pack_bundle(
+    lock: Lockfile,
+    source: Path,
+    out: Path,
+    key: Ed25519PrivateKey,
+    *,
+    include_files: Sequence[Path] = (),
+    part_size: int = DEFAULT_PART_SIZE,
+    force: bool = False,
+    progress: Progress | None = None,
+) -> PackReport:
+    """Pack the lockfile's models from ``source`` into a new signed bundle at ``out``.
+
+    Args:
+        lock: the pins (every model in it is packed).
+        source: where the files are (see ``collect_sources``).
+        out: bundle directory to create; must not exist unless ``force``.
+        key: Ed25519 signing key.
+        include_files: extra files (policy, chart archive) carried by name, unpinned.
+        part_size: maximum part size in bytes (default 4 GiB - 1, the FAT32 limit).
+        force: replace an existing bundle at ``out`` (only after the new one is complete).
+        progress: called with the number of bytes copied.
+
+    Raises:
+        AirgapError: ``output_exists``, ``source_missing``, ``io_error``.
+        VerificationFailed: ``pin_mismatch`` (source bytes differ from the pins; nothing is
+            left behind), ``empty_model``, ``unsafe_path``, ``path_collision``.
+    """
+    if part_size < 1:
+        raise AirgapError(Code.IO_ERROR, "--part-size must be at least 1 byte")
+    if (out.exists() or out.is_symlink()) and not force:
+        raise AirgapError(Code.OUTPUT_EXISTS, f"{out} exists; choose a new path or use --force")
+    started = time.perf_counter()
+    sources = collect_sources(lock, source, include_files)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
+    try:
+        index = _write_payload(tmp, lock, sources, part_size, progress)
+        data = index.dumps()
+        _write_file(tmp / INDEX_NAME, data)
+        _write_file(tmp / SIGNATURE_NAME, sign_index(data, key))
+        _fsync_dir(tmp)
+        _replace_dir(tmp, out, force=force)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return PackReport(out, index, key_id(key.public_key()), time.perf_counter() - started)
+
+
+def _write_payload(
+    tmp: Path, lock: Lockfile, sources: list[Source], part_size: int, progress: Progress | None
+) -> Index:
+    unique: dict[str, Source] = {}  # content is stored once per distinct sha256
+    for s in sources:
+        unique.setdefault(s.file.sha256, s)
+    blobs: list[Blob] = []
+    offset = 0
+    for s in unique.values():
+        blobs.append(Blob(s.file.sha256, s.file.size, offset))
+        offset += s.file.size
+    writer = _PartWriter(tmp, part_size, offset)
+    view = memoryview(bytearray(CHUNK_BYTES))
+    for s in unique.values():
+        _copy(s, writer, view, progress)
+    return Index(
+        tool=f"sovereign-gateway airgap {__version__}",
+        created_at=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        part_size=part_size,
+        payload_size=offset,
+        lock=lock,
+        files=tuple(s.file for s in sources),
+        blobs=tuple(blobs),
+        parts=writer.finish(),
+    )
+
+
+def _copy(s: Source, writer: _PartWriter, view: memoryview, progress: Progress | None) -> None:
+    """Copy one source into the payload, checking the bytes copied against its digests."""
+    sha = hashlib.sha256()
+    sha1 = hashlib.sha1(b"blob %d\0" % s.file.size, usedforsecurity=False) if s.git_sha1 else None
+    done = 0
+    try:
+        with open(s.origin, "rb", buffering=0) as fh:
+            while n := fh.readinto(view):
+                chunk = view[:n]
+                sha.update(chunk)
+                if sha1 is not None:
+                    sha1.update(chunk)
+                done += n
+                if done > s.file.size:
+                    break
+                writer.write(chunk)
+                if progress is not None:
+                    progress(n)
+    except OSError as exc:
+        raise AirgapError(Code.IO_ERROR, f"cannot read {s.origin}: {exc}") from exc
+    label = s.file.label
+    if done != s.file.size:
+        raise fail(Code.PIN_MISMATCH, f"{label}: {s.origin} changed size while packed",
+                   path=label, expected=str(s.file.size), actual=str(done))  # fmt: skip
+    digest = sha.hexdigest()
+    if digest != s.file.sha256:
+        raise fail(Code.PIN_MISMATCH,
+                   f"{label}: {s.origin} does not match the pinned sha256; refusing to pack it",
+                   path=label, expected=s.file.sha256, actual=digest)  # fmt: skip
+    if sha1 is not None and sha1.hexdigest() != s.git_sha1:
+        raise fail(Code.PIN_MISMATCH, f"{label}: git blob SHA-1 differs from the pin",
+                   path=label, expected=s.git_sha1, actual=sha1.hexdigest())  # fmt: skip
+
+
+def _write_file(path: Path, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _replace_dir(tmp: Path, out: Path, *, force: bool) -> None:
+    old: Path | None = None
+    if out.exists() or out.is_symlink():
+        if not force:
+            raise AirgapError(Code.OUTPUT_EXISTS, f"{out} appeared while packing")
+        old = out.with_name(f".{out.name}.old-{os.getpid()}")
+        os.rename(out, old)
+    os.rename(tmp, out)
+    _fsync_dir(out.parent)
+    if old is not None:
+        if old.is_dir() and not old.is_symlink():
+            shutil.rmtree(old)
+        else:
+            old.unlink()
+

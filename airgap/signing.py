@@ -1,0 +1,189 @@
+"""Ed25519 keys and the detached signature over ``index.json`` (RFC 8032, PureEd25519).
+
+``index.sig`` is a small JSON document (spec: docs/bundle-format.md)::
+
+    {"format": "sovereign-gateway/airgap-signature", "version": 1, "algorithm": "ed25519",
+     "key_id": "<sha256 hex of the 32-byte raw public key>",
+     "signature": "<base64 of the 64-byte Ed25519 signature over the exact bytes of index.json>"}
+
+The signature covers the raw bytes of index.json, so stock OpenSSL can check it too
+(``openssl pkeyutl -verify -pubin -inkey KEY.pub.pem -rawin -in index.json -sigfile SIG.bin``).
+Verification needs nothing but the signer's public key (PEM SubjectPublicKeyInfo, RFC 8410).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+from airgap.errors import AirgapError, Code, fail
+
+SIGNATURE_FORMAT = "sovereign-gateway/airgap-signature"
+SIGNATURE_VERSION = 1
+MAX_SIGNATURE_BYTES = 64 * 1024
+
+
+def key_id(public_key: Ed25519PublicKey) -> str:
+    """Hex SHA-256 of the 32-byte raw public key (the signer id shown to operators)."""
+    raw = public_key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    return hashlib.sha256(raw).hexdigest()
+
+
+def public_key_path(private_key_path: Path) -> Path:
+    """``KEY.pem`` -> ``KEY.pub.pem`` (any other name gets ``.pub.pem`` appended)."""
+    name = private_key_path.name
+    stem = name[: -len(".pem")] if name.endswith(".pem") else name
+    return private_key_path.with_name(stem + ".pub.pem")
+
+
+def generate_keypair(out: Path) -> tuple[Path, str]:
+    """Write a new Ed25519 private key (PKCS#8 PEM, mode 0600) and its public key.
+
+    Args:
+        out: path of the private key; the public key goes to ``public_key_path(out)``.
+
+    Returns:
+        (public key path, key id).
+
+    Raises:
+        AirgapError: ``output_exists`` if either file exists, ``io_error`` on write failure.
+    """
+    pub_path = public_key_path(out)
+    for p in (out, pub_path):
+        if p.exists() or p.is_symlink():
+            raise AirgapError(Code.OUTPUT_EXISTS, f"{p} already exists; refusing to overwrite")
+    key = Ed25519PrivateKey.generate()
+    pem = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+    pub_pem = key.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    try:
+        fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(pem)
+        fd = os.open(pub_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(pub_pem)
+    except OSError as exc:
+        raise AirgapError(Code.IO_ERROR, f"cannot write key: {exc}") from exc
+    return pub_path, key_id(key.public_key())
+
+
+def load_private_key(path: Path) -> Ed25519PrivateKey:
+    """Load an unencrypted Ed25519 private key (PEM).
+
+    Raises:
+        AirgapError: ``key_invalid`` (unreadable, not PEM, or not Ed25519).
+    """
+    try:
+        key = serialization.load_pem_private_key(path.read_bytes(), password=None)
+    except (OSError, ValueError, TypeError) as exc:
+        raise AirgapError(Code.KEY_INVALID, f"cannot load private key {path}: {exc}") from exc
+    if not isinstance(key, Ed25519PrivateKey):
+        raise AirgapError(Code.KEY_INVALID, f"{path} is not an Ed25519 key (use `airgap keygen`)")
+    return key
+
+
+def load_public_key(path: Path) -> Ed25519PublicKey:
+    """Load an Ed25519 public key (PEM SubjectPublicKeyInfo).
+
+    Raises:
+        AirgapError: ``key_invalid`` (unreadable, not PEM, or not Ed25519).
+    """
+    try:
+        key = serialization.load_pem_public_key(path.read_bytes())
+    except (OSError, ValueError) as exc:
+        raise AirgapError(Code.KEY_INVALID, f"cannot load public key {path}: {exc}") from exc
+    if not isinstance(key, Ed25519PublicKey):
+        raise AirgapError(Code.KEY_INVALID, f"{path} is not an Ed25519 public key")
+    return key
+
+
+def sign_index(index_bytes: bytes, key: Ed25519PrivateKey) -> bytes:
+    """Return the ``index.sig`` document for ``index_bytes``."""
+    doc = {
+        "format": SIGNATURE_FORMAT,
+        "version": SIGNATURE_VERSION,
+        "algorithm": "ed25519",
+        "key_id": key_id(key.public_key()),
+        "signature": base64.b64encode(key.sign(index_bytes)).decode("ascii"),
+    }
+    return (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode("utf-8")
+
+
+def signer_key_id(sig_bytes: bytes) -> str:
+    """The key id the signature claims (unverified), for ``inspect``.
+
+    Raises:
+        VerificationFailed: ``signature_malformed``.
+    """
+    return _parse_signature(sig_bytes)[0]
+
+
+def _parse_signature(sig_bytes: bytes) -> tuple[str, bytes]:
+    try:
+        doc = json.loads(sig_bytes.decode("utf-8"))
+        if (
+            doc.get("format") != SIGNATURE_FORMAT
+            or doc.get("version") != SIGNATURE_VERSION
+            or doc.get("algorithm") != "ed25519"
+        ):
+            raise ValueError("not a version 1 ed25519 airgap signature")
+        kid = doc["key_id"]
+        sig = base64.b64decode(doc["signature"], validate=True)
+        if not isinstance(kid, str) or len(sig) != 64:
+            raise ValueError("bad key id or signature length")
+    except (UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError,
+            binascii.Error) as exc:  # fmt: skip
+        raise fail(Code.SIGNATURE_MALFORMED, f"index.sig is malformed: {exc}") from None
+    return kid, sig
+
+
+def verify_index_signature(
+    index_bytes: bytes, sig_bytes: bytes, trusted: Sequence[Ed25519PublicKey]
+) -> str:
+    """Check ``index.sig`` against the trusted public keys.
+
+    Args:
+        index_bytes: exact bytes of index.json.
+        sig_bytes: bytes of index.sig.
+        trusted: public keys whose signatures are accepted (at least one).
+
+    Returns:
+        the key id of the key that verified.
+
+    Raises:
+        VerificationFailed: ``signature_malformed``; ``signature_untrusted_key`` when the signer is
+            none of the trusted keys; ``signature_invalid`` when the index was modified after
+            signing (or the signature forged).
+    """
+    kid, sig = _parse_signature(sig_bytes)
+    by_id = {key_id(k): k for k in trusted}
+    key = by_id.get(kid)
+    if key is None:
+        raise fail(
+            Code.SIGNATURE_UNTRUSTED_KEY,
+            f"index signed by key {kid[:16]}, which is not a trusted key "
+            f"({', '.join(k[:16] for k in by_id)})",
+            expected=",".join(by_id), actual=kid,
+        )  # fmt: skip
+    try:
+        key.verify(sig, index_bytes)
+    except InvalidSignature:
+        raise fail(
+            Code.SIGNATURE_INVALID,
+            f"index.json does not match its signature by key {kid[:16]}: "
+            "it was modified after signing",
+        ) from None
+    return kid

@@ -1,0 +1,373 @@
+"""Install a verified bundle into a Hugging Face cache or a plain directory, atomically.
+
+Plan -> stage -> commit:
+
+1. *check*: signature, index structure and parts (``verify.check_index``); any problem stops
+   here and nothing is written.
+2. *plan*: for every file, where it goes; blobs already in the store are hashed and skipped
+   when they match (re-runs are cheap); an existing entry that differs is a conflict (a
+   damaged blob of the same id is repaired instead). Every directory on the way must be a real
+   directory, never a symlink.
+3. *stage*: blobs are streamed from the parts into a staging directory inside STORE (same file
+   system, so the final renames are atomic), hashed on the way and fsynced. A digest mismatch
+   deletes the staging directory and reports every bad blob: the store is untouched. Hashing
+   the bytes actually installed (rather than verifying first and copying after) also closes
+   the window in which media could change between a verify and a copy.
+4. *commit*: directories, blobs, snapshot symlinks, then refs last, each by ``rename``; a
+   failure undoes what was already done, in reverse order.
+
+Layouts (``hf-cache`` is what ``huggingface_hub`` and vLLM read with ``HF_HUB_OFFLINE=1``)::
+
+    hf-cache   STORE/models--{org}--{name}/blobs/<blob_id>
+               STORE/models--{org}--{name}/snapshots/<commit>/<path> -> ../../blobs/<blob_id>
+               STORE/models--{org}--{name}/refs/<requested revision>   (commit, no newline)
+    dir        STORE/{org}/{name}/<path>   (regular files)
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import stat
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+from airgap.bundle import ContentFile, Index
+from airgap.errors import AirgapError, Code, Problem, StoreError, VerificationFailed
+from airgap.stream import Progress, Range, hash_ranges
+from airgap.verify import VerifyReport, check_index
+from weights import Lockfile, WeightsError, hf_cache_paths, is_commit_sha, sha256_file
+
+Layout = Literal["hf-cache", "dir"]
+
+
+@dataclass
+class UnpackReport:
+    """Outcome of ``unpack_bundle``.
+
+    Attributes:
+        store: the store root.
+        layout: ``hf-cache`` or ``dir``.
+        locations: per model repo id, where it is now (snapshot or model directory).
+        written: content files newly written (blobs in hf-cache layout).
+        skipped: already present and verified, left untouched.
+        repaired: present but damaged, replaced by the verified content.
+        bytes_written: bytes streamed from the bundle into the store.
+        seconds: wall time.
+    """
+
+    store: Path
+    layout: Layout
+    check: VerifyReport
+    locations: dict[str, Path] = field(default_factory=dict)
+    written: int = 0
+    skipped: int = 0
+    repaired: int = 0
+    bytes_written: int = 0
+    seconds: float = 0.0
+
+
+@dataclass
+class _Plan:
+    targets: dict[str, list[Path]] = field(default_factory=dict)  # blob sha256 -> final paths
+    sizes: dict[str, int] = field(default_factory=dict)
+    links: list[tuple[Path, str]] = field(default_factory=list)  # (final link, link target)
+    refs: list[tuple[Path, str]] = field(default_factory=list)  # (final ref file, commit)
+    replace: set[Path] = field(default_factory=set)  # damaged files to replace
+
+    def want(self, f: ContentFile, final: Path) -> None:
+        paths = self.targets.setdefault(f.sha256, [])
+        if final not in paths:
+            paths.append(final)
+        self.sizes[f.sha256] = f.size
+
+
+def unpack_bundle(
+    bundle: Path,
+    trusted: Sequence[Ed25519PublicKey],
+    store: Path,
+    *,
+    layout: Layout = "hf-cache",
+    extras_into: Path | None = None,
+    expected_lock: Lockfile | None = None,
+    workers: int = 1,
+    progress: Progress | None = None,
+) -> UnpackReport:
+    """Verify ``bundle`` and install its models into ``store``; all or nothing.
+
+    Args:
+        bundle: the bundle directory.
+        trusted: accepted signer public keys.
+        store: cache root (``HF_HUB_CACHE``) or plain directory; created if absent.
+        layout: ``hf-cache`` or ``dir`` (see module doc).
+        extras_into: where to put the bundle's extra files (same file system as ``store``);
+            None leaves them in the bundle.
+        expected_lock: optionally, a lockfile the bundle's pins must match.
+        workers: hashing threads.
+        progress: called with bytes streamed.
+
+    Returns:
+        what was installed, skipped and repaired.
+
+    Raises:
+        VerificationFailed: the bundle failed any check; the store is unchanged.
+        StoreError: ``store_unsafe`` (a symlink or non-directory on the way) or
+            ``store_conflict`` (different content already at a target); the store is unchanged.
+        AirgapError: ``bundle_not_found``, ``io_error``.
+    """
+    started = time.perf_counter()
+    check = check_index(bundle, trusted, expected_lock=expected_lock)
+    check.raise_for_problems()
+    index = check.index
+    assert index is not None
+    report = UnpackReport(store=store, layout=layout, check=check)
+    try:
+        store.mkdir(parents=True, exist_ok=True)
+        if extras_into is not None:
+            extras_into.mkdir(parents=True, exist_ok=True)
+            if extras_into.stat().st_dev != store.stat().st_dev:
+                raise AirgapError(Code.IO_ERROR, f"{extras_into} must be on the file system "
+                                  f"of {store} (atomic renames)")  # fmt: skip
+    except OSError as exc:
+        raise AirgapError(Code.IO_ERROR, f"cannot create {exc.filename}: {exc.strerror}") from exc
+    plan = _Plan()
+    for entry in index.lock.entries:
+        files = index.model_files(entry.repo_id)
+        if layout == "hf-cache":
+            report.locations[entry.repo_id] = _plan_hf(plan, report, store, entry.repo_id,
+                                                       entry.commit, entry.requested_revision,
+                                                       files)  # fmt: skip
+        else:
+            root = store / entry.repo_id
+            for f in files:
+                _plan_file(plan, report, store, root / f.path, f)
+            report.locations[entry.repo_id] = root
+    if extras_into is not None:
+        for f in index.extras:
+            _plan_file(plan, report, extras_into, extras_into / f.path, f)
+    staging = Path(tempfile.mkdtemp(prefix=".airgap-staging-", dir=store))
+    try:
+        staged = _stage(bundle, index, check, plan, staging, workers, progress)
+        report.bytes_written = sum(plan.sizes[s] for s in staged)
+        _commit(plan, staged, staging)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    report.written = sum(len(v) for v in plan.targets.values()) - report.repaired
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+def _plan_hf(
+    plan: _Plan,
+    report: UnpackReport,
+    store: Path,
+    repo_id: str,
+    commit: str,
+    revision: str,
+    files: list[ContentFile],
+) -> Path:
+    paths = hf_cache_paths(store, repo_id)
+    snapshot = paths.snapshot(commit)
+    planned: set[Path] = set()
+    for f in files:
+        blob = paths.blob(f.blob_id)
+        if blob not in planned:
+            planned.add(blob)
+            _plan_file(plan, report, store, blob, f)
+        link = snapshot / f.path
+        target = os.path.relpath(blob, link.parent)
+        _check_dirs(store, link.parent)
+        try:
+            st = os.lstat(link)
+        except FileNotFoundError:
+            plan.links.append((link, target))
+            continue
+        if stat.S_ISLNK(st.st_mode) and os.readlink(link) == target:
+            continue
+        if stat.S_ISREG(st.st_mode) and _digest(link) == f.sha256:
+            continue
+        raise StoreError(Code.STORE_CONFLICT, f"{link} exists with other content; "
+                         "remove it to install this bundle")  # fmt: skip
+    if not is_commit_sha(revision):
+        ref = paths.refs / revision
+        _check_dirs(store, ref.parent)
+        if os.path.lexists(ref) and not stat.S_ISREG(os.lstat(ref).st_mode):
+            raise StoreError(Code.STORE_UNSAFE, f"{ref} is not a regular file")
+        plan.refs.append((ref, commit))
+    return snapshot
+
+
+def _plan_file(plan: _Plan, report: UnpackReport, root: Path, final: Path, f: ContentFile) -> None:
+    """Plan one content file at ``final``: skip it if present and verified, else stage it."""
+    _check_dirs(root, final.parent)
+    try:
+        st = os.lstat(final)
+    except FileNotFoundError:
+        plan.want(f, final)
+        return
+    if not stat.S_ISREG(st.st_mode):
+        raise StoreError(Code.STORE_UNSAFE, f"{final} exists and is not a regular file")
+    if st.st_size == f.size and _digest(final) == f.sha256:
+        report.skipped += 1
+        return
+    if final.parent.name != "blobs":  # only a content-addressed blob is ours to repair
+        raise StoreError(Code.STORE_CONFLICT, f"{final} exists with other content; "
+                         "remove it or unpack elsewhere")  # fmt: skip
+    plan.replace.add(final)
+    report.repaired += 1
+    plan.want(f, final)
+
+
+def _digest(path: Path) -> str:
+    try:
+        return sha256_file(path)
+    except WeightsError as exc:
+        raise AirgapError(Code.IO_ERROR, str(exc)) from exc
+
+
+def _check_dirs(root: Path, directory: Path) -> None:
+    """Every existing component from ``root`` down to ``directory`` must be a real directory."""
+    rel = directory.relative_to(root)
+    cur = root
+    for comp in rel.parts:
+        cur = cur / comp
+        try:
+            st = os.lstat(cur)
+        except FileNotFoundError:
+            return
+        if not stat.S_ISDIR(st.st_mode):
+            kind = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a directory"
+            raise StoreError(Code.STORE_UNSAFE, f"{cur} is {kind}; refusing to write through it")
+
+
+class _StagedFile:
+    """A staging file that is fsynced when closed."""
+
+    def __init__(self, path: Path) -> None:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        self._fh = os.fdopen(fd, "wb", buffering=0)
+
+    def write(self, data: memoryview) -> int:
+        return self._fh.write(data) or 0
+
+    def close(self) -> None:
+        os.fsync(self._fh.fileno())
+        self._fh.close()
+
+
+def _stage(
+    bundle: Path,
+    index: Index,
+    check: VerifyReport,
+    plan: _Plan,
+    staging: Path,
+    workers: int,
+    progress: Progress | None,
+) -> dict[str, Path]:
+    """Stream the needed blobs into ``staging``; returns sha256 -> staged file.
+
+    Raises:
+        VerificationFailed: any blob is unreadable or differs (staging is then discarded).
+    """
+    blobs = {b.sha256: b for b in index.blobs}
+    ranges = [Range(s, blobs[s].offset, blobs[s].size) for s in plan.targets]
+    staged = {s: staging / f"blob-{s}" for s in plan.targets}
+
+    def sink(rng: Range) -> _StagedFile:
+        return _StagedFile(staged[rng.key])
+
+    results = hash_ranges(bundle, index, ranges, readable=check.readable_parts,
+                          workers=workers, sink=sink, progress=progress)  # fmt: skip
+    problems: list[Problem] = []
+    for res in results:
+        if res.problem is not None:
+            problems.append(res.problem)
+        elif res.sha256 != res.range.key:
+            problems.extend(
+                Problem(Code.CONTENT_DIGEST_MISMATCH,
+                        f"{f.label}: content from the parts does not match its sha256",
+                        path=f.label, expected=res.range.key, actual=res.sha256)
+                for f in index.files_of_blob(res.range.key)
+            )  # fmt: skip
+    if problems:
+        raise VerificationFailed(problems)
+    return staged
+
+
+def _commit(plan: _Plan, staged: dict[str, Path], staging: Path) -> None:
+    """Rename everything into place (blobs, links, refs last); undo all on any failure."""
+    undo: list[Callable[[], None]] = []
+    trash = staging / "trash"
+    trash.mkdir()
+    counter = iter(range(1 << 62))
+
+    def makedirs(d: Path) -> None:
+        missing = []
+        while not d.exists():
+            missing.append(d)
+            d = d.parent
+        for m in reversed(missing):
+            m.mkdir()
+            undo.append(m.rmdir)
+
+    def place(src: Path, final: Path) -> None:
+        makedirs(final.parent)
+        if os.path.lexists(final):  # a damaged blob being repaired, or a moving ref
+            old = trash / str(next(counter))
+            os.rename(final, old)
+            undo.append(functools.partial(os.rename, old, final))
+        os.rename(src, final)
+        undo.append(functools.partial(os.unlink, final))
+
+    try:
+        for sha, finals in plan.targets.items():
+            for i, final in enumerate(finals):
+                src = staged[sha]
+                if i < len(finals) - 1:  # more than one target: copy, keep the staged file
+                    src = staging / f"copy-{next(counter)}"
+                    shutil.copyfile(staged[sha], src)
+                    _fsync_file(src)
+                place(src, final)
+        for link, target in plan.links:
+            tmp = staging / f"link-{next(counter)}"
+            os.symlink(target, tmp)
+            place(tmp, link)
+        for ref, commit in plan.refs:
+            tmp = staging / f"ref-{next(counter)}"
+            tmp.write_text(commit, encoding="ascii")
+            place(tmp, ref)
+        _fsync_dirs({p.parent for finals in plan.targets.values() for p in finals}
+                    | {p.parent for p, _ in plan.links + plan.refs})  # fmt: skip
+    except BaseException as exc:
+        for action in reversed(undo):
+            try:
+                action()
+            except OSError:
+                pass
+        if isinstance(exc, OSError):
+            raise StoreError(Code.IO_ERROR, f"install failed and was rolled back: {exc}") from exc
+        raise
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_dirs(dirs: set[Path]) -> None:
+    for d in dirs:
+        fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)

@@ -1,0 +1,206 @@
+"""Offline verification of a bundle: signature, structure, parts, content, pins.
+
+Order of checks (every problem is collected; nothing stops at the first):
+
+1. ``index.sig`` verifies over the exact bytes of ``index.json`` with a trusted public key;
+2. the index parses and is structurally sound (``Index.parse``: paths, layout, pins);
+3. every listed part is present, a regular single-link file, of the listed size; no unlisted
+   ``payload*`` file lies beside them;
+4. every blob's SHA-256, streamed from the parts in parallel, equals the index (which equals
+   the lockfile pin, checked in 2);
+5. each part holding a bad blob is hashed whole, to name the damaged part (``--all-parts``
+   hashes every part).
+
+Why step 5 is enough: the blobs tile the payload exactly (no gaps, no overlap, checked in 2),
+so when every blob digest matches, every payload byte is the signed one and every part digest
+necessarily matches too; hashing the parts again would double the work on the hot path.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+from airgap.bundle import INDEX_NAME, MAX_INDEX_BYTES, SIGNATURE_NAME, Index, check_expected_lock
+from airgap.errors import Code, Problem, VerificationFailed
+from airgap.media import check_bundle_dir, check_parts, read_small
+from airgap.signing import MAX_SIGNATURE_BYTES, verify_index_signature
+from airgap.stream import Progress, Range, hash_ranges
+from weights import Lockfile
+
+
+@dataclass
+class VerifyReport:
+    """Outcome of ``verify_bundle``.
+
+    Attributes:
+        bundle: the bundle directory.
+        problems: every problem found (empty when the bundle is good).
+        index: the parsed index, or None if it could not be parsed.
+        signer: key id that verified the signature, or None.
+        bytes_hashed: payload bytes read and hashed.
+        seconds: wall time of the content check.
+        workers: hashing threads used.
+        readable_parts: parts that passed the type and size checks.
+    """
+
+    bundle: Path
+    problems: list[Problem] = field(default_factory=list)
+    index: Index | None = None
+    signer: str | None = None
+    bytes_hashed: int = 0
+    seconds: float = 0.0
+    workers: int = 1
+    readable_parts: set[str] = field(default_factory=set)
+
+    @property
+    def ok(self) -> bool:
+        """True when no problem was found."""
+        return not self.problems and self.index is not None
+
+    def raise_for_problems(self) -> None:
+        """Raise ``VerificationFailed`` with every problem, if any."""
+        if self.problems:
+            raise VerificationFailed(self.problems)
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-ready summary (the ``--json`` output of ``airgap verify``)."""
+        idx = self.index
+        return {
+            "bundle": str(self.bundle),
+            "ok": self.ok,
+            "signer_key_id": self.signer,
+            "models": [
+                {"repo_id": e.repo_id, "commit": e.commit, "files": len(e.files)}
+                for e in (idx.lock.entries if idx else ())
+            ],
+            "parts": len(idx.parts) if idx else None,
+            "payload_bytes": idx.payload_size if idx else None,
+            "bytes_hashed": self.bytes_hashed,
+            "seconds": round(self.seconds, 3),
+            "workers": self.workers,
+            "problems": [p.to_json() for p in self.problems],
+        }
+
+
+def check_index(
+    bundle: Path,
+    trusted: Sequence[Ed25519PublicKey],
+    *,
+    expected_lock: Lockfile | None = None,
+) -> VerifyReport:
+    """Steps 1-3: signature, index structure, parts on the media (no payload hashing).
+
+    Raises:
+        AirgapError: ``bundle_not_found`` if ``bundle`` is not a directory.
+    """
+    check_bundle_dir(bundle)
+    report = VerifyReport(bundle=bundle)
+    try:
+        index_bytes = read_small(bundle, INDEX_NAME, MAX_INDEX_BYTES, Code.INDEX_MISSING)
+    except VerificationFailed as exc:
+        report.problems.extend(exc.problems)
+        return report
+    try:
+        sig_bytes = read_small(bundle, SIGNATURE_NAME, MAX_SIGNATURE_BYTES, Code.SIGNATURE_MISSING)
+        report.signer = verify_index_signature(index_bytes, sig_bytes, trusted)
+    except VerificationFailed as exc:
+        report.problems.extend(exc.problems)
+    try:
+        report.index = Index.parse(index_bytes)
+    except VerificationFailed as exc:
+        report.problems.extend(exc.problems)
+        return report
+    if expected_lock is not None:
+        for failure in check_expected_lock(report.index, expected_lock):
+            report.problems.extend(failure.problems)
+    part_problems, report.readable_parts = check_parts(bundle, report.index)
+    report.problems.extend(part_problems)
+    return report
+
+
+def verify_bundle(
+    bundle: Path,
+    trusted: Sequence[Ed25519PublicKey],
+    *,
+    expected_lock: Lockfile | None = None,
+    workers: int = 1,
+    all_parts: bool = False,
+    progress: Progress | None = None,
+) -> VerifyReport:
+    """Verify a bundle offline with nothing but the files and trusted public keys.
+
+    Args:
+        bundle: the bundle directory.
+        trusted: accepted signer public keys.
+        expected_lock: optionally, a lockfile the bundle's pins must match.
+        workers: hashing threads (``stream.default_workers()`` = one per core).
+        all_parts: also hash every part whole (not needed for integrity; see module doc).
+        progress: called with bytes hashed.
+
+    Returns:
+        the report; ``report.ok`` is False when any problem was found.
+
+    Raises:
+        AirgapError: ``bundle_not_found`` when ``bundle`` is not a directory.
+    """
+    report = check_index(bundle, trusted, expected_lock=expected_lock)
+    index = report.index
+    if index is None:
+        return report
+    report.workers = workers
+    started = time.perf_counter()
+    ranges = [Range(b.sha256, b.offset, b.size) for b in index.blobs]
+    results = hash_ranges(bundle, index, ranges, readable=report.readable_parts,
+                          workers=workers, progress=progress)  # fmt: skip
+    report.bytes_hashed = sum(r.range.size for r in results if r.sha256)
+    suspects: set[str] = set()
+    for res in results:
+        files = index.files_of_blob(res.range.key)
+        if res.problem is not None:
+            report.problems.append(res.problem)
+        elif res.sha256 != res.range.key:
+            for f in files:
+                report.problems.append(Problem(
+                    Code.CONTENT_DIGEST_MISMATCH,
+                    f"{f.label}: content reassembled from the parts does not match its sha256",
+                    path=f.label, expected=res.range.key, actual=res.sha256))  # fmt: skip
+            suspects.update(s.part.name for s in index.segments(res.range.offset, res.range.size))
+    report.problems.extend(
+        _check_part_digests(report, index, None if all_parts else suspects, workers, progress)
+    )
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+def _check_part_digests(
+    report: VerifyReport,
+    index: Index,
+    names: set[str] | None,
+    workers: int,
+    progress: Progress | None,
+) -> list[Problem]:
+    """Hash whole parts (``names``, or all when None) and report those whose digest differs."""
+    parts = [p for p in index.parts if (names is None or p.name in names)
+             and p.name in report.readable_parts]  # fmt: skip
+    if not parts:
+        return []
+    ranges = [Range(p.name, p.offset, p.size) for p in parts]
+    results = hash_ranges(report.bundle, index, ranges, readable=report.readable_parts,
+                          workers=workers, progress=progress)  # fmt: skip
+    report.bytes_hashed += sum(r.range.size for r in results if r.sha256)
+    problems: list[Problem] = []
+    for part, res in zip(parts, results, strict=True):
+        if res.problem is not None:
+            problems.append(res.problem)
+        elif res.sha256 != part.sha256:
+            problems.append(Problem(
+                Code.PART_DIGEST_MISMATCH,
+                f"part {part.name} is damaged (sha256 differs): re-copy this part",
+                part=part.name, expected=part.sha256, actual=res.sha256))  # fmt: skip
+    return problems
