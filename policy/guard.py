@@ -213,6 +213,8 @@ class EgressGuard:
     def _check_lookup(self, event: str, host: str, port: int | None) -> None:
         verdict = self.matcher.check_lookup(host, port)
         dest_id, reason, allowed = verdict.destination_id, verdict.reason, verdict.allowed
+        if allowed and dest_id is None:
+            return  # address literal or local name: nothing leaves the host, connect is checked
         if allowed and dest_id is not None:
             dest = self.matcher.policy.destinations[dest_id]
             pin_port = port if port is not None else min(dest.endpoint.ports)
