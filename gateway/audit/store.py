@@ -111,12 +111,14 @@ class Store(Protocol):
         ...
 
 
-def open_store(url: str, *, busy_timeout_ms: int = 5000) -> Store:
+def open_store(url: str, *, busy_timeout_ms: int = 5000, read_only: bool = False) -> Store:
     """Create (not yet open) the store for ``url``.
 
     Args:
         url: ``sqlite://PATH`` or ``postgresql://...``.
         busy_timeout_ms: SQLite only: how long to wait for a lock before failing.
+        read_only: Never create or change anything (verify, export, prove). SQLite: the file
+            must exist.
 
     Raises:
         AuditConfigError: On an unknown URL scheme.
@@ -127,11 +129,11 @@ def open_store(url: str, *, busy_timeout_ms: int = 5000) -> Store:
         path = url[len("sqlite://") :]
         if not path:
             raise AuditConfigError("sqlite store URL needs a path: sqlite:///abs/path.db")
-        return SqliteStore(path, busy_timeout_ms=busy_timeout_ms)
+        return SqliteStore(path, busy_timeout_ms=busy_timeout_ms, read_only=read_only)
     if url.startswith(("postgresql://", "postgres://")):
         from gateway.audit.store_postgres import PostgresStore
 
-        return PostgresStore(url)
+        return PostgresStore(url, read_only=read_only)
     raise AuditConfigError(f"unsupported audit store URL (sqlite:// or postgresql://): {url!r}")
 
 

@@ -63,8 +63,11 @@ def _rec(row: Any) -> Record:
 class PostgresStore:
     """Audit store in a PostgreSQL database (see module docstring)."""
 
-    def __init__(self, dsn: str, *, connect_timeout_s: float = 5.0) -> None:
+    def __init__(
+        self, dsn: str, *, connect_timeout_s: float = 5.0, read_only: bool = False
+    ) -> None:
         self._dsn = dsn
+        self._read_only = read_only
         self._timeout_s = connect_timeout_s
         self._pool: asyncpg.Pool | None = None
 
@@ -99,6 +102,9 @@ class PostgresStore:
         except _ERRORS as exc:
             msg = f"cannot connect to audit store {self.display_url}: {exc}"
             raise AuditUnavailable(msg) from exc
+        if self._read_only:
+            self._pool = pool
+            return
         try:
             async with pool.acquire() as conn:
                 # Serialise concurrent schema creation by several replicas.

@@ -64,8 +64,11 @@ def _row_to_record(row: Sequence[Any]) -> Record:
 class SqliteStore:
     """Audit store in one SQLite file (see module docstring)."""
 
-    def __init__(self, path: str | Path, *, busy_timeout_ms: int = 5000) -> None:
+    def __init__(
+        self, path: str | Path, *, busy_timeout_ms: int = 5000, read_only: bool = False
+    ) -> None:
         self.path = Path(path)
+        self._read_only = read_only
         self._busy_timeout_ms = busy_timeout_ms
         self._executor: ThreadPoolExecutor | None = None
         self._conn: sqlite3.Connection | None = None
@@ -96,9 +99,13 @@ class SqliteStore:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="audit-sqlite")
 
         def connect() -> sqlite3.Connection:
-            conn = sqlite3.connect(
-                self.path, timeout=self._busy_timeout_ms / 1000, isolation_level=None
-            )
+            timeout = self._busy_timeout_ms / 1000
+            if self._read_only:
+                if not self.path.is_file():
+                    raise sqlite3.OperationalError(f"no such file: {self.path}")
+                uri = f"file:{self.path.resolve().as_posix()}?mode=ro"
+                return sqlite3.connect(uri, uri=True, timeout=timeout, isolation_level=None)
+            conn = sqlite3.connect(self.path, timeout=timeout, isolation_level=None)
             try:
                 conn.execute(f"PRAGMA busy_timeout={int(self._busy_timeout_ms)}")
                 mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]

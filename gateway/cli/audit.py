@@ -1,0 +1,313 @@
+"""``gateway audit ...``: verify, export, tail, prove, verify-proof, keygen.
+
+Registered by the gateway CLI as a sub-app (``app.add_typer(audit.app, name="audit")``); also
+runnable alone as ``python -m gateway.cli.audit``. Exit codes: 0 ok, 1 verification failed
+(tampering or an invalid proof), 2 usage or I/O error (store unreachable, unreadable key).
+The store URL comes from ``--store`` or ``SG_AUDIT_STORE``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sys
+import traceback
+from collections.abc import Coroutine
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+
+from gateway.audit import (
+    AuditError,
+    ProofError,
+    Signer,
+    Verifier,
+    export_records,
+    generate_key_file,
+    load_verifier,
+    open_store,
+    prove,
+    tail_records,
+    verify_proof,
+    verify_store,
+    write_key_pair,
+)
+from gateway.audit.checkpoint import DEFAULT_KEY_NAME
+from gateway.audit.records import Record
+from gateway.audit.verify import VerifyReport
+
+T = TypeVar("T")
+
+app = typer.Typer(
+    help="Tamper-evident audit log: verify, export, tail, prove.", no_args_is_help=True
+)
+
+StoreOpt = Annotated[
+    str,
+    typer.Option("--store", envvar="SG_AUDIT_STORE", help="sqlite:///PATH or postgresql://..."),
+]
+PublicKeyOpt = Annotated[
+    list[Path] | None,
+    typer.Option("--public-key", help="Verifier key file (KEY.pub from keygen); repeatable."),
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
+
+
+def _fail(ctx: typer.Context, exc: BaseException, code: int = 2) -> typer.Exit:
+    if ctx.find_root().params.get("verbose") or (ctx.obj or {}).get("verbose"):
+        traceback.print_exception(exc)
+    err = getattr(exc, "code", "error")
+    typer.echo(f"error [{err}]: {exc}", err=True)
+    return typer.Exit(code)
+
+
+def _run(ctx: typer.Context, coro: Coroutine[Any, Any, T]) -> T:
+    """The error boundary of every command: AuditError -> one line on stderr, exit 2."""
+    try:
+        return asyncio.run(coro)
+    except ProofError as exc:
+        raise _fail(ctx, exc, 1) from exc
+    except AuditError as exc:
+        raise _fail(ctx, exc) from exc
+
+
+def _verifiers(ctx: typer.Context, paths: list[Path] | None) -> list[Verifier]:
+    try:
+        return [load_verifier(p) for p in paths or []]
+    except AuditError as exc:
+        raise _fail(ctx, exc) from exc
+
+
+@app.callback()
+def _root(
+    ctx: typer.Context,
+    verbose: Annotated[bool, typer.Option("--verbose", help="Show tracebacks.")] = False,
+) -> None:
+    ctx.obj = {"verbose": verbose}
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+
+
+def _render_report(report: VerifyReport) -> None:
+    n = sum(c.records for c in report.chains)
+    typer.echo(f"store {report.store}: {len(report.chains)} chain(s), {n} record(s)")
+    for c in report.chains:
+        state = "closed" if c.closed else "open"
+        typer.echo(
+            f"  {c.chain}: {c.records} records, sealed {c.sealed_size}, "
+            f"{c.checkpoints} checkpoints, {state}"
+        )
+    for f in report.findings:
+        typer.echo(f"  {f}")
+    typer.echo("OK: no tampering found" if report.ok else f"FAILED: {len(report.errors)} error(s)")
+
+
+@app.command()
+def verify(
+    ctx: typer.Context,
+    store: StoreOpt,
+    public_key: PublicKeyOpt = None,
+    checkpoints: Annotated[
+        Path | None, typer.Option("--checkpoints", help="Directory of exported checkpoints.")
+    ] = None,
+    max_gap_s: Annotated[
+        float | None, typer.Option(help="Largest allowed gap between records, seconds.")
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Recompute every record hash, chain link, checkpoint root and signature."""
+    verifiers = _verifiers(ctx, public_key)
+
+    async def go() -> VerifyReport:
+        st = open_store(store, read_only=True)
+        await st.open()
+        try:
+            return await verify_store(
+                st, verifiers=verifiers, checkpoint_dir=checkpoints, max_gap_s=max_gap_s
+            )
+        finally:
+            await st.close()
+
+    report = _run(ctx, go())
+    if as_json:
+        typer.echo(json.dumps(report.to_dict(), indent=2))
+    else:
+        _render_report(report)
+    raise typer.Exit(0 if report.ok else 1)
+
+
+def _parse_time(value: str | None, name: str) -> int | None:
+    if value is None:
+        return None
+    try:
+        dt = datetime.fromisoformat(value)
+    except ValueError as exc:
+        raise typer.BadParameter(f"{value!r} is not an ISO 8601 time", param_hint=name) from exc
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=UTC)
+    return int(dt.timestamp() * 1_000_000)
+
+
+def _line(rec: Record, as_json: bool) -> str:
+    if as_json:
+        return rec.body.decode("utf-8")
+    data = rec.decoded()["data"]
+    when = datetime.fromtimestamp(rec.ts_us / 1e6, UTC).isoformat(timespec="milliseconds")
+    keys = ("request_id", "key_id", "model", "destination", "decision", "status", "outcome")
+    fields = " ".join(f"{k}={data[k]}" for k in keys if k in data)
+    return f"{when} {rec.chain}#{rec.seq} {rec.type} {fields}".rstrip()
+
+
+@app.command()
+def export(
+    ctx: typer.Context,
+    store: StoreOpt,
+    since: Annotated[str | None, typer.Option(help="ISO 8601 start (inclusive, UTC).")] = None,
+    until: Annotated[str | None, typer.Option(help="ISO 8601 end (exclusive, UTC).")] = None,
+    fmt: Annotated[str, typer.Option("--format", help="Output format: jsonl.")] = "jsonl",
+    out: Annotated[Path | None, typer.Option(help="Write here instead of stdout.")] = None,
+) -> None:
+    """Export records in a time range as JSON lines (the canonical record bytes)."""
+    if fmt != "jsonl":
+        raise typer.BadParameter("only jsonl is supported", param_hint="--format")
+    since_us, until_us = _parse_time(since, "--since"), _parse_time(until, "--until")
+
+    async def go() -> int:
+        st = open_store(store, read_only=True)
+        await st.open()
+        n = 0
+        try:
+            with open(out, "w", encoding="utf-8") if out else _stdout() as fh:
+                async for rec in export_records(st, since_us, until_us):
+                    fh.write(rec.body.decode("utf-8") + "\n")
+                    n += 1
+        except OSError as exc:
+            raise AuditError(f"cannot write {out or 'stdout'}: {exc.strerror}") from exc
+        finally:
+            await st.close()
+        return n
+
+    n = _run(ctx, go())
+    if out:
+        typer.echo(f"exported {n} records to {out}", err=True)
+
+
+class _stdout:
+    def __enter__(self) -> Any:
+        return sys.stdout
+
+    def __exit__(self, *exc: object) -> None:
+        sys.stdout.flush()
+
+
+@app.command()
+def tail(
+    ctx: typer.Context,
+    store: StoreOpt,
+    lines: Annotated[int, typer.Option("-n", "--lines", help="Records to show first.")] = 10,
+    follow: Annotated[bool, typer.Option("-f", "--follow", help="Keep printing new ones.")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Show the newest records (and follow new ones with -f)."""
+
+    async def go() -> None:
+        st = open_store(store, read_only=True)
+        await st.open()
+        try:
+            async for rec in tail_records(st, last=lines, follow=follow):
+                typer.echo(_line(rec, as_json))
+        finally:
+            await st.close()
+
+    try:
+        _run(ctx, go())
+    except KeyboardInterrupt:
+        raise typer.Exit(0) from None
+
+
+@app.command("prove")
+def prove_cmd(
+    ctx: typer.Context,
+    request_id: str,
+    store: StoreOpt,
+    out: Annotated[Path | None, typer.Option(help="Write the bundle here.")] = None,
+) -> None:
+    """Print the records of REQUEST_ID with Merkle inclusion proofs (JSON bundle)."""
+
+    async def go() -> dict[str, Any]:
+        st = open_store(store, read_only=True)
+        await st.open()
+        try:
+            return await prove(st, request_id)
+        finally:
+            await st.close()
+
+    bundle = _run(ctx, go())
+    text = json.dumps(bundle, indent=2, ensure_ascii=False) + "\n"
+    if out is None:
+        typer.echo(text, nl=False)
+        return
+    try:
+        out.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise _fail(ctx, exc) from exc
+
+
+@app.command("verify-proof")
+def verify_proof_cmd(
+    ctx: typer.Context,
+    bundle: Annotated[Path, typer.Argument(help="Proof bundle from `gateway audit prove`.")],
+    public_key: PublicKeyOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Check a proof bundle offline with the public key alone."""
+    verifiers = _verifiers(ctx, public_key)
+    if not verifiers:
+        raise _fail(ctx, AuditError("--public-key is required"))
+    try:
+        data = json.loads(bundle.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise _fail(ctx, exc) from exc
+    try:
+        records = verify_proof(data, verifiers)
+    except ProofError as exc:
+        if as_json:
+            typer.echo(json.dumps({"ok": False, "error": str(exc)}))
+        raise _fail(ctx, exc, 1) from exc
+    except AuditError as exc:
+        raise _fail(ctx, exc, 1) from exc
+    if as_json:
+        typer.echo(json.dumps({"ok": True, "records": records}, ensure_ascii=False))
+    else:
+        for rec in records:
+            typer.echo(f"OK {rec['chain']}#{rec['seq']} {rec['type']} is in the signed log")
+
+
+@app.command()
+def keygen(
+    ctx: typer.Context,
+    out: Annotated[Path, typer.Option(help="Private key file (OUT.pub gets the public key).")],
+    name: Annotated[str, typer.Option(help="Signed-note key name.")] = DEFAULT_KEY_NAME,
+    pseudonym_key: Annotated[
+        Path | None, typer.Option(help="Also create a pseudonymisation HMAC key here.")
+    ] = None,
+) -> None:
+    """Create the Ed25519 checkpoint signing key (mode 0600) and its public key."""
+    try:
+        priv, pub = write_key_pair(Signer.generate(name), out)
+        typer.echo(f"signing key: {priv}\npublic key:  {pub}")
+        if pseudonym_key is not None:
+            typer.echo(f"pseudonym key: {generate_key_file(pseudonym_key)}")
+    except AuditError as exc:
+        raise _fail(ctx, exc) from exc
+
+
+def main() -> None:
+    """Entry point for ``python -m gateway.cli.audit``."""
+    app()
+
+
+if __name__ == "__main__":
+    main()
