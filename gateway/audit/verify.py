@@ -41,6 +41,7 @@ from gateway.audit.records import (
     CHAIN_CLOSED,
     CHAIN_STARTED,
     GENESIS_PREV,
+    Record,
     canonical_json,
     parse_body,
     record_hash,
@@ -167,7 +168,10 @@ class _Verifier:
                 return open_checkpoint(note, self.verifiers)
             return parse_checkpoint_unverified(note)
         except ProofError as exc:
-            self.add("error", "bad_signature", chain, None, f"{source}: {exc}")
+            size = None
+            with contextlib.suppress(AuditFormatError):
+                size = parse_checkpoint_unverified(note).size
+            self.add("error", "bad_signature", chain, size, f"{source} (size {size}): {exc}")
         except AuditFormatError as exc:
             self.add("error", "malformed_checkpoint", chain, None, f"{source}: {exc}")
         return None
@@ -251,6 +255,99 @@ async def verify_store(
     return report
 
 
+class _Scan:
+    """Streaming per-record checks of one chain (positions are the stored seq column)."""
+
+    def __init__(self, chain: str, v: _Verifier, gap_us: int | None, wanted: set[int]) -> None:
+        self.chain, self.v, self.gap_us, self.wanted = chain, v, gap_us, wanted
+        self.rng = CompactRange()
+        self.roots: dict[int, bytes] = {}
+        self.hashes_at: dict[int, bytes] = {}
+        self.expected = 0
+        self.offset = 0
+        self.prev = bytes.fromhex(GENESIS_PREV)  # recomputed hash of the previous row
+        self.prev_stored = self.prev  # its stored hash
+        self.prev2 = self.prev  # recomputed hash of the row before that
+        self.prev_seq: int | None = None  # body seq of the previous row
+        self.prev_altered = False
+        self.link_known = True
+        self.prev_ts: int | None = None
+        self.last_type: str | None = None
+
+    def err(self, code: str, seq: int, msg: str) -> None:
+        self.v.add("error", code, self.chain, seq, msg)
+
+    def feed(self, rec: Record) -> None:
+        pos = rec.seq
+        if pos != self.expected:
+            self.err(
+                "missing_records",
+                self.expected,
+                f"records {self.expected}..{pos - 1} missing (next stored record is {pos})",
+            )
+            self.link_known = False
+        h = record_hash(rec.body)
+        altered = h != rec.hash
+        if altered:
+            self.err("hash_mismatch", pos, "record content does not match its stored hash")
+        obj: dict[str, Any] | None
+        try:
+            obj = parse_body(rec.body)
+            if canonical_json(obj) != rec.body:
+                self.err("non_canonical", pos, "record is not canonical JSON")
+        except AuditFormatError as exc:
+            self.err("malformed_record", pos, str(exc))
+            obj = None
+        if obj is not None:
+            self._check_obj(obj, pos)
+        self.prev2, self.prev, self.prev_stored = self.prev, h, rec.hash
+        self.prev_altered = altered
+        self.expected = pos + 1
+        self.rng.append(h)
+        if self.rng.size in self.wanted:
+            self.roots[self.rng.size] = self.rng.root()
+            self.hashes_at[self.rng.size] = h
+
+    def _check_obj(self, obj: dict[str, Any], pos: int) -> None:
+        if obj["chain"] != self.chain:
+            self.err("wrong_chain", pos, f"record claims chain {obj['chain']}")
+        seq = obj["seq"]
+        misplaced = seq != pos
+        if misplaced and seq - pos != self.offset:
+            self.err("out_of_order", pos, f"record at position {pos} carries seq {seq}")
+        self.offset = seq - pos
+        prev = obj["prev"]
+        if prev != self.prev.hex() and self.link_known:
+            if seq == self.prev_seq and prev == self.prev2.hex():
+                self.err(
+                    "inserted_record",
+                    pos - 1,
+                    f"record at position {pos - 1} duplicates seq {seq} and is not linked "
+                    "from its successor (inserted)",
+                )
+            elif not (self.prev_altered and prev == self.prev_stored.hex()) and not misplaced:
+                self.err(
+                    "broken_link",
+                    pos,
+                    f"prev does not match the hash of record {pos - 1} (one was altered)",
+                )
+        self.link_known = True
+        if pos == 0 and obj["type"] != CHAIN_STARTED:
+            self.err("missing_start", 0, "chain does not begin with chain.started")
+        ts = obj["ts_us"]
+        if self.prev_ts is not None and self.gap_us is not None and ts - self.prev_ts > self.gap_us:
+            self.err(
+                "time_gap",
+                pos,
+                f"{(ts - self.prev_ts) / 1e6:.1f} s since the previous record exceeds the "
+                f"{self.gap_us / 1e6:.1f} s heartbeat bound (records deleted or writer "
+                "stalled)",
+            )
+        self.prev_ts = ts
+        self.prev_seq = seq
+        self.last_type = obj["type"]
+
+
 async def _verify_chain(
     store: Store, plan: _ChainPlan, v: _Verifier, max_gap_s: float | None
 ) -> ChainSummary:
@@ -274,130 +371,51 @@ async def _verify_chain(
     wanted = {cp.size for _, cp, _ in checkpoints}
     if plan.required_tail:
         wanted.add(plan.required_tail[0])
-    roots: dict[int, bytes] = {}
-    hashes_at: dict[int, bytes] = {}
     gap_us = None
     if max_gap_s is not None:
         gap_us = int(max_gap_s * 1_000_000)
     elif plan.start and isinstance(plan.start.get("heartbeat_ms"), int):
         gap_us = (2 * plan.start["heartbeat_ms"] + 1000) * 1000
-    rng = CompactRange()
-    expected = 0
-    prev_hash = bytes.fromhex(GENESIS_PREV)
-    prev_ts: int | None = None
-    last_type = None
+    scan = _Scan(chain, v, gap_us, wanted)
     pos = 0
     while True:
         page = await store.read_records(chain, pos, _PAGE)
         for rec in page:
+            scan.feed(rec)
             pos = rec.seq + 1
-            h = record_hash(rec.body)
-            seq_ok = True
-            try:
-                obj = parse_body(rec.body)
-                if canonical_json(obj) != rec.body:
-                    v.add("error", "non_canonical", chain, expected, "record is not canonical JSON")
-            except AuditFormatError as exc:
-                v.add("error", "malformed_record", chain, expected, str(exc))
-                obj = None
-            if h != rec.hash:
-                v.add(
-                    "error",
-                    "hash_mismatch",
-                    chain,
-                    expected,
-                    "record content does not match its stored hash (record modified)",
-                )
-            if obj is not None:
-                if obj["chain"] != chain:
-                    v.add(
-                        "error",
-                        "wrong_chain",
-                        chain,
-                        expected,
-                        f"record claims chain {obj['chain']}",
-                    )
-                seq = obj["seq"]
-                if seq > expected:
-                    seq_ok = False
-                    v.add(
-                        "error",
-                        "missing_records",
-                        chain,
-                        expected,
-                        f"records {expected}..{seq - 1} missing (next stored record is {seq})",
-                    )
-                    expected = seq
-                elif seq < expected:
-                    seq_ok = False
-                    v.add(
-                        "error",
-                        "out_of_order",
-                        chain,
-                        expected,
-                        f"found record {seq} at position {expected} (reordered or duplicated)",
-                    )
-                if seq_ok and obj["prev"] != prev_hash.hex():
-                    v.add(
-                        "error",
-                        "broken_link",
-                        chain,
-                        expected,
-                        "prev does not match the hash of the preceding record",
-                    )
-                if expected == 0 and obj["type"] != CHAIN_STARTED:
-                    v.add(
-                        "error",
-                        "missing_start",
-                        chain,
-                        0,
-                        "chain does not begin with chain.started",
-                    )
-                ts = obj["ts_us"]
-                if prev_ts is not None and gap_us is not None and ts - prev_ts > gap_us:
-                    v.add(
-                        "error",
-                        "time_gap",
-                        chain,
-                        expected,
-                        f"{(ts - prev_ts) / 1e6:.1f} s since the previous record exceeds the "
-                        f"{gap_us / 1e6:.1f} s heartbeat bound (records deleted or writer stalled)",
-                    )
-                prev_ts = ts
-                last_type = obj["type"]
-            prev_hash = h
-            rng.append(h)
-            expected += 1
-            if rng.size in wanted:
-                roots[rng.size] = rng.root()
-                hashes_at[rng.size] = h
         if len(page) < _PAGE:
             break
-    size = rng.size
+    size = scan.rng.size
     summary.records = size
-    summary.closed = last_type == CHAIN_CLOSED
+    summary.closed = scan.last_type == CHAIN_CLOSED
+    good = sorted(
+        cp.size
+        for _, cp, _ in checkpoints
+        if cp.size <= size and scan.roots.get(cp.size) == cp.root
+    )
     last_size, sealed = -1, 0
     for source, cp, ts_us in sorted(checkpoints, key=lambda x: (x[2] < 0, x[2])):
         summary.checkpoints += 1
+        exported = not source.startswith("store")
         if cp.size > size:
-            code = "rollback" if source.startswith("exported") else "truncated"
             v.add(
                 "error",
-                code,
+                "rollback" if exported else "truncated",
                 chain,
                 size,
                 f"checkpoint ({source}) seals {cp.size} records but the store holds {size}: "
                 f"records {size}..{cp.size - 1} deleted or the store was restored from a copy",
             )
             continue
-        if cp.size and roots.get(cp.size) != cp.root:
-            code = "rollback" if source.startswith("exported") else "checkpoint_mismatch"
+        if cp.size and scan.roots.get(cp.size) != cp.root:
+            lo = max([g for g in good if g < cp.size], default=0)
             v.add(
                 "error",
-                code,
+                "rollback" if exported else "checkpoint_mismatch",
                 chain,
-                cp.size - 1,
-                f"checkpoint ({source}) of size {cp.size} does not match the stored records",
+                lo,
+                f"checkpoint ({source}) of size {cp.size} does not match the stored records: "
+                f"records {lo}..{cp.size - 1} were altered, inserted or removed",
             )
             continue
         if ts_us >= 0:
@@ -422,7 +440,7 @@ async def _verify_chain(
                 size,
                 f"{by} recorded {t_size} records of this chain at its start; {size} remain",
             )
-        elif hashes_at.get(t_size, b"").hex() != t_hash:
+        elif scan.hashes_at.get(t_size, b"").hex() != t_hash:
             v.add(
                 "error",
                 "previous_chain_truncated",
