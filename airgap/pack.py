@@ -95,6 +95,11 @@ class _PartWriter:
         self._offset += self._written
         self._fh, self._hash, self._written = None, hashlib.sha256(), 0
 
+    def close(self) -> None:
+        """Close the open part, if any (after a failure; ``finish`` closes normally)."""
+        if self._fh is not None:
+            self._fh.close()
+
     def finish(self) -> tuple[Part, ...]:
         if self._fh is not None:
             self._close_part()
@@ -229,8 +234,12 @@ def _write_payload(
         offset += s.file.size
     writer = _PartWriter(tmp, part_size, offset)
     view = memoryview(bytearray(CHUNK_BYTES))
-    for s in unique.values():
-        _copy(s, writer, view, progress)
+    try:
+        for s in unique.values():
+            _copy(s, writer, view, progress)
+    except BaseException:
+        writer.close()
+        raise
     return Index(
         tool=f"sovereign-gateway airgap {__version__}",
         created_at=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),

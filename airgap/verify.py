@@ -162,15 +162,18 @@ def verify_bundle(
     suspects: set[str] = set()
     for res in results:
         files = index.files_of_blob(res.range.key)
+        spans = {s.part.name for s in index.segments(res.range.offset, res.range.size)}
         if res.problem is not None:
+            # The blob touches a damaged part; its other parts may be damaged too.
             report.problems.append(res.problem)
+            suspects.update(spans)
         elif res.sha256 != res.range.key:
             for f in files:
                 report.problems.append(Problem(
                     Code.CONTENT_DIGEST_MISMATCH,
                     f"{f.label}: content reassembled from the parts does not match its sha256",
                     path=f.label, expected=res.range.key, actual=res.sha256))  # fmt: skip
-            suspects.update(s.part.name for s in index.segments(res.range.offset, res.range.size))
+            suspects.update(spans)
     report.problems.extend(
         _check_part_digests(report, index, None if all_parts else suspects, workers, progress)
     )

@@ -2,62 +2,25 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from cryptography.hazmat.primitives.asymmetric.ed25519 import (
-    Ed25519PrivateKey,
-    Ed25519PublicKey,
-)
+from airgap_helpers import REPO, KeyPair, keypair, lock_entry_from_dir, make_small_model, write_lock
 
-from airgap import generate_keypair, load_private_key, load_public_key, pack_bundle
-from tests.airgap.helpers import lock_entry_from_dir, write_lock
+from airgap import pack_bundle
 from weights import Lockfile
-
-REPO = "acme/tiny-model"
-
-
-@dataclass
-class KeyPair:
-    private_path: Path
-    public_path: Path
-    private: Ed25519PrivateKey
-    public: Ed25519PublicKey
-
-
-def _keypair(directory: Path, name: str) -> KeyPair:
-    directory.mkdir(parents=True, exist_ok=True)
-    priv = directory / f"{name}.pem"
-    pub, _ = generate_keypair(priv)
-    return KeyPair(priv, pub, load_private_key(priv), load_public_key(pub))
 
 
 @pytest.fixture(scope="session")
 def keys(tmp_path_factory: pytest.TempPathFactory) -> KeyPair:
-    return _keypair(tmp_path_factory.mktemp("keys"), "signer")
+    return keypair(tmp_path_factory.mktemp("keys"), "signer")
 
 
 @pytest.fixture(scope="session")
 def other_keys(tmp_path_factory: pytest.TempPathFactory) -> KeyPair:
-    return _keypair(tmp_path_factory.mktemp("keys-other"), "intruder")
-
-
-def make_small_model(root: Path) -> Path:
-    """A small model: LFS weights spanning several parts, duplicates, an empty file, a subdir."""
-    root.mkdir(parents=True)
-    (root / "config.json").write_text('{"model_type": "bert", "hidden_size": 8}\n')
-    (root / "model.safetensors").write_bytes(os.urandom(300_000))
-    (root / "tokenizer.json").write_text('{"version": "1.0"}\n' * 500)
-    (root / "empty.txt").write_bytes(b"")
-    (root / "1_Pooling").mkdir()
-    (root / "1_Pooling" / "config.json").write_text('{"pooling_mode_mean_tokens": true}\n')
-    (root / "copy_of_config.json").write_text('{"model_type": "bert", "hidden_size": 8}\n')
-    (root / "vocäb.txt").write_text("[PAD]\n[UNK]\nhello\n")
-    return root
+    return keypair(tmp_path_factory.mktemp("keys-other"), "intruder")
 
 
 @pytest.fixture(scope="session")

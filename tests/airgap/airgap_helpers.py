@@ -6,11 +6,13 @@ import hashlib
 import json
 import os
 import stat
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from airgap import generate_keypair, load_private_key, load_public_key
 from airgap.bundle import INDEX_NAME, SIGNATURE_NAME
 from airgap.signing import sign_index
 from weights import LockedFile, LockEntry, Lockfile, digest_file
@@ -95,3 +97,38 @@ def flip_byte(path: Path, offset: int) -> None:
         b = fh.read(1)
         fh.seek(offset)
         fh.write(bytes([b[0] ^ 0x01]))
+
+
+REPO = "acme/tiny-model"
+
+
+@dataclass
+class KeyPair:
+    private_path: Path
+    public_path: Path
+    private: Ed25519PrivateKey
+    public: Ed25519PublicKey
+
+
+def keypair(directory: Path, name: str) -> KeyPair:
+    directory.mkdir(parents=True, exist_ok=True)
+    priv = directory / f"{name}.pem"
+    pub, _ = generate_keypair(priv)
+    return KeyPair(priv, pub, load_private_key(priv), load_public_key(pub))
+
+
+
+def make_small_model(root: Path) -> Path:
+    """A small model: LFS weights spanning several parts, duplicates, an empty file, a subdir."""
+    root.mkdir(parents=True)
+    (root / "config.json").write_text('{"model_type": "bert", "hidden_size": 8}\n')
+    (root / "model.safetensors").write_bytes(os.urandom(300_000))
+    (root / "tokenizer.json").write_text('{"version": "1.0"}\n' * 500)
+    (root / "empty.txt").write_bytes(b"")
+    (root / "1_Pooling").mkdir()
+    (root / "1_Pooling" / "config.json").write_text('{"pooling_mode_mean_tokens": true}\n')
+    (root / "copy_of_config.json").write_text('{"model_type": "bert", "hidden_size": 8}\n')
+    (root / "vocäb.txt").write_text("[PAD]\n[UNK]\nhello\n")
+    return root
+
+
