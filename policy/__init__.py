@@ -14,6 +14,7 @@ Public API (other packages import only these names):
 from .egress import EgressMatcher, PinStore, Verdict
 from .errors import (
     ClassChangeForbidden,
+    EgressBlocked,
     EgressDenied,
     GuardSelfTestFailed,
     PolicyError,
@@ -32,6 +33,7 @@ __all__ = [
     "UNSAFE_RULE_ID",
     "ClassChangeForbidden",
     "Decision",
+    "EgressBlocked",
     "EgressDenied",
     "EgressEvent",
     "EgressGuard",

@@ -9,6 +9,7 @@ responses (the gateway turns them into OpenAI-style error JSON; the CLI into exi
     ├── UnknownDestination           unknown_destination
     ├── ClassChangeForbidden         class_change_forbidden
     ├── EgressDenied                 egress_denied         (host, port, reason)
+    │   ├── EgressBlocked            egress_denied         (raised by the process guard)
     │   └── RedirectRefused          redirect_refused
     ├── GuardSelfTestFailed          guard_self_test_failed
     └── RenderError                  render_refused
@@ -80,11 +81,12 @@ class ClassChangeForbidden(PolicyError):
     code = "class_change_forbidden"
 
 
-class EgressDenied(PolicyError, PermissionError):
+class EgressDenied(PolicyError):
     """An outbound connection (or name lookup) that no destination allows.
 
-    Also a :class:`PermissionError` (an :class:`OSError`), so that third-party code that
-    handles connection failures treats a blocked connection as one instead of crashing.
+    Deliberately not an :class:`OSError`: libraries retry or wrap connection errors (aiohttp
+    turns an ``OSError`` into ``ClientOSError``), while a policy refusal must reach the caller
+    as itself, at once.
 
     Attributes:
         host: host as requested (hostname or address literal).
@@ -100,6 +102,15 @@ class EgressDenied(PolicyError, PermissionError):
         self.reason = reason
         target = host if port is None else f"{host}:{port}"
         super().__init__(f"egress to {target} denied by policy: {reason}")
+
+
+class EgressBlocked(EgressDenied, PermissionError):
+    """Raised by the process guard's audit hook inside ``socket.connect``/``getaddrinfo``.
+
+    Also a :class:`PermissionError` (an :class:`OSError`) because the standard library and
+    third-party clients only clean up a half-made socket on ``OSError``; they see a failed
+    connection. The policy transport unwraps it from aiohttp's errors.
+    """
 
 
 class RedirectRefused(EgressDenied):

@@ -33,7 +33,7 @@ from types import FrameType
 from typing import Any, Literal
 
 from .egress import EgressMatcher, PinStore, port_number, system_resolve
-from .errors import EgressDenied, GuardSelfTestFailed
+from .errors import EgressBlocked, EgressDenied, GuardSelfTestFailed
 from .evaluate import Policy
 
 _log = logging.getLogger(__name__)
@@ -251,7 +251,7 @@ class EgressGuard:
             if self.on_event is not None:
                 self.on_event(ev)
         if block:
-            raise EgressDenied(host, port, reason if not force_block else "guard self-test probe")
+            raise EgressBlocked(host, port, reason if not force_block else "guard self-test probe")
 
     # --- self-test -------------------------------------------------------------------------
 

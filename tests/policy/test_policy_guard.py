@@ -17,6 +17,7 @@ import pytest
 import uvloop
 
 from policy import (
+    EgressBlocked,
     EgressDenied,
     EgressEvent,
     EgressGuard,
@@ -71,7 +72,8 @@ def test_unrelated_code_is_blocked_and_recorded(
     with pytest.raises(EgressDenied) as info:
         socket.create_connection(("127.0.0.1", closed_port), timeout=1)
     assert info.value.code == "egress_denied"
-    assert isinstance(info.value, PermissionError)  # libraries see a failed connection
+    # An OSError, so library code cleans up its half-made socket.
+    assert isinstance(info.value, EgressBlocked) and isinstance(info.value, PermissionError)
     assert len(events) == 1
     ev = events[0]
     assert (ev.host, ev.port, ev.address, ev.decision) == (
@@ -132,8 +134,9 @@ def test_blocked_from_threads_asyncio_and_third_party_clients(
 
     with pytest.raises(EgressDenied):
         asyncio.run(via_loop())
-    with pytest.raises(httpx.ConnectError), httpx.Client(trust_env=False) as client:
+    with pytest.raises(httpx.ConnectError) as err, httpx.Client(trust_env=False) as client:
         client.get(f"http://127.0.0.1:{closed_port}/")
+    assert "denied by policy" in str(err.value)
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp, pytest.raises(EgressDenied):
         udp.sendto(b"exfil", ("127.0.0.1", closed_port))
     assert len(events) == 4 and all(e.decision == "deny" for e in events)
