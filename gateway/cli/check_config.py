@@ -1,0 +1,60 @@
+"""``gateway check-config FILE``: validate a config without serving."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from gateway.errors import ConfigError
+from gateway.settings import load
+
+__all__ = ["check_config"]
+
+
+def check_config(
+    file: Annotated[Path, typer.Argument(help="Gateway YAML config file.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+) -> None:
+    """Validate FILE without serving (exit 0 valid, 1 invalid, 2 unreadable)."""
+    if not file.is_file():
+        msg = f"cannot read config file {file}: not a file"
+        if as_json:
+            typer.echo(json.dumps({"ok": False, "file": str(file), "error": msg}))
+        else:
+            typer.echo(f"gateway: error [config_error]: {msg}", err=True)
+        raise typer.Exit(2)
+    try:
+        settings = load(file, os.environ)
+    except ConfigError as exc:
+        if as_json:
+            typer.echo(json.dumps({"ok": False, "file": str(file), "error": exc.message}))
+        else:
+            typer.echo(f"gateway: invalid config: {exc.message}", err=True)
+        raise typer.Exit(1) from exc
+    summary = {
+        "ok": True,
+        "file": str(file),
+        "listen": f"{settings.listen.host}:{settings.listen.port}",
+        "models": {
+            m.name: {
+                "aliases": m.aliases,
+                "served_model_name": m.upstream_name,
+                "replicas": [r.url for r in m.replicas],
+                "strategy": m.strategy,
+            }
+            for m in settings.models
+        },
+        "keys": [k.id for k in settings.keys],
+    }
+    if as_json:
+        typer.echo(json.dumps(summary))
+        return
+    typer.echo(f"{file}: OK (listen {summary['listen']})")
+    for m in settings.models:
+        aliases = f" (aliases: {', '.join(m.aliases)})" if m.aliases else ""
+        typer.echo(f"  model {m.name}{aliases} -> {m.upstream_name}, {len(m.replicas)} replica(s)")
+    typer.echo(f"  {len(settings.keys)} key(s): {', '.join(k.id for k in settings.keys)}")

@@ -1,0 +1,66 @@
+"""``gateway serve --config FILE``: run the gateway in the foreground with uvicorn."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Annotated, Literal
+
+import typer
+import uvicorn
+
+from gateway.app import create_app
+from gateway.logs import configure_logging
+from gateway.settings import GatewaySettings, is_loopback_host, load
+
+__all__ = ["run", "serve"]
+
+_log = logging.getLogger(__name__)
+
+ConfigOpt = Annotated[
+    Path,
+    typer.Option("--config", "-c", envvar="SG_CONFIG", help="Gateway YAML config file."),
+]
+
+
+def run(settings: GatewaySettings, http: Literal["h11", "httptools"] = "h11") -> None:
+    """Serve ``settings`` until interrupted (standard asyncio loop, never uvloop).
+
+    The egress guard of the policy package relies on ``sys.addaudithook`` socket events, which
+    uvloop does not raise; hence ``loop="asyncio"``.
+    """
+    configure_logging(settings.logging)
+    if not is_loopback_host(settings.listen.host):
+        _log.info("listening on %s:%s", settings.listen.host, settings.listen.port)
+    uvicorn.run(
+        create_app(settings),
+        host=settings.listen.host,
+        port=settings.listen.port,
+        loop="asyncio",
+        http=http,
+        lifespan="on",
+        access_log=False,
+        log_config=None,
+        proxy_headers=False,
+        server_header=False,
+        timeout_graceful_shutdown=10,
+    )
+
+
+def serve(
+    config: ConfigOpt,
+    host: Annotated[str | None, typer.Option(help="Override listen.host.")] = None,
+    port: Annotated[int | None, typer.Option(help="Override listen.port.")] = None,
+    http: Annotated[str, typer.Option(help="HTTP implementation: h11 or httptools.")] = "h11",
+) -> None:
+    """Run the gateway from one YAML config file (fails at start if the file is invalid)."""
+    settings = load(config, os.environ)
+    if host is not None or port is not None:
+        listen = settings.listen.model_copy(
+            update={k: v for k, v in (("host", host), ("port", port)) if v is not None}
+        )
+        settings = settings.model_copy(update={"listen": listen})
+    if http not in ("h11", "httptools"):
+        raise typer.BadParameter("must be h11 or httptools", param_hint="--http")
+    run(settings, "h11" if http == "h11" else "httptools")

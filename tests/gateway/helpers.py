@@ -1,0 +1,101 @@
+"""Shared helpers for the gateway tests: a simulator + gateway pair on loopback."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from gateway.app import create_app
+from gateway.settings import GatewaySettings, parse
+from vllm_sim import SimConfig
+from vllm_sim import create_app as create_sim
+
+KEY_A = "sg-test-key-team-a"
+KEY_B = "sg-test-key-team-b"
+BACKEND_KEY = "backend-secret-123"
+SERVED = "meta-llama/Llama-3.1-8B-Instruct"
+
+
+def sha(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def config(replica_urls: list[str], **overrides: Any) -> dict[str, Any]:
+    """A gateway config dict with one model over ``replica_urls`` and two keys."""
+    cfg: dict[str, Any] = {
+        "listen": {"host": "127.0.0.1", "port": 0},
+        "models": [
+            {
+                "name": "llama-3.1-8b",
+                "aliases": ["default"],
+                "served_model_name": SERVED,
+                "replicas": [{"url": u, "api_key_env": "VLLM_KEY"} for u in replica_urls],
+            },
+            {
+                "name": "other-model",
+                "served_model_name": SERVED,
+                "replicas": [{"url": replica_urls[0]}],
+            },
+        ],
+        "keys": [
+            {"id": "team-a", "sha256": sha(KEY_A), "models": ["llama-3.1-8b"], "team": "a"},
+            {"id": "team-b", "sha256": sha(KEY_B), "models": ["other-model"]},
+        ],
+        "timeouts": {"connect_s": 1, "first_byte_s": 5, "idle_s": 5},
+        "health": {"active": False, "cooldown_s": 30},
+        "logging": {"access_log": False},
+    }
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(cfg.get(key), dict):
+            cfg[key] = {**cfg[key], **value}
+        else:
+            cfg[key] = value
+    return cfg
+
+
+def settings(replica_urls: list[str], **overrides: Any) -> GatewaySettings:
+    return parse(config(replica_urls, **overrides), {"VLLM_KEY": BACKEND_KEY})
+
+
+@dataclass
+class Sim:
+    url: str
+
+    def stats(self) -> dict[str, Any]:
+        r = httpx.get(self.url + "/sim/stats", timeout=5)
+        r.raise_for_status()
+        return dict(r.json())
+
+    def fault(self, **spec: Any) -> None:
+        r = httpx.post(self.url + "/sim/faults", json=spec, timeout=5)
+        r.raise_for_status()
+
+    def reset(self) -> None:
+        httpx.post(self.url + "/sim/reset", timeout=5).raise_for_status()
+
+
+def start_sim(serve_asgi: Callable[..., Any], **cfg: Any) -> Sim:
+    cfg.setdefault("models", [SERVED])
+    srv = serve_asgi(create_sim(SimConfig(**cfg)))
+    return Sim(srv.url)
+
+
+def start_gateway(serve_asgi: Callable[..., Any], s: GatewaySettings, **kwargs: Any) -> str:
+    srv = serve_asgi(create_app(s, **kwargs))
+    return str(srv.url)
+
+
+def sse_events(raw: bytes) -> list[Any]:
+    """Parse the data payloads of an SSE body (test-side, independent of gateway.sse)."""
+    out: list[Any] = []
+    for block in raw.replace(b"\r\n", b"\n").split(b"\n\n"):
+        for line in block.split(b"\n"):
+            if line.startswith(b"data:"):
+                payload = line[5:].strip()
+                out.append("[DONE]" if payload == b"[DONE]" else json.loads(payload))
+    return out
