@@ -108,9 +108,17 @@ class LicenseRefusedError(WeightsError):
 
 
 class DriftError(WeightsError):
-    """The requested branch now resolves to another commit than the one pinned."""
+    """The requested branch now resolves to another commit than the one pinned.
+
+    Attributes:
+        drift: The :class:`weights.pin.Drift` (added, removed, changed files), if known.
+    """
 
     code = "revision_drift"
+
+    def __init__(self, message: str, *, hint: str | None = None, drift: object = None) -> None:
+        super().__init__(message, hint=hint)
+        self.drift = drift
 
 
 class CacheLayoutError(WeightsError):

@@ -116,7 +116,7 @@ def _progress_tqdm(hf: types.ModuleType, callback: ProgressCallback | None) -> t
     """A silent huggingface_hub tqdm subclass forwarding byte counts to ``callback``."""
     base: type[Any] = hf.utils.tqdm
 
-    class _Forward(base):  # type: ignore[misc,valid-type]
+    class _Forward(base):  # type: ignore[misc]
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             kwargs["disable"] = True
             super().__init__(*args, **kwargs)

@@ -1,0 +1,315 @@
+"""``weights`` command line: pin, pull, verify, sign, size.
+
+Exit codes: 0 ok; 1 verification failed (digest or signature mismatch, missing/extra files,
+drift refused, model does not fit); 2 usage or I/O error. Only ``pin`` and ``pull`` (and
+``size REPO_ID``) use the network, and only towards ``--endpoint`` / ``HF_ENDPOINT``;
+:mod:`weights.hub` is imported lazily by those commands.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TextColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
+
+from weights.errors import (
+    DigestMismatchError,
+    DriftError,
+    SignatureVerificationError,
+    WeightsError,
+)
+from weights.lockfile import LockEntry, Lockfile
+
+app = typer.Typer(
+    name="weights",
+    help="Pin, pull, verify, sign and size Hugging Face model weights.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+_VERIFY_FAILURES = (DigestMismatchError, SignatureVerificationError, DriftError)
+
+
+class VerificationFailed(Exception):
+    """Raised by a command to exit 1 after it printed its report."""
+
+
+LockOpt = Annotated[Path, typer.Option("--lock", help="Lockfile path.")]
+EndpointOpt = Annotated[
+    str,
+    typer.Option("--endpoint", envvar="HF_ENDPOINT", help="Hub base URL (HF_ENDPOINT)."),
+]
+TokenOpt = Annotated[
+    str | None,
+    typer.Option("--token", envvar="HF_TOKEN", help="Hub token for gated repos (HF_TOKEN).",
+                 show_default=False),
+]
+QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable JSON report on stdout.")]
+
+def _console() -> Console:
+    return Console(stderr=True, highlight=False)
+
+
+@contextmanager
+def _progress(total: int, label: str, quiet: bool) -> Iterator[Any]:
+    """A rich byte progress bar (bytes, throughput, ETA); silent if quiet or not a TTY."""
+    console = _console()
+    disable = quiet or not console.is_terminal
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+        console=console,
+        disable=disable,
+        transient=False,
+    ) as bar:
+        task = bar.add_task(label, total=total)
+        yield lambda n: bar.advance(task, n)
+
+
+def _hub(endpoint: str, token: str | None) -> Any:
+    from weights.hub import HubClient  # lazy: the only network-capable module
+
+    return HubClient(endpoint=endpoint, token=token)
+
+
+@app.callback()
+def _root(
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show tracebacks.")] = False,
+) -> None:
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+
+
+@app.command()
+def pin(
+    repo_id: Annotated[str, typer.Argument(help="Repository id, e.g. org/name.")],
+    revision: Annotated[str, typer.Option("--revision", help="Branch, tag or SHA.")] = "main",
+    include: Annotated[list[str] | None, typer.Option("--include", help="Glob to pin.")] = None,
+    exclude: Annotated[list[str] | None, typer.Option("--exclude", help="Glob to skip.")] = None,
+    lock: LockOpt = Path("weights.lock"),
+    update: Annotated[bool, typer.Option("--update", help="Accept drift.")] = False,
+    allow_license: Annotated[
+        list[str] | None, typer.Option("--allow-license", help="Refuse other licences.")
+    ] = None,
+    endpoint: EndpointOpt = "https://huggingface.co",
+    token: TokenOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Resolve REPO_ID at a revision to its commit and record every file's digests."""
+    from weights.pin import pin as do_pin
+
+    console = _console()
+    try:
+        result = do_pin(_hub(endpoint, token), lock, repo_id, revision,
+                        include=include or (), exclude=exclude or (),
+                        allow_license=allow_license or (), update=update)
+    except DriftError as exc:
+        if as_json:
+            print(json.dumps({"ok": False, "drift": _drift_json(exc.drift)}, indent=2))
+        else:
+            _print_drift(console, exc.drift)
+        raise
+    e = result.entry
+    if as_json:
+        print(json.dumps({"ok": True, "written": result.written, "entry": e.to_json(),
+                          "drift": _drift_json(result.drift)}, indent=2, ensure_ascii=False))
+        return
+    if result.written and result.previous is not None:
+        _print_drift(console, result.drift)
+    state = "pinned" if result.written else "unchanged"
+    console.print(f"{state} {e.repo_id}@{e.requested_revision} -> {e.commit} "
+                  f"({len(e.files)} files, {e.total_bytes} bytes, licence {e.license}) in {lock}")
+
+
+def _drift_json(drift: Any) -> dict[str, Any] | None:
+    if drift is None:
+        return None
+    return {"repo_id": drift.repo_id, "revision": drift.revision, "old_commit": drift.old_commit,
+            "new_commit": drift.new_commit, "added": list(drift.added),
+            "removed": list(drift.removed), "changed": list(drift.changed)}
+
+
+def _print_drift(console: Console, drift: Any) -> None:
+    if drift is None:
+        return
+    console.print(f"drift {drift.repo_id}@{drift.revision}: "
+                  f"{drift.old_commit[:12]} -> {drift.new_commit[:12]}")
+    for sign, paths in (("+", drift.added), ("-", drift.removed), ("~", drift.changed)):
+        for p in paths:
+            console.print(f"  {sign} {p}")
+
+
+@app.command()
+def pull(
+    lock: LockOpt = Path("weights.lock"),
+    into: Annotated[Path | None, typer.Option("--into", help="Plain directory.")] = None,
+    cache: Annotated[Path | None, typer.Option("--cache", help="HF cache root.")] = None,
+    repo: Annotated[list[str] | None, typer.Option("--repo", help="Only this repo id.")] = None,
+    endpoint: EndpointOpt = "https://huggingface.co",
+    token: TokenOpt = None,
+    quiet: QuietOpt = False,
+) -> None:
+    """Download exactly the pinned commit's files, verifying each before it becomes visible."""
+    from weights.pull import plain_dir_for, pull_entry, select_entries
+
+    if (into is None) == (cache is None):
+        raise typer.BadParameter("give exactly one of --into DIR or --cache DIR")
+    entries = select_entries(Lockfile.load(lock), repo or [])
+    hub = _hub(endpoint, token)
+    console = _console()
+    for entry in entries:
+        dest = plain_dir_for(into, entry, len(entries) > 1) if into is not None else None
+        with _progress(entry.total_bytes, entry.repo_id, quiet) as advance:
+            result = pull_entry(hub, entry, into=dest, cache=cache, progress=advance)
+        if not quiet:
+            console.print(f"{entry.repo_id}@{entry.commit[:12]}: {len(result.downloaded)} "
+                          f"downloaded, {len(result.reused)} already present -> {result.target}")
+
+
+def _pick_entry(lock: Lockfile, path: Path, repo: str | None) -> LockEntry:
+    if repo is not None:
+        return lock.entry(repo)
+    if len(lock.entries) == 1:
+        return lock.entries[0]
+    from weights.cache import repo_folder_name
+
+    for e in lock.entries:
+        folder = repo_folder_name(e.repo_id)
+        if folder in path.resolve().parts or (path / folder).is_dir():
+            return e
+    raise WeightsError(f"the lockfile pins {len(lock.entries)} models; which one is {path}?",
+                       hint="pass --repo REPO_ID")
+
+
+@app.command()
+def verify(
+    path: Annotated[Path, typer.Argument(help="Model dir, HF cache snapshot, repo dir or root.")],
+    lock: LockOpt = Path("weights.lock"),
+    repo: Annotated[str | None, typer.Option("--repo", help="Repo id in the lock.")] = None,
+    ignore: Annotated[list[str] | None, typer.Option("--ignore", help="Glob not extra.")] = None,
+    signature: Annotated[Path | None, typer.Option("--signature", help="model.sig.")] = None,
+    public_key: Annotated[Path | None, typer.Option("--public-key", help="PEM key.")] = None,
+    identity: Annotated[str | None, typer.Option("--identity", help="Keyless signer.")] = None,
+    identity_provider: Annotated[
+        str | None, typer.Option("--identity-provider", help="OIDC issuer of --identity.")
+    ] = None,
+    trust_root: Annotated[
+        Path | None, typer.Option("--trust-root", help="Sigstore trusted_root.json (keyless).")
+    ] = None,
+    no_lock: Annotated[bool, typer.Option("--no-lock", help="Signature only.")] = False,
+    as_json: JsonOpt = False,
+    quiet: QuietOpt = False,
+) -> None:
+    """Offline: check files against the lock (and a signature); exit 0 ok, 1 failed, 2 error."""
+    from weights.verify import verify_tree
+
+    report_doc: dict[str, Any] = {}
+    ok = True
+    console = _console()
+    patterns = list(ignore or [])
+    if signature is not None and signature.resolve().is_relative_to(path.resolve()):
+        patterns.append(signature.resolve().relative_to(path.resolve()).as_posix())
+    if not no_lock:
+        entry = _pick_entry(Lockfile.load(lock), path, repo)
+        with _progress(entry.total_bytes, f"verify {entry.repo_id}", quiet or as_json) as adv:
+            report = verify_tree(path, entry, ignore=patterns, progress=adv)
+        report_doc["lock"] = report.to_json()
+        ok = report.ok
+        if not as_json:
+            for m in report.mismatched:
+                console.print(f"MISMATCH {m.path}: expected {m.expected}, got {m.actual}")
+            for p in report.missing:
+                console.print(f"MISSING  {p}")
+            for p in report.extra:
+                console.print(f"EXTRA    {p}")
+            for p in report.missing_shards:
+                console.print(f"MISSING SHARD {p} (named in the index)")
+            if report.ok:
+                console.print(f"OK {report.repo_id}@{report.commit[:12]}: {report.checked} "
+                              f"files, {report.bytes_checked} bytes match {lock}")
+    if signature is not None:
+        from weights.signing import verify_signature
+
+        root = path if no_lock else Path(report_doc["lock"]["root"])
+        try:
+            signed = verify_signature(root, signature, public_key=public_key, identity=identity,
+                                      identity_provider=identity_provider, trust_root=trust_root,
+                                      ignore=patterns)
+            report_doc["signature"] = {"ok": True, "files": len(signed)}
+            if not as_json:
+                console.print(f"OK signature {signature}: {len(signed)} files")
+        except SignatureVerificationError as exc:
+            ok = False
+            report_doc["signature"] = {"ok": False, "error": exc.message}
+            if not as_json:
+                console.print(f"SIGNATURE INVALID {signature}: {exc.message}")
+    elif no_lock:
+        raise typer.BadParameter("--no-lock needs --signature")
+    if as_json:
+        report_doc["ok"] = ok
+        print(json.dumps(report_doc, indent=2, ensure_ascii=False))
+    if not ok:
+        raise VerificationFailed()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: run the CLI with one error boundary; return the exit code."""
+    import weights.cli_extra  # noqa: F401 - registers sign and size
+
+    args = sys.argv[1:] if argv is None else argv
+    verbose = "-v" in args or "--verbose" in args
+    try:
+        app(args=args, standalone_mode=False)
+    except VerificationFailed:
+        return 1
+    except _VERIFY_FAILURES as exc:
+        _report(exc, verbose)
+        return 1
+    except WeightsError as exc:
+        _report(exc, verbose)
+        return 2
+    except typer.Exit as exc:
+        return int(exc.exit_code)
+    except typer.Abort:
+        return 2
+    except Exception as exc:
+        import click
+
+        if isinstance(exc, click.ClickException):
+            exc.show()
+            return 2
+        raise
+    return 0
+
+
+def _report(exc: WeightsError, verbose: bool) -> None:
+    console = _console()
+    if verbose:
+        console.print_exception()
+    console.print(f"error [{exc.code}]: {exc.message}", markup=False)
+    if exc.hint:
+        console.print(f"  hint: {exc.hint}", markup=False)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,163 @@
+"""``weights sign`` and ``weights size`` (registered on :data:`weights.cli.app`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from weights.cli import (
+    EndpointOpt,
+    JsonOpt,
+    QuietOpt,
+    TokenOpt,
+    VerificationFailed,
+    _console,
+    _hub,
+    _progress,
+    app,
+)
+from weights.errors import SizingError, WeightsError
+from weights.sizing import (
+    ParamCount,
+    count_params,
+    local_safetensors,
+    parse_header,
+    parse_memory,
+    read_header_file,
+    size_model,
+)
+
+
+@app.command()
+def sign(
+    path: Annotated[Path, typer.Argument(help="Model directory to sign.")],
+    key: Annotated[Path, typer.Option("--key", help="EC private key (PEM).")],
+    out: Annotated[Path, typer.Option("--out", help="Signature file.")] = Path("model.sig"),
+    password: Annotated[
+        str | None, typer.Option("--password", envvar="WEIGHTS_KEY_PASSWORD", help="Key password.")
+    ] = None,
+    ignore: Annotated[list[str] | None, typer.Option("--ignore", help="Glob to leave out.")] = None,
+    quiet: QuietOpt = False,
+) -> None:
+    """Sign PATH in the OpenSSF model-signing format (verifiable by `model_signing verify key`)."""
+    from weights.signing import sign_model
+
+    if not path.is_dir():
+        raise WeightsError(f"{path} is not a directory")
+    total = sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+    with _progress(total, f"sign {path.name}", quiet) as adv:
+        signed = sign_model(path, key, out, password=password, ignore=ignore or (), progress=adv)
+    if not quiet:
+        _console().print(f"signed {len(signed)} files of {path} -> {out}")
+
+
+def _local_inputs(path: Path) -> tuple[dict[str, Any], ParamCount | None]:
+    cfg_path = path if path.is_file() else path / "config.json"
+    try:
+        config = json.loads(cfg_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise SizingError(f"{cfg_path}: cannot read config.json: {exc}") from exc
+    if path.is_file():
+        return config, None
+    files = local_safetensors(path)
+    if not files:
+        return config, None
+    return config, count_params((f.name, read_header_file(f)) for f in files)
+
+
+def _remote_inputs(
+    hub: Any, repo_id: str, revision: str
+) -> tuple[dict[str, Any], ParamCount | None]:
+    snap = hub.snapshot(repo_id, revision)
+    by_path = {f.path: f for f in snap.files}
+    if "config.json" not in by_path:
+        raise SizingError(f"{repo_id}@{revision}: no config.json")
+    raw = hub.read_range(snap.repo_id, snap.commit, "config.json", 0, by_path["config.json"].size)
+    try:
+        config = json.loads(raw)
+    except ValueError as exc:
+        raise SizingError(f"{repo_id}: config.json is not JSON: {exc}") from exc
+    shards = sorted(p for p in by_path if p.endswith(".safetensors") and "/" not in p)
+    if not shards:
+        return config, None
+    headers = []
+    for name in shards:
+        prefix = hub.read_range(snap.repo_id, snap.commit, name, 0, 8)
+        if len(prefix) != 8:
+            raise SizingError(f"{name}: shorter than 8 bytes")
+        header = parse_header(prefix, lambda k, name=name: hub.read_range(
+            snap.repo_id, snap.commit, name, 8, k))
+        headers.append((name, header))
+    return config, count_params(headers)
+
+
+def _human(value: float, unit: str) -> str:
+    if unit == "bytes":
+        gib = value / 1024**3
+        if value >= 1024**3:
+            return f"{value / 1e9:,.1f} GB ({gib:,.1f} GiB)"
+        if value >= 1024**2:
+            return f"{value / 1024**2:,.1f} MiB"
+        return f"{value / 1024:,.1f} KiB" if value >= 1024 else f"{value:,.0f} B"
+    if unit == "params":
+        return f"{value:,.0f} ({value / 1e9:,.2f} B)"
+    if unit == "tokens":
+        return f"{value:,.0f} tokens"
+    return f"{value:g}"
+
+
+@app.command()
+def size(
+    target: Annotated[str, typer.Argument(help="Local dir / config.json, or a REPO_ID.")],
+    dtype: Annotated[str | None, typer.Option("--dtype", help="Deploy dtype: bf16, fp8...")] = None,
+    kv_dtype: Annotated[str | None, typer.Option("--kv-dtype", help="KV cache dtype.")] = None,
+    context: Annotated[int, typer.Option("--context", min=0, help="Tokens per sequence.")] = 0,
+    concurrency: Annotated[int, typer.Option("--concurrency", min=1, help="Sequences.")] = 1,
+    gpu_mem: Annotated[
+        str | None, typer.Option("--gpu-mem", help="Per-GPU memory: 80 (GiB), 80GiB or 80GB.")
+    ] = None,
+    gpus: Annotated[int, typer.Option("--gpus", min=1, help="GPUs available.")] = 1,
+    utilization: Annotated[
+        float, typer.Option("--utilization", min=0.05, max=1.0, help="vLLM memory fraction.")
+    ] = 0.9,
+    estimate: Annotated[
+        bool, typer.Option("--estimate", help="Count parameters from config, not headers.")
+    ] = False,
+    revision: Annotated[str, typer.Option("--revision", help="For REPO_ID.")] = "main",
+    endpoint: EndpointOpt = "https://huggingface.co",
+    token: TokenOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Weights, KV cache and GPU fit; exit 1 if --gpu-mem is given and it does not fit."""
+    path = Path(target)
+    if path.exists():
+        config, params = _local_inputs(path)
+    elif "/" in target and not target.startswith((".", "/")):
+        config, params = _remote_inputs(_hub(endpoint, token), target, revision)
+    else:
+        raise WeightsError(f"{target}: no such file or directory")
+    if estimate:
+        params = None
+    report = size_model(
+        config, params, dtype=dtype, kv_dtype=kv_dtype, context=context,
+        concurrency=concurrency, gpu_mem_bytes=parse_memory(gpu_mem) if gpu_mem else None,
+        gpus=gpus, utilization=utilization,
+    )
+    if as_json:
+        print(json.dumps(report.to_json(), indent=2))
+    else:
+        table = Table("figure", "value", "source", title=f"size {target}")
+        for f in report.figures:
+            table.add_row(f.name, _human(f.value, f.unit), f.source)
+        console = _console()
+        console.print(table)
+        if report.fits is not None:
+            verdict = "fits" if report.fits else "does NOT fit"
+            console.print(f"{verdict} on {gpus} GPU(s); smallest tensor-parallel degree that "
+                          f"fits: {report.min_gpus or 'none up to 1024'}")
+    if report.fits is False:
+        raise VerificationFailed()

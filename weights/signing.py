@@ -1,0 +1,222 @@
+"""OpenSSF model signing: sign and verify model directories, interoperable with ``model_signing``.
+
+Format (OpenSSF model-signing v1.0, see /work/shared/FORMATS.md): a Sigstore bundle v0.3
+holding a DSSE envelope whose payload is an in-toto Statement v1 with predicate type
+``https://model_signing/signature/v1.0``; the predicate lists ``resources`` of
+``{name, algorithm: "sha256", digest}`` per file (``serialization.method = "files"``).
+
+The envelope, statement and signature are produced and checked by the ``model_signing``
+library; the per-file digests are computed here, once (or taken from a lock verification that
+already hashed the files), and compared here, so a failure names the files that differ.
+
+Key mode (EC P-256/384/521 PEM) is fully offline. Keyless (Sigstore) signatures are checked
+against an explicit identity, OIDC issuer and trust root file (``trusted_root.json`` or a
+Sigstore ``ClientTrustConfig``); nothing is fetched.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path, PurePosixPath
+from typing import Any, cast
+
+from weights.digests import ProgressCallback, digest_file
+from weights.errors import SignatureVerificationError, SigningError
+from weights.verify import list_files
+
+#: Paths model_signing leaves out by default (``ignore_git_paths=True``), as fnmatch globs.
+GIT_PATHS = (".git", ".git/*", ".gitattributes", ".github", ".github/*", ".gitignore")
+
+
+def signed_files(root: Path, ignore: Iterable[str] = ()) -> list[str]:
+    """Return the relative POSIX paths that a signature over ``root`` covers (sorted).
+
+    Everything under ``root`` except git metadata (as model_signing does) and ``ignore``
+    globs.
+    """
+    patterns = [*GIT_PATHS, *ignore]
+    return [
+        p for p in list_files(root)
+        if not any(fnmatch.fnmatchcase(p, g) or p.startswith(g.rstrip("/") + "/")
+                   for g in patterns)
+    ]
+
+
+def compute_digests(
+    root: Path,
+    paths: Iterable[str],
+    known: Mapping[str, str] | None = None,
+    progress: ProgressCallback | None = None,
+) -> dict[str, str]:
+    """Return ``{path: sha256 hex}``, hashing only the files not in ``known``."""
+    out: dict[str, str] = {}
+    for p in paths:
+        if known is not None and p in known:
+            out[p] = known[p]
+        else:
+            out[p] = digest_file(root / p, progress).sha256
+    return out
+
+
+def _manifest(name: str, digests: Mapping[str, str], ignore: Iterable[str], symlinks: bool) -> Any:
+    from model_signing import manifest
+    from model_signing._hashing import hashing
+
+    serialization = manifest._FileSerialization(
+        "sha256", allow_symlinks=symlinks, ignore_paths=[Path(p) for p in ignore]
+    )
+    items = [
+        manifest.FileManifestItem(
+            path=PurePosixPath(p), digest=hashing.Digest("sha256", bytes.fromhex(h))
+        )
+        for p, h in sorted(digests.items())
+    ]
+    return manifest.Manifest(name, items, serialization)
+
+
+def sign_model(
+    root: str | os.PathLike[str],
+    key: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    *,
+    password: str | None = None,
+    ignore: Iterable[str] = (),
+    digests: Mapping[str, str] | None = None,
+    progress: ProgressCallback | None = None,
+) -> dict[str, str]:
+    """Sign every file under ``root`` with an EC private key; write the bundle to ``out``.
+
+    Args:
+        root: Model directory (plain or HF snapshot; symlinks are followed).
+        key: PEM EC private key (P-256, P-384 or P-521).
+        out: Signature path; excluded from the signed files if inside ``root``.
+        password: Key password, if encrypted.
+        ignore: Extra globs (relative paths) to leave out.
+        digests: sha256 already computed for some paths (e.g. by a lock verification).
+        progress: Byte-count callback while hashing.
+
+    Returns:
+        The signed ``{path: sha256}``.
+
+    Raises:
+        SigningError: Unreadable or unsupported key, unwritable output, nothing to sign.
+    """
+    from model_signing._signing import sign_ec_key, signing
+
+    r = Path(root)
+    ignore = list(ignore)
+    o = Path(out).resolve()
+    if o.is_relative_to(r.resolve()):
+        ignore.append(o.relative_to(r.resolve()).as_posix())
+    paths = signed_files(r, ignore)
+    if not paths:
+        raise SigningError(f"{r}: no files to sign")
+    computed = compute_digests(r, paths, digests, progress)
+    symlinks = any((r / p).is_symlink() for p in paths)
+    try:
+        signer = sign_ec_key.Signer(
+            Path(key),
+            # model_signing types it str but hands it to cryptography, which needs bytes.
+            cast(Any, password.encode()) if password else None,
+        )
+    except (OSError, ValueError, TypeError) as exc:
+        raise SigningError(f"{key}: cannot use as an EC private key: {exc}") from exc
+    signature = signer.sign(signing.Payload(_manifest(r.name, computed, ignore, symlinks)))
+    try:
+        signature.write(o)
+    except OSError as exc:
+        raise SigningError(f"cannot write {o}: {exc.strerror or exc}") from exc
+    return computed
+
+
+def _keyless_verifier(identity: str, issuer: str, trust_root: Path) -> Any:
+    from model_signing._signing import sign_sigstore
+    from sigstore import models as sigstore_models
+    from sigstore import verify as sigstore_verify
+
+    try:
+        doc = json.loads(trust_root.read_text(encoding="utf-8"))
+        if isinstance(doc, dict) and "trustedRoot" in doc:
+            root = sigstore_models.ClientTrustConfig.from_json(json.dumps(doc)).trusted_root
+        else:
+            root = sigstore_models.TrustedRoot.from_file(str(trust_root))
+    except Exception as exc:
+        raise SigningError(f"{trust_root}: not a Sigstore trusted root: {exc}") from exc
+
+    class _OfflineSigstoreVerifier(sign_sigstore.Verifier):
+        def __init__(self) -> None:  # no production/staging trust config lookup
+            self._verifier = sigstore_verify.Verifier(trusted_root=root)
+            self._policy = sigstore_verify.policy.Identity(identity=identity, issuer=issuer)
+
+    return _OfflineSigstoreVerifier()
+
+
+def verify_signature(
+    root: str | os.PathLike[str],
+    signature: str | os.PathLike[str],
+    *,
+    public_key: str | os.PathLike[str] | None = None,
+    identity: str | None = None,
+    identity_provider: str | None = None,
+    trust_root: str | os.PathLike[str] | None = None,
+    ignore: Iterable[str] = (),
+    digests: Mapping[str, str] | None = None,
+    progress: ProgressCallback | None = None,
+) -> dict[str, str]:
+    """Verify a model_signing signature over ``root``, offline.
+
+    Give either ``public_key`` (key mode) or ``identity`` + ``identity_provider`` +
+    ``trust_root`` (keyless Sigstore mode).
+
+    Returns:
+        The verified ``{path: sha256}``.
+
+    Raises:
+        SignatureVerificationError: Bad signature, wrong key/identity, or files that differ
+            from the signed manifest (message lists them).
+        SigningError: Missing or unreadable key, trust root or signature file.
+    """
+    from model_signing._signing import sign_ec_key, sign_sigstore, sign_sigstore_pb
+
+    r = Path(root)
+    sig = Path(signature)
+    if not sig.is_file():
+        raise SigningError(f"{sig}: signature file not found")
+    try:
+        if public_key is not None:
+            verifier: Any = sign_ec_key.Verifier(Path(public_key))
+            bundle: Any = sign_sigstore_pb.Signature.read(sig)
+        elif identity and identity_provider and trust_root:
+            verifier = _keyless_verifier(identity, identity_provider, Path(trust_root))
+            bundle = sign_sigstore.Signature.read(sig)
+        else:
+            raise SigningError(
+                "give --public-key, or --identity, --identity-provider and --trust-root"
+            )
+    except SigningError:
+        raise
+    except Exception as exc:
+        raise SigningError(f"cannot load key or signature: {exc}") from exc
+    try:
+        expected = verifier.verify(bundle)
+    except Exception as exc:  # the library raises ValueError and sigstore errors
+        raise SignatureVerificationError(f"{sig}: signature does not verify: {exc}") from exc
+    want = {rd.identifier: rd.digest.digest_hex for rd in expected.resource_descriptors()}
+    ignored = list(ignore) + [str(p) for p in expected.serialization_type.get("ignore_paths", [])]
+    s = sig.resolve()
+    if s.is_relative_to(r.resolve()):
+        ignored.append(s.relative_to(r.resolve()).as_posix())
+    present = signed_files(r, ignored)
+    have = compute_digests(r, [p for p in present if p in want], digests, progress)
+    problems = [f"missing {p}" for p in sorted(want.keys() - set(present))]
+    problems += [f"unsigned {p}" for p in sorted(set(present) - want.keys())]
+    problems += [
+        f"modified {p}: signed sha256:{want[p]}, actual sha256:{h}"
+        for p, h in sorted(have.items()) if want[p] != h
+    ]
+    if problems:
+        raise SignatureVerificationError(f"{sig}: " + "; ".join(problems))
+    return want

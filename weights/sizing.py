@@ -1,0 +1,423 @@
+"""Memory arithmetic before deployment: weights, KV cache, fit and tensor-parallel degree.
+
+Sources:
+
+* Parameter counts: safetensors headers (format: 8-byte little-endian header length, then a
+  JSON object ``{name: {dtype, shape, data_offsets}}``, per the safetensors specification);
+  no tensor data is read. Without safetensors, an estimate from ``config.json`` (llama-style
+  decoder: embeddings, attention, gated MLP, norms; mixture-of-experts counted with all
+  experts, i.e. total, not active, parameters).
+* KV cache bytes per token = 2 x layers x KV heads x head dim x bytes per element; for MLA
+  (DeepSeek-V2/V3: ``kv_lora_rank``) = (kv_lora_rank + qk_rope_head_dim) x layers x bytes.
+* Tensor parallelism splits weights and KV heads across GPUs; the degree must divide the
+  attention heads; when it exceeds the KV heads, KV heads are replicated.
+
+Every figure carries the config field or file it came from.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from weights.errors import SizingError
+
+#: Bytes per element of safetensors dtypes (safetensors specification).
+SAFETENSORS_DTYPE_BYTES = {
+    "F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2,
+    "I16": 2, "U16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1, "I8": 1, "U8": 1, "BOOL": 1,
+    "F4": 0.5, "F6_E2M3": 0.75, "F6_E3M2": 0.75,
+}
+
+#: Bytes per element of the dtypes accepted by ``--dtype`` / ``--kv-dtype``.
+DTYPE_BYTES: dict[str, float] = {
+    "fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "half": 2,
+    "fp8": 1, "float8": 1, "int8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "int4": 0.5, "fp4": 0.5,
+}
+
+MAX_HEADER_BYTES = 100 * 1024 * 1024
+GB = 1000**3
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class Figure:
+    """A number with its unit and provenance (config field, file or formula)."""
+
+    name: str
+    value: float
+    unit: str
+    source: str
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-ready dict."""
+        return {"name": self.name, "value": self.value, "unit": self.unit, "source": self.source}
+
+
+@dataclass(frozen=True)
+class ParamCount:
+    """Parameters by safetensors dtype (``{"BF16": n, ...}``), and their stored bytes."""
+
+    by_dtype: Mapping[str, int]
+    stored_bytes: int
+    source: str
+
+    @property
+    def total(self) -> int:
+        """Total parameter count."""
+        return sum(self.by_dtype.values())
+
+
+def parse_header(length_prefix: bytes, read: Any) -> dict[str, Any]:
+    """Parse a safetensors header given its 8-byte prefix and a ``read(n) -> bytes`` callable.
+
+    Raises:
+        SizingError: Truncated or malformed header.
+    """
+    if len(length_prefix) != 8:
+        raise SizingError("safetensors file shorter than its 8-byte header length")
+    (n,) = struct.unpack("<Q", length_prefix)
+    if n > MAX_HEADER_BYTES:
+        raise SizingError(f"safetensors header of {n} bytes exceeds {MAX_HEADER_BYTES}")
+    raw = read(n)
+    if len(raw) != n:
+        raise SizingError("safetensors header truncated")
+    try:
+        doc = json.loads(raw)
+    except ValueError as exc:
+        raise SizingError(f"safetensors header is not JSON: {exc}") from exc
+    if not isinstance(doc, dict):
+        raise SizingError("safetensors header is not a JSON object")
+    return doc
+
+
+def read_header_file(path: Path) -> dict[str, Any]:
+    """Read the JSON header of a local safetensors file (no tensor data is read).
+
+    Raises:
+        SizingError: Unreadable or malformed file (message names it).
+    """
+    try:
+        with open(path, "rb") as fh:
+            return _read_header(fh)
+    except OSError as exc:
+        raise SizingError(f"{path}: {exc.strerror or exc}") from exc
+    except SizingError as exc:
+        raise SizingError(f"{path}: {exc.message}") from exc
+
+
+def _read_header(fh: BinaryIO) -> dict[str, Any]:
+    return parse_header(fh.read(8), fh.read)
+
+
+def count_params(headers: Iterable[tuple[str, Mapping[str, Any]]]) -> ParamCount:
+    """Count parameters by dtype over ``(file name, header)`` pairs.
+
+    Raises:
+        SizingError: A tensor entry has an unknown dtype or a malformed shape.
+    """
+    by_dtype: dict[str, int] = {}
+    stored = 0.0
+    names: list[str] = []
+    for fname, header in headers:
+        names.append(fname)
+        for tname, t in header.items():
+            if tname == "__metadata__":
+                continue
+            try:
+                dtype = str(t["dtype"])
+                n = math.prod(int(d) for d in t["shape"])
+                width = SAFETENSORS_DTYPE_BYTES[dtype]
+            except (KeyError, TypeError, ValueError) as exc:
+                raise SizingError(f"{fname}: tensor {tname}: bad entry ({exc})") from exc
+            by_dtype[dtype] = by_dtype.get(dtype, 0) + n
+            stored += n * width
+    src = names[0] if len(names) == 1 else f"{len(names)} safetensors headers"
+    return ParamCount(by_dtype=dict(sorted(by_dtype.items())), stored_bytes=int(stored),
+                      source=src)
+
+
+def local_safetensors(root: Path) -> list[Path]:
+    """Safetensors files of a local checkpoint: those named by an index, else all."""
+    for idx in sorted(root.glob("*.safetensors.index.json")):
+        try:
+            weight_map = json.loads(idx.read_text(encoding="utf-8"))["weight_map"]
+        except (OSError, ValueError, KeyError) as exc:
+            raise SizingError(f"{idx}: unreadable index: {exc}") from exc
+        files = sorted({str(v) for v in weight_map.values()})
+        missing = [f for f in files if not (root / f).is_file()]
+        if missing:
+            raise SizingError(f"{idx}: shards missing: {', '.join(missing)}")
+        return [root / f for f in files]
+    return sorted(root.glob("*.safetensors"))
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """Architecture figures read from config.json, each with its source field."""
+
+    layers: Figure
+    attention_heads: Figure
+    kv_heads: Figure
+    head_dim: Figure
+    hidden: Figure
+    dtype: str | None
+    mla: tuple[Figure, Figure] | None = None  # (kv_lora_rank, qk_rope_head_dim)
+    raw: Mapping[str, Any] = field(default_factory=dict, repr=False)
+
+
+def _text_config(cfg: Mapping[str, Any]) -> tuple[Mapping[str, Any], str]:
+    for key in ("text_config", "llm_config", "language_config"):
+        sub = cfg.get(key)
+        if isinstance(sub, dict) and "num_hidden_layers" in sub:
+            return sub, f"{key}."
+    return cfg, ""
+
+
+def _field(cfg: Mapping[str, Any], prefix: str, names: tuple[str, ...], label: str) -> Figure:
+    for n in names:
+        v = cfg.get(n)
+        if isinstance(v, int | float) and not isinstance(v, bool):
+            return Figure(label, v, "", f"config.json:{prefix}{n}")
+    raise SizingError(f"config.json has none of {', '.join(prefix + n for n in names)}")
+
+
+def model_shape(config: Mapping[str, Any]) -> ModelShape:
+    """Read the architecture figures from a config.json mapping.
+
+    Raises:
+        SizingError: A required field is absent.
+    """
+    cfg, p = _text_config(config)
+    layers = _field(cfg, p, ("num_hidden_layers", "n_layer", "num_layers"), "layers")
+    hidden = _field(cfg, p, ("hidden_size", "n_embd", "d_model"), "hidden size")
+    heads = _field(cfg, p, ("num_attention_heads", "n_head"), "attention heads")
+    try:
+        kv = _field(cfg, p, ("num_key_value_heads", "num_kv_heads", "n_head_kv"), "KV heads")
+    except SizingError:
+        kv = Figure("KV heads", heads.value, "", f"{heads.source} (no num_key_value_heads: MHA)")
+    try:
+        hd = _field(cfg, p, ("head_dim",), "head dim")
+    except SizingError:
+        hd = Figure("head dim", hidden.value // heads.value, "",
+                    f"{hidden.source} / {heads.source}")
+    mla = None
+    if isinstance(cfg.get("kv_lora_rank"), int) and cfg.get("kv_lora_rank"):
+        mla = (_field(cfg, p, ("kv_lora_rank",), "kv_lora_rank"),
+               _field(cfg, p, ("qk_rope_head_dim",), "qk_rope_head_dim"))
+    dtype = cfg.get("torch_dtype") or cfg.get("dtype") or config.get("torch_dtype")
+    return ModelShape(layers=layers, attention_heads=heads, kv_heads=kv, head_dim=hd,
+                      hidden=hidden, dtype=str(dtype) if dtype else None, mla=mla, raw=cfg)
+
+
+def estimate_params(config: Mapping[str, Any]) -> Figure:
+    """Estimate the total parameter count of a llama-style decoder from config.json.
+
+    Counts embeddings (and an untied LM head), per layer q/k/v/o projections, a gated MLP
+    (3 x hidden x intermediate) or, for mixture-of-experts, every routed and shared expert
+    plus the router, and RMSNorm weights. Biases are ignored.
+
+    Raises:
+        SizingError: A required field is absent.
+    """
+    shape = model_shape(config)
+    cfg, p = _text_config(config)
+    h = int(shape.hidden.value)
+    L = int(shape.layers.value)
+    q = int(shape.attention_heads.value) * int(shape.head_dim.value)
+    kv = int(shape.kv_heads.value) * int(shape.head_dim.value)
+    vocab = int(_field(cfg, p, ("vocab_size",), "vocab").value)
+    inter = int(_field(cfg, p, ("intermediate_size", "ffn_dim", "n_inner"), "ffn").value)
+    attn = h * q + 2 * h * kv + q * h
+    experts = cfg.get("n_routed_experts") or cfg.get("num_local_experts") or cfg.get(
+        "num_experts")
+    fields = ["hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+              "head_dim", "vocab_size", "intermediate_size"]
+    if experts:
+        moe_inter = int(cfg.get("moe_intermediate_size") or inter)
+        shared = int(cfg.get("n_shared_experts") or 0)
+        dense_layers = int(cfg.get("first_k_dense_replace") or 0)
+        moe_layer = (int(experts) + shared) * 3 * h * moe_inter + h * int(experts)
+        mlp_total = dense_layers * 3 * h * inter + (L - dense_layers) * moe_layer
+        fields += ["n_routed_experts|num_local_experts", "moe_intermediate_size",
+                   "n_shared_experts", "first_k_dense_replace"]
+    else:
+        mlp_total = L * 3 * h * inter
+    tied = bool(cfg.get("tie_word_embeddings", config.get("tie_word_embeddings", False)))
+    total = vocab * h * (1 if tied else 2) + L * (attn + 2 * h) + mlp_total + h
+    return Figure("parameters", total, "params",
+                  f"estimate from config.json: {', '.join(p + f for f in fields)}"
+                  + (", tie_word_embeddings" if tied else ""))
+
+
+def dtype_bytes(name: str) -> float:
+    """Bytes per element of a dtype name (``bf16``, ``torch.bfloat16``, ``fp8``, ...).
+
+    Raises:
+        SizingError: Unknown dtype.
+    """
+    key = name.lower().removeprefix("torch.")
+    if key not in DTYPE_BYTES:
+        raise SizingError(f"unknown dtype {name!r} (known: {', '.join(sorted(DTYPE_BYTES))})")
+    return DTYPE_BYTES[key]
+
+
+def parse_memory(text: str) -> int:
+    """Parse a memory size: ``80`` or ``80GiB`` (GiB), ``80GB`` (10^9 bytes), ``512MiB``.
+
+    Raises:
+        SizingError: Malformed size.
+    """
+    units = {"gib": GIB, "gb": GB, "mib": 1024**2, "mb": 1000**2, "tib": 1024**4, "tb": 1000**4}
+    t = text.strip().lower().replace(" ", "")
+    for suffix, mult in sorted(units.items(), key=lambda kv: -len(kv[0])):
+        if t.endswith(suffix):
+            t, factor = t[: -len(suffix)], mult
+            break
+    else:
+        factor = GIB
+    try:
+        value = float(t)
+    except ValueError as exc:
+        raise SizingError(f"bad memory size {text!r} (e.g. 80GiB or 80GB)") from exc
+    return int(value * factor)
+
+
+@dataclass(frozen=True)
+class SizingReport:
+    """The memory arithmetic of one deployment.
+
+    Attributes:
+        figures: Every figure with its unit and source, in presentation order.
+        fits: Whether weights + KV fit on ``gpus`` GPUs (None if no GPU memory was given).
+        min_gpus: Smallest tensor-parallel degree (power of two dividing the attention heads)
+            that fits, or None.
+    """
+
+    figures: tuple[Figure, ...]
+    fits: bool | None
+    min_gpus: int | None
+
+    def figure(self, name: str) -> Figure:
+        """Return the figure called ``name``."""
+        for f in self.figures:
+            if f.name == name:
+                return f
+        raise KeyError(name)
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-ready dict."""
+        return {"fits": self.fits, "min_gpus": self.min_gpus,
+                "figures": [f.to_json() for f in self.figures]}
+
+
+def _per_gpu_bytes(weights: float, kv_total: float, kv_heads: int, tp: int) -> float:
+    # KV heads split across ranks; replicated when tp exceeds them.
+    kv_split = min(tp, kv_heads) if kv_heads > 0 else tp
+    return weights / tp + kv_total / kv_split
+
+
+def size_model(
+    config: Mapping[str, Any],
+    params: ParamCount | None = None,
+    *,
+    dtype: str | None = None,
+    kv_dtype: str | None = None,
+    context: int = 0,
+    concurrency: int = 1,
+    gpu_mem_bytes: int | None = None,
+    gpus: int = 1,
+    utilization: float = 0.9,
+) -> SizingReport:
+    """Compute weights, KV cache and fit.
+
+    Args:
+        config: The model's config.json.
+        params: Counts from safetensors headers; None to estimate from config.
+        dtype: Weights dtype to deploy in (default: stored bytes, else ``torch_dtype``).
+        kv_dtype: KV cache dtype (default: ``dtype`` if given and >= 2 bytes... else the
+            model dtype; bf16 if unknown).
+        context: Tokens per sequence (prompt + output).
+        concurrency: Concurrent sequences.
+        gpu_mem_bytes: Memory of one GPU in bytes; None to skip the fit.
+        gpus: GPUs available (tensor parallel degree to check).
+        utilization: Fraction of GPU memory vLLM may use (``--gpu-memory-utilization``).
+
+    Raises:
+        SizingError: Missing config fields or unknown dtypes.
+    """
+    shape = model_shape(config)
+    figs: list[Figure] = [shape.layers, shape.attention_heads, shape.kv_heads, shape.head_dim]
+    if params is not None:
+        n = params.total
+        for dt, count in params.by_dtype.items():
+            figs.append(Figure(f"parameters {dt}", count, "params", params.source))
+        figs.append(Figure("parameters", n, "params", params.source))
+    else:
+        est = estimate_params(config)
+        n = int(est.value)
+        figs.append(est)
+    model_dtype = shape.dtype or "bfloat16"
+    if dtype is not None:
+        w_bytes = n * dtype_bytes(dtype)
+        figs.append(Figure("weights", w_bytes, "bytes", f"parameters x {dtype_bytes(dtype)} "
+                                                        f"bytes ({dtype}, --dtype)"))
+    elif params is not None:
+        w_bytes = params.stored_bytes
+        figs.append(Figure("weights", w_bytes, "bytes", "safetensors dtypes x shapes"))
+    else:
+        w_bytes = n * dtype_bytes(model_dtype)
+        figs.append(Figure("weights", w_bytes, "bytes",
+                           f"parameters x {dtype_bytes(model_dtype)} bytes "
+                           f"(config.json:torch_dtype={model_dtype})"))
+    kv_name = kv_dtype or model_dtype
+    kv_el = dtype_bytes(kv_name)
+    kv_src = "--kv-dtype" if kv_dtype else f"config.json:torch_dtype={model_dtype}"
+    L = int(shape.layers.value)
+    if shape.mla is not None:
+        rank, rope = shape.mla
+        per_token = (rank.value + rope.value) * L * kv_el
+        src = (f"({rank.source} + {rope.source}) x {shape.layers.source} x {kv_el} bytes "
+               f"({kv_src}); MLA compressed latent")
+        kv_heads = 1
+    else:
+        kv_heads = int(shape.kv_heads.value)
+        per_token = 2 * L * kv_heads * shape.head_dim.value * kv_el
+        src = (f"2 x {shape.layers.source} x {shape.kv_heads.source} x "
+               f"{shape.head_dim.source} x {kv_el} bytes ({kv_src})")
+    figs.append(Figure("kv cache per token", per_token, "bytes", src))
+    kv_total = per_token * context * concurrency
+    figs.append(Figure("kv cache", kv_total, "bytes",
+                       f"per token x {context} tokens (--context) x {concurrency} (--concurrency)"))
+    fits: bool | None = None
+    min_gpus: int | None = None
+    if gpu_mem_bytes is not None:
+        usable = gpu_mem_bytes * utilization
+        total_mem = gpu_mem_bytes * gpus
+        figs.append(Figure("gpu memory total", total_mem, "bytes",
+                           f"{gpus} GPUs (--gpus) x {gpu_mem_bytes} bytes (--gpu-mem)"))
+        figs.append(Figure("free after weights", total_mem - w_bytes, "bytes",
+                           "gpu memory total - weights"))
+        per_gpu = _per_gpu_bytes(w_bytes, kv_total, kv_heads, gpus)
+        figs.append(Figure("needed per gpu", per_gpu, "bytes",
+                           f"weights / {gpus} + kv cache split over KV heads (tensor parallel)"))
+        figs.append(Figure("usable per gpu", usable, "bytes",
+                           f"--gpu-mem x {utilization} (--utilization)"))
+        heads = int(shape.attention_heads.value)
+        fits = per_gpu <= usable and heads % gpus == 0
+        tp = 1
+        while tp <= 1024:
+            if heads % tp == 0 and _per_gpu_bytes(w_bytes, kv_total, kv_heads, tp) <= usable:
+                min_gpus = tp
+                break
+            tp *= 2
+        if per_token > 0:
+            spare = usable * gpus - w_bytes
+            figs.append(Figure("kv capacity", max(0, spare) / per_token, "tokens",
+                               "(usable per gpu x gpus - weights) / kv cache per token"))
+    return SizingReport(figures=tuple(figs), fits=fits, min_gpus=min_gpus)
