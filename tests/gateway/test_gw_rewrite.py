@@ -1,0 +1,86 @@
+"""Request body rewrite: only ``model`` and ``stream_options`` change, byte for byte."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gateway.errors import InvalidRequest
+from gateway.rewrite import parse_body
+
+
+def test_only_model_changes_byte_for_byte() -> None:
+    raw = (
+        '{ "model" : "default",\n  "messages": [{"role": "user", "content": "é \\u00e9"}],'
+        '"temperature": 1.0e0, "response_format": {"type": "json_schema", "json_schema": '
+        '{"name": "x", "schema": {"properties": {"model": {"type": "string"}}}}},'
+        '"guided_json": {"a": 1}, "logprobs": true, "top_k": 5 }'
+    ).encode()
+    parsed = parse_body(raw)
+    assert parsed.model == "default"
+    out = parsed.upstream_body("meta/Llama", force_usage=True)
+    assert out == raw.replace(b'"default"', b'"meta/Llama"')
+
+
+def test_stream_usage_forced_when_missing() -> None:
+    raw = b'{"model":"m","stream":true,"messages":[]}'
+    parsed = parse_body(raw)
+    assert parsed.stream and not parsed.client_wants_usage
+    out = parsed.upstream_body("s", force_usage=True)
+    assert json.loads(out) == {"model": "s", "stream": True, "messages": [],
+                               "stream_options": {"include_usage": True}}
+    assert out.endswith(b'"model":"s","stream":true,"messages":[]}')
+
+
+def test_stream_usage_merged_into_existing_options() -> None:
+    raw = b'{"model":"m","stream":true,"stream_options":{"continuous_usage_stats":false}}'
+    out = json.loads(parse_body(raw).upstream_body("s", force_usage=True))
+    assert out["stream_options"] == {"continuous_usage_stats": False, "include_usage": True}
+
+
+def test_client_usage_request_kept() -> None:
+    raw = b'{"model":"m","stream":true,"stream_options":{"include_usage":true}}'
+    parsed = parse_body(raw)
+    assert parsed.client_wants_usage
+    assert parsed.upstream_body("m", force_usage=True) == raw
+
+
+def test_non_stream_untouched_except_model() -> None:
+    raw = b'{"model":"m","input":["a"]}'
+    assert parse_body(raw).upstream_body("x", force_usage=True) == b'{"model":"x","input":["a"]}'
+
+
+@pytest.mark.parametrize(
+    ("raw", "fragment"),
+    [
+        (b'{"model": "m",, }', "line 1 column 15 (char 14)"),
+        (b'{"model": "m"\n "x": 1}', "line 2 column 2 (char 15)"),
+        (b"[1, 2]", "Expecting a JSON object"),
+        (b'{"model": "m"} extra', "Extra data"),
+        (b"", "line 1 column 1 (char 0)"),
+    ],
+)
+def test_malformed_json_reports_position(raw: bytes, fragment: str) -> None:
+    with pytest.raises(InvalidRequest) as info:
+        parse_body(raw)
+    assert info.value.code == "invalid_json"
+    assert fragment in info.value.message
+
+
+def test_duplicate_model_key_refused() -> None:
+    """The gateway and the backend must never read different model names."""
+    with pytest.raises(InvalidRequest, match="duplicate key 'model'"):
+        parse_body(b'{"model": "allowed", "model": "forbidden"}')
+
+
+@pytest.mark.parametrize("raw", [b'{"messages": []}', b'{"model": 3}', b'{"model": ""}'])
+def test_model_required(raw: bytes) -> None:
+    with pytest.raises(InvalidRequest) as info:
+        parse_body(raw)
+    assert info.value.param == "model"
+
+
+def test_invalid_utf8() -> None:
+    with pytest.raises(InvalidRequest, match="UTF-8"):
+        parse_body(b'{"model": "\xff"}')
