@@ -10,7 +10,10 @@ which delays later requests). Concurrency slots are leases that this replica ren
 When Redis cannot be reached the configured policy applies: ``fail_closed`` raises
 :class:`QuotaBackendUnavailable` (503) and admits nothing; ``fail_open`` admits the request
 unaccounted (``Admission.fail_open``). Both the outage and the recovery (with the number of
-requests admitted or refused meanwhile) are sent to the event sink (the audit log).
+requests admitted or refused meanwhile) are sent to the event sink (the audit log) as
+``{"type": "quota.backend_unavailable", "policy", "error"}`` and
+``{"type": "quota.backend_recovered", "policy", "outage_ms", "admitted_unaccounted",
+"refused"}`` (integers only, as the audit log requires).
 """
 
 from __future__ import annotations
@@ -68,7 +71,7 @@ class RedisLimiter:
         fail_open: admit unaccounted instead of refusing with 503 when Redis is down.
         timeout_s: socket connect and read timeout per call, in seconds.
         lease_s: lifetime of a concurrency lease unless renewed, in seconds.
-        on_event: receives ``quota_backend_unavailable`` / ``quota_backend_recovered`` events.
+        on_event: receives ``quota.backend_unavailable`` / ``quota.backend_recovered`` events.
         client: an existing ``redis.asyncio.Redis`` (then ``url`` and ``timeout_s`` are unused
             and the caller closes it).
         clock: wall clock (Unix seconds) used only for the UTC budget periods.
@@ -281,7 +284,7 @@ class RedisLimiter:
             _log.error("quota backend unreachable (%s): %s", self._policy, exc)
             await self._emit(
                 {
-                    "event": "quota_backend_unavailable",
+                    "type": "quota.backend_unavailable",
                     "policy": self._policy,
                     "error": f"{type(exc).__name__}: {exc}"[:300],
                 }
@@ -305,7 +308,7 @@ class RedisLimiter:
         _log.warning("quota backend reachable again after %.1fs", outage_s)
         await self._emit(
             {
-                "event": "quota_backend_recovered",
+                "type": "quota.backend_recovered",
                 "policy": self._policy,
                 "outage_ms": int(outage_s * 1000),
                 "admitted_unaccounted": self._outage_admitted,
@@ -323,7 +326,7 @@ class RedisLimiter:
         try:
             await self._on_event(event)
         except Exception:
-            _log.exception("could not record quota event %s", event.get("event"))
+            _log.exception("could not record quota event %s", event.get("type"))
 
 
 def _denials(flat: Sequence[int], subjects: Sequence[SubjectLimits]) -> list[RateLimited]:

@@ -59,7 +59,7 @@ async def test_fail_closed_refuses_with_503_and_recovers(
         # Releasing while Redis is down neither raises nor blocks.
         await lim.release(held[0])
         await lim.settle(held[1], 10)
-        assert [e["event"] for e in events.items] == ["quota_backend_unavailable"]
+        assert [e["type"] for e in events.items] == ["quota.backend_unavailable"]
         assert events.items[0]["policy"] == "fail_closed"
 
         # Redis comes back (empty: it kept no state) on the same port.
@@ -67,7 +67,7 @@ async def test_fail_closed_refuses_with_503_and_recovers(
         adm = await lim.admit(KEY, 0)
         assert not adm.fail_open and lim.healthy
         assert await admitted_in_redis(srv.url, lim) == 1
-        assert [e["event"] for e in events.items][-1] == "quota_backend_recovered"
+        assert [e["type"] for e in events.items][-1] == "quota.backend_recovered"
         assert events.items[-1]["refused"] == 5
         assert events.items[-1]["admitted_unaccounted"] == 0
     finally:
@@ -94,7 +94,7 @@ async def test_fail_open_admits_unaccounted_and_audits(throwaway_redis: Callable
             await lim.release(a)
         assert events.items == [
             {
-                "event": "quota_backend_unavailable",
+                "type": "quota.backend_unavailable",
                 "policy": "fail_open",
                 "error": events.items[0]["error"],
             }

@@ -1,0 +1,61 @@
+"""Managed keys as a gateway :class:`~gateway.auth.Authenticator`.
+
+``ManagedKeyAuthenticator`` first asks the config-file keys (``KeyRing``, constant time), then
+the managed key cache. Both failures give the same :class:`AuthenticationFailed`; a stale cache
+gives :class:`ServiceUnavailable` (503, code ``keystore_unavailable``). The cache is started and
+stopped through ``startup()`` / ``shutdown()``, which the app lifespan calls on hooks.
+"""
+
+from __future__ import annotations
+
+from gateway.auth import Authenticator, Principal
+from gateway.errors import AuthenticationFailed, ServiceUnavailable
+from gateway.keystore.cache import ManagedKeyCache
+from gateway.keystore.errors import KeystoreUnavailable
+
+
+class ManagedKeyAuthenticator:
+    """Config keys first, then managed keys.
+
+    Args:
+        config_keys: the authenticator of the config file's keys (or None).
+        cache: the managed key cache.
+    """
+
+    def __init__(self, config_keys: Authenticator | None, cache: ManagedKeyCache) -> None:
+        self._config = config_keys
+        self.cache = cache
+
+    async def startup(self) -> None:
+        """Load the managed keys and start polling (raises if the store is unreachable)."""
+        await self.cache.start()
+
+    async def shutdown(self) -> None:
+        """Stop polling."""
+        await self.cache.stop()
+
+    def authenticate(self, token: str | None) -> Principal:
+        """Return the principal of ``token``.
+
+        Raises:
+            AuthenticationFailed: unknown, revoked, expired or rotated-out key.
+            ServiceUnavailable: the managed key view is stale (code ``keystore_unavailable``).
+        """
+        if self._config is not None:
+            try:
+                return self._config.authenticate(token)
+            except AuthenticationFailed:
+                pass
+        if token is None:
+            raise AuthenticationFailed()
+        try:
+            key = self.cache.lookup(token)
+        except KeystoreUnavailable as exc:
+            raise ServiceUnavailable(
+                "Managed keys are temporarily unavailable; retry shortly.",
+                code="keystore_unavailable",
+                headers={"retry-after": "2"},
+            ) from exc
+        if key is None:
+            raise AuthenticationFailed()
+        return Principal(key.id, key.team, key.data_class, frozenset(key.models))
