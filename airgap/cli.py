@@ -263,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     verbose = "--verbose" in args
     args = [a for a in args if a != "--verbose"]
     try:
-        app(args=args, prog_name="airgap", standalone_mode=False)
+        rc = app(args=args, prog_name="airgap", standalone_mode=False)
     except VerificationFailed as exc:
         if "--json" in args:
             doc = {"ok": False, "problems": [p.to_json() for p in exc.problems]}
@@ -279,24 +279,22 @@ def main(argv: list[str] | None = None) -> int:
         if verbose:
             err.print_exception()
         return exc.exit_code
-    except typer.Exit as exc:
-        return int(exc.exit_code or 0)
+    except OSError as exc:
+        err.print(f"error: io_error: {exc}", markup=False, highlight=False)
+        if verbose:
+            err.print_exception()
+        return 2
     except (typer.Abort, KeyboardInterrupt):
         err.print("aborted")
         return 2
-    except Exception as exc:  # click usage errors and anything unexpected
-        import click
-
-        if isinstance(exc, click.ClickException):
-            exc.show()
-            return 2
-        if isinstance(exc, OSError):
-            err.print(f"error: io_error: {exc}", markup=False)
-            if verbose:
-                err.print_exception()
-            return 2
-        raise
-    return 0
+    except typer.TyperException as exc:  # usage errors (click's ClickException)
+        show = getattr(exc, "show", None)
+        if callable(show):
+            show()
+        else:
+            err.print(f"error: {exc}", markup=False)
+        return 2
+    return rc if isinstance(rc, int) else 0
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -10,6 +10,7 @@ import pytest
 from airgap_helpers import REPO, KeyPair, keypair, lock_entry_from_dir, make_small_model, write_lock
 
 from airgap import pack_bundle
+from tests.hub_fixtures import hub, hub_server, minilm_blobs  # noqa: F401 - fixtures
 from weights import Lockfile
 
 

@@ -17,7 +17,7 @@ import pytest
 from airgap_helpers import KeyPair, lock_entry_from_dir, make_small_model, tree_state, write_lock
 
 from airgap import pack_bundle, unpack_bundle, verify_bundle
-from tests.hub_fixtures import MINILM, HubServer, hub, hub_server, minilm_blobs  # noqa: F401
+from tests.hub_fixtures import MINILM, HubServer
 from weights import Lockfile, hf_cache_paths, sha256_file
 
 HERE = Path(__file__).parent
