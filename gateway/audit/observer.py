@@ -1,0 +1,246 @@
+"""Wiring of the audit log into the gateway: a request observer and an ASGI completion gate.
+
+This is the one module of ``gateway.audit`` that imports the gateway core (its error type and
+request record); the rest of the package stays importable on its own for offline verification.
+
+* :class:`AuditObserver` (``observers=[...]`` of ``create_app``): ``on_start`` makes the
+  ``request.started`` record durable before the gateway forwards a byte, and turns
+  :class:`AuditUnavailable` into a 503 (``audit_unavailable``) so nothing unaudited is served;
+  ``on_end`` writes ``request.completed`` (or ``request.denied`` for requests refused before
+  forwarding). ``startup``/``shutdown`` start and close the chain with the app's lifespan.
+* :func:`audit_gate` wraps the ASGI app and holds back the final body message of each response
+  until the app has returned, i.e. until ``on_end`` has made the completion record durable. If
+  that record could not be written, the final message is never sent and the connection is
+  closed, so a client never fully receives a response whose completion is not in the log.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
+from typing import Any
+
+from gateway.audit.errors import AuditUnavailable
+from gateway.audit.pseudonym import Pseudonymizer, load_pseudonymizer
+from gateway.audit.records import REQUEST_COMPLETED, REQUEST_STARTED
+from gateway.audit.settings import AuditSettings
+from gateway.audit.writer import AuditLog
+from gateway.errors import ServiceUnavailable
+from gateway.records import RequestRecord
+
+_log = logging.getLogger(__name__)
+
+REQUEST_DENIED = "request.denied"
+CONFIG_LOADED = "config.loaded"
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+def _us(ms: float | None) -> int | None:
+    return None if ms is None else round(ms * 1000)
+
+
+class AuditObserver:
+    """Writes one started and one completed record per relayed request.
+
+    Args:
+        log: The (not yet started) audit log; ``startup`` starts it.
+        pseudonymizer: Keyed HMAC for client addresses; ``None`` drops the address.
+        config_digest: SHA-256 of the loaded configuration, logged as ``config.loaded``.
+    """
+
+    def __init__(
+        self,
+        log: AuditLog,
+        pseudonymizer: Pseudonymizer | None = None,
+        *,
+        config_digest: str | None = None,
+    ) -> None:
+        self.log = log
+        self._pseudo = pseudonymizer
+        self._config_digest = config_digest
+        self._inflight: set[str] = set()
+        self._unrecorded: set[str] = set()
+        self.gated = False
+
+    @classmethod
+    def from_settings(
+        cls, settings: AuditSettings, *, config_digest: str | None = None
+    ) -> AuditObserver:
+        """Build from the ``audit:`` settings (reads the signing and pseudonym key files).
+
+        Raises:
+            AuditConfigError: If a key file is missing or invalid.
+        """
+        info = {"config_sha256": config_digest} if config_digest else {}
+        log = AuditLog.from_settings(settings, start_info=info)
+        return cls(
+            log, load_pseudonymizer(settings.pseudonym_key_file), config_digest=config_digest
+        )
+
+    async def startup(self) -> None:
+        """Start the chain (raises AuditUnavailable: the gateway then refuses to start)."""
+        await self.log.start()
+        if self._config_digest:
+            await self.log.append({"type": CONFIG_LOADED, "sha256": self._config_digest})
+
+    async def shutdown(self) -> None:
+        """Close the chain with a final signed checkpoint."""
+        await self.log.close()
+
+    def _client(self, record: RequestRecord) -> str | None:
+        if record.client_addr is None or self._pseudo is None:
+            return None
+        host = record.client_addr.rsplit(":", 1)[0]
+        return self._pseudo.pseudonymize(host, "client")
+
+    def _request_fields(self, record: RequestRecord) -> dict[str, Any]:
+        return {
+            "request_id": record.request_id,
+            "started_us": int(record.started_at * 1_000_000),
+            "method": record.method,
+            "path": record.path,
+            "client": self._client(record),
+            "key_id": record.key_id,
+            "team": record.team,
+            "data_class": record.data_class,
+            "model": record.model,
+            "canonical_model": record.canonical_model,
+            "served_model": record.served_model,
+            "stream": record.stream,
+            "destination": record.destination,
+            "region": getattr(record, "region", None),
+            "policy_rule": record.policy_rule,
+            "policy_revision": getattr(record, "policy_revision", None),
+            "bytes_in": record.bytes_in,
+        }
+
+    def _end_fields(self, record: RequestRecord) -> dict[str, Any]:
+        return {
+            "request_id": record.request_id,
+            "status": record.status,
+            "outcome": record.outcome,
+            "error_code": record.error_code,
+            "destination": record.destination,
+            "replica_url": record.replica_url,
+            "attempts": record.attempts,
+            "input_tokens": record.input_tokens,
+            "output_tokens": record.output_tokens,
+            "latency_us": _us(record.latency_ms),
+            "ttft_us": _us(record.ttft_ms),
+            "bytes_in": record.bytes_in,
+            "bytes_out": record.bytes_out,
+        }
+
+    async def on_start(self, record: RequestRecord) -> None:
+        """Make ``request.started`` durable; refuse with 503 if the audit store is down."""
+        event = {"type": REQUEST_STARTED, **self._request_fields(record), "decision": "allow"}
+        try:
+            await self.log.append(event)
+        except AuditUnavailable as exc:
+            _log.error("audit unavailable, refusing request %s: %s", record.request_id, exc)
+            raise ServiceUnavailable(
+                "The audit log is unavailable; the request was not forwarded.",
+                code="audit_unavailable",
+            ) from exc
+        self._inflight.add(record.request_id)
+
+    async def on_end(self, record: RequestRecord) -> None:
+        """Write ``request.completed`` (forwarded) or ``request.denied`` (refused before)."""
+        forwarded = record.request_id in self._inflight
+        self._inflight.discard(record.request_id)
+        if forwarded:
+            event = {"type": REQUEST_COMPLETED, **self._end_fields(record)}
+        else:
+            decision = "deny" if record.outcome == "denied" else None
+            event = {
+                "type": REQUEST_DENIED,
+                **self._request_fields(record),
+                **self._end_fields(record),
+                "decision": decision,
+            }
+        try:
+            await self.log.append(event)
+        except AuditUnavailable as exc:
+            if forwarded and self.gated:
+                self._unrecorded.add(record.request_id)
+            _log.error("audit record of request %s lost: %s", record.request_id, exc)
+
+    def take_unrecorded(self, request_id: str) -> bool:
+        """True (once) if the completion record of ``request_id`` could not be written."""
+        if request_id in self._unrecorded:
+            self._unrecorded.discard(request_id)
+            return True
+        return False
+
+
+def audit_gate(app: ASGIApp, observer: AuditObserver) -> ASGIApp:
+    """Wrap ``app`` so each response's last body message waits for its completion record.
+
+    Args:
+        app: The gateway ASGI app (``create_app(settings, observers=[observer, ...])``).
+        observer: The audit observer passed to ``create_app``.
+
+    Returns:
+        An ASGI app to serve instead of ``app``.
+    """
+    observer.gated = True
+
+    async def gated(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await app(scope, receive, send)
+            return
+        held: list[Message] = []
+        request_id = ""
+
+        async def hold_final(message: Message) -> None:
+            nonlocal request_id
+            if message["type"] == "http.response.start":
+                for name, value in message.get("headers", ()):
+                    if name == b"x-request-id":
+                        request_id = value.decode("latin-1")
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                held.append(message)
+                return
+            await send(message)
+
+        await app(scope, receive, hold_final)
+        if request_id and observer.take_unrecorded(request_id):
+            _log.error("withholding the end of response %s: not audited", request_id)
+            return
+        for message in held:
+            await send(message)
+
+    return gated
+
+
+def config_digest(settings_json: str | bytes) -> str:
+    """SHA-256 hex of a configuration's serialised form (for ``config.loaded``)."""
+    data = settings_json.encode() if isinstance(settings_json, str) else settings_json
+    return hashlib.sha256(data).hexdigest()
+
+
+def build(
+    audit_section: AuditSettings | Mapping[str, Any] | None, *, config_digest: str | None = None
+) -> AuditObserver | None:
+    """The observer for the gateway's ``audit:`` section, or ``None`` when not enabled.
+
+    Raises:
+        pydantic.ValidationError: If the section is invalid.
+        AuditConfigError: If a key file is missing or invalid.
+    """
+    if audit_section is None:
+        return None
+    settings = (
+        audit_section
+        if isinstance(audit_section, AuditSettings)
+        else AuditSettings.model_validate(dict(audit_section))
+    )
+    if not settings.enabled:
+        return None
+    return AuditObserver.from_settings(settings, config_digest=config_digest)
