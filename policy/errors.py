@@ -5,6 +5,7 @@ responses (the gateway turns them into OpenAI-style error JSON; the CLI into exi
 
     PolicyError                      code
     ├── PolicyFileError              invalid_policy        (file, line, key)
+    │                                policy_unreadable     (I/O error reading the file)
     ├── UnknownDataClass             unknown_data_class
     ├── UnknownDestination           unknown_destination
     ├── ClassChangeForbidden         class_change_forbidden

@@ -367,5 +367,7 @@ def load_document(path: str | Path) -> tuple[PolicyDocument, str]:
     try:
         text = p.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise PolicyFileError(f"cannot read policy: {exc}", file=p) from exc
+        err = PolicyFileError(f"cannot read policy: {exc}", file=p)
+        err.code = "policy_unreadable"
+        raise err from exc
     return parse_document(text, p)

@@ -1,0 +1,296 @@
+"""``policy``: check a policy, explain a routing decision, render Kubernetes egress rules.
+
+Exit codes (CONVENTIONS.md): 0 ok; 1 verification failed (invalid policy, nothing allowed,
+refused render); 2 usage or I/O error. ``--verbose`` shows tracebacks.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import socket
+import sys
+import traceback
+from collections import defaultdict
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+from .errors import PolicyError, PolicyFileError, RenderError, UnknownDataClass
+from .evaluate import Decision, Policy, Principal
+from .render import cilium_networkpolicy, helm_values, networkpolicy
+
+app = typer.Typer(
+    name="policy", add_completion=False, no_args_is_help=True,
+    help="Zero-trust egress policy: validate, explain decisions, render NetworkPolicies.",
+)
+
+PolicyFile = Annotated[Path, typer.Argument(help="Policy YAML file.", show_default=False)]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
+
+
+class _UsageError(Exception):
+    """A problem with the command line or an input file other than the policy."""
+
+
+def _out() -> Console:
+    # Not a terminal (pipes, CI logs): wide enough that ids and reasons are never cut.
+    return Console(highlight=False, width=None if sys.stdout.isatty() else 200)
+
+
+@app.callback()
+def _root(
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show tracebacks.")] = False,
+) -> None:
+    """Zero-trust egress policy tools."""
+
+
+@app.command()
+def check(file: PolicyFile, as_json: JsonOpt = False) -> int:
+    """Validate a policy and summarise destinations (by jurisdiction and region) and rules."""
+    policy = Policy.from_file(file)
+    doc = policy.document
+    if as_json:
+        by: dict[str, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
+        for d in doc.destinations:
+            by[d.jurisdiction][d.region].append(d.id)
+        print(json.dumps({
+            "ok": True, "file": str(file), "revision": policy.revision,
+            "unsafe_allow_all": doc.unsafe_allow_all, "data_classes": list(doc.data_classes),
+            "destinations_by_jurisdiction": by,
+            "destinations": [_dest_json(d) for d in doc.destinations],
+            "rules": [r.model_dump(mode="json", by_alias=True) for r in doc.rules],
+        }, indent=2))
+        return 0
+    out = _out()
+    out.print(f"[bold green]ok[/] {file}  revision {policy.revision}")
+    if doc.unsafe_allow_all:
+        out.print("[bold red]WARNING: unsafe_allow_all is on: every request is allowed "
+                  "(development only)[/]")
+    out.print(f"data classes (least to most sensitive): {', '.join(doc.data_classes)}")
+    table = Table(title=f"{len(doc.destinations)} destinations")
+    for col in ("jurisdiction", "region", "id", "endpoint", "purpose", "operator", "tags"):
+        table.add_column(col)
+    for d in sorted(doc.destinations, key=lambda d: (d.jurisdiction, d.region, d.id)):
+        table.add_row(d.jurisdiction, d.region, d.id, _endpoint_text(d), d.purpose, d.operator,
+                      ", ".join(d.tags))
+    out.print(table)
+    rules = Table(title=f"{len(doc.rules)} rules (first match decides; no match denies)")
+    for col in ("#", "id", "effect", "principals", "classes", "destinations", "constraints"):
+        rules.add_column(col)
+    for i, r in enumerate(doc.rules, 1):
+        who = ", ".join([*(f"key:{k}" for k in r.principals.keys),
+                         *(f"team:{t}" for t in r.principals.teams)]) or "everyone"
+        cons = r.constraints.model_dump(exclude_defaults=True)
+        rules.add_row(str(i), r.id, r.effect, who, ", ".join(r.classes or ["any"]),
+                      ", ".join(r.destinations or ["any inference"]),
+                      ", ".join(f"{k}={v}" for k, v in cons.items()) or "-")
+    out.print(rules)
+    return 0
+
+
+def _endpoint_text(d: Any) -> str:
+    ep = d.endpoint
+    host = ep.hostname or str(ep.network)
+    return f"{host}:{','.join(map(str, sorted(ep.ports)))}"
+
+
+def _dest_json(d: Any) -> dict[str, Any]:
+    ep = d.endpoint
+    return {
+        "id": d.id, "hostname": ep.hostname,
+        "network": str(ep.network) if ep.network is not None else None,
+        "ports": sorted(ep.ports), "region": d.region, "jurisdiction": d.jurisdiction,
+        "operator": d.operator, "tags": list(d.tags), "purpose": d.purpose,
+    }
+
+
+def _read_gateway_config(path: Path) -> dict[str, Any]:
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise _UsageError(f"cannot read gateway config {path}: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise _UsageError(f"gateway config {path} is not a YAML mapping")
+    return raw
+
+
+def _model_destinations(raw: dict[str, Any], model: str, path: Path) -> list[tuple[str, str]]:
+    for m in raw.get("models") or []:
+        if isinstance(m, dict) and (m.get("name") == model or model in (m.get("aliases") or [])):
+            return [(str(r.get("destination") or ""), str(r.get("url") or "?"))
+                    for r in m.get("replicas") or [] if isinstance(r, dict)]
+    raise _UsageError(f"model {model!r} is not in gateway config {path}")
+
+
+@app.command()
+def explain(
+    file: PolicyFile,
+    key: Annotated[str, typer.Option("--key", help="API key id.")],
+    model: Annotated[str | None, typer.Option(
+        "--model", help="Model name or alias (its replicas' destinations, from --config).")] = None,
+    data_class: Annotated[str | None, typer.Option(
+        "--class", help="Data class; with --config, a requested change of the key's default "
+        "(as the classification header would ask).")] = None,
+    team: Annotated[str | None, typer.Option("--team", help="The key's team.")] = None,
+    destinations: Annotated[list[str] | None, typer.Option(
+        "--destination", help="Destination id to evaluate (repeatable).")] = None,
+    config: Annotated[Path | None, typer.Option(
+        "--config", help="Gateway config YAML: keys[].team/data_class and the model's "
+        "replicas[].destination.")] = None,
+    as_json: JsonOpt = False,
+) -> int:
+    """Explain which destinations a request may go to, which rule decided, and why."""
+    policy = Policy.from_file(file)
+    default_class = data_class
+    header: str | None = None
+    pairs: list[tuple[str, str]] = [(d, "") for d in destinations or []]
+    if config is not None:
+        raw = _read_gateway_config(config)
+        entry = next((k for k in raw.get("keys") or []
+                      if isinstance(k, dict) and k.get("id") == key), None)
+        if entry is None:
+            raise _UsageError(f"key {key!r} is not in gateway config {config}")
+        team = team or entry.get("team")
+        default_class = str(entry.get("data_class") or "internal")
+        header = data_class
+        if model is not None:
+            pairs += _model_destinations(raw, model, config)
+    elif model is not None and not pairs:
+        raise _UsageError("--model needs --config (to find its replicas) or --destination")
+    if default_class is None:
+        raise _UsageError("give --class, or --config with the key's default data class")
+    principal = Principal(key, team)
+    resolved = policy.resolve_class(default_class, header, principal)
+    decisions: list[tuple[Decision, str]] = []
+    for dest_id, url in pairs or [(d.id, "") for d in policy.document.destinations
+                                  if d.purpose == "inference"]:
+        if not dest_id:
+            decisions.append((Decision(False, None, "replica has no policy destination",
+                                       policy.revision, ""), url))
+        else:
+            decisions.append((policy.evaluate(principal, resolved, dest_id), url))
+    allowed = [d for d, _ in decisions if d.allowed]
+    if as_json:
+        print(json.dumps({
+            "key": key, "team": team, "data_class": resolved, "model": model,
+            "revision": policy.revision, "allowed": [d.destination_id for d in allowed],
+            "decisions": [{**d.as_record(), "replica": url or None} for d, url in decisions],
+        }, indent=2))
+    else:
+        out = _out()
+        out.print(f"key {key} (team {team or '-'}), data class {resolved}, "
+                  f"policy {policy.revision}")
+        table = Table()
+        for col in ("destination", "replica", "decision", "rule", "reason"):
+            table.add_column(col)
+        for d, url in decisions:
+            table.add_row(d.destination_id or "-", url or "-",
+                          "[green]allow[/]" if d.allowed else "[red]deny[/]",
+                          d.rule_id or "(no rule matched)", d.reason)
+        out.print(table)
+        if not allowed:
+            out.print("[bold red]no destination allowed: the gateway answers 403[/]")
+    return 0 if allowed else 1
+
+
+class Format(enum.StrEnum):
+    """Output formats of ``policy networkpolicy``."""
+
+    NETWORKPOLICY = "networkpolicy"
+    CILIUM = "cilium"
+    HELM = "helm-values"
+
+
+def _labels(items: list[str] | None, option: str) -> dict[str, str] | None:
+    if not items:
+        return None
+    out: dict[str, str] = {}
+    for item in items:
+        k, sep, v = item.partition("=")
+        if not sep or not k:
+            raise _UsageError(f"{option} takes key=value, not {item!r}")
+        out[k] = v
+    return out
+
+
+def _system_resolve(host: str, port: int) -> list[str]:
+    return sorted({str(i[4][0]) for i in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)})
+
+
+@app.command(name="networkpolicy")
+def networkpolicy_cmd(
+    file: PolicyFile,
+    fmt: Annotated[Format, typer.Option(
+        "--format", help="networkpolicy (Kubernetes), cilium (toFQDNs) or helm-values.",
+    )] = Format.NETWORKPOLICY,
+    namespace: Annotated[str | None, typer.Option("--namespace", help="metadata.namespace")] = None,
+    pod_selector: Annotated[list[str] | None, typer.Option(
+        "--pod-selector", help="Gateway pod label k=v (repeatable).")] = None,
+    name: Annotated[str, typer.Option("--name", help="metadata.name")] = "sovereign-gateway-egress",
+    resolve: Annotated[bool, typer.Option(
+        "--resolve", help="Resolve hostname destinations now (a snapshot of DNS).")] = False,
+    dns_namespace: Annotated[str, typer.Option(
+        "--dns-namespace", help="Namespace of the cluster DNS.")] = "kube-system",
+    dns_label: Annotated[list[str] | None, typer.Option(
+        "--dns-label", help="Cluster DNS pod label k=v (repeatable).")] = None,
+) -> int:
+    """Render the destinations as Kubernetes egress rules (or Helm values) on stdout."""
+    policy = Policy.from_file(file)
+    resolver = _system_resolve if resolve else None
+    selector = _labels(pod_selector, "--pod-selector")
+    dns = _labels(dns_label, "--dns-label")
+    doc: dict[str, Any]
+    if fmt == Format.HELM:
+        doc = helm_values(policy, resolver)
+    elif fmt == Format.CILIUM:
+        doc = cilium_networkpolicy(policy, name=name, namespace=namespace, pod_selector=selector,
+                                   dns_namespace=dns_namespace, dns_labels=dns)
+    else:
+        doc = networkpolicy(policy, name=name, namespace=namespace, pod_selector=selector,
+                            resolve=resolver, dns_namespace=dns_namespace, dns_labels=dns)
+        fqdns = doc["metadata"]["annotations"].get("sovereign-gateway/unenforced-fqdns")
+        if fqdns:
+            print(f"policy: note: hostname destinations not enforced by this NetworkPolicy: "
+                  f"{fqdns} (use --resolve, resolves_to, or --format cilium)", file=sys.stderr)
+    sys.stdout.write(f"# generated by `policy networkpolicy` from {file} ({policy.revision})\n")
+    sys.stdout.write(yaml.safe_dump(doc, sort_keys=False, default_flow_style=False))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console entry point: the one error boundary of the policy CLI."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    verbose = "--verbose" in args or "-v" in args
+    try:
+        rv = app(args=args, prog_name="policy", standalone_mode=False)
+        return rv if isinstance(rv, int) else 0
+    except typer.Exit as exc:
+        return int(getattr(exc, "exit_code", 0))
+    except typer.Abort:
+        return 2
+    except typer.TyperException as exc:  # usage errors (typer vendors its own click)
+        show = getattr(exc, "show", None)
+        if callable(show):
+            show()
+        else:
+            print(f"policy: error: {exc}", file=sys.stderr)
+        return 2
+    except (PolicyError, _UsageError) as exc:
+        if verbose:
+            traceback.print_exc()
+        code = 2
+        if isinstance(exc, PolicyFileError):
+            code = 2 if exc.code == "policy_unreadable" else 1
+        elif isinstance(exc, RenderError | PolicyError) and not isinstance(exc, UnknownDataClass):
+            code = 1
+        print(f"policy: error: {exc}", file=sys.stderr)
+        return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

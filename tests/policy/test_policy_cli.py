@@ -1,0 +1,238 @@
+"""The ``policy`` CLI through its real entry point (error boundary and exit codes included)."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+from conftest import BASE
+
+from policy import Policy, RenderError
+from policy.cli import main
+from policy.render import helm_values, networkpolicy
+
+ROOT = Path(__file__).resolve().parents[2]
+HELM_VALUES = ROOT / "tests" / "helm" / "values"
+CHART = ROOT / "helm" / "sovereign-gateway"
+
+
+@pytest.fixture
+def policy_file(tmp_path: Path) -> Path:
+    path = tmp_path / "policy.yaml"
+    path.write_text(BASE)
+    return path
+
+
+def _run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = main([*args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_check_ok_prints_summary(policy_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _run(capsys, "check", str(policy_file))
+    assert code == 0
+    assert Policy.from_file(policy_file).revision in out
+    for word in ("vllm-eu-a", "provider-us", "non-EU", "sensitive-eu-no-retention", "deny"):
+        assert word in out
+
+
+def test_check_json(policy_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _run(capsys, "check", str(policy_file), "--json")
+    data = json.loads(out)
+    assert code == 0 and data["ok"] is True
+    assert data["destinations_by_jurisdiction"] == {
+        "EU": {"eu-de-1": ["vllm-eu-a", "audit-db"], "eu-fr-1": ["vllm-eu-b"]},
+        "non-EU": {"us-east-1": ["provider-us"]},
+    }
+    assert [r["id"] for r in data["rules"]] == [
+        "block-contractor", "sensitive-eu-no-retention", "internal-eu", "public-anywhere"]
+
+
+def test_check_invalid_policy_exits_1_naming_file_line_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(BASE.replace("effect: deny", "effect: block"))
+    code, out, err = _run(capsys, "check", str(bad))
+    line = BASE.splitlines().index("    effect: deny") + 1
+    assert code == 1 and out == ""
+    assert err.startswith(f"policy: error: {bad}:{line}: rules[0].effect: ")
+    assert len(err.strip().splitlines()) == 1  # one clear line, no traceback
+
+
+def test_unreadable_file_and_usage_errors_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert _run(capsys, "check", str(tmp_path / "missing.yaml"))[0] == 2
+    assert _run(capsys, "check")[0] == 2
+    assert _run(capsys, "frobnicate")[0] == 2
+
+
+def test_unsafe_allow_all_is_shouted(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    p = tmp_path / "dev.yaml"
+    p.write_text(BASE + "unsafe_allow_all: true\n")
+    code, out, _ = _run(capsys, "check", str(p))
+    assert code == 0 and "WARNING: unsafe_allow_all is on" in out
+
+
+# --- explain -----------------------------------------------------------------------------------
+
+GATEWAY = textwrap.dedent(
+    """\
+    models:
+      - name: llama
+        aliases: [default]
+        replicas:
+          - {url: http://10.20.0.11:8000, destination: vllm-eu-a}
+          - {url: http://10.20.0.12:8000, destination: vllm-eu-b}
+          - {url: http://10.20.0.13:8000}
+    keys:
+      - {id: k-conf, sha256: x, team: engineering, data_class: confidential}
+      - {id: k-r, sha256: x, team: research, data_class: confidential}
+      - {id: k-default, sha256: x}
+    """
+)
+
+
+@pytest.fixture
+def gateway_file(tmp_path: Path) -> Path:
+    path = tmp_path / "gateway.yaml"
+    path.write_text(GATEWAY)
+    return path
+
+
+def test_explain_from_gateway_config(
+    policy_file: Path, gateway_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = _run(capsys, "explain", str(policy_file), "--key", "k-conf", "--model",
+                        "default", "--config", str(gateway_file), "--json")
+    data = json.loads(out)
+    assert code == 0
+    assert (data["data_class"], data["team"], data["allowed"]) == (
+        "confidential", "engineering", ["vllm-eu-a"])
+    got = [(d["destination"], d["decision"], d["rule_id"], d["replica"]) for d in data["decisions"]]
+    assert got == [
+        ("vllm-eu-a", "allow", "sensitive-eu-no-retention", "http://10.20.0.11:8000"),
+        ("vllm-eu-b", "deny", "sensitive-eu-no-retention", "http://10.20.0.12:8000"),
+        ("", "deny", None, "http://10.20.0.13:8000"),
+    ]
+    assert "lacks no-retention" in data["decisions"][1]["reason"]
+
+
+def test_explain_class_change_needs_a_grant(
+    policy_file: Path, gateway_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = ["explain", str(policy_file), "--model", "llama", "--config", str(gateway_file)]
+    code, _, err = _run(capsys, *base, "--key", "k-conf", "--class", "public")
+    assert code == 1 and "may not lower its data class" in err
+    code, out, _ = _run(capsys, *base, "--key", "k-r", "--class", "internal", "--json")
+    assert code == 0 and json.loads(out)["allowed"] == ["vllm-eu-a", "vllm-eu-b"]
+    code, out, _ = _run(capsys, *base, "--key", "k-default", "--json")
+    assert json.loads(out)["data_class"] == "internal"  # the gateway's default
+
+
+def test_explain_without_config_nothing_allowed_exits_1(
+    policy_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = _run(capsys, "explain", str(policy_file), "--key", "k", "--team",
+                        "contractors", "--class", "public", "--destination", "vllm-eu-a",
+                        "--destination", "provider-us")
+    assert code == 1
+    assert "block-contractor" in out and "the gateway answers 403" in out
+    code, out, _ = _run(capsys, "explain", str(policy_file), "--key", "k", "--class", "public")
+    assert code == 0 and out.count("allowed by rule public-anywhere") == 3
+
+
+def test_explain_usage_errors(
+    policy_file: Path, gateway_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert _run(capsys, "explain", str(policy_file), "--key", "k")[0] == 2  # no class
+    code, _, err = _run(capsys, "explain", str(policy_file), "--key", "nobody", "--config",
+                        str(gateway_file))
+    assert code == 2 and "key 'nobody' is not in gateway config" in err
+    code, _, err = _run(capsys, "explain", str(policy_file), "--key", "k", "--class", "secret")
+    assert code == 2 and "not defined" in err
+
+
+# --- networkpolicy -----------------------------------------------------------------------------
+
+def test_helm_values_match_the_chart_contract(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _run(capsys, "networkpolicy", str(HELM_VALUES / "policy.yaml"),
+                        "--format", "helm-values")
+    assert code == 0
+    rendered = yaml.safe_load(out)
+    # The chart's own test values record what this command prints for its policy.
+    expected = yaml.safe_load((HELM_VALUES / "default.yaml").read_text())["egress"]
+    assert rendered == {"egress": expected}
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    sub = {**schema["properties"]["egress"], "$defs": schema.get("$defs", {})}
+    jsonschema.validate(rendered["egress"], sub)
+
+
+def test_networkpolicy_is_valid_kubernetes(
+    policy_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = _run(capsys, "networkpolicy", str(policy_file), "--namespace", "sg",
+                          "--pod-selector", "app=gw", "--pod-selector", "tier=edge")
+    doc = yaml.safe_load(out)
+    assert code == 0
+    kubernetes_validate.validate(doc, kubernetes_validate.utils.latest_version(), strict=True)
+    spec = doc["spec"]
+    assert spec["podSelector"] == {"matchLabels": {"app": "gw", "tier": "edge"}}
+    assert spec["policyTypes"] == ["Egress"]
+    blocks = [(t["ipBlock"]["cidr"], [p["port"] for p in r["ports"]])
+              for r in spec["egress"] for t in r["to"] if "ipBlock" in t]
+    assert blocks == [("10.30.0.5/32", [5432]), ("10.20.0.11/32", [8000]),
+                      ("10.20.0.12/32", [8000])]
+    # The hostname destination cannot be expressed without resolving: it is named, not dropped.
+    assert doc["metadata"]["annotations"]["sovereign-gateway/unenforced-fqdns"] == (
+        "api.provider.example:443")
+    assert "api.provider.example:443" in err and "--format cilium" in err
+    assert "0.0.0.0/0" not in out and "::/0" not in out
+
+
+def test_networkpolicy_resolve_snapshots_hostnames(policy_file: Path) -> None:
+    doc = networkpolicy(Policy.from_file(policy_file),
+                        resolve=lambda host, port: ["203.0.113.7", "2001:db8::7"])
+    cidrs = [t["ipBlock"]["cidr"] for r in doc["spec"]["egress"] for t in r["to"]
+             if "ipBlock" in t]
+    assert "203.0.113.7/32" in cidrs and "2001:db8::7/128" in cidrs
+    assert "sovereign-gateway/unenforced-fqdns" not in doc["metadata"]["annotations"]
+    with pytest.raises(RenderError, match="cloud metadata"):
+        networkpolicy(Policy.from_file(policy_file), resolve=lambda h, p: ["169.254.169.254"])
+
+
+def test_cilium_variant_uses_fqdns(policy_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _run(capsys, "networkpolicy", str(policy_file), "--format", "cilium")
+    doc = yaml.safe_load(out)
+    assert code == 0 and doc["kind"] == "CiliumNetworkPolicy"
+    rules: list[dict[str, Any]] = doc["spec"]["egress"]
+    assert {"toFQDNs": [{"matchName": "api.provider.example"}],
+            "toPorts": [{"ports": [{"port": "443", "protocol": "TCP"}]}]} in rules
+    dns = next(r for r in rules if "toEndpoints" in r)
+    assert dns["toPorts"][0]["rules"]["dns"] == [{"matchName": "api.provider.example"}]
+
+
+def test_any_address_is_refused_with_a_clear_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    p = tmp_path / "wide.yaml"
+    p.write_text(BASE.replace("url: http://10.20.0.11:8000", "cidr: 0.0.0.0/0\n    ports: [443]"))
+    code, out, err = _run(capsys, "networkpolicy", str(p), "--format", "helm-values")
+    assert code == 1 and out == ""
+    assert "destinations[0]: a destination may not cover every address (/0)" in err
+    # Defence in depth: a document that bypassed validation is still refused by the renderer.
+    policy = Policy.from_text(BASE)
+    wide = policy.document.destinations[0].model_copy()
+    object.__setattr__(wide, "_endpoint", type(wide.endpoint)(
+        None, __import__("ipaddress").ip_network("::/0"), frozenset({443}), (), None))
+    doc = policy.document.model_copy(update={"destinations": [wide]})
+    with pytest.raises(RenderError, match="would allow every address"):
+        helm_values(Policy(doc, policy.revision))
