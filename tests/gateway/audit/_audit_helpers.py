@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,9 @@ def raw_sql(url: str, sql: str, *args: Any) -> list[Sequence[Any]]:
         finally:
             await conn.close()
 
-    return asyncio.run(run())
+    # A fresh loop on a worker thread, so this also works inside a running event loop.
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, run()).result()
 
 
 def write_log(
