@@ -127,7 +127,10 @@ def one(objs: Iterable[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
     return found[0]
 
 
-def pod_specs(objs: Iterable[dict[str, Any]]) -> Iterator[tuple[str, dict[str, Any], dict[str, Any]]]:
+PodView = tuple[str, dict[str, Any], dict[str, Any]]
+
+
+def pod_specs(objs: Iterable[dict[str, Any]]) -> Iterator[PodView]:
     """Yield (object name, pod labels, pod spec) for every workload and bare Pod."""
     for o in objs:
         if o["kind"] in WORKLOAD_KINDS:

@@ -98,7 +98,8 @@ def test_destination_without_ports_is_refused(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("override", [{"replicaCount": 3}, {"autoscaling": {"enabled": True}}])
-def test_several_replicas_on_sqlite_are_refused(tmp_path: Path, override: dict[str, object]) -> None:
+def test_several_replicas_on_sqlite_are_refused(
+        tmp_path: Path, override: dict[str, object]) -> None:
     err = h.refuse(DEFAULT, _values(tmp_path, override))
     assert "at '/audit/store/type': value must be 'postgresql'" in err
 

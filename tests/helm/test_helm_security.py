@@ -157,7 +157,7 @@ def _container_hardened(name: str, pod: dict[str, Any], c: dict[str, Any]) -> No
     assert seccomp.get("type") == "RuntimeDefault", where
     for kind in ("requests", "limits"):
         assert {"cpu", "memory"} <= set(c.get("resources", {}).get(kind, {})), f"{where} {kind}"
-    tmp = [m for m in c.get("volumeMounts", []) if m["mountPath"] == "/tmp"]
+    tmp = [m for m in c.get("volumeMounts", []) if m["mountPath"] == "/tmp"]  # noqa: S108
     if sc.get("readOnlyRootFilesystem") and c["name"] != "readyz-and-models":
         assert tmp, f"{where}: no writable /tmp"
         vol = next(v for v in pod["volumes"] if v["name"] == tmp[0]["name"])
