@@ -12,7 +12,9 @@ huggingface_hub exceptions are mapped to :mod:`weights.errors` at this boundary.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+import time
 import types
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -29,6 +31,8 @@ from weights.errors import (
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 
+_log = logging.getLogger(__name__)
+
 ProgressCallback = Callable[[int], None]
 
 
@@ -36,6 +40,8 @@ def _hf() -> types.ModuleType:
     """Import huggingface_hub with telemetry off (set before its constants are read)."""
     os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
     import huggingface_hub
+    import huggingface_hub.errors
+    import huggingface_hub.utils
 
     return huggingface_hub
 
@@ -112,26 +118,6 @@ def _mapped(what: str, endpoint: str) -> Iterator[None]:
         raise HubError(f"{what}: {exc}") from exc
 
 
-def _progress_tqdm(hf: types.ModuleType, callback: ProgressCallback | None) -> type[Any]:
-    """A silent huggingface_hub tqdm subclass forwarding byte counts to ``callback``."""
-    base: type[Any] = hf.utils.tqdm
-
-    class _Forward(base):  # type: ignore[misc]
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            kwargs["disable"] = True
-            super().__init__(*args, **kwargs)
-            initial = int(kwargs.get("initial") or 0)
-            if callback is not None and initial:
-                callback(initial)
-
-        def update(self, n: float | None = 1) -> bool | None:
-            if callback is not None and n:
-                callback(int(n))
-            return None
-
-    return _Forward
-
-
 class HubClient:
     """Talks to one hub endpoint with one token.
 
@@ -184,36 +170,97 @@ class HubClient:
             gated=bool(info.gated),
         )
 
-    def download(
+    def fetch(
         self,
         repo_id: str,
         path: str,
         commit: str,
-        staging: Path,
+        part: Path,
+        size: int,
         progress: ProgressCallback | None = None,
+        max_retries: int = 5,
     ) -> Path:
-        """Download one file of ``commit`` into the private cache ``staging``; return the blob.
+        """Download one file of ``commit`` into ``part``, resuming whatever ``part`` holds.
 
-        huggingface_hub resumes from ``blobs/<id>.incomplete`` when a previous attempt was cut
-        and retries dropped connections with ``Range`` requests. It checks only the size: the
-        caller must verify the digests before moving the blob anywhere visible.
+        Uses huggingface_hub's URL scheme, headers, HTTP session and error mapping. An existing
+        ``part`` is continued with ``Range: bytes=<len>-`` (also across runs); a dropped
+        connection is retried from the last byte written, up to ``max_retries`` times without
+        progress. The content is NOT verified here (huggingface_hub checks only sizes either):
+        the caller hashes ``part`` before moving it anywhere visible.
+
+        Args:
+            repo_id: Repository.
+            path: File path in the repository.
+            commit: 40-hex commit SHA (never a branch: what is pinned is what is fetched).
+            part: Partial file to create or continue.
+            size: Expected size in bytes (from the lock).
+            progress: Byte-count callback (resumed bytes are reported once, first).
+            max_retries: Consecutive failed attempts tolerated.
+
+        Returns:
+            ``part``, now ``size`` bytes long.
 
         Raises:
             FileNotOnHubError, GatedRepoError, RepoNotFoundError, HubError.
         """
         hf = _hf()
-        with _mapped(f"{repo_id}/{path}@{commit[:12]}", self.endpoint):
-            link = hf.hf_hub_download(
-                repo_id,
-                path,
-                revision=commit,
-                cache_dir=staging,
-                endpoint=self.endpoint,
-                token=self.token,
-                etag_timeout=self.timeout_s,
-                tqdm_class=_progress_tqdm(hf, progress),
-            )
-        return Path(link).resolve()
+        import httpx2
+
+        url = hf.hf_hub_url(repo_id, path, revision=commit, endpoint=self.endpoint)
+        part.parent.mkdir(parents=True, exist_ok=True)
+        if part.exists() and part.stat().st_size > size:
+            part.unlink()
+        if not part.exists():
+            part.touch()
+        have = part.stat().st_size
+        if progress is not None and have:
+            progress(have)
+        failures = 0
+        what = f"{repo_id}/{path}@{commit[:12]}"
+        with _mapped(what, self.endpoint):
+            while have < size:
+                headers = hf.utils.build_hf_headers(token=self.token)
+                headers["Accept-Encoding"] = "identity"
+                if have:
+                    headers["Range"] = f"bytes={have}-"
+                before = have
+                try:
+                    with hf.utils.get_session().stream(
+                        "GET", url, headers=headers, timeout=self.timeout_s,
+                        follow_redirects=True,
+                    ) as response:
+                        hf.utils.hf_raise_for_status(response)
+                        served = response.headers.get("X-Repo-Commit")
+                        if served is not None and served != commit:
+                            raise HubError(f"{what}: hub served commit {served}")
+                        if have and response.status_code != 206:
+                            # Range ignored: start over rather than append a second copy.
+                            if progress is not None:
+                                progress(-have)
+                            have = 0
+                        with open(part, "r+b") as fh:
+                            fh.seek(have)
+                            fh.truncate()
+                            for chunk in response.iter_bytes():
+                                fh.write(chunk)
+                                have += len(chunk)
+                                if progress is not None:
+                                    progress(len(chunk))
+                            fh.flush()
+                            os.fsync(fh.fileno())
+                except (httpx2.TransportError, httpx2.TimeoutException) as exc:
+                    have = part.stat().st_size
+                    failures = 0 if have > before else failures + 1
+                    if failures > max_retries:
+                        raise HubError(f"{what}: download failed at byte {have}: {exc}",
+                                       hint="run the same command again to resume") from exc
+                    _log.warning("%s: connection lost at byte %d (%s); resuming", what, have, exc)
+                    time.sleep(0.2 * failures)
+                    continue
+                if have != size:
+                    if have > size or have == before:
+                        raise HubError(f"{what}: hub sent {have} bytes, lock says {size}")
+        return part
 
     def read_range(self, repo_id: str, revision: str, path: str, start: int, length: int) -> bytes:
         """Read ``length`` bytes at ``start`` of a file with an HTTP Range request.

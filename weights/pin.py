@@ -128,7 +128,7 @@ def _lock_file(
     if rf.lfs_sha256 is not None:
         return LockedFile(path=rf.path, size=rf.size, sha256=rf.lfs_sha256, git_sha1=None,
                           lfs=True)
-    blob = hub.download(snap.repo_id, rf.path, snap.commit, staging, progress)
+    blob = hub.fetch(snap.repo_id, rf.path, snap.commit, staging / rf.git_oid, rf.size, progress)
     d = digest_file(blob)
     if d.size != rf.size:
         raise DigestMismatchError(rf.path, f"size:{rf.size}", f"size:{d.size}")

@@ -8,9 +8,10 @@ and only then renamed into place:
 * ``--cache DIR``: the Hugging Face cache layout (``blobs/``, ``snapshots/<commit>/``,
   ``refs/<revision>``), loadable by repo id with ``HF_HUB_OFFLINE=1``.
 
-An interrupted download resumes: huggingface_hub keeps ``blobs/<id>.incomplete`` in the
-staging cache and continues with an HTTP Range request, both after a dropped connection within
-one run and on the next run. A file that fails verification is deleted from staging and the
+An interrupted download resumes: the staging area keeps ``<blob_id>.part`` files and the
+download continues with an HTTP Range request, both after a dropped connection within one run
+and on the next run (huggingface_hub 2.x discards partial files, so this is done here with its
+session and URL scheme). A file that fails verification is deleted from staging and the
 pull fails with its name and both digests.
 """
 
@@ -22,7 +23,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from weights.cache import hf_cache_paths, install_blob, link_snapshot_file, write_ref
+from weights.cache import (
+    hf_cache_paths,
+    install_blob,
+    link_snapshot_file,
+    repo_folder_name,
+    write_ref,
+)
 from weights.digests import ProgressCallback
 from weights.errors import CacheLayoutError, DigestMismatchError, WeightsError
 from weights.hub import HubClient
@@ -54,6 +61,12 @@ class PullResult:
     downloaded: list[str] = field(default_factory=list)
     reused: list[str] = field(default_factory=list)
     bytes_downloaded: int = 0
+
+
+def staging_part(staging: Path, entry: LockEntry, locked: LockedFile) -> Path:
+    """Partial-download path of a pinned file in the staging area (named by content id, so a
+    resumed part can only continue the same bytes; verification catches anything else)."""
+    return staging / repo_folder_name(entry.repo_id) / f"{locked.blob_id}.part"
 
 
 def _inside(root: Path, path: Path) -> Path:
@@ -139,7 +152,8 @@ def pull_entry(
             if on_file is not None:
                 on_file(locked, "reused")
             continue
-        blob = hub.download(entry.repo_id, locked.path, entry.commit, staging, progress)
+        blob = hub.fetch(entry.repo_id, locked.path, entry.commit,
+                         staging_part(staging, entry, locked), locked.size, progress)
         _verify_staged(blob, locked)
         try:
             if into is not None:
