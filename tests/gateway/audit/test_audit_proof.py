@@ -1,0 +1,153 @@
+"""Inclusion proofs: checked by an independent RFC 6962 implementation written here."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _audit_helpers import write_log
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+from typer.testing import CliRunner
+
+from gateway.audit import (
+    AuditLog,
+    NotSealedError,
+    ProofError,
+    RecordNotFound,
+    Signer,
+    open_store,
+    prove,
+    verify_proof,
+)
+from gateway.cli.audit import app
+
+
+def _h(data: bytes) -> bytes:
+    return hashlib.sha256(data).digest()
+
+
+def independent_root(index: int, size: int, leaf: bytes, path: list[bytes]) -> bytes:
+    """Rebuild the root from an RFC 6962 audit path, recursively (not the RFC 9162 loop)."""
+    if size == 1:
+        assert not path
+        return leaf
+    k = 1 << ((size - 1).bit_length() - 1)
+    if index < k:
+        return _h(b"\x01" + independent_root(index, k, leaf, path[:-1]) + path[-1])
+    return _h(b"\x01" + path[-1] + independent_root(index - k, size - k, leaf, path[:-1]))
+
+
+def independent_check(entry: dict[str, Any], public_key: bytes, key_name: str) -> dict[str, Any]:
+    """Third-party check of one proof entry with nothing but the public key."""
+    note = entry["checkpoint"]
+    text, sigs = note.split("\n\n")
+    dash, name, b64 = sigs.strip("\n").split(" ")
+    assert dash == "\u2014" and name == key_name
+    raw = base64.b64decode(b64)
+    assert raw[:4] == _h(key_name.encode() + b"\n\x01" + public_key)[:4]
+    Ed25519PublicKey.from_public_bytes(public_key).verify(raw[4:], (text + "\n").encode())
+    origin, size, root_b64 = text.split("\n")
+    record = entry["record"].encode()
+    leaf = _h(b"\x00" + record)
+    path = [base64.b64decode(p) for p in entry["proof"]]
+    assert independent_root(entry["index"], int(size), leaf, path) == base64.b64decode(root_b64)
+    obj: dict[str, Any] = json.loads(record)
+    assert obj["chain"] == origin and obj["seq"] == entry["index"]
+    return obj
+
+
+def make_bundle(url: str, request_id: str) -> dict[str, Any]:
+    async def run() -> dict[str, Any]:
+        store = open_store(url, read_only=True)
+        await store.open()
+        try:
+            return await prove(store, request_id)
+        finally:
+            await store.close()
+
+    return asyncio.run(run())
+
+
+def test_proof_verifies_independently(store_url: str, signer: Signer) -> None:
+    write_log(store_url, signer, 37)
+    for rid in ("req-0", "req-17", "req-36"):
+        bundle = make_bundle(store_url, rid)
+        [entry] = bundle["entries"]
+        obj = independent_check(entry, signer.verifier.public_key, signer.name)
+        assert obj["data"]["request_id"] == rid
+        assert verify_proof(bundle, [signer.verifier]) == [obj]
+
+
+def test_tampered_proofs_are_rejected(tmp_path: Path, signer: Signer) -> None:
+    url = f"sqlite://{tmp_path / 'a.db'}"
+    write_log(url, signer, 20)
+    bundle = make_bundle(url, "req-9")
+    entry = bundle["entries"][0]
+    with pytest.raises(ProofError, match="not signed by a trusted key"):
+        verify_proof(bundle, [Signer.generate(signer.name).verifier])
+    forged = json.loads(json.dumps(bundle))
+    forged["entries"][0]["record"] = entry["record"].replace("req-9", "req-8")
+    forged["request_id"] = "req-8"
+    with pytest.raises(ProofError, match="does not lead to the checkpoint root"):
+        verify_proof(forged, [signer.verifier])
+    moved = json.loads(json.dumps(bundle))
+    moved["entries"][0]["proof"] = list(reversed(entry["proof"]))
+    with pytest.raises(ProofError):
+        verify_proof(moved, [signer.verifier])
+
+
+def test_unsealed_and_unknown_records(tmp_path: Path, signer: Signer) -> None:
+    url = f"sqlite://{tmp_path / 'a.db'}"
+
+    async def run() -> None:
+        log = AuditLog(open_store(url), signer, replica_id="r1", checkpoint_every_s=3600)
+        await log.start()
+        await log.append({"type": "request.started", "request_id": "fresh"})
+        with pytest.raises(NotSealedError, match="not sealed"):
+            await prove(log.store, "fresh")
+        with pytest.raises(RecordNotFound):
+            await prove(log.store, "never")
+        await log.checkpoint()
+        bundle = await prove(log.store, "fresh")
+        assert verify_proof(bundle, [signer.verifier])[0]["data"]["request_id"] == "fresh"
+        await log.close()
+
+    asyncio.run(run())
+
+
+def test_cli_prove_verify_export_tail(tmp_path: Path, signer: Signer) -> None:
+    url = f"sqlite://{tmp_path / 'a.db'}"
+    chain = write_log(url, signer, 12)
+    pub = tmp_path / "audit.pub"
+    pub.write_text(signer.verifier.vkey + "\n")
+    runner = CliRunner()
+    out = tmp_path / "proof.json"
+    res = runner.invoke(app, ["prove", "req-3", "--store", url, "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    res = runner.invoke(app, ["verify-proof", str(out), "--public-key", str(pub)])
+    assert res.exit_code == 0 and f"OK {chain}#4 request.started" in res.output
+    doc = json.loads(out.read_text())
+    doc["entries"][0]["record"] = doc["entries"][0]["record"].replace('"v":1', '"v":2')
+    out.write_text(json.dumps(doc))
+    res = runner.invoke(app, ["verify-proof", str(out), "--public-key", str(pub), "--json"])
+    assert res.exit_code == 1 and json.loads(res.output.splitlines()[0])["ok"] is False
+
+    res = runner.invoke(app, ["export", "--store", url, "--since", "2000-01-01T00:00:00"])
+    lines = [json.loads(line) for line in res.output.splitlines()]
+    assert res.exit_code == 0 and [x["seq"] for x in lines] == list(range(14))
+    res = runner.invoke(app, ["export", "--store", url, "--until", "2000-01-01"])
+    assert res.exit_code == 0 and res.output == ""
+    res = runner.invoke(app, ["tail", "--store", url, "-n", "2"])
+    assert res.exit_code == 0
+    assert [line.split()[2] for line in res.output.splitlines()] == [
+        "request.started",
+        "chain.closed",
+    ]
+    assert "request_id=req-11" in res.output
+    res = runner.invoke(app, ["prove", "nope", "--store", url])
+    assert res.exit_code == 2 and "audit_not_found" in res.output
