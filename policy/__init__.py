@@ -26,9 +26,11 @@ from .errors import (
 )
 from .evaluate import UNSAFE_RULE_ID, Decision, Policy, Principal
 from .guard import SELF_TEST_TARGET, EgressEvent, EgressGuard
+from .providers import LITELLM_OFFLINE_ENV, import_litellm, litellm_env
 from .transport import PolicyResolver, make_connector, make_session
 
 __all__ = [
+    "LITELLM_OFFLINE_ENV",
     "SELF_TEST_TARGET",
     "UNSAFE_RULE_ID",
     "ClassChangeForbidden",
@@ -50,6 +52,8 @@ __all__ = [
     "UnknownDataClass",
     "UnknownDestination",
     "Verdict",
+    "import_litellm",
+    "litellm_env",
     "make_connector",
     "make_session",
 ]
