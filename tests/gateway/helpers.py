@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 
 from gateway.app import create_app
+from gateway.records import RequestRecord
 from gateway.settings import GatewaySettings, parse
 from vllm_sim import SimConfig
 from vllm_sim import create_app as create_sim
@@ -99,3 +100,17 @@ def sse_events(raw: bytes) -> list[Any]:
                 payload = line[5:].strip()
                 out.append("[DONE]" if payload == b"[DONE]" else json.loads(payload))
     return out
+
+
+class Recorder:
+    """A request observer that keeps what it saw."""
+
+    def __init__(self) -> None:
+        self.started: list[RequestRecord] = []
+        self.ended: list[RequestRecord] = []
+
+    async def on_start(self, record: RequestRecord) -> None:
+        self.started.append(record)
+
+    async def on_end(self, record: RequestRecord) -> None:
+        self.ended.append(record)

@@ -10,10 +10,10 @@ import httpx
 import openai
 import pytest
 
-from gateway.records import RequestRecord
 from tests.gateway.helpers import (
     KEY_A,
     KEY_B,
+    Recorder,
     SERVED,
     Sim,
     settings,
@@ -43,20 +43,6 @@ SCHEMA: Any = {
 }
 
 
-class Recorder:
-    """A request observer that keeps the final records."""
-
-    def __init__(self) -> None:
-        self.started: list[str] = []
-        self.ended: list[RequestRecord] = []
-
-    async def on_start(self, record: RequestRecord) -> None:
-        self.started.append(record.request_id)
-
-    async def on_end(self, record: RequestRecord) -> None:
-        self.ended.append(record)
-
-
 @pytest.fixture
 def recorder() -> Recorder:
     return Recorder()
@@ -83,7 +69,7 @@ def test_chat_non_stream(sdk: openai.OpenAI, sim: Sim, recorder: Recorder) -> No
     assert (rec.status, rec.outcome, rec.key_id, rec.team) == (200, "ok", "team-a", "a")
     assert (rec.input_tokens, rec.output_tokens) == (r.usage.prompt_tokens, 5)
     assert rec.served_model == SERVED and rec.replica_url == sim.url
-    assert recorder.started == [rec.request_id]
+    assert [r.request_id for r in recorder.started] == [rec.request_id]
 
 
 def test_alias_resolves(sdk: openai.OpenAI, sim: Sim) -> None:

@@ -1,0 +1,417 @@
+"""Each relay rule of issue 2, tested so that it fails if the rule breaks."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from gateway.errors import ServiceUnavailable
+from gateway.records import RequestRecord
+from tests.conftest import free_port
+from tests.gateway.helpers import (
+    BACKEND_KEY,
+    KEY_A,
+    KEY_B,
+    Recorder,
+    Sim,
+    settings,
+    sse_events,
+    start_gateway,
+    start_sim,
+)
+
+MESSAGES: Any = [{"role": "user", "content": "hi"}]
+CHAT = {"model": "llama-3.1-8b", "messages": MESSAGES}
+AUTH_A = {"authorization": f"Bearer {KEY_A}"}
+
+
+def sdk(url: str, key: str = KEY_A) -> openai.OpenAI:
+    return openai.OpenAI(base_url=url + "/v1", api_key=key, max_retries=0, timeout=20)
+
+
+def wait_for(pred: Callable[[], bool], timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(0.02)
+    return pred()
+
+
+# --- credentials and headers -------------------------------------------------------------
+
+
+def test_client_credentials_never_reach_backend(serve_asgi: Any, sim: Sim) -> None:
+    gw = start_gateway(serve_asgi, settings([sim.url]))
+    r = httpx.post(
+        gw + "/v1/chat/completions",
+        json=CHAT,
+        headers={
+            **AUTH_A,
+            "cookie": "session=s3cr3t",
+            "proxy-authorization": "Basic Zm9vOmJhcg==",
+            "x-api-key": KEY_A,
+            "x-forwarded-for": "203.0.113.9",
+            "x-custom": "nope",
+            "connection": "keep-alive, x-custom",
+            "traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+        },
+    )
+    assert r.status_code == 200
+    headers = sim.stats()["last_headers"]
+    assert headers["authorization"] == f"Bearer {BACKEND_KEY}"
+    for name in ("cookie", "proxy-authorization", "x-api-key", "x-forwarded-for", "x-custom"):
+        assert name not in headers
+    assert KEY_A not in repr(headers) and "s3cr3t" not in repr(headers)
+    assert headers["traceparent"].startswith("00-0af7651916cd43dd")
+    assert headers["x-request-id"] == r.headers["x-request-id"]
+    assert "x-simulator" not in r.headers  # backend response headers are allow-listed too
+
+
+def test_replica_without_credential_gets_no_authorization(serve_asgi: Any, sim: Sim) -> None:
+    gw = start_gateway(serve_asgi, settings([sim.url]))
+    sdk(gw, KEY_B).chat.completions.create(model="other-model", messages=MESSAGES)
+    headers = sim.stats()["last_headers"]
+    assert "authorization" not in headers
+    assert KEY_B not in repr(headers)
+
+
+# --- error shapes before forwarding ------------------------------------------------------
+
+
+def _shape(r: httpx.Response, status: int, code: str) -> dict[str, Any]:
+    assert r.status_code == status, r.text
+    body = r.json()
+    assert set(body) == {"error"}
+    assert set(body["error"]) == {"message", "type", "param", "code"}
+    assert body["error"]["code"] == code
+    assert r.headers["x-request-id"]
+    return dict(body["error"])
+
+
+@pytest.fixture
+def small_gw(serve_asgi: Any, sim: Sim) -> str:
+    return start_gateway(serve_asgi, settings([sim.url], limits={"max_body_bytes": 1024}))
+
+
+def test_401_same_body_for_every_failure(small_gw: str, sim: Sim) -> None:
+    url = small_gw + "/v1/chat/completions"
+    bodies = []
+    for headers in ({}, {"authorization": "Bearer wrong"}, {"authorization": f"Basic {KEY_A}"},
+                    {"authorization": f"Bearer {KEY_A}x"}):
+        r = httpx.post(url, json=CHAT, headers=headers)
+        bodies.append(_shape(r, 401, "invalid_api_key"))
+        assert r.headers["www-authenticate"].startswith("Bearer")
+    assert all(b == bodies[0] for b in bodies)
+    with pytest.raises(openai.AuthenticationError):
+        sdk(small_gw, "wrong").chat.completions.create(model="llama-3.1-8b", messages=MESSAGES)
+    assert sim.stats()["received"] == 0
+
+
+def test_403_404_400_405(small_gw: str, sim: Sim) -> None:
+    url = small_gw + "/v1/chat/completions"
+    err = _shape(httpx.post(url, json={**CHAT, "model": "other-model"}, headers=AUTH_A),
+                 403, "model_not_allowed")
+    assert err["param"] == "model" and err["type"] == "permission_error"
+    _shape(httpx.post(url, json={**CHAT, "model": "gpt-4"}, headers=AUTH_A),
+           404, "model_not_found")
+    err = _shape(httpx.post(url, content=b'{"model": "llama-3.1-8b",\n "x": }', headers=AUTH_A),
+                 400, "invalid_json")
+    assert "line 2 column 7 (char 32)" in err["message"]
+    _shape(httpx.post(url, json={"messages": MESSAGES}, headers=AUTH_A), 400, "invalid_request")
+    _shape(httpx.get(url, headers=AUTH_A), 405, "method_not_allowed")
+    with pytest.raises(openai.PermissionDeniedError):
+        sdk(small_gw).chat.completions.create(model="other-model", messages=MESSAGES)
+    with pytest.raises(openai.NotFoundError):
+        sdk(small_gw).chat.completions.create(model="nope", messages=MESSAGES)
+    assert sim.stats()["received"] == 0
+
+
+def test_413_declared_length_refused_before_reading(small_gw: str, sim: Sim) -> None:
+    """Content-Length over the limit: 413 although the body was never sent."""
+    port = int(small_gw.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n"
+                  b"authorization: Bearer " + KEY_A.encode() + b"\r\n"
+                  b"content-type: application/json\r\ncontent-length: 50000000\r\n\r\n")
+        data = b""
+        while b"\r\n\r\n" not in data or not data.rstrip().endswith(b"}"):
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    assert data.startswith(b"HTTP/1.1 413"), data[:200]
+    assert b'"code":"request_too_large"' in data
+    assert sim.stats()["received"] == 0
+
+
+def test_413_streamed_body_without_length(small_gw: str, sim: Sim) -> None:
+    def body() -> Any:
+        yield b'{"model": "llama-3.1-8b", "messages": [{"role": "user", "content": "'
+        for _ in range(10):
+            yield b"x" * 200
+        yield b'"}]}'
+
+    r = httpx.post(small_gw + "/v1/chat/completions", content=body(), headers=AUTH_A)
+    _shape(r, 413, "request_too_large")
+    with pytest.raises(openai.APIStatusError) as info:
+        sdk(small_gw).chat.completions.create(
+            model="llama-3.1-8b", messages=[{"role": "user", "content": "y" * 2000}])
+    assert info.value.status_code == 413
+    assert sim.stats()["received"] == 0
+
+
+# --- disconnects ---------------------------------------------------------------------------
+
+
+def test_stream_disconnect_cancels_upstream(serve_asgi: Any) -> None:
+    sim = start_sim(serve_asgi, itl_s=0.05, tokens_per_response=400)
+    gw = start_gateway(serve_asgi, settings([sim.url]))
+    with httpx.stream("POST", gw + "/v1/chat/completions", json={**CHAT, "stream": True},
+                      headers=AUTH_A) as r:
+        lines = r.iter_lines()
+        assert next(lines).startswith("data: ")
+        assert sim.stats()["running"] == 1
+    closed = time.monotonic()
+    assert wait_for(lambda: sim.stats()["running"] == 0, 1.0)
+    assert time.monotonic() - closed < 1.0
+    stats = sim.stats()
+    assert stats["cancelled"] == 1 and stats["completed"] == 0
+
+
+def test_non_stream_disconnect_cancels_upstream(serve_asgi: Any) -> None:
+    sim = start_sim(serve_asgi, ttft_s=30)
+    recorder = Recorder()
+    gw = start_gateway(serve_asgi, settings([sim.url]), observers=[recorder])
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(gw + "/v1/chat/completions", json=CHAT, headers=AUTH_A, timeout=0.5)
+    assert wait_for(lambda: sim.stats()["cancelled"] == 1, 1.0)
+    assert sim.stats()["running"] == 0
+    assert wait_for(lambda: len(recorder.ended) == 1, 1.0)
+    assert recorder.ended[0].outcome == "client_disconnect"
+
+
+# --- retries -------------------------------------------------------------------------------
+
+
+def test_retry_on_connect_error(serve_asgi: Any, sim: Sim) -> None:
+    dead = f"http://127.0.0.1:{free_port()}"
+    recorder = Recorder()
+    gw = start_gateway(serve_asgi, settings([dead, sim.url]), observers=[recorder])
+    for _ in range(4):
+        sdk(gw).chat.completions.create(model="llama-3.1-8b", messages=MESSAGES)
+    assert sim.stats()["received"] == 4
+    retried = [r for r in recorder.ended if r.attempts == 2]
+    assert len(retried) == 1 and retried[0].replica_url == sim.url
+    assert all(r.outcome == "ok" for r in recorder.ended)
+
+
+def test_connect_error_everywhere_is_502(serve_asgi: Any) -> None:
+    dead = [f"http://127.0.0.1:{free_port()}" for _ in range(2)]
+    gw = start_gateway(serve_asgi, settings(dead))
+    r = httpx.post(gw + "/v1/chat/completions", json=CHAT, headers=AUTH_A)
+    _shape(r, 502, "upstream_connect_error")
+
+
+def test_no_retry_after_first_byte(serve_asgi: Any) -> None:
+    a, b = start_sim(serve_asgi), start_sim(serve_asgi)
+    for s in (a, b):
+        s.fault(mode="die_mid_stream", after_events=3)
+    recorder = Recorder()
+    gw = start_gateway(serve_asgi, settings([a.url, b.url]), observers=[recorder])
+    got = []
+    with pytest.raises(openai.APIError) as info:
+        for chunk in sdk(gw).chat.completions.create(model="llama-3.1-8b", messages=MESSAGES,
+                                                     stream=True):
+            got.append(chunk)
+    assert got, "events before the failure reached the client"
+    assert "incomplete response" in str(info.value)
+    assert a.stats()["received"] + b.stats()["received"] == 1
+    assert recorder.ended[0].outcome == "upstream_error" and recorder.ended[0].attempts == 1
+
+
+def test_error_event_is_last_event(serve_asgi: Any) -> None:
+    sim = start_sim(serve_asgi)
+    sim.fault(mode="die_mid_stream", after_events=2)
+    gw = start_gateway(serve_asgi, settings([sim.url]))
+    r = httpx.post(gw + "/v1/chat/completions", json={**CHAT, "stream": True}, headers=AUTH_A)
+    assert r.status_code == 200
+    events = sse_events(r.content)
+    assert events[-1]["error"]["code"] == "upstream_error"
+    assert all("error" not in e for e in events[:-1])
+
+
+def test_429_retried_on_other_replica_and_honours_retry_after(serve_asgi: Any) -> None:
+    a, b = start_sim(serve_asgi), start_sim(serve_asgi)
+    a.fault(mode="status_429", retry_after_s=30)
+    b.fault(mode="status_429", retry_after_s=30)
+    recorder = Recorder()
+    gw = start_gateway(serve_asgi, settings([a.url, b.url]), observers=[recorder])
+    r = httpx.post(gw + "/v1/chat/completions", json=CHAT, headers=AUTH_A)
+    err = _shape(r, 429, "upstream_429")
+    assert err["type"] == "rate_limit_error"
+    assert r.headers["retry-after"] == "30"
+    assert a.stats()["received"] == 1 and b.stats()["received"] == 1
+    # Both replicas are now held back for their Retry-After.
+    assert httpx.get(gw + "/readyz").status_code == 503
+
+
+def test_429_short_retry_after_is_waited_out(serve_asgi: Any) -> None:
+    sim = start_sim(serve_asgi)
+    sim.fault(mode="status_429", retry_after_s=1, count=1)
+    gw = start_gateway(serve_asgi, settings([sim.url]))
+    r = sdk(gw).chat.completions.create(model="llama-3.1-8b", messages=MESSAGES)
+    assert r.choices[0].message.content
+    assert sim.stats()["received"] == 2
+
+
+def test_500_is_relayed_not_retried(serve_asgi: Any) -> None:
+    a, b = start_sim(serve_asgi), start_sim(serve_asgi)
+    a.fault(mode="status_500")
+    b.fault(mode="status_500")
+    gw = start_gateway(serve_asgi, settings([a.url, b.url]))
+    with pytest.raises(openai.InternalServerError):
+        sdk(gw).chat.completions.create(model="llama-3.1-8b", messages=MESSAGES)
+    assert a.stats()["received"] + b.stats()["received"] == 1
+
+
+def test_backend_400_does_not_eject(serve_asgi: Any) -> None:
+    sim = start_sim(serve_asgi, max_model_len=8)
+    gw = start_gateway(serve_asgi, settings([sim.url]))
+    for _ in range(2):
+        with pytest.raises(openai.BadRequestError):
+            sdk(gw).chat.completions.create(
+                model="llama-3.1-8b", messages=[{"role": "user", "content": "word " * 50}])
+    ready = httpx.get(gw + "/readyz").json()
+    assert ready["models"]["llama-3.1-8b"] == {"available": 1, "replicas": 1}
+    assert sim.stats()["received"] == 2
+
+
+# --- timeouts ----------------------------------------------------------------------------
+
+
+def test_first_byte_timeout_is_504(serve_asgi: Any) -> None:
+    sim = start_sim(serve_asgi)
+    sim.fault(mode="hang")
+    gw = start_gateway(serve_asgi, settings([sim.url], timeouts={"first_byte_s": 0.3}))
+    r = httpx.post(gw + "/v1/chat/completions", json=CHAT, headers=AUTH_A)
+    err = _shape(r, 504, "upstream_timeout")
+    assert "first byte" in err["message"]
+    assert wait_for(lambda: sim.stats()["running"] == 0, 1.0)
+
+
+def test_idle_timeout_ends_stream_with_error_event(serve_asgi: Any) -> None:
+    sim = start_sim(serve_asgi, itl_s=2.0, tokens_per_response=3)
+    recorder = Recorder()
+    gw = start_gateway(serve_asgi, settings([sim.url], timeouts={"idle_s": 0.3}),
+                       observers=[recorder])
+    r = httpx.post(gw + "/v1/chat/completions", json={**CHAT, "stream": True}, headers=AUTH_A)
+    assert r.status_code == 200
+    events = sse_events(r.content)
+    assert events[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert events[-1]["error"]["code"] == "upstream_timeout"
+    assert recorder.ended[0].outcome == "timeout"
+    assert wait_for(lambda: sim.stats()["cancelled"] == 1, 1.0)
+
+
+# --- framing faults ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["split_writes", "crlf"])
+def test_framing_variants_relayed_and_accounted(serve_asgi: Any, mode: str) -> None:
+    sim = start_sim(serve_asgi)
+    sim.fault(mode=mode)
+    recorder = Recorder()
+    gw = start_gateway(serve_asgi, settings([sim.url]), observers=[recorder])
+    r = httpx.post(gw + "/v1/chat/completions", json={**CHAT, "stream": True}, headers=AUTH_A)
+    assert r.status_code == 200
+    if mode == "crlf":
+        assert b"\r\n\r\n" in r.content and b"\n\n" not in r.content.replace(b"\r\n", b"")
+    events = sse_events(r.content)
+    assert events[-1] == "[DONE]"
+    assert all(e == "[DONE]" or e["choices"] for e in events)  # usage event removed
+    assert "日本語" in "".join(e["choices"][0]["delta"].get("content") or ""
+                              for e in events[:-1])
+    assert recorder.ended[0].output_tokens == 16
+    chunks = list(sdk(gw).chat.completions.create(
+        model="llama-3.1-8b", messages=MESSAGES, stream=True,
+        stream_options={"include_usage": True}))
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 16
+
+
+# --- observers and health ----------------------------------------------------------------
+
+
+class Refuser:
+    def __init__(self) -> None:
+        self.ended: list[RequestRecord] = []
+
+    async def on_start(self, record: RequestRecord) -> None:
+        raise ServiceUnavailable("audit store unavailable")
+
+    async def on_end(self, record: RequestRecord) -> None:
+        self.ended.append(record)
+
+
+def test_observer_can_refuse_before_forwarding(serve_asgi: Any, sim: Sim) -> None:
+    refuser = Refuser()
+    gw = start_gateway(serve_asgi, settings([sim.url]), observers=[refuser])
+    r = httpx.post(gw + "/v1/chat/completions", json=CHAT, headers=AUTH_A)
+    _shape(r, 503, "service_unavailable")
+    assert sim.stats()["received"] == 0
+    assert refuser.ended[0].outcome == "denied"
+
+
+def test_on_start_runs_before_forwarding(serve_asgi: Any, sim: Sim) -> None:
+    seen: list[int] = []
+
+    class Probe(Recorder):
+        async def on_start(self, record: RequestRecord) -> None:
+            async with httpx.AsyncClient() as c:
+                seen.append((await c.get(sim.url + "/sim/stats")).json()["received"])
+
+    gw = start_gateway(serve_asgi, settings([sim.url]), observers=[Probe()])
+    sdk(gw).chat.completions.create(model="llama-3.1-8b", messages=MESSAGES)
+    assert seen == [0] and sim.stats()["received"] == 1
+
+
+def test_active_health_marks_dead_replica(serve_asgi: Any, sim: Sim) -> None:
+    dead = f"http://127.0.0.1:{free_port()}"
+    s = settings([sim.url, dead], health={"active": True, "interval_s": 0.1, "timeout_s": 0.5})
+    gw = start_gateway(serve_asgi, s)
+    assert wait_for(
+        lambda: httpx.get(gw + "/readyz").json()["models"]["llama-3.1-8b"]["available"] == 1,
+        3.0)
+    s2 = settings([dead], health={"active": True, "interval_s": 0.1, "timeout_s": 0.5})
+    gw2 = start_gateway(serve_asgi, s2)
+    assert wait_for(lambda: httpx.get(gw2 + "/readyz").status_code == 503, 3.0)
+    assert httpx.get(gw2 + "/healthz").status_code == 200
+
+
+def test_concurrent_streams(serve_asgi: Any, sim: Sim) -> None:
+    gw = start_gateway(serve_asgi, settings([sim.url]))
+    client = sdk(gw)
+    errors: list[BaseException] = []
+
+    def one() -> None:
+        try:
+            n = sum(1 for _ in client.chat.completions.create(
+                model="llama-3.1-8b", messages=MESSAGES, stream=True))
+            assert n == 17
+        except BaseException as exc:  # noqa: BLE001 - collected for the assertion below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one) for _ in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert sim.stats()["completed"] == 16
