@@ -13,8 +13,8 @@ import pytest
 from tests.gateway.helpers import (
     KEY_A,
     KEY_B,
-    Recorder,
     SERVED,
+    Recorder,
     Sim,
     settings,
     start_gateway,
