@@ -1,0 +1,131 @@
+"""The gateway seam: quotas as an admission hook plus a request observer.
+
+Register one :class:`QuotaHook` both as an ``admission`` hook and as an ``observer`` of
+:func:`gateway.app.create_app`::
+
+    hook = QuotaHook.from_settings(settings.quotas, on_event=audit_log.append)
+    app = create_app(settings, admission=[hook], observers=[..., hook])
+
+``admit`` estimates the request's tokens and charges the key and its team (a refusal becomes
+the gateway's 429 ``RateLimited`` with ``Retry-After`` and ``x-ratelimit-*`` headers, or 503
+when Redis is down and the policy fails closed); ``on_end`` settles the real usage
+(``input_tokens + output_tokens`` of the record) and frees the concurrency slot, whatever the
+outcome.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from gateway.errors import GatewayError, ServiceUnavailable
+from gateway.errors import RateLimited as GatewayRateLimited
+from gateway.quotas.errors import QuotaBackendUnavailable, QuotaError
+from gateway.quotas.limiter import Admission, EventSink
+from gateway.quotas.service import QuotaService
+from gateway.quotas.settings import QuotaSettings
+from gateway.records import RequestRecord
+
+_log = logging.getLogger(__name__)
+
+#: Outcomes after which the backend did no billable work: the estimate is given back.
+_NOTHING_USED = frozenset({"denied", "invalid"})
+
+
+def to_gateway_error(exc: QuotaError) -> GatewayError:
+    """Map a quota error to the gateway's error (one OpenAI error shape for all).
+
+    ``RateLimited`` keeps its code (``rate_limit_exceeded`` / ``insufficient_quota`` /
+    ``request_too_large``), its ``type`` (the limit: ``requests``, ``tokens``, ...) and its
+    headers; the backend's own saturation is reported by the relay with other codes.
+    """
+    err: GatewayError
+    if isinstance(exc, QuotaBackendUnavailable):
+        err = ServiceUnavailable(exc.message, code=exc.code, headers=exc.headers())
+    else:
+        err = GatewayRateLimited(exc.message, code=exc.code, headers=exc.headers())
+        err.status = exc.status
+    err.type = exc.error_type
+    return err
+
+
+class QuotaHook:
+    """Admission hook and observer applying a :class:`QuotaService` to relayed requests.
+
+    Args:
+        service: the quota service.
+    """
+
+    def __init__(self, service: QuotaService) -> None:
+        self.service = service
+        self._pending: dict[str, Admission] = {}
+        self._starts = 0
+
+    @classmethod
+    def from_settings(
+        cls, settings: QuotaSettings | Mapping[str, Any], *, on_event: EventSink | None = None
+    ) -> QuotaHook:
+        """Build the hook from the ``quotas:`` section (a model or its raw mapping)."""
+        qs = (
+            settings
+            if isinstance(settings, QuotaSettings)
+            else QuotaSettings.model_validate(settings)
+        )
+        return cls(QuotaService.from_settings(qs, on_event=on_event))
+
+    async def startup(self) -> None:
+        """Start the service once (the lifespan may call this once per registration)."""
+        self._starts += 1
+        if self._starts == 1:
+            await self.service.start()
+
+    async def shutdown(self) -> None:
+        """Stop the service after the last registration shut down."""
+        self._starts -= 1
+        if self._starts == 0:
+            await self.service.aclose()
+
+    @property
+    def in_flight(self) -> int:
+        """Requests admitted and not yet ended."""
+        return len(self._pending)
+
+    async def admit(self, record: RequestRecord, body: Mapping[str, Any]) -> None:
+        """Charge the request to its key and team, or refuse it.
+
+        Raises:
+            gateway.errors.RateLimited: a limit has no room (429).
+            gateway.errors.ServiceUnavailable: Redis is down and the policy fails closed (503).
+        """
+        try:
+            admission = await self.service.admit(
+                key_id=record.key_id or "",
+                team=record.team,
+                model=record.canonical_model or record.model or "",
+                body=body,
+                endpoint=record.path,
+            )
+        except QuotaError as exc:
+            raise to_gateway_error(exc) from exc
+        if admission.subjects:
+            self._pending[record.request_id] = admission
+
+    async def on_start(self, record: RequestRecord) -> None:
+        """Nothing to do before forwarding (admission already ran)."""
+
+    async def on_end(self, record: RequestRecord) -> None:
+        """Settle the real usage and free the concurrency slot."""
+        admission = self._pending.pop(record.request_id, None)
+        if admission is None:
+            return
+        try:
+            if record.input_tokens is not None or record.output_tokens is not None:
+                used: int | None = (record.input_tokens or 0) + (record.output_tokens or 0)
+            elif record.outcome in _NOTHING_USED:
+                used = 0
+            else:
+                used = None  # no usage reported: keep the estimate
+            await self.service.settle(admission, used)
+        finally:
+            await self.service.release(admission)
