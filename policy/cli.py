@@ -18,6 +18,7 @@ from typing import Annotated, Any
 import typer
 import yaml
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from .errors import PolicyError, PolicyFileError, RenderError, UnknownDataClass
@@ -67,7 +68,7 @@ def check(file: PolicyFile, as_json: JsonOpt = False) -> int:
         }, indent=2))
         return 0
     out = _out()
-    out.print(f"[bold green]ok[/] {file}  revision {policy.revision}")
+    out.print(f"[bold green]ok[/] {escape(str(file))}  revision {policy.revision}")
     if doc.unsafe_allow_all:
         out.print("[bold red]WARNING: unsafe_allow_all is on: every request is allowed "
                   "(development only)[/]")
@@ -76,8 +77,8 @@ def check(file: PolicyFile, as_json: JsonOpt = False) -> int:
     for col in ("jurisdiction", "region", "id", "endpoint", "purpose", "operator", "tags"):
         table.add_column(col)
     for d in sorted(doc.destinations, key=lambda d: (d.jurisdiction, d.region, d.id)):
-        table.add_row(d.jurisdiction, d.region, d.id, _endpoint_text(d), d.purpose, d.operator,
-                      ", ".join(d.tags))
+        table.add_row(*map(escape, (d.jurisdiction, d.region, d.id, _endpoint_text(d), d.purpose,
+                                    d.operator, ", ".join(d.tags))))
     out.print(table)
     rules = Table(title=f"{len(doc.rules)} rules (first match decides; no match denies)")
     for col in ("#", "id", "effect", "principals", "classes", "destinations", "constraints"):
@@ -86,9 +87,11 @@ def check(file: PolicyFile, as_json: JsonOpt = False) -> int:
         who = ", ".join([*(f"key:{k}" for k in r.principals.keys),
                          *(f"team:{t}" for t in r.principals.teams)]) or "everyone"
         cons = r.constraints.model_dump(exclude_defaults=True)
-        rules.add_row(str(i), r.id, r.effect, who, ", ".join(r.classes or ["any"]),
-                      ", ".join(r.destinations or ["any inference"]),
-                      ", ".join(f"{k}={v}" for k, v in cons.items()) or "-")
+        rules.add_row(*map(escape, (
+            str(i), r.id, r.effect, who, ", ".join(r.classes or ["any"]),
+            ", ".join(r.destinations or ["any inference"]),
+            ", ".join(f"{k}={v}" for k, v in cons.items()) or "-",
+        )))
     out.print(rules)
     return 0
 
@@ -183,15 +186,15 @@ def explain(
         }, indent=2))
     else:
         out = _out()
-        out.print(f"key {key} (team {team or '-'}), data class {resolved}, "
-                  f"policy {policy.revision}")
+        out.print(escape(f"key {key} (team {team or '-'}), data class {resolved}, "
+                         f"policy {policy.revision}"))
         table = Table()
         for col in ("destination", "replica", "decision", "rule", "reason"):
             table.add_column(col)
         for d, url in decisions:
-            table.add_row(d.destination_id or "-", url or "-",
+            table.add_row(escape(d.destination_id or "-"), escape(url or "-"),
                           "[green]allow[/]" if d.allowed else "[red]deny[/]",
-                          d.rule_id or "(no rule matched)", d.reason)
+                          escape(d.rule_id or "(no rule matched)"), escape(d.reason))
         out.print(table)
         if not allowed:
             out.print("[bold red]no destination allowed: the gateway answers 403[/]")

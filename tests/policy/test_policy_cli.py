@@ -146,6 +146,7 @@ def test_explain_without_config_nothing_allowed_exits_1(
                         "--destination", "provider-us")
     assert code == 1
     assert "block-contractor" in out and "the gateway answers 403" in out
+    assert "requires jurisdiction EU" not in out  # (a deny rule decided, not a constraint)
     code, out, _ = _run(capsys, "explain", str(policy_file), "--key", "k", "--class", "public")
     assert code == 0 and out.count("allowed by rule public-anywhere") == 3
 
@@ -236,3 +237,25 @@ def test_any_address_is_refused_with_a_clear_error(
     doc = policy.document.model_copy(update={"destinations": [wide]})
     with pytest.raises(RenderError, match="would allow every address"):
         helm_values(Policy(doc, policy.revision))
+
+
+def test_text_output_keeps_brackets(policy_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Reasons contain [..] lists; the table renderer must not eat them as markup.
+    code, out, _ = _run(capsys, "explain", str(policy_file), "--key", "k", "--class",
+                        "confidential", "--destination", "vllm-eu-b")
+    assert code == 1 and "requires tags [no-retention]; vllm-eu-b lacks no-retention" in out
+
+
+def test_example_policy_matches_example_gateway_config(capsys: pytest.CaptureFixture[str]) -> None:
+    example = ROOT / "examples" / "policy.yaml"
+    gateway = ROOT / "examples" / "gateway.yaml"
+    policy = Policy.from_file(example)
+    raw = yaml.safe_load(gateway.read_text())
+    for model in raw["models"]:
+        for replica in model["replicas"]:
+            assert policy.destination(replica["destination"]).purpose == "inference"
+    code, out, _ = _run(capsys, "explain", str(example), "--config", str(gateway), "--key",
+                        "team-a", "--model", "default", "--class", "confidential", "--json")
+    data = json.loads(out)
+    assert code == 0 and data["allowed"] == ["vllm-eu-1"]
+    assert _run(capsys, "networkpolicy", str(example), "--format", "helm-values")[0] == 0
