@@ -31,6 +31,8 @@ SyncResolver = Callable[[str, int], list[str]]
 #: Names that resolve on the host itself (``/etc/hosts``): resolving them sends no traffic.
 LOCAL_NAMES = frozenset({"localhost"})
 
+_CONNECT_CACHE_MAX = 4096
+
 
 @dataclass(frozen=True, slots=True)
 class Verdict:
@@ -56,6 +58,8 @@ class PinStore:
         self._lock = threading.Lock()
         self._pins: dict[str, frozenset[IPAddress]] = {}
         self._by_ip: dict[IPAddress, frozenset[str]] = {}
+        #: Incremented on every new pin; caches of connect verdicts are keyed by it.
+        self.generation = 0
 
     def get(self, hostname: str) -> frozenset[IPAddress] | None:
         """Return the pinned addresses of a (normalised) hostname, or ``None``."""
@@ -71,6 +75,7 @@ class PinStore:
             self._pins[hostname] = pinned
             for ip in pinned:
                 self._by_ip[ip] = self._by_ip.get(ip, frozenset()) | {hostname}
+            self.generation += 1
             return pinned
 
     def hostnames_for(self, ip: IPAddress) -> frozenset[str]:
@@ -106,6 +111,7 @@ class EgressMatcher:
         self._networks = [
             d for d in policy.document.destinations if d.endpoint.network is not None
         ]
+        self._connect_cache: dict[tuple[str, int | None], tuple[int, Verdict]] = {}
         self._by_hostname: dict[str, list[Destination]] = {}
         for d in policy.document.destinations:
             if d.endpoint.hostname is not None:
@@ -187,7 +193,22 @@ class EgressMatcher:
         return pinned
 
     def check_connect(self, host: str, port: int | None) -> Verdict:
-        """May the process connect to ``host:port``? ``host`` must be an address literal."""
+        """May the process connect to ``host:port``? ``host`` must be an address literal.
+
+        Verdicts are cached per ``(host, port)`` until the pin store changes.
+        """
+        key = (host, port)
+        generation = self.pins.generation
+        hit = self._connect_cache.get(key)
+        if hit is not None and hit[0] == generation:
+            return hit[1]
+        verdict = self._check_connect(host, port)
+        if len(self._connect_cache) >= _CONNECT_CACHE_MAX:
+            self._connect_cache.clear()
+        self._connect_cache[key] = (generation, verdict)
+        return verdict
+
+    def _check_connect(self, host: str, port: int | None) -> Verdict:
         ip = parse_ip(host)
         if ip is None:
             if self.policy.unsafe_allow_all:
