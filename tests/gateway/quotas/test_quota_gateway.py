@@ -147,7 +147,7 @@ def test_settles_real_usage_into_the_daily_budget(serve_asgi: Callable[..., Any]
         stream=True,
         stream_options={"include_usage": True},
     )
-    usage2 = [ch.usage for ch in r2 if ch.usage is not None][0]
+    (usage2,) = [ch.usage for ch in r2 if ch.usage is not None]  # reads the whole stream
     limiter: Any = hook.service.limiter
     expected = r1.usage.total_tokens + usage2.total_tokens
     assert limiter.used("team:a", "day") == expected

@@ -1,0 +1,139 @@
+"""The managed key CLI: create/list/revoke/rotate, audited in the real audit log."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from gateway.cli.keys_managed import app, parse_duration
+from tests.gateway.helpers import config as gateway_config
+
+ROOT = Path(__file__).resolve().parents[3]
+GATEWAY = [sys.executable, "-c", "import sys; from gateway.cli import main; sys.exit(main())"]
+
+
+def run_gateway(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*GATEWAY, *args], capture_output=True, text=True, cwd=ROOT, timeout=60, check=False
+    )
+
+
+@pytest.fixture
+def audited(tmp_path: Path) -> tuple[Path, str]:
+    """A gateway config with an audit section (real signing key) and its store URL."""
+    key = tmp_path / "audit.key"
+    done = run_gateway("audit", "keygen", "--out", str(key))
+    assert done.returncode == 0, done.stderr
+    pseudo = tmp_path / "pseudo.key"
+    pseudo.write_text("c2VjcmV0LXBzZXVkb255bS1rZXktMzItYnl0ZXMtbG9uZyE=\n")
+    store = f"sqlite://{tmp_path / 'audit.db'}"
+    cfg = gateway_config(["http://127.0.0.1:9"])
+    for model in cfg["models"]:
+        model["replicas"] = [{"url": r["url"]} for r in model["replicas"]]
+    cfg["audit"] = {
+        "store": store,
+        "signing_key_file": str(key),
+        "pseudonym_key_file": str(pseudo),
+        "replica_id": "test-replica",
+    }
+    path = tmp_path / "gateway.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path, store
+
+
+def audit_records(store: str) -> list[dict[str, Any]]:
+    done = run_gateway("audit", "export", "--store", store)
+    assert done.returncode == 0, done.stderr
+    return [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
+
+
+def invoke(*args: str) -> Any:
+    result = CliRunner().invoke(app, list(args))
+    return result
+
+
+def test_create_list_rotate_revoke_with_audit(audited: tuple[Path, str]) -> None:
+    cfg, store = audited
+    res = invoke(
+        "create",
+        "--team",
+        "search",
+        "--models",
+        "llama,mistral",
+        "--id",
+        "ci-bot",
+        "--expires",
+        "30d",
+        "--config",
+        str(cfg),
+        "--json",
+    )
+    assert res.exit_code == 0, res.output
+    created = json.loads(res.output.strip().splitlines()[-1])
+    token = created["key"]
+    assert token.startswith("sg-") and created["id"] == "ci-bot"
+    assert created["models"] == ["llama", "mistral"] and created["status"] == "active"
+
+    res = invoke("list", "--config", str(cfg), "--json")
+    assert res.exit_code == 0, res.output
+    listed = json.loads(res.output)
+    assert [k["id"] for k in listed] == ["ci-bot"] and token not in res.output
+
+    res = invoke("rotate", "ci-bot", "--grace", "10m", "--config", str(cfg))
+    assert res.exit_code == 0, res.output
+    assert "rotated managed key ci-bot" in res.output and "stays valid until" in res.output
+
+    res = invoke("revoke", "ci-bot", "--config", str(cfg))
+    assert res.exit_code == 0, res.output
+    res = invoke("list", "--config", str(cfg))
+    assert "no managed keys" in res.output
+    res = invoke("list", "--config", str(cfg), "--all")
+    assert "ci-bot" in res.output and "revoked" in res.output
+
+    records = audit_records(store)
+    text = json.dumps(records)
+    types = [r.get("type") for r in records]
+    for expected in ("key.created", "key.rotated", "key.revoked"):
+        assert expected in text, (expected, types)
+    assert token not in text and hashlib.sha256(token.encode()).hexdigest() not in text
+    done = run_gateway(
+        "audit", "verify", "--store", store, "--public-key", str(cfg.parent / "audit.key.pub")
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_changes_refuse_to_run_unaudited(tmp_path: Path) -> None:
+    store = f"sqlite://{tmp_path / 'k.db'}"
+    res = invoke("create", "--models", "m", "--store", store)
+    assert res.exit_code == 2
+    assert "must be audited" in res.output
+    res = invoke("create", "--models", "m", "--store", store, "--no-audit", "--id", "x")
+    assert res.exit_code == 0, res.output
+    assert "NOT audited" in res.output
+
+
+def test_usage_errors_exit_2(tmp_path: Path) -> None:
+    store = f"sqlite://{tmp_path / 'k.db'}"
+    res = invoke("revoke", "nope", "--store", store, "--no-audit")
+    assert res.exit_code == 2 and "key_not_found" in res.output
+    res = invoke("create", "--store", store, "--no-audit")
+    assert res.exit_code == 2
+    res = invoke("create", "--models", "m", "--expires", "soon", "--store", store, "--no-audit")
+    assert res.exit_code == 2
+    res = invoke("list", "--store", "mysql://x")
+    assert res.exit_code == 2 and "keystore_config_invalid" in res.output
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"), [("30d", 2592000), ("1h30m", 5400), ("45s", 45), ("2w", 1209600)]
+)
+def test_parse_duration(text: str, seconds: float) -> None:
+    assert parse_duration(text) == seconds
