@@ -8,10 +8,12 @@ request record); the rest of the package stays importable on its own for offline
   :class:`AuditUnavailable` into a 503 (``audit_unavailable``) so nothing unaudited is served;
   ``on_end`` writes ``request.completed`` (or ``request.denied`` for requests refused before
   forwarding). ``startup``/``shutdown`` start and close the chain with the app's lifespan.
-* :func:`audit_gate` wraps the ASGI app and holds back the final body message of each response
-  until the app has returned, i.e. until ``on_end`` has made the completion record durable. If
-  that record could not be written, the final message is never sent and the connection is
-  closed, so a client never fully receives a response whose completion is not in the log.
+* :func:`audit_gate` wraps the ASGI app and holds back the end of each response until the app
+  has returned, i.e. until ``on_end`` has made the completion record durable: the last chunk of
+  a sized body (so the final Content-Length bytes), or the ``data: [DONE]`` event and the end
+  of a stream (earlier stream events flow at once). If that record could not be written, the
+  end is never sent and the connection is closed, so a client never fully receives a response
+  whose completion is not in the log.
 """
 
 from __future__ import annotations
@@ -197,21 +199,42 @@ def audit_gate(app: ASGIApp, observer: AuditObserver) -> ASGIApp:
             return
         held: list[Message] = []
         request_id = ""
+        sse = False
+        holding = False
 
-        async def hold_final(message: Message) -> None:
-            nonlocal request_id
-            if message["type"] == "http.response.start":
+        async def gate_send(message: Message) -> None:
+            nonlocal request_id, sse, holding
+            kind = message["type"]
+            if kind == "http.response.start":
                 for name, value in message.get("headers", ()):
                     if name == b"x-request-id":
                         request_id = value.decode("latin-1")
-            if message["type"] == "http.response.body" and not message.get("more_body", False):
-                held.append(message)
-                return
+                    elif name == b"content-type":
+                        sse = value.startswith(b"text/event-stream")
+            elif kind == "http.response.body":
+                if holding or not message.get("more_body", False):
+                    holding = True
+                    held.append(message)
+                    return
+                if sse:
+                    # Stream events flow at once; the [DONE] event, which tells the client
+                    # the stream is complete, waits for the completion record.
+                    if b"[DONE]" in message.get("body", b""):
+                        holding = True
+                        held.append(message)
+                        return
+                else:
+                    # A sized body: keep its newest chunk back so the last bytes of the
+                    # Content-Length are sent only after the completion record.
+                    if held:
+                        await send(held.pop())
+                    held.append(message)
+                    return
             await send(message)
 
-        await app(scope, receive, hold_final)
+        await app(scope, receive, gate_send)
         if request_id and observer.take_unrecorded(request_id):
-            _log.error("withholding the end of response %s: not audited", request_id)
+            _log.error("withholding the end of response %s: it was not audited", request_id)
             return
         for message in held:
             await send(message)

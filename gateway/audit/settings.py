@@ -31,6 +31,8 @@ class AuditSettings(BaseModel):
         heartbeat_s: When idle, write a heartbeat record + checkpoint this often (seconds).
         checkpoint_dir: Also write each chain's newest checkpoint here (outside the database).
         max_batch_records: Upper bound of records committed in one transaction.
+        store_timeout_s: How long an append may wait for a locked SQLite file or a PostgreSQL
+            connection before it fails (and the request gets 503), seconds.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -45,6 +47,7 @@ class AuditSettings(BaseModel):
     heartbeat_s: float = Field(default=60.0, gt=0)
     checkpoint_dir: Path | None = None
     max_batch_records: int = Field(default=512, ge=1)
+    store_timeout_s: float = Field(default=5.0, gt=0)
 
     @field_validator("replica_id")
     @classmethod

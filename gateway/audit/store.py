@@ -111,18 +111,28 @@ class Store(Protocol):
         ...
 
 
-def open_store(url: str, *, busy_timeout_ms: int = 5000, read_only: bool = False) -> Store:
+def open_store(
+    url: str,
+    *,
+    busy_timeout_ms: int = 5000,
+    read_only: bool = False,
+    timeout_s: float | None = None,
+) -> Store:
     """Create (not yet open) the store for ``url``.
 
     Args:
         url: ``sqlite://PATH`` or ``postgresql://...``.
         busy_timeout_ms: SQLite only: how long to wait for a lock before failing.
+        timeout_s: If given, overrides ``busy_timeout_ms`` (SQLite) and is the connect timeout
+            (PostgreSQL), seconds.
         read_only: Never create or change anything (verify, export, prove). SQLite: the file
             must exist.
 
     Raises:
         AuditConfigError: On an unknown URL scheme.
     """
+    if timeout_s is not None:
+        busy_timeout_ms = max(1, int(timeout_s * 1000))
     if url.startswith("sqlite://"):
         from gateway.audit.store_sqlite import SqliteStore
 
@@ -133,7 +143,9 @@ def open_store(url: str, *, busy_timeout_ms: int = 5000, read_only: bool = False
     if url.startswith(("postgresql://", "postgres://")):
         from gateway.audit.store_postgres import PostgresStore
 
-        return PostgresStore(url, read_only=read_only)
+        return PostgresStore(
+            url, read_only=read_only, connect_timeout_s=timeout_s if timeout_s else 5.0
+        )
     raise AuditConfigError(f"unsupported audit store URL (sqlite:// or postgresql://): {url!r}")
 
 
