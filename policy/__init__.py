@@ -8,6 +8,7 @@ Public API (other packages import only these names):
 * :func:`make_connector`, :func:`make_session`, :class:`PolicyResolver` (transport layer);
 * :class:`EgressMatcher`, :class:`PinStore` (address checks shared by both);
 * :func:`litellm_env`, :func:`import_litellm` (litellm without hidden egress);
+* :func:`check_binding`, :func:`start_guard` (gateway start-up);
 * the :class:`PolicyError` tree (``errors`` module docstring).
 """
 
@@ -27,12 +28,14 @@ from .errors import (
 from .evaluate import UNSAFE_RULE_ID, Decision, Policy, Principal
 from .guard import SELF_TEST_TARGET, EgressEvent, EgressGuard
 from .providers import LITELLM_OFFLINE_ENV, import_litellm, litellm_env
+from .runtime import BindingError, GuardMode, check_binding, start_guard
 from .transport import PolicyResolver, make_connector, make_session
 
 __all__ = [
     "LITELLM_OFFLINE_ENV",
     "SELF_TEST_TARGET",
     "UNSAFE_RULE_ID",
+    "BindingError",
     "ClassChangeForbidden",
     "Decision",
     "EgressBlocked",
@@ -40,6 +43,7 @@ __all__ = [
     "EgressEvent",
     "EgressGuard",
     "EgressMatcher",
+    "GuardMode",
     "GuardSelfTestFailed",
     "PinStore",
     "Policy",
@@ -52,8 +56,10 @@ __all__ = [
     "UnknownDataClass",
     "UnknownDestination",
     "Verdict",
+    "check_binding",
     "import_litellm",
     "litellm_env",
     "make_connector",
     "make_session",
+    "start_guard",
 ]

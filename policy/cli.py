@@ -24,6 +24,7 @@ from rich.table import Table
 from .errors import PolicyError, PolicyFileError, RenderError, UnknownDataClass
 from .evaluate import Decision, Policy, Principal
 from .render import cilium_networkpolicy, helm_values, networkpolicy
+from .runtime import check_binding
 
 app = typer.Typer(
     name="policy", add_completion=False, no_args_is_help=True,
@@ -112,6 +113,14 @@ def _dest_json(d: Any) -> dict[str, Any]:
     }
 
 
+def _binding_problem(policy: Policy, url: str, dest_id: str) -> str | None:
+    try:
+        check_binding(policy, url, dest_id)
+    except PolicyError as exc:
+        return f"{exc} (gateway refuses to start)"
+    return None
+
+
 def _read_gateway_config(path: Path) -> dict[str, Any]:
     try:
         raw = yaml.safe_load(path.read_text(encoding="utf-8"))
@@ -175,6 +184,8 @@ def explain(
         if not dest_id:
             decisions.append((Decision(False, None, "replica has no policy destination",
                                        policy.revision, ""), url))
+        elif url and (mismatch := _binding_problem(policy, url, dest_id)) is not None:
+            decisions.append((Decision(False, None, mismatch, policy.revision, dest_id), url))
         else:
             decisions.append((policy.evaluate(principal, resolved, dest_id), url))
     allowed = [d for d, _ in decisions if d.allowed]

@@ -13,6 +13,7 @@ responses (the gateway turns them into OpenAI-style error JSON; the CLI into exi
     │   ├── EgressBlocked            egress_denied         (raised by the process guard)
     │   └── RedirectRefused          redirect_refused
     ├── GuardSelfTestFailed          guard_self_test_failed
+    ├── BindingError                 destination_mismatch  (runtime.py)
     └── RenderError                  render_refused
 """
 

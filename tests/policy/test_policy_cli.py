@@ -93,6 +93,7 @@ GATEWAY = textwrap.dedent(
           - {url: http://10.20.0.11:8000, destination: vllm-eu-a}
           - {url: http://10.20.0.12:8000, destination: vllm-eu-b}
           - {url: http://10.20.0.13:8000}
+          - {url: http://10.20.0.99:8000, destination: vllm-eu-a}
     keys:
       - {id: k-conf, sha256: x, team: engineering, data_class: confidential}
       - {id: k-r, sha256: x, team: research, data_class: confidential}
@@ -122,7 +123,9 @@ def test_explain_from_gateway_config(
         ("vllm-eu-a", "allow", "sensitive-eu-no-retention", "http://10.20.0.11:8000"),
         ("vllm-eu-b", "deny", "sensitive-eu-no-retention", "http://10.20.0.12:8000"),
         ("", "deny", None, "http://10.20.0.13:8000"),
+        ("vllm-eu-a", "deny", None, "http://10.20.0.99:8000"),
     ]
+    assert "host is not destination vllm-eu-a" in data["decisions"][3]["reason"]
     assert "lacks no-retention" in data["decisions"][1]["reason"]
 
 
