@@ -11,22 +11,23 @@ from __future__ import annotations
 import json
 import logging
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    DownloadColumn,
-    Progress,
-    TextColumn,
-    TimeRemainingColumn,
-    TransferSpeedColumn,
-)
 
+from weights.cli_common import (
+    EndpointOpt,
+    JsonOpt,
+    LockOpt,
+    QuietOpt,
+    TokenOpt,
+    VerificationFailed,
+    hub_client,
+    progress,
+)
+from weights.cli_common import console as _console
 from weights.errors import (
     DigestMismatchError,
     DriftError,
@@ -44,52 +45,6 @@ app = typer.Typer(
 )
 
 _VERIFY_FAILURES = (DigestMismatchError, SignatureVerificationError, DriftError)
-
-
-class VerificationFailed(Exception):
-    """Raised by a command to exit 1 after it printed its report."""
-
-
-LockOpt = Annotated[Path, typer.Option("--lock", help="Lockfile path.")]
-EndpointOpt = Annotated[
-    str,
-    typer.Option("--endpoint", envvar="HF_ENDPOINT", help="Hub base URL (HF_ENDPOINT)."),
-]
-TokenOpt = Annotated[
-    str | None,
-    typer.Option("--token", envvar="HF_TOKEN", help="Hub token for gated repos (HF_TOKEN).",
-                 show_default=False),
-]
-QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable JSON report on stdout.")]
-
-def _console() -> Console:
-    return Console(stderr=True, highlight=False)
-
-
-@contextmanager
-def _progress(total: int, label: str, quiet: bool) -> Iterator[Any]:
-    """A rich byte progress bar (bytes, throughput, ETA); silent if quiet or not a TTY."""
-    console = _console()
-    disable = quiet or not console.is_terminal
-    with Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        DownloadColumn(),
-        TransferSpeedColumn(),
-        TimeRemainingColumn(),
-        console=console,
-        disable=disable,
-        transient=False,
-    ) as bar:
-        task = bar.add_task(label, total=total)
-        yield lambda n: bar.advance(task, n)
-
-
-def _hub(endpoint: str, token: str | None) -> Any:
-    from weights.hub import HubClient  # lazy: the only network-capable module
-
-    return HubClient(endpoint=endpoint, token=token)
 
 
 @app.callback()
@@ -120,7 +75,7 @@ def pin(
 
     console = _console()
     try:
-        result = do_pin(_hub(endpoint, token), lock, repo_id, revision,
+        result = do_pin(hub_client(endpoint, token), lock, repo_id, revision,
                         include=include or (), exclude=exclude or (),
                         allow_license=allow_license or (), update=update)
     except DriftError as exc:
@@ -175,11 +130,11 @@ def pull(
     if (into is None) == (cache is None):
         raise typer.BadParameter("give exactly one of --into DIR or --cache DIR")
     entries = select_entries(Lockfile.load(lock), repo or [])
-    hub = _hub(endpoint, token)
+    hub = hub_client(endpoint, token)
     console = _console()
     for entry in entries:
         dest = plain_dir_for(into, entry, len(entries) > 1) if into is not None else None
-        with _progress(entry.total_bytes, entry.repo_id, quiet) as advance:
+        with progress(entry.total_bytes, entry.repo_id, quiet) as advance:
             result = pull_entry(hub, entry, into=dest, cache=cache, progress=advance)
         if not quiet:
             console.print(f"{entry.repo_id}@{entry.commit[:12]}: {len(result.downloaded)} "
@@ -231,7 +186,7 @@ def verify(
         patterns.append(signature.resolve().relative_to(path.resolve()).as_posix())
     if not no_lock:
         entry = _pick_entry(Lockfile.load(lock), path, repo)
-        with _progress(entry.total_bytes, f"verify {entry.repo_id}", quiet or as_json) as adv:
+        with progress(entry.total_bytes, f"verify {entry.repo_id}", quiet or as_json) as adv:
             report = verify_tree(path, entry, ignore=patterns, progress=adv)
         report_doc["lock"] = report.to_json()
         ok = report.ok
@@ -274,8 +229,6 @@ def verify(
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point: run the CLI with one error boundary; return the exit code."""
-    import weights.cli_extra  # noqa: F401 - registers sign and size
-
     args = sys.argv[1:] if argv is None else argv
     verbose = "-v" in args or "--verbose" in args
     try:
@@ -292,13 +245,11 @@ def main(argv: list[str] | None = None) -> int:
         return int(exc.exit_code)
     except typer.Abort:
         return 2
-    except Exception as exc:
-        import click
-
-        if isinstance(exc, click.ClickException):
-            exc.show()
-            return 2
-        raise
+    except typer.TyperException as exc:  # usage errors (typer's vendored click)
+        show = getattr(exc, "show", None)
+        if callable(show):
+            show()
+        return 2
     return 0
 
 
@@ -310,6 +261,15 @@ def _report(exc: WeightsError, verbose: bool) -> None:
     if exc.hint:
         console.print(f"  hint: {exc.hint}", markup=False)
 
+
+def _register() -> None:
+    from weights.cli_extra import sign, size
+
+    app.command()(sign)
+    app.command()(size)
+
+
+_register()
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,4 +1,4 @@
-"""``weights sign`` and ``weights size`` (registered on :data:`weights.cli.app`)."""
+"""``weights sign`` and ``weights size`` (registered on the app by :mod:`weights.cli`)."""
 
 from __future__ import annotations
 
@@ -9,17 +9,16 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from weights.cli import (
+from weights.cli_common import (
     EndpointOpt,
     JsonOpt,
     QuietOpt,
     TokenOpt,
     VerificationFailed,
-    _console,
-    _hub,
-    _progress,
-    app,
+    hub_client,
+    progress,
 )
+from weights.cli_common import console as _console
 from weights.errors import SizingError, WeightsError
 from weights.sizing import (
     ParamCount,
@@ -32,7 +31,6 @@ from weights.sizing import (
 )
 
 
-@app.command()
 def sign(
     path: Annotated[Path, typer.Argument(help="Model directory to sign.")],
     key: Annotated[Path, typer.Option("--key", help="EC private key (PEM).")],
@@ -49,7 +47,7 @@ def sign(
     if not path.is_dir():
         raise WeightsError(f"{path} is not a directory")
     total = sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
-    with _progress(total, f"sign {path.name}", quiet) as adv:
+    with progress(total, f"sign {path.name}", quiet) as adv:
         signed = sign_model(path, key, out, password=password, ignore=ignore or (), progress=adv)
     if not quiet:
         _console().print(f"signed {len(signed)} files of {path} -> {out}")
@@ -110,7 +108,6 @@ def _human(value: float, unit: str) -> str:
     return f"{value:g}"
 
 
-@app.command()
 def size(
     target: Annotated[str, typer.Argument(help="Local dir / config.json, or a REPO_ID.")],
     dtype: Annotated[str | None, typer.Option("--dtype", help="Deploy dtype: bf16, fp8...")] = None,
@@ -137,7 +134,7 @@ def size(
     if path.exists():
         config, params = _local_inputs(path)
     elif "/" in target and not target.startswith((".", "/")):
-        config, params = _remote_inputs(_hub(endpoint, token), target, revision)
+        config, params = _remote_inputs(hub_client(endpoint, token), target, revision)
     else:
         raise WeightsError(f"{target}: no such file or directory")
     if estimate:

@@ -1,0 +1,71 @@
+"""Shared pieces of the ``weights`` CLI: option aliases, console, progress bar, hub factory."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TextColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
+
+
+class VerificationFailed(Exception):
+    """Raised by a command to exit 1 after it printed its report."""
+
+
+LockOpt = Annotated[
+    Path, typer.Option("--lock", help="Lockfile path.")
+]
+EndpointOpt = Annotated[
+    str,
+    typer.Option("--endpoint", envvar="HF_ENDPOINT", help="Hub base URL (HF_ENDPOINT)."),
+]
+TokenOpt = Annotated[
+    str | None,
+    typer.Option("--token", envvar="HF_TOKEN", help="Hub token for gated repos (HF_TOKEN).",
+                 show_default=False),
+]
+QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable JSON report on stdout.")]
+
+
+def console() -> Console:
+    """The stderr console of the CLI (reports and progress; stdout is for --json)."""
+    return Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+@contextmanager
+def progress(total: int, label: str, quiet: bool) -> Iterator[Any]:
+    """A rich byte progress bar (bytes, throughput, ETA); silent if quiet or not a TTY."""
+    out = console()
+    disable = quiet or not out.is_terminal
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+        console=out,
+        disable=disable,
+        transient=False,
+    ) as bar:
+        task = bar.add_task(label, total=total)
+        yield lambda n: bar.advance(task, n)
+
+
+def hub_client(endpoint: str, token: str | None) -> Any:
+    from weights.hub import HubClient  # lazy: the only network-capable module
+
+    return HubClient(endpoint=endpoint, token=token)
+
+
