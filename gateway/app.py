@@ -96,7 +96,8 @@ def create_app(
     the_router = router or Router(settings)
     the_auth = authenticator or KeyRing(settings.keys)
     the_policy = policy or AllowAll()
-    hooks: list[Any] = [*observers, *admission]
+    # The authenticator may have a lifespan too (managed keys: load and poll the key store).
+    hooks: list[Any] = [the_auth, *observers, *admission]
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[dict[str, Any]]:
