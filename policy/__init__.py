@@ -5,7 +5,8 @@ Public API (other packages import only these names):
 * :class:`Policy` (``from_file``/``from_text``, ``evaluate``, ``resolve_class``, ``explain``),
   :class:`Principal`, :class:`Decision`;
 * :class:`EgressGuard`, :class:`EgressEvent` (process layer, ``sys.addaudithook``);
-* :func:`make_connector`, :func:`make_session`, :class:`PolicyResolver` (transport layer);
+* :func:`make_connector`, :func:`make_session`, :class:`PolicyResolver` (transport layer,
+  aiohttp), :func:`make_httpx_client`, :class:`PolicyAsyncTransport` (httpx, openai SDK);
 * :class:`EgressMatcher`, :class:`PinStore` (address checks shared by both);
 * :func:`litellm_env`, :func:`import_litellm` (litellm without hidden egress);
 * :func:`check_binding`, :func:`start_guard` (gateway start-up);
@@ -27,6 +28,7 @@ from .errors import (
 )
 from .evaluate import UNSAFE_RULE_ID, Decision, Policy, Principal
 from .guard import SELF_TEST_TARGET, EgressEvent, EgressGuard
+from .httpx_transport import PolicyAsyncTransport, make_httpx_client
 from .providers import LITELLM_OFFLINE_ENV, import_litellm, litellm_env
 from .runtime import BindingError, GuardMode, check_binding, start_guard
 from .transport import PolicyResolver, make_connector, make_session
@@ -47,6 +49,7 @@ __all__ = [
     "GuardSelfTestFailed",
     "PinStore",
     "Policy",
+    "PolicyAsyncTransport",
     "PolicyError",
     "PolicyFileError",
     "PolicyResolver",
@@ -60,6 +63,7 @@ __all__ = [
     "import_litellm",
     "litellm_env",
     "make_connector",
+    "make_httpx_client",
     "make_session",
     "start_guard",
 ]

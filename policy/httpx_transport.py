@@ -1,0 +1,145 @@
+"""Policy-checked outbound HTTP for httpx (and so for the ``openai`` SDK and litellm clients).
+
+:class:`PolicyAsyncTransport` does for httpx what :mod:`policy.transport` does for aiohttp:
+a host no destination names is refused without a DNS query; a hostname destination is resolved
+once, every address checked and pinned (shared :class:`~policy.egress.PinStore`); the request
+is sent to the checked address with the original ``Host`` header and TLS SNI / certificate name
+(httpcore's ``sni_hostname`` extension). Each hostname gets its own connection pool, so a TLS
+connection verified for one name is never reused for another name on the same address.
+
+:func:`make_httpx_client` wraps it in an ``httpx.AsyncClient`` that never follows redirects
+(a 3xx raises :class:`~policy.errors.RedirectRefused`) and ignores proxy variables
+(``trust_env=False``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import httpx
+
+from .addresses import IPAddress, parse_host
+from .egress import EgressMatcher, PinStore, SyncResolver, system_resolve
+from .errors import EgressDenied, RedirectRefused
+from .evaluate import Policy
+
+_REDIRECTS = frozenset({301, 302, 303, 307, 308})
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+class PolicyAsyncTransport(httpx.AsyncBaseTransport):
+    """An httpx transport that connects only to checked, pinned addresses.
+
+    Args:
+        policy: the policy or a prepared matcher (share ``guard.matcher`` with the guard).
+        pins: pin store to share (ignored when a matcher is given).
+        resolver: resolves hostname destinations, ``(host, port) -> [address, ...]`` (default:
+            system getaddrinfo, run in a worker thread).
+        **transport_kwargs: passed to each ``httpx.AsyncHTTPTransport`` (``verify``, ``limits``,
+            ``http2``, ...); ``trust_env`` and ``proxy`` are fixed off.
+    """
+
+    def __init__(
+        self,
+        policy: Policy | EgressMatcher,
+        *,
+        pins: PinStore | None = None,
+        resolver: SyncResolver = system_resolve,
+        **transport_kwargs: Any,
+    ) -> None:
+        if "proxy" in transport_kwargs or "trust_env" in transport_kwargs:
+            raise ValueError("proxy and trust_env are fixed by the policy transport")
+        self.matcher = policy if isinstance(policy, EgressMatcher) else EgressMatcher(policy, pins)
+        self._resolver = resolver
+        self._kwargs = transport_kwargs
+        self._pools: dict[str, httpx.AsyncHTTPTransport] = {}
+
+    def _pool(self, key: str) -> httpx.AsyncHTTPTransport:
+        pool = self._pools.get(key)
+        if pool is None:
+            pool = httpx.AsyncHTTPTransport(trust_env=False, **self._kwargs)
+            self._pools[key] = pool
+        return pool
+
+    async def _address(self, host: str, port: int) -> tuple[IPAddress, str | None]:
+        try:
+            parsed = parse_host(host)
+        except ValueError:
+            raise EgressDenied(host, port, "not a valid hostname") from None
+        if not isinstance(parsed, str):
+            verdict = self.matcher.check_connect(str(parsed), port)
+            if not verdict.allowed:
+                raise EgressDenied(host, port, verdict.reason)
+            return parsed, None
+        dest = self.matcher.hostname_destination(parsed, port)
+        if dest is None:
+            raise EgressDenied(host, port, f"no destination names {parsed}:{port}")
+        pinned = self.matcher.pins.get(parsed)
+        if pinned is None:
+            pinned = await asyncio.to_thread(self.matcher.pin, dest, port, self._resolver)
+        return min(pinned, key=lambda ip: (ip.version, int(ip))), parsed
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        """Check, pin and send one request.
+
+        Raises:
+            EgressDenied: the host or a resolved address is not allowed.
+        """
+        url = request.url
+        port = url.port or _DEFAULT_PORTS.get(url.scheme, 0)
+        ip, hostname = await self._address(url.host, port)
+        if hostname is not None:
+            request.url = url.copy_with(host=str(ip))
+            if url.scheme == "https":
+                request.extensions = {**request.extensions, "sni_hostname": hostname}
+        return await self._pool(hostname or str(ip)).handle_async_request(request)
+
+    async def aclose(self) -> None:
+        """Close every connection pool."""
+        pools, self._pools = list(self._pools.values()), {}
+        for pool in pools:
+            await pool.aclose()
+
+
+async def _refuse_redirect(response: httpx.Response) -> None:
+    if response.status_code in _REDIRECTS:
+        location = response.headers.get("location", "")
+        await response.aclose()
+        raise RedirectRefused(
+            response.request.url.host, response.request.url.port,
+            f"upstream answered {response.status_code} redirect to {location!r}; "
+            "policy-checked clients never follow redirects",
+        )
+
+
+def make_httpx_client(
+    policy: Policy | EgressMatcher,
+    *,
+    pins: PinStore | None = None,
+    resolver: SyncResolver = system_resolve,
+    transport_kwargs: dict[str, Any] | None = None,
+    **client_kwargs: Any,
+) -> httpx.AsyncClient:
+    """Return an ``httpx.AsyncClient`` over :class:`PolicyAsyncTransport`: no redirects, no proxies.
+
+    Use it as the ``http_client`` of ``openai.AsyncOpenAI`` (and so of litellm's OpenAI-
+    compatible provider via ``client=``).
+
+    Raises:
+        ValueError: ``transport``, ``mounts``, ``proxy``, ``trust_env`` or ``follow_redirects``
+            was given.
+    """
+    for fixed in ("transport", "mounts", "proxy", "trust_env", "follow_redirects"):
+        if fixed in client_kwargs:
+            raise ValueError(f"{fixed} is fixed by the policy transport")
+    hooks = dict(client_kwargs.pop("event_hooks", None) or {})
+    hooks["response"] = [*hooks.get("response", []), _refuse_redirect]
+    return httpx.AsyncClient(
+        transport=PolicyAsyncTransport(policy, pins=pins, resolver=resolver,
+                                       **(transport_kwargs or {})),
+        follow_redirects=False,
+        trust_env=False,
+        event_hooks=hooks,
+        **client_kwargs,
+    )
