@@ -309,8 +309,13 @@ def format_validation_error(exc: ValidationError) -> str:
     return "; ".join(lines)
 
 
-def _resolve_secrets(data: dict[str, Any], environ: Mapping[str, str], base: Path) -> None:
-    """Fill ``api_key`` of each replica from its ``api_key_env`` / ``api_key_file``."""
+def _resolve_secrets(data: dict[str, Any], environ: Mapping[str, str], base: Path) -> list[str]:
+    """Fill ``api_key`` of each replica from its ``api_key_env`` / ``api_key_file``.
+
+    Returns:
+        One message per secret that could not be resolved (empty when all resolved).
+    """
+    problems: list[str] = []
     for i, model in enumerate(data.get("models") or []):
         if not isinstance(model, dict):
             continue
@@ -319,18 +324,21 @@ def _resolve_secrets(data: dict[str, Any], environ: Mapping[str, str], base: Pat
                 continue
             where = f"models[{i}].replicas[{j}]"
             if "api_key" in replica:
-                raise ConfigError(
+                problems.append(
                     f"{where}.api_key: secrets do not belong in the file; "
                     "use api_key_env or api_key_file"
                 )
+                del replica["api_key"]
+                continue
             env_name = replica.get("api_key_env")
             file_name = replica.get("api_key_file")
             if isinstance(env_name, str) and _ENV_NAME.match(env_name):
                 value = environ.get(env_name)
                 if not value:
-                    raise ConfigError(
+                    problems.append(
                         f"{where}.api_key_env: environment variable {env_name} is not set"
                     )
+                    continue
                 replica["api_key"] = value
             elif isinstance(file_name, str):
                 path = Path(file_name)
@@ -339,12 +347,13 @@ def _resolve_secrets(data: dict[str, Any], environ: Mapping[str, str], base: Pat
                 try:
                     value = path.read_text(encoding="utf-8").strip()
                 except OSError as exc:
-                    raise ConfigError(
-                        f"{where}.api_key_file: cannot read {path}: {exc.strerror}"
-                    ) from exc
+                    problems.append(f"{where}.api_key_file: cannot read {path}: {exc.strerror}")
+                    continue
                 if not value:
-                    raise ConfigError(f"{where}.api_key_file: {path} is empty")
+                    problems.append(f"{where}.api_key_file: {path} is empty")
+                    continue
                 replica["api_key"] = value
+    return problems
 
 
 def parse(
@@ -366,11 +375,14 @@ def parse(
     if not isinstance(data, dict):
         raise ConfigError("(top level): the config must be a YAML mapping")
     data = _deep_copy(data)
-    _resolve_secrets(data, environ or {}, base or Path.cwd())
+    problems = _resolve_secrets(data, environ or {}, base or Path.cwd())
     try:
-        return GatewaySettings(**data)
+        settings = GatewaySettings(**data)
     except ValidationError as exc:
-        raise ConfigError(format_validation_error(exc)) from exc
+        raise ConfigError("; ".join([format_validation_error(exc), *problems])) from exc
+    if problems:
+        raise ConfigError("; ".join(problems))
+    return settings
 
 
 def load(path: Path | str, environ: Mapping[str, str] | None = None) -> GatewaySettings:

@@ -8,9 +8,7 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import typer
-import uvicorn
 
-from gateway.app import create_app
 from gateway.logs import configure_logging
 from gateway.settings import GatewaySettings, is_loopback_host, load
 
@@ -30,6 +28,11 @@ def run(settings: GatewaySettings, http: Literal["h11", "httptools"] = "h11") ->
     The egress guard of the policy package relies on ``sys.addaudithook`` socket events, which
     uvloop does not raise; hence ``loop="asyncio"``.
     """
+    # Imported here so that `gateway keys` / `check-config` start fast.
+    import uvicorn
+
+    from gateway.app import create_app
+
     configure_logging(settings.logging)
     if not is_loopback_host(settings.listen.host):
         _log.info("listening on %s:%s", settings.listen.host, settings.listen.port)
