@@ -200,21 +200,24 @@ def test_sigkilled_gateway_has_completion_records_for_every_delivered_response(
     delivered: list[str] = []
     stop = threading.Event()
 
-    def client_loop() -> None:
+    def client_loop(stream: bool) -> None:
+        body = {
+            "model": "llama-3.1-8b",
+            "messages": [{"role": "user", "content": "hi"}],
+            "stream": stream,
+        }
         with httpx.Client(timeout=10) as http:
             while not stop.is_set():
                 try:
                     r = http.post(
                         base + "/v1/chat/completions",
                         headers={"authorization": f"Bearer {KEY_A}"},
-                        json={
-                            "model": "llama-3.1-8b",
-                            "messages": [{"role": "user", "content": "hi"}],
-                        },
+                        json=body,
                     )
                 except httpx.HTTPError:
                     return
-                if r.status_code == 200 and r.json()["choices"]:
+                complete = b"data: [DONE]" in r.content if stream else bool(r.json()["choices"])
+                if r.status_code == 200 and complete:
                     delivered.append(r.headers["x-request-id"])
 
     with subprocess.Popen(
@@ -230,7 +233,7 @@ def test_sigkilled_gateway_has_completion_records_for_every_delivered_response(
                 except httpx.HTTPError:
                     assert proc.poll() is None and time.monotonic() < deadline
                     time.sleep(0.1)
-            threads = [threading.Thread(target=client_loop) for _ in range(4)]
+            threads = [threading.Thread(target=client_loop, args=(i % 2 == 1,)) for i in range(4)]
             for t in threads:
                 t.start()
             while len(delivered) < 60 and time.monotonic() < deadline:
