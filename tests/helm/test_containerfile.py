@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 import sg_helm as h
@@ -63,3 +64,26 @@ def test_checker_catches_each_violation(mutated: str, problem: str | None) -> No
         assert problems == []
     else:
         assert any(problem in p for p in problems), problems
+
+
+def test_console_script_launchers_match_pyproject(tmp_path: Path) -> None:
+    """Run the launcher-writing RUN step with /app moved to tmp and check what it writes."""
+    import subprocess
+    import tomllib
+
+    (step,) = [rest for word, rest in instructions(RECIPE)
+               if word == "RUN" and "/app/bin" in rest]
+    subprocess.run(["sh", "-c", step.replace("/app/bin", str(tmp_path / "bin"))], check=True)
+    scripts = tomllib.loads((h.REPO / "pyproject.toml").read_text(encoding="utf-8"))[
+        "project"]["scripts"]
+    written = sorted(p.name for p in (tmp_path / "bin").iterdir())
+    assert written == sorted(s for s in scripts if s != "vllm-sim")  # no simulator in the image
+    for name in written:
+        text = (tmp_path / "bin" / name).read_text(encoding="utf-8")
+        assert text.startswith("#!/app/.venv/bin/python\n")
+        module, func = scripts[name].split(":")
+        assert f"from {module} import {func}\n" in text
+        compile(text, name, "exec")
+        assert (h.REPO / module.replace(".", "/")).with_suffix(".py").exists() or (
+            h.REPO / module.replace(".", "/") / "__init__.py").exists()
+    assert 'ENTRYPOINT ["/app/bin/gateway"]' in RECIPE

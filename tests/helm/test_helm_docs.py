@@ -39,6 +39,7 @@ def test_every_value_is_documented() -> None:
 def test_every_value_is_in_the_schema() -> None:
     """values.schema.json forbids unknown keys, so every default must be declared there."""
     res = h.helm("lint", "--strict", str(h.CHART), "--set",
-                 "audit.signingKey.existingSecret=k", "--set-file",
+                 "audit.signingKey.existingSecret=k,audit.pseudonymKey.existingSecret=p",
+                 "--set-file",
                  f"policy.document={h.POLICY_FILE}")
     assert res.returncode == 0, res.stdout + res.stderr

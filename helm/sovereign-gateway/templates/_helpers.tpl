@@ -107,16 +107,17 @@ nodeAffinity:
 {{- if eq .Values.audit.store.type "postgresql" }}
 {{- $_ := set $audit "store_file" "/etc/sovereign-gateway/audit-db/url" -}}
 {{- else }}
-{{- $_ := set $audit "store" "sqlite:////var/lib/sovereign-gateway/audit/audit.db" -}}
+{{- $_ := set $audit "store" "sqlite:///var/lib/sovereign-gateway/audit/audit.db" -}}
 {{- end }}
 {{- if .Values.audit.checkpoints.enabled }}{{ $_ := set $audit "checkpoint_dir" "/var/lib/sovereign-gateway/checkpoints" }}{{ end -}}
-{{- if .Values.audit.pseudonymKey.existingSecret }}{{ $_ := set $audit "pseudonym_key_file" "/etc/sovereign-gateway/pseudonym-key/pseudonym.key" }}{{ end -}}
+{{- $_ := set $audit "pseudonym_key_file" "/etc/sovereign-gateway/pseudonym-key/pseudonym.key" -}}
 {{- $cfg := dict
   "listen" (dict "host" "0.0.0.0" "port" (int .Values.gateway.port))
   "admin" (dict "host" "0.0.0.0" "port" (int .Values.gateway.adminPort))
   "models" $models
   "limits" .Values.gateway.limits
   "timeouts" .Values.gateway.timeouts
+  "logging" (dict "level" .Values.gateway.logLevel "format" "json")
   "policy" (dict "file" "/etc/sovereign-gateway/policy.yaml" "guard" .Values.policy.guard)
   "audit" $audit -}}
 {{- if .Values.keys.existingSecret }}{{ $_ := set $cfg "keys_file" "/etc/sovereign-gateway/keys/keys.yaml" }}{{ end -}}
