@@ -22,7 +22,8 @@ Tree::
     │   └── UpstreamStatusError      upstream_<status>      (relayed 5xx/429 after retries)
     ├── ServiceUnavailable      503  service_unavailable
     │   └── NoHealthyReplica         no_healthy_replica
-    └── UpstreamTimeout         504  upstream_timeout (connect / first byte / idle)
+    └── UpstreamTimeout         504  upstream_timeout (first byte / idle)
+        └── UpstreamConnectTimeout   upstream_connect_timeout (retried on another replica)
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ __all__ = [
     "RateLimited",
     "ServiceUnavailable",
     "UpstreamConnectError",
+    "UpstreamConnectTimeout",
     "UpstreamError",
     "UpstreamStatusError",
     "UpstreamTimeout",
@@ -211,6 +213,12 @@ class UpstreamTimeout(GatewayError):
     status = 504
     type = "server_error"
     code = "upstream_timeout"
+
+
+class UpstreamConnectTimeout(UpstreamTimeout):
+    """No connection to the replica within ``timeouts.connect_s`` (retried on another replica)."""
+
+    code = "upstream_connect_timeout"
 
 
 def error_body(exc: GatewayError) -> bytes:

@@ -32,6 +32,7 @@ from gateway.errors import (
     NoHealthyReplica,
     ServiceUnavailable,
     UpstreamConnectError,
+    UpstreamConnectTimeout,
     UpstreamError,
     UpstreamStatusError,
     UpstreamTimeout,
@@ -289,7 +290,7 @@ async def _forward(
         try:
             result = await _attempt(state, pool, replica, body, headers, parsed, out, record,
                                     watch, t0)
-        except UpstreamConnectError as exc:
+        except (UpstreamConnectError, UpstreamConnectTimeout) as exc:
             pool.eject(replica)
             result = exc
         finally:
@@ -324,6 +325,7 @@ async def _attempt(
 
     Raises:
         UpstreamConnectError: Connection failed (the caller retries).
+        UpstreamConnectTimeout: Connection not made in time (the caller retries).
         GatewayError: Any failure before the response started (sent as a status by the caller).
     """
     timeouts = state.settings.timeouts
@@ -402,7 +404,7 @@ async def _attempt(
                 return None
             except (aiohttp.ClientError, OSError) as exc:
                 err = map_exception(exc, replica.url)
-                if isinstance(err, UpstreamConnectError):
+                if isinstance(err, (UpstreamConnectError, UpstreamConnectTimeout)):
                     raise err from exc
                 pool.eject(replica)
                 if not out.started:

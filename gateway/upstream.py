@@ -14,7 +14,13 @@ from collections.abc import Callable
 
 import aiohttp
 
-from gateway.errors import GatewayError, UpstreamConnectError, UpstreamError, UpstreamTimeout
+from gateway.errors import (
+    GatewayError,
+    UpstreamConnectError,
+    UpstreamConnectTimeout,
+    UpstreamError,
+    UpstreamTimeout,
+)
 from gateway.settings import GatewaySettings
 
 __all__ = ["ConnectorFactory", "map_exception", "new_session"]
@@ -67,11 +73,14 @@ def map_exception(exc: BaseException, replica_url: str) -> GatewayError:
         replica_url: For the message (never the request content).
 
     Returns:
-        :class:`UpstreamConnectError` for connection failures (retryable),
+        :class:`UpstreamConnectError` / :class:`UpstreamConnectTimeout` for connection
+        failures (both retryable),
         :class:`UpstreamTimeout` for timeouts, :class:`UpstreamError` otherwise.
     """
     if isinstance(exc, aiohttp.ConnectionTimeoutError):
-        return UpstreamConnectError(f"Timed out connecting to the model backend ({replica_url}).")
+        return UpstreamConnectTimeout(
+            f"Timed out connecting to the model backend ({replica_url})."
+        )
     if isinstance(exc, aiohttp.ClientConnectorError):
         return UpstreamConnectError(f"Could not connect to the model backend ({replica_url}).")
     if isinstance(exc, (asyncio.TimeoutError, aiohttp.ServerTimeoutError)):

@@ -415,3 +415,34 @@ def test_concurrent_streams(serve_asgi: Any, sim: Sim) -> None:
         t.join()
     assert not errors
     assert sim.stats()["completed"] == 16
+
+
+def test_connect_timeout_is_retried_then_504(serve_asgi: Any, sim: Sim) -> None:
+    """A replica whose accept queue is full never completes the TCP handshake."""
+    blocker = socket.socket()
+    blocker.bind(("127.0.0.1", 0))
+    blocker.listen(0)
+    port = blocker.getsockname()[1]
+    fillers = []
+    for _ in range(4):  # fill the accept queue; later SYNs are dropped
+        s = socket.socket()
+        s.setblocking(False)
+        s.connect_ex(("127.0.0.1", port))
+        fillers.append(s)
+    time.sleep(0.1)
+    try:
+        hung = f"http://127.0.0.1:{port}"
+        gw = start_gateway(serve_asgi, settings([hung], timeouts={"connect_s": 0.3}))
+        r = httpx.post(gw + "/v1/chat/completions", json=CHAT, headers=AUTH_A)
+        _shape(r, 504, "upstream_connect_timeout")
+        recorder = Recorder()
+        gw2 = start_gateway(serve_asgi, settings([hung, sim.url], timeouts={"connect_s": 0.3}),
+                            observers=[recorder])
+        for _ in range(2):
+            sdk(gw2).chat.completions.create(model="llama-3.1-8b", messages=MESSAGES)
+        assert sim.stats()["received"] == 2
+        assert sorted(r.attempts for r in recorder.ended) == [1, 2]
+    finally:
+        for s in fillers:
+            s.close()
+        blocker.close()
