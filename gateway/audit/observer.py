@@ -23,12 +23,14 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import Any
 
-from gateway.audit.errors import AuditUnavailable
+from pydantic import ValidationError
+
+from gateway.audit.errors import AuditError, AuditUnavailable
 from gateway.audit.pseudonym import Pseudonymizer, load_pseudonymizer
 from gateway.audit.records import REQUEST_COMPLETED, REQUEST_STARTED
 from gateway.audit.settings import AuditSettings
 from gateway.audit.writer import AuditLog
-from gateway.errors import ServiceUnavailable
+from gateway.errors import ConfigError, ServiceUnavailable
 from gateway.records import RequestRecord
 
 _log = logging.getLogger(__name__)
@@ -267,3 +269,28 @@ def build(
     if not settings.enabled:
         return None
     return AuditObserver.from_settings(settings, config_digest=config_digest)
+
+
+def audited_app(settings: Any, factory: Callable[..., Any], **kwargs: Any) -> Any:
+    """Build the gateway app with the audit log of ``settings.audit`` wired in (if enabled).
+
+    Args:
+        settings: The gateway settings (``.audit`` is the ``audit:`` section or ``None``;
+            ``.model_dump_json()`` is hashed into the ``config.loaded`` record).
+        factory: ``gateway.app.create_app``.
+        **kwargs: Passed on to ``factory``; the audit observer is put first in ``observers``.
+
+    Returns:
+        The ASGI app to serve (wrapped by :func:`audit_gate` when auditing).
+
+    Raises:
+        ConfigError: If the ``audit:`` section or one of its key files is invalid.
+    """
+    try:
+        observer = build(settings.audit, config_digest=config_digest(settings.model_dump_json()))
+    except (AuditError, ValidationError) as exc:
+        raise ConfigError(f"audit: {exc}") from exc
+    if observer is None:
+        return factory(settings, **kwargs)
+    observers = [observer, *kwargs.pop("observers", ())]
+    return audit_gate(factory(settings, observers=observers, **kwargs), observer)
