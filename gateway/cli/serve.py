@@ -32,12 +32,13 @@ def run(settings: GatewaySettings, http: Literal["h11", "httptools"] = "h11") ->
     import uvicorn
 
     from gateway.app import create_app
+    from gateway.audit.observer import audited_app
 
     configure_logging(settings.logging)
     if not is_loopback_host(settings.listen.host):
         _log.info("listening on %s:%s", settings.listen.host, settings.listen.port)
     uvicorn.run(
-        create_app(settings),
+        audited_app(settings, create_app),
         host=settings.listen.host,
         port=settings.listen.port,
         loop="asyncio",
