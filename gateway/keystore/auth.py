@@ -8,10 +8,15 @@ stopped through ``startup()`` / ``shutdown()``, which the app lifespan calls on 
 
 from __future__ import annotations
 
-from gateway.auth import Authenticator, Principal
+from collections.abc import Mapping
+from typing import Any
+
+from gateway.auth import Authenticator, KeyRing, Principal
 from gateway.errors import AuthenticationFailed, ServiceUnavailable
 from gateway.keystore.cache import ManagedKeyCache
-from gateway.keystore.errors import KeystoreUnavailable
+from gateway.keystore.errors import KeystoreConfigError, KeystoreUnavailable
+from gateway.keystore.settings import KeystoreSettings
+from gateway.keystore.store import open_keystore
 
 
 class ManagedKeyAuthenticator:
@@ -59,3 +64,40 @@ class ManagedKeyAuthenticator:
         if key is None:
             raise AuthenticationFailed()
         return Principal(key.id, key.team, key.data_class, frozenset(key.models))
+
+
+def _raw(section: Any) -> dict[str, Any] | None:
+    if section is None:
+        return None
+    if isinstance(section, Mapping):
+        return dict(section)
+    return dict(section.model_dump())
+
+
+def managed_authenticator(settings: Any) -> ManagedKeyAuthenticator | None:
+    """The authenticator for ``settings.keystore`` (config keys first), or None.
+
+    Managed keys are on when the gateway config has an enabled ``keystore:`` section; its
+    ``store`` defaults to the ``audit:`` store, so keys live in the audit database.
+
+    Args:
+        settings: the ``GatewaySettings``.
+
+    Raises:
+        pydantic.ValidationError: invalid ``keystore:`` section.
+        KeystoreConfigError: no store configured anywhere, or an unsupported URL.
+    """
+    section = _raw(getattr(settings, "keystore", None))
+    if section is None:
+        return None
+    ks = KeystoreSettings.model_validate(section)
+    if not ks.enabled:
+        return None
+    audit = _raw(getattr(settings, "audit", None)) or {}
+    url = ks.store or audit.get("store")
+    if not url:
+        raise KeystoreConfigError("keystore.store is not set and there is no audit.store")
+    cache = ManagedKeyCache(
+        open_keystore(str(url)), refresh_s=ks.refresh_s, max_stale_s=ks.max_stale_s
+    )
+    return ManagedKeyAuthenticator(KeyRing(settings.keys), cache)

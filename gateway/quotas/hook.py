@@ -129,3 +129,23 @@ class QuotaHook:
             await self.service.settle(admission, used)
         finally:
             await self.service.release(admission)
+
+
+def quota_hook(
+    section: QuotaSettings | Mapping[str, Any] | None, *, on_event: EventSink | None = None
+) -> QuotaHook | None:
+    """The hook for the gateway's ``quotas:`` section, or None when absent or disabled.
+
+    Args:
+        section: ``settings.quotas`` (raw mapping or model).
+        on_event: sink for quota backend outage/recovery events (the audit log's ``append``).
+
+    Raises:
+        pydantic.ValidationError: the section is invalid (the message names the key).
+    """
+    if section is None:
+        return None
+    qs = section if isinstance(section, QuotaSettings) else QuotaSettings.model_validate(section)
+    if not qs.enabled:
+        return None
+    return QuotaHook(QuotaService.from_settings(qs, on_event=on_event))
