@@ -92,6 +92,8 @@ class RemoteSnapshot:
 def _mapped(what: str, endpoint: str) -> Iterator[None]:
     """Translate huggingface_hub / HTTP errors into :mod:`weights.errors`."""
     hf = _hf()
+    import httpx2
+
     errors = hf.errors
     try:
         yield
@@ -114,6 +116,11 @@ def _mapped(what: str, endpoint: str) -> Iterator[None]:
     except errors.HfHubHTTPError as exc:
         status = exc.response.status_code if exc.response is not None else "?"
         raise HubError(f"{what}: hub answered HTTP {status}") from exc
+    except (httpx2.TransportError, httpx2.TimeoutException) as exc:
+        raise HubError(
+            f"{what}: cannot reach the hub at {endpoint}: {exc}",
+            hint="check HF_ENDPOINT / --endpoint and the network path to the hub",
+        ) from exc
     except OSError as exc:
         raise HubError(f"{what}: {exc}") from exc
 
