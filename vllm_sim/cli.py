@@ -20,7 +20,11 @@ from pydantic import ValidationError
 from vllm_sim.app import create_app
 from vllm_sim.config import SimConfig
 
-app = typer.Typer(add_completion=False, help="Serve the vLLM simulator (not a real vLLM).")
+app = typer.Typer(
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    help="Serve the vLLM simulator (not a real vLLM).",
+)
 
 
 @app.command()
@@ -61,27 +65,23 @@ def serve(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Console-script entry point; the one error boundary of the CLI."""
+    """Console-script entry point; the one error boundary of the CLI.
+
+    Returns:
+        0 after a clean shutdown, 2 on a usage error or when the server cannot start.
+    """
     logging.basicConfig(level=logging.WARNING)
     try:
-        app(args=argv, standalone_mode=False)
+        app(args=argv, prog_name="vllm-sim")
+    except SystemExit as exc:  # typer/click: 0 on success, 2 on usage errors
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
     except ValidationError as exc:
         err = exc.errors()[0]
         print(f"vllm-sim: invalid option {err['loc'][0]}: {err['msg']}", file=sys.stderr)
         return 2
-    except (typer.Exit, SystemExit) as exc:
-        code = getattr(exc, "exit_code", None) or getattr(exc, "code", 0)
-        return int(code or 0)
     except OSError as exc:
         print(f"vllm-sim: cannot serve: {exc}", file=sys.stderr)
         return 2
-    except Exception as exc:  # click usage errors
-        import click
-
-        if isinstance(exc, click.ClickException):
-            exc.show()
-            return 2
-        raise
     return 0
 
 

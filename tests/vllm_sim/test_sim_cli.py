@@ -1,0 +1,64 @@
+"""The ``vllm-sim`` console script."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import openai
+
+VLLM_SIM = Path(sys.executable).with_name("vllm-sim")
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_cli_serves_configured_models() -> None:
+    port = _port()
+    proc = subprocess.Popen(
+        [str(VLLM_SIM), "--port", str(port), "--model", "a", "--model", "b", "--tokens", "4",
+         "--max-model-len", "64", "--ttft-ms", "1"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                httpx.get(f"http://127.0.0.1:{port}/health").raise_for_status()
+                break
+            except httpx.HTTPError:
+                assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x")
+        assert [m.id for m in client.models.list().data] == ["a", "b"]
+        resp = client.completions.create(model="b", prompt="hi")
+        assert resp.usage is not None and resp.usage.completion_tokens == 4
+        assert client.models.list().data[0].model_extra == {
+            "root": "a", "parent": None, "max_model_len": 64, "permission": []
+        }
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        if proc.stderr is not None:
+            proc.stderr.close()
+    # uvicorn shuts down gracefully, then re-raises the signal it caught
+    assert proc.returncode in (0, -signal.SIGTERM)
+
+
+def test_cli_rejects_bad_options() -> None:
+    res = subprocess.run([str(VLLM_SIM), "--tokens", "0"], capture_output=True, text=True,
+                         timeout=60)
+    assert res.returncode == 2
+    assert "tokens_per_response" in res.stderr
+    res = subprocess.run([str(VLLM_SIM), "--no-such-flag"], capture_output=True, text=True,
+                         timeout=60)
+    assert res.returncode == 2
