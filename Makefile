@@ -73,5 +73,9 @@ lint: install
 bench: install
 	$(PY) bench/relay.py
 
+# @airgap: pack/verify/unpack throughput vs openssl and model_signing (SIZE_GIB=2 by default).
+bench-airgap: install
+	$(PY) bench/airgap.py --size-gib $(or $(SIZE_GIB),2)
+
 clean:
 	rm -rf $(VENV) $(TOOLS) .cache
