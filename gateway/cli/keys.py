@@ -53,3 +53,9 @@ def hash_key() -> None:
     if not key:
         raise typer.BadParameter("no key on stdin")
     typer.echo(digest_key(key).hex())
+
+
+# Managed keys (issue 9): create / list / revoke / rotate, from gateway/cli/keys_managed.py.
+from gateway.cli import keys_managed as _managed  # noqa: E402
+
+app.registered_commands.extend(_managed.app.registered_commands)

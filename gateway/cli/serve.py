@@ -33,12 +33,13 @@ def run(settings: GatewaySettings, http: Literal["h11", "httptools"] = "h11") ->
 
     from gateway.app import create_app
     from gateway.audit.observer import audited_app
+    from gateway.quotas.wiring import with_limits
 
     configure_logging(settings.logging)
     if not is_loopback_host(settings.listen.host):
         _log.info("listening on %s:%s", settings.listen.host, settings.listen.port)
     uvicorn.run(
-        audited_app(settings, create_app),
+        audited_app(settings, with_limits(create_app)),
         host=settings.listen.host,
         port=settings.listen.port,
         loop="asyncio",
