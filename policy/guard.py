@@ -241,17 +241,24 @@ class EgressGuard:
         )
         ev = EgressEvent(time.time(), host, port, address, decision, dest_id,
                          _caller(sys._getframe(2)), reason, event)
-        if not allowed and not force_block:
+        if not force_block:
             self.events.append(ev)
-            _log.warning("egress %s: %s:%s (%s) from %s", decision, host, port, reason, ev.caller)
-            if self.on_event is not None:
-                self.on_event(ev)
-        elif allowed:
-            self.events.append(ev)
-            if self.on_event is not None:
-                self.on_event(ev)
+            if not allowed:
+                _log.warning("egress %s: %s:%s (%s) from %s", decision, host, port, reason,
+                             ev.caller)
+            self._deliver(ev)
         if block:
             raise EgressBlocked(host, port, reason if not force_block else "guard self-test probe")
+
+    def _deliver(self, ev: EgressEvent) -> None:
+        if self.on_event is None:
+            return
+        try:
+            self.on_event(ev)
+        except Exception:
+            # A failing recorder must neither break the caller's socket call nor, in enforce
+            # mode, turn a block into an allow: log it and go on.
+            _log.exception("egress guard on_event callback failed for %s:%s", ev.host, ev.port)
 
     # --- self-test -------------------------------------------------------------------------
 

@@ -267,3 +267,15 @@ def test_self_test_fails_when_not_installed_or_target_allowed(
 
 def test_default_self_test_target_is_denied(guard: EgressGuard) -> None:
     assert not guard.matcher.check_connect("192.0.2.1", 9).allowed
+
+
+def test_failing_recorder_neither_breaks_nor_unblocks(
+    closed_port: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken(ev: EgressEvent) -> None:
+        raise RuntimeError("audit store down")
+
+    with EgressGuard(_policy(1), on_event=broken) as g, pytest.raises(EgressBlocked):
+        socket.create_connection(("127.0.0.1", closed_port), timeout=1)
+    assert len(g.events) == 1
+    assert "on_event callback failed" in caplog.text
