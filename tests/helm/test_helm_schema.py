@@ -132,6 +132,11 @@ def test_missing_audit_pseudonym_key_secret_is_refused(tmp_path: Path) -> None:
     assert "at '/audit/pseudonymKey/existingSecret': minLength: got 0, want 1" in err
 
 
+def test_no_model_is_refused(tmp_path: Path) -> None:
+    err = h.refuse(DEFAULT, _values(tmp_path, {"gateway": {"models": []}}))
+    assert "no model configured: set gateway.models" in err
+
+
 def test_missing_policy_document_is_refused() -> None:
     err = h.refuse(DEFAULT, policy=None)
     assert "policy.document is empty" in err

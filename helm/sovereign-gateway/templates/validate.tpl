@@ -18,6 +18,9 @@ Checks that values.schema.json cannot express. Each fails the render with one cl
 {{- if and (not .Values.gateway.existingConfigMap) (not .Values.policy.document) }}
 {{- fail "policy.document is empty: the gateway enforces an egress policy file. Set it with --set-file policy.document=policy.yaml (or use gateway.existingConfigMap)" }}
 {{- end }}
+{{- if and (not .Values.gateway.existingConfigMap) (not .Values.gateway.models) (not (and .Values.vllm.enabled .Values.vllm.models)) }}
+{{- fail "no model configured: set gateway.models (backends outside the chart) or vllm.enabled with vllm.models" }}
+{{- end }}
 {{- $ids := dict }}
 {{- range .Values.egress.destinations }}
 {{- if hasKey $ids .id }}{{ fail (printf "egress destination id %q appears twice" .id) }}{{ end }}
