@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import sg_helm as h
 import yaml
+
 from gateway.audit import AuditSettings
 from gateway.settings import ConfigError, parse
 
