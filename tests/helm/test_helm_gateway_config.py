@@ -19,7 +19,8 @@ import sg_helm as h
 import yaml
 
 from gateway.audit import AuditSettings
-from gateway.settings import ConfigError, parse
+from gateway.errors import ConfigError
+from gateway.settings import parse
 
 PENDING_TOP = ("admin", "keys_file")
 PENDING_AUDIT = ("store_file",)
