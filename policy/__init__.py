@@ -26,7 +26,7 @@ from .errors import (
     UnknownDataClass,
     UnknownDestination,
 )
-from .evaluate import UNSAFE_RULE_ID, Decision, Policy, Principal
+from .evaluate import UNSAFE_RULE_ID, Decision, Policy, Principal, Selection
 from .guard import SELF_TEST_TARGET, EgressEvent, EgressGuard
 from .httpx_transport import PolicyAsyncTransport, make_httpx_client
 from .providers import LITELLM_OFFLINE_ENV, import_litellm, litellm_env
@@ -56,6 +56,7 @@ __all__ = [
     "Principal",
     "RedirectRefused",
     "RenderError",
+    "Selection",
     "UnknownDataClass",
     "UnknownDestination",
     "Verdict",

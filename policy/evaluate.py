@@ -72,6 +72,24 @@ class Decision:
 
 
 @dataclass(frozen=True, slots=True)
+class Selection:
+    """The routing outcome for one request over a model's replicas.
+
+    Attributes:
+        allowed: indices (into the given destination list) of the replicas that may be used.
+        decisions: one decision per replica, in the given order.
+        rule_id: the rule of the first allowed replica; when none is allowed, the rule of the
+            first denial (``None``: no rule matched) -- what a 403 names.
+        reason: the first denial's reason when nothing is allowed, else ``""``.
+    """
+
+    allowed: tuple[int, ...]
+    decisions: tuple[Decision, ...]
+    rule_id: str | None
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class _CompiledRule:
     rule: Rule
     keys: frozenset[str]
@@ -290,6 +308,31 @@ class Policy:
             f"no rule matched key {principal.key!r} (team {principal.team!r}), class "
             f"{data_class!r}, destination {destination_id}", self.revision, destination_id,
         )
+
+    def select(
+        self, principal: Principal, data_class: str, destination_ids: Sequence[str | None]
+    ) -> Selection:
+        """Evaluate every replica of a model; a replica without a destination is denied.
+
+        Args:
+            principal: the caller.
+            data_class: the request's resolved data class.
+            destination_ids: each replica's destination id (``None``: not configured).
+
+        Raises:
+            UnknownDataClass: ``data_class`` is not defined.
+        """
+        decisions = tuple(
+            self.evaluate(principal, data_class, d) if d is not None
+            else Decision(False, None, "replica has no policy destination", self.revision, "")
+            for d in destination_ids
+        )
+        allowed = tuple(i for i, d in enumerate(decisions) if d.allowed)
+        if allowed:
+            return Selection(allowed, decisions, decisions[allowed[0]].rule_id, "")
+        if not decisions:
+            return Selection((), (), None, "model has no replicas")
+        return Selection((), decisions, decisions[0].rule_id, decisions[0].reason)
 
     def explain(
         self, principal: Principal, data_class: str, destination_ids: Iterable[str] | None = None

@@ -164,3 +164,16 @@ def test_unknown_classes_are_refused(policy: Policy) -> None:
         policy.resolve_class("public", "top-secret", ALICE)
     with pytest.raises(UnknownDataClass):
         policy.resolve_class("nope", None, ALICE)
+
+
+def test_select_over_a_models_replicas(policy: Policy) -> None:
+    sel = policy.select(ALICE, "confidential", ["vllm-eu-b", "vllm-eu-a", None, "provider-us"])
+    assert sel.allowed == (1,) and sel.rule_id == "sensitive-eu-no-retention" and sel.reason == ""
+    assert [d.allowed for d in sel.decisions] == [False, True, False, False]
+    assert sel.decisions[2].reason == "replica has no policy destination"
+    denied = policy.select(ALICE, "personal", ["vllm-eu-b", "provider-us"])
+    assert denied.allowed == () and denied.rule_id == "sensitive-eu-no-retention"
+    assert "lacks no-retention" in denied.reason
+    nomatch = policy.select(Principal("k", "contractors"), "public", ["vllm-eu-a"])
+    assert nomatch.allowed == () and nomatch.rule_id == "block-contractor"
+    assert policy.select(ALICE, "public", []).reason == "model has no replicas"
