@@ -205,11 +205,12 @@ def verify(
     if signature is not None:
         from weights.signing import verify_signature
 
-        root = path if no_lock else Path(report_doc["lock"]["root"])
+        root = path if no_lock else report.root
         try:
             signed = verify_signature(root, signature, public_key=public_key, identity=identity,
                                       identity_provider=identity_provider, trust_root=trust_root,
-                                      ignore=patterns)
+                                      ignore=patterns,
+                                      digests=None if no_lock else report.digests)
             report_doc["signature"] = {"ok": True, "files": len(signed)}
             if not as_json:
                 console.print(f"OK signature {signature}: {len(signed)} files")

@@ -12,8 +12,8 @@ from __future__ import annotations
 import fnmatch
 import json
 import os
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -49,6 +49,7 @@ class VerifyReport:
         missing: Pinned files absent from the directory.
         extra: Files present but not pinned (relative POSIX paths).
         missing_shards: Shards named by an index file but absent.
+        digests: sha256 of every file hashed, by path (lets a signature check reuse them).
     """
 
     root: Path
@@ -60,6 +61,7 @@ class VerifyReport:
     missing: tuple[str, ...]
     extra: tuple[str, ...]
     missing_shards: tuple[str, ...]
+    digests: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def ok(self) -> bool:
@@ -83,9 +85,14 @@ class VerifyReport:
 
 
 def check_file(
-    path: Path, locked: LockedFile, progress: ProgressCallback | None = None
+    path: Path,
+    locked: LockedFile,
+    progress: ProgressCallback | None = None,
+    digests: dict[str, str] | None = None,
 ) -> Mismatch | None:
     """Compare one local file with its lock record (size first, then sha256 and git SHA-1).
+
+    If ``digests`` is given, the computed sha256 is stored in it under the file's path.
 
     Returns:
         None if the file matches, else the first difference found.
@@ -97,6 +104,8 @@ def check_file(
     if size != locked.size:
         return Mismatch(locked.path, f"size:{locked.size}", f"size:{size}")
     d = digest_file(path, progress)
+    if digests is not None:
+        digests[locked.path] = d.sha256
     if d.sha256 != locked.sha256:
         return Mismatch(locked.path, f"sha256:{locked.sha256}", f"sha256:{d.sha256}")
     if locked.git_sha1 is not None and d.git_sha1 != locked.git_sha1:
@@ -187,13 +196,14 @@ def verify_tree(
     missing: list[str] = []
     checked = 0
     hashed = 0
+    hashed_digests: dict[str, str] = {}
     for locked in entry.files:
         target = root / locked.path
         if not target.is_file():
             missing.append(locked.path)
             continue
         try:
-            mm = check_file(target, locked, progress)
+            mm = check_file(target, locked, progress, hashed_digests)
         except OSError as exc:
             raise WeightsError(f"cannot read {target}: {exc.strerror or exc}") from exc
         checked += 1
@@ -219,4 +229,5 @@ def verify_tree(
         missing=tuple(missing),
         extra=tuple(extra),
         missing_shards=tuple(shards),
+        digests=hashed_digests,
     )
