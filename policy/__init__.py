@@ -9,7 +9,8 @@ Public API (other packages import only these names):
   aiohttp), :func:`make_httpx_client`, :class:`PolicyAsyncTransport` (httpx, openai SDK);
 * :class:`EgressMatcher`, :class:`PinStore` (address checks shared by both);
 * :func:`litellm_env`, :func:`import_litellm` (litellm without hidden egress);
-* :func:`check_binding`, :func:`start_guard` (gateway start-up);
+* :func:`check_binding`, :func:`start_guard` (gateway start-up), :class:`EgressRoutePolicy`
+  (the gateway's ``RoutePolicy`` seam), :func:`policy_middleware`;
 * the :class:`PolicyError` tree (``errors`` module docstring).
 """
 
@@ -30,8 +31,9 @@ from .evaluate import UNSAFE_RULE_ID, Decision, Policy, Principal, Selection
 from .guard import SELF_TEST_TARGET, EgressEvent, EgressGuard
 from .httpx_transport import PolicyAsyncTransport, make_httpx_client
 from .providers import LITELLM_OFFLINE_ENV, import_litellm, litellm_env
+from .routing import EgressRoutePolicy
 from .runtime import BindingError, GuardMode, check_binding, start_guard
-from .transport import PolicyResolver, make_connector, make_session
+from .transport import PolicyResolver, make_connector, make_session, policy_middleware
 
 __all__ = [
     "LITELLM_OFFLINE_ENV",
@@ -45,6 +47,7 @@ __all__ = [
     "EgressEvent",
     "EgressGuard",
     "EgressMatcher",
+    "EgressRoutePolicy",
     "GuardMode",
     "GuardSelfTestFailed",
     "PinStore",
@@ -66,5 +69,6 @@ __all__ = [
     "make_connector",
     "make_httpx_client",
     "make_session",
+    "policy_middleware",
     "start_guard",
 ]
