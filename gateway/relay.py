@@ -19,8 +19,6 @@ import logging
 import time
 import uuid
 
-import aiohttp
-
 from gateway.asgi_io import ClientGone, DisconnectWatch, Receive, Responder, Scope, Send, read_body
 from gateway.auth import Principal, bearer_token
 from gateway.errors import (
@@ -31,19 +29,14 @@ from gateway.errors import (
     ModelNotFound,
     NoHealthyReplica,
     ServiceUnavailable,
-    UpstreamConnectError,
-    UpstreamConnectTimeout,
     UpstreamError,
-    UpstreamStatusError,
     UpstreamTimeout,
     sse_error_event,
 )
+from gateway.forward import Exchange, forward
 from gateway.records import RequestRecord
-from gateway.rewrite import ParsedBody, parse_body
-from gateway.routing import Pool, Replica
-from gateway.sse import SSEUsageScanner, Usage, usage_from_body
+from gateway.rewrite import parse_body
 from gateway.state import GatewayState
-from gateway.upstream import USER_AGENT, map_exception
 
 __all__ = ["RELAY_PATHS", "handle"]
 
@@ -67,10 +60,6 @@ RELAY_PATHS = frozenset(
         "/classify",
     }
 )
-_RETRY_STATUSES = frozenset({429, 502, 503})
-_MAX_USAGE_BODY = 1 << 20
-_SSE = b"text/event-stream"
-_RESPONSE_HEADERS = frozenset({"content-type", "retry-after", "cache-control"})
 
 
 def _outcome_for(exc: GatewayError) -> str:
@@ -83,15 +72,6 @@ def _outcome_for(exc: GatewayError) -> str:
     if exc.status < 500:
         return "invalid"
     return "gateway_error"
-
-
-def _retry_after_s(value: str | None) -> float | None:
-    if value is None:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        return None  # an HTTP-date: fall back to the pool cool-down
 
 
 async def handle(state: GatewayState, scope: Scope, receive: Receive, send: Send) -> None:
@@ -235,8 +215,9 @@ async def _serve(
     watch = DisconnectWatch(receive)
     watch.start()
     try:
-        await _forward(state, pool, decision.candidates, first, parsed, accept, forwarded, out,
-                       record, watch, t0)
+        exchange = Exchange(state, pool, decision.candidates, parsed, accept, forwarded, out,
+                            record, watch, t0)
+        await forward(exchange, first)
     except asyncio.CancelledError:
         task = asyncio.current_task()
         if not watch.fired or task is None:
@@ -248,203 +229,3 @@ async def _serve(
     return True
 
 
-async def _forward(
-    state: GatewayState,
-    pool: Pool,
-    candidates: tuple[Replica, ...],
-    first: Replica,
-    parsed: ParsedBody,
-    accept: str,
-    forwarded: list[tuple[str, str]],
-    out: Responder,
-    record: RequestRecord,
-    watch: DisconnectWatch,
-    t0: float,
-) -> None:
-    """Try replicas until one answers (retry rules in the module docstring)."""
-    settings = state.settings
-    body = parsed.upstream_body(pool.model.upstream_name, force_usage=True)
-    base_headers = {
-        "content-type": "application/json",
-        "accept": accept,
-        "accept-encoding": "identity",
-        "user-agent": USER_AGENT,
-        "x-request-id": record.request_id,
-    }
-    base_headers.update(forwarded)
-    tried: list[Replica] = []
-    replica: Replica | None = first
-    last_error: GatewayError | None = None
-    attempts = 0
-    while replica is not None and attempts < settings.retries.max_attempts:
-        attempts += 1
-        if replica not in tried:
-            tried.append(replica)
-        record.attempts = attempts
-        record.replica_url = replica.url
-        record.destination = replica.destination
-        headers = dict(base_headers)
-        if replica.api_key:
-            headers["authorization"] = f"Bearer {replica.api_key}"
-        replica.outstanding += 1
-        try:
-            result = await _attempt(state, pool, replica, body, headers, parsed, out, record,
-                                    watch, t0)
-        except (UpstreamConnectError, UpstreamConnectTimeout) as exc:
-            pool.eject(replica)
-            result = exc
-        finally:
-            replica.outstanding -= 1
-        if result is None:
-            return
-        last_error = result
-        previous = replica
-        replica = pool.pick(candidates, exclude=tried)
-        if replica is None and isinstance(result, UpstreamStatusError) and result.status == 429:
-            # Honour Retry-After: wait it out on the same replica if it is short.
-            wait_s = _retry_after_s(result.headers.get("retry-after"))
-            if wait_s is not None and wait_s <= settings.retries.max_retry_after_s:
-                await asyncio.sleep(wait_s)
-                replica = previous
-    raise last_error or NoHealthyReplica(f"No replica of '{pool.model.name}' is available.")
-
-
-async def _attempt(
-    state: GatewayState,
-    pool: Pool,
-    replica: Replica,
-    body: bytes,
-    headers: dict[str, str],
-    parsed: ParsedBody,
-    out: Responder,
-    record: RequestRecord,
-    watch: DisconnectWatch,
-    t0: float,
-) -> GatewayError | None:
-    """One upstream attempt. Returns ``None`` when done, or the retryable error.
-
-    Raises:
-        UpstreamConnectError: Connection failed (the caller retries).
-        UpstreamConnectTimeout: Connection not made in time (the caller retries).
-        GatewayError: Any failure before the response started (sent as a status by the caller).
-    """
-    timeouts = state.settings.timeouts
-    loop = asyncio.get_running_loop()
-    url = replica.url + record.path
-    phase = "first_byte"
-    resp: aiohttp.ClientResponse | None = None
-    scanner: SSEUsageScanner | None = None
-    complete = False
-    try:
-        async with asyncio.timeout(timeouts.first_byte_s) as deadline:
-            try:
-                resp = await state.session.post(url, data=body, headers=headers,
-                                                allow_redirects=False)
-                status = resp.status
-                if status in _RETRY_STATUSES:
-                    retry_after = resp.headers.get("retry-after")
-                    resp.release()
-                    cool = _retry_after_s(retry_after) if status == 429 else None
-                    pool.eject(replica, cool)
-                    relayed = {"retry-after": retry_after} if retry_after else {}
-                    return UpstreamStatusError(
-                        f"The model backend answered {status}.", status=status, headers=relayed
-                    )
-                if status >= 500:
-                    pool.eject(replica)
-                chunk = await resp.content.readany()
-                record.ttft_ms = round((time.perf_counter() - t0) * 1000.0, 3)
-                ctype = resp.headers.get("content-type", "")
-                is_sse = ctype.encode("latin-1").startswith(_SSE)
-                out_headers = [(b"content-type", ctype.encode("latin-1"))]
-                for name in ("retry-after", "cache-control"):
-                    value = resp.headers.get(name)
-                    if value is not None:
-                        out_headers.append((name.encode(), value.encode("latin-1")))
-                if not is_sse and resp.content_length is not None:
-                    out_headers.append((b"content-length", str(resp.content_length).encode()))
-                if is_sse:
-                    phase = "stream"
-                    scanner = SSEUsageScanner(
-                        drop_usage_only=parsed.stream and not parsed.client_wants_usage
-                    )
-                    await out.start(status, out_headers)
-                    while chunk:
-                        data = scanner.feed(chunk)
-                        deadline.reschedule(None)
-                        if data:
-                            await out.body(data)
-                        deadline.reschedule(loop.time() + timeouts.idle_s)
-                        chunk = await resp.content.readany()
-                    deadline.reschedule(None)
-                    complete = True
-                    tail = scanner.finish()
-                    _set_usage(record, scanner.usage)
-                    watch.finish()
-                    await out.body(tail, more=False)
-                else:
-                    phase = "body"
-                    keep = bytearray()
-                    await out.start(status, out_headers)
-                    while chunk:
-                        if len(keep) + len(chunk) <= _MAX_USAGE_BODY:
-                            keep += chunk
-                        deadline.reschedule(None)
-                        await out.body(chunk)
-                        deadline.reschedule(loop.time() + timeouts.idle_s)
-                        chunk = await resp.content.readany()
-                    deadline.reschedule(None)
-                    complete = True
-                    if status == 200:
-                        _set_usage(record, usage_from_body(bytes(keep)))
-                    watch.finish()
-                    await out.body(b"", more=False)
-                record.outcome = "ok" if status < 400 else ("invalid" if status < 500
-                                                             else "upstream_error")
-                return None
-            except (aiohttp.ClientError, OSError) as exc:
-                err = map_exception(exc, replica.url)
-                if isinstance(err, (UpstreamConnectError, UpstreamConnectTimeout)):
-                    raise err from exc
-                pool.eject(replica)
-                if not out.started:
-                    raise err from exc
-                await _end_broken(out, err, phase, record, scanner.at_boundary if scanner else True)
-                return None
-    except TimeoutError as exc:
-        pool.eject(replica)
-        what = {"first_byte": "send its first byte", "stream": "send the next event",
-                "body": "send the rest of the response"}[phase]
-        err = UpstreamTimeout(
-            f"The model backend ({replica.url}) did not {what} within the "
-            f"{timeouts.first_byte_s if phase == 'first_byte' else timeouts.idle_s} s limit."
-        )
-        if not out.started:
-            raise err from exc
-        await _end_broken(out, err, phase, record, scanner.at_boundary if scanner else True)
-        return None
-    finally:
-        if resp is not None:
-            if complete:
-                resp.release()
-            else:
-                resp.close()
-
-
-async def _end_broken(
-    out: Responder, err: GatewayError, phase: str, record: RequestRecord, at_boundary: bool
-) -> None:
-    """End a response that already started after an upstream failure."""
-    record.outcome = "timeout" if isinstance(err, UpstreamTimeout) else "upstream_error"
-    record.error_code = err.code
-    if phase == "stream":
-        prefix = b"" if at_boundary else b"\n\n"
-        await out.body(prefix + sse_error_event(err), more=False)
-    # A JSON body cannot carry an error: return without completing the response, so the
-    # server closes the connection and the client sees a truncated (failed) response.
-
-
-def _set_usage(record: RequestRecord, usage: Usage | None) -> None:
-    if usage is not None:
-        record.input_tokens = usage.input_tokens
-        record.output_tokens = usage.output_tokens

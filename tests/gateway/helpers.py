@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -114,3 +115,11 @@ class Recorder:
 
     async def on_end(self, record: RequestRecord) -> None:
         self.ended.append(record)
+
+    def wait(self, n: int, timeout_s: float = 5.0) -> list[RequestRecord]:
+        """The ended records once there are ``n`` (on_end runs after the client got its bytes)."""
+        deadline = time.monotonic() + timeout_s
+        while len(self.ended) < n and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(self.ended) == n, self.ended
+        return self.ended

@@ -65,7 +65,7 @@ def test_chat_non_stream(sdk: openai.OpenAI, sim: Sim, recorder: Recorder) -> No
     stats = sim.stats()
     assert stats["last_body"]["model"] == SERVED
     assert stats["last_body"]["max_tokens"] == 5
-    (rec,) = recorder.ended
+    (rec,) = recorder.wait(1)
     assert (rec.status, rec.outcome, rec.key_id, rec.team) == (200, "ok", "team-a", "a")
     assert (rec.input_tokens, rec.output_tokens) == (r.usage.prompt_tokens, 5)
     assert rec.served_model == SERVED and rec.replica_url == sim.url
@@ -89,7 +89,7 @@ def test_chat_stream_without_usage_hides_usage_but_accounts_it(
     assert "日本語" in text
     # Upstream was asked for usage, so the gateway could account the stream.
     assert sim.stats()["last_body"]["stream_options"] == {"include_usage": True}
-    (rec,) = recorder.ended
+    (rec,) = recorder.wait(1)
     assert rec.output_tokens == 16 and rec.input_tokens and rec.stream
 
 
@@ -100,7 +100,7 @@ def test_chat_stream_with_usage(sdk: openai.OpenAI, recorder: Recorder) -> None:
     usage_chunks = [c for c in chunks if c.usage is not None]
     assert len(usage_chunks) == 1 and usage_chunks[0].choices == []
     assert usage_chunks[0].usage is not None
-    assert usage_chunks[0].usage.completion_tokens == recorder.ended[0].output_tokens == 16
+    assert usage_chunks[0].usage.completion_tokens == recorder.wait(1)[0].output_tokens == 16
 
 
 def test_completions_stream_and_non_stream(sdk: openai.OpenAI, recorder: Recorder) -> None:
@@ -110,13 +110,13 @@ def test_completions_stream_and_non_stream(sdk: openai.OpenAI, recorder: Recorde
                                          max_tokens=3))
     assert all(c.usage is None for c in chunks)
     assert "".join(c.choices[0].text for c in chunks)
-    assert [r.output_tokens for r in recorder.ended] == [4, 3]
+    assert [r.output_tokens for r in recorder.wait(2)] == [4, 3]
 
 
 def test_embeddings(sdk: openai.OpenAI, recorder: Recorder) -> None:
     r = sdk.embeddings.create(model="llama-3.1-8b", input=["a b", "c"])
     assert len(r.data) == 2 and len(r.data[0].embedding) == 8
-    assert recorder.ended[0].input_tokens == r.usage.prompt_tokens
+    assert recorder.wait(1)[0].input_tokens == r.usage.prompt_tokens
 
 
 def test_models_list_only_allowed(gw: str) -> None:
@@ -204,3 +204,54 @@ def test_two_replicas_share_load(serve_asgi: Callable[..., Any]) -> None:
     for _ in range(6):
         sdk.chat.completions.create(model="llama-3.1-8b", messages=MESSAGES)
     assert a.stats()["received"] == 3 and b.stats()["received"] == 3
+
+
+class ResponsesBackend:
+    """A minimal stand-in for vLLM's ``/v1/responses`` (the simulator does not serve it).
+
+    Streams Responses-API events (``event:`` + ``data:``) with usage inside
+    ``response.completed``, and records the request body it received.
+    """
+
+    def __init__(self) -> None:
+        self.bodies: list[dict[str, Any]] = []
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        raw = b""
+        while True:
+            msg = await receive()
+            raw += msg.get("body", b"")
+            if not msg.get("more_body"):
+                break
+        self.bodies.append(json.loads(raw))
+        events = [
+            ("response.created", {"type": "response.created", "response": {"id": "r1"}}),
+            ("response.output_text.delta", {"type": "response.output_text.delta",
+                                            "delta": "héllo"}),
+            ("response.completed", {"type": "response.completed", "response": {
+                "id": "r1", "usage": {"input_tokens": 9, "output_tokens": 4,
+                                      "total_tokens": 13}}}),
+        ]
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"text/event-stream")]})
+        for name, data in events:
+            chunk = f"event: {name}\ndata: {json.dumps(data)}\n\n".encode()
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+
+
+def test_responses_stream_relayed_and_accounted(serve_asgi: Callable[..., Any]) -> None:
+    backend = ResponsesBackend()
+    url = serve_asgi(backend).url
+    recorder = Recorder()
+    gw = start_gateway(serve_asgi, settings([url]), observers=[recorder])
+    r = httpx.post(gw + "/v1/responses", headers={"authorization": f"Bearer {KEY_A}"},
+                   json={"model": "llama-3.1-8b", "input": "hi", "stream": True})
+    assert r.status_code == 200
+    assert r.content.count(b"event: ") == 3 and b'"input_tokens": 9' in r.content
+    # No chat-only stream_options forced onto the Responses API.
+    assert backend.bodies == [{"model": SERVED, "input": "hi", "stream": True}]
+    rec = recorder.wait(1)[0]
+    assert (rec.input_tokens, rec.output_tokens) == (9, 4)

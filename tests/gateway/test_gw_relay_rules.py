@@ -194,8 +194,7 @@ def test_non_stream_disconnect_cancels_upstream(serve_asgi: Any) -> None:
         httpx.post(gw + "/v1/chat/completions", json=CHAT, headers=AUTH_A, timeout=0.5)
     assert wait_for(lambda: sim.stats()["cancelled"] == 1, 1.0)
     assert sim.stats()["running"] == 0
-    assert wait_for(lambda: len(recorder.ended) == 1, 1.0)
-    assert recorder.ended[0].outcome == "client_disconnect"
+    assert recorder.wait(1)[0].outcome == "client_disconnect"
 
 
 # --- retries -------------------------------------------------------------------------------
@@ -208,7 +207,7 @@ def test_retry_on_connect_error(serve_asgi: Any, sim: Sim) -> None:
     for _ in range(4):
         sdk(gw).chat.completions.create(model="llama-3.1-8b", messages=MESSAGES)
     assert sim.stats()["received"] == 4
-    retried = [r for r in recorder.ended if r.attempts == 2]
+    retried = [r for r in recorder.wait(4) if r.attempts == 2]
     assert len(retried) == 1 and retried[0].replica_url == sim.url
     assert all(r.outcome == "ok" for r in recorder.ended)
 
@@ -234,7 +233,8 @@ def test_no_retry_after_first_byte(serve_asgi: Any) -> None:
     assert got, "events before the failure reached the client"
     assert "incomplete response" in str(info.value)
     assert a.stats()["received"] + b.stats()["received"] == 1
-    assert recorder.ended[0].outcome == "upstream_error" and recorder.ended[0].attempts == 1
+    rec = recorder.wait(1)[0]
+    assert rec.outcome == "upstream_error" and rec.attempts == 1
 
 
 def test_error_event_is_last_event(serve_asgi: Any) -> None:
@@ -317,7 +317,7 @@ def test_idle_timeout_ends_stream_with_error_event(serve_asgi: Any) -> None:
     events = sse_events(r.content)
     assert events[0]["choices"][0]["delta"]["role"] == "assistant"
     assert events[-1]["error"]["code"] == "upstream_timeout"
-    assert recorder.ended[0].outcome == "timeout"
+    assert recorder.wait(1)[0].outcome == "timeout"
     assert wait_for(lambda: sim.stats()["cancelled"] == 1, 1.0)
 
 
@@ -339,7 +339,7 @@ def test_framing_variants_relayed_and_accounted(serve_asgi: Any, mode: str) -> N
     assert all(e == "[DONE]" or e["choices"] for e in events)  # usage event removed
     assert "日本語" in "".join(e["choices"][0]["delta"].get("content") or ""
                               for e in events[:-1])
-    assert recorder.ended[0].output_tokens == 16
+    assert recorder.wait(1)[0].output_tokens == 16
     chunks = list(sdk(gw).chat.completions.create(
         model="llama-3.1-8b", messages=MESSAGES, stream=True,
         stream_options={"include_usage": True}))
@@ -366,6 +366,7 @@ def test_observer_can_refuse_before_forwarding(serve_asgi: Any, sim: Sim) -> Non
     r = httpx.post(gw + "/v1/chat/completions", json=CHAT, headers=AUTH_A)
     _shape(r, 503, "service_unavailable")
     assert sim.stats()["received"] == 0
+    assert wait_for(lambda: len(refuser.ended) == 1, 5.0)
     assert refuser.ended[0].outcome == "denied"
 
 
@@ -441,7 +442,7 @@ def test_connect_timeout_is_retried_then_504(serve_asgi: Any, sim: Sim) -> None:
         for _ in range(2):
             sdk(gw2).chat.completions.create(model="llama-3.1-8b", messages=MESSAGES)
         assert sim.stats()["received"] == 2
-        assert sorted(r.attempts for r in recorder.ended) == [1, 2]
+        assert sorted(r.attempts for r in recorder.wait(2)) == [1, 2]
     finally:
         for s in fillers:
             s.close()
