@@ -20,14 +20,13 @@ from weights.cli_common import (
 )
 from weights.cli_common import console as _console
 from weights.errors import SizingError, WeightsError
+from weights.memory import parse_memory, size_model
 from weights.sizing import (
     ParamCount,
     count_params,
     local_safetensors,
     parse_header,
-    parse_memory,
     read_header_file,
-    size_model,
 )
 
 

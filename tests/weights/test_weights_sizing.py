@@ -11,13 +11,8 @@ from tests.hub_emulator import make_safetensors
 from tests.hub_fixtures import SHARDED, HubServer
 from tests.weights.cli_util import run_cli
 from weights.errors import SizingError
-from weights.sizing import (
-    GB,
-    count_params,
-    local_safetensors,
-    read_header_file,
-    size_model,
-)
+from weights.memory import size_model
+from weights.sizing import GB, count_params, local_safetensors, read_header_file
 
 CONFIGS = Path(__file__).parent / "configs"
 KIB = 1024

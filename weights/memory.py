@@ -1,0 +1,192 @@
+"""Deployment memory arithmetic: weights, KV cache, fit and tensor-parallel degree.
+
+KV cache bytes per token = 2 x layers x KV heads x head dim x bytes per element; for MLA
+(DeepSeek-V2/V3: ``kv_lora_rank``) = (kv_lora_rank + qk_rope_head_dim) x layers x bytes.
+Tensor parallelism splits weights and KV heads across GPUs; the degree must divide the
+attention heads; beyond the KV heads, KV heads are replicated. Every figure names its source.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from weights.errors import SizingError
+from weights.sizing import (
+    DTYPE_BYTES,
+    GB,
+    GIB,
+    Figure,
+    ParamCount,
+    estimate_params,
+    model_shape,
+)
+
+
+def dtype_bytes(name: str) -> float:
+    """Bytes per element of a dtype name (``bf16``, ``torch.bfloat16``, ``fp8``, ...).
+
+    Raises:
+        SizingError: Unknown dtype.
+    """
+    key = name.lower().removeprefix("torch.")
+    if key not in DTYPE_BYTES:
+        raise SizingError(f"unknown dtype {name!r} (known: {', '.join(sorted(DTYPE_BYTES))})")
+    return DTYPE_BYTES[key]
+
+
+def parse_memory(text: str) -> int:
+    """Parse a memory size: ``80`` or ``80GiB`` (GiB), ``80GB`` (10^9 bytes), ``512MiB``.
+
+    Raises:
+        SizingError: Malformed size.
+    """
+    units = {"gib": GIB, "gb": GB, "mib": 1024**2, "mb": 1000**2, "tib": 1024**4, "tb": 1000**4}
+    t = text.strip().lower().replace(" ", "")
+    for suffix, mult in sorted(units.items(), key=lambda kv: -len(kv[0])):
+        if t.endswith(suffix):
+            t, factor = t[: -len(suffix)], mult
+            break
+    else:
+        factor = GIB
+    try:
+        value = float(t)
+    except ValueError as exc:
+        raise SizingError(f"bad memory size {text!r} (e.g. 80GiB or 80GB)") from exc
+    return int(value * factor)
+
+
+@dataclass(frozen=True)
+class SizingReport:
+    """The memory arithmetic of one deployment.
+
+    Attributes:
+        figures: Every figure with its unit and source, in presentation order.
+        fits: Whether weights + KV fit on ``gpus`` GPUs (None if no GPU memory was given).
+        min_gpus: Smallest tensor-parallel degree (power of two dividing the attention heads)
+            that fits, or None.
+    """
+
+    figures: tuple[Figure, ...]
+    fits: bool | None
+    min_gpus: int | None
+
+    def figure(self, name: str) -> Figure:
+        """Return the figure called ``name``."""
+        for f in self.figures:
+            if f.name == name:
+                return f
+        raise KeyError(name)
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-ready dict."""
+        return {"fits": self.fits, "min_gpus": self.min_gpus,
+                "figures": [f.to_json() for f in self.figures]}
+
+
+def _per_gpu_bytes(weights: float, kv_total: float, kv_heads: int, tp: int) -> float:
+    # KV heads split across ranks; replicated when tp exceeds them.
+    kv_split = min(tp, kv_heads) if kv_heads > 0 else tp
+    return weights / tp + kv_total / kv_split
+
+
+def size_model(
+    config: Mapping[str, Any],
+    params: ParamCount | None = None,
+    *,
+    dtype: str | None = None,
+    kv_dtype: str | None = None,
+    context: int = 0,
+    concurrency: int = 1,
+    gpu_mem_bytes: int | None = None,
+    gpus: int = 1,
+    utilization: float = 0.9,
+) -> SizingReport:
+    """Compute weights, KV cache and fit.
+
+    Args:
+        config: The model's config.json.
+        params: Counts from safetensors headers; None to estimate from config.
+        dtype: Weights dtype to deploy in (default: stored bytes, else ``torch_dtype``).
+        kv_dtype: KV cache dtype (default: the model's ``torch_dtype``, bf16 if absent; vLLM
+            keeps the KV cache in the model dtype unless ``--kv-cache-dtype`` says otherwise).
+        context: Tokens per sequence (prompt + output).
+        concurrency: Concurrent sequences.
+        gpu_mem_bytes: Memory of one GPU in bytes; None to skip the fit.
+        gpus: GPUs available (tensor parallel degree to check).
+        utilization: Fraction of GPU memory vLLM may use (``--gpu-memory-utilization``).
+
+    Raises:
+        SizingError: Missing config fields or unknown dtypes.
+    """
+    shape = model_shape(config)
+    figs: list[Figure] = [shape.layers, shape.attention_heads, shape.kv_heads, shape.head_dim]
+    if params is not None:
+        n = params.total
+        for dt, count in params.by_dtype.items():
+            figs.append(Figure(f"parameters {dt}", count, "params", params.source))
+        figs.append(Figure("parameters", n, "params", params.source))
+    else:
+        est = estimate_params(config)
+        n = int(est.value)
+        figs.append(est)
+    model_dtype = shape.dtype or "bfloat16"
+    if dtype is not None:
+        w_bytes = n * dtype_bytes(dtype)
+        figs.append(Figure("weights", w_bytes, "bytes", f"parameters x {dtype_bytes(dtype)} "
+                                                        f"bytes ({dtype}, --dtype)"))
+    elif params is not None:
+        w_bytes = params.stored_bytes
+        figs.append(Figure("weights", w_bytes, "bytes", "safetensors dtypes x shapes"))
+    else:
+        w_bytes = n * dtype_bytes(model_dtype)
+        figs.append(Figure("weights", w_bytes, "bytes",
+                           f"parameters x {dtype_bytes(model_dtype)} bytes "
+                           f"(config.json:torch_dtype={model_dtype})"))
+    kv_name = kv_dtype or model_dtype
+    kv_el = dtype_bytes(kv_name)
+    kv_src = "--kv-dtype" if kv_dtype else f"config.json:torch_dtype={model_dtype}"
+    L = int(shape.layers.value)
+    if shape.mla is not None:
+        rank, rope = shape.mla
+        per_token = (rank.value + rope.value) * L * kv_el
+        src = (f"({rank.source} + {rope.source}) x {shape.layers.source} x {kv_el} bytes "
+               f"({kv_src}); MLA compressed latent")
+        kv_heads = 1
+    else:
+        kv_heads = int(shape.kv_heads.value)
+        per_token = 2 * L * kv_heads * shape.head_dim.value * kv_el
+        src = (f"2 x {shape.layers.source} x {shape.kv_heads.source} x "
+               f"{shape.head_dim.source} x {kv_el} bytes ({kv_src})")
+    figs.append(Figure("kv cache per token", per_token, "bytes", src))
+    kv_total = per_token * context * concurrency
+    figs.append(Figure("kv cache", kv_total, "bytes",
+                       f"per token x {context} tokens (--context) x {concurrency} (--concurrency)"))
+    fits: bool | None = None
+    min_gpus: int | None = None
+    if gpu_mem_bytes is not None:
+        usable = gpu_mem_bytes * utilization
+        total_mem = gpu_mem_bytes * gpus
+        figs.append(Figure("gpu memory total", total_mem, "bytes",
+                           f"{gpus} GPUs (--gpus) x {gpu_mem_bytes} bytes (--gpu-mem)"))
+        figs.append(Figure("free after weights", total_mem - w_bytes, "bytes",
+                           "gpu memory total - weights"))
+        per_gpu = _per_gpu_bytes(w_bytes, kv_total, kv_heads, gpus)
+        figs.append(Figure("needed per gpu", per_gpu, "bytes",
+                           f"weights / {gpus} + kv cache split over KV heads (tensor parallel)"))
+        figs.append(Figure("usable per gpu", usable, "bytes",
+                           f"--gpu-mem x {utilization} (--utilization)"))
+        heads = int(shape.attention_heads.value)
+        fits = per_gpu <= usable and heads % gpus == 0
+        tp = 1
+        while tp <= 1024:
+            if heads % tp == 0 and _per_gpu_bytes(w_bytes, kv_total, kv_heads, tp) <= usable:
+                min_gpus = tp
+                break
+            tp *= 2
+        if per_token > 0:
+            spare = usable * gpus - w_bytes
+            figs.append(Figure("kv capacity", max(0, spare) / per_token, "tokens",
+                               "(usable per gpu x gpus - weights) / kv cache per token"))
+    return SizingReport(figures=tuple(figs), fits=fits, min_gpus=min_gpus)
