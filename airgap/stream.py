@@ -20,7 +20,7 @@ from airgap.errors import Code, Problem, VerificationFailed
 from airgap.media import open_part
 
 #: Read size in bytes: large enough to amortise syscalls, small enough to stay in L2/L3 reach.
-CHUNK_BYTES = 8 * 1024**2
+CHUNK_BYTES = 4 * 1024**2
 
 Progress = Callable[[int], None]
 
