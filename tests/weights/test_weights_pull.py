@@ -157,3 +157,21 @@ def test_pull_refuses_to_write_through_a_symlinked_folder(hub_server: HubServer,
     with pytest.raises(CacheLayoutError, match="outside"):
         pull_entry(HubClient(hub_server.url), entry, into=dest)
     assert list(outside.iterdir()) == []
+
+
+def test_cli_pull_several_models_and_gated_token(hub_server: HubServer, tmp_path: Path) -> None:
+    from tests.hub_fixtures import GATED, HUB_TOKEN
+
+    lock = tmp_path / "weights.lock"
+    pin(HubClient(hub_server.url), lock, SHARDED, now=NOW, include=["*.json", "*.safetensors"])
+    pin(HubClient(hub_server.url, token=HUB_TOKEN), lock, GATED, now=NOW)
+    dest = tmp_path / "models"
+    r = run_cli(["pull", "--lock", str(lock), "--into", str(dest), "-q"], endpoint=hub_server.url)
+    assert r.returncode == 2 and "gated_repo" in r.stderr and "HF_TOKEN" in r.stderr
+    assert not (dest / GATED / "model.safetensors").exists()
+    r = run_cli(["pull", "--lock", str(lock), "--into", str(dest), "-q"], endpoint=hub_server.url,
+                extra_env={"HF_TOKEN": HUB_TOKEN})
+    assert r.returncode == 0, r.stderr
+    locked = Lockfile.load(lock)
+    for repo_id in (SHARDED, GATED):
+        assert verify_tree(dest / repo_id, locked.entry(repo_id)).ok
