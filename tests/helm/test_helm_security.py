@@ -252,3 +252,42 @@ def test_single_replica_keeps_sqlite_on_a_retained_pvc() -> None:
     assert h.one(objs, "PersistentVolumeClaim", "sg-sovereign-gateway-checkpoints")
     assert not h.by_kind(objs, "PodDisruptionBudget")
     assert not h.by_kind(objs, "HorizontalPodAutoscaler")
+
+
+@pytest.mark.parametrize("kind", ["ConfigMap", "Secret"])
+def test_existing_config_object_replaces_the_rendered_one(tmp_path: Path, kind: str) -> None:
+    extra = tmp_path / "existing.yaml"
+    key = "existingConfigMap" if kind == "ConfigMap" else "existingConfigSecret"
+    extra.write_text(yaml.safe_dump({"gateway": {key: "ops-gateway-config",
+                                                 "models": []}}), encoding="utf-8")
+    objs = h.render(h.SCENARIOS["default"], extra, policy=None)
+    assert not h.by_kind(objs, "ConfigMap")
+    pod = h.one(objs, "Deployment", "sg-sovereign-gateway")["spec"]["template"]["spec"]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == "config"]
+    if kind == "Secret":
+        assert volume["secret"]["secretName"] == "ops-gateway-config"
+    else:
+        assert volume["configMap"]["name"] == "ops-gateway-config"
+    both = tmp_path / "both.yaml"
+    both.write_text(yaml.safe_dump({"gateway": {"existingConfigMap": "a",
+                                                "existingConfigSecret": "b"}}), encoding="utf-8")
+    assert "not both" in h.refuse(h.SCENARIOS["default"], both)
+
+
+def test_autoscaling_with_postgres_renders_hpa_and_no_fixed_replicas(tmp_path: Path) -> None:
+    extra = tmp_path / "hpa.yaml"
+    extra.write_text(yaml.safe_dump({"autoscaling": {"enabled": True, "minReplicas": 3,
+                                                     "maxReplicas": 9}}), encoding="utf-8")
+    objs = h.render(h.SCENARIOS["postgres-ha"], extra)
+    deploy = h.one(objs, "Deployment", "sg-sovereign-gateway")
+    assert "replicas" not in deploy["spec"]
+    hpa = h.one(objs, "HorizontalPodAutoscaler", "sg-sovereign-gateway")
+    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment",
+                                             "name": "sg-sovereign-gateway"}
+    assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (3, 9)
+    assert h.one(objs, "PodDisruptionBudget", "sg-sovereign-gateway")
+    monitor = h.one(objs, "ServiceMonitor", "sg-sovereign-gateway")
+    assert monitor["spec"]["endpoints"] == [{"port": "admin", "path": "/metrics",
+                                             "interval": "30s"}]
+    service = h.one(objs, "Service", "sg-sovereign-gateway")
+    assert h.selects(monitor["spec"]["selector"], service["metadata"]["labels"])

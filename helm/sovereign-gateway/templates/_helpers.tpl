@@ -81,6 +81,11 @@ nodeAffinity:
               {{- include "sg.regions" . | nindent 14 }}
 {{- end }}
 
+{{/* "true" when config.yaml and policy.yaml come from an existing ConfigMap or Secret. */}}
+{{- define "sg.externalConfig" -}}
+{{- if or .Values.gateway.existingConfigMap .Values.gateway.existingConfigSecret }}true{{ end -}}
+{{- end }}
+
 {{/* Name of the ConfigMap with config.yaml and policy.yaml. */}}
 {{- define "sg.configMapName" -}}
 {{- default (printf "%s-config" (include "sg.fullname" .)) .Values.gateway.existingConfigMap }}

@@ -15,10 +15,13 @@ Checks that values.schema.json cannot express. Each fails the render with one cl
 {{- if and .Values.telemetry.enabled .Values.networkPolicy.enabled (not .Values.telemetry.cidrs) }}
 {{- fail "telemetry.cidrs is empty: the egress policy needs the collector address (CIDR) when telemetry.enabled=true" }}
 {{- end }}
-{{- if and (not .Values.gateway.existingConfigMap) (not .Values.policy.document) }}
-{{- fail "policy.document is empty: the gateway enforces an egress policy file. Set it with --set-file policy.document=policy.yaml (or use gateway.existingConfigMap)" }}
+{{- if and .Values.gateway.existingConfigMap .Values.gateway.existingConfigSecret }}
+{{- fail "set either gateway.existingConfigMap or gateway.existingConfigSecret, not both" }}
 {{- end }}
-{{- if and (not .Values.gateway.existingConfigMap) (not .Values.gateway.models) (not (and .Values.vllm.enabled .Values.vllm.models)) }}
+{{- if and (not (include "sg.externalConfig" .)) (not .Values.policy.document) }}
+{{- fail "policy.document is empty: the gateway enforces an egress policy file. Set it with --set-file policy.document=policy.yaml (or use gateway.existingConfigMap / existingConfigSecret)" }}
+{{- end }}
+{{- if and (not (include "sg.externalConfig" .)) (not .Values.gateway.models) (not (and .Values.vllm.enabled .Values.vllm.models)) }}
 {{- fail "no model configured: set gateway.models (backends outside the chart) or vllm.enabled with vllm.models" }}
 {{- end }}
 {{- $ids := dict }}
