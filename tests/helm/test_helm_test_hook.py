@@ -43,6 +43,7 @@ class FakeGateway:
         headers = dict(scope["headers"])
         auth = headers.get(b"authorization")
         self.seen.append((scope["path"], auth.decode() if auth else None))
+        body: dict[str, Any]
         if scope["path"] == "/readyz":
             status, body = (200, {"status": "ready"}) if self.ready else (503, {"status": "no"})
         elif scope["path"] == "/v1/models":
