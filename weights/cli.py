@@ -87,8 +87,11 @@ def pin(
     e = result.entry
     if as_json:
         print(json.dumps({"ok": True, "written": result.written, "entry": e.to_json(),
-                          "drift": _drift_json(result.drift)}, indent=2, ensure_ascii=False))
+                          "drift": _drift_json(result.drift), "warnings": list(result.warnings)},
+                         indent=2, ensure_ascii=False))
         return
+    for w in result.warnings:
+        console.print(f"warning: {w}", markup=False)
     if result.written and result.previous is not None:
         _print_drift(console, result.drift)
     state = "pinned" if result.written else "unchanged"

@@ -8,11 +8,12 @@ small: configs, tokenizers), checked against that SHA-1 and hashed with sha256 a
 from __future__ import annotations
 
 import fnmatch
+import json
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from weights.digests import digest_file
 from weights.errors import DigestMismatchError, DriftError, LicenseRefusedError, WeightsError
@@ -58,12 +59,14 @@ class PinResult:
         previous: The entry that was in the lockfile before, if any.
         drift: Differences to ``previous`` (None if there was no previous entry).
         written: Whether the lockfile was written.
+        warnings: Things the operator should look at (e.g. excluded shards).
     """
 
     entry: LockEntry
     previous: LockEntry | None
     drift: Drift | None
     written: bool
+    warnings: tuple[str, ...] = ()
 
 
 def select(paths: Sequence[str], include: Sequence[str], exclude: Sequence[str]) -> list[str]:
@@ -147,8 +150,11 @@ def resolve_entry(
     allow_license: Sequence[str] = (),
     now: datetime | None = None,
     progress: Callable[[int], None] | None = None,
-) -> LockEntry:
+) -> tuple[LockEntry, list[str]]:
     """Resolve ``revision`` on the hub and build a lock entry (nothing is written).
+
+    Returns:
+        The entry and warnings (e.g. shards named by an index but excluded by the globs).
 
     Raises:
         LicenseRefusedError: ``allow_license`` is set and the licence is not in it.
@@ -161,12 +167,16 @@ def resolve_entry(
     if not chosen:
         raise WeightsError(f"{snap.repo_id}@{revision}: no file matches the include/exclude globs")
     stamp = (now or datetime.now(UTC)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    warnings: list[str] = []
     with tempfile.TemporaryDirectory(prefix="weights-pin-") as tmp:
         files = tuple(
             _lock_file(hub, snap, rf, Path(tmp), progress)
             for rf in snap.files if rf.path in chosen
         )
-    return validate_entry(LockEntry(
+        for rf in snap.files:
+            if rf.path in chosen and rf.path.endswith(".index.json") and rf.lfs_sha256 is None:
+                warnings += _unpinned_shards(Path(tmp) / rf.git_oid, rf.path, chosen)
+    entry = validate_entry(LockEntry(
         repo_id=snap.repo_id,
         requested_revision=revision,
         commit=snap.commit,
@@ -175,6 +185,20 @@ def resolve_entry(
         gated=snap.gated,
         pinned_at=stamp,
     ))
+    return entry, warnings
+
+
+def _unpinned_shards(index: Path, index_path: str, chosen: set[str]) -> list[str]:
+    """Warnings for shards named by a ``weight_map`` but left out by the include/exclude globs."""
+    try:
+        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        shards = {str(v) for v in weight_map.values()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return [f"{index_path}: not a readable index (no weight_map)"]
+    parent = PurePosixPath(index_path).parent
+    left_out = sorted(p for p in ((parent / s).as_posix() for s in shards) if p not in chosen)
+    return [f"{index_path} names {p}, which is not pinned (vLLM would miss its tensors)"
+            for p in left_out]
 
 
 def pin(
@@ -202,15 +226,17 @@ def pin(
         LicenseRefusedError, LockfileError, HubError and subclasses.
     """
     lock = Lockfile.load_or_empty(lock_path)
-    new = resolve_entry(hub, repo_id, revision, include=include, exclude=exclude,
+    new, warnings = resolve_entry(hub, repo_id, revision, include=include, exclude=exclude,
                         allow_license=allow_license, now=now, progress=progress)
     previous = lock.get(new.repo_id)
     if previous is None:
         lock.with_entry(new).save(lock_path)
-        return PinResult(entry=new, previous=None, drift=None, written=True)
+        return PinResult(entry=new, previous=None, drift=None, written=True,
+                         warnings=tuple(warnings))
     drift = diff_entries(previous, new)
     if drift.empty and previous.requested_revision == new.requested_revision:
-        return PinResult(entry=previous, previous=previous, drift=drift, written=False)
+        return PinResult(entry=previous, previous=previous, drift=drift, written=False,
+                         warnings=tuple(warnings))
     if not update:
         raise DriftError(
             f"{new.repo_id}: {revision} now resolves to {new.commit[:12]} "
@@ -219,4 +245,5 @@ def pin(
             drift=drift,
         )
     lock.with_entry(new).save(lock_path)
-    return PinResult(entry=new, previous=previous, drift=drift, written=True)
+    return PinResult(entry=new, previous=previous, drift=drift, written=True,
+                     warnings=tuple(warnings))

@@ -113,6 +113,19 @@ def test_sharded_repo_special_files(hub_server: HubServer, tmp_path: Path) -> No
     assert NON_ASCII_PATH in lock.read_text(encoding="utf-8")
 
 
+def test_pin_warns_when_globs_leave_out_indexed_shards(hub_server: HubServer,
+                                                      tmp_path: Path) -> None:
+    res = pin(HubClient(hub_server.url), tmp_path / "w.lock", SHARDED, now=NOW,
+              exclude=["*-00002-of-00002.safetensors"])
+    assert res.written
+    assert res.warnings == (
+        "model.safetensors.index.json names model-00002-of-00002.safetensors, which is not "
+        "pinned (vLLM would miss its tensors)",
+    )
+    full = pin(HubClient(hub_server.url), tmp_path / "full.lock", SHARDED, now=NOW)
+    assert full.warnings == ()
+
+
 def test_allow_license_refuses_other_licences(hub_server: HubServer, tmp_path: Path) -> None:
     lock = tmp_path / "weights.lock"
     client = HubClient(hub_server.url, token=HUB_TOKEN)
