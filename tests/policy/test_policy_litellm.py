@@ -50,12 +50,42 @@ SCRIPT = textwrap.dedent(
         return resp.choices[0].message.content
 
     content = asyncio.run(complete())
+
+    # Transport layer too: litellm's OpenAI-compatible provider over the policy httpx client.
+    # The hostname is known to the transport's policy only; if litellm bypassed the client, the
+    # guard would block (and record) its lookup of sim.internal before any DNS query.
+    import openai
+    from policy import make_httpx_client
+    transport_policy = Policy.from_text(
+        "version: 1\\ndata_classes: [public]\\ndestinations:\\n"
+        f"  - {{id: sim, host: sim.internal, port: {url.rsplit(':', 1)[1]}, region: lo,"
+        " jurisdiction: EU, operator: test, resolves_to: [127.0.0.0/8]}\\n"
+    )
+    resolved = []
+
+    def resolver(host, port):
+        resolved.append(host)
+        return ["127.0.0.1"]
+
+    async def complete_via_policy_client() -> str:
+        http = make_httpx_client(transport_policy, resolver=resolver)
+        name_url = "http://sim.internal:" + url.rsplit(":", 1)[1] + "/v1"
+        client = openai.AsyncOpenAI(base_url=name_url, api_key="sk-local", http_client=http)
+        resp = await litellm.acompletion(
+            model="openai/sim-model", api_base=name_url, api_key="sk-local", client=client,
+            messages=[{"role": "user", "content": "hello"}], max_tokens=8,
+        )
+        await client.close()
+        return resp.choices[0].message.content
+
+    via_client = asyncio.run(complete_via_policy_client())
     try:
         socket.create_connection(("127.0.0.1", provoke_port), timeout=1)
         provoked = "connected"
     except Exception as exc:
         provoked = type(exc).__name__
-    print("RESULT " + json.dumps({"content": content, "events": events, "provoked": provoked}))
+    print("RESULT " + json.dumps({"content": content, "events": events, "provoked": provoked,
+                                  "via_client": via_client, "resolved": resolved}))
     """
 )
 
@@ -99,6 +129,7 @@ def test_litellm_completion_opens_no_other_connection(serve_asgi: Callable[..., 
     provoke = _closed_port()
     result = _run(srv.url, provoke, use_helper=True, env=_clean_env())
     assert result["content"]  # the simulator answered through litellm
+    assert result["via_client"] and result["resolved"] == ["sim.internal"]
     assert result["provoked"] == "EgressBlocked"
     # The only egress the guard refused is the one this test provoked.
     assert [(e["host"], e["port"], e["decision"]) for e in result["events"]] == [
