@@ -175,3 +175,48 @@ def test_cli_pull_several_models_and_gated_token(hub_server: HubServer, tmp_path
     locked = Lockfile.load(lock)
     for repo_id in (SHARDED, GATED):
         assert verify_tree(dest / repo_id, locked.entry(repo_id)).ok
+
+
+def test_progress_counts_every_byte_once_including_resumed(hub_server: HubServer,
+                                                           tmp_path: Path,
+                                                           minilm_snapshot: Path) -> None:
+    lock = _pinned(hub_server, tmp_path, MINILM, include=["model.safetensors", "*.json"])
+    entry = Lockfile.load(lock).entry(MINILM)
+    dest = tmp_path / "model"
+    staged = staging_part(tmp_path / ".model.weights-staging", entry,
+                          entry.file("model.safetensors"))
+    staged.parent.mkdir(parents=True)
+    staged.write_bytes((minilm_snapshot / "model.safetensors").read_bytes()[:1_000_000])
+    hub_server.hub.cut_connection("model.safetensors", after_bytes=5_000_000)
+    seen: list[int] = []
+    pull_entry(HubClient(hub_server.url), entry, into=dest, progress=seen.append)
+    assert sum(seen) == entry.total_bytes
+
+
+def test_cli_progress_bar_on_a_terminal_shows_bytes_and_throughput(hub_server: HubServer,
+                                                                   tmp_path: Path) -> None:
+    import pty
+
+    lock = _pinned(hub_server, tmp_path, SHARDED)
+    primary, secondary = pty.openpty()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    env.update(HF_ENDPOINT=hub_server.url, HF_HUB_DISABLE_TELEMETRY="1", PYTHONPATH=str(ROOT),
+               COLUMNS="160", TERM="xterm")
+    proc = subprocess.run(
+        [sys.executable, "-m", "weights.cli", "pull", "--lock", str(lock), "--into",
+         str(tmp_path / "m")], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+        stderr=secondary, env=env, cwd=ROOT, timeout=120, check=False)
+    os.close(secondary)
+    chunks = []
+    while True:
+        try:
+            data = os.read(primary, 65536)
+        except OSError:
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(primary)
+    out = b"".join(chunks).decode("utf-8", "replace")
+    assert proc.returncode == 0, out
+    assert SHARDED in out and "/s" in out and "kB" in out  # bytes and throughput columns
