@@ -119,16 +119,13 @@ class QuotaHook:
         admission = self._pending.pop(record.request_id, None)
         if admission is None:
             return
-        try:
-            if record.input_tokens is not None or record.output_tokens is not None:
-                used: int | None = (record.input_tokens or 0) + (record.output_tokens or 0)
-            elif record.outcome in _NOTHING_USED:
-                used = 0
-            else:
-                used = None  # no usage reported: keep the estimate
-            await self.service.settle(admission, used)
-        finally:
-            await self.service.release(admission)
+        if record.input_tokens is not None or record.output_tokens is not None:
+            used: int | None = (record.input_tokens or 0) + (record.output_tokens or 0)
+        elif record.outcome in _NOTHING_USED:
+            used = 0
+        else:
+            used = None  # no usage reported: keep the estimate
+        await self.service.finish(admission, used)
 
 
 def quota_hook(

@@ -117,6 +117,10 @@ class Limiter(Protocol):
         """Free the concurrency slot of an admission (idempotent, never raises)."""
         ...
 
+    async def finish(self, admission: Admission, actual_tokens: int) -> None:
+        """``settle`` and ``release`` together (one round trip with Redis)."""
+        ...
+
 
 @dataclass(frozen=True)
 class Periods:

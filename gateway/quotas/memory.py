@@ -196,6 +196,11 @@ class MemoryLimiter:
             else:
                 self._in_flight.pop(subject.name, None)
 
+    async def finish(self, admission: Admission, actual_tokens: int) -> None:
+        """``settle`` then ``release`` (one call, as in the Redis backend)."""
+        await self.settle(admission, actual_tokens)
+        await self.release(admission)
+
     def _roll_periods(self, periods: Periods) -> None:
         if periods.day != self._day:
             self._used_day.clear()

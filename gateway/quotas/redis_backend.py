@@ -108,6 +108,7 @@ class RedisLimiter:
         self._settle = self._redis.register_script(redis_lua.SETTLE)
         self._release = self._redis.register_script(redis_lua.RELEASE)
         self._renew = self._redis.register_script(redis_lua.RENEW)
+        self._finish = self._redis.register_script(redis_lua.FINISH)
         self._leases: dict[str, list[str]] = {}
         self._renewer: asyncio.Task[None] | None = None
         self._healthy = True
@@ -229,6 +230,38 @@ class RedisLimiter:
         except BACKEND_ERRORS as exc:
             # The lease expires by itself after lease_s once we stop renewing it.
             _log.warning("quota release failed (Redis unreachable), lease will expire: %s", exc)
+
+    async def finish(self, admission: Admission, actual_tokens: int) -> None:
+        """``settle`` then ``release`` in one Redis round trip (idempotent, never raises)."""
+        if admission.settled or admission.released or admission.fail_open:
+            await self.settle(admission, actual_tokens)
+            await self.release(admission)
+            return
+        admission.settled = admission.released = True
+        self._leases.pop(admission.lease_id, None)
+        delta = max(0, int(actual_tokens)) - admission.estimated_tokens
+        keys: list[str] = []
+        args: list[Any] = [delta, len(admission.subjects), admission.lease_id]
+        day, month = admission.period_keys["day"], admission.period_keys["month"]
+        for s in admission.subjects:
+            lim = s.limits
+            keys += [
+                self.key("r", s.name),
+                self.key("t", s.name),
+                self.key("c", s.name),
+                self.key("d", s.name, day),
+                self.key("m", s.name, month),
+            ]
+            args += [
+                lim.tokens_per_minute or 0,
+                1 if lim.tokens_per_day else 0,
+                1 if lim.tokens_per_month else 0,
+                1 if lim.max_concurrent else 0,
+            ]
+        try:
+            await self._finish(keys=keys, args=args)
+        except BACKEND_ERRORS as exc:
+            _log.warning("quota settle/release lost (Redis unreachable): %s", exc)
 
     async def _renew_loop(self) -> None:
         while True:

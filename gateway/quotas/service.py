@@ -161,6 +161,13 @@ class QuotaService:
         if admission.subjects:
             await self.limiter.release(admission)
 
+    async def finish(self, admission: Admission, actual_tokens: int | None) -> None:
+        """Settle the real usage (``None``: keep the estimate) and free the slot at once."""
+        if admission.subjects:
+            await self.limiter.finish(
+                admission, admission.estimated_tokens if actual_tokens is None else actual_tokens
+            )
+
     @asynccontextmanager
     async def request(
         self,

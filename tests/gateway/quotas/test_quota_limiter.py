@@ -187,3 +187,20 @@ async def test_unlimited_subject_and_zero_cost(limiter: Any) -> None:
     assert adm.requests is None and adm.tokens is None
     await limiter.settle(adm, 10**9)
     await limiter.release(adm)
+
+
+async def test_finish_settles_and_releases_in_one_call(limiter: Any) -> None:
+    key = subj("key:f", tokens_per_minute=1000, max_concurrent=1, tokens_per_day=5000)
+    adm = await limiter.admit([key], 900)
+    with pytest.raises(RateLimited) as info:
+        await limiter.admit([key], 10)
+    assert info.value.kind in ("concurrency", "tokens")
+    await limiter.finish(adm, 100)  # 800 tokens back and the slot freed
+    adm2 = await limiter.admit([key], 800)
+    assert adm2.tokens.remaining == pytest.approx(100, abs=1)
+    await limiter.finish(adm, 0)  # idempotent: no second correction, no second release
+    with pytest.raises(RateLimited) as info:
+        await limiter.admit([key], 10)
+    assert info.value.kind == "concurrency"
+    await limiter.finish(adm2, 800)
+    await limiter.admit([key], 10)
