@@ -4,7 +4,7 @@ Starts the vLLM simulator and, per variant, a real ``gateway serve`` process (su
 loopback), drives it with concurrent clients (httpx, non-streaming and streaming chat
 completions), and prints requests/s, p50/p99 latency and the ratios against "off", in one run.
 
-    .venv/bin/python bench/audit_relay.py [--requests 600] [--concurrency 1,16] [--no-postgres]
+    .venv/bin/python bench/audit_relay.py [--requests 600] [--concurrency 1,16] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ async def load(url: str, n: int, concurrency: int) -> dict[str, float]:
             assert r.status_code == 200, r.text
             lat.append(time.perf_counter() - t)
 
-        for i in range(min(20, n)):  # warm up connections and code paths
+        for i in range(min(10, n)):  # warm up connections and code paths
             await one(i)
         lat.clear()
         queue = list(range(n))
@@ -125,6 +125,7 @@ def main() -> None:
     parser.add_argument("--itl-ms", type=float, default=1.0)
     parser.add_argument("--pg-admin", default="postgresql://postgres@127.0.0.1:5432/postgres")
     parser.add_argument("--no-postgres", action="store_true")
+    parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     levels = [int(x) for x in args.concurrency.split(",")]
     tmp = Path(tempfile.mkdtemp(prefix="sg-bench-audit-"))
@@ -159,33 +160,39 @@ def main() -> None:
         ],
         cwd=ROOT,
     )
-    results: dict[tuple[str, int], dict[str, float]] = {}
+    samples: dict[tuple[str, int], list[dict[str, float]]] = {}
+    gateways: list[tuple[str, int, subprocess.Popen[bytes]]] = []
     try:
         wait_ready(f"http://127.0.0.1:{sim_port}/health", sim)
         for name, audit in variants:
             port = free_port()
             cfg_file = tmp / f"{name}.yaml"
-            cfg_file.write_text(
-                yaml.safe_dump(gateway_config(f"http://127.0.0.1:{sim_port}", port, audit))
-            )
-            gw = subprocess.Popen(
-                [sys.executable, "-m", "gateway.cli", "serve", "--config", str(cfg_file)],
-                cwd=ROOT,
-                env=dict(os.environ),
-            )
-            try:
-                wait_ready(f"http://127.0.0.1:{port}/healthz", gw)
-                for c in levels:
-                    n = args.requests if c > 1 else max(args.requests // 4, 100)
-                    results[(name, c)] = asyncio.run(load(f"http://127.0.0.1:{port}", n, c))
-            finally:
-                gw.send_signal(signal.SIGTERM)
-                gw.wait(30)
+            cfg = gateway_config(f"http://127.0.0.1:{sim_port}", port, audit)
+            cfg_file.write_text(yaml.safe_dump(cfg))
+            cmd = [sys.executable, "-m", "gateway.cli", "serve", "--config", str(cfg_file)]
+            gateways.append((name, port, subprocess.Popen(cmd, cwd=ROOT, env=dict(os.environ))))
+        for _, port, gw in gateways:
+            wait_ready(f"http://127.0.0.1:{port}/healthz", gw)
+        # Interleave variants round by round so load from elsewhere on the machine hits all
+        # of them alike; report the median round.
+        for c in levels:
+            n = args.requests if c > 1 else max(args.requests // 4, 100)
+            for _ in range(args.rounds):
+                for name, port, _gw in gateways:
+                    res = asyncio.run(load(f"http://127.0.0.1:{port}", n // args.rounds, c))
+                    samples.setdefault((name, c), []).append(res)
     finally:
+        for _, _, gw in gateways:
+            gw.send_signal(signal.SIGTERM)
+            gw.wait(30)
         sim.send_signal(signal.SIGTERM)
         sim.wait(30)
         if not args.no_postgres:
             asyncio.run(pg_db(args.pg_admin, False, pg_name))
+    results = {
+        k: {m: statistics.median(x[m] for x in v) for m in ("rate", "p50", "p99")}
+        for k, v in samples.items()
+    }
     print(
         f"{'audit':<11} {'conc':>4} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} "
         f"{'req/s vs off':>13} {'p50 +ms':>8}"
