@@ -21,8 +21,11 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from .addresses import parse_host
+from .egress import EgressMatcher
 from .errors import PolicyError, PolicyFileError, RenderError, UnknownDataClass
 from .evaluate import Decision, Policy, Principal
+from .model import PolicyDocument
 from .render import cilium_networkpolicy, helm_values, networkpolicy
 from .runtime import check_binding
 
@@ -210,6 +213,67 @@ def explain(
         if not allowed:
             out.print("[bold red]no destination allowed: the gateway answers 403[/]")
     return 0 if allowed else 1
+
+
+@app.command(name="connect")
+def connect_cmd(
+    file: PolicyFile,
+    target: Annotated[str, typer.Argument(
+        help="HOST:PORT ([v6]:PORT for IPv6), as a client would connect.", show_default=False)],
+    resolved: Annotated[list[str] | None, typer.Option(
+        "--resolved", help="For a hostname: an address it resolves to (repeatable); checked "
+        "as the transport would. No DNS query is made.")] = None,
+    as_json: JsonOpt = False,
+) -> int:
+    """Would the process be allowed to connect to HOST:PORT? (the transport/guard checks)."""
+    policy = Policy.from_file(file)
+    host, sep, port_text = target.rpartition(":")
+    if not sep or not port_text.isdigit() or not host:
+        raise _UsageError(f"target must be HOST:PORT, not {target!r}")
+    host, port = host.strip("[]"), int(port_text)
+    matcher = EgressMatcher(policy)
+    checks: list[dict[str, Any]] = []
+    lookup = matcher.check_lookup(host, port)
+    is_name = lookup.address is None and lookup.destination_id is not None
+    if is_name or not lookup.allowed:
+        checks.append({"check": "lookup", "allowed": lookup.allowed,
+                       "destination": lookup.destination_id, "reason": lookup.reason})
+    addresses = list(resolved or [])
+    if lookup.address is not None:
+        addresses = [lookup.address]
+    elif is_name and addresses:
+        dest = policy.destinations[lookup.destination_id or ""]
+        try:
+            matcher.pins.pin(str(parse_host(host)), matcher.check_resolved(dest, addresses))
+            checks.append({"check": "resolution", "allowed": True, "destination": dest.id,
+                           "reason": f"every address fits destination {dest.id}"})
+        except PolicyError as exc:
+            checks.append({"check": "resolution", "allowed": False, "destination": dest.id,
+                           "reason": getattr(exc, "reason", str(exc))})
+            addresses = []
+    for address in addresses:
+        v = matcher.check_connect(address, port)
+        checks.append({"check": f"connect {address}", "allowed": v.allowed,
+                       "destination": v.destination_id, "reason": v.reason})
+    ok = bool(checks) and all(c["allowed"] for c in checks)
+    if as_json:
+        print(json.dumps({"target": target, "allowed": ok, "revision": policy.revision,
+                          "checks": checks}, indent=2))
+    else:
+        out = _out()
+        for c in checks:
+            verdict = "[green]allow[/]" if c["allowed"] else "[red]deny[/]"
+            out.print(f"{verdict} {escape(c['check'])}: {escape(c['reason'])}")
+        if is_name and not addresses and lookup.allowed and not resolved:
+            out.print("(give --resolved ADDRESS to check what the name resolves to)")
+    return 0 if ok else 1
+
+
+@app.command()
+def schema() -> int:
+    """Print the JSON Schema of the policy document (for editors and CI linters)."""
+    print(json.dumps(PolicyDocument.model_json_schema(by_alias=True), indent=2))
+    return 0
 
 
 class Format(enum.StrEnum):

@@ -262,3 +262,37 @@ def test_example_policy_matches_example_gateway_config(capsys: pytest.CaptureFix
     data = json.loads(out)
     assert code == 0 and data["allowed"] == ["vllm-eu-1"]
     assert _run(capsys, "networkpolicy", str(example), "--format", "helm-values")[0] == 0
+
+
+@pytest.mark.parametrize(
+    ("target", "extra", "code", "needle"),
+    [
+        ("169.254.169.254:80", [], 1, "always denied"),
+        ("2852039166:80", [], 1, "always denied"),
+        ("[::ffff:10.20.0.11]:8000", [], 0, "address of destination vllm-eu-a"),
+        ("10.20.0.11:8001", [], 1, "no destination allows 10.20.0.11:8001"),
+        ("exfil.example:443", [], 1, "no destination names exfil.example:443"),
+        ("API.Provider.Example.:443", ["--resolved", "203.0.113.5"], 0,
+         "pinned address of api.provider.example"),
+        ("api.provider.example:443", ["--resolved", "203.0.113.5", "--resolved", "127.0.0.1"],
+         1, "resolved to 127.0.0.1 (loopback"),
+    ],
+)
+def test_connect_answers_like_the_guard(
+    policy_file: Path, capsys: pytest.CaptureFixture[str], target: str, extra: list[str],
+    code: int, needle: str,
+) -> None:
+    got, out, _ = _run(capsys, "connect", str(policy_file), target, *extra, "--json")
+    data = json.loads(out)
+    assert got == code and data["allowed"] is (code == 0)
+    assert any(needle in c["reason"] for c in data["checks"]), data["checks"]
+
+
+def test_schema_describes_the_document(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _run(capsys, "schema")
+    schema = json.loads(out)
+    assert code == 0 and schema["additionalProperties"] is False
+    assert {"version", "data_classes", "destinations", "rules"} <= set(schema["properties"])
+    jsonschema.validate(yaml.safe_load(BASE), schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({**yaml.safe_load(BASE), "unknown": 1}, schema)
