@@ -29,7 +29,12 @@ from pathlib import Path
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
-from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+from cryptography.hazmat.primitives.serialization import (
+    Encoding,
+    PublicFormat,
+    load_pem_private_key,
+    load_pem_public_key,
+)
 
 from gateway.audit.errors import AuditConfigError, AuditFormatError, ProofError
 
@@ -153,31 +158,45 @@ class Signer:
         return f"{text}\n{EM_DASH} {self.name} {enc}\n"
 
 
-def load_signer(path: Path) -> Signer:
-    """Read a signing key file.
+def load_signer(path: Path, name: str = DEFAULT_KEY_NAME) -> Signer:
+    """Read a signing key file: a signed-note key (``gateway audit keygen``) or a PKCS#8 PEM
+    Ed25519 private key (``openssl genpkey -algorithm ed25519``), which signs as ``name``.
 
     Raises:
-        AuditConfigError: If the file cannot be read or is not a signing key.
+        AuditConfigError: If the file cannot be read or is not an Ed25519 signing key.
     """
     try:
-        return Signer.from_skey(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
+        if text.lstrip().startswith("-----BEGIN"):
+            key = load_pem_private_key(text.encode(), password=None)
+            if not isinstance(key, Ed25519PrivateKey):
+                raise AuditFormatError("PEM key is not an Ed25519 private key")
+            return Signer(name, key)
+        return Signer.from_skey(text)
     except OSError as exc:
         raise AuditConfigError(f"cannot read signing key {path}: {exc.strerror}") from exc
-    except AuditFormatError as exc:
+    except (AuditFormatError, ValueError, TypeError) as exc:
         raise AuditConfigError(f"{path}: {exc}") from exc
 
 
-def load_verifier(path: Path) -> Verifier:
-    """Read a public (verifier) key file.
+def load_verifier(path: Path, name: str = DEFAULT_KEY_NAME) -> Verifier:
+    """Read a public key file: a signed-note verifier key, or a PEM Ed25519 public key that
+    verifies signatures made as ``name``.
 
     Raises:
         AuditConfigError: If the file cannot be read or is not a verifier key.
     """
     try:
-        return Verifier.from_vkey(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
+        if text.lstrip().startswith("-----BEGIN"):
+            key = load_pem_public_key(text.encode())
+            if not isinstance(key, Ed25519PublicKey):
+                raise AuditFormatError("PEM key is not an Ed25519 public key")
+            return Verifier(name, key.public_bytes(Encoding.Raw, PublicFormat.Raw))
+        return Verifier.from_vkey(text)
     except OSError as exc:
         raise AuditConfigError(f"cannot read public key {path}: {exc.strerror}") from exc
-    except AuditFormatError as exc:
+    except (AuditFormatError, ValueError, TypeError) as exc:
         raise AuditConfigError(f"{path}: {exc}") from exc
 
 

@@ -8,6 +8,9 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from gateway.audit.errors import AuditConfigError
+
+_SCHEMES = ("sqlite://", "postgresql://", "postgres://")
 _REPLICA_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 
 
@@ -23,6 +26,8 @@ class AuditSettings(BaseModel):
     Attributes:
         enabled: Record every request; when the store is down requests get 503.
         store: ``sqlite:///abs/path.db`` or ``postgresql://user@host:port/db``.
+        store_file: A file holding the store URL (keeps a database password out of the
+            config); overrides ``store``.
         signing_key_file: Ed25519 signed-note private key (``gateway audit keygen``).
         pseudonym_key_file: HMAC key for client addresses and content digests.
         replica_id: Names this replica's chains; default: the host name.
@@ -39,6 +44,7 @@ class AuditSettings(BaseModel):
 
     enabled: bool = True
     store: str = "sqlite:///var/lib/sovereign-gateway/audit.db"
+    store_file: Path | None = None
     signing_key_file: Path = Path("/var/lib/sovereign-gateway/audit-signing.key")
     pseudonym_key_file: Path = Path("/var/lib/sovereign-gateway/audit-pseudonym.key")
     replica_id: str = Field(default_factory=_default_replica)
@@ -59,6 +65,24 @@ class AuditSettings(BaseModel):
     @field_validator("store")
     @classmethod
     def _check_store(cls, value: str) -> str:
-        if not value.startswith(("sqlite:///", "postgresql://", "postgres://")):
+        if not value.startswith(_SCHEMES):
             raise ValueError("store must be sqlite:///PATH or postgresql://...")
         return value
+
+    def store_url(self) -> str:
+        """The store URL: the content of ``store_file`` if set, else ``store``.
+
+        Raises:
+            AuditConfigError: If ``store_file`` cannot be read or holds no valid URL.
+        """
+        if self.store_file is None:
+            return self.store
+        try:
+            url = self.store_file.read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise AuditConfigError(
+                f"cannot read audit store_file {self.store_file}: {exc}"
+            ) from exc
+        if not url.startswith(_SCHEMES):
+            raise AuditConfigError(f"{self.store_file}: not a sqlite:// or postgresql:// URL")
+        return url

@@ -150,7 +150,7 @@ class AuditLog:
             AuditConfigError: If the key file cannot be read or the store URL is invalid.
         """
         return cls(
-            open_store(settings.store, timeout_s=settings.store_timeout_s),
+            open_store(settings.store_url(), timeout_s=settings.store_timeout_s),
             load_signer(settings.signing_key_file),
             replica_id=settings.replica_id,
             checkpoint_every_records=settings.checkpoint_every_records,

@@ -116,3 +116,42 @@ def test_pseudonyms_are_keyed_and_domain_separated(tmp_path: Path) -> None:
     with pytest.raises(AuditConfigError, match="at least 32 bytes"):
         load_pseudonymizer(tmp_path / "short")
     assert "key" not in repr(k1).replace("<key hidden>", "")
+
+
+def test_pem_keys_are_accepted(tmp_path: Path) -> None:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+    from cryptography.hazmat.primitives.serialization import (
+        Encoding,
+        NoEncryption,
+        PrivateFormat,
+        PublicFormat,
+    )
+
+    key = Ed25519PrivateKey.generate()
+    (tmp_path / "k.pem").write_bytes(
+        key.private_bytes(Encoding.PEM, PrivateFormat.PKCS8, NoEncryption())
+    )
+    (tmp_path / "k.pub.pem").write_bytes(
+        key.public_key().public_bytes(Encoding.PEM, PublicFormat.SubjectPublicKeyInfo)
+    )
+    signer = load_signer(tmp_path / "k.pem")
+    verifier = load_verifier(tmp_path / "k.pub.pem")
+    note = sign_checkpoint(Checkpoint("r/1", 1, b"\x02" * 32), signer)
+    assert open_checkpoint(note, [verifier]).size == 1
+    with pytest.raises(ProofError):
+        open_checkpoint(note, [Signer.generate().verifier])
+
+
+def test_store_file_setting(tmp_path: Path) -> None:
+    from gateway.audit import AuditSettings
+
+    url_file = tmp_path / "url"
+    url_file.write_text("postgresql://audit:secret@db:5432/audit\n")
+    settings = AuditSettings(store_file=url_file)
+    assert settings.store_url() == "postgresql://audit:secret@db:5432/audit"
+    assert AuditSettings(store="sqlite:///x.db").store_url() == "sqlite:///x.db"
+    url_file.write_text("mysql://nope")
+    with pytest.raises(AuditConfigError, match="not a sqlite"):
+        settings.store_url()
+    with pytest.raises(AuditConfigError, match="cannot read"):
+        AuditSettings(store_file=tmp_path / "missing").store_url()
