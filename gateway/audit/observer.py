@@ -29,7 +29,7 @@ from gateway.audit.errors import AuditError, AuditUnavailable
 from gateway.audit.pseudonym import Pseudonymizer, load_pseudonymizer
 from gateway.audit.records import REQUEST_COMPLETED, REQUEST_STARTED
 from gateway.audit.settings import AuditSettings
-from gateway.audit.writer import AuditLog
+from gateway.audit.writer import AuditLog, Receipt
 from gateway.errors import ConfigError, ServiceUnavailable
 from gateway.records import RequestRecord
 
@@ -174,6 +174,19 @@ class AuditObserver:
             if forwarded and self.gated:
                 self._unrecorded.add(record.request_id)
             _log.error("audit record of request %s lost: %s", record.request_id, exc)
+
+    async def record_event(self, event: Mapping[str, Any]) -> Receipt:
+        """Append an admin or security event and wait until it is durable.
+
+        Args:
+            event: ``{"type": ..., ...}``, e.g. ``egress.denied`` (destination, host, reason),
+                ``policy.loaded`` (sha256, revision), ``key.created`` / ``key.revoked``
+                (key_id, team, by). Integers only, never secrets.
+
+        Raises:
+            AuditUnavailable: If it could not be recorded.
+        """
+        return await self.log.append(event)
 
     def take_unrecorded(self, request_id: str) -> bool:
         """True (once) if the completion record of ``request_id`` could not be written."""
