@@ -28,7 +28,14 @@ from pydantic import ValidationError
 
 from vllm_sim import metrics
 from vllm_sim.config import FaultSpec, SimConfig
-from vllm_sim.errors import BadRequest, MethodNotAllowed, RouteNotFound, SimError, error_body
+from vllm_sim.errors import (
+    BadRequest,
+    InvalidBody,
+    MethodNotAllowed,
+    RouteNotFound,
+    SimError,
+    error_body,
+)
 from vllm_sim.protocol import (
     Generation,
     embedding_inputs,
@@ -125,10 +132,10 @@ class SimApp:
         if fault is not None and fault.mode in ("status_500", "status_429"):
             await _send_fault_status(send, fault)
             return
-        await send_body(send, 200, b"", content_type=b"text/plain; charset=utf-8")
+        await send_body(send, 200, b"", content_type=None)
 
     async def _version(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await send_body(send, 200, b'{"version":"vllm-sim"}')
+        await send_body(send, 200, b'{"version":"vllm-sim"}')  # vLLM: its version string
 
     async def _metrics(self, scope: Scope, receive: Receive, send: Send) -> None:
         await send_body(send, 200, metrics.render(self.config, self.state), metrics.CONTENT_TYPE)
@@ -234,7 +241,7 @@ class SimApp:
             return
         try:
             if not isinstance(body, dict):
-                raise BadRequest("request body must be a JSON object")
+                raise InvalidBody("body: Input should be a valid dictionary", param="body")
             work, model = self._plan(path, body, send, fault)
         except SimError as exc:
             state.errors += 1
@@ -254,6 +261,7 @@ class SimApp:
             state.completed += 1
         else:
             state.cancelled += 1
+            state.success_total[(model, "abort")] += 1
 
     def _plan(
         self, path: str, body: dict[str, Any], send: Send, fault: FaultSpec | None
@@ -396,11 +404,11 @@ async def _json_or_error(receive: Receive, send: Send) -> dict[str, Any] | None:
     try:
         body = json.loads(raw) if raw else {}
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        err = BadRequest(f"invalid JSON body: {exc}")
+        err = InvalidBody(f"body: JSON decode error: {exc}", param="body")
         await send_body(send, err.status, err.body())
         return None
     if not isinstance(body, dict):
-        err = BadRequest("request body must be a JSON object")
+        err = InvalidBody("body: Input should be a valid dictionary", param="body")
         await send_body(send, err.status, err.body())
         return None
     return body

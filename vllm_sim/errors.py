@@ -3,13 +3,15 @@
 Exception tree::
 
     SimError                  (code "sim_error", 500)
-    ├── BadRequest            (code "bad_request", 400: invalid JSON, field or prompt too long)
+    ├── BadRequest            (code "bad_request", 400: invalid value or prompt too long)
+    │   └── InvalidBody       (code "invalid_body", 400: not JSON, missing or mistyped field)
     ├── ModelNotFound         (code "model_not_found", 404: unknown ``model``)
     ├── RouteNotFound         (code "route_not_found", 404: unknown path)
     └── MethodNotAllowed      (code "method_not_allowed", 405)
 
-The body follows vLLM's OpenAI-compatible server: ``{"error": {"message", "type", "param",
-"code"}}`` where ``type`` is the error class name (``BadRequestError``, ``NotFoundError``) and
+The body follows vLLM's OpenAI-compatible server (checked against vLLM 0.32): ``{"error":
+{"message", "type", "param", "code"}}`` where ``type`` is the error class name
+(``BadRequestError``, ``NotFoundError``; ``Bad Request`` for schema validation errors) and
 ``code`` is the HTTP status as an integer.
 """
 
@@ -43,6 +45,13 @@ class BadRequest(SimError):
     error_type = "BadRequestError"
 
 
+class InvalidBody(BadRequest):
+    """The body is not JSON or fails schema validation (vLLM's type ``Bad Request``)."""
+
+    code = "invalid_body"
+    error_type = "Bad Request"
+
+
 class ModelNotFound(SimError):
     """The request names a model the simulator does not serve (HTTP 404)."""
 
@@ -50,8 +59,11 @@ class ModelNotFound(SimError):
     status = 404
     error_type = "NotFoundError"
 
-    def __init__(self, model: str) -> None:
-        super().__init__(f"The model `{model}` does not exist.", param="model")
+    def __init__(self, model: str, served: list[str]) -> None:
+        aliases = ", ".join(served)
+        super().__init__(
+            f"The model `{model}` does not exist. Valid aliases: {aliases}.", param="model"
+        )
 
 
 class RouteNotFound(SimError):

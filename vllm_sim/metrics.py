@@ -18,7 +18,7 @@ CONTENT_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
 
 def _labels(model: str, **extra: str) -> str:
     pairs = {"engine": "0", "model_name": model, **extra}
-    return ",".join(f'{k}="{v}"' for k, v in pairs.items())
+    return ",".join(f'{k}="{v}"' for k, v in sorted(pairs.items()))
 
 
 def render(config: SimConfig, state: SimState) -> bytes:
@@ -69,7 +69,7 @@ def render(config: SimConfig, state: SimState) -> bytes:
         [
             (_labels(m, finished_reason=reason), float(state.success_total[(m, reason)]))
             for m in models
-            for reason in ("stop", "length", "tool_calls")
+            for reason in ("stop", "length", "abort", "error", "repetition")
         ],
     )
     return ("\n".join(lines) + "\n").encode()

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vllm_sim.config import SimConfig
-from vllm_sim.errors import BadRequest, ModelNotFound
+from vllm_sim.errors import BadRequest, InvalidBody, ModelNotFound
 from vllm_sim.tokens import count_text, message_text
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
@@ -59,7 +59,7 @@ def resolve_model(body: dict[str, Any], config: SimConfig) -> str:
     if not isinstance(model, str):
         raise BadRequest("'model' must be a string", param="model")
     if model not in config.models:
-        raise ModelNotFound(model)
+        raise ModelNotFound(model, config.models)
     return model
 
 
@@ -68,9 +68,9 @@ def _int_field(body: dict[str, Any], name: str, default: int | None, minimum: in
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
-        raise BadRequest(f"'{name}' must be an integer", param=name)
+        raise InvalidBody(f"body.{name}: Input should be a valid integer", param=f"body.{name}")
     if value < minimum:
-        raise BadRequest(f"{name} must be at least {minimum}, got {value}.", param=name)
+        raise BadRequest(f"{name} must be at least {minimum}, got {value}.")
     return value
 
 
@@ -82,7 +82,9 @@ def _stream_flags(body: dict[str, Any]) -> tuple[bool, bool, bool]:
     if opts is not None:
         if not stream:
             raise BadRequest(
-                "Stream options can only be defined when `stream=True`.", param="stream_options"
+                "Stream options can only be defined when `stream=True`. "
+                "(parameter=stream_options)",
+                param="stream_options",
             )
         if not isinstance(opts, dict):
             raise BadRequest("'stream_options' must be an object", param="stream_options")
@@ -99,7 +101,9 @@ def _sampling_checks(body: dict[str, Any]) -> None:
             raise BadRequest("'temperature' must be a number", param="temperature")
         if temperature < 0:
             raise BadRequest(
-                f"temperature must be non-negative, got {temperature}.", param="temperature"
+                f"temperature must be non-negative, got {float(temperature)}. "
+                f"(parameter=temperature, value={float(temperature)})",
+                param="temperature",
             )
     top_p = body.get("top_p")
     if top_p is not None and (
@@ -109,24 +113,30 @@ def _sampling_checks(body: dict[str, Any]) -> None:
 
 
 def _budget(config: SimConfig, prompt_tokens: int, max_tokens: int | None) -> tuple[int, str]:
+    """Tokens to generate per choice and the finish reason.
+
+    Like vLLM 0.32: a prompt longer than the context or ``max_tokens`` above it is a 400; a
+    ``max_tokens`` that fits the context alone but not after the prompt is clamped.
+    """
     limit = config.max_model_len
     if prompt_tokens > limit:
         raise BadRequest(
-            f"This model's maximum context length is {limit} tokens. However, your request has "
-            f"{prompt_tokens} input tokens. Please reduce the length of the input messages.",
-            param="messages",
+            f"This model's maximum context length is {limit} tokens. However, your prompt "
+            f"contains at least {prompt_tokens} input tokens, which exceeds this limit even "
+            "without any output tokens. Please reduce the length of the input prompt. "
+            f"(parameter=input_tokens, value={prompt_tokens})",
+            param="input_tokens",
         )
-    if max_tokens is None:
-        max_tokens = max(limit - prompt_tokens, 1)
-    elif prompt_tokens + max_tokens > limit:
+    if max_tokens is not None and max_tokens > limit:
         raise BadRequest(
-            f"'max_tokens' or 'max_completion_tokens' is too large: {max_tokens}. This model's "
-            f"maximum context length is {limit} tokens and your request has {prompt_tokens} "
-            f"input tokens ({max_tokens} > {limit} - {prompt_tokens}).",
+            f"max_tokens={max_tokens} cannot be greater than max_model_len={limit}. Please "
+            f"request fewer output tokens. (parameter=max_tokens, value={max_tokens})",
             param="max_tokens",
         )
-    if max_tokens < config.tokens_per_response:
-        return max_tokens, "length"
+    room = max(limit - prompt_tokens, 1)
+    budget = room if max_tokens is None else min(max_tokens, room)
+    if budget < config.tokens_per_response:
+        return budget, "length"
     return config.tokens_per_response, "stop"
 
 
@@ -160,8 +170,15 @@ def parse_chat(body: dict[str, Any], config: SimConfig) -> Generation:
     """
     model = resolve_model(body, config)
     messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise BadRequest("'messages' must be a non-empty list", param="messages")
+    if messages is None:
+        raise InvalidBody("body.messages: Field required", param="body.messages")
+    if not isinstance(messages, list):
+        raise InvalidBody("body.messages: Input should be a valid list", param="body.messages")
+    if not messages:
+        raise BadRequest(
+            "Cannot apply chat template to an empty conversation. "
+            "Provide at least one message."
+        )
     prompt_tokens = 0
     for msg in messages:
         if not isinstance(msg, dict) or not isinstance(msg.get("role"), str):

@@ -44,19 +44,44 @@ def _tok(t: str) -> str:
     return cached if cached is not None else dumps(t)
 
 
+FINGERPRINT = "vllm-sim"
+"""``system_fingerprint`` of every response (vLLM sends ``vllm-<version>-<hash>``)."""
+
+
 def new_id(prefix: str) -> str:
-    """A fresh response id such as ``chatcmpl-<32 hex>``."""
-    return f"{prefix}-{uuid.uuid4().hex}"
+    """A fresh response id such as ``chatcmpl-<16 hex>`` (vLLM's format)."""
+    return f"{prefix}-{uuid.uuid4().hex[:16]}"
 
 
 def usage(prompt: int, completion: int) -> dict[str, Any]:
-    """The ``usage`` object."""
+    """The ``usage`` object of a non-streamed response."""
     return {
         "prompt_tokens": prompt,
         "total_tokens": prompt + completion,
         "completion_tokens": completion,
         "prompt_tokens_details": None,
+        "completion_tokens_details": None,
     }
+
+
+def stream_usage(prompt: int, completion: int) -> dict[str, Any]:
+    """The ``usage`` object of the final stream event (vLLM omits the details there)."""
+    return {"prompt_tokens": prompt, "total_tokens": prompt + completion,
+            "completion_tokens": completion}
+
+
+def _usage_event(obj: str, gen: Generation, rid: str, created: int, done: int) -> str:
+    return dumps(
+        {
+            "id": rid,
+            "object": obj,
+            "created": created,
+            "model": gen.model,
+            "choices": [],
+            "usage": stream_usage(gen.prompt_tokens, done),
+            "system_fingerprint": FINGERPRINT,
+        }
+    )
 
 
 def choice_tokens(gen: Generation, index: int) -> list[str]:
@@ -83,10 +108,16 @@ def chat_response(gen: Generation, rid: str, created: int) -> dict[str, Any]:
     """A non-streamed ``chat.completion`` object."""
     choices = []
     for i in range(gen.n):
-        message: dict[str, Any] = {"role": "assistant", "reasoning_content": None}
+        message: dict[str, Any] = {
+            "role": "assistant",
+            "content": None,
+            "refusal": None,
+            "annotations": None,
+            "audio": None,
+            "function_call": None,
+        }
         if gen.tool is not None:
             name, parts = _tool_call_parts(gen)
-            message["content"] = None
             message["tool_calls"] = [
                 {
                     "id": new_id("chatcmpl-tool"),
@@ -96,7 +127,7 @@ def chat_response(gen: Generation, rid: str, created: int) -> dict[str, Any]:
             ]
         else:
             message["content"] = "".join(choice_tokens(gen, i))
-            message["tool_calls"] = []
+        message["reasoning"] = None
         choices.append(
             {
                 "index": i,
@@ -104,6 +135,7 @@ def chat_response(gen: Generation, rid: str, created: int) -> dict[str, Any]:
                 "logprobs": None,
                 "finish_reason": gen.finish_reason,
                 "stop_reason": None,
+                "token_ids": None,
             }
         )
     return {
@@ -112,8 +144,12 @@ def chat_response(gen: Generation, rid: str, created: int) -> dict[str, Any]:
         "created": created,
         "model": gen.model,
         "choices": choices,
+        "service_tier": None,
+        "system_fingerprint": FINGERPRINT,
         "usage": usage(gen.prompt_tokens, total_completion_tokens(gen)),
         "prompt_logprobs": None,
+        "prompt_token_ids": None,
+        "kv_transfer_params": None,
     }
 
 
@@ -129,7 +165,7 @@ def chat_stream(gen: Generation, rid: str, created: int) -> Iterator[str]:
     for i in range(gen.n):
         yield (
             f'{head}{i},"delta":{{"role":"assistant","content":""}},'
-            f'"logprobs":null,"finish_reason":null}}]}}'
+            f'"logprobs":null,"finish_reason":null}}],"prompt_token_ids":null,"prompt_text":null}}'
         )
     if gen.tool is not None:
         name, parts = _tool_call_parts(gen)
@@ -150,7 +186,8 @@ def chat_stream(gen: Generation, rid: str, created: int) -> Iterator[str]:
             for i in range(gen.n):
                 yield (
                     f'{head}{i},"delta":{{"tool_calls":[{{"index":0,"function":'
-                    f'{{"arguments":{dumps(frag)}}}}}]}},"logprobs":null,"finish_reason":{fin}}}]}}'
+                    f'{{"arguments":{dumps(frag)}}}}}]}},"logprobs":null,"finish_reason":{fin},'
+                    f'"token_ids":null}}]}}'
                 )
     else:
         tokens = [choice_tokens(gen, i) for i in range(gen.n)]
@@ -161,19 +198,10 @@ def chat_stream(gen: Generation, rid: str, created: int) -> Iterator[str]:
             for i in range(gen.n):
                 yield (
                     f'{head}{i},"delta":{{"content":{_tok(tokens[i][step])}}},'
-                    f'"logprobs":null,"finish_reason":{fin}}}]}}'
+                    f'"logprobs":null,"finish_reason":{fin},"token_ids":null}}]}}'
                 )
     if gen.include_usage:
-        yield dumps(
-            {
-                "id": rid,
-                "object": "chat.completion.chunk",
-                "created": created,
-                "model": gen.model,
-                "choices": [],
-                "usage": usage(gen.prompt_tokens, total_completion_tokens(gen)),
-            }
-        )
+        yield _usage_event("chat.completion.chunk", gen, rid, created, total_completion_tokens(gen))
 
 
 def _chunk(gen: Generation, rid: str, created: int, choice: dict[str, Any], done: int) -> str:
@@ -184,7 +212,7 @@ def _chunk(gen: Generation, rid: str, created: int, choice: dict[str, Any], done
             "created": created,
             "model": gen.model,
             "choices": [choice],
-            "usage": usage(gen.prompt_tokens, done),
+            "usage": {**stream_usage(gen.prompt_tokens, done), "completion_tokens_details": None},
         }
     )
 
@@ -209,18 +237,10 @@ def _chat_stream_slow(gen: Generation, rid: str, created: int) -> Iterator[str]:
             }
             if last:
                 choice["stop_reason"] = None
+            choice["token_ids"] = None
             yield _chunk(gen, rid, created, choice, done)
     if gen.include_usage:
-        yield dumps(
-            {
-                "id": rid,
-                "object": "chat.completion.chunk",
-                "created": created,
-                "model": gen.model,
-                "choices": [],
-                "usage": usage(gen.prompt_tokens, done),
-            }
-        )
+        yield _usage_event("chat.completion.chunk", gen, rid, created, done)
 
 
 def completion_response(
@@ -241,7 +261,9 @@ def completion_response(
                     "logprobs": None,
                     "finish_reason": gen.finish_reason,
                     "stop_reason": None,
+                    "token_ids": None,
                     "prompt_logprobs": None,
+                    "prompt_token_ids": None,
                 }
             )
     return {
@@ -250,7 +272,10 @@ def completion_response(
         "created": created,
         "model": gen.model,
         "choices": choices,
+        "service_tier": None,
+        "system_fingerprint": FINGERPRINT,
         "usage": usage(gen.prompt_tokens, total_completion_tokens(gen, len(prompts))),
+        "kv_transfer_params": None,
     }
 
 
@@ -273,22 +298,14 @@ def completion_stream(
             done += 1
             tail = ""
             if gen.continuous_usage:
-                tail = f',"usage":{dumps(usage(gen.prompt_tokens, done))}'
+                tail = f',"usage":{dumps(stream_usage(gen.prompt_tokens, done))}'
             yield (
                 f'{head}{index},"text":{_tok(tokens[index][step])},"logprobs":null,'
-                f'"finish_reason":{fin},"stop_reason":null}}]{tail}}}'
+                f'"finish_reason":{fin},"stop_reason":null,"prompt_token_ids":null,'
+                f'"token_ids":null}}]{tail}}}'
             )
     if gen.include_usage:
-        yield dumps(
-            {
-                "id": rid,
-                "object": "text_completion",
-                "created": created,
-                "model": gen.model,
-                "choices": [],
-                "usage": usage(gen.prompt_tokens, done),
-            }
-        )
+        yield _usage_event("text_completion", gen, rid, created, done)
 
 
 def embedding_response(
@@ -336,7 +353,22 @@ def models_response(config: SimConfig, created: int) -> dict[str, Any]:
                 "root": name,
                 "parent": None,
                 "max_model_len": config.max_model_len,
-                "permission": [],
+                "permission": [
+                    {
+                        "id": f"modelperm-{name}",
+                        "object": "model_permission",
+                        "created": created,
+                        "allow_create_engine": False,
+                        "allow_sampling": True,
+                        "allow_logprobs": True,
+                        "allow_search_indices": False,
+                        "allow_view": True,
+                        "allow_fine_tuning": False,
+                        "organization": "*",
+                        "group": None,
+                        "is_blocking": False,
+                    }
+                ],
             }
             for name in config.models
         ],

@@ -55,7 +55,11 @@ async def wait_disconnect(receive: Receive) -> None:
             return
 
 
-def _headers(content_type: bytes, extra: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+def _headers(
+    content_type: bytes | None, extra: list[tuple[bytes, bytes]]
+) -> list[tuple[bytes, bytes]]:
+    if content_type is None:
+        return [SIM_HEADER, *extra]
     return [(b"content-type", content_type), SIM_HEADER, *extra]
 
 
@@ -63,7 +67,7 @@ async def send_body(
     send: Send,
     status: int,
     body: bytes,
-    content_type: bytes = JSON_TYPE,
+    content_type: bytes | None = JSON_TYPE,
     extra: list[tuple[bytes, bytes]] | None = None,
     fault: FaultSpec | None = None,
 ) -> None:

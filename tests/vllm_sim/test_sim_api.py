@@ -245,17 +245,23 @@ def test_errors_are_openai_shaped(start_sim: Any) -> None:
     assert nf.value.status_code == 404
     url = f"{sim.url}/v1/chat/completions"
     err = _error(httpx.post(url, json={"model": "gpt-4", "messages": MSG}))
-    assert err == {"message": "The model `gpt-4` does not exist.", "type": "NotFoundError",
-                   "param": "model", "code": 404}
+    assert err == {"message": "The model `gpt-4` does not exist. Valid aliases: sim-model.",
+                   "type": "NotFoundError", "param": "model", "code": 404}
     long_msg = [{"role": "user", "content": "word " * 11}]
     resp = httpx.post(url, json={"messages": long_msg})
     assert resp.status_code == 400 and "maximum context length is 10" in _error(resp)["message"]
-    resp = httpx.post(url, json={"messages": MSG, "max_tokens": 4})
+    resp = httpx.post(url, json={"messages": MSG, "max_tokens": 11})
     assert resp.status_code == 400 and _error(resp)["type"] == "BadRequestError"
+    assert _error(resp)["param"] == "max_tokens"
+    # prompt + max_tokens beyond the context: clamped like vLLM 0.32, not an error
+    clamped = httpx.post(url, json={"messages": MSG, "max_tokens": 10}).json()
+    assert clamped["usage"]["completion_tokens"] == 3  # 10 - 7 prompt tokens
+    assert clamped["choices"][0]["finish_reason"] == "length"
     resp = httpx.post(url, json={"messages": MSG, "stream_options": {"include_usage": True}})
     assert resp.status_code == 400
     resp = httpx.post(url, content=b"{not json", headers={"content-type": "application/json"})
     assert resp.status_code == 400 and _error(resp)["code"] == 400
+    assert _error(resp)["type"] == "Bad Request"
     for bad in ({"messages": []}, {"messages": MSG, "n": 0}, {"messages": MSG, "temperature": -1},
                 {"messages": MSG, "max_tokens": "x"}, [1, 2]):
         resp = httpx.post(url, json=bad)
@@ -311,7 +317,7 @@ def test_health_version_and_metrics_gauges(start_sim: Any) -> None:
     page = httpx.get(f"{sim.url}/metrics").text
     assert 'vllm:num_requests_running{engine="0",model_name="m"} 0.0' in page
     assert 'vllm:generation_tokens_total{engine="0",model_name="m"} 16.0' in page
-    assert 'vllm:request_success_total{engine="0",model_name="m",finished_reason="stop"} 1.0' \
+    assert 'vllm:request_success_total{engine="0",finished_reason="stop",model_name="m"} 1.0' \
         in page
 
 

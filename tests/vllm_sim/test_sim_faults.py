@@ -103,6 +103,8 @@ def test_disconnect_mid_stream_cancels(start_sim: Any) -> None:
     assert got[0].startswith("data: ")
     stats = sim.wait_stats(lambda s: s["cancelled"] == 1)
     assert (stats["running"], stats["cancelled"], stats["completed"]) == (0, 1, 0)
+    page = httpx.get(f"{sim.url}/metrics").text
+    assert 'finished_reason="abort",model_name="sim-model"} 1.0' in page
 
 
 def test_die_mid_stream_after_n_events(sim: Any, raw_post: Any) -> None:
