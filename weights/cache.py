@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from weights.digests import ProgressCallback, digest_file
+from weights.digests import ProgressCallback, digest_file, sha256_file
 from weights.errors import CacheLayoutError, DigestMismatchError
 from weights.lockfile import LockedFile, LockEntry, check_repo_path, is_commit_sha
 
@@ -155,14 +155,19 @@ def install_blob(
         CacheLayoutError: The blob cannot be written.
     """
     if verify:
-        d = digest_file(source, progress)
-        if d.size != locked.size:
-            raise DigestMismatchError(locked.path, f"size:{locked.size}", f"size:{d.size}")
-        if d.sha256 != locked.sha256:
-            raise DigestMismatchError(locked.path, f"sha256:{locked.sha256}", f"sha256:{d.sha256}")
-        if locked.git_sha1 is not None and d.git_sha1 != locked.git_sha1:
+        size = source.stat().st_size
+        if size != locked.size:
+            raise DigestMismatchError(locked.path, f"size:{locked.size}", f"size:{size}")
+        if locked.git_sha1 is None:
+            sha256, git_sha1 = sha256_file(source, progress), None
+        else:
+            d = digest_file(source, progress)
+            sha256, git_sha1 = d.sha256, d.git_sha1
+        if sha256 != locked.sha256:
+            raise DigestMismatchError(locked.path, f"sha256:{locked.sha256}", f"sha256:{sha256}")
+        if locked.git_sha1 is not None and git_sha1 != locked.git_sha1:
             raise DigestMismatchError(
-                locked.path, f"git-sha1:{locked.git_sha1}", f"git-sha1:{d.git_sha1}"
+                locked.path, f"git-sha1:{locked.git_sha1}", f"git-sha1:{git_sha1}"
             )
     blob = paths.blob(locked.blob_id)
     try:

@@ -80,8 +80,14 @@ def digest_file(
     return FileDigests(size=size, sha256=sha256.hexdigest(), git_sha1=sha1.hexdigest())
 
 
-def sha256_file(path: str | os.PathLike[str]) -> str:
+def sha256_file(
+    path: str | os.PathLike[str], progress: ProgressCallback | None = None
+) -> str:
     """Return the lower-case hex SHA-256 of a file, read in 4 MiB chunks.
+
+    Args:
+        path: File to read (symlinks are followed).
+        progress: Optional callback receiving the byte count of each chunk read.
 
     Raises:
         WeightsError: The file cannot be read.
@@ -92,6 +98,8 @@ def sha256_file(path: str | os.PathLike[str]) -> str:
     with fh:
         while chunk := fh.read(CHUNK_BYTES):
             digest.update(chunk)
+            if progress is not None:
+                progress(len(chunk))
     return digest.hexdigest()
 
 

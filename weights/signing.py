@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any, cast
 
-from weights.digests import ProgressCallback, digest_file
+from weights.digests import ProgressCallback, sha256_file
 from weights.errors import SignatureVerificationError, SigningError
 from weights.verify import list_files
 
@@ -57,7 +57,7 @@ def compute_digests(
         if known is not None and p in known:
             out[p] = known[p]
         else:
-            out[p] = digest_file(root / p, progress).sha256
+            out[p] = sha256_file(root / p, progress)
     return out
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from weights.cache import resolve_model_dir
-from weights.digests import ProgressCallback, digest_file
+from weights.digests import ProgressCallback, digest_file, sha256_file
 from weights.errors import WeightsError
 from weights.lockfile import LockedFile, LockEntry
 
@@ -103,13 +103,18 @@ def check_file(
     size = path.stat().st_size
     if size != locked.size:
         return Mismatch(locked.path, f"size:{locked.size}", f"size:{size}")
-    d = digest_file(path, progress)
+    # LFS files have no git SHA-1 in the lock: hash once with sha256 only (about 2x faster).
+    if locked.git_sha1 is None:
+        sha256, git_sha1 = sha256_file(path, progress), None
+    else:
+        d = digest_file(path, progress)
+        sha256, git_sha1 = d.sha256, d.git_sha1
     if digests is not None:
-        digests[locked.path] = d.sha256
-    if d.sha256 != locked.sha256:
-        return Mismatch(locked.path, f"sha256:{locked.sha256}", f"sha256:{d.sha256}")
-    if locked.git_sha1 is not None and d.git_sha1 != locked.git_sha1:
-        return Mismatch(locked.path, f"git-sha1:{locked.git_sha1}", f"git-sha1:{d.git_sha1}")
+        digests[locked.path] = sha256
+    if sha256 != locked.sha256:
+        return Mismatch(locked.path, f"sha256:{locked.sha256}", f"sha256:{sha256}")
+    if locked.git_sha1 is not None and git_sha1 != locked.git_sha1:
+        return Mismatch(locked.path, f"git-sha1:{locked.git_sha1}", f"git-sha1:{git_sha1}")
     return None
 
 
