@@ -6,6 +6,7 @@ A missing tool is a test failure, never a skip: CI runs ``make test``, which ins
 
 from __future__ import annotations
 
+import hashlib
 import subprocess
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -53,8 +54,40 @@ class HelmResult:
     stderr: str
 
 
+_TEMPLATE_CACHE: dict[tuple[str, ...], HelmResult] = {}
+
+
+def _cache_key(args: Sequence[str]) -> tuple[str, ...]:
+    """``args`` plus the SHA-256 of every values or --set-file file they name."""
+    key = list(args)
+    for i, arg in enumerate(args):
+        path = None
+        if i > 0 and args[i - 1] == "-f":
+            path = Path(arg)
+        elif i > 0 and args[i - 1] == "--set-file":
+            path = Path(arg.split("=", 1)[1])
+        if path is not None and path.is_file():
+            key.append(hashlib.sha256(path.read_bytes()).hexdigest())
+    return tuple(key)
+
+
 def helm(*args: str, timeout_s: float = 120.0) -> HelmResult:
-    """Run the real helm binary with ``args`` (no network use: template and lint only)."""
+    """Run the real helm binary with ``args`` (no network use: template and lint only).
+
+    ``helm template`` results are memoised per process on the arguments and the contents of
+    the files they name (the chart does not change during a test run): the suite renders the
+    same scenarios many times on a 2-core machine.
+    """
+    if args and args[0] == "template":
+        key = _cache_key(args)
+        if key not in _TEMPLATE_CACHE:
+            _TEMPLATE_CACHE[key] = run_helm(args, timeout_s)
+        return _TEMPLATE_CACHE[key]
+    return run_helm(args, timeout_s)
+
+
+def run_helm(args: Sequence[str], timeout_s: float = 120.0) -> HelmResult:
+    """Run helm once, without memoisation."""
     proc = subprocess.run(
         [str(require_tool(HELM)), *args],
         capture_output=True,
