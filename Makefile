@@ -77,5 +77,11 @@ bench: install
 bench-airgap: install
 	$(PY) bench/airgap.py --size-gib $(or $(SIZE_GIB),2)
 
+# @audit: append throughput/latency (group commit) and gateway audit on/off (SQLite, PostgreSQL).
+.PHONY: bench-audit
+bench-audit: install
+	$(PY) bench/audit.py
+	$(PY) bench/audit_relay.py
+
 clean:
 	rm -rf $(VENV) $(TOOLS) .cache
