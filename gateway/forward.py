@@ -161,7 +161,7 @@ async def _attempt(
                 ctype = resp.headers.get("content-type", "")
                 is_sse = ctype.encode("latin-1").startswith(_SSE)
                 out_headers = [(b"content-type", ctype.encode("latin-1"))]
-                for name in ("retry-after", "cache-control"):
+                for name in ("retry-after", "cache-control", "content-encoding"):
                     value = resp.headers.get(name)
                     if value is not None:
                         out_headers.append((name.encode(), value.encode("latin-1")))

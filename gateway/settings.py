@@ -285,6 +285,11 @@ class GatewaySettings(BaseSettings):
             for name in key.models:
                 if name != "*" and name not in seen:
                     raise ValueError(f"keys[{i}].models: unknown model {name!r}")
+                if name != "*" and seen[name] != name:
+                    raise ValueError(
+                        f"keys[{i}].models: {name!r} is an alias of {seen[name]!r}; "
+                        "list the model name"
+                    )
         return self
 
     def model_by_label(self) -> dict[str, ModelSettings]:

@@ -62,6 +62,8 @@ def test_defaults_and_later_sections_accepted() -> None:
          "name or alias 'default' already used by 'llama-3.1-8b'"),
         (lambda c: c["keys"][0].update(sha256="abc"), "keys[0].sha256: must be 64 hex"),
         (lambda c: c["keys"][1].update(models=["nope"]), "keys[1].models: unknown model 'nope'"),
+        (lambda c: c["keys"][0].update(models=["default"]),
+         "keys[0].models: 'default' is an alias of 'llama-3.1-8b'"),
         (lambda c: c["keys"][1].update(id="team-a", sha256=sha("x")),
          "keys[1].id: duplicate key id 'team-a'"),
         (lambda c: c["timeouts"].update(connect_s=0),
