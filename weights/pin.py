@@ -238,9 +238,16 @@ def pin(
         return PinResult(entry=previous, previous=previous, drift=drift, written=False,
                          warnings=tuple(warnings))
     if not update:
+        if previous.commit != new.commit:
+            what = (f"{revision} now resolves to {new.commit[:12]} "
+                    f"(pinned {previous.commit[:12]} from {previous.requested_revision})")
+        elif previous.requested_revision != new.requested_revision:
+            what = (f"pinned from {previous.requested_revision}, now requested as {revision} "
+                    f"(same commit {new.commit[:12]})")
+        else:
+            what = "the file selection changed"
         raise DriftError(
-            f"{new.repo_id}: {revision} now resolves to {new.commit[:12]} "
-            f"(pinned {previous.commit[:12]}); lockfile unchanged",
+            f"{new.repo_id}: {what}; lockfile unchanged",
             hint="review the drift, then re-run with --update to accept it",
             drift=drift,
         )
