@@ -49,13 +49,27 @@ class Part:
     sha256: str
 
 
+ENCODINGS = ("identity", "zlib")
+COMPRESSIONS = ("none", "zlib")
+
+
 @dataclass(frozen=True)
 class Blob:
-    """One stored content blob: bytes ``[offset, offset + size)`` of the payload stream."""
+    """One stored content blob: payload bytes ``[offset, offset + stored_size)``.
+
+    Attributes:
+        sha256: hex SHA-256 of the content (after decoding).
+        size: content size in bytes.
+        offset: where the stored bytes start in the payload stream.
+        stored_size: stored bytes in the payload (``size`` unless encoded).
+        encoding: ``identity`` or ``zlib`` (RFC 1950 stream of the content).
+    """
 
     sha256: str
     size: int
     offset: int
+    stored_size: int
+    encoding: str = "identity"
 
 
 @dataclass(frozen=True)
@@ -99,6 +113,8 @@ class Index:
     Attributes:
         tool: name and version of the packer.
         created_at: UTC creation time, ``YYYY-MM-DDTHH:MM:SSZ``.
+        compression: ``none`` (every blob stored as is) or ``zlib`` (blobs that shrink are
+            zlib-encoded).
         part_size: maximum part size in bytes used when packing.
         payload_size: total payload bytes (sum of part sizes and of blob sizes).
         lock: the lockfile entries carried (the pins the content must match).
@@ -109,6 +125,7 @@ class Index:
 
     tool: str
     created_at: str
+    compression: str
     part_size: int
     payload_size: int
     lock: Lockfile
@@ -123,7 +140,7 @@ class Index:
             "format_version": FORMAT_VERSION,
             "tool": self.tool,
             "created_at": self.created_at,
-            "compression": "none",
+            "compression": self.compression,
             "part_size": self.part_size,
             "payload_size": self.payload_size,
             "lock": self.lock.to_json(),
@@ -137,7 +154,16 @@ class Index:
                 }
                 for f in self.files
             ],
-            "blobs": [{"sha256": b.sha256, "size": b.size, "offset": b.offset} for b in self.blobs],
+            "blobs": [
+                {
+                    "sha256": b.sha256,
+                    "size": b.size,
+                    "offset": b.offset,
+                    "stored_size": b.stored_size,
+                    "encoding": b.encoding,
+                }
+                for b in self.blobs
+            ],
             "parts": [
                 {"name": p.name, "offset": p.offset, "size": p.size, "sha256": p.sha256}
                 for p in self.parts
@@ -241,7 +267,7 @@ class _Validator:
                 f"{self.doc.get('format_version')!r} is not {FORMAT!r} version {FORMAT_VERSION}",
             )
         doc = self._obj(self.doc, "$", top_keys)
-        if doc["compression"] != "none":
+        if doc["compression"] not in COMPRESSIONS:
             raise fail(Code.UNSUPPORTED_FORMAT, f"compression {doc['compression']!r} unsupported")
         part_size = self._int(doc["part_size"], "$.part_size")
         payload_size = self._int(doc["payload_size"], "$.payload_size")
@@ -249,11 +275,12 @@ class _Validator:
             raise fail(Code.INDEX_INVALID, f"{INDEX_NAME}: $.part_size must be positive")
         lock = self._lock(doc["lock"])
         parts = self._parts(doc["parts"], part_size, payload_size)
-        blobs = self._blobs(doc["blobs"], payload_size)
+        blobs = self._blobs(doc["blobs"], payload_size, doc["compression"])
         files = self._files(doc["files"], lock, {b.sha256: b for b in blobs})
         return Index(
             tool=self._str(doc["tool"], "$.tool"),
             created_at=self._str(doc["created_at"], "$.created_at"),
+            compression=doc["compression"],
             part_size=part_size,
             payload_size=payload_size,
             lock=lock,
@@ -337,7 +364,7 @@ class _Validator:
             raise fail(code, f"parts cover {end} bytes but the payload has {payload_size}")
         return tuple(parts)
 
-    def _blobs(self, raw: Any, payload_size: int) -> tuple[Blob, ...]:
+    def _blobs(self, raw: Any, payload_size: int, compression: str) -> tuple[Blob, ...]:
         if not isinstance(raw, list):
             raise fail(Code.INDEX_INVALID, f"{INDEX_NAME}: $.blobs is not an array")
         blobs: list[Blob] = []
@@ -345,12 +372,21 @@ class _Validator:
         offset = 0
         for i, item in enumerate(raw):
             where = f"$.blobs[{i}]"
-            b = self._obj(item, where, ("sha256", "size", "offset"))
+            b = self._obj(item, where, ("sha256", "size", "offset", "stored_size", "encoding"))
             blob = Blob(
                 self._str(b["sha256"], f"{where}.sha256", _HEX64),
                 self._int(b["size"], f"{where}.size"),
                 self._int(b["offset"], f"{where}.offset"),
+                self._int(b["stored_size"], f"{where}.stored_size"),
+                b["encoding"],
             )
+            if blob.encoding not in ENCODINGS or (
+                blob.encoding != "identity" and compression == "none"
+            ):
+                raise fail(Code.UNSUPPORTED_FORMAT, f"{where}: encoding {blob.encoding!r} "
+                           f"unsupported with compression {compression!r}")  # fmt: skip
+            if blob.encoding == "identity" and blob.stored_size != blob.size:
+                raise fail(Code.BLOBS_LAYOUT, f"{where}: stored_size differs from size")
             if blob.offset != offset:
                 raise fail(
                     Code.BLOBS_LAYOUT,
@@ -360,7 +396,7 @@ class _Validator:
                 raise fail(Code.BLOBS_LAYOUT, f"blob {blob.sha256[:12]} is stored twice")
             seen.add(blob.sha256)
             blobs.append(blob)
-            offset += blob.size
+            offset += blob.stored_size
         if offset != payload_size:
             raise fail(Code.BLOBS_LAYOUT, f"blobs cover {offset} bytes of {payload_size}")
         return tuple(blobs)

@@ -123,6 +123,10 @@ def pack(
         int, typer.Option("--part-size", min=1, help="Max bytes per part (FAT32: 4 GiB - 1).")
     ] = DEFAULT_PART_SIZE,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing bundle.")] = False,
+    compress: Annotated[
+        bool, typer.Option("--compress", help="zlib-encode blobs that shrink (off: weights "
+                           "do not compress).")
+    ] = False,
     quiet: Quiet = False,
 ) -> None:
     """Verify the source against the lock while copying it into a new signed bundle."""
@@ -132,7 +136,8 @@ def pack(
     total = sum(e.total_bytes for e in locked.entries)
     with _progress(total, "packing", quiet) as progress:
         report = pack_bundle(locked, source, bundle, signing_key, include_files=include,
-                             part_size=part_size, force=force, progress=progress)  # fmt: skip
+                             part_size=part_size, force=force, compress=compress,
+                             progress=progress)  # fmt: skip
     idx = report.index
     rate = idx.payload_size / max(report.seconds, 1e-9) / 1024**3
     out.print(

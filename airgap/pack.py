@@ -1,16 +1,14 @@
 """Pack pinned, verified weights (and extra files) into a signed bundle.
 
-The bytes are checked against the lockfile pins as they are copied (size, sha256 and, for
-regular files, the git blob SHA-1): the digest is of the very bytes written, so a file that
-changes under us cannot slip in. A size check of every source runs before anything is
-written. The bundle is built in a fresh temporary directory next to ``out`` and renamed into
-place only when complete and signed, so no stale part of an earlier run can mix in.
+The bytes are checked against the lockfile pins as they are copied (``payload.py``): the
+digest is of the very bytes written, so a file that changes under us cannot slip in. A size
+check of every source runs before anything is written. The bundle is built in a fresh
+temporary directory next to ``out`` and renamed into place only when complete and signed, so
+no stale part of an earlier run can mix in.
 """
 
 from __future__ import annotations
 
-import hashlib
-import math
 import os
 import shutil
 import stat
@@ -20,7 +18,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import BinaryIO
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
@@ -29,24 +26,14 @@ from airgap.bundle import (
     DEFAULT_PART_SIZE,
     INDEX_NAME,
     SIGNATURE_NAME,
-    Blob,
     ContentFile,
     Index,
-    Part,
 )
 from airgap.errors import AirgapError, Code, fail
+from airgap.payload import Source, write_blobs
 from airgap.signing import key_id, sign_index
-from airgap.stream import CHUNK_BYTES, Progress
+from airgap.stream import Progress
 from weights import LockEntry, Lockfile, WeightsError, resolve_model_dir, sha256_file
-
-
-@dataclass(frozen=True)
-class Source:
-    """One content file to pack: where its bytes are and what they must be."""
-
-    file: ContentFile
-    origin: Path
-    git_sha1: str | None  # checked too for regular (non-LFS) model files
 
 
 @dataclass(frozen=True)
@@ -57,55 +44,6 @@ class PackReport:
     index: Index
     signer: str
     seconds: float
-
-
-class _PartWriter:
-    """Writes the payload stream into parts of at most ``part_size`` bytes, hashing each."""
-
-    def __init__(self, directory: Path, part_size: int, total: int) -> None:
-        self.directory, self.part_size, self.total = directory, part_size, total
-        self.count = math.ceil(total / part_size)
-        self.parts: list[Part] = []
-        self._fh: BinaryIO | None = None
-        self._hash = hashlib.sha256()
-        self._written = 0  # in the current part
-        self._offset = 0  # of the current part in the payload
-
-    def write(self, data: memoryview) -> None:
-        while data:
-            if self._fh is None:
-                name = paths.part_name(len(self.parts), self.count)
-                fd = os.open(self.directory / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-                self._fh = os.fdopen(fd, "wb", buffering=0)
-            room = self.part_size - self._written
-            chunk = data[:room]
-            self._fh.write(chunk)
-            self._hash.update(chunk)
-            self._written += len(chunk)
-            data = data[len(chunk) :]
-            if self._written == self.part_size:
-                self._close_part()
-
-    def _close_part(self) -> None:
-        assert self._fh is not None
-        os.fsync(self._fh.fileno())
-        self._fh.close()
-        name = paths.part_name(len(self.parts), self.count)
-        self.parts.append(Part(name, self._offset, self._written, self._hash.hexdigest()))
-        self._offset += self._written
-        self._fh, self._hash, self._written = None, hashlib.sha256(), 0
-
-    def close(self) -> None:
-        """Close the open part, if any (after a failure; ``finish`` closes normally)."""
-        if self._fh is not None:
-            self._fh.close()
-
-    def finish(self) -> tuple[Part, ...]:
-        if self._fh is not None:
-            self._close_part()
-        if len(self.parts) != self.count:  # the pre-check sizes guarantee this
-            raise AirgapError(Code.IO_ERROR, "payload size changed while packing")
-        return tuple(self.parts)
 
 
 def collect_sources(
@@ -181,6 +119,7 @@ def pack_bundle(
     include_files: Sequence[Path] = (),
     part_size: int = DEFAULT_PART_SIZE,
     force: bool = False,
+    compress: bool = False,
     progress: Progress | None = None,
 ) -> PackReport:
     """Pack the lockfile's models from ``source`` into a new signed bundle at ``out``.
@@ -193,6 +132,8 @@ def pack_bundle(
         include_files: extra files (policy, chart archive) carried by name, unpinned.
         part_size: maximum part size in bytes (default 4 GiB - 1, the FAT32 limit).
         force: replace an existing bundle at ``out`` (only after the new one is complete).
+        compress: zlib-encode blobs that shrink by at least 5 % (off by default: weights do
+            not compress; tokenizers and configs do).
         progress: called with the number of bytes copied.
 
     Raises:
@@ -209,7 +150,7 @@ def pack_bundle(
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
     try:
-        index = _write_payload(tmp, lock, sources, part_size, progress)
+        index = _build_index(tmp, lock, sources, part_size, compress, progress)
         data = index.dumps()
         _write_file(tmp / INDEX_NAME, data)
         _write_file(tmp / SIGNATURE_NAME, sign_index(data, key))
@@ -221,69 +162,26 @@ def pack_bundle(
     return PackReport(out, index, key_id(key.public_key()), time.perf_counter() - started)
 
 
-def _write_payload(
-    tmp: Path, lock: Lockfile, sources: list[Source], part_size: int, progress: Progress | None
+def _build_index(
+    tmp: Path,
+    lock: Lockfile,
+    sources: list[Source],
+    part_size: int,
+    compress: bool,
+    progress: Progress | None,
 ) -> Index:
-    unique: dict[str, Source] = {}  # content is stored once per distinct sha256
-    for s in sources:
-        unique.setdefault(s.file.sha256, s)
-    blobs: list[Blob] = []
-    offset = 0
-    for s in unique.values():
-        blobs.append(Blob(s.file.sha256, s.file.size, offset))
-        offset += s.file.size
-    writer = _PartWriter(tmp, part_size, offset)
-    view = memoryview(bytearray(CHUNK_BYTES))
-    try:
-        for s in unique.values():
-            _copy(s, writer, view, progress)
-    except BaseException:
-        writer.close()
-        raise
+    blobs, parts = write_blobs(tmp, sources, part_size, compress=compress, progress=progress)
     return Index(
         tool=f"sovereign-gateway airgap {__version__}",
         created_at=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        compression="zlib" if compress else "none",
         part_size=part_size,
-        payload_size=offset,
+        payload_size=sum(b.stored_size for b in blobs),
         lock=lock,
         files=tuple(s.file for s in sources),
         blobs=tuple(blobs),
-        parts=writer.finish(),
+        parts=parts,
     )
-
-
-def _copy(s: Source, writer: _PartWriter, view: memoryview, progress: Progress | None) -> None:
-    """Copy one source into the payload, checking the bytes copied against its digests."""
-    sha = hashlib.sha256()
-    sha1 = hashlib.sha1(b"blob %d\0" % s.file.size, usedforsecurity=False) if s.git_sha1 else None
-    done = 0
-    try:
-        with open(s.origin, "rb", buffering=0) as fh:
-            while n := fh.readinto(view):
-                chunk = view[:n]
-                sha.update(chunk)
-                if sha1 is not None:
-                    sha1.update(chunk)
-                done += n
-                if done > s.file.size:
-                    break
-                writer.write(chunk)
-                if progress is not None:
-                    progress(n)
-    except OSError as exc:
-        raise AirgapError(Code.IO_ERROR, f"cannot read {s.origin}: {exc}") from exc
-    label = s.file.label
-    if done != s.file.size:
-        raise fail(Code.PIN_MISMATCH, f"{label}: {s.origin} changed size while packed",
-                   path=label, expected=str(s.file.size), actual=str(done))  # fmt: skip
-    digest = sha.hexdigest()
-    if digest != s.file.sha256:
-        raise fail(Code.PIN_MISMATCH,
-                   f"{label}: {s.origin} does not match the pinned sha256; refusing to pack it",
-                   path=label, expected=s.file.sha256, actual=digest)  # fmt: skip
-    if sha1 is not None and sha1.hexdigest() != s.git_sha1:
-        raise fail(Code.PIN_MISMATCH, f"{label}: git blob SHA-1 differs from the pin",
-                   path=label, expected=s.git_sha1, actual=sha1.hexdigest())  # fmt: skip
 
 
 def _write_file(path: Path, data: bytes) -> None:

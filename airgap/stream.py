@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
+import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,11 +36,55 @@ class Sink(Protocol):
 
 @dataclass(frozen=True)
 class Range:
-    """A payload byte range to hash: ``size`` bytes from ``offset``, known by ``key``."""
+    """A payload byte range to hash: ``size`` stored bytes from ``offset``, known by ``key``.
+
+    ``encoding`` ``zlib`` means the stored bytes are a zlib stream (RFC 1950) that must decode
+    to exactly ``content_size`` bytes; the digest is then of the decoded content.
+    """
 
     key: str
     offset: int
     size: int
+    encoding: str = "identity"
+    content_size: int | None = None
+
+
+class _Consumer:
+    """Feeds stored bytes to the hash and the sink, decoding zlib with bounded output."""
+
+    def __init__(self, rng: Range, out: Sink | None) -> None:
+        self.hash = hashlib.sha256()
+        self.out = out
+        self.limit = rng.content_size if rng.content_size is not None else rng.size
+        self.produced = 0
+        self.decoder = zlib.decompressobj() if rng.encoding == "zlib" else None
+
+    def _emit(self, data: memoryview | bytes) -> None:
+        self.produced += len(data)
+        if self.produced > self.limit:
+            raise ValueError(f"decodes to more than the declared {self.limit} bytes")
+        self.hash.update(data)
+        if self.out is not None:
+            self.out.write(memoryview(data))
+
+    def feed(self, data: memoryview) -> None:
+        if self.decoder is None:
+            self._emit(data)
+            return
+        pending: memoryview | bytes = data
+        while pending:
+            # max_length bounds memory and stops a decompression bomb early.
+            self._emit(self.decoder.decompress(pending, CHUNK_BYTES))
+            pending = self.decoder.unconsumed_tail
+
+    def finish(self) -> str:
+        if self.decoder is not None:
+            self._emit(self.decoder.flush())
+            if not self.decoder.eof or self.decoder.unused_data:
+                raise ValueError("the zlib stream is truncated or followed by extra bytes")
+        if self.produced != self.limit:
+            raise ValueError(f"decodes to {self.produced} bytes, declared {self.limit}")
+        return self.hash.hexdigest()
 
 
 @dataclass(frozen=True)
@@ -144,13 +189,17 @@ def _hash_one(
         return RangeResult(rng, None, Problem(
             Code.CONTENT_UNREADABLE, f"{rng.key} cannot be checked: it lies in damaged part(s) "
             f"{', '.join(bad)}", part=bad[0], path=rng.key))  # fmt: skip
-    h = hashlib.sha256()
-    for seg in segments:
-        try:
-            _hash_segment(bundle, seg, view, fds, h, out, progress)
-        except VerificationFailed as exc:
-            return RangeResult(rng, None, exc.problems[0])
-    return RangeResult(rng, h.hexdigest())
+    consumer = _Consumer(rng, out)
+    try:
+        for seg in segments:
+            _hash_segment(bundle, seg, view, fds, consumer, progress)
+        return RangeResult(rng, consumer.finish())
+    except VerificationFailed as exc:
+        return RangeResult(rng, None, exc.problems[0])
+    except (ValueError, zlib.error) as exc:
+        return RangeResult(rng, None, Problem(
+            Code.CONTENT_DIGEST_MISMATCH, f"{rng.key}: stored bytes do not decode: {exc}",
+            path=rng.key, expected=rng.key, actual="undecodable"))  # fmt: skip
 
 
 def _hash_segment(
@@ -158,8 +207,7 @@ def _hash_segment(
     seg: Segment,
     view: memoryview,
     fds: dict[str, int],
-    h: hashlib._Hash,
-    out: Sink | None,
+    consumer: _Consumer,
     progress: Progress | None,
 ) -> None:
     fd = fds.get(seg.part.name)
@@ -175,10 +223,7 @@ def _hash_segment(
             raise VerificationFailed([Problem(
                 Code.PART_SIZE_MISMATCH, f"part {seg.part.name} ended at byte {pos} while read",
                 part=seg.part.name, expected=str(seg.part.size), actual=str(pos))])  # fmt: skip
-        data = view[:n]
-        h.update(data)
-        if out is not None:
-            out.write(data)
+        consumer.feed(view[:n])
         if progress is not None:
             progress(n)
         pos += n

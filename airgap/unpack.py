@@ -40,9 +40,9 @@ from typing import Literal
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from airgap.bundle import ContentFile, Index
-from airgap.errors import AirgapError, Code, Problem, StoreError, VerificationFailed
+from airgap.errors import AirgapError, Code, StoreError, VerificationFailed
 from airgap.stream import Progress, Range, hash_ranges
-from airgap.verify import VerifyReport, check_index
+from airgap.verify import VerifyReport, blob_ranges, check_index, diagnose
 from weights import Lockfile, WeightsError, hf_cache_paths, is_commit_sha, sha256_file
 
 Layout = Literal["hf-cache", "dir"]
@@ -276,8 +276,7 @@ def _stage(
     Raises:
         VerificationFailed: any blob is unreadable or differs (staging is then discarded).
     """
-    blobs = {b.sha256: b for b in index.blobs}
-    ranges = [Range(s, blobs[s].offset, blobs[s].size) for s in plan.targets]
+    ranges = blob_ranges(index, [b for b in index.blobs if b.sha256 in plan.targets])
     staged = {s: staging / f"blob-{s}" for s in plan.targets}
 
     def sink(rng: Range) -> _StagedFile:
@@ -285,17 +284,7 @@ def _stage(
 
     results = hash_ranges(bundle, index, ranges, readable=check.readable_parts,
                           workers=workers, sink=sink, progress=progress)  # fmt: skip
-    problems: list[Problem] = []
-    for res in results:
-        if res.problem is not None:
-            problems.append(res.problem)
-        elif res.sha256 != res.range.key:
-            problems.extend(
-                Problem(Code.CONTENT_DIGEST_MISMATCH,
-                        f"{f.label}: content from the parts does not match its sha256",
-                        path=f.label, expected=res.range.key, actual=res.sha256)
-                for f in index.files_of_blob(res.range.key)
-            )  # fmt: skip
+    problems = diagnose(check, index, results, workers=workers)
     if problems:
         raise VerificationFailed(problems)
     return staged

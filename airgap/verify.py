@@ -8,29 +8,37 @@ Order of checks (every problem is collected; nothing stops at the first):
    ``payload*`` file lies beside them;
 4. every blob's SHA-256, streamed from the parts in parallel, equals the index (which equals
    the lockfile pin, checked in 2);
-5. each part holding a bad blob is hashed whole, to name the damaged part (``--all-parts``
-   hashes every part).
+5. each part holding a bad blob (or a zlib-encoded one) is hashed whole, to name the damaged
+   part (``--all-parts`` hashes every part).
 
 Why step 5 is enough: the blobs tile the payload exactly (no gaps, no overlap, checked in 2),
-so when every blob digest matches, every payload byte is the signed one and every part digest
-necessarily matches too; hashing the parts again would double the work on the hot path.
+so when every stored-as-is blob digest matches, those payload bytes are the signed ones and
+the part digests necessarily match too; hashing the parts again would double the work on the
+hot path. Encoded blobs are the exception (a decoder ignores some bits), hence their parts.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from airgap.bundle import INDEX_NAME, MAX_INDEX_BYTES, SIGNATURE_NAME, Index, check_expected_lock
+from airgap.bundle import (
+    INDEX_NAME,
+    MAX_INDEX_BYTES,
+    SIGNATURE_NAME,
+    Blob,
+    Index,
+    check_expected_lock,
+)
 from airgap.errors import Code, Problem, VerificationFailed
 from airgap.media import check_bundle_dir, check_parts, read_small
 from airgap.signing import MAX_SIGNATURE_BYTES, verify_index_signature
-from airgap.stream import Progress, Range, hash_ranges
+from airgap.stream import Progress, Range, RangeResult, hash_ranges
 from weights import Lockfile
 
 
@@ -158,31 +166,65 @@ def verify_bundle(
         return report
     report.workers = workers
     started, cpu_started = time.perf_counter(), time.process_time()
-    ranges = [Range(b.sha256, b.offset, b.size) for b in index.blobs]
+    ranges = blob_ranges(index, index.blobs)
     results = hash_ranges(bundle, index, ranges, readable=report.readable_parts,
                           workers=workers, progress=progress)  # fmt: skip
     report.bytes_hashed = sum(r.range.size for r in results if r.sha256)
-    suspects: set[str] = set()
-    for res in results:
-        files = index.files_of_blob(res.range.key)
-        spans = {s.part.name for s in index.segments(res.range.offset, res.range.size)}
-        if res.problem is not None:
-            # The blob touches a damaged part; its other parts may be damaged too.
-            report.problems.append(res.problem)
-            suspects.update(spans)
-        elif res.sha256 != res.range.key:
-            for f in files:
-                report.problems.append(Problem(
-                    Code.CONTENT_DIGEST_MISMATCH,
-                    f"{f.label}: content reassembled from the parts does not match its sha256",
-                    path=f.label, expected=res.range.key, actual=res.sha256))  # fmt: skip
-            suspects.update(spans)
     report.problems.extend(
-        _check_part_digests(report, index, None if all_parts else suspects, workers, progress)
+        diagnose(report, index, results, workers=workers, all_parts=all_parts, progress=progress)
     )
     report.seconds = time.perf_counter() - started
     report.cpu_seconds = time.process_time() - cpu_started
     return report
+
+
+def blob_ranges(index: Index, blobs: Iterable[Blob]) -> list[Range]:
+    """The payload ranges of ``blobs`` (keyed by sha256, with their encoding)."""
+    return [Range(b.sha256, b.offset, b.stored_size, b.encoding, b.size) for b in blobs]
+
+
+def content_problems(index: Index, res: RangeResult) -> list[Problem]:
+    """Problems of one blob result, reported per file that uses the blob."""
+    if res.problem is None and res.sha256 == res.range.key:
+        return []
+    labels = [f.label for f in index.files_of_blob(res.range.key)]
+    if res.problem is not None and res.problem.code == Code.CONTENT_UNREADABLE:
+        return [replace(res.problem, path=", ".join(labels),
+                        message=f"{', '.join(labels)}: {res.problem.message}")]  # fmt: skip
+    if res.problem is not None and res.problem.code != Code.CONTENT_DIGEST_MISMATCH:
+        return [res.problem]
+    why = res.problem.message if res.problem else "does not match its sha256"
+    return [Problem(Code.CONTENT_DIGEST_MISMATCH,
+                    f"{label}: content reassembled from the parts {why.split(': ', 1)[-1]}",
+                    path=label, expected=res.range.key,
+                    actual=res.sha256 or "undecodable") for label in labels]  # fmt: skip
+
+
+def diagnose(
+    report: VerifyReport,
+    index: Index,
+    results: Sequence[RangeResult],
+    *,
+    workers: int,
+    all_parts: bool = False,
+    progress: Progress | None = None,
+) -> list[Problem]:
+    """Problems of the blob results, plus the damaged parts named (step 5 of the module doc).
+
+    Every part holding a bad, unreadable or encoded blob is hashed whole (every part if
+    ``all_parts``).
+    """
+    problems: list[Problem] = []
+    suspects: set[str] = set()
+    for res in results:
+        found = content_problems(index, res)
+        problems.extend(found)
+        # An encoded blob's stored bytes are not fixed by its content digest (deflate ignores
+        # some bits), so the parts under it are always hashed too; they are small.
+        if found or res.range.encoding != "identity":
+            suspects.update(s.part.name for s in index.segments(res.range.offset, res.range.size))
+    names = None if all_parts else suspects
+    return problems + _check_part_digests(report, index, names, workers, progress)
 
 
 def _check_part_digests(

@@ -433,3 +433,51 @@ def test_failure_during_commit_is_rolled_back(
         unpack_bundle(bundle, [keys.public], busy_store)
     assert info.value.code == Code.IO_ERROR
     assert tree_state(busy_store) == before
+
+
+# --- compressed blobs -----------------------------------------------------------------------
+
+
+@pytest.fixture
+def zbundle(small_lock: Lockfile, small_model: Path, keys: KeyPair, tmp_path: Path) -> Path:
+    out = tmp_path / "zbundle"
+    pack_bundle(small_lock, small_model, out, keys.private, compress=True, part_size=100_000)
+    return out
+
+
+def _zblob(bundle: Path) -> dict[str, Any]:
+    return next(b for b in load_index(bundle)["blobs"] if b["encoding"] == "zlib")
+
+
+def test_flipped_byte_in_compressed_blob(zbundle: Path, busy_store: Path, keys: KeyPair) -> None:
+    blob = _zblob(zbundle)
+    at = blob["offset"] + blob["stored_size"] // 2
+    part = next(p for p in load_index(zbundle)["parts"]
+                if p["offset"] <= at < p["offset"] + p["size"])  # fmt: skip
+    flip_byte(zbundle / part["name"], at - part["offset"])
+    expect_rejected(zbundle, busy_store, keys, Code.CONTENT_DIGEST_MISMATCH,
+                    Code.PART_DIGEST_MISMATCH)  # fmt: skip
+
+
+def test_decompression_bomb_rejected(
+    zbundle: Path, busy_store: Path, keys: KeyPair
+) -> None:
+    """A signed index that understates a zlib blob's size: decoding stops at the declared size."""
+    doc = load_index(zbundle)
+    blob = next(b for b in doc["blobs"] if b["encoding"] == "zlib")
+    for f in doc["files"] + doc["lock"]["models"][0]["files"]:
+        if f["sha256"] == blob["sha256"]:
+            f["size"] = 10
+    blob["size"] = 10
+    resign(zbundle, doc, keys.private)
+    exc = expect_rejected(zbundle, busy_store, keys, Code.CONTENT_DIGEST_MISMATCH)
+    assert "more than the declared 10 bytes" in exc.problems[0].message
+
+
+def test_encoding_needs_declared_compression(
+    zbundle: Path, busy_store: Path, keys: KeyPair
+) -> None:
+    doc = load_index(zbundle)
+    doc["compression"] = "none"
+    resign(zbundle, doc, keys.private)
+    expect_rejected(zbundle, busy_store, keys, Code.UNSUPPORTED_FORMAT)

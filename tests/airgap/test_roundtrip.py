@@ -248,3 +248,25 @@ def test_pack_replaces_only_with_force(
     names = sorted(p.name for p in out.iterdir())
     assert names == ["index.json", "index.sig", "payload.000-of-001"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["b"]  # no temp or old dirs left
+
+
+def test_compression_is_off_by_default_and_optional(
+    small_model: Path, small_lock: Lockfile, keys: KeyPair, tmp_path: Path
+) -> None:
+    plain = pack_bundle(small_lock, small_model, tmp_path / "plain", keys.private).index
+    assert plain.compression == "none"
+    assert all(b.encoding == "identity" for b in plain.blobs)
+    packed = pack_bundle(small_lock, small_model, tmp_path / "z", keys.private, compress=True,
+                         part_size=4096)  # fmt: skip
+    index = packed.index
+    encoding = {f.path: b.encoding for f in index.files for b in index.blobs
+                if b.sha256 == f.sha256}  # fmt: skip
+    assert encoding["tokenizer.json"] == "zlib"  # repetitive text shrinks
+    assert encoding["model.safetensors"] == "identity"  # random "weights" do not
+    assert index.payload_size < plain.payload_size
+    report = verify_bundle(tmp_path / "z", [keys.public], workers=2)
+    assert report.ok, report.problems
+    store = tmp_path / "store"
+    unpack_bundle(tmp_path / "z", [keys.public], store, layout="dir")
+    for f in small_lock.entries[0].files:
+        assert sha256_file(store / small_lock.entries[0].repo_id / f.path) == f.sha256

@@ -1,0 +1,219 @@
+"""Writing the payload: distinct blobs, checked against their pins, split into parts.
+
+Each source is read once into a reused buffer; the SHA-256 (and, for regular model files, the
+git blob SHA-1) of the bytes actually written must equal the pin, so what is packed is exactly
+what was pinned even if the source changes underneath. With compression on, each blob is first
+zlib-encoded into a scratch file and kept encoded only if that saves at least 5 %; a blob whose
+first 16 MiB do not shrink (model weights) is abandoned early and stored as is.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import zlib
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+from airgap import paths
+from airgap.bundle import Blob, ContentFile, Part
+from airgap.errors import AirgapError, Code, fail
+from airgap.stream import CHUNK_BYTES, Progress
+
+#: Keep a zlib encoding only when it is at most this fraction of the content size.
+WORTH_IT = 0.95
+#: Give up compressing a blob whose first this-many bytes do not shrink.
+PROBE_BYTES = 16 * 1024**2
+
+
+@dataclass(frozen=True)
+class Source:
+    """One content file to pack: where its bytes are and what they must be."""
+
+    file: ContentFile
+    origin: Path
+    git_sha1: str | None  # checked too for regular (non-LFS) model files
+
+
+class PartWriter:
+    """Writes the payload stream into parts of at most ``part_size`` bytes, hashing each.
+
+    Parts get their final names (``payload.000-of-NNN``) in ``finish``, once their count is
+    known (with compression it is not known in advance).
+    """
+
+    def __init__(self, directory: Path, part_size: int) -> None:
+        self.directory, self.part_size = directory, part_size
+        self.parts: list[Part] = []
+        self.position = 0  # bytes written to the payload so far
+        self._fh: BinaryIO | None = None
+        self._hash = hashlib.sha256()
+        self._written = 0  # in the current part
+
+    def _temp_name(self, i: int) -> Path:
+        return self.directory / f".part-{i}"
+
+    def write(self, data: memoryview) -> None:
+        """Append ``data`` to the payload."""
+        while data:
+            if self._fh is None:
+                path = self._temp_name(len(self.parts))
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+                self._fh = os.fdopen(fd, "wb", buffering=0)
+            chunk = data[: self.part_size - self._written]
+            self._fh.write(chunk)
+            self._hash.update(chunk)
+            self._written += len(chunk)
+            self.position += len(chunk)
+            data = data[len(chunk) :]
+            if self._written == self.part_size:
+                self._close_part()
+
+    def _close_part(self) -> None:
+        assert self._fh is not None
+        os.fsync(self._fh.fileno())
+        self._fh.close()
+        offset = self.position - self._written
+        self.parts.append(Part("", offset, self._written, self._hash.hexdigest()))
+        self._fh, self._hash, self._written = None, hashlib.sha256(), 0
+
+    def close(self) -> None:
+        """Close the open part, if any (after a failure; ``finish`` closes normally)."""
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+    def finish(self) -> tuple[Part, ...]:
+        """Close the last part and give every part its final name; returns the parts."""
+        if self._fh is not None:
+            self._close_part()
+        n = len(self.parts)
+        named = []
+        for i, part in enumerate(self.parts):
+            name = paths.part_name(i, n)
+            os.rename(self._temp_name(i), self.directory / name)
+            named.append(Part(name, part.offset, part.size, part.sha256))
+        return tuple(named)
+
+
+class _Checker:
+    """Digests of the bytes read from a source, compared with its pins at the end."""
+
+    def __init__(self, s: Source) -> None:
+        self.source = s
+        self.sha256 = hashlib.sha256()
+        self.sha1 = (
+            hashlib.sha1(b"blob %d\0" % s.file.size, usedforsecurity=False) if s.git_sha1 else None
+        )
+        self.size = 0
+
+    def update(self, chunk: memoryview) -> None:
+        self.sha256.update(chunk)
+        if self.sha1 is not None:
+            self.sha1.update(chunk)
+        self.size += len(chunk)
+        if self.size > self.source.file.size:
+            self.check()
+
+    def check(self) -> None:
+        """Raise ``pin_mismatch`` unless size and digests equal the pins."""
+        f, origin = self.source.file, self.source.origin
+        if self.size != f.size:
+            raise fail(Code.PIN_MISMATCH, f"{f.label}: {origin} changed size while packed",
+                       path=f.label, expected=str(f.size), actual=str(self.size))  # fmt: skip
+        digest = self.sha256.hexdigest()
+        if digest != f.sha256:
+            raise fail(Code.PIN_MISMATCH,
+                       f"{f.label}: {origin} does not match the pinned sha256; refusing to pack",
+                       path=f.label, expected=f.sha256, actual=digest)  # fmt: skip
+        if self.sha1 is not None and self.sha1.hexdigest() != self.source.git_sha1:
+            raise fail(Code.PIN_MISMATCH, f"{f.label}: git blob SHA-1 differs from the pin",
+                       path=f.label, expected=self.source.git_sha1,
+                       actual=self.sha1.hexdigest())  # fmt: skip
+
+
+def _read(s: Source, view: memoryview) -> Iterable[memoryview]:
+    try:
+        with open(s.origin, "rb", buffering=0) as fh:
+            while n := fh.readinto(view):
+                yield view[:n]
+    except OSError as exc:
+        raise AirgapError(Code.IO_ERROR, f"cannot read {s.origin}: {exc}") from exc
+
+
+def write_blobs(
+    directory: Path,
+    sources: Iterable[Source],
+    part_size: int,
+    *,
+    compress: bool = False,
+    progress: Progress | None = None,
+) -> tuple[list[Blob], tuple[Part, ...]]:
+    """Write each distinct content once into the payload parts under ``directory``.
+
+    Returns:
+        (blobs in payload order, parts).
+
+    Raises:
+        VerificationFailed: ``pin_mismatch`` if a source's bytes differ from its pins.
+        AirgapError: ``io_error``.
+    """
+    unique: dict[str, Source] = {}
+    for s in sources:
+        unique.setdefault(s.file.sha256, s)
+    writer = PartWriter(directory, part_size)
+    view = memoryview(bytearray(CHUNK_BYTES))
+    blobs: list[Blob] = []
+    try:
+        for s in unique.values():
+            offset = writer.position
+            encoded = _zlib_encode(s, directory, view, progress) if compress else None
+            if encoded is None:
+                checker = _Checker(s)
+                for chunk in _read(s, view):
+                    checker.update(chunk)
+                    writer.write(chunk)
+                    if progress is not None:
+                        progress(len(chunk))
+                checker.check()
+                blobs.append(Blob(s.file.sha256, s.file.size, offset, s.file.size))
+                continue
+            with open(encoded, "rb", buffering=0) as fh:
+                while n := fh.readinto(view):
+                    writer.write(view[:n])
+            encoded.unlink()
+            stored = writer.position - offset
+            blobs.append(Blob(s.file.sha256, s.file.size, offset, stored, "zlib"))
+    except BaseException:
+        writer.close()
+        raise
+    return blobs, writer.finish()
+
+
+def _zlib_encode(
+    s: Source, directory: Path, view: memoryview, progress: Progress | None
+) -> Path | None:
+    """zlib-encode a source into a scratch file; None if that does not save enough."""
+    scratch = directory / f".zlib-{s.file.sha256}"
+    checker = _Checker(s)
+    comp = zlib.compressobj(6)
+    stored = 0
+    with open(scratch, "wb") as out:
+        for chunk in _read(s, view):
+            checker.update(chunk)
+            stored += out.write(comp.compress(chunk))
+            if progress is not None:
+                progress(len(chunk))
+            if checker.size >= PROBE_BYTES and stored > WORTH_IT * checker.size:
+                break  # incompressible (weights): store it as is
+        else:
+            stored += out.write(comp.flush())
+            checker.check()
+            if stored <= WORTH_IT * s.file.size:
+                return scratch
+    if progress is not None:
+        progress(-checker.size)  # the identity copy reads it again
+    scratch.unlink()
+    return None
