@@ -86,3 +86,15 @@ def test_golden_update_needs_the_explicit_flag(tmp_path: Path) -> None:
     values.write_text("gateway:\n  logLevel: debug\n", encoding="utf-8")
     text = h.render_text(h.SCENARIOS["default"], values)
     assert text != (h.GOLDEN / "default.yaml").read_text(encoding="utf-8")
+
+
+def test_packaged_chart_renders_like_the_source(tmp_path: Path) -> None:
+    """`helm package` keeps every template (.helmignore drops nothing needed)."""
+    res = h.helm("package", str(h.CHART), "--destination", str(tmp_path))
+    assert res.returncode == 0, res.stderr
+    (tgz,) = tmp_path.glob("sovereign-gateway-*.tgz")
+    args = h.template_args([h.SCENARIOS["vllm"]])
+    args[args.index(str(h.CHART))] = str(tgz)
+    packaged = h.helm(*args)
+    assert packaged.returncode == 0, packaged.stderr
+    assert packaged.stdout == h.render_text(h.SCENARIOS["vllm"])

@@ -173,6 +173,9 @@ def test_every_container_is_hardened_and_region_pinned(scenario: str) -> None:
     objs = h.render(h.SCENARIOS[scenario])
     for name, _labels, pod in h.pod_specs(objs):
         assert pod["automountServiceAccountToken"] is False, name
+        for host_ns in ("hostNetwork", "hostPID", "hostIPC", "shareProcessNamespace"):
+            assert not pod.get(host_ns), f"{name}: {host_ns}"
+        assert not [v for v in pod.get("volumes", []) if "hostPath" in v], name
         assert pod["securityContext"]["runAsNonRoot"] is True, name
         assert pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault", name
         for c in pod["containers"] + pod.get("initContainers", []):
