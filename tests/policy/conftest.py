@@ -1,71 +1,14 @@
-"""Shared policy documents for the policy tests."""
+"""Fixtures for the policy tests."""
 
 from __future__ import annotations
 
-import textwrap
-
 import pytest
+from policy_testdata import BASE
 
 from policy import Policy
-
-BASE = textwrap.dedent(
-    """\
-    version: 1
-    data_classes: [public, internal, confidential, personal]
-    classification:
-      header: x-data-classification
-      grants:
-        - id: research-may-lower
-          teams: [research]
-          lower: true
-          classes: [internal]
-        - id: anyone-raise
-          keys: [k-raise]
-          raise: true
-    destinations:
-      - id: vllm-eu-a
-        url: http://10.20.0.11:8000
-        region: eu-de-1
-        jurisdiction: EU
-        operator: acme
-        tags: [no-retention, no-training]
-      - id: vllm-eu-b
-        host: 10.20.0.12
-        port: 8000
-        region: eu-fr-1
-        jurisdiction: EU
-        operator: acme
-        tags: [no-training]
-      - id: provider-us
-        url: https://api.provider.example/v1
-        region: us-east-1
-        jurisdiction: non-EU
-        operator: provider-inc
-      - id: audit-db
-        url: postgresql://10.30.0.5:5432/audit
-        region: eu-de-1
-        jurisdiction: EU
-        operator: acme
-        purpose: audit
-    rules:
-      - id: block-contractor
-        effect: deny
-        principals: {teams: [contractors]}
-      - id: sensitive-eu-no-retention
-        classes: [confidential, personal]
-        constraints:
-          jurisdiction: EU
-          require_tags: [no-retention]
-      - id: internal-eu
-        classes: [internal]
-        constraints: {jurisdiction: EU}
-      - id: public-anywhere
-        classes: [public]
-    """
-)
 
 
 @pytest.fixture
 def policy() -> Policy:
-    """The policy above, compiled."""
+    """The shared test policy, compiled."""
     return Policy.from_text(BASE, "base.yaml")

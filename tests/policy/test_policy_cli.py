@@ -11,7 +11,7 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
-from conftest import BASE
+from policy_testdata import BASE
 
 from policy import Policy, RenderError
 from policy.cli import main

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 import pytest
-from conftest import BASE
+from policy_testdata import BASE
 
 from policy import (
     ClassChangeForbidden,

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 import uvloop
-from conftest import BASE
+from policy_testdata import BASE
 
 from policy import (
     BindingError,
