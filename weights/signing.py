@@ -154,6 +154,14 @@ def _keyless_verifier(identity: str, issuer: str, trust_root: Path) -> Any:
     return _OfflineSigstoreVerifier()
 
 
+def _is_json(path: Path) -> bool:
+    try:
+        json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return True
+
+
 def verify_signature(
     root: str | os.PathLike[str],
     signature: str | os.PathLike[str],
@@ -191,12 +199,19 @@ def verify_signature(
             bundle: Any = sign_sigstore_pb.Signature.read(sig)
         elif identity and identity_provider and trust_root:
             verifier = _keyless_verifier(identity, identity_provider, Path(trust_root))
-            bundle = sign_sigstore.Signature.read(sig)
+            try:
+                bundle = sign_sigstore.Signature.read(sig)
+            except Exception as exc:
+                if _is_json(sig):  # a readable bundle without a certificate: not theirs
+                    raise SignatureVerificationError(
+                        f"{sig}: not a keyless Sigstore signature ({exc})"
+                    ) from exc
+                raise
         else:
             raise SigningError(
                 "give --public-key, or --identity, --identity-provider and --trust-root"
             )
-    except SigningError:
+    except (SigningError, SignatureVerificationError):
         raise
     except Exception as exc:
         raise SigningError(f"cannot load key or signature: {exc}") from exc

@@ -89,3 +89,24 @@ def test_verify_sign_size_make_no_connection(model: tuple[Path, Path, Path, Path
     ):
         out = _guarded(args)
         assert out == {"code": 0, "events": [], "loaded": []}, (args, out)
+
+
+def test_keyless_verification_reads_the_trust_root_file_and_never_fetches(
+    model: tuple[Path, Path, Path, Path], tmp_path: Path
+) -> None:
+    import sigstore
+
+    root, _, priv, _ = model
+    trust_root = (Path(sigstore.__file__).parent / "_store"
+                  / "https%3A%2F%2Ftuf-repo-cdn.sigstore.dev" / "trusted_root.json")
+    assert trust_root.is_file()
+    sig = tmp_path / "model.sig"
+    assert _guarded(["sign", str(root), "--key", str(priv), "--out", str(sig), "-q"])["code"] == 0
+    # A key-mode bundle is not a Sigstore certificate signature for this identity: refused
+    # (exit 1), with the production trust root read from the file and no connection made.
+    out = _guarded(["verify", str(root), "--no-lock", "--signature", str(sig),
+                    "--identity", "publisher@example.com",
+                    "--identity-provider", "https://accounts.google.com",
+                    "--trust-root", str(trust_root)])
+    assert out == {"code": 1, "events": [], "loaded": []}
+
