@@ -54,10 +54,11 @@ class CompactRange:
     checkpoint at any size without re-reading the log.
     """
 
-    __slots__ = ("_nodes", "size")
+    __slots__ = ("_nodes", "last_leaf", "size")
 
     def __init__(self) -> None:
         self.size = 0
+        self.last_leaf = b""
         # (height, hash) of perfect subtrees, left to right, heights strictly decreasing.
         self._nodes: list[tuple[int, bytes]] = []
 
@@ -65,11 +66,13 @@ class CompactRange:
         """Return an independent copy."""
         other = CompactRange()
         other.size = self.size
+        other.last_leaf = self.last_leaf
         other._nodes = list(self._nodes)
         return other
 
     def append(self, leaf: bytes) -> None:
         """Add one leaf hash (32 bytes)."""
+        self.last_leaf = leaf
         height, value = 0, leaf
         while self._nodes and self._nodes[-1][0] == height:
             _, left = self._nodes.pop()

@@ -140,6 +140,8 @@ class AuditLog:
         self._state = "new"
         self._needs_resync = False
         self._retry_at = 0.0
+        self._commit_lock = asyncio.Lock()
+        self._uncertain: CompactRange | None = None  # the state if a failed batch landed
         self.latest_checkpoint: StoredCheckpoint | None = None
 
     @classmethod
@@ -352,6 +354,28 @@ class AuditLog:
 
     async def _resync(self) -> None:
         """After a failed commit, adopt what the store really holds (a commit may have landed)."""
+        last = await self.store.last_record(self.chain_id)
+        stored_size = 0 if last is None else last.seq + 1
+        uncertain, self._uncertain = self._uncertain, None
+        if stored_size == self._range.size and (last is None or last.hash == self._prev):
+            pass  # the failed batch did not land
+        elif (
+            uncertain is not None
+            and last is not None
+            and stored_size == uncertain.size
+            and last.hash == uncertain.last_leaf
+        ):
+            self._range, self._prev = uncertain, last.hash  # it did land
+        else:
+            await self._rebuild()
+        cps = await self.store.checkpoints(self.chain_id)
+        if cps:
+            newest = max(cps, key=lambda c: c.size)
+            self._sealed_size = newest.size
+            self.latest_checkpoint = newest
+        self._needs_resync = False
+
+    async def _rebuild(self) -> None:
         stored: list[Record] = []
         while True:
             page = await self.store.read_records(self.chain_id, len(stored), 10_000)
@@ -363,15 +387,18 @@ class AuditLog:
             rng.append(rec.hash)
         self._range = rng
         self._prev = stored[-1].hash if stored else bytes.fromhex(GENESIS_PREV)
-        cps = await self.store.checkpoints(self.chain_id)
-        if cps:
-            self._sealed_size = cps[-1].size
-            self.latest_checkpoint = cps[-1]
-        self._needs_resync = False
 
     async def _commit(
         self, batch: list[_Pending], *, force_checkpoint: bool = False, raise_errors: bool = False
     ) -> None:
+        # One commit at a time: each builds on the state the previous one left.
+        async with self._commit_lock:
+            await self._commit_locked(batch, force_checkpoint, raise_errors)
+
+    async def _commit_locked(
+        self, batch: list[_Pending], force_checkpoint: bool, raise_errors: bool
+    ) -> None:
+        rng: CompactRange | None = None
         try:
             if self._needs_resync:
                 await self._resync()
@@ -404,6 +431,8 @@ class AuditLog:
                 else AuditUnavailable(f"audit append failed: {exc!r}")
             )
             self._needs_resync = True
+            if rng is not None:
+                self._uncertain = rng
             # Retry idle work (heartbeat/checkpoint) no sooner than a second from now.
             self._retry_at = time.monotonic() + 1.0
             for item in batch:

@@ -217,3 +217,62 @@ def test_sigkill_during_appends_leaves_a_verifiable_log(
     report = verify(store_url, signer)
     assert report.ok, [str(f) for f in report.errors]
     assert len(report.chains) == 2
+
+
+class CommitThenFail(CountingStore):
+    """A real store whose next commit lands but reports failure (a lost COMMIT reply)."""
+
+    fail_next = False
+
+    async def append_batch(
+        self,
+        records: Sequence[Record],
+        checkpoints: Sequence[StoredCheckpoint] = (),
+        new_chain: ChainInfo | None = None,
+    ) -> None:
+        await self.inner.append_batch(records, checkpoints, new_chain)
+        if self.fail_next:
+            self.fail_next = False
+            raise AuditUnavailable("connection lost after COMMIT")
+
+
+def test_commit_that_landed_but_failed_is_adopted(store_url: str, signer: Signer) -> None:
+    store = CommitThenFail(open_store(store_url))
+
+    async def run() -> None:
+        log = AuditLog(store, signer, replica_id="r1")  # type: ignore[arg-type]
+        await log.start()
+        await log.append({"type": "request.started", "request_id": "a"})
+        store.fail_next = True
+        with pytest.raises(AuditUnavailable, match="after COMMIT"):
+            await log.append({"type": "request.started", "request_id": "ambiguous"})
+        receipt = await log.append({"type": "request.started", "request_id": "b"})
+        assert receipt.seq == 3  # continues after the record that did land
+        await log.close()
+
+    asyncio.run(run())
+    report = verify(store_url, signer)
+    assert report.ok, [str(f) for f in report.errors]
+
+
+def test_forced_checkpoints_race_with_appends(tmp_path: Path, signer: Signer) -> None:
+    url = f"sqlite://{tmp_path / 'a.db'}"
+
+    async def run() -> None:
+        async with AuditLog(open_store(url), signer, replica_id="r1") as log:
+
+            async def appends() -> None:
+                for i in range(50):
+                    await log.append({"type": "request.started", "request_id": str(i)})
+
+            async def checkpoints() -> None:
+                for _ in range(50):
+                    await log.checkpoint()
+                    await asyncio.sleep(0)
+
+            await asyncio.gather(appends(), appends(), checkpoints())
+
+    asyncio.run(run())
+    report = verify(url, signer)
+    assert report.ok, [str(f) for f in report.errors]
+    assert report.chains[0].records == 102
