@@ -33,12 +33,12 @@ from airgap.bundle import (
     SIGNATURE_NAME,
     Blob,
     Index,
-    check_expected_lock,
 )
 from airgap.errors import Code, Problem, VerificationFailed
 from airgap.media import check_bundle_dir, check_parts, read_small
 from airgap.signing import MAX_SIGNATURE_BYTES, verify_index_signature
 from airgap.stream import Progress, Range, RangeResult, hash_ranges
+from airgap.validate import check_expected_lock
 from weights import Lockfile
 
 
