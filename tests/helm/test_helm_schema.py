@@ -104,6 +104,12 @@ def test_several_replicas_on_sqlite_are_refused(
     assert "at '/audit/store/type': value must be 'postgresql'" in err
 
 
+def test_several_replicas_need_a_shared_checkpoint_volume(tmp_path: Path) -> None:
+    extra = _values(tmp_path, {"audit": {"checkpoints": {"accessModes": ["ReadWriteOnce"]}}})
+    err = h.refuse(h.SCENARIOS["postgres-ha"], extra)
+    assert "audit.checkpoints.accessModes must include ReadWriteMany" in err
+
+
 def test_postgresql_needs_its_secret(tmp_path: Path) -> None:
     extra = _values(tmp_path, {"replicaCount": 2, "audit": {"store": {
         "type": "postgresql", "postgresql": {"cidrs": ["10.40.0.5/32"]}}}})

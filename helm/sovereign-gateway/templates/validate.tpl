@@ -24,6 +24,10 @@ Checks that values.schema.json cannot express. Each fails the render with one cl
 {{- if and (not (include "sg.externalConfig" .)) (not .Values.gateway.models) (not (and .Values.vllm.enabled .Values.vllm.models)) }}
 {{- fail "no model configured: set gateway.models (backends outside the chart) or vllm.enabled with vllm.models" }}
 {{- end }}
+{{- $several := or .Values.autoscaling.enabled (gt (int .Values.replicaCount) 1) }}
+{{- if and $several .Values.audit.checkpoints.enabled (not .Values.audit.checkpoints.existingClaim) (not (has "ReadWriteMany" .Values.audit.checkpoints.accessModes)) }}
+{{- fail "audit.checkpoints.accessModes must include ReadWriteMany: several gateway replicas share the checkpoint volume (or set audit.checkpoints.existingClaim)" }}
+{{- end }}
 {{- $ids := dict }}
 {{- range .Values.egress.destinations }}
 {{- if hasKey $ids .id }}{{ fail (printf "egress destination id %q appears twice" .id) }}{{ end }}
