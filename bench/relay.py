@@ -1,0 +1,318 @@
+"""Relay benchmark: the gateway against the vLLM simulator directly, in one run.
+
+Measures on this machine, for the simulator directly and for each gateway variant:
+
+(a) streamed SSE events per second and time to first event with ``--concurrency`` concurrent
+    streams (``--streams`` streams of ``--events`` tokens each, backend without token delay),
+    and the ratio gateway/direct (target >= 0.6);
+(b) p50/p99 latency of small non-streamed requests at concurrency 1 and 32, and the latency
+    the gateway adds (target: p50 added < 2 ms at concurrency 1);
+(c) gateway memory with ``--idle-streams`` open, idle streams (a second simulator sends the
+    first token and then waits 10 minutes), from ``VmRSS`` before and after (target: < 64 KiB
+    per open stream).
+
+The simulator and every gateway run as separate processes (uvicorn, standard asyncio loop);
+the load generator is a raw-socket asyncio client in this process (``bench/relay_load.py``).
+
+Usage::
+
+    .venv/bin/python bench/relay.py                                   # direct vs default gateway
+    .venv/bin/python bench/relay.py --variant audit=cfg/audit.yaml --variant off=cfg/off.yaml
+    .venv/bin/python bench/relay.py --variant self=direct --skip memory   # harness self-test
+
+A variant config is a gateway YAML file; the benchmark rewrites ``listen``, points every replica
+at the simulator (served model name ``m``) and adds its own API key. ``NAME=direct`` measures
+the simulator again as if it were a variant (the harness's noise floor).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import resource
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+from relay_load import open_idle_streams, request_bytes, run_latency, run_streams
+from relay_procs import (
+    BENCH_KEY,
+    Proc,
+    load_variant,
+    model_name,
+    start_gateway,
+    start_sim,
+)
+
+TARGET_RATIO = 0.6
+TARGET_ADDED_P50_MS = 2.0
+TARGET_KIB_PER_STREAM = 64.0
+
+
+@dataclass
+class Target:
+    """Something to measure: the simulator itself or a gateway variant."""
+
+    name: str
+    host: str
+    port: int
+    model: str
+    api_key: str | None
+    proc: Proc | None = None
+    results: dict[str, Any] = field(default_factory=dict)
+
+
+def pct(values: list[float], q: float) -> float:
+    """The ``q`` quantile (0..1) of ``values``, nearest-rank."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def chat_body(model: str, stream: bool, max_tokens: int) -> dict[str, Any]:
+    return {"model": model, "messages": [{"role": "user", "content": "Hello there!"}],
+            "stream": stream, "max_tokens": max_tokens}
+
+
+def _own_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+async def phase_streams(targets: list[Target], sim: Proc, args: argparse.Namespace) -> None:
+    per: dict[str, list[tuple[float, float, float, int]]] = {t.name: [] for t in targets}
+    cpu: dict[str, list[float]] = {t.name: [0.0, 0.0, 0.0, 0.0] for t in targets}
+    for _ in range(args.rounds):
+        for t in targets:  # interleaved rounds: drift on a shared machine hits all alike
+            req = request_bytes(f"127.0.0.1:{t.port}", "/v1/chat/completions",
+                                chat_body(t.model, True, args.events), t.api_key, False)
+            gw = t.proc if t.proc is not None and t.proc is not sim else None
+            c0 = (_own_cpu_s(), sim.cpu_s, gw.cpu_s if gw else 0.0)
+            tot = await run_streams(t.host, t.port, req, args.streams, args.concurrency)
+            c1 = (_own_cpu_s(), sim.cpu_s, gw.cpu_s if gw else 0.0)
+            acc = cpu[t.name]
+            acc[0] += c1[0] - c0[0]
+            acc[1] += c1[1] - c0[1]
+            acc[2] += c1[2] - c0[2]
+            acc[3] += tot.wall_s
+            ttfts = [r.ttft_s for r in tot.results if r.complete]
+            per[t.name].append((tot.events_per_s, pct(ttfts, 0.5) if ttfts else 0.0,
+                                pct(ttfts, 0.99) if ttfts else 0.0, tot.failures))
+    for t in targets:
+        rows = per[t.name]
+        t.results["events_per_s"] = statistics.median(r[0] for r in rows)
+        t.results["ttft_p50_ms"] = statistics.median(r[1] for r in rows) * 1000
+        t.results["ttft_p99_ms"] = statistics.median(r[2] for r in rows) * 1000
+        t.results["stream_failures"] = sum(r[3] for r in rows)
+        client, simc, gwc, wall = cpu[t.name]
+        t.results["cpu_share"] = {"client": client / wall, "sim": simc / wall,
+                                  "gateway": gwc / wall}
+
+
+async def phase_latency(targets: list[Target], args: argparse.Namespace) -> None:
+    for conc, total in ((1, args.latency_requests), (32, args.latency_requests * 2)):
+        lat: dict[str, list[float]] = {t.name: [] for t in targets}
+        for t in targets:  # warm-up: connections, caches, JIT-free but lazy imports
+            req = request_bytes(f"127.0.0.1:{t.port}", "/v1/chat/completions",
+                                chat_body(t.model, False, 1), t.api_key, True)
+            await run_latency(t.host, t.port, req, 100, min(conc, 8))
+        for _ in range(args.rounds):
+            for t in targets:
+                req = request_bytes(f"127.0.0.1:{t.port}", "/v1/chat/completions",
+                                    chat_body(t.model, False, 1), t.api_key, True)
+                lat[t.name] += await run_latency(t.host, t.port, req,
+                                                 max(total // args.rounds, conc), conc)
+        for t in targets:
+            t.results[f"c{conc}_p50_ms"] = pct(lat[t.name], 0.5) * 1000
+            t.results[f"c{conc}_p99_ms"] = pct(lat[t.name], 0.99) * 1000
+
+
+async def phase_memory(variants: list[tuple[str, dict[str, Any] | None]], targets: list[Target],
+                       args: argparse.Namespace, workdir: Path) -> None:
+    idle_sim = start_sim("m", tokens=100, itl_ms=600_000)
+    try:
+        for name, base in variants:
+            if base is None:
+                continue
+            target = next(t for t in targets if t.name == name)
+            gw = start_gateway(f"{name}-idle", base, idle_sim.url, workdir)
+            try:
+                warm = request_bytes(f"127.0.0.1:{gw.port}", "/v1/chat/completions",
+                                     chat_body(target.model, False, 1), BENCH_KEY, True)
+                await run_latency("127.0.0.1", gw.port, warm, 200, 4)
+                warm_s = request_bytes(f"127.0.0.1:{gw.port}", "/v1/chat/completions",
+                                       chat_body(target.model, True, 1), BENCH_KEY, False)
+                await run_streams("127.0.0.1", gw.port, warm_s, 50, 10)
+                await asyncio.sleep(0.5)
+                before = gw.rss_kib
+                req = request_bytes(f"127.0.0.1:{gw.port}", "/v1/chat/completions",
+                                    chat_body(target.model, True, 100), BENCH_KEY, False)
+                writers, ok = await open_idle_streams("127.0.0.1", gw.port, req,
+                                                      args.idle_streams)
+                await asyncio.sleep(0.5)
+                after = gw.rss_kib
+                running = httpx.get(f"{idle_sim.url}/sim/stats").json()["running"]
+                for w in writers:
+                    w.close()
+                target.results.update(
+                    rss_before_kib=before, rss_after_kib=after, idle_open=ok,
+                    idle_upstream_running=running,
+                    kib_per_stream=(after - before) / max(ok, 1),
+                )
+                httpx.post(f"{idle_sim.url}/sim/reset")
+            finally:
+                gw.stop()
+    finally:
+        idle_sim.stop()
+
+
+def render(targets: list[Target], args: argparse.Namespace) -> str:
+    direct = targets[0].results
+    out = []
+    head = (f"{'target':<16}{'events/s':>10}{'ratio':>7}{'ttft p50':>10}{'ttft p99':>10}"
+            f"{'c1 p50':>9}{'c1 p99':>9}{'+p50':>7}{'c32 p50':>9}{'c32 p99':>9}{'+p50':>7}"
+            f"{'KiB/strm':>10}")
+    out.append(head)
+    out.append("-" * len(head))
+    for t in targets:
+        r = t.results
+
+        def f(key: str, fmt: str = "{:.2f}", res: dict[str, Any] = r) -> str:
+            return fmt.format(res[key]) if key in res else "-"
+
+        ratio = (r["events_per_s"] / direct["events_per_s"]
+                 if "events_per_s" in r and direct.get("events_per_s") else None)
+        add1 = r["c1_p50_ms"] - direct["c1_p50_ms"] if "c1_p50_ms" in r else None
+        add32 = r["c32_p50_ms"] - direct["c32_p50_ms"] if "c32_p50_ms" in r else None
+        r["ratio"], r["added_c1_p50_ms"], r["added_c32_p50_ms"] = ratio, add1, add32
+        out.append(
+            f"{t.name:<16}{f('events_per_s', '{:.0f}'):>10}"
+            f"{'-' if ratio is None else f'{ratio:.2f}':>7}"
+            f"{f('ttft_p50_ms'):>10}{f('ttft_p99_ms'):>10}{f('c1_p50_ms'):>9}{f('c1_p99_ms'):>9}"
+            f"{'-' if add1 is None else f'{add1:.2f}':>7}{f('c32_p50_ms'):>9}"
+            f"{f('c32_p99_ms'):>9}{'-' if add32 is None else f'{add32:.2f}':>7}"
+            f"{f('kib_per_stream', '{:.1f}'):>10}"
+        )
+    out.append("")
+    out.append("latencies in ms; ratio = events/s relative to direct; +p50 = p50 minus direct's")
+    for t in targets:
+        share = t.results.get("cpu_share")
+        if share:
+            out.append(f"{t.name}: CPU during (a), cores busy: client {share['client']:.2f}, "
+                       f"simulator {share['sim']:.2f}, gateway {share['gateway']:.2f}")
+    for t in targets[1:]:
+        r = t.results
+        checks = []
+        if r.get("ratio") is not None:
+            checks.append(f"throughput ratio {r['ratio']:.2f} >= {TARGET_RATIO}: "
+                          f"{'PASS' if r['ratio'] >= TARGET_RATIO else 'FAIL'}")
+        if r.get("added_c1_p50_ms") is not None:
+            ok = r["added_c1_p50_ms"] < TARGET_ADDED_P50_MS
+            checks.append(f"added p50 c1 {r['added_c1_p50_ms']:.2f} ms < "
+                          f"{TARGET_ADDED_P50_MS} ms: {'PASS' if ok else 'FAIL'}")
+        if "kib_per_stream" in r:
+            ok = r["kib_per_stream"] < TARGET_KIB_PER_STREAM
+            checks.append(
+                f"memory {r['kib_per_stream']:.1f} KiB/stream < {TARGET_KIB_PER_STREAM}: "
+                f"{'PASS' if ok else 'FAIL'} ({r['idle_open']} streams open, "
+                f"{r['idle_upstream_running']} upstream, RSS {r['rss_before_kib']} -> "
+                f"{r['rss_after_kib']} KiB)"
+            )
+        if r.get("stream_failures"):
+            checks.append(f"{r['stream_failures']} streams did not complete")
+        out.append(f"{t.name}: " + "; ".join(checks))
+    return "\n".join(out)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    p.add_argument("--streams", type=int, default=512, help="streams per round (a)")
+    p.add_argument("--events", type=int, default=100, help="tokens per stream (a)")
+    p.add_argument("--concurrency", type=int, default=64, help="concurrent streams (a)")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds per phase")
+    p.add_argument("--latency-requests", type=int, default=1500,
+                   help="requests at concurrency 1 (twice as many at 32) (b)")
+    p.add_argument("--idle-streams", type=int, default=1000, help="open idle streams (c)")
+    p.add_argument("--variant", action="append", default=[], metavar="NAME=CONFIG_YAML",
+                   help="gateway config to measure (repeatable; CONFIG 'direct' = simulator)")
+    p.add_argument("--skip", action="append", default=[], choices=["streams", "latency", "memory"])
+    p.add_argument("--client-loop", choices=["uvloop", "asyncio"], default="uvloop",
+                   help="event loop of the load generator (uvloop keeps it lean)")
+    p.add_argument("--json", type=Path, help="also write the results as JSON here")
+    return p.parse_args(argv)
+
+
+async def run(args: argparse.Namespace) -> list[Target]:
+    specs: list[tuple[str, str | None]] = []
+    for item in args.variant or ["gateway=default"]:
+        name, sep, path = item.partition("=")
+        if not sep or not name:
+            raise SystemExit(f"--variant must be NAME=CONFIG_YAML, got {item!r}")
+        specs.append((name, None if path == "default" else path))
+    variants: list[tuple[str, dict[str, Any] | None]] = [
+        (name, None if path == "direct" else load_variant(path)) for name, path in specs
+    ]
+    sim = start_sim("m", tokens=args.events)
+    procs: list[Proc] = [sim]
+    targets = [Target("direct", "127.0.0.1", sim.port, "m", None, sim)]
+    with tempfile.TemporaryDirectory(prefix="bench-relay-") as tmp:
+        try:
+            for name, base in variants:
+                if base is None:
+                    targets.append(Target(name, "127.0.0.1", sim.port, "m", None, sim))
+                    continue
+                gw = start_gateway(name, base, sim.url, Path(tmp))
+                procs.append(gw)
+                targets.append(Target(name, "127.0.0.1", gw.port, model_name(base), BENCH_KEY, gw))
+            t0 = time.monotonic()
+            if "streams" not in args.skip:
+                await phase_streams(targets, sim, args)
+                print(f"# streams done in {time.monotonic() - t0:.0f} s", file=sys.stderr)
+            if "latency" not in args.skip:
+                await phase_latency(targets, args)
+                print(f"# latency done in {time.monotonic() - t0:.0f} s", file=sys.stderr)
+            for t in targets:
+                if t.proc is not None and t.proc is not sim:
+                    t.results["rss_after_load_kib"] = t.proc.rss_kib
+        finally:
+            for proc in reversed(procs):
+                proc.stop()
+        if "memory" not in args.skip:
+            await phase_memory(variants, targets, args, Path(tmp))
+            print(f"# memory done in {time.monotonic() - t0:.0f} s", file=sys.stderr)
+    return targets
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.client_loop == "uvloop":
+        try:
+            import uvloop
+
+            uvloop.install()
+        except ImportError:
+            print("# uvloop not installed: using asyncio for the client", file=sys.stderr)
+    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    targets = asyncio.run(run(args))
+    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text()
+                .splitlines() if ln.startswith("model name")), platform.machine())
+    print(f"relay benchmark {started}, {os.cpu_count()} CPUs ({cpu}), Python "
+          f"{platform.python_version()}; {args.streams} streams x {args.events} tokens, "
+          f"{args.concurrency} concurrent, {args.rounds} rounds (medians)")
+    print(render(targets, args))
+    if args.json:
+        doc = {"started": started, "cpu": cpu, "args": {k: str(v) for k, v in vars(args).items()},
+               "targets": {t.name: t.results for t in targets}}
+        args.json.write_text(json.dumps(doc, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,226 @@
+"""A lean HTTP/1.1 load generator on raw asyncio sockets (helper of ``bench/relay.py``).
+
+It writes requests by hand and scans response bytes, so that it costs far less CPU than the
+server under test: SSE events are counted by scanning for ``data:`` (a JSON payload of the
+simulator never contains that text); non-streamed responses are read by ``Content-Length`` or
+chunked framing (RFC 9112 §7.1) on a keep-alive connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+
+MARK = b"data:"
+
+
+@dataclass
+class StreamResult:
+    """Outcome of one streamed request."""
+
+    events: int
+    ttft_s: float
+    total_s: float
+    complete: bool
+
+
+@dataclass
+class StreamTotals:
+    """All streams of one phase."""
+
+    wall_s: float
+    results: list[StreamResult] = field(default_factory=list)
+
+    @property
+    def events(self) -> int:
+        return sum(r.events for r in self.results)
+
+    @property
+    def events_per_s(self) -> float:
+        return self.events / self.wall_s if self.wall_s else 0.0
+
+    @property
+    def failures(self) -> int:
+        return sum(1 for r in self.results if not r.complete)
+
+
+def request_bytes(host: str, path: str, body: dict[str, object], api_key: str | None,
+                  keep_alive: bool) -> bytes:
+    """Serialise one POST with a JSON body."""
+    payload = json.dumps(body).encode()
+    lines = [
+        f"POST {path} HTTP/1.1",
+        f"Host: {host}",
+        "Content-Type: application/json",
+        f"Content-Length: {len(payload)}",
+        f"Connection: {'keep-alive' if keep_alive else 'close'}",
+    ]
+    if api_key:
+        lines.append(f"Authorization: Bearer {api_key}")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + payload
+
+
+async def one_stream(host: str, port: int, request: bytes, done_marker: bytes = b"[DONE]"
+                     ) -> StreamResult:
+    """Send one streamed request on a fresh connection and count its SSE events until EOF."""
+    t0 = time.perf_counter()
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        writer.write(request)
+        events = 0
+        ttft = 0.0
+        tail = b""
+        complete = False
+        while True:
+            data = await reader.read(65536)
+            if not data:
+                break
+            buf = tail + data
+            found = buf.count(MARK)
+            if found and not events:
+                ttft = time.perf_counter() - t0
+            events += found
+            if done_marker in buf:
+                complete = True
+            tail = buf[-(len(done_marker) + 8):]
+            # a MARK inside the kept tail was already counted: drop it from the tail
+            if MARK in tail:
+                tail = tail[tail.rfind(MARK) + len(MARK):]
+        return StreamResult(events, ttft, time.perf_counter() - t0, complete)
+    finally:
+        writer.close()
+
+
+async def run_streams(host: str, port: int, request: bytes, total: int, concurrency: int
+                      ) -> StreamTotals:
+    """``total`` streamed requests, ``concurrency`` at a time; returns per-stream results."""
+    queue = list(range(total))
+    results: list[StreamResult] = []
+
+    async def worker() -> None:
+        while queue:
+            queue.pop()
+            try:
+                results.append(await one_stream(host, port, request))
+            except OSError:
+                results.append(StreamResult(0, 0.0, 0.0, False))
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return StreamTotals(time.perf_counter() - t0, results)
+
+
+class KeepAliveClient:
+    """One persistent HTTP/1.1 connection issuing requests one after another."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host = host
+        self.port = port
+        self._reader: asyncio.StreamReader | None = None
+        self._writer: asyncio.StreamWriter | None = None
+
+    async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        if self._reader is None or self._writer is None:
+            self._reader, self._writer = await asyncio.open_connection(self.host, self.port)
+        return self._reader, self._writer
+
+    async def request(self, raw: bytes) -> tuple[int, bytes]:
+        """Send ``raw`` and read one response; returns (status, body)."""
+        reader, writer = await self._connect()
+        writer.write(raw)
+        head = await reader.readuntil(b"\r\n\r\n")
+        status = int(head[9:12])
+        lower = head.lower()
+        idx = lower.find(b"content-length:")
+        if idx >= 0:
+            end = lower.index(b"\r\n", idx)
+            body = await reader.readexactly(int(lower[idx + 15 : end]))
+        elif b"transfer-encoding: chunked" in lower:
+            parts = []
+            while True:
+                size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
+                chunk = await reader.readexactly(size + 2)
+                if size == 0:
+                    break
+                parts.append(chunk[:-2])
+            body = b"".join(parts)
+        else:
+            body = await reader.read()
+            self.close()
+        if b"connection: close" in lower:
+            self.close()
+        return status, body
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+        self._reader = self._writer = None
+
+
+async def run_latency(host: str, port: int, request: bytes, total: int, concurrency: int
+                      ) -> list[float]:
+    """``total`` non-streamed requests over ``concurrency`` keep-alive connections.
+
+    Returns:
+        Per-request latencies in seconds.
+
+    Raises:
+        RuntimeError: a response was not 200.
+    """
+    remaining = [total]
+    latencies: list[float] = []
+
+    async def worker() -> None:
+        client = KeepAliveClient(host, port)
+        try:
+            while remaining[0] > 0:
+                remaining[0] -= 1
+                t0 = time.perf_counter()
+                status, body = await client.request(request)
+                latencies.append(time.perf_counter() - t0)
+                if status != 200:
+                    raise RuntimeError(f"HTTP {status}: {body[:200]!r}")
+        finally:
+            client.close()
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return latencies
+
+
+async def open_idle_streams(host: str, port: int, request: bytes, count: int,
+                            first_event_timeout_s: float = 60.0
+                            ) -> tuple[list[asyncio.StreamWriter], int]:
+    """Open ``count`` streams and wait for each one's first SSE event; keep them open.
+
+    Returns:
+        The open connections (close them when done) and how many saw their first event.
+    """
+    async def one() -> tuple[asyncio.StreamWriter | None, bool]:
+        try:
+            reader, writer = await asyncio.open_connection(host, port)
+        except OSError:
+            return None, False
+        writer.write(request)
+        seen = b""
+        try:
+            async with asyncio.timeout(first_event_timeout_s):
+                while MARK not in seen:
+                    data = await reader.read(65536)
+                    if not data:
+                        return writer, False
+                    seen += data
+        except TimeoutError:
+            return writer, False
+        return writer, True
+
+    sem = asyncio.Semaphore(100)  # open them in waves: no SYN flood against the backlog
+
+    async def limited() -> tuple[asyncio.StreamWriter | None, bool]:
+        async with sem:
+            return await one()
+
+    pairs = await asyncio.gather(*(limited() for _ in range(count)))
+    writers = [w for w, _ in pairs if w is not None]
+    return writers, sum(1 for _, ok in pairs if ok)

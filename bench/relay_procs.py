@@ -1,0 +1,157 @@
+"""Subprocesses of ``bench/relay.py``: the vLLM simulator and gateway variants.
+
+Both run as separate processes under uvicorn with the standard asyncio loop, each bound to a
+free loopback port; they are stopped (SIGTERM, then SIGKILL) when the benchmark ends.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+BENCH_KEY = "sg-bench-relay-key"
+BIN = Path(sys.executable).parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def rss_kib(pid: int) -> int:
+    """Resident set size of ``pid`` in KiB (``VmRSS`` of ``/proc/<pid>/status``)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds used so far by ``pid`` (``/proc/<pid>/stat`` fields 14, 15)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class Proc:
+    """A server subprocess on a loopback port."""
+
+    def __init__(self, name: str, argv: list[str], port: int, ready_path: str,
+                 env: dict[str, str] | None = None) -> None:
+        self.name = name
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}"
+        self._log = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen(
+            argv, stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
+        )
+        self._wait_ready(ready_path)
+
+    def _wait_ready(self, path: str, timeout_s: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                if httpx.get(self.url + path, timeout=2).status_code < 500:
+                    return
+            except httpx.HTTPError:
+                pass
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{self.name} did not start:\n{self.log()}")
+            time.sleep(0.1)
+
+    def log(self) -> str:
+        self._log.seek(0)
+        return self._log.read().decode(errors="replace")[-4000:]
+
+    @property
+    def rss_kib(self) -> int:
+        return rss_kib(self.proc.pid)
+
+    @property
+    def cpu_s(self) -> float:
+        return cpu_s(self.proc.pid)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self._log.close()
+
+
+def start_sim(model: str, tokens: int, itl_ms: float = 0.0, ttft_ms: float = 0.0) -> Proc:
+    """Start ``vllm-sim`` serving ``model`` with ``tokens`` tokens per response."""
+    port = free_port()
+    argv = [str(BIN / "vllm-sim"), "--port", str(port), "--model", model, "--tokens", str(tokens),
+            "--itl-ms", str(itl_ms), "--ttft-ms", str(ttft_ms), "--max-model-len", "100000"]
+    return Proc(f"vllm-sim:{port}", argv, port, "/health")
+
+
+def default_config() -> dict[str, Any]:
+    """The baseline gateway config: one model ``m``, one key, no health probes, no access log."""
+    return {
+        "models": [{"name": "m", "replicas": [{"url": "http://127.0.0.1:1"}]}],
+        "keys": [],
+        "health": {"active": False},
+        "logging": {"access_log": False},
+    }
+
+
+def load_variant(path: str | None) -> dict[str, Any]:
+    """A variant config: the YAML file at ``path`` or, for None, ``default_config()``."""
+    if path is None:
+        return default_config()
+    doc = yaml.safe_load(Path(path).read_text())
+    if not isinstance(doc, dict):
+        raise ValueError(f"{path}: not a YAML mapping")
+    return doc
+
+
+def bind_config(base: dict[str, Any], sim_url: str, port: int) -> dict[str, Any]:
+    """Point a variant config at this run: listen port, every replica -> the simulator, bench key.
+
+    The bench key is added (id ``bench-relay``, all models) unless the config already has it.
+    """
+    cfg = copy.deepcopy(base)
+    cfg["listen"] = {"host": "127.0.0.1", "port": port}
+    for model in cfg.get("models", []):
+        model["served_model_name"] = "m"
+        for replica in model.get("replicas", []):
+            replica["url"] = sim_url
+    digest = hashlib.sha256(BENCH_KEY.encode()).hexdigest()
+    keys = cfg.setdefault("keys", [])
+    if not any(k.get("sha256") == digest for k in keys):
+        keys.append({"id": "bench-relay", "sha256": digest,
+                     "models": [m["name"] for m in cfg.get("models", [])]})
+    return cfg
+
+
+def start_gateway(name: str, base: dict[str, Any], sim_url: str, workdir: Path) -> Proc:
+    """Start ``gateway serve --config <file>`` for a variant config bound to ``sim_url``."""
+    port = free_port()
+    cfg = bind_config(base, sim_url, port)
+    path = workdir / f"{name}-{port}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    exe = BIN / "gateway"
+    argv = [str(exe)] if exe.exists() else [sys.executable, "-m", "gateway.cli"]
+    return Proc(f"gateway:{name}", [*argv, "serve", "--config", str(path)], port, "/healthz")
+
+
+def model_name(base: dict[str, Any]) -> str:
+    """The model clients ask for: the first model of the config."""
+    return str(base["models"][0]["name"])
