@@ -198,7 +198,7 @@ def run_relay_bench(n: int, concurrency: int, rounds: int) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     sim_port = free_port()
     sim = subprocess.Popen(
-        [sys.executable, "-m", "vllm_sim", "--port", str(sim_port)],
+        [sys.executable, "-m", "vllm_sim.cli", "--port", str(sim_port), "--model", "sim-model"],
         env=env,
         cwd=ROOT,
         stdout=subprocess.DEVNULL,

@@ -49,6 +49,7 @@ from gateway.quotas.limiter import (
     pick_denial,
     tightest,
 )
+from gateway.quotas.redis_batch import ScriptBatcher
 
 _log = logging.getLogger(__name__)
 
@@ -104,11 +105,16 @@ class RedisLimiter:
         self._lease_s = lease_s
         self._on_event = on_event
         self._clock = clock
-        self._admit = self._redis.register_script(redis_lua.ADMIT)
-        self._settle = self._redis.register_script(redis_lua.SETTLE)
-        self._release = self._redis.register_script(redis_lua.RELEASE)
-        self._renew = self._redis.register_script(redis_lua.RENEW)
-        self._finish = self._redis.register_script(redis_lua.FINISH)
+        self._batch = ScriptBatcher(
+            self._redis,
+            {
+                "admit": redis_lua.ADMIT,
+                "settle": redis_lua.SETTLE,
+                "release": redis_lua.RELEASE,
+                "renew": redis_lua.RENEW,
+                "finish": redis_lua.FINISH,
+            },
+        )
         self._leases: dict[str, list[str]] = {}
         self._renewer: asyncio.Task[None] | None = None
         self._healthy = True
@@ -159,7 +165,7 @@ class RedisLimiter:
             *args,
         ]
         try:
-            reply = await self._admit(keys=keys, args=argv)
+            reply = await self._batch.call("admit", keys, argv)
         except BACKEND_ERRORS as exc:
             return await self._backend_down(exc, subjects, cost, lease_id)
         await self._backend_up()
@@ -213,7 +219,7 @@ class RedisLimiter:
                 1 if lim.tokens_per_month else 0,
             ]
         try:
-            await self._settle(keys=keys, args=args)
+            await self._batch.call("settle", keys, args)
         except BACKEND_ERRORS as exc:
             _log.warning("quota settle lost (Redis unreachable): %s", exc)
 
@@ -226,7 +232,7 @@ class RedisLimiter:
         if not conc_keys:
             return
         try:
-            await self._release(keys=conc_keys, args=[admission.lease_id])
+            await self._batch.call("release", conc_keys, [admission.lease_id])
         except BACKEND_ERRORS as exc:
             # The lease expires by itself after lease_s once we stop renewing it.
             _log.warning("quota release failed (Redis unreachable), lease will expire: %s", exc)
@@ -259,7 +265,7 @@ class RedisLimiter:
                 1 if lim.max_concurrent else 0,
             ]
         try:
-            await self._finish(keys=keys, args=args)
+            await self._batch.call("finish", keys, args)
         except BACKEND_ERRORS as exc:
             _log.warning("quota settle/release lost (Redis unreachable): %s", exc)
 
@@ -279,7 +285,7 @@ class RedisLimiter:
         if not keys:
             return 0
         try:
-            return int(await self._renew(keys=keys, args=[self._lease_us, *members]))
+            return int(await self._batch.call("renew", keys, [self._lease_us, *members]))
         except BACKEND_ERRORS as exc:
             _log.warning("quota lease renewal failed: %s", exc)
             return 0

@@ -102,3 +102,21 @@ async def test_fail_open_admits_unaccounted_and_audits(throwaway_redis: Callable
         assert "Error" in events.items[0]["error"]
     finally:
         await lim.aclose()
+
+
+async def test_scripts_are_reloaded_after_a_script_flush(
+    throwaway_redis: Callable[..., Any],
+) -> None:
+    srv = throwaway_redis()
+    lim = RedisLimiter(srv.url, key_prefix="sg:q:noscript:")
+    client = redis_async.Redis.from_url(srv.url)
+    try:
+        await lim.admit(KEY, 0)
+        await client.script_flush()  # as after a Redis restart or failover
+        adm = await lim.admit(KEY, 0)
+        assert not adm.fail_open
+        await lim.finish(adm, 0)
+        assert await admitted_in_redis(srv.url, lim) == 1  # the first one is still held
+    finally:
+        await lim.aclose()
+        await client.aclose()
