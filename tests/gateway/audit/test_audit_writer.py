@@ -255,24 +255,38 @@ def test_commit_that_landed_but_failed_is_adopted(store_url: str, signer: Signer
     assert report.ok, [str(f) for f in report.errors]
 
 
+class SlowStore(CountingStore):
+    """A real store whose commits take a little longer, so commits overlap in time."""
+
+    async def append_batch(
+        self,
+        records: Sequence[Record],
+        checkpoints: Sequence[StoredCheckpoint] = (),
+        new_chain: ChainInfo | None = None,
+    ) -> None:
+        await asyncio.sleep(0.003)
+        await self.inner.append_batch(records, checkpoints, new_chain)
+
+
 def test_forced_checkpoints_race_with_appends(tmp_path: Path, signer: Signer) -> None:
     url = f"sqlite://{tmp_path / 'a.db'}"
+    store = SlowStore(open_store(url))
 
     async def run() -> None:
-        async with AuditLog(open_store(url), signer, replica_id="r1") as log:
+        async with AuditLog(store, signer, replica_id="r1") as log:  # type: ignore[arg-type]
 
             async def appends() -> None:
-                for i in range(50):
+                for i in range(40):
                     await log.append({"type": "request.started", "request_id": str(i)})
 
             async def checkpoints() -> None:
-                for _ in range(50):
+                for _ in range(200):
                     await log.checkpoint()
-                    await asyncio.sleep(0)
+                    await asyncio.sleep(0.001)
 
             await asyncio.gather(appends(), appends(), checkpoints())
 
     asyncio.run(run())
     report = verify(url, signer)
     assert report.ok, [str(f) for f in report.errors]
-    assert report.chains[0].records == 102
+    assert report.chains[0].records == 82
