@@ -24,6 +24,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gateway import relay
+from gateway.access import AccessLogMiddleware
 from gateway.auth import Authenticator, KeyRing, Principal, bearer_token
 from gateway.errors import GatewayError, InvalidRequest, MethodNotAllowed, ModelNotFound
 from gateway.health import HealthProber
@@ -138,6 +139,8 @@ def create_app(
         redoc_url=None,
         openapi_url=None,
     )
+    if settings.logging.access_log:
+        app.add_middleware(AccessLogMiddleware)
 
     @app.exception_handler(GatewayError)
     async def _gateway_error(_: Request, exc: GatewayError) -> JSONResponse:

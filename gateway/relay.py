@@ -19,6 +19,7 @@ import logging
 import time
 import uuid
 
+from gateway.access import log_record
 from gateway.asgi_io import ClientGone, DisconnectWatch, Receive, Responder, Scope, Send, read_body
 from gateway.auth import Principal, bearer_token
 from gateway.errors import (
@@ -41,7 +42,6 @@ from gateway.state import GatewayState
 __all__ = ["RELAY_PATHS", "handle"]
 
 _log = logging.getLogger(__name__)
-_access = logging.getLogger("gateway.access")
 
 RELAY_PATHS = frozenset(
     {
@@ -120,29 +120,7 @@ async def _finish(state: GatewayState, record: RequestRecord, started: bool) -> 
         except Exception:
             _log.exception("observer on_end failed (request %s)", record.request_id)
     if state.settings.logging.access_log:
-        _access.info(
-            "request",
-            extra={
-                "access": {
-                    "request_id": record.request_id,
-                    "key_id": record.key_id,
-                    "method": record.method,
-                    "path": record.path,
-                    "model": record.canonical_model or record.model,
-                    "backend": record.replica_url,
-                    "attempts": record.attempts,
-                    "status": record.status,
-                    "outcome": record.outcome,
-                    "error_code": record.error_code,
-                    "latency_ms": record.latency_ms,
-                    "ttft_ms": record.ttft_ms,
-                    "input_tokens": record.input_tokens,
-                    "output_tokens": record.output_tokens,
-                    "bytes_in": record.bytes_in,
-                    "bytes_out": record.bytes_out,
-                }
-            },
-        )
+        log_record(record)
 
 
 async def _serve(

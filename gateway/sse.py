@@ -114,16 +114,16 @@ class SSEUsageScanner:
         """Take the next network chunk; return the bytes to send to the client now."""
         buf = self._tail + chunk if self._tail else chunk
         end = _last_boundary_end(buf)
-        complete = buf[:end]
-        self._tail = buf[end:]
+        self._tail = buf[end:] if end < len(buf) else b""
         if self._drop:
-            out = self._filter(complete) if complete else b""
+            out = self._filter(buf[:end]) if end else b""
             self.at_boundary = True
             return out
-        if complete:
-            if _USAGE in complete:
-                self._scan(complete)
-            elif _DONE in complete:
+        if end:
+            # find() with bounds: no copy of the chunk on the common path.
+            if buf.find(_USAGE, 0, end) >= 0:
+                self._scan(buf[:end])
+            elif buf.find(_DONE, 0, end) >= 0:
                 self.done = True
         self.at_boundary = not self._tail
         return chunk

@@ -104,13 +104,15 @@ def test_serve_runs_and_logs_json_access_lines(tmp_path: Path, sim: Sim) -> None
         r = client.chat.completions.create(
             model="default", messages=[{"role": "user", "content": "secret prompt text"}])
         assert r.choices[0].message.content
+        assert [m.id for m in client.models.list()] == ["llama-3.1-8b"]
     finally:
         proc.send_signal(signal.SIGINT)
         _, stderr = proc.communicate(timeout=20)
     assert proc.returncode == 0
     access = [json.loads(line) for line in stderr.splitlines()
               if line.startswith("{") and '"type":"access"' in line]
-    assert len(access) == 1
+    assert len(access) == 2  # chat + models; health probes are not logged
+    assert access[1]["path"] == "/v1/models" and access[1]["status"] == 200
     entry = access[0]
     assert entry["key_id"] == "team-a" and entry["status"] == 200 and entry["model"] == (
         "llama-3.1-8b")
