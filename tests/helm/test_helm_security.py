@@ -294,3 +294,39 @@ def test_autoscaling_with_postgres_renders_hpa_and_no_fixed_replicas(tmp_path: P
                                              "interval": "30s"}]
     service = h.one(objs, "Service", "sg-sovereign-gateway")
     assert h.selects(monitor["spec"]["selector"], service["metadata"]["labels"])
+
+
+def test_vllm_backends_run_offline_pinned_and_sized() -> None:
+    values = _values("vllm")
+    objs = h.render(h.SCENARIOS["vllm"])
+    for model in values["vllm"]["models"]:
+        kind = model.get("kind", "Deployment")
+        name = f"sg-sovereign-gateway-vllm-{model['name']}"
+        pod = h.one(objs, kind, name)["spec"]["template"]["spec"]
+        (c,) = pod["containers"]
+        env = {e["name"]: e.get("value") for e in c["env"]}
+        assert env["HF_HUB_OFFLINE"] == "1" and env["HF_HUB_CACHE"] == "/models/hub"
+        assert env["VLLM_NO_USAGE_STATS"] == "1" and env["DO_NOT_TRACK"] == "1"
+        args = c["args"]
+        assert args[args.index("--revision") + 1] == model["revision"]
+        assert args[args.index("--model") + 1] == model["servedModelName"]
+        tp = model.get("tensorParallelSize", 1)
+        assert args[args.index("--tensor-parallel-size") + 1] == str(tp)
+        assert c["resources"]["limits"]["nvidia.com/gpu"] == tp
+        assert c["resources"]["requests"]["nvidia.com/gpu"] == tp
+        (models_mount,) = [m for m in c["volumeMounts"] if m["name"] == "models"]
+        assert models_mount["readOnly"] is True and models_mount["mountPath"] == "/models/hub"
+        (store,) = [v for v in pod["volumes"] if v["name"] == "models"]
+        assert store["persistentVolumeClaim"] == {"claimName": model["storeClaim"],
+                                                  "readOnly": True}
+        service = h.one(objs, "Service", name)
+        assert h.selects({"matchLabels": service["spec"]["selector"]},
+                         h.one(objs, kind, name)["spec"]["template"]["metadata"]["labels"])
+    # vLLM pods: reachable from the gateway only, and no egress rule at all.
+    vllm_labels = {"app.kubernetes.io/name": "sovereign-gateway",
+                   "app.kubernetes.io/instance": h.RELEASE, "app.kubernetes.io/component": "vllm"}
+    policies = _policies_selecting(objs, vllm_labels)
+    assert not [p for p in policies if p["spec"].get("egress")]
+    ingress = [r for p in policies for r in p["spec"].get("ingress") or []]
+    assert ingress == [{"from": [{"podSelector": {"matchLabels": GATEWAY_LABELS}}],
+                        "ports": [{"port": 8000, "protocol": "TCP"}]}]
