@@ -231,7 +231,10 @@ async def verify_store(
             continue
         tail = start.get("previous_tail")
         if isinstance(tail, dict):
-            plans[prev_chain].required_tail = (int(tail["size"]), str(tail["hash"]), chain)
+            if isinstance(tail.get("size"), int) and isinstance(tail.get("hash"), str):
+                plans[prev_chain].required_tail = (tail["size"], tail["hash"], chain)
+            else:
+                v.add("error", "malformed_record", chain, 0, "previous_tail is malformed")
         named = start.get("previous_checkpoint")
         if isinstance(named, dict) and isinstance(named.get("note"), str):
             plans[prev_chain].notes.append((f"named by {chain}", named["note"], -1))

@@ -264,3 +264,25 @@ def test_time_gap_longer_than_heartbeat_fails(tmp_path: Path, signer: Signer, ga
     assert verify(url, signer).ok
     report = verify(url, signer, max_gap_s=gap_s / 3)
     assert ("time_gap", chain, 2) in codes_at(report)
+
+
+def test_garbage_records_are_reported_not_crashing(tmp_path: Path, signer: Signer) -> None:
+    import hashlib
+
+    url = f"sqlite://{tmp_path / 'a.db'}"
+    chain = write_log(url, signer, 10)
+    spaced = json.dumps(json.loads(body_of(url, chain, 5)), indent=1).encode()
+    for seq, body in ((3, b"\xff\xfe not json"), (4, b'{"v":1}'), (5, spaced)):
+        raw_sql(
+            url,
+            "UPDATE audit_records SET body = ?, hash = ? WHERE chain = ? AND seq = ?",
+            body,
+            hashlib.sha256(b"\x00" + body).digest(),
+            chain,
+            seq,
+        )
+    report = verify(url, signer)
+    found = codes_at(report)
+    assert ("malformed_record", chain, 3) in found
+    assert ("malformed_record", chain, 4) in found
+    assert ("non_canonical", chain, 5) in found
