@@ -83,5 +83,10 @@ bench-audit: install
 	$(PY) bench/audit.py
 	$(PY) bench/audit_relay.py
 
+# @quotas: limiter in-memory vs Redis, and the gateway with limits off / in-memory / Redis.
+.PHONY: bench-quotas
+bench-quotas: install
+	$(PY) bench/quotas.py
+
 clean:
 	rm -rf $(VENV) $(TOOLS) .cache
