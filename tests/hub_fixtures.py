@@ -32,7 +32,7 @@ from tests.hub_emulator import Blob, Hub, create_hub_app, make_sharded
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"
 SHARDED = "sg-test/tiny-sharded"
 GATED = "sg-test/gated-tiny"
-HUB_TOKEN = "hf_emulator_token"
+HUB_TOKEN = "hf_emulator_token"  # noqa: S105 - test token of the emulator
 NON_ASCII_PATH = "notes/modèle-ü.md"
 
 
@@ -46,7 +46,8 @@ class HubServer:
 
 
 def _card(license_id: str, extra: str = "") -> bytes:
-    return f"---\nlicense: {license_id}\nlibrary_name: transformers\n---\n# Test model\n{extra}".encode()
+    head = f"---\nlicense: {license_id}\nlibrary_name: transformers\n---\n"
+    return f"{head}# Test model\n{extra}".encode()
 
 
 def tiny_config(layers: int = 2) -> dict[str, Any]:

@@ -176,7 +176,8 @@ class HubApp:
             return
         entry = commit.files.get(path)
         if entry is None:
-            await _error(send, 404, "EntryNotFound", f"{path} does not exist on \"{rev}\"", head=head)
+            msg = f"{path} does not exist on \"{rev}\""
+            await _error(send, 404, "EntryNotFound", msg, head=head)
             return
         data = entry.blob.data
         size = len(data)
