@@ -248,6 +248,7 @@ class GatewaySettings(BaseSettings):
     policy: dict[str, Any] | None = None
     audit: dict[str, Any] | None = None
     quotas: dict[str, Any] | None = None
+    keystore: dict[str, Any] | None = None  # managed keys (issue 9): gateway.keystore.settings
     telemetry: dict[str, Any] | None = None
 
     @classmethod
