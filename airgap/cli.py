@@ -27,7 +27,7 @@ from rich.table import Table
 
 from airgap import __version__
 from airgap.bundle import DEFAULT_PART_SIZE, INDEX_NAME, MAX_INDEX_BYTES, SIGNATURE_NAME, Index
-from airgap.errors import AirgapError, Code, VerificationFailed
+from airgap.errors import AirgapError, Code, Problem, VerificationFailed
 from airgap.media import check_bundle_dir, read_small
 from airgap.pack import pack_bundle
 from airgap.signing import (
@@ -49,8 +49,8 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-err = Console(stderr=True)
-out = Console()
+err = Console(stderr=True, soft_wrap=True)
+out = Console(soft_wrap=True)
 
 PublicKeys = Annotated[
     list[Path],
@@ -173,8 +173,7 @@ def verify(
                   f"verified in {report.seconds:.1f} s ({rate:.2f} GiB/s)")  # fmt: skip
     else:
         for p in report.problems:
-            extra = f" (expected {p.expected}, got {p.actual})" if p.expected else ""
-            err.print(f"[red]FAIL[/red] {p.code}: {p.message}{extra}", markup=True)
+            err.print(f"FAIL {p.code}: {p.message}{_detail(p)}", markup=False, highlight=False)
     if not report.ok:
         raise typer.Exit(1)
 
@@ -230,11 +229,11 @@ def inspect(
         return
     out.print(f"bundle {bundle}: {index.tool}, created {index.created_at}")
     out.print(f"signer key id (claimed, unverified): {signer}")
-    table = Table("model", "revision", "commit", "licence", "gated", "files", "bytes")
     for e in index.lock.entries:
-        table.add_row(e.repo_id, e.requested_revision, e.commit, e.license or "-",
-                      str(e.gated), str(len(e.files)), str(e.total_bytes))  # fmt: skip
-    out.print(table)
+        out.print(f"model {e.repo_id} revision {e.requested_revision} commit {e.commit}\n"
+                  f"  licence {e.license or '-'}, gated {'yes' if e.gated else 'no'}, "
+                  f"{len(e.files)} files, {e.total_bytes} bytes, pinned {e.pinned_at}",
+                  highlight=False)  # fmt: skip
     files = Table("file", "size", "sha256", "blob id")
     for f in index.files:
         files.add_row(f.label, str(f.size), f.sha256[:16], f.blob_id[:16])
@@ -245,6 +244,13 @@ def inspect(
     out.print(parts)
     out.print(f"payload {index.payload_size} bytes in {len(index.parts)} part(s) of at most "
               f"{index.part_size} bytes; {len(index.blobs)} distinct blob(s)")  # fmt: skip
+
+
+def _detail(p: Problem) -> str:
+    """`` (expected X, got Y)`` unless the message already says so."""
+    if p.expected is None or p.expected in p.message:
+        return ""
+    return f" (expected {p.expected}, got {p.actual})"
 
 
 def _version(value: bool) -> None:
@@ -274,8 +280,7 @@ def main(argv: list[str] | None = None) -> int:
             doc = {"ok": False, "problems": [p.to_json() for p in exc.problems]}
             out.print_json(json.dumps(doc))
         for p in exc.problems:
-            extra = f" (expected {p.expected}, got {p.actual})" if p.expected else ""
-            err.print(f"error: {p.code}: {p.message}{extra}", markup=False, highlight=False)
+            err.print(f"error: {p.code}: {p.message}{_detail(p)}", markup=False, highlight=False)
         if verbose:
             err.print_exception()
         return 1

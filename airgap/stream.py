@@ -187,7 +187,7 @@ def _hash_one(
     bad = [s.part.name for s in segments if s.part.name not in readable]
     if bad:
         return RangeResult(rng, None, Problem(
-            Code.CONTENT_UNREADABLE, f"{rng.key} cannot be checked: it lies in damaged part(s) "
+            Code.CONTENT_UNREADABLE, f"cannot be checked: it lies in damaged part(s) "
             f"{', '.join(bad)}", part=bad[0], path=rng.key))  # fmt: skip
     consumer = _Consumer(rng, out)
     try:
