@@ -137,3 +137,86 @@ def test_usage_errors_exit_2(tmp_path: Path) -> None:
 )
 def test_parse_duration(text: str, seconds: float) -> None:
     assert parse_duration(text) == seconds
+
+
+def test_cli_created_key_serves_and_revocation_reaches_gateway_serve(
+    audited: tuple[Path, str], serve_asgi: Any, tmp_path: Path
+) -> None:
+    """The whole path: `gateway serve` with audit + keystore in one SQLite file, keys from the
+    CLI, the official SDK as client."""
+    import os
+    import socket
+    import time
+
+    import httpx
+    import openai
+
+    from tests.gateway.helpers import start_sim
+
+    cfg_path, _ = audited
+    sim = start_sim(serve_asgi)
+    cfg = yaml.safe_load(cfg_path.read_text())
+    for model in cfg["models"]:
+        model["replicas"] = [{"url": sim.url}]
+    cfg["keystore"] = {"refresh_s": 0.3}
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cfg["listen"] = {"host": "127.0.0.1", "port": port}
+    cfg_path.write_text(yaml.safe_dump(cfg))
+    res = invoke(
+        "create",
+        "--team",
+        "a",
+        "--models",
+        "llama-3.1-8b",
+        "--id",
+        "live",
+        "--config",
+        str(cfg_path),
+        "--json",
+    )
+    assert res.exit_code == 0, res.output
+    token = json.loads(res.output.strip().splitlines()[-1])["key"]
+    proc = subprocess.Popen(
+        [*GATEWAY, "serve", "--config", str(cfg_path)],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    url = f"http://127.0.0.1:{port}"
+    client = openai.OpenAI(base_url=url + "/v1", api_key=token, max_retries=0)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            try:
+                if httpx.get(url + "/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        msgs: Any = [{"role": "user", "content": "hi"}]
+        assert client.chat.completions.create(model="llama-3.1-8b", messages=msgs).choices
+        res = invoke("revoke", "live", "--config", str(cfg_path))
+        assert res.exit_code == 0, res.output
+        t0 = time.monotonic()
+        while True:
+            try:
+                client.chat.completions.create(model="llama-3.1-8b", messages=msgs)
+            except openai.AuthenticationError:
+                break
+            assert time.monotonic() - t0 < 5, "revocation did not reach the gateway"
+            time.sleep(0.05)
+    finally:
+        client.close()
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+        if proc.stderr:
+            proc.stderr.close()

@@ -44,24 +44,15 @@ def chat(url: str, key: str) -> Any:
 def replicas(serve_asgi: Callable[..., Any], store_url: str, n: int = 2) -> list[str]:
     sim = start_sim(serve_asgi)
     cfg = settings([sim.url])
-    cfg = cfg.model_copy(update={"audit": {"store": store_url}})
+    cfg = cfg.model_copy(
+        update={"audit": {"store": store_url}, "keystore": {"refresh_s": REFRESH_S}}
+    )
     urls = []
     for _ in range(n):
-        auth = managed_authenticator(_WithKeystore(cfg))
+        auth = managed_authenticator(cfg)
         assert auth is not None
         urls.append(str(serve_asgi(create_app(cfg, authenticator=auth)).url))
     return urls
-
-
-class _WithKeystore:
-    """The gateway settings plus a ``keystore`` section (until GatewaySettings has one)."""
-
-    def __init__(self, cfg: Any) -> None:
-        self._cfg = cfg
-        self.keystore = {"refresh_s": REFRESH_S}
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._cfg, name)
 
 
 def admin(store_url: str, action: Callable[[KeyManager], Any]) -> Any:
