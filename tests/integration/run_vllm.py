@@ -1,0 +1,96 @@
+"""Start a real vLLM (CPU) on loopback, run the opt-in conformance tests against it, stop it.
+
+Used by ``make test-vllm``::
+
+    .venv/bin/python tests/integration/run_vllm.py --vllm-python .tools/vllm-venv/bin/python \\
+        --model .cache/tiny-llama -- -q -m vllm tests/integration
+
+vLLM runs fully offline (``HF_HUB_OFFLINE=1``) with telemetry off (``VLLM_NO_USAGE_STATS=1``,
+``DO_NOT_TRACK=1``) and a 1 GiB KV cache (``VLLM_CPU_KVCACHE_SPACE=1``). It is started with
+``python -m vllm.entrypoints.openai.api_server`` because the ``vllm`` command fails on the
+``vllm-cpu`` package metadata. The exit code is pytest's (2 when vLLM does not come up).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+SERVED_NAME = "tiny"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--vllm-python", type=Path, required=True)
+    parser.add_argument("--model", type=Path, required=True, help="model directory")
+    parser.add_argument("--max-model-len", type=int, default=512)
+    parser.add_argument("--startup-timeout-s", type=float, default=600.0)
+    parser.add_argument("--log", type=Path, default=Path(".cache/vllm-server.log"))
+    parser.add_argument("pytest_args", nargs="*")
+    args = parser.parse_args(argv)
+
+    port = free_port()
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+    }
+    argv_vllm = [
+        str(args.vllm_python), "-m", "vllm.entrypoints.openai.api_server",
+        "--host", "127.0.0.1", "--port", str(port),
+        "--model", str(args.model), "--served-model-name", SERVED_NAME,
+        "--max-model-len", str(args.max_model_len), "--dtype", "float32",
+        # named tool_choice needs a tool-call parser in vLLM >= 0.3x
+        "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+    ]
+    args.log.parent.mkdir(parents=True, exist_ok=True)
+    url = f"http://127.0.0.1:{port}"
+    with args.log.open("wb") as log:
+        proc = subprocess.Popen(argv_vllm, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
+        try:
+            deadline = time.monotonic() + args.startup_timeout_s
+            print(f"starting vLLM on {url} (log: {args.log}) ...", flush=True)
+            while True:
+                try:
+                    if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    print(f"vLLM did not come up; see {args.log}", file=sys.stderr)
+                    return 2
+                time.sleep(1)
+            print("vLLM is up; running the conformance tests", flush=True)
+            env_tests = {**os.environ, "SG_VLLM_URL": url, "SG_VLLM_MODEL": SERVED_NAME}
+            cmd = [sys.executable, "-m", "pytest", *(args.pytest_args or ["-m", "vllm"])]
+            return subprocess.call(cmd, env=env_tests)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+                try:
+                    proc.wait(30)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait(10)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
