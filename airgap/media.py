@@ -121,4 +121,6 @@ def open_part(bundle: Path, part: Part) -> int:
     if problem:
         os.close(fd)
         raise fail(Code(problem.code), problem.message, part=part.name)
+    if hasattr(os, "posix_fadvise"):  # larger read-ahead on removable media
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
     return fd
