@@ -22,6 +22,7 @@ from typing import Any
 from gateway.errors import GatewayError, ServiceUnavailable
 from gateway.errors import RateLimited as GatewayRateLimited
 from gateway.quotas.errors import QuotaBackendUnavailable, QuotaError
+from gateway.quotas.headers import admission_headers
 from gateway.quotas.limiter import Admission, EventSink
 from gateway.quotas.service import QuotaService
 from gateway.quotas.settings import QuotaSettings
@@ -110,6 +111,42 @@ class QuotaHook:
             raise to_gateway_error(exc) from exc
         if admission.subjects:
             self._pending[record.request_id] = admission
+
+    def asgi(self, app: Any) -> Any:
+        """Wrap the gateway's ASGI app so successful relayed responses carry ``x-ratelimit-*``.
+
+        The relay answers with ``x-request-id``; the admission of that request (still pending
+        when the response starts) gives the tightest requests/tokens-per-minute snapshot, as
+        OpenAI sends on every response. Refusals carry their headers already.
+        """
+        pending = self._pending
+
+        async def with_headers(scope: Any, receive: Any, send: Any) -> None:
+            if scope["type"] != "http":
+                await app(scope, receive, send)
+                return
+
+            async def send_with_limits(message: Any) -> None:
+                if message["type"] == "http.response.start" and pending:
+                    headers = message.get("headers") or []
+                    for name, value in headers:
+                        if name == b"x-request-id":
+                            admission = pending.get(value.decode("latin-1"))
+                            if admission is not None:
+                                extra = admission_headers(admission)
+                                message = {
+                                    **message,
+                                    "headers": [
+                                        *headers,
+                                        *((k.encode(), v.encode()) for k, v in extra.items()),
+                                    ],
+                                }
+                            break
+                await send(message)
+
+            await app(scope, receive, send_with_limits)
+
+        return with_headers
 
     async def on_start(self, record: RequestRecord) -> None:
         """Nothing to do before forwarding (admission already ran)."""

@@ -5,7 +5,8 @@
 * the :class:`~gateway.quotas.hook.QuotaHook` of ``settings.quotas`` (admission hook and
   observer), with quota backend outages sent to the audit log when an audit observer is among
   the ``observers`` (as ``gateway.audit.observer.audited_app`` passes it);
-* the managed key authenticator of ``settings.keystore`` (config keys first).
+* the managed key authenticator of ``settings.keystore`` (config keys first);
+* ``x-ratelimit-*`` headers on successful relayed responses (:meth:`QuotaHook.asgi`).
 
 Usage (``gateway serve``)::
 
@@ -70,7 +71,8 @@ def with_limits(factory: Callable[..., Any]) -> Callable[..., Any]:
                 raise ConfigError(f"keystore: {_first_error(exc)}") from exc
             except KeystoreError as exc:
                 raise ConfigError(f"keystore: {exc.message}") from exc
-        return factory(settings, observers=observers, admission=admission, **kwargs)
+        app = factory(settings, observers=observers, admission=admission, **kwargs)
+        return app if hook is None else hook.asgi(app)
 
     return build
 

@@ -28,7 +28,7 @@ def gateway(
     s = start_sim(serve_asgi, **sim)
     cfg = settings([s.url], quotas=quotas)
     hook = QuotaHook.from_settings(cfg.quotas or {})
-    srv = serve_asgi(create_app(cfg, admission=[hook], observers=[hook]))
+    srv = serve_asgi(hook.asgi(create_app(cfg, admission=[hook], observers=[hook])))
     return str(srv.url), hook
 
 
@@ -211,3 +211,21 @@ def test_backend_saturation_is_distinguishable(serve_asgi: Callable[..., Any]) -
     assert info.value.body["code"] != "rate_limit_exceeded"  # type: ignore[index]
     assert info.value.body["type"] not in ("requests", "tokens")  # type: ignore[index]
     assert hook.in_flight == 0
+
+
+def test_successful_responses_carry_rate_limit_headers(serve_asgi: Callable[..., Any]) -> None:
+    url, _ = gateway(
+        serve_asgi,
+        {"defaults": {"key": {"requests_per_minute": 10}, "team": {"tokens_per_minute": 5000}}},
+    )
+    c, _ = client(url)
+    msgs: Any = [{"role": "user", "content": "hello"}]
+    first = c.chat.completions.with_raw_response.create(model=MODEL, messages=msgs, max_tokens=5)
+    second = c.chat.completions.with_raw_response.create(model=MODEL, messages=msgs, max_tokens=5)
+    assert first.headers["x-ratelimit-limit-requests"] == "10"
+    assert first.headers["x-ratelimit-remaining-requests"] == "9"
+    assert second.headers["x-ratelimit-remaining-requests"] == "8"
+    assert first.headers["x-ratelimit-limit-tokens"] == "5000"
+    assert int(second.headers["x-ratelimit-remaining-tokens"]) < 5000
+    assert second.headers["x-ratelimit-reset-requests"].endswith("s")
+    assert first.parse().choices  # the body is untouched

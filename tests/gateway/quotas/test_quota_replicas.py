@@ -119,22 +119,25 @@ def redis_time() -> float:
 def test_three_gateway_processes_share_the_limit(gateways: list[str]) -> None:
     body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 
-    async def burst() -> list[int]:
+    async def burst() -> list[tuple[int, str | None]]:
         async with httpx.AsyncClient(
             timeout=30, headers={"authorization": f"Bearer {KEY_A}"}, trust_env=False
         ) as client:
             sem = asyncio.Semaphore(24)
 
-            async def one(i: int) -> int:
+            async def one(i: int) -> tuple[int, str | None]:
                 async with sem:
                     r = await client.post(gateways[i % 3] + "/v1/chat/completions", json=body)
-                    return r.status_code
+                    return r.status_code, r.headers.get("x-ratelimit-limit-requests")
 
             return await asyncio.gather(*(one(i) for i in range(150)))
 
     t0 = redis_time()
-    statuses = asyncio.run(burst())
+    answers = asyncio.run(burst())
     elapsed = redis_time() - t0
+    statuses = [status for status, _ in answers]
+    # Admitted and refused answers both tell the client its limit (x-ratelimit-* headers).
+    assert {limit for _, limit in answers} == {str(RPM)}
     admitted = statuses.count(200)
     assert set(statuses) <= {200, 429}, statuses
     # GCRA: at most the limit plus what refills during the burst (tolerance 0 with Redis).
