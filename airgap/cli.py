@@ -123,6 +123,9 @@ def pack(
         int, typer.Option("--part-size", min=1, help="Max bytes per part (FAT32: 4 GiB - 1).")
     ] = DEFAULT_PART_SIZE,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing bundle.")] = False,
+    repos: Annotated[
+        list[str], typer.Option("--repo", help="Pack only this repo id of the lock; repeatable.")
+    ] = [],  # noqa: B006 - typer needs a literal default
     compress: Annotated[
         bool, typer.Option("--compress", help="zlib-encode blobs that shrink (off: weights "
                            "do not compress).")
@@ -132,6 +135,11 @@ def pack(
     """Verify the source against the lock while copying it into a new signed bundle."""
     locked = _load_lock(lock)
     assert locked is not None
+    if repos:
+        try:
+            locked = Lockfile(entries=tuple(locked.entry(r) for r in repos))
+        except WeightsError as exc:
+            raise AirgapError(Code.LOCK_INVALID, str(exc)) from exc
     signing_key = load_private_key(key)
     total = sum(e.total_bytes for e in locked.entries)
     with _progress(total, "packing", quiet) as progress:
@@ -190,6 +198,7 @@ def unpack(
         Path | None, typer.Option("--extras-into", help="Where to put the extra files.")
     ] = None,
     expected_lock: ExpectedLock = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable summary.")] = False,
     workers: Workers = 0,
     quiet: Quiet = False,
 ) -> None:
@@ -199,10 +208,19 @@ def unpack(
     keys = [load_public_key(p) for p in public_key]
     check_bundle_dir(bundle)
     chosen: Layout = "hf-cache" if layout == "hf-cache" else "dir"
-    with _progress(_peek_payload(bundle), "installing", quiet) as progress:
+    with _progress(_peek_payload(bundle), "installing", quiet or as_json) as progress:
         report = unpack_bundle(bundle, keys, store, layout=chosen, extras_into=extras_into,
                                expected_lock=_load_lock(expected_lock),
                                workers=_workers(workers), progress=progress)  # fmt: skip
+    if as_json:
+        out.print_json(json.dumps({
+            "ok": True, "store": str(store), "layout": report.layout,
+            "signer_key_id": report.check.signer,
+            "locations": {k: str(v) for k, v in report.locations.items()},
+            "written": report.written, "skipped": report.skipped, "repaired": report.repaired,
+            "bytes_written": report.bytes_written, "seconds": round(report.seconds, 3),
+        }))  # fmt: skip
+        return
     for repo_id, where in report.locations.items():
         out.print(f"{repo_id} -> {where}")
     out.print(f"written {report.written}, already present {report.skipped}, repaired "

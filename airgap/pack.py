@@ -64,7 +64,7 @@ def collect_sources(
     for entry in lock.entries:
         if not entry.files:
             raise fail(Code.EMPTY_MODEL, f"model {entry.repo_id} pins no files")
-        root = _model_root(source, entry, several=len(lock.entries) > 1)
+        root = _model_root(source, entry)
         for pin in entry.files:
             paths.check_path(pin.path, what=f"pinned path of {entry.repo_id}")
             origin = root / pin.path
@@ -87,9 +87,9 @@ def collect_sources(
     return out
 
 
-def _model_root(source: Path, entry: LockEntry, *, several: bool) -> Path:
+def _model_root(source: Path, entry: LockEntry) -> Path:
     nested = source / entry.repo_id
-    if several and nested.is_dir():
+    if nested.is_dir():  # a directory of models laid out as org/name
         source = nested
     try:
         return resolve_model_dir(source, entry)
@@ -150,6 +150,9 @@ def pack_bundle(
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
     try:
+        umask = os.umask(0)
+        os.umask(umask)
+        tmp.chmod(0o777 & ~umask)  # mkdtemp's 0700 would make the bundle unreadable to others
         index = _build_index(tmp, lock, sources, part_size, compress, progress)
         data = index.dumps()
         _write_file(tmp / INDEX_NAME, data)

@@ -143,7 +143,7 @@ def hash_ranges(
         try:
             while True:
                 with lock:
-                    i = next(cursor, None)
+                    i = None if errors else next(cursor, None)  # stop early after a failure
                 if i is None:
                     return
                 out = sink(ranges[i]) if sink else None

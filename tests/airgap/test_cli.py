@@ -132,3 +132,35 @@ def test_usage_and_io_errors_exit_2(
 def test_missing_required_option_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     rc, _, err = run(capsys, "verify")
     assert rc == 2 and "Missing" in err
+
+
+def test_pack_one_repo_of_the_lock_and_unpack_json(
+    keys: KeyPair, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from airgap_helpers import lock_entry_from_dir, make_small_model
+
+    src = tmp_path / "src"
+    for name in ("a", "b"):
+        make_small_model(src / "acme" / name)
+    lock = tmp_path / "weights.lock"
+    Lockfile(entries=tuple(lock_entry_from_dir(src / "acme" / n, f"acme/{n}") for n in "ab")).save(
+        lock
+    )
+    bundle = tmp_path / "only-b"
+    old = os.umask(0o022)
+    try:
+        rc, _, err = run(capsys, "pack", "--lock", str(lock), "--from", str(src), "--out",
+                         str(bundle), "--key", str(keys.private_path), "--repo", "acme/b")
+    finally:
+        os.umask(old)
+    assert rc == 0, err
+    assert stat.S_IMODE(os.stat(bundle).st_mode) == 0o755  # readable by the media's other users
+    rc, out, err = run(capsys, "unpack", str(bundle), "-k", str(keys.public_path), "--into",
+                       str(tmp_path / "store"), "--json")
+    assert rc == 0, err
+    doc = json.loads(out)
+    assert list(doc["locations"]) == ["acme/b"]
+    assert doc["written"] == 6 and doc["skipped"] == 0
+    rc, _, err = run(capsys, "pack", "--lock", str(lock), "--from", str(src), "--out",
+                     str(tmp_path / "x"), "--key", str(keys.private_path), "--repo", "acme/c")
+    assert rc == 2 and "lock_invalid" in err
