@@ -270,3 +270,19 @@ def test_compression_is_off_by_default_and_optional(
     unpack_bundle(tmp_path / "z", [keys.public], store, layout="dir")
     for f in small_lock.entries[0].files:
         assert sha256_file(store / small_lock.entries[0].repo_id / f.path) == f.sha256
+
+
+def test_recopying_the_named_part_repairs_the_bundle(
+    bundle: Path, pristine_bundle: Path, keys: KeyPair
+) -> None:
+    import shutil
+
+    from airgap_helpers import flip_byte
+
+    flip_byte(bundle / "payload.001-of-004", 99_999)
+    report = verify_bundle(bundle, [keys.public])
+    damaged = {p.part for p in report.problems if p.code == "part_digest_mismatch"}
+    assert damaged == {"payload.001-of-004"}
+    for name in damaged:  # what the operator does: copy just that file again
+        shutil.copyfile(pristine_bundle / name, bundle / name)
+    assert verify_bundle(bundle, [keys.public]).ok
