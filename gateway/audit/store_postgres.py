@@ -1,8 +1,10 @@
 """PostgreSQL audit store (asyncpg) for several replicas sharing one database.
 
 Each replica writes its own chains, so writers never contend on a row. ``append_batch`` is one
-transaction; with PostgreSQL's default ``synchronous_commit=on`` a returned commit is durable
-(WAL flushed). Connection and server errors become :class:`AuditUnavailable`.
+statement (records, checkpoints and the chain row inserted through data-modifying CTEs from
+arrays), hence one transaction and one round trip. With PostgreSQL's default
+``synchronous_commit=on`` a returned commit is durable (WAL flushed). Connection and server
+errors become :class:`AuditUnavailable`.
 """
 
 from __future__ import annotations
@@ -45,6 +47,19 @@ CREATE TABLE IF NOT EXISTS audit_checkpoints (
 );
 """
 
+_APPEND = """
+WITH new_chain AS (
+    INSERT INTO audit_chains (chain, replica, started_us)
+    SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[])
+), new_checkpoints AS (
+    INSERT INTO audit_checkpoints (chain, size, ts_us, note)
+    SELECT * FROM unnest($4::text[], $5::bigint[], $6::bigint[], $7::text[])
+)
+INSERT INTO audit_records (chain, seq, body, hash, ts_us, type, request_id)
+SELECT * FROM unnest(
+    $8::text[], $9::bigint[], $10::bytea[], $11::bytea[], $12::bigint[], $13::text[], $14::text[]
+)
+"""
 _ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError)
 
 
@@ -134,31 +149,27 @@ class PostgresStore:
     ) -> None:
         """Insert everything in one transaction (see Store)."""
         pool = self._pool_or_raise()
+        chains = [new_chain] if new_chain is not None else []
         try:
-            async with pool.acquire() as conn, conn.transaction():
-                if new_chain is not None:
-                    await conn.execute(
-                        "INSERT INTO audit_chains (chain, replica, started_us) VALUES ($1,$2,$3)",
-                        new_chain.chain,
-                        new_chain.replica,
-                        new_chain.started_us,
-                    )
-                if records:
-                    await conn.executemany(
-                        "INSERT INTO audit_records "
-                        "(chain, seq, body, hash, ts_us, type, request_id) "
-                        "VALUES ($1,$2,$3,$4,$5,$6,$7)",
-                        [
-                            (r.chain, r.seq, r.body, r.hash, r.ts_us, r.type, r.request_id)
-                            for r in records
-                        ],
-                    )
-                if checkpoints:
-                    await conn.executemany(
-                        "INSERT INTO audit_checkpoints (chain, size, ts_us, note) "
-                        "VALUES ($1,$2,$3,$4)",
-                        [(c.chain, c.size, c.ts_us, c.note) for c in checkpoints],
-                    )
+            async with pool.acquire() as conn:
+                # One statement (atomic on its own) and one round trip for the whole batch.
+                await conn.execute(
+                    _APPEND,
+                    [c.chain for c in chains],
+                    [c.replica for c in chains],
+                    [c.started_us for c in chains],
+                    [c.chain for c in checkpoints],
+                    [c.size for c in checkpoints],
+                    [c.ts_us for c in checkpoints],
+                    [c.note for c in checkpoints],
+                    [r.chain for r in records],
+                    [r.seq for r in records],
+                    [r.body for r in records],
+                    [r.hash for r in records],
+                    [r.ts_us for r in records],
+                    [r.type for r in records],
+                    [r.request_id for r in records],
+                )
         except _ERRORS as exc:
             raise AuditUnavailable(f"audit store {self.display_url}: append failed: {exc}") from exc
 
