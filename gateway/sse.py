@@ -86,6 +86,27 @@ def _last_boundary_end(buf: bytes) -> int:
     return end
 
 
+def _events_with(region: bytes, needle: bytes) -> list[tuple[int, int]]:
+    """``(start, end)`` of each event in ``region`` whose bytes contain ``needle``.
+
+    Work is proportional to the number of matching events, not to the number of events: the
+    usage event is one of hundreds.
+    """
+    spans: list[tuple[int, int]] = []
+    pos = region.find(needle)
+    while pos >= 0:
+        start = 0
+        for pattern in _BOUNDARIES:
+            i = region.rfind(pattern, 0, pos)
+            if i >= 0 and i + len(pattern) > start:
+                start = i + len(pattern)
+        m = _BLANK_LINE.search(region, pos)
+        end = m.end() if m else len(region)
+        spans.append((start, end))
+        pos = region.find(needle, end)
+    return spans
+
+
 class SSEUsageScanner:
     """Relay an SSE stream byte-for-byte while finding the usage event.
 
@@ -142,9 +163,11 @@ class SSEUsageScanner:
         return b""
 
     def _scan(self, region: bytes) -> None:
-        for event in _BLANK_LINE.split(region):
-            if _USAGE in event or _DONE in event:
-                self._inspect(event)
+        """Inspect only the events that mention usage (or end the stream)."""
+        for start, end in _events_with(region, _USAGE):
+            self._inspect(region[start:end])
+        if _DONE in region:
+            self.done = True
 
     def _inspect(self, event: bytes) -> bool:
         """Update state from one event; True when it is a usage-only event."""
@@ -167,18 +190,18 @@ class SSEUsageScanner:
         return isinstance(obj, dict) and obj.get("choices") == []
 
     def _filter(self, region: bytes) -> bytes:
+        """``region`` without its usage-only events (complete events, or the final tail)."""
+        if _DONE in region:
+            self.done = True
         if _USAGE not in region:
-            if _DONE in region:
-                self.done = True
             return region
         out = bytearray()
-        start = 0
-        for m in _BLANK_LINE.finditer(region):
-            event = region[start : m.end()]
-            start = m.end()
-            if not self._inspect(event):
-                out += event
-        rest = region[start:]
-        if rest and not self._inspect(rest):
-            out += rest
+        kept = 0
+        for start, end in _events_with(region, _USAGE):
+            if self._inspect(region[start:end]):
+                out += region[kept:start]
+                kept = end
+        if kept == 0:
+            return region
+        out += region[kept:]
         return bytes(out)
