@@ -282,6 +282,9 @@ def _root(
     version: Annotated[
         bool, typer.Option("--version", callback=_version, is_eager=True, help="Show version.")
     ] = False,
+    verbose: Annotated[
+        bool, typer.Option("--verbose", help="Show tracebacks on errors (any position).")
+    ] = False,
 ) -> None:
     """Air-gap bundles for sovereign-gateway."""
 
