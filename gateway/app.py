@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
+from aiohttp.client_middlewares import ClientMiddlewareType
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -77,6 +78,7 @@ def create_app(
     admission: Sequence[AdmissionHook] = (),
     authenticator: Authenticator | None = None,
     router: Router | None = None,
+    upstream_middlewares: Sequence[ClientMiddlewareType] = (),
 ) -> FastAPI:
     """Build the gateway app.
 
@@ -89,6 +91,8 @@ def create_app(
         admission: Admission hooks run before forwarding (quotas).
         authenticator: Key lookup (default: the ``keys`` of the config file).
         router: Replica pools (default: built from ``settings``; pass one to inspect it).
+        upstream_middlewares: aiohttp client middlewares of the upstream session, outermost
+            first (telemetry client spans, ``policy.policy_middleware``).
 
     Returns:
         The ASGI app (run it with lifespan on, standard asyncio loop).
@@ -99,10 +103,13 @@ def create_app(
     the_policy = policy or AllowAll()
     # The authenticator may have a lifespan too (managed keys: load and poll the key store).
     hooks: list[Any] = [the_auth, *observers, *admission]
+    # A policy may have a lifespan too (egress events to the audit log), after the observers.
+    hooks.append(the_policy)
+    class_header = getattr(the_policy, "classification_header", None)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[dict[str, Any]]:
-        session = new_session(settings, connector_factory)
+        session = new_session(settings, connector_factory, upstream_middlewares)
         state = GatewayState(
             settings=settings,
             router=the_router,
@@ -112,6 +119,8 @@ def create_app(
             observers=tuple(observers),
             admission=tuple(admission),
             forward_headers=frozenset(h.encode() for h in settings.limits.forward_headers),
+            class_header=class_header.encode("latin-1") if class_header else None,
+            classify=getattr(the_policy, "classify", None),
         )
         prober = HealthProber(the_router, session, settings.health)
         started: list[Any] = []

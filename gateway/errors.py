@@ -13,12 +13,15 @@ Tree::
     ├── InvalidRequest          400  invalid_request / invalid_json
     ├── AuthenticationFailed    401  invalid_api_key
     ├── ModelNotAllowed         403  model_not_allowed
+    │   └── PolicyDenied             egress_denied (the egress policy allows no replica)
+    ├── ClassChangeRefused      403  class_change_forbidden (x-data-classification not granted)
     ├── ModelNotFound           404  model_not_found
     ├── MethodNotAllowed        405  method_not_allowed
     ├── PayloadTooLarge         413  request_too_large
     ├── RateLimited             429  rate_limit_exceeded   (quotas; carries Retry-After)
     ├── UpstreamError           502  upstream_error
     │   ├── UpstreamConnectError     upstream_connect_error (retried on another replica)
+    │   ├── UpstreamEgressDenied     upstream_egress_denied / redirect_refused (transport policy)
     │   └── UpstreamStatusError      upstream_<status>      (relayed 5xx/429 after retries)
     ├── ServiceUnavailable      503  service_unavailable
     │   └── NoHealthyReplica         no_healthy_replica
@@ -33,6 +36,7 @@ from collections.abc import Mapping
 
 __all__ = [
     "AuthenticationFailed",
+    "ClassChangeRefused",
     "ConfigError",
     "GatewayError",
     "InvalidRequest",
@@ -41,10 +45,12 @@ __all__ = [
     "ModelNotFound",
     "NoHealthyReplica",
     "PayloadTooLarge",
+    "PolicyDenied",
     "RateLimited",
     "ServiceUnavailable",
     "UpstreamConnectError",
     "UpstreamConnectTimeout",
+    "UpstreamEgressDenied",
     "UpstreamError",
     "UpstreamStatusError",
     "UpstreamTimeout",
@@ -131,6 +137,20 @@ class ModelNotAllowed(GatewayError):
     code = "model_not_allowed"
 
 
+class PolicyDenied(ModelNotAllowed):
+    """The egress policy allows no replica of the model for this request (names the rule)."""
+
+    code = "egress_denied"
+
+
+class ClassChangeRefused(GatewayError):
+    """The request asked to change its data class without a grant in the policy."""
+
+    status = 403
+    type = "permission_error"
+    code = "class_change_forbidden"
+
+
 class ModelNotFound(GatewayError):
     """No configured model or alias has this name."""
 
@@ -175,6 +195,12 @@ class UpstreamConnectError(UpstreamError):
     """No TCP/TLS connection to the replica could be made (retried on another replica)."""
 
     code = "upstream_connect_error"
+
+
+class UpstreamEgressDenied(UpstreamError):
+    """The policy-checked transport refused the connection or a redirect (never retried)."""
+
+    code = "upstream_egress_denied"
 
 
 class UpstreamStatusError(UpstreamError):

@@ -32,6 +32,7 @@ from gateway.routing import Pool, Replica
 from gateway.sse import SSEUsageScanner, Usage, usage_from_body
 from gateway.state import GatewayState
 from gateway.upstream import USER_AGENT, map_exception
+from policy import EgressDenied
 
 __all__ = ["USAGE_PATHS", "Exchange", "forward"]
 
@@ -96,6 +97,7 @@ async def forward(ex: Exchange, first: Replica) -> None:
         record.attempts = attempts
         record.replica_url = replica.url
         record.destination = replica.destination
+        record.region = replica.region
         headers = dict(base_headers)
         if replica.api_key:
             headers["authorization"] = f"Bearer {replica.api_key}"
@@ -207,7 +209,7 @@ async def _attempt(
                 record.outcome = "ok" if status < 400 else ("invalid" if status < 500
                                                              else "upstream_error")
                 return None
-            except (aiohttp.ClientError, OSError) as exc:
+            except (aiohttp.ClientError, OSError, EgressDenied) as exc:
                 err = map_exception(exc, replica.url)
                 if isinstance(err, (UpstreamConnectError, UpstreamConnectTimeout)):
                     raise err from exc

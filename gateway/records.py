@@ -55,7 +55,11 @@ class RequestRecord:
         stream: Whether the client asked for a stream.
         replica_url: Replica of the last attempt.
         destination: Policy destination id of that replica.
+        region: Region of that destination (from the egress policy).
         policy_rule: Policy rule that allowed the routing, if a policy is configured.
+        policy_decision: ``"allow"`` or ``"deny"`` when an egress policy decided, else ``None``.
+        policy_revision: Revision (``sha256:<hex>``) of the policy that decided.
+        trace_id: W3C trace id (32 hex) of the request's server span, when tracing is on.
         attempts: Upstream attempts made (retries = attempts - 1).
         status: HTTP status sent to the client (200 even if a stream later failed).
         outcome: How the request ended.
@@ -82,7 +86,11 @@ class RequestRecord:
     stream: bool = False
     replica_url: str | None = None
     destination: str | None = None
+    region: str | None = None
     policy_rule: str | None = None
+    policy_decision: str | None = None
+    policy_revision: str | None = None
+    trace_id: str | None = None
     attempts: int = 0
     status: int = 0
     outcome: Outcome = "pending"

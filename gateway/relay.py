@@ -29,6 +29,7 @@ from gateway.errors import (
     ModelNotAllowed,
     ModelNotFound,
     NoHealthyReplica,
+    PolicyDenied,
     ServiceUnavailable,
     UpstreamError,
     UpstreamTimeout,
@@ -138,6 +139,8 @@ async def _serve(
     declared: int | None = None
     forwarded: list[tuple[str, str]] = []
     accept = "application/json"
+    class_header = state.class_header
+    class_value: str | None = None
     for name, value in scope["headers"]:
         if name == b"authorization":
             auth = value
@@ -150,10 +153,16 @@ async def _serve(
             accept = value.decode("latin-1")
         elif name in state.forward_headers:
             forwarded.append((name.decode("latin-1"), value.decode("latin-1")))
+        if name == class_header:
+            class_value = value.decode("latin-1")
     principal: Principal = state.authenticator.authenticate(bearer_token(auth))
     record.key_id = principal.key_id
     record.team = principal.team
     record.data_class = principal.data_class
+    if state.classify is not None:
+        # The egress policy: the classification header may change the class only by grant.
+        principal = state.classify(principal, class_value)
+        record.data_class = principal.data_class
 
     raw = await read_body(receive, state.settings.limits.max_body_bytes, declared)
     record.bytes_in = len(raw)
@@ -173,6 +182,16 @@ async def _serve(
         )
     decision = state.policy.decide(principal, model, pool.replicas)
     record.policy_rule = decision.rule_id
+    if decision.revision is not None:
+        record.policy_revision = decision.revision
+        record.policy_decision = "allow" if decision.candidates else "deny"
+        if not decision.candidates:
+            rule = f"rule {decision.rule_id}" if decision.rule_id else "no rule matched"
+            raise PolicyDenied(
+                f"The egress policy allows no replica of '{model.name}' for this request "
+                f"({rule}): {decision.reason}",
+                param="model",
+            )
     if not decision.candidates:
         raise ModelNotAllowed(
             f"No replica of '{model.name}' is allowed for this key by the egress policy"
@@ -184,6 +203,7 @@ async def _serve(
         raise NoHealthyReplica(f"No replica of '{model.name}' is available.")
     record.replica_url = first.url
     record.destination = first.destination
+    record.region = first.region
 
     for hook in state.admission:
         await hook.admit(record, parsed.values)

@@ -43,6 +43,7 @@ class Replica:
         url: Server root URL (no trailing slash).
         api_key: Credential sent to the backend as ``Authorization: Bearer``.
         destination: Egress policy destination id, if configured.
+        region: Region of that destination (filled from the egress policy at start-up).
         outstanding: Requests currently in flight to this replica.
         ejected_until: Monotonic time (s) until which passive health keeps it out.
         probe_ok: Result of the last active health probe (``True`` before the first probe).
@@ -54,6 +55,7 @@ class Replica:
     url: str
     api_key: str | None = field(default=None, repr=False)
     destination: str | None = None
+    region: str | None = None
     outstanding: int = 0
     ejected_until: float = 0.0
     probe_ok: bool = True
@@ -77,14 +79,24 @@ class RouteDecision:
     Attributes:
         candidates: Replicas this request may go to (a subset of the pool, in pool order).
         rule_id: Id of the policy rule that decided, ``None`` without a policy.
+        revision: Revision of the egress policy that decided (``None`` without a policy); when
+            set and ``candidates`` is empty the request is refused with 403 ``egress_denied``.
+        reason: Why nothing is allowed (the policy's explanation), when ``candidates`` is empty.
     """
 
     candidates: tuple[Replica, ...]
     rule_id: str | None = None
+    revision: str | None = None
+    reason: str | None = None
 
 
 class RoutePolicy(Protocol):
-    """Filters the replicas a request may reach (egress policy seam, issue 3)."""
+    """Filters the replicas a request may reach (egress policy seam, issue 3).
+
+    A policy may also define ``classification_header`` (lower-case header name) and
+    ``classify(principal, header_value) -> Principal`` (raise a ``GatewayError`` to refuse):
+    the relay then resolves the request's data class from that header before ``decide``.
+    """
 
     def decide(
         self, principal: Principal, model: ModelSettings, replicas: Sequence[Replica]

@@ -7,13 +7,13 @@ lifespan puts it into the ASGI lifespan state under one key, so there is no glob
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
 
-from gateway.auth import Authenticator
+from gateway.auth import Authenticator, Principal
 from gateway.records import AdmissionHook, RequestObserver
 from gateway.routing import RoutePolicy, Router
 from gateway.settings import GatewaySettings
@@ -21,6 +21,8 @@ from gateway.settings import GatewaySettings
 __all__ = ["STATE_KEY", "GatewayState", "gateway_state"]
 
 STATE_KEY = "sovereign_gateway"
+
+Classifier = Callable[[Principal, str | None], Principal]
 
 
 @dataclass(slots=True)
@@ -36,6 +38,9 @@ class GatewayState:
         observers: Request observers (audit, telemetry).
         admission: Admission hooks (quotas).
         forward_headers: Client header names (lower-case bytes) relayed upstream.
+        class_header: Data-classification header (lower-case bytes) of the egress policy.
+        classify: ``(principal, header value or None) -> principal`` with the request's data
+            class resolved by the egress policy (raises a ``GatewayError`` to refuse).
     """
 
     settings: GatewaySettings
@@ -46,6 +51,8 @@ class GatewayState:
     observers: Sequence[RequestObserver] = ()
     admission: Sequence[AdmissionHook] = ()
     forward_headers: frozenset[bytes] = field(default_factory=frozenset)
+    class_header: bytes | None = None
+    classify: Classifier | None = None
 
 
 def gateway_state(source: Mapping[str, Any] | Any) -> GatewayState:

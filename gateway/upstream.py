@@ -10,18 +10,21 @@ returns its policy-checked connector.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import aiohttp
+from aiohttp.client_middlewares import ClientMiddlewareType
 
 from gateway.errors import (
     GatewayError,
     UpstreamConnectError,
     UpstreamConnectTimeout,
+    UpstreamEgressDenied,
     UpstreamError,
     UpstreamTimeout,
 )
 from gateway.settings import GatewaySettings
+from policy import EgressDenied, RedirectRefused
 
 __all__ = ["ConnectorFactory", "map_exception", "new_session"]
 
@@ -31,13 +34,17 @@ USER_AGENT = "sovereign-gateway/0.1"
 
 
 def new_session(
-    settings: GatewaySettings, connector_factory: ConnectorFactory | None = None
+    settings: GatewaySettings,
+    connector_factory: ConnectorFactory | None = None,
+    middlewares: Sequence[ClientMiddlewareType] = (),
 ) -> aiohttp.ClientSession:
     """Create the app's upstream session (call inside a running event loop).
 
     Args:
         settings: ``timeouts`` and ``limits.max_upstream_connections`` are used.
         connector_factory: Returns the connector to use; default a plain ``TCPConnector``.
+        middlewares: aiohttp client middlewares, outermost first (telemetry's client spans,
+            the egress policy's URL and redirect checks).
     """
     if connector_factory is not None:
         connector = connector_factory()
@@ -62,6 +69,7 @@ def new_session(
         cookie_jar=aiohttp.DummyCookieJar(),
         skip_auto_headers=("User-Agent", "Accept-Encoding"),
         raise_for_status=False,
+        middlewares=tuple(middlewares),
     )
 
 
@@ -77,6 +85,14 @@ def map_exception(exc: BaseException, replica_url: str) -> GatewayError:
         failures (both retryable),
         :class:`UpstreamTimeout` for timeouts, :class:`UpstreamError` otherwise.
     """
+    if isinstance(exc, EgressDenied):
+        # The policy-checked transport (or the process guard) refused: never retried.
+        code = "redirect_refused" if isinstance(exc, RedirectRefused) else None
+        return UpstreamEgressDenied(
+            f"The egress policy refused the connection to the model backend ({replica_url}): "
+            f"{exc.reason}",
+            code=code,
+        )
     if isinstance(exc, aiohttp.ConnectionTimeoutError):
         return UpstreamConnectTimeout(
             f"Timed out connecting to the model backend ({replica_url})."
