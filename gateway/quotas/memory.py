@@ -15,6 +15,7 @@ from gateway.quotas.errors import BudgetExhausted, RateLimited, RequestTooLarge
 from gateway.quotas.limiter import (
     WINDOW_S,
     Admission,
+    PeriodCache,
     Periods,
     SubjectLimits,
     WindowState,
@@ -34,6 +35,7 @@ class MemoryLimiter:
 
     def __init__(self, *, clock: Callable[[], float] = time.time) -> None:
         self._clock = clock
+        self._periods = PeriodCache()
         self._tat_requests: dict[str, float] = {}
         self._tat_tokens: dict[str, float] = {}
         self._in_flight: dict[str, int] = {}
@@ -61,7 +63,7 @@ class MemoryLimiter:
     async def admit(self, subjects: Sequence[SubjectLimits], estimated_tokens: int) -> Admission:
         """Admit one request against every subject or raise (see ``Limiter.admit``)."""
         now = self._clock()
-        periods = Periods.at(now)
+        periods = self._periods.at(now)
         self._roll_periods(periods)
         cost = max(0, int(estimated_tokens))
         denials: list[RateLimited] = []
@@ -159,7 +161,7 @@ class MemoryLimiter:
         if delta == 0:
             return
         now = self._clock()
-        self._roll_periods(Periods.at(now))
+        self._roll_periods(self._periods.at(now))
         for subject in admission.subjects:
             lim = subject.limits
             if lim.tokens_per_minute is not None:

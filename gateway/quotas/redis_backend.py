@@ -43,6 +43,7 @@ from gateway.quotas.errors import (
 from gateway.quotas.limiter import (
     Admission,
     EventSink,
+    PeriodCache,
     Periods,
     SubjectLimits,
     WindowState,
@@ -105,6 +106,7 @@ class RedisLimiter:
         self._lease_s = lease_s
         self._on_event = on_event
         self._clock = clock
+        self._periods = PeriodCache()
         self._batch = ScriptBatcher(
             self._redis,
             {
@@ -150,7 +152,7 @@ class RedisLimiter:
     async def admit(self, subjects: Sequence[SubjectLimits], estimated_tokens: int) -> Admission:
         """Admit one request against every subject or raise (see ``Limiter.admit``)."""
         cost = max(0, int(estimated_tokens))
-        periods = Periods.at(self._clock())
+        periods = self._periods.at(self._clock())
         lease_id = uuid.uuid4().hex
         keys, args = self._admit_call(subjects, periods)
         argv: list[Any] = [

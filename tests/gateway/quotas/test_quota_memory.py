@@ -99,3 +99,13 @@ async def test_idle_buckets_are_swept() -> None:
         clock.now += 0.1
     # Only keys seen in the last minute (600 admits x 0.1 s) can still hold state.
     assert len(lim._tat_requests) < 5000 - 4096 + 700
+
+
+def test_period_cache_matches_the_calendar() -> None:
+    from gateway.quotas.limiter import PeriodCache, Periods
+
+    cache = PeriodCache()
+    t = at("2026-12-31T23:59:58")
+    for step in range(0, 5000, 7):  # crosses midnight and the year's last month boundary
+        now = t + step * 0.5
+        assert cache.at(now) == Periods.at(now)
