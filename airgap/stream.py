@@ -218,7 +218,12 @@ def _hash_segment(
     while pos < end:
         want = min(size, end - pos)
         chunk = view[:want]
-        n = os.preadv(fd, [chunk], pos)
+        try:
+            n = os.preadv(fd, [chunk], pos)
+        except OSError as exc:  # bad media (EIO): a finding about this part, not a crash
+            raise VerificationFailed([Problem(
+                Code.CONTENT_UNREADABLE, f"part {seg.part.name} cannot be read at byte {pos}: "
+                f"{exc.strerror or exc}", part=seg.part.name)]) from exc  # fmt: skip
         if n <= 0:
             raise VerificationFailed([Problem(
                 Code.PART_SIZE_MISMATCH, f"part {seg.part.name} ended at byte {pos} while read",

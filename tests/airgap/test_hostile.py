@@ -481,3 +481,21 @@ def test_encoding_needs_declared_compression(
     doc["compression"] = "none"
     resign(zbundle, doc, keys.private)
     expect_rejected(zbundle, busy_store, keys, Code.UNSUPPORTED_FORMAT)
+
+
+def test_unreadable_media_is_a_finding_not_a_crash(
+    bundle: Path, busy_store: Path, keys: KeyPair, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An I/O error reading one part (a bad sector) is reported against that part."""
+    bad = os.stat(bundle / P1).st_ino
+    real_preadv = os.preadv
+
+    def failing_preadv(fd: int, buffers: Any, offset: int) -> int:
+        if os.fstat(fd).st_ino == bad:
+            raise OSError(5, "Input/output error")
+        return real_preadv(fd, buffers, offset)
+
+    monkeypatch.setattr(os, "preadv", failing_preadv)
+    exc = expect_rejected(bundle, busy_store, keys, Code.CONTENT_UNREADABLE)
+    assert {p.part for p in exc.problems} == {P1}
+    assert "Input/output error" in exc.problems[0].message
