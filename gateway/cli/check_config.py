@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 
+from gateway.egress import load_policy
 from gateway.errors import ConfigError
 from gateway.settings import load
 
@@ -19,7 +20,10 @@ def check_config(
     file: Annotated[Path, typer.Argument(help="Gateway YAML config file.")],
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
-    """Validate FILE without serving (exit 0 valid, 1 invalid, 2 unreadable)."""
+    """Validate FILE (and its policy file and replica bindings) without serving.
+
+    Exit 0 valid, 1 invalid, 2 unreadable.
+    """
     if not file.is_file():
         msg = f"cannot read config file {file}: not a file"
         if as_json:
@@ -29,6 +33,7 @@ def check_config(
         raise typer.Exit(2)
     try:
         settings = load(file, os.environ)
+        policy = load_policy(settings, file.parent)
     except ConfigError as exc:
         if as_json:
             typer.echo(json.dumps({"ok": False, "file": str(file), "error": exc.message}))
@@ -49,6 +54,11 @@ def check_config(
             for m in settings.models
         },
         "keys": [k.id for k in settings.keys],
+        "policy": None if policy is None else {
+            "file": policy.source,
+            "revision": policy.revision,
+            "unsafe_allow_all": policy.unsafe_allow_all,
+        },
     }
     if as_json:
         typer.echo(json.dumps(summary))
@@ -58,3 +68,8 @@ def check_config(
         aliases = f" (aliases: {', '.join(m.aliases)})" if m.aliases else ""
         typer.echo(f"  model {m.name}{aliases} -> {m.upstream_name}, {len(m.replicas)} replica(s)")
     typer.echo(f"  {len(settings.keys)} key(s): {', '.join(k.id for k in settings.keys)}")
+    if policy is not None:
+        typer.echo(f"  policy {policy.source} ({policy.revision}): every replica inside its "
+                   "destination")
+        if policy.unsafe_allow_all:
+            typer.echo("  WARNING: the policy has unsafe_allow_all on (development only)")

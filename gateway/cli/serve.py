@@ -22,24 +22,43 @@ ConfigOpt = Annotated[
 ]
 
 
-def run(settings: GatewaySettings, http: Literal["h11", "httptools"] = "h11") -> None:
+def run(
+    settings: GatewaySettings,
+    http: Literal["h11", "httptools"] = "h11",
+    base: Path | None = None,
+) -> None:
     """Serve ``settings`` until interrupted (standard asyncio loop, never uvloop).
 
-    The egress guard of the policy package relies on ``sys.addaudithook`` socket events, which
-    uvloop does not raise; hence ``loop="asyncio"``.
+    With a ``policy:`` section the policy is loaded and checked and the process egress guard
+    installed and self-tested *before* the server starts (see :mod:`gateway.egress`). The guard
+    relies on ``sys.addaudithook`` socket events, which uvloop does not raise; hence
+    ``loop="asyncio"``.
+
+    Args:
+        settings: The validated configuration.
+        http: uvicorn HTTP implementation.
+        base: Directory of the config file (relative ``policy.file``).
+
+    Raises:
+        ConfigError: Invalid policy, replica outside its destination, or guard self-test failed.
     """
     # Imported here so that `gateway keys` / `check-config` start fast.
     import uvicorn
 
     from gateway.app import create_app
     from gateway.audit.observer import audited_app
+    from gateway.egress import start_egress, with_policy
     from gateway.quotas.wiring import with_limits
 
     configure_logging(settings.logging)
+    factory = with_limits(create_app)
+    egress = start_egress(settings, base)
+    if egress is not None:
+        factory = with_policy(egress, factory)
     if not is_loopback_host(settings.listen.host):
         _log.info("listening on %s:%s", settings.listen.host, settings.listen.port)
     uvicorn.run(
-        audited_app(settings, with_limits(create_app)),
+        audited_app(settings, factory),
         host=settings.listen.host,
         port=settings.listen.port,
         loop="asyncio",
@@ -68,4 +87,4 @@ def serve(
         settings = settings.model_copy(update={"listen": listen})
     if http not in ("h11", "httptools"):
         raise typer.BadParameter("must be h11 or httptools", param_hint="--http")
-    run(settings, "h11" if http == "h11" else "httptools")
+    run(settings, "h11" if http == "h11" else "httptools", config.parent)

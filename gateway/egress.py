@@ -1,0 +1,441 @@
+"""Wiring of the egress policy (``policy`` package) into the gateway (issue 3).
+
+The gateway config names the policy file (``policy: {file: PATH, guard: enforce|monitor|off}``),
+every replica names its destination (``replicas[].destination``) and every key has a ``team`` and
+a default ``data_class``. At start-up :func:`start_egress`:
+
+1. loads the policy and checks that every replica URL lies inside the destination it names
+   (``policy.check_binding``) and that every key's default class is defined;
+2. installs the process guard (default ``enforce``) and runs its self-test, refusing to start if a
+   denied connection is not blocked (uvloop, broken hook).
+
+:func:`with_policy` then wraps the app factory so that
+
+* routing only offers replicas whose destination the policy allows for the request's key, team
+  and data class (:class:`PolicyRoutes`, the gateway's ``RoutePolicy`` seam); the
+  ``x-data-classification`` header changes the class only where a grant allows it;
+* every upstream connection (relay and health checks) goes through the policy-checked connector
+  and ``policy_middleware`` (address literals, no proxies, no redirects), sharing the guard's
+  pins;
+* guard events are counted and recorded as ``egress.denied`` audit events when the audit log is
+  on (and ``policy.loaded`` once at start-up).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import threading
+from collections import deque
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from gateway.auth import Principal
+from gateway.errors import ClassChangeRefused, ConfigError, InvalidRequest
+from gateway.routing import Replica, RouteDecision, Router
+from gateway.settings import GatewaySettings, ModelSettings
+from policy import (
+    ClassChangeForbidden,
+    EgressEvent,
+    EgressGuard,
+    EgressMatcher,
+    Policy,
+    PolicyError,
+    UnknownDataClass,
+    check_binding,
+    make_connector,
+    policy_middleware,
+    start_guard,
+)
+from policy import Principal as PolicyPrincipal
+
+__all__ = [
+    "EgressEvents",
+    "EgressRuntime",
+    "PolicyRoutes",
+    "PolicySettings",
+    "load_policy",
+    "policy_settings",
+    "start_egress",
+    "with_policy",
+]
+
+_log = logging.getLogger(__name__)
+
+AuditSink = Callable[[Mapping[str, Any]], Awaitable[Any]]
+
+
+class PolicySettings(BaseModel):
+    """The ``policy:`` section of the gateway config.
+
+    Attributes:
+        file: Policy YAML file (relative paths are relative to the gateway config file).
+        guard: Process egress guard mode (``enforce`` blocks, ``monitor`` only records).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    file: Path
+    guard: Literal["enforce", "monitor", "off"] = "enforce"
+
+
+def policy_settings(settings: GatewaySettings, base: Path | None = None) -> PolicySettings | None:
+    """Validate the ``policy:`` section (``None`` when absent).
+
+    Raises:
+        ConfigError: Naming the key, e.g. ``policy.guard: Input should be 'enforce', ...``.
+    """
+    if settings.policy is None:
+        return None
+    try:
+        ps = PolicySettings.model_validate(settings.policy)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"])
+        raise ConfigError(f"policy.{where}: {err['msg']}") from exc
+    if not ps.file.is_absolute() and base is not None:
+        ps = ps.model_copy(update={"file": base / ps.file})
+    return ps
+
+
+def load_policy(settings: GatewaySettings, base: Path | None = None) -> Policy | None:
+    """Load the policy the config names and check the config against it.
+
+    Checks: every replica has a destination and its URL lies inside it; every key's default
+    ``data_class`` is a class of the policy.
+
+    Returns:
+        The policy, or ``None`` when the config has no ``policy:`` section.
+
+    Raises:
+        ConfigError: Unreadable/invalid policy file (``file:line: key: ...``), a replica without
+            or outside its destination, or an undefined key class (the message names the key).
+    """
+    ps = policy_settings(settings, base)
+    if ps is None:
+        return None
+    try:
+        pol = Policy.from_file(ps.file)
+    except PolicyError as exc:
+        raise ConfigError(f"policy.file: {exc.message}", code=exc.code) from exc
+    problems: list[str] = []
+    for i, model in enumerate(settings.models):
+        for j, replica in enumerate(model.replicas):
+            where = f"models[{i}].replicas[{j}].destination"
+            if replica.destination is None:
+                problems.append(f"{where}: required when a policy is configured")
+                continue
+            try:
+                check_binding(pol, replica.url, replica.destination)
+            except PolicyError as exc:
+                problems.append(f"{where}: {exc.message}")
+    for i, key in enumerate(settings.keys):
+        if key.data_class not in pol.classes:
+            problems.append(
+                f"keys[{i}].data_class: {key.data_class!r} is not a data class of the policy "
+                f"({', '.join(pol.classes)})"
+            )
+    if problems:
+        raise ConfigError("; ".join(problems), code="destination_mismatch")
+    return pol
+
+
+class EgressEvents:
+    """Counts guard events and forwards them to the audit log (thread-safe intake).
+
+    The guard calls :meth:`__call__` from inside an audit hook, possibly on a resolver thread:
+    it only counts and queues. :meth:`startup` (in the app's lifespan) drains the queue into the
+    audit sink as ``egress.denied`` records; events from before start-up are kept (up to
+    ``max_buffer``).
+
+    Args:
+        max_buffer: Events kept while no loop drains them.
+    """
+
+    def __init__(self, max_buffer: int = 1000) -> None:
+        self.counts: dict[tuple[str, str], int] = {}
+        self._lock = threading.Lock()
+        self._buffer: deque[EgressEvent] = deque(maxlen=max_buffer)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._queue: asyncio.Queue[EgressEvent] | None = None
+        self._task: asyncio.Task[None] | None = None
+        self.sink: AuditSink | None = None
+
+    def __call__(self, event: EgressEvent) -> None:
+        """Guard callback: count and queue one event (never raises, no I/O)."""
+        key = (event.decision, event.destination_id or "")
+        with self._lock:
+            self.counts[key] = self.counts.get(key, 0) + 1
+            loop, queue = self._loop, self._queue
+            if loop is None or queue is None:
+                self._buffer.append(event)
+                return
+        with contextlib.suppress(RuntimeError):  # loop closed at shutdown
+            loop.call_soon_threadsafe(queue.put_nowait, event)
+
+    def total(self) -> int:
+        """Events seen since start (denied and, in monitor mode, would-be-denied)."""
+        with self._lock:
+            return sum(self.counts.values())
+
+    async def startup(self) -> None:
+        """Start draining into ``sink`` on the running loop."""
+        queue: asyncio.Queue[EgressEvent] = asyncio.Queue()
+        with self._lock:
+            self._loop = asyncio.get_running_loop()
+            self._queue = queue
+            while self._buffer:
+                queue.put_nowait(self._buffer.popleft())
+        self._task = asyncio.get_running_loop().create_task(self._drain(queue))
+
+    async def shutdown(self) -> None:
+        """Record what is queued, then stop draining."""
+        with self._lock:
+            queue, self._loop, self._queue = self._queue, None, None
+        if queue is not None:
+            while not queue.empty():
+                await self._record(queue.get_nowait())
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def _drain(self, queue: asyncio.Queue[EgressEvent]) -> None:
+        while True:
+            await self._record(await queue.get())
+
+    async def _record(self, ev: EgressEvent) -> None:
+        _log.warning(
+            "egress %s: %s:%s (%s) from %s: %s",
+            "blocked" if ev.decision == "deny" else "would be blocked (monitor)",
+            ev.host, ev.port, ev.event, ev.caller, ev.reason,
+        )
+        if self.sink is None:
+            return
+        try:
+            await self.sink({
+                "type": "egress.denied",
+                "time_us": int(ev.time * 1_000_000),
+                "host": ev.host,
+                "port": ev.port,
+                "address": ev.address,
+                "decision": ev.decision,
+                "destination": ev.destination_id,
+                "caller": ev.caller,
+                "reason": ev.reason,
+                "event": ev.event,
+            })
+        except Exception:
+            _log.exception("could not record an egress event in the audit log")
+
+
+@dataclasses.dataclass(slots=True)
+class EgressRuntime:
+    """What :func:`start_egress` set up for one gateway process.
+
+    Attributes:
+        policy: The loaded policy.
+        mode: Guard mode.
+        guard: The installed guard (``None`` with ``guard: off``).
+        matcher: Address checks shared by the transport and the guard (one pin store).
+        events: Guard event counter and audit forwarder.
+    """
+
+    policy: Policy
+    mode: str
+    guard: EgressGuard | None
+    matcher: EgressMatcher
+    events: EgressEvents
+
+
+def start_egress(
+    settings: GatewaySettings,
+    base: Path | None = None,
+    *,
+    self_test_target: tuple[str, int] | None = None,
+) -> EgressRuntime | None:
+    """Load and check the policy, then install and self-test the process guard.
+
+    Call before the server's event loop runs (``gateway serve`` does).
+
+    Args:
+        settings: The gateway settings.
+        base: Directory of the config file (relative ``policy.file``).
+        self_test_target: Address the guard self-test tries (default TEST-NET-1 port 9).
+
+    Returns:
+        The runtime, or ``None`` without a ``policy:`` section.
+
+    Raises:
+        ConfigError: Invalid policy or binding (see :func:`load_policy`), or the guard
+            self-test failed (code ``guard_self_test_failed``): the gateway must not start.
+    """
+    ps = policy_settings(settings, base)
+    pol = load_policy(settings, base)
+    if ps is None or pol is None:
+        return None
+    events = EgressEvents()
+    kwargs: dict[str, Any] = {}
+    if self_test_target is not None:
+        kwargs["self_test_target"] = self_test_target
+    try:
+        guard = start_guard(pol, ps.guard, on_event=events, **kwargs)
+    except PolicyError as exc:
+        raise ConfigError(
+            f"egress guard did not start: {exc.message}", code="guard_self_test_failed"
+        ) from exc
+    if pol.unsafe_allow_all:
+        _log.warning("policy %s has unsafe_allow_all on: egress is NOT restricted", pol.source)
+    _log.info(
+        "egress policy %s (%s) loaded, guard %s", pol.source, pol.revision, ps.guard
+    )
+    matcher = guard.matcher if guard is not None else EgressMatcher(pol)
+    return EgressRuntime(pol, ps.guard, guard, matcher, events)
+
+
+class PolicyRoutes:
+    """The gateway's ``RoutePolicy``: only replicas whose destination the policy allows.
+
+    Args:
+        policy: The policy.
+        events: Lifespan-managed egress event forwarder (started/stopped with the app).
+        audit: Appends admin records (``policy.loaded``) when the audit log is on.
+        mode: Guard mode (recorded in ``policy.loaded``).
+    """
+
+    def __init__(
+        self,
+        policy: Policy,
+        events: EgressEvents | None = None,
+        audit: AuditSink | None = None,
+        mode: str = "off",
+    ) -> None:
+        self.policy = policy
+        self.classification_header = policy.classification_header
+        self._events = events
+        self._audit = audit
+        self._mode = mode
+        self._unsafe = policy.unsafe_allow_all
+
+    async def startup(self) -> None:
+        """Record ``policy.loaded`` and start forwarding guard events to the audit log."""
+        if self._audit is not None:
+            await self._audit({
+                "type": "policy.loaded",
+                "revision": self.policy.revision,
+                "file": self.policy.source,
+                "guard": self._mode,
+                "unsafe_allow_all": self._unsafe,
+            })
+        if self._events is not None:
+            self._events.sink = self._audit
+            await self._events.startup()
+
+    async def shutdown(self) -> None:
+        """Flush queued guard events."""
+        if self._events is not None:
+            await self._events.shutdown()
+
+    def classify(self, principal: Principal, header_value: str | None) -> Principal:
+        """Resolve the request's data class (key default, changed by the header by grant).
+
+        Raises:
+            ClassChangeRefused: 403 ``class_change_forbidden``.
+            InvalidRequest: 400 ``unknown_data_class``.
+        """
+        if header_value is None:
+            return principal
+        try:
+            data_class = self.policy.resolve_class(
+                principal.data_class, header_value,
+                PolicyPrincipal(principal.key_id, principal.team),
+            )
+        except ClassChangeForbidden as exc:
+            raise ClassChangeRefused(exc.message, param=self.classification_header) from exc
+        except UnknownDataClass as exc:
+            raise InvalidRequest(exc.message, code="unknown_data_class",
+                                 param=self.classification_header) from exc
+        if data_class == principal.data_class:
+            return principal
+        return dataclasses.replace(principal, data_class=data_class)
+
+    def decide(
+        self, principal: Principal, model: ModelSettings, replicas: Sequence[Replica]
+    ) -> RouteDecision:
+        """Allowed replicas, the deciding rule and the policy revision.
+
+        Raises:
+            InvalidRequest: 400 ``unknown_data_class`` (the key's class is not in the policy).
+        """
+        if self._unsafe:
+            _log.warning(
+                "unsafe_allow_all is on: request of key %s for %s is not restricted by the "
+                "egress policy (development only)", principal.key_id, model.name,
+            )
+        try:
+            sel = self.policy.select(
+                PolicyPrincipal(principal.key_id, principal.team),
+                principal.data_class,
+                [r.destination for r in replicas],
+            )
+        except UnknownDataClass as exc:
+            raise InvalidRequest(exc.message, code="unknown_data_class") from exc
+        return RouteDecision(
+            tuple(replicas[i] for i in sel.allowed),
+            sel.rule_id,
+            revision=self.policy.revision,
+            reason=sel.reason or None,
+        )
+
+
+def _audit_sink(observers: Sequence[Any]) -> AuditSink | None:
+    from gateway.audit.observer import AuditObserver
+
+    for observer in observers:
+        if isinstance(observer, AuditObserver):
+            sink: AuditSink = observer.record_event
+            return sink
+    return None
+
+
+def with_policy(
+    runtime: EgressRuntime, factory: Callable[..., Any]
+) -> Callable[..., Any]:
+    """Return ``factory`` with the egress policy wired in (routing, transport, audit events).
+
+    Args:
+        runtime: From :func:`start_egress`.
+        factory: ``gateway.app.create_app`` or a wrapper with its signature.
+
+    Returns:
+        ``(settings, **kwargs) -> app``; ``upstream_middlewares`` given by outer wrappers
+        (telemetry) stay outermost, the policy middleware is appended.
+    """
+
+    def build(settings: GatewaySettings, **kwargs: Any) -> Any:
+        router = kwargs.get("router") or Router(settings)
+        for pool in router.pools.values():
+            for replica in pool.replicas:
+                dest = runtime.policy.destinations.get(replica.destination or "")
+                replica.region = dest.region if dest is not None else None
+        kwargs["router"] = router
+        limit = settings.limits.max_upstream_connections
+        kwargs["connector_factory"] = lambda: make_connector(
+            runtime.matcher, limit=limit, limit_per_host=0, keepalive_timeout=30
+        )
+        kwargs["upstream_middlewares"] = (
+            *kwargs.get("upstream_middlewares", ()), policy_middleware(runtime.matcher)
+        )
+        kwargs["policy"] = PolicyRoutes(
+            runtime.policy, runtime.events, _audit_sink(kwargs.get("observers", ())),
+            runtime.mode,
+        )
+        return factory(settings, **kwargs)
+
+    return build
