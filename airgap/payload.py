@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import queue
+import threading
 import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -40,33 +42,64 @@ class Source:
 class PartWriter:
     """Writes the payload stream into parts of at most ``part_size`` bytes, hashing each.
 
-    Parts get their final names (``payload.000-of-NNN``) in ``finish``, once their count is
-    known (with compression it is not known in advance).
+    Writing and part hashing run in a background thread (fed through a small bounded queue of
+    chunk copies, at most ``QUEUE_CHUNKS x CHUNK_BYTES`` of memory) while the caller reads and
+    hashes the content, so the two SHA-256 passes of packing use two cores. Parts get their
+    final names (``payload.000-of-NNN``) in ``finish``, once their count is known (with
+    compression it is not known in advance).
     """
+
+    QUEUE_CHUNKS = 4
 
     def __init__(self, directory: Path, part_size: int) -> None:
         self.directory, self.part_size = directory, part_size
-        self.parts: list[Part] = []
-        self.position = 0  # bytes written to the payload so far
+        self.position = 0  # bytes submitted to the payload so far
+        self._parts: list[Part] = []
         self._fh: BinaryIO | None = None
         self._hash = hashlib.sha256()
         self._written = 0  # in the current part
+        self._offset = 0  # of the current part
+        self._queue: queue.Queue[bytes | None] = queue.Queue(self.QUEUE_CHUNKS)
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="airgap-part-writer", daemon=True)
+        self._thread.start()
 
     def _temp_name(self, i: int) -> Path:
         return self.directory / f".part-{i}"
 
     def write(self, data: memoryview) -> None:
-        """Append ``data`` to the payload."""
+        """Append ``data`` to the payload (copied; the caller may reuse its buffer)."""
+        if self._error is not None:
+            raise self._error
+        self._queue.put(bytes(data))
+        self.position += len(data)
+
+    def _run(self) -> None:
+        try:
+            while (item := self._queue.get()) is not None:
+                if self._error is None:
+                    self._write_sync(memoryview(item))
+            if self._fh is not None and self._error is None:
+                self._close_part()  # the last, partial part
+        except BaseException as exc:
+            self._error = exc
+            while self._queue.get() is not None:  # drain so the producer never blocks
+                pass
+        finally:
+            if self._fh is not None:
+                self._fh.close()
+                self._fh = None
+
+    def _write_sync(self, data: memoryview) -> None:
         while data:
             if self._fh is None:
-                path = self._temp_name(len(self.parts))
+                path = self._temp_name(len(self._parts))
                 fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
                 self._fh = os.fdopen(fd, "wb", buffering=0)
             chunk = data[: self.part_size - self._written]
             self._fh.write(chunk)
             self._hash.update(chunk)
             self._written += len(chunk)
-            self.position += len(chunk)
             data = data[len(chunk) :]
             if self._written == self.part_size:
                 self._close_part()
@@ -75,23 +108,29 @@ class PartWriter:
         assert self._fh is not None
         os.fsync(self._fh.fileno())
         self._fh.close()
-        offset = self.position - self._written
-        self.parts.append(Part("", offset, self._written, self._hash.hexdigest()))
-        self._fh, self._hash, self._written = None, hashlib.sha256(), 0
+        self._fh = None
+        self._parts.append(Part("", self._offset, self._written, self._hash.hexdigest()))
+        self._offset += self._written
+        self._hash, self._written = hashlib.sha256(), 0
+
+    def _stop(self) -> None:
+        self._queue.put(None)
+        self._thread.join()
 
     def close(self) -> None:
-        """Close the open part, if any (after a failure; ``finish`` closes normally)."""
-        if self._fh is not None:
-            self._fh.close()
-            self._fh = None
+        """Stop the writer after a failure (``finish`` stops it normally)."""
+        if self._thread.is_alive():
+            self._error = self._error or RuntimeError("packing aborted")
+            self._stop()
 
     def finish(self) -> tuple[Part, ...]:
-        """Close the last part and give every part its final name; returns the parts."""
-        if self._fh is not None:
-            self._close_part()
-        n = len(self.parts)
+        """Flush, close the last part and give every part its final name; returns the parts."""
+        self._stop()
+        if self._error is not None:
+            raise self._error
+        n = len(self._parts)
         named = []
-        for i, part in enumerate(self.parts):
+        for i, part in enumerate(self._parts):
             name = paths.part_name(i, n)
             os.rename(self._temp_name(i), self.directory / name)
             named.append(Part(name, part.offset, part.size, part.sha256))
