@@ -41,7 +41,7 @@ def parse_index(data: bytes) -> Index:
     """
     try:
         doc = json.loads(data.decode("utf-8"), object_pairs_hook=_no_duplicate_keys)
-    except (UnicodeDecodeError, ValueError) as exc:
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:  # RecursionError: nesting
         raise fail(Code.INDEX_INVALID, f"{INDEX_NAME} is not valid UTF-8 JSON: {exc}") from None
     return _Validator(doc).index()
 

@@ -499,3 +499,22 @@ def test_unreadable_media_is_a_finding_not_a_crash(
     exc = expect_rejected(bundle, busy_store, keys, Code.CONTENT_UNREADABLE)
     assert {p.part for p in exc.problems} == {P1}
     assert "Input/output error" in exc.problems[0].message
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"[" * 200_000 + b"]" * 200_000,
+        b"\xff\xfe not utf-8",
+        b'{"format": "sovereign-gateway/airgap-bundle", "format_version": 1}',
+        b"null",
+    ],
+)
+def test_garbage_index_is_rejected_cleanly(
+    bundle: Path, busy_store: Path, keys: KeyPair, data: bytes
+) -> None:
+    from airgap.signing import sign_index
+
+    (bundle / "index.json").write_bytes(data)
+    (bundle / "index.sig").write_bytes(sign_index(data, keys.private))
+    expect_rejected(bundle, busy_store, keys, Code.INDEX_INVALID)
