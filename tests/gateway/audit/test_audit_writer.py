@@ -290,3 +290,24 @@ def test_forced_checkpoints_race_with_appends(tmp_path: Path, signer: Signer) ->
     report = verify(url, signer)
     assert report.ok, [str(f) for f in report.errors]
     assert report.chains[0].records == 82
+
+
+def test_replicas_share_one_postgres_database(pg_database: str, signer: Signer) -> None:
+    async def run() -> list[str]:
+        logs = [AuditLog(open_store(pg_database), signer, replica_id=f"gw-{i}") for i in range(3)]
+        await asyncio.gather(*(log.start() for log in logs))
+        await asyncio.gather(
+            *(
+                log.append({"type": "request.started", "request_id": f"{log.replica_id}-{i}"})
+                for i in range(40)
+                for log in logs
+            )
+        )
+        await asyncio.gather(*(log.close() for log in logs))
+        return [log.chain_id for log in logs]
+
+    chains = asyncio.run(run())
+    report = verify(pg_database, signer)
+    assert report.ok and not report.findings, [str(f) for f in report.findings]
+    assert sorted(c.chain for c in report.chains) == sorted(chains)
+    assert all(c.records == 42 and c.closed for c in report.chains)
