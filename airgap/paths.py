@@ -23,7 +23,6 @@ from airgap.errors import Code, fail
 MAX_PATH_BYTES = 4096
 MAX_COMPONENT_BYTES = 255
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-PART_NAME = re.compile(r"payload\.([0-9]{3,})-of-([0-9]{3,})")
 
 
 def check_path(path: object, *, what: str = "path") -> str:
