@@ -180,7 +180,7 @@ def _plan_hf(
         blob = paths.blob(f.blob_id)
         if blob not in planned:
             planned.add(blob)
-            _plan_file(plan, report, store, blob, f)
+            _plan_file(plan, report, store, blob, f, repairable=True)
         link = snapshot / f.path
         target = os.path.relpath(blob, link.parent)
         _check_dirs(store, link.parent)
@@ -204,8 +204,20 @@ def _plan_hf(
     return snapshot
 
 
-def _plan_file(plan: _Plan, report: UnpackReport, root: Path, final: Path, f: ContentFile) -> None:
-    """Plan one content file at ``final``: skip it if present and verified, else stage it."""
+def _plan_file(
+    plan: _Plan,
+    report: UnpackReport,
+    root: Path,
+    final: Path,
+    f: ContentFile,
+    *,
+    repairable: bool = False,
+) -> None:
+    """Plan one content file at ``final``: skip it if present and verified, else stage it.
+
+    ``repairable``: ``final`` is a content-addressed cache blob, so other bytes there are
+    damage to repair; anywhere else they are someone's file (``store_conflict``).
+    """
     _check_dirs(root, final.parent)
     try:
         st = os.lstat(final)
@@ -217,7 +229,7 @@ def _plan_file(plan: _Plan, report: UnpackReport, root: Path, final: Path, f: Co
     if st.st_size == f.size and _digest(final) == f.sha256:
         report.skipped += 1
         return
-    if final.parent.name != "blobs":  # only a content-addressed blob is ours to repair
+    if not repairable:
         raise StoreError(Code.STORE_CONFLICT, f"{final} exists with other content; "
                          "remove it or unpack elsewhere")  # fmt: skip
     plan.replace.add(final)
