@@ -155,6 +155,7 @@ def pack_bundle(
         tmp.chmod(0o777 & ~umask)  # mkdtemp's 0700 would make the bundle unreadable to others
         index = _build_index(tmp, lock, sources, part_size, compress, progress)
         data = index.dumps()
+        Index.parse(data)  # never sign an index that our own verifier would reject
         _write_file(tmp / INDEX_NAME, data)
         _write_file(tmp / SIGNATURE_NAME, sign_index(data, key))
         _fsync_dir(tmp)

@@ -518,3 +518,18 @@ def test_garbage_index_is_rejected_cleanly(
     (bundle / "index.json").write_bytes(data)
     (bundle / "index.sig").write_bytes(sign_index(data, keys.private))
     expect_rejected(bundle, busy_store, keys, Code.INDEX_INVALID)
+
+
+def test_pack_refuses_extras_colliding_by_case(
+    small_model: Path, small_lock: Lockfile, keys: KeyPair, tmp_path: Path
+) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    (tmp_path / "a" / "Policy.yaml").write_text("a: 1\n")
+    (tmp_path / "b" / "policy.yaml").write_text("b: 2\n")
+    with pytest.raises(VerificationFailed) as info:
+        pack_bundle(small_lock, small_model, tmp_path / "out", keys.private,
+                    include_files=[tmp_path / "a" / "Policy.yaml", tmp_path / "b" / "policy.yaml"])
+    assert info.value.code == Code.PATH_COLLISION
+    assert not (tmp_path / "out").exists()
+    assert not list(tmp_path.glob(".out.*"))
