@@ -308,11 +308,13 @@ class AuditLog:
 
     # -- committer -------------------------------------------------------------------------
 
+    def _heartbeat_due(self) -> float:
+        return self._last_append + self._heartbeat_s
+
     def _next_deadline(self) -> float:
+        deadline = self._heartbeat_due()
         if self._range.size > self._sealed_size:
-            deadline = self._sealed_at + self._cp_s
-        else:
-            deadline = max(self._last_append, self._sealed_at) + self._heartbeat_s
+            deadline = min(deadline, self._sealed_at + self._cp_s)
         return max(deadline, self._retry_at)
 
     async def _run(self) -> None:
@@ -330,10 +332,12 @@ class AuditLog:
                     del self._pending[: self._max_batch]
                     await self._commit(batch)
                 elif self._state == "running" and time.monotonic() >= self._next_deadline():
-                    if self._range.size > self._sealed_size:
-                        await self._commit([], force_checkpoint=True)
-                    else:
+                    # Idle for heartbeat_s: a record proves the writer was alive (verify
+                    # bounds the gap between records); otherwise seal what is unsealed.
+                    if time.monotonic() >= self._heartbeat_due():
                         await self._commit([_Pending(HEARTBEAT, {}, None)], force_checkpoint=True)
+                    else:
+                        await self._commit([], force_checkpoint=True)
             except Exception:
                 _log.exception("audit committer error in chain %s", self.chain_id)
                 await asyncio.sleep(0.1)

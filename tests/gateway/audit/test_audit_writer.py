@@ -311,3 +311,20 @@ def test_replicas_share_one_postgres_database(pg_database: str, signer: Signer) 
     assert report.ok and not report.findings, [str(f) for f in report.findings]
     assert sorted(c.chain for c in report.chains) == sorted(chains)
     assert all(c.records == 42 and c.closed for c in report.chains)
+
+
+def test_heartbeat_bound_holds_when_checkpoints_are_rarer(tmp_path: Path, signer: Signer) -> None:
+    url = f"sqlite://{tmp_path / 'a.db'}"
+
+    async def run() -> None:
+        async with AuditLog(
+            open_store(url), signer, replica_id="r1", heartbeat_s=0.2, checkpoint_every_s=5
+        ) as log:
+            await log.append({"type": "request.started", "request_id": "1"})
+            await asyncio.sleep(1.0)
+
+    asyncio.run(run())
+    rows = raw_sql(url, "SELECT type FROM audit_records ORDER BY seq")
+    # Heartbeats keep coming although the unsealed record's checkpoint was not yet due.
+    assert [r[0] for r in rows].count("audit.heartbeat") >= 2
+    assert verify(url, signer).ok
