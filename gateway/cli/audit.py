@@ -3,7 +3,8 @@
 Registered by the gateway CLI as a sub-app (``app.add_typer(audit.app, name="audit")``); also
 runnable alone as ``python -m gateway.cli.audit``. Exit codes: 0 ok, 1 verification failed
 (tampering or an invalid proof), 2 usage or I/O error (store unreachable, unreadable key).
-The store URL comes from ``--store`` or ``SG_AUDIT_STORE``.
+The store URL comes from ``--store`` or ``SG_AUDIT_STORE``, or from the ``audit:`` section of the
+gateway config given with ``--config`` (which also supplies ``verify``'s checkpoint directory).
 """
 
 from __future__ import annotations
@@ -19,9 +20,13 @@ from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
+import yaml
+from pydantic import ValidationError
 
 from gateway.audit import (
+    AuditConfigError,
     AuditError,
+    AuditSettings,
     ProofError,
     Signer,
     Verifier,
@@ -46,8 +51,14 @@ app = typer.Typer(
 )
 
 StoreOpt = Annotated[
-    str,
+    str | None,
     typer.Option("--store", envvar="SG_AUDIT_STORE", help="sqlite:///PATH or postgresql://..."),
+]
+ConfigOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--config", "-c", envvar="SG_CONFIG", help="Gateway YAML config: use its audit: section."
+    ),
 ]
 PublicKeyOpt = Annotated[
     list[Path] | None,
@@ -81,6 +92,32 @@ def _verifiers(ctx: typer.Context, paths: list[Path] | None) -> list[Verifier]:
         raise _fail(ctx, exc) from exc
 
 
+def _audit_settings(ctx: typer.Context, config: Path | None) -> AuditSettings | None:
+    if config is None:
+        return None
+    try:
+        doc = yaml.safe_load(config.read_text(encoding="utf-8"))
+        section = doc.get("audit") if isinstance(doc, dict) else None
+        if not isinstance(section, dict):
+            raise AuditConfigError(f"{config} has no audit: section")
+        return AuditSettings.model_validate(section)
+    except (OSError, yaml.YAMLError, ValidationError, AuditError) as exc:
+        raise _fail(ctx, exc) from exc
+
+
+def _store_url(ctx: typer.Context, store: str | None, config: Path | None) -> str:
+    """``--store``, else the store of ``--config``'s audit section."""
+    if store:
+        return store
+    settings = _audit_settings(ctx, config)
+    if settings is None:
+        raise _fail(ctx, AuditConfigError("give --store URL (or SG_AUDIT_STORE) or --config FILE"))
+    try:
+        return settings.store_url()
+    except AuditError as exc:
+        raise _fail(ctx, exc) from exc
+
+
 @app.callback()
 def _root(
     ctx: typer.Context,
@@ -107,7 +144,8 @@ def _render_report(report: VerifyReport) -> None:
 @app.command()
 def verify(
     ctx: typer.Context,
-    store: StoreOpt,
+    store: StoreOpt = None,
+    config: ConfigOpt = None,
     public_key: PublicKeyOpt = None,
     checkpoints: Annotated[
         Path | None, typer.Option("--checkpoints", help="Directory of exported checkpoints.")
@@ -119,9 +157,13 @@ def verify(
 ) -> None:
     """Recompute every record hash, chain link, checkpoint root and signature."""
     verifiers = _verifiers(ctx, public_key)
+    url = _store_url(ctx, store, config)
+    if checkpoints is None:
+        settings = _audit_settings(ctx, config)
+        checkpoints = settings.checkpoint_dir if settings else None
 
     async def go() -> VerifyReport:
-        st = open_store(store, read_only=True)
+        st = open_store(url, read_only=True)
         await st.open()
         try:
             return await verify_store(
@@ -163,7 +205,8 @@ def _line(rec: Record, as_json: bool) -> str:
 @app.command()
 def export(
     ctx: typer.Context,
-    store: StoreOpt,
+    store: StoreOpt = None,
+    config: ConfigOpt = None,
     since: Annotated[str | None, typer.Option(help="ISO 8601 start (inclusive, UTC).")] = None,
     until: Annotated[str | None, typer.Option(help="ISO 8601 end (exclusive, UTC).")] = None,
     fmt: Annotated[str, typer.Option("--format", help="Output format: jsonl.")] = "jsonl",
@@ -173,9 +216,10 @@ def export(
     if fmt != "jsonl":
         raise typer.BadParameter("only jsonl is supported", param_hint="--format")
     since_us, until_us = _parse_time(since, "--since"), _parse_time(until, "--until")
+    url = _store_url(ctx, store, config)
 
     async def go() -> int:
-        st = open_store(store, read_only=True)
+        st = open_store(url, read_only=True)
         await st.open()
         n = 0
         try:
@@ -205,15 +249,17 @@ class _stdout:
 @app.command()
 def tail(
     ctx: typer.Context,
-    store: StoreOpt,
+    store: StoreOpt = None,
+    config: ConfigOpt = None,
     lines: Annotated[int, typer.Option("-n", "--lines", help="Records to show first.")] = 10,
     follow: Annotated[bool, typer.Option("-f", "--follow", help="Keep printing new ones.")] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Show the newest records (and follow new ones with -f)."""
+    url = _store_url(ctx, store, config)
 
     async def go() -> None:
-        st = open_store(store, read_only=True)
+        st = open_store(url, read_only=True)
         await st.open()
         try:
             async for rec in tail_records(st, last=lines, follow=follow):
@@ -231,13 +277,15 @@ def tail(
 def prove_cmd(
     ctx: typer.Context,
     request_id: str,
-    store: StoreOpt,
+    store: StoreOpt = None,
+    config: ConfigOpt = None,
     out: Annotated[Path | None, typer.Option(help="Write the bundle here.")] = None,
 ) -> None:
     """Print the records of REQUEST_ID with Merkle inclusion proofs (JSON bundle)."""
+    url = _store_url(ctx, store, config)
 
     async def go() -> dict[str, Any]:
-        st = open_store(store, read_only=True)
+        st = open_store(url, read_only=True)
         await st.open()
         try:
             return await prove(st, request_id)

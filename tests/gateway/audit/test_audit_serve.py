@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -60,18 +61,9 @@ def test_gateway_serve_audits_and_verifies(sim: Sim, tmp_path: Path) -> None:
             proc.send_signal(signal.SIGTERM)
             proc.wait(20)
     store = ["--store", f"sqlite://{db}"]
+    # The store and the checkpoint directory come from the gateway config's audit: section.
     res = subprocess.run(
-        [
-            *cli,
-            "audit",
-            "verify",
-            *store,
-            "--public-key",
-            str(pub),
-            "--checkpoints",
-            str(cps),
-            "--json",
-        ],
+        [*cli, "audit", "verify", "--config", str(cfg_file), "--public-key", str(pub), "--json"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -82,6 +74,9 @@ def test_gateway_serve_audits_and_verifies(sim: Sim, tmp_path: Path) -> None:
     assert report["ok"] and report["findings"] == []
     [chain] = report["chains"]
     assert chain["closed"] and chain["sealed_size"] == chain["records"]
+    with sqlite3.connect(db) as conn:
+        [(stored,)] = conn.execute("SELECT count(*) FROM audit_checkpoints").fetchall()
+    assert chain["checkpoints"] == stored + 1  # the exported file from the config was checked
     res = subprocess.run(
         [*cli, "audit", "export", *store], cwd=ROOT, capture_output=True, text=True, check=True
     )
