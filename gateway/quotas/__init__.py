@@ -22,10 +22,20 @@ from gateway.quotas.errors import (
 from gateway.quotas.headers import admission_headers, format_duration, window_headers
 from gateway.quotas.limiter import Admission, Limiter, SubjectLimits, WindowState
 from gateway.quotas.memory import MemoryLimiter
-from gateway.quotas.redis_backend import RedisLimiter
 from gateway.quotas.service import QuotaService
 from gateway.quotas.settings import Limits, QuotaSettings
 from gateway.quotas.tokens import TokenEstimate, TokenEstimator
+
+
+def __getattr__(name: str) -> object:
+    # RedisLimiter is imported on first use: importing redis costs ~0.3 s, which the CLI
+    # commands that never touch Redis (check-config, keys) should not pay.
+    if name == "RedisLimiter":
+        from gateway.quotas.redis_backend import RedisLimiter
+
+        return RedisLimiter
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "Admission",

@@ -81,3 +81,27 @@ def _first_error(exc: ValidationError) -> str:
     err = exc.errors()[0]
     where = ".".join(str(p) for p in err["loc"])
     return f"{where}: {err['msg']}" if where else str(err["msg"])
+
+
+def validate_limits(settings: Any) -> None:
+    """Validate the ``quotas:`` and ``keystore:`` sections without starting anything.
+
+    Raises:
+        ConfigError: the first problem, naming the key (e.g. ``quotas: defaults.key.
+            requests_per_minute: Input should be greater than or equal to 1``).
+    """
+    from gateway.keystore.settings import KeystoreSettings
+    from gateway.quotas.settings import QuotaSettings
+
+    for name, model in (("quotas", QuotaSettings), ("keystore", KeystoreSettings)):
+        section = getattr(settings, name, None)
+        if section is None:
+            continue
+        try:
+            model.model_validate(section)
+        except ValidationError as exc:
+            raise ConfigError(f"{name}: {_first_error(exc)}") from exc
+    keystore = getattr(settings, "keystore", None)
+    if keystore is not None and keystore.get("enabled", True) and not keystore.get("store"):
+        if not (getattr(settings, "audit", None) or {}).get("store"):
+            raise ConfigError("keystore: store is not set and there is no audit.store")

@@ -189,3 +189,34 @@ def test_missing_tokenizer_falls_back_without_download(tmp_path: Path) -> None:
     estimator = TokenEstimator({"m": tmp_path / "nope"})
     assert estimator.load() == {"m": "approx"}
     assert estimator.estimate("m", {"prompt": "abcd" * 10}).prompt == 10
+
+
+@pytest.mark.parametrize(
+    ("section", "message"),
+    [
+        (
+            {"quotas": {"defaults": {"key": {"requests_per_minute": 0}}}},
+            "quotas: defaults.key.requests_per_minute",
+        ),
+        ({"quotas": {"backend": "redis", "redis_url": "http://x"}}, "quotas: "),
+        ({"keystore": {"refresh_s": 0}}, "keystore: refresh_s"),
+        ({"keystore": {}}, "keystore: store is not set"),
+    ],
+)
+def test_check_config_rejects_invalid_limit_sections(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], section: dict[str, Any], message: str
+) -> None:
+    import yaml
+
+    from gateway.cli import main
+    from tests.gateway.helpers import config
+
+    cfg = config(["http://127.0.0.1:9"])
+    for model in cfg["models"]:
+        model["replicas"] = [{"url": r["url"]} for r in model["replicas"]]
+    path = tmp_path / "gw.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    assert main(["check-config", str(path)]) == 0
+    path.write_text(yaml.safe_dump({**cfg, **section}))
+    assert main(["check-config", str(path)]) == 1
+    assert message in capsys.readouterr().err
