@@ -11,6 +11,7 @@ import typer
 
 from gateway.egress import load_policy
 from gateway.errors import ConfigError
+from gateway.quotas.wiring import validate_limits
 from gateway.settings import load
 
 __all__ = ["check_config"]
@@ -34,6 +35,7 @@ def check_config(
     try:
         settings = load(file, os.environ)
         policy = load_policy(settings, file.parent)
+        validate_limits(settings)  # quotas: and keystore: sections (issue 9)
     except ConfigError as exc:
         if as_json:
             typer.echo(json.dumps({"ok": False, "file": str(file), "error": exc.message}))
