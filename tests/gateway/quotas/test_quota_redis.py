@@ -99,17 +99,17 @@ async def test_leases_of_a_crashed_replica_expire_and_renewed_leases_do_not(
     redis_prefix: str,
 ) -> None:
     key = [SubjectLimits("key:l", Limits(max_concurrent=2))]
-    crashed = RedisLimiter(REDIS_URL, key_prefix=redis_prefix, lease_s=0.6)
-    alive = RedisLimiter(REDIS_URL, key_prefix=redis_prefix, lease_s=0.6)
+    crashed = RedisLimiter(REDIS_URL, key_prefix=redis_prefix, lease_s=1.5)
+    alive = RedisLimiter(REDIS_URL, key_prefix=redis_prefix, lease_s=1.5)
     try:
         await crashed.admit(key, 0)  # never released, never renewed: the replica "died"
         held = await alive.admit(key, 0)
         with pytest.raises(RateLimited):
             await alive.admit(key, 0)
-        for _ in range(4):
+        for _ in range(8):
             await asyncio.sleep(0.25)
             assert await alive.renew_leases() == 1
-        # 1.0 s later the crashed replica's lease has expired; the renewed one has not.
+        # 2.0 s later the crashed replica's lease (1.5 s) has expired; the renewed one has not.
         await alive.admit(key, 0)
         with pytest.raises(RateLimited):
             await alive.admit(key, 0)
