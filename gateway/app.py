@@ -33,7 +33,7 @@ from gateway.records import AdmissionHook, RequestObserver
 from gateway.routing import AllowAll, RoutePolicy, Router
 from gateway.settings import GatewaySettings
 from gateway.state import STATE_KEY, GatewayState, gateway_state
-from gateway.upstream import ConnectorFactory, new_session
+from gateway.upstream import ConnectorFactory, new_session, tls_context
 
 __all__ = ["create_app"]
 
@@ -106,6 +106,7 @@ def create_app(
     # A policy may have a lifespan too (egress events to the audit log), after the observers.
     hooks.append(the_policy)
     class_header = getattr(the_policy, "classification_header", None)
+    upstream_ssl = tls_context(settings.upstream_tls)  # fails at start, not per request
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[dict[str, Any]]:
@@ -121,8 +122,9 @@ def create_app(
             forward_headers=frozenset(h.encode() for h in settings.limits.forward_headers),
             class_header=class_header.encode("latin-1") if class_header else None,
             classify=getattr(the_policy, "classify", None),
+            upstream_ssl=upstream_ssl,
         )
-        prober = HealthProber(the_router, session, settings.health)
+        prober = HealthProber(the_router, session, settings.health, upstream_ssl)
         started: list[Any] = []
         try:
             for hook in hooks:

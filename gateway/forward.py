@@ -145,7 +145,7 @@ async def _attempt(
         async with asyncio.timeout(timeouts.first_byte_s) as deadline:
             try:
                 resp = await state.session.post(url, data=body, headers=headers,
-                                                allow_redirects=False)
+                                                allow_redirects=False, ssl=state.upstream_ssl)
                 status = resp.status
                 if status in _RETRY_STATUSES:
                     retry_after = resp.headers.get("retry-after")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from ssl import SSLContext
 
 import aiohttp
 
@@ -22,7 +23,10 @@ _log = logging.getLogger(__name__)
 
 
 async def probe(
-    session: aiohttp.ClientSession, replica: Replica, settings: HealthSettings
+    session: aiohttp.ClientSession,
+    replica: Replica,
+    settings: HealthSettings,
+    ssl: SSLContext | bool = True,
 ) -> bool:
     """Probe one replica once.
 
@@ -35,7 +39,7 @@ async def probe(
     try:
         async with asyncio.timeout(settings.timeout_s):
             async with session.get(
-                replica.url + settings.path, headers=headers, allow_redirects=False
+                replica.url + settings.path, headers=headers, allow_redirects=False, ssl=ssl
             ) as resp:
                 await resp.read()
                 return resp.status == 200
@@ -50,11 +54,17 @@ class HealthProber:
         router: Pools whose replicas are probed.
         session: The app's upstream session.
         settings: ``health`` settings.
+        ssl: ``ssl`` argument for ``https://`` replicas.
     """
 
     def __init__(
-        self, router: Router, session: aiohttp.ClientSession, settings: HealthSettings
+        self,
+        router: Router,
+        session: aiohttp.ClientSession,
+        settings: HealthSettings,
+        ssl: SSLContext | bool = True,
     ) -> None:
+        self._ssl = ssl
         self._router = router
         self._session = session
         self._settings = settings
@@ -64,7 +74,7 @@ class HealthProber:
         """Probe every replica concurrently and record the results."""
         replicas = [r for pool in self._router.pools.values() for r in pool.replicas]
         results = await asyncio.gather(
-            *(probe(self._session, r, self._settings) for r in replicas)
+            *(probe(self._session, r, self._settings, self._ssl) for r in replicas)
         )
         for replica, ok in zip(replicas, results, strict=True):
             if ok != replica.probe_ok:

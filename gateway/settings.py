@@ -42,6 +42,7 @@ __all__ = [
     "ReplicaSettings",
     "RetrySettings",
     "TimeoutSettings",
+    "UpstreamTlsSettings",
     "format_validation_error",
     "load",
     "parse",
@@ -68,10 +69,36 @@ class _Frozen(BaseModel):
 
 
 class ListenSettings(_Frozen):
-    """Where the gateway listens."""
+    """Where the gateway listens; with ``tls_cert_file`` and ``tls_key_file`` it serves HTTPS."""
 
     host: str = "127.0.0.1"
     port: int = Field(default=8080, ge=0, le=65535)
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None
+
+    @model_validator(mode="after")
+    def _tls_pair(self) -> ListenSettings:
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError("set both tls_cert_file and tls_key_file, or neither")
+        return self
+
+
+class UpstreamTlsSettings(_Frozen):
+    """TLS towards ``https://`` replicas (certificates are always verified).
+
+    ``ca_file``: PEM bundle of the CAs that sign the backends' certificates (default: the
+    system store). ``cert_file``/``key_file``: client certificate for mutual TLS.
+    """
+
+    ca_file: Path | None = None
+    cert_file: Path | None = None
+    key_file: Path | None = None
+
+    @model_validator(mode="after")
+    def _client_pair(self) -> UpstreamTlsSettings:
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("set both cert_file and key_file, or neither")
+        return self
 
 
 class ReplicaSettings(_Frozen):
@@ -244,6 +271,7 @@ class GatewaySettings(BaseSettings):
     retries: RetrySettings = Field(default_factory=RetrySettings)
     health: HealthSettings = Field(default_factory=HealthSettings)
     logging: LoggingSettings = Field(default_factory=LoggingSettings)
+    upstream_tls: UpstreamTlsSettings = Field(default_factory=UpstreamTlsSettings)
     # Sections owned by later issues; typed models replace these mappings when they land.
     policy: dict[str, Any] | None = None
     audit: dict[str, Any] | None = None
@@ -382,6 +410,7 @@ def parse(
         raise ConfigError("(top level): the config must be a YAML mapping")
     data = _deep_copy(data)
     problems = _resolve_secrets(data, environ or {}, base or Path.cwd())
+    _resolve_paths(data, base or Path.cwd())
     try:
         settings = GatewaySettings(**data)
     except ValidationError as exc:
@@ -411,6 +440,19 @@ def load(path: Path | str, environ: Mapping[str, str] | None = None) -> GatewayS
         return parse(data, environ, path.parent)
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc.message}") from exc
+
+
+def _resolve_paths(data: dict[str, Any], base: Path) -> None:
+    """Make the TLS file paths of ``listen`` and ``upstream_tls`` relative to the config file."""
+    for section, keys in (("listen", ("tls_cert_file", "tls_key_file")),
+                          ("upstream_tls", ("ca_file", "cert_file", "key_file"))):
+        block = data.get(section)
+        if not isinstance(block, dict):
+            continue
+        for key in keys:
+            value = block.get(key)
+            if isinstance(value, str) and value and not Path(value).is_absolute():
+                block[key] = str(base / value)
 
 
 def _deep_copy(value: Any) -> Any:

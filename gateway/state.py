@@ -7,6 +7,7 @@ lifespan puts it into the ASGI lifespan state under one key, so there is no glob
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,6 +42,8 @@ class GatewayState:
         class_header: Data-classification header (lower-case bytes) of the egress policy.
         classify: ``(principal, header value or None) -> principal`` with the request's data
             class resolved by the egress policy (raises a ``GatewayError`` to refuse).
+        upstream_ssl: ``ssl`` argument of every upstream request (``True`` or a context with
+            the configured CA bundle / client certificate).
     """
 
     settings: GatewaySettings
@@ -53,6 +56,7 @@ class GatewayState:
     forward_headers: frozenset[bytes] = field(default_factory=frozenset)
     class_header: bytes | None = None
     classify: Classifier | None = None
+    upstream_ssl: ssl.SSLContext | bool = True
 
 
 def gateway_state(source: Mapping[str, Any] | Any) -> GatewayState:

@@ -10,12 +10,14 @@ returns its policy-checked connector.
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections.abc import Callable, Sequence
 
 import aiohttp
 from aiohttp.client_middlewares import ClientMiddlewareType
 
 from gateway.errors import (
+    ConfigError,
     GatewayError,
     UpstreamConnectError,
     UpstreamConnectTimeout,
@@ -23,14 +25,33 @@ from gateway.errors import (
     UpstreamError,
     UpstreamTimeout,
 )
-from gateway.settings import GatewaySettings
+from gateway.settings import GatewaySettings, UpstreamTlsSettings
 from policy import EgressDenied, RedirectRefused
 
-__all__ = ["ConnectorFactory", "map_exception", "new_session"]
+__all__ = ["ConnectorFactory", "map_exception", "new_session", "tls_context"]
 
 ConnectorFactory = Callable[[], aiohttp.BaseConnector]
 
 USER_AGENT = "sovereign-gateway/0.1"
+
+
+def tls_context(tls: UpstreamTlsSettings) -> ssl.SSLContext | bool:
+    """The SSL setting for ``https://`` replicas (``True``: system CAs, full verification).
+
+    Raises:
+        ConfigError: A configured CA, certificate or key file cannot be loaded.
+    """
+    if tls.ca_file is None and tls.cert_file is None:
+        return True
+    try:
+        ctx = ssl.create_default_context(
+            cafile=str(tls.ca_file) if tls.ca_file is not None else None
+        )
+        if tls.cert_file is not None and tls.key_file is not None:
+            ctx.load_cert_chain(str(tls.cert_file), str(tls.key_file))
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(f"upstream_tls: cannot load TLS files: {exc}") from exc
+    return ctx
 
 
 def new_session(
@@ -92,6 +113,11 @@ def map_exception(exc: BaseException, replica_url: str) -> GatewayError:
             f"The egress policy refused the connection to the model backend ({replica_url}): "
             f"{exc.reason}",
             code=code,
+        )
+    if isinstance(exc, aiohttp.ClientConnectorCertificateError):
+        return UpstreamConnectError(
+            f"The TLS certificate of the model backend ({replica_url}) could not be verified "
+            "(see upstream_tls.ca_file)."
         )
     if isinstance(exc, aiohttp.ConnectionTimeoutError):
         return UpstreamConnectTimeout(

@@ -69,6 +69,8 @@ def run(
         proxy_headers=False,
         server_header=False,
         timeout_graceful_shutdown=10,
+        ssl_certfile=settings.listen.tls_cert_file,
+        ssl_keyfile=settings.listen.tls_key_file,
     )
 
 
