@@ -260,8 +260,8 @@ class SimApp:
         if outcome:
             state.completed += 1
         else:
+            # like vLLM 0.32: a client abort is not counted in vllm:request_success_total
             state.cancelled += 1
-            state.success_total[(model, "abort")] += 1
 
     def _plan(
         self, path: str, body: dict[str, Any], send: Send, fault: FaultSpec | None

@@ -168,27 +168,32 @@ def chat_stream(gen: Generation, rid: str, created: int) -> Iterator[str]:
             f'"logprobs":null,"finish_reason":null}}],"prompt_token_ids":null,"prompt_text":null}}'
         )
     if gen.tool is not None:
+        # vLLM 0.32 (named tool_choice): name first (no arguments key), then argument
+        # fragments, then an empty delta carrying the finish reason.
         name, parts = _tool_call_parts(gen)
         for i in range(gen.n):
             call = {
                 "id": new_id("chatcmpl-tool"),
                 "type": "function",
                 "index": 0,
-                "function": {"name": name, "arguments": ""},
+                "function": {"name": name},
             }
             yield (
-                f'{head}{i},"delta":{{"tool_calls":[{dumps(call)}]}},'
-                f'"logprobs":null,"finish_reason":null}}]}}'
+                f'{head}{i},"delta":{{"content":null,"tool_calls":[{dumps(call)}]}},'
+                f'"logprobs":null,"finish_reason":null,"token_ids":null}}]}}'
             )
-        last = len(parts) - 1
-        for step, frag in enumerate(parts):
-            fin = '"tool_calls","stop_reason":null' if step == last else "null"
+        for frag in parts:
             for i in range(gen.n):
                 yield (
-                    f'{head}{i},"delta":{{"tool_calls":[{{"index":0,"function":'
-                    f'{{"arguments":{dumps(frag)}}}}}]}},"logprobs":null,"finish_reason":{fin},'
+                    f'{head}{i},"delta":{{"content":null,"tool_calls":[{{"index":0,"function":'
+                    f'{{"arguments":{dumps(frag)}}}}}]}},"logprobs":null,"finish_reason":null,'
                     f'"token_ids":null}}]}}'
                 )
+        for i in range(gen.n):
+            yield (
+                f'{head}{i},"delta":{{}},"logprobs":null,"finish_reason":"tool_calls",'
+                f'"stop_reason":null,"token_ids":null}}],"system_fingerprint":"{FINGERPRINT}"}}'
+            )
     else:
         tokens = [choice_tokens(gen, i) for i in range(gen.n)]
         last = gen.completion_tokens - 1

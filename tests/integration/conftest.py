@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,11 +48,7 @@ class Target:
     model: str
     max_model_len: int
     api_key: str
-
-    @property
-    def client(self) -> openai.OpenAI:
-        return openai.OpenAI(base_url=f"{self.base_url}/v1", api_key=self.api_key,
-                             max_retries=0, timeout=120)
+    client: openai.OpenAI
 
     def post(self, path: str, body: dict[str, Any]) -> httpx.Response:
         return httpx.post(f"{self.base_url}{path}", json=body, timeout=120,
@@ -76,15 +72,22 @@ def backend(request: pytest.FixtureRequest, serve_asgi: Callable[..., Any]) -> t
     return kind, url, model
 
 
+def _client(base_url: str, api_key: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{base_url}/v1", api_key=api_key, max_retries=0, timeout=120)
+
+
 @pytest.fixture(params=["direct", "gateway"])
 def target(request: pytest.FixtureRequest, backend: tuple[str, str, str],
-           serve_asgi: Callable[..., Any]) -> Target:
+           serve_asgi: Callable[..., Any]) -> Iterator[Target]:
     """The backend directly, or a gateway (``gateway.app.create_app``) in front of it."""
     kind, url, model = backend
     models = httpx.get(f"{url}/v1/models", timeout=10).json()["data"]
     max_len = int(next(m for m in models if m["id"] == model)["max_model_len"])
     if request.param == "direct":
-        return Target(kind, "direct", url, url, model, max_len, "none")
+        tgt = Target(kind, "direct", url, url, model, max_len, "none", _client(url, "none"))
+        yield tgt
+        tgt.client.close()
+        return
     settings = parse({
         "listen": {"host": "127.0.0.1", "port": 0},
         "models": [{"name": MODEL, "served_model_name": model, "replicas": [{"url": url}]}],
@@ -96,4 +99,8 @@ def target(request: pytest.FixtureRequest, backend: tuple[str, str, str],
         "logging": {"access_log": False},
     })
     gw = serve_asgi(create_gateway(settings))
-    return Target(kind, "gateway", str(gw.url), url, MODEL, max_len, GATEWAY_KEY)
+    gw_url = str(gw.url)
+    tgt = Target(kind, "gateway", gw_url, url, MODEL, max_len, GATEWAY_KEY,
+                 _client(gw_url, GATEWAY_KEY))
+    yield tgt
+    tgt.client.close()

@@ -199,11 +199,11 @@ def test_tool_call_deltas_streamed(sim: Any) -> None:
     assert deltas[0].delta.role == "assistant"
     first = (deltas[1].delta.tool_calls or [])[0]
     assert first.id and first.type == "function" and first.function is not None
-    assert first.function.name == "get_weather" and first.function.arguments == ""
-    frags = [(d.delta.tool_calls or [])[0].function.arguments for d in deltas[2:]]
+    assert first.function.name == "get_weather" and first.function.arguments is None
+    frags = [(d.delta.tool_calls or [])[0].function.arguments for d in deltas[2:-1]]
     assert len(frags) > 3
     assert json.loads("".join(f or "" for f in frags))["city"] == "café 日本 🚀"
-    assert deltas[-1].finish_reason == "tool_calls"
+    assert deltas[-1].finish_reason == "tool_calls" and deltas[-1].delta.tool_calls is None
 
 
 def test_tool_choice_auto_answers_text_and_unknown_tool_is_400(sim: Any) -> None:
