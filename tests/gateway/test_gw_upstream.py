@@ -61,3 +61,43 @@ def test_proxy_environment_is_ignored(serve_asgi: Any, sim: Sim,
     assert r.status_code == 200, r.text
     monkeypatch.undo()  # the test's own stats client honours proxy variables
     assert sim.stats()["received"] == 1
+
+
+class Status:
+    """A backend that answers every request with one status (counts requests)."""
+
+    def __init__(self, status: int) -> None:
+        self.status = status
+        self.received = 0
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        self.received += 1
+        while (await receive()).get("more_body"):
+            pass
+        body = b'{"error": {"message": "overloaded", "type": "x", "param": null, "code": 1}}'
+        await send({"type": "http.response.start", "status": self.status,
+                    "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": body})
+
+
+@pytest.mark.parametrize("status", [502, 503])
+def test_502_503_retried_on_another_replica(serve_asgi: Any, sim: Sim, status: int) -> None:
+    bad = Status(status)
+    gw = start_gateway(serve_asgi, settings([serve_asgi(bad).url, sim.url]))
+    for _ in range(3):
+        r = httpx.post(gw + "/v1/chat/completions", json=CHAT, headers=AUTH_A)
+        assert r.status_code == 200, r.text
+    assert bad.received == 1  # tried once, then ejected for the cool-down
+    assert sim.stats()["received"] == 3
+
+
+@pytest.mark.parametrize("status", [502, 503])
+def test_502_503_everywhere_relayed(serve_asgi: Any, status: int) -> None:
+    bad = [Status(status), Status(status)]
+    gw = start_gateway(serve_asgi, settings([serve_asgi(b).url for b in bad]))
+    r = httpx.post(gw + "/v1/chat/completions", json=CHAT, headers=AUTH_A)
+    assert r.status_code == status
+    assert r.json()["error"]["code"] == f"upstream_{status}"
+    assert [b.received for b in bad] == [1, 1]
