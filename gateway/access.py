@@ -29,6 +29,7 @@ def log_record(record: RequestRecord) -> None:
         extra={
             "access": {
                 "request_id": record.request_id,
+                "trace_id": record.trace_id,
                 "key_id": record.key_id,
                 "method": record.method,
                 "path": record.path,

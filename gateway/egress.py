@@ -178,6 +178,11 @@ class EgressEvents:
         with contextlib.suppress(RuntimeError):  # loop closed at shutdown
             loop.call_soon_threadsafe(queue.put_nowait, event)
 
+    def snapshot(self) -> dict[tuple[str, str], int]:
+        """A copy of the counts by ``(decision, destination id)``."""
+        with self._lock:
+            return dict(self.counts)
+
     def total(self) -> int:
         """Events seen since start (denied and, in monitor mode, would-be-denied)."""
         with self._lock:

@@ -49,12 +49,20 @@ def run(
     from gateway.audit.observer import audited_app
     from gateway.egress import start_egress, with_policy
     from gateway.quotas.wiring import with_limits
+    from gateway.telemetry import build_telemetry, with_telemetry
 
     configure_logging(settings.logging)
     factory = with_limits(create_app)
     egress = start_egress(settings, base)
     if egress is not None:
         factory = with_policy(egress, factory)
+    telemetry = build_telemetry(
+        settings,
+        policy=egress.policy if egress is not None else None,
+        egress=egress.events if egress is not None else None,
+    )
+    if telemetry is not None:
+        factory = with_telemetry(telemetry, factory)
     if not is_loopback_host(settings.listen.host):
         _log.info("listening on %s:%s", settings.listen.host, settings.listen.port)
     uvicorn.run(

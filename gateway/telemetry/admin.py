@@ -1,0 +1,71 @@
+"""The admin HTTP server: Prometheus ``/metrics`` on its own port (never the client port).
+
+Runs on the gateway's event loop (aiohttp's server), started and stopped with the app's
+lifespan. ``GET /metrics`` answers the Prometheus text format (0.0.4); ``GET /healthz`` 200.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+__all__ = ["AdminServer"]
+
+_log = logging.getLogger(__name__)
+
+
+class AdminServer:
+    """Serves ``registry`` on ``host:port`` (port 0: any free port, see :attr:`port`).
+
+    Args:
+        host: Listen address.
+        port: Listen port.
+        registry: What ``/metrics`` renders.
+    """
+
+    def __init__(self, host: str, port: int, registry: CollectorRegistry) -> None:
+        self.host = host
+        self.port = port
+        self._registry = registry
+        self._runner: web.AppRunner | None = None
+
+    async def _metrics(self, _: web.Request) -> web.Response:
+        body = generate_latest(self._registry)
+        return web.Response(body=body, headers={"content-type": CONTENT_TYPE_LATEST})
+
+    async def _healthz(self, _: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def start(self) -> None:
+        """Listen (idempotent).
+
+        Raises:
+            OSError: The port is taken (the gateway then refuses to start).
+        """
+        if self._runner is not None:
+            return
+        app = web.Application()
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/healthz", self._healthz)
+        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await runner.setup()
+        site = web.TCPSite(runner, self.host, self.port)
+        try:
+            await site.start()
+        except BaseException:
+            await runner.cleanup()
+            raise
+        self._runner = runner
+        server = site._server  # the bound port when configured as 0
+        sockets = getattr(server, "sockets", None) or ()
+        if sockets:
+            self.port = int(sockets[0].getsockname()[1])
+        _log.info("admin server (/metrics) on %s:%s", self.host, self.port)
+
+    async def stop(self) -> None:
+        """Stop listening (idempotent)."""
+        if self._runner is not None:
+            runner, self._runner = self._runner, None
+            await runner.cleanup()

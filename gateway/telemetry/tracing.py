@@ -1,0 +1,216 @@
+"""Request tracing: one server span per relay request, one client span per upstream attempt.
+
+Spans follow the OpenTelemetry GenAI semantic conventions
+(https://opentelemetry.io/docs/specs/semconv/gen-ai/gen-ai-spans/): name
+``"{gen_ai.operation.name} {gen_ai.request.model}"``, ``gen_ai.operation.name``,
+``gen_ai.request.model``, ``gen_ai.response.model``, ``gen_ai.usage.input_tokens``,
+``gen_ai.usage.output_tokens``, ``gen_ai.request.max_tokens`` (and temperature / top_p),
+``server.address``/``server.port`` on client spans, ``error.type`` on failures; plus
+``sg.request.id``, ``sg.key.id``, ``sg.data_class``, ``sg.policy.rule_id``,
+``sg.policy.decision``, ``sg.policy.revision``, ``sg.destination.id`` and
+``sg.destination.region``. Never prompt or completion content.
+
+Context: the client's W3C ``traceparent``/``tracestate`` is continued (the ASGI wrapper
+extracts it), and each upstream attempt sends its own client span's ``traceparent`` to vLLM
+(the aiohttp middleware injects it). Per-request state lives in a ``ContextVar`` owned by the
+:class:`RequestTracer` instance (the relay runs one task per request).
+"""
+
+from __future__ import annotations
+
+import contextvars
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+from aiohttp.client_middlewares import ClientHandlerType
+from opentelemetry.context import Context
+from opentelemetry.sdk.trace import Tracer
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode, set_span_in_context
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from gateway.records import RequestRecord
+from gateway.telemetry.metrics import operation_name
+
+__all__ = ["ActiveRequest", "RequestTracer"]
+
+_RETRY_STATUSES = frozenset({429, 502, 503})
+
+
+@dataclass(slots=True)
+class ActiveRequest:
+    """Tracing state of one request (the server span and its open client span)."""
+
+    parent: Context | None
+    record: RequestRecord | None = None
+    params: dict[str, Any] = field(default_factory=dict)
+    span: Span | None = None
+    client: Span | None = None
+
+
+def _request_attributes(record: RequestRecord) -> dict[str, Any]:
+    attrs: dict[str, Any] = {
+        "gen_ai.operation.name": operation_name(record.path),
+        "gen_ai.provider.name": "vllm",
+        "http.request.method": record.method,
+        "url.path": record.path,
+        "sg.request.id": record.request_id,
+    }
+    optional = {
+        "gen_ai.request.model": record.model,
+        "gen_ai.response.model": record.served_model,
+        "sg.key.id": record.key_id,
+        "sg.team": record.team,
+        "sg.data_class": record.data_class,
+        "sg.policy.rule_id": record.policy_rule,
+        "sg.policy.decision": record.policy_decision,
+        "sg.policy.revision": record.policy_revision,
+        "sg.destination.id": record.destination,
+        "sg.destination.region": record.region,
+    }
+    attrs.update({k: v for k, v in optional.items() if v is not None})
+    return attrs
+
+
+class RequestTracer:
+    """Creates the spans of relay requests.
+
+    Args:
+        tracer: An SDK tracer (from the gateway's own ``TracerProvider``).
+    """
+
+    def __init__(self, tracer: Tracer) -> None:
+        self._tracer = tracer
+        self._propagator = TraceContextTextMapPropagator()
+        self.active: contextvars.ContextVar[ActiveRequest | None] = contextvars.ContextVar(
+            "sg_active_request", default=None
+        )
+
+    def begin(self, headers: Mapping[str, str]) -> contextvars.Token[ActiveRequest | None]:
+        """Start tracking a request (from the ASGI wrapper), continuing a client traceparent."""
+        parent = self._propagator.extract(headers) if headers else None
+        return self.active.set(ActiveRequest(parent))
+
+    def reset(self, token: contextvars.Token[ActiveRequest | None]) -> None:
+        """Stop tracking (after the response)."""
+        self.active.reset(token)
+
+    def params(self, body: Mapping[str, Any]) -> None:
+        """Keep the request parameters that become span attributes (never content)."""
+        act = self.active.get()
+        if act is None:
+            return
+        for src, dst in (("max_tokens", "gen_ai.request.max_tokens"),
+                         ("max_completion_tokens", "gen_ai.request.max_tokens"),
+                         ("temperature", "gen_ai.request.temperature"),
+                         ("top_p", "gen_ai.request.top_p")):
+            value = body.get(src)
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                act.params[dst] = value
+        if body.get("stream") is True:
+            act.params["gen_ai.request.stream"] = True  # not content: the request's mode
+
+    def start(self, record: RequestRecord) -> None:
+        """Open the server span (backdated to the request start) before forwarding."""
+        act = self.active.get()
+        if act is None:
+            return
+        act.record = record
+        act.span = self._server_span(act, record)
+
+    def _server_span(self, act: ActiveRequest, record: RequestRecord) -> Span:
+        model = record.model or ""
+        span = self._tracer.start_span(
+            f"{operation_name(record.path)} {model}".strip(),
+            context=act.parent,
+            kind=SpanKind.SERVER,
+            start_time=int(record.started_at * 1e9),
+            attributes={**_request_attributes(record), **act.params},
+        )
+        ctx = span.get_span_context()
+        if ctx.is_valid:
+            record.trace_id = format(ctx.trace_id, "032x")
+        return span
+
+    def end(self, record: RequestRecord) -> None:
+        """Close the request's spans with the final attributes (usage, status, errors)."""
+        act = self.active.get()
+        if act is None:
+            return
+        span = act.span if act.record is record else None
+        if span is None:  # refused before forwarding: a server span all the same
+            span = self._server_span(act, record)
+        usage = {k: v for k, v in (("gen_ai.usage.input_tokens", record.input_tokens),
+                                   ("gen_ai.usage.output_tokens", record.output_tokens))
+                 if v is not None}
+        failed = record.outcome != "ok"
+        error = record.error_code or record.outcome
+        if act.client is not None:
+            act.client.set_attributes(usage)
+            if failed:
+                act.client.set_attribute("error.type", error)
+                act.client.set_status(Status(StatusCode.ERROR))
+            act.client.end()
+            act.client = None
+        span.set_attributes({**_request_attributes(record), **usage,
+                             "http.response.status_code": record.status,
+                             "sg.upstream.attempts": record.attempts,
+                             "sg.outcome": record.outcome})
+        if failed:
+            span.set_attribute("error.type", error)
+            span.set_status(Status(StatusCode.ERROR))
+        span.end()
+        act.span = None
+
+    async def middleware(self, req: aiohttp.ClientRequest, handler: ClientHandlerType) -> Any:
+        """aiohttp client middleware: a client span per upstream attempt, ``traceparent`` sent.
+
+        Requests outside a traced relay request (health probes) pass untouched.
+        """
+        act = self.active.get()
+        if act is None or act.span is None or act.record is None:
+            return await handler(req)
+        if act.client is not None:  # a previous attempt still open (should not happen)
+            act.client.end()
+        record = act.record
+        attrs: dict[str, Any] = {
+            "gen_ai.operation.name": operation_name(record.path),
+            "gen_ai.provider.name": "vllm",
+            "gen_ai.request.model": record.served_model or record.model or "",
+            "server.address": req.url.host or "",
+            "server.port": req.url.port or 0,
+            "http.request.method": req.method,
+            "sg.request.id": record.request_id,
+            "sg.upstream.attempt": record.attempts,
+            **act.params,
+        }
+        if record.destination is not None:
+            attrs["sg.destination.id"] = record.destination
+        if record.region is not None:
+            attrs["sg.destination.region"] = record.region
+        span = self._tracer.start_span(
+            f"{attrs['gen_ai.operation.name']} {attrs['gen_ai.request.model']}",
+            context=set_span_in_context(act.span),
+            kind=SpanKind.CLIENT,
+            attributes=attrs,
+        )
+        carrier: dict[str, str] = {}
+        self._propagator.inject(carrier, context=set_span_in_context(span))
+        for name, value in carrier.items():
+            req.headers[name] = value
+        try:
+            resp = await handler(req)
+        except BaseException as exc:
+            span.set_attribute("error.type", type(exc).__name__)
+            span.set_status(Status(StatusCode.ERROR))
+            span.end()
+            raise
+        span.set_attribute("http.response.status_code", resp.status)
+        if resp.status in _RETRY_STATUSES:  # the relay retries or gives up: attempt over
+            span.set_attribute("error.type", str(resp.status))
+            span.set_status(Status(StatusCode.ERROR))
+            span.end()
+        else:
+            act.client = span  # ends with the response (usage known) in end()
+        return resp
