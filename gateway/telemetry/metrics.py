@@ -121,7 +121,7 @@ class GatewayMetrics:
                                                "Audit appends that failed")
         m.create_observable_gauge("sg.gateway.replica.inflight", [self._inflight], "{request}",
                                   "Requests in flight per replica")
-        m.create_observable_gauge("sg.gateway.replica.healthy", [self._healthy], "1",
+        m.create_observable_gauge("sg.gateway.replica.healthy", [self._healthy], "",
                                   "1 when the replica is available (not ejected, probe ok)")
         m.create_observable_counter("sg.egress.blocked", [self._egress], "{connection}",
                                     "Connections the process egress guard refused")

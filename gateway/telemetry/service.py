@@ -134,6 +134,7 @@ class Telemetry:
             self.tracer_provider.add_span_processor(proc)
         self._readers = readers
         self.metrics: GatewayMetrics | None = None
+        self._stopped = False
         self.tracer = RequestTracer(
             self.tracer_provider.get_tracer("sovereign-gateway")  # type: ignore[arg-type]
         )
@@ -154,8 +155,11 @@ class Telemetry:
         await self.admin.start()
 
     async def shutdown(self) -> None:
-        """Stop the admin server, flush and stop the exporters."""
+        """Stop the admin server, flush and stop the exporters (idempotent)."""
         await self.admin.stop()
+        if self._stopped:
+            return
+        self._stopped = True
         self.tracer_provider.shutdown()
         if self.metrics is not None:
             self.metrics.shutdown()
