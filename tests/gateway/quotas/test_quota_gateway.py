@@ -61,6 +61,18 @@ def client(url: str, key: str = KEY_A, max_retries: int = 0) -> tuple[openai.Ope
     return c, attempts
 
 
+def wait_idle(hook: QuotaHook) -> None:
+    """Wait until every request has ended in the gateway.
+
+    A client has the whole response a moment before the gateway's ``on_end`` settles the usage
+    and frees the slot.
+    """
+    deadline = time.monotonic() + 5
+    while hook.in_flight and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert hook.in_flight == 0
+
+
 def chat(c: openai.OpenAI, **kw: Any) -> Any:
     return c.chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": "hello"}], **kw
@@ -122,7 +134,9 @@ def test_tokens_per_minute_and_request_too_large(serve_asgi: Callable[..., Any])
     assert info.value.response.headers["x-should-retry"] == "false"
     assert len(attempts.items) == 1
     r1 = chat(c, max_tokens=250)  # charged ~258 at admission, settled to the real usage
+    wait_idle(hook)
     r2 = chat(client(url)[0], max_tokens=250)  # fits only because r1 was settled
+    wait_idle(hook)
     used = r1.usage.total_tokens + r2.usage.total_tokens
     with pytest.raises(openai.RateLimitError) as info:
         chat(client(url)[0], max_tokens=280)
@@ -133,7 +147,7 @@ def test_tokens_per_minute_and_request_too_large(serve_asgi: Callable[..., Any])
     # What is left is the limit minus the real usage (plus a few tokens refilled meanwhile).
     assert 300 - used <= int(h["x-ratelimit-remaining-tokens"]) <= 300 - used + 15
     assert 0 < float(h["retry-after-ms"]) <= 60_000
-    assert hook.in_flight == 0
+    wait_idle(hook)
 
 
 def test_settles_real_usage_into_the_daily_budget(serve_asgi: Callable[..., Any]) -> None:
@@ -148,16 +162,18 @@ def test_settles_real_usage_into_the_daily_budget(serve_asgi: Callable[..., Any]
         stream_options={"include_usage": True},
     )
     (usage2,) = [ch.usage for ch in r2 if ch.usage is not None]  # reads the whole stream
+    wait_idle(hook)
     limiter: Any = hook.service.limiter
     expected = r1.usage.total_tokens + usage2.total_tokens
     assert limiter.used("team:a", "day") == expected
-    assert hook.in_flight == 0
+    wait_idle(hook)
 
 
 def test_daily_budget_exhausted(serve_asgi: Callable[..., Any]) -> None:
-    url, _ = gateway(serve_asgi, {"defaults": {"team": {"tokens_per_day": 100}}})
+    url, hook = gateway(serve_asgi, {"defaults": {"team": {"tokens_per_day": 100}}})
     c, attempts = client(url, max_retries=2)
     used = chat(c, max_tokens=20).usage.total_tokens
+    wait_idle(hook)
     assert 100 - used < 88
     with pytest.raises(openai.RateLimitError) as info:
         chat(c, max_tokens=80)  # estimate 80 + 8 > what is left of the budget
@@ -195,8 +211,8 @@ def test_concurrency_limit_across_streams(serve_asgi: Callable[..., Any]) -> Non
     assert info.value.response.headers["retry-after"] == "1"
     t.join(20)
     assert done
+    wait_idle(hook)
     chat(c2)  # the slot was released when the stream ended
-    assert hook.in_flight == 0
 
 
 def test_backend_saturation_is_distinguishable(serve_asgi: Callable[..., Any]) -> None:
@@ -210,7 +226,7 @@ def test_backend_saturation_is_distinguishable(serve_asgi: Callable[..., Any]) -
         chat(c)
     assert info.value.body["code"] != "rate_limit_exceeded"  # type: ignore[index]
     assert info.value.body["type"] not in ("requests", "tokens")  # type: ignore[index]
-    assert hook.in_flight == 0
+    wait_idle(hook)
 
 
 def test_successful_responses_carry_rate_limit_headers(serve_asgi: Callable[..., Any]) -> None:

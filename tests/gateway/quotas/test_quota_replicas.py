@@ -215,6 +215,9 @@ def test_redis_outage_through_the_gateway(
                 model=MODEL, messages=[{"role": "user", "content": "b"}]
             )
             assert r.choices and sim.stats()["received"] == before + 1
+        deadline = time.monotonic() + 5  # on_end runs just after the client has the answer
+        while hook.in_flight and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert hook.in_flight == 0
     finally:
         client.close()
