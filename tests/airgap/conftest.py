@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shutil
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -62,4 +61,3 @@ def store(tmp_path: Path) -> Path:
     return s
 
 
-BundleFactory = Callable[..., Path]
