@@ -10,6 +10,7 @@ from __future__ import annotations
 import secrets
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -21,6 +22,8 @@ from opentelemetry.trace import SpanKind, StatusCode
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.app import create_app
+from gateway.audit import Signer, generate_key_file, write_key_pair
+from gateway.audit.observer import audited_app
 from gateway.telemetry import Telemetry, TelemetrySettings, with_telemetry
 from tests.conftest import free_port
 from tests.gateway.helpers import KEY_A, SERVED, Sim, settings, start_sim
@@ -250,3 +253,25 @@ def test_metrics_are_not_on_the_client_port(serve_asgi: Callable[..., Any]) -> N
     assert httpx.get(st.url + "/metrics", timeout=5).status_code == 404
     assert httpx.get(f"http://127.0.0.1:{st.telemetry.admin.port}/metrics",
                      timeout=5).status_code == 200
+
+
+def test_audit_append_latency_and_queue_depth(
+    serve_asgi: Callable[..., Any], tmp_path: Path
+) -> None:
+    sim = start_sim(serve_asgi)
+    key, _ = write_key_pair(Signer.generate(), tmp_path / "audit.key")
+    s = settings([sim.url], audit={
+        "store": f"sqlite://{tmp_path / 'audit.db'}", "signing_key_file": str(key),
+        "pseudonym_key_file": str(generate_key_file(tmp_path / "pseudonym.key")),
+    })
+    tel = Telemetry(TelemetrySettings(admin={"port": 0}), span_exporter=InMemorySpanExporter())
+    st = Stack(serve_asgi(audited_app(s, with_telemetry(tel, create_app))).url, tel,
+               InMemorySpanExporter(), [sim])
+    st.client().chat.completions.create(
+        model="llama-3.1-8b", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+    m = st.metrics()
+    appends = "sg_audit_append_duration_seconds_count"
+    assert _value(m, appends, type="request.started") == 1
+    assert _value(m, appends, type="request.completed") == 1
+    assert _value(m, "sg_audit_append_duration_seconds_sum", type="request.started") > 0
+    assert [x.value for x in m["sg_audit_queue_depth"]] == [0]
