@@ -275,3 +275,31 @@ def test_audit_append_latency_and_queue_depth(
     assert _value(m, appends, type="request.completed") == 1
     assert _value(m, "sg_audit_append_duration_seconds_sum", type="request.started") > 0
     assert [x.value for x in m["sg_audit_queue_depth"]] == [0]
+
+
+def test_dashboard_queries_only_exported_series(
+    serve_asgi: Callable[..., Any], tmp_path: Path
+) -> None:
+    import json
+    import re
+
+    from gateway.telemetry import prometheus_name
+
+    dash = json.loads((Path(__file__).parents[2] / "dashboards/sovereign-gateway.json")
+                      .read_text())
+    exprs = [t["expr"] for p in dash["panels"] for t in p.get("targets", [])]
+    used = {m for e in exprs for m in re.findall(r"\b(?:sg|gen_ai)_[a-z_]+", e)}
+    used -= {"sg_key_id", "sg_layer", "sg_policy_rule_id", "sg_decision", "sg_replica",
+             "sg_destination_id", "sg_outcome", "gen_ai_request_model", "gen_ai_token_type"}
+    st = _stack(serve_asgi)
+    list(st.client().chat.completions.create(
+        model="llama-3.1-8b", messages=[{"role": "user", "content": "hi"}], max_tokens=3,
+        stream=True))
+    exported = set(st.metrics())
+    # series that appear with their first event (a denial, a retry, an audit append)
+    later = {prometheus_name("sg.gateway.policy.denials") + "_total",
+             prometheus_name("sg.gateway.upstream.retries") + "_total",
+             prometheus_name("sg.audit.append.failures") + "_total",
+             prometheus_name("sg.audit.append.duration", "s") + "_bucket",
+             prometheus_name("sg.audit.queue.depth")}
+    assert used and used <= exported | later, used - exported - later
