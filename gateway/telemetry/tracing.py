@@ -153,10 +153,16 @@ class RequestTracer:
                 act.client.set_status(Status(StatusCode.ERROR))
             act.client.end()
             act.client = None
-        span.set_attributes({**_request_attributes(record), **usage,
-                             "http.response.status_code": record.status,
-                             "sg.upstream.attempts": record.attempts,
-                             "sg.outcome": record.outcome})
+        final: dict[str, Any] = {**usage, "http.response.status_code": record.status,
+                                 "sg.upstream.attempts": record.attempts,
+                                 "sg.outcome": record.outcome}
+        # Set at start; a retry may have moved the request to another destination.
+        for name, value in (("sg.destination.id", record.destination),
+                            ("sg.destination.region", record.region),
+                            ("sg.policy.rule_id", record.policy_rule)):
+            if value is not None:
+                final[name] = value
+        span.set_attributes(final)
         if failed:
             span.set_attribute("error.type", error)
             span.set_status(Status(StatusCode.ERROR))

@@ -303,3 +303,9 @@ def test_dashboard_queries_only_exported_series(
              prometheus_name("sg.audit.append.duration", "s") + "_bucket",
              prometheus_name("sg.audit.queue.depth")}
     assert used and used <= exported | later, used - exported - later
+
+
+def test_helm_chart_ships_the_same_dashboard() -> None:
+    root = Path(__file__).parents[2]
+    chart_copy = root / "helm/sovereign-gateway/dashboards/sovereign-gateway.json"
+    assert chart_copy.read_bytes() == (root / "dashboards/sovereign-gateway.json").read_bytes()
