@@ -35,6 +35,7 @@ from weights.errors import (
     WeightsError,
 )
 from weights.lockfile import LockEntry, Lockfile
+from weights.verify import VerifyReport
 
 app = typer.Typer(
     name="weights",
@@ -144,19 +145,54 @@ def pull(
                           f"downloaded, {len(result.reused)} already present -> {result.target}")
 
 
-def _pick_entry(lock: Lockfile, path: Path, repo: str | None) -> LockEntry:
+def _pick_entries(
+    lock: Lockfile, path: Path, repo: str | None
+) -> list[tuple[LockEntry, Path, bool]]:
+    """Which pinned models ``path`` holds: (entry, directory to verify, present).
+
+    One model: ``--repo``, a lock of one entry, a path inside ``models--org--name`` or ending
+    in ``org/name``. Several: a cache root or a ``pull --into`` directory holding any pinned
+    model; then EVERY pinned model is verified (an absent one has all its files missing).
+    """
     if repo is not None:
-        return lock.entry(repo)
+        return [(lock.entry(repo), path, True)]
     if len(lock.entries) == 1:
-        return lock.entries[0]
+        return [(lock.entries[0], path, True)]
     from weights.cache import repo_folder_name
 
+    parts = path.resolve().parts
     for e in lock.entries:
-        folder = repo_folder_name(e.repo_id)
-        if folder in path.resolve().parts or (path / folder).is_dir():
-            return e
+        if repo_folder_name(e.repo_id) in parts or parts[-2:] == tuple(e.repo_id.split("/")):
+            return [(e, path, True)]
+    cached = [(e, path, (path / repo_folder_name(e.repo_id)).is_dir()) for e in lock.entries]
+    if any(present for _, _, present in cached):
+        return cached
+    nested = [(e, path / e.repo_id, (path / e.repo_id).is_dir()) for e in lock.entries]
+    if any(present for _, _, present in nested):
+        return nested
     raise WeightsError(f"the lockfile pins {len(lock.entries)} models; which one is {path}?",
                        hint="pass --repo REPO_ID")
+
+
+def _absent(entry: LockEntry, where: Path) -> VerifyReport:
+    return VerifyReport(where, entry.repo_id, entry.commit, 0, 0, (),
+                        tuple(f.path for f in entry.files), (), ())
+
+
+def _print_report(console: Console, report: VerifyReport, lock: Path, several: bool) -> None:
+    tag = f"{report.repo_id}: " if several else ""
+    for m in report.mismatched:
+        console.print(f"{tag}MISMATCH {m.path}: expected {m.expected}, got {m.actual}",
+                      markup=False)
+    for p in report.missing:
+        console.print(f"{tag}MISSING  {p}", markup=False)
+    for p in report.extra:
+        console.print(f"{tag}EXTRA    {p}", markup=False)
+    for p in report.missing_shards:
+        console.print(f"{tag}MISSING SHARD {p} (named in the index)", markup=False)
+    if report.ok:
+        console.print(f"OK {report.repo_id}@{report.commit[:12]}: {report.checked} "
+                      f"files, {report.bytes_checked} bytes match {lock}", markup=False)
 
 
 @app.command()
@@ -187,33 +223,36 @@ def verify(
     patterns = list(ignore or [])
     if signature is not None and signature.resolve().is_relative_to(path.resolve()):
         patterns.append(signature.resolve().relative_to(path.resolve()).as_posix())
+    report: VerifyReport | None = None
     if not no_lock:
-        entry = _pick_entry(Lockfile.load(lock), path, repo)
-        with progress(entry.total_bytes, f"verify {entry.repo_id}", quiet or as_json) as adv:
-            report = verify_tree(path, entry, ignore=patterns, progress=adv)
-        report_doc["lock"] = report.to_json()
-        ok = report.ok
-        if not as_json:
-            for m in report.mismatched:
-                console.print(f"MISMATCH {m.path}: expected {m.expected}, got {m.actual}")
-            for p in report.missing:
-                console.print(f"MISSING  {p}")
-            for p in report.extra:
-                console.print(f"EXTRA    {p}")
-            for p in report.missing_shards:
-                console.print(f"MISSING SHARD {p} (named in the index)")
-            if report.ok:
-                console.print(f"OK {report.repo_id}@{report.commit[:12]}: {report.checked} "
-                              f"files, {report.bytes_checked} bytes match {lock}")
+        picked = _pick_entries(Lockfile.load(lock), path, repo)
+        if len(picked) > 1 and signature is not None:
+            raise typer.BadParameter("--signature covers one model: pass --repo REPO_ID")
+        reports = []
+        for entry, where, present in picked:
+            if not present:
+                report = _absent(entry, where)
+            else:
+                with progress(entry.total_bytes, f"verify {entry.repo_id}",
+                              quiet or as_json) as adv:
+                    report = verify_tree(where, entry, ignore=patterns, progress=adv)
+            reports.append(report)
+            ok = ok and report.ok
+            if not as_json:
+                _print_report(console, report, lock, len(picked) > 1)
+        if len(picked) > 1:
+            report_doc["models"] = [r.to_json() for r in reports]
+        else:
+            report_doc["lock"] = reports[0].to_json()
     if signature is not None:
         from weights.signing import verify_signature
 
-        root = path if no_lock else report.root
+        root = path if report is None else report.root
         try:
             signed = verify_signature(root, signature, public_key=public_key, identity=identity,
                                       identity_provider=identity_provider, trust_root=trust_root,
                                       ignore=patterns,
-                                      digests=None if no_lock else report.digests)
+                                      digests=None if report is None else report.digests)
             report_doc["signature"] = {"ok": True, "files": len(signed)}
             if not as_json:
                 console.print(f"OK signature {signature}: {len(signed)} files")

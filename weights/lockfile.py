@@ -378,10 +378,16 @@ def _parse(doc: Any, source: str) -> Lockfile:
                     lfs=p.boolean(f["lfs"], f"{fw}.lfs"),
                 )
             )
+        revision = p.string(m["requested_revision"], f"{where}.requested_revision")
+        try:  # it becomes refs/<revision> in a cache: it must not leave refs/
+            check_repo_path(revision)
+        except ValueError:
+            raise p.fail(f"{where}.requested_revision",
+                         f"unsafe revision {revision!r}") from None
         entries.append(
             LockEntry(
                 repo_id=repo_id,
-                requested_revision=p.string(m["requested_revision"], f"{where}.requested_revision"),
+                requested_revision=revision,
                 commit=p.string(m["commit"], f"{where}.commit", _HEX40),
                 files=tuple(files),
                 license=p.opt_string(m.get("license"), f"{where}.license"),
