@@ -145,7 +145,7 @@ def test_tokens_per_minute_and_request_too_large(serve_asgi: Callable[..., Any])
     h = info.value.response.headers
     assert h["x-ratelimit-limit-tokens"] == "300"
     # What is left is the limit minus the real usage (plus a few tokens refilled meanwhile).
-    assert 300 - used <= int(h["x-ratelimit-remaining-tokens"]) <= 300 - used + 15
+    assert 300 - used <= int(h["x-ratelimit-remaining-tokens"]) <= 300 - used + 40
     assert 0 < float(h["retry-after-ms"]) <= 60_000
     wait_idle(hook)
 

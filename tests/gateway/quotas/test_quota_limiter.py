@@ -57,13 +57,15 @@ async def test_tokens_per_minute_charges_the_estimate(limiter: Any) -> None:
     assert adm.tokens.limit == 1000 and adm.tokens.remaining == 400
     with pytest.raises(RateLimited) as info:
         await limiter.admit([key], 500)
-    assert info.value.kind == "tokens" and info.value.remaining == 400
+    # Tokens refill at 1000/60 per second: allow for time passing on a loaded machine (Redis
+    # uses its own clock).
+    assert info.value.kind == "tokens" and 400 <= info.value.remaining <= 420
     assert info.value.requested == 500
     # 100 tokens missing at 1000/60 tokens per second: 6 s.
-    assert info.value.retry_after_s == pytest.approx(6.0, abs=0.2)
+    assert info.value.retry_after_s == pytest.approx(6.0, abs=1.0)
     # Something smaller still fits.
     adm2 = await limiter.admit([key], 400)
-    assert adm2.tokens.remaining == 0
+    assert 0 <= adm2.tokens.remaining <= 20
 
 
 async def test_settle_with_lower_usage_gives_tokens_back(limiter: Any) -> None:
@@ -73,7 +75,7 @@ async def test_settle_with_lower_usage_gives_tokens_back(limiter: Any) -> None:
         await limiter.admit([key], 200)
     await limiter.settle(adm, 100)  # really used 100: 800 come back
     adm2 = await limiter.admit([key], 800)
-    assert adm2.tokens.remaining == pytest.approx(100, abs=1)
+    assert 99 <= adm2.tokens.remaining <= 120
     await limiter.settle(adm, 0)  # second settle is ignored
     with pytest.raises(RateLimited):
         await limiter.admit([key], 200)
@@ -87,7 +89,7 @@ async def test_settle_with_higher_usage_puts_the_key_in_debt(limiter: Any) -> No
         await limiter.admit([key], 1)
     assert info.value.kind == "tokens" and info.value.remaining == 0
     # 500 tokens of debt + 1 at 1000/60 per second: about 30 s before one token fits.
-    assert info.value.retry_after_s == pytest.approx(30.06, abs=0.3)
+    assert info.value.retry_after_s == pytest.approx(30.06, abs=1.0)
 
 
 async def test_request_larger_than_the_limit_is_never_admitted(limiter: Any) -> None:
@@ -179,7 +181,7 @@ async def test_longest_wait_is_reported_when_several_limits_refuse(limiter: Any)
     with pytest.raises(RateLimited) as info:
         await limiter.admit([key], 100)
     assert info.value.kind == "tokens"
-    assert info.value.retry_after_s == pytest.approx(10.0, abs=0.3)
+    assert info.value.retry_after_s == pytest.approx(10.0, abs=1.0)
 
 
 async def test_unlimited_subject_and_zero_cost(limiter: Any) -> None:
@@ -197,7 +199,7 @@ async def test_finish_settles_and_releases_in_one_call(limiter: Any) -> None:
     assert info.value.kind in ("concurrency", "tokens")
     await limiter.finish(adm, 100)  # 800 tokens back and the slot freed
     adm2 = await limiter.admit([key], 800)
-    assert adm2.tokens.remaining == pytest.approx(100, abs=1)
+    assert 99 <= adm2.tokens.remaining <= 120
     await limiter.finish(adm, 0)  # idempotent: no second correction, no second release
     with pytest.raises(RateLimited) as info:
         await limiter.admit([key], 10)
