@@ -97,6 +97,17 @@ nodeAffinity:
 {{- end }}
 
 {{/* Gateway config.yaml (contract: gateway settings file). */}}
+{{/* The gateway's telemetry: section (admin port for /metrics; OTLP only to a policy destination). */}}
+{{- define "sg.telemetryConfig" -}}
+admin:
+  host: 0.0.0.0
+  port: {{ int .Values.gateway.adminPort }}
+{{- if .Values.telemetry.enabled }}
+otlp_endpoint: {{ .Values.telemetry.endpoint | quote }}
+otlp_endpoint_destination: {{ .Values.telemetry.destination | quote }}
+{{- end }}
+{{- end }}
+
 {{- define "sg.config" -}}
 {{- $models := list -}}
 {{- range .Values.gateway.models }}{{ $models = append $models . }}{{ end -}}
@@ -118,7 +129,7 @@ nodeAffinity:
 {{- $_ := set $audit "pseudonym_key_file" "/etc/sovereign-gateway/pseudonym-key/pseudonym.key" -}}
 {{- $cfg := dict
   "listen" (dict "host" "0.0.0.0" "port" (int .Values.gateway.port))
-  "admin" (dict "host" "0.0.0.0" "port" (int .Values.gateway.adminPort))
+  "telemetry" (include "sg.telemetryConfig" . | fromYaml)
   "models" $models
   "limits" .Values.gateway.limits
   "timeouts" .Values.gateway.timeouts
