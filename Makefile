@@ -106,5 +106,10 @@ bench-audit: install
 bench-quotas: install
 	$(PY) bench/quotas.py
 
+# @policy/@telemetry: relay with the egress policy + guard and with telemetry, on vs off, one run.
+.PHONY: bench-policy-telemetry
+bench-policy-telemetry: install
+	$(PY) bench/policy_telemetry.py --skip memory
+
 clean:
 	rm -rf $(VENV) $(TOOLS) .cache
