@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import openai
 import pytest
 
-from tests.gateway.helpers import KEY_A, Sim, settings, start_gateway, start_sim
+from tests.gateway.helpers import Clients, Sim, settings, start_gateway, start_sim
 
 
 @pytest.fixture
@@ -24,6 +24,14 @@ def gateway_url(serve_asgi: Callable[..., Any], sim: Sim) -> str:
 
 
 @pytest.fixture
-def client(gateway_url: str) -> openai.OpenAI:
+def clients() -> Iterator[Clients]:
+    """Factory of openai SDK clients, ``clients(url, key=KEY_A)``; all closed at teardown."""
+    factory = Clients()
+    yield factory
+    factory.close()
+
+
+@pytest.fixture
+def client(gateway_url: str, clients: Clients) -> openai.OpenAI:
     """The official OpenAI SDK pointed at the gateway with team-a's key (no SDK retries)."""
-    return openai.OpenAI(base_url=gateway_url + "/v1", api_key=KEY_A, max_retries=0, timeout=20)
+    return clients(gateway_url)

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+import openai
 
 from gateway.app import create_app
 from gateway.records import RequestRecord
@@ -123,3 +124,19 @@ class Recorder:
             time.sleep(0.01)
         assert len(self.ended) == n, self.ended
         return self.ended
+
+
+class Clients:
+    """Makes openai SDK clients (no SDK retries) and closes them all at teardown."""
+
+    def __init__(self) -> None:
+        self._open: list[openai.OpenAI] = []
+
+    def __call__(self, url: str, key: str = KEY_A) -> openai.OpenAI:
+        client = openai.OpenAI(base_url=url + "/v1", api_key=key, max_retries=0, timeout=20)
+        self._open.append(client)
+        return client
+
+    def close(self) -> None:
+        for client in self._open:
+            client.close()

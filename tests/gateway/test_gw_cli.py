@@ -100,11 +100,11 @@ def test_serve_runs_and_logs_json_access_lines(tmp_path: Path, sim: Sim) -> None
                     break
             except httpx.TransportError:
                 time.sleep(0.1)
-        client = openai.OpenAI(base_url=url + "/v1", api_key=KEY_A, max_retries=0)
-        r = client.chat.completions.create(
-            model="default", messages=[{"role": "user", "content": "secret prompt text"}])
-        assert r.choices[0].message.content
-        assert [m.id for m in client.models.list()] == ["llama-3.1-8b"]
+        with openai.OpenAI(base_url=url + "/v1", api_key=KEY_A, max_retries=0) as client:
+            r = client.chat.completions.create(
+                model="default", messages=[{"role": "user", "content": "secret prompt text"}])
+            assert r.choices[0].message.content
+            assert [m.id for m in client.models.list()] == ["llama-3.1-8b"]
     finally:
         proc.send_signal(signal.SIGINT)
         _, stderr = proc.communicate(timeout=20)

@@ -14,6 +14,7 @@ from tests.gateway.helpers import (
     KEY_A,
     KEY_B,
     SERVED,
+    Clients,
     Recorder,
     Sim,
     settings,
@@ -54,8 +55,8 @@ def gw(serve_asgi: Callable[..., Any], sim: Sim, recorder: Recorder) -> str:
 
 
 @pytest.fixture
-def sdk(gw: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=gw + "/v1", api_key=KEY_A, max_retries=0, timeout=20)
+def sdk(gw: str, clients: Clients) -> openai.OpenAI:
+    return clients(gw)
 
 
 def test_chat_non_stream(sdk: openai.OpenAI, sim: Sim, recorder: Recorder) -> None:
@@ -119,19 +120,19 @@ def test_embeddings(sdk: openai.OpenAI, recorder: Recorder) -> None:
     assert recorder.wait(1)[0].input_tokens == r.usage.prompt_tokens
 
 
-def test_models_list_only_allowed(gw: str) -> None:
-    a = openai.OpenAI(base_url=gw + "/v1", api_key=KEY_A, max_retries=0)
-    b = openai.OpenAI(base_url=gw + "/v1", api_key=KEY_B, max_retries=0)
+def test_models_list_only_allowed(gw: str, clients: Clients) -> None:
+    a, b = clients(gw), clients(gw, KEY_B)
     assert [m.id for m in a.models.list()] == ["llama-3.1-8b"]
     assert [m.id for m in b.models.list()] == ["other-model"]
     assert a.models.retrieve("default").id == "llama-3.1-8b"
     with pytest.raises(openai.NotFoundError):
         a.models.retrieve("other-model")  # exists, but not for this key: no oracle
     with pytest.raises(openai.AuthenticationError):
-        openai.OpenAI(base_url=gw + "/v1", api_key="wrong", max_retries=0).models.list()
+        clients(gw, "wrong").models.list()
 
 
-def test_tools_and_tool_calls_pass_through(sdk: openai.OpenAI, sim: Sim) -> None:
+def test_tools_and_tool_calls_pass_through(sdk: openai.OpenAI, sim: Sim,
+                                           clients: Clients) -> None:
     r = sdk.chat.completions.create(
         model="llama-3.1-8b", messages=MESSAGES, tools=TOOLS,
         tool_choice={"type": "function", "function": {"name": "get_weather"}},
@@ -144,7 +145,7 @@ def test_tools_and_tool_calls_pass_through(sdk: openai.OpenAI, sim: Sim) -> None
     call = r.choices[0].message.tool_calls
     assert call and call[0].function.name == "get_weather"
     json.loads(call[0].function.arguments)
-    direct = openai.OpenAI(base_url=sim.url + "/v1", api_key="x", max_retries=0)
+    direct = clients(sim.url, "x")
     d = direct.chat.completions.create(
         model=SERVED, messages=MESSAGES, tools=TOOLS,
         tool_choice={"type": "function", "function": {"name": "get_weather"}})
@@ -197,10 +198,10 @@ def test_health_endpoints(gw: str) -> None:
     assert r.status_code == 200 and r.json()["status"] == "ready"
 
 
-def test_two_replicas_share_load(serve_asgi: Callable[..., Any]) -> None:
+def test_two_replicas_share_load(serve_asgi: Callable[..., Any], clients: Clients) -> None:
     a, b = start_sim(serve_asgi), start_sim(serve_asgi)
     gw = start_gateway(serve_asgi, settings([a.url, b.url]))
-    sdk = openai.OpenAI(base_url=gw + "/v1", api_key=KEY_A, max_retries=0)
+    sdk = clients(gw)
     for _ in range(6):
         sdk.chat.completions.create(model="llama-3.1-8b", messages=MESSAGES)
     assert a.stats()["received"] == 3 and b.stats()["received"] == 3

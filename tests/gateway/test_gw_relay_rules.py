@@ -19,6 +19,7 @@ from tests.gateway.helpers import (
     BACKEND_KEY,
     KEY_A,
     KEY_B,
+    Clients,
     Recorder,
     Sim,
     settings,
@@ -30,10 +31,6 @@ from tests.gateway.helpers import (
 MESSAGES: Any = [{"role": "user", "content": "hi"}]
 CHAT = {"model": "llama-3.1-8b", "messages": MESSAGES}
 AUTH_A = {"authorization": f"Bearer {KEY_A}"}
-
-
-def sdk(url: str, key: str = KEY_A) -> openai.OpenAI:
-    return openai.OpenAI(base_url=url + "/v1", api_key=key, max_retries=0, timeout=20)
 
 
 def wait_for(pred: Callable[[], bool], timeout_s: float) -> bool:
@@ -75,9 +72,11 @@ def test_client_credentials_never_reach_backend(serve_asgi: Any, sim: Sim) -> No
     assert "x-simulator" not in r.headers  # backend response headers are allow-listed too
 
 
-def test_replica_without_credential_gets_no_authorization(serve_asgi: Any, sim: Sim) -> None:
+def test_replica_without_credential_gets_no_authorization(
+    serve_asgi: Any, sim: Sim, clients: Clients
+) -> None:
     gw = start_gateway(serve_asgi, settings([sim.url]))
-    sdk(gw, KEY_B).chat.completions.create(model="other-model", messages=MESSAGES)
+    clients(gw, KEY_B).chat.completions.create(model="other-model", messages=MESSAGES)
     headers = sim.stats()["last_headers"]
     assert "authorization" not in headers
     assert KEY_B not in repr(headers)
@@ -101,7 +100,7 @@ def small_gw(serve_asgi: Any, sim: Sim) -> str:
     return start_gateway(serve_asgi, settings([sim.url], limits={"max_body_bytes": 1024}))
 
 
-def test_401_same_body_for_every_failure(small_gw: str, sim: Sim) -> None:
+def test_401_same_body_for_every_failure(small_gw: str, sim: Sim, clients: Clients) -> None:
     url = small_gw + "/v1/chat/completions"
     bodies = []
     for headers in ({}, {"authorization": "Bearer wrong"}, {"authorization": f"Basic {KEY_A}"},
@@ -111,11 +110,11 @@ def test_401_same_body_for_every_failure(small_gw: str, sim: Sim) -> None:
         assert r.headers["www-authenticate"].startswith("Bearer")
     assert all(b == bodies[0] for b in bodies)
     with pytest.raises(openai.AuthenticationError):
-        sdk(small_gw, "wrong").chat.completions.create(model="llama-3.1-8b", messages=MESSAGES)
+        clients(small_gw, "wrong").chat.completions.create(model="llama-3.1-8b", messages=MESSAGES)
     assert sim.stats()["received"] == 0
 
 
-def test_403_404_400_405(small_gw: str, sim: Sim) -> None:
+def test_403_404_400_405(small_gw: str, sim: Sim, clients: Clients) -> None:
     url = small_gw + "/v1/chat/completions"
     err = _shape(httpx.post(url, json={**CHAT, "model": "other-model"}, headers=AUTH_A),
                  403, "model_not_allowed")
@@ -128,9 +127,9 @@ def test_403_404_400_405(small_gw: str, sim: Sim) -> None:
     _shape(httpx.post(url, json={"messages": MESSAGES}, headers=AUTH_A), 400, "invalid_request")
     _shape(httpx.get(url, headers=AUTH_A), 405, "method_not_allowed")
     with pytest.raises(openai.PermissionDeniedError):
-        sdk(small_gw).chat.completions.create(model="other-model", messages=MESSAGES)
+        clients(small_gw).chat.completions.create(model="other-model", messages=MESSAGES)
     with pytest.raises(openai.NotFoundError):
-        sdk(small_gw).chat.completions.create(model="nope", messages=MESSAGES)
+        clients(small_gw).chat.completions.create(model="nope", messages=MESSAGES)
     assert sim.stats()["received"] == 0
 
 
@@ -152,7 +151,7 @@ def test_413_declared_length_refused_before_reading(small_gw: str, sim: Sim) -> 
     assert sim.stats()["received"] == 0
 
 
-def test_413_streamed_body_without_length(small_gw: str, sim: Sim) -> None:
+def test_413_streamed_body_without_length(small_gw: str, sim: Sim, clients: Clients) -> None:
     def body() -> Any:
         yield b'{"model": "llama-3.1-8b", "messages": [{"role": "user", "content": "'
         for _ in range(10):
@@ -162,7 +161,7 @@ def test_413_streamed_body_without_length(small_gw: str, sim: Sim) -> None:
     r = httpx.post(small_gw + "/v1/chat/completions", content=body(), headers=AUTH_A)
     _shape(r, 413, "request_too_large")
     with pytest.raises(openai.APIStatusError) as info:
-        sdk(small_gw).chat.completions.create(
+        clients(small_gw).chat.completions.create(
             model="llama-3.1-8b", messages=[{"role": "user", "content": "y" * 2000}])
     assert info.value.status_code == 413
     assert sim.stats()["received"] == 0
@@ -200,12 +199,12 @@ def test_non_stream_disconnect_cancels_upstream(serve_asgi: Any) -> None:
 # --- retries -------------------------------------------------------------------------------
 
 
-def test_retry_on_connect_error(serve_asgi: Any, sim: Sim) -> None:
+def test_retry_on_connect_error(serve_asgi: Any, sim: Sim, clients: Clients) -> None:
     dead = f"http://127.0.0.1:{free_port()}"
     recorder = Recorder()
     gw = start_gateway(serve_asgi, settings([dead, sim.url]), observers=[recorder])
     for _ in range(4):
-        sdk(gw).chat.completions.create(model="llama-3.1-8b", messages=MESSAGES)
+        clients(gw).chat.completions.create(model="llama-3.1-8b", messages=MESSAGES)
     assert sim.stats()["received"] == 4
     retried = [r for r in recorder.wait(4) if r.attempts == 2]
     assert len(retried) == 1 and retried[0].replica_url == sim.url
@@ -219,7 +218,7 @@ def test_connect_error_everywhere_is_502(serve_asgi: Any) -> None:
     _shape(r, 502, "upstream_connect_error")
 
 
-def test_no_retry_after_first_byte(serve_asgi: Any) -> None:
+def test_no_retry_after_first_byte(serve_asgi: Any, clients: Clients) -> None:
     a, b = start_sim(serve_asgi), start_sim(serve_asgi)
     for s in (a, b):
         s.fault(mode="die_mid_stream", after_events=3)
@@ -227,7 +226,7 @@ def test_no_retry_after_first_byte(serve_asgi: Any) -> None:
     gw = start_gateway(serve_asgi, settings([a.url, b.url]), observers=[recorder])
     got = []
     with pytest.raises(openai.APIError) as info:
-        for chunk in sdk(gw).chat.completions.create(model="llama-3.1-8b", messages=MESSAGES,
+        for chunk in clients(gw).chat.completions.create(model="llama-3.1-8b", messages=MESSAGES,
                                                      stream=True):
             got.append(chunk)
     assert got, "events before the failure reached the client"
@@ -263,31 +262,31 @@ def test_429_retried_on_other_replica_and_honours_retry_after(serve_asgi: Any) -
     assert httpx.get(gw + "/readyz").status_code == 503
 
 
-def test_429_short_retry_after_is_waited_out(serve_asgi: Any) -> None:
+def test_429_short_retry_after_is_waited_out(serve_asgi: Any, clients: Clients) -> None:
     sim = start_sim(serve_asgi)
     sim.fault(mode="status_429", retry_after_s=1, count=1)
     gw = start_gateway(serve_asgi, settings([sim.url]))
-    r = sdk(gw).chat.completions.create(model="llama-3.1-8b", messages=MESSAGES)
+    r = clients(gw).chat.completions.create(model="llama-3.1-8b", messages=MESSAGES)
     assert r.choices[0].message.content
     assert sim.stats()["received"] == 2
 
 
-def test_500_is_relayed_not_retried(serve_asgi: Any) -> None:
+def test_500_is_relayed_not_retried(serve_asgi: Any, clients: Clients) -> None:
     a, b = start_sim(serve_asgi), start_sim(serve_asgi)
     a.fault(mode="status_500")
     b.fault(mode="status_500")
     gw = start_gateway(serve_asgi, settings([a.url, b.url]))
     with pytest.raises(openai.InternalServerError):
-        sdk(gw).chat.completions.create(model="llama-3.1-8b", messages=MESSAGES)
+        clients(gw).chat.completions.create(model="llama-3.1-8b", messages=MESSAGES)
     assert a.stats()["received"] + b.stats()["received"] == 1
 
 
-def test_backend_400_does_not_eject(serve_asgi: Any) -> None:
+def test_backend_400_does_not_eject(serve_asgi: Any, clients: Clients) -> None:
     sim = start_sim(serve_asgi, max_model_len=8)
     gw = start_gateway(serve_asgi, settings([sim.url]))
     for _ in range(2):
         with pytest.raises(openai.BadRequestError):
-            sdk(gw).chat.completions.create(
+            clients(gw).chat.completions.create(
                 model="llama-3.1-8b", messages=[{"role": "user", "content": "word " * 50}])
     ready = httpx.get(gw + "/readyz").json()
     assert ready["models"]["llama-3.1-8b"] == {"available": 1, "replicas": 1}
@@ -325,7 +324,9 @@ def test_idle_timeout_ends_stream_with_error_event(serve_asgi: Any) -> None:
 
 
 @pytest.mark.parametrize("mode", ["split_writes", "crlf"])
-def test_framing_variants_relayed_and_accounted(serve_asgi: Any, mode: str) -> None:
+def test_framing_variants_relayed_and_accounted(
+    serve_asgi: Any, mode: str, clients: Clients
+) -> None:
     sim = start_sim(serve_asgi)
     sim.fault(mode=mode)
     recorder = Recorder()
@@ -340,7 +341,7 @@ def test_framing_variants_relayed_and_accounted(serve_asgi: Any, mode: str) -> N
     assert "日本語" in "".join(e["choices"][0]["delta"].get("content") or ""
                               for e in events[:-1])
     assert recorder.wait(1)[0].output_tokens == 16
-    chunks = list(sdk(gw).chat.completions.create(
+    chunks = list(clients(gw).chat.completions.create(
         model="llama-3.1-8b", messages=MESSAGES, stream=True,
         stream_options={"include_usage": True}))
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 16
@@ -370,7 +371,7 @@ def test_observer_can_refuse_before_forwarding(serve_asgi: Any, sim: Sim) -> Non
     assert refuser.ended[0].outcome == "denied"
 
 
-def test_on_start_runs_before_forwarding(serve_asgi: Any, sim: Sim) -> None:
+def test_on_start_runs_before_forwarding(serve_asgi: Any, sim: Sim, clients: Clients) -> None:
     seen: list[int] = []
 
     class Probe(Recorder):
@@ -379,7 +380,7 @@ def test_on_start_runs_before_forwarding(serve_asgi: Any, sim: Sim) -> None:
                 seen.append((await c.get(sim.url + "/sim/stats")).json()["received"])
 
     gw = start_gateway(serve_asgi, settings([sim.url]), observers=[Probe()])
-    sdk(gw).chat.completions.create(model="llama-3.1-8b", messages=MESSAGES)
+    clients(gw).chat.completions.create(model="llama-3.1-8b", messages=MESSAGES)
     assert seen == [0] and sim.stats()["received"] == 1
 
 
@@ -396,9 +397,9 @@ def test_active_health_marks_dead_replica(serve_asgi: Any, sim: Sim) -> None:
     assert httpx.get(gw2 + "/healthz").status_code == 200
 
 
-def test_concurrent_streams(serve_asgi: Any, sim: Sim) -> None:
+def test_concurrent_streams(serve_asgi: Any, sim: Sim, clients: Clients) -> None:
     gw = start_gateway(serve_asgi, settings([sim.url]))
-    client = sdk(gw)
+    client = clients(gw)
     errors: list[BaseException] = []
 
     def one() -> None:
@@ -418,7 +419,7 @@ def test_concurrent_streams(serve_asgi: Any, sim: Sim) -> None:
     assert sim.stats()["completed"] == 16
 
 
-def test_connect_timeout_is_retried_then_504(serve_asgi: Any, sim: Sim) -> None:
+def test_connect_timeout_is_retried_then_504(serve_asgi: Any, sim: Sim, clients: Clients) -> None:
     """A replica whose accept queue is full never completes the TCP handshake."""
     blocker = socket.socket()
     blocker.bind(("127.0.0.1", 0))
@@ -440,7 +441,7 @@ def test_connect_timeout_is_retried_then_504(serve_asgi: Any, sim: Sim) -> None:
         gw2 = start_gateway(serve_asgi, settings([hung, sim.url], timeouts={"connect_s": 0.3}),
                             observers=[recorder])
         for _ in range(2):
-            sdk(gw2).chat.completions.create(model="llama-3.1-8b", messages=MESSAGES)
+            clients(gw2).chat.completions.create(model="llama-3.1-8b", messages=MESSAGES)
         assert sim.stats()["received"] == 2
         assert sorted(r.attempts for r in recorder.wait(2)) == [1, 2]
     finally:

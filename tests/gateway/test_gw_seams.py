@@ -17,7 +17,7 @@ from gateway.errors import RateLimited
 from gateway.records import RequestRecord
 from gateway.routing import Replica, RouteDecision
 from gateway.settings import ModelSettings
-from tests.gateway.helpers import KEY_A, Recorder, Sim, settings, start_gateway, start_sim
+from tests.gateway.helpers import KEY_A, Clients, Recorder, Sim, settings, start_gateway, start_sim
 
 CHAT: Any = {"model": "llama-3.1-8b", "messages": [{"role": "user", "content": "hi"}]}
 AUTH_A = {"authorization": f"Bearer {KEY_A}"}
@@ -108,12 +108,13 @@ class Quota:
             raise RateLimited("Token budget exhausted for team a.", headers={"retry-after": "7"})
 
 
-def test_admission_hook_can_refuse_with_429(serve_asgi: Any, sim: Sim) -> None:
+def test_admission_hook_can_refuse_with_429(serve_asgi: Any, sim: Sim,
+                                            clients: Clients) -> None:
     quota = Quota()
     recorder = Recorder()
     gw = start_gateway(serve_asgi, settings([sim.url]), admission=[quota],
                        observers=[recorder])
-    client = openai.OpenAI(base_url=gw + "/v1", api_key=KEY_A, max_retries=0)
+    client = clients(gw)
     client.chat.completions.create(model="llama-3.1-8b", messages=CHAT["messages"])
     with pytest.raises(openai.RateLimitError) as info:
         client.chat.completions.create(model="llama-3.1-8b", messages=CHAT["messages"])
