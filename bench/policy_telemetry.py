@@ -76,7 +76,7 @@ def main(argv: list[str]) -> int:
         variants = []
         for name, pol, tel in (("base", None, False), ("policy", pfile, False),
                                ("telemetry", None, True), ("all", pfile, True)):
-            path = d / f"{name}.yaml"
+            path = d / f"gateway-{name}.yaml"
             path.write_text(yaml.safe_dump(_variant(pol, tel)))
             variants += ["--variant", f"{name}={path}"]
         cmd = [sys.executable, str(HERE / "relay.py"), *variants, *argv]
