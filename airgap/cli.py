@@ -28,6 +28,7 @@ from rich.table import Table
 from airgap import __version__
 from airgap.bundle import DEFAULT_PART_SIZE, INDEX_NAME, MAX_INDEX_BYTES, SIGNATURE_NAME, Index
 from airgap.errors import AirgapError, Code, Problem, VerificationFailed
+from airgap.interrupt import Interrupted, die_by, interruptible
 from airgap.media import check_bundle_dir, read_small
 from airgap.pack import pack_bundle
 from airgap.signing import (
@@ -295,7 +296,12 @@ def main(argv: list[str] | None = None) -> int:
     verbose = "--verbose" in args
     args = [a for a in args if a != "--verbose"]
     try:
-        rc = app(args=args, prog_name="airgap", standalone_mode=False)
+        with interruptible():
+            rc = app(args=args, prog_name="airgap", standalone_mode=False)
+    except Interrupted as exc:
+        err.print(f"error: interrupted by {exc.name}; partial output was removed",
+                  markup=False, highlight=False)
+        return die_by(exc.signum)
     except VerificationFailed as exc:
         if "--json" in args:
             doc = {"ok": False, "problems": [p.to_json() for p in exc.problems]}

@@ -22,7 +22,7 @@ from typing import BinaryIO
 from airgap import paths
 from airgap.bundle import Blob, ContentFile, Part
 from airgap.errors import AirgapError, Code, fail
-from airgap.stream import CHUNK_BYTES, Progress
+from airgap.stream import CHUNK_BYTES, WAKE_S, Progress
 
 #: Keep a zlib encoding only when it is at most this fraction of the content size.
 WORTH_IT = 0.95
@@ -61,6 +61,10 @@ class PartWriter:
         self._offset = 0  # of the current part
         self._queue: queue.Queue[bytes | None] = queue.Queue(self.QUEUE_CHUNKS)
         self._error: BaseException | None = None
+        # Set when the thread ends. Waited on instead of Thread.join: on Python 3.11 a signal
+        # that interrupts join() marks the thread stopped while it still runs (bpo-45274), and
+        # cleanup would then race with its writes.
+        self._done = threading.Event()
         self._thread = threading.Thread(target=self._run, name="airgap-part-writer", daemon=True)
         self._thread.start()
 
@@ -89,6 +93,7 @@ class PartWriter:
             if self._fh is not None:
                 self._fh.close()
                 self._fh = None
+            self._done.set()
 
     def _write_sync(self, data: memoryview) -> None:
         while data:
@@ -114,12 +119,14 @@ class PartWriter:
         self._hash, self._written = hashlib.sha256(), 0
 
     def _stop(self) -> None:
-        self._queue.put(None)
-        self._thread.join()
+        if not self._done.is_set():
+            self._queue.put(None)
+        while not self._done.wait(WAKE_S):  # wake up to run signal handlers
+            pass
 
     def close(self) -> None:
         """Stop the writer after a failure (``finish`` stops it normally)."""
-        if self._thread.is_alive():
+        if not self._done.is_set():
             self._error = self._error or RuntimeError("packing aborted")
             self._stop()
 
@@ -225,10 +232,11 @@ def write_blobs(
             encoded.unlink()
             stored = writer.position - offset
             blobs.append(Blob(s.file.sha256, s.file.size, offset, stored, "zlib"))
-    except BaseException:
+        parts = writer.finish()
+    except BaseException:  # also an interrupt while finishing: stop the writer thread first
         writer.close()
         raise
-    return blobs, writer.finish()
+    return blobs, parts
 
 
 def _zlib_encode(

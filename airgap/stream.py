@@ -22,6 +22,9 @@ from airgap.media import open_part
 
 #: Read size in bytes: large enough to amortise syscalls, small enough to stay in L2/L3 reach.
 CHUNK_BYTES = 4 * 1024**2
+#: A thread waiting for workers wakes this often (seconds), so that a signal the kernel gave
+#: to a worker thread is still handled promptly by the main thread (see interrupt.py).
+WAKE_S = 0.25
 
 Progress = Callable[[int], None]
 
@@ -136,7 +139,7 @@ def hash_ranges(
     cursor = iter(order)
     errors: list[BaseException] = []
 
-    def work() -> None:
+    def work(done: threading.Event | None = None) -> None:
         buf = bytearray(CHUNK_BYTES)
         view = memoryview(buf)
         fds: dict[str, int] = {}
@@ -158,16 +161,29 @@ def hash_ranges(
         finally:
             for fd in fds.values():
                 os.close(fd)
+            if done is not None:
+                done.set()
 
     n = max(1, min(workers, len(ranges)))
     if n == 1:
         work()
     else:
-        threads = [threading.Thread(target=work, name=f"airgap-hash-{k}") for k in range(n)]
+        # Waited on through events, not Thread.join: on Python 3.11 a signal interrupting
+        # join() marks the thread stopped while it still runs (bpo-45274).
+        finished = [threading.Event() for _ in range(n)]
+        threads = [threading.Thread(target=work, args=(done,), name=f"airgap-hash-{k}")
+                   for k, done in enumerate(finished)]
         for t in threads:
             t.start()
-        for t in threads:
-            t.join()
+        try:
+            for done in finished:
+                while not done.wait(WAKE_S):  # wake up to run signal handlers (see interrupt.py)
+                    pass
+        except BaseException as exc:  # interrupted: workers stop before their next range
+            errors.append(exc)
+            for done in finished:
+                done.wait()
+            raise
     if errors:
         raise errors[0]
     return [r for r in results if r is not None]
