@@ -13,6 +13,7 @@ from gateway.egress import load_policy
 from gateway.errors import ConfigError
 from gateway.quotas.wiring import validate_limits
 from gateway.settings import load
+from gateway.telemetry import check_telemetry
 
 __all__ = ["check_config"]
 
@@ -36,6 +37,7 @@ def check_config(
         settings = load(file, os.environ)
         policy = load_policy(settings, file.parent)
         validate_limits(settings)  # quotas: and keystore: sections (issue 9)
+        telemetry = check_telemetry(settings, policy)
     except ConfigError as exc:
         if as_json:
             typer.echo(json.dumps({"ok": False, "file": str(file), "error": exc.message}))
@@ -61,6 +63,10 @@ def check_config(
             "revision": policy.revision,
             "unsafe_allow_all": policy.unsafe_allow_all,
         },
+        "telemetry": None if telemetry is None else {
+            "otlp_endpoint": telemetry.otlp_endpoint,
+            "admin": f"{telemetry.admin.host}:{telemetry.admin.port}",
+        },
     }
     if as_json:
         typer.echo(json.dumps(summary))
@@ -70,6 +76,9 @@ def check_config(
         aliases = f" (aliases: {', '.join(m.aliases)})" if m.aliases else ""
         typer.echo(f"  model {m.name}{aliases} -> {m.upstream_name}, {len(m.replicas)} replica(s)")
     typer.echo(f"  {len(settings.keys)} key(s): {', '.join(k.id for k in settings.keys)}")
+    if telemetry is not None:
+        typer.echo(f"  telemetry: /metrics on {telemetry.admin.host}:{telemetry.admin.port}, "
+                   f"OTLP {telemetry.otlp_endpoint or 'off'}")
     if policy is not None:
         typer.echo(f"  policy {policy.source} ({policy.revision}): every replica inside its "
                    "destination")

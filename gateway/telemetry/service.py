@@ -39,7 +39,7 @@ from gateway.telemetry.prometheus import PrometheusReader
 from gateway.telemetry.settings import TelemetrySettings, telemetry_settings
 from gateway.telemetry.tracing import RequestTracer
 
-__all__ = ["Telemetry", "build_telemetry", "with_telemetry"]
+__all__ = ["Telemetry", "build_telemetry", "check_telemetry", "with_telemetry"]
 
 _log = logging.getLogger(__name__)
 
@@ -225,6 +225,18 @@ class Telemetry:
         pending = getattr(log, "_pending", None)
         if pending is not None:
             metrics.watch_audit_queue(lambda: len(pending))
+
+
+def check_telemetry(settings: GatewaySettings, policy: Any = None) -> TelemetrySettings | None:
+    """Validate the ``telemetry:`` section without starting anything (``gateway check-config``).
+
+    Raises:
+        ConfigError: Invalid section or collector outside its policy destination.
+    """
+    ts = telemetry_settings(settings.telemetry)
+    if ts is not None:
+        _check_endpoint(ts, policy)
+    return ts
 
 
 def build_telemetry(

@@ -224,3 +224,32 @@ def test_guarded_serve_exports_only_to_the_collector(
     _, records = _serve(run2, cfg, env2, port)
     assert rec.got == []
     assert [r for r in records if r["type"] == "egress.denied"] == []
+
+
+def test_check_config_validates_the_collector_destination(tmp_path: Path) -> None:
+    pfile = tmp_path / "policy.yaml"
+    pfile.write_text(_policy_text(9001, 4318))
+    cfg = _serve_config(tmp_path, "http://127.0.0.1:9001", pfile, 8080)
+    del cfg["audit"]
+    cfg["telemetry"] = {"otlp_endpoint": "http://127.0.0.1:4318",
+                        "otlp_endpoint_destination": "collector"}
+    cfg_file = tmp_path / "gateway.yaml"
+
+    def check() -> subprocess.CompletedProcess[str]:
+        cfg_file.write_text(yaml.safe_dump(cfg))
+        return subprocess.run([sys.executable, "-m", "gateway.cli", "check-config",
+                               str(cfg_file), "--json"], cwd=ROOT, capture_output=True,
+                              text=True, check=False, env={**os.environ, "VLLM_KEY": "x"})
+
+    ok = check()
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert json.loads(ok.stdout)["telemetry"] == {"otlp_endpoint": "http://127.0.0.1:4318",
+                                                  "admin": "127.0.0.1:9090"}
+    cfg["telemetry"]["otlp_endpoint"] = "http://collector.example:4318"
+    bad = check()
+    assert bad.returncode == 1
+    assert json.loads(bad.stdout)["error"].startswith(
+        "telemetry.otlp_endpoint_destination: replica http://collector.example:4318: host is "
+        "not destination collector")
+    cfg["telemetry"] = {"sample_ratio": 2}
+    assert json.loads(check().stdout)["error"].startswith("telemetry.sample_ratio: ")
