@@ -154,13 +154,25 @@ async def phase_memory(variants: list[tuple[str, dict[str, Any] | None]], target
                 before = gw.rss_kib
                 req = request_bytes(f"127.0.0.1:{gw.port}", "/v1/chat/completions",
                                     chat_body(target.model, True, 100), BENCH_KEY, False)
+                t_open = time.monotonic()
                 writers, ok = await open_idle_streams("127.0.0.1", gw.port, req,
                                                       args.idle_streams)
+                print(f"# {name}: {ok} idle streams open in {time.monotonic() - t_open:.1f} s",
+                      file=sys.stderr)
                 await asyncio.sleep(0.5)
                 after = gw.rss_kib
                 running = httpx.get(f"{idle_sim.url}/sim/stats").json()["running"]
                 for w in writers:
                     w.close()
+                await asyncio.sleep(0.5)  # let the loop really close the sockets
+                t_close = time.monotonic()
+                while time.monotonic() - t_close < 30:
+                    stats = await asyncio.to_thread(httpx.get, f"{idle_sim.url}/sim/stats")
+                    if stats.json()["running"] == 0:
+                        break
+                    await asyncio.sleep(0.2)
+                print(f"# {name}: upstream drained in {time.monotonic() - t_close:.1f} s",
+                      file=sys.stderr)
                 target.results.update(
                     rss_before_kib=before, rss_after_kib=after, idle_open=ok,
                     idle_upstream_running=running,
@@ -168,7 +180,10 @@ async def phase_memory(variants: list[tuple[str, dict[str, Any] | None]], target
                 )
                 httpx.post(f"{idle_sim.url}/sim/reset")
             finally:
+                t_stop = time.monotonic()
                 gw.stop()
+                print(f"# {name}: gateway stopped in {time.monotonic() - t_stop:.1f} s",
+                      file=sys.stderr)
     finally:
         idle_sim.stop()
 

@@ -316,8 +316,12 @@ class SimApp:
                 events = completion_stream(gen, prompts, rid, created)
                 undelayed = gen.n
             itl = cfg.itl_s
+            # the usage event follows the last token at once (vLLM sends it in the same step)
+            delayed_until = 1 << 62
+            if gen.include_usage:
+                delayed_until = _count_events(gen, prompts) - 1
             for k, payload in enumerate(events):
-                if itl and k >= undelayed:
+                if itl and undelayed <= k < delayed_until:
                     await asyncio.sleep(itl)
                 await writer.event(payload)
             await writer.finish()
@@ -390,6 +394,16 @@ async def _until_disconnect(receive: Receive, work: Coroutine[Any, Any, None]) -
     with contextlib.suppress(asyncio.CancelledError):
         await task
     return False
+
+
+def _count_events(gen: Generation, prompts: list[str | list[int]] | None) -> int:
+    """Number of JSON events of a stream (without ``[DONE]``)."""
+    usage = 1 if gen.include_usage else 0
+    if prompts is not None:
+        return gen.completion_tokens * gen.n * len(prompts) + usage
+    if gen.tool is not None:
+        return (total_completion_tokens(gen) // gen.n + 1) * gen.n + usage
+    return (1 + gen.completion_tokens) * gen.n + usage
 
 
 async def _hang() -> None:

@@ -347,3 +347,20 @@ def test_timing_is_applied(start_sim: Any) -> None:
     # lower bounds only: the delays are sleeps, so they can't be shorter than configured
     assert first is not None and first >= 0.2
     assert total >= 0.2 + 10 * 0.01
+
+
+def test_usage_event_is_not_delayed_by_itl(start_sim: Any) -> None:
+    # vLLM sends the usage event right after the last token: a relay waiting for it must not
+    # wait an inter-token latency (here 60 s, far beyond the client timeout).
+    sim = start_sim(itl_s=60.0)
+    client = openai.OpenAI(base_url=f"{sim.url}/v1", api_key="x", max_retries=0, timeout=20)
+    chat = client.chat.completions.create(
+        model="sim-model", messages=MSG, max_tokens=1, stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(chat)
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 1
+    comp = client.completions.create(model="sim-model", prompt="x", max_tokens=1, stream=True,
+                                      stream_options={"include_usage": True})
+    assert list(comp)[-1].usage is not None
+    client.close()
