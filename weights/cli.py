@@ -24,6 +24,7 @@ from weights.cli_common import (
     QuietOpt,
     TokenOpt,
     VerificationFailed,
+    dump_json,
     hub_client,
     progress,
 )
@@ -265,7 +266,7 @@ def verify(
         raise typer.BadParameter("--no-lock needs --signature")
     if as_json:
         report_doc["ok"] = ok
-        print(json.dumps(report_doc, indent=2, ensure_ascii=False))
+        print(dump_json(report_doc))
     if not ok:
         raise VerificationFailed()
 
@@ -284,6 +285,10 @@ def main(argv: list[str] | None = None) -> int:
     except WeightsError as exc:
         _report(exc, verbose)
         return 2
+    except OSError as exc:  # a local file: name it, never a bare traceback
+        where = f"{exc.filename}: " if exc.filename else ""
+        _report(WeightsError(f"{where}{exc.strerror or exc}", hint=_IO_HINT), verbose, "io_error")
+        return 2
     except typer.Exit as exc:
         return int(exc.exit_code)
     except typer.Abort:
@@ -296,11 +301,14 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _report(exc: WeightsError, verbose: bool) -> None:
+_IO_HINT = "check the path, its permissions and the free space of its file system"
+
+
+def _report(exc: WeightsError, verbose: bool, code: str | None = None) -> None:
     console = _console()
     if verbose:
         console.print_exception()
-    console.print(f"error [{exc.code}]: {exc.message}", markup=False)
+    console.print(f"error [{code or exc.code}]: {exc.message}", markup=False)
     if exc.hint:
         console.print(f"  hint: {exc.hint}", markup=False)
 

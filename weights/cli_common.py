@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -69,3 +70,14 @@ def hub_client(endpoint: str, token: str | None) -> Any:
     return HubClient(endpoint=endpoint, token=token)
 
 
+
+
+def dump_json(doc: object) -> str:
+    """JSON for stdout that is always valid UTF-8: a file name with undecodable bytes
+    (``os.fsdecode`` keeps them as lone surrogates) is written as a ``\\udcXX`` escape."""
+    text = json.dumps(doc, indent=2, ensure_ascii=False)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = json.dumps(doc, indent=2, ensure_ascii=True)
+    return text

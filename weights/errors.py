@@ -14,6 +14,7 @@ Every error derives from :class:`WeightsError` and carries a stable machine ``co
     +-- LicenseRefusedError           "license_refused"      --allow-license rejected the model
     +-- DriftError                    "revision_drift"       a branch moved since it was pinned
     +-- CacheLayoutError              "cache_layout"         unusable Hugging Face cache tree
+    +-- StorageError                  "io_error"             a local file cannot be written
     +-- SigningError                  "signing_error"        key or signature file unusable
     +-- SignatureVerificationError    "signature_invalid"    signature does not verify
     +-- SizingError                   "sizing_error"         config/safetensors unreadable
@@ -125,6 +126,12 @@ class CacheLayoutError(WeightsError):
     """A Hugging Face cache tree cannot be used (missing snapshot, foreign symlink, ...)."""
 
     code = "cache_layout"
+
+
+class StorageError(WeightsError):
+    """A local file cannot be written (disk full, file too large, permission, read-only)."""
+
+    code = "io_error"
 
 
 class SigningError(WeightsError):

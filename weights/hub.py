@@ -27,6 +27,7 @@ from weights.errors import (
     HubError,
     RepoNotFoundError,
     RevisionNotFoundError,
+    StorageError,
 )
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
@@ -125,6 +126,19 @@ def _mapped(what: str, endpoint: str) -> Iterator[None]:
         raise HubError(f"{what}: {exc}") from exc
 
 
+@contextlib.contextmanager
+def _local(part: Path) -> Iterator[None]:
+    """Report a failed local write as :class:`StorageError` (not as a hub problem)."""
+    try:
+        yield
+    except OSError as exc:
+        raise StorageError(
+            f"cannot write {part}: {exc.strerror or exc}",
+            hint="free space (or fix permissions) there and run the same command again: "
+                 "the download resumes from the bytes already written",
+        ) from exc
+
+
 class HubClient:
     """Talks to one hub endpoint with one token.
 
@@ -214,12 +228,13 @@ class HubClient:
         import httpx2
 
         url = hf.hf_hub_url(repo_id, path, revision=commit, endpoint=self.endpoint)
-        part.parent.mkdir(parents=True, exist_ok=True)
-        if part.exists() and part.stat().st_size > size:
-            part.unlink()
-        if not part.exists():
-            part.touch()
-        have = part.stat().st_size
+        with _local(part):
+            part.parent.mkdir(parents=True, exist_ok=True)
+            if part.exists() and part.stat().st_size > size:
+                part.unlink()
+            if not part.exists():
+                part.touch()
+            have = part.stat().st_size
         if progress is not None and have:
             progress(have)
         failures = 0
@@ -245,7 +260,7 @@ class HubClient:
                             if progress is not None:
                                 progress(-have)
                             have = 0
-                        with open(part, "r+b") as fh:
+                        with _local(part), open(part, "r+b") as fh:
                             fh.seek(have)
                             fh.truncate()
                             for chunk in response.iter_bytes():

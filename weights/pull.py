@@ -31,7 +31,7 @@ from weights.cache import (
     write_ref,
 )
 from weights.digests import ProgressCallback
-from weights.errors import CacheLayoutError, DigestMismatchError, WeightsError
+from weights.errors import CacheLayoutError, DigestMismatchError, StorageError, WeightsError
 from weights.hub import HubClient
 from weights.lockfile import LockedFile, LockEntry, Lockfile
 from weights.verify import check_file
@@ -85,6 +85,32 @@ def _verify_staged(blob: Path, locked: LockedFile) -> None:
         raise DigestMismatchError(mm.path, mm.expected, mm.actual)
 
 
+def _check_space(entry: LockEntry, staging: Path, finals: dict[str, Path], root: Path) -> None:
+    """Refuse up front when the destination's file system cannot hold what is still to be
+    downloaded: files not yet in place (``finals``: path -> final location), less the bytes
+    of resumable ``.part`` files.
+
+    Raises:
+        StorageError: Not enough free space.
+    """
+    missing = 0
+    for locked in entry.files:
+        done = finals[locked.path]
+        if done.is_file() and done.stat().st_size == locked.size:
+            continue  # in place (its content is checked before reuse)
+        part = staging_part(staging, entry, locked)
+        missing += locked.size - (part.stat().st_size if part.is_file() else 0)
+    probe = root
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    free = shutil.disk_usage(probe).free
+    if missing > free:
+        raise StorageError(
+            f"{entry.repo_id}: needs {missing} bytes, {free} free on the file system of {probe}",
+            hint="free space there or pull to another disk (--into/--cache)",
+        )
+
+
 def _reusable(path: Path, locked: LockedFile) -> bool:
     return path.is_file() and check_file(path, locked) is None
 
@@ -131,6 +157,9 @@ def pull_entry(
         dest_root = paths.repo_dir
         staging = staging or cache / STAGING_NAME
         target = paths.snapshot(entry.commit)
+    finals = {f.path: into / f.path if into is not None else paths.blob(f.blob_id)
+              for f in entry.files}
+    _check_space(entry, staging, finals, dest_root)
     try:
         dest_root.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

@@ -114,6 +114,15 @@ def sign_model(
     paths = signed_files(r, ignore)
     if not paths:
         raise SigningError(f"{r}: no files to sign")
+    for p in paths:
+        try:
+            p.encode("utf-8")
+        except UnicodeEncodeError:  # an undecodable byte name, kept by os.fsdecode
+            shown = p.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+            raise SigningError(
+                f"{r}/{shown}: file name is not valid UTF-8; the signature (in-toto JSON) "
+                "cannot name it", hint="rename or remove the file, or leave it out with --ignore",
+            ) from None
     computed = compute_digests(r, paths, digests, progress)
     symlinks = any((r / p).is_symlink() for p in paths)
     try:

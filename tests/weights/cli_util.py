@@ -7,14 +7,15 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_cli(
     args: list[str], *, endpoint: str | None = None, extra_env: dict[str, str] | None = None,
-    cwd: Path | None = None, python_args: list[str] | None = None,
-) -> subprocess.CompletedProcess[str]:
+    cwd: Path | None = None, python_args: list[str] | None = None, text: bool = True,
+) -> subprocess.CompletedProcess[Any]:
     """Run ``python -m weights.cli ARGS``; HF_ENDPOINT set to ``endpoint`` (or unroutable)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE"))}
     env["HF_ENDPOINT"] = endpoint or "http://192.0.2.1:9"  # TEST-NET-1: must never be reached
@@ -24,5 +25,5 @@ def run_cli(
     env.update(extra_env or {})
     return subprocess.run(
         [sys.executable, *(python_args or []), "-m", "weights.cli", *args],
-        capture_output=True, text=True, env=env, cwd=cwd or ROOT, timeout=120, check=False,
+        capture_output=True, text=text, env=env, cwd=cwd or ROOT, timeout=120, check=False,
     )

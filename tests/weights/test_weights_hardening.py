@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.hub_emulator import make_sharded
+from tests.hub_fixtures import SHARDED, HubServer
 from tests.weights.cli_util import run_cli
 from tests.weights.test_weights_verify import lock_dir
 from weights import LockEntry, Lockfile, install_hf_cache
@@ -103,3 +106,104 @@ def test_lock_with_unsafe_requested_revision_is_refused_before_any_write(
     assert "$.models[1].requested_revision: unsafe revision" in res.stderr
     assert "Traceback" not in res.stderr
     assert not (tmp_path / "deep").exists()
+
+
+def test_sign_refuses_a_non_utf8_file_name_with_one_clear_line(tmp_path: Path) -> None:
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    model = _model(tmp_path / "m", "x")
+    odd = os.fsdecode(b"\xff\xfe.bin")
+    (model / odd).write_bytes(b"stray")
+    key = tmp_path / "ec.pem"
+    key.write_bytes(ec.generate_private_key(ec.SECP256R1()).private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption()))
+    sig = tmp_path / "model.sig"
+    res = run_cli(["sign", str(model), "--key", str(key), "--out", str(sig), "-q"])
+    assert res.returncode == 2, res.stderr
+    assert "error [signing_error]" in res.stderr
+    assert "\\xff\\xfe.bin: file name is not valid UTF-8" in res.stderr
+    assert "Traceback" not in res.stderr
+    assert not sig.exists()
+
+
+def test_verify_json_stays_valid_utf8_with_a_non_utf8_extra_file(
+    two_models: tuple[Path, Path, list[LockEntry]],
+) -> None:
+    plain, lock, _ = two_models
+    (plain / "org/beta" / os.fsdecode(b"\xff.bin")).write_bytes(b"x")
+    res = run_cli(["verify", str(plain / "org/beta"), "--lock", str(lock), "--json"],
+                  text=False)
+    assert res.returncode == 1
+    doc = json.loads(res.stdout.decode("utf-8"))  # strict: raises on invalid UTF-8
+    assert doc["lock"]["extra"] == ["\udcff.bin"]  # the surrogateescape'd name, as escaped
+
+
+def _pull_with_file_size_limit(lock: Path, dest: Path, endpoint: str, limit: int) -> Any:
+    """``weights pull`` whose file writes fail past ``limit`` bytes (EFBIG), as on a full disk."""
+    import resource
+    import signal
+    import subprocess
+    import sys
+
+    from tests.weights.cli_util import ROOT
+
+    def limit_writes() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # write() then fails with EFBIG
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    env.update(HF_ENDPOINT=endpoint, HF_HUB_DISABLE_TELEMETRY="1", PYTHONPATH=str(ROOT))
+    return subprocess.run(  # preexec_fn: the only way to set the limit in the child
+        [sys.executable, "-m", "weights.cli", "pull", "--lock", str(lock), "--into", str(dest),
+         "-q"], capture_output=True, text=True, env=env, timeout=120, check=False,
+        preexec_fn=limit_writes)
+
+
+def test_pull_local_write_failure_is_an_io_error_not_a_hub_error(
+    hub_server: HubServer, tmp_path: Path,
+) -> None:
+    from weights.hub import HubClient
+    from weights.pin import pin
+
+    lock = tmp_path / "weights.lock"
+    pin(HubClient(hub_server.url), lock, SHARDED)
+    dest = tmp_path / "model"
+    res = _pull_with_file_size_limit(lock, dest, hub_server.url, 20_000)
+    assert res.returncode == 2, res.stderr
+    assert "error [io_error]" in res.stderr and "hub_error" not in res.stderr
+    assert "cannot write" in res.stderr and ".part" in res.stderr
+    assert "File too large" in res.stderr
+    assert "hint: free space" in res.stderr
+    # The failed file is not visible; the next run resumes from the kept .part.
+    assert not (dest / "model-00001-of-00002.safetensors").exists()
+    again = run_cli(["pull", "--lock", str(lock), "--into", str(dest), "-q"],
+                    endpoint=hub_server.url)
+    assert again.returncode == 0, again.stderr
+
+
+def test_pull_refuses_up_front_when_the_destination_lacks_space(
+    hub_server: HubServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import shutil
+
+    from weights.errors import StorageError
+    from weights.hub import HubClient
+    from weights.pin import pin
+    from weights.pull import pull_entry
+
+    lock = tmp_path / "weights.lock"
+    pin(HubClient(hub_server.url), lock, SHARDED)
+    entry = Lockfile.load(lock).entry(SHARDED)
+    real = shutil.disk_usage
+
+    def tiny(path: Any) -> Any:
+        return real(path)._replace(free=1000)
+
+    monkeypatch.setattr("weights.pull.shutil.disk_usage", tiny)
+    n = len(hub_server.hub.requests)
+    with pytest.raises(StorageError, match=rf"needs {entry.total_bytes} bytes, 1000 free"):
+        pull_entry(HubClient(hub_server.url), entry, into=tmp_path / "model")
+    assert len(hub_server.hub.requests) == n  # refused before any download
+    assert not (tmp_path / "model").exists()
