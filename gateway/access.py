@@ -55,10 +55,12 @@ class AccessLogMiddleware:
 
     Args:
         app: The wrapped ASGI app.
+        log: Write access lines (``x-request-id`` is added either way).
     """
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Any, log: bool = True) -> None:
         self.app = app
+        self.log = log
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http" or scope["path"] in _QUIET_PATHS:
@@ -79,7 +81,7 @@ class AccessLogMiddleware:
         try:
             await self.app(scope, receive, send_wrapper)
         finally:
-            if _access.isEnabledFor(logging.INFO):
+            if self.log and _access.isEnabledFor(logging.INFO):
                 _access.info(
                     "request",
                     extra={

@@ -150,8 +150,7 @@ def create_app(
         redoc_url=None,
         openapi_url=None,
     )
-    if settings.logging.access_log:
-        app.add_middleware(AccessLogMiddleware)
+    app.add_middleware(AccessLogMiddleware, log=settings.logging.access_log)
 
     @app.exception_handler(GatewayError)
     async def _gateway_error(_: Request, exc: GatewayError) -> JSONResponse:

@@ -186,3 +186,12 @@ def test_unknown_path_has_openai_error_shape(serve_asgi: Any, sim: Sim) -> None:
     assert set(r.json()["error"]) == {"message", "type", "param", "code"}
     r = httpx.get(gw + "/v1/models")
     assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+
+
+def test_request_id_on_every_endpoint(serve_asgi: Any, sim: Sim) -> None:
+    gw = start_gateway(serve_asgi, settings([sim.url]))  # access log off in the test config
+    ids = {httpx.get(gw + path, headers=AUTH_A).headers["x-request-id"]
+           for path in ("/v1/models", "/v1/models/default", "/v1/unknown")}
+    ids.add(httpx.post(gw + "/v1/chat/completions", json=CHAT, headers=AUTH_A)
+            .headers["x-request-id"])
+    assert len(ids) == 4 and all(len(i) == 32 for i in ids)
