@@ -20,22 +20,22 @@ GenAI semantic-convention names where they exist
 | ``sg.audit.queue.depth`` | gauge | |
 
 Time per output token is derived from the request record (``latency - ttft`` over
-``output_tokens - 1``): no work per streamed event.
+``output_tokens - 1``): no work per streamed event. Values are aggregated in process
+(:mod:`gateway.telemetry.aggregate`, ~1 us per record) and exported from the same state to
+Prometheus and OTLP.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from typing import Any
 
-from opentelemetry.metrics import CallbackOptions, Observation
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import MetricReader
 from opentelemetry.sdk.resources import Resource
 
 from gateway.records import RequestRecord
 from gateway.routing import Router
+from gateway.telemetry.aggregate import Labels, MetricSet
 
 __all__ = ["GatewayMetrics", "operation_name"]
 
@@ -69,11 +69,16 @@ def operation_name(path: str) -> str:
     return _OPERATIONS.get(path) or path.rsplit("/", 1)[-1]
 
 
+_MODEL = "gen_ai.request.model"
+_KEY = "sg.key.id"
+_OP = "gen_ai.operation.name"
+_REPLICA_LABELS = (_MODEL, "sg.replica", "sg.destination.id")
+
+
 class GatewayMetrics:
-    """The gateway's instruments on their own ``MeterProvider`` (no global provider).
+    """The gateway's instruments (see the module docstring), aggregated in process.
 
     Args:
-        readers: Metric readers (the Prometheus reader, the OTLP periodic reader).
         resource: The ``service.name`` resource.
         router: Replica pools, observed for in-flight and health gauges.
         egress_counts: ``() -> {(decision, destination): count}`` of the process guard.
@@ -81,52 +86,53 @@ class GatewayMetrics:
 
     def __init__(
         self,
-        readers: Sequence[MetricReader],
         resource: Resource,
         router: Router | None = None,
         egress_counts: Callable[[], dict[tuple[str, str], int]] | None = None,
     ) -> None:
-        self.provider = MeterProvider(metric_readers=list(readers), resource=resource)
-        # The gateway config is the only source of telemetry settings: OTEL_SDK_DISABLED in
-        # the environment must not silently empty /metrics.
-        self.provider._disabled = False
-        m = self.provider.get_meter("sovereign-gateway")
+        self.set = MetricSet(resource)
+        m = self.set
         self._router = router
         self._egress_counts = egress_counts
         self._audit_queue: Callable[[], int] | None = None
-        self.requests = m.create_counter("sg.gateway.requests", "{request}",
-                                         "Relayed requests by model, key, status and outcome")
-        self.duration = m.create_histogram(
+        self.requests = m.counter(
+            "sg.gateway.requests", "{request}",
+            "Relayed requests by model, key, status and outcome",
+            (_MODEL, _KEY, "http.response.status_code", "sg.outcome"))
+        self.duration = m.histogram(
             "gen_ai.server.request.duration", "s", "Time in the gateway per request",
-            explicit_bucket_boundaries_advisory=DURATION_BUCKETS)
-        self.ttft = m.create_histogram(
+            (_OP, _MODEL, _KEY, "error.type"), DURATION_BUCKETS)
+        self.ttft = m.histogram(
             "gen_ai.server.time_to_first_token", "s",
             "Time from request start to the first response byte of the backend",
-            explicit_bucket_boundaries_advisory=TTFT_BUCKETS)
-        self.tpot = m.create_histogram(
+            (_OP, _MODEL, _KEY), TTFT_BUCKETS)
+        self.tpot = m.histogram(
             "gen_ai.server.time_per_output_token", "s",
             "Mean inter-token latency of a streamed response after its first token",
-            explicit_bucket_boundaries_advisory=TPOT_BUCKETS)
-        self.tokens = m.create_histogram(
+            (_OP, _MODEL), TPOT_BUCKETS)
+        self.tokens = m.histogram(
             "gen_ai.client.token.usage", "{token}", "Input and output tokens per request",
-            explicit_bucket_boundaries_advisory=TOKEN_BUCKETS)
-        self.retries = m.create_counter("sg.gateway.upstream.retries", "{attempt}",
-                                        "Upstream attempts beyond the first")
-        self.denials = m.create_counter("sg.gateway.policy.denials", "{request}",
-                                        "Requests refused by the egress policy")
-        self.audit_append = m.create_histogram(
+            (_OP, _MODEL, _KEY, "gen_ai.token.type"), TOKEN_BUCKETS)
+        self.retries = m.counter("sg.gateway.upstream.retries", "{attempt}",
+                                 "Upstream attempts beyond the first", (_MODEL,))
+        self.denials = m.counter("sg.gateway.policy.denials", "{request}",
+                                 "Requests refused by the egress policy",
+                                 ("sg.layer", "sg.policy.rule_id"))
+        self.audit_append = m.histogram(
             "sg.audit.append.duration", "s", "Time until an audit record is durable",
-            explicit_bucket_boundaries_advisory=AUDIT_BUCKETS)
-        self.audit_failures = m.create_counter("sg.audit.append.failures", "{record}",
-                                               "Audit appends that failed")
-        m.create_observable_gauge("sg.gateway.replica.inflight", [self._inflight], "{request}",
-                                  "Requests in flight per replica")
-        m.create_observable_gauge("sg.gateway.replica.healthy", [self._healthy], "",
-                                  "1 when the replica is available (not ejected, probe ok)")
-        m.create_observable_counter("sg.egress.blocked", [self._egress], "{connection}",
-                                    "Connections the process egress guard refused")
-        m.create_observable_gauge("sg.audit.queue.depth", [self._audit_depth], "{record}",
-                                  "Audit records waiting to be committed")
+            ("type",), AUDIT_BUCKETS)
+        self.audit_failures = m.counter("sg.audit.append.failures", "{record}",
+                                        "Audit appends that failed", ("type",))
+        m.observed("sg.gateway.replica.inflight", "{request}", "Requests in flight per replica",
+                   _REPLICA_LABELS, self._inflight)
+        m.observed("sg.gateway.replica.healthy", "",
+                   "1 when the replica is available (not ejected, probe ok)",
+                   _REPLICA_LABELS, self._healthy)
+        m.observed("sg.egress.blocked", "{connection}",
+                   "Connections the process egress guard refused",
+                   ("sg.decision", "sg.destination.id"), self._egress, kind="counter")
+        m.observed("sg.audit.queue.depth", "{record}", "Audit records waiting to be committed",
+                   (), self._audit_depth)
 
     def watch_audit_queue(self, depth: Callable[[], int]) -> None:
         """Observe the audit writer's queue depth through ``depth()``."""
@@ -134,72 +140,58 @@ class GatewayMetrics:
 
     def record_audit_append(self, seconds: float, type_: str, ok: bool) -> None:
         """Record one audit append (duration in seconds)."""
-        self.audit_append.record(seconds, {"type": type_})
+        self.audit_append.record(seconds, (type_,))
         if not ok:
-            self.audit_failures.add(1, {"type": type_})
+            self.audit_failures.add(1, (type_,))
 
     def record_request(self, record: RequestRecord) -> None:
         """Record the metrics of one finished relay request."""
         model = record.canonical_model or record.model or ""
         key = record.key_id or ""
         op = operation_name(record.path)
-        self.requests.add(1, {"gen_ai.request.model": model, "sg.key.id": key,
-                              "http.response.status_code": record.status,
-                              "sg.outcome": record.outcome})
-        base = {"gen_ai.operation.name": op, "gen_ai.request.model": model, "sg.key.id": key}
+        ok = record.outcome == "ok"
+        self.requests.add(1, (model, key, record.status, record.outcome))
         if record.latency_ms is not None:
-            attrs = base if record.outcome == "ok" else {
-                **base, "error.type": record.error_code or record.outcome}
-            self.duration.record(record.latency_ms / 1000.0, attrs)
+            error = "" if ok else (record.error_code or record.outcome)
+            self.duration.record(record.latency_ms / 1000.0, (op, model, key, error))
         if record.error_code in _DENIAL_LAYERS:
-            self.denials.add(1, {"sg.layer": _DENIAL_LAYERS[record.error_code],
-                                 "sg.policy.rule_id": record.policy_rule or ""})
+            self.denials.add(1, (_DENIAL_LAYERS[record.error_code], record.policy_rule or ""))
         if record.attempts > 1:
-            self.retries.add(record.attempts - 1, {"gen_ai.request.model": model})
-        if record.outcome != "ok":
+            self.retries.add(record.attempts - 1, (model,))
+        if not ok:
             return
         if record.ttft_ms is not None:
-            self.ttft.record(record.ttft_ms / 1000.0, base)
+            self.ttft.record(record.ttft_ms / 1000.0, (op, model, key))
         if record.input_tokens is not None:
-            self.tokens.record(record.input_tokens, {**base, "gen_ai.token.type": "input"})
+            self.tokens.record(record.input_tokens, (op, model, key, "input"))
         out = record.output_tokens
         if out is not None:
-            self.tokens.record(out, {**base, "gen_ai.token.type": "output"})
+            self.tokens.record(out, (op, model, key, "output"))
             if (record.stream and out > 1 and record.ttft_ms is not None
                     and record.latency_ms is not None):
                 tpot = (record.latency_ms - record.ttft_ms) / 1000.0 / (out - 1)
-                self.tpot.record(max(tpot, 0.0), {"gen_ai.operation.name": op,
-                                                  "gen_ai.request.model": model})
+                self.tpot.record(max(tpot, 0.0), (op, model))
 
     def _replicas(self) -> Iterable[Any]:
         if self._router is None:
             return ()
         return (r for pool in self._router.pools.values() for r in pool.replicas)
 
-    def _inflight(self, _: CallbackOptions) -> Iterable[Observation]:
+    def _inflight(self) -> Iterable[tuple[Labels, float]]:
         for r in self._replicas():
-            yield Observation(r.outstanding, {"gen_ai.request.model": r.model,
-                                              "sg.replica": r.url,
-                                              "sg.destination.id": r.destination or ""})
+            yield (r.model, r.url, r.destination or ""), r.outstanding
 
-    def _healthy(self, _: CallbackOptions) -> Iterable[Observation]:
+    def _healthy(self) -> Iterable[tuple[Labels, float]]:
         now = time.monotonic()
         for r in self._replicas():
-            yield Observation(1 if r.available(now) else 0,
-                              {"gen_ai.request.model": r.model, "sg.replica": r.url,
-                               "sg.destination.id": r.destination or ""})
+            yield (r.model, r.url, r.destination or ""), 1 if r.available(now) else 0
 
-    def _egress(self, _: CallbackOptions) -> Iterable[Observation]:
+    def _egress(self) -> Iterable[tuple[Labels, float]]:
         counts = self._egress_counts() if self._egress_counts is not None else {}
-        for (decision, dest), n in counts.items():
-            yield Observation(n, {"sg.decision": decision, "sg.destination.id": dest})
+        yield from counts.items()
         if not counts:
-            yield Observation(0, {"sg.decision": "deny", "sg.destination.id": ""})
+            yield ("deny", ""), 0
 
-    def _audit_depth(self, _: CallbackOptions) -> Iterable[Observation]:
+    def _audit_depth(self) -> Iterable[tuple[Labels, float]]:
         if self._audit_queue is not None:
-            yield Observation(self._audit_queue())
-
-    def shutdown(self) -> None:
-        """Flush exporters and stop the provider."""
-        self.provider.shutdown()
+            yield (), self._audit_queue()

@@ -1,7 +1,7 @@
 """The telemetry service: providers, exporters, the request observer and the admin server.
 
-:class:`Telemetry` owns its own ``TracerProvider`` and ``MeterProvider`` (never the global
-ones), so nothing else in the process can add exporters. Exporters exist only when
+:class:`Telemetry` owns its own ``TracerProvider`` (never the global one) and its metric set
+(:mod:`gateway.telemetry.aggregate`), so nothing else in the process can add exporters. Exporters exist only when
 ``otlp_endpoint`` is configured, and that endpoint must lie inside the egress-policy destination
 ``otlp_endpoint_destination`` (checked with ``policy.check_binding``). The OTLP exporters use a
 ``requests`` session with ``trust_env=False`` and no redirects, so proxy variables cannot send
@@ -16,12 +16,12 @@ that continues the client's ``traceparent``.
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from collections.abc import Awaitable, Callable, Mapping, MutableMapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import Any
 
 import requests
-from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
@@ -35,7 +35,7 @@ from gateway.routing import Router
 from gateway.settings import GatewaySettings
 from gateway.telemetry.admin import AdminServer
 from gateway.telemetry.metrics import GatewayMetrics
-from gateway.telemetry.prometheus import PrometheusReader
+from gateway.telemetry.prometheus import PrometheusCollector
 from gateway.telemetry.settings import TelemetrySettings, telemetry_settings
 from gateway.telemetry.tracing import RequestTracer
 
@@ -78,7 +78,6 @@ class Telemetry:
         settings: The validated ``telemetry:`` section.
         policy: The egress policy (required when ``otlp_endpoint`` is set).
         span_exporter: Extra span exporter (tests: an in-memory exporter, synchronous).
-        metric_readers: Extra metric readers (tests).
         egress_counts: Process guard event counts (``EgressEvents.counts`` snapshot).
 
     Raises:
@@ -91,7 +90,6 @@ class Telemetry:
         *,
         policy: Any = None,
         span_exporter: SpanExporter | None = None,
-        metric_readers: Sequence[MetricReader] = (),
         egress_counts: Callable[[], dict[tuple[str, str], int]] | None = None,
     ) -> None:
         _check_endpoint(settings, policy)
@@ -102,10 +100,9 @@ class Telemetry:
             resource=resource, sampler=ParentBased(TraceIdRatioBased(settings.sample_ratio))
         )
         self.tracer_provider._disabled = False  # config file, not OTEL_* env
-        self.prometheus = PrometheusReader()
+        self._resource = resource
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(self.prometheus.collector)
-        readers: list[MetricReader] = [self.prometheus, *metric_readers]
+        self._pusher: _MetricPusher | None = None
         processors: list[SpanProcessor] = []
         if span_exporter is not None:
             from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -125,14 +122,13 @@ class Telemetry:
             }
             processors.append(BatchSpanProcessor(OTLPSpanExporter(
                 endpoint=settings.otlp_endpoint + "/v1/traces", session=_session(), **common)))
-            readers.append(PeriodicExportingMetricReader(
+            self._pusher = _MetricPusher(
                 OTLPMetricExporter(endpoint=settings.otlp_endpoint + "/v1/metrics",
                                    session=_session(), **common),
-                export_interval_millis=settings.export_interval_s * 1000,
-            ))
+                self, settings.export_interval_s,
+            )
         for proc in processors:
             self.tracer_provider.add_span_processor(proc)
-        self._readers = readers
         self.metrics: GatewayMetrics | None = None
         self._stopped = False
         self.tracer = RequestTracer(
@@ -143,16 +139,16 @@ class Telemetry:
     def bind(self, router: Router) -> None:
         """Create the metrics (observing ``router``); called once by :func:`with_telemetry`."""
         if self.metrics is None:
-            self.metrics = GatewayMetrics(
-                self._readers, Resource({"service.name": self.settings.service_name}),
-                router, self._egress_counts,
-            )
+            self.metrics = GatewayMetrics(self._resource, router, self._egress_counts)
+            self.registry.register(PrometheusCollector(self.metrics.set))
 
     # --- lifespan ---------------------------------------------------------------------
 
     async def startup(self) -> None:
-        """Start the admin server (``/metrics``)."""
+        """Start the admin server (``/metrics``) and the OTLP metric pusher."""
         await self.admin.start()
+        if self._pusher is not None:
+            self._pusher.start()
 
     async def shutdown(self) -> None:
         """Stop the admin server, flush and stop the exporters (idempotent)."""
@@ -161,8 +157,8 @@ class Telemetry:
             return
         self._stopped = True
         self.tracer_provider.shutdown()
-        if self.metrics is not None:
-            self.metrics.shutdown()
+        if self._pusher is not None:
+            self._pusher.stop()
 
     # --- admission hook and observer ---------------------------------------------------
 
@@ -225,6 +221,47 @@ class Telemetry:
         pending = getattr(log, "_pending", None)
         if pending is not None:
             metrics.watch_audit_queue(lambda: len(pending))
+
+
+class _MetricPusher:
+    """Pushes the metric set to the OTLP exporter every ``interval_s`` seconds (a thread)."""
+
+    def __init__(self, exporter: Any, telemetry: Telemetry, interval_s: float) -> None:
+        self._exporter = exporter
+        self._telemetry = telemetry
+        self._interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Start the thread (idempotent)."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="sg-otlp-metrics",
+                                            daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval_s):
+            self._export()
+
+    def _export(self) -> None:
+        metrics = self._telemetry.metrics
+        if metrics is None:
+            return
+        try:
+            self._exporter.export(metrics.set.otlp(),
+                                  timeout_millis=self._telemetry.settings.otlp_timeout_s * 1000)
+        except Exception:
+            _log.exception("OTLP metric export failed")
+
+    def stop(self) -> None:
+        """Stop the thread, push once more, shut the exporter down."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(self._telemetry.settings.otlp_timeout_s + 1)
+            self._thread = None
+        self._export()
+        self._exporter.shutdown()
 
 
 def check_telemetry(settings: GatewaySettings, policy: Any = None) -> TelemetrySettings | None:
