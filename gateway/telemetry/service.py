@@ -1,11 +1,11 @@
 """The telemetry service: providers, exporters, the request observer and the admin server.
 
 :class:`Telemetry` owns its own ``TracerProvider`` (never the global one) and its metric set
-(:mod:`gateway.telemetry.aggregate`), so nothing else in the process can add exporters. Exporters exist only when
-``otlp_endpoint`` is configured, and that endpoint must lie inside the egress-policy destination
-``otlp_endpoint_destination`` (checked with ``policy.check_binding``). The OTLP exporters use a
-``requests`` session with ``trust_env=False`` and no redirects, so proxy variables cannot send
-telemetry elsewhere; the process guard checks their connections like any other.
+(:mod:`gateway.telemetry.aggregate`), so nothing else in the process can add exporters.
+Exporters exist only when ``otlp_endpoint`` is configured, and that endpoint must lie inside
+the egress-policy destination ``otlp_endpoint_destination`` (``policy.check_binding``). The
+OTLP exporters use a ``requests`` session with ``trust_env=False`` and no redirects, so proxy
+variables cannot send telemetry elsewhere; the process guard checks their connections too.
 
 Per request it is an admission hook (reads ``max_tokens`` etc. for span attributes) and an
 observer (server span, metrics, ``trace_id`` on the access line); :func:`with_telemetry` also
