@@ -50,8 +50,9 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-err = Console(stderr=True, soft_wrap=True)
-out = Console(soft_wrap=True)
+# markup off: file names, paths and revisions such as "a[/b]" are printed as they are.
+err = Console(stderr=True, soft_wrap=True, markup=False)
+out = Console(soft_wrap=True, markup=False)
 
 PublicKeys = Annotated[
     list[Path],
@@ -253,10 +254,15 @@ def inspect(
                   f"  licence {e.license or '-'}, gated {'yes' if e.gated else 'no'}, "
                   f"{len(e.files)} files, {e.total_bytes} bytes, pinned {e.pinned_at}",
                   highlight=False)  # fmt: skip
-    files = Table("file", "size", "sha256", "blob id")
-    for f in index.files:
-        files.add_row(f.label, str(f.size), f.sha256[:16], f.blob_id[:16])
-    out.print(files)
+    if out.is_terminal:
+        files = Table("file", "size", "sha256", "blob id")
+        files.columns[0].overflow = "fold"  # never cut a name short
+        for f in index.files:
+            files.add_row(f.label, str(f.size), f.sha256[:16], f.blob_id[:16])
+        out.print(files)
+    else:  # piped: one tab-separated line per file, full digests (for grep, cut, diff)
+        for f in index.files:
+            sys.stdout.write(f"{f.label}\t{f.size}\t{f.sha256}\t{f.blob_id}\n")
     parts = Table("part", "offset", "size", "sha256")
     for p in index.parts:
         parts.add_row(p.name, str(p.offset), str(p.size), p.sha256[:16])

@@ -32,8 +32,15 @@ from airgap.bundle import (
 from airgap.errors import AirgapError, Code, fail
 from airgap.payload import Source, write_blobs
 from airgap.signing import key_id, sign_index
+from airgap.space import require_free, writing
 from airgap.stream import Progress
 from weights import LockEntry, Lockfile, WeightsError, resolve_model_dir, sha256_file
+
+#: A bundle has at most this many parts: each is a file to copy, list and check; a smaller
+#: ``--part-size`` is almost certainly a unit mistake (bytes, not MiB).
+MAX_PARTS = 10_000
+#: Room kept for index.json and index.sig in the free-space check, in bytes.
+INDEX_ALLOWANCE = 1024**2
 
 
 @dataclass(frozen=True)
@@ -147,6 +154,13 @@ def pack_bundle(
         raise AirgapError(Code.OUTPUT_EXISTS, f"{out} exists; choose a new path or use --force")
     started = time.perf_counter()
     sources = collect_sources(lock, source, include_files)
+    payload = sum({s.file.sha256: s.file.size for s in sources}.values())  # stored once each
+    parts = -(-payload // part_size)
+    if parts > MAX_PARTS:
+        least = -(-payload // MAX_PARTS)
+        raise AirgapError(Code.IO_ERROR, f"--part-size {part_size} would split {payload} bytes "
+                          f"into {parts} parts (at most {MAX_PARTS}); use at least {least}")
+    require_free(out.parent, payload + INDEX_ALLOWANCE, f"packing into {out}")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
     try:
@@ -189,11 +203,12 @@ def _build_index(
 
 
 def _write_file(path: Path, data: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
+    with writing(path):
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
 
 
 def _fsync_dir(path: Path) -> None:

@@ -22,6 +22,7 @@ from typing import BinaryIO
 from airgap import paths
 from airgap.bundle import Blob, ContentFile, Part
 from airgap.errors import AirgapError, Code, fail
+from airgap.space import writing
 from airgap.stream import CHUNK_BYTES, WAKE_S, Progress
 
 #: Keep a zlib encoding only when it is at most this fraction of the content size.
@@ -84,7 +85,8 @@ class PartWriter:
                 if self._error is None:
                     self._write_sync(memoryview(item))
             if self._fh is not None and self._error is None:
-                self._close_part()  # the last, partial part
+                with writing(self._temp_name(len(self._parts))):
+                    self._close_part()  # the last, partial part
         except BaseException as exc:
             self._error = exc
             while self._queue.get() is not None:  # drain so the producer never blocks
@@ -97,17 +99,18 @@ class PartWriter:
 
     def _write_sync(self, data: memoryview) -> None:
         while data:
-            if self._fh is None:
-                path = self._temp_name(len(self._parts))
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-                self._fh = os.fdopen(fd, "wb", buffering=0)
-            chunk = data[: self.part_size - self._written]
-            self._fh.write(chunk)
-            self._hash.update(chunk)
-            self._written += len(chunk)
-            data = data[len(chunk) :]
-            if self._written == self.part_size:
-                self._close_part()
+            path = self._temp_name(len(self._parts))
+            with writing(path):
+                if self._fh is None:
+                    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+                    self._fh = os.fdopen(fd, "wb", buffering=0)
+                chunk = data[: self.part_size - self._written]
+                self._fh.write(chunk)
+                self._hash.update(chunk)
+                self._written += len(chunk)
+                data = data[len(chunk) :]
+                if self._written == self.part_size:
+                    self._close_part()
 
     def _close_part(self) -> None:
         assert self._fh is not None
@@ -247,7 +250,7 @@ def _zlib_encode(
     checker = _Checker(s)
     comp = zlib.compressobj(6)
     stored = 0
-    with open(scratch, "wb") as out:
+    with writing(scratch), open(scratch, "wb") as out:
         for chunk in _read(s, view):
             checker.update(chunk)
             stored += out.write(comp.compress(chunk))

@@ -26,6 +26,7 @@ Layouts (``hf-cache`` is what ``huggingface_hub`` and vLLM read with ``HF_HUB_OF
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import shutil
@@ -41,6 +42,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from airgap.bundle import ContentFile, Index
 from airgap.errors import AirgapError, Code, StoreError, VerificationFailed
+from airgap.space import require_free, writing
 from airgap.stream import Progress, Range, hash_ranges
 from airgap.verify import VerifyReport, blob_ranges, check_index, diagnose
 from weights import Lockfile, WeightsError, hf_cache_paths, is_commit_sha, sha256_file
@@ -128,6 +130,29 @@ def unpack_bundle(
     index = check.index
     assert index is not None
     report = UnpackReport(store=store, layout=layout, check=check)
+    created = [d for d in (store, extras_into) if d is not None and not d.exists()]
+    try:
+        return _install(bundle, index, check, report, store, layout, extras_into, workers,
+                        progress, started)
+    except BaseException:
+        for d in created:  # a failed unpack leaves no new empty directory behind either
+            with contextlib.suppress(OSError):
+                d.rmdir()
+        raise
+
+
+def _install(
+    bundle: Path,
+    index: Index,
+    check: VerifyReport,
+    report: UnpackReport,
+    store: Path,
+    layout: Layout,
+    extras_into: Path | None,
+    workers: int,
+    progress: Progress | None,
+    started: float,
+) -> UnpackReport:
     try:
         store.mkdir(parents=True, exist_ok=True)
         if extras_into is not None:
@@ -152,6 +177,7 @@ def unpack_bundle(
     if extras_into is not None:
         for f in index.extras:
             _plan_file(plan, report, extras_into, extras_into / f.path, f)
+    require_free(store, sum(plan.sizes[s] for s in plan.targets), f"unpacking {bundle}")
     staging = Path(tempfile.mkdtemp(prefix=".airgap-staging-", dir=store))
     try:
         staged = _stage(bundle, index, check, plan, staging, workers, progress)
@@ -263,15 +289,21 @@ class _StagedFile:
     """A staging file that is fsynced when closed."""
 
     def __init__(self, path: Path) -> None:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        self.path = path
+        with writing(path):
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
         self._fh = os.fdopen(fd, "wb", buffering=0)
 
     def write(self, data: memoryview) -> int:
-        return self._fh.write(data) or 0
+        with writing(self.path):
+            return self._fh.write(data) or 0
 
     def close(self) -> None:
-        os.fsync(self._fh.fileno())
-        self._fh.close()
+        try:
+            with writing(self.path):
+                os.fsync(self._fh.fileno())
+        finally:
+            self._fh.close()
 
 
 def _stage(

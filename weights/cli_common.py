@@ -42,7 +42,7 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable JSON rep
 
 def console() -> Console:
     """The stderr console of the CLI (reports and progress; stdout is for --json)."""
-    return Console(stderr=True, highlight=False, soft_wrap=True)
+    return Console(stderr=True, highlight=False, soft_wrap=True, markup=False)
 
 
 @contextmanager

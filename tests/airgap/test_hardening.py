@@ -1,0 +1,139 @@
+"""Regressions found by trying the airgap CLI as a new operator (each test failed first)."""
+
+from __future__ import annotations
+
+import os
+import resource
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from airgap_helpers import KeyPair, lock_entry_from_dir, tree_state, write_lock
+
+from airgap import pack_bundle
+from airgap.cli import main
+from airgap.errors import AirgapError
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    rc = main(list(argv))
+    cap = capsys.readouterr()
+    return rc, cap.out, cap.err
+
+
+@pytest.fixture
+def odd_model(tmp_path: Path) -> Path:
+    """File names that look like rich markup, and a long one."""
+    root = tmp_path / "odd"
+    (root / "a[").mkdir(parents=True)
+    (root / "a[" / "b]").write_text("closing-tag lookalike\n")
+    (root / "we[x]ird[bold].txt").write_text("markup lookalike\n")
+    long = "tokenizer_" + "x" * 90 + ".json"
+    (root / long).write_text("{}\n")
+    (root / "config.json").write_text('{"model_type": "bert"}\n')
+    return root
+
+
+def test_inspect_shows_file_names_exactly_and_in_full(
+    odd_model: Path, keys: KeyPair, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    lock = write_lock(tmp_path / "w.lock", lock_entry_from_dir(odd_model, "acme/odd"))
+    bundle = tmp_path / "b"
+    pack_bundle(lock, odd_model, bundle, keys.private)
+    rc, out, err = run(capsys, "inspect", str(bundle))
+    assert rc == 0, err
+    for f in lock.entries[0].files:  # not eaten as markup, not truncated with an ellipsis
+        assert f"acme/odd:{f.path}\t{f.size}\t{f.sha256}\t{f.blob_id}" in out.splitlines()
+    assert "…" not in out
+
+
+def test_pack_refuses_a_part_size_that_makes_absurdly_many_parts(
+    small_model: Path, keys: KeyPair, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    lock = tmp_path / "w.lock"
+    write_lock(lock, lock_entry_from_dir(small_model, "acme/tiny"))
+    usb = tmp_path / "usb"
+    usb.mkdir()
+    before = tree_state(usb)
+    rc, _, err = run(capsys, "pack", "--lock", str(lock), "--from", str(small_model), "--out",
+                     str(usb / "b"), "--key", str(keys.private_path), "--part-size", "1")
+    assert rc == 2
+    assert "error: io_error: --part-size 1 would split" in err and "at most 10000" in err
+    assert tree_state(usb) == before
+
+
+def test_pack_refuses_up_front_without_room_on_the_media(
+    small_model: Path, keys: KeyPair, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lock = write_lock(tmp_path / "w.lock", lock_entry_from_dir(small_model, "acme/tiny"))
+    usb = tmp_path / "usb"
+    usb.mkdir()
+    real = __import__("shutil").disk_usage
+    monkeypatch.setattr("airgap.space.shutil.disk_usage",
+                        lambda p: real(p)._replace(free=1000))
+    with pytest.raises(AirgapError, match=r"needs \d+ bytes, 1000 free on the file system of"):
+        pack_bundle(lock, small_model, usb / "b", keys.private)
+    assert list(usb.iterdir()) == []
+
+
+def test_unpack_refuses_up_front_without_room_in_the_store(
+    pristine_bundle: Path, keys: KeyPair, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from airgap import unpack_bundle
+
+    store = tmp_path / "store"
+    store.mkdir()
+    real = __import__("shutil").disk_usage
+    monkeypatch.setattr("airgap.space.shutil.disk_usage",
+                        lambda p: real(p)._replace(free=1000))
+    with pytest.raises(AirgapError, match=r"needs \d+ bytes, 1000 free on the file system of"):
+        unpack_bundle(pristine_bundle, [keys.public], store)
+    assert list(store.iterdir()) == []
+
+
+def _cli_with_file_size_limit(args: list[str], limit: int) -> Any:
+    """The airgap CLI whose file writes fail past ``limit`` bytes (EFBIG, as a full disk)."""
+
+    def limit_writes() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.run([sys.executable, "-m", "airgap.cli", *args], capture_output=True,
+                          text=True, env=env, timeout=120, check=False,
+                          preexec_fn=limit_writes)  # the only way to limit the child
+
+
+def test_pack_write_failure_names_the_file_and_leaves_nothing(
+    small_model: Path, keys: KeyPair, tmp_path: Path
+) -> None:
+    lock = tmp_path / "w.lock"
+    write_lock(lock, lock_entry_from_dir(small_model, "acme/tiny"))
+    usb = tmp_path / "usb"
+    usb.mkdir()
+    res = _cli_with_file_size_limit(["pack", "--lock", str(lock), "--from", str(small_model),
+                                     "--out", str(usb / "b"), "--key", str(keys.private_path),
+                                     "-q"], 50_000)  # fmt: skip
+    assert res.returncode == 2, res.stderr
+    assert "error: io_error: cannot write" in res.stderr and "File too large" in res.stderr
+    assert str(usb) in res.stderr  # says where
+    assert list(usb.iterdir()) == []
+
+
+def test_unpack_write_failure_names_the_file_and_leaves_store_unchanged(
+    pristine_bundle: Path, keys: KeyPair, tmp_path: Path
+) -> None:
+    store = tmp_path / "store"
+    store.mkdir()
+    res = _cli_with_file_size_limit(["unpack", str(pristine_bundle), "--public-key",
+                                     str(keys.public_path), "--into", str(store), "-q"],
+                                    50_000)  # fmt: skip
+    assert res.returncode == 2, res.stderr
+    assert "error: io_error: cannot write" in res.stderr and "File too large" in res.stderr
+    assert str(store) in res.stderr
+    assert list(store.iterdir()) == []
