@@ -275,6 +275,8 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point: run the CLI with one error boundary; return the exit code."""
     args = sys.argv[1:] if argv is None else argv
     verbose = "-v" in args or "--verbose" in args
+    if verbose:  # accepted in any position, like airgap's
+        args = ["--verbose", *(a for a in args if a not in ("-v", "--verbose"))]
     try:
         app(args=args, standalone_mode=False)
     except VerificationFailed:

@@ -28,6 +28,7 @@ from weights.errors import (
     RepoNotFoundError,
     RevisionNotFoundError,
     StorageError,
+    WeightsError,
 )
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
@@ -98,6 +99,8 @@ def _mapped(what: str, endpoint: str) -> Iterator[None]:
     errors = hf.errors
     try:
         yield
+    except errors.HFValidationError as exc:  # a malformed id or revision, refused locally
+        raise WeightsError(f"{what}: {exc}") from exc
     except errors.GatedRepoError as exc:
         raise GatedRepoError(
             f"{what}: the repository is gated and needs a token with access",

@@ -45,6 +45,11 @@ def is_commit_sha(value: str) -> bool:
     return _HEX40.fullmatch(value) is not None
 
 
+def is_repo_id(value: str) -> bool:
+    """Return True if ``value`` is a Hub repository id (``name`` or ``org/name``)."""
+    return _REPO_ID.fullmatch(value) is not None
+
+
 def check_repo_path(path: str) -> str:
     """Validate a repository-relative file path and return it unchanged.
 
@@ -417,5 +422,6 @@ __all__ = [
     "Lockfile",
     "check_repo_path",
     "is_commit_sha",
+    "is_repo_id",
     "validate_entry",
 ]

@@ -8,6 +8,8 @@ attention heads; beyond the KV heads, KV heads are replicated. Every figure name
 
 from __future__ import annotations
 
+import math
+
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -52,8 +54,10 @@ def parse_memory(text: str) -> int:
         factor = GIB
     try:
         value = float(t)
-    except ValueError as exc:
-        raise SizingError(f"bad memory size {text!r} (e.g. 80GiB or 80GB)") from exc
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise SizingError(f"bad memory size {text!r}: a positive size, e.g. 80GiB or 80GB")
     return int(value * factor)
 
 

@@ -18,7 +18,14 @@ from pathlib import Path, PurePosixPath
 from weights.digests import digest_file
 from weights.errors import DigestMismatchError, DriftError, LicenseRefusedError, WeightsError
 from weights.hub import HubClient, RemoteFile, RemoteSnapshot
-from weights.lockfile import LockedFile, LockEntry, Lockfile, check_repo_path, validate_entry
+from weights.lockfile import (
+    LockedFile,
+    LockEntry,
+    Lockfile,
+    check_repo_path,
+    is_repo_id,
+    validate_entry,
+)
 
 
 @dataclass(frozen=True)
@@ -225,6 +232,10 @@ def pin(
         DriftError: The pin changed and ``update`` is False (``exc.drift`` holds the diff).
         LicenseRefusedError, LockfileError, HubError and subclasses.
     """
+    if not is_repo_id(repo_id):
+        raise WeightsError(f"{repo_id!r} is not a repository id",
+                           hint="use org/name as on the Hub, e.g. "
+                                "sentence-transformers/all-MiniLM-L6-v2")
     lock = Lockfile.load_or_empty(lock_path)
     new, warnings = resolve_entry(hub, repo_id, revision, include=include, exclude=exclude,
                         allow_license=allow_license, now=now, progress=progress)

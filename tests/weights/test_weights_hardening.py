@@ -207,3 +207,35 @@ def test_pull_refuses_up_front_when_the_destination_lacks_space(
         pull_entry(HubClient(hub_server.url), entry, into=tmp_path / "model")
     assert len(hub_server.hub.requests) == n  # refused before any download
     assert not (tmp_path / "model").exists()
+
+
+@pytest.mark.parametrize("repo_id", ["../evil", "org/na me", "a/b/c", "x/", ""])
+def test_pin_refuses_a_malformed_repo_id_before_any_request(tmp_path: Path, repo_id: str) -> None:
+    lock = tmp_path / "weights.lock"
+    res = run_cli(["pin", repo_id, "--lock", str(lock)])  # endpoint unroutable: never reached
+    assert res.returncode == 2, res.stderr
+    assert f"error [weights_error]: {repo_id!r} is not a repository id" in res.stderr
+    assert "Traceback" not in res.stderr and "cannot reach" not in res.stderr
+    assert not lock.exists()
+
+
+@pytest.mark.parametrize("value", ["0", "-80", "nan", "inf", "0GB"])
+def test_size_refuses_a_gpu_memory_that_is_not_a_positive_size(
+    tmp_path: Path, value: str
+) -> None:
+    model = _model(tmp_path / "m", "x")
+    res = run_cli(["size", str(model), "--gpu-mem", value])
+    assert res.returncode == 2, res.stderr
+    assert f"error [sizing_error]: bad memory size {value!r}" in res.stderr
+    assert "Traceback" not in res.stderr
+
+
+def test_verbose_is_accepted_after_the_command_too(
+    two_models: tuple[Path, Path, list[LockEntry]],
+) -> None:
+    plain, lock, _ = two_models
+    res = run_cli(["verify", str(plain / "org/beta"), "--lock", str(lock), "-v"])
+    assert res.returncode == 0, res.stderr
+    bad = run_cli(["verify", str(plain / "absent"), "--lock", str(lock), "--repo", "org/beta",
+                   "--verbose"])
+    assert bad.returncode == 2 and "Traceback" in bad.stderr and "not a directory" in bad.stderr
