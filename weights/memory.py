@@ -9,7 +9,6 @@ attention heads; beyond the KV heads, KV heads are replicated. Every figure name
 from __future__ import annotations
 
 import math
-
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
