@@ -24,7 +24,7 @@ from pathlib import Path
 
 from weights.digests import ProgressCallback, digest_file, sha256_file
 from weights.errors import CacheLayoutError, DigestMismatchError
-from weights.lockfile import LockedFile, LockEntry, check_repo_path, is_commit_sha
+from weights.lockfile import LockedFile, LockEntry, check_repo_path, is_commit_sha, umask_mode
 
 
 def repo_folder_name(repo_id: str, repo_type: str = "model") -> str:
@@ -88,6 +88,7 @@ def _atomic_write_text(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
+        umask_mode(fd)
         with os.fdopen(fd, "w", encoding="ascii") as fh:
             fh.write(text)
             fh.flush()

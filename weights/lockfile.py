@@ -45,6 +45,15 @@ def is_commit_sha(value: str) -> bool:
     return _HEX40.fullmatch(value) is not None
 
 
+def umask_mode(fd: int) -> None:
+    """Give a ``mkstemp`` file (always 0600) the mode a plain ``open`` would: 0666 & ~umask.
+
+    Lockfiles are shared and cache refs are read by vLLM running as another user."""
+    mask = os.umask(0o077)  # read it; restrictive meanwhile, should another thread create
+    os.umask(mask)
+    os.fchmod(fd, 0o666 & ~mask)
+
+
 def is_repo_id(value: str) -> bool:
     """Return True if ``value`` is a Hub repository id (``name`` or ``org/name``)."""
     return _REPO_ID.fullmatch(value) is not None
@@ -234,6 +243,7 @@ class Lockfile:
             target.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
             try:
+                umask_mode(fd)
                 with os.fdopen(fd, "wb") as fh:
                     fh.write(data)
                     fh.flush()

@@ -239,3 +239,24 @@ def test_verbose_is_accepted_after_the_command_too(
     bad = run_cli(["verify", str(plain / "absent"), "--lock", str(lock), "--repo", "org/beta",
                    "--verbose"])
     assert bad.returncode == 2 and "Traceback" in bad.stderr and "not a directory" in bad.stderr
+
+
+def test_lockfile_and_cache_refs_are_readable_by_other_users(
+    two_models: tuple[Path, Path, list[LockEntry]], tmp_path: Path,
+) -> None:
+    """vLLM usually runs as another user than the operator who pulled: refs/<revision> (and
+    the lockfile, which is meant to be shared) follow the umask like every other file."""
+    import stat
+
+    from weights import hf_cache_paths, write_ref
+
+    _, _, entries = two_models
+    old = os.umask(0o022)
+    try:
+        Lockfile(tuple(entries)).save(tmp_path / "shared.lock")
+        paths = hf_cache_paths(tmp_path / "cache", "org/alpha")
+        write_ref(paths, "main", entries[0].commit)
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "shared.lock").stat().st_mode) == 0o644
+    assert stat.S_IMODE(paths.ref("main").stat().st_mode) == 0o644
