@@ -28,12 +28,14 @@ def _file_problem(st: os.stat_result, name: str, *, part: bool) -> Problem | Non
     """The problem with a bundle entry's type, if any."""
     where = {"part": name} if part else {"path": name}
     if stat.S_ISLNK(st.st_mode):
-        return Problem(Code.PART_SYMLINK, f"{name} is a symbolic link; refusing it", **where)
+        return Problem(Code.PART_SYMLINK, f"{name} is a symbolic link; refusing it (copy the "
+                       "bundle as plain files: cp -rL, rsync -rL)", **where)
     if not stat.S_ISREG(st.st_mode):
         return Problem(Code.PART_NOT_REGULAR, f"{name} is not a regular file", **where)
     if st.st_nlink != 1:
         return Problem(
-            Code.PART_HARDLINK, f"{name} is a hard link ({st.st_nlink} links); refusing it",
+            Code.PART_HARDLINK, f"{name} is a hard link ({st.st_nlink} links); refusing it "
+            "(copy the bundle as separate files: cp -r, rsync -r without -H/--link-dest)",
             **where,
         )  # fmt: skip
     return None

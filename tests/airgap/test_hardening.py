@@ -137,3 +137,15 @@ def test_unpack_write_failure_names_the_file_and_leaves_store_unchanged(
     assert "error: io_error: cannot write" in res.stderr and "File too large" in res.stderr
     assert str(store) in res.stderr
     assert list(store.iterdir()) == []
+
+
+def test_hard_linked_copy_says_how_to_copy_instead(
+    bundle: Path, keys: KeyPair, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    for f in bundle.iterdir():  # what `cp -al` or `rsync --link-dest` produce
+        os.link(f, linked / f.name)
+    rc, _, err = run(capsys, "verify", str(linked), "--public-key", str(keys.public_path))
+    assert rc == 1
+    assert "is a hard link (2 links); refusing it (copy the bundle as separate files" in err
