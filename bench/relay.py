@@ -248,7 +248,7 @@ def render(targets: list[Target], args: argparse.Namespace) -> str:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    p.add_argument("--streams", type=int, default=512, help="streams per round (a)")
+    p.add_argument("--streams", type=int, default=1024, help="streams per round (a)")
     p.add_argument("--events", type=int, default=100, help="tokens per stream (a)")
     p.add_argument("--concurrency", type=int, default=64, help="concurrent streams (a)")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds per phase")

@@ -12,6 +12,7 @@ import asyncio
 import json
 import time
 from dataclasses import dataclass, field
+from typing import cast
 
 MARK = b"data:"
 
@@ -62,35 +63,57 @@ def request_bytes(host: str, path: str, body: dict[str, object], api_key: str | 
     return ("\r\n".join(lines) + "\r\n\r\n").encode() + payload
 
 
+class _StreamCounter(asyncio.Protocol):
+    """Counts SSE events of one streamed response in ``data_received`` (no coroutine per read)."""
+
+    def __init__(self, request: bytes, done_marker: bytes, finished: asyncio.Future[None]
+                 ) -> None:
+        self.request = request
+        self.done_marker = done_marker
+        self.finished = finished
+        self.t0 = time.perf_counter()
+        self.ttft = 0.0
+        self.events = 0
+        self.complete = False
+        self.tail = b""
+        self.keep = len(done_marker) + 8
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports do not subclass asyncio's: no isinstance check here
+        cast(asyncio.Transport, transport).write(self.request)
+
+    def data_received(self, data: bytes) -> None:
+        buf = self.tail + data
+        found = buf.count(MARK)
+        if found:
+            if not self.events:
+                self.ttft = time.perf_counter() - self.t0
+            self.events += found
+        if not self.complete and self.done_marker in buf:
+            self.complete = True
+        tail = buf[-self.keep:]
+        # a MARK inside the kept tail was counted already: keep only what follows it
+        cut = tail.rfind(MARK)
+        self.tail = tail[cut + len(MARK):] if cut >= 0 else tail
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.finished.done():
+            self.finished.set_result(None)
+
+
 async def one_stream(host: str, port: int, request: bytes, done_marker: bytes = b"[DONE]"
                      ) -> StreamResult:
     """Send one streamed request on a fresh connection and count its SSE events until EOF."""
-    t0 = time.perf_counter()
-    reader, writer = await asyncio.open_connection(host, port)
+    loop = asyncio.get_running_loop()
+    finished: asyncio.Future[None] = loop.create_future()
+    transport, proto = await loop.create_connection(
+        lambda: _StreamCounter(request, done_marker, finished), host, port
+    )
     try:
-        writer.write(request)
-        events = 0
-        ttft = 0.0
-        tail = b""
-        complete = False
-        while True:
-            data = await reader.read(65536)
-            if not data:
-                break
-            buf = tail + data
-            found = buf.count(MARK)
-            if found and not events:
-                ttft = time.perf_counter() - t0
-            events += found
-            if done_marker in buf:
-                complete = True
-            tail = buf[-(len(done_marker) + 8):]
-            # a MARK inside the kept tail was already counted: drop it from the tail
-            if MARK in tail:
-                tail = tail[tail.rfind(MARK) + len(MARK):]
-        return StreamResult(events, ttft, time.perf_counter() - t0, complete)
+        await finished
     finally:
-        writer.close()
+        transport.close()
+    return StreamResult(proto.events, proto.ttft, time.perf_counter() - proto.t0, proto.complete)
 
 
 async def run_streams(host: str, port: int, request: bytes, total: int, concurrency: int
