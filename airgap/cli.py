@@ -337,6 +337,12 @@ def main(argv: list[str] | None = None) -> int:
         else:
             err.print(f"error: {exc}", markup=False)
         return 2
+    except Exception as exc:  # a bug: still one line; the traceback only with --verbose
+        err.print(f"error: internal_error: unexpected {type(exc).__name__}: {exc} (this is a "
+                  "bug: rerun with --verbose and report the traceback)", highlight=False)
+        if verbose:
+            err.print_exception()
+        return 2
     return rc if isinstance(rc, int) else 0
 
 

@@ -300,9 +300,14 @@ def main(argv: list[str] | None = None) -> int:
         if callable(show):
             show()
         return 2
+    except Exception as exc:  # a bug: still one line; the traceback only with --verbose
+        _report(WeightsError(f"unexpected {type(exc).__name__}: {exc}", hint=_BUG_HINT),
+                verbose, "internal_error")
+        return 2
     return 0
 
 
+_BUG_HINT = "this is a bug: rerun with --verbose and report the traceback"
 _IO_HINT = "check the path, its permissions and the free space of its file system"
 
 

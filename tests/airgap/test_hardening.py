@@ -149,3 +149,22 @@ def test_hard_linked_copy_says_how_to_copy_instead(
     rc, _, err = run(capsys, "verify", str(linked), "--public-key", str(keys.public_path))
     assert rc == 1
     assert "is a hard link (2 links); refusing it (copy the bundle as separate files" in err
+
+
+def test_an_unexpected_exception_is_one_line_without_verbose(
+    pristine_bundle: Path, keys: KeyPair, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Defence in depth: a bug still prints one line (exit 2); --verbose adds the traceback."""
+
+    def boom(*_: object, **__: object) -> None:
+        raise RuntimeError("injected")
+
+    monkeypatch.setattr("airgap.cli.verify_bundle", boom)
+    args = ("verify", str(pristine_bundle), "--public-key", str(keys.public_path))
+    rc, _, err = run(capsys, *args)
+    assert rc == 2
+    assert err.startswith("error: internal_error: unexpected RuntimeError: injected")
+    assert "Traceback" not in err
+    rc, _, err = run(capsys, *args, "--verbose")
+    assert rc == 2 and "Traceback" in err

@@ -260,3 +260,30 @@ def test_lockfile_and_cache_refs_are_readable_by_other_users(
         os.umask(old)
     assert stat.S_IMODE((tmp_path / "shared.lock").stat().st_mode) == 0o644
     assert stat.S_IMODE(paths.ref("main").stat().st_mode) == 0o644
+
+
+def test_an_unexpected_exception_is_one_line_without_verbose(
+    two_models: tuple[Path, Path, list[LockEntry]],
+) -> None:
+    """Defence in depth behind the fixes above: a bug still prints one line, exit 2."""
+    import subprocess
+    import sys
+
+    from tests.weights.cli_util import ROOT
+
+    plain, lock, _ = two_models
+    code = ("import sys, weights.verify as v\n"
+            "def boom(*a, **k): raise RuntimeError('injected')\n"
+            "v.verify_tree = boom\n"
+            "from weights.cli import main\n"
+            "sys.exit(main(sys.argv[1:]))\n")
+    args = ["verify", str(plain / "org/beta"), "--lock", str(lock)]
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    res = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
+                         env=env, timeout=60, check=False)
+    assert res.returncode == 2
+    assert res.stderr.startswith("error [internal_error]: unexpected RuntimeError: injected")
+    assert "Traceback" not in res.stderr
+    loud = subprocess.run([sys.executable, "-c", code, *args, "-v"], capture_output=True,
+                          text=True, env=env, timeout=60, check=False)
+    assert loud.returncode == 2 and "Traceback" in loud.stderr
