@@ -91,11 +91,12 @@ async def phase_streams(targets: list[Target], sim: Proc, args: argparse.Namespa
     cpu: dict[str, list[float]] = {t.name: [0.0, 0.0, 0.0, 0.0] for t in targets}
     for _ in range(args.rounds):
         for t in targets:  # interleaved rounds: drift on a shared machine hits all alike
+            keep = args.stream_connections == "keep-alive"
             req = request_bytes(f"127.0.0.1:{t.port}", "/v1/chat/completions",
-                                chat_body(t.model, True, args.events), t.api_key, False)
+                                chat_body(t.model, True, args.events), t.api_key, keep)
             gw = t.proc if t.proc is not None and t.proc is not sim else None
             c0 = (_own_cpu_s(), sim.cpu_s, gw.cpu_s if gw else 0.0)
-            tot = await run_streams(t.host, t.port, req, args.streams, args.concurrency)
+            tot = await run_streams(t.host, t.port, req, args.streams, args.concurrency, keep)
             c1 = (_own_cpu_s(), sim.cpu_s, gw.cpu_s if gw else 0.0)
             acc = cpu[t.name]
             acc[0] += c1[0] - c0[0]
@@ -258,6 +259,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--variant", action="append", default=[], metavar="NAME=CONFIG_YAML",
                    help="gateway config to measure (repeatable; CONFIG 'direct' = simulator)")
     p.add_argument("--skip", action="append", default=[], choices=["streams", "latency", "memory"])
+    p.add_argument("--stream-connections", choices=["keep-alive", "close"],
+                   default="keep-alive",
+                   help="(a): reuse client connections (like SDK pools) or one per stream")
     p.add_argument("--client-loop", choices=["uvloop", "asyncio"], default="uvloop",
                    help="event loop of the load generator (uvloop keeps it lean)")
     p.add_argument("--json", type=Path, help="also write the results as JSON here")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import cast
 
@@ -64,23 +65,46 @@ def request_bytes(host: str, path: str, body: dict[str, object], api_key: str | 
 
 
 class _StreamCounter(asyncio.Protocol):
-    """Counts SSE events of one streamed response in ``data_received`` (no coroutine per read)."""
+    """Counts SSE events of streamed responses in ``data_received`` (no coroutine per read).
 
-    def __init__(self, request: bytes, done_marker: bytes, finished: asyncio.Future[None]
-                 ) -> None:
+    With ``keep_alive`` the connection carries one stream after another: a response ends with
+    ``[DONE]`` followed by the terminating zero-length chunk (RFC 9112 §7.1), then the next
+    request is written while ``take()`` grants more work. Otherwise the server closes the
+    connection after one response.
+    """
+
+    def __init__(self, request: bytes, done_marker: bytes, keep_alive: bool,
+                 take: Callable[[], bool], results: list[StreamResult],
+                 finished: asyncio.Future[None]) -> None:
         self.request = request
         self.done_marker = done_marker
+        self.keep_alive = keep_alive
+        self.take = take
+        self.results = results
         self.finished = finished
+        self.keep = len(done_marker) + 8
+        self.transport: asyncio.Transport | None = None
+        self.active = False
+        self._reset()
+
+    def _reset(self) -> None:
         self.t0 = time.perf_counter()
         self.ttft = 0.0
         self.events = 0
         self.complete = False
         self.tail = b""
-        self.keep = len(done_marker) + 8
+        self.last = b""
+
+    def _start(self) -> None:
+        self._reset()
+        self.active = True
+        assert self.transport is not None
+        self.transport.write(self.request)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports do not subclass asyncio's: no isinstance check here
-        cast(asyncio.Transport, transport).write(self.request)
+        self.transport = cast(asyncio.Transport, transport)
+        self._start()
 
     def data_received(self, data: bytes) -> None:
         buf = self.tail + data
@@ -95,8 +119,24 @@ class _StreamCounter(asyncio.Protocol):
         # a MARK inside the kept tail was counted already: keep only what follows it
         cut = tail.rfind(MARK)
         self.tail = tail[cut + len(MARK):] if cut >= 0 else tail
+        if self.keep_alive and self.complete:
+            self.last = (self.last + data)[-8:]
+            if self.last.endswith(b"\r\n0\r\n\r\n") or self.last == b"0\r\n\r\n":
+                self._finish_one()
+                if self.take():
+                    self._start()
+                else:
+                    assert self.transport is not None
+                    self.transport.close()
+
+    def _finish_one(self) -> None:
+        self.results.append(StreamResult(self.events, self.ttft, time.perf_counter() - self.t0,
+                                         self.complete))
+        self.active = False
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self.active:
+            self._finish_one()
         if not self.finished.done():
             self.finished.set_result(None)
 
@@ -104,29 +144,46 @@ class _StreamCounter(asyncio.Protocol):
 async def one_stream(host: str, port: int, request: bytes, done_marker: bytes = b"[DONE]"
                      ) -> StreamResult:
     """Send one streamed request on a fresh connection and count its SSE events until EOF."""
+    results: list[StreamResult] = []
+    await _stream_connection(host, port, request, False, lambda: False, results, done_marker)
+    return results[0]
+
+
+async def _stream_connection(host: str, port: int, request: bytes, keep_alive: bool,
+                             take: Callable[[], bool], results: list[StreamResult],
+                             done_marker: bytes = b"[DONE]") -> None:
     loop = asyncio.get_running_loop()
     finished: asyncio.Future[None] = loop.create_future()
-    transport, proto = await loop.create_connection(
-        lambda: _StreamCounter(request, done_marker, finished), host, port
+    transport, _ = await loop.create_connection(
+        lambda: _StreamCounter(request, done_marker, keep_alive, take, results, finished),
+        host, port,
     )
     try:
         await finished
     finally:
         transport.close()
-    return StreamResult(proto.events, proto.ttft, time.perf_counter() - proto.t0, proto.complete)
 
 
-async def run_streams(host: str, port: int, request: bytes, total: int, concurrency: int
-                      ) -> StreamTotals:
-    """``total`` streamed requests, ``concurrency`` at a time; returns per-stream results."""
-    queue = list(range(total))
+async def run_streams(host: str, port: int, request: bytes, total: int, concurrency: int,
+                      keep_alive: bool = False) -> StreamTotals:
+    """``total`` streamed requests, ``concurrency`` at a time; returns per-stream results.
+
+    ``request`` must say ``Connection: keep-alive`` when ``keep_alive`` is set (one connection
+    per worker, reused) and ``Connection: close`` otherwise (one connection per stream).
+    """
+    remaining = [total]
     results: list[StreamResult] = []
 
+    def take() -> bool:
+        if remaining[0] <= 0:
+            return False
+        remaining[0] -= 1
+        return True
+
     async def worker() -> None:
-        while queue:
-            queue.pop()
+        while take():
             try:
-                results.append(await one_stream(host, port, request))
+                await _stream_connection(host, port, request, keep_alive, take, results)
             except OSError:
                 results.append(StreamResult(0, 0.0, 0.0, False))
 
