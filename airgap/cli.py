@@ -221,10 +221,14 @@ def unpack(
             "locations": {k: str(v) for k, v in report.locations.items()},
             "written": report.written, "skipped": report.skipped, "repaired": report.repaired,
             "bytes_written": report.bytes_written, "seconds": round(report.seconds, 3),
+            "refs_moved": {k: {"old": a, "new": b} for k, (a, b) in report.refs_moved.items()},
         }))  # fmt: skip
         return
     for repo_id, where in report.locations.items():
         out.print(f"{repo_id} -> {where}")
+    for label, (old, new) in report.refs_moved.items():
+        repo_id, _, revision = label.rpartition("@")
+        out.print(f"{repo_id}: refs/{revision} moved {old[:12]} -> {new[:12]} (old snapshot kept)")
     out.print(f"written {report.written}, already present {report.skipped}, repaired "
               f"{report.repaired}; {report.bytes_written} bytes in {report.seconds:.1f} s")
 

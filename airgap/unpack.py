@@ -63,6 +63,9 @@ class UnpackReport:
         repaired: present but damaged, replaced by the verified content.
         bytes_written: bytes streamed from the bundle into the store.
         seconds: wall time.
+        refs_moved: ``repo_id@revision`` -> (old commit, new commit) for every
+            ``refs/<revision>`` that pointed at another commit before (hf-cache layout; the
+            old snapshot is kept).
     """
 
     store: Path
@@ -74,6 +77,7 @@ class UnpackReport:
     repaired: int = 0
     bytes_written: int = 0
     seconds: float = 0.0
+    refs_moved: dict[str, tuple[str, str]] = field(default_factory=dict)
 
 
 @dataclass
@@ -190,6 +194,14 @@ def _install(
     return report
 
 
+def _read_ref(ref: Path) -> str | None:
+    """The commit an existing ref file names (None if absent or unreadable)."""
+    try:
+        return ref.read_text(encoding="ascii").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
 def _plan_hf(
     plan: _Plan,
     report: UnpackReport,
@@ -226,6 +238,9 @@ def _plan_hf(
         _check_dirs(store, ref.parent)
         if os.path.lexists(ref) and not stat.S_ISREG(os.lstat(ref).st_mode):
             raise StoreError(Code.STORE_UNSAFE, f"{ref} is not a regular file")
+        previous = _read_ref(ref)
+        if previous is not None and previous != commit:
+            report.refs_moved[f"{repo_id}@{revision}"] = (previous, commit)
         plan.refs.append((ref, commit))
     return snapshot
 

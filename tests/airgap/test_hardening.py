@@ -168,3 +168,29 @@ def test_an_unexpected_exception_is_one_line_without_verbose(
     assert "Traceback" not in err
     rc, _, err = run(capsys, *args, "--verbose")
     assert rc == 2 and "Traceback" in err
+
+
+def test_unpack_of_another_revision_reports_the_moved_ref(
+    small_model: Path, keys: KeyPair, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A second bundle of the same repo at another commit moves refs/main (as the Hub cache
+    does) and keeps the old snapshot; the operator must be told, since `vllm serve REPO`
+    without --revision serves the new commit after the next restart."""
+    store = tmp_path / "store"
+    old = write_lock(tmp_path / "old.lock", lock_entry_from_dir(small_model, "acme/tiny",
+                                                                commit="a" * 40))
+    new = write_lock(tmp_path / "new.lock", lock_entry_from_dir(small_model, "acme/tiny",
+                                                                commit="b" * 40))
+    for name, lock in (("old", old), ("new", new)):
+        pack_bundle(lock, small_model, tmp_path / name, keys.private)
+    assert run(capsys, "unpack", str(tmp_path / "old"), "-k", str(keys.public_path),
+               "--into", str(store))[0] == 0
+    rc, out, err = run(capsys, "unpack", str(tmp_path / "new"), "-k", str(keys.public_path),
+                       "--into", str(store))
+    assert rc == 0, err
+    assert f"acme/tiny: refs/main moved {'a' * 12} -> {'b' * 12} (old snapshot kept)" in out
+    snaps = store / "models--acme--tiny" / "snapshots"
+    assert sorted(p.name for p in snaps.iterdir()) == ["a" * 40, "b" * 40]
+    rc, out, _ = run(capsys, "unpack", str(tmp_path / "new"), "-k", str(keys.public_path),
+                     "--into", str(store), "--json")
+    assert rc == 0 and __import__("json").loads(out)["refs_moved"] == {}
