@@ -103,7 +103,10 @@ async def forward(ex: Exchange, first: Replica) -> None:
             headers["authorization"] = f"Bearer {replica.api_key}"
         replica.outstanding += 1
         try:
-            result = await _attempt(ex, replica, body, headers, drop_usage=force_usage)
+            if replica.kind == "litellm":
+                result = await _litellm_attempt(ex, replica)
+            else:
+                result = await _attempt(ex, replica, body, headers, drop_usage=force_usage)
         except (UpstreamConnectError, UpstreamConnectTimeout) as exc:
             pool.eject(replica)
             result = exc
@@ -121,6 +124,13 @@ async def forward(ex: Exchange, first: Replica) -> None:
                 await asyncio.sleep(wait_s)
                 replica = previous
     raise last_error or NoHealthyReplica(f"No replica of '{pool.model.name}' is available.")
+
+
+async def _litellm_attempt(ex: Exchange, replica: Replica) -> GatewayError | None:
+    # Imported only when a litellm replica is configured; vLLM replicas never reach it.
+    from gateway.litellm_backend import attempt
+
+    return await attempt(ex, replica)
 
 
 async def _attempt(

@@ -23,7 +23,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from gateway.auth import Principal
 from gateway.settings import GatewaySettings, ModelSettings
@@ -44,6 +44,9 @@ class Replica:
         api_key: Credential sent to the backend as ``Authorization: Bearer``.
         destination: Egress policy destination id, if configured.
         region: Region of that destination (filled from the egress policy at start-up).
+        kind: ``vllm`` (byte relay) or ``litellm`` (called through litellm).
+        litellm_model: litellm model string for ``litellm`` replicas.
+        client: Per-replica client object for ``litellm`` replicas (set at start-up).
         outstanding: Requests currently in flight to this replica.
         ejected_until: Monotonic time (s) until which passive health keeps it out.
         probe_ok: Result of the last active health probe (``True`` before the first probe).
@@ -56,6 +59,9 @@ class Replica:
     api_key: str | None = field(default=None, repr=False)
     destination: str | None = None
     region: str | None = None
+    kind: str = "vllm"
+    litellm_model: str | None = None
+    client: Any = field(default=None, repr=False)
     outstanding: int = 0
     ejected_until: float = 0.0
     probe_ok: bool = True
@@ -137,6 +143,8 @@ class Pool:
                 url=r.url,
                 api_key=r.api_key.get_secret_value() if r.api_key else None,
                 destination=r.destination,
+                kind=r.kind,
+                litellm_model=r.litellm_model,
             )
             for i, r in enumerate(model.replicas)
         )

@@ -113,6 +113,10 @@ class ReplicaSettings(_Frozen):
     api_key_file: Path | None = None
     # Policy destination id (issue 3): which egress destination this replica is.
     destination: str | None = None
+    # "vllm": the byte relay (default). "litellm": called through litellm as a library, with
+    # ``litellm_model`` naming the provider adapter and model (e.g. "hosted_vllm/<name>").
+    kind: Literal["vllm", "litellm"] = "vllm"
+    litellm_model: str | None = None
     api_key: SecretStr | None = Field(default=None, exclude=True)
 
     @field_validator("url")
@@ -144,6 +148,8 @@ class ReplicaSettings(_Frozen):
     def _one_secret_source(self) -> ReplicaSettings:
         if self.api_key_env and self.api_key_file:
             raise ValueError("set either api_key_env or api_key_file, not both")
+        if (self.kind == "litellm") != (self.litellm_model is not None):
+            raise ValueError("litellm_model is required with kind litellm (and only then)")
         return self
 
 
