@@ -429,6 +429,10 @@ def with_policy(
             for replica in pool.replicas:
                 dest = runtime.policy.destinations.get(replica.destination or "")
                 replica.region = dest.region if dest is not None else None
+                if replica.kind == "litellm":  # litellm gets the policy-checked httpx client
+                    from gateway.litellm_backend import make_client
+
+                    replica.client = make_client(replica.url, replica.api_key, runtime.matcher)
         kwargs["router"] = router
         limit = settings.limits.max_upstream_connections
         kwargs["connector_factory"] = lambda: make_connector(

@@ -56,6 +56,11 @@ def run(
     egress = start_egress(settings, base)
     if egress is not None:
         factory = with_policy(egress, factory)
+    if any(r.kind == "litellm" for m in settings.models for r in m.replicas):
+        # Only when configured, and after the guard: its import-time egress is switched off.
+        from policy import import_litellm
+
+        import_litellm()
     telemetry = build_telemetry(
         settings,
         policy=egress.policy if egress is not None else None,
