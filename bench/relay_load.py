@@ -64,13 +64,71 @@ def request_bytes(host: str, path: str, body: dict[str, object], api_key: str | 
     return ("\r\n".join(lines) + "\r\n\r\n").encode() + payload
 
 
+class _Dechunker:
+    """Incremental HTTP/1.1 response body decoder: head, then chunked (RFC 9112 §7.1) or raw.
+
+    Works on whole TCP reads and costs O(chunks), not O(bytes), so the client stays lean.
+    """
+
+    def __init__(self) -> None:
+        self.raw = b""
+        self.in_body = False
+        self.chunked = False
+        self.remaining = 0
+        self.skip = 0
+        self.ended = False
+
+    def feed(self, data: bytes) -> bytes:
+        """Return the body bytes contained in ``data``; sets ``ended`` at the last chunk."""
+        buf = self.raw + data if self.raw else data
+        pos = 0
+        if not self.in_body:
+            idx = buf.find(b"\r\n\r\n")
+            if idx < 0:
+                self.raw = buf
+                return b""
+            self.chunked = b"transfer-encoding: chunked" in buf[:idx].lower()
+            self.in_body = True
+            pos = idx + 4
+        if not self.chunked:
+            self.raw = b""
+            return buf[pos:]
+        out: list[bytes] = []
+        end = len(buf)
+        while pos < end and not self.ended:
+            if self.remaining:
+                take = min(self.remaining, end - pos)
+                out.append(buf[pos : pos + take])
+                pos += take
+                self.remaining -= take
+                if self.remaining:
+                    break
+                self.skip = 2
+            if self.skip:
+                take = min(self.skip, end - pos)
+                pos += take
+                self.skip -= take
+                if self.skip:
+                    break
+            eol = buf.find(b"\r\n", pos)
+            if eol < 0:
+                break
+            size = int(buf[pos:eol].split(b";")[0], 16)
+            pos = eol + 2
+            if size == 0:
+                self.ended = True
+            self.remaining = size
+        self.raw = buf[pos:] if not self.ended else b""
+        return b"".join(out)
+
+
 class _StreamCounter(asyncio.Protocol):
     """Counts SSE events of streamed responses in ``data_received`` (no coroutine per read).
 
-    With ``keep_alive`` the connection carries one stream after another: a response ends with
-    ``[DONE]`` followed by the terminating zero-length chunk (RFC 9112 §7.1), then the next
-    request is written while ``take()`` grants more work. Otherwise the server closes the
-    connection after one response.
+    The body is de-chunked first, so events cut across HTTP chunks are still counted once.
+    With ``keep_alive`` the connection carries one stream after another: when a response's
+    terminating zero-length chunk arrives, the next request is written while ``take()`` grants
+    more work. Otherwise the server closes the connection after one response.
     """
 
     def __init__(self, request: bytes, done_marker: bytes, keep_alive: bool,
@@ -93,7 +151,7 @@ class _StreamCounter(asyncio.Protocol):
         self.events = 0
         self.complete = False
         self.tail = b""
-        self.last = b""
+        self.body = _Dechunker()
 
     def _start(self) -> None:
         self._reset()
@@ -107,7 +165,8 @@ class _StreamCounter(asyncio.Protocol):
         self._start()
 
     def data_received(self, data: bytes) -> None:
-        buf = self.tail + data
+        payload = self.body.feed(data)
+        buf = self.tail + payload
         found = buf.count(MARK)
         if found:
             if not self.events:
@@ -119,19 +178,19 @@ class _StreamCounter(asyncio.Protocol):
         # a MARK inside the kept tail was counted already: keep only what follows it
         cut = tail.rfind(MARK)
         self.tail = tail[cut + len(MARK):] if cut >= 0 else tail
-        if self.keep_alive and self.complete:
-            self.last = (self.last + data)[-8:]
-            if self.last.endswith(b"\r\n0\r\n\r\n") or self.last == b"0\r\n\r\n":
-                self._finish_one()
-                if self.take():
-                    self._start()
-                else:
-                    assert self.transport is not None
-                    self.transport.close()
+        if self.keep_alive and self.body.ended:
+            self._finish_one()
+            if self.take():
+                self._start()
+            else:
+                assert self.transport is not None
+                self.transport.close()
 
     def _finish_one(self) -> None:
+        # complete = saw [DONE] and (chunked) the terminating chunk, or EOF for raw bodies
+        ok = self.complete and (self.body.ended or not self.body.chunked)
         self.results.append(StreamResult(self.events, self.ttft, time.perf_counter() - self.t0,
-                                         self.complete))
+                                         ok))
         self.active = False
 
     def connection_lost(self, exc: Exception | None) -> None:
