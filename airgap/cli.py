@@ -122,7 +122,8 @@ def pack(
         list[Path], typer.Option("--include-file", help="Extra file to carry; repeatable.")
     ] = [],  # noqa: B006 - typer needs a literal default
     part_size: Annotated[
-        int, typer.Option("--part-size", min=1, help="Max bytes per part (FAT32: 4 GiB - 1).")
+        int, typer.Option("--part-size", min=1, max=2**63 - 1,
+                          help="Max bytes per part (FAT32: 4 GiB - 1)."),
     ] = DEFAULT_PART_SIZE,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing bundle.")] = False,
     repos: Annotated[

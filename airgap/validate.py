@@ -30,6 +30,9 @@ from weights import Lockfile, LockfileError, is_commit_sha
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _BLOB_ID = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
 
+#: Largest integer an index may hold (int64 readers of the format).
+MAX_INT = 2**63 - 1
+
 
 def parse_index(data: bytes) -> Index:
     """Parse and validate ``index.json`` bytes.
@@ -76,8 +79,9 @@ class _Validator:
 
     @staticmethod
     def _int(value: Any, where: str) -> int:
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise fail(Code.INDEX_INVALID, f"{INDEX_NAME}: {where} is not a non-negative integer")
+        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_INT:
+            raise fail(Code.INDEX_INVALID, f"{INDEX_NAME}: {where} is not an integer in "
+                       "0..2^63 - 1")  # fmt: skip
         return value
 
     @staticmethod

@@ -194,3 +194,29 @@ def test_unpack_of_another_revision_reports_the_moved_ref(
     rc, out, _ = run(capsys, "unpack", str(tmp_path / "new"), "-k", str(keys.public_path),
                      "--into", str(store), "--json")
     assert rc == 0 and __import__("json").loads(out)["refs_moved"] == {}
+
+
+def test_pack_refuses_a_part_size_beyond_64_bits(
+    small_model: Path, keys: KeyPair, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Other readers of the format parse part_size as an int64: never write a bigger one."""
+    lock = tmp_path / "w.lock"
+    write_lock(lock, lock_entry_from_dir(small_model, "acme/tiny"))
+    rc, _, err = run(capsys, "pack", "--lock", str(lock), "--from", str(small_model), "--out",
+                     str(tmp_path / "b"), "--key", str(keys.private_path), "--part-size",
+                     str(2**63))  # fmt: skip
+    assert rc == 2 and "--part-size" in err
+    assert not (tmp_path / "b").exists()
+
+
+def test_verify_rejects_an_index_integer_beyond_64_bits(
+    bundle: Path, keys: KeyPair, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from airgap_helpers import load_index, resign
+
+    doc = load_index(bundle)
+    doc["part_size"] = 2**63
+    resign(bundle, doc, keys.private)
+    rc, _, err = run(capsys, "verify", str(bundle), "--public-key", str(keys.public_path))
+    assert rc == 1
+    assert "index_invalid" in err and "$.part_size" in err and "2^63 - 1" in err
