@@ -32,6 +32,7 @@ from weights.cli_common import console as _console
 from weights.errors import (
     DigestMismatchError,
     DriftError,
+    EntryNotInLockError,
     SignatureVerificationError,
     WeightsError,
 )
@@ -134,7 +135,7 @@ def pull(
 
     if (into is None) == (cache is None):
         raise typer.BadParameter("give exactly one of --into DIR or --cache DIR")
-    entries = select_entries(Lockfile.load(lock), repo or [])
+    entries = select_entries(_nonempty(Lockfile.load(lock), lock), repo or [])
     hub = hub_client(endpoint, token)
     console = _console()
     for entry in entries:
@@ -144,6 +145,13 @@ def pull(
         if not quiet:
             console.print(f"{entry.repo_id}@{entry.commit[:12]}: {len(result.downloaded)} "
                           f"downloaded, {len(result.reused)} already present -> {result.target}")
+
+
+def _nonempty(lockfile: Lockfile, path: Path) -> Lockfile:
+    if not lockfile.entries:
+        raise EntryNotInLockError(f"{path} pins no model",
+                                  hint="pin one first with `weights pin REPO_ID`")
+    return lockfile
 
 
 def _pick_entries(
@@ -226,7 +234,7 @@ def verify(
         patterns.append(signature.resolve().relative_to(path.resolve()).as_posix())
     report: VerifyReport | None = None
     if not no_lock:
-        picked = _pick_entries(Lockfile.load(lock), path, repo)
+        picked = _pick_entries(_nonempty(Lockfile.load(lock), lock), path, repo)
         if len(picked) > 1 and signature is not None:
             raise typer.BadParameter("--signature covers one model: pass --repo REPO_ID")
         reports = []

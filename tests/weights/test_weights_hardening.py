@@ -287,3 +287,16 @@ def test_an_unexpected_exception_is_one_line_without_verbose(
     loud = subprocess.run([sys.executable, "-c", code, *args, "-v"], capture_output=True,
                           text=True, env=env, timeout=60, check=False)
     assert loud.returncode == 2 and "Traceback" in loud.stderr
+
+
+@pytest.mark.parametrize("command", [["pull", "--into", "dest"], ["verify", "."]])
+def test_a_lockfile_pinning_nothing_is_an_error_not_a_silent_success(
+    tmp_path: Path, command: list[str],
+) -> None:
+    lock = tmp_path / "weights.lock"
+    lock.write_text('{"version": 1, "models": []}\n')
+    res = run_cli([*command, "--lock", str(lock)], cwd=tmp_path)
+    assert res.returncode == 2, res.stderr
+    assert f"error [lock_entry_missing]: {lock} pins no model" in res.stderr
+    assert "hint: pin one first with `weights pin REPO_ID`" in res.stderr
+    assert not (tmp_path / "dest").exists()
