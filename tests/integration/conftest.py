@@ -33,7 +33,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return
     skip = pytest.mark.skip(reason="real vLLM not configured: set SG_VLLM_URL (make test-vllm)")
     for item in items:
-        if "vllm" in item.keywords:
+        if item.get_closest_marker("vllm") is not None:
             item.add_marker(skip)
 
 
