@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
@@ -47,14 +47,19 @@ class Sim:
 
 
 @pytest.fixture
-def start_sim(serve_asgi: Callable[..., Any]) -> Callable[..., Sim]:
+def start_sim(serve_asgi: Callable[..., Any]) -> Iterator[Callable[..., Sim]]:
     """Factory: ``start_sim(**SimConfig fields) -> Sim`` on a real uvicorn on loopback."""
+    sims: list[Sim] = []
 
     def start(**config: Any) -> Sim:
         srv = serve_asgi(create_app(SimConfig(**config)))
-        return Sim(srv.url, srv.port)
+        sim = Sim(srv.url, srv.port)
+        sims.append(sim)
+        return sim
 
-    return start
+    yield start
+    for sim in sims:
+        sim.client.close()
 
 
 @pytest.fixture

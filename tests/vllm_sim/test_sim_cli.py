@@ -44,6 +44,7 @@ def test_cli_serves_configured_models() -> None:
         assert resp.usage is not None and resp.usage.completion_tokens == 4
         extra = client.models.list().data[0].model_extra or {}
         assert (extra["root"], extra["max_model_len"]) == ("a", 64)
+        client.close()
     finally:
         proc.terminate()
         proc.wait(10)

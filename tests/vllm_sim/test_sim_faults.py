@@ -31,6 +31,7 @@ def test_refused_connection_uses_a_closed_port() -> None:
                            max_retries=0)
     with pytest.raises(openai.APIConnectionError):
         client.models.list()
+    client.close()
 
 
 def test_status_500_for_count_requests_then_healthy(sim: Any) -> None:
