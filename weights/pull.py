@@ -17,9 +17,12 @@ pull fails with its name and both digests.
 
 from __future__ import annotations
 
+import fcntl
+import logging
 import os
 import shutil
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,6 +40,8 @@ from weights.lockfile import LockedFile, LockEntry, Lockfile
 from weights.verify import check_file
 
 STAGING_NAME = ".weights-staging"
+
+_log = logging.getLogger(__name__)
 
 FileEvent = Callable[[LockedFile, str], None]
 """Called per file with an outcome: ``"reused"``, ``"downloaded"``."""
@@ -147,6 +152,48 @@ def pull_entry(
     """
     if (into is None) == (cache is None):
         raise WeightsError("give exactly one of into= (plain directory) or cache= (HF cache)")
+    if into is not None:
+        lock = into.parent / f".{into.name}.weights-pull.lock"
+        where = into
+    else:
+        assert cache is not None
+        lock = cache / ".locks" / "weights-pull.lock"  # .locks/: ignored by scan_cache_dir
+        where = cache
+    with _exclusive(lock, where):
+        return _pull_entry(hub, entry, into=into, cache=cache, staging=staging,
+                           progress=progress, on_file=on_file)
+
+
+@contextmanager
+def _exclusive(lock: Path, where: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``lock`` (waiting, with a warning, if another pull into
+    ``where`` holds it): pulls into one destination share the staging area."""
+    try:
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError as exc:
+        raise StorageError(f"cannot create {lock}: {exc.strerror or exc}") from exc
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            _log.warning("waiting for another weights pull into %s to finish", where)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _pull_entry(
+    hub: HubClient,
+    entry: LockEntry,
+    *,
+    into: Path | None,
+    cache: Path | None,
+    staging: Path | None,
+    progress: ProgressCallback | None,
+    on_file: FileEvent | None,
+) -> PullResult:
     if into is not None:
         dest_root = into
         staging = staging or into.parent / f".{into.name}{STAGING_NAME}"

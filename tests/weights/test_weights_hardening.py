@@ -300,3 +300,44 @@ def test_a_lockfile_pinning_nothing_is_an_error_not_a_silent_success(
     assert f"error [lock_entry_missing]: {lock} pins no model" in res.stderr
     assert "hint: pin one first with `weights pin REPO_ID`" in res.stderr
     assert not (tmp_path / "dest").exists()
+
+
+def test_concurrent_pulls_into_one_cache_take_turns(
+    hub_server: HubServer, tmp_path: Path,
+) -> None:
+    """Two pulls into one cache shared `.weights-staging`: the first to finish deleted the
+    other's partial files (random io_error). A pull now waits for the other one."""
+    import fcntl
+    import subprocess
+    import sys
+
+    from tests.weights.cli_util import ROOT
+    from weights.hub import HubClient
+    from weights.pin import pin
+
+    lock = tmp_path / "weights.lock"
+    pin(HubClient(hub_server.url), lock, SHARDED)
+    cache = tmp_path / "cache"
+    held = cache / ".locks" / "weights-pull.lock"
+    held.parent.mkdir(parents=True)
+    fd = os.open(held, os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # "another pull" is running
+    requests = len(hub_server.hub.requests)  # pin downloaded the regular files already
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    env.update(HF_ENDPOINT=hub_server.url, HF_HUB_DISABLE_TELEMETRY="1", PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen([sys.executable, "-m", "weights.cli", "pull", "--lock", str(lock),
+                             "--cache", str(cache), "-q"], stderr=subprocess.PIPE, text=True,
+                            env=env)
+    try:
+        assert proc.stderr is not None
+        line = proc.stderr.readline()  # blocks until the pull says it waits
+        assert f"waiting for another weights pull into {cache}" in line
+        assert len(hub_server.hub.requests) == requests  # nothing fetched while waiting
+        assert not (cache / ".weights-staging").exists()
+    finally:
+        os.close(fd)  # the other pull ends
+    assert proc.wait(timeout=60) == 0, proc.stderr.read() if proc.stderr else ""
+    if proc.stderr is not None:
+        proc.stderr.close()
+    res = run_cli(["verify", str(cache), "--lock", str(lock)])
+    assert res.returncode == 0, res.stderr
