@@ -323,6 +323,9 @@ def main(argv: list[str] | None = None) -> int:
             err.print_exception()
         return 1
     except AirgapError as exc:
+        if "--json" in args:  # a document for every outcome of a --json command
+            doc = {"ok": False, "error": {"code": exc.code, "message": exc.message}}
+            out.print_json(json.dumps(doc))
         err.print(f"error: {exc.code}: {exc.message}", markup=False, highlight=False)
         if verbose:
             err.print_exception()

@@ -293,6 +293,8 @@ def main(argv: list[str] | None = None) -> int:
         _report(exc, verbose)
         return 1
     except WeightsError as exc:
+        if "--json" in args:  # a document for every outcome of a --json command
+            print(dump_json({"ok": False, "error": {"code": exc.code, "message": exc.message}}))
         _report(exc, verbose)
         return 2
     except OSError as exc:  # a local file: name it, never a bare traceback

@@ -220,3 +220,17 @@ def test_verify_rejects_an_index_integer_beyond_64_bits(
     rc, _, err = run(capsys, "verify", str(bundle), "--public-key", str(keys.public_path))
     assert rc == 1
     assert "index_invalid" in err and "$.part_size" in err and "2^63 - 1" in err
+
+
+def test_json_mode_reports_usage_and_io_errors_as_json_too(
+    tmp_path: Path, keys: KeyPair, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A script reading `verify --json` gets a document for every outcome, not empty stdout."""
+    import json
+
+    rc, out, err = run(capsys, "verify", str(tmp_path / "absent"), "--public-key",
+                       str(keys.public_path), "--json")  # fmt: skip
+    assert rc == 2
+    assert json.loads(out) == {"ok": False, "error": {
+        "code": "bundle_not_found", "message": f"{tmp_path / 'absent'} is not a bundle directory"}}
+    assert "error: bundle_not_found" in err

@@ -341,3 +341,13 @@ def test_concurrent_pulls_into_one_cache_take_turns(
         proc.stderr.close()
     res = run_cli(["verify", str(cache), "--lock", str(lock)])
     assert res.returncode == 0, res.stderr
+
+
+def test_verify_json_reports_usage_and_io_errors_as_json_too(tmp_path: Path) -> None:
+    lock = tmp_path / "absent.lock"
+    res = run_cli(["verify", str(tmp_path), "--lock", str(lock), "--json"])
+    assert res.returncode == 2
+    doc = json.loads(res.stdout)
+    assert doc["ok"] is False and doc["error"]["code"] == "lockfile_invalid"
+    assert "lockfile not found" in doc["error"]["message"]
+    assert "error [lockfile_invalid]" in res.stderr
