@@ -17,8 +17,6 @@ A client disconnect during the time to first token, a hang or a stream cancels t
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import time
 from collections.abc import Awaitable, Callable, Coroutine
@@ -36,8 +34,8 @@ from vllm_sim.errors import (
     SimError,
     error_body,
 )
+from vllm_sim.inference import embed, generate, hang, until_disconnect
 from vllm_sim.protocol import (
-    Generation,
     embedding_inputs,
     parse_chat,
     parse_completion,
@@ -45,15 +43,8 @@ from vllm_sim.protocol import (
     resolve_model,
 )
 from vllm_sim.render import (
-    chat_response,
-    chat_stream,
-    completion_response,
-    completion_stream,
     dumps,
-    embedding_response,
     models_response,
-    new_id,
-    total_completion_tokens,
 )
 from vllm_sim.state import SimState
 from vllm_sim.tokens import message_text
@@ -62,10 +53,8 @@ from vllm_sim.wire import (
     Receive,
     Send,
     SimulatedCrash,
-    SseWriter,
     read_body,
     send_body,
-    wait_disconnect,
 )
 
 Scope = dict[str, Any]
@@ -250,7 +239,7 @@ class SimApp:
         state.running += 1
         state.running_by_model[model] += 1
         try:
-            outcome = await _until_disconnect(receive, work)
+            outcome = await until_disconnect(receive, work)
         except SimulatedCrash:
             state.aborted += 1
             raise
@@ -268,14 +257,14 @@ class SimApp:
     ) -> tuple[Coroutine[Any, Any, None], str]:
         """Validate the request and return the coroutine that answers it, and its model."""
         if fault is not None and fault.mode == "hang":
-            return _hang(), resolve_model(body, self.config)
+            return hang(), resolve_model(body, self.config)
         if path == "/v1/chat/completions":
             gen = parse_chat(body, self.config)
-            return self._generate(gen, None, False, send, fault), gen.model
+            return generate(self.config, self.state, gen, None, False, send, fault), gen.model
         if path == "/v1/completions":
             gen, prompts = parse_completion(body, self.config)
             echo = bool(body.get("echo", False))
-            return self._generate(gen, prompts, echo, send, fault), gen.model
+            return generate(self.config, self.state, gen, prompts, echo, send, fault), gen.model
         model = resolve_model(body, self.config)
         inputs = embedding_inputs(body)
         fmt = body.get("encoding_format", "float")
@@ -288,76 +277,8 @@ class SimApp:
                 "Please reduce the length of the input.",
                 param="input",
             )
-        return self._embed(model, inputs, fmt == "base64", send, fault), model
-
-    async def _generate(
-        self,
-        gen: Generation,
-        prompts: list[str | list[int]] | None,
-        echo: bool,
-        send: Send,
-        fault: FaultSpec | None,
-    ) -> None:
-        cfg = self.config
-        created = int(time.time())
-        if cfg.ttft_s:
-            await asyncio.sleep(cfg.ttft_s)
-        if prompts is None:
-            rid = new_id("chatcmpl")
-        else:
-            rid = new_id("cmpl")
-        if gen.stream:
-            writer = SseWriter(send, fault)
-            await writer.start()
-            if prompts is None:
-                events = chat_stream(gen, rid, created)
-                undelayed = 2 * gen.n  # role events and the first token of each choice
-            else:
-                events = completion_stream(gen, prompts, rid, created)
-                undelayed = gen.n
-            itl = cfg.itl_s
-            # the usage event follows the last token at once (vLLM sends it in the same step)
-            delayed_until = 1 << 62
-            if gen.include_usage:
-                delayed_until = _count_events(gen, prompts) - 1
-            for k, payload in enumerate(events):
-                if itl and undelayed <= k < delayed_until:
-                    await asyncio.sleep(itl)
-                await writer.event(payload)
-            await writer.finish()
-        else:
-            if prompts is None:
-                doc = chat_response(gen, rid, created)
-            else:
-                doc = completion_response(gen, prompts, rid, created, echo)
-            tokens = total_completion_tokens(gen, len(prompts or [None]))
-            if cfg.itl_s:
-                await asyncio.sleep(cfg.itl_s * max(tokens - 1, 0))
-            await send_body(send, 200, dumps(doc).encode(), fault=fault)
-        state = self.state
-        state.prompt_tokens_total[gen.model] += gen.prompt_tokens
-        state.generation_tokens_total[gen.model] += total_completion_tokens(
-            gen, len(prompts or [None])
-        )
-        reason = "stop" if gen.finish_reason == "tool_calls" else gen.finish_reason
-        state.success_total[(gen.model, reason)] += gen.n
-
-    async def _embed(
-        self,
-        model: str,
-        inputs: list[str | list[int]],
-        base64_format: bool,
-        send: Send,
-        fault: FaultSpec | None,
-    ) -> None:
-        if self.config.ttft_s:
-            await asyncio.sleep(self.config.ttft_s)
-        tokens = sum(prompt_length(i) for i in inputs)
-        doc = embedding_response(
-            model, inputs, self.config.embedding_dim, base64_format, tokens, int(time.time())
-        )
-        self.state.prompt_tokens_total[model] += tokens
-        await send_body(send, 200, dumps(doc).encode(), fault=fault)
+        work = embed(self.config, self.state, model, inputs, fmt == "base64", send, fault)
+        return work, model
 
 
 def create_app(config: SimConfig | None = None) -> SimApp:
@@ -370,45 +291,6 @@ def create_app(config: SimConfig | None = None) -> SimApp:
         An ASGI 3 application (serve it with uvicorn).
     """
     return SimApp(config or SimConfig())
-
-
-async def _until_disconnect(receive: Receive, work: Coroutine[Any, Any, None]) -> bool:
-    """Run ``work`` until it finishes (True) or the client disconnects (False, work cancelled).
-
-    Raises:
-        SimulatedCrash: re-raised from ``work`` so that uvicorn drops the connection.
-    """
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(wait_disconnect(receive))
-    try:
-        await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
-    except asyncio.CancelledError:
-        task.cancel()
-        watcher.cancel()
-        raise
-    if task.done():
-        watcher.cancel()
-        task.result()
-        return True
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
-    return False
-
-
-def _count_events(gen: Generation, prompts: list[str | list[int]] | None) -> int:
-    """Number of JSON events of a stream (without ``[DONE]``)."""
-    usage = 1 if gen.include_usage else 0
-    if prompts is not None:
-        return gen.completion_tokens * gen.n * len(prompts) + usage
-    if gen.tool is not None:
-        return (total_completion_tokens(gen) // gen.n + 1) * gen.n + usage
-    return (1 + gen.completion_tokens) * gen.n + usage
-
-
-async def _hang() -> None:
-    """Never answer (fault ``hang``); ends only by cancellation when the client goes."""
-    await asyncio.Event().wait()
 
 
 async def _json_or_error(receive: Receive, send: Send) -> dict[str, Any] | None:
