@@ -159,6 +159,14 @@ class ModelNotFound(GatewayError):
     code = "model_not_found"
 
 
+class PathNotFound(GatewayError):
+    """No endpoint at this path (also a relay path spelled with percent-escapes)."""
+
+    status = 404
+    type = "invalid_request_error"
+    code = "not_found"
+
+
 class MethodNotAllowed(GatewayError):
     """The path exists but not for this HTTP method."""
 

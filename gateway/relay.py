@@ -29,6 +29,7 @@ from gateway.errors import (
     ModelNotAllowed,
     ModelNotFound,
     NoHealthyReplica,
+    PathNotFound,
     PolicyDenied,
     ServiceUnavailable,
     UpstreamError,
@@ -133,6 +134,10 @@ async def _serve(
     t0: float,
 ) -> bool:
     """Validate and relay; return whether observers' ``on_start`` ran."""
+    if b"%" in (scope.get("raw_path") or b""):
+        # uvicorn decodes %2F in ``path``; a proxy in front matching the literal path would be
+        # bypassed by ``/v1%2Fchat/completions``. Relay paths are plain ASCII: refuse escapes.
+        raise PathNotFound("Not Found")
     if scope["method"] != "POST":
         raise MethodNotAllowed(f"{scope['method']} is not allowed on {scope['path']}; use POST.")
     auth: bytes | None = None

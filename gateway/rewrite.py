@@ -137,7 +137,9 @@ def parse_body(raw: bytes) -> ParsedBody:
 
     Raises:
         InvalidRequest: Not UTF-8, not JSON (message gives line, column and character offset),
-            not an object, duplicate interpreted key, or no string ``model``.
+            not an object, duplicate interpreted key, no string ``model``, a ``stream`` or
+            ``stream_options.include_usage`` that is neither boolean nor null, or a
+            ``stream_options`` that is neither object nor null.
     """
     try:
         text = raw.decode("utf-8")
@@ -156,12 +158,25 @@ def parse_body(raw: bytes) -> ParsedBody:
         raise InvalidRequest("You must provide a 'model' parameter.", param="model")
     if not isinstance(model, str) or not model:
         raise InvalidRequest("'model' must be a non-empty string.", param="model")
+    stream = values.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        # vLLM's pydantic models coerce "true"/1 to a stream, but the gateway would then not
+        # force include_usage on it: an unaccounted stream. OpenAI refuses them too.
+        raise InvalidRequest("'stream' must be a boolean.", param="stream")
     opts = values.get("stream_options")
-    wants_usage = isinstance(opts, dict) and opts.get("include_usage") is True
+    if opts is not None and not isinstance(opts, dict):
+        raise InvalidRequest("'stream_options' must be an object.", param="stream_options")
+    usage_flag = opts.get("include_usage") if opts else None
+    if usage_flag is not None and not isinstance(usage_flag, bool):
+        raise InvalidRequest(
+            "'stream_options.include_usage' must be a boolean.",
+            param="stream_options.include_usage",
+        )
+    wants_usage = usage_flag is True
     return ParsedBody(
         text=text,
         model=model,
-        stream=values.get("stream") is True,
+        stream=stream is True,
         client_wants_usage=wants_usage,
         values=values,
         spans=spans,
