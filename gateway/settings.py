@@ -30,6 +30,7 @@ from pydantic import (
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from gateway.errors import ConfigError
+from gateway.keys_file import merge_keys_file, relabel_keys
 
 __all__ = [
     "GatewaySettings",
@@ -404,7 +405,9 @@ def parse(
     Args:
         data: The YAML document as Python objects.
         environ: Where ``api_key_env`` names are looked up (default: empty mapping).
-        base: Directory relative ``api_key_file`` paths are resolved against.
+        base: Directory relative ``api_key_file`` / ``keys_file`` paths are resolved against.
+            ``keys_file`` (a YAML list shaped like ``keys``) is merged after the inline
+            ``keys`` (see :mod:`gateway.keys_file`).
 
     Returns:
         The frozen settings.
@@ -416,11 +419,14 @@ def parse(
         raise ConfigError("(top level): the config must be a YAML mapping")
     data = _deep_copy(data)
     problems = _resolve_secrets(data, environ or {}, base or Path.cwd())
+    key_labels, key_problems = merge_keys_file(data, base or Path.cwd())
+    problems += key_problems
     _resolve_paths(data, base or Path.cwd())
     try:
         settings = GatewaySettings(**data)
     except ValidationError as exc:
-        raise ConfigError("; ".join([format_validation_error(exc), *problems])) from exc
+        found = relabel_keys(format_validation_error(exc), key_labels)
+        raise ConfigError("; ".join([found, *problems])) from exc
     if problems:
         raise ConfigError("; ".join(problems))
     return settings

@@ -1,0 +1,126 @@
+"""``keys_file``: API key digests from their own YAML file (the Helm chart mounts a Secret)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+import yaml
+
+from gateway.errors import ConfigError
+from gateway.settings import load
+from tests.gateway.helpers import (
+    BACKEND_KEY,
+    KEY_A,
+    KEY_B,
+    Clients,
+    Sim,
+    config,
+    sha,
+    start_gateway,
+)
+
+FILE_KEY = {"id": "team-file", "sha256": sha("sg-from-file"), "models": ["llama-3.1-8b"],
+            "team": "f", "data_class": "confidential"}
+
+
+def _write(tmp_path: Path, cfg: dict[str, Any], keys: Any, name: str = "keys.yaml") -> Path:
+    (tmp_path / name).write_text(yaml.safe_dump(keys), encoding="utf-8")
+    path = tmp_path / "gateway.yaml"
+    path.write_text(yaml.safe_dump(cfg), encoding="utf-8")
+    return path
+
+
+def test_keys_file_is_merged_with_inline_keys(tmp_path: Path) -> None:
+    cfg = {**config(["http://127.0.0.1:9"]), "keys_file": "keys.yaml"}  # relative to the config
+    settings = load(_write(tmp_path, cfg, [FILE_KEY]), {"VLLM_KEY": "x"})
+    assert [k.id for k in settings.keys] == ["team-a", "team-b", "team-file"]
+    assert settings.keys[2].data_class == "confidential"
+    assert settings.keys[2].sha256 == sha("sg-from-file")
+
+
+def test_keys_file_alone(tmp_path: Path) -> None:
+    cfg = {k: v for k, v in config(["http://127.0.0.1:9"]).items() if k != "keys"}
+    cfg["keys_file"] = str(tmp_path / "keys.yaml")
+    settings = load(_write(tmp_path, cfg, [FILE_KEY]), {"VLLM_KEY": "x"})
+    assert [k.id for k in settings.keys] == ["team-file"]
+
+
+def _error(tmp_path: Path, keys: Any, **extra: Any) -> str:
+    cfg = {**config(["http://127.0.0.1:9"]), "keys_file": "keys.yaml", **extra}
+    with pytest.raises(ConfigError) as info:
+        load(_write(tmp_path, cfg, keys), {"VLLM_KEY": "x"})
+    return info.value.message
+
+
+def test_duplicate_id_names_both_sources(tmp_path: Path) -> None:
+    msg = _error(tmp_path, [{**FILE_KEY, "id": "team-a"}])
+    assert f"keys_file ({tmp_path / 'keys.yaml'})[0].id: duplicate key id 'team-a' (also keys[0])" \
+        in msg, msg
+
+
+def test_duplicate_digest_names_both_sources(tmp_path: Path) -> None:
+    msg = _error(tmp_path, [{**FILE_KEY, "sha256": sha(KEY_B)}])
+    assert f"keys_file ({tmp_path / 'keys.yaml'})[0].sha256: same digest as keys[1]" in msg, msg
+
+
+def test_duplicate_id_inside_the_file(tmp_path: Path) -> None:
+    msg = _error(tmp_path, [FILE_KEY, FILE_KEY])
+    assert f"keys_file ({tmp_path / 'keys.yaml'})[1].id: duplicate key id 'team-file' " \
+        f"(also keys_file ({tmp_path / 'keys.yaml'})[0])" in msg, msg
+
+
+def test_invalid_entry_is_located_in_the_file(tmp_path: Path) -> None:
+    msg = _error(tmp_path, [{**FILE_KEY, "sha256": "nothex", "models": ["nope"]}])
+    assert f"keys_file ({tmp_path / 'keys.yaml'})[0].sha256: must be 64 hex" in msg, msg
+    assert "keys[2]" not in msg
+
+
+def test_unknown_model_in_file_is_located_in_the_file(tmp_path: Path) -> None:
+    msg = _error(tmp_path, [{**FILE_KEY, "models": ["nope"]}])
+    where = f"keys_file ({tmp_path / 'keys.yaml'})[0]"
+    assert msg.endswith(f"{where}.models: unknown model 'nope'"), msg
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [({"id": "x"}, "must hold a YAML list of keys (got a mapping)"),
+     ("placeholder-secret", "must hold a YAML list of keys (got a string)"),
+     (None, "is empty; it must hold a YAML list of keys")],
+)
+def test_keys_file_not_a_list(tmp_path: Path, content: Any, problem: str) -> None:
+    msg = _error(tmp_path, content)
+    assert f"keys_file: {tmp_path / 'keys.yaml'} {problem}" in msg, msg
+
+
+def test_keys_file_missing_or_not_yaml(tmp_path: Path) -> None:
+    msg = _error(tmp_path, [FILE_KEY], keys_file="absent.yaml")
+    assert f"keys_file: cannot read {tmp_path / 'absent.yaml'}: No such file or directory" in msg
+    (tmp_path / "bad.yaml").write_text("- {id: [\n", encoding="utf-8")
+    msg = _error(tmp_path, [FILE_KEY], keys_file="bad.yaml")
+    assert f"keys_file: {tmp_path / 'bad.yaml'}: not valid YAML" in msg, msg
+    assert "Traceback" not in msg
+
+
+@pytest.mark.parametrize("value", [5, "", ["a"]])
+def test_keys_file_wrong_type(tmp_path: Path, value: Any) -> None:
+    msg = _error(tmp_path, [FILE_KEY], keys_file=value)
+    assert "keys_file: must be a file path" in msg, msg
+
+
+def test_key_from_file_serves_through_the_gateway(
+    tmp_path: Path, serve_asgi: Callable[..., Any], sim: Sim, clients: Clients
+) -> None:
+    cfg = {**config([sim.url]), "keys_file": "keys.yaml"}
+    settings = load(_write(tmp_path, cfg, [FILE_KEY]), {"VLLM_KEY": BACKEND_KEY})
+    url = start_gateway(serve_asgi, settings)
+    r = clients(url, key="sg-from-file").chat.completions.create(
+        model="llama-3.1-8b", messages=[{"role": "user", "content": "hi"}]
+    )
+    assert r.usage is not None and r.usage.completion_tokens > 0
+    assert [m.id for m in clients(url, key=KEY_A).models.list()] == ["llama-3.1-8b"]
+    with pytest.raises(openai.AuthenticationError):
+        clients(url, key="sg-not-in-file").models.list()
