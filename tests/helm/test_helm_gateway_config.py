@@ -2,10 +2,11 @@
 
 Files the config names under /etc/sovereign-gateway (mounted Secrets in the pod) are recreated
 under a temporary folder so the loader can read them. The chart relies on three keys that the
-gateway does not accept yet (asked of the gateway owners): ``admin`` (metrics listener, port
-9090), ``keys_file`` (key digests from a mounted Secret) and ``audit.store_file`` (PostgreSQL
-URL from a mounted Secret). While the loader refuses them, the test asserts that they are the
-only refusals and that the rest of the config is valid; once accepted, the full config must load.
+gateway did not accept at first: ``admin`` (metrics listener, port 9090), ``keys_file`` (key
+digests from a mounted Secret; accepted since the gateway QA work, so the recreated keys file
+holds a real key list and must load) and ``audit.store_file`` (PostgreSQL URL from a mounted
+Secret). While the loader refuses one, the test asserts that they are the only refusals and
+that the rest of the config is valid; once accepted, the full config must load.
 """
 
 from __future__ import annotations
@@ -22,9 +23,12 @@ from gateway.audit import AuditSettings
 from gateway.errors import ConfigError
 from gateway.settings import parse
 
-PENDING_TOP = ("admin", "keys_file")
+PENDING_TOP = ("admin",)
 PENDING_AUDIT = ("store_file",)
 ETC = "/etc/sovereign-gateway/"
+KEYS_FILE = ETC + "keys/keys.yaml"
+# What the chart's README tells operators to put in the keys Secret (64 hex: a sha256 digest).
+KEYS_YAML = f"[{{id: team-a, sha256: {'ab' * 32}, models: ['*'], team: a, data_class: internal}}]\n"
 
 
 def _rendered_config(scenario: str) -> dict[str, Any]:
@@ -44,7 +48,8 @@ def _relocate(node: Any, root: Path) -> Any:
         path = root / node.removeprefix(ETC)
         path.parent.mkdir(parents=True, exist_ok=True)
         if not path.exists():
-            path.write_text("placeholder-secret\n", encoding="utf-8")
+            content = KEYS_YAML if node == KEYS_FILE else "placeholder-secret\n"
+            path.write_text(content, encoding="utf-8")
         return str(path)
     return node
 
@@ -71,6 +76,8 @@ def test_rendered_config_loads_in_the_gateway(scenario: str, tmp_path: Path) -> 
     assert settings.listen.host == "0.0.0.0"  # noqa: S104 - the pod's listener
     assert settings.listen.port == 8080
     assert settings.models, "the chart renders at least one model"
+    if "keys_file" in cfg:
+        assert [(k.id, k.models) for k in settings.keys] == [("team-a", ["*"])]
     audit_settings = AuditSettings(**{k: v for k, v in audit.items() if k not in PENDING_AUDIT})
     if "store_file" in cfg["audit"]:
         assert Path(cfg["audit"]["store_file"]).is_file()
