@@ -84,7 +84,10 @@ class ServerThread:
 
 @pytest.fixture
 def serve_asgi() -> Iterator[Callable[..., ServerThread]]:
-    """Factory: ``serve_asgi(app, **uvicorn_config) -> ServerThread`` (started; stopped at teardown)."""
+    """Factory ``serve_asgi(app, **uvicorn_config) -> ServerThread``.
+
+    Each server is started on return and stopped at teardown.
+    """
     servers: list[ServerThread] = []
 
     def start(app: Any, **config: Any) -> ServerThread:
