@@ -71,7 +71,7 @@ class Responder:
         request_id: Sent back as ``x-request-id``.
     """
 
-    __slots__ = ("_send", "bytes_out", "request_id", "started", "status")
+    __slots__ = ("_send", "bytes_out", "request_id", "started", "status", "tap")
 
     def __init__(self, send: Send, request_id: str) -> None:
         self._send = send
@@ -79,6 +79,8 @@ class Responder:
         self.started = False
         self.status = 0
         self.bytes_out = 0
+        self.tap: Callable[[bytes], None] | None = None
+        """Called with every body chunk before it is sent (content HMAC opt-in only)."""
 
     async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
         """Send the status line and headers (``x-request-id`` is added)."""
@@ -90,6 +92,8 @@ class Responder:
     async def body(self, data: bytes, more: bool = True) -> None:
         """Send body bytes (``more=False`` ends the response)."""
         self.bytes_out += len(data)
+        if self.tap is not None and data:
+            self.tap(data)
         await self._send({"type": "http.response.body", "body": data, "more_body": more})
 
     async def error(self, exc: GatewayError) -> None:

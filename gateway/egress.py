@@ -396,6 +396,7 @@ class PolicyRoutes:
             sel.rule_id,
             revision=self.policy.revision,
             reason=sel.reason or None,
+            content_hmac=sel.content_hmac,
         )
 
 

@@ -14,15 +14,27 @@ Life cycle of one relayed request (``POST /v1/...``):
    logged, never sent to the client.
 
 The record never holds prompts, completions or keys.
+
+Content opt-in (issue 4): when the deciding policy rule sets ``audit: {content_hmac: true}``,
+``record.content_hmac`` is ``True`` and, just before step 3, every observer that implements
+:class:`ContentObserver` is handed the request body bytes (the very object the relay read, no
+copy) and may return a tap that the relay then calls with every response body chunk sent to
+the client. Without the opt-in nothing is copied or called.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, runtime_checkable
 
-__all__ = ["AdmissionHook", "Outcome", "RequestObserver", "RequestRecord"]
+__all__ = [
+    "AdmissionHook", "ContentObserver", "ContentTap", "Outcome", "RequestObserver",
+    "RequestRecord",
+]
+
+ContentTap = Callable[[bytes], None]
+"""Called with each response body chunk exactly as sent to the client, in order."""
 
 Outcome = Literal[
     "pending",
@@ -70,6 +82,7 @@ class RequestRecord:
         ttft_ms: Time to the first response byte from the backend, milliseconds.
         bytes_in: Request body bytes received from the client.
         bytes_out: Response body bytes sent to the client.
+        content_hmac: The deciding policy rule opted in to content HMACs (see module docstring).
     """
 
     request_id: str
@@ -101,6 +114,7 @@ class RequestRecord:
     ttft_ms: float | None = None
     bytes_in: int = 0
     bytes_out: int = 0
+    content_hmac: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready copy (no prompts, no keys)."""
@@ -124,4 +138,17 @@ class AdmissionHook(Protocol):
 
     async def admit(self, record: RequestRecord, body: Mapping[str, Any]) -> None:
         """Raise a ``GatewayError`` (e.g. ``RateLimited``) to refuse; ``body`` is read-only."""
+        ...
+
+
+@runtime_checkable
+class ContentObserver(Protocol):
+    """An observer that digests request and response content when a policy rule opts in."""
+
+    def content_tap(self, record: RequestRecord, body: bytes) -> ContentTap | None:
+        """Digest the request ``body`` (never keep it); return a tap for the response, if any.
+
+        Called only when ``record.content_hmac`` is set, after admission and before
+        ``on_start``. Must not raise.
+        """
         ...

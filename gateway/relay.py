@@ -37,7 +37,7 @@ from gateway.errors import (
     sse_error_event,
 )
 from gateway.forward import Exchange, forward
-from gateway.records import RequestRecord
+from gateway.records import ContentObserver, ContentTap, RequestRecord
 from gateway.rewrite import parse_body
 from gateway.state import GatewayState
 
@@ -123,6 +123,26 @@ async def _finish(state: GatewayState, record: RequestRecord, started: bool) -> 
             _log.exception("observer on_end failed (request %s)", record.request_id)
     if state.settings.logging.access_log:
         log_record(record)
+
+
+def _tap_content(state: GatewayState, record: RequestRecord, raw: bytes, out: Responder) -> None:
+    """Policy opt-in: hand the request body to content observers and tap the response."""
+    record.content_hmac = True
+    taps: list[ContentTap] = []
+    for observer in state.observers:
+        if isinstance(observer, ContentObserver):
+            tap = observer.content_tap(record, raw)
+            if tap is not None:
+                taps.append(tap)
+    if len(taps) == 1:
+        out.tap = taps[0]
+    elif taps:
+
+        def fan_out(chunk: bytes) -> None:
+            for tap in taps:
+                tap(chunk)
+
+        out.tap = fan_out
 
 
 async def _serve(
@@ -212,6 +232,8 @@ async def _serve(
 
     for hook in state.admission:
         await hook.admit(record, parsed.values)
+    if decision.content_hmac:
+        _tap_content(state, record, raw, out)
     for observer in state.observers:
         await observer.on_start(record)
 

@@ -88,12 +88,16 @@ class RouteDecision:
         revision: Revision of the egress policy that decided (``None`` without a policy); when
             set and ``candidates`` is empty the request is refused with 403 ``egress_denied``.
         reason: Why nothing is allowed (the policy's explanation), when ``candidates`` is empty.
+        content_hmac: The deciding rule opts in to content HMACs in the audit log (policy rule
+            ``audit: {content_hmac: true}``); the relay then lets content observers see the
+            request and response bytes. ``False`` without a policy.
     """
 
     candidates: tuple[Replica, ...]
     rule_id: str | None = None
     revision: str | None = None
     reason: str | None = None
+    content_hmac: bool = False
 
 
 class RoutePolicy(Protocol):

@@ -52,6 +52,8 @@ class Decision:
         reason: human-readable explanation.
         revision: the policy revision (``sha256:<hex>``) that decided.
         destination_id: the destination evaluated.
+        content_hmac: the deciding ``allow`` rule opts in to content HMACs in the audit log
+            (``audit: {content_hmac: true}``); always ``False`` for denials.
     """
 
     allowed: bool
@@ -59,6 +61,7 @@ class Decision:
     reason: str
     revision: str
     destination_id: str
+    content_hmac: bool = False
 
     def as_record(self) -> dict[str, Any]:
         """Return the JSON-ready form for audit records."""
@@ -81,12 +84,15 @@ class Selection:
         rule_id: the rule of the first allowed replica; when none is allowed, the rule of the
             first denial (``None``: no rule matched) -- what a 403 names.
         reason: the first denial's reason when nothing is allowed, else ``""``.
+        content_hmac: the rule of the first allowed replica (``rule_id``) opts in to content
+            HMACs; ``False`` when nothing is allowed.
     """
 
     allowed: tuple[int, ...]
     decisions: tuple[Decision, ...]
     rule_id: str | None
     reason: str
+    content_hmac: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -302,7 +308,8 @@ class Policy:
             failure = cr.failures.get(destination_id)
             if failure is not None:
                 return Decision(False, rid, f"rule {rid} {failure}", self.revision, destination_id)
-            return Decision(True, rid, f"allowed by rule {rid}", self.revision, destination_id)
+            return Decision(True, rid, f"allowed by rule {rid}", self.revision, destination_id,
+                            cr.rule.audit.content_hmac)
         return Decision(
             False, None,
             f"no rule matched key {principal.key!r} (team {principal.team!r}), class "
@@ -329,7 +336,8 @@ class Policy:
         )
         allowed = tuple(i for i, d in enumerate(decisions) if d.allowed)
         if allowed:
-            return Selection(allowed, decisions, decisions[allowed[0]].rule_id, "")
+            first = decisions[allowed[0]]
+            return Selection(allowed, decisions, first.rule_id, "", first.content_hmac)
         if not decisions:
             return Selection((), (), None, "model has no replicas")
         return Selection((), decisions, decisions[0].rule_id, decisions[0].reason)

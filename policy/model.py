@@ -182,6 +182,18 @@ class Constraints(_Strict):
     operators: list[str] | None = None
 
 
+class RuleAudit(_Strict):
+    """What the audit log records for requests a rule allows (issue 4).
+
+    Attributes:
+        content_hmac: store a keyed HMAC-SHA256 (the audit pseudonym key) of the request body
+            and of the response body the client received, never the text. Off by default: no
+            prompt or completion content, not even a digest, reaches the log.
+    """
+
+    content_hmac: bool = False
+
+
 class Rule(_Strict):
     """One rule: who, with which data classes, to which destinations, under what constraints."""
 
@@ -192,6 +204,7 @@ class Rule(_Strict):
     classes: list[str] | None = None
     destinations: list[str] | None = None
     constraints: Constraints = Field(default_factory=Constraints)
+    audit: RuleAudit = Field(default_factory=RuleAudit)
 
 
 class PolicyDocument(_Strict):
@@ -312,11 +325,17 @@ def _check_references(doc: PolicyDocument, file: str, lines: Mapping[Path_, int]
 
 
 def canonical_revision(doc: PolicyDocument) -> str:
-    """Return ``sha256:<hex>`` of the canonical JSON of a validated document."""
-    canonical = json.dumps(
-        doc.model_dump(mode="json", by_alias=True), sort_keys=True, separators=(",", ":"),
-        ensure_ascii=False,
-    )
+    """Return ``sha256:<hex>`` of the canonical JSON of a validated document.
+
+    A rule's ``audit`` section is left out while it is the default (so policies written before
+    it existed keep their revision); any opt-in changes the revision.
+    """
+    data = doc.model_dump(mode="json", by_alias=True)
+    default_audit = RuleAudit().model_dump(mode="json", by_alias=True)
+    for rule in data["rules"]:
+        if rule.get("audit") == default_audit:
+            del rule["audit"]
+    canonical = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return "sha256:" + hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
 

@@ -26,7 +26,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from gateway.audit.errors import AuditError, AuditUnavailable
-from gateway.audit.pseudonym import Pseudonymizer, load_pseudonymizer
+from gateway.audit.pseudonym import ContentHasher, Pseudonymizer, load_pseudonymizer
 from gateway.audit.records import REQUEST_COMPLETED, REQUEST_STARTED
 from gateway.audit.settings import AuditSettings
 from gateway.audit.writer import AuditLog, Receipt
@@ -70,6 +70,7 @@ class AuditObserver:
         self._config_digest = config_digest
         self._inflight: set[str] = set()
         self._unrecorded: set[str] = set()
+        self._content: dict[str, tuple[str, ContentHasher]] = {}
         self.gated = False
 
     @classmethod
@@ -141,9 +142,31 @@ class AuditObserver:
             "bytes_out": record.bytes_out,
         }
 
+    def content_tap(self, record: RequestRecord, body: bytes) -> Callable[[bytes], None] | None:
+        """Policy opt-in (rule ``audit: {content_hmac: true}``): digest the request body.
+
+        Keeps only ``request_content_hmac`` (keyed HMAC of ``body``) and an incremental HMAC
+        of the response bytes, fed by the returned tap; never the content. Without a
+        pseudonym key there is no HMAC key, so nothing is digested (``None``).
+        """
+        if self._pseudo is None:
+            return None
+        hasher = self._pseudo.content_hasher()
+        self._content[record.request_id] = (self._pseudo.content_digest(body), hasher)
+        return hasher.update
+
+    def _request_content(self, record: RequestRecord) -> dict[str, Any]:
+        content = self._content.get(record.request_id)
+        return {} if content is None else {"request_content_hmac": content[0]}
+
     async def on_start(self, record: RequestRecord) -> None:
         """Make ``request.started`` durable; refuse with 503 if the audit store is down."""
-        event = {"type": REQUEST_STARTED, **self._request_fields(record), "decision": "allow"}
+        event = {
+            "type": REQUEST_STARTED,
+            **self._request_fields(record),
+            **self._request_content(record),
+            "decision": "allow",
+        }
         try:
             await self.log.append(event)
         except AuditUnavailable as exc:
@@ -158,8 +181,12 @@ class AuditObserver:
         """Write ``request.completed`` (forwarded) or ``request.denied`` (refused before)."""
         forwarded = record.request_id in self._inflight
         self._inflight.discard(record.request_id)
+        content = self._content.pop(record.request_id, None)
         if forwarded:
             event = {"type": REQUEST_COMPLETED, **self._end_fields(record)}
+            if content is not None:
+                # Over the body bytes the client received (complete or not: see outcome).
+                event["response_content_hmac"] = content[1].digest()
         else:
             decision = "deny" if record.outcome == "denied" else None
             event = {
@@ -168,6 +195,8 @@ class AuditObserver:
                 **self._end_fields(record),
                 "decision": decision,
             }
+            if content is not None:
+                event["request_content_hmac"] = content[0]
         try:
             await self.log.append(event)
         except AuditUnavailable as exc:

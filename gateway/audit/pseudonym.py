@@ -44,8 +44,38 @@ class Pseudonymizer:
         return self._mac(domain, value.encode("utf-8"))
 
     def content_digest(self, content: bytes) -> str:
-        """Return the keyed digest of prompt or completion bytes (never the text itself)."""
+        """Return the keyed digest of prompt or completion bytes (never the text itself).
+
+        ``hmac-sha256:`` + hex of HMAC-SHA256(key, ``b"content\\x00"`` + content) (RFC 2104).
+        """
         return self._mac("content", content)
+
+    def content_hasher(self) -> ContentHasher:
+        """Return an incremental :meth:`content_digest` (for streamed responses)."""
+        return ContentHasher(hmac.new(self._key, b"content\x00", hashlib.sha256))
+
+
+class ContentHasher:
+    """Incremental keyed content digest: ``update`` chunks, then ``digest``.
+
+    ``digest()`` equals ``Pseudonymizer.content_digest(b"".join(chunks))``.
+    """
+
+    __slots__ = ("_mac",)
+
+    def __init__(self, mac: hmac.HMAC) -> None:
+        self._mac = mac
+
+    def __repr__(self) -> str:
+        return "ContentHasher(<key hidden>)"
+
+    def update(self, chunk: bytes) -> None:
+        """Add the next bytes of the content."""
+        self._mac.update(chunk)
+
+    def digest(self) -> str:
+        """``hmac-sha256:<hex>`` of everything added so far."""
+        return PREFIX + self._mac.copy().hexdigest()
 
 
 def generate_key_file(path: Path) -> Path:
