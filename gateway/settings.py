@@ -65,6 +65,19 @@ _NEVER_FORWARD = frozenset(
 )
 
 
+_LABEL = r"[A-Za-z0-9_]([A-Za-z0-9_-]*[A-Za-z0-9_])?"
+_DNS_NAME = re.compile(rf"^{_LABEL}(\.{_LABEL})*\.?$")
+
+
+def _valid_host(host: str) -> bool:
+    """A DNS name (letters, digits, ``-``, ``_``; dot-separated labels) or an IP literal."""
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return len(host) <= 253 and _DNS_NAME.match(host) is not None
+    return True
+
+
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -128,6 +141,10 @@ class ReplicaSettings(_Frozen):
             raise ValueError("must be an http:// or https:// URL")
         if not parts.hostname:
             raise ValueError("has no host")
+        if not _valid_host(parts.hostname):
+            raise ValueError(f"has an invalid host {parts.hostname!r}")
+        if parts.path.rstrip("/").endswith("/v1"):
+            raise ValueError("must be the server root without /v1 (the gateway appends /v1/...)")
         if parts.username or parts.password:
             raise ValueError("must not contain credentials; use api_key_env or api_key_file")
         if parts.query or parts.fragment:
@@ -234,9 +251,9 @@ class LimitSettings(_Frozen):
 class TimeoutSettings(_Frozen):
     """Upstream timeouts in seconds."""
 
-    connect_s: float = Field(default=2.0, gt=0)
-    first_byte_s: float = Field(default=60.0, gt=0)
-    idle_s: float = Field(default=30.0, gt=0)
+    connect_s: float = Field(default=2.0, gt=0, allow_inf_nan=False)
+    first_byte_s: float = Field(default=60.0, gt=0, allow_inf_nan=False)
+    idle_s: float = Field(default=30.0, gt=0, allow_inf_nan=False)
 
 
 class RetrySettings(_Frozen):
@@ -244,17 +261,24 @@ class RetrySettings(_Frozen):
 
     max_attempts: int = Field(default=3, ge=1, le=10)
     # A 429's Retry-After longer than this is relayed to the client instead of waited out.
-    max_retry_after_s: float = Field(default=2.0, ge=0)
+    max_retry_after_s: float = Field(default=2.0, ge=0, allow_inf_nan=False)
 
 
 class HealthSettings(_Frozen):
     """Passive ejection and active ``GET /health`` probing. Durations in seconds."""
 
-    cooldown_s: float = Field(default=10.0, ge=0)
-    interval_s: float = Field(default=5.0, gt=0)
-    timeout_s: float = Field(default=2.0, gt=0)
+    cooldown_s: float = Field(default=10.0, ge=0, allow_inf_nan=False)
+    interval_s: float = Field(default=5.0, gt=0, allow_inf_nan=False)
+    timeout_s: float = Field(default=2.0, gt=0, allow_inf_nan=False)
     path: str = "/health"
     active: bool = True
+
+    @field_validator("path")
+    @classmethod
+    def _check_path(cls, value: str) -> str:
+        if not value.startswith("/"):
+            raise ValueError("must start with / (it is appended to each replica URL)")
+        return value
 
 
 class LoggingSettings(_Frozen):
@@ -444,14 +468,33 @@ def load(path: Path | str, environ: Mapping[str, str] | None = None) -> GatewayS
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start})") from exc
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+        return parse(data, environ, path.parent)
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
-    try:
-        return parse(data, environ, path.parent)
+    except RecursionError as exc:
+        raise ConfigError(f"{path}: the YAML refers to itself or nests too deeply") from exc
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc.message}") from exc
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key repeated in one mapping (YAML 1.2 forbids it; PyYAML
+    silently keeps the last one, so a reviewed file could mean something else than it shows)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if not isinstance(key, str):
+                continue
+            if key in seen:
+                raise ConfigError(f"line {key_node.start_mark.line + 1}: duplicate key {key!r}")
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
 
 
 def _resolve_paths(data: dict[str, Any], base: Path) -> None:
