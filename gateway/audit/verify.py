@@ -15,7 +15,11 @@ sequence number; it never returns a bare bool. Checks, per chain:
   a checkpoint larger than the stored chain means records were deleted (``truncated``);
 * consecutive records more than ``max_gap_s`` apart (default ``2 * heartbeat + 1 s`` from the
   chain's start record) are a failure (``time_gap``): a live writer heartbeats;
-* records after the newest valid checkpoint are reported as ``unsealed`` (warning);
+* records after the newest valid checkpoint are reported as ``unsealed`` (warning), or as
+  ``missing_checkpoint`` (error) when the chain is closed: a clean close always signs a final
+  checkpoint;
+* the stored columns outside the hash (``ts_us``, ``type``, ``request_id``), by which ``prove``,
+  ``tail`` and ``export`` select records, repeat the hashed body (``column_mismatch``);
 * with a checkpoint directory, every exported checkpoint must be matched by the store: a
   store holding fewer records, or other records, than an exported checkpoint was rolled back
   or forked (``rollback``).
@@ -303,6 +307,7 @@ class _Scan:
             obj = None
         if obj is not None:
             self._check_obj(obj, pos)
+            self._check_columns(rec, obj, pos)
         self.prev2, self.prev, self.prev_stored = self.prev, h, rec.hash
         self.prev_altered = altered
         self.expected = pos + 1
@@ -310,6 +315,29 @@ class _Scan:
         if self.rng.size in self.wanted:
             self.roots[self.rng.size] = self.rng.root()
             self.hashes_at[self.rng.size] = h
+
+    def _check_columns(self, rec: Record, obj: dict[str, Any], pos: int) -> None:
+        """The stored columns outside the hash must repeat the hashed body.
+
+        ``prove`` / ``find_request`` select by ``request_id``, ``tail`` and ``export`` by
+        ``ts_us`` and ``type``: an edited column would hide or misattribute a record.
+        """
+        data = obj.get("data")
+        rid = data.get("request_id") if isinstance(data, dict) else None
+        expected = {
+            "ts_us": obj.get("ts_us"),
+            "type": obj.get("type"),
+            "request_id": rid if isinstance(rid, str) else None,
+        }
+        stored = {"ts_us": rec.ts_us, "type": rec.type, "request_id": rec.request_id}
+        for name, want in expected.items():
+            if stored[name] != want:
+                self.err(
+                    "column_mismatch",
+                    pos,
+                    f"stored column {name}={stored[name]!r} differs from the hashed record "
+                    f"({want!r}): edited outside the hash",
+                )
 
     def _check_obj(self, obj: dict[str, Any], pos: int) -> None:
         if obj["chain"] != self.chain:
@@ -349,6 +377,15 @@ class _Scan:
         self.prev_ts = ts
         self.prev_seq = seq
         self.last_type = obj["type"]
+
+
+def _claimed_size(notes: Sequence[tuple[str, str, int]]) -> int:
+    """Largest size any stored or exported checkpoint note claims, valid or not (0: none)."""
+    claimed = 0
+    for _, note, _ in notes:
+        with contextlib.suppress(AuditFormatError):
+            claimed = max(claimed, parse_checkpoint_unverified(note).size)
+    return claimed
 
 
 async def _verify_chain(
@@ -451,7 +488,18 @@ async def _verify_chain(
                 t_size - 1,
                 f"record {t_size - 1} differs from the tail hash recorded by {by}",
             )
-    if size > sealed:
+    if size > sealed and summary.closed and _claimed_size(plan.notes) < size:
+        # A clean close signs a final checkpoint over chain.closed in the same transaction;
+        # none (not even a forged or mismatched one, reported above) claims to cover it.
+        v.add(
+            "error",
+            "missing_checkpoint",
+            chain,
+            sealed,
+            f"chain is closed but records {sealed}..{size - 1} are not covered by a signed "
+            "checkpoint (its checkpoints were deleted or replaced)",
+        )
+    elif size > sealed:
         v.add(
             "warning",
             "unsealed",
