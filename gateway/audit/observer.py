@@ -313,6 +313,27 @@ def build(
     return AuditObserver.from_settings(settings, config_digest=config_digest)
 
 
+def checked_build(settings: Any) -> AuditObserver | None:
+    """:func:`build` for the gateway settings, every problem as one ``audit.<key>: ...`` line.
+
+    Used by ``gateway serve`` (through :func:`audited_app`) and ``gateway check-config``; reads
+    the key files but does not open the store.
+
+    Raises:
+        ConfigError: If the ``audit:`` section or one of its key files is invalid.
+    """
+    try:
+        return build(settings.audit, config_digest=config_digest(settings.model_dump_json()))
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            loc = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err["loc"])
+            problems.append(f"audit{loc}: {err['msg'].removeprefix('Value error, ')}")
+        raise ConfigError("; ".join(problems)) from exc
+    except AuditError as exc:
+        raise ConfigError(f"audit: {exc}") from exc
+
+
 def audited_app(settings: Any, factory: Callable[..., Any], **kwargs: Any) -> Any:
     """Build the gateway app with the audit log of ``settings.audit`` wired in (if enabled).
 
@@ -328,10 +349,7 @@ def audited_app(settings: Any, factory: Callable[..., Any], **kwargs: Any) -> An
     Raises:
         ConfigError: If the ``audit:`` section or one of its key files is invalid.
     """
-    try:
-        observer = build(settings.audit, config_digest=config_digest(settings.model_dump_json()))
-    except (AuditError, ValidationError) as exc:
-        raise ConfigError(f"audit: {exc}") from exc
+    observer = checked_build(settings)
     if observer is None:
         return factory(settings, **kwargs)
     observers = [observer, *kwargs.pop("observers", ())]

@@ -9,11 +9,13 @@ from typing import Annotated
 
 import typer
 
+from gateway.audit.observer import checked_build
 from gateway.egress import load_policy
 from gateway.errors import ConfigError
 from gateway.quotas.wiring import validate_limits
 from gateway.settings import load
 from gateway.telemetry import check_telemetry
+from gateway.tls_files import check_tls_files
 
 __all__ = ["check_config"]
 
@@ -38,6 +40,8 @@ def check_config(
         policy = load_policy(settings, file.parent)
         validate_limits(settings)  # quotas: and keystore: sections (issue 9)
         telemetry = check_telemetry(settings, policy)
+        check_tls_files(settings)
+        checked_build(settings)  # audit: section and its key files (the store is not opened)
     except ConfigError as exc:
         if as_json:
             typer.echo(json.dumps({"ok": False, "file": str(file), "error": exc.message}))

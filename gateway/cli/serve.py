@@ -50,8 +50,10 @@ def run(
     from gateway.egress import start_egress, with_policy
     from gateway.quotas.wiring import with_limits
     from gateway.telemetry import build_telemetry, with_telemetry
+    from gateway.tls_files import check_tls_files
 
     configure_logging(settings.logging)
+    check_tls_files(settings)  # one config_error line naming the key, before anything starts
     factory = with_limits(create_app)
     egress = start_egress(settings, base)
     if egress is not None:
