@@ -498,9 +498,12 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 
 
 def _resolve_paths(data: dict[str, Any], base: Path) -> None:
-    """Make the TLS file paths of ``listen`` and ``upstream_tls`` relative to the config file."""
+    """Make the file paths of ``listen``, ``upstream_tls`` and ``audit`` relative to the config
+    file (``audit.store: sqlite://PATH`` keeps its documented meaning)."""
     for section, keys in (("listen", ("tls_cert_file", "tls_key_file")),
-                          ("upstream_tls", ("ca_file", "cert_file", "key_file"))):
+                          ("upstream_tls", ("ca_file", "cert_file", "key_file")),
+                          ("audit", ("signing_key_file", "pseudonym_key_file", "checkpoint_dir",
+                                     "store_file"))):
         block = data.get(section)
         if not isinstance(block, dict):
             continue

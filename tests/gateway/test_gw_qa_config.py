@@ -97,3 +97,35 @@ def test_check_config_cli_is_one_line_exit_1(tmp_path: Path, content: bytes) -> 
     assert proc.returncode == 1, (proc.returncode, proc.stderr)
     assert "Traceback" not in proc.stderr and "unexpected error" not in proc.stderr, proc.stderr
     assert str(path) in proc.stderr
+
+
+def test_audit_files_are_relative_to_the_config_file(tmp_path: Path) -> None:
+    """Like every other relative path in the config (api_key_file, TLS files, policy.file)."""
+    conf = tmp_path / "etc"
+    conf.mkdir()
+    path = conf / "gateway.yaml"
+    path.write_text(BASE % "http://a:1" + "audit: {enabled: true, signing_key_file: audit.key,"
+                    " pseudonym_key_file: keys/p.key, checkpoint_dir: cps, store_file: url,"
+                    " store: 'sqlite:///var/x.db'}\n", encoding="utf-8")
+    audit = load(path, {}).audit
+    assert audit is not None
+    assert audit["signing_key_file"] == str(conf / "audit.key")
+    assert audit["pseudonym_key_file"] == str(conf / "keys/p.key")
+    assert audit["checkpoint_dir"] == str(conf / "cps")
+    assert audit["store_file"] == str(conf / "url")
+    assert audit["store"] == "sqlite:///var/x.db"
+
+
+def test_check_config_from_another_directory(tmp_path: Path) -> None:
+    conf = tmp_path / "etc"
+    conf.mkdir()
+    subprocess.run([sys.executable, "-m", "gateway.cli", "audit", "keygen", "--out",
+                    str(conf / "audit.key"), "--pseudonym-key", str(conf / "p.key")],
+                   check=True, capture_output=True, timeout=60)
+    path = conf / "gateway.yaml"
+    path.write_text(BASE % "http://a:1" + "audit: {enabled: true, signing_key_file: audit.key,"
+                    f" pseudonym_key_file: p.key, store: 'sqlite://{tmp_path}/a.db'}}\n",
+                    encoding="utf-8")
+    proc = subprocess.run([sys.executable, "-m", "gateway.cli", "check-config", str(path)],
+                          capture_output=True, text=True, timeout=60, check=False, cwd="/")
+    assert proc.returncode == 0, proc.stderr
