@@ -15,6 +15,7 @@ sequence number; it never returns a bare bool. Checks, per chain:
   a checkpoint larger than the stored chain means records were deleted (``truncated``);
 * consecutive records more than ``max_gap_s`` apart (default ``2 * heartbeat + 1 s`` from the
   chain's start record) are a failure (``time_gap``): a live writer heartbeats;
+* every chain but a replica's first names its predecessor (``previous_chain_unlinked``);
 * records after the newest valid checkpoint are reported as ``unsealed`` (warning), or as
   ``missing_checkpoint`` (error) when the chain is closed: a clean close always signs a final
   checkpoint;
@@ -28,6 +29,7 @@ sequence number; it never returns a bare bool. Checks, per chain:
 from __future__ import annotations
 
 import contextlib
+import itertools
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -50,7 +52,7 @@ from gateway.audit.records import (
     parse_body,
     record_hash,
 )
-from gateway.audit.store import Store
+from gateway.audit.store import ChainInfo, Store, replica_of
 
 Severity = Literal["error", "warning"]
 _PAGE = 5000
@@ -219,6 +221,7 @@ async def verify_store(
                     plans[c.chain].start = obj["data"]
         for cp in await store.checkpoints(c.chain):
             plans[c.chain].notes.append(("store", cp.note, cp.ts_us))
+    _check_unlinked(chains, plans, v)
     for chain, plan in plans.items():
         start = plan.start or {}
         prev_chain = start.get("previous_chain")
@@ -377,6 +380,37 @@ class _Scan:
         self.prev_ts = ts
         self.prev_seq = seq
         self.last_type = obj["type"]
+
+
+def _check_unlinked(
+    chains: Sequence[ChainInfo], plans: dict[str, _ChainPlan], v: _Verifier
+) -> None:
+    """A chain that is not its replica's first must name a predecessor in ``chain.started``.
+
+    Chains are ordered by the UTC start stamp in their id (inside every hashed record); the
+    unhashed ``audit_chains.started_us`` only breaks ties within one second.
+    """
+    by_replica: dict[str, list[tuple[str, int, str]]] = {}
+    for c in chains:
+        start = plans[c.chain].start
+        if start is None:
+            continue  # missing_start / malformed_record are reported by the scan
+        stamp = c.chain.split("/", 1)[-1].split("-", 1)[0]
+        by_replica.setdefault(replica_of(c.chain), []).append((stamp, c.started_us, c.chain))
+    for ordered in by_replica.values():
+        ordered.sort()
+        for (_, _, earlier), (_, _, chain) in itertools.pairwise(ordered):
+            start = plans[chain].start or {}
+            if start.get("previous_chain") is None:
+                v.add(
+                    "error",
+                    "previous_chain_unlinked",
+                    chain,
+                    0,
+                    f"chain.started names no previous chain, but {earlier} of the same replica "
+                    "started before it (restart link broken: store edited, or two gateways "
+                    "share a replica_id)",
+                )
 
 
 def _claimed_size(notes: Sequence[tuple[str, str, int]]) -> int:

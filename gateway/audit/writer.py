@@ -42,11 +42,16 @@ from gateway.audit.records import (
     make_record,
 )
 from gateway.audit.settings import AuditSettings
-from gateway.audit.store import ChainInfo, Store, StoredCheckpoint, open_store
+from gateway.audit.store import ChainInfo, Store, StoredCheckpoint, open_store, replica_of
 
 _log = logging.getLogger(__name__)
 
 _RESERVED_TYPES = frozenset({CHAIN_STARTED, CHAIN_CLOSED, HEARTBEAT})
+
+
+def _boot_stamp(chain: str) -> str:
+    """The UTC start stamp of a chain id ``<replica>/<YYYYmmddTHHMMSSZ>-<random>``."""
+    return chain.split("/", 1)[-1].split("-", 1)[0]
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,7 +222,12 @@ class AuditLog:
         _log.info("audit chain %s started in %s", self.chain_id, self.store.display_url)
 
     async def _start_record_data(self) -> dict[str, Any]:
-        mine = [c for c in await self.store.list_chains() if c.replica == self.replica_id]
+        # By the chain id (it is inside every hashed record), not the unhashed replica and
+        # started_us columns of audit_chains: an edit there must not unlink this restart.
+        mine = sorted(
+            (c for c in await self.store.list_chains() if replica_of(c.chain) == self.replica_id),
+            key=lambda c: (_boot_stamp(c.chain), c.started_us),
+        )
         previous: dict[str, Any] = {
             "previous_chain": None,
             "previous_checkpoint": None,

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sqlite3
+import time
+from pathlib import Path
 
 from _audit_helpers import codes_at, raw_sql, verify, write_log
 
@@ -94,3 +97,42 @@ def test_untouched_log_still_verifies_clean(store_url: str, signer: Signer) -> N
     write_log(store_url, signer, N)
     report = verify(store_url, signer)
     assert report.ok and report.findings == []
+
+
+def test_replica_column_edited_before_restart_keeps_the_chain_link(
+    store_url: str, signer: Signer
+) -> None:
+    """audit_chains.replica/started_us are outside the hash: a restart must not trust them."""
+    first = write_log(store_url, signer, 4, replica="r1")
+    raw_sql(store_url, "UPDATE audit_chains SET replica = 'elsewhere', started_us = 0")
+    second = write_log(store_url, signer, 4, replica="r1")
+    start = json.loads(body_of(store_url, second, 0))
+    assert start["data"]["previous_chain"] == first
+    assert verify(store_url, signer).ok
+
+
+def test_restart_that_does_not_name_its_predecessor_fails(tmp_path: Path, signer: Signer) -> None:
+    """A later chain of the same replica with ``previous_chain: null`` breaks the restart link."""
+    older = f"sqlite://{tmp_path / 'a.db'}"
+    url = f"sqlite://{tmp_path / 'b.db'}"
+    first = write_log(older, signer, 4, replica="r1")
+    time.sleep(1.1)  # chain ids carry the start second; the second chain must sort after
+    second = write_log(url, signer, 4, replica="r1")
+    assert verify(url, signer).ok
+    conn = sqlite3.connect(tmp_path / "b.db", isolation_level=None)
+    try:
+        conn.execute("ATTACH DATABASE ? AS a", (str(tmp_path / "a.db"),))
+        conn.execute("INSERT INTO audit_records (chain, seq, ts_us, type, request_id, hash, body) "
+                     "SELECT chain, seq, ts_us, type, request_id, hash, body FROM a.audit_records")
+        conn.execute("INSERT INTO audit_checkpoints SELECT * FROM a.audit_checkpoints")
+        conn.execute("INSERT INTO audit_chains SELECT * FROM a.audit_chains")
+    finally:
+        conn.close()
+    report = verify(url, signer)
+    assert ("previous_chain_unlinked", second, 0) in codes_at(report)
+    assert first in report.errors[0].message
+
+
+def body_of(url: str, chain: str, seq: int) -> bytes:
+    rows = raw_sql(url, "SELECT body FROM audit_records WHERE chain = ? AND seq = ?", chain, seq)
+    return bytes(rows[0][0])
