@@ -150,8 +150,6 @@ def test_prompt_plus_max_tokens_beyond_context_is_clamped(target: Target) -> Non
 
 
 def test_tokenize_detokenize(target: Target) -> None:
-    if target.route == "gateway":
-        pytest.skip("the gateway does not expose /tokenize")
     tok = target.post("/tokenize", {"model": target.model, "prompt": "Hello café 日本"}).json()
     assert tok["count"] == len(tok["tokens"]) and tok["max_model_len"] == target.max_model_len
     back = target.post("/detokenize", {"model": target.model, "tokens": tok["tokens"]}).json()
