@@ -131,6 +131,17 @@ def _read_gateway_config(path: Path) -> dict[str, Any]:
         raise _UsageError(f"cannot read gateway config {path}: {exc}") from exc
     if not isinstance(raw, dict):
         raise _UsageError(f"gateway config {path} is not a YAML mapping")
+    keys_file = raw.get("keys_file")
+    if isinstance(keys_file, str) and keys_file:
+        # The gateway appends the keys of keys_file (relative to its config) to keys.
+        kpath = Path(keys_file) if Path(keys_file).is_absolute() else path.parent / keys_file
+        try:
+            extra = yaml.safe_load(kpath.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+            raise _UsageError(f"cannot read keys_file {kpath}: {exc}") from exc
+        inline = raw.get("keys")
+        raw["keys"] = [*(inline if isinstance(inline, list) else []),
+                       *(extra if isinstance(extra, list) else [])]
     return raw
 
 

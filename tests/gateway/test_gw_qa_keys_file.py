@@ -124,3 +124,26 @@ def test_key_from_file_serves_through_the_gateway(
     assert [m.id for m in clients(url, key=KEY_A).models.list()] == ["llama-3.1-8b"]
     with pytest.raises(openai.AuthenticationError):
         clients(url, key="sg-not-in-file").models.list()
+
+
+def test_policy_explain_sees_keys_from_keys_file(tmp_path: Path) -> None:
+    """``policy explain --config`` reads keys like the gateway does, keys_file included."""
+    import subprocess
+    import sys
+
+    (tmp_path / "policy.yaml").write_text(
+        "version: 1\ndata_classes: [internal, confidential]\ndestinations:\n"
+        "  - {id: d1, url: 'http://127.0.0.1:9', region: r, jurisdiction: EU, operator: o}\n"
+        "rules:\n  - {id: eu, constraints: {jurisdiction: EU}, classes: [internal]}\n",
+        encoding="utf-8",
+    )
+    cfg = {**config(["http://127.0.0.1:9"]), "keys_file": "keys.yaml"}
+    path = _write(tmp_path, cfg, [FILE_KEY])
+    proc = subprocess.run(
+        [sys.executable, "-m", "policy.cli", "explain", str(tmp_path / "policy.yaml"),
+         "--config", str(path), "--key", "team-file", "--destination", "d1", "--json"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )
+    # team-file's class is confidential (from the file): no rule allows it, so exit 1.
+    assert proc.returncode == 1, proc.stderr
+    assert '"confidential"' in proc.stdout, proc.stdout
