@@ -227,6 +227,8 @@ def export(
                 async for rec in export_records(st, since_us, until_us):
                     fh.write(rec.body.decode("utf-8") + "\n")
                     n += 1
+        except BrokenPipeError:
+            raise  # the reader went away (`| head`): main() ends quietly
         except OSError as exc:
             raise AuditError(f"cannot write {out or 'stdout'}: {exc.strerror}") from exc
         finally:

@@ -151,3 +151,25 @@ def test_cli_prove_verify_export_tail(tmp_path: Path, signer: Signer) -> None:
     assert "request_id=req-11" in res.output
     res = runner.invoke(app, ["prove", "nope", "--store", url])
     assert res.exit_code == 2 and "audit_not_found" in res.output
+
+
+def test_cli_export_into_a_closed_pipe_ends_quietly(tmp_path: Path, signer: Signer) -> None:
+    """`gateway audit export | head -1`: no error line, no traceback (click exits 1 on EPIPE)."""
+    import subprocess
+    import sys
+
+    url = f"sqlite://{tmp_path / 'a.db'}"
+    write_log(url, signer, 4000, checkpoint_every_records=1000)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gateway.cli", "audit", "export", "--store", url],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    first = proc.stdout.readline()
+    proc.stdout.close()  # the reader goes away with most of the export unread
+    err = proc.stderr.read().decode()
+    proc.stderr.close()
+    assert proc.wait(timeout=60) == 1
+    assert json.loads(first)["seq"] == 0
+    assert err == ""
