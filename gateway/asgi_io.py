@@ -9,7 +9,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from gateway.errors import GatewayError, PayloadTooLarge, error_body
+from gateway.errors import GatewayError, PayloadTooLarge, RequestTimeout, error_body
 
 __all__ = [
     "ClientGone",
@@ -31,16 +31,20 @@ class ClientGone(Exception):
     """The client disconnected before the request was complete."""
 
 
-async def read_body(receive: Receive, limit: int, declared: int | None) -> bytes:
+async def read_body(
+    receive: Receive, limit: int, declared: int | None, idle_timeout_s: float | None = None
+) -> bytes:
     """Read the request body, refusing it as soon as it is known to exceed ``limit`` bytes.
 
     Args:
         receive: ASGI receive callable.
         limit: Maximum body size in bytes.
         declared: The ``content-length`` value, if the client sent one.
+        idle_timeout_s: Longest wait in seconds for the next part of the body (``None``: none).
 
     Raises:
         PayloadTooLarge: ``declared`` or the bytes received so far exceed ``limit``.
+        RequestTimeout: No part of the body arrived for ``idle_timeout_s``.
         ClientGone: The client disconnected.
     """
     too_large = PayloadTooLarge(f"Request body exceeds the limit of {limit} bytes.")
@@ -49,7 +53,13 @@ async def read_body(receive: Receive, limit: int, declared: int | None) -> bytes
     chunks: list[bytes] = []
     total = 0
     while True:
-        message = await receive()
+        try:
+            async with asyncio.timeout(idle_timeout_s):
+                message = await receive()
+        except TimeoutError:
+            raise RequestTimeout(
+                f"The request body was not received in time (no data for {idle_timeout_s:g} s)."
+            ) from None
         if message["type"] == "http.disconnect":
             raise ClientGone()
         body: bytes = message.get("body", b"")

@@ -167,6 +167,14 @@ class PathNotFound(GatewayError):
     code = "not_found"
 
 
+class RequestTimeout(GatewayError):
+    """The client stopped sending its request body (``limits.client_body_timeout_s``)."""
+
+    status = 408
+    type = "invalid_request_error"
+    code = "request_timeout"
+
+
 class MethodNotAllowed(GatewayError):
     """The path exists but not for this HTTP method."""
 

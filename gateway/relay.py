@@ -189,7 +189,8 @@ async def _serve(
         principal = state.classify(principal, class_value)
         record.data_class = principal.data_class
 
-    raw = await read_body(receive, state.settings.limits.max_body_bytes, declared)
+    limits = state.settings.limits
+    raw = await read_body(receive, limits.max_body_bytes, declared, limits.client_body_timeout_s)
     record.bytes_in = len(raw)
     parsed = parse_body(raw)
     record.model = parsed.model

@@ -230,6 +230,8 @@ class LimitSettings(_Frozen):
     """Request limits. Sizes in bytes."""
 
     max_body_bytes: int = Field(default=16 * 1024 * 1024, gt=0)
+    # Longest silence (seconds) while a client sends its request body before 408 (slow clients).
+    client_body_timeout_s: float = Field(default=30.0, gt=0, allow_inf_nan=False)
     max_upstream_connections: int = Field(default=4096, ge=0)
     # Extra request headers relayed to backends (lower-case), e.g. tracing headers.
     forward_headers: list[str] = Field(default_factory=lambda: ["traceparent", "tracestate"])
