@@ -11,7 +11,7 @@ import subprocess
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 import yaml
@@ -34,6 +34,22 @@ SCENARIOS = {
     "vllm": VALUES / "vllm.yaml",
     "cilium": VALUES / "cilium.yaml",
 }
+
+#: Scenario name -> its egress policy (policy.document). Each scenario's egress.destinations is
+#: what ``policy networkpolicy <policy> --format helm-values`` prints for it, and every
+#: destination its rendered config names is defined there, so ``gateway check-config`` accepts it.
+SCENARIO_POLICIES = {
+    "default": POLICY_FILE,
+    "postgres-ha": VALUES / "policy-postgres-ha.yaml",
+    "vllm": VALUES / "policy-vllm.yaml",
+    "cilium": VALUES / "policy-cilium.yaml",
+}
+_POLICY_OF_VALUES = {SCENARIOS[s]: p for s, p in SCENARIO_POLICIES.items()}
+
+#: ``policy=SCENARIO`` (the default): the policy of the first scenario values file given,
+#: else POLICY_FILE.
+SCENARIO: Literal["scenario"] = "scenario"
+PolicyArg = Path | None | Literal["scenario"]
 
 WORKLOAD_KINDS = {"Deployment", "StatefulSet", "DaemonSet", "Job"}
 
@@ -101,13 +117,27 @@ def run_helm(args: Sequence[str], timeout_s: float = 120.0) -> HelmResult:
     return HelmResult(proc.returncode, proc.stdout, proc.stderr)
 
 
+def policy_for(values: Sequence[Path]) -> Path:
+    """The egress policy of the first scenario values file in ``values`` (else POLICY_FILE)."""
+    for v in values:
+        if v in _POLICY_OF_VALUES:
+            return _POLICY_OF_VALUES[v]
+    return POLICY_FILE
+
+
 def template_args(
     values: Sequence[Path] = (),
     sets: Mapping[str, str] | None = None,
     set_files: Mapping[str, Path] | None = None,
-    policy: Path | None = POLICY_FILE,
+    policy: PolicyArg = SCENARIO,
 ) -> list[str]:
-    """Arguments of ``helm template`` for the chart with the given values."""
+    """Arguments of ``helm template`` for the chart with the given values.
+
+    ``policy`` is the policy.document file: SCENARIO picks the scenario's own policy
+    (:func:`policy_for`), None sets none.
+    """
+    if policy == SCENARIO:
+        policy = policy_for(values)
     args = ["template", RELEASE, str(CHART), "--namespace", NAMESPACE,
             "--kube-version", KUBE_VERSION]
     for v in values:
@@ -122,7 +152,7 @@ def template_args(
 
 
 def render_text(*values: Path, sets: Mapping[str, str] | None = None,
-                policy: Path | None = POLICY_FILE) -> str:
+                policy: PolicyArg = SCENARIO) -> str:
     """Render the chart and return the manifest text; fail the test if helm refuses."""
     res = helm(*template_args(values, sets, policy=policy))
     if res.returncode != 0:
@@ -131,13 +161,13 @@ def render_text(*values: Path, sets: Mapping[str, str] | None = None,
 
 
 def render(*values: Path, sets: Mapping[str, str] | None = None,
-           policy: Path | None = POLICY_FILE) -> list[dict[str, Any]]:
+           policy: PolicyArg = SCENARIO) -> list[dict[str, Any]]:
     """Render the chart and return its objects (empty documents dropped)."""
     return parse(render_text(*values, sets=sets, policy=policy))
 
 
 def refuse(*values: Path, sets: Mapping[str, str] | None = None,
-           policy: Path | None = POLICY_FILE) -> str:
+           policy: PolicyArg = SCENARIO) -> str:
     """Render and expect helm to refuse; return its error output."""
     res = helm(*template_args(values, sets, policy=policy))
     assert res.returncode != 0, "helm rendered values that must be refused"

@@ -20,7 +20,7 @@ CRDS = {
 @pytest.mark.parametrize("scenario", sorted(h.SCENARIOS))
 def test_lint_strict(scenario: str) -> None:
     res = h.helm("lint", "--strict", str(h.CHART), "-f", str(h.SCENARIOS[scenario]),
-                 "--set-file", f"policy.document={h.POLICY_FILE}",
+                 "--set-file", f"policy.document={h.SCENARIO_POLICIES[scenario]}",
                  "--kube-version", h.KUBE_VERSION)
     assert res.returncode == 0, res.stdout + res.stderr
     assert "0 chart(s) failed" in res.stdout

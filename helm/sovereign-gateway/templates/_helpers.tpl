@@ -96,6 +96,19 @@ nodeAffinity:
 {{- printf "%s-vllm-%s" (include "sg.fullname" .root) .model.name | trunc 63 | trimSuffix "-" }}
 {{- end }}
 
+{{/*
+egress.destinations minus the in-chart vLLM Services (ids vllm-<model name>, the destinations
+the rendered config gives their replicas): those are allowed by pod selector, so the policy may
+name them by hostname only. JSON {"items": [...]}.
+*/}}
+{{- define "sg.egressDestinations" -}}
+{{- $inChart := list -}}
+{{- if .Values.vllm.enabled }}{{ range .Values.vllm.models }}{{ $inChart = append $inChart (printf "vllm-%s" .name) }}{{ end }}{{ end -}}
+{{- $out := list -}}
+{{- range .Values.egress.destinations }}{{ if not (has .id $inChart) }}{{ $out = append $out . }}{{ end }}{{ end -}}
+{{- toJson (dict "items" $out) -}}
+{{- end }}
+
 {{/* Gateway config.yaml (contract: gateway settings file). */}}
 {{/* The gateway's telemetry: section (admin port for /metrics; OTLP only to a policy destination). */}}
 {{- define "sg.telemetryConfig" -}}

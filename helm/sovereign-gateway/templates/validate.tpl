@@ -3,7 +3,7 @@ Checks that values.schema.json cannot express. Each fails the render with one cl
 */}}
 {{- define "sg.validate" -}}
 {{- if and .Values.networkPolicy.enabled (ne .Values.networkPolicy.flavor "cilium") }}
-{{- range .Values.egress.destinations }}
+{{- range (include "sg.egressDestinations" . | fromJson).items }}
 {{- if not .cidrs }}
 {{- fail (printf "egress destination %q has only a hostname (%v) and no CIDR: a Kubernetes NetworkPolicy cannot allow it. Set networkPolicy.flavor=cilium (toFQDNs) or give the destination CIDRs in the policy." .id .fqdn) }}
 {{- end }}
