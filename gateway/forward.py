@@ -220,7 +220,7 @@ async def _attempt(
                                                              else "upstream_error")
                 return None
             except (aiohttp.ClientError, OSError, EgressDenied) as exc:
-                err = map_exception(exc, replica.url)
+                err = map_exception(exc, replica.label)
                 if isinstance(err, (UpstreamConnectError, UpstreamConnectTimeout)):
                     raise err from exc
                 pool.eject(replica)
@@ -233,7 +233,7 @@ async def _attempt(
         what = {"first_byte": "send its first byte", "stream": "send the next event",
                 "body": "send the rest of the response"}[phase]
         err = UpstreamTimeout(
-            f"The model backend ({replica.url}) did not {what} within the "
+            f"The model backend ({replica.label}) did not {what} within the "
             f"{timeouts.first_byte_s if phase == 'first_byte' else timeouts.idle_s} s limit."
         )
         if not out.started:

@@ -63,10 +63,13 @@ def make_client(replica_url: str, api_key: str | None, matcher: Any = None) -> A
                               http_client=http, max_retries=0)  # type: ignore[arg-type]
 
 
-def _map(exc: BaseException, url: str) -> GatewayError:
+def _map(exc: BaseException, url: str) -> GatewayError:  # url: Replica.label, never the URL
     if isinstance(exc, EgressDenied):
-        return UpstreamError(f"The egress policy refused the connection to {url}: {exc.reason}",
-                             code="upstream_egress_denied")
+        return UpstreamError(
+            f"The egress policy refused the connection to the model backend ({url}): "
+            f"{exc.reason}",
+            code="upstream_egress_denied",
+        )
     status = getattr(exc, "status_code", None)
     name = type(exc).__name__
     if "Timeout" in name:
@@ -125,11 +128,11 @@ async def attempt(ex: Exchange, replica: Replica) -> GatewayError | None:
     except TimeoutError as exc:
         ex.pool.eject(replica)
         raise UpstreamTimeout(
-            f"The model backend ({replica.url}) did not answer within "
+            f"The model backend ({replica.label}) did not answer within "
             f"{ex.state.settings.timeouts.first_byte_s} s."
         ) from exc
     except Exception as exc:
-        err = _map(exc, replica.url)
+        err = _map(exc, replica.label)
         if isinstance(err, UpstreamStatusError):
             ex.pool.eject(replica)
             return err
@@ -158,7 +161,7 @@ async def attempt(ex: Exchange, replica: Replica) -> GatewayError | None:
                     continue
             await out.body(b"data: " + chunk.model_dump_json().encode() + b"\n\n")
     except Exception as exc:
-        err = _map(exc, replica.url)
+        err = _map(exc, replica.label)
         record.outcome = "upstream_error"
         record.error_code = err.code
         await out.body(sse_error_event(err), more=False)

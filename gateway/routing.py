@@ -67,6 +67,16 @@ class Replica:
     probe_ok: bool = True
     failures: int = 0
 
+    @property
+    def label(self) -> str:
+        """Name of the replica for client-facing messages: model, position and destination id.
+
+        Never the URL: backend addresses are internal network layout, which error bodies sent
+        to API clients must not reveal (the access log and audit record carry the URL).
+        """
+        where = f" ({self.destination})" if self.destination else ""
+        return f"{self.model} replica {self.index}{where}"
+
     def available(self, now: float) -> bool:
         """True when the replica is neither ejected nor failing its active probe."""
         return self.probe_ok and now >= self.ejected_until

@@ -94,12 +94,12 @@ def new_session(
     )
 
 
-def map_exception(exc: BaseException, replica_url: str) -> GatewayError:
+def map_exception(exc: BaseException, replica_label: str) -> GatewayError:
     """Translate an aiohttp/OS error into a gateway error (the caller raises it ``from exc``).
 
     Args:
         exc: The exception raised while talking to the replica.
-        replica_url: For the message (never the request content).
+        replica_label: :attr:`Replica.label` for the message (never the URL or request content).
 
     Returns:
         :class:`UpstreamConnectError` / :class:`UpstreamConnectTimeout` for connection
@@ -110,26 +110,26 @@ def map_exception(exc: BaseException, replica_url: str) -> GatewayError:
         # The policy-checked transport (or the process guard) refused: never retried.
         code = "redirect_refused" if isinstance(exc, RedirectRefused) else None
         return UpstreamEgressDenied(
-            f"The egress policy refused the connection to the model backend ({replica_url}): "
+            f"The egress policy refused the connection to the model backend ({replica_label}): "
             f"{exc.reason}",
             code=code,
         )
     if isinstance(exc, aiohttp.ClientConnectorCertificateError):
         return UpstreamConnectError(
-            f"The TLS certificate of the model backend ({replica_url}) could not be verified "
+            f"The TLS certificate of the model backend ({replica_label}) could not be verified "
             "(see upstream_tls.ca_file)."
         )
     if isinstance(exc, aiohttp.ConnectionTimeoutError):
         return UpstreamConnectTimeout(
-            f"Timed out connecting to the model backend ({replica_url})."
+            f"Timed out connecting to the model backend ({replica_label})."
         )
     if isinstance(exc, aiohttp.ClientConnectorError):
-        return UpstreamConnectError(f"Could not connect to the model backend ({replica_url}).")
+        return UpstreamConnectError(f"Could not connect to the model backend ({replica_label}).")
     if isinstance(exc, (asyncio.TimeoutError, aiohttp.ServerTimeoutError)):
-        return UpstreamTimeout(f"The model backend ({replica_url}) timed out.")
+        return UpstreamTimeout(f"The model backend ({replica_label}) timed out.")
     if isinstance(exc, aiohttp.ServerDisconnectedError):
-        return UpstreamError(f"The model backend ({replica_url}) closed the connection.")
+        return UpstreamError(f"The model backend ({replica_label}) closed the connection.")
     if isinstance(exc, aiohttp.ClientPayloadError):
-        return UpstreamError(f"The model backend ({replica_url}) sent an incomplete response.")
+        return UpstreamError(f"The model backend ({replica_label}) sent an incomplete response.")
     name = type(exc).__name__
-    return UpstreamError(f"Error talking to the model backend ({replica_url}): {name}")
+    return UpstreamError(f"Error talking to the model backend ({replica_label}): {name}")

@@ -216,6 +216,10 @@ def test_connect_error_everywhere_is_502(serve_asgi: Any) -> None:
     gw = start_gateway(serve_asgi, settings(dead))
     r = httpx.post(gw + "/v1/chat/completions", json=CHAT, headers=AUTH_A)
     _shape(r, 502, "upstream_connect_error")
+    # Backend addresses are internal network layout: the client learns which replica, not where.
+    message = r.json()["error"]["message"]
+    assert "llama-3.1-8b replica" in message
+    assert all(u not in r.text for u in dead) and "127.0.0.1" not in r.text
 
 
 def test_no_retry_after_first_byte(serve_asgi: Any, clients: Clients) -> None:
