@@ -69,10 +69,43 @@ def test_every_path_in_the_config_is_mounted(scenario: str, tmp_path: Path) -> N
     assert outside == [], "config paths outside every volume mount of the gateway container"
 
 
+def test_chart_refuses_a_collector_outside_the_policy() -> None:
+    """Known issue 2 at helm time: postgres-ha with a policy lacking otel-collector."""
+    err = h.refuse(h.SCENARIOS["postgres-ha"], policy=h.POLICY_FILE)
+    assert ('telemetry.destination "otel-collector" is not a destination of policy.document '
+            "(it defines: vllm-external, model-mirror)") in err
+
+
+@pytest.mark.parametrize(("scenario", "needle"), [
+    ("default", 'gateway.models[llama-3.1-8b] replica destination "vllm-external"'),
+    ("vllm", 'vllm.models[llama-3-1-8b] (in-chart backend) destination "vllm-llama-3-1-8b"'),
+])
+def test_chart_refuses_a_config_destination_outside_the_policy(
+        scenario: str, needle: str, tmp_path: Path) -> None:
+    policy = tmp_path / "policy.yaml"
+    doc = yaml.safe_load(h.SCENARIO_POLICIES[scenario].read_text(encoding="utf-8"))
+    doc["destinations"] = [d for d in doc["destinations"] if d["id"] == "model-mirror"]
+    doc["rules"] = []
+    policy.write_text(yaml.safe_dump(doc), encoding="utf-8")
+    assert needle + " is not a destination of policy.document" in h.refuse(
+        h.SCENARIOS[scenario], policy=policy)
+
+
+def test_chart_refuses_egress_values_not_from_the_policy(tmp_path: Path) -> None:
+    extra = tmp_path / "egress.yaml"
+    extra.write_text("egress:\n  destinations: [{id: vllm-external, cidrs: [10.20.0.0/24], "
+                     "ports: [{port: 8000, protocol: TCP}], fqdn: null}]\n", encoding="utf-8")
+    err = h.refuse(h.SCENARIOS["default"], extra)
+    assert ("egress.destinations (vllm-external) are not the destinations of policy.document "
+            "(model-mirror, vllm-external)") in err
+
+
 def test_check_config_refuses_a_collector_outside_the_policy(tmp_path: Path) -> None:
-    """Known issue 2: postgres-ha with a policy lacking the otel-collector destination."""
-    objs = h.render(h.SCENARIOS["postgres-ha"], policy=h.POLICY_FILE)
-    pod = pf.materialize(objs, tmp_path)
+    """Known issue 2 in the gateway: the mounted policy (e.g. an external ConfigMap drifted)
+    lacks the otel-collector destination; the real gateway refuses to start."""
+    pod = pf.materialize(h.render(h.SCENARIOS["postgres-ha"]), tmp_path)
+    (tmp_path / "etc/sovereign-gateway/policy.yaml").write_text(
+        h.POLICY_FILE.read_text(encoding="utf-8"), encoding="utf-8")
     code, out = pf.check_config(pod.config_file)
     assert code == 1
     assert out["ok"] is False

@@ -47,6 +47,14 @@ def _expected(values: dict[str, Any]) -> set[tuple[str, int, str]]:
 def _check_policy_file(policy: Path, tmp_path: Path) -> None:
     out = tmp_path / "egress-values.yaml"
     values = _policy_values(policy, out)
+    if policy.resolve() != h.POLICY_FILE.resolve():
+        # The scenario's model names destination vllm-external of the test policy (the chart
+        # refuses a replica destination the policy lacks); bind it to none for another policy.
+        models = tmp_path / "models.yaml"
+        models.write_text("gateway:\n  models: [{name: m, served_model_name: x/m, replicas: "
+                          "[{url: 'http://192.0.2.1:8000'}]}]\n", encoding="utf-8")
+        out.write_text(out.read_text(encoding="utf-8") + models.read_text(encoding="utf-8"),
+                       encoding="utf-8")
     assert values["egress"]["destinations"], "the policy names no destination"
     ids = [d["id"] for d in values["egress"]["destinations"]]
     assert ids == sorted(ids)

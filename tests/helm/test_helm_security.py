@@ -227,8 +227,10 @@ def test_config_or_policy_change_rolls_the_pods(tmp_path: Path) -> None:
     assert annotations()["checksum/config"] == base["checksum/config"]
     egress = tmp_path / "egress.yaml"
     egress.write_text(yaml.safe_dump({"egress": {"destinations": [
-        {"id": "x", "cidrs": ["10.9.9.0/24"], "ports": [{"port": 443, "protocol": "TCP"}],
-         "fqdn": None}]}}), encoding="utf-8")
+        {"id": "model-mirror", "cidrs": ["10.30.1.0/29"], "ports": [{"port": 443,
+         "protocol": "TCP"}], "fqdn": "mirror.models.internal.example"},
+        {"id": "vllm-external", "cidrs": ["10.20.0.0/24"], "ports": [{"port": 8000,
+         "protocol": "TCP"}], "fqdn": None}]}}), encoding="utf-8")
     assert annotations(egress)["checksum/egress"] != base["checksum/egress"]
 
 

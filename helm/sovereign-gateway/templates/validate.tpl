@@ -33,4 +33,36 @@ Checks that values.schema.json cannot express. Each fails the render with one cl
 {{- if hasKey $ids .id }}{{ fail (printf "egress destination id %q appears twice" .id) }}{{ end }}
 {{- $_ := set $ids .id true }}
 {{- end }}
+{{- include "sg.validatePolicyRefs" . }}
+{{- end }}
+
+{{/*
+Every destination the rendered config names must be defined in policy.document, as the gateway
+checks at start (`gateway check-config`): replica destinations, the in-chart vLLM destinations
+and the telemetry collector's destination. And egress.destinations must name exactly the
+policy's destinations (it is `policy networkpolicy --format helm-values` output for it).
+*/}}
+{{- define "sg.validatePolicyRefs" -}}
+{{- if and (not (include "sg.externalConfig" .)) .Values.policy.document }}
+{{- $doc := fromYaml .Values.policy.document }}
+{{- if hasKey $doc "Error" }}{{ fail (printf "policy.document is not YAML: %v" $doc.Error) }}{{ end }}
+{{- $policyIds := list }}
+{{- range ($doc.destinations | default list) }}{{ if kindIs "map" . }}{{ $policyIds = append $policyIds (toString .id) }}{{ end }}{{ end }}
+{{- $refs := list }}
+{{- range .Values.gateway.models }}{{ $m := . }}{{ range (.replicas | default list) }}{{ with .destination }}{{ $refs = append $refs (list (printf "gateway.models[%s] replica destination" $m.name) .) }}{{ end }}{{ end }}{{ end }}
+{{- if .Values.vllm.enabled }}{{ range .Values.vllm.models }}{{ $refs = append $refs (list (printf "vllm.models[%s] (in-chart backend) destination" .name) (printf "vllm-%s" .name)) }}{{ end }}{{ end }}
+{{- if .Values.telemetry.enabled }}{{ $refs = append $refs (list "telemetry.destination" .Values.telemetry.destination) }}{{ end }}
+{{- range $refs }}
+{{- if not (has (index . 1) $policyIds) }}
+{{- fail (printf "%s %q is not a destination of policy.document (it defines: %s): the gateway would refuse to start" (index . 0) (index . 1) (join ", " $policyIds)) }}
+{{- end }}
+{{- end }}
+{{- if .Values.networkPolicy.enabled }}
+{{- $egressIds := list }}
+{{- range .Values.egress.destinations }}{{ $egressIds = append $egressIds .id }}{{ end }}
+{{- if ne (sortAlpha $egressIds | join ",") (sortAlpha $policyIds | join ",") }}
+{{- fail (printf "egress.destinations (%s) are not the destinations of policy.document (%s): render them with `policy networkpolicy policy.yaml --format helm-values` from the same file" (sortAlpha $egressIds | join ", ") (sortAlpha $policyIds | join ", ")) }}
+{{- end }}
+{{- end }}
+{{- end }}
 {{- end }}
