@@ -11,7 +11,6 @@ gateway ignores, and the egress rules must be exactly the destinations
 
 from __future__ import annotations
 
-import os
 import subprocess
 import time
 from pathlib import Path
@@ -160,10 +159,10 @@ def test_extra_env_is_the_only_environment(tmp_path: Path) -> None:
     assert pf.gateway_container(objs)["env"] == [{"name": "TZ", "value": "UTC"}]
 
 
-def _wait_up(url: str, proc: subprocess.Popen[str]) -> None:
+def _wait_up(url: str, proc: subprocess.Popen[str], log: Path) -> None:
     for _ in range(300):
         if proc.poll() is not None:
-            pytest.fail(f"gateway serve exited {proc.returncode}: {proc.communicate()[1]}")
+            pytest.fail(f"gateway serve exited {proc.returncode}: {log.read_text(encoding='utf-8')}")
         try:
             httpx.get(url, timeout=1.0)
             return
@@ -181,11 +180,12 @@ def test_real_gateway_serves_the_probe_paths(tmp_path: Path) -> None:
     config["telemetry"] = {**config["telemetry"], "admin": {"host": "127.0.0.1", "port": admin}}
     pod.config_file.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "HF_HUB_OFFLINE": "1"}
+    log = (tmp_path / "serve.log").open("w", encoding="utf-8")
     proc = subprocess.Popen([str(pf.GATEWAY_CLI), "serve", "--config", str(pod.config_file)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+                            stdout=subprocess.DEVNULL, stderr=log, text=True, env=env)
     try:
-        _wait_up(f"http://127.0.0.1:{api}/healthz", proc)
-        _wait_up(f"http://127.0.0.1:{admin}/metrics", proc)
+        _wait_up(f"http://127.0.0.1:{api}/healthz", proc, tmp_path / "serve.log")
+        _wait_up(f"http://127.0.0.1:{admin}/metrics", proc, tmp_path / "serve.log")
         assert httpx.get(f"http://127.0.0.1:{api}/healthz").status_code == 200
         ready = httpx.get(f"http://127.0.0.1:{api}/readyz")
         assert ready.status_code in (200, 503), ready.text  # the route exists; backends may not
@@ -200,9 +200,9 @@ def test_real_gateway_serves_the_probe_paths(tmp_path: Path) -> None:
     finally:
         proc.terminate()
         proc.wait(timeout=30)
-        if proc.stderr is not None:
-            proc.stderr.close()
-    assert not os.path.exists(tmp_path / "etc/sovereign-gateway/config.yaml.lock")
+        log.close()
+    # The audit store the chart points at (the PVC mount) is where the gateway wrote.
+    assert (tmp_path / "var/lib/sovereign-gateway/audit/audit.db").is_file()
 
 
 def _helm_values(policy: Path) -> list[dict[str, Any]]:
