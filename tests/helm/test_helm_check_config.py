@@ -162,7 +162,8 @@ def test_extra_env_is_the_only_environment(tmp_path: Path) -> None:
 def _wait_up(url: str, proc: subprocess.Popen[str], log: Path) -> None:
     for _ in range(300):
         if proc.poll() is not None:
-            pytest.fail(f"gateway serve exited {proc.returncode}: {log.read_text(encoding='utf-8')}")
+            text = log.read_text(encoding="utf-8")
+            pytest.fail(f"gateway serve exited {proc.returncode}: {text}")
         try:
             httpx.get(url, timeout=1.0)
             return
