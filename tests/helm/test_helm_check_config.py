@@ -99,6 +99,18 @@ def test_chart_refuses_egress_values_not_from_the_policy(tmp_path: Path) -> None
             "(model-mirror, vllm-external)") in err
 
 
+@pytest.mark.parametrize(("override", "needle"), [
+    ("cidrs: [10.60.0.0/28]", 'telemetry.cidrs entry 10.60.0.0/28 is not a CIDR of policy '
+     'destination "otel-collector" (10.50.0.0/28)'),
+    ("port: 4317", 'telemetry.port 4317 is not a port of policy destination "otel-collector"'),
+])
+def test_chart_refuses_collector_rules_outside_the_policy_destination(
+        override: str, needle: str, tmp_path: Path) -> None:
+    extra = tmp_path / "telemetry.yaml"
+    extra.write_text(f"telemetry:\n  {override}\n", encoding="utf-8")
+    assert needle in h.refuse(h.SCENARIOS["postgres-ha"], extra)
+
+
 def test_check_config_refuses_a_collector_outside_the_policy(tmp_path: Path) -> None:
     """Known issue 2 in the gateway: the mounted policy (e.g. an external ConfigMap drifted)
     lacks the otel-collector destination; the real gateway refuses to start."""

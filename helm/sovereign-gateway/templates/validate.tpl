@@ -63,6 +63,22 @@ policy's destinations (it is `policy networkpolicy --format helm-values` output 
 {{- if ne (sortAlpha $egressIds | join ",") (sortAlpha $policyIds | join ",") }}
 {{- fail (printf "egress.destinations (%s) are not the destinations of policy.document (%s): render them with `policy networkpolicy policy.yaml --format helm-values` from the same file" (sortAlpha $egressIds | join ", ") (sortAlpha $policyIds | join ", ")) }}
 {{- end }}
+{{- if .Values.telemetry.enabled }}
+{{- range .Values.egress.destinations }}
+{{- if eq .id $.Values.telemetry.destination }}
+{{- $dest := . }}
+{{- range $.Values.telemetry.cidrs }}
+{{- if not (has . $dest.cidrs) }}
+{{- fail (printf "telemetry.cidrs entry %s is not a CIDR of policy destination %q (%s): the network rule would allow a collector the gateway may not export to" . $dest.id (join ", " $dest.cidrs)) }}
+{{- end }}
+{{- end }}
+{{- $ports := list }}{{ range $dest.ports }}{{ $ports = append $ports (int .port) }}{{ end }}
+{{- if not (has (int $.Values.telemetry.port) $ports) }}
+{{- fail (printf "telemetry.port %d is not a port of policy destination %q" (int $.Values.telemetry.port) $dest.id) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
 {{- end }}
 {{- end }}
 {{- end }}
