@@ -43,6 +43,7 @@ def log_record(record: RequestRecord) -> None:
                 "ttft_ms": record.ttft_ms,
                 "input_tokens": record.input_tokens,
                 "output_tokens": record.output_tokens,
+                "usage_estimated": record.usage_estimated,
                 "bytes_in": record.bytes_in,
                 "bytes_out": record.bytes_out,
             }

@@ -241,6 +241,13 @@ async def _attempt(
         await _end_broken(out, err, phase, record, scanner.at_boundary if scanner else True)
         return None
     finally:
+        if scanner is not None:
+            # Also on cancellation: a client that closes right after ``[DONE]`` cancels the
+            # wait for the end of the upstream body, after the usage event was already seen.
+            if scanner.usage is not None:
+                _set_usage(record, scanner.usage)
+            else:
+                _estimate_usage(record, scanner)
         if resp is not None:
             if complete:
                 resp.release()
@@ -259,6 +266,18 @@ async def _end_broken(
         await out.body(prefix + sse_error_event(err), more=False)
     # A JSON body cannot carry an error: return without completing the response, so the
     # server closes the connection and the client sees a truncated (failed) response.
+
+
+def _estimate_usage(record: RequestRecord, scanner: SSEUsageScanner) -> None:
+    """A stream that relayed content but carried no usage: estimate its completion tokens.
+
+    Runs also when the attempt is cancelled (client disconnect), so quotas and the audit log
+    charge what was generated instead of nothing.
+    """
+    estimate = scanner.estimated_output_tokens
+    if estimate > 0 and record.output_tokens is None:
+        record.output_tokens = estimate
+        record.usage_estimated = True
 
 
 def _set_usage(record: RequestRecord, usage: Usage | None) -> None:

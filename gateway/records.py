@@ -77,7 +77,11 @@ class RequestRecord:
         outcome: How the request ended.
         error_code: Gateway error code, if any.
         input_tokens: Prompt tokens (from the backend's usage).
-        output_tokens: Completion tokens.
+        output_tokens: Completion tokens (estimated when ``usage_estimated``).
+        usage_estimated: ``output_tokens`` is the gateway's estimate, not the backend's usage:
+            a stream ended without a usage event (client disconnect, broken or timed-out
+            upstream) after relaying content; counted as one token per relayed SSE data event
+            (see :class:`gateway.sse.SSEUsageScanner`). ``input_tokens`` stays ``None`` then.
         latency_ms: Total time in the gateway, milliseconds.
         ttft_ms: Time to the first response byte from the backend, milliseconds.
         bytes_in: Request body bytes received from the client.
@@ -110,6 +114,7 @@ class RequestRecord:
     error_code: str | None = None
     input_tokens: int | None = None
     output_tokens: int | None = None
+    usage_estimated: bool = False
     latency_ms: float | None = None
     ttft_ms: float | None = None
     bytes_in: int = 0

@@ -136,6 +136,7 @@ class AuditObserver:
             "attempts": record.attempts,
             "input_tokens": record.input_tokens,
             "output_tokens": record.output_tokens,
+            "usage_estimated": record.usage_estimated,
             "latency_us": _us(record.latency_ms),
             "ttft_us": _us(record.ttft_ms),
             "bytes_in": record.bytes_in,

@@ -9,8 +9,9 @@ Register one :class:`QuotaHook` both as an ``admission`` hook and as an ``observ
 ``admit`` estimates the request's tokens and charges the key and its team (a refusal becomes
 the gateway's 429 ``RateLimited`` with ``Retry-After`` and ``x-ratelimit-*`` headers, or 503
 when Redis is down and the policy fails closed); ``on_end`` settles the real usage
-(``input_tokens + output_tokens`` of the record) and frees the concurrency slot, whatever the
-outcome.
+(``input_tokens + output_tokens`` of the record; for a stream that ended without usage after
+relaying content, ``record.usage_estimated``, the prompt estimate plus the completion tokens
+estimated from the relayed events) and frees the concurrency slot, whatever the outcome.
 """
 
 from __future__ import annotations
@@ -156,8 +157,12 @@ class QuotaHook:
         admission = self._pending.pop(record.request_id, None)
         if admission is None:
             return
-        if record.input_tokens is not None or record.output_tokens is not None:
-            used: int | None = (record.input_tokens or 0) + (record.output_tokens or 0)
+        if record.usage_estimated and record.input_tokens is None:
+            # Stream ended without usage (client gone, upstream broke off): the prompt
+            # estimate plus the completion tokens estimated from the relayed events.
+            used: int | None = admission.prompt_tokens + (record.output_tokens or 0)
+        elif record.input_tokens is not None or record.output_tokens is not None:
+            used = (record.input_tokens or 0) + (record.output_tokens or 0)
         elif record.outcome in _NOTHING_USED:
             used = 0
         else:

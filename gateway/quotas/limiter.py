@@ -66,6 +66,8 @@ class Admission:
         lease_id: unique id of this admission (also the concurrency lease member).
         subjects: the subjects that were charged.
         estimated_tokens: tokens charged at admission (prompt estimate + completion reserve).
+        prompt_tokens: the prompt part of ``estimated_tokens`` (charged with an estimated
+            completion when the backend reported no usage).
         requests: tightest requests-per-minute snapshot after admission (for headers).
         tokens: tightest tokens-per-minute snapshot after admission (for headers).
         fail_open: True when admitted without accounting because the backend was down.
@@ -82,6 +84,7 @@ class Admission:
     settled: bool = False
     released: bool = False
     period_keys: dict[str, str] = field(default_factory=dict)
+    prompt_tokens: int = 0
 
 
 class Limiter(Protocol):

@@ -145,8 +145,12 @@ class QuotaService:
             s.limits.tokens_per_minute or s.limits.tokens_per_day or s.limits.tokens_per_month
             for s in subjects
         )
-        tokens = (await self.estimate(model, body, endpoint)).total if needs_tokens else 0
-        return await self.limiter.admit(subjects, tokens)
+        if not needs_tokens:
+            return await self.limiter.admit(subjects, 0)
+        estimate = await self.estimate(model, body, endpoint)
+        admission = await self.limiter.admit(subjects, estimate.total)
+        admission.prompt_tokens = estimate.prompt
+        return admission
 
     async def settle(self, admission: Admission, actual_tokens: int | None) -> None:
         """Correct the charge with the real usage (``None``: keep the estimate)."""
