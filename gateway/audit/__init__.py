@@ -34,7 +34,13 @@ from gateway.audit.errors import (
     ProofError,
     RecordNotFound,
 )
-from gateway.audit.proof import prove, verify_proof
+from gateway.audit.proof import (
+    ProofReport,
+    completeness_warnings,
+    prove,
+    verify_proof,
+    verify_proof_report,
+)
 from gateway.audit.pseudonym import Pseudonymizer, generate_key_file, load_pseudonymizer
 from gateway.audit.query import export_records, tail_records
 from gateway.audit.records import Record, canonical_json
@@ -55,6 +61,7 @@ __all__ = [
     "Finding",
     "NotSealedError",
     "ProofError",
+    "ProofReport",
     "Pseudonymizer",
     "Receipt",
     "Record",
@@ -65,6 +72,7 @@ __all__ = [
     "Verifier",
     "VerifyReport",
     "canonical_json",
+    "completeness_warnings",
     "export_records",
     "generate_key_file",
     "load_pseudonymizer",
@@ -75,6 +83,7 @@ __all__ = [
     "prove",
     "tail_records",
     "verify_proof",
+    "verify_proof_report",
     "verify_store",
     "write_key_pair",
 ]

@@ -36,7 +36,7 @@ from gateway.audit import (
     open_store,
     prove,
     tail_records,
-    verify_proof,
+    verify_proof_report,
     verify_store,
     write_key_pair,
 )
@@ -295,6 +295,8 @@ def prove_cmd(
             await st.close()
 
     bundle = _run(ctx, go())
+    for warning in bundle.get("warnings", []):
+        typer.echo(f"warning: {warning}", err=True)
     text = json.dumps(bundle, indent=2, ensure_ascii=False) + "\n"
     if out is None:
         typer.echo(text, nl=False)
@@ -312,7 +314,11 @@ def verify_proof_cmd(
     public_key: PublicKeyOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Check a proof bundle offline with the public key alone."""
+    """Check a proof bundle offline with the public key alone.
+
+    Prints the record types proved per request and a ``warning:`` line (exit 0) when a
+    request's ``request.started`` / ``request.completed`` pair is incomplete.
+    """
     verifiers = _verifiers(ctx, public_key)
     if not verifiers:
         raise _fail(ctx, AuditError("--public-key is required"))
@@ -321,7 +327,7 @@ def verify_proof_cmd(
     except (OSError, ValueError) as exc:
         raise _fail(ctx, exc) from exc
     try:
-        records = verify_proof(data, verifiers)
+        report = verify_proof_report(data, verifiers)
     except ProofError as exc:
         if as_json:
             typer.echo(json.dumps({"ok": False, "error": str(exc)}))
@@ -329,10 +335,19 @@ def verify_proof_cmd(
     except AuditError as exc:
         raise _fail(ctx, exc, 1) from exc
     if as_json:
-        typer.echo(json.dumps({"ok": True, "records": records}, ensure_ascii=False))
-    else:
-        for rec in records:
-            typer.echo(f"OK {rec['chain']}#{rec['seq']} {rec['type']} is in the signed log")
+        doc = {"ok": True, "records": report.records, "types": report.types,
+               "warnings": report.warnings}
+        typer.echo(json.dumps(doc, ensure_ascii=False))
+        return
+    by_request: dict[str, list[str]] = {}
+    for rec in report.records:
+        typer.echo(f"OK {rec['chain']}#{rec['seq']} {rec['type']} is in the signed log")
+        rid = str((rec.get("data") or {}).get("request_id"))
+        by_request.setdefault(rid, []).append(str(rec["type"]))
+    for rid, types in by_request.items():
+        typer.echo(f"request {rid}: proved {', '.join(types)}")
+    for warning in report.warnings:
+        typer.echo(f"warning: {warning}")
 
 
 @app.command()
