@@ -9,8 +9,10 @@ The scanner never decodes an event unless its bytes contain ``"usage"``: the hot
 ``bytes.rfind`` calls and one ``bytes.count`` per network chunk. It also counts the ``data:``
 lines of the complete events it passed on (a line start is the stream start, an event start, or
 a byte after LF: JSON payloads escape their newlines, so ``data:`` inside a string never follows
-a raw LF). One vLLM stream event carries about one token of one choice, so the count estimates
-the completion tokens of a stream that ended without usage (client gone, backend broke off).
+a raw LF) in the first ``SAMPLE_BYTES`` of a stream, then extrapolates by bytes (later chunks
+cost one integer addition). One vLLM stream event carries about one token of one choice, so the
+count estimates the completion tokens of a stream that ended without usage (client gone,
+backend broke off).
 Events split across chunks and multi-byte UTF-8 split across chunks are handled because only
 complete events (bytes up to a blank line) are decoded or counted.
 """
@@ -32,6 +34,9 @@ _USAGE = b'"usage"'
 _DONE = b"[DONE]"
 _DATA = b"data:"
 _LF_DATA = b"\ndata:"
+#: Bytes of complete events whose data lines are counted exactly (about 400 vLLM chat events);
+#: beyond them the count is extrapolated from the bytes relayed.
+SAMPLE_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,13 +130,15 @@ class SSEUsageScanner:
     Attributes:
         usage: The last usage seen, if any.
         done: Whether ``data: [DONE]`` was seen.
-        data_events: ``data:`` lines of the complete events handed back so far (LF or CRLF
-            line ends; a multi-line event counts once per line).
+        data_events: ``data:`` lines counted in the complete events of the first
+            ``SAMPLE_BYTES`` (LF or CRLF line ends; a multi-line event counts once per line).
         at_boundary: Whether everything handed back so far ends at an event boundary (an error
             event can then be appended without corrupting a half-sent event).
     """
 
-    __slots__ = ("_drop", "_tail", "at_boundary", "data_events", "done", "usage")
+    __slots__ = (
+        "_drop", "_sampled", "_tail", "_unsampled", "at_boundary", "data_events", "done", "usage"
+    )
 
     def __init__(self, drop_usage_only: bool = False) -> None:
         self._drop = drop_usage_only
@@ -140,16 +147,23 @@ class SSEUsageScanner:
         self.done = False
         self.at_boundary = True
         self.data_events = 0
+        self._sampled = 0
+        self._unsampled = 0
 
     @property
     def estimated_output_tokens(self) -> int:
         """Completion tokens estimated from the events relayed: data lines minus ``[DONE]``.
 
-        About one token per event and choice for vLLM streams (the first event of each chat
-        choice carries only the role, so this errs by at most one per choice); 0 when nothing
-        was relayed. Meant for streams that ended without a usage event.
+        Exact count over the first ``SAMPLE_BYTES`` of complete events, plus the later bytes
+        times the sampled events per byte. About one token per event and choice for vLLM
+        streams (the first event of each chat choice carries only the role, so this errs by at
+        most one per choice); 0 when nothing was relayed. Meant for streams that ended without
+        a usage event.
         """
-        return max(0, self.data_events - (1 if self.done else 0))
+        events = self.data_events
+        if self._unsampled and self._sampled:
+            events += round(self._unsampled * self.data_events / self._sampled)
+        return max(0, events - (1 if self.done else 0))
 
     def feed(self, chunk: bytes) -> bytes:
         """Take the next network chunk; return the bytes to send to the client now."""
@@ -157,10 +171,14 @@ class SSEUsageScanner:
         end = _last_boundary_end(buf)
         self._tail = buf[end:] if end < len(buf) else b""
         if end:
-            # Complete events only; buf starts at an event start (stream start or after the
-            # previous blank line), so a region's first line is matched by startswith.
-            # (A region holding a blank line is longer than "data:", so no bound is needed.)
-            self.data_events += buf.count(_LF_DATA, 0, end) + buf.startswith(_DATA)
+            if self._sampled < SAMPLE_BYTES:
+                # Complete events only; buf starts at an event start (stream start or after
+                # the previous blank line), so a region's first line is matched by startswith
+                # (a region holding a blank line is longer than "data:": no bound needed).
+                self.data_events += buf.count(_LF_DATA, 0, end) + buf.startswith(_DATA)
+                self._sampled += end
+            else:
+                self._unsampled += end
         if self._drop:
             out = self._filter(buf[:end]) if end else b""
             self.at_boundary = True
@@ -179,7 +197,11 @@ class SSEUsageScanner:
         tail, self._tail = self._tail, b""
         if not tail:
             return b""
-        self.data_events += tail.count(_LF_DATA) + tail.startswith(_DATA)
+        if self._sampled < SAMPLE_BYTES:
+            self.data_events += tail.count(_LF_DATA) + tail.startswith(_DATA)
+            self._sampled += len(tail)
+        else:
+            self._unsampled += len(tail)
         if self._drop:
             kept = self._filter(tail)
             self.at_boundary = kept == b""

@@ -28,7 +28,7 @@ from gateway.audit import (
 from gateway.audit.observer import audit_gate, build
 from gateway.audit.records import parse_body
 from gateway.quotas.hook import QuotaHook
-from gateway.sse import SSEUsageScanner
+from gateway.sse import SAMPLE_BYTES, SSEUsageScanner
 from tests.gateway.helpers import KEY_A, Recorder, settings, start_sim
 
 MODEL = "llama-3.1-8b"
@@ -57,6 +57,19 @@ def test_scanner_counts_data_events_across_chunk_splits() -> None:
     half = SSEUsageScanner()
     half.feed(stream[:80])  # one complete event and part of the next
     assert half.estimated_output_tokens == 1
+
+
+def test_long_streams_are_extrapolated_from_the_sampled_bytes() -> None:
+    event = b'data: {"choices":[{"index":0,"delta":{"content":"tok"}}]}\n\n'
+    n = 3 * SAMPLE_BYTES // len(event)  # well past the exactly counted sample
+    for per_chunk in (1, 5):
+        sc = SSEUsageScanner()
+        for i in range(0, n, per_chunk):
+            sc.feed(event * min(per_chunk, n - i))
+        assert sc.data_events < n  # only the sample was counted ...
+        assert abs(sc.estimated_output_tokens - n) <= per_chunk  # ... the rest extrapolated
+        sc.feed(b"data: [DONE]\n\n")
+        assert abs(sc.estimated_output_tokens - n) <= per_chunk + 1
 
 
 def _wait(pred: Callable[[], bool]) -> None:
