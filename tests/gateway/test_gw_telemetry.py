@@ -222,8 +222,17 @@ def test_metrics_move_by_the_right_amounts(serve_asgi: Callable[..., Any]) -> No
     usage_out += last.usage.completion_tokens
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(model="nope", messages=[], max_tokens=1)
-    m = st.metrics()
     model = {"gen_ai_request_model": "llama-3.1-8b", "sg_key_id": "team-a"}
+    # The client has the stream's last byte before the gateway records the request (on_end
+    # runs after the response is sent): wait, bounded, until all five requests are recorded.
+    deadline = time.monotonic() + 10
+    while True:
+        m = st.metrics()
+        done = _value(m, "gen_ai_server_request_duration_seconds_count",
+                      gen_ai_operation_name="chat")
+        if done >= 5 or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
     ok = _value(m, "sg_gateway_requests_total", **model, sg_outcome="ok",
                 http_response_status_code="200")
     assert ok - _value(before, "sg_gateway_requests_total", **model, sg_outcome="ok") == 4
