@@ -203,25 +203,9 @@ class RedisLimiter:
         delta = max(0, int(actual_tokens)) - admission.estimated_tokens
         if admission.fail_open or delta == 0:
             return
-        keys: list[str] = []
-        args: list[Any] = [delta, len(admission.subjects)]
-        day, month = admission.period_keys["day"], admission.period_keys["month"]
-        for s in admission.subjects:
-            lim = s.limits
-            keys += [
-                self.key("r", s.name),
-                self.key("t", s.name),
-                self.key("c", s.name),
-                self.key("d", s.name, day),
-                self.key("m", s.name, month),
-            ]
-            args += [
-                lim.tokens_per_minute or 0,
-                1 if lim.tokens_per_day else 0,
-                1 if lim.tokens_per_month else 0,
-            ]
+        keys, per_subject = self._settle_keys_args(admission, with_concurrency=False)
         try:
-            await self._batch.call("settle", keys, args)
+            await self._batch.call("settle", keys, [delta, len(admission.subjects), *per_subject])
         except BACKEND_ERRORS as exc:
             _log.warning("quota settle lost (Redis unreachable): %s", exc)
 
@@ -248,8 +232,20 @@ class RedisLimiter:
         admission.settled = admission.released = True
         self._leases.pop(admission.lease_id, None)
         delta = max(0, int(actual_tokens)) - admission.estimated_tokens
+        keys, per_subject = self._settle_keys_args(admission, with_concurrency=True)
+        args: list[Any] = [delta, len(admission.subjects), admission.lease_id, *per_subject]
+        try:
+            await self._batch.call("finish", keys, args)
+        except BACKEND_ERRORS as exc:
+            _log.warning("quota settle/release lost (Redis unreachable): %s", exc)
+
+    def _settle_keys_args(
+        self, admission: Admission, *, with_concurrency: bool
+    ) -> tuple[list[str], list[Any]]:
+        """KEYS and the per-subject ARGV of the ``settle``/``finish`` scripts (5 keys, 3-4 args
+        per subject, in the order the Lua scripts read them)."""
         keys: list[str] = []
-        args: list[Any] = [delta, len(admission.subjects), admission.lease_id]
+        args: list[Any] = []
         day, month = admission.period_keys["day"], admission.period_keys["month"]
         for s in admission.subjects:
             lim = s.limits
@@ -264,12 +260,10 @@ class RedisLimiter:
                 lim.tokens_per_minute or 0,
                 1 if lim.tokens_per_day else 0,
                 1 if lim.tokens_per_month else 0,
-                1 if lim.max_concurrent else 0,
             ]
-        try:
-            await self._batch.call("finish", keys, args)
-        except BACKEND_ERRORS as exc:
-            _log.warning("quota settle/release lost (Redis unreachable): %s", exc)
+            if with_concurrency:
+                args.append(1 if lim.max_concurrent else 0)
+        return keys, args
 
     async def _renew_loop(self) -> None:
         while True:
