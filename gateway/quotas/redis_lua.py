@@ -132,19 +132,15 @@ table.insert(snaps, 1, 1)
 return snaps
 """
 
-# KEYS as for ADMIT; ARGV: delta, n, then per subject (tpm, day>0, month>0).
-SETTLE = r"""
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local W = 60000000
-local delta = tonumber(ARGV[1])
-local n = tonumber(ARGV[2])
-for i = 0, n - 1 do
-  local k = i * 5
-  local a = 3 + i * 3
+# Shared by SETTLE and FINISH: correct one subject's token state by `delta` tokens (the real
+# usage minus the admission estimate). KEYS[k+2] is the GCRA theoretical arrival time of the
+# tokens-per-minute limit; KEYS[k+4], KEYS[k+5] the day and month budget counters.
+# ARGV[a] = tokens per minute (0: none), ARGV[a+1], ARGV[a+2] = day / month budget on (>0).
+_SETTLE_SUBJECT = r"""
+local function settle_subject(k, a, delta, now)
   local tpm = tonumber(ARGV[a])
   if tpm > 0 then
-    local T = W / tpm
+    local T = 60000000 / tpm
     local v = redis.call('GET', KEYS[k + 2])
     local tat = v and tonumber(v) or nil
     local new_tat = nil
@@ -168,6 +164,17 @@ for i = 0, n - 1 do
       if used < 0 then redis.call('SET', KEYS[k + 3 + j], 0, 'KEEPTTL') end
     end
   end
+end
+"""
+
+# KEYS as for ADMIT; ARGV: delta, n, then per subject (tpm, day>0, month>0).
+SETTLE = _SETTLE_SUBJECT + r"""
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local delta = tonumber(ARGV[1])
+local n = tonumber(ARGV[2])
+for i = 0, n - 1 do
+  settle_subject(i * 5, 3 + i * 3, delta, now)
 end
 return 1
 """
@@ -195,44 +202,16 @@ return renewed
 
 # SETTLE and RELEASE in one round trip. KEYS as for ADMIT; ARGV: delta, n, lease id, then per
 # subject (tpm, day>0, month>0, concurrency>0).
-FINISH = r"""
+FINISH = _SETTLE_SUBJECT + r"""
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local W = 60000000
 local delta = tonumber(ARGV[1])
 local n = tonumber(ARGV[2])
 local lease = ARGV[3]
 for i = 0, n - 1 do
   local k = i * 5
   local a = 4 + i * 4
-  local tpm = tonumber(ARGV[a])
-  if delta ~= 0 and tpm > 0 then
-    local T = W / tpm
-    local v = redis.call('GET', KEYS[k + 2])
-    local tat = v and tonumber(v) or nil
-    local new_tat = nil
-    if delta >= 0 then
-      if tat == nil or tat < now then tat = now end
-      new_tat = tat + delta * T
-    elseif tat ~= nil then
-      new_tat = tat + delta * T
-      if new_tat <= now then new_tat = nil end
-    end
-    if new_tat then
-      redis.call('SET', KEYS[k + 2], string.format('%.0f', new_tat),
-                 'PX', math.ceil((new_tat - now) / 1000) + 1000)
-    elseif tat ~= nil then
-      redis.call('DEL', KEYS[k + 2])
-    end
-  end
-  if delta ~= 0 then
-    for j = 1, 2 do
-      if tonumber(ARGV[a + j]) > 0 and redis.call('EXISTS', KEYS[k + 3 + j]) == 1 then
-        local used = redis.call('INCRBY', KEYS[k + 3 + j], delta)
-        if used < 0 then redis.call('SET', KEYS[k + 3 + j], 0, 'KEEPTTL') end
-      end
-    end
-  end
+  if delta ~= 0 then settle_subject(k, a, delta, now) end
   if tonumber(ARGV[a + 3]) > 0 then redis.call('ZREM', KEYS[k + 3], lease) end
 end
 return 1
