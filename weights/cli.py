@@ -332,9 +332,11 @@ def _report(exc: WeightsError, verbose: bool, code: str | None = None) -> None:
 
 def _register() -> None:
     from weights.cli_extra import sign, size
+    from weights.cli_plan import plan
 
     app.command()(sign)
     app.command()(size)
+    app.command()(plan)
 
 
 _register()
