@@ -7,9 +7,9 @@ attention; MoE counted in total). Formulas:
 * weights = parameters x bytes per parameter (MoE: all experts).
 * KV per sequence = KV per token per layer x (full-attention layers x context + sliding-window
   layers x min(context, window)); vLLM's hybrid KV allocator keeps only the window for those.
-* active parameters (MoE) = total - routed expert parameters x (1 - k / E), k experts of E per
-  token (``num_experts_per_tok``); routed expert parameters = MoE layers x E x 3 x hidden x
-  ``moe_intermediate_size``.
+* active parameters (multiplied per token) = total - untied input embedding (a row lookup) -
+  routed expert parameters x (1 - k / E), k experts of E per token (``num_experts_per_tok``);
+  routed expert parameters = MoE layers x E x 3 x hidden x ``moe_intermediate_size``.
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ class ModelFacts:
     experts: int
     experts_per_tok: int
     routed_expert_params: float
+    embedding_params: float
     max_context: int | None
     figures: tuple[Figure, ...]
 
@@ -116,22 +117,27 @@ def model_facts(config: Mapping[str, Any], params: ParamCount | None,
                                          if n_slide else "") + ")"))
     experts = _int(cfg, "n_routed_experts", "num_local_experts", "num_experts") or 0
     k = _int(cfg, "num_experts_per_tok", "moe_topk", "num_experts_per_token") or 0
+    h = int(shape.hidden.value)
+    vocab = _int(cfg, "vocab_size") or 0
+    tied = bool(cfg.get("tie_word_embeddings", config.get("tie_word_embeddings", False)))
+    # An untied input embedding is a row lookup: neither read whole nor multiplied per token.
+    emb = float(vocab * h) if not tied and 2 * vocab * h < n else 0.0
     routed = 0.0
-    active = n
     if experts and k:
-        h = int(shape.hidden.value)
         moe_inter = _int(cfg, "moe_intermediate_size", "intermediate_size") or 0
         dense = _int(cfg, "first_k_dense_replace") or 0
         routed = float((L - dense) * experts * 3 * h * moe_inter)
-        active = n - routed * (1 - k / experts)
-        figs.append(Figure("active parameters", active, "params",
-                           f"total - routed experts x (1 - {k}/{experts}) (config.json:"
-                           "num_experts_per_tok, moe_intermediate_size)"))
+    active = n - emb - routed * (1 - k / experts if experts and k else 0)
+    src = "total" + (" - input embedding (config.json:vocab_size x hidden_size)" if emb else "")
+    if routed:
+        src += (f" - routed experts x (1 - {k}/{experts}) (config.json:num_experts_per_tok, "
+                "moe_intermediate_size)")
+    figs.append(Figure("active parameters", active, "params", src))
     mla = shape.mla is not None
     return ModelFacts(
         params=n, active_params=active, weights_bytes=weights.value, weight_el_bytes=el,
         kv_per_token=per_tok.value, kv_per_seq=kv_seq,
         kv_heads=1 if mla else int(shape.kv_heads.value),
         heads=int(shape.attention_heads.value), layers=L, experts=experts,
-        experts_per_tok=k, routed_expert_params=routed,
+        experts_per_tok=k, routed_expert_params=routed, embedding_params=emb,
         max_context=_int(cfg, "max_position_embeddings"), figures=tuple(figs))

@@ -5,13 +5,15 @@ Formulas (each is printed next to its figure):
 * ridge point = dense peak FLOP/s / memory bandwidth (FLOP per byte). The peak is the FP8 one
   when the weights are 1 byte and the GPU has FP8 tensor cores, else BF16.
 * Decode reads every weight once per step: arithmetic intensity over the weights is
-  2 x active parameters x batch / weight bytes, so decode is memory-bound until
-  batch = ridge x bytes per parameter x total / (2 x active) parameters (H100 SXM, BF16
-  dense: 989 TFLOP/s / 3.35 TB/s = 295 FLOP/byte -> batch ~295).
+  2 x active parameters x batch / weight bytes read, so decode is memory-bound until
+  batch = ridge x bytes per parameter x read / (2 x active) parameters, read = total - untied
+  input embedding (H100 SXM, BF16 dense: 989 TFLOP/s / 3.35 TB/s = 295 FLOP/byte -> batch
+  ~295).
 * Decode step of one replica at batch B: max(bytes read / (TP x bandwidth),
-  2 x active parameters x B / (TP x peak)); bytes read = weights read + B x KV per sequence
-  (full context, the worst case). For MoE the weights read count the routed experts touched
-  by B tokens: E x (1 - (1 - k/E)^B) of E. Pipeline stages run one after another for a token,
+  2 x active parameters x B / (TP x peak)); bytes read = weights read (without the untied
+  input embedding, a row lookup) + B x KV per sequence (full context, the worst case). For
+  MoE the weights read count the routed experts touched by B tokens: E x (1 - (1 - k/E)^B)
+  of E. Pipeline stages run one after another for a token,
   so PP adds no bandwidth to a step. Tokens/s per replica = B / step.
 * Prefill of 1,000 prompt tokens at peak compute: 2 x active parameters x 1,000 / (TP x peak);
   attention FLOPs (quadratic in the prompt) are left out.
@@ -28,11 +30,11 @@ from weights.sizing import Figure
 def weights_read(plan: Plan, batch: int) -> float:
     """Bytes of weights one decode step of ``batch`` sequences reads (all replica ranks)."""
     m = plan.model
-    if not m.experts or not m.experts_per_tok:
-        return m.weights_bytes
-    touched = 1 - (1 - m.experts_per_tok / m.experts) ** batch
-    untouched = m.routed_expert_params * (1 - touched)
-    return (m.params - untouched) * m.weight_el_bytes
+    untouched = 0.0
+    if m.experts and m.experts_per_tok:
+        touched = 1 - (1 - m.experts_per_tok / m.experts) ** batch
+        untouched = m.routed_expert_params * (1 - touched)
+    return (m.params - m.embedding_params - untouched) * m.weight_el_bytes
 
 
 def speed(plan: Plan, lay: Layout) -> tuple[Figure, ...]:
@@ -42,7 +44,8 @@ def speed(plan: Plan, lay: Layout) -> tuple[Figure, ...]:
     peak_name = "FP8" if peak == gpu.fp8_flops and m.weight_el_bytes <= 1 else "BF16"
     bw = gpu.bandwidth_bytes_s
     ridge = peak / bw
-    crossover = ridge * m.weight_el_bytes * m.params / (2 * m.active_params)
+    crossover = ridge * m.weight_el_bytes * (m.params - m.embedding_params) / (
+        2 * m.active_params)
     b = lay.seqs_per_replica
     read = weights_read(plan, b) + b * m.kv_per_seq
     t_mem = read / (lay.tp * bw)
@@ -57,7 +60,7 @@ def speed(plan: Plan, lay: Layout) -> tuple[Figure, ...]:
         Figure("memory bandwidth", bw, "bytes/s", f"{gpu.name} ({gpu.source})"),
         Figure("ridge point", ridge, "FLOP/byte", est + "peak FLOP/s / bandwidth"),
         Figure("decode memory-bound below batch", crossover, "sequences",
-               est + "ridge x bytes per parameter x total / (2 x active) parameters "
+               est + "ridge x bytes per parameter x read / (2 x active) parameters "
                      "(weights only; KV reads push it higher)"),
         Figure("planned batch per replica", b, "sequences",
                f"ceil(concurrency / {lay.replicas} replicas): {bound}-bound at this batch"),
