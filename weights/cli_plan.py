@@ -205,6 +205,7 @@ def _to_json(p: Plan, stored_fp8: bool) -> dict[str, Any]:
         "speed": [f.to_json() for f in speed(p, lay)] if lay else [],
         "vllm_args": vllm_args(p, lay, stored_fp8=stored_fp8) if lay else [],
     }
+    doc["notes"] = list(p.notes)
     if lay is None:
         doc["shortfall"] = p.shortfall()
         doc["closest"] = p.closest.to_json() if p.closest else None
@@ -234,6 +235,8 @@ def _render(p: Plan, target: str, doc: dict[str, Any]) -> None:
     for f in p.memory:
         mem.add_row(f.name, _value(f.value, f.unit), f.source)
     out.print(mem)
+    for n in p.notes:
+        out.print(f"note: {n}", markup=False)
     lay = p.layout
     if lay is None:
         out.print(p.shortfall(), markup=False)

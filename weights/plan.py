@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from weights.errors import SizingError
@@ -217,6 +217,7 @@ class Plan:
         closest: When nothing fits, the split with the smallest shortfall per GPU.
         fits_on_nodes: When nothing fits, the fewest nodes of this kind that would fit
             (None if not within 64 nodes).
+        notes: Caveats of the inputs (context beyond the model's, no FP8 tensor cores, ...).
     """
 
     model: ModelFacts
@@ -227,6 +228,7 @@ class Plan:
     alternatives: tuple[Layout, ...]
     closest: Layout | None
     fits_on_nodes: int | None
+    notes: tuple[str, ...] = ()
 
     @property
     def fits(self) -> bool:
@@ -263,8 +265,7 @@ def make_plan(config: Mapping[str, Any], params: ParamCount | None, cluster: Clu
     m = model_facts(config, params, work)
     cands = candidates(m, cluster, work)
     fitting = [lay for lay in cands if lay.fits]
-    ranked = [Layout(**{**lay.__dict__, "reasons": _reasons(m, cluster, lay)})
-              for lay in fitting]
+    ranked = [replace(lay, reasons=_reasons(m, cluster, lay)) for lay in fitting]
     closest = None
     more = None
     if not fitting:
@@ -275,7 +276,7 @@ def make_plan(config: Mapping[str, Any], params: ParamCount | None, cluster: Clu
             if any(lay.fits for lay in candidates(m, bigger, work)):
                 more = n
                 break
-    return Plan(model=m, cluster=cluster, work=work,
+    return Plan(notes=_notes(m, cluster, work), model=m, cluster=cluster, work=work,
                 memory=_memory(m, cluster, work, ranked[0] if ranked else closest),
                 layout=ranked[0] if ranked else None, alternatives=tuple(ranked[1:]),
                 closest=closest, fits_on_nodes=more)
@@ -313,3 +314,17 @@ def _memory(m: ModelFacts, c: Cluster, w: Workload, lay: Layout | None) -> tuple
         figs.append(Figure("training state per gpu, fully sharded", state / c.total_gpus,
                            "bytes", f"/ {c.total_gpus} GPUs (ZeRO-3 / FSDP)"))
     return tuple(figs)
+
+
+def _notes(m: ModelFacts, c: Cluster, w: Workload) -> tuple[str, ...]:
+    notes = []
+    if m.max_context is not None and w.context > m.max_context:
+        notes.append(f"--context {w.context} exceeds max_position_embeddings {m.max_context}: "
+                     "vLLM refuses it without rope scaling or VLLM_ALLOW_LONG_MAX_MODEL_LEN=1")
+    if m.weight_el_bytes <= 1 and c.gpu.fp8_flops is None:
+        notes.append(f"{c.gpu.name} has no FP8 tensor cores: 1-byte weights are up-cast and "
+                     "computed at the BF16 rate (weight-only quantization)")
+    if m.weight_el_bytes < 1:
+        notes.append("sub-byte weights need a pre-quantized checkpoint (AWQ, GPTQ, ...): vLLM "
+                      "does not quantize to 4 bits at load")
+    return tuple(notes)

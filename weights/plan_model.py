@@ -66,8 +66,8 @@ def sliding_window_layers(config: Mapping[str, Any], layers: int) -> tuple[int, 
     Returns:
         (sliding layers, window tokens, source); (0, 0, "") when the model has none.
     """
-    cfg = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
-    assert isinstance(cfg, Mapping)
+    sub = config.get("text_config")
+    cfg: Mapping[str, Any] = sub if isinstance(sub, dict) else config
     window = _int(cfg, "sliding_window")
     types = cfg.get("layer_types")
     if isinstance(types, list) and window:

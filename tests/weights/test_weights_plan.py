@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from tests.hub_emulator import make_safetensors
 from tests.hub_fixtures import SHARDED, HubServer
@@ -205,6 +206,16 @@ def test_h100_ridge_point_is_about_295_and_decode_is_memory_bound_into_the_hundr
                "batch per replica")
 
 
+def test_notes_flag_inputs_the_engine_would_refuse_or_slow_down() -> None:
+    assert _plan("llama-3-70b").notes == ()
+    long = _plan("llama-3-70b", context=16384, concurrency=1)
+    assert any("max_position_embeddings 8192" in n for n in long.notes)
+    a100 = _plan("llama-3-70b", "a100-80gb", dtype="fp8")
+    assert any("no FP8 tensor cores" in n for n in a100.notes)
+    int4 = _plan("llama-3-70b", dtype="int4")
+    assert any("pre-quantized" in n for n in int4.notes)
+
+
 def test_fp8_uses_the_fp8_peak_only_where_the_gpu_has_it() -> None:
     h100 = speed(p := _plan("llama-3-70b", dtype="fp8"), p.layout)  # type: ignore[arg-type]
     assert _fig(h100, "peak compute") == 1979e12
@@ -316,6 +327,19 @@ def test_cli_hub_repo_id_and_lockfile_entry(hub_server: HubServer, tmp_path: Pat
     cfg.write_text(cfg.read_text().replace('"num_hidden_layers": 2', '"num_hidden_layers": 3'))
     r = run_cli(["plan", SHARDED, "--lock", str(lock), "--from", str(into)])
     assert r.returncode == 1 and "config.json" in r.stderr and "sha256" in r.stderr
+
+
+def test_cli_helm_values_from_an_hf_cache_snapshot_names_repo_and_commit(tmp_path: Path) -> None:
+    snap = tmp_path / "models--meta-llama--Llama-3.1-8B" / "snapshots" / ("c" * 40)
+    snap.mkdir(parents=True)
+    (snap / "config.json").write_text(json.dumps(_cfg("llama-3.1-8b")))
+    r = run_cli(["plan", str(snap), "--helm-values", "--concurrency", "64"])
+    assert r.returncode == 0, r.stderr
+    model = yaml.safe_load(r.stdout)["vllm"]["models"][0]
+    assert model["servedModelName"] == "meta-llama/Llama-3.1-8B"
+    assert model["revision"] == "c" * 40 and model["name"] == "llama-3-1-8b"
+    assert (model["replicas"], model["tensorParallelSize"]) == (8, 1)
+    assert model["extraArgs"][:2] == ["--max-num-seqs", "8"]
 
 
 def test_cli_helm_values_refuses_multi_node_and_unpinned() -> None:
