@@ -38,7 +38,8 @@ class GpuSpec:
         nvlink_domain: GPUs sharing one NVLink / Infinity Fabric domain (1 = none).
         gpu_resource: Kubernetes extended resource name of the device plugin.
         source: Vendor document the figures come from.
-        date: Publication date of that document (``YYYY-MM``).
+        date: Date of that document's version (``YYYY-MM``); ``*``: the document carries no
+            date and this is the product's launch month.
     """
 
     name: str
@@ -66,26 +67,27 @@ _H100 = "NVIDIA H100 Tensor Core GPU datasheet (nvidia.com/en-us/data-center/h10
 #: Built-in accelerator table (immutable). Keys are what ``--gpu`` accepts.
 GPUS: Mapping[str, GpuSpec] = MappingProxyType({
     "a100-40gb": GpuSpec("a100-40gb", 40 * _GB, 1.555 * _TB, 312 * _T, None, 8, _NV,
-                         _A100, "2021-06"),
+                         _A100, "2020-05*"),
     "a100-80gb": GpuSpec("a100-80gb", 80 * _GB, 2.039 * _TB, 312 * _T, None, 8, _NV,
-                         _A100, "2021-06"),
+                         _A100, "2020-11*"),
     "h100-sxm": GpuSpec("h100-sxm", 80 * _GB, 3.35 * _TB, 989 * _T, 1979 * _T, 8, _NV,
-                        _H100 + ", H100 SXM column", "2023-09"),
+                        _H100 + ", H100 SXM column", "2022-09*"),
     "h100-pcie": GpuSpec("h100-pcie", 80 * _GB, 2.0 * _TB, 756 * _T, 1513 * _T, 2, _NV,
-                         _H100 + ", H100 PCIe column (NVLink bridge pairs)", "2022-11"),
+                         _H100 + ", H100 PCIe column; H100 PCIe product brief "
+                         "PB-11133-001_v02 (NVLink bridge pairs)", "2022-11"),
     "h200": GpuSpec("h200", 141 * _GB, 4.8 * _TB, 989 * _T, 1979 * _T, 8, _NV,
                     "NVIDIA H200 Tensor Core GPU datasheet (nvidia.com/en-us/data-center/h200)"
-                    ", H200 SXM column", "2024-11"),
+                    ", H200 SXM column", "2023-11*"),
     "b200": GpuSpec("b200", 180 * _GB, 8.0 * _TB, 2250 * _T, 4500 * _T, 8, _NV,
                     "NVIDIA DGX B200 datasheet (1,440 GB and 64 TB/s over 8 GPUs; 72 PFLOPS "
                     "FP8 sparse) and NVIDIA Blackwell architecture technical brief (HGX B200, "
-                    "1000 W: 2.25 PFLOPS dense BF16)", "2024-03"),
+                    "1000 W: 2.25 PFLOPS dense BF16)", "2024-03*"),
     "l40s": GpuSpec("l40s", 48 * _GB, 864 * _GB, 362.05 * _T, 733 * _T, 1, _NV,
-                    "NVIDIA L40S GPU datasheet (PCIe Gen4, no NVLink)", "2023-08"),
+                    "NVIDIA L40S GPU datasheet (PCIe Gen4, no NVLink)", "2023-08*"),
     "mi300x": GpuSpec("mi300x", 192 * _GB, 5.3 * _TB, 1307.4 * _T, 2614.9 * _T, 8,
                       "amd.com/gpu",
                       "AMD Instinct MI300X accelerator data sheet (amd.com; 8-GPU Infinity "
-                      "Fabric platform)", "2023-12"),
+                      "Fabric platform)", "2023-12*"),
 })
 
 
