@@ -129,6 +129,8 @@ def plan(
     as_json: JsonOpt = False,
 ) -> None:
     """Plan memory, TP/PP/EP/DP layout, speed and vLLM args; exit 1 if it does not fit."""
+    if source is not None and lock is None:
+        raise SizingError("--from reads a pinned model: it needs --lock (TARGET is the repo id)")
     if intra not in ("nvlink", "pcie"):
         raise SizingError(f"--intra {intra!r}: nvlink or pcie")
     if gpu.lower() == "custom":

@@ -285,6 +285,7 @@ def test_cli_table_and_custom_gpu_figures() -> None:
     (["--intra", "carrier-pigeon"], "nvlink or pcie"),
     (["--inter", "token-ring"], "unknown interconnect"),
     (["--dtype", "fp7"], "unknown dtype"),
+    (["--from", "/nonexistent"], "needs --lock"),
 ])
 def test_cli_bad_input_is_one_line_exit_2(args: list[str], words: str) -> None:
     r = run_cli(["plan", str(CONFIGS / "llama-3-70b.json"), *args])
@@ -352,3 +353,15 @@ def test_cli_helm_values_refuses_multi_node_and_unpinned() -> None:
     r = run_cli(["plan", str(CONFIGS / "llama-3-70b.json"), "--helm-values",
                  "--served-model-name", "meta-llama/Meta-Llama-3-70B", "--commit", "main"])
     assert r.returncode == 2 and "40-hex commit" in r.stderr
+
+
+def test_local_and_pinned_offline_plans_make_no_network_connection(tmp_path: Path) -> None:
+    from tests.weights.test_weights_egress import _guarded
+
+    (tmp_path / "config.json").write_text(json.dumps(_cfg("llama-3-70b")))
+    out = _guarded(["plan", str(tmp_path), "--json"])
+    assert out == {"code": 0, "events": [], "loaded": []}
+    out = _guarded(["plan", str(CONFIGS / "llama-3.1-405b.json"), "--helm-values",
+                    "--served-model-name", "meta-llama/Llama-3.1-405B", "--commit", "a" * 40,
+                    "--dtype", "fp8"])
+    assert out == {"code": 0, "events": [], "loaded": []}
