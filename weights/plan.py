@@ -324,6 +324,10 @@ def _notes(m: ModelFacts, c: Cluster, w: Workload) -> tuple[str, ...]:
     if m.weight_el_bytes <= 1 and c.gpu.fp8_flops is None:
         notes.append(f"{c.gpu.name} has no FP8 tensor cores: 1-byte weights are up-cast and "
                      "computed at the BF16 rate (weight-only quantization)")
+    if c.gpu.gpu_resource != "nvidia.com/gpu":
+        notes.append(f"{c.gpu.name}: run a vLLM build for this accelerator (e.g. the ROCm "
+                     "image) and request its device resource "
+                     f"({c.gpu.gpu_resource}, chart gpuResource)")
     if m.weight_el_bytes < 1:
         notes.append("sub-byte weights need a pre-quantized checkpoint (AWQ, GPTQ, ...): vLLM "
                       "does not quantize to 4 bits at load")

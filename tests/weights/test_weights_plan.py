@@ -212,6 +212,8 @@ def test_notes_flag_inputs_the_engine_would_refuse_or_slow_down() -> None:
     assert any("max_position_embeddings 8192" in n for n in long.notes)
     a100 = _plan("llama-3-70b", "a100-80gb", dtype="fp8")
     assert any("no FP8 tensor cores" in n for n in a100.notes)
+    mi300x = _plan("llama-3-70b", "mi300x")
+    assert any("amd.com/gpu" in n for n in mi300x.notes)
     int4 = _plan("llama-3-70b", dtype="int4")
     assert any("pre-quantized" in n for n in int4.notes)
 
