@@ -144,6 +144,17 @@ class EgressMatcher:
         where = parsed if port is None else f"{parsed}:{port}"
         return Verdict(False, None, f"no destination names {where}")
 
+    def check_reverse(self, host: str) -> Verdict:
+        """May ``host`` (an address, or a name to resolve first) be looked up in reverse?
+
+        Never, unless ``unsafe_allow_all``: a PTR query carries the address (or name) to
+        whichever name server answers for it, and no destination is reached by one.
+        """
+        if self.policy.unsafe_allow_all:
+            return Verdict(True, None, "unsafe_allow_all")
+        return Verdict(False, None, f"reverse lookup of {host!r}: a PTR query is a DNS channel "
+                                    "and no policy destination needs one")
+
     def check_resolved(self, dest: Destination, addresses: Iterable[str]) -> list[IPAddress]:
         """Check every address a hostname destination resolved to; return them canonical.
 
