@@ -57,6 +57,11 @@ def resolved_name(address: object) -> str | None:
         host = bytes(host).decode("ascii", "replace")
     if not isinstance(host, str) or host in ("", "<broadcast>"):
         return None
+    try:  # the common cases in C, as setipaddr tries them first
+        _socket.inet_pton(_socket.AF_INET6 if ":" in host else _socket.AF_INET, host)
+        return None
+    except OSError:
+        pass
     # C strips nothing: " 10.0.0.1" or "[::1]" go to getaddrinfo as names.
     if host.strip() == host and not host.startswith("[") and parse_ip(host) is not None:
         return None
