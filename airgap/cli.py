@@ -41,7 +41,7 @@ from airgap.signing import (
 from airgap.stream import default_workers
 from airgap.unpack import Layout, unpack_bundle
 from airgap.verify import verify_bundle
-from weights import Lockfile, WeightsError
+from weights import Lockfile, SerialisationPolicy, WeightsError
 
 app = typer.Typer(
     name="airgap",
@@ -54,6 +54,8 @@ app = typer.Typer(
 err = Console(stderr=True, soft_wrap=True, markup=False)
 out = Console(soft_wrap=True, markup=False)
 
+AllowPickle = Annotated[bool, typer.Option(
+    "--allow-pickle", help="Accept pickle-based files scanned safe by the allowlist scanner.")]
 PublicKeys = Annotated[
     list[Path],
     typer.Option("--public-key", "-k", help="Trusted Ed25519 public key (PEM); repeatable."),
@@ -134,6 +136,7 @@ def pack(
                            "do not compress).")
     ] = False,
     quiet: Quiet = False,
+    allow_pickle: AllowPickle = False,
 ) -> None:
     """Verify the source against the lock while copying it into a new signed bundle."""
     locked = _load_lock(lock)
@@ -148,7 +151,8 @@ def pack(
     with _progress(total, "packing", quiet) as progress:
         report = pack_bundle(locked, source, bundle, signing_key, include_files=include,
                              part_size=part_size, force=force, compress=compress,
-                             progress=progress)  # fmt: skip
+                             progress=progress,
+                             policy=SerialisationPolicy(allow_pickle=allow_pickle))  # fmt: skip
     idx = report.index
     rate = idx.payload_size / max(report.seconds, 1e-9) / 1024**3
     out.print(
@@ -204,6 +208,7 @@ def unpack(
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable summary.")] = False,
     workers: Workers = 0,
     quiet: Quiet = False,
+    allow_pickle: AllowPickle = False,
 ) -> None:
     """Verify, then install atomically into a Hugging Face cache or a plain directory."""
     if layout not in ("hf-cache", "dir"):
@@ -214,7 +219,8 @@ def unpack(
     with _progress(_peek_payload(bundle), "installing", quiet or as_json) as progress:
         report = unpack_bundle(bundle, keys, store, layout=chosen, extras_into=extras_into,
                                expected_lock=_load_lock(expected_lock),
-                               workers=_workers(workers), progress=progress)  # fmt: skip
+                               workers=_workers(workers), progress=progress,
+                               policy=SerialisationPolicy(allow_pickle=allow_pickle))  # fmt: skip
     if as_json:
         out.print_json(json.dumps({
             "ok": True, "store": str(store), "layout": report.layout,

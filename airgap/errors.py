@@ -45,6 +45,7 @@ class Code(StrEnum):
     BLOBS_LAYOUT = "blobs_layout"
     EMPTY_MODEL = "empty_model"
     PIN_MISMATCH = "pin_mismatch"
+    UNSAFE_SERIALISATION = "unsafe_serialisation"
     # parts on the media (exit 1)
     PART_MISSING = "part_missing"
     PART_EXTRA = "part_extra"

@@ -30,11 +30,20 @@ from airgap.bundle import (
     Index,
 )
 from airgap.errors import AirgapError, Code, fail
+from airgap.formats import check_pack_sources
 from airgap.payload import Source, write_blobs
 from airgap.signing import key_id, sign_index
 from airgap.space import require_free, writing
 from airgap.stream import Progress
-from weights import LockEntry, Lockfile, WeightsError, resolve_model_dir, sha256_file
+from weights import (
+    DEFAULT_POLICY,
+    LockEntry,
+    Lockfile,
+    SerialisationPolicy,
+    WeightsError,
+    resolve_model_dir,
+    sha256_file,
+)
 
 #: A bundle has at most this many parts: each is a file to copy, list and check; a smaller
 #: ``--part-size`` is almost certainly a unit mistake (bytes, not MiB).
@@ -128,6 +137,7 @@ def pack_bundle(
     force: bool = False,
     compress: bool = False,
     progress: Progress | None = None,
+    policy: SerialisationPolicy = DEFAULT_POLICY,
 ) -> PackReport:
     """Pack the lockfile's models from ``source`` into a new signed bundle at ``out``.
 
@@ -142,11 +152,14 @@ def pack_bundle(
         compress: zlib-encode blobs that shrink by at least 5 % (off by default: weights do
             not compress; tokenizers and configs do).
         progress: called with the number of bytes copied.
+        policy: serialisation policy (``airgap.formats``): pickle-based files are refused
+            unless allowed and scanned safe; verdicts go into the index's lock.
 
     Raises:
         AirgapError: ``output_exists``, ``source_missing``, ``io_error``.
         VerificationFailed: ``pin_mismatch`` (source bytes differ from the pins; nothing is
-            left behind), ``empty_model``, ``unsafe_path``, ``path_collision``.
+            left behind), ``empty_model``, ``unsafe_path``, ``path_collision``,
+            ``unsafe_serialisation`` (before anything is written).
     """
     if part_size < 1:
         raise AirgapError(Code.IO_ERROR, "--part-size must be at least 1 byte")
@@ -154,6 +167,9 @@ def pack_bundle(
         raise AirgapError(Code.OUTPUT_EXISTS, f"{out} exists; choose a new path or use --force")
     started = time.perf_counter()
     sources = collect_sources(lock, source, include_files)
+    lock = check_pack_sources(
+        lock, {(s.file.repo_id, s.file.path): s.origin for s in sources if s.file.repo_id},
+        policy)
     payload = sum({s.file.sha256: s.file.size for s in sources}.values())  # stored once each
     parts = -(-payload // part_size)
     if parts > MAX_PARTS:

@@ -42,10 +42,19 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from airgap.bundle import ContentFile, Index
 from airgap.errors import AirgapError, Code, StoreError, VerificationFailed
+from airgap.formats import check_index_formats
 from airgap.space import require_free, writing
 from airgap.stream import Progress, Range, hash_ranges
 from airgap.verify import VerifyReport, blob_ranges, check_index, diagnose
-from weights import Lockfile, WeightsError, hf_cache_paths, is_commit_sha, sha256_file
+from weights import (
+    DEFAULT_POLICY,
+    Lockfile,
+    SerialisationPolicy,
+    WeightsError,
+    hf_cache_paths,
+    is_commit_sha,
+    sha256_file,
+)
 
 Layout = Literal["hf-cache", "dir"]
 
@@ -105,6 +114,7 @@ def unpack_bundle(
     expected_lock: Lockfile | None = None,
     workers: int = 1,
     progress: Progress | None = None,
+    policy: SerialisationPolicy = DEFAULT_POLICY,
 ) -> UnpackReport:
     """Verify ``bundle`` and install its models into ``store``; all or nothing.
 
@@ -118,6 +128,8 @@ def unpack_bundle(
         expected_lock: optionally, a lockfile the bundle's pins must match.
         workers: hashing threads.
         progress: called with bytes streamed.
+        policy: serialisation policy, applied to the signed index before anything is
+            written (``airgap.formats.check_index_formats``).
 
     Returns:
         what was installed, skipped and repaired.
@@ -133,6 +145,7 @@ def unpack_bundle(
     check.raise_for_problems()
     index = check.index
     assert index is not None
+    check_index_formats(index, policy)
     report = UnpackReport(store=store, layout=layout, check=check)
     created = [d for d in (store, extras_into) if d is not None and not d.exists()]
     try:

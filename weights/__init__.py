@@ -7,6 +7,7 @@ Public API (other packages import only these names)::
     sha256_file, git_blob_sha1, digest_file  digests as the Hub defines them
     hf_cache_paths, install_hf_cache         the Hugging Face cache layout
     WeightsError (+ subclasses, each with a stable ``code``)
+    SerialisationPolicy, check_format        refuse pickle-based files (weights.serialisation)
 
 Nothing here touches the network; only :mod:`weights.hub` (imported lazily by ``pin``/``pull``)
 talks to the configured hub endpoint.
@@ -29,9 +30,21 @@ from weights.errors import (
     WeightsError,
 )
 from weights.lockfile import LockedFile, LockEntry, Lockfile, check_repo_path, is_commit_sha
+from weights.serialisation import (
+    ALLOW_SWITCH,
+    DEFAULT_POLICY,
+    SCANNER,
+    SerialisationPolicy,
+    UnsafeSerialisationError,
+    check_format,
+    named_as_pickle,
+)
 from weights.verify import Mismatch, VerifyReport, verify_tree
 
 __all__ = [
+    "ALLOW_SWITCH",
+    "DEFAULT_POLICY",
+    "SCANNER",
     "CacheLayoutError",
     "DigestMismatchError",
     "EntryNotInLockError",
@@ -42,14 +55,18 @@ __all__ = [
     "Lockfile",
     "LockfileError",
     "Mismatch",
+    "SerialisationPolicy",
+    "UnsafeSerialisationError",
     "VerifyReport",
     "WeightsError",
+    "check_format",
     "check_repo_path",
     "digest_file",
     "git_blob_sha1",
     "hf_cache_paths",
     "install_hf_cache",
     "is_commit_sha",
+    "named_as_pickle",
     "repo_folder_name",
     "resolve_model_dir",
     "sha256_file",

@@ -37,6 +37,7 @@ from weights.errors import (
     WeightsError,
 )
 from weights.lockfile import LockEntry, Lockfile
+from weights.serialisation import SerialisationPolicy, UnsafeSerialisationError
 from weights.verify import VerifyReport
 
 app = typer.Typer(
@@ -47,7 +48,10 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-_VERIFY_FAILURES = (DigestMismatchError, SignatureVerificationError, DriftError)
+_VERIFY_FAILURES = (DigestMismatchError, SignatureVerificationError, DriftError,
+                    UnsafeSerialisationError)
+AllowPickleOpt = Annotated[bool, typer.Option(
+    "--allow-pickle", help="Accept pickle-based files that the allowlist scanner finds safe.")]
 
 
 @app.callback()
@@ -72,6 +76,7 @@ def pin(
     endpoint: EndpointOpt = "https://huggingface.co",
     token: TokenOpt = None,
     as_json: JsonOpt = False,
+    allow_pickle: AllowPickleOpt = False,
 ) -> None:
     """Resolve REPO_ID at a revision to its commit and record every file's digests."""
     from weights.pin import pin as do_pin
@@ -80,7 +85,8 @@ def pin(
     try:
         result = do_pin(hub_client(endpoint, token), lock, repo_id, revision,
                         include=include or (), exclude=exclude or (),
-                        allow_license=allow_license or (), update=update)
+                        allow_license=allow_license or (), update=update,
+                        policy=SerialisationPolicy(allow_pickle=allow_pickle))
     except DriftError as exc:
         if as_json:
             print(json.dumps({"ok": False, "drift": _drift_json(exc.drift)}, indent=2))
@@ -129,6 +135,7 @@ def pull(
     endpoint: EndpointOpt = "https://huggingface.co",
     token: TokenOpt = None,
     quiet: QuietOpt = False,
+    allow_pickle: AllowPickleOpt = False,
 ) -> None:
     """Download exactly the pinned commit's files, verifying each before it becomes visible."""
     from weights.pull import plain_dir_for, pull_entry, select_entries
@@ -141,7 +148,8 @@ def pull(
     for entry in entries:
         dest = plain_dir_for(into, entry, len(entries) > 1) if into is not None else None
         with progress(entry.total_bytes, entry.repo_id, quiet) as advance:
-            result = pull_entry(hub, entry, into=dest, cache=cache, progress=advance)
+            result = pull_entry(hub, entry, into=dest, cache=cache, progress=advance,
+                                policy=SerialisationPolicy(allow_pickle=allow_pickle))
         if not quiet:
             console.print(f"{entry.repo_id}@{entry.commit[:12]}: {len(result.downloaded)} "
                           f"downloaded, {len(result.reused)} already present -> {result.target}")

@@ -12,7 +12,8 @@ Format (version 1), deterministic UTF-8 JSON text produced by
         "gated": false,
         "pinned_at": "2026-11-30T04:00:00Z",                   # UTC, second precision
         "files": [{"path": "config.json", "size": 612, "sha256": "<64 hex>",
-                   "git_sha1": "<40 hex>" | null, "lfs": false}, ...]}]}
+                   "git_sha1": "<40 hex>" | null, "lfs": false,
+                   "scan": "<scanner> <version>: safe (...)"}, ...]}]}   # pickles only
 
 ``sha256`` is always the digest of the file content; ``git_sha1`` is the git blob SHA-1 the Hub
 reports for regular files (null for LFS files, whose git object is only a pointer).
@@ -86,6 +87,9 @@ class LockedFile:
         sha256: Lower-case hex SHA-256 of the content.
         git_sha1: Git blob SHA-1 of the content for regular files; None for LFS files.
         lfs: True if the Hub stores the file in LFS.
+        scan: For a pickle-based file accepted with ``--allow-pickle``, the scanner's verdict
+            line (``"<scanner> <version>: safe (globals: ...)"``; :mod:`weights.serialisation`);
+            None otherwise (the key is then absent from the JSON).
     """
 
     path: str
@@ -93,6 +97,7 @@ class LockedFile:
     sha256: str
     git_sha1: str | None
     lfs: bool
+    scan: str | None = None
 
     @property
     def blob_id(self) -> str:
@@ -106,13 +111,16 @@ class LockedFile:
 
     def to_json(self) -> dict[str, Any]:
         """Return the file as a JSON-ready dict (lockfile schema)."""
-        return {
+        doc: dict[str, Any] = {
             "path": self.path,
             "size": self.size,
             "sha256": self.sha256,
             "git_sha1": self.git_sha1,
             "lfs": self.lfs,
         }
+        if self.scan is not None:
+            doc["scan"] = self.scan
+        return doc
 
 
 @dataclass(frozen=True)
@@ -391,6 +399,7 @@ def _parse(doc: Any, source: str) -> Lockfile:
                     sha256=p.string(f["sha256"], f"{fw}.sha256", _HEX64),
                     git_sha1=p.opt_string(f.get("git_sha1"), f"{fw}.git_sha1", _HEX40),
                     lfs=p.boolean(f["lfs"], f"{fw}.lfs"),
+                    scan=p.opt_string(f.get("scan"), f"{fw}.scan"),
                 )
             )
         revision = p.string(m["requested_revision"], f"{where}.requested_revision")
