@@ -340,8 +340,10 @@ def _report(exc: WeightsError, verbose: bool, code: str | None = None) -> None:
 
 def _register() -> None:
     from weights.cli_extra import sign, size
+    from weights.cli_local import lock
     from weights.cli_plan import plan
 
+    app.command()(lock)
     app.command()(sign)
     app.command()(size)
     app.command()(plan)

@@ -11,6 +11,8 @@ Format (version 1), deterministic UTF-8 JSON text produced by
         "license": "apache-2.0" | null,                        # model card licence
         "gated": false,
         "pinned_at": "2026-11-30T04:00:00Z",                   # UTC, second precision
+        "origin": {"kind": "local", "path": "/srv/models/x",   # only for `weights lock DIR`
+                   "claimed_repo_id": "org/name" | null, "claimed_commit": "<40 hex>" | null},
         "files": [{"path": "config.json", "size": 612, "sha256": "<64 hex>",
                    "git_sha1": "<40 hex>" | null, "lfs": false,
                    "scan": "<scanner> <version>: safe (...)"}, ...]}]}   # pickles only
@@ -124,6 +126,29 @@ class LockedFile:
 
 
 @dataclass(frozen=True)
+class Origin:
+    """Where a locked model came from when it did not come from a hub (``weights lock DIR``).
+
+    Attributes:
+        kind: ``"local"``: a directory or a Hugging Face cache snapshot already on disk.
+        path: Absolute path of the directory when it was locked.
+        claimed_repo_id: Upstream repository the operator (or the cache layout) declared;
+            a claim, not verified against any hub.
+        claimed_commit: Upstream commit declared with it; a claim, not verified.
+    """
+
+    kind: str
+    path: str
+    claimed_repo_id: str | None = None
+    claimed_commit: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """Return the origin as a JSON-ready dict (lockfile schema)."""
+        return {"kind": self.kind, "path": self.path, "claimed_repo_id": self.claimed_repo_id,
+                "claimed_commit": self.claimed_commit}
+
+
+@dataclass(frozen=True)
 class LockEntry:
     """One pinned repository at one commit.
 
@@ -135,6 +160,8 @@ class LockEntry:
         license: Model card licence identifier, or None if the card declares none.
         gated: Whether the repository is gated on the Hub.
         pinned_at: UTC timestamp ``YYYY-MM-DDTHH:MM:SSZ`` of the pin.
+        origin: None for a hub pin; :class:`Origin` for a model locked from disk (the key
+            is then written as ``"origin"``; absent otherwise).
     """
 
     repo_id: str
@@ -144,6 +171,7 @@ class LockEntry:
     license: str | None = None
     gated: bool = False
     pinned_at: str = "1970-01-01T00:00:00Z"
+    origin: Origin | None = None
     _by_path: dict[str, LockedFile] = field(
         init=False, repr=False, compare=False, hash=False, default_factory=dict
     )
@@ -172,7 +200,7 @@ class LockEntry:
 
     def to_json(self) -> dict[str, Any]:
         """Return the entry as a JSON-ready dict (lockfile schema)."""
-        return {
+        doc: dict[str, Any] = {
             "repo_id": self.repo_id,
             "requested_revision": self.requested_revision,
             "commit": self.commit,
@@ -181,6 +209,9 @@ class LockEntry:
             "pinned_at": self.pinned_at,
             "files": [f.to_json() for f in self.files],
         }
+        if self.origin is not None:
+            doc["origin"] = self.origin.to_json()
+        return doc
 
 
 @dataclass(frozen=True)
@@ -419,9 +450,25 @@ def _parse(doc: Any, source: str) -> Lockfile:
                 pinned_at=p.string(
                     m.get("pinned_at", "1970-01-01T00:00:00Z"), f"{where}.pinned_at", _TIMESTAMP
                 ),
+                origin=_origin(p, m.get("origin"), f"{where}.origin"),
             )
         )
     return Lockfile(entries=tuple(entries))
+
+
+def _origin(p: _Parser, raw: Any, where: str) -> Origin | None:
+    if raw is None:
+        return None
+    o = p.obj(raw, where, ("kind", "path"))
+    if o["kind"] != "local":
+        raise p.fail(f"{where}.kind", f"unknown origin kind {o['kind']!r} (expected 'local')")
+    return Origin(
+        kind="local",
+        path=p.string(o["path"], f"{where}.path"),
+        claimed_repo_id=p.opt_string(o.get("claimed_repo_id"), f"{where}.claimed_repo_id",
+                                     _REPO_ID),
+        claimed_commit=p.opt_string(o.get("claimed_commit"), f"{where}.claimed_commit", _HEX40),
+    )
 
 
 def validate_entry(entry: LockEntry) -> LockEntry:
@@ -439,6 +486,7 @@ __all__ = [
     "LockEntry",
     "LockedFile",
     "Lockfile",
+    "Origin",
     "check_repo_path",
     "is_commit_sha",
     "is_repo_id",
