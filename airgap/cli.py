@@ -137,6 +137,9 @@ def pack(
     ] = False,
     quiet: Quiet = False,
     allow_pickle: AllowPickle = False,
+    since: Annotated[
+        Path | None, typer.Option("--since", help="Base bundle's index.json: pack a delta.")
+    ] = None,
 ) -> None:
     """Verify the source against the lock while copying it into a new signed bundle."""
     locked = _load_lock(lock)
@@ -152,7 +155,8 @@ def pack(
         report = pack_bundle(locked, source, bundle, signing_key, include_files=include,
                              part_size=part_size, force=force, compress=compress,
                              progress=progress,
-                             policy=SerialisationPolicy(allow_pickle=allow_pickle))  # fmt: skip
+                             policy=SerialisationPolicy(allow_pickle=allow_pickle),
+                             since=since)  # fmt: skip
     idx = report.index
     rate = idx.payload_size / max(report.seconds, 1e-9) / 1024**3
     out.print(
@@ -260,6 +264,10 @@ def inspect(
         return
     out.print(f"bundle {bundle}: {index.tool}, created {index.created_at}")
     out.print(f"signer key id (claimed, unverified): {signer}")
+    if index.base is not None:
+        out.print(f"delta bundle: {len(index.base.blobs)} blob(s) "
+                  f"({sum(b.size for b in index.base.blobs)} bytes) expected in the store from "
+                  f"base index sha256 {index.base.index_sha256}")
     for e in index.lock.entries:
         out.print(f"model {e.repo_id} revision {e.requested_revision} commit {e.commit}\n"
                   f"  licence {e.license or '-'}, gated {'yes' if e.gated else 'no'}, "

@@ -46,6 +46,7 @@ class Code(StrEnum):
     EMPTY_MODEL = "empty_model"
     PIN_MISMATCH = "pin_mismatch"
     UNSAFE_SERIALISATION = "unsafe_serialisation"
+    DELTA_BASE_MISSING = "delta_base_missing"
     # parts on the media (exit 1)
     PART_MISSING = "part_missing"
     PART_EXTRA = "part_extra"

@@ -26,9 +26,11 @@ from airgap.bundle import (
     DEFAULT_PART_SIZE,
     INDEX_NAME,
     SIGNATURE_NAME,
+    Base,
     ContentFile,
     Index,
 )
+from airgap.delta import read_base, split_sources
 from airgap.errors import AirgapError, Code, fail
 from airgap.formats import check_pack_sources
 from airgap.payload import Source, write_blobs
@@ -138,6 +140,7 @@ def pack_bundle(
     compress: bool = False,
     progress: Progress | None = None,
     policy: SerialisationPolicy = DEFAULT_POLICY,
+    since: Path | None = None,
 ) -> PackReport:
     """Pack the lockfile's models from ``source`` into a new signed bundle at ``out``.
 
@@ -154,6 +157,8 @@ def pack_bundle(
         progress: called with the number of bytes copied.
         policy: serialisation policy (``airgap.formats``): pickle-based files are refused
             unless allowed and scanned safe; verdicts go into the index's lock.
+        since: a base bundle's ``index.json`` (or directory): pack a delta that leaves out
+            the content the base already carried for each model (``airgap.delta``).
 
     Raises:
         AirgapError: ``output_exists``, ``source_missing``, ``io_error``.
@@ -170,7 +175,10 @@ def pack_bundle(
     lock = check_pack_sources(
         lock, {(s.file.repo_id, s.file.path): s.origin for s in sources if s.file.repo_id},
         policy)
-    payload = sum({s.file.sha256: s.file.size for s in sources}.values())  # stored once each
+    shipped, base = sources, None
+    if since is not None:
+        shipped, base = split_sources(sources, *read_base(since))
+    payload = sum({s.file.sha256: s.file.size for s in shipped}.values())  # stored once each
     parts = -(-payload // part_size)
     if parts > MAX_PARTS:
         least = -(-payload // MAX_PARTS)
@@ -183,7 +191,8 @@ def pack_bundle(
         umask = os.umask(0)
         os.umask(umask)
         tmp.chmod(0o777 & ~umask)  # mkdtemp's 0700 would make the bundle unreadable to others
-        index = _build_index(tmp, lock, sources, part_size, compress, progress)
+        index = _build_index(tmp, lock, sources, part_size, compress, progress,
+                             shipped=shipped, base=base)
         data = index.dumps()
         Index.parse(data)  # never sign an index that our own verifier would reject
         _write_file(tmp / INDEX_NAME, data)
@@ -203,8 +212,11 @@ def _build_index(
     part_size: int,
     compress: bool,
     progress: Progress | None,
+    *,
+    shipped: list[Source],
+    base: Base | None,
 ) -> Index:
-    blobs, parts = write_blobs(tmp, sources, part_size, compress=compress, progress=progress)
+    blobs, parts = write_blobs(tmp, shipped, part_size, compress=compress, progress=progress)
     return Index(
         tool=f"sovereign-gateway airgap {__version__}",
         created_at=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
@@ -215,6 +227,7 @@ def _build_index(
         files=tuple(s.file for s in sources),
         blobs=tuple(blobs),
         parts=parts,
+        base=base,
     )
 
 

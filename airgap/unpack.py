@@ -41,6 +41,7 @@ from typing import Literal
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from airgap.bundle import ContentFile, Index
+from airgap.delta import check_base_in_store
 from airgap.errors import AirgapError, Code, StoreError, VerificationFailed
 from airgap.formats import check_index_formats
 from airgap.space import require_free, writing
@@ -135,7 +136,8 @@ def unpack_bundle(
         what was installed, skipped and repaired.
 
     Raises:
-        VerificationFailed: the bundle failed any check; the store is unchanged.
+        VerificationFailed: the bundle failed any check (``delta_base_missing``: a delta's
+            base content is not in the store); the store is unchanged.
         StoreError: ``store_unsafe`` (a symlink or non-directory on the way) or
             ``store_conflict`` (different content already at a target); the store is unchanged.
         AirgapError: ``bundle_not_found``, ``io_error``.
@@ -146,6 +148,7 @@ def unpack_bundle(
     index = check.index
     assert index is not None
     check_index_formats(index, policy)
+    check_base_in_store(index, store, layout)  # a delta: its base must be there, verified
     report = UnpackReport(store=store, layout=layout, check=check)
     created = [d for d in (store, extras_into) if d is not None and not d.exists()]
     try:
