@@ -30,6 +30,7 @@ from airgap.bundle import DEFAULT_PART_SIZE, INDEX_NAME, MAX_INDEX_BYTES, SIGNAT
 from airgap.errors import AirgapError, Code, Problem, VerificationFailed
 from airgap.interrupt import Interrupted, die_by, interruptible
 from airgap.media import check_bundle_dir, read_small
+from airgap.mlbom import BOM_NAME, read_extra, summary
 from airgap.pack import pack_bundle
 from airgap.signing import (
     MAX_SIGNATURE_BYTES,
@@ -264,6 +265,9 @@ def inspect(
         return
     out.print(f"bundle {bundle}: {index.tool}, created {index.created_at}")
     out.print(f"signer key id (claimed, unverified): {signer}")
+    bom = read_extra(bundle, index, BOM_NAME)
+    for line in summary(bom) if bom is not None else ["ML-BOM: none in this bundle"]:
+        out.print(line, highlight=False)
     if index.base is not None:
         out.print(f"delta bundle: {len(index.base.blobs)} blob(s) "
                   f"({sum(b.size for b in index.base.blobs)} bytes) expected in the store from "

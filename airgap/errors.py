@@ -47,6 +47,7 @@ class Code(StrEnum):
     PIN_MISMATCH = "pin_mismatch"
     UNSAFE_SERIALISATION = "unsafe_serialisation"
     DELTA_BASE_MISSING = "delta_base_missing"
+    MLBOM_MISMATCH = "mlbom_mismatch"
     # parts on the media (exit 1)
     PART_MISSING = "part_missing"
     PART_EXTRA = "part_extra"

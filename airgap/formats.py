@@ -38,7 +38,7 @@ def _refused(exc: UnsafeSerialisationError) -> VerificationFailed:
 
 def check_pack_sources(
     lock: Lockfile, origins: dict[tuple[str, str], Path], policy: SerialisationPolicy
-) -> Lockfile:
+) -> tuple[Lockfile, dict[tuple[str, str], str]]:
     """Apply ``policy`` to every model file about to be packed.
 
     Args:
@@ -47,13 +47,15 @@ def check_pack_sources(
         policy: The serialisation policy.
 
     Returns:
-        ``lock`` with each accepted pickle's scan verdict recorded (``LockedFile.scan``).
+        ``lock`` with each accepted pickle's scan verdict recorded (``LockedFile.scan``), and
+        the format found for each ``(repo_id, path)`` (safetensors, gguf, pickle, data).
 
     Raises:
         VerificationFailed: ``unsafe_serialisation`` naming the file and ``--allow-pickle``.
         OSError: A source cannot be read.
     """
     entries: list[LockEntry] = []
+    formats: dict[tuple[str, str], str] = {}
     for entry in lock.entries:
         files = []
         for pin in entry.files:
@@ -62,9 +64,10 @@ def check_pack_sources(
                 verdict = check_format(origins[(entry.repo_id, pin.path)], label, policy)
             except UnsafeSerialisationError as exc:
                 raise _refused(exc) from exc
+            formats[(entry.repo_id, pin.path)] = verdict.format
             files.append(replace(pin, scan=verdict.scan) if verdict.scan else pin)
         entries.append(replace(entry, files=tuple(files)))
-    return Lockfile(entries=tuple(entries))
+    return Lockfile(entries=tuple(entries)), formats
 
 
 def check_index_formats(index: Index, policy: SerialisationPolicy) -> None:

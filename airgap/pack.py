@@ -9,6 +9,7 @@ no stale part of an earlier run can mix in.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import stat
@@ -33,6 +34,7 @@ from airgap.bundle import (
 from airgap.delta import read_base, split_sources
 from airgap.errors import AirgapError, Code, fail
 from airgap.formats import check_pack_sources
+from airgap.mlbom import BOM_NAME, build_bom
 from airgap.payload import Source, write_blobs
 from airgap.signing import key_id, sign_index
 from airgap.space import require_free, writing
@@ -93,6 +95,9 @@ def collect_sources(
     names: set[str] = set()
     for extra in include_files:
         name = paths.check_path(extra.name, what="included file name")
+        if name == BOM_NAME:
+            raise AirgapError(Code.IO_ERROR, f"{extra}: {BOM_NAME} is the name of the bundle's "
+                              "ML-BOM; rename the included file")
         if name in names:
             raise AirgapError(Code.IO_ERROR, f"two included files are named {name!r}")
         names.add(name)
@@ -172,7 +177,7 @@ def pack_bundle(
         raise AirgapError(Code.OUTPUT_EXISTS, f"{out} exists; choose a new path or use --force")
     started = time.perf_counter()
     sources = collect_sources(lock, source, include_files)
-    lock = check_pack_sources(
+    lock, formats = check_pack_sources(
         lock, {(s.file.repo_id, s.file.path): s.origin for s in sources if s.file.repo_id},
         policy)
     shipped, base = sources, None
@@ -192,7 +197,7 @@ def pack_bundle(
         os.umask(umask)
         tmp.chmod(0o777 & ~umask)  # mkdtemp's 0700 would make the bundle unreadable to others
         index = _build_index(tmp, lock, sources, part_size, compress, progress,
-                             shipped=shipped, base=base)
+                             shipped=shipped, base=base, formats=formats)
         data = index.dumps()
         Index.parse(data)  # never sign an index that our own verifier would reject
         _write_file(tmp / INDEX_NAME, data)
@@ -215,11 +220,19 @@ def _build_index(
     *,
     shipped: list[Source],
     base: Base | None,
+    formats: dict[tuple[str, str], str],
 ) -> Index:
-    blobs, parts = write_blobs(tmp, shipped, part_size, compress=compress, progress=progress)
+    tool = f"sovereign-gateway airgap {__version__}"
+    created_at = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    bom = _bom_source(tmp / f".{BOM_NAME}", build_bom(lock, formats, created_at, tool))
+    sources, shipped = [*sources, bom], [*shipped, bom]
+    try:
+        blobs, parts = write_blobs(tmp, shipped, part_size, compress=compress, progress=progress)
+    finally:
+        bom.origin.unlink(missing_ok=True)
     return Index(
-        tool=f"sovereign-gateway airgap {__version__}",
-        created_at=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        tool=tool,
+        created_at=created_at,
         compression="zlib" if compress else "none",
         part_size=part_size,
         payload_size=sum(b.stored_size for b in blobs),
@@ -229,6 +242,13 @@ def _build_index(
         parts=parts,
         base=base,
     )
+
+
+def _bom_source(path: Path, data: bytes) -> Source:
+    """The ML-BOM as an extra file to pack (written beside the parts, removed after)."""
+    _write_file(path, data)
+    sha = hashlib.sha256(data).hexdigest()
+    return Source(ContentFile(None, BOM_NAME, len(data), sha, sha), path, None)
 
 
 def _write_file(path: Path, data: bytes) -> None:

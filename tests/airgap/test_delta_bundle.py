@@ -60,15 +60,19 @@ def revisions(tmp_path: Path, keys: KeyPair) -> dict[str, Path]:
 def test_one_changed_file_of_twelve_ships_that_blob_only(revisions: dict[str, Path]) -> None:
     changed = revisions["new_src"] / "model-00007-of-00008.safetensors"
     index = json.loads((revisions["delta"] / "index.json").read_text())
-    assert len(index["files"]) == 12 and len(index["lock"]["models"][0]["files"]) == 12
-    assert [b["sha256"] for b in index["blobs"]] == [
-        hashlib.sha256(changed.read_bytes()).hexdigest()]
-    assert index["payload_size"] == changed.stat().st_size == 70_000
+    model_files = [f for f in index["files"] if f["repo_id"] == REPO]
+    assert len(model_files) == 12 and len(index["lock"]["models"][0]["files"]) == 12
+    (bom,) = [f for f in index["files"] if f["repo_id"] is None]  # the ML-BOM, always shipped
+    assert bom["path"] == "ml-bom.cdx.json"
+    changed_sha = hashlib.sha256(changed.read_bytes()).hexdigest()
+    assert [b["sha256"] for b in index["blobs"]] == [changed_sha, bom["sha256"]]
+    assert index["payload_size"] == changed.stat().st_size + bom["size"]
+    assert changed.stat().st_size == 70_000
     assert len(index["base"]["blobs"]) == 11
     assert index["base"]["index_sha256"] == hashlib.sha256(
         (revisions["old"] / "index.json").read_bytes()).hexdigest()
     payload = sum(p.stat().st_size for p in revisions["delta"].glob("payload.*"))
-    assert payload == 70_000
+    assert payload == 70_000 + bom["size"]
 
 
 def test_delta_onto_the_old_revision_installs_the_new_one_verified_whole(
