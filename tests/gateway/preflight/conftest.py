@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import copy
 import json
+import ssl
 import sys
 import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -87,8 +89,10 @@ def _load(name: str) -> Any:
     return json.loads((RECORDED / name).read_text())
 
 
-@pytest.fixture
-def fake_kube() -> Iterator[FakeKube]:
+@contextmanager
+def serve_kube(tls: ssl.SSLContext | None = None) -> Iterator[FakeKube]:
+    """Serve the recorded API on loopback (HTTPS with ``tls``; a verified client certificate
+    then authenticates like the bearer token)."""
     kube = FakeKube(_load("pods.json"), _load("nodes.json"), _load("networkpolicies.json"))
 
     class Handler(BaseHTTPRequestHandler):
@@ -99,7 +103,11 @@ def fake_kube() -> Iterator[FakeKube]:
             self._reply("POST")
 
         def _reply(self, method: str) -> None:
-            code, body = kube.answer(method, self.path, self.headers.get("authorization"))
+            auth = self.headers.get("authorization")
+            peer = getattr(self.connection, "getpeercert", lambda: None)()
+            if peer:
+                auth = f"Bearer {TOKEN}"
+            code, body = kube.answer(method, self.path, auth)
             data = json.dumps(body).encode()
             self.send_response(code)
             self.send_header("content-type", "application/json")
@@ -111,15 +119,24 @@ def fake_kube() -> Iterator[FakeKube]:
             pass
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    if tls is not None:
+        server.socket = tls.wrap_socket(server.socket, server_side=True)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
-    kube.url = f"http://127.0.0.1:{server.server_address[1]}"
+    scheme = "https" if tls is not None else "http"
+    kube.url = f"{scheme}://127.0.0.1:{server.server_address[1]}"
     try:
         yield kube
     finally:
         server.shutdown()
         server.server_close()
         thread.join(5)
+
+
+@pytest.fixture
+def fake_kube() -> Iterator[FakeKube]:
+    with serve_kube() as kube:
+        yield kube
 
 
 def write_kubeconfig(path: Path, server: str, token: str = TOKEN) -> Path:
