@@ -3,7 +3,7 @@
 Layout of ``DIR`` (written to a temporary sibling and renamed: never half-written)::
 
     report.json  report.md                        the report (JSON, Markdown page)
-    evidence/policy.json   evidence/config.json   revisions (config: digest only)
+    evidence/policy.json   evidence/config.json   config file digest, running config revision
     evidence/networkpolicies.json  evidence/nodes.json  evidence/status.json
     evidence/checkpoint.txt                       newest signed audit checkpoint (C2SP note)
     envelope.dsse.json                            DSSE envelope (the signature)
@@ -94,7 +94,6 @@ def key_id(key: Ed25519PublicKey) -> str:
 
 def evidence_files(report: Report, facts: Facts) -> dict[str, bytes]:
     """The files of a pack except the envelope: ``{relative path: content}``."""
-    from gateway.audit.observer import config_digest
     from gateway.preflight.checks_runtime import latest_checkpoint
 
     files = {"report.json": _dump(report.to_json()), "report.md": report.to_markdown().encode()}
@@ -106,9 +105,8 @@ def evidence_files(report: Report, facts: Facts) -> dict[str, bytes]:
     if facts.settings is not None or status:
         files["evidence/config.json"] = _dump({
             "file": str(facts.inputs.config) if facts.inputs.config else None,
-            "revision": "sha256:" + config_digest(facts.settings.model_dump_json())
-            if facts.settings is not None else None,
-            "running_revision": status.get("config_revision")})
+            "file_sha256": facts.config_sha256,
+            "running_config_revision": status.get("config_revision")})
     if facts.networkpolicies is not None:
         files["evidence/networkpolicies.json"] = _dump(facts.networkpolicies)
     if facts.nodes is not None:

@@ -12,12 +12,13 @@ cluster checks do not care where they came from.
 from __future__ import annotations
 
 import asyncio
-import os
+import hashlib
 import subprocess
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import yaml
@@ -91,9 +92,13 @@ class Inputs:
 
     def describe(self) -> dict[str, Any]:
         """The inputs as strings for the report (no credentials: URLs and paths only)."""
-        return {k: (str(v) if isinstance(v, Path) else [str(p) for p in v]
-                    if isinstance(v, tuple) else v)
-                for k, v in ((f, getattr(self, f)) for f in self.__dataclass_fields__)}
+        out = {k: (str(v) if isinstance(v, Path) else [str(p) for p in v]
+                   if isinstance(v, tuple) else v)
+               for k, v in ((f, getattr(self, f)) for f in self.__dataclass_fields__)}
+        if self.admin_url:
+            parts = urlsplit(self.admin_url)
+            out["admin_url"] = parts._replace(netloc=parts.netloc.rsplit("@", 1)[-1]).geturl()
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +144,7 @@ class Facts:
     criteria: Criteria
     policy: Any = None
     settings: Any = None
+    config_sha256: str | None = None
     values_text: str | None = None
     manifests: list[dict[str, Any]] | None = None
     workloads: list[Workload] | None = None
@@ -249,14 +255,31 @@ def fetch_status(admin_url: str, timeout_s: float = 5.0) -> dict[str, Any]:
 
 
 def _load_config(inputs: Inputs, facts: Facts) -> None:
+    """Validate the gateway config without its secrets.
+
+    Backend credentials (``api_key_env``/``api_key_file``) are dropped before validation: the
+    pre-flight needs none of them, so it never reads them and they cannot reach a report.
+    """
     from gateway.errors import ConfigError
-    from gateway.settings import load
+    from gateway.settings import parse
 
     assert inputs.config is not None
+    text = _read(inputs.config)
     try:
-        facts.settings = load(inputs.config, os.environ)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise PreflightInputError(f"config {inputs.config}: not valid YAML: {exc}") from exc
+    models = data.get("models") if isinstance(data, dict) else None
+    for model in models if isinstance(models, list) else ():
+        for replica in (model.get("replicas") or ()) if isinstance(model, dict) else ():
+            if isinstance(replica, dict):
+                for key in ("api_key", "api_key_env", "api_key_file"):
+                    replica.pop(key, None)
+    try:
+        facts.settings = parse(data, {}, inputs.config.parent)
     except ConfigError as exc:
         raise PreflightInputError(f"config {inputs.config}: {exc.message}") from exc
+    facts.config_sha256 = "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def _policy_path(inputs: Inputs, facts: Facts) -> Path | None:
@@ -277,6 +300,14 @@ def collect(inputs: Inputs, criteria: Criteria) -> Facts:
     """
     from policy import Policy, PolicyError
 
+    for name in ("config", "policy", "manifests", "kubeconfig", "audit_public_key", "lockfile",
+                 "weights_dir", "weights_signature", "weights_public_key"):
+        path = getattr(inputs, name)
+        if path is not None and not Path(path).exists():
+            raise PreflightInputError(f"--{name.replace('_', '-')} {path}: no such file")
+    for v in inputs.values:
+        if not v.is_file():
+            raise PreflightInputError(f"--values {v}: no such file")
     facts = Facts(inputs, criteria)
     if inputs.config is not None:
         _load_config(inputs, facts)

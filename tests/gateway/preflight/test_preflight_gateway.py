@@ -156,13 +156,10 @@ def _inputs(g: Running) -> Inputs:
 
 def test_running_gateway_with_guard_enforce_passes(gateway: Running,
                                                    sockets: SocketRecorder) -> None:
-    os.environ["SG_PF_BACKEND_KEY"] = BACKEND_SECRET  # the config names it (not a secret here)
-    try:
-        sockets.active = True
-        report, facts = run_preflight(_inputs(gateway), CRITERIA)
-        sockets.active = False
-    finally:
-        del os.environ["SG_PF_BACKEND_KEY"]
+    assert "SG_PF_BACKEND_KEY" not in os.environ  # the pre-flight needs no backend secret
+    sockets.active = True
+    report, facts = run_preflight(_inputs(gateway), CRITERIA)
+    sockets.active = False
     checks = {c.id: c for c in report.checks}
     for cid in ("gateway.guard", "audit.verify", "audit.checkpoint-fresh", "policy.destinations",
                 "policy.unsafe-off", "audit.retention"):
@@ -210,20 +207,20 @@ def test_evidence_pack_verifies_offline_and_holds_no_secret(
         capsys: pytest.CaptureFixture[str]) -> None:
     priv, pub = operator_key
     out = tmp_path / "pack"
-    os.environ["SG_PF_BACKEND_KEY"] = BACKEND_SECRET
-    try:
-        code = main(["preflight", "--config", str(gateway.config), "--admin-url",
-                     gateway.admin_url, "--audit-public-key", str(gateway.public_key),
-                     "--region", "eu-central-1", "--retention-days", "200",
-                     "--out", str(out), "--sign-key", str(priv)])
-    finally:
-        del os.environ["SG_PF_BACKEND_KEY"]
+    code = main(["preflight", "--config", str(gateway.config), "--admin-url",
+                 gateway.admin_url, "--audit-public-key", str(gateway.public_key),
+                 "--region", "eu-central-1", "--retention-days", "200",
+                 "--out", str(out), "--sign-key", str(priv)])
     assert code == 0, capsys.readouterr()
     names = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
     assert names == ["envelope.dsse.json", "evidence/checkpoint.txt", "evidence/config.json",
                      "evidence/policy.json", "evidence/status.json", "report.json",
                      "report.md", "signer.pub"]
     assert (out / "evidence/checkpoint.txt").read_text().startswith("pf/")
+    config = json.loads((out / "evidence/config.json").read_text())
+    assert config["file_sha256"] == "sha256:" + hashlib.sha256(
+        gateway.config.read_bytes()).hexdigest()
+    assert config["running_config_revision"].startswith("sha256:")
     # secrets never appear: backend key (env), key file content, audit and operator keys
     blob = b"".join(p.read_bytes() for p in out.rglob("*") if p.is_file())
     for secret in (BACKEND_SECRET, FILE_SECRET, gateway.signing_key.read_text().strip(),
