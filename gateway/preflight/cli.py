@@ -9,6 +9,7 @@ every file verify), 1 (verification failed), 2 (not a pack, unreadable key).
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Annotated
 
@@ -28,6 +29,14 @@ _Opt = typer.Option
 PathOpt = Annotated[Path | None, _Opt(dir_okay=False)]
 
 
+def _default_helm() -> Path | None:
+    local = Path(".tools/bin/helm")
+    if local.is_file():
+        return local
+    found = shutil.which("helm")
+    return Path(found) if found else None
+
+
 @app.callback(invoke_without_command=True)
 def preflight(
     ctx: typer.Context,
@@ -37,7 +46,8 @@ def preflight(
                                               "(repeatable; rendered with helm template).")]
     = None,
     chart: Annotated[Path, _Opt(help="Chart directory.")] = Path("helm/sovereign-gateway"),
-    helm: Annotated[Path, _Opt(help="helm binary.")] = Path(".tools/bin/helm"),
+    helm: Annotated[Path | None, _Opt(help="helm binary (default: .tools/bin/helm if present, "
+                                     "else helm on PATH).")] = None,
     manifests: Annotated[Path | None, _Opt(help="Rendered manifests (instead of values).")]
     = None,
     release: Annotated[str, _Opt(help="Helm release name.")] = "sg",
@@ -74,7 +84,8 @@ def preflight(
     inputs = Inputs(
         config=config, policy=policy, values=tuple(values or ()),
         chart=chart if values else None, manifests=manifests,
-        helm=helm if values else None, release=release, namespace=namespace,
+        helm=(helm or _default_helm()) if values else None, release=release,
+        namespace=namespace,
         admin_url=admin_url, kubeconfig=kubeconfig, kube_context=kube_context,
         audit_public_key=audit_public_key, lockfile=lockfile, weights_dir=weights_dir,
         weights_signature=weights_signature, weights_public_key=weights_public_key)

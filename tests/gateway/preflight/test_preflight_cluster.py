@@ -6,6 +6,7 @@ A compliant deployment passes; each planted violation fails its own check and no
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -228,3 +229,26 @@ def test_real_api_server_read_only() -> None:
     assert facts.nodes and all(facts.nodes.values())
     ran = {c.id for c in report.checks if c.status != "skip"}
     assert ran >= CLUSTER_CHECKS, ran  # each ran against the live API (pass or fail)
+
+
+def test_cli_json_report_of_the_compliant_render(capsys: pytest.CaptureFixture[str]) -> None:
+    from gateway.cli import main
+
+    code = main(["preflight", "--policy", str(SCENARIO_POLICY), "-f", str(SCENARIO_VALUES),
+                 "-f", str(COMPLIANT_VALUES), "--chart", str(CHART), "--helm", str(HELM),
+                 "-n", NAMESPACE, "--region", "eu-central-1", "--registry",
+                 "registry.example.eu", "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert code == 0 and report["result"] == "pass"
+    assert report["counts"] == {"pass": 8, "fail": 0, "skip": 5}
+    assert {c["id"] for c in report["checks"] if c["status"] == "skip"} == {
+        "gateway.guard", "audit.verify", "audit.checkpoint-fresh", "audit.retention",
+        "weights.locked-signed"}
+    assert [m["criterion"] for m in report["manual_attestations"]][:2] == ["SOV-1", "SOV-2"]
+
+
+def test_cli_missing_input_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from gateway.cli import main
+
+    assert main(["preflight", "--kubeconfig", str(tmp_path / "nope")]) == 2
+    assert f"--kubeconfig {tmp_path / 'nope'}: no such file" in capsys.readouterr().err
