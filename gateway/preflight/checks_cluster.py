@@ -233,7 +233,8 @@ def check_env(facts: Facts) -> CheckResult:
         for c in w.containers:
             where = f"{w.name}/{c.name}"
             switches = {k: c.env.get(k) for k in TELEMETRY_SWITCHES}
-            missing = [k for k, v in switches.items() if v not in ("1", "true", "True")]
+            # vLLM compares VLLM_NO_USAGE_STATS and DO_NOT_TRACK with "1" exactly.
+            missing = [k for k, v in switches.items() if v != "1"]
             targets: dict[str, str | None] = {}
             for name, value in c.env.items():
                 if not _TARGET_VARS.match(name):

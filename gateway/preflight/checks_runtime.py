@@ -194,9 +194,14 @@ def check_checkpoint(facts: Facts, now_s: float | None = None) -> CheckResult:
                         "heartbeat", ("AIA-12", "SOV-7"))
     if facts.status is None and facts.settings is None:
         return _skip(cid, title, "no running gateway or gateway config given", crit)
+    running_audit = (facts.status or {}).get("audit") or {}
+    if facts.status is not None and not running_audit.get("enabled"):
+        return CheckResult(cid, title, "fail", "the running gateway has no audit log",
+                           {"audit": running_audit}, crit)
     cp = latest_checkpoint(facts)
     if cp is None:
-        return CheckResult(cid, title, "fail", "no signed checkpoint found", {}, crit)
+        return CheckResult(cid, title, "fail", "no signed checkpoint found",
+                           {"audit": running_audit}, crit)
     now = time.time() if now_s is None else now_s
     age_s = now - cp["ts_us"] / 1e6
     bound = 2 * float(cp.get("heartbeat_s") or 60.0)

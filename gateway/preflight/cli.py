@@ -15,9 +15,7 @@ from typing import Annotated
 
 import typer
 
-from gateway.preflight.checks import run_preflight
 from gateway.preflight.errors import PreflightError
-from gateway.preflight.evidence import verify_pack, write_pack
 from gateway.preflight.inputs import REGION_LABEL, Criteria, Inputs
 
 __all__ = ["app"]
@@ -79,6 +77,10 @@ def preflight(
     """Run the pre-flight checks (inputs optional; checks without their input are skipped)."""
     if ctx.invoked_subcommand is not None:
         return
+    # Imported here so that the other `gateway` commands start fast.
+    from gateway.preflight.checks import run_preflight
+    from gateway.preflight.evidence import write_pack
+
     if out is not None and sign_key is None:
         raise typer.BadParameter("--out needs --sign-key", param_hint="--sign-key")
     inputs = Inputs(
@@ -114,6 +116,8 @@ def verify(
     as_json: Annotated[bool, _Opt("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Verify an evidence pack offline (signature, then every file's digest)."""
+    from gateway.preflight.evidence import verify_pack
+
     try:
         result = verify_pack(directory, key)
     except PreflightError as exc:

@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-import httpx
 import yaml
 
 from gateway.preflight.errors import PreflightInputError
@@ -240,6 +239,8 @@ def fetch_status(admin_url: str, timeout_s: float = 5.0) -> dict[str, Any]:
     Raises:
         PreflightInputError: Unreachable, non-200 or not a JSON object.
     """
+    import httpx
+
     try:
         with httpx.Client(trust_env=False, follow_redirects=False, timeout=timeout_s) as c:
             resp = c.get(admin_url.rstrip("/") + "/status")
