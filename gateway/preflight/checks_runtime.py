@@ -283,7 +283,8 @@ def check_retention(facts: Facts) -> CheckResult:
                     (k for k in vol if k != "name"), "unknown")
                 storage[w.name] = kind
                 if kind != "persistentVolumeClaim":
-                    problems.append(f"{w.name}: audit store on a {kind} volume (lost with pod)")
+                    problems.append(f"{w.name}: audit store volume is {kind}, not a "
+                                    "PersistentVolumeClaim (lost with the pod)")
     evidence = {"declared_days": days, "minimum_days": RETENTION_MIN_DAYS,
                 "audit_volumes": storage}
     return _result(cid, title, problems, f"declared retention {days} days >= "

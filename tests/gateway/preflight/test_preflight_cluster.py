@@ -252,3 +252,51 @@ def test_cli_missing_input_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture
 
     assert main(["preflight", "--kubeconfig", str(tmp_path / "nope")]) == 2
     assert f"--kubeconfig {tmp_path / 'nope'}: no such file" in capsys.readouterr().err
+
+
+def test_pod_template_pinned_outside_the_regions_fails(rendered: str, tmp_path: Path) -> None:
+    docs = _docs(rendered)
+    vllm = next(d for d in docs if d["kind"] == "StatefulSet")
+    terms = vllm["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    for term in terms:
+        for expr in term["matchExpressions"]:
+            if expr["key"] == "topology.kubernetes.io/region":
+                expr["values"] = ["eu-central-1", "us-east-1"]
+    report, _ = run_preflight(_manifests(tmp_path, docs), CRITERIA)
+    assert _failed(report) == {"k8s.node-regions"}
+    assert f"StatefulSet {vllm['metadata']['name']} may run in us-east-1" == (
+        _by_id(report)["k8s.node-regions"].verdict)
+
+
+def test_signing_key_outside_a_secret_and_short_retention_fail(rendered: str,
+                                                               tmp_path: Path) -> None:
+    docs = _docs(rendered)
+    gw = next(d for d in docs if d["kind"] == "Deployment"
+              and d["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"]
+              == "gateway")
+    for vol in gw["spec"]["template"]["spec"]["volumes"]:
+        if vol["name"] in ("audit-key", "audit"):
+            for k in [k for k in vol if k != "name"]:
+                del vol[k]
+            vol["emptyDir"] = {}
+    report, _ = run_preflight(_manifests(tmp_path, docs), Criteria(
+        regions=("eu-central-1",), registries=("registry.example.eu",), retention_days=90))
+    assert _failed(report) == {"audit.signing-key", "audit.retention"}
+    checks = _by_id(report)
+    assert checks["audit.signing-key"].verdict == (
+        f"{gw['metadata']['name']}: no Secret volume holds the audit signing key")
+    assert checks["audit.retention"].verdict == (
+        f"declared retention 90 days < 183 (six months); {gw['metadata']['name']}: audit store "
+        "volume is emptyDir, not a PersistentVolumeClaim (lost with the pod)")
+
+
+def test_private_key_in_values_fails(tmp_path: Path) -> None:
+    leaked = tmp_path / "leaked.yaml"
+    leaked.write_text("gateway:\n  extraConfig:\n    note: |\n"
+                      "      -----BEGIN PRIVATE KEY-----\n      MC4CAQAwBQYDK2VwBCIEIA==\n"
+                      "      -----END PRIVATE KEY-----\n")
+    report, _ = run_preflight(_values_inputs(leaked), CRITERIA)
+    assert "audit.signing-key" in _failed(report)
+    assert _by_id(report)["audit.signing-key"].verdict == (
+        "the Helm values contain private key material")

@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -255,3 +256,26 @@ def test_evidence_pack_verifies_offline_and_holds_no_secret(
     check = subprocess.run(["sha256sum", "-c", "-"], input=sums, cwd=out, capture_output=True,
                            text=True)
     assert check.returncode == 1 and "evidence/status.json: FAILED" in check.stdout
+
+
+def test_tampered_audit_record_fails_verify(gateway: Running, tmp_path: Path) -> None:
+    cfg = yaml.safe_load(gateway.config.read_text())
+    db = Path(cfg["audit"]["store"].removeprefix("sqlite://"))
+    copy = tmp_path / "audit.db"
+    with sqlite3.connect(db) as src, sqlite3.connect(copy) as dst:
+        src.backup(dst)  # a consistent copy while the gateway keeps writing
+    cfg["audit"]["store"] = f"sqlite://{copy}"
+    config = tmp_path / "gateway.yaml"
+    config.write_text(yaml.safe_dump(cfg))
+    inputs = Inputs(config=config, audit_public_key=gateway.public_key)
+    report, _ = run_preflight(inputs, CRITERIA)
+    assert next(c for c in report.checks if c.id == "audit.verify").status == "pass"
+    with sqlite3.connect(copy) as conn:
+        body = conn.execute("SELECT body FROM audit_records WHERE seq = 1").fetchone()[0]
+        changed = bytes(body).replace(b'"type"', b'"tYpe"', 1)
+        assert changed != bytes(body)
+        conn.execute("UPDATE audit_records SET body = ? WHERE seq = 1", (changed,))
+    report, _ = run_preflight(inputs, CRITERIA)
+    check = next(c for c in report.checks if c.id == "audit.verify")
+    assert check.status == "fail", check.verdict
+    assert report.exit_code == 1
