@@ -11,7 +11,13 @@ import pytest
 from gateway.cli import main
 from gateway.preflight import Criteria, Inputs, pae, run_preflight, write_pack
 from gateway.preflight.evidence import ENVELOPE, PAYLOAD_TYPE, key_id, verify_pack
-from tests.gateway.preflight.conftest import SCENARIO_POLICY
+from tests.gateway.preflight.conftest import (
+    NAMESPACE,
+    SCENARIO_POLICY,
+    TOKEN,
+    FakeKube,
+    write_kubeconfig,
+)
 
 
 def test_pae_matches_the_dsse_spec_test_vector() -> None:
@@ -130,3 +136,20 @@ def test_unreadable_input_exits_2_naming_it(tmp_path: Path,
     assert main(["preflight", "--policy", str(tmp_path / "nope.yaml")]) == 2
     err = capsys.readouterr().err
     assert "nope.yaml" in err and err.count("\n") == 1
+
+
+def test_pack_from_the_cluster_holds_networkpolicies_and_node_labels(
+        fake_kube: FakeKube, tmp_path: Path, operator_key: tuple[Path, Path]) -> None:
+    cfg = write_kubeconfig(tmp_path / "kubeconfig", fake_kube.url)
+    report, facts = run_preflight(
+        Inputs(policy=SCENARIO_POLICY, kubeconfig=cfg, namespace=NAMESPACE),
+        Criteria(regions=("eu-central-1",)))
+    out = tmp_path / "pack"
+    write_pack(out, report, facts, operator_key[0])
+    nodes = json.loads((out / "evidence/nodes.json").read_text())
+    assert {n["topology.kubernetes.io/region"] for n in nodes.values()} == {"eu-central-1"}
+    nps = json.loads((out / "evidence/networkpolicies.json").read_text())
+    assert "sg-sovereign-gateway-default-deny" in {n["metadata"]["name"] for n in nps}
+    blob = b"".join(p.read_bytes() for p in out.rglob("*") if p.is_file())
+    assert TOKEN.encode() not in blob  # the kubeconfig's credential never enters the pack
+    assert verify_pack(out, operator_key[1]).ok
