@@ -69,6 +69,9 @@ def run(
         egress=egress.events if egress is not None else None,
     )
     if telemetry is not None:
+        from gateway.preflight.status import gateway_status
+
+        telemetry.admin.set_status(gateway_status(settings, egress))  # GET /status (preflight)
         factory = with_telemetry(telemetry, factory)
     if not is_loopback_host(settings.listen.host):
         _log.info("listening on %s:%s", settings.listen.host, settings.listen.port)
