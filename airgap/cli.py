@@ -294,6 +294,52 @@ def inspect(
               f"{index.part_size} bytes; {len(index.blobs)} distinct blob(s)")  # fmt: skip
 
 
+@app.command("oci-export")
+def oci_export(
+    bundle: Annotated[Path, typer.Argument(help="Bundle directory.")],
+    public_key: PublicKeys,
+    out_dir: Annotated[Path, typer.Option("--out", help="OCI image layout to create.")],
+    repo: Annotated[str | None, typer.Option("--repo", help="Model of the bundle.")] = None,
+    tag: Annotated[str | None, typer.Option("--tag", help="Reference name.")] = None,
+    allow_pickle: AllowPickle = False,
+) -> None:
+    """Verify a bundle and write one model as an OCI artifact (CNCF ModelPack media types)."""
+    from airgap.oci import export_oci
+
+    keys = [load_public_key(p) for p in public_key]
+    export_oci(bundle, keys, out_dir, repo_id=repo, tag=tag,
+               policy=SerialisationPolicy(allow_pickle=allow_pickle))
+    out.print(f"wrote OCI layout {out_dir}; push with: skopeo copy oci:{out_dir}:TAG "
+              "docker://REGISTRY/NAME:TAG")
+
+
+@app.command("oci-verify")
+def oci_verify(
+    layout: Annotated[Path, typer.Argument(help="OCI image layout directory.")],
+    public_key: PublicKeys,
+    tag: Annotated[str | None, typer.Option("--tag", help="Reference name.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable report.")] = False,
+) -> None:
+    """Verify an OCI model artifact offline: signed index, pinned layer digests, blob bytes."""
+    from airgap.oci import verify_oci
+
+    keys = [load_public_key(p) for p in public_key]
+    report = verify_oci(layout, keys, tag=tag)
+    if as_json:
+        out.print_json(json.dumps({"ok": report.ok, "repo_id": report.repo_id,
+                                   "commit": report.commit, "signer_key_id": report.signer,
+                                   "layers": report.layers,
+                                   "problems": [p.to_json() for p in report.problems]}))
+    elif report.ok:
+        out.print(f"OK {layout}: {report.repo_id}@{report.commit}, {len(report.layers)} "
+                  f"layers match the pins, signed by {report.signer}")
+    else:
+        for p in report.problems:
+            err.print(f"FAIL {p.code}: {p.message}{_detail(p)}", markup=False, highlight=False)
+    if not report.ok:
+        raise typer.Exit(1)
+
+
 def _detail(p: Problem) -> str:
     """`` (expected X, got Y)`` unless the message already says so."""
     if p.expected is None or p.expected in p.message:
