@@ -29,25 +29,23 @@ import uuid
 import zlib
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
-
-from cyclonedx.contrib.license.factories import LicenseFactory
-from cyclonedx.model import HashAlgorithm, HashType, Property
-from cyclonedx.model.bom import Bom
-from cyclonedx.model.component import Component, ComponentType
-from cyclonedx.model.contact import OrganizationalEntity
-from cyclonedx.output.json import JsonV1Dot6
-from packageurl import PackageURL
+from typing import TYPE_CHECKING, Any
 
 from airgap.bundle import MAX_INDEX_BYTES, Index
 from airgap.errors import Code, Problem
 from weights import LockEntry, Lockfile
+
+if TYPE_CHECKING:  # the library is imported by build_bom only: verify stays quick to start
+    from cyclonedx.model.component import Component
+    from packageurl import PackageURL
 
 BOM_NAME = "ml-bom.cdx.json"
 _NS = "sovereign-gateway"
 
 
 def _purl(repo_id: str | None, commit: str | None) -> PackageURL | None:
+    from packageurl import PackageURL
+
     if repo_id is None:
         return None
     org, _, name = repo_id.rpartition("/")
@@ -55,6 +53,11 @@ def _purl(repo_id: str | None, commit: str | None) -> PackageURL | None:
 
 
 def _model(entry: LockEntry, formats: dict[tuple[str, str], str]) -> Component:
+    from cyclonedx.contrib.license.factories import LicenseFactory
+    from cyclonedx.model import HashAlgorithm, HashType, Property
+    from cyclonedx.model.component import Component, ComponentType
+    from cyclonedx.model.contact import OrganizationalEntity
+
     origin = entry.origin
     props = [Property(name=f"{_NS}:serialisation-formats", value=",".join(sorted(
         {formats.get((entry.repo_id, f.path), "data") for f in entry.files})))]
@@ -104,6 +107,10 @@ def build_bom(lock: Lockfile, formats: dict[tuple[str, str], str], created_at: s
         The CycloneDX 1.6 JSON document; its serial number is derived from the lock (the same
         pins give the same serial number).
     """
+    from cyclonedx.model import Property
+    from cyclonedx.model.bom import Bom
+    from cyclonedx.output.json import JsonV1Dot6
+
     serial = uuid.uuid5(uuid.NAMESPACE_URL, f"{_NS}:mlbom:{lock.dumps()}")
     bom = Bom(serial_number=serial, components=[_model(e, formats) for e in lock.entries],
               properties=[Property(name=f"{_NS}:packer", value=tool)])
