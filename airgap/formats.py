@@ -8,8 +8,9 @@ index (``files[].scan``), so the far side sees who scanned what with which versi
 ``unpack`` decides before anything is written, from the signed index alone: a file named as
 a pickle, or carrying a scan verdict, is refused unless ``allow_pickle``, and even then only
 with a recorded ``safe`` verdict of this scanner (a bundle from another packer, or one packed
-before the policy, must be re-packed). Content is checked on the packing side; the signature
-ties it to the digests the unpacker verifies.
+before the policy, must be re-packed). Then, once the blobs are staged and verified and before
+anything is committed, their content is checked too (``check_staged_formats``): a pickle under
+an innocent name is refused even when the signed index says nothing about it.
 """
 
 from __future__ import annotations
@@ -96,4 +97,35 @@ def check_index_formats(index: Index, policy: SerialisationPolicy) -> None:
         raise VerificationFailed(problems)
 
 
-__all__ = ["check_index_formats", "check_pack_sources"]
+def check_staged_formats(
+    index: Index, staged: dict[str, Path], policy: SerialisationPolicy
+) -> None:
+    """Apply ``policy`` to the content of every staged model blob, before it is committed.
+
+    Catches what the index cannot show: a pickle under an innocent name in a bundle whose
+    packer recorded no verdict. Reads a few bytes per blob (a header, or the first invalid
+    pickle opcode); a scanned pickle is read whole.
+
+    Args:
+        index: The verified index.
+        staged: sha256 -> staged file (``unpack``'s staging area).
+        policy: The serialisation policy.
+
+    Raises:
+        VerificationFailed: ``unsafe_serialisation`` for every refused file.
+    """
+    problems: list[Problem] = []
+    seen: set[str] = set()
+    for f in index.files:
+        if f.repo_id is None or f.sha256 not in staged or f.sha256 in seen:
+            continue
+        seen.add(f.sha256)
+        try:
+            check_format(staged[f.sha256], f.label, policy)
+        except UnsafeSerialisationError as exc:
+            problems.extend(_refused(exc).problems)
+    if problems:
+        raise VerificationFailed(problems)
+
+
+__all__ = ["check_index_formats", "check_pack_sources", "check_staged_formats"]

@@ -43,7 +43,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from airgap.bundle import ContentFile, Index
 from airgap.delta import check_base_in_store
 from airgap.errors import AirgapError, Code, StoreError, VerificationFailed
-from airgap.formats import check_index_formats
+from airgap.formats import check_index_formats, check_staged_formats
 from airgap.space import require_free, writing
 from airgap.stream import Progress, Range, hash_ranges
 from airgap.verify import VerifyReport, blob_ranges, check_index, diagnose
@@ -153,7 +153,7 @@ def unpack_bundle(
     created = [d for d in (store, extras_into) if d is not None and not d.exists()]
     try:
         return _install(bundle, index, check, report, store, layout, extras_into, workers,
-                        progress, started)
+                        progress, started, policy)
     except BaseException:
         for d in created:  # a failed unpack leaves no new empty directory behind either
             with contextlib.suppress(OSError):
@@ -172,6 +172,7 @@ def _install(
     workers: int,
     progress: Progress | None,
     started: float,
+    policy: SerialisationPolicy = DEFAULT_POLICY,
 ) -> UnpackReport:
     try:
         store.mkdir(parents=True, exist_ok=True)
@@ -201,6 +202,7 @@ def _install(
     staging = Path(tempfile.mkdtemp(prefix=".airgap-staging-", dir=store))
     try:
         staged = _stage(bundle, index, check, plan, staging, workers, progress)
+        check_staged_formats(index, staged, policy)  # content, before anything is committed
         report.bytes_written = sum(plan.sizes[s] for s in staged)
         _commit(plan, staged, staging)
     finally:

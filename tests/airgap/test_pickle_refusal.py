@@ -94,3 +94,27 @@ def test_unpack_refuses_a_pickle_without_a_recorded_verdict(tmp_path: Path, keys
         unpack_bundle(bundle, [keys.public], store, policy=ALLOW)
     assert _tree(store) == []
     shutil.rmtree(bundle)
+
+
+def test_unpack_refuses_a_renamed_pickle_the_index_says_nothing_about(
+    tmp_path: Path, keys: KeyPair
+) -> None:
+    """A signer whose packer recorded no verdict for a pickle called model.safetensors: the
+    staged content is checked before anything is committed."""
+    src = make_small_model(tmp_path / "src")
+    (src / "model.safetensors").write_bytes(S.state_dict(4))  # a renamed (benign) pickle
+    lock_path = tmp_path / "weights.lock"
+    write_lock(lock_path, lock_entry_from_dir(src, REPO))
+    bundle = tmp_path / "b"
+    pack_bundle(Lockfile.load(lock_path), src, bundle, keys.private, policy=ALLOW)
+    doc = json.loads((bundle / "index.json").read_text())
+    for f in doc["lock"]["models"][0]["files"]:
+        f.pop("scan", None)
+    data = Index.parse(json.dumps(doc).encode()).dumps()
+    (bundle / "index.json").write_bytes(data)
+    (bundle / "index.sig").write_bytes(sign_index(data, keys.private))
+    store = tmp_path / "store"
+    store.mkdir()
+    with pytest.raises(VerificationFailed, match=r"model\.safetensors: pickle-based file refused"):
+        unpack_bundle(bundle, [keys.public], store)
+    assert _tree(store) == []
