@@ -14,10 +14,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING
 
 from weights.digests import digest_file
 from weights.errors import DigestMismatchError, DriftError, LicenseRefusedError, WeightsError
-from weights.hub import HubClient, RemoteFile, RemoteSnapshot
 from weights.lockfile import (
     LockedFile,
     LockEntry,
@@ -27,6 +27,9 @@ from weights.lockfile import (
     validate_entry,
 )
 from weights.serialisation import DEFAULT_POLICY, SerialisationPolicy, check_format, check_names
+
+if TYPE_CHECKING:  # annotations only: `weights lock` uses this module without the hub
+    from weights.hub import HubClient, RemoteFile, RemoteSnapshot
 
 
 @dataclass(frozen=True)

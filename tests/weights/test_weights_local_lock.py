@@ -151,3 +151,13 @@ def test_locked_minilm_packs_unpacks_verifies_signs_sizes_and_relocks_from_the_c
     assert relocked.repo_id == MINILM and relocked.commit == entry.commit
     assert [f.to_json() for f in relocked.files] == [f.to_json() for f in entry.files]
     assert relocked.origin is not None and relocked.origin.claimed_commit == entry.commit
+
+
+def test_lock_opens_no_socket_and_loads_no_hub_client(minilm_copy: Path, tmp_path: Path) -> None:
+    from tests.weights.test_weights_egress import _guarded
+
+    lock = tmp_path / "weights.lock"
+    out = _guarded(["lock", str(minilm_copy), "--repo-id", "site/minilm", "--lock", str(lock),
+                    "-q"])
+    assert out == {"code": 0, "events": [], "loaded": []}
+    assert Lockfile.load(lock).entry("site/minilm").origin is not None
