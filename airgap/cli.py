@@ -310,6 +310,11 @@ def main(argv: list[str] | None = None) -> int:
         with interruptible():
             rc = app(args=args, prog_name="airgap", standalone_mode=False)
     except Interrupted as exc:
+        if "--json" in args:
+            doc = {"ok": False, "interrupted": True, "signal": exc.name, "error": {
+                "code": "interrupted", "message": f"interrupted by {exc.name}"}}
+            out.print_json(json.dumps(doc))
+            sys.stdout.flush()
         err.print(f"error: interrupted by {exc.name}; partial output was removed",
                   markup=False, highlight=False)
         return die_by(exc.signum)

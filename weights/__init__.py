@@ -7,6 +7,7 @@ Public API (other packages import only these names)::
     sha256_file, git_blob_sha1, digest_file  digests as the Hub defines them
     hf_cache_paths, install_hf_cache         the Hugging Face cache layout
     WeightsError (+ subclasses, each with a stable ``code``)
+    Interrupted, interruptible, die_by       SIGINT/SIGTERM/SIGHUP -> cleanup -> exit 130/143
 
 Nothing here touches the network; only :mod:`weights.hub` (imported lazily by ``pin``/``pull``)
 talks to the configured hub endpoint.
@@ -28,6 +29,7 @@ from weights.errors import (
     LockfileError,
     WeightsError,
 )
+from weights.interrupt import Interrupted, die_by, interruptible
 from weights.lockfile import LockedFile, LockEntry, Lockfile, check_repo_path, is_commit_sha
 from weights.verify import Mismatch, VerifyReport, verify_tree
 
@@ -37,6 +39,7 @@ __all__ = [
     "EntryNotInLockError",
     "FileDigests",
     "HfCachePaths",
+    "Interrupted",
     "LockEntry",
     "LockedFile",
     "Lockfile",
@@ -45,10 +48,12 @@ __all__ = [
     "VerifyReport",
     "WeightsError",
     "check_repo_path",
+    "die_by",
     "digest_file",
     "git_blob_sha1",
     "hf_cache_paths",
     "install_hf_cache",
+    "interruptible",
     "is_commit_sha",
     "repo_folder_name",
     "resolve_model_dir",

@@ -1,9 +1,10 @@
 """``weights`` command line: pin, pull, verify, sign, size.
 
 Exit codes: 0 ok; 1 verification failed (digest or signature mismatch, missing/extra files,
-drift refused, model does not fit); 2 usage or I/O error. Only ``pin`` and ``pull`` (and
-``size REPO_ID``) use the network, and only towards ``--endpoint`` / ``HF_ENDPOINT``;
-:mod:`weights.hub` is imported lazily by those commands.
+drift refused, model does not fit); 2 usage or I/O error; interrupted by SIGINT/SIGTERM/SIGHUP:
+the process ends by that signal after cleaning up (a shell sees 130/143/129). Only ``pin``
+and ``pull`` (and ``size REPO_ID``) use the network, and only towards ``--endpoint`` /
+``HF_ENDPOINT``; :mod:`weights.hub` is imported lazily by those commands.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from weights.errors import (
     SignatureVerificationError,
     WeightsError,
 )
+from weights.interrupt import Interrupted, die_by, interruptible
 from weights.lockfile import LockEntry, Lockfile
 from weights.verify import VerifyReport
 
@@ -286,7 +288,10 @@ def main(argv: list[str] | None = None) -> int:
     if verbose:  # accepted in any position, like airgap's
         args = ["--verbose", *(a for a in args if a not in ("-v", "--verbose"))]
     try:
-        app(args=args, standalone_mode=False)
+        with interruptible():
+            app(args=args, standalone_mode=False)
+    except Interrupted as exc:
+        return _interrupted(exc, "--json" in args)
     except VerificationFailed:
         return 1
     except _VERIFY_FAILURES as exc:
@@ -319,6 +324,17 @@ def main(argv: list[str] | None = None) -> int:
 
 _BUG_HINT = "this is a bug: rerun with --verbose and report the traceback"
 _IO_HINT = "check the path, its permissions and the free space of its file system"
+
+
+def _interrupted(exc: Interrupted, as_json: bool) -> int:
+    """Say so in one line (and one JSON document with ``--json``), then die by the signal."""
+    message = (f"interrupted by {exc.name}; nothing half-written was made visible "
+               "(rerun to resume)")
+    if as_json:
+        print(dump_json({"ok": False, "interrupted": True, "signal": exc.name,
+                         "error": {"code": "interrupted", "message": message}}), flush=True)
+    _console().print(f"error [interrupted]: {message}", markup=False)
+    return die_by(exc.signum)
 
 
 def _report(exc: WeightsError, verbose: bool, code: str | None = None) -> None:
