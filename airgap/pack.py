@@ -25,6 +25,7 @@ from airgap import __version__, paths
 from airgap.bundle import (
     DEFAULT_PART_SIZE,
     INDEX_NAME,
+    MAX_PARTS,
     SIGNATURE_NAME,
     ContentFile,
     Index,
@@ -36,9 +37,6 @@ from airgap.space import require_free, writing
 from airgap.stream import Progress
 from weights import LockEntry, Lockfile, WeightsError, resolve_model_dir, sha256_file
 
-#: A bundle has at most this many parts: each is a file to copy, list and check; a smaller
-#: ``--part-size`` is almost certainly a unit mistake (bytes, not MiB).
-MAX_PARTS = 10_000
 #: Room kept for index.json and index.sig in the free-space check, in bytes.
 INDEX_ALLOWANCE = 1024**2
 

@@ -25,8 +25,10 @@ from weights.digests import FileDigests, digest_file, git_blob_sha1, sha256_file
 from weights.errors import (
     CacheLayoutError,
     DigestMismatchError,
+    EmptyModelError,
     EntryNotInLockError,
     LockfileError,
+    PathCollisionError,
     WeightsError,
 )
 from weights.interrupt import Interrupted, die_by, interruptible
@@ -36,6 +38,7 @@ from weights.verify import Mismatch, VerifyReport, verify_tree
 __all__ = [
     "CacheLayoutError",
     "DigestMismatchError",
+    "EmptyModelError",
     "EntryNotInLockError",
     "FileDigests",
     "HfCachePaths",
@@ -45,6 +48,7 @@ __all__ = [
     "Lockfile",
     "LockfileError",
     "Mismatch",
+    "PathCollisionError",
     "VerifyReport",
     "WeightsError",
     "check_repo_path",

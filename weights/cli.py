@@ -213,7 +213,8 @@ def verify(
     repo: Annotated[str | None, typer.Option("--repo", help="Repo id in the lock.")] = None,
     ignore: Annotated[list[str] | None, typer.Option("--ignore", help="Glob not extra.")] = None,
     signature: Annotated[Path | None, typer.Option("--signature", help="model.sig.")] = None,
-    public_key: Annotated[Path | None, typer.Option("--public-key", help="PEM key.")] = None,
+    public_key: Annotated[Path | None, typer.Option(
+        "--public-key", help="EC public key (PEM) of `weights keygen`.")] = None,
     identity: Annotated[str | None, typer.Option("--identity", help="Keyless signer.")] = None,
     identity_provider: Annotated[
         str | None, typer.Option("--identity-provider", help="OIDC issuer of --identity.")
@@ -347,8 +348,9 @@ def _report(exc: WeightsError, verbose: bool, code: str | None = None) -> None:
 
 
 def _register() -> None:
-    from weights.cli_extra import sign, size
+    from weights.cli_extra import keygen, sign, size
 
+    app.command()(keygen)
     app.command()(sign)
     app.command()(size)
 
