@@ -88,6 +88,7 @@ def check_key(path: Path, *, private: bool, password: str | None = None) -> None
         SigningError: Unreadable, not PEM, wrong password, or not one of ``SUPPORTED_KEYS``
             (an Ed25519 key from ``airgap keygen`` is named as such).
     """
+    from cryptography.exceptions import UnsupportedAlgorithm
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import ec
 
@@ -101,7 +102,7 @@ def check_key(path: Path, *, private: bool, password: str | None = None) -> None
             else serialization.load_pem_public_key(data))
     except TypeError as exc:  # password given for a plain key, or missing for an encrypted one
         raise SigningError(f"{path}: {exc}") from exc
-    except (ValueError, serialization.UnsupportedAlgorithm) as exc:
+    except (ValueError, UnsupportedAlgorithm) as exc:
         what = "private" if private else "public"
         raise SigningError(f"{path}: not a PEM {what} key (or wrong password); weights "
                            f"signing takes {SUPPORTED_KEYS}") from exc

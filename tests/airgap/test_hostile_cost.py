@@ -1,9 +1,9 @@
 """A hostile index costs little: refused before any part is read, with bounded output.
 
 Measured in a child process (``resource.getrusage`` of that process: peak RSS, and wall time
-around ``airgap verify`` only, after a warm-up call has done typer's lazy imports), on a shared 2-core machine; the bounds are
-generous so that a loaded machine does not make them flake, and the measured figures are
-printed (``pytest -s``) and recorded in docs/airgap.md.
+around ``airgap verify`` only, after a warm-up call has done typer's lazy imports), on a shared
+2-core machine; the bounds are generous so that a loaded machine does not make them flake, and
+the measured figures are printed (``pytest -s``) and recorded in docs/airgap.md.
 """
 
 from __future__ import annotations
