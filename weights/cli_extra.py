@@ -164,6 +164,10 @@ def size(
             table.add_row(f.name, _human(f.value, f.unit), f.source)
         console = _console()
         console.print(table)
+        for label, dt in (("weights dtype", report.weights_dtype),
+                          ("kv cache dtype", report.kv_dtype)):
+            if dt is not None:
+                console.print(f"{label}: {dt.name} ({dt.source})")
         if report.fits is not None:
             verdict = "fits" if report.fits else "does NOT fit"
             console.print(f"{verdict} on {gpus} GPU(s); smallest tensor-parallel degree that "
