@@ -144,6 +144,9 @@ def pull(
         dest = plain_dir_for(into, entry, len(entries) > 1) if into is not None else None
         with progress(entry.total_bytes, entry.repo_id, quiet) as advance:
             result = pull_entry(hub, entry, into=dest, cache=cache, progress=advance)
+        if result.resumed:  # even with --quiet: the operator should know a run was killed
+            console.print(f"{entry.repo_id}: resumed {result.resumed} file(s) left by an "
+                          "interrupted earlier run", markup=False)
         if not quiet:
             console.print(f"{entry.repo_id}@{entry.commit[:12]}: {len(result.downloaded)} "
                           f"downloaded, {len(result.reused)} already present -> {result.target}")
