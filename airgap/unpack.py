@@ -9,7 +9,10 @@ Plan -> stage -> commit:
    damaged blob of the same id is repaired instead). Every directory on the way must be a real
    directory, never a symlink.
 3. *stage*: blobs are streamed from the parts into a staging directory inside STORE (same file
-   system, so the final renames are atomic), hashed on the way and fsynced. A digest mismatch
+   system, so the final renames are atomic), hashed on the way and fsynced. The run holds a
+   ``flock`` on it; blobs staged by a killed earlier run (a ``.airgap-staging-*`` whose lock is
+   free) are hashed again and reused when they match, and its directory is removed
+   (:mod:`airgap.leftovers`). A digest mismatch
    deletes the staging directory and reports every bad blob: the store is untouched. Hashing
    the bytes actually installed (rather than verifying first and copying after) also closes
    the window in which media could change between a verify and a copy.
