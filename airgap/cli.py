@@ -162,8 +162,8 @@ def pack(
         report = pack_bundle(locked, source, bundle, signing_key, include_files=include,
                              part_size=part_size, force=force, compress=compress,
                              progress=progress)  # fmt: skip
-    for old in report.leftovers_removed:
-        err.print(f"removed {old}, left by an interrupted earlier pack", markup=False)
+    for leftover in report.leftovers_removed:
+        err.print(f"removed {leftover}, left by an interrupted earlier pack", markup=False)
     idx = report.index
     rate = idx.payload_size / max(report.seconds, 1e-9) / 1024**3
     out.print(
@@ -243,8 +243,8 @@ def unpack(
             "leftovers_removed": [str(p) for p in report.leftovers_removed],
         }))  # fmt: skip
         return
-    for old in report.leftovers_removed:
-        err.print(f"resumed from {old}, left by an interrupted earlier unpack "
+    for leftover in report.leftovers_removed:
+        err.print(f"resumed from {leftover}, left by an interrupted earlier unpack "
                   f"({report.resumed} blob(s) reused in all), then removed it", markup=False)
     for repo_id, where in report.locations.items():
         out.print(f"{repo_id} -> {where}")
