@@ -331,7 +331,7 @@ _IO_HINT = "check the path, its permissions and the free space of its file syste
 
 
 def _interrupted(exc: Interrupted, as_json: bool) -> int:
-    """Say so in one line (and one JSON document with ``--json``), then die by the signal."""
+    """Say so in one line (and one JSON document with ``--json``), then exit 128 + signal number."""
     message = (f"interrupted by {exc.name}; nothing half-written was made visible "
                "(rerun to resume)")
     if as_json:

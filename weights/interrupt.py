@@ -8,8 +8,8 @@ half-written bundle, staging directory or snapshot behind. Shared by the ``weigh
 ``airgap`` command lines (one implementation). Inside :func:`interruptible` these signals raise
 :class:`Interrupted` (a ``BaseException``, so no ``except Exception`` swallows it), every
 ``finally``/``except BaseException`` on the way removes its partial output, and the CLI then
-ends the process by the same signal (:func:`die_by`), so a calling shell or supervisor sees
-the usual status (130 for Ctrl-C, 143 for SIGTERM) and stops a loop as it would for any tool.
+exits with the usual status (:func:`die_by`: 130 for Ctrl-C, 143 for SIGTERM), so a calling
+shell, supervisor or ``subprocess`` never reads an interrupted command as a success.
 A signal that was ignored when we started stays ignored: ``nohup`` ignores SIGHUP, and a
 shell starts background jobs (``cmd &``) with SIGINT ignored, so a Ctrl-C typed at the
 terminal is not theirs. (Tests that send SIGINT to a child therefore reset the child's
@@ -18,7 +18,6 @@ disposition to the default before it starts.)
 
 from __future__ import annotations
 
-import os
 import signal
 import threading
 from collections.abc import Iterator
@@ -63,17 +62,16 @@ def interruptible() -> Iterator[None]:
 
 
 def die_by(signum: int) -> int:
-    """End the process by ``signum`` with its default action.
+    """The exit status of a command interrupted by ``signum``: ``128 + signum``.
 
-    Dying by the signal (rather than ``exit(130)``) is what lets a shell tell "the child was
-    interrupted" from "the child failed": ``$?`` is 128 + N (130 for SIGINT, 143 for SIGTERM)
-    either way, but bash stops a running loop or script only for a child that died by SIGINT
-    (https://www.cons.org/cracauer/sigint.html). A Python parent sees ``returncode == -N``.
+    130 for SIGINT, 143 for SIGTERM, 129 for SIGHUP: the shell convention for "stopped by a
+    signal", returned as an ordinary exit status so that every caller (a shell, ``subprocess``,
+    a CI runner) sees the same number. The caller returns it from ``main()``.
+
+    Args:
+        signum: The signal that interrupted the command.
 
     Returns:
-        128 + signum, should the process survive it (a signal whose default is not to
-        terminate); the caller returns it as the exit status.
+        ``128 + signum``.
     """
-    signal.signal(signum, signal.SIG_DFL)
-    os.kill(os.getpid(), signum)
     return 128 + signum

