@@ -34,15 +34,15 @@ def check_config(
     try:
         settings = load(file, os.environ)
         # The same assembly as `gateway serve` (without the process guard); no store is opened.
-        gateway = assemble(settings, file.parent)
+        assembled = assemble(settings, file.parent)
     except ConfigError as exc:
         if as_json:
             typer.echo(json.dumps({"ok": False, "file": str(file), "error": exc.message}))
         else:
             typer.echo(f"gateway: invalid config: {exc.message}", err=True)
         raise typer.Exit(1) from exc
-    policy = gateway.policy
-    telemetry = gateway.telemetry.settings if gateway.telemetry is not None else None
+    policy = assembled.policy
+    telemetry = assembled.telemetry.settings if assembled.telemetry is not None else None
     summary = {
         "ok": True,
         "file": str(file),

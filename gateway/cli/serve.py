@@ -40,7 +40,8 @@ def run(
         base: Directory of the config file (relative ``policy.file``).
 
     Raises:
-        ConfigError: Invalid policy, replica outside its destination, or guard self-test failed.
+        ConfigError: Invalid policy, replica outside its destination, guard self-test failed,
+            or any other section or TLS file invalid (see :func:`gateway.assembly.assemble`).
     """
     # Imported here so that `gateway keys` / `check-config` start fast.
     import uvicorn
@@ -48,10 +49,8 @@ def run(
     from gateway.app import create_app
     from gateway.assembly import assemble
     from gateway.egress import start_egress
-    from gateway.tls_files import check_tls_files
 
     configure_logging(settings.logging)
-    check_tls_files(settings)  # one config_error line naming the key, before anything starts
     egress = start_egress(settings, base)  # the process guard, before any other import
     if any(r.kind == "litellm" for m in settings.models for r in m.replicas):
         # Only when configured, and after the guard: its import-time egress is switched off.
