@@ -121,7 +121,7 @@ async def handle(state: GatewayState, scope: Scope, receive: Receive, send: Send
         if hooks.end_recorded:
             recorded = [gate(record) for gate in hooks.end_recorded]  # ask every gate
             if not all(recorded):
-                _log.error("withholding the end of response %s: it was not audited",
+                _log.error("withholding the end of response %s: its completion was not recorded",
                            record.request_id)
             await out.release(all(recorded))
 
