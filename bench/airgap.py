@@ -5,7 +5,7 @@ every command once as a child process (in one run, same data, warm page cache) a
 throughput in GiB/s, ratios, CPU cores used and each child's peak RSS (``ru_maxrss`` from
 ``wait4``). Everything generated is deleted afterwards.
 
-Targets (issue 6): verify >= 0.9 x the openssl rate per core used, faster than
+Targets: verify >= 0.9 x the openssl rate per core used, faster than
 ``model_signing verify``, peak memory < 200 MB whatever the bundle size. End to end, verify
 pays a fixed CPU cost (interpreter start-up, imports, the first typer parse) that the content
 check alone does not; the bench prints both, and the fixed part, so small sizes (the machine
