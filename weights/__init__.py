@@ -7,6 +7,7 @@ Public API (other packages import only these names)::
     sha256_file, git_blob_sha1, digest_file  digests as the Hub defines them
     hf_cache_paths, install_hf_cache         the Hugging Face cache layout
     WeightsError (+ subclasses, each with a stable ``code``)
+    Interrupted, interruptible, die_by       SIGINT/SIGTERM/SIGHUP -> cleanup -> exit 130/143
     SerialisationPolicy, check_format        refuse pickle-based files (weights.serialisation)
 
 Nothing here touches the network; only :mod:`weights.hub` (imported lazily by ``pin``/``pull``)
@@ -25,10 +26,13 @@ from weights.digests import FileDigests, digest_file, git_blob_sha1, sha256_file
 from weights.errors import (
     CacheLayoutError,
     DigestMismatchError,
+    EmptyModelError,
     EntryNotInLockError,
     LockfileError,
+    PathCollisionError,
     WeightsError,
 )
+from weights.interrupt import Interrupted, die_by, interruptible
 from weights.lockfile import LockedFile, LockEntry, Lockfile, check_repo_path, is_commit_sha
 from weights.serialisation import (
     ALLOW_SWITCH,
@@ -47,24 +51,29 @@ __all__ = [
     "SCANNER",
     "CacheLayoutError",
     "DigestMismatchError",
+    "EmptyModelError",
     "EntryNotInLockError",
     "FileDigests",
     "HfCachePaths",
+    "Interrupted",
     "LockEntry",
     "LockedFile",
     "Lockfile",
     "LockfileError",
     "Mismatch",
+    "PathCollisionError",
     "SerialisationPolicy",
     "UnsafeSerialisationError",
     "VerifyReport",
     "WeightsError",
     "check_format",
     "check_repo_path",
+    "die_by",
     "digest_file",
     "git_blob_sha1",
     "hf_cache_paths",
     "install_hf_cache",
+    "interruptible",
     "is_commit_sha",
     "named_as_pickle",
     "repo_folder_name",
