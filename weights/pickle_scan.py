@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import io
 import pickletools
+import warnings
 from dataclasses import dataclass
 from typing import Any, BinaryIO, cast
 
@@ -103,7 +104,7 @@ def _scan_one(fh: BinaryIO, found: set[str], findings: list[str]) -> None:
     stack: list[Any] = []
     memo: dict[int, Any] = {}
     try:
-        for op, arg, pos in pickletools.genops(fh):
+        for op, arg, pos in _quiet_genops(fh):
             name = op.name
             if name in ("GLOBAL", "INST"):
                 module, _, attr = str(arg).partition(" ")
@@ -134,6 +135,15 @@ def _scan_one(fh: BinaryIO, found: set[str], findings: list[str]) -> None:
     except ValueError as exc:  # genops: bad opcode, truncated argument, bad PUT...
         raise NotAPickle(str(exc)) from exc
     raise NotAPickle("stream ended before STOP")
+
+
+def _quiet_genops(fh: Any) -> Any:
+    """``pickletools.genops`` with its decoding warnings silenced: a ``STRING`` argument with
+    an invalid escape warns (DeprecationWarning) but is just bytes to a scanner, and arbitrary
+    data sniffed for pickles must not warn or, where warnings are errors, raise."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield from pickletools.genops(fh)
 
 
 def _apply_effect(op: pickletools.OpcodeInfo, stack: list[Any]) -> None:
@@ -231,7 +241,7 @@ def is_pickle(fh: BinaryIO, size: int) -> bool:
     capped = _Capped(fh, base + size)
     stack: list[Any] = []
     try:
-        for op, _arg, _pos in pickletools.genops(cast(Any, capped)):
+        for op, _arg, _pos in _quiet_genops(cast(Any, capped)):
             if op.name == "STOP":
                 return len(stack) == 1
             _apply_effect(op, stack)
