@@ -6,7 +6,14 @@ generates deterministic text, labels itself (``x-simulator: vllm-sim`` header, `
 
 * ``POST /sim/faults`` (body: ``FaultSpec``) installs a fault; ``GET /sim/faults`` shows it.
 * ``GET /sim/stats`` returns counters and the last inference request's headers and body.
-* ``POST /sim/reset`` clears counters and the fault.
+* ``POST /sim/reset`` clears counters and the fault (and, with a profile, the prefix cache).
+* ``POST /sim/prefix`` (body: a chat or completions request; needs a profile) answers
+  ``{"cached_tokens", "prompt_tokens"}``: what the prefix cache holds of that prompt now (the
+  oracle of ``bench/routing.py``).
+
+With ``SimConfig.profile`` the engine model of :mod:`vllm_sim.engine` paces generation
+(continuous batching, a waiting queue, a paged KV cache with prefix caching) and ``/metrics``
+reports its queue, KV usage and prefix-cache counters.
 
 vLLM endpoints: ``GET /v1/models``, ``POST /v1/chat/completions``, ``/v1/completions``,
 ``/v1/embeddings``, ``/tokenize``, ``/detokenize``, ``GET /health``, ``/metrics``, ``/version``.
@@ -20,12 +27,14 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Awaitable, Callable, Coroutine
+from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
 from vllm_sim import metrics
 from vllm_sim.config import FaultSpec, SimConfig
+from vllm_sim.engine import Engine, SeqHandle, block_hashes
 from vllm_sim.errors import (
     BadRequest,
     InvalidBody,
@@ -34,7 +43,9 @@ from vllm_sim.errors import (
     SimError,
     error_body,
 )
-from vllm_sim.inference import embed, generate, hang, until_disconnect
+from vllm_sim.inference import EnginePacer, embed, generate, hang, until_disconnect
+from vllm_sim.profiles import PerfProfile, get_profile, load_profile
+from vllm_sim.prompt import chat_text, completion_text, prompt_pieces
 from vllm_sim.protocol import (
     embedding_inputs,
     parse_chat,
@@ -45,9 +56,10 @@ from vllm_sim.protocol import (
 from vllm_sim.render import (
     dumps,
     models_response,
+    total_completion_tokens,
 )
 from vllm_sim.state import SimState
-from vllm_sim.tokens import message_text
+from vllm_sim.tokens import message_text, output_tokens
 from vllm_sim.wire import (
     Message,
     Receive,
@@ -69,11 +81,13 @@ class SimApp:
     Attributes:
         config: The immutable start-up configuration.
         state: Counters, the active fault and the tokenizer table of this app.
+        engine: The engine model when ``config.profile`` is set, else ``None``.
     """
 
     def __init__(self, config: SimConfig) -> None:
         self.config = config
         self.state = SimState()
+        self.engine = _engine(config)
         self.created = int(time.time())
         self._routes: dict[str, dict[str, Handler]] = {
             "/health": {"GET": self._health},
@@ -89,11 +103,12 @@ class SimApp:
             "/sim/faults": {"POST": self._set_fault, "GET": self._get_fault},
             "/sim/stats": {"GET": self._stats},
             "/sim/reset": {"POST": self._reset},
+            "/sim/prefix": {"POST": self._prefix},
         }
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
-            await _lifespan(receive, send)
+            await _lifespan(receive, send, self.engine)
             return
         if scope["type"] != "http":
             return
@@ -127,7 +142,8 @@ class SimApp:
         await send_body(send, 200, b'{"version":"vllm-sim"}')  # vLLM: its version string
 
     async def _metrics(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await send_body(send, 200, metrics.render(self.config, self.state), metrics.CONTENT_TYPE)
+        page = metrics.render(self.config, self.state, self.engine)
+        await send_body(send, 200, page, metrics.CONTENT_TYPE)
 
     async def _models(self, scope: Scope, receive: Receive, send: Send) -> None:
         fault = self.state.take_fault(scope["path"])
@@ -202,12 +218,51 @@ class SimApp:
         await send_body(send, 200, dumps(doc).encode())
 
     async def _stats(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await send_body(send, 200, dumps(self.state.stats()).encode())
+        doc = self.state.stats()
+        if self.engine is not None:
+            e = self.engine
+            doc["engine"] = {
+                "profile": e.profile.name,
+                "waiting": len(e.waiting),
+                "running": len(e.running),
+                "kv_blocks_used": e.cache.used,
+                "num_gpu_blocks": e.cache.num_blocks,
+                "prefix_cache_queries": e.queries_total,
+                "prefix_cache_hits": e.hits_total,
+                "steps": e.steps,
+            }
+        await send_body(send, 200, dumps(doc).encode())
 
     async def _reset(self, scope: Scope, receive: Receive, send: Send) -> None:
         await read_body(receive)
         self.state.reset()
+        if self.engine is not None:
+            self.engine.reset_cache()
         await send_body(send, 200, b'{"reset":true}')
+
+    async def _prefix(self, scope: Scope, receive: Receive, send: Send) -> None:
+        body = await _json_or_error(receive, send)
+        if body is None:
+            return
+        try:
+            if self.engine is None:
+                raise BadRequest("/sim/prefix needs a simulator profile", param="profile")
+            if isinstance(body.get("messages"), list):
+                text = chat_text(body)
+            elif "prompt" in body:
+                _, prompts = parse_completion(body, self.config)
+                text = completion_text(prompts)
+            else:
+                raise BadRequest("'prompt' or 'messages' is required", param="prompt")
+        except SimError as exc:
+            await send_body(send, exc.status, exc.body())
+            return
+        pieces = prompt_pieces(text)
+        hashes = block_hashes(pieces, self.engine.profile.block_size)
+        cached = self.engine.cached_tokens(hashes, len(pieces))
+        await send_body(
+            send, 200, dumps({"cached_tokens": cached, "prompt_tokens": len(pieces)}).encode()
+        )
 
     # -- inference -------------------------------------------------------------------------
 
@@ -260,11 +315,16 @@ class SimApp:
             return hang(), resolve_model(body, self.config)
         if path == "/v1/chat/completions":
             gen = parse_chat(body, self.config)
-            return generate(self.config, self.state, gen, None, False, send, fault), gen.model
+            pacer = self._pacer(gen, chat_text(body), lambda a: chat_text(body, a), 1)
+            work = generate(self.config, self.state, gen, None, False, send, fault, pacer)
+            return work, gen.model
         if path == "/v1/completions":
             gen, prompts = parse_completion(body, self.config)
             echo = bool(body.get("echo", False))
-            return generate(self.config, self.state, gen, prompts, echo, send, fault), gen.model
+            text = completion_text(prompts)
+            pacer = self._pacer(gen, text, lambda a: text + a, len(prompts))
+            work = generate(self.config, self.state, gen, prompts, echo, send, fault, pacer)
+            return work, gen.model
         model = resolve_model(body, self.config)
         inputs = embedding_inputs(body)
         fmt = body.get("encoding_format", "float")
@@ -279,6 +339,43 @@ class SimApp:
             )
         work = embed(self.config, self.state, model, inputs, fmt == "base64", send, fault)
         return work, model
+
+
+    def _pacer(
+        self, gen: Any, prompt: str, with_answer: Callable[[str], str], prompts: int
+    ) -> EnginePacer | None:
+        """The engine pacing of a generation request, or ``None`` without a profile."""
+        engine = self.engine
+        if engine is None:
+            return None
+        size = engine.profile.block_size
+        pieces = prompt_pieces(prompt)
+        answer = "".join(output_tokens(gen.completion_tokens))
+        seq = SeqHandle(
+            prompt_hashes=block_hashes(pieces, size),
+            prompt_tokens=max(len(pieces), 1),
+            output_tokens=max(total_completion_tokens(gen, prompts), 1),
+            final_hashes=block_hashes(prompt_pieces(with_answer(answer)), size),
+        )
+        return EnginePacer(engine, seq)
+
+
+def _engine(config: SimConfig) -> Engine | None:
+    """The engine model of ``config.profile`` (``None`` without one).
+
+    Raises:
+        ProfileError: Unknown profile name or invalid profile file.
+    """
+    if config.profile is None:
+        return None
+    profile: PerfProfile
+    if config.profile.endswith(".json"):
+        profile = load_profile(Path(config.profile))
+    else:
+        profile = get_profile(config.profile)
+    if config.num_gpu_blocks is not None:
+        profile = profile.model_copy(update={"num_gpu_blocks": config.num_gpu_blocks})
+    return Engine(profile, config.time_scale)
 
 
 def create_app(config: SimConfig | None = None) -> SimApp:
@@ -322,12 +419,14 @@ async def _send_fault_status(send: Send, fault: FaultSpec) -> None:
         await send_body(send, 500, body)
 
 
-async def _lifespan(receive: Receive, send: Send) -> None:
+async def _lifespan(receive: Receive, send: Send, engine: Engine | None) -> None:
     while True:
         message: Message = await receive()
         if message["type"] == "lifespan.startup":
             await send({"type": "lifespan.startup.complete"})
         elif message["type"] == "lifespan.shutdown":
+            if engine is not None:
+                await engine.close()
             await send({"type": "lifespan.shutdown.complete"})
             return
 
