@@ -224,9 +224,11 @@ async def _serve(
             + (f" (rule {decision.rule_id})." if decision.rule_id else "."),
             param="model",
         )
-    first = pool.pick(decision.candidates)
+    hint = pool.route_hint(parsed.values, scope["headers"])  # fleet-aware routing (issue 14)
+    first = pool.pick(decision.candidates, hint=hint)
     if first is None:
         raise NoHealthyReplica(f"No replica of '{model.name}' is available.")
+    record.route = hint.explain if hint is not None else None
     record.replica_url = first.url
     record.destination = first.destination
     record.region = first.region

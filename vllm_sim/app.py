@@ -142,6 +142,10 @@ class SimApp:
         await send_body(send, 200, b'{"version":"vllm-sim"}')  # vLLM: its version string
 
     async def _metrics(self, scope: Scope, receive: Receive, send: Send) -> None:
+        fault = self.state.take_fault(scope["path"])
+        if fault is not None and fault.mode in ("status_500", "status_429"):
+            await _send_fault_status(send, fault)
+            return
         page = metrics.render(self.config, self.state, self.engine)
         await send_body(send, 200, page, metrics.CONTENT_TYPE)
 
