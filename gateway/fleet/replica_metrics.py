@@ -235,7 +235,7 @@ SIGNAL_FIELDS: tuple[tuple[str, str, str], ...] = (
     ("waiting", "{request}", "Requests in the replica's waiting queue (last vLLM scrape)"),
     ("running", "{request}", "Requests in the replica's running batch (last vLLM scrape)"),
     ("kv_usage", "1", "KV-cache usage of the replica, 0..1 (last vLLM scrape)"),
-    ("signals_age_s", "s", "Age of the replica's last successful metrics scrape"),
+    ("signals_age", "s", "Age of the replica's last successful metrics scrape"),
     ("index_blocks", "{block}", "Prefix-index blocks held for the replica"),
 )
 """Per-replica signals exported on the admin port (field, unit, description)."""
@@ -258,7 +258,7 @@ def signal_rows(router: Router, now: float) -> list[tuple[Replica, dict[str, flo
                 "waiting": sig.waiting if sig else None,
                 "running": sig.running if sig else None,
                 "kv_usage": sig.kv_usage if sig else None,
-                "signals_age_s": now - sig.at if sig else None,
+                "signals_age": now - sig.at if sig else None,
                 "index_blocks": float(affinity.index.size(r.index)),
             }))
     return rows

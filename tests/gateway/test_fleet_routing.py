@@ -296,3 +296,34 @@ def test_a_failing_metrics_endpoint_never_fails_a_request(serve_asgi: Any) -> No
         assert httpx.post(gw + "/v1/chat/completions", json=body, headers=AUTH_A).is_success
     for rec in recorder.wait(3):
         assert rec.route and rec.route["waiting"] is None and rec.route["signals_age_s"] is None
+
+
+def test_admin_metrics_export_replica_signals_and_routing_outcomes() -> None:
+    from opentelemetry.sdk.resources import Resource
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from gateway.records import RequestRecord
+    from gateway.telemetry.metrics import GatewayMetrics
+    from gateway.telemetry.prometheus import PrometheusCollector
+
+    s = settings(["http://10.0.0.1:8000", "http://10.0.0.2:8000"])
+    model = s.models[0].model_copy(update={"strategy": "prefix_affinity"})
+    router = Router(s.model_copy(update={"models": [model, *s.models[1:]]}))
+    a, _ = router.pools["llama-3.1-8b"].replicas
+    a.observe(ReplicaSignals(at=time.monotonic(), waiting=2.0, running=3.0, kv_usage=0.5))
+    metrics = GatewayMetrics(Resource.create({"service.name": "t"}), router)
+    rec = RequestRecord(request_id="r", started_at=0.0, method="POST",
+                        path="/v1/chat/completions", canonical_model="llama-3.1-8b",
+                        status=200, outcome="ok",
+                        route={"reason": "prefix", "matched_blocks": 6, "prompt_blocks": 8})
+    metrics.record_request(rec)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(PrometheusCollector(metrics.set))
+    page = generate_latest(registry).decode()
+    assert re.search(r'sg_gateway_replica_waiting\{[^}]*http://10\.0\.0\.1:8000[^}]*\} 2\.0', page)
+    assert re.search(r'sg_gateway_replica_kv_usage_ratio\{[^}]*10\.0\.0\.1[^}]*\} 0\.5', page)
+    assert "sg_gateway_replica_signals_age_seconds" in page
+    assert not re.search(r'sg_gateway_replica_waiting\{[^}]*10\.0\.0\.2', page)  # never scraped
+    assert re.search(r'sg_gateway_routing_decisions_total\{[^}]*reason="prefix"[^}]*\} 1\.0',
+                     page)
+    assert re.search(r'sg_gateway_routing_matched_blocks_total\{[^}]*\} 6\.0', page)

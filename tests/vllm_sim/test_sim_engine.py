@@ -112,29 +112,30 @@ def test_requests_beyond_max_num_seqs_wait(start_sim: Any) -> None:
     ]
     for t in threads:
         t.start()
-    deadline = time.monotonic() + 10
-    seen: dict[str, Any] = {}
-    while time.monotonic() < deadline:
-        seen = sim.stats()["engine"]
-        if seen["running"] == 4 and seen["waiting"] == 2:
+    deadline = time.monotonic() + 20
+    page = ""
+    while time.monotonic() < deadline:  # the queue as /metrics reports it, one page at a time
+        page = httpx.get(f"{sim.url}/metrics").text
+        if (_metric(page, "vllm:num_requests_running"), _metric(page, "vllm:num_requests_waiting")
+                ) == (4.0, 2.0):
             break
         time.sleep(0.01)
-    page = httpx.get(f"{sim.url}/metrics").text
     for t in threads:
         t.join()
-    assert seen["running"] == 4 and seen["waiting"] == 2, seen
-    assert _metric(page, "vllm:num_requests_waiting") in (1.0, 2.0)
+    assert _metric(page, "vllm:num_requests_running") == 4.0
+    assert _metric(page, "vllm:num_requests_waiting") == 2.0
+    assert 0.0 < _metric(page, "vllm:kv_cache_usage_perc") <= 1.0
     assert sim.wait_stats(lambda s: s["completed"] == 6)["completed"] == 6
     assert sim.stats()["engine"]["kv_blocks_used"] == 0
 
 
 def test_prefill_time_follows_uncached_tokens(start_sim: Any, tmp_path: Path) -> None:
     slow = {**PROFILES["tiny-test"].model_dump(), "name": "slow-prefill",
-            "num_gpu_blocks": 256, "prefill_tokens_per_s": 1000.0}
+            "num_gpu_blocks": 256, "prefill_tokens_per_s": 200.0}
     path = tmp_path / "slow.json"
     path.write_text(json.dumps(slow))
     sim = start_sim(profile=str(path))
-    system = _words(600, "s")  # ~0.6 s of prefill when nothing is cached
+    system = _words(600, "s")  # ~3 s of prefill when nothing is cached
 
     def ttft(body: dict[str, Any]) -> float:
         t0 = time.monotonic()
@@ -147,5 +148,5 @@ def test_prefill_time_follows_uncached_tokens(start_sim: Any, tmp_path: Path) ->
 
     cold = ttft(_chat(system, "one"))
     warm = ttft(_chat(system, "two"))
-    assert cold >= 0.6
-    assert warm < cold / 2
+    assert cold >= 3.0
+    assert warm < cold / 2  # ~2 tokens to compute; the margin absorbs a loaded machine
