@@ -56,7 +56,14 @@ async def _scrape(client: httpx.AsyncClient, urls: list[str]) -> tuple[float, fl
     """Sum of the prefix-cache (hits, queries) counters over the replicas (new and old names)."""
     hits = queries = 0.0
     for url in urls:
-        page = (await client.get(f"{url}/metrics")).text
+        for attempt in range(5):  # a busy replica may drop a scrape: try again
+            try:
+                page = (await client.get(f"{url}/metrics")).text
+                break
+            except httpx.HTTPError:
+                if attempt == 4:
+                    raise
+                await asyncio.sleep(0.2)
         for line in page.splitlines():
             m = _COUNTER.match(line)
             if m:
@@ -94,9 +101,11 @@ class _Oracle(Target):
 
     async def pick(self, body: dict[str, Any]) -> str:
         probes = await asyncio.gather(
-            *(self.client.post(f"{u}/sim/prefix", json=body) for u in self.urls)
+            *(self.client.post(f"{u}/sim/prefix", json=body) for u in self.urls),
+            return_exceptions=True,
         )
-        cached = [p.json()["cached_tokens"] for p in probes]
+        cached = [p.json()["cached_tokens"] if isinstance(p, httpx.Response) else 0
+                  for p in probes]
         best = max(range(len(self.urls)), key=lambda i: (cached[i], -self.inflight[self.urls[i]]))
         url = self.urls[best]
         self.inflight[url] += 1
@@ -201,7 +210,9 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
         if args.vllm_router:
             for policy in args.vllm_router_policy:
                 rport = free_port()
+                # Its Prometheus exporter defaults to the fixed port 29000: give it a free one.
                 argv = [args.vllm_router, "--host", "127.0.0.1", "--port", str(rport),
+                        "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()),
                         "--policy", policy, "--worker-urls", *urls]
                 procs.append(Proc(f"vllm-router:{policy}", argv, rport, "/health"))
                 peers[f"vllm-router:{policy}"] = procs[-1].url

@@ -105,11 +105,16 @@ def build(workload: str, spec: WorkloadSpec, rate: float, seed: int) -> list[Tur
         times = _arrivals(n, rate, rng)
         turns: list[Turn] = []
         system = _words(spec.user_system_tokens, "sys")
-        for i, t in enumerate(times):
-            r, u = divmod(i, spec.users)
+        last: dict[int, int] = {}
+        # Users take their turns in a new random order every round, so that no strategy is
+        # favoured by a fixed arrival order (round robin would pin user u to replica u mod n).
+        order = [u for _ in range(spec.rounds) for u in rng.sample(range(spec.users), spec.users)]
+        for i, (t, u) in enumerate(zip(times, order, strict=True)):
+            r = i // spec.users
             question = {"role": "user", "content": _words(spec.turn_tokens, f"u{u}r{r}q")}
             msgs = [{"role": "system", "content": system}, question]
-            turns.append(Turn(t, msgs, user=f"user-{u}", after=i - spec.users if r else None))
+            turns.append(Turn(t, msgs, user=f"user-{u}", after=last.get(u)))
+            last[u] = i
         return turns
     if workload == "random":
         times = _arrivals(spec.random_requests, rate, rng)

@@ -8,7 +8,7 @@ is not indexed (vLLM caches full blocks only).
 
 :class:`PrefixIndex` keeps, per replica, an LRU of block hashes sized from that replica's KV
 capacity, and one map ``hash -> bitmask of replicas`` so that matching a prompt against every
-replica is one dictionary lookup per block, not one per block and replica.
+replica is a binary search over its blocks per replica holding its first block.
 """
 
 from __future__ import annotations
@@ -124,26 +124,28 @@ class PrefixIndex:
     def match(self, hashes: Sequence[int], replicas: int) -> list[int]:
         """Leading blocks of ``hashes`` indexed for each replica ``0 .. replicas - 1``.
 
-        One dictionary lookup per block: the bitmask of replicas still matching shrinks until it
-        is empty or the prompt ends.
+        Only replicas holding the first block can match. For each of them a binary search finds
+        the deepest block it holds: a chained hash stands for its whole prefix, and the index
+        evicts a prefix tail first, so holding block *i* means holding blocks ``0 .. i``. That
+        is about ``log2(len(hashes))`` dictionary lookups per holding replica.
         """
         counts = [0] * replicas
-        alive = (1 << replicas) - 1
+        n = len(hashes)
+        if not n:
+            return counts
         owners = self._owners
-        for i, h in enumerate(hashes):
-            now = owners.get(h, 0) & alive
-            gone = alive & ~now
-            while gone:
-                low = gone & -gone
-                counts[low.bit_length() - 1] = i
-                gone ^= low
-            alive = now
-            if not alive:
-                return counts
-        while alive:
-            low = alive & -alive
-            counts[low.bit_length() - 1] = len(hashes)
-            alive ^= low
+        holders = owners.get(hashes[0], 0) & ((1 << replicas) - 1)
+        while holders:
+            bit = holders & -holders
+            holders ^= bit
+            lo, hi = 1, n  # block lo - 1 is held; find the largest such lo
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if owners.get(hashes[mid - 1], 0) & bit:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            counts[bit.bit_length() - 1] = lo
         return counts
 
     def insert(self, replica: int, hashes: Sequence[int]) -> None:
@@ -153,15 +155,19 @@ class PrefixIndex:
         a request's blocks in reverse order.
         """
         lru = self._lru[replica]
+        touch = lru.move_to_end
         bit = 1 << replica
         owners = self._owners
+        added = False
         for h in reversed(hashes):
-            if h in lru:
-                lru.move_to_end(h)
-            else:
+            try:
+                touch(h)  # the common case: the block is indexed already (one lookup)
+            except KeyError:
                 lru[h] = None
                 owners[h] = owners.get(h, 0) | bit
-        self._trim(replica)
+                added = True
+        if added:
+            self._trim(replica)
 
     def clear(self, replica: int) -> None:
         """Forget everything indexed for ``replica`` (it restarted or its cache was reset)."""
