@@ -327,3 +327,31 @@ def test_admin_metrics_export_replica_signals_and_routing_outcomes() -> None:
     assert re.search(r'sg_gateway_routing_decisions_total\{[^}]*reason="prefix"[^}]*\} 1\.0',
                      page)
     assert re.search(r'sg_gateway_routing_matched_blocks_total\{[^}]*\} 6\.0', page)
+
+
+def test_token_blocks_with_a_configured_tokenizer(tmp_path: Any) -> None:
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import Whitespace
+
+    vocab = {"[UNK]": 0, **{f"w{i}": i + 1 for i in range(64)}}
+    tok = Tokenizer(WordLevel(vocab, unk_token="[UNK]"))  # noqa: S106 - not a secret
+    tok.pre_tokenizer = Whitespace()
+    path = tmp_path / "tokenizer.json"
+    tok.save(str(path))
+    p = _pool(2, Clock(), tokenizer_file=path, block_tokens=4)
+    body = {"prompt": " ".join(f"w{i}" for i in range(10))}
+    hint = p.route_hint(body, ())
+    assert hint is not None and len(hint.hashes) == 2  # 10 tokens: two full blocks of 4
+    r, _ = _route(p, body)
+    again, why = _route(p, {"prompt": " ".join(f"w{i}" for i in range(9)) + " w63"})
+    assert again is r and why["matched_blocks"] == 2
+
+
+def test_unloadable_tokenizer_is_named(tmp_path: Any) -> None:
+    import pytest
+
+    bad = tmp_path / "tok.json"
+    bad.write_text("{not json")
+    with pytest.raises(ValueError, match=r"routing\.tokenizer_file .*tok\.json: cannot load"):
+        _pool(1, Clock(), tokenizer_file=bad)
