@@ -8,10 +8,12 @@ For each candidate replica *r* (already filtered by the egress policy and health
   in-flight count when the scrape is missing or older than ``metrics_stale_s``;
 * ``kv_r`` = scraped KV-cache usage (0 when unknown);
 
-``score_r = w_prefix * match_r - w_load * load_r / (1 + mean load) - w_kv * kv_r``; the highest
-score wins, ties go to the fewest outstanding requests, then in turn. **Imbalance guard**: when
-the winner's load exceeds the least loaded candidate's by ``imbalance_abs`` and is more than
-``imbalance_ratio x (least + 1)``, the least loaded candidate is chosen instead.
+``score_r = w_prefix * match_r - w_load * load_r / (1 + mean load) - w_kv * kv_r`` (the KV term
+only when some candidate holds part of the prompt: with nothing to share the decision is by load
+alone); the highest score wins, ties go to the fewest outstanding requests, then in turn.
+**Imbalance guard**: when the winner's load exceeds the least loaded candidate's by
+``imbalance_abs`` and is more than ``imbalance_ratio x (least + 1)``, the least loaded candidate
+is chosen instead.
 
 **Session affinity** (option): a request with an ``x-session-id`` header or a body ``user`` goes
 to the first replica clockwise from the session's point on a consistent-hash ring (64 virtual
@@ -126,13 +128,16 @@ class PrefixAffinity:
         matched = self.index.match(hint.hashes, self.replicas) if total else [0] * self.replicas
         w = self.settings.weights
         mean = sum(loads) / n
+        # Nothing of the prompt is indexed anywhere: decide on load alone (no KV term), so that
+        # affinity costs nothing when there is nothing to share.
+        w_kv = w.kv if any(matched[r.index] for r in candidates) else 0.0
         best = 0
         best_key: tuple[float, int, int] | None = None
         for i, r in enumerate(candidates):
             frac = matched[r.index] / total if total else 0.0
             sig = r.signals
-            kv = sig.kv_usage if sig is not None and sig.kv_usage is not None else 0.0
-            score = w.prefix * frac - w.load * loads[i] / (1.0 + mean) - w.kv * kv
+            kv = sig.kv_usage if w_kv and sig is not None and sig.kv_usage is not None else 0.0
+            score = w.prefix * frac - w.load * loads[i] / (1.0 + mean) - w_kv * kv
             key = (score, -r.outstanding, -((i - self._turn) % n))
             if best_key is None or key > best_key:
                 best, best_key = i, key
