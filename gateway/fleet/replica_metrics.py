@@ -184,9 +184,17 @@ class MetricsScraper:
         self.rounds = 0
 
     def replicas(self) -> list[Replica]:
-        """The replicas whose pool uses a strategy that reads signals."""
+        """The vLLM replicas whose pool uses a strategy that reads signals.
+
+        ``litellm`` replicas are never scraped: their URL is a provider's API, which has no
+        vLLM metrics and must not be contacted for anything but requests.
+        """
         return [
-            r for pool in self._router.pools.values() if pool.wants_signals for r in pool.replicas
+            r
+            for pool in self._router.pools.values()
+            if pool.wants_signals
+            for r in pool.replicas
+            if r.kind == "vllm"
         ]
 
     @property

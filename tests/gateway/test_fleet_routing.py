@@ -355,3 +355,19 @@ def test_unloadable_tokenizer_is_named(tmp_path: Any) -> None:
     bad.write_text("{not json")
     with pytest.raises(ValueError, match=r"routing\.tokenizer_file .*tok\.json: cannot load"):
         _pool(1, Clock(), tokenizer_file=bad)
+
+
+def test_only_vllm_replicas_of_prefix_affinity_pools_are_scraped() -> None:
+    from gateway.fleet import MetricsScraper
+
+    s = settings(["http://10.0.0.1:8000", "http://10.0.0.2:8000"])
+    first = s.models[0]
+    reps = [first.replicas[0],
+            first.replicas[1].model_copy(update={"kind": "litellm", "litellm_model": "x/y"})]
+    pa = first.model_copy(update={"strategy": "prefix_affinity", "replicas": reps})
+    router = Router(s.model_copy(update={"models": [pa, *s.models[1:]]}))
+    scraper = MetricsScraper(router, session=None, settings=s.routing)  # type: ignore[arg-type]
+    assert [r.url for r in scraper.replicas()] == ["http://10.0.0.1:8000"]  # not litellm, not LO
+    assert scraper.needed
+    plain = Router(s)
+    assert not MetricsScraper(plain, None, s.routing).needed  # type: ignore[arg-type]
