@@ -27,14 +27,13 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Awaitable, Callable, Coroutine
-from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
-from vllm_sim import metrics
+from vllm_sim import metrics, perf
 from vllm_sim.config import FaultSpec, SimConfig
-from vllm_sim.engine import Engine, SeqHandle, block_hashes
+from vllm_sim.engine import Engine
 from vllm_sim.errors import (
     BadRequest,
     InvalidBody,
@@ -43,9 +42,8 @@ from vllm_sim.errors import (
     SimError,
     error_body,
 )
-from vllm_sim.inference import EnginePacer, embed, generate, hang, until_disconnect
-from vllm_sim.profiles import PerfProfile, get_profile, load_profile
-from vllm_sim.prompt import chat_text, completion_text, prompt_pieces
+from vllm_sim.inference import embed, generate, hang, until_disconnect
+from vllm_sim.prompt import chat_text, completion_text
 from vllm_sim.protocol import (
     embedding_inputs,
     parse_chat,
@@ -56,10 +54,9 @@ from vllm_sim.protocol import (
 from vllm_sim.render import (
     dumps,
     models_response,
-    total_completion_tokens,
 )
 from vllm_sim.state import SimState
-from vllm_sim.tokens import message_text, output_tokens
+from vllm_sim.tokens import message_text
 from vllm_sim.wire import (
     Message,
     Receive,
@@ -87,7 +84,7 @@ class SimApp:
     def __init__(self, config: SimConfig) -> None:
         self.config = config
         self.state = SimState()
-        self.engine = _engine(config)
+        self.engine = perf.engine_for(config)
         self.created = int(time.time())
         self._routes: dict[str, dict[str, Handler]] = {
             "/health": {"GET": self._health},
@@ -224,17 +221,7 @@ class SimApp:
     async def _stats(self, scope: Scope, receive: Receive, send: Send) -> None:
         doc = self.state.stats()
         if self.engine is not None:
-            e = self.engine
-            doc["engine"] = {
-                "profile": e.profile.name,
-                "waiting": len(e.waiting),
-                "running": len(e.running),
-                "kv_blocks_used": e.cache.used,
-                "num_gpu_blocks": e.cache.num_blocks,
-                "prefix_cache_queries": e.queries_total,
-                "prefix_cache_hits": e.hits_total,
-                "steps": e.steps,
-            }
+            doc["engine"] = perf.engine_stats(self.engine)
         await send_body(send, 200, dumps(doc).encode())
 
     async def _reset(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -249,24 +236,11 @@ class SimApp:
         if body is None:
             return
         try:
-            if self.engine is None:
-                raise BadRequest("/sim/prefix needs a simulator profile", param="profile")
-            if isinstance(body.get("messages"), list):
-                text = chat_text(body)
-            elif "prompt" in body:
-                _, prompts = parse_completion(body, self.config)
-                text = completion_text(prompts)
-            else:
-                raise BadRequest("'prompt' or 'messages' is required", param="prompt")
+            doc = perf.prefix_probe(self.engine, body, self.config)
         except SimError as exc:
             await send_body(send, exc.status, exc.body())
             return
-        pieces = prompt_pieces(text)
-        hashes = block_hashes(pieces, self.engine.profile.block_size)
-        cached = self.engine.cached_tokens(hashes, len(pieces))
-        await send_body(
-            send, 200, dumps({"cached_tokens": cached, "prompt_tokens": len(pieces)}).encode()
-        )
+        await send_body(send, 200, dumps(doc).encode())
 
     # -- inference -------------------------------------------------------------------------
 
@@ -319,14 +293,15 @@ class SimApp:
             return hang(), resolve_model(body, self.config)
         if path == "/v1/chat/completions":
             gen = parse_chat(body, self.config)
-            pacer = self._pacer(gen, chat_text(body), lambda a: chat_text(body, a), 1)
+            prompt = chat_text(body)
+            pacer = perf.pacer(self.engine, gen, prompt, lambda a: chat_text(body, a), 1)
             work = generate(self.config, self.state, gen, None, False, send, fault, pacer)
             return work, gen.model
         if path == "/v1/completions":
             gen, prompts = parse_completion(body, self.config)
             echo = bool(body.get("echo", False))
             text = completion_text(prompts)
-            pacer = self._pacer(gen, text, lambda a: text + a, len(prompts))
+            pacer = perf.pacer(self.engine, gen, text, lambda a: text + a, len(prompts))
             work = generate(self.config, self.state, gen, prompts, echo, send, fault, pacer)
             return work, gen.model
         model = resolve_model(body, self.config)
@@ -343,43 +318,6 @@ class SimApp:
             )
         work = embed(self.config, self.state, model, inputs, fmt == "base64", send, fault)
         return work, model
-
-
-    def _pacer(
-        self, gen: Any, prompt: str, with_answer: Callable[[str], str], prompts: int
-    ) -> EnginePacer | None:
-        """The engine pacing of a generation request, or ``None`` without a profile."""
-        engine = self.engine
-        if engine is None:
-            return None
-        size = engine.profile.block_size
-        pieces = prompt_pieces(prompt)
-        answer = "".join(output_tokens(gen.completion_tokens))
-        seq = SeqHandle(
-            prompt_hashes=block_hashes(pieces, size),
-            prompt_tokens=max(len(pieces), 1),
-            output_tokens=max(total_completion_tokens(gen, prompts), 1),
-            final_hashes=block_hashes(prompt_pieces(with_answer(answer)), size),
-        )
-        return EnginePacer(engine, seq)
-
-
-def _engine(config: SimConfig) -> Engine | None:
-    """The engine model of ``config.profile`` (``None`` without one).
-
-    Raises:
-        ProfileError: Unknown profile name or invalid profile file.
-    """
-    if config.profile is None:
-        return None
-    profile: PerfProfile
-    if config.profile.endswith(".json"):
-        profile = load_profile(Path(config.profile))
-    else:
-        profile = get_profile(config.profile)
-    if config.num_gpu_blocks is not None:
-        profile = profile.model_copy(update={"num_gpu_blocks": config.num_gpu_blocks})
-    return Engine(profile, config.time_scale)
 
 
 def create_app(config: SimConfig | None = None) -> SimApp:
