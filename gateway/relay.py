@@ -242,7 +242,7 @@ async def _serve(
             + (f" (rule {decision.rule_id})." if decision.rule_id else "."),
             param="model",
         )
-    hint = pool.route_hint(parsed.values, scope["headers"])  # prefix/session affinity input (gateway.fleet)
+    hint = pool.route_hint(parsed.values, scope["headers"])  # affinity input (gateway.fleet)
     first = pool.pick(decision.candidates, hint=hint)
     if first is None:
         raise NoHealthyReplica(f"No replica of '{model.name}' is available.")
