@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 import aiohttp
 
 from gateway.fleet.settings import RoutingSettings
+from gateway.periodic import Periodic
 
 if TYPE_CHECKING:
     from gateway.routing import Replica, Router
@@ -159,7 +160,7 @@ async def scrape(
     return parse_metrics(text, time.monotonic())
 
 
-class MetricsScraper:
+class MetricsScraper(Periodic):
     """Scrapes the replicas of ``prefix_affinity`` pools every ``metrics_interval_s`` seconds.
 
     Args:
@@ -180,7 +181,8 @@ class MetricsScraper:
         self._session = session
         self._settings = settings
         self._ssl = ssl
-        self._task: asyncio.Task[None] | None = None
+        self.interval_s = settings.metrics_interval_s
+        self.round_name = "replica metrics round"
         self.rounds = 0
 
     def replicas(self) -> list[Replica]:
@@ -217,26 +219,6 @@ class MetricsScraper:
             for r in group:
                 r.observe(signals)
         self.rounds += 1
-
-    async def _loop(self) -> None:
-        while True:
-            try:
-                await self.run_once()
-            except Exception:
-                _log.exception("replica metrics round failed")
-            await asyncio.sleep(self._settings.metrics_interval_s)
-
-    def start(self) -> None:
-        """Start the background loop (inside the running event loop)."""
-        self._task = asyncio.get_running_loop().create_task(self._loop())
-
-    async def stop(self) -> None:
-        """Stop the loop and wait for it."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
 
 
 SIGNAL_FIELDS: tuple[tuple[str, str, str], ...] = (
