@@ -116,7 +116,7 @@ def build_bom(lock: Lockfile, formats: dict[tuple[str, str], str], created_at: s
               properties=[Property(name=f"{_NS}:packer", value=tool)])
     bom.metadata.timestamp = datetime.strptime(created_at, "%Y-%m-%dT%H:%M:%SZ").replace(
         tzinfo=UTC)
-    text = JsonV1Dot6(bom).output_as_string(indent=2)
+    text: str = str(JsonV1Dot6(bom).output_as_string(indent=2))
     return (text + "\n").encode("utf-8")
 
 
