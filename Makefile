@@ -55,7 +55,15 @@ $(CHECKOV): $(UV) tools/checkov-requirements.txt
 	  -r tools/checkov-requirements.txt
 	touch $(CHECKOV)
 
-tools: install $(KUBE_STAMP) $(CHECKOV)
+# @realparts: Debian's prometheus/promtool (the dashboard queries run against a real Prometheus)
+# and wrk (bench-loadtool), installed only when the binary is missing; services are not started.
+DEBIAN_TOOLS := prometheus:prometheus promtool:prometheus wrk:wrk
+
+.PHONY: debian-tools
+debian-tools:
+	tools/install_debian_tools.sh $(DEBIAN_TOOLS)
+
+tools: install $(KUBE_STAMP) $(CHECKOV) debian-tools
 
 run: install
 	$(PY) -m gateway.demo
