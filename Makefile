@@ -119,5 +119,11 @@ bench-quotas: install
 bench-policy-telemetry: install
 	$(PY) bench/policy_telemetry.py --skip memory
 
+# @realparts: wrk (Debian) and bench/relay_load.py drive the same gateway; both rates and their
+# ratio, agreement within the noise (~40 s; exit 1 when they disagree).
+.PHONY: bench-loadtool
+bench-loadtool: install debian-tools
+	$(PY) bench/loadtool_check.py
+
 clean:
 	rm -rf $(VENV) $(TOOLS) .cache
