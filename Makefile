@@ -92,6 +92,28 @@ test-vllm: install vllm-env $(TINY_MODEL)/config.json
 	$(PY) tests/integration/run_vllm.py --vllm-python $(VLLM_PY) --model $(TINY_MODEL) \
 		-- -q -m vllm tests/integration
 
+# @realparts: opt-in conformance against a second engine, llama.cpp's server
+# (llama-cpp-python[server], compiled from source: ~5 min on an idle 2-core machine, ~25 min
+# with other builds running; ~100 MB in its own venv), serving a tiny random GGUF Llama made
+# locally (tests/integration/make_tiny_gguf.py), on loopback. Not in CI.
+LLAMACPP_VENV ?= $(TOOLS)/llamacpp-venv
+LLAMACPP_PY   := $(LLAMACPP_VENV)/bin/python
+TINY_GGUF     := .cache/tiny-llama.gguf
+
+$(LLAMACPP_VENV)/.installed:
+	$(PYTHON) -m venv $(LLAMACPP_VENV)
+	CMAKE_ARGS="-DLLAVA_BUILD=OFF" $(LLAMACPP_PY) -m pip install --quiet \
+	  "llama-cpp-python[server]==0.3.36" "gguf==0.19.0"
+	touch $@
+
+$(TINY_GGUF): tests/integration/make_tiny_gguf.py $(LLAMACPP_VENV)/.installed
+	$(LLAMACPP_PY) tests/integration/make_tiny_gguf.py $@
+
+.PHONY: test-llamacpp
+test-llamacpp: install $(LLAMACPP_VENV)/.installed $(TINY_GGUF)
+	$(PY) tests/integration/run_llamacpp.py --llamacpp-python $(LLAMACPP_PY) --model $(TINY_GGUF) \
+		-- -q -m llamacpp tests/integration/test_llamacpp_conformance.py
+
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
