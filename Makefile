@@ -93,16 +93,16 @@ test-vllm: install vllm-env $(TINY_MODEL)/config.json
 		-- -q -m vllm tests/integration
 
 # @realparts: opt-in conformance against a second engine, llama.cpp's server
-# (llama-cpp-python[server], compiled from source: ~5 min on an idle 2-core machine, ~25 min
-# with other builds running; ~100 MB in its own venv), serving a tiny random GGUF Llama made
-# locally (tests/integration/make_tiny_gguf.py), on loopback. Not in CI.
+# (llama-cpp-python[server] compiled from source, 2 jobs: ~48 min on the shared 2-core machine
+# at load 12, a few minutes when idle; 180 MB venv), serving a tiny random GGUF Llama made
+# locally (tests/integration/make_tiny_gguf.py, 1.6 MB), on loopback. Not in CI.
 LLAMACPP_VENV ?= $(TOOLS)/llamacpp-venv
 LLAMACPP_PY   := $(LLAMACPP_VENV)/bin/python
 TINY_GGUF     := .cache/tiny-llama.gguf
 
 $(LLAMACPP_VENV)/.installed:
 	$(PYTHON) -m venv $(LLAMACPP_VENV)
-	CMAKE_ARGS="-DLLAVA_BUILD=OFF" $(LLAMACPP_PY) -m pip install --quiet \
+	CMAKE_BUILD_PARALLEL_LEVEL=2 CMAKE_ARGS="-DLLAVA_BUILD=OFF" $(LLAMACPP_PY) -m pip install --quiet \
 	  "llama-cpp-python[server]==0.3.36" "gguf==0.19.0"
 	touch $@
 
