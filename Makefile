@@ -112,5 +112,29 @@ bench-quotas: install
 bench-policy-telemetry: install
 	$(PY) bench/policy_telemetry.py --skip memory
 
+# @calibrate: a measured simulator profile (docs/simulator.md "Calibrating a profile"). Torch is
+# not a project dependency: the CPU wheel goes into its own venv (pip finds it in the machine's
+# --find-links folder /opt/wheels; its pure-Python dependencies come from PyPI, ~2.5 min), so it
+# is not part of `tools` and tests/vllm_sim/test_calibrate_sim.py skips without it.
+TORCH_VENV    := $(TOOLS)/torch-venv
+TORCH_PY      := $(TORCH_VENV)/bin/python
+TORCH_VERSION := 2.13.0
+SHAPE         ?= tiny
+PROFILE_OUT   ?= .cache/profile-$(SHAPE).json
+
+$(TORCH_VENV)/.installed:
+	$(PYTHON) -m venv $(TORCH_VENV)
+	$(TORCH_PY) -m pip install --quiet --only-binary=:all: torch==$(TORCH_VERSION)
+	$(TORCH_PY) -c "import torch; assert torch.__version__.startswith('$(TORCH_VERSION)')"
+	touch $@
+
+.PHONY: torch-env calibrate-sim
+torch-env: $(TORCH_VENV)/.installed
+
+calibrate-sim: $(TORCH_VENV)/.installed
+	mkdir -p $(dir $(PROFILE_OUT))
+	$(TORCH_PY) bench/calibrate_sim.py --shape $(SHAPE) --out $(PROFILE_OUT) \
+	  $(if $(KV_CACHE_GIB),--kv-cache-gib $(KV_CACHE_GIB)) $(CALIBRATE_ARGS)
+
 clean:
 	rm -rf $(VENV) $(TOOLS) .cache
