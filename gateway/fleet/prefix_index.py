@@ -7,8 +7,9 @@ prefix up to the end of its block, as in vLLM's automatic prefix caching. A part
 is not indexed (vLLM caches full blocks only).
 
 :class:`PrefixIndex` keeps, per replica, an LRU of block hashes sized from that replica's KV
-capacity, and one map ``hash -> bitmask of replicas`` so that matching a prompt against every
-replica is a binary search over its blocks per replica holding its first block.
+capacity, and one map ``hash -> bitmask of replicas`` (kept consistent with the LRUs on every
+insert and eviction) so that matching a prompt against every replica is one binary search over
+its blocks shared by all replicas holding its first block.
 """
 
 from __future__ import annotations
@@ -124,10 +125,14 @@ class PrefixIndex:
     def match(self, hashes: Sequence[int], replicas: int) -> list[int]:
         """Leading blocks of ``hashes`` indexed for each replica ``0 .. replicas - 1``.
 
-        Only replicas holding the first block can match. For each of them a binary search finds
-        the deepest block it holds: a chained hash stands for its whole prefix, and the index
-        evicts a prefix tail first, so holding block *i* means holding blocks ``0 .. i``. That
-        is about ``log2(len(hashes))`` dictionary lookups per holding replica.
+        Only replicas holding the first block can match. A chained hash stands for its whole
+        prefix, and the index evicts a prefix tail first, so holding block *i* means holding
+        blocks ``0 .. i``: the deepest block held is found by binary search. The search runs
+        once for all replicas: each probe ``owners[hash] & mask`` splits the replicas still in an
+        interval into those holding the probed block (deeper half) and the others (shallower
+        half), so replicas that hold the same prefix share every probe. That is about
+        ``log2(len(hashes))`` dictionary lookups per distinct matched depth, not per replica;
+        each replica's probes are the ones of its own binary search, so the result is the same.
         """
         counts = [0] * replicas
         n = len(hashes)
@@ -135,17 +140,24 @@ class PrefixIndex:
             return counts
         owners = self._owners
         holders = owners.get(hashes[0], 0) & ((1 << replicas) - 1)
-        while holders:
-            bit = holders & -holders
-            holders ^= bit
-            lo, hi = 1, n  # block lo - 1 is held; find the largest such lo
-            while lo < hi:
-                mid = (lo + hi + 1) // 2
-                if owners.get(hashes[mid - 1], 0) & bit:
-                    lo = mid
-                else:
-                    hi = mid - 1
-            counts[bit.bit_length() - 1] = lo
+        if not holders:
+            return counts
+        # (lo, hi, mask): each replica in mask holds block lo - 1 and no block past hi - 1.
+        todo = [(1, n, holders)]
+        while todo:
+            lo, hi, mask = todo.pop()
+            if lo == hi:
+                while mask:
+                    bit = mask & -mask
+                    mask ^= bit
+                    counts[bit.bit_length() - 1] = lo
+                continue
+            mid = (lo + hi + 1) // 2
+            deeper = owners.get(hashes[mid - 1], 0) & mask
+            if deeper:
+                todo.append((mid, hi, deeper))
+            if deeper != mask:
+                todo.append((lo, mid - 1, mask & ~deeper))
         return counts
 
     def insert(self, replica: int, hashes: Sequence[int]) -> None:
