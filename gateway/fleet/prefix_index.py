@@ -108,6 +108,8 @@ class PrefixIndex:
         self._lru: list[OrderedDict[int, None]] = [OrderedDict() for _ in range(replicas)]
         self._cap = [capacity] * replicas
         self._owners: dict[int, int] = {}
+        # Per replica, the prompt of its last insert while nothing else changed its LRU since.
+        self._last: list[list[int] | None] = [None] * replicas
 
     def size(self, replica: int) -> int:
         """Blocks indexed for ``replica``."""
@@ -120,6 +122,7 @@ class PrefixIndex:
     def set_capacity(self, replica: int, capacity: int) -> None:
         """Resize ``replica``'s LRU (from its KV capacity); evicts at once when it shrinks."""
         self._cap[replica] = max(1, capacity)
+        self._last[replica] = None
         self._trim(replica)
 
     def match(self, hashes: Sequence[int], replicas: int) -> list[int]:
@@ -165,7 +168,17 @@ class PrefixIndex:
 
         The tail is touched first so that the head of a prefix is evicted last, as vLLM frees
         a request's blocks in reverse order.
+
+        When the previous change to ``replica``'s LRU was inserting ``hashes`` or a longer prefix
+        of which ``hashes`` is the head (its block ``len(hashes) - 1`` has the same chained hash,
+        so the whole head is equal), those blocks are already the most recent in this order and
+        nothing is touched: an O(1) check instead of one LRU move per block for a hot prompt.
         """
+        n = len(hashes)
+        last = self._last[replica]
+        if n and last is not None and n <= len(last) and last[n - 1] == hashes[n - 1]:
+            return
+        self._last[replica] = list(hashes)
         lru = self._lru[replica]
         touch = lru.move_to_end
         bit = 1 << replica
@@ -183,6 +196,7 @@ class PrefixIndex:
 
     def clear(self, replica: int) -> None:
         """Forget everything indexed for ``replica`` (it restarted or its cache was reset)."""
+        self._last[replica] = None
         lru = self._lru[replica]
         while lru:
             self._drop(replica, lru.popitem(last=False)[0])

@@ -105,15 +105,18 @@ def test_prefix_index_agrees_with_a_per_replica_lru_model_under_random_traffic()
     idx = PrefixIndex(replicas=replicas, capacity=cap)
     ref: list[OrderedDict[int, None]] = [OrderedDict() for _ in range(replicas)]
     caps = [cap] * replicas
-    # Prompts: 6 system prompts x 5 questions, as chained hashes (shared heads).
+    # Prompts: 6 system prompts alone and with 5 questions each, as chained hashes.
     prompts = []
     for system in range(6):
-        head = block_hashes("s" * 8 + str(system) * 8 * rng.randint(1, 12), 8, 10_000)
+        head = "s" * 8 + str(system) * 8 * rng.randint(1, 12)  # whole 8-char blocks
+        prompts.append(block_hashes(head, 8, 10_000))  # the head of the 5 prompts below
         for q in range(5):
-            prompts.append(head + block_hashes(f"{system}-{q}" * 20, 8, 10_000))
+            prompts.append(block_hashes(head + f"{system}-{q}" * 20, 8, 10_000))
     mismatches = 0
+    prompt, r = prompts[0], 0
     for step in range(3000):
-        prompt = rng.choice(prompts)
+        if rng.random() < 0.7:  # else the same prompt again, often to the same replica
+            prompt = rng.choice(prompts)
         got = idx.match(prompt, replicas)
         want = []
         for lru in ref:
@@ -123,7 +126,8 @@ def test_prefix_index_agrees_with_a_per_replica_lru_model_under_random_traffic()
             want.append(k)
         mismatches += got != want
         assert got == want, (step, got, want)
-        r = rng.randrange(replicas)
+        if rng.random() < 0.7:
+            r = rng.randrange(replicas)
         action = rng.random()
         if action < 0.9:
             idx.insert(r, prompt)
