@@ -37,14 +37,18 @@ import math
 import statistics
 import sys
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-import torch
-import torch.nn.functional as F
+# The CPU wheel warns at import that numpy is missing; nothing here uses numpy.
+warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
 
 @dataclass(frozen=True)
