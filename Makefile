@@ -63,7 +63,7 @@ DEBIAN_TOOLS := prometheus:prometheus promtool:prometheus wrk:wrk
 debian-tools:
 	tools/install_debian_tools.sh $(DEBIAN_TOOLS)
 
-tools: install $(KUBE_STAMP) $(CHECKOV) debian-tools
+tools: install $(KUBE_STAMP) $(CHECKOV) debian-tools $(TOOLS)/torch-venv/.installed
 
 run: install
 	$(PY) -m gateway.demo
@@ -164,6 +164,30 @@ image: install
 	$(PODMAN) build --network host -f Containerfile -t $(IMAGE) \
 	  --build-arg BUILD_IMAGE=$(IMAGE_BASE) --build-arg RUNTIME_IMAGE=$(IMAGE_BASE) .
 	SG_IMAGE=$(IMAGE) $(PY) -m pytest -q -m image tests/container
+
+# @calibrate: a measured simulator profile (docs/simulator.md "Calibrating a profile"). Torch is
+# not a project dependency: the CPU wheel goes into its own venv (pip finds it in the machine's
+# --find-links folder /opt/wheels; its pure-Python dependencies come from PyPI, ~2.5 min). It is
+# part of `tools`, so CI runs tests/vllm_sim/test_calibrate_sim.py on a tiny shape.
+TORCH_VENV    := $(TOOLS)/torch-venv
+TORCH_PY      := $(TORCH_VENV)/bin/python
+TORCH_VERSION := 2.13.0
+SHAPE         ?= tiny
+PROFILE_OUT   ?= .cache/profile-$(SHAPE).json
+
+$(TORCH_VENV)/.installed:
+	$(PYTHON) -m venv $(TORCH_VENV)
+	$(TORCH_PY) -m pip install --quiet --only-binary=:all: torch==$(TORCH_VERSION)
+	$(TORCH_PY) -c "import torch; assert torch.__version__.startswith('$(TORCH_VERSION)')"
+	touch $@
+
+.PHONY: torch-env calibrate-sim
+torch-env: $(TORCH_VENV)/.installed
+
+calibrate-sim: $(TORCH_VENV)/.installed
+	mkdir -p $(dir $(PROFILE_OUT))
+	$(TORCH_PY) bench/calibrate_sim.py --shape $(SHAPE) --out $(PROFILE_OUT) \
+	  $(if $(KV_CACHE_GIB),--kv-cache-gib $(KV_CACHE_GIB)) $(CALIBRATE_ARGS)
 
 clean:
 	rm -rf $(VENV) $(TOOLS) .cache

@@ -7,8 +7,9 @@ prefix up to the end of its block, as in vLLM's automatic prefix caching. A part
 is not indexed (vLLM caches full blocks only).
 
 :class:`PrefixIndex` keeps, per replica, an LRU of block hashes sized from that replica's KV
-capacity, and one map ``hash -> bitmask of replicas`` so that matching a prompt against every
-replica is a binary search over its blocks per replica holding its first block.
+capacity, and one map ``hash -> bitmask of replicas`` (kept consistent with the LRUs on every
+insert and eviction) so that matching a prompt against every replica is one binary search over
+its blocks shared by all replicas holding its first block.
 """
 
 from __future__ import annotations
@@ -107,6 +108,8 @@ class PrefixIndex:
         self._lru: list[OrderedDict[int, None]] = [OrderedDict() for _ in range(replicas)]
         self._cap = [capacity] * replicas
         self._owners: dict[int, int] = {}
+        # Per replica, the prompt of its last insert while nothing else changed its LRU since.
+        self._last: list[list[int] | None] = [None] * replicas
 
     def size(self, replica: int) -> int:
         """Blocks indexed for ``replica``."""
@@ -119,15 +122,20 @@ class PrefixIndex:
     def set_capacity(self, replica: int, capacity: int) -> None:
         """Resize ``replica``'s LRU (from its KV capacity); evicts at once when it shrinks."""
         self._cap[replica] = max(1, capacity)
+        self._last[replica] = None
         self._trim(replica)
 
     def match(self, hashes: Sequence[int], replicas: int) -> list[int]:
         """Leading blocks of ``hashes`` indexed for each replica ``0 .. replicas - 1``.
 
-        Only replicas holding the first block can match. For each of them a binary search finds
-        the deepest block it holds: a chained hash stands for its whole prefix, and the index
-        evicts a prefix tail first, so holding block *i* means holding blocks ``0 .. i``. That
-        is about ``log2(len(hashes))`` dictionary lookups per holding replica.
+        Only replicas holding the first block can match. A chained hash stands for its whole
+        prefix, and the index evicts a prefix tail first, so holding block *i* means holding
+        blocks ``0 .. i``: the deepest block held is found by binary search. The search runs
+        once for all replicas: each probe ``owners[hash] & mask`` splits the replicas still in an
+        interval into those holding the probed block (deeper half) and the others (shallower
+        half), so replicas that hold the same prefix share every probe. That is about
+        ``log2(len(hashes))`` dictionary lookups per distinct matched depth, not per replica;
+        each replica's probes are the ones of its own binary search, so the result is the same.
         """
         counts = [0] * replicas
         n = len(hashes)
@@ -135,17 +143,24 @@ class PrefixIndex:
             return counts
         owners = self._owners
         holders = owners.get(hashes[0], 0) & ((1 << replicas) - 1)
-        while holders:
-            bit = holders & -holders
-            holders ^= bit
-            lo, hi = 1, n  # block lo - 1 is held; find the largest such lo
-            while lo < hi:
-                mid = (lo + hi + 1) // 2
-                if owners.get(hashes[mid - 1], 0) & bit:
-                    lo = mid
-                else:
-                    hi = mid - 1
-            counts[bit.bit_length() - 1] = lo
+        if not holders:
+            return counts
+        # (lo, hi, mask): each replica in mask holds block lo - 1 and no block past hi - 1.
+        todo = [(1, n, holders)]
+        while todo:
+            lo, hi, mask = todo.pop()
+            if lo == hi:
+                while mask:
+                    bit = mask & -mask
+                    mask ^= bit
+                    counts[bit.bit_length() - 1] = lo
+                continue
+            mid = (lo + hi + 1) // 2
+            deeper = owners.get(hashes[mid - 1], 0) & mask
+            if deeper:
+                todo.append((mid, hi, deeper))
+            if deeper != mask:
+                todo.append((lo, mid - 1, mask & ~deeper))
         return counts
 
     def insert(self, replica: int, hashes: Sequence[int]) -> None:
@@ -153,7 +168,17 @@ class PrefixIndex:
 
         The tail is touched first so that the head of a prefix is evicted last, as vLLM frees
         a request's blocks in reverse order.
+
+        When the previous change to ``replica``'s LRU was inserting ``hashes`` or a longer prefix
+        of which ``hashes`` is the head (its block ``len(hashes) - 1`` has the same chained hash,
+        so the whole head is equal), those blocks are already the most recent in this order and
+        nothing is touched: an O(1) check instead of one LRU move per block for a hot prompt.
         """
+        n = len(hashes)
+        last = self._last[replica]
+        if n and last is not None and n <= len(last) and last[n - 1] == hashes[n - 1]:
+            return
+        self._last[replica] = list(hashes)
         lru = self._lru[replica]
         touch = lru.move_to_end
         bit = 1 << replica
@@ -171,6 +196,7 @@ class PrefixIndex:
 
     def clear(self, replica: int) -> None:
         """Forget everything indexed for ``replica`` (it restarted or its cache was reset)."""
+        self._last[replica] = None
         lru = self._lru[replica]
         while lru:
             self._drop(replica, lru.popitem(last=False)[0])

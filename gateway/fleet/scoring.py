@@ -106,42 +106,60 @@ class PrefixAffinity:
 
     def load(self, r: Replica, now: float) -> float:
         """Estimated requests on ``r`` (see the module docstring)."""
-        sig = r.signals
-        if (
-            sig is None
-            or sig.running is None
-            or now - sig.at > self.settings.metrics_stale_s
-        ):
-            return float(r.outstanding)
-        return max(0.0, (sig.waiting or 0.0) + sig.running + r.outstanding - r.scrape_outstanding)
+        return self._loads((r,), now)[0]
+
+    def _loads(self, candidates: Sequence[Replica], now: float) -> list[float]:
+        """:meth:`load` of each candidate, in one loop (the decision's hot path)."""
+        stale = self.settings.metrics_stale_s
+        out: list[float] = []
+        for r in candidates:
+            sig = r.signals
+            if sig is None or sig.running is None or now - sig.at > stale:
+                out.append(float(r.outstanding))
+            else:
+                est = (sig.waiting or 0.0) + sig.running + r.outstanding - r.scrape_outstanding
+                out.append(est if est > 0.0 else 0.0)
+        return out
 
     def choose(self, candidates: Sequence[Replica], hint: RouteHint, now: float) -> Replica:
-        """Pick one of ``candidates`` (non-empty, all available) and fill ``hint.explain``."""
+        """Pick one of ``candidates`` (non-empty, all available) and fill ``hint.explain``.
+
+        Cost: one :meth:`PrefixIndex.match` for all replicas, one pass over the candidates for
+        loads and one for scores, one :meth:`PrefixIndex.insert` for the winner (figures in
+        docs/routing.md, from ``bench/routing_decision.py``).
+        """
         self._refresh(candidates, now)
-        loads = [self.load(r, now) for r in candidates]
+        loads = self._loads(candidates, now)
         n = len(candidates)
-        self._turn = (self._turn + 1) % max(n, 1)
+        self._turn = turn = (self._turn + 1) % max(n, 1)
         if hint.session is not None and self.settings.session_affinity:
             i = self._session_pick(candidates, loads, hint.session)
             return self._chosen(candidates[i], hint, "session", loads[i], min(loads), 0, now)
         total = len(hint.hashes)
         matched = self.index.match(hint.hashes, self.replicas) if total else [0] * self.replicas
         w = self.settings.weights
+        w_prefix, w_load = w.prefix, w.load
         mean = sum(loads) / n
         # Nothing of the prompt is indexed anywhere: decide on load alone (no KV term), so that
         # affinity costs nothing when there is nothing to share.
         w_kv = w.kv if any(matched[r.index] for r in candidates) else 0.0
-        best = 0
+        best = least = 0
         best_key: tuple[float, int, int] | None = None
+        least_key: tuple[float, int] | None = None
         for i, r in enumerate(candidates):
             frac = matched[r.index] / total if total else 0.0
-            sig = r.signals
-            kv = sig.kv_usage if w_kv and sig is not None and sig.kv_usage is not None else 0.0
-            score = w.prefix * frac - w.load * loads[i] / (1.0 + mean) - w_kv * kv
-            key = (score, -r.outstanding, -((i - self._turn) % n))
+            kv = 0.0
+            if w_kv:
+                sig = r.signals
+                if sig is not None and sig.kv_usage is not None:
+                    kv = sig.kv_usage
+            score = w_prefix * frac - w_load * loads[i] / (1.0 + mean) - w_kv * kv
+            key = (score, -r.outstanding, -((i - turn) % n))
             if best_key is None or key > best_key:
                 best, best_key = i, key
-        least = min(range(n), key=lambda i: (loads[i], candidates[i].outstanding))
+            lkey = (loads[i], r.outstanding)
+            if least_key is None or lkey < least_key:
+                least, least_key = i, lkey
         reason = "prefix" if matched[candidates[best].index] else "load"
         gap = loads[best] - loads[least]
         s = self.settings

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import random
 import re
 import time
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
@@ -92,6 +94,56 @@ def test_prefix_index_matches_per_replica_and_evicts_lru_heads_last() -> None:
     assert idx.match([1, 2], 3) == [2, 0, 1]  # replica 2 kept the head block
     idx.clear(0)
     assert idx.match([1, 2], 3) == [0, 0, 1] and idx.size(0) == 0
+
+
+def test_prefix_index_agrees_with_a_per_replica_lru_model_under_random_traffic() -> None:
+    """The shared ``hash -> replicas`` map and the joint search give, for every replica, the
+    leading blocks of the prompt present in a plain per-replica LRU (the reference), through
+    inserts, evictions, shrinking and clearing."""
+    rng = random.Random(7)  # noqa: S311 - a reproducible workload, not a secret
+    replicas, cap = 8, 40
+    idx = PrefixIndex(replicas=replicas, capacity=cap)
+    ref: list[OrderedDict[int, None]] = [OrderedDict() for _ in range(replicas)]
+    caps = [cap] * replicas
+    # Prompts: 6 system prompts alone and with 5 questions each, as chained hashes.
+    prompts = []
+    for system in range(6):
+        head = "s" * 8 + str(system) * 8 * rng.randint(1, 12)  # whole 8-char blocks
+        prompts.append(block_hashes(head, 8, 10_000))  # the head of the 5 prompts below
+        for q in range(5):
+            prompts.append(block_hashes(head + f"{system}-{q}" * 20, 8, 10_000))
+    mismatches = 0
+    prompt, r = prompts[0], 0
+    for step in range(3000):
+        if rng.random() < 0.7:  # else the same prompt again, often to the same replica
+            prompt = rng.choice(prompts)
+        got = idx.match(prompt, replicas)
+        want = []
+        for lru in ref:
+            k = 0
+            while k < len(prompt) and prompt[k] in lru:
+                k += 1
+            want.append(k)
+        mismatches += got != want
+        assert got == want, (step, got, want)
+        if rng.random() < 0.7:
+            r = rng.randrange(replicas)
+        action = rng.random()
+        if action < 0.9:
+            idx.insert(r, prompt)
+            for h in reversed(prompt):
+                ref[r][h] = None
+                ref[r].move_to_end(h)
+        elif action < 0.97:
+            caps[r] = rng.randint(1, cap)
+            idx.set_capacity(r, caps[r])
+        else:
+            idx.clear(r)
+            ref[r].clear()
+        while len(ref[r]) > caps[r]:
+            ref[r].popitem(last=False)
+        assert idx.size(r) == len(ref[r])
+    assert mismatches == 0 and any(idx.size(r) for r in range(replicas))
 
 
 class Clock:
