@@ -49,6 +49,7 @@ def run(
     from gateway.audit.observer import audited_app
     from gateway.egress import start_egress, with_policy
     from gateway.quotas.wiring import with_limits
+    from gateway.server import run_server
     from gateway.telemetry import build_telemetry, with_telemetry
     from gateway.tls_files import check_tls_files
 
@@ -75,7 +76,7 @@ def run(
         factory = with_telemetry(telemetry, factory)
     if not is_loopback_host(settings.listen.host):
         _log.info("listening on %s:%s", settings.listen.host, settings.listen.port)
-    uvicorn.run(
+    run_server(uvicorn.Config(
         audited_app(settings, factory),
         host=settings.listen.host,
         port=settings.listen.port,
@@ -89,7 +90,7 @@ def run(
         timeout_graceful_shutdown=10,
         ssl_certfile=settings.listen.tls_cert_file,
         ssl_keyfile=settings.listen.tls_key_file,
-    )
+    ))
 
 
 def serve(
