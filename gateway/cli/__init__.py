@@ -41,12 +41,9 @@ app.command("check-config")(check_config.check_config)
 app.add_typer(keys.app, name="keys")
 app.add_typer(_preflight.app, name="preflight")
 
-try:  # the audit sub-app (issue 4) is optional until it lands
-    from gateway.cli import audit as _audit
+from gateway.cli import audit as _audit  # noqa: E402
 
-    app.add_typer(_audit.app, name="audit")
-except ImportError:  # pragma: no cover - depends on the checkout
-    pass
+app.add_typer(_audit.app, name="audit")
 
 
 def main(argv: list[str] | None = None) -> int:

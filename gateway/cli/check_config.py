@@ -9,13 +9,9 @@ from typing import Annotated
 
 import typer
 
-from gateway.audit.observer import checked_build
-from gateway.egress import load_policy
+from gateway.assembly import assemble
 from gateway.errors import ConfigError
-from gateway.quotas.wiring import validate_limits
 from gateway.settings import load
-from gateway.telemetry import check_telemetry
-from gateway.tls_files import check_tls_files
 
 __all__ = ["check_config"]
 
@@ -37,17 +33,16 @@ def check_config(
         raise typer.Exit(2)
     try:
         settings = load(file, os.environ)
-        policy = load_policy(settings, file.parent)
-        validate_limits(settings)  # quotas: and keystore: sections (issue 9)
-        telemetry = check_telemetry(settings, policy)
-        check_tls_files(settings)
-        checked_build(settings)  # audit: section and its key files (the store is not opened)
+        # The same assembly as `gateway serve` (without the process guard); no store is opened.
+        assembled = assemble(settings, file.parent)
     except ConfigError as exc:
         if as_json:
             typer.echo(json.dumps({"ok": False, "file": str(file), "error": exc.message}))
         else:
             typer.echo(f"gateway: invalid config: {exc.message}", err=True)
         raise typer.Exit(1) from exc
+    policy = assembled.policy
+    telemetry = assembled.telemetry.settings if assembled.telemetry is not None else None
     summary = {
         "ok": True,
         "file": str(file),

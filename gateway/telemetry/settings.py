@@ -1,4 +1,4 @@
-"""The ``telemetry:`` section of the gateway config (issue 8).
+"""The ``telemetry:`` section of the gateway config.
 
 ```yaml
 telemetry:
