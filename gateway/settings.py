@@ -29,6 +29,7 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from gateway.drain import DrainSettings
 from gateway.errors import ConfigError
 from gateway.keys_file import merge_keys_file, relabel_keys
 
@@ -305,6 +306,7 @@ class GatewaySettings(BaseSettings):
     health: HealthSettings = Field(default_factory=HealthSettings)
     logging: LoggingSettings = Field(default_factory=LoggingSettings)
     upstream_tls: UpstreamTlsSettings = Field(default_factory=UpstreamTlsSettings)
+    drain: DrainSettings = Field(default_factory=DrainSettings)
     # Sections owned by later issues; typed models replace these mappings when they land.
     policy: dict[str, Any] | None = None
     audit: dict[str, Any] | None = None

@@ -48,6 +48,7 @@ def run(
 
     from gateway.app import create_app
     from gateway.assembly import assemble
+    from gateway.drain import Drain
     from gateway.egress import start_egress
     from gateway.server import run_server
 
@@ -64,7 +65,8 @@ def run(
 
         # GET /status on the admin port: what `gateway preflight` reads from a running gateway.
         gateway.telemetry.admin.set_status(gateway_status(settings, egress))
-    app = create_app(settings, gateway)
+    drain = Drain(settings.drain)  # SIGTERM: readyz 503, then drain (gateway.drain)
+    app = create_app(settings, gateway, drain=drain)
     if not is_loopback_host(settings.listen.host):
         _log.info("listening on %s:%s", settings.listen.host, settings.listen.port)
     run_server(uvicorn.Config(
@@ -81,7 +83,7 @@ def run(
         timeout_graceful_shutdown=10,
         ssl_certfile=settings.listen.tls_cert_file,
         ssl_keyfile=settings.listen.tls_key_file,
-    ))
+    ), drain)
 
 
 def serve(
