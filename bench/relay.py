@@ -494,7 +494,9 @@ def main(argv: list[str] | None = None) -> int:
                 .splitlines() if ln.startswith("model name")), platform.machine())
     print(f"relay benchmark {started}, {os.cpu_count()} CPUs ({cpu}), Python "
           f"{platform.python_version()}; {args.streams} streams x {args.events} tokens, "
-          f"{args.concurrency} concurrent, {args.rounds} rounds (medians)")
+          f"{args.concurrency} concurrent, {args.rounds} rounds (medians); paced: "
+          f"{args.stall_streams} streams x {args.paced_tokens} tokens {args.paced_itl_ms:g} ms "
+          f"apart, burst {args.burst_streams}; skipped: {', '.join(args.skip) or 'none'}")
     print(render(targets, args))
     if args.json:
         doc = {"started": started, "cpu": cpu, "args": {k: str(v) for k, v in vars(args).items()},
