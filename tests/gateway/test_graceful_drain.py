@@ -37,9 +37,10 @@ def _wait(cond: Callable[[], bool], timeout_s: float, what: str) -> None:
 
 
 class Gateway:
-    def __init__(self, proc: subprocess.Popen[str], url: str) -> None:
+    def __init__(self, proc: subprocess.Popen[str], url: str, config: Path) -> None:
         self.proc = proc
         self.url = url
+        self.config = config
 
     def readyz(self) -> int | None:
         try:
@@ -54,11 +55,13 @@ def serve(tmp_path: Path, serve_asgi: Callable[..., Any]) -> Iterator[Callable[.
     sim = start_sim(serve_asgi, itl_s=0.02, tokens_per_response=1000)
     procs: list[subprocess.Popen[str]] = []
 
-    def start(delay_s: float, timeout_s: float) -> Gateway:
+    def start(delay_s: float, timeout_s: float, audit: dict[str, Any] | None = None) -> Gateway:
         port = free_port()
         cfg = config([sim.url], drain={"delay_s": delay_s, "timeout_s": timeout_s},
                      logging={"access_log": True, "format": "json"})
         cfg["listen"]["port"] = port
+        if audit is not None:
+            cfg["audit"] = {**audit, "replica_id": f"gw-{port}"}
         path = tmp_path / f"gw-{port}.yaml"
         path.write_text(yaml.safe_dump(cfg))
         proc = subprocess.Popen(
@@ -67,7 +70,7 @@ def serve(tmp_path: Path, serve_asgi: Callable[..., Any]) -> Iterator[Callable[.
             env={**os.environ, "VLLM_KEY": "backend-key"}, preexec_fn=_default_signals,
         )
         procs.append(proc)
-        gw = Gateway(proc, f"http://127.0.0.1:{port}")
+        gw = Gateway(proc, f"http://127.0.0.1:{port}", path)
         _wait(lambda: gw.readyz() == 200 or proc.poll() is not None, 60, "gateway start")
         assert proc.poll() is None, proc.communicate()[1]
         return gw
@@ -164,3 +167,42 @@ def test_drain_settings_refuse_a_delay_longer_than_the_timeout() -> None:
 
     with pytest.raises(ValidationError, match=r"delay_s \(10\) must not exceed timeout_s \(5\)"):
         DrainSettings(delay_s=10, timeout_s=5)
+
+
+def test_two_gateways_sharing_an_audit_store_one_drained_mid_way_nothing_truncated(
+    serve: Callable[..., Gateway], tmp_path: Path,
+) -> None:
+    from gateway.audit import Signer, generate_key_file, write_key_pair
+
+    key, pub = write_key_pair(Signer.generate(), tmp_path / "audit.key")
+    audit = {"store": f"sqlite://{tmp_path / 'audit.db'}", "signing_key_file": str(key),
+             "pseudonym_key_file": str(generate_key_file(tmp_path / "pseudonym.key"))}
+    a, b = serve(delay_s=0.5, timeout_s=30.0, audit=audit), serve(delay_s=0.5, timeout_s=30.0,
+                                                                  audit=audit)
+    streams = [Stream(gw.url, max_tokens=100) for gw in (a, b) for _ in range(10)]  # ~2 s each
+    for st in streams:
+        st.start()
+    _wait(lambda: all(len(st.events) > 1 for st in streams), 60, "all streams to start")
+    a.proc.send_signal(signal.SIGTERM)  # mid-way: every stream is running
+    a.proc.communicate(timeout=40)
+    assert a.proc.returncode == 0
+    assert b.readyz() == 200  # the other gateway keeps serving
+    b.proc.send_signal(signal.SIGTERM)
+    b.proc.communicate(timeout=40)
+    assert b.proc.returncode == 0
+    for st in streams:
+        st.join(30)
+        assert st.error is None and st.events[-1] == "[DONE]", st.body[-300:]  # 0 truncated
+
+    cli = [sys.executable, "-m", "gateway.cli", "audit"]
+    res = subprocess.run([*cli, "verify", "--config", str(a.config), "--public-key", str(pub),
+                          "--json"], capture_output=True, text=True, check=False)
+    assert res.returncode == 0, res.stdout + res.stderr
+    report = json.loads(res.stdout)
+    assert report["ok"] and report["findings"] == []
+    assert len(report["chains"]) == 2 and all(c["closed"] for c in report["chains"])
+    res = subprocess.run([*cli, "export", "--store", audit["store"]], capture_output=True,
+                         text=True, check=True)
+    done = [json.loads(line) for line in res.stdout.splitlines()]
+    completed = [r for r in done if r["type"] == "request.completed"]
+    assert len(completed) == 20  # every request audited, on both chains
