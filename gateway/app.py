@@ -31,6 +31,7 @@ from gateway.assembly import Gateway
 from gateway.auth import Authenticator, Principal, bearer_token
 from gateway.drain import Drain
 from gateway.errors import GatewayError, InvalidRequest, MethodNotAllowed, ModelNotFound
+from gateway.fleet.replica_metrics import MetricsScraper
 from gateway.health import HealthProber
 from gateway.records import AdmissionHook, RequestObserver
 from gateway.routing import RoutePolicy, Router
@@ -144,6 +145,7 @@ def create_app(
             drain=drain,
         )
         prober = HealthProber(the_router, session, settings.health, upstream_ssl)
+        scraper = MetricsScraper(the_router, session, settings.routing, upstream_ssl)
         started: list[Any] = []
         try:
             for hook in parts.lifespan_components():
@@ -153,8 +155,11 @@ def create_app(
                 started.append(hook)
             if settings.health.active:
                 prober.start()
+            if scraper.needed:
+                scraper.start()
             yield {STATE_KEY: state}
         finally:
+            await scraper.stop()
             await prober.stop()
             for hook in reversed(started):
                 shutdown = getattr(hook, "shutdown", None)

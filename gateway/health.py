@@ -7,12 +7,12 @@ probe loop and reports into :meth:`gateway.routing.Replica.mark_probe`.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from ssl import SSLContext
 
 import aiohttp
 
+from gateway.periodic import Periodic
 from gateway.routing import Replica, Router
 from gateway.settings import HealthSettings
 from gateway.upstream import USER_AGENT
@@ -47,7 +47,7 @@ async def probe(
         return False
 
 
-class HealthProber:
+class HealthProber(Periodic):
     """Runs :func:`probe` for every replica every ``interval_s`` seconds.
 
     Args:
@@ -68,7 +68,8 @@ class HealthProber:
         self._router = router
         self._session = session
         self._settings = settings
-        self._task: asyncio.Task[None] | None = None
+        self.interval_s = settings.interval_s
+        self.round_name = "health probe round"
 
     async def run_once(self) -> None:
         """Probe every replica concurrently and record the results."""
@@ -83,23 +84,3 @@ class HealthProber:
                     replica.url, replica.model, "healthy" if ok else "failing its health check",
                 )
             replica.mark_probe(ok)
-
-    async def _loop(self) -> None:
-        while True:
-            try:
-                await self.run_once()
-            except Exception:
-                _log.exception("health probe round failed")
-            await asyncio.sleep(self._settings.interval_s)
-
-    def start(self) -> None:
-        """Start the background loop (inside the running event loop)."""
-        self._task = asyncio.get_running_loop().create_task(self._loop())
-
-    async def stop(self) -> None:
-        """Stop the loop and wait for it."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None

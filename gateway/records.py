@@ -99,6 +99,9 @@ class RequestRecord:
         bytes_in: Request body bytes received from the client.
         bytes_out: Response body bytes sent to the client.
         content_hmac: The deciding policy rule opted in to content HMACs (see module docstring).
+        route: How a fleet-aware strategy chose the first replica (``prefix_affinity``):
+            strategy, reason, replica position, matched and prompt blocks, and the load figures
+            used (see :mod:`gateway.fleet.scoring`); ``None`` for the other strategies.
     """
 
     request_id: str
@@ -132,6 +135,7 @@ class RequestRecord:
     bytes_in: int = 0
     bytes_out: int = 0
     content_hmac: bool = False
+    route: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready copy (no prompts, no keys)."""

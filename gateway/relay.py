@@ -263,10 +263,12 @@ async def _serve(
             + (f" (rule {decision.rule_id})." if decision.rule_id else "."),
             param="model",
         )
-    first = pool.pick(decision.candidates)
+    hint = pool.route_hint(parsed.values, scope["headers"])  # affinity input (gateway.fleet)
+    first = pool.pick(decision.candidates, hint=hint)
     if first is None:
         raise NoHealthyReplica(f"No replica of '{model.name}' is available.")
     record.attempt(first.url, first.destination, first.region)
+    record.route = hint.explain if hint is not None else None
 
     for admit in state.hooks.admit:
         await admit(record, parsed.values)

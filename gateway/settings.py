@@ -31,6 +31,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from gateway.drain import DrainSettings
 from gateway.errors import ConfigError
+from gateway.fleet.settings import RoutingSettings
 from gateway.keys_file import merge_keys_file, relabel_keys
 
 __all__ = [
@@ -178,7 +179,7 @@ class ModelSettings(_Frozen):
     name: str
     aliases: list[str] = Field(default_factory=list)
     served_model_name: str | None = None
-    strategy: Literal["least_outstanding", "round_robin"] = "least_outstanding"
+    strategy: Literal["least_outstanding", "round_robin", "prefix_affinity"] = "least_outstanding"
     replicas: list[ReplicaSettings] = Field(min_length=1)
 
     @field_validator("name")
@@ -306,7 +307,8 @@ class GatewaySettings(BaseSettings):
     health: HealthSettings = Field(default_factory=HealthSettings)
     logging: LoggingSettings = Field(default_factory=LoggingSettings)
     upstream_tls: UpstreamTlsSettings = Field(default_factory=UpstreamTlsSettings)
-    drain: DrainSettings = Field(default_factory=DrainSettings)
+    routing: RoutingSettings = Field(default_factory=RoutingSettings)  # gateway.fleet.settings
+    drain: DrainSettings = Field(default_factory=DrainSettings)  # gateway.drain
     # Sections owned by later issues; typed models replace these mappings when they land.
     policy: dict[str, Any] | None = None
     audit: dict[str, Any] | None = None

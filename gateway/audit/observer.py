@@ -115,6 +115,7 @@ class AuditObserver:
             "region": getattr(record, "region", None),
             "policy_rule": record.policy_rule,
             "policy_revision": getattr(record, "policy_revision", None),
+            "route": getattr(record, "route", None),
             "bytes_in": record.bytes_in,
         }
 
