@@ -55,7 +55,15 @@ $(CHECKOV): $(UV) tools/checkov-requirements.txt
 	  -r tools/checkov-requirements.txt
 	touch $(CHECKOV)
 
-tools: install $(KUBE_STAMP) $(CHECKOV)
+# @realparts: Debian's prometheus/promtool (the dashboard queries run against a real Prometheus)
+# and wrk (bench-loadtool), installed only when the binary is missing; services are not started.
+DEBIAN_TOOLS := prometheus:prometheus promtool:prometheus wrk:wrk
+
+.PHONY: debian-tools
+debian-tools:
+	tools/install_debian_tools.sh $(DEBIAN_TOOLS)
+
+tools: install $(KUBE_STAMP) $(CHECKOV) debian-tools
 
 run: install
 	$(PY) -m gateway.demo
@@ -84,6 +92,28 @@ test-vllm: install vllm-env $(TINY_MODEL)/config.json
 	$(PY) tests/integration/run_vllm.py --vllm-python $(VLLM_PY) --model $(TINY_MODEL) \
 		-- -q -m vllm tests/integration
 
+# @realparts: opt-in conformance against a second engine, llama.cpp's server
+# (llama-cpp-python[server] compiled from source, 2 jobs: ~48 min on the shared 2-core machine
+# at load 12, a few minutes when idle; 180 MB venv), serving a tiny random GGUF Llama made
+# locally (tests/integration/make_tiny_gguf.py, 1.6 MB), on loopback. Not in CI.
+LLAMACPP_VENV ?= $(TOOLS)/llamacpp-venv
+LLAMACPP_PY   := $(LLAMACPP_VENV)/bin/python
+TINY_GGUF     := .cache/tiny-llama.gguf
+
+$(LLAMACPP_VENV)/.installed:
+	$(PYTHON) -m venv $(LLAMACPP_VENV)
+	CMAKE_BUILD_PARALLEL_LEVEL=2 CMAKE_ARGS="-DLLAVA_BUILD=OFF" $(LLAMACPP_PY) -m pip install --quiet \
+	  "llama-cpp-python[server]==0.3.36" "gguf==0.19.0"
+	touch $@
+
+$(TINY_GGUF): tests/integration/make_tiny_gguf.py $(LLAMACPP_VENV)/.installed
+	$(LLAMACPP_PY) tests/integration/make_tiny_gguf.py $@
+
+.PHONY: test-llamacpp
+test-llamacpp: install $(LLAMACPP_VENV)/.installed $(TINY_GGUF)
+	$(PY) tests/integration/run_llamacpp.py --llamacpp-python $(LLAMACPP_PY) --model $(TINY_GGUF) \
+		-- -q -m llamacpp tests/integration/test_llamacpp_conformance.py
+
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
@@ -111,6 +141,29 @@ bench-quotas: install
 .PHONY: bench-policy-telemetry
 bench-policy-telemetry: install
 	$(PY) bench/policy_telemetry.py --skip memory
+
+# @realparts: wrk (Debian) and bench/relay_load.py drive the same gateway; both rates and their
+# ratio, agreement within the noise (~40 s; exit 1 when they disagree).
+.PHONY: bench-loadtool
+bench-loadtool: install debian-tools
+	$(PY) bench/loadtool_check.py
+
+# @realparts: opt-in container image check (not in CI; ~10 min and ~1 GB the first time).
+# Builds the Containerfile with Debian's podman/buildah (runtime runc: crun fails on this
+# kernel's cgroups) from a local Debian 12 minbase made by debootstrap (no registry is
+# reachable), as both stages' base (the production runtime stays distroless), then runs the
+# image read-only as UID 10001 and passes /healthz and chat completions through it.
+IMAGE      ?= localhost/sovereign-gateway:local
+IMAGE_BASE := localhost/sg-local-base:bookworm
+PODMAN     := podman --runtime runc --cgroup-manager cgroupfs
+
+.PHONY: image
+image: install
+	tools/install_debian_tools.sh runc:runc podman:podman buildah:buildah debootstrap:debootstrap
+	tools/image_base.sh $(IMAGE_BASE)
+	$(PODMAN) build --network host -f Containerfile -t $(IMAGE) \
+	  --build-arg BUILD_IMAGE=$(IMAGE_BASE) --build-arg RUNTIME_IMAGE=$(IMAGE_BASE) .
+	SG_IMAGE=$(IMAGE) $(PY) -m pytest -q -m image tests/container
 
 clean:
 	rm -rf $(VENV) $(TOOLS) .cache

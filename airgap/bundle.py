@@ -94,6 +94,32 @@ class ContentFile:
 
 
 @dataclass(frozen=True)
+class BaseBlob:
+    """Content a delta bundle does not carry: the far side's store must already hold it.
+
+    Attributes:
+        sha256: hex SHA-256 of the content.
+        size: content size in bytes.
+    """
+
+    sha256: str
+    size: int
+
+
+@dataclass(frozen=True)
+class Base:
+    """What a delta bundle (``airgap pack --since``) expects on the far side (``airgap.delta``).
+
+    Attributes:
+        index_sha256: hex SHA-256 of the base bundle's ``index.json`` (informational).
+        blobs: contents used by ``files`` but left out of the payload, by sha256.
+    """
+
+    index_sha256: str
+    blobs: tuple[BaseBlob, ...]
+
+
+@dataclass(frozen=True)
 class Segment:
     """A byte range of one part: ``length`` bytes from ``start`` within ``part``."""
 
@@ -117,6 +143,7 @@ class Index:
         files: every content file, models first (by repo id, path), then extras.
         blobs: stored blobs in payload order.
         parts: parts in payload order.
+        base: None for a full bundle; for a delta, the contents it expects in the store.
     """
 
     tool: str
@@ -128,10 +155,12 @@ class Index:
     files: tuple[ContentFile, ...]
     blobs: tuple[Blob, ...]
     parts: tuple[Part, ...]
+    base: Base | None = None
 
     def to_json(self) -> dict[str, Any]:
-        """Return the index as a JSON-ready dict (the documented schema)."""
-        return {
+        """Return the index as a JSON-ready dict (the documented schema; ``base`` only for a
+        delta bundle)."""
+        doc = {
             "format": FORMAT,
             "format_version": FORMAT_VERSION,
             "tool": self.tool,
@@ -165,6 +194,12 @@ class Index:
                 for p in self.parts
             ],
         }
+        if self.base is not None:
+            doc["base"] = {
+                "index_sha256": self.base.index_sha256,
+                "blobs": [{"sha256": b.sha256, "size": b.size} for b in self.base.blobs],
+            }
+        return doc
 
     def dumps(self) -> bytes:
         """Serialise deterministically (sorted keys, 2-space indent, UTF-8, final newline)."""

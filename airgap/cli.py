@@ -31,6 +31,7 @@ from airgap.bundle import DEFAULT_PART_SIZE, INDEX_NAME, MAX_INDEX_BYTES, SIGNAT
 from airgap.errors import AirgapError, Code, Problem, VerificationFailed
 from airgap.interrupt import Interrupted, die_by, interruptible
 from airgap.media import check_bundle_dir, read_small
+from airgap.mlbom import BOM_NAME, read_extra, summary
 from airgap.pack import pack_bundle
 from airgap.signing import (
     MAX_SIGNATURE_BYTES,
@@ -42,7 +43,13 @@ from airgap.signing import (
 from airgap.stream import default_workers
 from airgap.unpack import Layout, unpack_bundle
 from airgap.verify import MAX_SHOWN_PROBLEMS, problems_json, verify_bundle
-from weights import EmptyModelError, Lockfile, PathCollisionError, WeightsError
+from weights import (
+    EmptyModelError,
+    Lockfile,
+    PathCollisionError,
+    SerialisationPolicy,
+    WeightsError,
+)
 
 app = typer.Typer(
     name="airgap",
@@ -55,6 +62,8 @@ app = typer.Typer(
 err = Console(stderr=True, soft_wrap=True, markup=False)
 out = Console(soft_wrap=True, markup=False)
 
+AllowPickle = Annotated[bool, typer.Option(
+    "--allow-pickle", help="Accept pickle-based files scanned safe by the allowlist scanner.")]
 PublicKeys = Annotated[
     list[Path],
     typer.Option("--public-key", "-k", help="Trusted Ed25519 public key (PEM); repeatable."),
@@ -147,6 +156,10 @@ def pack(
                            "do not compress).")
     ] = False,
     quiet: Quiet = False,
+    allow_pickle: AllowPickle = False,
+    since: Annotated[
+        Path | None, typer.Option("--since", help="Base bundle's index.json: pack a delta.")
+    ] = None,
 ) -> None:
     """Verify the source against the lock while copying it into a new signed bundle."""
     locked = _load_lock(lock)
@@ -161,7 +174,9 @@ def pack(
     with _progress(total, "packing", quiet) as progress:
         report = pack_bundle(locked, source, bundle, signing_key, include_files=include,
                              part_size=part_size, force=force, compress=compress,
-                             progress=progress)  # fmt: skip
+                             progress=progress,
+                             policy=SerialisationPolicy(allow_pickle=allow_pickle),
+                             since=since)  # fmt: skip
     for leftover in report.leftovers_removed:
         err.print(f"removed {leftover}, left by an interrupted earlier pack", markup=False)
     idx = report.index
@@ -219,6 +234,7 @@ def unpack(
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable summary.")] = False,
     workers: Workers = 0,
     quiet: Quiet = False,
+    allow_pickle: AllowPickle = False,
 ) -> None:
     """Verify, then install atomically into a Hugging Face cache or a plain directory."""
     if layout not in ("hf-cache", "dir"):
@@ -230,7 +246,8 @@ def unpack(
     with _progress(total, "installing", quiet or as_json) as progress:
         report = unpack_bundle(bundle, keys, store, layout=chosen, extras_into=extras_into,
                                expected_lock=_load_lock(expected_lock),
-                               workers=_workers(workers), progress=progress)  # fmt: skip
+                               workers=_workers(workers), progress=progress,
+                               policy=SerialisationPolicy(allow_pickle=allow_pickle))  # fmt: skip
     if as_json:
         out.print_json(json.dumps({
             "ok": True, "store": str(store), "layout": report.layout,
@@ -275,6 +292,13 @@ def inspect(
         return
     out.print(f"bundle {bundle}: {index.tool}, created {index.created_at}")
     out.print(f"signer key id (claimed, unverified): {signer}")
+    bom = read_extra(bundle, index, BOM_NAME)
+    for line in summary(bom) if bom is not None else ["ML-BOM: none in this bundle"]:
+        out.print(line, highlight=False)
+    if index.base is not None:
+        out.print(f"delta bundle: {len(index.base.blobs)} blob(s) "
+                  f"({sum(b.size for b in index.base.blobs)} bytes) expected in the store from "
+                  f"base index sha256 {index.base.index_sha256}")
     for e in index.lock.entries:
         out.print(f"model {e.repo_id} revision {e.requested_revision} commit {e.commit}\n"
                   f"  licence {e.license or '-'}, gated {'yes' if e.gated else 'no'}, "
@@ -295,6 +319,51 @@ def inspect(
     out.print(parts)
     out.print(f"payload {index.payload_size} bytes in {len(index.parts)} part(s) of at most "
               f"{index.part_size} bytes; {len(index.blobs)} distinct blob(s)")  # fmt: skip
+
+
+@app.command("oci-export")
+def oci_export(
+    bundle: Annotated[Path, typer.Argument(help="Bundle directory.")],
+    public_key: PublicKeys,
+    out_dir: Annotated[Path, typer.Option("--out", help="OCI image layout to create.")],
+    repo: Annotated[str | None, typer.Option("--repo", help="Model of the bundle.")] = None,
+    tag: Annotated[str | None, typer.Option("--tag", help="Reference name.")] = None,
+    allow_pickle: AllowPickle = False,
+) -> None:
+    """Verify a bundle and write one model as an OCI artifact (CNCF ModelPack media types)."""
+    from airgap.oci import export_oci
+
+    keys = [load_public_key(p) for p in public_key]
+    export_oci(bundle, keys, out_dir, repo_id=repo, tag=tag,
+               policy=SerialisationPolicy(allow_pickle=allow_pickle))
+    out.print(f"wrote OCI layout {out_dir}; push with: skopeo copy oci:{out_dir}:TAG "
+              "docker://REGISTRY/NAME:TAG")
+
+
+@app.command("oci-verify")
+def oci_verify(
+    layout: Annotated[Path, typer.Argument(help="OCI image layout directory.")],
+    public_key: PublicKeys,
+    tag: Annotated[str | None, typer.Option("--tag", help="Reference name.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable report.")] = False,
+) -> None:
+    """Verify an OCI model artifact offline: signed index, pinned layer digests, blob bytes."""
+    from airgap.oci import verify_oci
+
+    keys = [load_public_key(p) for p in public_key]
+    report = verify_oci(layout, keys, tag=tag)
+    if as_json:
+        out.print_json(json.dumps({"ok": report.ok, "repo_id": report.repo_id,
+                                   "commit": report.commit, "signer_key_id": report.signer,
+                                   "layers": report.layers,
+                                   "problems": [p.to_json() for p in report.problems]}))
+    elif report.ok:
+        out.print(f"OK {layout}: {report.repo_id}@{report.commit}, {len(report.layers)} "
+                  f"layers match the pins, signed by {report.signer}")
+    else:
+        _print_problems(report.problems, "FAIL ")
+    if not report.ok:
+        raise typer.Exit(1)
 
 
 def _print_problems(problems: Sequence[Problem], prefix: str) -> None:

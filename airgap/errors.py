@@ -45,6 +45,11 @@ class Code(StrEnum):
     BLOBS_LAYOUT = "blobs_layout"
     EMPTY_MODEL = "empty_model"
     PIN_MISMATCH = "pin_mismatch"
+    UNSAFE_SERIALISATION = "unsafe_serialisation"
+    DELTA_BASE_MISSING = "delta_base_missing"
+    MLBOM_MISMATCH = "mlbom_mismatch"
+    OCI_INVALID = "oci_invalid"
+    OCI_DIGEST_MISMATCH = "oci_digest_mismatch"
     # parts on the media (exit 1)
     PART_MISSING = "part_missing"
     PART_EXTRA = "part_extra"

@@ -10,6 +10,7 @@ no stale part of an earlier run can mix in.
 from __future__ import annotations
 
 import glob
+import hashlib
 import os
 import shutil
 import stat
@@ -28,15 +29,27 @@ from airgap.bundle import (
     INDEX_NAME,
     MAX_PARTS,
     SIGNATURE_NAME,
+    Base,
     ContentFile,
     Index,
 )
+from airgap.delta import read_base, split_sources
 from airgap.errors import AirgapError, Code, fail
+from airgap.formats import check_pack_sources
+from airgap.mlbom import BOM_NAME, build_bom
 from airgap.payload import Source, write_blobs
 from airgap.signing import key_id, sign_index
 from airgap.space import require_free, writing
 from airgap.stream import Progress
-from weights import LockEntry, Lockfile, WeightsError, resolve_model_dir, sha256_file
+from weights import (
+    DEFAULT_POLICY,
+    LockEntry,
+    Lockfile,
+    SerialisationPolicy,
+    WeightsError,
+    resolve_model_dir,
+    sha256_file,
+)
 
 #: Room kept for index.json and index.sig in the free-space check, in bytes.
 INDEX_ALLOWANCE = 1024**2
@@ -82,6 +95,9 @@ def collect_sources(
     names: set[str] = set()
     for extra in include_files:
         name = paths.check_path(extra.name, what="included file name")
+        if name == BOM_NAME:
+            raise AirgapError(Code.IO_ERROR, f"{extra}: {BOM_NAME} is the name of the bundle's "
+                              "ML-BOM; rename the included file")
         if name in names:
             raise AirgapError(Code.IO_ERROR, f"two included files are named {name!r}")
         names.add(name)
@@ -128,6 +144,8 @@ def pack_bundle(
     force: bool = False,
     compress: bool = False,
     progress: Progress | None = None,
+    policy: SerialisationPolicy = DEFAULT_POLICY,
+    since: Path | None = None,
 ) -> PackReport:
     """Pack the lockfile's models from ``source`` into a new signed bundle at ``out``.
 
@@ -142,11 +160,16 @@ def pack_bundle(
         compress: zlib-encode blobs that shrink by at least 5 % (off by default: weights do
             not compress; tokenizers and configs do).
         progress: called with the number of bytes copied.
+        policy: serialisation policy (``airgap.formats``): pickle-based files are refused
+            unless allowed and scanned safe; verdicts go into the index's lock.
+        since: a base bundle's ``index.json`` (or directory): pack a delta that leaves out
+            the content the base already carried for each model (``airgap.delta``).
 
     Raises:
         AirgapError: ``output_exists``, ``source_missing``, ``io_error``.
         VerificationFailed: ``pin_mismatch`` (source bytes differ from the pins; nothing is
-            left behind), ``empty_model``, ``unsafe_path``, ``path_collision``.
+            left behind), ``empty_model``, ``unsafe_path``, ``path_collision``,
+            ``unsafe_serialisation`` (before anything is written).
     """
     if part_size < 1:
         raise AirgapError(Code.IO_ERROR, "--part-size must be at least 1 byte")
@@ -154,7 +177,13 @@ def pack_bundle(
         raise AirgapError(Code.OUTPUT_EXISTS, f"{out} exists; choose a new path or use --force")
     started = time.perf_counter()
     sources = collect_sources(lock, source, include_files)
-    payload = sum({s.file.sha256: s.file.size for s in sources}.values())  # stored once each
+    lock, formats = check_pack_sources(
+        lock, {(s.file.repo_id, s.file.path): s.origin for s in sources if s.file.repo_id},
+        policy)
+    shipped, base = sources, None
+    if since is not None:
+        shipped, base = split_sources(sources, *read_base(since))
+    payload = sum({s.file.sha256: s.file.size for s in shipped}.values())  # stored once each
     parts = -(-payload // part_size)
     if parts > MAX_PARTS:
         least = -(-payload // MAX_PARTS)
@@ -171,7 +200,7 @@ def pack_bundle(
     try:
         with leftovers.held(tmp):
             index = _pack_into(tmp, out, lock, sources, key, part_size, compress, force,
-                               progress)
+                               progress, shipped=shipped, base=base, formats=formats)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -189,13 +218,18 @@ def _pack_into(
     compress: bool,
     force: bool,
     progress: Progress | None,
+    *,
+    shipped: list[Source],
+    base: Base | None,
+    formats: dict[tuple[str, str], str],
 ) -> Index:
     """Build, check, sign and move the bundle into place (``tmp`` is removed by the caller
     on any failure)."""
     umask = os.umask(0)
     os.umask(umask)
     tmp.chmod(0o777 & ~umask)  # mkdtemp's 0700 would make the bundle unreadable to others
-    index = _build_index(tmp, lock, sources, part_size, compress, progress)
+    index = _build_index(tmp, lock, sources, part_size, compress, progress,
+                         shipped=shipped, base=base, formats=formats)
     data = index.dumps()
     Index.parse(data)  # never sign an index that our own verifier would reject
     _write_file(tmp / INDEX_NAME, data)
@@ -212,11 +246,22 @@ def _build_index(
     part_size: int,
     compress: bool,
     progress: Progress | None,
+    *,
+    shipped: list[Source],
+    base: Base | None,
+    formats: dict[tuple[str, str], str],
 ) -> Index:
-    blobs, parts = write_blobs(tmp, sources, part_size, compress=compress, progress=progress)
+    tool = f"sovereign-gateway airgap {__version__}"
+    created_at = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    bom = _bom_source(tmp / f".{BOM_NAME}", build_bom(lock, formats, created_at, tool))
+    sources, shipped = [*sources, bom], [*shipped, bom]
+    try:
+        blobs, parts = write_blobs(tmp, shipped, part_size, compress=compress, progress=progress)
+    finally:
+        bom.origin.unlink(missing_ok=True)
     return Index(
-        tool=f"sovereign-gateway airgap {__version__}",
-        created_at=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        tool=tool,
+        created_at=created_at,
         compression="zlib" if compress else "none",
         part_size=part_size,
         payload_size=sum(b.stored_size for b in blobs),
@@ -224,7 +269,15 @@ def _build_index(
         files=tuple(s.file for s in sources),
         blobs=tuple(blobs),
         parts=parts,
+        base=base,
     )
+
+
+def _bom_source(path: Path, data: bytes) -> Source:
+    """The ML-BOM as an extra file to pack (written beside the parts, removed after)."""
+    _write_file(path, data)
+    sha = hashlib.sha256(data).hexdigest()
+    return Source(ContentFile(None, BOM_NAME, len(data), sha, sha), path, None)
 
 
 def _write_file(path: Path, data: bytes) -> None:

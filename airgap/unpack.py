@@ -45,11 +45,21 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from airgap import leftovers
 from airgap.bundle import ContentFile, Index
+from airgap.delta import check_base_in_store
 from airgap.errors import AirgapError, Code, StoreError, VerificationFailed
+from airgap.formats import check_index_formats, check_staged_formats
 from airgap.space import require_free, writing
 from airgap.stream import Progress, Range, hash_ranges
 from airgap.verify import VerifyReport, blob_ranges, check_index, diagnose
-from weights import Lockfile, WeightsError, hf_cache_paths, is_commit_sha, sha256_file
+from weights import (
+    DEFAULT_POLICY,
+    Lockfile,
+    SerialisationPolicy,
+    WeightsError,
+    hf_cache_paths,
+    is_commit_sha,
+    sha256_file,
+)
 
 Layout = Literal["hf-cache", "dir"]
 
@@ -114,6 +124,7 @@ def unpack_bundle(
     expected_lock: Lockfile | None = None,
     workers: int = 1,
     progress: Progress | None = None,
+    policy: SerialisationPolicy = DEFAULT_POLICY,
 ) -> UnpackReport:
     """Verify ``bundle`` and install its models into ``store``; all or nothing.
 
@@ -127,12 +138,15 @@ def unpack_bundle(
         expected_lock: optionally, a lockfile the bundle's pins must match.
         workers: hashing threads.
         progress: called with bytes streamed.
+        policy: serialisation policy, applied to the signed index before anything is
+            written (``airgap.formats.check_index_formats``).
 
     Returns:
         what was installed, skipped and repaired.
 
     Raises:
-        VerificationFailed: the bundle failed any check; the store is unchanged.
+        VerificationFailed: the bundle failed any check (``delta_base_missing``: a delta's
+            base content is not in the store); the store is unchanged.
         StoreError: ``store_unsafe`` (a symlink or non-directory on the way) or
             ``store_conflict`` (different content already at a target); the store is unchanged.
         AirgapError: ``bundle_not_found``, ``io_error``.
@@ -142,13 +156,15 @@ def unpack_bundle(
     check.raise_for_problems()
     index = check.index
     assert index is not None
+    check_index_formats(index, policy)
+    check_base_in_store(index, store, layout)  # a delta: its base must be there, verified
     report = UnpackReport(store=store, layout=layout, check=check)
     # Every directory this run will create, parents included, deepest first.
     created = sorted({m for d in (store, extras_into) if d is not None for m in _missing(d)},
                      key=lambda p: len(p.parts), reverse=True)
     try:
         return _install(bundle, index, check, report, store, layout, extras_into, workers,
-                        progress, started)
+                        progress, started, policy)
     except BaseException:
         for d in created:  # a failed unpack leaves no new empty directory behind either
             with contextlib.suppress(OSError):
@@ -177,6 +193,7 @@ def _install(
     workers: int,
     progress: Progress | None,
     started: float,
+    policy: SerialisationPolicy = DEFAULT_POLICY,
 ) -> UnpackReport:
     try:
         store.mkdir(parents=True, exist_ok=True)
@@ -209,6 +226,7 @@ def _install(
             require_free(store, sum(plan.sizes[s] for s in plan.targets if s not in resumed),
                          f"unpacking {bundle}")
             staged = _stage(bundle, index, check, plan, staging, workers, progress, resumed)
+            check_staged_formats(index, staged, policy)  # content, before anything is committed
             report.bytes_written = sum(plan.sizes[s] for s in staged if s not in resumed)
             _commit(plan, staged, staging)
     finally:

@@ -20,6 +20,8 @@ from airgap.bundle import (
     FORMAT_VERSION,
     INDEX_NAME,
     MAX_PARTS,
+    Base,
+    BaseBlob,
     Blob,
     ContentFile,
     Index,
@@ -110,7 +112,8 @@ class _Validator:
                 f"{INDEX_NAME}: format {self.doc.get('format')!r} version "
                 f"{self.doc.get('format_version')!r} is not {FORMAT!r} version {FORMAT_VERSION}",
             )
-        doc = self._obj(self.doc, "$", top_keys)
+        base_raw = self.doc.get("base") if isinstance(self.doc, dict) else None
+        doc = self._obj(self.doc, "$", top_keys + (("base",) if "base" in self.doc else ()))
         if doc["compression"] not in COMPRESSIONS:
             raise fail(Code.UNSUPPORTED_FORMAT, f"compression {doc['compression']!r} unsupported")
         part_size = self._int(doc["part_size"], "$.part_size")
@@ -120,7 +123,8 @@ class _Validator:
         lock = self._lock(doc["lock"])
         parts = self._parts(doc["parts"], part_size, payload_size)
         blobs = self._blobs(doc["blobs"], payload_size, doc["compression"])
-        files = self._files(doc["files"], lock, {b.sha256: b for b in blobs})
+        base = self._base(base_raw) if "base" in doc else None
+        files = self._files(doc["files"], lock, {b.sha256: b for b in blobs}, base)
         return Index(
             tool=self._str(doc["tool"], "$.tool"),
             created_at=self._str(doc["created_at"], "$.created_at"),
@@ -131,7 +135,24 @@ class _Validator:
             files=files,
             blobs=blobs,
             parts=parts,
+            base=base,
         )
+
+    def _base(self, raw: Any) -> Base:
+        b = self._obj(raw, "$.base", ("index_sha256", "blobs"))
+        if not isinstance(b["blobs"], list) or not b["blobs"]:
+            raise fail(Code.INDEX_INVALID, f"{INDEX_NAME}: $.base.blobs is not a non-empty array")
+        blobs: dict[str, BaseBlob] = {}
+        for i, item in enumerate(b["blobs"]):
+            where = f"$.base.blobs[{i}]"
+            e = self._obj(item, where, ("sha256", "size"))
+            bb = BaseBlob(self._str(e["sha256"], f"{where}.sha256", _HEX64),
+                          self._int(e["size"], f"{where}.size"))
+            if bb.sha256 in blobs:
+                raise fail(Code.BLOBS_LAYOUT, f"base blob {bb.sha256[:12]} listed twice")
+            blobs[bb.sha256] = bb
+        return Base(self._str(b["index_sha256"], "$.base.index_sha256", _HEX64),
+                    tuple(blobs.values()))
 
     def _lock(self, raw: Any) -> Lockfile:
         # Path and ref checks first, so hostile names get their precise code.
@@ -248,7 +269,7 @@ class _Validator:
         return tuple(blobs)
 
     def _files(
-        self, raw: Any, lock: Lockfile, blobs: dict[str, Blob]
+        self, raw: Any, lock: Lockfile, blobs: dict[str, Blob], base: Base | None = None
     ) -> tuple[ContentFile, ...]:
         if not isinstance(raw, list):
             raise fail(Code.INDEX_INVALID, f"{INDEX_NAME}: $.files is not an array")
@@ -266,7 +287,9 @@ class _Validator:
                 self._str(f["sha256"], f"{where}.sha256", _HEX64),
                 self._str(f["blob_id"], f"{where}.blob_id", _BLOB_ID),
             )
-            blob = blobs.get(cf.sha256)
+            blob: Blob | BaseBlob | None = blobs.get(cf.sha256)
+            if blob is None and base is not None and cf.repo_id is not None:
+                blob = next((b for b in base.blobs if b.sha256 == cf.sha256), None)
             if blob is None or blob.size != cf.size:
                 raise fail(
                     Code.BLOBS_LAYOUT, f"{cf.label}: no stored blob of its sha256 and size",
@@ -277,6 +300,10 @@ class _Validator:
         paths.check_tree((f.path for f in files if f.repo_id is None), where="extras")
         used = {f.sha256 for f in files}
         unused = [s for s in blobs if s not in used]
+        unused += [b.sha256 for b in (base.blobs if base else ()) if b.sha256 not in used]
+        both = [b.sha256 for b in (base.blobs if base else ()) if b.sha256 in blobs]
+        if both:
+            raise fail(Code.BLOBS_LAYOUT, f"blob {both[0][:12]} is both stored and a base blob")
         if unused:
             raise fail(Code.BLOBS_LAYOUT, f"blob {unused[0][:12]} is stored but used by no file")
         return tuple(files)

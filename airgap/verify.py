@@ -38,6 +38,7 @@ from airgap.bundle import (
 )
 from airgap.errors import Code, Problem, VerificationFailed
 from airgap.media import check_bundle_dir, check_parts, read_small
+from airgap.mlbom import BOM_NAME, check_bom, read_extra
 from airgap.signing import MAX_SIGNATURE_BYTES, verify_index_signature
 from airgap.stream import Progress, Range, RangeResult, hash_ranges
 from airgap.validate import check_expected_lock
@@ -188,6 +189,10 @@ def verify_bundle(
     report.problems.extend(
         diagnose(report, index, results, workers=workers, all_parts=all_parts, progress=progress)
     )
+    if not report.problems:  # the ML-BOM's bytes are verified: now its meaning (airgap.mlbom)
+        bom = read_extra(bundle, index, BOM_NAME)
+        if bom is not None:
+            report.problems.extend(check_bom(bom, index))
     report.seconds = time.perf_counter() - started
     report.cpu_seconds = time.process_time() - cpu_started
     return report

@@ -8,6 +8,7 @@ Public API (other packages import only these names)::
     hf_cache_paths, install_hf_cache         the Hugging Face cache layout
     WeightsError (+ subclasses, each with a stable ``code``)
     Interrupted, interruptible, die_by       SIGINT/SIGTERM/SIGHUP -> cleanup -> exit 130/143
+    SerialisationPolicy, check_format        refuse pickle-based files (weights.serialisation)
 
 Nothing here touches the network; only :mod:`weights.hub` (imported lazily by ``pin``/``pull``)
 talks to the configured hub endpoint.
@@ -33,9 +34,21 @@ from weights.errors import (
 )
 from weights.interrupt import Interrupted, die_by, interruptible
 from weights.lockfile import LockedFile, LockEntry, Lockfile, check_repo_path, is_commit_sha
+from weights.serialisation import (
+    ALLOW_SWITCH,
+    DEFAULT_POLICY,
+    SCANNER,
+    SerialisationPolicy,
+    UnsafeSerialisationError,
+    check_format,
+    named_as_pickle,
+)
 from weights.verify import Mismatch, VerifyReport, verify_tree
 
 __all__ = [
+    "ALLOW_SWITCH",
+    "DEFAULT_POLICY",
+    "SCANNER",
     "CacheLayoutError",
     "DigestMismatchError",
     "EmptyModelError",
@@ -49,8 +62,11 @@ __all__ = [
     "LockfileError",
     "Mismatch",
     "PathCollisionError",
+    "SerialisationPolicy",
+    "UnsafeSerialisationError",
     "VerifyReport",
     "WeightsError",
+    "check_format",
     "check_repo_path",
     "die_by",
     "digest_file",
@@ -59,6 +75,7 @@ __all__ = [
     "install_hf_cache",
     "interruptible",
     "is_commit_sha",
+    "named_as_pickle",
     "repo_folder_name",
     "resolve_model_dir",
     "sha256_file",

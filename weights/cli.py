@@ -39,6 +39,7 @@ from weights.errors import (
 )
 from weights.interrupt import Interrupted, die_by, interruptible
 from weights.lockfile import LockEntry, Lockfile
+from weights.serialisation import SerialisationPolicy, UnsafeSerialisationError
 from weights.verify import VerifyReport
 
 app = typer.Typer(
@@ -49,7 +50,10 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-_VERIFY_FAILURES = (DigestMismatchError, SignatureVerificationError, DriftError)
+_VERIFY_FAILURES = (DigestMismatchError, SignatureVerificationError, DriftError,
+                    UnsafeSerialisationError)
+AllowPickleOpt = Annotated[bool, typer.Option(
+    "--allow-pickle", help="Accept pickle-based files that the allowlist scanner finds safe.")]
 
 
 @app.callback()
@@ -74,6 +78,7 @@ def pin(
     endpoint: EndpointOpt = "https://huggingface.co",
     token: TokenOpt = None,
     as_json: JsonOpt = False,
+    allow_pickle: AllowPickleOpt = False,
 ) -> None:
     """Resolve REPO_ID at a revision to its commit and record every file's digests."""
     from weights.pin import pin as do_pin
@@ -82,7 +87,8 @@ def pin(
     try:
         result = do_pin(hub_client(endpoint, token), lock, repo_id, revision,
                         include=include or (), exclude=exclude or (),
-                        allow_license=allow_license or (), update=update)
+                        allow_license=allow_license or (), update=update,
+                        policy=SerialisationPolicy(allow_pickle=allow_pickle))
     except DriftError as exc:
         if as_json:
             print(json.dumps({"ok": False, "drift": _drift_json(exc.drift)}, indent=2))
@@ -131,6 +137,7 @@ def pull(
     endpoint: EndpointOpt = "https://huggingface.co",
     token: TokenOpt = None,
     quiet: QuietOpt = False,
+    allow_pickle: AllowPickleOpt = False,
 ) -> None:
     """Download exactly the pinned commit's files, verifying each before it becomes visible."""
     from weights.pull import plain_dir_for, pull_entry, select_entries
@@ -143,7 +150,8 @@ def pull(
     for entry in entries:
         dest = plain_dir_for(into, entry, len(entries) > 1) if into is not None else None
         with progress(entry.total_bytes, entry.repo_id, quiet) as advance:
-            result = pull_entry(hub, entry, into=dest, cache=cache, progress=advance)
+            result = pull_entry(hub, entry, into=dest, cache=cache, progress=advance,
+                                policy=SerialisationPolicy(allow_pickle=allow_pickle))
         if result.resumed:  # even with --quiet: the operator should know a run was killed
             console.print(f"{entry.repo_id}: resumed {result.resumed} file(s) left by an "
                           "interrupted earlier run", markup=False)
@@ -352,9 +360,11 @@ def _report(exc: WeightsError, verbose: bool, code: str | None = None) -> None:
 
 def _register() -> None:
     from weights.cli_extra import keygen, sign, size
+    from weights.cli_local import lock
     from weights.cli_plan import plan
 
     app.command()(keygen)
+    app.command()(lock)
     app.command()(sign)
     app.command()(size)
     app.command()(plan)

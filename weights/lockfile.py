@@ -11,8 +11,11 @@ Format (version 1), deterministic UTF-8 JSON text produced by
         "license": "apache-2.0" | null,                        # model card licence
         "gated": false,
         "pinned_at": "2026-11-30T04:00:00Z",                   # UTC, second precision
+        "origin": {"kind": "local", "path": "/srv/models/x",   # only for `weights lock DIR`
+                   "claimed_repo_id": "org/name" | null, "claimed_commit": "<40 hex>" | null},
         "files": [{"path": "config.json", "size": 612, "sha256": "<64 hex>",
-                   "git_sha1": "<40 hex>" | null, "lfs": false}, ...]}]}
+                   "git_sha1": "<40 hex>" | null, "lfs": false,
+                   "scan": "<scanner> <version>: safe (...)"}, ...]}]}   # pickles only
 
 ``sha256`` is always the digest of the file content; ``git_sha1`` is the git blob SHA-1 the Hub
 reports for regular files (null for LFS files, whose git object is only a pointer).
@@ -109,6 +112,9 @@ class LockedFile:
         sha256: Lower-case hex SHA-256 of the content.
         git_sha1: Git blob SHA-1 of the content for regular files; None for LFS files.
         lfs: True if the Hub stores the file in LFS.
+        scan: For a pickle-based file accepted with ``--allow-pickle``, the scanner's verdict
+            line (``"<scanner> <version>: safe (globals: ...)"``; :mod:`weights.serialisation`);
+            None otherwise (the key is then absent from the JSON).
     """
 
     path: str
@@ -116,6 +122,7 @@ class LockedFile:
     sha256: str
     git_sha1: str | None
     lfs: bool
+    scan: str | None = None
 
     @property
     def blob_id(self) -> str:
@@ -129,13 +136,39 @@ class LockedFile:
 
     def to_json(self) -> dict[str, Any]:
         """Return the file as a JSON-ready dict (lockfile schema)."""
-        return {
+        doc: dict[str, Any] = {
             "path": self.path,
             "size": self.size,
             "sha256": self.sha256,
             "git_sha1": self.git_sha1,
             "lfs": self.lfs,
         }
+        if self.scan is not None:
+            doc["scan"] = self.scan
+        return doc
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where a locked model came from when it did not come from a hub (``weights lock DIR``).
+
+    Attributes:
+        kind: ``"local"``: a directory or a Hugging Face cache snapshot already on disk.
+        path: Absolute path of the directory when it was locked.
+        claimed_repo_id: Upstream repository the operator (or the cache layout) declared;
+            a claim, not verified against any hub.
+        claimed_commit: Upstream commit declared with it; a claim, not verified.
+    """
+
+    kind: str
+    path: str
+    claimed_repo_id: str | None = None
+    claimed_commit: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """Return the origin as a JSON-ready dict (lockfile schema)."""
+        return {"kind": self.kind, "path": self.path, "claimed_repo_id": self.claimed_repo_id,
+                "claimed_commit": self.claimed_commit}
 
 
 @dataclass(frozen=True)
@@ -150,6 +183,8 @@ class LockEntry:
         license: Model card licence identifier, or None if the card declares none.
         gated: Whether the repository is gated on the Hub.
         pinned_at: UTC timestamp ``YYYY-MM-DDTHH:MM:SSZ`` of the pin.
+        origin: None for a hub pin; :class:`Origin` for a model locked from disk (the key
+            is then written as ``"origin"``; absent otherwise).
     """
 
     repo_id: str
@@ -159,6 +194,7 @@ class LockEntry:
     license: str | None = None
     gated: bool = False
     pinned_at: str = "1970-01-01T00:00:00Z"
+    origin: Origin | None = None
     _by_path: dict[str, LockedFile] = field(
         init=False, repr=False, compare=False, hash=False, default_factory=dict
     )
@@ -187,7 +223,7 @@ class LockEntry:
 
     def to_json(self) -> dict[str, Any]:
         """Return the entry as a JSON-ready dict (lockfile schema)."""
-        return {
+        doc: dict[str, Any] = {
             "repo_id": self.repo_id,
             "requested_revision": self.requested_revision,
             "commit": self.commit,
@@ -196,6 +232,9 @@ class LockEntry:
             "pinned_at": self.pinned_at,
             "files": [f.to_json() for f in self.files],
         }
+        if self.origin is not None:
+            doc["origin"] = self.origin.to_json()
+        return doc
 
 
 @dataclass(frozen=True)
@@ -433,6 +472,7 @@ def _parse(doc: Any, source: str) -> Lockfile:
                     sha256=p.string(f["sha256"], f"{fw}.sha256", _HEX64),
                     git_sha1=p.opt_string(f.get("git_sha1"), f"{fw}.git_sha1", _HEX40),
                     lfs=p.boolean(f["lfs"], f"{fw}.lfs"),
+                    scan=p.opt_string(f.get("scan"), f"{fw}.scan"),
                 )
             )
         revision = p.string(m["requested_revision"], f"{where}.requested_revision")
@@ -452,6 +492,7 @@ def _parse(doc: Any, source: str) -> Lockfile:
                 pinned_at=p.string(
                     m.get("pinned_at", "1970-01-01T00:00:00Z"), f"{where}.pinned_at", _TIMESTAMP
                 ),
+                origin=_origin(p, m.get("origin"), f"{where}.origin"),
             )
         )
     try:
@@ -460,6 +501,21 @@ def _parse(doc: Any, source: str) -> Lockfile:
         exc.message = f"{source}: {exc.message}"
         exc.args = (exc.message,)
         raise
+
+
+def _origin(p: _Parser, raw: Any, where: str) -> Origin | None:
+    if raw is None:
+        return None
+    o = p.obj(raw, where, ("kind", "path"))
+    if o["kind"] != "local":
+        raise p.fail(f"{where}.kind", f"unknown origin kind {o['kind']!r} (expected 'local')")
+    return Origin(
+        kind="local",
+        path=p.string(o["path"], f"{where}.path"),
+        claimed_repo_id=p.opt_string(o.get("claimed_repo_id"), f"{where}.claimed_repo_id",
+                                     _REPO_ID),
+        claimed_commit=p.opt_string(o.get("claimed_commit"), f"{where}.claimed_commit", _HEX40),
+    )
 
 
 def validate_entry(entry: LockEntry) -> LockEntry:
@@ -477,6 +533,7 @@ __all__ = [
     "LockEntry",
     "LockedFile",
     "Lockfile",
+    "Origin",
     "check_repo_path",
     "is_commit_sha",
     "is_repo_id",

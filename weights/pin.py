@@ -14,10 +14,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING
 
 from weights.digests import digest_file
 from weights.errors import DigestMismatchError, DriftError, LicenseRefusedError, WeightsError
-from weights.hub import HubClient, RemoteFile, RemoteSnapshot
 from weights.lockfile import (
     LockedFile,
     LockEntry,
@@ -26,6 +26,10 @@ from weights.lockfile import (
     is_repo_id,
     validate_entry,
 )
+from weights.serialisation import DEFAULT_POLICY, SerialisationPolicy, check_format, check_names
+
+if TYPE_CHECKING:  # annotations only: `weights lock` uses this module without the hub
+    from weights.hub import HubClient, RemoteFile, RemoteSnapshot
 
 
 @dataclass(frozen=True)
@@ -133,6 +137,7 @@ def check_license(snapshot: RemoteSnapshot, allowed: Sequence[str]) -> None:
 def _lock_file(
     hub: HubClient, snap: RemoteSnapshot, rf: RemoteFile, staging: Path,
     progress: Callable[[int], None] | None,
+    policy: SerialisationPolicy = DEFAULT_POLICY,
 ) -> LockedFile:
     check_repo_path(rf.path)
     if rf.lfs_sha256 is not None:
@@ -144,7 +149,9 @@ def _lock_file(
         raise DigestMismatchError(rf.path, f"size:{rf.size}", f"size:{d.size}")
     if d.git_sha1 != rf.git_oid:
         raise DigestMismatchError(rf.path, f"git-sha1:{rf.git_oid}", f"git-sha1:{d.git_sha1}")
-    return LockedFile(path=rf.path, size=d.size, sha256=d.sha256, git_sha1=d.git_sha1, lfs=False)
+    fmt = check_format(blob, f"{snap.repo_id}:{rf.path}", policy)  # a pickle by content, too
+    return LockedFile(path=rf.path, size=d.size, sha256=d.sha256, git_sha1=d.git_sha1, lfs=False,
+                      scan=fmt.scan)
 
 
 def resolve_entry(
@@ -157,6 +164,7 @@ def resolve_entry(
     allow_license: Sequence[str] = (),
     now: datetime | None = None,
     progress: Callable[[int], None] | None = None,
+    policy: SerialisationPolicy = DEFAULT_POLICY,
 ) -> tuple[LockEntry, list[str]]:
     """Resolve ``revision`` on the hub and build a lock entry (nothing is written).
 
@@ -167,17 +175,21 @@ def resolve_entry(
         LicenseRefusedError: ``allow_license`` is set and the licence is not in it.
         WeightsError: No file selected; hub errors (see :class:`weights.hub.HubClient`).
         DigestMismatchError: A regular file downloaded does not match its git SHA-1.
+        UnsafeSerialisationError: A selected file is pickle-based (by name; regular files
+            also by content) and ``policy`` refuses it. LFS files are only fetched by ``pull``,
+            which scans their content.
     """
     snap = hub.snapshot(repo_id, revision)
     check_license(snap, allow_license)
     chosen = set(select([f.path for f in snap.files], include, exclude))
     if not chosen:
         raise WeightsError(f"{snap.repo_id}@{revision}: no file matches the include/exclude globs")
+    check_names(sorted(f"{snap.repo_id}:{p}" for p in chosen), policy)
     stamp = (now or datetime.now(UTC)).strftime("%Y-%m-%dT%H:%M:%SZ")
     warnings: list[str] = []
     with tempfile.TemporaryDirectory(prefix="weights-pin-") as tmp:
         files = tuple(
-            _lock_file(hub, snap, rf, Path(tmp), progress)
+            _lock_file(hub, snap, rf, Path(tmp), progress, policy)
             for rf in snap.files if rf.path in chosen
         )
         for rf in snap.files:
@@ -220,6 +232,7 @@ def pin(
     update: bool = False,
     now: datetime | None = None,
     progress: Callable[[int], None] | None = None,
+    policy: SerialisationPolicy = DEFAULT_POLICY,
 ) -> PinResult:
     """Pin ``repo_id`` at ``revision`` into the lockfile at ``lock_path``.
 
@@ -238,7 +251,8 @@ def pin(
                                 "sentence-transformers/all-MiniLM-L6-v2")
     lock = Lockfile.load_or_empty(lock_path)
     new, warnings = resolve_entry(hub, repo_id, revision, include=include, exclude=exclude,
-                        allow_license=allow_license, now=now, progress=progress)
+                        allow_license=allow_license, now=now, progress=progress,
+                        policy=policy)
     previous = lock.get(new.repo_id)
     if previous is None:
         lock.with_entry(new).save(lock_path)

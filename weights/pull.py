@@ -41,6 +41,7 @@ from weights.digests import ProgressCallback
 from weights.errors import CacheLayoutError, DigestMismatchError, StorageError, WeightsError
 from weights.hub import HubClient
 from weights.lockfile import LockedFile, LockEntry, Lockfile
+from weights.serialisation import DEFAULT_POLICY, SerialisationPolicy, check_format, check_names
 from weights.verify import check_file
 
 STAGING_NAME = ".weights-staging"
@@ -136,6 +137,7 @@ def pull_entry(
     staging: Path | None = None,
     progress: ProgressCallback | None = None,
     on_file: FileEvent | None = None,
+    policy: SerialisationPolicy = DEFAULT_POLICY,
 ) -> PullResult:
     """Fetch and verify every file of ``entry`` into a plain directory or an HF cache.
 
@@ -149,6 +151,9 @@ def pull_entry(
             it found); removed on success.
         progress: Byte-count callback (downloaded bytes, and sizes of reused files).
         on_file: Per-file outcome callback.
+        policy: Serialisation policy: a pickle-based file (by name, before any download, or
+            by content, once verified) is refused unless ``policy.allow_pickle`` and the
+            allowlist scanner finds it safe (:mod:`weights.serialisation`).
 
     Returns:
         A :class:`PullResult`.
@@ -157,9 +162,11 @@ def pull_entry(
         DigestMismatchError: A downloaded file does not match the lock (it was deleted).
         HubError and subclasses: The hub refused or failed.
         CacheLayoutError: The destination cannot be written safely.
+        UnsafeSerialisationError: A file is pickle-based and refused (nothing of it is kept).
     """
     if (into is None) == (cache is None):
         raise WeightsError("give exactly one of into= (plain directory) or cache= (HF cache)")
+    check_names((f"{entry.repo_id}:{f.path}" for f in entry.files), policy)
     if into is not None:
         lock = into.parent / f".{into.name}.weights-pull.lock"
         where = into
@@ -169,7 +176,7 @@ def pull_entry(
         where = cache
     with _exclusive(lock, where):
         return _pull_entry(hub, entry, into=into, cache=cache, staging=staging,
-                           progress=progress, on_file=on_file)
+                           progress=progress, on_file=on_file, policy=policy)
 
 
 @contextmanager
@@ -213,6 +220,7 @@ def _pull_entry(
     staging: Path | None,
     progress: ProgressCallback | None,
     on_file: FileEvent | None,
+    policy: SerialisationPolicy = DEFAULT_POLICY,
 ) -> PullResult:
     tree: Path | None = None  # where a new --into directory is built until complete
     if into is not None:
@@ -249,6 +257,7 @@ def _pull_entry(
         else:
             final = paths.blob(locked.blob_id)
         if _reusable(final, locked):
+            check_format(final, f"{entry.repo_id}:{locked.path}", policy)
             result.reused.append(locked.path)
             if progress is not None:
                 progress(locked.size)
@@ -258,6 +267,11 @@ def _pull_entry(
         blob = hub.fetch(entry.repo_id, locked.path, entry.commit,
                          staging_part(staging, entry, locked), locked.size, progress)
         _verify_staged(blob, locked)
+        try:
+            check_format(blob, f"{entry.repo_id}:{locked.path}", policy)
+        except BaseException:
+            blob.unlink(missing_ok=True)
+            raise
         try:
             if into is not None:
                 final.parent.mkdir(parents=True, exist_ok=True)

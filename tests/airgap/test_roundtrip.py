@@ -206,7 +206,8 @@ def test_two_models_share_blobs_once_and_ref_moves(keys: KeyPair, tmp_path: Path
     bundle = tmp_path / "ab"
     index = pack_bundle(lock, src, bundle, keys.private, part_size=1 << 20).index
     distinct = {f.sha256: f.size for e in lock.entries for f in e.files}
-    assert index.payload_size == sum(distinct.values())
+    (bom,) = index.extras  # the ML-BOM (airgap.mlbom) is the one extra, stored too
+    assert index.payload_size == sum(distinct.values()) + bom.size
     assert index.payload_size < sum(e.total_bytes for e in lock.entries)
     store = tmp_path / "store"
     unpack_bundle(bundle, [keys.public], store)

@@ -1,9 +1,11 @@
 """OTLP export only to the egress-policy destination of the collector.
 
-A local OTLP/HTTP receiver (a real ASGI app on loopback, decoding the protobuf bodies) stands in
-for the collector. In process: spans and metrics arrive. In a real ``gateway serve`` with the
-process guard enforcing: spans arrive, the access line carries the trace id, nothing is blocked;
-without a collector configured nothing is sent, even with ``OTEL_EXPORTER_OTLP_ENDPOINT`` set.
+The collector is ``oteltest``'s OTLP/HTTP sink (``tests/gateway/telemetry/otlp_sink.py``), which
+decodes the export requests with the OpenTelemetry protobufs. In process: spans and metrics
+arrive and carry the GenAI attributes and the response's usage. In a real ``gateway serve`` with
+the process guard enforcing: spans arrive, the access line carries the trace id, nothing is
+blocked; without a collector configured nothing connects to it, even with
+``OTEL_EXPORTER_OTLP_ENDPOINT`` set.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,14 +24,7 @@ import httpx
 import openai
 import pytest
 import yaml
-from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
-    ExportMetricsServiceRequest,
-)
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import Response
-from starlette.routing import Route
+from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from gateway.app import create_app
 from gateway.assembly import assemble
@@ -39,51 +34,25 @@ from gateway.settings import parse
 from gateway.telemetry import Telemetry, TelemetrySettings
 from policy import Policy
 from tests.conftest import free_port
-from tests.gateway.helpers import KEY_A, config, start_sim
+from tests.gateway.helpers import KEY_A, SERVED, config, start_sim
+from tests.gateway.telemetry.otlp_sink import OtlpSink, attributes
 
 ROOT = Path(__file__).parents[2]
 
 
-class Receiver:
-    """What the OTLP/HTTP receiver got: (path, body) pairs."""
+@pytest.fixture
+def sink() -> Iterator[OtlpSink]:
+    sink = OtlpSink().start()
+    yield sink
+    sink.stop()
 
-    def __init__(self) -> None:
-        self.got: list[tuple[str, bytes]] = []
 
-    def app(self) -> Starlette:
-        async def receive(request: Request) -> Response:
-            self.got.append((request.url.path, await request.body()))
-            return Response(b"", media_type="application/x-protobuf")
+def _span_names(sink: OtlpSink) -> list[str]:
+    return [s.name for s in sink.spans()]
 
-        return Starlette(routes=[Route("/v1/traces", receive, methods=["POST"]),
-                                 Route("/v1/metrics", receive, methods=["POST"])])
 
-    def span_names(self) -> list[str]:
-        names = []
-        for path, body in self.got:
-            if path == "/v1/traces":
-                req = ExportTraceServiceRequest.FromString(body)
-                names += [s.name for rs in req.resource_spans for ss in rs.scope_spans
-                          for s in ss.spans]
-        return names
-
-    def trace_ids(self) -> set[str]:
-        out = set()
-        for path, body in self.got:
-            if path == "/v1/traces":
-                req = ExportTraceServiceRequest.FromString(body)
-                out |= {s.trace_id.hex() for rs in req.resource_spans for ss in rs.scope_spans
-                        for s in ss.spans}
-        return out
-
-    def metric_names(self) -> set[str]:
-        names = set()
-        for path, body in self.got:
-            if path == "/v1/metrics":
-                req = ExportMetricsServiceRequest.FromString(body)
-                names |= {m.name for rm in req.resource_metrics for sm in rm.scope_metrics
-                          for m in sm.metrics}
-        return names
+def _trace_ids(sink: OtlpSink) -> set[str]:
+    return {s.trace_id.hex() for s in sink.spans()}
 
 
 def _policy_text(sim_port: int, collector_port: int) -> str:
@@ -97,32 +66,63 @@ def _policy_text(sim_port: int, collector_port: int) -> str:
     )
 
 
-def _wait(cond: Callable[[], bool], timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond() and time.monotonic() < deadline:
-        time.sleep(0.05)
+def _points(sink: OtlpSink, name: str) -> list[tuple[dict[str, Any], Any]]:
+    """(attributes, data point) of the last export of metric ``name`` (they are cumulative)."""
+    last = sink.metrics()[name][-1]
+    data = getattr(last, last.WhichOneof("data"))
+    return [(attributes(p.attributes), p) for p in data.data_points]
 
 
 def test_otlp_export_reaches_the_collector_destination(
-    serve_asgi: Callable[..., Any]
+    serve_asgi: Callable[..., Any], sink: OtlpSink
 ) -> None:
     sim = start_sim(serve_asgi)
-    rec = Receiver()
-    collector = serve_asgi(rec.app())
-    pol = Policy.from_text(_policy_text(int(sim.url.rsplit(":", 1)[1]), collector.port))
-    ts = TelemetrySettings(otlp_endpoint=collector.url, otlp_endpoint_destination="collector",
+    pol = Policy.from_text(_policy_text(int(sim.url.rsplit(":", 1)[1]), sink.port))
+    ts = TelemetrySettings(otlp_endpoint=sink.url, otlp_endpoint_destination="collector",
                            export_interval_s=0.2, admin={"port": 0})
     tel = Telemetry(ts, policy=pol)
     gw_settings = parse(config([sim.url]), {"VLLM_KEY": "x"})
     url = serve_asgi(create_app(gw_settings, assemble(gw_settings, telemetry=tel))).url
     client = openai.OpenAI(base_url=url + "/v1", api_key=KEY_A, max_retries=0, timeout=20)
-    client.chat.completions.create(model="llama-3.1-8b", max_tokens=3,
-                                   messages=[{"role": "user", "content": "hi"}])
-    _wait(lambda: "sg.gateway.requests" in rec.metric_names())
+    resp = client.chat.completions.create(model="llama-3.1-8b", max_tokens=3,
+                                          messages=[{"role": "user", "content": "hi"}])
+    assert resp.usage is not None
+    sink.wait(lambda s: "gen_ai.client.token.usage" in s.metrics())
     assert tel.tracer_provider.force_flush(5000)
-    assert "chat llama-3.1-8b" in rec.span_names()
-    assert {"sg.gateway.requests", "gen_ai.server.time_to_first_token",
-            "gen_ai.client.token.usage"} <= rec.metric_names()
+    sink.wait(lambda s: len(s.spans()) >= 2)
+
+    # spans: the server span with the GenAI attributes, the client span its child
+    server = next(s for s in sink.spans() if s.kind == Span.SPAN_KIND_SERVER)
+    client_span = next(s for s in sink.spans() if s.kind == Span.SPAN_KIND_CLIENT)
+    assert server.name == "chat llama-3.1-8b"
+    a = attributes(server.attributes)
+    assert a["gen_ai.operation.name"] == "chat"
+    assert a["gen_ai.provider.name"] == "vllm"
+    assert a["gen_ai.request.model"] == "llama-3.1-8b"
+    assert a["gen_ai.response.model"] == SERVED
+    assert a["gen_ai.request.max_tokens"] == 3
+    assert a["gen_ai.usage.input_tokens"] == resp.usage.prompt_tokens
+    assert a["gen_ai.usage.output_tokens"] == resp.usage.completion_tokens
+    assert a["http.response.status_code"] == 200
+    assert client_span.parent_span_id == server.span_id
+    assert client_span.trace_id == server.trace_id
+    c = attributes(client_span.attributes)
+    assert (c["server.address"], c["server.port"]) == ("127.0.0.1", int(sim.url.rsplit(":", 1)[1]))
+    assert c["gen_ai.request.model"] == SERVED
+    assert "hi" not in {str(v) for v in (*a.values(), *c.values())}  # no content
+
+    # metrics: GenAI names and attributes, values matching the response's usage
+    tokens = {p[0]["gen_ai.token.type"]: p for p in _points(sink, "gen_ai.client.token.usage")}
+    out_attrs, out = tokens["output"]
+    assert out_attrs["gen_ai.request.model"] == "llama-3.1-8b"
+    assert out_attrs["gen_ai.operation.name"] == "chat"
+    assert (out.count, out.sum) == (1, resp.usage.completion_tokens)
+    assert tokens["input"][1].sum == resp.usage.prompt_tokens
+    [(ttft_attrs, ttft)] = _points(sink, "gen_ai.server.time_to_first_token")
+    assert ttft.count == 1 and ttft.sum > 0 and ttft_attrs["sg.key.id"] == "team-a"
+    [(req_attrs, req)] = _points(sink, "sg.gateway.requests")
+    assert req.as_int == 1 and req_attrs["sg.outcome"] == "ok"
+    assert {frozenset(r) for r in sink.resources()} == {frozenset({"service.name"})}
 
 
 def test_collector_outside_its_destination_is_refused() -> None:
@@ -147,7 +147,7 @@ def _serve(tmp_path: Path, cfg: dict[str, Any], env: dict[str, str],
     cmd = [sys.executable, "-m", "gateway.cli", "serve", "--config", str(cfg_file)]
     with subprocess.Popen(cmd, cwd=ROOT, env=env, stderr=subprocess.PIPE) as proc:
         try:
-            deadline = time.monotonic() + 30
+            deadline = time.monotonic() + 90  # start-up imports take 15 s on a loaded machine
             while True:
                 try:
                     httpx.get(url + "/healthz", timeout=1).raise_for_status()
@@ -189,13 +189,11 @@ def _serve_config(tmp_path: Path, sim_url: str, pfile: Path, port: int) -> dict[
 
 
 def test_guarded_serve_exports_only_to_the_collector(
-    serve_asgi: Callable[..., Any], tmp_path: Path
+    serve_asgi: Callable[..., Any], tmp_path: Path, sink: OtlpSink
 ) -> None:
     sim = start_sim(serve_asgi)
-    rec = Receiver()
-    collector = serve_asgi(rec.app())
     pfile = tmp_path / "policy.yaml"
-    pfile.write_text(_policy_text(int(sim.url.rsplit(":", 1)[1]), collector.port))
+    pfile.write_text(_policy_text(int(sim.url.rsplit(":", 1)[1]), sink.port))
     port = free_port()
     env = {**os.environ, "VLLM_KEY": "x"}
 
@@ -203,28 +201,28 @@ def test_guarded_serve_exports_only_to_the_collector(
     run1 = tmp_path / "run1"
     run1.mkdir()
     cfg = _serve_config(run1, sim.url, pfile, port)
-    cfg["telemetry"] = {"otlp_endpoint": collector.url, "otlp_endpoint_destination": "collector",
+    cfg["telemetry"] = {"otlp_endpoint": sink.url, "otlp_endpoint_destination": "collector",
                         "admin": {"port": free_port()}, "export_interval_s": 60}
     stderr, records = _serve(run1, cfg, env, port)
     assert [r for r in records if r["type"] == "egress.denied"] == []
-    assert rec.span_names().count("chat llama-3.1-8b") == 2
-    assert "sg.gateway.requests" in rec.metric_names()  # flushed at shutdown
+    assert _span_names(sink).count("chat llama-3.1-8b") == 2
+    assert "sg.gateway.requests" in sink.metrics()  # flushed at shutdown
     access = [json.loads(line) for line in stderr.splitlines()
               if line.startswith("{") and '"type":"access"' in line]
     traced = {a["trace_id"] for a in access if a.get("path") == "/v1/chat/completions"}
-    assert len(traced) == 2 and traced <= rec.trace_ids()
+    assert len(traced) == 2 and traced <= _trace_ids(sink)
     assert "sg-test-key" not in stderr and '"hi"' not in stderr  # no keys, no content
 
     # 2. no collector configured, OTEL_* variables pointing at it: nothing is sent
-    rec.got.clear()
+    sink.clear()
     run2 = tmp_path / "run2"
     run2.mkdir()
     cfg = _serve_config(run2, sim.url, pfile, port)
     cfg["telemetry"] = {"admin": {"port": free_port()}}
-    env2 = {**env, "OTEL_EXPORTER_OTLP_ENDPOINT": collector.url, "OTEL_TRACES_EXPORTER": "otlp",
+    env2 = {**env, "OTEL_EXPORTER_OTLP_ENDPOINT": sink.url, "OTEL_TRACES_EXPORTER": "otlp",
             "OTEL_METRICS_EXPORTER": "otlp", "HTTP_PROXY": f"http://127.0.0.1:{free_port()}"}
     _, records = _serve(run2, cfg, env2, port)
-    assert rec.got == []
+    assert (sink.connections(), sink.requests()) == (0, 0)  # not even a connection
     assert [r for r in records if r["type"] == "egress.denied"] == []
 
 

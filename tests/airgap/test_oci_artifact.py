@@ -1,0 +1,165 @@
+"""OCI model artifacts: a verified bundle's model as an OCI image layout with CNCF ModelPack
+media types and the signed index attached, pushed to a real registry (Debian's
+docker-registry on loopback) and pulled back with real skopeo, then verified offline."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from airgap_helpers import KeyPair, lock_entry_from_dir, make_small_model, write_lock
+
+from airgap import pack_bundle
+from airgap.cli import main
+from airgap.oci import (
+    ARTIFACT,
+    CONFIG,
+    DOC,
+    FILEPATH,
+    WEIGHT,
+    WEIGHT_CONFIG,
+    export_oci,
+    verify_oci,
+)
+from tests.hub_fixtures import MINILM
+from weights import Lockfile
+
+TOOLS = ("skopeo", "docker-registry")
+
+
+def _blob(layout: Path, digest: str) -> bytes:
+    return (layout / "blobs" / "sha256" / digest.split(":", 1)[1]).read_bytes()
+
+
+def _manifest(layout: Path) -> dict[str, object]:
+    top = json.loads((layout / "index.json").read_text())
+    return json.loads(_blob(layout, top["manifests"][0]["digest"]))  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+def small(tmp_path: Path, keys: KeyPair) -> tuple[Lockfile, Path]:
+    src = make_small_model(tmp_path / "src")
+    (src / "README.md").write_text("---\nlicense: mit\n---\n# tiny\n")
+    lock = write_lock(tmp_path / "weights.lock", lock_entry_from_dir(src, "acme/tiny"))
+    bundle = tmp_path / "bundle"
+    pack_bundle(lock, src, bundle, keys.private)
+    return lock, bundle
+
+
+def test_layout_uses_modelpack_media_types_and_pinned_digests(
+    small: tuple[Lockfile, Path], keys: KeyPair, tmp_path: Path
+) -> None:
+    lock, bundle = small
+    layout = export_oci(bundle, [keys.public], tmp_path / "oci", tag="v1")
+    assert json.loads((layout / "oci-layout").read_text()) == {"imageLayoutVersion": "1.0.0"}
+    m = _manifest(layout)
+    assert m["artifactType"] == ARTIFACT and m["config"]["mediaType"] == CONFIG  # type: ignore[index]
+    layers = {x["annotations"][FILEPATH]: x for x in m["layers"]}  # type: ignore[attr-defined]
+    entry = lock.entry("acme/tiny")
+    for f in entry.files:
+        assert layers[f.path]["digest"] == f"sha256:{f.sha256}"
+        assert layers[f.path]["size"] == f.size
+        assert _blob(layout, layers[f.path]["digest"]) == (
+            bundle.parent / "src" / f.path).read_bytes()
+    assert layers["model.safetensors"]["mediaType"] == WEIGHT
+    assert layers["README.md"]["mediaType"] == DOC
+    assert layers["config.json"]["mediaType"] == WEIGHT_CONFIG
+    assert _blob(layout, layers[".airgap/index.json"]["digest"]) == (
+        bundle / "index.json").read_bytes()
+    config = json.loads(_blob(layout, m["config"]["digest"]))  # type: ignore[index]
+    assert config["descriptor"]["revision"] == entry.commit
+    assert config["modelfs"]["diffIds"] == [x["digest"] for x in m["layers"]]  # type: ignore[attr-defined]
+    report = verify_oci(layout, [keys.public])
+    assert report.ok, report.problems
+    assert report.layers == {f.path: f"sha256:{f.sha256}" for f in entry.files}
+
+
+def test_tampered_layer_and_untrusted_key_are_refused(
+    small: tuple[Lockfile, Path], keys: KeyPair, other_keys: KeyPair, tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    lock, bundle = small
+    layout = export_oci(bundle, [keys.public], tmp_path / "oci")
+    assert [p.code for p in verify_oci(layout, [other_keys.public]).problems] == [
+        "signature_untrusted_key"]
+    f = lock.entry("acme/tiny").file("model.safetensors")
+    blob = layout / "blobs" / "sha256" / f.sha256
+    data = bytearray(blob.read_bytes())
+    data[1000] ^= 1
+    blob.write_bytes(bytes(data))
+    rc = main(["oci-verify", str(layout), "--public-key", str(keys.public_path)])
+    err = capsys.readouterr().err
+    assert rc == 1
+    assert "FAIL oci_digest_mismatch: acme/tiny:model.safetensors: blob bytes differ" in err
+
+
+@pytest.fixture
+def registry(tmp_path: Path) -> Iterator[str]:
+    """Debian's docker-registry (distribution 2.x) on a free loopback port."""
+    missing = [t for t in TOOLS if shutil.which(t) is None]
+    if missing:
+        pytest.fail(f"{', '.join(missing)} not installed: apt-get install skopeo docker-registry "
+                    "(.ci/run does)")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cfg = tmp_path / "registry.yml"
+    cfg.write_text(f"version: 0.1\nstorage:\n  filesystem:\n    rootdirectory: {tmp_path}/reg\n"
+                   f"http:\n  addr: 127.0.0.1:{port}\n")
+    log = (tmp_path / "registry.log").open("wb")
+    proc = subprocess.Popen(["docker-registry", "serve", str(cfg)], stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(f"http://{url}/v2/", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"registry did not start: {(tmp_path / 'registry.log').read_text()}")
+            time.sleep(0.1)
+        yield url
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+        log.close()
+
+
+def _skopeo(*args: str) -> None:
+    r = subprocess.run(["skopeo", *args], capture_output=True, text=True, timeout=300,
+                       check=False)
+    assert r.returncode == 0, r.stderr
+
+
+def test_minilm_artifact_survives_a_registry_round_trip_with_skopeo(
+    minilm_snapshot: Path, keys: KeyPair, registry: str, tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    lock = write_lock(tmp_path / "weights.lock", lock_entry_from_dir(minilm_snapshot, MINILM))
+    bundle = tmp_path / "bundle"
+    pack_bundle(lock, minilm_snapshot, bundle, keys.private)
+    assert main(["oci-export", str(bundle), "--public-key", str(keys.public_path),
+                 "--out", str(tmp_path / "oci"), "--tag", "v1"]) == 0
+    ref = f"docker://{registry}/sentence-transformers/all-minilm-l6-v2:v1"
+    _skopeo("copy", "--dest-tls-verify=false", f"oci:{tmp_path / 'oci'}:v1", ref)
+    _skopeo("copy", "--src-tls-verify=false", ref, f"oci:{tmp_path / 'pulled'}:v1")
+    capsys.readouterr()
+    rc = main(["oci-verify", str(tmp_path / "pulled"), "--public-key", str(keys.public_path),
+               "--tag", "v1", "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert rc == 0, doc
+    entry = lock.entry(MINILM)
+    assert doc["repo_id"] == MINILM and doc["commit"] == entry.commit
+    assert doc["layers"] == {f.path: f"sha256:{f.sha256}" for f in entry.files}

@@ -1,0 +1,91 @@
+"""Start llama.cpp's server (``llama-cpp-python[server]``) on loopback, run the opt-in
+conformance tests against it, stop it.
+
+Used by ``make test-llamacpp``::
+
+    .venv/bin/python tests/integration/run_llamacpp.py \\
+        --llamacpp-python .cache/llamacpp-venv/bin/python --model .cache/tiny-llama.gguf \\
+        -- -q -m llamacpp tests/integration/test_llamacpp_conformance.py
+
+The server runs as ``python -m llama_cpp.server`` with the model alias ``tiny``, a 512-token
+context, one thread per request and nothing downloaded (the GGUF file is local). The exit code
+is pytest's (2 when the server does not come up).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+SERVED_NAME = "tiny"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--llamacpp-python", type=Path, required=True)
+    parser.add_argument("--model", type=Path, required=True, help="GGUF file")
+    parser.add_argument("--n-ctx", type=int, default=512)
+    parser.add_argument("--startup-timeout-s", type=float, default=300.0)
+    parser.add_argument("--log", type=Path, default=Path(".cache/llamacpp-server.log"))
+    parser.add_argument("pytest_args", nargs="*")
+    args = parser.parse_args(argv)
+    if not args.model.is_file():
+        print(f"run_llamacpp: --model {args.model}: no such file", file=sys.stderr)
+        return 2
+
+    port = free_port()
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "DO_NOT_TRACK": "1"}
+    cmd_server = [
+        str(args.llamacpp_python), "-m", "llama_cpp.server",
+        "--host", "127.0.0.1", "--port", str(port), "--model", str(args.model),
+        "--model_alias", SERVED_NAME, "--n_ctx", str(args.n_ctx), "--n_threads", "1",
+        "--seed", "0",
+    ]
+    args.log.parent.mkdir(parents=True, exist_ok=True)
+    url = f"http://127.0.0.1:{port}"
+    with args.log.open("wb") as log:
+        proc = subprocess.Popen(cmd_server, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+        try:
+            deadline = time.monotonic() + args.startup_timeout_s
+            print(f"starting llama.cpp server on {url} (log: {args.log}) ...", flush=True)
+            while True:
+                try:
+                    if httpx.get(f"{url}/v1/models", timeout=2).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    print(f"llama.cpp server did not come up; see {args.log}", file=sys.stderr)
+                    return 2
+                time.sleep(0.5)
+            print("llama.cpp server is up; running the conformance tests", flush=True)
+            env_tests = {**os.environ, "SG_LLAMACPP_URL": url, "SG_LLAMACPP_MODEL": SERVED_NAME}
+            cmd = [sys.executable, "-m", "pytest", *(args.pytest_args or ["-m", "llamacpp"])]
+            return subprocess.call(cmd, env=env_tests)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+                try:
+                    proc.wait(30)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait(10)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,69 @@
+"""``weights lock DIR``: lock weights already on disk (registered on the app by weights.cli)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from weights.cli_common import JsonOpt, LockOpt, QuietOpt, progress
+from weights.cli_common import console as _console
+from weights.errors import DriftError
+from weights.serialisation import SerialisationPolicy
+
+
+def lock(
+    directory: Annotated[Path, typer.Argument(help="Model directory or HF cache snapshot.")],
+    repo_id: Annotated[
+        str | None, typer.Option("--repo-id", help="Name in the lockfile (org/name).")
+    ] = None,
+    revision: Annotated[str, typer.Option("--revision", help="Revision name for refs/.")] = "main",
+    claim_repo: Annotated[
+        str | None, typer.Option("--claim-repo", help="Declared upstream repo (not verified).")
+    ] = None,
+    claim_commit: Annotated[
+        str | None, typer.Option("--claim-commit", help="Declared upstream commit (not verified).")
+    ] = None,
+    lock_path: LockOpt = Path("weights.lock"),
+    update: Annotated[bool, typer.Option("--update", help="Accept drift.")] = False,
+    allow_pickle: Annotated[bool, typer.Option(
+        "--allow-pickle", help="Accept pickle-based files the allowlist scanner finds safe.")
+    ] = False,
+    as_json: JsonOpt = False,
+    quiet: QuietOpt = False,
+) -> None:
+    """Lock a directory already on disk (no network): digest every file, record its origin."""
+    from weights.cli import _drift_json, _print_drift
+    from weights.local import lock_local
+
+    console = _console()
+    total = sum(p.stat().st_size for p in directory.rglob("*") if p.is_file()) \
+        if directory.is_dir() else 0
+    try:
+        with progress(total, f"locking {directory.name}", quiet or as_json) as advance:
+            result = lock_local(
+                lock_path, directory, update=update, repo_id=repo_id, revision=revision,
+                claimed_repo_id=claim_repo, claimed_commit=claim_commit,
+                policy=SerialisationPolicy(allow_pickle=allow_pickle), progress=advance)
+    except DriftError as exc:
+        if as_json:
+            print(json.dumps({"ok": False, "drift": _drift_json(exc.drift)}, indent=2))
+        else:
+            _print_drift(console, exc.drift)
+        raise
+    e = result.entry
+    if as_json:
+        print(json.dumps({"ok": True, "written": result.written, "entry": e.to_json(),
+                          "drift": _drift_json(result.drift)}, indent=2, ensure_ascii=False))
+        return
+    if result.written and result.previous is not None:
+        _print_drift(console, result.drift)
+    state = "locked" if result.written else "unchanged"
+    claim = ""
+    if e.origin is not None and (e.origin.claimed_repo_id or e.origin.claimed_commit):
+        claim = (f", claims {e.origin.claimed_repo_id or '?'}@"
+                 f"{e.origin.claimed_commit or '?'} (not verified)")
+    console.print(f"{state} {e.repo_id} from {directory} -> {e.commit} ({len(e.files)} files, "
+                  f"{e.total_bytes} bytes, licence {e.license}{claim}) in {lock_path}")

@@ -1,0 +1,272 @@
+"""Serialisation policy: which weight formats may be staged, found by name and by content.
+
+Default policy (``SerialisationPolicy()``): safetensors, GGUF and plain data files only.
+A pickle-based file executes code when loaded (``torch.load``, ``pickle.load``), so it is
+refused at pin, lock, pull, pack and unpack with one line naming the file and the switch
+``--allow-pickle``. With the switch the file is scanned by :mod:`weights.pickle_scan` (an
+allowlist over ``pickletools.genops``; nothing is unpickled) and refused if unsafe; the verdict
+(scanner name and version, imported callables) is recorded in the lockfile and bundle index.
+
+A file is pickle-based if any of these holds (name alone is not enough: a renamed pickle is
+the first evasion tried):
+
+* its name ends in ``.bin``, ``.pt``, ``.pth``, ``.ckpt``, ``.pkl``, ``.pickle``, ``.joblib``
+  and its content is not recognisably safetensors or GGUF;
+* its content starts with a complete pickle (:func:`weights.pickle_scan.is_pickle`);
+* it is a zip archive (``torch.save``'s format since torch 1.6, ``.npz``) holding a pickle or
+  another archive (nested archives are scanned member by member, at most 3 deep).
+
+Sources: safetensors header layout (8-byte little-endian header length, then a JSON object;
+huggingface/safetensors README); GGUF magic ``GGUF`` (ggml docs/gguf.md); zip local header
+``PK\\x03\\x04`` (PKWARE APPNOTE 4.3.7).
+"""
+
+from __future__ import annotations
+
+import io
+import struct
+import zipfile
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+from weights.errors import WeightsError
+from weights.pickle_scan import (
+    SCANNER_NAME,
+    SCANNER_VERSION,
+    NotAPickle,
+    PickleVerdict,
+    is_pickle,
+    scan_pickle_stream,
+)
+
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle", ".joblib")
+#: Nesting depth of archives inside archives that is still scanned; deeper is refused.
+MAX_ARCHIVE_DEPTH = 3
+#: Largest archive member read into memory for scanning, in bytes (pickles inside torch
+#: archives are small: tensor data lives in separate members).
+MAX_MEMBER_BYTES = 256 * 1024**2
+
+ALLOW_SWITCH = "--allow-pickle"
+SCANNER = f"{SCANNER_NAME} {SCANNER_VERSION}"
+
+
+class UnsafeSerialisationError(WeightsError):
+    """A file is pickle-based and the policy refuses it (or the scanner found it unsafe).
+
+    Attributes:
+        path: The file (repository-relative or as given).
+    """
+
+    code = "unsafe_serialisation"
+
+    def __init__(self, message: str, *, path: str, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.path = path
+
+
+@dataclass(frozen=True)
+class SerialisationPolicy:
+    """What may be staged.
+
+    Attributes:
+        allow_pickle: Accept pickle-based files that the allowlist scanner finds safe.
+    """
+
+    allow_pickle: bool = False
+
+
+#: The default policy: safetensors, GGUF and data files; every pickle refused.
+DEFAULT_POLICY = SerialisationPolicy()
+
+
+@dataclass(frozen=True)
+class FormatVerdict:
+    """The format of one file and, for pickles, the scan.
+
+    Attributes:
+        format: ``safetensors``, ``gguf``, ``pickle`` or ``data`` (anything else: JSON,
+            text, tokenizers, ONNX ...; nothing in it is executed by a loader).
+        scan: ``"<scanner> <version>: safe (globals ...)"`` for a scanned pickle, else None.
+        pickle: The scanner's verdict for a pickle (None otherwise or when not scanned).
+    """
+
+    format: str
+    scan: str | None = None
+    pickle: PickleVerdict | None = None
+
+
+def named_as_pickle(path: str) -> bool:
+    """True if the file name has a pickle-based extension (case-insensitive)."""
+    return path.lower().endswith(PICKLE_SUFFIXES)
+
+
+def sniff(fh: BinaryIO, size: int) -> str:
+    """Return the format of a file by content: ``safetensors``, ``gguf``, ``zip``,
+    ``pickle`` or ``data``. ``fh`` is positioned at 0 and left there."""
+    head = fh.read(16)
+    fh.seek(0)
+    if head[:4] == b"GGUF":
+        return "gguf"
+    if len(head) >= 9:
+        (hlen,) = struct.unpack("<Q", head[:8])
+        if head[8:9] == b"{" and 2 <= hlen <= size - 8:
+            return "safetensors"
+    if head[:4] == b"PK\x03\x04":
+        return "zip"
+    if is_pickle(fh, size):
+        return "pickle"
+    return "data"
+
+
+def _scan_zip(data: BinaryIO, label: str, depth: int) -> tuple[bool, list[str], list[str]]:
+    """Scan an archive: (holds pickles, globals, findings)."""
+    if depth > MAX_ARCHIVE_DEPTH:
+        return True, [], [f"{label}: archives nested deeper than {MAX_ARCHIVE_DEPTH}"]
+    try:
+        zf = zipfile.ZipFile(data)
+    except (zipfile.BadZipFile, OSError, ValueError) as exc:
+        return True, [], [f"{label}: unreadable zip archive ({exc})"]
+    has_pickle = False
+    found: list[str] = []
+    findings: list[str] = []
+    with zf:
+        for info in zf.infolist():
+            where = f"{label}!{info.filename}"
+            if info.is_dir():
+                continue
+            if info.file_size > MAX_MEMBER_BYTES and not info.filename.endswith(".pkl"):
+                continue  # tensor storage: the loader never unpickles it
+            if info.file_size > MAX_MEMBER_BYTES:
+                return True, found, [*findings, f"{where}: pickle larger than the scan limit"]
+            try:
+                member = zf.read(info)
+            except (zipfile.BadZipFile, OSError, ValueError, NotImplementedError) as exc:
+                return True, found, [*findings, f"{where}: unreadable member ({exc})"]
+            kind = sniff(io.BytesIO(member), len(member))
+            if kind == "zip":
+                nested, g, f = _scan_zip(io.BytesIO(member), where, depth + 1)
+                has_pickle |= nested
+                found += g
+                findings += f
+            elif kind == "pickle" or info.filename.endswith(".pkl"):
+                has_pickle = True
+                try:
+                    v = scan_pickle_stream(io.BytesIO(member), len(member))
+                except NotAPickle as exc:
+                    findings.append(f"{where}: named .pkl but not a pickle ({exc})")
+                    continue
+                found += v.globals
+                findings += [f"{where}: {x}" for x in v.findings]
+    return has_pickle, found, findings
+
+
+def _pickle_verdict(found: Iterable[str], findings: list[str], pickles: int) -> PickleVerdict:
+    return PickleVerdict(safe=not findings, globals=tuple(sorted(set(found))),
+                         findings=tuple(findings), pickles=pickles)
+
+
+def inspect_file(path: Path, label: str) -> tuple[str, PickleVerdict | None]:
+    """Find the format of ``path`` and scan it if it is pickle-based (never unpickles).
+
+    Returns:
+        (format, verdict): verdict is None unless format is ``pickle``.
+
+    Raises:
+        OSError: The file cannot be read.
+    """
+    with path.open("rb") as fh:
+        size = path.stat().st_size
+        kind = sniff(fh, size)
+        if kind in ("safetensors", "gguf"):
+            return kind, None
+        if kind == "zip":
+            has_pickle, found, findings = _scan_zip(fh, label, 1)
+            if has_pickle or named_as_pickle(label):
+                if not has_pickle:
+                    findings.append(f"{label}: pickle-named archive without a pickle")
+                return "pickle", _pickle_verdict(found, findings, 0)
+            return "data", None
+        if kind == "pickle":
+            return "pickle", scan_pickle_stream(fh, size)
+        if named_as_pickle(label):
+            return "pickle", _pickle_verdict(
+                [], [f"{label}: named as a pickle but neither a pickle nor safetensors/GGUF"], 0)
+        return "data", None
+
+
+def describe(verdict: PickleVerdict) -> str:
+    """The one-line verdict recorded in lockfiles and indexes."""
+    state = "safe" if verdict.safe else "unsafe"
+    return f"{SCANNER}: {state} (globals: {', '.join(verdict.globals) or 'none'})"
+
+
+def check_format(path: Path, label: str, policy: SerialisationPolicy) -> FormatVerdict:
+    """Apply ``policy`` to one file.
+
+    Args:
+        path: The file on disk.
+        label: How to name it in messages (``repo_id:path``).
+        policy: The policy.
+
+    Returns:
+        The format and, for an allowed pickle, the recorded scan line.
+
+    Raises:
+        UnsafeSerialisationError: A pickle-based file without ``allow_pickle``, or one the
+            scanner finds unsafe (message names the file and the first findings).
+        OSError: The file cannot be read.
+    """
+    kind, verdict = inspect_file(path, label)
+    if kind != "pickle":
+        return FormatVerdict(kind)
+    assert verdict is not None
+    if not policy.allow_pickle:
+        raise refuse_by_name(label)
+    if not verdict.safe:
+        raise UnsafeSerialisationError(
+            f"{label}: pickle refused by {SCANNER}: {'; '.join(verdict.findings[:3])}",
+            path=label,
+            hint="convert it to safetensors; the scanner accepts only a plain tensor state dict",
+        )
+    return FormatVerdict("pickle", describe(verdict), verdict)
+
+
+def refuse_by_name(label: str) -> UnsafeSerialisationError:
+    """The refusal of a pickle-based file under the default policy (one line, names the switch)."""
+    return UnsafeSerialisationError(
+        f"{label}: pickle-based file refused (it can run code when loaded); "
+        f"re-run with {ALLOW_SWITCH} to scan and accept a plain tensor state dict",
+        path=label,
+    )
+
+
+def check_names(labels: Iterable[str], policy: SerialisationPolicy) -> None:
+    """Refuse pickle-named files under the default policy, before any byte is fetched.
+
+    Raises:
+        UnsafeSerialisationError: The first pickle-named file (when not ``allow_pickle``).
+    """
+    if policy.allow_pickle:
+        return
+    for label in labels:
+        if named_as_pickle(label):
+            raise refuse_by_name(label)
+
+
+__all__ = [
+    "ALLOW_SWITCH",
+    "DEFAULT_POLICY",
+    "PICKLE_SUFFIXES",
+    "SCANNER",
+    "FormatVerdict",
+    "SerialisationPolicy",
+    "UnsafeSerialisationError",
+    "check_format",
+    "check_names",
+    "describe",
+    "inspect_file",
+    "named_as_pickle",
+    "sniff",
+]
