@@ -11,6 +11,16 @@ Measures on this machine, for the simulator directly and for each gateway varian
     first token and then waits 10 minutes), from ``VmRSS`` before and after (target: < 64 KiB
     per open stream).
 
+(d) issue 16: ``--stall-streams`` (512) concurrent streams of ``--paced-tokens`` (200) tokens
+    ``--paced-itl-ms`` (20 ms) apart: the share of streams without a gap over 100 ms (target
+    >= 99%), the p99 inter-event gap (target <= 1.5x direct's) and the relaying process's CPU
+    time per relayed event (tokens arrive one at a time; target <= 2x nginx's);
+(e) a burst of ``--burst-streams`` (256) new streams at once: TTFT p50 (target <= 2x direct's);
+    and from (b): added p99 at concurrency 1 (target < 1 ms), p99 at 32 (target <= 2x direct's).
+
+With nginx installed (Debian ``nginx-light``), nginx runs as a plain C reverse proxy beside the
+gateway (one process, ``proxy_buffering off``, HTTP/1.1 upstream keep-alive; ``--nginx off``).
+
 The simulator and every gateway run as separate processes (uvicorn, standard asyncio loop);
 the load generator is a raw-socket asyncio client in this process (``bench/relay_load.py``).
 
@@ -19,6 +29,7 @@ Usage::
     .venv/bin/python bench/relay.py                                   # direct vs default gateway
     .venv/bin/python bench/relay.py --variant audit=cfg/audit.yaml --variant off=cfg/off.yaml
     .venv/bin/python bench/relay.py --variant self=direct --skip memory   # harness self-test
+    .venv/bin/python bench/relay.py --only stalls --only burst --only latency  # issue 16
 
 A variant config is a gateway YAML file; the benchmark rewrites ``listen``, points every replica
 at the simulator (served model name ``m``) and adds its own API key. ``NAME=direct`` measures
@@ -48,13 +59,23 @@ from relay_procs import (
     Proc,
     load_variant,
     model_name,
+    nginx_binary,
     start_gateway,
+    start_nginx,
     start_sim,
 )
 
 TARGET_RATIO = 0.6
 TARGET_ADDED_P50_MS = 2.0
 TARGET_KIB_PER_STREAM = 64.0
+# issue 16: many streams at 20 ms between tokens
+STALL_GAP_S = 0.100
+TARGET_STALL_FREE_PCT = 99.0
+TARGET_GAP_P99_X = 1.5
+TARGET_CPU_X_NGINX = 2.0
+TARGET_ADDED_C1_P99_MS = 1.0
+TARGET_C32_P99_X = 2.0
+TARGET_BURST_TTFT_X = 2.0
 
 
 @dataclass
@@ -189,6 +210,125 @@ async def phase_memory(variants: list[tuple[str, dict[str, Any] | None]], target
         idle_sim.stop()
 
 
+def _stream_req(t: Target, tokens: int) -> bytes:
+    return request_bytes(f"127.0.0.1:{t.port}", "/v1/chat/completions",
+                         chat_body(t.model, True, tokens), t.api_key, False)
+
+
+async def phase_paced(variants: list[tuple[str, dict[str, Any] | None]], targets: list[Target],
+                      args: argparse.Namespace, workdir: Path) -> None:
+    """(d) stalls and CPU per relayed event, (e) a burst of new streams (issue 16).
+
+    A second simulator paces tokens (``--paced-itl-ms`` apart, ``--paced-tokens`` per stream),
+    so tokens arrive one at a time; each gateway variant and nginx (when installed) relay it.
+    """
+    sim = start_sim("m", tokens=args.paced_tokens, itl_ms=args.paced_itl_ms)
+    procs: list[Proc] = [sim]
+    paced: list[tuple[Target, Proc]] = [(Target("direct", "127.0.0.1", sim.port, "m", None), sim)]
+    try:
+        for name, base in variants:
+            target = next(t for t in targets if t.name == name)
+            if base is None:
+                paced.append((Target(name, "127.0.0.1", sim.port, "m", None), sim))
+                continue
+            gw = start_gateway(f"{name}-paced", base, sim.url, workdir)
+            procs.append(gw)
+            paced.append((Target(name, "127.0.0.1", gw.port, target.model, BENCH_KEY, gw), gw))
+        nginx = next((t for t in targets if t.name == "nginx"), None)
+        if nginx is not None:
+            ng = start_nginx(sim.port, workdir)
+            procs.append(ng)
+            paced.append((Target("nginx", "127.0.0.1", ng.port, "m", None, ng), ng))
+        by_name = {t.name: t for t in targets}
+        if "stalls" not in args.skip:
+            for t, proc in paced:
+                req = _stream_req(t, args.paced_tokens)
+                await run_streams(t.host, t.port, req, 16, 16)  # warm-up
+                c0 = proc.cpu_s
+                tot = await run_streams(t.host, t.port, req, args.stall_streams,
+                                        args.stall_streams)
+                used = proc.cpu_s - c0
+                done = [r for r in tot.results if r.complete]
+                gaps = [g for r in done for g in r.gaps_s]
+                free = sum(1 for r in done if r.max_gap_s <= STALL_GAP_S)
+                by_name[t.name].results.update(
+                    stall_free_pct=100.0 * free / max(len(tot.results), 1),
+                    gap_p99_ms=pct(gaps, 0.99) * 1000 if gaps else 0.0,
+                    gap_max_ms=max(gaps, default=0.0) * 1000,
+                    cpu_us_per_event=used / max(tot.events, 1) * 1e6,
+                    paced_failures=tot.failures,
+                )
+                print(f"# stalls {t.name}: {free}/{len(tot.results)} stall-free", file=sys.stderr)
+        if "burst" not in args.skip:
+            for t, _ in paced:
+                req = _stream_req(t, args.burst_tokens)
+                tot = await run_streams(t.host, t.port, req, args.burst_streams,
+                                        args.burst_streams)
+                ttfts = [r.ttft_s for r in tot.results if r.complete]
+                by_name[t.name].results.update(
+                    burst_ttft_p50_ms=pct(ttfts, 0.5) * 1000 if ttfts else 0.0,
+                    burst_failures=tot.failures,
+                )
+    finally:
+        for proc in reversed(procs):
+            proc.stop()
+
+
+def render_paced(targets: list[Target]) -> list[str]:
+    """Rows and target checks of the issue-16 scenarios (d) and (e), and the latency tails."""
+    direct = targets[0].results
+    nginx = next((t.results for t in targets if t.name == "nginx"), None)
+    out = ["", f"{'target':<16}{'stall-free %':>13}{'gap p99':>9}{'gap max':>9}"
+           f"{'us CPU/event':>13}{'burst ttft p50':>15}{'+c1 p99':>9}{'c32 p99':>9}"]
+    out.append("-" * len(out[-1]))
+    for t in targets:
+        r = t.results
+
+        def f(key: str, fmt: str = "{:.1f}", res: dict[str, Any] = r) -> str:
+            return fmt.format(res[key]) if key in res else "-"
+
+        add = (f"{r['c1_p99_ms'] - direct['c1_p99_ms']:.2f}"
+               if "c1_p99_ms" in r and "c1_p99_ms" in direct else "-")
+        out.append(f"{t.name:<16}{f('stall_free_pct'):>13}{f('gap_p99_ms'):>9}"
+                   f"{f('gap_max_ms', '{:.0f}'):>9}{f('cpu_us_per_event'):>13}"
+                   f"{f('burst_ttft_p50_ms'):>15}{add:>9}{f('c32_p99_ms', '{:.2f}'):>9}")
+    out.append(f"(d) {STALL_GAP_S * 1000:.0f} ms gap = stall; CPU/event = the relaying process's "
+               "CPU time / events relayed (direct: the simulator's own); (e) burst of new streams")
+    for t in targets[1:]:
+        if t.name == "nginx":
+            continue
+        r, checks = t.results, []
+
+        def ok(cond: bool) -> str:
+            return "PASS" if cond else "FAIL"
+
+        if "stall_free_pct" in r:
+            checks.append(f"stall-free {r['stall_free_pct']:.1f}% >= {TARGET_STALL_FREE_PCT}%: "
+                          f"{ok(r['stall_free_pct'] >= TARGET_STALL_FREE_PCT)}")
+            if direct.get("gap_p99_ms"):
+                x = r["gap_p99_ms"] / direct["gap_p99_ms"]
+                checks.append(f"gap p99 {x:.2f}x direct <= {TARGET_GAP_P99_X}: "
+                              f"{ok(x <= TARGET_GAP_P99_X)}")
+            if nginx and nginx.get("cpu_us_per_event"):
+                x = r["cpu_us_per_event"] / nginx["cpu_us_per_event"]
+                checks.append(f"CPU/event {x:.2f}x nginx <= {TARGET_CPU_X_NGINX}: "
+                              f"{ok(x <= TARGET_CPU_X_NGINX)}")
+        if "c1_p99_ms" in r and "c1_p99_ms" in direct:
+            add = r["c1_p99_ms"] - direct["c1_p99_ms"]
+            checks.append(f"added c1 p99 {add:.2f} ms < {TARGET_ADDED_C1_P99_MS} ms: "
+                          f"{ok(add < TARGET_ADDED_C1_P99_MS)}")
+            x = r["c32_p99_ms"] / direct["c32_p99_ms"]
+            checks.append(f"c32 p99 {x:.2f}x direct <= {TARGET_C32_P99_X}: "
+                          f"{ok(x <= TARGET_C32_P99_X)}")
+        if direct.get("burst_ttft_p50_ms") and "burst_ttft_p50_ms" in r:
+            x = r["burst_ttft_p50_ms"] / direct["burst_ttft_p50_ms"]
+            checks.append(f"burst TTFT p50 {x:.2f}x direct <= {TARGET_BURST_TTFT_X}: "
+                          f"{ok(x <= TARGET_BURST_TTFT_X)}")
+        if checks:
+            out.append(f"{t.name}: " + "; ".join(checks))
+    return out
+
+
 def render(targets: list[Target], args: argparse.Namespace) -> str:
     direct = targets[0].results
     out = []
@@ -243,8 +383,14 @@ def render(targets: list[Target], args: argparse.Namespace) -> str:
             )
         if r.get("stream_failures"):
             checks.append(f"{r['stream_failures']} streams did not complete")
-        out.append(f"{t.name}: " + "; ".join(checks))
+        if checks:
+            out.append(f"{t.name}: " + "; ".join(checks))
+    if any(k in t.results for t in targets for k in ("stall_free_pct", "burst_ttft_p50_ms")):
+        out += render_paced(targets)
     return "\n".join(out)
+
+
+PHASES = ["streams", "latency", "memory", "stalls", "burst"]
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -258,14 +404,29 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--idle-streams", type=int, default=1000, help="open idle streams (c)")
     p.add_argument("--variant", action="append", default=[], metavar="NAME=CONFIG_YAML",
                    help="gateway config to measure (repeatable; CONFIG 'direct' = simulator)")
-    p.add_argument("--skip", action="append", default=[], choices=["streams", "latency", "memory"])
+    p.add_argument("--skip", action="append", default=[], choices=PHASES,
+                   help="leave out a scenario (repeatable)")
+    p.add_argument("--only", action="append", default=[], choices=PHASES,
+                   help="run only these scenarios (repeatable)")
+    p.add_argument("--stall-streams", type=int, default=512,
+                   help="concurrent paced streams (d)")
+    p.add_argument("--paced-tokens", type=int, default=200, help="tokens per paced stream (d)")
+    p.add_argument("--paced-itl-ms", type=float, default=20.0,
+                   help="milliseconds between tokens of paced streams (d, e)")
+    p.add_argument("--burst-streams", type=int, default=256, help="new streams at once (e)")
+    p.add_argument("--burst-tokens", type=int, default=5, help="tokens per burst stream (e)")
+    p.add_argument("--nginx", choices=["auto", "off"], default="auto",
+                   help="also measure nginx as a plain reverse proxy when installed")
     p.add_argument("--stream-connections", choices=["keep-alive", "close"],
                    default="keep-alive",
                    help="(a): reuse client connections (like SDK pools) or one per stream")
     p.add_argument("--client-loop", choices=["uvloop", "asyncio"], default="uvloop",
                    help="event loop of the load generator (uvloop keeps it lean)")
     p.add_argument("--json", type=Path, help="also write the results as JSON here")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.only:
+        args.skip = [ph for ph in PHASES if ph not in args.only]
+    return args
 
 
 async def run(args: argparse.Namespace) -> list[Target]:
@@ -290,6 +451,12 @@ async def run(args: argparse.Namespace) -> list[Target]:
                 gw = start_gateway(name, base, sim.url, Path(tmp))
                 procs.append(gw)
                 targets.append(Target(name, "127.0.0.1", gw.port, model_name(base), BENCH_KEY, gw))
+            if args.nginx == "auto" and nginx_binary() is not None:
+                ng = start_nginx(sim.port, Path(tmp))
+                procs.append(ng)
+                targets.append(Target("nginx", "127.0.0.1", ng.port, "m", None, ng))
+            elif args.nginx == "auto":
+                print("# nginx not installed: no nginx baseline", file=sys.stderr)
             t0 = time.monotonic()
             if "streams" not in args.skip:
                 await phase_streams(targets, sim, args)
@@ -303,6 +470,9 @@ async def run(args: argparse.Namespace) -> list[Target]:
         finally:
             for proc in reversed(procs):
                 proc.stop()
+        if "stalls" not in args.skip or "burst" not in args.skip:
+            await phase_paced(variants, targets, args, Path(tmp))
+            print(f"# stalls/burst done in {time.monotonic() - t0:.0f} s", file=sys.stderr)
         if "memory" not in args.skip:
             await phase_memory(variants, targets, args, Path(tmp))
             print(f"# memory done in {time.monotonic() - t0:.0f} s", file=sys.stderr)
@@ -324,7 +494,9 @@ def main(argv: list[str] | None = None) -> int:
                 .splitlines() if ln.startswith("model name")), platform.machine())
     print(f"relay benchmark {started}, {os.cpu_count()} CPUs ({cpu}), Python "
           f"{platform.python_version()}; {args.streams} streams x {args.events} tokens, "
-          f"{args.concurrency} concurrent, {args.rounds} rounds (medians)")
+          f"{args.concurrency} concurrent, {args.rounds} rounds (medians); paced: "
+          f"{args.stall_streams} streams x {args.paced_tokens} tokens {args.paced_itl_ms:g} ms "
+          f"apart, burst {args.burst_streams}; skipped: {', '.join(args.skip) or 'none'}")
     print(render(targets, args))
     if args.json:
         doc = {"started": started, "cpu": cpu, "args": {k: str(v) for k, v in vars(args).items()},

@@ -26,6 +26,12 @@ class StreamResult:
     ttft_s: float
     total_s: float
     complete: bool
+    gaps_s: list[float] = field(default_factory=list)
+    """Inter-event gaps in seconds as the client saw them (events read together: gap 0)."""
+
+    @property
+    def max_gap_s(self) -> float:
+        return max(self.gaps_s, default=0.0)
 
 
 @dataclass
@@ -149,6 +155,8 @@ class _StreamCounter(asyncio.Protocol):
         self.t0 = time.perf_counter()
         self.ttft = 0.0
         self.events = 0
+        self.last = 0.0
+        self.gaps: list[float] = []
         self.complete = False
         self.tail = b""
         self.body = _Dechunker()
@@ -169,8 +177,14 @@ class _StreamCounter(asyncio.Protocol):
         buf = self.tail + payload
         found = buf.count(MARK)
         if found:
+            now = time.perf_counter()
             if not self.events:
-                self.ttft = time.perf_counter() - self.t0
+                self.ttft = now - self.t0
+            else:
+                self.gaps.append(now - self.last)
+            if found > 1:
+                self.gaps.extend([0.0] * (found - 1))
+            self.last = now
             self.events += found
         if not self.complete and self.done_marker in buf:
             self.complete = True
@@ -190,7 +204,7 @@ class _StreamCounter(asyncio.Protocol):
         # complete = saw [DONE] and (chunked) the terminating chunk, or EOF for raw bodies
         ok = self.complete and (self.body.ended or not self.body.chunked)
         self.results.append(StreamResult(self.events, self.ttft, time.perf_counter() - self.t0,
-                                         ok))
+                                         ok, self.gaps))
         self.active = False
 
     def connection_lost(self, exc: Exception | None) -> None:

@@ -155,3 +155,66 @@ def start_gateway(name: str, base: dict[str, Any], sim_url: str, workdir: Path) 
 def model_name(base: dict[str, Any]) -> str:
     """The model clients ask for: the first model of the config."""
     return str(base["models"][0]["name"])
+
+
+NGINX_CONF = """\
+daemon off;
+master_process off;
+worker_processes 1;
+error_log {dir}/error.log warn;
+pid {dir}/nginx.pid;
+events {{ worker_connections 8192; }}
+http {{
+    access_log off;
+    client_body_temp_path {dir}/body;
+    proxy_temp_path {dir}/proxy;
+    fastcgi_temp_path {dir}/fastcgi;
+    uwsgi_temp_path {dir}/uwsgi;
+    scgi_temp_path {dir}/scgi;
+    upstream sim {{
+        server 127.0.0.1:{upstream_port};
+        keepalive 1024;
+    }}
+    server {{
+        listen 127.0.0.1:{port} backlog=4096;
+        keepalive_requests 100000;
+        location / {{
+            proxy_pass http://sim;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_buffering off;
+            proxy_request_buffering off;
+        }}
+    }}
+}}
+"""
+
+
+def nginx_binary() -> str | None:
+    """Path of Debian's ``nginx`` (``/usr/sbin/nginx``) or one on ``PATH``, if installed."""
+    import shutil
+
+    found = shutil.which("nginx") or shutil.which("nginx", path="/usr/sbin:/usr/local/sbin")
+    return found
+
+
+def start_nginx(upstream_port: int, workdir: Path) -> Proc:
+    """Start nginx as a plain reverse proxy in front of ``127.0.0.1:upstream_port``.
+
+    One process (``master_process off``, one worker's work), ``proxy_buffering off``, HTTP/1.1
+    to the upstream with a keep-alive pool: the C baseline of issue 16. It runs in the
+    foreground as this user's child with its own config and temp directory (never the system
+    service).
+
+    Raises:
+        RuntimeError: nginx is not installed or did not start.
+    """
+    exe = nginx_binary()
+    if exe is None:
+        raise RuntimeError("nginx is not installed (Debian: apt-get install -y nginx-light)")
+    port = free_port()
+    d = Path(tempfile.mkdtemp(prefix="nginx-", dir=workdir))
+    conf = d / "nginx.conf"
+    conf.write_text(NGINX_CONF.format(dir=d, port=port, upstream_port=upstream_port))
+    return Proc(f"nginx:{port}", [exe, "-p", str(d), "-c", str(conf), "-e", str(d / "error.log")],
+                port, "/health")

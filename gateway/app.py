@@ -29,6 +29,7 @@ from gateway import relay
 from gateway.access import AccessLogMiddleware
 from gateway.assembly import Gateway
 from gateway.auth import Authenticator, Principal, bearer_token
+from gateway.drain import Drain
 from gateway.errors import GatewayError, InvalidRequest, MethodNotAllowed, ModelNotFound
 from gateway.fleet.replica_metrics import MetricsScraper
 from gateway.health import HealthProber
@@ -83,6 +84,7 @@ def create_app(
     authenticator: Authenticator | None = None,
     router: Router | None = None,
     upstream_middlewares: Sequence[ClientMiddlewareType] = (),
+    drain: Drain | None = None,
 ) -> FastAPI:
     """Build the gateway app from its assembled components.
 
@@ -101,6 +103,8 @@ def create_app(
         router: Replica pools (default: built from ``settings``; pass one to inspect it).
         upstream_middlewares: aiohttp client middlewares of the upstream session, outermost
             first (telemetry client spans, ``policy.policy_middleware``).
+        drain: Drain state of ``gateway serve``: ``/readyz`` answers 503 while draining, and
+            relay requests are tracked so the drain deadline can end them.
 
     Returns:
         The ASGI app (run it with lifespan on, standard asyncio loop).
@@ -138,6 +142,7 @@ def create_app(
             class_header=class_header.encode("latin-1") if class_header else None,
             classify=getattr(the_policy, "classify", None),
             upstream_ssl=upstream_ssl,
+            drain=drain,
         )
         prober = HealthProber(the_router, session, settings.health, upstream_ssl)
         scraper = MetricsScraper(the_router, session, settings.routing, upstream_ssl)
@@ -195,7 +200,9 @@ def create_app(
 
     @app.get("/readyz")
     async def readyz(request: Request) -> JSONResponse:
-        """Readiness: every model has at least one available replica."""
+        """Readiness: every model has at least one available replica, and not draining."""
+        if drain is not None and drain.draining:
+            return JSONResponse({"status": "draining"}, status_code=503)
         router = gateway_state(request).router
         models = {
             name: {

@@ -211,5 +211,9 @@ class DisconnectWatch:
     def finish(self) -> None:
         """Stop watching: the response is complete (or about to be)."""
         self._done = True
-        if self._watcher is not None and not self._watcher.done():
-            self._watcher.cancel()
+        watcher, self._watcher, self._task = self._watcher, None, None
+        # Dropping both references matters: the cancelled watcher keeps its CancelledError, whose
+        # traceback holds the ``_watch`` frame and so this object; a reference back to the task
+        # would make a cycle per request that only a (stop-the-world) GC collection frees.
+        if watcher is not None and not watcher.done():
+            watcher.cancel()

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from gateway.access import log_record
 from gateway.asgi_io import ClientGone, DisconnectWatch, Receive, Responder, Scope, Send, read_body
 from gateway.auth import Principal, bearer_token
+from gateway.drain import ShuttingDown
 from gateway.errors import (
     GatewayError,
     InvalidRequest,
@@ -98,8 +99,16 @@ async def handle(state: GatewayState, scope: Scope, receive: Receive, send: Send
         hold_end=bool(hooks.end_recorded),
     )
     started_observers = False
+    drain = state.drain
     try:
-        started_observers = await _serve(state, scope, receive, out, record, t0)
+        with drain.track() if drain is not None else contextlib.nullcontext():
+            started_observers = await _serve(state, scope, receive, out, record, t0)
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if drain is None or task is None or not drain.was_cut(task):
+            raise
+        task.uncancel()  # the drain deadline (gateway.drain): end the request, audited
+        await _end_at_drain_deadline(out, record)
     except GatewayError as exc:
         record.failed(_outcome_for(exc), exc.code)
         if not out.started:
@@ -138,6 +147,18 @@ def _response_start(
             hook(record, headers)
 
     return on_start
+
+
+async def _end_at_drain_deadline(out: Responder, record: RequestRecord) -> None:
+    """A request still running at the drain deadline: a 503, or a final SSE error event."""
+    err = ShuttingDown("The gateway is shutting down: the request was ended at the drain deadline.")
+    record.failed("gateway_error", err.code)
+    with contextlib.suppress(Exception):
+        if not out.started:
+            await out.error(err)
+        else:
+            # A blank line first: ends a partly relayed event, and is no event on its own.
+            await out.body(b"\n\n" + sse_error_event(err), more=False)
 
 
 async def _finish(state: GatewayState, record: RequestRecord, started: bool) -> None:

@@ -29,6 +29,7 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from gateway.drain import DrainSettings
 from gateway.errors import ConfigError
 from gateway.fleet.settings import RoutingSettings
 from gateway.keys_file import merge_keys_file, relabel_keys
@@ -307,6 +308,7 @@ class GatewaySettings(BaseSettings):
     logging: LoggingSettings = Field(default_factory=LoggingSettings)
     upstream_tls: UpstreamTlsSettings = Field(default_factory=UpstreamTlsSettings)
     routing: RoutingSettings = Field(default_factory=RoutingSettings)  # gateway.fleet.settings
+    drain: DrainSettings = Field(default_factory=DrainSettings)  # gateway.drain
     # Sections owned by later issues; typed models replace these mappings when they land.
     policy: dict[str, Any] | None = None
     audit: dict[str, Any] | None = None

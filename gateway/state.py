@@ -15,6 +15,7 @@ from typing import Any
 import aiohttp
 
 from gateway.auth import Authenticator, Principal
+from gateway.drain import Drain
 from gateway.records import ObserverHooks
 from gateway.routing import RoutePolicy, Router
 from gateway.settings import GatewaySettings
@@ -44,6 +45,7 @@ class GatewayState:
             class resolved by the egress policy (raises a ``GatewayError`` to refuse).
         upstream_ssl: ``ssl`` argument of every upstream request (``True`` or a context with
             the configured CA bundle / client certificate).
+        drain: The drain state of ``gateway serve`` (``None`` when not served by it).
     """
 
     settings: GatewaySettings
@@ -56,6 +58,7 @@ class GatewayState:
     class_header: bytes | None = None
     classify: Classifier | None = None
     upstream_ssl: ssl.SSLContext | bool = True
+    drain: Drain | None = None
 
 
 def gateway_state(source: Mapping[str, Any] | Any) -> GatewayState:

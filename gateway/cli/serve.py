@@ -48,7 +48,9 @@ def run(
 
     from gateway.app import create_app
     from gateway.assembly import assemble
+    from gateway.drain import Drain
     from gateway.egress import start_egress
+    from gateway.server import run_server
 
     configure_logging(settings.logging)
     egress = start_egress(settings, base)  # the process guard, before any other import
@@ -63,10 +65,11 @@ def run(
 
         # GET /status on the admin port: what `gateway preflight` reads from a running gateway.
         gateway.telemetry.admin.set_status(gateway_status(settings, egress))
-    app = create_app(settings, gateway)
+    drain = Drain(settings.drain)  # SIGTERM: readyz 503, then drain (gateway.drain)
+    app = create_app(settings, gateway, drain=drain)
     if not is_loopback_host(settings.listen.host):
         _log.info("listening on %s:%s", settings.listen.host, settings.listen.port)
-    uvicorn.run(
+    run_server(uvicorn.Config(
         app,
         host=settings.listen.host,
         port=settings.listen.port,
@@ -80,7 +83,7 @@ def run(
         timeout_graceful_shutdown=10,
         ssl_certfile=settings.listen.tls_cert_file,
         ssl_keyfile=settings.listen.tls_key_file,
-    )
+    ), drain)
 
 
 def serve(

@@ -146,6 +146,7 @@ otlp_endpoint_destination: {{ .Values.telemetry.destination | quote }}
   "models" $models
   "limits" .Values.gateway.limits
   "timeouts" .Values.gateway.timeouts
+  "drain" .Values.gateway.drain
   "logging" (dict "level" .Values.gateway.logLevel "format" "json")
   "policy" (dict "file" "/etc/sovereign-gateway/policy.yaml" "guard" .Values.policy.guard)
   "audit" $audit -}}

@@ -1,0 +1,106 @@
+"""Running the ASGI app under uvicorn for ``gateway serve``, with the process tuning applied.
+
+``uvicorn.run`` is replaced by :func:`run_server` so that the start and the end of serving are
+named steps: once the lifespan start-up finished (state built, pools open, audit chain opened),
+the heap that lives as long as the process is frozen out of the garbage collector
+(:mod:`gateway.runtime_tuning`); on SIGTERM the server drains (:mod:`gateway.drain`) and exits 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import socket
+import sys
+from types import FrameType
+
+import uvicorn
+
+from gateway.drain import SHUTDOWN_MARGIN_S, Drain
+from gateway.runtime_tuning import freeze_startup_heap, tune_gc
+
+_log = logging.getLogger(__name__)
+
+__all__ = ["STARTUP_FAILURE", "GatewayServer", "run_server"]
+
+STARTUP_FAILURE = 3
+"""Exit status when the server did not start (same as ``uvicorn.main.STARTUP_FAILURE``)."""
+
+
+class GatewayServer(uvicorn.Server):
+    """uvicorn's server: freezes the start-up heap once started; drains on SIGTERM.
+
+    Args:
+        config: The uvicorn configuration.
+        drain: The drain state shared with the app (``/readyz``, the relay); ``None``: stop
+            as uvicorn does.
+    """
+
+    def __init__(self, config: uvicorn.Config, drain: Drain | None = None) -> None:
+        super().__init__(config)
+        self.drain = drain
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        """Start as uvicorn does, then :func:`freeze_startup_heap` (only when started)."""
+        self._loop = asyncio.get_running_loop()
+        await super().startup(sockets=sockets)
+        if self.started:
+            freeze_startup_heap()
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        """SIGTERM/SIGINT: begin the drain; a second one: stop at once.
+
+        The signal is not re-raised after shutdown (uvicorn would, ending the process by the
+        signal): a completed drain exits 0.
+        """
+        drain, loop = self.drain, self._loop
+        if drain is None or loop is None:  # no drain, or not started yet: stop as uvicorn does
+            self.force_exit = self.should_exit
+            self.should_exit = True
+            return
+        if drain.draining:
+            _log.warning("second %s: stopping at once", signal.Signals(sig).name)
+            self.force_exit = self.should_exit = True
+            return
+        drain.begin()
+        cfg = drain.settings
+        _log.info("%s: draining (readyz 503; accepting for %g s; requests end within %g s)",
+                  signal.Signals(sig).name, cfg.delay_s, cfg.timeout_s)
+        loop.call_soon_threadsafe(loop.call_later, cfg.delay_s, self._stop_accepting)
+        loop.call_soon_threadsafe(loop.call_later, cfg.timeout_s, self._deadline)
+
+    def _stop_accepting(self) -> None:
+        self.should_exit = True  # uvicorn's main loop closes the listener and idle connections
+
+    def _deadline(self) -> None:
+        assert self.drain is not None
+        cut = self.drain.cut_open()
+        if cut:
+            _log.warning("drain deadline: %d request(s) still running ended", cut)
+
+
+def run_server(config: uvicorn.Config, drain: Drain | None = None) -> None:
+    """Serve ``config`` in the foreground until a signal stops it.
+
+    Args:
+        config: The uvicorn configuration (one process; no reload). With ``drain``, its
+            ``timeout_graceful_shutdown`` is set past the drain deadline.
+        drain: Drain on SIGTERM (see :mod:`gateway.drain`).
+
+    Raises:
+        SystemExit: With :data:`STARTUP_FAILURE` when the server did not start (as
+            ``uvicorn.run`` does).
+    """
+    tune_gc()
+    if drain is not None:
+        # uvicorn's own cut (tasks cancelled, no final event) only as a backstop after ours.
+        config.timeout_graceful_shutdown = int(drain.settings.timeout_s + SHUTDOWN_MARGIN_S)
+    server = GatewayServer(config, drain)
+    try:
+        server.run()
+    except KeyboardInterrupt:
+        pass
+    if not server.started:
+        sys.exit(STARTUP_FAILURE)
