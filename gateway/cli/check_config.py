@@ -10,14 +10,26 @@ from typing import Annotated
 import typer
 
 from gateway.audit.observer import checked_build
+from gateway.config_errors import ConfigProblem, problems_of
 from gateway.egress import load_policy
 from gateway.errors import ConfigError
-from gateway.quotas.wiring import validate_limits
 from gateway.settings import load
 from gateway.telemetry import check_telemetry
 from gateway.tls_files import check_tls_files
 
 __all__ = ["check_config"]
+
+
+def _report(file: Path, problems: list[ConfigProblem], as_json: bool, code: int) -> typer.Exit:
+    """Print one line per problem (``file:line: key: problem``) or, with ``--json``,
+    ``{"ok": false, "file", "problems": [{"file", "line", "key", "problem"}, ...]}``."""
+    if as_json:
+        typer.echo(json.dumps({"ok": False, "file": str(file),
+                               "problems": [p.as_json() for p in problems]}))
+    else:
+        for problem in problems:
+            typer.echo(str(problem), err=True)
+    return typer.Exit(code)
 
 
 def check_config(
@@ -26,28 +38,23 @@ def check_config(
 ) -> None:
     """Validate FILE (and its policy file and replica bindings) without serving.
 
-    Exit 0 valid, 1 invalid, 2 unreadable.
+    Prints one line per problem, ``FILE:LINE: KEY: PROBLEM``. Exit 0 valid, 1 invalid,
+    2 unreadable.
     """
     if not file.is_file():
-        msg = f"cannot read config file {file}: not a file"
-        if as_json:
-            typer.echo(json.dumps({"ok": False, "file": str(file), "error": msg}))
-        else:
-            typer.echo(f"gateway: error [config_error]: {msg}", err=True)
-        raise typer.Exit(2)
+        problem = ConfigProblem("(top level)", "cannot read config file: not a file", str(file))
+        raise _report(file, [problem], as_json, 2)
     try:
         settings = load(file, os.environ)
+    except ConfigError as exc:
+        raise _report(file, problems_of(exc, file=str(file)), as_json, 1) from exc
+    try:
         policy = load_policy(settings, file.parent)
-        validate_limits(settings)  # quotas: and keystore: sections (issue 9)
         telemetry = check_telemetry(settings, policy)
         check_tls_files(settings)
         checked_build(settings)  # audit: section and its key files (the store is not opened)
     except ConfigError as exc:
-        if as_json:
-            typer.echo(json.dumps({"ok": False, "file": str(file), "error": exc.message}))
-        else:
-            typer.echo(f"gateway: invalid config: {exc.message}", err=True)
-        raise typer.Exit(1) from exc
+        raise _report(file, settings.problems_of(exc), as_json, 1) from exc
     summary = {
         "ok": True,
         "file": str(file),

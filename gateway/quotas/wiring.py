@@ -18,8 +18,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from pydantic import ValidationError
-
 from gateway.errors import ConfigError
 from gateway.keystore.auth import managed_authenticator
 from gateway.keystore.errors import KeystoreError
@@ -50,58 +48,23 @@ def with_limits(factory: Callable[..., Any]) -> Callable[..., Any]:
         ``observers`` kwargs are kept (quota hooks are appended).
 
     Raises:
-        ConfigError: invalid ``quotas:`` or ``keystore:`` section (the message names the key),
-            or managed keys enabled without any store.
+        ConfigError: the managed key store cannot be opened (the sections themselves are
+            validated by ``gateway.settings.load``).
     """
 
     def build(settings: Any, **kwargs: Any) -> Any:
         observers = list(kwargs.pop("observers", ()))
         admission = list(kwargs.pop("admission", ()))
-        try:
-            hook = quota_hook(getattr(settings, "quotas", None), on_event=_audit_sink(observers))
-        except ValidationError as exc:
-            raise ConfigError(f"quotas: {_first_error(exc)}") from exc
+        hook = quota_hook(getattr(settings, "quotas", None), on_event=_audit_sink(observers))
         if hook is not None:
             observers.append(hook)
             admission.append(hook)
         if kwargs.get("authenticator") is None:
             try:
                 kwargs["authenticator"] = managed_authenticator(settings)
-            except ValidationError as exc:
-                raise ConfigError(f"keystore: {_first_error(exc)}") from exc
             except KeystoreError as exc:
                 raise ConfigError(f"keystore: {exc.message}") from exc
         app = factory(settings, observers=observers, admission=admission, **kwargs)
         return app if hook is None else hook.asgi(app)
 
     return build
-
-
-def _first_error(exc: ValidationError) -> str:
-    err = exc.errors()[0]
-    where = ".".join(str(p) for p in err["loc"])
-    return f"{where}: {err['msg']}" if where else str(err["msg"])
-
-
-def validate_limits(settings: Any) -> None:
-    """Validate the ``quotas:`` and ``keystore:`` sections without starting anything.
-
-    Raises:
-        ConfigError: the first problem, naming the key (e.g. ``quotas: defaults.key.
-            requests_per_minute: Input should be greater than or equal to 1``).
-    """
-    from gateway.keystore.settings import KeystoreSettings
-    from gateway.quotas.settings import QuotaSettings
-
-    for name, model in (("quotas", QuotaSettings), ("keystore", KeystoreSettings)):
-        section = getattr(settings, name, None)
-        if section is None:
-            continue
-        try:
-            model.model_validate(section)
-        except ValidationError as exc:
-            raise ConfigError(f"{name}: {_first_error(exc)}") from exc
-    keystore = getattr(settings, "keystore", None)
-    if keystore is not None and keystore.get("enabled", True) and not keystore.get("store"):
-        if not (getattr(settings, "audit", None) or {}).get("store"):
-            raise ConfigError("keystore: store is not set and there is no audit.store")
