@@ -71,7 +71,6 @@ __all__ = [
     "TelemetrySettings",
     "TimeoutSettings",
     "UpstreamTlsSettings",
-    "format_problems",
     "load",
     "parse",
 ]
@@ -468,12 +467,6 @@ class GatewaySettings(BaseSettings):
         return out
 
 
-def format_problems(exc: ValidationError, prefix: KeyPath = ()) -> list[str]:
-    """One ``key: problem`` line per validation error (no file; see
-    :func:`gateway.config_errors.validation_problems` for the located form)."""
-    return [str(p) for p in validation_problems(exc, prefix=prefix)]
-
-
 def _under(base: Path, value: str | Path) -> Path:
     """``value`` relative to ``base`` (the config file's directory) unless absolute."""
     path = Path(value)
@@ -538,9 +531,11 @@ def parse(
     Args:
         data: The YAML document as Python objects.
         environ: Where ``api_key_env`` names are looked up (default: empty mapping).
-        base: Directory every relative path of the config is resolved against (default: the
-            current directory). ``keys_file`` (a YAML list shaped like ``keys``) is merged after
-            the inline ``keys`` (see :mod:`gateway.keys_file`).
+        base: Directory every relative path of the config is resolved against (:func:`load`
+            passes the config file's). Without it, relative paths stay relative (to the current
+            directory, where ``api_key_file`` and ``keys_file`` are read). ``keys_file`` (a YAML
+            list shaped like ``keys``) is merged after the inline ``keys``
+            (see :mod:`gateway.keys_file`).
         file: The config file the data came from (named in each problem).
         lines: Key path -> 1-based line of ``file`` (:func:`gateway.config_errors.compose_yaml`).
 
@@ -553,11 +548,11 @@ def parse(
     if not isinstance(data, dict):
         raise InvalidConfig([ConfigProblem("(top level)", "the config must be a YAML mapping",
                                            file, 1 if file else None)])
-    base = (base or Path.cwd()).absolute()
     data = _deep_copy(data)
+    here = base.absolute() if base is not None else Path.cwd()
     problems = [ConfigProblem(dotted(path), msg, file, line_of(lines, path))
-                for path, msg in _resolve_secrets(data, environ or {}, base)]
-    key_labels, key_problems = merge_keys_file(data, base)
+                for path, msg in _resolve_secrets(data, environ or {}, here)]
+    key_labels, key_problems = merge_keys_file(data, here)
     keys_file_line = line_of(lines, ("keys_file",))
     for text in key_problems:
         key, _, msg = text.partition(": ")
@@ -570,7 +565,8 @@ def parse(
         raise InvalidConfig([*found, *problems]) from exc
     if problems:
         raise InvalidConfig(problems)
-    settings = _resolve_paths(settings, base)
+    if base is not None:
+        settings = _resolve_paths(settings, here)
     settings._source = (file, lines)
     return settings
 

@@ -11,12 +11,16 @@ import yaml
 from pydantic import ValidationError
 
 from gateway.auth import digest_key, new_key
-from gateway.settings import KeySettings, format_problems
+from gateway.config_errors import validation_problems
+from gateway.settings import KeySettings
 
 __all__ = ["app"]
 
 app = typer.Typer(help="Create API keys (only their SHA-256 goes into the config).",
                   no_args_is_help=True)
+
+
+_OPTIONS = {"id": "--id", "models": "--model", "team": "--team", "data_class": "--data-class"}
 
 
 def _config_line(entry: KeySettings) -> str:
@@ -49,8 +53,9 @@ def new(
         entry = KeySettings(id=key_id, sha256=digest_key(key).hex(), models=model or ["*"],
                             team=team, data_class=data_class)
     except ValidationError as exc:
-        lines = format_problems(exc, prefix=("keys", 0))
-        typer.echo("gateway keys: error: " + "; ".join(lines), err=True)
+        for problem in validation_problems(exc):
+            option = _OPTIONS.get(problem.key.split("[")[0], problem.key)
+            typer.echo(f"gateway keys: error: {option}: {problem.problem}", err=True)
         raise typer.Exit(2) from exc
     if as_json:
         typer.echo(json.dumps({"id": entry.id, "key": key, "sha256": entry.sha256,
