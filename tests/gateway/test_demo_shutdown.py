@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -65,20 +65,21 @@ def _alive(pid: int) -> bool:
 
 @pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
-def test_demo_stops_simulator_and_removes_its_directory(sig: signal.Signals) -> None:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gateway.demo"], cwd=REPO, stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL, text=True, start_new_session=True,
-        preexec_fn=_default_signals,
-    )
-    lines: list[str] = []
-    assert proc.stdout is not None
-    reader = threading.Thread(target=lambda: lines.extend(proc.stdout or ()), daemon=True)
-    reader.start()
+def test_demo_stops_simulator_and_removes_its_directory(
+    sig: signal.Signals, tmp_path: Path
+) -> None:
+    out = tmp_path / "demo.out"  # a file, not a pipe: a leaked simulator would hold a pipe open
+    with out.open("w") as sink:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gateway.demo"], cwd=REPO, stdout=sink,
+            stderr=subprocess.DEVNULL, start_new_session=True, preexec_fn=_default_signals,
+        )
+    children: set[int] = set()
+    tmp: Path | None = None
     try:
-        _wait_for(lambda: any("demo key" in line for line in lines) or proc.poll() is not None,
+        _wait_for(lambda: "demo key" in out.read_text() or proc.poll() is not None,
                   60, "the demo's banner")
-        text = "".join(lines)
+        text = out.read_text()
         tmp = Path(re.search(r"config written to (\S+)", text)[1]).parent  # type: ignore[index]
         base = re.search(r"gateway\s+(http://127\.0\.0\.1:\d+)", text)[1]  # type: ignore[index]
         assert tmp.is_dir()
@@ -100,5 +101,8 @@ def test_demo_stops_simulator_and_removes_its_directory(sig: signal.Signals) -> 
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-        reader.join(10)
-        proc.stdout.close()
+        for pid in children:  # what a failing demo left behind
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
