@@ -222,6 +222,8 @@ def problems_of(
         return list(exc.problems)
     out: list[ConfigProblem] = []
     for text in _split(exc.message):
+        if file is not None:
+            text = text.removeprefix(f"{file}: ")  # the file is named once, in front
         keyed = _KEYED.match(text)
         if keyed is None:
             out.append(ConfigProblem("(top level)", text, file, None))

@@ -50,7 +50,7 @@ from gateway.config_errors import (
     validation_problems,
 )
 from gateway.errors import ConfigError
-from gateway.keys_file import merge_keys_file
+from gateway.keys_file import merge_keys_file, relabel_keys
 from gateway.keystore.settings import KeystoreSettings
 from gateway.quotas.settings import QuotaSettings
 
@@ -540,7 +540,8 @@ def parse(
         lines: Key path -> 1-based line of ``file`` (:func:`gateway.config_errors.compose_yaml`).
 
     Returns:
-        The frozen settings, every section validated and every relative path made absolute.
+        The frozen settings, every section validated (and, with ``base``, every relative path
+        made absolute).
 
     Raises:
         InvalidConfig: One problem per offending key (``file:line: key: problem``).
@@ -571,23 +572,16 @@ def parse(
     return settings
 
 
-_KEY_INDEX = re.compile(r"\bkeys\[(\d+)\]")
-
-
 def _relabel(
     problem: ConfigProblem, labels: list[str], keys_file_line: int | None
 ) -> ConfigProblem:
-    """Name where a merged ``keys[i]`` came from (inline ``keys[i]`` or ``keys_file (...)[j]``)."""
-
-    def sub(match: re.Match[str]) -> str:
-        index = int(match.group(1))
-        return labels[index] if index < len(labels) else match.group(0)
-
-    key = _KEY_INDEX.sub(sub, problem.key)
+    """Name where a merged ``keys[i]`` came from (inline ``keys[i]`` or ``keys_file (...)[j]``);
+    an entry of the keys file is reported on the config's ``keys_file:`` line."""
+    key = relabel_keys(problem.key, labels)
     if key == problem.key:
         return problem
     line = keys_file_line if key.startswith("keys_file") else problem.line
-    return ConfigProblem(key, _KEY_INDEX.sub(sub, problem.problem), problem.file, line)
+    return ConfigProblem(key, relabel_keys(problem.problem, labels), problem.file, line)
 
 
 def load(path: Path | str, environ: Mapping[str, str] | None = None) -> GatewaySettings:
