@@ -447,8 +447,8 @@ class GatewaySettings(BaseSettings):
                     )
         ks = self.keystore
         if ks is not None and ks.enabled and ks.store is None and self.audit is None:
-            raise ValueError("keystore.store: not set and there is no audit section (whose "
-                             "store managed keys use by default)")
+            raise ValueError("keystore.store: store is not set and there is no audit section "
+                             "(managed keys default to the audit store)")
         return self
 
     def problems_of(self, exc: ConfigError) -> list[ConfigProblem]:
