@@ -101,6 +101,7 @@ test-vllm: install vllm-env $(TINY_MODEL)/config.json
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports --no-cache
 
 bench: install
 	$(PY) bench/relay.py

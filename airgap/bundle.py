@@ -30,6 +30,9 @@ SIGNATURE_NAME = "index.sig"
 DEFAULT_PART_SIZE = 4 * 1024**3 - 1
 #: Upper bound when reading index.json from untrusted media, in bytes.
 MAX_INDEX_BYTES = 64 * 1024**2
+#: A bundle has at most this many parts (``pack`` refuses more, the validator too): each is a
+#: file to copy, list and check; a smaller ``--part-size`` is almost certainly a unit mistake.
+MAX_PARTS = 10_000
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -40,8 +41,8 @@ from airgap.signing import (
 )
 from airgap.stream import default_workers
 from airgap.unpack import Layout, unpack_bundle
-from airgap.verify import verify_bundle
-from weights import Lockfile, WeightsError
+from airgap.verify import MAX_SHOWN_PROBLEMS, problems_json, verify_bundle
+from weights import EmptyModelError, Lockfile, PathCollisionError, WeightsError
 
 app = typer.Typer(
     name="airgap",
@@ -86,6 +87,10 @@ def _load_lock(path: Path | None) -> Lockfile | None:
         return None
     try:
         return Lockfile.load(path)
+    except PathCollisionError as exc:
+        raise AirgapError(Code.PATH_COLLISION, exc.message) from exc
+    except EmptyModelError as exc:
+        raise AirgapError(Code.EMPTY_MODEL, exc.message) from exc
     except WeightsError as exc:
         raise AirgapError(Code.LOCK_INVALID, str(exc)) from exc
 
@@ -95,12 +100,20 @@ def _workers(n: int) -> int:
 
 
 def _peek_payload(bundle: Path) -> int:
-    """Payload size from an (unverified) index, for the progress bar only."""
+    """Payload size from an (unverified) index, for the progress bar only.
+
+    A scan for the one field, not a JSON parse: the index is not trusted yet, and parsing a
+    hostile 40 MB index would cost more than refusing it does (docs/airgap.md)."""
     try:
-        doc = json.loads(read_small(bundle, INDEX_NAME, MAX_INDEX_BYTES, Code.INDEX_MISSING))
-        return int(doc.get("payload_size", 0))
-    except (VerificationFailed, ValueError, TypeError, AttributeError):
+        data = read_small(bundle, INDEX_NAME, MAX_INDEX_BYTES, Code.INDEX_MISSING)
+    except VerificationFailed:
         return 0
+    found = re.search(rb'"payload_size"\s*:\s*(\d{1,19})', data)
+    return int(found.group(1)) if found else 0
+
+
+def _shows_progress(quiet: bool) -> bool:
+    return not quiet and err.is_terminal
 
 
 @app.command()
@@ -149,6 +162,8 @@ def pack(
         report = pack_bundle(locked, source, bundle, signing_key, include_files=include,
                              part_size=part_size, force=force, compress=compress,
                              progress=progress)  # fmt: skip
+    for leftover in report.leftovers_removed:
+        err.print(f"removed {leftover}, left by an interrupted earlier pack", markup=False)
     idx = report.index
     rate = idx.payload_size / max(report.seconds, 1e-9) / 1024**3
     out.print(
@@ -172,7 +187,8 @@ def verify(
     """Verify a bundle offline: signature, parts, content digests and pins (every problem)."""
     keys = [load_public_key(p) for p in public_key]
     check_bundle_dir(bundle)
-    with _progress(_peek_payload(bundle), "verifying", quiet or as_json) as progress:
+    total = _peek_payload(bundle) if _shows_progress(quiet or as_json) else 0
+    with _progress(total, "verifying", quiet or as_json) as progress:
         report = verify_bundle(bundle, keys, expected_lock=_load_lock(expected_lock),
                                workers=_workers(workers), all_parts=all_parts,
                                progress=progress)  # fmt: skip
@@ -183,8 +199,7 @@ def verify(
         out.print(f"OK {bundle}: signed by {report.signer}, {report.bytes_hashed} bytes "
                   f"verified in {report.seconds:.1f} s ({rate:.2f} GiB/s)")  # fmt: skip
     else:
-        for p in report.problems:
-            err.print(f"FAIL {p.code}: {p.message}{_detail(p)}", markup=False, highlight=False)
+        _print_problems(report.problems, "FAIL ")
     if not report.ok:
         raise typer.Exit(1)
 
@@ -211,7 +226,8 @@ def unpack(
     keys = [load_public_key(p) for p in public_key]
     check_bundle_dir(bundle)
     chosen: Layout = "hf-cache" if layout == "hf-cache" else "dir"
-    with _progress(_peek_payload(bundle), "installing", quiet or as_json) as progress:
+    total = _peek_payload(bundle) if _shows_progress(quiet or as_json) else 0
+    with _progress(total, "installing", quiet or as_json) as progress:
         report = unpack_bundle(bundle, keys, store, layout=chosen, extras_into=extras_into,
                                expected_lock=_load_lock(expected_lock),
                                workers=_workers(workers), progress=progress)  # fmt: skip
@@ -223,8 +239,13 @@ def unpack(
             "written": report.written, "skipped": report.skipped, "repaired": report.repaired,
             "bytes_written": report.bytes_written, "seconds": round(report.seconds, 3),
             "refs_moved": {k: {"old": a, "new": b} for k, (a, b) in report.refs_moved.items()},
+            "resumed": report.resumed,
+            "leftovers_removed": [str(p) for p in report.leftovers_removed],
         }))  # fmt: skip
         return
+    for leftover in report.leftovers_removed:
+        err.print(f"resumed from {leftover}, left by an interrupted earlier unpack "
+                  f"({report.resumed} blob(s) reused in all), then removed it", markup=False)
     for repo_id, where in report.locations.items():
         out.print(f"{repo_id} -> {where}")
     for label, (old, new) in report.refs_moved.items():
@@ -276,6 +297,15 @@ def inspect(
               f"{index.part_size} bytes; {len(index.blobs)} distinct blob(s)")  # fmt: skip
 
 
+def _print_problems(problems: Sequence[Problem], prefix: str) -> None:
+    """The first ``MAX_SHOWN_PROBLEMS`` problems, one line each, then how many more."""
+    for p in problems[:MAX_SHOWN_PROBLEMS]:
+        err.print(f"{prefix}{p.code}: {p.message}{_detail(p)}", markup=False, highlight=False)
+    if len(problems) > MAX_SHOWN_PROBLEMS:
+        err.print(f"{prefix}... and {len(problems) - MAX_SHOWN_PROBLEMS} more problem(s) "
+                  f"({len(problems)} in all; fix these first)", markup=False, highlight=False)
+
+
 def _detail(p: Problem) -> str:
     """`` (expected X, got Y)`` unless the message already says so."""
     if p.expected is None or p.expected in p.message:
@@ -310,15 +340,19 @@ def main(argv: list[str] | None = None) -> int:
         with interruptible():
             rc = app(args=args, prog_name="airgap", standalone_mode=False)
     except Interrupted as exc:
+        if "--json" in args:
+            doc = {"ok": False, "interrupted": True, "signal": exc.name, "error": {
+                "code": "interrupted", "message": f"interrupted by {exc.name}"}}
+            out.print_json(json.dumps(doc))
+            sys.stdout.flush()
         err.print(f"error: interrupted by {exc.name}; partial output was removed",
                   markup=False, highlight=False)
         return die_by(exc.signum)
     except VerificationFailed as exc:
         if "--json" in args:
-            doc = {"ok": False, "problems": [p.to_json() for p in exc.problems]}
+            doc = {"ok": False, **problems_json(exc.problems)}
             out.print_json(json.dumps(doc))
-        for p in exc.problems:
-            err.print(f"error: {p.code}: {p.message}{_detail(p)}", markup=False, highlight=False)
+        _print_problems(exc.problems, "error: ")
         if verbose:
             err.print_exception()
         return 1

@@ -9,6 +9,7 @@ no stale part of an earlier run can mix in.
 
 from __future__ import annotations
 
+import glob
 import os
 import shutil
 import stat
@@ -21,10 +22,11 @@ from pathlib import Path
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from airgap import __version__, paths
+from airgap import __version__, leftovers, paths
 from airgap.bundle import (
     DEFAULT_PART_SIZE,
     INDEX_NAME,
+    MAX_PARTS,
     SIGNATURE_NAME,
     ContentFile,
     Index,
@@ -36,9 +38,6 @@ from airgap.space import require_free, writing
 from airgap.stream import Progress
 from weights import LockEntry, Lockfile, WeightsError, resolve_model_dir, sha256_file
 
-#: A bundle has at most this many parts: each is a file to copy, list and check; a smaller
-#: ``--part-size`` is almost certainly a unit mistake (bytes, not MiB).
-MAX_PARTS = 10_000
 #: Room kept for index.json and index.sig in the free-space check, in bytes.
 INDEX_ALLOWANCE = 1024**2
 
@@ -51,6 +50,7 @@ class PackReport:
     index: Index
     signer: str
     seconds: float
+    leftovers_removed: tuple[Path, ...] = ()  # work directories of killed earlier packs
 
 
 def collect_sources(
@@ -160,24 +160,49 @@ def pack_bundle(
         least = -(-payload // MAX_PARTS)
         raise AirgapError(Code.IO_ERROR, f"--part-size {part_size} would split {payload} bytes "
                           f"into {parts} parts (at most {MAX_PARTS}); use at least {least}")
+    removed: list[Path] = []
+    if out.parent.is_dir():  # what a killed pack (SIGKILL, power cut) left: not resumable
+        for old in leftovers.dead(out.parent, f".{glob.escape(out.name)}.*.partial"):
+            shutil.rmtree(old, ignore_errors=True)
+            removed.append(old)
     require_free(out.parent, payload + INDEX_ALLOWANCE, f"packing into {out}")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
     try:
-        umask = os.umask(0)
-        os.umask(umask)
-        tmp.chmod(0o777 & ~umask)  # mkdtemp's 0700 would make the bundle unreadable to others
-        index = _build_index(tmp, lock, sources, part_size, compress, progress)
-        data = index.dumps()
-        Index.parse(data)  # never sign an index that our own verifier would reject
-        _write_file(tmp / INDEX_NAME, data)
-        _write_file(tmp / SIGNATURE_NAME, sign_index(data, key))
-        _fsync_dir(tmp)
-        _replace_dir(tmp, out, force=force)
+        with leftovers.held(tmp):
+            index = _pack_into(tmp, out, lock, sources, key, part_size, compress, force,
+                               progress)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return PackReport(out, index, key_id(key.public_key()), time.perf_counter() - started)
+    return PackReport(out, index, key_id(key.public_key()), time.perf_counter() - started,
+                      leftovers_removed=tuple(removed))
+
+
+def _pack_into(
+    tmp: Path,
+    out: Path,
+    lock: Lockfile,
+    sources: list[Source],
+    key: Ed25519PrivateKey,
+    part_size: int,
+    compress: bool,
+    force: bool,
+    progress: Progress | None,
+) -> Index:
+    """Build, check, sign and move the bundle into place (``tmp`` is removed by the caller
+    on any failure)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    tmp.chmod(0o777 & ~umask)  # mkdtemp's 0700 would make the bundle unreadable to others
+    index = _build_index(tmp, lock, sources, part_size, compress, progress)
+    data = index.dumps()
+    Index.parse(data)  # never sign an index that our own verifier would reject
+    _write_file(tmp / INDEX_NAME, data)
+    _write_file(tmp / SIGNATURE_NAME, sign_index(data, key))
+    _fsync_dir(tmp)
+    _replace_dir(tmp, out, force=force)
+    return index
 
 
 def _build_index(

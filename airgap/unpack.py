@@ -9,7 +9,10 @@ Plan -> stage -> commit:
    damaged blob of the same id is repaired instead). Every directory on the way must be a real
    directory, never a symlink.
 3. *stage*: blobs are streamed from the parts into a staging directory inside STORE (same file
-   system, so the final renames are atomic), hashed on the way and fsynced. A digest mismatch
+   system, so the final renames are atomic), hashed on the way and fsynced. The run holds a
+   ``flock`` on it; blobs staged by a killed earlier run (a ``.airgap-staging-*`` whose lock is
+   free) are hashed again and reused when they match, and its directory is removed
+   (:mod:`airgap.leftovers`). A digest mismatch
    deletes the staging directory and reports every bad blob: the store is untouched. Hashing
    the bytes actually installed (rather than verifying first and copying after) also closes
    the window in which media could change between a verify and a copy.
@@ -40,6 +43,7 @@ from typing import Literal
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
+from airgap import leftovers
 from airgap.bundle import ContentFile, Index
 from airgap.errors import AirgapError, Code, StoreError, VerificationFailed
 from airgap.space import require_free, writing
@@ -66,6 +70,9 @@ class UnpackReport:
         refs_moved: ``repo_id@revision`` -> (old commit, new commit) for every
             ``refs/<revision>`` that pointed at another commit before (hf-cache layout; the
             old snapshot is kept).
+        resumed: blobs taken (after hashing them again) from the staging directory of a
+            killed earlier unpack instead of being streamed from the bundle again.
+        leftovers_removed: staging directories of killed earlier unpacks, now removed.
     """
 
     store: Path
@@ -78,6 +85,8 @@ class UnpackReport:
     bytes_written: int = 0
     seconds: float = 0.0
     refs_moved: dict[str, tuple[str, str]] = field(default_factory=dict)
+    resumed: int = 0
+    leftovers_removed: list[Path] = field(default_factory=list)
 
 
 @dataclass
@@ -134,7 +143,9 @@ def unpack_bundle(
     index = check.index
     assert index is not None
     report = UnpackReport(store=store, layout=layout, check=check)
-    created = [d for d in (store, extras_into) if d is not None and not d.exists()]
+    # Every directory this run will create, parents included, deepest first.
+    created = sorted({m for d in (store, extras_into) if d is not None for m in _missing(d)},
+                     key=lambda p: len(p.parts), reverse=True)
     try:
         return _install(bundle, index, check, report, store, layout, extras_into, workers,
                         progress, started)
@@ -143,6 +154,16 @@ def unpack_bundle(
             with contextlib.suppress(OSError):
                 d.rmdir()
         raise
+
+
+def _missing(directory: Path) -> list[Path]:
+    """``directory`` and its ancestors that do not exist yet."""
+    out = []
+    d = directory.absolute()
+    while not os.path.lexists(d) and d != d.parent:
+        out.append(d)
+        d = d.parent
+    return out
 
 
 def _install(
@@ -181,17 +202,52 @@ def _install(
     if extras_into is not None:
         for f in index.extras:
             _plan_file(plan, report, extras_into, extras_into / f.path, f)
-    require_free(store, sum(plan.sizes[s] for s in plan.targets), f"unpacking {bundle}")
     staging = Path(tempfile.mkdtemp(prefix=".airgap-staging-", dir=store))
     try:
-        staged = _stage(bundle, index, check, plan, staging, workers, progress)
-        report.bytes_written = sum(plan.sizes[s] for s in staged)
-        _commit(plan, staged, staging)
+        with leftovers.held(staging):
+            resumed = _resume(store, staging, plan, report)
+            require_free(store, sum(plan.sizes[s] for s in plan.targets if s not in resumed),
+                         f"unpacking {bundle}")
+            staged = _stage(bundle, index, check, plan, staging, workers, progress, resumed)
+            report.bytes_written = sum(plan.sizes[s] for s in staged if s not in resumed)
+            _commit(plan, staged, staging)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     report.written = sum(len(v) for v in plan.targets.values()) - report.repaired
     report.seconds = time.perf_counter() - started
     return report
+
+
+def _resume(store: Path, staging: Path, plan: _Plan, report: UnpackReport) -> set[str]:
+    """Take the needed blobs that killed earlier unpacks staged (each hashed again: a blob cut
+    short by the kill does not match), then remove their staging directories.
+
+    Returns:
+        sha256 of the blobs now in ``staging`` as ``blob-<sha256>``.
+    """
+    resumed: set[str] = set()
+    for old in leftovers.dead(store, ".airgap-staging-*"):
+        if old == staging:
+            continue
+        for sha in plan.targets:
+            candidate = old / f"blob-{sha}"
+            if sha in resumed or not _is_regular(candidate, plan.sizes[sha]):
+                continue
+            if _digest(candidate) == sha:
+                os.rename(candidate, staging / candidate.name)
+                resumed.add(sha)
+        shutil.rmtree(old, ignore_errors=True)
+        report.leftovers_removed.append(old)
+    report.resumed = len(resumed)
+    return resumed
+
+
+def _is_regular(path: Path, size: int) -> bool:
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISREG(st.st_mode) and st.st_size == size
 
 
 def _read_ref(ref: Path) -> str | None:
@@ -329,13 +385,16 @@ def _stage(
     staging: Path,
     workers: int,
     progress: Progress | None,
+    resumed: set[str],
 ) -> dict[str, Path]:
-    """Stream the needed blobs into ``staging``; returns sha256 -> staged file.
+    """Stream the needed blobs (except ``resumed`` ones, staged already) into ``staging``;
+    returns sha256 -> staged file.
 
     Raises:
         VerificationFailed: any blob is unreadable or differs (staging is then discarded).
     """
-    ranges = blob_ranges(index, [b for b in index.blobs if b.sha256 in plan.targets])
+    ranges = blob_ranges(index, [b for b in index.blobs
+                                 if b.sha256 in plan.targets and b.sha256 not in resumed])
     staged = {s: staging / f"blob-{s}" for s in plan.targets}
 
     def sink(rng: Range) -> _StagedFile:

@@ -19,13 +19,20 @@ from airgap.bundle import (
     FORMAT,
     FORMAT_VERSION,
     INDEX_NAME,
+    MAX_PARTS,
     Blob,
     ContentFile,
     Index,
     Part,
 )
 from airgap.errors import Code, VerificationFailed, fail
-from weights import Lockfile, LockfileError, is_commit_sha
+from weights import (
+    EmptyModelError,
+    Lockfile,
+    LockfileError,
+    PathCollisionError,
+    is_commit_sha,
+)
 
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _BLOB_ID = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
@@ -140,22 +147,24 @@ class _Validator:
                     paths.check_path(f.get("path"), what=f"lockfile path of {m.get('repo_id')}")
         try:
             lock = Lockfile.loads(json.dumps(raw), source=f"{INDEX_NAME} $.lock")
+        except PathCollisionError as exc:  # the lockfile's install-path rule, both named
+            raise fail(Code.PATH_COLLISION, exc.message, path=exc.second) from None
+        except EmptyModelError as exc:
+            raise fail(Code.EMPTY_MODEL, exc.message) from None
         except LockfileError as exc:
             raise fail(Code.INDEX_INVALID, str(exc)) from None
         if not lock.entries:
             raise fail(Code.EMPTY_MODEL, "the bundle carries no model")
-        for entry in lock.entries:
-            if not entry.files:
-                raise fail(Code.EMPTY_MODEL, f"model {entry.repo_id} has no files")
+        for entry in lock.entries:  # stricter than the lockfile: portable to any file system
             paths.check_tree((f.path for f in entry.files), where=entry.repo_id)
-        folded = [paths.fold(e.repo_id) for e in lock.entries]
-        if len(set(folded)) != len(folded):
-            raise fail(Code.PATH_COLLISION, "two models have repo ids equal when case is ignored")
         return lock
 
     def _parts(self, raw: Any, part_size: int, payload_size: int) -> tuple[Part, ...]:
         if not isinstance(raw, list):
             raise fail(Code.INDEX_INVALID, f"{INDEX_NAME}: $.parts is not an array")
+        if len(raw) > MAX_PARTS:  # as pack refuses to write them: never stat 300,000 files
+            raise fail(Code.INDEX_INVALID, f"{INDEX_NAME}: $.parts lists {len(raw)} parts, "
+                       f"at most {MAX_PARTS} are allowed")  # fmt: skip
         parts: list[Part] = []
         for i, item in enumerate(raw):
             where = f"$.parts[{i}]"

@@ -1,6 +1,8 @@
 """Offline verification of a bundle: signature, structure, parts, content, pins.
 
-Order of checks (every problem is collected; nothing stops at the first):
+Order of checks (every problem is collected, except that nothing in an index whose signature
+fails is looked at: a hostile index costs reading at most ``MAX_INDEX_BYTES`` and one
+signature check, never a parse of its lists or a look at its parts):
 
 1. ``index.sig`` verifies over the exact bytes of ``index.json`` with a trusted public key;
 2. the index parses and is structurally sound (``Index.parse``: paths, layout, pins);
@@ -95,8 +97,20 @@ class VerifyReport:
             "seconds": round(self.seconds, 3),
             "cpu_seconds": round(self.cpu_seconds, 3),
             "workers": self.workers,
-            "problems": [p.to_json() for p in self.problems],
+            **problems_json(self.problems),
         }
+
+
+#: Problems shown in full (text and ``--json``); the rest are counted. A hostile or badly
+#: damaged bundle can have one problem per part (up to ``MAX_PARTS``).
+MAX_SHOWN_PROBLEMS = 20
+
+
+def problems_json(problems: Sequence[Problem]) -> dict[str, Any]:
+    """``{"problems": first MAX_SHOWN_PROBLEMS, "problems_total": n, "problems_omitted": k}``."""
+    shown = problems[:MAX_SHOWN_PROBLEMS]
+    return {"problems": [p.to_json() for p in shown], "problems_total": len(problems),
+            "problems_omitted": len(problems) - len(shown)}
 
 
 def check_index(
@@ -122,6 +136,7 @@ def check_index(
         report.signer = verify_index_signature(index_bytes, sig_bytes, trusted)
     except VerificationFailed as exc:
         report.problems.extend(exc.problems)
+        return report  # untrusted bytes: not parsed, no part opened
     try:
         report.index = Index.parse(index_bytes)
     except VerificationFailed as exc:

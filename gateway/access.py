@@ -35,6 +35,7 @@ def log_record(record: RequestRecord) -> None:
                 "path": record.path,
                 "model": record.canonical_model or record.model,
                 "backend": record.replica_url,
+                "route": record.route,
                 "attempts": record.attempts,
                 "status": record.status,
                 "outcome": record.outcome,

@@ -5,10 +5,11 @@ are dispatched by path *before* FastAPI's middleware and router, straight into t
 handler of :mod:`gateway.relay` (the hot path: no per-request framework objects). Everything
 else (``/v1/models``, ``/healthz``, ``/readyz``) is ordinary FastAPI.
 
-Everything the app needs is passed to the constructor: settings, and the seams used by later
-issues (connector factory for the egress policy, routing policy, observers such as the audit log,
-admission hooks such as quotas). Observers and hooks may define ``async startup()`` and
-``async shutdown()``; the lifespan awaits them.
+Everything the app needs is passed to the constructor: the settings and the assembled
+components (:class:`gateway.assembly.Gateway`: authenticator, routing policy, observers such as
+the audit log, admission hooks such as quotas, the upstream transport). Components may define
+``async startup()`` and ``async shutdown()``; the lifespan awaits them in the order of
+:meth:`Gateway.lifespan_components`.
 """
 
 from __future__ import annotations
@@ -26,11 +27,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gateway import relay
 from gateway.access import AccessLogMiddleware
-from gateway.auth import Authenticator, KeyRing, Principal, bearer_token
+from gateway.assembly import Gateway
+from gateway.auth import Authenticator, Principal, bearer_token
 from gateway.errors import GatewayError, InvalidRequest, MethodNotAllowed, ModelNotFound
+from gateway.fleet.replica_metrics import MetricsScraper
 from gateway.health import HealthProber
 from gateway.records import AdmissionHook, RequestObserver
-from gateway.routing import AllowAll, RoutePolicy, Router
+from gateway.routing import RoutePolicy, Router
 from gateway.settings import GatewaySettings
 from gateway.state import STATE_KEY, GatewayState, gateway_state
 from gateway.upstream import ConnectorFactory, new_session, tls_context
@@ -71,6 +74,7 @@ def _model_entry(name: str, aliases: Sequence[str], created: int) -> dict[str, A
 
 def create_app(
     settings: GatewaySettings,
+    gateway: Gateway | None = None,
     *,
     connector_factory: ConnectorFactory | None = None,
     policy: RoutePolicy | None = None,
@@ -80,10 +84,14 @@ def create_app(
     router: Router | None = None,
     upstream_middlewares: Sequence[ClientMiddlewareType] = (),
 ) -> FastAPI:
-    """Build the gateway app.
+    """Build the gateway app from its assembled components.
+
+    Either pass ``gateway`` (from :func:`gateway.assembly.assemble`, as ``gateway serve``
+    does), or the parts by keyword (tests, embedding; see :meth:`Gateway.of` for defaults).
 
     Args:
         settings: The validated configuration.
+        gateway: The assembled components (then no other keyword may be given).
         connector_factory: Builds the aiohttp connector for upstream connections (the egress
             policy's checked connector); default a plain pooled ``TCPConnector``.
         policy: Per-request routing decision (default: every replica allowed).
@@ -96,46 +104,57 @@ def create_app(
 
     Returns:
         The ASGI app (run it with lifespan on, standard asyncio loop).
+
+    Raises:
+        TypeError: Both ``gateway`` and separate parts were given.
     """
+    if gateway is None:
+        gateway = Gateway.of(
+            settings, router=router, authenticator=authenticator, route_policy=policy,
+            admission=admission, observers=observers, connector_factory=connector_factory,
+            upstream_middlewares=upstream_middlewares,
+        )
+    elif (connector_factory or policy or observers or admission or authenticator or router
+          or upstream_middlewares):
+        raise TypeError("create_app: pass either an assembled gateway or its parts, not both")
+    parts = gateway
     created = int(time.time())
-    the_router = router or Router(settings)
-    the_auth = authenticator or KeyRing(settings.keys)
-    the_policy = policy or AllowAll()
-    # The authenticator may have a lifespan too (managed keys: load and poll the key store).
-    hooks: list[Any] = [the_auth, *observers, *admission]
-    # A policy may have a lifespan too (egress events to the audit log), after the observers.
-    hooks.append(the_policy)
+    the_router = parts.router
+    the_policy = parts.route_policy
     class_header = getattr(the_policy, "classification_header", None)
     upstream_ssl = tls_context(settings.upstream_tls)  # fails at start, not per request
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[dict[str, Any]]:
-        session = new_session(settings, connector_factory, upstream_middlewares)
+        session = new_session(settings, parts.connector_factory, parts.upstream_middlewares)
         state = GatewayState(
             settings=settings,
             router=the_router,
-            authenticator=the_auth,
+            authenticator=parts.authenticator,
             policy=the_policy,
             session=session,
-            observers=tuple(observers),
-            admission=tuple(admission),
+            hooks=parts.hooks,
             forward_headers=frozenset(h.encode() for h in settings.limits.forward_headers),
             class_header=class_header.encode("latin-1") if class_header else None,
             classify=getattr(the_policy, "classify", None),
             upstream_ssl=upstream_ssl,
         )
         prober = HealthProber(the_router, session, settings.health, upstream_ssl)
+        scraper = MetricsScraper(the_router, session, settings.routing, upstream_ssl)
         started: list[Any] = []
         try:
-            for hook in hooks:
+            for hook in parts.lifespan_components():
                 startup = getattr(hook, "startup", None)
                 if startup is not None:
                     await startup()
                 started.append(hook)
             if settings.health.active:
                 prober.start()
+            if scraper.needed:
+                scraper.start()
             yield {STATE_KEY: state}
         finally:
+            await scraper.stop()
             await prober.stop()
             for hook in reversed(started):
                 shutdown = getattr(hook, "shutdown", None)

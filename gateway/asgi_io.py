@@ -31,6 +31,10 @@ class ClientGone(Exception):
     """The client disconnected before the request was complete."""
 
 
+def _too_large(limit: int) -> PayloadTooLarge:
+    return PayloadTooLarge(f"Request body exceeds the limit of {limit} bytes.")
+
+
 async def read_body(
     receive: Receive, limit: int, declared: int | None, idle_timeout_s: float | None = None
 ) -> bytes:
@@ -47,9 +51,8 @@ async def read_body(
         RequestTimeout: No part of the body arrived for ``idle_timeout_s``.
         ClientGone: The client disconnected.
     """
-    too_large = PayloadTooLarge(f"Request body exceeds the limit of {limit} bytes.")
     if declared is not None and declared > limit:
-        raise too_large
+        raise _too_large(limit)
     chunks: list[bytes] = []
     total = 0
     while True:
@@ -66,7 +69,7 @@ async def read_body(
         if body:
             total += len(body)
             if total > limit:
-                raise too_large
+                raise _too_large(limit)
             chunks.append(body)
         if not message.get("more_body", False):
             break
@@ -74,16 +77,32 @@ async def read_body(
 
 
 class Responder:
-    """Tracks what was sent to the client.
+    """Sends the response to the client and tracks what was sent.
 
     Args:
         send: ASGI send callable.
         request_id: Sent back as ``x-request-id``.
+        on_start: Called with the header list just before the status line is sent (observer
+            ``on_response_start`` hooks; may append headers).
+        hold_end: Hold back the end of the response until :meth:`release`: the last chunk of
+            a sized body, and for an SSE stream the event carrying ``data: [DONE]`` and all
+            that follows (earlier events flow at once). Used when an observer must record the
+            request's completion before the client may see it complete.
     """
 
-    __slots__ = ("_send", "bytes_out", "request_id", "started", "status", "tap")
+    __slots__ = (
+        "_held", "_holding", "_on_start", "_send", "_sse", "bytes_out", "request_id",
+        "started", "status", "tap",
+    )
 
-    def __init__(self, send: Send, request_id: str) -> None:
+    def __init__(
+        self,
+        send: Send,
+        request_id: str,
+        *,
+        on_start: Callable[[list[tuple[bytes, bytes]]], None] | None = None,
+        hold_end: bool = False,
+    ) -> None:
         self._send = send
         self.request_id = request_id.encode()
         self.started = False
@@ -91,12 +110,23 @@ class Responder:
         self.bytes_out = 0
         self.tap: Callable[[bytes], None] | None = None
         """Called with every body chunk before it is sent (content HMAC opt-in only)."""
+        self._on_start = on_start
+        self._held: list[Message] | None = [] if hold_end else None
+        self._holding = False
+        self._sse = False
 
     async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
         """Send the status line and headers (``x-request-id`` is added)."""
         self.started = True
         self.status = status
         headers.append((b"x-request-id", self.request_id))
+        if self._on_start is not None:
+            self._on_start(headers)
+        if self._held is not None:
+            self._sse = any(
+                name == b"content-type" and value.startswith(b"text/event-stream")
+                for name, value in headers
+            )
         await self._send({"type": "http.response.start", "status": status, "headers": headers})
 
     async def body(self, data: bytes, more: bool = True) -> None:
@@ -104,7 +134,32 @@ class Responder:
         self.bytes_out += len(data)
         if self.tap is not None and data:
             self.tap(data)
-        await self._send({"type": "http.response.body", "body": data, "more_body": more})
+        message = {"type": "http.response.body", "body": data, "more_body": more}
+        held = self._held
+        if held is not None:
+            if self._holding or not more or (self._sse and b"[DONE]" in data):
+                self._holding = True
+                held.append(message)
+                return
+            if not self._sse:
+                # A sized body: keep its newest chunk back, so the last bytes of the
+                # Content-Length go out only on release.
+                if held:
+                    await self._send(held.pop())
+                held.append(message)
+                return
+        await self._send(message)
+
+    async def release(self, send_end: bool) -> None:
+        """Send what ``hold_end`` held back, or (``send_end=False``) drop it for good.
+
+        Without the end, the server closes the connection and the client sees an incomplete
+        response.
+        """
+        held, self._held = self._held, None
+        if held and send_end:
+            for message in held:
+                await self._send(message)
 
     async def error(self, exc: GatewayError) -> None:
         """Send ``exc`` as a complete OpenAI-style JSON error response."""

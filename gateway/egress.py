@@ -1,4 +1,4 @@
-"""Wiring of the egress policy (``policy`` package) into the gateway (issue 3).
+"""Wiring of the egress policy (``policy`` package) into the gateway.
 
 The gateway config names the policy file (``policy: {file: PATH, guard: enforce|monitor|off}``),
 every replica names its destination (``replicas[].destination``) and every key has a ``team`` and
@@ -9,7 +9,7 @@ a default ``data_class``. At start-up :func:`start_egress`:
 2. installs the process guard (default ``enforce``) and runs its self-test, refusing to start if a
    denied connection is not blocked (uvloop, broken hook).
 
-:func:`with_policy` then wraps the app factory so that
+:func:`wire_egress` (called by :func:`gateway.assembly.assemble`) then makes sure that
 
 * routing only offers replicas whose destination the policy allows for the request's key, team
   and data class (:class:`PolicyRoutes`, the gateway's ``RoutePolicy`` seam); the
@@ -55,12 +55,13 @@ from policy import Principal as PolicyPrincipal
 __all__ = [
     "EgressEvents",
     "EgressRuntime",
+    "EgressWiring",
     "PolicyRoutes",
     "PolicySettings",
     "load_policy",
     "policy_settings",
     "start_egress",
-    "with_policy",
+    "wire_egress",
 ]
 
 _log = logging.getLogger(__name__)
@@ -387,52 +388,61 @@ class PolicyRoutes:
         )
 
 
-def _audit_sink(observers: Sequence[Any]) -> AuditSink | None:
-    from gateway.audit.observer import AuditObserver
+@dataclasses.dataclass(frozen=True, slots=True)
+class EgressWiring:
+    """The egress policy's parts of one gateway (built by :func:`wire_egress`).
 
-    for observer in observers:
-        if isinstance(observer, AuditObserver):
-            sink: AuditSink = observer.record_event
-            return sink
-    return None
-
-
-def with_policy(
-    runtime: EgressRuntime, factory: Callable[..., Any]
-) -> Callable[..., Any]:
-    """Return ``factory`` with the egress policy wired in (routing, transport, audit events).
-
-    Args:
-        runtime: From :func:`start_egress`.
-        factory: ``gateway.app.create_app`` or a wrapper with its signature.
-
-    Returns:
-        ``(settings, **kwargs) -> app``; ``upstream_middlewares`` given by outer wrappers
-        (telemetry) stay outermost, the policy middleware is appended.
+    Attributes:
+        routes: The routing policy seam (``RoutePolicy``) with data-class resolution.
+        connector_factory: Builds the policy-checked aiohttp connector of upstream requests.
+        middleware: ``policy_middleware``: address literals, no proxies, no redirects.
     """
 
-    def build(settings: GatewaySettings, **kwargs: Any) -> Any:
-        router = kwargs.get("router") or Router(settings)
-        for pool in router.pools.values():
-            for replica in pool.replicas:
-                dest = runtime.policy.destinations.get(replica.destination or "")
-                replica.region = dest.region if dest is not None else None
-                if replica.kind == "litellm":  # litellm gets the policy-checked httpx client
-                    from gateway.litellm_backend import make_client
+    routes: PolicyRoutes
+    connector_factory: Callable[[], Any]
+    middleware: Any
 
-                    replica.client = make_client(replica.url, replica.api_key, runtime.matcher)
-        kwargs["router"] = router
-        limit = settings.limits.max_upstream_connections
-        kwargs["connector_factory"] = lambda: make_connector(
-            runtime.matcher, limit=limit, limit_per_host=0, keepalive_timeout=30
-        )
-        kwargs["upstream_middlewares"] = (
-            *kwargs.get("upstream_middlewares", ()), policy_middleware(runtime.matcher)
-        )
-        kwargs["policy"] = PolicyRoutes(
-            runtime.policy, runtime.events, _audit_sink(kwargs.get("observers", ())),
-            runtime.mode,
-        )
-        return factory(settings, **kwargs)
 
-    return build
+def wire_egress(
+    settings: GatewaySettings,
+    router: Router,
+    policy: Policy,
+    matcher: EgressMatcher,
+    *,
+    events: EgressEvents | None = None,
+    audit: AuditSink | None = None,
+    mode: str = "off",
+) -> EgressWiring:
+    """Bind the replicas of ``router`` to the policy and build the policy-checked transport.
+
+    Sets each replica's ``region`` from its destination and gives litellm replicas the
+    policy-checked httpx client.
+
+    Args:
+        settings: The gateway settings (``limits.max_upstream_connections``).
+        router: The replica pools (changed in place: regions, litellm clients).
+        policy: The loaded policy.
+        matcher: Address checks shared with the process guard (one pin store).
+        events: Guard event forwarder, started and stopped with the app (``None``: no guard).
+        audit: Appends ``policy.loaded`` and ``egress.denied`` records (the audit log is on).
+        mode: Guard mode, recorded in ``policy.loaded``.
+
+    Returns:
+        The routing policy, connector factory and client middleware.
+    """
+    for pool in router.pools.values():
+        for replica in pool.replicas:
+            dest = policy.destinations.get(replica.destination or "")
+            replica.region = dest.region if dest is not None else None
+            if replica.kind == "litellm":  # litellm gets the policy-checked httpx client
+                from gateway.litellm_backend import make_client
+
+                replica.client = make_client(replica.url, replica.api_key, matcher)
+    limit = settings.limits.max_upstream_connections
+    return EgressWiring(
+        routes=PolicyRoutes(policy, events, audit, mode),
+        connector_factory=lambda: make_connector(
+            matcher, limit=limit, limit_per_host=0, keepalive_timeout=30
+        ),
+        middleware=policy_middleware(matcher),
+    )

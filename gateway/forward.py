@@ -94,10 +94,7 @@ async def forward(ex: Exchange, first: Replica) -> None:
         attempts += 1
         if replica not in tried:
             tried.append(replica)
-        record.attempts = attempts
-        record.replica_url = replica.url
-        record.destination = replica.destination
-        record.region = replica.region
+        record.attempt(replica.url, replica.destination, replica.region, attempts)
         headers = dict(base_headers)
         if replica.api_key:
             headers["authorization"] = f"Bearer {replica.api_key}"
@@ -169,7 +166,7 @@ async def _attempt(
                 if status >= 500:
                     pool.eject(replica)
                 chunk = await resp.content.readany()
-                record.ttft_ms = round((time.perf_counter() - ex.t0) * 1000.0, 3)
+                record.first_byte(round((time.perf_counter() - ex.t0) * 1000.0, 3))
                 ctype = resp.headers.get("content-type", "")
                 is_sse = ctype.encode("latin-1").startswith(_SSE)
                 out_headers = [(b"content-type", ctype.encode("latin-1"))]
@@ -216,8 +213,8 @@ async def _attempt(
                         _set_usage(record, usage_from_body(bytes(keep)))
                     ex.watch.finish()
                     await out.body(b"", more=False)
-                record.outcome = "ok" if status < 400 else ("invalid" if status < 500
-                                                             else "upstream_error")
+                record.ended("ok" if status < 400 else ("invalid" if status < 500
+                                                        else "upstream_error"))
                 return None
             except (aiohttp.ClientError, OSError, EgressDenied) as exc:
                 err = map_exception(exc, replica.label)
@@ -259,8 +256,7 @@ async def _end_broken(
     out: Responder, err: GatewayError, phase: str, record: RequestRecord, at_boundary: bool
 ) -> None:
     """End a response that already started after an upstream failure."""
-    record.outcome = "timeout" if isinstance(err, UpstreamTimeout) else "upstream_error"
-    record.error_code = err.code
+    record.failed("timeout" if isinstance(err, UpstreamTimeout) else "upstream_error", err.code)
     if phase == "stream":
         prefix = b"" if at_boundary else b"\n\n"
         await out.body(prefix + sse_error_event(err), more=False)
@@ -276,11 +272,9 @@ def _estimate_usage(record: RequestRecord, scanner: SSEUsageScanner) -> None:
     """
     estimate = scanner.estimated_output_tokens
     if estimate > 0 and record.output_tokens is None:
-        record.output_tokens = estimate
-        record.usage_estimated = True
+        record.used(None, estimate, estimated=True)
 
 
 def _set_usage(record: RequestRecord, usage: Usage | None) -> None:
     if usage is not None:
-        record.input_tokens = usage.input_tokens
-        record.output_tokens = usage.output_tokens
+        record.used(usage.input_tokens, usage.output_tokens)

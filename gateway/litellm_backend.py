@@ -37,6 +37,7 @@ from gateway.errors import (
     sse_error_event,
 )
 from gateway.forward import Exchange
+from gateway.records import RequestRecord
 from gateway.routing import Replica
 from policy import EgressDenied
 
@@ -84,10 +85,10 @@ def _map(exc: BaseException, url: str) -> GatewayError:  # url: Replica.label, n
     return UpstreamError(f"Error talking to the model backend ({url}): {name}")
 
 
-def _usage(record: Any, usage: Any) -> None:
+def _usage(record: RequestRecord, usage: Any) -> None:
     if usage is not None:
-        record.input_tokens = getattr(usage, "prompt_tokens", None)
-        record.output_tokens = getattr(usage, "completion_tokens", None)
+        record.used(getattr(usage, "prompt_tokens", None),
+                    getattr(usage, "completion_tokens", None))
 
 
 async def attempt(ex: Exchange, replica: Replica) -> GatewayError | None:
@@ -139,7 +140,7 @@ async def attempt(ex: Exchange, replica: Replica) -> GatewayError | None:
         if not isinstance(err, InvalidRequest):
             ex.pool.eject(replica)
         raise err from exc
-    record.ttft_ms = round((time.perf_counter() - ex.t0) * 1000.0, 3)
+    record.first_byte(round((time.perf_counter() - ex.t0) * 1000.0, 3))
     if not stream:
         _usage(record, getattr(resp, "usage", None))
         data = resp.model_dump_json().encode()
@@ -147,7 +148,7 @@ async def attempt(ex: Exchange, replica: Replica) -> GatewayError | None:
                               (b"content-length", str(len(data)).encode())])
         ex.watch.finish()
         await out.body(data, more=False)
-        record.outcome = "ok"
+        record.ended("ok")
         return None
     await out.start(200, [(b"content-type", b"text/event-stream; charset=utf-8"),
                           (b"cache-control", b"no-cache")])
@@ -162,11 +163,10 @@ async def attempt(ex: Exchange, replica: Replica) -> GatewayError | None:
             await out.body(b"data: " + chunk.model_dump_json().encode() + b"\n\n")
     except Exception as exc:
         err = _map(exc, replica.label)
-        record.outcome = "upstream_error"
-        record.error_code = err.code
+        record.failed("upstream_error", err.code)
         await out.body(sse_error_event(err), more=False)
         return None
     ex.watch.finish()
     await out.body(b"data: [DONE]\n\n", more=False)
-    record.outcome = "ok"
+    record.ended("ok")
     return None

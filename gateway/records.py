@@ -1,36 +1,48 @@
-"""The per-request record and the hooks that observe it (audit, quotas, telemetry seams).
+"""The per-request record and the hooks that observe it (audit, quotas, telemetry).
 
-Life cycle of one relayed request (``POST /v1/...``):
+Life cycle of one relayed request (``POST /v1/...``), in the order the relay calls the hooks:
 
-1. Authentication, body validation, model resolution, authorisation and routing. A failure here
-   ends the request with ``outcome="denied"`` (or ``"invalid"``); only ``on_end`` is called.
-2. ``admission`` hooks (quotas, issue 9) are awaited with the record and the parsed body; any may
-   raise a :class:`~gateway.errors.GatewayError` (for example a 429) to refuse.
-3. Every observer's ``on_start`` is awaited, in order, *before* a byte goes upstream (the audit
-   log makes its "started" record durable here). Any may raise a ``GatewayError`` (for example a
-   503 when the audit store is down): the request is then refused and never forwarded.
-4. The request is relayed; then every observer's ``on_end`` is awaited once with the final record
-   (also when the client disconnected or the upstream failed). Exceptions from ``on_end`` are
-   logged, never sent to the client.
+1. ``on_request(record, headers)`` (optional hook) as soon as the request arrives, with the raw
+   ASGI request headers (telemetry continues the client's ``traceparent`` here).
+2. Authentication, classification, body validation, model resolution, authorisation and
+   routing. A failure here ends the request with ``outcome="denied"`` (or ``"invalid"``); only
+   ``on_end`` is called then.
+3. ``admission`` hooks (quotas) are awaited with the record and the parsed body; any may raise a
+   :class:`~gateway.errors.GatewayError` (for example a 429) to refuse.
+4. Content opt-in: when the deciding policy rule sets ``audit: {content_hmac: true}``,
+   ``record.content_hmac`` is ``True`` and every observer with a ``content_tap`` hook is handed
+   the request body bytes (the very object the relay read, no copy) and may return a tap that
+   the responder then calls with every response body chunk. Without the opt-in nothing is
+   copied or called.
+5. Every observer's ``on_start`` is awaited, in order, *before* a byte goes upstream (the audit
+   log makes its "started" record durable here). Any may raise a ``GatewayError`` (for example
+   a 503 when the audit store is down): the request is then refused and never forwarded.
+6. ``on_response_start(record, headers)`` (optional hook) when the response status line is
+   about to be sent; it may append headers (quotas add ``x-ratelimit-*``).
+7. The response is relayed; then every observer's ``on_end`` is awaited once with the final
+   record (also when the client disconnected or the upstream failed). Exceptions from ``on_end``
+   are logged, never sent to the client.
+8. ``end_recorded(record) -> bool`` (optional hook): when any observer has it, the responder
+   holds back the end of the response (the last chunk of a sized body, the ``data: [DONE]``
+   event and what follows of a stream) until step 7 is over, and sends it only if every such
+   hook answers ``True`` (the audit log: the completion record is durable). Otherwise the
+   connection is closed without the end, so a client never fully receives a response whose
+   completion is not recorded.
 
-The record never holds prompts, completions or keys.
-
-Content opt-in (issue 4): when the deciding policy rule sets ``audit: {content_hmac: true}``,
-``record.content_hmac`` is ``True`` and, just before step 3, every observer that implements
-:class:`ContentObserver` is handed the request body bytes (the very object the relay read, no
-copy) and may return a tap that the relay then calls with every response body chunk sent to
-the client. Without the opt-in nothing is copied or called.
+Optional hooks are found once, when the app is built (:meth:`ObserverHooks.of`), never per
+request. The record never holds prompts, completions or keys; it is written only through its
+named methods (:meth:`RequestRecord.authenticated`, :meth:`~RequestRecord.requested`, ...).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol
 
 __all__ = [
-    "AdmissionHook", "ContentObserver", "ContentTap", "Outcome", "RequestObserver",
-    "RequestRecord",
+    "AdmissionHook", "ContentObserver", "ContentTap", "EndGate", "Headers", "ObserverHooks",
+    "Outcome", "RequestHook", "RequestObserver", "RequestRecord", "ResponseStartHook",
 ]
 
 ContentTap = Callable[[bytes], None]
@@ -87,6 +99,9 @@ class RequestRecord:
         bytes_in: Request body bytes received from the client.
         bytes_out: Response body bytes sent to the client.
         content_hmac: The deciding policy rule opted in to content HMACs (see module docstring).
+        route: How a fleet-aware strategy chose the first replica (``prefix_affinity``):
+            strategy, reason, replica position, matched and prompt blocks, and the load figures
+            used (see :mod:`gateway.fleet.scoring`); ``None`` for the other strategies.
     """
 
     request_id: str
@@ -120,14 +135,98 @@ class RequestRecord:
     bytes_in: int = 0
     bytes_out: int = 0
     content_hmac: bool = False
+    route: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready copy (no prompts, no keys)."""
         return asdict(self)
 
+    # The named writers: the relay, the forwarder, the backends and the tracer write the
+    # record only through these.
+
+    def identify(self, key_id: str | None, team: str | None, data_class: str | None) -> None:
+        """Who asked: the authenticated key, its team and the request's data class."""
+        self.key_id = key_id
+        self.team = team
+        self.data_class = data_class
+
+    def received(self, bytes_in: int) -> None:
+        """The request body arrived: ``bytes_in`` bytes."""
+        self.bytes_in = bytes_in
+
+    def describe(
+        self, model: str | None, stream: bool, canonical_model: str | None = None,
+        served_model: str | None = None,
+    ) -> None:
+        """What was asked: the model as sent, stream mode, and the configured model it is."""
+        self.model = model
+        self.stream = stream
+        self.canonical_model = canonical_model
+        self.served_model = served_model
+
+    def decided(self, rule: str | None, revision: str | None, allowed: bool) -> None:
+        """The routing decision of the egress policy (``revision`` ``None``: no policy)."""
+        self.policy_rule = rule
+        if revision is not None:
+            self.policy_revision = revision
+            self.policy_decision = "allow" if allowed else "deny"
+
+    def attempt(
+        self, url: str, destination: str | None, region: str | None, attempts: int | None = None
+    ) -> None:
+        """Where it goes: the replica of the current attempt (``attempts`` so far, if any)."""
+        self.replica_url = url
+        self.destination = destination
+        self.region = region
+        if attempts is not None:
+            self.attempts = attempts
+
+    def first_byte(self, ttft_ms: float) -> None:
+        """The backend's first response byte arrived after ``ttft_ms`` milliseconds."""
+        self.ttft_ms = ttft_ms
+
+    def used(self, input_tokens: int | None, output_tokens: int | None,
+             estimated: bool = False) -> None:
+        """Token usage: from the backend, or (``estimated``) the gateway's output estimate."""
+        if estimated:
+            self.output_tokens = output_tokens
+            self.usage_estimated = True
+            return
+        self.input_tokens = input_tokens
+        self.output_tokens = output_tokens
+
+    def ended(self, outcome: Outcome) -> None:
+        """How it ended, without an error code of the gateway's."""
+        self.outcome = outcome
+
+    def failed(self, outcome: Outcome, error_code: str | None) -> None:
+        """How it ended, with the gateway error code sent to the client."""
+        self.outcome = outcome
+        self.error_code = error_code
+
+    def content_opt_in(self) -> None:
+        """The deciding policy rule opted in to content HMACs (see the module docstring)."""
+        self.content_hmac = True
+
+    def traced(self, trace_id: str) -> None:
+        """The W3C trace id (32 hex) of the request's server span."""
+        self.trace_id = trace_id
+
+    def sent(self, status: int, bytes_out: int, latency_ms: float) -> None:
+        """What the client got: status, body bytes, and the total time in milliseconds."""
+        self.status = status
+        self.bytes_out = bytes_out
+        self.latency_ms = latency_ms
+
 
 class RequestObserver(Protocol):
-    """Observes relayed requests (audit log, telemetry)."""
+    """Observes relayed requests (audit log, quotas, telemetry).
+
+    Required: ``on_start`` and ``on_end``. Optional hooks, found once by
+    :meth:`ObserverHooks.of`: ``on_request`` (:class:`RequestHook`), ``on_response_start``
+    (:class:`ResponseStartHook`), ``content_tap`` (:class:`ContentObserver`) and
+    ``end_recorded`` (:class:`EndGate`); the module docstring says when each is called.
+    """
 
     async def on_start(self, record: RequestRecord) -> None:
         """Called before forwarding; raise a ``GatewayError`` to refuse the request."""
@@ -139,14 +238,33 @@ class RequestObserver(Protocol):
 
 
 class AdmissionHook(Protocol):
-    """Admission control before forwarding (quotas, issue 9)."""
+    """Admission control before forwarding (quotas; telemetry keeps span parameters)."""
 
     async def admit(self, record: RequestRecord, body: Mapping[str, Any]) -> None:
         """Raise a ``GatewayError`` (e.g. ``RateLimited``) to refuse; ``body`` is read-only."""
         ...
 
 
-@runtime_checkable
+Headers = list[tuple[bytes, bytes]]
+"""Raw ASGI headers: ``(lower-case name, value)`` byte pairs."""
+
+
+class RequestHook(Protocol):
+    """An observer that sees the raw request headers when the request arrives."""
+
+    def on_request(self, record: RequestRecord, headers: Sequence[tuple[bytes, bytes]]) -> None:
+        """Called first, before authentication; must not raise."""
+        ...
+
+
+class ResponseStartHook(Protocol):
+    """An observer that may add response headers."""
+
+    def on_response_start(self, record: RequestRecord, headers: Headers) -> None:
+        """Called just before the status line is sent; may append to ``headers``."""
+        ...
+
+
 class ContentObserver(Protocol):
     """An observer that digests request and response content when a policy rule opts in."""
 
@@ -157,3 +275,49 @@ class ContentObserver(Protocol):
         ``on_start``. Must not raise.
         """
         ...
+
+
+class EndGate(Protocol):
+    """An observer that must confirm a request's completion before its response may end."""
+
+    def end_recorded(self, record: RequestRecord) -> bool:
+        """Called after every ``on_end``: ``True`` if the end of the response may be sent."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class ObserverHooks:
+    """The bound hooks of a gateway's observers and admission hooks, in call order.
+
+    Built once per app by :meth:`of`; the relay calls these tuples and nothing else.
+    """
+
+    on_request: tuple[Callable[[RequestRecord, Sequence[tuple[bytes, bytes]]], None], ...] = ()
+    admit: tuple[Callable[[RequestRecord, Mapping[str, Any]], Awaitable[None]], ...] = ()
+    content_tap: tuple[Callable[[RequestRecord, bytes], ContentTap | None], ...] = ()
+    on_start: tuple[Callable[[RequestRecord], Awaitable[None]], ...] = ()
+    on_response_start: tuple[Callable[[RequestRecord, Headers], None], ...] = ()
+    on_end: tuple[Callable[[RequestRecord], Awaitable[None]], ...] = ()
+    end_recorded: tuple[Callable[[RequestRecord], bool], ...] = ()
+
+    @classmethod
+    def of(
+        cls, observers: Sequence[RequestObserver], admission: Sequence[AdmissionHook] = ()
+    ) -> ObserverHooks:
+        """Collect the hooks of ``observers`` (in order) and ``admission`` (in order).
+
+        Optional hooks are looked up here, once, so the hot path never probes an object.
+        """
+
+        def optional(name: str) -> tuple[Any, ...]:
+            return tuple(h for h in (getattr(o, name, None) for o in observers) if h is not None)
+
+        return cls(
+            on_request=optional("on_request"),
+            admit=tuple(hook.admit for hook in admission),
+            content_tap=optional("content_tap"),
+            on_start=tuple(o.on_start for o in observers),
+            on_response_start=optional("on_response_start"),
+            on_end=tuple(o.on_end for o in observers),
+            end_recorded=optional("end_recorded"),
+        )

@@ -4,7 +4,7 @@ Per request: authenticate, read the bounded body, validate it, resolve and autho
 ask the routing policy for candidates, run admission hooks and observers, then forward with the
 pooled aiohttp client and stream the response back chunk by chunk as it arrives.
 
-Rules (issue 2): the body goes upstream unchanged except ``model`` and forced
+Rules: the body goes upstream unchanged except ``model`` and forced
 ``stream_options.include_usage``; the client's ``Authorization``, cookies and hop-by-hop headers
 never reach a backend; retries go to another replica only before the first byte went to the
 client and only for connect errors, 502/503 and 429; after the first byte, a failure ends the
@@ -18,6 +18,7 @@ import contextlib
 import logging
 import time
 import uuid
+from collections.abc import Callable
 
 from gateway.access import log_record
 from gateway.asgi_io import ClientGone, DisconnectWatch, Receive, Responder, Scope, Send, read_body
@@ -37,7 +38,7 @@ from gateway.errors import (
     sse_error_event,
 )
 from gateway.forward import Exchange, forward
-from gateway.records import ContentObserver, ContentTap, RequestRecord
+from gateway.records import ContentTap, Headers, Outcome, RequestRecord
 from gateway.rewrite import parse_body
 from gateway.state import GatewayState
 
@@ -64,7 +65,7 @@ RELAY_PATHS = frozenset(
 )
 
 
-def _outcome_for(exc: GatewayError) -> str:
+def _outcome_for(exc: GatewayError) -> Outcome:
     if isinstance(exc, UpstreamTimeout):
         return "timeout"
     if isinstance(exc, (UpstreamError, NoHealthyReplica)):
@@ -87,21 +88,27 @@ async def handle(state: GatewayState, scope: Scope, receive: Receive, send: Send
         path=scope["path"],
         client_addr=f"{client[0]}:{client[1]}" if client else None,
     )
-    out = Responder(send, record.request_id)
+    hooks = state.hooks
+    for on_request in hooks.on_request:
+        on_request(record, scope["headers"])
+    out = Responder(
+        send,
+        record.request_id,
+        on_start=_response_start(hooks.on_response_start, record),
+        hold_end=bool(hooks.end_recorded),
+    )
     started_observers = False
     try:
         started_observers = await _serve(state, scope, receive, out, record, t0)
     except GatewayError as exc:
-        record.outcome = _outcome_for(exc)  # type: ignore[assignment]
-        record.error_code = exc.code
+        record.failed(_outcome_for(exc), exc.code)
         if not out.started:
             await out.error(exc)
     except ClientGone:
-        record.outcome = "client_disconnect"
+        record.ended("client_disconnect")
     except Exception as exc:  # a gateway bug: answer 500, keep the process serving
         _log.exception("unhandled error in relay (request %s)", record.request_id)
-        record.outcome = "gateway_error"
-        record.error_code = "internal_error"
+        record.failed("gateway_error", "internal_error")
         err = GatewayError(f"Internal gateway error ({type(exc).__name__}).", code="internal_error")
         with contextlib.suppress(Exception):
             if not out.started:
@@ -109,16 +116,34 @@ async def handle(state: GatewayState, scope: Scope, receive: Receive, send: Send
             else:
                 await out.body(sse_error_event(err), more=False)
     finally:
-        record.status = out.status
-        record.bytes_out = out.bytes_out
-        record.latency_ms = round((time.perf_counter() - t0) * 1000.0, 3)
+        record.sent(out.status, out.bytes_out, round((time.perf_counter() - t0) * 1000.0, 3))
         await _finish(state, record, started_observers)
+        if hooks.end_recorded:
+            recorded = [gate(record) for gate in hooks.end_recorded]  # ask every gate
+            if not all(recorded):
+                _log.error("withholding the end of response %s: its completion was not recorded",
+                           record.request_id)
+            await out.release(all(recorded))
+
+
+def _response_start(
+    hooks: tuple[Callable[[RequestRecord, Headers], None], ...], record: RequestRecord
+) -> Callable[[Headers], None] | None:
+    """The responder's ``on_start``: every observer's ``on_response_start`` for ``record``."""
+    if not hooks:
+        return None
+
+    def on_start(headers: Headers) -> None:
+        for hook in hooks:
+            hook(record, headers)
+
+    return on_start
 
 
 async def _finish(state: GatewayState, record: RequestRecord, started: bool) -> None:
-    for observer in state.observers:
+    for on_end in state.hooks.on_end:
         try:
-            await observer.on_end(record)
+            await on_end(record)
         except Exception:
             _log.exception("observer on_end failed (request %s)", record.request_id)
     if state.settings.logging.access_log:
@@ -127,13 +152,12 @@ async def _finish(state: GatewayState, record: RequestRecord, started: bool) -> 
 
 def _tap_content(state: GatewayState, record: RequestRecord, raw: bytes, out: Responder) -> None:
     """Policy opt-in: hand the request body to content observers and tap the response."""
-    record.content_hmac = True
+    record.content_opt_in()
     taps: list[ContentTap] = []
-    for observer in state.observers:
-        if isinstance(observer, ContentObserver):
-            tap = observer.content_tap(record, raw)
-            if tap is not None:
-                taps.append(tap)
+    for content_tap in state.hooks.content_tap:
+        tap = content_tap(record, raw)
+        if tap is not None:
+            taps.append(tap)
     if len(taps) == 1:
         out.tap = taps[0]
     elif taps:
@@ -181,36 +205,30 @@ async def _serve(
         if name == class_header:
             class_value = value.decode("latin-1")
     principal: Principal = state.authenticator.authenticate(bearer_token(auth))
-    record.key_id = principal.key_id
-    record.team = principal.team
-    record.data_class = principal.data_class
     if state.classify is not None:
         # The egress policy: the classification header may change the class only by grant.
+        record.identify(principal.key_id, principal.team, principal.data_class)
         principal = state.classify(principal, class_value)
-        record.data_class = principal.data_class
+    record.identify(principal.key_id, principal.team, principal.data_class)
 
     limits = state.settings.limits
     raw = await read_body(receive, limits.max_body_bytes, declared, limits.client_body_timeout_s)
-    record.bytes_in = len(raw)
+    record.received(len(raw))
     parsed = parse_body(raw)
-    record.model = parsed.model
-    record.stream = parsed.stream
+    record.describe(parsed.model, parsed.stream)
     pool = state.router.resolve(parsed.model)
     if pool is None:
         raise ModelNotFound(f"The model '{parsed.model}' does not exist.", param="model")
     model = pool.model
-    record.canonical_model = model.name
-    record.served_model = model.upstream_name
+    record.describe(parsed.model, parsed.stream, model.name, model.upstream_name)
     if not principal.may_use(model.name):
         raise ModelNotAllowed(
             f"The API key '{principal.key_id}' may not use the model '{model.name}'.",
             param="model",
         )
     decision = state.policy.decide(principal, model, pool.replicas)
-    record.policy_rule = decision.rule_id
+    record.decided(decision.rule_id, decision.revision, bool(decision.candidates))
     if decision.revision is not None:
-        record.policy_revision = decision.revision
-        record.policy_decision = "allow" if decision.candidates else "deny"
         if not decision.candidates:
             rule = f"rule {decision.rule_id}" if decision.rule_id else "no rule matched"
             raise PolicyDenied(
@@ -224,19 +242,19 @@ async def _serve(
             + (f" (rule {decision.rule_id})." if decision.rule_id else "."),
             param="model",
         )
-    first = pool.pick(decision.candidates)
+    hint = pool.route_hint(parsed.values, scope["headers"])  # affinity input (gateway.fleet)
+    first = pool.pick(decision.candidates, hint=hint)
     if first is None:
         raise NoHealthyReplica(f"No replica of '{model.name}' is available.")
-    record.replica_url = first.url
-    record.destination = first.destination
-    record.region = first.region
+    record.attempt(first.url, first.destination, first.region)
+    record.route = hint.explain if hint is not None else None
 
-    for hook in state.admission:
-        await hook.admit(record, parsed.values)
+    for admit in state.hooks.admit:
+        await admit(record, parsed.values)
     if decision.content_hmac:
         _tap_content(state, record, raw, out)
-    for observer in state.observers:
-        await observer.on_start(record)
+    for on_start in state.hooks.on_start:
+        await on_start(record)
 
     watch = DisconnectWatch(receive)
     watch.start()
@@ -249,7 +267,7 @@ async def _serve(
         if not watch.fired or task is None:
             raise
         task.uncancel()
-        record.outcome = "client_disconnect"
+        record.ended("client_disconnect")
     finally:
         watch.finish()
     return True

@@ -5,6 +5,10 @@ Each configured model has a :class:`Pool` of :class:`Replica` objects. Selection
 * ``least_outstanding`` (default): the available replica with the fewest requests in flight;
   ties are broken round-robin so equal replicas share the load.
 * ``round_robin``: the next available replica in turn.
+* ``prefix_affinity``: the allowed, available replica that best trades the prompt prefix it
+  probably caches against its load (scraped vLLM metrics plus in-flight counts), see
+  :mod:`gateway.fleet.scoring`. Needs the request's :class:`~gateway.fleet.RouteHint`; without one
+  (retries) it picks like ``least_outstanding``.
 
 Health is passive and active. Passive: a connect failure, a 5xx or a timeout *ejects* the replica
 for ``cooldown_s`` (a 429 ejects it for its ``Retry-After``). Active: a prober (in
@@ -14,18 +18,21 @@ A 4xx from the backend is the client's fault and never counts against a replica.
 When every candidate is unavailable the pool still offers them, soonest-back first ("panic
 routing", as Envoy does): the gateway should not lengthen a backend outage by refusing to try.
 
-The egress policy (issue 3) plugs in through :class:`RoutePolicy`: for each request it filters the
+The egress policy plugs in through :class:`RoutePolicy`: for each request it filters the
 candidate replicas and names the rule that decided.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from gateway.auth import Principal
+from gateway.fleet.replica_metrics import ReplicaSignals
+from gateway.fleet.scoring import PrefixAffinity, RouteHint
+from gateway.fleet.settings import RoutingSettings
 from gateway.settings import GatewaySettings, ModelSettings
 
 __all__ = ["AllowAll", "Pool", "Replica", "RouteDecision", "RoutePolicy", "Router"]
@@ -51,6 +58,8 @@ class Replica:
         ejected_until: Monotonic time (s) until which passive health keeps it out.
         probe_ok: Result of the last active health probe (``True`` before the first probe).
         failures: Failures counted against the replica since start (for metrics).
+        signals: The last scrape of the replica's ``/metrics`` (``prefix_affinity`` pools).
+        scrape_outstanding: ``outstanding`` at the time of that scrape.
     """
 
     model: str
@@ -66,6 +75,8 @@ class Replica:
     ejected_until: float = 0.0
     probe_ok: bool = True
     failures: int = 0
+    signals: ReplicaSignals | None = None
+    scrape_outstanding: int = 0
 
     @property
     def label(self) -> str:
@@ -80,6 +91,11 @@ class Replica:
     def available(self, now: float) -> bool:
         """True when the replica is neither ejected nor failing its active probe."""
         return self.probe_ok and now >= self.ejected_until
+
+    def observe(self, signals: ReplicaSignals) -> None:
+        """Store a scrape of the replica's metrics (and the in-flight count it reflects)."""
+        self.signals = signals
+        self.scrape_outstanding = self.outstanding
 
     def mark_probe(self, ok: bool) -> None:
         """Record an active health probe result; a passing probe also ends an ejection."""
@@ -111,7 +127,7 @@ class RouteDecision:
 
 
 class RoutePolicy(Protocol):
-    """Filters the replicas a request may reach (egress policy seam, issue 3).
+    """Filters the replicas a request may reach (the egress policy's seam).
 
     A policy may also define ``classification_header`` (lower-case header name) and
     ``classify(principal, header_value) -> Principal`` (raise a ``GatewayError`` to refuse):
@@ -142,9 +158,16 @@ class Pool:
         model: The model's settings.
         cooldown_s: Passive ejection time in seconds.
         clock: Monotonic clock in seconds (injectable for tests).
+        routing: The ``routing`` section (``prefix_affinity``); default settings when omitted.
     """
 
-    def __init__(self, model: ModelSettings, cooldown_s: float, clock: Clock = time.monotonic):
+    def __init__(
+        self,
+        model: ModelSettings,
+        cooldown_s: float,
+        clock: Clock = time.monotonic,
+        routing: RoutingSettings | None = None,
+    ):
         self.model = model
         self.strategy = model.strategy
         self.cooldown_s = cooldown_s
@@ -162,21 +185,54 @@ class Pool:
             )
             for i, r in enumerate(model.replicas)
         )
+        self.affinity: PrefixAffinity | None = None
+        if self.strategy == "prefix_affinity":
+            self.affinity = PrefixAffinity(len(self.replicas), routing or RoutingSettings())
+
+    @property
+    def wants_signals(self) -> bool:
+        """True when the strategy reads the replicas' scraped metrics."""
+        return self.affinity is not None
+
+    def route_hint(
+        self, body: Mapping[str, Any], headers: Sequence[tuple[bytes, bytes]]
+    ) -> RouteHint | None:
+        """The routing hint of a request (``None`` unless the strategy uses one).
+
+        Args:
+            body: The parsed request body (read only).
+            headers: The request's ASGI headers (``x-session-id`` is read from them).
+        """
+        if self.affinity is None:
+            return None
+        session = next(
+            (v.decode("latin-1") for k, v in headers if k == b"x-session-id" and v), None
+        )
+        return self.affinity.hint(body, session)
 
     def pick(
-        self, candidates: Sequence[Replica] | None = None, exclude: Collection[Replica] = ()
+        self,
+        candidates: Sequence[Replica] | None = None,
+        exclude: Collection[Replica] = (),
+        hint: RouteHint | None = None,
     ) -> Replica | None:
         """Choose a replica for the next attempt.
 
         Args:
-            candidates: Replicas allowed for this request (default: the whole pool).
+            candidates: Replicas allowed for this request (default: the whole pool). A strategy
+                only ever chooses among these (the egress policy filtered them).
             exclude: Replicas already tried by this request.
+            hint: The request's routing hint (``prefix_affinity``); its ``explain`` is filled.
 
         Returns:
             The chosen replica, or ``None`` when every candidate was tried.
         """
         pool = self.replicas if candidates is None else candidates
         now = self._clock()
+        if hint is not None and self.affinity is not None:
+            ready = [r for r in pool if r not in exclude and r.available(now)]
+            if ready:
+                return self.affinity.choose(ready, hint, now)
         n = len(self.replicas)
         self._turn = (self._turn + 1) % n
         turn = self._turn
@@ -191,7 +247,7 @@ class Pool:
                     fallback = r
                 continue
             rank = (r.index - turn) % n
-            key = (r.outstanding, rank) if self.strategy == "least_outstanding" else (0, rank)
+            key = (0, rank) if self.strategy == "round_robin" else (r.outstanding, rank)
             if best_key is None or key < best_key:
                 best, best_key = r, key
         return best if best is not None else fallback
@@ -218,7 +274,8 @@ class Router:
 
     def __init__(self, settings: GatewaySettings, clock: Clock = time.monotonic) -> None:
         self.pools: dict[str, Pool] = {
-            m.name: Pool(m, settings.health.cooldown_s, clock) for m in settings.models
+            m.name: Pool(m, settings.health.cooldown_s, clock, settings.routing)
+            for m in settings.models
         }
         self._labels: dict[str, Pool] = {
             label: self.pools[m.name] for label, m in settings.model_by_label().items()

@@ -50,6 +50,7 @@ from gateway.config_errors import (
     validation_problems,
 )
 from gateway.errors import ConfigError
+from gateway.fleet.settings import RoutingSettings
 from gateway.keys_file import merge_keys_file, relabel_keys
 from gateway.keystore.settings import KeystoreSettings
 from gateway.quotas.settings import QuotaSettings
@@ -203,7 +204,7 @@ class ModelSettings(_Frozen):
     name: str
     aliases: list[str] = Field(default_factory=list)
     served_model_name: str | None = None
-    strategy: Literal["least_outstanding", "round_robin"] = "least_outstanding"
+    strategy: Literal["least_outstanding", "round_robin", "prefix_affinity"] = "least_outstanding"
     replicas: list[ReplicaSettings] = Field(min_length=1)
 
     @field_validator("name")
@@ -396,6 +397,7 @@ class GatewaySettings(BaseSettings):
     health: HealthSettings = Field(default_factory=HealthSettings)
     logging: LoggingSettings = Field(default_factory=LoggingSettings)
     upstream_tls: UpstreamTlsSettings = Field(default_factory=UpstreamTlsSettings)
+    routing: RoutingSettings = Field(default_factory=RoutingSettings)  # gateway.fleet.settings
     # Optional sections: absent (None) means the feature is off.
     policy: PolicySettings | None = None
     audit: AuditSettings | None = None

@@ -8,14 +8,14 @@ lifespan puts it into the ASGI lifespan state under one key, so there is no glob
 from __future__ import annotations
 
 import ssl
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
 
 from gateway.auth import Authenticator, Principal
-from gateway.records import AdmissionHook, RequestObserver
+from gateway.records import ObserverHooks
 from gateway.routing import RoutePolicy, Router
 from gateway.settings import GatewaySettings
 
@@ -36,8 +36,8 @@ class GatewayState:
         authenticator: Key -> principal.
         policy: Per-request routing decision (egress policy seam).
         session: The pooled upstream client.
-        observers: Request observers (audit, telemetry).
-        admission: Admission hooks (quotas).
+        hooks: The bound hooks of the observers (audit, quotas, telemetry) and admission hooks
+            (telemetry, quotas), in the order the assembly gave them.
         forward_headers: Client header names (lower-case bytes) relayed upstream.
         class_header: Data-classification header (lower-case bytes) of the egress policy.
         classify: ``(principal, header value or None) -> principal`` with the request's data
@@ -51,8 +51,7 @@ class GatewayState:
     authenticator: Authenticator
     policy: RoutePolicy
     session: aiohttp.ClientSession
-    observers: Sequence[RequestObserver] = ()
-    admission: Sequence[AdmissionHook] = ()
+    hooks: ObserverHooks = field(default_factory=ObserverHooks)
     forward_headers: frozenset[bytes] = field(default_factory=frozenset)
     class_header: bytes | None = None
     classify: Classifier | None = None

@@ -9,8 +9,8 @@ Public API (other packages import only these names):
   aiohttp), :func:`make_httpx_client`, :class:`PolicyAsyncTransport` (httpx, openai SDK);
 * :class:`EgressMatcher`, :class:`PinStore` (address checks shared by both);
 * :func:`litellm_env`, :func:`import_litellm` (litellm without hidden egress);
-* :func:`check_binding`, :func:`start_guard` (gateway start-up), :class:`EgressRoutePolicy`
-  (the gateway's ``RoutePolicy`` seam), :func:`policy_middleware`;
+* :func:`check_binding`, :func:`start_guard` (gateway start-up), :func:`policy_middleware`
+  (the gateway's ``RoutePolicy`` is ``gateway.egress.PolicyRoutes``, over :meth:`Policy.select`);
 * the :class:`PolicyError` tree (``errors`` module docstring).
 """
 
@@ -31,7 +31,6 @@ from .evaluate import UNSAFE_RULE_ID, Decision, Policy, Principal, Selection
 from .guard import SELF_TEST_TARGET, EgressEvent, EgressGuard
 from .httpx_transport import PolicyAsyncTransport, make_httpx_client
 from .providers import LITELLM_OFFLINE_ENV, import_litellm, litellm_env
-from .routing import EgressRoutePolicy
 from .runtime import BindingError, GuardMode, check_binding, start_guard
 from .transport import PolicyResolver, make_connector, make_session, policy_middleware
 
@@ -47,7 +46,6 @@ __all__ = [
     "EgressEvent",
     "EgressGuard",
     "EgressMatcher",
-    "EgressRoutePolicy",
     "GuardMode",
     "GuardSelfTestFailed",
     "PinStore",

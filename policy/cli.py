@@ -125,6 +125,13 @@ def _binding_problem(policy: Policy, url: str, dest_id: str) -> str | None:
 
 
 def _read_gateway_config(path: Path) -> dict[str, Any]:
+    """Read the three things ``explain --config`` needs from a gateway config, nothing else.
+
+    ``keys[]`` (``id``, ``team``, ``data_class``; ``keys_file`` appended as the gateway does)
+    and ``models[]`` (``name``, ``aliases``, ``replicas[].destination``/``url``). The policy
+    package never imports the gateway, so this is a deliberately small reading of the file, not
+    the gateway's validation (run ``gateway check-config`` for that).
+    """
     try:
         raw = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
@@ -192,16 +199,18 @@ def explain(
         raise _UsageError("give --class, or --config with the key's default data class")
     principal = Principal(key, team)
     resolved = policy.resolve_class(default_class, header, principal)
+    ids: list[str | None] | None = [d or None for d, _ in pairs] if pairs else None
+    explained = policy.explain(principal, resolved, ids)
+    urls = [url for _, url in pairs] if pairs else [""] * len(explained)
     decisions: list[tuple[Decision, str]] = []
-    for dest_id, url in pairs or [(d.id, "") for d in policy.document.destinations
-                                  if d.purpose == "inference"]:
-        if not dest_id:
-            decisions.append((Decision(False, None, "replica has no policy destination",
-                                       policy.revision, ""), url))
-        elif url and (mismatch := _binding_problem(policy, url, dest_id)) is not None:
-            decisions.append((Decision(False, None, mismatch, policy.revision, dest_id), url))
-        else:
-            decisions.append((policy.evaluate(principal, resolved, dest_id), url))
+    for decision, url in zip(explained, urls, strict=True):
+        # A replica outside the destination it names never gets a request: the gateway
+        # refuses to start with it (check_binding), whatever the rules say.
+        mismatch = (_binding_problem(policy, url, decision.destination_id)
+                    if url and decision.destination_id else None)
+        if mismatch is not None:
+            decision = Decision(False, None, mismatch, policy.revision, decision.destination_id)
+        decisions.append((decision, url))
     allowed = [d for d, _ in decisions if d.allowed]
     if as_json:
         print(json.dumps({

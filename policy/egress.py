@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import socket
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 
 from .addresses import IPAddress, always_denied_reason, canonical_ip, parse_host, parse_ip
@@ -27,6 +27,8 @@ from .model import Destination
 
 #: Resolve ``(hostname, port)`` to addresses (strings as returned by getaddrinfo).
 SyncResolver = Callable[[str, int], list[str]]
+#: The same, awaited (what :func:`check_target` asks; each transport adapts its resolver).
+AsyncResolver = Callable[[str, int], Awaitable[list[str]]]
 
 #: Names that resolve on the host itself (``/etc/hosts``): resolving them sends no traffic.
 LOCAL_NAMES = frozenset({"localhost"})
@@ -144,6 +146,17 @@ class EgressMatcher:
         where = parsed if port is None else f"{parsed}:{port}"
         return Verdict(False, None, f"no destination names {where}")
 
+    def check_reverse(self, host: str) -> Verdict:
+        """May ``host`` (an address, or a name to resolve first) be looked up in reverse?
+
+        Never, unless ``unsafe_allow_all``: a PTR query carries the address (or name) to
+        whichever name server answers for it, and no destination is reached by one.
+        """
+        if self.policy.unsafe_allow_all:
+            return Verdict(True, None, "unsafe_allow_all")
+        return Verdict(False, None, f"reverse lookup of {host!r}: a PTR query is a DNS channel "
+                                    "and no policy destination needs one")
+
     def check_resolved(self, dest: Destination, addresses: Iterable[str]) -> list[IPAddress]:
         """Check every address a hostname destination resolved to; return them canonical.
 
@@ -232,3 +245,101 @@ class EgressMatcher:
             return Verdict(True, None, "unsafe_allow_all", address)
         shown = f"[{address}]:{port}" if ip.version == 6 else f"{address}:{port}"
         return Verdict(False, None, f"no destination allows {shown}", address)
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """Where a policy-checked client may connect for one ``host:port``.
+
+    Attributes:
+        hostname: the normalised name to send as ``Host`` and TLS SNI, ``None`` for an address
+            literal.
+        addresses: the checked addresses, IPv4 first then by value (never empty).
+        destination_id: the destination that allows it (``None`` under ``unsafe_allow_all``).
+    """
+
+    hostname: str | None
+    addresses: tuple[IPAddress, ...]
+    destination_id: str | None
+
+
+def _ordered(addresses: Iterable[IPAddress]) -> tuple[IPAddress, ...]:
+    return tuple(sorted(addresses, key=lambda ip: (ip.version, int(ip))))
+
+
+def admit_host(matcher: EgressMatcher, host: str, port: int) -> IPAddress | str:
+    """The check made before any I/O: may a client ask for ``host:port`` at all?
+
+    Args:
+        matcher: the policy's matcher.
+        host: the URL's host as given (name or address literal, brackets allowed).
+        port: the URL's port (the scheme's default when the URL has none).
+
+    Returns:
+        The checked address of an address literal, or the normalised name that may be resolved
+        (a destination names it, or ``unsafe_allow_all``).
+
+    Raises:
+        EgressDenied: invalid host, a literal no destination allows (always-denied ranges even
+            under ``unsafe_allow_all``), or a name no destination names.
+    """
+    try:
+        parsed = parse_host(host)
+    except ValueError:
+        raise EgressDenied(host, port, "not a valid hostname") from None
+    if not isinstance(parsed, str):
+        verdict = matcher.check_connect(str(parsed), port)
+        if not verdict.allowed:
+            raise EgressDenied(host, port, verdict.reason)
+        return parsed
+    if matcher.hostname_destination(parsed, port) is None and not matcher.policy.unsafe_allow_all:
+        raise EgressDenied(host, port, f"no destination names {parsed}:{port}")
+    return parsed
+
+
+async def check_target(
+    matcher: EgressMatcher, host: str, port: int, resolve: AsyncResolver
+) -> Target:
+    """The one egress check of every policy-checked transport (aiohttp and httpx).
+
+    A name no destination names is refused without a DNS query. A hostname destination is
+    resolved once (``resolve``), every address checked against the destination
+    (:meth:`EgressMatcher.check_resolved`) and pinned; later calls return the pins without
+    asking DNS again, so rebinding cannot move a connection. Under ``unsafe_allow_all`` a name
+    no destination names is resolved each time, unpinned, and its addresses only checked
+    against the always-denied ranges (as the process guard checks the connection).
+
+    Args:
+        matcher: the policy's matcher (its pin store is shared with the process guard).
+        host: the URL's host as given.
+        port: the URL's port (the scheme's default when the URL has none).
+        resolve: awaitable resolver ``(name, port) -> [address text, ...]``.
+
+    Returns:
+        The checked :class:`Target`.
+
+    Raises:
+        EgressDenied: see :func:`admit_host`; or a resolved address fails the checks.
+        OSError: the resolver failed.
+    """
+    admitted = admit_host(matcher, host, port)
+    if not isinstance(admitted, str):
+        verdict = matcher.check_connect(str(admitted), port)
+        return Target(None, (admitted,), verdict.destination_id)
+    dest = matcher.hostname_destination(admitted, port)
+    if dest is None:  # unsafe_allow_all
+        addresses: list[IPAddress] = []
+        for text in await resolve(admitted, port):
+            ip = parse_ip(text)
+            verdict = matcher.check_connect(text, port)
+            if ip is None or not verdict.allowed:
+                raise EgressDenied(host, port, verdict.reason)
+            addresses.append(canonical_ip(ip))
+        if not addresses:
+            raise EgressDenied(host, port, "resolved to no address")
+        return Target(admitted, _ordered(addresses), None)
+    pinned = matcher.pins.get(admitted)
+    if pinned is None:
+        checked = matcher.check_resolved(dest, await resolve(admitted, port))
+        pinned = matcher.pins.pin(admitted, checked)
+    return Target(admitted, _ordered(pinned), dest.id)

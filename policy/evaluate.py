@@ -329,11 +329,8 @@ class Policy:
         Raises:
             UnknownDataClass: ``data_class`` is not defined.
         """
-        decisions = tuple(
-            self.evaluate(principal, data_class, d) if d is not None
-            else Decision(False, None, "replica has no policy destination", self.revision, "")
-            for d in destination_ids
-        )
+        decisions = tuple(self._replica_decision(principal, data_class, d)
+                          for d in destination_ids)
         allowed = tuple(i for i, d in enumerate(decisions) if d.allowed)
         if allowed:
             first = decisions[allowed[0]]
@@ -342,10 +339,25 @@ class Policy:
             return Selection((), (), None, "model has no replicas")
         return Selection((), decisions, decisions[0].rule_id, decisions[0].reason)
 
+    def _replica_decision(
+        self, principal: Principal, data_class: str, destination_id: str | None
+    ) -> Decision:
+        if destination_id is None:
+            return Decision(False, None, "replica has no policy destination", self.revision, "")
+        return self.evaluate(principal, data_class, destination_id)
+
     def explain(
-        self, principal: Principal, data_class: str, destination_ids: Iterable[str] | None = None
+        self, principal: Principal, data_class: str,
+        destination_ids: Iterable[str | None] | None = None,
     ) -> list[Decision]:
         """Evaluate every given destination (default: every inference destination).
+
+        Args:
+            principal: the caller.
+            data_class: the request's resolved data class.
+            destination_ids: destination ids in the order to explain, ``None`` for a replica
+                that names none (denied, as :meth:`select` denies it); default: every
+                ``inference`` destination in policy order.
 
         Returns:
             One decision per destination, in the order given (policy order by default).
@@ -353,9 +365,9 @@ class Policy:
         Raises:
             UnknownDataClass: ``data_class`` is not defined.
         """
-        ids: Sequence[str] = (
+        ids: Sequence[str | None] = (
             list(destination_ids) if destination_ids is not None
             else [d.id for d in self.document.destinations if d.purpose == "inference"]
         )
         self.check_class(data_class)
-        return [self.evaluate(principal, data_class, d) for d in ids]
+        return [self._replica_decision(principal, data_class, d) for d in ids]

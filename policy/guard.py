@@ -8,11 +8,27 @@ aborts the call (PEP 578). The guard checks each such event with an
 :class:`~policy.errors.EgressDenied`, in ``monitor`` mode it is only recorded. Every refusal is
 delivered to ``on_event`` as an :class:`EgressEvent` (the audit log records them).
 
+DNS is a data channel (a name such as ``<secret>.evil.example`` reaches the attacker's name
+server), so name resolution is checked before any query is sent:
+
+* ``socket.getaddrinfo`` and ``socket.gethostbyname`` (also raised by ``gethostbyname_ex``):
+  only names a destination names (and ``localhost``) may be resolved;
+* ``socket.gethostbyaddr`` and ``socket.getnameinfo`` are reverse lookups (PTR queries) and
+  always refused (``unsafe_allow_all`` aside); ``socket.getfqdn`` then returns its argument;
+* ``connect``/``connect_ex``/``sendto``/``sendmsg``/``bind`` with a host name resolve it in C
+  *before* their audit event: :mod:`policy.resolution` wraps these methods of
+  :class:`socket.socket` to raise :data:`~policy.resolution.RESOLVE_EVENT` first, and the guard
+  refuses (``socket.__new__``) inet sockets of the bare C type ``_socket.socket``, which the
+  wrappers do not reach. A name that still arrives with a ``connect``-family event (the C method
+  called unbound, ``_socket.socket.connect(sock, (name, port))``) has been resolved already: the
+  connection is refused and recorded, the query cannot be taken back (docs/policy.md).
+
 Limits (measured, see shared/FORMATS.md): uvloop and other C-level event loops connect without
 these events, so the gateway runs the standard asyncio loop while the guard is on and refuses to
 start unless :meth:`EgressGuard.self_test` shows a denied connection is blocked. C extensions that
-open sockets themselves (e.g. c-ares resolvers) are invisible to the guard; the Kubernetes
-NetworkPolicy rendered from the same policy (``policy networkpolicy``) is the outer layer.
+open sockets or resolve themselves (c-ares, libpq) and child processes are invisible to the
+guard; the Kubernetes NetworkPolicy rendered from the same policy (``policy networkpolicy``) and
+the Cilium DNS rules are the outer layer.
 
 Audit hooks cannot be removed, so :meth:`EgressGuard.install` adds a hook that consults a state
 cell; :meth:`EgressGuard.uninstall` empties the cell and the hook becomes a no-op.
@@ -32,6 +48,7 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any, Literal
 
+from . import resolution
 from .egress import EgressMatcher, PinStore, port_number, system_resolve
 from .errors import EgressBlocked, EgressDenied, GuardSelfTestFailed
 from .evaluate import Policy
@@ -40,12 +57,22 @@ _log = logging.getLogger(__name__)
 
 Mode = Literal["enforce", "monitor"]
 
-_LOOKUP_EVENTS = frozenset({"socket.getaddrinfo", "socket.gethostbyname",
-                            "socket.gethostbyname_ex"})
+# Every socket audit event of CPython 3.11 that can send a name or an address off the host
+# (socket.gethostname, sethostname, getservbyname and getservbyport cannot).
+_LOOKUP_EVENTS = frozenset({"socket.getaddrinfo", "socket.gethostbyname"})
+_REVERSE_EVENTS = frozenset({"socket.gethostbyaddr", "socket.getnameinfo"})
 _CONNECT_EVENTS = frozenset({"socket.connect", "socket.sendto", "socket.sendmsg"})
-_EVENTS = _LOOKUP_EVENTS | _CONNECT_EVENTS
+_NEW_EVENT = "socket.__new__"
+_BIND_EVENT = "socket.bind"
+_EVENTS = (_LOOKUP_EVENTS | _REVERSE_EVENTS | _CONNECT_EVENTS
+           | {_NEW_EVENT, _BIND_EVENT, resolution.RESOLVE_EVENT})
+# A socket created with fileno= is audited with family -1 (detected after the event).
+_RAW_CHECKED_FAMILIES = frozenset({socket.AF_INET, socket.AF_INET6, -1})
 _INTERNAL_PREFIXES = ("socket", "asyncio", "selectors", "concurrent", "threading", "ssl",
-                      "policy.guard", "policy.egress")
+                      "policy.guard", "policy.egress", "policy.resolution")
+
+_AFTER_RESOLUTION = ("the name was resolved in C before the guard saw it (unbound _socket "
+                     "method): the DNS query has left, the connection is refused")
 
 #: The self-test target: TEST-NET-1 (RFC 5737), never routed, port 9 (discard).
 SELF_TEST_TARGET = ("192.0.2.1", 9)
@@ -167,6 +194,7 @@ class EgressGuard:
             if guard is not None:
                 guard._on_audit(event, args)
 
+        resolution.install()
         sys.addaudithook(hook)
         self._cell = cell
         if self.matcher.policy.unsafe_allow_all:
@@ -199,22 +227,66 @@ class EgressGuard:
                 return
             self._check_lookup(event, str(host), port)
             return
+        if event == resolution.RESOLVE_EVENT:
+            # A socket.socket method about to resolve a name in C (policy.resolution).
+            method, _sock, host, port = args
+            self._check_lookup(f"socket.{method}", host, port_number(port))
+            return
+        if event in _REVERSE_EVENTS:
+            self._check_reverse(event, args[0])
+            return
+        if event == _NEW_EVENT:
+            self._check_new(args)
+            return
         sock, address = args[0], args[1]
         if address is None or getattr(sock, "family", None) not in (
             socket.AF_INET, socket.AF_INET6,
         ):
             return  # AF_UNIX and friends: not network egress
+        name = resolution.resolved_name(address)
+        if event == _BIND_EVENT:
+            if name is not None:
+                # Only the unbound C method gets here with a name: it is resolved already.
+                self._check_lookup(event, name, None, after_resolution=True)
+            return  # binding a local address sends nothing
         host, port = str(address[0]), port_number(address[1])
         verdict = self.matcher.check_connect(host, port)
+        reason = verdict.reason
+        if name is not None and not verdict.allowed:
+            lookup = self.matcher.check_lookup(name, port)
+            if not lookup.allowed:
+                reason = f"{lookup.reason}; {_AFTER_RESOLUTION}"
         probe = self._probe is not None and self._probe == (verdict.address, port)
         self._decide(event, host, port, verdict.address, verdict.allowed and not probe,
-                     verdict.destination_id, verdict.reason, force_block=probe)
+                     verdict.destination_id, reason, force_block=probe)
 
-    def _check_lookup(self, event: str, host: str, port: int | None) -> None:
+    def _check_reverse(self, event: str, target: object) -> None:
+        if isinstance(target, tuple) and target:  # getnameinfo((host, port[, ...]))
+            host, port = str(target[0]), port_number(target[1]) if len(target) > 1 else None
+        else:
+            host, port = str(target), None
+        verdict = self.matcher.check_reverse(host)
+        self._decide(event, host, port, None, verdict.allowed, None, verdict.reason)
+
+    def _check_new(self, args: tuple[Any, ...]) -> None:
+        sock, family = args[0], args[1]
+        if isinstance(sock, socket.socket) or family not in _RAW_CHECKED_FAMILIES:
+            return
+        if self.matcher.policy.unsafe_allow_all:
+            return
+        kind = f"{type(sock).__module__}.{type(sock).__qualname__}"
+        self._decide(_NEW_EVENT, "", None, None, False, None,
+                     f"inet socket of the C type {kind} (not socket.socket): its connect/sendto "
+                     "resolve names before the guard can check them")
+
+    def _check_lookup(self, event: str, host: str, port: int | None, *,
+                      after_resolution: bool = False) -> None:
         verdict = self.matcher.check_lookup(host, port)
         dest_id, reason, allowed = verdict.destination_id, verdict.reason, verdict.allowed
         if allowed and dest_id is None:
             return  # address literal or local name: nothing leaves the host, connect is checked
+        if after_resolution and not allowed:
+            reason = f"{reason}; {_AFTER_RESOLUTION}"
         if allowed and dest_id is not None:
             dest = self.matcher.policy.destinations[dest_id]
             pin_port = port if port is not None else min(dest.endpoint.ports)
@@ -265,6 +337,11 @@ class EgressGuard:
     def _prepare_probe(self, target: tuple[str, int]) -> None:
         if not self.installed:
             raise GuardSelfTestFailed("egress guard self-test: the guard is not installed")
+        if not resolution.installed():
+            raise GuardSelfTestFailed(
+                "egress guard self-test: socket.socket's name checks (policy.resolution) were "
+                "replaced by other code, so connect((name, port)) would resolve unchecked"
+            )
         verdict = self.matcher.check_connect(*target)
         if verdict.allowed:
             raise GuardSelfTestFailed(

@@ -4,7 +4,8 @@
 a host no destination names is refused without a DNS query; a hostname destination is resolved
 once, every address checked and pinned (shared :class:`~policy.egress.PinStore`); the request
 is sent to the checked address with the original ``Host`` header and TLS SNI / certificate name
-(httpcore's ``sni_hostname`` extension). Each hostname gets its own connection pool, so a TLS
+(httpcore's ``sni_hostname`` extension). The check is :func:`~policy.egress.check_target`, the
+one shared with the aiohttp transport. Each hostname gets its own connection pool, so a TLS
 connection verified for one name is never reused for another name on the same address.
 
 :func:`make_httpx_client` wraps it in an ``httpx.AsyncClient`` that never follows redirects
@@ -19,9 +20,8 @@ from typing import Any
 
 import httpx
 
-from .addresses import IPAddress, parse_host
-from .egress import EgressMatcher, PinStore, SyncResolver, system_resolve
-from .errors import EgressDenied, RedirectRefused
+from .egress import EgressMatcher, PinStore, SyncResolver, check_target, system_resolve
+from .errors import RedirectRefused
 from .evaluate import Policy
 
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
@@ -62,23 +62,8 @@ class PolicyAsyncTransport(httpx.AsyncBaseTransport):
             self._pools[key] = pool
         return pool
 
-    async def _address(self, host: str, port: int) -> tuple[IPAddress, str | None]:
-        try:
-            parsed = parse_host(host)
-        except ValueError:
-            raise EgressDenied(host, port, "not a valid hostname") from None
-        if not isinstance(parsed, str):
-            verdict = self.matcher.check_connect(str(parsed), port)
-            if not verdict.allowed:
-                raise EgressDenied(host, port, verdict.reason)
-            return parsed, None
-        dest = self.matcher.hostname_destination(parsed, port)
-        if dest is None:
-            raise EgressDenied(host, port, f"no destination names {parsed}:{port}")
-        pinned = self.matcher.pins.get(parsed)
-        if pinned is None:
-            pinned = await asyncio.to_thread(self.matcher.pin, dest, port, self._resolver)
-        return min(pinned, key=lambda ip: (ip.version, int(ip))), parsed
+    async def _resolve(self, host: str, port: int) -> list[str]:
+        return await asyncio.to_thread(self._resolver, host, port)
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         """Check, pin and send one request.
@@ -88,7 +73,8 @@ class PolicyAsyncTransport(httpx.AsyncBaseTransport):
         """
         url = request.url
         port = url.port or _DEFAULT_PORTS.get(url.scheme, 0)
-        ip, hostname = await self._address(url.host, port)
+        target = await check_target(self.matcher, url.host, port, self._resolve)
+        ip, hostname = target.addresses[0], target.hostname
         if hostname is not None:
             request.url = url.copy_with(host=str(ip))
             if url.scheme == "https":

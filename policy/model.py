@@ -183,7 +183,7 @@ class Constraints(_Strict):
 
 
 class RuleAudit(_Strict):
-    """What the audit log records for requests a rule allows (issue 4).
+    """What the audit log records for requests a rule allows.
 
     Attributes:
         content_hmac: store a keyed HMAC-SHA256 (the audit pseudonym key) of the request body

@@ -11,6 +11,9 @@ Layer 2 of enforcement. For every request:
 3. a redirect answer is never followed: it raises :class:`~policy.errors.RedirectRefused`;
 4. ``trust_env`` is off: ``HTTP(S)_PROXY``, ``NO_PROXY`` and ``.netrc`` are ignored.
 
+Steps 1 and 2 are :func:`~policy.egress.admit_host` and :func:`~policy.egress.check_target`,
+the egress check shared with the httpx transport (one implementation, so both decide alike).
+
 aiohttp wraps resolver and connect errors in its own exceptions; the middleware unwraps them, so
 callers see :class:`~policy.errors.EgressDenied` (the boundary mapping of CONVENTIONS.md).
 """
@@ -24,8 +27,7 @@ import aiohttp
 from aiohttp.abc import AbstractResolver, ResolveResult
 from aiohttp.client_middlewares import ClientHandlerType, ClientMiddlewareType
 
-from .addresses import parse_host
-from .egress import EgressMatcher, PinStore
+from .egress import EgressMatcher, PinStore, admit_host, check_target
 from .errors import EgressDenied, RedirectRefused
 from .evaluate import Policy
 
@@ -54,35 +56,18 @@ class PolicyResolver(AbstractResolver):
     async def resolve(
         self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
     ) -> list[ResolveResult]:
-        """Return the checked (pinned) addresses of ``host``.
+        """Return the checked (pinned) addresses of ``host`` (:func:`~policy.egress.check_target`).
 
         Raises:
             EgressDenied: no destination names ``host:port``, or a resolved address fails the
                 destination's checks.
             OSError: the underlying resolver failed.
         """
-        try:
-            parsed = parse_host(host)
-        except ValueError:
-            raise EgressDenied(host, port, "not a valid hostname") from None
-        if not isinstance(parsed, str):
-            verdict = self.matcher.check_connect(str(parsed), port)
-            if not verdict.allowed:
-                raise EgressDenied(host, port, verdict.reason)
-            addresses = [parsed]
-        else:
-            dest = self.matcher.hostname_destination(parsed, port)
-            if dest is None:
-                if not self.matcher.policy.unsafe_allow_all:
-                    raise EgressDenied(host, port, f"no destination names {parsed}:{port}")
-                infos = await self._resolver().resolve(parsed, port, family)
-                return infos
-            pinned = self.matcher.pins.get(parsed)
-            if pinned is None:
-                infos = await self._resolver().resolve(parsed, port, family)
-                checked = self.matcher.check_resolved(dest, [i["host"] for i in infos])
-                pinned = self.matcher.pins.pin(parsed, checked)
-            addresses = sorted(pinned, key=lambda ip: (ip.version, int(ip)))
+
+        async def base(name: str, at_port: int) -> list[str]:
+            return [i["host"] for i in await self._resolver().resolve(name, at_port, family)]
+
+        target = await check_target(self.matcher, host, port, base)
         wanted = {socket.AF_INET: 4, socket.AF_INET6: 6}.get(family)
         results: list[ResolveResult] = [
             {
@@ -93,7 +78,7 @@ class PolicyResolver(AbstractResolver):
                 "proto": 0,
                 "flags": socket.AI_NUMERICHOST,
             }
-            for ip in addresses
+            for ip in target.addresses
             if wanted is None or ip.version == wanted
         ]
         if not results:
@@ -134,14 +119,9 @@ def policy_middleware(matcher: EgressMatcher) -> ClientMiddlewareType:
         port = req.url.port
         if req.proxy is not None:
             raise EgressDenied(host, port, "policy-checked clients never use a proxy")
-        try:
-            parsed = parse_host(host)
-        except ValueError:
-            raise EgressDenied(host, port, "not a valid hostname") from None
-        if not isinstance(parsed, str):
-            verdict = matcher.check_connect(str(parsed), port)
-            if not verdict.allowed:
-                raise EgressDenied(host, port, verdict.reason)
+        # aiohttp never asks the resolver for an address literal: check it here (names are
+        # refused here too, before any lookup, with the same verdict as the resolver's).
+        admit_host(matcher, host, port or 0)
         try:
             resp = await handler(req)
         except aiohttp.ClientError as exc:

@@ -6,7 +6,14 @@ generates deterministic text, labels itself (``x-simulator: vllm-sim`` header, `
 
 * ``POST /sim/faults`` (body: ``FaultSpec``) installs a fault; ``GET /sim/faults`` shows it.
 * ``GET /sim/stats`` returns counters and the last inference request's headers and body.
-* ``POST /sim/reset`` clears counters and the fault.
+* ``POST /sim/reset`` clears counters and the fault (and, with a profile, the prefix cache).
+* ``POST /sim/prefix`` (body: a chat or completions request; needs a profile) answers
+  ``{"cached_tokens", "prompt_tokens"}``: what the prefix cache holds of that prompt now (the
+  oracle of ``bench/routing.py``).
+
+With ``SimConfig.profile`` the engine model of :mod:`vllm_sim.engine` paces generation
+(continuous batching, a waiting queue, a paged KV cache with prefix caching) and ``/metrics``
+reports its queue, KV usage and prefix-cache counters.
 
 vLLM endpoints: ``GET /v1/models``, ``POST /v1/chat/completions``, ``/v1/completions``,
 ``/v1/embeddings``, ``/tokenize``, ``/detokenize``, ``GET /health``, ``/metrics``, ``/version``.
@@ -24,8 +31,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from vllm_sim import metrics
+from vllm_sim import metrics, perf
 from vllm_sim.config import FaultSpec, SimConfig
+from vllm_sim.engine import Engine
 from vllm_sim.errors import (
     BadRequest,
     InvalidBody,
@@ -35,6 +43,7 @@ from vllm_sim.errors import (
     error_body,
 )
 from vllm_sim.inference import embed, generate, hang, until_disconnect
+from vllm_sim.prompt import chat_text, completion_text
 from vllm_sim.protocol import (
     embedding_inputs,
     parse_chat,
@@ -69,11 +78,13 @@ class SimApp:
     Attributes:
         config: The immutable start-up configuration.
         state: Counters, the active fault and the tokenizer table of this app.
+        engine: The engine model when ``config.profile`` is set, else ``None``.
     """
 
     def __init__(self, config: SimConfig) -> None:
         self.config = config
         self.state = SimState()
+        self.engine = perf.engine_for(config)
         self.created = int(time.time())
         self._routes: dict[str, dict[str, Handler]] = {
             "/health": {"GET": self._health},
@@ -89,11 +100,12 @@ class SimApp:
             "/sim/faults": {"POST": self._set_fault, "GET": self._get_fault},
             "/sim/stats": {"GET": self._stats},
             "/sim/reset": {"POST": self._reset},
+            "/sim/prefix": {"POST": self._prefix},
         }
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
-            await _lifespan(receive, send)
+            await _lifespan(receive, send, self.engine)
             return
         if scope["type"] != "http":
             return
@@ -127,7 +139,12 @@ class SimApp:
         await send_body(send, 200, b'{"version":"vllm-sim"}')  # vLLM: its version string
 
     async def _metrics(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await send_body(send, 200, metrics.render(self.config, self.state), metrics.CONTENT_TYPE)
+        fault = self.state.take_fault(scope["path"])
+        if fault is not None and fault.mode in ("status_500", "status_429"):
+            await _send_fault_status(send, fault)
+            return
+        page = metrics.render(self.config, self.state, self.engine)
+        await send_body(send, 200, page, metrics.CONTENT_TYPE)
 
     async def _models(self, scope: Scope, receive: Receive, send: Send) -> None:
         fault = self.state.take_fault(scope["path"])
@@ -202,12 +219,28 @@ class SimApp:
         await send_body(send, 200, dumps(doc).encode())
 
     async def _stats(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await send_body(send, 200, dumps(self.state.stats()).encode())
+        doc = self.state.stats()
+        if self.engine is not None:
+            doc["engine"] = perf.engine_stats(self.engine)
+        await send_body(send, 200, dumps(doc).encode())
 
     async def _reset(self, scope: Scope, receive: Receive, send: Send) -> None:
         await read_body(receive)
         self.state.reset()
+        if self.engine is not None:
+            self.engine.reset_cache()
         await send_body(send, 200, b'{"reset":true}')
+
+    async def _prefix(self, scope: Scope, receive: Receive, send: Send) -> None:
+        body = await _json_or_error(receive, send)
+        if body is None:
+            return
+        try:
+            doc = perf.prefix_probe(self.engine, body, self.config)
+        except SimError as exc:
+            await send_body(send, exc.status, exc.body())
+            return
+        await send_body(send, 200, dumps(doc).encode())
 
     # -- inference -------------------------------------------------------------------------
 
@@ -260,11 +293,17 @@ class SimApp:
             return hang(), resolve_model(body, self.config)
         if path == "/v1/chat/completions":
             gen = parse_chat(body, self.config)
-            return generate(self.config, self.state, gen, None, False, send, fault), gen.model
+            prompt = chat_text(body)
+            pacer = perf.pacer(self.engine, gen, prompt, lambda a: chat_text(body, a), 1)
+            work = generate(self.config, self.state, gen, None, False, send, fault, pacer)
+            return work, gen.model
         if path == "/v1/completions":
             gen, prompts = parse_completion(body, self.config)
             echo = bool(body.get("echo", False))
-            return generate(self.config, self.state, gen, prompts, echo, send, fault), gen.model
+            text = completion_text(prompts)
+            pacer = perf.pacer(self.engine, gen, text, lambda a: text + a, len(prompts))
+            work = generate(self.config, self.state, gen, prompts, echo, send, fault, pacer)
+            return work, gen.model
         model = resolve_model(body, self.config)
         inputs = embedding_inputs(body)
         fmt = body.get("encoding_format", "float")
@@ -322,12 +361,14 @@ async def _send_fault_status(send: Send, fault: FaultSpec) -> None:
         await send_body(send, 500, body)
 
 
-async def _lifespan(receive: Receive, send: Send) -> None:
+async def _lifespan(receive: Receive, send: Send, engine: Engine | None) -> None:
     while True:
         message: Message = await receive()
         if message["type"] == "lifespan.startup":
             await send({"type": "lifespan.startup.complete"})
         elif message["type"] == "lifespan.shutdown":
+            if engine is not None:
+                await engine.close()
             await send({"type": "lifespan.shutdown.complete"})
             return
 

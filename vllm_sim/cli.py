@@ -19,6 +19,7 @@ from pydantic import ValidationError
 
 from vllm_sim.app import create_app
 from vllm_sim.config import SimConfig
+from vllm_sim.profiles import ProfileError
 
 app = typer.Typer(
     add_completion=False,
@@ -39,6 +40,16 @@ def serve(
     tokens: Annotated[int, typer.Option(help="Tokens generated per response.")] = 16,
     max_model_len: Annotated[int, typer.Option(help="Context length in tokens.")] = 2048,
     embedding_dim: Annotated[int, typer.Option(help="Embedding vector length.")] = 8,
+    profile: Annotated[
+        str | None,
+        typer.Option(help="Engine model: a profile name (e.g. llama-3.1-8b-h100) or a .json file."),
+    ] = None,
+    time_scale: Annotated[
+        float, typer.Option(help="With --profile: wall-clock seconds per model second.")
+    ] = 1.0,
+    num_gpu_blocks: Annotated[
+        int | None, typer.Option(help="With --profile: override the KV-cache size in blocks.")
+    ] = None,
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "warning",
     access_log: Annotated[bool, typer.Option(help="Log every request.")] = False,
 ) -> None:
@@ -50,6 +61,9 @@ def serve(
         tokens_per_response=tokens,
         max_model_len=max_model_len,
         embedding_dim=embedding_dim,
+        profile=profile,
+        time_scale=time_scale,
+        num_gpu_blocks=num_gpu_blocks,
     )
     uvicorn.run(
         create_app(config),
@@ -78,6 +92,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValidationError as exc:
         err = exc.errors()[0]
         print(f"vllm-sim: invalid option {err['loc'][0]}: {err['msg']}", file=sys.stderr)
+        return 2
+    except ProfileError as exc:
+        print(f"vllm-sim: invalid --profile: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:
         print(f"vllm-sim: cannot serve: {exc}", file=sys.stderr)

@@ -41,6 +41,12 @@ class SimConfig(BaseModel):
             (finish_reason ``stop``; ``length`` when ``max_tokens`` is smaller).
         embedding_dim: Length of each embedding vector.
         max_model_len: Context length in tokens; a prompt plus ``max_tokens`` above it is a 400.
+        profile: Opt-in performance model (:mod:`vllm_sim.engine`): a shipped profile name
+            (:data:`vllm_sim.profiles.PROFILES`) or the path of a profile JSON file (ends in
+            ``.json``). ``None`` keeps the fixed ``ttft_s``/``itl_s`` pacing.
+        time_scale: With a profile: wall-clock seconds per model second (2.0 = half speed).
+        num_gpu_blocks: With a profile: override its KV-cache size in blocks (like vLLM's
+            ``--num-gpu-blocks-override``).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -51,6 +57,9 @@ class SimConfig(BaseModel):
     tokens_per_response: int = Field(default=16, ge=1)
     embedding_dim: int = Field(default=8, ge=1)
     max_model_len: int = Field(default=2048, ge=1)
+    profile: str | None = None
+    time_scale: float = Field(default=1.0, gt=0.0)
+    num_gpu_blocks: int | None = Field(default=None, ge=1)
 
 
 class FaultSpec(BaseModel):

@@ -14,6 +14,7 @@ from collections.abc import Coroutine
 from typing import Any
 
 from vllm_sim.config import FaultSpec, SimConfig
+from vllm_sim.engine import Engine, SeqHandle
 from vllm_sim.protocol import Generation, prompt_length
 from vllm_sim.render import (
     chat_response,
@@ -29,6 +30,38 @@ from vllm_sim.state import SimState
 from vllm_sim.wire import Receive, Send, SseWriter, send_body, wait_disconnect
 
 
+class EnginePacer:
+    """Paces a response by the engine model: the first token, then one token per step.
+
+    Args:
+        engine: The app's engine.
+        seq: The request's sequence (submitted by :meth:`first`, removed by :meth:`close`).
+    """
+
+    def __init__(self, engine: Engine, seq: SeqHandle) -> None:
+        self.engine = engine
+        self.seq = seq
+        self._next = 1
+
+    async def first(self) -> None:
+        """Queue the sequence and wait for its first token (the time to first token)."""
+        self.engine.submit(self.seq)
+        await self.seq.wait_tokens(1)
+
+    async def next(self) -> None:
+        """Wait for the next token."""
+        self._next += 1
+        await self.seq.wait_tokens(self._next)
+
+    async def rest(self) -> None:
+        """Wait until every token is generated (non-streamed answers)."""
+        await self.seq.wait_tokens(self.seq.output_tokens)
+
+    def close(self) -> None:
+        """Take the sequence out of the engine (also when the client went away)."""
+        self.engine.abort(self.seq)
+
+
 async def generate(
     config: SimConfig,
     state: SimState,
@@ -37,11 +70,37 @@ async def generate(
     echo: bool,
     send: Send,
     fault: FaultSpec | None,
+    pacer: EnginePacer | None = None,
 ) -> None:
-    """Answer a chat or completions request (``prompts`` None = chat); updates the metrics."""
+    """Answer a chat or completions request (``prompts`` None = chat); updates the metrics.
+
+    With a ``pacer`` (a profile is configured) the engine model paces the tokens instead of
+    ``ttft_s``/``itl_s``.
+    """
+    if pacer is None:
+        await _generate(config, state, gen, prompts, echo, send, fault, None)
+        return
+    try:
+        await _generate(config, state, gen, prompts, echo, send, fault, pacer)
+    finally:
+        pacer.close()
+
+
+async def _generate(
+    config: SimConfig,
+    state: SimState,
+    gen: Generation,
+    prompts: list[str | list[int]] | None,
+    echo: bool,
+    send: Send,
+    fault: FaultSpec | None,
+    pacer: EnginePacer | None,
+) -> None:
     cfg = config
     created = int(time.time())
-    if cfg.ttft_s:
+    if pacer is not None:
+        await pacer.first()
+    elif cfg.ttft_s:
         await asyncio.sleep(cfg.ttft_s)
     if prompts is None:
         rid = new_id("chatcmpl")
@@ -62,8 +121,11 @@ async def generate(
         if gen.include_usage:
             delayed_until = count_events(gen, prompts) - 1
         for k, payload in enumerate(events):
-            if itl and undelayed <= k < delayed_until:
-                await asyncio.sleep(itl)
+            if undelayed <= k < delayed_until:
+                if pacer is not None:
+                    await pacer.next()
+                elif itl:
+                    await asyncio.sleep(itl)
             await writer.event(payload)
         await writer.finish()
     else:
@@ -72,7 +134,9 @@ async def generate(
         else:
             doc = completion_response(gen, prompts, rid, created, echo)
         tokens = total_completion_tokens(gen, len(prompts or [None]))
-        if cfg.itl_s:
+        if pacer is not None:
+            await pacer.rest()
+        elif cfg.itl_s:
             await asyncio.sleep(cfg.itl_s * max(tokens - 1, 0))
         await send_body(send, 200, dumps(doc).encode(), fault=fault)
     state.prompt_tokens_total[gen.model] += gen.prompt_tokens

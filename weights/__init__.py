@@ -7,6 +7,7 @@ Public API (other packages import only these names)::
     sha256_file, git_blob_sha1, digest_file  digests as the Hub defines them
     hf_cache_paths, install_hf_cache         the Hugging Face cache layout
     WeightsError (+ subclasses, each with a stable ``code``)
+    Interrupted, interruptible, die_by       SIGINT/SIGTERM/SIGHUP -> cleanup -> exit 130/143
 
 Nothing here touches the network; only :mod:`weights.hub` (imported lazily by ``pin``/``pull``)
 talks to the configured hub endpoint.
@@ -24,31 +25,39 @@ from weights.digests import FileDigests, digest_file, git_blob_sha1, sha256_file
 from weights.errors import (
     CacheLayoutError,
     DigestMismatchError,
+    EmptyModelError,
     EntryNotInLockError,
     LockfileError,
+    PathCollisionError,
     WeightsError,
 )
+from weights.interrupt import Interrupted, die_by, interruptible
 from weights.lockfile import LockedFile, LockEntry, Lockfile, check_repo_path, is_commit_sha
 from weights.verify import Mismatch, VerifyReport, verify_tree
 
 __all__ = [
     "CacheLayoutError",
     "DigestMismatchError",
+    "EmptyModelError",
     "EntryNotInLockError",
     "FileDigests",
     "HfCachePaths",
+    "Interrupted",
     "LockEntry",
     "LockedFile",
     "Lockfile",
     "LockfileError",
     "Mismatch",
+    "PathCollisionError",
     "VerifyReport",
     "WeightsError",
     "check_repo_path",
+    "die_by",
     "digest_file",
     "git_blob_sha1",
     "hf_cache_paths",
     "install_hf_cache",
+    "interruptible",
     "is_commit_sha",
     "repo_folder_name",
     "resolve_model_dir",

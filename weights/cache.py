@@ -9,16 +9,20 @@ Layout (``$HF_HUB_CACHE``, default ``~/.cache/huggingface/hub``), as huggingface
         refs/<revision>                  the commit SHA, no trailing newline
 
 Every write is atomic: blobs and refs are written to a temporary name and renamed, symlinks
-are created under a temporary name and renamed over the final one.
+are created under a temporary name and renamed over the final one. A snapshot directory
+appears only complete (:func:`publish_snapshot`: built beside, then renamed into place), so a
+model loaded by commit never finds files missing; blobs (invisible until linked) may land one by
+one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -131,6 +135,71 @@ def link_snapshot_file(paths: HfCachePaths, commit: str, locked: LockedFile) -> 
     return link
 
 
+def _snapshot_complete(paths: HfCachePaths, commit: str, files: Sequence[LockedFile]) -> bool:
+    snap = paths.snapshot(commit)
+    for locked in files:
+        link = snap / locked.path
+        want = os.path.relpath(paths.blob(locked.blob_id), link.parent)
+        if not link.is_symlink() or os.readlink(link) != want or not link.is_file():
+            return False
+    return True
+
+
+def publish_snapshot(paths: HfCachePaths, entry: LockEntry, staging: Path) -> Path:
+    """Make ``snapshots/<commit>`` hold every file of ``entry`` at once; return it.
+
+    The links are built in a directory under ``staging`` (same file system) and renamed into
+    place; links of other files already in an existing snapshot (another include set of the same
+    commit) are kept. A complete snapshot is left untouched. Every blob must be installed.
+
+    Raises:
+        CacheLayoutError: A blob is missing, or the snapshot cannot be written.
+    """
+    final = paths.snapshot(entry.commit)
+    missing = [f.path for f in entry.files if not paths.blob(f.blob_id).is_file()]
+    if missing:
+        raise CacheLayoutError(f"{entry.repo_id}: blob of {missing[0]} is not installed")
+    if _snapshot_complete(paths, entry.commit, entry.files):
+        return final
+    build: Path | None = None
+    try:
+        staging.mkdir(parents=True, exist_ok=True)
+        build = Path(tempfile.mkdtemp(prefix=f"snapshot-{entry.commit[:12]}-", dir=staging))
+        ours = {f.path for f in entry.files}
+        links: dict[str, str] = {}
+        if final.is_dir() and not final.is_symlink():  # keep the other files' links
+            for p in final.rglob("*"):
+                rel = p.relative_to(final).as_posix()
+                if p.is_symlink() and rel not in ours:
+                    links[rel] = os.readlink(p)
+        for locked in entry.files:
+            link = final / check_repo_path(locked.path)
+            links[locked.path] = os.path.relpath(paths.blob(locked.blob_id), link.parent)
+        for rel, target in links.items():
+            (build / rel).parent.mkdir(parents=True, exist_ok=True)
+            os.symlink(target, build / rel)  # relative to the final place: valid once moved
+        final.parent.mkdir(parents=True, exist_ok=True)
+        if os.path.lexists(final):  # an incomplete snapshot (older tool, hand-made): replace
+            os.rename(final, build.with_name(build.name + ".old"))
+        os.rename(build, final)
+        _fsync_dir(final.parent)
+    except OSError as exc:
+        raise CacheLayoutError(f"cannot publish {final}: {exc.strerror or exc}") from exc
+    finally:
+        if build is not None:
+            for leftover in (build, build.with_name(build.name + ".old")):
+                shutil.rmtree(leftover, ignore_errors=True)
+    return final
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def install_blob(
     paths: HfCachePaths,
     locked: LockedFile,
@@ -231,8 +300,10 @@ def install_hf_cache(
         install_blob(
             paths, locked, Path(files[locked.path]), move=move, verify=verify, progress=progress
         )
-        link_snapshot_file(paths, entry.commit, locked)
-    paths.snapshot(entry.commit).mkdir(parents=True, exist_ok=True)
+    staging = paths.root / ".weights-staging"
+    publish_snapshot(paths, entry, staging)
+    with contextlib.suppress(OSError):
+        staging.rmdir()  # only if empty: a concurrent pull may be using it
     write_ref(paths, revision or entry.requested_revision, entry.commit)
     return paths.snapshot(entry.commit)
 

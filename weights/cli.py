@@ -1,9 +1,10 @@
 """``weights`` command line: pin, pull, verify, sign, size.
 
 Exit codes: 0 ok; 1 verification failed (digest or signature mismatch, missing/extra files,
-drift refused, model does not fit); 2 usage or I/O error. Only ``pin`` and ``pull`` (and
-``size REPO_ID``) use the network, and only towards ``--endpoint`` / ``HF_ENDPOINT``;
-:mod:`weights.hub` is imported lazily by those commands.
+drift refused, model does not fit); 2 usage or I/O error; interrupted by SIGINT/SIGTERM/SIGHUP:
+the process ends by that signal after cleaning up (a shell sees 130/143/129). Only ``pin``
+and ``pull`` (and ``size REPO_ID``) use the network, and only towards ``--endpoint`` /
+``HF_ENDPOINT``; :mod:`weights.hub` is imported lazily by those commands.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from weights.errors import (
     SignatureVerificationError,
     WeightsError,
 )
+from weights.interrupt import Interrupted, die_by, interruptible
 from weights.lockfile import LockEntry, Lockfile
 from weights.verify import VerifyReport
 
@@ -142,6 +144,9 @@ def pull(
         dest = plain_dir_for(into, entry, len(entries) > 1) if into is not None else None
         with progress(entry.total_bytes, entry.repo_id, quiet) as advance:
             result = pull_entry(hub, entry, into=dest, cache=cache, progress=advance)
+        if result.resumed:  # even with --quiet: the operator should know a run was killed
+            console.print(f"{entry.repo_id}: resumed {result.resumed} file(s) left by an "
+                          "interrupted earlier run", markup=False)
         if not quiet:
             console.print(f"{entry.repo_id}@{entry.commit[:12]}: {len(result.downloaded)} "
                           f"downloaded, {len(result.reused)} already present -> {result.target}")
@@ -211,7 +216,8 @@ def verify(
     repo: Annotated[str | None, typer.Option("--repo", help="Repo id in the lock.")] = None,
     ignore: Annotated[list[str] | None, typer.Option("--ignore", help="Glob not extra.")] = None,
     signature: Annotated[Path | None, typer.Option("--signature", help="model.sig.")] = None,
-    public_key: Annotated[Path | None, typer.Option("--public-key", help="PEM key.")] = None,
+    public_key: Annotated[Path | None, typer.Option(
+        "--public-key", help="EC public key (PEM) of `weights keygen`.")] = None,
     identity: Annotated[str | None, typer.Option("--identity", help="Keyless signer.")] = None,
     identity_provider: Annotated[
         str | None, typer.Option("--identity-provider", help="OIDC issuer of --identity.")
@@ -286,7 +292,10 @@ def main(argv: list[str] | None = None) -> int:
     if verbose:  # accepted in any position, like airgap's
         args = ["--verbose", *(a for a in args if a not in ("-v", "--verbose"))]
     try:
-        app(args=args, standalone_mode=False)
+        with interruptible():
+            app(args=args, standalone_mode=False)
+    except Interrupted as exc:
+        return _interrupted(exc, "--json" in args)
     except VerificationFailed:
         return 1
     except _VERIFY_FAILURES as exc:
@@ -321,6 +330,17 @@ _BUG_HINT = "this is a bug: rerun with --verbose and report the traceback"
 _IO_HINT = "check the path, its permissions and the free space of its file system"
 
 
+def _interrupted(exc: Interrupted, as_json: bool) -> int:
+    """Say so in one line (and one JSON document with ``--json``), then exit 128 + signal number."""
+    message = (f"interrupted by {exc.name}; nothing half-written was made visible "
+               "(rerun to resume)")
+    if as_json:
+        print(dump_json({"ok": False, "interrupted": True, "signal": exc.name,
+                         "error": {"code": "interrupted", "message": message}}), flush=True)
+    _console().print(f"error [interrupted]: {message}", markup=False)
+    return die_by(exc.signum)
+
+
 def _report(exc: WeightsError, verbose: bool, code: str | None = None) -> None:
     console = _console()
     if verbose:
@@ -331,10 +351,13 @@ def _report(exc: WeightsError, verbose: bool, code: str | None = None) -> None:
 
 
 def _register() -> None:
-    from weights.cli_extra import sign, size
+    from weights.cli_extra import keygen, sign, size
+    from weights.cli_plan import plan
 
+    app.command()(keygen)
     app.command()(sign)
     app.command()(size)
+    app.command()(plan)
 
 
 _register()

@@ -1,4 +1,4 @@
-"""``weights sign`` and ``weights size`` (registered on the app by :mod:`weights.cli`)."""
+"""``weights keygen``, ``sign`` and ``size`` (registered on the app by :mod:`weights.cli`)."""
 
 from __future__ import annotations
 
@@ -30,9 +30,22 @@ from weights.sizing import (
 )
 
 
+def keygen(
+    out: Annotated[Path, typer.Option("--out", help="Private key file to create (KEY.pem).")],
+) -> None:
+    """Create an EC P-256 model-signing key (KEY.pem, mode 0600) and KEY.pub.pem."""
+    from weights.signing import generate_key
+
+    pub = generate_key(out)
+    _console().print(f"private key {out}\npublic key  {pub}\n(for `weights sign --key` and "
+                     "`weights verify --public-key`; bundles use `airgap keygen`)")
+
+
 def sign(
     path: Annotated[Path, typer.Argument(help="Model directory to sign.")],
-    key: Annotated[Path, typer.Option("--key", help="EC private key (PEM).")],
+    key: Annotated[Path, typer.Option(
+        "--key", help="EC P-256/P-384/P-521 private key (PEM), e.g. from `weights keygen`; "
+        "not the Ed25519 key of `airgap keygen`.")],
     out: Annotated[Path, typer.Option("--out", help="Signature file.")] = Path("model.sig"),
     password: Annotated[
         str | None, typer.Option("--password", envvar="WEIGHTS_KEY_PASSWORD", help="Key password.")
@@ -151,6 +164,10 @@ def size(
             table.add_row(f.name, _human(f.value, f.unit), f.source)
         console = _console()
         console.print(table)
+        for label, dt in (("weights dtype", report.weights_dtype),
+                          ("kv cache dtype", report.kv_dtype)):
+            if dt is not None:
+                console.print(f"{label}: {dt.name} ({dt.source})")
         if report.fits is not None:
             verdict = "fits" if report.fits else "does NOT fit"
             console.print(f"{verdict} on {gpus} GPU(s); smallest tensor-parallel degree that "

@@ -4,6 +4,8 @@ Every error derives from :class:`WeightsError` and carries a stable machine ``co
 
     WeightsError                      code "weights_error"
     +-- LockfileError                 "lockfile_invalid"     bad or unreadable weights.lock
+    |   +-- PathCollisionError        "path_collision"       two pinned files, one install path
+    |   +-- EmptyModelError           "empty_model"          a pinned model with no files
     +-- EntryNotInLockError           "lock_entry_missing"   repo id not pinned in the lock
     +-- DigestMismatchError           "digest_mismatch"      bytes differ from the pinned digest
     +-- HubError                      "hub_error"            hub unreachable or protocol error
@@ -45,6 +47,29 @@ class LockfileError(WeightsError):
     """The lockfile is unreadable, not JSON, or a field is invalid (message names the field)."""
 
     code = "lockfile_invalid"
+
+
+class PathCollisionError(LockfileError):
+    """Two pinned files (of one model or two) would install to the same path in a layout.
+
+    Attributes:
+        first: ``repo_id:path`` (or repo id) of one of them.
+        second: the other.
+    """
+
+    code = "path_collision"
+
+    def __init__(self, message: str, *, first: str, second: str) -> None:
+        super().__init__(message, hint="a lockfile must install the same on every file "
+                         "system; see docs/weights.md (install paths)")
+        self.first = first
+        self.second = second
+
+
+class EmptyModelError(LockfileError):
+    """A pinned model has no files (nothing would be pulled, verified, packed or served)."""
+
+    code = "empty_model"
 
 
 class EntryNotInLockError(WeightsError):

@@ -29,14 +29,19 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from weights.errors import EntryNotInLockError, LockfileError
+from weights.errors import EmptyModelError, EntryNotInLockError, LockfileError, PathCollisionError
+from weights.installpaths import first_collision
 
 LOCKFILE_VERSION = 1
 
 _HEX40 = re.compile(r"[0-9a-f]{40}")
 _HEX64 = re.compile(r"[0-9a-f]{64}")
-# Hub repo ids: optional namespace, then name; letters, digits, "-", "_", ".".
-_REPO_ID = re.compile(r"(?:[A-Za-z0-9][A-Za-z0-9._-]*/)?[A-Za-z0-9][A-Za-z0-9._-]*")
+# Hub repo ids (huggingface_hub ``utils/_validators.py``, ``validate_repo_id`` and
+# ``REPO_ID_REGEX``): ``name`` or ``namespace/name``, each 1-96 ASCII characters of
+# ``[A-Za-z0-9_.-]`` starting and ending with a letter, digit or ``_`` (``\b`` in the Hub's
+# regex), no ``--`` or ``..`` anywhere, not ending in ``.git``.
+_REPO_PART = r"(?:[A-Za-z0-9_]|[A-Za-z0-9_][A-Za-z0-9_.-]{0,94}[A-Za-z0-9_])"
+_REPO_ID = re.compile(rf"(?:{_REPO_PART}/)?{_REPO_PART}", re.ASCII)
 _TIMESTAMP = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z")
 
 
@@ -54,9 +59,27 @@ def umask_mode(fd: int) -> None:
     os.fchmod(fd, 0o666 & ~mask)
 
 
+def repo_id_problem(value: str) -> str | None:
+    """Why ``value`` is not a Hub repository id, or None if it is one.
+
+    Rules of the Hub (huggingface_hub ``validate_repo_id``): ``name`` or ``namespace/name``;
+    each part 1 to 96 characters of ``A-Z a-z 0-9 _ . -``, not starting or ending with ``-``
+    or ``.``; ``--`` and ``..`` are forbidden (``--`` separates the parts of a cache folder
+    name ``models--org--name``, so it would make two ids share one folder); no ``.git`` end.
+    """
+    if _REPO_ID.fullmatch(value) is None:
+        return ("a repo id is NAME or NAMESPACE/NAME, each 1-96 characters of A-Z a-z 0-9 _ . "
+                "- not starting or ending with - or .")
+    if "--" in value or ".." in value:
+        return "'--' and '..' are forbidden in a repo id"
+    if value.endswith(".git"):
+        return "a repo id cannot end in '.git'"
+    return None
+
+
 def is_repo_id(value: str) -> bool:
-    """Return True if ``value`` is a Hub repository id (``name`` or ``org/name``)."""
-    return _REPO_ID.fullmatch(value) is not None
+    """Return True if ``value`` is a Hub repository id (see :func:`repo_id_problem`)."""
+    return repo_id_problem(value) is None
 
 
 def check_repo_path(path: str) -> str:
@@ -177,7 +200,17 @@ class LockEntry:
 
 @dataclass(frozen=True)
 class Lockfile:
-    """A whole ``weights.lock``: entries sorted by repo id, at most one per repo id."""
+    """A whole ``weights.lock``: entries sorted by repo id, at most one per repo id.
+
+    Invariants (checked whenever one is built: loaded, pinned, carried in a bundle): every
+    model pins at least one file, and no two pinned files install to one path in any layout
+    (:mod:`weights.installpaths`).
+
+    Raises:
+        LockfileError: Two entries for one repo id.
+        EmptyModelError: A model pins no file.
+        PathCollisionError: Two files (or repo ids) collide; the message names both.
+    """
 
     entries: tuple[LockEntry, ...] = ()
 
@@ -188,6 +221,13 @@ class Lockfile:
             if e.repo_id in seen:
                 raise LockfileError(f"duplicate entry for {e.repo_id!r}")
             seen.add(e.repo_id)
+            if not e.files:
+                raise EmptyModelError(f"model {e.repo_id} pins no files",
+                                      hint="re-pin it with --include patterns that match")
+        clash = first_collision([(e.repo_id, (f.path for f in e.files)) for e in entries])
+        if clash is not None:
+            first, second, why = clash
+            raise PathCollisionError(f"{first} and {second} {why}", first=first, second=second)
         object.__setattr__(self, "entries", entries)
 
     def entry(self, repo_id: str) -> LockEntry:
@@ -361,7 +401,9 @@ def _parse(doc: Any, source: str) -> Lockfile:
     for i, raw in enumerate(models):
         where = f"$.models[{i}]"
         m = p.obj(raw, where, ("repo_id", "requested_revision", "commit", "files"))
-        repo_id = p.string(m["repo_id"], f"{where}.repo_id", _REPO_ID)
+        repo_id = p.string(m["repo_id"], f"{where}.repo_id")
+        if (why := repo_id_problem(repo_id)) is not None:
+            raise p.fail(f"{where}.repo_id", f"{repo_id!r}: {why}")
         if repo_id in seen:
             raise p.fail(f"{where}.repo_id", f"duplicate entry for {repo_id!r}")
         seen.add(repo_id)
@@ -412,7 +454,12 @@ def _parse(doc: Any, source: str) -> Lockfile:
                 ),
             )
         )
-    return Lockfile(entries=tuple(entries))
+    try:
+        return Lockfile(entries=tuple(entries))
+    except LockfileError as exc:  # an invariant of the whole file: say which file
+        exc.message = f"{source}: {exc.message}"
+        exc.args = (exc.message,)
+        raise
 
 
 def validate_entry(entry: LockEntry) -> LockEntry:
@@ -433,5 +480,6 @@ __all__ = [
     "check_repo_path",
     "is_commit_sha",
     "is_repo_id",
+    "repo_id_problem",
     "validate_entry",
 ]

@@ -37,6 +37,48 @@ def dtype_bytes(name: str) -> float:
     return DTYPE_BYTES[key]
 
 
+#: safetensors dtype -> the ``--dtype`` name of the same width.
+_FROM_SAFETENSORS = {"F32": "fp32", "BF16": "bf16", "F16": "fp16", "F8_E4M3": "fp8_e4m3",
+                     "F8_E5M2": "fp8_e5m2", "I8": "int8", "F4": "fp4"}
+#: dtypes vLLM computes (and, with ``--kv-cache-dtype auto``, caches KV) in. Quantised weight
+#: dtypes (fp8, int8, int4, ...) keep the activations, hence the KV cache, in one of these.
+_ACTIVATION = {"fp32", "float32", "bf16", "bfloat16", "fp16", "float16", "half"}
+
+
+@dataclass(frozen=True)
+class Dtype:
+    """A dtype and where it came from (``--dtype``, a config field, the headers, a default)."""
+
+    name: str
+    source: str
+
+    def to_json(self) -> dict[str, str]:
+        """JSON-ready dict."""
+        return {"name": self.name, "source": self.source}
+
+
+def model_dtype(config_dtype: str | None, config_source: str | None,
+                params: ParamCount | None) -> Dtype:
+    """The dtype the checkpoint is stored in: config.json ``torch_dtype``/``dtype``, else the
+    dtype holding most parameters in the safetensors headers, else bf16 (said so).
+
+    Raises:
+        SizingError: The config names a dtype this tool does not know.
+    """
+    if config_dtype is not None and config_source is not None:
+        dtype_bytes(config_dtype)
+        return Dtype(config_dtype.removeprefix("torch."), f"{config_source}={config_dtype}")
+    if params is not None and params.by_dtype:
+        top, count = max(params.by_dtype.items(), key=lambda kv: kv[1])
+        name = _FROM_SAFETENSORS.get(top)
+        if name is not None:
+            share = 100 * count / max(1, params.total)
+            return Dtype(name, f"safetensors headers: {top} holds {share:.0f}% of parameters "
+                               "(config.json has no torch_dtype/dtype)")
+    return Dtype("bf16", "assumed bf16: neither config.json (torch_dtype/dtype) nor "
+                         "safetensors headers name a dtype")
+
+
 def parse_memory(text: str) -> int:
     """Parse a memory size: ``80`` or ``80GiB`` (GiB), ``80GB`` (10^9 bytes), ``512MiB``.
 
@@ -74,6 +116,8 @@ class SizingReport:
     figures: tuple[Figure, ...]
     fits: bool | None
     min_gpus: int | None
+    weights_dtype: Dtype | None = None
+    kv_dtype: Dtype | None = None
 
     def figure(self, name: str) -> Figure:
         """Return the figure called ``name``."""
@@ -85,6 +129,9 @@ class SizingReport:
     def to_json(self) -> dict[str, Any]:
         """JSON-ready dict."""
         return {"fits": self.fits, "min_gpus": self.min_gpus,
+                "dtypes": {"weights": self.weights_dtype.to_json() if self.weights_dtype
+                           else None,
+                           "kv_cache": self.kv_dtype.to_json() if self.kv_dtype else None},
                 "figures": [f.to_json() for f in self.figures]}
 
 
@@ -111,9 +158,11 @@ def size_model(
     Args:
         config: The model's config.json.
         params: Counts from safetensors headers; None to estimate from config.
-        dtype: Weights dtype to deploy in (default: stored bytes, else ``torch_dtype``).
-        kv_dtype: KV cache dtype (default: the model's ``torch_dtype``, bf16 if absent; vLLM
-            keeps the KV cache in the model dtype unless ``--kv-cache-dtype`` says otherwise).
+        dtype: Weights dtype to deploy in (default: the stored bytes of the headers, else the
+            checkpoint dtype of :func:`model_dtype`).
+        kv_dtype: KV cache dtype (default, as vLLM's ``--kv-cache-dtype auto``: ``dtype`` if
+            it is an activation dtype (fp16/bf16/fp32), else the checkpoint dtype if it is
+            one, else bf16). The report's ``weights_dtype``/``kv_dtype`` say which applied.
         context: Tokens per sequence (prompt + output).
         concurrency: Concurrent sequences.
         gpu_mem_bytes: Memory of one GPU in bytes; None to skip the fit.
@@ -134,22 +183,35 @@ def size_model(
         est = estimate_params(config)
         n = int(est.value)
         figs.append(est)
-    model_dtype = shape.dtype or "bfloat16"
+    stored = model_dtype(shape.dtype, shape.dtype_source, params)
     if dtype is not None:
+        weights_dt = Dtype(dtype, "--dtype")
         w_bytes = n * dtype_bytes(dtype)
         figs.append(Figure("weights", w_bytes, "bytes", f"parameters x {dtype_bytes(dtype)} "
                                                         f"bytes ({dtype}, --dtype)"))
     elif params is not None:
+        weights_dt = Dtype("as stored", "safetensors headers (each tensor in its own dtype)")
         w_bytes = params.stored_bytes
         figs.append(Figure("weights", w_bytes, "bytes", "safetensors dtypes x shapes"))
     else:
-        w_bytes = n * dtype_bytes(model_dtype)
+        weights_dt = stored
+        w_bytes = n * dtype_bytes(stored.name)
         figs.append(Figure("weights", w_bytes, "bytes",
-                           f"parameters x {dtype_bytes(model_dtype)} bytes "
-                           f"(config.json:torch_dtype={model_dtype})"))
-    kv_name = kv_dtype or model_dtype
-    kv_el = dtype_bytes(kv_name)
-    kv_src = "--kv-dtype" if kv_dtype else f"config.json:torch_dtype={model_dtype}"
+                           f"parameters x {dtype_bytes(stored.name)} bytes ({stored.source})"))
+    # vLLM's --kv-cache-dtype auto caches KV in the dtype the model computes in: the --dtype
+    # asked for when that is an activation dtype (fp16, bf16, fp32), else (quantised weights)
+    # the checkpoint's own dtype.
+    if kv_dtype is not None:
+        kv = Dtype(kv_dtype, "--kv-dtype")
+    elif dtype is not None and dtype.lower().removeprefix("torch.") in _ACTIVATION:
+        kv = Dtype(dtype, "--dtype (vLLM --kv-cache-dtype auto follows the model dtype)")
+    elif stored.name.lower() in _ACTIVATION:
+        kv = Dtype(stored.name, f"{stored.source} (vLLM --kv-cache-dtype auto)")
+    else:
+        kv = Dtype("bf16", f"bf16 activations of {stored.name} weights (vLLM "
+                           "--kv-cache-dtype auto)")
+    kv_el = dtype_bytes(kv.name)
+    kv_src = f"{kv.name}: {kv.source}"
     L = int(shape.layers.value)
     if shape.mla is not None:
         rank, rope = shape.mla
@@ -190,6 +252,7 @@ def size_model(
             tp *= 2
         if per_token > 0:
             spare = usable * gpus - w_bytes
-            figs.append(Figure("kv capacity", max(0, spare) / per_token, "tokens",
+            figs.append(Figure("kv capacity", max(0, spare) // per_token, "tokens",
                                "(usable per gpu x gpus - weights) / kv cache per token"))
-    return SizingReport(figures=tuple(figs), fits=fits, min_gpus=min_gpus)
+    return SizingReport(figures=tuple(figs), fits=fits, min_gpus=min_gpus,
+                        weights_dtype=weights_dt, kv_dtype=kv)

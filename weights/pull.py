@@ -2,11 +2,15 @@
 
 Each file is fetched by commit SHA (never a branch) into a private staging cache next to the
 destination (same filesystem, so the final step is a rename), hashed, compared with the lock
-and only then renamed into place:
+and only then renamed into place. The model becomes visible only complete:
 
-* ``--into DIR``: ``DIR/<path>`` (plain directory, loadable by path);
+* ``--into DIR``: ``DIR/<path>`` (plain directory, loadable by path). A new (or empty) DIR is
+  built as ``.DIR.weights-staging/tree`` and renamed to DIR once every file is verified; an
+  existing non-empty DIR is completed in place, one atomic file at a time.
 * ``--cache DIR``: the Hugging Face cache layout (``blobs/``, ``snapshots/<commit>/``,
-  ``refs/<revision>``), loadable by repo id with ``HF_HUB_OFFLINE=1``.
+  ``refs/<revision>``), loadable by repo id with ``HF_HUB_OFFLINE=1``. Verified blobs land
+  one by one (nothing loads a blob without a snapshot link); ``snapshots/<commit>`` appears
+  at once with every link (:func:`weights.cache.publish_snapshot`), then the ref.
 
 An interrupted download resumes: the staging area keeps ``<blob_id>.part`` files and the
 download continues with an HTTP Range request, both after a dropped connection within one run
@@ -29,7 +33,7 @@ from pathlib import Path
 from weights.cache import (
     hf_cache_paths,
     install_blob,
-    link_snapshot_file,
+    publish_snapshot,
     repo_folder_name,
     write_ref,
 )
@@ -58,6 +62,8 @@ class PullResult:
         downloaded: Paths fetched from the hub.
         reused: Paths already present and verified.
         bytes_downloaded: Size of the downloaded files, in bytes.
+        resumed: Files an interrupted earlier run had left in the staging area (partial
+            downloads resumed by HTTP Range, verified files not yet published).
     """
 
     repo_id: str
@@ -66,6 +72,7 @@ class PullResult:
     downloaded: list[str] = field(default_factory=list)
     reused: list[str] = field(default_factory=list)
     bytes_downloaded: int = 0
+    resumed: int = 0
 
 
 def staging_part(staging: Path, entry: LockEntry, locked: LockedFile) -> Path:
@@ -138,7 +145,8 @@ def pull_entry(
         into: Plain destination directory (exclusive with ``cache``).
         cache: Hugging Face cache root (exclusive with ``into``).
         staging: Private staging cache (default: beside the destination, same filesystem).
-            Kept on failure so the next run resumes; removed on success.
+            Kept on failure or interruption so the next run resumes (``resumed`` counts what
+            it found); removed on success.
         progress: Byte-count callback (downloaded bytes, and sizes of reused files).
         on_file: Per-file outcome callback.
 
@@ -184,6 +192,18 @@ def _exclusive(lock: Path, where: Path) -> Iterator[None]:
         os.close(fd)  # releases the lock
 
 
+def _leftovers(staging: Path, entry: LockEntry, tree: Path | None) -> int:
+    """Files an interrupted earlier run left in ``staging`` for this entry (partial downloads,
+    verified files not yet published); they are resumed, not fetched again."""
+    found = 0
+    part_dir = staging / repo_folder_name(entry.repo_id)
+    if part_dir.is_dir():
+        found += sum(1 for p in part_dir.iterdir() if p.name.endswith(".part"))
+    if tree is not None and tree.is_dir():
+        found += sum(1 for p in tree.rglob("*") if p.is_file())
+    return found
+
+
 def _pull_entry(
     hub: HubClient,
     entry: LockEntry,
@@ -194,9 +214,14 @@ def _pull_entry(
     progress: ProgressCallback | None,
     on_file: FileEvent | None,
 ) -> PullResult:
+    tree: Path | None = None  # where a new --into directory is built until complete
     if into is not None:
-        dest_root = into
         staging = staging or into.parent / f".{into.name}{STAGING_NAME}"
+        fresh = not os.path.lexists(into) or (into.is_dir() and not any(into.iterdir()))
+        # A new (or empty) --into directory appears only complete: built in staging, then
+        # renamed. An existing one is completed in place, file by file.
+        tree = staging / "tree" if fresh else None
+        dest_root = tree or into
         target = into
     else:
         assert cache is not None
@@ -204,24 +229,26 @@ def _pull_entry(
         dest_root = paths.repo_dir
         staging = staging or cache / STAGING_NAME
         target = paths.snapshot(entry.commit)
-    finals = {f.path: into / f.path if into is not None else paths.blob(f.blob_id)
+    result = PullResult(repo_id=entry.repo_id, commit=entry.commit, target=target,
+                        resumed=_leftovers(staging, entry, tree))
+    if result.resumed:
+        _log.info("%s: resuming %d file(s) left in %s by an interrupted run",
+                     entry.repo_id, result.resumed, staging)
+    finals = {f.path: dest_root / f.path if into is not None else paths.blob(f.blob_id)
               for f in entry.files}
-    _check_space(entry, staging, finals, dest_root)
+    _check_space(entry, staging, finals, target if into is not None else dest_root)
     try:
         dest_root.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise CacheLayoutError(f"cannot create {dest_root}: {exc.strerror or exc}") from exc
-    result = PullResult(repo_id=entry.repo_id, commit=entry.commit, target=target)
     for locked in entry.files:
         if into is not None:
-            final = _inside(into, into / locked.path)
+            final = _inside(dest_root, dest_root / locked.path)
             if final.is_symlink() or final.is_dir():
                 raise CacheLayoutError(f"{final} exists and is not a regular file")
         else:
             final = paths.blob(locked.blob_id)
         if _reusable(final, locked):
-            if cache is not None:
-                link_snapshot_file(paths, entry.commit, locked)
             result.reused.append(locked.path)
             if progress is not None:
                 progress(locked.size)
@@ -237,15 +264,23 @@ def _pull_entry(
                 os.replace(blob, final)
             else:
                 install_blob(paths, locked, blob, move=True, verify=False)
-                link_snapshot_file(paths, entry.commit, locked)
         except OSError as exc:
             raise CacheLayoutError(f"cannot move {locked.path} into place: {exc}") from exc
         result.downloaded.append(locked.path)
         result.bytes_downloaded += locked.size
         if on_file is not None:
             on_file(locked, "downloaded")
+    # Complete and verified: only now does the model become visible (one rename).
+    if tree is not None:
+        assert into is not None
+        try:
+            into.parent.mkdir(parents=True, exist_ok=True)
+            os.rename(tree, into)  # replaces an empty directory too
+        except OSError as exc:
+            raise CacheLayoutError(f"cannot move {tree} to {into}: {exc.strerror or exc}") \
+                from exc
     if cache is not None:
-        paths.snapshot(entry.commit).mkdir(parents=True, exist_ok=True)
+        publish_snapshot(paths, entry, staging)
         write_ref(paths, entry.requested_revision, entry.commit)
     shutil.rmtree(staging, ignore_errors=True)
     return result

@@ -27,6 +27,11 @@ from weights.digests import ProgressCallback, sha256_file
 from weights.errors import SignatureVerificationError, SigningError
 from weights.verify import list_files
 
+#: The keys ``weights sign`` / ``weights verify --public-key`` take: OpenSSF model signing's key
+#: mode (``model_signing sign key``) signs with ECDSA on these NIST curves only.
+SUPPORTED_KEYS = "EC P-256, P-384 or P-521 keys (PEM)"
+_CURVES = ("secp256r1", "secp384r1", "secp521r1")
+
 #: Paths model_signing leaves out by default (``ignore_git_paths=True``), as fnmatch globs.
 GIT_PATHS = (".git", ".git/*", ".gitattributes", ".github", ".github/*", ".gitignore")
 
@@ -61,6 +66,97 @@ def compute_digests(
     return out
 
 
+def _key_kind(key: object) -> str:
+    from cryptography.hazmat.primitives.asymmetric import ec, ed25519
+
+    if isinstance(key, ec.EllipticCurvePrivateKey | ec.EllipticCurvePublicKey):
+        return f"EC {key.curve.name}"
+    if isinstance(key, ed25519.Ed25519PrivateKey | ed25519.Ed25519PublicKey):
+        return "Ed25519"
+    return type(key).__name__.lstrip("_")
+
+
+def check_key(path: Path, *, private: bool, password: str | None = None) -> None:
+    """Refuse, in one line, a key that model signing cannot use (before any hashing).
+
+    Args:
+        path: PEM file.
+        private: A private key (``sign``) or a public key (``verify``).
+        password: Password of an encrypted private key.
+
+    Raises:
+        SigningError: Unreadable, not PEM, wrong password, or not one of ``SUPPORTED_KEYS``
+            (an Ed25519 key from ``airgap keygen`` is named as such).
+    """
+    from cryptography.exceptions import UnsupportedAlgorithm
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise SigningError(f"{path}: cannot read key: {exc.strerror or exc}") from exc
+    try:
+        key: object = (serialization.load_pem_private_key(
+            data, password.encode() if password else None) if private
+            else serialization.load_pem_public_key(data))
+    except TypeError as exc:  # password given for a plain key, or missing for an encrypted one
+        raise SigningError(f"{path}: {exc}") from exc
+    except (ValueError, UnsupportedAlgorithm) as exc:
+        what = "private" if private else "public"
+        raise SigningError(f"{path}: not a PEM {what} key (or wrong password); weights "
+                           f"signing takes {SUPPORTED_KEYS}") from exc
+    ok = isinstance(key, ec.EllipticCurvePrivateKey | ec.EllipticCurvePublicKey) and \
+        key.curve.name in _CURVES
+    if not ok:
+        origin = " (as `airgap keygen` makes, for bundles)" if _key_kind(key) == "Ed25519" else ""
+        raise SigningError(
+            f"{path}: {_key_kind(key)} key{origin} is not supported: weights signing (OpenSSF "
+            f"model signing) takes {SUPPORTED_KEYS}; make one with `weights keygen`")
+
+
+def generate_key(out: Path) -> Path:
+    """Write a new EC P-256 signing key to ``out`` (PKCS#8 PEM, mode 0600) and its public key
+    to ``<out stem>.pub.pem`` (SubjectPublicKeyInfo PEM); neither may exist yet.
+
+    Returns:
+        The public key path.
+
+    Raises:
+        SigningError: A file exists or cannot be written (nothing is left half-written).
+    """
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    pub = out.with_name(out.name.removesuffix(".pem") + ".pub.pem")
+    key = ec.generate_private_key(ec.SECP256R1())
+    private_pem = key.private_bytes(serialization.Encoding.PEM,
+                                    serialization.PrivateFormat.PKCS8,
+                                    serialization.NoEncryption())
+    public_pem = key.public_key().public_bytes(serialization.Encoding.PEM,
+                                               serialization.PublicFormat.SubjectPublicKeyInfo)
+    written: list[Path] = []
+    try:
+        for path, data, mode in ((out, private_pem, 0o600), (pub, public_pem, 0o644)):
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+            written.append(path)
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+    except FileExistsError as exc:
+        for p in written:
+            p.unlink(missing_ok=True)
+        raise SigningError(f"{exc.filename} exists; choose another --out") from exc
+    except BaseException as exc:
+        for p in written:
+            p.unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            raise SigningError(f"cannot write {exc.filename}: {exc.strerror or exc}") from exc
+        raise
+    return pub
+
+
 def _manifest(name: str, digests: Mapping[str, str], ignore: Iterable[str], symlinks: bool) -> Any:
     from model_signing import manifest
     from model_signing._hashing import hashing
@@ -91,7 +187,9 @@ def sign_model(
 
     Args:
         root: Model directory (plain or HF snapshot; symlinks are followed).
-        key: PEM EC private key (P-256, P-384 or P-521).
+        key: PEM EC private key (P-256, P-384 or P-521; ``weights keygen`` makes one). An
+            Ed25519 key (``airgap keygen``, for bundles) is refused: model signing's key mode
+            is ECDSA only.
         out: Signature path; excluded from the signed files if inside ``root``.
         password: Key password, if encrypted.
         ignore: Extra globs (relative paths) to leave out.
@@ -107,6 +205,7 @@ def sign_model(
     from model_signing._signing import sign_ec_key, signing
 
     r = Path(root)
+    check_key(Path(key), private=True, password=password)
     ignore = list(ignore)
     o = Path(out).resolve()
     if o.is_relative_to(r.resolve()):
@@ -134,10 +233,15 @@ def sign_model(
     except (OSError, ValueError, TypeError) as exc:
         raise SigningError(f"{key}: cannot use as an EC private key: {exc}") from exc
     signature = signer.sign(signing.Payload(_manifest(r.name, computed, ignore, symlinks)))
+    tmp = o.with_name(f".{o.name}.{os.getpid()}.tmp")  # never a half-written signature
     try:
-        signature.write(o)
-    except OSError as exc:
-        raise SigningError(f"cannot write {o}: {exc.strerror or exc}") from exc
+        signature.write(tmp)
+        os.replace(tmp, o)
+    except BaseException as exc:
+        tmp.unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            raise SigningError(f"cannot write {o}: {exc.strerror or exc}") from exc
+        raise
     return computed
 
 
@@ -202,6 +306,8 @@ def verify_signature(
     sig = Path(signature)
     if not sig.is_file():
         raise SigningError(f"{sig}: signature file not found")
+    if public_key is not None:
+        check_key(Path(public_key), private=False)
     try:
         if public_key is not None:
             verifier: Any = sign_ec_key.Verifier(Path(public_key))

@@ -58,8 +58,19 @@ class Figure:
     source: str
 
     def to_json(self) -> dict[str, Any]:
-        """JSON-ready dict."""
-        return {"name": self.name, "value": self.value, "unit": self.unit, "source": self.source}
+        """JSON-ready dict; counts are integers (bytes rounded up, tokens down)."""
+        return {"name": self.name, "value": json_number(self.value, self.unit), "unit": self.unit,
+                "source": self.source}
+
+
+def json_number(value: float, unit: str) -> int | float:
+    """``value`` as JSON shows it: an integer for whole quantities (bytes rounded up, e.g.
+    int4 halves; tokens and parameters rounded down), else as is."""
+    if unit == "bytes":
+        return math.ceil(value)
+    if unit in ("tokens", "params"):
+        return math.floor(value)
+    return int(value) if float(value).is_integer() else value
 
 
 @dataclass(frozen=True)
@@ -171,6 +182,7 @@ class ModelShape:
     hidden: Figure
     dtype: str | None
     mla: tuple[Figure, Figure] | None = None  # (kv_lora_rank, qk_rope_head_dim)
+    dtype_source: str | None = None  # e.g. "config.json:torch_dtype"; None when absent
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False)
 
 
@@ -213,9 +225,16 @@ def model_shape(config: Mapping[str, Any]) -> ModelShape:
     if isinstance(cfg.get("kv_lora_rank"), int) and cfg.get("kv_lora_rank"):
         mla = (_field(cfg, p, ("kv_lora_rank",), "kv_lora_rank"),
                _field(cfg, p, ("qk_rope_head_dim",), "qk_rope_head_dim"))
-    dtype = cfg.get("torch_dtype") or cfg.get("dtype") or config.get("torch_dtype")
+    dtype, dtype_source = None, None
+    # transformers writes ``torch_dtype`` (``dtype`` since 4.56); multimodal configs may keep
+    # it in the text sub-config or only at the top.
+    for where, prefix in ((cfg, p), (config, "")):
+        for key in ("torch_dtype", "dtype"):
+            value = where.get(key)
+            if isinstance(value, str) and value and dtype is None:
+                dtype, dtype_source = value, f"config.json:{prefix}{key}"
     return ModelShape(layers=layers, attention_heads=heads, kv_heads=kv, head_dim=hd,
-                      hidden=hidden, dtype=str(dtype) if dtype else None, mla=mla, raw=cfg)
+                      hidden=hidden, dtype=dtype, mla=mla, raw=cfg, dtype_source=dtype_source)
 
 
 def estimate_params(config: Mapping[str, Any]) -> Figure:

@@ -1,26 +1,26 @@
-"""Wiring of the audit log into the gateway: a request observer and an ASGI completion gate.
+"""The audit log's adapter to the gateway: a request observer with a completion gate.
 
 This is the one module of ``gateway.audit`` that imports the gateway core (its error type and
-request record); the rest of the package stays importable on its own for offline verification.
+request record); the rest of the package does not (an import contract checks it), so the CLI
+can verify a log offline.
 
-* :class:`AuditObserver` (``observers=[...]`` of ``create_app``): ``on_start`` makes the
-  ``request.started`` record durable before the gateway forwards a byte, and turns
-  :class:`AuditUnavailable` into a 503 (``audit_unavailable``) so nothing unaudited is served;
-  ``on_end`` writes ``request.completed`` (or ``request.denied`` for requests refused before
-  forwarding). ``startup``/``shutdown`` start and close the chain with the app's lifespan.
-* :func:`audit_gate` wraps the ASGI app and holds back the end of each response until the app
-  has returned, i.e. until ``on_end`` has made the completion record durable: the last chunk of
-  a sized body (so the final Content-Length bytes), or the ``data: [DONE]`` event and the end
-  of a stream (earlier stream events flow at once). If that record could not be written, the
-  end is never sent and the connection is closed, so a client never fully receives a response
-  whose completion is not in the log.
+:class:`AuditObserver` (built by :func:`gateway.assembly.assemble`): ``on_start`` makes the
+``request.started`` record durable before the gateway forwards a byte, and turns
+:class:`AuditUnavailable` into a 503 (``audit_unavailable``) so nothing unaudited is served;
+``on_end`` writes ``request.completed`` (or ``request.denied`` for requests refused before
+forwarding). Its ``end_recorded`` hook makes the responder hold back the end of each response
+(the last chunk of a sized body, or the ``data: [DONE]`` event and the end of a stream; earlier
+stream events flow at once) until the completion record is durable; if it could not be
+written, the end is never sent and the connection is closed, so a client never fully receives
+a response whose completion is not in the log. ``startup``/``shutdown`` start and close the
+chain with the app's lifespan.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Awaitable, Callable, Mapping, MutableMapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from pydantic import ValidationError
@@ -38,12 +38,6 @@ _log = logging.getLogger(__name__)
 
 REQUEST_DENIED = "request.denied"
 CONFIG_LOADED = "config.loaded"
-
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
 def _us(ms: float | None) -> int | None:
@@ -72,7 +66,6 @@ class AuditObserver:
         self._inflight: set[str] = set()
         self._unrecorded: set[str] = set()
         self._content: dict[str, tuple[str, ContentHasher]] = {}
-        self.gated = False
 
     @classmethod
     def from_settings(
@@ -123,6 +116,7 @@ class AuditObserver:
             "region": getattr(record, "region", None),
             "policy_rule": record.policy_rule,
             "policy_revision": getattr(record, "policy_revision", None),
+            "route": getattr(record, "route", None),
             "bytes_in": record.bytes_in,
         }
 
@@ -202,7 +196,7 @@ class AuditObserver:
         try:
             await self.log.append(event)
         except AuditUnavailable as exc:
-            if forwarded and self.gated:
+            if forwarded:
                 self._unrecorded.add(record.request_id)
             _log.error("audit record of request %s lost: %s", record.request_id, exc)
 
@@ -219,73 +213,15 @@ class AuditObserver:
         """
         return await self.log.append(event)
 
-    def take_unrecorded(self, request_id: str) -> bool:
-        """True (once) if the completion record of ``request_id`` could not be written."""
-        if request_id in self._unrecorded:
-            self._unrecorded.discard(request_id)
-            return True
-        return False
+    def end_recorded(self, record: RequestRecord) -> bool:
+        """Observer hook: ``False`` (once) if the completion record could not be written.
 
-
-def audit_gate(app: ASGIApp, observer: AuditObserver) -> ASGIApp:
-    """Wrap ``app`` so each response's last body message waits for its completion record.
-
-    Args:
-        app: The gateway ASGI app (``create_app(settings, observers=[observer, ...])``).
-        observer: The audit observer passed to ``create_app``.
-
-    Returns:
-        An ASGI app to serve instead of ``app``.
-    """
-    observer.gated = True
-
-    async def gated(scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await app(scope, receive, send)
-            return
-        held: list[Message] = []
-        request_id = ""
-        sse = False
-        holding = False
-
-        async def gate_send(message: Message) -> None:
-            nonlocal request_id, sse, holding
-            kind = message["type"]
-            if kind == "http.response.start":
-                for name, value in message.get("headers", ()):
-                    if name == b"x-request-id":
-                        request_id = value.decode("latin-1")
-                    elif name == b"content-type":
-                        sse = value.startswith(b"text/event-stream")
-            elif kind == "http.response.body":
-                if holding or not message.get("more_body", False):
-                    holding = True
-                    held.append(message)
-                    return
-                if sse:
-                    # Stream events flow at once; the [DONE] event, which tells the client
-                    # the stream is complete, waits for the completion record.
-                    if b"[DONE]" in message.get("body", b""):
-                        holding = True
-                        held.append(message)
-                        return
-                else:
-                    # A sized body: keep its newest chunk back so the last bytes of the
-                    # Content-Length are sent only after the completion record.
-                    if held:
-                        await send(held.pop())
-                    held.append(message)
-                    return
-            await send(message)
-
-        await app(scope, receive, gate_send)
-        if request_id and observer.take_unrecorded(request_id):
-            _log.error("withholding the end of response %s: it was not audited", request_id)
-            return
-        for message in held:
-            await send(message)
-
-    return gated
+        The responder then drops the held-back end of the response.
+        """
+        if record.request_id in self._unrecorded:
+            self._unrecorded.discard(record.request_id)
+            return False
+        return True
 
 
 def config_digest(settings_json: str | bytes) -> str:
@@ -318,7 +254,7 @@ def build(
 def checked_build(settings: Any) -> AuditObserver | None:
     """:func:`build` for the gateway settings, every problem as one ``audit.<key>: ...`` line.
 
-    Used by ``gateway serve`` (through :func:`audited_app`) and ``gateway check-config``; reads
+    Used by :func:`gateway.assembly.assemble` (``serve`` and ``check-config``); reads
     the key files but does not open the store.
 
     Raises:
@@ -330,25 +266,3 @@ def checked_build(settings: Any) -> AuditObserver | None:
         raise InvalidConfig(validation_problems(exc, prefix=("audit",))) from exc
     except AuditError as exc:
         raise ConfigError(f"audit: {exc}") from exc
-
-
-def audited_app(settings: Any, factory: Callable[..., Any], **kwargs: Any) -> Any:
-    """Build the gateway app with the audit log of ``settings.audit`` wired in (if enabled).
-
-    Args:
-        settings: The gateway settings (``.audit`` is the ``audit:`` section or ``None``;
-            ``.model_dump_json()`` is hashed into the ``config.loaded`` record).
-        factory: ``gateway.app.create_app``.
-        **kwargs: Passed on to ``factory``; the audit observer is put first in ``observers``.
-
-    Returns:
-        The ASGI app to serve (wrapped by :func:`audit_gate` when auditing).
-
-    Raises:
-        ConfigError: If the ``audit:`` section or one of its key files is invalid.
-    """
-    observer = checked_build(settings)
-    if observer is None:
-        return factory(settings, **kwargs)
-    observers = [observer, *kwargs.pop("observers", ())]
-    return audit_gate(factory(settings, observers=observers, **kwargs), observer)

@@ -23,7 +23,7 @@ import logging
 import os
 import secrets
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -95,6 +95,10 @@ def _write_checkpoint_file(directory: Path, chain: str, note: str) -> None:
         os.close(dir_fd)
 
 
+AppendListener = Callable[[str, float, bool], None]
+"""``(record type, seconds until durable or failed, ok)`` after each append."""
+
+
 class AuditLog:
     """Asynchronous, group-committing, checkpointing audit writer (see module docstring).
 
@@ -148,6 +152,7 @@ class AuditLog:
         self._commit_lock = asyncio.Lock()
         self._uncertain: CompactRange | None = None  # the state if a failed batch landed
         self.latest_checkpoint: StoredCheckpoint | None = None
+        self._listeners: list[AppendListener] = []
 
     @classmethod
     def from_settings(cls, settings: AuditSettings, **extra: Any) -> AuditLog:
@@ -167,6 +172,19 @@ class AuditLog:
             max_batch_records=settings.max_batch_records,
             **extra,
         )
+
+    def add_append_listener(self, listener: AppendListener) -> None:
+        """Call ``listener(type, seconds, ok)`` after every :meth:`append` (metrics).
+
+        ``seconds`` is the time until the record was durable (or the append failed, then
+        ``ok`` is ``False``). Listeners run on the event loop and must not raise or block.
+        """
+        self._listeners.append(listener)
+
+    @property
+    def queue_depth(self) -> int:
+        """Records appended but not yet committed."""
+        return len(self._pending)
 
     @property
     def size(self) -> int:
@@ -257,7 +275,7 @@ class AuditLog:
         return data
 
     async def append(self, event: Mapping[str, Any]) -> Receipt:
-        """Append one event and wait until it is durable.
+        """Append one event and wait until it is durable (append listeners are told after).
 
         Args:
             event: ``{"type": "<record type>", ...fields}``; fields must be JSON with integers
@@ -270,6 +288,20 @@ class AuditLog:
             AuditFormatError: If the event is malformed (a programming error).
             AuditUnavailable: If the record could not be committed; act as if unaudited.
         """
+        if not self._listeners:
+            return await self._append(event)
+        t0 = time.perf_counter()
+        ok = False
+        try:
+            receipt = await self._append(event)
+            ok = True
+            return receipt
+        finally:
+            seconds = time.perf_counter() - t0
+            for listener in self._listeners:
+                listener(str(event.get("type", "")), seconds, ok)
+
+    async def _append(self, event: Mapping[str, Any]) -> Receipt:
         type_ = event.get("type")
         if not isinstance(type_, str) or not type_ or type_ in _RESERVED_TYPES:
             raise AuditFormatError(f"event type must be a non-reserved string, got {type_!r}")

@@ -15,6 +15,7 @@ import typer
 
 from gateway.cli import check_config, keys, serve
 from gateway.errors import GatewayError
+from gateway.preflight import cli as _preflight
 
 __all__ = ["app", "main"]
 
@@ -38,13 +39,11 @@ def _root(
 app.command("serve")(serve.serve)
 app.command("check-config")(check_config.check_config)
 app.add_typer(keys.app, name="keys")
+app.add_typer(_preflight.app, name="preflight")
 
-try:  # the audit sub-app (issue 4) is optional until it lands
-    from gateway.cli import audit as _audit
+from gateway.cli import audit as _audit  # noqa: E402
 
-    app.add_typer(_audit.app, name="audit")
-except ImportError:  # pragma: no cover - depends on the checkout
-    pass
+app.add_typer(_audit.app, name="audit")
 
 
 def main(argv: list[str] | None = None) -> int:

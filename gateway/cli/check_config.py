@@ -9,13 +9,10 @@ from typing import Annotated
 
 import typer
 
-from gateway.audit.observer import checked_build
+from gateway.assembly import assemble
 from gateway.config_errors import ConfigProblem, problems_of
-from gateway.egress import load_policy
 from gateway.errors import ConfigError
 from gateway.settings import load
-from gateway.telemetry import check_telemetry
-from gateway.tls_files import check_tls_files
 
 __all__ = ["check_config"]
 
@@ -49,12 +46,12 @@ def check_config(
     except ConfigError as exc:
         raise _report(file, problems_of(exc, file=str(file)), as_json, 1) from exc
     try:
-        policy = load_policy(settings, file.parent)
-        telemetry = check_telemetry(settings, policy)
-        check_tls_files(settings)
-        checked_build(settings)  # audit: section and its key files (the store is not opened)
+        # The same assembly as `gateway serve` (without the process guard); no store is opened.
+        assembled = assemble(settings, file.parent)
     except ConfigError as exc:
         raise _report(file, settings.problems_of(exc), as_json, 1) from exc
+    policy = assembled.policy
+    telemetry = assembled.telemetry.settings if assembled.telemetry is not None else None
     summary = {
         "ok": True,
         "file": str(file),

@@ -77,7 +77,7 @@ def hash_key() -> None:
     typer.echo(digest_key(key).hex())
 
 
-# Managed keys (issue 9): create / list / revoke / rotate, from gateway/cli/keys_managed.py.
+# Managed keys: create / list / revoke / rotate, from gateway/cli/keys_managed.py.
 from gateway.cli import keys_managed as _managed  # noqa: E402
 
 app.registered_commands.extend(_managed.app.registered_commands)

@@ -40,40 +40,34 @@ def run(
         base: Directory of the config file (relative ``policy.file``).
 
     Raises:
-        ConfigError: Invalid policy, replica outside its destination, or guard self-test failed.
+        ConfigError: Invalid policy, replica outside its destination, guard self-test failed,
+            or any other section or TLS file invalid (see :func:`gateway.assembly.assemble`).
     """
     # Imported here so that `gateway keys` / `check-config` start fast.
     import uvicorn
 
     from gateway.app import create_app
-    from gateway.audit.observer import audited_app
-    from gateway.egress import start_egress, with_policy
-    from gateway.quotas.wiring import with_limits
-    from gateway.telemetry import build_telemetry, with_telemetry
-    from gateway.tls_files import check_tls_files
+    from gateway.assembly import assemble
+    from gateway.egress import start_egress
 
     configure_logging(settings.logging)
-    check_tls_files(settings)  # one config_error line naming the key, before anything starts
-    factory = with_limits(create_app)
-    egress = start_egress(settings, base)
-    if egress is not None:
-        factory = with_policy(egress, factory)
+    egress = start_egress(settings, base)  # the process guard, before any other import
     if any(r.kind == "litellm" for m in settings.models for r in m.replicas):
         # Only when configured, and after the guard: its import-time egress is switched off.
         from policy import import_litellm
 
         import_litellm()
-    telemetry = build_telemetry(
-        settings,
-        policy=egress.policy if egress is not None else None,
-        egress=egress.events if egress is not None else None,
-    )
-    if telemetry is not None:
-        factory = with_telemetry(telemetry, factory)
+    gateway = assemble(settings, base, egress=egress)
+    if gateway.telemetry is not None:
+        from gateway.preflight.status import gateway_status
+
+        # GET /status on the admin port: what `gateway preflight` reads from a running gateway.
+        gateway.telemetry.admin.set_status(gateway_status(settings, egress))
+    app = create_app(settings, gateway)
     if not is_loopback_host(settings.listen.host):
         _log.info("listening on %s:%s", settings.listen.host, settings.listen.port)
     uvicorn.run(
-        audited_app(settings, factory),
+        app,
         host=settings.listen.host,
         port=settings.listen.port,
         loop="asyncio",

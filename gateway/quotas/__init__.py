@@ -1,4 +1,4 @@
-"""Per-key and per-team limits and budgets (issue 9).
+"""Per-key and per-team limits and budgets.
 
 Public API::
 

@@ -1,7 +1,7 @@
 """The gateway seam: quotas as an admission hook plus a request observer.
 
-Register one :class:`QuotaHook` both as an ``admission`` hook and as an ``observer`` of
-:func:`gateway.app.create_app`::
+One :class:`QuotaHook` is both an ``admission`` hook and an ``observer`` of the gateway
+(:func:`gateway.assembly.assemble` registers it; by hand)::
 
     hook = QuotaHook.from_settings(settings.quotas, on_event=audit_log.append)
     app = create_app(settings, admission=[hook], observers=[..., hook])
@@ -27,7 +27,7 @@ from gateway.quotas.headers import admission_headers
 from gateway.quotas.limiter import Admission, EventSink
 from gateway.quotas.service import QuotaService
 from gateway.quotas.settings import QuotaSettings
-from gateway.records import RequestRecord
+from gateway.records import Headers, RequestRecord
 
 _log = logging.getLogger(__name__)
 
@@ -62,7 +62,6 @@ class QuotaHook:
     def __init__(self, service: QuotaService) -> None:
         self.service = service
         self._pending: dict[str, Admission] = {}
-        self._starts = 0
 
     @classmethod
     def from_settings(
@@ -77,16 +76,12 @@ class QuotaHook:
         return cls(QuotaService.from_settings(qs, on_event=on_event))
 
     async def startup(self) -> None:
-        """Start the service once (the lifespan may call this once per registration)."""
-        self._starts += 1
-        if self._starts == 1:
-            await self.service.start()
+        """Start the service (the app's lifespan calls it once)."""
+        await self.service.start()
 
     async def shutdown(self) -> None:
-        """Stop the service after the last registration shut down."""
-        self._starts -= 1
-        if self._starts == 0:
-            await self.service.aclose()
+        """Stop the service."""
+        await self.service.aclose()
 
     @property
     def in_flight(self) -> int:
@@ -113,41 +108,17 @@ class QuotaHook:
         if admission.subjects:
             self._pending[record.request_id] = admission
 
-    def asgi(self, app: Any) -> Any:
-        """Wrap the gateway's ASGI app so successful relayed responses carry ``x-ratelimit-*``.
+    def on_response_start(self, record: RequestRecord, headers: Headers) -> None:
+        """Observer hook: add ``x-ratelimit-*`` to a relayed response of an admitted request.
 
-        The relay answers with ``x-request-id``; the admission of that request (still pending
-        when the response starts) gives the tightest requests/tokens-per-minute snapshot, as
-        OpenAI sends on every response. Refusals carry their headers already.
+        The admission (still pending when the response starts) gives the tightest
+        requests/tokens-per-minute snapshot, as OpenAI sends on every response. Refusals
+        carry their headers already.
         """
-        pending = self._pending
-
-        async def with_headers(scope: Any, receive: Any, send: Any) -> None:
-            if scope["type"] != "http":
-                await app(scope, receive, send)
-                return
-
-            async def send_with_limits(message: Any) -> None:
-                if message["type"] == "http.response.start" and pending:
-                    headers = message.get("headers") or []
-                    for name, value in headers:
-                        if name == b"x-request-id":
-                            admission = pending.get(value.decode("latin-1"))
-                            if admission is not None:
-                                extra = admission_headers(admission)
-                                message = {
-                                    **message,
-                                    "headers": [
-                                        *headers,
-                                        *((k.encode(), v.encode()) for k, v in extra.items()),
-                                    ],
-                                }
-                            break
-                await send(message)
-
-            await app(scope, receive, send_with_limits)
-
-        return with_headers
+        admission = self._pending.get(record.request_id)
+        if admission is not None:
+            extra = admission_headers(admission)
+            headers.extend((k.encode(), v.encode()) for k, v in extra.items())
 
     async def on_start(self, record: RequestRecord) -> None:
         """Nothing to do before forwarding (admission already ran)."""

@@ -1,17 +1,11 @@
-"""Observability (issue 8): OpenTelemetry traces and metrics, Prometheus ``/metrics``.
+"""Observability: OpenTelemetry traces and metrics, Prometheus ``/metrics``.
 
 Public API: :class:`Telemetry`, :func:`build_telemetry`, :func:`check_telemetry`,
-:func:`with_telemetry`,
 :class:`TelemetrySettings`, :func:`telemetry_settings`, :func:`prometheus_name`.
 """
 
 from gateway.telemetry.prometheus import prometheus_name
-from gateway.telemetry.service import (
-    Telemetry,
-    build_telemetry,
-    check_telemetry,
-    with_telemetry,
-)
+from gateway.telemetry.service import Telemetry, build_telemetry, check_telemetry
 from gateway.telemetry.settings import TelemetrySettings, telemetry_settings
 
 __all__ = [
@@ -21,5 +15,4 @@ __all__ = [
     "check_telemetry",
     "prometheus_name",
     "telemetry_settings",
-    "with_telemetry",
 ]

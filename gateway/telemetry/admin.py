@@ -2,16 +2,26 @@
 
 Runs on the gateway's event loop (aiohttp's server), started and stopped with the app's
 lifespan. ``GET /metrics`` answers the Prometheus text format (0.0.4); ``GET /healthz`` 200.
+``GET /status`` answers the JSON of the status source given with :meth:`AdminServer.set_status`
+(the facts ``gateway preflight`` checks: revisions, guard, audit store; see
+:mod:`gateway.preflight.status`) plus ``loop``, the class of the event loop serving it; 404
+without a source.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-__all__ = ["AdminServer"]
+__all__ = ["AdminServer", "StatusSource"]
+
+#: Returns the JSON-serialisable status of the gateway (called per ``GET /status``).
+StatusSource = Callable[[], Awaitable[Mapping[str, Any]]]
 
 _log = logging.getLogger(__name__)
 
@@ -30,6 +40,18 @@ class AdminServer:
         self.port = port
         self._registry = registry
         self._runner: web.AppRunner | None = None
+        self._status: StatusSource | None = None
+
+    def set_status(self, source: StatusSource) -> None:
+        """Serve ``source()`` on ``GET /status`` (replaces an earlier source)."""
+        self._status = source
+
+    async def _status_json(self, _: web.Request) -> web.Response:
+        if self._status is None:
+            return web.json_response({"error": "no status source"}, status=404)
+        loop = type(asyncio.get_running_loop())
+        body = {**(await self._status()), "loop": f"{loop.__module__}.{loop.__qualname__}"}
+        return web.json_response(body)
 
     async def _metrics(self, _: web.Request) -> web.Response:
         body = generate_latest(self._registry)
@@ -49,6 +71,7 @@ class AdminServer:
         app = web.Application()
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/healthz", self._healthz)
+        app.router.add_get("/status", self._status_json)
         runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await runner.setup()
         site = web.TCPSite(runner, self.host, self.port)

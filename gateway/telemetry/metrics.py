@@ -18,6 +18,10 @@ GenAI semantic-convention names where they exist
 | ``sg.egress.blocked`` | counter | decision (deny/monitor), destination (process guard) |
 | ``sg.audit.append.duration`` | histogram, s | type |
 | ``sg.audit.queue.depth`` | gauge | |
+| ``sg.gateway.routing.decisions`` | counter | model, reason (prefix/load/imbalance/session) |
+| ``sg.gateway.routing.matched_blocks``, ``.prompt_blocks`` | counter, {block} | model |
+| ``sg.gateway.replica.waiting``/``running``/``kv_usage``/``signals_age``/``index_blocks`` |
+  gauge | model, replica, destination (``prefix_affinity`` pools; see gateway.fleet) |
 
 Time per output token is derived from the request record (``latency - ttft`` over
 ``output_tokens - 1``): no work per streamed event. Values are aggregated in process
@@ -33,6 +37,7 @@ from typing import Any
 
 from opentelemetry.sdk.resources import Resource
 
+from gateway.fleet.replica_metrics import SIGNAL_FIELDS, signal_rows
 from gateway.records import RequestRecord
 from gateway.routing import Router
 from gateway.telemetry.aggregate import Labels, MetricSet
@@ -133,6 +138,18 @@ class GatewayMetrics:
                    ("sg.decision", "sg.destination.id"), self._egress, kind="counter")
         m.observed("sg.audit.queue.depth", "{record}", "Audit records waiting to be committed",
                    (), self._audit_depth)
+        self.route_decisions = m.counter(
+            "sg.gateway.routing.decisions", "{request}",
+            "Fleet-aware routing decisions by reason", (_MODEL, "sg.routing.reason"))
+        self.route_matched = m.counter(
+            "sg.gateway.routing.matched_blocks", "{block}",
+            "Prompt blocks found in the chosen replica's prefix index", (_MODEL,))
+        self.route_blocks = m.counter(
+            "sg.gateway.routing.prompt_blocks", "{block}",
+            "Prompt blocks of routed requests", (_MODEL,))
+        for field, unit, text in SIGNAL_FIELDS:
+            m.observed(f"sg.gateway.replica.{field}", unit, text, _REPLICA_LABELS,
+                       self._signal(field))
 
     def watch_audit_queue(self, depth: Callable[[], int]) -> None:
         """Observe the audit writer's queue depth through ``depth()``."""
@@ -158,6 +175,10 @@ class GatewayMetrics:
             self.denials.add(1, (_DENIAL_LAYERS[record.error_code], record.policy_rule or ""))
         if record.attempts > 1:
             self.retries.add(record.attempts - 1, (model,))
+        if record.route is not None:
+            self.route_decisions.add(1, (model, record.route.get("reason", "")))
+            self.route_matched.add(record.route.get("matched_blocks", 0), (model,))
+            self.route_blocks.add(record.route.get("prompt_blocks", 0), (model,))
         if not ok:
             return
         if record.ttft_ms is not None:
@@ -185,6 +206,16 @@ class GatewayMetrics:
         now = time.monotonic()
         for r in self._replicas():
             yield (r.model, r.url, r.destination or ""), 1 if r.available(now) else 0
+
+    def _signal(self, field: str) -> Callable[[], Iterable[tuple[Labels, float]]]:
+        def observe() -> Iterable[tuple[Labels, float]]:
+            if self._router is None:
+                return
+            for r, row in signal_rows(self._router, time.monotonic()):
+                value = row[field]
+                if value is not None:
+                    yield (r.model, r.url, r.destination or ""), value
+        return observe
 
     def _egress(self) -> Iterable[tuple[Labels, float]]:
         counts = self._egress_counts() if self._egress_counts is not None else {}

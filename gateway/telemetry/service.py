@@ -8,18 +8,18 @@ OTLP exporters use a ``requests`` session with ``trust_env=False`` and no redire
 variables cannot send telemetry elsewhere; the process guard checks their connections too.
 
 Per request it is an admission hook (reads ``max_tokens`` etc. for span attributes) and an
-observer (server span, metrics, ``trace_id`` on the access line); :func:`with_telemetry` also
-adds its aiohttp client middleware (client spans, ``traceparent`` to vLLM) and an ASGI wrapper
-that continues the client's ``traceparent``.
+observer (``on_request`` continues the client's ``traceparent``; server span, metrics,
+``trace_id`` on the access line). :func:`gateway.assembly.assemble` also puts its aiohttp client
+middleware first on the upstream session (client spans, ``traceparent`` to vLLM) and hands it
+the audit log to measure (:meth:`Telemetry.watch_audit`).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-import time
-from collections.abc import Awaitable, Callable, Mapping, MutableMapping
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
 
 import requests
 from opentelemetry.sdk.resources import Resource
@@ -30,7 +30,6 @@ from prometheus_client import CollectorRegistry
 
 from gateway.errors import ConfigError
 from gateway.records import RequestRecord
-from gateway.relay import RELAY_PATHS
 from gateway.routing import Router
 from gateway.settings import GatewaySettings
 from gateway.telemetry.admin import AdminServer
@@ -39,13 +38,24 @@ from gateway.telemetry.prometheus import PrometheusCollector
 from gateway.telemetry.settings import TelemetrySettings, telemetry_settings
 from gateway.telemetry.tracing import RequestTracer
 
-__all__ = ["Telemetry", "build_telemetry", "check_telemetry", "with_telemetry"]
+__all__ = ["AuditLogView", "Telemetry", "build_telemetry", "check_telemetry"]
 
 _log = logging.getLogger(__name__)
 
-Scope = MutableMapping[str, Any]
-ASGIApp = Callable[[Scope, Any, Any], Awaitable[None]]
 _TRACE_HEADERS = (b"traceparent", b"tracestate")
+
+
+class AuditLogView(Protocol):
+    """What telemetry measures of the audit log (``gateway.audit.AuditLog``)."""
+
+    @property
+    def queue_depth(self) -> int:
+        """Records waiting to be committed."""
+        ...
+
+    def add_append_listener(self, listener: Callable[[str, float, bool], None]) -> None:
+        """Call ``listener(type, seconds, ok)`` after each append."""
+        ...
 
 
 def _session() -> requests.Session:
@@ -137,7 +147,7 @@ class Telemetry:
         self.admin = AdminServer(settings.admin.host, settings.admin.port, self.registry)
 
     def bind(self, router: Router) -> None:
-        """Create the metrics (observing ``router``); called once by :func:`with_telemetry`."""
+        """Create the metrics (observing ``router``); called once by the assembly."""
         if self.metrics is None:
             self.metrics = GatewayMetrics(self._resource, router, self._egress_counts)
             self.registry.register(PrometheusCollector(self.metrics.set))
@@ -175,52 +185,23 @@ class Telemetry:
         self.tracer.end(record)
         if self.metrics is not None:
             self.metrics.record_request(record)
+        self.tracer.finish()
 
-    # --- wrappers ----------------------------------------------------------------------
+    def on_request(self, record: RequestRecord, headers: Sequence[tuple[bytes, bytes]]) -> None:
+        """Observer hook: start tracing the request, continuing the client's ``traceparent``."""
+        carrier = {name.decode("latin-1"): value.decode("latin-1")
+                   for name, value in headers if name in _TRACE_HEADERS}
+        self.tracer.begin(carrier)
 
-    def asgi(self, app: ASGIApp) -> ASGIApp:
-        """Wrap ``app``: continue the client's ``traceparent`` on relay paths."""
-        tracer = self.tracer
-
-        async def traced(scope: Scope, receive: Any, send: Any) -> None:
-            if scope["type"] != "http" or scope["path"] not in RELAY_PATHS:
-                await app(scope, receive, send)
-                return
-            carrier = {name.decode("latin-1"): value.decode("latin-1")
-                       for name, value in scope["headers"] if name in _TRACE_HEADERS}
-            token = tracer.begin(carrier)
-            try:
-                await app(scope, receive, send)
-            finally:
-                tracer.reset(token)
-
-        return traced
-
-    def time_audit(self, observer: Any) -> None:
-        """Measure the audit log's appends and queue (the observer's ``log``)."""
-        from gateway.audit.observer import AuditObserver
-
+    def watch_audit(self, log: AuditLogView) -> None:
+        """Measure the audit log's appends and queue depth through its listener API."""
         metrics = self.metrics
-        if not isinstance(observer, AuditObserver) or metrics is None:
+        if metrics is None:
             return
-        log = observer.log
-        append = log.append
-
-        async def timed_append(event: Mapping[str, Any]) -> Any:
-            t0 = time.perf_counter()
-            ok = False
-            try:
-                result = await append(event)
-                ok = True
-                return result
-            finally:
-                metrics.record_audit_append(time.perf_counter() - t0,
-                                            str(event.get("type", "")), ok)
-
-        log.append = timed_append  # type: ignore[method-assign]
-        pending = getattr(log, "_pending", None)
-        if pending is not None:
-            metrics.watch_audit_queue(lambda: len(pending))
+        log.add_append_listener(
+            lambda type_, seconds, ok: metrics.record_audit_append(seconds, type_, ok)
+        )
+        metrics.watch_audit_queue(lambda: log.queue_depth)
 
 
 class _MetricPusher:
@@ -294,29 +275,3 @@ def build_telemetry(
         return None
     counts = egress.snapshot if egress is not None else None
     return Telemetry(ts, policy=policy, egress_counts=counts)
-
-
-def with_telemetry(telemetry: Telemetry, factory: Callable[..., Any]) -> Callable[..., Any]:
-    """Return ``factory`` with telemetry wired in (outermost middleware, first hook).
-
-    The returned factory builds the router itself (so metrics can observe replicas), adds the
-    telemetry as admission hook and observer, its client middleware first in
-    ``upstream_middlewares``, and wraps the app to continue client trace context.
-    """
-
-    def build(settings: GatewaySettings, **kwargs: Any) -> Any:
-        router = kwargs.get("router") or Router(settings)
-        kwargs["router"] = router
-        telemetry.bind(router)
-        observers = list(kwargs.pop("observers", ()))
-        for observer in observers:
-            telemetry.time_audit(observer)
-        kwargs["observers"] = [*observers, telemetry]
-        kwargs["admission"] = [telemetry, *kwargs.pop("admission", ())]
-        kwargs["upstream_middlewares"] = (
-            telemetry.tracer.middleware, *kwargs.get("upstream_middlewares", ())
-        )
-        app = factory(settings, **kwargs)
-        return telemetry.asgi(app)
-
-    return build

@@ -10,10 +10,10 @@ Spans follow the OpenTelemetry GenAI semantic conventions
 ``sg.policy.decision``, ``sg.policy.revision``, ``sg.destination.id`` and
 ``sg.destination.region``. Never prompt or completion content.
 
-Context: the client's W3C ``traceparent``/``tracestate`` is continued (the ASGI wrapper
-extracts it), and each upstream attempt sends its own client span's ``traceparent`` to vLLM
-(the aiohttp middleware injects it). Per-request state lives in a ``ContextVar`` owned by the
-:class:`RequestTracer` instance (the relay runs one task per request).
+Context: the client's W3C ``traceparent``/``tracestate`` is continued (the telemetry's
+``on_request`` observer hook extracts it), and each upstream attempt sends its own client
+span's ``traceparent`` to vLLM (the aiohttp middleware injects it). Per-request state lives
+in a ``ContextVar`` owned by the :class:`RequestTracer` instance (one task per request).
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ class ActiveRequest:
     """Tracing state of one request (the server span and its open client span)."""
 
     parent: Context | None
+    token: contextvars.Token[ActiveRequest | None] | None = None
     record: RequestRecord | None = None
     params: dict[str, Any] = field(default_factory=dict)
     span: Span | None = None
@@ -87,14 +88,23 @@ class RequestTracer:
             "sg_active_request", default=None
         )
 
-    def begin(self, headers: Mapping[str, str]) -> contextvars.Token[ActiveRequest | None]:
-        """Start tracking a request (from the ASGI wrapper), continuing a client traceparent."""
-        parent = self._propagator.extract(headers) if headers else None
-        return self.active.set(ActiveRequest(parent))
+    def begin(self, headers: Mapping[str, str]) -> None:
+        """Start tracking a request (observer ``on_request``), continuing a client traceparent.
 
-    def reset(self, token: contextvars.Token[ActiveRequest | None]) -> None:
-        """Stop tracking (after the response)."""
-        self.active.reset(token)
+        The request's state lives in this task's context until :meth:`finish`.
+        """
+        parent = self._propagator.extract(headers) if headers else None
+        act = ActiveRequest(parent)
+        act.token = self.active.set(act)
+
+    def finish(self) -> None:
+        """Stop tracking the current request (after its ``end``)."""
+        act = self.active.get()
+        if act is not None and act.token is not None:
+            try:
+                self.active.reset(act.token)
+            except ValueError:  # set in another context: forget it there
+                self.active.set(None)
 
     def params(self, body: Mapping[str, Any]) -> None:
         """Keep the request parameters that become span attributes (never content)."""
@@ -130,7 +140,7 @@ class RequestTracer:
         )
         ctx = span.get_span_context()
         if ctx.is_valid:
-            record.trace_id = format(ctx.trace_id, "032x")
+            record.traced(format(ctx.trace_id, "032x"))
         return span
 
     def end(self, record: RequestRecord) -> None:

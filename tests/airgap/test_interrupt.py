@@ -1,55 +1,32 @@
 """SIGTERM / SIGHUP / Ctrl-C in the middle of pack or unpack leaves nothing half-written.
 
-The CLI runs in a child process; a real signal is sent to it by the process itself at a known
-point (after the second part file, or after the second staged blob; sent to the main thread,
-as a terminal's Ctrl-C or ``kill`` reaches a single-threaded tool), so the test is
-deterministic without timing. The destination must then be exactly as before.
+The CLI runs in a child process with default signal dispositions set by the test (so these
+pass under ``nohup`` or from a background job, whose children inherit SIGINT ignored); a real
+signal is sent to it by the process itself at a known point (after the second part file, or
+after the second staged blob; sent to the main thread, as a terminal's Ctrl-C or ``kill``
+reaches a single-threaded tool), so the test is deterministic without timing.
+The destination must then be exactly as before.
 """
 
 from __future__ import annotations
 
-import os
+import json
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from airgap_helpers import KeyPair, tree_state
 
+from tests.weights.cli_util import run_interrupted
 from weights import Lockfile
-
-ROOT = Path(__file__).resolve().parents[2]
-
-# Deliver ``SIG`` to ourselves right after the second call of ``OWNER.ATTR``, then go on as
-# usual: the CLI's own signal handling must stop the command and clean up.
-_WRAPPER = """
-import importlib, signal, sys, threading
-owner = importlib.import_module({module!r})
-for name in {path!r}:
-    owner = getattr(owner, name)
-original = getattr(owner, {attr!r})
-calls = []
-def hooked(*a, **k):
-    result = original(*a, **k)
-    calls.append(1)
-    if len(calls) == 2:
-        signal.pthread_kill(threading.main_thread().ident, signal.{sig})
-    return result
-setattr(owner, {attr!r}, hooked)
-from airgap.cli import main
-sys.exit(main(sys.argv[1:]))
-"""
 
 
 def _run_interrupted(
     module: str, owner: tuple[str, ...], attr: str, sig: str, args: list[str]
 ) -> subprocess.CompletedProcess[str]:
-    code = _WRAPPER.format(module=module, path=owner, attr=attr, sig=sig)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
-    env["PYTHONPATH"] = str(ROOT)
-    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
-                          env=env, timeout=120, check=False)
+    # The child gets default signal dispositions from the test (passes under nohup / `&`).
+    return run_interrupted(module, owner, attr, sig, args, cli="airgap.cli")
 
 
 @pytest.mark.parametrize("sig", ["SIGTERM", "SIGHUP", "SIGINT"])
@@ -66,7 +43,7 @@ def test_pack_interrupted_leaves_no_partial_bundle(
         "pack", "--lock", str(lock), "--from", str(small_model), "--out", str(usb / "bundle"),
         "--key", str(keys.private_path), "--part-size", "16384", "--quiet"])
     # Ended by the same signal (as seen by a shell: 128 + N), after cleaning up.
-    assert res.returncode == -getattr(signal, sig), res.stderr
+    assert res.returncode == 128 + getattr(signal, sig), res.stderr
     assert f"error: interrupted by {sig}; partial output was removed" in res.stderr
     assert "Traceback" not in res.stderr
     assert tree_state(usb) == before  # no bundle, no .bundle.*.partial directory
@@ -85,6 +62,20 @@ def test_unpack_interrupted_leaves_store_unchanged(
         "unpack", str(pristine_bundle), "--public-key", str(keys.public_path), "--into",
         str(store), "--workers", workers, "--quiet"])
     # Ended by the same signal (as seen by a shell: 128 + N), after cleaning up.
-    assert res.returncode == -getattr(signal, sig), res.stderr
+    assert res.returncode == 128 + getattr(signal, sig), res.stderr
     assert f"error: interrupted by {sig}; partial output was removed" in res.stderr
     assert tree_state(store) == before  # no .airgap-staging-* left, nothing installed
+
+
+@pytest.mark.parametrize(("sig", "status"), [("SIGINT", 130), ("SIGTERM", 143)])
+def test_interrupted_verify_json_says_so(
+    pristine_bundle: Path, keys: KeyPair, sig: str, status: int
+) -> None:
+    res = run_interrupted("airgap.verify", (), "check_index", sig, [
+        "verify", str(pristine_bundle), "--public-key", str(keys.public_path), "--json"],
+        cli="airgap.cli", after=1, shell_status=True)
+    *doc, last = res.stdout.splitlines()
+    assert last == f"status={status}", res.stdout + res.stderr
+    got = json.loads("\n".join(doc))
+    assert got["ok"] is False and got["interrupted"] is True and got["signal"] == sig
+    assert f"error: interrupted by {sig}" in res.stderr

@@ -1,4 +1,4 @@
-"""The egress policy wired into the gateway (issue 3), in process with the official openai SDK.
+"""The egress policy wired into the gateway, in process with the official openai SDK.
 
 Three simulators are the replicas ``us`` (non-EU), ``eu-b`` (EU) and ``eu-a`` (EU, tagged
 ``no-retention``). The guard is off here (it is process-wide; ``test_gw_egress_serve`` runs it
@@ -26,9 +26,9 @@ from starlette.responses import RedirectResponse
 from starlette.routing import Route
 
 from gateway.app import create_app
+from gateway.assembly import assemble
 from gateway.audit import Signer, generate_key_file, write_key_pair
-from gateway.audit.observer import audited_app
-from gateway.egress import start_egress, with_policy
+from gateway.egress import start_egress
 from gateway.errors import ConfigError
 from gateway.settings import parse
 from policy import Policy
@@ -74,7 +74,7 @@ def _build(serve_asgi: Callable[..., Any], tmp_path: Path, *, audit: bool = Fals
     settings = parse(cfg)
     runtime = start_egress(settings, tmp_path)  # relative policy.file: next to the config
     assert runtime is not None and runtime.guard is None
-    app = audited_app(settings, with_policy(runtime, create_app))
+    app = create_app(settings, assemble(settings, tmp_path, egress=runtime))
     return Stack(serve_asgi(app).url, sims, pfile, cfg)
 
 
@@ -229,7 +229,7 @@ def test_transport_refuses_an_upstream_redirect(
     settings = parse(cfg)
     runtime = start_egress(settings)
     assert runtime is not None
-    url = serve_asgi(with_policy(runtime, create_app)(settings)).url
+    url = serve_asgi(create_app(settings, assemble(settings, egress=runtime))).url
     r = httpx.post(url + "/v1/chat/completions", timeout=10,
                    headers={"authorization": f"Bearer {KEYS['pub']}"},
                    json={"model": "m", "messages": CHAT})

@@ -93,8 +93,10 @@ def test_guard_blocks_a_non_destination_in_gateway_serve(
             assert {n: a.state.received for n, a in sims.items()} == {
                 "eu-a": 3, "eu-b": 0, "us": 0}
             # health checks go through the policy-checked connector: all replicas healthy
-            time.sleep(0.5)
-            assert httpx.get(url + "/readyz", timeout=5).status_code == 200
+            deadline = time.monotonic() + 10
+            while httpx.get(url + "/readyz", timeout=5).status_code != 200:
+                assert time.monotonic() < deadline, "replicas not ready through the connector"
+                time.sleep(0.05)
             trigger.touch()
             deadline = time.monotonic() + 10
             while not result.exists() and time.monotonic() < deadline:

@@ -1,7 +1,8 @@
-"""Each relay rule of issue 2, tested so that it fails if the rule breaks."""
+"""Each relay rule (gateway.relay), tested so that it fails if the rule breaks."""
 
 from __future__ import annotations
 
+import select
 import socket
 import threading
 import time
@@ -435,7 +436,8 @@ def test_connect_timeout_is_retried_then_504(serve_asgi: Any, sim: Sim, clients:
         s.setblocking(False)
         s.connect_ex(("127.0.0.1", port))
         fillers.append(s)
-    time.sleep(0.1)
+    # The first connection completes its handshake into the (now full) accept queue.
+    select.select([], fillers[:1], [], 5.0)
     try:
         hung = f"http://127.0.0.1:{port}"
         gw = start_gateway(serve_asgi, settings([hung], timeouts={"connect_s": 0.3}))

@@ -1,4 +1,4 @@
-"""The seams later issues plug into: routing policy, connector, admission hooks, observers."""
+"""The seams of create_app: routing policy, connector, admission hooks, observers."""
 
 from __future__ import annotations
 

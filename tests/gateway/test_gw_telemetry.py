@@ -1,4 +1,4 @@
-"""Telemetry (issue 8) in process: spans with an in-memory exporter, ``/metrics`` on the admin
+"""Telemetry in process: spans with an in-memory exporter, ``/metrics`` on the admin
 port parsed with ``prometheus_client``'s parser, trace context propagated to the simulator.
 
 The gateway is real (uvicorn on loopback), the client is the official openai SDK, the backends
@@ -22,9 +22,9 @@ from opentelemetry.trace import SpanKind, StatusCode
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.app import create_app
+from gateway.assembly import assemble
 from gateway.audit import Signer, generate_key_file, write_key_pair
-from gateway.audit.observer import audited_app
-from gateway.telemetry import Telemetry, TelemetrySettings, with_telemetry
+from gateway.telemetry import Telemetry, TelemetrySettings
 from tests.conftest import free_port
 from tests.gateway.helpers import KEY_A, SERVED, Sim, settings, start_sim
 
@@ -69,8 +69,8 @@ def _stack(serve_asgi: Callable[..., Any], urls: list[str] | None = None,
     sims = sims or [start_sim(serve_asgi)]
     exporter = InMemorySpanExporter()
     tel = Telemetry(TelemetrySettings(admin={"port": 0}), span_exporter=exporter)
-    app = with_telemetry(tel, create_app)(
-        settings(urls or [s.url for s in sims], retries={"max_attempts": 3}))
+    s = settings(urls or [s.url for s in sims], retries={"max_attempts": 3})
+    app = create_app(s, assemble(s, telemetry=tel))
     return Stack(serve_asgi(app).url, tel, exporter, sims)
 
 
@@ -274,7 +274,7 @@ def test_audit_append_latency_and_queue_depth(
         "pseudonym_key_file": str(generate_key_file(tmp_path / "pseudonym.key")),
     })
     tel = Telemetry(TelemetrySettings(admin={"port": 0}), span_exporter=InMemorySpanExporter())
-    st = Stack(serve_asgi(audited_app(s, with_telemetry(tel, create_app))).url, tel,
+    st = Stack(serve_asgi(create_app(s, assemble(s, telemetry=tel))).url, tel,
                InMemorySpanExporter(), [sim])
     st.client().chat.completions.create(
         model="llama-3.1-8b", messages=[{"role": "user", "content": "hi"}], max_tokens=2)

@@ -32,10 +32,11 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from gateway.app import create_app
+from gateway.assembly import assemble
 from gateway.audit import Signer, generate_key_file, write_key_pair
 from gateway.errors import ConfigError
 from gateway.settings import parse
-from gateway.telemetry import Telemetry, TelemetrySettings, with_telemetry
+from gateway.telemetry import Telemetry, TelemetrySettings
 from policy import Policy
 from tests.conftest import free_port
 from tests.gateway.helpers import KEY_A, config, start_sim
@@ -112,8 +113,8 @@ def test_otlp_export_reaches_the_collector_destination(
     ts = TelemetrySettings(otlp_endpoint=collector.url, otlp_endpoint_destination="collector",
                            export_interval_s=0.2, admin={"port": 0})
     tel = Telemetry(ts, policy=pol)
-    url = serve_asgi(with_telemetry(tel, create_app)(
-        parse(config([sim.url]), {"VLLM_KEY": "x"}))).url
+    gw_settings = parse(config([sim.url]), {"VLLM_KEY": "x"})
+    url = serve_asgi(create_app(gw_settings, assemble(gw_settings, telemetry=tel))).url
     client = openai.OpenAI(base_url=url + "/v1", api_key=KEY_A, max_retries=0, timeout=20)
     client.chat.completions.create(model="llama-3.1-8b", max_tokens=3,
                                    messages=[{"role": "user", "content": "hi"}])
@@ -159,7 +160,8 @@ def _serve(tmp_path: Path, cfg: dict[str, Any], env: dict[str, str],
             for _ in range(2):
                 client.chat.completions.create(model="llama-3.1-8b", max_tokens=3,
                                                messages=[{"role": "user", "content": "hi"}])
-            time.sleep(0.3)
+            # Nothing to wait for: the end of each response is sent only after every
+            # observer's on_end (audit record, span, metrics); spans flush at shutdown.
         finally:
             proc.send_signal(signal.SIGTERM)
             _, err = proc.communicate(timeout=30)

@@ -14,6 +14,7 @@ import yaml
 from policy_testdata import BASE
 
 from policy import Policy, RenderError
+from policy import Principal as PolicyPrincipal
 from policy.cli import main
 from policy.render import helm_values, networkpolicy
 
@@ -152,6 +153,22 @@ def test_explain_without_config_nothing_allowed_exits_1(
     assert "requires jurisdiction EU" not in out  # (a deny rule decided, not a constraint)
     code, out, _ = _run(capsys, "explain", str(policy_file), "--key", "k", "--class", "public")
     assert code == 0 and out.count("allowed by rule public-anywhere") == 3
+
+
+def test_explain_is_the_library_explain(
+    policy_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pol = Policy.from_file(policy_file)
+    for team, data_class in [("engineering", "confidential"), ("contractors", "public"),
+                             (None, "internal")]:
+        args = ["explain", str(policy_file), "--key", "k", "--class", data_class, "--json"]
+        if team:
+            args += ["--team", team]
+        out = json.loads(_run(capsys, *args)[1])
+        want = pol.explain(PolicyPrincipal("k", team), data_class)
+        assert [{k: v for k, v in d.items() if k != "replica"} for d in out["decisions"]] == [
+            d.as_record() for d in want]
+        assert out["allowed"] == [d.destination_id for d in want if d.allowed]
 
 
 def test_explain_usage_errors(

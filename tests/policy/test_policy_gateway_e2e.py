@@ -17,12 +17,11 @@ import openai
 import pytest
 
 from gateway.app import create_app
-from gateway.routing import RouteDecision
+from gateway.egress import PolicyRoutes
 from gateway.settings import parse
 from policy import (
     EgressEvent,
     EgressGuard,
-    EgressRoutePolicy,
     Policy,
     check_binding,
     make_connector,
@@ -95,7 +94,7 @@ def stack(serve_asgi: Callable[..., Any]) -> Iterator[dict[str, Any]]:
         app = create_app(
             settings,
             connector_factory=lambda: make_connector(guard.matcher),
-            policy=EgressRoutePolicy(policy, RouteDecision),
+            policy=PolicyRoutes(policy),
         )
         gw = serve_asgi(app, port=gateway_port)
         yield {"url": gw.url, "sims": sims, "events": events, "guard": guard}

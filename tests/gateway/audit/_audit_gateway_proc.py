@@ -13,7 +13,7 @@ from pathlib import Path
 import uvicorn
 
 from gateway.app import create_app
-from gateway.audit.observer import audit_gate, build
+from gateway.audit.observer import build
 from gateway.settings import parse
 
 
@@ -22,7 +22,7 @@ def main(config_file: Path, port: int) -> None:
     settings = parse(cfg["gateway"], cfg["env"])
     observer = build(cfg["audit"])
     assert observer is not None
-    app = audit_gate(create_app(settings, observers=[observer]), observer)
+    app = create_app(settings, observers=[observer])
     uvicorn.run(
         app,
         host="127.0.0.1",

@@ -1,4 +1,4 @@
-"""Content HMAC opt-in per policy rule (issue 4): keyed digests of the exact bytes, never text.
+"""Content HMAC opt-in per policy rule: keyed digests of the exact bytes, never text.
 
 Real parts: vLLM simulator and gateway on uvicorn over loopback, the official ``openai`` SDK as
 client, a real SQLite audit store; the HMAC is recomputed here with ``hmac`` from the key file.
@@ -20,7 +20,7 @@ from _audit_helpers import verify
 
 from gateway.app import create_app
 from gateway.audit import AuditSettings, Signer, generate_key_file, write_key_pair
-from gateway.audit.observer import audit_gate, build
+from gateway.audit.observer import build
 from gateway.audit.pseudonym import Pseudonymizer
 from gateway.egress import PolicyRoutes
 from gateway.settings import parse
@@ -92,7 +92,7 @@ def gateway(serve_asgi: Callable[..., Any], sim: Sim, tmp_path: Path) -> Iterato
     policy = Policy.from_text(POLICY.format(port=int(sim.url.rsplit(":", 1)[1])))
     app = create_app(parse(cfg, {"VLLM_KEY": BACKEND_KEY}), policy=PolicyRoutes(policy),
                      observers=[observer])
-    srv = serve_asgi(audit_gate(app, observer))
+    srv = serve_asgi(app)
     yield Gateway(srv.url, db, pseudo, signer)
 
 

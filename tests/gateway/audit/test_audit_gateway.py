@@ -23,7 +23,7 @@ from _audit_helpers import verify
 
 from gateway.app import create_app
 from gateway.audit import AuditSettings, Signer, generate_key_file, open_store, write_key_pair
-from gateway.audit.observer import audit_gate, build
+from gateway.audit.observer import build
 from gateway.audit.records import Record
 from tests.conftest import free_port
 from tests.gateway.helpers import BACKEND_KEY, KEY_A, KEY_B, Sim, config, settings
@@ -67,7 +67,7 @@ def audited_gateway(
         config_digest="ab" * 32,
     )
     assert observer is not None
-    app = audit_gate(create_app(settings([sim.url]), observers=[observer]), observer)
+    app = create_app(settings([sim.url]), observers=[observer])
     srv = serve_asgi(app)
     yield srv.url, srv
 

@@ -116,7 +116,12 @@ def test_restart_that_does_not_name_its_predecessor_fails(tmp_path: Path, signer
     older = f"sqlite://{tmp_path / 'a.db'}"
     url = f"sqlite://{tmp_path / 'b.db'}"
     first = write_log(older, signer, 4, replica="r1")
-    time.sleep(1.1)  # chain ids carry the start second; the second chain must sort after
+    # Chain ids carry the start second: the second chain must start in a later second.
+    second_now = int(time.time())
+    deadline = time.monotonic() + 3
+    while int(time.time()) == second_now:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
     second = write_log(url, signer, 4, replica="r1")
     assert verify(url, signer).ok
     conn = sqlite3.connect(tmp_path / "b.db", isolation_level=None)

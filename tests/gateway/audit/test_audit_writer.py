@@ -107,12 +107,21 @@ def test_checkpoint_every_n_and_on_time(tmp_path: Path, signer: Signer) -> None:
     assert verify(url, signer).ok
 
 
+async def _until_heartbeats(url: str, chain: str, n: int, timeout_s: float = 10.0) -> None:
+    """Wait until chain ``chain`` has ``n`` committed heartbeat records (bounded)."""
+    deadline = time.monotonic() + timeout_s
+    sql = "SELECT count(*) FROM audit_records WHERE chain=? AND type='audit.heartbeat'"
+    while raw_sql(url, sql, chain)[0][0] < n:
+        assert time.monotonic() < deadline, f"fewer than {n} heartbeats after {timeout_s} s"
+        await asyncio.sleep(0.02)
+
+
 def test_heartbeat_when_idle(tmp_path: Path, signer: Signer) -> None:
     url = f"sqlite://{tmp_path / 'a.db'}"
 
     async def run() -> str:
         async with AuditLog(open_store(url), signer, replica_id="r1", heartbeat_s=0.2) as log:
-            await asyncio.sleep(1.2)
+            await _until_heartbeats(url, log.chain_id, 2)
             return log.chain_id
 
     chain = asyncio.run(run())
@@ -203,7 +212,11 @@ def test_sigkill_during_appends_leaves_a_verifiable_log(
         try:
             assert proc.stdout is not None
             assert proc.stdout.readline().strip() == "ready"
-            time.sleep(0.3)  # let it run mid-transaction
+            # Kill it mid-run: once some records are committed, while it keeps appending.
+            deadline = time.monotonic() + 10
+            while not raw_sql(store_url, "SELECT count(*) FROM audit_records")[0][0]:
+                assert time.monotonic() < deadline, "the writer committed nothing"
+                time.sleep(0.01)
         finally:
             os.kill(proc.pid, signal.SIGKILL)
             proc.wait(10)
@@ -321,7 +334,7 @@ def test_heartbeat_bound_holds_when_checkpoints_are_rarer(tmp_path: Path, signer
             open_store(url), signer, replica_id="r1", heartbeat_s=0.2, checkpoint_every_s=5
         ) as log:
             await log.append({"type": "request.started", "request_id": "1"})
-            await asyncio.sleep(1.0)
+            await _until_heartbeats(url, log.chain_id, 2)
 
     asyncio.run(run())
     rows = raw_sql(url, "SELECT type FROM audit_records ORDER BY seq")

@@ -25,7 +25,7 @@ from gateway.audit import (
     open_store,
     write_key_pair,
 )
-from gateway.audit.observer import audit_gate, build
+from gateway.audit.observer import build
 from gateway.audit.records import parse_body
 from gateway.quotas.hook import QuotaHook
 from gateway.sse import SAMPLE_BYTES, SSEUsageScanner
@@ -102,7 +102,7 @@ def test_dropped_stream_charges_an_estimate(serve_asgi: Callable[..., Any], tmp_
     )
     assert audit is not None
     app = create_app(cfg, admission=[hook], observers=[audit, recorder, hook])
-    srv = serve_asgi(hook.asgi(audit_gate(app, audit)))
+    srv = serve_asgi(app)
     prompt_estimate = hook.service.estimator.estimate(MODEL, BODY).total
     with openai.OpenAI(base_url=f"{srv.url}/v1", api_key=KEY_A, max_retries=0) as c:
         stream = c.chat.completions.create(model=MODEL, messages=MESSAGES, stream=True)
@@ -150,7 +150,7 @@ def test_stream_the_backend_breaks_off_is_charged_per_relayed_event(
     cfg = settings([sim.url], quotas=quotas)
     hook = QuotaHook.from_settings(cfg.quotas or {})
     recorder = Recorder()
-    srv = serve_asgi(hook.asgi(create_app(cfg, admission=[hook], observers=[recorder, hook])))
+    srv = serve_asgi(create_app(cfg, admission=[hook], observers=[recorder, hook]))
     prompt_estimate = hook.service.estimator.estimate(MODEL, BODY).total
     with openai.OpenAI(base_url=f"{srv.url}/v1", api_key=KEY_A, max_retries=0) as c:
         stream = c.chat.completions.create(model=MODEL, messages=MESSAGES, stream=True)

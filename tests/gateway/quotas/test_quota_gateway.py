@@ -28,7 +28,7 @@ def gateway(
     s = start_sim(serve_asgi, **sim)
     cfg = settings([s.url], quotas=quotas)
     hook = QuotaHook.from_settings(cfg.quotas or {})
-    srv = serve_asgi(hook.asgi(create_app(cfg, admission=[hook], observers=[hook])))
+    srv = serve_asgi(create_app(cfg, admission=[hook], observers=[hook]))
     return str(srv.url), hook
 
 

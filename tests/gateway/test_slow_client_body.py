@@ -1,4 +1,4 @@
-"""QA: a client that stops sending its body does not hold a connection forever."""
+"""A client that stops sending its body does not hold a connection forever."""
 
 from __future__ import annotations
 

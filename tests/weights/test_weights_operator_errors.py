@@ -1,4 +1,4 @@
-"""Regressions found by trying the weights CLI as a new operator (each test failed first)."""
+"""The weights CLI as an operator meets it: checks before any write, one-line errors."""
 
 from __future__ import annotations
 

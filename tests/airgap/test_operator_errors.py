@@ -1,4 +1,4 @@
-"""Regressions found by trying the airgap CLI as a new operator (each test failed first)."""
+"""The airgap CLI as an operator meets it: exact names, space checked up front, one-line errors."""
 
 from __future__ import annotations
 

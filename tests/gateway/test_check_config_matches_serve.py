@@ -1,4 +1,4 @@
-"""QA: ``gateway check-config`` catches what ``gateway serve`` would fail on, in one line."""
+"""``gateway check-config`` catches what ``gateway serve`` would fail on, in one line."""
 
 from __future__ import annotations
 

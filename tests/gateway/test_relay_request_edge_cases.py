@@ -1,4 +1,4 @@
-"""QA of the relay's request edge cases against a real uvicorn gateway and the simulator."""
+"""The relay's request edge cases against a real uvicorn gateway and the simulator."""
 
 from __future__ import annotations
 

@@ -7,6 +7,7 @@ code and that the store tree (types, sizes, digests, link targets) is byte-for-b
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from collections.abc import Callable
@@ -26,8 +27,9 @@ from airgap_helpers import (
 )
 
 from airgap import Code, VerificationFailed, pack_bundle, unpack_bundle, verify_bundle
+from airgap.cli import main as cli_main
 from airgap.errors import AirgapError, StoreError
-from weights import Lockfile
+from weights import EmptyModelError, Lockfile
 
 P0, P1, P2, P3 = (f"payload.00{i}-of-004" for i in range(4))
 
@@ -369,10 +371,14 @@ def test_pack_refuses_size_mismatch_before_writing(tmp_path: Path, keys: KeyPair
 
 def test_pack_refuses_empty_model(tmp_path: Path, keys: KeyPair) -> None:
     (tmp_path / "empty").mkdir()
-    lock = Lockfile(entries=(lock_entry_from_dir(tmp_path / "empty", REPO),))
-    with pytest.raises(VerificationFailed) as info:
-        pack_bundle(lock, tmp_path / "empty", tmp_path / "out", keys.private)
-    assert info.value.code == Code.EMPTY_MODEL
+    with pytest.raises(EmptyModelError):  # a lockfile with an empty model cannot even exist
+        Lockfile(entries=(lock_entry_from_dir(tmp_path / "empty", REPO),))
+    lock = tmp_path / "weights.lock"
+    lock.write_text(json.dumps({"version": 1, "models": [lock_entry_from_dir(
+        tmp_path / "empty", REPO).to_json()]}))
+    rc = cli_main(["pack", "--lock", str(lock), "--from", str(tmp_path / "empty"), "--out",
+                   str(tmp_path / "out"), "--key", str(keys.private_path)])
+    assert rc == 2
     assert not (tmp_path / "out").exists()
 
 

@@ -1,4 +1,4 @@
-"""QA of config validation: every mistake is one line naming the key, never a traceback."""
+"""Config validation: every mistake is one line naming the key, never a traceback."""
 
 from __future__ import annotations
 

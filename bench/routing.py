@@ -1,0 +1,323 @@
+"""Routing benchmark: the same open-loop workload through each routing strategy, in one run.
+
+Starts N simulated replicas (``vllm-sim --profile``, separate processes; or uses real ones with
+``--backend-url``), one gateway process whose config has one model per strategy, all in front of
+the same replicas, and optionally the vLLM project's router (``vllm-router``, PyPI) with the
+policies asked for. For each strategy the replicas' prefix caches are reset, the workload is
+replayed with the same Poisson arrival schedule, and the client measures TTFT and end-to-end
+latency; the replicas' ``/metrics`` give the prefix-cache hit ratio of that run. ``oracle``
+routes client-side to the replica whose cache holds the longest prefix of the prompt now
+(``POST /sim/prefix`` on every replica; ties to the fewest in flight).
+
+Example::
+
+    .venv/bin/python bench/routing.py --workload shared-prefix --load 0.7 \\
+        --vllm-router .tools/vllm-router-venv/bin/vllm-router --json /tmp/routing.json
+
+The rate is ``--load`` x the fleet capacity estimated from the profile (replicas / GPU time of a
+request with nothing cached, ``PerfProfile.request_cost_s`` at batch 32); with
+``--backend-url`` give ``--rate`` in requests per second instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import re
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+from relay_procs import BIN, Proc, free_port
+from routing_load import Result, Target, WorkloadSpec, build, run
+
+from vllm_sim.profiles import get_profile
+
+KEY = "sg-bench-routing-key"
+GATEWAY_STRATEGIES = ("least_outstanding", "round_robin", "prefix_affinity")
+SERVED = "sim-model"
+_COUNTER = re.compile(r"^vllm:(?:gpu_)?prefix_cache_(hits|queries)_total(?:\{.*\})? (\S+)$")
+
+
+def _percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered)) - 1))]
+
+
+async def _scrape(client: httpx.AsyncClient, urls: list[str]) -> tuple[float, float]:
+    """Sum of the prefix-cache (hits, queries) counters over the replicas (new and old names)."""
+    hits = queries = 0.0
+    for url in urls:
+        for attempt in range(5):  # a busy replica may drop a scrape: try again
+            try:
+                page = (await client.get(f"{url}/metrics")).text
+                break
+            except httpx.HTTPError:
+                if attempt == 4:
+                    raise
+                await asyncio.sleep(0.2)
+        for line in page.splitlines():
+            m = _COUNTER.match(line)
+            if m:
+                if m.group(1) == "hits":
+                    hits += float(m.group(2))
+                else:
+                    queries += float(m.group(2))
+    return hits, queries
+
+
+async def _reset(client: httpx.AsyncClient, urls: list[str], simulated: bool) -> None:
+    """Empty every replica's prefix cache and wait until nothing runs (bounded)."""
+    for url in urls:
+        if simulated:
+            await client.post(f"{url}/sim/reset")
+        else:  # real vLLM: needs VLLM_SERVER_DEV_MODE=1 on the server, else a 404 (ignored)
+            await client.post(f"{url}/reset_prefix_cache")
+    if simulated:
+        deadline = time.monotonic() + 60
+        for url in urls:
+            while (await client.get(f"{url}/sim/stats")).json()["running"] and (
+                time.monotonic() < deadline
+            ):
+                await asyncio.sleep(0.05)
+
+
+class _Oracle(Target):
+    """Routes to the replica whose cache holds the longest prefix now; ties: fewest in flight."""
+
+    def __init__(self, client: httpx.AsyncClient, urls: list[str]) -> None:
+        super().__init__()
+        self.client = client
+        self.urls = urls
+        self.inflight = dict.fromkeys(urls, 0)
+
+    async def pick(self, body: dict[str, Any]) -> str:
+        probes = await asyncio.gather(
+            *(self.client.post(f"{u}/sim/prefix", json=body) for u in self.urls),
+            return_exceptions=True,
+        )
+        cached = [p.json()["cached_tokens"] if isinstance(p, httpx.Response) else 0
+                  for p in probes]
+        best = max(range(len(self.urls)), key=lambda i: (cached[i], -self.inflight[self.urls[i]]))
+        url = self.urls[best]
+        self.inflight[url] += 1
+        return url
+
+    def done(self, url: str) -> None:
+        self.inflight[url] -= 1
+
+
+def _summary(results: list[Result], wall_s: float, hits: float, queries: float) -> dict[str, Any]:
+    ok = [r for r in results if r.ok]
+    ttft = [r.ttft_s for r in ok]
+    e2e = [r.e2e_s for r in ok]
+    return {
+        "requests": len(results),
+        "failed": len(results) - len(ok),
+        "ttft_p50_s": _percentile(ttft, 50), "ttft_p90_s": _percentile(ttft, 90),
+        "ttft_p99_s": _percentile(ttft, 99),
+        "e2e_p50_s": _percentile(e2e, 50), "e2e_p90_s": _percentile(e2e, 90),
+        "e2e_p99_s": _percentile(e2e, 99),
+        "output_tok_s": sum(r.output_tokens for r in ok) / wall_s if wall_s else 0.0,
+        "hit_ratio": hits / queries if queries else float("nan"),
+        "wall_s": wall_s,
+    }
+
+
+def _gateway_config(
+    urls: list[str], port: int, strategies: list[str], routing: dict[str, Any]
+) -> dict[str, Any]:
+    models = [
+        {"name": f"route-{s}", "served_model_name": SERVED, "strategy": s,
+         "replicas": [{"url": u} for u in urls]}
+        for s in strategies if s in GATEWAY_STRATEGIES
+    ]
+    cfg: dict[str, Any] = {
+        "listen": {"host": "127.0.0.1", "port": port},
+        "models": models,
+        "keys": [{"id": "bench-routing", "sha256": hashlib.sha256(KEY.encode()).hexdigest(),
+                  "models": [m["name"] for m in models]}],
+        "health": {"active": False},
+        "logging": {"access_log": False},
+    }
+    if routing:
+        cfg["routing"] = routing
+    return cfg
+
+
+def _print(workload: str, table: dict[str, dict[str, Any]], params: dict[str, Any]) -> None:
+    base = table.get("least_outstanding")
+    print(f"\n## {workload}  ({', '.join(f'{k}={v}' for k, v in params.items())})")
+    cols = [("ttft_p50_s", "TTFT p50"), ("ttft_p90_s", "TTFT p90"), ("ttft_p99_s", "TTFT p99"),
+            ("e2e_p50_s", "e2e p50"), ("e2e_p90_s", "e2e p90"), ("output_tok_s", "out tok/s"),
+            ("hit_ratio", "hit ratio")]
+    print("| strategy | " + " | ".join(c[1] for c in cols) + " | failed |")
+    print("|---" * (len(cols) + 2) + "|")
+    for name, row in table.items():
+        cells = []
+        for key, _ in cols:
+            value = row[key]
+            ratio = ""
+            if base and name != "least_outstanding" and base[key] and base[key] == base[key]:
+                ratio = f" ({value / base[key]:.2f}x)"
+            cells.append(f"{value:.3f}{ratio}" if key != "output_tok_s" else f"{value:.0f}{ratio}")
+        print(f"| {name} | " + " | ".join(cells) + f" | {row['failed']} |")
+
+
+async def _bench(args: argparse.Namespace) -> dict[str, Any]:
+    spec = WorkloadSpec(
+        groups=args.groups, prompts_per_group=args.prompts_per_group,
+        system_tokens=args.system_tokens, question_tokens=args.question_tokens,
+        output_tokens=args.output_tokens, users=args.users, rounds=args.rounds,
+        turn_tokens=args.turn_tokens, user_system_tokens=args.user_system_tokens,
+        random_requests=args.random_requests,
+    )
+    procs: list[Proc] = []
+    workdir = Path(tempfile.mkdtemp(prefix="bench-routing-"))
+    report: dict[str, Any] = {"args": vars(args), "workloads": {}}
+    try:
+        simulated = not args.backend_url
+        if simulated:
+            for _ in range(args.replicas):
+                port = free_port()
+                argv = [str(BIN / "vllm-sim"), "--port", str(port), "--model", SERVED,
+                        "--profile", args.profile, "--time-scale", str(args.time_scale),
+                        "--max-model-len", "200000"]
+                if args.num_gpu_blocks:
+                    argv += ["--num-gpu-blocks", str(args.num_gpu_blocks)]
+                procs.append(Proc(f"vllm-sim:{port}", argv, port, "/health"))
+            urls = [p.url for p in procs]
+        else:
+            urls = [u.rstrip("/") for u in args.backend_url]
+        port = free_port()
+        cfg_path = workdir / "gateway.yaml"
+        routing = json.loads(args.routing_json) if args.routing_json else {}
+        cfg_path.write_text(yaml.safe_dump(_gateway_config(urls, port, args.strategy, routing)))
+        exe = BIN / "gateway"
+        gw_argv = [str(exe)] if exe.exists() else [sys.executable, "-m", "gateway.cli"]
+        procs.append(Proc("gateway", [*gw_argv, "serve", "--config", str(cfg_path)], port,
+                          "/healthz"))
+        gateway = procs[-1].url
+        peers: dict[str, str] = dict(p.split("=", 1) for p in args.peer_router)
+        if args.vllm_router:
+            for policy in args.vllm_router_policy:
+                rport = free_port()
+                # Its Prometheus exporter defaults to the fixed port 29000: give it a free one.
+                argv = [args.vllm_router, "--host", "127.0.0.1", "--port", str(rport),
+                        "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()),
+                        "--policy", policy, "--worker-urls", *urls]
+                procs.append(Proc(f"vllm-router:{policy}", argv, rport, "/health"))
+                peers[f"vllm-router:{policy}"] = procs[-1].url
+        if simulated:
+            profile = get_profile(args.profile) if not args.profile.endswith(".json") else None
+        else:
+            profile = None
+        async with httpx.AsyncClient(timeout=httpx.Timeout(300.0),
+                                     limits=httpx.Limits(max_connections=2000)) as client:
+            for workload in args.workload:
+                if args.rate:
+                    rate = args.rate
+                elif profile is not None:
+                    prompt = {"shared-prefix": spec.system_tokens + spec.question_tokens,
+                              "random": spec.system_tokens + spec.question_tokens,
+                              "multi-turn": spec.user_system_tokens
+                              + (spec.rounds + 1) / 2 * (spec.turn_tokens + spec.output_tokens)
+                              }[workload]
+                    cost = profile.request_cost_s(int(prompt), spec.output_tokens, 32)
+                    rate = args.load * len(urls) / (cost * args.time_scale)
+                else:
+                    raise SystemExit("--rate is required with --backend-url or a profile file")
+                turns = build(workload, spec, rate, args.seed)
+                table: dict[str, dict[str, Any]] = {}
+                targets: dict[str, tuple[Any, str, dict[str, str]]] = {}
+                auth = {"authorization": f"Bearer {KEY}"}
+                for s in args.strategy:
+                    if s == "oracle":
+                        if simulated:
+                            targets[s] = (_Oracle(client, urls), SERVED, {})
+                    else:
+                        targets[s] = (Target(gateway), f"route-{s}", auth)
+                for name, url in peers.items():
+                    targets[name] = (Target(url), SERVED, {})
+                for name, (target, model, headers) in targets.items():
+                    await _reset(client, urls, simulated)
+                    h0, q0 = await _scrape(client, urls)
+                    results, wall = await run(client, turns, target, model, spec.output_tokens,
+                                              headers)
+                    h1, q1 = await _scrape(client, urls)
+                    table[name] = _summary(results, wall, h1 - h0, q1 - q0)
+                    print(f"  {workload} {name}: done in {wall:.1f}s", file=sys.stderr)
+                params = {"replicas": len(urls), "rate_rps": round(rate, 2),
+                          "load": args.load if not args.rate else None,
+                          "requests": len(turns), "profile": args.profile if simulated else None,
+                          "time_scale": args.time_scale, "O": spec.output_tokens}
+                params.update(_workload_params(workload, spec))
+                _print(workload, table, params)
+                report["workloads"][workload] = {"params": params, "results": table}
+    finally:
+        for p in reversed(procs):
+            p.stop()
+    return report
+
+
+def _workload_params(workload: str, spec: WorkloadSpec) -> dict[str, Any]:
+    if workload == "shared-prefix":
+        return {"G": spec.groups, "P": spec.prompts_per_group, "S": spec.system_tokens,
+                "Q": spec.question_tokens}
+    if workload == "multi-turn":
+        return {"U": spec.users, "R": spec.rounds, "S": spec.user_system_tokens,
+                "Q": spec.turn_tokens}
+    return {"N": spec.random_requests, "prompt": spec.system_tokens + spec.question_tokens}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse the flags, run the benchmark, print the tables (and write ``--json``)."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--workload", action="append",
+                    choices=["shared-prefix", "multi-turn", "random"])
+    ap.add_argument("--strategy", action="append",
+                    choices=[*GATEWAY_STRATEGIES, "oracle"])
+    ap.add_argument("--replicas", type=int, default=4)
+    ap.add_argument("--profile", default="qwen3-32b-h100")
+    ap.add_argument("--time-scale", type=float, default=1.0)
+    ap.add_argument("--num-gpu-blocks", type=int, default=None)
+    ap.add_argument("--load", type=float, default=0.7, help="fraction of fleet capacity")
+    ap.add_argument("--rate", type=float, default=None, help="requests/s (overrides --load)")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--groups", type=int, default=16)
+    ap.add_argument("--prompts-per-group", type=int, default=8)
+    ap.add_argument("--system-tokens", type=int, default=2000)
+    ap.add_argument("--question-tokens", type=int, default=100)
+    ap.add_argument("--output-tokens", type=int, default=24)
+    ap.add_argument("--users", type=int, default=16)
+    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--turn-tokens", type=int, default=300)
+    ap.add_argument("--user-system-tokens", type=int, default=500)
+    ap.add_argument("--random-requests", type=int, default=96)
+    ap.add_argument("--backend-url", action="append", default=[])
+    ap.add_argument("--peer-router", action="append", default=[], metavar="NAME=URL")
+    ap.add_argument("--vllm-router", default=None, help="path of the vllm-router binary")
+    ap.add_argument("--vllm-router-policy", action="append", default=None)
+    ap.add_argument("--routing-json", default=None, help="gateway 'routing:' section as JSON")
+    ap.add_argument("--json", default=None, help="write the results here")
+    args = ap.parse_args(argv)
+    args.workload = args.workload or ["shared-prefix"]
+    args.strategy = args.strategy or [*GATEWAY_STRATEGIES, "oracle"]
+    args.vllm_router_policy = args.vllm_router_policy or ["cache_aware", "round_robin"]
+    report = asyncio.run(_bench(args))
+    report["note"] = "shared 2-core machine; every process (replicas, gateway, client) competes"
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

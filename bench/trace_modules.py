@@ -1,0 +1,261 @@
+"""Which project modules does one streamed chat completion cross, with every feature on?
+
+Builds the gateway the way ``gateway serve`` does (:func:`gateway.assembly.assemble` and
+:func:`gateway.app.create_app`) with the audit log (SQLite), quotas (memory backend), the
+egress policy (routing and the policy-checked connector; the process guard stays off so the
+script can run inside a test) and telemetry (spans and metrics) on, in front of the vLLM
+simulator. One warm-up request loads everything lazily imported; then a ``sys.setprofile``
+hook on the event loop's thread records every Python function call during one streamed
+``POST /v1/chat/completions`` (from the ASGI call until the last body message is sent,
+including the audit writer's commit that the response waits for). The simulator runs in
+another thread and is not counted.
+
+Prints the modules in first-call order with their call counts, the number of switches between
+modules (consecutive calls in different modules), and exits 1 if more than ``--max`` modules
+were crossed.
+
+Usage::
+
+    .venv/bin/python bench/trace_modules.py [--max 15] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import socket
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import uvicorn  # noqa: E402
+
+from gateway.app import create_app  # noqa: E402
+from gateway.assembly import assemble  # noqa: E402
+from gateway.audit import Signer, generate_key_file, write_key_pair  # noqa: E402
+from gateway.settings import parse  # noqa: E402
+from vllm_sim import SimConfig  # noqa: E402
+from vllm_sim import create_app as create_sim  # noqa: E402
+
+PACKAGES = ("gateway", "policy", "weights", "airgap")
+KEY = "sg-trace-key"
+MODEL = "m"
+BODY = json.dumps({
+    "model": MODEL,
+    "messages": [{"role": "user", "content": "hello"}],
+    "stream": True,
+    "max_tokens": 8,
+}).encode()
+
+
+@dataclass
+class Trace:
+    """Calls seen by the profile hook, by project module."""
+
+    calls: dict[str, int] = field(default_factory=dict)
+    switches: int = 0
+    _last: str | None = None
+    _names: dict[str, str | None] = field(default_factory=dict)
+
+    def module_of(self, filename: str) -> str | None:
+        """The dotted project module of a source file, or ``None`` outside the packages."""
+        name = self._names.get(filename, "")
+        if name != "":
+            return name
+        module: str | None = None
+        path = Path(filename)
+        if path.suffix == ".py" and path.is_absolute():
+            try:
+                rel = path.relative_to(ROOT)
+            except ValueError:
+                rel = None
+            if rel is not None and rel.parts and rel.parts[0] in PACKAGES:
+                parts = list(rel.with_suffix("").parts)
+                if parts[-1] == "__init__":
+                    parts.pop()
+                module = ".".join(parts)
+        self._names[filename] = module
+        return module
+
+    def hook(self, frame: FrameType, event: str, arg: Any) -> None:
+        """``sys.setprofile`` callback: count Python calls into project modules."""
+        if event != "call":
+            return
+        module = self.module_of(frame.f_code.co_filename)
+        if module is None:
+            return
+        self.calls[module] = self.calls.get(module, 0) + 1
+        if module != self._last:
+            if self._last is not None:
+                self.switches += 1
+            self._last = module
+
+
+def _sim_server() -> tuple[uvicorn.Server, int]:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(create_sim(SimConfig(models=["served"])), log_level="warning",
+                            lifespan="on")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        if time.monotonic() > deadline:
+            raise RuntimeError("the simulator did not start within 20 s")
+        time.sleep(0.01)
+    return server, port
+
+
+def _config(tmp: Path, sim_port: int) -> dict[str, Any]:
+    key_file, _ = write_key_pair(Signer.generate(), tmp / "audit.key")
+    (tmp / "policy.yaml").write_text(
+        "version: 1\ndata_classes: [public]\n"
+        f"destinations:\n  - {{id: sim, host: 127.0.0.1, port: {sim_port}, region: local, "
+        "jurisdiction: EU, operator: acme}\n"
+        "rules:\n  - {id: public-anywhere, classes: [public]}\n"
+    )
+    return {
+        "listen": {"host": "127.0.0.1", "port": 0},
+        "models": [{"name": MODEL, "served_model_name": "served", "replicas": [
+            {"url": f"http://127.0.0.1:{sim_port}", "destination": "sim"}]}],
+        "keys": [{"id": "k", "sha256": hashlib.sha256(KEY.encode()).hexdigest(),
+                  "team": "t", "data_class": "public", "models": [MODEL]}],
+        "health": {"active": False},
+        "logging": {"access_log": False},
+        "policy": {"file": "policy.yaml", "guard": "off"},
+        "audit": {
+            "store": f"sqlite://{tmp / 'audit.db'}",
+            "signing_key_file": str(key_file),
+            "pseudonym_key_file": str(generate_key_file(tmp / "pseudonym.key")),
+            "replica_id": "trace",
+        },
+        "quotas": {"backend": "memory", "defaults": {"key": {"requests_per_minute": 1000}}},
+        "telemetry": {"admin": {"host": "127.0.0.1", "port": 0}},
+    }
+
+
+async def _request(app: Any, state: dict[str, Any]) -> tuple[int, bytes]:
+    """One streamed chat completion through the ASGI app; returns status and body."""
+    received = False
+    status = 0
+    body = bytearray()
+    done = asyncio.Event()
+
+    async def receive() -> dict[str, Any]:
+        nonlocal received
+        if not received:
+            received = True
+            return {"type": "http.request", "body": BODY, "more_body": False}
+        await done.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        nonlocal status
+        if message["type"] == "http.response.start":
+            status = message["status"]
+        elif message["type"] == "http.response.body":
+            body.extend(message.get("body", b""))
+            if not message.get("more_body", False):
+                done.set()
+
+    scope = {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+        "scheme": "http", "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions",
+        "query_string": b"", "root_path": "", "client": ("127.0.0.1", 50000),
+        "server": ("127.0.0.1", 8000), "state": dict(state),
+        "headers": [(b"host", b"gateway"), (b"authorization", f"Bearer {KEY}".encode()),
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(BODY)).encode())],
+    }
+    await app(scope, receive, send)
+    done.set()
+    return status, bytes(body)
+
+
+async def _lifespan(app: Any, state: dict[str, Any]) -> Callable[[], Any]:
+    """Run the app's lifespan startup; return a coroutine function that shuts it down."""
+    inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+    outbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+    task = asyncio.create_task(app({"type": "lifespan", "asgi": {"version": "3.0"},
+                                    "state": state}, inbox.get, outbox.put))
+    await inbox.put({"type": "lifespan.startup"})
+    message = await outbox.get()
+    if message["type"] != "lifespan.startup.complete":
+        raise RuntimeError(f"gateway start-up failed: {message}")
+
+    async def shutdown() -> None:
+        await inbox.put({"type": "lifespan.shutdown"})
+        await outbox.get()
+        await task
+
+    return shutdown
+
+
+async def trace_one_request(app: Any) -> Trace:
+    """Start the app, warm it up with one request, then trace one streamed request."""
+    state: dict[str, Any] = {}
+    shutdown = await _lifespan(app, state)
+    try:
+        status, body = await _request(app, state)  # warm-up: lazy imports, pools, caches
+        if status != 200 or b"data: [DONE]" not in body:
+            raise RuntimeError(f"warm-up request failed: {status} {body[:200]!r}")
+        trace = Trace()
+        sys.setprofile(trace.hook)
+        try:
+            status, body = await _request(app, state)
+        finally:
+            sys.setprofile(None)
+        if status != 200 or b"data: [DONE]" not in body:
+            raise RuntimeError(f"traced request failed: {status} {body[:200]!r}")
+        return trace
+    finally:
+        await shutdown()
+
+
+def run() -> Trace:
+    """Set up the simulator and the fully featured gateway, and trace one request."""
+    server, port = _sim_server()
+    try:
+        with tempfile.TemporaryDirectory(prefix="sg-trace-") as tmp:
+            settings = parse(_config(Path(tmp), port), {})
+            app = create_app(settings, assemble(settings, Path(tmp)))
+            return asyncio.run(trace_one_request(app))
+    finally:
+        server.should_exit = True
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print the crossed modules; exit 1 above ``--max``."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
+    parser.add_argument("--max", type=int, default=15, help="most modules allowed (15)")
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    args = parser.parse_args(argv)
+    trace = run()
+    modules = list(trace.calls)
+    if args.json:
+        print(json.dumps({"modules": trace.calls, "count": len(modules),
+                          "switches": trace.switches, "max": args.max}))
+    else:
+        print(f"{len(modules)} project modules crossed by one streamed chat completion "
+              f"(audit, quotas, policy, telemetry on); {trace.switches} switches:")
+        for module in modules:
+            print(f"  {module:40s} {trace.calls[module]:6d} calls")
+    return 0 if len(modules) <= args.max else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

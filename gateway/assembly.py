@@ -1,0 +1,242 @@
+"""The gateway assembled in one place: every component built once from the settings.
+
+:func:`assemble` is called by ``gateway serve`` (which then hands the result to
+:func:`gateway.app.create_app`) and by ``gateway check-config`` (which only reports it), so both
+validate the same sections in the same order. It builds, without opening any store or socket:
+
+* the authenticator (config keys, plus managed keys of ``keystore:``),
+* the egress policy's routing seam and policy-checked transport (``policy:``),
+* the audit observer (``audit:``), the quota hook (``quotas:``), the telemetry (``telemetry:``),
+* the router (replica pools) shared by the relay, the health prober and the metrics.
+
+The order in which a relayed request meets them is written down once, in
+:meth:`Gateway.stages` (the relay, :mod:`gateway.relay`, runs the stages in that order)::
+
+    authenticate -> classify -> route -> admit -> audit -> forward -> account
+
+Components talk through named hooks only (:mod:`gateway.records`): the audit log is handed to
+the quota hook and the egress policy as an event sink and to telemetry through its append
+listener API; nothing looks another component up by type or patches it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from aiohttp.client_middlewares import ClientMiddlewareType
+
+from gateway.auth import Authenticator, KeyRing
+from gateway.records import AdmissionHook, ObserverHooks, RequestObserver
+from gateway.routing import AllowAll, RoutePolicy, Router
+from gateway.settings import GatewaySettings
+
+if TYPE_CHECKING:
+    from gateway.audit.observer import AuditObserver
+    from gateway.egress import EgressRuntime
+    from gateway.quotas.hook import QuotaHook
+    from gateway.telemetry import Telemetry
+    from policy import Policy
+
+__all__ = ["STAGES", "Gateway", "assemble"]
+
+STAGES = ("authenticate", "classify", "route", "admit", "audit", "forward", "account")
+"""The request stages of a relayed request, in the order the relay runs them."""
+
+
+@dataclass(frozen=True, slots=True)
+class Gateway:
+    """The assembled components of one gateway (what ``create_app`` serves).
+
+    Attributes:
+        settings: The validated configuration.
+        router: Replica pools by model (shared by relay, health prober and metrics).
+        authenticator: API key -> principal.
+        route_policy: Per-request replica selection and data-class resolution (the egress
+            policy's ``PolicyRoutes``, or ``AllowAll``).
+        admission: Admission hooks, in call order (telemetry, quotas).
+        observers: Request observers, in call order (audit, telemetry, quotas).
+        connector_factory: Builds the upstream aiohttp connector (policy-checked with a
+            policy; ``None``: a plain pooled connector).
+        upstream_middlewares: aiohttp client middlewares, outermost first (telemetry client
+            spans, then ``policy_middleware``).
+        policy: The egress policy document, if configured.
+        egress: The process egress guard runtime (``gateway serve`` only).
+        audit: The audit observer, if ``audit:`` is enabled.
+        quotas: The quota hook, if ``quotas:`` is enabled.
+        telemetry: The telemetry, if ``telemetry:`` is enabled (or passed in).
+    """
+
+    settings: GatewaySettings
+    router: Router
+    authenticator: Authenticator
+    route_policy: RoutePolicy
+    admission: tuple[AdmissionHook, ...] = ()
+    observers: tuple[RequestObserver, ...] = ()
+    connector_factory: Callable[[], Any] | None = None
+    upstream_middlewares: tuple[ClientMiddlewareType, ...] = ()
+    policy: Policy | None = None
+    egress: EgressRuntime | None = None
+    audit: AuditObserver | None = None
+    quotas: QuotaHook | None = None
+    telemetry: Telemetry | None = None
+    hooks: ObserverHooks = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "hooks", ObserverHooks.of(self.observers, self.admission))
+
+    @classmethod
+    def of(
+        cls,
+        settings: GatewaySettings,
+        *,
+        router: Router | None = None,
+        authenticator: Authenticator | None = None,
+        route_policy: RoutePolicy | None = None,
+        admission: Sequence[AdmissionHook] = (),
+        observers: Sequence[RequestObserver] = (),
+        connector_factory: Callable[[], Any] | None = None,
+        upstream_middlewares: Sequence[ClientMiddlewareType] = (),
+    ) -> Gateway:
+        """A gateway put together by hand (tests, embedding): defaults for what is not given.
+
+        Defaults: the router of ``settings``, its config keys, every replica allowed, no hooks.
+        """
+        return cls(
+            settings=settings,
+            router=router or Router(settings),
+            authenticator=authenticator or KeyRing(settings.keys),
+            route_policy=route_policy or AllowAll(),
+            admission=tuple(admission),
+            observers=tuple(observers),
+            connector_factory=connector_factory,
+            upstream_middlewares=tuple(upstream_middlewares),
+        )
+
+    def stages(self) -> list[tuple[str, tuple[object, ...]]]:
+        """The request stages in order, each with the components that act in it.
+
+        ``authenticate`` (401), ``classify`` (data class from the classification header, by
+        grant: 403), ``route`` (model -> pool -> replicas the policy allows: 403/404),
+        ``admit`` (admission hooks: 429), ``audit`` (observers' ``on_start``; the audit log
+        makes ``request.started`` durable before a byte goes upstream: 503), ``forward``
+        (upstream session: connector and client middlewares), ``account`` (observers'
+        ``on_end``: completion record, quota settlement, spans and metrics).
+        """
+        transport: tuple[object, ...] = (
+            *((self.connector_factory,) if self.connector_factory else ()),
+            *self.upstream_middlewares,
+        )
+        stages = [
+            ("authenticate", (self.authenticator,)),
+            ("classify", (self.route_policy,)),
+            ("route", (self.router, self.route_policy)),
+            ("admit", self.admission),
+            ("audit", self.observers),
+            ("forward", transport),
+            ("account", self.observers),
+        ]
+        assert tuple(name for name, _ in stages) == STAGES
+        return stages
+
+    def lifespan_components(self) -> tuple[object, ...]:
+        """Components whose ``startup()``/``shutdown()`` the app lifespan awaits, in order.
+
+        The authenticator first (managed keys), then the observers and admission hooks (the
+        audit log before the others, so they can record), the route policy last (it records
+        ``policy.loaded``). Each component appears once.
+        """
+        seen: list[object] = []
+        for component in (self.authenticator, *self.observers, *self.admission,
+                          self.route_policy):
+            if not any(component is other for other in seen):
+                seen.append(component)
+        return tuple(seen)
+
+
+def assemble(
+    settings: GatewaySettings,
+    base: Path | None = None,
+    *,
+    egress: EgressRuntime | None = None,
+    telemetry: Telemetry | None = None,
+) -> Gateway:
+    """Build every component of the gateway from ``settings`` (no store or socket is opened).
+
+    Sections are checked in this order, the first problem raised: ``policy`` (and each
+    replica's destination), ``keystore``, ``telemetry``, TLS files, ``audit``, ``quotas``.
+
+    Args:
+        settings: The validated configuration.
+        base: Directory of the config file (relative ``policy.file``).
+        egress: The started process guard (``gateway serve``: :func:`gateway.egress.
+            start_egress`); without it the policy is only loaded and checked.
+        telemetry: Use this telemetry instead of the one of ``settings.telemetry`` (tests:
+            one with an in-memory span exporter).
+
+    Returns:
+        The assembled gateway.
+
+    Raises:
+        ConfigError: The first invalid section, naming the key.
+    """
+    from gateway.audit.observer import checked_build
+    from gateway.egress import load_policy, wire_egress
+    from gateway.quotas.wiring import build_authenticator, build_quota_hook
+    from gateway.telemetry import Telemetry, check_telemetry
+    from gateway.tls_files import check_tls_files
+    from policy import EgressMatcher
+
+    policy = egress.policy if egress is not None else load_policy(settings, base)
+    authenticator = build_authenticator(settings)
+    telemetry_settings = check_telemetry(settings, policy)
+    check_tls_files(settings)
+    audit = checked_build(settings)  # reads the key files; the store opens in the lifespan
+    quotas = build_quota_hook(settings, on_event=audit.record_event if audit is not None else None)
+
+    router = Router(settings)
+    if telemetry is None and telemetry_settings is not None:
+        telemetry = Telemetry(
+            telemetry_settings,
+            policy=policy,
+            egress_counts=egress.events.snapshot if egress is not None else None,
+        )
+    route_policy: RoutePolicy = AllowAll()
+    connector_factory = None
+    middlewares: list[ClientMiddlewareType] = []
+    if telemetry is not None:
+        telemetry.bind(router)
+        if audit is not None:
+            telemetry.watch_audit(audit.log)
+        middlewares.append(telemetry.tracer.middleware)  # outermost: client spans
+    if policy is not None:
+        wiring = wire_egress(
+            settings,
+            router,
+            policy,
+            egress.matcher if egress is not None else EgressMatcher(policy),
+            events=egress.events if egress is not None else None,
+            audit=audit.record_event if audit is not None else None,
+            mode=egress.mode if egress is not None else "off",
+        )
+        route_policy = wiring.routes
+        connector_factory = wiring.connector_factory
+        middlewares.append(wiring.middleware)
+
+    return Gateway(
+        settings=settings,
+        router=router,
+        authenticator=authenticator,
+        route_policy=route_policy,
+        admission=tuple(h for h in (telemetry, quotas) if h is not None),
+        observers=tuple(o for o in (audit, telemetry, quotas) if o is not None),
+        connector_factory=connector_factory,
+        upstream_middlewares=tuple(middlewares),
+        policy=policy,
+        egress=egress,
+        audit=audit,
+        quotas=quotas,
+        telemetry=telemetry,
+    )

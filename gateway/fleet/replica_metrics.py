@@ -1,0 +1,272 @@
+"""Backend load signals: scrape each replica's vLLM ``/metrics`` and parse vLLM's metric names.
+
+Parsed (Prometheus text format 0.0.4; samples summed over label sets, e.g. several engines):
+
+* waiting: ``vllm:num_requests_waiting``; running: ``vllm:num_requests_running``;
+* KV usage (0..1): ``vllm:kv_cache_usage_perc`` (older: ``vllm:gpu_cache_usage_perc``);
+* prefix-cache hits and queries (tokens): ``vllm:prefix_cache_hits_total``,
+  ``vllm:prefix_cache_queries_total`` (older: ``vllm:gpu_prefix_cache_hits_total``,
+  ``vllm:gpu_prefix_cache_queries_total``);
+* KV capacity: labels ``num_gpu_blocks`` and ``block_size`` of ``vllm:cache_config_info``.
+
+(Source: ``vllm/v1/metrics/loggers.py``, ``PrometheusStatLogger``; counters are declared without
+``_total``, which ``prometheus_client`` appends on the wire.) KV usage is averaged, not summed.
+
+:class:`MetricsScraper` follows :class:`gateway.health.HealthProber`: one background task on the
+app's upstream session (so the egress policy checks every connection), one request per distinct
+replica URL per round, results stored on :attr:`gateway.routing.Replica.signals`. A failed or
+slow scrape only leaves the previous figures to go stale; it never touches a request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import time
+from dataclasses import dataclass
+from ssl import SSLContext
+from typing import TYPE_CHECKING
+
+import aiohttp
+
+from gateway.fleet.settings import RoutingSettings
+
+if TYPE_CHECKING:
+    from gateway.routing import Replica, Router
+
+__all__ = ["MetricsScraper", "ReplicaSignals", "parse_metrics"]
+
+_log = logging.getLogger(__name__)
+
+_SAMPLE = re.compile(r"^(vllm:[a-zA-Z0-9_:]+)(\{[^}]*\})?\s+(\S+)")
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+_NAMES = {
+    "vllm:num_requests_waiting": "waiting",
+    "vllm:num_requests_running": "running",
+    "vllm:kv_cache_usage_perc": "kv",
+    "vllm:gpu_cache_usage_perc": "kv",
+    "vllm:prefix_cache_hits_total": "hits",
+    "vllm:gpu_prefix_cache_hits_total": "hits",
+    "vllm:prefix_cache_queries_total": "queries",
+    "vllm:gpu_prefix_cache_queries_total": "queries",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaSignals:
+    """One scrape of one replica.
+
+    Attributes:
+        at: Monotonic time of the scrape, seconds.
+        waiting: Requests in the replica's waiting queue (``None`` if not reported).
+        running: Requests in its running batch.
+        kv_usage: KV-cache usage, 0..1.
+        prefix_hits: Prefix-cache hits counter, tokens.
+        prefix_queries: Prefix-cache queries counter, tokens.
+        num_gpu_blocks: KV-cache blocks (``vllm:cache_config_info``).
+        block_size: Tokens per block.
+    """
+
+    at: float
+    waiting: float | None = None
+    running: float | None = None
+    kv_usage: float | None = None
+    prefix_hits: float | None = None
+    prefix_queries: float | None = None
+    num_gpu_blocks: int | None = None
+    block_size: int | None = None
+
+    @property
+    def kv_tokens(self) -> int | None:
+        """KV capacity in tokens, when ``vllm:cache_config_info`` gave it."""
+        if self.num_gpu_blocks is None or self.block_size is None:
+            return None
+        return self.num_gpu_blocks * self.block_size
+
+
+def parse_metrics(text: str, at: float) -> ReplicaSignals:
+    """Parse a vLLM ``/metrics`` page (names in the module docstring; others are ignored).
+
+    A sample whose value is not a number is skipped; a page without any vLLM sample gives a
+    signals object whose fields are all ``None``.
+    """
+    sums: dict[str, float] = {}
+    kv: list[float] = []
+    blocks: int | None = None
+    block_size: int | None = None
+    for line in text.splitlines():
+        if not line.startswith("vllm:"):
+            continue
+        m = _SAMPLE.match(line)
+        if m is None:
+            continue
+        name, labels = m.group(1), m.group(2)
+        if name == "vllm:cache_config_info" and labels:
+            found = dict(_LABEL.findall(labels))
+            with contextlib.suppress(KeyError, ValueError):
+                blocks = (blocks or 0) + int(found["num_gpu_blocks"])
+                block_size = int(found["block_size"])
+            continue
+        key = _NAMES.get(name)
+        if key is None:
+            continue
+        try:
+            value = float(m.group(3))
+        except ValueError:
+            continue
+        if value != value:  # NaN
+            continue
+        if key == "kv":
+            kv.append(value)
+        else:
+            sums[key] = sums.get(key, 0.0) + value
+    return ReplicaSignals(
+        at=at,
+        waiting=sums.get("waiting"),
+        running=sums.get("running"),
+        kv_usage=sum(kv) / len(kv) if kv else None,
+        prefix_hits=sums.get("hits"),
+        prefix_queries=sums.get("queries"),
+        num_gpu_blocks=blocks,
+        block_size=block_size,
+    )
+
+
+async def scrape(
+    session: aiohttp.ClientSession,
+    replica: Replica,
+    settings: RoutingSettings,
+    ssl: SSLContext | bool = True,
+) -> ReplicaSignals | None:
+    """Scrape one replica once; ``None`` when it does not answer 200 in time."""
+    headers = {"accept": "text/plain"}
+    if replica.api_key:
+        headers["authorization"] = f"Bearer {replica.api_key}"
+    try:
+        async with asyncio.timeout(settings.metrics_timeout_s):
+            async with session.get(
+                replica.url + settings.metrics_path, headers=headers, allow_redirects=False,
+                ssl=ssl,
+            ) as resp:
+                if resp.status != 200:
+                    await resp.read()
+                    return None
+                text = await resp.text(errors="replace")
+    except (aiohttp.ClientError, OSError, TimeoutError, UnicodeError):
+        return None
+    return parse_metrics(text, time.monotonic())
+
+
+class MetricsScraper:
+    """Scrapes the replicas of ``prefix_affinity`` pools every ``metrics_interval_s`` seconds.
+
+    Args:
+        router: Pools whose replicas are scraped (only pools whose strategy needs signals).
+        session: The app's upstream session (policy-checked connector and middlewares).
+        settings: The ``routing`` section.
+        ssl: ``ssl`` argument for ``https://`` replicas.
+    """
+
+    def __init__(
+        self,
+        router: Router,
+        session: aiohttp.ClientSession,
+        settings: RoutingSettings,
+        ssl: SSLContext | bool = True,
+    ) -> None:
+        self._router = router
+        self._session = session
+        self._settings = settings
+        self._ssl = ssl
+        self._task: asyncio.Task[None] | None = None
+        self.rounds = 0
+
+    def replicas(self) -> list[Replica]:
+        """The vLLM replicas whose pool uses a strategy that reads signals.
+
+        ``litellm`` replicas are never scraped: their URL is a provider's API, which has no
+        vLLM metrics and must not be contacted for anything but requests.
+        """
+        return [
+            r
+            for pool in self._router.pools.values()
+            if pool.wants_signals
+            for r in pool.replicas
+            if r.kind == "vllm"
+        ]
+
+    @property
+    def needed(self) -> bool:
+        """True when scraping is on and some pool uses the signals."""
+        return self._settings.metrics and bool(self.replicas())
+
+    async def run_once(self) -> None:
+        """Scrape every distinct replica URL once, concurrently, and store the signals."""
+        by_url: dict[str, list[Replica]] = {}
+        for r in self.replicas():
+            by_url.setdefault(r.url, []).append(r)
+        firsts = [group[0] for group in by_url.values()]
+        results = await asyncio.gather(
+            *(scrape(self._session, r, self._settings, self._ssl) for r in firsts)
+        )
+        for group, signals in zip(by_url.values(), results, strict=True):
+            if signals is None:
+                continue
+            for r in group:
+                r.observe(signals)
+        self.rounds += 1
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                await self.run_once()
+            except Exception:
+                _log.exception("replica metrics round failed")
+            await asyncio.sleep(self._settings.metrics_interval_s)
+
+    def start(self) -> None:
+        """Start the background loop (inside the running event loop)."""
+        self._task = asyncio.get_running_loop().create_task(self._loop())
+
+    async def stop(self) -> None:
+        """Stop the loop and wait for it."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+
+SIGNAL_FIELDS: tuple[tuple[str, str, str], ...] = (
+    ("waiting", "{request}", "Requests in the replica's waiting queue (last vLLM scrape)"),
+    ("running", "{request}", "Requests in the replica's running batch (last vLLM scrape)"),
+    ("kv_usage", "1", "KV-cache usage of the replica, 0..1 (last vLLM scrape)"),
+    ("signals_age", "s", "Age of the replica's last successful metrics scrape"),
+    ("index_blocks", "{block}", "Prefix-index blocks held for the replica"),
+)
+"""Per-replica signals exported on the admin port (field, unit, description)."""
+
+
+def signal_rows(router: Router, now: float) -> list[tuple[Replica, dict[str, float | None]]]:
+    """The current signals of every replica of a ``prefix_affinity`` pool (admin view).
+
+    Returns:
+        ``(replica, {field: value or None})`` with the fields of :data:`SIGNAL_FIELDS`.
+    """
+    rows: list[tuple[Replica, dict[str, float | None]]] = []
+    for pool in router.pools.values():
+        affinity = pool.affinity
+        if affinity is None:
+            continue
+        for r in pool.replicas:
+            sig = r.signals
+            rows.append((r, {
+                "waiting": sig.waiting if sig else None,
+                "running": sig.running if sig else None,
+                "kv_usage": sig.kv_usage if sig else None,
+                "signals_age": now - sig.at if sig else None,
+                "index_blocks": float(affinity.index.size(r.index)),
+            }))
+    return rows

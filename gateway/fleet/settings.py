@@ -1,0 +1,85 @@
+"""The ``routing:`` section of the gateway config (fleet-aware routing, ``prefix_affinity``).
+
+Example::
+
+    routing:
+      metrics_interval_s: 0.5      # scrape every replica's vLLM /metrics this often
+      block_chars: 128             # prefix index: characters per block (no tokenizer)
+      session_affinity: true       # keep x-session-id / body "user" on one replica
+      weights: {prefix: 1.0, load: 0.5, kv: 0.25}
+
+Every field has a default that works; the section may be left out.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = ["RoutingSettings", "RoutingWeights"]
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class RoutingWeights(_Frozen):
+    """Weights of the ``prefix_affinity`` score (see :mod:`gateway.fleet.scoring`).
+
+    Attributes:
+        prefix: Weight of the matched prefix fraction (0..1).
+        load: Weight of the replica's load relative to the fleet mean, ``load / (1 + mean)``.
+        kv: Weight of the replica's KV-cache usage (0..1).
+    """
+
+    prefix: float = Field(default=1.0, ge=0, allow_inf_nan=False)
+    load: float = Field(default=0.5, ge=0, allow_inf_nan=False)
+    kv: float = Field(default=0.25, ge=0, allow_inf_nan=False)
+
+
+class RoutingSettings(_Frozen):
+    """Signals and weights of fleet-aware routing.
+
+    Attributes:
+        metrics: Scrape the replicas' ``/metrics`` (only when a model uses ``prefix_affinity``).
+        metrics_interval_s: Seconds between two scrapes of a replica.
+        metrics_timeout_s: Timeout of one scrape, seconds.
+        metrics_stale_s: Scraped figures older than this (seconds) are ignored; the gateway's
+            own in-flight count is used instead.
+        metrics_path: Path of the metrics endpoint.
+        block_chars: Characters per prefix-index block (when no tokenizer is configured).
+        tokenizer_file: A Hugging Face ``tokenizer.json``: index blocks of ``block_tokens``
+            tokens instead of characters (needs the ``tokenizers`` package).
+        block_tokens: Tokens per block with a tokenizer (vLLM's block size: 16).
+        chars_per_token: Characters per token assumed to size the index from a replica's KV
+            capacity (``vllm:cache_config_info``) when blocks are characters.
+        index_blocks: Index entries per replica when the replica's KV capacity is unknown.
+        max_prompt_chars: Only the first this many characters of a prompt are indexed.
+        session_affinity: Route requests with an ``x-session-id`` header or a body ``user``
+            by consistent hashing (under ``session_load_factor``) instead of by prefix.
+        session_load_factor: A replica takes a session only while its load is at most this
+            factor times the mean load plus one (consistent hashing with bounded loads).
+        imbalance_abs: Imbalance guard: when the best-scored replica carries this many more
+            requests than the least loaded one ...
+        imbalance_ratio: ... and more than this factor times (its load + 1), the least loaded
+            replica is chosen.
+        weights: Score weights.
+    """
+
+    metrics: bool = True
+    metrics_interval_s: float = Field(default=0.5, gt=0, allow_inf_nan=False)
+    metrics_timeout_s: float = Field(default=1.0, gt=0, allow_inf_nan=False)
+    metrics_stale_s: float = Field(default=2.0, gt=0, allow_inf_nan=False)
+    metrics_path: str = "/metrics"
+    block_chars: int = Field(default=128, ge=8, le=65536)
+    tokenizer_file: Path | None = None
+    block_tokens: int = Field(default=16, ge=1, le=4096)
+    chars_per_token: float = Field(default=4.0, gt=0, allow_inf_nan=False)
+    index_blocks: int = Field(default=20_000, ge=1)
+    max_prompt_chars: int = Field(default=1_000_000, ge=1)
+    session_affinity: bool = False
+    session_load_factor: float = Field(default=1.25, ge=1.0, allow_inf_nan=False)
+    imbalance_abs: int = Field(default=8, ge=1)
+    imbalance_ratio: float = Field(default=2.0, ge=1.0, allow_inf_nan=False)
+    weights: RoutingWeights = Field(default_factory=RoutingWeights)

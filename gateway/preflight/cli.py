@@ -1,0 +1,134 @@
+"""``gateway preflight``: run the sovereignty checks; ``gateway preflight verify DIR``.
+
+``gateway preflight [inputs] [--out DIR --sign-key KEY] [--json]`` exits 0 (every required
+check passed or was skipped), 1 (a required check failed), 2 (could not run: an input given
+cannot be read). ``gateway preflight verify DIR --key PUB [--json]`` exits 0 (signature and
+every file verify), 1 (verification failed), 2 (not a pack, unreadable key).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from gateway.preflight.errors import PreflightError
+from gateway.preflight.inputs import REGION_LABEL, Criteria, Inputs
+
+__all__ = ["app"]
+
+app = typer.Typer(help="Sovereignty pre-flight: prove 'in region, nothing leaves'.",
+                  no_args_is_help=False, pretty_exceptions_enable=False)
+
+_Opt = typer.Option
+PathOpt = Annotated[Path | None, _Opt(dir_okay=False)]
+
+
+def _default_helm() -> Path | None:
+    local = Path(".tools/bin/helm")
+    if local.is_file():
+        return local
+    found = shutil.which("helm")
+    return Path(found) if found else None
+
+
+@app.callback(invoke_without_command=True)
+def preflight(
+    ctx: typer.Context,
+    config: Annotated[Path | None, _Opt("--config", "-c", help="Gateway config file.")] = None,
+    policy: Annotated[Path | None, _Opt(help="Egress policy (default: the config's).")] = None,
+    values: Annotated[list[Path] | None, _Opt("--values", "-f", help="Helm values file "
+                                              "(repeatable; rendered with helm template).")]
+    = None,
+    chart: Annotated[Path, _Opt(help="Chart directory.")] = Path("helm/sovereign-gateway"),
+    helm: Annotated[Path | None, _Opt(help="helm binary (default: .tools/bin/helm if present, "
+                                     "else helm on PATH).")] = None,
+    manifests: Annotated[Path | None, _Opt(help="Rendered manifests (instead of values).")]
+    = None,
+    release: Annotated[str, _Opt(help="Helm release name.")] = "sg",
+    namespace: Annotated[str, _Opt("--namespace", "-n", help="Release namespace.")] = "default",
+    admin_url: Annotated[str | None, _Opt(help="Admin port of a running gateway "
+                                          "(http://host:9090).")] = None,
+    kubeconfig: Annotated[Path | None, _Opt(help="Kubeconfig (read-only API use).")] = None,
+    kube_context: Annotated[str | None, _Opt(help="Kubeconfig context.")] = None,
+    region: Annotated[list[str] | None, _Opt(help="Allowed region (repeatable).")] = None,
+    jurisdiction: Annotated[list[str] | None, _Opt(help="Allowed jurisdiction (repeatable; "
+                                                   "default EU).")] = None,
+    registry: Annotated[list[str] | None, _Opt(help="In-region image registry prefix "
+                                               "(repeatable).")] = None,
+    retention_days: Annotated[int | None, _Opt(help="Declared audit log retention, days.")]
+    = None,
+    region_label: Annotated[str, _Opt(help="Node label carrying the region.")] = REGION_LABEL,
+    audit_public_key: Annotated[Path | None, _Opt(help="Audit log verifier key.")] = None,
+    lockfile: Annotated[Path | None, _Opt(help="weights.lock.")] = None,
+    weights_dir: Annotated[Path | None, _Opt("--weights", help="Weights in use (directory or "
+                                             "HF cache).")] = None,
+    weights_signature: Annotated[Path | None, _Opt(help="model_signing signature.")] = None,
+    weights_public_key: Annotated[Path | None, _Opt(help="Public key of that signature.")]
+    = None,
+    out: Annotated[Path | None, _Opt(help="Write the signed evidence pack here.")] = None,
+    sign_key: Annotated[Path | None, _Opt(help="Operator's Ed25519 private key (PEM) for "
+                                          "--out.")] = None,
+    as_json: Annotated[bool, _Opt("--json", help="Print the report as JSON.")] = False,
+) -> None:
+    """Run the pre-flight checks (inputs optional; checks without their input are skipped)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    # Imported here so that the other `gateway` commands start fast.
+    from gateway.preflight.checks import run_preflight
+    from gateway.preflight.evidence import write_pack
+
+    if out is not None and sign_key is None:
+        raise typer.BadParameter("--out needs --sign-key", param_hint="--sign-key")
+    inputs = Inputs(
+        config=config, policy=policy, values=tuple(values or ()),
+        chart=chart if values else None, manifests=manifests,
+        helm=(helm or _default_helm()) if values else None, release=release,
+        namespace=namespace,
+        admin_url=admin_url, kubeconfig=kubeconfig, kube_context=kube_context,
+        audit_public_key=audit_public_key, lockfile=lockfile, weights_dir=weights_dir,
+        weights_signature=weights_signature, weights_public_key=weights_public_key)
+    criteria = Criteria(regions=tuple(region or ()), jurisdictions=tuple(jurisdiction or ("EU",)),
+                        registries=tuple(registry or ()), retention_days=retention_days,
+                        region_label=region_label)
+    report, facts = run_preflight(inputs, criteria)
+    if out is not None and sign_key is not None:
+        write_pack(out, report, facts, sign_key)
+    if as_json:
+        typer.echo(json.dumps(report.to_json(), indent=2, sort_keys=True))
+    else:
+        for c in report.checks:
+            typer.echo(f"{c.status.upper():4}  {c.id:24} {c.verdict}")
+        counts = report.counts()
+        typer.echo(f"{'FAIL' if report.exit_code else 'PASS'}: {counts['pass']} passed, "
+                   f"{counts['fail']} failed, {counts['skip']} skipped"
+                   + (f"; evidence pack {out}" if out is not None else ""))
+    raise typer.Exit(report.exit_code)
+
+
+@app.command("verify")
+def verify(
+    directory: Annotated[Path, typer.Argument(help="Evidence pack directory.")],
+    key: Annotated[Path, _Opt("--key", help="Operator's Ed25519 public key (PEM) you trust.")],
+    as_json: Annotated[bool, _Opt("--json", help="Print the result as JSON.")] = False,
+) -> None:
+    """Verify an evidence pack offline (signature, then every file's digest)."""
+    from gateway.preflight.evidence import verify_pack
+
+    try:
+        result = verify_pack(directory, key)
+    except PreflightError as exc:
+        typer.echo(f"gateway: error [{exc.code}]: {exc.message}", err=True)
+        raise typer.Exit(2) from exc
+    if as_json:
+        typer.echo(json.dumps(result.to_json(), indent=2, sort_keys=True))
+    else:
+        typer.echo(f"signature: {result.signature}")
+        for p in result.problems:
+            typer.echo(f"  {p}")
+        typer.echo(f"{'OK' if result.ok else 'FAILED'}: {len(result.subjects)} files in "
+                   f"{directory}")
+    raise typer.Exit(0 if result.ok else 1)

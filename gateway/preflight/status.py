@@ -1,0 +1,102 @@
+"""What a running gateway reports on its admin port (``GET /status``) for ``gateway preflight``.
+
+:func:`gateway_status` returns the status source :meth:`AdminServer.set_status
+<gateway.telemetry.admin.AdminServer.set_status>` serves. The document (schema
+``sovereign-gateway/status/v1``)::
+
+    {"schema", "config_revision": "sha256:<hex>",
+     "policy": {"revision", "source", "unsafe_allow_all"} | null,
+     "guard": {"mode": "enforce"|"monitor"|"off", "installed": bool,
+               "self_test": "passed"|"not_run"},
+     "audit": {"enabled", "store", "state": "ok"|"unavailable", "error", "heartbeat_s",
+               "chains", "last_checkpoint": {"chain", "size", "ts_us", "note"} | null},
+     "loop": "<module>.<class> of the serving event loop"}      # added by the admin server
+
+``config_revision`` is the digest the audit log's ``config.loaded`` record carries (SHA-256 of
+the validated settings' JSON). ``self_test: passed`` means :func:`policy.start_guard` returned a
+guard: the gateway refuses to start when the self-test fails. Nothing secret is reported: the
+store URL is shown without credentials and the checkpoint note is public by design.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from gateway.audit.observer import config_digest
+
+if TYPE_CHECKING:
+    from gateway.egress import EgressRuntime
+    from gateway.settings import GatewaySettings
+    from gateway.telemetry.admin import StatusSource
+
+__all__ = ["STATUS_SCHEMA", "audit_state", "gateway_status"]
+
+STATUS_SCHEMA = "sovereign-gateway/status/v1"
+
+
+async def audit_state(section: Any) -> dict[str, Any]:
+    """Open the audit store read-only and describe it and its newest checkpoint.
+
+    Args:
+        section: The ``audit:`` section (mapping or ``AuditSettings``), or ``None``.
+
+    Returns:
+        ``{"enabled": False}`` without an enabled section, else the ``audit`` object of the
+        module docstring; a store that cannot be read gives ``state: "unavailable"`` and the
+        error (never raises for store problems).
+    """
+    from gateway.audit import AuditError, AuditSettings, open_store
+
+    if section is None:
+        return {"enabled": False}
+    settings = section if isinstance(section, AuditSettings) else AuditSettings.model_validate(
+        dict(section))
+    if not settings.enabled:
+        return {"enabled": False}
+    out: dict[str, Any] = {"enabled": True, "heartbeat_s": settings.heartbeat_s,
+                           "replica": settings.replica_id, "store": None, "chains": 0,
+                           "last_checkpoint": None, "state": "ok", "error": None}
+    try:
+        store = open_store(settings.store_url(), read_only=True, timeout_s=2.0)
+        out["store"] = store.display_url
+        await store.open()
+        try:
+            chains = [c for c in await store.list_chains() if c.replica == settings.replica_id]
+            out["chains"] = len(chains)
+            newest = None
+            for chain in chains:
+                for cp in await store.checkpoints(chain.chain):
+                    if newest is None or cp.ts_us > newest.ts_us:
+                        newest = cp
+            if newest is not None:
+                out["last_checkpoint"] = {"chain": newest.chain, "size": newest.size,
+                                          "ts_us": newest.ts_us, "note": newest.note}
+        finally:
+            await store.close()
+    except AuditError as exc:
+        out["state"], out["error"] = "unavailable", str(exc)
+    return out
+
+
+def gateway_status(settings: GatewaySettings, egress: EgressRuntime | None) -> StatusSource:
+    """Return the ``/status`` source of one gateway process.
+
+    Args:
+        settings: The validated settings the process runs with.
+        egress: From :func:`gateway.egress.start_egress` (``None`` without a policy).
+    """
+    revision = "sha256:" + config_digest(settings.model_dump_json())
+
+    async def status() -> dict[str, Any]:
+        policy = None
+        guard: dict[str, Any] = {"mode": "off", "installed": False, "self_test": "not_run"}
+        if egress is not None:
+            policy = {"revision": egress.policy.revision, "source": egress.policy.source,
+                      "unsafe_allow_all": egress.policy.unsafe_allow_all}
+            installed = egress.guard is not None and egress.guard.installed
+            guard = {"mode": egress.mode, "installed": installed,
+                     "self_test": "passed" if egress.guard is not None else "not_run"}
+        return {"schema": STATUS_SCHEMA, "config_revision": revision, "policy": policy,
+                "guard": guard, "audit": await audit_state(settings.audit)}
+
+    return status

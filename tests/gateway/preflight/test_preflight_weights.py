@@ -1,0 +1,73 @@
+"""Weights check: the weights in use match the lockfile and a verified model_signing signature."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+
+from gateway.preflight import Criteria, Inputs, run_preflight
+from weights import LockedFile, LockEntry, Lockfile, git_blob_sha1, sha256_file
+from weights.signing import sign_model
+
+COMMIT = "0e9e39f249a16976918f6564b8830bc894c89659"
+
+
+@pytest.fixture
+def signed_model(tmp_path: Path) -> Inputs:
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"architectures": ["LlamaForCausalLM"]}\n')
+    (model / "model.safetensors").write_bytes(bytes(range(256)) * 64)
+    files = [LockedFile(p.name, p.stat().st_size, sha256_file(p), git_blob_sha1(p),
+                        p.suffix == ".safetensors") for p in sorted(model.iterdir())]
+    lock = tmp_path / "weights.lock"
+    Lockfile((LockEntry("acme/tiny", "main", COMMIT, tuple(files)),)).save(lock)
+    key = ec.generate_private_key(ec.SECP256R1())
+    priv, pub = tmp_path / "ec.pem", tmp_path / "ec.pub.pem"
+    priv.write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                       serialization.PrivateFormat.PKCS8,
+                                       serialization.NoEncryption()))
+    pub.write_bytes(key.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+    sig = tmp_path / "model.sig"
+    sign_model(model, priv, sig)
+    return Inputs(lockfile=lock, weights_dir=model, weights_signature=sig,
+                  weights_public_key=pub)
+
+
+def _weights(inputs: Inputs) -> tuple[str, str]:
+    report, _ = run_preflight(inputs, Criteria())
+    check = next(c for c in report.checks if c.id == "weights.locked-signed")
+    return check.status, check.verdict
+
+
+def test_locked_and_signed_weights_pass(signed_model: Inputs) -> None:
+    assert _weights(signed_model) == (
+        "pass", "1 models match the lockfile and a verified signature")
+
+
+def test_changed_weight_file_fails(signed_model: Inputs) -> None:
+    assert signed_model.weights_dir is not None
+    shard = signed_model.weights_dir / "model.safetensors"
+    shard.write_bytes(b"\xff" + shard.read_bytes()[1:])  # same size, one byte changed
+    assert _weights(signed_model) == (
+        "fail", "acme/tiny: differs from the lockfile (1 changed, 0 missing, 0 extra)")
+
+
+def test_unsigned_weights_fail(signed_model: Inputs) -> None:
+    unsigned = Inputs(lockfile=signed_model.lockfile, weights_dir=signed_model.weights_dir)
+    status, verdict = _weights(unsigned)
+    assert status == "fail" and verdict.startswith("acme/tiny: no signature checked")
+
+
+def test_signature_by_another_key_fails(signed_model: Inputs, tmp_path: Path) -> None:
+    other = tmp_path / "other.pub.pem"
+    other.write_bytes(ec.generate_private_key(ec.SECP256R1()).public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+    inputs = Inputs(lockfile=signed_model.lockfile, weights_dir=signed_model.weights_dir,
+                    weights_signature=signed_model.weights_signature, weights_public_key=other)
+    status, verdict = _weights(inputs)
+    assert status == "fail" and "signature does not verify" in verdict

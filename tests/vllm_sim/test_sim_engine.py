@@ -1,0 +1,152 @@
+"""The engine model (``SimConfig.profile``): prefix caching, the waiting queue, pacing, metrics."""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from vllm_sim import SimConfig, create_app
+from vllm_sim.engine import BlockCache, block_hashes
+from vllm_sim.profiles import PROFILES, ProfileError, load_profile
+
+
+def _metric(page: str, name: str) -> float:
+    match = re.search(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", page, re.M)
+    assert match, f"{name} not on the metrics page"
+    return float(match.group(1))
+
+
+def _chat(system: str, question: str, history: list[dict[str, str]] | None = None) -> Any:
+    messages = [{"role": "system", "content": system}, *(history or [])]
+    messages.append({"role": "user", "content": question})
+    return {"model": "sim-model", "messages": messages, "max_tokens": 8}
+
+
+def _words(n: int, seed: str) -> str:
+    return " ".join(f"{seed}{i}" for i in range(n))
+
+
+def test_block_hashes_chain_so_a_block_stands_for_its_prefix() -> None:
+    a = block_hashes([f"t{i}" for i in range(40)], 16)
+    b = block_hashes(["x"] + [f"t{i}" for i in range(1, 40)], 16)
+    assert len(a) == 2  # the 8-token tail is not a full block
+    assert a[0] != b[0] and a[1] != b[1]  # same tokens 16..31, different prefix
+    assert block_hashes([f"t{i}" for i in range(33)], 16) == a
+
+
+def test_block_cache_evicts_least_recent_unreferenced_blocks_only() -> None:
+    cache = BlockCache(4)
+    assert cache.acquire([], 2)
+    held = cache.promote([11, 12])
+    cache.release(held, 0)  # blocks 11, 12 cached, unreferenced
+    assert cache.cached_prefix([11, 12]) == 2 and cache.free == 4
+    assert cache.acquire([11], 1)  # reuse 11 (referenced again), allocate 1 anonymous
+    assert cache.used == 2
+    assert cache.acquire([], 2)  # needs 2: one never-used block plus evicting LRU block 12
+    assert cache.cached_prefix([11]) == 1 and cache.cached_prefix([12]) == 0
+    assert not cache.acquire([], 1)  # everything referenced: nothing may be evicted
+    assert cache.used == 4
+
+
+def test_unknown_profile_and_bad_profile_file_are_named(tmp_path: Path) -> None:
+    with pytest.raises(ProfileError, match=r"unknown profile 'nope'.*tiny-test"):
+        create_app(SimConfig(profile="nope"))
+    bad = tmp_path / "p.json"
+    bad.write_text(json.dumps({**PROFILES["tiny-test"].model_dump(), "max_num_seqs": 0}))
+    with pytest.raises(ProfileError, match=r"p\.json: max_num_seqs: Input should be greater"):
+        load_profile(bad)
+
+
+def test_repeated_prefix_is_a_cache_hit_in_metrics_and_prefix_probe(start_sim: Any) -> None:
+    sim = start_sim(profile="tiny-test")
+    system = _words(200, "s")
+    body = _chat(system, "first question")
+    probe = httpx.post(f"{sim.url}/sim/prefix", json=body).json()
+    assert probe["cached_tokens"] == 0 and probe["prompt_tokens"] > 200
+    assert httpx.post(f"{sim.url}/v1/chat/completions", json=body).status_code == 200
+    page = httpx.get(f"{sim.url}/metrics").text
+    assert _metric(page, "vllm:prefix_cache_hits_total") == 0
+    queries = _metric(page, "vllm:prefix_cache_queries_total")
+    assert queries == probe["prompt_tokens"]
+    assert re.search(r'vllm:cache_config_info\{block_size="16",.*num_gpu_blocks="64"', page)
+
+    other = _chat(system, "another question")
+    cached = httpx.post(f"{sim.url}/sim/prefix", json=other).json()["cached_tokens"]
+    assert cached >= 192 and cached % 16 == 0  # the system prompt's full blocks
+    assert httpx.post(f"{sim.url}/v1/chat/completions", json=other).status_code == 200
+    page = httpx.get(f"{sim.url}/metrics").text
+    assert _metric(page, "vllm:prefix_cache_hits_total") == cached
+
+    httpx.post(f"{sim.url}/sim/reset")
+    assert httpx.post(f"{sim.url}/sim/prefix", json=other).json()["cached_tokens"] == 0
+
+
+def test_next_turn_reuses_the_previous_answer(start_sim: Any) -> None:
+    sim = start_sim(profile="tiny-test")
+    first = _chat(_words(40, "s"), _words(30, "q"))
+    first["max_tokens"] = 40
+    answer = httpx.post(f"{sim.url}/v1/chat/completions", json=first).json()
+    text = answer["choices"][0]["message"]["content"]
+    history = [first["messages"][1], {"role": "assistant", "content": text}]
+    second = _chat(_words(40, "s"), "next", history)
+    prompt_1 = httpx.post(f"{sim.url}/sim/prefix", json=first).json()["prompt_tokens"]
+    cached = httpx.post(f"{sim.url}/sim/prefix", json=second).json()["cached_tokens"]
+    assert cached > prompt_1  # blocks of the answer are cached too
+
+
+def test_requests_beyond_max_num_seqs_wait(start_sim: Any) -> None:
+    sim = start_sim(profile="tiny-test", time_scale=20.0)  # steps of 40 ms and more
+    body = _chat("short", "q")
+    body["max_tokens"] = 30
+    threads = [
+        threading.Thread(target=httpx.post, args=(f"{sim.url}/v1/chat/completions",),
+                         kwargs={"json": body, "timeout": 60})
+        for _ in range(6)
+    ]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 20
+    page = ""
+    while time.monotonic() < deadline:  # the queue as /metrics reports it, one page at a time
+        page = httpx.get(f"{sim.url}/metrics").text
+        if (_metric(page, "vllm:num_requests_running"), _metric(page, "vllm:num_requests_waiting")
+                ) == (4.0, 2.0):
+            break
+        time.sleep(0.01)
+    for t in threads:
+        t.join()
+    assert _metric(page, "vllm:num_requests_running") == 4.0
+    assert _metric(page, "vllm:num_requests_waiting") == 2.0
+    assert 0.0 < _metric(page, "vllm:kv_cache_usage_perc") <= 1.0
+    assert sim.wait_stats(lambda s: s["completed"] == 6)["completed"] == 6
+    assert sim.stats()["engine"]["kv_blocks_used"] == 0
+
+
+def test_prefill_time_follows_uncached_tokens(start_sim: Any, tmp_path: Path) -> None:
+    slow = {**PROFILES["tiny-test"].model_dump(), "name": "slow-prefill",
+            "num_gpu_blocks": 256, "prefill_tokens_per_s": 200.0}
+    path = tmp_path / "slow.json"
+    path.write_text(json.dumps(slow))
+    sim = start_sim(profile=str(path))
+    system = _words(600, "s")  # ~3 s of prefill when nothing is cached
+
+    def ttft(body: dict[str, Any]) -> float:
+        t0 = time.monotonic()
+        with httpx.stream("POST", f"{sim.url}/v1/chat/completions",
+                          json={**body, "stream": True}, timeout=30) as resp:
+            for line in resp.iter_lines():
+                if '"content":"' in line and '"content":""' not in line:
+                    return time.monotonic() - t0
+        raise AssertionError("no token")
+
+    cold = ttft(_chat(system, "one"))
+    warm = ttft(_chat(system, "two"))
+    assert cold >= 3.0
+    assert warm < cold / 2  # ~2 tokens to compute; the margin absorbs a loaded machine

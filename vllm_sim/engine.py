@@ -1,0 +1,331 @@
+"""The simulator's engine model: continuous batching over a paged KV cache with prefix caching.
+
+Opt-in per app (``SimConfig.profile``). One :class:`Engine` per app runs a step loop on the
+event loop, like vLLM V1's scheduler:
+
+* **Waiting queue** (FCFS). A request is admitted when the running batch has fewer than
+  ``max_num_seqs`` sequences and the KV cache can hold its prompt plus its output tokens
+  (reserved at admission; vLLM allocates lazily and preempts instead, see docs/simulator.md).
+  A request that does not fit blocks the ones behind it, as in vLLM.
+* **Automatic prefix caching** (:class:`BlockCache`): the hash of full block *i* is
+  ``hash((hash of block i-1, tokens of block i))`` so a block's hash stands for its whole prefix.
+  At admission the longest cached prefix is reused (at most ``prompt - 1`` tokens: the last
+  token is always computed); its blocks are referenced, the rest allocated from free blocks or by
+  evicting the least recently used unreferenced cached block. When a request ends its full blocks
+  stay cached (tail blocks are evicted first); the blocks of the answer are cached under the
+  hashes of the conversation as the next turn's prompt will render it.
+* **Steps**: each step computes up to ``max_num_batched_tokens`` tokens (one per decoding
+  sequence, the rest prefill chunks of uncached prompt tokens, in admission order) and lasts
+  ``PerfProfile.step_time_s(...) * time_scale`` seconds. A sequence whose prefill completes
+  emits its first token at the end of that step; decoding sequences one token per step.
+
+Metrics (vLLM's names): ``num_requests_waiting``/``running``, ``kv_cache_usage_perc`` (blocks
+referenced by running requests / all blocks), ``prefix_cache_queries``/``hits`` (prompt tokens
+looked up / found cached, counted at admission like vLLM V1).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import OrderedDict, deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from vllm_sim.profiles import PerfProfile
+
+__all__ = ["BlockCache", "Engine", "SeqHandle", "block_hashes"]
+
+
+def block_hashes(tokens: Sequence[str], block_size: int) -> list[int]:
+    """Chained hashes of the full blocks of ``tokens`` (a partial tail block has none).
+
+    Returns:
+        ``len(tokens) // block_size`` hashes; hash *i* depends on every token before the end
+        of block *i* (vLLM's ``hash_block_tokens`` chaining, Python's ``hash`` instead of
+        SHA-256: hashes are only compared inside one process).
+    """
+    out: list[int] = []
+    parent = 0
+    for start in range(0, len(tokens) - block_size + 1, block_size):
+        parent = hash((parent, tuple(tokens[start : start + block_size])))
+        out.append(parent)
+    return out
+
+
+class BlockCache:
+    """A paged KV cache of ``num_blocks`` blocks with hash-addressed reuse and LRU eviction.
+
+    Blocks are counted, not stored: a referenced block is either *hashed* (a full block whose
+    hash is in ``_refs``) or *anonymous* (a partial or not yet computed block). Unreferenced
+    hashed blocks stay cached in ``_lru`` until a new allocation evicts them.
+    """
+
+    def __init__(self, num_blocks: int) -> None:
+        self.num_blocks = num_blocks
+        self._refs: dict[int, int] = {}  # hash -> references (> 0)
+        self._lru: OrderedDict[int, None] = OrderedDict()  # cached, unreferenced; LRU first
+        self._anon = 0  # referenced blocks without a hash
+
+    @property
+    def used(self) -> int:
+        """Blocks referenced by running requests."""
+        return len(self._refs) + self._anon
+
+    @property
+    def free(self) -> int:
+        """Blocks an allocation may take: never used, or cached and unreferenced."""
+        return self.num_blocks - self.used
+
+    def cached_prefix(self, hashes: Sequence[int]) -> int:
+        """Number of leading ``hashes`` whose blocks are cached (referenced or not)."""
+        n = 0
+        for h in hashes:
+            if h not in self._refs and h not in self._lru:
+                break
+            n += 1
+        return n
+
+    def acquire(self, hit: Sequence[int], new_blocks: int) -> bool:
+        """Reference the cached blocks ``hit`` and allocate ``new_blocks`` anonymous blocks.
+
+        Returns:
+            False (and nothing changed) when the blocks do not fit.
+        """
+        revived = sum(1 for h in hit if h in self._lru)
+        if new_blocks + revived > self.free:
+            return False
+        for h in hit:
+            if h in self._lru:
+                del self._lru[h]
+                self._refs[h] = 1
+            else:
+                self._refs[h] += 1
+        self._evict(max(0, self.used + new_blocks - (self.num_blocks - len(self._lru))))
+        self._anon += new_blocks
+        return True
+
+    def promote(self, hashes: Sequence[int]) -> list[int]:
+        """Give as many computed anonymous blocks the ``hashes`` (their content is now known).
+
+        A hash already cached (another request computed the same block) is referenced instead
+        and the anonymous block freed, as vLLM deduplicates. Returns the hashes now held.
+        """
+        held: list[int] = []
+        for h in hashes:
+            self._anon -= 1
+            if h in self._refs:
+                self._refs[h] += 1
+            elif h in self._lru:
+                del self._lru[h]
+                self._refs[h] = 1
+            else:
+                self._refs[h] = 1
+            held.append(h)
+        return held
+
+    def release(self, held: Sequence[int], anon: int) -> None:
+        """Drop a finished request's references; unreferenced hashed blocks stay cached.
+
+        ``held`` is in prompt order; it is released tail first so that eviction takes the
+        tail blocks of a prefix before its head (vLLM frees blocks in reverse order).
+        """
+        self._anon -= anon
+        for h in reversed(held):
+            refs = self._refs[h] - 1
+            if refs:
+                self._refs[h] = refs
+            else:
+                del self._refs[h]
+                self._lru[h] = None
+
+    def reset(self) -> None:
+        """Forget every unreferenced cached block (``POST /sim/reset``)."""
+        self._lru.clear()
+
+    def _evict(self, n: int) -> None:
+        for _ in range(n):
+            self._lru.popitem(last=False)
+
+
+@dataclass(eq=False)
+class SeqHandle:
+    """One request inside the engine; the responder awaits its tokens.
+
+    Attributes:
+        prompt_hashes: Chained hashes of the prompt's full blocks.
+        prompt_tokens: Prompt length in tokens.
+        output_tokens: Tokens to generate.
+        final_hashes: Hashes of the full blocks of prompt plus answer (cached when it ends).
+        cached_tokens: Prompt tokens found in the prefix cache at admission.
+        computed: Prompt tokens computed or reused so far.
+        generated: Tokens generated so far.
+    """
+
+    prompt_hashes: list[int]
+    prompt_tokens: int
+    output_tokens: int
+    final_hashes: list[int]
+    cached_tokens: int = 0
+    computed: int = 0
+    generated: int = 0
+    held: list[int] = field(default_factory=list)
+    anon: int = 0
+    done: bool = False
+    _event: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def wait_tokens(self, n: int) -> None:
+        """Return once ``n`` tokens are generated (or the sequence is finished)."""
+        while self.generated < n and not self.done:
+            self._event.clear()
+            await self._event.wait()
+
+    def _wake(self) -> None:
+        self._event.set()
+
+
+class Engine:
+    """The step loop of one simulated replica (see the module docstring).
+
+    Args:
+        profile: The performance numbers.
+        time_scale: Wall-clock seconds per model second (2.0 runs everything half as fast).
+    """
+
+    def __init__(self, profile: PerfProfile, time_scale: float = 1.0) -> None:
+        self.profile = profile
+        self.time_scale = time_scale
+        self.cache = BlockCache(profile.num_gpu_blocks)
+        self.waiting: deque[SeqHandle] = deque()
+        self.running: list[SeqHandle] = []
+        self.queries_total = 0
+        self.hits_total = 0
+        self.steps = 0
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def kv_usage(self) -> float:
+        """Fraction of blocks referenced by running requests (``vllm:kv_cache_usage_perc``)."""
+        return self.cache.used / self.cache.num_blocks
+
+    def submit(self, seq: SeqHandle) -> None:
+        """Queue ``seq``; starts the step loop on first use."""
+        self.waiting.append(seq)
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._loop())
+        self._wake.set()
+
+    def abort(self, seq: SeqHandle) -> None:
+        """Remove ``seq`` (finished, or its client went away) and free its blocks."""
+        if seq in self.waiting:
+            self.waiting.remove(seq)
+        elif seq in self.running:
+            self.running.remove(seq)
+            self._finish_blocks(seq)
+        seq.done = True
+        seq._wake()
+
+    def cached_tokens(self, hashes: Sequence[int], prompt_tokens: int) -> int:
+        """Prompt tokens a request with these block hashes would find cached now."""
+        size = self.profile.block_size
+        return min(self.cache.cached_prefix(hashes) * size, max(prompt_tokens - 1, 0))
+
+    def reset_cache(self) -> None:
+        """Drop unreferenced cached blocks and zero the prefix-cache counters."""
+        self.cache.reset()
+        self.queries_total = 0
+        self.hits_total = 0
+
+    async def close(self) -> None:
+        """Stop the step loop."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    # -- the loop --------------------------------------------------------------------------
+
+    def _admit(self) -> None:
+        size = self.profile.block_size
+        while self.waiting and len(self.running) < self.profile.max_num_seqs:
+            seq = self.waiting[0]
+            hit_blocks = self.cache.cached_prefix(seq.prompt_hashes)
+            hit_tokens = min(hit_blocks * size, max(seq.prompt_tokens - 1, 0))
+            hit_blocks = hit_tokens // size
+            total = -(-(seq.prompt_tokens + seq.output_tokens) // size)
+            hit = seq.prompt_hashes[:hit_blocks]
+            if not self.cache.acquire(hit, total - hit_blocks):
+                return  # head of line waits for blocks, as in vLLM
+            self.waiting.popleft()
+            seq.held = list(hit)
+            seq.anon = total - hit_blocks
+            seq.cached_tokens = seq.computed = hit_tokens
+            self.queries_total += seq.prompt_tokens
+            self.hits_total += hit_tokens
+            self.running.append(seq)
+
+    def _step_plan(self) -> tuple[list[tuple[SeqHandle, int]], list[SeqHandle], int]:
+        budget = self.profile.max_num_batched_tokens
+        decoding = [s for s in self.running if s.computed >= s.prompt_tokens]
+        budget -= len(decoding)
+        chunks: list[tuple[SeqHandle, int]] = []
+        for seq in self.running:
+            if budget <= 0:
+                break
+            todo = seq.prompt_tokens - seq.computed
+            if todo > 0:
+                take = min(todo, budget)
+                chunks.append((seq, take))
+                budget -= take
+        ctx = sum(s.prompt_tokens + s.generated for s in decoding)
+        return chunks, decoding, ctx
+
+    async def _loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        next_at = loop.time()
+        while True:
+            self._admit()
+            if not self.running:
+                self._wake.clear()
+                await self._wake.wait()
+                next_at = loop.time()
+                continue
+            chunks, decoding, ctx = self._step_plan()
+            prefill = sum(n for _, n in chunks)
+            step = self.profile.step_time_s(prefill, len(decoding), ctx) * self.time_scale
+            # Deadline-based pacing: a late wake-up shortens the next sleep (no drift).
+            next_at = max(next_at + step, loop.time())
+            await asyncio.sleep(max(0.0, next_at - loop.time()))
+            self.steps += 1
+            for seq in decoding:
+                if seq.done:
+                    continue
+                seq.generated += 1
+                seq._wake()
+            for seq, n in chunks:
+                if seq.done:
+                    continue
+                seq.computed += n
+                if seq.computed >= seq.prompt_tokens:
+                    self._promote(seq, seq.prompt_hashes)
+                    seq.generated += 1  # the step that ends a prefill samples a token
+                    seq._wake()
+            for seq in [s for s in self.running if s.generated >= s.output_tokens]:
+                self.running.remove(seq)
+                self._finish_blocks(seq)
+                seq.done = True
+                seq._wake()
+
+    def _promote(self, seq: SeqHandle, hashes: Sequence[int]) -> None:
+        new = hashes[len(seq.held) : len(seq.held) + seq.anon]
+        seq.held += self.cache.promote(new)
+        seq.anon -= len(new)
+
+    def _finish_blocks(self, seq: SeqHandle) -> None:
+        if seq.computed >= seq.prompt_tokens:
+            # The answer's full blocks are cached under the next turn's rendering.
+            done = (seq.prompt_tokens + seq.generated) // self.profile.block_size
+            self._promote(seq, seq.final_hashes[:done])
+        self.cache.release(seq.held, seq.anon)
+        seq.held, seq.anon = [], 0

@@ -1,0 +1,194 @@
+"""Named performance profiles of the simulator's engine model (``SimConfig.profile``).
+
+A profile gives the numbers the engine model (:mod:`vllm_sim.engine`) runs on: KV cache size,
+scheduler limits, prefill throughput and the decode step time as a function of the batch. The
+shipped profiles are *derived*, not measured: a roofline estimate from the GPU's datasheet and
+the model's ``config.json``, with an efficiency factor stated next to each number. A measured
+profile can be loaded from a JSON file (``load_profile``), in the same fields.
+
+Sources used by the shipped profiles:
+
+* [H100] NVIDIA H100 Tensor Core GPU datasheet, H100 SXM: 80 GB HBM3, 3.35 TB/s memory
+  bandwidth, 989 TFLOPS dense BF16 (the datasheet's 1,979 TFLOPS is with 2:4 sparsity).
+* [L8B] ``meta-llama/Llama-3.1-8B-Instruct`` ``config.json``: 32 layers, 8 KV heads, head dim
+  128 (4096 / 32 heads), 8.03 B parameters (16.1 GB in BF16).
+* [Q32B] ``Qwen/Qwen3-32B`` ``config.json``: 64 layers, 8 KV heads, head dim 128, 32.8 B
+  parameters (65.5 GB in BF16). The model of llm-d's prefix-cache scheduling benchmark.
+* [VLLM-ARGS] vLLM ``EngineArgs.get_batch_defaults`` (``vllm/engine/arg_utils.py``): on GPUs
+  with >= 70 GiB other than A100 the OpenAI server defaults to ``max_num_batched_tokens`` 8192 and
+  ``max_num_seqs`` 1024; ``block_size`` 16 (``CacheConfig``); ``gpu_memory_utilization`` 0.9.
+
+Formulas (per GPU, BF16, 2 bytes per value):
+
+* KV bytes per token = 2 (K and V) x layers x KV heads x head dim x 2 bytes.
+* ``num_gpu_blocks`` = (0.9 x 80 GiB - weights - ~4 GiB activations and CUDA graphs)
+  / (KV bytes per token x 16).
+* Prefill: 2 x parameters FLOP per token at 40 % of dense BF16 peak.
+* Decode step = weights / (80 % of HBM bandwidth) + 1 ms scheduling and launch overhead
+  (``decode_base_s``), plus 2 x parameters FLOP per sequence at 40 % of peak
+  (``decode_per_seq_s``), plus the KV bytes each sequence reads per context token at 80 % of
+  bandwidth (``decode_per_ctx_token_s``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+__all__ = ["PROFILES", "PerfProfile", "ProfileError", "get_profile", "load_profile"]
+
+
+class ProfileError(ValueError):
+    """A profile name is unknown or a profile file is unreadable or invalid."""
+
+
+class PerfProfile(BaseModel):
+    """The numbers of one replica's performance model (immutable).
+
+    Attributes:
+        name: Profile name.
+        description: Model, GPU and where the numbers come from.
+        block_size: Tokens per KV-cache block (vLLM: 16).
+        num_gpu_blocks: KV-cache blocks of the replica.
+        max_num_seqs: Sequences in the running batch at most.
+        max_num_batched_tokens: Tokens (prefill chunks plus one per decoding sequence) per step.
+        prefill_tokens_per_s: Prefill throughput of uncached prompt tokens, tokens per second.
+        decode_base_s: Decode step time with an empty batch, seconds.
+        decode_per_seq_s: Added step time per running sequence, seconds.
+        decode_per_ctx_token_s: Added step time per context token of the decoding sequences,
+            seconds (attention reads the KV cache).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    description: str = ""
+    block_size: int = Field(default=16, ge=1)
+    num_gpu_blocks: int = Field(ge=1)
+    max_num_seqs: int = Field(ge=1)
+    max_num_batched_tokens: int = Field(ge=1)
+    prefill_tokens_per_s: float = Field(gt=0)
+    decode_base_s: float = Field(ge=0)
+    decode_per_seq_s: float = Field(ge=0)
+    decode_per_ctx_token_s: float = Field(default=0.0, ge=0)
+
+    def step_time_s(self, prefill_tokens: int, decode_seqs: int, decode_ctx_tokens: int) -> float:
+        """Duration of one engine step in seconds (model time, before any time scale).
+
+        Args:
+            prefill_tokens: Uncached prompt tokens computed in this step.
+            decode_seqs: Sequences generating a token in this step.
+            decode_ctx_tokens: Context tokens (prompt plus output so far) of those sequences.
+        """
+        t = prefill_tokens / self.prefill_tokens_per_s
+        if decode_seqs:
+            t += (
+                self.decode_base_s
+                + self.decode_per_seq_s * decode_seqs
+                + self.decode_per_ctx_token_s * decode_ctx_tokens
+            )
+        return t
+
+    def request_cost_s(self, prompt_tokens: int, output_tokens: int, batch: int) -> float:
+        """GPU time one request costs when nothing of its prompt is cached, seconds.
+
+        Prefill of the whole prompt plus its share of ``output_tokens`` decode steps run at
+        batch size ``batch`` (used to estimate a fleet's capacity, see ``bench/routing.py``).
+        """
+        ctx = prompt_tokens + output_tokens // 2
+        step = self.step_time_s(0, batch, batch * ctx)
+        return prompt_tokens / self.prefill_tokens_per_s + output_tokens * step / batch
+
+
+_GIB = 1024**3
+_BW = 3.35e12 * 0.8  # [H100] bandwidth at 80 %
+_FLOPS = 989e12 * 0.4  # [H100] dense BF16 at 40 %
+
+
+def _blocks(weights_bytes: float, layers: int, kv_heads: int, head_dim: int) -> int:
+    kv_token = 2 * layers * kv_heads * head_dim * 2
+    free = 0.9 * 80 * _GIB - weights_bytes - 4 * _GIB
+    return int(free // (kv_token * 16))
+
+
+def _kv_token_s(layers: int, kv_heads: int, head_dim: int) -> float:
+    return 2 * layers * kv_heads * head_dim * 2 / _BW
+
+
+PROFILES: dict[str, PerfProfile] = {
+    p.name: p
+    for p in (
+        PerfProfile(
+            name="llama-3.1-8b-h100",
+            description="Llama-3.1-8B BF16 on one H100 SXM (roofline from [H100], [L8B], "
+            "[VLLM-ARGS]; see vllm_sim/profiles.py)",
+            num_gpu_blocks=_blocks(16.1e9, 32, 8, 128),  # ~27,100 blocks, ~434k tokens
+            max_num_seqs=1024,
+            max_num_batched_tokens=8192,
+            prefill_tokens_per_s=round(_FLOPS / (2 * 8.03e9)),  # ~24,600 tokens/s
+            decode_base_s=16.1e9 / _BW + 0.001,  # ~7.0 ms
+            decode_per_seq_s=2 * 8.03e9 / _FLOPS,  # ~41 us per sequence
+            decode_per_ctx_token_s=_kv_token_s(32, 8, 128),  # ~49 ns per context token
+        ),
+        PerfProfile(
+            name="qwen3-32b-h100",
+            description="Qwen3-32B BF16 on one H100 SXM (roofline from [H100], [Q32B], "
+            "[VLLM-ARGS]; see vllm_sim/profiles.py). A small KV cache: the setting where "
+            "prefix-aware routing matters",
+            num_gpu_blocks=_blocks(65.5e9, 64, 8, 128),  # ~1,790 blocks, ~28.7k tokens
+            max_num_seqs=1024,
+            max_num_batched_tokens=8192,
+            prefill_tokens_per_s=round(_FLOPS / (2 * 32.8e9)),  # ~6,030 tokens/s
+            decode_base_s=65.5e9 / _BW + 0.001,  # ~25.4 ms
+            decode_per_seq_s=2 * 32.8e9 / _FLOPS,  # ~166 us per sequence
+            decode_per_ctx_token_s=_kv_token_s(64, 8, 128),  # ~98 ns per context token
+        ),
+        PerfProfile(
+            name="tiny-test",
+            description="A tiny replica for tests: 64 blocks of 16 tokens, 4 sequences, "
+            "fast steps (no hardware behind these numbers)",
+            num_gpu_blocks=64,
+            max_num_seqs=4,
+            max_num_batched_tokens=512,
+            prefill_tokens_per_s=20_000.0,
+            decode_base_s=0.002,
+            decode_per_seq_s=0.0005,
+        ),
+    )
+}
+"""The shipped profiles by name."""
+
+
+def get_profile(name: str) -> PerfProfile:
+    """The shipped profile ``name``.
+
+    Raises:
+        ProfileError: No such profile (the message lists the known names).
+    """
+    try:
+        return PROFILES[name]
+    except KeyError:
+        known = ", ".join(sorted(PROFILES))
+        raise ProfileError(f"unknown profile {name!r} (known: {known})") from None
+
+
+def load_profile(path: Path) -> PerfProfile:
+    """A profile from a JSON file with the fields of :class:`PerfProfile`.
+
+    Raises:
+        ProfileError: The file cannot be read, is not JSON, or a field is invalid (the message
+            names the file and the field).
+    """
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        return PerfProfile.model_validate(data)
+    except OSError as exc:
+        raise ProfileError(f"{path}: cannot read profile: {exc.strerror}") from exc
+    except json.JSONDecodeError as exc:
+        raise ProfileError(f"{path}:{exc.lineno}: not JSON: {exc.msg}") from exc
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"]) or "profile"
+        raise ProfileError(f"{path}: {where}: {err['msg']}") from exc

@@ -1,0 +1,77 @@
+"""Turn SIGINT, SIGTERM and SIGHUP into an exception so that cleanup code runs.
+
+Python's default SIGTERM/SIGHUP action kills the process without unwinding, and its SIGINT
+becomes a ``KeyboardInterrupt`` that typer/click turn into an "abort" (``weights`` exited 0
+with no output on Ctrl-C, so ``weights verify && deploy`` deployed): a command stopped by
+Ctrl-C, ``kill``, ``systemd`` or a closed terminal must neither look successful nor leave a
+half-written bundle, staging directory or snapshot behind. Shared by the ``weights`` and
+``airgap`` command lines (one implementation). Inside :func:`interruptible` these signals raise
+:class:`Interrupted` (a ``BaseException``, so no ``except Exception`` swallows it), every
+``finally``/``except BaseException`` on the way removes its partial output, and the CLI then
+exits with the usual status (:func:`die_by`: 130 for Ctrl-C, 143 for SIGTERM), so a calling
+shell, supervisor or ``subprocess`` never reads an interrupted command as a success.
+A signal that was ignored when we started stays ignored: ``nohup`` ignores SIGHUP, and a
+shell starts background jobs (``cmd &``) with SIGINT ignored, so a Ctrl-C typed at the
+terminal is not theirs. (Tests that send SIGINT to a child therefore reset the child's
+disposition to the default before it starts.)
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import FrameType
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class Interrupted(BaseException):
+    """A termination signal arrived; ``signum`` says which."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"interrupted by {signal.Signals(signum).name}")
+        self.signum = signum
+
+    @property
+    def name(self) -> str:
+        """The signal's name, e.g. ``SIGTERM``."""
+        return signal.Signals(self.signum).name
+
+
+@contextmanager
+def interruptible() -> Iterator[None]:
+    """Raise :class:`Interrupted` on SIGINT/SIGTERM/SIGHUP in the main thread while inside."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        raise Interrupted(signum)
+
+    previous = {}
+    for sig in SIGNALS:
+        if signal.getsignal(sig) is not signal.SIG_IGN:
+            previous[sig] = signal.signal(sig, handler)
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def die_by(signum: int) -> int:
+    """The exit status of a command interrupted by ``signum``: ``128 + signum``.
+
+    130 for SIGINT, 143 for SIGTERM, 129 for SIGHUP: the shell convention for "stopped by a
+    signal", returned as an ordinary exit status so that every caller (a shell, ``subprocess``,
+    a CI runner) sees the same number. The caller returns it from ``main()``.
+
+    Args:
+        signum: The signal that interrupted the command.
+
+    Returns:
+        ``128 + signum``.
+    """
+    return 128 + signum

@@ -1,0 +1,334 @@
+"""Capacity plan: memory per GPU, the parallel layout, speed estimates and vLLM arguments.
+
+Built on :mod:`weights.plan_model` (parameters, weights and KV cache bytes of the model, from
+:func:`weights.memory.size_model`) and :mod:`weights.gpus` (accelerator figures). Formulas,
+each reported with its figure:
+
+* per GPU = weights / (TP x PP) + KV of the replica's sequences / (min(TP, KV heads) x PP)
+  + engine overhead; it must fit in GPU memory x ``--gpu-memory-utilization``. KV heads are
+  replicated when TP exceeds them (an MLA latent is one head: every TP rank holds it).
+* Layout: TP inside one NVLink domain (all-reduce every layer), PP across domains or nodes
+  (only activations cross), EP for MoE over the TP group, data-parallel replicas with the
+  remaining GPUs; concurrency is spread over the replicas. Preference: least PP, replica in
+  one node, then the smallest TP that fits (more replicas); the rest are ranked alternatives.
+* Speed (estimates, roofline): :mod:`weights.plan_speed`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from weights.errors import SizingError
+from weights.gpus import GpuSpec
+from weights.plan_model import ModelFacts, model_facts
+from weights.sizing import GB, GIB, Figure, ParamCount
+
+#: Bytes of training state per parameter with mixed-precision Adam: BF16 weights (2) and
+#: gradients (2), FP32 master weights (4), Adam first and second moments (4 + 4). Rajbhandari
+#: et al., "ZeRO: Memory Optimizations Toward Training Trillion Parameter Models" (2020), sec. 3.1.
+TRAINING_BYTES_PER_PARAM = 16
+
+INTERCONNECTS = ("infiniband", "roce", "ethernet")
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """The GPUs to plan for.
+
+    Attributes:
+        gpu: Accelerator figures.
+        gpus_per_node: GPUs in one node.
+        nodes: Nodes.
+        intra: ``nvlink`` (the GPU's NVLink domain) or ``pcie`` (no GPU-to-GPU link used).
+        inter: Network between nodes: ``infiniband``, ``roce`` or ``ethernet``.
+    """
+
+    gpu: GpuSpec
+    gpus_per_node: int = 8
+    nodes: int = 1
+    intra: str = "nvlink"
+    inter: str = "infiniband"
+
+    @property
+    def total_gpus(self) -> int:
+        """GPUs in the cluster."""
+        return self.gpus_per_node * self.nodes
+
+    @property
+    def domain(self) -> int:
+        """GPUs sharing one NVLink domain inside a node (1 over PCIe only)."""
+        if self.intra == "pcie":
+            return 1
+        return max(1, min(self.gpu.nvlink_domain, self.gpus_per_node))
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What to serve: dtypes, context, concurrency, memory fraction, overhead.
+
+    Attributes:
+        dtype: Deploy dtype of the weights (None: as stored / ``torch_dtype``).
+        kv_dtype: KV cache dtype (None: the model dtype, vLLM ``--kv-cache-dtype auto``).
+        context: Tokens per sequence (prompt + output), vLLM ``--max-model-len``.
+        concurrency: Concurrent sequences over the whole cluster.
+        utilization: vLLM ``--gpu-memory-utilization``.
+        overhead_bytes: Per-GPU engine overhead (activations of the profiling run, CUDA
+            graphs, communication buffers); vLLM measures it at start-up, this is an estimate.
+        training: Also report the mixed-precision Adam training state.
+        expert_parallel: Allow expert parallelism for MoE models.
+    """
+
+    dtype: str | None = None
+    kv_dtype: str | None = None
+    context: int = 8192
+    concurrency: int = 16
+    utilization: float = 0.9
+    overhead_bytes: int = 2 * GIB
+    training: bool = False
+    expert_parallel: bool = True
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One way to split the model over the cluster, with its per-GPU memory (bytes)."""
+
+    tp: int
+    pp: int
+    ep: bool
+    replicas: int
+    seqs_per_replica: int
+    nodes_per_replica: int
+    weights_per_gpu: float
+    kv_per_gpu: float
+    needed_per_gpu: float
+    usable_per_gpu: float
+    reasons: tuple[str, ...] = field(default=(), compare=False)
+
+    @property
+    def gpus_per_replica(self) -> int:
+        """TP x PP."""
+        return self.tp * self.pp
+
+    @property
+    def left_per_gpu(self) -> float:
+        """Usable memory minus what the layout needs, bytes (negative: does not fit)."""
+        return self.usable_per_gpu - self.needed_per_gpu
+
+    @property
+    def fits(self) -> bool:
+        """Whether weights, KV and overhead fit in the usable memory of every GPU."""
+        return self.left_per_gpu >= 0
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-ready dict (bytes as numbers)."""
+        return {"tensor_parallel": self.tp, "pipeline_parallel": self.pp,
+                "expert_parallel": self.ep, "replicas": self.replicas,
+                "gpus_per_replica": self.gpus_per_replica,
+                "nodes_per_replica": self.nodes_per_replica,
+                "max_num_seqs": self.seqs_per_replica,
+                "weights_per_gpu_bytes": self.weights_per_gpu,
+                "kv_per_gpu_bytes": self.kv_per_gpu, "needed_per_gpu_bytes": self.needed_per_gpu,
+                "usable_per_gpu_bytes": self.usable_per_gpu,
+                "left_per_gpu_bytes": self.left_per_gpu, "fits": self.fits,
+                "reasons": list(self.reasons)}
+
+
+def _tp_ok(m: ModelFacts, tp: int) -> bool:
+    # vLLM: heads divisible by TP; KV heads divisible by TP, or TP a multiple of them.
+    if m.heads % tp:
+        return False
+    return m.kv_heads % tp == 0 or tp % m.kv_heads == 0
+
+
+def _layout(m: ModelFacts, c: Cluster, w: Workload, tp: int, pp: int) -> Layout:
+    per_replica = tp * pp
+    replicas = c.total_gpus // per_replica
+    seqs = math.ceil(w.concurrency / replicas)
+    kv_split = min(tp, m.kv_heads) * pp
+    wpg = m.weights_bytes / per_replica
+    kvpg = m.kv_per_seq * seqs / kv_split
+    ep = bool(w.expert_parallel and m.experts and tp > 1 and m.experts % tp == 0)
+    return Layout(tp=tp, pp=pp, ep=ep, replicas=replicas, seqs_per_replica=seqs,
+                  nodes_per_replica=max(1, per_replica // c.gpus_per_node),
+                  weights_per_gpu=wpg, kv_per_gpu=kvpg,
+                  needed_per_gpu=wpg + kvpg + w.overhead_bytes,
+                  usable_per_gpu=c.gpu.memory_bytes * w.utilization)
+
+
+def candidates(m: ModelFacts, c: Cluster, w: Workload) -> list[Layout]:
+    """Every placeable (TP, PP) split, fitting or not, in preference order.
+
+    TP: powers of two up to the NVLink domain that vLLM accepts for the head counts. PP: a
+    replica fills a divisor of a node or whole nodes, with at most one stage per layer.
+    """
+    out = []
+    G = c.gpus_per_node
+    tp = 1
+    while tp <= c.domain:
+        if _tp_ok(m, tp):
+            for pp in range(1, min(m.layers, c.total_gpus // tp) + 1):
+                g = tp * pp
+                if (g <= G and G % g == 0) or (g % G == 0 and g // G <= c.nodes):
+                    out.append(_layout(m, c, w, tp, pp))
+        tp *= 2
+    out.sort(key=lambda lay: (lay.pp, lay.nodes_per_replica, lay.tp, -lay.left_per_gpu))
+    return out
+
+
+def _reasons(m: ModelFacts, c: Cluster, lay: Layout) -> tuple[str, ...]:
+    gb = m.weights_bytes / GB
+    link = "NVLink" if c.domain > 1 else "PCIe (no NVLink domain)"
+    if lay.tp == 1:
+        tp = "TP 1: one GPU per stage holds its share; no all-reduce"
+    else:
+        tp = (f"TP {lay.tp}: inside one {link} group of {c.domain} GPUs "
+              "(TP all-reduces every layer, so it stays on the fastest link)")
+    if lay.pp == 1:
+        pp = f"PP 1: {gb:,.1f} GB of weights fit on the TP group; no pipeline bubbles"
+    else:
+        where = (f"across {lay.nodes_per_replica} nodes over {c.inter}"
+                 if lay.nodes_per_replica > 1 else "inside the node over PCIe")
+        pp = (f"PP {lay.pp}: {gb:,.1f} GB of weights and the KV cache need {lay.pp} groups of "
+              f"{lay.tp}; stages {where} (only activations cross)")
+    if not m.experts:
+        ep = "EP off: dense model"
+    elif lay.ep:
+        ep = (f"EP on: {m.experts} experts sharded over the {lay.tp} TP ranks "
+              f"(all-to-all inside the {link} group)")
+    else:
+        ep = ("EP off: " + ("TP is 1" if lay.tp == 1 else
+                            f"{m.experts} experts do not divide over {lay.tp} ranks"
+                            if m.experts % lay.tp else "disabled (--no-expert-parallel)"))
+    dp = (f"DP {lay.replicas}: {c.total_gpus} GPUs / {lay.gpus_per_replica} per replica; "
+          f"each serves {lay.seqs_per_replica} of the sequences")
+    return tp, pp, ep, dp
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The capacity plan: model facts, memory figures, chosen layout and ranked alternatives.
+
+    Attributes:
+        layout: The chosen layout (None when nothing fits).
+        alternatives: Other fitting layouts, in preference order.
+        closest: When nothing fits, the split with the smallest shortfall per GPU.
+        fits_on_nodes: When nothing fits, the fewest nodes of this kind that would fit
+            (None if not within 64 nodes).
+        notes: Caveats of the inputs (context beyond the model's, no FP8 tensor cores, ...).
+    """
+
+    model: ModelFacts
+    cluster: Cluster
+    work: Workload
+    memory: tuple[Figure, ...]
+    layout: Layout | None
+    alternatives: tuple[Layout, ...]
+    closest: Layout | None
+    fits_on_nodes: int | None
+    notes: tuple[str, ...] = ()
+
+    @property
+    def fits(self) -> bool:
+        """Whether some layout fits the cluster."""
+        return self.layout is not None
+
+    def shortfall(self) -> str:
+        """One line saying by how much the model misses the cluster ("" if it fits)."""
+        if self.layout is not None or self.closest is None:
+            return ""
+        lay = self.closest
+        short = -lay.left_per_gpu
+        more = (f"; it fits on {self.fits_on_nodes} nodes of {self.cluster.gpus_per_node}"
+                if self.fits_on_nodes else "")
+        return (f"does not fit: the closest split (TP {lay.tp} x PP {lay.pp}) needs "
+                f"{lay.needed_per_gpu / GB:,.1f} GB per GPU and "
+                f"{lay.usable_per_gpu / GB:,.1f} GB is usable: short by {short / GB:,.1f} GB "
+                f"per GPU ({short * lay.gpus_per_replica / GB:,.1f} GB over "
+                f"{lay.gpus_per_replica} GPUs){more}")
+
+
+def make_plan(config: Mapping[str, Any], params: ParamCount | None, cluster: Cluster,
+              work: Workload) -> Plan:
+    """Plan ``config`` (and its safetensors counts, if any) on ``cluster`` for ``work``.
+
+    Raises:
+        SizingError: Bad config, dtype, or cluster figures.
+    """
+    if cluster.gpus_per_node < 1 or cluster.nodes < 1:
+        raise SizingError("gpus per node and nodes must be at least 1")
+    if cluster.inter not in INTERCONNECTS:
+        raise SizingError(f"unknown interconnect {cluster.inter!r} "
+                          f"(known: {', '.join(INTERCONNECTS)})")
+    m = model_facts(config, params, work)
+    cands = candidates(m, cluster, work)
+    fitting = [lay for lay in cands if lay.fits]
+    ranked = [replace(lay, reasons=_reasons(m, cluster, lay)) for lay in fitting]
+    closest = None
+    more = None
+    if not fitting:
+        closest = max(cands, key=lambda lay: lay.left_per_gpu) if cands else None
+        for n in range(cluster.nodes + 1, 65):
+            bigger = Cluster(cluster.gpu, cluster.gpus_per_node, n, cluster.intra,
+                             cluster.inter)
+            if any(lay.fits for lay in candidates(m, bigger, work)):
+                more = n
+                break
+    return Plan(notes=_notes(m, cluster, work), model=m, cluster=cluster, work=work,
+                memory=_memory(m, cluster, work, ranked[0] if ranked else closest),
+                layout=ranked[0] if ranked else None, alternatives=tuple(ranked[1:]),
+                closest=closest, fits_on_nodes=more)
+
+
+def _memory(m: ModelFacts, c: Cluster, w: Workload, lay: Layout | None) -> tuple[Figure, ...]:
+    total = c.gpu.memory_bytes * c.total_gpus
+    figs = list(m.figures)
+    figs.append(Figure("kv cache for context x concurrency", m.kv_per_seq * w.concurrency,
+                       "bytes", f"per sequence x {w.concurrency} (--concurrency)"))
+    figs.append(Figure("gpu memory total", total, "bytes",
+                       f"{c.total_gpus} GPUs x {c.gpu.memory_bytes / GB:g} GB ({c.gpu.name})"))
+    replicas = lay.replicas if lay else 1
+    figs.append(Figure("left after weights", total - m.weights_bytes * replicas, "bytes",
+                       f"gpu memory total - weights x {replicas} replica(s)"))
+    figs.append(Figure("engine overhead per gpu", w.overhead_bytes, "bytes",
+                       "estimate: activation peak, CUDA graphs, NCCL buffers (--overhead)"))
+    if lay is not None:
+        figs += [
+            Figure("weights per gpu", lay.weights_per_gpu, "bytes",
+                   f"weights / (TP {lay.tp} x PP {lay.pp})"),
+            Figure("kv cache per gpu", lay.kv_per_gpu, "bytes",
+                   f"per sequence x {lay.seqs_per_replica} sequences / (min(TP, KV heads "
+                   f"{m.kv_heads}) x PP {lay.pp})"),
+            Figure("usable per gpu", lay.usable_per_gpu, "bytes",
+                   f"{c.gpu.memory_bytes / GB:g} GB x {w.utilization} "
+                   "(--gpu-memory-utilization)"),
+            Figure("left per gpu", lay.left_per_gpu, "bytes",
+                   "usable - weights - kv cache - overhead (per gpu)")]
+    if w.training:
+        state = m.params * TRAINING_BYTES_PER_PARAM
+        figs.append(Figure("training state (mixed-precision Adam)", state, "bytes",
+                           "parameters x 16 bytes (2 weights + 2 grads + 4 master + 8 Adam; "
+                           "ZeRO paper), before activations"))
+        figs.append(Figure("training state per gpu, fully sharded", state / c.total_gpus,
+                           "bytes", f"/ {c.total_gpus} GPUs (ZeRO-3 / FSDP)"))
+    return tuple(figs)
+
+
+def _notes(m: ModelFacts, c: Cluster, w: Workload) -> tuple[str, ...]:
+    notes = []
+    if m.max_context is not None and w.context > m.max_context:
+        notes.append(f"--context {w.context} exceeds max_position_embeddings {m.max_context}: "
+                     "vLLM refuses it without rope scaling or VLLM_ALLOW_LONG_MAX_MODEL_LEN=1")
+    if m.weight_el_bytes <= 1 and c.gpu.fp8_flops is None:
+        notes.append(f"{c.gpu.name} has no FP8 tensor cores: 1-byte weights are up-cast and "
+                     "computed at the BF16 rate (weight-only quantization)")
+    if c.gpu.gpu_resource != "nvidia.com/gpu":
+        notes.append(f"{c.gpu.name}: run a vLLM build for this accelerator (e.g. the ROCm "
+                     "image) and request its device resource "
+                     f"({c.gpu.gpu_resource}, chart gpuResource)")
+    if m.weight_el_bytes < 1:
+        notes.append("sub-byte weights need a pre-quantized checkpoint (AWQ, GPTQ, ...): vLLM "
+                      "does not quantize to 4 bits at load")
+    return tuple(notes)
