@@ -110,15 +110,21 @@ def _raise_stopped(signum: int, _frame: FrameType | None) -> None:
     raise Stopped(signum)
 
 
+def _hang_up(_signum: int, _frame: FrameType | None) -> None:
+    # uvicorn handles SIGINT and SIGTERM only: raising inside its event loop would skip the
+    # graceful shutdown, so a hang-up is turned into the SIGTERM it shuts down on.
+    signal.raise_signal(signal.SIGTERM)
+
+
 @contextlib.contextmanager
 def _stop_signals_raise() -> Iterator[None]:
-    """Turn SIGTERM, SIGHUP and (unless ignored, e.g. under ``nohup``) SIGINT into
-    :class:`Stopped` while the demo runs; restore the previous handlers afterwards."""
+    """Turn SIGTERM, SIGHUP (as SIGTERM) and, unless ignored (e.g. under ``nohup``), SIGINT
+    into :class:`Stopped` while the demo runs; restore the previous handlers afterwards."""
     previous: dict[int, Callable[[int, FrameType | None], object] | int | None] = {}
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         if signal.getsignal(sig) is signal.SIG_IGN:
             continue
-        previous[sig] = signal.signal(sig, _raise_stopped)
+        previous[sig] = signal.signal(sig, _hang_up if sig == signal.SIGHUP else _raise_stopped)
     try:
         yield
     finally:
