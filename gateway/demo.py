@@ -2,20 +2,32 @@
 
 Starts ``vllm-sim`` as a subprocess on a free port, writes a config with a fresh demo key into a
 temporary directory, prints a ``curl`` and an ``openai`` SDK example that work as printed, and
-runs the gateway in the foreground. Ctrl-C stops both.
+runs the gateway in the foreground. Ctrl-C (SIGINT), SIGTERM or SIGHUP stop both and remove the
+temporary directory; like uvicorn itself, a server stopped on request exits 0.
+
+Shutdown is explicit because uvicorn, after its graceful shutdown, re-raises the signal it
+caught: with SIGTERM's default disposition that would kill this process before any ``finally``
+runs, leaving the simulator and the directory behind. Here every stop signal becomes a
+:class:`Stopped` exception. The simulator runs in its own process group (a terminal's Ctrl-C
+reaches only the demo, which then stops the simulator's whole group after the gateway has
+drained) and, on Linux, gets SIGTERM if the demo dies without cleaning up (``PR_SET_PDEATHSIG``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import FrameType
 
 import yaml
 
@@ -23,7 +35,7 @@ from gateway.auth import digest_key, new_key
 from gateway.cli.serve import run
 from gateway.settings import load
 
-__all__ = ["main"]
+__all__ = ["Stopped", "main"]
 
 MODEL = "llama-3.1-8b"
 SERVED = "meta-llama/Llama-3.1-8B-Instruct"
@@ -86,51 +98,126 @@ Press Ctrl-C to stop the gateway and the simulator.
 """
 
 
-def main() -> int:
-    """Run the demo until Ctrl-C; returns the exit code."""
-    sim_port = _free_port(8001)
-    gw_port = _free_port(8080)
-    sim_url = f"http://127.0.0.1:{sim_port}"
-    sim = subprocess.Popen(
+class Stopped(Exception):
+    """A stop signal (SIGINT, SIGTERM, SIGHUP) arrived; ``signum`` names it."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _raise_stopped(signum: int, _frame: FrameType | None) -> None:
+    raise Stopped(signum)
+
+
+def _hang_up(_signum: int, _frame: FrameType | None) -> None:
+    # uvicorn handles SIGINT and SIGTERM only: raising inside its event loop would skip the
+    # graceful shutdown, so a hang-up is turned into the SIGTERM it shuts down on.
+    signal.raise_signal(signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def _stop_signals_raise() -> Iterator[None]:
+    """Turn SIGTERM, SIGHUP (as SIGTERM) and, unless ignored (e.g. under ``nohup``), SIGINT
+    into :class:`Stopped` while the demo runs; restore the previous handlers afterwards."""
+    previous: dict[int, Callable[[int, FrameType | None], object] | int | None] = {}
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(sig) is signal.SIG_IGN:
+            continue
+        previous[sig] = signal.signal(sig, _hang_up if sig == signal.SIGHUP else _raise_stopped)
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
+    """Linux: the simulator gets SIGTERM when the demo process dies (even by SIGKILL)."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1 (prctl(2))
+
+
+def _start_sim(port: int) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
         [
             sys.executable, "-c", "import sys; from vllm_sim.cli import main; sys.exit(main())",
-            "--host", "127.0.0.1", "--port", str(sim_port), "--model", SERVED,
+            "--host", "127.0.0.1", "--port", str(port), "--model", SERVED,
             "--ttft-ms", "50", "--itl-ms", "20",
         ],
         env={**os.environ, "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"},
+        process_group=0,
+        preexec_fn=_die_with_parent if sys.platform == "linux" else None,
     )
+
+
+def _stop_sim(sim: subprocess.Popen[bytes], timeout_s: float = 5.0) -> None:
+    """SIGTERM the simulator's process group, SIGKILL it after ``timeout_s`` seconds."""
+    if sim.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(sim.pid, signal.SIGTERM)
     try:
-        _wait_ready(sim_url, sim)
-        key = new_key()
-        config = {
-            "listen": {"host": "127.0.0.1", "port": gw_port},
-            "models": [
-                {
-                    "name": MODEL,
-                    "aliases": ["default"],
-                    "served_model_name": SERVED,
-                    "replicas": [{"url": sim_url}],
-                }
-            ],
-            "keys": [{"id": "demo", "sha256": digest_key(key).hex(), "models": [MODEL],
-                      "team": "demo"}],
-            "logging": {"format": "text"},
-        }
+        sim.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(sim.pid, signal.SIGKILL)
+        sim.wait()
+
+
+def _demo_config(gw_port: int, sim_url: str, key: str) -> dict[str, object]:
+    return {
+        "listen": {"host": "127.0.0.1", "port": gw_port},
+        "models": [
+            {
+                "name": MODEL,
+                "aliases": ["default"],
+                "served_model_name": SERVED,
+                "replicas": [{"url": sim_url}],
+            }
+        ],
+        "keys": [{"id": "demo", "sha256": digest_key(key).hex(), "models": [MODEL],
+                  "team": "demo"}],
+        "logging": {"format": "text"},
+    }
+
+
+def main() -> int:
+    """Run the demo until a stop signal.
+
+    Returns:
+        0: the gateway stopped (a stop signal is the demo's normal end, as for uvicorn).
+    """
+    with _stop_signals_raise():
+        try:
+            _run_demo()
+        except Stopped as stop:
+            print(f"stopped by {signal.Signals(stop.signum).name}: gateway and simulator "
+                  "stopped, temporary directory removed", file=sys.stderr)
+        except KeyboardInterrupt:  # SIGINT re-raised by uvicorn under an inherited handler
+            pass
+    return 0
+
+
+def _run_demo() -> None:
+    sim_port = _free_port(8001)
+    gw_port = _free_port(8080)
+    sim_url = f"http://127.0.0.1:{sim_port}"
+    sim = _start_sim(sim_port)
+    try:
         with tempfile.TemporaryDirectory(prefix="sg-demo-") as tmp:
+            _wait_ready(sim_url, sim)
+            key = new_key()
             path = Path(tmp) / "gateway.yaml"
-            path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+            path.write_text(yaml.safe_dump(_demo_config(gw_port, sim_url, key), sort_keys=False),
+                            encoding="utf-8")
             settings = load(path, os.environ)
             print(f"config written to {path} (removed on exit)")
             print(examples(f"http://127.0.0.1:{gw_port}", key), flush=True)
-            with contextlib.suppress(KeyboardInterrupt):
-                run(settings)
+            run(settings)
     finally:
-        sim.terminate()
-        try:
-            sim.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            sim.kill()
-    return 0
+        _stop_sim(sim)
 
 
 if __name__ == "__main__":

@@ -31,14 +31,12 @@ import threading
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
-
-from pydantic import BaseModel, ConfigDict, ValidationError
+from typing import Any
 
 from gateway.auth import Principal
 from gateway.errors import ClassChangeRefused, ConfigError, InvalidRequest
 from gateway.routing import Replica, RouteDecision, Router
-from gateway.settings import GatewaySettings, ModelSettings
+from gateway.settings import GatewaySettings, ModelSettings, PolicySettings
 from policy import (
     ClassChangeForbidden,
     EgressEvent,
@@ -71,34 +69,23 @@ _log = logging.getLogger(__name__)
 AuditSink = Callable[[Mapping[str, Any]], Awaitable[Any]]
 
 
-class PolicySettings(BaseModel):
-    """The ``policy:`` section of the gateway config.
-
-    Attributes:
-        file: Policy YAML file (relative paths are relative to the gateway config file).
-        guard: Process egress guard mode (``enforce`` blocks, ``monitor`` only records).
-    """
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    file: Path
-    guard: Literal["enforce", "monitor", "off"] = "enforce"
-
-
 def policy_settings(settings: GatewaySettings, base: Path | None = None) -> PolicySettings | None:
-    """Validate the ``policy:`` section (``None`` when absent).
+    """The ``policy:`` section (``None`` when absent); validated and its ``file`` resolved
+    against the config file's directory by :func:`gateway.settings.load`.
+
+    Args:
+        settings: The gateway settings (a mapping in ``settings.policy`` is validated here).
+        base: Directory a still relative ``file`` is resolved against (settings built without
+            :func:`gateway.settings.parse`).
 
     Raises:
-        ConfigError: Naming the key, e.g. ``policy.guard: Input should be 'enforce', ...``.
+        pydantic.ValidationError: ``settings.policy`` is a mapping that is not a valid section.
     """
-    if settings.policy is None:
+    section: Any = settings.policy
+    if section is None:
         return None
-    try:
-        ps = PolicySettings.model_validate(settings.policy)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        where = ".".join(str(p) for p in err["loc"])
-        raise ConfigError(f"policy.{where}: {err['msg']}") from exc
+    ps = section if isinstance(section, PolicySettings) else (
+        PolicySettings.model_validate(section))
     if not ps.file.is_absolute() and base is not None:
         ps = ps.model_copy(update={"file": base / ps.file})
     return ps
@@ -142,7 +129,7 @@ def load_policy(settings: GatewaySettings, base: Path | None = None) -> Policy |
                 f"({', '.join(pol.classes)})"
             )
     if problems:
-        raise ConfigError("; ".join(problems), code="destination_mismatch")
+        raise ConfigError("\n".join(problems), code="destination_mismatch")
     return pol
 
 

@@ -4,8 +4,13 @@ Secrets never live in the file: a replica names the environment variable (``api_
 file (``api_key_file``, for Kubernetes secrets mounted as files) that holds its credential, and
 :func:`load` resolves it from the ``environ`` mapping it is given (never ``os.environ`` at import).
 
-Later issues add sections (``policy``, ``audit``, ``quotas``, ``telemetry``); they are accepted
-now as free-form mappings so a config written for a later version still validates here.
+Every section is a typed, frozen model validated once by :func:`load` / :func:`parse`:
+``policy`` (:class:`PolicySettings`), ``audit`` (``gateway.audit.settings``), ``quotas``
+(``gateway.quotas.settings``), ``keystore`` (``gateway.keystore.settings``) and ``telemetry``
+(:class:`TelemetrySettings`). Problems are reported by the one formatter of
+:mod:`gateway.config_errors` as ``file:line: key: problem`` lines, and every relative path of
+every section is resolved against the config file's directory in one place
+(:func:`_resolve_paths`).
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import ipaddress
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 from urllib.parse import urlsplit
 
 import yaml
@@ -22,19 +27,39 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     SecretStr,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from gateway.audit.settings import AuditSettings
+from gateway.config_errors import (
+    ConfigProblem,
+    DuplicateKeyError,
+    InvalidConfig,
+    KeyPath,
+    LineMap,
+    compose_yaml,
+    dotted,
+    line_of,
+    problems_of,
+    validation_problems,
+)
 from gateway.drain import DrainSettings
 from gateway.errors import ConfigError
 from gateway.fleet.settings import RoutingSettings
 from gateway.keys_file import merge_keys_file, relabel_keys
+from gateway.keystore.settings import KeystoreSettings
+from gateway.quotas.settings import QuotaSettings
+
+_M = TypeVar("_M", bound=BaseModel)
 
 __all__ = [
+    "AdminSettings",
     "GatewaySettings",
     "HealthSettings",
     "KeySettings",
@@ -42,11 +67,12 @@ __all__ = [
     "ListenSettings",
     "LoggingSettings",
     "ModelSettings",
+    "PolicySettings",
     "ReplicaSettings",
     "RetrySettings",
+    "TelemetrySettings",
     "TimeoutSettings",
     "UpstreamTlsSettings",
-    "format_validation_error",
     "load",
     "parse",
 ]
@@ -293,6 +319,71 @@ class LoggingSettings(_Frozen):
     format: Literal["json", "text"] = "json"
 
 
+class PolicySettings(_Frozen):
+    """The ``policy:`` section: the egress policy file and the process guard.
+
+    Attributes:
+        file: Policy YAML file (relative paths are relative to the gateway config file).
+        guard: Process egress guard mode (``enforce`` blocks, ``monitor`` only records).
+    """
+
+    file: Path
+    guard: Literal["enforce", "monitor", "off"] = "enforce"
+
+
+class AdminSettings(_Frozen):
+    """Where the admin HTTP server (``/metrics``) listens."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=9090, ge=0, le=65535)
+
+
+class TelemetrySettings(_Frozen):
+    """Traces, metrics and their exporters.
+
+    Attributes:
+        enabled: Telemetry on (spans, metrics, ``/metrics``); off skips everything.
+        otlp_endpoint: OTLP/HTTP base URL (``/v1/traces`` and ``/v1/metrics`` are appended).
+        otlp_endpoint_destination: Egress-policy destination id the endpoint must lie in.
+        otlp_headers: Extra headers sent to the collector (e.g. a tenant id).
+        otlp_timeout_s: Per-export timeout in seconds.
+        service_name: ``service.name`` resource attribute.
+        sample_ratio: Fraction of new traces sampled (client ``traceparent`` sampling wins).
+        export_interval_s: OTLP metric export period in seconds.
+        admin: The admin server (Prometheus ``/metrics``).
+    """
+
+    enabled: bool = True
+    otlp_endpoint: str | None = None
+    otlp_endpoint_destination: str | None = Field(default=None, validate_default=True)
+    otlp_headers: dict[str, str] = Field(default_factory=dict)
+    otlp_timeout_s: float = Field(default=5.0, gt=0)
+    service_name: str = Field(default="sovereign-gateway", min_length=1)
+    sample_ratio: float = Field(default=1.0, ge=0.0, le=1.0)
+    export_interval_s: float = Field(default=15.0, gt=0)
+    admin: AdminSettings = Field(default_factory=AdminSettings)
+
+    @field_validator("otlp_endpoint")
+    @classmethod
+    def _check_endpoint(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("must be an http:// or https:// URL")
+        if parts.username or parts.password or parts.query or parts.fragment:
+            raise ValueError("must not contain credentials, a query or a fragment")
+        return value.rstrip("/")
+
+    @field_validator("otlp_endpoint_destination", mode="after")
+    @classmethod
+    def _destination_with_endpoint(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is None and info.data.get("otlp_endpoint") is not None:
+            raise ValueError("required with otlp_endpoint (the collector must be a destination "
+                             "of the egress policy)")
+        return value
+
+
 class GatewaySettings(BaseSettings):
     """The whole gateway configuration (frozen; built once by :func:`load`)."""
 
@@ -309,12 +400,14 @@ class GatewaySettings(BaseSettings):
     upstream_tls: UpstreamTlsSettings = Field(default_factory=UpstreamTlsSettings)
     routing: RoutingSettings = Field(default_factory=RoutingSettings)  # gateway.fleet.settings
     drain: DrainSettings = Field(default_factory=DrainSettings)  # gateway.drain
-    # Sections owned by later issues; typed models replace these mappings when they land.
-    policy: dict[str, Any] | None = None
-    audit: dict[str, Any] | None = None
-    quotas: dict[str, Any] | None = None
-    keystore: dict[str, Any] | None = None  # managed keys (issue 9): gateway.keystore.settings
-    telemetry: dict[str, Any] | None = None
+    # Optional sections: absent (None) means the feature is off.
+    policy: PolicySettings | None = None
+    audit: AuditSettings | None = None
+    quotas: QuotaSettings | None = None
+    keystore: KeystoreSettings | None = None  # managed keys (store defaults to audit.store)
+    telemetry: TelemetrySettings | None = None
+    # Where the settings were read from (file, key path -> line), set by parse().
+    _source: tuple[str | None, LineMap | None] = PrivateAttr(default=(None, None))
 
     @classmethod
     def settings_customise_sources(
@@ -356,7 +449,17 @@ class GatewaySettings(BaseSettings):
                         f"keys[{i}].models: {name!r} is an alias of {seen[name]!r}; "
                         "list the model name"
                     )
+        ks = self.keystore
+        if ks is not None and ks.enabled and ks.store is None and self.audit is None:
+            raise ValueError("keystore.store: store is not set and there is no audit section "
+                             "(managed keys default to the audit store)")
         return self
+
+    def problems_of(self, exc: ConfigError) -> list[ConfigProblem]:
+        """The problems of ``exc`` (raised by a check of these settings: policy binding, TLS
+        files, audit key files) as ``file:line: key: problem``, located in the config file."""
+        file, lines = self._source
+        return problems_of(exc, file=file, lines=lines)
 
     def model_by_label(self) -> dict[str, ModelSettings]:
         """Map every model name and alias to its :class:`ModelSettings`."""
@@ -368,37 +471,31 @@ class GatewaySettings(BaseSettings):
         return out
 
 
-def format_validation_error(exc: ValidationError) -> str:
-    """One line per problem: ``dotted.key[index]: message``."""
-    lines = []
-    for err in exc.errors():
-        loc = ""
-        for part in err["loc"]:
-            loc += f"[{part}]" if isinstance(part, int) else (f".{part}" if loc else str(part))
-        msg = err["msg"].removeprefix("Value error, ")
-        lines.append(f"{loc or '(top level)'}: {msg}")
-    return "; ".join(lines)
+def _under(base: Path, value: str | Path) -> Path:
+    """``value`` relative to ``base`` (the config file's directory) unless absolute."""
+    path = Path(value)
+    return path if path.is_absolute() else base / path
 
 
-def _resolve_secrets(data: dict[str, Any], environ: Mapping[str, str], base: Path) -> list[str]:
+def _resolve_secrets(
+    data: dict[str, Any], environ: Mapping[str, str], base: Path
+) -> list[tuple[KeyPath, str]]:
     """Fill ``api_key`` of each replica from its ``api_key_env`` / ``api_key_file``.
 
     Returns:
-        One message per secret that could not be resolved (empty when all resolved).
+        ``(key path, problem)`` per secret that could not be resolved (empty when all were).
     """
-    problems: list[str] = []
+    problems: list[tuple[KeyPath, str]] = []
     for i, model in enumerate(data.get("models") or []):
         if not isinstance(model, dict):
             continue
         for j, replica in enumerate(model.get("replicas") or []):
             if not isinstance(replica, dict):
                 continue
-            where = f"models[{i}].replicas[{j}]"
+            where: KeyPath = ("models", i, "replicas", j)
             if "api_key" in replica:
-                problems.append(
-                    f"{where}.api_key: secrets do not belong in the file; "
-                    "use api_key_env or api_key_file"
-                )
+                problems.append(((*where, "api_key"), "secrets do not belong in the file; "
+                                 "use api_key_env or api_key_file"))
                 del replica["api_key"]
                 continue
             env_name = replica.get("api_key_env")
@@ -406,117 +503,159 @@ def _resolve_secrets(data: dict[str, Any], environ: Mapping[str, str], base: Pat
             if isinstance(env_name, str) and _ENV_NAME.match(env_name):
                 value = environ.get(env_name)
                 if not value:
-                    problems.append(
-                        f"{where}.api_key_env: environment variable {env_name} is not set"
-                    )
+                    problems.append(((*where, "api_key_env"),
+                                     f"environment variable {env_name} is not set"))
                     continue
                 replica["api_key"] = value
             elif isinstance(file_name, str):
-                path = Path(file_name)
-                if not path.is_absolute():
-                    path = base / path
+                path = _under(base, file_name)
                 try:
                     value = path.read_text(encoding="utf-8").strip()
                 except OSError as exc:
-                    problems.append(f"{where}.api_key_file: cannot read {path}: {exc.strerror}")
+                    problems.append(((*where, "api_key_file"),
+                                     f"cannot read {path}: {exc.strerror}"))
                     continue
                 if not value:
-                    problems.append(f"{where}.api_key_file: {path} is empty")
+                    problems.append(((*where, "api_key_file"), f"{path} is empty"))
                     continue
                 replica["api_key"] = value
     return problems
 
 
 def parse(
-    data: Any, environ: Mapping[str, str] | None = None, base: Path | None = None
+    data: Any,
+    environ: Mapping[str, str] | None = None,
+    base: Path | None = None,
+    *,
+    file: str | None = None,
+    lines: LineMap | None = None,
 ) -> GatewaySettings:
     """Validate an already-parsed config mapping.
 
     Args:
         data: The YAML document as Python objects.
         environ: Where ``api_key_env`` names are looked up (default: empty mapping).
-        base: Directory relative ``api_key_file`` / ``keys_file`` paths are resolved against.
-            ``keys_file`` (a YAML list shaped like ``keys``) is merged after the inline
-            ``keys`` (see :mod:`gateway.keys_file`).
+        base: Directory every relative path of the config is resolved against (:func:`load`
+            passes the config file's). Without it, relative paths stay relative (to the current
+            directory, where ``api_key_file`` and ``keys_file`` are read). ``keys_file`` (a YAML
+            list shaped like ``keys``) is merged after the inline ``keys``
+            (see :mod:`gateway.keys_file`).
+        file: The config file the data came from (named in each problem).
+        lines: Key path -> 1-based line of ``file`` (:func:`gateway.config_errors.compose_yaml`).
 
     Returns:
-        The frozen settings.
+        The frozen settings, every section validated (and, with ``base``, every relative path
+        made absolute).
 
     Raises:
-        ConfigError: Naming each offending key and the problem.
+        InvalidConfig: One problem per offending key (``file:line: key: problem``).
     """
     if not isinstance(data, dict):
-        raise ConfigError("(top level): the config must be a YAML mapping")
+        raise InvalidConfig([ConfigProblem("(top level)", "the config must be a YAML mapping",
+                                           file, 1 if file else None)])
     data = _deep_copy(data)
-    problems = _resolve_secrets(data, environ or {}, base or Path.cwd())
-    key_labels, key_problems = merge_keys_file(data, base or Path.cwd())
-    problems += key_problems
-    _resolve_paths(data, base or Path.cwd())
+    here = base.absolute() if base is not None else Path.cwd()
+    problems = [ConfigProblem(dotted(path), msg, file, line_of(lines, path))
+                for path, msg in _resolve_secrets(data, environ or {}, here)]
+    key_labels, key_problems = merge_keys_file(data, here)
+    keys_file_line = line_of(lines, ("keys_file",))
+    for text in key_problems:
+        key, _, msg = text.partition(": ")
+        problems.append(ConfigProblem(key, msg, file, keys_file_line))
     try:
         settings = GatewaySettings(**data)
     except ValidationError as exc:
-        found = relabel_keys(format_validation_error(exc), key_labels)
-        raise ConfigError("; ".join([found, *problems])) from exc
+        found = [_relabel(p, key_labels, keys_file_line)
+                 for p in validation_problems(exc, file=file, lines=lines)]
+        raise InvalidConfig([*found, *problems]) from exc
     if problems:
-        raise ConfigError("; ".join(problems))
+        raise InvalidConfig(problems)
+    if base is not None:
+        settings = _resolve_paths(settings, here)
+    settings._source = (file, lines)
     return settings
+
+
+def _relabel(
+    problem: ConfigProblem, labels: list[str], keys_file_line: int | None
+) -> ConfigProblem:
+    """Name where a merged ``keys[i]`` came from (inline ``keys[i]`` or ``keys_file (...)[j]``);
+    an entry of the keys file is reported on the config's ``keys_file:`` line."""
+    key = relabel_keys(problem.key, labels)
+    if key == problem.key:
+        return problem
+    line = keys_file_line if key.startswith("keys_file") else problem.line
+    return ConfigProblem(key, relabel_keys(problem.problem, labels), problem.file, line)
 
 
 def load(path: Path | str, environ: Mapping[str, str] | None = None) -> GatewaySettings:
     """Read and validate the YAML config file at ``path``.
 
     Raises:
-        ConfigError: The file cannot be read, is not YAML, or is invalid (the message names
-            the key, e.g. ``models[0].replicas[1].url: must be an http:// or https:// URL``).
+        ConfigError: The file cannot be read.
+        InvalidConfig: The file is not YAML, or is invalid: one ``file:line: key: problem``
+            per problem, e.g. ``gw.yaml:7: models[0].replicas[1].url: must be an http://
+            or https:// URL``.
     """
     path = Path(path)
+    file = str(path)
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start})") from exc
+
+    def fail(key: str, problem: str, line: int | None) -> InvalidConfig:
+        return InvalidConfig([ConfigProblem(key, problem, file, line)])
+
     try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
-        return parse(data, environ, path.parent)
+        data, lines = compose_yaml(yaml.SafeLoader(text))
+    except DuplicateKeyError as exc:
+        raise fail(dotted(exc.path), f"duplicate key {exc.path[-1]!r}", exc.line) from exc
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark
+        raise fail("(top level)", f"not valid YAML: {exc.problem}",
+                   mark.line + 1 if mark is not None else None) from exc
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+        raise fail("(top level)", f"not valid YAML: {exc}", None) from exc
     except RecursionError as exc:
-        raise ConfigError(f"{path}: the YAML refers to itself or nests too deeply") from exc
-    except ConfigError as exc:
-        raise ConfigError(f"{path}: {exc.message}") from exc
+        raise fail("(top level)", "the YAML refers to itself or nests too deeply", None) from exc
+    try:
+        return parse(data, environ, path.parent, file=file, lines=lines)
+    except RecursionError as exc:
+        raise fail("(top level)", "the YAML refers to itself or nests too deeply", None) from exc
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """SafeLoader that refuses a key repeated in one mapping (YAML 1.2 forbids it; PyYAML
-    silently keeps the last one, so a reviewed file could mean something else than it shows)."""
+def _resolve_paths(model: _M, base: Path) -> _M:
+    """Return ``model`` with every relative :class:`~pathlib.Path` in it (any section, any
+    depth, in lists and mappings) made relative to ``base``, the config file's directory.
 
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: set[Any] = set()
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)
-            if not isinstance(key, str):
-                continue
-            if key in seen:
-                raise ConfigError(f"line {key_node.start_mark.line + 1}: duplicate key {key!r}")
-            seen.add(key)
-        return super().construct_mapping(node, deep=deep)
+    The one place relative paths are resolved: a new ``Path`` field of any section is covered
+    without being listed. URLs (``audit.store: sqlite:///PATH``) are strings and keep their
+    documented meaning.
+    """
+    updates: dict[str, Any] = {}
+    for name in type(model).model_fields:
+        value = getattr(model, name)
+        resolved = _resolved(value, base)
+        if resolved is not value:
+            updates[name] = resolved
+    return model.model_copy(update=updates) if updates else model
 
 
-def _resolve_paths(data: dict[str, Any], base: Path) -> None:
-    """Make the file paths of ``listen``, ``upstream_tls`` and ``audit`` relative to the config
-    file (``audit.store: sqlite://PATH`` keeps its documented meaning)."""
-    for section, keys in (("listen", ("tls_cert_file", "tls_key_file")),
-                          ("upstream_tls", ("ca_file", "cert_file", "key_file")),
-                          ("audit", ("signing_key_file", "pseudonym_key_file", "checkpoint_dir",
-                                     "store_file"))):
-        block = data.get(section)
-        if not isinstance(block, dict):
-            continue
-        for key in keys:
-            value = block.get(key)
-            if isinstance(value, str) and value and not Path(value).is_absolute():
-                block[key] = str(base / value)
+def _resolved(value: Any, base: Path) -> Any:
+    if isinstance(value, Path):
+        return value if value.is_absolute() else base / value
+    if isinstance(value, BaseModel):
+        return _resolve_paths(value, base)
+    if isinstance(value, list):
+        items = [_resolved(v, base) for v in value]
+        return items if any(a is not b for a, b in zip(items, value, strict=True)) else value
+    if isinstance(value, dict):
+        entries = {k: _resolved(v, base) for k, v in value.items()}
+        return entries if any(entries[k] is not value[k] for k in value) else value
+    return value
 
 
 def _deep_copy(value: Any) -> Any:
@@ -535,3 +674,4 @@ def is_loopback_host(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+

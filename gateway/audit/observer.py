@@ -30,6 +30,7 @@ from gateway.audit.pseudonym import ContentHasher, Pseudonymizer, load_pseudonym
 from gateway.audit.records import REQUEST_COMPLETED, REQUEST_STARTED
 from gateway.audit.settings import AuditSettings
 from gateway.audit.writer import AuditLog, Receipt
+from gateway.config_errors import InvalidConfig, validation_problems
 from gateway.errors import ConfigError, ServiceUnavailable
 from gateway.records import RequestRecord
 
@@ -261,11 +262,7 @@ def checked_build(settings: Any) -> AuditObserver | None:
     """
     try:
         return build(settings.audit, config_digest=config_digest(settings.model_dump_json()))
-    except ValidationError as exc:
-        problems = []
-        for err in exc.errors():
-            loc = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err["loc"])
-            problems.append(f"audit{loc}: {err['msg'].removeprefix('Value error, ')}")
-        raise ConfigError("; ".join(problems)) from exc
+    except ValidationError as exc:  # a mapping put into already validated settings
+        raise InvalidConfig(validation_problems(exc, prefix=("audit",))) from exc
     except AuditError as exc:
         raise ConfigError(f"audit: {exc}") from exc

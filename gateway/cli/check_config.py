@@ -10,10 +10,23 @@ from typing import Annotated
 import typer
 
 from gateway.assembly import assemble
+from gateway.config_errors import ConfigProblem, problems_of
 from gateway.errors import ConfigError
 from gateway.settings import load
 
 __all__ = ["check_config"]
+
+
+def _report(file: Path, problems: list[ConfigProblem], as_json: bool, code: int) -> typer.Exit:
+    """Print one line per problem (``file:line: key: problem``) or, with ``--json``,
+    ``{"ok": false, "file", "problems": [{"file", "line", "key", "problem"}, ...]}``."""
+    if as_json:
+        typer.echo(json.dumps({"ok": False, "file": str(file),
+                               "problems": [p.as_json() for p in problems]}))
+    else:
+        for problem in problems:
+            typer.echo(str(problem), err=True)
+    return typer.Exit(code)
 
 
 def check_config(
@@ -22,25 +35,21 @@ def check_config(
 ) -> None:
     """Validate FILE (and its policy file and replica bindings) without serving.
 
-    Exit 0 valid, 1 invalid, 2 unreadable.
+    Prints one line per problem, ``FILE:LINE: KEY: PROBLEM``. Exit 0 valid, 1 invalid,
+    2 unreadable.
     """
     if not file.is_file():
-        msg = f"cannot read config file {file}: not a file"
-        if as_json:
-            typer.echo(json.dumps({"ok": False, "file": str(file), "error": msg}))
-        else:
-            typer.echo(f"gateway: error [config_error]: {msg}", err=True)
-        raise typer.Exit(2)
+        problem = ConfigProblem("(top level)", "cannot read config file: not a file", str(file))
+        raise _report(file, [problem], as_json, 2)
     try:
         settings = load(file, os.environ)
+    except ConfigError as exc:
+        raise _report(file, problems_of(exc, file=str(file)), as_json, 1) from exc
+    try:
         # The same assembly as `gateway serve` (without the process guard); no store is opened.
         assembled = assemble(settings, file.parent)
     except ConfigError as exc:
-        if as_json:
-            typer.echo(json.dumps({"ok": False, "file": str(file), "error": exc.message}))
-        else:
-            typer.echo(f"gateway: invalid config: {exc.message}", err=True)
-        raise typer.Exit(1) from exc
+        raise _report(file, settings.problems_of(exc), as_json, 1) from exc
     policy = assembled.policy
     telemetry = assembled.telemetry.settings if assembled.telemetry is not None else None
     summary = {

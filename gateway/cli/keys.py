@@ -7,8 +7,12 @@ import sys
 from typing import Annotated
 
 import typer
+import yaml
+from pydantic import ValidationError
 
 from gateway.auth import digest_key, new_key
+from gateway.config_errors import validation_problems
+from gateway.settings import KeySettings
 
 __all__ = ["app"]
 
@@ -16,11 +20,15 @@ app = typer.Typer(help="Create API keys (only their SHA-256 goes into the config
                   no_args_is_help=True)
 
 
-def _config_line(key_id: str, digest: str, models: list[str], team: str | None) -> str:
-    fields = [f"id: {key_id}", f"sha256: {digest}", f"models: [{', '.join(models)}]"]
-    if team:
-        fields.append(f"team: {team}")
-    return "  - {" + ", ".join(fields) + "}"
+_OPTIONS = {"id": "--id", "models": "--model", "team": "--team", "data_class": "--data-class"}
+
+
+def _config_line(entry: KeySettings) -> str:
+    """The ``keys:`` entry as one YAML flow mapping (``yaml.safe_dump`` quotes what needs it,
+    e.g. ``models: ['*']``: a bare ``*`` would start a YAML alias)."""
+    fields = entry.model_dump(exclude_none=True)
+    flow = yaml.safe_dump(fields, default_flow_style=True, sort_keys=False, width=1 << 16)
+    return "  - " + flow.strip()
 
 
 @app.command("new")
@@ -30,20 +38,34 @@ def new(
         list[str] | None, typer.Option("--model", "-m", help="Allowed model (repeatable).")
     ] = None,
     team: Annotated[str | None, typer.Option(help="Team the key belongs to.")] = None,
+    data_class: Annotated[
+        str, typer.Option("--data-class", help="Default data class of the key's requests.")
+    ] = "internal",
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
-    """Print a fresh random key ONCE, and the config line holding its SHA-256."""
+    """Print a fresh random key ONCE, and the config line holding its SHA-256.
+
+    The config line is validated like the config file's ``keys:`` entries, so what is printed
+    loads (a bad ``--id`` exits 2 naming the option).
+    """
     key = new_key()
-    digest = digest_key(key).hex()
-    models = model or ["*"]
+    try:
+        entry = KeySettings(id=key_id, sha256=digest_key(key).hex(), models=model or ["*"],
+                            team=team, data_class=data_class)
+    except ValidationError as exc:
+        for problem in validation_problems(exc):
+            option = _OPTIONS.get(problem.key.split("[")[0], problem.key)
+            typer.echo(f"gateway keys: error: {option}: {problem.problem}", err=True)
+        raise typer.Exit(2) from exc
     if as_json:
-        typer.echo(json.dumps({"id": key_id, "key": key, "sha256": digest, "models": models,
-                               "team": team}))
+        typer.echo(json.dumps({"id": entry.id, "key": key, "sha256": entry.sha256,
+                               "models": entry.models, "team": entry.team,
+                               "data_class": entry.data_class}))
         return
     typer.echo(f"key:  {key}")
     typer.echo("      (shown once: store it in your secret manager; the gateway keeps its hash)")
     typer.echo("config line (under keys:):")
-    typer.echo(_config_line(key_id, digest, models, team))
+    typer.echo(_config_line(entry))
 
 
 @app.command("hash")

@@ -87,10 +87,11 @@ def managed_authenticator(settings: Any) -> ManagedKeyAuthenticator | None:
         pydantic.ValidationError: invalid ``keystore:`` section.
         KeystoreConfigError: no store configured anywhere, or an unsupported URL.
     """
-    section = _raw(getattr(settings, "keystore", None))
+    section = getattr(settings, "keystore", None)
     if section is None:
         return None
-    ks = KeystoreSettings.model_validate(section)
+    ks = section if isinstance(section, KeystoreSettings) else (
+        KeystoreSettings.model_validate(_raw(section)))
     if not ks.enabled:
         return None
     audit = _raw(getattr(settings, "audit", None)) or {}

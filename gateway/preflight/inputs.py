@@ -287,10 +287,10 @@ def _policy_path(inputs: Inputs, facts: Facts) -> Path | None:
     if inputs.policy is not None:
         return inputs.policy
     section = getattr(facts.settings, "policy", None) if facts.settings is not None else None
-    if isinstance(section, dict) and section.get("file"):
-        p = Path(str(section["file"]))
-        return p if p.is_absolute() or inputs.config is None else inputs.config.parent / p
-    return None
+    if section is None:
+        return None
+    p = Path(section["file"] if isinstance(section, dict) else section.file)
+    return p if p.is_absolute() or inputs.config is None else inputs.config.parent / p
 
 
 def collect(inputs: Inputs, criteria: Criteria) -> Facts:

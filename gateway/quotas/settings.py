@@ -125,8 +125,8 @@ class QuotaSettings(BaseModel):
         if self.backend == "redis" and not self.redis_url.startswith(
             ("redis://", "rediss://", "unix://")
         ):
-            raise ValueError(
-                "quotas.redis_url must start with redis://, rediss:// or unix:// "
+            raise ValueError(  # "key: problem": reported on quotas.redis_url
+                "redis_url: must start with redis://, rediss:// or unix:// "
                 f"(got {self.redis_url!r})"
             )
         return self

@@ -279,12 +279,14 @@ def test_check_config_validates_policy_file_and_bindings(tmp_path: Path) -> None
     cfg_file.write_text(yaml.safe_dump(cfg))
     bad = _check_config(cfg_file)
     assert bad.returncode == 1
-    assert "models[0].replicas[2].destination" in json.loads(bad.stdout)["error"]
+    problems = json.loads(bad.stdout)["problems"]
+    assert "models[0].replicas[2].destination" in [p["key"] for p in problems]
 
     pfile.write_text(pfile.read_text().replace("effect: deny", "effect: maybe"))
     cfg["models"][0]["replicas"][2]["url"] = urls["eu-a"]
     cfg_file.write_text(yaml.safe_dump(cfg))
     broken = _check_config(cfg_file)
     assert broken.returncode == 1
-    err = json.loads(broken.stdout)["error"]
+    [problem] = json.loads(broken.stdout)["problems"]
+    err = f"{problem['key']}: {problem['problem']}"
     assert err.startswith("policy.file: ") and "policy.yaml:" in err and "effect" in err

@@ -40,12 +40,13 @@ def test_settings_are_frozen() -> None:
         s.limits.max_body_bytes = 1  # type: ignore[misc]
 
 
-def test_defaults_and_later_sections_accepted() -> None:
+def test_defaults_and_optional_sections_accepted(tmp_path: Path) -> None:
     cfg = config(["http://127.0.0.1:1"])
     cfg.update(policy={"file": "policy.yaml"}, audit={"store": "sqlite:///x.db"}, quotas={},
                telemetry={})
-    s = parse(cfg, {"VLLM_KEY": "k"})
-    assert s.policy == {"file": "policy.yaml"}
+    s = parse(cfg, {"VLLM_KEY": "k"}, tmp_path)
+    assert s.policy is not None and s.policy.file == tmp_path / "policy.yaml"
+    assert s.audit is not None and s.audit.store == "sqlite:///x.db"
     assert s.limits.max_body_bytes == 16 * 1024 * 1024
 
 

@@ -248,8 +248,10 @@ def test_check_config_validates_the_collector_destination(tmp_path: Path) -> Non
     cfg["telemetry"]["otlp_endpoint"] = "http://collector.example:4318"
     bad = check()
     assert bad.returncode == 1
-    assert json.loads(bad.stdout)["error"].startswith(
-        "telemetry.otlp_endpoint_destination: replica http://collector.example:4318: host is "
-        "not destination collector")
+    [problem] = json.loads(bad.stdout)["problems"]
+    assert problem["key"] == "telemetry.otlp_endpoint_destination"
+    assert problem["problem"].startswith(
+        "replica http://collector.example:4318: host is not destination collector")
     cfg["telemetry"] = {"sample_ratio": 2}
-    assert json.loads(check().stdout)["error"].startswith("telemetry.sample_ratio: ")
+    [problem] = json.loads(check().stdout)["problems"]
+    assert problem["key"] == "telemetry.sample_ratio"

@@ -120,8 +120,9 @@ def test_check_config_refuses_a_collector_outside_the_policy(tmp_path: Path) -> 
     code, out = pf.check_config(pod.config_file)
     assert code == 1
     assert out["ok"] is False
-    assert "telemetry.otlp_endpoint_destination" in out["error"]
-    assert "'otel-collector' is not defined in policy" in out["error"]
+    [problem] = out["problems"]
+    assert problem["key"] == "telemetry.otlp_endpoint_destination"
+    assert "'otel-collector' is not defined in policy" in problem["problem"]
 
 
 def test_check_config_refuses_an_unmounted_file(tmp_path: Path) -> None:
@@ -134,7 +135,7 @@ def test_check_config_refuses_an_unmounted_file(tmp_path: Path) -> None:
     pod = pf.materialize(h.render(h.SCENARIOS["default"], extra), tmp_path / "pod")
     code, out = pf.check_config(pod.config_file)
     assert code == 1
-    assert "/etc/sovereign-gateway/not-mounted/key" in out["error"]
+    assert any("/etc/sovereign-gateway/not-mounted/key" in p["problem"] for p in out["problems"])
 
 
 @pytest.mark.parametrize("scenario", sorted(h.SCENARIOS))

@@ -196,11 +196,11 @@ def test_missing_tokenizer_falls_back_without_download(tmp_path: Path) -> None:
     [
         (
             {"quotas": {"defaults": {"key": {"requests_per_minute": 0}}}},
-            "quotas: defaults.key.requests_per_minute",
+            "quotas.defaults.key.requests_per_minute: ",
         ),
-        ({"quotas": {"backend": "redis", "redis_url": "http://x"}}, "quotas: "),
-        ({"keystore": {"refresh_s": 0}}, "keystore: refresh_s"),
-        ({"keystore": {}}, "keystore: store is not set"),
+        ({"quotas": {"backend": "redis", "redis_url": "http://x"}}, "quotas.redis_url: "),
+        ({"keystore": {"refresh_s": 0}}, "keystore.refresh_s: "),
+        ({"keystore": {}}, "keystore.store: store is not set"),
     ],
 )
 def test_check_config_rejects_invalid_limit_sections(
