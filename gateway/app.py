@@ -111,12 +111,16 @@ def create_app(
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[dict[str, Any]]:
         session = new_session(settings, connector_factory, upstream_middlewares)
+        fresh_session = new_session(
+            settings, connector_factory, upstream_middlewares, pooled=False
+        )
         state = GatewayState(
             settings=settings,
             router=the_router,
             authenticator=the_auth,
             policy=the_policy,
             session=session,
+            fresh_session=fresh_session,
             observers=tuple(observers),
             admission=tuple(admission),
             forward_headers=frozenset(h.encode() for h in settings.limits.forward_headers),
@@ -142,6 +146,7 @@ def create_app(
                 if shutdown is not None:
                     await shutdown()
             await session.close()
+            await fresh_session.close()
 
     app = _GatewayApp(
         title="sovereign-gateway",

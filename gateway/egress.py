@@ -437,7 +437,8 @@ def with_policy(
         kwargs["router"] = router
         limit = settings.limits.max_upstream_connections
         kwargs["connector_factory"] = lambda: make_connector(
-            runtime.matcher, limit=limit, limit_per_host=0, keepalive_timeout=30
+            runtime.matcher, limit=limit, limit_per_host=0,
+            keepalive_timeout=settings.timeouts.upstream_keep_alive_s,
         )
         kwargs["upstream_middlewares"] = (
             *kwargs.get("upstream_middlewares", ()), policy_middleware(runtime.matcher)

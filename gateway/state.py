@@ -36,6 +36,7 @@ class GatewayState:
         authenticator: Key -> principal.
         policy: Per-request routing decision (egress policy seam).
         session: The pooled upstream client.
+        fresh_session: Upstream client without pooling (the retry after a stale connection).
         observers: Request observers (audit, telemetry).
         admission: Admission hooks (quotas).
         forward_headers: Client header names (lower-case bytes) relayed upstream.
@@ -51,6 +52,7 @@ class GatewayState:
     authenticator: Authenticator
     policy: RoutePolicy
     session: aiohttp.ClientSession
+    fresh_session: aiohttp.ClientSession | None = None
     observers: Sequence[RequestObserver] = ()
     admission: Sequence[AdmissionHook] = ()
     forward_headers: frozenset[bytes] = field(default_factory=frozenset)
