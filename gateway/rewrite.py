@@ -7,13 +7,28 @@ whitespace, number spelling and unknown fields (``tools``, ``response_format``, 
 vLLM extras), is copied byte for byte: the top level is walked with the standard library's JSON
 scanner, which reports where each value starts and ends.
 
-JSON grammar: RFC 8259. A duplicated top-level ``model``, ``stream`` or ``stream_options`` key is
-refused, because the gateway and the backend might otherwise read different values.
+JSON grammar: RFC 8259, strictly; anything else is a 400 ``invalid_json`` naming the position
+(line, column, character offset), never a 500:
+
+* ``NaN``, ``Infinity`` and ``-Infinity`` (Python's extension) are refused;
+* a number whose value is out of range is refused: an integer of more than 4,300 digits
+  (Python's conversion limit, which the Python-based backends share) or a float that overflows
+  to infinity (``1e999``); RFC 8259 §6 lets implementations limit the range;
+* a string with an unpaired UTF-16 surrogate escape (``"\ud800"``) is refused: RFC 8259 §8.2
+  says the behaviour of receivers is unpredictable, and UTF-8 cannot carry it;
+* a byte order mark is refused (RFC 8259 §8.1: senders must not add one), as is nesting deeper
+  than the interpreter's recursion limit.
+
+Duplicate keys (RFC 8259 §4 leaves their meaning open): a duplicated top-level ``model``,
+``stream`` or ``stream_options`` key is refused, because the gateway and the backend might
+otherwise read different values. Other duplicates are relayed untouched: the gateway does not
+interpret them, and Python-based backends (vLLM) take the last one, as Python's parser does.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from json.decoder import JSONDecodeError, scanstring  # type: ignore[attr-defined]
@@ -24,7 +39,27 @@ from gateway.errors import InvalidRequest
 __all__ = ["ParsedBody", "parse_body"]
 
 _WS = re.compile(r"[ \t\n\r]*")
-_DECODER = json.JSONDecoder()
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+class _OutOfRange(ValueError):
+    """A number or constant that RFC 8259 excludes or that cannot be represented."""
+
+
+def _parse_float(literal: str) -> float:
+    value = float(literal)
+    if value in (math.inf, -math.inf):
+        raise _OutOfRange(f"number {literal[:40]} is out of range")
+    return value
+
+
+def _parse_constant(literal: str) -> float:
+    raise _OutOfRange(f"{literal} is not valid JSON (RFC 8259)")
+
+
+# int stays the C fast path (token-id prompts are long int arrays); it raises ValueError beyond
+# the digit limit, which _decode_value maps.
+_DECODER = json.JSONDecoder(parse_float=_parse_float, parse_constant=_parse_constant)
 _INTERPRETED = frozenset({"model", "stream", "stream_options"})
 
 
@@ -106,7 +141,7 @@ def _scan_object(text: str) -> tuple[int, dict[str, Any], dict[str, tuple[int, i
             if text[idx : idx + 1] != ":":
                 raise JSONDecodeError("Expecting ':' delimiter", text, idx)
             idx = _WS.match(text, idx + 1).end()  # type: ignore[union-attr]
-            value, end = _DECODER.raw_decode(text, idx)
+            value, end = _decode_value(text, idx)
             if key in spans and key in _INTERPRETED:
                 raise InvalidRequest(f"duplicate key {key!r} in request body", param=key)
             values[key] = value
@@ -124,6 +159,46 @@ def _scan_object(text: str) -> tuple[int, dict[str, Any], dict[str, tuple[int, i
     if idx != len(text):
         raise JSONDecodeError("Extra data", text, idx)
     return brace, values, spans
+
+
+def _decode_value(text: str, idx: int) -> tuple[Any, int]:
+    """One JSON value at ``idx``; out-of-range numbers and constants as ``JSONDecodeError``."""
+    try:
+        return _DECODER.raw_decode(text, idx)
+    except JSONDecodeError:
+        raise
+    except _OutOfRange as exc:
+        raise JSONDecodeError(f"{exc} (in the value starting here)", text, idx) from exc
+    except ValueError as exc:  # int(): more digits than the interpreter converts
+        msg = "integer with too many digits (in the value starting here)"
+        raise JSONDecodeError(msg, text, idx) from exc
+
+
+def _has_lone_surrogate(value: Any) -> bool:
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return True
+        return False
+    if isinstance(value, dict):
+        return any(_has_lone_surrogate(k) or _has_lone_surrogate(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_has_lone_surrogate(v) for v in value)
+    return False
+
+
+def _check_surrogates(text: str, values: dict[str, Any], spans: dict[str, tuple[int, int]]) -> None:
+    """Refuse unpaired surrogate escapes (only looked for when the text has such an escape)."""
+    if _SURROGATE_ESCAPE.search(text) is None:
+        return
+    for key, value in values.items():
+        if _has_lone_surrogate(key) or _has_lone_surrogate(value):
+            raise JSONDecodeError(
+                "unpaired UTF-16 surrogate escape in a string (in the value starting here)",
+                text,
+                spans[key][0],
+            )
 
 
 def parse_body(raw: bytes) -> ParsedBody:
@@ -147,8 +222,15 @@ def parse_body(raw: bytes) -> ParsedBody:
         raise InvalidRequest(
             f"Request body is not valid UTF-8 (byte {exc.start})", code="invalid_json"
         ) from exc
+    if text.startswith("\ufeff"):
+        raise InvalidRequest(
+            "Invalid JSON in request body: byte order mark (RFC 8259 §8.1): line 1 column 1 "
+            "(char 0)",
+            code="invalid_json",
+        )
     try:
         brace, values, spans = _scan_object(text)
+        _check_surrogates(text, values, spans)
     except JSONDecodeError as exc:
         raise _fail_json(exc) from exc
     except RecursionError as exc:
