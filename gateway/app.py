@@ -196,22 +196,30 @@ def create_app(
 
     @app.get("/v1/models")
     async def list_models(request: Request) -> dict[str, Any]:
-        """The models the calling key may use (OpenAI ``GET /v1/models`` shape)."""
+        """The models the calling key may use (OpenAI ``GET /v1/models`` shape).
+
+        ``aliases`` lists every other name the key may send for the model: configured aliases
+        and the backend's ``served_model_name`` (the name responses carry in ``model``).
+        """
         principal = _principal(request)
+        router = gateway_state(request).router
         data = [
-            _model_entry(m.name, m.aliases, created)
-            for m in settings.models
-            if principal.may_use(m.name)
+            _model_entry(name, router.client_names(pool, principal.may_use), created)
+            for name, pool in router.pools.items()
+            if principal.may_use(name)
         ]
         return {"object": "list", "data": data}
 
     @app.get("/v1/models/{model_id:path}")
     async def get_model(model_id: str, request: Request) -> dict[str, Any]:
-        """One model, if it exists and the key may use it (404 otherwise, no oracle)."""
+        """One model by any name it may be sent as (404 if unknown or not allowed, no oracle)."""
         principal = _principal(request)
-        model = settings.model_by_label().get(model_id)
-        if model is None or not principal.may_use(model.name):
+        router = gateway_state(request).router
+        pool = router.resolve(model_id, principal.may_use)
+        if pool is None or not principal.may_use(pool.model.name):
             raise ModelNotFound(f"The model '{model_id}' does not exist.", param="model")
-        return _model_entry(model.name, model.aliases, created)
+        return _model_entry(
+            pool.model.name, router.client_names(pool, principal.may_use), created
+        )
 
     return app

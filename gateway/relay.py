@@ -195,7 +195,7 @@ async def _serve(
     parsed = parse_body(raw)
     record.model = parsed.model
     record.stream = parsed.stream
-    pool = state.router.resolve(parsed.model)
+    pool = state.router.resolve(parsed.model, principal.may_use)
     if pool is None:
         raise ModelNotFound(f"The model '{parsed.model}' does not exist.", param="model")
     model = pool.model

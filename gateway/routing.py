@@ -209,7 +209,12 @@ class Pool:
 
 
 class Router:
-    """All pools, by canonical name and alias.
+    """All pools, by canonical name, alias and backend-served name.
+
+    Backends answer with their ``served_model_name`` in ``model``, and clients send that name
+    back; so a served name that is no configured name or alias also resolves, to the model(s)
+    whose ``served_model_name`` it is. When several models share one served name, the first in
+    configuration order that the caller's key may use wins.
 
     Args:
         settings: Gateway settings (``models`` and ``health.cooldown_s`` are used).
@@ -223,10 +228,38 @@ class Router:
         self._labels: dict[str, Pool] = {
             label: self.pools[m.name] for label, m in settings.model_by_label().items()
         }
+        self._served: dict[str, list[Pool]] = {}
+        for m in settings.models:
+            if m.served_model_name and m.served_model_name not in self._labels:
+                self._served.setdefault(m.served_model_name, []).append(self.pools[m.name])
 
-    def resolve(self, label: str) -> Pool | None:
-        """The pool for a model name or alias, or ``None``."""
-        return self._labels.get(label)
+    def resolve(self, label: str, may_use: Callable[[str], bool] | None = None) -> Pool | None:
+        """The pool for a model name, alias or served name, or ``None``.
+
+        Args:
+            label: What the client sent in ``model``.
+            may_use: ``Principal.may_use``: picks among models sharing a served name (when the
+                key may use none of them, the first is returned and the caller refuses it).
+        """
+        pool = self._labels.get(label)
+        if pool is not None:
+            return pool
+        shared = self._served.get(label)
+        if not shared:
+            return None
+        if may_use is not None:
+            for candidate in shared:
+                if may_use(candidate.model.name):
+                    return candidate
+        return shared[0]
+
+    def client_names(self, pool: Pool, may_use: Callable[[str], bool]) -> list[str]:
+        """What a key may send to reach ``pool``, besides its name: aliases and served name."""
+        names = list(pool.model.aliases)
+        served = pool.model.served_model_name
+        if served and served not in names and self.resolve(served, may_use) is pool:
+            names.append(served)
+        return names
 
     def not_ready(self) -> list[str]:
         """Names of models with no available replica (empty when ready)."""
