@@ -29,6 +29,7 @@ from gateway.access import AccessLogMiddleware
 from gateway.auth import Authenticator, KeyRing, Principal, bearer_token
 from gateway.errors import GatewayError, InvalidRequest, MethodNotAllowed, ModelNotFound
 from gateway.health import HealthProber
+from gateway.http_guard import framing_refusal, scope_framing_problem
 from gateway.records import AdmissionHook, RequestObserver
 from gateway.routing import AllowAll, RoutePolicy, Router
 from gateway.settings import GatewaySettings
@@ -42,9 +43,17 @@ class _GatewayApp(FastAPI):
     """FastAPI with a path dispatch in front for the relay hot path."""
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and scope["path"] in relay.RELAY_PATHS:
-            await relay.handle(gateway_state(scope), scope, receive, send)
-            return
+        if scope["type"] == "http":
+            problem = scope_framing_problem(scope["headers"])
+            if problem is not None:
+                # Second layer behind gateway.http_guard's parser check (any ASGI server):
+                # answer and let the server close, so a smuggled request is never read.
+                for message in framing_refusal(problem):
+                    await send(message)
+                return
+            if scope["path"] in relay.RELAY_PATHS:
+                await relay.handle(gateway_state(scope), scope, receive, send)
+                return
         await super().__call__(scope, receive, send)
 
 

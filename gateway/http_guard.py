@@ -31,6 +31,9 @@ Slow and idle clients:
 Refusals are written as complete responses, then the write side is shut (``FIN``) and anything
 the client still sends is discarded for at most :data:`LINGER_S` before the socket is closed, so
 the client reads the answer instead of a connection reset.
+
+A second layer, :func:`scope_framing_problem`, runs in the app on the ASGI scope headers, so the
+app refuses (and closes after) ``Content-Length`` with ``Transfer-Encoding`` under any server.
 """
 
 from __future__ import annotations
@@ -52,8 +55,15 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from gateway.settings import LimitSettings
 
-__all__ = ["LINGER_S", "GuardedH11Protocol", "framing_problem", "guarded_protocol",
-           "server_options"]
+__all__ = [
+    "LINGER_S",
+    "GuardedH11Protocol",
+    "framing_problem",
+    "framing_refusal",
+    "guarded_protocol",
+    "scope_framing_problem",
+    "server_options",
+]
 
 LINGER_S = 2.0
 """Seconds a refused connection keeps reading (and discarding) before it is closed."""
@@ -100,6 +110,48 @@ def framing_problem(request_line: bytes, header_lines: list[bytes] | list[bytear
     if encodings and request_line.endswith(b"HTTP/1.0"):
         return "Transfer-Encoding in an HTTP/1.0 request"
     return None
+
+
+def scope_framing_problem(headers: list[tuple[bytes, bytes]]) -> str | None:
+    """The framing check on ASGI scope headers (second layer, for any ASGI server).
+
+    Servers merge or unfold some cases before the application sees them, so this catches less
+    than :func:`framing_problem` on the raw head; it does catch ``Content-Length`` together with
+    ``Transfer-Encoding`` under plain uvicorn h11, which serves a smuggled request otherwise.
+
+    Args:
+        headers: ASGI ``scope["headers"]`` (lower-case names).
+    """
+    lengths = encodings = 0
+    for name, value in headers:
+        if name == b"content-length":
+            lengths += 1
+        elif name == b"transfer-encoding":
+            encodings += 1
+            if value.strip(_OWS).lower() != b"chunked":
+                return "Transfer-Encoding other than a single 'chunked' is not supported"
+    if lengths and encodings:
+        return "both Content-Length and Transfer-Encoding are present"
+    if lengths > 1 or encodings > 1:
+        return "repeated Content-Length or Transfer-Encoding header"
+    return None
+
+
+def framing_refusal(problem: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """ASGI messages of the 400 ``invalid_framing`` answer (``Connection: close``)."""
+    body = json.dumps(
+        {"error": {"message": f"Invalid HTTP request framing: {problem}.",
+                   "type": "invalid_request_error", "param": None, "code": "invalid_framing"}},
+        separators=(",", ":"),
+    ).encode()
+    start = {
+        "type": "http.response.start",
+        "status": 400,
+        "headers": [(b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                    (b"connection", b"close")],
+    }
+    return start, {"type": "http.response.body", "body": body, "more_body": False}
 
 
 class _StrictConnection(h11.Connection):
@@ -271,11 +323,12 @@ def server_options(limits: LimitSettings, **options: Any) -> dict[str, Any]:
     Returns:
         Keyword arguments for :func:`uvicorn.run` / :class:`uvicorn.Config`: standard asyncio
         loop (never uvloop: the egress guard relies on audit hooks), the guarded h11 protocol,
-        no access log, no server header.
+        no WebSocket upgrades, no access log, no server header.
     """
     out: dict[str, Any] = {
         "loop": "asyncio",
         "http": guarded_protocol(limits),
+        "ws": "none",  # no WebSocket routes: an Upgrade request stays plain HTTP
         "timeout_keep_alive": limits.keep_alive_timeout_s,
         "lifespan": "on",
         "access_log": False,

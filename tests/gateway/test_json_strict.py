@@ -71,6 +71,13 @@ def _shapes(rng: random.Random) -> list[bytes]:
     keys = [b'"model"', b'"stream"', b'"stream_options"', b'"x"', b'"y"', b'"\\ud800"',
             b'""', b"model", b'"user"']
     out: list[bytes] = []
+    base = b'"model":"llama-3.1-8b","max_tokens":2,"messages":[{"role":"user","content":"hi"}]'
+    for atom in atoms:  # every atom at least once in an otherwise valid request
+        for depth in (0, 1, 30):
+            value = atom
+            for level in range(depth):
+                value = b"[" + value + b"]" if level % 2 else b'{"k":' + value + b"}"
+            out.append(b"{" + base + b',"x":' + value + b"}")
     for _ in range(150):
         depth = rng.choice([0, 1, 5, 50, 5000])
         value = rng.choice(atoms)

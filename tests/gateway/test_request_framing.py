@@ -8,11 +8,12 @@ a second request hidden behind the first must never be served.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
+from gateway.app import create_app
 from tests.gateway.gateway_server import Servers, connect, read_until_closed, split_response
 from tests.gateway.helpers import KEY_A, Sim, settings
 
@@ -121,3 +122,20 @@ def test_sound_framing_keeps_the_connection_for_the_next_request(
             data += chunk
     assert data.startswith(b"HTTP/1.1 200 ")
     assert b"HTTP/1.1 200 " in data[10:]
+
+
+@pytest.mark.parametrize("path", [b"/v1/chat/completions", b"/healthz"])
+def test_app_refuses_cl_and_te_under_plain_uvicorn(
+    serve_asgi: Callable[..., Any], sim: Sim, path: bytes
+) -> None:
+    """Second layer: the app itself refuses CL+TE and the server closes after the answer."""
+    srv = serve_asgi(create_app(settings([sim.url])))  # plain uvicorn h11, no guarded protocol
+    headers, body = CASES["cl_and_te"]
+    with connect(srv.port) as sock:
+        sock.sendall(_head(path, *headers) + body + SMUGGLED)
+        data, closed = read_until_closed(sock)
+    assert closed
+    status, resp_headers, resp_body = split_response(data)
+    assert status == 400 and resp_headers["connection"] == "close"
+    assert json.loads(resp_body)["error"]["code"] == "invalid_framing"
+    assert data.count(b"HTTP/1.1 ") == 1, data
