@@ -201,21 +201,8 @@ def _check_surrogates(text: str, values: dict[str, Any], spans: dict[str, tuple[
             )
 
 
-def parse_body(raw: bytes) -> ParsedBody:
-    """Validate a request body and locate the values the gateway rewrites.
-
-    Args:
-        raw: The complete request body.
-
-    Returns:
-        The parsed body.
-
-    Raises:
-        InvalidRequest: Not UTF-8, not JSON (message gives line, column and character offset),
-            not an object, duplicate interpreted key, no string ``model``, a ``stream`` or
-            ``stream_options.include_usage`` that is neither boolean nor null, or a
-            ``stream_options`` that is neither object nor null.
-    """
+def _decode_text(raw: bytes) -> str:
+    """UTF-8 without a byte order mark (RFC 8259 §8.1)."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -228,6 +215,27 @@ def parse_body(raw: bytes) -> ParsedBody:
             "(char 0)",
             code="invalid_json",
         )
+    return text
+
+
+def parse_body(raw: bytes) -> ParsedBody:
+    """Validate a request body and locate the values the gateway rewrites.
+
+    Args:
+        raw: The complete request body.
+
+    Returns:
+        The parsed body.
+
+    Raises:
+        InvalidRequest: Not UTF-8, a byte order mark, not RFC 8259 JSON (``invalid_json``;
+            includes NaN/Infinity, out-of-range numbers and unpaired surrogate escapes; the
+            message gives line, column and character offset), not an object, duplicate
+            interpreted key, no string ``model``, a ``stream`` or
+            ``stream_options.include_usage`` that is neither boolean nor null, or a
+            ``stream_options`` that is neither object nor null.
+    """
+    text = _decode_text(raw)
     try:
         brace, values, spans = _scan_object(text)
         _check_surrogates(text, values, spans)
