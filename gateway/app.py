@@ -31,7 +31,7 @@ from gateway.errors import GatewayError, InvalidRequest, MethodNotAllowed, Model
 from gateway.health import HealthProber
 from gateway.http_guard import framing_refusal, scope_framing_problem
 from gateway.records import AdmissionHook, RequestObserver
-from gateway.routing import AllowAll, RoutePolicy, Router
+from gateway.routing import AllowAll, ClassifyingPolicy, RoutePolicy, Router
 from gateway.settings import GatewaySettings
 from gateway.state import STATE_KEY, GatewayState, gateway_state
 from gateway.upstream import ConnectorFactory, new_session, tls_context
@@ -114,7 +114,7 @@ def create_app(
     hooks: list[Any] = [the_auth, *observers, *admission]
     # A policy may have a lifespan too (egress events to the audit log), after the observers.
     hooks.append(the_policy)
-    class_header = getattr(the_policy, "classification_header", None)
+    classifying = the_policy if isinstance(the_policy, ClassifyingPolicy) else None
     upstream_ssl = tls_context(settings.upstream_tls)  # fails at start, not per request
 
     @asynccontextmanager
@@ -133,8 +133,10 @@ def create_app(
             observers=tuple(observers),
             admission=tuple(admission),
             forward_headers=frozenset(h.encode() for h in settings.limits.forward_headers),
-            class_header=class_header.encode("latin-1") if class_header else None,
-            classify=getattr(the_policy, "classify", None),
+            class_header=(
+                classifying.classification_header.encode("latin-1") if classifying else None
+            ),
+            classify=classifying.classify if classifying else None,
             upstream_ssl=upstream_ssl,
         )
         prober = HealthProber(the_router, session, settings.health, upstream_ssl)

@@ -23,12 +23,20 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from gateway.auth import Principal
 from gateway.settings import GatewaySettings, ModelSettings
 
-__all__ = ["AllowAll", "Pool", "Replica", "RouteDecision", "RoutePolicy", "Router"]
+__all__ = [
+    "AllowAll",
+    "ClassifyingPolicy",
+    "Pool",
+    "Replica",
+    "RouteDecision",
+    "RoutePolicy",
+    "Router",
+]
 
 Clock = Callable[[], float]
 
@@ -111,17 +119,37 @@ class RouteDecision:
 
 
 class RoutePolicy(Protocol):
-    """Filters the replicas a request may reach (egress policy seam, issue 3).
+    """Filters the replicas a request may reach (egress policy seam).
 
-    A policy may also define ``classification_header`` (lower-case header name) and
-    ``classify(principal, header_value) -> Principal`` (raise a ``GatewayError`` to refuse):
-    the relay then resolves the request's data class from that header before ``decide``.
+    A policy that also resolves the request's data class from a header implements
+    :class:`ClassifyingPolicy`.
     """
 
     def decide(
         self, principal: Principal, model: ModelSettings, replicas: Sequence[Replica]
     ) -> RouteDecision:
         """Return the allowed candidates, or raise a ``GatewayError`` (e.g. 403) to refuse."""
+        ...
+
+
+@runtime_checkable
+class ClassifyingPolicy(RoutePolicy, Protocol):
+    """A routing policy that also resolves the request's data class from a header.
+
+    The relay reads ``classification_header`` and calls ``classify`` before ``decide``.
+
+    Attributes:
+        classification_header: Lower-case name of the header carrying the requested class.
+    """
+
+    classification_header: str
+
+    def classify(self, principal: Principal, header_value: str | None) -> Principal:
+        """The principal with its data class for this request (``header_value`` may be None).
+
+        Raises:
+            GatewayError: The class change is refused (403) or the class is unknown (400).
+        """
         ...
 
 
