@@ -120,16 +120,15 @@ def create_app(
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[dict[str, Any]]:
         session = new_session(settings, connector_factory, upstream_middlewares)
-        fresh_session = new_session(
-            settings, connector_factory, upstream_middlewares, pooled=False
-        )
         state = GatewayState(
             settings=settings,
             router=the_router,
             authenticator=the_auth,
             policy=the_policy,
             session=session,
-            fresh_session=fresh_session,
+            open_session=lambda: new_session(
+                settings, connector_factory, upstream_middlewares, pooled=False
+            ),
             observers=tuple(observers),
             admission=tuple(admission),
             forward_headers=frozenset(h.encode() for h in settings.limits.forward_headers),
@@ -157,7 +156,6 @@ def create_app(
                 if shutdown is not None:
                     await shutdown()
             await session.close()
-            await fresh_session.close()
 
     app = _GatewayApp(
         title="sovereign-gateway",

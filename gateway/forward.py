@@ -220,15 +220,22 @@ async def _attempt(
         GatewayError: Any failure before the response started (sent as a status by the caller).
     """
     timeouts = ex.state.settings.timeouts
+    session = ex.state.session
+    if fresh and ex.state.open_session is not None:
+        session = ex.state.open_session()  # its own connector: no pooled connection in it
     resp: aiohttp.ClientResponse | None = None
     relay: _Relay | None = None
     try:
         async with asyncio.timeout(timeouts.first_byte_s) as deadline:
             relay = _Relay(ex, replica, deadline)
             try:
-                resp = await _post(ex, replica, body, headers, fresh)
+                resp = await session.post(
+                    replica.url + ex.record.path, data=body, headers=headers,
+                    allow_redirects=False, ssl=ex.state.upstream_ssl,
+                )
                 retry = _retryable_status(ex, replica, resp)
                 if retry is not None:
+                    relay.complete = True  # nothing more to read: the connection may be reused
                     return retry
                 await _relay_response(relay, resp, drop_usage)
                 return None
@@ -249,19 +256,8 @@ async def _attempt(
                 resp.release()
             else:
                 resp.close()
-
-
-async def _post(
-    ex: Exchange, replica: Replica, body: bytes, headers: dict[str, str], fresh: bool
-) -> aiohttp.ClientResponse:
-    state = ex.state
-    session = state.session
-    if fresh:
-        # A connection of its own, closed after this response: never a pooled one.
-        session = state.fresh_session or session
-        headers = {**headers, "connection": "close"}
-    return await session.post(replica.url + ex.record.path, data=body, headers=headers,
-                              allow_redirects=False, ssl=state.upstream_ssl)
+        if session is not ex.state.session:
+            await session.close()
 
 
 def _closed_before_response(exc: BaseException) -> bool:
@@ -278,7 +274,6 @@ def _retryable_status(
     status = resp.status
     if status in _RETRY_STATUSES:
         retry_after = resp.headers.get("retry-after")
-        resp.release()
         cool = _retry_after_s(retry_after) if status == 429 else None
         ex.pool.eject(replica, cool)
         relayed = {"retry-after": retry_after} if retry_after else {}

@@ -36,7 +36,9 @@ class GatewayState:
         authenticator: Key -> principal.
         policy: Per-request routing decision (egress policy seam).
         session: The pooled upstream client.
-        fresh_session: Upstream client without pooling (the retry after a stale connection).
+        open_session: Makes a new upstream client with a connector of its own (the retry after
+            a stale pooled connection: a connection that no other request can have used); the
+            caller closes it.
         observers: Request observers (audit, telemetry).
         admission: Admission hooks (quotas).
         forward_headers: Client header names (lower-case bytes) relayed upstream.
@@ -52,7 +54,7 @@ class GatewayState:
     authenticator: Authenticator
     policy: RoutePolicy
     session: aiohttp.ClientSession
-    fresh_session: aiohttp.ClientSession | None = None
+    open_session: Callable[[], aiohttp.ClientSession] | None = None
     observers: Sequence[RequestObserver] = ()
     admission: Sequence[AdmissionHook] = ()
     forward_headers: frozenset[bytes] = field(default_factory=frozenset)

@@ -69,10 +69,9 @@ def new_session(
         connector_factory: Returns the connector to use; default a plain ``TCPConnector``.
         middlewares: aiohttp client middlewares, outermost first (telemetry's client spans,
             the egress policy's URL and redirect checks).
-        pooled: ``False`` for the session of retries after a stale connection: with the
-            default connector every connection is closed after its response
-            (``force_close``); callers also send ``Connection: close`` so that an injected
-            connector does not pool it either.
+        pooled: ``False`` for the short-lived session of one retry after a stale connection
+            (the caller closes it, and with it its connector); the default connector then
+            closes every connection after its response (``force_close``).
     """
     if connector_factory is not None:
         connector = connector_factory()

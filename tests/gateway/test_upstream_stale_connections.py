@@ -15,6 +15,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import aiohttp
 import httpx
 import openai
 import pytest
@@ -103,13 +104,21 @@ def dropping_backend() -> Iterator[DropsReusedConnections]:
     backend.stop()
 
 
+def _injected_connector() -> aiohttp.BaseConnector:
+    # Like the egress policy's checked connector: injected, pooling, long keep-alive.
+    return aiohttp.TCPConnector(keepalive_timeout=60)
+
+
+@pytest.mark.parametrize("connector_factory", [None, _injected_connector],
+                         ids=["default-connector", "injected-connector"])
 def test_reused_connection_found_closed_is_retried_without_ejecting(
-    serve_asgi: Callable[..., Any], clients: Clients, dropping_backend: DropsReusedConnections
+    serve_asgi: Callable[..., Any], clients: Clients, dropping_backend: DropsReusedConnections,
+    connector_factory: Callable[[], aiohttp.BaseConnector] | None,
 ) -> None:
     # Pooled idle time far above the test's duration: every later request reuses a connection.
     s = settings([dropping_backend.url], retries={"max_attempts": 1},
                  timeouts={"upstream_keep_alive_s": 60})
-    url = start_gateway(serve_asgi, s)
+    url = start_gateway(serve_asgi, s, connector_factory=connector_factory)
     client = clients(url)
     for _ in range(10):
         r = client.chat.completions.create(
