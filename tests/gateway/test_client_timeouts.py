@@ -28,33 +28,47 @@ def gateway(guarded: Servers, sim: Sim) -> Any:
     return guarded.start(settings([sim.url], limits=LIMITS))
 
 
-def test_header_drip_is_timed_out(gateway: Any) -> None:
+def _drip_until_answered(sock: socket.socket, head: bytes) -> tuple[bytes, bool]:
+    """Send ``head`` one byte every 0.1 s until the server answers or closes."""
+    closed = False
+    data = b""
+    for byte in head:
+        try:
+            sock.sendall(bytes([byte]))
+        except (BrokenPipeError, ConnectionResetError):
+            closed = True
+            break
+        time.sleep(0.1)  # the drip itself (the attack), not a wait for a condition
+        sock.setblocking(False)
+        try:
+            data += sock.recv(65536)
+        except BlockingIOError:
+            pass
+        except ConnectionResetError:
+            closed = True
+        finally:
+            sock.setblocking(True)
+        if data or closed:
+            break
+    if not closed:
+        more, closed = read_until_closed(sock, timeout_s=5)
+        data += more
+    return data, closed
+
+
+@pytest.mark.parametrize("first_request", [False, True], ids=["new-connection", "kept-alive"])
+def test_header_drip_is_timed_out(gateway: Any, first_request: bool) -> None:
     head = b"GET /healthz HTTP/1.1\r\nHost: gw\r\nX-Slow: " + b"a" * 40
-    t0 = time.monotonic()
     with connect(gateway.port) as sock:
-        closed = False
-        data = b""
-        for byte in head:  # one byte every 0.1 s: never a complete head within the limit
-            try:
-                sock.sendall(bytes([byte]))
-            except (BrokenPipeError, ConnectionResetError):
-                closed = True
-                break
-            time.sleep(0.1)
-            sock.setblocking(False)
-            try:
-                data += sock.recv(65536)
-            except BlockingIOError:
-                pass
-            except ConnectionResetError:
-                closed = True
-            finally:
-                sock.setblocking(True)
-            if data or closed:
-                break
-        if not closed:
-            more, closed = read_until_closed(sock, timeout_s=5)
-            data += more
+        if first_request:  # a kept-alive connection: the drip starts the second request
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: gw\r\n\r\n")
+            answer = b""
+            while not answer.endswith(b'{"status":"ok"}'):
+                chunk = sock.recv(65536)
+                assert chunk
+                answer += chunk
+        t0 = time.monotonic()
+        data, closed = _drip_until_answered(sock, head)
     elapsed = time.monotonic() - t0
     assert closed and elapsed < 3.5, (elapsed, data)
     status, _, body = split_response(data)
