@@ -243,14 +243,16 @@ class GuardedH11Protocol(H11Protocol):
         """Feed h11; time the request head from its first byte until it is complete."""
         if self._refused:
             return  # lingering: discard
-        waiting_for_head = self.conn.their_state is h11.IDLE
-        if waiting_for_head:
+        if self.conn.their_state is h11.IDLE:
             self._head_bytes += len(data)
-            self._arm_header_timer()
         super().data_received(data)
         if self.conn.their_state is not h11.IDLE:
             self._head_bytes = 0
             self._cancel_header_timer()
+        elif self._head_bytes:
+            # Part of a head is here and the rest is not: the clock runs from now (a head that
+            # arrives whole, the common case, never arms a timer).
+            self._arm_header_timer()
 
     def send_400_response(self, msg: str) -> None:
         """Refuse a malformed request with the OpenAI error JSON and close (not plain text)."""
