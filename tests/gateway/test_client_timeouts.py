@@ -8,10 +8,11 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import openai
 import pytest
 
 from tests.gateway.gateway_server import Servers, connect, read_until_closed, split_response
-from tests.gateway.helpers import Sim, settings
+from tests.gateway.helpers import KEY_A, Sim, settings
 
 LIMITS = {"client_header_timeout_s": 1.0, "keep_alive_timeout_s": 1.0}
 
@@ -119,6 +120,11 @@ def test_over_cap_connection_is_answered_at_once(
         status, headers, body = split_response(data)
         assert status == 503 and headers["connection"] == "close"
         assert json.loads(body)["error"]["code"] == "too_many_connections"
+        # The official SDK sees an ordinary, retryable 503 in the OpenAI error shape.
+        with openai.OpenAI(base_url=gateway.url + "/v1", api_key=KEY_A, max_retries=0,
+                           timeout=5) as client, pytest.raises(openai.InternalServerError) as info:
+            client.models.list()
+        assert info.value.status_code == 503 and info.value.code == "too_many_connections"
     finally:
         for sock in held:
             sock.close()
