@@ -84,6 +84,22 @@ def test_ambiguous_framing_is_refused_and_connection_closed(
     assert sim.stats()["received"] == before, "the request reached the backend"
 
 
+@pytest.mark.parametrize("eol", [b"\n", b"\r\n"], ids=["lf", "crlf"])
+@pytest.mark.parametrize("name_case", [b"content-length", b"CONTENT-LENGTH"])
+def test_line_endings_and_name_case_do_not_hide_conflicts(
+    gateway: Any, eol: bytes, name_case: bytes
+) -> None:
+    head = eol.join([b"POST /v1/chat/completions HTTP/1.1", b"Host: gw",
+                     name_case + b": %d" % len(CHUNKED), b"transfer-encoding: chunked", b"", b""])
+    with connect(gateway.port) as sock:
+        sock.sendall(head + CHUNKED + SMUGGLED)
+        data, closed = read_until_closed(sock)
+    assert closed
+    status, _, body = split_response(data)
+    assert status == 400 and json.loads(body)["error"]["code"] == "invalid_framing"
+    assert data.count(b"HTTP/1.1 ") == 1
+
+
 def test_transfer_encoding_in_http10_is_refused(gateway: Any) -> None:
     with connect(gateway.port) as sock:
         sock.sendall(_head(b"/v1/chat/completions", b"Transfer-Encoding: chunked",
