@@ -92,6 +92,9 @@ class ParsedBody:
 
         Returns:
             UTF-8 body, identical to the client's except for the spliced values.
+
+        Raises:
+            InvalidRequest: ``stream_options`` nests too deep to be written back.
         """
         edits: list[tuple[int, int, str]] = []
         start, end = self.spans["model"]
@@ -102,7 +105,15 @@ class ParsedBody:
                 opts = dict(current) if isinstance(current, dict) else {}
                 opts["include_usage"] = True
                 s, e = self.spans["stream_options"]
-                edits.append((s, e, json.dumps(opts, separators=(",", ":"), ensure_ascii=False)))
+                try:
+                    spliced = json.dumps(opts, separators=(",", ":"), ensure_ascii=False)
+                except RecursionError as exc:  # parsed a few frames higher up the stack
+                    raise InvalidRequest(
+                        "Invalid JSON in request body: nesting too deep in 'stream_options'",
+                        code="invalid_json",
+                        param="stream_options",
+                    ) from exc
+                edits.append((s, e, spliced))
             else:
                 pos = self.open_brace + 1
                 edits.append((pos, pos, '"stream_options":{"include_usage":true},'))
@@ -172,19 +183,29 @@ def _decode_value(text: str, idx: int) -> tuple[Any, int]:
     except ValueError as exc:  # int(): more digits than the interpreter converts
         msg = "integer with too many digits (in the value starting here)"
         raise JSONDecodeError(msg, text, idx) from exc
+    except RecursionError as exc:
+        msg = "nesting too deep (in the value starting here)"
+        raise JSONDecodeError(msg, text, idx) from exc
 
 
 def _has_lone_surrogate(value: Any) -> bool:
-    if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            return True
-        return False
-    if isinstance(value, dict):
-        return any(_has_lone_surrogate(k) or _has_lone_surrogate(v) for k, v in value.items())
-    if isinstance(value, list):
-        return any(_has_lone_surrogate(v) for v in value)
+    """Whether any string (key or value) in ``value`` holds an unpaired surrogate.
+
+    Iterative: a value nested as deep as the parser allows must not exhaust the stack here.
+    """
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
     return False
 
 
@@ -241,8 +262,6 @@ def parse_body(raw: bytes) -> ParsedBody:
         _check_surrogates(text, values, spans)
     except JSONDecodeError as exc:
         raise _fail_json(exc) from exc
-    except RecursionError as exc:
-        raise InvalidRequest("Request body nests too deeply", code="invalid_json") from exc
     model = values.get("model")
     if "model" not in values:
         raise InvalidRequest("You must provide a 'model' parameter.", param="model")

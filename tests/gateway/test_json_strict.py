@@ -114,3 +114,18 @@ def test_no_body_shape_yields_a_500(gateway_url: str) -> None:
                 err: dict[str, Any] = r.json()["error"]
                 assert set(err) == {"message", "type", "param", "code"}, err
     assert statuses.get(400, 0) > 30 and statuses.get(200, 0) > 5, statuses
+
+
+def test_nesting_near_the_interpreter_limit_never_yields_a_500(gateway_url: str) -> None:
+    """Depths around the recursion limit, where parsing may pass and re-serialising not."""
+    with httpx.Client(timeout=30) as http:
+        for depth in range(850, 1030, 3):
+            nested = b"[" * depth + b'"\\ud800"' + b"]" * depth
+            for body in (
+                HEAD + nested + b"}",
+                b'{"model":"llama-3.1-8b","stream":true,"messages":[{"role":"user",'
+                b'"content":"hi"}],"stream_options":{"x":' + b"[" * depth + b"1"
+                + b"]" * depth + b"}}",
+            ):
+                r = http.post(gateway_url + "/v1/chat/completions", content=body, headers=AUTH)
+                assert r.status_code < 500, (depth, r.text[:300])
