@@ -17,7 +17,7 @@ JSON grammar: RFC 8259, strictly; anything else is a 400 ``invalid_json`` naming
 * a string with an unpaired UTF-16 surrogate escape (``"\ud800"``) is refused: RFC 8259 §8.2
   says the behaviour of receivers is unpredictable, and UTF-8 cannot carry it;
 * a byte order mark is refused (RFC 8259 §8.1: senders must not add one), as is nesting deeper
-  than the interpreter's recursion limit.
+  than :data:`MAX_DEPTH` (128) levels (RFC 8259 §9 lets parsers limit depth).
 
 Duplicate keys (RFC 8259 §4 leaves their meaning open): a duplicated top-level ``model``,
 ``stream`` or ``stream_options`` key is refused, because the gateway and the backend might
@@ -36,10 +36,17 @@ from typing import Any
 
 from gateway.errors import InvalidRequest
 
-__all__ = ["ParsedBody", "parse_body"]
+__all__ = ["MAX_DEPTH", "ParsedBody", "parse_body"]
 
 _WS = re.compile(r"[ \t\n\r]*")
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+_CONTAINERS = frozenset({dict, list})  # what the JSON decoder makes for objects and arrays
+
+MAX_DEPTH = 128
+"""Deepest nesting of arrays and objects accepted in a request body (RFC 8259 §9 allows a
+limit). Far above what chat, tools or JSON-schema bodies use, far below the interpreter's
+recursion limit, so no later reader of the parsed body (quotas, audit) can exhaust the stack."""
 
 
 class _OutOfRange(ValueError):
@@ -129,6 +136,39 @@ def _fail_json(exc: JSONDecodeError) -> InvalidRequest:
         f"(char {exc.pos})",
         code="invalid_json",
     )
+
+
+def _deeper_than(value: Any, limit: int) -> bool:
+    """Whether ``value`` nests arrays/objects more than ``limit`` levels (iterative walk)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > limit:
+            return True
+        children = item.values() if isinstance(item, dict) else item
+        if _CONTAINERS.isdisjoint(map(type, children)):  # C speed for long scalar arrays
+            continue
+        stack.extend((c, depth + 1) for c in children if type(c) in _CONTAINERS)
+    return False
+
+
+def _check_depth(text: str, values: dict[str, Any], spans: dict[str, tuple[int, int]]) -> None:
+    """Refuse nesting deeper than :data:`MAX_DEPTH` (the top-level object is level 1).
+
+    Counting brackets in C first keeps the common body free of any walk.
+
+    Raises:
+        JSONDecodeError: At the start of the top-level value that nests too deep.
+    """
+    if text.count("[") + text.count("{") <= MAX_DEPTH:
+        return
+    for key, value in values.items():
+        if isinstance(value, (dict, list)) and _deeper_than(value, MAX_DEPTH - 1):
+            raise JSONDecodeError(
+                f"nesting deeper than {MAX_DEPTH} levels (in the value starting here)",
+                text,
+                spans[key][0],
+            )
 
 
 def _scan_object(text: str) -> tuple[int, dict[str, Any], dict[str, tuple[int, int]]]:
@@ -259,6 +299,7 @@ def parse_body(raw: bytes) -> ParsedBody:
     text = _decode_text(raw)
     try:
         brace, values, spans = _scan_object(text)
+        _check_depth(text, values, spans)
         _check_surrogates(text, values, spans)
     except JSONDecodeError as exc:
         raise _fail_json(exc) from exc

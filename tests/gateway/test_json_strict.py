@@ -8,6 +8,7 @@ from typing import Any
 import httpx
 import pytest
 
+from gateway.rewrite import MAX_DEPTH
 from tests.gateway.helpers import KEY_A, Sim
 
 AUTH = {"authorization": f"Bearer {KEY_A}", "content-type": "application/json"}
@@ -43,6 +44,17 @@ def test_values_outside_rfc8259_are_refused_with_position(
     assert what in err["message"]
     assert f"(char {len(HEAD)})" in err["message"], err["message"]
     assert sim.stats()["received"] == before
+
+
+def test_nesting_is_limited_to_max_depth(gateway_url: str, sim: Sim) -> None:
+    ok = HEAD + b"[" * (MAX_DEPTH - 1) + b"1" + b"]" * (MAX_DEPTH - 1) + b',"max_tokens":2}'
+    assert _post(gateway_url, ok).status_code == 200  # the top-level object is level 1
+    deep = HEAD + b"[" * MAX_DEPTH + b"1" + b"]" * MAX_DEPTH + b"}"
+    r = _post(gateway_url, deep)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["code"] == "invalid_json" and f"deeper than {MAX_DEPTH}" in err["message"]
+    assert f"(char {len(HEAD)})" in err["message"]
 
 
 def test_byte_order_mark_and_deep_nesting_are_400(gateway_url: str) -> None:
