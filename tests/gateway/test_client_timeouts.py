@@ -143,9 +143,9 @@ def test_over_cap_connection_is_answered_at_once(
 def test_many_idle_sockets_do_not_pile_up(gateway: Any) -> None:
     socks: list[socket.socket] = []
     try:
-        for _ in range(20):
+        for _ in range(500):
             socks.append(connect(gateway.port))
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 10
         for sock in socks:
             _, closed = read_until_closed(sock, timeout_s=max(0.1, deadline - time.monotonic()))
             assert closed
