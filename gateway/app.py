@@ -3,11 +3,14 @@
 Relay paths (``POST /v1/chat/completions`` and the others in :data:`gateway.relay.RELAY_PATHS`)
 are dispatched by path *before* FastAPI's middleware and router, straight into the raw-ASGI
 handler of :mod:`gateway.relay` (the hot path: no per-request framework objects). Everything
-else (``/v1/models``, ``/healthz``, ``/readyz``) is ordinary FastAPI.
+else (``/v1/models``, ``/healthz``, ``/readyz``) is ordinary FastAPI. Before either, a request
+with ambiguous framing (``Content-Length`` with ``Transfer-Encoding``, repeated framing headers)
+is refused with 400 ``invalid_framing`` and ``Connection: close`` (second layer behind the
+parser check of :mod:`gateway.http_guard`).
 
-Everything the app needs is passed to the constructor: settings, and the seams used by later
-issues (connector factory for the egress policy, routing policy, observers such as the audit log,
-admission hooks such as quotas). Observers and hooks may define ``async startup()`` and
+Everything the app needs is passed to the constructor: settings, and its seams (connector
+factory for the egress policy, routing policy, observers such as the audit log, admission hooks
+such as quotas). Observers and hooks may define ``async startup()`` and
 ``async shutdown()``; the lifespan awaits them.
 """
 

@@ -4,11 +4,13 @@ Per request: authenticate, read the bounded body, validate it, resolve and autho
 ask the routing policy for candidates, run admission hooks and observers, then forward with the
 pooled aiohttp client and stream the response back chunk by chunk as it arrives.
 
-Rules (issue 2): the body goes upstream unchanged except ``model`` and forced
+Rules: the body goes upstream unchanged except ``model`` and forced
 ``stream_options.include_usage``; the client's ``Authorization``, cookies and hop-by-hop headers
 never reach a backend; retries go to another replica only before the first byte went to the
-client and only for connect errors, 502/503 and 429; after the first byte, a failure ends the
-stream with ``data: {"error": ...}``; a client disconnect cancels the upstream request.
+client and only for connect errors, 502/503 and 429 (a stale pooled connection is retried once
+on the same replica); after the first byte, a failure ends the stream with
+``data: {"error": ...}``; a client disconnect cancels the upstream request. A ``model`` may be
+a configured name, an alias, or the backend's served name (:meth:`Router.resolve`).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ A 4xx from the backend is the client's fault and never counts against a replica.
 When every candidate is unavailable the pool still offers them, soonest-back first ("panic
 routing", as Envoy does): the gateway should not lengthen a backend outage by refusing to try.
 
-The egress policy (issue 3) plugs in through :class:`RoutePolicy`: for each request it filters the
+The egress policy plugs in through :class:`RoutePolicy`: for each request it filters the
 candidate replicas and names the rule that decided.
 """
 

@@ -3,7 +3,7 @@
 One :class:`aiohttp.ClientSession` per app, created in the lifespan: keep-alive pooled
 connections, ``trust_env=False`` (proxy variables are ignored), no cookie jar, no automatic
 decompression (bytes are relayed as they come) and never a redirect (``allow_redirects=False`` on
-every call). The connector is injectable: the egress policy (issue 3) passes a factory that
+every call). The connector is injectable: the egress policy passes a factory that
 returns its policy-checked connector.
 """
 
