@@ -8,14 +8,22 @@ a second request hidden behind the first must never be served.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
+import yaml
 
 from gateway.app import create_app
+from tests.conftest import free_port
 from tests.gateway.gateway_server import Servers, connect, read_until_closed, split_response
-from tests.gateway.helpers import KEY_A, Sim, settings
+from tests.gateway.helpers import KEY_A, Sim, config, settings
 
 BODY = b'{"model":"llama-3.1-8b","messages":[{"role":"user","content":"hi"}],"max_tokens":2}'
 SMUGGLED = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
@@ -155,3 +163,42 @@ def test_app_refuses_cl_and_te_under_plain_uvicorn(
     assert status == 400 and resp_headers["connection"] == "close"
     assert json.loads(resp_body)["error"]["code"] == "invalid_framing"
     assert data.count(b"HTTP/1.1 ") == 1, data
+
+
+def test_gateway_serve_runs_the_guarded_server(tmp_path: Path, sim: Sim) -> None:
+    """``gateway serve`` itself: framing refused, header timeout from the config applied."""
+    port = free_port()
+    cfg = config([sim.url], limits={"client_header_timeout_s": 1})
+    cfg["listen"]["port"] = port
+    path = tmp_path / "gw.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gateway.cli", "serve", "--config", str(path)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "VLLM_KEY": "k"},
+    )
+    try:
+        deadline = time.monotonic() + 90  # start-up imports are slow on a loaded machine
+        while True:
+            assert proc.poll() is None, proc.communicate()[1][-2000:]
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "gateway serve did not start"
+            time.sleep(0.1)
+        headers, body = CASES["cl_and_te"]
+        with connect(port) as sock:
+            sock.sendall(_head(b"/v1/chat/completions", *headers) + body + SMUGGLED)
+            data, closed = read_until_closed(sock)
+        assert closed and data.count(b"HTTP/1.1 ") == 1
+        status, _, resp_body = split_response(data)
+        assert status == 400 and json.loads(resp_body)["error"]["code"] == "invalid_framing"
+        t0 = time.monotonic()
+        with connect(port) as sock:
+            idle, closed = read_until_closed(sock, timeout_s=10)
+        assert closed and idle == b"" and time.monotonic() - t0 < 5
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=30)
