@@ -3,7 +3,10 @@
 Relay paths (``POST /v1/chat/completions`` and the others in :data:`gateway.relay.RELAY_PATHS`)
 are dispatched by path *before* FastAPI's middleware and router, straight into the raw-ASGI
 handler of :mod:`gateway.relay` (the hot path: no per-request framework objects). Everything
-else (``/v1/models``, ``/healthz``, ``/readyz``) is ordinary FastAPI.
+else (``/v1/models``, ``/healthz``, ``/readyz``) is ordinary FastAPI. Before either, a request
+with ambiguous framing (``Content-Length`` with ``Transfer-Encoding``, repeated framing headers)
+is refused with 400 ``invalid_framing`` and ``Connection: close`` (second layer behind the
+parser check of :mod:`gateway.http_guard`).
 
 Everything the app needs is passed to the constructor: the settings and the assembled
 components (:class:`gateway.assembly.Gateway`: authenticator, routing policy, observers such as
@@ -33,8 +36,9 @@ from gateway.drain import Drain
 from gateway.errors import GatewayError, InvalidRequest, MethodNotAllowed, ModelNotFound
 from gateway.fleet.replica_metrics import MetricsScraper
 from gateway.health import HealthProber
+from gateway.http_guard import framing_refusal, scope_framing_problem
 from gateway.records import AdmissionHook, RequestObserver
-from gateway.routing import RoutePolicy, Router
+from gateway.routing import ClassifyingPolicy, RoutePolicy, Router
 from gateway.settings import GatewaySettings
 from gateway.state import STATE_KEY, GatewayState, gateway_state
 from gateway.upstream import ConnectorFactory, new_session, tls_context
@@ -46,9 +50,17 @@ class _GatewayApp(FastAPI):
     """FastAPI with a path dispatch in front for the relay hot path."""
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and scope["path"] in relay.RELAY_PATHS:
-            await relay.handle(gateway_state(scope), scope, receive, send)
-            return
+        if scope["type"] == "http":
+            problem = scope_framing_problem(scope["headers"])
+            if problem is not None:
+                # Second layer behind gateway.http_guard's parser check (any ASGI server):
+                # answer and let the server close, so a smuggled request is never read.
+                for message in framing_refusal(problem):
+                    await send(message)
+                return
+            if scope["path"] in relay.RELAY_PATHS:
+                await relay.handle(gateway_state(scope), scope, receive, send)
+                return
         await super().__call__(scope, receive, send)
 
 
@@ -125,7 +137,7 @@ def create_app(
     created = int(time.time())
     the_router = parts.router
     the_policy = parts.route_policy
-    class_header = getattr(the_policy, "classification_header", None)
+    classifying = the_policy if isinstance(the_policy, ClassifyingPolicy) else None
     upstream_ssl = tls_context(settings.upstream_tls)  # fails at start, not per request
 
     @asynccontextmanager
@@ -138,9 +150,14 @@ def create_app(
             policy=the_policy,
             session=session,
             hooks=parts.hooks,
+            open_session=lambda: new_session(
+                settings, parts.connector_factory, parts.upstream_middlewares, pooled=False
+            ),
             forward_headers=frozenset(h.encode() for h in settings.limits.forward_headers),
-            class_header=class_header.encode("latin-1") if class_header else None,
-            classify=getattr(the_policy, "classify", None),
+            class_header=(
+                classifying.classification_header.encode("latin-1") if classifying else None
+            ),
+            classify=classifying.classify if classifying else None,
             upstream_ssl=upstream_ssl,
             drain=drain,
         )
@@ -217,22 +234,30 @@ def create_app(
 
     @app.get("/v1/models")
     async def list_models(request: Request) -> dict[str, Any]:
-        """The models the calling key may use (OpenAI ``GET /v1/models`` shape)."""
+        """The models the calling key may use (OpenAI ``GET /v1/models`` shape).
+
+        ``aliases`` lists every other name the key may send for the model: configured aliases
+        and the backend's ``served_model_name`` (the name responses carry in ``model``).
+        """
         principal = _principal(request)
+        router = gateway_state(request).router
         data = [
-            _model_entry(m.name, m.aliases, created)
-            for m in settings.models
-            if principal.may_use(m.name)
+            _model_entry(name, router.client_names(pool, principal.may_use), created)
+            for name, pool in router.pools.items()
+            if principal.may_use(name)
         ]
         return {"object": "list", "data": data}
 
     @app.get("/v1/models/{model_id:path}")
     async def get_model(model_id: str, request: Request) -> dict[str, Any]:
-        """One model, if it exists and the key may use it (404 otherwise, no oracle)."""
+        """One model by any name it may be sent as (404 if unknown or not allowed, no oracle)."""
         principal = _principal(request)
-        model = settings.model_by_label().get(model_id)
-        if model is None or not principal.may_use(model.name):
+        router = gateway_state(request).router
+        pool = router.resolve(model_id, principal.may_use)
+        if pool is None or not principal.may_use(pool.model.name):
             raise ModelNotFound(f"The model '{model_id}' does not exist.", param="model")
-        return _model_entry(model.name, model.aliases, created)
+        return _model_entry(
+            pool.model.name, router.client_names(pool, principal.may_use), created
+        )
 
     return app

@@ -442,7 +442,8 @@ def wire_egress(
     return EgressWiring(
         routes=PolicyRoutes(policy, events, audit, mode),
         connector_factory=lambda: make_connector(
-            matcher, limit=limit, limit_per_host=0, keepalive_timeout=30
+            matcher, limit=limit, limit_per_host=0,
+            keepalive_timeout=settings.timeouts.upstream_keep_alive_s,
         ),
         middleware=policy_middleware(matcher),
     )

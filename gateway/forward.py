@@ -4,6 +4,11 @@ Retry rule: another replica is tried only before any byte went to the client, an
 connect error or timeout, a 502/503, or a 429 (whose ``Retry-After`` keeps that replica out for
 that long; with no other replica a short ``Retry-After`` is waited out). After the first byte, a
 failure ends an SSE stream with a final ``data: {"error": ...}`` event; a JSON body is cut off.
+Stale connections: when a pooled keep-alive connection turns out closed before any response
+byte (the backend's keep-alive ran out while the request was on its way), the request is sent
+again once to the same replica on a new, unpooled connection, and the replica is not ejected; a
+second failure counts as usual. The pool keeps idle connections for
+``timeouts.upstream_keep_alive_s``, below the backends' keep-alive, so this is rare.
 Timeouts: ``first_byte_s`` until the first body byte, then ``idle_s`` between chunks (the
 deadline is suspended while the gateway writes to a slow client).
 """
@@ -11,6 +16,7 @@ deadline is suspended while the gateway writes to a slow client).
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from dataclasses import dataclass
 
@@ -35,6 +41,8 @@ from gateway.upstream import USER_AGENT, map_exception
 from policy import EgressDenied
 
 __all__ = ["USAGE_PATHS", "Exchange", "forward"]
+
+_log = logging.getLogger(__name__)
 
 # Endpoints whose streams carry usage only when stream_options.include_usage is set.
 USAGE_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
@@ -68,24 +76,25 @@ def _retry_after_s(value: str | None) -> float | None:
         return None  # an HTTP-date: fall back to the pool cool-down
 
 
+class _Stale:
+    """Marker result: the connection closed before the response began (stale keep-alive)."""
+
+
+_STALE = _Stale()
+_Result = GatewayError | _Stale | None
+
+
 async def forward(ex: Exchange, first: Replica) -> None:
     """Try replicas, starting with ``first``, until one answers (rules in the module docstring).
 
     Raises:
         GatewayError: Nothing was sent to the client and no replica could serve the request.
     """
-    state, pool, parsed, record = ex.state, ex.pool, ex.parsed, ex.record
+    state, pool, record = ex.state, ex.pool, ex.record
     settings = state.settings
     force_usage = record.path in USAGE_PATHS
-    body = parsed.upstream_body(pool.model.upstream_name, force_usage=force_usage)
-    base_headers = {
-        "content-type": "application/json",
-        "accept": ex.accept,
-        "accept-encoding": "identity",
-        "user-agent": USER_AGENT,
-        "x-request-id": record.request_id,
-    }
-    base_headers.update(ex.forwarded)
+    body = ex.parsed.upstream_body(pool.model.upstream_name, force_usage=force_usage)
+    base_headers = _base_headers(ex)
     tried: list[Replica] = []
     replica: Replica | None = first
     last_error: GatewayError | None = None
@@ -98,29 +107,65 @@ async def forward(ex: Exchange, first: Replica) -> None:
         headers = dict(base_headers)
         if replica.api_key:
             headers["authorization"] = f"Bearer {replica.api_key}"
-        replica.outstanding += 1
-        try:
-            if replica.kind == "litellm":
-                result = await _litellm_attempt(ex, replica)
-            else:
-                result = await _attempt(ex, replica, body, headers, drop_usage=force_usage)
-        except (UpstreamConnectError, UpstreamConnectTimeout) as exc:
-            pool.eject(replica)
-            result = exc
-        finally:
-            replica.outstanding -= 1
+        result = await _try_replica(ex, replica, body, headers, force_usage)
         if result is None:
             return
         last_error = result
-        previous = replica
-        replica = pool.pick(ex.candidates, exclude=tried)
-        if replica is None and isinstance(result, UpstreamStatusError) and result.status == 429:
-            # Honour Retry-After: wait it out on the same replica if it is short.
-            wait_s = _retry_after_s(result.headers.get("retry-after"))
-            if wait_s is not None and wait_s <= settings.retries.max_retry_after_s:
-                await asyncio.sleep(wait_s)
-                replica = previous
+        replica = await _next_replica(ex, replica, tried, result)
     raise last_error or NoHealthyReplica(f"No replica of '{pool.model.name}' is available.")
+
+
+def _base_headers(ex: Exchange) -> dict[str, str]:
+    headers = {
+        "content-type": "application/json",
+        "accept": ex.accept,
+        "accept-encoding": "identity",
+        "user-agent": USER_AGENT,
+        "x-request-id": ex.record.request_id,
+    }
+    headers.update(ex.forwarded)
+    return headers
+
+
+async def _try_replica(
+    ex: Exchange, replica: Replica, body: bytes, headers: dict[str, str], drop_usage: bool
+) -> GatewayError | None:
+    """One attempt on ``replica``; a stale pooled connection is retried once on a fresh one.
+
+    Returns:
+        ``None`` when the response was relayed, or the error to retry elsewhere.
+    """
+    replica.outstanding += 1
+    try:
+        if replica.kind == "litellm":
+            return await _litellm_attempt(ex, replica)
+        result = await _attempt(ex, replica, body, headers, drop_usage, fresh=False)
+        if result is _STALE:
+            # The pooled connection was closed under us (the backend's keep-alive ran out):
+            # not the replica's fault. Same replica, new connection; a second failure counts.
+            _log.info("request %s: pooled connection to %s was closed; retrying on a new one",
+                      ex.record.request_id, replica.label)
+            result = await _attempt(ex, replica, body, headers, drop_usage, fresh=True)
+        assert not isinstance(result, _Stale)
+        return result
+    except (UpstreamConnectError, UpstreamConnectTimeout) as exc:
+        ex.pool.eject(replica)
+        return exc
+    finally:
+        replica.outstanding -= 1
+
+
+async def _next_replica(
+    ex: Exchange, previous: Replica, tried: list[Replica], error: GatewayError
+) -> Replica | None:
+    """The replica for the next attempt, waiting out a short ``Retry-After`` if none is left."""
+    replica = ex.pool.pick(ex.candidates, exclude=tried)
+    if replica is None and isinstance(error, UpstreamStatusError) and error.status == 429:
+        wait_s = _retry_after_s(error.headers.get("retry-after"))
+        if wait_s is not None and wait_s <= ex.state.settings.retries.max_retry_after_s:
+            await asyncio.sleep(wait_s)
+            return previous
+    return replica
 
 
 async def _litellm_attempt(ex: Exchange, replica: Replica) -> GatewayError | None:
@@ -130,126 +175,230 @@ async def _litellm_attempt(ex: Exchange, replica: Replica) -> GatewayError | Non
     return await attempt(ex, replica)
 
 
+@dataclass(slots=True)
+class _Relay:
+    """The state of one upstream attempt while its response is relayed."""
+
+    ex: Exchange
+    replica: Replica
+    deadline: asyncio.Timeout
+    phase: str = "first_byte"
+    scanner: SSEUsageScanner | None = None
+    complete: bool = False
+
+    def at_boundary(self) -> bool:
+        return self.scanner.at_boundary if self.scanner is not None else True
+
+
 async def _attempt(
-    ex: Exchange, replica: Replica, body: bytes, headers: dict[str, str], drop_usage: bool
-) -> GatewayError | None:
-    """One upstream attempt. Returns ``None`` when done, or the retryable error.
+    ex: Exchange,
+    replica: Replica,
+    body: bytes,
+    headers: dict[str, str],
+    drop_usage: bool,
+    fresh: bool,
+) -> _Result:
+    """One upstream request and the relay of its response.
+
+    Args:
+        fresh: Use a new connection (the retry after a stale pooled one).
+
+    Returns:
+        ``None`` when done, the retryable error, or :data:`_STALE` when a pooled connection
+        closed before the response began (only when ``fresh`` is false).
 
     Raises:
         UpstreamConnectError: Connection failed (the caller retries).
         UpstreamConnectTimeout: Connection not made in time (the caller retries).
         GatewayError: Any failure before the response started (sent as a status by the caller).
     """
-    state, pool, parsed, out, record = ex.state, ex.pool, ex.parsed, ex.out, ex.record
-    timeouts = state.settings.timeouts
-    loop = asyncio.get_running_loop()
-    url = replica.url + record.path
-    phase = "first_byte"
+    timeouts = ex.state.settings.timeouts
+    session = ex.state.session
+    if fresh and ex.state.open_session is not None:
+        session = ex.state.open_session()  # its own connector: no pooled connection in it
     resp: aiohttp.ClientResponse | None = None
-    scanner: SSEUsageScanner | None = None
-    complete = False
+    relay: _Relay | None = None
     try:
         async with asyncio.timeout(timeouts.first_byte_s) as deadline:
+            relay = _Relay(ex, replica, deadline)
             try:
-                resp = await state.session.post(url, data=body, headers=headers,
-                                                allow_redirects=False, ssl=state.upstream_ssl)
-                status = resp.status
-                if status in _RETRY_STATUSES:
-                    retry_after = resp.headers.get("retry-after")
-                    resp.release()
-                    cool = _retry_after_s(retry_after) if status == 429 else None
-                    pool.eject(replica, cool)
-                    relayed = {"retry-after": retry_after} if retry_after else {}
-                    return UpstreamStatusError(
-                        f"The model backend answered {status}.", status=status, headers=relayed
-                    )
-                if status >= 500:
-                    pool.eject(replica)
-                chunk = await resp.content.readany()
-                record.first_byte(round((time.perf_counter() - ex.t0) * 1000.0, 3))
-                ctype = resp.headers.get("content-type", "")
-                is_sse = ctype.encode("latin-1").startswith(_SSE)
-                out_headers = [(b"content-type", ctype.encode("latin-1"))]
-                for name in ("retry-after", "cache-control", "content-encoding"):
-                    value = resp.headers.get(name)
-                    if value is not None:
-                        out_headers.append((name.encode(), value.encode("latin-1")))
-                if not is_sse and resp.content_length is not None:
-                    out_headers.append((b"content-length", str(resp.content_length).encode()))
-                if is_sse:
-                    phase = "stream"
-                    scanner = SSEUsageScanner(
-                        drop_usage_only=(drop_usage and parsed.stream
-                                         and not parsed.client_wants_usage)
-                    )
-                    await out.start(status, out_headers)
-                    while chunk:
-                        data = scanner.feed(chunk)
-                        deadline.reschedule(None)
-                        if data:
-                            await out.body(data)
-                        deadline.reschedule(loop.time() + timeouts.idle_s)
-                        chunk = await resp.content.readany()
-                    deadline.reschedule(None)
-                    complete = True
-                    tail = scanner.finish()
-                    _set_usage(record, scanner.usage)
-                    ex.watch.finish()
-                    await out.body(tail, more=False)
-                else:
-                    phase = "body"
-                    keep = bytearray()
-                    await out.start(status, out_headers)
-                    while chunk:
-                        if len(keep) + len(chunk) <= _MAX_USAGE_BODY:
-                            keep += chunk
-                        deadline.reschedule(None)
-                        await out.body(chunk)
-                        deadline.reschedule(loop.time() + timeouts.idle_s)
-                        chunk = await resp.content.readany()
-                    deadline.reschedule(None)
-                    complete = True
-                    if status == 200:
-                        _set_usage(record, usage_from_body(bytes(keep)))
-                    ex.watch.finish()
-                    await out.body(b"", more=False)
-                record.ended("ok" if status < 400 else ("invalid" if status < 500
-                                                        else "upstream_error"))
+                resp = await session.post(
+                    replica.url + ex.record.path, data=body, headers=headers,
+                    allow_redirects=False, ssl=ex.state.upstream_ssl,
+                )
+                retry = _retryable_status(ex, replica, resp)
+                if retry is not None:
+                    relay.complete = True  # nothing more to read: the connection may be reused
+                    return retry
+                await _relay_response(relay, resp, drop_usage)
                 return None
             except (aiohttp.ClientError, OSError, EgressDenied) as exc:
-                err = map_exception(exc, replica.label)
-                if isinstance(err, (UpstreamConnectError, UpstreamConnectTimeout)):
-                    raise err from exc
-                pool.eject(replica)
-                if not out.started:
-                    raise err from exc
-                await _end_broken(out, err, phase, record, scanner.at_boundary if scanner else True)
+                if resp is None and not fresh and _closed_before_response(exc):
+                    return _STALE
+                await _upstream_failed(relay, exc)
                 return None
     except TimeoutError as exc:
-        pool.eject(replica)
-        what = {"first_byte": "send its first byte", "stream": "send the next event",
-                "body": "send the rest of the response"}[phase]
-        err = UpstreamTimeout(
-            f"The model backend ({replica.label}) did not {what} within the "
-            f"{timeouts.first_byte_s if phase == 'first_byte' else timeouts.idle_s} s limit."
-        )
-        if not out.started:
-            raise err from exc
-        await _end_broken(out, err, phase, record, scanner.at_boundary if scanner else True)
+        assert relay is not None
+        await _timed_out(relay, exc)
         return None
     finally:
-        if scanner is not None:
-            # Also on cancellation: a client that closes right after ``[DONE]`` cancels the
-            # wait for the end of the upstream body, after the usage event was already seen.
-            if scanner.usage is not None:
-                _set_usage(record, scanner.usage)
-            else:
-                _estimate_usage(record, scanner)
+        if relay is not None:
+            _account_stream(ex.record, relay.scanner)
         if resp is not None:
-            if complete:
+            if relay is not None and relay.complete:
                 resp.release()
             else:
                 resp.close()
+        if session is not ex.state.session:
+            await session.close()
+
+
+def _closed_before_response(exc: BaseException) -> bool:
+    """The connection was closed or reset before any response byte (typical of a stale one)."""
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return False  # a new connection could not be made: a connect error, not staleness
+    return isinstance(exc, (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError))
+
+
+def _retryable_status(
+    ex: Exchange, replica: Replica, resp: aiohttp.ClientResponse
+) -> UpstreamStatusError | None:
+    """Eject the replica on 429/5xx; return the error for 429/502/503 (tried elsewhere)."""
+    status = resp.status
+    if status in _RETRY_STATUSES:
+        retry_after = resp.headers.get("retry-after")
+        cool = _retry_after_s(retry_after) if status == 429 else None
+        ex.pool.eject(replica, cool)
+        relayed = {"retry-after": retry_after} if retry_after else {}
+        return UpstreamStatusError(
+            f"The model backend answered {status}.", status=status, headers=relayed
+        )
+    if status >= 500:
+        ex.pool.eject(replica)
+    return None
+
+
+def _client_headers(resp: aiohttp.ClientResponse, is_sse: bool) -> list[tuple[bytes, bytes]]:
+    ctype = resp.headers.get("content-type", "")
+    out_headers = [(b"content-type", ctype.encode("latin-1"))]
+    for name in ("retry-after", "cache-control", "content-encoding"):
+        value = resp.headers.get(name)
+        if value is not None:
+            out_headers.append((name.encode(), value.encode("latin-1")))
+    if not is_sse and resp.content_length is not None:
+        out_headers.append((b"content-length", str(resp.content_length).encode()))
+    return out_headers
+
+
+async def _relay_response(relay: _Relay, resp: aiohttp.ClientResponse, drop_usage: bool) -> None:
+    """Relay status, headers and body to the client as they arrive."""
+    ex = relay.ex
+    record, parsed = ex.record, ex.parsed
+    chunk = await resp.content.readany()
+    record.first_byte(round((time.perf_counter() - ex.t0) * 1000.0, 3))
+    is_sse = resp.headers.get("content-type", "").encode("latin-1").startswith(_SSE)
+    out_headers = _client_headers(resp, is_sse)
+    status = resp.status
+    if is_sse:
+        relay.phase = "stream"
+        relay.scanner = SSEUsageScanner(
+            drop_usage_only=drop_usage and parsed.stream and not parsed.client_wants_usage
+        )
+        await ex.out.start(status, out_headers)
+        await _relay_sse(relay, resp, chunk, relay.scanner)
+    else:
+        relay.phase = "body"
+        await ex.out.start(status, out_headers)
+        await _relay_body(relay, resp, chunk, status)
+    record.ended("ok" if status < 400 else ("invalid" if status < 500 else "upstream_error"))
+
+
+async def _relay_sse(
+    relay: _Relay, resp: aiohttp.ClientResponse, chunk: bytes, scanner: SSEUsageScanner
+) -> None:
+    ex, deadline = relay.ex, relay.deadline
+    out = ex.out
+    loop = asyncio.get_running_loop()
+    idle_s = ex.state.settings.timeouts.idle_s
+    while chunk:
+        data = scanner.feed(chunk)
+        deadline.reschedule(None)  # no upstream deadline while writing to a slow client
+        if data:
+            await out.body(data)
+        deadline.reschedule(loop.time() + idle_s)
+        chunk = await resp.content.readany()
+    deadline.reschedule(None)
+    relay.complete = True
+    tail = scanner.finish()
+    _set_usage(ex.record, scanner.usage)
+    ex.watch.finish()
+    await out.body(tail, more=False)
+
+
+async def _relay_body(
+    relay: _Relay, resp: aiohttp.ClientResponse, chunk: bytes, status: int
+) -> None:
+    ex, deadline = relay.ex, relay.deadline
+    out = ex.out
+    loop = asyncio.get_running_loop()
+    idle_s = ex.state.settings.timeouts.idle_s
+    keep = bytearray()
+    while chunk:
+        if len(keep) + len(chunk) <= _MAX_USAGE_BODY:
+            keep += chunk
+        deadline.reschedule(None)
+        await out.body(chunk)
+        deadline.reschedule(loop.time() + idle_s)
+        chunk = await resp.content.readany()
+    deadline.reschedule(None)
+    relay.complete = True
+    if status == 200:
+        _set_usage(ex.record, usage_from_body(bytes(keep)))
+    ex.watch.finish()
+    await out.body(b"", more=False)
+
+
+async def _upstream_failed(relay: _Relay, exc: BaseException) -> None:
+    """An aiohttp/OS/egress error: raise it before the response started, else end the response.
+
+    Raises:
+        GatewayError: The mapped error, when nothing was sent to the client yet.
+    """
+    ex, replica = relay.ex, relay.replica
+    err = map_exception(exc, replica.label)
+    if isinstance(err, (UpstreamConnectError, UpstreamConnectTimeout)):
+        raise err from exc
+    ex.pool.eject(replica)
+    if not ex.out.started:
+        raise err from exc
+    await _end_broken(ex.out, err, relay.phase, ex.record, relay.at_boundary())
+
+
+async def _timed_out(relay: _Relay, exc: TimeoutError) -> None:
+    """The first-byte or idle deadline passed (raises before the response started)."""
+    ex, replica, phase = relay.ex, relay.replica, relay.phase
+    timeouts = ex.state.settings.timeouts
+    ex.pool.eject(replica)
+    what = {"first_byte": "send its first byte", "stream": "send the next event",
+            "body": "send the rest of the response"}[phase]
+    err = UpstreamTimeout(
+        f"The model backend ({replica.label}) did not {what} within the "
+        f"{timeouts.first_byte_s if phase == 'first_byte' else timeouts.idle_s} s limit."
+    )
+    if not ex.out.started:
+        raise err from exc
+    await _end_broken(ex.out, err, phase, ex.record, relay.at_boundary())
+
+
+def _account_stream(record: RequestRecord, scanner: SSEUsageScanner | None) -> None:
+    # Also on cancellation: a client that closes right after ``[DONE]`` cancels the wait for
+    # the end of the upstream body, after the usage event was already seen.
+    if scanner is None:
+        return
+    if scanner.usage is not None:
+        _set_usage(record, scanner.usage)
+    else:
+        _estimate_usage(record, scanner)
 
 
 async def _end_broken(

@@ -7,8 +7,10 @@ pooled aiohttp client and stream the response back chunk by chunk as it arrives.
 Rules: the body goes upstream unchanged except ``model`` and forced
 ``stream_options.include_usage``; the client's ``Authorization``, cookies and hop-by-hop headers
 never reach a backend; retries go to another replica only before the first byte went to the
-client and only for connect errors, 502/503 and 429; after the first byte, a failure ends the
-stream with ``data: {"error": ...}``; a client disconnect cancels the upstream request.
+client and only for connect errors, 502/503 and 429 (a stale pooled connection is retried once
+on the same replica); after the first byte, a failure ends the stream with
+``data: {"error": ...}``; a client disconnect cancels the upstream request. A ``model`` may be
+a configured name, an alias, or the backend's served name (:meth:`Router.resolve`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from gateway.access import log_record
 from gateway.asgi_io import ClientGone, DisconnectWatch, Receive, Responder, Scope, Send, read_body
@@ -41,6 +44,7 @@ from gateway.errors import (
 from gateway.forward import Exchange, forward
 from gateway.records import ContentTap, Headers, Outcome, RequestRecord
 from gateway.rewrite import parse_body
+from gateway.routing import Pool, Replica, RouteDecision
 from gateway.state import GatewayState
 
 __all__ = ["RELAY_PATHS", "handle"]
@@ -190,6 +194,17 @@ def _tap_content(state: GatewayState, record: RequestRecord, raw: bytes, out: Re
         out.tap = fan_out
 
 
+@dataclass(slots=True)
+class _Head:
+    """What the relay reads from the request headers (one pass over them)."""
+
+    auth: bytes | None = None
+    declared: int | None = None
+    accept: str = "application/json"
+    class_value: str | None = None
+    forwarded: list[tuple[str, str]] = field(default_factory=list)
+
+
 async def _serve(
     state: GatewayState,
     scope: Scope,
@@ -199,54 +214,97 @@ async def _serve(
     t0: float,
 ) -> bool:
     """Validate and relay; return whether observers' ``on_start`` ran."""
+    _check_target(scope)
+    head = _read_head(state, scope)
+    principal = _authenticate(state, head, record)
+    limits = state.settings.limits
+    raw = await read_body(receive, limits.max_body_bytes, head.declared,
+                          limits.client_body_timeout_s)
+    record.received(len(raw))
+    parsed = parse_body(raw)
+    record.describe(parsed.model, parsed.stream)
+    pool = _authorised_pool(state, principal, parsed.model, record)
+    decision = _route(state, principal, pool, record)
+    hint = pool.route_hint(parsed.values, scope["headers"])  # affinity input (gateway.fleet)
+    first = pool.pick(decision.candidates, hint=hint)
+    if first is None:
+        raise NoHealthyReplica(f"No replica of '{pool.model.name}' is available.")
+    record.attempt(first.url, first.destination, first.region)
+    record.route = hint.explain if hint is not None else None
+
+    for admit in state.hooks.admit:
+        await admit(record, parsed.values)
+    if decision.content_hmac:
+        _tap_content(state, record, raw, out)
+    for on_start in state.hooks.on_start:
+        await on_start(record)
+    exchange = Exchange(state, pool, decision.candidates, parsed, head.accept, head.forwarded,
+                        out, record, DisconnectWatch(receive), t0)
+    await _forward_watched(exchange, first)
+    return True
+
+
+def _check_target(scope: Scope) -> None:
+    """Only plain relay paths, only POST."""
     if b"%" in (scope.get("raw_path") or b""):
         # uvicorn decodes %2F in ``path``; a proxy in front matching the literal path would be
         # bypassed by ``/v1%2Fchat/completions``. Relay paths are plain ASCII: refuse escapes.
         raise PathNotFound("Not Found")
     if scope["method"] != "POST":
         raise MethodNotAllowed(f"{scope['method']} is not allowed on {scope['path']}; use POST.")
-    auth: bytes | None = None
-    declared: int | None = None
-    forwarded: list[tuple[str, str]] = []
-    accept = "application/json"
+
+
+def _read_head(state: GatewayState, scope: Scope) -> _Head:
+    head = _Head()
     class_header = state.class_header
-    class_value: str | None = None
     for name, value in scope["headers"]:
         if name == b"authorization":
-            auth = value
+            head.auth = value
         elif name == b"content-length":
             try:
-                declared = int(value)
+                head.declared = int(value)
             except ValueError as exc:
                 raise InvalidRequest("Invalid Content-Length header.") from exc
         elif name == b"accept":
-            accept = value.decode("latin-1")
+            head.accept = value.decode("latin-1")
         elif name in state.forward_headers:
-            forwarded.append((name.decode("latin-1"), value.decode("latin-1")))
+            head.forwarded.append((name.decode("latin-1"), value.decode("latin-1")))
         if name == class_header:
-            class_value = value.decode("latin-1")
-    principal: Principal = state.authenticator.authenticate(bearer_token(auth))
+            head.class_value = value.decode("latin-1")
+    return head
+
+
+def _authenticate(state: GatewayState, head: _Head, record: RequestRecord) -> Principal:
+    principal: Principal = state.authenticator.authenticate(bearer_token(head.auth))
+    record.identify(principal.key_id, principal.team, principal.data_class)
     if state.classify is not None:
         # The egress policy: the classification header may change the class only by grant.
+        principal = state.classify(principal, head.class_value)
         record.identify(principal.key_id, principal.team, principal.data_class)
-        principal = state.classify(principal, class_value)
-    record.identify(principal.key_id, principal.team, principal.data_class)
+    return principal
 
-    limits = state.settings.limits
-    raw = await read_body(receive, limits.max_body_bytes, declared, limits.client_body_timeout_s)
-    record.received(len(raw))
-    parsed = parse_body(raw)
-    record.describe(parsed.model, parsed.stream)
-    pool = state.router.resolve(parsed.model)
+
+def _authorised_pool(
+    state: GatewayState, principal: Principal, label: str, record: RequestRecord
+) -> Pool:
+    pool = state.router.resolve(label, principal.may_use)
     if pool is None:
-        raise ModelNotFound(f"The model '{parsed.model}' does not exist.", param="model")
+        raise ModelNotFound(f"The model '{label}' does not exist.", param="model")
     model = pool.model
-    record.describe(parsed.model, parsed.stream, model.name, model.upstream_name)
+    record.describe(record.model, record.stream, model.name, model.upstream_name)
     if not principal.may_use(model.name):
         raise ModelNotAllowed(
             f"The API key '{principal.key_id}' may not use the model '{model.name}'.",
             param="model",
         )
+    return pool
+
+
+def _route(
+    state: GatewayState, principal: Principal, pool: Pool, record: RequestRecord
+) -> RouteDecision:
+    """The routing policy's decision; refuse when it allows no replica."""
+    model = pool.model
     decision = state.policy.decide(principal, model, pool.replicas)
     record.decided(decision.rule_id, decision.revision, bool(decision.candidates))
     if decision.revision is not None:
@@ -263,34 +321,20 @@ async def _serve(
             + (f" (rule {decision.rule_id})." if decision.rule_id else "."),
             param="model",
         )
-    hint = pool.route_hint(parsed.values, scope["headers"])  # affinity input (gateway.fleet)
-    first = pool.pick(decision.candidates, hint=hint)
-    if first is None:
-        raise NoHealthyReplica(f"No replica of '{model.name}' is available.")
-    record.attempt(first.url, first.destination, first.region)
-    record.route = hint.explain if hint is not None else None
+    return decision
 
-    for admit in state.hooks.admit:
-        await admit(record, parsed.values)
-    if decision.content_hmac:
-        _tap_content(state, record, raw, out)
-    for on_start in state.hooks.on_start:
-        await on_start(record)
 
-    watch = DisconnectWatch(receive)
+async def _forward_watched(exchange: Exchange, first: Replica) -> None:
+    """Forward while watching for a client disconnect (which cancels the upstream request)."""
+    watch = exchange.watch
     watch.start()
     try:
-        exchange = Exchange(state, pool, decision.candidates, parsed, accept, forwarded, out,
-                            record, watch, t0)
         await forward(exchange, first)
     except asyncio.CancelledError:
         task = asyncio.current_task()
         if not watch.fired or task is None:
             raise
         task.uncancel()
-        record.ended("client_disconnect")
+        exchange.record.ended("client_disconnect")
     finally:
         watch.finish()
-    return True
-
-

@@ -7,13 +7,28 @@ whitespace, number spelling and unknown fields (``tools``, ``response_format``, 
 vLLM extras), is copied byte for byte: the top level is walked with the standard library's JSON
 scanner, which reports where each value starts and ends.
 
-JSON grammar: RFC 8259. A duplicated top-level ``model``, ``stream`` or ``stream_options`` key is
-refused, because the gateway and the backend might otherwise read different values.
+JSON grammar: RFC 8259, strictly; anything else is a 400 ``invalid_json`` naming the position
+(line, column, character offset), never a 500:
+
+* ``NaN``, ``Infinity`` and ``-Infinity`` (Python's extension) are refused;
+* a number whose value is out of range is refused: an integer of more than 4,300 digits
+  (Python's conversion limit, which the Python-based backends share) or a float that overflows
+  to infinity (``1e999``); RFC 8259 §6 lets implementations limit the range;
+* a string with an unpaired UTF-16 surrogate escape (``"\ud800"``) is refused: RFC 8259 §8.2
+  says the behaviour of receivers is unpredictable, and UTF-8 cannot carry it;
+* a byte order mark is refused (RFC 8259 §8.1: senders must not add one), as is nesting deeper
+  than :data:`MAX_DEPTH` (128) levels (RFC 8259 §9 lets parsers limit depth).
+
+Duplicate keys (RFC 8259 §4 leaves their meaning open): a duplicated top-level ``model``,
+``stream`` or ``stream_options`` key is refused, because the gateway and the backend might
+otherwise read different values. Other duplicates are relayed untouched: the gateway does not
+interpret them, and Python-based backends (vLLM) take the last one, as Python's parser does.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from json.decoder import JSONDecodeError, scanstring  # type: ignore[attr-defined]
@@ -21,10 +36,37 @@ from typing import Any
 
 from gateway.errors import InvalidRequest
 
-__all__ = ["ParsedBody", "parse_body"]
+__all__ = ["MAX_DEPTH", "ParsedBody", "parse_body"]
 
 _WS = re.compile(r"[ \t\n\r]*")
-_DECODER = json.JSONDecoder()
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+_CONTAINERS = frozenset({dict, list})  # what the JSON decoder makes for objects and arrays
+
+MAX_DEPTH = 128
+"""Deepest nesting of arrays and objects accepted in a request body (RFC 8259 §9 allows a
+limit). Far above what chat, tools or JSON-schema bodies use, far below the interpreter's
+recursion limit, so no later reader of the parsed body (quotas, audit) can exhaust the stack."""
+
+
+class _OutOfRange(ValueError):
+    """A number or constant that RFC 8259 excludes or that cannot be represented."""
+
+
+def _parse_float(literal: str) -> float:
+    value = float(literal)
+    if value in (math.inf, -math.inf):
+        raise _OutOfRange(f"number {literal[:40]} is out of range")
+    return value
+
+
+def _parse_constant(literal: str) -> float:
+    raise _OutOfRange(f"{literal} is not valid JSON (RFC 8259)")
+
+
+# int stays the C fast path (token-id prompts are long int arrays); it raises ValueError beyond
+# the digit limit, which _decode_value maps.
+_DECODER = json.JSONDecoder(parse_float=_parse_float, parse_constant=_parse_constant)
 _INTERPRETED = frozenset({"model", "stream", "stream_options"})
 
 
@@ -57,6 +99,9 @@ class ParsedBody:
 
         Returns:
             UTF-8 body, identical to the client's except for the spliced values.
+
+        Raises:
+            InvalidRequest: ``stream_options`` nests too deep to be written back.
         """
         edits: list[tuple[int, int, str]] = []
         start, end = self.spans["model"]
@@ -67,7 +112,15 @@ class ParsedBody:
                 opts = dict(current) if isinstance(current, dict) else {}
                 opts["include_usage"] = True
                 s, e = self.spans["stream_options"]
-                edits.append((s, e, json.dumps(opts, separators=(",", ":"), ensure_ascii=False)))
+                try:
+                    spliced = json.dumps(opts, separators=(",", ":"), ensure_ascii=False)
+                except RecursionError as exc:  # parsed a few frames higher up the stack
+                    raise InvalidRequest(
+                        "Invalid JSON in request body: nesting too deep in 'stream_options'",
+                        code="invalid_json",
+                        param="stream_options",
+                    ) from exc
+                edits.append((s, e, spliced))
             else:
                 pos = self.open_brace + 1
                 edits.append((pos, pos, '"stream_options":{"include_usage":true},'))
@@ -83,6 +136,39 @@ def _fail_json(exc: JSONDecodeError) -> InvalidRequest:
         f"(char {exc.pos})",
         code="invalid_json",
     )
+
+
+def _deeper_than(value: Any, limit: int) -> bool:
+    """Whether ``value`` nests arrays/objects more than ``limit`` levels (iterative walk)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > limit:
+            return True
+        children = item.values() if isinstance(item, dict) else item
+        if _CONTAINERS.isdisjoint(map(type, children)):  # C speed for long scalar arrays
+            continue
+        stack.extend((c, depth + 1) for c in children if type(c) in _CONTAINERS)
+    return False
+
+
+def _check_depth(text: str, values: dict[str, Any], spans: dict[str, tuple[int, int]]) -> None:
+    """Refuse nesting deeper than :data:`MAX_DEPTH` (the top-level object is level 1).
+
+    Counting brackets in C first keeps the common body free of any walk.
+
+    Raises:
+        JSONDecodeError: At the start of the top-level value that nests too deep.
+    """
+    if text.count("[") + text.count("{") <= MAX_DEPTH:
+        return
+    for key, value in values.items():
+        if isinstance(value, (dict, list)) and _deeper_than(value, MAX_DEPTH - 1):
+            raise JSONDecodeError(
+                f"nesting deeper than {MAX_DEPTH} levels (in the value starting here)",
+                text,
+                spans[key][0],
+            )
 
 
 def _scan_object(text: str) -> tuple[int, dict[str, Any], dict[str, tuple[int, int]]]:
@@ -106,7 +192,7 @@ def _scan_object(text: str) -> tuple[int, dict[str, Any], dict[str, tuple[int, i
             if text[idx : idx + 1] != ":":
                 raise JSONDecodeError("Expecting ':' delimiter", text, idx)
             idx = _WS.match(text, idx + 1).end()  # type: ignore[union-attr]
-            value, end = _DECODER.raw_decode(text, idx)
+            value, end = _decode_value(text, idx)
             if key in spans and key in _INTERPRETED:
                 raise InvalidRequest(f"duplicate key {key!r} in request body", param=key)
             values[key] = value
@@ -126,6 +212,73 @@ def _scan_object(text: str) -> tuple[int, dict[str, Any], dict[str, tuple[int, i
     return brace, values, spans
 
 
+def _decode_value(text: str, idx: int) -> tuple[Any, int]:
+    """One JSON value at ``idx``; out-of-range numbers and constants as ``JSONDecodeError``."""
+    try:
+        return _DECODER.raw_decode(text, idx)
+    except JSONDecodeError:
+        raise
+    except _OutOfRange as exc:
+        raise JSONDecodeError(f"{exc} (in the value starting here)", text, idx) from exc
+    except ValueError as exc:  # int(): more digits than the interpreter converts
+        msg = "integer with too many digits (in the value starting here)"
+        raise JSONDecodeError(msg, text, idx) from exc
+    except RecursionError as exc:
+        msg = "nesting too deep (in the value starting here)"
+        raise JSONDecodeError(msg, text, idx) from exc
+
+
+def _has_lone_surrogate(value: Any) -> bool:
+    """Whether any string (key or value) in ``value`` holds an unpaired surrogate.
+
+    Iterative: a value nested as deep as the parser allows must not exhaust the stack here.
+    """
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
+
+
+def _check_surrogates(text: str, values: dict[str, Any], spans: dict[str, tuple[int, int]]) -> None:
+    """Refuse unpaired surrogate escapes (only looked for when the text has such an escape)."""
+    if _SURROGATE_ESCAPE.search(text) is None:
+        return
+    for key, value in values.items():
+        if _has_lone_surrogate(key) or _has_lone_surrogate(value):
+            raise JSONDecodeError(
+                "unpaired UTF-16 surrogate escape in a string (in the value starting here)",
+                text,
+                spans[key][0],
+            )
+
+
+def _decode_text(raw: bytes) -> str:
+    """UTF-8 without a byte order mark (RFC 8259 §8.1)."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidRequest(
+            f"Request body is not valid UTF-8 (byte {exc.start})", code="invalid_json"
+        ) from exc
+    if text.startswith("\ufeff"):
+        raise InvalidRequest(
+            "Invalid JSON in request body: byte order mark (RFC 8259 §8.1): line 1 column 1 "
+            "(char 0)",
+            code="invalid_json",
+        )
+    return text
+
+
 def parse_body(raw: bytes) -> ParsedBody:
     """Validate a request body and locate the values the gateway rewrites.
 
@@ -136,23 +289,20 @@ def parse_body(raw: bytes) -> ParsedBody:
         The parsed body.
 
     Raises:
-        InvalidRequest: Not UTF-8, not JSON (message gives line, column and character offset),
-            not an object, duplicate interpreted key, no string ``model``, a ``stream`` or
+        InvalidRequest: Not UTF-8, a byte order mark, not RFC 8259 JSON (``invalid_json``;
+            includes NaN/Infinity, out-of-range numbers and unpaired surrogate escapes; the
+            message gives line, column and character offset), not an object, duplicate
+            interpreted key, no string ``model``, a ``stream`` or
             ``stream_options.include_usage`` that is neither boolean nor null, or a
             ``stream_options`` that is neither object nor null.
     """
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise InvalidRequest(
-            f"Request body is not valid UTF-8 (byte {exc.start})", code="invalid_json"
-        ) from exc
+    text = _decode_text(raw)
     try:
         brace, values, spans = _scan_object(text)
+        _check_depth(text, values, spans)
+        _check_surrogates(text, values, spans)
     except JSONDecodeError as exc:
         raise _fail_json(exc) from exc
-    except RecursionError as exc:
-        raise InvalidRequest("Request body nests too deeply", code="invalid_json") from exc
     model = values.get("model")
     if "model" not in values:
         raise InvalidRequest("You must provide a 'model' parameter.", param="model")

@@ -27,7 +27,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from gateway.auth import Principal
 from gateway.fleet.replica_metrics import ReplicaSignals
@@ -35,7 +35,15 @@ from gateway.fleet.scoring import PrefixAffinity, RouteHint
 from gateway.fleet.settings import RoutingSettings
 from gateway.settings import GatewaySettings, ModelSettings
 
-__all__ = ["AllowAll", "Pool", "Replica", "RouteDecision", "RoutePolicy", "Router"]
+__all__ = [
+    "AllowAll",
+    "ClassifyingPolicy",
+    "Pool",
+    "Replica",
+    "RouteDecision",
+    "RoutePolicy",
+    "Router",
+]
 
 Clock = Callable[[], float]
 
@@ -129,15 +137,35 @@ class RouteDecision:
 class RoutePolicy(Protocol):
     """Filters the replicas a request may reach (the egress policy's seam).
 
-    A policy may also define ``classification_header`` (lower-case header name) and
-    ``classify(principal, header_value) -> Principal`` (raise a ``GatewayError`` to refuse):
-    the relay then resolves the request's data class from that header before ``decide``.
+    A policy that also resolves the request's data class from a header implements
+    :class:`ClassifyingPolicy`.
     """
 
     def decide(
         self, principal: Principal, model: ModelSettings, replicas: Sequence[Replica]
     ) -> RouteDecision:
         """Return the allowed candidates, or raise a ``GatewayError`` (e.g. 403) to refuse."""
+        ...
+
+
+@runtime_checkable
+class ClassifyingPolicy(RoutePolicy, Protocol):
+    """A routing policy that also resolves the request's data class from a header.
+
+    The relay reads ``classification_header`` and calls ``classify`` before ``decide``.
+
+    Attributes:
+        classification_header: Lower-case name of the header carrying the requested class.
+    """
+
+    classification_header: str
+
+    def classify(self, principal: Principal, header_value: str | None) -> Principal:
+        """The principal with its data class for this request (``header_value`` may be None).
+
+        Raises:
+            GatewayError: The class change is refused (403) or the class is unknown (400).
+        """
         ...
 
 
@@ -265,7 +293,12 @@ class Pool:
 
 
 class Router:
-    """All pools, by canonical name and alias.
+    """All pools, by canonical name, alias and backend-served name.
+
+    Backends answer with their ``served_model_name`` in ``model``, and clients send that name
+    back; so a served name that is no configured name or alias also resolves, to the model(s)
+    whose ``served_model_name`` it is. When several models share one served name, the first in
+    configuration order that the caller's key may use wins.
 
     Args:
         settings: Gateway settings (``models`` and ``health.cooldown_s`` are used).
@@ -280,10 +313,38 @@ class Router:
         self._labels: dict[str, Pool] = {
             label: self.pools[m.name] for label, m in settings.model_by_label().items()
         }
+        self._served: dict[str, list[Pool]] = {}
+        for m in settings.models:
+            if m.served_model_name and m.served_model_name not in self._labels:
+                self._served.setdefault(m.served_model_name, []).append(self.pools[m.name])
 
-    def resolve(self, label: str) -> Pool | None:
-        """The pool for a model name or alias, or ``None``."""
-        return self._labels.get(label)
+    def resolve(self, label: str, may_use: Callable[[str], bool] | None = None) -> Pool | None:
+        """The pool for a model name, alias or served name, or ``None``.
+
+        Args:
+            label: What the client sent in ``model``.
+            may_use: ``Principal.may_use``: picks among models sharing a served name (when the
+                key may use none of them, the first is returned and the caller refuses it).
+        """
+        pool = self._labels.get(label)
+        if pool is not None:
+            return pool
+        shared = self._served.get(label)
+        if not shared:
+            return None
+        if may_use is not None:
+            for candidate in shared:
+                if may_use(candidate.model.name):
+                    return candidate
+        return shared[0]
+
+    def client_names(self, pool: Pool, may_use: Callable[[str], bool]) -> list[str]:
+        """What a key may send to reach ``pool``, besides its name: aliases and served name."""
+        names = list(pool.model.aliases)
+        served = pool.model.served_model_name
+        if served and served not in names and self.resolve(served, may_use) is pool:
+            names.append(served)
+        return names
 
     def not_ready(self) -> list[str]:
         """Names of models with no available replica (empty when ready)."""

@@ -260,6 +260,13 @@ class LimitSettings(_Frozen):
     max_body_bytes: int = Field(default=16 * 1024 * 1024, gt=0)
     # Longest silence (seconds) while a client sends its request body before 408 (slow clients).
     client_body_timeout_s: float = Field(default=30.0, gt=0, allow_inf_nan=False)
+    # Seconds a client connection may take to send a complete request head (from the moment it
+    # opens, or from the first byte of a later request on a kept-alive connection).
+    client_header_timeout_s: float = Field(default=10.0, gt=0, allow_inf_nan=False)
+    # Seconds an idle keep-alive client connection is kept open between requests.
+    keep_alive_timeout_s: float = Field(default=5.0, gt=0, allow_inf_nan=False)
+    # Concurrent client connections; one more is answered 503 at once and closed.
+    max_client_connections: int = Field(default=4096, gt=0)
     max_upstream_connections: int = Field(default=4096, ge=0)
     # Extra request headers relayed to backends (lower-case), e.g. tracing headers.
     forward_headers: list[str] = Field(default_factory=lambda: ["traceparent", "tracestate"])
@@ -284,6 +291,10 @@ class TimeoutSettings(_Frozen):
     connect_s: float = Field(default=2.0, gt=0, allow_inf_nan=False)
     first_byte_s: float = Field(default=60.0, gt=0, allow_inf_nan=False)
     idle_s: float = Field(default=30.0, gt=0, allow_inf_nan=False)
+    # How long an idle pooled upstream connection is kept for reuse. Keep it below the backends'
+    # keep-alive timeout (vLLM/uvicorn: 5 s) so the gateway rarely reuses a connection the
+    # backend is closing; a reused connection found closed is retried on a fresh one anyway.
+    upstream_keep_alive_s: float = Field(default=2.0, gt=0, allow_inf_nan=False)
 
 
 class RetrySettings(_Frozen):

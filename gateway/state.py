@@ -39,6 +39,9 @@ class GatewayState:
         session: The pooled upstream client.
         hooks: The bound hooks of the observers (audit, quotas, telemetry) and admission hooks
             (telemetry, quotas), in the order the assembly gave them.
+        open_session: Makes a new upstream client with a connector of its own (the retry after
+            a stale pooled connection: a connection that no other request can have used); the
+            caller closes it.
         forward_headers: Client header names (lower-case bytes) relayed upstream.
         class_header: Data-classification header (lower-case bytes) of the egress policy.
         classify: ``(principal, header value or None) -> principal`` with the request's data
@@ -54,6 +57,7 @@ class GatewayState:
     policy: RoutePolicy
     session: aiohttp.ClientSession
     hooks: ObserverHooks = field(default_factory=ObserverHooks)
+    open_session: Callable[[], aiohttp.ClientSession] | None = None
     forward_headers: frozenset[bytes] = field(default_factory=frozenset)
     class_header: bytes | None = None
     classify: Classifier | None = None

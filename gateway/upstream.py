@@ -58,23 +58,38 @@ def new_session(
     settings: GatewaySettings,
     connector_factory: ConnectorFactory | None = None,
     middlewares: Sequence[ClientMiddlewareType] = (),
+    *,
+    pooled: bool = True,
 ) -> aiohttp.ClientSession:
     """Create the app's upstream session (call inside a running event loop).
 
     Args:
-        settings: ``timeouts`` and ``limits.max_upstream_connections`` are used.
+        settings: ``timeouts`` (``connect_s``, ``upstream_keep_alive_s``) and
+            ``limits.max_upstream_connections`` are used.
         connector_factory: Returns the connector to use; default a plain ``TCPConnector``.
         middlewares: aiohttp client middlewares, outermost first (telemetry's client spans,
             the egress policy's URL and redirect checks).
+        pooled: ``False`` for the short-lived session of one retry after a stale connection
+            (the caller closes it, and with it its connector); the default connector then
+            closes every connection after its response (``force_close``).
     """
     if connector_factory is not None:
         connector = connector_factory()
+    elif pooled:
+        # Idle connections are dropped before the backend would drop them (vLLM/uvicorn: 5 s),
+        # so a request rarely goes out on a connection that the backend is closing.
+        connector = aiohttp.TCPConnector(
+            limit=settings.limits.max_upstream_connections,
+            limit_per_host=0,
+            ttl_dns_cache=10,
+            keepalive_timeout=settings.timeouts.upstream_keep_alive_s,
+        )
     else:
         connector = aiohttp.TCPConnector(
             limit=settings.limits.max_upstream_connections,
             limit_per_host=0,
             ttl_dns_cache=10,
-            keepalive_timeout=30,
+            force_close=True,
         )
     timeout = aiohttp.ClientTimeout(
         total=None,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated
 
 import typer
 
@@ -22,21 +22,17 @@ ConfigOpt = Annotated[
 ]
 
 
-def run(
-    settings: GatewaySettings,
-    http: Literal["h11", "httptools"] = "h11",
-    base: Path | None = None,
-) -> None:
+def run(settings: GatewaySettings, base: Path | None = None) -> None:
     """Serve ``settings`` until interrupted (standard asyncio loop, never uvloop).
 
     With a ``policy:`` section the policy is loaded and checked and the process egress guard
     installed and self-tested *before* the server starts (see :mod:`gateway.egress`). The guard
     relies on ``sys.addaudithook`` socket events, which uvloop does not raise; hence
-    ``loop="asyncio"``.
+    ``loop="asyncio"``. The HTTP server is uvicorn's h11 protocol with strict request framing,
+    header/idle timeouts and a connection cap (:mod:`gateway.http_guard`).
 
     Args:
         settings: The validated configuration.
-        http: uvicorn HTTP implementation.
         base: Directory of the config file (relative ``policy.file``).
 
     Raises:
@@ -50,6 +46,7 @@ def run(
     from gateway.assembly import assemble
     from gateway.drain import Drain
     from gateway.egress import start_egress
+    from gateway.http_guard import server_options
     from gateway.server import run_server
 
     configure_logging(settings.logging)
@@ -69,28 +66,25 @@ def run(
     app = create_app(settings, gateway, drain=drain)
     if not is_loopback_host(settings.listen.host):
         _log.info("listening on %s:%s", settings.listen.host, settings.listen.port)
-    run_server(uvicorn.Config(
-        app,
-        host=settings.listen.host,
-        port=settings.listen.port,
-        loop="asyncio",
-        http=http,
-        lifespan="on",
-        access_log=False,
-        log_config=None,
-        proxy_headers=False,
-        server_header=False,
-        timeout_graceful_shutdown=10,
-        ssl_certfile=settings.listen.tls_cert_file,
-        ssl_keyfile=settings.listen.tls_key_file,
-    ), drain)
+    run_server(
+        uvicorn.Config(
+            app,
+            **server_options(
+                settings.limits,
+                host=settings.listen.host,
+                port=settings.listen.port,
+                ssl_certfile=settings.listen.tls_cert_file,
+                ssl_keyfile=settings.listen.tls_key_file,
+            ),
+        ),
+        drain,
+    )
 
 
 def serve(
     config: ConfigOpt,
     host: Annotated[str | None, typer.Option(help="Override listen.host.")] = None,
     port: Annotated[int | None, typer.Option(help="Override listen.port.")] = None,
-    http: Annotated[str, typer.Option(help="HTTP implementation: h11 or httptools.")] = "h11",
 ) -> None:
     """Run the gateway from one YAML config file (fails at start if the file is invalid)."""
     settings = load(config, os.environ)
@@ -99,6 +93,4 @@ def serve(
             update={k: v for k, v in (("host", host), ("port", port)) if v is not None}
         )
         settings = settings.model_copy(update={"listen": listen})
-    if http not in ("h11", "httptools"):
-        raise typer.BadParameter("must be h11 or httptools", param_hint="--http")
-    run(settings, "h11" if http == "h11" else "httptools", config.parent)
+    run(settings, config.parent)

@@ -1,0 +1,343 @@
+"""The client-facing HTTP/1.1 server: strict request framing, header and idle timeouts, a cap.
+
+uvicorn's h11 protocol is extended here (:class:`GuardedH11Protocol`); :func:`server_options`
+gives the one set of uvicorn options that ``gateway serve`` (and the tests) run.
+
+Framing (RFC 9112 §6.1, §6.3, §5.2). Before a request reaches the application, its head is
+checked on the raw header lines, and the request is refused with ``400`` in the OpenAI error
+shape (``code: invalid_framing``) and the connection closed when:
+
+* it carries both ``Content-Length`` and ``Transfer-Encoding`` (request smuggling);
+* ``Transfer-Encoding`` is anything other than exactly ``chunked`` (the gateway implements no
+  other coding; ``gzip, chunked`` is refused too), appears twice, or is sent with HTTP/1.0;
+* ``Content-Length`` appears more than once (even with equal values), is a list (``2, 2``) or is
+  not 1-18 decimal digits;
+* any header line uses obsolete line folding (a line starting with SP or HTAB).
+
+h11 alone serves both requests of a ``Content-Length`` + ``Transfer-Encoding: chunked``
+smuggle, merges repeated equal lengths and unfolds obs-fold (see docs/gateway.md for the
+side-by-side with httptools). Other malformed requests that h11 refuses get the same JSON 400
+(``code: invalid_http_request``) instead of uvicorn's plain text.
+
+Slow and idle clients:
+
+* ``limits.client_header_timeout_s``: a connection that has not completed a request head this
+  long after it opened (or after the first byte of a later request head) is closed, with a
+  ``408`` if part of a head arrived;
+* ``limits.keep_alive_timeout_s``: an idle keep-alive connection is closed (uvicorn's timer);
+* ``limits.max_client_connections``: a connection over the cap is answered ``503`` at once and
+  closed, before any byte of its request is awaited.
+
+Refusals are written as complete responses, then the write side is shut (``FIN``) and anything
+the client still sends is discarded for at most :data:`LINGER_S` before the socket is closed, so
+the client reads the answer instead of a connection reset.
+
+A second layer, :func:`scope_framing_problem`, runs in the app on the ASGI scope headers, so the
+app refuses (and closes after) ``Content-Length`` with ``Transfer-Encoding`` under any server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from typing import Any
+
+import h11
+from h11._readers import (
+    _decode_header_lines,
+    maybe_read_from_IDLE_client,
+    request_line_re,
+)
+from h11._receivebuffer import ReceiveBuffer
+from h11._util import validate
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from gateway.settings import LimitSettings
+
+__all__ = [
+    "LINGER_S",
+    "GuardedH11Protocol",
+    "framing_problem",
+    "framing_refusal",
+    "guarded_protocol",
+    "scope_framing_problem",
+    "server_options",
+]
+
+LINGER_S = 2.0
+"""Seconds a refused connection keeps reading (and discarding) before it is closed."""
+
+_CONTENT_LENGTH = re.compile(rb"[0-9]{1,18}")
+_OWS = b" \t"
+_FOLD = (b" ", b"\t")
+_FRAMING_NAME_LENGTHS = (len(b"content-length"), len(b"transfer-encoding"))
+
+
+def framing_problem(request_line: bytes, header_lines: list[bytes] | list[bytearray]) -> str | None:
+    """Why a request head has ambiguous or unsupported framing, or ``None`` when it is sound.
+
+    Args:
+        request_line: The request line (``METHOD target HTTP/x.y``), without CRLF.
+        header_lines: The raw header lines, without CRLF, before any unfolding.
+
+    Returns:
+        A one-line reason for the client, or ``None``.
+    """
+    lengths = 0
+    encodings = 0
+    for line in header_lines:
+        if line[:1] in _FOLD:
+            return "obsolete line folding (a header line starting with whitespace) is refused"
+        colon = line.find(b":")
+        if colon not in _FRAMING_NAME_LENGTHS:  # cheap filter: only two names matter here
+            continue
+        name = line[:colon].lower()
+        if name == b"content-length":
+            lengths += 1
+            if lengths > 1:
+                return "repeated Content-Length header"
+            if _CONTENT_LENGTH.fullmatch(line[colon + 1 :].strip(_OWS)) is None:
+                return "Content-Length must be one decimal number"
+        elif name == b"transfer-encoding":
+            encodings += 1
+            if encodings > 1:
+                return "repeated Transfer-Encoding header"
+            if line[colon + 1 :].strip(_OWS).lower() != b"chunked":
+                return "Transfer-Encoding other than a single 'chunked' is not supported"
+    if encodings and lengths:
+        return "both Content-Length and Transfer-Encoding are present"
+    if encodings and request_line.endswith(b"HTTP/1.0"):
+        return "Transfer-Encoding in an HTTP/1.0 request"
+    return None
+
+
+def scope_framing_problem(headers: list[tuple[bytes, bytes]]) -> str | None:
+    """The framing check on ASGI scope headers (second layer, for any ASGI server).
+
+    Servers merge or unfold some cases before the application sees them, so this catches less
+    than :func:`framing_problem` on the raw head; it does catch ``Content-Length`` together with
+    ``Transfer-Encoding`` under plain uvicorn h11, which serves a smuggled request otherwise.
+
+    Args:
+        headers: ASGI ``scope["headers"]`` (lower-case names).
+    """
+    lengths = encodings = 0
+    for name, value in headers:
+        if name == b"content-length":
+            lengths += 1
+        elif name == b"transfer-encoding":
+            encodings += 1
+            if value.strip(_OWS).lower() != b"chunked":
+                return "Transfer-Encoding other than a single 'chunked' is not supported"
+    if lengths and encodings:
+        return "both Content-Length and Transfer-Encoding are present"
+    if lengths > 1 or encodings > 1:
+        return "repeated Content-Length or Transfer-Encoding header"
+    return None
+
+
+def framing_refusal(problem: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """ASGI messages of the 400 ``invalid_framing`` answer (``Connection: close``)."""
+    body = json.dumps(
+        {"error": {"message": f"Invalid HTTP request framing: {problem}.",
+                   "type": "invalid_request_error", "param": None, "code": "invalid_framing"}},
+        separators=(",", ":"),
+    ).encode()
+    start = {
+        "type": "http.response.start",
+        "status": 400,
+        "headers": [(b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                    (b"connection", b"close")],
+    }
+    return start, {"type": "http.response.body", "body": body, "more_body": False}
+
+
+class _StrictConnection(h11.Connection):
+    """h11's server connection with the request-head reader replaced by a strict one.
+
+    h11 picks its reader per state through ``_get_io_object``; only the reader of a new request
+    head is wrapped. h11 is pinned to 0.16.x in pyproject.toml because this is its private API;
+    tests/gateway/test_request_framing.py fails if the hook stops being called.
+
+    Attributes:
+        framing_error: The reason the last request head was refused, if it was.
+    """
+
+    framing_error: str | None = None
+
+    def _get_io_object(self, role: Any, event: Any, io_dict: Any) -> Any:
+        obj = super()._get_io_object(role, event, io_dict)
+        if obj is maybe_read_from_IDLE_client:
+            return self._read_request_head
+        return obj
+
+    def _read_request_head(self, buf: ReceiveBuffer) -> h11.Request | None:
+        # h11's maybe_read_from_IDLE_client, with the framing check on the very lines h11
+        # parses (before unfolding and before repeated Content-Length values are merged).
+        lines = buf.maybe_extract_lines()
+        if lines is None:
+            if buf.is_next_line_obviously_invalid_request_line():
+                raise h11.LocalProtocolError("illegal request line")
+            return None
+        if not lines:
+            raise h11.LocalProtocolError("no request line received")
+        problem = framing_problem(bytes(lines[0]), lines[1:])
+        if problem is not None:
+            self.framing_error = problem
+            raise h11.LocalProtocolError(problem)  # h11 re-raises it as a remote error
+        raw: list[bytes] = lines  # type: ignore[assignment]  # h11 passes bytearrays as bytes
+        matches = validate(request_line_re, raw[0], "illegal request line: {!r}", raw[0])
+        return h11.Request(headers=list(_decode_header_lines(raw[1:])), _parsed=True, **matches)
+
+
+def _error_response(status: int, reason: str, message: str, code: str, err_type: str) -> bytes:
+    body = json.dumps(
+        {"error": {"message": message, "type": err_type, "param": None, "code": code}},
+        separators=(",", ":"),
+    ).encode()
+    return (
+        f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
+    ).encode() + body
+
+
+class GuardedH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol with strict framing, a header timeout and a connection cap.
+
+    Configure through :func:`guarded_protocol`, which sets the class attributes.
+    """
+
+    header_timeout_s: float = 10.0
+    max_connections: int = 4096
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.conn: _StrictConnection = _StrictConnection(
+            h11.SERVER, self.conn._max_incomplete_event_size
+        )
+        self._header_timer: asyncio.TimerHandle | None = None
+        self._head_bytes = 0
+        self._refused = False
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        """Accept, or answer 503 at once when the connection cap is reached."""
+        super().connection_made(transport)
+        if len(self.connections) > self.max_connections:
+            self.connections.discard(self)
+            self._refuse(_error_response(
+                503, "Service Unavailable",
+                "The gateway is at its client connection limit; retry later.",
+                "too_many_connections", "server_error",
+            ))
+            return
+        self._arm_header_timer()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        """Forget the timers, then let uvicorn clean up."""
+        self._cancel_header_timer()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        """Feed h11; time the request head from its first byte until it is complete."""
+        if self._refused:
+            return  # lingering: discard
+        if self.conn.their_state is h11.IDLE:
+            self._head_bytes += len(data)
+        super().data_received(data)
+        if self.conn.their_state is not h11.IDLE:
+            self._head_bytes = 0
+            self._cancel_header_timer()
+        elif self._head_bytes:
+            # Part of a head is here and the rest is not: the clock runs from now (a head that
+            # arrives whole, the common case, never arms a timer).
+            self._arm_header_timer()
+
+    def send_400_response(self, msg: str) -> None:
+        """Refuse a malformed request with the OpenAI error JSON and close (not plain text)."""
+        framing = self.conn.framing_error
+        self._refuse(_error_response(
+            400, "Bad Request",
+            f"Invalid HTTP request framing: {framing}." if framing else msg,
+            "invalid_framing" if framing else "invalid_http_request",
+            "invalid_request_error",
+        ))
+
+    def _arm_header_timer(self) -> None:
+        if self._header_timer is None:
+            self._header_timer = self.loop.call_later(self.header_timeout_s, self._header_timeout)
+
+    def _cancel_header_timer(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def _header_timeout(self) -> None:
+        self._header_timer = None
+        if self.transport.is_closing() or self.conn.their_state is not h11.IDLE:
+            return
+        if self.cycle is not None and not self.cycle.response_complete:
+            return  # a response is still being written (pipelined head waits on purpose)
+        if self._head_bytes:
+            self._refuse(_error_response(
+                408, "Request Timeout",
+                f"The request headers were not received within {self.header_timeout_s:g} s.",
+                "request_timeout", "invalid_request_error",
+            ))
+        else:
+            self.transport.close()
+
+    def _refuse(self, response: bytes) -> None:
+        """Write a complete response, shut the write side, discard input, close soon."""
+        self._refused = True
+        self._cancel_header_timer()
+        self._unset_keepalive_if_required()
+        transport = self.transport
+        transport.write(response)
+        if transport.can_write_eof():
+            transport.write_eof()
+            self.loop.call_later(LINGER_S, transport.close)
+        else:
+            transport.close()
+
+
+def guarded_protocol(limits: LimitSettings) -> type[GuardedH11Protocol]:
+    """A :class:`GuardedH11Protocol` subclass configured from ``limits``."""
+    return type(
+        "GatewayH11Protocol",
+        (GuardedH11Protocol,),
+        {
+            "header_timeout_s": limits.client_header_timeout_s,
+            "max_connections": limits.max_client_connections,
+        },
+    )
+
+
+def server_options(limits: LimitSettings, **options: Any) -> dict[str, Any]:
+    """The uvicorn options the gateway is served with (``uvicorn.run(app, **options)``).
+
+    Args:
+        limits: ``client_header_timeout_s``, ``keep_alive_timeout_s`` and
+            ``max_client_connections`` are applied.
+        **options: Further :class:`uvicorn.Config` arguments (host, port, TLS files, ...).
+
+    Returns:
+        Keyword arguments for :func:`uvicorn.run` / :class:`uvicorn.Config`: standard asyncio
+        loop (never uvloop: the egress guard relies on audit hooks), the guarded h11 protocol,
+        no WebSocket upgrades, no access log, no server header.
+    """
+    out: dict[str, Any] = {
+        "loop": "asyncio",
+        "http": guarded_protocol(limits),
+        "ws": "none",  # no WebSocket routes: an Upgrade request stays plain HTTP
+        "timeout_keep_alive": limits.keep_alive_timeout_s,
+        "lifespan": "on",
+        "access_log": False,
+        "log_config": None,
+        "proxy_headers": False,
+        "server_header": False,
+        "timeout_graceful_shutdown": 10,
+    }
+    out.update(options)
+    return out

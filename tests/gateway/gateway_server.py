@@ -1,0 +1,105 @@
+"""The gateway served as ``gateway serve`` serves it (``gateway.http_guard.server_options``).
+
+``tests/conftest.py``'s ``serve_asgi`` runs plain uvicorn h11; the tests of the client-facing
+HTTP behaviour (framing, timeouts, connection cap) need the production protocol instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+from typing import Any
+
+import uvicorn
+
+from gateway.app import create_app
+from gateway.http_guard import server_options
+from gateway.settings import GatewaySettings
+from tests.conftest import free_port
+
+
+class GuardedServer:
+    """``create_app(settings)`` on loopback with the production uvicorn options."""
+
+    def __init__(self, settings: GatewaySettings, app: Any = None) -> None:
+        self.port = free_port()
+        options = server_options(
+            settings.limits, host="127.0.0.1", port=self.port, log_level="warning"
+        )
+        options.pop("log_config")
+        self.server = uvicorn.Server(uvicorn.Config(app or create_app(settings), **options))
+        self.thread = threading.Thread(target=lambda: asyncio.run(self.server.serve()),
+                                       daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout_s: float = 15.0) -> GuardedServer:
+        self.thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self.server.started:
+            assert self.thread.is_alive(), "gateway server thread died during start-up"
+            assert time.monotonic() < deadline, "gateway server did not start"
+            time.sleep(0.01)
+        return self
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+
+
+class Servers:
+    """Starts guarded servers (``servers.start(settings)``); ``stop_all()`` at teardown."""
+
+    def __init__(self) -> None:
+        self._running: list[GuardedServer] = []
+
+    def start(self, settings: GatewaySettings, app: Any = None) -> GuardedServer:
+        srv = GuardedServer(settings, app).start()
+        self._running.append(srv)
+        return srv
+
+    def stop_all(self) -> None:
+        for srv in reversed(self._running):
+            srv.stop()
+
+
+def connect(port: int, timeout_s: float = 5.0) -> socket.socket:
+    """A raw TCP connection to the server."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=timeout_s)
+    return sock
+
+
+def read_until_closed(sock: socket.socket, timeout_s: float = 5.0) -> tuple[bytes, bool]:
+    """Everything the server sends until it closes (``True``) or ``timeout_s`` passes."""
+    sock.settimeout(0.2)
+    data = b""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            chunk = sock.recv(65536)
+        except TimeoutError:
+            continue
+        except ConnectionResetError:
+            return data, True
+        if not chunk:
+            return data, True
+        data += chunk
+    return data, False
+
+
+def split_response(data: bytes) -> tuple[int, dict[str, str], bytes]:
+    """Status, lower-case headers and body of the first response in ``data``."""
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split(" ")[1])
+    headers = {}
+    for line in lines[1:]:
+        name, _, value = line.partition(":")
+        headers[name.strip().lower()] = value.strip()
+    if "content-length" in headers:
+        body = body[: int(headers["content-length"])]
+    return status, headers, body

@@ -1,0 +1,154 @@
+"""Slow and idle clients: header timeout, keep-alive timeout and the client connection cap."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import openai
+import pytest
+
+from tests.gateway.gateway_server import Servers, connect, read_until_closed, split_response
+from tests.gateway.helpers import KEY_A, Sim, settings
+
+LIMITS = {"client_header_timeout_s": 1.0, "keep_alive_timeout_s": 1.0}
+
+
+@pytest.fixture
+def guarded() -> Iterator[Servers]:
+    servers = Servers()
+    yield servers
+    servers.stop_all()
+
+
+@pytest.fixture
+def gateway(guarded: Servers, sim: Sim) -> Any:
+    return guarded.start(settings([sim.url], limits=LIMITS))
+
+
+def _drip_until_answered(sock: socket.socket, head: bytes) -> tuple[bytes, bool]:
+    """Send ``head`` one byte every 0.1 s until the server answers or closes."""
+    closed = False
+    data = b""
+    for byte in head:
+        try:
+            sock.sendall(bytes([byte]))
+        except (BrokenPipeError, ConnectionResetError):
+            closed = True
+            break
+        time.sleep(0.1)  # the drip itself (the attack), not a wait for a condition
+        sock.setblocking(False)
+        try:
+            data += sock.recv(65536)
+        except BlockingIOError:
+            pass
+        except ConnectionResetError:
+            closed = True
+        finally:
+            sock.setblocking(True)
+        if data or closed:
+            break
+    if not closed:
+        more, closed = read_until_closed(sock, timeout_s=5)
+        data += more
+    return data, closed
+
+
+@pytest.mark.parametrize("first_request", [False, True], ids=["new-connection", "kept-alive"])
+def test_header_drip_is_timed_out(gateway: Any, first_request: bool) -> None:
+    head = b"GET /healthz HTTP/1.1\r\nHost: gw\r\nX-Slow: " + b"a" * 40
+    with connect(gateway.port) as sock:
+        if first_request:  # a kept-alive connection: the drip starts the second request
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: gw\r\n\r\n")
+            answer = b""
+            while not answer.endswith(b'{"status":"ok"}'):
+                chunk = sock.recv(65536)
+                assert chunk
+                answer += chunk
+        t0 = time.monotonic()
+        data, closed = _drip_until_answered(sock, head)
+    elapsed = time.monotonic() - t0
+    assert closed and elapsed < 3.5, (elapsed, data)
+    status, _, body = split_response(data)
+    assert status == 408
+    assert json.loads(body)["error"]["code"] == "request_timeout"
+
+
+def test_silent_connection_is_closed_after_header_timeout(gateway: Any) -> None:
+    t0 = time.monotonic()
+    with connect(gateway.port) as sock:
+        data, closed = read_until_closed(sock, timeout_s=5)
+    assert closed and data == b""
+    assert 0.8 < time.monotonic() - t0 < 3.0
+
+
+def test_idle_keep_alive_connection_is_closed(gateway: Any) -> None:
+    with connect(gateway.port) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: gw\r\n\r\n")
+        data = b""
+        while not data.endswith(b'{"status":"ok"}'):
+            chunk = sock.recv(65536)
+            assert chunk
+            data += chunk
+        t0 = time.monotonic()
+        rest, closed = read_until_closed(sock, timeout_s=5)
+    assert closed and rest == b""
+    assert time.monotonic() - t0 < 3.0
+
+
+def test_over_cap_connection_is_answered_at_once(
+    guarded: Servers, sim: Sim
+) -> None:
+    # Long timeouts: the held connections must stay open for the whole test.
+    cap = 4
+    limits = {"client_header_timeout_s": 30, "keep_alive_timeout_s": 30,
+              "max_client_connections": cap}
+    gateway = guarded.start(settings([sim.url], limits=limits))
+    held = [connect(gateway.port) for _ in range(cap)]
+    try:
+        for sock in held:  # make sure the server accepted each of them
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: gw\r\n\r\n")
+            assert b"200 OK" in sock.recv(65536)
+        t0 = time.monotonic()
+        with connect(gateway.port) as extra:
+            data, closed = read_until_closed(extra, timeout_s=3)
+        elapsed = time.monotonic() - t0
+        assert closed and elapsed < 0.5, (elapsed, data)
+        status, headers, body = split_response(data)
+        assert status == 503 and headers["connection"] == "close"
+        assert json.loads(body)["error"]["code"] == "too_many_connections"
+        # The official SDK sees an ordinary, retryable 503 in the OpenAI error shape.
+        with openai.OpenAI(base_url=gateway.url + "/v1", api_key=KEY_A, max_retries=0,
+                           timeout=5) as client, pytest.raises(openai.InternalServerError) as info:
+            client.models.list()
+        assert info.value.status_code == 503 and info.value.code == "too_many_connections"
+    finally:
+        for sock in held:
+            sock.close()
+    # Capacity comes back once the held connections are gone.
+    deadline = time.monotonic() + 5
+    while True:
+        with connect(gateway.port) as sock:
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n\r\n")
+            data, _ = read_until_closed(sock)
+        if data.startswith(b"HTTP/1.1 200"):
+            break
+        assert time.monotonic() < deadline, data
+        time.sleep(0.05)
+
+
+def test_many_idle_sockets_do_not_pile_up(gateway: Any) -> None:
+    socks: list[socket.socket] = []
+    try:
+        for _ in range(500):
+            socks.append(connect(gateway.port))
+        deadline = time.monotonic() + 10
+        for sock in socks:
+            _, closed = read_until_closed(sock, timeout_s=max(0.1, deadline - time.monotonic()))
+            assert closed
+    finally:
+        for sock in socks:
+            sock.close()
