@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import sys
 from collections.abc import Iterator, Sequence
@@ -108,6 +109,42 @@ def _progress(total: int, label: str, quiet: bool) -> Iterator[Any]:
     with Progress(*columns, console=err, transient=True) as bar:
         task = bar.add_task(label, total=total)
         yield lambda n: bar.advance(task, n)
+
+
+def _styled_stdout() -> bool:
+    """Whether rich would style standard output (its ``Console.is_terminal`` rules).
+
+    ``TTY_COMPATIBLE`` 0/1, then ``FORCE_COLOR`` (https://force-color.org/: set and not empty),
+    then ``isatty()``.
+    """
+    tty_compatible = os.environ.get("TTY_COMPATIBLE", "")
+    if tty_compatible in ("0", "1"):
+        return tty_compatible == "1"
+    force_color = os.environ.get("FORCE_COLOR")
+    if force_color is not None:
+        return force_color != ""
+    try:
+        return sys.stdout.isatty()
+    except ValueError:  # closed
+        return False
+
+
+def _print_json(doc: dict[str, Any]) -> None:
+    """Print a JSON document indented by 2, as rich's ``print_json`` does; plain (rich not
+    loaded) unless standard output is a terminal that gets highlighting."""
+    if _styled_stdout():
+        out.print_json(json.dumps(doc))
+    else:
+        sys.stdout.write(json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
+
+
+def _print_line(text: str) -> None:
+    """Print one result line; plain (rich not loaded, paths exactly as they are, no
+    ``:emoji:`` codes replaced) unless standard output is a terminal that gets highlighting."""
+    if _styled_stdout():
+        out.print(text)
+    else:
+        sys.stdout.write(text + "\n")
 
 
 def _load_lock(path: Path | None) -> Lockfile | None:
@@ -232,11 +269,11 @@ def verify(
                                workers=_workers(workers), all_parts=all_parts,
                                progress=progress)  # fmt: skip
     if as_json:
-        out.print_json(json.dumps(report.to_json()))
+        _print_json(report.to_json())
     elif report.ok:
         rate = report.bytes_hashed / max(report.seconds, 1e-9) / 1024**3
-        out.print(f"OK {bundle}: signed by {report.signer}, {report.bytes_hashed} bytes "
-                  f"verified in {report.seconds:.1f} s ({rate:.2f} GiB/s)")  # fmt: skip
+        _print_line(f"OK {bundle}: signed by {report.signer}, {report.bytes_hashed} bytes "
+                    f"verified in {report.seconds:.1f} s ({rate:.2f} GiB/s)")  # fmt: skip
     else:
         _print_problems(report.problems, "FAIL ")
     if not report.ok:

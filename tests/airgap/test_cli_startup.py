@@ -20,7 +20,7 @@ from airgap import cli
 from airgap.cli import main
 
 #: Modules `airgap verify` must not import: heavy, and verify does not need them.
-NOT_FOR_VERIFY = ("pydantic", "rich.progress", "rich.table", "rich.markdown", "airgap.pack",
+NOT_FOR_VERIFY = ("pydantic", "rich", "rich.table", "rich.markdown", "airgap.pack",
                   "airgap.unpack", "airgap.oci", "cyclonedx", "model_signing",
                   "cryptography.x509")
 
@@ -111,3 +111,21 @@ def test_verify_does_not_import_what_it_does_not_need(bundle: Path, keys: KeyPai
     heavy = sorted(m for m in modules
                    if any(m == n or m.startswith(n + ".") for n in NOT_FOR_VERIFY))
     assert heavy == []
+
+
+def test_plain_output_equals_rich_output(bundle: Path, keys: KeyPair,
+                                         capsys: pytest.CaptureFixture[str],
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Piped, verify prints without rich; the bytes are what rich's console printed."""
+    from rich.console import Console
+
+    doc = {"ok": True, "bundle": str(bundle), "problems": [{"code": "x", "message": "é [b]"}],
+           "n": 3, "f": 0.5, "none": None}
+    cli._print_json(doc)
+    cli._print_line(f"OK {bundle}: signed by ab12, 7 bytes verified in 0.0 s (0.00 GiB/s)")
+    plain = capsys.readouterr().out
+    monkeypatch.setenv("TTY_COMPATIBLE", "0")  # rich, not styled: what the CLI printed before
+    console = Console(soft_wrap=True, markup=False)
+    console.print_json(json.dumps(doc))
+    console.print(f"OK {bundle}: signed by ab12, 7 bytes verified in 0.0 s (0.00 GiB/s)")
+    assert capsys.readouterr().out == plain
