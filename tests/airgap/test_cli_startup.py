@@ -22,7 +22,7 @@ from airgap.cli import main
 #: Modules `airgap verify` must not import: heavy, and verify does not need them.
 NOT_FOR_VERIFY = ("pydantic", "rich", "rich.table", "rich.markdown", "airgap.pack",
                   "airgap.unpack", "airgap.oci", "cyclonedx", "model_signing",
-                  "cryptography.x509")
+                  "cryptography.x509", "cryptography.hazmat.primitives.serialization")
 
 
 def test_fast_parser_options_equal_the_typer_command() -> None:
@@ -129,3 +129,38 @@ def test_plain_output_equals_rich_output(bundle: Path, keys: KeyPair,
     console.print_json(json.dumps(doc))
     console.print(f"OK {bundle}: signed by ab12, 7 bytes verified in 0.0 s (0.00 GiB/s)")
     assert capsys.readouterr().out == plain
+
+
+def test_public_key_fast_path_equals_cryptography(tmp_path: Path, keys: KeyPair) -> None:
+    """The plain Ed25519 PEM parse gives cryptography's key; every other form goes to
+    cryptography's loader and gets its verdict."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+    from airgap.errors import AirgapError
+    from airgap.signing import _ed25519_spki, key_id, load_public_key
+
+    pem = keys.public_path.read_bytes()
+    fast = _ed25519_spki(pem)
+    assert fast is not None
+    assert key_id(fast) == key_id(keys.public) == key_id(load_public_key(keys.public_path))
+    full = serialization.load_pem_public_key(pem)
+    assert isinstance(full, Ed25519PublicKey)
+    assert fast.public_bytes_raw() == full.public_bytes_raw()
+    # CRLF line ends: still the same key.
+    crlf = tmp_path / "crlf.pem"
+    crlf.write_bytes(pem.replace(b"\n", b"\r\n"))
+    assert key_id(load_public_key(crlf)) == key_id(keys.public)
+    # An EC key and garbage: not the fast form, so cryptography decides (key_invalid).
+    ec_pem = ec.generate_private_key(ec.SECP256R1()).public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    assert _ed25519_spki(ec_pem) is None
+    for name, data in (("ec.pem", ec_pem), ("junk.pem", b"not a key"),
+                       ("cut.pem", pem[:40] + pem[-26:])):
+        bad = tmp_path / name
+        bad.write_bytes(data)
+        assert _ed25519_spki(data) is None
+        with pytest.raises(AirgapError) as err:
+            load_public_key(bad)
+        assert err.value.code == "key_invalid"
