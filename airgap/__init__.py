@@ -16,24 +16,58 @@ connection.
 
 __version__ = "0.1.0"
 
-from airgap.bundle import (
-    DEFAULT_PART_SIZE,
-    FORMAT_VERSION,
-    Blob,
-    ContentFile,
-    Index,
-    Part,
-)
-from airgap.errors import AirgapError, Code, Problem, StoreError, VerificationFailed
-from airgap.pack import PackReport, pack_bundle
-from airgap.signing import (
-    generate_keypair,
-    key_id,
-    load_private_key,
-    load_public_key,
-)
-from airgap.unpack import UnpackReport, unpack_bundle
-from airgap.verify import VerifyReport, verify_bundle
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the names for type checkers; at run time they load on first use
+    from airgap.bundle import (
+        DEFAULT_PART_SIZE,
+        FORMAT_VERSION,
+        Blob,
+        ContentFile,
+        Index,
+        Part,
+    )
+    from airgap.errors import AirgapError, Code, Problem, StoreError, VerificationFailed
+    from airgap.pack import PackReport, pack_bundle
+    from airgap.signing import (
+        generate_keypair,
+        key_id,
+        load_private_key,
+        load_public_key,
+    )
+    from airgap.unpack import UnpackReport, unpack_bundle
+    from airgap.verify import VerifyReport, verify_bundle
+
+#: Public name -> defining module. Loaded lazily (PEP 562) so that a command such as
+#: ``airgap verify`` does not pay for importing pack and unpack (docs/airgap.md, start-up).
+_LAZY = {
+    **dict.fromkeys(("DEFAULT_PART_SIZE", "FORMAT_VERSION", "Blob", "ContentFile", "Index",
+                     "Part"), "airgap.bundle"),
+    **dict.fromkeys(("AirgapError", "Code", "Problem", "StoreError", "VerificationFailed"),
+                    "airgap.errors"),
+    **dict.fromkeys(("PackReport", "pack_bundle"), "airgap.pack"),
+    **dict.fromkeys(("generate_keypair", "key_id", "load_private_key", "load_public_key"),
+                    "airgap.signing"),
+    **dict.fromkeys(("UnpackReport", "unpack_bundle"), "airgap.unpack"),
+    **dict.fromkeys(("VerifyReport", "verify_bundle"), "airgap.verify"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    """Import a public name's module on first access (PEP 562).
+
+    Raises:
+        AttributeError: ``name`` is not a public name of the package (nor a submodule).
+    """
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'airgap' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "DEFAULT_PART_SIZE",

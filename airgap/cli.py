@@ -8,40 +8,22 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    DownloadColumn,
-    Progress,
-    TextColumn,
-    TimeRemainingColumn,
-    TransferSpeedColumn,
-)
-from rich.table import Table
 
 from airgap import __version__
 from airgap.bundle import DEFAULT_PART_SIZE, INDEX_NAME, MAX_INDEX_BYTES, SIGNATURE_NAME, Index
 from airgap.errors import AirgapError, Code, Problem, VerificationFailed
 from airgap.interrupt import Interrupted, die_by, interruptible
 from airgap.media import check_bundle_dir, read_small
-from airgap.mlbom import BOM_NAME, read_extra, summary
-from airgap.pack import pack_bundle
-from airgap.signing import (
-    MAX_SIGNATURE_BYTES,
-    generate_keypair,
-    load_private_key,
-    load_public_key,
-    signer_key_id,
-)
+from airgap.signing import MAX_SIGNATURE_BYTES, load_public_key, signer_key_id
 from airgap.stream import default_workers
-from airgap.unpack import Layout, unpack_bundle
 from airgap.verify import MAX_SHOWN_PROBLEMS, problems_json, verify_bundle
 from weights import (
     EmptyModelError,
@@ -51,6 +33,14 @@ from weights import (
     WeightsError,
 )
 
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from airgap.unpack import Layout
+
+# Start-up cost matters for `airgap verify` (docs/airgap.md, "Measured performance"): rich,
+# pack, unpack, the ML-BOM writer and the private-key code load only in the commands that use
+# them, and the consoles are created on first use.
 app = typer.Typer(
     name="airgap",
     help="Carry pinned, verified model weights across an air gap as a signed bundle.",
@@ -58,9 +48,30 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-# markup off: file names, paths and revisions such as "a[/b]" are printed as they are.
-err = Console(stderr=True, soft_wrap=True, markup=False)
-out = Console(soft_wrap=True, markup=False)
+
+
+class _LazyConsole:
+    """A rich ``Console`` created (and rich imported) on first attribute access.
+
+    Args:
+        stderr: Write to standard error instead of standard output.
+    """
+
+    def __init__(self, *, stderr: bool) -> None:
+        self._stderr = stderr
+        self._console: Console | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        if self._console is None:
+            from rich.console import Console
+
+            # markup off: file names, paths and revisions such as "a[/b]" print as they are.
+            self._console = Console(stderr=self._stderr, soft_wrap=True, markup=False)
+        return getattr(self._console, name)
+
+
+err: Any = _LazyConsole(stderr=True)
+out: Any = _LazyConsole(stderr=False)
 
 AllowPickle = Annotated[bool, typer.Option(
     "--allow-pickle", help="Accept pickle-based files scanned safe by the allowlist scanner.")]
@@ -84,11 +95,56 @@ def _progress(total: int, label: str, quiet: bool) -> Iterator[Any]:
     if quiet or not err.is_terminal:
         yield None
         return
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+        TransferSpeedColumn,
+    )
+
     columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
                TransferSpeedColumn(), TimeRemainingColumn())  # fmt: skip
     with Progress(*columns, console=err, transient=True) as bar:
         task = bar.add_task(label, total=total)
         yield lambda n: bar.advance(task, n)
+
+
+def _styled_stdout() -> bool:
+    """Whether rich would style standard output (its ``Console.is_terminal`` rules).
+
+    ``TTY_COMPATIBLE`` 0/1, then ``FORCE_COLOR`` (https://force-color.org/: set and not empty),
+    then ``isatty()``.
+    """
+    tty_compatible = os.environ.get("TTY_COMPATIBLE", "")
+    if tty_compatible in ("0", "1"):
+        return tty_compatible == "1"
+    force_color = os.environ.get("FORCE_COLOR")
+    if force_color is not None:
+        return force_color != ""
+    try:
+        return sys.stdout.isatty()
+    except ValueError:  # closed
+        return False
+
+
+def _print_json(doc: dict[str, Any]) -> None:
+    """Print a JSON document indented by 2, as rich's ``print_json`` does; plain (rich not
+    loaded) unless standard output is a terminal that gets highlighting."""
+    if _styled_stdout():
+        out.print_json(json.dumps(doc))
+    else:
+        sys.stdout.write(json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
+
+
+def _print_line(text: str) -> None:
+    """Print one result line; plain (rich not loaded, paths exactly as they are, no
+    ``:emoji:`` codes replaced) unless standard output is a terminal that gets highlighting."""
+    if _styled_stdout():
+        out.print(text)
+    else:
+        sys.stdout.write(text + "\n")
 
 
 def _load_lock(path: Path | None) -> Lockfile | None:
@@ -130,6 +186,8 @@ def keygen(
     out_path: Annotated[Path, typer.Option("--out", help="Private key file (KEY.pem).")],
 ) -> None:
     """Create an Ed25519 signing key (KEY.pem, mode 0600) and its public key (KEY.pub.pem)."""
+    from airgap.signing import generate_keypair
+
     pub, kid = generate_keypair(out_path)
     out.print(f"private key {out_path}\npublic key  {pub}\nkey id      {kid}")
 
@@ -162,6 +220,9 @@ def pack(
     ] = None,
 ) -> None:
     """Verify the source against the lock while copying it into a new signed bundle."""
+    from airgap.pack import pack_bundle
+    from airgap.signing import load_private_key
+
     locked = _load_lock(lock)
     assert locked is not None
     if repos:
@@ -208,11 +269,11 @@ def verify(
                                workers=_workers(workers), all_parts=all_parts,
                                progress=progress)  # fmt: skip
     if as_json:
-        out.print_json(json.dumps(report.to_json()))
+        _print_json(report.to_json())
     elif report.ok:
         rate = report.bytes_hashed / max(report.seconds, 1e-9) / 1024**3
-        out.print(f"OK {bundle}: signed by {report.signer}, {report.bytes_hashed} bytes "
-                  f"verified in {report.seconds:.1f} s ({rate:.2f} GiB/s)")  # fmt: skip
+        _print_line(f"OK {bundle}: signed by {report.signer}, {report.bytes_hashed} bytes "
+                    f"verified in {report.seconds:.1f} s ({rate:.2f} GiB/s)")  # fmt: skip
     else:
         _print_problems(report.problems, "FAIL ")
     if not report.ok:
@@ -237,6 +298,8 @@ def unpack(
     allow_pickle: AllowPickle = False,
 ) -> None:
     """Verify, then install atomically into a Hugging Face cache or a plain directory."""
+    from airgap.unpack import unpack_bundle
+
     if layout not in ("hf-cache", "dir"):
         raise AirgapError(Code.IO_ERROR, f"--layout must be hf-cache or dir, not {layout!r}")
     keys = [load_public_key(p) for p in public_key]
@@ -278,6 +341,10 @@ def inspect(
     as_json: Annotated[bool, typer.Option("--json", help="Print the index as JSON.")] = False,
 ) -> None:
     """Show what a bundle holds (the index is NOT verified: use `airgap verify`)."""
+    from rich.table import Table
+
+    from airgap.mlbom import BOM_NAME, read_extra, summary
+
     check_bundle_dir(bundle)
     data = read_small(bundle, INDEX_NAME, MAX_INDEX_BYTES, Code.INDEX_MISSING)
     index = Index.parse(data)
@@ -400,6 +467,95 @@ def _root(
     """Air-gap bundles for sovereign-gateway."""
 
 
+#: `airgap verify` options the fast parser takes: option -> (parameter, takes a value,
+#: repeatable). Kept equal to the typer command's by tests/airgap/test_cli_startup.py.
+_VERIFY_OPTIONS: dict[str, tuple[str, bool, bool]] = {
+    "--public-key": ("public_key", True, True),
+    "-k": ("public_key", True, True),
+    "--lock": ("expected_lock", True, False),
+    "--all-parts": ("all_parts", False, False),
+    "--json": ("as_json", False, False),
+    "--workers": ("workers", True, False),
+    "--quiet": ("quiet", False, False),
+    "-q": ("quiet", False, False),
+}
+
+
+def _fast_verify_args(args: Sequence[str]) -> dict[str, Any] | None:
+    """Keyword arguments of ``verify`` for a plain, well-formed ``verify`` command line.
+
+    typer's parser builds a pydantic TypeAdapter per parameter on first use, which costs about
+    0.25 CPU-s of start-up (pydantic's import) on every ``airgap verify``. This parser takes
+    only the unambiguous forms (``--opt VALUE``, ``--opt=VALUE``, ``-k VALUE``, flags, one
+    bundle argument) and returns None for anything else (help, unknown or repeated options,
+    ``--``, bundled short flags, a bad number, a missing key), which then goes through typer
+    as before, so every error message and exit code stays typer's.
+
+    Args:
+        args: The command line after the program name, ``--verbose`` already removed.
+
+    Returns:
+        The keyword arguments for :func:`verify`, or None to let typer parse.
+    """
+    if not args or args[0] != "verify":
+        return None
+    kwargs: dict[str, Any] = {"public_key": [], "expected_lock": None, "all_parts": False,
+                              "as_json": False, "workers": 0, "quiet": False}
+    bundle: Path | None = None
+    seen: set[str] = set()
+    rest = list(args[1:])
+    while rest:
+        arg = rest.pop(0)
+        if not arg.startswith("-") and arg:
+            if bundle is not None:
+                return None
+            bundle = Path(arg)
+            continue
+        name, eq, inline = arg.partition("=")
+        spec = _VERIFY_OPTIONS.get(name)
+        if spec is None or (eq and (not spec[1] or not name.startswith("--"))):
+            return None
+        param, takes_value, repeatable = spec
+        if param in seen and not repeatable:
+            return None
+        seen.add(param)
+        if not takes_value:
+            kwargs[param] = True
+            continue
+        if eq:
+            value = inline
+        elif rest and not rest[0].startswith("-"):
+            value = rest.pop(0)
+        else:
+            return None
+        if not value:
+            return None
+        if param == "workers":
+            if not value.isascii() or not value.isdigit():
+                return None
+            kwargs[param] = int(value)
+        elif param == "public_key":
+            kwargs[param].append(Path(value))
+        else:
+            kwargs[param] = Path(value)
+    if bundle is None or not kwargs["public_key"]:
+        return None
+    kwargs["bundle"] = bundle
+    return kwargs
+
+
+def _run(args: list[str]) -> Any:
+    """Run one command: ``verify`` through the fast parser when it can, else through typer."""
+    fast = _fast_verify_args(args)
+    if fast is None:
+        return app(args=args, prog_name="airgap", standalone_mode=False)
+    try:
+        verify(**fast)
+    except typer.Exit as exc:
+        return exc.exit_code
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: run the CLI with one error boundary; returns the exit code."""
     args = list(sys.argv[1:] if argv is None else argv)
@@ -407,7 +563,7 @@ def main(argv: list[str] | None = None) -> int:
     args = [a for a in args if a != "--verbose"]
     try:
         with interruptible():
-            rc = app(args=args, prog_name="airgap", standalone_mode=False)
+            rc = _run(args)
     except Interrupted as exc:
         if "--json" in args:
             doc = {"ok": False, "interrupted": True, "signal": exc.name, "error": {
