@@ -90,10 +90,7 @@ def pin(
                         allow_license=allow_license or (), update=update,
                         policy=SerialisationPolicy(allow_pickle=allow_pickle))
     except DriftError as exc:
-        if as_json:
-            print(json.dumps({"ok": False, "drift": _drift_json(exc.drift)}, indent=2))
-        else:
-            _print_drift(console, exc.drift)
+        _show_drift_refusal(console, exc, as_json)
         raise
     e = result.entry
     if as_json:
@@ -116,6 +113,14 @@ def _drift_json(drift: Any) -> dict[str, Any] | None:
     return {"repo_id": drift.repo_id, "revision": drift.revision, "old_commit": drift.old_commit,
             "new_commit": drift.new_commit, "added": list(drift.added),
             "removed": list(drift.removed), "changed": list(drift.changed)}
+
+
+def _show_drift_refusal(console: Console, exc: DriftError, as_json: bool) -> None:
+    """Show the drift a refused ``pin``/``lock`` found (JSON document or one line a file)."""
+    if as_json:
+        print(json.dumps({"ok": False, "drift": _drift_json(exc.drift)}, indent=2))
+    else:
+        _print_drift(console, exc.drift)
 
 
 def _print_drift(console: Console, drift: Any) -> None:

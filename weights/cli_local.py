@@ -35,7 +35,7 @@ def lock(
     quiet: QuietOpt = False,
 ) -> None:
     """Lock a directory already on disk (no network): digest every file, record its origin."""
-    from weights.cli import _drift_json, _print_drift
+    from weights.cli import _drift_json, _print_drift, _show_drift_refusal
     from weights.local import lock_local
 
     console = _console()
@@ -48,10 +48,7 @@ def lock(
                 claimed_repo_id=claim_repo, claimed_commit=claim_commit,
                 policy=SerialisationPolicy(allow_pickle=allow_pickle), progress=advance)
     except DriftError as exc:
-        if as_json:
-            print(json.dumps({"ok": False, "drift": _drift_json(exc.drift)}, indent=2))
-        else:
-            _print_drift(console, exc.drift)
+        _show_drift_refusal(console, exc, as_json)
         raise
     e = result.entry
     if as_json:
