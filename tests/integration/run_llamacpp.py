@@ -16,14 +16,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import socket
-import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
+from engine_runner import serve_and_test
 
 SERVED_NAME = "tiny"
 
@@ -55,36 +52,13 @@ def main(argv: list[str] | None = None) -> int:
         "--model_alias", SERVED_NAME, "--n_ctx", str(args.n_ctx), "--n_threads", "1",
         "--seed", "0",
     ]
-    args.log.parent.mkdir(parents=True, exist_ok=True)
     url = f"http://127.0.0.1:{port}"
-    with args.log.open("wb") as log:
-        proc = subprocess.Popen(cmd_server, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
-        try:
-            deadline = time.monotonic() + args.startup_timeout_s
-            print(f"starting llama.cpp server on {url} (log: {args.log}) ...", flush=True)
-            while True:
-                try:
-                    if httpx.get(f"{url}/v1/models", timeout=2).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    print(f"llama.cpp server did not come up; see {args.log}", file=sys.stderr)
-                    return 2
-                time.sleep(0.5)
-            print("llama.cpp server is up; running the conformance tests", flush=True)
-            env_tests = {**os.environ, "SG_LLAMACPP_URL": url, "SG_LLAMACPP_MODEL": SERVED_NAME}
-            cmd = [sys.executable, "-m", "pytest", *(args.pytest_args or ["-m", "llamacpp"])]
-            return subprocess.call(cmd, env=env_tests)
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-                try:
-                    proc.wait(30)
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait(10)
+    return serve_and_test(
+        f"llama.cpp server on {url}", cmd_server, env, args.log, f"{url}/v1/models",
+        args.startup_timeout_s,
+        {"SG_LLAMACPP_URL": url, "SG_LLAMACPP_MODEL": SERVED_NAME},
+        args.pytest_args or ["-m", "llamacpp"], poll_s=0.5,
+    )
 
 
 if __name__ == "__main__":

@@ -15,14 +15,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import socket
-import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
+from engine_runner import serve_and_test
 
 SERVED_NAME = "tiny"
 
@@ -60,36 +57,12 @@ def main(argv: list[str] | None = None) -> int:
         # named tool_choice needs a tool-call parser in vLLM >= 0.3x
         "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
     ]
-    args.log.parent.mkdir(parents=True, exist_ok=True)
     url = f"http://127.0.0.1:{port}"
-    with args.log.open("wb") as log:
-        proc = subprocess.Popen(argv_vllm, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True)
-        try:
-            deadline = time.monotonic() + args.startup_timeout_s
-            print(f"starting vLLM on {url} (log: {args.log}) ...", flush=True)
-            while True:
-                try:
-                    if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    print(f"vLLM did not come up; see {args.log}", file=sys.stderr)
-                    return 2
-                time.sleep(1)
-            print("vLLM is up; running the conformance tests", flush=True)
-            env_tests = {**os.environ, "SG_VLLM_URL": url, "SG_VLLM_MODEL": SERVED_NAME}
-            cmd = [sys.executable, "-m", "pytest", *(args.pytest_args or ["-m", "vllm"])]
-            return subprocess.call(cmd, env=env_tests)
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-                try:
-                    proc.wait(30)
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait(10)
+    return serve_and_test(
+        f"vLLM on {url}", argv_vllm, env, args.log, f"{url}/health", args.startup_timeout_s,
+        {"SG_VLLM_URL": url, "SG_VLLM_MODEL": SERVED_NAME},
+        args.pytest_args or ["-m", "vllm"], poll_s=1,
+    )
 
 
 if __name__ == "__main__":
