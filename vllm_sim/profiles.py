@@ -117,33 +117,55 @@ def _kv_token_s(layers: int, kv_heads: int, head_dim: int) -> float:
     return 2 * layers * kv_heads * head_dim * 2 / _BW
 
 
+def _h100_roofline(
+    name: str, description: str, *, weights_bytes: float, params: float, layers: int,
+    kv_heads: int, head_dim: int,
+) -> PerfProfile:
+    """A dense BF16 model on one H100 SXM, from the roofline (sources [H100], [VLLM-ARGS]).
+
+    Prefill is compute-bound (2 FLOPs per parameter per token); a decode step reads the weights
+    once (plus 1 ms of engine overhead), each sequence adds its own 2 FLOPs per parameter, and
+    each context token its K and V (:func:`_kv_token_s`).
+
+    Args:
+        name: Profile name.
+        description: One line with the sources.
+        weights_bytes: Weights in bytes (BF16).
+        params: Parameter count.
+        layers: Decoder layers.
+        kv_heads: Key/value heads per layer.
+        head_dim: Dimension per head.
+    """
+    return PerfProfile(
+        name=name,
+        description=description,
+        num_gpu_blocks=_blocks(weights_bytes, layers, kv_heads, head_dim),
+        max_num_seqs=1024,
+        max_num_batched_tokens=8192,
+        prefill_tokens_per_s=round(_FLOPS / (2 * params)),
+        decode_base_s=weights_bytes / _BW + 0.001,
+        decode_per_seq_s=2 * params / _FLOPS,
+        decode_per_ctx_token_s=_kv_token_s(layers, kv_heads, head_dim),
+    )
+
+
 PROFILES: dict[str, PerfProfile] = {
     p.name: p
     for p in (
-        PerfProfile(
-            name="llama-3.1-8b-h100",
-            description="Llama-3.1-8B BF16 on one H100 SXM (roofline from [H100], [L8B], "
+        _h100_roofline(
+            "llama-3.1-8b-h100",
+            "Llama-3.1-8B BF16 on one H100 SXM (roofline from [H100], [L8B], "
             "[VLLM-ARGS]; see vllm_sim/profiles.py)",
-            num_gpu_blocks=_blocks(16.1e9, 32, 8, 128),  # ~27,100 blocks, ~434k tokens
-            max_num_seqs=1024,
-            max_num_batched_tokens=8192,
-            prefill_tokens_per_s=round(_FLOPS / (2 * 8.03e9)),  # ~24,600 tokens/s
-            decode_base_s=16.1e9 / _BW + 0.001,  # ~7.0 ms
-            decode_per_seq_s=2 * 8.03e9 / _FLOPS,  # ~41 us per sequence
-            decode_per_ctx_token_s=_kv_token_s(32, 8, 128),  # ~49 ns per context token
+            # ~27,100 blocks; ~24,600 prefill tokens/s; decode ~7.0 ms + ~41 us/seq + ~49 ns/token
+            weights_bytes=16.1e9, params=8.03e9, layers=32, kv_heads=8, head_dim=128,
         ),
-        PerfProfile(
-            name="qwen3-32b-h100",
-            description="Qwen3-32B BF16 on one H100 SXM (roofline from [H100], [Q32B], "
+        _h100_roofline(
+            "qwen3-32b-h100",
+            "Qwen3-32B BF16 on one H100 SXM (roofline from [H100], [Q32B], "
             "[VLLM-ARGS]; see vllm_sim/profiles.py). A small KV cache: the setting where "
             "prefix-aware routing matters",
-            num_gpu_blocks=_blocks(65.5e9, 64, 8, 128),  # ~1,790 blocks, ~28.7k tokens
-            max_num_seqs=1024,
-            max_num_batched_tokens=8192,
-            prefill_tokens_per_s=round(_FLOPS / (2 * 32.8e9)),  # ~6,030 tokens/s
-            decode_base_s=65.5e9 / _BW + 0.001,  # ~25.4 ms
-            decode_per_seq_s=2 * 32.8e9 / _FLOPS,  # ~166 us per sequence
-            decode_per_ctx_token_s=_kv_token_s(64, 8, 128),  # ~98 ns per context token
+            # ~1,790 blocks; ~6,030 prefill tokens/s; decode ~25.4 ms + ~166 us/seq + ~98 ns/token
+            weights_bytes=65.5e9, params=32.8e9, layers=64, kv_heads=8, head_dim=128,
         ),
         PerfProfile(
             name="tiny-test",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -16,6 +17,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import httpx
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1 (bound and released; the engine binds it next)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def serve_and_test(

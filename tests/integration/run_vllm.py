@@ -15,19 +15,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import sys
 from pathlib import Path
 
-from engine_runner import serve_and_test
+from engine_runner import free_port, serve_and_test
 
 SERVED_NAME = "tiny"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def main(argv: list[str] | None = None) -> int:
