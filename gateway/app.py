@@ -17,10 +17,11 @@ the audit log, admission hooks such as quotas, the upstream transport). Componen
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp.client_middlewares import ClientMiddlewareType
 from fastapi import FastAPI, Request
@@ -40,8 +41,11 @@ from gateway.http_guard import framing_refusal, scope_framing_problem
 from gateway.records import AdmissionHook, RequestObserver
 from gateway.routing import ClassifyingPolicy, RoutePolicy, Router
 from gateway.settings import GatewaySettings
-from gateway.state import STATE_KEY, GatewayState, gateway_state
+from gateway.state import STATE_KEY, GatewayState, LiveState, gateway_state
 from gateway.upstream import ConnectorFactory, new_session, tls_context
+
+if TYPE_CHECKING:
+    from gateway.reload import Reloader
 
 __all__ = ["create_app"]
 
@@ -85,6 +89,23 @@ def _model_entry(name: str, aliases: Sequence[str], created: int) -> dict[str, A
     }
 
 
+def _request_parts(parts: Gateway, settings: GatewaySettings) -> dict[str, Any]:
+    """The fields of :class:`GatewayState` that a live reload replaces."""
+    policy = parts.route_policy
+    classifying = policy if isinstance(policy, ClassifyingPolicy) else None
+    return {
+        "settings": settings,
+        "router": parts.router,
+        "authenticator": parts.authenticator,
+        "policy": policy,
+        "forward_headers": frozenset(h.encode() for h in settings.limits.forward_headers),
+        "class_header": (
+            classifying.classification_header.encode("latin-1") if classifying else None
+        ),
+        "classify": classifying.classify if classifying else None,
+    }
+
+
 def create_app(
     settings: GatewaySettings,
     gateway: Gateway | None = None,
@@ -97,6 +118,7 @@ def create_app(
     router: Router | None = None,
     upstream_middlewares: Sequence[ClientMiddlewareType] = (),
     drain: Drain | None = None,
+    reloader: Reloader | None = None,
 ) -> FastAPI:
     """Build the gateway app from its assembled components.
 
@@ -117,6 +139,9 @@ def create_app(
             first (telemetry client spans, ``policy.policy_middleware``).
         drain: Drain state of ``gateway serve``: ``/readyz`` answers 503 while draining, and
             relay requests are tracked so the drain deadline can end them.
+        reloader: Live reload of ``gateway serve`` (:mod:`gateway.reload`): the lifespan hands
+            it the function that swaps in a reassembled gateway (new requests get the new
+            snapshot; the health prober, metrics scraper and telemetry follow the new router).
 
     Returns:
         The ASGI app (run it with lifespan on, standard asyncio loop).
@@ -136,33 +161,34 @@ def create_app(
     parts = gateway
     created = int(time.time())
     the_router = parts.router
-    the_policy = parts.route_policy
-    classifying = the_policy if isinstance(the_policy, ClassifyingPolicy) else None
     upstream_ssl = tls_context(settings.upstream_tls)  # fails at start, not per request
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[dict[str, Any]]:
         session = new_session(settings, parts.connector_factory, parts.upstream_middlewares)
         state = GatewayState(
-            settings=settings,
-            router=the_router,
-            authenticator=parts.authenticator,
-            policy=the_policy,
             session=session,
             hooks=parts.hooks,
             open_session=lambda: new_session(
                 settings, parts.connector_factory, parts.upstream_middlewares, pooled=False
             ),
-            forward_headers=frozenset(h.encode() for h in settings.limits.forward_headers),
-            class_header=(
-                classifying.classification_header.encode("latin-1") if classifying else None
-            ),
-            classify=classifying.classify if classifying else None,
             upstream_ssl=upstream_ssl,
             drain=drain,
+            **_request_parts(parts, settings),
         )
+        cell = LiveState(state)
         prober = HealthProber(the_router, session, settings.health, upstream_ssl)
         scraper = MetricsScraper(the_router, session, settings.routing, upstream_ssl)
+
+        def swap(new: Gateway) -> None:
+            # One step on the event loop: requests already running keep their snapshot.
+            cell.current = dataclasses.replace(cell.current, **_request_parts(new, new.settings))
+            prober.rebind(new.router)
+            scraper.rebind(new.router)
+            if new.telemetry is not None:
+                new.telemetry.bind(new.router)
+            if scraper.needed and not scraper.running:
+                scraper.start()
         started: list[Any] = []
         try:
             for hook in parts.lifespan_components():
@@ -174,8 +200,12 @@ def create_app(
                 prober.start()
             if scraper.needed:
                 scraper.start()
-            yield {STATE_KEY: state}
+            if reloader is not None:
+                reloader.attach(swap)
+            yield {STATE_KEY: cell}
         finally:
+            if reloader is not None:
+                await reloader.detach()
             await scraper.stop()
             await prober.stop()
             for hook in reversed(started):

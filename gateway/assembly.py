@@ -9,6 +9,9 @@ validate the same sections in the same order. It builds, without opening any sto
 * the audit observer (``audit:``), the quota hook (``quotas:``), the telemetry (``telemetry:``),
 * the router (replica pools) shared by the relay, the health prober and the metrics.
 
+:func:`reassemble` builds the gateway of a new configuration for a live reload
+(:mod:`gateway.reload`) from the running one, keeping its long-lived components.
+
 The order in which a relayed request meets them is written down once, in
 :meth:`Gateway.stages` (the relay, :mod:`gateway.relay`, runs the stages in that order)::
 
@@ -40,7 +43,7 @@ if TYPE_CHECKING:
     from gateway.telemetry import Telemetry
     from policy import Policy
 
-__all__ = ["STAGES", "Gateway", "assemble"]
+__all__ = ["STAGES", "Gateway", "assemble", "reassemble"]
 
 STAGES = ("authenticate", "classify", "route", "admit", "audit", "forward", "account")
 """The request stages of a relayed request, in the order the relay runs them."""
@@ -239,4 +242,77 @@ def assemble(
         audit=audit,
         quotas=quotas,
         telemetry=telemetry,
+    )
+
+
+def reassemble(running: Gateway, settings: GatewaySettings, base: Path | None = None) -> Gateway:
+    """The gateway of new ``settings`` for a live reload, keeping what lives across reloads.
+
+    Rebuilt from ``settings``: the config keys (the managed key cache is kept), the router
+    (unchanged models keep their pool, see :class:`~gateway.routing.Router`), the egress
+    policy's routing decisions (a new policy revision) with the replicas' regions. Kept from
+    ``running``: the audit log, quotas, telemetry (the app rebinds it to the new router when it
+    swaps), the upstream transport, the egress guard and its event forwarder. Nothing is opened
+    or started and ``running`` is not changed, so a refused reload leaves it serving. The
+    sections that cannot change live are refused before this is called
+    (:func:`gateway.reload.restart_only_changes`).
+
+    Args:
+        running: The gateway being served.
+        settings: The new configuration (validated by :func:`gateway.settings.load`).
+        base: Directory of the config file (relative ``policy.file``).
+
+    Returns:
+        The new gateway (same lifespan components as ``running``: nothing to start).
+
+    Raises:
+        ConfigError: The new policy is invalid or the config does not bind to it (naming the
+            key), or its destinations differ from the running policy's (code
+            ``restart_required``: the guard and the transport check addresses against the
+            destinations loaded at start).
+    """
+    from gateway.egress import load_policy, wire_egress
+    from gateway.errors import ConfigError
+    from gateway.keystore.auth import ManagedKeyAuthenticator
+    from policy import EgressMatcher
+
+    policy = load_policy(settings, base)
+    old = running.policy
+    if policy is not None and old is not None and (
+        policy.document.destinations != old.document.destinations
+        or policy.document.unsafe_allow_all != old.document.unsafe_allow_all
+    ):
+        raise ConfigError(
+            "policy.file: destinations: changed; the egress guard and the upstream transport "
+            "check addresses against the destinations loaded at start: restart to apply",
+            code="restart_required",
+        )
+    ring = KeyRing(settings.keys)
+    authenticator: Authenticator = ring
+    if isinstance(running.authenticator, ManagedKeyAuthenticator):  # keep its started cache
+        authenticator = ManagedKeyAuthenticator(ring, running.authenticator.cache)
+    router = Router(settings, reuse=running.router)
+    route_policy: RoutePolicy = AllowAll()
+    if policy is not None:
+        egress = running.egress
+        wiring = wire_egress(  # regions and litellm clients of the new replicas
+            settings, router, policy,
+            egress.matcher if egress is not None else EgressMatcher(policy),
+            mode=egress.mode if egress is not None else "off",
+        )
+        route_policy = wiring.routes
+    return Gateway(
+        settings=settings,
+        router=router,
+        authenticator=authenticator,
+        route_policy=route_policy,
+        admission=running.admission,
+        observers=running.observers,
+        connector_factory=running.connector_factory,
+        upstream_middlewares=running.upstream_middlewares,
+        policy=policy,
+        egress=running.egress,
+        audit=running.audit,
+        quotas=running.quotas,
+        telemetry=running.telemetry,
     )

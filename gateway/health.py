@@ -71,6 +71,10 @@ class HealthProber(Periodic):
         self.interval_s = settings.interval_s
         self.round_name = "health probe round"
 
+    def rebind(self, router: Router) -> None:
+        """Probe the replicas of ``router`` from the next round on (live reload)."""
+        self._router = router
+
     async def run_once(self) -> None:
         """Probe every replica concurrently and record the results."""
         replicas = [r for pool in self._router.pools.values() for r in pool.replicas]

@@ -40,6 +40,11 @@ class Periodic:
                 _log.exception("%s failed", self.round_name)
             await asyncio.sleep(self.interval_s)
 
+    @property
+    def running(self) -> bool:
+        """True between :meth:`start` and :meth:`stop`."""
+        return self._task is not None
+
     def start(self) -> None:
         """Start the background loop (inside the running event loop)."""
         self._task = asyncio.get_running_loop().create_task(self._loop())

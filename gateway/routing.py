@@ -201,6 +201,7 @@ class Pool:
         self.cooldown_s = cooldown_s
         self._clock = clock
         self._turn = 0
+        self.routing = routing
         self.replicas: tuple[Replica, ...] = tuple(
             Replica(
                 model=model.name,
@@ -303,13 +304,34 @@ class Router:
     Args:
         settings: Gateway settings (``models`` and ``health.cooldown_s`` are used).
         clock: Monotonic clock in seconds.
+        reuse: The router this one replaces (live reload): a model whose settings, cool-down
+            and routing section are unchanged keeps its :class:`Pool` (in-flight counts, health,
+            affinity state); a changed model gets a new pool whose replicas with an unchanged
+            URL keep their health (probe result, ejection). Requests in flight keep the pool
+            and replicas they were routed with, so a removed replica drains.
     """
 
-    def __init__(self, settings: GatewaySettings, clock: Clock = time.monotonic) -> None:
-        self.pools: dict[str, Pool] = {
-            m.name: Pool(m, settings.health.cooldown_s, clock, settings.routing)
-            for m in settings.models
-        }
+    def __init__(
+        self, settings: GatewaySettings, clock: Clock = time.monotonic,
+        reuse: Router | None = None,
+    ) -> None:
+        old = reuse.pools if reuse is not None else {}
+        self.pools: dict[str, Pool] = {}
+        for m in settings.models:
+            prev = old.get(m.name)
+            if (prev is not None and prev.model == m
+                    and prev.cooldown_s == settings.health.cooldown_s
+                    and prev.routing == settings.routing):
+                self.pools[m.name] = prev
+                continue
+            pool = Pool(m, settings.health.cooldown_s, clock, settings.routing)
+            if prev is not None:
+                health = {r.url: r for r in prev.replicas}
+                for r in pool.replicas:
+                    was = health.get(r.url)
+                    if was is not None:
+                        r.probe_ok, r.ejected_until = was.probe_ok, was.ejected_until
+            self.pools[m.name] = pool
         self._labels: dict[str, Pool] = {
             label: self.pools[m.name] for label, m in settings.model_by_label().items()
         }

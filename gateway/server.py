@@ -3,7 +3,8 @@
 ``uvicorn.run`` is replaced by :func:`run_server` so that the start and the end of serving are
 named steps: once the lifespan start-up finished (state built, pools open, audit chain opened),
 the heap that lives as long as the process is frozen out of the garbage collector
-(:mod:`gateway.runtime_tuning`); on SIGTERM the server drains (:mod:`gateway.drain`) and exits 0.
+(:mod:`gateway.runtime_tuning`); on SIGTERM the server drains (:mod:`gateway.drain`) and exits 0;
+on SIGHUP it reloads its configuration (:mod:`gateway.reload`) without closing a connection.
 """
 
 from __future__ import annotations
@@ -14,11 +15,15 @@ import signal
 import socket
 import sys
 from types import FrameType
+from typing import TYPE_CHECKING
 
 import uvicorn
 
 from gateway.drain import SHUTDOWN_MARGIN_S, Drain
 from gateway.runtime_tuning import freeze_startup_heap, tune_gc
+
+if TYPE_CHECKING:
+    from gateway.reload import Reloader
 
 _log = logging.getLogger(__name__)
 
@@ -29,25 +34,34 @@ STARTUP_FAILURE = 3
 
 
 class GatewayServer(uvicorn.Server):
-    """uvicorn's server: freezes the start-up heap once started; drains on SIGTERM.
+    """uvicorn's server: freezes the start-up heap once started; drains on SIGTERM; reloads
+    on SIGHUP.
 
     Args:
         config: The uvicorn configuration.
         drain: The drain state shared with the app (``/readyz``, the relay); ``None``: stop
             as uvicorn does.
+        reloader: Reloads the configuration on SIGHUP (``None``: SIGHUP keeps its default).
     """
 
-    def __init__(self, config: uvicorn.Config, drain: Drain | None = None) -> None:
+    def __init__(
+        self, config: uvicorn.Config, drain: Drain | None = None,
+        reloader: Reloader | None = None,
+    ) -> None:
         super().__init__(config)
         self.drain = drain
+        self.reloader = reloader
         self._loop: asyncio.AbstractEventLoop | None = None
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        """Start as uvicorn does, then :func:`freeze_startup_heap` (only when started)."""
+        """Start as uvicorn does, then :func:`freeze_startup_heap` (only when started) and
+        handle SIGHUP (a reload on the event loop)."""
         self._loop = asyncio.get_running_loop()
         await super().startup(sockets=sockets)
         if self.started:
             freeze_startup_heap()
+            if self.reloader is not None:
+                self._loop.add_signal_handler(signal.SIGHUP, self.reloader.trigger, "signal")
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         """SIGTERM/SIGINT: begin the drain; a second one: stop at once.
@@ -81,13 +95,17 @@ class GatewayServer(uvicorn.Server):
             _log.warning("drain deadline: %d request(s) still running ended", cut)
 
 
-def run_server(config: uvicorn.Config, drain: Drain | None = None) -> None:
+def run_server(
+    config: uvicorn.Config, drain: Drain | None = None, reloader: Reloader | None = None
+) -> None:
     """Serve ``config`` in the foreground until a signal stops it.
 
     Args:
         config: The uvicorn configuration (one process; no reload). With ``drain``, its
             ``timeout_graceful_shutdown`` is set past the drain deadline.
         drain: Drain on SIGTERM (see :mod:`gateway.drain`).
+        reloader: Reload on SIGHUP (see :mod:`gateway.reload`); a SIGHUP that comes before
+            the server started is ignored (the configuration being loaded is the new one).
 
     Raises:
         SystemExit: With :data:`STARTUP_FAILURE` when the server did not start (as
@@ -97,7 +115,9 @@ def run_server(config: uvicorn.Config, drain: Drain | None = None) -> None:
     if drain is not None:
         # uvicorn's own cut (tasks cancelled, no final event) only as a backstop after ours.
         config.timeout_graceful_shutdown = int(drain.settings.timeout_s + SHUTDOWN_MARGIN_S)
-    server = GatewayServer(config, drain)
+    if reloader is not None:
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)  # until startup() handles it
+    server = GatewayServer(config, drain, reloader)
     try:
         server.run()
     except KeyboardInterrupt:

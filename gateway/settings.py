@@ -68,6 +68,7 @@ __all__ = [
     "LoggingSettings",
     "ModelSettings",
     "PolicySettings",
+    "ReloadSettings",
     "ReplicaSettings",
     "RetrySettings",
     "TelemetrySettings",
@@ -330,6 +331,20 @@ class LoggingSettings(_Frozen):
     format: Literal["json", "text"] = "json"
 
 
+class ReloadSettings(_Frozen):
+    """Live reload (:mod:`gateway.reload`): SIGHUP always reloads; ``watch`` also polls files.
+
+    Attributes:
+        watch: Poll the config file, its ``keys_file``, the policy file and the replicas'
+            ``api_key_file`` every ``interval_s`` seconds and reload when their content
+            changes (content hashes, so a Kubernetes ConfigMap/Secret symlink swap counts).
+        interval_s: Seconds between two polls.
+    """
+
+    watch: bool = False
+    interval_s: float = Field(default=2.0, gt=0, allow_inf_nan=False)
+
+
 class PolicySettings(_Frozen):
     """The ``policy:`` section: the egress policy file and the process guard.
 
@@ -411,6 +426,7 @@ class GatewaySettings(BaseSettings):
     upstream_tls: UpstreamTlsSettings = Field(default_factory=UpstreamTlsSettings)
     routing: RoutingSettings = Field(default_factory=RoutingSettings)  # gateway.fleet.settings
     drain: DrainSettings = Field(default_factory=DrainSettings)  # gateway.drain
+    reload: ReloadSettings = Field(default_factory=ReloadSettings)  # gateway.reload
     # Optional sections: absent (None) means the feature is off.
     policy: PolicySettings | None = None
     audit: AuditSettings | None = None

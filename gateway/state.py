@@ -1,8 +1,10 @@
 """The typed run-time state of one gateway app, built in the lifespan.
 
 Reach it only through :func:`gateway_state` (from an ASGI scope or a Starlette request): the
-lifespan puts it into the ASGI lifespan state under one key, so there is no global and no
-``app.state`` probing.
+lifespan puts a :class:`LiveState` into the ASGI lifespan state under one key, so there is no
+global and no ``app.state`` probing. A live reload (:mod:`gateway.reload`) replaces the whole
+:class:`GatewayState` in that cell; a request reads the cell once, at its start, and keeps that
+snapshot to its end.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from gateway.records import ObserverHooks
 from gateway.routing import RoutePolicy, Router
 from gateway.settings import GatewaySettings
 
-__all__ = ["STATE_KEY", "GatewayState", "gateway_state"]
+__all__ = ["STATE_KEY", "GatewayState", "LiveState", "gateway_state"]
 
 STATE_KEY = "sovereign_gateway"
 
@@ -65,17 +67,30 @@ class GatewayState:
     drain: Drain | None = None
 
 
+class LiveState:
+    """The cell the lifespan state holds: the current snapshot, replaced whole on reload.
+
+    Attributes:
+        current: The snapshot new requests take.
+    """
+
+    __slots__ = ("current",)
+
+    def __init__(self, current: GatewayState) -> None:
+        self.current = current
+
+
 def gateway_state(source: Mapping[str, Any] | Any) -> GatewayState:
-    """Return the state from an ASGI ``scope`` or a Starlette ``Request``.
+    """Return the current state snapshot from an ASGI ``scope`` or a Starlette ``Request``.
 
     Raises:
         RuntimeError: The app's lifespan did not run (the server was started without it).
     """
     scope = source if isinstance(source, Mapping) else source.scope
     try:
-        state = scope["state"][STATE_KEY]
+        cell = scope["state"][STATE_KEY]
     except (KeyError, TypeError) as exc:
         raise RuntimeError("gateway state missing: run the app with lifespan enabled") from exc
-    if not isinstance(state, GatewayState):
+    if not isinstance(cell, LiveState):
         raise RuntimeError("gateway state has the wrong type")
-    return state
+    return cell.current

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -22,7 +23,13 @@ ConfigOpt = Annotated[
 ]
 
 
-def run(settings: GatewaySettings, base: Path | None = None) -> None:
+def run(
+    settings: GatewaySettings,
+    base: Path | None = None,
+    *,
+    config: Path | None = None,
+    adjust: Callable[[GatewaySettings], GatewaySettings] | None = None,
+) -> None:
     """Serve ``settings`` until interrupted (standard asyncio loop, never uvloop).
 
     With a ``policy:`` section the policy is loaded and checked and the process egress guard
@@ -34,6 +41,9 @@ def run(settings: GatewaySettings, base: Path | None = None) -> None:
     Args:
         settings: The validated configuration.
         base: Directory of the config file (relative ``policy.file``).
+        config: The config file: SIGHUP (and, with ``reload.watch``, a change of its files)
+            reloads it live (:mod:`gateway.reload`). ``None``: no live reload.
+        adjust: The command line's overrides, applied to each reloaded configuration too.
 
     Raises:
         ConfigError: Invalid policy, replica outside its destination, guard self-test failed,
@@ -63,7 +73,12 @@ def run(settings: GatewaySettings, base: Path | None = None) -> None:
         # GET /status on the admin port: what `gateway preflight` reads from a running gateway.
         gateway.telemetry.admin.set_status(gateway_status(settings, egress))
     drain = Drain(settings.drain)  # SIGTERM: readyz 503, then drain (gateway.drain)
-    app = create_app(settings, gateway, drain=drain)
+    reloader = None
+    if config is not None:
+        from gateway.reload import Reloader
+
+        reloader = Reloader(config, gateway, environ=os.environ, adjust=adjust or (lambda s: s))
+    app = create_app(settings, gateway, drain=drain, reloader=reloader)
     if not is_loopback_host(settings.listen.host):
         _log.info("listening on %s:%s", settings.listen.host, settings.listen.port)
     run_server(
@@ -78,6 +93,7 @@ def run(settings: GatewaySettings, base: Path | None = None) -> None:
             ),
         ),
         drain,
+        reloader,
     )
 
 
@@ -87,10 +103,13 @@ def serve(
     port: Annotated[int | None, typer.Option(help="Override listen.port.")] = None,
 ) -> None:
     """Run the gateway from one YAML config file (fails at start if the file is invalid)."""
-    settings = load(config, os.environ)
-    if host is not None or port is not None:
+
+    def adjust(settings: GatewaySettings) -> GatewaySettings:
+        if host is None and port is None:
+            return settings
         listen = settings.listen.model_copy(
             update={k: v for k, v in (("host", host), ("port", port)) if v is not None}
         )
-        settings = settings.model_copy(update={"listen": listen})
-    run(settings, config.parent)
+        return settings.model_copy(update={"listen": listen})
+
+    run(adjust(load(config, os.environ)), config.parent, config=config, adjust=adjust)

@@ -185,6 +185,10 @@ class MetricsScraper(Periodic):
         self.round_name = "replica metrics round"
         self.rounds = 0
 
+    def rebind(self, router: Router) -> None:
+        """Scrape the replicas of ``router`` from the next round on (live reload)."""
+        self._router = router
+
     def replicas(self) -> list[Replica]:
         """The vLLM replicas whose pool uses a strategy that reads signals.
 

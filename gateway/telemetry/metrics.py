@@ -151,6 +151,10 @@ class GatewayMetrics:
             m.observed(f"sg.gateway.replica.{field}", unit, text, _REPLICA_LABELS,
                        self._signal(field))
 
+    def rebind(self, router: Router) -> None:
+        """Observe the pools of ``router`` from the next collection on (live reload)."""
+        self._router = router
+
     def watch_audit_queue(self, depth: Callable[[], int]) -> None:
         """Observe the audit writer's queue depth through ``depth()``."""
         self._audit_queue = depth

@@ -147,10 +147,13 @@ class Telemetry:
         self.admin = AdminServer(settings.admin.host, settings.admin.port, self.registry)
 
     def bind(self, router: Router) -> None:
-        """Create the metrics (observing ``router``); called once by the assembly."""
+        """Create the metrics (observing ``router``); called by the assembly at start, and at
+        each live reload with the new router (the metrics and registry are kept)."""
         if self.metrics is None:
             self.metrics = GatewayMetrics(self._resource, router, self._egress_counts)
             self.registry.register(PrometheusCollector(self.metrics.set))
+        else:
+            self.metrics.rebind(router)
 
     # --- lifespan ---------------------------------------------------------------------
 
