@@ -218,10 +218,10 @@ class Reloader:
                 return ReloadResult(False, old_revision, new_revision)
             self._swap(gateway)
             self.running, self.revision = gateway, new_revision
-            _log.info("reloaded %s (%s): revision %s -> %s", self.path, cause, old_revision,
-                      new_revision)
             await self._audit({"type": CONFIG_RELOADED, "cause": cause, "file": str(self.path),
                                "old_revision": old_revision, "new_revision": new_revision})
+            _log.info("reloaded %s (%s): revision %s -> %s", self.path, cause, old_revision,
+                      new_revision)
             return ReloadResult(True, old_revision, new_revision)
 
     def _build(self) -> tuple[Gateway, str] | list[str]:
@@ -245,10 +245,10 @@ class Reloader:
         return gateway, revision_of(settings, gateway.policy)
 
     async def _refuse(self, cause: str, problems: list[str]) -> ReloadResult:
-        _log.error("reload of %s (%s) refused, still serving revision %s: %s", self.path, cause,
-                   self.revision, " | ".join(problems))
         await self._audit({"type": CONFIG_RELOAD_REFUSED, "cause": cause, "file": str(self.path),
                            "revision": self.revision, "problems": problems})
+        _log.error("reload of %s (%s) refused, still serving revision %s: %s", self.path, cause,
+                   self.revision, " | ".join(problems))
         return ReloadResult(False, self.revision, problems=tuple(problems))
 
     async def _audit(self, event: Mapping[str, Any]) -> None:

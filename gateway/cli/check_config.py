@@ -12,6 +12,7 @@ import typer
 from gateway.assembly import assemble
 from gateway.config_errors import ConfigProblem, problems_of
 from gateway.errors import ConfigError
+from gateway.reload import revision_of
 from gateway.settings import load
 
 __all__ = ["check_config"]
@@ -55,6 +56,8 @@ def check_config(
     summary = {
         "ok": True,
         "file": str(file),
+        # What a live reload of this file would record as its new revision (gateway.reload).
+        "revision": revision_of(settings, policy),
         "listen": f"{settings.listen.host}:{settings.listen.port}",
         "models": {
             m.name: {
@@ -92,3 +95,4 @@ def check_config(
                    "destination")
         if policy.unsafe_allow_all:
             typer.echo("  WARNING: the policy has unsafe_allow_all on (development only)")
+    typer.echo(f"  revision {summary['revision']} (what a live reload of this file records)")
