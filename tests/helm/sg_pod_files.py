@@ -1,6 +1,8 @@
 """Recreate the gateway pod's files from a chart render, so the real gateway can load them.
 
-The chart's gateway container reads config.yaml, policy.yaml (ConfigMap subPath mounts) and
+The chart's gateway container reads config.yaml, policy.yaml (ConfigMap subPath mounts, or with
+``gateway.reload.mode: live`` the whole ConfigMap mounted as a directory, laid out as the kubelet
+does: ``..data`` a symlink to a versioned directory, each key a symlink through it) and
 mounted Secrets and volumes under /etc/sovereign-gateway and /var/lib/sovereign-gateway. This
 module lays those mounts out under a temporary root, with faithful stand-ins for the Secrets an
 operator creates (a real Ed25519 audit key from ``gateway audit keygen``, a pseudonym key, a
@@ -24,6 +26,7 @@ GATEWAY_CLI = h.REPO / ".venv" / "bin" / "gateway"
 DEPLOYMENT = "sg-sovereign-gateway"
 CONFIG_MAP = "sg-sovereign-gateway-config"
 CONFIG_PATH = "/etc/sovereign-gateway/config.yaml"
+"""Where config.yaml is with ``gateway.reload.mode: rollout`` (the default)."""
 #: The plaintext API key the stand-in keys Secret holds the digest of.
 API_KEY = "sk-helm-chart-test-key-0123456789"
 KEYS_YAML = yaml.safe_dump([{
@@ -95,10 +98,33 @@ def _keygen(signing_key: Path, pseudonym_key: Path, scratch: Path) -> None:
     pseudonym_key.write_bytes((scratch / "pseudonym.key").read_bytes())
 
 
+def config_path(objs: list[dict[str, Any]]) -> str:
+    """The ``--config`` argument of the gateway container."""
+    args: list[str] = gateway_container(objs)["args"]
+    return args[args.index("--config") + 1]
+
+
+def update_config_map(target: Path, files: dict[str, str], version: str) -> None:
+    """Write ``files`` as a new version of a ConfigMap directory mount, as the kubelet does:
+    a new ``..<version>`` directory, then ``..data`` swapped to it in one rename."""
+    target.mkdir(parents=True, exist_ok=True)
+    (target / f"..{version}").mkdir()
+    for key, text in files.items():
+        (target / f"..{version}" / key).write_text(text, encoding="utf-8")
+        link = target / key
+        if not link.is_symlink():
+            link.symlink_to(Path("..data") / key)
+    tmp = target / "..data_tmp"
+    tmp.symlink_to(f"..{version}")
+    tmp.rename(target / "..data")
+
+
 def _fill_mount(root: Path, path: str, volume: dict[str, Any], cm: dict[str, str],
                 config_text: str) -> None:
     target = root / path.lstrip("/")
-    if "configMap" in volume:
+    if "configMap" in volume and volume["subPath"] is None:  # the whole ConfigMap, live mode
+        update_config_map(target, {**cm, "config.yaml": config_text}, "v1")
+    elif "configMap" in volume:
         target.parent.mkdir(parents=True, exist_ok=True)
         key = volume["subPath"]
         target.write_text(config_text if key == "config.yaml" else cm[key], encoding="utf-8")
@@ -134,8 +160,9 @@ def materialize(objs: list[dict[str, Any]], root: Path) -> PodFiles:
         # The backend-credentials Secret is mounted whole: its file names are the operator's.
         if backend and s.startswith(str(root) + backend[0] + "/"):
             Path(s).write_text(BACKEND_KEY, encoding="utf-8")
-    config_file = root / CONFIG_PATH.lstrip("/")
-    assert config_file.is_file(), "config.yaml is not mounted at " + CONFIG_PATH
+    where = config_path(objs)
+    config_file = root / where.lstrip("/")
+    assert config_file.is_file(), "config.yaml is not mounted at " + where
     return PodFiles(root, config_file, config, mounts, objs)
 
 

@@ -121,6 +121,12 @@ otlp_endpoint_destination: {{ .Values.telemetry.destination | quote }}
 {{- end }}
 {{- end }}
 
+{{/* Directory of config.yaml and policy.yaml in the gateway container. With reload.mode live
+the config volume is mounted whole there (no subPath: the kubelet updates it in place). */}}
+{{- define "sg.configDir" -}}
+{{- if eq .Values.gateway.reload.mode "live" }}/etc/sovereign-gateway/config{{ else }}/etc/sovereign-gateway{{ end -}}
+{{- end }}
+
 {{- define "sg.config" -}}
 {{- $models := list -}}
 {{- range .Values.gateway.models }}{{ $models = append $models . }}{{ end -}}
@@ -148,8 +154,9 @@ otlp_endpoint_destination: {{ .Values.telemetry.destination | quote }}
   "timeouts" .Values.gateway.timeouts
   "drain" .Values.gateway.drain
   "logging" (dict "level" .Values.gateway.logLevel "format" "json")
-  "policy" (dict "file" "/etc/sovereign-gateway/policy.yaml" "guard" .Values.policy.guard)
+  "policy" (dict "file" (printf "%s/policy.yaml" (include "sg.configDir" .)) "guard" .Values.policy.guard)
   "audit" $audit -}}
+{{- if eq .Values.gateway.reload.mode "live" }}{{ $_ := set $cfg "reload" (dict "watch" true "interval_s" .Values.gateway.reload.interval_s) }}{{ end -}}
 {{- if .Values.keys.existingSecret }}{{ $_ := set $cfg "keys_file" "/etc/sovereign-gateway/keys/keys.yaml" }}{{ end -}}
 {{- toYaml (mergeOverwrite $cfg (deepCopy .Values.gateway.extraConfig)) -}}
 {{- end }}
