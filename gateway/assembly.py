@@ -269,13 +269,24 @@ def reassemble(running: Gateway, settings: GatewaySettings, base: Path | None = 
         ConfigError: The new policy is invalid or the config does not bind to it (naming the
             key), or its destinations differ from the running policy's (code
             ``restart_required``: the guard and the transport check addresses against the
-            destinations loaded at start).
+            destinations loaded at start), or it adds the first ``litellm`` replica (code
+            ``restart_required``: litellm is imported at start, under the egress guard).
     """
     from gateway.egress import load_policy, wire_egress
     from gateway.errors import ConfigError
     from gateway.keystore.auth import ManagedKeyAuthenticator
     from policy import EgressMatcher
 
+    if not any(r.kind == "litellm" for m in running.settings.models for r in m.replicas):
+        problems = [
+            f"models[{i}].replicas[{j}].kind: litellm is imported at start only when a litellm "
+            "replica is configured (with its import-time egress switched off): restart to add "
+            "the first one"
+            for i, m in enumerate(settings.models) for j, r in enumerate(m.replicas)
+            if r.kind == "litellm"
+        ]
+        if problems:
+            raise ConfigError("\n".join(problems), code="restart_required")
     policy = load_policy(settings, base)
     old = running.policy
     if policy is not None and old is not None and (

@@ -5,9 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from gateway.assembly import Gateway, reassemble
+from gateway.errors import ConfigError
 from gateway.reload import restart_only_changes, revision_of
 from gateway.routing import Router
 from gateway.settings import GatewaySettings, load
@@ -81,3 +83,14 @@ def test_new_router_keeps_unchanged_pools_and_the_health_of_kept_replicas(tmp_pa
     assert pool.replicas[0].outstanding == 3  # the running requests' replica is untouched
     assert running.router.pools["llama-3.1-8b"] is pool  # the running gateway is unchanged
     assert Router(old_settings, reuse=new.router).pools["other-model"] is other
+
+
+def test_the_first_litellm_replica_needs_a_restart(tmp_path: Path) -> None:
+    running = Gateway.of(_load(tmp_path, _cfg()))
+    cfg = _cfg()
+    cfg["models"][1]["replicas"].append({"url": "http://127.0.0.1:9004", "kind": "litellm",
+                                         "litellm_model": "hosted_vllm/x"})
+    with pytest.raises(ConfigError) as refused:
+        reassemble(running, _load(tmp_path, cfg, "new.yaml"), tmp_path)
+    assert refused.value.code == "restart_required"
+    assert refused.value.message.startswith("models[1].replicas[1].kind: litellm is imported")
