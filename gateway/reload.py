@@ -24,6 +24,7 @@ import asyncio
 import hashlib
 import json
 import logging
+import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -203,6 +204,7 @@ class Reloader:
             What was done. Never raises for a bad configuration (it is refused).
         """
         async with self._lock:
+            t0 = time.perf_counter()
             if self._swap is None:
                 _log.warning("reload (%s) ignored: the gateway is not serving", cause)
                 return ReloadResult(False, self.revision, problems=("not serving",))
@@ -220,8 +222,8 @@ class Reloader:
             self.running, self.revision = gateway, new_revision
             await self._audit({"type": CONFIG_RELOADED, "cause": cause, "file": str(self.path),
                                "old_revision": old_revision, "new_revision": new_revision})
-            _log.info("reloaded %s (%s): revision %s -> %s", self.path, cause, old_revision,
-                      new_revision)
+            _log.info("reloaded %s (%s): revision %s -> %s in %.1f ms", self.path, cause,
+                      old_revision, new_revision, (time.perf_counter() - t0) * 1000.0)
             return ReloadResult(True, old_revision, new_revision)
 
     def _build(self) -> tuple[Gateway, str] | list[str]:
