@@ -187,6 +187,8 @@ def create_app(
             scraper.rebind(new.router)
             if new.telemetry is not None:
                 new.telemetry.bind(new.router)
+            if new.quotas is not None and new.settings.quotas is not None:
+                new.quotas.reconfigure(new.settings.quotas)
             if scraper.needed and not scraper.running:
                 scraper.start()
         started: list[Any] = []

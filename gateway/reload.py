@@ -65,6 +65,9 @@ RELOADABLE: tuple[KeyPath, ...] = (
     ("retries",),
     ("health", "cooldown_s"),
     ("policy", "file"),
+    ("quotas", "defaults"),
+    ("quotas", "keys"),
+    ("quotas", "teams"),
 )
 """The keys a live reload may change (a key and everything under it). Every other key is read
 once at start (server socket and its limits, upstream connection pool, audit store, key store,

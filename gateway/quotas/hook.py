@@ -83,6 +83,15 @@ class QuotaHook:
         """Stop the service."""
         await self.service.aclose()
 
+    def reconfigure(self, settings: QuotaSettings) -> None:
+        """Apply new per-key, per-team and default limits (live reload) to new requests.
+
+        The backend, its counters and the requests already admitted are kept; only
+        ``defaults``, ``keys`` and ``teams`` of ``settings`` are read (the other fields change
+        at a restart only).
+        """
+        self.service.reconfigure(settings)
+
     @property
     def in_flight(self) -> int:
         """Requests admitted and not yet ended."""

@@ -97,6 +97,12 @@ class QuotaService:
         """Stop the backend."""
         await self.limiter.aclose()
 
+    def reconfigure(self, settings: QuotaSettings) -> None:
+        """Use the limits of ``settings`` from the next request on (live reload); counters and
+        admissions in flight are kept."""
+        self.settings = settings
+        self._subjects = {}
+
     def subjects(self, key_id: str, team: str | None) -> tuple[SubjectLimits, ...]:
         """Return the limited subjects of a request (its key, then its team, if limited)."""
         cache_key = (key_id, team)

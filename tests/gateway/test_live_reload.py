@@ -177,7 +177,8 @@ def test_sighup_applies_keys_models_and_replicas_while_a_stream_runs_byte_exact(
     sims: tuple[Sim, Sim], serve: Callable[[dict[str, Any]], Served], tmp_path: Path,
 ) -> None:
     sim_a, sim_b = sims
-    gw = serve(config([sim_a.url], logging={"access_log": False, "format": "json"}))
+    gw = serve(config([sim_a.url], logging={"access_log": False, "format": "json"},
+                      quotas={"keys": {"team-a": {"requests_per_minute": 1000}}}))
     first_revision = _check_config_revision(gw.path)
     stream = Stream(gw.url, max_tokens=500)  # about 10 s
     stream.start()
@@ -188,6 +189,7 @@ def test_sighup_applies_keys_models_and_replicas_while_a_stream_runs_byte_exact(
                    {"id": "team-c", "sha256": sha(KEY_C), "models": ["new-model"], "team": "c"}]
     new["models"].append({"name": "new-model", "served_model_name": "new-served",
                           "replicas": [{"url": sim_b.url}]})
+    new["quotas"]["keys"]["team-c"] = {"requests_per_minute": 1}  # a limit for the new key
     gw.write(new)
     alive: list[bool] = []
     record = gw.hup_and_wait("config.reloaded", then=lambda: alive.append(stream.is_alive()))
@@ -211,6 +213,9 @@ def test_sighup_applies_keys_models_and_replicas_while_a_stream_runs_byte_exact(
         model="new-model", messages=[{"role": "user", "content": "hi"}], max_tokens=3)
     assert reply.model == "new-served"
     assert sim_b.stats()["completed"] >= 1
+    with pytest.raises(openai.RateLimitError):  # the new key's new limit applies
+        gw.client(KEY_C).chat.completions.create(
+            model="new-model", messages=[{"role": "user", "content": "hi"}], max_tokens=3)
     with pytest.raises(openai.AuthenticationError):
         gw.client(KEY_B).models.list()
     assert [m.id for m in gw.client(KEY_A).models.list().data] == ["llama-3.1-8b"]

@@ -94,3 +94,14 @@ def test_the_first_litellm_replica_needs_a_restart(tmp_path: Path) -> None:
         reassemble(running, _load(tmp_path, cfg, "new.yaml"), tmp_path)
     assert refused.value.code == "restart_required"
     assert refused.value.message.startswith("models[1].replicas[1].kind: litellm is imported")
+
+
+def test_quota_limits_change_live_the_quota_backend_does_not(tmp_path: Path) -> None:
+    old = _load(tmp_path, _cfg(quotas={"keys": {"team-a": {"requests_per_minute": 10}}}))
+    limits = _cfg(quotas={"keys": {"team-a": {"requests_per_minute": 1}},
+                          "teams": {"a": {"tokens_per_minute": 100}},
+                          "defaults": {"key": {"max_concurrent": 2}}})
+    assert restart_only_changes(old, _load(tmp_path, limits, "limits.yaml")) == []
+    backend = _cfg(quotas={"keys": {"team-a": {"requests_per_minute": 10}}, "backend": "redis"})
+    assert restart_only_changes(old, _load(tmp_path, backend, "backend.yaml")) == [
+        ("quotas", "backend")]
