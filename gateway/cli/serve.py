@@ -102,7 +102,11 @@ def serve(
     host: Annotated[str | None, typer.Option(help="Override listen.host.")] = None,
     port: Annotated[int | None, typer.Option(help="Override listen.port.")] = None,
 ) -> None:
-    """Run the gateway from one YAML config file (fails at start if the file is invalid)."""
+    """Run the gateway from one YAML config file (fails at start if the file is invalid).
+
+    SIGTERM drains and exits; SIGHUP reloads the file live (an invalid or restart-only change is
+    refused whole and the running configuration stays).
+    """
 
     def adjust(settings: GatewaySettings) -> GatewaySettings:
         if host is None and port is None:
