@@ -152,6 +152,8 @@ class Reloader:
         environ: Where ``api_key_env`` names are looked up.
         adjust: Applied to every newly loaded settings (the command line's overrides of
             ``listen``), so that they are compared like for like.
+        on_applied: Called with the new gateway after each applied reload (``gateway serve``:
+            the admin port's ``/status``).
     """
 
     def __init__(
@@ -161,12 +163,14 @@ class Reloader:
         *,
         environ: Mapping[str, str] | None = None,
         adjust: Callable[[GatewaySettings], GatewaySettings] = lambda s: s,
+        on_applied: Callable[[Gateway], None] | None = None,
     ) -> None:
         self.path = path
         self.running = running
         self.revision = revision_of(running.settings, running.policy)
         self._environ = dict(environ or {})
         self._adjust = adjust
+        self._on_applied = on_applied
         self._lock = asyncio.Lock()
         self._swap: Swap | None = None
         self._tasks: set[asyncio.Task[ReloadResult]] = set()
@@ -223,6 +227,8 @@ class Reloader:
                 return ReloadResult(False, old_revision, new_revision)
             self._swap(gateway)
             self.running, self.revision = gateway, new_revision
+            if self._on_applied is not None:
+                self._on_applied(gateway)
             await self._audit({"type": CONFIG_RELOADED, "cause": cause, "file": str(self.path),
                                "old_revision": old_revision, "new_revision": new_revision})
             _log.info("reloaded %s (%s): revision %s -> %s in %.1f ms", self.path, cause,

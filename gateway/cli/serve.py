@@ -6,12 +6,15 @@ import logging
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from gateway.logs import configure_logging
 from gateway.settings import GatewaySettings, is_loopback_host, load
+
+if TYPE_CHECKING:
+    from gateway.assembly import Gateway
 
 __all__ = ["run", "serve"]
 
@@ -67,17 +70,23 @@ def run(
 
         import_litellm()
     gateway = assemble(settings, base, egress=egress)
+    on_applied = None
     if gateway.telemetry is not None:
         from gateway.preflight.status import gateway_status
 
         # GET /status on the admin port: what `gateway preflight` reads from a running gateway.
-        gateway.telemetry.admin.set_status(gateway_status(settings, egress))
+        admin = gateway.telemetry.admin
+        admin.set_status(gateway_status(settings, egress))
+
+        def on_applied(new: Gateway) -> None:  # a live reload: report what serves now
+            admin.set_status(gateway_status(new.settings, egress, new.policy))
     drain = Drain(settings.drain)  # SIGTERM: readyz 503, then drain (gateway.drain)
     reloader = None
     if config is not None:
         from gateway.reload import Reloader
 
-        reloader = Reloader(config, gateway, environ=os.environ, adjust=adjust or (lambda s: s))
+        reloader = Reloader(config, gateway, environ=os.environ, adjust=adjust or (lambda s: s),
+                            on_applied=on_applied)
     app = create_app(settings, gateway, drain=drain, reloader=reloader)
     if not is_loopback_host(settings.listen.host):
         _log.info("listening on %s:%s", settings.listen.host, settings.listen.port)

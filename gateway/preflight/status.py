@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from gateway.egress import EgressRuntime
     from gateway.settings import GatewaySettings
     from gateway.telemetry.admin import StatusSource
+    from policy import Policy
 
 __all__ = ["STATUS_SCHEMA", "audit_state", "gateway_status"]
 
@@ -78,21 +79,26 @@ async def audit_state(section: Any) -> dict[str, Any]:
     return out
 
 
-def gateway_status(settings: GatewaySettings, egress: EgressRuntime | None) -> StatusSource:
+def gateway_status(
+    settings: GatewaySettings, egress: EgressRuntime | None, policy: Policy | None = None
+) -> StatusSource:
     """Return the ``/status`` source of one gateway process.
 
     Args:
         settings: The validated settings the process runs with.
         egress: From :func:`gateway.egress.start_egress` (``None`` without a policy).
+        policy: The policy serving now, when a live reload replaced the one of ``egress``.
     """
     revision = "sha256:" + config_digest(settings.model_dump_json())
+    current = policy
 
     async def status() -> dict[str, Any]:
         policy = None
         guard: dict[str, Any] = {"mode": "off", "installed": False, "self_test": "not_run"}
         if egress is not None:
-            policy = {"revision": egress.policy.revision, "source": egress.policy.source,
-                      "unsafe_allow_all": egress.policy.unsafe_allow_all}
+            serving = current if current is not None else egress.policy
+            policy = {"revision": serving.revision, "source": serving.source,
+                      "unsafe_allow_all": serving.unsafe_allow_all}
             installed = egress.guard is not None and egress.guard.installed
             guard = {"mode": egress.mode, "installed": installed,
                      "self_test": "passed" if egress.guard is not None else "not_run"}

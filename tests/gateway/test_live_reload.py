@@ -120,12 +120,17 @@ class Served:
                 self.proc.wait()
 
 
-def _check_config_revision(path: Path) -> str:
+def _check_config(path: Path) -> dict[str, Any]:
     res = subprocess.run([sys.executable, "-m", "gateway.cli", "check-config", str(path),
                           "--json"], capture_output=True, text=True,
                          env={**os.environ, "VLLM_KEY": "backend-key"}, check=False)
     assert res.returncode == 0, res.stdout + res.stderr
-    return str(json.loads(res.stdout)["revision"])
+    out: dict[str, Any] = json.loads(res.stdout)
+    return out
+
+
+def _check_config_revision(path: Path) -> str:
+    return str(_check_config(path)["revision"])
 
 
 class Stream(threading.Thread):
@@ -288,7 +293,11 @@ def test_a_policy_change_applies_to_new_requests_only(
     cfg["models"] = cfg["models"][:1]
     cfg["models"][0]["replicas"][0]["destination"] = "sim"
     cfg["keys"][1]["models"] = ["llama-3.1-8b"]
+    admin = free_port()
+    cfg["telemetry"] = {"admin": {"host": "127.0.0.1", "port": admin}}
     gw = serve(cfg)
+    status = f"http://127.0.0.1:{admin}/status"
+    started_with = httpx.get(status, timeout=10).json()["policy"]["revision"]
     stream = Stream(gw.url, max_tokens=300)  # about 6 s
     stream.start()
     _wait(lambda: len(stream.events) > 3, 30, "the stream to start")
@@ -298,6 +307,9 @@ def test_a_policy_change_applies_to_new_requests_only(
     record = gw.hup_and_wait("config.reloaded", then=lambda: alive.append(stream.is_alive()))
     assert alive == [True]
     assert record["old_revision"] != record["new_revision"]
+    now = httpx.get(status, timeout=10).json()  # what `gateway preflight` reads
+    assert now["policy"]["revision"] != started_with
+    assert now["policy"]["revision"] == _check_config(gw.path)["policy"]["revision"]
     with pytest.raises(openai.PermissionDeniedError) as denied:
         gw.client(KEY_A).chat.completions.create(
             model="default", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
