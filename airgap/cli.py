@@ -1,7 +1,8 @@
 """``airgap`` command line: keygen, pack, verify, unpack, inspect.
 
-Each command parses, calls the public API and renders. ``main()`` is the one error boundary:
-exit 0 ok, 1 verification failed (bundle, signature or content not trusted), 2 usage or I/O.
+Each command parses, calls the public API and renders. ``main()`` is the shared error boundary
+(:func:`clishell.run`): exit 0 ok, 1 verification failed (bundle, signature or content not
+trusted), 2 usage or I/O, 128 + signal when interrupted; ``-v``/``--verbose`` shows tracebacks.
 """
 
 from __future__ import annotations
@@ -17,14 +18,21 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from airgap import __version__
 from airgap.bundle import DEFAULT_PART_SIZE, INDEX_NAME, MAX_INDEX_BYTES, SIGNATURE_NAME, Index
 from airgap.errors import AirgapError, Code, Problem, VerificationFailed
-from airgap.interrupt import Interrupted, die_by, interruptible
 from airgap.media import check_bundle_dir, read_small
 from airgap.signing import MAX_SIGNATURE_BYTES, load_public_key, signer_key_id
 from airgap.stream import default_workers
 from airgap.verify import MAX_SHOWN_PROBLEMS, problems_json, verify_bundle
+from clishell import (
+    EXIT_FAILED,
+    CliError,
+    VerboseOpt,
+    VersionOpt,
+    existing_public_key,
+    invoke,
+    run,
+)
 from weights import (
     EmptyModelError,
     Lockfile,
@@ -160,6 +168,11 @@ def _load_lock(path: Path | None) -> Lockfile | None:
         raise AirgapError(Code.LOCK_INVALID, str(exc)) from exc
 
 
+def _trusted_keys(paths: Sequence[Path]) -> list[Any]:
+    """Load the ``--public-key`` files (an old ``KEY.pub.pem`` name is still found)."""
+    return [load_public_key(existing_public_key(p, "airgap")) for p in paths]
+
+
 def _workers(n: int) -> int:
     return n or default_workers()
 
@@ -185,7 +198,7 @@ def _shows_progress(quiet: bool) -> bool:
 def keygen(
     out_path: Annotated[Path, typer.Option("--out", help="Private key file (KEY.pem).")],
 ) -> None:
-    """Create an Ed25519 signing key (KEY.pem, mode 0600) and its public key (KEY.pub.pem)."""
+    """Create an Ed25519 signing key (KEY.pem, mode 0600) and its public key (KEY.pub)."""
     from airgap.signing import generate_keypair
 
     pub, kid = generate_keypair(out_path)
@@ -261,7 +274,7 @@ def verify(
     quiet: Quiet = False,
 ) -> None:
     """Verify a bundle offline: signature, parts, content digests and pins (every problem)."""
-    keys = [load_public_key(p) for p in public_key]
+    keys = _trusted_keys(public_key)
     check_bundle_dir(bundle)
     total = _peek_payload(bundle) if _shows_progress(quiet or as_json) else 0
     with _progress(total, "verifying", quiet or as_json) as progress:
@@ -302,7 +315,7 @@ def unpack(
 
     if layout not in ("hf-cache", "dir"):
         raise AirgapError(Code.IO_ERROR, f"--layout must be hf-cache or dir, not {layout!r}")
-    keys = [load_public_key(p) for p in public_key]
+    keys = _trusted_keys(public_key)
     check_bundle_dir(bundle)
     chosen: Layout = "hf-cache" if layout == "hf-cache" else "dir"
     total = _peek_payload(bundle) if _shows_progress(quiet or as_json) else 0
@@ -400,7 +413,7 @@ def oci_export(
     """Verify a bundle and write one model as an OCI artifact (CNCF ModelPack media types)."""
     from airgap.oci import export_oci
 
-    keys = [load_public_key(p) for p in public_key]
+    keys = _trusted_keys(public_key)
     export_oci(bundle, keys, out_dir, repo_id=repo, tag=tag,
                policy=SerialisationPolicy(allow_pickle=allow_pickle))
     out.print(f"wrote OCI layout {out_dir}; push with: skopeo copy oci:{out_dir}:TAG "
@@ -417,7 +430,7 @@ def oci_verify(
     """Verify an OCI model artifact offline: signed index, pinned layer digests, blob bytes."""
     from airgap.oci import verify_oci
 
-    keys = [load_public_key(p) for p in public_key]
+    keys = _trusted_keys(public_key)
     report = verify_oci(layout, keys, tag=tag)
     if as_json:
         out.print_json(json.dumps({"ok": report.ok, "repo_id": report.repo_id,
@@ -449,21 +462,8 @@ def _detail(p: Problem) -> str:
     return f" (expected {p.expected}, got {p.actual})"
 
 
-def _version(value: bool) -> None:
-    if value:
-        out.print(f"airgap {__version__}")
-        raise typer.Exit()
-
-
 @app.callback()
-def _root(
-    version: Annotated[
-        bool, typer.Option("--version", callback=_version, is_eager=True, help="Show version.")
-    ] = False,
-    verbose: Annotated[
-        bool, typer.Option("--verbose", help="Show tracebacks on errors (any position).")
-    ] = False,
-) -> None:
+def _root(version: VersionOpt = False, verbose: VerboseOpt = False) -> None:
     """Air-gap bundles for sovereign-gateway."""
 
 
@@ -548,7 +548,7 @@ def _run(args: list[str]) -> Any:
     """Run one command: ``verify`` through the fast parser when it can, else through typer."""
     fast = _fast_verify_args(args)
     if fast is None:
-        return app(args=args, prog_name="airgap", standalone_mode=False)
+        return invoke(app, args, "airgap")
     try:
         verify(**fast)
     except typer.Exit as exc:
@@ -556,61 +556,25 @@ def _run(args: list[str]) -> Any:
     return 0
 
 
+def _describe(exc: BaseException) -> CliError | None:
+    """A bundle that is not trusted: one error line per problem (the first
+    ``MAX_SHOWN_PROBLEMS``), exit 1, and the problems in the ``--json`` document."""
+    if not isinstance(exc, VerificationFailed):
+        return None
+    shown = [(p.code, f"{p.message}{_detail(p)}") for p in exc.problems[:MAX_SHOWN_PROBLEMS]]
+    omitted = len(exc.problems) - len(shown)
+    if omitted:
+        shown.append(("verification_failed", f"... and {omitted} more problem(s) "
+                      f"({len(exc.problems)} in all; fix these first)"))
+    (code, message), *more = shown
+    return CliError(code, message, exit_code=EXIT_FAILED, more=tuple(more),
+                    document={"ok": False, **problems_json(exc.problems)})
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Entry point: run the CLI with one error boundary; returns the exit code."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    verbose = "--verbose" in args
-    args = [a for a in args if a != "--verbose"]
-    try:
-        with interruptible():
-            rc = _run(args)
-    except Interrupted as exc:
-        if "--json" in args:
-            doc = {"ok": False, "interrupted": True, "signal": exc.name, "error": {
-                "code": "interrupted", "message": f"interrupted by {exc.name}"}}
-            out.print_json(json.dumps(doc))
-            sys.stdout.flush()
-        err.print(f"error: interrupted by {exc.name}; partial output was removed",
-                  markup=False, highlight=False)
-        return die_by(exc.signum)
-    except VerificationFailed as exc:
-        if "--json" in args:
-            doc = {"ok": False, **problems_json(exc.problems)}
-            out.print_json(json.dumps(doc))
-        _print_problems(exc.problems, "error: ")
-        if verbose:
-            err.print_exception()
-        return 1
-    except AirgapError as exc:
-        if "--json" in args:  # a document for every outcome of a --json command
-            doc = {"ok": False, "error": {"code": exc.code, "message": exc.message}}
-            out.print_json(json.dumps(doc))
-        err.print(f"error: {exc.code}: {exc.message}", markup=False, highlight=False)
-        if verbose:
-            err.print_exception()
-        return exc.exit_code
-    except OSError as exc:
-        err.print(f"error: io_error: {exc}", markup=False, highlight=False)
-        if verbose:
-            err.print_exception()
-        return 2
-    except (typer.Abort, KeyboardInterrupt):
-        err.print("aborted")
-        return 2
-    except typer.TyperException as exc:  # usage errors (click's ClickException)
-        show = getattr(exc, "show", None)
-        if callable(show):
-            show()
-        else:
-            err.print(f"error: {exc}", markup=False)
-        return 2
-    except Exception as exc:  # a bug: still one line; the traceback only with --verbose
-        err.print(f"error: internal_error: unexpected {type(exc).__name__}: {exc} (this is a "
-                  "bug: rerun with --verbose and report the traceback)", highlight=False)
-        if verbose:
-            err.print_exception()
-        return 2
-    return rc if isinstance(rc, int) else 0
+    """Entry point: the shared CLI boundary (:func:`clishell.run`); returns the exit code."""
+    return run(app, argv, prog="airgap", describe=_describe, interruptible=True,
+               runner=_run)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -15,7 +15,7 @@ from typing import Annotated
 
 import typer
 
-from gateway.preflight.errors import PreflightError
+from clishell import existing_public_key
 from gateway.preflight.inputs import REGION_LABEL, Criteria, Inputs
 
 __all__ = ["app"]
@@ -118,11 +118,7 @@ def verify(
     """Verify an evidence pack offline (signature, then every file's digest)."""
     from gateway.preflight.evidence import verify_pack
 
-    try:
-        result = verify_pack(directory, key)
-    except PreflightError as exc:
-        typer.echo(f"gateway: error [{exc.code}]: {exc.message}", err=True)
-        raise typer.Exit(2) from exc
+    result = verify_pack(directory, existing_public_key(key, "gateway"))  # errors: exit 2
     if as_json:
         typer.echo(json.dumps(result.to_json(), indent=2, sort_keys=True))
     else:
