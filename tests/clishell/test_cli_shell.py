@@ -135,7 +135,7 @@ def test_a_failed_verification_exits_1(
 def test_a_usage_error_is_one_error_line_with_a_help_hint(
         prog: str, capsys: pytest.CaptureFixture[str]) -> None:
     rc, out, err = _run(capsys, prog, ["no-such-command"])
-    assert rc == 2
+    assert rc == 2 and out == ""
     match = ERROR_LINE.match(err.strip())
     assert match is not None, err
     assert (match["prog"], match["code"], match["hint"]) == (prog, "usage_error",

@@ -282,7 +282,8 @@ def test_an_unexpected_exception_is_one_line_without_verbose(
     res = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
                          env=env, timeout=60, check=False)
     assert res.returncode == 2
-    assert res.stderr.startswith("weights: error [internal_error]: unexpected RuntimeError: injected")
+    assert res.stderr.startswith(
+        "weights: error [internal_error]: unexpected RuntimeError: injected")
     assert "Traceback" not in res.stderr
     loud = subprocess.run([sys.executable, "-c", code, *args, "-v"], capture_output=True,
                           text=True, env=env, timeout=60, check=False)
