@@ -14,11 +14,36 @@ A small leaf package: it imports none of the project's packages, and all four ma
     public_key_path, existing_public_key              key file names: KEY.pem and KEY.pub
 """
 
-from clishell.boundary import BUG_HINT, IO_HINT, invoke, run, shared_flags
+
+from typing import TYPE_CHECKING, Any
+
 from clishell.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, CliError, error_line, warn
 from clishell.interrupt import Interrupted, die_by, interruptible
 from clishell.keyfiles import existing_public_key, public_key_path
-from clishell.options import VERSION, VerboseOpt, VersionOpt, click_command, version_line
+
+if TYPE_CHECKING:
+    from clishell.boundary import BUG_HINT, IO_HINT, invoke, run, shared_flags
+    from clishell.options import VERSION, VerboseOpt, VersionOpt, click_command, version_line
+
+# typer costs ~0.15 CPU-s to import: the library users of the key file names
+# (airgap.signing, weights.signing, gateway.audit) and the typer-free fast path of
+# `airgap verify` load the boundary and the typer options only when they use them.
+_LAZY = {
+    "BUG_HINT": "clishell.boundary", "IO_HINT": "clishell.boundary",
+    "invoke": "clishell.boundary", "run": "clishell.boundary", "shared_flags": "clishell.boundary",
+    "VERSION": "clishell.options", "VerboseOpt": "clishell.options",
+    "VersionOpt": "clishell.options", "click_command": "clishell.options",
+    "version_line": "clishell.options",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'clishell' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)
 
 __all__ = [
     "BUG_HINT",

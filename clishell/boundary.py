@@ -29,13 +29,17 @@ import json
 import sys
 import traceback
 from collections.abc import Callable, Sequence
-from typing import Any
-
-import typer
+from typing import TYPE_CHECKING, Any
 
 from clishell import interrupt
 from clishell.errors import EXIT_OK, EXIT_USAGE, CliError, error_line
-from clishell.options import click_command, version_line
+
+if TYPE_CHECKING:
+    import typer
+
+# typer is imported only when a command goes through it (see invoke): a runner's fast path
+# (`airgap verify`) runs without it. Its exceptions are recognised through sys.modules: if
+# typer is not loaded, no exception can be one of its.
 
 __all__ = ["BUG_HINT", "IO_HINT", "Describe", "Runner", "run", "shared_flags"]
 
@@ -76,7 +80,7 @@ def shared_flags(args: Sequence[str]) -> tuple[list[str], bool, bool]:
 
 
 def run(
-    app: typer.Typer,
+    app: typer.Typer | None,
     argv: Sequence[str] | None,
     *,
     prog: str,
@@ -89,7 +93,7 @@ def run(
 
     Args:
         app: The typer application (its help shows the shared options, see
-            :mod:`clishell.options`).
+            :mod:`clishell.options`); None when ``runner`` runs every command line.
         argv: The command line after the program name; None for ``sys.argv[1:]``.
         prog: The command's name, first word of every error line.
         describe: The CLI's own reading of some exceptions (e.g. several problems of one
@@ -105,6 +109,8 @@ def run(
     """
     args, verbose, version = shared_flags(sys.argv[1:] if argv is None else argv)
     if version:
+        from clishell.options import version_line
+
         print(version_line(prog), flush=True)
         return EXIT_OK
     if setup is not None:
@@ -113,14 +119,17 @@ def run(
     guard = interrupt.interruptible() if interruptible else contextlib.nullcontext()
     try:
         with guard:
-            rc = runner(args) if runner is not None else invoke(app, args, prog)
+            if runner is not None:
+                rc = runner(args)
+            else:
+                assert app is not None, "run() needs an app or a runner"
+                rc = invoke(app, args, prog)
     except interrupt.Interrupted as exc:
         return _interrupted(prog, exc, as_json)
-    except typer.Exit as exc:
-        return int(exc.exit_code)
-    except BaseException as exc:
-        if isinstance(exc, KeyboardInterrupt | SystemExit):
-            raise
+    except Exception as exc:
+        typer = sys.modules.get("typer")
+        if typer is not None and isinstance(exc, typer.Exit):
+            return int(exc.exit_code)
         failure = _failure(exc, prog, describe)
         if failure is None:  # the parser's own help (no command given)
             return EXIT_USAGE
@@ -138,22 +147,16 @@ def invoke(app: typer.Typer, args: list[str], prog: str) -> Any:
     Raises:
         Whatever the command raises, and click's usage errors (not shown: :func:`run` does).
     """
+    from clishell.options import click_command
+
     return click_command(app).main(args=args, prog_name=prog, standalone_mode=False)
 
 
 def _failure(exc: BaseException, prog: str, describe: Describe | None) -> CliError | None:
-    from typer._click import exceptions as click_exc  # typer's vendored click
-
-    if isinstance(exc, click_exc.NoArgsIsHelpError):
-        exc.show()
-        return None
-    if isinstance(exc, click_exc.ClickException):
-        ctx = getattr(exc, "ctx", None)
-        where = ctx.command_path if ctx is not None else prog
-        return CliError("usage_error", exc.format_message(), hint=f"see '{where} --help'",
-                        exit_code=exc.exit_code if exc.exit_code > 1 else EXIT_USAGE)
-    if isinstance(exc, typer.Abort):
-        return CliError("aborted", "aborted (end of input)", exit_code=EXIT_USAGE)
+    if "typer" in sys.modules:
+        parsed = _typer_failure(exc, prog)
+        if parsed is not None:
+            return None if parsed.code == "" else parsed
     if isinstance(exc, CliError):
         return exc
     if describe is not None:
@@ -169,6 +172,24 @@ def _failure(exc: BaseException, prog: str, describe: Describe | None) -> CliErr
         where = f"{exc.filename}: " if exc.filename else ""
         return CliError("io_error", f"{where}{exc.strerror or exc}", hint=IO_HINT)
     return CliError("internal_error", f"unexpected {type(exc).__name__}: {exc}", hint=BUG_HINT)
+
+
+def _typer_failure(exc: BaseException, prog: str) -> CliError | None:
+    """A usage error of typer's parser (its vendored click); code "" for "help was shown"."""
+    import typer
+    from typer._click import exceptions as click_exc
+
+    if isinstance(exc, click_exc.NoArgsIsHelpError):
+        exc.show()
+        return CliError("", "")
+    if isinstance(exc, click_exc.ClickException):
+        ctx = getattr(exc, "ctx", None)
+        where = ctx.command_path if ctx is not None else prog
+        return CliError("usage_error", exc.format_message(), hint=f"see '{where} --help'",
+                        exit_code=exc.exit_code if exc.exit_code > 1 else EXIT_USAGE)
+    if isinstance(exc, typer.Abort):
+        return CliError("aborted", "aborted (end of input)", exit_code=EXIT_USAGE)
+    return None
 
 
 def _report(prog: str, failure: CliError, exc: BaseException, verbose: bool,
