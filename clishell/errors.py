@@ -76,7 +76,7 @@ def _one_line(text: str) -> str:
     return " ".join(text.split("\n")) if "\n" in text else text
 
 
-@dataclass
+@dataclass(eq=False)
 class CliError(Exception):
     """A failure the boundary prints as :func:`error_line` and exits with ``exit_code``.
 
