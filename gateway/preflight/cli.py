@@ -35,6 +35,11 @@ def _default_helm() -> Path | None:
     return Path(found) if found else None
 
 
+def _public_key(path: Path | None) -> Path | None:
+    """A public key file as given, or its other name (KEY.pub / KEY.pub.pem) with a warning."""
+    return None if path is None else existing_public_key(path, "gateway")
+
+
 @app.callback(invoke_without_command=True)
 def preflight(
     ctx: typer.Context,
@@ -89,8 +94,9 @@ def preflight(
         helm=(helm or _default_helm()) if values else None, release=release,
         namespace=namespace,
         admin_url=admin_url, kubeconfig=kubeconfig, kube_context=kube_context,
-        audit_public_key=audit_public_key, lockfile=lockfile, weights_dir=weights_dir,
-        weights_signature=weights_signature, weights_public_key=weights_public_key)
+        audit_public_key=_public_key(audit_public_key), lockfile=lockfile,
+        weights_dir=weights_dir, weights_signature=weights_signature,
+        weights_public_key=_public_key(weights_public_key))
     criteria = Criteria(regions=tuple(region or ()), jurisdictions=tuple(jurisdiction or ("EU",)),
                         registries=tuple(registry or ()), retention_days=retention_days,
                         region_label=region_label)
