@@ -1,7 +1,15 @@
-"""``airgap`` command line: keygen, pack, verify, unpack, inspect.
+"""``airgap`` command line: keygen, pack, verify, unpack, inspect, oci-export, oci-verify.
 
-Each command parses, calls the public API and renders. ``main()`` is the one error boundary:
-exit 0 ok, 1 verification failed (bundle, signature or content not trusted), 2 usage or I/O.
+Each command parses, calls the public API and renders. ``main()`` is the shared error boundary
+(:func:`clishell.run`): exit 0 ok, 1 verification failed (bundle, signature or content not
+trusted), 2 usage or I/O, 128 + signal when interrupted; ``-v``/``--verbose`` shows tracebacks.
+
+Start-up cost matters for ``airgap verify`` (docs/airgap.md, "Measured performance"): this
+module holds the entry point, the rendering helpers and ``verify``'s implementation, and
+imports neither typer nor rich; a plain ``verify`` command line is parsed here
+(:func:`_fast_verify_args`), everything else goes to the typer application in
+:mod:`airgap.cli_app` (``airgap.cli.app``). pack, unpack, the ML-BOM writer and the private-key
+code load only in the commands that use them, and the consoles are created on first use.
 """
 
 from __future__ import annotations
@@ -13,41 +21,19 @@ import re
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Any
 
-import typer
-
-from airgap import __version__
-from airgap.bundle import DEFAULT_PART_SIZE, INDEX_NAME, MAX_INDEX_BYTES, SIGNATURE_NAME, Index
+from airgap.bundle import INDEX_NAME, MAX_INDEX_BYTES
 from airgap.errors import AirgapError, Code, Problem, VerificationFailed
-from airgap.interrupt import Interrupted, die_by, interruptible
 from airgap.media import check_bundle_dir, read_small
-from airgap.signing import MAX_SIGNATURE_BYTES, load_public_key, signer_key_id
+from airgap.signing import load_public_key
 from airgap.stream import default_workers
 from airgap.verify import MAX_SHOWN_PROBLEMS, problems_json, verify_bundle
-from weights import (
-    EmptyModelError,
-    Lockfile,
-    PathCollisionError,
-    SerialisationPolicy,
-    WeightsError,
-)
+from clishell import EXIT_FAILED, CliError, existing_public_key, invoke, run
+from weights import EmptyModelError, Lockfile, PathCollisionError, WeightsError
 
 if TYPE_CHECKING:
     from rich.console import Console
-
-    from airgap.unpack import Layout
-
-# Start-up cost matters for `airgap verify` (docs/airgap.md, "Measured performance"): rich,
-# pack, unpack, the ML-BOM writer and the private-key code load only in the commands that use
-# them, and the consoles are created on first use.
-app = typer.Typer(
-    name="airgap",
-    help="Carry pinned, verified model weights across an air gap as a signed bundle.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-)
 
 
 class _LazyConsole:
@@ -72,22 +58,6 @@ class _LazyConsole:
 
 err: Any = _LazyConsole(stderr=True)
 out: Any = _LazyConsole(stderr=False)
-
-AllowPickle = Annotated[bool, typer.Option(
-    "--allow-pickle", help="Accept pickle-based files scanned safe by the allowlist scanner.")]
-PublicKeys = Annotated[
-    list[Path],
-    typer.Option("--public-key", "-k", help="Trusted Ed25519 public key (PEM); repeatable."),
-]
-Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")]
-Workers = Annotated[
-    int, typer.Option("--workers", min=0, help="Hashing threads (0 = one per core).")
-]
-ExpectedLock = Annotated[
-    Path | None,
-    typer.Option("--lock", help="Also require the bundle's pins to equal this lockfile."),
-]
-
 
 @contextlib.contextmanager
 def _progress(total: int, label: str, quiet: bool) -> Iterator[Any]:
@@ -160,6 +130,11 @@ def _load_lock(path: Path | None) -> Lockfile | None:
         raise AirgapError(Code.LOCK_INVALID, str(exc)) from exc
 
 
+def _trusted_keys(paths: Sequence[Path]) -> list[Any]:
+    """Load the ``--public-key`` files (an old ``KEY.pub.pem`` name is still found)."""
+    return [load_public_key(existing_public_key(p, "airgap")) for p in paths]
+
+
 def _workers(n: int) -> int:
     return n or default_workers()
 
@@ -181,87 +156,33 @@ def _shows_progress(quiet: bool) -> bool:
     return not quiet and err.is_terminal
 
 
-@app.command()
-def keygen(
-    out_path: Annotated[Path, typer.Option("--out", help="Private key file (KEY.pem).")],
-) -> None:
-    """Create an Ed25519 signing key (KEY.pem, mode 0600) and its public key (KEY.pub.pem)."""
-    from airgap.signing import generate_keypair
+def run_verify(
+    bundle: Path,
+    public_key: Sequence[Path],
+    expected_lock: Path | None = None,
+    all_parts: bool = False,
+    as_json: bool = False,
+    workers: int = 0,
+    quiet: bool = False,
+) -> int:
+    """``airgap verify``: check a bundle offline and print the report (see the command's help).
 
-    pub, kid = generate_keypair(out_path)
-    out.print(f"private key {out_path}\npublic key  {pub}\nkey id      {kid}")
+    Args:
+        bundle: Bundle directory.
+        public_key: Trusted Ed25519 public key files.
+        expected_lock: Also require the bundle's pins to equal this lockfile.
+        all_parts: Also hash every part whole.
+        as_json: Print the JSON report instead of the text lines.
+        workers: Hashing threads (0 = one per core).
+        quiet: No progress bar.
 
+    Returns:
+        0 if the bundle is trusted, else 1 (its problems printed).
 
-@app.command()
-def pack(
-    lock: Annotated[Path, typer.Option("--lock", help="weights.lock with the pins.")],
-    source: Annotated[Path, typer.Option("--from", help="Model dir, snapshot or HF cache.")],
-    bundle: Annotated[Path, typer.Option("--out", help="Bundle directory to create.")],
-    key: Annotated[Path, typer.Option("--key", help="Ed25519 private key (PEM).")],
-    include: Annotated[
-        list[Path], typer.Option("--include-file", help="Extra file to carry; repeatable.")
-    ] = [],  # noqa: B006 - typer needs a literal default
-    part_size: Annotated[
-        int, typer.Option("--part-size", min=1, max=2**63 - 1,
-                          help="Max bytes per part (FAT32: 4 GiB - 1)."),
-    ] = DEFAULT_PART_SIZE,
-    force: Annotated[bool, typer.Option("--force", help="Replace an existing bundle.")] = False,
-    repos: Annotated[
-        list[str], typer.Option("--repo", help="Pack only this repo id of the lock; repeatable.")
-    ] = [],  # noqa: B006 - typer needs a literal default
-    compress: Annotated[
-        bool, typer.Option("--compress", help="zlib-encode blobs that shrink (off: weights "
-                           "do not compress).")
-    ] = False,
-    quiet: Quiet = False,
-    allow_pickle: AllowPickle = False,
-    since: Annotated[
-        Path | None, typer.Option("--since", help="Base bundle's index.json: pack a delta.")
-    ] = None,
-) -> None:
-    """Verify the source against the lock while copying it into a new signed bundle."""
-    from airgap.pack import pack_bundle
-    from airgap.signing import load_private_key
-
-    locked = _load_lock(lock)
-    assert locked is not None
-    if repos:
-        try:
-            locked = Lockfile(entries=tuple(locked.entry(r) for r in repos))
-        except WeightsError as exc:
-            raise AirgapError(Code.LOCK_INVALID, str(exc)) from exc
-    signing_key = load_private_key(key)
-    total = sum(e.total_bytes for e in locked.entries)
-    with _progress(total, "packing", quiet) as progress:
-        report = pack_bundle(locked, source, bundle, signing_key, include_files=include,
-                             part_size=part_size, force=force, compress=compress,
-                             progress=progress,
-                             policy=SerialisationPolicy(allow_pickle=allow_pickle),
-                             since=since)  # fmt: skip
-    for leftover in report.leftovers_removed:
-        err.print(f"removed {leftover}, left by an interrupted earlier pack", markup=False)
-    idx = report.index
-    rate = idx.payload_size / max(report.seconds, 1e-9) / 1024**3
-    out.print(
-        f"packed {len(idx.files)} files ({idx.payload_size} bytes) into {len(idx.parts)} parts "
-        f"at {bundle} in {report.seconds:.1f} s ({rate:.2f} GiB/s); signed by {report.signer[:16]}"
-    )
-
-
-@app.command()
-def verify(
-    bundle: Annotated[Path, typer.Argument(help="Bundle directory.")],
-    public_key: PublicKeys,
-    expected_lock: ExpectedLock = None,
-    all_parts: Annotated[
-        bool, typer.Option("--all-parts", help="Also hash every part whole (slower).")
-    ] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable report.")] = False,
-    workers: Workers = 0,
-    quiet: Quiet = False,
-) -> None:
-    """Verify a bundle offline: signature, parts, content digests and pins (every problem)."""
-    keys = [load_public_key(p) for p in public_key]
+    Raises:
+        AirgapError: An unreadable key, bundle directory or lockfile (exit 2).
+    """
+    keys = _trusted_keys(public_key)
     check_bundle_dir(bundle)
     total = _peek_payload(bundle) if _shows_progress(quiet or as_json) else 0
     with _progress(total, "verifying", quiet or as_json) as progress:
@@ -276,161 +197,9 @@ def verify(
                     f"verified in {report.seconds:.1f} s ({rate:.2f} GiB/s)")  # fmt: skip
     else:
         _print_problems(report.problems, "FAIL ")
-    if not report.ok:
-        raise typer.Exit(1)
+    return 0 if report.ok else EXIT_FAILED
 
 
-@app.command()
-def unpack(
-    bundle: Annotated[Path, typer.Argument(help="Bundle directory.")],
-    public_key: PublicKeys,
-    store: Annotated[Path, typer.Option("--into", help="HF cache root or target directory.")],
-    layout: Annotated[
-        str, typer.Option("--layout", help="hf-cache (default) or dir.")
-    ] = "hf-cache",
-    extras_into: Annotated[
-        Path | None, typer.Option("--extras-into", help="Where to put the extra files.")
-    ] = None,
-    expected_lock: ExpectedLock = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable summary.")] = False,
-    workers: Workers = 0,
-    quiet: Quiet = False,
-    allow_pickle: AllowPickle = False,
-) -> None:
-    """Verify, then install atomically into a Hugging Face cache or a plain directory."""
-    from airgap.unpack import unpack_bundle
-
-    if layout not in ("hf-cache", "dir"):
-        raise AirgapError(Code.IO_ERROR, f"--layout must be hf-cache or dir, not {layout!r}")
-    keys = [load_public_key(p) for p in public_key]
-    check_bundle_dir(bundle)
-    chosen: Layout = "hf-cache" if layout == "hf-cache" else "dir"
-    total = _peek_payload(bundle) if _shows_progress(quiet or as_json) else 0
-    with _progress(total, "installing", quiet or as_json) as progress:
-        report = unpack_bundle(bundle, keys, store, layout=chosen, extras_into=extras_into,
-                               expected_lock=_load_lock(expected_lock),
-                               workers=_workers(workers), progress=progress,
-                               policy=SerialisationPolicy(allow_pickle=allow_pickle))  # fmt: skip
-    if as_json:
-        out.print_json(json.dumps({
-            "ok": True, "store": str(store), "layout": report.layout,
-            "signer_key_id": report.check.signer,
-            "locations": {k: str(v) for k, v in report.locations.items()},
-            "written": report.written, "skipped": report.skipped, "repaired": report.repaired,
-            "bytes_written": report.bytes_written, "seconds": round(report.seconds, 3),
-            "refs_moved": {k: {"old": a, "new": b} for k, (a, b) in report.refs_moved.items()},
-            "resumed": report.resumed,
-            "leftovers_removed": [str(p) for p in report.leftovers_removed],
-        }))  # fmt: skip
-        return
-    for leftover in report.leftovers_removed:
-        err.print(f"resumed from {leftover}, left by an interrupted earlier unpack "
-                  f"({report.resumed} blob(s) reused in all), then removed it", markup=False)
-    for repo_id, where in report.locations.items():
-        out.print(f"{repo_id} -> {where}")
-    for label, (old, new) in report.refs_moved.items():
-        repo_id, _, revision = label.rpartition("@")
-        out.print(f"{repo_id}: refs/{revision} moved {old[:12]} -> {new[:12]} (old snapshot kept)")
-    out.print(f"written {report.written}, already present {report.skipped}, repaired "
-              f"{report.repaired}; {report.bytes_written} bytes in {report.seconds:.1f} s")
-
-
-@app.command()
-def inspect(
-    bundle: Annotated[Path, typer.Argument(help="Bundle directory.")],
-    as_json: Annotated[bool, typer.Option("--json", help="Print the index as JSON.")] = False,
-) -> None:
-    """Show what a bundle holds (the index is NOT verified: use `airgap verify`)."""
-    from rich.table import Table
-
-    from airgap.mlbom import BOM_NAME, read_extra, summary
-
-    check_bundle_dir(bundle)
-    data = read_small(bundle, INDEX_NAME, MAX_INDEX_BYTES, Code.INDEX_MISSING)
-    index = Index.parse(data)
-    try:
-        signer = signer_key_id(read_small(bundle, SIGNATURE_NAME, MAX_SIGNATURE_BYTES,
-                                          Code.SIGNATURE_MISSING))  # fmt: skip
-    except VerificationFailed as exc:
-        signer = f"({exc.code})"
-    if as_json:
-        doc = index.to_json() | {"signer_key_id_claimed": signer}
-        out.print_json(json.dumps(doc))
-        return
-    out.print(f"bundle {bundle}: {index.tool}, created {index.created_at}")
-    out.print(f"signer key id (claimed, unverified): {signer}")
-    bom = read_extra(bundle, index, BOM_NAME)
-    for line in summary(bom) if bom is not None else ["ML-BOM: none in this bundle"]:
-        out.print(line, highlight=False)
-    if index.base is not None:
-        out.print(f"delta bundle: {len(index.base.blobs)} blob(s) "
-                  f"({sum(b.size for b in index.base.blobs)} bytes) expected in the store from "
-                  f"base index sha256 {index.base.index_sha256}")
-    for e in index.lock.entries:
-        out.print(f"model {e.repo_id} revision {e.requested_revision} commit {e.commit}\n"
-                  f"  licence {e.license or '-'}, gated {'yes' if e.gated else 'no'}, "
-                  f"{len(e.files)} files, {e.total_bytes} bytes, pinned {e.pinned_at}",
-                  highlight=False)  # fmt: skip
-    if out.is_terminal:
-        files = Table("file", "size", "sha256", "blob id")
-        files.columns[0].overflow = "fold"  # never cut a name short
-        for f in index.files:
-            files.add_row(f.label, str(f.size), f.sha256[:16], f.blob_id[:16])
-        out.print(files)
-    else:  # piped: one tab-separated line per file, full digests (for grep, cut, diff)
-        for f in index.files:
-            sys.stdout.write(f"{f.label}\t{f.size}\t{f.sha256}\t{f.blob_id}\n")
-    parts = Table("part", "offset", "size", "sha256")
-    for p in index.parts:
-        parts.add_row(p.name, str(p.offset), str(p.size), p.sha256[:16])
-    out.print(parts)
-    out.print(f"payload {index.payload_size} bytes in {len(index.parts)} part(s) of at most "
-              f"{index.part_size} bytes; {len(index.blobs)} distinct blob(s)")  # fmt: skip
-
-
-@app.command("oci-export")
-def oci_export(
-    bundle: Annotated[Path, typer.Argument(help="Bundle directory.")],
-    public_key: PublicKeys,
-    out_dir: Annotated[Path, typer.Option("--out", help="OCI image layout to create.")],
-    repo: Annotated[str | None, typer.Option("--repo", help="Model of the bundle.")] = None,
-    tag: Annotated[str | None, typer.Option("--tag", help="Reference name.")] = None,
-    allow_pickle: AllowPickle = False,
-) -> None:
-    """Verify a bundle and write one model as an OCI artifact (CNCF ModelPack media types)."""
-    from airgap.oci import export_oci
-
-    keys = [load_public_key(p) for p in public_key]
-    export_oci(bundle, keys, out_dir, repo_id=repo, tag=tag,
-               policy=SerialisationPolicy(allow_pickle=allow_pickle))
-    out.print(f"wrote OCI layout {out_dir}; push with: skopeo copy oci:{out_dir}:TAG "
-              "docker://REGISTRY/NAME:TAG")
-
-
-@app.command("oci-verify")
-def oci_verify(
-    layout: Annotated[Path, typer.Argument(help="OCI image layout directory.")],
-    public_key: PublicKeys,
-    tag: Annotated[str | None, typer.Option("--tag", help="Reference name.")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable report.")] = False,
-) -> None:
-    """Verify an OCI model artifact offline: signed index, pinned layer digests, blob bytes."""
-    from airgap.oci import verify_oci
-
-    keys = [load_public_key(p) for p in public_key]
-    report = verify_oci(layout, keys, tag=tag)
-    if as_json:
-        out.print_json(json.dumps({"ok": report.ok, "repo_id": report.repo_id,
-                                   "commit": report.commit, "signer_key_id": report.signer,
-                                   "layers": report.layers,
-                                   "problems": [p.to_json() for p in report.problems]}))
-    elif report.ok:
-        out.print(f"OK {layout}: {report.repo_id}@{report.commit}, {len(report.layers)} "
-                  f"layers match the pins, signed by {report.signer}")
-    else:
-        _print_problems(report.problems, "FAIL ")
-    if not report.ok:
-        raise typer.Exit(1)
 
 
 def _print_problems(problems: Sequence[Problem], prefix: str) -> None:
@@ -447,24 +216,6 @@ def _detail(p: Problem) -> str:
     if p.expected is None or p.expected in p.message:
         return ""
     return f" (expected {p.expected}, got {p.actual})"
-
-
-def _version(value: bool) -> None:
-    if value:
-        out.print(f"airgap {__version__}")
-        raise typer.Exit()
-
-
-@app.callback()
-def _root(
-    version: Annotated[
-        bool, typer.Option("--version", callback=_version, is_eager=True, help="Show version.")
-    ] = False,
-    verbose: Annotated[
-        bool, typer.Option("--verbose", help="Show tracebacks on errors (any position).")
-    ] = False,
-) -> None:
-    """Air-gap bundles for sovereign-gateway."""
 
 
 #: `airgap verify` options the fast parser takes: option -> (parameter, takes a value,
@@ -485,7 +236,8 @@ def _fast_verify_args(args: Sequence[str]) -> dict[str, Any] | None:
     """Keyword arguments of ``verify`` for a plain, well-formed ``verify`` command line.
 
     typer's parser builds a pydantic TypeAdapter per parameter on first use, which costs about
-    0.25 CPU-s of start-up (pydantic's import) on every ``airgap verify``. This parser takes
+    0.25 CPU-s of start-up (pydantic's import) on every ``airgap verify``, and importing typer
+    itself about 0.15 CPU-s more. This parser takes
     only the unambiguous forms (``--opt VALUE``, ``--opt=VALUE``, ``-k VALUE``, flags, one
     bundle argument) and returns None for anything else (help, unknown or repeated options,
     ``--``, bundled short flags, a bad number, a missing key), which then goes through typer
@@ -495,7 +247,7 @@ def _fast_verify_args(args: Sequence[str]) -> dict[str, Any] | None:
         args: The command line after the program name, ``--verbose`` already removed.
 
     Returns:
-        The keyword arguments for :func:`verify`, or None to let typer parse.
+        The keyword arguments for :func:`run_verify`, or None to let typer parse.
     """
     if not args or args[0] != "verify":
         return None
@@ -545,72 +297,44 @@ def _fast_verify_args(args: Sequence[str]) -> dict[str, Any] | None:
 
 
 def _run(args: list[str]) -> Any:
-    """Run one command: ``verify`` through the fast parser when it can, else through typer."""
+    """Run one command: ``verify`` through the fast parser when it can (typer is then never
+    imported), else through the typer application."""
     fast = _fast_verify_args(args)
     if fast is None:
-        return app(args=args, prog_name="airgap", standalone_mode=False)
-    try:
-        verify(**fast)
-    except typer.Exit as exc:
-        return exc.exit_code
-    return 0
+        from airgap.cli_app import app
+
+        return invoke(app, args, "airgap")
+    return run_verify(**fast)
+
+
+def _describe(exc: BaseException) -> CliError | None:
+    """A bundle that is not trusted: one error line per problem (the first
+    ``MAX_SHOWN_PROBLEMS``), exit 1, and the problems in the ``--json`` document."""
+    if not isinstance(exc, VerificationFailed):
+        return None
+    shown = [(p.code, f"{p.message}{_detail(p)}") for p in exc.problems[:MAX_SHOWN_PROBLEMS]]
+    omitted = len(exc.problems) - len(shown)
+    if omitted:
+        shown.append(("verification_failed", f"... and {omitted} more problem(s) "
+                      f"({len(exc.problems)} in all; fix these first)"))
+    (code, message), *more = shown
+    return CliError(code, message, exit_code=EXIT_FAILED, more=tuple(more),
+                    document={"ok": False, **problems_json(exc.problems)})
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point: run the CLI with one error boundary; returns the exit code."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    verbose = "--verbose" in args
-    args = [a for a in args if a != "--verbose"]
-    try:
-        with interruptible():
-            rc = _run(args)
-    except Interrupted as exc:
-        if "--json" in args:
-            doc = {"ok": False, "interrupted": True, "signal": exc.name, "error": {
-                "code": "interrupted", "message": f"interrupted by {exc.name}"}}
-            out.print_json(json.dumps(doc))
-            sys.stdout.flush()
-        err.print(f"error: interrupted by {exc.name}; partial output was removed",
-                  markup=False, highlight=False)
-        return die_by(exc.signum)
-    except VerificationFailed as exc:
-        if "--json" in args:
-            doc = {"ok": False, **problems_json(exc.problems)}
-            out.print_json(json.dumps(doc))
-        _print_problems(exc.problems, "error: ")
-        if verbose:
-            err.print_exception()
-        return 1
-    except AirgapError as exc:
-        if "--json" in args:  # a document for every outcome of a --json command
-            doc = {"ok": False, "error": {"code": exc.code, "message": exc.message}}
-            out.print_json(json.dumps(doc))
-        err.print(f"error: {exc.code}: {exc.message}", markup=False, highlight=False)
-        if verbose:
-            err.print_exception()
-        return exc.exit_code
-    except OSError as exc:
-        err.print(f"error: io_error: {exc}", markup=False, highlight=False)
-        if verbose:
-            err.print_exception()
-        return 2
-    except (typer.Abort, KeyboardInterrupt):
-        err.print("aborted")
-        return 2
-    except typer.TyperException as exc:  # usage errors (click's ClickException)
-        show = getattr(exc, "show", None)
-        if callable(show):
-            show()
-        else:
-            err.print(f"error: {exc}", markup=False)
-        return 2
-    except Exception as exc:  # a bug: still one line; the traceback only with --verbose
-        err.print(f"error: internal_error: unexpected {type(exc).__name__}: {exc} (this is a "
-                  "bug: rerun with --verbose and report the traceback)", highlight=False)
-        if verbose:
-            err.print_exception()
-        return 2
-    return rc if isinstance(rc, int) else 0
+    """Entry point: the shared CLI boundary (:func:`clishell.run`); returns the exit code."""
+    return run(None, argv, prog="airgap", describe=_describe, interruptible=True,
+               runner=_run)
+
+
+def __getattr__(name: str) -> Any:
+    """``airgap.cli.app``: the typer application, imported on first use."""
+    if name == "app":
+        from airgap.cli_app import app
+
+        return app
+    raise AttributeError(f"module 'airgap.cli' has no attribute {name!r}")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -7,7 +7,7 @@
      "signature": "<base64 of the 64-byte Ed25519 signature over the exact bytes of index.json>"}
 
 The signature covers the raw bytes of index.json, so stock OpenSSL can check it too
-(``openssl pkeyutl -verify -pubin -inkey KEY.pub.pem -rawin -in index.json -sigfile SIG.bin``).
+(``openssl pkeyutl -verify -pubin -inkey KEY.pub -rawin -in index.json -sigfile SIG.bin``).
 Verification needs nothing but the signer's public key (PEM SubjectPublicKeyInfo, RFC 8410).
 """
 
@@ -26,6 +26,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from airgap.errors import AirgapError, Code, fail
+from clishell import public_key_path
 
 SIGNATURE_FORMAT = "sovereign-gateway/airgap-signature"
 SIGNATURE_VERSION = 1
@@ -37,18 +38,12 @@ def key_id(public_key: Ed25519PublicKey) -> str:
     return hashlib.sha256(public_key.public_bytes_raw()).hexdigest()
 
 
-def public_key_path(private_key_path: Path) -> Path:
-    """``KEY.pem`` -> ``KEY.pub.pem`` (any other name gets ``.pub.pem`` appended)."""
-    name = private_key_path.name
-    stem = name[: -len(".pem")] if name.endswith(".pem") else name
-    return private_key_path.with_name(stem + ".pub.pem")
-
-
 def generate_keypair(out: Path) -> tuple[Path, str]:
     """Write a new Ed25519 private key (PKCS#8 PEM, mode 0600) and its public key.
 
     Args:
-        out: path of the private key; the public key goes to ``public_key_path(out)``.
+        out: path of the private key; the public key goes to
+            :func:`clishell.public_key_path` of it (``KEY.pem`` -> ``KEY.pub``).
 
     Returns:
         (public key path, key id).

@@ -1,7 +1,8 @@
 """``policy``: check a policy, explain a routing decision, render Kubernetes egress rules.
 
-Exit codes (CONVENTIONS.md): 0 ok; 1 verification failed (invalid policy, nothing allowed,
-refused render); 2 usage or I/O error. ``--verbose`` shows tracebacks.
+Exit codes (the shared boundary, :func:`clishell.run`): 0 ok; 1 verification failed (invalid
+policy, nothing allowed, refused render); 2 usage or I/O error. ``-v``/``--verbose`` shows
+tracebacks, ``--version`` the version.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ import enum
 import json
 import socket
 import sys
-import traceback
 from collections import defaultdict
 from pathlib import Path
 from typing import Annotated, Any
@@ -21,9 +21,11 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from clishell import EXIT_FAILED, EXIT_USAGE, CliError, VerboseOpt, VersionOpt, run
+
 from .addresses import parse_host
 from .egress import EgressMatcher
-from .errors import PolicyError, PolicyFileError, RenderError, UnknownDataClass
+from .errors import PolicyError, PolicyFileError, UnknownDataClass
 from .evaluate import Decision, Policy, Principal
 from .model import PolicyDocument
 from .render import cilium_networkpolicy, helm_values, networkpolicy
@@ -38,8 +40,11 @@ PolicyFile = Annotated[Path, typer.Argument(help="Policy YAML file.", show_defau
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
 
 
-class _UsageError(Exception):
-    """A problem with the command line or an input file other than the policy."""
+class _UsageError(CliError):
+    """A problem with the command line or an input file other than the policy (exit 2)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("usage_error", message)
 
 
 def _out() -> Console:
@@ -48,9 +53,7 @@ def _out() -> Console:
 
 
 @app.callback()
-def _root(
-    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show tracebacks.")] = False,
-) -> None:
+def _root(version: VersionOpt = False, verbose: VerboseOpt = False) -> None:
     """Zero-trust egress policy tools."""
 
 
@@ -360,34 +363,21 @@ def networkpolicy_cmd(
     return 0
 
 
+def _describe(exc: BaseException) -> CliError | None:
+    """Exit 1 for a policy that does not hold (invalid, refused render); 2 for one that cannot
+    be read and for an unknown data class asked on the command line."""
+    if not isinstance(exc, PolicyError):
+        return None
+    if isinstance(exc, PolicyFileError):
+        failed = exc.code != "policy_unreadable"
+    else:
+        failed = not isinstance(exc, UnknownDataClass)
+    return CliError(exc.code, str(exc), exit_code=EXIT_FAILED if failed else EXIT_USAGE)
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Console entry point: the one error boundary of the policy CLI."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    verbose = "--verbose" in args or "-v" in args
-    try:
-        rv = app(args=args, prog_name="policy", standalone_mode=False)
-        return rv if isinstance(rv, int) else 0
-    except typer.Exit as exc:
-        return int(getattr(exc, "exit_code", 0))
-    except typer.Abort:
-        return 2
-    except typer.TyperException as exc:  # usage errors (typer vendors its own click)
-        show = getattr(exc, "show", None)
-        if callable(show):
-            show()
-        else:
-            print(f"policy: error: {exc}", file=sys.stderr)
-        return 2
-    except (PolicyError, _UsageError) as exc:
-        if verbose:
-            traceback.print_exc()
-        code = 2
-        if isinstance(exc, PolicyFileError):
-            code = 2 if exc.code == "policy_unreadable" else 1
-        elif isinstance(exc, RenderError | PolicyError) and not isinstance(exc, UnknownDataClass):
-            code = 1
-        print(f"policy: error: {exc}", file=sys.stderr)
-        return code
+    """Console entry point: the shared CLI boundary (:func:`clishell.run`)."""
+    return run(app, argv, prog="policy", describe=_describe)
 
 
 if __name__ == "__main__":

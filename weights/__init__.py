@@ -7,7 +7,6 @@ Public API (other packages import only these names)::
     sha256_file, git_blob_sha1, digest_file  digests as the Hub defines them
     hf_cache_paths, install_hf_cache         the Hugging Face cache layout
     WeightsError (+ subclasses, each with a stable ``code``)
-    Interrupted, interruptible, die_by       SIGINT/SIGTERM/SIGHUP -> cleanup -> exit 130/143
     SerialisationPolicy, check_format        refuse pickle-based files (weights.serialisation)
 
 Nothing here touches the network; only :mod:`weights.hub` (imported lazily by ``pin``/``pull``)
@@ -32,7 +31,6 @@ from weights.errors import (
     PathCollisionError,
     WeightsError,
 )
-from weights.interrupt import Interrupted, die_by, interruptible
 from weights.lockfile import LockedFile, LockEntry, Lockfile, check_repo_path, is_commit_sha
 from weights.serialisation import (
     ALLOW_SWITCH,
@@ -55,7 +53,6 @@ __all__ = [
     "EntryNotInLockError",
     "FileDigests",
     "HfCachePaths",
-    "Interrupted",
     "LockEntry",
     "LockedFile",
     "Lockfile",
@@ -68,12 +65,10 @@ __all__ = [
     "WeightsError",
     "check_format",
     "check_repo_path",
-    "die_by",
     "digest_file",
     "git_blob_sha1",
     "hf_cache_paths",
     "install_hf_cache",
-    "interruptible",
     "is_commit_sha",
     "named_as_pickle",
     "repo_folder_name",

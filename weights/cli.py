@@ -18,6 +18,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
+from clishell import EXIT_FAILED, CliError, VerboseOpt, VersionOpt, existing_public_key, run
 from weights.cli_common import (
     EndpointOpt,
     JsonOpt,
@@ -37,7 +38,6 @@ from weights.errors import (
     SignatureVerificationError,
     WeightsError,
 )
-from weights.interrupt import Interrupted, die_by, interruptible
 from weights.lockfile import LockEntry, Lockfile
 from weights.serialisation import SerialisationPolicy, UnsafeSerialisationError
 from weights.verify import VerifyReport
@@ -57,11 +57,8 @@ AllowPickleOpt = Annotated[bool, typer.Option(
 
 
 @app.callback()
-def _root(
-    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show tracebacks.")] = False,
-) -> None:
-    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
-                        format="%(levelname)s %(name)s: %(message)s")
+def _root(version: VersionOpt = False, verbose: VerboseOpt = False) -> None:
+    """Pin, pull, verify, sign and size Hugging Face model weights."""
 
 
 @app.command()
@@ -277,7 +274,8 @@ def verify(
 
         root = path if report is None else report.root
         try:
-            signed = verify_signature(root, signature, public_key=public_key, identity=identity,
+            key = None if public_key is None else existing_public_key(public_key, "weights")
+            signed = verify_signature(root, signature, public_key=key, identity=identity,
                                       identity_provider=identity_provider, trust_root=trust_root,
                                       ignore=patterns,
                                       digests=None if report is None else report.digests)
@@ -298,69 +296,23 @@ def verify(
         raise VerificationFailed()
 
 
+def _describe(exc: BaseException) -> CliError | None:
+    """The weights errors that are a failed verification (exit 1); the rest exit 2."""
+    if isinstance(exc, _VERIFY_FAILURES):  # pin/lock --json printed the drift already
+        return CliError(exc.code, exc.message, hint=exc.hint, exit_code=EXIT_FAILED,
+                        document={} if isinstance(exc, DriftError) else None)
+    return None
+
+
+def _setup(verbose: bool) -> None:
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Entry point: run the CLI with one error boundary; return the exit code."""
-    args = sys.argv[1:] if argv is None else argv
-    verbose = "-v" in args or "--verbose" in args
-    if verbose:  # accepted in any position, like airgap's
-        args = ["--verbose", *(a for a in args if a not in ("-v", "--verbose"))]
-    try:
-        with interruptible():
-            app(args=args, standalone_mode=False)
-    except Interrupted as exc:
-        return _interrupted(exc, "--json" in args)
-    except VerificationFailed:
-        return 1
-    except _VERIFY_FAILURES as exc:
-        _report(exc, verbose)
-        return 1
-    except WeightsError as exc:
-        if "--json" in args:  # a document for every outcome of a --json command
-            print(dump_json({"ok": False, "error": {"code": exc.code, "message": exc.message}}))
-        _report(exc, verbose)
-        return 2
-    except OSError as exc:  # a local file: name it, never a bare traceback
-        where = f"{exc.filename}: " if exc.filename else ""
-        _report(WeightsError(f"{where}{exc.strerror or exc}", hint=_IO_HINT), verbose, "io_error")
-        return 2
-    except typer.Exit as exc:
-        return int(exc.exit_code)
-    except typer.Abort:
-        return 2
-    except typer.TyperException as exc:  # usage errors (typer's vendored click)
-        show = getattr(exc, "show", None)
-        if callable(show):
-            show()
-        return 2
-    except Exception as exc:  # a bug: still one line; the traceback only with --verbose
-        _report(WeightsError(f"unexpected {type(exc).__name__}: {exc}", hint=_BUG_HINT),
-                verbose, "internal_error")
-        return 2
-    return 0
-
-
-_BUG_HINT = "this is a bug: rerun with --verbose and report the traceback"
-_IO_HINT = "check the path, its permissions and the free space of its file system"
-
-
-def _interrupted(exc: Interrupted, as_json: bool) -> int:
-    """Say so in one line (and one JSON document with ``--json``), then exit 128 + signal number."""
-    message = (f"interrupted by {exc.name}; nothing half-written was made visible "
-               "(rerun to resume)")
-    if as_json:
-        print(dump_json({"ok": False, "interrupted": True, "signal": exc.name,
-                         "error": {"code": "interrupted", "message": message}}), flush=True)
-    _console().print(f"error [interrupted]: {message}", markup=False)
-    return die_by(exc.signum)
-
-
-def _report(exc: WeightsError, verbose: bool, code: str | None = None) -> None:
-    console = _console()
-    if verbose:
-        console.print_exception()
-    console.print(f"error [{code or exc.code}]: {exc.message}", markup=False)
-    if exc.hint:
-        console.print(f"  hint: {exc.hint}", markup=False)
+    """Entry point: run the CLI behind the shared boundary (:func:`clishell.run`); return the
+    exit status."""
+    return run(app, argv, prog="weights", describe=_describe, interruptible=True, setup=_setup)
 
 
 def _register() -> None:

@@ -20,8 +20,11 @@ from rich.progress import (
 )
 
 
-class VerificationFailed(Exception):
-    """Raised by a command to exit 1 after it printed its report."""
+class VerificationFailed(typer.Exit):
+    """Raised by a command to exit 1 (verification failed) after it printed its report."""
+
+    def __init__(self) -> None:
+        super().__init__(1)
 
 
 LockOpt = Annotated[

@@ -33,7 +33,7 @@ from weights.sizing import (
 def keygen(
     out: Annotated[Path, typer.Option("--out", help="Private key file to create (KEY.pem).")],
 ) -> None:
-    """Create an EC P-256 model-signing key (KEY.pem, mode 0600) and KEY.pub.pem."""
+    """Create an EC P-256 model-signing key (KEY.pem, mode 0600) and KEY.pub."""
     from weights.signing import generate_key
 
     pub = generate_key(out)

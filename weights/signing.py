@@ -117,7 +117,8 @@ def check_key(path: Path, *, private: bool, password: str | None = None) -> None
 
 def generate_key(out: Path) -> Path:
     """Write a new EC P-256 signing key to ``out`` (PKCS#8 PEM, mode 0600) and its public key
-    to ``<out stem>.pub.pem`` (SubjectPublicKeyInfo PEM); neither may exist yet.
+    to :func:`clishell.public_key_path` of it (``KEY.pem`` -> ``KEY.pub``, SubjectPublicKeyInfo
+    PEM); neither may exist yet.
 
     Returns:
         The public key path.
@@ -128,7 +129,9 @@ def generate_key(out: Path) -> Path:
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import ec
 
-    pub = out.with_name(out.name.removesuffix(".pem") + ".pub.pem")
+    from clishell import public_key_path
+
+    pub = public_key_path(out)
     key = ec.generate_private_key(ec.SECP256R1())
     private_pem = key.private_bytes(serialization.Encoding.PEM,
                                     serialization.PrivateFormat.PKCS8,

@@ -36,6 +36,7 @@ from cryptography.hazmat.primitives.serialization import (
     load_pem_public_key,
 )
 
+from clishell import public_key_path
 from gateway.audit.errors import AuditConfigError, AuditFormatError, ProofError
 
 EM_DASH = "\u2014"
@@ -201,7 +202,9 @@ def load_verifier(path: Path, name: str = DEFAULT_KEY_NAME) -> Verifier:
 
 
 def write_key_pair(signer: Signer, out: Path) -> tuple[Path, Path]:
-    """Write ``out`` (private, mode 0600, must not exist) and ``out.pub`` (verifier key).
+    """Write ``out`` (private, mode 0600, must not exist) and its verifier key, named as every
+    key file of the project (:func:`clishell.public_key_path`: ``audit.key`` ->
+    ``audit.key.pub``, ``audit.pem`` -> ``audit.pub``).
 
     Returns:
         The private and public key paths.
@@ -209,7 +212,7 @@ def write_key_pair(signer: Signer, out: Path) -> tuple[Path, Path]:
     Raises:
         AuditConfigError: If a file exists already or cannot be written.
     """
-    pub = out.with_name(out.name + ".pub")
+    pub = public_key_path(out)
     try:
         fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w", encoding="utf-8") as fh:

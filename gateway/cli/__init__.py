@@ -1,20 +1,19 @@
-"""The ``gateway`` command: ``serve``, ``check-config``, ``keys`` (and ``audit`` when installed).
+"""The ``gateway`` command: ``serve``, ``check-config``, ``keys``, ``preflight``, ``audit``.
 
-One error boundary (:func:`main`): a :class:`~gateway.errors.GatewayError` prints one line and
-exits non-zero; ``--verbose`` shows the traceback. Exit codes: 0 ok, 1 verification failed
-(invalid config), 2 usage or I/O error.
+The error boundary is the shared one (:func:`clishell.run`): a :class:`~gateway.errors.GatewayError`
+(or any other failure) prints ``gateway: error [CODE]: WHAT (hint: ...)`` and exits non-zero;
+``-v``/``--verbose`` shows the traceback, ``--version`` the version. Exit codes: 0 ok,
+1 verification failed (invalid config, tampered audit log), 2 usage or I/O error.
 """
 
 from __future__ import annotations
 
 import sys
-import traceback
-from typing import Annotated
 
 import typer
 
+from clishell import VerboseOpt, VersionOpt, run
 from gateway.cli import check_config, keys, serve
-from gateway.errors import GatewayError
 from gateway.preflight import cli as _preflight
 
 __all__ = ["app", "main"]
@@ -29,11 +28,8 @@ app = typer.Typer(
 
 
 @app.callback()
-def _root(
-    ctx: typer.Context,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show tracebacks.")] = False,
-) -> None:
-    ctx.obj = {"verbose": verbose}
+def _root(version: VersionOpt = False, verbose: VerboseOpt = False) -> None:
+    """sovereign-gateway: OpenAI-compatible gateway in front of self-hosted vLLM."""
 
 
 app.command("serve")(serve.serve)
@@ -48,25 +44,7 @@ app.add_typer(_audit.app, name="audit")
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``gateway`` console script; returns the exit code."""
-    args = sys.argv[1:] if argv is None else argv
-    verbose = "--verbose" in args or "-v" in args
-    try:
-        app(args=args, prog_name="gateway")
-    except SystemExit as exc:  # typer's standalone mode: usage errors (2), typer.Exit codes
-        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
-    except GatewayError as exc:
-        if verbose:
-            traceback.print_exception(exc)
-        print(f"gateway: error [{exc.code}]: {exc.message}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
-    except Exception as exc:
-        if verbose:
-            traceback.print_exception(exc)
-        print(f"gateway: unexpected error: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 2
-    return 0
+    return run(app, argv, prog="gateway")
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ import asyncio
 import json
 import logging
 import sys
-import traceback
 from collections.abc import Coroutine
 from datetime import UTC, datetime
 from pathlib import Path
@@ -23,6 +22,7 @@ import typer
 import yaml
 from pydantic import ValidationError
 
+from clishell import EXIT_USAGE, CliError, existing_public_key, run
 from gateway.audit import (
     AuditConfigError,
     AuditError,
@@ -67,29 +67,29 @@ PublicKeyOpt = Annotated[
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
 
 
-def _fail(ctx: typer.Context, exc: BaseException, code: int = 2) -> typer.Exit:
-    if ctx.find_root().params.get("verbose") or (ctx.obj or {}).get("verbose"):
-        traceback.print_exception(exc)
-    err = getattr(exc, "code", "error")
-    typer.echo(f"error [{err}]: {exc}", err=True)
-    return typer.Exit(code)
+def _fail(exc: BaseException, exit_code: int = EXIT_USAGE) -> CliError:
+    """``exc`` as the one error line of the CLI boundary (``config_error`` for a YAML or
+    validation error of ``--config``)."""
+    code = getattr(exc, "code", None)
+    return CliError(code if isinstance(code, str) else "config_error", str(exc),
+                    exit_code=exit_code)
 
 
 def _run(ctx: typer.Context, coro: Coroutine[Any, Any, T]) -> T:
-    """The error boundary of every command: AuditError -> one line on stderr, exit 2."""
+    """Run ``coro``; an AuditError becomes a CliError (exit 2; a bad proof exits 1)."""
     try:
         return asyncio.run(coro)
     except ProofError as exc:
-        raise _fail(ctx, exc, 1) from exc
+        raise _fail(exc, 1) from exc
     except AuditError as exc:
-        raise _fail(ctx, exc) from exc
+        raise _fail(exc) from exc
 
 
 def _verifiers(ctx: typer.Context, paths: list[Path] | None) -> list[Verifier]:
     try:
-        return [load_verifier(p) for p in paths or []]
+        return [load_verifier(existing_public_key(p, "gateway")) for p in paths or []]
     except AuditError as exc:
-        raise _fail(ctx, exc) from exc
+        raise _fail(exc) from exc
 
 
 def _audit_settings(ctx: typer.Context, config: Path | None) -> AuditSettings | None:
@@ -102,7 +102,7 @@ def _audit_settings(ctx: typer.Context, config: Path | None) -> AuditSettings | 
             raise AuditConfigError(f"{config} has no audit: section")
         return AuditSettings.model_validate(section)
     except (OSError, yaml.YAMLError, ValidationError, AuditError) as exc:
-        raise _fail(ctx, exc) from exc
+        raise _fail(exc) from exc
 
 
 def _store_url(ctx: typer.Context, store: str | None, config: Path | None) -> str:
@@ -111,19 +111,16 @@ def _store_url(ctx: typer.Context, store: str | None, config: Path | None) -> st
         return store
     settings = _audit_settings(ctx, config)
     if settings is None:
-        raise _fail(ctx, AuditConfigError("give --store URL (or SG_AUDIT_STORE) or --config FILE"))
+        raise _fail(AuditConfigError("give --store URL (or SG_AUDIT_STORE) or --config FILE"))
     try:
         return settings.store_url()
     except AuditError as exc:
-        raise _fail(ctx, exc) from exc
+        raise _fail(exc) from exc
 
 
 @app.callback()
-def _root(
-    ctx: typer.Context,
-    verbose: Annotated[bool, typer.Option("--verbose", help="Show tracebacks.")] = False,
-) -> None:
-    ctx.obj = {"verbose": verbose}
+def _root() -> None:
+    """Tamper-evident audit log: verify, export, tail, prove."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
 
 
@@ -304,7 +301,7 @@ def prove_cmd(
     try:
         out.write_text(text, encoding="utf-8")
     except OSError as exc:
-        raise _fail(ctx, exc) from exc
+        raise _fail(exc) from exc
 
 
 @app.command("verify-proof")
@@ -321,19 +318,19 @@ def verify_proof_cmd(
     """
     verifiers = _verifiers(ctx, public_key)
     if not verifiers:
-        raise _fail(ctx, AuditError("--public-key is required"))
+        raise _fail(AuditError("--public-key is required"))
     try:
         data = json.loads(bundle.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
-        raise _fail(ctx, exc) from exc
+        raise _fail(exc) from exc
     try:
         report = verify_proof_report(data, verifiers)
     except ProofError as exc:
         if as_json:
             typer.echo(json.dumps({"ok": False, "error": str(exc)}))
-        raise _fail(ctx, exc, 1) from exc
+        raise _fail(exc, 1) from exc
     except AuditError as exc:
-        raise _fail(ctx, exc, 1) from exc
+        raise _fail(exc, 1) from exc
     if as_json:
         doc = {"ok": True, "records": report.records, "types": report.types,
                "warnings": report.warnings}
@@ -366,13 +363,13 @@ def keygen(
         if pseudonym_key is not None:
             typer.echo(f"pseudonym key: {generate_key_file(pseudonym_key)}")
     except AuditError as exc:
-        raise _fail(ctx, exc) from exc
+        raise _fail(exc) from exc
 
 
-def main() -> None:
-    """Entry point for ``python -m gateway.cli.audit``."""
-    app()
+def main() -> int:
+    """Entry point for ``python -m gateway.cli.audit``; returns the exit status."""
+    return run(app, None, prog="gateway audit")
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,4 +1,9 @@
-"""``gateway check-config FILE``: validate a config without serving."""
+"""``gateway check-config --config FILE``: validate a config without serving.
+
+The config file is given as to ``gateway serve``: ``--config FILE`` / ``-c FILE``, or the
+``SG_CONFIG`` environment variable. The positional ``check-config FILE`` of earlier releases
+still works, with a deprecation warning.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ from typing import Annotated
 
 import typer
 
+from clishell import CliError, warn
 from gateway.assembly import assemble
 from gateway.config_errors import ConfigProblem, problems_of
 from gateway.errors import ConfigError
@@ -30,15 +36,38 @@ def _report(file: Path, problems: list[ConfigProblem], as_json: bool, code: int)
     return typer.Exit(code)
 
 
+def _config_file(config: Path | None, legacy_file: Path | None) -> Path:
+    """``--config`` (or ``SG_CONFIG``), else the deprecated positional file (with a warning).
+
+    Raises:
+        CliError: Neither given (usage error, exit 2).
+    """
+    if legacy_file is not None:
+        # An explicit argument wins over SG_CONFIG from the environment, as it did before.
+        warn("gateway", "deprecated", "check-config FILE (the config file as an argument)",
+             hint=f"use check-config --config {legacy_file}, as for serve")
+        return legacy_file
+    if config is None:
+        raise CliError("usage_error", "no config file given",
+                       hint="pass --config FILE (or set SG_CONFIG), as for serve")
+    return config
+
+
 def check_config(
-    file: Annotated[Path, typer.Argument(help="Gateway YAML config file.")],
+    config: Annotated[Path | None, typer.Option(
+        "--config", "-c", envvar="SG_CONFIG", show_default=False,
+        help="Gateway YAML config file (as for serve).")] = None,
+    legacy_file: Annotated[Path | None, typer.Argument(
+        metavar="FILE", show_default=False,
+        help="Deprecated: the config file as an argument; use --config FILE.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
-    """Validate FILE (and its policy file and replica bindings) without serving.
+    """Validate the config (and its policy file and replica bindings) without serving.
 
     Prints one line per problem, ``FILE:LINE: KEY: PROBLEM``. Exit 0 valid, 1 invalid,
     2 unreadable.
     """
+    file = _config_file(config, legacy_file)
     if not file.is_file():
         problem = ConfigProblem("(top level)", "cannot read config file: not a file", str(file))
         raise _report(file, [problem], as_json, 2)

@@ -10,6 +10,7 @@ import typer
 import yaml
 from pydantic import ValidationError
 
+from clishell import CliError
 from gateway.auth import digest_key, new_key
 from gateway.config_errors import validation_problems
 from gateway.settings import KeySettings
@@ -53,10 +54,10 @@ def new(
         entry = KeySettings(id=key_id, sha256=digest_key(key).hex(), models=model or ["*"],
                             team=team, data_class=data_class)
     except ValidationError as exc:
-        for problem in validation_problems(exc):
-            option = _OPTIONS.get(problem.key.split("[")[0], problem.key)
-            typer.echo(f"gateway keys: error: {option}: {problem.problem}", err=True)
-        raise typer.Exit(2) from exc
+        found = [(_OPTIONS.get(p.key.split("[")[0], p.key), p.problem)
+                 for p in validation_problems(exc)]
+        raise CliError("usage_error", f"{found[0][0]}: {found[0][1]}",
+                       more=tuple(("usage_error", f"{o}: {p}") for o, p in found[1:])) from exc
     if as_json:
         typer.echo(json.dumps({"id": entry.id, "key": key, "sha256": entry.sha256,
                                "models": entry.models, "team": entry.team,

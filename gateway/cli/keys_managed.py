@@ -26,6 +26,7 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 
+from clishell import CliError, run, warn
 from gateway.keystore import (
     IssuedKey,
     KeyManager,
@@ -72,9 +73,9 @@ def parse_duration(text: str) -> float:
     return float(sum(int(n) * _UNITS[u] for n, u in re.findall(r"(\d+)([smhdw])", text)))
 
 
-def _fail(message: str, code: int = 2) -> typer.Exit:
-    typer.echo(f"gateway keys: error: {message}", err=True)
-    return typer.Exit(code)
+def _fail(message: str, code: str = "keys_error", hint: str | None = None) -> CliError:
+    """A failure of a ``gateway keys`` command, printed by the CLI boundary (exit 2)."""
+    return CliError(code, message, hint=hint)
 
 
 def _config_sections(config: Path | None) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
@@ -87,7 +88,7 @@ def _config_sections(config: Path | None) -> tuple[dict[str, Any] | None, dict[s
     try:
         settings = load(config, os.environ)
     except GatewayError as exc:
-        raise _fail(exc.message) from exc
+        raise _fail(exc.message, exc.code) from exc
     keystore = getattr(settings, "keystore", None)
     audit = getattr(settings, "audit", None)
 
@@ -110,7 +111,8 @@ def _store_url(store: str | None, config: Path | None) -> str:
             return str(section["store"])
     if config is not None:
         return "sqlite:///var/lib/sovereign-gateway/audit.db"  # the audit log's default
-    raise _fail("no key store: pass --store URL (or SG_KEYSTORE_URL) or --config FILE")
+    raise _fail("no key store given", "config_error",
+                hint="pass --store URL (or SG_KEYSTORE_URL) or --config FILE")
 
 
 @contextlib.asynccontextmanager
@@ -118,15 +120,14 @@ async def _audit_sink(
     config: Path | None, no_audit: bool
 ) -> AsyncIterator[Callable[[Mapping[str, Any]], Awaitable[Any]] | None]:
     if no_audit:
-        typer.echo("gateway keys: warning: --no-audit: this change is NOT audited", err=True)
+        warn("gateway", "unaudited", "--no-audit: this change is NOT audited")
         yield None
         return
     _, audit = _config_sections(config)
     if not audit or audit.get("enabled", True) is False:
-        raise _fail(
-            "key changes must be audited: pass --config FILE with an audit: section "
-            "(or --no-audit to change keys without an audit record)"
-        )
+        raise _fail("key changes must be audited", "config_error",
+                    hint="pass --config FILE with an audit: section (or --no-audit to change "
+                    "keys without an audit record)")
     from gateway.audit import AuditLog, AuditSettings
 
     base = AuditSettings.model_validate(audit)
@@ -155,12 +156,12 @@ def _run(coro: Awaitable[T]) -> T:
     try:
         return asyncio.run(main())
     except KeystoreError as exc:
-        raise _fail(f"[{exc.code}] {exc.message}") from exc
+        raise _fail(exc.message, exc.code) from exc
     except Exception as exc:
         from gateway.audit import AuditError
 
         if isinstance(exc, AuditError):
-            raise _fail(f"audit log unavailable, nothing changed: {exc}") from exc
+            raise _fail(f"audit log unavailable, nothing changed: {exc}", exc.code) from exc
         raise
 
 
@@ -327,11 +328,7 @@ def rotate(
 
 def main(argv: list[str] | None = None) -> int:
     """Run this group alone (``python -m gateway.cli.keys_managed``); returns the exit code."""
-    try:
-        app(args=sys.argv[1:] if argv is None else argv, prog_name="gateway keys")
-    except SystemExit as exc:
-        return exc.code if isinstance(exc.code, int) else 0
-    return 0
+    return run(app, argv, prog="gateway keys")
 
 
 if __name__ == "__main__":

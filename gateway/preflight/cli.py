@@ -15,7 +15,7 @@ from typing import Annotated
 
 import typer
 
-from gateway.preflight.errors import PreflightError
+from clishell import existing_public_key
 from gateway.preflight.inputs import REGION_LABEL, Criteria, Inputs
 
 __all__ = ["app"]
@@ -33,6 +33,11 @@ def _default_helm() -> Path | None:
         return local
     found = shutil.which("helm")
     return Path(found) if found else None
+
+
+def _public_key(path: Path | None) -> Path | None:
+    """A public key file as given, or its other name (KEY.pub / KEY.pub.pem) with a warning."""
+    return None if path is None else existing_public_key(path, "gateway")
 
 
 @app.callback(invoke_without_command=True)
@@ -89,8 +94,9 @@ def preflight(
         helm=(helm or _default_helm()) if values else None, release=release,
         namespace=namespace,
         admin_url=admin_url, kubeconfig=kubeconfig, kube_context=kube_context,
-        audit_public_key=audit_public_key, lockfile=lockfile, weights_dir=weights_dir,
-        weights_signature=weights_signature, weights_public_key=weights_public_key)
+        audit_public_key=_public_key(audit_public_key), lockfile=lockfile,
+        weights_dir=weights_dir, weights_signature=weights_signature,
+        weights_public_key=_public_key(weights_public_key))
     criteria = Criteria(regions=tuple(region or ()), jurisdictions=tuple(jurisdiction or ("EU",)),
                         registries=tuple(registry or ()), retention_days=retention_days,
                         region_label=region_label)
@@ -118,11 +124,7 @@ def verify(
     """Verify an evidence pack offline (signature, then every file's digest)."""
     from gateway.preflight.evidence import verify_pack
 
-    try:
-        result = verify_pack(directory, key)
-    except PreflightError as exc:
-        typer.echo(f"gateway: error [{exc.code}]: {exc.message}", err=True)
-        raise typer.Exit(2) from exc
+    result = verify_pack(directory, existing_public_key(key, "gateway"))  # errors: exit 2
     if as_json:
         typer.echo(json.dumps(result.to_json(), indent=2, sort_keys=True))
     else:

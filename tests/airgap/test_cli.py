@@ -26,7 +26,7 @@ def test_keygen_writes_private_key_0600_and_public_key(
     rc, out, _ = run(capsys, "keygen", "--out", str(tmp_path / "site.pem"))
     assert rc == 0
     assert stat.S_IMODE(os.stat(tmp_path / "site.pem").st_mode) == 0o600
-    assert (tmp_path / "site.pub.pem").read_text().startswith("-----BEGIN PUBLIC KEY-----")
+    assert (tmp_path / "site.pub").read_text().startswith("-----BEGIN PUBLIC KEY-----")
     assert "key id" in out
     rc, _, err = run(capsys, "keygen", "--out", str(tmp_path / "site.pem"))
     assert rc == 2 and "output_exists" in err
@@ -126,7 +126,7 @@ def test_usage_and_io_errors_exit_2(
     fmt = {"tmp": tmp_path, "pub": keys.public_path, "priv": keys.private_path, "bundle": bundle}
     rc, _, err = run(capsys, *[a.format(**fmt) for a in argv])
     assert rc == 2
-    assert f"error: {code}:" in err
+    assert f"airgap: error [{code}]:" in err
 
 
 def test_missing_required_option_exit_2(capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,7 +1,8 @@
 """`airgap verify` start-up: what it loads, and its fast command-line parser equals typer's.
 
 The fast parser (``airgap.cli._fast_verify_args``) skips typer's parse, whose pydantic
-TypeAdapters cost about 0.25 CPU-s per run. These tests hold it to the typer command: same
+TypeAdapters cost about 0.25 CPU-s per run, and typer's import (the typer application lives in
+``airgap.cli_app``). These tests hold it to the typer command: same
 options, same results, and everything it does not take goes through typer unchanged.
 """
 
@@ -20,7 +21,8 @@ from airgap import cli
 from airgap.cli import main
 
 #: Modules `airgap verify` must not import: heavy, and verify does not need them.
-NOT_FOR_VERIFY = ("pydantic", "rich", "rich.table", "rich.markdown", "airgap.pack",
+NOT_FOR_VERIFY = ("typer", "click", "pydantic", "rich", "rich.table", "rich.markdown",
+                  "airgap.pack",
                   "airgap.unpack", "airgap.oci", "cyclonedx", "model_signing",
                   "cryptography.x509", "cryptography.hazmat.primitives.serialization")
 

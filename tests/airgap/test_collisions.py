@@ -56,5 +56,5 @@ def test_pack_refuses_a_colliding_lockfile(small_model: Path, keys: KeyPair, tmp
                str(tmp_path / "out"), "--key", str(keys.private_path)])
     err = capsys.readouterr().err
     assert rc == 2
-    assert f"path_collision: {lock}: acme:tiny-model and {REPO}:config.json" in err
+    assert f"airgap: error [path_collision]: {lock}: acme:tiny-model and {REPO}:config.json" in err
     assert not (tmp_path / "out").exists()

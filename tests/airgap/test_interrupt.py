@@ -44,7 +44,8 @@ def test_pack_interrupted_leaves_no_partial_bundle(
         "--key", str(keys.private_path), "--part-size", "16384", "--quiet"])
     # Ended by the same signal (as seen by a shell: 128 + N), after cleaning up.
     assert res.returncode == 128 + getattr(signal, sig), res.stderr
-    assert f"error: interrupted by {sig}; partial output was removed" in res.stderr
+    assert (f"airgap: error [interrupted]: interrupted by {sig}; nothing half-written was left"
+            in res.stderr)
     assert "Traceback" not in res.stderr
     assert tree_state(usb) == before  # no bundle, no .bundle.*.partial directory
 
@@ -63,7 +64,8 @@ def test_unpack_interrupted_leaves_store_unchanged(
         str(store), "--workers", workers, "--quiet"])
     # Ended by the same signal (as seen by a shell: 128 + N), after cleaning up.
     assert res.returncode == 128 + getattr(signal, sig), res.stderr
-    assert f"error: interrupted by {sig}; partial output was removed" in res.stderr
+    assert (f"airgap: error [interrupted]: interrupted by {sig}; nothing half-written was left"
+            in res.stderr)
     assert tree_state(store) == before  # no .airgap-staging-* left, nothing installed
 
 
@@ -78,4 +80,4 @@ def test_interrupted_verify_json_says_so(
     assert last == f"status={status}", res.stdout + res.stderr
     got = json.loads("\n".join(doc))
     assert got["ok"] is False and got["interrupted"] is True and got["signal"] == sig
-    assert f"error: interrupted by {sig}" in res.stderr
+    assert f"airgap: error [interrupted]: interrupted by {sig}" in res.stderr

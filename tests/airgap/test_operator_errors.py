@@ -63,7 +63,7 @@ def test_pack_refuses_a_part_size_that_makes_absurdly_many_parts(
     rc, _, err = run(capsys, "pack", "--lock", str(lock), "--from", str(small_model), "--out",
                      str(usb / "b"), "--key", str(keys.private_path), "--part-size", "1")
     assert rc == 2
-    assert "error: io_error: --part-size 1 would split" in err and "at most 10000" in err
+    assert "airgap: error [io_error]: --part-size 1 would split" in err and "at most 10000" in err
     assert tree_state(usb) == before
 
 
@@ -120,7 +120,7 @@ def test_pack_write_failure_names_the_file_and_leaves_nothing(
                                      "--out", str(usb / "b"), "--key", str(keys.private_path),
                                      "-q"], 50_000)  # fmt: skip
     assert res.returncode == 2, res.stderr
-    assert "error: io_error: cannot write" in res.stderr and "File too large" in res.stderr
+    assert "airgap: error [io_error]: cannot write" in res.stderr and "File too large" in res.stderr
     assert str(usb) in res.stderr  # says where
     assert list(usb.iterdir()) == []
 
@@ -134,7 +134,7 @@ def test_unpack_write_failure_names_the_file_and_leaves_store_unchanged(
                                      str(keys.public_path), "--into", str(store), "-q"],
                                     50_000)  # fmt: skip
     assert res.returncode == 2, res.stderr
-    assert "error: io_error: cannot write" in res.stderr and "File too large" in res.stderr
+    assert "airgap: error [io_error]: cannot write" in res.stderr and "File too large" in res.stderr
     assert str(store) in res.stderr
     assert list(store.iterdir()) == []
 
@@ -164,7 +164,7 @@ def test_an_unexpected_exception_is_one_line_without_verbose(
     args = ("verify", str(pristine_bundle), "--public-key", str(keys.public_path))
     rc, _, err = run(capsys, *args)
     assert rc == 2
-    assert err.startswith("error: internal_error: unexpected RuntimeError: injected")
+    assert err.startswith("airgap: error [internal_error]: unexpected RuntimeError: injected")
     assert "Traceback" not in err
     rc, _, err = run(capsys, *args, "--verbose")
     assert rc == 2 and "Traceback" in err
@@ -233,4 +233,4 @@ def test_json_mode_reports_usage_and_io_errors_as_json_too(
     assert rc == 2
     assert json.loads(out) == {"ok": False, "error": {
         "code": "bundle_not_found", "message": f"{tmp_path / 'absent'} is not a bundle directory"}}
-    assert "error: bundle_not_found" in err
+    assert "airgap: error [bundle_not_found]" in err

@@ -21,7 +21,7 @@ TLS = ", tls_cert_file: cert.pem, tls_key_file: key.pem"
 def _run(tmp_path: Path, command: str, text: str) -> subprocess.CompletedProcess[str]:
     path = tmp_path / "gateway.yaml"
     path.write_text(text, encoding="utf-8")
-    args = [command, str(path)] if command == "check-config" else [command, "--config", str(path)]
+    args = [command, "--config", str(path)]
     return subprocess.run(
         [sys.executable, "-m", "gateway.cli", *args], capture_output=True, text=True,
         timeout=60, check=False, cwd=tmp_path, env={**os.environ, "NO_COLOR": "1"},

@@ -91,7 +91,7 @@ def test_check_config_cli_is_one_line_exit_1(tmp_path: Path, content: bytes) -> 
     path = tmp_path / "gateway.yaml"
     path.write_bytes(content)
     proc = subprocess.run(
-        [sys.executable, "-m", "gateway.cli", "check-config", str(path)],
+        [sys.executable, "-m", "gateway.cli", "check-config", "--config", str(path)],
         capture_output=True, text=True, timeout=60, check=False,
     )
     assert proc.returncode == 1, (proc.returncode, proc.stderr)
@@ -126,6 +126,7 @@ def test_check_config_from_another_directory(tmp_path: Path) -> None:
     path.write_text(BASE % "http://a:1" + "audit: {enabled: true, signing_key_file: audit.key,"
                     f" pseudonym_key_file: p.key, store: 'sqlite://{tmp_path}/a.db'}}\n",
                     encoding="utf-8")
-    proc = subprocess.run([sys.executable, "-m", "gateway.cli", "check-config", str(path)],
-                          capture_output=True, text=True, timeout=60, check=False, cwd="/")
+    proc = subprocess.run([sys.executable, "-m", "gateway.cli", "check-config", "--config",
+                           str(path)], capture_output=True, text=True, timeout=60, check=False,
+                          cwd="/")
     assert proc.returncode == 0, proc.stderr

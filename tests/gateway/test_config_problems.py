@@ -55,7 +55,7 @@ EXPECTED = [
 
 def _check(path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "gateway.cli", "check-config", *args, str(path)],
+        [sys.executable, "-m", "gateway.cli", "check-config", *args, "--config", str(path)],
         capture_output=True, text=True, timeout=120, check=False, cwd=path.parent,
         env={**os.environ, "NO_COLOR": "1"},
     )

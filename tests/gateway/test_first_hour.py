@@ -161,7 +161,7 @@ def test_example_passes_the_check_its_header_names(example: Path, tmp_path: Path
                          ids=lambda p: p.name)
 def test_check_config_accepts_every_example_gateway_config(example: Path) -> None:
     gateway = REPO / ".venv" / "bin" / "gateway"
-    proc = subprocess.run([str(gateway), "check-config", "--json", str(example)],
+    proc = subprocess.run([str(gateway), "check-config", "--json", "--config", str(example)],
                           capture_output=True, text=True, timeout=60, check=False,
                           env={**_shell_env(), "VLLM_KEY": "x"})
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -28,9 +28,9 @@ EXAMPLE = ROOT / "examples" / "gateway.yaml"
 def test_check_config_ok(capsys: pytest.CaptureFixture[str],
                          monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("VLLM_KEY", "x")
-    assert main(["check-config", str(EXAMPLE)]) == 0
+    assert main(["check-config", "--config", str(EXAMPLE)]) == 0
     assert "OK" in capsys.readouterr().out
-    assert main(["check-config", "--json", str(EXAMPLE)]) == 0
+    assert main(["check-config", "--json", "--config", str(EXAMPLE)]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["ok"] and summary["models"]["llama-3.1-8b"]["aliases"] == ["default"]
 
@@ -41,10 +41,10 @@ def test_check_config_invalid_names_key(tmp_path: Path,
     cfg["models"][0]["replicas"][0]["url"] = "10.0.0.1:8000"
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    assert main(["check-config", str(path)]) == 1
+    assert main(["check-config", "--config", str(path)]) == 1
     err = capsys.readouterr().err
     assert "models[0].replicas[0].url: must be an http:// or https:// URL" in err
-    assert main(["check-config", str(tmp_path / "missing.yaml")]) == 2
+    assert main(["check-config", "--config", str(tmp_path / "missing.yaml")]) == 2
 
 
 def test_keys_new_prints_key_once_and_config_line(capsys: pytest.CaptureFixture[str]) -> None:

@@ -258,7 +258,7 @@ def test_replica_outside_its_destination_is_refused(tmp_path: Path) -> None:
 
 def _check_config(path: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "gateway.cli", "check-config", str(path), "--json"],
+        [sys.executable, "-m", "gateway.cli", "check-config", "--config", str(path), "--json"],
         cwd=ROOT, capture_output=True, text=True, check=False,
     )
 

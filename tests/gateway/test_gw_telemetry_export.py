@@ -238,7 +238,7 @@ def test_check_config_validates_the_collector_destination(tmp_path: Path) -> Non
     def check() -> subprocess.CompletedProcess[str]:
         cfg_file.write_text(yaml.safe_dump(cfg))
         return subprocess.run([sys.executable, "-m", "gateway.cli", "check-config",
-                               str(cfg_file), "--json"], cwd=ROOT, capture_output=True,
+                               "--config", str(cfg_file), "--json"], cwd=ROOT, capture_output=True,
                               text=True, check=False, env={**os.environ, "VLLM_KEY": "x"})
 
     ok = check()

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("gateway", "policy", "weights", "airgap", "vllm_sim")
+PACKAGES = ("gateway", "policy", "weights", "airgap", "vllm_sim", "clishell")
 LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
 
 
@@ -72,6 +72,7 @@ def test_the_core_contract_names_every_gateway_core_module() -> None:
         ("gateway/audit/writer.py", "import gateway.errors", "sub-package-cores"),
         ("gateway/quotas/limiter.py", "import gateway.records", "sub-package-cores"),
         ("gateway/keystore/cache.py", "import gateway.settings", "sub-package-cores"),
+        ("clishell/errors.py", "import weights", "cli-shell-is-a-leaf"),
     ],
 )
 def test_a_planted_wrong_import_breaks_its_contract(

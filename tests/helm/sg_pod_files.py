@@ -169,7 +169,7 @@ def materialize(objs: list[dict[str, Any]], root: Path) -> PodFiles:
 def check_config(config_file: Path) -> tuple[int, dict[str, Any]]:
     """Run the real ``gateway check-config --json``; return (exit code, parsed JSON)."""
     proc = subprocess.run(
-        [str(h.require_tool(GATEWAY_CLI)), "check-config", "--json", str(config_file)],
+        [str(h.require_tool(GATEWAY_CLI)), "check-config", "--json", "--config", str(config_file)],
         capture_output=True, text=True, timeout=120, check=False)
     assert proc.stdout.strip(), proc.stderr
     result: dict[str, Any] = yaml.safe_load(proc.stdout)

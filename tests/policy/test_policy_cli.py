@@ -64,7 +64,7 @@ def test_check_invalid_policy_exits_1_naming_file_line_key(
     code, out, err = _run(capsys, "check", str(bad))
     line = BASE.splitlines().index("    effect: deny") + 1
     assert code == 1 and out == ""
-    assert err.startswith(f"policy: error: {bad}:{line}: rules[0].effect: ")
+    assert err.startswith(f"policy: error [invalid_policy]: {bad}:{line}: rules[0].effect: ")
     assert len(err.strip().splitlines()) == 1  # one clear line, no traceback
 
 

@@ -104,7 +104,7 @@ def test_every_command_refuses_such_a_lock(
     res = run_cli([c.format(root=root) for c in command] + ["--lock", str(lock)])
     assert res.returncode == 2, res.stderr
     code = "path_collision" if len(models[0][1]) == 1 and models[0][0] == "a" else "empty_model"
-    assert f"error [{code}]: {lock}: " in res.stderr
+    assert f"weights: error [{code}]: {lock}: " in res.stderr
     if code == "path_collision":
         assert "a:b and a/b:c" in res.stderr
     if "--json" in command:
@@ -134,5 +134,5 @@ def test_pin_refuses_a_second_model_colliding_with_the_first(hub_server: HubServ
     before = lock.read_bytes()
     res = run_cli(["pin", "sg-test", "--lock", str(lock)], endpoint=hub_server.url)
     assert res.returncode == 2, res.stderr
-    assert "error [path_collision]" in res.stderr and "sg-test:tiny-sharded" in res.stderr
+    assert "weights: error [path_collision]" in res.stderr and "sg-test:tiny-sharded" in res.stderr
     assert lock.read_bytes() == before

@@ -33,8 +33,9 @@ def model(tmp_path: Path, minilm_snapshot: Path) -> tuple[Path, Path]:
 
 def _one_line(stderr: str, sig: str) -> None:
     lines = [line for line in stderr.splitlines() if line.strip()]
-    assert lines == [f"error [interrupted]: interrupted by {sig}; nothing half-written was "
-                     "made visible (rerun to resume)"], stderr
+    assert lines == [f"weights: error [interrupted]: interrupted by {sig}; nothing "
+                     "half-written was left or made visible (hint: rerun the command to "
+                     "resume)"], stderr
 
 
 @pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])

@@ -38,7 +38,7 @@ def test_sign_with_the_airgap_ed25519_key_is_refused_in_one_line(
     res = run_cli(["sign", str(model), "--key", str(airgap_key), "--out", str(sig), "--quiet"])
     assert res.returncode == 2
     assert res.stderr.splitlines() == [
-        f"error [signing_error]: {airgap_key}: Ed25519 key (as `airgap keygen` makes, for "
+        f"weights: error [signing_error]: {airgap_key}: Ed25519 key (as `airgap keygen` makes, for "
         f"bundles) is not supported: weights signing (OpenSSF model signing) {SUPPORTED}"]
     assert not sig.exists()
 
@@ -48,7 +48,7 @@ def test_verify_with_the_airgap_public_key_is_refused_in_one_line(
 ) -> None:
     (tmp_path / "model.sig").write_text("{}")
     res = run_cli(["verify", str(model), "--no-lock", "--signature", str(tmp_path / "model.sig"),
-                   "--public-key", str(airgap_key.with_name("bundle-key.pub.pem"))])
+                   "--public-key", str(airgap_key.with_name("bundle-key.pub"))])
     assert res.returncode == 2
     [line] = res.stderr.splitlines()
     assert "Ed25519 key" in line and SUPPORTED in line
@@ -61,7 +61,7 @@ def test_keygen_sign_verify_round_trip_also_with_model_signing(
     key.parent.mkdir()
     res = run_cli(["keygen", "--out", str(key)])
     assert res.returncode == 0, res.stderr
-    pub = key.with_name("model-key.pub.pem")
+    pub = key.with_name("model-key.pub")
     assert stat.S_IMODE(os.stat(key).st_mode) == 0o600
     assert pub.read_text().startswith("-----BEGIN PUBLIC KEY-----")
     sig = tmp_path / "model.sig"

@@ -142,7 +142,7 @@ def test_locked_minilm_packs_unpacks_verifies_signs_sizes_and_relocks_from_the_c
     bundle = tmp_path / "bundle"
     pack_bundle(lock, minilm_snapshot, bundle, load_private_key(tmp_path / "site.pem"))
     store = tmp_path / "cache"
-    report = unpack_bundle(bundle, [load_public_key(tmp_path / "site.pub.pem")], store)
+    report = unpack_bundle(bundle, [load_public_key(tmp_path / "site.pub")], store)
     snap = report.locations[MINILM]
     assert snap.name == entry.commit and verify_tree(snap, entry).ok
     # a cache snapshot locks without a name: repository and commit come from the layout

@@ -102,7 +102,7 @@ def test_lock_with_unsafe_requested_revision_is_refused_before_any_write(
     cache = tmp_path / "deep" / "cache"
     res = run_cli(["pull", "--lock", str(lock), "--cache", str(cache)])
     assert res.returncode == 2, res.stderr
-    assert "error [lockfile_invalid]" in res.stderr
+    assert "weights: error [lockfile_invalid]" in res.stderr
     assert "$.models[1].requested_revision: unsafe revision" in res.stderr
     assert "Traceback" not in res.stderr
     assert not (tmp_path / "deep").exists()
@@ -122,7 +122,7 @@ def test_sign_refuses_a_non_utf8_file_name_with_one_clear_line(tmp_path: Path) -
     sig = tmp_path / "model.sig"
     res = run_cli(["sign", str(model), "--key", str(key), "--out", str(sig), "-q"])
     assert res.returncode == 2, res.stderr
-    assert "error [signing_error]" in res.stderr
+    assert "weights: error [signing_error]" in res.stderr
     assert "\\xff\\xfe.bin: file name is not valid UTF-8" in res.stderr
     assert "Traceback" not in res.stderr
     assert not sig.exists()
@@ -172,7 +172,7 @@ def test_pull_local_write_failure_is_an_io_error_not_a_hub_error(
     dest = tmp_path / "model"
     res = _pull_with_file_size_limit(lock, dest, hub_server.url, 20_000)
     assert res.returncode == 2, res.stderr
-    assert "error [io_error]" in res.stderr and "hub_error" not in res.stderr
+    assert "weights: error [io_error]" in res.stderr and "hub_error" not in res.stderr
     assert "cannot write" in res.stderr and ".part" in res.stderr
     assert "File too large" in res.stderr
     assert "hint: free space" in res.stderr
@@ -214,7 +214,7 @@ def test_pin_refuses_a_malformed_repo_id_before_any_request(tmp_path: Path, repo
     lock = tmp_path / "weights.lock"
     res = run_cli(["pin", repo_id, "--lock", str(lock)])  # endpoint unroutable: never reached
     assert res.returncode == 2, res.stderr
-    assert f"error [weights_error]: {repo_id!r} is not a repository id" in res.stderr
+    assert f"weights: error [weights_error]: {repo_id!r} is not a repository id" in res.stderr
     assert "Traceback" not in res.stderr and "cannot reach" not in res.stderr
     assert not lock.exists()
 
@@ -226,7 +226,7 @@ def test_size_refuses_a_gpu_memory_that_is_not_a_positive_size(
     model = _model(tmp_path / "m", "x")
     res = run_cli(["size", str(model), "--gpu-mem", value])
     assert res.returncode == 2, res.stderr
-    assert f"error [sizing_error]: bad memory size {value!r}" in res.stderr
+    assert f"weights: error [sizing_error]: bad memory size {value!r}" in res.stderr
     assert "Traceback" not in res.stderr
 
 
@@ -282,7 +282,8 @@ def test_an_unexpected_exception_is_one_line_without_verbose(
     res = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
                          env=env, timeout=60, check=False)
     assert res.returncode == 2
-    assert res.stderr.startswith("error [internal_error]: unexpected RuntimeError: injected")
+    assert res.stderr.startswith(
+        "weights: error [internal_error]: unexpected RuntimeError: injected")
     assert "Traceback" not in res.stderr
     loud = subprocess.run([sys.executable, "-c", code, *args, "-v"], capture_output=True,
                           text=True, env=env, timeout=60, check=False)
@@ -297,8 +298,8 @@ def test_a_lockfile_pinning_nothing_is_an_error_not_a_silent_success(
     lock.write_text('{"version": 1, "models": []}\n')
     res = run_cli([*command, "--lock", str(lock)], cwd=tmp_path)
     assert res.returncode == 2, res.stderr
-    assert f"error [lock_entry_missing]: {lock} pins no model" in res.stderr
-    assert "hint: pin one first with `weights pin REPO_ID`" in res.stderr
+    assert f"weights: error [lock_entry_missing]: {lock} pins no model" in res.stderr
+    assert "(hint: pin one first with `weights pin REPO_ID`)" in res.stderr
     assert not (tmp_path / "dest").exists()
 
 
@@ -350,4 +351,4 @@ def test_verify_json_reports_usage_and_io_errors_as_json_too(tmp_path: Path) -> 
     doc = json.loads(res.stdout)
     assert doc["ok"] is False and doc["error"]["code"] == "lockfile_invalid"
     assert "lockfile not found" in doc["error"]["message"]
-    assert "error [lockfile_invalid]" in res.stderr
+    assert "weights: error [lockfile_invalid]" in res.stderr

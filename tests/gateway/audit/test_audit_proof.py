@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 from _audit_helpers import write_log
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
-from typer.testing import CliRunner
 
 from gateway.audit import (
     AuditLog,
@@ -24,7 +23,7 @@ from gateway.audit import (
     prove,
     verify_proof,
 )
-from gateway.cli.audit import app
+from tests.gateway.gateway_cli import gateway
 
 
 def _h(data: bytes) -> bytes:
@@ -125,31 +124,30 @@ def test_cli_prove_verify_export_tail(tmp_path: Path, signer: Signer) -> None:
     chain = write_log(url, signer, 12)
     pub = tmp_path / "audit.pub"
     pub.write_text(signer.verifier.vkey + "\n")
-    runner = CliRunner()
     out = tmp_path / "proof.json"
-    res = runner.invoke(app, ["prove", "req-3", "--store", url, "--out", str(out)])
+    res = gateway("audit", *["prove", "req-3", "--store", url, "--out", str(out)])
     assert res.exit_code == 0, res.output
-    res = runner.invoke(app, ["verify-proof", str(out), "--public-key", str(pub)])
+    res = gateway("audit", *["verify-proof", str(out), "--public-key", str(pub)])
     assert res.exit_code == 0 and f"OK {chain}#4 request.started" in res.output
     doc = json.loads(out.read_text())
     doc["entries"][0]["record"] = doc["entries"][0]["record"].replace('"v":1', '"v":2')
     out.write_text(json.dumps(doc))
-    res = runner.invoke(app, ["verify-proof", str(out), "--public-key", str(pub), "--json"])
+    res = gateway("audit", *["verify-proof", str(out), "--public-key", str(pub), "--json"])
     assert res.exit_code == 1 and json.loads(res.output.splitlines()[0])["ok"] is False
 
-    res = runner.invoke(app, ["export", "--store", url, "--since", "2000-01-01T00:00:00"])
+    res = gateway("audit", *["export", "--store", url, "--since", "2000-01-01T00:00:00"])
     lines = [json.loads(line) for line in res.output.splitlines()]
     assert res.exit_code == 0 and [x["seq"] for x in lines] == list(range(14))
-    res = runner.invoke(app, ["export", "--store", url, "--until", "2000-01-01"])
+    res = gateway("audit", *["export", "--store", url, "--until", "2000-01-01"])
     assert res.exit_code == 0 and res.output == ""
-    res = runner.invoke(app, ["tail", "--store", url, "-n", "2"])
+    res = gateway("audit", *["tail", "--store", url, "-n", "2"])
     assert res.exit_code == 0
     assert [line.split()[2] for line in res.output.splitlines()] == [
         "request.started",
         "chain.closed",
     ]
     assert "request_id=req-11" in res.output
-    res = runner.invoke(app, ["prove", "nope", "--store", url])
+    res = gateway("audit", *["prove", "nope", "--store", url])
     assert res.exit_code == 2 and "audit_not_found" in res.output
 
 

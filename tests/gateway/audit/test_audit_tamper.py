@@ -10,12 +10,11 @@ from pathlib import Path
 
 import pytest
 from _audit_helpers import codes_at, raw_sql, verify, write_log
-from typer.testing import CliRunner
 
 from gateway.audit import AuditLog, Signer, open_store
 from gateway.audit.checkpoint import Checkpoint, parse_checkpoint_unverified, sign_checkpoint
 from gateway.audit.records import make_record
-from gateway.cli.audit import app
+from tests.gateway.gateway_cli import gateway
 
 N = 30  # request records; the chain holds N + 2 (chain.started, chain.closed)
 
@@ -218,12 +217,11 @@ def test_cli_verify_exit_codes_and_json(store_url: str, signer: Signer, tmp_path
     chain = write_log(store_url, signer, N)
     pub = tmp_path / "audit.pub"
     pub.write_text(signer.verifier.vkey + "\n")
-    runner = CliRunner()
-    ok = runner.invoke(app, ["verify", "--store", store_url, "--public-key", str(pub)])
+    ok = gateway("audit", *["verify", "--store", store_url, "--public-key", str(pub)])
     assert ok.exit_code == 0, ok.output
     assert "OK: no tampering found" in ok.output
     raw_sql(store_url, "DELETE FROM audit_records WHERE chain = ? AND seq = 4", chain)
-    bad = runner.invoke(app, ["verify", "--store", store_url, "--public-key", str(pub), "--json"])
+    bad = gateway("audit", *["verify", "--store", store_url, "--public-key", str(pub), "--json"])
     assert bad.exit_code == 1
     doc = json.loads(bad.output)
     assert doc["ok"] is False
@@ -234,18 +232,17 @@ def test_cli_verify_exit_codes_and_json(store_url: str, signer: Signer, tmp_path
         "seq": 4,
         "message": "records 4..4 missing (next stored record is 5)",
     } in doc["findings"]
-    text = runner.invoke(app, ["verify", "--store", store_url, "--public-key", str(pub)])
+    text = gateway("audit", *["verify", "--store", store_url, "--public-key", str(pub)])
     assert text.exit_code == 1 and f"[{chain} seq 4]" in text.output
 
 
 def test_cli_verify_usage_and_io_errors(tmp_path: Path) -> None:
-    runner = CliRunner()
-    missing = runner.invoke(app, ["verify", "--store", f"sqlite://{tmp_path / 'none.db'}"])
+    missing = gateway("audit", *["verify", "--store", f"sqlite://{tmp_path / 'none.db'}"])
     assert missing.exit_code == 2
     assert not (tmp_path / "none.db").exists(), "verify must not create a store"
-    bad_url = runner.invoke(app, ["verify", "--store", "mysql://x"])
+    bad_url = gateway("audit", *["verify", "--store", "mysql://x"])
     assert bad_url.exit_code == 2
-    down = runner.invoke(app, ["verify", "--store", "postgresql://postgres@127.0.0.1:1/x"])
+    down = gateway("audit", *["verify", "--store", "postgresql://postgres@127.0.0.1:1/x"])
     assert down.exit_code == 2
 
 

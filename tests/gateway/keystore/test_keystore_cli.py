@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 import yaml
-from typer.testing import CliRunner
 
-from gateway.cli.keys_managed import app, parse_duration
+from gateway.cli.keys_managed import parse_duration
+from tests.gateway.gateway_cli import CliResult, gateway
 from tests.gateway.helpers import config as gateway_config
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -55,9 +55,8 @@ def audit_records(store: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
 
 
-def invoke(*args: str) -> Any:
-    result = CliRunner().invoke(app, list(args))
-    return result
+def invoke(*args: str) -> CliResult:
+    return gateway("keys", *args)
 
 
 def test_create_list_rotate_revoke_with_audit(audited: tuple[Path, str]) -> None:

@@ -216,7 +216,7 @@ def test_check_config_rejects_invalid_limit_sections(
         model["replicas"] = [{"url": r["url"]} for r in model["replicas"]]
     path = tmp_path / "gw.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    assert main(["check-config", str(path)]) == 0
+    assert main(["check-config", "--config", str(path)]) == 0
     path.write_text(yaml.safe_dump({**cfg, **section}))
-    assert main(["check-config", str(path)]) == 1
+    assert main(["check-config", "--config", str(path)]) == 1
     assert message in capsys.readouterr().err

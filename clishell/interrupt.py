@@ -4,8 +4,9 @@ Python's default SIGTERM/SIGHUP action kills the process without unwinding, and 
 becomes a ``KeyboardInterrupt`` that typer/click turn into an "abort" (``weights`` exited 0
 with no output on Ctrl-C, so ``weights verify && deploy`` deployed): a command stopped by
 Ctrl-C, ``kill``, ``systemd`` or a closed terminal must neither look successful nor leave a
-half-written bundle, staging directory or snapshot behind. Shared by the ``weights`` and
-``airgap`` command lines (one implementation). Inside :func:`interruptible` these signals raise
+half-written bundle, staging directory or snapshot behind. The CLI boundary
+(:func:`clishell.run` with ``interruptible=True``, used by ``weights`` and ``airgap``) runs the
+command inside :func:`interruptible`. Inside :func:`interruptible` these signals raise
 :class:`Interrupted` (a ``BaseException``, so no ``except Exception`` swallows it), every
 ``finally``/``except BaseException`` on the way removes its partial output, and the CLI then
 exits with the usual status (:func:`die_by`: 130 for Ctrl-C, 143 for SIGTERM), so a calling

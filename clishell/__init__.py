@@ -1,0 +1,70 @@
+"""The one command-line shell of ``gateway``, ``policy``, ``weights`` and ``airgap``.
+
+A small leaf package: it imports none of the project's packages, and all four may import it
+(import-linter contracts in ``pyproject.toml``). Public API::
+
+    run(app, argv, prog=..., describe=..., interruptible=..., runner=..., setup=...) -> int
+                               the error boundary of every main(): one error line, exit codes
+    invoke(app, args, prog)    parse and run with help metavars (for a fast path's fallback)
+    CliError                   a failure with code, message, hint, exit code
+    error_line, warn           ``PROG: error [CODE]: WHAT (hint: ...)`` / ``warning [CODE]``
+    EXIT_OK, EXIT_FAILED, EXIT_USAGE                  0, 1, 2
+    VersionOpt, VerboseOpt, VERSION                   the shared root options
+    Interrupted, interruptible, die_by                SIGINT/SIGTERM/SIGHUP -> cleanup -> 130/143
+    public_key_path, existing_public_key              key file names: KEY.pem and KEY.pub
+"""
+
+
+from typing import TYPE_CHECKING, Any
+
+from clishell.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, CliError, error_line, warn
+from clishell.interrupt import Interrupted, die_by, interruptible
+from clishell.keyfiles import existing_public_key, public_key_path
+
+if TYPE_CHECKING:
+    from clishell.boundary import BUG_HINT, IO_HINT, invoke, run, shared_flags
+    from clishell.options import VERSION, VerboseOpt, VersionOpt, click_command, version_line
+
+# typer costs ~0.15 CPU-s to import: the library users of the key file names
+# (airgap.signing, weights.signing, gateway.audit) and the typer-free fast path of
+# `airgap verify` load the boundary and the typer options only when they use them.
+_LAZY = {
+    "BUG_HINT": "clishell.boundary", "IO_HINT": "clishell.boundary",
+    "invoke": "clishell.boundary", "run": "clishell.boundary", "shared_flags": "clishell.boundary",
+    "VERSION": "clishell.options", "VerboseOpt": "clishell.options",
+    "VersionOpt": "clishell.options", "click_command": "clishell.options",
+    "version_line": "clishell.options",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'clishell' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)
+
+__all__ = [
+    "BUG_HINT",
+    "EXIT_FAILED",
+    "EXIT_OK",
+    "EXIT_USAGE",
+    "IO_HINT",
+    "VERSION",
+    "CliError",
+    "Interrupted",
+    "VerboseOpt",
+    "VersionOpt",
+    "click_command",
+    "die_by",
+    "error_line",
+    "existing_public_key",
+    "interruptible",
+    "invoke",
+    "public_key_path",
+    "run",
+    "shared_flags",
+    "version_line",
+    "warn",
+]
