@@ -160,9 +160,11 @@ def create_app(
             classify=classifying.classify if classifying else None,
             upstream_ssl=upstream_ssl,
             drain=drain,
+            flow=parts.flow,
         )
         prober = HealthProber(the_router, session, settings.health, upstream_ssl)
-        scraper = MetricsScraper(the_router, session, settings.routing, upstream_ssl)
+        scraper = MetricsScraper(the_router, session, settings.routing, upstream_ssl,
+                                 on_round=parts.flow.kick_all if parts.flow else None)
         started: list[Any] = []
         try:
             for hook in parts.lifespan_components():
