@@ -1,0 +1,149 @@
+"""Flow control's pure logic: class queues (strict priority, deficit round robin), room, config."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from gateway.config_errors import InvalidConfig
+from gateway.fleet.replica_metrics import ReplicaSignals
+from gateway.flow import ClassQueue, ClassQueues, SaturationSettings, Waiter, has_room, with_room
+from gateway.settings import parse
+from tests.gateway.helpers import config
+
+
+def _w(flow: str, n: int, weight: float = 1.0, cls: int = 0) -> Waiter[str]:
+    return Waiter(flow, weight, cls, 0.0, f"{flow}{n}")
+
+
+def _drain(q: ClassQueue[str]) -> list[str]:
+    out = []
+    while len(q):
+        out.append(q.pop().item)
+    return out
+
+
+def test_equal_weights_alternate_between_keys_whatever_the_arrival_order() -> None:
+    q: ClassQueue[str] = ClassQueue(100)
+    for i in range(6):
+        assert q.push(_w("heavy", i))
+    for i in range(3):
+        assert q.push(_w("light", i))
+    assert _drain(q) == ["heavy0", "light0", "heavy1", "light1", "heavy2", "light2",
+                         "heavy3", "heavy4", "heavy5"]
+
+
+def test_weights_give_proportional_shares() -> None:
+    q: ClassQueue[str] = ClassQueue(100)
+    for i in range(3):
+        q.push(_w("a", i, weight=1))
+    for i in range(6):
+        q.push(_w("b", i, weight=2))
+    assert [x[0] for x in _drain(q)] == list("abbabbabb")
+
+
+def test_fractional_weights_accumulate_credit() -> None:
+    q: ClassQueue[str] = ClassQueue(100)
+    for i in range(4):
+        q.push(_w("slow", i, weight=0.5))
+        q.push(_w("fast", i, weight=1.0))
+    order = [x.rstrip("0123456789") for x in _drain(q)]
+    # "slow" needs two rounds for a unit of credit: one of its requests per two of "fast".
+    assert order[:6] == ["fast", "slow", "fast", "fast", "slow", "fast"]
+
+
+def test_a_heavy_key_cannot_starve_a_light_one_that_arrives_late() -> None:
+    q: ClassQueue[str] = ClassQueue(1000)
+    for i in range(500):
+        q.push(_w("heavy", i))
+    q.pop()
+    q.push(_w("light", 0))
+    served = [q.pop().item for _ in range(3)]
+    assert "light0" in served
+
+
+def test_the_queue_is_bounded_and_a_waiter_leaves_from_anywhere() -> None:
+    q: ClassQueue[str] = ClassQueue(3)
+    a0, a1, b0 = _w("a", 0), _w("a", 1), _w("b", 0)
+    assert q.push(a0) and q.push(a1) and q.push(b0)
+    assert not q.push(_w("c", 0))  # full: refused, nothing changed
+    assert len(q) == 3 and q.flows() == {"a": 2, "b": 1}
+    assert q.remove(b0) and not q.remove(b0)
+    assert q.flows() == {"a": 2}
+    assert q.pop() is a0
+    assert q.remove(a1) and len(q) == 0 and q.flows() == {}
+    with pytest.raises(IndexError):
+        q.pop()
+    assert q.push(_w("c", 1)) and q.pop().item == "c1"
+
+
+def test_strict_priority_between_classes() -> None:
+    qs: ClassQueues[str] = ClassQueues([10, 10, 10])
+    qs.push(_w("k", 0, cls=2))
+    qs.push(_w("k", 1, cls=1))
+    assert qs.top() == 1
+    assert qs.waiting_at_or_above(1) and not qs.waiting_at_or_above(0)
+    qs.push(_w("k", 2, cls=0))
+    assert qs.top() == 0 and qs.lengths() == [1, 1, 1]
+    assert [qs.pop(qs.top() or 0).item for _ in range(3)] == ["k2", "k1", "k0"]
+    assert qs.top() is None and len(qs) == 0
+
+
+@dataclass
+class _Replica:
+    outstanding: int = 0
+    scrape_outstanding: int = 0
+    signals: ReplicaSignals | None = None
+
+
+def test_room_by_in_flight_waiting_estimate_and_kv_usage() -> None:
+    limits = SaturationSettings(queue_depth=2, kv_usage=0.8, in_flight=5)
+    now = 100.0
+    assert has_room(_Replica(), limits, now, 2.0)
+    assert not has_room(_Replica(outstanding=5), limits, now, 2.0)
+    fresh = ReplicaSignals(at=99.5, waiting=1, running=8, kv_usage=0.5)
+    assert has_room(_Replica(2, 2, fresh), limits, now, 2.0)
+    # One request sent since the scrape is assumed to wait: 1 + 1 reaches the depth of 2.
+    assert not has_room(_Replica(3, 2, fresh), limits, now, 2.0)
+    # Two requests ended since the scrape: the waiting one runs, there is room again.
+    assert has_room(_Replica(1, 3, fresh), limits, now, 2.0)
+    full_kv = ReplicaSignals(at=99.5, waiting=0, running=8, kv_usage=0.85)
+    assert not has_room(_Replica(0, 0, full_kv), limits, now, 2.0)
+    # A stale scrape is not used: only the in-flight threshold judges.
+    stale = ReplicaSignals(at=90.0, waiting=50, running=8, kv_usage=1.0)
+    assert has_room(_Replica(4, 0, stale), limits, now, 2.0)
+    replicas = [_Replica(5), _Replica(0)]
+    assert with_room(replicas, limits, now, 2.0) == [replicas[1]]
+    both = [_Replica(), _Replica()]
+    assert with_room(both, limits, now, 2.0) is both
+
+
+def _problems(**flow: object) -> str:
+    with pytest.raises(InvalidConfig) as exc:
+        parse(config(["http://127.0.0.1:9"], flow_control={"enabled": True, **flow}),
+              {"VLLM_KEY": "x"})
+    return str(exc.value)
+
+
+def test_config_errors_name_the_key() -> None:
+    assert "default_class: 'gold' is not a class" in _problems(default_class="gold")
+    assert "keys.k1.class: 'vip' is not a class" in _problems(keys={"k1": {"class": "vip"}})
+    assert "classes[1].saturation: a lower class may not have higher thresholds" in _problems(
+        classes=[{"name": "a", "saturation": {"in_flight": 2}},
+                 {"name": "b", "saturation": {"in_flight": 3}}],
+        default_class="a")
+    assert "flow_control.vllm_priority_models: 'default' is not a model name" in _problems(
+        vllm_priority_models=["default"])
+    assert "classes[1].name: duplicate class 'a'" in _problems(
+        classes=[{"name": "a"}, {"name": "a"}], default_class="a")
+
+
+def test_class_thresholds_are_inherited_from_the_class_above() -> None:
+    s = parse(config(["http://127.0.0.1:9"], flow_control={
+        "enabled": True, "default_class": "b", "saturation": {"queue_depth": 8},
+        "classes": [{"name": "a"}, {"name": "b", "saturation": {"queue_depth": 2}},
+                    {"name": "c"}]}), {"VLLM_KEY": "x"})
+    assert [lim.queue_depth for lim in s.flow_control.limits()] == [8, 2, 2]
+    assert s.flow_control.covers("llama-3.1-8b")
+    assert not parse(config(["http://127.0.0.1:9"]), {"VLLM_KEY": "x"}).flow_control.covers("x")
