@@ -80,6 +80,7 @@ def operation_name(path: str) -> str:
     return _OPERATIONS.get(path) or path.rsplit("/", 1)[-1]
 
 
+_NOT_QUEUED = frozenset({"immediate", "queue_full"})  # flow outcomes without a wait
 _MODEL = "gen_ai.request.model"
 _KEY = "sg.key.id"
 _OP = "gen_ai.operation.name"
@@ -208,7 +209,7 @@ class GatewayMetrics:
         flow = record.flow
         if flow is not None:
             self.flow_requests.add(1, (model, flow["class"], flow["outcome"]))
-            if flow["outcome"] != "immediate":
+            if flow["outcome"] not in _NOT_QUEUED:
                 self.flow_wait.record(flow["wait_ms"] / 1000.0, (model, flow["class"]))
         if not ok:
             return

@@ -17,8 +17,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.app import create_app
 from gateway.assembly import Gateway, assemble
@@ -26,6 +28,8 @@ from gateway.audit import Signer, generate_key_file, open_store, write_key_pair
 from gateway.audit.records import Record
 from gateway.flow.gate import FlowGate
 from gateway.settings import GatewaySettings, parse
+from gateway.telemetry import Telemetry
+from gateway.telemetry.settings import TelemetrySettings
 from tests.gateway.helpers import SERVED, Recorder, Sim, sha, start_sim
 
 KEYS = {
@@ -422,3 +426,41 @@ def test_saturation_from_scraped_vllm_metrics_queues_and_then_dispatches(
     assert all(f is not None for f in flows)
     outcomes = {f["outcome"] for f in flows if f is not None}
     assert "dispatched" in outcomes  # some waited in the gateway for the scraped queue to drain
+
+
+def test_queue_length_and_wait_per_class_are_on_the_metrics_page(
+    serve_asgi: Callable[..., Any],
+) -> None:
+    sim = start_sim(serve_asgi)
+    s = flow_settings(sim.url, classes=[
+        {"name": "interactive"}, {"name": "standard"}, {"name": "batch", "max_queue": 1}])
+    tel = Telemetry(TelemetrySettings(admin={"port": 0}))
+    rig = Rig(serve_asgi, sim, s, assemble(s, telemetry=tel))
+
+    def metrics() -> dict[tuple[str, str | None, str | None], float]:
+        text = httpx.get(f"http://127.0.0.1:{tel.admin.port}/metrics", timeout=5).text
+        return {(smp.name, smp.labels.get("sg_flow_class"), smp.labels.get("sg_flow_outcome")):
+                smp.value
+                for fam in text_string_to_metric_families(text) for smp in fam.samples
+                if smp.name.startswith("sg_gateway_flow")}
+
+    try:
+        rig.hold()
+        served = rig.submit("batch-1")
+        rig.wait_queued(1)
+        shed = rig.submit("batch-2").result(timeout=30)
+        assert isinstance(shed, openai.RateLimitError)
+        m = metrics()
+        assert m[("sg_gateway_flow_queue_length", "batch", None)] == 1
+        assert m[("sg_gateway_flow_queue_length", "interactive", None)] == 0
+        rig.release()
+        assert served.result(timeout=30).http_response.status_code == 200
+        wait_for(lambda: metrics().get(("sg_gateway_flow_wait_seconds_count", "batch", None))
+                 == 1, "the wait of the dispatched request")
+        m = metrics()
+        assert m[("sg_gateway_flow_queue_length", "batch", None)] == 0
+        assert m[("sg_gateway_flow_requests_total", "batch", "queue_full")] == 1
+        assert m[("sg_gateway_flow_requests_total", "batch", "dispatched")] == 1
+        assert m[("sg_gateway_flow_requests_total", "standard", "immediate")] == 1  # the holder
+    finally:
+        rig.close()
