@@ -318,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.workload == ["mixed"]:  # flow control with and without (bench/routing_mixed.py)
         args.replicas = args.replicas if args.replicas != 4 else 2
         args.profile = args.profile if args.profile != "qwen3-32b-h100" else "llama-3.1-8b-h100"
-        args.time_scale = args.time_scale if args.time_scale != 1.0 else 5.0
+        args.time_scale = args.time_scale if args.time_scale != 1.0 else 10.0
         mixed = asyncio.run(bench_mixed(args))
         if args.json:
             Path(args.json).write_text(json.dumps(mixed, indent=2, default=str))
