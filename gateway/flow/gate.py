@@ -179,7 +179,7 @@ class FlowGate:
         header = self.settings.header
         if asked is None:
             err: FlowError = UnknownPriorityClass(
-                f"The {header} header names no priority class ({wanted!r}); classes: "
+                f"The {header} header names no priority class ({wanted[:64]!r}); classes: "
                 f"{', '.join(c.name for c in self.classes)}.")
             err.param = header
             raise to_gateway_error(err)
