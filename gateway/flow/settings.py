@@ -8,7 +8,7 @@ Example::
         - {name: interactive, max_queue: 100, max_wait_s: 5}
         - {name: standard, max_queue: 500, max_wait_s: 30}
         - {name: batch, max_queue: 2000, max_wait_s: 300,
-           saturation: {queue_depth: 1, kv_usage: 0.6}}   # leaves headroom above it
+           saturation: {queue_depth: 2, in_flight: 6}}   # leaves headroom above it
       default_class: standard
       share_by: key                 # fair sharing between keys (or teams) within a class
       header: x-priority            # a request may name a LOWER class here, never a higher one
