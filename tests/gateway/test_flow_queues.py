@@ -6,9 +6,14 @@ from dataclasses import dataclass
 
 import pytest
 
+from gateway.auth import Principal
 from gateway.config_errors import InvalidConfig
 from gateway.fleet.replica_metrics import ReplicaSignals
 from gateway.flow import ClassQueue, ClassQueues, SaturationSettings, Waiter, has_room, with_room
+from gateway.flow.gate import FlowGate, Lane
+from gateway.records import RequestRecord
+from gateway.rewrite import parse_body
+from gateway.routing import Router
 from gateway.settings import parse
 from tests.gateway.helpers import config
 
@@ -147,3 +152,43 @@ def test_class_thresholds_are_inherited_from_the_class_above() -> None:
     assert [lim.queue_depth for lim in s.flow_control.limits()] == [8, 2, 2]
     assert s.flow_control.covers("llama-3.1-8b")
     assert not parse(config(["http://127.0.0.1:9"]), {"VLLM_KEY": "x"}).flow_control.covers("x")
+
+
+def _gate(**flow: object) -> tuple[FlowGate, Router]:
+    s = parse(config(["http://127.0.0.1:9"], flow_control={"enabled": True, **flow}),
+              {"VLLM_KEY": "x"})
+    router = Router(s)
+    return FlowGate(s.flow_control, router, stale_s=2.0), router
+
+
+def test_keys_of_a_team_share_one_flow_with_the_team_weight() -> None:
+    gate, router = _gate(share_by="team", teams={"a": {"class": "batch", "weight": 3}},
+                         keys={"solo": {"class": "interactive", "weight": 5}})
+    pool = router.pools["llama-3.1-8b"]
+
+    def lane(key: str, team: str | None,
+             headers: list[tuple[bytes, bytes]] | None = None) -> Lane:
+        body = parse_body(b'{"model": "llama-3.1-8b", "messages": []}')
+        record = RequestRecord("r", 0.0, "POST", "/v1/chat/completions")
+        out = gate.lane(Principal(key, team, "internal", frozenset({"*"})), pool,
+                        headers or [], body, record)
+        assert out is not None
+        return out
+
+    one, two = lane("k1", "a"), lane("k2", "a")
+    assert (one.flow, one.weight, one.class_name) == ("a", 3, "batch")
+    assert (two.flow, two.weight) == ("a", 3)
+    solo = lane("solo", None)  # no team: its own flow; a key's class wins over its team's
+    assert (solo.flow, solo.class_name) == ("solo", "interactive")
+    assert lane("k3", None, [(b"x-priority", b" Batch ")]).class_name == "batch"
+
+
+def test_only_the_listed_models_are_flow_controlled() -> None:
+    gate, router = _gate(models=["other-model"])
+    assert set(gate.pools) == {"other-model"}
+    assert router.pools["other-model"].wants_signals
+    assert not router.pools["llama-3.1-8b"].wants_signals
+    body = parse_body(b'{"model": "llama-3.1-8b"}')
+    assert gate.lane(Principal("k", None, "internal", frozenset({"*"})),
+                     router.pools["llama-3.1-8b"], [], body,
+                     RequestRecord("r", 0.0, "POST", "/v1/chat/completions")) is None
