@@ -192,3 +192,51 @@ def test_only_the_listed_models_are_flow_controlled() -> None:
     assert gate.lane(Principal("k", None, "internal", frozenset({"*"})),
                      router.pools["llama-3.1-8b"], [], body,
                      RequestRecord("r", 0.0, "POST", "/v1/chat/completions")) is None
+
+
+def test_a_cancelled_waiter_leaves_the_queue_and_gives_back_a_handed_over_replica() -> None:
+    """The drain deadline cancels a queued request: nothing stays queued or reserved."""
+    import asyncio
+
+    gate, router = _gate(saturation={"in_flight": 1})
+    pool = router.pools["llama-3.1-8b"]
+    replica = pool.replicas[0]
+
+    async def never_disconnects() -> dict[str, object]:
+        await asyncio.Event().wait()
+        return {}
+
+    def lane() -> Lane:
+        body = parse_body(b'{"model": "llama-3.1-8b"}')
+        out = gate.lane(Principal("k", None, "internal", frozenset({"*"})), pool, [], body,
+                        RequestRecord("r", 0.0, "POST", "/v1/chat/completions"))
+        assert out is not None
+        return out
+
+    async def scenario() -> None:
+        holder = lane()
+        assert holder.admit(pool.replicas, None) is replica and replica.outstanding == 1
+        # Cancelled while waiting: it leaves the queue.
+        waiting = lane()
+        assert waiting.admit(pool.replicas, None) is None
+        task = asyncio.ensure_future(waiting.wait(never_disconnects))
+        await asyncio.sleep(0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert sum(n for _, _, n in gate.queue_lengths()) == 0
+        # Handed a replica, then cancelled before it could run: the replica is given back.
+        late = lane()
+        assert late.admit(pool.replicas, None) is None
+        task = asyncio.ensure_future(late.wait(never_disconnects))
+        await asyncio.sleep(0)
+        holder.go()
+        holder.done()  # the holder ends: the replica goes to the waiter (reserved)
+        assert replica.outstanding == 1
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert replica.outstanding == 0
+        assert sum(n for _, _, n in gate.queue_lengths()) == 0
+
+    asyncio.run(scenario())
