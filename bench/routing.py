@@ -9,6 +9,9 @@ latency; the replicas' ``/metrics`` give the prefix-cache hit ratio of that run.
 routes client-side to the replica whose cache holds the longest prefix of the prompt now
 (``POST /sim/prefix`` on every replica; ties to the fewest in flight).
 
+``--workload mixed`` is the flow-control benchmark (interactive and batch classes, with and
+without flow control in one run): see ``bench/routing_mixed.py``.
+
 Example::
 
     .venv/bin/python bench/routing.py --workload shared-prefix --load 0.7 \\
@@ -36,6 +39,8 @@ import httpx
 import yaml
 from relay_procs import BIN, Proc, free_port
 from routing_load import Result, Target, WorkloadSpec, build, run
+from routing_mixed import add_arguments as add_mixed_arguments
+from routing_mixed import bench_mixed
 
 from vllm_sim.profiles import get_profile
 
@@ -282,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     """Parse the flags, run the benchmark, print the tables (and write ``--json``)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workload", action="append",
-                    choices=["shared-prefix", "multi-turn", "random"])
+                    choices=["shared-prefix", "multi-turn", "random", "mixed"])
     ap.add_argument("--strategy", action="append",
                     choices=[*GATEWAY_STRATEGIES, "oracle"])
     ap.add_argument("--replicas", type=int, default=4)
@@ -308,7 +313,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--vllm-router-policy", action="append", default=None)
     ap.add_argument("--routing-json", default=None, help="gateway 'routing:' section as JSON")
     ap.add_argument("--json", default=None, help="write the results here")
+    add_mixed_arguments(ap)
     args = ap.parse_args(argv)
+    if args.workload == ["mixed"]:  # flow control with and without (bench/routing_mixed.py)
+        args.replicas = args.replicas if args.replicas != 4 else 2
+        args.profile = args.profile if args.profile != "qwen3-32b-h100" else "llama-3.1-8b-h100"
+        args.time_scale = args.time_scale if args.time_scale != 1.0 else 10.0
+        mixed = asyncio.run(bench_mixed(args))
+        if args.json:
+            Path(args.json).write_text(json.dumps(mixed, indent=2, default=str))
+        return 0
     args.workload = args.workload or ["shared-prefix"]
     args.strategy = args.strategy or [*GATEWAY_STRATEGIES, "oracle"]
     args.vllm_router_policy = args.vllm_router_policy or ["cache_aware", "round_robin"]

@@ -36,6 +36,7 @@ def log_record(record: RequestRecord) -> None:
                 "model": record.canonical_model or record.model,
                 "backend": record.replica_url,
                 "route": record.route,
+                "flow": record.flow,
                 "attempts": record.attempts,
                 "status": record.status,
                 "outcome": record.outcome,

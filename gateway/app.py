@@ -175,16 +175,20 @@ def create_app(
             upstream_ssl=upstream_ssl,
             drain=drain,
             **_request_parts(parts, settings),
+            flow=parts.flow,
         )
         cell = LiveState(state)
         prober = HealthProber(the_router, session, settings.health, upstream_ssl)
-        scraper = MetricsScraper(the_router, session, settings.routing, upstream_ssl)
+        scraper = MetricsScraper(the_router, session, settings.routing, upstream_ssl,
+                                 on_round=parts.flow.kick_all if parts.flow else None)
 
         def swap(new: Gateway) -> None:
             # One step on the event loop: requests already running keep their snapshot.
             cell.current = dataclasses.replace(cell.current, **_request_parts(new, new.settings))
             prober.rebind(new.router)
             scraper.rebind(new.router)
+            if new.flow is not None:
+                new.flow.rebind(new.router)
             if new.telemetry is not None:
                 new.telemetry.bind(new.router)
             if new.quotas is not None and new.settings.quotas is not None:

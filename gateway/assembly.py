@@ -7,7 +7,8 @@ validate the same sections in the same order. It builds, without opening any sto
 * the authenticator (config keys, plus managed keys of ``keystore:``),
 * the egress policy's routing seam and policy-checked transport (``policy:``),
 * the audit observer (``audit:``), the quota hook (``quotas:``), the telemetry (``telemetry:``),
-* the router (replica pools) shared by the relay, the health prober and the metrics.
+* the router (replica pools) shared by the relay, the health prober and the metrics,
+* flow control (``flow_control:``) over the router's pools.
 
 :func:`reassemble` builds the gateway of a new configuration for a live reload
 (:mod:`gateway.reload`) from the running one, keeping its long-lived components.
@@ -39,6 +40,7 @@ from gateway.settings import GatewaySettings
 if TYPE_CHECKING:
     from gateway.audit.observer import AuditObserver
     from gateway.egress import EgressRuntime
+    from gateway.flow.gate import FlowGate
     from gateway.quotas.hook import QuotaHook
     from gateway.telemetry import Telemetry
     from policy import Policy
@@ -70,6 +72,8 @@ class Gateway:
         audit: The audit observer, if ``audit:`` is enabled.
         quotas: The quota hook, if ``quotas:`` is enabled.
         telemetry: The telemetry, if ``telemetry:`` is enabled (or passed in).
+        flow: Flow control, if ``flow_control.enabled`` (acts in the ``admit`` stage, after
+            the admission hooks: a request the quotas refuse never queues).
     """
 
     settings: GatewaySettings
@@ -85,6 +89,7 @@ class Gateway:
     audit: AuditObserver | None = None
     quotas: QuotaHook | None = None
     telemetry: Telemetry | None = None
+    flow: FlowGate | None = None
     hooks: ObserverHooks = field(init=False)
 
     def __post_init__(self) -> None:
@@ -105,17 +110,20 @@ class Gateway:
     ) -> Gateway:
         """A gateway put together by hand (tests, embedding): defaults for what is not given.
 
-        Defaults: the router of ``settings``, its config keys, every replica allowed, no hooks.
+        Defaults: the router of ``settings``, its config keys, every replica allowed, no hooks;
+        flow control as ``settings.flow_control`` says.
         """
+        router = router or Router(settings)
         return cls(
             settings=settings,
-            router=router or Router(settings),
+            router=router,
             authenticator=authenticator or KeyRing(settings.keys),
             route_policy=route_policy or AllowAll(),
             admission=tuple(admission),
             observers=tuple(observers),
             connector_factory=connector_factory,
             upstream_middlewares=tuple(upstream_middlewares),
+            flow=build_flow(settings, router),
         )
 
     def stages(self) -> list[tuple[str, tuple[object, ...]]]:
@@ -123,8 +131,9 @@ class Gateway:
 
         ``authenticate`` (401), ``classify`` (data class from the classification header, by
         grant: 403), ``route`` (model -> pool -> replicas the policy allows: 403/404),
-        ``admit`` (admission hooks: 429), ``audit`` (observers' ``on_start``; the audit log
-        makes ``request.started`` durable before a byte goes upstream: 503), ``forward``
+        ``admit`` (admission hooks, then flow control: 429), ``audit`` (observers'
+        ``on_start``; the audit log makes ``request.started`` durable before a byte goes
+        upstream: 503), ``forward``
         (upstream session: connector and client middlewares), ``account`` (observers'
         ``on_end``: completion record, quota settlement, spans and metrics).
         """
@@ -136,7 +145,7 @@ class Gateway:
             ("authenticate", (self.authenticator,)),
             ("classify", (self.route_policy,)),
             ("route", (self.router, self.route_policy)),
-            ("admit", self.admission),
+            ("admit", (*self.admission, *((self.flow,) if self.flow is not None else ()))),
             ("audit", self.observers),
             ("forward", transport),
             ("account", self.observers),
@@ -200,6 +209,7 @@ def assemble(
     quotas = build_quota_hook(settings, on_event=audit.record_event if audit is not None else None)
 
     router = Router(settings)
+    flow = build_flow(settings, router)
     if telemetry is None and telemetry_settings is not None:
         telemetry = Telemetry(
             telemetry_settings,
@@ -213,6 +223,8 @@ def assemble(
         telemetry.bind(router)
         if audit is not None:
             telemetry.watch_audit(audit.log)
+        if flow is not None:
+            telemetry.watch_flow(flow.queue_lengths)
         middlewares.append(telemetry.tracer.middleware)  # outermost: client spans
     if policy is not None:
         wiring = wire_egress(
@@ -242,6 +254,7 @@ def assemble(
         audit=audit,
         quotas=quotas,
         telemetry=telemetry,
+        flow=flow,
     )
 
 
@@ -326,4 +339,14 @@ def reassemble(running: Gateway, settings: GatewaySettings, base: Path | None = 
         audit=running.audit,
         quotas=running.quotas,
         telemetry=running.telemetry,
+        flow=running.flow,  # rebound to the new router when the app swaps
     )
+
+
+def build_flow(settings: GatewaySettings, router: Router) -> FlowGate | None:
+    """Flow control over ``router`` when ``flow_control.enabled`` (else ``None``)."""
+    if not settings.flow_control.enabled:
+        return None
+    from gateway.flow.gate import FlowGate
+
+    return FlowGate(settings.flow_control, router, stale_s=settings.routing.metrics_stale_s)

@@ -102,6 +102,10 @@ class RequestRecord:
         route: How a fleet-aware strategy chose the first replica (``prefix_affinity``):
             strategy, reason, replica position, matched and prompt blocks, and the load figures
             used (see :mod:`gateway.fleet.scoring`); ``None`` for the other strategies.
+        flow: Flow control (see :mod:`gateway.flow`): ``{"class", "outcome", "wait_ms"}`` with
+            outcome ``immediate``, ``dispatched``, ``queue_full``, ``queue_timeout`` or
+            ``client_disconnect`` and the wait in the gateway (integer milliseconds); ``None``
+            when flow control does not cover the model or the request was refused before.
     """
 
     request_id: str
@@ -136,6 +140,7 @@ class RequestRecord:
     bytes_out: int = 0
     content_hmac: bool = False
     route: dict[str, Any] | None = None
+    flow: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready copy (no prompts, no keys)."""
@@ -207,6 +212,10 @@ class RequestRecord:
     def content_opt_in(self) -> None:
         """The deciding policy rule opted in to content HMACs (see the module docstring)."""
         self.content_hmac = True
+
+    def flowed(self, class_name: str, outcome: str, wait_ms: int) -> None:
+        """Flow control: the request's class, how it left the gateway's queue, its wait (ms)."""
+        self.flow = {"class": class_name, "outcome": outcome, "wait_ms": wait_ms}
 
     def traced(self, trace_id: str) -> None:
         """The W3C trace id (32 hex) of the request's server span."""

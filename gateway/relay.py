@@ -226,21 +226,37 @@ async def _serve(
     pool = _authorised_pool(state, principal, parsed.model, record)
     decision = _route(state, principal, pool, record)
     hint = pool.route_hint(parsed.values, scope["headers"])  # affinity input (gateway.fleet)
-    first = pool.pick(decision.candidates, hint=hint)
-    if first is None:
-        raise NoHealthyReplica(f"No replica of '{pool.model.name}' is available.")
-    record.attempt(first.url, first.destination, first.region)
-    record.route = hint.explain if hint is not None else None
-
-    for admit in state.hooks.admit:
-        await admit(record, parsed.values)
-    if decision.content_hmac:
-        _tap_content(state, record, raw, out)
-    for on_start in state.hooks.on_start:
-        await on_start(record)
-    exchange = Exchange(state, pool, decision.candidates, parsed, head.accept, head.forwarded,
-                        out, record, DisconnectWatch(receive), t0)
-    await _forward_watched(exchange, first)
+    flow = state.flow
+    lane = (flow.lane(principal, pool, scope["headers"], parsed, record)
+            if flow is not None else None)
+    if lane is None:
+        first = pool.pick(decision.candidates, hint=hint)
+        if first is None:
+            raise NoHealthyReplica(f"No replica of '{pool.model.name}' is available.")
+        record.attempt(first.url, first.destination, first.region)
+        record.route = hint.explain if hint is not None else None
+    try:
+        for admit in state.hooks.admit:
+            await admit(record, parsed.values)
+        if lane is not None:
+            # Flow control (gateway.flow), after the admission hooks (a request the quotas
+            # refuse never queues): a replica with room now, or a wait in the class's queue.
+            first = lane.admit(decision.candidates, hint) or await lane.wait(receive)
+            record.attempt(first.url, first.destination, first.region)
+            record.route = hint.explain if hint is not None else None
+        if decision.content_hmac:
+            _tap_content(state, record, raw, out)
+        for on_start in state.hooks.on_start:
+            await on_start(record)
+        exchange = Exchange(state, pool, decision.candidates, parsed, head.accept,
+                            head.forwarded, out, record, DisconnectWatch(receive), t0)
+        if lane is not None:
+            lane.go()  # forward counts the request in flight from here
+        assert first is not None  # narrowed above on both paths
+        await _forward_watched(exchange, first)
+    finally:
+        if lane is not None:
+            lane.done()
     return True
 
 

@@ -2,7 +2,9 @@
 
 The body is forwarded unchanged except for two splices: the value of the top-level ``model`` key
 (replaced by the replica's ``served_model_name``) and, for streams, ``stream_options`` (forced to
-``include_usage: true`` so every stream is accounted). Everything else, including key order,
+``include_usage: true`` so every stream is accounted). A third, ``priority``, only for models
+that flow control is configured to schedule with vLLM's own priorities
+(``flow_control.vllm_priority_models``). Everything else, including key order,
 whitespace, number spelling and unknown fields (``tools``, ``response_format``, ``guided_*``,
 vLLM extras), is copied byte for byte: the top level is walked with the standard library's JSON
 scanner, which reports where each value starts and ends.
@@ -80,6 +82,8 @@ class ParsedBody:
         stream: Whether ``"stream": true`` was sent.
         client_wants_usage: Whether the client set ``stream_options.include_usage``.
         values: Top-level values by key (parsed; read-only use).
+        priority: When set, the ``priority`` sent upstream (vLLM priority scheduling; set by
+            flow control only for models configured for it), replacing the client's.
     """
 
     text: str
@@ -89,6 +93,7 @@ class ParsedBody:
     values: dict[str, Any]
     spans: dict[str, tuple[int, int]] = field(repr=False)
     open_brace: int = field(repr=False, default=0)
+    priority: int | None = None
 
     def upstream_body(self, served_model: str, force_usage: bool) -> bytes:
         """The bytes to send upstream.
@@ -124,6 +129,13 @@ class ParsedBody:
             else:
                 pos = self.open_brace + 1
                 edits.append((pos, pos, '"stream_options":{"include_usage":true},'))
+        if self.priority is not None:
+            if "priority" in self.spans:
+                s, e = self.spans["priority"]
+                edits.append((s, e, str(self.priority)))
+            else:
+                pos = self.open_brace + 1
+                edits.append((pos, pos, f'"priority":{self.priority},'))
         text = self.text
         for s, e, new in sorted(edits, reverse=True):
             text = text[:s] + new + text[e:]

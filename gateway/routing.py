@@ -187,6 +187,7 @@ class Pool:
         cooldown_s: Passive ejection time in seconds.
         clock: Monotonic clock in seconds (injectable for tests).
         routing: The ``routing`` section (``prefix_affinity``); default settings when omitted.
+        watched: Scrape the replicas' metrics whatever the strategy (flow control reads them).
     """
 
     def __init__(
@@ -195,6 +196,7 @@ class Pool:
         cooldown_s: float,
         clock: Clock = time.monotonic,
         routing: RoutingSettings | None = None,
+        watched: bool = False,
     ):
         self.model = model
         self.strategy = model.strategy
@@ -214,14 +216,15 @@ class Pool:
             )
             for i, r in enumerate(model.replicas)
         )
+        self.watched = watched
         self.affinity: PrefixAffinity | None = None
         if self.strategy == "prefix_affinity":
             self.affinity = PrefixAffinity(len(self.replicas), routing or RoutingSettings())
 
     @property
     def wants_signals(self) -> bool:
-        """True when the strategy reads the replicas' scraped metrics."""
-        return self.affinity is not None
+        """True when the strategy (or flow control) reads the replicas' scraped metrics."""
+        return self.affinity is not None or self.watched
 
     def route_hint(
         self, body: Mapping[str, Any], headers: Sequence[tuple[bytes, bytes]]
@@ -324,7 +327,8 @@ class Router:
                     and prev.routing == settings.routing):
                 self.pools[m.name] = prev
                 continue
-            pool = Pool(m, settings.health.cooldown_s, clock, settings.routing)
+            pool = Pool(m, settings.health.cooldown_s, clock, settings.routing,
+                        watched=settings.flow_control.covers(m.name))
             if prev is not None:
                 health = {r.url: r for r in prev.replicas}
                 for r in pool.replicas:

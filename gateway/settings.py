@@ -6,11 +6,11 @@ file (``api_key_file``, for Kubernetes secrets mounted as files) that holds its 
 
 Every section is a typed, frozen model validated once by :func:`load` / :func:`parse`:
 ``policy`` (:class:`PolicySettings`), ``audit`` (``gateway.audit.settings``), ``quotas``
-(``gateway.quotas.settings``), ``keystore`` (``gateway.keystore.settings``) and ``telemetry``
-(:class:`TelemetrySettings`). Problems are reported by the one formatter of
-:mod:`gateway.config_errors` as ``file:line: key: problem`` lines, and every relative path of
-every section is resolved against the config file's directory in one place
-(:func:`_resolve_paths`).
+(``gateway.quotas.settings``), ``keystore`` (``gateway.keystore.settings``), ``flow_control``
+(``gateway.flow.settings``) and ``telemetry`` (:class:`TelemetrySettings`). Problems are
+reported by the one formatter of :mod:`gateway.config_errors` as ``file:line: key: problem``
+lines, and every relative path of every section is resolved against the config file's
+directory in one place (:func:`_resolve_paths`).
 """
 
 from __future__ import annotations
@@ -52,6 +52,7 @@ from gateway.config_errors import (
 from gateway.drain import DrainSettings
 from gateway.errors import ConfigError
 from gateway.fleet.settings import RoutingSettings
+from gateway.flow.settings import FlowControlSettings
 from gateway.keys_file import merge_keys_file, relabel_keys
 from gateway.keystore.settings import KeystoreSettings
 from gateway.quotas.settings import QuotaSettings
@@ -427,6 +428,7 @@ class GatewaySettings(BaseSettings):
     routing: RoutingSettings = Field(default_factory=RoutingSettings)  # gateway.fleet.settings
     drain: DrainSettings = Field(default_factory=DrainSettings)  # gateway.drain
     reload: ReloadSettings = Field(default_factory=ReloadSettings)  # gateway.reload
+    flow_control: FlowControlSettings = Field(default_factory=FlowControlSettings)  # gateway.flow
     # Optional sections: absent (None) means the feature is off.
     policy: PolicySettings | None = None
     audit: AuditSettings | None = None
@@ -476,6 +478,12 @@ class GatewaySettings(BaseSettings):
                         f"keys[{i}].models: {name!r} is an alias of {seen[name]!r}; "
                         "list the model name"
                     )
+        flow = self.flow_control
+        for where, names in (("models", flow.models),
+                             ("vllm_priority_models", flow.vllm_priority_models)):
+            for name in names:
+                if seen.get(name) != name:
+                    raise ValueError(f"flow_control.{where}: {name!r} is not a model name")
         ks = self.keystore
         if ks is not None and ks.enabled and ks.store is None and self.audit is None:
             raise ValueError("keystore.store: store is not set and there is no audit section "

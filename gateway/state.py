@@ -12,7 +12,7 @@ from __future__ import annotations
 import ssl
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
@@ -21,6 +21,9 @@ from gateway.drain import Drain
 from gateway.records import ObserverHooks
 from gateway.routing import RoutePolicy, Router
 from gateway.settings import GatewaySettings
+
+if TYPE_CHECKING:
+    from gateway.flow.gate import FlowGate
 
 __all__ = ["STATE_KEY", "GatewayState", "LiveState", "gateway_state"]
 
@@ -51,6 +54,7 @@ class GatewayState:
         upstream_ssl: ``ssl`` argument of every upstream request (``True`` or a context with
             the configured CA bundle / client certificate).
         drain: The drain state of ``gateway serve`` (``None`` when not served by it).
+        flow: Flow control (``None`` when ``flow_control.enabled`` is off).
     """
 
     settings: GatewaySettings
@@ -65,6 +69,7 @@ class GatewayState:
     classify: Classifier | None = None
     upstream_ssl: ssl.SSLContext | bool = True
     drain: Drain | None = None
+    flow: FlowGate | None = None
 
 
 class LiveState:

@@ -117,6 +117,7 @@ class AuditObserver:
             "policy_rule": record.policy_rule,
             "policy_revision": getattr(record, "policy_revision", None),
             "route": getattr(record, "route", None),
+            "flow": getattr(record, "flow", None),
             "bytes_in": record.bytes_in,
         }
 

@@ -25,6 +25,7 @@ import contextlib
 import logging
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from ssl import SSLContext
 from typing import TYPE_CHECKING
@@ -161,13 +162,16 @@ async def scrape(
 
 
 class MetricsScraper(Periodic):
-    """Scrapes the replicas of ``prefix_affinity`` pools every ``metrics_interval_s`` seconds.
+    """Scrapes the replicas of ``prefix_affinity`` and flow-controlled pools periodically.
+
+    One round every ``metrics_interval_s`` seconds.
 
     Args:
         router: Pools whose replicas are scraped (only pools whose strategy needs signals).
         session: The app's upstream session (policy-checked connector and middlewares).
         settings: The ``routing`` section.
         ssl: ``ssl`` argument for ``https://`` replicas.
+        on_round: Called after each round (flow control dispatches on the new figures).
     """
 
     def __init__(
@@ -176,7 +180,9 @@ class MetricsScraper(Periodic):
         session: aiohttp.ClientSession,
         settings: RoutingSettings,
         ssl: SSLContext | bool = True,
+        on_round: Callable[[], None] | None = None,
     ) -> None:
+        self._on_round = on_round
         self._router = router
         self._session = session
         self._settings = settings
@@ -223,6 +229,8 @@ class MetricsScraper(Periodic):
             for r in group:
                 r.observe(signals)
         self.rounds += 1
+        if self._on_round is not None:
+            self._on_round()
 
 
 SIGNAL_FIELDS: tuple[tuple[str, str, str], ...] = (

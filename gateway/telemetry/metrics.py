@@ -22,6 +22,10 @@ GenAI semantic-convention names where they exist
 | ``sg.gateway.routing.matched_blocks``, ``.prompt_blocks`` | counter, {block} | model |
 | ``sg.gateway.replica.waiting``/``running``/``kv_usage``/``signals_age``/``index_blocks`` |
   gauge | model, replica, destination (``prefix_affinity`` pools; see gateway.fleet) |
+| ``sg.gateway.flow.requests`` | counter | model, class, outcome (immediate/dispatched/
+  queue_full/queue_timeout/client_disconnect; see gateway.flow) |
+| ``sg.gateway.flow.wait`` | histogram, s | model, class (requests that queued) |
+| ``sg.gateway.flow.queue_length`` | gauge | model, class |
 
 Time per output token is derived from the request record (``latency - ttft`` over
 ``output_tokens - 1``): no work per streamed event. Values are aggregated in process
@@ -52,6 +56,8 @@ TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 
 DURATION_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24,
                     20.48, 40.96, 81.92)
 TOKEN_BUCKETS = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576)
+WAIT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+                120.0, 300.0)
 AUDIT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0)
 
 _OPERATIONS = {
@@ -74,6 +80,7 @@ def operation_name(path: str) -> str:
     return _OPERATIONS.get(path) or path.rsplit("/", 1)[-1]
 
 
+_NOT_QUEUED = frozenset({"immediate", "queue_full"})  # flow outcomes without a wait
 _MODEL = "gen_ai.request.model"
 _KEY = "sg.key.id"
 _OP = "gen_ai.operation.name"
@@ -100,6 +107,7 @@ class GatewayMetrics:
         self._router = router
         self._egress_counts = egress_counts
         self._audit_queue: Callable[[], int] | None = None
+        self._flow_queues: Callable[[], list[tuple[str, str, int]]] | None = None
         self.requests = m.counter(
             "sg.gateway.requests", "{request}",
             "Relayed requests by model, key, status and outcome",
@@ -147,6 +155,16 @@ class GatewayMetrics:
         self.route_blocks = m.counter(
             "sg.gateway.routing.prompt_blocks", "{block}",
             "Prompt blocks of routed requests", (_MODEL,))
+        self.flow_requests = m.counter(
+            "sg.gateway.flow.requests", "{request}",
+            "Flow-controlled requests by class and how they left the gateway's queue",
+            (_MODEL, "sg.flow.class", "sg.flow.outcome"))
+        self.flow_wait = m.histogram(
+            "sg.gateway.flow.wait", "s", "Time queued requests waited in the gateway",
+            (_MODEL, "sg.flow.class"), WAIT_BUCKETS)
+        m.observed("sg.gateway.flow.queue_length", "{request}",
+                   "Requests waiting in the gateway's flow-control queue",
+                   (_MODEL, "sg.flow.class"), self._flow_lengths)
         for field, unit, text in SIGNAL_FIELDS:
             m.observed(f"sg.gateway.replica.{field}", unit, text, _REPLICA_LABELS,
                        self._signal(field))
@@ -158,6 +176,15 @@ class GatewayMetrics:
     def watch_audit_queue(self, depth: Callable[[], int]) -> None:
         """Observe the audit writer's queue depth through ``depth()``."""
         self._audit_queue = depth
+
+    def watch_flow(self, lengths: Callable[[], list[tuple[str, str, int]]]) -> None:
+        """Observe the flow-control queues through ``lengths()`` (``(model, class, n)`` rows)."""
+        self._flow_queues = lengths
+
+    def _flow_lengths(self) -> Iterable[tuple[Labels, float]]:
+        if self._flow_queues is None:
+            return []
+        return [((model, cls), float(n)) for model, cls, n in self._flow_queues()]
 
     def record_audit_append(self, seconds: float, type_: str, ok: bool) -> None:
         """Record one audit append (duration in seconds)."""
@@ -183,6 +210,11 @@ class GatewayMetrics:
             self.route_decisions.add(1, (model, record.route.get("reason", "")))
             self.route_matched.add(record.route.get("matched_blocks", 0), (model,))
             self.route_blocks.add(record.route.get("prompt_blocks", 0), (model,))
+        flow = record.flow
+        if flow is not None:
+            self.flow_requests.add(1, (model, flow["class"], flow["outcome"]))
+            if flow["outcome"] not in _NOT_QUEUED:
+                self.flow_wait.record(flow["wait_ms"] / 1000.0, (model, flow["class"]))
         if not ok:
             return
         if record.ttft_ms is not None:

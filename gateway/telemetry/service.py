@@ -207,6 +207,12 @@ class Telemetry:
         metrics.watch_audit_queue(lambda: log.queue_depth)
 
 
+    def watch_flow(self, lengths: Callable[[], list[tuple[str, str, int]]]) -> None:
+        """Observe the flow-control queue lengths (``(model, class, waiters)`` rows)."""
+        if self.metrics is not None:
+            self.metrics.watch_flow(lengths)
+
+
 class _MetricPusher:
     """Pushes the metric set to the OTLP exporter every ``interval_s`` seconds (a thread)."""
 

@@ -73,6 +73,7 @@ def test_the_core_contract_names_every_gateway_core_module() -> None:
         ("gateway/quotas/limiter.py", "import gateway.records", "sub-package-cores"),
         ("gateway/keystore/cache.py", "import gateway.settings", "sub-package-cores"),
         ("clishell/errors.py", "import weights", "cli-shell-is-a-leaf"),
+        ("gateway/flow/queues.py", "import gateway.routing", "sub-package-cores"),
     ],
 )
 def test_a_planted_wrong_import_breaks_its_contract(

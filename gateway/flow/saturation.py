@@ -1,0 +1,102 @@
+"""Whether a replica has room for one more request (pure logic over the load signals).
+
+A replica is **full** for a class when any threshold of the class
+(:class:`~gateway.flow.settings.SaturationSettings`) is reached:
+
+* ``in_flight``: the gateway's own requests in flight to it (``outstanding``) reach it;
+* ``queue_depth``: its estimated waiting queue reaches it. The estimate is the scraped
+  ``vllm:num_requests_waiting`` plus the change of the gateway's in-flight count since that
+  scrape (``outstanding - scrape_outstanding``, at least 0): requests sent since are assumed
+  to wait, and each request that ended since let a waiting one run;
+* ``kv_usage``: the scraped ``vllm:kv_cache_usage_perc`` reaches it.
+
+Scraped figures older than ``stale_s`` (or missing) are not used: the replica is then judged by
+``in_flight`` alone, and has room without that threshold (flow control does not hold requests
+back on figures it does not have). The fleet is **saturated** for a request when every
+candidate replica allowed for it is full.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol, TypeVar
+
+from gateway.flow.settings import SaturationSettings
+
+__all__ = ["LoadSignals", "ReplicaLoad", "has_room", "with_room"]
+
+
+class LoadSignals(Protocol):
+    """The scraped figures used (``gateway.fleet.ReplicaSignals``)."""
+
+    @property
+    def at(self) -> float:
+        """Monotonic time of the scrape, seconds."""
+        ...
+
+    @property
+    def waiting(self) -> float | None:
+        """``vllm:num_requests_waiting``."""
+        ...
+
+    @property
+    def kv_usage(self) -> float | None:
+        """``vllm:kv_cache_usage_perc`` (0..1)."""
+        ...
+
+
+class ReplicaLoad(Protocol):
+    """What a replica tells about its load (``gateway.routing.Replica``)."""
+
+    @property
+    def outstanding(self) -> int:
+        """Requests the gateway has in flight to it."""
+        ...
+
+    @property
+    def scrape_outstanding(self) -> int:
+        """``outstanding`` when the last scrape was stored."""
+        ...
+
+    @property
+    def signals(self) -> LoadSignals | None:
+        """The last scrape, if any."""
+        ...
+
+
+_R = TypeVar("_R", bound=ReplicaLoad)
+
+
+def has_room(replica: ReplicaLoad, limits: SaturationSettings, now: float,
+             stale_s: float) -> bool:
+    """True when ``replica`` is below every threshold of ``limits`` (rules: module docstring).
+
+    Args:
+        replica: The replica.
+        limits: The thresholds of the request's class.
+        now: Monotonic time, seconds.
+        stale_s: Scrapes older than this many seconds are ignored.
+    """
+    outstanding = replica.outstanding
+    if limits.in_flight is not None and outstanding >= limits.in_flight:
+        return False
+    sig = replica.signals
+    if sig is None or now - sig.at > stale_s:
+        return True
+    kv = sig.kv_usage
+    if kv is not None and kv >= limits.kv_usage:
+        return False
+    waiting = sig.waiting
+    if waiting is not None:
+        estimate = waiting + outstanding - replica.scrape_outstanding
+        if estimate >= limits.queue_depth:
+            return False
+    return True
+
+
+def with_room(
+    replicas: Sequence[_R], limits: SaturationSettings, now: float, stale_s: float
+) -> Sequence[_R]:
+    """The replicas of ``replicas`` with room (``replicas`` itself when all have room)."""
+    room = [r for r in replicas if has_room(r, limits, now, stale_s)]
+    return replicas if len(room) == len(replicas) else room

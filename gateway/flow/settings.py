@@ -1,0 +1,173 @@
+"""The ``flow_control:`` section: priority classes, fair shares and saturation thresholds.
+
+Example::
+
+    flow_control:
+      enabled: true
+      classes:                      # highest priority first
+        - {name: interactive, max_queue: 100, max_wait_s: 5}
+        - {name: standard, max_queue: 500, max_wait_s: 30}
+        - {name: batch, max_queue: 2000, max_wait_s: 300,
+           saturation: {queue_depth: 2, in_flight: 6}}   # leaves headroom above it
+      default_class: standard
+      share_by: key                 # fair sharing between keys (or teams) within a class
+      header: x-priority            # a request may name a LOWER class here, never a higher one
+      saturation: {queue_depth: 4, kv_usage: 0.9, in_flight: null}
+      keys: {batch-etl: {class: batch, weight: 1}}
+      teams: {search: {class: interactive, weight: 2}}
+      vllm_priority_models: []      # models whose vLLM runs --scheduling-policy priority
+
+A key's class and weight come from ``keys`` (by key id), else ``teams`` (by the key's team),
+else ``default_class`` with weight 1. This covers keys of the config, of ``keys_file`` and of
+the managed key store alike (they are named by id and team).
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+__all__ = ["FlowClassSettings", "FlowControlSettings", "FlowShare", "SaturationSettings"]
+
+_CLASS_NAME = r"^[a-z][a-z0-9_-]{0,31}$"
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+
+class SaturationSettings(_Frozen):
+    """When a replica is full (any one threshold reached means full).
+
+    Attributes:
+        queue_depth: Requests in the replica's vLLM waiting queue at which it is full: the
+            ``vllm:num_requests_waiting`` of the last scrape plus the requests the gateway sent
+            it since, minus those that ended since (the estimate between two scrapes).
+        kv_usage: KV-cache usage (``vllm:kv_cache_usage_perc``, 0..1) at which it is full (known
+            only per scrape).
+        in_flight: Requests the gateway has in flight to the replica at which it is full
+            (``None``: no such threshold). Works without scraped metrics (for example when
+            ``routing.metrics`` is off or the scrape is stale).
+    """
+
+    queue_depth: float = Field(default=4, ge=1, allow_inf_nan=False)
+    kv_usage: float = Field(default=0.9, gt=0, le=1.0, allow_inf_nan=False)
+    in_flight: int | None = Field(default=None, ge=1)
+
+    def within(self, other: SaturationSettings) -> bool:
+        """True when every threshold of ``self`` is at most the same one of ``other``."""
+        mine = self.in_flight if self.in_flight is not None else 1 << 62
+        theirs = other.in_flight if other.in_flight is not None else 1 << 62
+        return (self.queue_depth <= other.queue_depth and self.kv_usage <= other.kv_usage
+                and mine <= theirs)
+
+
+class FlowClassSettings(_Frozen):
+    """One priority class.
+
+    Attributes:
+        name: Class name (``interactive``, ``batch``, ...).
+        max_queue: Requests of this class that may wait in the gateway (per model); one more
+            is refused with 429 ``queue_full``.
+        max_wait_s: Longest wait in the gateway, seconds; then 429 ``queue_timeout``.
+        saturation: Thresholds for this class (default: those of the class above it, the
+            section's for the first class). A lower class may only have the same or lower
+            thresholds than a higher one: the headroom between them is kept for the higher
+            classes.
+        vllm_priority: The ``priority`` sent to models in ``vllm_priority_models`` (vLLM:
+            lower is served first); default: the class's position (0 for the first).
+    """
+
+    name: str = Field(pattern=_CLASS_NAME)
+    max_queue: int = Field(default=1000, ge=0)
+    max_wait_s: float = Field(default=30.0, gt=0, allow_inf_nan=False)
+    saturation: SaturationSettings | None = None
+    vllm_priority: int | None = None
+
+
+class FlowShare(_Frozen):
+    """The class and fair-share weight of a key or team.
+
+    Attributes:
+        class_: Priority class name (YAML key ``class``).
+        weight: Share of the class's dispatches relative to the other keys (or teams) waiting
+            in it (deficit round robin quantum), greater than 0.
+    """
+
+    class_: str = Field(alias="class")
+    weight: float = Field(default=1.0, ge=0.01, le=1000, allow_inf_nan=False)
+
+
+def _default_classes() -> list[FlowClassSettings]:
+    return [
+        FlowClassSettings(name="interactive", max_queue=100, max_wait_s=5.0),
+        FlowClassSettings(name="standard", max_queue=500, max_wait_s=30.0),
+        FlowClassSettings(name="batch", max_queue=2000, max_wait_s=300.0),
+    ]
+
+
+class FlowControlSettings(_Frozen):
+    """Flow control when the fleet is saturated (see :mod:`gateway.flow`).
+
+    Attributes:
+        enabled: Flow control on; off (the default) leaves the relay path as it is.
+        classes: Priority classes, highest first (at least one).
+        default_class: Class of keys and teams not listed in ``keys``/``teams``.
+        share_by: ``key`` or ``team``: whose requests share a class fairly (a key without a
+            team counts as its own team).
+        header: Request header that may name a lower class (never a higher one: 403).
+        saturation: Default thresholds (see :class:`SaturationSettings`).
+        models: Models under flow control (empty: every model).
+        keys: Class and weight by key id.
+        teams: Class and weight by team.
+        vllm_priority_models: Models whose vLLM runs with ``--scheduling-policy priority``: the
+            class's ``vllm_priority`` is set as the body's ``priority`` (replacing the client's).
+            Other models never get a ``priority`` field from the gateway.
+    """
+
+    enabled: bool = False
+    classes: list[FlowClassSettings] = Field(default_factory=_default_classes, min_length=1)
+    default_class: str = "standard"
+    share_by: str = Field(default="key", pattern=r"^(key|team)$")
+    header: str = Field(default="x-priority", pattern=r"^[a-z0-9-]+$")
+    saturation: SaturationSettings = Field(default_factory=SaturationSettings)
+    models: list[str] = Field(default_factory=list)
+    keys: dict[str, FlowShare] = Field(default_factory=dict)
+    teams: dict[str, FlowShare] = Field(default_factory=dict)
+    vllm_priority_models: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _check_classes(self) -> FlowControlSettings:
+        names = [c.name for c in self.classes]
+        for i, name in enumerate(names):
+            if name in names[:i]:
+                raise ValueError(f"classes[{i}].name: duplicate class {name!r}")
+        if self.default_class not in names:
+            raise ValueError(f"default_class: {self.default_class!r} is not a class "
+                             f"(classes: {', '.join(names)})")
+        for where, shares in (("keys", self.keys), ("teams", self.teams)):
+            for who, share in shares.items():
+                if share.class_ not in names:
+                    raise ValueError(f"{where}.{who}.class: {share.class_!r} is not a class "
+                                     f"(classes: {', '.join(names)})")
+        previous = self.saturation
+        for i, cls in enumerate(self.classes):
+            limits = cls.saturation or previous
+            if not limits.within(previous):
+                raise ValueError(
+                    f"classes[{i}].saturation: a lower class may not have higher thresholds "
+                    "than the class above it (the headroom is the higher classes')")
+            previous = limits
+        return self
+
+    def limits(self) -> list[SaturationSettings]:
+        """The thresholds of each class, in class order (inherited from the class above)."""
+        out: list[SaturationSettings] = []
+        previous = self.saturation
+        for cls in self.classes:
+            previous = cls.saturation or previous
+            out.append(previous)
+        return out
+
+    def covers(self, model: str) -> bool:
+        """True when flow control is on for the model with canonical name ``model``."""
+        return self.enabled and (not self.models or model in self.models)

@@ -1,0 +1,290 @@
+"""Flow control's pure logic: class queues (strict priority, deficit round robin), room, config."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from gateway.auth import Principal
+from gateway.config_errors import InvalidConfig
+from gateway.fleet.replica_metrics import ReplicaSignals
+from gateway.flow import ClassQueue, ClassQueues, SaturationSettings, Waiter, has_room, with_room
+from gateway.flow.gate import FlowGate, Lane
+from gateway.records import RequestRecord
+from gateway.rewrite import parse_body
+from gateway.routing import Router
+from gateway.settings import parse
+from tests.gateway.helpers import config
+
+
+def _w(flow: str, n: int, weight: float = 1.0, cls: int = 0) -> Waiter[str]:
+    return Waiter(flow, weight, cls, 0.0, f"{flow}{n}")
+
+
+def _drain(q: ClassQueue[str]) -> list[str]:
+    out = []
+    while len(q):
+        out.append(q.pop().item)
+    return out
+
+
+def test_equal_weights_alternate_between_keys_whatever_the_arrival_order() -> None:
+    q: ClassQueue[str] = ClassQueue(100)
+    for i in range(6):
+        assert q.push(_w("heavy", i))
+    for i in range(3):
+        assert q.push(_w("light", i))
+    assert _drain(q) == ["heavy0", "light0", "heavy1", "light1", "heavy2", "light2",
+                         "heavy3", "heavy4", "heavy5"]
+
+
+def test_weights_give_proportional_shares() -> None:
+    q: ClassQueue[str] = ClassQueue(100)
+    for i in range(3):
+        q.push(_w("a", i, weight=1))
+    for i in range(6):
+        q.push(_w("b", i, weight=2))
+    assert [x[0] for x in _drain(q)] == list("abbabbabb")
+
+
+def test_fractional_weights_accumulate_credit() -> None:
+    q: ClassQueue[str] = ClassQueue(100)
+    for i in range(4):
+        q.push(_w("slow", i, weight=0.5))
+        q.push(_w("fast", i, weight=1.0))
+    order = [x.rstrip("0123456789") for x in _drain(q)]
+    # "slow" needs two rounds for a unit of credit: one of its requests per two of "fast".
+    assert order[:6] == ["fast", "slow", "fast", "fast", "slow", "fast"]
+
+
+def test_a_heavy_key_cannot_starve_a_light_one_that_arrives_late() -> None:
+    q: ClassQueue[str] = ClassQueue(1000)
+    for i in range(500):
+        q.push(_w("heavy", i))
+    q.pop()
+    q.push(_w("light", 0))
+    served = [q.pop().item for _ in range(3)]
+    assert "light0" in served
+
+
+def test_the_queue_is_bounded_and_a_waiter_leaves_from_anywhere() -> None:
+    q: ClassQueue[str] = ClassQueue(3)
+    a0, a1, b0 = _w("a", 0), _w("a", 1), _w("b", 0)
+    assert q.push(a0) and q.push(a1) and q.push(b0)
+    assert not q.push(_w("c", 0))  # full: refused, nothing changed
+    assert len(q) == 3 and q.flows() == {"a": 2, "b": 1}
+    assert q.remove(b0) and not q.remove(b0)
+    assert q.flows() == {"a": 2}
+    assert q.pop() is a0
+    assert q.remove(a1) and len(q) == 0 and q.flows() == {}
+    with pytest.raises(IndexError):
+        q.pop()
+    assert q.push(_w("c", 1)) and q.pop().item == "c1"
+
+
+def test_strict_priority_between_classes() -> None:
+    qs: ClassQueues[str] = ClassQueues([10, 10, 10])
+    qs.push(_w("k", 0, cls=2))
+    qs.push(_w("k", 1, cls=1))
+    assert qs.top() == 1
+    assert qs.waiting_at_or_above(1) and not qs.waiting_at_or_above(0)
+    qs.push(_w("k", 2, cls=0))
+    assert qs.top() == 0 and qs.lengths() == [1, 1, 1]
+    assert [qs.pop(qs.top() or 0).item for _ in range(3)] == ["k2", "k1", "k0"]
+    assert qs.top() is None and len(qs) == 0
+
+
+@dataclass
+class _Replica:
+    outstanding: int = 0
+    scrape_outstanding: int = 0
+    signals: ReplicaSignals | None = None
+
+
+def test_room_by_in_flight_waiting_estimate_and_kv_usage() -> None:
+    limits = SaturationSettings(queue_depth=2, kv_usage=0.8, in_flight=5)
+    now = 100.0
+    assert has_room(_Replica(), limits, now, 2.0)
+    assert not has_room(_Replica(outstanding=5), limits, now, 2.0)
+    fresh = ReplicaSignals(at=99.5, waiting=1, running=8, kv_usage=0.5)
+    assert has_room(_Replica(2, 2, fresh), limits, now, 2.0)
+    # One request sent since the scrape is assumed to wait: 1 + 1 reaches the depth of 2.
+    assert not has_room(_Replica(3, 2, fresh), limits, now, 2.0)
+    # Two requests ended since the scrape: the waiting one runs, there is room again.
+    assert has_room(_Replica(1, 3, fresh), limits, now, 2.0)
+    full_kv = ReplicaSignals(at=99.5, waiting=0, running=8, kv_usage=0.85)
+    assert not has_room(_Replica(0, 0, full_kv), limits, now, 2.0)
+    # A stale scrape is not used: only the in-flight threshold judges.
+    stale = ReplicaSignals(at=90.0, waiting=50, running=8, kv_usage=1.0)
+    assert has_room(_Replica(4, 0, stale), limits, now, 2.0)
+    replicas = [_Replica(5), _Replica(0)]
+    assert with_room(replicas, limits, now, 2.0) == [replicas[1]]
+    both = [_Replica(), _Replica()]
+    assert with_room(both, limits, now, 2.0) is both
+
+
+def _problems(**flow: object) -> str:
+    with pytest.raises(InvalidConfig) as exc:
+        parse(config(["http://127.0.0.1:9"], flow_control={"enabled": True, **flow}),
+              {"VLLM_KEY": "x"})
+    return str(exc.value)
+
+
+def test_config_errors_name_the_key() -> None:
+    assert "default_class: 'gold' is not a class" in _problems(default_class="gold")
+    assert "keys.k1.class: 'vip' is not a class" in _problems(keys={"k1": {"class": "vip"}})
+    assert "classes[1].saturation: a lower class may not have higher thresholds" in _problems(
+        classes=[{"name": "a", "saturation": {"in_flight": 2}},
+                 {"name": "b", "saturation": {"in_flight": 3}}],
+        default_class="a")
+    assert "flow_control.vllm_priority_models: 'default' is not a model name" in _problems(
+        vllm_priority_models=["default"])
+    assert "classes[1].name: duplicate class 'a'" in _problems(
+        classes=[{"name": "a"}, {"name": "a"}], default_class="a")
+
+
+def test_class_thresholds_are_inherited_from_the_class_above() -> None:
+    s = parse(config(["http://127.0.0.1:9"], flow_control={
+        "enabled": True, "default_class": "b", "saturation": {"queue_depth": 8},
+        "classes": [{"name": "a"}, {"name": "b", "saturation": {"queue_depth": 2}},
+                    {"name": "c"}]}), {"VLLM_KEY": "x"})
+    assert [lim.queue_depth for lim in s.flow_control.limits()] == [8, 2, 2]
+    assert s.flow_control.covers("llama-3.1-8b")
+    assert not parse(config(["http://127.0.0.1:9"]), {"VLLM_KEY": "x"}).flow_control.covers("x")
+
+
+def _gate(**flow: object) -> tuple[FlowGate, Router]:
+    s = parse(config(["http://127.0.0.1:9"], flow_control={"enabled": True, **flow}),
+              {"VLLM_KEY": "x"})
+    router = Router(s)
+    return FlowGate(s.flow_control, router, stale_s=2.0), router
+
+
+def test_keys_of_a_team_share_one_flow_with_the_team_weight() -> None:
+    gate, router = _gate(share_by="team", teams={"a": {"class": "batch", "weight": 3}},
+                         keys={"solo": {"class": "interactive", "weight": 5}})
+    pool = router.pools["llama-3.1-8b"]
+
+    def lane(key: str, team: str | None,
+             headers: list[tuple[bytes, bytes]] | None = None) -> Lane:
+        body = parse_body(b'{"model": "llama-3.1-8b", "messages": []}')
+        record = RequestRecord("r", 0.0, "POST", "/v1/chat/completions")
+        out = gate.lane(Principal(key, team, "internal", frozenset({"*"})), pool,
+                        headers or [], body, record)
+        assert out is not None
+        return out
+
+    one, two = lane("k1", "a"), lane("k2", "a")
+    assert (one.flow, one.weight, one.class_name) == ("a", 3, "batch")
+    assert (two.flow, two.weight) == ("a", 3)
+    solo = lane("solo", None)  # no team: its own flow; a key's class wins over its team's
+    assert (solo.flow, solo.class_name) == ("solo", "interactive")
+    assert lane("k3", None, [(b"x-priority", b" Batch ")]).class_name == "batch"
+
+
+def test_only_the_listed_models_are_flow_controlled() -> None:
+    gate, router = _gate(models=["other-model"])
+    assert set(gate.pools) == {"other-model"}
+    assert router.pools["other-model"].wants_signals
+    assert not router.pools["llama-3.1-8b"].wants_signals
+    body = parse_body(b'{"model": "llama-3.1-8b"}')
+    assert gate.lane(Principal("k", None, "internal", frozenset({"*"})),
+                     router.pools["llama-3.1-8b"], [], body,
+                     RequestRecord("r", 0.0, "POST", "/v1/chat/completions")) is None
+
+
+def test_a_cancelled_waiter_leaves_the_queue_and_gives_back_a_handed_over_replica() -> None:
+    """The drain deadline cancels a queued request: nothing stays queued or reserved."""
+    import asyncio
+
+    gate, router = _gate(saturation={"in_flight": 1})
+    pool = router.pools["llama-3.1-8b"]
+    replica = pool.replicas[0]
+
+    async def never_disconnects() -> dict[str, object]:
+        await asyncio.Event().wait()
+        return {}
+
+    def lane() -> Lane:
+        body = parse_body(b'{"model": "llama-3.1-8b"}')
+        out = gate.lane(Principal("k", None, "internal", frozenset({"*"})), pool, [], body,
+                        RequestRecord("r", 0.0, "POST", "/v1/chat/completions"))
+        assert out is not None
+        return out
+
+    async def scenario() -> None:
+        holder = lane()
+        assert holder.admit(pool.replicas, None) is replica and replica.outstanding == 1
+        # Cancelled while waiting: it leaves the queue.
+        waiting = lane()
+        assert waiting.admit(pool.replicas, None) is None
+        task = asyncio.ensure_future(waiting.wait(never_disconnects))
+        await asyncio.sleep(0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert sum(n for _, _, n in gate.queue_lengths()) == 0
+        # Handed a replica, then cancelled before it could run: the replica is given back.
+        late = lane()
+        assert late.admit(pool.replicas, None) is None
+        task = asyncio.ensure_future(late.wait(never_disconnects))
+        await asyncio.sleep(0)
+        holder.go()
+        holder.done()  # the holder ends: the replica goes to the waiter (reserved)
+        assert replica.outstanding == 1
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert replica.outstanding == 0
+        assert sum(n for _, _, n in gate.queue_lengths()) == 0
+
+    asyncio.run(scenario())
+
+
+def test_a_live_reload_keeps_queued_requests_on_the_pool_they_were_admitted_with() -> None:
+    """A reload that changes a model's replicas: the new pool starts with empty queues, the
+    request queued on the old pool is dispatched onto the old pool's replica when it frees."""
+    import asyncio
+
+    gate, router = _gate(saturation={"in_flight": 1})
+    old_pool = router.pools["llama-3.1-8b"]
+    old_replica = old_pool.replicas[0]
+    reloaded = parse(config(["http://127.0.0.1:10"], flow_control={
+        "enabled": True, "saturation": {"in_flight": 1}}), {"VLLM_KEY": "x"})
+    new_router = Router(reloaded, reuse=router)
+    new_pool = new_router.pools["llama-3.1-8b"]
+    assert new_pool is not old_pool
+
+    async def never_disconnects() -> dict[str, object]:
+        await asyncio.Event().wait()
+        return {}
+
+    def lane(pool: object) -> Lane:
+        body = parse_body(b'{"model": "llama-3.1-8b"}')
+        out = gate.lane(Principal("k", None, "internal", frozenset({"*"})), pool,  # type: ignore[arg-type]
+                        [], body, RequestRecord("r", 0.0, "POST", "/v1/chat/completions"))
+        assert out is not None
+        return out
+
+    async def scenario() -> None:
+        holder = lane(old_pool)
+        assert holder.admit(old_pool.replicas, None) is old_replica
+        waiting = lane(old_pool)
+        assert waiting.admit(old_pool.replicas, None) is None
+        task = asyncio.ensure_future(waiting.wait(never_disconnects))
+        await asyncio.sleep(0)
+        gate.rebind(new_router)
+        assert gate.pools["llama-3.1-8b"].pool is new_pool
+        # The new pool has room: a new request is dispatched at once to the new replica.
+        fresh = lane(new_pool)
+        assert fresh.admit(new_pool.replicas, None) is new_pool.replicas[0]
+        # A request routed with the old snapshot after the swap queues with the old pool.
+        assert lane(old_pool).admit(old_pool.replicas, None) is None
+        holder.go()
+        holder.done()
+        assert await asyncio.wait_for(task, 5) is old_replica
+        gate.kick_all()
+        fresh.done()
+
+    asyncio.run(scenario())
