@@ -4,6 +4,11 @@
 named steps: once the lifespan start-up finished (state built, pools open, audit chain opened),
 the heap that lives as long as the process is frozen out of the garbage collector
 (:mod:`gateway.runtime_tuning`); on SIGTERM the server drains (:mod:`gateway.drain`) and exits 0.
+
+A worker of ``gateway serve --workers N`` (:mod:`gateway.supervisor`) runs the same server on the
+listening socket it inherited from the supervisor, tells the supervisor when it started, and
+ignores SIGINT: the supervisor forwards the signals it receives (a Ctrl-C reaches the whole
+process group, and a worker must count it once).
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import logging
 import signal
 import socket
 import sys
+from collections.abc import Callable
 from types import FrameType
 
 import uvicorn
@@ -35,12 +41,18 @@ class GatewayServer(uvicorn.Server):
         config: The uvicorn configuration.
         drain: The drain state shared with the app (``/readyz``, the relay); ``None``: stop
             as uvicorn does.
+        on_started: Called once serving started (a worker tells its supervisor).
+        ignore_sigint: Ignore SIGINT (a worker: its supervisor forwards SIGINT as SIGTERM).
     """
 
-    def __init__(self, config: uvicorn.Config, drain: Drain | None = None) -> None:
+    def __init__(self, config: uvicorn.Config, drain: Drain | None = None, *,
+                 on_started: Callable[[], None] | None = None,
+                 ignore_sigint: bool = False) -> None:
         super().__init__(config)
         self.drain = drain
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._on_started = on_started
+        self._ignore_sigint = ignore_sigint
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         """Start as uvicorn does, then :func:`freeze_startup_heap` (only when started)."""
@@ -48,6 +60,8 @@ class GatewayServer(uvicorn.Server):
         await super().startup(sockets=sockets)
         if self.started:
             freeze_startup_heap()
+            if self._on_started is not None:
+                self._on_started()
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         """SIGTERM/SIGINT: begin the drain; a second one: stop at once.
@@ -55,6 +69,8 @@ class GatewayServer(uvicorn.Server):
         The signal is not re-raised after shutdown (uvicorn would, ending the process by the
         signal): a completed drain exits 0.
         """
+        if sig == signal.SIGINT and self._ignore_sigint:
+            return
         drain, loop = self.drain, self._loop
         if drain is None or loop is None:  # no drain, or not started yet: stop as uvicorn does
             self.force_exit = self.should_exit
@@ -81,13 +97,18 @@ class GatewayServer(uvicorn.Server):
             _log.warning("drain deadline: %d request(s) still running ended", cut)
 
 
-def run_server(config: uvicorn.Config, drain: Drain | None = None) -> None:
+def run_server(config: uvicorn.Config, drain: Drain | None = None, *,
+               sockets: list[socket.socket] | None = None,
+               on_started: Callable[[], None] | None = None) -> None:
     """Serve ``config`` in the foreground until a signal stops it.
 
     Args:
         config: The uvicorn configuration (one process; no reload). With ``drain``, its
             ``timeout_graceful_shutdown`` is set past the drain deadline.
         drain: Drain on SIGTERM (see :mod:`gateway.drain`).
+        sockets: Serve on these listening sockets (a worker: the supervisor's) instead of
+            binding ``config.host:config.port``; SIGINT is then ignored (see module docstring).
+        on_started: Called once serving started.
 
     Raises:
         SystemExit: With :data:`STARTUP_FAILURE` when the server did not start (as
@@ -97,9 +118,10 @@ def run_server(config: uvicorn.Config, drain: Drain | None = None) -> None:
     if drain is not None:
         # uvicorn's own cut (tasks cancelled, no final event) only as a backstop after ours.
         config.timeout_graceful_shutdown = int(drain.settings.timeout_s + SHUTDOWN_MARGIN_S)
-    server = GatewayServer(config, drain)
+    server = GatewayServer(config, drain, on_started=on_started,
+                           ignore_sigint=sockets is not None)
     try:
-        server.run()
+        server.run(sockets=sockets)
     except KeyboardInterrupt:
         pass
     if not server.started:

@@ -5,12 +5,15 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from gateway.logs import configure_logging
 from gateway.settings import GatewaySettings, is_loopback_host, load
+
+if TYPE_CHECKING:
+    from gateway.supervisor import WorkerSlot
 
 __all__ = ["run", "serve"]
 
@@ -22,7 +25,8 @@ ConfigOpt = Annotated[
 ]
 
 
-def run(settings: GatewaySettings, base: Path | None = None) -> None:
+def run(settings: GatewaySettings, base: Path | None = None, *,
+        worker: WorkerSlot | None = None) -> None:
     """Serve ``settings`` until interrupted (standard asyncio loop, never uvloop).
 
     With a ``policy:`` section the policy is loaded and checked and the process egress guard
@@ -34,6 +38,9 @@ def run(settings: GatewaySettings, base: Path | None = None) -> None:
     Args:
         settings: The validated configuration.
         base: Directory of the config file (relative ``policy.file``).
+        worker: Run as a worker of ``gateway serve --workers N`` (see
+            :mod:`gateway.supervisor`): serve the supervisor's socket, audit under the
+            worker's replica id, admin routes on the worker's Unix socket.
 
     Raises:
         ConfigError: Invalid policy, replica outside its destination, guard self-test failed,
@@ -49,6 +56,8 @@ def run(settings: GatewaySettings, base: Path | None = None) -> None:
     from gateway.http_guard import server_options
     from gateway.server import run_server
 
+    if worker is not None:
+        settings = worker.settings_for(settings)
     configure_logging(settings.logging)
     egress = start_egress(settings, base)  # the process guard, before any other import
     if any(r.kind == "litellm" for m in settings.models for r in m.replicas):
@@ -62,9 +71,11 @@ def run(settings: GatewaySettings, base: Path | None = None) -> None:
 
         # GET /status on the admin port: what `gateway preflight` reads from a running gateway.
         gateway.telemetry.admin.set_status(gateway_status(settings, egress))
+        if worker is not None and worker.admin_path is not None:
+            gateway.telemetry.admin.listen_unix(worker.admin_path)
     drain = Drain(settings.drain)  # SIGTERM: readyz 503, then drain (gateway.drain)
     app = create_app(settings, gateway, drain=drain)
-    if not is_loopback_host(settings.listen.host):
+    if worker is None and not is_loopback_host(settings.listen.host):
         _log.info("listening on %s:%s", settings.listen.host, settings.listen.port)
     run_server(
         uvicorn.Config(
@@ -78,6 +89,8 @@ def run(settings: GatewaySettings, base: Path | None = None) -> None:
             ),
         ),
         drain,
+        sockets=[worker.listener] if worker is not None else None,
+        on_started=worker.started if worker is not None else None,
     )
 
 
@@ -85,6 +98,10 @@ def serve(
     config: ConfigOpt,
     host: Annotated[str | None, typer.Option(help="Override listen.host.")] = None,
     port: Annotated[int | None, typer.Option(help="Override listen.port.")] = None,
+    workers: Annotated[int, typer.Option(
+        min=1, envvar="SG_WORKERS",
+        help="Worker processes serving the one port (the chart: the CPU limit). More than 1 "
+             "needs shared quota state (quotas.backend: redis).")] = 1,
 ) -> None:
     """Run the gateway from one YAML config file (fails at start if the file is invalid)."""
     settings = load(config, os.environ)
@@ -93,4 +110,8 @@ def serve(
             update={k: v for k, v in (("host", host), ("port", port)) if v is not None}
         )
         settings = settings.model_copy(update={"listen": listen})
+    if workers > 1:
+        from gateway.supervisor import serve_workers
+
+        raise typer.Exit(serve_workers(settings, config.parent, workers))
     run(settings, config.parent)
