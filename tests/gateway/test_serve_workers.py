@@ -287,7 +287,7 @@ def test_two_workers_serve_one_port_with_own_chains_shared_quota_and_one_metrics
     assert len(report["chains"]) == 2 and all(c["closed"] for c in report["chains"])
 
 
-def test_a_killed_worker_is_restarted_and_the_second_signal_stops_at_once(
+def test_a_killed_worker_is_restarted_sighup_is_forwarded_and_a_second_signal_stops_at_once(
     pod: Callable[..., Pod],
 ) -> None:
     p = pod(audit=False)
@@ -298,6 +298,8 @@ def test_a_killed_worker_is_restarted_and_the_second_signal_stops_at_once(
     assert old[1] in p.worker_pids()
     assert _total(p.metrics(), "sg_gateway_worker_restarts",
                   "sg_gateway_worker_restarts_total") == 1
+    p.proc.send_signal(signal.SIGHUP)  # forwarded to every worker, which keeps serving
+    assert p.get(p.url + "/healthz") is not None
     long = [Stream(p.url, KEY_BULK, max_tokens=1000) for _ in range(4)]  # about 20 s
     for st in long:
         st.start()
@@ -310,6 +312,8 @@ def test_a_killed_worker_is_restarted_and_the_second_signal_stops_at_once(
     _, stderr = p.proc.communicate(timeout=30)
     assert time.monotonic() - t_second < 15  # not the 30 s drain timeout
     assert f"worker 0 (pid {old[0]}) exited unexpectedly (signal SIGKILL): restarting" in stderr
+    assert "SIGHUP: forwarded to 2 worker(s)" in stderr
+    assert stderr.count("exited unexpectedly") == 1  # the forwarded SIGHUP ended no worker
     for st in long:
         st.join(15)
         assert "[DONE]" not in st.events
