@@ -41,8 +41,8 @@ from relay_procs import (
 STALL_GAP_S = 0.100
 
 
-def tree_cpu_s(pid: int) -> float:
-    """CPU seconds of ``pid`` and every live descendant (scans ``/proc``)."""
+def tree_cpu_s(pid: int) -> dict[int, float]:
+    """CPU seconds of ``pid`` and of every live descendant, by pid (scans ``/proc``)."""
     children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -53,15 +53,16 @@ def tree_cpu_s(pid: int) -> float:
             continue
         ppid = int(stat.rsplit(")", 1)[1].split()[1])
         children.setdefault(ppid, []).append(int(entry.name))
-    total, todo = 0.0, [pid]
+    out: dict[int, float] = {}
+    todo = [pid]
     while todo:
         p = todo.pop()
         try:
-            total += cpu_s(p)
+            out[p] = cpu_s(p)
         except OSError:
             continue
         todo.extend(children.get(p, []))
-    return total
+    return out
 
 
 def pct(values: list[float], q: float) -> float:
@@ -76,6 +77,9 @@ def start_pod(workers: int, sim_url: str, workdir: Path) -> Proc:
     port, admin = free_port(), free_port()
     cfg: dict[str, Any] = bind_config(default_config(), sim_url, port)
     cfg["telemetry"] = {"admin": {"host": "127.0.0.1", "port": admin}}
+    # 1,024 upstream connections opened at once to one simulator on a loaded machine: its
+    # accept queue can take longer than the default 2 s connect timeout.
+    cfg["timeouts"] = {"connect_s": 10}
     path = workdir / f"workers-{workers}-{port}.yaml"
     path.write_text(yaml.safe_dump(cfg))
     exe = BIN / "gateway"
@@ -97,19 +101,26 @@ def start_pod(workers: int, sim_url: str, workdir: Path) -> Proc:
 
 
 async def measure(name: str, port: int, api_key: str | None, proc: Proc,
-                  args: argparse.Namespace) -> dict[str, Any]:
+                  args: argparse.Namespace, round_: int = 0) -> dict[str, Any]:
     body = {"model": "m", "stream": True, "max_tokens": args.tokens,
             "messages": [{"role": "user", "content": "hi"}]}
     req = request_bytes(f"127.0.0.1:{port}", "/v1/chat/completions", body, api_key, False)
     await run_streams("127.0.0.1", port, req, 32, 32)  # warm-up
     c0 = tree_cpu_s(proc.proc.pid)
     tot = await run_streams("127.0.0.1", port, req, args.streams, args.streams)
-    used = tree_cpu_s(proc.proc.pid) - c0
+    c1 = tree_cpu_s(proc.proc.pid)
+    per_pid = {pid: c1[pid] - c0.get(pid, 0.0) for pid in c1}
+    used = sum(per_pid.values())
+    # the share of each process that did work (> 5% of the total): supervisor + workers
+    shares = sorted((v / used * 100 for v in per_pid.values() if used and v > 0.05 * used),
+                    reverse=True)
     done = [r for r in tot.results if r.complete]
     gaps = [g for r in done for g in r.gaps_s]
     free = sum(1 for r in done if r.max_gap_s <= STALL_GAP_S)
     row = {
-        "target": name, "completed": len(done), "streams": len(tot.results),
+        "target": name, "round": round_, "completed": len(done), "streams": len(tot.results),
+        "no_event": sum(1 for r in tot.results if not r.complete and r.events == 0),
+        "cpu_split": "/".join(f"{x:.0f}" for x in shares),
         "stall_free_pct": 100.0 * free / max(len(tot.results), 1),
         "gap_p99_ms": pct(gaps, 0.99) * 1000, "gap_max_ms": max(gaps, default=0.0) * 1000,
         "events_per_s": tot.events_per_s, "wall_s": tot.wall_s,
@@ -126,12 +137,12 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     with tempfile.TemporaryDirectory(prefix="sg-bench-workers-") as tmp:
         try:
             rows.append(await measure("direct", sim.port, None, sim, args))
-            for _ in range(args.rounds):
+            for round_ in range(args.rounds):
                 for n in args.workers:
                     pod = start_pod(n, sim.url, Path(tmp))
                     try:
                         rows.append(await measure(f"gateway {n} worker(s)", pod.port,
-                                                  BENCH_KEY, pod, args))
+                                                  BENCH_KEY, pod, args, round_))
                     finally:
                         pod.stop()
         finally:
@@ -141,19 +152,23 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 def render(rows: list[dict[str, Any]], load: tuple[float, ...], load_after: tuple[float, ...]
            ) -> str:
-    head = (f"{'target':<22}{'done':>11}{'stall-free %':>13}{'gap p99 ms':>11}"
-            f"{'gap max ms':>11}{'events/s':>10}{'us CPU/event':>13}{'CPU s':>8}")
+    head = (f"{'target':<22}{'done':>11}{'no event':>9}{'stall-free %':>13}{'gap p99 ms':>11}"
+            f"{'gap max ms':>11}{'events/s':>10}{'us CPU/event':>13}{'CPU s':>8}"
+            f"  CPU split %")
     out = [head, "-" * len(head)]
     for r in rows:
-        out.append(f"{r['target']:<22}{r['completed']:>5}/{r['streams']:<5}"
+        out.append(f"{r['target']:<22}{r['completed']:>5}/{r['streams']:<5}{r['no_event']:>9}"
                    f"{r['stall_free_pct']:>13.1f}{r['gap_p99_ms']:>11.1f}{r['gap_max_ms']:>11.0f}"
-                   f"{r['events_per_s']:>10.0f}{r['cpu_us_per_event']:>13.1f}{r['cpu_s']:>8.1f}")
-    one = next((r for r in rows if r["target"].startswith("gateway 1 ")), None)
+                   f"{r['events_per_s']:>10.0f}{r['cpu_us_per_event']:>13.1f}{r['cpu_s']:>8.1f}"
+                   f"  {r['cpu_split']}")
     for r in rows:
+        one = next((x for x in rows if x["target"].startswith("gateway 1 ")
+                    and x["round"] == r["round"]), None)
         if one is not None and r is not one and r["target"].startswith("gateway"):
             rate = r["events_per_s"] / max(one["events_per_s"], 1e-9)
             gap = r["gap_p99_ms"] / max(one["gap_p99_ms"], 1e-9)
-            out.append(f"{r['target']} / 1 worker: events/s x{rate:.2f}, stall-free "
+            out.append(f"round {r['round'] + 1}: {r['target']} / 1 worker: events/s "
+                       f"x{rate:.2f}, stall-free "
                        f"{r['stall_free_pct']:.1f}% vs {one['stall_free_pct']:.1f}%, "
                        f"gap p99 x{gap:.2f}")
     out.append(f"load average before {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, after "
