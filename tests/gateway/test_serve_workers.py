@@ -38,13 +38,6 @@ KEY_LIMITED = "sg-workers-limited"
 LIMIT = 10  # requests per minute of the limited key, for the whole pod
 
 
-def _default_signals() -> None:
-    # Started from nohup or a background job, SIGINT may be ignored: the child sets its own.
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    signal.signal(signal.SIGHUP, signal.SIG_DFL)
-
-
 def _wait(cond: Callable[[], bool], timeout_s: float, what: str) -> None:
     deadline = time.monotonic() + timeout_s
     while not cond():
@@ -149,7 +142,9 @@ def pod(tmp_path: Path, sim_url: str, redis_prefix: str) -> Iterator[Callable[..
             [sys.executable, "-m", "gateway.cli", "serve", "--config", str(path),
              "--workers", str(workers)],
             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            env={**os.environ, "PYTHONPATH": str(ROOT)}, preexec_fn=_default_signals,
+            # no preexec_fn: the supervisor sets its own handlers for SIGTERM, SIGINT and SIGHUP
+            # (ignored when started from nohup or a background job) and the workers theirs
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
         )
         procs.append(proc)
         p = Pod(proc, f"http://127.0.0.1:{port}", f"http://127.0.0.1:{admin}", path)
