@@ -41,6 +41,7 @@ restart loop inside the pod.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import multiprocessing
 import multiprocessing.connection
@@ -266,8 +267,10 @@ class Supervisor:
     def _on_exit(self, w: _Worker) -> None:
         assert self._loop is not None and self._done is not None
         self._loop.remove_reader(w.process.sentinel)
-        with_reader = not w.conn.closed
-        if with_reader:
+        if not w.conn.closed:
+            with contextlib.suppress(EOFError, OSError):
+                if not w.ready and w.conn.poll():  # a "ready" not read yet (the one message)
+                    self._on_message(w)
             self._loop.remove_reader(w.conn.fileno())
             w.conn.close()
         w.process.join()
