@@ -206,8 +206,8 @@ def _requests_by_chain(db: Path) -> tuple[dict[str, int], dict[str, int]]:
 def _total(families: dict[str, Any], name: str, sample: str | None = None,
            **labels: str) -> float:
     fam = families[name]
-    return sum(s.value for s in fam.samples if s.name == (sample or name)
-               and all(s.labels.get(k) == v for k, v in labels.items()))
+    return float(sum(s.value for s in fam.samples if s.name == (sample or name)
+                     and all(s.labels.get(k) == v for k, v in labels.items())))
 
 
 def test_two_workers_serve_one_port_with_own_chains_shared_quota_and_one_metrics_view(
@@ -320,3 +320,26 @@ def test_memory_quotas_are_refused_with_several_workers(pod: Callable[..., Pod])
     assert p.proc.returncode == 2
     assert "quotas.backend: memory keeps quota state inside one process" in stderr
     assert f"{p.config}:" in stderr  # file:line: key: problem
+
+
+def test_in_memory_stores_are_refused_with_several_workers_and_allowed_with_one() -> None:
+    from gateway.config_errors import InvalidConfig
+    from gateway.settings import parse
+    from gateway.supervisor import check_workers
+
+    settings = parse({
+        "models": [{"name": "m", "replicas": [{"url": "http://127.0.0.1:9"}]}],
+        "audit": {"store": "sqlite:///:memory:"},
+        "keystore": {"store": "sqlite:///:memory:"},
+        "quotas": {"backend": "memory"},
+    }, {}, file="gw.yaml")
+    check_workers(settings, 1)
+    with pytest.raises(InvalidConfig) as err:
+        check_workers(settings, 2)
+    keys = [p.key for p in err.value.problems]
+    assert keys == ["quotas.backend", "audit.store", "keystore.store"]
+    assert all(p.file == "gw.yaml" for p in err.value.problems)
+    assert settings.quotas is not None
+    redis_quotas = settings.model_copy(update={"quotas": settings.quotas.model_copy(
+        update={"backend": "redis"}), "audit": None, "keystore": None})
+    check_workers(redis_quotas, 4)
