@@ -104,7 +104,7 @@ def pod(tmp_path: Path, sim_url: str, redis_prefix: str) -> Iterator[Callable[..
     procs: list[subprocess.Popen[str]] = []
 
     def start(quotas: str = "redis", audit: bool = True, workers: int = 2,
-              expect_start: bool = True) -> Pod:
+              expect_start: bool = True, extra_destination: str = "") -> Pod:
         port, admin = free_port(), free_port()
         sim_port = int(sim_url.rsplit(":", 1)[1])
         policy = tmp_path / "policy.yaml"
@@ -113,7 +113,7 @@ def pod(tmp_path: Path, sim_url: str, redis_prefix: str) -> Iterator[Callable[..
         policy.write_text(
             "version: 1\ndata_classes: [public]\ndestinations:\n"
             f"  - {dest % ('sim', sim_port)}\n  - {dest % ('redis', 6379)}\n"
-            "rules:\n  - {id: public-anywhere, classes: [public]}\n")
+            + extra_destination + "rules:\n  - {id: public-anywhere, classes: [public]}\n")
         cfg: dict[str, Any] = {
             "listen": {"host": "127.0.0.1", "port": port},
             "models": [{"name": "m", "served_model_name": SERVED,
@@ -312,6 +312,19 @@ def test_a_killed_worker_is_restarted_sighup_is_forwarded_and_a_second_signal_st
     for st in long:
         st.join(15)
         assert "[DONE]" not in st.events
+
+
+def test_a_worker_whose_guard_self_test_fails_stops_the_pod(pod: Callable[..., Pod]) -> None:
+    # A policy naming the self-test probe address: the guard would let it through.
+    probe = ("  - {id: probe, cidr: 192.0.2.1/32, ports: [9], region: x, jurisdiction: EU, "
+             "operator: o, purpose: other}\n")
+    p = pod(audit=False, expect_start=False, extra_destination=probe)
+    _, stderr = p.proc.communicate(timeout=120)
+    assert p.proc.returncode == 3, stderr[-3000:]
+    assert "[guard_self_test_failed]" in stderr
+    assert "exited before it served (exit status 2): stopping the pod" in stderr
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(p.url + "/healthz", timeout=1)
 
 
 def test_memory_quotas_are_refused_with_several_workers(pod: Callable[..., Pod]) -> None:
