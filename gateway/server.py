@@ -5,6 +5,11 @@ named steps: once the lifespan start-up finished (state built, pools open, audit
 the heap that lives as long as the process is frozen out of the garbage collector
 (:mod:`gateway.runtime_tuning`); on SIGTERM the server drains (:mod:`gateway.drain`) and exits 0;
 on SIGHUP it reloads its configuration (:mod:`gateway.reload`) without closing a connection.
+
+A worker of ``gateway serve --workers N`` (:mod:`gateway.supervisor`) runs the same server on the
+listening socket it inherited from the supervisor, tells the supervisor when it started, and
+ignores SIGINT: the supervisor forwards the signals it receives (a Ctrl-C reaches the whole
+process group, and a worker must count it once).
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import logging
 import signal
 import socket
 import sys
+from collections.abc import Callable
 from types import FrameType
 from typing import TYPE_CHECKING
 
@@ -42,16 +48,22 @@ class GatewayServer(uvicorn.Server):
         drain: The drain state shared with the app (``/readyz``, the relay); ``None``: stop
             as uvicorn does.
         reloader: Reloads the configuration on SIGHUP (``None``: SIGHUP keeps its default).
+        on_started: Called once serving started (a worker tells its supervisor).
+        ignore_sigint: Ignore SIGINT (a worker: its supervisor forwards SIGINT as SIGTERM).
     """
 
     def __init__(
         self, config: uvicorn.Config, drain: Drain | None = None,
-        reloader: Reloader | None = None,
+        reloader: Reloader | None = None, *,
+        on_started: Callable[[], None] | None = None,
+        ignore_sigint: bool = False,
     ) -> None:
         super().__init__(config)
         self.drain = drain
         self.reloader = reloader
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._on_started = on_started
+        self._ignore_sigint = ignore_sigint
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         """Start as uvicorn does, then :func:`freeze_startup_heap` (only when started) and
@@ -62,6 +74,8 @@ class GatewayServer(uvicorn.Server):
             freeze_startup_heap()
             if self.reloader is not None:
                 self._loop.add_signal_handler(signal.SIGHUP, self.reloader.trigger, "signal")
+            if self._on_started is not None:
+                self._on_started()
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         """SIGTERM/SIGINT: begin the drain; a second one: stop at once.
@@ -69,6 +83,8 @@ class GatewayServer(uvicorn.Server):
         The signal is not re-raised after shutdown (uvicorn would, ending the process by the
         signal): a completed drain exits 0.
         """
+        if sig == signal.SIGINT and self._ignore_sigint:
+            return
         drain, loop = self.drain, self._loop
         if drain is None or loop is None:  # no drain, or not started yet: stop as uvicorn does
             self.force_exit = self.should_exit
@@ -96,7 +112,9 @@ class GatewayServer(uvicorn.Server):
 
 
 def run_server(
-    config: uvicorn.Config, drain: Drain | None = None, reloader: Reloader | None = None
+    config: uvicorn.Config, drain: Drain | None = None, reloader: Reloader | None = None, *,
+    sockets: list[socket.socket] | None = None,
+    on_started: Callable[[], None] | None = None,
 ) -> None:
     """Serve ``config`` in the foreground until a signal stops it.
 
@@ -106,6 +124,9 @@ def run_server(
         drain: Drain on SIGTERM (see :mod:`gateway.drain`).
         reloader: Reload on SIGHUP (see :mod:`gateway.reload`); a SIGHUP that comes before
             the server started is ignored (the configuration being loaded is the new one).
+        sockets: Serve on these listening sockets (a worker: the supervisor's) instead of
+            binding ``config.host:config.port``; SIGINT is then ignored (see module docstring).
+        on_started: Called once serving started.
 
     Raises:
         SystemExit: With :data:`STARTUP_FAILURE` when the server did not start (as
@@ -117,9 +138,10 @@ def run_server(
         config.timeout_graceful_shutdown = int(drain.settings.timeout_s + SHUTDOWN_MARGIN_S)
     if reloader is not None:
         signal.signal(signal.SIGHUP, signal.SIG_IGN)  # until startup() handles it
-    server = GatewayServer(config, drain, reloader)
+    server = GatewayServer(config, drain, reloader, on_started=on_started,
+                           ignore_sigint=sockets is not None)
     try:
-        server.run()
+        server.run(sockets=sockets)
     except KeyboardInterrupt:
         pass
     if not server.started:

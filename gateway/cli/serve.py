@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -15,8 +16,9 @@ from gateway.settings import GatewaySettings, is_loopback_host, load
 
 if TYPE_CHECKING:
     from gateway.assembly import Gateway
+    from gateway.supervisor import WorkerSlot
 
-__all__ = ["run", "serve"]
+__all__ = ["ListenOverrides", "run", "serve"]
 
 _log = logging.getLogger(__name__)
 
@@ -26,12 +28,49 @@ ConfigOpt = Annotated[
 ]
 
 
+@dataclass(frozen=True)
+class ListenOverrides:
+    """The command line's ``--host``/``--port``, applied to the loaded configuration and to
+    every configuration a live reload loads (picklable: a worker process gets it too).
+
+    Attributes:
+        host: Replaces ``listen.host`` (``None``: keep).
+        port: Replaces ``listen.port`` (``None``: keep).
+    """
+
+    host: str | None = None
+    port: int | None = None
+
+    def __call__(self, settings: GatewaySettings) -> GatewaySettings:
+        """``settings`` with the overrides applied (the same object when there are none)."""
+        if self.host is None and self.port is None:
+            return settings
+        listen = settings.listen.model_copy(
+            update={k: v for k, v in (("host", self.host), ("port", self.port)) if v is not None}
+        )
+        return settings.model_copy(update={"listen": listen})
+
+
+def _unchanged(settings: GatewaySettings) -> GatewaySettings:
+    return settings
+
+
+@dataclass(frozen=True)
+class _ForWorker:
+    adjust: Callable[[GatewaySettings], GatewaySettings]
+    worker: WorkerSlot
+
+    def __call__(self, settings: GatewaySettings) -> GatewaySettings:
+        return self.worker.settings_for(self.adjust(settings))
+
+
 def run(
     settings: GatewaySettings,
     base: Path | None = None,
     *,
     config: Path | None = None,
     adjust: Callable[[GatewaySettings], GatewaySettings] | None = None,
+    worker: WorkerSlot | None = None,
 ) -> None:
     """Serve ``settings`` until interrupted (standard asyncio loop, never uvloop).
 
@@ -47,6 +86,9 @@ def run(
         config: The config file: SIGHUP (and, with ``reload.watch``, a change of its files)
             reloads it live (:mod:`gateway.reload`). ``None``: no live reload.
         adjust: The command line's overrides, applied to each reloaded configuration too.
+        worker: Run as a worker of ``gateway serve --workers N`` (see
+            :mod:`gateway.supervisor`): serve the supervisor's socket, audit under the
+            worker's replica id, admin routes on the worker's Unix socket.
 
     Raises:
         ConfigError: Invalid policy, replica outside its destination, guard self-test failed,
@@ -62,6 +104,10 @@ def run(
     from gateway.http_guard import server_options
     from gateway.server import run_server
 
+    adjust = adjust or _unchanged
+    if worker is not None:
+        settings = worker.settings_for(settings)
+        adjust = _ForWorker(adjust, worker)  # a reload gets the worker's settings as well
     configure_logging(settings.logging)
     egress = start_egress(settings, base)  # the process guard, before any other import
     if any(r.kind == "litellm" for m in settings.models for r in m.replicas):
@@ -77,6 +123,8 @@ def run(
         # GET /status on the admin port: what `gateway preflight` reads from a running gateway.
         admin = gateway.telemetry.admin
         admin.set_status(gateway_status(settings, egress))
+        if worker is not None and worker.admin_path is not None:
+            admin.listen_unix(worker.admin_path)
 
         def on_applied(new: Gateway) -> None:  # a live reload: report what serves now
             admin.set_status(gateway_status(new.settings, egress, new.policy))
@@ -85,10 +133,10 @@ def run(
     if config is not None:
         from gateway.reload import Reloader
 
-        reloader = Reloader(config, gateway, environ=os.environ, adjust=adjust or (lambda s: s),
+        reloader = Reloader(config, gateway, environ=os.environ, adjust=adjust,
                             on_applied=on_applied)
     app = create_app(settings, gateway, drain=drain, reloader=reloader)
-    if not is_loopback_host(settings.listen.host):
+    if worker is None and not is_loopback_host(settings.listen.host):
         _log.info("listening on %s:%s", settings.listen.host, settings.listen.port)
     run_server(
         uvicorn.Config(
@@ -103,6 +151,8 @@ def run(
         ),
         drain,
         reloader,
+        sockets=[worker.listener] if worker is not None else None,
+        on_started=worker.started if worker is not None else None,
     )
 
 
@@ -110,6 +160,10 @@ def serve(
     config: ConfigOpt,
     host: Annotated[str | None, typer.Option(help="Override listen.host.")] = None,
     port: Annotated[int | None, typer.Option(help="Override listen.port.")] = None,
+    workers: Annotated[int, typer.Option(
+        min=1, envvar="SG_WORKERS",
+        help="Worker processes serving the one port (the chart: the CPU limit). More than 1 "
+             "needs shared quota state (quotas.backend: redis).")] = 1,
 ) -> None:
     """Run the gateway from one YAML config file (fails at start if the file is invalid).
 
@@ -117,12 +171,11 @@ def serve(
     refused whole and the running configuration stays).
     """
 
-    def adjust(settings: GatewaySettings) -> GatewaySettings:
-        if host is None and port is None:
-            return settings
-        listen = settings.listen.model_copy(
-            update={k: v for k, v in (("host", host), ("port", port)) if v is not None}
-        )
-        return settings.model_copy(update={"listen": listen})
+    adjust = ListenOverrides(host, port)
+    settings = adjust(load(config, os.environ))
+    if workers > 1:
+        from gateway.supervisor import serve_workers
 
-    run(adjust(load(config, os.environ)), config.parent, config=config, adjust=adjust)
+        raise typer.Exit(serve_workers(settings, config.parent, workers, config=config,
+                                       adjust=adjust))
+    run(settings, config.parent, config=config, adjust=adjust)

@@ -4,14 +4,19 @@ Runs on the gateway's event loop (aiohttp's server), started and stopped with th
 lifespan. ``GET /metrics`` answers the Prometheus text format (0.0.4); ``GET /healthz`` 200.
 ``GET /status`` answers the JSON of the status source given with :meth:`AdminServer.set_status`
 (the facts ``gateway preflight`` checks: revisions, guard, audit store; see
-:mod:`gateway.preflight.status`) plus ``loop``, the class of the event loop serving it; 404
-without a source.
+:mod:`gateway.preflight.status`) plus ``loop``, the class of the event loop serving it, and
+``pid``; 404 without a source.
+
+A worker of ``gateway serve --workers N`` serves the same routes on a Unix socket only its
+supervisor reads (:meth:`AdminServer.listen_unix`); the supervisor serves the configured port
+for the whole pod (:mod:`gateway.telemetry.pod`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -41,6 +46,12 @@ class AdminServer:
         self._registry = registry
         self._runner: web.AppRunner | None = None
         self._status: StatusSource | None = None
+        self.unix_path: str | None = None
+
+    def listen_unix(self, path: str) -> None:
+        """Listen on the Unix socket ``path`` instead of ``host:port`` (call before
+        :meth:`start`)."""
+        self.unix_path = path
 
     def set_status(self, source: StatusSource) -> None:
         """Serve ``source()`` on ``GET /status`` (replaces an earlier source)."""
@@ -50,7 +61,8 @@ class AdminServer:
         if self._status is None:
             return web.json_response({"error": "no status source"}, status=404)
         loop = type(asyncio.get_running_loop())
-        body = {**(await self._status()), "loop": f"{loop.__module__}.{loop.__qualname__}"}
+        body = {**(await self._status()), "loop": f"{loop.__module__}.{loop.__qualname__}",
+                "pid": os.getpid()}
         return web.json_response(body)
 
     async def _metrics(self, _: web.Request) -> web.Response:
@@ -74,13 +86,20 @@ class AdminServer:
         app.router.add_get("/status", self._status_json)
         runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await runner.setup()
-        site = web.TCPSite(runner, self.host, self.port)
+        site: web.BaseSite
+        if self.unix_path is not None:
+            site = web.UnixSite(runner, self.unix_path)
+        else:
+            site = web.TCPSite(runner, self.host, self.port)
         try:
             await site.start()
         except BaseException:
             await runner.cleanup()
             raise
         self._runner = runner
+        if self.unix_path is not None:
+            _log.debug("worker admin server on %s", self.unix_path)
+            return
         server = site._server  # the bound port when configured as 0
         sockets = getattr(server, "sockets", None) or ()
         if sockets:

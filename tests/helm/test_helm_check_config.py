@@ -186,8 +186,14 @@ def _wait_up(url: str, proc: subprocess.Popen[str], log: Path) -> None:
 
 
 def test_real_gateway_serves_the_probe_paths(tmp_path: Path) -> None:
-    """``gateway serve`` on the default render: probes on the client port, /metrics on admin."""
-    pod = pf.materialize(h.render(h.SCENARIOS["default"]), tmp_path)
+    """``gateway serve`` on the default render, with the worker count the chart sets from the
+    CPU limit: probes on the client port, /metrics on admin."""
+    objs = h.render(h.SCENARIOS["default"])
+    pod = pf.materialize(objs, tmp_path)
+    (container,) = [c for d in h.by_kind(objs, "Deployment")
+                    for c in d["spec"]["template"]["spec"]["containers"] if c["name"] == "gateway"]
+    workers = container["args"][container["args"].index("--workers") + 1]
+    assert workers == "2"  # the default CPU limit
     config = dict(pod.config)
     api, admin = free_port(), free_port()
     config["listen"] = {**config["listen"], "host": "127.0.0.1", "port": api}
@@ -195,7 +201,8 @@ def test_real_gateway_serves_the_probe_paths(tmp_path: Path) -> None:
     pod.config_file.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "HF_HUB_OFFLINE": "1"}
     log = (tmp_path / "serve.log").open("w", encoding="utf-8")
-    proc = subprocess.Popen([str(pf.GATEWAY_CLI), "serve", "--config", str(pod.config_file)],
+    proc = subprocess.Popen([str(pf.GATEWAY_CLI), "serve", "--config", str(pod.config_file),
+                             "--workers", workers],
                             stdout=subprocess.DEVNULL, stderr=log, text=True, env=env)
     try:
         _wait_up(f"http://127.0.0.1:{api}/healthz", proc, tmp_path / "serve.log")
@@ -203,9 +210,15 @@ def test_real_gateway_serves_the_probe_paths(tmp_path: Path) -> None:
         assert httpx.get(f"http://127.0.0.1:{api}/healthz").status_code == 200
         ready = httpx.get(f"http://127.0.0.1:{api}/readyz")
         assert ready.status_code in (200, 503), ready.text  # the route exists; backends may not
-        metrics = httpx.get(f"http://127.0.0.1:{admin}/metrics")
-        assert metrics.status_code == 200
+        deadline = time.monotonic() + 60
+        while True:  # the pod's /metrics: both workers once the second one serves too
+            metrics = httpx.get(f"http://127.0.0.1:{admin}/metrics")
+            assert metrics.status_code == 200
+            if "sg_gateway_workers 2.0" in metrics.text or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
         assert "# TYPE" in metrics.text
+        assert "sg_gateway_workers 2.0" in metrics.text
         assert httpx.get(f"http://127.0.0.1:{api}/metrics").status_code == 404
         models = httpx.get(f"http://127.0.0.1:{api}/v1/models",
                            headers={"Authorization": f"Bearer {pf.API_KEY}"})

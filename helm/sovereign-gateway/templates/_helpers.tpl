@@ -201,3 +201,30 @@ seccompProfile:
     - port: {{ .Values.egress.dns.port }}
       protocol: TCP
 {{- end }}
+
+{{/* Worker processes of the gateway container (`gateway serve --workers`): gateway.workers, or
+"auto" = resources.limits.cpu rounded down (at least 1); 1 when extraConfig.quotas keeps quota
+state in memory (each worker would admit the whole limit), and a number > 1 is then refused. */}}
+{{- define "sg.workers" -}}
+{{- $q := dict -}}
+{{- if hasKey .Values.gateway.extraConfig "quotas" -}}{{- $q = .Values.gateway.extraConfig.quotas | default dict -}}{{- end -}}
+{{- $memoryQuotas := and (hasKey .Values.gateway.extraConfig "quotas") (ne (toString (dig "enabled" true $q)) "false") (eq (toString (dig "backend" "memory" $q)) "memory") -}}
+{{- $w := .Values.gateway.workers -}}
+{{- if eq (toString $w) "auto" -}}
+  {{- $cpu := "" -}}
+  {{- with .Values.resources -}}{{- with .limits -}}{{- $cpu = toString (.cpu | default "") -}}{{- end -}}{{- end -}}
+  {{- $n := 1 -}}
+  {{- if hasSuffix "m" $cpu -}}
+    {{- $n = div (atoi (trimSuffix "m" $cpu)) 1000 -}}
+  {{- else if $cpu -}}
+    {{- $n = int (floor (float64 $cpu)) -}}
+  {{- end -}}
+  {{- if $memoryQuotas -}}{{- $n = 1 -}}{{- end -}}
+  {{- max $n 1 -}}
+{{- else -}}
+  {{- if and $memoryQuotas (gt (int $w) 1) -}}
+    {{- fail (printf "gateway.workers=%v with extraConfig.quotas.backend memory: each worker would keep its own quota state and admit the whole limit. Set quotas.backend: redis, or gateway.workers: 1 (or auto)." $w) -}}
+  {{- end -}}
+  {{- int $w -}}
+{{- end -}}
+{{- end }}

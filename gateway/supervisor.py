@@ -1,0 +1,437 @@
+"""``gateway serve --workers N``: N worker processes serving one listening socket.
+
+The supervisor (the process started, PID 1 in the container) binds ``listen.host:port`` once
+and starts N workers with the ``spawn`` start method: each worker is a fresh interpreter that
+runs exactly what one ``gateway serve`` process runs (the process egress guard installed and
+self-tested first, the assembly, the drain) on the socket it inherited. The kernel hands each
+new connection to one worker's ``accept``. The supervisor serves no client request.
+
+Per worker:
+
+* **audit**: its own hash chain; its replica id is ``<audit.replica_id>-w<index>``, so a
+  restarted worker's chain names the previous chain of the same worker
+  (``gateway audit verify`` checks every chain and link as for separate gateways);
+* **state shared by the pod**: managed keys and revocations are read from the key store
+  (SQLite/PostgreSQL, polled every ``keystore.refresh_s`` by each worker), quotas must live in
+  Redis: :func:`check_workers` refuses to start ``quotas.backend: memory`` (each worker would
+  admit the whole limit) and a ``sqlite:///:memory:`` store, naming the setting;
+* **per worker, by design**: replica health and in-flight counts, the prefix index of
+  ``prefix_affinity`` (as with several pods), ``limits.max_client_connections`` and
+  ``limits.max_upstream_connections`` (the pod allows N times as many);
+* **metrics**: each worker serves its admin routes on a Unix socket in a private directory;
+  the supervisor serves ``telemetry.admin`` and merges every worker's ``/metrics`` per scrape
+  (:mod:`gateway.telemetry.pod`).
+
+Signals: the first SIGTERM or SIGINT is forwarded as SIGTERM to every worker (each drains as
+one process does: ``/readyz`` 503, accepting for ``drain.delay_s``, streams end by
+``drain.timeout_s``, audit chain sealed); the supervisor closes its copy of the listener,
+waits for every worker and exits 0 when each drained cleanly. A second SIGTERM or SIGINT is
+forwarded again: the workers stop at once. SIGHUP is forwarded to every worker (each reloads
+in process). Workers ignore SIGINT (a Ctrl-C reaches the whole process group; the supervisor's
+forwarded SIGTERM counts once) and begin draining if the supervisor dies.
+
+A worker that exits while the pod serves is restarted with the same index, with one warning
+line naming its pid and exit status (``sg_gateway_worker_restarts_total`` counts them). A
+worker that exits before it started serving (at start or after a restart: invalid
+configuration, store unreachable, port trouble) stops the pod: the other workers drain and the
+supervisor exits with status 3, so the orchestrator's restart back-off applies instead of a
+restart loop inside the pod.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import multiprocessing
+import multiprocessing.connection
+import os
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+from gateway.config_errors import InvalidConfig
+from gateway.drain import SHUTDOWN_MARGIN_S
+from gateway.errors import ConfigError, GatewayError
+from gateway.logs import configure_logging
+from gateway.settings import GatewaySettings
+
+Adjust = Callable[[GatewaySettings], GatewaySettings]
+"""The command line's overrides of a loaded configuration (see ``gateway.cli.serve``)."""
+
+__all__ = ["STARTUP_FAILURE", "WorkerSlot", "check_workers", "serve_workers",
+           "worker_replica_id"]
+
+_log = logging.getLogger(__name__)
+
+STARTUP_FAILURE = 3
+"""Exit status when a worker did not start (as one process: ``uvicorn.main.STARTUP_FAILURE``)."""
+
+_BACKLOG = 2048  # uvicorn's default
+
+
+def worker_replica_id(replica_id: str, index: int) -> str:
+    """The audit replica id of worker ``index``: ``<replica_id>-w<index>`` (63 chars at most).
+
+    Args:
+        replica_id: ``audit.replica_id``.
+        index: Worker index, 0-based.
+    """
+    suffix = f"-w{index}"
+    return replica_id[: 63 - len(suffix)] + suffix
+
+
+def _memory_sqlite(url: str | None) -> bool:
+    return url is not None and url.startswith("sqlite:") and (
+        ":memory:" in url or "mode=memory" in url)
+
+
+def check_workers(settings: GatewaySettings, workers: int) -> None:
+    """Refuse settings whose state would diverge between ``workers`` processes.
+
+    Args:
+        settings: The loaded settings.
+        workers: Worker processes (1: nothing to check).
+
+    Raises:
+        InvalidConfig: ``file:line: key: problem`` for each setting that keeps pod-wide state
+            in one process's memory.
+    """
+    if workers <= 1:
+        return
+    problems: list[str] = []
+    q = settings.quotas
+    if q is not None and q.enabled and q.backend == "memory":
+        problems.append(
+            f"quotas.backend: memory keeps quota state inside one process; with --workers "
+            f"{workers} each worker would admit the whole limit: use backend: redis (shared), "
+            "or --workers 1")
+    if settings.audit is not None and settings.audit.enabled and _memory_sqlite(
+            settings.audit.store):
+        problems.append("audit.store: an in-memory SQLite store is per process; with --workers "
+                        f"{workers} use a file or PostgreSQL")
+    ks = settings.keystore
+    if ks is not None and ks.enabled and _memory_sqlite(ks.store):
+        problems.append("keystore.store: an in-memory SQLite store is per process: a key "
+                        f"created or revoked would reach one of {workers} workers; use a file "
+                        "or PostgreSQL")
+    if problems:
+        located = [p for msg in problems for p in settings.problems_of(ConfigError(msg))]
+        raise InvalidConfig(located)
+
+
+@dataclass
+class WorkerSlot:
+    """What a worker process is given by its supervisor (pickled to the spawned process).
+
+    Attributes:
+        index: Worker index (0..N-1); a restarted worker keeps its index.
+        listener: The listening socket (inherited).
+        ready: Write end of the pipe on which the worker reports that it serves.
+        admin_path: Unix socket for the worker's admin routes (``None`` without telemetry).
+    """
+
+    index: int
+    listener: socket.socket
+    ready: Connection
+    admin_path: str | None
+
+    def settings_for(self, settings: GatewaySettings) -> GatewaySettings:
+        """``settings`` with this worker's audit replica id (see :func:`worker_replica_id`)."""
+        if settings.audit is None:
+            return settings
+        audit = settings.audit.model_copy(
+            update={"replica_id": worker_replica_id(settings.audit.replica_id, self.index)})
+        return settings.model_copy(update={"audit": audit})  # keeps the file:line map
+
+    def started(self) -> None:
+        """Tell the supervisor this worker serves (called once by the server)."""
+        self.ready.send(("ready", os.getpid()))
+        self.ready.close()
+
+
+def _watch_parent() -> None:
+    """Drain (SIGTERM to self) when the supervisor is gone (it was killed)."""
+    parent = multiprocessing.parent_process()
+    if parent is None:
+        return
+
+    def wait() -> None:
+        multiprocessing.connection.wait([parent.sentinel])
+        _log.warning("supervisor gone: draining")
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=wait, name="sg-supervisor-watch", daemon=True).start()
+
+
+def _worker_main(settings: GatewaySettings, base: Path | None, slot: WorkerSlot,
+                 config: Path | None, adjust: Adjust | None) -> None:
+    # The supervisor forwards SIGINT as SIGTERM; SIGHUP stays harmless until the in-process
+    # reload (gateway.reload) installs its handler once serving (the default would end it).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    _watch_parent()
+    from gateway.cli.serve import run
+
+    try:
+        run(settings, base, worker=slot, config=config, adjust=adjust)
+    except GatewayError as exc:
+        from clishell import error_line
+
+        print(error_line("gateway", exc.code, f"worker {slot.index}: {exc.message}"),
+              file=sys.stderr)
+        sys.exit(2)
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                flags=socket.AI_PASSIVE)[0][0]
+    sock = socket.create_server((host, port), family=family, backlog=_BACKLOG)
+    sock.set_inheritable(True)
+    return sock
+
+
+@dataclass
+class _Worker:
+    index: int
+    process: Any  # multiprocessing.context.SpawnProcess
+    conn: Connection
+    ready: bool = False
+    pid: int = 0
+    exitcode: int | None = field(default=None)
+
+
+class Supervisor:
+    """Starts, watches and stops the workers (see module docstring).
+
+    Args:
+        settings: The validated settings (checked by :func:`check_workers`).
+        base: Directory of the config file.
+        workers: Number of worker processes (>= 2).
+        config: The config file each worker reloads live on SIGHUP (``None``: no reload).
+        adjust: The command line's overrides applied to each reloaded configuration
+            (picklable, e.g. :class:`gateway.cli.serve.ListenOverrides`).
+    """
+
+    def __init__(
+        self, settings: GatewaySettings, base: Path | None, workers: int, *,
+        config: Path | None = None, adjust: Adjust | None = None,
+    ) -> None:
+        self.settings = settings
+        self.base = base
+        self.config = config
+        self.adjust = adjust
+        self.count = workers
+        self.restarts = 0
+        self._ctx = multiprocessing.get_context("spawn")
+        self._workers: dict[int, _Worker] = {}
+        self._listener: socket.socket | None = None
+        self._dir = ""
+        self._draining = False
+        self._failed = False  # a worker did not start: the pod stops
+        self._all_ready = False
+        self._done: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # --- processes ---------------------------------------------------------------------
+
+    def _admin_path(self, index: int) -> str | None:
+        return os.path.join(self._dir, f"worker-{index}.sock") if self._admin_on else None
+
+    @property
+    def _admin_on(self) -> bool:
+        t = self.settings.telemetry
+        return t is not None and t.enabled
+
+    def _spawn(self, index: int) -> None:
+        assert self._listener is not None and self._loop is not None
+        parent_end, child_end = self._ctx.Pipe(duplex=False)
+        slot = WorkerSlot(index, self._listener, child_end, self._admin_path(index))
+        proc = self._ctx.Process(target=_worker_main, args=(self.settings, self.base, slot,
+                                                                self.config, self.adjust),
+                                 name=f"gateway-worker-{index}")
+        proc.start()
+        child_end.close()
+        w = _Worker(index, proc, parent_end, pid=proc.pid or 0)
+        self._workers[index] = w
+        self._loop.add_reader(parent_end.fileno(), self._on_message, w)
+        self._loop.add_reader(proc.sentinel, self._on_exit, w)
+        _log.info("worker %d started (pid %d)", index, w.pid)
+
+    def _on_message(self, w: _Worker) -> None:
+        assert self._loop is not None
+        try:
+            msg = w.conn.recv()
+        except (EOFError, OSError):
+            self._loop.remove_reader(w.conn.fileno())
+            return
+        if isinstance(msg, tuple) and msg and msg[0] == "ready":
+            w.ready = True
+            if not self._all_ready and all(x.ready for x in self._workers.values()):
+                self._all_ready = True
+                _log.info("%d workers serving on %s:%s", self.count,
+                          self.settings.listen.host, self.settings.listen.port)
+
+    def _on_exit(self, w: _Worker) -> None:
+        assert self._loop is not None and self._done is not None
+        self._loop.remove_reader(w.process.sentinel)
+        if not w.conn.closed:
+            with contextlib.suppress(EOFError, OSError):
+                if not w.ready and w.conn.poll():  # a "ready" not read yet (the one message)
+                    self._on_message(w)
+            self._loop.remove_reader(w.conn.fileno())
+            w.conn.close()
+        w.process.join()
+        w.exitcode = w.process.exitcode
+        status = _describe(w.exitcode)
+        if self._draining or self._failed:
+            _log.info("worker %d (pid %d) exited: %s", w.index, w.pid, status)
+        elif not w.ready:
+            _log.error("worker %d (pid %d) exited before it served (%s): stopping the pod",
+                       w.index, w.pid, status)
+            self._failed = True
+            self._begin_stop(None)
+        else:
+            self.restarts += 1
+            _log.warning("worker %d (pid %d) exited unexpectedly (%s): restarting it",
+                         w.index, w.pid, status)
+            del self._workers[w.index]
+            self._spawn(w.index)
+            return
+        if all(x.exitcode is not None for x in self._workers.values()):
+            self._done.set()
+
+    def _live(self) -> list[_Worker]:
+        return [w for w in self._workers.values() if w.exitcode is None]
+
+    def _signal_all(self, sig: int) -> None:
+        for w in self._live():
+            try:
+                os.kill(w.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    # --- signals -----------------------------------------------------------------------
+
+    def _begin_stop(self, sig: int | None) -> None:
+        assert self._loop is not None
+        if self._draining:
+            _log.warning("second %s: stopping the workers at once",
+                         signal.Signals(sig).name if sig else "stop")
+            self._signal_all(signal.SIGTERM)
+            return
+        self._draining = True
+        if sig is not None:
+            _log.info("%s: draining %d worker(s)", signal.Signals(sig).name, len(self._live()))
+        if self._listener is not None:  # the workers hold their own copies until they close
+            self._listener.close()
+            self._listener = None
+        self._signal_all(signal.SIGTERM)
+        backstop = self.settings.drain.timeout_s + 3 * SHUTDOWN_MARGIN_S
+        self._loop.call_later(backstop, self._kill_remaining)
+
+    def _kill_remaining(self) -> None:
+        for w in self._live():
+            _log.error("worker %d (pid %d) still running after the drain: killed", w.index,
+                       w.pid)
+            os.kill(w.pid, signal.SIGKILL)
+
+    def _forward(self, sig: int) -> None:
+        _log.info("%s: forwarded to %d worker(s)", signal.Signals(sig).name, len(self._live()))
+        self._signal_all(sig)
+
+    # --- run ---------------------------------------------------------------------------
+
+    async def _main(self) -> int:
+        from gateway.telemetry.pod import PodAdminServer, WorkerEndpoint
+
+        self._loop = loop = asyncio.get_running_loop()
+        self._done = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._begin_stop, sig)
+        loop.add_signal_handler(signal.SIGHUP, self._forward, signal.SIGHUP)
+        listen = self.settings.listen
+        self._listener = _bind(listen.host, listen.port)
+        self._dir = tempfile.mkdtemp(prefix="sg-workers-")
+        admin: PodAdminServer | None = None
+        if self._admin_on:
+            assert self.settings.telemetry is not None
+            a = self.settings.telemetry.admin
+
+            def endpoints() -> list[WorkerEndpoint]:
+                return [WorkerEndpoint(w.index, w.pid, p) for w in self._live()
+                        if w.ready and (p := self._admin_path(w.index)) is not None]
+
+            admin = PodAdminServer(a.host, a.port, endpoints, lambda: self.restarts)
+        try:
+            if admin is not None:
+                await admin.start()
+            for index in range(self.count):
+                self._spawn(index)
+            await self._done.wait()
+        finally:
+            if admin is not None:
+                await admin.stop()
+            if self._listener is not None:
+                self._listener.close()
+            shutil.rmtree(self._dir, ignore_errors=True)
+        if self._failed:
+            return STARTUP_FAILURE
+        # A worker still starting when the drain began ends by the SIGTERM: not a failure.
+        bad = [w for w in self._workers.values() if w.exitcode != 0
+               and not (not w.ready and w.exitcode == -signal.SIGTERM)]
+        for w in bad:
+            _log.error("worker %d (pid %d) did not drain cleanly: %s", w.index, w.pid,
+                       _describe(w.exitcode))
+        return 1 if bad else 0
+
+    def run(self) -> int:
+        """Serve until stopped.
+
+        Returns:
+            The exit status: 0 after a clean drain of every worker, 3 when a worker did not
+            start, 1 when a worker did not drain cleanly.
+        """
+        return asyncio.run(self._main())
+
+
+def _describe(code: int | None) -> str:
+    if code is not None and code < 0:
+        return f"signal {signal.Signals(-code).name}"
+    return f"exit status {code}"
+
+
+def serve_workers(
+    settings: GatewaySettings, base: Path | None, workers: int, *,
+    config: Path | None = None, adjust: Adjust | None = None,
+) -> int:
+    """Run ``workers`` worker processes on ``settings.listen`` until stopped.
+
+    Args:
+        settings: The validated settings.
+        base: Directory of the config file (relative paths).
+        workers: Number of worker processes (>= 2).
+        config: The config file each worker reloads live on SIGHUP (``None``: no reload).
+        adjust: The overrides applied to each reloaded configuration (picklable).
+
+    Returns:
+        The exit status (see :meth:`Supervisor.run`).
+
+    Raises:
+        InvalidConfig: A setting keeps pod-wide state in one process (:func:`check_workers`).
+    """
+    check_workers(settings, workers)
+    configure_logging(settings.logging)
+    try:
+        return Supervisor(settings, base, workers, config=config, adjust=adjust).run()
+    except OSError as exc:  # the listen or admin port
+        _log.error("gateway did not start: %s", exc)
+        return STARTUP_FAILURE

@@ -1,0 +1,204 @@
+"""The admin port of a pod with several workers: ``/metrics`` and ``/status`` of every worker.
+
+With ``gateway serve --workers N`` each worker keeps its metrics in process (as one gateway
+does) and serves them on a Unix socket in a private directory of the supervisor
+(:meth:`AdminServer.listen_unix <gateway.telemetry.admin.AdminServer.listen_unix>`). The
+supervisor listens on the configured admin port; each scrape reads every worker's
+``/metrics`` at that moment and answers one merged exposition, so Prometheus sees the pod, not
+the worker that happened to answer. Merging, per sample (same name and labels):
+
+* counters and histograms (``_bucket``, ``_count``, ``_sum``): the sum over the workers (every
+  worker has the same bucket bounds: one code base);
+* gauges: the sum (requests in flight per replica, audit queue depth), except those named in
+  :data:`GAUGE_MERGE`: a replica's health is the minimum (a replica any worker has ejected is
+  reported 0), the figures each worker scrapes from the same vLLM replica are the maximum (the
+  most pessimistic view).
+
+The supervisor adds ``sg_gateway_workers`` (workers answering this scrape) and
+``sg_gateway_worker_restarts_total``. A worker that does not answer within the scrape timeout
+is left out of that scrape (its counters seem to drop: Prometheus' ``rate`` treats it as a
+counter reset); a restarted worker starts its counters at zero, the same.
+
+``/status`` answers the first worker's document (what ``gateway preflight`` reads) with
+``guard`` and ``loop`` taken from the worst worker, plus ``workers``: every worker's index,
+pid, guard, loop and audit replica. The pid list is how an operator (and the tests) see which
+process answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import aiohttp
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.metrics_core import Metric
+from prometheus_client.parser import text_string_to_metric_families
+
+from gateway.telemetry.admin import AdminServer
+
+__all__ = ["GAUGE_MERGE", "PodAdminServer", "WorkerEndpoint", "merge_expositions"]
+
+_log = logging.getLogger(__name__)
+
+Merge = Literal["sum", "min", "max"]
+
+#: Gauges not summed over the workers (Prometheus family name -> rule); every other gauge sums.
+GAUGE_MERGE: dict[str, Merge] = {
+    "sg_gateway_replica_healthy": "min",
+    "sg_gateway_replica_waiting": "max",
+    "sg_gateway_replica_running": "max",
+    "sg_gateway_replica_kv_usage_ratio": "max",
+    "sg_gateway_replica_signals_age_seconds": "max",
+    "sg_gateway_replica_index_blocks": "max",
+}
+
+_SCRAPE_TIMEOUT_S = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerEndpoint:
+    """Where one live worker serves its admin routes.
+
+    Attributes:
+        index: Worker index (0..N-1).
+        pid: Process id.
+        path: Its admin Unix socket.
+    """
+
+    index: int
+    pid: int
+    path: str
+
+
+def _combine(rule: Merge, a: float, b: float) -> float:
+    if rule == "min":
+        return min(a, b)
+    if rule == "max":
+        return max(a, b)
+    return a + b
+
+
+def merge_expositions(texts: Sequence[str]) -> list[Metric]:
+    """Merge Prometheus text expositions of several workers into one (rules: module docstring).
+
+    Args:
+        texts: One exposition (format 0.0.4) per worker.
+
+    Returns:
+        The metric families, in order of first appearance, samples in order of first
+        appearance.
+
+    Raises:
+        ValueError: A text is not a valid exposition.
+    """
+    families: dict[str, Metric] = {}
+    values: dict[str, dict[tuple[str, tuple[tuple[str, str], ...]], float]] = {}
+    for text in texts:
+        for fam in text_string_to_metric_families(text):
+            out = families.get(fam.name)
+            if out is None:
+                out = families[fam.name] = Metric(fam.name, fam.documentation, fam.type)
+                values[fam.name] = {}
+            rule: Merge = GAUGE_MERGE.get(fam.name, "sum") if fam.type == "gauge" else "sum"
+            points = values[fam.name]
+            for sample in fam.samples:
+                key = (sample.name, tuple(sorted(sample.labels.items())))
+                old = points.get(key)
+                points[key] = sample.value if old is None else _combine(rule, old, sample.value)
+    for name, fam in families.items():
+        for (sample_name, labels), value in values[name].items():
+            fam.add_sample(sample_name, dict(labels), value)
+    return list(families.values())
+
+
+class _Families:
+    """A ``prometheus_client`` collector over fixed families (one scrape's result)."""
+
+    def __init__(self, families: Sequence[Metric]) -> None:
+        self._families = families
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self._families
+
+
+class PodAdminServer(AdminServer):
+    """The supervisor's admin server: the routes of :class:`AdminServer` for the whole pod.
+
+    Args:
+        host: Listen address (``telemetry.admin.host``).
+        port: Listen port (``telemetry.admin.port``).
+        workers: ``() -> endpoints`` of the workers running now.
+        restarts: ``() -> restarts so far`` (workers restarted after an unexpected exit).
+    """
+
+    def __init__(self, host: str, port: int, workers: Callable[[], Sequence[WorkerEndpoint]],
+                 restarts: Callable[[], int]) -> None:
+        super().__init__(host, port, CollectorRegistry(auto_describe=False))
+        self._workers = workers
+        self._restarts = restarts
+
+    async def _get(self, worker: WorkerEndpoint, path: str) -> bytes | None:
+        try:
+            async with aiohttp.ClientSession(
+                connector=aiohttp.UnixConnector(path=worker.path),
+                timeout=aiohttp.ClientTimeout(total=_SCRAPE_TIMEOUT_S),
+            ) as session, session.get(f"http://worker{path}") as resp:
+                if resp.status != 200:
+                    raise aiohttp.ClientError(f"HTTP {resp.status}")
+                return await resp.read()
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            _log.warning("worker %d (pid %d): GET %s failed: %s", worker.index, worker.pid,
+                         path, exc)
+            return None
+
+    async def _gather(self, path: str) -> list[tuple[WorkerEndpoint, bytes]]:
+        workers = list(self._workers())
+        bodies = await asyncio.gather(*(self._get(w, path) for w in workers))
+        return [(w, b) for w, b in zip(workers, bodies, strict=True) if b is not None]
+
+    async def _metrics(self, _: web.Request) -> web.Response:
+        answered = await self._gather("/metrics")
+        families = merge_expositions([body.decode("utf-8") for _, body in answered])
+        count = Metric("sg_gateway_workers", "Workers of this pod answering this scrape",
+                       "gauge")
+        count.add_sample("sg_gateway_workers", {}, float(len(answered)))
+        restarts = Metric("sg_gateway_worker_restarts",
+                          "Workers restarted after an unexpected exit", "counter")
+        restarts.add_sample("sg_gateway_worker_restarts_total", {}, float(self._restarts()))
+        body = generate_latest(_Families([*families, count, restarts]))
+        return web.Response(body=body, headers={"content-type": CONTENT_TYPE_LATEST})
+
+    async def _status_json(self, _: web.Request) -> web.Response:
+        import json
+
+        docs: list[dict[str, Any]] = []
+        for worker, body in await self._gather("/status"):
+            doc = json.loads(body)
+            doc["worker"] = worker.index
+            docs.append(doc)
+        if not docs:
+            return web.json_response({"error": "no worker answered"}, status=503)
+        out = dict(docs[0])
+        guards = [d.get("guard") or {} for d in docs]
+        out["guard"] = {
+            **guards[0],
+            "installed": all(g.get("installed") is True for g in guards),
+            "self_test": ("passed" if all(g.get("self_test") == "passed" for g in guards)
+                          else "not_run"),
+        }
+        loops = [str(d.get("loop", "")) for d in docs]
+        out["loop"] = next((lp for lp in loops if lp != loops[0]), loops[0])
+        out["workers"] = [
+            {"index": d["worker"], "pid": d.get("pid"), "guard": d.get("guard"),
+             "loop": d.get("loop"), "audit_replica": (d.get("audit") or {}).get("replica"),
+             "config_revision": d.get("config_revision")}
+            for d in docs
+        ]
+        out.pop("worker", None)
+        out.pop("pid", None)
+        return web.json_response(out)

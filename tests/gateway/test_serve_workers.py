@@ -1,0 +1,358 @@
+"""``gateway serve --workers 2``: two real worker processes on one port behind a supervisor.
+
+Each worker has its own audit chain (its pid in ``chain.started``), its own process guard
+(self-tested), shares the quota state in Redis; the admin port reports the whole pod; SIGTERM
+drains both workers and exits 0; a killed worker is restarted; memory-backed quotas are refused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import redis
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.conftest import free_port
+from tests.gateway.helpers import SERVED, sse_events, start_sim
+
+ROOT = Path(__file__).resolve().parents[2]
+REDIS_URL = "redis://127.0.0.1:6379/0"
+KEY_BULK = "sg-workers-bulk"
+KEY_LIMITED = "sg-workers-limited"
+LIMIT = 10  # requests per minute of the limited key, for the whole pod
+
+
+def _wait(cond: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(0.05)
+
+
+def _sha(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+@dataclass
+class Pod:
+    proc: subprocess.Popen[str]
+    url: str
+    admin: str
+    config: Path
+
+    def get(self, url: str) -> httpx.Response | None:
+        try:
+            return httpx.get(url, timeout=5)
+        except httpx.TransportError:
+            return None
+
+    def status(self) -> dict[str, Any] | None:
+        r = self.get(self.admin + "/status")
+        return r.json() if r is not None and r.status_code == 200 else None
+
+    def worker_pids(self) -> list[int]:
+        st = self.status() or {}
+        return sorted(w["pid"] for w in st.get("workers", []))
+
+    def metrics(self) -> dict[str, Any]:
+        r = self.get(self.admin + "/metrics")
+        assert r is not None and r.status_code == 200
+        return {f.name: f for f in text_string_to_metric_families(r.text)}
+
+
+@pytest.fixture
+def redis_prefix() -> Iterator[str]:
+    """A unique key prefix on the shared Redis, cleaned up after the test."""
+    prefix = f"sg:q:workers:{uuid.uuid4().hex[:12]}:"
+    yield prefix
+    client = redis.Redis.from_url(REDIS_URL)
+    try:
+        keys = list(client.scan_iter(match=prefix + "*", count=1000))
+        if keys:
+            client.delete(*keys)
+    finally:
+        client.close()
+
+
+@pytest.fixture
+def sim_url(serve_asgi: Callable[..., Any]) -> str:
+    # Up to 1,000 tokens 20 ms apart: max_tokens=100 is a stream of about 2 s.
+    return start_sim(serve_asgi, itl_s=0.02, tokens_per_response=1000).url
+
+
+@pytest.fixture
+def pod(tmp_path: Path, sim_url: str, redis_prefix: str) -> Iterator[Callable[..., Pod]]:
+    from gateway.audit import Signer, generate_key_file, write_key_pair
+
+    procs: list[subprocess.Popen[str]] = []
+
+    def start(quotas: str = "redis", audit: bool = True, workers: int = 2,
+              expect_start: bool = True, extra_destination: str = "") -> Pod:
+        port, admin = free_port(), free_port()
+        sim_port = int(sim_url.rsplit(":", 1)[1])
+        policy = tmp_path / "policy.yaml"
+        dest = "{id: %s, host: 127.0.0.1, port: %d, region: eu-de-1, jurisdiction: EU, " \
+               "operator: acme}"
+        policy.write_text(
+            "version: 1\ndata_classes: [public]\ndestinations:\n"
+            f"  - {dest % ('sim', sim_port)}\n  - {dest % ('redis', 6379)}\n"
+            + extra_destination + "rules:\n  - {id: public-anywhere, classes: [public]}\n")
+        cfg: dict[str, Any] = {
+            "listen": {"host": "127.0.0.1", "port": port},
+            "models": [{"name": "m", "served_model_name": SERVED,
+                        "replicas": [{"url": sim_url, "destination": "sim"}]}],
+            "keys": [{"id": kid, "sha256": _sha(key), "models": ["m"], "team": "t",
+                      "data_class": "public"}
+                     for kid, key in (("bulk", KEY_BULK), ("limited", KEY_LIMITED))],
+            "health": {"active": False},
+            "logging": {"access_log": False},
+            "drain": {"delay_s": 0.5, "timeout_s": 30},
+            "policy": {"file": str(policy), "guard": "enforce"},
+            "telemetry": {"admin": {"host": "127.0.0.1", "port": admin}},
+            "quotas": {"backend": quotas, "redis_url": REDIS_URL, "key_prefix": redis_prefix,
+                       "keys": {"limited": {"requests_per_minute": LIMIT}}},
+        }
+        if audit:
+            key, _ = write_key_pair(Signer.generate(), tmp_path / "audit.key")
+            cfg["audit"] = {
+                "store": f"sqlite://{tmp_path / 'audit.db'}", "signing_key_file": str(key),
+                "pseudonym_key_file": str(generate_key_file(tmp_path / "pseudonym.key")),
+                "replica_id": "pod", "heartbeat_s": 5,
+            }
+        path = tmp_path / "gateway.yaml"
+        path.write_text(yaml.safe_dump(cfg))
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gateway.cli", "serve", "--config", str(path),
+             "--workers", str(workers)],
+            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            # no preexec_fn: the supervisor sets its own handlers for SIGTERM, SIGINT and SIGHUP
+            # (ignored when started from nohup or a background job) and the workers theirs
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
+        procs.append(proc)
+        p = Pod(proc, f"http://127.0.0.1:{port}", f"http://127.0.0.1:{admin}", path)
+        if expect_start:
+            _wait(lambda: len(p.worker_pids()) == workers or proc.poll() is not None, 120,
+                  "both workers to serve")
+            assert proc.poll() is None, proc.communicate()[1][-3000:]
+        return p
+
+    yield start
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
+class Stream(threading.Thread):
+    """One streamed chat completion on its own connection, read in a thread."""
+
+    def __init__(self, url: str, key: str, max_tokens: int = 100) -> None:
+        super().__init__(daemon=True)
+        self.url, self.key, self.max_tokens = url, key, max_tokens
+        self.status = 0
+        self.body = b""
+        self.error: Exception | None = None
+
+    def run(self) -> None:
+        body = {"model": "m", "stream": True, "max_tokens": self.max_tokens,
+                "messages": [{"role": "user", "content": "hi"}]}
+        try:
+            with httpx.Client(timeout=60) as client, client.stream(
+                    "POST", self.url + "/v1/chat/completions", json=body,
+                    headers={"authorization": f"Bearer {self.key}"}) as resp:
+                self.status = resp.status_code
+                for chunk in resp.iter_raw():
+                    self.body += chunk
+        except httpx.HTTPError as exc:
+            self.error = exc
+
+    @property
+    def events(self) -> list[Any]:
+        return sse_events(self.body)
+
+
+def _requests_by_chain(db: Path) -> tuple[dict[str, int], dict[str, int]]:
+    """``({chain: pid of chain.started}, {chain: request records})`` of the audit store."""
+    with sqlite3.connect(db) as conn:
+        rows = conn.execute("SELECT chain, type, body FROM audit_records").fetchall()
+    pids: dict[str, int] = {}
+    requests: dict[str, int] = {}
+    for chain, type_, body in rows:
+        if type_ == "chain.started":
+            pids[chain] = json.loads(body)["data"]["pid"]
+        elif type_.startswith("request."):
+            requests[chain] = requests.get(chain, 0) + 1
+    return pids, requests
+
+
+def _total(families: dict[str, Any], name: str, sample: str | None = None,
+           **labels: str) -> float:
+    fam = families[name]
+    return float(sum(s.value for s in fam.samples if s.name == (sample or name)
+                     and all(s.labels.get(k) == v for k, v in labels.items())))
+
+
+def test_two_workers_serve_one_port_with_own_chains_shared_quota_and_one_metrics_view(
+    pod: Callable[..., Pod], tmp_path: Path,
+) -> None:
+    p = pod()
+    pids = p.worker_pids()
+    assert len(set(pids)) == 2 and p.proc.pid not in pids
+    status = p.status()
+    assert status is not None
+    # the process guard was installed and self-tested in each worker
+    for w in status["workers"]:
+        assert w["guard"] == {"mode": "enforce", "installed": True, "self_test": "passed"}
+        assert w["loop"].startswith("asyncio.")
+    assert status["guard"]["self_test"] == "passed"
+    assert sorted(w["audit_replica"] for w in status["workers"]) == ["pod-w0", "pod-w1"]
+
+    # concurrent streams, one connection each, until both workers have served some
+    sent = 0
+    db = tmp_path / "audit.db"
+    for _ in range(10):
+        batch = [Stream(p.url, KEY_BULK) for _ in range(16)]
+        for st in batch:
+            st.start()
+        for st in batch:
+            st.join(60)
+            assert st.error is None and st.status == 200 and st.events[-1] == "[DONE]"
+        sent += len(batch)
+        chain_pids, served = _requests_by_chain(db)
+        if len(served) == 2:
+            break
+    assert len(served) == 2, served
+    assert sorted(chain_pids[c] for c in served) == pids  # each worker audits in its own chain
+
+    # /metrics on the admin port: the pod's requests, summed over both workers
+    families = p.metrics()
+    assert _total(families, "sg_gateway_workers") == 2
+    assert _total(families, "sg_gateway_requests", "sg_gateway_requests_total",
+                  sg_key_id="bulk") == sent
+    assert _total(families, "gen_ai_server_request_duration_seconds",
+                  "gen_ai_server_request_duration_seconds_count", sg_key_id="bulk") == sent
+
+    # the limited key: LIMIT per minute for the pod, whichever worker admits
+    limited = [Stream(p.url, KEY_LIMITED, max_tokens=5) for _ in range(3 * LIMIT)]
+    for st in limited:
+        st.start()
+    for st in limited:
+        st.join(60)
+    codes = sorted(st.status for st in limited)
+    assert codes.count(200) == LIMIT and codes.count(429) == 2 * LIMIT, codes
+
+    # SIGTERM to the supervisor with streams running on both workers: all finish, exit 0
+    streams = [Stream(p.url, KEY_BULK) for _ in range(16)]
+    for st in streams:
+        st.start()
+    _wait(lambda: all(len(st.events) > 1 for st in streams), 60, "streams to start")
+    p.proc.send_signal(signal.SIGTERM)
+    _, stderr = p.proc.communicate(timeout=60)
+    assert p.proc.returncode == 0, stderr[-3000:]
+    for st in streams:
+        st.join(30)
+        assert st.error is None and st.events[-1] == "[DONE]", st.body[-300:]
+    chain_pids, served = _requests_by_chain(db)
+    assert len(chain_pids) == 2  # one chain per worker, each sealed by its drain
+    res = subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "audit", "verify", "--config", str(p.config),
+         "--public-key", str(tmp_path / "audit.key.pub"), "--json"],
+        cwd=ROOT, capture_output=True, text=True, check=False,
+        env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert res.returncode == 0, res.stdout + res.stderr
+    report = json.loads(res.stdout)
+    assert len(report["chains"]) == 2 and all(c["closed"] for c in report["chains"])
+
+
+def test_a_killed_worker_is_restarted_sighup_is_forwarded_and_a_second_signal_stops_at_once(
+    pod: Callable[..., Pod],
+) -> None:
+    p = pod(audit=False)
+    old = p.worker_pids()
+    os.kill(old[0], signal.SIGKILL)
+    _wait(lambda: len(p.worker_pids()) == 2 and old[0] not in p.worker_pids(), 120,
+          "the worker to be restarted")
+    assert old[1] in p.worker_pids()
+    assert _total(p.metrics(), "sg_gateway_worker_restarts",
+                  "sg_gateway_worker_restarts_total") == 1
+    p.proc.send_signal(signal.SIGHUP)  # forwarded to every worker, which keeps serving
+    assert p.get(p.url + "/healthz") is not None
+    long = [Stream(p.url, KEY_BULK, max_tokens=1000) for _ in range(4)]  # about 20 s
+    for st in long:
+        st.start()
+    _wait(lambda: all(len(st.events) > 1 for st in long), 60, "streams to start")
+    p.proc.send_signal(signal.SIGTERM)
+    _wait(lambda: (r := p.get(p.url + "/readyz")) is not None and r.status_code == 503, 5,
+          "readyz 503 while draining")
+    t_second = time.monotonic()
+    p.proc.send_signal(signal.SIGINT)
+    _, stderr = p.proc.communicate(timeout=30)
+    assert time.monotonic() - t_second < 15  # not the 30 s drain timeout
+    assert f"worker 0 (pid {old[0]}) exited unexpectedly (signal SIGKILL): restarting" in stderr
+    assert "SIGHUP: forwarded to 2 worker(s)" in stderr
+    assert stderr.count("exited unexpectedly") == 1  # the forwarded SIGHUP ended no worker
+    for st in long:
+        st.join(15)
+        assert "[DONE]" not in st.events
+
+
+def test_a_worker_whose_guard_self_test_fails_stops_the_pod(pod: Callable[..., Pod]) -> None:
+    # A policy naming the self-test probe address: the guard would let it through.
+    probe = ("  - {id: probe, cidr: 192.0.2.1/32, ports: [9], region: x, jurisdiction: EU, "
+             "operator: o, purpose: other}\n")
+    p = pod(audit=False, expect_start=False, extra_destination=probe)
+    _, stderr = p.proc.communicate(timeout=120)
+    assert p.proc.returncode == 3, stderr[-3000:]
+    assert "[guard_self_test_failed]" in stderr
+    assert "exited before it served (exit status 2): stopping the pod" in stderr
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(p.url + "/healthz", timeout=1)
+
+
+def test_memory_quotas_are_refused_with_several_workers(pod: Callable[..., Pod]) -> None:
+    p = pod(quotas="memory", audit=False, expect_start=False)
+    _, stderr = p.proc.communicate(timeout=60)
+    assert p.proc.returncode == 2
+    assert "quotas.backend: memory keeps quota state inside one process" in stderr
+    assert f"{p.config}:" in stderr  # file:line: key: problem
+
+
+def test_in_memory_stores_are_refused_with_several_workers_and_allowed_with_one() -> None:
+    from gateway.config_errors import InvalidConfig
+    from gateway.settings import parse
+    from gateway.supervisor import check_workers
+
+    settings = parse({
+        "models": [{"name": "m", "replicas": [{"url": "http://127.0.0.1:9"}]}],
+        "audit": {"store": "sqlite:///:memory:"},
+        "keystore": {"store": "sqlite:///:memory:"},
+        "quotas": {"backend": "memory"},
+    }, {}, file="gw.yaml")
+    check_workers(settings, 1)
+    with pytest.raises(InvalidConfig) as err:
+        check_workers(settings, 2)
+    keys = [p.key for p in err.value.problems]
+    assert keys == ["quotas.backend", "audit.store", "keystore.store"]
+    assert all(p.file == "gw.yaml" for p in err.value.problems)
+    assert settings.quotas is not None
+    redis_quotas = settings.model_copy(update={"quotas": settings.quotas.model_copy(
+        update={"backend": "redis"}), "audit": None, "keystore": None})
+    check_workers(redis_quotas, 4)
