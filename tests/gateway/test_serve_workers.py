@@ -356,3 +356,34 @@ def test_in_memory_stores_are_refused_with_several_workers_and_allowed_with_one(
     redis_quotas = settings.model_copy(update={"quotas": settings.quotas.model_copy(
         update={"backend": "redis"}), "audit": None, "keystore": None})
     check_workers(redis_quotas, 4)
+
+
+def test_a_sighup_to_the_supervisor_reloads_every_worker(
+    pod: Callable[..., Pod], tmp_path: Path,
+) -> None:
+    """Each worker reloads the config file on the forwarded SIGHUP (its own settings kept:
+    its audit chain) and audits the reload on its own chain; the new key works on every
+    worker."""
+    p = pod()
+    new_key = "sg-workers-added-by-reload"
+    cfg = yaml.safe_load(p.config.read_text())
+    cfg["keys"].append({"id": "added", "sha256": _sha(new_key), "models": ["m"], "team": "t",
+                        "data_class": "public"})
+    p.config.write_text(yaml.safe_dump(cfg))
+    p.proc.send_signal(signal.SIGHUP)
+    db = tmp_path / "audit.db"
+
+    def reloaded_chains() -> set[str]:
+        with sqlite3.connect(db) as conn:
+            rows = conn.execute(
+                "SELECT chain FROM audit_records WHERE type = 'config.reloaded'").fetchall()
+        return {chain for (chain,) in rows}
+
+    _wait(lambda: len(reloaded_chains()) == 2, 60, "both workers to audit the reload")
+    # One connection per request: the kernel spreads them over both workers.
+    for _ in range(8):
+        st = Stream(p.url, new_key, max_tokens=2)
+        st.start()
+        st.join(60)
+        assert st.error is None and st.status == 200, st.body[-500:]
+    assert len(p.worker_pids()) == 2  # no worker ended by the signal
