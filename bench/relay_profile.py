@@ -24,7 +24,7 @@ import tempfile
 from pathlib import Path
 
 import yaml
-from relay_load import request_bytes, run_streams
+from relay_load import request_bytes, run_latency, run_streams
 from relay_procs import BENCH_KEY, Proc, bind_config, default_config, free_port, start_sim
 
 
@@ -63,18 +63,29 @@ def _wait_for(path: Path, timeout_s: float = 30.0) -> bool:
 
 
 async def _load(gw: Proc, streams: int, tokens: int, rounds: int,
-                profile: bool) -> tuple[int, float]:
-    """Relay the streams; return the events relayed and the gateway's CPU seconds for them."""
+                profile: bool, requests: int) -> tuple[int, float]:
+    """Relay the streams (or ``requests`` non-streamed requests at concurrency 1).
+
+    Returns:
+        The events (or requests) relayed and the gateway's CPU seconds for them.
+    """
     port = gw.port
-    body = {"model": "m", "stream": True, "max_tokens": tokens,
+    body = {"model": "m", "stream": not requests, "max_tokens": 1 if requests else tokens,
             "messages": [{"role": "user", "content": "hi"}]}
-    req = request_bytes(f"127.0.0.1:{port}", "/v1/chat/completions", body, BENCH_KEY, False)
-    await run_streams("127.0.0.1", port, req, 16, 16)  # warm-up
+    req = request_bytes(f"127.0.0.1:{port}", "/v1/chat/completions", body, BENCH_KEY,
+                        bool(requests))
+    if requests:
+        await run_latency("127.0.0.1", port, req, 50, 1)  # warm-up
+    else:
+        await run_streams("127.0.0.1", port, req, 16, 16)
     if profile:
         gw.proc.send_signal(signal.SIGUSR1)
     c0 = gw.cpu_s
     events = 0
     for _ in range(rounds):
+        if requests:
+            events += len(await run_latency("127.0.0.1", port, req, requests, 1))
+            continue
         tot = await run_streams("127.0.0.1", port, req, streams, streams)
         events += tot.events
     used = gw.cpu_s - c0
@@ -93,6 +104,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--min-calls", type=float, default=0.0,
                    help="leave out functions called fewer times per event (start-up work)")
     p.add_argument("--source", help="run another checkout's packages from this directory")
+    p.add_argument("--requests", type=int, default=0,
+                   help="profile this many non-streamed requests at concurrency 1 instead "
+                        "(per request, not per event)")
     p.add_argument("--no-profile", action="store_true", help="plain CPU per event only")
     args = p.parse_args(argv)
     sim = start_sim("m", tokens=args.tokens, itl_ms=args.itl_ms)
@@ -103,7 +117,8 @@ def main(argv: list[str] | None = None) -> int:
             gw = _start_profiled_gateway(sim.url, Path(tmp), out, args.source)
             try:
                 events, used = asyncio.run(
-                    _load(gw, args.streams, args.tokens, args.rounds, profile))
+                    _load(gw, args.streams, args.tokens, args.rounds, profile,
+                          args.requests))
                 written = profile and _wait_for(out)
             finally:
                 gw.stop()

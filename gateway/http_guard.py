@@ -41,6 +41,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+from collections.abc import Callable
 from typing import Any
 
 import h11
@@ -167,24 +168,55 @@ class _StrictConnection(h11.Connection):
     """
 
     framing_error: str | None = None
+    held_head: bytes = b""
+    """The response head not written yet: it goes out with the first body bytes."""
+    on_hold: Callable[[], None] | None = None
+    """Called when a response head is held (the protocol schedules :meth:`take_head`'s
+    write for the next loop iteration, in case no body bytes follow in this one)."""
 
     def send(self, event: Any) -> bytes | None:  # type: ignore[override]
-        """h11's ``send``, with a short path for one body chunk of a chunked response.
+        """h11's ``send``, with the response head held for the first body bytes, and a short
+        path for one body chunk of a chunked response.
 
-        A ``Data`` event while the response body is being sent changes no state of h11's
-        machine (``SEND_BODY`` -> ``SEND_BODY``); h11 would still run its event processing
-        (five calls) to find that out. Relayed SSE streams send one such event per token, so
-        the chunk is framed here (RFC 9112 §7.1: size in hex, CRLF, data, CRLF), byte for
-        byte what h11's ``ChunkedWriter`` writes; every other event goes through h11.
+        Head: the status line and headers are returned together with the bytes of the next
+        event (the first body chunk, or the end of the message), so the head and the start of
+        the body leave in one write (one ``send`` system call and one wake-up of the client
+        instead of two). For ``Response`` itself an empty result is returned (uvicorn's write
+        of it is then a no-op) and :attr:`on_hold` is called.
+
+        Body chunk: a ``Data`` event while the response body is being sent changes no state of
+        h11's machine (``SEND_BODY`` -> ``SEND_BODY``); h11 would still run its event
+        processing (five calls) to find that out. Relayed SSE streams send one such event per
+        token, so the chunk is framed here (RFC 9112 §7.1: size in hex, CRLF, data, CRLF), byte
+        for byte what h11's ``ChunkedWriter`` writes; every other event goes through h11.
         """
+        kind = type(event)
         if (
-            type(event) is h11.Data
+            kind is h11.Data
             and type(self._writer) is ChunkedWriter
             and self._cstate.states[self.our_role] is h11.SEND_BODY
         ):
             data = event.data
-            return b"%x\r\n%b\r\n" % (len(data), data) if data else b""
-        return super().send(event)
+            out: bytes | None = b"%x\r\n%b\r\n" % (len(data), data) if data else b""
+        else:
+            out = super().send(event)
+            if kind is h11.Response:
+                assert out is not None
+                self.held_head = out
+                if self.on_hold is not None:
+                    self.on_hold()
+                return b""
+            if out is None:  # ConnectionClosed: a held head has nowhere to go
+                self.held_head = b""
+                return None
+        if self.held_head:
+            out, self.held_head = self.held_head + out, b""
+        return out
+
+    def take_head(self) -> bytes:
+        """The held response head (empty when it went out with body bytes), now released."""
+        head, self.held_head = self.held_head, b""
+        return head
 
     def _get_io_object(self, role: Any, event: Any, io_dict: Any) -> Any:
         obj = super()._get_io_object(role, event, io_dict)
@@ -236,6 +268,7 @@ class GuardedH11Protocol(H11Protocol):
         self.conn: _StrictConnection = _StrictConnection(
             h11.SERVER, self.conn._max_incomplete_event_size
         )
+        self.conn.on_hold = self._schedule_head_write
         self._header_timer: asyncio.TimerHandle | None = None
         self._head_bytes = 0
         self._refused = False
@@ -282,6 +315,16 @@ class GuardedH11Protocol(H11Protocol):
             "invalid_framing" if framing else "invalid_http_request",
             "invalid_request_error",
         ))
+
+    def _schedule_head_write(self) -> None:
+        # A response head waits for the body bytes sent in the same loop iteration (the relay
+        # sends both in one step); should none come, it is written on the next iteration.
+        self.loop.call_soon(self._write_held_head)
+
+    def _write_held_head(self) -> None:
+        head = self.conn.take_head()
+        if head and not self.transport.is_closing():
+            self.transport.write(head)
 
     def _arm_header_timer(self) -> None:
         if self._header_timer is None:
