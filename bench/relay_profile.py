@@ -1,15 +1,19 @@
 """Where the gateway's CPU goes per relayed SSE event: cProfile of a gateway under paced streams.
 
-Starts a paced simulator (tokens ``--itl-ms`` apart, so they arrive one at a time), one gateway
-process run under :mod:`cProfile` (enabled by SIGUSR1 after a warm-up, written on SIGUSR2 after the load, so start-up is left out),
-relays ``--streams`` concurrent streams through it and prints the process's CPU per relayed event and the functions with the most own time,
-in microseconds per event. cProfile itself roughly doubles the cost of each Python call, so read
-the shares, not the absolute numbers; ``--no-profile`` gives the plain CPU per event.
+Starts a paced simulator (tokens ``--itl-ms`` apart, so they arrive one at a time) and one
+gateway process with :mod:`cProfile` inside it, switched on by SIGUSR1 after a warm-up and
+written on SIGUSR2 after the load (start-up is left out); relays ``--streams`` concurrent
+streams (or ``--requests`` non-streamed requests at concurrency 1) through it and prints the
+process's CPU per relayed event and the functions with the most own time, in microseconds per
+event. cProfile measures wall time and roughly doubles the cost of each Python call, so read the
+shares and call counts, not the absolute numbers; ``--no-profile`` gives the plain CPU per event
+and ``--nginx`` the same for nginx in front of the same simulator.
 
 Usage::
 
     .venv/bin/python bench/relay_profile.py --streams 128
     .venv/bin/python bench/relay_profile.py --source /tmp/main-build --no-profile
+    .venv/bin/python bench/relay_profile.py --nginx
 """
 
 from __future__ import annotations
@@ -19,14 +23,21 @@ import asyncio
 import pstats
 import signal
 import sys
-import time
 import tempfile
+import time
 from pathlib import Path
 
 import yaml
 from relay_load import request_bytes, run_latency, run_streams
-from relay_procs import BENCH_KEY, Proc, bind_config, default_config, free_port, start_sim
-
+from relay_procs import (
+    BENCH_KEY,
+    Proc,
+    bind_config,
+    default_config,
+    free_port,
+    start_nginx,
+    start_sim,
+)
 
 # Run inside the gateway process: SIGUSR1 starts the profiler, SIGUSR2 stops it and writes the
 # profile, so only the load is profiled (not the imports and start-up).
@@ -107,14 +118,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--requests", type=int, default=0,
                    help="profile this many non-streamed requests at concurrency 1 instead "
                         "(per request, not per event)")
+    p.add_argument("--nginx", action="store_true",
+                   help="measure nginx as the relay instead (plain CPU per event, no profile)")
     p.add_argument("--no-profile", action="store_true", help="plain CPU per event only")
     args = p.parse_args(argv)
     sim = start_sim("m", tokens=args.tokens, itl_ms=args.itl_ms)
-    profile = not args.no_profile
+    profile = not (args.no_profile or args.nginx)
     with tempfile.TemporaryDirectory(prefix="relay-profile-") as tmp:
         out = Path(tmp) / "gateway.prof"
         try:
-            gw = _start_profiled_gateway(sim.url, Path(tmp), out, args.source)
+            gw = (start_nginx(sim.port, Path(tmp)) if args.nginx
+                  else _start_profiled_gateway(sim.url, Path(tmp), out, args.source))
             try:
                 events, used = asyncio.run(
                     _load(gw, args.streams, args.tokens, args.rounds, profile,
@@ -139,8 +153,8 @@ def main(argv: list[str] | None = None) -> int:
                      if v[1] >= args.min_calls * events and "epoll" not in k[2]}
         rows = sorted(per_event.items(), key=lambda kv: kv[1][2], reverse=True)[: args.top]
         total = sum(v[2] for v in per_event.values())
-        print(f"functions called >= {args.min_calls} times per event: {total / max(events, 1) * 1e6:.1f} us "
-              "own time per event in all")
+        print(f"functions called >= {args.min_calls} times per event: "
+              f"{total / max(events, 1) * 1e6:.1f} us own time per event in all")
         print(f"{'own us/event':>12} {'share':>6} {'calls/event':>11}  function")
         for (file, line, func), (_cc, nc, tt, _ct, _callers) in rows:
             where = f"{Path(file).name}:{line}" if line else file

@@ -197,18 +197,18 @@ class _StrictConnection(h11.Connection):
             and self._cstate.states[self.our_role] is h11.SEND_BODY
         ):
             data = event.data
-            out: bytes | None = b"%x\r\n%b\r\n" % (len(data), data) if data else b""
+            out: bytes = b"%x\r\n%b\r\n" % (len(data), data) if data else b""
         else:
-            out = super().send(event)
+            sent = super().send(event)
+            if sent is None:  # ConnectionClosed: a held head has nowhere to go
+                self.held_head = b""
+                return None
             if kind is h11.Response:
-                assert out is not None
-                self.held_head = out
+                self.held_head = sent
                 if self.on_hold is not None:
                     self.on_hold()
                 return b""
-            if out is None:  # ConnectionClosed: a held head has nowhere to go
-                self.held_head = b""
-                return None
+            out = sent
         if self.held_head:
             out, self.held_head = self.held_head + out, b""
         return out
