@@ -55,6 +55,7 @@ from h11._util import validate
 from h11._writers import ChunkedWriter
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from gateway.asgi_io import BODY_CHUNK_EXTENSION
 from gateway.settings import LimitSettings
 
 __all__ = [
@@ -213,6 +214,22 @@ class _StrictConnection(h11.Connection):
             out, self.held_head = self.held_head + out, b""
         return out
 
+    def chunk(self, data: bytes) -> bytes | None:
+        """The bytes of one non-empty body chunk of a chunked response now being sent.
+
+        The same bytes :meth:`send` returns for ``Data(data)`` (with a held head in front),
+        without building the event; ``None`` when the response is not a chunked one in its
+        body (sized, HTTP/1.0, not started, ended): then the event must go through h11.
+        """
+        if type(self._writer) is not ChunkedWriter or (
+            self._cstate.states[self.our_role] is not h11.SEND_BODY
+        ):
+            return None
+        out = b"%x\r\n%b\r\n" % (len(data), data)
+        if self.held_head:
+            out, self.held_head = self.held_head + out, b""
+        return out
+
     def take_head(self) -> bytes:
         """The held response head (empty when it went out with body bytes), now released."""
         head, self.held_head = self.held_head, b""
@@ -315,6 +332,37 @@ class GuardedH11Protocol(H11Protocol):
             "invalid_framing" if framing else "invalid_http_request",
             "invalid_request_error",
         ))
+
+    def handle_events(self) -> None:
+        """uvicorn's, plus the :data:`BODY_CHUNK_EXTENSION` in the scope of a new request."""
+        cycle = self.cycle
+        super().handle_events()
+        if self.cycle is not None and self.cycle is not cycle:
+            # The request's task was created but has not run yet: it sees the extension.
+            scope: Any = self.cycle.scope  # uvicorn's TypedDict types extension values
+            scope.setdefault("extensions", {})[BODY_CHUNK_EXTENSION] = self._write_body_chunk
+
+    async def _write_body_chunk(self, data: bytes) -> bool:
+        """Write one non-empty chunk of the response body being sent, as uvicorn's ``send``
+        would for ``{"type": "http.response.body", "body": data, "more_body": True}``.
+
+        Returns:
+            ``False`` when the response is not a chunked one (the caller then uses ASGI
+            ``send``); ``True`` when written, or dropped because the client is gone (as
+            uvicorn drops it).
+        """
+        cycle = self.cycle
+        if cycle is None or cycle.response_complete or not cycle.response_started:
+            return False
+        if self.flow.write_paused and not cycle.disconnected:
+            await self.flow.drain()
+        if cycle.disconnected:
+            return True
+        out = self.conn.chunk(data)
+        if out is None:
+            return False
+        self.transport.write(out)
+        return True
 
     def _schedule_head_write(self) -> None:
         # A response head waits for the body bytes sent in the same loop iteration (the relay
