@@ -164,7 +164,8 @@ async def phase_memory(variants: list[tuple[str, dict[str, Any] | None]], target
             if base is None:
                 continue
             target = next(t for t in targets if t.name == name)
-            gw = start_gateway(f"{name}-idle", base, idle_sim.url, workdir)
+            gw = start_gateway(f"{name}-idle", base, idle_sim.url, workdir,
+                               args.sources.get(name))
             try:
                 warm = request_bytes(f"127.0.0.1:{gw.port}", "/v1/chat/completions",
                                      chat_body(target.model, False, 1), BENCH_KEY, True)
@@ -231,7 +232,7 @@ async def phase_paced(variants: list[tuple[str, dict[str, Any] | None]], targets
             if base is None:
                 paced.append((Target(name, "127.0.0.1", sim.port, "m", None), sim))
                 continue
-            gw = start_gateway(f"{name}-paced", base, sim.url, workdir)
+            gw = start_gateway(f"{name}-paced", base, sim.url, workdir, args.sources.get(name))
             procs.append(gw)
             paced.append((Target(name, "127.0.0.1", gw.port, target.model, BENCH_KEY, gw), gw))
         nginx = next((t for t in targets if t.name == "nginx"), None)
@@ -404,6 +405,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--idle-streams", type=int, default=1000, help="open idle streams (c)")
     p.add_argument("--variant", action="append", default=[], metavar="NAME=CONFIG_YAML",
                    help="gateway config to measure (repeatable; CONFIG 'direct' = simulator)")
+    p.add_argument("--source", action="append", default=[], metavar="NAME=DIR",
+                   help="run variant NAME from another checkout's packages in DIR (e.g. main's, "
+                        "unpacked with git archive): two builds side by side in one run")
     p.add_argument("--skip", action="append", default=[], choices=PHASES,
                    help="leave out a scenario (repeatable)")
     p.add_argument("--only", action="append", default=[], choices=PHASES,
@@ -424,6 +428,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="event loop of the load generator (uvloop keeps it lean)")
     p.add_argument("--json", type=Path, help="also write the results as JSON here")
     args = p.parse_args(argv)
+    args.sources = {}
+    for item in args.source:
+        name, sep, src = item.partition("=")
+        if not sep or not Path(src, "gateway").is_dir():
+            raise SystemExit(f"--source must be NAME=DIR with DIR/gateway, got {item!r}")
+        args.sources[name] = str(Path(src).resolve())
     if args.only:
         args.skip = [ph for ph in PHASES if ph not in args.only]
     return args
@@ -448,7 +458,7 @@ async def run(args: argparse.Namespace) -> list[Target]:
                 if base is None:
                     targets.append(Target(name, "127.0.0.1", sim.port, "m", None, sim))
                     continue
-                gw = start_gateway(name, base, sim.url, Path(tmp))
+                gw = start_gateway(name, base, sim.url, Path(tmp), args.sources.get(name))
                 procs.append(gw)
                 targets.append(Target(name, "127.0.0.1", gw.port, model_name(base), BENCH_KEY, gw))
             if args.nginx == "auto" and nginx_binary() is not None:

@@ -141,15 +141,23 @@ def bind_config(base: dict[str, Any], sim_url: str, port: int) -> dict[str, Any]
     return cfg
 
 
-def start_gateway(name: str, base: dict[str, Any], sim_url: str, workdir: Path) -> Proc:
-    """Start ``gateway serve --config <file>`` for a variant config bound to ``sim_url``."""
+def start_gateway(name: str, base: dict[str, Any], sim_url: str, workdir: Path,
+                  source: str | None = None) -> Proc:
+    """Start ``gateway serve --config <file>`` for a variant config bound to ``sim_url``.
+
+    Args:
+        source: A directory holding another build's ``gateway`` package (and its siblings),
+            put first on ``PYTHONPATH``: two builds measured side by side in one run.
+    """
     port = free_port()
     cfg = bind_config(base, sim_url, port)
     path = workdir / f"{name}-{port}.yaml"
     path.write_text(yaml.safe_dump(cfg))
     exe = BIN / "gateway"
     argv = [str(exe)] if exe.exists() else [sys.executable, "-m", "gateway.cli"]
-    return Proc(f"gateway:{name}", [*argv, "serve", "--config", str(path)], port, "/healthz")
+    env = {"PYTHONPATH": source} if source else None
+    return Proc(f"gateway:{name}", [*argv, "serve", "--config", str(path)], port, "/healthz",
+                env=env)
 
 
 def model_name(base: dict[str, Any]) -> str:

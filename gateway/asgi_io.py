@@ -12,6 +12,7 @@ from typing import Any
 from gateway.errors import GatewayError, PayloadTooLarge, RequestTimeout, error_body
 
 __all__ = [
+    "BODY_CHUNK_EXTENSION",
     "ClientGone",
     "DisconnectWatch",
     "Receive",
@@ -25,6 +26,11 @@ Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
+
+BODY_CHUNK_EXTENSION = "sovereign_gateway.body_chunk"
+"""ASGI scope extension set by the gateway's own server (``gateway.http_guard``):
+``await write(data) -> bool`` writes one non-empty chunk of a chunked response body without an
+ASGI message (``False``: not possible now, use ``send``). The relay writes one per SSE event."""
 
 
 class ClientGone(Exception):
@@ -88,11 +94,14 @@ class Responder:
             a sized body, and for an SSE stream the event carrying ``data: [DONE]`` and all
             that follows (earlier events flow at once). Used when an observer must record the
             request's completion before the client may see it complete.
+        write_chunk: The server's body-chunk writer, if it offers one (the gateway's own
+            server: ``gateway.http_guard.BODY_CHUNK_EXTENSION``): body chunks that do not end
+            the response go through it instead of an ASGI message.
     """
 
     __slots__ = (
-        "_held", "_holding", "_on_start", "_send", "_sse", "bytes_out", "request_id",
-        "started", "status", "tap",
+        "_held", "_holding", "_on_start", "_send", "_sse", "_write_chunk", "bytes_out",
+        "request_id", "started", "status", "tap",
     )
 
     def __init__(
@@ -102,8 +111,10 @@ class Responder:
         *,
         on_start: Callable[[list[tuple[bytes, bytes]]], None] | None = None,
         hold_end: bool = False,
+        write_chunk: Callable[[bytes], Awaitable[bool]] | None = None,
     ) -> None:
         self._send = send
+        self._write_chunk = write_chunk
         self.request_id = request_id.encode()
         self.started = False
         self.status = 0
@@ -134,8 +145,14 @@ class Responder:
         self.bytes_out += len(data)
         if self.tap is not None and data:
             self.tap(data)
-        message = {"type": "http.response.body", "body": data, "more_body": more}
         held = self._held
+        if (
+            more and data and self._write_chunk is not None
+            and (held is None or (self._sse and not self._holding and b"[DONE]" not in data))
+            and await self._write_chunk(data)
+        ):
+            return
+        message = {"type": "http.response.body", "body": data, "more_body": more}
         if held is not None:
             if self._holding or not more or (self._sse and b"[DONE]" in data):
                 self._holding = True

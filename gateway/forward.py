@@ -10,7 +10,8 @@ again once to the same replica on a new, unpooled connection, and the replica is
 second failure counts as usual. The pool keeps idle connections for
 ``timeouts.upstream_keep_alive_s``, below the backends' keep-alive, so this is rare.
 Timeouts: ``first_byte_s`` until the first body byte, then ``idle_s`` between chunks (the
-deadline is suspended while the gateway writes to a slow client).
+deadline is suspended while the gateway writes to a slow client; one timer per response checks
+it, see :class:`_IdleDeadline`).
 """
 
 from __future__ import annotations
@@ -190,6 +191,53 @@ class _Relay:
         return self.scanner.at_boundary if self.scanner is not None else True
 
 
+class _IdleDeadline:
+    """The idle deadline between upstream chunks: one timer per response, not two per chunk.
+
+    Moving an :class:`asyncio.Timeout` per chunk cancels one timer handle and schedules another
+    (a heap push, and a cancelled handle left in the heap) twice per relayed SSE event. Here the
+    relay loop only stores the time of its last read (:attr:`last`; ``None`` while it writes to
+    the client, which suspends the deadline), and one timer checks it when due: it re-arms
+    itself for ``last + idle_s`` while chunks keep coming, and lets the request's
+    ``asyncio.Timeout`` expire (so the waiting read ends in :class:`TimeoutError`, as before)
+    once ``idle_s`` passed without one. The deadline fires ``idle_s`` after the last chunk, up to
+    one loop iteration late, as a rescheduled ``Timeout`` would.
+
+    Args:
+        deadline: The attempt's timeout, entered, whose first-byte deadline has passed its use;
+            it is suspended here and expired only by this timer.
+        idle_s: Longest wait in seconds for the next upstream chunk.
+    """
+
+    __slots__ = ("_deadline", "_handle", "_idle_s", "_loop", "clock", "last")
+
+    def __init__(self, deadline: asyncio.Timeout, idle_s: float) -> None:
+        loop = asyncio.get_running_loop()
+        deadline.reschedule(None)
+        self._deadline = deadline
+        self._idle_s = idle_s
+        self._loop = loop
+        self.clock = loop.time
+        self.last: float | None = loop.time()
+        self._handle: asyncio.TimerHandle | None = loop.call_at(self.last + idle_s, self._due)
+
+    def _due(self) -> None:
+        last, now = self.last, self.clock()
+        if last is None:  # writing to the client: check again a whole idle period later
+            self._handle = self._loop.call_at(now + self._idle_s, self._due)
+        elif now - last < self._idle_s:
+            self._handle = self._loop.call_at(last + self._idle_s, self._due)
+        else:
+            self._handle = None
+            self._deadline.reschedule(now)  # expires: the awaited read is cancelled
+
+    def cancel(self) -> None:
+        """Stop the timer (the body ended or the relay was left)."""
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+
 async def _attempt(
     ex: Exchange,
     replica: Replica,
@@ -316,18 +364,21 @@ async def _relay_response(relay: _Relay, resp: aiohttp.ClientResponse, drop_usag
 async def _relay_sse(
     relay: _Relay, resp: aiohttp.ClientResponse, chunk: bytes, scanner: SSEUsageScanner
 ) -> None:
-    ex, deadline = relay.ex, relay.deadline
+    ex = relay.ex
     out = ex.out
-    loop = asyncio.get_running_loop()
-    idle_s = ex.state.settings.timeouts.idle_s
-    while chunk:
-        data = scanner.feed(chunk)
-        deadline.reschedule(None)  # no upstream deadline while writing to a slow client
-        if data:
-            await out.body(data)
-        deadline.reschedule(loop.time() + idle_s)
-        chunk = await resp.content.readany()
-    deadline.reschedule(None)
+    content = resp.content
+    idle = _IdleDeadline(relay.deadline, ex.state.settings.timeouts.idle_s)
+    clock = idle.clock
+    try:
+        while chunk:
+            data = scanner.feed(chunk)
+            if data:
+                idle.last = None  # no upstream deadline while writing to a slow client
+                await out.body(data)
+            idle.last = clock()
+            chunk = await content.readany()
+    finally:
+        idle.cancel()
     relay.complete = True
     tail = scanner.finish()
     _set_usage(ex.record, scanner.usage)
@@ -338,19 +389,22 @@ async def _relay_sse(
 async def _relay_body(
     relay: _Relay, resp: aiohttp.ClientResponse, chunk: bytes, status: int
 ) -> None:
-    ex, deadline = relay.ex, relay.deadline
+    ex = relay.ex
     out = ex.out
-    loop = asyncio.get_running_loop()
-    idle_s = ex.state.settings.timeouts.idle_s
+    content = resp.content
+    idle = _IdleDeadline(relay.deadline, ex.state.settings.timeouts.idle_s)
+    clock = idle.clock
     keep = bytearray()
-    while chunk:
-        if len(keep) + len(chunk) <= _MAX_USAGE_BODY:
-            keep += chunk
-        deadline.reschedule(None)
-        await out.body(chunk)
-        deadline.reschedule(loop.time() + idle_s)
-        chunk = await resp.content.readany()
-    deadline.reschedule(None)
+    try:
+        while chunk:
+            if len(keep) + len(chunk) <= _MAX_USAGE_BODY:
+                keep += chunk
+            idle.last = None  # no upstream deadline while writing to a slow client
+            await out.body(chunk)
+            idle.last = clock()
+            chunk = await content.readany()
+    finally:
+        idle.cancel()
     relay.complete = True
     if status == 200:
         _set_usage(ex.record, usage_from_body(bytes(keep)))

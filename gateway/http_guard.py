@@ -41,6 +41,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+from collections.abc import Callable
 from typing import Any
 
 import h11
@@ -51,8 +52,10 @@ from h11._readers import (
 )
 from h11._receivebuffer import ReceiveBuffer
 from h11._util import validate
+from h11._writers import ChunkedWriter
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from gateway.asgi_io import BODY_CHUNK_EXTENSION
 from gateway.settings import LimitSettings
 
 __all__ = [
@@ -166,6 +169,71 @@ class _StrictConnection(h11.Connection):
     """
 
     framing_error: str | None = None
+    held_head: bytes = b""
+    """The response head not written yet: it goes out with the first body bytes."""
+    on_hold: Callable[[], None] | None = None
+    """Called when a response head is held (the protocol schedules :meth:`take_head`'s
+    write for the next loop iteration, in case no body bytes follow in this one)."""
+
+    def send(self, event: Any) -> bytes | None:  # type: ignore[override]
+        """h11's ``send``, with the response head held for the first body bytes, and a short
+        path for one body chunk of a chunked response.
+
+        Head: the status line and headers are returned together with the bytes of the next
+        event (the first body chunk, or the end of the message), so the head and the start of
+        the body leave in one write (one ``send`` system call and one wake-up of the client
+        instead of two). For ``Response`` itself an empty result is returned (uvicorn's write
+        of it is then a no-op) and :attr:`on_hold` is called.
+
+        Body chunk: a ``Data`` event while the response body is being sent changes no state of
+        h11's machine (``SEND_BODY`` -> ``SEND_BODY``); h11 would still run its event
+        processing (five calls) to find that out. Relayed SSE streams send one such event per
+        token, so the chunk is framed here (RFC 9112 §7.1: size in hex, CRLF, data, CRLF), byte
+        for byte what h11's ``ChunkedWriter`` writes; every other event goes through h11.
+        """
+        kind = type(event)
+        if (
+            kind is h11.Data
+            and type(self._writer) is ChunkedWriter
+            and self._cstate.states[self.our_role] is h11.SEND_BODY
+        ):
+            data = event.data
+            out: bytes = b"%x\r\n%b\r\n" % (len(data), data) if data else b""
+        else:
+            sent = super().send(event)
+            if sent is None:  # ConnectionClosed: a held head has nowhere to go
+                self.held_head = b""
+                return None
+            if kind is h11.Response:
+                self.held_head = sent
+                if self.on_hold is not None:
+                    self.on_hold()
+                return b""
+            out = sent
+        if self.held_head:
+            out, self.held_head = self.held_head + out, b""
+        return out
+
+    def chunk(self, data: bytes) -> bytes | None:
+        """The bytes of one non-empty body chunk of a chunked response now being sent.
+
+        The same bytes :meth:`send` returns for ``Data(data)`` (with a held head in front),
+        without building the event; ``None`` when the response is not a chunked one in its
+        body (sized, HTTP/1.0, not started, ended): then the event must go through h11.
+        """
+        if type(self._writer) is not ChunkedWriter or (
+            self._cstate.states[self.our_role] is not h11.SEND_BODY
+        ):
+            return None
+        out = b"%x\r\n%b\r\n" % (len(data), data)
+        if self.held_head:
+            out, self.held_head = self.held_head + out, b""
+        return out
+
+    def take_head(self) -> bytes:
+        """The held response head (empty when it went out with body bytes), now released."""
+        head, self.held_head = self.held_head, b""
+        return head
 
     def _get_io_object(self, role: Any, event: Any, io_dict: Any) -> Any:
         obj = super()._get_io_object(role, event, io_dict)
@@ -217,6 +285,7 @@ class GuardedH11Protocol(H11Protocol):
         self.conn: _StrictConnection = _StrictConnection(
             h11.SERVER, self.conn._max_incomplete_event_size
         )
+        self.conn.on_hold = self._schedule_head_write
         self._header_timer: asyncio.TimerHandle | None = None
         self._head_bytes = 0
         self._refused = False
@@ -263,6 +332,47 @@ class GuardedH11Protocol(H11Protocol):
             "invalid_framing" if framing else "invalid_http_request",
             "invalid_request_error",
         ))
+
+    def handle_events(self) -> None:
+        """uvicorn's, plus the :data:`BODY_CHUNK_EXTENSION` in the scope of a new request."""
+        cycle = self.cycle
+        super().handle_events()
+        if self.cycle is not None and self.cycle is not cycle:
+            # The request's task was created but has not run yet: it sees the extension.
+            scope: Any = self.cycle.scope  # uvicorn's TypedDict types extension values
+            scope.setdefault("extensions", {})[BODY_CHUNK_EXTENSION] = self._write_body_chunk
+
+    async def _write_body_chunk(self, data: bytes) -> bool:
+        """Write one non-empty chunk of the response body being sent, as uvicorn's ``send``
+        would for ``{"type": "http.response.body", "body": data, "more_body": True}``.
+
+        Returns:
+            ``False`` when the response is not a chunked one (the caller then uses ASGI
+            ``send``); ``True`` when written, or dropped because the client is gone (as
+            uvicorn drops it).
+        """
+        cycle = self.cycle
+        if cycle is None or cycle.response_complete or not cycle.response_started:
+            return False
+        if self.flow.write_paused and not cycle.disconnected:
+            await self.flow.drain()
+        if cycle.disconnected:
+            return True
+        out = self.conn.chunk(data)
+        if out is None:
+            return False
+        self.transport.write(out)
+        return True
+
+    def _schedule_head_write(self) -> None:
+        # A response head waits for the body bytes sent in the same loop iteration (the relay
+        # sends both in one step); should none come, it is written on the next iteration.
+        self.loop.call_soon(self._write_held_head)
+
+    def _write_held_head(self) -> None:
+        head = self.conn.take_head()
+        if head and not self.transport.is_closing():
+            self.transport.write(head)
 
     def _arm_header_timer(self) -> None:
         if self._header_timer is None:

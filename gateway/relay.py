@@ -24,7 +24,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gateway.access import log_record
-from gateway.asgi_io import ClientGone, DisconnectWatch, Receive, Responder, Scope, Send, read_body
+from gateway.asgi_io import (
+    BODY_CHUNK_EXTENSION,
+    ClientGone,
+    DisconnectWatch,
+    Receive,
+    Responder,
+    Scope,
+    Send,
+    read_body,
+)
 from gateway.auth import Principal, bearer_token
 from gateway.drain import ShuttingDown
 from gateway.errors import (
@@ -101,6 +110,7 @@ async def handle(state: GatewayState, scope: Scope, receive: Receive, send: Send
         record.request_id,
         on_start=_response_start(hooks.on_response_start, record),
         hold_end=bool(hooks.end_recorded),
+        write_chunk=scope.get("extensions", {}).get(BODY_CHUNK_EXTENSION),
     )
     started_observers = False
     drain = state.drain

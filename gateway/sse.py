@@ -90,6 +90,8 @@ def _last_boundary_end(buf: bytes) -> int:
     A ``"\\r\\n\\r"`` at the very end is not a boundary yet: the next chunk may complete it
     to ``"\\r\\n\\r\\n"``, so it waits (no pattern below matches it).
     """
+    if buf.endswith(b"\n\n"):  # the common case, a chunk of whole LF events: no search
+        return len(buf)
     end = 0
     for pattern in _BOUNDARIES:
         i = buf.rfind(pattern)

@@ -325,6 +325,21 @@ def test_idle_timeout_ends_stream_with_error_event(serve_asgi: Any) -> None:
     assert wait_for(lambda: sim.stats()["cancelled"] == 1, 1.0)
 
 
+def test_idle_timeout_counts_from_the_last_chunk_not_the_first(serve_asgi: Any) -> None:
+    # Tokens 0.1 s apart for about 1 s, idle limit 0.3 s: the deadline must move with every
+    # chunk (one timer per response re-arms itself), so the whole stream is relayed.
+    sim = start_sim(serve_asgi, itl_s=0.1, tokens_per_response=10)
+    recorder = Recorder()
+    gw = start_gateway(serve_asgi, settings([sim.url], timeouts={"idle_s": 0.3}),
+                       observers=[recorder])
+    r = httpx.post(gw + "/v1/chat/completions", json={**CHAT, "stream": True}, headers=AUTH_A,
+                   timeout=10)
+    assert r.status_code == 200
+    assert r.content.endswith(b"data: [DONE]\n\n")
+    assert not any("error" in e for e in sse_events(r.content))
+    assert recorder.wait(1)[0].outcome == "ok"
+
+
 # --- framing faults ------------------------------------------------------------------------
 
 
