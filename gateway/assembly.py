@@ -28,9 +28,9 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp.client_middlewares import ClientMiddlewareType
 
-from gateway.auth import Authenticator, KeyRing
+from gateway.auth import Authenticator, KeyRing, principal_of
 from gateway.records import AdmissionHook, ObserverHooks, RequestObserver
-from gateway.routing import AllowAll, RoutePolicy, Router
+from gateway.routing import AllowAll, RoutePolicy, Router, RouteTable
 from gateway.settings import GatewaySettings
 
 if TYPE_CHECKING:
@@ -61,12 +61,17 @@ class Gateway:
         connector_factory: Builds the upstream aiohttp connector (policy-checked with a
             policy; ``None``: a plain pooled connector).
         upstream_middlewares: aiohttp client middlewares, outermost first (telemetry client
-            spans, then ``policy_middleware``).
+            spans). The egress policy needs none: its connector checks every connection.
         policy: The egress policy document, if configured.
         egress: The process egress guard runtime (``gateway serve`` only).
         audit: The audit observer, if ``audit:`` is enabled.
         quotas: The quota hook, if ``quotas:`` is enabled.
         telemetry: The telemetry, if ``telemetry:`` is enabled (or passed in).
+        pure_routes: ``route_policy`` decides from the model, key, team and data class alone,
+            so its decisions are made once (the egress policy, ``AllowAll``).
+        hooks: The observers' and admission hooks' bound hooks (built here, once).
+        routes: The route table: ``route_policy``'s decisions for every configured key and
+            model, decided here (:meth:`RouteTable.prefill`); the route step looks them up.
     """
 
     settings: GatewaySettings
@@ -82,10 +87,15 @@ class Gateway:
     audit: AuditObserver | None = None
     quotas: QuotaHook | None = None
     telemetry: Telemetry | None = None
+    pure_routes: bool = False
     hooks: ObserverHooks = field(init=False)
+    routes: RouteTable = field(init=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "hooks", ObserverHooks.of(self.observers, self.admission))
+        routes = RouteTable(self.route_policy, memo=self.pure_routes)
+        routes.prefill(self.router, (principal_of(k) for k in self.settings.keys))
+        object.__setattr__(self, "routes", routes)
 
     @classmethod
     def of(
@@ -103,12 +113,14 @@ class Gateway:
         """A gateway put together by hand (tests, embedding): defaults for what is not given.
 
         Defaults: the router of ``settings``, its config keys, every replica allowed, no hooks.
+        A ``route_policy`` given here is asked on every request (it need not be pure).
         """
         return cls(
             settings=settings,
             router=router or Router(settings),
             authenticator=authenticator or KeyRing(settings.keys),
             route_policy=route_policy or AllowAll(),
+            pure_routes=route_policy is None,
             admission=tuple(admission),
             observers=tuple(observers),
             connector_factory=connector_factory,
@@ -223,7 +235,6 @@ def assemble(
         )
         route_policy = wiring.routes
         connector_factory = wiring.connector_factory
-        middlewares.append(wiring.middleware)
 
     return Gateway(
         settings=settings,
@@ -239,4 +250,5 @@ def assemble(
         audit=audit,
         quotas=quotas,
         telemetry=telemetry,
+        pure_routes=policy is None or not policy.unsafe_allow_all,  # unsafe logs per request
     )

@@ -17,7 +17,7 @@ import aiohttp
 from gateway.auth import Authenticator, Principal
 from gateway.drain import Drain
 from gateway.records import ObserverHooks
-from gateway.routing import RoutePolicy, Router
+from gateway.routing import RoutePolicy, Router, RouteTable
 from gateway.settings import GatewaySettings
 
 __all__ = ["STATE_KEY", "GatewayState", "gateway_state"]
@@ -36,6 +36,8 @@ class GatewayState:
         router: Replica pools by model.
         authenticator: Key -> principal.
         policy: Per-request routing decision (egress policy seam).
+        routes: The routing decisions of ``policy`` decided at assembly (the route step's
+            lookup; :class:`gateway.routing.RouteTable`).
         session: The pooled upstream client.
         hooks: The bound hooks of the observers (audit, quotas, telemetry) and admission hooks
             (telemetry, quotas), in the order the assembly gave them.
@@ -49,6 +51,8 @@ class GatewayState:
         upstream_ssl: ``ssl`` argument of every upstream request (``True`` or a context with
             the configured CA bundle / client certificate).
         drain: The drain state of ``gateway serve`` (``None`` when not served by it).
+        refuse_redirects: An upstream redirect answer fails the request with
+            ``redirect_refused`` (the egress policy is on; it is never followed either way).
     """
 
     settings: GatewaySettings
@@ -56,6 +60,7 @@ class GatewayState:
     authenticator: Authenticator
     policy: RoutePolicy
     session: aiohttp.ClientSession
+    routes: RouteTable
     hooks: ObserverHooks = field(default_factory=ObserverHooks)
     open_session: Callable[[], aiohttp.ClientSession] | None = None
     forward_headers: frozenset[bytes] = field(default_factory=frozenset)
@@ -63,6 +68,7 @@ class GatewayState:
     classify: Classifier | None = None
     upstream_ssl: ssl.SSLContext | bool = True
     drain: Drain | None = None
+    refuse_redirects: bool = False
 
 
 def gateway_state(source: Mapping[str, Any] | Any) -> GatewayState:
