@@ -56,8 +56,8 @@ class Gateway:
         authenticator: API key -> principal.
         route_policy: Per-request replica selection and data-class resolution (the egress
             policy's ``PolicyRoutes``, or ``AllowAll``).
-        admission: Admission hooks, in call order (telemetry, quotas).
-        observers: Request observers, in call order (audit, telemetry, quotas).
+        admission: Admission hooks, in call order (telemetry's observer, quotas).
+        observers: Request observers, in call order (audit, telemetry's observer, quotas).
         connector_factory: Builds the upstream aiohttp connector (policy-checked with a
             policy; ``None``: a plain pooled connector).
         upstream_middlewares: aiohttp client middlewares, outermost first (telemetry client
@@ -157,11 +157,13 @@ class Gateway:
         """Components whose ``startup()``/``shutdown()`` the app lifespan awaits, in order.
 
         The authenticator first (managed keys), then the observers and admission hooks (the
-        audit log before the others, so they can record), the route policy last (it records
-        ``policy.loaded``). Each component appears once.
+        audit log before the others, so they can record), the telemetry (admin server and
+        exporters; its per-request observer is among the observers), the route policy last (it
+        records ``policy.loaded``). Each component appears once.
         """
         seen: list[object] = []
-        for component in (self.authenticator, *self.observers, *self.admission,
+        telemetry = (self.telemetry,) if self.telemetry is not None else ()
+        for component in (self.authenticator, *self.observers, *self.admission, *telemetry,
                           self.route_policy):
             if not any(component is other for other in seen):
                 seen.append(component)
@@ -218,6 +220,7 @@ def assemble(
     route_policy: RoutePolicy = AllowAll()
     connector_factory = None
     middlewares: list[ClientMiddlewareType] = []
+    observer = telemetry.observer if telemetry is not None else None
     if telemetry is not None:
         telemetry.bind(router)
         if audit is not None:
@@ -241,8 +244,8 @@ def assemble(
         router=router,
         authenticator=authenticator,
         route_policy=route_policy,
-        admission=tuple(h for h in (telemetry, quotas) if h is not None),
-        observers=tuple(o for o in (audit, telemetry, quotas) if o is not None),
+        admission=tuple(h for h in (observer, quotas) if h is not None),
+        observers=tuple(o for o in (audit, observer, quotas) if o is not None),
         connector_factory=connector_factory,
         upstream_middlewares=tuple(middlewares),
         policy=policy,

@@ -27,11 +27,20 @@ Time per output token is derived from the request record (``latency - ttft`` ove
 ``output_tokens - 1``): no work per streamed event. Values are aggregated in process
 (:mod:`gateway.telemetry.aggregate`, ~1 us per record) and exported from the same state to
 Prometheus and OTLP.
+
+A relayed request does not record its metrics itself: the telemetry observer
+(:class:`gateway.telemetry.tracing.TelemetryObserver`) hands the finished request record and
+each audit append over (:attr:`GatewayMetrics.finished`, :attr:`GatewayMetrics.appends`, two
+deques) and they are folded into the instruments when the metrics are read (``/metrics``, the
+OTLP push: :meth:`MetricSet.snapshots` runs :meth:`GatewayMetrics.fold` first) or when
+:data:`FOLD_AT` are waiting, so the request path does a deque append instead of the ~7
+instrument updates.
 """
 
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -41,6 +50,7 @@ from gateway.fleet.replica_metrics import SIGNAL_FIELDS, signal_rows
 from gateway.records import RequestRecord
 from gateway.routing import Router
 from gateway.telemetry.aggregate import Labels, MetricSet
+from gateway.telemetry.tracing import operation_name
 
 __all__ = ["GatewayMetrics", "operation_name"]
 
@@ -52,14 +62,12 @@ TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 
 DURATION_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24,
                     20.48, 40.96, 81.92)
 TOKEN_BUCKETS = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576)
+FOLD_AT = 1024
+"""Hand-overs waiting at most before the observer folds them itself (bounds the memory); the
+observer's copy is ``gateway.telemetry.tracing._FOLD_AT``."""
+
 AUDIT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0)
 
-_OPERATIONS = {
-    "/v1/chat/completions": "chat",
-    "/v1/completions": "text_completion",
-    "/v1/embeddings": "embeddings",
-    "/v1/responses": "chat",
-}
 _DENIAL_LAYERS = {
     "egress_denied": "routing",
     "class_change_forbidden": "class",
@@ -67,11 +75,6 @@ _DENIAL_LAYERS = {
     "upstream_egress_denied": "transport",
     "redirect_refused": "transport",
 }
-
-
-def operation_name(path: str) -> str:
-    """``gen_ai.operation.name`` of a relay path (``chat``, ``text_completion``, ...)."""
-    return _OPERATIONS.get(path) or path.rsplit("/", 1)[-1]
 
 
 _MODEL = "gen_ai.request.model"
@@ -97,6 +100,9 @@ class GatewayMetrics:
     ) -> None:
         self.set = MetricSet(resource)
         m = self.set
+        self.finished: deque[RequestRecord] = deque()
+        self.appends: deque[tuple[str, float, bool]] = deque()
+        m.before_snapshot(self.fold)
         self._router = router
         self._egress_counts = egress_counts
         self._audit_queue: Callable[[], int] | None = None
@@ -154,6 +160,25 @@ class GatewayMetrics:
     def watch_audit_queue(self, depth: Callable[[], int]) -> None:
         """Observe the audit writer's queue depth through ``depth()``."""
         self._audit_queue = depth
+
+    def fold(self) -> None:
+        """Record the finished requests and audit appends handed over since the last fold.
+
+        Safe from any thread (``deque.popleft`` is atomic; the instruments lock).
+        """
+        finished, appends = self.finished, self.appends
+        while finished:
+            try:
+                record = finished.popleft()
+            except IndexError:  # another thread folded the last one
+                break
+            self.record_request(record)
+        while appends:
+            try:
+                type_, seconds, ok = appends.popleft()
+            except IndexError:
+                break
+            self.record_audit_append(seconds, type_, ok)
 
     def record_audit_append(self, seconds: float, type_: str, ok: bool) -> None:
         """Record one audit append (duration in seconds)."""
