@@ -6,7 +6,7 @@ handler of :mod:`gateway.relay` (the hot path: no per-request framework objects)
 else (``/v1/models``, ``/healthz``, ``/readyz``) is ordinary FastAPI. Before either, a request
 with ambiguous framing (``Content-Length`` with ``Transfer-Encoding``, repeated framing headers)
 is refused with 400 ``invalid_framing`` and ``Connection: close`` (second layer behind the
-parser check of :mod:`gateway.http_guard`; the check is :func:`gateway.asgi_io.scope_framing_problem`).
+parser check of :mod:`gateway.http_guard`; :func:`gateway.asgi_io.scope_framing_problem`).
 
 Everything the app needs is passed to the constructor: the settings and the assembled
 components (:class:`gateway.assembly.Gateway`: authenticator, routing policy, observers such as

@@ -33,7 +33,8 @@ the client still sends is discarded for at most :data:`LINGER_S` before the sock
 the client reads the answer instead of a connection reset.
 
 A second layer, :func:`gateway.asgi_io.scope_framing_problem`, runs in the app on the ASGI scope
-headers, so the app refuses (and closes after) ``Content-Length`` with ``Transfer-Encoding`` under any server.
+headers, so the app refuses (and closes after) ``Content-Length`` with ``Transfer-Encoding``
+under any server.
 """
 
 from __future__ import annotations

@@ -7,7 +7,8 @@ Public API (other packages import only these names):
 * :class:`EgressGuard`, :class:`EgressEvent` (process layer, ``sys.addaudithook``);
 * :func:`make_connector` (every connection checked at connect time,
   :func:`checked_socket_factory`), :func:`make_session`, :class:`PolicyResolver` (transport
-  layer, aiohttp), :func:`redirect_refused` / :data:`REDIRECT_STATUSES`, :func:`make_httpx_client`, :class:`PolicyAsyncTransport` (httpx, openai SDK);
+  layer, aiohttp), :func:`redirect_refused` / :data:`REDIRECT_STATUSES`,
+  :func:`make_httpx_client`, :class:`PolicyAsyncTransport` (httpx, openai SDK);
 * :class:`EgressMatcher`, :class:`PinStore` (address checks shared by both);
 * :func:`litellm_env`, :func:`import_litellm` (litellm without hidden egress);
 * :func:`check_binding`, :func:`start_guard` (gateway start-up), :func:`policy_middleware`

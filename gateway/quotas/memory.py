@@ -81,7 +81,9 @@ def gcra_check(tat: float | None, now: float, limit: int, cost: int, window_s: f
     )
 
 
-def gcra_adjust(tat: float | None, now: float, limit: int, delta: int, window_s: float) -> float | None:
+def gcra_adjust(
+    tat: float | None, now: float, limit: int, delta: int, window_s: float
+) -> float | None:
     """Apply a correction of ``delta`` units (positive: more used than estimated).
 
     A positive delta may push ``tat`` past the burst (debt that later requests wait for); a

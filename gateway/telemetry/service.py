@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import requests
@@ -32,7 +32,6 @@ from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 from prometheus_client import CollectorRegistry
 
 from gateway.errors import ConfigError
-from gateway.records import RequestRecord
 from gateway.routing import Router
 from gateway.settings import GatewaySettings
 from gateway.telemetry.admin import AdminServer
