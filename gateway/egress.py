@@ -12,8 +12,9 @@ a default ``data_class``. At start-up :func:`start_egress`:
 :func:`wire_egress` (called by :func:`gateway.assembly.assemble`) then makes sure that
 
 * routing only offers replicas whose destination the policy allows for the request's key, team
-  and data class (:class:`PolicyRoutes`, the gateway's ``RoutePolicy`` seam); the
-  ``x-data-classification`` header changes the class only where a grant allows it;
+  and data class (:class:`PolicyRoutes`, the gateway's ``RoutePolicy`` seam, decided at
+  assembly into the route table); the ``x-data-classification`` header changes the class only
+  where a grant allows it;
 * every upstream connection (relay and health checks) goes through the policy-checked connector,
   which checks each address when it connects (``policy.checked_socket_factory``: address
   literals and pinned addresses alike) and shares the guard's pins; the upstream session never
@@ -296,6 +297,12 @@ def start_egress(
 
 class PolicyRoutes:
     """The gateway's ``RoutePolicy``: only replicas whose destination the policy allows.
+
+    Its decision depends only on the model's replicas and the caller's key, team and data
+    class, so the assembly makes it once per configured key and model into the route table
+    (:class:`gateway.routing.RouteTable`); a request asks :meth:`decide` only for a principal
+    the table does not hold yet (managed keys, a class changed by the header), and every time
+    under ``unsafe_allow_all`` (which logs each request).
 
     Args:
         policy: The policy.

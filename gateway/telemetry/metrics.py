@@ -63,8 +63,7 @@ DURATION_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56,
                     20.48, 40.96, 81.92)
 TOKEN_BUCKETS = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576)
 FOLD_AT = 1024
-"""Hand-overs waiting at most before the observer folds them itself (bounds the memory); the
-observer's copy is ``gateway.telemetry.tracing._FOLD_AT``."""
+"""Hand-overs waiting at most before the observer folds them itself (bounds the memory)."""
 
 AUDIT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0)
 
@@ -90,6 +89,12 @@ class GatewayMetrics:
         resource: The ``service.name`` resource.
         router: Replica pools, observed for in-flight and health gauges.
         egress_counts: ``() -> {(decision, destination): count}`` of the process guard.
+
+    Attributes:
+        finished: Finished request records handed over by the telemetry observer, not yet
+            recorded (:meth:`fold` records them).
+        appends: ``(record type, seconds, ok)`` of audit appends, not yet recorded.
+        fold_at: The observer folds itself when this many wait (:data:`FOLD_AT`).
     """
 
     def __init__(
@@ -102,6 +107,7 @@ class GatewayMetrics:
         m = self.set
         self.finished: deque[RequestRecord] = deque()
         self.appends: deque[tuple[str, float, bool]] = deque()
+        self.fold_at = FOLD_AT
         m.before_snapshot(self.fold)
         self._router = router
         self._egress_counts = egress_counts

@@ -89,6 +89,11 @@ class Telemetry:
         span_exporter: Extra span exporter (tests: an in-memory exporter, synchronous).
         egress_counts: Process guard event counts (``EgressEvents.counts`` snapshot).
 
+    Attributes:
+        observer: The per-request admission hook and observer (spans, metrics hand-over).
+        tracer: Creates the spans; ``tracer.middleware`` is the upstream client middleware.
+        metrics: The metric set, once :meth:`bind` ran.
+
     Raises:
         ConfigError: The OTLP endpoint is not inside its policy destination.
     """

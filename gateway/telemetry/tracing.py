@@ -47,7 +47,6 @@ __all__ = ["ActiveRequest", "RequestTracer", "TelemetryObserver", "operation_nam
 
 _RETRY_STATUSES = frozenset({429, 502, 503})
 _TRACE_HEADERS = (b"traceparent", b"tracestate")
-_FOLD_AT = 1024  # gateway.telemetry.metrics.FOLD_AT (not imported: metrics imports this module)
 
 _OPERATIONS = {
     "/v1/chat/completions": "chat",
@@ -290,7 +289,7 @@ class TelemetryObserver:
         metrics = self.metrics
         if metrics is not None:
             metrics.finished.append(record)
-            if len(metrics.finished) >= _FOLD_AT:
+            if len(metrics.finished) >= metrics.fold_at:
                 metrics.fold()
         self.tracer.finish()
 
@@ -299,5 +298,5 @@ class TelemetryObserver:
         metrics = self.metrics
         if metrics is not None:
             metrics.appends.append((type_, seconds, ok))
-            if len(metrics.appends) >= _FOLD_AT:
+            if len(metrics.appends) >= metrics.fold_at:
                 metrics.fold()
