@@ -179,7 +179,8 @@ def test_the_connector_checks_each_connection_without_the_middleware(server: Any
 
     async def run() -> tuple[int, str]:
         async with aiohttp.ClientSession(connector=make_connector(_policy(srv.port)),
-                                         trust_env=False) as s:
+                                         trust_env=False,
+                                         timeout=aiohttp.ClientTimeout(total=10)) as s:
             ok = await _get(s, f"http://127.0.0.1:{srv.port}/ok")
             with pytest.raises(EgressDenied, match=f"127.0.0.1:{other_port}"):
                 await _get(s, f"http://127.0.0.1:{other_port}/")
