@@ -6,7 +6,7 @@ handler of :mod:`gateway.relay` (the hot path: no per-request framework objects)
 else (``/v1/models``, ``/healthz``, ``/readyz``) is ordinary FastAPI. Before either, a request
 with ambiguous framing (``Content-Length`` with ``Transfer-Encoding``, repeated framing headers)
 is refused with 400 ``invalid_framing`` and ``Connection: close`` (second layer behind the
-parser check of :mod:`gateway.http_guard`).
+parser check of :mod:`gateway.http_guard`; :func:`gateway.asgi_io.scope_framing_problem`).
 
 Everything the app needs is passed to the constructor: the settings and the assembled
 components (:class:`gateway.assembly.Gateway`: authenticator, routing policy, observers such as
@@ -31,13 +31,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gateway import relay
 from gateway.access import AccessLogMiddleware
+from gateway.asgi_io import framing_refusal, scope_framing_problem
 from gateway.assembly import Gateway
 from gateway.auth import Authenticator, Principal, bearer_token
 from gateway.drain import Drain
 from gateway.errors import GatewayError, InvalidRequest, MethodNotAllowed, ModelNotFound
 from gateway.fleet.replica_metrics import MetricsScraper
 from gateway.health import HealthProber
-from gateway.http_guard import framing_refusal, scope_framing_problem
 from gateway.records import AdmissionHook, RequestObserver
 from gateway.routing import ClassifyingPolicy, RoutePolicy, Router
 from gateway.settings import GatewaySettings
@@ -63,7 +63,11 @@ class _GatewayApp(FastAPI):
                     await send(message)
                 return
             if scope["path"] in relay.RELAY_PATHS:
-                await relay.handle(gateway_state(scope), scope, receive, send)
+                try:  # gateway_state's lookup, without a call per request
+                    state = scope["state"][STATE_KEY].current
+                except (KeyError, TypeError, AttributeError):
+                    state = gateway_state(scope)  # raises the explanation
+                await relay.handle(state, scope, receive, send)
                 return
         await super().__call__(scope, receive, send)
 
@@ -103,6 +107,8 @@ def _request_parts(parts: Gateway, settings: GatewaySettings) -> dict[str, Any]:
             classifying.classification_header.encode("latin-1") if classifying else None
         ),
         "classify": classifying.classify if classifying else None,
+        "routes": parts.routes,
+        "refuse_redirects": parts.policy is not None,
     }
 
 

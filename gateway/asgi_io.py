@@ -1,11 +1,15 @@
 """Small raw-ASGI helpers for the relay path: reading a bounded body, sending responses.
 
+Also the app's framing check on the ASGI scope (:func:`scope_framing_problem`, the second layer
+behind the server's parser check in :mod:`gateway.http_guard`) and its refusal messages.
+
 ASGI HTTP message types: https://asgi.readthedocs.io/en/latest/specs/www.html
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
@@ -19,7 +23,9 @@ __all__ = [
     "Responder",
     "Scope",
     "Send",
+    "framing_refusal",
     "read_body",
+    "scope_framing_problem",
 ]
 
 Scope = MutableMapping[str, Any]
@@ -31,6 +37,8 @@ BODY_CHUNK_EXTENSION = "sovereign_gateway.body_chunk"
 """ASGI scope extension set by the gateway's own server (``gateway.http_guard``):
 ``await write(data) -> bool`` writes one non-empty chunk of a chunked response body without an
 ASGI message (``False``: not possible now, use ``send``). The relay writes one per SSE event."""
+
+_OWS = b" \t"
 
 
 class ClientGone(Exception):
@@ -234,3 +242,45 @@ class DisconnectWatch:
         # would make a cycle per request that only a (stop-the-world) GC collection frees.
         if watcher is not None and not watcher.done():
             watcher.cancel()
+
+
+def scope_framing_problem(headers: list[tuple[bytes, bytes]]) -> str | None:
+    """The framing check on ASGI scope headers (second layer, for any ASGI server).
+
+    Servers merge or unfold some cases before the application sees them, so this catches less
+    than :func:`framing_problem` on the raw head; it does catch ``Content-Length`` together with
+    ``Transfer-Encoding`` under plain uvicorn h11, which serves a smuggled request otherwise.
+
+    Args:
+        headers: ASGI ``scope["headers"]`` (lower-case names).
+    """
+    lengths = encodings = 0
+    for name, value in headers:
+        if name == b"content-length":
+            lengths += 1
+        elif name == b"transfer-encoding":
+            encodings += 1
+            if value.strip(_OWS).lower() != b"chunked":
+                return "Transfer-Encoding other than a single 'chunked' is not supported"
+    if lengths and encodings:
+        return "both Content-Length and Transfer-Encoding are present"
+    if lengths > 1 or encodings > 1:
+        return "repeated Content-Length or Transfer-Encoding header"
+    return None
+
+
+def framing_refusal(problem: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """ASGI messages of the 400 ``invalid_framing`` answer (``Connection: close``)."""
+    body = json.dumps(
+        {"error": {"message": f"Invalid HTTP request framing: {problem}.",
+                   "type": "invalid_request_error", "param": None, "code": "invalid_framing"}},
+        separators=(",", ":"),
+    ).encode()
+    start = {
+        "type": "http.response.start",
+        "status": 400,
+        "headers": [(b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                    (b"connection", b"close")],
+    }
+    return start, {"type": "http.response.body", "body": body, "more_body": False}

@@ -32,9 +32,9 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp.client_middlewares import ClientMiddlewareType
 
-from gateway.auth import Authenticator, KeyRing
+from gateway.auth import Authenticator, KeyRing, principal_of
 from gateway.records import AdmissionHook, ObserverHooks, RequestObserver
-from gateway.routing import AllowAll, RoutePolicy, Router
+from gateway.routing import AllowAll, RoutePolicy, Router, RouteTable
 from gateway.settings import GatewaySettings
 
 if TYPE_CHECKING:
@@ -61,12 +61,12 @@ class Gateway:
         authenticator: API key -> principal.
         route_policy: Per-request replica selection and data-class resolution (the egress
             policy's ``PolicyRoutes``, or ``AllowAll``).
-        admission: Admission hooks, in call order (telemetry, quotas).
-        observers: Request observers, in call order (audit, telemetry, quotas).
+        admission: Admission hooks, in call order (telemetry's observer, quotas).
+        observers: Request observers, in call order (audit, telemetry's observer, quotas).
         connector_factory: Builds the upstream aiohttp connector (policy-checked with a
             policy; ``None``: a plain pooled connector).
         upstream_middlewares: aiohttp client middlewares, outermost first (telemetry client
-            spans, then ``policy_middleware``).
+            spans). The egress policy needs none: its connector checks every connection.
         policy: The egress policy document, if configured.
         egress: The process egress guard runtime (``gateway serve`` only).
         audit: The audit observer, if ``audit:`` is enabled.
@@ -74,6 +74,11 @@ class Gateway:
         telemetry: The telemetry, if ``telemetry:`` is enabled (or passed in).
         flow: Flow control, if ``flow_control.enabled`` (acts in the ``admit`` stage, after
             the admission hooks: a request the quotas refuse never queues).
+        pure_routes: ``route_policy`` decides from the model, key, team and data class alone,
+            so its decisions are made once (the egress policy, ``AllowAll``).
+        hooks: The observers' and admission hooks' bound hooks (built here, once).
+        routes: The route table: ``route_policy``'s decisions for every configured key and
+            model, decided here (:meth:`RouteTable.prefill`); the route step looks them up.
     """
 
     settings: GatewaySettings
@@ -90,10 +95,15 @@ class Gateway:
     quotas: QuotaHook | None = None
     telemetry: Telemetry | None = None
     flow: FlowGate | None = None
+    pure_routes: bool = False
     hooks: ObserverHooks = field(init=False)
+    routes: RouteTable = field(init=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "hooks", ObserverHooks.of(self.observers, self.admission))
+        routes = RouteTable(self.route_policy, memo=self.pure_routes)
+        routes.prefill(self.router, (principal_of(k) for k in self.settings.keys))
+        object.__setattr__(self, "routes", routes)
 
     @classmethod
     def of(
@@ -112,6 +122,7 @@ class Gateway:
 
         Defaults: the router of ``settings``, its config keys, every replica allowed, no hooks;
         flow control as ``settings.flow_control`` says.
+        A ``route_policy`` given here is asked on every request (it need not be pure).
         """
         router = router or Router(settings)
         return cls(
@@ -119,6 +130,7 @@ class Gateway:
             router=router,
             authenticator=authenticator or KeyRing(settings.keys),
             route_policy=route_policy or AllowAll(),
+            pure_routes=route_policy is None,
             admission=tuple(admission),
             observers=tuple(observers),
             connector_factory=connector_factory,
@@ -157,11 +169,13 @@ class Gateway:
         """Components whose ``startup()``/``shutdown()`` the app lifespan awaits, in order.
 
         The authenticator first (managed keys), then the observers and admission hooks (the
-        audit log before the others, so they can record), the route policy last (it records
-        ``policy.loaded``). Each component appears once.
+        audit log before the others, so they can record), the telemetry (admin server and
+        exporters; its per-request observer is among the observers), the route policy last (it
+        records ``policy.loaded``). Each component appears once.
         """
         seen: list[object] = []
-        for component in (self.authenticator, *self.observers, *self.admission,
+        telemetry = (self.telemetry,) if self.telemetry is not None else ()
+        for component in (self.authenticator, *self.observers, *self.admission, *telemetry,
                           self.route_policy):
             if not any(component is other for other in seen):
                 seen.append(component)
@@ -219,6 +233,7 @@ def assemble(
     route_policy: RoutePolicy = AllowAll()
     connector_factory = None
     middlewares: list[ClientMiddlewareType] = []
+    observer = telemetry.observer if telemetry is not None else None
     if telemetry is not None:
         telemetry.bind(router)
         if audit is not None:
@@ -238,15 +253,14 @@ def assemble(
         )
         route_policy = wiring.routes
         connector_factory = wiring.connector_factory
-        middlewares.append(wiring.middleware)
 
     return Gateway(
         settings=settings,
         router=router,
         authenticator=authenticator,
         route_policy=route_policy,
-        admission=tuple(h for h in (telemetry, quotas) if h is not None),
-        observers=tuple(o for o in (audit, telemetry, quotas) if o is not None),
+        admission=tuple(h for h in (observer, quotas) if h is not None),
+        observers=tuple(o for o in (audit, observer, quotas) if o is not None),
         connector_factory=connector_factory,
         upstream_middlewares=tuple(middlewares),
         policy=policy,
@@ -255,6 +269,7 @@ def assemble(
         quotas=quotas,
         telemetry=telemetry,
         flow=flow,
+        pure_routes=policy is None or not policy.unsafe_allow_all,  # unsafe logs per request
     )
 
 
@@ -339,6 +354,7 @@ def reassemble(running: Gateway, settings: GatewaySettings, base: Path | None = 
         audit=running.audit,
         quotas=running.quotas,
         telemetry=running.telemetry,
+        pure_routes=policy is None or not policy.unsafe_allow_all,
         flow=running.flow,  # rebound to the new router when the app swaps
     )
 

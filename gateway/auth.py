@@ -25,6 +25,7 @@ __all__ = [
     "bearer_token",
     "digest_key",
     "new_key",
+    "principal_of",
 ]
 
 KEY_PREFIX = "sg-"
@@ -89,6 +90,11 @@ def bearer_token(value: bytes | None) -> str | None:
         return None
 
 
+def principal_of(key: KeySettings) -> Principal:
+    """The principal of a configured key (``keys:`` entry)."""
+    return Principal(key.id, key.team, key.data_class, frozenset(key.models))
+
+
 class KeyRing:
     """The keys from the configuration file.
 
@@ -98,10 +104,7 @@ class KeyRing:
 
     def __init__(self, keys: Iterable[KeySettings]) -> None:
         self._entries: list[tuple[bytes, Principal]] = [
-            (
-                bytes.fromhex(k.sha256),
-                Principal(k.id, k.team, k.data_class, frozenset(k.models)),
-            )
+            (bytes.fromhex(k.sha256), principal_of(k))
             for k in keys
         ]
         # A dummy digest keeps the work constant when no key is configured.

@@ -12,11 +12,15 @@ a default ``data_class``. At start-up :func:`start_egress`:
 :func:`wire_egress` (called by :func:`gateway.assembly.assemble`) then makes sure that
 
 * routing only offers replicas whose destination the policy allows for the request's key, team
-  and data class (:class:`PolicyRoutes`, the gateway's ``RoutePolicy`` seam); the
-  ``x-data-classification`` header changes the class only where a grant allows it;
-* every upstream connection (relay and health checks) goes through the policy-checked connector
-  and ``policy_middleware`` (address literals, no proxies, no redirects), sharing the guard's
-  pins;
+  and data class (:class:`PolicyRoutes`, the gateway's ``RoutePolicy`` seam, decided at
+  assembly into the route table); the ``x-data-classification`` header changes the class only
+  where a grant allows it;
+* every upstream connection (relay and health checks) goes through the policy-checked connector,
+  which checks each address when it connects (``policy.checked_socket_factory``: address
+  literals and pinned addresses alike) and shares the guard's pins; the upstream session never
+  uses a proxy (``trust_env`` off) and never follows a redirect (the relay refuses one with
+  ``redirect_refused``, :func:`policy.redirect_refused`). The check is made per connection,
+  not per request: a pooled connection was checked when it was opened;
 * guard events are counted and recorded as ``egress.denied`` audit events when the audit log is
   on (and ``policy.loaded`` once at start-up).
 """
@@ -47,7 +51,6 @@ from policy import (
     UnknownDataClass,
     check_binding,
     make_connector,
-    policy_middleware,
     start_guard,
 )
 from policy import Principal as PolicyPrincipal
@@ -295,6 +298,12 @@ def start_egress(
 class PolicyRoutes:
     """The gateway's ``RoutePolicy``: only replicas whose destination the policy allows.
 
+    Its decision depends only on the model's replicas and the caller's key, team and data
+    class, so the assembly makes it once per configured key and model into the route table
+    (:class:`gateway.routing.RouteTable`); a request asks :meth:`decide` only for a principal
+    the table does not hold yet (managed keys, a class changed by the header), and every time
+    under ``unsafe_allow_all`` (which logs each request).
+
     Args:
         policy: The policy.
         events: Lifespan-managed egress event forwarder (started/stopped with the app).
@@ -394,13 +403,12 @@ class EgressWiring:
 
     Attributes:
         routes: The routing policy seam (``RoutePolicy``) with data-class resolution.
-        connector_factory: Builds the policy-checked aiohttp connector of upstream requests.
-        middleware: ``policy_middleware``: address literals, no proxies, no redirects.
+        connector_factory: Builds the policy-checked aiohttp connector of upstream requests
+            (every connection checked when it is opened).
     """
 
     routes: PolicyRoutes
     connector_factory: Callable[[], Any]
-    middleware: Any
 
 
 def wire_egress(
@@ -428,7 +436,7 @@ def wire_egress(
         mode: Guard mode, recorded in ``policy.loaded``.
 
     Returns:
-        The routing policy, connector factory and client middleware.
+        The routing policy and the connector factory.
     """
     for pool in router.pools.values():
         for replica in pool.replicas:
@@ -445,5 +453,4 @@ def wire_egress(
             matcher, limit=limit, limit_per_host=0,
             keepalive_timeout=settings.timeouts.upstream_keep_alive_s,
         ),
-        middleware=policy_middleware(matcher),
     )

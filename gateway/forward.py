@@ -39,7 +39,7 @@ from gateway.routing import Pool, Replica
 from gateway.sse import SSEUsageScanner, Usage, usage_from_body
 from gateway.state import GatewayState
 from gateway.upstream import USER_AGENT, map_exception
-from policy import EgressDenied
+from policy import REDIRECT_STATUSES, EgressDenied, redirect_refused
 
 __all__ = ["USAGE_PATHS", "Exchange", "forward"]
 
@@ -94,7 +94,7 @@ async def forward(ex: Exchange, first: Replica) -> None:
     state, pool, record = ex.state, ex.pool, ex.record
     settings = state.settings
     force_usage = record.path in USAGE_PATHS
-    body = ex.parsed.upstream_body(pool.model.upstream_name, force_usage=force_usage)
+    body = ex.parsed.upstream_body(pool.upstream_name, force_usage=force_usage)
     base_headers = _base_headers(ex)
     tried: list[Replica] = []
     replica: Replica | None = first
@@ -274,6 +274,9 @@ async def _attempt(
                     replica.url + ex.record.path, data=body, headers=headers,
                     allow_redirects=False, ssl=ex.state.upstream_ssl,
                 )
+                if ex.state.refuse_redirects and resp.status in REDIRECT_STATUSES:
+                    raise redirect_refused(resp.url.raw_host or "", resp.url.port, resp.status,
+                                           resp.headers.get("Location", ""))
                 retry = _retryable_status(ex, replica, resp)
                 if retry is not None:
                     relay.complete = True  # nothing more to read: the connection may be reused

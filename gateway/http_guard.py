@@ -32,8 +32,9 @@ Refusals are written as complete responses, then the write side is shut (``FIN``
 the client still sends is discarded for at most :data:`LINGER_S` before the socket is closed, so
 the client reads the answer instead of a connection reset.
 
-A second layer, :func:`scope_framing_problem`, runs in the app on the ASGI scope headers, so the
-app refuses (and closes after) ``Content-Length`` with ``Transfer-Encoding`` under any server.
+A second layer, :func:`gateway.asgi_io.scope_framing_problem`, runs in the app on the ASGI scope
+headers, so the app refuses (and closes after) ``Content-Length`` with ``Transfer-Encoding``
+under any server.
 """
 
 from __future__ import annotations
@@ -62,9 +63,7 @@ __all__ = [
     "LINGER_S",
     "GuardedH11Protocol",
     "framing_problem",
-    "framing_refusal",
     "guarded_protocol",
-    "scope_framing_problem",
     "server_options",
 ]
 
@@ -113,48 +112,6 @@ def framing_problem(request_line: bytes, header_lines: list[bytes] | list[bytear
     if encodings and request_line.endswith(b"HTTP/1.0"):
         return "Transfer-Encoding in an HTTP/1.0 request"
     return None
-
-
-def scope_framing_problem(headers: list[tuple[bytes, bytes]]) -> str | None:
-    """The framing check on ASGI scope headers (second layer, for any ASGI server).
-
-    Servers merge or unfold some cases before the application sees them, so this catches less
-    than :func:`framing_problem` on the raw head; it does catch ``Content-Length`` together with
-    ``Transfer-Encoding`` under plain uvicorn h11, which serves a smuggled request otherwise.
-
-    Args:
-        headers: ASGI ``scope["headers"]`` (lower-case names).
-    """
-    lengths = encodings = 0
-    for name, value in headers:
-        if name == b"content-length":
-            lengths += 1
-        elif name == b"transfer-encoding":
-            encodings += 1
-            if value.strip(_OWS).lower() != b"chunked":
-                return "Transfer-Encoding other than a single 'chunked' is not supported"
-    if lengths and encodings:
-        return "both Content-Length and Transfer-Encoding are present"
-    if lengths > 1 or encodings > 1:
-        return "repeated Content-Length or Transfer-Encoding header"
-    return None
-
-
-def framing_refusal(problem: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """ASGI messages of the 400 ``invalid_framing`` answer (``Connection: close``)."""
-    body = json.dumps(
-        {"error": {"message": f"Invalid HTTP request framing: {problem}.",
-                   "type": "invalid_request_error", "param": None, "code": "invalid_framing"}},
-        separators=(",", ":"),
-    ).encode()
-    start = {
-        "type": "http.response.start",
-        "status": 400,
-        "headers": [(b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode()),
-                    (b"connection", b"close")],
-    }
-    return start, {"type": "http.response.body", "body": body, "more_body": False}
 
 
 class _StrictConnection(h11.Connection):

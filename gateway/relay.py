@@ -303,7 +303,7 @@ def _read_head(state: GatewayState, scope: Scope) -> _Head:
 def _authenticate(state: GatewayState, head: _Head, record: RequestRecord) -> Principal:
     principal: Principal = state.authenticator.authenticate(bearer_token(head.auth))
     record.identify(principal.key_id, principal.team, principal.data_class)
-    if state.classify is not None:
+    if state.classify is not None and head.class_value is not None:
         # The egress policy: the classification header may change the class only by grant.
         principal = state.classify(principal, head.class_value)
         record.identify(principal.key_id, principal.team, principal.data_class)
@@ -317,7 +317,7 @@ def _authorised_pool(
     if pool is None:
         raise ModelNotFound(f"The model '{label}' does not exist.", param="model")
     model = pool.model
-    record.describe(record.model, record.stream, model.name, model.upstream_name)
+    record.describe(record.model, record.stream, model.name, pool.upstream_name)
     if not principal.may_use(model.name):
         raise ModelNotAllowed(
             f"The API key '{principal.key_id}' may not use the model '{model.name}'.",
@@ -331,7 +331,7 @@ def _route(
 ) -> RouteDecision:
     """The routing policy's decision; refuse when it allows no replica."""
     model = pool.model
-    decision = state.policy.decide(principal, model, pool.replicas)
+    decision = state.routes.decide(principal, pool)  # decided at assembly for config keys
     record.decided(decision.rule_id, decision.revision, bool(decision.candidates))
     if decision.revision is not None:
         if not decision.candidates:

@@ -24,12 +24,14 @@ candidate replicas and names the rule that decided.
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from gateway.auth import Principal
+from gateway.errors import GatewayError
 from gateway.fleet.replica_metrics import ReplicaSignals
 from gateway.fleet.scoring import PrefixAffinity, RouteHint
 from gateway.fleet.settings import RoutingSettings
@@ -152,7 +154,8 @@ class RoutePolicy(Protocol):
 class ClassifyingPolicy(RoutePolicy, Protocol):
     """A routing policy that also resolves the request's data class from a header.
 
-    The relay reads ``classification_header`` and calls ``classify`` before ``decide``.
+    The relay reads ``classification_header`` and, when the request carries it, calls
+    ``classify`` before ``decide``.
 
     Attributes:
         classification_header: Lower-case name of the header carrying the requested class.
@@ -179,6 +182,68 @@ class AllowAll:
         return RouteDecision(tuple(replicas))
 
 
+RouteKey = tuple[str, str, str | None, str]
+"""``(model name, key id, team, data class)``: what a pure routing decision depends on."""
+
+_ROUTE_TABLE_MAX = 10_000
+
+
+class RouteTable:
+    """The routing policy's decisions, each decided once per model and principal.
+
+    The egress policy's decision is a pure function of the model's replicas (fixed by the
+    settings) and the caller's key, team and data class, so the assembly decides it for every
+    configured key and model (:meth:`prefill`) and the route step only looks it up. Other
+    principals (managed keys, a class changed by the classification header) are decided on
+    first use and kept (at most 10,000 entries; then the table starts afresh). A policy that is
+    not pure (or one that must log each request, as ``unsafe_allow_all`` does) is asked every
+    time (``memo=False``).
+
+    Args:
+        policy: The routing policy.
+        memo: Keep decisions (the policy is pure).
+    """
+
+    def __init__(self, policy: RoutePolicy, *, memo: bool = True) -> None:
+        self.policy = policy
+        self.memo = memo
+        self._decisions: dict[RouteKey, RouteDecision] = {}
+
+    def decide(self, principal: Principal, pool: Pool) -> RouteDecision:
+        """The decision for ``principal`` on ``pool`` (see :meth:`RoutePolicy.decide`).
+
+        Raises:
+            GatewayError: The policy refuses (as :meth:`RoutePolicy.decide`).
+        """
+        key = (pool.model.name, principal.key_id, principal.team, principal.data_class)
+        found = self._decisions.get(key)
+        if found is not None:
+            return found
+        decision = self.policy.decide(principal, pool.model, pool.replicas)
+        if self.memo:
+            if len(self._decisions) >= _ROUTE_TABLE_MAX:
+                self._decisions.clear()
+            self._decisions[key] = decision
+        return decision
+
+    def prefill(self, router: Router, principals: Iterable[Principal]) -> None:
+        """Decide now for every principal and every model it may use (at assembly).
+
+        Decisions the policy refuses with an error are left to the request (which gets the
+        error); nothing is kept without ``memo``.
+        """
+        if not self.memo:
+            return
+        for principal in principals:
+            for name, pool in router.pools.items():
+                if principal.may_use(name):
+                    with contextlib.suppress(GatewayError):
+                        self.decide(principal, pool)
+
+    def __len__(self) -> int:
+        return len(self._decisions)
+
+
 class Pool:
     """The replicas of one model and the strategy that picks among them.
 
@@ -199,6 +264,7 @@ class Pool:
         watched: bool = False,
     ):
         self.model = model
+        self.upstream_name = model.upstream_name  # read per request: computed once here
         self.strategy = model.strategy
         self.cooldown_s = cooldown_s
         self._clock = clock

@@ -19,7 +19,7 @@ import aiohttp
 from gateway.auth import Authenticator, Principal
 from gateway.drain import Drain
 from gateway.records import ObserverHooks
-from gateway.routing import RoutePolicy, Router
+from gateway.routing import RoutePolicy, Router, RouteTable
 from gateway.settings import GatewaySettings
 
 if TYPE_CHECKING:
@@ -41,6 +41,8 @@ class GatewayState:
         router: Replica pools by model.
         authenticator: Key -> principal.
         policy: Per-request routing decision (egress policy seam).
+        routes: The routing decisions of ``policy`` decided at assembly (the route step's
+            lookup; :class:`gateway.routing.RouteTable`).
         session: The pooled upstream client.
         hooks: The bound hooks of the observers (audit, quotas, telemetry) and admission hooks
             (telemetry, quotas), in the order the assembly gave them.
@@ -55,6 +57,8 @@ class GatewayState:
             the configured CA bundle / client certificate).
         drain: The drain state of ``gateway serve`` (``None`` when not served by it).
         flow: Flow control (``None`` when ``flow_control.enabled`` is off).
+        refuse_redirects: An upstream redirect answer fails the request with
+            ``redirect_refused`` (the egress policy is on; it is never followed either way).
     """
 
     settings: GatewaySettings
@@ -62,6 +66,7 @@ class GatewayState:
     authenticator: Authenticator
     policy: RoutePolicy
     session: aiohttp.ClientSession
+    routes: RouteTable
     hooks: ObserverHooks = field(default_factory=ObserverHooks)
     open_session: Callable[[], aiohttp.ClientSession] | None = None
     forward_headers: frozenset[bytes] = field(default_factory=frozenset)
@@ -70,6 +75,7 @@ class GatewayState:
     upstream_ssl: ssl.SSLContext | bool = True
     drain: Drain | None = None
     flow: FlowGate | None = None
+    refuse_redirects: bool = False
 
 
 class LiveState:

@@ -5,8 +5,10 @@ Public API (other packages import only these names):
 * :class:`Policy` (``from_file``/``from_text``, ``evaluate``, ``resolve_class``, ``explain``),
   :class:`Principal`, :class:`Decision`;
 * :class:`EgressGuard`, :class:`EgressEvent` (process layer, ``sys.addaudithook``);
-* :func:`make_connector`, :func:`make_session`, :class:`PolicyResolver` (transport layer,
-  aiohttp), :func:`make_httpx_client`, :class:`PolicyAsyncTransport` (httpx, openai SDK);
+* :func:`make_connector` (every connection checked at connect time,
+  :func:`checked_socket_factory`), :func:`make_session`, :class:`PolicyResolver` (transport
+  layer, aiohttp), :func:`redirect_refused` / :data:`REDIRECT_STATUSES`,
+  :func:`make_httpx_client`, :class:`PolicyAsyncTransport` (httpx, openai SDK);
 * :class:`EgressMatcher`, :class:`PinStore` (address checks shared by both);
 * :func:`litellm_env`, :func:`import_litellm` (litellm without hidden egress);
 * :func:`check_binding`, :func:`start_guard` (gateway start-up), :func:`policy_middleware`
@@ -32,10 +34,19 @@ from .guard import SELF_TEST_TARGET, EgressEvent, EgressGuard
 from .httpx_transport import PolicyAsyncTransport, make_httpx_client
 from .providers import LITELLM_OFFLINE_ENV, import_litellm, litellm_env
 from .runtime import BindingError, GuardMode, check_binding, start_guard
-from .transport import PolicyResolver, make_connector, make_session, policy_middleware
+from .transport import (
+    REDIRECT_STATUSES,
+    PolicyResolver,
+    checked_socket_factory,
+    make_connector,
+    make_session,
+    policy_middleware,
+    redirect_refused,
+)
 
 __all__ = [
     "LITELLM_OFFLINE_ENV",
+    "REDIRECT_STATUSES",
     "SELF_TEST_TARGET",
     "UNSAFE_RULE_ID",
     "BindingError",
@@ -62,11 +73,13 @@ __all__ = [
     "UnknownDestination",
     "Verdict",
     "check_binding",
+    "checked_socket_factory",
     "import_litellm",
     "litellm_env",
     "make_connector",
     "make_httpx_client",
     "make_session",
     "policy_middleware",
+    "redirect_refused",
     "start_guard",
 ]

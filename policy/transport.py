@@ -4,6 +4,9 @@ Layer 2 of enforcement. For every request:
 
 1. the session middleware refuses proxies and checks the URL's host and port against the
    policy (aiohttp skips the resolver for address literals, so they are checked here);
+   the connector checks every address again when it opens a connection
+   (:func:`checked_socket_factory`), so a client without the middleware (the gateway's relay
+   session, which checks per connection rather than per request) is held to the same policy;
 2. :class:`PolicyResolver` resolves a hostname destination once, checks every address
    (:meth:`~policy.egress.EgressMatcher.check_resolved`) and pins it; later lookups return the
    pinned addresses without asking DNS again, so rebinding cannot move a connection. aiohttp
@@ -21,9 +24,11 @@ callers see :class:`~policy.errors.EgressDenied` (the boundary mapping of CONVEN
 from __future__ import annotations
 
 import socket
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
+from aiohappyeyeballs import AddrInfoType
 from aiohttp.abc import AbstractResolver, ResolveResult
 from aiohttp.client_middlewares import ClientHandlerType, ClientMiddlewareType
 
@@ -31,7 +36,8 @@ from .egress import EgressMatcher, PinStore, admit_host, check_target
 from .errors import EgressDenied, RedirectRefused
 from .evaluate import Policy
 
-_REDIRECTS = frozenset({301, 302, 303, 307, 308})
+REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
+"""HTTP statuses of a redirect (never followed by a policy-checked client)."""
 
 
 def _matcher(policy: Policy | EgressMatcher, pins: PinStore | None) -> EgressMatcher:
@@ -105,6 +111,21 @@ def _egress_cause(exc: BaseException) -> EgressDenied | None:
     return None
 
 
+def redirect_refused(host: str, port: int | None, status: int, location: str) -> RedirectRefused:
+    """The refusal of a redirect answer (``status`` in :data:`REDIRECT_STATUSES`).
+
+    Args:
+        host: The host the request went to.
+        port: Its port.
+        status: The redirect status.
+        location: The ``Location`` header (shown, never followed).
+    """
+    return RedirectRefused(
+        host, port, f"upstream answered {status} redirect to {location!r}; "
+        "policy-checked clients never follow redirects",
+    )
+
+
 def policy_middleware(matcher: EgressMatcher) -> ClientMiddlewareType:
     """Return an aiohttp client middleware enforcing the policy on every request and hop.
 
@@ -129,13 +150,10 @@ def policy_middleware(matcher: EgressMatcher) -> ClientMiddlewareType:
             if cause is not None:
                 raise cause from None
             raise
-        if resp.status in _REDIRECTS:
+        if resp.status in REDIRECT_STATUSES:
             location = resp.headers.get("Location", "")
             resp.release()
-            raise RedirectRefused(
-                host, port, f"upstream answered {resp.status} redirect to {location!r}; "
-                "policy-checked clients never follow redirects",
-            )
+            raise redirect_refused(host, port, resp.status, location)
         return resp
 
     return middleware
@@ -158,7 +176,34 @@ def make_connector(
     """
     matcher = _matcher(policy, pins)
     kwargs.setdefault("use_dns_cache", False)  # pinning is the cache
-    return aiohttp.TCPConnector(resolver=PolicyResolver(matcher, resolver), **kwargs)
+    return aiohttp.TCPConnector(resolver=PolicyResolver(matcher, resolver),
+                                socket_factory=checked_socket_factory(matcher), **kwargs)
+
+
+def checked_socket_factory(matcher: EgressMatcher) -> Callable[[AddrInfoType], socket.socket]:
+    """Return an aiohttp ``socket_factory`` that checks every address before connecting.
+
+    aiohttp calls it once per connection attempt with the address it is about to connect to
+    (an address literal from the URL, or an address :class:`PolicyResolver` checked and
+    pinned), so every new connection is checked at connect time
+    (:meth:`~policy.egress.EgressMatcher.check_connect`), with or without
+    :func:`policy_middleware`. Pooled connections were checked when they were opened (the
+    policy of a running process does not change).
+
+    Raises (from the connection attempt):
+        EgressDenied: no destination allows the address and port (not an ``OSError``, so
+            aiohttp passes it through unwrapped).
+    """
+
+    def factory(addr_info: AddrInfoType) -> socket.socket:
+        family, type_, proto, _, address = addr_info
+        host, port = str(address[0]), int(address[1])
+        verdict = matcher.check_connect(host, port)
+        if not verdict.allowed:
+            raise EgressDenied(host, port, verdict.reason)
+        return socket.socket(family=family, type=type_, proto=proto)
+
+    return factory
 
 
 def make_session(

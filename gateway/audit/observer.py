@@ -39,6 +39,9 @@ _log = logging.getLogger(__name__)
 REQUEST_DENIED = "request.denied"
 CONFIG_LOADED = "config.loaded"
 
+_CLIENT_CACHE_MAX = 10_000
+"""Client hosts whose pseudonym is kept (then the cache starts afresh)."""
+
 
 def _us(ms: float | None) -> int | None:
     return None if ms is None else round(ms * 1000)
@@ -66,6 +69,7 @@ class AuditObserver:
         self._inflight: set[str] = set()
         self._unrecorded: set[str] = set()
         self._content: dict[str, tuple[str, ContentHasher]] = {}
+        self._clients: dict[str, str] = {}  # client host -> pseudonym (the HMAC is fixed)
 
     @classmethod
     def from_settings(
@@ -96,7 +100,12 @@ class AuditObserver:
         if record.client_addr is None or self._pseudo is None:
             return None
         host = record.client_addr.rsplit(":", 1)[0]
-        return self._pseudo.pseudonymize(host, "client")
+        pseudonym = self._clients.get(host)
+        if pseudonym is None:
+            if len(self._clients) >= _CLIENT_CACHE_MAX:
+                self._clients.clear()
+            pseudonym = self._clients[host] = self._pseudo.pseudonymize(host, "client")
+        return pseudonym
 
     def _request_fields(self, record: RequestRecord) -> dict[str, Any]:
         return {

@@ -306,7 +306,8 @@ class AuditLog:
         if not isinstance(type_, str) or not type_ or type_ in _RESERVED_TYPES:
             raise AuditFormatError(f"event type must be a non-reserved string, got {type_!r}")
         data = {k: v for k, v in event.items() if k != "type"}
-        canonical_json(data)
+        # The fields are checked (integers only, JSON values) by the committer when it builds
+        # the record: an invalid event fails only its own append, not the batch.
         if self._state != "running":
             raise AuditUnavailable(f"audit log is {self._state}, not running")
         future: asyncio.Future[Receipt] = asyncio.get_running_loop().create_future()
@@ -445,6 +446,7 @@ class AuditLog:
         self, batch: list[_Pending], force_checkpoint: bool, raise_errors: bool
     ) -> None:
         rng: CompactRange | None = None
+        accepted: list[_Pending] = []
         try:
             if self._needs_resync:
                 await self._resync()
@@ -453,15 +455,21 @@ class AuditLog:
             records: list[Record] = []
             now = _now_us()
             for item in batch:
-                rec = make_record(
-                    chain=self.chain_id,
-                    seq=rng.size,
-                    prev=prev,
-                    ts_us=now,
-                    type_=item.type,
-                    data=item.data,
-                )
+                try:
+                    rec = make_record(
+                        chain=self.chain_id,
+                        seq=rng.size,
+                        prev=prev,
+                        ts_us=now,
+                        type_=item.type,
+                        data=item.data,
+                    )
+                except AuditFormatError as exc:  # a malformed event: fail its append only
+                    if item.future is not None and not item.future.done():
+                        item.future.set_exception(exc)
+                    continue
                 records.append(rec)
+                accepted.append(item)
                 rng.append(rec.hash)
                 prev = rec.hash
             unsealed = rng.size - self._sealed_size
@@ -469,6 +477,8 @@ class AuditLog:
                 unsealed > 0 and time.monotonic() - self._sealed_at >= self._cp_s
             )
             cp = self._make_checkpoint(rng, now) if (due or force_checkpoint) and unsealed else None
+            if not records and cp is None:
+                return
             await self.store.append_batch(records, [cp] if cp else [])
         except Exception as exc:
             err = (
@@ -489,7 +499,7 @@ class AuditLog:
             _log.warning("audit append failed in chain %s: %s", self.chain_id, err)
             return
         self._apply(records, rng, cp)
-        for item, rec in zip(batch, records, strict=True):
+        for item, rec in zip(accepted, records, strict=True):
             if item.future is not None and not item.future.done():
                 item.future.set_result(Receipt(rec.chain, rec.seq, rec.hash))
         if cp is not None:

@@ -112,7 +112,7 @@ class RateLimited(QuotaError):
 
     def headers(self) -> dict[str, str]:
         """Return ``Retry-After``, ``retry-after-ms`` and ``x-ratelimit-*`` headers."""
-        from gateway.quotas.headers import rate_limited_headers
+        from gateway.quotas.limiter import rate_limited_headers
 
         return rate_limited_headers(self)
 

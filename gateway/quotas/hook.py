@@ -23,9 +23,8 @@ from typing import Any
 from gateway.errors import GatewayError, ServiceUnavailable
 from gateway.errors import RateLimited as GatewayRateLimited
 from gateway.quotas.errors import QuotaBackendUnavailable, QuotaError
-from gateway.quotas.headers import admission_headers
-from gateway.quotas.limiter import Admission, EventSink
-from gateway.quotas.service import QuotaService
+from gateway.quotas.limiter import Admission, EventSink, admission_headers
+from gateway.quotas.service import QuotaPlan, QuotaService
 from gateway.quotas.settings import QuotaSettings
 from gateway.records import Headers, RequestRecord
 
@@ -33,6 +32,8 @@ _log = logging.getLogger(__name__)
 
 #: Outcomes after which the backend did no billable work: the estimate is given back.
 _NOTHING_USED = frozenset({"denied", "invalid"})
+
+_PLAN_CACHE_MAX = 10_000
 
 
 def to_gateway_error(exc: QuotaError) -> GatewayError:
@@ -55,13 +56,20 @@ def to_gateway_error(exc: QuotaError) -> GatewayError:
 class QuotaHook:
     """Admission hook and observer applying a :class:`QuotaService` to relayed requests.
 
+    The one per-request object of quotas: per request it looks up the key's
+    :class:`~gateway.quotas.service.QuotaPlan` (decided once per key and team), asks the
+    service's limiter backend to admit (the memory backend does the GCRA arithmetic itself),
+    renders the ``x-ratelimit-*`` headers and settles with the backend at the end.
+
     Args:
-        service: the quota service.
+        service: the quota service (its limiter is the backend the hook calls).
     """
 
     def __init__(self, service: QuotaService) -> None:
         self.service = service
+        self.limiter = service.limiter
         self._pending: dict[str, Admission] = {}
+        self._plans: dict[tuple[str, str | None], QuotaPlan] = {}
 
     @classmethod
     def from_settings(
@@ -104,18 +112,23 @@ class QuotaHook:
             gateway.errors.RateLimited: a limit has no room (429).
             gateway.errors.ServiceUnavailable: Redis is down and the policy fails closed (503).
         """
+        key = (record.key_id or "", record.team)
+        plan = self._plans.get(key)
+        if plan is None:
+            if len(self._plans) >= _PLAN_CACHE_MAX:
+                self._plans.clear()
+            plan = self._plans[key] = self.service.plan(*key)
+        if not plan.subjects:
+            return
         try:
-            admission = await self.service.admit(
-                key_id=record.key_id or "",
-                team=record.team,
-                model=record.canonical_model or record.model or "",
-                body=body,
-                endpoint=record.path,
-            )
+            if plan.needs_tokens:
+                admission = await self.service.admit_plan(
+                    plan, record.canonical_model or record.model or "", body, record.path)
+            else:
+                admission = await self.limiter.admit(plan.subjects, 0)
         except QuotaError as exc:
             raise to_gateway_error(exc) from exc
-        if admission.subjects:
-            self._pending[record.request_id] = admission
+        self._pending[record.request_id] = admission
 
     def on_response_start(self, record: RequestRecord, headers: Headers) -> None:
         """Observer hook: add ``x-ratelimit-*`` to a relayed response of an admitted request.
@@ -147,7 +160,8 @@ class QuotaHook:
             used = 0
         else:
             used = None  # no usage reported: keep the estimate
-        await self.service.finish(admission, used)
+        await self.limiter.finish(
+            admission, admission.estimated_tokens if used is None else used)
 
 
 def quota_hook(

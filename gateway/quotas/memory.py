@@ -1,16 +1,23 @@
-"""In-memory limiter: exact limits for a single gateway replica (the default).
+"""In-memory limiter: exact limits for a single gateway replica (the default), and its GCRA.
 
 All state lives in this object (no module globals). ``admit`` never awaits between checking
 and charging, so on one event loop it is atomic without locks.
+
+GCRA (generic cell rate algorithm, ITU-T I.371) keeps one number per bucket: the theoretical
+arrival time ``tat``. With a limit of ``L`` units per ``W`` seconds each unit advances ``tat`` by
+``T = W / L``; a request of cost ``c`` is admitted when ``max(tat, now) + c*T - W <= now``. The
+bucket is full again at ``tat`` (the ``reset``); the burst is the whole limit. The Redis
+backend's Lua scripts (:mod:`gateway.quotas.redis_lua`) do the same arithmetic.
 """
 
 from __future__ import annotations
 
+import math
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
-from gateway.quotas import gcra
 from gateway.quotas.errors import BudgetExhausted, RateLimited, RequestTooLarge
 from gateway.quotas.limiter import (
     WINDOW_S,
@@ -24,6 +31,79 @@ from gateway.quotas.limiter import (
 )
 
 _SWEEP_EVERY = 4096
+_EPS = 1e-9
+
+
+@dataclass(frozen=True)
+class GcraResult:
+    """Outcome of one GCRA check.
+
+    Attributes:
+        allowed: whether the cost fits now.
+        new_tat: the tat to store when allowed (unchanged tat when refused).
+        remaining: whole units left after the charge (or now, when refused).
+        reset_s: seconds until the bucket is full again.
+        retry_after_s: seconds until the cost would fit (0 when allowed, None if never).
+    """
+
+    allowed: bool
+    new_tat: float
+    remaining: int
+    reset_s: float
+    retry_after_s: float | None
+
+
+def gcra_check(tat: float | None, now: float, limit: int, cost: int, window_s: float) -> GcraResult:
+    """Check (without storing) whether ``cost`` units fit a GCRA bucket.
+
+    Args:
+        tat: stored theoretical arrival time in seconds, or None for an empty bucket.
+        now: current time in seconds (same clock as ``tat``).
+        limit: units per window (>= 1).
+        cost: units this request needs (>= 0).
+        window_s: window length in seconds.
+
+    Returns:
+        The result; ``retry_after_s`` is None when ``cost > limit`` (it can never fit).
+    """
+    interval = window_s / limit
+    base = now if tat is None or tat < now else tat
+    new_tat = base + cost * interval
+    allow_at = new_tat - window_s
+    if cost > limit:
+        return GcraResult(False, base, _remaining(base, now, interval, window_s), base - now, None)
+    if allow_at > now + _EPS:
+        return GcraResult(
+            False, base, _remaining(base, now, interval, window_s), base - now, allow_at - now
+        )
+    return GcraResult(
+        True, new_tat, _remaining(new_tat, now, interval, window_s), new_tat - now, 0.0
+    )
+
+
+def gcra_adjust(
+    tat: float | None, now: float, limit: int, delta: int, window_s: float
+) -> float | None:
+    """Apply a correction of ``delta`` units (positive: more used than estimated).
+
+    A positive delta may push ``tat`` past the burst (debt that later requests wait for); a
+    negative one gives units back but never below an empty bucket.
+
+    Returns:
+        The new tat, or None when the bucket is empty (nothing to store).
+    """
+    interval = window_s / limit
+    if delta >= 0:
+        base = now if tat is None or tat < now else tat
+        return base + delta * interval
+    if tat is None:
+        return None
+    new_tat = tat + delta * interval
+    return None if new_tat <= now else new_tat
+
+
+def _remaining(tat: float, now: float, interval: float, window_s: float) -> int:
+    return max(0, math.floor((window_s - (tat - now)) / interval + _EPS))
 
 
 class MemoryLimiter:
@@ -67,12 +147,12 @@ class MemoryLimiter:
         self._roll_periods(periods)
         cost = max(0, int(estimated_tokens))
         denials: list[RateLimited] = []
-        req_results: list[tuple[str, int, gcra.GcraResult]] = []
-        tok_results: list[tuple[str, int, gcra.GcraResult]] = []
+        req_results: list[tuple[str, int, GcraResult]] = []
+        tok_results: list[tuple[str, int, GcraResult]] = []
         for subject in subjects:
             lim = subject.limits
             if lim.requests_per_minute is not None:
-                res = gcra.check(
+                res = gcra_check(
                     self._tat_requests.get(subject.name), now, lim.requests_per_minute, 1, WINDOW_S
                 )
                 req_results.append((subject.name, lim.requests_per_minute, res))
@@ -81,7 +161,7 @@ class MemoryLimiter:
                         _window_denial("requests", subject.name, lim.requests_per_minute, res, 1)
                     )
             if lim.tokens_per_minute is not None:
-                res = gcra.check(
+                res = gcra_check(
                     self._tat_tokens.get(subject.name), now, lim.tokens_per_minute, cost, WINDOW_S
                 )
                 tok_results.append((subject.name, lim.tokens_per_minute, res))
@@ -165,7 +245,7 @@ class MemoryLimiter:
         for subject in admission.subjects:
             lim = subject.limits
             if lim.tokens_per_minute is not None:
-                tat = gcra.adjust(
+                tat = gcra_adjust(
                     self._tat_tokens.get(subject.name), now, lim.tokens_per_minute, delta, WINDOW_S
                 )
                 if tat is None:
@@ -224,7 +304,7 @@ class MemoryLimiter:
 
 
 def _window_denial(
-    kind: str, subject: str, limit: int, res: gcra.GcraResult, requested: int
+    kind: str, subject: str, limit: int, res: GcraResult, requested: int
 ) -> RateLimited:
     cls = RequestTooLarge if res.retry_after_s is None else RateLimited
     return cls(

@@ -4,7 +4,8 @@ Each subject ``i`` (0-based) owns five keys, passed as ``KEYS[5i+1 .. 5i+5]``:
 requests-per-minute tat, tokens-per-minute tat, concurrency lease set (sorted set, score =
 lease expiry in microseconds), day budget counter, month budget counter. Times come from
 Redis ``TIME`` so replicas with skewed clocks agree; GCRA tats are stored as integer
-microseconds. The arithmetic is the one of :mod:`gateway.quotas.gcra`.
+microseconds. The arithmetic is the one of :mod:`gateway.quotas.memory`
+(GCRA).
 """
 
 from __future__ import annotations

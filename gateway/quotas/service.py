@@ -20,6 +20,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from gateway.quotas.limiter import Admission, EventSink, Limiter, SubjectLimits
@@ -28,6 +29,19 @@ from gateway.quotas.settings import QuotaSettings
 from gateway.quotas.tokens import TokenEstimate, TokenEstimator
 
 _SUBJECT_CACHE_MAX = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaPlan:
+    """What admitting a request of one key (and team) involves, fixed by the settings.
+
+    Attributes:
+        subjects: The limited subjects, key first, then team (empty: nothing is limited).
+        needs_tokens: A token limit or budget applies, so the request's tokens are estimated.
+    """
+
+    subjects: tuple[SubjectLimits, ...]
+    needs_tokens: bool
 
 
 class QuotaService:
@@ -45,7 +59,7 @@ class QuotaService:
         self.settings = settings
         self.limiter = limiter
         self.estimator = estimator
-        self._subjects: dict[tuple[str, str | None], tuple[SubjectLimits, ...]] = {}
+        self._plans: dict[tuple[str, str | None], QuotaPlan] = {}
 
     @classmethod
     def from_settings(
@@ -101,12 +115,12 @@ class QuotaService:
         """Use the limits of ``settings`` from the next request on (live reload); counters and
         admissions in flight are kept."""
         self.settings = settings
-        self._subjects = {}
+        self._plans = {}
 
-    def subjects(self, key_id: str, team: str | None) -> tuple[SubjectLimits, ...]:
-        """Return the limited subjects of a request (its key, then its team, if limited)."""
+    def plan(self, key_id: str, team: str | None) -> QuotaPlan:
+        """Return what admitting a request of ``key_id`` (and ``team``) involves (cached)."""
         cache_key = (key_id, team)
-        found = self._subjects.get(cache_key)
+        found = self._plans.get(cache_key)
         if found is not None:
             return found
         out: list[SubjectLimits] = []
@@ -117,11 +131,19 @@ class QuotaService:
             team_limits = self.settings.limits_for("team", team)
             if not team_limits.unlimited:
                 out.append(SubjectLimits(f"team:{team}", team_limits))
-        if len(self._subjects) >= _SUBJECT_CACHE_MAX:
-            self._subjects.clear()
-        result = tuple(out)
-        self._subjects[cache_key] = result
+        if len(self._plans) >= _SUBJECT_CACHE_MAX:
+            self._plans.clear()
+        needs_tokens = any(
+            s.limits.tokens_per_minute or s.limits.tokens_per_day or s.limits.tokens_per_month
+            for s in out
+        )
+        result = QuotaPlan(tuple(out), needs_tokens)
+        self._plans[cache_key] = result
         return result
+
+    def subjects(self, key_id: str, team: str | None) -> tuple[SubjectLimits, ...]:
+        """Return the limited subjects of a request (its key, then its team, if limited)."""
+        return self.plan(key_id, team).subjects
 
     async def estimate(
         self, model: str, body: Mapping[str, Any], endpoint: str | None = None
@@ -144,17 +166,24 @@ class QuotaService:
             RateLimited: a limit of the key or team has no room (429).
             QuotaBackendUnavailable: Redis is down and the policy is fail closed (503).
         """
-        subjects = self.subjects(key_id, team)
-        if not subjects:
+        plan = self.plan(key_id, team)
+        if not plan.subjects:
             return Admission(lease_id=uuid.uuid4().hex, subjects=(), estimated_tokens=0)
-        needs_tokens = any(
-            s.limits.tokens_per_minute or s.limits.tokens_per_day or s.limits.tokens_per_month
-            for s in subjects
-        )
-        if not needs_tokens:
-            return await self.limiter.admit(subjects, 0)
+        return await self.admit_plan(plan, model, body, endpoint)
+
+    async def admit_plan(
+        self, plan: QuotaPlan, model: str, body: Mapping[str, Any], endpoint: str | None = None
+    ) -> Admission:
+        """Admit one request whose :meth:`plan` has subjects (estimating tokens if needed).
+
+        Raises:
+            RateLimited: a limit of the key or team has no room (429).
+            QuotaBackendUnavailable: Redis is down and the policy is fail closed (503).
+        """
+        if not plan.needs_tokens:
+            return await self.limiter.admit(plan.subjects, 0)
         estimate = await self.estimate(model, body, endpoint)
-        admission = await self.limiter.admit(subjects, estimate.total)
+        admission = await self.limiter.admit(plan.subjects, estimate.total)
         admission.prompt_tokens = estimate.prompt
         return admission
 

@@ -141,6 +141,11 @@ class MetricSet:
         self.scope = InstrumentationScope(scope)
         self.start_ns = time.time_ns()
         self._instruments: list[Counter | Hist | GaugePoint] = []
+        self._before: list[Callable[[], None]] = []
+
+    def before_snapshot(self, fold: Callable[[], None]) -> None:
+        """Call ``fold()`` before every :meth:`snapshots` (values handed over, not yet recorded)."""
+        self._before.append(fold)
 
     def counter(self, name: str, unit: str, description: str, labels: Sequence[str]) -> Counter:
         """Create a counter."""
@@ -163,7 +168,9 @@ class MetricSet:
                                             observe))
 
     def snapshots(self) -> list[Snapshot]:
-        """The state of every instrument now."""
+        """The state of every instrument now (after the ``before_snapshot`` folds)."""
+        for fold in self._before:
+            fold()
         return [i.snapshot() for i in self._instruments]
 
     def otlp(self) -> MetricsData:

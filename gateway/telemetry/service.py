@@ -7,18 +7,21 @@ the egress-policy destination ``otlp_endpoint_destination`` (``policy.check_bind
 OTLP exporters use a ``requests`` session with ``trust_env=False`` and no redirects, so proxy
 variables cannot send telemetry elsewhere; the process guard checks their connections too.
 
-Per request it is an admission hook (reads ``max_tokens`` etc. for span attributes) and an
-observer (``on_request`` continues the client's ``traceparent``; server span, metrics,
-``trace_id`` on the access line). :func:`gateway.assembly.assemble` also puts its aiohttp client
-middleware first on the upstream session (client spans, ``traceparent`` to vLLM) and hands it
-the audit log to measure (:meth:`Telemetry.watch_audit`).
+Per request, :attr:`Telemetry.observer` (:class:`gateway.telemetry.tracing.TelemetryObserver`)
+is an admission hook (reads ``max_tokens`` etc. for span attributes) and an observer
+(``on_request`` continues the client's ``traceparent``; server span, metrics, ``trace_id`` on
+the access line); this module is not on the request's path. :func:`gateway.assembly.assemble`
+registers the observer, puts the tracer's aiohttp client middleware first on the upstream
+session (client spans, ``traceparent`` to vLLM) and hands the telemetry the audit log to
+measure (:meth:`Telemetry.watch_audit`); the app's lifespan starts and stops the telemetry
+itself (admin server, exporters).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import requests
@@ -29,21 +32,17 @@ from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 from prometheus_client import CollectorRegistry
 
 from gateway.errors import ConfigError
-from gateway.records import RequestRecord
 from gateway.routing import Router
 from gateway.settings import GatewaySettings
 from gateway.telemetry.admin import AdminServer
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.telemetry.prometheus import PrometheusCollector
 from gateway.telemetry.settings import TelemetrySettings, telemetry_settings
-from gateway.telemetry.tracing import RequestTracer
+from gateway.telemetry.tracing import RequestTracer, TelemetryObserver
 
 __all__ = ["AuditLogView", "Telemetry", "build_telemetry", "check_telemetry"]
 
 _log = logging.getLogger(__name__)
-
-_TRACE_HEADERS = (b"traceparent", b"tracestate")
-
 
 class AuditLogView(Protocol):
     """What telemetry measures of the audit log (``gateway.audit.AuditLog``)."""
@@ -89,6 +88,11 @@ class Telemetry:
         policy: The egress policy (required when ``otlp_endpoint`` is set).
         span_exporter: Extra span exporter (tests: an in-memory exporter, synchronous).
         egress_counts: Process guard event counts (``EgressEvents.counts`` snapshot).
+
+    Attributes:
+        observer: The per-request admission hook and observer (spans, metrics hand-over).
+        tracer: Creates the spans; ``tracer.middleware`` is the upstream client middleware.
+        metrics: The metric set, once :meth:`bind` ran.
 
     Raises:
         ConfigError: The OTLP endpoint is not inside its policy destination.
@@ -144,6 +148,7 @@ class Telemetry:
         self.tracer = RequestTracer(
             self.tracer_provider.get_tracer("sovereign-gateway")  # type: ignore[arg-type]
         )
+        self.observer = TelemetryObserver(self.tracer)
         self.admin = AdminServer(settings.admin.host, settings.admin.port, self.registry)
 
     def bind(self, router: Router) -> None:
@@ -152,6 +157,7 @@ class Telemetry:
         if self.metrics is None:
             self.metrics = GatewayMetrics(self._resource, router, self._egress_counts)
             self.registry.register(PrometheusCollector(self.metrics.set))
+            self.observer.metrics = self.metrics
         else:
             self.metrics.rebind(router)
 
@@ -173,37 +179,12 @@ class Telemetry:
         if self._pusher is not None:
             self._pusher.stop()
 
-    # --- admission hook and observer ---------------------------------------------------
-
-    async def admit(self, record: RequestRecord, body: Mapping[str, Any]) -> None:
-        """Keep request parameters for the spans (never refuses)."""
-        self.tracer.params(body)
-
-    async def on_start(self, record: RequestRecord) -> None:
-        """Open the server span before forwarding."""
-        self.tracer.start(record)
-
-    async def on_end(self, record: RequestRecord) -> None:
-        """Close the spans, record the metrics, put the trace id on the access line."""
-        self.tracer.end(record)
-        if self.metrics is not None:
-            self.metrics.record_request(record)
-        self.tracer.finish()
-
-    def on_request(self, record: RequestRecord, headers: Sequence[tuple[bytes, bytes]]) -> None:
-        """Observer hook: start tracing the request, continuing the client's ``traceparent``."""
-        carrier = {name.decode("latin-1"): value.decode("latin-1")
-                   for name, value in headers if name in _TRACE_HEADERS}
-        self.tracer.begin(carrier)
-
     def watch_audit(self, log: AuditLogView) -> None:
         """Measure the audit log's appends and queue depth through its listener API."""
         metrics = self.metrics
         if metrics is None:
             return
-        log.add_append_listener(
-            lambda type_, seconds, ok: metrics.record_audit_append(seconds, type_, ok)
-        )
+        log.add_append_listener(self.observer.audit_appended)
         metrics.watch_audit_queue(lambda: log.queue_depth)
 
 

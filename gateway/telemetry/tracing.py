@@ -1,4 +1,12 @@
-"""Request tracing: one server span per relay request, one client span per upstream attempt.
+"""Telemetry of one relay request: its spans, and its metrics handed to the metric set.
+
+:class:`TelemetryObserver` is telemetry's one per-request object (an admission hook and a
+request observer; :class:`gateway.telemetry.Telemetry` builds it, the assembly registers it):
+it opens and closes the spans through :class:`RequestTracer` and hands the finished record
+and each audit append to :class:`gateway.telemetry.metrics.GatewayMetrics`, which folds them
+into its instruments when the metrics are read.
+
+Spans: one server span per relay request, one client span per upstream attempt.
 
 Spans follow the OpenTelemetry GenAI semantic conventions
 (https://opentelemetry.io/docs/specs/semconv/gen-ai/gen-ai-spans/): name
@@ -19,9 +27,9 @@ in a ``ContextVar`` owned by the :class:`RequestTracer` instance (one task per r
 from __future__ import annotations
 
 import contextvars
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 from aiohttp.client_middlewares import ClientHandlerType
@@ -31,11 +39,26 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode, set_span_in_
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from gateway.records import RequestRecord
-from gateway.telemetry.metrics import operation_name
 
-__all__ = ["ActiveRequest", "RequestTracer"]
+if TYPE_CHECKING:
+    from gateway.telemetry.metrics import GatewayMetrics
+
+__all__ = ["ActiveRequest", "RequestTracer", "TelemetryObserver", "operation_name"]
 
 _RETRY_STATUSES = frozenset({429, 502, 503})
+_TRACE_HEADERS = (b"traceparent", b"tracestate")
+
+_OPERATIONS = {
+    "/v1/chat/completions": "chat",
+    "/v1/completions": "text_completion",
+    "/v1/embeddings": "embeddings",
+    "/v1/responses": "chat",
+}
+
+
+def operation_name(path: str) -> str:
+    """``gen_ai.operation.name`` of a relay path (``chat``, ``text_completion``, ...)."""
+    return _OPERATIONS.get(path) or path.rsplit("/", 1)[-1]
 
 
 @dataclass(slots=True)
@@ -230,3 +253,50 @@ class RequestTracer:
         else:
             act.client = span  # ends with the response (usage known) in end()
         return resp
+
+
+class TelemetryObserver:
+    """Telemetry's admission hook and request observer (see the module docstring).
+
+    Args:
+        tracer: Creates the request's spans.
+        metrics: Receives the finished records and audit appends (``None``: spans only;
+            :meth:`gateway.telemetry.Telemetry.bind` sets it).
+    """
+
+    def __init__(self, tracer: RequestTracer, metrics: GatewayMetrics | None = None) -> None:
+        self.tracer = tracer
+        self.metrics = metrics
+
+    def on_request(self, record: RequestRecord, headers: Sequence[tuple[bytes, bytes]]) -> None:
+        """Start tracing the request, continuing the client's ``traceparent``."""
+        carrier = {name.decode("latin-1"): value.decode("latin-1")
+                   for name, value in headers if name in _TRACE_HEADERS}
+        self.tracer.begin(carrier)
+
+    async def admit(self, record: RequestRecord, body: Mapping[str, Any]) -> None:
+        """Keep request parameters for the spans (never refuses)."""
+        self.tracer.params(body)
+
+    async def on_start(self, record: RequestRecord) -> None:
+        """Open the server span before forwarding."""
+        self.tracer.start(record)
+
+    async def on_end(self, record: RequestRecord) -> None:
+        """Close the spans, hand the record to the metrics, put the trace id on the access line.
+        """
+        self.tracer.end(record)
+        metrics = self.metrics
+        if metrics is not None:
+            metrics.finished.append(record)
+            if len(metrics.finished) >= metrics.fold_at:
+                metrics.fold()
+        self.tracer.finish()
+
+    def audit_appended(self, type_: str, seconds: float, ok: bool) -> None:
+        """Audit append listener (``AuditLog.add_append_listener``): hand the append over."""
+        metrics = self.metrics
+        if metrics is not None:
+            metrics.appends.append((type_, seconds, ok))
+            if len(metrics.appends) >= metrics.fold_at:
+                metrics.fold()

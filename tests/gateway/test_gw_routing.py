@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from gateway.routing import Pool, Router
+import dataclasses
+from collections.abc import Sequence
+
+from gateway.assembly import Gateway
+from gateway.auth import Principal, principal_of
+from gateway.routing import Pool, Replica, RouteDecision, Router, RouteTable
 from gateway.settings import ModelSettings, ReplicaSettings
 from tests.gateway.helpers import settings
 
@@ -90,3 +95,54 @@ def test_router_resolves_names_and_aliases() -> None:
     assert r.resolve("default") is r.resolve("llama-3.1-8b") is r.pools["llama-3.1-8b"]
     assert r.resolve("nope") is None
     assert r.not_ready() == []
+
+
+class CountingPolicy:
+    """A routing policy that allows the first replica and counts its decisions."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str, str]] = []
+
+    def decide(
+        self, principal: Principal, model: ModelSettings, replicas: Sequence[Replica]
+    ) -> RouteDecision:
+        self.calls.append((principal.key_id, principal.data_class, model.name))
+        return RouteDecision(tuple(replicas[:1]), "first")
+
+
+def test_the_route_table_decides_once_per_model_and_principal() -> None:
+    s = settings(["http://10.0.0.1:8000", "http://10.0.0.2:8000"])
+    router = Router(s)
+    policy = CountingPolicy()
+    table = RouteTable(policy)
+    principals = [principal_of(k) for k in s.keys]
+    table.prefill(router, principals)
+    pairs = [(p, pool) for p in principals for name, pool in router.pools.items()
+             if p.may_use(name)]
+    assert pairs and len(policy.calls) == len(pairs) == len(table)
+    decided = [table.decide(p, pool) for p, pool in pairs]  # the route step: lookups only
+    assert len(policy.calls) == len(pairs)
+    assert all(d.rule_id == "first" and len(d.candidates) == 1 for d in decided)
+    # A class changed by the classification header: decided on first use, then kept.
+    p, pool = pairs[0]
+    other = dataclasses.replace(p, data_class="confidential")
+    assert table.decide(other, pool) is table.decide(other, pool)
+    assert policy.calls[-1] == (p.key_id, "confidential", pool.model.name)
+    assert len(policy.calls) == len(pairs) + 1
+
+
+def test_a_policy_that_is_not_pure_is_asked_on_every_request() -> None:
+    s = settings(["http://10.0.0.1:8000"])
+    router = Router(s)
+    policy = CountingPolicy()
+    table = RouteTable(policy, memo=False)
+    principal = principal_of(s.keys[0])
+    table.prefill(router, [principal])
+    assert policy.calls == []
+    pool = next(iter(router.pools.values()))
+    table.decide(principal, pool)
+    table.decide(principal, pool)
+    assert len(policy.calls) == 2 and len(table) == 0
+    # A routing policy handed to the app by hand is treated as not pure.
+    assert not Gateway.of(s, route_policy=policy).routes.memo
+    assert Gateway.of(s).routes.memo  # AllowAll

@@ -148,6 +148,29 @@ def test_rejects_floats_and_reserved_types(tmp_path: Path, signer: Signer) -> No
     asyncio.run(run())
 
 
+def test_an_invalid_event_fails_only_its_own_append_in_a_batch(
+    tmp_path: Path, signer: Signer
+) -> None:
+    url = f"sqlite://{tmp_path / 'a.db'}"
+
+    async def run() -> None:
+        async with AuditLog(open_store(url), signer, replica_id="r1") as log:
+            # Appended together: the committer builds both records in one batch.
+            results = await asyncio.gather(
+                log.append({"type": "request.started", "request_id": "ok-1"}),
+                log.append({"type": "request.completed", "latency_ms": 1.5}),
+                log.append({"type": "request.completed", "request_id": "ok-1"}),
+                return_exceptions=True,
+            )
+            assert isinstance(results[1], AuditFormatError)
+            assert [r.seq for r in (results[0], results[2])] == [1, 2]  # type: ignore[union-attr]
+            assert log.size == 3
+
+    asyncio.run(run())
+    report = verify(url, signer)
+    assert report.ok, report.findings
+
+
 def test_sqlite_locked_store_raises_unavailable_then_recovers(
     tmp_path: Path, signer: Signer
 ) -> None:
