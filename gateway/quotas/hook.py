@@ -99,6 +99,7 @@ class QuotaHook:
         at a restart only).
         """
         self.service.reconfigure(settings)
+        self._plans = {}  # a new request's plan comes from the new limits
 
     @property
     def in_flight(self) -> int:

@@ -195,6 +195,7 @@ def test_sighup_applies_keys_models_and_replicas_while_a_stream_runs_byte_exact(
     new["models"].append({"name": "new-model", "served_model_name": "new-served",
                           "replicas": [{"url": sim_b.url}]})
     new["quotas"]["keys"]["team-c"] = {"requests_per_minute": 1}  # a limit for the new key
+    new["quotas"]["keys"]["team-a"] = {"requests_per_minute": 2}  # a lowered limit, key in use
     gw.write(new)
     alive: list[bool] = []
     record = gw.hup_and_wait("config.reloaded", then=lambda: alive.append(stream.is_alive()))
@@ -224,6 +225,12 @@ def test_sighup_applies_keys_models_and_replicas_while_a_stream_runs_byte_exact(
     with pytest.raises(openai.AuthenticationError):
         gw.client(KEY_B).models.list()
     assert [m.id for m in gw.client(KEY_A).models.list().data] == ["llama-3.1-8b"]
+    # the key that was admitted before the reload (its plan known) gets its lowered limit
+    with pytest.raises(openai.RateLimitError):
+        for _ in range(3):
+            gw.client(KEY_A).with_options(max_retries=0).chat.completions.create(
+                model="llama-3.1-8b", messages=[{"role": "user", "content": "hi"}],
+                max_tokens=1)
 
 
 def test_invalid_or_restart_only_config_is_refused_whole_and_the_running_one_keeps_serving(
