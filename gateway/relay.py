@@ -239,7 +239,7 @@ async def _serve(
     for on_start in state.hooks.on_start:
         await on_start(record)
     exchange = Exchange(state, pool, decision.candidates, parsed, head.accept, head.forwarded,
-                        out, record, DisconnectWatch(receive), t0)
+                        out, record, DisconnectWatch(receive), t0, hint)
     await _forward_watched(exchange, first)
     return True
 
