@@ -282,7 +282,8 @@ class PrefixAffinity:
 
     def describe(self, r: Replica) -> dict[str, Any]:
         """Index figures of ``r`` for the admin view."""
-        return {"index_blocks": self.index.size(r.index),
+        return {"prefill_tokens": r.prefill_tokens,
+                "index_blocks": self.index.size(r.index),
                 "index_capacity": self.index.capacity(r.index)}
 
 

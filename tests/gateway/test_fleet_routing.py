@@ -335,6 +335,18 @@ def test_gateway_scrapes_metrics_and_sends_a_repeated_prefix_to_its_holder(
     assert _metric(pages[holder], "vllm:prefix_cache_hits_total") >= 3 * 300
     other = next(u for u in pages if u != holder)
     assert _metric(pages[other], "vllm:prefix_cache_queries_total") == 0
+    assert all(r.prefill_tokens == 0.0 for r in replicas)  # every prefill was released
+
+    # A stream's uncached tokens count until its first byte, not until its end.
+    body = {"model": "llama-3.1-8b", "max_tokens": 64, "stream": True,
+            "messages": [{"role": "user", "content": "cold " * 400}]}
+    with httpx.stream("POST", gw + "/v1/chat/completions", json=body, headers=AUTH_A) as resp:
+        lines = resp.iter_lines()
+        assert next(line for line in lines if line.startswith("data: "))
+        busy = [r for r in replicas if r.outstanding]
+        assert len(busy) == 1 and busy[0].prefill_tokens == 0.0
+        for _ in lines:
+            pass
 
 
 class OnlyDestination:
@@ -395,6 +407,7 @@ def test_admin_metrics_export_replica_signals_and_routing_outcomes() -> None:
     router = Router(s.model_copy(update={"models": [model, *s.models[1:]]}))
     a, _ = router.pools["llama-3.1-8b"].replicas
     a.observe(ReplicaSignals(at=time.monotonic(), waiting=2.0, running=3.0, kv_usage=0.5))
+    a.prefill_tokens = 1500.0
     metrics = GatewayMetrics(Resource.create({"service.name": "t"}), router)
     rec = RequestRecord(request_id="r", started_at=0.0, method="POST",
                         path="/v1/chat/completions", canonical_model="llama-3.1-8b",
@@ -407,6 +420,7 @@ def test_admin_metrics_export_replica_signals_and_routing_outcomes() -> None:
     assert re.search(r'sg_gateway_replica_waiting\{[^}]*http://10\.0\.0\.1:8000[^}]*\} 2\.0', page)
     assert re.search(r'sg_gateway_replica_kv_usage_ratio\{[^}]*10\.0\.0\.1[^}]*\} 0\.5', page)
     assert "sg_gateway_replica_signals_age_seconds" in page
+    assert re.search(r'sg_gateway_replica_prefill_tokens\{[^}]*10\.0\.0\.1[^}]*\} 1500\.0', page)
     assert not re.search(r'sg_gateway_replica_waiting\{[^}]*10\.0\.0\.2', page)  # never scraped
     assert re.search(r'sg_gateway_routing_decisions_total\{[^}]*reason="prefix"[^}]*\} 1\.0',
                      page)
