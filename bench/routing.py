@@ -53,7 +53,9 @@ import yaml
 from relay_procs import BIN, Proc, free_port
 from routing_load import Result, Target, WorkloadSpec, build, run
 
+from gateway.fleet import canonical_prompt
 from vllm_sim.profiles import get_profile
+from vllm_sim.tokens import count_text
 
 KEY = "sg-bench-routing-key"
 GATEWAY_STRATEGIES = ("least_outstanding", "round_robin", "prefix_affinity")
@@ -259,6 +261,11 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
         port = free_port()
         cfg_path = workdir / "gateway.yaml"
         routing = json.loads(args.routing_json) if args.routing_json else {}
+        if simulated and "chars_per_token" not in routing and "tokenizer_file" not in routing:
+            # The gateway sizes its prefix index from the replica's KV capacity in tokens and
+            # estimates prompt tokens from characters: tell it the simulator's tokenization,
+            # as a deployment sets ``chars_per_token`` (or a tokenizer) for its model.
+            routing["chars_per_token"] = round(_chars_per_token(spec, args.workload, args.seed), 2)
         cfg_path.write_text(yaml.safe_dump(_gateway_config(urls, port, args.strategy, routing)))
         exe = BIN / "gateway"
         gw_argv = [str(exe)] if exe.exists() else [sys.executable, "-m", "gateway.cli"]
@@ -325,6 +332,7 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
                     table[name] = _summary(results, wall, h1 - h0, q1 - q0)
                     print(f"  {workload} {name}: done in {wall:.1f}s", file=sys.stderr)
                 params = {"replicas": len(urls), "rate_rps": round(rate, 2),
+                          "chars_per_token": routing.get("chars_per_token"),
                           "load": args.load if not args.rate else None,
                           "capacity_rps": round(measured, 2) if measured else None,
                           "estimate_rps": round(estimate, 2) if estimate else None,
@@ -337,6 +345,24 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
         for p in reversed(procs):
             p.stop()
     return report
+
+
+def _chars_per_token(spec: WorkloadSpec, workloads: list[str], seed: int) -> float:
+    """Characters of the gateway's canonical prompt per simulator token, over the workloads.
+
+    The simulator counts a word (or punctuation mark) as one token (``vllm_sim.tokens``); the
+    workloads' words are ``g3s1234``-like, ~7.5 characters with the space, where English text
+    with a BPE tokenizer is ~4 (the gateway's default).
+    """
+    chars = tokens = 0
+    # ``random`` shares nothing (its words are longer): the index matters for the others.
+    sharing = [w for w in workloads if w != "random"] or workloads
+    for workload in sharing:
+        for turn in build(workload, spec, 1.0, seed)[:32]:
+            text = canonical_prompt({"messages": turn.messages}) or ""
+            chars += len(text)
+            tokens += sum(count_text(m["content"]) for m in turn.messages)
+    return chars / tokens if tokens else 4.0
 
 
 def _workload_params(workload: str, spec: WorkloadSpec) -> dict[str, Any]:
