@@ -16,8 +16,10 @@ For each candidate replica *r* (already filtered by the egress policy and health
 ``score_r = w_prefix * match_r - w_load * load_r / (1 + mean load) - w_prefill * prefill_r
 - w_kv * kv_r`` (the KV term only when some candidate holds part of the prompt: with nothing to
 share the decision is by load alone); the highest score wins, ties go to the fewest outstanding
-requests, then in turn. With ``w_prefix = w_prefill`` the two terms compare the prefill work
-this request would wait for plus the part of its own prompt it would prefill on each replica.
+requests, then in turn. With ``w_prefix = w_prefill`` the two terms would compare the prefill
+work this request waits for plus the part of its own prompt it prefills on each replica (the
+greedy choice for its TTFT); the default ``w_prefill = w_prefix / 2`` also charges a move for
+the copy of the prefix it puts into a second cache.
 **Imbalance guard**: when the winner's load exceeds the least loaded candidate's by
 ``imbalance_abs`` and is more than ``imbalance_ratio x (least + 1)``, the least loaded candidate
 is chosen instead.
