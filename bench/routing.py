@@ -17,9 +17,25 @@ Example::
     .venv/bin/python bench/routing.py --workload shared-prefix --load 0.7 \\
         --vllm-router .tools/vllm-router-venv/bin/vllm-router --json /tmp/routing.json
 
-The rate is ``--load`` x the fleet capacity estimated from the profile (replicas / GPU time of a
-request with nothing cached, ``PerfProfile.request_cost_s`` at batch 32); with
-``--backend-url`` give ``--rate`` in requests per second instead.
+The rate is ``--load`` x the fleet's capacity for the workload's prompt length with nothing
+cached: by default *measured* before each workload (closed loop, 32 streams per replica of
+prompts sharing nothing, straight to the replicas), or with ``--capacity profile`` estimated from
+the profile (replicas / GPU time of a request with nothing cached, ``PerfProfile.request_cost_s``
+at batch 32); with ``--backend-url`` give ``--rate`` in requests per second instead.
+
+Default workload sizes follow the scenario of llm-d's precise prefix-cache scheduling benchmark
+("KV-Cache Wins You Can See", llm-d blog, 2025: 8 vLLM pods of Qwen3-32B, 150 customers with a
+6,000-token system prompt each, 5 users per customer asking 1,200-token questions): the prefix
+working set (150 x 6,000 = 900k tokens) is about three pods' KV cache (~280k tokens each for
+Qwen3-32B at 256 KiB per token on two H100s) and well within the fleet's, so routing by load
+alone thrashes every pod's cache while affinity keeps each prefix on one pod. Scaled to four
+``qwen3-32b-h100`` replicas (1,791 blocks x 16 = 28,656 tokens each): G = 28 groups x S = 2,000
+tokens = 56k tokens, twice one replica's cache and half the fleet's; Q = 400 (llm-d's 1:5
+question to system prompt); P = 16 prompts per group (each group recurs throughout the run, as
+llm-d's customers do, so that 1 request in 16 is a group's first). Multi-turn: U = 24 users x
+R = 8 rounds, whose histories (500 + 8 x 324 tokens at the end) reach 2.6 replicas' caches.
+The earlier defaults stay runnable: ``--groups 16 --prompts-per-group 8 --question-tokens 100
+--users 16 --rounds 6 --capacity profile``.
 """
 
 from __future__ import annotations
@@ -42,7 +58,9 @@ from routing_load import Result, Target, WorkloadSpec, build, run
 from routing_mixed import add_arguments as add_mixed_arguments
 from routing_mixed import bench_mixed
 
+from gateway.fleet import canonical_prompt
 from vllm_sim.profiles import get_profile
+from vllm_sim.tokens import count_text
 
 KEY = "sg-bench-routing-key"
 GATEWAY_STRATEGIES = ("least_outstanding", "round_robin", "prefix_affinity")
@@ -82,10 +100,16 @@ async def _scrape(client: httpx.AsyncClient, urls: list[str]) -> tuple[float, fl
 async def _reset(client: httpx.AsyncClient, urls: list[str], simulated: bool) -> None:
     """Empty every replica's prefix cache and wait until nothing runs (bounded)."""
     for url in urls:
-        if simulated:
-            await client.post(f"{url}/sim/reset")
-        else:  # real vLLM: needs VLLM_SERVER_DEV_MODE=1 on the server, else a 404 (ignored)
-            await client.post(f"{url}/reset_prefix_cache")
+        path = "/sim/reset" if simulated else "/reset_prefix_cache"
+        # Real vLLM: needs VLLM_SERVER_DEV_MODE=1 on the server, else a 404 (ignored).
+        for attempt in range(5):  # a busy replica may drop a connection: try again
+            try:
+                await client.post(f"{url}{path}")
+                break
+            except httpx.HTTPError:
+                if attempt == 4:
+                    raise
+                await asyncio.sleep(0.2)
     if simulated:
         deadline = time.monotonic() + 60
         for url in urls:
@@ -93,6 +117,43 @@ async def _reset(client: httpx.AsyncClient, urls: list[str], simulated: bool) ->
                 time.monotonic() < deadline
             ):
                 await asyncio.sleep(0.05)
+
+
+async def _measure_capacity(
+    client: httpx.AsyncClient, urls: list[str], prompt_tokens: int, output_tokens: int,
+    per_replica: int, seed: int,
+) -> float:
+    """The fleet's measured capacity for cold requests, requests per second.
+
+    Closed loop: ``per_replica`` streams per replica (the batch the profile estimate assumes),
+    each sending prompts of ``prompt_tokens`` that share nothing (so nothing is cached) with
+    ``output_tokens`` to generate, straight to the replicas, for two rounds of requests; the
+    capacity is the completed requests over the wall time. It includes whatever the machine
+    adds to the simulated GPU time (CPU contention), which the profile estimate does not.
+    """
+    spec = WorkloadSpec(system_tokens=prompt_tokens, question_tokens=0,
+                        random_requests=2 * per_replica * len(urls))
+    turns = build("random", spec, 1.0, seed + 1000)
+    for t in turns:
+        t.at_s = 0.0
+    slots = asyncio.Semaphore(per_replica * len(urls))
+
+    class _Spread(Target):
+        def __init__(self) -> None:
+            super().__init__()
+            self.i = 0
+
+        async def pick(self, body: dict[str, Any]) -> str:
+            await slots.acquire()
+            self.i += 1
+            return urls[self.i % len(urls)]
+
+        def done(self, url: str) -> None:
+            slots.release()
+
+    results, wall = await run(client, turns, _Spread(), SERVED, output_tokens, {})
+    await _reset(client, urls, True)
+    return sum(1 for r in results if r.ok) / wall if wall else 0.0
 
 
 class _Oracle(Target):
@@ -205,6 +266,11 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
         port = free_port()
         cfg_path = workdir / "gateway.yaml"
         routing = json.loads(args.routing_json) if args.routing_json else {}
+        if simulated and "chars_per_token" not in routing and "tokenizer_file" not in routing:
+            # The gateway sizes its prefix index from the replica's KV capacity in tokens and
+            # estimates prompt tokens from characters: tell it the simulator's tokenization,
+            # as a deployment sets ``chars_per_token`` (or a tokenizer) for its model.
+            routing["chars_per_token"] = round(_chars_per_token(spec, args.workload, args.seed), 2)
         cfg_path.write_text(yaml.safe_dump(_gateway_config(urls, port, args.strategy, routing)))
         exe = BIN / "gateway"
         gw_argv = [str(exe)] if exe.exists() else [sys.executable, "-m", "gateway.cli"]
@@ -228,16 +294,26 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
         async with httpx.AsyncClient(timeout=httpx.Timeout(300.0),
                                      limits=httpx.Limits(max_connections=2000)) as client:
             for workload in args.workload:
+                prompt = {"shared-prefix": spec.system_tokens + spec.question_tokens,
+                          "random": spec.system_tokens + spec.question_tokens,
+                          "multi-turn": spec.user_system_tokens
+                          + (spec.rounds + 1) / 2 * (spec.turn_tokens + spec.output_tokens)
+                          }[workload]
+                estimate = measured = None
+                if profile is not None:
+                    cost = profile.request_cost_s(int(prompt), spec.output_tokens, 32)
+                    estimate = len(urls) / (cost * args.time_scale)
+                if simulated and args.capacity == "measured" and not args.rate:
+                    measured = await _measure_capacity(client, urls, int(prompt),
+                                                       spec.output_tokens, 32, args.seed)
+                    print(f"  {workload}: measured capacity {measured:.2f} req/s "
+                          f"(profile estimate {estimate or float('nan'):.2f})", file=sys.stderr)
                 if args.rate:
                     rate = args.rate
-                elif profile is not None:
-                    prompt = {"shared-prefix": spec.system_tokens + spec.question_tokens,
-                              "random": spec.system_tokens + spec.question_tokens,
-                              "multi-turn": spec.user_system_tokens
-                              + (spec.rounds + 1) / 2 * (spec.turn_tokens + spec.output_tokens)
-                              }[workload]
-                    cost = profile.request_cost_s(int(prompt), spec.output_tokens, 32)
-                    rate = args.load * len(urls) / (cost * args.time_scale)
+                elif measured is not None:
+                    rate = args.load * measured
+                elif estimate is not None:
+                    rate = args.load * estimate
                 else:
                     raise SystemExit("--rate is required with --backend-url or a profile file")
                 turns = build(workload, spec, rate, args.seed)
@@ -261,7 +337,10 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
                     table[name] = _summary(results, wall, h1 - h0, q1 - q0)
                     print(f"  {workload} {name}: done in {wall:.1f}s", file=sys.stderr)
                 params = {"replicas": len(urls), "rate_rps": round(rate, 2),
+                          "chars_per_token": routing.get("chars_per_token"),
                           "load": args.load if not args.rate else None,
+                          "capacity_rps": round(measured, 2) if measured else None,
+                          "estimate_rps": round(estimate, 2) if estimate else None,
                           "requests": len(turns), "profile": args.profile if simulated else None,
                           "time_scale": args.time_scale, "O": spec.output_tokens}
                 params.update(_workload_params(workload, spec))
@@ -271,6 +350,24 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
         for p in reversed(procs):
             p.stop()
     return report
+
+
+def _chars_per_token(spec: WorkloadSpec, workloads: list[str], seed: int) -> float:
+    """Characters of the gateway's canonical prompt per simulator token, over the workloads.
+
+    The simulator counts a word (or punctuation mark) as one token (``vllm_sim.tokens``); the
+    workloads' words are ``g3s1234``-like, ~7.5 characters with the space, where English text
+    with a BPE tokenizer is ~4 (the gateway's default).
+    """
+    chars = tokens = 0
+    # ``random`` shares nothing (its words are longer): the index matters for the others.
+    sharing = [w for w in workloads if w != "random"] or workloads
+    for workload in sharing:
+        for turn in build(workload, spec, 1.0, seed)[:32]:
+            text = canonical_prompt({"messages": turn.messages}) or ""
+            chars += len(text)
+            tokens += sum(count_text(m["content"]) for m in turn.messages)
+    return chars / tokens if tokens else 4.0
 
 
 def _workload_params(workload: str, spec: WorkloadSpec) -> dict[str, Any]:
@@ -295,15 +392,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--time-scale", type=float, default=1.0)
     ap.add_argument("--num-gpu-blocks", type=int, default=None)
     ap.add_argument("--load", type=float, default=0.7, help="fraction of fleet capacity")
+    ap.add_argument("--capacity", choices=["measured", "profile"], default="measured",
+                    help="fleet capacity: measured closed-loop on the replicas (cold prompts), "
+                         "or estimated from the profile")
     ap.add_argument("--rate", type=float, default=None, help="requests/s (overrides --load)")
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--groups", type=int, default=16)
-    ap.add_argument("--prompts-per-group", type=int, default=8)
+    # Defaults: the scenario of llm-d's precise-scheduling benchmark scaled to this fleet (see
+    # the module docstring); the earlier defaults were G=16, P=8, Q=100, U=16, R=6.
+    ap.add_argument("--groups", type=int, default=28)
+    ap.add_argument("--prompts-per-group", type=int, default=16)
     ap.add_argument("--system-tokens", type=int, default=2000)
-    ap.add_argument("--question-tokens", type=int, default=100)
+    ap.add_argument("--question-tokens", type=int, default=400)
     ap.add_argument("--output-tokens", type=int, default=24)
-    ap.add_argument("--users", type=int, default=16)
-    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--users", type=int, default=24)
+    ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--turn-tokens", type=int, default=300)
     ap.add_argument("--user-system-tokens", type=int, default=500)
     ap.add_argument("--random-requests", type=int, default=96)

@@ -33,6 +33,7 @@ from gateway.errors import (
     UpstreamTimeout,
     sse_error_event,
 )
+from gateway.fleet import RouteHint
 from gateway.records import RequestRecord
 from gateway.rewrite import ParsedBody
 from gateway.routing import Pool, Replica
@@ -66,7 +67,7 @@ class Exchange:
     record: RequestRecord
     watch: DisconnectWatch
     t0: float
-
+    hint: RouteHint | None = None  # prefix_affinity: released when the prefill is over
 
 def _retry_after_s(value: str | None) -> float | None:
     if value is None:
@@ -154,6 +155,8 @@ async def _try_replica(
         return exc
     finally:
         replica.outstanding -= 1
+        if ex.hint is not None:
+            ex.hint.release()
 
 
 async def _next_replica(
@@ -347,6 +350,8 @@ async def _relay_response(relay: _Relay, resp: aiohttp.ClientResponse, drop_usag
     record, parsed = ex.record, ex.parsed
     chunk = await resp.content.readany()
     record.first_byte(round((time.perf_counter() - ex.t0) * 1000.0, 3))
+    if ex.hint is not None:
+        ex.hint.release()  # the replica's prefill of this prompt is over
     is_sse = resp.headers.get("content-type", "").encode("latin-1").startswith(_SSE)
     out_headers = _client_headers(resp, is_sse)
     status = resp.status

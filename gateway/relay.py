@@ -259,7 +259,8 @@ async def _serve(
         for on_start in state.hooks.on_start:
             await on_start(record)
         exchange = Exchange(state, pool, decision.candidates, parsed, head.accept,
-                            head.forwarded, out, record, DisconnectWatch(receive), t0)
+                            head.forwarded, out, record, DisconnectWatch(receive), t0,
+                            hint)
         if lane is not None:
             lane.go()  # forward counts the request in flight from here
         assert first is not None  # narrowed above on both paths
@@ -267,6 +268,8 @@ async def _serve(
     finally:
         if lane is not None:
             lane.done()
+        if hint is not None:  # refused before forwarding (quota, audit): no prefill queued
+            hint.release()
     return True
 
 

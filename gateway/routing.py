@@ -70,6 +70,8 @@ class Replica:
         failures: Failures counted against the replica since start (for metrics).
         signals: The last scrape of the replica's ``/metrics`` (``prefix_affinity`` pools).
         scrape_outstanding: ``outstanding`` at the time of that scrape.
+        prefill_tokens: Estimated uncached prompt tokens of the requests ``prefix_affinity``
+            sent here whose response has not started (see :class:`gateway.fleet.RouteHint`).
     """
 
     model: str
@@ -87,6 +89,7 @@ class Replica:
     failures: int = 0
     signals: ReplicaSignals | None = None
     scrape_outstanding: int = 0
+    prefill_tokens: float = 0.0
 
     @property
     def label(self) -> str:
@@ -328,7 +331,9 @@ class Pool:
         pool = self.replicas if candidates is None else candidates
         now = self._clock()
         if hint is not None and self.affinity is not None:
-            ready = [r for r in pool if r not in exclude and r.available(now)]
+            # ``Replica.available`` inlined: this runs on every request of the pool.
+            ready = [r for r in pool
+                     if r.probe_ok and now >= r.ejected_until and r not in exclude]
             if ready:
                 return self.affinity.choose(ready, hint, now)
         n = len(self.replicas)

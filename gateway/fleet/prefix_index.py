@@ -15,7 +15,7 @@ its blocks shared by all replicas holding its first block.
 from __future__ import annotations
 
 import json
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -136,6 +136,11 @@ class PrefixIndex:
         half), so replicas that hold the same prefix share every probe. That is about
         ``log2(len(hashes))`` dictionary lookups per distinct matched depth, not per replica;
         each replica's probes are the ones of its own binary search, so the result is the same.
+
+        A linear walk of the chain (one lookup per matched block, even in C) is slower here: with
+        100,000 blocks per replica the map outgrows the CPU caches and each lookup is a cache
+        miss, so ~6 probes beat ~60 (62 matched blocks, 8 x 100,000 indexed: 6.1 us for this
+        search against 10.6 us for the C-level walk alone, interleaved in one process).
         """
         counts = [0] * replicas
         n = len(hashes)
@@ -163,7 +168,7 @@ class PrefixIndex:
                 todo.append((lo, mid - 1, mask & ~deeper))
         return counts
 
-    def insert(self, replica: int, hashes: Sequence[int]) -> None:
+    def insert(self, replica: int, hashes: Sequence[int], held: int | None = None) -> None:
         """Record that ``replica`` now holds the prefix ``hashes`` (most recently used).
 
         The tail is touched first so that the head of a prefix is evicted last, as vLLM frees
@@ -173,6 +178,14 @@ class PrefixIndex:
         of which ``hashes`` is the head (its block ``len(hashes) - 1`` has the same chained hash,
         so the whole head is equal), those blocks are already the most recent in this order and
         nothing is touched: an O(1) check instead of one LRU move per block for a hot prompt.
+
+        Args:
+            replica: Position of the replica.
+            hashes: The prompt's chained block hashes.
+            held: Leading blocks of ``hashes`` already indexed for ``replica`` (its
+                :meth:`match` count, taken since the last change of the index), when known:
+                the new tail is then added without probing, and the held head is moved to the
+                recent end in one C-level pass.
         """
         n = len(hashes)
         last = self._last[replica]
@@ -180,9 +193,18 @@ class PrefixIndex:
             return
         self._last[replica] = list(hashes)
         lru = self._lru[replica]
-        touch = lru.move_to_end
         bit = 1 << replica
         owners = self._owners
+        if held is not None:
+            # Blocks ``held ..`` are absent (holding one would mean holding block ``held``).
+            for h in reversed(hashes[held:]):
+                lru[h] = None
+                owners[h] = owners.get(h, 0) | bit
+            deque(map(lru.move_to_end, reversed(hashes[:held])), maxlen=0)
+            if held < n:
+                self._trim(replica)
+            return
+        touch = lru.move_to_end
         added = False
         for h in reversed(hashes):
             try:

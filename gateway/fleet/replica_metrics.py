@@ -239,6 +239,8 @@ SIGNAL_FIELDS: tuple[tuple[str, str, str], ...] = (
     ("kv_usage", "1", "KV-cache usage of the replica, 0..1 (last vLLM scrape)"),
     ("signals_age", "s", "Age of the replica's last successful metrics scrape"),
     ("index_blocks", "{block}", "Prefix-index blocks held for the replica"),
+    ("prefill_tokens", "{token}",
+     "Estimated uncached prompt tokens sent to the replica whose response has not started"),
 )
 """Per-replica signals exported on the admin port (field, unit, description)."""
 
@@ -262,5 +264,6 @@ def signal_rows(router: Router, now: float) -> list[tuple[Replica, dict[str, flo
                 "kv_usage": sig.kv_usage if sig else None,
                 "signals_age": now - sig.at if sig else None,
                 "index_blocks": float(affinity.index.size(r.index)),
+                "prefill_tokens": r.prefill_tokens,
             }))
     return rows

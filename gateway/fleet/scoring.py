@@ -6,11 +6,20 @@ For each candidate replica *r* (already filtered by the egress policy and health
 * ``load_r`` = ``waiting + running`` from *r*'s last scrape plus the gateway's requests sent to
   *r* since then (``outstanding - outstanding at scrape``, may be negative), or the gateway's own
   in-flight count when the scrape is missing or older than ``metrics_stale_s``;
+* ``prefill_r`` = the gateway's estimate of the *uncached prompt tokens* it sent to *r* whose
+  response has not started yet (each request adds its prompt tokens minus the tokens of its
+  matched blocks at the decision and takes them off at its first response byte or its end),
+  relative to this prompt's tokens: the prefill work queued ahead of this request, in units of
+  this request's own prompt, so that it trades directly against ``match_r``;
 * ``kv_r`` = scraped KV-cache usage (0 when unknown);
 
-``score_r = w_prefix * match_r - w_load * load_r / (1 + mean load) - w_kv * kv_r`` (the KV term
-only when some candidate holds part of the prompt: with nothing to share the decision is by load
-alone); the highest score wins, ties go to the fewest outstanding requests, then in turn.
+``score_r = w_prefix * match_r - w_load * load_r / (1 + mean load) - w_prefill * prefill_r
+- w_kv * kv_r`` (the KV term only when some candidate holds part of the prompt: with nothing to
+share the decision is by load alone); the highest score wins, ties go to the fewest outstanding
+requests, then in turn. With ``w_prefix = w_prefill`` the two terms would compare the prefill
+work this request waits for plus the part of its own prompt it prefills on each replica (the
+greedy choice for its TTFT); the default ``w_prefill = w_prefix / 2`` also charges a move for
+the copy of the prefix it puts into a second cache.
 **Imbalance guard**: when the winner's load exceeds the least loaded candidate's by
 ``imbalance_abs`` and is more than ``imbalance_ratio x (least + 1)``, the least loaded candidate
 is chosen instead.
@@ -55,13 +64,29 @@ class RouteHint:
     Attributes:
         hashes: Chained block hashes of the canonical prompt.
         session: Session key (``x-session-id`` header or body ``user``), if any.
+        tokens: Estimated prompt tokens (tokenizer count, or characters / ``chars_per_token``).
         explain: Filled by the decision: strategy, reason, matched and prompt blocks, and the
             load figures used (copied to the access line and the audit record).
+        charged: Uncached prompt tokens added to the chosen replica's
+            :attr:`~gateway.routing.Replica.prefill_tokens` until :meth:`release`.
     """
 
     hashes: list[int]
     session: str | None = None
+    tokens: float = 0.0
     explain: dict[str, Any] | None = None
+    charged: float = 0.0
+    _replica: Replica | None = None
+
+    def release(self) -> None:
+        """The request's prefill is over (first response byte, or the attempt ended).
+
+        Takes its uncached tokens off the replica's queued prefill estimate; idempotent.
+        """
+        r = self._replica
+        if r is not None:
+            self._replica = None
+            r.prefill_tokens = max(0.0, r.prefill_tokens - self.charged)
 
 
 class PrefixAffinity:
@@ -83,6 +108,10 @@ class PrefixAffinity:
         if settings.tokenizer_file is not None:
             self._tokenizer = _load_tokenizer(str(settings.tokenizer_file))
         self._kv_tokens: list[int | None] = [None] * replicas
+        # Tokens one index block stands for (to turn matched blocks into cached tokens).
+        self._block_tokens = (float(settings.block_tokens) if self._tokenizer is not None
+                              else settings.block_chars / settings.chars_per_token)
+        self._seen: list[object] = [None] * replicas  # the signals last refreshed from
         self._queries: list[float] = [0.0] * replicas
         self._rings: dict[tuple[str, ...], tuple[list[int], list[int]]] = {}
         self._turn = 0
@@ -93,16 +122,19 @@ class PrefixAffinity:
         s = self.settings
         text = canonical_prompt(body)
         hashes: list[int] = []
+        tokens = 0.0
         if text:
             if self._tokenizer is not None:
                 ids = self._tokenizer.encode(text[: s.max_prompt_chars]).ids
                 hashes = token_block_hashes(ids, s.block_tokens)
+                tokens = float(len(ids))
             else:
                 hashes = block_hashes(text, s.block_chars, s.max_prompt_chars)
+                tokens = min(len(text), s.max_prompt_chars) / s.chars_per_token
         if session is None and s.session_affinity:
             user = body.get("user")
             session = user if isinstance(user, str) and user else None
-        return RouteHint(hashes, session if s.session_affinity else None)
+        return RouteHint(hashes, session if s.session_affinity else None, tokens)
 
     def load(self, r: Replica, now: float) -> float:
         """Estimated requests on ``r`` (see the module docstring)."""
@@ -124,8 +156,13 @@ class PrefixAffinity:
     def choose(self, candidates: Sequence[Replica], hint: RouteHint, now: float) -> Replica:
         """Pick one of ``candidates`` (non-empty, all available) and fill ``hint.explain``.
 
-        Cost: one :meth:`PrefixIndex.match` for all replicas, one pass over the candidates for
-        loads and one for scores, one :meth:`PrefixIndex.insert` for the winner (figures in
+        The chosen replica's queued prefill estimate is charged with the request's uncached
+        tokens; the caller calls :meth:`RouteHint.release` when the response starts or the
+        attempt ends.
+
+        Cost: one :meth:`PrefixIndex.match` for all replicas (one walk of the prompt's chain),
+        one pass over the candidates for loads and one for scores, one
+        :meth:`PrefixIndex.insert` for the winner with its known match (figures in
         docs/routing.md, from ``bench/routing_decision.py``).
         """
         self._refresh(candidates, now)
@@ -139,21 +176,23 @@ class PrefixAffinity:
         matched = self.index.match(hint.hashes, self.replicas) if total else [0] * self.replicas
         w = self.settings.weights
         w_prefix, w_load = w.prefix, w.load
+        w_prefill = w.prefill / max(hint.tokens, 1.0)
         mean = sum(loads) / n
+        load_scale = w_load / (1.0 + mean)
         # Nothing of the prompt is indexed anywhere: decide on load alone (no KV term), so that
         # affinity costs nothing when there is nothing to share.
         w_kv = w.kv if any(matched[r.index] for r in candidates) else 0.0
+        frac_scale = w_prefix / total if total else 0.0
         best = least = 0
         best_key: tuple[float, int, int] | None = None
         least_key: tuple[float, int] | None = None
         for i, r in enumerate(candidates):
-            frac = matched[r.index] / total if total else 0.0
-            kv = 0.0
+            score = (frac_scale * matched[r.index] - load_scale * loads[i]
+                     - w_prefill * r.prefill_tokens)
             if w_kv:
                 sig = r.signals
                 if sig is not None and sig.kv_usage is not None:
-                    kv = sig.kv_usage
-            score = w_prefix * frac - w_load * loads[i] / (1.0 + mean) - w_kv * kv
+                    score -= w_kv * sig.kv_usage
             key = (score, -r.outstanding, -((i - turn) % n))
             if best_key is None or key > best_key:
                 best, best_key = i, key
@@ -175,7 +214,12 @@ class PrefixAffinity:
         matched: int, now: float,
     ) -> Replica:
         if hint.hashes:
-            self.index.insert(r.index, hint.hashes)
+            # ``matched`` is the match just taken (0 for a session pick: probe every block).
+            self.index.insert(r.index, hint.hashes, matched if reason != "session" else None)
+        queued = r.prefill_tokens
+        hint.charged = cost = max(0.0, hint.tokens - matched * self._block_tokens)
+        hint._replica = r
+        r.prefill_tokens = queued + cost
         sig = r.signals
         fresh = sig is not None and now - sig.at <= self.settings.metrics_stale_s
         hint.explain = {
@@ -186,6 +230,7 @@ class PrefixAffinity:
             "prompt_blocks": len(hint.hashes),
             "load": round(load, 2),
             "least_load": round(least, 2),
+            "prefill_tokens": round(queued),
             "outstanding": r.outstanding,
             "waiting": sig.waiting if fresh and sig is not None else None,
             "running": sig.running if fresh and sig is not None else None,
@@ -198,10 +243,12 @@ class PrefixAffinity:
     def _refresh(self, candidates: Sequence[Replica], now: float) -> None:
         """Size each replica's index from its KV capacity; forget it when its counters reset."""
         s = self.settings
+        seen = self._seen
         for r in candidates:
             sig = r.signals
-            if sig is None:
-                continue
+            if sig is None or sig is seen[r.index]:
+                continue  # nothing new since the last refresh (the common case)
+            seen[r.index] = sig
             if sig.prefix_queries is not None:
                 if sig.prefix_queries < self._queries[r.index]:
                     self.index.clear(r.index)  # restarted or cache reset: nothing is cached
@@ -237,7 +284,8 @@ class PrefixAffinity:
 
     def describe(self, r: Replica) -> dict[str, Any]:
         """Index figures of ``r`` for the admin view."""
-        return {"index_blocks": self.index.size(r.index),
+        return {"prefill_tokens": r.prefill_tokens,
+                "index_blocks": self.index.size(r.index),
                 "index_capacity": self.index.capacity(r.index)}
 
 

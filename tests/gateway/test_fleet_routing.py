@@ -97,9 +97,9 @@ def test_prefix_index_matches_per_replica_and_evicts_lru_heads_last() -> None:
 
 
 def test_prefix_index_agrees_with_a_per_replica_lru_model_under_random_traffic() -> None:
-    """The shared ``hash -> replicas`` map and the joint search give, for every replica, the
+    """The shared ``hash -> replicas`` map and the joint walk give, for every replica, the
     leading blocks of the prompt present in a plain per-replica LRU (the reference), through
-    inserts, evictions, shrinking and clearing."""
+    inserts (with and without the match count), evictions, shrinking and clearing."""
     rng = random.Random(7)  # noqa: S311 - a reproducible workload, not a secret
     replicas, cap = 8, 40
     idx = PrefixIndex(replicas=replicas, capacity=cap)
@@ -130,7 +130,8 @@ def test_prefix_index_agrees_with_a_per_replica_lru_model_under_random_traffic()
             r = rng.randrange(replicas)
         action = rng.random()
         if action < 0.9:
-            idx.insert(r, prompt)
+            # With the match count (as the strategy inserts) or without (probing each block).
+            idx.insert(r, prompt, held=got[r] if rng.random() < 0.5 else None)
             for h in reversed(prompt):
                 ref[r][h] = None
                 ref[r].move_to_end(h)
@@ -168,11 +169,15 @@ def _chat(system: str, question: str) -> dict[str, Any]:
 
 
 def _route(p: Pool, body: dict[str, Any], candidates: Sequence[Replica] | None = None,
-           headers: Sequence[tuple[bytes, bytes]] = ()) -> tuple[Replica, dict[str, Any]]:
+           headers: Sequence[tuple[bytes, bytes]] = (),
+           started: bool = True) -> tuple[Replica, dict[str, Any]]:
+    """Route ``body``; ``started``: its response starts at once (its prefill is over)."""
     hint = p.route_hint(body, headers)
     assert hint is not None
     r = p.pick(candidates, hint=hint)
     assert r is not None and hint.explain is not None
+    if started:
+        hint.release()
     return r, hint.explain
 
 
@@ -198,6 +203,33 @@ def test_load_beats_a_small_prefix_and_the_imbalance_guard_overrides_a_large_one
     r, why = _route(p, _chat("shared " * 300, "q3"))
     assert r is other and why["reason"] == "imbalance"
     assert (why["load"], why["least_load"]) == (0.0, 0.0)
+
+
+def test_queued_uncached_prefill_tokens_steer_until_the_response_starts() -> None:
+    p = _pool(3, Clock())
+    a, b, c = p.replicas
+    long_cold = _chat("x" * 8000, "cold")  # ~2,000 uncached tokens at 4 characters per token
+    hint = p.route_hint(long_cold, ())
+    assert hint is not None and hint.tokens > 2000
+    first = p.pick(hint=hint)
+    assert first is not None and first.prefill_tokens == hint.charged == hint.tokens
+    # Replicas without queued prefill win, even with more requests in flight (decoding).
+    others = [r for r in p.replicas if r is not first]
+    others[0].outstanding = others[1].outstanding = 1
+    r, why = _route(p, _chat("y" * 800, "another"), started=False)
+    assert r in others and why["prefill_tokens"] == 0
+    # A prompt whose prefix ``first`` holds: its own uncached part is small, but when the
+    # prefill queued there is much longer than the whole prompt, another replica is faster.
+    first.prefill_tokens += 6000.0  # three more cold prompts of other requests queued there
+    r2, _ = _route(p, _chat("x" * 8000, "warm"))
+    assert r2 is not first
+    first.prefill_tokens -= 6000.0
+    hint.release()  # the first response started: its prefill is over
+    hint.release()  # idempotent
+    assert first.prefill_tokens == 0.0
+    r3, why3 = _route(p, _chat("x" * 8000, "warm again"))
+    assert r3 is first and why3["reason"] == "prefix"
+    assert {a, b, c} == set(p.replicas)
 
 
 def test_scraped_queue_counts_until_stale_then_local_counts_rule() -> None:
@@ -303,6 +335,18 @@ def test_gateway_scrapes_metrics_and_sends_a_repeated_prefix_to_its_holder(
     assert _metric(pages[holder], "vllm:prefix_cache_hits_total") >= 3 * 300
     other = next(u for u in pages if u != holder)
     assert _metric(pages[other], "vllm:prefix_cache_queries_total") == 0
+    assert all(r.prefill_tokens == 0.0 for r in replicas)  # every prefill was released
+
+    # A stream's uncached tokens count until its first byte, not until its end.
+    body = {"model": "llama-3.1-8b", "max_tokens": 64, "stream": True,
+            "messages": [{"role": "user", "content": "cold " * 400}]}
+    with httpx.stream("POST", gw + "/v1/chat/completions", json=body, headers=AUTH_A) as resp:
+        lines = resp.iter_lines()
+        assert next(line for line in lines if line.startswith("data: "))
+        busy = [r for r in replicas if r.outstanding]
+        assert len(busy) == 1 and busy[0].prefill_tokens == 0.0
+        for _ in lines:
+            pass
 
 
 class OnlyDestination:
@@ -363,6 +407,7 @@ def test_admin_metrics_export_replica_signals_and_routing_outcomes() -> None:
     router = Router(s.model_copy(update={"models": [model, *s.models[1:]]}))
     a, _ = router.pools["llama-3.1-8b"].replicas
     a.observe(ReplicaSignals(at=time.monotonic(), waiting=2.0, running=3.0, kv_usage=0.5))
+    a.prefill_tokens = 1500.0
     metrics = GatewayMetrics(Resource.create({"service.name": "t"}), router)
     rec = RequestRecord(request_id="r", started_at=0.0, method="POST",
                         path="/v1/chat/completions", canonical_model="llama-3.1-8b",
@@ -375,6 +420,7 @@ def test_admin_metrics_export_replica_signals_and_routing_outcomes() -> None:
     assert re.search(r'sg_gateway_replica_waiting\{[^}]*http://10\.0\.0\.1:8000[^}]*\} 2\.0', page)
     assert re.search(r'sg_gateway_replica_kv_usage_ratio\{[^}]*10\.0\.0\.1[^}]*\} 0\.5', page)
     assert "sg_gateway_replica_signals_age_seconds" in page
+    assert re.search(r'sg_gateway_replica_prefill_tokens\{[^}]*10\.0\.0\.1[^}]*\} 1500\.0', page)
     assert not re.search(r'sg_gateway_replica_waiting\{[^}]*10\.0\.0\.2', page)  # never scraped
     assert re.search(r'sg_gateway_routing_decisions_total\{[^}]*reason="prefix"[^}]*\} 1\.0',
                      page)
@@ -423,3 +469,28 @@ def test_only_vllm_replicas_of_prefix_affinity_pools_are_scraped() -> None:
     assert scraper.needed
     plain = Router(s)
     assert not MetricsScraper(plain, None, s.routing).needed  # type: ignore[arg-type]
+
+
+def test_a_request_refused_after_the_decision_gives_its_prefill_estimate_back(
+    serve_asgi: Any,
+) -> None:
+    """An admission hook (quotas) refuses after the replica was chosen: the uncached prompt
+    tokens charged to that replica are taken off again (else the replica looks busy forever)."""
+    from collections.abc import Mapping
+
+    from gateway.errors import RateLimited
+    from gateway.records import RequestRecord
+
+    class RefuseAll:
+        async def admit(self, record: RequestRecord, body: Mapping[str, Any]) -> None:
+            raise RateLimited("refused for the test")
+
+    _, s = _fleet(serve_asgi)
+    router = Router(s)
+    gw = start_gateway(serve_asgi, s, router=router, admission=[RefuseAll()])
+    body = {"model": "llama-3.1-8b", "max_tokens": 4,
+            "messages": [{"role": "user", "content": "cold " * 400}]}
+    for _ in range(3):
+        assert httpx.post(gw + "/v1/chat/completions", json=body,
+                          headers=AUTH_A).status_code == 429
+    assert all(r.prefill_tokens == 0.0 for r in router.pools["llama-3.1-8b"].replicas)

@@ -1,12 +1,16 @@
-"""Start a real vLLM (CPU) on loopback, run the opt-in conformance tests against it, stop it.
+"""Start real vLLM (CPU) replicas on loopback, run the opt-in tests against them, stop them.
 
 Used by ``make test-vllm``::
 
     .venv/bin/python tests/integration/run_vllm.py --vllm-python .tools/vllm-venv/bin/python \\
         --model .cache/tiny-llama -- -q -m vllm tests/integration
 
-vLLM runs fully offline (``HF_HUB_OFFLINE=1``) with telemetry off (``VLLM_NO_USAGE_STATS=1``,
-``DO_NOT_TRACK=1``) and a 1 GiB KV cache (``VLLM_CPU_KVCACHE_SPACE=1``). It is started with
+``--replicas 2`` (the default) starts two servers of the same model: the conformance tests use
+the first (``SG_VLLM_URL``), the fleet-routing tests both (``SG_VLLM_URL_2``). Each replica gets
+``--cpu-threads`` OpenMP threads (``VLLM_CPU_OMP_THREADS_BIND=nobind``: on a small shared machine
+pinning cores per replica would make them wait for each other). vLLM runs fully offline
+(``HF_HUB_OFFLINE=1``) with telemetry off (``VLLM_NO_USAGE_STATS=1``, ``DO_NOT_TRACK=1``) and a
+1 GiB KV cache (``VLLM_CPU_KVCACHE_SPACE=1``). It is started with
 ``python -m vllm.entrypoints.openai.api_server`` because the ``vllm`` command fails on the
 ``vllm-cpu`` package metadata. The exit code is pytest's (2 when vLLM does not come up).
 """
@@ -18,7 +22,7 @@ import os
 import sys
 from pathlib import Path
 
-from engine_runner import free_port, serve_and_test
+from engine_runner import Engine, free_port, serve_all_and_test
 
 SERVED_NAME = "tiny"
 
@@ -30,10 +34,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-model-len", type=int, default=512)
     parser.add_argument("--startup-timeout-s", type=float, default=600.0)
     parser.add_argument("--log", type=Path, default=Path(".cache/vllm-server.log"))
+    parser.add_argument("--replicas", type=int, default=2, help="vLLM servers to start")
+    parser.add_argument("--cpu-threads", type=int, default=1, help="OpenMP threads per replica")
     parser.add_argument("pytest_args", nargs="*")
     args = parser.parse_args(argv)
 
-    port = free_port()
     env = {
         **os.environ,
         "HF_HUB_OFFLINE": "1",
@@ -41,21 +46,30 @@ def main(argv: list[str] | None = None) -> int:
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
         "VLLM_CPU_KVCACHE_SPACE": "1",
+        "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+        "OMP_NUM_THREADS": str(args.cpu_threads),
     }
-    argv_vllm = [
-        str(args.vllm_python), "-m", "vllm.entrypoints.openai.api_server",
-        "--host", "127.0.0.1", "--port", str(port),
-        "--model", str(args.model), "--served-model-name", SERVED_NAME,
-        "--max-model-len", str(args.max_model_len), "--dtype", "float32",
-        # named tool_choice needs a tool-call parser in vLLM >= 0.3x
-        "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
-    ]
-    url = f"http://127.0.0.1:{port}"
-    return serve_and_test(
-        f"vLLM on {url}", argv_vllm, env, args.log, f"{url}/health", args.startup_timeout_s,
-        {"SG_VLLM_URL": url, "SG_VLLM_MODEL": SERVED_NAME},
-        args.pytest_args or ["-m", "vllm"], poll_s=1,
-    )
+    engines: list[Engine] = []
+    urls: list[str] = []
+    for i in range(args.replicas):
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        cmd = [
+            str(args.vllm_python), "-m", "vllm.entrypoints.openai.api_server",
+            "--host", "127.0.0.1", "--port", str(port),
+            "--model", str(args.model), "--served-model-name", SERVED_NAME,
+            "--max-model-len", str(args.max_model_len), "--dtype", "float32",
+            # named tool_choice needs a tool-call parser in vLLM >= 0.3x
+            "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+        ]
+        log = args.log if i == 0 else args.log.with_stem(f"{args.log.stem}-{i + 1}")
+        engines.append(Engine(f"vLLM replica {i + 1} on {url}", cmd, log, f"{url}/health"))
+        urls.append(url)
+    test_env = {"SG_VLLM_URL": urls[0], "SG_VLLM_MODEL": SERVED_NAME}
+    if len(urls) > 1:
+        test_env["SG_VLLM_URL_2"] = urls[1]
+    return serve_all_and_test(engines, env, args.startup_timeout_s, test_env,
+                              args.pytest_args or ["-m", "vllm"], poll_s=1)
 
 
 if __name__ == "__main__":

@@ -2,8 +2,8 @@
 
 Needs two running vLLM servers serving the same model with prefix caching on (the V1 default):
 ``SG_VLLM_URL`` and ``SG_VLLM_URL_2`` (``SG_VLLM_MODEL``: served name, default ``tiny``).
-``tests/integration/run_vllm.py`` starts only one server today; start the second the same way on
-another port, e.g. with the tiny CPU model of ``make test-vllm``.
+``make test-vllm`` starts two CPU replicas of a tiny random-weight Llama
+(``tests/integration/run_vllm.py --replicas 2``) and sets both.
 
 Checks: the gateway's parser reads the real ``/metrics`` page; repeating a long prompt raises the
 real ``vllm:prefix_cache_hits_total``; ``prefix_affinity`` sends a repeated prefix to the replica
