@@ -425,3 +425,27 @@ def test_a_sighup_while_the_workers_start_is_applied_once_they_serve(
         st.join(60)
         assert st.error is None and st.status == 200, st.body[-500:]
     assert len(p.worker_pids()) == 2
+
+
+def test_pod_counters_do_not_drop_when_workers_restart(pod: Callable[..., Pod]) -> None:
+    """A restarted worker starts its counters at zero; the pod's counters keep what the gone
+    worker had counted (a drop would read as a counter reset and ``rate`` would count the
+    surviving workers' totals again)."""
+    p = pod(audit=False)
+    for _ in range(6):  # one connection each: spread over the workers
+        st = Stream(p.url, KEY_BULK, max_tokens=2)
+        st.start()
+        st.join(60)
+        assert st.status == 200
+
+    def served() -> float:
+        return _total(p.metrics(), "sg_gateway_requests", "sg_gateway_requests_total")
+
+    before = served()
+    assert before == 6
+    for victim in p.worker_pids():  # every worker once: whichever served the requests
+        os.kill(victim, signal.SIGKILL)
+        _wait(lambda v=victim: len(p.worker_pids()) == 2 and v not in p.worker_pids(), 120,
+              "the worker to be restarted")
+        assert served() >= before
+    assert served() == before
