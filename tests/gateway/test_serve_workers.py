@@ -449,3 +449,35 @@ def test_pod_counters_do_not_drop_when_workers_restart(pod: Callable[..., Pod]) 
               "the worker to be restarted")
         assert served() >= before
     assert served() == before
+
+
+def test_a_worker_restarted_after_a_reload_serves_the_reloaded_config(
+    pod: Callable[..., Pod], tmp_path: Path,
+) -> None:
+    """A restarted worker starts from the settings the supervisor read at start-up; it reloads
+    the file once it serves, so a key added by an earlier reload works on it too."""
+    p = pod()
+    new_key = "sg-workers-added-before-a-restart"
+    cfg = yaml.safe_load(p.config.read_text())
+    cfg["keys"].append({"id": "added", "sha256": _sha(new_key), "models": ["m"], "team": "t",
+                        "data_class": "public"})
+    p.config.write_text(yaml.safe_dump(cfg))
+    p.proc.send_signal(signal.SIGHUP)
+    db = tmp_path / "audit.db"
+
+    def reloads() -> int:
+        with sqlite3.connect(db) as conn:
+            return int(conn.execute("SELECT count(*) FROM audit_records "
+                                    "WHERE type = 'config.reloaded'").fetchone()[0])
+
+    _wait(lambda: reloads() == 2, 60, "both workers to audit the reload")
+    victim = p.worker_pids()[0]
+    os.kill(victim, signal.SIGKILL)
+    _wait(lambda: len(p.worker_pids()) == 2 and victim not in p.worker_pids(), 120,
+          "the worker to be restarted")
+    _wait(lambda: reloads() == 3, 60, "the restarted worker to reload the file")
+    for _ in range(8):  # one connection each: the kernel spreads them over both workers
+        st = Stream(p.url, new_key, max_tokens=2)
+        st.start()
+        st.join(60)
+        assert st.error is None and st.status == 200, st.body[-500:]
