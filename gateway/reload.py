@@ -283,7 +283,9 @@ class _FileWatch(Periodic):
         self._reloader = reloader
         self.interval_s = interval_s
         self.round_name = "config file watch"
-        self.seen = self.digest()
+        # Not the digest now: the files may have changed since they were loaded (start-up can
+        # take seconds), so the first round reloads and compares revisions.
+        self.seen = ""
 
     def files(self) -> list[Path]:
         """The config file, its ``keys_file``, the policy file, replicas' ``api_key_file``."""

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 import uvicorn
 
 from gateway.drain import SHUTDOWN_MARGIN_S, Drain
+from gateway.hangup import HangupLatch
 from gateway.runtime_tuning import freeze_startup_heap, tune_gc
 
 if TYPE_CHECKING:
@@ -73,7 +74,10 @@ class GatewayServer(uvicorn.Server):
         if self.started:
             freeze_startup_heap()
             if self.reloader is not None:
+                held = HangupLatch.install()  # the handler until now: read after replacing it
                 self._loop.add_signal_handler(signal.SIGHUP, self.reloader.trigger, "signal")
+                if held.take():  # a SIGHUP came while starting: reload now
+                    self.reloader.trigger("signal")
             if self._on_started is not None:
                 self._on_started()
 
@@ -123,7 +127,8 @@ def run_server(
             ``timeout_graceful_shutdown`` is set past the drain deadline.
         drain: Drain on SIGTERM (see :mod:`gateway.drain`).
         reloader: Reload on SIGHUP (see :mod:`gateway.reload`); a SIGHUP that comes before
-            the server started is ignored (the configuration being loaded is the new one).
+            the server started is held (:class:`gateway.hangup.HangupLatch`) and reloads once
+            serving.
         sockets: Serve on these listening sockets (a worker: the supervisor's) instead of
             binding ``config.host:config.port``; SIGINT is then ignored (see module docstring).
         on_started: Called once serving started.
@@ -137,7 +142,7 @@ def run_server(
         # uvicorn's own cut (tasks cancelled, no final event) only as a backstop after ours.
         config.timeout_graceful_shutdown = int(drain.settings.timeout_s + SHUTDOWN_MARGIN_S)
     if reloader is not None:
-        signal.signal(signal.SIGHUP, signal.SIG_IGN)  # until startup() handles it
+        HangupLatch.install()  # held until startup() handles it
     server = GatewayServer(config, drain, reloader, on_started=on_started,
                            ignore_sigint=sockets is not None)
     try:

@@ -61,6 +61,7 @@ from typing import Any
 from gateway.config_errors import InvalidConfig
 from gateway.drain import SHUTDOWN_MARGIN_S
 from gateway.errors import ConfigError, GatewayError
+from gateway.hangup import HangupLatch
 from gateway.logs import configure_logging
 from gateway.settings import GatewaySettings
 
@@ -174,10 +175,10 @@ def _watch_parent() -> None:
 
 def _worker_main(settings: GatewaySettings, base: Path | None, slot: WorkerSlot,
                  config: Path | None, adjust: Adjust | None) -> None:
-    # The supervisor forwards SIGINT as SIGTERM; SIGHUP stays harmless until the in-process
-    # reload (gateway.reload) installs its handler once serving (the default would end it).
+    # The supervisor forwards SIGINT as SIGTERM; a SIGHUP is held until the in-process reload
+    # (gateway.reload) handles it once serving (the default would end the worker).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    HangupLatch.install()
     _watch_parent()
     from gateway.cli.serve import run
 
@@ -206,6 +207,7 @@ class _Worker:
     conn: Connection
     ready: bool = False
     pid: int = 0
+    hup_owed: bool = False  # a SIGHUP came before the worker served: sent once it serves
     exitcode: int | None = field(default=None)
 
 
@@ -275,6 +277,10 @@ class Supervisor:
             return
         if isinstance(msg, tuple) and msg and msg[0] == "ready":
             w.ready = True
+            if w.hup_owed:  # it loaded the config before that SIGHUP: reload it now
+                w.hup_owed = False
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(w.pid, signal.SIGHUP)
             if not self._all_ready and all(x.ready for x in self._workers.values()):
                 self._all_ready = True
                 _log.info("%d workers serving on %s:%s", self.count,
@@ -305,6 +311,9 @@ class Supervisor:
                          w.index, w.pid, status)
             del self._workers[w.index]
             self._spawn(w.index)
+            # It starts from the settings loaded at start-up: the file may have been reloaded
+            # since, so it reloads once it serves (a no-change reload when not).
+            self._workers[w.index].hup_owed = self.config is not None
             return
         if all(x.exitcode is not None for x in self._workers.values()):
             self._done.set()
@@ -344,9 +353,17 @@ class Supervisor:
                        w.pid)
             os.kill(w.pid, signal.SIGKILL)
 
-    def _forward(self, sig: int) -> None:
-        _log.info("%s: forwarded to %d worker(s)", signal.Signals(sig).name, len(self._live()))
-        self._signal_all(sig)
+    def _forward_hup(self) -> None:
+        """SIGHUP to every serving worker; a worker still starting gets it once it serves
+        (before, it would end it or be lost: it may have read the config file already)."""
+        live = self._live()
+        for w in live:
+            if w.ready:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(w.pid, signal.SIGHUP)
+            else:
+                w.hup_owed = True
+        _log.info("SIGHUP: forwarded to %d worker(s)", len(live))
 
     # --- run ---------------------------------------------------------------------------
 
@@ -357,7 +374,8 @@ class Supervisor:
         self._done = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._begin_stop, sig)
-        loop.add_signal_handler(signal.SIGHUP, self._forward, signal.SIGHUP)
+        held = HangupLatch.install()  # `gateway serve` held SIGHUP since it started
+        loop.add_signal_handler(signal.SIGHUP, self._forward_hup)
         listen = self.settings.listen
         self._listener = _bind(listen.host, listen.port)
         self._dir = tempfile.mkdtemp(prefix="sg-workers-")
@@ -376,6 +394,8 @@ class Supervisor:
                 await admin.start()
             for index in range(self.count):
                 self._spawn(index)
+            if held.take():  # the workers load the file now: their reload is owed all the same
+                self._forward_hup()
             await self._done.wait()
         finally:
             if admin is not None:

@@ -68,8 +68,14 @@ def check_config(
     2 unreadable.
     """
     file = _config_file(config, legacy_file)
-    if not file.is_file():
-        problem = ConfigProblem("(top level)", "cannot read config file: not a file", str(file))
+    try:  # unreadable (exit 2) apart from invalid (exit 1), with the reason
+        with file.open("rb"):
+            pass
+        reason = None if file.is_file() else "not a regular file"
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+    if reason is not None:
+        problem = ConfigProblem("(top level)", f"cannot read config file: {reason}", str(file))
         raise _report(file, [problem], as_json, 2)
     try:
         settings = load(file, os.environ)

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from gateway.hangup import HangupLatch
 from gateway.logs import configure_logging
 from gateway.settings import GatewaySettings, is_loopback_host, load
 
@@ -171,6 +172,9 @@ def serve(
     refused whole and the running configuration stays).
     """
 
+    # Before the file is read: a SIGHUP from now on is held and reloads once serving (the
+    # default disposition would end the process, ignoring it would lose the reload).
+    HangupLatch.install()
     adjust = ListenOverrides(host, port)
     settings = adjust(load(config, os.environ))
     if workers > 1:

@@ -169,19 +169,30 @@ class FlowGate:
         else:
             who = principal.key_id
             weight = share.weight if share is not None else 1.0
-        for name, value in headers:
-            if name == self._header:
-                cls = self._lowered(cls, value.decode("latin-1").strip().lower())
+        named = [v.decode("latin-1") for n, v in headers if n == self._header]
+        if named:
+            cls = self._lowered(cls, named)
         if pool.model.name in self._vllm:
             configured = self.classes[cls].vllm_priority
             parsed.priority = configured if configured is not None else cls
         return Lane(self, flow, cls, who, weight, record)
 
-    def _lowered(self, cls: int, wanted: str) -> int:
-        asked = self.index.get(wanted)
+    def _lowered(self, cls: int, fields: list[str]) -> int:
         header = self.settings.header
-        if asked is None:
+        # Several fields are one comma-separated list in HTTP (RFC 9110, 5.3): naming more
+        # than one class is ambiguous, whatever the order, and refused.
+        names = [part.strip().lower() for field in fields for part in field.split(",")]
+        if len(names) > 1:
             err: FlowError = UnknownPriorityClass(
+                f"The {header} header names more than one priority class "
+                f"({', '.join(names)[:64]!r}); name one of: "
+                f"{', '.join(c.name for c in self.classes)}.")
+            err.param = header
+            raise to_gateway_error(err)
+        wanted = names[0]
+        asked = self.index.get(wanted)
+        if asked is None:
+            err = UnknownPriorityClass(
                 f"The {header} header names no priority class ({wanted[:64]!r}); classes: "
                 f"{', '.join(c.name for c in self.classes)}.")
             err.param = header

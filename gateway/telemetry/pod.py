@@ -15,9 +15,12 @@ the worker that happened to answer. Merging, per sample (same name and labels):
   most pessimistic view).
 
 The supervisor adds ``sg_gateway_workers`` (workers answering this scrape) and
-``sg_gateway_worker_restarts_total``. A worker that does not answer within the scrape timeout
-is left out of that scrape (its counters seem to drop: Prometheus' ``rate`` treats it as a
-counter reset); a restarted worker starts its counters at zero, the same.
+``sg_gateway_worker_restarts_total``. The pod's counters never drop: a worker that does not
+answer within the scrape timeout counts with the counters and histograms of its last answer
+(its gauges are left out), and the last counters of a worker that exited are kept and added
+(a restarted worker starts its own at zero). A drop would read as a counter reset, and
+Prometheus' ``rate`` would count the other workers' totals again. What a worker counted after
+its last scrape and before it exited is lost.
 
 ``/status`` answers the first worker's document (what ``gateway preflight`` reads) with
 ``guard`` and ``loop`` taken from the worst worker, plus ``workers``: every worker's index,
@@ -116,6 +119,15 @@ def merge_expositions(texts: Sequence[str]) -> list[Metric]:
     return list(families.values())
 
 
+def _counters_only(texts: Sequence[str]) -> str:
+    """The counters and histograms of ``texts``, merged, as one exposition (no gauges)."""
+    kept = [f for f in merge_expositions(texts) if f.type in _MONOTONIC]
+    return generate_latest(_Families(kept)).decode("utf-8")
+
+
+_MONOTONIC = frozenset({"counter", "histogram", "summary"})
+
+
 class _Families:
     """A ``prometheus_client`` collector over fixed families (one scrape's result)."""
 
@@ -141,6 +153,8 @@ class PodAdminServer(AdminServer):
         super().__init__(host, port, CollectorRegistry(auto_describe=False))
         self._workers = workers
         self._restarts = restarts
+        self._last: dict[int, str] = {}  # pid -> its last /metrics answer
+        self._gone = ""  # the counters of the workers that exited, at their last answer
 
     async def _get(self, worker: WorkerEndpoint, path: str) -> bytes | None:
         try:
@@ -156,14 +170,25 @@ class PodAdminServer(AdminServer):
                          path, exc)
             return None
 
-    async def _gather(self, path: str) -> list[tuple[WorkerEndpoint, bytes]]:
-        workers = list(self._workers())
+    async def _gather(self, path: str, workers: Sequence[WorkerEndpoint] | None = None,
+                      ) -> list[tuple[WorkerEndpoint, bytes]]:
+        workers = list(self._workers()) if workers is None else workers
         bodies = await asyncio.gather(*(self._get(w, path) for w in workers))
         return [(w, b) for w, b in zip(workers, bodies, strict=True) if b is not None]
 
     async def _metrics(self, _: web.Request) -> web.Response:
-        answered = await self._gather("/metrics")
-        families = merge_expositions([body.decode("utf-8") for _, body in answered])
+        workers = list(self._workers())  # serving workers; one leaves the list when it exits
+        answered = await self._gather("/metrics", workers)
+        texts = {w.pid: body.decode("utf-8") for w, body in answered}
+        live = {w.pid for w in workers}
+        # No await from here on: concurrent scrapes do not count an exited worker twice.
+        exited = [text for pid, text in self._last.items() if pid not in live]
+        if exited:
+            self._gone = _counters_only([self._gone, *exited])
+        silent = [text for pid, text in self._last.items() if pid in live and pid not in texts]
+        self._last = {pid: t for pid, t in self._last.items() if pid in live} | texts
+        families = merge_expositions([*texts.values(), self._gone,
+                                      *(_counters_only([t]) for t in silent)])
         count = Metric("sg_gateway_workers", "Workers of this pod answering this scrape",
                        "gauge")
         count.add_sample("sg_gateway_workers", {}, float(len(answered)))

@@ -464,3 +464,30 @@ def test_queue_length_and_wait_per_class_are_on_the_metrics_page(
         assert m[("sg_gateway_flow_requests_total", "standard", "immediate")] == 1  # the holder
     finally:
         rig.close()
+
+
+def test_a_priority_header_naming_several_classes_is_refused_whatever_their_order(
+    rigs: Callable[..., Rig],
+) -> None:
+    """Two ``x-priority`` fields (or one comma list, the same thing in HTTP) are ambiguous: the
+    request is refused with 400 whatever their order, before anything is forwarded; a refusal
+    names the key's own class, not one an earlier field lowered it to."""
+    rig = rigs()
+    fields = {"interactive": [(b"x-priority", b"standard"), (b"x-priority", b"interactive")],
+              "reversed": [(b"x-priority", b"interactive"), (b"x-priority", b"standard")],
+              "comma": [(b"x-priority", b"standard, batch")]}
+    for case, extra in fields.items():
+        body = json.dumps({"model": "m", "max_tokens": 4,
+                           "messages": [{"role": "user", "content": "hi"}]})
+        headers = [(b"authorization", f"Bearer {KEYS['interactive']}".encode()),
+                   (b"content-type", b"application/json"), *extra]
+        resp = httpx.post(rig.url + "/v1/chat/completions", content=body, headers=headers,
+                          timeout=30)
+        assert resp.status_code == 400, (case, resp.text)
+        err = resp.json()["error"]
+        assert err["code"] == "unknown_priority_class" and err["param"] == "x-priority", case
+        assert "more than one" in err["message"], case
+    raised = rig.submit("std", extra_headers={"x-priority": "interactive"}).result(30)
+    assert isinstance(raised, openai.PermissionDeniedError)
+    assert "('standard')" in raised.message  # the key's class
+    assert rig.sim.stats()["received"] == 0

@@ -47,6 +47,20 @@ def test_check_config_invalid_names_key(tmp_path: Path,
     assert main(["check-config", "--config", str(tmp_path / "missing.yaml")]) == 2
 
 
+def test_check_config_says_why_a_file_cannot_be_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A missing config file is reported as missing (not as "not a file"), a directory as a
+    directory, both exit 2 (unreadable), in the text and the ``--json`` output alike."""
+    missing = tmp_path / "missing.yaml"
+    assert main(["check-config", "--config", str(missing)]) == 2
+    assert f"{missing}: (top level): cannot read config file: No such file or directory" in (
+        capsys.readouterr().err)
+    assert main(["check-config", "--json", "--config", str(tmp_path)]) == 2
+    problem = json.loads(capsys.readouterr().out)["problems"][0]
+    assert problem["problem"] == "cannot read config file: Is a directory"
+
+
 def test_keys_new_prints_key_once_and_config_line(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["keys", "new", "--id", "team-x", "--model", "llama-3.1-8b",
                  "--team", "x"]) == 0

@@ -45,7 +45,8 @@ def _wait(cond: Callable[[], bool], timeout_s: float, what: str) -> None:
 class Served:
     """One ``gateway serve`` process with its config file, log file and audit store."""
 
-    def __init__(self, tmp: Path, cfg: dict[str, Any]) -> None:
+    def __init__(self, tmp: Path, cfg: dict[str, Any],
+                 while_starting: Callable[[Served], None] | None = None) -> None:
         self.port = free_port()
         cfg["listen"]["port"] = self.port
         self.path = tmp / "gateway.yaml"
@@ -65,6 +66,10 @@ class Served:
                 stdout=subprocess.DEVNULL, stderr=err, text=True,
                 env={**os.environ, "VLLM_KEY": "backend-key"}, preexec_fn=_default_signals,
             )
+        if while_starting is not None:  # the file is loaded; not serving yet
+            _wait(lambda: "Started server process" in self.log.read_text()
+                  or self.proc.poll() is not None, 60, "the server process to start")
+            while_starting(self)
         _wait(lambda: self.ready() or self.proc.poll() is not None, 60, "gateway start")
         assert self.proc.poll() is None, self.log.read_text()
 
@@ -165,11 +170,12 @@ def sims(serve_asgi: Callable[..., Any]) -> tuple[Sim, Sim]:
 
 
 @pytest.fixture
-def serve(tmp_path: Path) -> Iterator[Callable[[dict[str, Any]], Served]]:
+def serve(tmp_path: Path) -> Iterator[Callable[..., Served]]:
     started: list[Served] = []
 
-    def start(cfg: dict[str, Any]) -> Served:
-        srv = Served(tmp_path, cfg)
+    def start(cfg: dict[str, Any],
+              while_starting: Callable[[Served], None] | None = None) -> Served:
+        srv = Served(tmp_path, cfg, while_starting)
         started.append(srv)
         return srv
 
@@ -359,3 +365,46 @@ def test_file_watch_reloads_a_swapped_keys_file_without_a_signal(
     _wait(lambda: len(gw.records("config.reloaded")) == 1, 30, "the watched reload")
     assert gw.records("config.reloaded")[0]["cause"] == "watch"
     assert gw.client(KEY_C).models.list().data
+
+
+def test_a_change_signalled_while_starting_is_applied_once_serving(
+    sims: tuple[Sim, Sim], serve: Callable[..., Served],
+) -> None:
+    """A SIGHUP after the file was loaded and before the server serves neither ends the
+    process nor is lost: the change it announces applies once serving (audited as a reload)."""
+    sim_a, _ = sims
+
+    def add_key_and_hup(gw: Served) -> None:
+        new = json.loads(json.dumps(gw.cfg))
+        new["keys"].append({"id": "team-c", "sha256": sha(KEY_C), "models": ["*"], "team": "c"})
+        gw.write(new)
+        gw.proc.send_signal(signal.SIGHUP)
+
+    gw = serve(config([sim_a.url], logging={"format": "text"}), add_key_and_hup)
+    _wait(lambda: bool(gw.log_lines("reloaded ")) or gw.proc.poll() is not None, 30,
+          "the owed reload")
+    assert gw.proc.poll() is None, gw.log.read_text()
+    assert gw.records("config.reloaded")[-1]["cause"] == "signal"
+    assert "llama-3.1-8b" in [m.id for m in gw.client(KEY_C).models.list().data]
+
+
+def test_a_watched_file_changed_while_starting_is_applied_once_serving(
+    sims: tuple[Sim, Sim], serve: Callable[..., Served], tmp_path: Path,
+) -> None:
+    """With ``reload.watch``, a keys file swapped after the config was loaded and before the
+    watch started is still seen: the first round compares the running revision, not the files'
+    content at that moment."""
+    sim_a, _ = sims
+    keys = tmp_path / "keys.yaml"
+    keys.write_text(yaml.safe_dump([]))
+    cfg = config([sim_a.url], logging={"format": "text"}, reload={"watch": True, "interval_s": 0.2})
+    cfg["keys_file"] = str(keys)
+
+    def swap_keys(gw: Served) -> None:
+        keys.write_text(yaml.safe_dump(
+            [{"id": "team-c", "sha256": sha(KEY_C), "models": ["*"], "team": "c"}]))
+
+    gw = serve(cfg, swap_keys)
+    _wait(lambda: bool(gw.log_lines("reloaded ")), 30, "the watch to apply the swapped file")
+    assert gw.records("config.reloaded")[-1]["cause"] == "watch"
+    assert "llama-3.1-8b" in [m.id for m in gw.client(KEY_C).models.list().data]

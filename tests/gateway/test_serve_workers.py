@@ -387,3 +387,97 @@ def test_a_sighup_to_the_supervisor_reloads_every_worker(
         st.join(60)
         assert st.error is None and st.status == 200, st.body[-500:]
     assert len(p.worker_pids()) == 2  # no worker ended by the signal
+
+
+def test_a_sighup_while_the_workers_start_is_applied_once_they_serve(
+    pod: Callable[..., Pod], tmp_path: Path,
+) -> None:
+    """A SIGHUP that reaches the supervisor while its workers are still starting neither ends
+    them (the pod would stop) nor is lost (they may have read the file already): each worker
+    reloads once it serves, and the key added to the file works on every worker."""
+    p = pod(expect_start=False)
+    # The supervisor's admin port answers once its handlers are set, before a worker serves.
+    _wait(lambda: p.get(p.admin + "/status") is not None or p.proc.poll() is not None, 60,
+          "the supervisor's admin port")
+    new_key = "sg-workers-added-while-starting"
+    cfg = yaml.safe_load(p.config.read_text())
+    cfg["keys"].append({"id": "added", "sha256": _sha(new_key), "models": ["m"], "team": "t",
+                        "data_class": "public"})
+    p.config.write_text(yaml.safe_dump(cfg))
+    assert len(p.worker_pids()) < 2  # still starting
+    p.proc.send_signal(signal.SIGHUP)
+    db = tmp_path / "audit.db"
+
+    def reloaded_chains() -> set[str]:
+        if not db.exists():
+            return set()
+        with sqlite3.connect(db) as conn:
+            rows = conn.execute(
+                "SELECT chain FROM audit_records WHERE type = 'config.reloaded'").fetchall()
+        return {chain for (chain,) in rows}
+
+    _wait(lambda: len(reloaded_chains()) == 2 or p.proc.poll() is not None, 120,
+          "both workers to audit the reload")
+    assert p.proc.poll() is None, p.proc.communicate()[1][-3000:]
+    for _ in range(8):  # one connection each: the kernel spreads them over both workers
+        st = Stream(p.url, new_key, max_tokens=2)
+        st.start()
+        st.join(60)
+        assert st.error is None and st.status == 200, st.body[-500:]
+    assert len(p.worker_pids()) == 2
+
+
+def test_pod_counters_do_not_drop_when_workers_restart(pod: Callable[..., Pod]) -> None:
+    """A restarted worker starts its counters at zero; the pod's counters keep what the gone
+    worker had counted (a drop would read as a counter reset and ``rate`` would count the
+    surviving workers' totals again)."""
+    p = pod(audit=False)
+    for _ in range(6):  # one connection each: spread over the workers
+        st = Stream(p.url, KEY_BULK, max_tokens=2)
+        st.start()
+        st.join(60)
+        assert st.status == 200
+
+    def served() -> float:
+        return _total(p.metrics(), "sg_gateway_requests", "sg_gateway_requests_total")
+
+    before = served()
+    assert before == 6
+    for victim in p.worker_pids():  # every worker once: whichever served the requests
+        os.kill(victim, signal.SIGKILL)
+        _wait(lambda v=victim: len(p.worker_pids()) == 2 and v not in p.worker_pids(), 120,
+              "the worker to be restarted")
+        assert served() >= before
+    assert served() == before
+
+
+def test_a_worker_restarted_after_a_reload_serves_the_reloaded_config(
+    pod: Callable[..., Pod], tmp_path: Path,
+) -> None:
+    """A restarted worker starts from the settings the supervisor read at start-up; it reloads
+    the file once it serves, so a key added by an earlier reload works on it too."""
+    p = pod()
+    new_key = "sg-workers-added-before-a-restart"
+    cfg = yaml.safe_load(p.config.read_text())
+    cfg["keys"].append({"id": "added", "sha256": _sha(new_key), "models": ["m"], "team": "t",
+                        "data_class": "public"})
+    p.config.write_text(yaml.safe_dump(cfg))
+    p.proc.send_signal(signal.SIGHUP)
+    db = tmp_path / "audit.db"
+
+    def reloads() -> int:
+        with sqlite3.connect(db) as conn:
+            return int(conn.execute("SELECT count(*) FROM audit_records "
+                                    "WHERE type = 'config.reloaded'").fetchone()[0])
+
+    _wait(lambda: reloads() == 2, 60, "both workers to audit the reload")
+    victim = p.worker_pids()[0]
+    os.kill(victim, signal.SIGKILL)
+    _wait(lambda: len(p.worker_pids()) == 2 and victim not in p.worker_pids(), 120,
+          "the worker to be restarted")
+    _wait(lambda: reloads() == 3, 60, "the restarted worker to reload the file")
+    for _ in range(8):  # one connection each: the kernel spreads them over both workers
+        st = Stream(p.url, new_key, max_tokens=2)
+        st.start()
+        st.join(60)
+        assert st.error is None and st.status == 200, st.body[-500:]
