@@ -195,6 +195,10 @@ def scan_pickle_stream(fh: BinaryIO, size: int) -> PickleVerdict:
         The verdict. Bytes after the last parseable pickle are ignored: legacy torch files
         carry raw tensor storage there, and no loader unpickles them.
 
+    A first pickle that breaks (invalid byte, end of file) after naming a global is a verdict,
+    not an error: ``pickle.load`` has imported and called what came before the break; it is
+    unsafe with the finding that says so.
+
     Raises:
         NotAPickle: The stream does not start with a pickle.
     """
@@ -202,7 +206,17 @@ def scan_pickle_stream(fh: BinaryIO, size: int) -> PickleVerdict:
     capped = _Capped(fh, base + size)
     found: set[str] = set()
     findings: list[str] = []
-    _scan_one(capped, found, findings)  # type: ignore[arg-type]
+    try:
+        _scan_one(capped, found, findings)  # type: ignore[arg-type]
+    except NotAPickle as exc:
+        if not found and not findings:
+            raise
+        # pickle.load has run everything before the break (imports and calls included).
+        findings.append(f"the stream breaks before its STOP ({exc}); a loader runs what came "
+                        "before the break")
+        findings += [f"global {g} is not allowed" for g in sorted(found - ALLOWED_GLOBALS)]
+        return PickleVerdict(safe=False, globals=tuple(sorted(found)),
+                             findings=tuple(findings), pickles=1)
     count = 1
     while capped.tell() < base + size:
         start = capped.tell()
@@ -229,27 +243,122 @@ def scan_pickle_bytes(data: bytes) -> PickleVerdict:
     return scan_pickle_stream(io.BytesIO(data), len(data))
 
 
-def is_pickle(fh: BinaryIO, size: int) -> bool:
-    """True if ``fh`` (from its current position, ``size`` bytes) starts with a complete pickle
-    that leaves exactly one value, whatever the file is called.
+_MAX_CHAINED = 64  # pickles in a row examined while each is inert
 
-    Random bytes (a weight tensor) or a text file fail within a few bytes: an invalid opcode, a
-    malformed argument or a stack that does not end with one value. Reads are capped to
-    ``size`` bytes; the position of ``fh`` is restored.
+
+def _dotted(name: str) -> bool:
+    return bool(name) and all(part.isidentifier() for part in name.split("."))
+
+
+_PUT_OPS = frozenset({"PUT", "BINPUT", "LONG_BINPUT"})
+_GET_OPS = frozenset({"GET", "BINGET", "LONG_BINGET"})
+
+
+def _imports(op: pickletools.OpcodeInfo, arg: Any, stack: list[Any]) -> bool:
+    """Would an unpickler import a module at this opcode?"""
+    if op.name in ("GLOBAL", "INST"):
+        module, _, name = str(arg).partition(" ")
+        return _dotted(module) and _dotted(name)
+    if op.name == "STACK_GLOBAL" and len(stack) >= 2:
+        module, name = stack[-2], stack[-1]  # str constants (else the unpickler refuses)
+        return isinstance(module, str) and isinstance(name, str) and _dotted(module) \
+            and _dotted(name)
+    return False
+
+
+def _needs(op: pickletools.OpcodeInfo, stack: list[Any]) -> bool:
+    """The stack holds what ``op`` pops (an unpickler fails with "stack underflow" else)."""
+    before = op.stack_before
+    if pickletools.markobject in before and _MARK not in stack:
+        return False
+    plain = [b for b in before if b not in (pickletools.markobject, pickletools.stackslice)]
+    if pickletools.markobject in before:
+        top = len(stack) - 1 - stack[::-1].index(_MARK)
+        return top >= len(plain)
+    return len(stack) >= len(plain)
+
+
+def _one_pickle(capped: _Capped) -> str:
+    """Walk one pickle from the reader's position as an unpickler would, without values.
+
+    Returns:
+        ``imports``: a module would be imported (code runs at load, whatever follows);
+        ``proto``: a complete one-value pickle of protocol 2 or later; ``inert``: a complete
+        one-value protocol-0/1 pickle that imports nothing; ``none``: not a pickle (an invalid
+        opcode or argument, a stack underflow or a missing ``STOP`` before any import).
+    """
+    stack: list[Any] = []
+    memo: dict[int, Any] = {}
+    proto = False
+    try:
+        for i, (op, arg, _pos) in enumerate(_quiet_genops(cast(Any, capped))):
+            if i == 0 and op.name == "PROTO":
+                if not 2 <= int(arg) <= pickle_highest():
+                    return "none"
+                proto = True
+                continue
+            if not _needs(op, stack):
+                return "none"
+            if _imports(op, arg, stack):
+                return "imports"
+            if op.name == "STOP":
+                if len(stack) != 1:
+                    return "none"
+                return "proto" if proto else "inert"
+            if op.name in _PUT_OPS or op.name == "MEMOIZE":
+                if not stack or stack[-1] is _MARK:
+                    return "none"
+                memo[len(memo) if op.name == "MEMOIZE" else int(arg)] = stack[-1]
+                continue
+            if op.name in _GET_OPS:
+                if int(arg) not in memo:
+                    return "none"  # the unpickler fails: "Memo value not found"
+                stack.append(memo[int(arg)])
+                continue
+            _apply_effect(op, stack)
+            if op.name in _STRING_OPS and isinstance(arg, str):
+                stack[-1] = arg  # a str constant (a STACK_GLOBAL operand, if any)
+    except ValueError:
+        return "none"
+    return "none"
+
+
+def pickle_highest() -> int:
+    """The highest pickle protocol this Python reads (``pickle.HIGHEST_PROTOCOL``)."""
+    import pickle
+
+    return pickle.HIGHEST_PROTOCOL
+
+
+def is_pickle(fh: BinaryIO, size: int) -> bool:
+    """True if ``fh`` (from its current position, ``size`` bytes) holds a pickle a loader would
+    act on, whatever the file is called. Walking the opcodes as an unpickler would:
+
+    * a module would be imported (``GLOBAL``/``INST`` naming a dotted module and name, or
+      ``STACK_GLOBAL`` with its two operands on the stack) before the stream ends or breaks:
+      ``pickle.load`` runs code there even if a later byte is invalid, so no ``STOP`` is needed;
+    * or a complete one-value pickle of protocol 2 or later (``PROTO`` first: ``torch.save``,
+      NumPy);
+    * or an inert pickle (complete, protocol 0/1, importing nothing) directly followed by one
+      of the above (the next pickles are examined while each is inert).
+
+    An inert pickle alone is not one: random bytes form one about once in 1,400 files (``N.``
+    is a complete pickle, and a weight tensor's bytes are random), and loading it could not run
+    code. Text, random bytes and other binary formats fail within a few bytes. Reads are capped
+    to ``size`` bytes; the position of ``fh`` is restored.
     """
     base = fh.tell()
     capped = _Capped(fh, base + size)
-    stack: list[Any] = []
     try:
-        for op, _arg, _pos in _quiet_genops(cast(Any, capped)):
-            if op.name == "STOP":
-                return len(stack) == 1
-            _apply_effect(op, stack)
-    except ValueError:
-        return False
+        for _ in range(_MAX_CHAINED):
+            kind = _one_pickle(capped)
+            if kind in ("imports", "proto"):
+                return True
+            if kind == "none" or fh.tell() >= base + size:
+                return False
+        return True  # a long chain of inert pickles: treat it as the pickle stream it is
     finally:
         fh.seek(base)
-    return False
 
 
 __all__ = [

@@ -175,3 +175,49 @@ def test_minilm_pins_unchanged_under_the_default_policy(hub_server: HubServer,
     pin(HubClient(hub_server.url), lock, MINILM, now=NOW)
     assert all(f.scan is None for f in Lockfile.load(lock).entry(MINILM).files)
     assert '"scan"' not in lock.read_text()
+
+
+def test_random_binary_data_is_never_taken_for_a_pickle(tmp_path: Path) -> None:
+    """A weight tensor's bytes are random: about one random file in 1,400 parsed as a complete
+    one-value pickle (``N.`` is one), and the default policy refused it. 20,000 seeded random
+    buffers, and the shapes that used to pass, are data now."""
+    import io
+    import random
+
+    from weights.pickle_scan import is_pickle
+
+    rng = random.Random(20261201)
+    found = [b[:8] for b in (rng.randbytes(256) for _ in range(20_000))
+             if is_pickle(io.BytesIO(b), len(b))]
+    assert found == []
+    for head in (b"N.", b"K\x07.", b"]q\x00.", b"Gm\x1b\xe7\xad\x9d}\xa5d]\x93\x1a"):
+        data = head + rng.randbytes(4000)
+        assert not is_pickle(io.BytesIO(data), len(data)), head
+        f = tmp_path / "weights.dat"
+        f.write_bytes(data)
+        assert inspect_file(f, "acme/m:weights.dat") == ("data", None)
+
+
+@pytest.mark.parametrize("tail", [b"\xff" * 16, b"0000.", b""])
+def test_a_command_that_runs_before_the_stream_breaks_is_refused_under_a_data_name(
+    tmp_path: Path, tail: bytes,
+) -> None:
+    """``pickle.load`` runs ``REDUCE`` before it meets an invalid byte, a stack underflow or the
+    end of the file: such a stream is a pickle whatever follows, and under a name that says
+    nothing of pickles (``.dat``) it is found by content."""
+    marker = tmp_path / "marker"
+    command = S.reduce_command(marker, 0)
+    assert command.endswith(b".")
+    f = tmp_path / "weights.dat"
+    f.write_bytes(command[:-1] + tail)
+    S.run_in_child(f)
+    assert marker.exists()  # the command ran although the stream is broken
+    with pytest.raises(UnsafeSerialisationError, match="pickle-based file refused"):
+        check_format(f, "acme/m:weights.dat", SerialisationPolicy())
+
+
+def test_an_inert_pickle_in_front_of_a_malicious_one_is_refused(tmp_path: Path) -> None:
+    f = tmp_path / "weights.dat"
+    f.write_bytes(b"N." + S.reduce_command(tmp_path / "marker", 0))
+    with pytest.raises(UnsafeSerialisationError, match="pickle-based file refused"):
+        check_format(f, "acme/m:weights.dat", SerialisationPolicy())
