@@ -1,6 +1,9 @@
 """Fixtures shared by every test package.
 
 * ``free_port()``: an unused TCP port on 127.0.0.1.
+* ``wait_until(cond, timeout_s, what)``: wait on a condition with a bound (no fixed sleeps).
+* ``default_signals()``: a child's ``preexec_fn`` that restores SIGINT, SIGTERM and SIGHUP
+  (started from nohup or a background job they may be ignored, and the child inherits that).
 * ``serve_asgi``: runs an ASGI app on a real uvicorn server on loopback in a background thread
   (standard asyncio loop, never uvloop) and yields its base URL.
 * ``pg_database``: creates a fresh PostgreSQL database on 127.0.0.1:5432 (trust auth, user
@@ -32,6 +35,27 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("DO_NOT_TRACK", "1")
 os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+
+def wait_until(cond: Callable[[], bool], timeout_s: float, what: str) -> None:
+    """Poll ``cond`` every 50 ms until it is true.
+
+    Raises:
+        AssertionError: Still false after ``timeout_s`` seconds (names ``what``).
+    """
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(0.05)
+
+
+def default_signals() -> None:
+    """``preexec_fn`` of a child that must react to SIGINT, SIGTERM and SIGHUP as by default."""
+    import signal
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
 
 
 def free_port() -> int:

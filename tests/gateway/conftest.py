@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import openai
 import pytest
+import redis
 
 from tests.gateway.helpers import Clients, Sim, settings, start_gateway, start_sim
 
@@ -35,3 +37,17 @@ def clients() -> Iterator[Clients]:
 def client(gateway_url: str, clients: Clients) -> openai.OpenAI:
     """The official OpenAI SDK pointed at the gateway with team-a's key (no SDK retries)."""
     return clients(gateway_url)
+
+
+@pytest.fixture
+def redis_prefix() -> Iterator[str]:
+    """A unique key prefix on the shared Redis (127.0.0.1:6379), cleaned up after the test."""
+    prefix = f"sg:q:test:{uuid.uuid4().hex[:12]}:"
+    yield prefix
+    client = redis.Redis.from_url("redis://127.0.0.1:6379/0")
+    try:
+        keys = list(client.scan_iter(match=prefix + "*", count=1000))
+        if keys:
+            client.delete(*keys)
+    finally:
+        client.close()

@@ -18,22 +18,9 @@ import httpx
 import pytest
 import yaml
 
-from tests.conftest import free_port
+from tests.conftest import default_signals, free_port
+from tests.conftest import wait_until as _wait
 from tests.gateway.helpers import KEY_A, config, sse_events, start_sim
-
-
-def _default_signals() -> None:
-    # Started from nohup or a background job, SIGINT may be ignored: the child sets its own.
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-
-
-def _wait(cond: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.05)
 
 
 class Gateway:
@@ -67,7 +54,7 @@ def serve(tmp_path: Path, serve_asgi: Callable[..., Any]) -> Iterator[Callable[.
         proc = subprocess.Popen(
             [sys.executable, "-m", "gateway.cli", "serve", "--config", str(path)],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            env={**os.environ, "VLLM_KEY": "backend-key"}, preexec_fn=_default_signals,
+            env={**os.environ, "VLLM_KEY": "backend-key"}, preexec_fn=default_signals,
         )
         procs.append(proc)
         gw = Gateway(proc, f"http://127.0.0.1:{port}", path)

@@ -19,27 +19,12 @@ import openai
 import pytest
 import yaml
 
-from tests.conftest import free_port
+from tests.conftest import default_signals, free_port
+from tests.conftest import wait_until as _wait
 from tests.gateway.helpers import KEY_A, KEY_B, SERVED, Sim, config, sha, sse_events, start_sim
 
 KEY_C = "sg-test-key-team-c"
 _ID = re.compile(rb'"id":"[^"]*"|"created":\d+')
-
-
-def _default_signals() -> None:
-    # Started from nohup or a background job, signals may be ignored: the child sets its own.
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, signal.SIG_DFL)
-
-
-def _wait(cond: Callable[[], bool], timeout_s: float, what: str) -> None:
-    import time
-
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.05)
 
 
 class Served:
@@ -64,7 +49,7 @@ class Served:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "gateway.cli", "serve", "--config", str(self.path)],
                 stdout=subprocess.DEVNULL, stderr=err, text=True,
-                env={**os.environ, "VLLM_KEY": "backend-key"}, preexec_fn=_default_signals,
+                env={**os.environ, "VLLM_KEY": "backend-key"}, preexec_fn=default_signals,
             )
         if while_starting is not None:  # the file is loaded; not serving yet
             _wait(lambda: "Started server process" in self.log.read_text()

@@ -16,7 +16,6 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,11 +23,11 @@ from typing import Any
 
 import httpx
 import pytest
-import redis
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import free_port
+from tests.conftest import wait_until as _wait
 from tests.gateway.helpers import SERVED, sse_events, start_sim
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,14 +35,6 @@ REDIS_URL = "redis://127.0.0.1:6379/0"
 KEY_BULK = "sg-workers-bulk"
 KEY_LIMITED = "sg-workers-limited"
 LIMIT = 10  # requests per minute of the limited key, for the whole pod
-
-
-def _wait(cond: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.05)
 
 
 def _sha(key: str) -> str:
@@ -75,20 +66,6 @@ class Pod:
         r = self.get(self.admin + "/metrics")
         assert r is not None and r.status_code == 200
         return {f.name: f for f in text_string_to_metric_families(r.text)}
-
-
-@pytest.fixture
-def redis_prefix() -> Iterator[str]:
-    """A unique key prefix on the shared Redis, cleaned up after the test."""
-    prefix = f"sg:q:workers:{uuid.uuid4().hex[:12]}:"
-    yield prefix
-    client = redis.Redis.from_url(REDIS_URL)
-    try:
-        keys = list(client.scan_iter(match=prefix + "*", count=1000))
-        if keys:
-            client.delete(*keys)
-    finally:
-        client.close()
 
 
 @pytest.fixture

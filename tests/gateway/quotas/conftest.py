@@ -10,7 +10,6 @@ import shutil
 import socket
 import subprocess
 import time
-import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
@@ -23,20 +22,6 @@ REDIS_URL = "redis://127.0.0.1:6379/0"
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
-
-
-@pytest.fixture
-def redis_prefix() -> Iterator[str]:
-    """A unique key prefix on the shared Redis, cleaned up after the test."""
-    prefix = f"sg:q:test:{uuid.uuid4().hex[:12]}:"
-    yield prefix
-    client = redis.Redis.from_url(REDIS_URL)
-    try:
-        keys = list(client.scan_iter(match=prefix + "*", count=1000))
-        if keys:
-            client.delete(*keys)
-    finally:
-        client.close()
 
 
 @pytest.fixture(params=["memory", "redis"])
