@@ -11,7 +11,7 @@ Measures on this machine, for the simulator directly and for each gateway varian
     first token and then waits 10 minutes), from ``VmRSS`` before and after (target: < 64 KiB
     per open stream).
 
-(d) issue 16: ``--stall-streams`` (512) concurrent streams of ``--paced-tokens`` (200) tokens
+(d) ``--stall-streams`` (512) concurrent streams of ``--paced-tokens`` (200) tokens
     ``--paced-itl-ms`` (20 ms) apart: the share of streams without a gap over 100 ms (target
     >= 99%), the p99 inter-event gap (target <= 1.5x direct's) and the relaying process's CPU
     time per relayed event (tokens arrive one at a time; target <= 2x nginx's);
@@ -29,7 +29,7 @@ Usage::
     .venv/bin/python bench/relay.py                                   # direct vs default gateway
     .venv/bin/python bench/relay.py --variant audit=cfg/audit.yaml --variant off=cfg/off.yaml
     .venv/bin/python bench/relay.py --variant self=direct --skip memory   # harness self-test
-    .venv/bin/python bench/relay.py --only stalls --only burst --only latency  # issue 16
+    .venv/bin/python bench/relay.py --only stalls --only burst --only latency  # many streams
 
 A variant config is a gateway YAML file; the benchmark rewrites ``listen``, points every replica
 at the simulator (served model name ``m``) and adds its own API key. ``NAME=direct`` measures
@@ -68,7 +68,7 @@ from relay_procs import (
 TARGET_RATIO = 0.6
 TARGET_ADDED_P50_MS = 2.0
 TARGET_KIB_PER_STREAM = 64.0
-# issue 16: many streams at 20 ms between tokens
+# many streams at 20 ms between tokens
 STALL_GAP_S = 0.100
 TARGET_STALL_FREE_PCT = 99.0
 TARGET_GAP_P99_X = 1.5
@@ -218,7 +218,7 @@ def _stream_req(t: Target, tokens: int) -> bytes:
 
 async def phase_paced(variants: list[tuple[str, dict[str, Any] | None]], targets: list[Target],
                       args: argparse.Namespace, workdir: Path) -> None:
-    """(d) stalls and CPU per relayed event, (e) a burst of new streams (issue 16).
+    """(d) stalls and CPU per relayed event, (e) a burst of new streams.
 
     A second simulator paces tokens (``--paced-itl-ms`` apart, ``--paced-tokens`` per stream),
     so tokens arrive one at a time; each gateway variant and nginx (when installed) relay it.

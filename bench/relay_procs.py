@@ -210,7 +210,7 @@ def start_nginx(upstream_port: int, workdir: Path) -> Proc:
     """Start nginx as a plain reverse proxy in front of ``127.0.0.1:upstream_port``.
 
     One process (``master_process off``, one worker's work), ``proxy_buffering off``, HTTP/1.1
-    to the upstream with a keep-alive pool: the C baseline of issue 16. It runs in the
+    to the upstream with a keep-alive pool: the C baseline of the stall benchmark. It runs in the
     foreground as this user's child with its own config and temp directory (never the system
     service).
 

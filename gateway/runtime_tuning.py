@@ -1,6 +1,6 @@
 """Process tuning for serving: the garbage collector settings of ``gateway serve``, in one place.
 
-Why (issue 16, measured with 512 concurrent streams at 20 ms between tokens): CPython's cyclic
+Why (measured with 512 concurrent streams at 20 ms between tokens): CPython's cyclic
 garbage collector stops the whole process while it runs. With the default thresholds
 ``(700, 10, 10)`` a full (generation 2) collection walked about 160,000 tracked objects, nearly
 all of them imported modules, classes, functions and the state built at start-up that live as

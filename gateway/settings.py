@@ -155,7 +155,7 @@ class ReplicaSettings(_Frozen):
     url: str
     api_key_env: str | None = None
     api_key_file: Path | None = None
-    # Policy destination id (issue 3): which egress destination this replica is.
+    # Policy destination id: which egress destination this replica is.
     destination: str | None = None
     # "vllm": the byte relay (default). "litellm": called through litellm as a library, with
     # ``litellm_model`` naming the provider adapter and model (e.g. "hosted_vllm/<name>").
