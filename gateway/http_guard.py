@@ -48,7 +48,7 @@ from typing import Any
 
 import h11
 from h11._readers import (
-    _decode_header_lines,
+    header_field_re,
     maybe_read_from_IDLE_client,
     request_line_re,
 )
@@ -219,7 +219,16 @@ class _StrictConnection(h11.Connection):
             raise h11.LocalProtocolError(problem)  # h11 re-raises it as a remote error
         raw: list[bytes] = lines  # type: ignore[assignment]  # h11 passes bytearrays as bytes
         matches = validate(request_line_re, raw[0], "illegal request line: {!r}", raw[0])
-        return h11.Request(headers=list(_decode_header_lines(raw[1:])), _parsed=True, **matches)
+        # h11's _decode_header_lines, without its obs-fold pass (a folded line was refused
+        # above) and without a generator and a dict per line: the same regex, the same error.
+        headers: list[tuple[bytes, bytes]] = []
+        match_line = header_field_re.fullmatch
+        for line in raw[1:]:
+            field = match_line(line)
+            if field is None:
+                raise h11.LocalProtocolError(f"illegal header line: {line!r}")
+            headers.append((field["field_name"], field["field_value"]))
+        return h11.Request(headers=headers, _parsed=True, **matches)
 
 
 def _error_response(status: int, reason: str, message: str, code: str, err_type: str) -> bytes:
