@@ -127,18 +127,24 @@ def _marks(targets: list[tuple[Any, str, str]], out: list[tuple[float, str]]) ->
 
 
 def _trace_targets() -> list[tuple[Any, str, str]]:
+    import aiohttp
     import aiohttp.client_proto
     import aiohttp.http_writer
 
-    from gateway import relay, rewrite
+    from gateway import asgi_io, forward, relay, rewrite
 
     targets: list[tuple[Any, str, str]] = [
         (asyncio.base_events.BaseEventLoop, "_run_once", "loop iteration"),
         (relay, "handle", "relay.handle"),
         (relay, "parse_body", "parse_body"),
+        (relay, "forward", "forward"),
         (rewrite.ParsedBody, "upstream_body", "upstream_body"),
+        (aiohttp.ClientSession, "_request", "aiohttp request (until the response head)"),
         (aiohttp.http_writer.StreamWriter, "_writelines", "upstream write"),
         (aiohttp.client_proto.ResponseHandler, "data_received", "upstream read"),
+        (forward, "_relay_response", "relay response"),
+        (asgi_io.Responder, "start", "response start"),
+        (asgi_io.Responder, "body", "response body"),
     ]
     return targets
 
