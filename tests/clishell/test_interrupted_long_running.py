@@ -24,7 +24,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +49,7 @@ class Child:
     proc: subprocess.Popen[bytes]
     out: Path
     err: Path
+    fds: list[int] = field(default_factory=list)  # closed at teardown
 
     def stdout(self) -> str:
         return self.out.read_text(errors="replace")
@@ -105,12 +106,11 @@ def _serve_starting(tmp: Path, serve_asgi: Callable[..., Any]) -> tuple[list[str
     # The config is a FIFO whose writer stays silent: `serve` blocks reading it, in start-up.
     fifo = tmp / "gateway.yaml"
     os.mkfifo(fifo)
-    writers: list[int] = []
 
     def reading(child: Child) -> bool:
-        if not writers:
+        if not child.fds:
             try:  # ENXIO until a reader (the child) has the FIFO open
-                writers.append(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+                child.fds.append(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
             except OSError:
                 return False
         return True  # the writer stays open: the child's read blocks until the signal
@@ -168,6 +168,8 @@ def started(tmp_path: Path) -> Iterator[list[Child]]:
         if child.proc.poll() is None:
             child.proc.kill()
             child.proc.wait(10)
+        for fd in child.fds:
+            os.close(fd)
 
 
 @pytest.mark.parametrize(("name", "sig", "status"), RUNS,
