@@ -3,8 +3,11 @@
 ``uvicorn.run`` is replaced by :func:`run_server` so that the start and the end of serving are
 named steps: once the lifespan start-up finished (state built, pools open, audit chain opened),
 the heap that lives as long as the process is frozen out of the garbage collector
-(:mod:`gateway.runtime_tuning`); on SIGTERM the server drains (:mod:`gateway.drain`) and exits 0;
-on SIGHUP it reloads its configuration (:mod:`gateway.reload`) without closing a connection.
+(:mod:`gateway.runtime_tuning`); on SIGTERM or SIGINT the server drains (:mod:`gateway.drain`)
+and :func:`run_server` returns the signal that stopped it (``gateway serve`` then exits 0 after
+SIGTERM, an orchestrator's normal stop, and 130 after SIGINT, so that a Ctrl-C never reads as
+success); on SIGHUP it reloads its configuration (:mod:`gateway.reload`) without closing a
+connection.
 
 A worker of ``gateway serve --workers N`` (:mod:`gateway.supervisor`) runs the same server on the
 listening socket it inherited from the supervisor, tells the supervisor when it started, and
@@ -65,6 +68,7 @@ class GatewayServer(uvicorn.Server):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._on_started = on_started
         self._ignore_sigint = ignore_sigint
+        self.stopped_by: int | None = None  # the first signal that stopped the server
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         """Start as uvicorn does, then :func:`freeze_startup_heap` (only when started) and
@@ -89,6 +93,8 @@ class GatewayServer(uvicorn.Server):
         """
         if sig == signal.SIGINT and self._ignore_sigint:
             return
+        if self.stopped_by is None:
+            self.stopped_by = sig
         drain, loop = self.drain, self._loop
         if drain is None or loop is None:  # no drain, or not started yet: stop as uvicorn does
             self.force_exit = self.should_exit
@@ -119,7 +125,7 @@ def run_server(
     config: uvicorn.Config, drain: Drain | None = None, reloader: Reloader | None = None, *,
     sockets: list[socket.socket] | None = None,
     on_started: Callable[[], None] | None = None,
-) -> None:
+) -> int | None:
     """Serve ``config`` in the foreground until a signal stops it.
 
     Args:
@@ -133,6 +139,10 @@ def run_server(
             binding ``config.host:config.port``; SIGINT is then ignored (see module docstring).
         on_started: Called once serving started.
 
+    Returns:
+        The signal that stopped the server (``signal.SIGTERM``, ``signal.SIGINT``), or None
+        when it stopped for another reason.
+
     Raises:
         SystemExit: With :data:`STARTUP_FAILURE` when the server did not start (as
             ``uvicorn.run`` does).
@@ -145,9 +155,7 @@ def run_server(
         HangupLatch.install()  # held until startup() handles it
     server = GatewayServer(config, drain, reloader, on_started=on_started,
                            ignore_sigint=sockets is not None)
-    try:
-        server.run(sockets=sockets)
-    except KeyboardInterrupt:
-        pass
+    server.run(sockets=sockets)
     if not server.started:
         sys.exit(STARTUP_FAILURE)
+    return server.stopped_by

@@ -312,7 +312,7 @@ def _setup(verbose: bool) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Entry point: run the CLI behind the shared boundary (:func:`clishell.run`); return the
     exit status."""
-    return run(app, argv, prog="weights", describe=_describe, interruptible=True, setup=_setup)
+    return run(app, argv, prog="weights", describe=_describe, setup=_setup)
 
 
 def _register() -> None:

@@ -159,9 +159,11 @@ def write_pack(out: Path, report: Report, facts: Facts, sign_key: Path) -> Path:
         if out.exists():
             out.rmdir()
         os.replace(tmp, out)
-    except OSError as exc:
+    except BaseException as exc:  # interrupted too: no half-written pack directory left
         shutil.rmtree(tmp, ignore_errors=True)
-        raise EvidenceError(f"cannot write evidence pack {out}: {exc}") from exc
+        if isinstance(exc, OSError):
+            raise EvidenceError(f"cannot write evidence pack {out}: {exc}") from exc
+        raise
     return out / ENVELOPE
 
 

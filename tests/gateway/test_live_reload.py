@@ -9,7 +9,6 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -21,7 +20,16 @@ import yaml
 
 from tests.conftest import default_signals, free_port
 from tests.conftest import wait_until as _wait
-from tests.gateway.helpers import KEY_A, KEY_B, SERVED, Sim, config, sha, sse_events, start_sim
+from tests.gateway.helpers import (
+    KEY_A,
+    KEY_B,
+    SERVED,
+    Sim,
+    Stream,
+    config,
+    sha,
+    start_sim,
+)
 
 KEY_C = "sg-test-key-team-c"
 _ID = re.compile(rb'"id":"[^"]*"|"created":\d+')
@@ -123,30 +131,6 @@ def _check_config_revision(path: Path) -> str:
     return str(_check_config(path)["revision"])
 
 
-class Stream(threading.Thread):
-    """A streamed chat completion read raw (bytes as sent) in a thread."""
-
-    def __init__(self, url: str, key: str = KEY_A, max_tokens: int = 100) -> None:
-        super().__init__(daemon=True)
-        self.url, self.key, self.max_tokens = url, key, max_tokens
-        self.body = b""
-        self.status: int | None = None
-
-    def run(self) -> None:
-        body = {"model": SERVED, "stream": True, "max_tokens": self.max_tokens,
-                "stream_options": {"include_usage": True},
-                "messages": [{"role": "user", "content": "tell me a story"}]}
-        with httpx.stream("POST", self.url + "/v1/chat/completions", json=body, timeout=60,
-                          headers={"authorization": f"Bearer {self.key}"}) as resp:
-            self.status = resp.status_code
-            for chunk in resp.iter_raw():
-                self.body += chunk
-
-    @property
-    def events(self) -> list[Any]:
-        return sse_events(self.body)
-
-
 @pytest.fixture
 def sims(serve_asgi: Callable[..., Any]) -> tuple[Sim, Sim]:
     # 20 ms between tokens: a 100-token stream lasts about 2 s.
@@ -176,7 +160,7 @@ def test_sighup_applies_keys_models_and_replicas_while_a_stream_runs_byte_exact(
     gw = serve(config([sim_a.url], logging={"access_log": False, "format": "json"},
                       quotas={"keys": {"team-a": {"requests_per_minute": 1000}}}))
     first_revision = _check_config_revision(gw.path)
-    stream = Stream(gw.url, max_tokens=500)  # about 10 s
+    stream = Stream(gw.url, max_tokens=500, model=SERVED, include_usage=True)  # about 10 s
     stream.start()
     _wait(lambda: len(stream.events) > 3, 30, "the stream to start")
 
@@ -200,7 +184,7 @@ def test_sighup_applies_keys_models_and_replicas_while_a_stream_runs_byte_exact(
 
     stream.join(60)
     assert stream.status == 200 and stream.events[-1] == "[DONE]"
-    direct = Stream(sim_a.url, max_tokens=500)
+    direct = Stream(sim_a.url, max_tokens=500, model=SERVED, include_usage=True)
     direct.run()
     # byte-exact apart from the response id and creation time the simulator draws per request
     assert _ID.sub(b"", stream.body) == _ID.sub(b"", direct.body)
@@ -296,7 +280,7 @@ def test_a_policy_change_applies_to_new_requests_only(
     gw = serve(cfg)
     status = f"http://127.0.0.1:{admin}/status"
     started_with = httpx.get(status, timeout=10).json()["policy"]["revision"]
-    stream = Stream(gw.url, max_tokens=300)  # about 6 s
+    stream = Stream(gw.url, max_tokens=300, model=SERVED, include_usage=True)  # about 6 s
     stream.start()
     _wait(lambda: len(stream.events) > 3, 30, "the stream to start")
 

@@ -14,7 +14,6 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -28,7 +27,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import free_port
 from tests.conftest import wait_until as _wait
-from tests.gateway.helpers import SERVED, sse_events, start_sim
+from tests.gateway.helpers import SERVED, Stream, start_sim
 
 ROOT = Path(__file__).resolve().parents[2]
 REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -138,34 +137,6 @@ def pod(tmp_path: Path, sim_url: str, redis_prefix: str) -> Iterator[Callable[..
             proc.communicate()
 
 
-class Stream(threading.Thread):
-    """One streamed chat completion on its own connection, read in a thread."""
-
-    def __init__(self, url: str, key: str, max_tokens: int = 100) -> None:
-        super().__init__(daemon=True)
-        self.url, self.key, self.max_tokens = url, key, max_tokens
-        self.status = 0
-        self.body = b""
-        self.error: Exception | None = None
-
-    def run(self) -> None:
-        body = {"model": "m", "stream": True, "max_tokens": self.max_tokens,
-                "messages": [{"role": "user", "content": "hi"}]}
-        try:
-            with httpx.Client(timeout=60) as client, client.stream(
-                    "POST", self.url + "/v1/chat/completions", json=body,
-                    headers={"authorization": f"Bearer {self.key}"}) as resp:
-                self.status = resp.status_code
-                for chunk in resp.iter_raw():
-                    self.body += chunk
-        except httpx.HTTPError as exc:
-            self.error = exc
-
-    @property
-    def events(self) -> list[Any]:
-        return sse_events(self.body)
-
-
 def _requests_by_chain(db: Path) -> tuple[dict[str, int], dict[str, int]]:
     """``({chain: pid of chain.started}, {chain: request records})`` of the audit store."""
     with sqlite3.connect(db) as conn:
@@ -206,7 +177,7 @@ def test_two_workers_serve_one_port_with_own_chains_shared_quota_and_one_metrics
     sent = 0
     db = tmp_path / "audit.db"
     for _ in range(10):
-        batch = [Stream(p.url, KEY_BULK) for _ in range(16)]
+        batch = [Stream(p.url, KEY_BULK, model="m") for _ in range(16)]
         for st in batch:
             st.start()
         for st in batch:
@@ -228,7 +199,7 @@ def test_two_workers_serve_one_port_with_own_chains_shared_quota_and_one_metrics
                   "gen_ai_server_request_duration_seconds_count", sg_key_id="bulk") == sent
 
     # the limited key: LIMIT per minute for the pod, whichever worker admits
-    limited = [Stream(p.url, KEY_LIMITED, max_tokens=5) for _ in range(3 * LIMIT)]
+    limited = [Stream(p.url, KEY_LIMITED, max_tokens=5, model="m") for _ in range(3 * LIMIT)]
     for st in limited:
         st.start()
     for st in limited:
@@ -237,7 +208,7 @@ def test_two_workers_serve_one_port_with_own_chains_shared_quota_and_one_metrics
     assert codes.count(200) == LIMIT and codes.count(429) == 2 * LIMIT, codes
 
     # SIGTERM to the supervisor with streams running on both workers: all finish, exit 0
-    streams = [Stream(p.url, KEY_BULK) for _ in range(16)]
+    streams = [Stream(p.url, KEY_BULK, model="m") for _ in range(16)]
     for st in streams:
         st.start()
     _wait(lambda: all(len(st.events) > 1 for st in streams), 60, "streams to start")
@@ -272,7 +243,7 @@ def test_a_killed_worker_is_restarted_sighup_is_forwarded_and_a_second_signal_st
                   "sg_gateway_worker_restarts_total") == 1
     p.proc.send_signal(signal.SIGHUP)  # forwarded to every worker, which keeps serving
     assert p.get(p.url + "/healthz") is not None
-    long = [Stream(p.url, KEY_BULK, max_tokens=1000) for _ in range(4)]  # about 20 s
+    long = [Stream(p.url, KEY_BULK, max_tokens=1000, model="m") for _ in range(4)]  # about 20 s
     for st in long:
         st.start()
     _wait(lambda: all(len(st.events) > 1 for st in long), 60, "streams to start")
@@ -359,7 +330,7 @@ def test_a_sighup_to_the_supervisor_reloads_every_worker(
     _wait(lambda: len(reloaded_chains()) == 2, 60, "both workers to audit the reload")
     # One connection per request: the kernel spreads them over both workers.
     for _ in range(8):
-        st = Stream(p.url, new_key, max_tokens=2)
+        st = Stream(p.url, new_key, max_tokens=2, model="m")
         st.start()
         st.join(60)
         assert st.error is None and st.status == 200, st.body[-500:]
@@ -397,7 +368,7 @@ def test_a_sighup_while_the_workers_start_is_applied_once_they_serve(
           "both workers to audit the reload")
     assert p.proc.poll() is None, p.proc.communicate()[1][-3000:]
     for _ in range(8):  # one connection each: the kernel spreads them over both workers
-        st = Stream(p.url, new_key, max_tokens=2)
+        st = Stream(p.url, new_key, max_tokens=2, model="m")
         st.start()
         st.join(60)
         assert st.error is None and st.status == 200, st.body[-500:]
@@ -410,7 +381,7 @@ def test_pod_counters_do_not_drop_when_workers_restart(pod: Callable[..., Pod]) 
     surviving workers' totals again)."""
     p = pod(audit=False)
     for _ in range(6):  # one connection each: spread over the workers
-        st = Stream(p.url, KEY_BULK, max_tokens=2)
+        st = Stream(p.url, KEY_BULK, max_tokens=2, model="m")
         st.start()
         st.join(60)
         assert st.status == 200
@@ -454,7 +425,7 @@ def test_a_worker_restarted_after_a_reload_serves_the_reloaded_config(
           "the worker to be restarted")
     _wait(lambda: reloads() == 3, 60, "the restarted worker to reload the file")
     for _ in range(8):  # one connection each: the kernel spreads them over both workers
-        st = Stream(p.url, new_key, max_tokens=2)
+        st = Stream(p.url, new_key, max_tokens=2, model="m")
         st.start()
         st.join(60)
         assert st.error is None and st.status == 200, st.body[-500:]
