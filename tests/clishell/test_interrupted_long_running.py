@@ -183,8 +183,8 @@ def test_a_signal_stops_a_long_running_command_with_its_exit_status_and_one_erro
     out, err = tmp_path / "out", tmp_path / "err"
     with out.open("wb") as out_file, err.open("wb") as err_file:
         child = Child(subprocess.Popen(
-            [str(BIN / argv[0]), *argv[1:]], cwd=ROOT, stdout=out_file, stderr=err_file,
-            preexec_fn=default_signals, env={**os.environ, "VLLM_KEY": BACKEND_KEY}), out, err)
+            default_signals([str(BIN / argv[0]), *argv[1:]]), cwd=ROOT, stdout=out_file,
+            stderr=err_file, env={**os.environ, "VLLM_KEY": BACKEND_KEY}), out, err)
     started.append(child)
     wait_until(lambda: running(child) or child.proc.poll() is not None, 90, f"{name} to run")
     assert child.proc.poll() is None, child.stderr()[-3000:]

@@ -51,9 +51,10 @@ def serve(tmp_path: Path, serve_asgi: Callable[..., Any]) -> Iterator[Callable[.
         path = tmp_path / f"gw-{port}.yaml"
         path.write_text(yaml.safe_dump(cfg))
         proc = subprocess.Popen(
-            [sys.executable, "-m", "gateway.cli", "serve", "--config", str(path)],
+            default_signals(
+                [sys.executable, "-m", "gateway.cli", "serve", "--config", str(path)]),
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            env={**os.environ, "VLLM_KEY": "backend-key"}, preexec_fn=default_signals,
+            env={**os.environ, "VLLM_KEY": "backend-key"},
         )
         procs.append(proc)
         gw = Gateway(proc, f"http://127.0.0.1:{port}", path)

@@ -55,9 +55,10 @@ class Served:
         self.clients: list[openai.OpenAI] = []
         with self.log.open("w") as err:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "gateway.cli", "serve", "--config", str(self.path)],
+                default_signals(
+                    [sys.executable, "-m", "gateway.cli", "serve", "--config", str(self.path)]),
                 stdout=subprocess.DEVNULL, stderr=err, text=True,
-                env={**os.environ, "VLLM_KEY": "backend-key"}, preexec_fn=default_signals,
+                env={**os.environ, "VLLM_KEY": "backend-key"},
             )
         if while_starting is not None:  # the file is loaded; not serving yet
             _wait(lambda: "Started server process" in self.log.read_text()
