@@ -19,6 +19,10 @@ Per worker:
 * **per worker, by design**: replica health and in-flight counts, the prefix index of
   ``prefix_affinity`` (as with several pods), ``limits.max_client_connections`` and
   ``limits.max_upstream_connections`` (the pod allows N times as many);
+* **flow control**: each worker keeps its own queues and in-flight counts and enforces its share
+  of every ``in_flight`` threshold (``T // N``, one more for the first ``T % N`` workers: the
+  shares add up to ``T``); :func:`check_workers` refuses a threshold below N (a worker's share
+  would be 0). See :meth:`gateway.flow.settings.FlowControlSettings.limits`;
 * **metrics**: each worker serves its admin routes on a Unix socket in a private directory;
   the supervisor serves ``telemetry.admin`` and merges every worker's ``/metrics`` per scrape
   (:mod:`gateway.telemetry.pod`).
@@ -88,7 +92,9 @@ def check_workers(settings: GatewaySettings, workers: int) -> None:
 
     Raises:
         InvalidConfig: ``file:line: key: problem`` for each setting that keeps pod-wide state
-            in one process's memory.
+            in one process's memory, and each flow-control ``in_flight`` threshold smaller than
+            ``workers`` (each worker enforces its share of it: see
+            :meth:`gateway.flow.settings.FlowControlSettings.limits`).
     """
     if workers <= 1:
         return
@@ -108,6 +114,13 @@ def check_workers(settings: GatewaySettings, workers: int) -> None:
         problems.append("keystore.store: an in-memory SQLite store is per process: a key "
                         f"created or revoked would reach one of {workers} workers; use a file "
                         "or PostgreSQL")
+    fc = settings.flow_control
+    if fc.enabled:
+        for where, value in fc.small_in_flight(workers):
+            problems.append(
+                f"flow_control.{where}: {value} is less than --workers {workers}: each worker "
+                f"enforces its share of an in_flight threshold ({value} // {workers} = "
+                f"{value // workers} for some); set at least {workers}, or fewer workers")
     if problems:
         located = [p for msg in problems for p in settings.problems_of(ConfigError(msg))]
         raise InvalidConfig(located)
@@ -178,7 +191,8 @@ class Supervisor:
     def _spawn(self, index: int) -> None:
         assert self._listener is not None and self._loop is not None
         parent_end, child_end = self._ctx.Pipe(duplex=False)
-        slot = WorkerSlot(index, self._listener, child_end, self._admin_path(index))
+        slot = WorkerSlot(index, self.count, self._listener, child_end,
+                          self._admin_path(index))
         proc = self._ctx.Process(target=worker_main, args=(self.settings, self.base, slot,
                                                                 self.config, self.adjust),
                                  name=f"gateway-worker-{index}")

@@ -56,23 +56,28 @@ class WorkerSlot:
 
     Attributes:
         index: Worker index (0..N-1); a restarted worker keeps its index.
+        workers: N, the number of workers.
         listener: The listening socket (inherited).
         ready: Write end of the pipe on which the worker reports that it serves.
         admin_path: Unix socket for the worker's admin routes (``None`` without telemetry).
     """
 
     index: int
+    workers: int
     listener: socket.socket
     ready: Connection
     admin_path: str | None
 
     def settings_for(self, settings: GatewaySettings) -> GatewaySettings:
-        """``settings`` with this worker's audit replica id (see :func:`worker_replica_id`)."""
-        if settings.audit is None:
-            return settings
-        audit = settings.audit.model_copy(
-            update={"replica_id": worker_replica_id(settings.audit.replica_id, self.index)})
-        return settings.model_copy(update={"audit": audit})  # keeps the file:line map
+        """``settings`` as this worker runs them: its audit replica id (see
+        :func:`worker_replica_id`) and its share of the flow-control ``in_flight`` thresholds
+        (see :meth:`gateway.flow.settings.FlowControlSettings.for_worker`)."""
+        update: dict[str, object] = {
+            "flow_control": settings.flow_control.for_worker(self.index, self.workers)}
+        if settings.audit is not None:
+            update["audit"] = settings.audit.model_copy(
+                update={"replica_id": worker_replica_id(settings.audit.replica_id, self.index)})
+        return settings.model_copy(update=update)  # keeps the file:line map
 
     def started(self) -> None:
         """Tell the supervisor this worker serves (called once by the server)."""

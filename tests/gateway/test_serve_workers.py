@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -27,7 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import free_port
 from tests.conftest import wait_until as _wait
-from tests.gateway.helpers import SERVED, Stream, start_sim
+from tests.gateway.helpers import SERVED, Sim, Stream, start_sim
 
 ROOT = Path(__file__).resolve().parents[2]
 REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -80,7 +81,8 @@ def pod(tmp_path: Path, sim_url: str, redis_prefix: str) -> Iterator[Callable[..
     procs: list[subprocess.Popen[str]] = []
 
     def start(quotas: str = "redis", audit: bool = True, workers: int = 2,
-              expect_start: bool = True, extra_destination: str = "") -> Pod:
+              expect_start: bool = True, extra_destination: str = "",
+              flow: dict[str, Any] | None = None) -> Pod:
         port, admin = free_port(), free_port()
         sim_port = int(sim_url.rsplit(":", 1)[1])
         policy = tmp_path / "policy.yaml"
@@ -105,6 +107,8 @@ def pod(tmp_path: Path, sim_url: str, redis_prefix: str) -> Iterator[Callable[..
             "quotas": {"backend": quotas, "redis_url": REDIS_URL, "key_prefix": redis_prefix,
                        "keys": {"limited": {"requests_per_minute": LIMIT}}},
         }
+        if flow is not None:
+            cfg["flow_control"] = {"enabled": True, **flow}
         if audit:
             key, _ = write_key_pair(Signer.generate(), tmp_path / "audit.key")
             cfg["audit"] = {
@@ -283,6 +287,64 @@ def test_memory_quotas_are_refused_with_several_workers(pod: Callable[..., Pod])
     assert f"{p.config}:" in stderr  # file:line: key: problem
 
 
+def test_each_worker_enforces_its_share_of_a_flow_control_in_flight_threshold(
+    pod: Callable[..., Pod], sim_url: str, tmp_path: Path,
+) -> None:
+    """``in_flight: 2`` with two workers: 2 requests on the replica for the pod, not 2 each.
+
+    The simulator holds every request. Requests are sent one connection at a time until the
+    replica holds 2: with one slot per worker that takes both workers (each audits its
+    dispatch in its own chain). Every further request waits in its worker's queue, where with
+    a threshold per worker (2 each) the worker that got a second one would have sent it.
+    """
+    sim = Sim(sim_url)
+    sim.fault(mode="hang", count=100)
+    p = pod(flow={"saturation": {"in_flight": 2}})
+    port = int(p.url.rsplit(":", 1)[1])
+    body = json.dumps({"model": "m", "stream": True, "max_tokens": 4,
+                       "messages": [{"role": "user", "content": "hold"}]}).encode()
+    held: list[socket.socket] = []
+
+    def queued() -> float:
+        return _total(p.metrics(), "sg_gateway_flow_queue_length")
+
+    try:
+        while len(held) < 4 or sim.stats()["received"] < 2:
+            assert len(held) < 40, "the requests never reached both workers"
+            sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+            sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n"
+                         b"content-type: application/json\r\n"
+                         + f"authorization: Bearer {KEY_BULK}\r\n".encode()
+                         + f"content-length: {len(body)}\r\n\r\n".encode() + body)
+            held.append(sock)
+            _wait(lambda: sim.stats()["received"] + queued() == len(held), 30,
+                  "the request to reach the replica or a queue")
+            assert sim.stats()["received"] <= 2
+        # Both workers dispatched (one request each); the others wait in the gateway.
+        _wait(lambda: len(_requests_by_chain(tmp_path / "audit.db")[1]) == 2, 30,
+              "each worker's dispatch in its audit chain")
+        assert queued() == len(held) - 2
+        # A held request ends: the worker that sent it dispatches one of its own waiters
+        # (if it has one), still at most 2 on the replica.
+        held.pop(0).close()
+        _wait(lambda: sim.stats()["running"] <= 2 and sim.stats()["cancelled"] >= 1, 30,
+              "the closed request to end")
+        assert sim.stats()["running"] <= 2
+    finally:
+        for sock in held:
+            sock.close()
+
+
+def test_a_flow_control_in_flight_threshold_below_the_workers_is_refused(
+    pod: Callable[..., Pod],
+) -> None:
+    p = pod(flow={"saturation": {"in_flight": 1}}, audit=False, expect_start=False)
+    _, stderr = p.proc.communicate(timeout=60)
+    assert p.proc.returncode == 2, stderr[-3000:]
+    assert "flow_control.saturation.in_flight: 1 is less than --workers 2" in stderr
+    assert f"{p.config}:" in stderr  # file:line: key: problem
+
+
 def test_in_memory_stores_are_refused_with_several_workers_and_allowed_with_one() -> None:
     from gateway.config_errors import InvalidConfig
     from gateway.settings import parse
@@ -360,8 +422,11 @@ def test_a_sighup_while_the_workers_start_is_applied_once_they_serve(
         if not db.exists():
             return set()
         with sqlite3.connect(db) as conn:
-            rows = conn.execute(
-                "SELECT chain FROM audit_records WHERE type = 'config.reloaded'").fetchall()
+            try:
+                rows = conn.execute(
+                    "SELECT chain FROM audit_records WHERE type = 'config.reloaded'").fetchall()
+            except sqlite3.OperationalError:  # the store exists, its schema not yet
+                return set()
         return {chain for (chain,) in rows}
 
     _wait(lambda: len(reloaded_chains()) == 2 or p.proc.poll() is not None, 120,
