@@ -14,6 +14,7 @@ A small leaf package: it imports none of the project's packages, and all four ma
     ConfigOpt, require_config, CONFIG_ENV             --config/-c/$SG_CONFIG, one definition
     Interrupted, interruptible, die_by                SIGINT/SIGTERM/SIGHUP -> cleanup -> 130/143
     public_key_path, existing_public_key              key file names: KEY.pem and KEY.pub
+    private_key_instead                               a private key given where a public one goes
     atomic_file, write_atomic                         an output file complete or absent
 """
 
@@ -23,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from clishell.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, CliError, error_line, warn
 from clishell.files import atomic_file, write_atomic
 from clishell.interrupt import Interrupted, die_by, interruptible
-from clishell.keyfiles import existing_public_key, public_key_path
+from clishell.keyfiles import existing_public_key, private_key_instead, public_key_path
 
 if TYPE_CHECKING:
     from clishell.boundary import BUG_HINT, IO_HINT, invoke, run, shared_flags
@@ -80,6 +81,7 @@ __all__ = [
     "existing_public_key",
     "interruptible",
     "invoke",
+    "private_key_instead",
     "public_key_path",
     "require_config",
     "run",
