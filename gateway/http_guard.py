@@ -16,8 +16,9 @@ shape (``code: invalid_framing``) and the connection closed when:
 
 h11 alone serves both requests of a ``Content-Length`` + ``Transfer-Encoding: chunked``
 smuggle, merges repeated equal lengths and unfolds obs-fold (see docs/gateway.md for the
-side-by-side with httptools). Other malformed requests that h11 refuses get the same JSON 400
-(``code: invalid_http_request``) instead of uvicorn's plain text.
+side-by-side with httptools). Other malformed requests that h11 refuses get the same JSON shape
+instead of uvicorn's plain text, naming h11's reason: 400 ``invalid_http_request``, or 431
+``request_header_too_large`` for a request head over h11's size limit.
 
 Slow and idle clients:
 
@@ -74,6 +75,8 @@ _CONTENT_LENGTH = re.compile(rb"[0-9]{1,18}")
 _OWS = b" \t"
 _FOLD = (b" ", b"\t")
 _FRAMING_NAME_LENGTHS = (len(b"content-length"), len(b"transfer-encoding"))
+# h11 quotes the offending bytes after its reason (": bytearray(b'...')"): never echoed back.
+_REASON_BYTES = re.compile(r":? *(bytearray\(|b['\"]).*\Z", re.DOTALL)
 
 
 def framing_problem(request_line: bytes, header_lines: list[bytes] | list[bytearray]) -> str | None:
@@ -126,6 +129,8 @@ class _StrictConnection(h11.Connection):
     """
 
     framing_error: str | None = None
+    protocol_error: h11.RemoteProtocolError | None = None
+    """What h11 refused in the last request, if it did (its status hint and reason)."""
     held_head: bytes = b""
     """The response head not written yet: it goes out with the first body bytes."""
     on_hold: Callable[[], None] | None = None
@@ -191,6 +196,15 @@ class _StrictConnection(h11.Connection):
         """The held response head (empty when it went out with body bytes), now released."""
         head, self.held_head = self.held_head, b""
         return head
+
+    def next_event(self) -> Any:
+        """h11's ``next_event``, keeping a refusal for :meth:`GuardedH11Protocol.send_400_response`
+        (uvicorn drops the exception, and with it h11's status hint and reason)."""
+        try:
+            return super().next_event()
+        except h11.RemoteProtocolError as exc:
+            self.protocol_error = exc
+            raise
 
     def _get_io_object(self, role: Any, event: Any, io_dict: Any) -> Any:
         obj = super()._get_io_object(role, event, io_dict)
@@ -281,14 +295,32 @@ class GuardedH11Protocol(H11Protocol):
             self._arm_header_timer()
 
     def send_400_response(self, msg: str) -> None:
-        """Refuse a malformed request with the OpenAI error JSON and close (not plain text)."""
-        framing = self.conn.framing_error
+        """Refuse a malformed request with the OpenAI error JSON and close (not plain text).
+
+        The answer names what was wrong: the framing problem (400 ``invalid_framing``), a
+        request head over h11's size limit (431 ``request_header_too_large``, RFC 6585 §5), or
+        h11's reason for any other malformed request (400 ``invalid_http_request``), without
+        echoing the client's bytes.
+        """
+        conn = self.conn
+        if conn.framing_error:
+            self._refuse(_error_response(
+                400, "Bad Request", f"Invalid HTTP request framing: {conn.framing_error}.",
+                "invalid_framing", "invalid_request_error"))
+            return
+        exc = conn.protocol_error
+        if exc is not None and exc.error_status_hint == 431:
+            self._refuse(_error_response(
+                431, "Request Header Fields Too Large",
+                f"The request line and headers are larger than the limit of "
+                f"{conn._max_incomplete_event_size} bytes.",
+                "request_header_too_large", "invalid_request_error"))
+            return
+        reason = _REASON_BYTES.sub("", str(exc)) if exc is not None else ""
         self._refuse(_error_response(
             400, "Bad Request",
-            f"Invalid HTTP request framing: {framing}." if framing else msg,
-            "invalid_framing" if framing else "invalid_http_request",
-            "invalid_request_error",
-        ))
+            f"Invalid HTTP request: {reason}." if reason else msg,
+            "invalid_http_request", "invalid_request_error"))
 
     def handle_events(self) -> None:
         """uvicorn's, plus the :data:`BODY_CHUNK_EXTENSION` in the scope of a new request."""
