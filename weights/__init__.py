@@ -6,6 +6,7 @@ Public API (other packages import only these names)::
     verify_tree -> VerifyReport, Mismatch    offline verification of a directory or HF cache
     sha256_file, git_blob_sha1, digest_file  digests as the Hub defines them
     hf_cache_paths, install_hf_cache         the Hugging Face cache layout
+    existing_twin                            a store folder a new one would merge with (case, NFC)
     WeightsError (+ subclasses, each with a stable ``code``)
     SerialisationPolicy, check_format        refuse pickle-based files (weights.serialisation)
 
@@ -31,6 +32,7 @@ from weights.errors import (
     PathCollisionError,
     WeightsError,
 )
+from weights.installpaths import existing_twin
 from weights.lockfile import LockedFile, LockEntry, Lockfile, check_repo_path, is_commit_sha
 from weights.serialisation import (
     ALLOW_SWITCH,
@@ -66,6 +68,7 @@ __all__ = [
     "check_format",
     "check_repo_path",
     "digest_file",
+    "existing_twin",
     "git_blob_sha1",
     "hf_cache_paths",
     "install_hf_cache",
