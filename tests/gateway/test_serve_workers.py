@@ -360,8 +360,11 @@ def test_a_sighup_while_the_workers_start_is_applied_once_they_serve(
         if not db.exists():
             return set()
         with sqlite3.connect(db) as conn:
-            rows = conn.execute(
-                "SELECT chain FROM audit_records WHERE type = 'config.reloaded'").fetchall()
+            try:
+                rows = conn.execute(
+                    "SELECT chain FROM audit_records WHERE type = 'config.reloaded'").fetchall()
+            except sqlite3.OperationalError:  # the file exists, its schema is not there yet
+                return set()
         return {chain for (chain,) in rows}
 
     _wait(lambda: len(reloaded_chains()) == 2 or p.proc.poll() is not None, 120,
