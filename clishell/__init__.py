@@ -15,6 +15,7 @@ A small leaf package: it imports none of the project's packages, and all four ma
     Interrupted, interruptible, die_by                SIGINT/SIGTERM/SIGHUP -> cleanup -> 130/143
     public_key_path, existing_public_key              key file names: KEY.pem and KEY.pub
     private_key_instead                               a private key given where a public one goes
+    UNSAFE_TEXT, shown                                untrusted text on a terminal: escaped
     atomic_file, write_atomic                         an output file complete or absent
 """
 
@@ -25,6 +26,7 @@ from clishell.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, CliError, error_li
 from clishell.files import atomic_file, write_atomic
 from clishell.interrupt import Interrupted, die_by, interruptible
 from clishell.keyfiles import existing_public_key, private_key_instead, public_key_path
+from clishell.text import UNSAFE_TEXT, shown
 
 if TYPE_CHECKING:
     from clishell.boundary import BUG_HINT, IO_HINT, invoke, run, shared_flags
@@ -68,6 +70,7 @@ __all__ = [
     "EXIT_OK",
     "EXIT_USAGE",
     "IO_HINT",
+    "UNSAFE_TEXT",
     "VERSION",
     "CliError",
     "ConfigOpt",
@@ -86,6 +89,7 @@ __all__ = [
     "require_config",
     "run",
     "shared_flags",
+    "shown",
     "version_line",
     "warn",
     "write_atomic",

@@ -3,6 +3,7 @@
 Public API (other packages import only these names)::
 
     Lockfile, LockEntry, LockedFile          weights.lock model (load/dumps/save/entry)
+    check_text                               refuse terminal control characters in lock text
     verify_tree -> VerifyReport, Mismatch    offline verification of a directory or HF cache
     sha256_file, git_blob_sha1, digest_file  digests as the Hub defines them
     hf_cache_paths, install_hf_cache         the Hugging Face cache layout
@@ -33,7 +34,14 @@ from weights.errors import (
     WeightsError,
 )
 from weights.installpaths import existing_twin
-from weights.lockfile import LockedFile, LockEntry, Lockfile, check_repo_path, is_commit_sha
+from weights.lockfile import (
+    LockedFile,
+    LockEntry,
+    Lockfile,
+    check_repo_path,
+    check_text,
+    is_commit_sha,
+)
 from weights.serialisation import (
     ALLOW_SWITCH,
     DEFAULT_POLICY,
@@ -67,6 +75,7 @@ __all__ = [
     "WeightsError",
     "check_format",
     "check_repo_path",
+    "check_text",
     "digest_file",
     "existing_twin",
     "git_blob_sha1",
