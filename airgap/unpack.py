@@ -56,8 +56,10 @@ from weights import (
     Lockfile,
     SerialisationPolicy,
     WeightsError,
+    existing_twin,
     hf_cache_paths,
     is_commit_sha,
+    repo_folder_name,
     sha256_file,
 )
 
@@ -206,6 +208,8 @@ def _install(
         raise AirgapError(Code.IO_ERROR, f"cannot create {exc.filename}: {exc.strerror}") from exc
     plan = _Plan()
     for entry in index.lock.entries:
+        _refuse_twin(store, entry.repo_id, layout)
+    for entry in index.lock.entries:
         files = index.model_files(entry.repo_id)
         if layout == "hf-cache":
             report.locations[entry.repo_id] = _plan_hf(plan, report, store, entry.repo_id,
@@ -234,6 +238,21 @@ def _install(
     report.written = sum(len(v) for v in plan.targets.values()) - report.repaired
     report.seconds = time.perf_counter() - started
     return report
+
+
+def _refuse_twin(store: Path, repo_id: str, layout: Layout) -> None:
+    """Refuse a model whose folder the store already holds under another spelling.
+
+    ``ORG/Tiny`` next to ``org/tiny`` is one repository on the Hub and one folder on a
+    case-folding disk (:mod:`weights.installpaths`).
+    """
+    relative = repo_folder_name(repo_id) if layout == "hf-cache" else repo_id
+    twin = existing_twin(store, relative)
+    if twin is not None:
+        raise StoreError(Code.STORE_CONFLICT, f"{repo_id} would install to {store / relative}, "
+                         f"but the store holds {twin}, the same name when case and Unicode "
+                         "normalisation are ignored; unpack with the repo id spelled as "
+                         "installed, or remove the other copy")  # fmt: skip
 
 
 def _resume(store: Path, staging: Path, plan: _Plan, report: UnpackReport) -> set[str]:

@@ -14,6 +14,8 @@ A small leaf package: it imports none of the project's packages, and all four ma
     ConfigOpt, require_config, CONFIG_ENV             --config/-c/$SG_CONFIG, one definition
     Interrupted, interruptible, die_by                SIGINT/SIGTERM/SIGHUP -> cleanup -> 130/143
     public_key_path, existing_public_key              key file names: KEY.pem and KEY.pub
+    private_key_instead                               a private key given where a public one goes
+    UNSAFE_TEXT, shown                                untrusted text on a terminal: escaped
     atomic_file, write_atomic                         an output file complete or absent
 """
 
@@ -23,7 +25,8 @@ from typing import TYPE_CHECKING, Any
 from clishell.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, CliError, error_line, warn
 from clishell.files import atomic_file, write_atomic
 from clishell.interrupt import Interrupted, die_by, interruptible
-from clishell.keyfiles import existing_public_key, public_key_path
+from clishell.keyfiles import existing_public_key, private_key_instead, public_key_path
+from clishell.text import UNSAFE_TEXT, shown
 
 if TYPE_CHECKING:
     from clishell.boundary import BUG_HINT, IO_HINT, invoke, run, shared_flags
@@ -67,6 +70,7 @@ __all__ = [
     "EXIT_OK",
     "EXIT_USAGE",
     "IO_HINT",
+    "UNSAFE_TEXT",
     "VERSION",
     "CliError",
     "ConfigOpt",
@@ -80,10 +84,12 @@ __all__ = [
     "existing_public_key",
     "interruptible",
     "invoke",
+    "private_key_instead",
     "public_key_path",
     "require_config",
     "run",
     "shared_flags",
+    "shown",
     "version_line",
     "warn",
     "write_atomic",

@@ -21,13 +21,13 @@ import asyncio
 import logging
 import signal
 import socket
-import sys
 from collections.abc import Callable
 from types import FrameType
 from typing import TYPE_CHECKING
 
 import uvicorn
 
+from clishell import CliError
 from gateway.drain import SHUTDOWN_MARGIN_S, Drain
 from gateway.hangup import HangupLatch
 from gateway.runtime_tuning import freeze_startup_heap, tune_gc
@@ -144,8 +144,9 @@ def run_server(
         when it stopped for another reason.
 
     Raises:
-        SystemExit: With :data:`STARTUP_FAILURE` when the server did not start (as
-            ``uvicorn.run`` does).
+        CliError: ``startup_failed`` with exit status :data:`STARTUP_FAILURE` when the server
+            did not start (a port in use, a lifespan start-up error such as the audit store),
+            naming the reason uvicorn logged, so the CLI's last line says why.
     """
     tune_gc()
     if drain is not None:
@@ -155,7 +156,46 @@ def run_server(
         HangupLatch.install()  # held until startup() handles it
     server = GatewayServer(config, drain, reloader, on_started=on_started,
                            ignore_sigint=sockets is not None)
-    server.run(sockets=sockets)
+    reasons = _StartupErrors()
+    uvicorn_log = logging.getLogger("uvicorn.error")
+    uvicorn_log.addHandler(reasons)
+    try:
+        server.run(sockets=sockets)
+    except SystemExit as exc:
+        if exc.code != STARTUP_FAILURE or server.started:
+            raise
+    finally:
+        uvicorn_log.removeHandler(reasons)
     if not server.started:
-        sys.exit(STARTUP_FAILURE)
+        raise CliError(
+            "startup_failed",
+            f"the gateway did not start: {reasons.reason() or 'see the log lines above'}",
+            hint="a port in use is listen.port or telemetry.admin.port; the log lines above "
+                 "have the details",
+            exit_code=STARTUP_FAILURE)
     return server.stopped_by
+
+
+class _StartupErrors(logging.Handler):
+    """Keeps why uvicorn did not start: its error records, as one line each (the exception
+    line of a logged traceback)."""
+
+    _DONE = "Application startup failed. Exiting."
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.reasons: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        exc = record.exc_info[1] if record.exc_info else None
+        if exc is not None:
+            text = f"{type(exc).__name__}: {exc}"
+        else:
+            lines = [line.strip() for line in record.getMessage().strip().splitlines()]
+            text = lines[-1] if lines else ""
+        if text and text != self._DONE:
+            self.reasons.append(text)
+
+    def reason(self) -> str | None:
+        """The first reason recorded, or ``None``."""
+        return self.reasons[0] if self.reasons else None

@@ -260,7 +260,15 @@ def connect_cmd(
     checks: list[dict[str, Any]] = []
     lookup = matcher.check_lookup(host, port)
     is_name = lookup.address is None and lookup.destination_id is not None
-    if is_name or not lookup.allowed:
+    if lookup.allowed and lookup.address is None and not is_name and not resolved:
+        # localhost (or any name under unsafe_allow_all): the lookup is allowed and no
+        # destination pins where it goes, so the answer is the connect check of whatever the
+        # host resolves it to. Without that address there is no verdict to give.
+        raise _UsageError(
+            f"{host!r} is resolved by the host ({lookup.reason}), not pinned by a destination: "
+            f"give --resolved ADDRESS (e.g. --resolved 127.0.0.1) to check the connection"
+        )
+    if is_name or not lookup.allowed or lookup.address is None:
         checks.append({"check": "lookup", "allowed": lookup.allowed,
                        "destination": lookup.destination_id, "reason": lookup.reason})
     addresses = list(resolved or [])

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from clishell import UNSAFE_TEXT
 from weights.errors import EmptyModelError, EntryNotInLockError, LockfileError, PathCollisionError
 from weights.installpaths import first_collision
 
@@ -46,6 +47,27 @@ _HEX64 = re.compile(r"[0-9a-f]{64}")
 _REPO_PART = r"(?:[A-Za-z0-9_]|[A-Za-z0-9_][A-Za-z0-9_.-]{0,94}[A-Za-z0-9_])"
 _REPO_ID = re.compile(rf"(?:{_REPO_PART}/)?{_REPO_PART}", re.ASCII)
 _TIMESTAMP = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z")
+# Characters that rewrite what a terminal shows (clishell.UNSAFE_TEXT: C0/C1 controls, the
+# Unicode bidirectional marks and overrides). Lock values are printed by pin, verify, the
+# air-gap inspect/verify/unpack; a licence string from a model card is the model publisher's
+# text, so none of these may pass into a lockfile.
+_UNSAFE_TEXT = UNSAFE_TEXT
+_UNSAFE_WHY = ("control or bidirectional-override characters are refused (they would rewrite "
+               "the output of every command that prints this value)")
+
+
+def check_text(value: str, where: str) -> None:
+    """Refuse a lockfile text value that could rewrite terminal output.
+
+    Args:
+        value: A free-text value (licence, origin path, scan verdict, revision).
+        where: What it is, for the message (the value is shown escaped).
+
+    Raises:
+        LockfileError: ``value`` holds a control or bidirectional-override character.
+    """
+    if _UNSAFE_TEXT.search(value) is not None:
+        raise LockfileError(f"{where}: {value!r}: {_UNSAFE_WHY}")
 
 
 def is_commit_sha(value: str) -> bool:
@@ -200,6 +222,8 @@ class LockEntry:
     )
 
     def __post_init__(self) -> None:
+        if self.license is not None:  # also for entries built from Hub data (pin)
+            check_text(self.license, f"{self.repo_id}: licence")
         files = tuple(sorted(self.files, key=lambda f: f.path))
         object.__setattr__(self, "files", files)
         object.__setattr__(self, "_by_path", {f.path: f for f in files})
@@ -412,6 +436,8 @@ class _Parser:
     def string(self, value: Any, where: str, pattern: re.Pattern[str] | None = None) -> str:
         if not isinstance(value, str):
             raise self.fail(where, f"expected a string, got {type(value).__name__}")
+        if _UNSAFE_TEXT.search(value) is not None:
+            raise self.fail(where, f"{value!r}: {_UNSAFE_WHY}")
         if pattern is not None and pattern.fullmatch(value) is None:
             raise self.fail(where, f"malformed value {value!r}")
         return value

@@ -35,7 +35,7 @@ from cryptography.hazmat.primitives.serialization import (
     load_pem_public_key,
 )
 
-from clishell import public_key_path, write_atomic
+from clishell import private_key_instead, public_key_path, write_atomic
 from gateway.audit.errors import AuditConfigError, AuditFormatError, ProofError
 
 EM_DASH = "\u2014"
@@ -187,7 +187,11 @@ def load_verifier(path: Path, name: str = DEFAULT_KEY_NAME) -> Verifier:
         AuditConfigError: If the file cannot be read or is not a verifier key.
     """
     try:
-        text = path.read_text(encoding="utf-8")
+        data = path.read_bytes()
+        mistake = private_key_instead(path, data)
+        if mistake is not None:
+            raise AuditConfigError(mistake)
+        text = data.decode("utf-8")
         if text.lstrip().startswith("-----BEGIN"):
             key = load_pem_public_key(text.encode())
             if not isinstance(key, Ed25519PublicKey):
@@ -196,7 +200,7 @@ def load_verifier(path: Path, name: str = DEFAULT_KEY_NAME) -> Verifier:
         return Verifier.from_vkey(text)
     except OSError as exc:
         raise AuditConfigError(f"cannot read public key {path}: {exc.strerror}") from exc
-    except (AuditFormatError, ValueError, TypeError) as exc:
+    except (AuditFormatError, ValueError, TypeError) as exc:  # UnicodeDecodeError included
         raise AuditConfigError(f"{path}: {exc}") from exc
 
 

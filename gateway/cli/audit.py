@@ -29,6 +29,7 @@ from clishell import (
     atomic_file,
     existing_public_key,
     run,
+    shown,
     write_atomic,
 )
 from gateway.audit import (
@@ -201,7 +202,8 @@ def _line(rec: Record, as_json: bool) -> str:
     data = rec.decoded()["data"]
     when = datetime.fromtimestamp(rec.ts_us / 1e6, UTC).isoformat(timespec="milliseconds")
     keys = ("request_id", "key_id", "model", "destination", "decision", "status", "outcome")
-    fields = " ".join(f"{k}={data[k]}" for k in keys if k in data)
+    # model (and, for /v1/models/{id}, path) are what a client sent: never raw on a terminal.
+    fields = " ".join(f"{k}={shown(data[k])}" for k in keys if k in data)
     return f"{when} {rec.chain}#{rec.seq} {rec.type} {fields}".rstrip()
 
 

@@ -151,6 +151,7 @@ def run(
             app,
             **server_options(
                 settings.limits,
+                on_refused=gateway.audit.http_refused if gateway.audit is not None else None,
                 host=settings.listen.host,
                 port=settings.listen.port,
                 ssl_certfile=settings.listen.tls_cert_file,
