@@ -39,9 +39,9 @@ from weights.lockfile import (
     LockEntry,
     Lockfile,
     check_repo_path,
-    check_text,
     is_commit_sha,
 )
+from weights.lockvalues import check_text
 from weights.serialisation import (
     ALLOW_SWITCH,
     DEFAULT_POLICY,

@@ -228,7 +228,7 @@ class AuditObserver:
         refusal was already sent, nothing was served).
 
         Args:
-            status: HTTP status sent (400, 408, 431, 503).
+            status: HTTP status sent (400, 408, 413, 431, 503).
             code: The error code sent (``invalid_framing``, ...).
             message: The message sent (never the client's bytes).
             client_host: The peer's address, recorded as its HMAC pseudonym.

@@ -26,6 +26,7 @@ from gateway.settings import GatewaySettings, is_loopback_host, load
 
 if TYPE_CHECKING:
     from gateway.assembly import Gateway
+    from gateway.reload import Reloader
     from gateway.worker import WorkerSlot
 
 __all__ = ["ListenOverrides", "run", "serve"]
@@ -152,6 +153,7 @@ def run(
             **server_options(
                 settings.limits,
                 on_refused=gateway.audit.http_refused if gateway.audit is not None else None,
+                body_limit=_body_limit(reloader) if reloader is not None else None,
                 host=settings.listen.host,
                 port=settings.listen.port,
                 ssl_certfile=settings.listen.tls_cert_file,
@@ -163,6 +165,11 @@ def run(
         sockets=[worker.listener] if worker is not None else None,
         on_started=worker.started if worker is not None else None,
     )
+
+
+def _body_limit(reloader: Reloader) -> Callable[[], int]:
+    """``limits.max_body_bytes`` of the configuration serving now (a live reload changes it)."""
+    return lambda: reloader.running.settings.limits.max_body_bytes
 
 
 def serve(

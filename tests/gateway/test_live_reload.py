@@ -20,6 +20,7 @@ import yaml
 
 from tests.conftest import default_signals, free_port
 from tests.conftest import wait_until as _wait
+from tests.gateway.gateway_server import connect, read_until_closed, split_response
 from tests.gateway.helpers import (
     KEY_A,
     KEY_B,
@@ -378,3 +379,27 @@ def test_a_watched_file_changed_while_starting_is_applied_once_serving(
     _wait(lambda: bool(gw.log_lines("reloaded ")), 30, "the watch to apply the swapped file")
     assert gw.records("config.reloaded")[-1]["cause"] == "watch"
     assert "llama-3.1-8b" in [m.id for m in gw.client(KEY_C).models.list().data]
+
+
+def _chunked_status(port: int, size: int) -> int:
+    """Status of a chunked POST whose one chunk announces ``size`` bytes and never sends them
+    (a refusal is at once; a wait for the bytes would run into the 60 s body timeout)."""
+    with connect(port) as sock:
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer "
+                     + KEY_A.encode() + b"\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n" % size)
+        data, closed = read_until_closed(sock, timeout_s=3)
+    return split_response(data)[0] if closed else 0
+
+
+def test_a_reloaded_max_body_bytes_applies_to_chunked_bodies_in_the_server(
+    sims: tuple[Sim, Sim], serve: Callable[[dict[str, Any]], Served],
+) -> None:
+    sim_a, _ = sims
+    cfg = config([sim_a.url], limits={"max_body_bytes": 4000, "client_body_timeout_s": 60})
+    gw = serve(cfg)
+    assert _chunked_status(gw.port, 3000) == 0  # within the limit: the server waits for it
+    cfg["limits"]["max_body_bytes"] = 2000
+    gw.write(cfg)
+    gw.hup_and_wait("config.reloaded")
+    assert _chunked_status(gw.port, 3000) == 413
+    assert _chunked_status(gw.port, 1500) == 0

@@ -1,9 +1,10 @@
 """Requests the HTTP server refuses before the app sees them are in the audit log too.
 
 A smuggling attempt (``Content-Length`` with ``Transfer-Encoding``), an oversized head, a
-slow head (408) and a connection over the cap (503) never reach the relay or its observers; a
-real ``gateway serve`` must still write one ``http.refused`` record for each (status, code, the
-message sent, the client's pseudonym), and the chain must verify.
+slow head (408), a chunk announcing more than the body limit (413) and a connection over the
+cap (503) never reach the relay or its observers; a real ``gateway serve`` must still write one
+``http.refused`` record for each (status, code, the message sent, the client's pseudonym), and
+the chain must verify.
 """
 
 from __future__ import annotations
@@ -79,6 +80,9 @@ def test_server_level_refusals_are_audited(sim: Sim, tmp_path: Path) -> None:
             assert _refused_past_the_cap(port, b"GET / HTTP/1.1\r\nHost: x\r\nX: "
                                          + b"a" * 1_000_000 + b"\r\n\r\n") == 431
             assert _refused_past_the_cap(port, b"GET /v1/models HTTP/1.1\r\nHo") == 408
+            assert _refused_past_the_cap(port, b"POST /v1/chat/completions HTTP/1.1\r\n"
+                                         b"Host: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+                                         b"ffffffffffffffffffff\r\n") == 413
             held = [connect(port), connect(port)]
             for sock in held:  # both slots taken: the server has answered on each
                 sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
@@ -100,7 +104,8 @@ def test_server_level_refusals_are_audited(sim: Sim, tmp_path: Path) -> None:
     refused = [r["data"] for r in map(json.loads, res.stdout.splitlines())
                if r["type"] == "http.refused"]
     assert [(r["status"], r["error_code"]) for r in refused if r["status"] != 503] == [
-        (400, "invalid_framing"), (431, "request_header_too_large"), (408, "request_timeout")]
+        (400, "invalid_framing"), (431, "request_header_too_large"), (408, "request_timeout"),
+        (413, "request_too_large")]
     assert (refused[-1]["status"], refused[-1]["error_code"]) == (503, "too_many_connections")
     assert refused[0]["reason"] == ("Invalid HTTP request framing: both Content-Length and "
                                     "Transfer-Encoding are present.")
