@@ -92,9 +92,14 @@ class Harness:
 
     name = "python"
 
-    def start_backend(self, model: str, tokens: int, itl_ms: float = 0.0) -> Proc:
-        """Start a backend serving ``model``: ``tokens`` per response, ``itl_ms`` apart."""
-        return start_sim(model, tokens=tokens, itl_ms=itl_ms)
+    def start_backend(self, model: str, tokens: int, itl_ms: float = 0.0,
+                      ttft_ms: float = 0.0) -> Proc:
+        """Start a backend serving ``model``: ``tokens`` per response, ``itl_ms`` apart.
+
+        The first byte of a response waits ``ttft_ms``. Raises RuntimeError if it does not
+        start.
+        """
+        return start_sim(model, tokens=tokens, itl_ms=itl_ms, ttft_ms=ttft_ms)
 
     async def run_streams(self, host: str, port: int, request: bytes, total: int,
                           concurrency: int, keep_alive: bool = False) -> StreamTotals:
@@ -112,10 +117,11 @@ class CHarness(Harness):
 
     name = "c"
 
-    def start_backend(self, model: str, tokens: int, itl_ms: float = 0.0) -> Proc:
+    def start_backend(self, model: str, tokens: int, itl_ms: float = 0.0,
+                      ttft_ms: float = 0.0) -> Proc:
         port = free_port()
         argv = [str(BACKEND), "--port", str(port), "--model", model, "--tokens", str(tokens),
-                "--itl-ms", str(itl_ms)]
+                "--itl-ms", str(itl_ms), "--ttft-ms", str(ttft_ms)]
         return Proc(f"sse_backend:{port}", argv, port, "/health")
 
     async def _load(self, args: list[str], request: bytes) -> str:
