@@ -22,11 +22,12 @@ With nginx installed (Debian ``nginx-light``), nginx runs as a plain C reverse p
 gateway (one process, ``proxy_buffering off``, HTTP/1.1 upstream keep-alive; ``--nginx off``).
 
 The backend and every gateway run as separate processes. ``--harness`` picks the backend and
-the load client of (a), (b), (d) and (e): ``c`` (the default when ``make bench-tools`` builds
-it) is a single-threaded epoll backend writing vllm-sim's paced SSE bytes and an epoll client,
+the load client of (b), (d) and (e): ``c`` (the default when ``make bench-tools`` builds it)
+is a single-threaded epoll backend writing vllm-sim's paced SSE bytes and an epoll client,
 both in C (``bench/csrc``), so the harness leaves the cores to the proxies; ``python`` is
 ``vllm-sim`` (uvicorn) and a raw-socket asyncio client in this process (``bench/relay_load.py``).
-(c) always uses the Python ones (``bench/relay_harness.py``).
+(a) and (c) always use the Python ones: (a)'s target ratio is against vllm-sim
+(``bench/relay_harness.py``).
 
 Usage::
 
@@ -112,7 +113,8 @@ def _own_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-async def phase_streams(targets: list[Target], sim: Proc, args: argparse.Namespace) -> None:
+async def phase_streams(targets: list[Target], sim: Proc, args: argparse.Namespace,
+                        h: Harness) -> None:
     per: dict[str, list[tuple[float, float, float, int]]] = {t.name: [] for t in targets}
     cpu: dict[str, list[float]] = {t.name: [0.0, 0.0, 0.0, 0.0] for t in targets}
     for _ in range(args.rounds):
@@ -122,8 +124,7 @@ async def phase_streams(targets: list[Target], sim: Proc, args: argparse.Namespa
                                 chat_body(t.model, True, args.events), t.api_key, keep)
             gw = t.proc if t.proc is not None and t.proc is not sim else None
             c0 = (_own_cpu_s(), sim.cpu_s, gw.cpu_s if gw else 0.0)
-            tot = await harness(args).run_streams(t.host, t.port, req, args.streams,
-                                                  args.concurrency, keep)
+            tot = await h.run_streams(t.host, t.port, req, args.streams, args.concurrency, keep)
             c1 = (_own_cpu_s(), sim.cpu_s, gw.cpu_s if gw else 0.0)
             acc = cpu[t.name]
             acc[0] += tot.client_cpu_s if tot.client_cpu_s is not None else c1[0] - c0[0]
@@ -144,19 +145,19 @@ async def phase_streams(targets: list[Target], sim: Proc, args: argparse.Namespa
                                   "gateway": gwc / wall}
 
 
-async def phase_latency(targets: list[Target], args: argparse.Namespace) -> None:
+async def phase_latency(targets: list[Target], args: argparse.Namespace, h: Harness) -> None:
     for conc, total in ((1, args.latency_requests), (32, args.latency_requests * 2)):
         lat: dict[str, list[float]] = {t.name: [] for t in targets}
         for t in targets:  # warm-up: connections, caches, JIT-free but lazy imports
             req = request_bytes(f"127.0.0.1:{t.port}", "/v1/chat/completions",
                                 chat_body(t.model, False, 1), t.api_key, True)
-            await harness(args).run_latency(t.host, t.port, req, 100, min(conc, 8))
+            await h.run_latency(t.host, t.port, req, 100, min(conc, 8))
         for _ in range(args.rounds):
             for t in targets:
                 req = request_bytes(f"127.0.0.1:{t.port}", "/v1/chat/completions",
                                     chat_body(t.model, False, 1), t.api_key, True)
-                lat[t.name] += await harness(args).run_latency(
-                    t.host, t.port, req, max(total // args.rounds, conc), conc)
+                lat[t.name] += await h.run_latency(t.host, t.port, req,
+                                                   max(total // args.rounds, conc), conc)
         for t in targets:
             t.results[f"c{conc}_p50_ms"] = pct(lat[t.name], 0.5) * 1000
             t.results[f"c{conc}_p99_ms"] = pct(lat[t.name], 0.99) * 1000
@@ -448,7 +449,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--client-loop", choices=["uvloop", "asyncio"], default="uvloop",
                    help="event loop of the load generator (uvloop keeps it lean)")
     p.add_argument("--harness", choices=["auto", "c", "python"], default="auto",
-                   help="backend and load client of (a), (b), (d), (e): C (auto: when "
+                   help="backend and load client of (b), (d), (e): C (auto: when "
                         "`make bench-tools` builds it) or vllm-sim and the asyncio client")
     p.add_argument("--json", type=Path, help="also write the results as JSON here")
     args = p.parse_args(argv)
@@ -463,6 +464,40 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+async def run_unpaced(h: Harness, phases: list[str],
+                      variants: list[tuple[str, dict[str, Any] | None]], targets: list[Target],
+                      args: argparse.Namespace, workdir: Path) -> None:
+    """Run (a) ``streams`` and/or (b) ``latency`` with harness ``h``: its backend (no token
+    delay), a gateway per variant and nginx in front of it, stopped afterwards."""
+    sim = h.start_backend("m", args.events)
+    procs: list[Proc] = [sim]
+    by_name = {t.name: t for t in targets}
+    try:
+        by_name["direct"].port, by_name["direct"].proc = sim.port, sim
+        for name, base in variants:
+            t = by_name[name]
+            if base is None:
+                t.port, t.proc = sim.port, sim
+                continue
+            gw = start_gateway(name, base, sim.url, workdir, args.sources.get(name))
+            procs.append(gw)
+            t.port, t.proc = gw.port, gw
+        if "nginx" in by_name:
+            ng = start_nginx(sim.port, workdir)
+            procs.append(ng)
+            by_name["nginx"].port, by_name["nginx"].proc = ng.port, ng
+        if "streams" in phases:
+            await phase_streams(targets, sim, args, h)
+        if "latency" in phases:
+            await phase_latency(targets, args, h)
+        for t in targets:
+            if t.proc is not None and t.proc is not sim:
+                t.results["rss_after_load_kib"] = t.proc.rss_kib
+    finally:
+        for proc in reversed(procs):
+            proc.stop()
+
+
 async def run(args: argparse.Namespace) -> list[Target]:
     specs: list[tuple[str, str | None]] = []
     for item in args.variant or ["gateway=default"]:
@@ -473,37 +508,24 @@ async def run(args: argparse.Namespace) -> list[Target]:
     variants: list[tuple[str, dict[str, Any] | None]] = [
         (name, None if path == "direct" else load_variant(path)) for name, path in specs
     ]
-    sim = harness(args).start_backend("m", args.events)
-    procs: list[Proc] = [sim]
-    targets = [Target("direct", "127.0.0.1", sim.port, "m", None, sim)]
+    targets = [Target("direct", "127.0.0.1", 0, "m", None)]
+    for name, base in variants:
+        targets.append(Target(name, "127.0.0.1", 0, "m" if base is None else model_name(base),
+                              None if base is None else BENCH_KEY))
+    if args.nginx == "auto" and nginx_binary() is not None:
+        targets.append(Target("nginx", "127.0.0.1", 0, "m", None))
+    elif args.nginx == "auto":
+        print("# nginx not installed: no nginx baseline", file=sys.stderr)
+    # (a) keeps the Python harness: its target ratio is against vllm-sim. (b) uses --harness.
+    wanted = [ph for ph in ("streams", "latency") if ph not in args.skip]
+    chosen, python = harness(args), Harness()
+    groups = ([(chosen, wanted)] if chosen.name == python.name else
+              [(h, [ph]) for h, ph in ((python, "streams"), (chosen, "latency")) if ph in wanted])
+    t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="bench-relay-") as tmp:
-        try:
-            for name, base in variants:
-                if base is None:
-                    targets.append(Target(name, "127.0.0.1", sim.port, "m", None, sim))
-                    continue
-                gw = start_gateway(name, base, sim.url, Path(tmp), args.sources.get(name))
-                procs.append(gw)
-                targets.append(Target(name, "127.0.0.1", gw.port, model_name(base), BENCH_KEY, gw))
-            if args.nginx == "auto" and nginx_binary() is not None:
-                ng = start_nginx(sim.port, Path(tmp))
-                procs.append(ng)
-                targets.append(Target("nginx", "127.0.0.1", ng.port, "m", None, ng))
-            elif args.nginx == "auto":
-                print("# nginx not installed: no nginx baseline", file=sys.stderr)
-            t0 = time.monotonic()
-            if "streams" not in args.skip:
-                await phase_streams(targets, sim, args)
-                print(f"# streams done in {time.monotonic() - t0:.0f} s", file=sys.stderr)
-            if "latency" not in args.skip:
-                await phase_latency(targets, args)
-                print(f"# latency done in {time.monotonic() - t0:.0f} s", file=sys.stderr)
-            for t in targets:
-                if t.proc is not None and t.proc is not sim:
-                    t.results["rss_after_load_kib"] = t.proc.rss_kib
-        finally:
-            for proc in reversed(procs):
-                proc.stop()
+        for h, phases in groups:
+            await run_unpaced(h, phases, variants, targets, args, Path(tmp))
+            print(f"# {', '.join(phases)} done in {time.monotonic() - t0:.0f} s", file=sys.stderr)
         if "stalls" not in args.skip or "burst" not in args.skip:
             await phase_paced(variants, targets, args, Path(tmp))
             print(f"# stalls/burst done in {time.monotonic() - t0:.0f} s", file=sys.stderr)

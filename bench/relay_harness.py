@@ -11,6 +11,7 @@ cores between them, so on two cores even *direct* streams stall. Two harnesses:
   by ``make bench-tools`` (``cc -O2``) into ``.cache/bench``.
 * ``python``: ``vllm-sim`` (uvicorn) and ``bench/relay_load.py`` (asyncio, uvloop).
 
+``relay.py`` uses the chosen harness for (b), (d) and (e); (a) and (c) keep the Python one.
 Both give the same results types (:class:`relay_load.StreamTotals`, latencies in seconds), so
 ``relay.py`` computes its percentiles from the raw values either way.
 """
