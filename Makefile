@@ -134,7 +134,9 @@ lint: install
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports --no-cache
 
-bench: install bench-tools
+# relay.py builds its C harness itself (bench-tools below) and falls back to the Python one
+# when there is no C compiler.
+bench: install
 	$(PY) bench/relay.py
 
 # @bench: the relay benchmark's C harness (bench/csrc: a paced SSE backend and a load client,
