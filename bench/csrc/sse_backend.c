@@ -526,7 +526,9 @@ static int handle_input(server_t *s, conn_t *c) {
         long clen = 0;
         int chunked = 0;
         c->close_after = 0;
-        for (char *line = memchr(p, '\n', hlen) + 1; line < hend; line = memchr(line, '\n', (size_t)(hend - line) + 2) + 1) {
+        /* every header line ends in \n before hend + 2 (hend is the final \r\n\r\n) */
+        for (char *line = (char *)memchr(p, '\n', hlen) + 1; line < hend;
+             line = (char *)memchr(line, '\n', (size_t)(hend - line) + 2) + 1) {
             if (!strncasecmp(line, "content-length:", 15)) clen = strtol(line + 15, NULL, 10);
             else if (!strncasecmp(line, "transfer-encoding:", 18)) chunked = 1;
             else if (!strncasecmp(line, "connection:", 11)) {
@@ -598,10 +600,7 @@ static void on_timer(server_t *s) {
         } else if (c->streaming && c->sent == 0) {
             stream_start(s, c);
         } else if (c->streaming) {
-            buf_t *o = &c->out;
-            size_t before = o->len;
             sse_event(c, ev, token_event(c, ev, sizeof ev, c->sent));
-            (void)before;
             if (++c->sent == c->tokens) {
                 stream_tail(c);
                 c->streaming = 0;

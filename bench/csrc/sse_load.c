@@ -275,6 +275,7 @@ static void open_conn(ctx_t *x, cl_t *c) {
     c->t_connect = now_ns();
     reset(c);
     c->active = 1;
+    c->t_sent = c->t_connect;  /* a failed connect reports its time from here */
     if (connect(fd, (struct sockaddr *)&x->addr, sizeof x->addr) < 0 && errno != EINPROGRESS)
         die("connect");
     watch(x, c, EPOLL_CTL_ADD, EPOLLOUT);
