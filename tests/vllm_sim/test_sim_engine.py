@@ -221,3 +221,17 @@ def test_waiting_requests_are_admitted_only_while_the_step_has_token_budget() ->
 
     # a takes the whole budget of step 1, so b is neither admitted nor looked up yet.
     assert asyncio.run(run()) == (1, 80, 80, 80)
+
+
+def test_a_step_mixing_prefill_and_decodes_hides_the_weight_read_under_the_prefill() -> None:
+    p = PROFILES["qwen3-32b-h100"]
+    prefill = 400 / p.prefill_tokens_per_s  # ~66 ms of compute, longer than one weight read
+    assert prefill > p.decode_base_s
+    decode_only = p.step_time_s(0, 4, 4 * 2400)
+    mixed = p.step_time_s(400, 4, 4 * 2400)
+    assert decode_only == pytest.approx(
+        p.decode_base_s + 4 * p.decode_per_seq_s + 4 * 2400 * p.decode_per_ctx_token_s)
+    assert mixed == pytest.approx(decode_only - p.decode_base_s + prefill)
+    assert p.step_time_s(400, 0, 0) == pytest.approx(prefill)
+    assert p.step_time_s(10, 0, 0) == p.decode_base_s  # a tiny chunk still reads the weights
+    assert p.step_time_s(0, 0, 0) == 0.0
