@@ -169,12 +169,13 @@ def _capacity_turns(
 ) -> list[Turn]:
     """The requests the capacity is measured with (see ``--capacity``).
 
-    ``cold``: two rounds of ``streams`` prompts of ``prompt_tokens`` sharing nothing.
+    ``cold`` (and ``random``, which shares nothing anyway): two rounds of ``streams`` prompts
+    of ``prompt_tokens`` sharing nothing.
     ``workload``: the workload itself (another seed); multi-turn with at least ``streams``
     users (same rounds, so the same history lengths) so that the closed loop can fill the
     streams, which the workload's own users (each waiting for its previous answer) cannot.
     """
-    if kind == "cold":
+    if kind == "cold" or workload == "random":  # random shares nothing: the same traffic
         cold = WorkloadSpec(system_tokens=prompt_tokens, question_tokens=0,
                             random_requests=2 * streams)
         return build("random", cold, 1.0, seed + 1000)
