@@ -71,13 +71,13 @@ $(CHECKOV): $(UV) tools/checkov-requirements.txt
 
 # @realparts: Debian's prometheus/promtool (the dashboard queries run against a real Prometheus)
 # and wrk (bench-loadtool), installed only when the binary is missing; services are not started.
-DEBIAN_TOOLS := prometheus:prometheus promtool:prometheus wrk:wrk
+DEBIAN_TOOLS := prometheus:prometheus promtool:prometheus wrk:wrk cc:gcc
 
 .PHONY: debian-tools
 debian-tools:
 	tools/install_debian_tools.sh $(DEBIAN_TOOLS)
 
-tools: install $(KUBE_STAMP) $(CHECKOV) debian-tools $(TOOLS)/torch-venv/.installed
+tools: install $(KUBE_STAMP) $(CHECKOV) debian-tools $(TOOLS)/torch-venv/.installed bench-tools
 
 run: install-runtime
 	$(PY) -m gateway.demo
@@ -134,8 +134,23 @@ lint: install
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports --no-cache
 
+# relay.py builds its C harness itself (bench-tools below) and falls back to the Python one
+# when there is no C compiler.
 bench: install
 	$(PY) bench/relay.py
+
+# @bench: the relay benchmark's C harness (bench/csrc: a paced SSE backend and a load client,
+# single-threaded epoll), so that the harness leaves the cores to the proxies it measures.
+# `cc -O2` into .cache/bench; bench/relay.py uses it when built (--harness c).
+BENCH_BIN := .cache/bench
+CC        ?= cc
+
+$(BENCH_BIN)/%: bench/csrc/%.c
+	@mkdir -p $(BENCH_BIN)
+	$(CC) -O2 -Wall -Wextra -o $@ $<
+
+.PHONY: bench-tools
+bench-tools: $(BENCH_BIN)/sse_backend $(BENCH_BIN)/sse_load
 
 # @airgap: pack/verify/unpack throughput vs openssl and model_signing (SIZE_GIB=2 by default).
 bench-airgap: install

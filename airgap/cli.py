@@ -324,8 +324,7 @@ def _describe(exc: BaseException) -> CliError | None:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point: the shared CLI boundary (:func:`clishell.run`); returns the exit code."""
-    return run(None, argv, prog="airgap", describe=_describe, interruptible=True,
-               runner=_run)
+    return run(None, argv, prog="airgap", describe=_describe, runner=_run)
 
 
 def __getattr__(name: str) -> Any:

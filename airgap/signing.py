@@ -26,7 +26,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from airgap.errors import AirgapError, Code, fail
-from clishell import public_key_path
+from clishell import private_key_instead, public_key_path
 
 SIGNATURE_FORMAT = "sovereign-gateway/airgap-signature"
 SIGNATURE_VERSION = 1
@@ -126,6 +126,9 @@ def load_public_key(path: Path) -> Ed25519PublicKey:
     """
     try:
         pem = path.read_bytes()
+        mistake = private_key_instead(path, pem)
+        if mistake is not None:
+            raise AirgapError(Code.KEY_INVALID, mistake)
         fast = _ed25519_spki(pem)
         if fast is not None:
             return fast

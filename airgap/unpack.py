@@ -17,7 +17,8 @@ Plan -> stage -> commit:
    the bytes actually installed (rather than verifying first and copying after) also closes
    the window in which media could change between a verify and a copy.
 4. *commit*: directories, blobs, snapshot symlinks, then refs last, each by ``rename``; a
-   failure undoes what was already done, in reverse order.
+   failure undoes what was already done, in reverse order (:mod:`airgap.install`, with the
+   staging file writer and the reuse of a killed run's staged blobs).
 
 Layouts (``hf-cache`` is what ``huggingface_hub`` and vLLM read with ``HF_HUB_OFFLINE=1``)::
 
@@ -30,13 +31,12 @@ Layouts (``hf-cache`` is what ``huggingface_hub`` and vLLM read with ``HF_HUB_OF
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import shutil
 import stat
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -48,7 +48,8 @@ from airgap.bundle import ContentFile, Index
 from airgap.delta import check_base_in_store
 from airgap.errors import AirgapError, Code, StoreError, VerificationFailed
 from airgap.formats import check_index_formats, check_staged_formats
-from airgap.space import require_free, writing
+from airgap.install import Plan, StagedFile, commit, resume
+from airgap.space import require_free
 from airgap.stream import Progress, Range, hash_ranges
 from airgap.verify import VerifyReport, blob_ranges, check_index, diagnose
 from weights import (
@@ -56,8 +57,10 @@ from weights import (
     Lockfile,
     SerialisationPolicy,
     WeightsError,
+    existing_twin,
     hf_cache_paths,
     is_commit_sha,
+    repo_folder_name,
     sha256_file,
 )
 
@@ -97,21 +100,6 @@ class UnpackReport:
     refs_moved: dict[str, tuple[str, str]] = field(default_factory=dict)
     resumed: int = 0
     leftovers_removed: list[Path] = field(default_factory=list)
-
-
-@dataclass
-class _Plan:
-    targets: dict[str, list[Path]] = field(default_factory=dict)  # blob sha256 -> final paths
-    sizes: dict[str, int] = field(default_factory=dict)
-    links: list[tuple[Path, str]] = field(default_factory=list)  # (final link, link target)
-    refs: list[tuple[Path, str]] = field(default_factory=list)  # (final ref file, commit)
-    replace: set[Path] = field(default_factory=set)  # damaged files to replace
-
-    def want(self, f: ContentFile, final: Path) -> None:
-        paths = self.targets.setdefault(f.sha256, [])
-        if final not in paths:
-            paths.append(final)
-        self.sizes[f.sha256] = f.size
 
 
 def unpack_bundle(
@@ -204,7 +192,9 @@ def _install(
                                   f"of {store} (atomic renames)")  # fmt: skip
     except OSError as exc:
         raise AirgapError(Code.IO_ERROR, f"cannot create {exc.filename}: {exc.strerror}") from exc
-    plan = _Plan()
+    plan = Plan()
+    for entry in index.lock.entries:
+        _refuse_twin(store, entry.repo_id, layout)
     for entry in index.lock.entries:
         files = index.model_files(entry.repo_id)
         if layout == "hf-cache":
@@ -222,13 +212,14 @@ def _install(
     staging = Path(tempfile.mkdtemp(prefix=".airgap-staging-", dir=store))
     try:
         with leftovers.held(staging):
-            resumed = _resume(store, staging, plan, report)
+            resumed, removed = resume(store, staging, plan, _digest)
+            report.resumed, report.leftovers_removed = len(resumed), removed
             require_free(store, sum(plan.sizes[s] for s in plan.targets if s not in resumed),
                          f"unpacking {bundle}")
             staged = _stage(bundle, index, check, plan, staging, workers, progress, resumed)
             check_staged_formats(index, staged, policy)  # content, before anything is committed
             report.bytes_written = sum(plan.sizes[s] for s in staged if s not in resumed)
-            _commit(plan, staged, staging)
+            commit(plan, staged, staging)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     report.written = sum(len(v) for v in plan.targets.values()) - report.repaired
@@ -236,36 +227,19 @@ def _install(
     return report
 
 
-def _resume(store: Path, staging: Path, plan: _Plan, report: UnpackReport) -> set[str]:
-    """Take the needed blobs that killed earlier unpacks staged (each hashed again: a blob cut
-    short by the kill does not match), then remove their staging directories.
+def _refuse_twin(store: Path, repo_id: str, layout: Layout) -> None:
+    """Refuse a model whose folder the store already holds under another spelling.
 
-    Returns:
-        sha256 of the blobs now in ``staging`` as ``blob-<sha256>``.
+    ``ORG/Tiny`` next to ``org/tiny`` is one repository on the Hub and one folder on a
+    case-folding disk (:mod:`weights.installpaths`).
     """
-    resumed: set[str] = set()
-    for old in leftovers.dead(store, ".airgap-staging-*"):
-        if old == staging:
-            continue
-        for sha in plan.targets:
-            candidate = old / f"blob-{sha}"
-            if sha in resumed or not _is_regular(candidate, plan.sizes[sha]):
-                continue
-            if _digest(candidate) == sha:
-                os.rename(candidate, staging / candidate.name)
-                resumed.add(sha)
-        shutil.rmtree(old, ignore_errors=True)
-        report.leftovers_removed.append(old)
-    report.resumed = len(resumed)
-    return resumed
-
-
-def _is_regular(path: Path, size: int) -> bool:
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return False
-    return stat.S_ISREG(st.st_mode) and st.st_size == size
+    relative = repo_folder_name(repo_id) if layout == "hf-cache" else repo_id
+    twin = existing_twin(store, relative)
+    if twin is not None:
+        raise StoreError(Code.STORE_CONFLICT, f"{repo_id} would install to {store / relative}, "
+                         f"but the store holds {twin}, the same name when case and Unicode "
+                         "normalisation are ignored; unpack with the repo id spelled as "
+                         "installed, or remove the other copy")  # fmt: skip
 
 
 def _read_ref(ref: Path) -> str | None:
@@ -277,7 +251,7 @@ def _read_ref(ref: Path) -> str | None:
 
 
 def _plan_hf(
-    plan: _Plan,
+    plan: Plan,
     report: UnpackReport,
     store: Path,
     repo_id: str,
@@ -320,7 +294,7 @@ def _plan_hf(
 
 
 def _plan_file(
-    plan: _Plan,
+    plan: Plan,
     report: UnpackReport,
     root: Path,
     final: Path,
@@ -374,32 +348,11 @@ def _check_dirs(root: Path, directory: Path) -> None:
             raise StoreError(Code.STORE_UNSAFE, f"{cur} is {kind}; refusing to write through it")
 
 
-class _StagedFile:
-    """A staging file that is fsynced when closed."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        with writing(path):
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-        self._fh = os.fdopen(fd, "wb", buffering=0)
-
-    def write(self, data: memoryview) -> int:
-        with writing(self.path):
-            return self._fh.write(data) or 0
-
-    def close(self) -> None:
-        try:
-            with writing(self.path):
-                os.fsync(self._fh.fileno())
-        finally:
-            self._fh.close()
-
-
 def _stage(
     bundle: Path,
     index: Index,
     check: VerifyReport,
-    plan: _Plan,
+    plan: Plan,
     staging: Path,
     workers: int,
     progress: Progress | None,
@@ -415,8 +368,8 @@ def _stage(
                                  if b.sha256 in plan.targets and b.sha256 not in resumed])
     staged = {s: staging / f"blob-{s}" for s in plan.targets}
 
-    def sink(rng: Range) -> _StagedFile:
-        return _StagedFile(staged[rng.key])
+    def sink(rng: Range) -> StagedFile:
+        return StagedFile(staged[rng.key])
 
     results = hash_ranges(bundle, index, ranges, readable=check.readable_parts,
                           workers=workers, sink=sink, progress=progress)  # fmt: skip
@@ -426,73 +379,3 @@ def _stage(
     return staged
 
 
-def _commit(plan: _Plan, staged: dict[str, Path], staging: Path) -> None:
-    """Rename everything into place (blobs, links, refs last); undo all on any failure."""
-    undo: list[Callable[[], None]] = []
-    trash = staging / "trash"
-    trash.mkdir()
-    counter = iter(range(1 << 62))
-
-    def makedirs(d: Path) -> None:
-        missing = []
-        while not d.exists():
-            missing.append(d)
-            d = d.parent
-        for m in reversed(missing):
-            m.mkdir()
-            undo.append(m.rmdir)
-
-    def place(src: Path, final: Path) -> None:
-        makedirs(final.parent)
-        if os.path.lexists(final):  # a damaged blob being repaired, or a moving ref
-            old = trash / str(next(counter))
-            os.rename(final, old)
-            undo.append(functools.partial(os.rename, old, final))
-        os.rename(src, final)
-        undo.append(functools.partial(os.unlink, final))
-
-    try:
-        for sha, finals in plan.targets.items():
-            for i, final in enumerate(finals):
-                src = staged[sha]
-                if i < len(finals) - 1:  # more than one target: copy, keep the staged file
-                    src = staging / f"copy-{next(counter)}"
-                    shutil.copyfile(staged[sha], src)
-                    _fsync_file(src)
-                place(src, final)
-        for link, target in plan.links:
-            tmp = staging / f"link-{next(counter)}"
-            os.symlink(target, tmp)
-            place(tmp, link)
-        for ref, commit in plan.refs:
-            tmp = staging / f"ref-{next(counter)}"
-            tmp.write_text(commit, encoding="ascii")
-            place(tmp, ref)
-        _fsync_dirs({p.parent for finals in plan.targets.values() for p in finals}
-                    | {p.parent for p, _ in plan.links + plan.refs})  # fmt: skip
-    except BaseException as exc:
-        for action in reversed(undo):
-            try:
-                action()
-            except OSError:
-                pass
-        if isinstance(exc, OSError):
-            raise StoreError(Code.IO_ERROR, f"install failed and was rolled back: {exc}") from exc
-        raise
-
-
-def _fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_dirs(dirs: set[Path]) -> None:
-    for d in dirs:
-        fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)

@@ -33,6 +33,8 @@ from weights import (
     Lockfile,
     LockfileError,
     PathCollisionError,
+    WeightsError,
+    check_text,
     is_commit_sha,
 )
 
@@ -97,6 +99,10 @@ class _Validator:
     def _str(value: Any, where: str, pattern: re.Pattern[str] | None = None) -> str:
         if not isinstance(value, str) or (pattern and not pattern.fullmatch(value)):
             raise fail(Code.INDEX_INVALID, f"{INDEX_NAME}: {where} is malformed: {value!r}")
+        try:  # inspect prints these before any signature check: no terminal control
+            check_text(value, f"{INDEX_NAME}: {where}")
+        except WeightsError as exc:
+            raise fail(Code.INDEX_INVALID, str(exc)) from None
         return value
 
     def index(self) -> Index:

@@ -21,8 +21,13 @@ Measures on this machine, for the simulator directly and for each gateway varian
 With nginx installed (Debian ``nginx-light``), nginx runs as a plain C reverse proxy beside the
 gateway (one process, ``proxy_buffering off``, HTTP/1.1 upstream keep-alive; ``--nginx off``).
 
-The simulator and every gateway run as separate processes (uvicorn, standard asyncio loop);
-the load generator is a raw-socket asyncio client in this process (``bench/relay_load.py``).
+The backend and every gateway run as separate processes. ``--harness`` picks the backend and
+the load client of (b), (d) and (e): ``c`` (the default when ``make bench-tools`` builds it)
+is a single-threaded epoll backend writing vllm-sim's paced SSE bytes and an epoll client,
+both in C (``bench/csrc``), so the harness leaves the cores to the proxies; ``python`` is
+``vllm-sim`` (uvicorn) and a raw-socket asyncio client in this process (``bench/relay_load.py``).
+(a) and (c) always use the Python ones: (a)'s target ratio is against vllm-sim
+(``bench/relay_harness.py``).
 
 Usage::
 
@@ -53,6 +58,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from relay_harness import Harness, select_harness
 from relay_load import open_idle_streams, request_bytes, run_latency, run_streams
 from relay_procs import (
     BENCH_KEY,
@@ -107,7 +113,8 @@ def _own_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-async def phase_streams(targets: list[Target], sim: Proc, args: argparse.Namespace) -> None:
+async def phase_streams(targets: list[Target], sim: Proc, args: argparse.Namespace,
+                        h: Harness) -> None:
     per: dict[str, list[tuple[float, float, float, int]]] = {t.name: [] for t in targets}
     cpu: dict[str, list[float]] = {t.name: [0.0, 0.0, 0.0, 0.0] for t in targets}
     for _ in range(args.rounds):
@@ -117,10 +124,10 @@ async def phase_streams(targets: list[Target], sim: Proc, args: argparse.Namespa
                                 chat_body(t.model, True, args.events), t.api_key, keep)
             gw = t.proc if t.proc is not None and t.proc is not sim else None
             c0 = (_own_cpu_s(), sim.cpu_s, gw.cpu_s if gw else 0.0)
-            tot = await run_streams(t.host, t.port, req, args.streams, args.concurrency, keep)
+            tot = await h.run_streams(t.host, t.port, req, args.streams, args.concurrency, keep)
             c1 = (_own_cpu_s(), sim.cpu_s, gw.cpu_s if gw else 0.0)
             acc = cpu[t.name]
-            acc[0] += c1[0] - c0[0]
+            acc[0] += tot.client_cpu_s if tot.client_cpu_s is not None else c1[0] - c0[0]
             acc[1] += c1[1] - c0[1]
             acc[2] += c1[2] - c0[2]
             acc[3] += tot.wall_s
@@ -138,19 +145,19 @@ async def phase_streams(targets: list[Target], sim: Proc, args: argparse.Namespa
                                   "gateway": gwc / wall}
 
 
-async def phase_latency(targets: list[Target], args: argparse.Namespace) -> None:
+async def phase_latency(targets: list[Target], args: argparse.Namespace, h: Harness) -> None:
     for conc, total in ((1, args.latency_requests), (32, args.latency_requests * 2)):
         lat: dict[str, list[float]] = {t.name: [] for t in targets}
         for t in targets:  # warm-up: connections, caches, JIT-free but lazy imports
             req = request_bytes(f"127.0.0.1:{t.port}", "/v1/chat/completions",
                                 chat_body(t.model, False, 1), t.api_key, True)
-            await run_latency(t.host, t.port, req, 100, min(conc, 8))
+            await h.run_latency(t.host, t.port, req, 100, min(conc, 8))
         for _ in range(args.rounds):
             for t in targets:
                 req = request_bytes(f"127.0.0.1:{t.port}", "/v1/chat/completions",
                                     chat_body(t.model, False, 1), t.api_key, True)
-                lat[t.name] += await run_latency(t.host, t.port, req,
-                                                 max(total // args.rounds, conc), conc)
+                lat[t.name] += await h.run_latency(t.host, t.port, req,
+                                                   max(total // args.rounds, conc), conc)
         for t in targets:
             t.results[f"c{conc}_p50_ms"] = pct(lat[t.name], 0.5) * 1000
             t.results[f"c{conc}_p99_ms"] = pct(lat[t.name], 0.99) * 1000
@@ -223,7 +230,8 @@ async def phase_paced(variants: list[tuple[str, dict[str, Any] | None]], targets
     A second simulator paces tokens (``--paced-itl-ms`` apart, ``--paced-tokens`` per stream),
     so tokens arrive one at a time; each gateway variant and nginx (when installed) relay it.
     """
-    sim = start_sim("m", tokens=args.paced_tokens, itl_ms=args.paced_itl_ms)
+    streams = harness(args).run_streams
+    sim = harness(args).start_backend("m", args.paced_tokens, args.paced_itl_ms)
     procs: list[Proc] = [sim]
     paced: list[tuple[Target, Proc]] = [(Target("direct", "127.0.0.1", sim.port, "m", None), sim)]
     try:
@@ -244,11 +252,12 @@ async def phase_paced(variants: list[tuple[str, dict[str, Any] | None]], targets
         if "stalls" not in args.skip:
             for t, proc in paced:
                 req = _stream_req(t, args.paced_tokens)
-                await run_streams(t.host, t.port, req, 16, 16)  # warm-up
-                c0 = proc.cpu_s
-                tot = await run_streams(t.host, t.port, req, args.stall_streams,
+                await streams(t.host, t.port, req, 16, 16)  # warm-up
+                c0, s0, o0 = proc.cpu_s, sim.cpu_s, _own_cpu_s()
+                tot = await streams(t.host, t.port, req, args.stall_streams,
                                         args.stall_streams)
-                used = proc.cpu_s - c0
+                used, backend = proc.cpu_s - c0, sim.cpu_s - s0
+                client = tot.client_cpu_s if tot.client_cpu_s is not None else _own_cpu_s() - o0
                 done = [r for r in tot.results if r.complete]
                 gaps = [g for r in done for g in r.gaps_s]
                 free = sum(1 for r in done if r.max_gap_s <= STALL_GAP_S)
@@ -258,12 +267,14 @@ async def phase_paced(variants: list[tuple[str, dict[str, Any] | None]], targets
                     gap_max_ms=max(gaps, default=0.0) * 1000,
                     cpu_us_per_event=used / max(tot.events, 1) * 1e6,
                     paced_failures=tot.failures,
+                    paced_harness_cores={"client": client / tot.wall_s,
+                                         "backend": backend / tot.wall_s},
                 )
                 print(f"# stalls {t.name}: {free}/{len(tot.results)} stall-free", file=sys.stderr)
         if "burst" not in args.skip:
             for t, _ in paced:
                 req = _stream_req(t, args.burst_tokens)
-                tot = await run_streams(t.host, t.port, req, args.burst_streams,
+                tot = await streams(t.host, t.port, req, args.burst_streams,
                                         args.burst_streams)
                 ttfts = [r.ttft_s for r in tot.results if r.complete]
                 by_name[t.name].results.update(
@@ -294,7 +305,12 @@ def render_paced(targets: list[Target]) -> list[str]:
                    f"{f('gap_max_ms', '{:.0f}'):>9}{f('cpu_us_per_event'):>13}"
                    f"{f('burst_ttft_p50_ms'):>15}{add:>9}{f('c32_p99_ms', '{:.2f}'):>9}")
     out.append(f"(d) {STALL_GAP_S * 1000:.0f} ms gap = stall; CPU/event = the relaying process's "
-               "CPU time / events relayed (direct: the simulator's own); (e) burst of new streams")
+               "CPU time / events relayed (direct: the backend's own); (e) burst of new streams")
+    for t in targets:
+        cores = t.results.get("paced_harness_cores")
+        if cores:
+            out.append(f"{t.name}: harness during (d), cores busy: client {cores['client']:.2f}, "
+                       f"backend {cores['backend']:.2f}")
     for t in targets[1:]:
         if t.name == "nginx":
             continue
@@ -394,6 +410,12 @@ def render(targets: list[Target], args: argparse.Namespace) -> str:
 PHASES = ["streams", "latency", "memory", "stalls", "burst"]
 
 
+def harness(args: argparse.Namespace) -> Harness:
+    """The harness chosen for this run (``--harness``, resolved by ``main``)."""
+    chosen: Harness = args.harness_impl
+    return chosen
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     p.add_argument("--streams", type=int, default=1024, help="streams per round (a)")
@@ -426,6 +448,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="(a): reuse client connections (like SDK pools) or one per stream")
     p.add_argument("--client-loop", choices=["uvloop", "asyncio"], default="uvloop",
                    help="event loop of the load generator (uvloop keeps it lean)")
+    p.add_argument("--harness", choices=["auto", "c", "python"], default="auto",
+                   help="backend and load client of (b), (d), (e): C (auto: when "
+                        "`make bench-tools` builds it) or vllm-sim and the asyncio client")
     p.add_argument("--json", type=Path, help="also write the results as JSON here")
     args = p.parse_args(argv)
     args.sources = {}
@@ -439,6 +464,40 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+async def run_unpaced(h: Harness, phases: list[str],
+                      variants: list[tuple[str, dict[str, Any] | None]], targets: list[Target],
+                      args: argparse.Namespace, workdir: Path) -> None:
+    """Run (a) ``streams`` and/or (b) ``latency`` with harness ``h``: its backend (no token
+    delay), a gateway per variant and nginx in front of it, stopped afterwards."""
+    sim = h.start_backend("m", args.events)
+    procs: list[Proc] = [sim]
+    by_name = {t.name: t for t in targets}
+    try:
+        by_name["direct"].port, by_name["direct"].proc = sim.port, sim
+        for name, base in variants:
+            t = by_name[name]
+            if base is None:
+                t.port, t.proc = sim.port, sim
+                continue
+            gw = start_gateway(name, base, sim.url, workdir, args.sources.get(name))
+            procs.append(gw)
+            t.port, t.proc = gw.port, gw
+        if "nginx" in by_name:
+            ng = start_nginx(sim.port, workdir)
+            procs.append(ng)
+            by_name["nginx"].port, by_name["nginx"].proc = ng.port, ng
+        if "streams" in phases:
+            await phase_streams(targets, sim, args, h)
+        if "latency" in phases:
+            await phase_latency(targets, args, h)
+        for t in targets:
+            if t.proc is not None and t.proc is not sim:
+                t.results["rss_after_load_kib"] = t.proc.rss_kib
+    finally:
+        for proc in reversed(procs):
+            proc.stop()
+
+
 async def run(args: argparse.Namespace) -> list[Target]:
     specs: list[tuple[str, str | None]] = []
     for item in args.variant or ["gateway=default"]:
@@ -449,37 +508,24 @@ async def run(args: argparse.Namespace) -> list[Target]:
     variants: list[tuple[str, dict[str, Any] | None]] = [
         (name, None if path == "direct" else load_variant(path)) for name, path in specs
     ]
-    sim = start_sim("m", tokens=args.events)
-    procs: list[Proc] = [sim]
-    targets = [Target("direct", "127.0.0.1", sim.port, "m", None, sim)]
+    targets = [Target("direct", "127.0.0.1", 0, "m", None)]
+    for name, base in variants:
+        targets.append(Target(name, "127.0.0.1", 0, "m" if base is None else model_name(base),
+                              None if base is None else BENCH_KEY))
+    if args.nginx == "auto" and nginx_binary() is not None:
+        targets.append(Target("nginx", "127.0.0.1", 0, "m", None))
+    elif args.nginx == "auto":
+        print("# nginx not installed: no nginx baseline", file=sys.stderr)
+    # (a) keeps the Python harness: its target ratio is against vllm-sim. (b) uses --harness.
+    wanted = [ph for ph in ("streams", "latency") if ph not in args.skip]
+    chosen, python = harness(args), Harness()
+    groups = ([(chosen, wanted)] if chosen.name == python.name else
+              [(h, [ph]) for h, ph in ((python, "streams"), (chosen, "latency")) if ph in wanted])
+    t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="bench-relay-") as tmp:
-        try:
-            for name, base in variants:
-                if base is None:
-                    targets.append(Target(name, "127.0.0.1", sim.port, "m", None, sim))
-                    continue
-                gw = start_gateway(name, base, sim.url, Path(tmp), args.sources.get(name))
-                procs.append(gw)
-                targets.append(Target(name, "127.0.0.1", gw.port, model_name(base), BENCH_KEY, gw))
-            if args.nginx == "auto" and nginx_binary() is not None:
-                ng = start_nginx(sim.port, Path(tmp))
-                procs.append(ng)
-                targets.append(Target("nginx", "127.0.0.1", ng.port, "m", None, ng))
-            elif args.nginx == "auto":
-                print("# nginx not installed: no nginx baseline", file=sys.stderr)
-            t0 = time.monotonic()
-            if "streams" not in args.skip:
-                await phase_streams(targets, sim, args)
-                print(f"# streams done in {time.monotonic() - t0:.0f} s", file=sys.stderr)
-            if "latency" not in args.skip:
-                await phase_latency(targets, args)
-                print(f"# latency done in {time.monotonic() - t0:.0f} s", file=sys.stderr)
-            for t in targets:
-                if t.proc is not None and t.proc is not sim:
-                    t.results["rss_after_load_kib"] = t.proc.rss_kib
-        finally:
-            for proc in reversed(procs):
-                proc.stop()
+        for h, phases in groups:
+            await run_unpaced(h, phases, variants, targets, args, Path(tmp))
+            print(f"# {', '.join(phases)} done in {time.monotonic() - t0:.0f} s", file=sys.stderr)
         if "stalls" not in args.skip or "burst" not in args.skip:
             await phase_paced(variants, targets, args, Path(tmp))
             print(f"# stalls/burst done in {time.monotonic() - t0:.0f} s", file=sys.stderr)
@@ -498,6 +544,7 @@ def main(argv: list[str] | None = None) -> int:
             uvloop.install()
         except ImportError:
             print("# uvloop not installed: using asyncio for the client", file=sys.stderr)
+    args.harness_impl = select_harness(args.harness)
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     targets = asyncio.run(run(args))
     cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text()
@@ -506,7 +553,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{platform.python_version()}; {args.streams} streams x {args.events} tokens, "
           f"{args.concurrency} concurrent, {args.rounds} rounds (medians); paced: "
           f"{args.stall_streams} streams x {args.paced_tokens} tokens {args.paced_itl_ms:g} ms "
-          f"apart, burst {args.burst_streams}; skipped: {', '.join(args.skip) or 'none'}")
+          f"apart, burst {args.burst_streams}; harness {args.harness_impl.name}; skipped: "
+          f"{', '.join(args.skip) or 'none'}")
     print(render(targets, args))
     if args.json:
         doc = {"started": started, "cpu": cpu, "args": {k: str(v) for k, v in vars(args).items()},

@@ -40,6 +40,8 @@ class StreamTotals:
 
     wall_s: float
     results: list[StreamResult] = field(default_factory=list)
+    client_cpu_s: float | None = None
+    """CPU time of the load client, when it runs as its own process (the C client)."""
 
     @property
     def events(self) -> int:

@@ -7,7 +7,11 @@ policies asked for. For each strategy the replicas' prefix caches are reset, the
 replayed with the same Poisson arrival schedule, and the client measures TTFT and end-to-end
 latency; the replicas' ``/metrics`` give the prefix-cache hit ratio of that run. ``oracle``
 routes client-side to the replica whose cache holds the longest prefix of the prompt now
-(``POST /sim/prefix`` on every replica; ties to the fewest in flight).
+(``POST /sim/prefix`` on every replica; ties to the fewest in flight). ``partition`` is a
+client-side reference: each new system prompt (or multi-turn ``user``) goes to the next replica
+in turn and stays there (no load considered). ``--variant NAME=JSON`` also runs
+``prefix_affinity`` through one more gateway whose ``routing:`` section is updated by JSON, so
+that variants of the decision are compared on the same schedule in one run.
 
 ``--workload mixed`` is the flow-control benchmark (interactive and batch classes, with and
 without flow control in one run): see ``bench/routing_mixed.py``.
@@ -17,11 +21,14 @@ Example::
     .venv/bin/python bench/routing.py --workload shared-prefix --load 0.7 \\
         --vllm-router .tools/vllm-router-venv/bin/vllm-router --json /tmp/routing.json
 
-The rate is ``--load`` x the fleet's capacity for the workload's prompt length with nothing
-cached: by default *measured* before each workload (closed loop, 32 streams per replica of
-prompts sharing nothing, straight to the replicas), or with ``--capacity profile`` estimated from
-the profile (replicas / GPU time of a request with nothing cached, ``PerfProfile.request_cost_s``
-at batch 32); with ``--backend-url`` give ``--rate`` in requests per second instead.
+The rate is ``--load`` x the fleet's capacity, measured before each workload by a closed loop
+of 32 streams per replica straight to the replicas (each request to the one with the fewest in
+flight): with ``--capacity cold`` (the default) of prompts of the workload's length sharing
+nothing, with ``--capacity workload`` of the workload's own requests (what the fleet serves of
+this traffic under load-only routing, cache hits included); or with ``--capacity profile``
+estimated from the profile (replicas / GPU time of a request with nothing cached,
+``PerfProfile.request_cost_s`` at batch 32). With ``--backend-url`` give ``--rate`` in requests
+per second instead.
 
 Default workload sizes follow the scenario of llm-d's precise prefix-cache scheduling benchmark
 ("KV-Cache Wins You Can See", llm-d blog, 2025: 8 vLLM pods of Qwen3-32B, 150 customers with a
@@ -42,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import hashlib
 import json
 import re
@@ -54,7 +62,7 @@ from typing import Any
 import httpx
 import yaml
 from relay_procs import BIN, Proc, free_port
-from routing_load import Result, Target, WorkloadSpec, build, run
+from routing_load import Result, Target, Turn, WorkloadSpec, build, run
 from routing_mixed import add_arguments as add_mixed_arguments
 from routing_mixed import bench_mixed
 
@@ -120,40 +128,82 @@ async def _reset(client: httpx.AsyncClient, urls: list[str], simulated: bool) ->
 
 
 async def _measure_capacity(
-    client: httpx.AsyncClient, urls: list[str], prompt_tokens: int, output_tokens: int,
-    per_replica: int, seed: int,
+    client: httpx.AsyncClient, urls: list[str], turns: list[Turn], output_tokens: int,
+    per_replica: int,
 ) -> float:
-    """The fleet's measured capacity for cold requests, requests per second.
+    """The fleet's measured capacity for ``turns``, requests per second.
 
-    Closed loop: ``per_replica`` streams per replica (the batch the profile estimate assumes),
-    each sending prompts of ``prompt_tokens`` that share nothing (so nothing is cached) with
-    ``output_tokens`` to generate, straight to the replicas, for two rounds of requests; the
-    capacity is the completed requests over the wall time. It includes whatever the machine
-    adds to the simulated GPU time (CPU contention), which the profile estimate does not.
+    Closed loop: ``per_replica`` streams per replica (the batch the profile estimate assumes)
+    send ``turns`` in order (their arrival times ignored; a multi-turn round still waits for
+    its previous answer), straight to the replicas, each to the one with the fewest requests in
+    flight (the baseline strategy without a gateway); the capacity is the completed requests
+    over the wall time. It includes whatever the machine adds to the simulated GPU time (CPU
+    contention), which the profile estimate does not.
     """
-    spec = WorkloadSpec(system_tokens=prompt_tokens, question_tokens=0,
-                        random_requests=2 * per_replica * len(urls))
-    turns = build("random", spec, 1.0, seed + 1000)
-    for t in turns:
-        t.at_s = 0.0
+    turns = [dataclasses.replace(t, at_s=0.0) for t in turns]
     slots = asyncio.Semaphore(per_replica * len(urls))
 
-    class _Spread(Target):
+    class _Least(Target):
         def __init__(self) -> None:
             super().__init__()
-            self.i = 0
+            self.inflight = dict.fromkeys(urls, 0)
 
         async def pick(self, body: dict[str, Any]) -> str:
             await slots.acquire()
-            self.i += 1
-            return urls[self.i % len(urls)]
+            url = min(urls, key=self.inflight.__getitem__)
+            self.inflight[url] += 1
+            return url
 
         def done(self, url: str) -> None:
+            self.inflight[url] -= 1
             slots.release()
 
-    results, wall = await run(client, turns, _Spread(), SERVED, output_tokens, {})
+    await _reset(client, urls, True)
+    results, wall = await run(client, turns, _Least(), SERVED, output_tokens, {})
     await _reset(client, urls, True)
     return sum(1 for r in results if r.ok) / wall if wall else 0.0
+
+
+def _capacity_turns(
+    workload: str, spec: WorkloadSpec, kind: str, prompt_tokens: int, streams: int, seed: int,
+) -> list[Turn]:
+    """The requests the capacity is measured with (see ``--capacity``).
+
+    ``cold`` (and ``random``, which shares nothing anyway): two rounds of ``streams`` prompts
+    of ``prompt_tokens`` sharing nothing.
+    ``workload``: the workload itself (another seed); multi-turn with at least ``streams``
+    users (same rounds, so the same history lengths) so that the closed loop can fill the
+    streams, which the workload's own users (each waiting for its previous answer) cannot.
+    """
+    if kind == "cold" or workload == "random":  # random shares nothing: the same traffic
+        cold = WorkloadSpec(system_tokens=prompt_tokens, question_tokens=0,
+                            random_requests=2 * streams)
+        return build("random", cold, 1.0, seed + 1000)
+    if workload == "multi-turn":
+        spec = dataclasses.replace(spec, users=max(spec.users, streams))
+    return build(workload, spec, 1.0, seed + 1000)
+
+
+class _Partition(Target):
+    """Static partition: each new system prompt (or ``user``) goes to the next replica in turn.
+
+    A reference, not a router: every group (or user) stays on one replica, so nothing is ever
+    copied or evicted by routing and no load is considered; with groups of equal rate it is the
+    affinity a perfect router could keep (what is left is the inevitable first request of each
+    group and the cold prefills every other request meets).
+    """
+
+    def __init__(self, urls: list[str]) -> None:
+        super().__init__()
+        self.urls = urls
+        self.owner: dict[str, str] = {}
+
+    async def pick(self, body: dict[str, Any]) -> str:
+        key = str(body.get("user") or body["messages"][0]["content"])
+        url = self.owner.get(key)
+        if url is None:
+            url = self.owner[key] = self.urls[len(self.owner) % len(self.urls)]
+        return url
 
 
 class _Oracle(Target):
@@ -195,6 +245,8 @@ def _summary(results: list[Result], wall_s: float, hits: float, queries: float) 
         "output_tok_s": sum(r.output_tokens for r in ok) / wall_s if wall_s else 0.0,
         "hit_ratio": hits / queries if queries else float("nan"),
         "wall_s": wall_s,
+        # Per request, in the workload's order (failed ones: null), for analysis of the tails.
+        "ttft_each_s": [round(r.ttft_s, 4) if r.ok else None for r in results],
     }
 
 
@@ -277,6 +329,22 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
         procs.append(Proc("gateway", [*gw_argv, "serve", "--config", str(cfg_path)], port,
                           "/healthz"))
         gateway = procs[-1].url
+        # ``--variant NAME=JSON``: one more gateway per variant, ``prefix_affinity`` only, its
+        # ``routing:`` section the base one updated with JSON (weights merged), so that variants
+        # of the decision are compared on the same schedule in the same run.
+        variants: dict[str, str] = {}
+        for spec_text in args.variant:
+            name, _, text = spec_text.partition("=")
+            vrouting = {**routing, **json.loads(text)}
+            if "weights" in routing and "weights" in vrouting:
+                vrouting["weights"] = {**routing["weights"], **vrouting["weights"]}
+            vport = free_port()
+            vcfg = workdir / f"gateway-{name}.yaml"
+            vcfg.write_text(yaml.safe_dump(
+                _gateway_config(urls, vport, ["prefix_affinity"], vrouting)))
+            procs.append(Proc(f"gateway:{name}", [*gw_argv, "serve", "--config", str(vcfg)],
+                              vport, "/healthz"))
+            variants[f"prefix_affinity:{name}"] = procs[-1].url
         peers: dict[str, str] = dict(p.split("=", 1) for p in args.peer_router)
         if args.vllm_router:
             for policy in args.vllm_router_policy:
@@ -303,9 +371,11 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
                 if profile is not None:
                     cost = profile.request_cost_s(int(prompt), spec.output_tokens, 32)
                     estimate = len(urls) / (cost * args.time_scale)
-                if simulated and args.capacity == "measured" and not args.rate:
-                    measured = await _measure_capacity(client, urls, int(prompt),
-                                                       spec.output_tokens, 32, args.seed)
+                if simulated and args.capacity in ("cold", "workload") and not args.rate:
+                    cap_turns = _capacity_turns(workload, spec, args.capacity, int(prompt),
+                                                32 * len(urls), args.seed)
+                    measured = await _measure_capacity(client, urls, cap_turns,
+                                                       spec.output_tokens, 32)
                     print(f"  {workload}: measured capacity {measured:.2f} req/s "
                           f"(profile estimate {estimate or float('nan'):.2f})", file=sys.stderr)
                 if args.rate:
@@ -324,8 +394,12 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
                     if s == "oracle":
                         if simulated:
                             targets[s] = (_Oracle(client, urls), SERVED, {})
+                    elif s == "partition":
+                        targets[s] = (_Partition(urls), SERVED, {})
                     else:
                         targets[s] = (Target(gateway), f"route-{s}", auth)
+                for name, url in variants.items():
+                    targets[name] = (Target(url), "route-prefix_affinity", auth)
                 for name, url in peers.items():
                     targets[name] = (Target(url), SERVED, {})
                 for name, (target, model, headers) in targets.items():
@@ -339,6 +413,7 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
                 params = {"replicas": len(urls), "rate_rps": round(rate, 2),
                           "chars_per_token": routing.get("chars_per_token"),
                           "load": args.load if not args.rate else None,
+                          "capacity": args.capacity if not args.rate else None,
                           "capacity_rps": round(measured, 2) if measured else None,
                           "estimate_rps": round(estimate, 2) if estimate else None,
                           "requests": len(turns), "profile": args.profile if simulated else None,
@@ -386,15 +461,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workload", action="append",
                     choices=["shared-prefix", "multi-turn", "random", "mixed"])
     ap.add_argument("--strategy", action="append",
-                    choices=[*GATEWAY_STRATEGIES, "oracle"])
+                    choices=[*GATEWAY_STRATEGIES, "oracle", "partition"])
     ap.add_argument("--replicas", type=int, default=4)
     ap.add_argument("--profile", default="qwen3-32b-h100")
     ap.add_argument("--time-scale", type=float, default=1.0)
     ap.add_argument("--num-gpu-blocks", type=int, default=None)
     ap.add_argument("--load", type=float, default=0.7, help="fraction of fleet capacity")
-    ap.add_argument("--capacity", choices=["measured", "profile"], default="measured",
-                    help="fleet capacity: measured closed-loop on the replicas (cold prompts), "
-                         "or estimated from the profile")
+    ap.add_argument("--capacity", choices=["cold", "workload", "profile"], default="cold",
+                    help="fleet capacity: measured closed-loop on the replicas with prompts of "
+                         "the workload's length sharing nothing (cold), or with the workload's "
+                         "own requests (workload), or estimated from the profile")
     ap.add_argument("--rate", type=float, default=None, help="requests/s (overrides --load)")
     ap.add_argument("--seed", type=int, default=1)
     # Defaults: the scenario of llm-d's precise-scheduling benchmark scaled to this fleet (see
@@ -414,6 +490,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--vllm-router", default=None, help="path of the vllm-router binary")
     ap.add_argument("--vllm-router-policy", action="append", default=None)
     ap.add_argument("--routing-json", default=None, help="gateway 'routing:' section as JSON")
+    ap.add_argument("--variant", action="append", default=[], metavar="NAME=JSON",
+                    help="also run prefix_affinity with the routing section updated by JSON "
+                         "(its own gateway), e.g. 'p25={\"weights\": {\"prefill\": 0.25}}'")
     ap.add_argument("--json", default=None, help="write the results here")
     add_mixed_arguments(ap)
     args = ap.parse_args(argv)

@@ -18,6 +18,14 @@ below saturation), ``no-fc`` (interactive + batch, ``mixed-plain``), ``fc`` (int
 <= 1.5x under batch load with flow control), batch output tokens/s in the arrival window and
 its share of the fleet's slots, the two batch keys' served ratio (target within +-10 %), and
 whether every flow-controlled request was served or refused within its class's maximum wait.
+
+**Configured share** of batch: its ``in_flight`` threshold over ``max_num_seqs``
+(``--batch-in-flight`` / ``--max-num-seqs``), the fraction of each replica's sequence slots
+that batch requests may hold. The target is batch output tokens/s with flow control (``fc``) of
+at least that share of batch output tokens/s without it (``no-fc``, where batch may hold every
+slot the interactive requests leave), both counted for the requests that ended within the
+arrival window of the same run. Also printed: the time-averaged requests in flight per replica
+and class (response head to end, as the client sees them), to compare with the threshold.
 """
 
 from __future__ import annotations
@@ -49,7 +57,7 @@ KEYS = {"interactive": "sg-mixed-interactive", "batch-a": "sg-mixed-batch-a",
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     """The options of the ``mixed`` workload (added to ``bench/routing.py``'s parser)."""
     g = ap.add_argument_group("mixed workload")
-    g.add_argument("--mixed-duration", type=float, default=40.0, help="arrival window, s")
+    g.add_argument("--mixed-duration", type=float, default=90.0, help="arrival window, s")
     g.add_argument("--mixed-baseline-duration", type=float, default=20.0)
     g.add_argument("--max-num-seqs", type=int, default=8)
     g.add_argument("--interactive-rate", type=float, default=2.0, help="requests/s")
@@ -59,8 +67,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--batch-output", type=int, default=128, help="tokens")
     g.add_argument("--overload", type=float, default=1.5,
                    help="batch arrival rate / fleet batch capacity")
-    g.add_argument("--batch-in-flight", type=int, default=6,
-                   help="flow control: batch requests per replica at most")
+    g.add_argument("--batch-in-flight", type=int, default=4,
+                   help="flow control: batch requests per replica at most (its configured "
+                   "share is this over --max-num-seqs)")
     g.add_argument("--batch-max-wait", type=float, default=15.0, help="s")
     g.add_argument("--interactive-max-wait", type=float, default=10.0, help="s")
 
@@ -83,6 +92,8 @@ class Shot:
 
 
 def _words(n: int, tag: str) -> str:
+    # Tags of one length (zero-padded): the requests of both batch keys cost the same tokens,
+    # so their fair share in tokens is also one in requests.
     return " ".join(f"{tag}{i}" for i in range(n))
 
 
@@ -93,7 +104,7 @@ def _schedule(args: argparse.Namespace, duration: float, batch_rate: float,
     n = int(duration * args.interactive_rate)
     for i in range(n):
         shots.append(Shot("interactive", "interactive", i / args.interactive_rate,
-                          _words(args.interactive_prompt, f"i{i}w"), args.interactive_output))
+                          _words(args.interactive_prompt, f"i{i:05d}w"), args.interactive_output))
     for key, share in (("batch-a", 2 / 3), ("batch-b", 1 / 3)):
         t, i = 0.0, 0
         rate = batch_rate * share
@@ -101,7 +112,7 @@ def _schedule(args: argparse.Namespace, duration: float, batch_rate: float,
             t += rng.expovariate(rate)
             if t >= duration:
                 break
-            shots.append(Shot("batch", key, t, _words(args.batch_prompt, f"{key}{i}w"),
+            shots.append(Shot("batch", key, t, _words(args.batch_prompt, f"{key}{i:05d}w"),
                               args.batch_output))
             i += 1
     return sorted(shots, key=lambda s: s.at_s)
@@ -155,6 +166,19 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered)) - 1))]
 
 
+def _occupancy(shots: list[Shot], start: float, end: float) -> float:
+    """Time-averaged number of ``shots`` in flight (response started, not ended) in
+    ``[start, end]`` seconds from the phase start (a served request holds a sequence slot of a
+    replica from its response head to its end, give or take the loopback hops)."""
+    held = 0.0
+    for s in shots:
+        if s.status != 200:
+            continue
+        a, b = max(start, s.at_s + s.head_s), min(end, s.end_s)
+        held += max(0.0, b - a)
+    return held / (end - start)
+
+
 def _summary(shots: list[Shot], duration: float, max_wait: dict[str, float],
              flow: bool) -> dict[str, Any]:
     inter = [s for s in shots if s.cls == "interactive"]
@@ -182,6 +206,9 @@ def _summary(shots: list[Shot], duration: float, max_wait: dict[str, float],
         "refused": codes,
         "batch_head_p50_s": _pct(heads, 50), "batch_head_max_s": max(heads, default=0.0),
         "late": len(late),
+        # Mean requests in flight over the steady part of the window, fleet-wide.
+        "interactive_in_flight": _occupancy(inter, duration / 4, duration),
+        "batch_in_flight": _occupancy(batch, duration / 4, duration),
     }
 
 
@@ -298,14 +325,22 @@ def _print(report: dict[str, Any], params: dict[str, Any], args: argparse.Namesp
               f"{served['batch-a']}/{served['batch-b']} ({ratio}) | "
               f"{json.dumps(row['refused'])} | {row['late']} |")
     fc = report["fc"]
-    share = args.batch_in_flight / args.max_num_seqs
+    share = args.batch_in_flight / args.max_num_seqs  # the configured share (module docstring)
     print(f"\ninteractive p99 TTFT under batch load with flow control: "
           f"{fc['ttft_p99_s'] / base:.2f}x baseline (target <= 1.5x); without: "
           f"{report['no-fc']['ttft_p99_s'] / base:.2f}x")
     print(f"batch throughput with flow control: {fc['batch_tok_s'] / full:.2f}x of the batch "
-          f"throughput without (configured share {share:.2f} of the slots)")
+          f"throughput without (target >= its configured share: in_flight "
+          f"{args.batch_in_flight} / max_num_seqs {args.max_num_seqs} = {share:.2f})")
     if fc["key_ratio"]:
         print(f"batch keys dispatched a/b with flow control (last 3/4 of the window): "
               f"{fc['key_ratio']:.2f} (target 1 +- 0.10; arrivals 2 : 1)")
     print(f"flow-controlled requests answered later than their class's max wait (+2 s): "
           f"{fc['late'] + report['idle-fc']['late']}")
+    n = args.replicas
+    for name in ("no-fc", "fc"):
+        row = report[name]
+        batch, inter = row["batch_in_flight"] / n, row["interactive_in_flight"] / n
+        print(f"{name}: mean requests in flight per replica (last 3/4 of the window): batch "
+              f"{batch:.2f}, interactive {inter:.2f} (batch in_flight threshold "
+              f"{args.batch_in_flight}, max_num_seqs {args.max_num_seqs})")

@@ -3,27 +3,43 @@
 A small leaf package: it imports none of the project's packages, and all four may import it
 (import-linter contracts in ``pyproject.toml``). Public API::
 
-    run(app, argv, prog=..., describe=..., interruptible=..., runner=..., setup=...) -> int
-                               the error boundary of every main(): one error line, exit codes
+    run(app, argv, prog=..., describe=..., runner=..., setup=...) -> int
+                               the error boundary of every main(): one error line, exit codes,
+                               SIGINT/SIGTERM/SIGHUP -> cleanup -> 130/143/129
     invoke(app, args, prog)    parse and run with help metavars (for a fast path's fallback)
     CliError                   a failure with code, message, hint, exit code
     error_line, warn           ``PROG: error [CODE]: WHAT (hint: ...)`` / ``warning [CODE]``
     EXIT_OK, EXIT_FAILED, EXIT_USAGE                  0, 1, 2
     VersionOpt, VerboseOpt, VERSION                   the shared root options
+    ConfigOpt, require_config, CONFIG_ENV             --config/-c/$SG_CONFIG, one definition
     Interrupted, interruptible, die_by                SIGINT/SIGTERM/SIGHUP -> cleanup -> 130/143
     public_key_path, existing_public_key              key file names: KEY.pem and KEY.pub
+    private_key_instead                               a private key given where a public one goes
+    UNSAFE_TEXT, shown                                untrusted text on a terminal: escaped
+    atomic_file, write_atomic                         an output file complete or absent
 """
 
 
 from typing import TYPE_CHECKING, Any
 
 from clishell.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, CliError, error_line, warn
+from clishell.files import atomic_file, write_atomic
 from clishell.interrupt import Interrupted, die_by, interruptible
-from clishell.keyfiles import existing_public_key, public_key_path
+from clishell.keyfiles import existing_public_key, private_key_instead, public_key_path
+from clishell.text import UNSAFE_TEXT, shown
 
 if TYPE_CHECKING:
     from clishell.boundary import BUG_HINT, IO_HINT, invoke, run, shared_flags
-    from clishell.options import VERSION, VerboseOpt, VersionOpt, click_command, version_line
+    from clishell.options import (
+        CONFIG_ENV,
+        VERSION,
+        ConfigOpt,
+        VerboseOpt,
+        VersionOpt,
+        click_command,
+        require_config,
+        version_line,
+    )
 
 # typer costs ~0.15 CPU-s to import: the library users of the key file names
 # (airgap.signing, weights.signing, gateway.audit) and the typer-free fast path of
@@ -31,6 +47,8 @@ if TYPE_CHECKING:
 _LAZY = {
     "BUG_HINT": "clishell.boundary", "IO_HINT": "clishell.boundary",
     "invoke": "clishell.boundary", "run": "clishell.boundary", "shared_flags": "clishell.boundary",
+    "CONFIG_ENV": "clishell.options", "ConfigOpt": "clishell.options",
+    "require_config": "clishell.options",
     "VERSION": "clishell.options", "VerboseOpt": "clishell.options",
     "VersionOpt": "clishell.options", "click_command": "clishell.options",
     "version_line": "clishell.options",
@@ -47,24 +65,32 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "BUG_HINT",
+    "CONFIG_ENV",
     "EXIT_FAILED",
     "EXIT_OK",
     "EXIT_USAGE",
     "IO_HINT",
+    "UNSAFE_TEXT",
     "VERSION",
     "CliError",
+    "ConfigOpt",
     "Interrupted",
     "VerboseOpt",
     "VersionOpt",
+    "atomic_file",
     "click_command",
     "die_by",
     "error_line",
     "existing_public_key",
     "interruptible",
     "invoke",
+    "private_key_instead",
     "public_key_path",
+    "require_config",
     "run",
     "shared_flags",
+    "shown",
     "version_line",
     "warn",
+    "write_atomic",
 ]

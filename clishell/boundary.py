@@ -7,8 +7,9 @@ What :func:`run` does, the same for all:
 * ``--version`` anywhere (before ``--``) prints ``PROG VERSION`` and exits 0;
   ``-v``/``--verbose`` anywhere shows the traceback of an error.
 * Exit statuses: 0 ok; 1 verification failed; 2 usage error, bad input or I/O error;
-  ``128 + signal`` when interrupted (130 SIGINT, 143 SIGTERM, 129 SIGHUP) with
-  ``interruptible=True`` (see :mod:`clishell.interrupt`).
+  ``128 + signal`` when interrupted (130 SIGINT, 143 SIGTERM, 129 SIGHUP): every command runs
+  inside :func:`clishell.interrupt.interruptible`, so cleanup runs and no interrupted command
+  exits 0.
 * Every failure is one line on standard error, :func:`clishell.errors.error_line`::
 
       PROG: error [CODE]: WHAT, WHERE (hint: WHAT TO DO)
@@ -24,7 +25,6 @@ What :func:`run` does, the same for all:
 
 from __future__ import annotations
 
-import contextlib
 import json
 import sys
 import traceback
@@ -85,7 +85,6 @@ def run(
     *,
     prog: str,
     describe: Describe | None = None,
-    interruptible: bool = False,
     runner: Runner | None = None,
     setup: Callable[[bool], None] | None = None,
 ) -> int:
@@ -98,8 +97,6 @@ def run(
         prog: The command's name, first word of every error line.
         describe: The CLI's own reading of some exceptions (e.g. several problems of one
             verification), consulted before the defaults.
-        interruptible: Turn SIGINT/SIGTERM/SIGHUP into :class:`~clishell.interrupt.Interrupted`
-            so that cleanup runs, and exit ``128 + signal``.
         runner: Runs the arguments instead of ``app``'s click command (a fast path); it may
             fall back to :func:`invoke`.
         setup: Called with the verbose flag before the command runs (e.g. logging levels).
@@ -116,9 +113,9 @@ def run(
     if setup is not None:
         setup(verbose)
     as_json = "--json" in args
-    guard = interrupt.interruptible() if interruptible else contextlib.nullcontext()
     try:
-        with guard:
+        # SIGINT/SIGTERM/SIGHUP raise Interrupted: cleanup runs, then exit 128 + signal.
+        with interrupt.interruptible():
             if runner is not None:
                 rc = runner(args)
             else:
@@ -219,12 +216,13 @@ def _json_text(doc: dict[str, Any]) -> str:
 
 
 def _interrupted(prog: str, exc: interrupt.Interrupted, as_json: bool) -> int:
-    message = (f"interrupted by {exc.name}; nothing half-written was left or made visible")
+    message = exc.message or (f"interrupted by {exc.name}; nothing half-written was left or "
+                              "made visible")
     if as_json:
         doc = {"ok": False, "interrupted": True, "signal": exc.name,
                "error": {"code": "interrupted", "message": message}}
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
         sys.stdout.flush()
-    print(error_line(prog, "interrupted", message, "rerun the command to resume"),
+    print(error_line(prog, "interrupted", message, exc.hint or "rerun the command to resume"),
           file=sys.stderr, flush=True)
     return interrupt.die_by(exc.signum)

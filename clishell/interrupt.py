@@ -4,13 +4,17 @@ Python's default SIGTERM/SIGHUP action kills the process without unwinding, and 
 becomes a ``KeyboardInterrupt`` that typer/click turn into an "abort" (``weights`` exited 0
 with no output on Ctrl-C, so ``weights verify && deploy`` deployed): a command stopped by
 Ctrl-C, ``kill``, ``systemd`` or a closed terminal must neither look successful nor leave a
-half-written bundle, staging directory or snapshot behind. The CLI boundary
-(:func:`clishell.run` with ``interruptible=True``, used by ``weights`` and ``airgap``) runs the
-command inside :func:`interruptible`. Inside :func:`interruptible` these signals raise
+half-written bundle, staging directory, key file or export behind. The CLI boundary
+(:func:`clishell.run`, the ``main()`` of every command line) runs every command inside
+:func:`interruptible`; there is no opt-out, so a command added later cannot read a Ctrl-C as
+success either. Inside :func:`interruptible` these signals raise
 :class:`Interrupted` (a ``BaseException``, so no ``except Exception`` swallows it), every
 ``finally``/``except BaseException`` on the way removes its partial output, and the CLI then
 exits with the usual status (:func:`die_by`: 130 for Ctrl-C, 143 for SIGTERM), so a calling
 shell, supervisor or ``subprocess`` never reads an interrupted command as a success.
+A server that handles its own signals while it serves (uvicorn, ``gateway serve``'s drain)
+replaces these handlers only while serving; when it ends because of SIGINT it raises
+:class:`Interrupted` itself (``gateway serve``'s documented drain on SIGTERM still exits 0).
 A signal that was ignored when we started stays ignored: ``nohup`` ignores SIGHUP, and a
 shell starts background jobs (``cmd &``) with SIGINT ignored, so a Ctrl-C typed at the
 terminal is not theirs. (Tests that send SIGINT to a child therefore reset the child's
@@ -29,11 +33,21 @@ SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 class Interrupted(BaseException):
-    """A termination signal arrived; ``signum`` says which."""
+    """A termination signal arrived; ``signum`` says which.
 
-    def __init__(self, signum: int) -> None:
+    Args:
+        signum: The signal number.
+        message: What the error line says instead of the default ("interrupted by SIG...;
+            nothing half-written was left or made visible").
+        hint: The error line's hint instead of the default ("rerun the command to resume").
+    """
+
+    def __init__(self, signum: int, message: str | None = None,
+                 hint: str | None = None) -> None:
         super().__init__(f"interrupted by {signal.Signals(signum).name}")
         self.signum = signum
+        self.message = message
+        self.hint = hint
 
     @property
     def name(self) -> str:

@@ -15,11 +15,19 @@ from pathlib import Path
 
 from clishell.errors import warn
 
-__all__ = ["LEGACY_PUBLIC_SUFFIX", "PUBLIC_SUFFIX", "existing_public_key", "public_key_path"]
+__all__ = [
+    "LEGACY_PUBLIC_SUFFIX", "PUBLIC_SUFFIX", "existing_public_key", "private_key_instead",
+    "public_key_path",
+]
 
 PUBLIC_SUFFIX = ".pub"
 #: What ``weights keygen`` / ``airgap keygen`` wrote before (accepted, with a warning).
 LEGACY_PUBLIC_SUFFIX = ".pub.pem"
+
+# How the private keys of the project's keygens (and of openssl/ssh-keygen) begin: PEM
+# "PRIVATE KEY" blocks (PKCS#8, SEC1 "EC PRIVATE KEY", "ENCRYPTED PRIVATE KEY", "OPENSSH PRIVATE
+# KEY", ...) and signed-note signer keys (``gateway audit keygen``).
+_PRIVATE_MARKERS = (b"PRIVATE KEY-----", b"PRIVATE+KEY+")
 
 
 def public_key_path(private_key_path: Path) -> Path:
@@ -73,3 +81,26 @@ def existing_public_key(path: Path, prog: str) -> Path:
         warn(prog, "deprecated", f"{path} not found; reading {other} (public keys are now "
              "named KEY.pub)", hint=f"pass {other}")
     return other
+
+
+def private_key_instead(path: Path, data: bytes) -> str | None:
+    """Why ``data``, read from ``path`` where a public key was expected, is a private key.
+
+    Verifying commands take the public key; handing them the private key is a common slip
+    (``--public-key audit.key``) that a key parser reports as a puzzling format error. This
+    names the mistake and the file to pass instead. Nothing of the key is quoted.
+
+    Args:
+        path: The file as the operator named it.
+        data: Its content.
+
+    Returns:
+        One line for the error message (what, where, what to pass), or ``None`` when ``data``
+        is not a private key.
+    """
+    head = data[:4096]
+    if not any(marker in head for marker in _PRIVATE_MARKERS):
+        return None
+    return (f"{path} is a private (signing) key, not a public key: pass its public key "
+            f"({public_key_path(path)}, written next to it by keygen), and keep the private "
+            "key where only the signer can read it")

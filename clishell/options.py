@@ -17,7 +17,8 @@ from typing import Annotated, Any, get_args, get_origin
 import typer
 import typer.main
 
-__all__ = ["VERSION", "VerboseOpt", "VersionOpt", "click_command", "version_line"]
+__all__ = ["CONFIG_ENV", "VERSION", "ConfigOpt", "VerboseOpt", "VersionOpt", "click_command",
+           "require_config", "version_line"]
 
 #: The version of the project's command lines (``pyproject.toml`` ``[project] version``; a test
 #: holds them equal). A constant, not package metadata: the container image runs the packages
@@ -41,6 +42,32 @@ VersionOpt = Annotated[bool, typer.Option(
     help="Show the version and exit (any position).")]
 VerboseOpt = Annotated[bool, typer.Option(
     "--verbose", "-v", help="Show the traceback of an error (any position).")]
+
+#: The environment variable every ``--config`` reads when the option is not given.
+CONFIG_ENV = "SG_CONFIG"
+
+#: ``--config FILE`` / ``-c FILE`` / ``$SG_CONFIG``: the gateway's YAML configuration, taken the
+#: same way by every command that reads it (``gateway serve``, ``check-config``, ``preflight``,
+#: ``audit``, ``keys``; ``policy explain``). ``None`` when neither is given: a command that needs
+#: the file calls :func:`require_config`.
+ConfigOpt = Annotated[Path | None, typer.Option(
+    "--config", "-c", envvar=CONFIG_ENV, show_default=False,
+    help="Gateway YAML config file (or the SG_CONFIG environment variable).")]
+
+
+def require_config(config: Path | None) -> Path:
+    """The ``--config`` file of a command that cannot run without one.
+
+    Raises:
+        CliError: Neither ``--config`` nor ``SG_CONFIG`` given (``usage_error``, exit 2).
+    """
+    if config is None:
+        from clishell.errors import CliError
+
+        raise CliError("usage_error", "no config file given",
+                       hint=f"pass --config FILE (or set {CONFIG_ENV})")
+    return config
+
 
 _TYPE_METAVARS = {str: "TEXT", int: "INTEGER", float: "FLOAT", bool: "BOOLEAN", Path: "PATH"}
 

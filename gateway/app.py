@@ -2,11 +2,13 @@
 
 Relay paths (``POST /v1/chat/completions`` and the others in :data:`gateway.relay.RELAY_PATHS`)
 are dispatched by path *before* FastAPI's middleware and router, straight into the raw-ASGI
-handler of :mod:`gateway.relay` (the hot path: no per-request framework objects). Everything
-else (``/v1/models``, ``/healthz``, ``/readyz``) is ordinary FastAPI. Before either, a request
-with ambiguous framing (``Content-Length`` with ``Transfer-Encoding``, repeated framing headers)
-is refused with 400 ``invalid_framing`` and ``Connection: close`` (second layer behind the
-parser check of :mod:`gateway.http_guard`; :func:`gateway.asgi_io.scope_framing_problem`).
+handler of :mod:`gateway.relay` (the hot path: no per-request framework objects); so are the
+keyed ``/v1/models`` endpoints (:mod:`gateway.models_api`), which are observed (audited) like
+relay requests. Everything else (``/healthz``, ``/readyz``, unknown paths) is ordinary FastAPI.
+Before any of them, a request with ambiguous framing (``Content-Length`` with
+``Transfer-Encoding``, repeated framing headers) is refused with 400 ``invalid_framing`` and
+``Connection: close`` (second layer behind the parser check of :mod:`gateway.http_guard`;
+:func:`gateway.asgi_io.scope_framing_problem`).
 
 Everything the app needs is passed to the constructor: the settings and the assembled
 components (:class:`gateway.assembly.Gateway`: authenticator, routing policy, observers such as
@@ -29,15 +31,16 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from gateway import relay
+from gateway import models_api, relay
 from gateway.access import AccessLogMiddleware
 from gateway.asgi_io import framing_refusal, scope_framing_problem
 from gateway.assembly import Gateway
-from gateway.auth import Authenticator, Principal, bearer_token
+from gateway.auth import Authenticator
 from gateway.drain import Drain
-from gateway.errors import GatewayError, InvalidRequest, MethodNotAllowed, ModelNotFound
+from gateway.errors import GatewayError, InvalidRequest, MethodNotAllowed
 from gateway.fleet.replica_metrics import MetricsScraper
 from gateway.health import HealthProber
+from gateway.models_api import is_models_path
 from gateway.records import AdmissionHook, RequestObserver
 from gateway.routing import ClassifyingPolicy, RoutePolicy, Router
 from gateway.settings import GatewaySettings
@@ -51,7 +54,10 @@ __all__ = ["create_app"]
 
 
 class _GatewayApp(FastAPI):
-    """FastAPI with a path dispatch in front for the relay hot path."""
+    """FastAPI with a path dispatch in front for the relay hot path and ``/v1/models``."""
+
+    created: int = 0
+    """Unix time in seconds reported as every model's ``created`` (set by create_app)."""
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http":
@@ -62,35 +68,22 @@ class _GatewayApp(FastAPI):
                 for message in framing_refusal(problem):
                     await send(message)
                 return
-            if scope["path"] in relay.RELAY_PATHS:
+            path = scope["path"]
+            if path in relay.RELAY_PATHS:
                 try:  # gateway_state's lookup, without a call per request
                     state = scope["state"][STATE_KEY].current
                 except (KeyError, TypeError, AttributeError):
                     state = gateway_state(scope)  # raises the explanation
                 await relay.handle(state, scope, receive, send)
                 return
+            if is_models_path(path):
+                await models_api.handle(gateway_state(scope), scope, receive, send, self.created)
+                return
         await super().__call__(scope, receive, send)
 
 
 def _error_response(exc: GatewayError) -> JSONResponse:
     return JSONResponse(exc.to_dict(), status_code=exc.status, headers=exc.headers)
-
-
-def _principal(request: Request) -> Principal:
-    state = gateway_state(request)
-    return state.authenticator.authenticate(
-        bearer_token(request.headers.get("authorization", "").encode("latin-1") or None)
-    )
-
-
-def _model_entry(name: str, aliases: Sequence[str], created: int) -> dict[str, Any]:
-    return {
-        "id": name,
-        "object": "model",
-        "created": created,
-        "owned_by": "sovereign-gateway",
-        "aliases": list(aliases),
-    }
 
 
 def _request_parts(parts: Gateway, settings: GatewaySettings) -> dict[str, Any]:
@@ -233,6 +226,7 @@ def create_app(
         redoc_url=None,
         openapi_url=None,
     )
+    app.created = created
     app.add_middleware(AccessLogMiddleware, log=settings.logging.access_log)
 
     @app.exception_handler(GatewayError)
@@ -273,33 +267,5 @@ def create_app(
         missing = router.not_ready()
         body = {"status": "not_ready" if missing else "ready", "models": models}
         return JSONResponse(body, status_code=503 if missing else 200)
-
-    @app.get("/v1/models")
-    async def list_models(request: Request) -> dict[str, Any]:
-        """The models the calling key may use (OpenAI ``GET /v1/models`` shape).
-
-        ``aliases`` lists every other name the key may send for the model: configured aliases
-        and the backend's ``served_model_name`` (the name responses carry in ``model``).
-        """
-        principal = _principal(request)
-        router = gateway_state(request).router
-        data = [
-            _model_entry(name, router.client_names(pool, principal.may_use), created)
-            for name, pool in router.pools.items()
-            if principal.may_use(name)
-        ]
-        return {"object": "list", "data": data}
-
-    @app.get("/v1/models/{model_id:path}")
-    async def get_model(model_id: str, request: Request) -> dict[str, Any]:
-        """One model by any name it may be sent as (404 if unknown or not allowed, no oracle)."""
-        principal = _principal(request)
-        router = gateway_state(request).router
-        pool = router.resolve(model_id, principal.may_use)
-        if pool is None or not principal.may_use(pool.model.name):
-            raise ModelNotFound(f"The model '{model_id}' does not exist.", param="model")
-        return _model_entry(
-            pool.model.name, router.client_names(pool, principal.may_use), created
-        )
 
     return app

@@ -16,8 +16,8 @@ drained) and, on Linux, gets SIGTERM if the demo dies without cleaning up (``PR_
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -132,23 +132,28 @@ def _stop_signals_raise() -> Iterator[None]:
             signal.signal(number, handler)
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
-    """Linux: the simulator gets SIGTERM when the demo process dies (even by SIGKILL)."""
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1 (prctl(2))
+def _die_with_parent() -> list[str]:
+    """The exec wrapper that gives the simulator SIGTERM when the demo dies (even by SIGKILL).
+
+    util-linux ``setpriv --pdeathsig`` sets ``PR_SET_PDEATHSIG`` (prctl(2), Linux) and execs the
+    command; without it (another OS, a minimal image) the simulator is still stopped by
+    :func:`_stop_sim` on every orderly exit. An exec wrapper rather than ``preexec_fn``: Python
+    code between ``fork`` and ``exec`` can deadlock in a process with threads.
+    """
+    setpriv = shutil.which("setpriv") if sys.platform == "linux" else None
+    return [setpriv, "--pdeathsig", "TERM"] if setpriv else []
 
 
 def _start_sim(port: int) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [
+            *_die_with_parent(),
             sys.executable, "-c", "import sys; from vllm_sim.cli import main; sys.exit(main())",
             "--host", "127.0.0.1", "--port", str(port), "--model", SERVED,
             "--ttft-ms", "50", "--itl-ms", "20",
         ],
         env={**os.environ, "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"},
         process_group=0,
-        preexec_fn=_die_with_parent if sys.platform == "linux" else None,
     )
 
 

@@ -16,8 +16,9 @@ shape (``code: invalid_framing``) and the connection closed when:
 
 h11 alone serves both requests of a ``Content-Length`` + ``Transfer-Encoding: chunked``
 smuggle, merges repeated equal lengths and unfolds obs-fold (see docs/gateway.md for the
-side-by-side with httptools). Other malformed requests that h11 refuses get the same JSON 400
-(``code: invalid_http_request``) instead of uvicorn's plain text.
+side-by-side with httptools). Other malformed requests that h11 refuses get the same JSON shape
+instead of uvicorn's plain text, naming h11's reason: 400 ``invalid_http_request``, or 431
+``request_header_too_large`` for a request head over h11's size limit.
 
 Slow and idle clients:
 
@@ -28,9 +29,14 @@ Slow and idle clients:
 * ``limits.max_client_connections``: a connection over the cap is answered ``503`` at once and
   closed, before any byte of its request is awaited.
 
+Oversized chunked bodies: a chunk-size line announcing more than what is left of
+``limits.max_body_bytes`` is answered ``413`` at once (:mod:`gateway.http_body`).
+
 Refusals are written as complete responses, then the write side is shut (``FIN``) and anything
 the client still sends is discarded for at most :data:`LINGER_S` before the socket is closed, so
-the client reads the answer instead of a connection reset.
+the client reads the answer instead of a connection reset. Each refusal is handed to the
+protocol's ``on_refused`` hook (``gateway serve``: an ``http.refused`` audit record), since
+none of these requests reaches the app and its observers.
 
 A second layer, :func:`gateway.asgi_io.scope_framing_problem`, runs in the app on the ASGI scope
 headers, so the app refuses (and closes after) ``Content-Length`` with ``Transfer-Encoding``
@@ -42,12 +48,14 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import logging
 import re
 from collections.abc import Callable
 from typing import Any
 
 import h11
 from h11._readers import (
+    ChunkedReader,
     header_field_re,
     maybe_read_from_IDLE_client,
     request_line_re,
@@ -58,61 +66,32 @@ from h11._writers import ChunkedWriter, ContentLengthWriter
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from gateway.asgi_io import BODY_CHUNK_EXTENSION, DISCONNECT_EXTENSION
+from gateway.http_body import TOO_LARGE_STATUS, BudgetedChunkedReader
+from gateway.http_framing import framing_problem
 from gateway.settings import LimitSettings
+
+_log = logging.getLogger(__name__)
 
 __all__ = [
     "LINGER_S",
     "GuardedH11Protocol",
+    "RefusalHook",
     "framing_problem",
     "guarded_protocol",
     "server_options",
 ]
 
+RefusalHook = Callable[[int, str, str, "str | None"], None]
+"""``(status, error code, message sent, client host or None)`` of a refused request."""
+
+BodyLimit = Callable[[], int]
+"""The ``limits.max_body_bytes`` in force now (it may change on a live reload), in bytes."""
+
 LINGER_S = 2.0
 """Seconds a refused connection keeps reading (and discarding) before it is closed."""
 
-_CONTENT_LENGTH = re.compile(rb"[0-9]{1,18}")
-_OWS = b" \t"
-_FOLD = (b" ", b"\t")
-_FRAMING_NAME_LENGTHS = (len(b"content-length"), len(b"transfer-encoding"))
-
-
-def framing_problem(request_line: bytes, header_lines: list[bytes] | list[bytearray]) -> str | None:
-    """Why a request head has ambiguous or unsupported framing, or ``None`` when it is sound.
-
-    Args:
-        request_line: The request line (``METHOD target HTTP/x.y``), without CRLF.
-        header_lines: The raw header lines, without CRLF, before any unfolding.
-
-    Returns:
-        A one-line reason for the client, or ``None``.
-    """
-    lengths = 0
-    encodings = 0
-    for line in header_lines:
-        if line[:1] in _FOLD:
-            return "obsolete line folding (a header line starting with whitespace) is refused"
-        colon = line.find(b":")
-        if colon not in _FRAMING_NAME_LENGTHS:  # cheap filter: only two names matter here
-            continue
-        name = line[:colon].lower()
-        if name == b"content-length":
-            lengths += 1
-            if lengths > 1:
-                return "repeated Content-Length header"
-            if _CONTENT_LENGTH.fullmatch(line[colon + 1 :].strip(_OWS)) is None:
-                return "Content-Length must be one decimal number"
-        elif name == b"transfer-encoding":
-            encodings += 1
-            if encodings > 1:
-                return "repeated Transfer-Encoding header"
-            if line[colon + 1 :].strip(_OWS).lower() != b"chunked":
-                return "Transfer-Encoding other than a single 'chunked' is not supported"
-    if encodings and lengths:
-        return "both Content-Length and Transfer-Encoding are present"
-    if encodings and request_line.endswith(b"HTTP/1.0"):
-        return "Transfer-Encoding in an HTTP/1.0 request"
-    return None
+# h11 quotes the offending bytes after its reason (": bytearray(b'...')"): never echoed back.
+_REASON_BYTES = re.compile(r":? *(bytearray\(|b['\"]).*\Z", re.DOTALL)
 
 
 class _StrictConnection(h11.Connection):
@@ -127,6 +106,10 @@ class _StrictConnection(h11.Connection):
     """
 
     framing_error: str | None = None
+    body_limit: BodyLimit | None = None
+    """The request body limit; a chunked body is refused once it is known to exceed it."""
+    protocol_error: h11.RemoteProtocolError | None = None
+    """What h11 refused in the last request, if it did (its status hint and reason)."""
     held_head: bytes = b""
     """The response head not written yet: it goes out with the first body bytes."""
     on_hold: Callable[[], None] | None = None
@@ -197,10 +180,21 @@ class _StrictConnection(h11.Connection):
         head, self.held_head = self.held_head, b""
         return head
 
+    def next_event(self) -> Any:
+        """h11's ``next_event``, keeping a refusal for :meth:`GuardedH11Protocol.send_400_response`
+        (uvicorn drops the exception, and with it h11's status hint and reason)."""
+        try:
+            return super().next_event()
+        except h11.RemoteProtocolError as exc:
+            self.protocol_error = exc
+            raise
+
     def _get_io_object(self, role: Any, event: Any, io_dict: Any) -> Any:
         obj = super()._get_io_object(role, event, io_dict)
         if obj is maybe_read_from_IDLE_client:
             return self._read_request_head
+        if type(obj) is ChunkedReader and role is h11.CLIENT and self.body_limit is not None:
+            return BudgetedChunkedReader(self.body_limit())
         return obj
 
     def _read_request_head(self, buf: ReceiveBuffer) -> h11.Request | None:
@@ -250,6 +244,12 @@ class GuardedH11Protocol(H11Protocol):
 
     header_timeout_s: float = 10.0
     max_connections: int = 4096
+    body_limit: BodyLimit | None = None
+    """The request body limit in force (``None``: chunked bodies are not counted here)."""
+    on_refused: RefusalHook | None = None
+    """Told of every request or connection this protocol refuses before the app sees it
+    (status, error code, the message sent, client host): ``gateway serve`` records each in
+    the audit log (``http.refused``). Must not raise or block."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -257,6 +257,7 @@ class GuardedH11Protocol(H11Protocol):
             h11.SERVER, self.conn._max_incomplete_event_size
         )
         self.conn.on_hold = self._schedule_head_write
+        self.conn.body_limit = self.body_limit
         self._header_timer: asyncio.TimerHandle | None = None
         self._head_bytes = 0
         self._refused = False
@@ -269,11 +270,9 @@ class GuardedH11Protocol(H11Protocol):
         super().connection_made(transport)
         if len(self.connections) > self.max_connections:
             self.connections.discard(self)
-            self._refuse(_error_response(
-                503, "Service Unavailable",
-                "The gateway is at its client connection limit; retry later.",
-                "too_many_connections", "server_error",
-            ))
+            self._refuse(503, "Service Unavailable",
+                         "The gateway is at its client connection limit; retry later.",
+                         "too_many_connections", "server_error")
             return
         self._arm_header_timer()
 
@@ -302,14 +301,35 @@ class GuardedH11Protocol(H11Protocol):
             self._arm_header_timer()
 
     def send_400_response(self, msg: str) -> None:
-        """Refuse a malformed request with the OpenAI error JSON and close (not plain text)."""
-        framing = self.conn.framing_error
-        self._refuse(_error_response(
-            400, "Bad Request",
-            f"Invalid HTTP request framing: {framing}." if framing else msg,
-            "invalid_framing" if framing else "invalid_http_request",
-            "invalid_request_error",
-        ))
+        """Refuse a malformed request with the OpenAI error JSON and close (not plain text).
+
+        The answer names what was wrong: the framing problem (400 ``invalid_framing``), a
+        request head over h11's size limit (431 ``request_header_too_large``, RFC 6585 §5), a
+        chunked body announcing more than the body limit (413 ``request_too_large``, see
+        :mod:`gateway.http_body`), or h11's reason for any other malformed request (400
+        ``invalid_http_request``), without echoing the client's bytes.
+        """
+        conn = self.conn
+        if conn.framing_error:
+            self._refuse(400, "Bad Request",
+                         f"Invalid HTTP request framing: {conn.framing_error}.",
+                         "invalid_framing")
+            return
+        exc = conn.protocol_error
+        if exc is not None and exc.error_status_hint == 431:
+            self._refuse(431, "Request Header Fields Too Large",
+                         f"The request line and headers are larger than the limit of "
+                         f"{conn._max_incomplete_event_size} bytes.",
+                         "request_header_too_large")
+            return
+        if exc is not None and exc.error_status_hint == TOO_LARGE_STATUS:
+            limit = self.body_limit() if self.body_limit is not None else 0
+            self._refuse(413, "Content Too Large",
+                         f"Request body exceeds the limit of {limit} bytes.", "request_too_large")
+            return
+        reason = _REASON_BYTES.sub("", str(exc)) if exc is not None else ""
+        self._refuse(400, "Bad Request", f"Invalid HTTP request: {reason}." if reason else msg,
+                     "invalid_http_request")
 
     def handle_events(self) -> None:
         """uvicorn's, plus the :data:`BODY_CHUNK_EXTENSION` and :data:`DISCONNECT_EXTENSION` in
@@ -393,46 +413,73 @@ class GuardedH11Protocol(H11Protocol):
         if self.cycle is not None and not self.cycle.response_complete:
             return  # a response is still being written (pipelined head waits on purpose)
         if self._head_bytes:
-            self._refuse(_error_response(
-                408, "Request Timeout",
-                f"The request headers were not received within {self.header_timeout_s:g} s.",
-                "request_timeout", "invalid_request_error",
-            ))
+            self._refuse(408, "Request Timeout",
+                         f"The request headers were not received within "
+                         f"{self.header_timeout_s:g} s.", "request_timeout")
         else:
             self.transport.close()
 
-    def _refuse(self, response: bytes) -> None:
-        """Write a complete response, shut the write side, discard input, close soon."""
+    def _refuse(self, status: int, reason: str, message: str, code: str,
+                err_type: str = "invalid_request_error") -> None:
+        """Write a complete error response, shut the write side, discard input, close soon;
+        then tell :attr:`on_refused`."""
         self._refused = True
         self._cancel_header_timer()
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete:
+            # The app is reading this request's body (a refused chunked body): it is told the
+            # client is gone, and anything it still sends is dropped.
+            cycle.disconnected = True
+            cycle.message_event.set()
         self._unset_keepalive_if_required()
         transport = self.transport
-        transport.write(response)
+        transport.write(_error_response(status, reason, message, code, err_type))
         if transport.can_write_eof():
             transport.write_eof()
             self.loop.call_later(LINGER_S, transport.close)
         else:
             transport.close()
+        if self.on_refused is not None:
+            try:
+                self.on_refused(status, code, message, self.client[0] if self.client else None)
+            except Exception:
+                _log.exception("on_refused hook failed (%s %s)", status, code)
 
 
-def guarded_protocol(limits: LimitSettings) -> type[GuardedH11Protocol]:
-    """A :class:`GuardedH11Protocol` subclass configured from ``limits``."""
+def guarded_protocol(
+    limits: LimitSettings, on_refused: RefusalHook | None = None,
+    body_limit: BodyLimit | None = None,
+) -> type[GuardedH11Protocol]:
+    """A :class:`GuardedH11Protocol` subclass configured from ``limits`` (and the hook told of
+    each refusal; ``body_limit``: the ``max_body_bytes`` in force, by default
+    ``limits.max_body_bytes``)."""
+    max_body_bytes = limits.max_body_bytes
     return type(
         "GatewayH11Protocol",
         (GuardedH11Protocol,),
         {
             "header_timeout_s": limits.client_header_timeout_s,
             "max_connections": limits.max_client_connections,
+            "on_refused": staticmethod(on_refused) if on_refused is not None else None,
+            "body_limit": staticmethod(body_limit or (lambda: max_body_bytes)),
         },
     )
 
 
-def server_options(limits: LimitSettings, **options: Any) -> dict[str, Any]:
+def server_options(
+    limits: LimitSettings, on_refused: RefusalHook | None = None,
+    body_limit: BodyLimit | None = None, **options: Any
+) -> dict[str, Any]:
     """The uvicorn options the gateway is served with (``uvicorn.run(app, **options)``).
 
     Args:
         limits: ``client_header_timeout_s``, ``keep_alive_timeout_s`` and
             ``max_client_connections`` are applied.
+        on_refused: Called with ``(status, code, message, client_host)`` for every request or
+            connection refused before it reaches the app (``gateway serve``: the audit log's
+            ``http.refused`` records).
+        body_limit: The ``limits.max_body_bytes`` in force now (``gateway serve``: the running
+            configuration's, which a live reload may change); default ``limits``'s.
         **options: Further :class:`uvicorn.Config` arguments (host, port, TLS files, ...).
 
     Returns:
@@ -442,7 +489,7 @@ def server_options(limits: LimitSettings, **options: Any) -> dict[str, Any]:
     """
     out: dict[str, Any] = {
         "loop": "asyncio",
-        "http": guarded_protocol(limits),
+        "http": guarded_protocol(limits, on_refused, body_limit),
         "ws": "none",  # no WebSocket routes: an Upgrade request stays plain HTTP
         "timeout_keep_alive": limits.keep_alive_timeout_s,
         "lifespan": "on",

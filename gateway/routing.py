@@ -72,6 +72,9 @@ class Replica:
         scrape_outstanding: ``outstanding`` at the time of that scrape.
         prefill_tokens: Estimated uncached prompt tokens of the requests ``prefix_affinity``
             sent here whose response has not started (see :class:`gateway.fleet.RouteHint`).
+        flow_in_flight: Flow-controlled requests in flight to this replica per priority class
+            (index: class, 0 the highest; empty until flow control hands it a request), from
+            the hand-over to the request's end (see :mod:`gateway.flow.saturation`).
     """
 
     model: str
@@ -90,6 +93,7 @@ class Replica:
     signals: ReplicaSignals | None = None
     scrape_outstanding: int = 0
     prefill_tokens: float = 0.0
+    flow_in_flight: list[int] = field(default_factory=list)
 
     @property
     def label(self) -> str:

@@ -3,8 +3,11 @@
 ``uvicorn.run`` is replaced by :func:`run_server` so that the start and the end of serving are
 named steps: once the lifespan start-up finished (state built, pools open, audit chain opened),
 the heap that lives as long as the process is frozen out of the garbage collector
-(:mod:`gateway.runtime_tuning`); on SIGTERM the server drains (:mod:`gateway.drain`) and exits 0;
-on SIGHUP it reloads its configuration (:mod:`gateway.reload`) without closing a connection.
+(:mod:`gateway.runtime_tuning`); on SIGTERM or SIGINT the server drains (:mod:`gateway.drain`)
+and :func:`run_server` returns the signal that stopped it (``gateway serve`` then exits 0 after
+SIGTERM, an orchestrator's normal stop, and 130 after SIGINT, so that a Ctrl-C never reads as
+success); on SIGHUP it reloads its configuration (:mod:`gateway.reload`) without closing a
+connection.
 
 A worker of ``gateway serve --workers N`` (:mod:`gateway.supervisor`) runs the same server on the
 listening socket it inherited from the supervisor, tells the supervisor when it started, and
@@ -18,13 +21,13 @@ import asyncio
 import logging
 import signal
 import socket
-import sys
 from collections.abc import Callable
 from types import FrameType
 from typing import TYPE_CHECKING
 
 import uvicorn
 
+from clishell import CliError
 from gateway.drain import SHUTDOWN_MARGIN_S, Drain
 from gateway.hangup import HangupLatch
 from gateway.runtime_tuning import freeze_startup_heap, tune_gc
@@ -65,6 +68,7 @@ class GatewayServer(uvicorn.Server):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._on_started = on_started
         self._ignore_sigint = ignore_sigint
+        self.stopped_by: int | None = None  # the first signal that stopped the server
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         """Start as uvicorn does, then :func:`freeze_startup_heap` (only when started) and
@@ -89,6 +93,8 @@ class GatewayServer(uvicorn.Server):
         """
         if sig == signal.SIGINT and self._ignore_sigint:
             return
+        if self.stopped_by is None:
+            self.stopped_by = sig
         drain, loop = self.drain, self._loop
         if drain is None or loop is None:  # no drain, or not started yet: stop as uvicorn does
             self.force_exit = self.should_exit
@@ -119,7 +125,7 @@ def run_server(
     config: uvicorn.Config, drain: Drain | None = None, reloader: Reloader | None = None, *,
     sockets: list[socket.socket] | None = None,
     on_started: Callable[[], None] | None = None,
-) -> None:
+) -> int | None:
     """Serve ``config`` in the foreground until a signal stops it.
 
     Args:
@@ -133,9 +139,14 @@ def run_server(
             binding ``config.host:config.port``; SIGINT is then ignored (see module docstring).
         on_started: Called once serving started.
 
+    Returns:
+        The signal that stopped the server (``signal.SIGTERM``, ``signal.SIGINT``), or None
+        when it stopped for another reason.
+
     Raises:
-        SystemExit: With :data:`STARTUP_FAILURE` when the server did not start (as
-            ``uvicorn.run`` does).
+        CliError: ``startup_failed`` with exit status :data:`STARTUP_FAILURE` when the server
+            did not start (a port in use, a lifespan start-up error such as the audit store),
+            naming the reason uvicorn logged, so the CLI's last line says why.
     """
     tune_gc()
     if drain is not None:
@@ -145,9 +156,46 @@ def run_server(
         HangupLatch.install()  # held until startup() handles it
     server = GatewayServer(config, drain, reloader, on_started=on_started,
                            ignore_sigint=sockets is not None)
+    reasons = _StartupErrors()
+    uvicorn_log = logging.getLogger("uvicorn.error")
+    uvicorn_log.addHandler(reasons)
     try:
         server.run(sockets=sockets)
-    except KeyboardInterrupt:
-        pass
+    except SystemExit as exc:
+        if exc.code != STARTUP_FAILURE or server.started:
+            raise
+    finally:
+        uvicorn_log.removeHandler(reasons)
     if not server.started:
-        sys.exit(STARTUP_FAILURE)
+        raise CliError(
+            "startup_failed",
+            f"the gateway did not start: {reasons.reason() or 'see the log lines above'}",
+            hint="a port in use is listen.port or telemetry.admin.port; the log lines above "
+                 "have the details",
+            exit_code=STARTUP_FAILURE)
+    return server.stopped_by
+
+
+class _StartupErrors(logging.Handler):
+    """Keeps why uvicorn did not start: its error records, as one line each (the exception
+    line of a logged traceback)."""
+
+    _DONE = "Application startup failed. Exiting."
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.reasons: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        exc = record.exc_info[1] if record.exc_info else None
+        if exc is not None:
+            text = f"{type(exc).__name__}: {exc}"
+        else:
+            lines = [line.strip() for line in record.getMessage().strip().splitlines()]
+            text = lines[-1] if lines else ""
+        if text and text != self._DONE:
+            self.reasons.append(text)
+
+    def reason(self) -> str | None:
+        """The first reason recorded, or ``None``."""
+        return self.reasons[0] if self.reasons else None

@@ -56,6 +56,7 @@ from gateway.flow.settings import FlowControlSettings
 from gateway.keys_file import merge_keys_file, relabel_keys
 from gateway.keystore.settings import KeystoreSettings
 from gateway.quotas.settings import QuotaSettings
+from gateway.url_paths import UrlPath, url_path_fields, url_path_problem
 
 _M = TypeVar("_M", bound=BaseModel)
 
@@ -313,15 +314,8 @@ class HealthSettings(_Frozen):
     cooldown_s: float = Field(default=10.0, ge=0, allow_inf_nan=False)
     interval_s: float = Field(default=5.0, gt=0, allow_inf_nan=False)
     timeout_s: float = Field(default=2.0, gt=0, allow_inf_nan=False)
-    path: str = "/health"
+    path: UrlPath = "/health"
     active: bool = True
-
-    @field_validator("path")
-    @classmethod
-    def _check_path(cls, value: str) -> str:
-        if not value.startswith("/"):
-            raise ValueError("must start with / (it is appended to each replica URL)")
-        return value
 
 
 class LoggingSettings(_Frozen):
@@ -484,6 +478,10 @@ class GatewaySettings(BaseSettings):
             for name in names:
                 if seen.get(name) != name:
                     raise ValueError(f"flow_control.{where}: {name!r} is not a model name")
+        for where, path in url_path_fields(self):  # every section's, typed UrlPath or not
+            problem = url_path_problem(path)
+            if problem is not None:
+                raise ValueError(f"{where}: {problem}")
         ks = self.keystore
         if ks is not None and ks.enabled and ks.store is None and self.audit is None:
             raise ValueError("keystore.store: store is not set and there is no audit section "

@@ -3,8 +3,9 @@
 The supervisor (the process started, PID 1 in the container) binds ``listen.host:port`` once
 and starts N workers with the ``spawn`` start method: each worker is a fresh interpreter that
 runs exactly what one ``gateway serve`` process runs (the process egress guard installed and
-self-tested first, the assembly, the drain) on the socket it inherited. The kernel hands each
-new connection to one worker's ``accept``. The supervisor serves no client request.
+self-tested first, the assembly, the drain) on the socket it inherited (the worker's side:
+:mod:`gateway.worker`). The kernel hands each new connection to one worker's ``accept``. The
+supervisor serves no client request.
 
 Per worker:
 
@@ -18,6 +19,10 @@ Per worker:
 * **per worker, by design**: replica health and in-flight counts, the prefix index of
   ``prefix_affinity`` (as with several pods), ``limits.max_client_connections`` and
   ``limits.max_upstream_connections`` (the pod allows N times as many);
+* **flow control**: each worker keeps its own queues and in-flight counts and enforces its share
+  of every ``in_flight`` threshold (``T // N``, one more for the first ``T % N`` workers: the
+  shares add up to ``T``); :func:`check_workers` refuses a threshold below N (a worker's share
+  would be 0). See :meth:`gateway.flow.settings.FlowControlSettings.limits`;
 * **metrics**: each worker serves its admin routes on a Unix socket in a private directory;
   the supervisor serves ``telemetry.admin`` and merges every worker's ``/metrics`` per scrape
   (:mod:`gateway.telemetry.pod`).
@@ -25,7 +30,8 @@ Per worker:
 Signals: the first SIGTERM or SIGINT is forwarded as SIGTERM to every worker (each drains as
 one process does: ``/readyz`` 503, accepting for ``drain.delay_s``, streams end by
 ``drain.timeout_s``, audit chain sealed); the supervisor closes its copy of the listener,
-waits for every worker and exits 0 when each drained cleanly. A second SIGTERM or SIGINT is
+waits for every worker and exits 0 when each drained cleanly (``gateway serve`` then exits 130
+if it was SIGINT: a Ctrl-C never reads as success). A second SIGTERM or SIGINT is
 forwarded again: the workers stop at once. SIGHUP is forwarded to every worker (each reloads
 in process). Workers ignore SIGINT (a Ctrl-C reaches the whole process group; the supervisor's
 forwarded SIGTERM counts once) and begin draining if the supervisor dies.
@@ -44,15 +50,11 @@ import asyncio
 import contextlib
 import logging
 import multiprocessing
-import multiprocessing.connection
 import os
 import shutil
 import signal
 import socket
-import sys
 import tempfile
-import threading
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -60,16 +62,13 @@ from typing import Any
 
 from gateway.config_errors import InvalidConfig
 from gateway.drain import SHUTDOWN_MARGIN_S
-from gateway.errors import ConfigError, GatewayError
+from gateway.errors import ConfigError
 from gateway.hangup import HangupLatch
 from gateway.logs import configure_logging
 from gateway.settings import GatewaySettings
+from gateway.worker import Adjust, WorkerSlot, worker_main
 
-Adjust = Callable[[GatewaySettings], GatewaySettings]
-"""The command line's overrides of a loaded configuration (see ``gateway.cli.serve``)."""
-
-__all__ = ["STARTUP_FAILURE", "WorkerSlot", "check_workers", "serve_workers",
-           "worker_replica_id"]
+__all__ = ["STARTUP_FAILURE", "Supervisor", "check_workers", "serve_workers"]
 
 _log = logging.getLogger(__name__)
 
@@ -77,17 +76,6 @@ STARTUP_FAILURE = 3
 """Exit status when a worker did not start (as one process: ``uvicorn.main.STARTUP_FAILURE``)."""
 
 _BACKLOG = 2048  # uvicorn's default
-
-
-def worker_replica_id(replica_id: str, index: int) -> str:
-    """The audit replica id of worker ``index``: ``<replica_id>-w<index>`` (63 chars at most).
-
-    Args:
-        replica_id: ``audit.replica_id``.
-        index: Worker index, 0-based.
-    """
-    suffix = f"-w{index}"
-    return replica_id[: 63 - len(suffix)] + suffix
 
 
 def _memory_sqlite(url: str | None) -> bool:
@@ -104,7 +92,9 @@ def check_workers(settings: GatewaySettings, workers: int) -> None:
 
     Raises:
         InvalidConfig: ``file:line: key: problem`` for each setting that keeps pod-wide state
-            in one process's memory.
+            in one process's memory, and each flow-control ``in_flight`` threshold smaller than
+            ``workers`` (each worker enforces its share of it: see
+            :meth:`gateway.flow.settings.FlowControlSettings.limits`).
     """
     if workers <= 1:
         return
@@ -124,72 +114,16 @@ def check_workers(settings: GatewaySettings, workers: int) -> None:
         problems.append("keystore.store: an in-memory SQLite store is per process: a key "
                         f"created or revoked would reach one of {workers} workers; use a file "
                         "or PostgreSQL")
+    fc = settings.flow_control
+    if fc.enabled:
+        for where, value in fc.small_in_flight(workers):
+            problems.append(
+                f"flow_control.{where}: {value} is less than --workers {workers}: each worker "
+                f"enforces its share of an in_flight threshold ({value} // {workers} = "
+                f"{value // workers} for some); set at least {workers}, or fewer workers")
     if problems:
         located = [p for msg in problems for p in settings.problems_of(ConfigError(msg))]
         raise InvalidConfig(located)
-
-
-@dataclass
-class WorkerSlot:
-    """What a worker process is given by its supervisor (pickled to the spawned process).
-
-    Attributes:
-        index: Worker index (0..N-1); a restarted worker keeps its index.
-        listener: The listening socket (inherited).
-        ready: Write end of the pipe on which the worker reports that it serves.
-        admin_path: Unix socket for the worker's admin routes (``None`` without telemetry).
-    """
-
-    index: int
-    listener: socket.socket
-    ready: Connection
-    admin_path: str | None
-
-    def settings_for(self, settings: GatewaySettings) -> GatewaySettings:
-        """``settings`` with this worker's audit replica id (see :func:`worker_replica_id`)."""
-        if settings.audit is None:
-            return settings
-        audit = settings.audit.model_copy(
-            update={"replica_id": worker_replica_id(settings.audit.replica_id, self.index)})
-        return settings.model_copy(update={"audit": audit})  # keeps the file:line map
-
-    def started(self) -> None:
-        """Tell the supervisor this worker serves (called once by the server)."""
-        self.ready.send(("ready", os.getpid()))
-        self.ready.close()
-
-
-def _watch_parent() -> None:
-    """Drain (SIGTERM to self) when the supervisor is gone (it was killed)."""
-    parent = multiprocessing.parent_process()
-    if parent is None:
-        return
-
-    def wait() -> None:
-        multiprocessing.connection.wait([parent.sentinel])
-        _log.warning("supervisor gone: draining")
-        os.kill(os.getpid(), signal.SIGTERM)
-
-    threading.Thread(target=wait, name="sg-supervisor-watch", daemon=True).start()
-
-
-def _worker_main(settings: GatewaySettings, base: Path | None, slot: WorkerSlot,
-                 config: Path | None, adjust: Adjust | None) -> None:
-    # The supervisor forwards SIGINT as SIGTERM; a SIGHUP is held until the in-process reload
-    # (gateway.reload) handles it once serving (the default would end the worker).
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    HangupLatch.install()
-    _watch_parent()
-    from gateway.cli.serve import run
-
-    try:
-        run(settings, base, worker=slot, config=config, adjust=adjust)
-    except GatewayError as exc:
-        from clishell import error_line
-
-        print(error_line("gateway", exc.code, f"worker {slot.index}: {exc.message}"),
-              file=sys.stderr)
-        sys.exit(2)
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -239,6 +173,7 @@ class Supervisor:
         self._dir = ""
         self._draining = False
         self._failed = False  # a worker did not start: the pod stops
+        self.stopped_by: int | None = None  # the first signal that stopped the pod
         self._all_ready = False
         self._done: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -256,8 +191,9 @@ class Supervisor:
     def _spawn(self, index: int) -> None:
         assert self._listener is not None and self._loop is not None
         parent_end, child_end = self._ctx.Pipe(duplex=False)
-        slot = WorkerSlot(index, self._listener, child_end, self._admin_path(index))
-        proc = self._ctx.Process(target=_worker_main, args=(self.settings, self.base, slot,
+        slot = WorkerSlot(index, self.count, self._listener, child_end,
+                          self._admin_path(index))
+        proc = self._ctx.Process(target=worker_main, args=(self.settings, self.base, slot,
                                                                 self.config, self.adjust),
                                  name=f"gateway-worker-{index}")
         proc.start()
@@ -332,6 +268,8 @@ class Supervisor:
 
     def _begin_stop(self, sig: int | None) -> None:
         assert self._loop is not None
+        if self.stopped_by is None and sig is not None:
+            self.stopped_by = sig
         if self._draining:
             _log.warning("second %s: stopping the workers at once",
                          signal.Signals(sig).name if sig else "stop")
@@ -432,7 +370,7 @@ def _describe(code: int | None) -> str:
 def serve_workers(
     settings: GatewaySettings, base: Path | None, workers: int, *,
     config: Path | None = None, adjust: Adjust | None = None,
-) -> int:
+) -> tuple[int, int | None]:
     """Run ``workers`` worker processes on ``settings.listen`` until stopped.
 
     Args:
@@ -443,15 +381,17 @@ def serve_workers(
         adjust: The overrides applied to each reloaded configuration (picklable).
 
     Returns:
-        The exit status (see :meth:`Supervisor.run`).
+        The exit status (see :meth:`Supervisor.run`) and the signal that stopped the pod
+        (``signal.SIGTERM``, ``signal.SIGINT`` or None).
 
     Raises:
         InvalidConfig: A setting keeps pod-wide state in one process (:func:`check_workers`).
     """
     check_workers(settings, workers)
     configure_logging(settings.logging)
+    supervisor = Supervisor(settings, base, workers, config=config, adjust=adjust)
     try:
-        return Supervisor(settings, base, workers, config=config, adjust=adjust).run()
+        return supervisor.run(), supervisor.stopped_by
     except OSError as exc:  # the listen or admin port
         _log.error("gateway did not start: %s", exc)
-        return STARTUP_FAILURE
+        return STARTUP_FAILURE, supervisor.stopped_by

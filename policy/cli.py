@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from clishell import EXIT_FAILED, EXIT_USAGE, CliError, VerboseOpt, VersionOpt, run
+from clishell import EXIT_FAILED, EXIT_USAGE, CliError, ConfigOpt, VerboseOpt, VersionOpt, run
 
 from .addresses import parse_host
 from .egress import EgressMatcher
@@ -175,12 +175,14 @@ def explain(
     team: Annotated[str | None, typer.Option("--team", help="The key's team.")] = None,
     destinations: Annotated[list[str] | None, typer.Option(
         "--destination", help="Destination id to evaluate (repeatable).")] = None,
-    config: Annotated[Path | None, typer.Option(
-        "--config", help="Gateway config YAML: keys[].team/data_class and the model's "
-        "replicas[].destination.")] = None,
+    config: ConfigOpt = None,
     as_json: JsonOpt = False,
 ) -> int:
-    """Explain which destinations a request may go to, which rule decided, and why."""
+    """Explain which destinations a request may go to, which rule decided, and why.
+
+    With a gateway config (--config or SG_CONFIG): the key's team and data class from its
+    keys[], and --model's destinations from its replicas[].destination.
+    """
     policy = Policy.from_file(file)
     default_class = data_class
     header: str | None = None
@@ -258,7 +260,15 @@ def connect_cmd(
     checks: list[dict[str, Any]] = []
     lookup = matcher.check_lookup(host, port)
     is_name = lookup.address is None and lookup.destination_id is not None
-    if is_name or not lookup.allowed:
+    if lookup.allowed and lookup.address is None and not is_name and not resolved:
+        # localhost (or any name under unsafe_allow_all): the lookup is allowed and no
+        # destination pins where it goes, so the answer is the connect check of whatever the
+        # host resolves it to. Without that address there is no verdict to give.
+        raise _UsageError(
+            f"{host!r} is resolved by the host ({lookup.reason}), not pinned by a destination: "
+            f"give --resolved ADDRESS (e.g. --resolved 127.0.0.1) to check the connection"
+        )
+    if is_name or not lookup.allowed or lookup.address is None:
         checks.append({"check": "lookup", "allowed": lookup.allowed,
                        "destination": lookup.destination_id, "reason": lookup.reason})
     addresses = list(resolved or [])

@@ -2,8 +2,11 @@
 
 * ``free_port()``: an unused TCP port on 127.0.0.1.
 * ``wait_until(cond, timeout_s, what)``: wait on a condition with a bound (no fixed sleeps).
-* ``default_signals()``: a child's ``preexec_fn`` that restores SIGINT, SIGTERM and SIGHUP
-  (started from nohup or a background job they may be ignored, and the child inherits that).
+* ``default_signals(argv)``: ``argv`` run with SIGINT, SIGTERM and SIGHUP at their default
+  dispositions (started from nohup or a background job they may be ignored, and a child
+  inherits that).
+* ``file_size_limited(argv, limit)``: ``argv`` run with its file writes failing past ``limit``
+  bytes (EFBIG, as on a full disk).
 * ``serve_asgi``: runs an ASGI app on a real uvicorn server on loopback in a background thread
   (standard asyncio loop, never uvloop) and yields its base URL.
 * ``pg_database``: creates a fresh PostgreSQL database on 127.0.0.1:5432 (trust auth, user
@@ -50,12 +53,27 @@ def wait_until(cond: Callable[[], bool], timeout_s: float, what: str) -> None:
         time.sleep(0.05)
 
 
-def default_signals() -> None:
-    """``preexec_fn`` of a child that must react to SIGINT, SIGTERM and SIGHUP as by default."""
-    import signal
+def default_signals(argv: list[str]) -> list[str]:
+    """``argv`` started with SIGINT, SIGTERM and SIGHUP at their default dispositions.
 
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, signal.SIG_DFL)
+    A shell starts background jobs (``pytest ... &``) with SIGINT ignored and ``nohup`` ignores
+    SIGHUP; a child inherits that, and a CLI rightly keeps an inherited "ignore". A test that
+    sends a child one of these signals sets the dispositions itself, through coreutils'
+    ``env --default-signal`` (an exec wrapper) and never through ``preexec_fn``: Python code run
+    between ``fork`` and ``exec`` of a process with threads (OpenTelemetry's exporters, servers
+    of other fixtures) can deadlock on a lock another thread held at the fork.
+    """
+    return ["env", "--default-signal=HUP,INT,TERM", *argv]
+
+
+def file_size_limited(argv: list[str], limit: int) -> list[str]:
+    """``argv`` started with ``RLIMIT_FSIZE`` of ``limit`` bytes and SIGXFSZ ignored.
+
+    A write past the limit then fails with EFBIG, as on a full disk. Uses util-linux
+    ``prlimit`` and coreutils ``env --ignore-signal`` (exec wrappers, no ``preexec_fn``; see
+    :func:`default_signals`).
+    """
+    return ["prlimit", f"--fsize={limit}:{limit}", "env", "--ignore-signal=XFSZ", *argv]
 
 
 def free_port() -> int:

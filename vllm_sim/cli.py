@@ -4,19 +4,26 @@ Example::
 
     vllm-sim --port 8001 --model llama-sim --model embed-sim --ttft-ms 50 --itl-ms 10
 
-Exit codes: 0 after a clean shutdown, 2 on a usage or start-up error.
+The command line is the project's shared shell (:func:`clishell.run`, as ``gateway``,
+``policy``, ``weights``, ``airgap``): help with command-line metavars, ``--version``,
+``-v``/``--verbose``, one error line ``vllm-sim: error [CODE]: WHAT (hint: ...)``. Exit codes:
+2 on a usage or start-up error; 130 after Ctrl-C (SIGINT) and 143 after SIGTERM, once uvicorn
+has shut down gracefully (uvicorn re-raises the signal it caught; the shell's handler turns it
+into the interrupted exit): a simulator never stops "successfully" by a signal.
 """
 
 from __future__ import annotations
 
 import logging
 import sys
+from types import FrameType
 from typing import Annotated
 
 import typer
 import uvicorn
 from pydantic import ValidationError
 
+from clishell import CliError, Interrupted, VerboseOpt, VersionOpt, run
 from vllm_sim.app import create_app
 from vllm_sim.config import SimConfig
 from vllm_sim.profiles import ProfileError
@@ -52,6 +59,8 @@ def serve(
     ] = None,
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "warning",
     access_log: Annotated[bool, typer.Option(help="Log every request.")] = False,
+    version: VersionOpt = False,
+    verbose: VerboseOpt = False,
 ) -> None:
     """Serve the simulator until interrupted."""
     config = SimConfig(
@@ -65,7 +74,7 @@ def serve(
         time_scale=time_scale,
         num_gpu_blocks=num_gpu_blocks,
     )
-    uvicorn.run(
+    server = _Server(uvicorn.Config(
         create_app(config),
         host=host,
         port=port,
@@ -75,31 +84,65 @@ def serve(
         log_level=log_level,
         access_log=access_log,
         timeout_graceful_shutdown=2,
-    )
+    ))
+    try:
+        server.run()
+    except SystemExit as exc:  # uvicorn: the port could not be bound (it logged why)
+        raise _cannot_serve(host, port) from exc
+    if server.stopped_by is not None:
+        # uvicorn re-raised the signal after its shutdown; an inherited "ignore" (a background
+        # job's SIGINT) swallowed it, but the server did stop because of it.
+        raise Interrupted(server.stopped_by)
+    if not server.started:
+        raise _cannot_serve(host, port)
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, remembering the first signal that stopped it."""
+
+    stopped_by: int | None = None
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self.stopped_by is None:
+            self.stopped_by = sig
+        super().handle_exit(sig, frame)
+
+
+def _cannot_serve(host: str, port: int) -> CliError:
+    return CliError("cannot_serve", f"the server did not start on {host}:{port} (see the log "
+                    "line above)", hint="choose a free --port")
+
+
+#: The command-line option of each :class:`SimConfig` field the options fill in.
+_OPTION = {"models": "--model", "ttft_s": "--ttft-ms", "itl_s": "--itl-ms",
+           "tokens_per_response": "--tokens", "max_model_len": "--max-model-len",
+           "embedding_dim": "--embedding-dim", "profile": "--profile",
+           "time_scale": "--time-scale", "num_gpu_blocks": "--num-gpu-blocks"}
+
+
+def _describe(exc: BaseException) -> CliError | None:
+    """The simulator's invalid options as usage errors (exit 2)."""
+    if isinstance(exc, ValidationError):
+        err = exc.errors()[0]
+        field = str(err["loc"][0]) if err["loc"] else "?"
+        return CliError("invalid_option",
+                        f"invalid option {_OPTION.get(field, field)} ({field}): {err['msg']}",
+                        hint="see 'vllm-sim --help'")
+    if isinstance(exc, ProfileError):
+        return CliError("invalid_profile", f"invalid --profile: {exc}",
+                        hint="a profile name of docs/simulator.md or a profile .json file")
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Console-script entry point; the one error boundary of the CLI.
+    """Console-script entry point: the shared CLI boundary (:func:`clishell.run`).
 
     Returns:
-        0 after a clean shutdown, 2 on a usage error or when the server cannot start.
+        2 on a usage error or when the server cannot start; 130 / 143 when SIGINT / SIGTERM
+        stopped it (after its graceful shutdown).
     """
     logging.basicConfig(level=logging.WARNING)
-    try:
-        app(args=argv, prog_name="vllm-sim")
-    except SystemExit as exc:  # typer/click: 0 on success, 2 on usage errors
-        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        print(f"vllm-sim: invalid option {err['loc'][0]}: {err['msg']}", file=sys.stderr)
-        return 2
-    except ProfileError as exc:
-        print(f"vllm-sim: invalid --profile: {exc}", file=sys.stderr)
-        return 2
-    except OSError as exc:
-        print(f"vllm-sim: cannot serve: {exc}", file=sys.stderr)
-        return 2
-    return 0
+    return run(app, argv, prog="vllm-sim", describe=_describe)
 
 
 if __name__ == "__main__":

@@ -3,21 +3,27 @@
 Opt-in per app (``SimConfig.profile``). One :class:`Engine` per app runs a step loop on the
 event loop, like vLLM V1's scheduler:
 
-* **Waiting queue** (FCFS). A request is admitted when the running batch has fewer than
-  ``max_num_seqs`` sequences and the KV cache can hold its prompt plus its output tokens
-  (reserved at admission; vLLM allocates lazily and preempts instead, see docs/simulator.md).
-  A request that does not fit blocks the ones behind it, as in vLLM.
+* **Steps** (vLLM V1's ``Scheduler.schedule()``, ``vllm/v1/core/sched/scheduler.py``): each
+  step has a budget of ``max_num_batched_tokens`` tokens. The running sequences are served
+  first, in order: one token for a decoding sequence, the rest of its prompt (up to the budget)
+  for one still prefilling. Then waiting sequences (FCFS) while budget and ``max_num_seqs``
+  slots remain: each is admitted when the KV cache can hold its prompt plus its output tokens
+  (reserved at admission; vLLM allocates lazily and preempts instead, see docs/simulator.md) and
+  takes a prefill chunk of the remaining budget. A sequence that does not fit blocks the ones
+  behind it, as in vLLM. A step lasts ``PerfProfile.step_time_s(...) * time_scale`` seconds; a
+  sequence whose prefill completes emits its first token at the end of that step, decoding
+  sequences one token per step.
 * **Automatic prefix caching** (:class:`BlockCache`): the hash of full block *i* is
   ``hash((hash of block i-1, tokens of block i))`` so a block's hash stands for its whole prefix.
-  At admission the longest cached prefix is reused (at most ``prompt - 1`` tokens: the last
-  token is always computed); its blocks are referenced, the rest allocated from free blocks or by
-  evicting the least recently used unreferenced cached block. When a request ends its full blocks
-  stay cached (tail blocks are evicted first); the blocks of the answer are cached under the
-  hashes of the conversation as the next turn's prompt will render it.
-* **Steps**: each step computes up to ``max_num_batched_tokens`` tokens (one per decoding
-  sequence, the rest prefill chunks of uncached prompt tokens, in admission order) and lasts
-  ``PerfProfile.step_time_s(...) * time_scale`` seconds. A sequence whose prefill completes
-  emits its first token at the end of that step; decoding sequences one token per step.
+  At admission the longest cached prefix is reused, in whole blocks of at most ``prompt - 1``
+  tokens (the last token is always computed; vLLM V1's ``KVCacheManager.get_computed_blocks``);
+  its blocks are referenced, the rest allocated from free blocks or by evicting the least
+  recently used unreferenced cached block. The full blocks a prefill chunk computes are hashed
+  when the chunk is *scheduled* (``KVCacheManager.allocate_slots`` caches up to
+  ``num_computed_tokens + num_new_tokens``), so a request scheduled after it, even in the same
+  step, reuses them. When a request ends its full blocks stay cached (tail blocks are evicted
+  first); the blocks of the answer are cached under the hashes of the conversation as the next
+  turn's prompt will render it.
 
 Metrics (vLLM's names): ``num_requests_waiting``/``running``, ``kv_cache_usage_perc`` (blocks
 referenced by running requests / all blocks), ``prefix_cache_queries``/``hits`` (prompt tokens
@@ -229,7 +235,8 @@ class Engine:
     def cached_tokens(self, hashes: Sequence[int], prompt_tokens: int) -> int:
         """Prompt tokens a request with these block hashes would find cached now."""
         size = self.profile.block_size
-        return min(self.cache.cached_prefix(hashes) * size, max(prompt_tokens - 1, 0))
+        cap = max(prompt_tokens - 1, 0) // size
+        return min(self.cache.cached_prefix(hashes), cap) * size
 
     def reset_cache(self) -> None:
         """Drop unreferenced cached blocks and zero the prefix-cache counters."""
@@ -246,30 +253,26 @@ class Engine:
 
     # -- the loop --------------------------------------------------------------------------
 
-    def _admit(self) -> None:
-        size = self.profile.block_size
-        while self.waiting and len(self.running) < self.profile.max_num_seqs:
-            seq = self.waiting[0]
-            hit_blocks = self.cache.cached_prefix(seq.prompt_hashes)
-            hit_tokens = min(hit_blocks * size, max(seq.prompt_tokens - 1, 0))
-            hit_blocks = hit_tokens // size
-            total = -(-(seq.prompt_tokens + seq.output_tokens) // size)
-            hit = seq.prompt_hashes[:hit_blocks]
-            if not self.cache.acquire(hit, total - hit_blocks):
-                return  # head of line waits for blocks, as in vLLM
-            self.waiting.popleft()
-            seq.held = list(hit)
-            seq.anon = total - hit_blocks
-            seq.cached_tokens = seq.computed = hit_tokens
-            self.queries_total += seq.prompt_tokens
-            self.hits_total += hit_tokens
-            self.running.append(seq)
+    def _schedule(self) -> tuple[list[tuple[SeqHandle, int]], list[SeqHandle], int]:
+        """Plan one step as vLLM V1's ``Scheduler.schedule()`` does.
 
-    def _step_plan(self) -> tuple[list[tuple[SeqHandle, int]], list[SeqHandle], int]:
+        Running sequences first, in order: each takes what it still needs (one token when
+        decoding, the rest of its prompt when prefilling) up to the step's token budget. Then
+        waiting sequences, FCFS, while budget and sequence slots remain: each looks up its
+        cached prefix *now*, is admitted if its blocks fit (else it and those behind it wait),
+        and takes a prefill chunk of at most the remaining budget. As in vLLM V1
+        (``KVCacheManager.allocate_slots`` caching up to ``num_computed_tokens +
+        num_new_tokens``), the full blocks a chunk will compute are hashed when it is
+        scheduled, so a sequence scheduled later (in this step or the next) already reuses
+        them.
+
+        Returns:
+            The prefill chunks ``(seq, tokens)``, the decoding sequences and their context
+            tokens.
+        """
         budget = self.profile.max_num_batched_tokens
-        decoding = [s for s in self.running if s.computed >= s.prompt_tokens]
-        budget -= len(decoding)
         chunks: list[tuple[SeqHandle, int]] = []
+        decoding: list[SeqHandle] = []
         for seq in self.running:
             if budget <= 0:
                 break
@@ -277,21 +280,67 @@ class Engine:
             if todo > 0:
                 take = min(todo, budget)
                 chunks.append((seq, take))
+                self._cache_scheduled(seq, seq.computed + take)
                 budget -= take
+            else:
+                decoding.append(seq)
+                budget -= 1
+        while budget > 0 and self.waiting and len(self.running) < self.profile.max_num_seqs:
+            seq = self.waiting[0]
+            if not self._allocate(seq):
+                break  # head of line waits for blocks, as in vLLM
+            self.waiting.popleft()
+            self.running.append(seq)
+            take = min(seq.prompt_tokens - seq.computed, budget)
+            chunks.append((seq, take))
+            self._cache_scheduled(seq, seq.computed + take)
+            budget -= take
         ctx = sum(s.prompt_tokens + s.generated for s in decoding)
         return chunks, decoding, ctx
+
+    def _allocate(self, seq: SeqHandle) -> bool:
+        """Reference ``seq``'s cached prefix and reserve the rest of its blocks.
+
+        The hit is whole blocks of at most ``prompt - 1`` tokens (vLLM V1's
+        ``get_computed_blocks``: the last prompt token is always computed, and computed
+        tokens are block-aligned). Counted in the prefix-cache counters at admission.
+        """
+        size = self.profile.block_size
+        cap = max(seq.prompt_tokens - 1, 0) // size
+        hit_blocks = min(self.cache.cached_prefix(seq.prompt_hashes), cap)
+        total = -(-(seq.prompt_tokens + seq.output_tokens) // size)
+        hit = seq.prompt_hashes[:hit_blocks]
+        if not self.cache.acquire(hit, total - hit_blocks):
+            return False
+        seq.held = list(hit)
+        seq.anon = total - hit_blocks
+        seq.cached_tokens = seq.computed = hit_blocks * size
+        self.queries_total += seq.prompt_tokens
+        self.hits_total += seq.cached_tokens
+        return True
+
+    def _cache_scheduled(self, seq: SeqHandle, upto_tokens: int) -> None:
+        """Hash the prompt's full blocks up to ``upto_tokens`` (scheduled for this step)."""
+        full = min(upto_tokens // self.profile.block_size, len(seq.prompt_hashes))
+        if full > len(seq.held):
+            self._promote(seq, seq.prompt_hashes[:full])
 
     async def _loop(self) -> None:
         loop = asyncio.get_running_loop()
         next_at = loop.time()
         while True:
-            self._admit()
-            if not self.running:
+            if not self.running and not self.waiting:
                 self._wake.clear()
                 await self._wake.wait()
                 next_at = loop.time()
                 continue
-            chunks, decoding, ctx = self._step_plan()
+            chunks, decoding, ctx = self._schedule()
+            if not chunks and not decoding:
+                # Nothing fits (KV cache full of waiting heads): wait for a change.
+                self._wake.clear()
+                await self._wake.wait()
+                next_at = loop.time()
+                continue
             prefill = sum(n for _, n in chunks)
             step = self.profile.step_time_s(prefill, len(decoding), ctx) * self.time_scale
             # Deadline-based pacing: a late wake-up shortens the next sleep (no drift).
@@ -308,7 +357,6 @@ class Engine:
                     continue
                 seq.computed += n
                 if seq.computed >= seq.prompt_tokens:
-                    self._promote(seq, seq.prompt_hashes)
                     seq.generated += 1  # the step that ends a prefill samples a token
                     seq._wake()
             for seq in [s for s in self.running if s.generated >= s.output_tokens]:

@@ -77,19 +77,29 @@ class PerfProfile(BaseModel):
     def step_time_s(self, prefill_tokens: int, decode_seqs: int, decode_ctx_tokens: int) -> float:
         """Duration of one engine step in seconds (model time, before any time scale).
 
+        ``max(prefill_tokens / prefill_tokens_per_s, decode_base_s) + decode_per_seq_s x
+        decode_seqs + decode_per_ctx_token_s x decode_ctx_tokens``: the weights are read once
+        per step, hidden under a compute-bound prefill chunk; a step without decodes is the
+        same without the last two terms, an empty step 0.
+
         Args:
             prefill_tokens: Uncached prompt tokens computed in this step.
             decode_seqs: Sequences generating a token in this step.
             decode_ctx_tokens: Context tokens (prompt plus output so far) of those sequences.
         """
-        t = prefill_tokens / self.prefill_tokens_per_s
-        if decode_seqs:
-            t += (
-                self.decode_base_s
-                + self.decode_per_seq_s * decode_seqs
-                + self.decode_per_ctx_token_s * decode_ctx_tokens
-            )
-        return t
+        prefill = prefill_tokens / self.prefill_tokens_per_s
+        if not decode_seqs:
+            return max(prefill, self.decode_base_s) if prefill_tokens else 0.0
+        # One forward pass reads the weights once (``decode_base_s``, memory-bound) while the
+        # prefill chunk's matrix products are compute-bound: the step takes the longer of the
+        # two (roofline), not their sum, so decodes piggybacked on a prefill chunk cost only
+        # their own compute and KV reads (Agrawal et al., "Taming Throughput-Latency Tradeoff
+        # in LLM Inference with Sarathi-Serve", OSDI 2024).
+        return (
+            max(prefill, self.decode_base_s)
+            + self.decode_per_seq_s * decode_seqs
+            + self.decode_per_ctx_token_s * decode_ctx_tokens
+        )
 
     def request_cost_s(self, prompt_tokens: int, output_tokens: int, batch: int) -> float:
         """GPU time one request costs when nothing of its prompt is cached, seconds.

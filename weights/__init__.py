@@ -3,9 +3,11 @@
 Public API (other packages import only these names)::
 
     Lockfile, LockEntry, LockedFile          weights.lock model (load/dumps/save/entry)
+    check_text                               refuse terminal control characters in lock text
     verify_tree -> VerifyReport, Mismatch    offline verification of a directory or HF cache
     sha256_file, git_blob_sha1, digest_file  digests as the Hub defines them
     hf_cache_paths, install_hf_cache         the Hugging Face cache layout
+    existing_twin                            a store folder a new one would merge with (case, NFC)
     WeightsError (+ subclasses, each with a stable ``code``)
     SerialisationPolicy, check_format        refuse pickle-based files (weights.serialisation)
 
@@ -31,7 +33,15 @@ from weights.errors import (
     PathCollisionError,
     WeightsError,
 )
-from weights.lockfile import LockedFile, LockEntry, Lockfile, check_repo_path, is_commit_sha
+from weights.installpaths import existing_twin
+from weights.lockfile import (
+    LockedFile,
+    LockEntry,
+    Lockfile,
+    check_repo_path,
+    is_commit_sha,
+)
+from weights.lockvalues import check_text
 from weights.serialisation import (
     ALLOW_SWITCH,
     DEFAULT_POLICY,
@@ -65,7 +75,9 @@ __all__ = [
     "WeightsError",
     "check_format",
     "check_repo_path",
+    "check_text",
     "digest_file",
+    "existing_twin",
     "git_blob_sha1",
     "hf_cache_paths",
     "install_hf_cache",

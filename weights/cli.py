@@ -24,6 +24,7 @@ from weights.cli_common import (
     JsonOpt,
     LockOpt,
     QuietOpt,
+    RedirectHostOpt,
     TokenOpt,
     VerificationFailed,
     dump_json,
@@ -74,6 +75,7 @@ def pin(
     ] = None,
     endpoint: EndpointOpt = "https://huggingface.co",
     token: TokenOpt = None,
+    redirect_host: RedirectHostOpt = None,
     as_json: JsonOpt = False,
     allow_pickle: AllowPickleOpt = False,
 ) -> None:
@@ -82,7 +84,7 @@ def pin(
 
     console = _console()
     try:
-        result = do_pin(hub_client(endpoint, token), lock, repo_id, revision,
+        result = do_pin(hub_client(endpoint, token, redirect_host), lock, repo_id, revision,
                         include=include or (), exclude=exclude or (),
                         allow_license=allow_license or (), update=update,
                         policy=SerialisationPolicy(allow_pickle=allow_pickle))
@@ -138,6 +140,7 @@ def pull(
     repo: Annotated[list[str] | None, typer.Option("--repo", help="Only this repo id.")] = None,
     endpoint: EndpointOpt = "https://huggingface.co",
     token: TokenOpt = None,
+    redirect_host: RedirectHostOpt = None,
     quiet: QuietOpt = False,
     allow_pickle: AllowPickleOpt = False,
 ) -> None:
@@ -147,7 +150,7 @@ def pull(
     if (into is None) == (cache is None):
         raise typer.BadParameter("give exactly one of --into DIR or --cache DIR")
     entries = select_entries(_nonempty(Lockfile.load(lock), lock), repo or [])
-    hub = hub_client(endpoint, token)
+    hub = hub_client(endpoint, token, redirect_host)
     console = _console()
     for entry in entries:
         dest = plain_dir_for(into, entry, len(entries) > 1) if into is not None else None
@@ -312,7 +315,7 @@ def _setup(verbose: bool) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Entry point: run the CLI behind the shared boundary (:func:`clishell.run`); return the
     exit status."""
-    return run(app, argv, prog="weights", describe=_describe, interruptible=True, setup=_setup)
+    return run(app, argv, prog="weights", describe=_describe, setup=_setup)
 
 
 def _register() -> None:

@@ -39,6 +39,14 @@ TokenOpt = Annotated[
     typer.Option("--token", envvar="HF_TOKEN", help="Hub token for gated repos (HF_TOKEN).",
                  show_default=False),
 ]
+RedirectHostOpt = Annotated[
+    list[str] | None,
+    typer.Option("--redirect-host", envvar="WEIGHTS_REDIRECT_HOSTS", show_default=False,
+                 help="A host the hub may redirect downloads to (repeatable; exact name or "
+                      "*.domain; WEIGHTS_REDIRECT_HOSTS, space-separated). Default: *.hf.co, "
+                      "the Hub's content hosts. The endpoint's own host is always allowed; "
+                      "https to http is always refused."),
+]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable JSON report on stdout.")]
 
@@ -67,10 +75,11 @@ def progress(total: int, label: str, quiet: bool) -> Iterator[Any]:
         yield lambda n: bar.advance(task, n)
 
 
-def hub_client(endpoint: str, token: str | None) -> Any:
-    from weights.hub import HubClient  # lazy: the only network-capable module
+def hub_client(endpoint: str, token: str | None, redirect_hosts: list[str] | None = None) -> Any:
+    """A :class:`weights.hub.HubClient` (imported here: the only network-capable module)."""
+    from weights.hub import HubClient
 
-    return HubClient(endpoint=endpoint, token=token)
+    return HubClient(endpoint=endpoint, token=token, redirect_hosts=redirect_hosts)
 
 
 

@@ -13,6 +13,7 @@ from weights.cli_common import (
     EndpointOpt,
     JsonOpt,
     QuietOpt,
+    RedirectHostOpt,
     TokenOpt,
     VerificationFailed,
     hub_client,
@@ -139,6 +140,7 @@ def size(
     revision: Annotated[str, typer.Option("--revision", help="For REPO_ID.")] = "main",
     endpoint: EndpointOpt = "https://huggingface.co",
     token: TokenOpt = None,
+    redirect_host: RedirectHostOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Weights, KV cache and GPU fit; exit 1 if --gpu-mem is given and it does not fit."""
@@ -146,7 +148,8 @@ def size(
     if path.exists():
         config, params = _local_inputs(path)
     elif "/" in target and not target.startswith((".", "/")):
-        config, params = _remote_inputs(hub_client(endpoint, token), target, revision)
+        hub = hub_client(endpoint, token, redirect_host)
+        config, params = _remote_inputs(hub, target, revision)
     else:
         raise WeightsError(f"{target}: no such file or directory")
     if estimate:

@@ -17,7 +17,14 @@ import typer
 import yaml
 from rich.table import Table
 
-from weights.cli_common import EndpointOpt, JsonOpt, TokenOpt, VerificationFailed, hub_client
+from weights.cli_common import (
+    EndpointOpt,
+    JsonOpt,
+    RedirectHostOpt,
+    TokenOpt,
+    VerificationFailed,
+    hub_client,
+)
 from weights.cli_common import console as _console
 from weights.cli_extra import _human, _local_inputs, _remote_inputs
 from weights.errors import DigestMismatchError, SizingError, WeightsError
@@ -55,7 +62,7 @@ def _bandwidth(text: str | None) -> float | None:
 
 def _model_inputs(
     target: str, lock: Path | None, source: Path | None, revision: str, endpoint: str,
-    token: str | None,
+    token: str | None, redirect_host: list[str] | None = None,
 ) -> tuple[dict[str, Any], ParamCount | None, str | None, str | None]:
     """(config, parameter counts, repo id, pinned commit) from the TARGET given."""
     if lock is not None:
@@ -67,7 +74,7 @@ def _model_inputs(
             raw = (path / "config.json").read_bytes()
             config, params = _local_inputs(path)
         else:
-            hub = hub_client(endpoint, token)
+            hub = hub_client(endpoint, token, redirect_host)
             config, params = _remote_inputs(hub, entry.repo_id, entry.commit)
             cfg_file = entry.get("config.json")
             raw = hub.read_range(entry.repo_id, entry.commit, "config.json", 0,
@@ -86,7 +93,7 @@ def _model_inputs(
             return config, params, f"{m['org']}/{m['name']}", m["commit"]
         return config, params, None, None
     if "/" in target and not target.startswith((".", "/")):
-        hub = hub_client(endpoint, token)
+        hub = hub_client(endpoint, token, redirect_host)
         commit = hub.snapshot(target, revision).commit
         config, params = _remote_inputs(hub, target, commit)
         return config, params, target, commit
@@ -126,6 +133,7 @@ def plan(
     store_claim: Annotated[str, typer.Option("--store-claim", help="PVC.")] = "models-store",
     endpoint: EndpointOpt = "https://huggingface.co",
     token: TokenOpt = None,
+    redirect_host: RedirectHostOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Plan memory, TP/PP/EP/DP layout, speed and vLLM args; exit 1 if it does not fit."""
@@ -149,7 +157,7 @@ def plan(
             bf16_flops=_tflops(bf16_tflops, "--gpu-bf16-tflops"),
             fp8_flops=_tflops(fp8_tflops, "--gpu-fp8-tflops"), nvlink_domain=nvlink_domain)
     config, params, repo_id, pinned = _model_inputs(target, lock, source, revision, endpoint,
-                                                    token)
+                                                    token, redirect_host)
     stored_fp8 = bool(params and any(k.startswith("F8") for k in params.by_dtype))
     if estimate:
         params = None

@@ -13,6 +13,7 @@ Every error derives from :class:`WeightsError` and carries a stable machine ``co
     |   +-- RevisionNotFoundError     "revision_not_found"
     |   +-- FileNotOnHubError         "entry_not_found"
     |   +-- GatedRepoError            "gated_repo"           needs a token with access
+    |   +-- RedirectRefusedError      "redirect_refused"     hub redirected off the allowed hosts
     +-- LicenseRefusedError           "license_refused"      --allow-license rejected the model
     +-- DriftError                    "revision_drift"       a branch moved since it was pinned
     +-- CacheLayoutError              "cache_layout"         unusable Hugging Face cache tree
@@ -101,6 +102,20 @@ class HubError(WeightsError):
     """The hub could not be reached or answered something unexpected."""
 
     code = "hub_error"
+
+
+class RedirectRefusedError(HubError):
+    """The hub redirected a request to a host not allowed, or from https to plain http.
+
+    Attributes:
+        host: The host the redirect pointed to.
+    """
+
+    code = "redirect_refused"
+
+    def __init__(self, message: str, *, host: str, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.host = host
 
 
 class RepoNotFoundError(HubError):

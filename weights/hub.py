@@ -7,6 +7,12 @@ endpoint is always passed explicitly, so ``HF_ENDPOINT`` is read once by the CLI
 library.
 
 huggingface_hub exceptions are mapped to :mod:`weights.errors` at this boundary.
+
+Redirects: every request goes through the client's own HTTP client, which follows a redirect
+only when :class:`weights.redirects.RedirectPolicy` allows it (never https to http, only to the
+endpoint's host or the allowed redirect hosts); httpx drops ``Authorization`` when a redirect
+leaves the endpoint's origin. huggingface_hub's shared session (which follows any redirect) is
+never used.
 """
 
 from __future__ import annotations
@@ -16,10 +22,11 @@ import logging
 import os
 import time
 import types
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from weights.errors import (
     FileNotOnHubError,
@@ -30,6 +37,7 @@ from weights.errors import (
     StorageError,
     WeightsError,
 )
+from weights.redirects import RedirectPolicy
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 
@@ -43,6 +51,7 @@ def _hf() -> types.ModuleType:
     os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
     import huggingface_hub
     import huggingface_hub.errors
+    import huggingface_hub.hf_api
     import huggingface_hub.utils
 
     return huggingface_hub
@@ -149,14 +158,37 @@ class HubClient:
         endpoint: Base URL of the hub (``HF_ENDPOINT``), e.g. ``https://huggingface.co``.
         token: Access token for gated or private repositories, or None.
         timeout_s: Timeout of metadata requests, in seconds.
+        redirect_hosts: Hosts a redirect may lead to besides the endpoint's (exact names or
+            ``*.domain``); ``None`` or empty: :data:`weights.redirects.DEFAULT_REDIRECT_HOSTS`.
+
+    Raises:
+        WeightsError: A redirect host that is not a host name or ``*.domain``.
     """
 
     def __init__(self, endpoint: str = DEFAULT_ENDPOINT, token: str | None = None,
-                 timeout_s: float = 30.0) -> None:
+                 timeout_s: float = 30.0, redirect_hosts: Iterable[str] | None = None) -> None:
         self.endpoint = endpoint.rstrip("/")
         # False: never fall back to a token stored on disk or in the environment implicitly.
         self.token: str | bool = token if token else False
         self.timeout_s = timeout_s
+        self.redirects = RedirectPolicy.of(self.endpoint, redirect_hosts)
+
+    def _session(self) -> Any:
+        """A new ``httpx2.Client`` (use it with ``with``) that follows a redirect only when
+        :attr:`redirects` allows it; one per operation (a metadata request, a file), so no
+        connection outlives the call that opened it."""
+        _hf()
+        import httpx2
+
+        policy = self.redirects
+
+        def check_redirect(response: httpx2.Response) -> None:
+            if response.has_redirect_location:
+                source = response.request.url
+                policy.check(str(source), str(source.join(response.headers["Location"])))
+
+        return httpx2.Client(follow_redirects=True, timeout=None,
+                             event_hooks={"response": [check_redirect]})
 
     def snapshot(self, repo_id: str, revision: str) -> RemoteSnapshot:
         """Resolve ``revision`` and describe every file at the resulting commit (one request).
@@ -165,10 +197,15 @@ class HubClient:
             RepoNotFoundError, RevisionNotFoundError, GatedRepoError, HubError.
         """
         hf = _hf()
-        api = hf.HfApi(endpoint=self.endpoint, token=self.token)
-        with _mapped(f"{repo_id}@{revision}", self.endpoint):
-            info = api.model_info(repo_id, revision=revision, files_metadata=True,
-                                  timeout=self.timeout_s)
+        with _mapped(f"{repo_id}@{revision}", self.endpoint), self._session() as http:
+            # HfApi.model_info(files_metadata=True), through this client's session.
+            hf.utils.validate_repo_id(repo_id)
+            response = http.get(
+                f"{self.endpoint}/api/models/{repo_id}/revision/{quote(revision, safe='')}",
+                headers=hf.utils.build_hf_headers(token=self.token), params={"blobs": True},
+                timeout=self.timeout_s)
+            hf.utils.hf_raise_for_status(response)
+            info = hf.hf_api.ModelInfo(**response.json())
         if not info.sha or not info.id:
             raise HubError(f"{repo_id}@{revision}: hub did not report a commit")
         files: list[RemoteFile] = []
@@ -242,7 +279,7 @@ class HubClient:
             progress(have)
         failures = 0
         what = f"{repo_id}/{path}@{commit[:12]}"
-        with _mapped(what, self.endpoint):
+        with _mapped(what, self.endpoint), self._session() as http:
             while have < size:
                 headers = hf.utils.build_hf_headers(token=self.token)
                 headers["Accept-Encoding"] = "identity"
@@ -250,7 +287,7 @@ class HubClient:
                     headers["Range"] = f"bytes={have}-"
                 before = have
                 try:
-                    with hf.utils.get_session().stream(
+                    with http.stream(
                         "GET", url, headers=headers, timeout=self.timeout_s,
                         follow_redirects=True,
                     ) as response:
@@ -298,8 +335,8 @@ class HubClient:
         headers = hf.utils.build_hf_headers(token=self.token)
         headers["Range"] = f"bytes={start}-{start + length - 1}"
         headers["Accept-Encoding"] = "identity"
-        with _mapped(f"{repo_id}/{path}@{revision}", self.endpoint):
-            response = hf.utils.get_session().get(url, headers=headers, timeout=self.timeout_s)
+        with _mapped(f"{repo_id}/{path}@{revision}", self.endpoint), self._session() as http:
+            response = http.get(url, headers=headers, timeout=self.timeout_s)
             hf.utils.hf_raise_for_status(response)
             data: bytes = response.content
         if response.status_code == 200:

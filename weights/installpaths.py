@@ -20,12 +20,19 @@ path is validated first (:func:`weights.lockfile.check_repo_path`).
 In the cache layout two repo ids fold to the same ``models--`` folder exactly when they are
 equal ignoring case: the Hub forbids ``--`` in repo ids (``a--b/c`` and ``a/b--c`` would share
 ``models--a--b--c``), and :func:`weights.lockfile.check_repo_id` enforces that.
+
+The same rule holds between a lockfile and the store it is installed into: a store that holds
+``models--org--tiny`` already must not get ``models--ORG--Tiny`` next to it (on Linux both
+would exist and a loader would find whichever it spells; copied to a case-folding disk they
+merge). :func:`existing_twin` finds such a folder before anything is written.
 """
 
 from __future__ import annotations
 
+import os
 import unicodedata
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 
 
 def fold(path: str) -> str:
@@ -71,4 +78,38 @@ def first_collision(
     return None
 
 
-__all__ = ["first_collision", "fold"]
+def existing_twin(root: Path, relative: str) -> Path | None:
+    """An existing path under ``root`` that ``relative`` would land on, spelled differently.
+
+    Walks ``relative`` (``/``-separated) component by component; where a component is not
+    there under its own spelling, the directory is scanned for an entry equal to it after
+    :func:`fold`. Meant for a repository's top folders (``models--org--name``, ``org/name``),
+    whose parents are small; content paths inside a model are checked within the lock.
+
+    Args:
+        root: The store (cache root or plain directory).
+        relative: The path that is about to be created under ``root``.
+
+    Returns:
+        The existing twin (``root/models--org--tiny`` for ``models--ORG--Tiny``), or ``None``.
+    """
+    current = root
+    for part in relative.split("/"):
+        exact = current / part
+        if os.path.lexists(exact):
+            current = exact
+            continue
+        try:
+            entries = os.scandir(current)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        key = fold(part)
+        with entries:
+            for entry in entries:
+                if fold(entry.name) == key:
+                    return current / entry.name
+        return None
+    return None
+
+
+__all__ = ["existing_twin", "first_collision", "fold"]

@@ -19,38 +19,28 @@ Format (version 1), deterministic UTF-8 JSON text produced by
 
 ``sha256`` is always the digest of the file content; ``git_sha1`` is the git blob SHA-1 the Hub
 reports for regular files (null for LFS files, whose git object is only a pointer).
+
+This module holds the whole file (:class:`Lockfile`: invariants, atomic save, load); the
+entries are in :mod:`weights.lockentry`, the reading of the JSON in :mod:`weights.lockparse`
+and the rules for single values in :mod:`weights.lockvalues`.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import tempfile
-from collections.abc import Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from weights.errors import EmptyModelError, EntryNotInLockError, LockfileError, PathCollisionError
 from weights.installpaths import first_collision
+from weights.lockentry import LockedFile, LockEntry, Origin
+from weights.lockparse import parse_entries
+from weights.lockvalues import check_repo_path, is_commit_sha, is_repo_id, repo_id_problem
 
 LOCKFILE_VERSION = 1
-
-_HEX40 = re.compile(r"[0-9a-f]{40}")
-_HEX64 = re.compile(r"[0-9a-f]{64}")
-# Hub repo ids (huggingface_hub ``utils/_validators.py``, ``validate_repo_id`` and
-# ``REPO_ID_REGEX``): ``name`` or ``namespace/name``, each 1-96 ASCII characters of
-# ``[A-Za-z0-9_.-]`` starting and ending with a letter, digit or ``_`` (``\b`` in the Hub's
-# regex), no ``--`` or ``..`` anywhere, not ending in ``.git``.
-_REPO_PART = r"(?:[A-Za-z0-9_]|[A-Za-z0-9_][A-Za-z0-9_.-]{0,94}[A-Za-z0-9_])"
-_REPO_ID = re.compile(rf"(?:{_REPO_PART}/)?{_REPO_PART}", re.ASCII)
-_TIMESTAMP = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z")
-
-
-def is_commit_sha(value: str) -> bool:
-    """Return True if ``value`` is a full 40-hex lower-case git commit SHA."""
-    return _HEX40.fullmatch(value) is not None
 
 
 def umask_mode(fd: int) -> None:
@@ -60,181 +50,6 @@ def umask_mode(fd: int) -> None:
     mask = os.umask(0o077)  # read it; restrictive meanwhile, should another thread create
     os.umask(mask)
     os.fchmod(fd, 0o666 & ~mask)
-
-
-def repo_id_problem(value: str) -> str | None:
-    """Why ``value`` is not a Hub repository id, or None if it is one.
-
-    Rules of the Hub (huggingface_hub ``validate_repo_id``): ``name`` or ``namespace/name``;
-    each part 1 to 96 characters of ``A-Z a-z 0-9 _ . -``, not starting or ending with ``-``
-    or ``.``; ``--`` and ``..`` are forbidden (``--`` separates the parts of a cache folder
-    name ``models--org--name``, so it would make two ids share one folder); no ``.git`` end.
-    """
-    if _REPO_ID.fullmatch(value) is None:
-        return ("a repo id is NAME or NAMESPACE/NAME, each 1-96 characters of A-Z a-z 0-9 _ . "
-                "- not starting or ending with - or .")
-    if "--" in value or ".." in value:
-        return "'--' and '..' are forbidden in a repo id"
-    if value.endswith(".git"):
-        return "a repo id cannot end in '.git'"
-    return None
-
-
-def is_repo_id(value: str) -> bool:
-    """Return True if ``value`` is a Hub repository id (see :func:`repo_id_problem`)."""
-    return repo_id_problem(value) is None
-
-
-def check_repo_path(path: str) -> str:
-    """Validate a repository-relative file path and return it unchanged.
-
-    A valid path is relative POSIX, non-empty, without ``.``/``..`` components, backslashes,
-    NUL bytes or a leading ``/``: it can be joined under a directory without escaping it.
-
-    Raises:
-        ValueError: The path is unsafe or malformed.
-    """
-    if not path or "\\" in path or "\0" in path or path.startswith("/"):
-        raise ValueError(f"unsafe file path {path!r}")
-    parts = path.split("/")
-    if any(p in ("", ".", "..") for p in parts):
-        raise ValueError(f"unsafe file path {path!r}")
-    return path
-
-
-@dataclass(frozen=True)
-class LockedFile:
-    """One pinned file.
-
-    Attributes:
-        path: Repository-relative POSIX path (validated: cannot escape a directory).
-        size: Size in bytes.
-        sha256: Lower-case hex SHA-256 of the content.
-        git_sha1: Git blob SHA-1 of the content for regular files; None for LFS files.
-        lfs: True if the Hub stores the file in LFS.
-        scan: For a pickle-based file accepted with ``--allow-pickle``, the scanner's verdict
-            line (``"<scanner> <version>: safe (globals: ...)"``; :mod:`weights.serialisation`);
-            None otherwise (the key is then absent from the JSON).
-    """
-
-    path: str
-    size: int
-    sha256: str
-    git_sha1: str | None
-    lfs: bool
-    scan: str | None = None
-
-    @property
-    def blob_id(self) -> str:
-        """Name of the file's blob in the Hugging Face cache (``blobs/<blob_id>``).
-
-        sha256 for LFS files, git blob SHA-1 for regular files (the ETag the Hub serves).
-        """
-        if self.lfs or self.git_sha1 is None:
-            return self.sha256
-        return self.git_sha1
-
-    def to_json(self) -> dict[str, Any]:
-        """Return the file as a JSON-ready dict (lockfile schema)."""
-        doc: dict[str, Any] = {
-            "path": self.path,
-            "size": self.size,
-            "sha256": self.sha256,
-            "git_sha1": self.git_sha1,
-            "lfs": self.lfs,
-        }
-        if self.scan is not None:
-            doc["scan"] = self.scan
-        return doc
-
-
-@dataclass(frozen=True)
-class Origin:
-    """Where a locked model came from when it did not come from a hub (``weights lock DIR``).
-
-    Attributes:
-        kind: ``"local"``: a directory or a Hugging Face cache snapshot already on disk.
-        path: Absolute path of the directory when it was locked.
-        claimed_repo_id: Upstream repository the operator (or the cache layout) declared;
-            a claim, not verified against any hub.
-        claimed_commit: Upstream commit declared with it; a claim, not verified.
-    """
-
-    kind: str
-    path: str
-    claimed_repo_id: str | None = None
-    claimed_commit: str | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        """Return the origin as a JSON-ready dict (lockfile schema)."""
-        return {"kind": self.kind, "path": self.path, "claimed_repo_id": self.claimed_repo_id,
-                "claimed_commit": self.claimed_commit}
-
-
-@dataclass(frozen=True)
-class LockEntry:
-    """One pinned repository at one commit.
-
-    Attributes:
-        repo_id: Canonical repository id as the Hub spells it (``org/name``).
-        requested_revision: Branch, tag or SHA the operator asked for.
-        commit: 40-hex commit SHA it resolved to.
-        files: Pinned files, sorted by path.
-        license: Model card licence identifier, or None if the card declares none.
-        gated: Whether the repository is gated on the Hub.
-        pinned_at: UTC timestamp ``YYYY-MM-DDTHH:MM:SSZ`` of the pin.
-        origin: None for a hub pin; :class:`Origin` for a model locked from disk (the key
-            is then written as ``"origin"``; absent otherwise).
-    """
-
-    repo_id: str
-    requested_revision: str
-    commit: str
-    files: tuple[LockedFile, ...]
-    license: str | None = None
-    gated: bool = False
-    pinned_at: str = "1970-01-01T00:00:00Z"
-    origin: Origin | None = None
-    _by_path: dict[str, LockedFile] = field(
-        init=False, repr=False, compare=False, hash=False, default_factory=dict
-    )
-
-    def __post_init__(self) -> None:
-        files = tuple(sorted(self.files, key=lambda f: f.path))
-        object.__setattr__(self, "files", files)
-        object.__setattr__(self, "_by_path", {f.path: f for f in files})
-
-    def file(self, path: str) -> LockedFile:
-        """Return the pinned file at ``path``.
-
-        Raises:
-            KeyError: No such file in this entry.
-        """
-        return self._by_path[path]
-
-    def get(self, path: str) -> LockedFile | None:
-        """Return the pinned file at ``path`` or None."""
-        return self._by_path.get(path)
-
-    @property
-    def total_bytes(self) -> int:
-        """Sum of the pinned file sizes, in bytes."""
-        return sum(f.size for f in self.files)
-
-    def to_json(self) -> dict[str, Any]:
-        """Return the entry as a JSON-ready dict (lockfile schema)."""
-        doc: dict[str, Any] = {
-            "repo_id": self.repo_id,
-            "requested_revision": self.requested_revision,
-            "commit": self.commit,
-            "license": self.license,
-            "gated": self.gated,
-            "pinned_at": self.pinned_at,
-            "files": [f.to_json() for f in self.files],
-        }
-        if self.origin is not None:
-            doc["origin"] = self.origin.to_json()
-        return doc
 
 
 @dataclass(frozen=True)
@@ -394,128 +209,14 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-class _Parser:
-    def __init__(self, source: str) -> None:
-        self.source = source
-
-    def fail(self, where: str, what: str) -> LockfileError:
-        return LockfileError(f"{self.source}: {where}: {what}")
-
-    def obj(self, value: Any, where: str, keys: Iterable[str]) -> dict[str, Any]:
-        if not isinstance(value, dict):
-            raise self.fail(where, "expected an object")
-        missing = [k for k in keys if k not in value]
-        if missing:
-            raise self.fail(f"{where}.{missing[0]}", "missing field")
-        return value
-
-    def string(self, value: Any, where: str, pattern: re.Pattern[str] | None = None) -> str:
-        if not isinstance(value, str):
-            raise self.fail(where, f"expected a string, got {type(value).__name__}")
-        if pattern is not None and pattern.fullmatch(value) is None:
-            raise self.fail(where, f"malformed value {value!r}")
-        return value
-
-    def opt_string(
-        self, value: Any, where: str, pattern: re.Pattern[str] | None = None
-    ) -> str | None:
-        return None if value is None else self.string(value, where, pattern)
-
-    def boolean(self, value: Any, where: str) -> bool:
-        if not isinstance(value, bool):
-            raise self.fail(where, f"expected true or false, got {value!r}")
-        return value
-
-
 def _parse(doc: Any, source: str) -> Lockfile:
-    p = _Parser(source)
-    root = p.obj(doc, "$", ("version", "models"))
-    if root["version"] != LOCKFILE_VERSION:
-        raise p.fail("$.version", f"unsupported lockfile version {root['version']!r}")
-    models = root["models"]
-    if not isinstance(models, list):
-        raise p.fail("$.models", "expected an array")
-    entries: list[LockEntry] = []
-    seen: set[str] = set()
-    for i, raw in enumerate(models):
-        where = f"$.models[{i}]"
-        m = p.obj(raw, where, ("repo_id", "requested_revision", "commit", "files"))
-        repo_id = p.string(m["repo_id"], f"{where}.repo_id")
-        if (why := repo_id_problem(repo_id)) is not None:
-            raise p.fail(f"{where}.repo_id", f"{repo_id!r}: {why}")
-        if repo_id in seen:
-            raise p.fail(f"{where}.repo_id", f"duplicate entry for {repo_id!r}")
-        seen.add(repo_id)
-        files_raw = m["files"]
-        if not isinstance(files_raw, list):
-            raise p.fail(f"{where}.files", "expected an array")
-        files: list[LockedFile] = []
-        paths: set[str] = set()
-        for j, fraw in enumerate(files_raw):
-            fw = f"{where}.files[{j}]"
-            f = p.obj(fraw, fw, ("path", "size", "sha256", "lfs"))
-            path = p.string(f["path"], f"{fw}.path")
-            try:
-                check_repo_path(path)
-            except ValueError as exc:
-                raise p.fail(f"{fw}.path", str(exc)) from None
-            if path in paths:
-                raise p.fail(f"{fw}.path", f"duplicate file {path!r}")
-            paths.add(path)
-            size = f["size"]
-            if not isinstance(size, int) or isinstance(size, bool) or size < 0:
-                raise p.fail(f"{fw}.size", f"expected a non-negative integer, got {size!r}")
-            files.append(
-                LockedFile(
-                    path=path,
-                    size=size,
-                    sha256=p.string(f["sha256"], f"{fw}.sha256", _HEX64),
-                    git_sha1=p.opt_string(f.get("git_sha1"), f"{fw}.git_sha1", _HEX40),
-                    lfs=p.boolean(f["lfs"], f"{fw}.lfs"),
-                    scan=p.opt_string(f.get("scan"), f"{fw}.scan"),
-                )
-            )
-        revision = p.string(m["requested_revision"], f"{where}.requested_revision")
-        try:  # it becomes refs/<revision> in a cache: it must not leave refs/
-            check_repo_path(revision)
-        except ValueError:
-            raise p.fail(f"{where}.requested_revision",
-                         f"unsafe revision {revision!r}") from None
-        entries.append(
-            LockEntry(
-                repo_id=repo_id,
-                requested_revision=revision,
-                commit=p.string(m["commit"], f"{where}.commit", _HEX40),
-                files=tuple(files),
-                license=p.opt_string(m.get("license"), f"{where}.license"),
-                gated=p.boolean(m.get("gated", False), f"{where}.gated"),
-                pinned_at=p.string(
-                    m.get("pinned_at", "1970-01-01T00:00:00Z"), f"{where}.pinned_at", _TIMESTAMP
-                ),
-                origin=_origin(p, m.get("origin"), f"{where}.origin"),
-            )
-        )
+    entries = parse_entries(doc, source, LOCKFILE_VERSION)
     try:
         return Lockfile(entries=tuple(entries))
     except LockfileError as exc:  # an invariant of the whole file: say which file
         exc.message = f"{source}: {exc.message}"
         exc.args = (exc.message,)
         raise
-
-
-def _origin(p: _Parser, raw: Any, where: str) -> Origin | None:
-    if raw is None:
-        return None
-    o = p.obj(raw, where, ("kind", "path"))
-    if o["kind"] != "local":
-        raise p.fail(f"{where}.kind", f"unknown origin kind {o['kind']!r} (expected 'local')")
-    return Origin(
-        kind="local",
-        path=p.string(o["path"], f"{where}.path"),
-        claimed_repo_id=p.opt_string(o.get("claimed_repo_id"), f"{where}.claimed_repo_id",
-                                     _REPO_ID),
-        claimed_commit=p.opt_string(o.get("claimed_commit"), f"{where}.claimed_commit", _HEX40),
-    )
 
 
 def validate_entry(entry: LockEntry) -> LockEntry:

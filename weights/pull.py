@@ -40,6 +40,7 @@ from weights.cache import (
 from weights.digests import ProgressCallback
 from weights.errors import CacheLayoutError, DigestMismatchError, StorageError, WeightsError
 from weights.hub import HubClient
+from weights.installpaths import existing_twin
 from weights.lockfile import LockedFile, LockEntry, Lockfile
 from weights.serialisation import DEFAULT_POLICY, SerialisationPolicy, check_format, check_names
 from weights.verify import check_file
@@ -234,6 +235,12 @@ def _pull_entry(
     else:
         assert cache is not None
         paths = hf_cache_paths(cache, entry.repo_id)
+        twin = existing_twin(cache, paths.repo_dir.name)
+        if twin is not None:  # one repository on the Hub and on a case-folding disk
+            raise CacheLayoutError(
+                f"{entry.repo_id} would install to {paths.repo_dir}, but the cache holds "
+                f"{twin}, the same name when case and Unicode normalisation are ignored",
+                hint="pull with the repo id spelled as installed, or remove the other copy")
         dest_root = paths.repo_dir
         staging = staging or cache / STAGING_NAME
         target = paths.snapshot(entry.commit)

@@ -23,6 +23,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any, cast
 
+from clishell import private_key_instead
 from weights.digests import ProgressCallback, sha256_file
 from weights.errors import SignatureVerificationError, SigningError
 from weights.verify import list_files
@@ -96,6 +97,9 @@ def check_key(path: Path, *, private: bool, password: str | None = None) -> None
         data = path.read_bytes()
     except OSError as exc:
         raise SigningError(f"{path}: cannot read key: {exc.strerror or exc}") from exc
+    mistake = None if private else private_key_instead(path, data)
+    if mistake is not None:
+        raise SigningError(mistake)
     try:
         key: object = (serialization.load_pem_private_key(
             data, password.encode() if password else None) if private

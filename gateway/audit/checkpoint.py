@@ -22,7 +22,6 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,7 +35,7 @@ from cryptography.hazmat.primitives.serialization import (
     load_pem_public_key,
 )
 
-from clishell import public_key_path
+from clishell import private_key_instead, public_key_path, write_atomic
 from gateway.audit.errors import AuditConfigError, AuditFormatError, ProofError
 
 EM_DASH = "\u2014"
@@ -188,7 +187,11 @@ def load_verifier(path: Path, name: str = DEFAULT_KEY_NAME) -> Verifier:
         AuditConfigError: If the file cannot be read or is not a verifier key.
     """
     try:
-        text = path.read_text(encoding="utf-8")
+        data = path.read_bytes()
+        mistake = private_key_instead(path, data)
+        if mistake is not None:
+            raise AuditConfigError(mistake)
+        text = data.decode("utf-8")
         if text.lstrip().startswith("-----BEGIN"):
             key = load_pem_public_key(text.encode())
             if not isinstance(key, Ed25519PublicKey):
@@ -197,7 +200,7 @@ def load_verifier(path: Path, name: str = DEFAULT_KEY_NAME) -> Verifier:
         return Verifier.from_vkey(text)
     except OSError as exc:
         raise AuditConfigError(f"cannot read public key {path}: {exc.strerror}") from exc
-    except (AuditFormatError, ValueError, TypeError) as exc:
+    except (AuditFormatError, ValueError, TypeError) as exc:  # UnicodeDecodeError included
         raise AuditConfigError(f"{path}: {exc}") from exc
 
 
@@ -214,10 +217,14 @@ def write_key_pair(signer: Signer, out: Path) -> tuple[Path, Path]:
     """
     pub = public_key_path(out)
     try:
-        fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(signer.skey() + "\n")
-        pub.write_text(signer.verifier.vkey + "\n", encoding="utf-8")
+        # Each file complete or absent, and never the private key without its public one
+        # (interrupted, disk full): clishell.write_atomic.
+        write_atomic(out, signer.skey() + "\n", exclusive=True, private=True)
+        try:
+            write_atomic(pub, signer.verifier.vkey + "\n")
+        except BaseException:
+            out.unlink(missing_ok=True)
+            raise
     except FileExistsError as exc:
         raise AuditConfigError(f"{out} exists already; refusing to overwrite a key") from exc
     except OSError as exc:

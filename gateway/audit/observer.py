@@ -18,6 +18,7 @@ chain with the app's lifespan.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 from collections.abc import Callable, Mapping
@@ -37,6 +38,7 @@ from gateway.records import RequestRecord
 _log = logging.getLogger(__name__)
 
 REQUEST_DENIED = "request.denied"
+HTTP_REFUSED = "http.refused"
 CONFIG_LOADED = "config.loaded"
 
 _CLIENT_CACHE_MAX = 10_000
@@ -70,6 +72,7 @@ class AuditObserver:
         self._unrecorded: set[str] = set()
         self._content: dict[str, tuple[str, ContentHasher]] = {}
         self._clients: dict[str, str] = {}  # client host -> pseudonym (the HMAC is fixed)
+        self._refusals: set[asyncio.Task[None]] = set()
 
     @classmethod
     def from_settings(
@@ -93,13 +96,19 @@ class AuditObserver:
             await self.log.append({"type": CONFIG_LOADED, "sha256": self._config_digest})
 
     async def shutdown(self) -> None:
-        """Close the chain with a final signed checkpoint."""
+        """Close the chain with a final signed checkpoint (after pending refusal records)."""
+        if self._refusals:
+            await asyncio.gather(*self._refusals, return_exceptions=True)
         await self.log.close()
 
     def _client(self, record: RequestRecord) -> str | None:
-        if record.client_addr is None or self._pseudo is None:
+        if record.client_addr is None:
             return None
-        host = record.client_addr.rsplit(":", 1)[0]
+        return self._client_host(record.client_addr.rsplit(":", 1)[0])
+
+    def _client_host(self, host: str | None) -> str | None:
+        if host is None or self._pseudo is None:
+            return None
         pseudonym = self._clients.get(host)
         if pseudonym is None:
             if len(self._clients) >= _CLIENT_CACHE_MAX:
@@ -209,6 +218,32 @@ class AuditObserver:
             if forwarded:
                 self._unrecorded.add(record.request_id)
             _log.error("audit record of request %s lost: %s", record.request_id, exc)
+
+    def http_refused(self, status: int, code: str, message: str, client_host: str | None) -> None:
+        """Record a request the HTTP server refused before the app saw it (``http.refused``).
+
+        The server's ``on_refused`` hook (:mod:`gateway.http_guard`: ambiguous framing,
+        malformed or oversized heads, header timeouts, the connection cap). Called on the
+        event loop, synchronously: the append runs as a task; a failure is logged (the
+        refusal was already sent, nothing was served).
+
+        Args:
+            status: HTTP status sent (400, 408, 413, 431, 503).
+            code: The error code sent (``invalid_framing``, ...).
+            message: The message sent (never the client's bytes).
+            client_host: The peer's address, recorded as its HMAC pseudonym.
+        """
+        event = {"type": HTTP_REFUSED, "status": status, "error_code": code, "reason": message,
+                 "client": self._client_host(client_host)}
+        task = asyncio.get_running_loop().create_task(self._append_refusal(event))
+        self._refusals.add(task)  # keep a reference until done (asyncio holds tasks weakly)
+        task.add_done_callback(self._refusals.discard)
+
+    async def _append_refusal(self, event: Mapping[str, Any]) -> None:
+        try:
+            await self.log.append(event)
+        except AuditError as exc:
+            _log.error("audit record of a refused %s request lost: %s", event["status"], exc)
 
     async def record_event(self, event: Mapping[str, Any]) -> Receipt:
         """Append an admin or security event and wait until it is durable.

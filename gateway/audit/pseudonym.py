@@ -14,10 +14,10 @@ import base64
 import binascii
 import hashlib
 import hmac
-import os
 import secrets
 from pathlib import Path
 
+from clishell import write_atomic
 from gateway.audit.errors import AuditConfigError
 
 MIN_KEY_BYTES = 32
@@ -84,10 +84,9 @@ def generate_key_file(path: Path) -> Path:
     Raises:
         AuditConfigError: If the file exists or cannot be written.
     """
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w", encoding="ascii") as fh:
-            fh.write(base64.b64encode(secrets.token_bytes(MIN_KEY_BYTES)).decode() + "\n")
+    try:  # complete or absent (interrupted, disk full); never overwrites
+        write_atomic(path, base64.b64encode(secrets.token_bytes(MIN_KEY_BYTES)).decode() + "\n",
+                     exclusive=True, private=True)
     except FileExistsError as exc:
         raise AuditConfigError(f"{path} exists already; refusing to overwrite a key") from exc
     except OSError as exc:

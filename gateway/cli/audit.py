@@ -22,7 +22,16 @@ import typer
 import yaml
 from pydantic import ValidationError
 
-from clishell import EXIT_USAGE, CliError, existing_public_key, run
+from clishell import (
+    EXIT_USAGE,
+    CliError,
+    ConfigOpt,
+    atomic_file,
+    existing_public_key,
+    run,
+    shown,
+    write_atomic,
+)
 from gateway.audit import (
     AuditConfigError,
     AuditError,
@@ -53,12 +62,6 @@ app = typer.Typer(
 StoreOpt = Annotated[
     str | None,
     typer.Option("--store", envvar="SG_AUDIT_STORE", help="sqlite:///PATH or postgresql://..."),
-]
-ConfigOpt = Annotated[
-    Path | None,
-    typer.Option(
-        "--config", "-c", envvar="SG_CONFIG", help="Gateway YAML config: use its audit: section."
-    ),
 ]
 PublicKeyOpt = Annotated[
     list[Path] | None,
@@ -96,7 +99,11 @@ def _audit_settings(ctx: typer.Context, config: Path | None) -> AuditSettings | 
     if config is None:
         return None
     try:
-        doc = yaml.safe_load(config.read_text(encoding="utf-8"))
+        try:
+            text = config.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise AuditConfigError(f"cannot read config file {config}: {exc.strerror}") from exc
+        doc = yaml.safe_load(text)
         section = doc.get("audit") if isinstance(doc, dict) else None
         if not isinstance(section, dict):
             raise AuditConfigError(f"{config} has no audit: section")
@@ -195,7 +202,8 @@ def _line(rec: Record, as_json: bool) -> str:
     data = rec.decoded()["data"]
     when = datetime.fromtimestamp(rec.ts_us / 1e6, UTC).isoformat(timespec="milliseconds")
     keys = ("request_id", "key_id", "model", "destination", "decision", "status", "outcome")
-    fields = " ".join(f"{k}={data[k]}" for k in keys if k in data)
+    # model (and, for /v1/models/{id}, path) are what a client sent: never raw on a terminal.
+    fields = " ".join(f"{k}={shown(data[k])}" for k in keys if k in data)
     return f"{when} {rec.chain}#{rec.seq} {rec.type} {fields}".rstrip()
 
 
@@ -220,7 +228,8 @@ def export(
         await st.open()
         n = 0
         try:
-            with open(out, "w", encoding="utf-8") if out else _stdout() as fh:
+            # --out: the file appears complete or not at all (interrupted, disk full)
+            with atomic_file(out) if out else _stdout() as fh:
                 async for rec in export_records(st, since_us, until_us):
                     fh.write(rec.body.decode("utf-8") + "\n")
                     n += 1
@@ -266,10 +275,9 @@ def tail(
         finally:
             await st.close()
 
-    try:
-        _run(ctx, go())
-    except KeyboardInterrupt:
-        raise typer.Exit(0) from None
+    # Ctrl-C / SIGTERM while following: the boundary's Interrupted (exit 130 / 143), the
+    # store closed on the way out (asyncio.run cancels go(): its finally runs).
+    _run(ctx, go())
 
 
 @app.command("prove")
@@ -299,7 +307,7 @@ def prove_cmd(
         typer.echo(text, nl=False)
         return
     try:
-        out.write_text(text, encoding="utf-8")
+        write_atomic(out, text)
     except OSError as exc:
         raise _fail(exc) from exc
 

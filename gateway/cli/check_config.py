@@ -14,7 +14,7 @@ from typing import Annotated
 
 import typer
 
-from clishell import CliError, warn
+from clishell import ConfigOpt, require_config, warn
 from gateway.assembly import assemble
 from gateway.config_errors import ConfigProblem, problems_of
 from gateway.errors import ConfigError
@@ -47,16 +47,11 @@ def _config_file(config: Path | None, legacy_file: Path | None) -> Path:
         warn("gateway", "deprecated", "check-config FILE (the config file as an argument)",
              hint=f"use check-config --config {legacy_file}, as for serve")
         return legacy_file
-    if config is None:
-        raise CliError("usage_error", "no config file given",
-                       hint="pass --config FILE (or set SG_CONFIG), as for serve")
-    return config
+    return require_config(config)
 
 
 def check_config(
-    config: Annotated[Path | None, typer.Option(
-        "--config", "-c", envvar="SG_CONFIG", show_default=False,
-        help="Gateway YAML config file (as for serve).")] = None,
+    config: ConfigOpt = None,
     legacy_file: Annotated[Path | None, typer.Argument(
         metavar="FILE", show_default=False,
         help="Deprecated: the config file as an argument; use --config FILE.")] = None,

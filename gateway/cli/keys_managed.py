@@ -26,7 +26,7 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 
-from clishell import CliError, run, warn
+from clishell import CliError, ConfigOpt, run, warn
 from gateway.keystore import (
     IssuedKey,
     KeyManager,
@@ -47,10 +47,6 @@ app = typer.Typer(
 StoreOpt = Annotated[
     str | None,
     typer.Option("--store", envvar="SG_KEYSTORE_URL", help="sqlite:///PATH or postgresql://..."),
-]
-ConfigOpt = Annotated[
-    Path | None,
-    typer.Option("--config", "-c", envvar="SG_CONFIG", help="Gateway config (store + audit)."),
 ]
 NoAuditOpt = Annotated[
     bool, typer.Option("--no-audit", help="UNSAFE: change keys without an audit record.")

@@ -1,9 +1,17 @@
-"""``gateway serve --config FILE``: run the gateway in the foreground with uvicorn."""
+"""``gateway serve --config FILE``: run the gateway in the foreground with uvicorn.
+
+Signals: before it serves (reading the config, the guard's self-test, the assembly) SIGINT and
+SIGTERM stop it with 130 / 143 and the one error line (:func:`clishell.run`). While it serves
+both drain (:mod:`gateway.drain`); after the drain it exits 0 when SIGTERM stopped it (the
+documented stop of an orchestrator) and 130 with the error line when SIGINT did, so that a
+Ctrl-C never reads as success. ``--workers N``: the same, by the supervisor.
+"""
 
 from __future__ import annotations
 
 import logging
 import os
+import signal
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,23 +19,19 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from clishell import ConfigOpt, Interrupted, require_config
 from gateway.hangup import HangupLatch
 from gateway.logs import configure_logging
 from gateway.settings import GatewaySettings, is_loopback_host, load
 
 if TYPE_CHECKING:
     from gateway.assembly import Gateway
-    from gateway.supervisor import WorkerSlot
+    from gateway.reload import Reloader
+    from gateway.worker import WorkerSlot
 
 __all__ = ["ListenOverrides", "run", "serve"]
 
 _log = logging.getLogger(__name__)
-
-ConfigOpt = Annotated[
-    Path,
-    typer.Option("--config", "-c", envvar="SG_CONFIG", help="Gateway YAML config file."),
-]
-
 
 @dataclass(frozen=True)
 class ListenOverrides:
@@ -72,7 +76,7 @@ def run(
     config: Path | None = None,
     adjust: Callable[[GatewaySettings], GatewaySettings] | None = None,
     worker: WorkerSlot | None = None,
-) -> None:
+) -> int | None:
     """Serve ``settings`` until interrupted (standard asyncio loop, never uvloop).
 
     With a ``policy:`` section the policy is loaded and checked and the process egress guard
@@ -88,8 +92,12 @@ def run(
             reloads it live (:mod:`gateway.reload`). ``None``: no live reload.
         adjust: The command line's overrides, applied to each reloaded configuration too.
         worker: Run as a worker of ``gateway serve --workers N`` (see
-            :mod:`gateway.supervisor`): serve the supervisor's socket, audit under the
+            :mod:`gateway.worker`): serve the supervisor's socket, audit under the
             worker's replica id, admin routes on the worker's Unix socket.
+
+    Returns:
+        The signal that stopped the server after its drain (``signal.SIGTERM`` or
+        ``signal.SIGINT``), or None.
 
     Raises:
         ConfigError: Invalid policy, replica outside its destination, guard self-test failed,
@@ -139,11 +147,13 @@ def run(
     app = create_app(settings, gateway, drain=drain, reloader=reloader)
     if worker is None and not is_loopback_host(settings.listen.host):
         _log.info("listening on %s:%s", settings.listen.host, settings.listen.port)
-    run_server(
+    return run_server(
         uvicorn.Config(
             app,
             **server_options(
                 settings.limits,
+                on_refused=gateway.audit.http_refused if gateway.audit is not None else None,
+                body_limit=_body_limit(reloader) if reloader is not None else None,
                 host=settings.listen.host,
                 port=settings.listen.port,
                 ssl_certfile=settings.listen.tls_cert_file,
@@ -157,8 +167,13 @@ def run(
     )
 
 
+def _body_limit(reloader: Reloader) -> Callable[[], int]:
+    """``limits.max_body_bytes`` of the configuration serving now (a live reload changes it)."""
+    return lambda: reloader.running.settings.limits.max_body_bytes
+
+
 def serve(
-    config: ConfigOpt,
+    config: ConfigOpt = None,
     host: Annotated[str | None, typer.Option(help="Override listen.host.")] = None,
     port: Annotated[int | None, typer.Option(help="Override listen.port.")] = None,
     workers: Annotated[int, typer.Option(
@@ -168,18 +183,30 @@ def serve(
 ) -> None:
     """Run the gateway from one YAML config file (fails at start if the file is invalid).
 
-    SIGTERM drains and exits; SIGHUP reloads the file live (an invalid or restart-only change is
-    refused whole and the running configuration stays).
+    SIGTERM drains and exits 0; SIGINT (Ctrl-C) drains and exits 130; SIGHUP reloads the file
+    live (an invalid or restart-only change is refused whole and the running configuration
+    stays).
     """
 
+    file = require_config(config)
     # Before the file is read: a SIGHUP from now on is held and reloads once serving (the
     # default disposition would end the process, ignoring it would lose the reload).
     HangupLatch.install()
     adjust = ListenOverrides(host, port)
-    settings = adjust(load(config, os.environ))
+    settings = adjust(load(file, os.environ))
     if workers > 1:
         from gateway.supervisor import serve_workers
 
-        raise typer.Exit(serve_workers(settings, config.parent, workers, config=config,
-                                       adjust=adjust))
-    run(settings, config.parent, config=config, adjust=adjust)
+        status, stopped_by = serve_workers(settings, file.parent, workers, config=file,
+                                           adjust=adjust)
+        if status == 0:
+            _after_drain(stopped_by)
+        raise typer.Exit(status)
+    _after_drain(run(settings, file.parent, config=file, adjust=adjust))
+
+
+def _after_drain(stopped_by: int | None) -> None:
+    """A drain that SIGINT began ends as an interrupted command (exit 130, one error line)."""
+    if stopped_by == signal.SIGINT:
+        raise Interrupted(signal.SIGINT, "interrupted by SIGINT; the gateway drained and "
+                          "stopped", hint="stop it with SIGTERM for a clean stop (exit 0)")

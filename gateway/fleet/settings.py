@@ -6,7 +6,7 @@ Example::
       metrics_interval_s: 0.5      # scrape every replica's vLLM /metrics this often
       block_chars: 128             # prefix index: characters per block (no tokenizer)
       session_affinity: true       # keep x-session-id / body "user" on one replica
-      weights: {prefix: 1.0, load: 0.5, prefill: 0.5, kv: 0.25}
+      weights: {prefix: 1.0, load: 0.25, prefill: 0.5, kv: 0.25}
 
 Every field has a default that works; the section may be left out.
 """
@@ -30,7 +30,9 @@ class RoutingWeights(_Frozen):
     Attributes:
         prefix: Weight of the matched prefix fraction (0..1).
         load: Weight of the replica's load (requests) relative to the fleet mean,
-            ``load / (1 + mean)``.
+            ``load / (1 + mean)``. Low by default: requests that are decoding barely delay a
+            new request's prefill (queued prefill counts in ``prefill``), and a holder left
+            for load copies its prefix into a second cache (see docs/routing.md).
         prefill: Weight of the uncached prompt tokens the gateway sent to the replica whose
             response has not started, relative to this request's prompt tokens (the prefix
             term counts in the same unit; half its weight: a warm request leaves its prefix's
@@ -40,7 +42,7 @@ class RoutingWeights(_Frozen):
     """
 
     prefix: float = Field(default=1.0, ge=0, allow_inf_nan=False)
-    load: float = Field(default=0.5, ge=0, allow_inf_nan=False)
+    load: float = Field(default=0.25, ge=0, allow_inf_nan=False)
     prefill: float = Field(default=0.5, ge=0, allow_inf_nan=False)
     kv: float = Field(default=0.25, ge=0, allow_inf_nan=False)
 

@@ -6,7 +6,9 @@
   deficit round robin between keys (or teams) within a class (pure logic).
 * :mod:`gateway.flow.saturation`: whether a replica has room (pure logic over the scraped
   vLLM signals and the gateway's in-flight count).
-* :mod:`gateway.flow.gate`: the thin adapter the relay calls (``FlowGate``, ``Lane``).
+* :mod:`gateway.flow.classify`: a request's class and fair-share flow (key or team, weight).
+* :mod:`gateway.flow.gate` and :mod:`gateway.flow.lane`: the thin adapter the relay calls
+  (``FlowGate``, and one ``Lane`` per request).
 """
 
 from gateway.flow.errors import (

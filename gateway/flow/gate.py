@@ -13,6 +13,13 @@ Below saturation :meth:`Lane.admit` returns a replica at once (no await, no task
 A replica handed out is *reserved* (its in-flight count raised) until :meth:`Lane.go`, so the
 requests admitted while an earlier one is still being audited see the load it will add.
 
+A replica handed out also counts the request in its class's in-flight count
+(``Replica.flow_in_flight``) from the hand-over until :meth:`Lane.done`: the ``in_flight``
+thresholds count the requests of a class and of the classes below it
+(:mod:`gateway.flow.saturation`). A retry that the forwarder sends to another replica after a
+failure stays counted on the replica it was handed (which failed; the retry is counted in the
+other's ``outstanding`` like any request).
+
 Dispatch runs when a request ends (:meth:`Lane.done`), after every scrape round of the
 replicas' metrics (:meth:`FlowGate.kick_all`) and when a request is queued: per model and
 candidate set, the highest class with a waiter is served while some candidate has room for it
@@ -26,28 +33,19 @@ queue separately; strict priority holds within each set.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from gateway.asgi_io import ClientGone, Receive
-from gateway.errors import GatewayError
-from gateway.flow.errors import (
-    FlowError,
-    PriorityRaiseRefused,
-    QueueFull,
-    QueueTimeout,
-    UnknownPriorityClass,
-)
-from gateway.flow.queues import ClassQueues, Waiter
+from gateway.flow.classify import Classifier
+from gateway.flow.errors import FlowError
+from gateway.flow.lane import Group, Lane, PoolFlow, to_gateway_error
 from gateway.flow.saturation import with_room
 from gateway.flow.settings import FlowControlSettings
+from gateway.quotas.tokens import TokenEstimator
 
 if TYPE_CHECKING:
     from gateway.auth import Principal
-    from gateway.fleet.scoring import RouteHint
     from gateway.records import RequestRecord
     from gateway.rewrite import ParsedBody
     from gateway.routing import Pool, Replica, Router
@@ -55,46 +53,6 @@ if TYPE_CHECKING:
 __all__ = ["FlowGate", "Lane", "to_gateway_error"]
 
 _EWMA = 0.2  # weight of the newest wait in the per-class mean used for Retry-After
-
-
-def to_gateway_error(exc: FlowError) -> GatewayError:
-    """The gateway's OpenAI-shaped error for a flow-control error (same code, status, type)."""
-    err = GatewayError(exc.message, code=exc.code, param=exc.param, headers=exc.headers())
-    err.status = exc.status
-    err.type = exc.error_type
-    return err
-
-
-@dataclass(eq=False, slots=True)
-class _Hand:
-    """What a queued request waits on: the replica handed over, and its routing hint."""
-
-    future: asyncio.Future[Replica]
-    hint: RouteHint | None
-
-
-class _Group:
-    """The queues of one model for one candidate set."""
-
-    __slots__ = ("candidates", "queues")
-
-    def __init__(self, candidates: Sequence[Replica], max_lens: Sequence[int]) -> None:
-        self.candidates = tuple(candidates)
-        self.queues: ClassQueues[_Hand] = ClassQueues(max_lens)
-
-
-class _PoolFlow:
-    """Flow control of one model: its pool and its queues by candidate set."""
-
-    __slots__ = ("groups", "pool")
-
-    def __init__(self, pool: Pool) -> None:
-        self.pool = pool
-        self.groups: dict[tuple[int, ...] | None, _Group] = {}
-
-    def queued(self) -> bool:
-        return any(len(g.queues) for g in self.groups.values())
-
 
 class FlowGate:
     """Flow control of one gateway (built by the assembly when ``flow_control.enabled``).
@@ -119,18 +77,21 @@ class FlowGate:
         self.stale_s = stale_s
         self.clock = clock
         self.classes = tuple(settings.classes)
-        self.index = {c.name: i for i, c in enumerate(self.classes)}
+        self.classifier = Classifier(settings)
         self.limits = tuple(settings.limits())
+        self.workers = settings.workers
         self._max_lens = [c.max_queue for c in self.classes]
-        self._default = self.index[settings.default_class]
         self._header = settings.header.encode("latin-1")
-        self._by_team = settings.share_by == "team"
         self._vllm = frozenset(settings.vllm_priority_models)
         self.pools = {
-            name: _PoolFlow(pool) for name, pool in router.pools.items() if settings.covers(name)
+            name: PoolFlow(pool) for name, pool in router.pools.items() if settings.covers(name)
         }
         self.mean_wait_s = [1.0] * len(self.classes)
-        self._retired: list[_PoolFlow] = []
+        # Fair-share costs of queued requests (approximate token counts, no tokenizer).
+        self._tokens = (TokenEstimator(completion_reserve_tokens=settings.default_max_tokens,
+                                       completion_reserve_cap=1 << 40)
+                        if settings.share_cost == "tokens" else None)
+        self._retired: list[PoolFlow] = []
 
     # --- per request ----------------------------------------------------------------------
 
@@ -145,7 +106,7 @@ class FlowGate:
         """The lane of one request, or ``None`` when flow control does not cover its model.
 
         The class is the key's (``keys``), else its team's (``teams``), else the default; the
-        priority header may name a lower class.
+        priority header may name a lower class (:mod:`gateway.flow.classify`).
 
         Raises:
             GatewayError: The header names a higher class (403 ``priority_raise_forbidden``)
@@ -156,67 +117,28 @@ class FlowGate:
             return None
         if flow.pool is not pool:  # routed with the snapshot before a live reload
             flow = self._retired_flow(pool)
-        s = self.settings
-        share = s.keys.get(principal.key_id)
-        team = principal.team
-        if share is None and team is not None:
-            share = s.teams.get(team)
-        cls = self.index[share.class_] if share is not None else self._default
-        if self._by_team:
-            who = team or principal.key_id
-            team_share = s.teams.get(team) if team is not None else None
-            weight = team_share.weight if team_share is not None else 1.0
-        else:
-            who = principal.key_id
-            weight = share.weight if share is not None else 1.0
         named = [v.decode("latin-1") for n, v in headers if n == self._header]
-        if named:
-            cls = self._lowered(cls, named)
+        try:
+            cls, who, weight = self.classifier.classify(principal.key_id, principal.team, named)
+        except FlowError as exc:
+            raise to_gateway_error(exc) from None
         if pool.model.name in self._vllm:
             configured = self.classes[cls].vllm_priority
             parsed.priority = configured if configured is not None else cls
-        return Lane(self, flow, cls, who, weight, record)
-
-    def _lowered(self, cls: int, fields: list[str]) -> int:
-        header = self.settings.header
-        # Several fields are one comma-separated list in HTTP (RFC 9110, 5.3): naming more
-        # than one class is ambiguous, whatever the order, and refused.
-        names = [part.strip().lower() for field in fields for part in field.split(",")]
-        if len(names) > 1:
-            err: FlowError = UnknownPriorityClass(
-                f"The {header} header names more than one priority class "
-                f"({', '.join(names)[:64]!r}); name one of: "
-                f"{', '.join(c.name for c in self.classes)}.")
-            err.param = header
-            raise to_gateway_error(err)
-        wanted = names[0]
-        asked = self.index.get(wanted)
-        if asked is None:
-            err = UnknownPriorityClass(
-                f"The {header} header names no priority class ({wanted[:64]!r}); classes: "
-                f"{', '.join(c.name for c in self.classes)}.")
-            err.param = header
-            raise to_gateway_error(err)
-        if asked < cls:
-            err = PriorityRaiseRefused(
-                f"The {header} header may only lower this key's priority class "
-                f"({self.classes[cls].name!r}), not raise it to {wanted!r}.")
-            err.param = header
-            raise to_gateway_error(err)
-        return asked
+        return Lane(self, flow, cls, who, weight, record, parsed)
 
     # --- dispatch -------------------------------------------------------------------------
 
-    def group(self, flow: _PoolFlow, candidates: Sequence[Replica]) -> _Group:
+    def group(self, flow: PoolFlow, candidates: Sequence[Replica]) -> Group:
         """The queues of ``flow``'s model for ``candidates`` (created on first use)."""
         key = (None if len(candidates) == len(flow.pool.replicas)
                else tuple(r.index for r in candidates))
         group = flow.groups.get(key)
         if group is None:
-            group = flow.groups[key] = _Group(candidates, self._max_lens)
+            group = flow.groups[key] = Group(candidates, self._max_lens)
         return group
 
-    def dispatch(self, flow: _PoolFlow, group: _Group) -> None:
+    def dispatch(self, flow: PoolFlow, group: Group) -> None:
         """Hand replicas to waiters while some candidate has room (rules: module docstring)."""
         queues = group.queues
         now = self.clock()
@@ -224,7 +146,8 @@ class FlowGate:
             cls = queues.top()
             if cls is None:
                 return
-            room = with_room(group.candidates, self.limits[cls], now, self.stale_s)
+            room = with_room(group.candidates, cls, self.limits[cls], now, self.stale_s,
+                             self.workers)
             if not room:
                 return
             waiter = queues.pop(cls)
@@ -232,10 +155,19 @@ class FlowGate:
             replica = flow.pool.pick(room, hint=hand.hint)
             if replica is None:  # pragma: no cover - room is never empty here
                 return
-            replica.outstanding += 1  # reserved until the request's Lane.go()
+            self.hold(replica, cls)
             hand.future.set_result(replica)
 
-    def kick(self, flow: _PoolFlow) -> None:
+    def hold(self, replica: Replica, cls: int) -> None:
+        """Hand ``replica`` to a request of class ``cls``: reserve it (``outstanding``, until
+        :meth:`Lane.go`) and count the request in its class (until :meth:`Lane.done`)."""
+        replica.outstanding += 1
+        held = replica.flow_in_flight
+        if not held:
+            held.extend([0] * len(self.classes))
+        held[cls] += 1
+
+    def kick(self, flow: PoolFlow) -> None:
         """Dispatch the waiters of one model (a request ended)."""
         for group in tuple(flow.groups.values()):
             if len(group.queues):
@@ -251,11 +183,11 @@ class FlowGate:
                 self.kick(flow)
             self._retired = [f for f in self._retired if f.queued()]
 
-    def _retired_flow(self, pool: Pool) -> _PoolFlow:
+    def _retired_flow(self, pool: Pool) -> PoolFlow:
         for flow in self._retired:
             if flow.pool is pool:
                 return flow
-        flow = _PoolFlow(pool)
+        flow = PoolFlow(pool)
         self._retired.append(flow)
         return flow
 
@@ -270,11 +202,18 @@ class FlowGate:
         """
         old = self.pools
         self.pools = {
-            name: (old[name] if name in old and old[name].pool is pool else _PoolFlow(pool))
+            name: (old[name] if name in old and old[name].pool is pool else PoolFlow(pool))
             for name, pool in router.pools.items() if self.settings.covers(name)
         }
         kept = set(map(id, self.pools.values()))
         self._retired += [f for f in old.values() if id(f) not in kept and f.queued()]
+
+    def cost(self, parsed: ParsedBody) -> float:
+        """What a queued request costs its flow in its class's fair share (``share_cost``):
+        its estimated prompt tokens plus its maximum completion tokens, or 1 (at least 1)."""
+        if self._tokens is None:
+            return 1.0
+        return float(max(1, self._tokens.estimate(parsed.model, parsed.values).total))
 
     def observe_wait(self, cls: int, wait_s: float) -> None:
         """Fold a dispatched request's wait into its class's mean (for ``Retry-After``)."""
@@ -290,134 +229,3 @@ class FlowGate:
                     totals[i] += n
             rows.extend((model, c.name, totals[i]) for i, c in enumerate(self.classes))
         return rows
-
-
-async def _disconnected(receive: Receive) -> None:
-    """Return when the client disconnects (the body was read: nothing else arrives)."""
-    while (await receive())["type"] != "http.disconnect":
-        pass
-
-
-class Lane:
-    """One request's passage through flow control (see the module docstring for the order).
-
-    Attributes:
-        cls: Class index (0 is the highest).
-        flow: The key id or team that shares the class fairly.
-        weight: Its fair-share weight.
-    """
-
-    __slots__ = ("_flow", "_gate", "_group", "_reserved", "_waiter", "cls", "flow", "record",
-                 "weight")
-
-    def __init__(self, gate: FlowGate, flow: _PoolFlow, cls: int, who: str, weight: float,
-                 record: RequestRecord) -> None:
-        self._gate = gate
-        self._flow = flow
-        self.cls = cls
-        self.flow = who
-        self.weight = weight
-        self.record = record
-        self._reserved: Replica | None = None
-        self._group: _Group | None = None
-        self._waiter: Waiter[_Hand] | None = None
-
-    @property
-    def class_name(self) -> str:
-        """The request's class."""
-        return self._gate.classes[self.cls].name
-
-    def admit(self, candidates: Sequence[Replica], hint: RouteHint | None) -> Replica | None:
-        """A replica with room now (reserved), or ``None``: the request is queued.
-
-        Raises:
-            GatewayError: The class's queue is full (429 ``queue_full``, ``Retry-After``).
-        """
-        gate, flow = self._gate, self._flow
-        group = gate.group(flow, candidates)
-        now = gate.clock()
-        if not group.queues.waiting_at_or_above(self.cls):
-            room = with_room(candidates, gate.limits[self.cls], now, gate.stale_s)
-            if room:
-                replica = flow.pool.pick(room, hint=hint)
-                if replica is not None:
-                    replica.outstanding += 1
-                    self._reserved = replica
-                    self.record.flowed(self.class_name, "immediate", 0)
-                    return replica
-        hand = _Hand(asyncio.get_running_loop().create_future(), hint)
-        waiter = Waiter(self.flow, self.weight, self.cls, now, hand)
-        if not group.queues.push(waiter):
-            self.record.flowed(self.class_name, "queue_full", 0)
-            cls = gate.classes[self.cls]
-            raise to_gateway_error(QueueFull(
-                f"The fleet serving '{flow.pool.model.name}' is saturated and the queue of "
-                f"class '{cls.name}' is full ({cls.max_queue} requests); retry later.",
-                gate.mean_wait_s[self.cls]))
-        self._group, self._waiter = group, waiter
-        gate.dispatch(flow, group)
-        return None
-
-    async def wait(self, receive: Receive) -> Replica:
-        """Wait for a replica with room (after :meth:`admit` returned ``None``).
-
-        Raises:
-            GatewayError: The class's ``max_wait_s`` passed (429 ``queue_timeout``).
-            ClientGone: The client disconnected; the request left the queue at once.
-        """
-        gate, waiter, group = self._gate, self._waiter, self._group
-        assert waiter is not None and group is not None
-        future = waiter.item.future
-        cls = gate.classes[self.cls]
-        gone = asyncio.ensure_future(_disconnected(receive))
-        try:
-            if not future.done():
-                left = cls.max_wait_s - (gate.clock() - waiter.enqueued_at)
-                await asyncio.wait((future, gone), timeout=max(0.0, left),
-                                   return_when=asyncio.FIRST_COMPLETED)
-        except BaseException:  # cancelled (the drain deadline): leave the queue
-            self._abandon(group, waiter)
-            raise
-        finally:
-            gone.cancel()
-        wait_s = gate.clock() - waiter.enqueued_at
-        wait_ms = round(wait_s * 1000.0)
-        if gone.done() and not gone.cancelled() and gone.exception() is None:
-            self._abandon(group, waiter)
-            self.record.flowed(cls.name, "client_disconnect", wait_ms)
-            raise ClientGone()
-        if future.done():
-            self._reserved = future.result()
-            gate.observe_wait(self.cls, wait_s)
-            self.record.flowed(cls.name, "dispatched", wait_ms)
-            return self._reserved
-        group.queues.remove(waiter)
-        self.record.flowed(cls.name, "queue_timeout", wait_ms)
-        raise to_gateway_error(QueueTimeout(
-            f"The fleet serving '{self._flow.pool.model.name}' stayed saturated for the "
-            f"{cls.max_wait_s:g} s a '{cls.name}' request may wait; retry later.",
-            gate.mean_wait_s[self.cls]))
-
-    def _abandon(self, group: _Group, waiter: Waiter[_Hand]) -> None:
-        """Leave the queue; give back a replica handed over in the meantime."""
-        future = waiter.item.future
-        if future.done():
-            future.result().outstanding -= 1
-            self._gate.kick(self._flow)
-        else:
-            group.queues.remove(waiter)
-            future.cancel()
-
-    def go(self) -> None:
-        """The request is about to be forwarded: end the reservation (forward counts it)."""
-        replica = self._reserved
-        if replica is not None:
-            replica.outstanding -= 1
-            self._reserved = None
-
-    def done(self) -> None:
-        """The request ended (whatever the outcome): free a reservation, dispatch waiters."""
-        self.go()
-        if self._flow.queued():
-            self._gate.kick(self._flow)
-

@@ -5,21 +5,27 @@ Pure logic, no I/O and no clock: the caller stamps waiters and decides when to d
 * **Between classes**: strict priority. :meth:`ClassQueues.top` is the highest class with a
   waiter; a lower class is served only when every higher one is empty.
 * **Within a class**: deficit round robin over *flows* (a key, or a team), after Shreedhar and
-  Varghese, "Efficient fair queuing using deficit round robin", SIGCOMM 1995. Each request costs
-  one unit; a flow's quantum is its weight. When a flow reaches the head of the round it gains
-  its weight in credit and is served while it has a whole unit of credit; an emptied flow leaves
-  the round and loses its credit. Over a busy period, flows with weights *w1* and *w2* are
-  served in the ratio *w1 : w2* (within one request per round), whatever their arrival rates,
-  so a heavy key cannot starve a light one.
+  Varghese, "Efficient fair queuing using deficit round robin", SIGCOMM 1995, with a request's
+  ``cost`` in the place of the packet size (one unit per request, or the request's estimated
+  tokens: the caller decides) and a flow's weight as its quantum. When a flow reaches the head
+  of the round it gains its weight in credit and is served while its credit covers the cost of
+  its first request; an emptied flow leaves the round and loses its credit. Over a busy
+  period, flows with weights *w1* and *w2* are served costs in the ratio *w1 : w2* (within one
+  request per flow), whatever their arrival rates, so a heavy key cannot starve a light one,
+  and with token costs a key sending long requests gets proportionally fewer of them.
+  A quantum smaller than the costs only takes more rounds: a whole round in which no flow can
+  be served is followed by the empty rounds that would come next in one step (each flow gains
+  its quantum that many times), so a pop costs O(flows) whatever the costs.
 * **Bounds**: each class holds at most ``max_len`` waiters (:meth:`ClassQueue.push` refuses
   one more); a waiter can leave from anywhere (:meth:`ClassQueue.remove`: timeout, disconnect).
 
-Costs: push and pop O(1) amortised (a pop with fractional weights may take a few rounds);
-remove O(waiters of that flow).
+Costs: push O(1); pop O(1) when the first flow visited can be served, else at most two rounds
+over the waiting flows; remove O(waiters of that flow).
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -40,6 +46,8 @@ class Waiter(Generic[T]):
         cls: Class index (0 is the highest priority).
         enqueued_at: When it was queued, seconds on the caller's clock.
         item: The caller's payload (the request's hand-over).
+        cost: What serving it costs its flow's credit (> 0): 1 per request, or its
+            estimated tokens.
     """
 
     flow: str
@@ -47,6 +55,7 @@ class Waiter(Generic[T]):
     cls: int
     enqueued_at: float
     item: T
+    cost: float = 1.0
 
 
 @dataclass(eq=False, slots=True)
@@ -96,14 +105,16 @@ class ClassQueue(Generic[T]):
         """
         if not self._len:
             raise IndexError("pop from an empty class queue")
+        missed = 0
         while True:
             flow = self._current
             if flow is None:
                 flow = self._round.popleft()
                 flow.deficit += flow.weight
                 self._current = flow
-            if flow.deficit >= 1.0:
-                flow.deficit -= 1.0
+            cost = flow.items[0].cost
+            if flow.deficit >= cost:
+                flow.deficit -= cost
                 waiter = flow.items.popleft()
                 self._len -= 1
                 if not flow.items:
@@ -111,6 +122,18 @@ class ClassQueue(Generic[T]):
                 return waiter
             self._current = None
             self._round.append(flow)
+            missed += 1
+            if missed >= len(self._round):  # a whole round and nobody could be served
+                self._skip_empty_rounds()
+                missed = 0
+
+    def _skip_empty_rounds(self) -> None:
+        """Credit every flow with the empty rounds that would follow, all at once: the rounds
+        before the first flow whose credit would cover its first request's cost."""
+        rounds = min(math.ceil((f.items[0].cost - f.deficit) / f.weight) for f in self._round)
+        if rounds > 1:
+            for f in self._round:
+                f.deficit += (rounds - 1) * f.weight
 
     def remove(self, waiter: Waiter[T]) -> bool:
         """Take ``waiter`` out wherever it is; ``False`` when it is not queued (any more)."""

@@ -1,13 +1,19 @@
-"""Whether a replica has room for one more request (pure logic over the load signals).
+"""Whether a replica has room for one more request of a class (pure logic over the load signals).
 
 A replica is **full** for a class when any threshold of the class
 (:class:`~gateway.flow.settings.SaturationSettings`) is reached:
 
-* ``in_flight``: the gateway's own requests in flight to it (``outstanding``) reach it;
+* ``in_flight``: the requests of **this class and the classes below it** that the gateway has
+  in flight to the replica (``flow_in_flight[cls:]``, summed) reach it. A higher class's
+  requests never count against a lower class's allowance, and a lower class can never take the
+  slots its threshold leaves to the classes above: with ``interactive`` at 8 and ``batch`` at 4,
+  batch holds at most 4 of a replica's 8 and interactive may fill the rest, whatever batch holds;
 * ``queue_depth``: its estimated waiting queue reaches it. The estimate is the scraped
   ``vllm:num_requests_waiting`` plus the change of the gateway's in-flight count since that
-  scrape (``outstanding - scrape_outstanding``, at least 0): requests sent since are assumed
-  to wait, and each request that ended since let a waiting one run;
+  scrape (``outstanding - scrape_outstanding``): requests sent since are assumed to wait, and
+  each request that ended since let a waiting one run. With ``workers`` gateway processes each
+  sees only its own change and assumes the others' is the same (the change counts ``workers``
+  times), so that together they send the room left, not ``workers`` times it;
 * ``kv_usage``: the scraped ``vllm:kv_cache_usage_perc`` reaches it.
 
 Scraped figures older than ``stale_s`` (or missing) are not used: the replica is then judged by
@@ -59,6 +65,12 @@ class ReplicaLoad(Protocol):
         ...
 
     @property
+    def flow_in_flight(self) -> Sequence[int]:
+        """Flow-controlled requests in flight to it, per class (index 0: the highest); empty
+        before the first one."""
+        ...
+
+    @property
     def signals(self) -> LoadSignals | None:
         """The last scrape, if any."""
         ...
@@ -67,18 +79,21 @@ class ReplicaLoad(Protocol):
 _R = TypeVar("_R", bound=ReplicaLoad)
 
 
-def has_room(replica: ReplicaLoad, limits: SaturationSettings, now: float,
-             stale_s: float) -> bool:
-    """True when ``replica`` is below every threshold of ``limits`` (rules: module docstring).
+def has_room(replica: ReplicaLoad, cls: int, limits: SaturationSettings, now: float,
+             stale_s: float, workers: int = 1) -> bool:
+    """True when ``replica`` is below every threshold of ``limits`` for class ``cls`` (rules:
+    module docstring).
 
     Args:
         replica: The replica.
-        limits: The thresholds of the request's class.
+        cls: The request's class index (0 is the highest).
+        limits: The thresholds of that class (for this worker: see
+            :meth:`~gateway.flow.settings.FlowControlSettings.limits`).
         now: Monotonic time, seconds.
         stale_s: Scrapes older than this many seconds are ignored.
+        workers: Gateway worker processes sharing the replica (``gateway serve --workers``).
     """
-    outstanding = replica.outstanding
-    if limits.in_flight is not None and outstanding >= limits.in_flight:
+    if limits.in_flight is not None and sum(replica.flow_in_flight[cls:]) >= limits.in_flight:
         return False
     sig = replica.signals
     if sig is None or now - sig.at > stale_s:
@@ -88,15 +103,17 @@ def has_room(replica: ReplicaLoad, limits: SaturationSettings, now: float,
         return False
     waiting = sig.waiting
     if waiting is not None:
-        estimate = waiting + outstanding - replica.scrape_outstanding
+        estimate = waiting + workers * (replica.outstanding - replica.scrape_outstanding)
         if estimate >= limits.queue_depth:
             return False
     return True
 
 
 def with_room(
-    replicas: Sequence[_R], limits: SaturationSettings, now: float, stale_s: float
+    replicas: Sequence[_R], cls: int, limits: SaturationSettings, now: float, stale_s: float,
+    workers: int = 1,
 ) -> Sequence[_R]:
-    """The replicas of ``replicas`` with room (``replicas`` itself when all have room)."""
-    room = [r for r in replicas if has_room(r, limits, now, stale_s)]
+    """The replicas of ``replicas`` with room for class ``cls`` (``replicas`` itself when all
+    have room); arguments as :func:`has_room`."""
+    room = [r for r in replicas if has_room(r, cls, limits, now, stale_s, workers)]
     return replicas if len(room) == len(replicas) else room

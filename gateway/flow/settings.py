@@ -8,9 +8,10 @@ Example::
         - {name: interactive, max_queue: 100, max_wait_s: 5}
         - {name: standard, max_queue: 500, max_wait_s: 30}
         - {name: batch, max_queue: 2000, max_wait_s: 300,
-           saturation: {queue_depth: 2, in_flight: 6}}   # leaves headroom above it
+           saturation: {queue_depth: 2, in_flight: 4}}   # batch holds at most 4 per replica
       default_class: standard
       share_by: key                 # fair sharing between keys (or teams) within a class
+      share_cost: tokens            # ... of estimated tokens (or of requests)
       header: x-priority            # a request may name a LOWER class here, never a higher one
       saturation: {queue_depth: 4, kv_usage: 0.9, in_flight: null}
       keys: {batch-etl: {class: batch, weight: 1}}
@@ -24,7 +25,7 @@ the managed key store alike (they are named by id and team).
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 __all__ = ["FlowClassSettings", "FlowControlSettings", "FlowShare", "SaturationSettings"]
 
@@ -44,9 +45,15 @@ class SaturationSettings(_Frozen):
             it since, minus those that ended since (the estimate between two scrapes).
         kv_usage: KV-cache usage (``vllm:kv_cache_usage_perc``, 0..1) at which it is full (known
             only per scrape).
-        in_flight: Requests the gateway has in flight to the replica at which it is full
-            (``None``: no such threshold). Works without scraped metrics (for example when
-            ``routing.metrics`` is off or the scrape is stale).
+        in_flight: Requests **of this class and the classes below it** that the gateway has in
+            flight to the replica at which it is full for this class (``None``: no such
+            threshold). A higher class's requests never count against it, and the classes
+            below can never take more than it leaves: ``interactive`` at 8 (``max_num_seqs``)
+            and ``batch`` at 4 lets batch hold at most 4 of a replica's 8 sequence slots and
+            interactive the rest, whatever batch holds. Works without scraped metrics (for
+            example when ``routing.metrics`` is off or the scrape is stale). With
+            ``gateway serve --workers N`` each worker enforces its share (see
+            :meth:`FlowControlSettings.limits`), so at least ``N`` is required.
     """
 
     queue_depth: float = Field(default=4, ge=1, allow_inf_nan=False)
@@ -114,6 +121,14 @@ class FlowControlSettings(_Frozen):
         default_class: Class of keys and teams not listed in ``keys``/``teams``.
         share_by: ``key`` or ``team``: whose requests share a class fairly (a key without a
             team counts as its own team).
+        share_cost: What a queued request costs its key (or team) in the fair share of its
+            class (deficit round robin, :mod:`gateway.flow.queues`): ``tokens`` (default), its
+            estimated prompt tokens (UTF-8 bytes / 4 plus a few per message, as
+            :mod:`gateway.quotas.tokens` approximates them) plus its ``max_tokens`` (or
+            ``max_completion_tokens``/``max_output_tokens``, times ``n``), so that keys share
+            the fleet's tokens, not its request count; or ``requests``: 1 each.
+        default_max_tokens: The completion tokens counted for a request that sets no maximum
+            (``share_cost: tokens``).
         header: Request header that may name a lower class (never a higher one: 403).
         saturation: Default thresholds (see :class:`SaturationSettings`).
         models: Models under flow control (empty: every model).
@@ -128,12 +143,17 @@ class FlowControlSettings(_Frozen):
     classes: list[FlowClassSettings] = Field(default_factory=_default_classes, min_length=1)
     default_class: str = "standard"
     share_by: str = Field(default="key", pattern=r"^(key|team)$")
+    share_cost: str = Field(default="tokens", pattern=r"^(tokens|requests)$")
+    default_max_tokens: int = Field(default=1024, ge=0)
     header: str = Field(default="x-priority", pattern=r"^[a-z0-9-]+$")
     saturation: SaturationSettings = Field(default_factory=SaturationSettings)
     models: list[str] = Field(default_factory=list)
     keys: dict[str, FlowShare] = Field(default_factory=dict)
     teams: dict[str, FlowShare] = Field(default_factory=dict)
     vllm_priority_models: list[str] = Field(default_factory=list)
+    # (worker index, worker count) of ``gateway serve --workers``: set by the supervisor
+    # (:meth:`for_worker`), never by a config file.
+    _worker: tuple[int, int] = PrivateAttr(default=(0, 1))
 
     @model_validator(mode="after")
     def _check_classes(self) -> FlowControlSettings:
@@ -159,14 +179,65 @@ class FlowControlSettings(_Frozen):
             previous = limits
         return self
 
-    def limits(self) -> list[SaturationSettings]:
-        """The thresholds of each class, in class order (inherited from the class above)."""
+    @property
+    def workers(self) -> int:
+        """Gateway worker processes that share the replicas (1 unless :meth:`for_worker`)."""
+        return self._worker[1]
+
+    def for_worker(self, index: int, workers: int) -> FlowControlSettings:
+        """These settings as worker ``index`` of ``workers`` enforces them (see :meth:`limits`).
+
+        Raises:
+            ValueError: ``index`` is not in ``0..workers-1``.
+        """
+        if not 0 <= index < workers:
+            raise ValueError(f"worker index {index} is not in 0..{workers - 1}")
+        out = self.model_copy()
+        out._worker = (index, workers)
+        return out
+
+    def thresholds(self) -> list[SaturationSettings]:
+        """The thresholds of each class as configured, in class order (a class without its own
+        inherits the class above; the first, the section's)."""
         out: list[SaturationSettings] = []
         previous = self.saturation
         for cls in self.classes:
             previous = cls.saturation or previous
             out.append(previous)
         return out
+
+    def limits(self) -> list[SaturationSettings]:
+        """The thresholds of each class that this gateway process enforces, in class order.
+
+        One process (``workers`` 1): :meth:`thresholds`. Worker ``i`` of ``N`` (each keeps its
+        own in-flight counts) enforces its share of every ``in_flight`` threshold ``T``:
+        ``T // N``, plus one for the first ``T % N`` workers, so the shares of the ``N`` workers
+        add up to ``T`` exactly and a class never holds more than ``T`` requests on a replica
+        in all. The split is static: it bounds what each worker may send, not which worker the
+        clients' connections reach, so a class whose requests all reach one worker gets that
+        worker's share only. A share is never 0: :meth:`small_in_flight` names thresholds below
+        ``N`` and ``gateway serve --workers N`` refuses them. ``queue_depth`` and ``kv_usage``
+        are not split (see :mod:`gateway.flow.saturation` for how ``queue_depth`` is shared).
+        """
+        index, workers = self._worker
+        out = self.thresholds()
+        if workers == 1:
+            return out
+        return [lim if lim.in_flight is None else lim.model_copy(update={
+                    "in_flight": lim.in_flight // workers
+                    + (1 if index < lim.in_flight % workers else 0)})
+                for lim in out]
+
+    def small_in_flight(self, workers: int) -> list[tuple[str, int]]:
+        """``(setting, value)`` of every configured ``in_flight`` threshold below ``workers``
+        (a worker's share of it would be 0), e.g. ``("classes[1].saturation.in_flight", 1)``."""
+        found: list[tuple[str, int]] = []
+        sections = [("saturation", self.saturation)] + [
+            (f"classes[{i}].saturation", c.saturation) for i, c in enumerate(self.classes)]
+        for where, sat in sections:
+            if sat is not None and sat.in_flight is not None and sat.in_flight < workers:
+                found.append((f"{where}.in_flight", sat.in_flight))
+        return found
 
     def covers(self, model: str) -> bool:
         """True when flow control is on for the model with canonical name ``model``."""

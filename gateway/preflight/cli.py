@@ -15,7 +15,7 @@ from typing import Annotated
 
 import typer
 
-from clishell import existing_public_key
+from clishell import ConfigOpt, existing_public_key
 from gateway.preflight.inputs import REGION_LABEL, Criteria, Inputs
 
 __all__ = ["app"]
@@ -43,7 +43,7 @@ def _public_key(path: Path | None) -> Path | None:
 @app.callback(invoke_without_command=True)
 def preflight(
     ctx: typer.Context,
-    config: Annotated[Path | None, _Opt("--config", "-c", help="Gateway config file.")] = None,
+    config: ConfigOpt = None,
     policy: Annotated[Path | None, _Opt(help="Egress policy (default: the config's).")] = None,
     values: Annotated[list[Path] | None, _Opt("--values", "-f", help="Helm values file "
                                               "(repeatable; rendered with helm template).")]

@@ -37,6 +37,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from clishell import private_key_instead
 from gateway.preflight.errors import EvidenceError
 from gateway.preflight.inputs import Facts
 from gateway.preflight.report import Report
@@ -78,8 +79,15 @@ def load_public(path: Path) -> Ed25519PublicKey:
         EvidenceError: Unreadable file or not an Ed25519 public key.
     """
     try:
-        key = serialization.load_pem_public_key(path.read_bytes())
-    except (OSError, ValueError) as exc:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise EvidenceError(f"cannot load public key {path}: {exc}") from exc
+    mistake = private_key_instead(path, data)
+    if mistake is not None:
+        raise EvidenceError(mistake)
+    try:
+        key = serialization.load_pem_public_key(data)
+    except ValueError as exc:
         raise EvidenceError(f"cannot load public key {path}: {exc}") from exc
     if not isinstance(key, Ed25519PublicKey):
         raise EvidenceError(f"public key {path} is not an Ed25519 key")
@@ -159,9 +167,11 @@ def write_pack(out: Path, report: Report, facts: Facts, sign_key: Path) -> Path:
         if out.exists():
             out.rmdir()
         os.replace(tmp, out)
-    except OSError as exc:
+    except BaseException as exc:  # interrupted too: no half-written pack directory left
         shutil.rmtree(tmp, ignore_errors=True)
-        raise EvidenceError(f"cannot write evidence pack {out}: {exc}") from exc
+        if isinstance(exc, OSError):
+            raise EvidenceError(f"cannot write evidence pack {out}: {exc}") from exc
+        raise
     return out / ENVELOPE
 
 

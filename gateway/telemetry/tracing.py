@@ -57,7 +57,12 @@ _OPERATIONS = {
 
 
 def operation_name(path: str) -> str:
-    """``gen_ai.operation.name`` of a relay path (``chat``, ``text_completion``, ...)."""
+    """``gen_ai.operation.name`` of a request path (``chat``, ``text_completion``, ...).
+
+    ``/v1/models/<id>`` is ``models`` (the id, which may contain ``/``, is not an operation).
+    """
+    if path.startswith("/v1/models"):
+        return "models"
     return _OPERATIONS.get(path) or path.rsplit("/", 1)[-1]
 
 

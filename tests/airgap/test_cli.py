@@ -8,7 +8,7 @@ import stat
 from pathlib import Path
 
 import pytest
-from airgap_helpers import KeyPair, flip_byte
+from airgap_helpers import KeyPair, flip_byte, load_index, resign
 
 from airgap.cli import main
 from weights import Lockfile
@@ -164,3 +164,34 @@ def test_pack_one_repo_of_the_lock_and_unpack_json(
     rc, _, err = run(capsys, "pack", "--lock", str(lock), "--from", str(src), "--out",
                      str(tmp_path / "x"), "--key", str(keys.private_path), "--repo", "acme/c")
     assert rc == 2 and "lock_invalid" in err
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("tool", "packer\x1b[2J\x1b[32m\nOK bundle: signed by your key"),
+    ("license", "mit\x1b]0;owned\x07\nOK bundle"),
+    ("created_at", "2026\u202e-11-30"),
+])
+@pytest.mark.parametrize("command", ["inspect", "verify", "unpack"])
+def test_index_text_cannot_write_to_the_terminal(
+    bundle: Path, keys: KeyPair, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    field: str, value: str, command: str,
+) -> None:
+    # inspect prints the index before any signature check, so the bundle's author (or anyone
+    # who edits index.json) controls these strings; a signed one (a hostile packer, a licence
+    # from a model card) reaches verify and unpack too. Refused, shown escaped, never raw.
+    doc = load_index(bundle)
+    if field == "license":
+        doc["lock"]["models"][0]["license"] = value
+    else:
+        doc[field] = value
+    resign(bundle, doc, keys.private)
+    argv = {"inspect": ["inspect", str(bundle)],
+            "verify": ["verify", str(bundle), "-k", str(keys.public_path), "-q"],
+            "unpack": ["unpack", str(bundle), "-k", str(keys.public_path), "--into",
+                       str(tmp_path / "store"), "-q"]}[command]
+    rc, out, err = run(capsys, *argv)
+    assert rc in (1, 2)
+    assert "index_invalid" in out + err and "control or bidirectional-override" in out + err
+    for char in ("\x1b", "\x07", "\u202e", "\nOK bundle"):
+        assert char not in out + err
+    assert not (tmp_path / "store").exists()

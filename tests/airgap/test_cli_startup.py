@@ -23,7 +23,7 @@ from airgap.cli import main
 #: Modules `airgap verify` must not import: heavy, and verify does not need them.
 NOT_FOR_VERIFY = ("typer", "click", "pydantic", "rich", "rich.table", "rich.markdown",
                   "airgap.pack",
-                  "airgap.unpack", "airgap.oci", "cyclonedx", "model_signing",
+                  "airgap.unpack", "airgap.install", "airgap.oci", "cyclonedx", "model_signing",
                   "cryptography.x509", "cryptography.hazmat.primitives.serialization")
 
 

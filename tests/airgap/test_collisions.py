@@ -7,9 +7,17 @@ import json
 from pathlib import Path
 
 import pytest
-from airgap_helpers import REPO, KeyPair, load_index, resign, tree_state
+from airgap_helpers import (
+    REPO,
+    KeyPair,
+    load_index,
+    lock_entry_from_dir,
+    resign,
+    tree_state,
+    write_lock,
+)
 
-from airgap import Code, VerificationFailed, unpack_bundle, verify_bundle
+from airgap import Code, StoreError, VerificationFailed, pack_bundle, unpack_bundle, verify_bundle
 from airgap.cli import main
 from airgap.unpack import Layout
 
@@ -58,3 +66,23 @@ def test_pack_refuses_a_colliding_lockfile(small_model: Path, keys: KeyPair, tmp
     assert rc == 2
     assert f"airgap: error [path_collision]: {lock}: acme:tiny-model and {REPO}:config.json" in err
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("layout", ["hf-cache", "dir"])
+@pytest.mark.parametrize("twin", ["ACME/Tiny-Model", "acme/TINY-model"])
+def test_unpack_refuses_a_model_the_store_holds_under_another_spelling(
+    bundle: Path, small_model: Path, keys: KeyPair, tmp_path: Path, store: Path,
+    layout: Layout, twin: str,
+) -> None:
+    # Each bundle alone is sound; together they would put one Hub repository in the store
+    # twice (Linux), or merge two folders into one (a case-folding disk).
+    unpack_bundle(bundle, [keys.public], store, layout=layout)
+    lock = write_lock(tmp_path / "twin.lock", lock_entry_from_dir(small_model, twin))
+    other = tmp_path / "twin.bundle"
+    pack_bundle(lock, small_model, other, keys.private)
+    before = tree_state(store)
+    with pytest.raises(StoreError) as info:
+        unpack_bundle(other, [keys.public], store, layout=layout)
+    assert info.value.code == Code.STORE_CONFLICT
+    assert f"{twin} would install to" in str(info.value) and "the store holds" in str(info.value)
+    assert tree_state(store) == before

@@ -59,7 +59,7 @@ def test_unpack_interrupted_leaves_store_unchanged(
     store.mkdir()
     (store / "models--other--model").mkdir()
     before = tree_state(store)
-    res = _run_interrupted("airgap.unpack", ("_StagedFile",), "close", sig, [
+    res = _run_interrupted("airgap.install", ("StagedFile",), "close", sig, [
         "unpack", str(pristine_bundle), "--public-key", str(keys.public_path), "--into",
         str(store), "--workers", workers, "--quiet"])
     # Ended by the same signal (as seen by a shell: 128 + N), after cleaning up.

@@ -20,7 +20,7 @@ from weights import Lockfile
 def test_unpack_resumes_after_a_kill(pristine_bundle: Path, keys: KeyPair,
                                      tmp_path: Path) -> None:
     store = tmp_path / "cache"
-    res = run_interrupted("airgap.unpack", ("_StagedFile",), "close", "SIGKILL", [
+    res = run_interrupted("airgap.install", ("StagedFile",), "close", "SIGKILL", [
         "unpack", str(pristine_bundle), "--public-key", str(keys.public_path), "--into",
         str(store), "--workers", "1", "--quiet"], cli="airgap.cli")
     assert res.returncode == -signal.SIGKILL
@@ -77,7 +77,7 @@ def test_unpack_cli_reports_the_resume(pristine_bundle: Path, keys: KeyPair,
                                        tmp_path: Path) -> None:
     store = tmp_path / "cache"
     (store / ".airgap-staging-old").mkdir(parents=True)
-    res = run_interrupted("airgap.unpack", ("_StagedFile",), "close", "SIGINT", [
+    res = run_interrupted("airgap.install", ("StagedFile",), "close", "SIGINT", [
         "unpack", str(pristine_bundle), "--public-key", str(keys.public_path), "--into",
         str(store), "--json"], cli="airgap.cli", after=10**6)  # never interrupted
     assert res.returncode == 0, res.stderr

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import os
-import resource
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +14,7 @@ from airgap_helpers import KeyPair, lock_entry_from_dir, tree_state, write_lock
 from airgap import pack_bundle
 from airgap.cli import main
 from airgap.errors import AirgapError
+from tests.conftest import file_size_limited
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -99,14 +98,9 @@ def test_unpack_refuses_up_front_without_room_in_the_store(
 def _cli_with_file_size_limit(args: list[str], limit: int) -> Any:
     """The airgap CLI whose file writes fail past ``limit`` bytes (EFBIG, as a full disk)."""
 
-    def limit_writes() -> None:
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
-
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.run([sys.executable, "-m", "airgap.cli", *args], capture_output=True,
-                          text=True, env=env, timeout=120, check=False,
-                          preexec_fn=limit_writes)  # the only way to limit the child
+    return subprocess.run(file_size_limited([sys.executable, "-m", "airgap.cli", *args], limit),
+                          capture_output=True, text=True, env=env, timeout=120, check=False)
 
 
 def test_pack_write_failure_names_the_file_and_leaves_nothing(

@@ -2,8 +2,10 @@
 
 The same ``--version``; one error line ``PROG: error [CODE]: WHAT (hint: ...)`` with the same
 exit codes; ``-v``/``--verbose`` in any position shows the traceback; help without Python type
-names; one key file naming scheme (``KEY.pem``/``KEY.pub``, the old ``KEY.pub.pem`` still found
-with a warning); the config file given to ``serve`` and ``check-config`` the same way.
+names (``vllm-sim`` too); one key file naming scheme (``KEY.pem``/``KEY.pub``, the old
+``KEY.pub.pem`` still found with a warning); the config file given to every command that reads
+it the same way (``--config``, ``-c`` or ``SG_CONFIG``). Interrupted commands:
+``test_interrupted_long_running.py``.
 """
 
 from __future__ import annotations
@@ -21,18 +23,22 @@ import pytest
 import airgap.cli
 import gateway.cli
 import policy.cli
+import vllm_sim.cli
 import weights.cli
 from clishell import VERSION, click_command, existing_public_key, public_key_path
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "gateway.yaml"
+# The simulator's command line is the same shell (help, --version, error line) but not a product
+# CLI: it is tested where it fits (no subcommands, no verification, no key files).
 MAINS: dict[str, Callable[[list[str] | None], int]] = {
     "gateway": gateway.cli.main, "policy": policy.cli.main,
-    "weights": weights.cli.main, "airgap": airgap.cli.main,
+    "weights": weights.cli.main, "airgap": airgap.cli.main, "vllm-sim": vllm_sim.cli.main,
 }
 APPS: dict[str, Any] = {"gateway": gateway.cli.app, "policy": policy.cli.app,
-                        "weights": weights.cli.app, "airgap": airgap.cli.app}
-PROGS = tuple(MAINS)
+                        "weights": weights.cli.app, "airgap": airgap.cli.app,
+                        "vllm-sim": vllm_sim.cli.app}
+PROGS = ("gateway", "policy", "weights", "airgap")
 ERROR_LINE = re.compile(r"^(?P<prog>[a-z]+): error \[(?P<code>[a-z_]+)\]: (?P<what>.+?)"
                         r"(?: \(hint: (?P<hint>.+)\))?$")
 
@@ -183,12 +189,12 @@ PYTHON_TYPES = re.compile(r"<class|Optional\[|Union\[|typing\.|NoneType|PosixPat
                           r"\bstr \| None|\bPath \| None")
 
 
-@pytest.mark.parametrize("prog", PROGS)
+@pytest.mark.parametrize("prog", [*PROGS, "vllm-sim"])
 def test_help_has_no_python_type_names(
         prog: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("COLUMNS", "200")
     paths = list(_commands(click_command(APPS[prog]), []))
-    assert len(paths) > 3
+    assert len(paths) == 1 if prog == "vllm-sim" else len(paths) > 3  # subcommands found
     for path in paths:
         rc, out, err = _run(capsys, prog, [*path, "--help"])
         assert rc == 0, (path, err)
@@ -283,3 +289,55 @@ def test_check_config_without_a_config_is_a_usage_error(
     assert rc == 2
     assert err.startswith("gateway: error [usage_error]: no config file given (hint: pass "
                           "--config FILE")
+
+
+def _config_commands() -> list[tuple[str, list[str], Any]]:
+    """Every command of every CLI with a ``--config`` option: (prog, path, the option)."""
+    found = []
+    for prog, app in APPS.items():
+        for path in _commands(click_command(app), []):
+            command = click_command(app)
+            for name in path:
+                command = command.commands[name]
+            for param in command.params:
+                if "--config" in getattr(param, "opts", ()):
+                    found.append((prog, path, param))
+    return found
+
+
+# A command line of each command that reads --config, with what else it needs.
+CONFIG_READERS = {
+    ("gateway", "serve"): [], ("gateway", "check-config"): [], ("gateway", "preflight"): [],
+    ("gateway", "audit verify"): [], ("gateway", "audit export"): [],
+    ("gateway", "audit tail"): [], ("gateway", "audit prove"): ["req-1"],
+    ("gateway", "keys create"): ["--id", "k", "--model", "m"], ("gateway", "keys list"): [],
+    ("gateway", "keys revoke"): ["k"], ("gateway", "keys rotate"): ["k"],
+    ("policy", "explain"): [str(ROOT / "examples" / "policy.yaml"), "--key", "team-a"],
+}
+
+
+def test_every_config_option_is_the_shared_one() -> None:
+    found = _config_commands()
+    assert {(prog, " ".join(path)) for prog, path, _ in found} == set(CONFIG_READERS)
+    for prog, path, param in found:
+        assert (sorted(param.opts), param.envvar) == (["--config", "-c"], "SG_CONFIG"), (
+            prog, path)
+
+
+@pytest.mark.parametrize("how", ["--config", "-c", "SG_CONFIG"])
+@pytest.mark.parametrize(("prog", "command"), sorted(CONFIG_READERS),
+                         ids=[f"{p} {c}" for p, c in sorted(CONFIG_READERS)])
+def test_every_command_reads_the_config_from_the_option_or_sg_config(
+        prog: str, command: str, how: str, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    missing = tmp_path / "missing" / "gateway.yaml"
+    argv = [*command.split(), *CONFIG_READERS[(prog, command)]]
+    monkeypatch.delenv("SG_CONFIG", raising=False)
+    if how == "SG_CONFIG":
+        monkeypatch.setenv("SG_CONFIG", str(missing))
+    else:
+        argv += [how, str(missing)]
+    rc, _, err = _run(capsys, prog, argv)
+    # It read the option: it failed on that file (exit 2), naming it.
+    assert rc == 2, err
+    assert str(missing) in err, err

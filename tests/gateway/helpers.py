@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -102,6 +103,53 @@ def sse_events(raw: bytes) -> list[Any]:
                 payload = line[5:].strip()
                 out.append("[DONE]" if payload == b"[DONE]" else json.loads(payload))
     return out
+
+
+class Stream(threading.Thread):
+    """One streamed chat completion on its own connection, read raw (bytes as sent) in a thread.
+
+    Args:
+        url: Base URL of the gateway (or of a simulator, to compare).
+        key: The API key sent as ``Authorization: Bearer``.
+        max_tokens: Tokens asked for (with the simulator's inter-token latency: the length).
+        model: The model name sent.
+        include_usage: Ask for the final usage event (``stream_options``).
+
+    Attributes:
+        status: The response status (0 until the head arrived).
+        body: The raw body received so far.
+        error: The transport error that ended the stream, if any.
+    """
+
+    def __init__(self, url: str, key: str = KEY_A, max_tokens: int = 100, *,
+                 model: str = "default", include_usage: bool = False) -> None:
+        super().__init__(daemon=True)
+        self.url, self.key, self.max_tokens = url, key, max_tokens
+        self.model, self.include_usage = model, include_usage
+        self.status = 0
+        self.body = b""
+        self.error: Exception | None = None
+
+    def run(self) -> None:
+        body: dict[str, Any] = {"model": self.model, "stream": True,
+                                "max_tokens": self.max_tokens,
+                                "messages": [{"role": "user", "content": "hi"}]}
+        if self.include_usage:
+            body["stream_options"] = {"include_usage": True}
+        try:
+            with httpx.Client(timeout=60) as client, client.stream(
+                    "POST", self.url + "/v1/chat/completions", json=body,
+                    headers={"authorization": f"Bearer {self.key}"}) as resp:
+                self.status = resp.status_code
+                for chunk in resp.iter_raw():
+                    self.body += chunk
+        except httpx.HTTPError as exc:
+            self.error = exc
+
+    @property
+    def events(self) -> list[Any]:
+        """The SSE data payloads received so far (``"[DONE]"`` or parsed JSON)."""
+        return sse_events(self.body)
 
 
 class Recorder:

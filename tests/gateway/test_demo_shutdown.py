@@ -21,12 +21,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.conftest import default_signals
+
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _default_signals() -> None:
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, signal.SIG_DFL)
 
 
 def _wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
@@ -71,8 +68,8 @@ def test_demo_stops_simulator_and_removes_its_directory(
     out = tmp_path / "demo.out"  # a file, not a pipe: a leaked simulator would hold a pipe open
     with out.open("w") as sink:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "gateway.demo"], cwd=REPO, stdout=sink,
-            stderr=subprocess.DEVNULL, start_new_session=True, preexec_fn=_default_signals,
+            default_signals([sys.executable, "-m", "gateway.demo"]), cwd=REPO, stdout=sink,
+            stderr=subprocess.DEVNULL, start_new_session=True,
         )
     children: set[int] = set()
     tmp: Path | None = None

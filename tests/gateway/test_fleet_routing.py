@@ -205,6 +205,18 @@ def test_load_beats_a_small_prefix_and_the_imbalance_guard_overrides_a_large_one
     assert (why["load"], why["least_load"]) == (0.0, 0.0)
 
 
+def test_a_holder_busy_only_decoding_keeps_its_warm_requests() -> None:
+    """Decoding requests barely delay a new prefill: only a large imbalance moves a prefix."""
+    p = _pool(4, Clock())
+    holder, _ = _route(p, _chat("group " * 400, "q0"))
+    holder.outstanding = 6  # six requests decoding there, none elsewhere, nothing queued
+    r, why = _route(p, _chat("group " * 400, "q1"))
+    assert r is holder and why["reason"] == "prefix" and why["prefill_tokens"] == 0
+    holder.outstanding = 9  # 9 > 2 x (0 + 1) and 9 - 0 >= 8: the imbalance guard moves it
+    r, why = _route(p, _chat("group " * 400, "q2"))
+    assert r is not holder and why["reason"] == "imbalance"
+
+
 def test_queued_uncached_prefill_tokens_steer_until_the_response_starts() -> None:
     p = _pool(3, Clock())
     a, b, c = p.replicas

@@ -1,7 +1,9 @@
 """Flow control through the real gateway (uvicorn on loopback, vLLM simulator, openai SDK).
 
-Saturation is made deterministic with the ``in_flight`` threshold of 1 and a request that the
-simulator holds (fault ``hang``): while it is held every new request queues; closing its
+Saturation is made deterministic with the ``in_flight`` threshold of 1 and a request of the
+lowest class (``batch``: a class's threshold counts its own requests and those of the classes
+below it, so this one counts against every class) that the simulator holds (fault ``hang``):
+while it is held every new request queues; closing its
 connection frees the replica, and queued requests are then dispatched one at a time, in the
 order the simulator's request history shows (matched by ``x-request-id``).
 """
@@ -37,6 +39,7 @@ KEYS = {
     "std": "sg-flow-standard-key",
     "batch-1": "sg-flow-batch-one-key",
     "batch-2": "sg-flow-batch-two-key",
+    "holder": "sg-flow-holder-key",
 }
 
 
@@ -53,7 +56,8 @@ def flow_settings(sim_url: str, *, models: list[dict[str, Any]] | None = None,
         "saturation": {"in_flight": 1},
         "keys": {"interactive": {"class": "interactive"},
                  "batch-1": {"class": "batch", "weight": 1},
-                 "batch-2": {"class": "batch", "weight": 2}},
+                 "batch-2": {"class": "batch", "weight": 2},
+                 "holder": {"class": "batch"}},
     }
     extra = flow.pop("_extra", None)
     section.update(flow)
@@ -105,9 +109,10 @@ class Rig:
         return sock
 
     def hold(self) -> None:
-        """Saturate the replica: one request the simulator never answers."""
+        """Saturate the replica: one request of the lowest class that the simulator never
+        answers."""
         self.sim.fault(mode="hang", count=1)
-        self.holders.append(self.raw_request("std"))
+        self.holders.append(self.raw_request("holder"))
         wait_for(lambda: self.sim.stats()["received"] >= 1, "the held request reaches the sim")
 
     def release(self) -> None:
@@ -125,8 +130,8 @@ class Rig:
             with self.client(who) as c:
                 try:
                     return c.chat.completions.with_raw_response.create(
-                        model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=4,
-                        **kw)
+                        model="m", messages=[{"role": "user", "content": "hi"}],
+                        **{"max_tokens": 4, **kw})
                 except openai.APIStatusError as exc:
                     return exc
 
@@ -188,7 +193,7 @@ def test_queued_requests_are_dispatched_by_strict_priority(rigs: Callable[..., R
 
 
 def test_keys_of_a_class_share_it_by_weight(rigs: Callable[..., Rig]) -> None:
-    rig = rigs()
+    rig = rigs(share_cost="requests")
     rig.hold()
     futures = []
     for who in ["batch-1"] * 3 + ["batch-2"] * 6:  # the light key queues first, the heavy after
@@ -199,6 +204,30 @@ def test_keys_of_a_class_share_it_by_weight(rigs: Callable[..., Rig]) -> None:
     order = [ids[i][-1] for i in rig.dispatch_order() if i in ids]
     # Deficit round robin, weights 1 : 2.
     assert "".join(order) == "122122122"
+
+
+def test_with_token_costs_a_key_sending_long_requests_gets_fewer_dispatches(
+    rigs: Callable[..., Rig],
+) -> None:
+    """Equal weights; one key asks for 400 tokens per request, the other for 40: the short
+    requests cost about 8.5 times less (the same 8-token prompt estimate each), so about 8.5
+    of them are dispatched per long one, although the long ones queued first."""
+    rig = rigs(keys={"batch-1": {"class": "batch"}, "batch-2": {"class": "batch"},
+                     "holder": {"class": "batch"}})
+    rig.hold()
+    futures = []
+    for who, max_tokens in [("batch-1", 400)] * 2 + [("batch-2", 40)] * 12:
+        futures.append((who, rig.submit(who, max_tokens=max_tokens)))
+        rig.wait_queued(len(futures))
+    rig.release()
+    ids = {_request_id(f.result(timeout=30)): who for who, f in futures}
+    order = "".join(ids[i][-1] for i in rig.dispatch_order() if i in ids)
+    costs = (8 + 400, 8 + 40)  # prompt estimate ("hi": 1 + 4 per message + 3) + max_tokens
+    shorts_per_long = costs[0] / costs[1]
+    assert abs(order.index("1") - shorts_per_long) <= 1, order
+    assert order.count("1") == 2 and order.count("2") == 12
+    # With request costs the long key's two requests would be two of the first four.
+    assert "1" not in order[:4]
 
 
 def test_a_full_queue_is_refused_with_its_own_code_and_retry_after(
@@ -461,7 +490,7 @@ def test_queue_length_and_wait_per_class_are_on_the_metrics_page(
         assert m[("sg_gateway_flow_queue_length", "batch", None)] == 0
         assert m[("sg_gateway_flow_requests_total", "batch", "queue_full")] == 1
         assert m[("sg_gateway_flow_requests_total", "batch", "dispatched")] == 1
-        assert m[("sg_gateway_flow_requests_total", "standard", "immediate")] == 1  # the holder
+        assert m[("sg_gateway_flow_requests_total", "batch", "immediate")] == 1  # the holder
     finally:
         rig.close()
 

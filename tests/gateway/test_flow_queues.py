@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pytest
 
@@ -58,6 +58,55 @@ def test_fractional_weights_accumulate_credit() -> None:
     assert order[:6] == ["fast", "slow", "fast", "fast", "slow", "fast"]
 
 
+def test_with_token_costs_a_key_sending_long_requests_gets_proportionally_fewer() -> None:
+    """Equal weights, costs 400 and 100 (estimated tokens): the short key is served four
+    requests per long one, the same tokens each, while both have requests waiting."""
+    q: ClassQueue[str] = ClassQueue(100)
+    for i in range(4):
+        q.push(Waiter("long", 1.0, 0, 0.0, f"long{i}", cost=400))
+    for i in range(16):
+        q.push(Waiter("short", 1.0, 0, 0.0, f"short{i}", cost=100))
+    order = [x.rstrip("0123456789") for x in _drain(q)]
+    assert order.count("long") == 4 and order.count("short") == 16
+    for end in range(5, 21, 5):  # every prefix: 1 long per 4 short, within one request
+        head = order[:end]
+        assert abs(4 * head.count("long") - head.count("short")) <= 4, head
+
+
+def _reference_drr(flows: dict[str, tuple[float, list[float]]]) -> list[str]:
+    """Deficit round robin as Shreedhar and Varghese describe it, one round at a time (no
+    skipping): ``flows`` maps a flow to (quantum, costs of its requests in order)."""
+    order: list[str] = []
+    active = [name for name in flows]
+    deficit = dict.fromkeys(flows, 0.0)
+    queued = {name: list(costs) for name, (_, costs) in flows.items()}
+    while active:
+        for name in list(active):
+            deficit[name] += flows[name][0]
+            while queued[name] and deficit[name] >= queued[name][0]:
+                deficit[name] -= queued[name].pop(0)
+                order.append(name)
+            if not queued[name]:
+                active.remove(name)
+                deficit[name] = 0.0
+    return order
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_skipping_empty_rounds_serves_in_the_order_of_plain_drr(seed: int) -> None:
+    import random
+
+    rng = random.Random(seed)  # noqa: S311 - reproducible cases, not a secret
+    flows = {f"f{i}": (rng.choice([0.5, 1.0, 2.0, 3.0]),
+                       [float(rng.randint(1, 3000)) for _ in range(rng.randint(1, 8))])
+             for i in range(rng.randint(1, 5))}
+    q: ClassQueue[str] = ClassQueue(1000)
+    for name, (weight, costs) in flows.items():
+        for j, cost in enumerate(costs):
+            q.push(Waiter(name, weight, 0, 0.0, f"{name}.{j}", cost=cost))
+    assert [x.split(".")[0] for x in _drain(q)] == _reference_drr(flows)
+
+
 def test_a_heavy_key_cannot_starve_a_light_one_that_arrives_late() -> None:
     q: ClassQueue[str] = ClassQueue(1000)
     for i in range(500):
@@ -100,28 +149,140 @@ class _Replica:
     outstanding: int = 0
     scrape_outstanding: int = 0
     signals: ReplicaSignals | None = None
+    flow_in_flight: list[int] = field(default_factory=list)
 
 
 def test_room_by_in_flight_waiting_estimate_and_kv_usage() -> None:
     limits = SaturationSettings(queue_depth=2, kv_usage=0.8, in_flight=5)
     now = 100.0
-    assert has_room(_Replica(), limits, now, 2.0)
-    assert not has_room(_Replica(outstanding=5), limits, now, 2.0)
+    assert has_room(_Replica(), 0, limits, now, 2.0)
+    assert not has_room(_Replica(5, flow_in_flight=[5]), 0, limits, now, 2.0)
     fresh = ReplicaSignals(at=99.5, waiting=1, running=8, kv_usage=0.5)
-    assert has_room(_Replica(2, 2, fresh), limits, now, 2.0)
+    assert has_room(_Replica(2, 2, fresh), 0, limits, now, 2.0)
     # One request sent since the scrape is assumed to wait: 1 + 1 reaches the depth of 2.
-    assert not has_room(_Replica(3, 2, fresh), limits, now, 2.0)
+    assert not has_room(_Replica(3, 2, fresh), 0, limits, now, 2.0)
     # Two requests ended since the scrape: the waiting one runs, there is room again.
-    assert has_room(_Replica(1, 3, fresh), limits, now, 2.0)
+    assert has_room(_Replica(1, 3, fresh), 0, limits, now, 2.0)
     full_kv = ReplicaSignals(at=99.5, waiting=0, running=8, kv_usage=0.85)
-    assert not has_room(_Replica(0, 0, full_kv), limits, now, 2.0)
+    assert not has_room(_Replica(0, 0, full_kv), 0, limits, now, 2.0)
     # A stale scrape is not used: only the in-flight threshold judges.
     stale = ReplicaSignals(at=90.0, waiting=50, running=8, kv_usage=1.0)
-    assert has_room(_Replica(4, 0, stale), limits, now, 2.0)
-    replicas = [_Replica(5), _Replica(0)]
-    assert with_room(replicas, limits, now, 2.0) == [replicas[1]]
+    assert has_room(_Replica(4, 0, stale, [4]), 0, limits, now, 2.0)
+    replicas = [_Replica(5, flow_in_flight=[5]), _Replica(0)]
+    assert with_room(replicas, 0, limits, now, 2.0) == [replicas[1]]
     both = [_Replica(), _Replica()]
-    assert with_room(both, limits, now, 2.0) is both
+    assert with_room(both, 0, limits, now, 2.0) is both
+
+
+def test_in_flight_counts_the_class_and_the_classes_below_never_those_above() -> None:
+    """interactive 8, batch 4 on one replica: batch holds at most 4 whatever interactive
+    holds, and interactive may fill the slots batch leaves."""
+    now = 100.0
+    inter, batch = SaturationSettings(in_flight=8), SaturationSettings(in_flight=4)
+    # 3 interactive and 3 batch requests in flight: batch has room for a 4th (the
+    # interactive ones are not counted against it), interactive for 2 more.
+    r = _Replica(6, 6, flow_in_flight=[3, 3])
+    assert has_room(r, 1, batch, now, 2.0)
+    assert has_room(r, 0, inter, now, 2.0)
+    # Batch at its 4: full for batch; interactive counts batch too (4 + 3 of 8: room for one).
+    r = _Replica(7, 7, flow_in_flight=[3, 4])
+    assert not has_room(r, 1, batch, now, 2.0)
+    assert has_room(r, 0, inter, now, 2.0)
+    r = _Replica(8, 8, flow_in_flight=[4, 4])
+    assert not has_room(r, 0, inter, now, 2.0)
+    # Three classes: the middle one counts itself and the one below, not the one above.
+    assert not has_room(_Replica(5, flow_in_flight=[0, 2, 3]), 1,
+                        SaturationSettings(in_flight=5), now, 2.0)
+    assert has_room(_Replica(9, flow_in_flight=[5, 2, 2]), 1,
+                    SaturationSettings(in_flight=5), now, 2.0)
+
+
+def test_with_n_workers_the_waiting_estimate_counts_each_change_n_times() -> None:
+    """Each worker sees only its own requests since the scrape and assumes the others sent
+    as many: two workers may each send half the room left (1 of 2), not all of it."""
+    limits = SaturationSettings(queue_depth=3)
+    fresh = ReplicaSignals(at=99.5, waiting=1, running=8, kv_usage=0.5)
+    assert has_room(_Replica(1, 0, fresh), 0, limits, 100.0, 2.0, workers=1)
+    assert not has_room(_Replica(1, 0, fresh), 0, limits, 100.0, 2.0, workers=2)
+    assert has_room(_Replica(0, 0, fresh), 0, limits, 100.0, 2.0, workers=2)
+
+
+def test_a_lower_class_gets_its_whole_in_flight_allowance_beside_a_higher_one() -> None:
+    """interactive 3, batch 2 on one replica: batch is not charged for the interactive
+    requests in flight, and never takes the slot an interactive request leaves."""
+    import asyncio
+
+    gate, router = _gate(
+        classes=[{"name": "interactive"}, {"name": "batch", "saturation": {"in_flight": 2}}],
+        default_class="batch", saturation={"in_flight": 3},
+        keys={"i": {"class": "interactive"}})
+    pool = router.pools["llama-3.1-8b"]
+    replica = pool.replicas[0]
+
+    async def never_disconnects() -> dict[str, object]:
+        await asyncio.Event().wait()
+        return {}
+
+    def lane(key: str) -> Lane:
+        body = parse_body(b'{"model": "llama-3.1-8b"}')
+        out = gate.lane(Principal(key, None, "internal", frozenset({"*"})), pool, [], body,
+                        RequestRecord("r", 0.0, "POST", "/v1/chat/completions"))
+        assert out is not None
+        return out
+
+    def forwarded(one: Lane) -> Lane:  # what the relay does once it has a replica
+        one.go()
+        replica.outstanding += 1  # the forwarder counts it from here
+        return one
+
+    def ended(one: Lane) -> None:
+        replica.outstanding -= 1
+        one.done()
+
+    async def scenario() -> None:
+        inter = lane("i")
+        assert inter.admit(pool.replicas, None) is replica
+        forwarded(inter)
+        # One interactive request in flight: batch still gets both of its slots.
+        b1, b2 = lane("b"), lane("b")
+        assert b1.admit(pool.replicas, None) is replica
+        assert b2.admit(pool.replicas, None) is replica
+        forwarded(b1), forwarded(b2)
+        assert replica.flow_in_flight == [1, 2] and replica.outstanding == 3
+        b3 = lane("b")
+        assert b3.admit(pool.replicas, None) is None  # batch is at its 2
+        waiting = asyncio.ensure_future(b3.wait(never_disconnects))
+        await asyncio.sleep(0)
+        # The interactive request ends: its slot stays the higher class's.
+        ended(inter)
+        await asyncio.sleep(0)
+        assert not waiting.done() and replica.flow_in_flight == [0, 2]
+        again = lane("i")
+        assert again.admit(pool.replicas, None) is replica
+        forwarded(again)
+        # A batch request ends: the queued one gets its slot.
+        ended(b1)
+        assert await asyncio.wait_for(waiting, 5) is replica
+        for one in (forwarded(b3), b2, again):
+            ended(one)
+        assert replica.flow_in_flight == [0, 0] and replica.outstanding == 0
+
+    asyncio.run(scenario())
+
+
+def test_each_worker_enforces_its_share_of_the_in_flight_thresholds() -> None:
+    s = parse(config(["http://127.0.0.1:9"], flow_control={
+        "enabled": True, "default_class": "b", "saturation": {"in_flight": 8},
+        "classes": [{"name": "a"}, {"name": "b", "saturation": {"in_flight": 5}}]}),
+        {"VLLM_KEY": "x"}).flow_control
+    shares = [[lim.in_flight for lim in s.for_worker(i, 3).limits()] for i in range(3)]
+    assert shares == [[3, 2], [3, 2], [2, 1]]
+    assert [sum(col) for col in zip(*shares, strict=True)] == [8, 5]
+    assert s.limits() == s.thresholds() and s.workers == 1
+    assert s.small_in_flight(6) == [("classes[1].saturation.in_flight", 5)]
+    assert s.small_in_flight(5) == []
+    with pytest.raises(ValueError, match="worker index 3"):
+        s.for_worker(3, 3)
 
 
 def _problems(**flow: object) -> str:

@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -20,7 +19,7 @@ import yaml
 
 from tests.conftest import default_signals, free_port
 from tests.conftest import wait_until as _wait
-from tests.gateway.helpers import KEY_A, config, sse_events, start_sim
+from tests.gateway.helpers import Stream, config, start_sim
 
 
 class Gateway:
@@ -52,9 +51,10 @@ def serve(tmp_path: Path, serve_asgi: Callable[..., Any]) -> Iterator[Callable[.
         path = tmp_path / f"gw-{port}.yaml"
         path.write_text(yaml.safe_dump(cfg))
         proc = subprocess.Popen(
-            [sys.executable, "-m", "gateway.cli", "serve", "--config", str(path)],
+            default_signals(
+                [sys.executable, "-m", "gateway.cli", "serve", "--config", str(path)]),
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            env={**os.environ, "VLLM_KEY": "backend-key"}, preexec_fn=default_signals,
+            env={**os.environ, "VLLM_KEY": "backend-key"},
         )
         procs.append(proc)
         gw = Gateway(proc, f"http://127.0.0.1:{port}", path)
@@ -67,31 +67,6 @@ def serve(tmp_path: Path, serve_asgi: Callable[..., Any]) -> Iterator[Callable[.
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
-
-
-class Stream(threading.Thread):
-    """One streamed chat completion read in a thread; keeps the raw body."""
-
-    def __init__(self, url: str, max_tokens: int) -> None:
-        super().__init__(daemon=True)
-        self.url, self.max_tokens = url, max_tokens
-        self.body = b""
-        self.error: Exception | None = None
-
-    def run(self) -> None:
-        body = {"model": "default", "stream": True, "max_tokens": self.max_tokens,
-                "messages": [{"role": "user", "content": "hi"}]}
-        try:
-            with httpx.stream("POST", self.url + "/v1/chat/completions", json=body, timeout=60,
-                              headers={"authorization": f"Bearer {KEY_A}"}) as resp:
-                for chunk in resp.iter_raw():
-                    self.body += chunk
-        except httpx.HTTPError as exc:
-            self.error = exc
-
-    @property
-    def events(self) -> list[Any]:
-        return sse_events(self.body)
 
 
 def test_sigterm_drains_finishes_short_streams_and_ends_long_ones_with_an_error_event(

@@ -9,7 +9,6 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -21,7 +20,17 @@ import yaml
 
 from tests.conftest import default_signals, free_port
 from tests.conftest import wait_until as _wait
-from tests.gateway.helpers import KEY_A, KEY_B, SERVED, Sim, config, sha, sse_events, start_sim
+from tests.gateway.gateway_server import connect, read_until_closed, split_response
+from tests.gateway.helpers import (
+    KEY_A,
+    KEY_B,
+    SERVED,
+    Sim,
+    Stream,
+    config,
+    sha,
+    start_sim,
+)
 
 KEY_C = "sg-test-key-team-c"
 _ID = re.compile(rb'"id":"[^"]*"|"created":\d+')
@@ -47,9 +56,10 @@ class Served:
         self.clients: list[openai.OpenAI] = []
         with self.log.open("w") as err:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "gateway.cli", "serve", "--config", str(self.path)],
+                default_signals(
+                    [sys.executable, "-m", "gateway.cli", "serve", "--config", str(self.path)]),
                 stdout=subprocess.DEVNULL, stderr=err, text=True,
-                env={**os.environ, "VLLM_KEY": "backend-key"}, preexec_fn=default_signals,
+                env={**os.environ, "VLLM_KEY": "backend-key"},
             )
         if while_starting is not None:  # the file is loaded; not serving yet
             _wait(lambda: "Started server process" in self.log.read_text()
@@ -123,30 +133,6 @@ def _check_config_revision(path: Path) -> str:
     return str(_check_config(path)["revision"])
 
 
-class Stream(threading.Thread):
-    """A streamed chat completion read raw (bytes as sent) in a thread."""
-
-    def __init__(self, url: str, key: str = KEY_A, max_tokens: int = 100) -> None:
-        super().__init__(daemon=True)
-        self.url, self.key, self.max_tokens = url, key, max_tokens
-        self.body = b""
-        self.status: int | None = None
-
-    def run(self) -> None:
-        body = {"model": SERVED, "stream": True, "max_tokens": self.max_tokens,
-                "stream_options": {"include_usage": True},
-                "messages": [{"role": "user", "content": "tell me a story"}]}
-        with httpx.stream("POST", self.url + "/v1/chat/completions", json=body, timeout=60,
-                          headers={"authorization": f"Bearer {self.key}"}) as resp:
-            self.status = resp.status_code
-            for chunk in resp.iter_raw():
-                self.body += chunk
-
-    @property
-    def events(self) -> list[Any]:
-        return sse_events(self.body)
-
-
 @pytest.fixture
 def sims(serve_asgi: Callable[..., Any]) -> tuple[Sim, Sim]:
     # 20 ms between tokens: a 100-token stream lasts about 2 s.
@@ -176,7 +162,7 @@ def test_sighup_applies_keys_models_and_replicas_while_a_stream_runs_byte_exact(
     gw = serve(config([sim_a.url], logging={"access_log": False, "format": "json"},
                       quotas={"keys": {"team-a": {"requests_per_minute": 1000}}}))
     first_revision = _check_config_revision(gw.path)
-    stream = Stream(gw.url, max_tokens=500)  # about 10 s
+    stream = Stream(gw.url, max_tokens=500, model=SERVED, include_usage=True)  # about 10 s
     stream.start()
     _wait(lambda: len(stream.events) > 3, 30, "the stream to start")
 
@@ -200,7 +186,7 @@ def test_sighup_applies_keys_models_and_replicas_while_a_stream_runs_byte_exact(
 
     stream.join(60)
     assert stream.status == 200 and stream.events[-1] == "[DONE]"
-    direct = Stream(sim_a.url, max_tokens=500)
+    direct = Stream(sim_a.url, max_tokens=500, model=SERVED, include_usage=True)
     direct.run()
     # byte-exact apart from the response id and creation time the simulator draws per request
     assert _ID.sub(b"", stream.body) == _ID.sub(b"", direct.body)
@@ -296,7 +282,7 @@ def test_a_policy_change_applies_to_new_requests_only(
     gw = serve(cfg)
     status = f"http://127.0.0.1:{admin}/status"
     started_with = httpx.get(status, timeout=10).json()["policy"]["revision"]
-    stream = Stream(gw.url, max_tokens=300)  # about 6 s
+    stream = Stream(gw.url, max_tokens=300, model=SERVED, include_usage=True)  # about 6 s
     stream.start()
     _wait(lambda: len(stream.events) > 3, 30, "the stream to start")
 
@@ -393,3 +379,27 @@ def test_a_watched_file_changed_while_starting_is_applied_once_serving(
     _wait(lambda: bool(gw.log_lines("reloaded ")), 30, "the watch to apply the swapped file")
     assert gw.records("config.reloaded")[-1]["cause"] == "watch"
     assert "llama-3.1-8b" in [m.id for m in gw.client(KEY_C).models.list().data]
+
+
+def _chunked_status(port: int, size: int) -> int:
+    """Status of a chunked POST whose one chunk announces ``size`` bytes and never sends them
+    (a refusal is at once; a wait for the bytes would run into the 60 s body timeout)."""
+    with connect(port) as sock:
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer "
+                     + KEY_A.encode() + b"\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n" % size)
+        data, closed = read_until_closed(sock, timeout_s=3)
+    return split_response(data)[0] if closed else 0
+
+
+def test_a_reloaded_max_body_bytes_applies_to_chunked_bodies_in_the_server(
+    sims: tuple[Sim, Sim], serve: Callable[[dict[str, Any]], Served],
+) -> None:
+    sim_a, _ = sims
+    cfg = config([sim_a.url], limits={"max_body_bytes": 4000, "client_body_timeout_s": 60})
+    gw = serve(cfg)
+    assert _chunked_status(gw.port, 3000) == 0  # within the limit: the server waits for it
+    cfg["limits"]["max_body_bytes"] = 2000
+    gw.write(cfg)
+    gw.hup_and_wait("config.reloaded")
+    assert _chunked_status(gw.port, 3000) == 413
+    assert _chunked_status(gw.port, 1500) == 0

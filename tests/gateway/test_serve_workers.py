@@ -11,10 +11,10 @@ import hashlib
 import json
 import os
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -28,7 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import free_port
 from tests.conftest import wait_until as _wait
-from tests.gateway.helpers import SERVED, sse_events, start_sim
+from tests.gateway.helpers import SERVED, Sim, Stream, start_sim
 
 ROOT = Path(__file__).resolve().parents[2]
 REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -81,7 +81,8 @@ def pod(tmp_path: Path, sim_url: str, redis_prefix: str) -> Iterator[Callable[..
     procs: list[subprocess.Popen[str]] = []
 
     def start(quotas: str = "redis", audit: bool = True, workers: int = 2,
-              expect_start: bool = True, extra_destination: str = "") -> Pod:
+              expect_start: bool = True, extra_destination: str = "",
+              flow: dict[str, Any] | None = None) -> Pod:
         port, admin = free_port(), free_port()
         sim_port = int(sim_url.rsplit(":", 1)[1])
         policy = tmp_path / "policy.yaml"
@@ -106,6 +107,8 @@ def pod(tmp_path: Path, sim_url: str, redis_prefix: str) -> Iterator[Callable[..
             "quotas": {"backend": quotas, "redis_url": REDIS_URL, "key_prefix": redis_prefix,
                        "keys": {"limited": {"requests_per_minute": LIMIT}}},
         }
+        if flow is not None:
+            cfg["flow_control"] = {"enabled": True, **flow}
         if audit:
             key, _ = write_key_pair(Signer.generate(), tmp_path / "audit.key")
             cfg["audit"] = {
@@ -136,34 +139,6 @@ def pod(tmp_path: Path, sim_url: str, redis_prefix: str) -> Iterator[Callable[..
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
-
-
-class Stream(threading.Thread):
-    """One streamed chat completion on its own connection, read in a thread."""
-
-    def __init__(self, url: str, key: str, max_tokens: int = 100) -> None:
-        super().__init__(daemon=True)
-        self.url, self.key, self.max_tokens = url, key, max_tokens
-        self.status = 0
-        self.body = b""
-        self.error: Exception | None = None
-
-    def run(self) -> None:
-        body = {"model": "m", "stream": True, "max_tokens": self.max_tokens,
-                "messages": [{"role": "user", "content": "hi"}]}
-        try:
-            with httpx.Client(timeout=60) as client, client.stream(
-                    "POST", self.url + "/v1/chat/completions", json=body,
-                    headers={"authorization": f"Bearer {self.key}"}) as resp:
-                self.status = resp.status_code
-                for chunk in resp.iter_raw():
-                    self.body += chunk
-        except httpx.HTTPError as exc:
-            self.error = exc
-
-    @property
-    def events(self) -> list[Any]:
-        return sse_events(self.body)
 
 
 def _requests_by_chain(db: Path) -> tuple[dict[str, int], dict[str, int]]:
@@ -206,7 +181,7 @@ def test_two_workers_serve_one_port_with_own_chains_shared_quota_and_one_metrics
     sent = 0
     db = tmp_path / "audit.db"
     for _ in range(10):
-        batch = [Stream(p.url, KEY_BULK) for _ in range(16)]
+        batch = [Stream(p.url, KEY_BULK, model="m") for _ in range(16)]
         for st in batch:
             st.start()
         for st in batch:
@@ -228,7 +203,7 @@ def test_two_workers_serve_one_port_with_own_chains_shared_quota_and_one_metrics
                   "gen_ai_server_request_duration_seconds_count", sg_key_id="bulk") == sent
 
     # the limited key: LIMIT per minute for the pod, whichever worker admits
-    limited = [Stream(p.url, KEY_LIMITED, max_tokens=5) for _ in range(3 * LIMIT)]
+    limited = [Stream(p.url, KEY_LIMITED, max_tokens=5, model="m") for _ in range(3 * LIMIT)]
     for st in limited:
         st.start()
     for st in limited:
@@ -237,7 +212,7 @@ def test_two_workers_serve_one_port_with_own_chains_shared_quota_and_one_metrics
     assert codes.count(200) == LIMIT and codes.count(429) == 2 * LIMIT, codes
 
     # SIGTERM to the supervisor with streams running on both workers: all finish, exit 0
-    streams = [Stream(p.url, KEY_BULK) for _ in range(16)]
+    streams = [Stream(p.url, KEY_BULK, model="m") for _ in range(16)]
     for st in streams:
         st.start()
     _wait(lambda: all(len(st.events) > 1 for st in streams), 60, "streams to start")
@@ -272,7 +247,7 @@ def test_a_killed_worker_is_restarted_sighup_is_forwarded_and_a_second_signal_st
                   "sg_gateway_worker_restarts_total") == 1
     p.proc.send_signal(signal.SIGHUP)  # forwarded to every worker, which keeps serving
     assert p.get(p.url + "/healthz") is not None
-    long = [Stream(p.url, KEY_BULK, max_tokens=1000) for _ in range(4)]  # about 20 s
+    long = [Stream(p.url, KEY_BULK, max_tokens=1000, model="m") for _ in range(4)]  # about 20 s
     for st in long:
         st.start()
     _wait(lambda: all(len(st.events) > 1 for st in long), 60, "streams to start")
@@ -309,6 +284,64 @@ def test_memory_quotas_are_refused_with_several_workers(pod: Callable[..., Pod])
     _, stderr = p.proc.communicate(timeout=60)
     assert p.proc.returncode == 2
     assert "quotas.backend: memory keeps quota state inside one process" in stderr
+    assert f"{p.config}:" in stderr  # file:line: key: problem
+
+
+def test_each_worker_enforces_its_share_of_a_flow_control_in_flight_threshold(
+    pod: Callable[..., Pod], sim_url: str, tmp_path: Path,
+) -> None:
+    """``in_flight: 2`` with two workers: 2 requests on the replica for the pod, not 2 each.
+
+    The simulator holds every request. Requests are sent one connection at a time until the
+    replica holds 2: with one slot per worker that takes both workers (each audits its
+    dispatch in its own chain). Every further request waits in its worker's queue, where with
+    a threshold per worker (2 each) the worker that got a second one would have sent it.
+    """
+    sim = Sim(sim_url)
+    sim.fault(mode="hang", count=100)
+    p = pod(flow={"saturation": {"in_flight": 2}})
+    port = int(p.url.rsplit(":", 1)[1])
+    body = json.dumps({"model": "m", "stream": True, "max_tokens": 4,
+                       "messages": [{"role": "user", "content": "hold"}]}).encode()
+    held: list[socket.socket] = []
+
+    def queued() -> float:
+        return _total(p.metrics(), "sg_gateway_flow_queue_length")
+
+    try:
+        while len(held) < 4 or sim.stats()["received"] < 2:
+            assert len(held) < 40, "the requests never reached both workers"
+            sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+            sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n"
+                         b"content-type: application/json\r\n"
+                         + f"authorization: Bearer {KEY_BULK}\r\n".encode()
+                         + f"content-length: {len(body)}\r\n\r\n".encode() + body)
+            held.append(sock)
+            _wait(lambda: sim.stats()["received"] + queued() == len(held), 30,
+                  "the request to reach the replica or a queue")
+            assert sim.stats()["received"] <= 2
+        # Both workers dispatched (one request each); the others wait in the gateway.
+        _wait(lambda: len(_requests_by_chain(tmp_path / "audit.db")[1]) == 2, 30,
+              "each worker's dispatch in its audit chain")
+        assert queued() == len(held) - 2
+        # A held request ends: the worker that sent it dispatches one of its own waiters
+        # (if it has one), still at most 2 on the replica.
+        held.pop(0).close()
+        _wait(lambda: sim.stats()["running"] <= 2 and sim.stats()["cancelled"] >= 1, 30,
+              "the closed request to end")
+        assert sim.stats()["running"] <= 2
+    finally:
+        for sock in held:
+            sock.close()
+
+
+def test_a_flow_control_in_flight_threshold_below_the_workers_is_refused(
+    pod: Callable[..., Pod],
+) -> None:
+    p = pod(flow={"saturation": {"in_flight": 1}}, audit=False, expect_start=False)
+    _, stderr = p.proc.communicate(timeout=60)
+    assert p.proc.returncode == 2, stderr[-3000:]
+    assert "flow_control.saturation.in_flight: 1 is less than --workers 2" in stderr
     assert f"{p.config}:" in stderr  # file:line: key: problem
 
 
@@ -359,7 +392,7 @@ def test_a_sighup_to_the_supervisor_reloads_every_worker(
     _wait(lambda: len(reloaded_chains()) == 2, 60, "both workers to audit the reload")
     # One connection per request: the kernel spreads them over both workers.
     for _ in range(8):
-        st = Stream(p.url, new_key, max_tokens=2)
+        st = Stream(p.url, new_key, max_tokens=2, model="m")
         st.start()
         st.join(60)
         assert st.error is None and st.status == 200, st.body[-500:]
@@ -389,15 +422,18 @@ def test_a_sighup_while_the_workers_start_is_applied_once_they_serve(
         if not db.exists():
             return set()
         with sqlite3.connect(db) as conn:
-            rows = conn.execute(
-                "SELECT chain FROM audit_records WHERE type = 'config.reloaded'").fetchall()
+            try:
+                rows = conn.execute(
+                    "SELECT chain FROM audit_records WHERE type = 'config.reloaded'").fetchall()
+            except sqlite3.OperationalError:  # the store exists, its schema not yet
+                return set()
         return {chain for (chain,) in rows}
 
     _wait(lambda: len(reloaded_chains()) == 2 or p.proc.poll() is not None, 120,
           "both workers to audit the reload")
     assert p.proc.poll() is None, p.proc.communicate()[1][-3000:]
     for _ in range(8):  # one connection each: the kernel spreads them over both workers
-        st = Stream(p.url, new_key, max_tokens=2)
+        st = Stream(p.url, new_key, max_tokens=2, model="m")
         st.start()
         st.join(60)
         assert st.error is None and st.status == 200, st.body[-500:]
@@ -410,7 +446,7 @@ def test_pod_counters_do_not_drop_when_workers_restart(pod: Callable[..., Pod]) 
     surviving workers' totals again)."""
     p = pod(audit=False)
     for _ in range(6):  # one connection each: spread over the workers
-        st = Stream(p.url, KEY_BULK, max_tokens=2)
+        st = Stream(p.url, KEY_BULK, max_tokens=2, model="m")
         st.start()
         st.join(60)
         assert st.status == 200
@@ -454,7 +490,7 @@ def test_a_worker_restarted_after_a_reload_serves_the_reloaded_config(
           "the worker to be restarted")
     _wait(lambda: reloads() == 3, 60, "the restarted worker to reload the file")
     for _ in range(8):  # one connection each: the kernel spreads them over both workers
-        st = Stream(p.url, new_key, max_tokens=2)
+        st = Stream(p.url, new_key, max_tokens=2, model="m")
         st.start()
         st.join(60)
         assert st.error is None and st.status == 200, st.body[-500:]

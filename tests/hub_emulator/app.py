@@ -8,7 +8,8 @@ Endpoints (checked against huggingface_hub 2.4 ``hf_api.py``, ``file_download.py
   ``lfs: {size, sha256, pointerSize}``).
 * ``GET /api/models/{repo_id}/tree/{rev}[/{path}]?recursive=`` -> list of
   ``{type, oid, size, path, lfs: {oid, size, pointerSize}}``.
-* ``HEAD|GET /{repo_id}/resolve/{rev}/{path}`` -> the file, never redirected, with ``ETag``
+* ``HEAD|GET /{repo_id}/resolve/{rev}/{path}`` -> the file (a GET of an LFS file is redirected
+  to ``hub.redirect_to`` when that is set, as the Hub redirects to its CDN), with ``ETag``
   (git SHA-1, or sha256 for LFS), ``X-Linked-Etag``/``X-Linked-Size`` for LFS files,
   ``X-Repo-Commit``, ``Content-Length``, ``Accept-Ranges``; ``Range: bytes=a-b`` gives 206 with
   ``Content-Range``.
@@ -79,9 +80,26 @@ class HubApp:
                 return
             rev = unquote(segs[i + 1])
             path = unquote("/".join(segs[i + 2 :]))
+            if "cdn" not in query:
+                redirect = self._cdn_redirect(method, repo_id, rev, path, raw)
+                if redirect is not None:
+                    await _redirect(send, redirect)
+                    return
             await self._resolve(method, repo_id, rev, path, headers, authorized, send)
         else:
             await _error(send, 404, None, "Not found")
+
+    def _cdn_redirect(self, method: str, repo_id: str, rev: str, path: str,
+                      raw: bytes) -> str | None:
+        """Where a GET of an LFS file goes when ``hub.redirect_to`` is set, else ``None``."""
+        base = self.hub.redirect_to
+        if base is None or method != "GET":
+            return None
+        _, commit, _ = self._lookup(repo_id, rev)
+        entry = commit.files.get(path) if commit is not None else None
+        if entry is None or not entry.lfs:
+            return None
+        return f"{base.rstrip('/')}{raw.decode('latin-1')}?cdn=1"
 
     def _lookup(self, repo_id: str, rev: str) -> tuple[Repo | None, Commit | None, str | None]:
         repo = self.hub.find(repo_id)
@@ -260,6 +278,12 @@ def _tree(commit: Commit, sub: str, recursive: bool) -> list[dict[str, Any]]:
         {"type": "directory", "oid": "0" * 40, "size": 0, "path": d} for d in sorted(dirs)
     ]
     return folders + files
+
+
+async def _redirect(send: Send, location: str) -> None:
+    await send({"type": "http.response.start", "status": 302,
+                "headers": [(b"location", location.encode()), (b"content-length", b"0")]})
+    await send({"type": "http.response.body", "body": b""})
 
 
 async def _json(send: Send, status: int, doc: Any) -> None:

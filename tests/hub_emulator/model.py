@@ -197,6 +197,10 @@ class Hub:
         self.tokens = set(tokens)
         self.faults: list[Fault] = []
         self.requests: list[RequestRecord] = []
+        self.redirect_to: str | None = None
+        """When set (a base URL), a GET of an LFS file's ``/resolve/`` URL is answered ``302``
+        to the same path under this base with ``?cdn=1`` appended, as the Hub redirects to
+        its content hosts; a request carrying ``cdn`` is served, never redirected again."""
         self._lock = threading.Lock()
 
     def add_repo(self, repo_id: str, *, gated: bool | str = False) -> Repo:

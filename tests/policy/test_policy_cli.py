@@ -305,6 +305,25 @@ def test_connect_answers_like_the_guard(
     assert any(needle in c["reason"] for c in data["checks"]), data["checks"]
 
 
+@pytest.mark.parametrize("target", ["localhost:8000", "LocalHost.:22"])
+def test_connect_to_a_local_name_asks_for_its_address(
+    policy_file: Path, capsys: pytest.CaptureFixture[str], target: str,
+) -> None:
+    # The guard lets the process look up localhost and checks the address it connects to, so
+    # without that address there is no verdict: a usage error that says what to add, never a
+    # silent exit 1.
+    code, out, err = _run(capsys, "connect", str(policy_file), target)
+    assert (code, out) == (2, "")
+    host = target.rsplit(":", 1)[0]
+    assert f"{host!r} is resolved by the host" in err and "--resolved ADDRESS" in err
+    code, out, _ = _run(capsys, "connect", str(policy_file), target, "--resolved", "127.0.0.1",
+                        "--json")
+    data = json.loads(out)
+    assert code == 1 and data["allowed"] is False
+    assert [(c["check"], c["allowed"]) for c in data["checks"]] == [
+        ("lookup", True), ("connect 127.0.0.1", False)]
+
+
 def test_schema_describes_the_document(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = _run(capsys, "schema")
     schema = json.loads(out)

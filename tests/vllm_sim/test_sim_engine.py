@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import threading
@@ -13,7 +14,7 @@ import httpx
 import pytest
 
 from vllm_sim import SimConfig, create_app
-from vllm_sim.engine import BlockCache, block_hashes
+from vllm_sim.engine import BlockCache, Engine, SeqHandle, block_hashes
 from vllm_sim.profiles import PROFILES, ProfileError, load_profile
 
 
@@ -150,3 +151,87 @@ def test_prefill_time_follows_uncached_tokens(start_sim: Any, tmp_path: Path) ->
     warm = ttft(_chat(system, "two"))
     assert cold >= 3.0
     assert warm < cold / 2  # ~2 tokens to compute; the margin absorbs a loaded machine
+
+
+def _seq(tokens: list[str], output: int = 2) -> SeqHandle:
+    hashes = block_hashes(tokens, 16)
+    return SeqHandle(prompt_hashes=hashes, prompt_tokens=len(tokens), output_tokens=output,
+                     final_hashes=hashes)
+
+
+def _engine(budget: int) -> Engine:
+    profile = PROFILES["tiny-test"].model_copy(update={"max_num_batched_tokens": budget})
+    return Engine(profile)
+
+
+async def _until(cond: Any, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, "condition not reached"
+        await asyncio.sleep(0)
+
+
+def test_a_request_reuses_blocks_another_is_still_prefilling() -> None:
+    """vLLM V1 hashes a chunk's full blocks when it is scheduled, not when it is computed."""
+
+    async def run() -> tuple[int, int, int]:
+        engine = _engine(budget=512)
+        prompt = [f"p{i}" for i in range(64)]  # 4 full blocks
+        first, second = _seq(prompt), _seq(prompt)
+        engine.submit(first)
+        engine.submit(second)  # same step: scheduled after the first
+        await asyncio.wait_for(second.wait_tokens(2), 5)
+        await engine.close()
+        return first.cached_tokens, second.cached_tokens, engine.hits_total
+
+    first, second, hits = asyncio.run(run())
+    # 3 blocks, not 63 tokens: a hit is whole blocks of at most prompt - 1 tokens.
+    assert (first, second, hits) == (0, 48, 48)
+
+
+def test_a_fully_cached_prompt_recomputes_its_last_block() -> None:
+    async def run() -> int:
+        engine = _engine(budget=512)
+        prompt = [f"q{i}" for i in range(32)]  # exactly 2 full blocks
+        warm = _seq(prompt)
+        engine.submit(warm)
+        await asyncio.wait_for(warm.wait_tokens(2), 5)
+        again = _seq(prompt)
+        engine.submit(again)
+        await asyncio.wait_for(again.wait_tokens(2), 5)
+        await engine.close()
+        assert engine.cached_tokens(again.prompt_hashes, 32) == 16
+        return again.cached_tokens
+
+    assert asyncio.run(run()) == 16
+
+
+def test_waiting_requests_are_admitted_only_while_the_step_has_token_budget() -> None:
+    async def run() -> tuple[int, int, int, int]:
+        engine = _engine(budget=64)
+        a = _seq([f"a{i}" for i in range(80)])
+        b = _seq([f"b{i}" for i in range(80)])
+        engine.submit(a)
+        engine.submit(b)
+        await asyncio.sleep(0)  # the step loop plans step 1 and sleeps through it
+        during_first_step = (len(engine.waiting), engine.queries_total)
+        await asyncio.wait_for(b.wait_tokens(2), 5)
+        await engine.close()
+        return *during_first_step, a.computed, b.computed
+
+    # a takes the whole budget of step 1, so b is neither admitted nor looked up yet.
+    assert asyncio.run(run()) == (1, 80, 80, 80)
+
+
+def test_a_step_mixing_prefill_and_decodes_hides_the_weight_read_under_the_prefill() -> None:
+    p = PROFILES["qwen3-32b-h100"]
+    prefill = 400 / p.prefill_tokens_per_s  # ~66 ms of compute, longer than one weight read
+    assert prefill > p.decode_base_s
+    decode_only = p.step_time_s(0, 4, 4 * 2400)
+    mixed = p.step_time_s(400, 4, 4 * 2400)
+    assert decode_only == pytest.approx(
+        p.decode_base_s + 4 * p.decode_per_seq_s + 4 * 2400 * p.decode_per_ctx_token_s)
+    assert mixed == pytest.approx(decode_only - p.decode_base_s + prefill)
+    assert p.step_time_s(400, 0, 0) == pytest.approx(prefill)
+    assert p.step_time_s(10, 0, 0) == p.decode_base_s  # a tiny chunk still reads the weights
+    assert p.step_time_s(0, 0, 0) == 0.0

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
+
+from tests.conftest import default_signals
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -28,16 +29,6 @@ def run_cli(
         [sys.executable, *(python_args or []), "-m", "weights.cli", *args],
         capture_output=True, text=text, env=env, cwd=cwd or ROOT, timeout=120, check=False,
     )
-
-
-def default_signals() -> None:
-    """``preexec_fn``: give the child the default SIGINT/SIGTERM/SIGHUP dispositions.
-
-    A shell starts background jobs (``pytest ... &``) with SIGINT ignored and ``nohup`` ignores
-    SIGHUP; a child inherits that, and the CLI rightly keeps an inherited "ignore". A test that
-    sends the child one of these signals must therefore set the dispositions itself."""
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, signal.SIG_DFL)
 
 
 # Deliver ``SIG`` to the main thread right after the ``after``-th call of ``OWNER.ATTR`` (as a
@@ -82,5 +73,5 @@ def run_interrupted(
     argv = [sys.executable, "-c", code, *args]
     if shell_status:
         argv = ["sh", "-c", '"$@"; echo "status=$?"', "sh", *argv]
-    return subprocess.run(argv, capture_output=True, text=True, env=env, cwd=ROOT, timeout=120,
-                          check=False, preexec_fn=default_signals)
+    return subprocess.run(default_signals(argv), capture_output=True, text=True, env=env,
+                          cwd=ROOT, timeout=120, check=False)

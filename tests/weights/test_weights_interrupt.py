@@ -1,7 +1,7 @@
 """Ctrl-C / SIGTERM stop a ``weights`` command: never exit 0, say so, leave nothing half-visible.
 
 Each child gets the default SIGINT/SIGTERM/SIGHUP dispositions from the test itself
-(``cli_util.default_signals``), so these tests pass however the suite is started (``nohup``,
+(``tests.conftest.default_signals``), so these tests pass however the suite is started (``nohup``,
 ``pytest &``, ``setsid``). The signal is sent by the child to itself at a known point (after the
 n-th call of a function), so nothing depends on timing.
 """

@@ -96,6 +96,47 @@ def test_invalid_field_is_named(tmp_path: Path, mutate, where: str) -> None:  # 
     assert exc.value.code == "lockfile_invalid"
 
 
+HOSTILE_TEXT = {
+    "ansi-escape": "mit\x1b[2J\x1b[32mOK",
+    "newline": "mit\nOK org/model: 3 files match",
+    "carriage-return": "mit\rOK",
+    "c1-csi": "mit\x9b2J",
+    "bidi-override": "mit\u202eKO",
+}
+
+
+@pytest.mark.parametrize("text", HOSTILE_TEXT.values(), ids=HOSTILE_TEXT.keys())
+@pytest.mark.parametrize("field", ["license", "origin_path", "requested_revision"])
+def test_text_that_would_rewrite_terminal_output_is_refused(
+    tmp_path: Path, text: str, field: str
+) -> None:
+    # A licence comes from the model card (the publisher's text) and every lock value is
+    # printed by pin, verify and the air-gap commands: none may carry terminal control.
+    doc = json.loads(Lockfile((_entry(),)).dumps())
+    model = doc["models"][0]
+    if field == "origin_path":
+        model["origin"] = {"kind": "local", "path": text}
+        where = "$.models[0].origin.path"
+    else:
+        model[field] = text
+        where = f"$.models[0].{field}"
+    p = tmp_path / "weights.lock"
+    p.write_text(json.dumps(doc), encoding="utf-8")
+    with pytest.raises(LockfileError) as exc:
+        Lockfile.load(p)
+    message = str(exc.value)
+    assert where in message and "control or bidirectional-override characters" in message
+    assert repr(text) in message and text not in message  # shown escaped, never raw
+
+
+@pytest.mark.parametrize("text", HOSTILE_TEXT.values(), ids=HOSTILE_TEXT.keys())
+def test_an_entry_built_from_hub_data_refuses_a_hostile_licence(text: str) -> None:
+    # weights pin builds the entry from the Hub's model card: refused before it is saved.
+    with pytest.raises(LockfileError, match="org/model: licence"):
+        LockEntry(repo_id="org/model", requested_revision="main", commit="1" * 40,
+                  files=(LockedFile("config.json", 2, "ef" * 32, H40, False),), license=text)
+
+
 def test_not_json_and_missing_file(tmp_path: Path) -> None:
     p = tmp_path / "weights.lock"
     p.write_text("{not json", encoding="utf-8")

@@ -142,23 +142,18 @@ def test_verify_json_stays_valid_utf8_with_a_non_utf8_extra_file(
 
 def _pull_with_file_size_limit(lock: Path, dest: Path, endpoint: str, limit: int) -> Any:
     """``weights pull`` whose file writes fail past ``limit`` bytes (EFBIG), as on a full disk."""
-    import resource
-    import signal
     import subprocess
     import sys
 
+    from tests.conftest import file_size_limited
     from tests.weights.cli_util import ROOT
-
-    def limit_writes() -> None:
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # write() then fails with EFBIG
-        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
     env.update(HF_ENDPOINT=endpoint, HF_HUB_DISABLE_TELEMETRY="1", PYTHONPATH=str(ROOT))
-    return subprocess.run(  # preexec_fn: the only way to set the limit in the child
-        [sys.executable, "-m", "weights.cli", "pull", "--lock", str(lock), "--into", str(dest),
-         "-q"], capture_output=True, text=True, env=env, timeout=120, check=False,
-        preexec_fn=limit_writes)
+    return subprocess.run(
+        file_size_limited([sys.executable, "-m", "weights.cli", "pull", "--lock", str(lock),
+                           "--into", str(dest), "-q"], limit),
+        capture_output=True, text=True, env=env, timeout=120, check=False)
 
 
 def test_pull_local_write_failure_is_an_io_error_not_a_hub_error(

@@ -13,7 +13,7 @@ import pytest
 from tests.hub_fixtures import MINILM, NON_ASCII_PATH, SHARDED, HubServer
 from tests.weights.cli_util import ROOT, run_cli
 from weights import Lockfile, hf_cache_paths, sha256_file, verify_tree
-from weights.errors import DigestMismatchError
+from weights.errors import CacheLayoutError, DigestMismatchError
 from weights.hub import HubClient
 from weights.pin import pin
 from weights.pull import pull_entry, staging_part
@@ -220,3 +220,21 @@ def test_cli_progress_bar_on_a_terminal_shows_bytes_and_throughput(hub_server: H
     out = b"".join(chunks).decode("utf-8", "replace")
     assert proc.returncode == 0, out
     assert SHARDED in out and "/s" in out and "kB" in out  # bytes and throughput columns
+
+
+def test_pull_into_a_cache_holding_the_repo_under_another_spelling_is_refused(
+        hub_server: HubServer, tmp_path: Path) -> None:
+    # The Hub treats repo ids case-insensitively; a cache that already holds the model as
+    # SG-TEST/Tiny-Sharded (another pull, an airgap unpack) must not get a second copy next to
+    # it, which a case-folding disk would merge into one folder.
+    lock = _pinned(hub_server, tmp_path, SHARDED)
+    entry = Lockfile.load(lock).entry(SHARDED)
+    cache = tmp_path / "cache"
+    twin = cache / "models--SG-TEST--Tiny-Sharded"
+    (twin / "refs").mkdir(parents=True)
+    n = len(hub_server.hub.requests)
+    with pytest.raises(CacheLayoutError) as exc:
+        pull_entry(HubClient(hub_server.url), entry, cache=cache)
+    assert f"the cache holds {twin}" in str(exc.value)
+    assert not hf_cache_paths(cache, SHARDED).repo_dir.exists()
+    assert len(hub_server.hub.requests) == n  # refused before any download

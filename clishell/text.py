@@ -1,0 +1,33 @@
+"""Untrusted text on a terminal: what must never reach it raw.
+
+Values that come from outside (a model name a client sent, a licence from a model card, a
+string in a bundle index) are printed by every CLI. C0 and C1 control characters (ESC
+sequences, CR, LF, BEL) let such a value repaint the screen, set the window title or forge a
+whole output line (``\\nOK bundle``); Unicode bidirectional marks and overrides reorder what is
+shown. :data:`UNSAFE_TEXT` matches all of them; :func:`shown` prints a value escaped when it
+holds one.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+__all__ = ["UNSAFE_TEXT", "shown"]
+
+UNSAFE_TEXT = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+"""C0/C1 controls, DEL, and the Unicode bidirectional marks, embeddings, overrides, isolates."""
+
+
+def shown(value: object) -> str:
+    """``str(value)`` for a terminal: as is, or JSON-escaped (in quotes) if it holds a
+    character of :data:`UNSAFE_TEXT`."""
+    text = str(value)
+    if UNSAFE_TEXT.search(text) is None:
+        return text
+    return json.dumps(text, ensure_ascii=False).translate(_ESCAPE_REST)
+
+
+# json.dumps escapes C0 controls but leaves DEL, C1 and the bidi characters as they are.
+_ESCAPE_REST = {c: f"\\u{c:04x}" for c in [0x7f, *range(0x80, 0xa0), 0x200e, 0x200f,
+                                            *range(0x202a, 0x202f), *range(0x2066, 0x206a)]}
