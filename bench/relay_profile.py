@@ -59,7 +59,9 @@ def _start_profiled_gateway(sim_url: str, workdir: Path, out: Path, source: str 
     cfg = bind_config(default_config(), sim_url, port)
     path = workdir / "gateway.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    argv = [sys.executable, "-c", _PROFILED_MAIN, str(out), "serve", "--config", str(path)]
+    # -P: the working directory (a checkout's root) is not put first on sys.path, so that
+    # PYTHONPATH=source (another checkout's packages) is what the gateway imports.
+    argv = [sys.executable, "-P", "-c", _PROFILED_MAIN, str(out), "serve", "--config", str(path)]
     return Proc("gateway", argv, port, "/healthz", env={"PYTHONPATH": source} if source else None)
 
 

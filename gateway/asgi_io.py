@@ -17,6 +17,7 @@ from gateway.errors import GatewayError, PayloadTooLarge, RequestTimeout, error_
 
 __all__ = [
     "BODY_CHUNK_EXTENSION",
+    "DISCONNECT_EXTENSION",
     "ClientGone",
     "DisconnectWatch",
     "Receive",
@@ -37,6 +38,14 @@ BODY_CHUNK_EXTENSION = "sovereign_gateway.body_chunk"
 """ASGI scope extension set by the gateway's own server (``gateway.http_guard``):
 ``await write(data) -> bool`` writes one non-empty chunk of a chunked response body without an
 ASGI message (``False``: not possible now, use ``send``). The relay writes one per SSE event."""
+
+DISCONNECT_EXTENSION = "sovereign_gateway.on_disconnect"
+"""ASGI scope extension set by the gateway's own server (``gateway.http_guard``):
+``watch(callback) -> unwatch | None`` has the server call ``callback()`` (once, from the event
+loop) when the client's connection is lost before the response is complete, until
+``unwatch()`` is called. ``None``: not possible now (no response in progress, or the client is
+already gone): await ``receive()`` instead. It spares :class:`DisconnectWatch` a task and a
+wake-up per request."""
 
 _OWS = b" \t"
 
@@ -202,18 +211,31 @@ class DisconnectWatch:
     """Cancels the handler task when the client disconnects (streaming or not).
 
     uvicorn's ``send`` silently drops data for a gone client, so disconnects are only seen by
-    ``receive()``; this watcher awaits it in a side task once the body has been read and cancels
-    the handler, which closes the upstream connection (vLLM then aborts the request).
+    ``receive()``, or by the server itself. Under the gateway's own server the watch asks the
+    server to call it back when the connection is lost (:data:`DISCONNECT_EXTENSION`: no task,
+    no wake-up per request); otherwise it awaits ``receive()`` in a side task once the body has
+    been read. Either way it cancels the handler, which closes the upstream connection (vLLM
+    then aborts the request).
 
     Usage: ``watch.start()`` after reading the body; ``watch.finish()`` before the last send;
     after catching ``CancelledError`` check ``watch.fired`` (and the handler calls
     ``uncancel``).
+
+    Args:
+        receive: The request's ASGI receive callable.
+        on_disconnect: The server's :data:`DISCONNECT_EXTENSION`, when it offers one.
     """
 
-    __slots__ = ("_done", "_receive", "_task", "_watcher", "fired")
+    __slots__ = ("_done", "_on_disconnect", "_receive", "_task", "_unwatch", "_watcher", "fired")
 
-    def __init__(self, receive: Receive) -> None:
+    def __init__(
+        self,
+        receive: Receive,
+        on_disconnect: Callable[[Callable[[], None]], Callable[[], None] | None] | None = None,
+    ) -> None:
         self._receive = receive
+        self._on_disconnect = on_disconnect
+        self._unwatch: Callable[[], None] | None = None
         self._task: asyncio.Task[Any] | None = None
         self._watcher: asyncio.Task[None] | None = None
         self._done = False
@@ -222,6 +244,11 @@ class DisconnectWatch:
     def start(self) -> None:
         """Begin watching (call from the handler task)."""
         self._task = asyncio.current_task()
+        on_disconnect, self._on_disconnect = self._on_disconnect, None
+        if on_disconnect is not None:
+            self._unwatch = on_disconnect(self._fire)
+            if self._unwatch is not None:
+                return
         self._watcher = asyncio.get_running_loop().create_task(self._watch())
 
     async def _watch(self) -> None:
@@ -229,6 +256,9 @@ class DisconnectWatch:
             message = await self._receive()
             if message["type"] == "http.disconnect":
                 break
+        self._fire()
+
+    def _fire(self) -> None:
         if not self._done and self._task is not None:
             self.fired = True
             self._task.cancel()
@@ -237,6 +267,9 @@ class DisconnectWatch:
         """Stop watching: the response is complete (or about to be)."""
         self._done = True
         watcher, self._watcher, self._task = self._watcher, None, None
+        unwatch, self._unwatch = self._unwatch, None
+        if unwatch is not None:
+            unwatch()  # the server drops its reference to this watch
         # Dropping both references matters: the cancelled watcher keeps its CancelledError, whose
         # traceback holds the ``_watch`` frame and so this object; a reference back to the task
         # would make a cycle per request that only a (stop-the-world) GC collection frees.

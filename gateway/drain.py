@@ -21,8 +21,7 @@ The chart sets ``terminationGracePeriodSeconds`` to ``timeout_s`` plus a margin
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
-from contextlib import contextmanager
+from types import TracebackType
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -75,6 +74,7 @@ class Drain:
         self.draining = False
         self._running: set[asyncio.Task[object]] = set()
         self._cut: set[asyncio.Task[object]] = set()
+        self._track = _Track(self._running)
 
     def begin(self) -> None:
         """Start draining (``/readyz`` turns 503)."""
@@ -85,18 +85,9 @@ class Drain:
         """Relay requests in flight."""
         return len(self._running)
 
-    @contextmanager
-    def track(self) -> Iterator[None]:
-        """Register the current task as a relay request in flight for the block."""
-        task = asyncio.current_task()
-        if task is None:
-            yield
-            return
-        self._running.add(task)
-        try:
-            yield
-        finally:
-            self._running.discard(task)  # ``_cut`` keeps it: the caller asks was_cut() next
+    def track(self) -> _Track:
+        """Register the current task as a relay request in flight for a ``with`` block."""
+        return self._track
 
     def cut_open(self) -> int:
         """Cancel every relay request still running (the drain deadline).
@@ -113,3 +104,26 @@ class Drain:
     def was_cut(self, task: asyncio.Task[object] | None) -> bool:
         """Whether ``task`` was cancelled by :meth:`cut_open`."""
         return task is not None and task in self._cut
+
+
+class _Track:
+    """The context manager of :meth:`Drain.track`: one per drain, shared by all requests (each
+    block adds and removes its own task, the current one on entry and on exit)."""
+
+    __slots__ = ("_running",)
+
+    def __init__(self, running: set[asyncio.Task[object]]) -> None:
+        self._running = running
+
+    def __enter__(self) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._running.add(task)
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._running.discard(task)  # ``_cut`` keeps it: the caller asks was_cut() next

@@ -46,6 +46,7 @@ under any server.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import re
@@ -55,16 +56,16 @@ from typing import Any
 import h11
 from h11._readers import (
     ChunkedReader,
-    _decode_header_lines,
+    header_field_re,
     maybe_read_from_IDLE_client,
     request_line_re,
 )
 from h11._receivebuffer import ReceiveBuffer
 from h11._util import validate
-from h11._writers import ChunkedWriter
+from h11._writers import ChunkedWriter, ContentLengthWriter
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from gateway.asgi_io import BODY_CHUNK_EXTENSION
+from gateway.asgi_io import BODY_CHUNK_EXTENSION, DISCONNECT_EXTENSION
 from gateway.http_body import TOO_LARGE_STATUS, BudgetedChunkedReader
 from gateway.http_framing import framing_problem
 from gateway.settings import LimitSettings
@@ -117,7 +118,7 @@ class _StrictConnection(h11.Connection):
 
     def send(self, event: Any) -> bytes | None:  # type: ignore[override]
         """h11's ``send``, with the response head held for the first body bytes, and a short
-        path for one body chunk of a chunked response.
+        path for one body chunk of a response.
 
         Head: the status line and headers are returned together with the bytes of the next
         event (the first body chunk, or the end of the message), so the head and the start of
@@ -128,18 +129,12 @@ class _StrictConnection(h11.Connection):
         Body chunk: a ``Data`` event while the response body is being sent changes no state of
         h11's machine (``SEND_BODY`` -> ``SEND_BODY``); h11 would still run its event
         processing (five calls) to find that out. Relayed SSE streams send one such event per
-        token, so the chunk is framed here (RFC 9112 §7.1: size in hex, CRLF, data, CRLF), byte
-        for byte what h11's ``ChunkedWriter`` writes; every other event goes through h11.
+        token, so the chunk is framed here (:meth:`chunk`), byte for byte what h11's writer
+        writes; every other event goes through h11.
         """
         kind = type(event)
-        if (
-            kind is h11.Data
-            and type(self._writer) is ChunkedWriter
-            and self._cstate.states[self.our_role] is h11.SEND_BODY
-        ):
-            data = event.data
-            out: bytes = b"%x\r\n%b\r\n" % (len(data), data) if data else b""
-        else:
+        out = self.chunk(event.data) if kind is h11.Data else None
+        if out is None:
             sent = super().send(event)
             if sent is None:  # ConnectionClosed: a held head has nowhere to go
                 self.held_head = b""
@@ -150,22 +145,32 @@ class _StrictConnection(h11.Connection):
                     self.on_hold()
                 return b""
             out = sent
-        if self.held_head:
-            out, self.held_head = self.held_head + out, b""
+            if self.held_head:
+                out, self.held_head = self.held_head + out, b""
         return out
 
     def chunk(self, data: bytes) -> bytes | None:
-        """The bytes of one non-empty body chunk of a chunked response now being sent.
+        """The bytes of one body chunk of the response now being sent (a held head in front).
 
-        The same bytes :meth:`send` returns for ``Data(data)`` (with a held head in front),
-        without building the event; ``None`` when the response is not a chunked one in its
-        body (sized, HTTP/1.0, not started, ended): then the event must go through h11.
+        The same bytes :meth:`send` returns for ``Data(data)``, without h11's event processing:
+        for a chunked response RFC 9112 §7.1 framing (size in hex, CRLF, data, CRLF; nothing
+        for empty data), as h11's ``ChunkedWriter``; for a ``Content-Length`` response the
+        data itself, counted against the length left, as h11's ``ContentLengthWriter``.
+        ``None`` when the event must go through h11: no response body being sent (not
+        started, ended, HTTP/1.0 close-delimited), or more data than the length left (h11
+        then raises and marks the connection failed).
         """
-        if type(self._writer) is not ChunkedWriter or (
-            self._cstate.states[self.our_role] is not h11.SEND_BODY
-        ):
+        if self._cstate.states[self.our_role] is not h11.SEND_BODY:
             return None
-        out = b"%x\r\n%b\r\n" % (len(data), data)
+        writer = self._writer
+        kind = type(writer)
+        if kind is ChunkedWriter:
+            out: bytes = b"%x\r\n%b\r\n" % (len(data), data) if data else b""
+        elif kind is ContentLengthWriter and len(data) <= writer._length:  # type: ignore[union-attr]
+            writer._length -= len(data)  # type: ignore[union-attr]
+            out = data
+        else:
+            return None
         if self.held_head:
             out, self.held_head = self.held_head + out, b""
         return out
@@ -208,7 +213,16 @@ class _StrictConnection(h11.Connection):
             raise h11.LocalProtocolError(problem)  # h11 re-raises it as a remote error
         raw: list[bytes] = lines  # type: ignore[assignment]  # h11 passes bytearrays as bytes
         matches = validate(request_line_re, raw[0], "illegal request line: {!r}", raw[0])
-        return h11.Request(headers=list(_decode_header_lines(raw[1:])), _parsed=True, **matches)
+        # h11's _decode_header_lines, without its obs-fold pass (a folded line was refused
+        # above) and without a generator and a dict per line: the same regex, the same error.
+        headers: list[tuple[bytes, bytes]] = []
+        match_line = header_field_re.fullmatch
+        for line in raw[1:]:
+            field = match_line(line)
+            if field is None:
+                raise h11.LocalProtocolError(f"illegal header line: {line!r}")
+            headers.append((field["field_name"], field["field_value"]))
+        return h11.Request(headers=headers, _parsed=True, **matches)
 
 
 def _error_response(status: int, reason: str, message: str, code: str, err_type: str) -> bytes:
@@ -247,6 +261,9 @@ class GuardedH11Protocol(H11Protocol):
         self._header_timer: asyncio.TimerHandle | None = None
         self._head_bytes = 0
         self._refused = False
+        # The request cycle whose disconnect is watched, and its callback (DISCONNECT_EXTENSION).
+        self._disconnect_cycle: Any = None
+        self._on_disconnect: Callable[[], None] | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         """Accept, or answer 503 at once when the connection cap is reached."""
@@ -260,9 +277,13 @@ class GuardedH11Protocol(H11Protocol):
         self._arm_header_timer()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        """Forget the timers, then let uvicorn clean up."""
+        """Forget the timers, let uvicorn clean up, then call a watched request's callback."""
         self._cancel_header_timer()
+        cycle, on_disconnect = self._disconnect_cycle, self._on_disconnect
+        self._disconnect_cycle = self._on_disconnect = None
         super().connection_lost(exc)
+        if on_disconnect is not None and cycle is self.cycle and cycle.disconnected:
+            on_disconnect()
 
     def data_received(self, data: bytes) -> None:
         """Feed h11; time the request head from its first byte until it is complete."""
@@ -311,25 +332,50 @@ class GuardedH11Protocol(H11Protocol):
                      "invalid_http_request")
 
     def handle_events(self) -> None:
-        """uvicorn's, plus the :data:`BODY_CHUNK_EXTENSION` in the scope of a new request."""
+        """uvicorn's, plus the :data:`BODY_CHUNK_EXTENSION` and :data:`DISCONNECT_EXTENSION` in
+        the scope of a new request."""
         cycle = self.cycle
         super().handle_events()
         if self.cycle is not None and self.cycle is not cycle:
-            # The request's task was created but has not run yet: it sees the extension.
+            # The request's task was created but has not run yet: it sees the extensions.
             scope: Any = self.cycle.scope  # uvicorn's TypedDict types extension values
-            scope.setdefault("extensions", {})[BODY_CHUNK_EXTENSION] = self._write_body_chunk
+            extensions = scope.setdefault("extensions", {})
+            extensions[BODY_CHUNK_EXTENSION] = self._write_body_chunk
+            extensions[DISCONNECT_EXTENSION] = self._watch_disconnect
+
+    def _watch_disconnect(self, on_disconnect: Callable[[], None]) -> Callable[[], None] | None:
+        """Call ``on_disconnect`` when the connection is lost before the current response is
+        complete.
+
+        Returns:
+            The function that forgets the callback, or ``None`` when there is no response in
+            progress or the client is already gone (the caller then awaits ``receive()``).
+        """
+        cycle = self.cycle
+        if cycle is None or cycle.response_complete or cycle.disconnected:
+            return None
+        self._disconnect_cycle, self._on_disconnect = cycle, on_disconnect
+        return functools.partial(self._unwatch_disconnect, cycle)
+
+    def _unwatch_disconnect(self, cycle: Any) -> None:
+        if self._disconnect_cycle is cycle:  # not a later request's watch
+            self._disconnect_cycle = self._on_disconnect = None
 
     async def _write_body_chunk(self, data: bytes) -> bool:
         """Write one non-empty chunk of the response body being sent, as uvicorn's ``send``
         would for ``{"type": "http.response.body", "body": data, "more_body": True}``.
 
         Returns:
-            ``False`` when the response is not a chunked one (the caller then uses ASGI
-            ``send``); ``True`` when written, or dropped because the client is gone (as
-            uvicorn drops it).
+            ``False`` when the chunk cannot be written here (no response body in progress,
+            a ``HEAD`` request, more data than the ``Content-Length`` left; the caller then
+            uses ASGI ``send``); ``True`` when written, or dropped because the client is gone
+            (as uvicorn drops it).
         """
         cycle = self.cycle
-        if cycle is None or cycle.response_complete or not cycle.response_started:
+        if (
+            cycle is None or cycle.response_complete or not cycle.response_started
+            or cycle.scope["method"] == "HEAD"
+        ):
             return False
         if self.flow.write_paused and not cycle.disconnected:
             await self.flow.drain()

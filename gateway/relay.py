@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from gateway.access import log_record
 from gateway.asgi_io import (
     BODY_CHUNK_EXTENSION,
+    DISCONNECT_EXTENSION,
     ClientGone,
     DisconnectWatch,
     Receive,
@@ -103,6 +104,7 @@ async def handle(state: GatewayState, scope: Scope, receive: Receive, send: Send
         client_addr=f"{client[0]}:{client[1]}" if client else None,
     )
     hooks = state.hooks
+    extensions = scope.get("extensions") or {}
     for on_request in hooks.on_request:
         on_request(record, scope["headers"])
     out = Responder(
@@ -110,7 +112,7 @@ async def handle(state: GatewayState, scope: Scope, receive: Receive, send: Send
         record.request_id,
         on_start=_response_start(hooks.on_response_start, record),
         hold_end=bool(hooks.end_recorded),
-        write_chunk=scope.get("extensions", {}).get(BODY_CHUNK_EXTENSION),
+        write_chunk=extensions.get(BODY_CHUNK_EXTENSION),
     )
     started_observers = False
     drain = state.drain
@@ -258,9 +260,9 @@ async def _serve(
             _tap_content(state, record, raw, out)
         for on_start in state.hooks.on_start:
             await on_start(record)
+        watch = DisconnectWatch(receive, (scope.get("extensions") or {}).get(DISCONNECT_EXTENSION))
         exchange = Exchange(state, pool, decision.candidates, parsed, head.accept,
-                            head.forwarded, out, record, DisconnectWatch(receive), t0,
-                            hint)
+                            head.forwarded, out, record, watch, t0, hint)
         if lane is not None:
             lane.go()  # forward counts the request in flight from here
         assert first is not None  # narrowed above on both paths

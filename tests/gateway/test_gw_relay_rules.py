@@ -6,16 +6,18 @@ import select
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
 import openai
 import pytest
 
+from gateway.app import create_app
 from gateway.errors import ServiceUnavailable
 from gateway.records import RequestRecord
 from tests.conftest import free_port
+from tests.gateway.gateway_server import Servers
 from tests.gateway.helpers import (
     BACKEND_KEY,
     KEY_A,
@@ -171,9 +173,28 @@ def test_413_streamed_body_without_length(small_gw: str, sim: Sim, clients: Clie
 # --- disconnects ---------------------------------------------------------------------------
 
 
-def test_stream_disconnect_cancels_upstream(serve_asgi: Any) -> None:
+# Both servers: uvicorn's own h11 (the relay watches ``receive()`` in a task) and the gateway's
+# server (gateway.http_guard: the connection calls the relay back, DISCONNECT_EXTENSION).
+SERVERS = pytest.mark.parametrize("server", ["uvicorn-h11", "gateway"])
+
+
+@pytest.fixture
+def guarded() -> Iterator[Servers]:
+    servers = Servers()
+    yield servers
+    servers.stop_all()
+
+
+def _serve(serve_asgi: Any, guarded: Servers, server: str, s: Any, **kwargs: Any) -> str:
+    if server == "gateway":
+        return guarded.start(s, create_app(s, **kwargs)).url
+    return start_gateway(serve_asgi, s, **kwargs)
+
+
+@SERVERS
+def test_stream_disconnect_cancels_upstream(serve_asgi: Any, guarded: Servers, server: str) -> None:
     sim = start_sim(serve_asgi, itl_s=0.05, tokens_per_response=400)
-    gw = start_gateway(serve_asgi, settings([sim.url]))
+    gw = _serve(serve_asgi, guarded, server, settings([sim.url]))
     with httpx.stream("POST", gw + "/v1/chat/completions", json={**CHAT, "stream": True},
                       headers=AUTH_A) as r:
         lines = r.iter_lines()
@@ -186,15 +207,41 @@ def test_stream_disconnect_cancels_upstream(serve_asgi: Any) -> None:
     assert stats["cancelled"] == 1 and stats["completed"] == 0
 
 
-def test_non_stream_disconnect_cancels_upstream(serve_asgi: Any) -> None:
+@SERVERS
+def test_non_stream_disconnect_cancels_upstream(
+    serve_asgi: Any, guarded: Servers, server: str
+) -> None:
     sim = start_sim(serve_asgi, ttft_s=30)
     recorder = Recorder()
-    gw = start_gateway(serve_asgi, settings([sim.url]), observers=[recorder])
+    gw = _serve(serve_asgi, guarded, server, settings([sim.url]), observers=[recorder])
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(gw + "/v1/chat/completions", json=CHAT, headers=AUTH_A, timeout=0.5)
     assert wait_for(lambda: sim.stats()["cancelled"] == 1, 1.0)
     assert sim.stats()["running"] == 0
     assert recorder.wait(1)[0].outcome == "client_disconnect"
+
+
+@SERVERS
+def test_disconnect_on_a_reused_connection_cancels_upstream(
+    serve_asgi: Any, guarded: Servers, server: str
+) -> None:
+    # The first request on the connection finished and forgot its watch; the second one's
+    # watch must still be called when the client goes away.
+    sim = start_sim(serve_asgi, itl_s=0.05, tokens_per_response=400)
+    gw = _serve(serve_asgi, guarded, server, settings([sim.url]))
+    with httpx.Client(base_url=gw, headers=AUTH_A) as client:
+        assert client.post("/v1/chat/completions",
+                           json={**CHAT, "max_tokens": 2}).status_code == 200
+        with client.stream("POST", "/v1/chat/completions",
+                           json={**CHAT, "stream": True}) as r:
+            lines = r.iter_lines()  # kept: a dropped line iterator closes the response
+            assert next(lines).startswith("data: ")
+            assert sim.stats()["running"] == 1
+            r.close()
+            client.close()  # the kept-alive connection itself goes
+        assert wait_for(lambda: sim.stats()["running"] == 0, 1.0)
+    stats = sim.stats()
+    assert stats["cancelled"] == 1 and stats["completed"] == 1
 
 
 # --- retries -------------------------------------------------------------------------------

@@ -70,6 +70,33 @@ def test_body_chunks_are_framed_byte_for_byte_as_h11_frames_them(request_bytes: 
         assert expected[-1] == b"0\r\n\r\n"
 
 
+@pytest.mark.parametrize("request_bytes", [CHUNKED_REQUEST, HTTP10_REQUEST],
+                         ids=["http11", "http10"])
+def test_sized_body_chunks_are_written_as_h11_writes_them(request_bytes: bytes) -> None:
+    total = sum(len(body) for body in BODIES)
+    headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % total)]
+    plain, strict = h11.Connection(h11.SERVER), _strict_connection()
+    expected = _run(plain, request_bytes, headers, BODIES)
+    got = _run(strict, request_bytes, headers, BODIES)
+    assert got[0] == b""
+    assert got[1] == expected[0] + expected[1]
+    assert got[2:] == expected[2:]
+    assert b"".join(bytes(b) for b in got[1:]).endswith(b"".join(bytes(b) for b in BODIES))
+    assert strict.states == plain.states
+
+
+def test_sized_body_cut_short_is_refused_at_its_end_as_by_h11() -> None:
+    strict = _strict_connection()
+    strict.receive_data(CHUNKED_REQUEST)
+    while strict.next_event() not in (h11.NEED_DATA, h11.PAUSED):
+        pass
+    strict.send(h11.Response(status_code=200, headers=[(b"content-length", b"3")]))
+    assert strict.send(h11.Data(data=b"ab")).endswith(b"\r\n\r\nab")
+    with pytest.raises(h11.LocalProtocolError, match="Too little data"):
+        strict.send(h11.EndOfMessage())
+    assert strict.our_state is h11.ERROR
+
+
 def test_head_of_a_response_without_body_leaves_with_its_end() -> None:
     plain, strict = h11.Connection(h11.SERVER), _strict_connection()
     headers = [(b"content-length", b"0")]
