@@ -1,7 +1,9 @@
 """The client-facing HTTP/1.1 server: strict request framing, header and idle timeouts, a cap.
 
 uvicorn's h11 protocol is extended here (:class:`GuardedH11Protocol`); :func:`server_options`
-gives the one set of uvicorn options that ``gateway serve`` (and the tests) run.
+gives the one set of uvicorn options that ``gateway serve`` (and the tests) run. Responses are
+written through the fast paths of :mod:`gateway.http_response`; refusals are answered by
+:mod:`gateway.http_refusal`.
 
 Framing (RFC 9112 §6.1, §6.3, §5.2). Before a request reaches the application, its head is
 checked on the raw header lines, and the request is refused with ``400`` in the OpenAI error
@@ -34,9 +36,10 @@ Oversized chunked bodies: a chunk-size line announcing more than what is left of
 
 Refusals are written as complete responses, then the write side is shut (``FIN``) and anything
 the client still sends is discarded for at most :data:`LINGER_S` before the socket is closed, so
-the client reads the answer instead of a connection reset. Each refusal is handed to the
-protocol's ``on_refused`` hook (``gateway serve``: an ``http.refused`` audit record), since
-none of these requests reaches the app and its observers.
+the client reads the answer instead of a connection reset (the answers and their sending:
+:mod:`gateway.http_refusal`). Each refusal is handed to the protocol's ``on_refused`` hook
+(``gateway serve``: an ``http.refused`` audit record), since none of these requests reaches the
+app and its observers.
 
 A second layer, :func:`gateway.asgi_io.scope_framing_problem`, runs in the app on the ASGI scope
 headers, so the app refuses (and closes after) ``Content-Length`` with ``Transfer-Encoding``
@@ -47,9 +50,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import logging
-import re
 from collections.abc import Callable
 from typing import Any
 
@@ -62,12 +63,20 @@ from h11._readers import (
 )
 from h11._receivebuffer import ReceiveBuffer
 from h11._util import validate
-from h11._writers import ChunkedWriter, ContentLengthWriter
-from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from gateway.asgi_io import BODY_CHUNK_EXTENSION, DISCONNECT_EXTENSION
-from gateway.http_body import TOO_LARGE_STATUS, BudgetedChunkedReader
+from gateway.http_body import BudgetedChunkedReader
 from gateway.http_framing import framing_problem
+from gateway.http_refusal import (
+    LINGER_S,
+    Refusal,
+    RefusalHook,
+    connection_cap_refusal,
+    header_timeout_refusal,
+    parse_refusal,
+    send_and_linger,
+)
+from gateway.http_response import ResponseConnection, ResponseWritingProtocol
 from gateway.settings import LimitSettings
 
 _log = logging.getLogger(__name__)
@@ -81,21 +90,13 @@ __all__ = [
     "server_options",
 ]
 
-RefusalHook = Callable[[int, str, str, "str | None"], None]
-"""``(status, error code, message sent, client host or None)`` of a refused request."""
-
 BodyLimit = Callable[[], int]
 """The ``limits.max_body_bytes`` in force now (it may change on a live reload), in bytes."""
 
-LINGER_S = 2.0
-"""Seconds a refused connection keeps reading (and discarding) before it is closed."""
 
-# h11 quotes the offending bytes after its reason (": bytearray(b'...')"): never echoed back.
-_REASON_BYTES = re.compile(r":? *(bytearray\(|b['\"]).*\Z", re.DOTALL)
-
-
-class _StrictConnection(h11.Connection):
-    """h11's server connection with the request-head reader replaced by a strict one.
+class _StrictConnection(ResponseConnection):
+    """h11's server connection with the request-head reader replaced by a strict one (and the
+    response writing of :class:`gateway.http_response.ResponseConnection`).
 
     h11 picks its reader per state through ``_get_io_object``; only the reader of a new request
     head is wrapped. h11 is pinned to 0.16.x in pyproject.toml because this is its private API;
@@ -110,75 +111,6 @@ class _StrictConnection(h11.Connection):
     """The request body limit; a chunked body is refused once it is known to exceed it."""
     protocol_error: h11.RemoteProtocolError | None = None
     """What h11 refused in the last request, if it did (its status hint and reason)."""
-    held_head: bytes = b""
-    """The response head not written yet: it goes out with the first body bytes."""
-    on_hold: Callable[[], None] | None = None
-    """Called when a response head is held (the protocol schedules :meth:`take_head`'s
-    write for the next loop iteration, in case no body bytes follow in this one)."""
-
-    def send(self, event: Any) -> bytes | None:  # type: ignore[override]
-        """h11's ``send``, with the response head held for the first body bytes, and a short
-        path for one body chunk of a response.
-
-        Head: the status line and headers are returned together with the bytes of the next
-        event (the first body chunk, or the end of the message), so the head and the start of
-        the body leave in one write (one ``send`` system call and one wake-up of the client
-        instead of two). For ``Response`` itself an empty result is returned (uvicorn's write
-        of it is then a no-op) and :attr:`on_hold` is called.
-
-        Body chunk: a ``Data`` event while the response body is being sent changes no state of
-        h11's machine (``SEND_BODY`` -> ``SEND_BODY``); h11 would still run its event
-        processing (five calls) to find that out. Relayed SSE streams send one such event per
-        token, so the chunk is framed here (:meth:`chunk`), byte for byte what h11's writer
-        writes; every other event goes through h11.
-        """
-        kind = type(event)
-        out = self.chunk(event.data) if kind is h11.Data else None
-        if out is None:
-            sent = super().send(event)
-            if sent is None:  # ConnectionClosed: a held head has nowhere to go
-                self.held_head = b""
-                return None
-            if kind is h11.Response:
-                self.held_head = sent
-                if self.on_hold is not None:
-                    self.on_hold()
-                return b""
-            out = sent
-            if self.held_head:
-                out, self.held_head = self.held_head + out, b""
-        return out
-
-    def chunk(self, data: bytes) -> bytes | None:
-        """The bytes of one body chunk of the response now being sent (a held head in front).
-
-        The same bytes :meth:`send` returns for ``Data(data)``, without h11's event processing:
-        for a chunked response RFC 9112 §7.1 framing (size in hex, CRLF, data, CRLF; nothing
-        for empty data), as h11's ``ChunkedWriter``; for a ``Content-Length`` response the
-        data itself, counted against the length left, as h11's ``ContentLengthWriter``.
-        ``None`` when the event must go through h11: no response body being sent (not
-        started, ended, HTTP/1.0 close-delimited), or more data than the length left (h11
-        then raises and marks the connection failed).
-        """
-        if self._cstate.states[self.our_role] is not h11.SEND_BODY:
-            return None
-        writer = self._writer
-        kind = type(writer)
-        if kind is ChunkedWriter:
-            out: bytes = b"%x\r\n%b\r\n" % (len(data), data) if data else b""
-        elif kind is ContentLengthWriter and len(data) <= writer._length:  # type: ignore[union-attr]
-            writer._length -= len(data)  # type: ignore[union-attr]
-            out = data
-        else:
-            return None
-        if self.held_head:
-            out, self.held_head = self.held_head + out, b""
-        return out
-
-    def take_head(self) -> bytes:
-        """The held response head (empty when it went out with body bytes), now released."""
-        head, self.held_head = self.held_head, b""
-        return head
 
     def next_event(self) -> Any:
         """h11's ``next_event``, keeping a refusal for :meth:`GuardedH11Protocol.send_400_response`
@@ -225,18 +157,7 @@ class _StrictConnection(h11.Connection):
         return h11.Request(headers=headers, _parsed=True, **matches)
 
 
-def _error_response(status: int, reason: str, message: str, code: str, err_type: str) -> bytes:
-    body = json.dumps(
-        {"error": {"message": message, "type": err_type, "param": None, "code": code}},
-        separators=(",", ":"),
-    ).encode()
-    return (
-        f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
-        f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
-    ).encode() + body
-
-
-class GuardedH11Protocol(H11Protocol):
+class GuardedH11Protocol(ResponseWritingProtocol):
     """uvicorn's h11 protocol with strict framing, a header timeout and a connection cap.
 
     Configure through :func:`guarded_protocol`, which sets the class attributes.
@@ -251,12 +172,11 @@ class GuardedH11Protocol(H11Protocol):
     (status, error code, the message sent, client host): ``gateway serve`` records each in
     the audit log (``http.refused``). Must not raise or block."""
 
+    connection_class = _StrictConnection
+    conn: _StrictConnection
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.conn: _StrictConnection = _StrictConnection(
-            h11.SERVER, self.conn._max_incomplete_event_size
-        )
-        self.conn.on_hold = self._schedule_head_write
         self.conn.body_limit = self.body_limit
         self._header_timer: asyncio.TimerHandle | None = None
         self._head_bytes = 0
@@ -270,9 +190,7 @@ class GuardedH11Protocol(H11Protocol):
         super().connection_made(transport)
         if len(self.connections) > self.max_connections:
             self.connections.discard(self)
-            self._refuse(503, "Service Unavailable",
-                         "The gateway is at its client connection limit; retry later.",
-                         "too_many_connections", "server_error")
+            self._refuse(connection_cap_refusal())
             return
         self._arm_header_timer()
 
@@ -310,26 +228,8 @@ class GuardedH11Protocol(H11Protocol):
         ``invalid_http_request``), without echoing the client's bytes.
         """
         conn = self.conn
-        if conn.framing_error:
-            self._refuse(400, "Bad Request",
-                         f"Invalid HTTP request framing: {conn.framing_error}.",
-                         "invalid_framing")
-            return
-        exc = conn.protocol_error
-        if exc is not None and exc.error_status_hint == 431:
-            self._refuse(431, "Request Header Fields Too Large",
-                         f"The request line and headers are larger than the limit of "
-                         f"{conn._max_incomplete_event_size} bytes.",
-                         "request_header_too_large")
-            return
-        if exc is not None and exc.error_status_hint == TOO_LARGE_STATUS:
-            limit = self.body_limit() if self.body_limit is not None else 0
-            self._refuse(413, "Content Too Large",
-                         f"Request body exceeds the limit of {limit} bytes.", "request_too_large")
-            return
-        reason = _REASON_BYTES.sub("", str(exc)) if exc is not None else ""
-        self._refuse(400, "Bad Request", f"Invalid HTTP request: {reason}." if reason else msg,
-                     "invalid_http_request")
+        self._refuse(parse_refusal(conn.framing_error, conn.protocol_error,
+                                   conn._max_incomplete_event_size, self.body_limit, msg))
 
     def handle_events(self) -> None:
         """uvicorn's, plus the :data:`BODY_CHUNK_EXTENSION` and :data:`DISCONNECT_EXTENSION` in
@@ -361,42 +261,6 @@ class GuardedH11Protocol(H11Protocol):
         if self._disconnect_cycle is cycle:  # not a later request's watch
             self._disconnect_cycle = self._on_disconnect = None
 
-    async def _write_body_chunk(self, data: bytes) -> bool:
-        """Write one non-empty chunk of the response body being sent, as uvicorn's ``send``
-        would for ``{"type": "http.response.body", "body": data, "more_body": True}``.
-
-        Returns:
-            ``False`` when the chunk cannot be written here (no response body in progress,
-            a ``HEAD`` request, more data than the ``Content-Length`` left; the caller then
-            uses ASGI ``send``); ``True`` when written, or dropped because the client is gone
-            (as uvicorn drops it).
-        """
-        cycle = self.cycle
-        if (
-            cycle is None or cycle.response_complete or not cycle.response_started
-            or cycle.scope["method"] == "HEAD"
-        ):
-            return False
-        if self.flow.write_paused and not cycle.disconnected:
-            await self.flow.drain()
-        if cycle.disconnected:
-            return True
-        out = self.conn.chunk(data)
-        if out is None:
-            return False
-        self.transport.write(out)
-        return True
-
-    def _schedule_head_write(self) -> None:
-        # A response head waits for the body bytes sent in the same loop iteration (the relay
-        # sends both in one step); should none come, it is written on the next iteration.
-        self.loop.call_soon(self._write_held_head)
-
-    def _write_held_head(self) -> None:
-        head = self.conn.take_head()
-        if head and not self.transport.is_closing():
-            self.transport.write(head)
-
     def _arm_header_timer(self) -> None:
         if self._header_timer is None:
             self._header_timer = self.loop.call_later(self.header_timeout_s, self._header_timeout)
@@ -413,16 +277,14 @@ class GuardedH11Protocol(H11Protocol):
         if self.cycle is not None and not self.cycle.response_complete:
             return  # a response is still being written (pipelined head waits on purpose)
         if self._head_bytes:
-            self._refuse(408, "Request Timeout",
-                         f"The request headers were not received within "
-                         f"{self.header_timeout_s:g} s.", "request_timeout")
+            self._refuse(header_timeout_refusal(self.header_timeout_s))
         else:
             self.transport.close()
 
-    def _refuse(self, status: int, reason: str, message: str, code: str,
-                err_type: str = "invalid_request_error") -> None:
-        """Write a complete error response, shut the write side, discard input, close soon;
-        then tell :attr:`on_refused`."""
+    def _refuse(self, refusal: Refusal) -> None:
+        """Write ``refusal``'s complete error response, shut the write side, discard input,
+        close soon (:func:`gateway.http_refusal.send_and_linger`); then tell
+        :attr:`on_refused`."""
         self._refused = True
         self._cancel_header_timer()
         cycle = self.cycle
@@ -432,16 +294,12 @@ class GuardedH11Protocol(H11Protocol):
             cycle.disconnected = True
             cycle.message_event.set()
         self._unset_keepalive_if_required()
-        transport = self.transport
-        transport.write(_error_response(status, reason, message, code, err_type))
-        if transport.can_write_eof():
-            transport.write_eof()
-            self.loop.call_later(LINGER_S, transport.close)
-        else:
-            transport.close()
+        send_and_linger(self.transport, self.loop, refusal)
         if self.on_refused is not None:
+            status, code = refusal.status, refusal.code
             try:
-                self.on_refused(status, code, message, self.client[0] if self.client else None)
+                self.on_refused(status, code, refusal.message,
+                                self.client[0] if self.client else None)
             except Exception:
                 _log.exception("on_refused hook failed (%s %s)", status, code)
 
