@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import logging
 import time
-import uuid
 from collections.abc import Sequence
 from typing import Any
 
@@ -96,14 +95,7 @@ async def handle(
         created: Unix time in seconds reported as each model's ``created``.
     """
     t0 = time.perf_counter()
-    client = scope.get("client")
-    record = RequestRecord(
-        request_id=uuid.uuid4().hex,
-        started_at=time.time(),
-        method=scope["method"],
-        path=scope["path"],
-        client_addr=f"{client[0]}:{client[1]}" if client else None,
-    )
+    record = RequestRecord.for_scope(scope)
     hooks = state.hooks
     for on_request in hooks.on_request:
         on_request(record, scope["headers"])

@@ -36,6 +36,8 @@ named methods (:meth:`RequestRecord.authenticated`, :meth:`~RequestRecord.reques
 
 from __future__ import annotations
 
+import time
+import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal, Protocol
@@ -141,6 +143,20 @@ class RequestRecord:
     content_hmac: bool = False
     route: dict[str, Any] | None = None
     flow: dict[str, Any] | None = None
+
+    @classmethod
+    def for_scope(cls, scope: Mapping[str, Any]) -> RequestRecord:
+        """A new record for the ASGI HTTP request ``scope``: a fresh 32-hex-digit request id,
+        the wall-clock start (Unix epoch seconds), method, path and ``host:port`` of the client.
+        """
+        client = scope.get("client")
+        return cls(
+            request_id=uuid.uuid4().hex,
+            started_at=time.time(),
+            method=scope["method"],
+            path=scope["path"],
+            client_addr=f"{client[0]}:{client[1]}" if client else None,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready copy (no prompts, no keys)."""

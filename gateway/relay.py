@@ -19,7 +19,6 @@ import asyncio
 import contextlib
 import logging
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -95,14 +94,7 @@ def _outcome_for(exc: GatewayError) -> Outcome:
 async def handle(state: GatewayState, scope: Scope, receive: Receive, send: Send) -> None:
     """Serve one request on a relay path (see module docstring)."""
     t0 = time.perf_counter()
-    client = scope.get("client")
-    record = RequestRecord(
-        request_id=uuid.uuid4().hex,
-        started_at=time.time(),
-        method=scope["method"],
-        path=scope["path"],
-        client_addr=f"{client[0]}:{client[1]}" if client else None,
-    )
+    record = RequestRecord.for_scope(scope)
     hooks = state.hooks
     extensions = scope.get("extensions") or {}
     for on_request in hooks.on_request:
