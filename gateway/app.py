@@ -37,6 +37,7 @@ from gateway.auth import Authenticator, Principal, bearer_token
 from gateway.drain import Drain
 from gateway.errors import GatewayError, InvalidRequest, MethodNotAllowed, ModelNotFound
 from gateway.fleet.replica_metrics import MetricsScraper
+from gateway.h1 import RelayClient, connector_dialer
 from gateway.health import HealthProber
 from gateway.records import AdmissionHook, RequestObserver
 from gateway.routing import ClassifyingPolicy, RoutePolicy, Router
@@ -172,12 +173,17 @@ def create_app(
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[dict[str, Any]]:
         session = new_session(settings, parts.connector_factory, parts.upstream_middlewares)
+        assert session.connector is not None  # new_session always gives it one
+        upstream = RelayClient(
+            connector_dialer(session.connector), tls=upstream_ssl,
+            limit=settings.limits.max_upstream_connections,
+            keep_alive_s=settings.timeouts.upstream_keep_alive_s,
+            connect_s=settings.timeouts.connect_s, observers=parts.attempt_observers,
+        )
         state = GatewayState(
             session=session,
             hooks=parts.hooks,
-            open_session=lambda: new_session(
-                settings, parts.connector_factory, parts.upstream_middlewares, pooled=False
-            ),
+            upstream=upstream,
             upstream_ssl=upstream_ssl,
             drain=drain,
             **_request_parts(parts, settings),
@@ -224,6 +230,7 @@ def create_app(
                 shutdown = getattr(hook, "shutdown", None)
                 if shutdown is not None:
                     await shutdown()
+            await upstream.close()
             await session.close()
 
     app = _GatewayApp(
