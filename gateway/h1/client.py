@@ -23,9 +23,9 @@ import contextlib
 import socket
 import ssl
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 import aiohappyeyeballs
@@ -150,7 +150,7 @@ class Response:
         self.headers = head.headers
         self.content_length = head.content_length if not head.chunked else None
         self.host, self.port = origin.host, origin.port
-        self.read: Callable[[], Awaitable[bytes]] = conn.read
+        self.read: Callable[[], Coroutine[Any, Any, bytes]] = conn.read
         """``await read()``: the body bytes received so far, ``b""`` at its end."""
 
     def release(self) -> None:
