@@ -136,7 +136,9 @@ def create_app(
         settings: The validated configuration.
         gateway: The assembled components (then no other keyword may be given).
         connector_factory: Builds the aiohttp connector for upstream connections (the egress
-            policy's checked connector); default a plain pooled ``TCPConnector``.
+            policy's checked connector); default a plain pooled ``TCPConnector``. It must be
+            a ``TCPConnector``: the relay's own client dials through its resolver and socket
+            factory (:func:`gateway.h1.connector_dialer`).
         policy: Per-request routing decision (default: every replica allowed).
         observers: Request observers (audit log, telemetry), see :mod:`gateway.records`.
         admission: Admission hooks run before forwarding (quotas).
