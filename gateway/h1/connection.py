@@ -193,7 +193,11 @@ class H1Connection(asyncio.Protocol):
                 return b""
             if self._exc is not None:
                 raise self._exc
-            await self._wait()
+            waiter = self._waiter = self._loop.create_future()  # inline: no coroutine per wait
+            try:
+                await waiter
+            finally:
+                self._waiter = None
 
     @property
     def reusable(self) -> bool:
