@@ -1,4 +1,7 @@
-"""The pooled upstream HTTP client and the mapping of its errors to ours.
+"""The upstream aiohttp session, and the mapping of upstream client errors to ours.
+
+The relay's requests go through its own client (:mod:`gateway.h1`), which dials through this
+session's connector; the session itself serves health probes and metrics scraping.
 
 One :class:`aiohttp.ClientSession` per app, created in the lifespan: keep-alive pooled
 connections, ``trust_env=False`` (proxy variables are ignored), no cookie jar, no automatic
