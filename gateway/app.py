@@ -39,6 +39,7 @@ from gateway.auth import Authenticator
 from gateway.drain import Drain
 from gateway.errors import GatewayError, InvalidRequest, MethodNotAllowed
 from gateway.fleet.replica_metrics import MetricsScraper
+from gateway.h1 import RelayClient, connector_dialer
 from gateway.health import HealthProber
 from gateway.models_api import is_models_path
 from gateway.records import AdmissionHook, RequestObserver
@@ -128,7 +129,9 @@ def create_app(
         settings: The validated configuration.
         gateway: The assembled components (then no other keyword may be given).
         connector_factory: Builds the aiohttp connector for upstream connections (the egress
-            policy's checked connector); default a plain pooled ``TCPConnector``.
+            policy's checked connector); default a plain pooled ``TCPConnector``. It must be
+            a ``TCPConnector``: the relay's own client dials through its resolver and socket
+            factory (:func:`gateway.h1.connector_dialer`).
         policy: Per-request routing decision (default: every replica allowed).
         observers: Request observers (audit log, telemetry), see :mod:`gateway.records`.
         admission: Admission hooks run before forwarding (quotas).
@@ -165,12 +168,17 @@ def create_app(
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[dict[str, Any]]:
         session = new_session(settings, parts.connector_factory, parts.upstream_middlewares)
+        assert session.connector is not None  # new_session always gives it one
+        upstream = RelayClient(
+            connector_dialer(session.connector), tls=upstream_ssl,
+            limit=settings.limits.max_upstream_connections,
+            keep_alive_s=settings.timeouts.upstream_keep_alive_s,
+            connect_s=settings.timeouts.connect_s, observers=parts.attempt_observers,
+        )
         state = GatewayState(
             session=session,
             hooks=parts.hooks,
-            open_session=lambda: new_session(
-                settings, parts.connector_factory, parts.upstream_middlewares, pooled=False
-            ),
+            upstream=upstream,
             upstream_ssl=upstream_ssl,
             drain=drain,
             **_request_parts(parts, settings),
@@ -217,6 +225,7 @@ def create_app(
                 shutdown = getattr(hook, "shutdown", None)
                 if shutdown is not None:
                     await shutdown()
+            await upstream.close()
             await session.close()
 
     app = _GatewayApp(

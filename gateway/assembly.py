@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp.client_middlewares import ClientMiddlewareType
 
 from gateway.auth import Authenticator, KeyRing, principal_of
+from gateway.h1 import AttemptObserver
 from gateway.records import AdmissionHook, ObserverHooks, RequestObserver
 from gateway.routing import AllowAll, RoutePolicy, Router, RouteTable
 from gateway.settings import GatewaySettings
@@ -104,6 +105,11 @@ class Gateway:
         routes = RouteTable(self.route_policy, memo=self.pure_routes)
         routes.prefill(self.router, (principal_of(k) for k in self.settings.keys))
         object.__setattr__(self, "routes", routes)
+
+    @property
+    def attempt_observers(self) -> tuple[AttemptObserver, ...]:
+        """Told about every upstream attempt of the relay's client (telemetry's client spans)."""
+        return (self.telemetry.tracer,) if self.telemetry is not None else ()
 
     @classmethod
     def of(

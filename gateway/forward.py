@@ -21,8 +21,6 @@ import logging
 import time
 from dataclasses import dataclass
 
-import aiohttp
-
 from gateway.asgi_io import DisconnectWatch, Responder
 from gateway.errors import (
     GatewayError,
@@ -34,6 +32,14 @@ from gateway.errors import (
     sse_error_event,
 )
 from gateway.fleet import RouteHint
+from gateway.h1 import (
+    ConnectFailed,
+    ConnectionClosed,
+    ConnectTimedOut,
+    IncompleteBody,
+    ProtocolError,
+    Response,
+)
 from gateway.records import RequestRecord
 from gateway.rewrite import ParsedBody
 from gateway.routing import Pool, Replica
@@ -51,6 +57,8 @@ USAGE_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
 _RETRY_STATUSES = frozenset({429, 502, 503})
 _MAX_USAGE_BODY = 1 << 20
 _SSE = b"text/event-stream"
+_UPSTREAM_ERRORS = (ConnectFailed, ConnectTimedOut, ConnectionClosed, IncompleteBody,
+                    ProtocolError, OSError, ValueError, EgressDenied)
 
 
 @dataclass(slots=True)
@@ -264,29 +272,24 @@ async def _attempt(
         GatewayError: Any failure before the response started (sent as a status by the caller).
     """
     timeouts = ex.state.settings.timeouts
-    session = ex.state.session
-    if fresh and ex.state.open_session is not None:
-        session = ex.state.open_session()  # its own connector: no pooled connection in it
-    resp: aiohttp.ClientResponse | None = None
+    resp: Response | None = None
     relay: _Relay | None = None
     try:
         async with asyncio.timeout(timeouts.first_byte_s) as deadline:
             relay = _Relay(ex, replica, deadline)
             try:
-                resp = await session.post(
-                    replica.url + ex.record.path, data=body, headers=headers,
-                    allow_redirects=False, ssl=ex.state.upstream_ssl,
-                )
+                resp = await ex.state.upstream.post(
+                    replica.url, ex.record.path, headers, body, fresh=fresh)
                 if ex.state.refuse_redirects and resp.status in REDIRECT_STATUSES:
-                    raise redirect_refused(resp.url.raw_host or "", resp.url.port, resp.status,
-                                           resp.headers.get("Location", ""))
+                    raise redirect_refused(resp.host, resp.port, resp.status,
+                                           resp.headers.get("location", ""))
                 retry = _retryable_status(ex, replica, resp)
                 if retry is not None:
                     relay.complete = True  # nothing more to read: the connection may be reused
                     return retry
                 await _relay_response(relay, resp, drop_usage)
                 return None
-            except (aiohttp.ClientError, OSError, EgressDenied) as exc:
+            except _UPSTREAM_ERRORS as exc:
                 if resp is None and not fresh and _closed_before_response(exc):
                     return _STALE
                 await _upstream_failed(relay, exc)
@@ -303,19 +306,15 @@ async def _attempt(
                 resp.release()
             else:
                 resp.close()
-        if session is not ex.state.session:
-            await session.close()
 
 
 def _closed_before_response(exc: BaseException) -> bool:
     """The connection was closed or reset before any response byte (typical of a stale one)."""
-    if isinstance(exc, aiohttp.ClientConnectorError):
-        return False  # a new connection could not be made: a connect error, not staleness
-    return isinstance(exc, (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError))
+    return isinstance(exc, ConnectionClosed) and exc.before_response
 
 
 def _retryable_status(
-    ex: Exchange, replica: Replica, resp: aiohttp.ClientResponse
+    ex: Exchange, replica: Replica, resp: Response
 ) -> UpstreamStatusError | None:
     """Eject the replica on 429/5xx; return the error for 429/502/503 (tried elsewhere)."""
     status = resp.status
@@ -332,7 +331,7 @@ def _retryable_status(
     return None
 
 
-def _client_headers(resp: aiohttp.ClientResponse, is_sse: bool) -> list[tuple[bytes, bytes]]:
+def _client_headers(resp: Response, is_sse: bool) -> list[tuple[bytes, bytes]]:
     ctype = resp.headers.get("content-type", "")
     out_headers = [(b"content-type", ctype.encode("latin-1"))]
     for name in ("retry-after", "cache-control", "content-encoding"):
@@ -344,11 +343,11 @@ def _client_headers(resp: aiohttp.ClientResponse, is_sse: bool) -> list[tuple[by
     return out_headers
 
 
-async def _relay_response(relay: _Relay, resp: aiohttp.ClientResponse, drop_usage: bool) -> None:
+async def _relay_response(relay: _Relay, resp: Response, drop_usage: bool) -> None:
     """Relay status, headers and body to the client as they arrive."""
     ex = relay.ex
     record, parsed = ex.record, ex.parsed
-    chunk = await resp.content.readany()
+    chunk = await resp.read()
     record.first_byte(round((time.perf_counter() - ex.t0) * 1000.0, 3))
     if ex.hint is not None:
         ex.hint.release()  # the replica's prefill of this prompt is over
@@ -370,11 +369,11 @@ async def _relay_response(relay: _Relay, resp: aiohttp.ClientResponse, drop_usag
 
 
 async def _relay_sse(
-    relay: _Relay, resp: aiohttp.ClientResponse, chunk: bytes, scanner: SSEUsageScanner
+    relay: _Relay, resp: Response, chunk: bytes, scanner: SSEUsageScanner
 ) -> None:
     ex = relay.ex
     out = ex.out
-    content = resp.content
+    read = resp.read
     idle = _IdleDeadline(relay.deadline, ex.state.settings.timeouts.idle_s)
     clock = idle.clock
     try:
@@ -384,7 +383,7 @@ async def _relay_sse(
                 idle.last = None  # no upstream deadline while writing to a slow client
                 await out.body(data)
             idle.last = clock()
-            chunk = await content.readany()
+            chunk = await read()
     finally:
         idle.cancel()
     relay.complete = True
@@ -395,11 +394,11 @@ async def _relay_sse(
 
 
 async def _relay_body(
-    relay: _Relay, resp: aiohttp.ClientResponse, chunk: bytes, status: int
+    relay: _Relay, resp: Response, chunk: bytes, status: int
 ) -> None:
     ex = relay.ex
     out = ex.out
-    content = resp.content
+    read = resp.read
     idle = _IdleDeadline(relay.deadline, ex.state.settings.timeouts.idle_s)
     clock = idle.clock
     keep = bytearray()
@@ -410,7 +409,7 @@ async def _relay_body(
             idle.last = None  # no upstream deadline while writing to a slow client
             await out.body(chunk)
             idle.last = clock()
-            chunk = await content.readany()
+            chunk = await read()
     finally:
         idle.cancel()
     relay.complete = True
@@ -421,7 +420,7 @@ async def _relay_body(
 
 
 async def _upstream_failed(relay: _Relay, exc: BaseException) -> None:
-    """An aiohttp/OS/egress error: raise it before the response started, else end the response.
+    """A client/OS/egress error: raise it before the response started, else end the response.
 
     Raises:
         GatewayError: The mapped error, when nothing was sent to the client yet.

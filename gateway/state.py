@@ -18,6 +18,7 @@ import aiohttp
 
 from gateway.auth import Authenticator, Principal
 from gateway.drain import Drain
+from gateway.h1 import RelayClient
 from gateway.records import ObserverHooks
 from gateway.routing import RoutePolicy, Router, RouteTable
 from gateway.settings import GatewaySettings
@@ -43,12 +44,11 @@ class GatewayState:
         policy: Per-request routing decision (egress policy seam).
         routes: The routing decisions of ``policy`` decided at assembly (the route step's
             lookup; :class:`gateway.routing.RouteTable`).
-        session: The pooled upstream client.
+        session: The pooled aiohttp client (health probes, metrics scraping).
         hooks: The bound hooks of the observers (audit, quotas, telemetry) and admission hooks
             (telemetry, quotas), in the order the assembly gave them.
-        open_session: Makes a new upstream client with a connector of its own (the retry after
-            a stale pooled connection: a connection that no other request can have used); the
-            caller closes it.
+        upstream: The relay's own pooled upstream client (:mod:`gateway.h1`), dialing through
+            ``session``'s connector (the egress policy's checks).
         forward_headers: Client header names (lower-case bytes) relayed upstream.
         class_header: Data-classification header (lower-case bytes) of the egress policy.
         classify: ``(principal, header value or None) -> principal`` with the request's data
@@ -68,7 +68,7 @@ class GatewayState:
     session: aiohttp.ClientSession
     routes: RouteTable
     hooks: ObserverHooks = field(default_factory=ObserverHooks)
-    open_session: Callable[[], aiohttp.ClientSession] | None = None
+    upstream: RelayClient = field(kw_only=True)
     forward_headers: frozenset[bytes] = field(default_factory=frozenset)
     class_header: bytes | None = None
     classify: Classifier | None = None

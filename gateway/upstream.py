@@ -1,4 +1,7 @@
-"""The pooled upstream HTTP client and the mapping of its errors to ours.
+"""The upstream aiohttp session, and the mapping of upstream client errors to ours.
+
+The relay's requests go through its own client (:mod:`gateway.h1`), which dials through this
+session's connector; the session itself serves health probes and metrics scraping.
 
 One :class:`aiohttp.ClientSession` per app, created in the lifespan: keep-alive pooled
 connections, ``trust_env=False`` (proxy variables are ignored), no cookie jar, no automatic
@@ -24,6 +27,13 @@ from gateway.errors import (
     UpstreamEgressDenied,
     UpstreamError,
     UpstreamTimeout,
+)
+from gateway.h1 import (
+    ConnectFailed,
+    ConnectionClosed,
+    ConnectTimedOut,
+    IncompleteBody,
+    ProtocolError,
 )
 from gateway.settings import GatewaySettings, UpstreamTlsSettings
 from policy import EgressDenied, RedirectRefused
@@ -110,7 +120,9 @@ def new_session(
 
 
 def map_exception(exc: BaseException, replica_label: str) -> GatewayError:
-    """Translate an aiohttp/OS error into a gateway error (the caller raises it ``from exc``).
+    """Translate a client/OS error into a gateway error (the caller raises it ``from exc``).
+
+    Covers the relay's own client (:mod:`gateway.h1`) and aiohttp (health probes, scraping).
 
     Args:
         exc: The exception raised while talking to the replica.
@@ -128,6 +140,25 @@ def map_exception(exc: BaseException, replica_label: str) -> GatewayError:
             f"The egress policy refused the connection to the model backend ({replica_label}): "
             f"{exc.reason}",
             code=code,
+        )
+    if isinstance(exc, ConnectFailed):
+        if exc.certificate:
+            return UpstreamConnectError(
+                f"The TLS certificate of the model backend ({replica_label}) could not be "
+                "verified (see upstream_tls.ca_file)."
+            )
+        return UpstreamConnectError(f"Could not connect to the model backend ({replica_label}).")
+    if isinstance(exc, ConnectTimedOut):
+        return UpstreamConnectTimeout(
+            f"Timed out connecting to the model backend ({replica_label})."
+        )
+    if isinstance(exc, ConnectionClosed):
+        return UpstreamError(f"The model backend ({replica_label}) closed the connection.")
+    if isinstance(exc, IncompleteBody):
+        return UpstreamError(f"The model backend ({replica_label}) sent an incomplete response.")
+    if isinstance(exc, ProtocolError):
+        return UpstreamError(
+            f"The model backend ({replica_label}) sent a malformed HTTP response: {exc}"
         )
     if isinstance(exc, aiohttp.ClientConnectorCertificateError):
         return UpstreamConnectError(

@@ -20,8 +20,10 @@ Spans follow the OpenTelemetry GenAI semantic conventions
 
 Context: the client's W3C ``traceparent``/``tracestate`` is continued (the telemetry's
 ``on_request`` observer hook extracts it), and each upstream attempt sends its own client
-span's ``traceparent`` to vLLM (the aiohttp middleware injects it). Per-request state lives
-in a ``ContextVar`` owned by the :class:`RequestTracer` instance (one task per request).
+span's ``traceparent`` to vLLM (:meth:`RequestTracer.attempt_started`, called by the relay's
+upstream client, injects it; :meth:`RequestTracer.middleware` does the same for aiohttp).
+Per-request state lives in a ``ContextVar`` owned by the :class:`RequestTracer` instance
+(one task per request).
 """
 
 from __future__ import annotations
@@ -207,24 +209,29 @@ class RequestTracer:
         span.end()
         act.span = None
 
-    async def middleware(self, req: aiohttp.ClientRequest, handler: ClientHandlerType) -> Any:
-        """aiohttp client middleware: a client span per upstream attempt, ``traceparent`` sent.
+    def attempt_started(
+        self, method: str, host: str, port: int, headers: dict[str, str]
+    ) -> Span | None:
+        """Open the client span of an upstream attempt and add its ``traceparent`` to ``headers``.
 
-        Requests outside a traced relay request (health probes) pass untouched.
+        Returns:
+            The span (hand it to :meth:`attempt_answered` or :meth:`attempt_failed`), or
+            ``None`` outside a traced relay request (health probes pass untouched).
         """
         act = self.active.get()
         if act is None or act.span is None or act.record is None:
-            return await handler(req)
+            return None
         if act.client is not None:  # a previous attempt still open (should not happen)
             act.client.end()
+            act.client = None
         record = act.record
         attrs: dict[str, Any] = {
             "gen_ai.operation.name": operation_name(record.path),
             "gen_ai.provider.name": "vllm",
             "gen_ai.request.model": record.served_model or record.model or "",
-            "server.address": req.url.host or "",
-            "server.port": req.url.port or 0,
-            "http.request.method": req.method,
+            "server.address": host,
+            "server.port": port,
+            "http.request.method": method,
             "sg.request.id": record.request_id,
             "sg.upstream.attempt": record.attempts,
             **act.params,
@@ -239,24 +246,52 @@ class RequestTracer:
             kind=SpanKind.CLIENT,
             attributes=attrs,
         )
+        self._propagator.inject(headers, context=set_span_in_context(span))
+        return span
+
+    def attempt_answered(self, token: object, status: int) -> None:
+        """The response head of the attempt arrived with ``status``.
+
+        A 429/502/503 ends the span (the relay retries or gives up); otherwise it ends with
+        the response, usage known, in :meth:`end`.
+        """
+        if not isinstance(token, Span):
+            return
+        token.set_attribute("http.response.status_code", status)
+        if status in _RETRY_STATUSES:
+            token.set_attribute("error.type", str(status))
+            token.set_status(Status(StatusCode.ERROR))
+            token.end()
+            return
+        act = self.active.get()
+        if act is not None:
+            act.client = token
+
+    def attempt_failed(self, token: object, exc: BaseException) -> None:
+        """The attempt failed before its response head (``error.type`` is the exception's)."""
+        if not isinstance(token, Span):
+            return
+        token.set_attribute("error.type", type(exc).__name__)
+        token.set_status(Status(StatusCode.ERROR))
+        token.end()
+
+    async def middleware(self, req: aiohttp.ClientRequest, handler: ClientHandlerType) -> Any:
+        """aiohttp client middleware: the same client spans for aiohttp sessions.
+
+        Requests outside a traced relay request (health probes) pass untouched.
+        """
         carrier: dict[str, str] = {}
-        self._propagator.inject(carrier, context=set_span_in_context(span))
+        span = self.attempt_started(req.method, req.url.host or "", req.url.port or 0, carrier)
+        if span is None:
+            return await handler(req)
         for name, value in carrier.items():
             req.headers[name] = value
         try:
             resp = await handler(req)
         except BaseException as exc:
-            span.set_attribute("error.type", type(exc).__name__)
-            span.set_status(Status(StatusCode.ERROR))
-            span.end()
+            self.attempt_failed(span, exc)
             raise
-        span.set_attribute("http.response.status_code", resp.status)
-        if resp.status in _RETRY_STATUSES:  # the relay retries or gives up: attempt over
-            span.set_attribute("error.type", str(resp.status))
-            span.set_status(Status(StatusCode.ERROR))
-            span.end()
-        else:
-            act.client = span  # ends with the response (usage known) in end()
+        self.attempt_answered(span, resp.status)
         return resp
 
 

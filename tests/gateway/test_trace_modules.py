@@ -1,9 +1,12 @@
-"""One streamed chat completion with every feature on crosses at most 15 project modules.
+"""One streamed chat completion with every feature on crosses at most 18 project modules.
 
 Runs ``bench/trace_modules.py`` (a ``sys.setprofile`` trace of one request through the gateway
 as ``gateway serve`` assembles it). The request's own calls are bounded; the audit log's
 group-commit task, which builds, hashes and stores the records of all requests in batches and
 which the response waits for, is reported beside them (see docs/architecture.md).
+
+The bound was 15 while the upstream exchange ran in aiohttp (not a project module); the relay's
+own HTTP/1.1 client (``gateway.h1``: framing, connection, pool) adds its three modules.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from pathlib import Path
 from gateway.assembly import STAGES
 
 ROOT = Path(__file__).resolve().parents[2]
-MAX_MODULES = 15
+MAX_MODULES = 18
 
 
 def test_a_streamed_request_crosses_a_bounded_set_of_modules() -> None:

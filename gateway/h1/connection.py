@@ -1,0 +1,286 @@
+"""One HTTP/1.1 client connection to a replica: an asyncio protocol that reads responses.
+
+The protocol parses the response head and decodes the body as bytes arrive
+(:mod:`gateway.h1.framing`) and keeps the decoded body pieces in a list; :meth:`read` takes all
+of them at once, joined, and awaits a future only when nothing is buffered (one future per
+wait, not per piece; aiohttp's reader makes one per ``readany`` and re-enters the protocol
+after every read). Backpressure: reading from the socket pauses while more than
+:data:`HIGH_WATER` bytes wait for the relay and resumes once it took them.
+
+One exchange at a time (no pipelining): :meth:`send` writes a request, :meth:`read_head` and
+:meth:`read` read its response. The connection may carry the next request only when the whole
+body was read, the replica kept it open (``Connection``), and nothing followed the body
+(:attr:`reusable`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from gateway.h1.framing import (
+    MAX_HEAD_BYTES,
+    ChunkedDecoder,
+    Head,
+    LengthDecoder,
+    ProtocolError,
+    parse_head,
+)
+
+__all__ = ["HIGH_WATER", "ConnectionClosed", "H1Connection", "IncompleteBody"]
+
+HIGH_WATER = 256 * 1024
+"""Bytes buffered for the relay above which reading from the socket pauses."""
+
+
+class ConnectionClosed(Exception):
+    """The replica closed (or reset) the connection before the response head was read.
+
+    Attributes:
+        before_response: No byte of the response arrived (the typical stale keep-alive
+            connection: the request may be sent again on a new connection).
+    """
+
+    def __init__(self, before_response: bool, detail: str = "") -> None:
+        where = "before the response" if before_response else "inside the response head"
+        super().__init__(f"connection closed {where}" + (f": {detail}" if detail else ""))
+        self.before_response = before_response
+
+
+class IncompleteBody(Exception):
+    """The connection closed before the declared end of the body (length or last chunk)."""
+
+
+class H1Connection(asyncio.Protocol):
+    """The protocol of one upstream connection (see module docstring).
+
+    Args:
+        on_lost: Called once when the connection is lost (the pool's bookkeeping).
+    """
+
+    def __init__(self, on_lost: Callable[[H1Connection], None] | None = None) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self._on_lost = on_lost
+        self._loop = asyncio.get_running_loop()
+        self._active = False  # an exchange is in progress
+        self._received = False  # a byte of the current response arrived
+        self._head_buf = b""
+        self._head: Head | None = None
+        self._decoder: LengthDecoder | ChunkedDecoder | None = None
+        self._chunks: list[bytes] = []
+        self._buffered = 0
+        self._paused = False
+        self._waiter: asyncio.Future[None] | None = None
+        self._exc: BaseException | None = None
+        self.body_done = False
+        self.garbage = False
+        self._lost: asyncio.Future[None] | None = None
+
+    # asyncio.Protocol ---------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        decoder = self._decoder
+        if decoder is None:
+            if not self._active:  # bytes while idle in the pool: not ours to read
+                self.garbage = True
+                self.abort()
+                return
+            self._received = True
+            try:
+                data = self._parse_head(data)
+            except ProtocolError as exc:
+                self._fail(exc)
+                return
+            decoder = self._decoder
+            if decoder is None:  # head not complete yet
+                return
+            if not data:
+                self._wake()
+                return
+        try:
+            decoder.feed(data, self._chunks)
+        except ProtocolError as exc:
+            self._fail(exc)
+            return
+        if decoder.done:
+            self.body_done = True
+            if decoder.extra:
+                self.garbage = True  # a response is whole; bytes after it poison the connection
+        self._buffered += len(data)
+        if self._buffered > HIGH_WATER and not self._paused and self.transport is not None:
+            self._paused = True
+            self.transport.pause_reading()
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if self._active and not self.body_done and self._exc is None:
+            if self._head is None:
+                self._exc = ConnectionClosed(not self._received, str(exc or ""))
+            elif isinstance(self._decoder, LengthDecoder) and self._decoder.remaining is None:
+                self.body_done = True  # the close delimits the body
+            else:
+                self._exc = IncompleteBody("connection closed before the end of the body")
+        self._wake()
+        if self._lost is not None and not self._lost.done():
+            self._lost.set_result(None)
+        if self._on_lost is not None:
+            on_lost, self._on_lost = self._on_lost, None
+            on_lost(self)
+
+    # the exchange -------------------------------------------------------------------------
+
+    def send(self, request: bytes) -> None:
+        """Start an exchange: write ``request`` (head and body, one write).
+
+        Raises:
+            ConnectionClosed: The connection was already closed (``before_response``).
+        """
+        transport = self.transport
+        if self.closed or transport is None or transport.is_closing():
+            raise ConnectionClosed(True, "found closed")
+        self._active = True
+        self._received = False
+        self._head_buf = b""
+        self._head = None
+        self._decoder = None
+        self._chunks = []
+        self._buffered = 0
+        self._exc = None
+        self.body_done = False
+        transport.write(request)
+
+    async def read_head(self) -> Head:
+        """Wait for the response head (1xx interim responses skipped).
+
+        Raises:
+            ConnectionClosed: Closed before the head was complete.
+            ProtocolError: The head is malformed or too large.
+        """
+        while self._head is None or self._decoder is None:
+            if self._exc is not None:
+                raise self._exc
+            await self._wait()
+        return self._head
+
+    async def read(self) -> bytes:
+        """Return every body byte received and not yet read; ``b""`` at the end of the body.
+
+        Raises:
+            IncompleteBody: The connection closed before the end of the body.
+            ProtocolError: Malformed chunked framing.
+        """
+        while True:
+            chunks = self._chunks
+            if chunks:
+                self._chunks = []
+                self._buffered = 0
+                if self._paused:
+                    self._paused = False
+                    if self.transport is not None:
+                        self.transport.resume_reading()
+                return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+            if self.body_done:
+                return b""
+            if self._exc is not None:
+                raise self._exc
+            waiter = self._waiter = self._loop.create_future()  # inline: no coroutine per wait
+            try:
+                await waiter
+            finally:
+                self._waiter = None
+
+    @property
+    def reusable(self) -> bool:
+        """The exchange ended cleanly and the connection may carry another request."""
+        head = self._head
+        return (head is not None and head.keep_alive and self.body_done and not self.garbage
+                and not self.closed and not self._chunks and self._exc is None)
+
+    @property
+    def usable(self) -> bool:
+        """Open and not closing (an idle connection that may be taken from the pool)."""
+        return not self.closed and self.transport is not None and not self.transport.is_closing()
+
+    def detach(self) -> None:
+        """Forget the ``on_lost`` callback (a connection the pool never counted as open)."""
+        self._on_lost = None
+
+    def finish(self) -> None:
+        """End the exchange (the connection goes idle, or is closed by the caller)."""
+        self._active = False
+
+    def close(self) -> None:
+        """Close the connection gracefully (a finished exchange, an idle connection)."""
+        if self.transport is not None and not self.closed:
+            self.transport.close()
+
+    def abort(self) -> None:
+        """Close the connection at once, unread data and all (cancelled or broken exchange)."""
+        if self.transport is not None and not self.closed:
+            self.transport.abort()
+
+    async def wait_closed(self) -> None:
+        """Return once the connection is lost (its socket closed by the event loop)."""
+        if self.closed or self.transport is None:
+            return
+        if self._lost is None:
+            self._lost = self._loop.create_future()
+        await asyncio.shield(self._lost)
+
+    # internals ----------------------------------------------------------------------------
+
+    def _parse_head(self, data: bytes) -> bytes:
+        """Consume head bytes; return the bytes after the head (body), once it is parsed."""
+        buf = self._head_buf + data if self._head_buf else data
+        while True:
+            end = buf.find(b"\r\n\r\n", 0, MAX_HEAD_BYTES)
+            if end < 0:
+                if len(buf) >= MAX_HEAD_BYTES:
+                    raise ProtocolError(f"response head larger than {MAX_HEAD_BYTES} bytes")
+                self._head_buf = buf
+                return b""
+            head = parse_head(buf[:end + 4])
+            buf = buf[end + 4:]
+            if head.status == 101:
+                raise ProtocolError("unexpected 101 Switching Protocols")
+            if head.status >= 200:
+                break  # 1xx: an interim response, the final one follows
+        self._head_buf = b""
+        self._head = head
+        if head.chunked:
+            self._decoder = ChunkedDecoder()
+        else:
+            self._decoder = LengthDecoder(head.content_length)
+        if self._decoder.done:
+            self.body_done = True
+        return buf
+
+    def _fail(self, exc: BaseException) -> None:
+        self._exc = exc
+        self.abort()
+        self._wake()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def _wait(self) -> None:
+        waiter = self._loop.create_future()
+        self._waiter = waiter
+        try:
+            await waiter
+        finally:
+            self._waiter = None
