@@ -2,7 +2,8 @@
 
 Per request: authenticate, read the bounded body, validate it, resolve and authorise the model,
 ask the routing policy for candidates, run admission hooks and observers, then forward with the
-pooled aiohttp client and stream the response back chunk by chunk as it arrives.
+relay's pooled HTTP/1.1 client (:mod:`gateway.h1`) and stream the response back chunk by chunk
+as it arrives.
 
 Rules: the body goes upstream unchanged except ``model`` and forced
 ``stream_options.include_usage``; the client's ``Authorization``, cookies and hop-by-hop headers
