@@ -27,7 +27,10 @@ def test_startup_heap_is_frozen_out_of_later_collections(restore_gc: None) -> No
     long_lived = {"built": "at start-up"}
     assert gc.get_freeze_count() == 0
     state = freeze_startup_heap()
-    assert state.frozen == gc.get_freeze_count() > 1000  # modules, classes, functions
+    assert state.frozen > 1000  # modules, classes, functions
+    # other threads of the test process (exporters, servers of earlier tests) may free a few
+    # frozen objects between the freeze and this read
+    assert abs(gc.get_freeze_count() - state.frozen) < 100
     assert not any(o is long_lived for o in gc.get_objects())  # frozen: not in any generation
     # a full collection no longer walks them: generation 2 is (nearly) empty afterwards
     gc.collect()
