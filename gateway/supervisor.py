@@ -60,6 +60,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+from clishell import CliError
 from gateway.config_errors import InvalidConfig
 from gateway.drain import SHUTDOWN_MARGIN_S
 from gateway.errors import ConfigError
@@ -172,7 +173,7 @@ class Supervisor:
         self._listener: socket.socket | None = None
         self._dir = ""
         self._draining = False
-        self._failed = False  # a worker did not start: the pod stops
+        self._failed: str | None = None  # why a worker did not start: the pod stops
         self.stopped_by: int | None = None  # the first signal that stopped the pod
         self._all_ready = False
         self._done: asyncio.Event | None = None
@@ -237,9 +238,8 @@ class Supervisor:
         if self._draining or self._failed:
             _log.info("worker %d (pid %d) exited: %s", w.index, w.pid, status)
         elif not w.ready:
-            _log.error("worker %d (pid %d) exited before it served (%s): stopping the pod",
-                       w.index, w.pid, status)
-            self._failed = True
+            self._failed = f"worker {w.index} (pid {w.pid}) exited before it served ({status})"
+            _log.error("%s: stopping the pod", self._failed)
             self._begin_stop(None)
         else:
             self.restarts += 1
@@ -386,12 +386,23 @@ def serve_workers(
 
     Raises:
         InvalidConfig: A setting keeps pod-wide state in one process (:func:`check_workers`).
+        CliError: ``startup_failed`` (exit status :data:`STARTUP_FAILURE`) when the pod did
+            not start: the listen or admin port could not be bound, or a worker exited before
+            it served; the message names which, as ``gateway serve`` without workers does.
     """
     check_workers(settings, workers)
     configure_logging(settings.logging)
     supervisor = Supervisor(settings, base, workers, config=config, adjust=adjust)
     try:
-        return supervisor.run(), supervisor.stopped_by
+        status = supervisor.run()
     except OSError as exc:  # the listen or admin port
-        _log.error("gateway did not start: %s", exc)
-        return STARTUP_FAILURE, supervisor.stopped_by
+        reason: str | None = str(exc)
+    else:
+        reason = supervisor._failed if status == STARTUP_FAILURE else None
+    if reason is None:
+        return status, supervisor.stopped_by
+    hint = ("the worker's error line above says why" if supervisor._failed else
+            "a port in use is listen.port or telemetry.admin.port; the log lines above have "
+            "the details")
+    raise CliError("startup_failed", f"the gateway did not start: {reason}", hint=hint,
+                   exit_code=STARTUP_FAILURE)

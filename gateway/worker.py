@@ -119,13 +119,16 @@ def worker_main(settings: GatewaySettings, base: Path | None, slot: WorkerSlot,
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     HangupLatch.install()
     _watch_parent()
+    from clishell import CliError, error_line
     from gateway.cli.serve import run
 
     try:
         run(settings, base, worker=slot, config=config, adjust=adjust)
     except GatewayError as exc:
-        from clishell import error_line
-
         print(error_line("gateway", exc.code, f"worker {slot.index}: {exc.message}"),
               file=sys.stderr)
         sys.exit(2)
+    except CliError as exc:  # startup_failed (exit 3): one line, not a traceback
+        print(error_line("gateway", exc.code, f"worker {slot.index}: {exc.message}"),
+              file=sys.stderr)
+        sys.exit(exc.exit_code)

@@ -15,6 +15,7 @@ into the interrupted exit): a simulator never stops "successfully" by a signal.
 from __future__ import annotations
 
 import logging
+import signal
 import sys
 from types import FrameType
 from typing import Annotated
@@ -89,12 +90,23 @@ def serve(
         server.run()
     except SystemExit as exc:  # uvicorn: the port could not be bound (it logged why)
         raise _cannot_serve(host, port) from exc
+    except Interrupted as exc:  # the signal uvicorn re-raised after its graceful shutdown
+        raise _stopped(exc.signum) from None
     if server.stopped_by is not None:
         # uvicorn re-raised the signal after its shutdown; an inherited "ignore" (a background
         # job's SIGINT) swallowed it, but the server did stop because of it.
-        raise Interrupted(server.stopped_by)
+        raise _stopped(server.stopped_by)
     if not server.started:
         raise _cannot_serve(host, port)
+
+
+def _stopped(signum: int) -> Interrupted:
+    """The interrupted exit of a simulator that a signal stopped (a server: nothing to resume,
+    so not the shell's default "rerun the command to resume")."""
+    name = signal.Signals(signum).name
+    return Interrupted(signum, f"interrupted by {name}; the simulator shut down",
+                       hint="a signal is how the simulator stops; its exit status "
+                            f"{128 + signum} says which")
 
 
 class _Server(uvicorn.Server):

@@ -157,9 +157,10 @@ def pull(
         with progress(entry.total_bytes, entry.repo_id, quiet) as advance:
             result = pull_entry(hub, entry, into=dest, cache=cache, progress=advance,
                                 policy=SerialisationPolicy(allow_pickle=allow_pickle))
-        if result.resumed:  # even with --quiet: the operator should know a run was killed
+        if result.resumed:  # even with --quiet: the operator should know a run did not finish
             console.print(f"{entry.repo_id}: resumed {result.resumed} file(s) left by an "
-                          "interrupted earlier run", markup=False)
+                          "earlier run that did not finish (interrupted or failed)",
+                          markup=False)
         if not quiet:
             console.print(f"{entry.repo_id}@{entry.commit[:12]}: {len(result.downloaded)} "
                           f"downloaded, {len(result.reused)} already present -> {result.target}")

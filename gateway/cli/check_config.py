@@ -20,6 +20,7 @@ from gateway.config_errors import ConfigProblem, problems_of
 from gateway.errors import ConfigError
 from gateway.reload import revision_of
 from gateway.settings import load
+from gateway.supervisor import check_workers
 
 __all__ = ["check_config"]
 
@@ -56,11 +57,18 @@ def check_config(
         metavar="FILE", show_default=False,
         help="Deprecated: the config file as an argument; use --config FILE.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+    workers: Annotated[int, typer.Option(
+        min=1, envvar="SG_WORKERS",
+        help="Check for `gateway serve --workers N` too (as serve: SG_WORKERS): refuses what "
+             "N worker processes cannot share (memory quotas, in-memory stores, an in_flight "
+             "threshold below N).")] = 1,
 ) -> None:
     """Validate the config (and its policy file and replica bindings) without serving.
 
     Prints one line per problem, ``FILE:LINE: KEY: PROBLEM``. Exit 0 valid, 1 invalid,
-    2 unreadable.
+    2 unreadable. With ``--workers N`` (or ``SG_WORKERS``, read as ``serve`` reads it) it also
+    refuses what ``gateway serve --workers N`` refuses
+    (:func:`gateway.supervisor.check_workers`).
     """
     file = _config_file(config, legacy_file)
     try:  # unreadable (exit 2) apart from invalid (exit 1), with the reason
@@ -79,6 +87,7 @@ def check_config(
     try:
         # The same assembly as `gateway serve` (without the process guard); no store is opened.
         assembled = assemble(settings, file.parent)
+        check_workers(settings, workers)
     except ConfigError as exc:
         raise _report(file, settings.problems_of(exc), as_json, 1) from exc
     policy = assembled.policy
@@ -89,6 +98,7 @@ def check_config(
         # What a live reload of this file would record as its new revision (gateway.reload).
         "revision": revision_of(settings, policy),
         "listen": f"{settings.listen.host}:{settings.listen.port}",
+        "workers": workers,
         "models": {
             m.name: {
                 "aliases": m.aliases,

@@ -32,6 +32,13 @@ __all__ = ["FlowClassSettings", "FlowControlSettings", "FlowShare", "SaturationS
 _CLASS_NAME = r"^[a-z][a-z0-9_-]{0,31}$"
 
 
+def _num(value: float | None) -> str:
+    """A threshold as written (``4``, not ``4.0``; ``None``: ``none``)."""
+    if value is None:
+        return "none"
+    return str(int(value)) if float(value).is_integer() else str(value)
+
+
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 
@@ -62,10 +69,22 @@ class SaturationSettings(_Frozen):
 
     def within(self, other: SaturationSettings) -> bool:
         """True when every threshold of ``self`` is at most the same one of ``other``."""
-        mine = self.in_flight if self.in_flight is not None else 1 << 62
-        theirs = other.in_flight if other.in_flight is not None else 1 << 62
-        return (self.queue_depth <= other.queue_depth and self.kv_usage <= other.kv_usage
-                and mine <= theirs)
+        return not self.above(other)
+
+    def above(self, other: SaturationSettings) -> list[tuple[str, float, float]]:
+        """The thresholds of ``self`` higher than the same one of ``other``.
+
+        Returns:
+            ``(name, mine, theirs)`` per such threshold, in field order (``in_flight``
+            ``None``, no threshold, counts as unbounded).
+        """
+        unbounded = float(1 << 62)
+        out: list[tuple[str, float, float]] = []
+        for name in ("queue_depth", "kv_usage", "in_flight"):
+            mine, theirs = getattr(self, name), getattr(other, name)
+            if (unbounded if mine is None else mine) > (unbounded if theirs is None else theirs):
+                out.append((name, mine, theirs))
+        return out
 
 
 class FlowClassSettings(_Frozen):
@@ -169,14 +188,19 @@ class FlowControlSettings(_Frozen):
                 if share.class_ not in names:
                     raise ValueError(f"{where}.{who}.class: {share.class_!r} is not a class "
                                      f"(classes: {', '.join(names)})")
-        previous = self.saturation
+        previous, above = self.saturation, "the section's saturation"
         for i, cls in enumerate(self.classes):
             limits = cls.saturation or previous
-            if not limits.within(previous):
+            for name, mine, theirs in limits.above(previous):
+                # A threshold the class does not write is its default: say so, the line of
+                # the class's saturation mapping is all a reader can find for it.
+                unset = cls.saturation is not None and name not in cls.saturation.model_fields_set
                 raise ValueError(
-                    f"classes[{i}].saturation: a lower class may not have higher thresholds "
-                    "than the class above it (the headroom is the higher classes')")
-            previous = limits
+                    f"classes[{i}].saturation.{name}: {_num(mine)}{' (the default)' * unset} "
+                    f"is higher than {_num(theirs)} of {above}; a lower class may not have "
+                    "higher thresholds than the class above it (the headroom is the higher "
+                    f"classes'): set {name} to at most {_num(theirs)}")
+            previous, above = limits, f"class {cls.name!r} (classes[{i}])"
         return self
 
     @property

@@ -18,13 +18,18 @@ models:
 TLS = ", tls_cert_file: cert.pem, tls_key_file: key.pem"
 
 
-def _run(tmp_path: Path, command: str, text: str) -> subprocess.CompletedProcess[str]:
+def _run(
+    tmp_path: Path, command: str, text: str, extra: list[str] | None = None,
+    env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess[str]:
     path = tmp_path / "gateway.yaml"
     path.write_text(text, encoding="utf-8")
-    args = [command, "--config", str(path)]
+    args = [command, "--config", str(path), *(extra or [])]
+    environ = {k: v for k, v in os.environ.items() if k != "SG_WORKERS"}
     return subprocess.run(
         [sys.executable, "-m", "gateway.cli", *args], capture_output=True, text=True,
-        timeout=60, check=False, cwd=tmp_path, env={**os.environ, "NO_COLOR": "1"},
+        timeout=60, check=False, cwd=tmp_path,
+        env={**environ, "NO_COLOR": "1", **(env or {})},
     )
 
 
@@ -63,3 +68,39 @@ def test_mismatched_listen_key_named(tmp_path: Path) -> None:
     assert proc.returncode == 1
     assert (f"listen: tls_cert_file {tmp_path}/cert.pem and tls_key_file {tmp_path}/key.pem "
             "are not a matching PEM certificate and private key") in proc.stderr, proc.stderr
+
+
+FLOW_IN_FLIGHT_1 = """\
+flow_control:
+  enabled: true
+  classes: [{name: only, max_queue: 10, max_wait_s: 5}]
+  default_class: only
+  saturation: {in_flight: 1}
+"""
+MEMORY_QUOTAS = "quotas: {enabled: true, backend: memory}\n"
+
+
+@pytest.mark.parametrize(("extra", "marker", "problem"), [
+    (FLOW_IN_FLIGHT_1, "in_flight: 1",
+     "flow_control.saturation.in_flight: 1 is less than --workers 2"),
+    (MEMORY_QUOTAS, "backend: memory", "quotas.backend: memory keeps quota state inside one"),
+])
+@pytest.mark.parametrize("how", ["option", "env"])
+def test_check_config_workers_refuses_what_serve_workers_refuses(
+    tmp_path: Path, extra: str, marker: str, problem: str, how: str
+) -> None:
+    """``check-config --workers N`` (or ``SG_WORKERS``) refuses, with file and line, what
+    ``serve --workers N`` refuses; without it the file is valid for one process."""
+    text = BASE % "" + extra
+    args, env = (["--workers", "2"], {}) if how == "option" else ([], {"SG_WORKERS": "2"})
+    check = _run(tmp_path, "check-config", text, args, env)
+    serve = _run(tmp_path, "serve", text, args, env)
+    single = _run(tmp_path, "check-config", text, [], {"SG_WORKERS": "1"})
+    assert single.returncode == 0, single.stderr
+    assert check.returncode == 1, check.stdout + check.stderr
+    assert serve.returncode == 2, serve.stderr
+    line = next(n for n, text_line in enumerate(text.splitlines(), 1)
+                if marker in text_line)
+    assert f"gateway.yaml:{line}: {problem}" in check.stderr, check.stderr
+    assert len(check.stderr.strip().splitlines()) == 1, check.stderr
+    assert problem in serve.stderr, serve.stderr

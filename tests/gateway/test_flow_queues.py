@@ -295,9 +295,16 @@ def _problems(**flow: object) -> str:
 def test_config_errors_name_the_key() -> None:
     assert "default_class: 'gold' is not a class" in _problems(default_class="gold")
     assert "keys.k1.class: 'vip' is not a class" in _problems(keys={"k1": {"class": "vip"}})
-    assert "classes[1].saturation: a lower class may not have higher thresholds" in _problems(
+    assert ("classes[1].saturation.in_flight: 3 is higher than 2 of class 'a' (classes[0]); "
+            "a lower class may not have higher thresholds") in _problems(
         classes=[{"name": "a", "saturation": {"in_flight": 2}},
                  {"name": "b", "saturation": {"in_flight": 3}}],
+        default_class="a")
+    # A threshold the lower class does not write is its default, not the class above's:
+    # the problem names the threshold and says it is the default.
+    assert ("classes[0].saturation.kv_usage: 0.9 (the default) is higher than 0.5 of the "
+            "section's saturation") in _problems(
+        saturation={"kv_usage": 0.5}, classes=[{"name": "a", "saturation": {"in_flight": 2}}],
         default_class="a")
     assert "flow_control.vllm_priority_models: 'default' is not a model name" in _problems(
         vllm_priority_models=["default"])

@@ -175,3 +175,21 @@ def test_refusal_never_shows_the_signed_query() -> None:
 def test_malformed_redirect_host_is_refused(pattern: str) -> None:
     with pytest.raises(WeightsError, match="must be a host name"):
         HubClient("https://hub.example", redirect_hosts=[pattern])
+
+
+def test_a_rerun_after_a_refused_redirect_resumes_and_does_not_call_the_run_interrupted(
+    hub_server: HubServer, serve_asgi: Callable[..., Any], tmp_path: Path
+) -> None:
+    """The files a refused run staged are resumed by the rerun that allows the host; the
+    rerun says they were left by a run that did not finish (it was refused, not killed)."""
+    _, port = _cdn(hub_server.hub, serve_asgi)
+    hub_server.hub.redirect_to = f"http://localhost:{port}"
+    lock = _pinned(hub_server.url, tmp_path, SHARDED)
+    args = ["pull", "--lock", str(lock), "--into", str(tmp_path / "m"), "-q"]
+    refused = run_cli(args, endpoint=hub_server.url)
+    assert refused.returncode == 2, refused.stderr
+    rerun = run_cli([*args, "--redirect-host", "localhost"], endpoint=hub_server.url)
+    assert rerun.returncode == 0, rerun.stderr
+    assert f"{SHARDED}: resumed " in rerun.stderr, rerun.stderr
+    assert "file(s) left by an earlier run that did not finish" in rerun.stderr, rerun.stderr
+    assert "interrupted earlier run" not in rerun.stderr, rerun.stderr

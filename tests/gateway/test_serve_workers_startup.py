@@ -1,0 +1,63 @@
+"""``gateway serve --workers N`` that cannot start ends like one process: exit 3 and one
+``gateway: error [startup_failed]: ...`` line naming why, never a worker's traceback."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _serve(tmp_path: Path, port: int, audit_store: str | None = None) -> tuple[int, str]:
+    from gateway.audit import Signer, generate_key_file, write_key_pair
+
+    text = (f"listen: {{host: 127.0.0.1, port: {port}}}\n"
+            "models:\n  - name: m\n    replicas: [{url: 'http://127.0.0.1:9'}]\n"
+            "health: {active: false}\n")
+    if audit_store is not None:
+        key, _ = write_key_pair(Signer.generate(), tmp_path / "audit.key")
+        pseudonym = generate_key_file(tmp_path / "pseudonym.key")
+        text += (f"audit: {{store: '{audit_store}', signing_key_file: '{key}', "
+                 f"pseudonym_key_file: '{pseudonym}'}}\n")
+    path = tmp_path / "gateway.yaml"
+    path.write_text(text, encoding="utf-8")
+    proc = subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "serve", "--config", str(path), "--workers", "2"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    return proc.returncode, proc.stderr
+
+
+def test_a_port_in_use_ends_with_the_startup_failed_line(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        status, stderr = _serve(tmp_path, taken.getsockname()[1])
+    last = stderr.strip().splitlines()[-1]
+    assert status == 3, stderr[-3000:]
+    assert last.startswith("gateway: error [startup_failed]: the gateway did not start: "), last
+    assert "Address already in use" in last
+    assert "(hint: a port in use is listen.port or telemetry.admin.port" in last
+
+
+def test_a_worker_that_cannot_open_its_store_names_why_without_a_traceback(
+    tmp_path: Path,
+) -> None:
+    store = f"sqlite:///{tmp_path}/no/such/dir/audit.db"
+    status, stderr = _serve(tmp_path, free_port(), audit_store=store)
+    lines = stderr.strip().splitlines()
+    assert status == 3, stderr[-3000:]
+    assert "Process gateway-worker" not in stderr, stderr[-3000:]  # multiprocessing's traceback
+    assert any(line.startswith("gateway: error [startup_failed]: worker ")
+               and f"cannot open audit store {store}" in line for line in lines), stderr[-3000:]
+    assert lines[-1].startswith("gateway: error [startup_failed]: the gateway did not start: "
+                                "worker "), lines[-1]
+    assert "exited before it served (exit status 3)" in lines[-1]
+    assert lines[-1].endswith("(hint: the worker's error line above says why)")
