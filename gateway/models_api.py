@@ -123,11 +123,7 @@ async def handle(
             await out.error(exc)
     finally:
         record.sent(out.status, out.bytes_out, round((time.perf_counter() - t0) * 1000.0, 3))
-        for on_end in hooks.on_end:
-            try:
-                await on_end(record)
-            except Exception:
-                _log.exception("observer on_end failed (request %s)", record.request_id)
+        await hooks.ended(record)
         if state.settings.logging.access_log:
             log_record(record)
         if hooks.end_recorded:

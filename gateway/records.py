@@ -36,6 +36,7 @@ named methods (:meth:`RequestRecord.authenticated`, :meth:`~RequestRecord.reques
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -60,6 +61,9 @@ Outcome = Literal[
     "client_disconnect",  # the client went away; upstream was cancelled
     "gateway_error",  # a bug in the gateway (500)
 ]
+
+
+_log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -324,6 +328,15 @@ class ObserverHooks:
     on_response_start: tuple[Callable[[RequestRecord, Headers], None], ...] = ()
     on_end: tuple[Callable[[RequestRecord], Awaitable[None]], ...] = ()
     end_recorded: tuple[Callable[[RequestRecord], bool], ...] = ()
+
+    async def ended(self, record: RequestRecord) -> None:
+        """Run every ``on_end`` hook for ``record``, in order; a hook that raises is logged
+        (with the request id) and the others still run."""
+        for on_end in self.on_end:
+            try:
+                await on_end(record)
+            except Exception:
+                _log.exception("observer on_end failed (request %s)", record.request_id)
 
     @classmethod
     def of(

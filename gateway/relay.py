@@ -171,11 +171,7 @@ async def _end_at_drain_deadline(out: Responder, record: RequestRecord) -> None:
 
 
 async def _finish(state: GatewayState, record: RequestRecord, started: bool) -> None:
-    for on_end in state.hooks.on_end:
-        try:
-            await on_end(record)
-        except Exception:
-            _log.exception("observer on_end failed (request %s)", record.request_id)
+    await state.hooks.ended(record)
     if state.settings.logging.access_log:
         log_record(record)
 
