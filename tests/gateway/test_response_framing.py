@@ -39,6 +39,13 @@ def _strict_connection() -> h11.Connection:
     return _StrictConnection(h11.SERVER)
 
 
+def _read_request(conn: h11.Connection) -> None:
+    """Feed ``conn`` the test request and read it whole: the connection may now respond."""
+    conn.receive_data(CHUNKED_REQUEST)
+    while conn.next_event() not in (h11.NEED_DATA, h11.PAUSED):
+        pass
+
+
 def _run(conn: h11.Connection, request: bytes, response_headers: list[tuple[bytes, bytes]],
          bodies: list[Any]) -> list[bytes | None]:
     conn.receive_data(request)
@@ -87,9 +94,7 @@ def test_sized_body_chunks_are_written_as_h11_writes_them(request_bytes: bytes) 
 
 def test_sized_body_cut_short_is_refused_at_its_end_as_by_h11() -> None:
     strict = _strict_connection()
-    strict.receive_data(CHUNKED_REQUEST)
-    while strict.next_event() not in (h11.NEED_DATA, h11.PAUSED):
-        pass
+    _read_request(strict)
     strict.send(h11.Response(status_code=200, headers=[(b"content-length", b"3")]))
     assert strict.send(h11.Data(data=b"ab")).endswith(b"\r\n\r\nab")
     with pytest.raises(h11.LocalProtocolError, match="Too little data"):
@@ -110,9 +115,7 @@ def test_held_head_is_reported_and_can_be_taken() -> None:
     strict = _strict_connection()
     held: list[bytes] = []
     strict.on_hold = lambda: held.append(strict.held_head)
-    strict.receive_data(CHUNKED_REQUEST)
-    while strict.next_event() not in (h11.NEED_DATA, h11.PAUSED):
-        pass
+    _read_request(strict)
     assert strict.send(h11.Response(status_code=200, headers=[])) == b""
     assert held and held[0].startswith(b"HTTP/1.1 200 ")
     assert strict.take_head() == held[0]
@@ -121,9 +124,7 @@ def test_held_head_is_reported_and_can_be_taken() -> None:
 
 def test_sized_body_keeps_h11_length_checks() -> None:
     strict = _strict_connection()
-    strict.receive_data(CHUNKED_REQUEST)
-    while strict.next_event() not in (h11.NEED_DATA, h11.PAUSED):
-        pass
+    _read_request(strict)
     strict.send(h11.Response(status_code=200, headers=[(b"content-length", b"3")]))
     assert strict.send(h11.Data(data=b"ab")).endswith(b"\r\n\r\nab")
     with pytest.raises(h11.LocalProtocolError, match="Too much data"):
@@ -133,9 +134,7 @@ def test_sized_body_keeps_h11_length_checks() -> None:
 
 def test_data_before_the_response_is_refused_as_by_h11() -> None:
     strict = _strict_connection()
-    strict.receive_data(CHUNKED_REQUEST)
-    while strict.next_event() not in (h11.NEED_DATA, h11.PAUSED):
-        pass
+    _read_request(strict)
     with pytest.raises(h11.LocalProtocolError):
         strict.send(h11.Data(data=b"data: x\n\n"))
 
