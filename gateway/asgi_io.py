@@ -18,6 +18,7 @@ from gateway.errors import GatewayError, PayloadTooLarge, RequestTimeout, error_
 __all__ = [
     "BODY_CHUNK_EXTENSION",
     "DISCONNECT_EXTENSION",
+    "WRITE_NOW_EXTENSION",
     "ClientGone",
     "DisconnectWatch",
     "Receive",
@@ -47,6 +48,15 @@ loop) when the client's connection is lost before the response is complete, unti
 already gone): await ``receive()`` instead. It spares :class:`DisconnectWatch` a task and a
 wake-up per request."""
 
+WRITE_NOW_EXTENSION = "sovereign_gateway.write_now"
+"""ASGI scope extension set by the gateway's own server (``gateway.http_guard``):
+``write_now(data) -> bool`` writes one chunk of the response body being sent synchronously, or
+returns ``False`` with nothing changed when that is not possible now (no body in progress, the
+client's socket buffer full: use :data:`BODY_CHUNK_EXTENSION` or ``send``, which wait).
+``write_now(b"")`` only asks. The relay calls it from the upstream connection's callback
+(:meth:`Responder.sink`), so a relayed SSE event wakes no task."""
+
+_DONE = b"[DONE]"
 _OWS = b" \t"
 
 
@@ -109,16 +119,20 @@ class Responder:
             ``on_response_start`` hooks; may append headers).
         hold_end: Hold back the end of the response until :meth:`release`: the last chunk of
             a sized body, and for an SSE stream the event carrying ``data: [DONE]`` and all
-            that follows (earlier events flow at once). Used when an observer must record the
-            request's completion before the client may see it complete.
+            that follows (earlier events flow at once; a ``[DONE]`` split across chunks is
+            found too). Used when an observer must record the request's completion before the
+            client may see it complete.
         write_chunk: The server's body-chunk writer, if it offers one (the gateway's own
             server: ``gateway.http_guard.BODY_CHUNK_EXTENSION``): body chunks that do not end
             the response go through it instead of an ASGI message.
+        write_now: The server's synchronous body-chunk writer, if it offers one
+            (:data:`WRITE_NOW_EXTENSION`): tried first for such chunks, and what
+            :meth:`sink` writes with.
     """
 
     __slots__ = (
-        "_held", "_holding", "_on_start", "_send", "_sse", "_write_chunk", "bytes_out",
-        "request_id", "started", "status", "tap",
+        "_held", "_holding", "_on_start", "_send", "_sse", "_tail", "_write_chunk",
+        "_write_now", "bytes_out", "request_id", "started", "status", "tap",
     )
 
     def __init__(
@@ -129,9 +143,11 @@ class Responder:
         on_start: Callable[[list[tuple[bytes, bytes]]], None] | None = None,
         hold_end: bool = False,
         write_chunk: Callable[[bytes], Awaitable[bool]] | None = None,
+        write_now: Callable[[bytes], bool] | None = None,
     ) -> None:
         self._send = send
         self._write_chunk = write_chunk
+        self._write_now = write_now
         self.request_id = request_id.encode()
         self.started = False
         self.status = 0
@@ -142,6 +158,7 @@ class Responder:
         self._held: list[Message] | None = [] if hold_end else None
         self._holding = False
         self._sse = False
+        self._tail = b""  # the last bytes of the SSE body so far (a split ``[DONE]``)
 
     async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
         """Send the status line and headers (``x-request-id`` is added)."""
@@ -157,21 +174,29 @@ class Responder:
             )
         await self._send({"type": "http.response.start", "status": status, "headers": headers})
 
+    def _ends_stream(self, data: bytes) -> bool:
+        """Whether ``data``, the next bytes of a held SSE body, completes ``[DONE]`` (also
+        when the marker is split across chunks)."""
+        probe = self._tail + data
+        self._tail = probe[-(len(_DONE) - 1):]
+        return _DONE in probe
+
     async def body(self, data: bytes, more: bool = True) -> None:
         """Send body bytes (``more=False`` ends the response)."""
         self.bytes_out += len(data)
         if self.tap is not None and data:
             self.tap(data)
         held = self._held
-        if (
-            more and data and self._write_chunk is not None
-            and (held is None or (self._sse and not self._holding and b"[DONE]" not in data))
-            and await self._write_chunk(data)
-        ):
-            return
+        ending = held is not None and self._sse and self._ends_stream(data)
+        if more and data and (held is None or (self._sse and not self._holding and not ending)):
+            write_now = self._write_now
+            if write_now is not None and write_now(data):
+                return
+            if self._write_chunk is not None and await self._write_chunk(data):
+                return
         message = {"type": "http.response.body", "body": data, "more_body": more}
         if held is not None:
-            if self._holding or not more or (self._sse and b"[DONE]" in data):
+            if self._holding or not more or ending:
                 self._holding = True
                 held.append(message)
                 return
@@ -183,6 +208,48 @@ class Responder:
                 held.append(message)
                 return
         await self._send(message)
+
+    def sink(self, feed: Callable[[bytes], bytes]) -> Callable[[bytes], bool] | None:
+        """A synchronous writer of a streamed body (:data:`gateway.h1.connection.Sink`).
+
+        The returned ``take(piece) -> bool`` runs ``feed(piece)`` (the relay's SSE scanner:
+        upstream bytes in, client bytes out) and writes its result with the server's
+        :data:`WRITE_NOW_EXTENSION` writer, as :meth:`body` would, held end included (a held
+        ``[DONE]`` is kept for :meth:`release`, synchronously). It returns ``False`` before
+        feeding anything when the write cannot be taken now (the client's socket buffer is
+        full, no synchronous writer, a sized held body): the caller then goes through
+        :meth:`body`, which waits.
+
+        Returns:
+            ``take``, or ``None`` when the server offers no synchronous writer or the
+            response has not started.
+
+        Raises:
+            RuntimeError: From ``take``, when the server refuses a write it said it would
+                take (not expected: the checks are the same).
+        """
+        write_now = self._write_now
+        if write_now is None or not self.started:
+            return None
+
+        def take(piece: bytes) -> bool:
+            held = self._held
+            if not write_now(b"") or (held is not None and not self._sse):
+                return False
+            data = feed(piece)
+            if not data:
+                return True
+            self.bytes_out += len(data)
+            if self.tap is not None:
+                self.tap(data)
+            if held is not None and (self._holding or self._ends_stream(data)):
+                self._holding = True
+                held.append({"type": "http.response.body", "body": data, "more_body": True})
+            elif not write_now(data):
+                raise RuntimeError("the server refused a body chunk it said it would take")
+            return True
+
+        return take
 
     async def release(self, send_end: bool) -> None:
         """Send what ``hold_end`` held back, or (``send_end=False``) drop it for good.

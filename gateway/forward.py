@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from gateway.asgi_io import DisconnectWatch, Responder
@@ -373,9 +374,9 @@ async def _relay_sse(
 ) -> None:
     ex = relay.ex
     out = ex.out
-    read = resp.read
     idle = _IdleDeadline(relay.deadline, ex.state.settings.timeouts.idle_s)
     clock = idle.clock
+    read = _sink_reader(resp, out, scanner, idle)
     try:
         while chunk:
             data = scanner.feed(chunk)
@@ -391,6 +392,29 @@ async def _relay_sse(
     _set_usage(ex.record, scanner.usage)
     ex.watch.finish()
     await out.body(tail, more=False)
+
+
+def _sink_reader(
+    resp: Response, out: Responder, scanner: SSEUsageScanner, idle: _IdleDeadline
+) -> Callable[[], Awaitable[bytes]]:
+    """The SSE relay's ``read``: with a synchronous writer to the client, each upstream piece
+    is scanned and written from the upstream connection's callback (no task wake-up per
+    event, :meth:`gateway.h1.connection.H1Connection.read_into`), and the call returns only
+    what the writer declined (the client's socket is full) or ``b""`` at the end; otherwise
+    plain ``resp.read``."""
+    take = out.sink(scanner.feed)
+    if take is None:
+        return resp.read
+    clock = idle.clock
+
+    def timed_take(piece: bytes) -> bool:
+        if take(piece):
+            idle.last = clock()
+            return True
+        return False
+
+    read_into = resp.read_into
+    return lambda: read_into(timed_take)
 
 
 async def _relay_body(

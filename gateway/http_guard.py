@@ -64,7 +64,7 @@ from h11._readers import (
 from h11._receivebuffer import ReceiveBuffer
 from h11._util import validate
 
-from gateway.asgi_io import BODY_CHUNK_EXTENSION, DISCONNECT_EXTENSION
+from gateway.asgi_io import BODY_CHUNK_EXTENSION, DISCONNECT_EXTENSION, WRITE_NOW_EXTENSION
 from gateway.http_body import BudgetedChunkedReader
 from gateway.http_framing import framing_problem
 from gateway.http_refusal import (
@@ -232,8 +232,8 @@ class GuardedH11Protocol(ResponseWritingProtocol):
                                    conn._max_incomplete_event_size, self.body_limit, msg))
 
     def handle_events(self) -> None:
-        """uvicorn's, plus the :data:`BODY_CHUNK_EXTENSION` and :data:`DISCONNECT_EXTENSION` in
-        the scope of a new request."""
+        """uvicorn's, plus the :data:`BODY_CHUNK_EXTENSION`, :data:`WRITE_NOW_EXTENSION` and
+        :data:`DISCONNECT_EXTENSION` in the scope of a new request."""
         cycle = self.cycle
         super().handle_events()
         if self.cycle is not None and self.cycle is not cycle:
@@ -241,6 +241,7 @@ class GuardedH11Protocol(ResponseWritingProtocol):
             scope: Any = self.cycle.scope  # uvicorn's TypedDict types extension values
             extensions = scope.setdefault("extensions", {})
             extensions[BODY_CHUNK_EXTENSION] = self._write_body_chunk
+            extensions[WRITE_NOW_EXTENSION] = self._write_body_chunk_now
             extensions[DISCONNECT_EXTENSION] = self._watch_disconnect
 
     def _watch_disconnect(self, on_disconnect: Callable[[], None]) -> Callable[[], None] | None:

@@ -11,7 +11,9 @@ writes:
 * a body chunk is framed without h11's state machine (RFC 9112 §7.1 chunked framing, or the
   data counted against ``Content-Length``), both through ASGI ``send`` and through the
   :data:`gateway.asgi_io.BODY_CHUNK_EXTENSION` callable, which also skips uvicorn's message
-  handling.
+  handling, and synchronously through the :data:`gateway.asgi_io.WRITE_NOW_EXTENSION` callable,
+  which the relay calls from the upstream connection's ``data_received`` (no task wake-up per
+  relayed event).
 
 :class:`ResponseConnection` is the h11 connection and :class:`ResponseWritingProtocol` the
 uvicorn protocol that write this way; :class:`gateway.http_guard.GuardedH11Protocol` (the server
@@ -143,6 +145,39 @@ class ResponseWritingProtocol(H11Protocol):
         if self.flow.write_paused and not cycle.disconnected:
             await self.flow.drain()
         if cycle.disconnected:
+            return True
+        out = self.conn.chunk(data)
+        if out is None:
+            return False
+        self.transport.write(out)
+        return True
+
+    def _write_body_chunk_now(self, data: bytes) -> bool:
+        """Write one chunk of the response body being sent, synchronously, if that is possible
+        now (the :data:`gateway.asgi_io.WRITE_NOW_EXTENSION` callable; the relay calls it from
+        the upstream connection's ``data_received``, see :mod:`gateway.h1.connection`).
+
+        Args:
+            data: The chunk; ``b""`` only asks whether a write would be taken now.
+
+        Returns:
+            ``True`` when written (or dropped because the client is gone, as uvicorn drops
+            it; nothing is written for ``b""``); ``False``, with nothing changed, when it cannot
+            be written now: no response body in progress, a ``HEAD`` request, the client's
+            socket buffer over its high-water mark (the caller awaits the asynchronous path,
+            which waits for the drain), more data than the ``Content-Length`` left.
+        """
+        cycle = self.cycle
+        if (
+            cycle is None or cycle.response_complete or not cycle.response_started
+            or cycle.scope["method"] == "HEAD"
+        ):
+            return False
+        if cycle.disconnected:
+            return True
+        if self.flow.write_paused:
+            return False
+        if not data:
             return True
         out = self.conn.chunk(data)
         if out is None:

@@ -27,6 +27,7 @@ from gateway.access import log_record
 from gateway.asgi_io import (
     BODY_CHUNK_EXTENSION,
     DISCONNECT_EXTENSION,
+    WRITE_NOW_EXTENSION,
     ClientGone,
     DisconnectWatch,
     Receive,
@@ -106,6 +107,7 @@ async def handle(state: GatewayState, scope: Scope, receive: Receive, send: Send
         on_start=_response_start(hooks.on_response_start, record),
         hold_end=bool(hooks.end_recorded),
         write_chunk=extensions.get(BODY_CHUNK_EXTENSION),
+        write_now=extensions.get(WRITE_NOW_EXTENSION),
     )
     started_observers = False
     drain = state.drain

@@ -31,7 +31,7 @@ from urllib.parse import urlsplit
 import aiohappyeyeballs
 import aiohttp
 
-from gateway.h1.connection import H1Connection
+from gateway.h1.connection import H1Connection, Sink
 from gateway.h1.framing import Head
 
 __all__ = [
@@ -141,7 +141,7 @@ class Response:
     """
 
     __slots__ = ("_client", "_conn", "_fresh", "_origin", "content_length", "headers", "host",
-                 "port", "read", "status")
+                 "port", "read", "read_into", "status")
 
     def __init__(self, client: RelayClient, conn: H1Connection, origin: _Origin, head: Head,
                  fresh: bool) -> None:
@@ -152,6 +152,9 @@ class Response:
         self.host, self.port = origin.host, origin.port
         self.read: Callable[[], Coroutine[Any, Any, bytes]] = conn.read
         """``await read()``: the body bytes received so far, ``b""`` at its end."""
+        self.read_into: Callable[[Sink], Coroutine[Any, Any, bytes]] = conn.read_into
+        """``await read_into(sink)``: body pieces handed to ``sink`` as they arrive
+        (:meth:`~gateway.h1.connection.H1Connection.read_into`)."""
 
     def release(self) -> None:
         """Done with the response: the connection goes back to the pool if reusable."""

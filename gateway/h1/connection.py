@@ -7,6 +7,12 @@ wait, not per piece; aiohttp's reader makes one per ``readany`` and re-enters th
 after every read). Backpressure: reading from the socket pauses while more than
 :data:`HIGH_WATER` bytes wait for the relay and resumes once it took them.
 
+A relayed stream need not wake its task per piece at all: :meth:`read_into` hands each decoded
+piece, as it arrives, to a synchronous *sink* (the relay's writer to the client) from
+``data_received`` itself, and wakes the task only when the sink declines a piece (the client's
+socket is full, the end of the stream must be held) or the body ends. Per SSE event that saves a
+future, a wake-up of the task and the resumption of its coroutine chain.
+
 One exchange at a time (no pipelining): :meth:`send` writes a request, :meth:`read_head` and
 :meth:`read` read its response. The connection may carry the next request only when the whole
 body was read, the replica kept it open (``Connection``), and nothing followed the body
@@ -27,10 +33,18 @@ from gateway.h1.framing import (
     parse_head,
 )
 
-__all__ = ["HIGH_WATER", "ConnectionClosed", "H1Connection", "IncompleteBody"]
+__all__ = ["HIGH_WATER", "ConnectionClosed", "H1Connection", "IncompleteBody", "Sink"]
 
 HIGH_WATER = 256 * 1024
 """Bytes buffered for the relay above which reading from the socket pauses."""
+
+
+Sink = Callable[[bytes], bool]
+"""``sink(piece) -> taken``: called from ``data_received`` with each decoded body piece (bytes,
+never empty). ``True``: the piece was consumed; ``False``: it was not touched (it stays buffered
+for :meth:`H1Connection.read_into` to return, and the sink is not called again until the relay
+installs it anew). An exception raised by the sink fails the exchange (it is raised to the
+reader)."""
 
 
 class ConnectionClosed(Exception):
@@ -72,6 +86,8 @@ class H1Connection(asyncio.Protocol):
         self._buffered = 0
         self._paused = False
         self._waiter: asyncio.Future[None] | None = None
+        self._sink: Sink | None = None
+        self._sink_error: Exception | None = None
         self._exc: BaseException | None = None
         self.body_done = False
         self.garbage = False
@@ -111,6 +127,9 @@ class H1Connection(asyncio.Protocol):
             self.body_done = True
             if decoder.extra:
                 self.garbage = True  # a response is whole; bytes after it poison the connection
+        sink = self._sink
+        if sink is not None and not self.body_done and (not self._chunks or self._to_sink(sink)):
+            return  # nothing new, or consumed: the reader sleeps on
         self._buffered += len(data)
         if self._buffered > HIGH_WATER and not self._paused and self.transport is not None:
             self._paused = True
@@ -155,7 +174,7 @@ class H1Connection(asyncio.Protocol):
         self._decoder = None
         self._chunks = []
         self._buffered = 0
-        self._exc = None
+        self._exc = self._sink_error = None
         self.body_done = False
         transport.write(request)
 
@@ -198,6 +217,38 @@ class H1Connection(asyncio.Protocol):
                 await waiter
             finally:
                 self._waiter = None
+
+    async def read_into(self, sink: Sink) -> bytes:
+        """Hand body pieces to ``sink`` as they arrive, until it declines one or the body ends.
+
+        Bytes already buffered are returned at once, without the sink. Otherwise the sink is
+        called synchronously from ``data_received`` with each decoded piece (see :data:`Sink`)
+        while this coroutine sleeps; the sink is removed again when it returns, however it
+        returns (cancelled included).
+
+        Returns:
+            The buffered bytes not consumed (the piece the sink declined and any after it), or
+            ``b""`` at the end of the body (also when the sink took the last piece).
+
+        Raises:
+            IncompleteBody: The connection closed before the end of the body.
+            ProtocolError: Malformed chunked framing.
+            Exception: What the sink raised.
+        """
+        while True:
+            if self._sink_error is not None:
+                raise self._sink_error
+            if self._chunks or self.body_done:
+                return await self.read()
+            if self._exc is not None:
+                raise self._exc
+            self._sink = sink
+            waiter = self._waiter = self._loop.create_future()
+            try:
+                await waiter
+            finally:
+                self._waiter = None
+                self._sink = None
 
     @property
     def reusable(self) -> bool:
@@ -264,6 +315,26 @@ class H1Connection(asyncio.Protocol):
         if self._decoder.done:
             self.body_done = True
         return buf
+
+    def _to_sink(self, sink: Sink) -> bool:
+        """Offer the buffered pieces (all new: the sink is installed only over an empty
+        buffer) to ``sink`` as one; ``True`` when it consumed them (the buffer is then empty).
+        A decline or a failure removes the sink and wakes the reader."""
+        chunks = self._chunks
+        piece = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        try:
+            taken = sink(piece)
+        except Exception as exc:  # the relay's writer failed: the reader raises it
+            chunks.clear()
+            self._sink = None
+            self._exc = self._sink_error = exc
+            self._wake()
+            return False
+        if taken:
+            chunks.clear()
+            return True
+        self._sink = None
+        return False
 
     def _fail(self, exc: BaseException) -> None:
         self._exc = exc
