@@ -51,6 +51,16 @@ def paced(pieces: list[bytes], gap_s: float = 0.02, end: bool = True) -> Any:
 PIECES = [b"data: %d\n\n" % i for i in range(6)]
 
 
+def keeper(into: list[bytes]) -> Any:
+    """A sink that takes every piece into ``into``."""
+
+    def take(piece: bytes) -> bool:
+        into.append(piece)
+        return True
+
+    return take
+
+
 def test_read_into_hands_each_piece_to_the_sink_and_returns_at_the_end() -> None:
     async def test() -> None:
         backend = Backend(paced(PIECES))
@@ -59,7 +69,7 @@ def test_read_into_hands_each_piece_to_the_sink_and_returns_at_the_end() -> None
         resp = await c.post(url, "/v1/x", {}, b"{}")
         assert await resp.read() == PIECES[0]
         taken: list[bytes] = []
-        assert await resp.read_into(lambda piece: taken.append(piece) is None) == b""
+        assert await resp.read_into(keeper(taken)) == b""
         assert taken == PIECES[1:]  # one call per piece as it arrived, none buffered
         resp.release()
         assert c.idle_connections() == 1  # the exchange ended cleanly: pooled
@@ -126,7 +136,7 @@ def test_a_cancelled_read_into_removes_its_sink() -> None:
         resp = await c.post(url, "/v1/x", {}, b"{}")
         await resp.read()
         calls: list[bytes] = []
-        reader = asyncio.create_task(resp.read_into(lambda p: calls.append(p) is None))
+        reader = asyncio.create_task(resp.read_into(keeper(calls)))
         await asyncio.sleep(0.01)
         reader.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -193,7 +203,12 @@ def test_the_sink_declines_untouched_while_the_client_socket_is_full() -> None:
         out = Responder(server.send, "r1", write_now=server.write_now)
         await out.start(200, list(SSE_HEAD))
         fed: list[bytes] = []
-        take = out.sink(lambda piece: fed.append(piece) or piece)
+
+        def feed(piece: bytes) -> bytes:
+            fed.append(piece)
+            return piece
+
+        take = out.sink(feed)
         assert take is not None
         server.writable = False
         assert take(b"data: 1\n\n") is False
