@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
+from typing import Any, Protocol
 
 from gateway.errors import GatewayError, PayloadTooLarge, RequestTimeout, error_body
 
@@ -58,6 +58,12 @@ client's socket buffer full: use :data:`BODY_CHUNK_EXTENSION` or ``send``, which
 
 _DONE = b"[DONE]"
 _OWS = b" \t"
+
+
+class Stamped(Protocol):
+    """Anything with a settable ``last`` time (seconds on the event loop's clock, or None)."""
+
+    last: float | None
 
 
 class ClientGone(Exception):
@@ -131,7 +137,7 @@ class Responder:
     """
 
     __slots__ = (
-        "_held", "_holding", "_on_start", "_send", "_sse", "_tail", "_write_chunk",
+        "_held", "_holding", "_on_start", "_pending", "_send", "_sse", "_tail", "_write_chunk",
         "_write_now", "bytes_out", "request_id", "started", "status", "tap",
     )
 
@@ -159,6 +165,7 @@ class Responder:
         self._holding = False
         self._sse = False
         self._tail = b""  # the last bytes of the SSE body so far (a split ``[DONE]``)
+        self._pending: list[bytes] = []  # what the sink could not write (see flush)
 
     async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
         """Send the status line and headers (``x-request-id`` is added)."""
@@ -183,6 +190,8 @@ class Responder:
 
     async def body(self, data: bytes, more: bool = True) -> None:
         """Send body bytes (``more=False`` ends the response)."""
+        if self._pending:
+            await self.flush()
         self.bytes_out += len(data)
         if self.tap is not None and data:
             self.tap(data)
@@ -209,47 +218,67 @@ class Responder:
                 return
         await self._send(message)
 
-    def sink(self, feed: Callable[[bytes], bytes]) -> Callable[[bytes], bool] | None:
-        """A synchronous writer of a streamed body (:data:`gateway.h1.connection.Sink`).
+    def sink(
+        self, feed: Callable[[bytes], bytes], stamp: Stamped | None = None
+    ) -> Callable[[bytes], bool] | None:
+        """A synchronous writer of a streamed SSE body (:data:`gateway.h1.connection.Sink`).
 
-        The returned ``take(piece) -> bool`` runs ``feed(piece)`` (the relay's SSE scanner:
-        upstream bytes in, client bytes out) and writes its result with the server's
-        :data:`WRITE_NOW_EXTENSION` writer, as :meth:`body` would, held end included (a held
-        ``[DONE]`` is kept for :meth:`release`, synchronously). It returns ``False`` before
-        feeding anything when the write cannot be taken now (the client's socket buffer is
-        full, no synchronous writer, a sized held body): the caller then goes through
-        :meth:`body`, which waits.
+        The returned ``take(piece) -> more`` runs ``feed(piece)`` (the relay's SSE scanner:
+        upstream bytes in, client bytes out), sets ``stamp.last`` to the event loop's clock,
+        and writes the result with the server's :data:`WRITE_NOW_EXTENSION` writer as
+        :meth:`body` would, held end included (a held ``[DONE]`` is kept for :meth:`release`).
+        When the server cannot take the write now (the client's socket buffer is full), the
+        bytes are kept for :meth:`flush` and ``take`` returns ``False``: the caller stops
+        calling it and awaits :meth:`flush`, which waits for room.
+
+        Args:
+            feed: Upstream piece -> the bytes to send (possibly empty).
+            stamp: Gets ``last = loop.time()`` after each piece (the relay's idle deadline).
 
         Returns:
-            ``take``, or ``None`` when the server offers no synchronous writer or the
-            response has not started.
-
-        Raises:
-            RuntimeError: From ``take``, when the server refuses a write it said it would
-                take (not expected: the checks are the same).
+            ``take``, or ``None`` when the server offers no synchronous writer, the response
+            has not started, or it is a held body that is not an SSE stream.
         """
         write_now = self._write_now
-        if write_now is None or not self.started:
+        if write_now is None or not self.started or (self._held is not None and not self._sse):
             return None
+        clock = asyncio.get_running_loop().time
+        pending = self._pending
 
         def take(piece: bytes) -> bool:
-            held = self._held
-            if not write_now(b"") or (held is not None and not self._sse):
-                return False
             data = feed(piece)
+            if stamp is not None:
+                stamp.last = clock()
             if not data:
                 return True
             self.bytes_out += len(data)
             if self.tap is not None:
                 self.tap(data)
+            held = self._held
             if held is not None and (self._holding or self._ends_stream(data)):
                 self._holding = True
                 held.append({"type": "http.response.body", "body": data, "more_body": True})
-            elif not write_now(data):
-                raise RuntimeError("the server refused a body chunk it said it would take")
-            return True
+                return True
+            if not pending and write_now(data):
+                return True
+            pending.append(data)
+            return False
 
         return take
+
+    @property
+    def pending(self) -> bool:
+        """Whether the sink kept bytes that :meth:`flush` must send."""
+        return bool(self._pending)
+
+    async def flush(self) -> None:
+        """Send the bytes the sink could not write (waiting for room in the client's socket),
+        in order, before anything else is sent."""
+        pending = self._pending
+        while pending:
+            data = pending.pop(0)
+            if self._write_chunk is None or not await self._write_chunk(data):
+                await self._send({"type": "http.response.body", "body": data, "more_body": True})
 
     async def release(self, send_end: bool) -> None:
         """Send what ``hold_end`` held back, or (``send_end=False``) drop it for good.

@@ -399,22 +399,33 @@ def _sink_reader(
 ) -> Callable[[], Awaitable[bytes]]:
     """The SSE relay's ``read``: with a synchronous writer to the client, each upstream piece
     is scanned and written from the upstream connection's callback (no task wake-up per
-    event, :meth:`gateway.h1.connection.H1Connection.read_into`), and the call returns only
-    what the writer declined (the client's socket is full) or ``b""`` at the end; otherwise
-    plain ``resp.read``."""
-    take = out.sink(scanner.feed)
+    event, :meth:`gateway.h1.connection.H1Connection.read_into`); the call returns only the
+    bytes that arrived while the client's socket was full (after sending what was held back
+    for it), or ``b""`` at the end. Otherwise plain ``resp.read``."""
+    take = out.sink(scanner.feed, idle)
     if take is None:
         return resp.read
-    clock = idle.clock
+    read_into, clock = resp.read_into, idle.clock
 
-    def timed_take(piece: bytes) -> bool:
-        if take(piece):
-            idle.last = clock()
-            return True
-        return False
+    async def flush() -> None:
+        idle.last = None  # no upstream deadline while waiting for the client
+        await out.flush()
+        idle.last = clock()
 
-    read_into = resp.read_into
-    return lambda: read_into(timed_take)
+    async def read() -> bytes:
+        while True:
+            try:
+                data = await read_into(take)
+            except Exception:
+                if out.pending:  # what came before the failure, then its error event
+                    await flush()
+                raise
+            if out.pending:
+                await flush()
+            if data is not None:
+                return data
+
+    return read
 
 
 async def _relay_body(

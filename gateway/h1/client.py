@@ -152,7 +152,7 @@ class Response:
         self.host, self.port = origin.host, origin.port
         self.read: Callable[[], Coroutine[Any, Any, bytes]] = conn.read
         """``await read()``: the body bytes received so far, ``b""`` at its end."""
-        self.read_into: Callable[[Sink], Coroutine[Any, Any, bytes]] = conn.read_into
+        self.read_into: Callable[[Sink], Coroutine[Any, Any, bytes | None]] = conn.read_into
         """``await read_into(sink)``: body pieces handed to ``sink`` as they arrive
         (:meth:`~gateway.h1.connection.H1Connection.read_into`)."""
 

@@ -40,11 +40,10 @@ HIGH_WATER = 256 * 1024
 
 
 Sink = Callable[[bytes], bool]
-"""``sink(piece) -> taken``: called from ``data_received`` with each decoded body piece (bytes,
-never empty). ``True``: the piece was consumed; ``False``: it was not touched (it stays buffered
-for :meth:`H1Connection.read_into` to return, and the sink is not called again until the relay
-installs it anew). An exception raised by the sink fails the exchange (it is raised to the
-reader)."""
+"""``sink(piece) -> more``: called from ``data_received`` with each decoded body piece (bytes,
+never empty), which it always consumes. ``True``: call again with the next piece; ``False``:
+stop (the sink is removed and the reader woken; later pieces are buffered for it). An exception
+raised by the sink fails the exchange (it is raised to the reader)."""
 
 
 class ConnectionClosed(Exception):
@@ -128,8 +127,20 @@ class H1Connection(asyncio.Protocol):
             if decoder.extra:
                 self.garbage = True  # a response is whole; bytes after it poison the connection
         sink = self._sink
-        if sink is not None and not self.body_done and (not self._chunks or self._to_sink(sink)):
-            return  # nothing new, or consumed: the reader sleeps on
+        if sink is not None and not self.body_done:
+            chunks = self._chunks
+            if not chunks:
+                return  # nothing decoded yet: the reader sleeps on
+            piece = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+            chunks.clear()
+            try:
+                if sink(piece):
+                    return  # consumed: the reader sleeps on
+            except Exception as exc:  # the relay's writer failed: the reader raises it
+                self._exc = self._sink_error = exc
+            self._sink = None
+            self._wake()
+            return
         self._buffered += len(data)
         if self._buffered > HIGH_WATER and not self._paused and self.transport is not None:
             self._paused = True
@@ -218,8 +229,8 @@ class H1Connection(asyncio.Protocol):
             finally:
                 self._waiter = None
 
-    async def read_into(self, sink: Sink) -> bytes:
-        """Hand body pieces to ``sink`` as they arrive, until it declines one or the body ends.
+    async def read_into(self, sink: Sink) -> bytes | None:
+        """Hand body pieces to ``sink`` as they arrive, until it stops or the body ends.
 
         Bytes already buffered are returned at once, without the sink. Otherwise the sink is
         called synchronously from ``data_received`` with each decoded piece (see :data:`Sink`)
@@ -227,19 +238,16 @@ class H1Connection(asyncio.Protocol):
         returns (cancelled included).
 
         Returns:
-            The buffered bytes not consumed (the piece the sink declined and any after it), or
-            ``b""`` at the end of the body (also when the sink took the last piece).
+            The body bytes buffered since the sink stopped, ``None`` when the sink stopped and
+            nothing followed yet, or ``b""`` at the end of the body (also when the sink took
+            the last piece).
 
         Raises:
             IncompleteBody: The connection closed before the end of the body.
             ProtocolError: Malformed chunked framing.
             Exception: What the sink raised.
         """
-        while True:
-            if self._sink_error is not None:
-                raise self._sink_error
-            if self._chunks or self.body_done:
-                return await self.read()
+        if self._sink_error is None and not self._chunks and not self.body_done:
             if self._exc is not None:
                 raise self._exc
             self._sink = sink
@@ -248,7 +256,13 @@ class H1Connection(asyncio.Protocol):
                 await waiter
             finally:
                 self._waiter = None
+                stopped = self._sink is None
                 self._sink = None
+            if stopped and not self._chunks and not self.body_done and self._exc is None:
+                return None
+        if self._sink_error is not None:
+            raise self._sink_error
+        return await self.read()
 
     @property
     def reusable(self) -> bool:
@@ -315,26 +329,6 @@ class H1Connection(asyncio.Protocol):
         if self._decoder.done:
             self.body_done = True
         return buf
-
-    def _to_sink(self, sink: Sink) -> bool:
-        """Offer the buffered pieces (all new: the sink is installed only over an empty
-        buffer) to ``sink`` as one; ``True`` when it consumed them (the buffer is then empty).
-        A decline or a failure removes the sink and wakes the reader."""
-        chunks = self._chunks
-        piece = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-        try:
-            taken = sink(piece)
-        except Exception as exc:  # the relay's writer failed: the reader raises it
-            chunks.clear()
-            self._sink = None
-            self._exc = self._sink_error = exc
-            self._wake()
-            return False
-        if taken:
-            chunks.clear()
-            return True
-        self._sink = None
-        return False
 
     def _fail(self, exc: BaseException) -> None:
         self._exc = exc

@@ -9,6 +9,11 @@ against real loopback servers and the production uvicorn protocol (``gateway.htt
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
+import socket
+import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -79,7 +84,7 @@ def test_read_into_hands_each_piece_to_the_sink_and_returns_at_the_end() -> None
     run(test)
 
 
-def test_a_declined_piece_stays_buffered_and_the_sink_is_not_called_again() -> None:
+def test_a_sink_that_stops_is_not_called_again_and_later_pieces_are_buffered() -> None:
     async def test() -> None:
         backend = Backend(paced(PIECES))
         url = await backend.start()
@@ -90,17 +95,17 @@ def test_a_declined_piece_stays_buffered_and_the_sink_is_not_called_again() -> N
 
         def sink(piece: bytes) -> bool:
             calls.append(piece)
-            return len(calls) == 1  # takes the first, declines the second
+            return len(calls) == 1  # takes the first and goes on, takes the second and stops
 
-        declined = await resp.read_into(sink)
+        assert await resp.read_into(sink) is None  # stopped, nothing buffered after it yet
         assert calls == PIECES[1:3]
-        assert declined == PIECES[2]  # the declined piece, untouched
-        body += PIECES[1] + declined
+        body += b"".join(calls)
         while rest := await resp.read():
             body += rest
-        assert calls == PIECES[1:3]  # removed after declining
+        assert calls == PIECES[1:3]  # removed after stopping: the rest was buffered
         assert body == b"".join(PIECES)
         resp.release()
+        assert c.idle_connections() == 1
         await c.close()
         await backend.stop()
 
@@ -156,16 +161,20 @@ class _Server:
     def __init__(self) -> None:
         self.sent: list[Message] = []
         self.written: list[bytes] = []
+        self.order: list[bytes] = []  # body bytes in the order they left, by either path
         self.writable = True
 
     async def send(self, message: Message) -> None:
         self.sent.append(message)
+        if message.get("body"):
+            self.order.append(message["body"])
 
     def write_now(self, data: bytes) -> bool:
         if not self.writable:
             return False
         if data:
             self.written.append(data)
+            self.order.append(data)
         return True
 
 
@@ -197,25 +206,22 @@ def test_a_done_marker_split_across_chunks_is_held(path: str) -> None:
     run(test)
 
 
-def test_the_sink_declines_untouched_while_the_client_socket_is_full() -> None:
+def test_what_the_client_socket_cannot_take_now_is_kept_for_flush_in_order() -> None:
     async def test() -> None:
         server = _Server()
         out = Responder(server.send, "r1", write_now=server.write_now)
         await out.start(200, list(SSE_HEAD))
-        fed: list[bytes] = []
-
-        def feed(piece: bytes) -> bytes:
-            fed.append(piece)
-            return piece
-
-        take = out.sink(feed)
+        take = out.sink(lambda piece: piece)
         assert take is not None
-        server.writable = False
-        assert take(b"data: 1\n\n") is False
-        assert fed == [] and out.bytes_out == 0  # nothing scanned, nothing counted
-        server.writable = True
         assert take(b"data: 1\n\n") is True
-        assert server.written == [b"data: 1\n\n"] and out.bytes_out == 9
+        server.writable = False
+        assert take(b"data: 2\n\n") is False  # kept: the caller stops and flushes
+        assert out.pending and out.bytes_out == 18
+        server.writable = True
+        await out.body(b"data: 3\n\n")  # anything sent later goes after the kept bytes
+        assert server.order == [b"data: 1\n\n", b"data: 2\n\n", b"data: 3\n\n"]
+        assert [m["body"] for m in server.sent[1:]] == [b"data: 2\n\n"]  # waited for room
+        assert not out.pending
 
     run(test)
 
@@ -259,3 +265,90 @@ def test_a_relayed_stream_is_written_from_the_upstream_callback(
     # 60 token events: the task reads the first event, the end and what a full client socket
     # or a coalesced read left over; everything else went through the sink.
     assert len(woken) < 10, f"the relay task was woken {len(woken)} times for 60 events"
+
+
+class _FastStream:
+    """A replica streaming ``events`` SSE events of ``size`` bytes as fast as its socket takes
+    them (raw socket, own thread); :attr:`sent` counts the events handed to the kernel."""
+
+    def __init__(self, events: int, size: int) -> None:
+        self.events, self.size, self.sent = events, size, 0
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(4)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def content(self, i: int) -> bytes:
+        return b"%06d" % i * (self.size // 6)
+
+    def event(self, i: int) -> bytes:
+        return b'data: {"choices":[{"index":0,"delta":{"content":"%s"}}]}\n\n' % self.content(i)
+
+    def _serve(self) -> None:
+        with contextlib.suppress(OSError):
+            conn, _ = self.sock.accept()
+            with conn:
+                data = b""
+                while b"\r\n\r\n" not in data:
+                    data += conn.recv(65536)
+                conn.sendall(OK_CHUNKED)
+                for i in range(self.events):
+                    conn.sendall(chunk(self.event(i)))
+                    self.sent += 1
+                conn.sendall(chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+
+    def stop(self) -> None:
+        self.sock.close()
+
+
+def test_a_slow_client_gets_every_event_in_order_and_nothing_piles_up_in_the_gateway(
+    guarded: Servers, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The client reads nothing for a while: the relay stops writing at the client socket's
+    high-water mark (the sink keeps the event it could not write and the task waits for room;
+    the replica's bytes wait in the kernel, not in the gateway), then relays every byte in
+    order."""
+    flushed: list[int] = []
+    flush = Responder.flush
+
+    async def counted_flush(self: Responder) -> None:
+        flushed.append(len(self._pending))
+        await flush(self)
+
+    monkeypatch.setattr(Responder, "flush", counted_flush)
+    backend = _FastStream(events=3000, size=3000)  # about 9 MB
+    try:
+        s = settings([backend.url])
+        srv = guarded.start(s, create_app(s))
+        request = json.dumps(CHAT).encode()
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=60) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+            sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\n"
+                         b"Authorization: Bearer %s\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: %d\r\nConnection: close\r\n\r\n%s"
+                         % (KEY_A.encode(), len(request), request))
+            time.sleep(1.0)  # not reading
+            raw = b""
+            while piece := sock.recv(1 << 20):
+                raw += piece
+        assert flushed and max(flushed) == 1  # the sink stopped at the first event kept
+        head, _, body = raw.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200 ")
+        events = sse_events(_dechunked(body))
+        assert events[-1] == "[DONE]"
+        contents = [e["choices"][0]["delta"]["content"] for e in events[:-1]]
+        assert contents == [backend.content(i).decode() for i in range(backend.events)]
+    finally:
+        backend.stop()
+
+
+def _dechunked(body: bytes) -> bytes:
+    out, pos = b"", 0
+    while True:
+        eol = body.index(b"\r\n", pos)
+        size = int(body[pos:eol], 16)
+        if size == 0:
+            return out
+        out += body[eol + 2:eol + 2 + size]
+        pos = eol + 2 + size + 2
