@@ -33,6 +33,7 @@ _MAX_TRAILERS = 16 * 1024
 _STATUS_LINE = re.compile(rb"HTTP/1\.([01]) ([1-9][0-9]{2})(?: ([^\r\n]*))?")
 _TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _HEX = re.compile(rb"[0-9A-Fa-f]{1,15}")
+_PLAIN_SIZE_LINE = re.compile(rb"([0-9A-Fa-f]{1,15})\r\n")  # no extension: the usual line
 _DIGITS = re.compile(rb"[0-9]{1,18}")
 _BAD_VALUE = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
 
@@ -187,6 +188,17 @@ class ChunkedDecoder:
         while pos < end:
             state = self._state
             if state == 0:
+                plain = _PLAIN_SIZE_LINE.match(buf, pos)
+                if plain is not None:  # one match instead of find, split and fullmatch
+                    size = int(plain[1], 16)
+                    pos = plain.end()
+                    if size and end - pos >= size + 2:
+                        if buf[pos + size:pos + size + 2] != b"\r\n":
+                            raise ProtocolError("chunk data not followed by CRLF")
+                        out.append(buf[pos:pos + size])
+                        pos += size + 2
+                        continue
+                    pos = plain.start()  # the general path below reads it again
                 eol = buf.find(b"\r\n", pos, pos + _MAX_CHUNK_LINE)
                 if eol < 0:
                     if end - pos >= _MAX_CHUNK_LINE:
