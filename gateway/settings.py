@@ -605,6 +605,8 @@ def parse(
         raise InvalidConfig(problems)
     if base is not None:
         settings = _resolve_paths(settings, here)
+        if settings.audit is not None:  # its store URL too (a relative sqlite:// file)
+            settings = settings.model_copy(update={"audit": settings.audit.under(here)})
     settings._source = (file, lines)
     return settings
 
@@ -666,7 +668,8 @@ def _resolve_paths(model: _M, base: Path) -> _M:
 
     The one place relative paths are resolved: a new ``Path`` field of any section is covered
     without being listed. URLs (``audit.store: sqlite:///PATH``) are strings and keep their
-    documented meaning.
+    documented meaning, except a relative ``audit.store: sqlite://FILE``, which
+    :meth:`AuditSettings.under` resolves the same way.
     """
     updates: dict[str, Any] = {}
     for name in type(model).model_fields:

@@ -107,7 +107,9 @@ def _audit_settings(ctx: typer.Context, config: Path | None) -> AuditSettings | 
         section = doc.get("audit") if isinstance(doc, dict) else None
         if not isinstance(section, dict):
             raise AuditConfigError(f"{config} has no audit: section")
-        return AuditSettings.model_validate(section)
+        # Relative paths (key files, checkpoint_dir, a sqlite:// file) are next to the config,
+        # as for `gateway serve`, not in the working directory.
+        return AuditSettings.model_validate(section).under(config.parent)
     except (OSError, yaml.YAMLError, ValidationError, AuditError) as exc:
         raise _fail(exc) from exc
 
