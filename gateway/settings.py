@@ -511,9 +511,10 @@ def _under(base: Path, value: str | Path) -> Path:
 
 
 def _resolve_secrets(
-    data: dict[str, Any], environ: Mapping[str, str], base: Path
+    data: dict[str, Any], environ: Mapping[str, str], base: Path, *, read: bool = True
 ) -> list[tuple[KeyPath, str]]:
-    """Fill ``api_key`` of each replica from its ``api_key_env`` / ``api_key_file``.
+    """Fill ``api_key`` of each replica from its ``api_key_env`` / ``api_key_file`` (with
+    ``read=False`` only refuse an inline ``api_key``).
 
     Returns:
         ``(key path, problem)`` per secret that could not be resolved (empty when all were).
@@ -530,6 +531,8 @@ def _resolve_secrets(
                 problems.append(((*where, "api_key"), "secrets do not belong in the file; "
                                  "use api_key_env or api_key_file"))
                 del replica["api_key"]
+                continue
+            if not read:
                 continue
             env_name = replica.get("api_key_env")
             file_name = replica.get("api_key_file")
@@ -562,6 +565,7 @@ def parse(
     *,
     file: str | None = None,
     lines: LineMap | None = None,
+    secrets: bool = True,
 ) -> GatewaySettings:
     """Validate an already-parsed config mapping.
 
@@ -575,6 +579,9 @@ def parse(
             (see :mod:`gateway.keys_file`).
         file: The config file the data came from (named in each problem).
         lines: Key path -> 1-based line of ``file`` (:func:`gateway.config_errors.compose_yaml`).
+        secrets: Read the replicas' backend keys (``api_key_env``/``api_key_file``). A command
+            that needs none of them (``gateway keys``) passes ``False``: their ``api_key`` stays
+            ``None`` and an unset variable is no problem.
 
     Returns:
         The frozen settings, every section validated (and, with ``base``, every relative path
@@ -589,7 +596,7 @@ def parse(
     data = _deep_copy(data)
     here = base.absolute() if base is not None else Path.cwd()
     problems = [ConfigProblem(dotted(path), msg, file, line_of(lines, path))
-                for path, msg in _resolve_secrets(data, environ or {}, here)]
+                for path, msg in _resolve_secrets(data, environ or {}, here, read=secrets)]
     key_labels, key_problems = merge_keys_file(data, here)
     keys_file_line = line_of(lines, ("keys_file",))
     for text in key_problems:
@@ -623,8 +630,10 @@ def _relabel(
     return ConfigProblem(key, relabel_keys(problem.problem, labels), problem.file, line)
 
 
-def load(path: Path | str, environ: Mapping[str, str] | None = None) -> GatewaySettings:
-    """Read and validate the YAML config file at ``path``.
+def load(
+    path: Path | str, environ: Mapping[str, str] | None = None, *, secrets: bool = True
+) -> GatewaySettings:
+    """Read and validate the YAML config file at ``path`` (``secrets``: see :func:`parse`).
 
     Raises:
         ConfigError: The file cannot be read.
@@ -657,7 +666,7 @@ def load(path: Path | str, environ: Mapping[str, str] | None = None) -> GatewayS
     except RecursionError as exc:
         raise fail("(top level)", "the YAML refers to itself or nests too deeply", None) from exc
     try:
-        return parse(data, environ, path.parent, file=file, lines=lines)
+        return parse(data, environ, path.parent, file=file, lines=lines, secrets=secrets)
     except RecursionError as exc:
         raise fail("(top level)", "the YAML refers to itself or nests too deeply", None) from exc
 
