@@ -606,7 +606,8 @@ def parse(
         settings = GatewaySettings(**data)
     except ValidationError as exc:
         found = [_relabel(p, key_labels, keys_file_line)
-                 for p in validation_problems(exc, file=file, lines=lines)]
+                 for p in validation_problems(exc, file=file, lines=lines,
+                                              model=GatewaySettings)]
         raise InvalidConfig([*found, *problems]) from exc
     if problems:
         raise InvalidConfig(problems)
