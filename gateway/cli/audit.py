@@ -310,8 +310,9 @@ def prove_cmd(
         return
     try:
         write_atomic(out, text)
-    except OSError as exc:
-        raise _fail(exc) from exc
+    except OSError as exc:  # named by the file asked for, not write_atomic's temporary file
+        raise CliError("io_error", f"cannot write the proof bundle to {out}: "
+                       f"{exc.strerror or exc}") from exc
 
 
 @app.command("verify-proof")
@@ -331,15 +332,15 @@ def verify_proof_cmd(
         raise _fail(AuditError("--public-key is required"))
     try:
         data = json.loads(bundle.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise _fail(exc) from exc
+    except OSError as exc:
+        raise CliError("io_error", f"cannot read proof bundle {bundle}: "
+                       f"{exc.strerror or exc}") from exc
+    except ValueError as exc:  # not JSON, or not UTF-8
+        raise CliError("audit_format", f"{bundle} is not a proof bundle (not JSON: {exc})",
+                       hint="give the file `gateway audit prove --out FILE` wrote") from exc
     try:
         report = verify_proof_report(data, verifiers)
-    except ProofError as exc:
-        if as_json:
-            typer.echo(json.dumps({"ok": False, "error": str(exc)}))
-        raise _fail(exc, 1) from exc
-    except AuditError as exc:
+    except AuditError as exc:  # one error line; with --json the shell's one JSON document
         raise _fail(exc, 1) from exc
     if as_json:
         doc = {"ok": True, "records": report.records, "types": report.types,

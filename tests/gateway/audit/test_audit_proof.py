@@ -185,7 +185,7 @@ def test_cli_export_into_a_closed_pipe_ends_quietly(tmp_path: Path, signer: Sign
     assert err == ""
 
 
-def test_verify_proof_failures_name_the_record_and_the_file(tmp_path: Path, signer: Signer) -> None:
+def test_proof_failures_name_the_record_and_the_file(tmp_path: Path, signer: Signer) -> None:
     """``--json`` gives one JSON document (there were two: the command's own, whose ``error``
     was a bare string, then the shell's); a failed inclusion names the entry and its record;
     a file that is not JSON names the file (it said ``Expecting value: line 1 column 1``)."""
@@ -212,6 +212,13 @@ def test_verify_proof_failures_name_the_record_and_the_file(tmp_path: Path, sign
     assert code == 2
     assert stderr.startswith(f"gateway: error [audit_format]: {pub} is not a proof bundle "
                              "(not JSON: "), stderr
+    code, _, stderr = _separate("audit", "prove", "req-3", "--store", url, "--out",
+                                str(tmp_path / "absent" / "proof.json"))
+    assert code == 2  # was config_error naming write_atomic's temporary file
+    assert stderr.strip().splitlines()[-1] == (
+                              f"gateway: error [io_error]: cannot write the proof bundle to "
+                              f"{tmp_path / 'absent' / 'proof.json'}: No such file or "
+                              "directory"), stderr
     code, _, stderr = _separate("audit", "verify-proof", str(tmp_path / "absent.json"),
                                 "--public-key", str(pub))
     assert code == 2
