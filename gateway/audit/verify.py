@@ -446,7 +446,8 @@ async def _verify_chain(
                 f"checkpoint ({source}) is for origin {cp.origin}",
             )
             continue
-        checkpoints.append((source, cp, ts_us))
+        # The stored time is not signed (the note is): one edited into a non-number is unknown.
+        checkpoints.append((source, cp, ts_us if isinstance(ts_us, int) else -1))
     wanted = {cp.size for _, cp, _ in checkpoints}
     if plan.required_tail:
         wanted.add(plan.required_tail[0])

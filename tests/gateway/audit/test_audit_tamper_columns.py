@@ -184,3 +184,19 @@ def test_sqlite_shell_edits_are_findings_not_crashes(
         capsys.readouterr()
         assert main(["audit", "verify", "--store", url, "--public-key", str(pub)]) == 1, sql
         assert "internal_error" not in capsys.readouterr().err
+
+
+def test_an_edited_checkpoint_time_is_not_a_crash(
+    tmp_path: Path, signer: Signer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The stored checkpoint time is unsigned metadata (the signed note carries the tree): a
+    non-number there crashed the sort of the checkpoints (internal_error, exit 2)."""
+    url = f"sqlite://{tmp_path / 'a.db'}"
+    chain = write_log(url, signer, N)
+    raw_sql(url, "UPDATE audit_checkpoints SET ts_us = 'y' WHERE chain = ? AND size = 13", chain)
+    assert verify(url, signer).ok
+    pub = tmp_path / "audit.pub"
+    pub.write_text(signer.verifier.vkey + "\n")
+    capsys.readouterr()
+    assert main(["audit", "verify", "--store", url, "--public-key", str(pub)]) == 0
+    assert "OK: no tampering found" in capsys.readouterr().out
