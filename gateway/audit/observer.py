@@ -26,6 +26,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from gateway.audit.checkpoint import load_signer
 from gateway.audit.errors import AuditError, AuditUnavailable
 from gateway.audit.pseudonym import ContentHasher, Pseudonymizer, load_pseudonymizer
 from gateway.audit.records import REQUEST_COMPLETED, REQUEST_STARTED
@@ -306,8 +307,17 @@ def checked_build(settings: Any) -> AuditObserver | None:
     Raises:
         ConfigError: If the ``audit:`` section or one of its key files is invalid.
     """
+    section = settings.audit
+    if isinstance(section, AuditSettings) and section.enabled:
+        # Each key file on its own first, so a problem is located at its own key and line.
+        for key, read in (("signing_key_file", load_signer),
+                          ("pseudonym_key_file", load_pseudonymizer)):
+            try:
+                read(getattr(section, key))
+            except AuditError as exc:
+                raise ConfigError(f"audit.{key}: {exc}") from exc
     try:
-        observer = build(settings.audit, config_digest=config_digest(settings.model_dump_json()))
+        observer = build(section, config_digest=config_digest(settings.model_dump_json()))
     except ValidationError as exc:  # a mapping put into already validated settings
         raise InvalidConfig(validation_problems(exc, prefix=("audit",))) from exc
     except AuditError as exc:

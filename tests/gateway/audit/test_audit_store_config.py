@@ -116,3 +116,23 @@ def test_a_relative_store_and_checkpoint_dir_are_next_to_the_config(
                       str(site / "audit.key.pub"), cwd=elsewhere)
     assert verify.returncode == 0, verify.stdout + verify.stderr
     assert f"store sqlite://{site}/audit.db: 1 chain(s)" in verify.stdout, verify.stdout
+
+
+def test_a_wrong_key_file_is_named_at_its_own_key(sim: Sim, tmp_path: Path) -> None:
+    """Key file problems were all ``audit: ...`` on the section's line; the public key given as
+    the signing key said ``signing key must be PRIVATE+KEY+...``."""
+    cfg = _config_file(tmp_path, sim.url, f"sqlite://{tmp_path}/audit.db")
+    text = cfg.read_text().replace("signing_key_file: audit.key", "signing_key_file: audit.key.pub")
+    cfg.write_text(text)
+    check = _gateway("check-config", "--config", str(cfg), cwd=tmp_path)
+    assert check.returncode == 1, check.stdout + check.stderr
+    line = _line_of(cfg, "signing_key_file:")
+    assert check.stderr.strip() == (
+        f"{cfg}:{line}: audit.signing_key_file: {tmp_path}/audit.key.pub is a public (verifier) "
+        f"key, not a signing key: give the private key keygen wrote next to it "
+        f"({tmp_path}/audit.key)"), check.stderr
+    cfg.write_text(text.replace("signing_key_file: audit.key.pub", "signing_key_file: audit.key")
+                   .replace("pseudonym_key_file: pseudonym.key", "pseudonym_key_file: nope.key"))
+    check = _gateway("check-config", "--config", str(cfg), cwd=tmp_path)
+    line = _line_of(cfg, "pseudonym_key_file:")
+    assert f"{cfg}:{line}: audit.pseudonym_key_file: " in check.stderr, check.stderr
