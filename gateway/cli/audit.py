@@ -223,6 +223,9 @@ def export(
     if fmt != "jsonl":
         raise typer.BadParameter("only jsonl is supported", param_hint="--format")
     since_us, until_us = _parse_time(since, "--since"), _parse_time(until, "--until")
+    if since_us is not None and until_us is not None and since_us >= until_us:
+        raise CliError("usage_error", f"--since {since} is not before --until {until}: the "
+                       "window holds no record", hint="--since is inclusive, --until exclusive")
     url = _store_url(ctx, store, config)
 
     async def go() -> int:
@@ -261,7 +264,8 @@ def tail(
     ctx: typer.Context,
     store: StoreOpt = None,
     config: ConfigOpt = None,
-    lines: Annotated[int, typer.Option("-n", "--lines", help="Records to show first.")] = 10,
+    lines: Annotated[int, typer.Option("-n", "--lines", min=0,
+                                       help="Records to show first.")] = 10,
     follow: Annotated[bool, typer.Option("-f", "--follow", help="Keep printing new ones.")] = False,
     as_json: JsonOpt = False,
 ) -> None:

@@ -224,3 +224,20 @@ def test_proof_failures_name_the_record_and_the_file(tmp_path: Path, signer: Sig
     assert code == 2
     assert stderr.strip() == (f"gateway: error [io_error]: cannot read proof bundle "
                               f"{tmp_path / 'absent.json'}: No such file or directory"), stderr
+
+
+def test_export_and_tail_refuse_an_empty_window_and_negative_lines(
+    tmp_path: Path, signer: Signer
+) -> None:
+    """``export --since`` after ``--until`` printed nothing and exited 0 (a report of no
+    requests); ``tail -n -3`` printed nothing and exited 0."""
+    url = f"sqlite://{tmp_path / 'a.db'}"
+    write_log(url, signer, 4)
+    code, out, err = _separate("audit", "export", "--store", url, "--since", "2026-12-02",
+                               "--until", "2026-11-01")
+    assert (code, out) == (2, "")
+    assert err.strip() == ("gateway: error [usage_error]: --since 2026-12-02 is not before "
+                           "--until 2026-11-01: the window holds no record (hint: --since is "
+                           "inclusive, --until exclusive)"), err
+    code, out, err = _separate("audit", "tail", "--store", url, "-n", "-3")
+    assert (code, out) == (2, "") and "greater than or equal to 0" in err, err
