@@ -486,7 +486,28 @@ class GatewaySettings(BaseSettings):
         if ks is not None and ks.enabled and ks.store is None and self.audit is None:
             raise ValueError("keystore.store: store is not set and there is no audit section "
                              "(managed keys default to the audit store)")
+        if ks is None or not ks.enabled:
+            self._check_overrides_name_keys(ids)
         return self
+
+    def _check_overrides_name_keys(self, ids: set[str]) -> None:
+        """Without managed keys every key is in the file: a per-key or per-team override
+        (``quotas``, ``flow_control``) naming no key or team is a typo that would leave the
+        key it meant without its limit or class, silently."""
+        teams = {k.team for k in self.keys if k.team}
+        sections: list[tuple[str, Any]] = [("flow_control", self.flow_control)]
+        if self.quotas is not None and self.quotas.enabled:
+            sections.insert(0, ("quotas", self.quotas))
+        for where, section in sections:
+            for kind, known, names in (("key id", ids, section.keys),
+                                       ("team", teams, section.teams)):
+                for name in names:
+                    if name not in known:
+                        plural = "keys" if kind == "key id" else "teams"
+                        raise ValueError(
+                            f"{where}.{plural}.{name}: no key has the {kind} {name!r} (known: "
+                            f"{', '.join(sorted(known)) or 'none'}); without a keystore: "
+                            "section every key is in the config")
 
     def problems_of(self, exc: ConfigError) -> list[ConfigProblem]:
         """The problems of ``exc`` (raised by a check of these settings: policy binding, TLS
