@@ -270,8 +270,18 @@ def oci_export(
     keys = _trusted_keys(public_key)
     export_oci(bundle, keys, out_dir, repo_id=repo, tag=tag,
                policy=SerialisationPolicy(allow_pickle=allow_pickle))
-    out.print(f"wrote OCI layout {out_dir}; push with: skopeo copy oci:{out_dir}:TAG "
-              "docker://REGISTRY/NAME:TAG")
+    # The command to copy-paste names the reference written (the commit's first 12 hex unless
+    # --tag) and the model (registries take lower-case names); only REGISTRY is the operator's.
+    manifest = json.loads((out_dir / "index.json").read_text(encoding="utf-8"))["manifests"][0]
+    ref = manifest["annotations"]["org.opencontainers.image.ref.name"]
+    config = json.loads((out_dir / "blobs" / "sha256" / manifest["digest"].split(":", 1)[1])
+                        .read_text(encoding="utf-8"))["config"]
+    config = json.loads((out_dir / "blobs" / "sha256" / config["digest"].split(":", 1)[1])
+                        .read_text(encoding="utf-8"))
+    name = str(config["descriptor"]["name"]).lower()
+    out.print(f"wrote OCI layout {out_dir} (tag {ref}); push with: skopeo copy "
+              f"oci:{out_dir}:{ref} docker://REGISTRY/{name}:{ref}", highlight=False,
+              soft_wrap=True)
 
 
 @app.command("oci-verify")

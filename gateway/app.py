@@ -20,6 +20,8 @@ the audit log, admission hooks such as quotas, the upstream transport). Componen
 from __future__ import annotations
 
 import dataclasses
+import logging
+import sys
 import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -53,6 +55,8 @@ if TYPE_CHECKING:
 
 __all__ = ["create_app"]
 
+_log = logging.getLogger(__name__)
+
 
 class _GatewayApp(FastAPI):
     """FastAPI with a path dispatch in front for the relay hot path and ``/v1/models``."""
@@ -80,7 +84,26 @@ class _GatewayApp(FastAPI):
             if is_models_path(path):
                 await models_api.handle(gateway_state(scope), scope, receive, send, self.created)
                 return
+        elif scope["type"] == "lifespan":
+            send = _startup_failure_in_one_line(send)
         await super().__call__(scope, receive, send)
+
+
+def _startup_failure_in_one_line(send: Any) -> Any:
+    """``send`` for the lifespan: a start-up failure of one of our packages' errors (anything
+    with a string ``code``: an unreachable audit store, a policy file) is reported as its one
+    line ``Type: message``, not the traceback Starlette formats, which the server would log as
+    the reason; the traceback goes to the debug log. Other exceptions (bugs) keep it."""
+
+    async def wrapped(message: Any) -> None:
+        if message.get("type") == "lifespan.startup.failed":
+            exc = sys.exc_info()[1]  # Starlette sends this from its ``except`` block
+            if exc is not None and isinstance(getattr(exc, "code", None), str):
+                _log.debug("start-up failed", exc_info=exc)
+                message = {**message, "message": f"{type(exc).__name__}: {exc}"}
+        await send(message)
+
+    return wrapped
 
 
 def _error_response(exc: GatewayError) -> JSONResponse:

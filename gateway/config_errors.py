@@ -17,12 +17,15 @@ written in the file (a missing key is reported on the line of the mapping that l
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import re
+import types
+import typing
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from gateway.errors import ConfigError
 
@@ -179,6 +182,7 @@ def validation_problems(
     prefix: KeyPath = (),
     file: str | None = None,
     lines: LineMap | None = None,
+    model: type[BaseModel] | None = None,
 ) -> list[ConfigProblem]:
     """Turn a pydantic ``ValidationError`` into one :class:`ConfigProblem` per error.
 
@@ -190,6 +194,9 @@ def validation_problems(
             ``audit:`` section is validated alone).
         file: The config file, if any.
         lines: Key path -> line map of the file (:func:`compose_yaml`).
+        model: The model that was validated: an unknown key (a typo) is then reported as
+            ``unknown key (did you mean 'listen'?)`` or with the keys known there, instead of
+            pydantic's ``Extra inputs are not permitted``.
 
     Returns:
         The problems in pydantic's order. A check that raises ``"key: problem"`` from a model
@@ -201,12 +208,76 @@ def validation_problems(
         msg = _PREFIX.sub("", str(err["msg"]))
         if err["type"] == "missing":
             msg = "required key is missing"
+        elif err["type"] == "extra_forbidden" and model is not None:
+            msg = _unknown_key(model, err["loc"]) or msg
         keyed = _KEYED.match(msg) if err["type"] == "value_error" else None
         if keyed is not None:
             path = (*path, *_parse_dotted(keyed[1]))
             msg = keyed[2]
         out.append(ConfigProblem(dotted(path), msg, file, line_of(lines, path)))
     return out
+
+
+def _unknown_key(model: type[BaseModel], loc: Sequence[Any]) -> str | None:
+    """``unknown key (did you mean 'x'?)`` for the extra key at ``loc`` of ``model``, or with
+    the known keys; ``None`` when the mapping that holds it is not found in the model."""
+    known = _keys_at(model, loc[:-1])
+    if not known:
+        return None
+    close = difflib.get_close_matches(str(loc[-1]), known, n=1, cutoff=0.6)
+    if close:
+        return f"unknown key (did you mean {close[0]!r}?)"
+    return f"unknown key (known here: {', '.join(known)})"
+
+
+def _keys_at(model: type[BaseModel], loc: Sequence[Any]) -> list[str] | None:
+    """The keys (field names or aliases) of the model found by following ``loc`` (field names,
+    list indexes, mapping keys, union member tags) from ``model``."""
+    current: Any = model
+    for part in loc:
+        current = _unwrap(current, part)
+        if current is None:
+            return None
+    found = _model_in(current)
+    if found is None:
+        return None
+    return [field.alias or name for name, field in found.model_fields.items()]
+
+
+def _unwrap(annotation: Any, part: Any) -> Any:
+    """The annotation that ``part`` of a location leads to inside ``annotation``, or ``None``."""
+    found = _model_in(annotation)
+    if found is not None and isinstance(part, str):
+        for name, field in found.model_fields.items():
+            if part in (name, field.alias):
+                return field.annotation
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin in (list, tuple, set, frozenset) and args and isinstance(part, int):
+        return args[0]
+    if origin is dict and len(args) == 2:
+        return args[1]
+    if isinstance(part, str):  # a union member's tag (pydantic names it in the location)
+        for arg in args:
+            member = _model_in(arg)
+            if member is not None and member.__name__ == part:
+                return member
+    if origin in (typing.Union, types.UnionType):
+        for arg in args:
+            inner = _unwrap(arg, part)
+            if inner is not None:
+                return inner
+    return None
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """``annotation`` if it is a pydantic model, else the first model of a union (``X | None``)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        for arg in typing.get_args(annotation):
+            if isinstance(arg, type) and issubclass(arg, BaseModel):
+                return arg
+    return None
 
 
 def problems_of(

@@ -14,6 +14,8 @@ from typing import Any
 
 import yaml
 
+from gateway.config_errors import DuplicateKeyError, compose_yaml, dotted
+
 __all__ = ["merge_keys_file", "relabel_keys"]
 
 _KEY_INDEX = re.compile(r"\bkeys\[(\d+)\]")
@@ -35,9 +37,20 @@ def _read(path: Path) -> tuple[list[Any] | None, str | None]:
     except UnicodeDecodeError:
         return None, f"keys_file: {path} is not UTF-8 text"
     try:
-        loaded = yaml.safe_load(text)
+        # As the config file itself: a key written twice in one entry is refused (PyYAML would
+        # keep the last one silently, so the reviewed Secret could mean something else).
+        loaded, _ = compose_yaml(yaml.SafeLoader(text))
+    except DuplicateKeyError as exc:
+        return None, (f"keys_file ({path}){dotted(exc.path).removeprefix('(top level)')}: "
+                      f"duplicate key {exc.path[-1]!r} (line {exc.line} of {path})")
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark
+        where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
+        return None, f"keys_file: {where}: not valid YAML: {exc.problem}"
     except yaml.YAMLError as exc:
-        return None, f"keys_file: {path}: not valid YAML: {exc}"
+        return None, f"keys_file: {path}: not valid YAML: {' '.join(str(exc).split())}"
+    except RecursionError:
+        return None, f"keys_file: {path}: the YAML refers to itself or nests too deeply"
     if loaded is None:
         return None, f"keys_file: {path} is empty; it must hold a YAML list of keys"
     if not isinstance(loaded, list):

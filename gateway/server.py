@@ -167,13 +167,21 @@ def run_server(
     finally:
         uvicorn_log.removeHandler(reasons)
     if not server.started:
+        reason = reasons.reason()
         raise CliError(
             "startup_failed",
-            f"the gateway did not start: {reasons.reason() or 'see the log lines above'}",
-            hint="a port in use is listen.port or telemetry.admin.port; the log lines above "
-                 "have the details",
-            exit_code=STARTUP_FAILURE)
+            f"the gateway did not start: {reason or 'see the log lines above'}",
+            hint=startup_hint(reason), exit_code=STARTUP_FAILURE)
     return server.stopped_by
+
+
+def startup_hint(reason: str | None) -> str:
+    """The hint of a start-up failure: which setting a port in use is, else where to look."""
+    if reason is None or "address already in use" in reason or "attempting to bind" in reason:
+        return ("a port in use is listen.port or telemetry.admin.port; the log lines above "
+                "have the details")
+    return ("fix what it names and start again (`gateway check-config` checks the config "
+            "file); the log lines above have the details")
 
 
 class _StartupErrors(logging.Handler):

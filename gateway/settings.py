@@ -486,7 +486,28 @@ class GatewaySettings(BaseSettings):
         if ks is not None and ks.enabled and ks.store is None and self.audit is None:
             raise ValueError("keystore.store: store is not set and there is no audit section "
                              "(managed keys default to the audit store)")
+        if ks is None or not ks.enabled:
+            self._check_overrides_name_keys(ids)
         return self
+
+    def _check_overrides_name_keys(self, ids: set[str]) -> None:
+        """Without managed keys every key is in the file: a per-key or per-team override
+        (``quotas``, ``flow_control``) naming no key or team is a typo that would leave the
+        key it meant without its limit or class, silently."""
+        teams = {k.team for k in self.keys if k.team}
+        sections: list[tuple[str, Any]] = [("flow_control", self.flow_control)]
+        if self.quotas is not None and self.quotas.enabled:
+            sections.insert(0, ("quotas", self.quotas))
+        for where, section in sections:
+            for kind, known, names in (("key id", ids, section.keys),
+                                       ("team", teams, section.teams)):
+                for name in names:
+                    if name not in known:
+                        plural = "keys" if kind == "key id" else "teams"
+                        raise ValueError(
+                            f"{where}.{plural}.{name}: no key has the {kind} {name!r} (known: "
+                            f"{', '.join(sorted(known)) or 'none'}); without a keystore: "
+                            "section every key is in the config")
 
     def problems_of(self, exc: ConfigError) -> list[ConfigProblem]:
         """The problems of ``exc`` (raised by a check of these settings: policy binding, TLS
@@ -511,9 +532,10 @@ def _under(base: Path, value: str | Path) -> Path:
 
 
 def _resolve_secrets(
-    data: dict[str, Any], environ: Mapping[str, str], base: Path
+    data: dict[str, Any], environ: Mapping[str, str], base: Path, *, read: bool = True
 ) -> list[tuple[KeyPath, str]]:
-    """Fill ``api_key`` of each replica from its ``api_key_env`` / ``api_key_file``.
+    """Fill ``api_key`` of each replica from its ``api_key_env`` / ``api_key_file`` (with
+    ``read=False`` only refuse an inline ``api_key``).
 
     Returns:
         ``(key path, problem)`` per secret that could not be resolved (empty when all were).
@@ -530,6 +552,8 @@ def _resolve_secrets(
                 problems.append(((*where, "api_key"), "secrets do not belong in the file; "
                                  "use api_key_env or api_key_file"))
                 del replica["api_key"]
+                continue
+            if not read:
                 continue
             env_name = replica.get("api_key_env")
             file_name = replica.get("api_key_file")
@@ -562,6 +586,7 @@ def parse(
     *,
     file: str | None = None,
     lines: LineMap | None = None,
+    secrets: bool = True,
 ) -> GatewaySettings:
     """Validate an already-parsed config mapping.
 
@@ -575,6 +600,9 @@ def parse(
             (see :mod:`gateway.keys_file`).
         file: The config file the data came from (named in each problem).
         lines: Key path -> 1-based line of ``file`` (:func:`gateway.config_errors.compose_yaml`).
+        secrets: Read the replicas' backend keys (``api_key_env``/``api_key_file``). A command
+            that needs none of them (``gateway keys``) passes ``False``: their ``api_key`` stays
+            ``None`` and an unset variable is no problem.
 
     Returns:
         The frozen settings, every section validated (and, with ``base``, every relative path
@@ -589,7 +617,7 @@ def parse(
     data = _deep_copy(data)
     here = base.absolute() if base is not None else Path.cwd()
     problems = [ConfigProblem(dotted(path), msg, file, line_of(lines, path))
-                for path, msg in _resolve_secrets(data, environ or {}, here)]
+                for path, msg in _resolve_secrets(data, environ or {}, here, read=secrets)]
     key_labels, key_problems = merge_keys_file(data, here)
     keys_file_line = line_of(lines, ("keys_file",))
     for text in key_problems:
@@ -599,12 +627,15 @@ def parse(
         settings = GatewaySettings(**data)
     except ValidationError as exc:
         found = [_relabel(p, key_labels, keys_file_line)
-                 for p in validation_problems(exc, file=file, lines=lines)]
+                 for p in validation_problems(exc, file=file, lines=lines,
+                                              model=GatewaySettings)]
         raise InvalidConfig([*found, *problems]) from exc
     if problems:
         raise InvalidConfig(problems)
     if base is not None:
         settings = _resolve_paths(settings, here)
+        if settings.audit is not None:  # its store URL too (a relative sqlite:// file)
+            settings = settings.model_copy(update={"audit": settings.audit.under(here)})
     settings._source = (file, lines)
     return settings
 
@@ -621,8 +652,10 @@ def _relabel(
     return ConfigProblem(key, relabel_keys(problem.problem, labels), problem.file, line)
 
 
-def load(path: Path | str, environ: Mapping[str, str] | None = None) -> GatewaySettings:
-    """Read and validate the YAML config file at ``path``.
+def load(
+    path: Path | str, environ: Mapping[str, str] | None = None, *, secrets: bool = True
+) -> GatewaySettings:
+    """Read and validate the YAML config file at ``path`` (``secrets``: see :func:`parse`).
 
     Raises:
         ConfigError: The file cannot be read.
@@ -655,7 +688,7 @@ def load(path: Path | str, environ: Mapping[str, str] | None = None) -> GatewayS
     except RecursionError as exc:
         raise fail("(top level)", "the YAML refers to itself or nests too deeply", None) from exc
     try:
-        return parse(data, environ, path.parent, file=file, lines=lines)
+        return parse(data, environ, path.parent, file=file, lines=lines, secrets=secrets)
     except RecursionError as exc:
         raise fail("(top level)", "the YAML refers to itself or nests too deeply", None) from exc
 
@@ -666,7 +699,8 @@ def _resolve_paths(model: _M, base: Path) -> _M:
 
     The one place relative paths are resolved: a new ``Path`` field of any section is covered
     without being listed. URLs (``audit.store: sqlite:///PATH``) are strings and keep their
-    documented meaning.
+    documented meaning, except a relative ``audit.store: sqlite://FILE``, which
+    :meth:`AuditSettings.under` resolves the same way.
     """
     updates: dict[str, Any] = {}
     for name in type(model).model_fields:

@@ -165,6 +165,7 @@ def load_signer(path: Path, name: str = DEFAULT_KEY_NAME) -> Signer:
     Raises:
         AuditConfigError: If the file cannot be read or is not an Ed25519 signing key.
     """
+    text = ""  # a file that is not UTF-8 fails in read_text itself
     try:
         text = path.read_text(encoding="utf-8")
         if text.lstrip().startswith("-----BEGIN"):
@@ -176,7 +177,24 @@ def load_signer(path: Path, name: str = DEFAULT_KEY_NAME) -> Signer:
     except OSError as exc:
         raise AuditConfigError(f"cannot read signing key {path}: {exc.strerror}") from exc
     except (AuditFormatError, ValueError, TypeError) as exc:
+        if _is_public_key(text):
+            private = path.with_suffix("") if path.suffix == ".pub" else None
+            raise AuditConfigError(
+                f"{path} is a public (verifier) key, not a signing key: give the private key "
+                + (f"keygen wrote next to it ({private})" if private else "keygen wrote")
+            ) from exc
         raise AuditConfigError(f"{path}: {exc}") from exc
+
+
+def _is_public_key(text: str) -> bool:
+    """A verifier key or a PEM public key, given where the signing key belongs."""
+    if text.lstrip().startswith("-----BEGIN PUBLIC KEY"):
+        return True
+    try:
+        Verifier.from_vkey(text)
+    except (AuditFormatError, ValueError, TypeError):
+        return False
+    return True
 
 
 def load_verifier(path: Path, name: str = DEFAULT_KEY_NAME) -> Verifier:

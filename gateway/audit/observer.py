@@ -26,10 +26,12 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from gateway.audit.checkpoint import load_signer
 from gateway.audit.errors import AuditError, AuditUnavailable
 from gateway.audit.pseudonym import ContentHasher, Pseudonymizer, load_pseudonymizer
 from gateway.audit.records import REQUEST_COMPLETED, REQUEST_STARTED
 from gateway.audit.settings import AuditSettings
+from gateway.audit.store import sqlite_file
 from gateway.audit.writer import AuditLog, Receipt
 from gateway.config_errors import InvalidConfig, validation_problems
 from gateway.errors import ConfigError, ServiceUnavailable
@@ -305,9 +307,40 @@ def checked_build(settings: Any) -> AuditObserver | None:
     Raises:
         ConfigError: If the ``audit:`` section or one of its key files is invalid.
     """
+    section = settings.audit
+    if isinstance(section, AuditSettings) and section.enabled:
+        # Each key file on its own first, so a problem is located at its own key and line.
+        for key, read in (("signing_key_file", load_signer),
+                          ("pseudonym_key_file", load_pseudonymizer)):
+            try:
+                read(getattr(section, key))
+            except AuditError as exc:
+                raise ConfigError(f"audit.{key}: {exc}") from exc
     try:
-        return build(settings.audit, config_digest=config_digest(settings.model_dump_json()))
+        observer = build(section, config_digest=config_digest(settings.model_dump_json()))
     except ValidationError as exc:  # a mapping put into already validated settings
         raise InvalidConfig(validation_problems(exc, prefix=("audit",))) from exc
     except AuditError as exc:
         raise ConfigError(f"audit: {exc}") from exc
+    if observer is not None and isinstance(settings.audit, AuditSettings):
+        _check_store_directory(settings.audit)
+    return observer
+
+
+def _check_store_directory(settings: AuditSettings) -> None:
+    """A SQLite store's directory must exist: SQLite creates the file, not its directory, and
+    a gateway that finds out in its lifespan has already bound nothing and logged a traceback.
+
+    Raises:
+        ConfigError: ``audit.store`` (or ``audit.store_file``) names a file in a directory that
+            does not exist or is not a directory.
+    """
+    file = sqlite_file(settings.store_url())
+    if file is None:
+        return
+    key = "audit.store_file" if settings.store_file is not None else "audit.store"
+    folder = file.absolute().parent
+    if not folder.is_dir():
+        what = "is not a directory" if folder.exists() else "does not exist"
+        raise ConfigError(f"{key}: the directory of the SQLite file {file}, {folder}, {what}: "
+                          "create it (writable by the gateway) or name another file")

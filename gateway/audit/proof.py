@@ -29,7 +29,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.audit.checkpoint import Verifier, open_checkpoint, parse_checkpoint_unverified
-from gateway.audit.errors import AuditError, AuditFormatError, NotSealedError, RecordNotFound
+from gateway.audit.errors import (
+    AuditError,
+    AuditFormatError,
+    NotSealedError,
+    ProofError,
+    RecordNotFound,
+)
 from gateway.audit.merkle import inclusion_proof, verify_inclusion
 from gateway.audit.records import Record, parse_body, record_hash
 from gateway.audit.store import Store
@@ -213,6 +219,10 @@ def verify_proof(bundle: Mapping[str, Any], verifiers: Sequence[Verifier]) -> li
             )
         if "request_id" in bundle and obj["data"].get("request_id") != bundle["request_id"]:
             raise AuditFormatError(f"proof entry {i} is for another request id")
-        verify_inclusion(index, cp.size, record_hash(body), proof, cp.root)
+        try:
+            verify_inclusion(index, cp.size, record_hash(body), proof, cp.root)
+        except ProofError as exc:  # name the record, as the format errors above do
+            raise ProofError(f"proof entry {i} ({obj['chain']}#{index} {obj.get('type')}): "
+                             f"{exc}") from exc
         out.append(obj)
     return out

@@ -9,6 +9,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from gateway.audit.errors import AuditConfigError
+from gateway.audit.store import sqlite_url_under
 
 _SCHEMES = ("sqlite://", "postgresql://", "postgres://")
 _REPLICA_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
@@ -68,6 +69,24 @@ class AuditSettings(BaseModel):
         if not value.startswith(_SCHEMES):
             raise ValueError("store must be sqlite:///PATH or postgresql://...")
         return value
+
+    def under(self, base: Path) -> AuditSettings:
+        """These settings with every relative path made relative to ``base``.
+
+        ``base`` is the config file's directory: the key files, ``checkpoint_dir``,
+        ``store_file`` and a relative SQLite ``store`` (``sqlite://audit.db``) mean files next
+        to the config, whatever the working directory of the command that reads it
+        (``gateway serve``, ``gateway audit ... --config``).
+        """
+        updates: dict[str, object] = {}
+        for name in ("signing_key_file", "pseudonym_key_file", "checkpoint_dir", "store_file"):
+            value = getattr(self, name)
+            if isinstance(value, Path) and not value.is_absolute():
+                updates[name] = base / value
+        store = sqlite_url_under(self.store, base)
+        if store != self.store:
+            updates["store"] = store
+        return self.model_copy(update=updates) if updates else self
 
     def store_url(self) -> str:
         """The store URL: the content of ``store_file`` if set, else ``store``.

@@ -3,7 +3,8 @@
 Store URLs:
 
 * ``sqlite:///abs/path/audit.db`` (everything after ``sqlite://`` is the file path, so
-  ``sqlite://rel/audit.db`` is relative to the working directory);
+  ``sqlite://rel/audit.db`` is relative: to the working directory when given on a command
+  line, to the config file's directory in a config file, see :func:`sqlite_url_under`);
 * ``postgresql://user@host:port/dbname`` (also ``postgres://``), via asyncpg.
 
 A store keeps records (unique per chain and sequence number, plus a global insertion id for
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 from gateway.audit.errors import AuditConfigError
@@ -147,6 +149,37 @@ def open_store(
             url, read_only=read_only, connect_timeout_s=timeout_s if timeout_s else 5.0
         )
     raise AuditConfigError(f"unsupported audit store URL (sqlite:// or postgresql://): {url!r}")
+
+
+def sqlite_file(url: str) -> Path | None:
+    """The database file of a ``sqlite://PATH`` URL, or ``None`` (another scheme, no path, or
+    an in-memory database)."""
+    if not url.startswith("sqlite://"):
+        return None
+    path = url[len("sqlite://") :]
+    if not path or ":memory:" in path or "mode=memory" in path:
+        return None
+    return Path(path)
+
+
+def sqlite_url_under(url: str, base: Path) -> str:
+    """``url`` with a relative SQLite file path made relative to ``base``.
+
+    A config file's ``audit.store: sqlite://audit.db`` means the file next to the config, as
+    every other relative path in it does, not a file in whatever directory ``gateway serve``
+    or ``gateway audit verify --config`` happens to be started from.
+
+    Args:
+        url: A store URL; only a ``sqlite://`` URL with a relative path is changed.
+        base: The directory the path is relative to (the config file's).
+
+    Returns:
+        The URL, its file path absolute when it was relative.
+    """
+    path = sqlite_file(url)
+    if path is None or path.is_absolute():
+        return url
+    return f"sqlite://{base.absolute() / path}"
 
 
 def replica_of(chain: str) -> str:

@@ -49,6 +49,15 @@ CREATE TABLE IF NOT EXISTS audit_checkpoints (
 """
 
 
+def _text(data: bytes) -> str:
+    """TEXT columns as str, also when an edit stored bytes that are not UTF-8 there (verify
+    reports the column instead of failing with sqlite3's decode error)."""
+    return data.decode("utf-8", "surrogateescape")
+
+
+# Records are read with CAST(body AS BLOB), CAST(hash AS BLOB): the stored bytes even when an
+# edit left TEXT there (the sqlite3 shell's replace() returns TEXT), so `gateway audit verify`
+# reports the edited record instead of failing on its type.
 def _row_to_record(row: Sequence[Any]) -> Record:
     return Record(
         chain=row[0],
@@ -104,8 +113,11 @@ class SqliteStore:
                 if not self.path.is_file():
                     raise sqlite3.OperationalError(f"no such file: {self.path}")
                 uri = f"file:{self.path.resolve().as_posix()}?mode=ro"
-                return sqlite3.connect(uri, uri=True, timeout=timeout, isolation_level=None)
+                ro = sqlite3.connect(uri, uri=True, timeout=timeout, isolation_level=None)
+                ro.text_factory = _text
+                return ro
             conn = sqlite3.connect(self.path, timeout=timeout, isolation_level=None)
+            conn.text_factory = _text
             try:
                 conn.execute(f"PRAGMA busy_timeout={int(self._busy_timeout_ms)}")
                 mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
@@ -194,7 +206,8 @@ class SqliteStore:
 
         def q(conn: sqlite3.Connection) -> Record | None:
             row = conn.execute(
-                "SELECT chain, seq, body, hash, ts_us, type, request_id "
+                "SELECT chain, seq, CAST(body AS BLOB), CAST(hash AS BLOB), ts_us, type, "
+                "request_id "
                 "FROM audit_records WHERE chain = ? ORDER BY seq DESC LIMIT 1",
                 (chain,),
             ).fetchone()
@@ -207,7 +220,8 @@ class SqliteStore:
 
         def q(conn: sqlite3.Connection) -> list[Record]:
             rows = conn.execute(
-                "SELECT chain, seq, body, hash, ts_us, type, request_id "
+                "SELECT chain, seq, CAST(body AS BLOB), CAST(hash AS BLOB), ts_us, type, "
+                "request_id "
                 "FROM audit_records WHERE chain = ? AND seq >= ? "
                 "ORDER BY seq LIMIT ?",
                 (chain, start_seq, limit),
@@ -225,7 +239,8 @@ class SqliteStore:
                 "ORDER BY size, ts_us",
                 (chain,),
             ).fetchall()
-            return [StoredCheckpoint(r[0], r[1], r[2], r[3]) for r in rows]
+            return [StoredCheckpoint(r[0], r[1], _text(r[2]) if isinstance(r[2], bytes)
+                                     else str(r[2]), r[3]) for r in rows]
 
         return await self._run(q, "read checkpoints")
 
@@ -234,7 +249,8 @@ class SqliteStore:
 
         def q(conn: sqlite3.Connection) -> list[Record]:
             rows = conn.execute(
-                "SELECT chain, seq, body, hash, ts_us, type, request_id "
+                "SELECT chain, seq, CAST(body AS BLOB), CAST(hash AS BLOB), ts_us, type, "
+                "request_id "
                 "FROM audit_records WHERE request_id = ? ORDER BY id",
                 (request_id,),
             ).fetchall()
@@ -249,7 +265,8 @@ class SqliteStore:
 
         def q(conn: sqlite3.Connection) -> list[tuple[int, Record]]:
             rows = conn.execute(
-                "SELECT id, chain, seq, body, hash, ts_us, type, request_id "
+                "SELECT id, chain, seq, CAST(body AS BLOB), CAST(hash AS BLOB), ts_us, type, "
+                "request_id "
                 "FROM audit_records WHERE id > ? "
                 "AND (? IS NULL OR ts_us >= ?) AND (? IS NULL OR ts_us < ?) ORDER BY id LIMIT ?",
                 (after_id, since_us, since_us, until_us, until_us, limit),

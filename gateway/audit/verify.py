@@ -289,6 +289,11 @@ class _Scan:
 
     def feed(self, rec: Record) -> None:
         pos = rec.seq
+        if not isinstance(pos, int) or isinstance(pos, bool):  # an edit in the store
+            self.err("column_mismatch", self.expected,
+                     f"stored column seq={pos!r} is not a sequence number: edited outside the "
+                     "hash")
+            pos = self.expected
         if pos != self.expected:
             self.err(
                 "missing_records",
@@ -441,7 +446,8 @@ async def _verify_chain(
                 f"checkpoint ({source}) is for origin {cp.origin}",
             )
             continue
-        checkpoints.append((source, cp, ts_us))
+        # The stored time is not signed (the note is): one edited into a non-number is unknown.
+        checkpoints.append((source, cp, ts_us if isinstance(ts_us, int) else -1))
     wanted = {cp.size for _, cp, _ in checkpoints}
     if plan.required_tail:
         wanted.add(plan.required_tail[0])
@@ -456,7 +462,7 @@ async def _verify_chain(
         page = await store.read_records(chain, pos, _PAGE)
         for rec in page:
             scan.feed(rec)
-            pos = rec.seq + 1
+            pos = scan.expected
         if len(page) < _PAGE:
             break
     size = scan.rng.size

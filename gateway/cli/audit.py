@@ -107,7 +107,9 @@ def _audit_settings(ctx: typer.Context, config: Path | None) -> AuditSettings | 
         section = doc.get("audit") if isinstance(doc, dict) else None
         if not isinstance(section, dict):
             raise AuditConfigError(f"{config} has no audit: section")
-        return AuditSettings.model_validate(section)
+        # Relative paths (key files, checkpoint_dir, a sqlite:// file) are next to the config,
+        # as for `gateway serve`, not in the working directory.
+        return AuditSettings.model_validate(section).under(config.parent)
     except (OSError, yaml.YAMLError, ValidationError, AuditError) as exc:
         raise _fail(exc) from exc
 
@@ -221,6 +223,9 @@ def export(
     if fmt != "jsonl":
         raise typer.BadParameter("only jsonl is supported", param_hint="--format")
     since_us, until_us = _parse_time(since, "--since"), _parse_time(until, "--until")
+    if since_us is not None and until_us is not None and since_us >= until_us:
+        raise CliError("usage_error", f"--since {since} is not before --until {until}: the "
+                       "window holds no record", hint="--since is inclusive, --until exclusive")
     url = _store_url(ctx, store, config)
 
     async def go() -> int:
@@ -259,7 +264,8 @@ def tail(
     ctx: typer.Context,
     store: StoreOpt = None,
     config: ConfigOpt = None,
-    lines: Annotated[int, typer.Option("-n", "--lines", help="Records to show first.")] = 10,
+    lines: Annotated[int, typer.Option("-n", "--lines", min=0,
+                                       help="Records to show first.")] = 10,
     follow: Annotated[bool, typer.Option("-f", "--follow", help="Keep printing new ones.")] = False,
     as_json: JsonOpt = False,
 ) -> None:
@@ -308,8 +314,9 @@ def prove_cmd(
         return
     try:
         write_atomic(out, text)
-    except OSError as exc:
-        raise _fail(exc) from exc
+    except OSError as exc:  # named by the file asked for, not write_atomic's temporary file
+        raise CliError("io_error", f"cannot write the proof bundle to {out}: "
+                       f"{exc.strerror or exc}") from exc
 
 
 @app.command("verify-proof")
@@ -329,15 +336,15 @@ def verify_proof_cmd(
         raise _fail(AuditError("--public-key is required"))
     try:
         data = json.loads(bundle.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise _fail(exc) from exc
+    except OSError as exc:
+        raise CliError("io_error", f"cannot read proof bundle {bundle}: "
+                       f"{exc.strerror or exc}") from exc
+    except ValueError as exc:  # not JSON, or not UTF-8
+        raise CliError("audit_format", f"{bundle} is not a proof bundle (not JSON: {exc})",
+                       hint="give the file `gateway audit prove --out FILE` wrote") from exc
     try:
         report = verify_proof_report(data, verifiers)
-    except ProofError as exc:
-        if as_json:
-            typer.echo(json.dumps({"ok": False, "error": str(exc)}))
-        raise _fail(exc, 1) from exc
-    except AuditError as exc:
+    except AuditError as exc:  # one error line; with --json the shell's one JSON document
         raise _fail(exc, 1) from exc
     if as_json:
         doc = {"ok": True, "records": report.records, "types": report.types,

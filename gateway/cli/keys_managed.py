@@ -82,7 +82,9 @@ def _config_sections(config: Path | None) -> tuple[dict[str, Any] | None, dict[s
     from gateway.settings import load
 
     try:
-        settings = load(config, os.environ)
+        # Key management needs no backend credential: VLLM_KEY need not be set on the
+        # operator's workstation (check-config and serve still require it).
+        settings = load(config, os.environ, secrets=False)
     except GatewayError as exc:
         raise _fail(exc.message, exc.code) from exc
     keystore = getattr(settings, "keystore", None)

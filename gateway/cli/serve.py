@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from clishell import ConfigOpt, Interrupted, require_config
+from gateway.config_errors import InvalidConfig
+from gateway.errors import ConfigError
 from gateway.hangup import HangupLatch
 from gateway.logs import configure_logging
 from gateway.settings import GatewaySettings, is_loopback_host, load
@@ -124,7 +126,10 @@ def run(
         from policy import import_litellm
 
         import_litellm()
-    gateway = assemble(settings, base, egress=egress)
+    try:
+        gateway = assemble(settings, base, egress=egress)
+    except ConfigError as exc:  # located in the file as check-config reports it
+        raise InvalidConfig(settings.problems_of(exc)) from exc
     on_applied = None
     if gateway.telemetry is not None:
         from gateway.preflight.status import gateway_status

@@ -118,7 +118,10 @@ def preflight(
 @app.command("verify")
 def verify(
     directory: Annotated[Path, typer.Argument(help="Evidence pack directory.")],
-    key: Annotated[Path, _Opt("--key", help="Operator's Ed25519 public key (PEM) you trust.")],
+    key: Annotated[Path, _Opt(
+        "--key", "--public-key",
+        help="Operator's Ed25519 public key (PEM) you trust (also --public-key, the name "
+             "every other verify command uses).")],
     as_json: Annotated[bool, _Opt("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Verify an evidence pack offline (signature, then every file's digest)."""

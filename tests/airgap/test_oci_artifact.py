@@ -55,6 +55,23 @@ def small(tmp_path: Path, keys: KeyPair) -> tuple[Lockfile, Path]:
     return lock, bundle
 
 
+def test_export_prints_the_push_command_with_the_tag_it_wrote(
+    small: tuple[Lockfile, Path], keys: KeyPair, tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The printed ``skopeo copy`` said ``oci:DIR:TAG ... NAME:TAG``; without ``--tag`` the
+    layout's reference is the commit's first 12 hex, which the operator had to dig out of
+    ``index.json``."""
+    lock, bundle = small
+    ref = lock.entry("acme/tiny").commit[:12]
+    capsys.readouterr()
+    assert main(["oci-export", str(bundle), "--public-key", str(keys.public_path),
+                 "--out", str(tmp_path / "oci")]) == 0
+    printed = " ".join(capsys.readouterr().out.split())
+    assert f"push with: skopeo copy oci:{tmp_path / 'oci'}:{ref} " \
+        f"docker://REGISTRY/acme/tiny:{ref}" in printed, printed
+
+
 def test_layout_uses_modelpack_media_types_and_pinned_digests(
     small: tuple[Lockfile, Path], keys: KeyPair, tmp_path: Path
 ) -> None:

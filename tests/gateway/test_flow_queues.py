@@ -15,7 +15,7 @@ from gateway.records import RequestRecord
 from gateway.rewrite import parse_body
 from gateway.routing import Router
 from gateway.settings import parse
-from tests.gateway.helpers import config
+from tests.gateway.helpers import config, sha
 
 
 def _w(flow: str, n: int, weight: float = 1.0, cls: int = 0) -> Waiter[str]:
@@ -323,8 +323,11 @@ def test_class_thresholds_are_inherited_from_the_class_above() -> None:
 
 
 def _gate(**flow: object) -> tuple[FlowGate, Router]:
-    s = parse(config(["http://127.0.0.1:9"], flow_control={"enabled": True, **flow}),
-              {"VLLM_KEY": "x"})
+    cfg = config(["http://127.0.0.1:9"], flow_control={"enabled": True, **flow})
+    named = flow.get("keys")
+    for key_id in named if isinstance(named, dict) else ():  # overrides must name a key
+        cfg["keys"].append({"id": key_id, "sha256": sha(f"sg-{key_id}"), "models": ["*"]})
+    s = parse(cfg, {"VLLM_KEY": "x"})
     router = Router(s)
     return FlowGate(s.flow_control, router, stale_s=2.0), router
 

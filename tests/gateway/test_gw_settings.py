@@ -71,7 +71,27 @@ def test_defaults_and_optional_sections_accepted(tmp_path: Path) -> None:
          "timeouts.connect_s: Input should be greater"),
         (lambda c: c.update(limits={"max_body_bytes": "big"}), "limits.max_body_bytes"),
         (lambda c: c.update(listen={"port": 70000}), "listen.port"),
-        (lambda c: c.update(polcy={}), "polcy: Extra inputs are not permitted"),
+        (lambda c: c.update(polcy={}), "polcy: unknown key (did you mean 'policy'?)"),
+        (lambda c: c["models"][0].update(served_model_nmae="x"),
+         "models[0].served_model_nmae: unknown key (did you mean 'served_model_name'?)"),
+        (lambda c: c["models"][0]["replicas"][0].update(destinaton="x"),
+         "models[0].replicas[0].destinaton: unknown key (did you mean 'destination'?)"),
+        (lambda c: c["keys"][0].update(zzz=1),
+         "keys[0].zzz: unknown key (known here: id, sha256, models, team, data_class)"),
+        (lambda c: c.update(quotas={"keys": {"bot": {"requests_per_minut": 5}}}),
+         "quotas.keys.bot.requests_per_minut: unknown key (did you mean "
+         "'requests_per_minute'?)"),
+        (lambda c: c.update(flow_control={"classes": [{"name": "a", "max_wai_s": 2}]}),
+         "flow_control.classes[0].max_wai_s: unknown key (did you mean 'max_wait_s'?)"),
+        # Without managed keys, an override naming no key or team is a typo (it was accepted:
+        # the key it meant ran without its limit or class).
+        (lambda c: c.update(quotas={"keys": {"team-aa": {"requests_per_minute": 5}}}),
+         "quotas.keys.team-aa: no key has the key id 'team-aa' (known: team-a, team-b)"),
+        (lambda c: c.update(quotas={"teams": {"b": {"tokens_per_day": 5}}}),
+         "quotas.teams.b: no key has the team 'b' (known: a)"),
+        (lambda c: c.update(flow_control={"classes": [{"name": "x"}], "default_class": "x",
+                                          "keys": {"nobody": {"class": "x"}}}),
+         "flow_control.keys.nobody: no key has the key id 'nobody'"),
         (lambda c: c.update(limits={"forward_headers": ["Authorization"]}),
          "limits.forward_headers: 'Authorization' carries client credentials"),
     ],
@@ -127,3 +147,13 @@ def test_environment_never_overrides_file(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setenv("MAX_BODY_BYTES", "1")
     s = parse(config(["http://127.0.0.1:1"]), {"VLLM_KEY": "k"})
     assert s.limits.max_body_bytes == 16 * 1024 * 1024
+
+
+def test_overrides_may_name_managed_keys_when_there_is_a_keystore(tmp_path: Path) -> None:
+    cfg = config(["http://127.0.0.1:1"])
+    cfg["quotas"] = {"keys": {"created-later": {"requests_per_minute": 5}},
+                     "teams": {"search": {"tokens_per_day": 100}}}
+    cfg["keystore"] = {"store": f"sqlite:///{tmp_path}/keys.db"}
+    path = tmp_path / "gw.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    assert "created-later" in load(path, {"VLLM_KEY": "x"}).quotas.keys  # type: ignore[union-attr]

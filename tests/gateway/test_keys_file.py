@@ -101,8 +101,36 @@ def test_keys_file_missing_or_not_yaml(tmp_path: Path) -> None:
     assert f"keys_file: cannot read {tmp_path / 'absent.yaml'}: No such file or directory" in msg
     (tmp_path / "bad.yaml").write_text("- {id: [\n", encoding="utf-8")
     msg = _error(tmp_path, [FILE_KEY], keys_file="bad.yaml")
-    assert f"keys_file: {tmp_path / 'bad.yaml'}: not valid YAML" in msg, msg
+    assert f"keys_file: {tmp_path / 'bad.yaml'}:2: not valid YAML" in msg, msg
     assert "Traceback" not in msg
+
+
+def test_a_key_written_twice_in_one_entry_is_refused_with_its_line(tmp_path: Path) -> None:
+    """Like the config file itself: PyYAML kept the last ``models`` silently, so a reviewed
+    Secret granting one model could grant another."""
+    cfg = {**config(["http://127.0.0.1:9"]), "keys_file": "keys.yaml"}
+    path = _write(tmp_path, cfg, [])
+    (tmp_path / "keys.yaml").write_text(
+        f"- id: team-file\n  sha256: {sha('sg-from-file')}\n  models: [llama-3.1-8b]\n"
+        "  models: [other-model]\n", encoding="utf-8")
+    with pytest.raises(ConfigError) as info:
+        load(path, {"VLLM_KEY": "x"})
+    keys = tmp_path / "keys.yaml"
+    assert info.value.message.endswith(
+        f"keys_file ({keys})[0].models: duplicate key 'models' (line 4 of {keys})"), \
+        info.value.message
+
+
+def test_invalid_yaml_in_the_keys_file_is_one_line_with_its_line(tmp_path: Path) -> None:
+    cfg = {**config(["http://127.0.0.1:9"]), "keys_file": "keys.yaml"}
+    path = _write(tmp_path, cfg, [])
+    (tmp_path / "keys.yaml").write_text("- {id: team-file\n", encoding="utf-8")
+    with pytest.raises(ConfigError) as info:
+        load(path, {"VLLM_KEY": "x"})
+    msg = info.value.message
+    assert len(msg.splitlines()) == 1, msg
+    assert msg.endswith(f"keys_file: {tmp_path / 'keys.yaml'}:2: not valid YAML: expected ',' "
+                        "or '}', but got '<stream end>'"), msg
 
 
 @pytest.mark.parametrize("value", [5, "", ["a"]])

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import hashlib
+import io
 import json
 from pathlib import Path
 from typing import Any
@@ -23,7 +25,16 @@ from gateway.audit import (
     prove,
     verify_proof,
 )
+from gateway.cli import main
 from tests.gateway.gateway_cli import gateway
+
+
+def _separate(*args: str) -> tuple[int, str, str]:
+    """``gateway ARGS...`` in this process: exit status, standard output, standard error."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(list(args))
+    return code, out.getvalue(), err.getvalue()
 
 
 def _h(data: bytes) -> bytes:
@@ -132,8 +143,9 @@ def test_cli_prove_verify_export_tail(tmp_path: Path, signer: Signer) -> None:
     doc = json.loads(out.read_text())
     doc["entries"][0]["record"] = doc["entries"][0]["record"].replace('"v":1', '"v":2')
     out.write_text(json.dumps(doc))
-    res = gateway("audit", *["verify-proof", str(out), "--public-key", str(pub), "--json"])
-    assert res.exit_code == 1 and json.loads(res.output.splitlines()[0])["ok"] is False
+    code, stdout, _ = _separate("audit", "verify-proof", str(out), "--public-key", str(pub),
+                                "--json")
+    assert code == 1 and json.loads(stdout)["ok"] is False
 
     res = gateway("audit", *["export", "--store", url, "--since", "2000-01-01T00:00:00"])
     lines = [json.loads(line) for line in res.output.splitlines()]
@@ -171,3 +183,61 @@ def test_cli_export_into_a_closed_pipe_ends_quietly(tmp_path: Path, signer: Sign
     assert proc.wait(timeout=60) == 1
     assert json.loads(first)["seq"] == 0
     assert err == ""
+
+
+def test_proof_failures_name_the_record_and_the_file(tmp_path: Path, signer: Signer) -> None:
+    """``--json`` gives one JSON document (there were two: the command's own, whose ``error``
+    was a bare string, then the shell's); a failed inclusion names the entry and its record;
+    a file that is not JSON names the file (it said ``Expecting value: line 1 column 1``)."""
+    url = f"sqlite://{tmp_path / 'a.db'}"
+    chain = write_log(url, signer, 6)
+    pub = tmp_path / "audit.pub"
+    pub.write_text(signer.verifier.vkey + "\n")
+    out = tmp_path / "proof.json"
+    assert gateway("audit", "prove", "req-3", "--store", url, "--out", str(out)).exit_code == 0
+    doc = json.loads(out.read_text())
+    doc["entries"][0]["proof"][0] = base64.b64encode(b"\x00" * 32).decode()
+    out.write_text(json.dumps(doc))
+
+    code, stdout, stderr = _separate("audit", "verify-proof", str(out), "--public-key",
+                                     str(pub), "--json")
+    assert code == 1
+    error = json.loads(stdout)["error"]  # the whole of stdout is one document
+    assert error["code"] == "audit_proof_invalid"
+    assert error["message"] == (f"proof entry 0 ({chain}#4 request.started): inclusion proof "
+                                "does not lead to the checkpoint root")
+    assert stderr.strip() == f"gateway: error [audit_proof_invalid]: {error['message']}"
+
+    code, _, stderr = _separate("audit", "verify-proof", str(pub), "--public-key", str(pub))
+    assert code == 2
+    assert stderr.startswith(f"gateway: error [audit_format]: {pub} is not a proof bundle "
+                             "(not JSON: "), stderr
+    code, _, stderr = _separate("audit", "prove", "req-3", "--store", url, "--out",
+                                str(tmp_path / "absent" / "proof.json"))
+    assert code == 2  # was config_error naming write_atomic's temporary file
+    assert stderr.strip().splitlines()[-1] == (
+                              f"gateway: error [io_error]: cannot write the proof bundle to "
+                              f"{tmp_path / 'absent' / 'proof.json'}: No such file or "
+                              "directory"), stderr
+    code, _, stderr = _separate("audit", "verify-proof", str(tmp_path / "absent.json"),
+                                "--public-key", str(pub))
+    assert code == 2
+    assert stderr.strip() == (f"gateway: error [io_error]: cannot read proof bundle "
+                              f"{tmp_path / 'absent.json'}: No such file or directory"), stderr
+
+
+def test_export_and_tail_refuse_an_empty_window_and_negative_lines(
+    tmp_path: Path, signer: Signer
+) -> None:
+    """``export --since`` after ``--until`` printed nothing and exited 0 (a report of no
+    requests); ``tail -n -3`` printed nothing and exited 0."""
+    url = f"sqlite://{tmp_path / 'a.db'}"
+    write_log(url, signer, 4)
+    code, out, err = _separate("audit", "export", "--store", url, "--since", "2026-12-02",
+                               "--until", "2026-11-01")
+    assert (code, out) == (2, "")
+    assert err.strip() == ("gateway: error [usage_error]: --since 2026-12-02 is not before "
+                           "--until 2026-11-01: the window holds no record (hint: --since is "
+                           "inclusive, --until exclusive)"), err
+    code, out, err = _separate("audit", "tail", "--store", url, "-n", "-3")
+    assert (code, out) == (2, "") and "greater than or equal to 0" in err, err

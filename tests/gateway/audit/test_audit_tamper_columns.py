@@ -14,10 +14,12 @@ import sqlite3
 import time
 from pathlib import Path
 
+import pytest
 from _audit_helpers import codes_at, raw_sql, verify, write_log
 
 from gateway.audit import Signer
 from gateway.audit.records import canonical_json
+from gateway.cli import main
 
 N = 12
 
@@ -141,3 +143,60 @@ def test_restart_that_does_not_name_its_predecessor_fails(tmp_path: Path, signer
 def body_of(url: str, chain: str, seq: int) -> bytes:
     rows = raw_sql(url, "SELECT body FROM audit_records WHERE chain = ? AND seq = ?", chain, seq)
     return bytes(rows[0][0])
+
+
+# Edits made the natural way with the sqlite3 shell change a column's storage class (its
+# replace() returns TEXT, hex() is TEXT, a quoted value in an INTEGER column stays TEXT, a
+# cast can put bytes that are not UTF-8 into a TEXT column). `gateway audit verify` failed on
+# them with `internal_error` (TypeError) or `audit_unavailable` (sqlite3's decode error), exit
+# 2 and no finding; it must report the edited record, exit 1.
+SQLITE_EDITS = [
+    ("UPDATE audit_records SET body = replace(body, 'req-4', 'req-x') WHERE chain = ? AND seq = 5",
+     "hash_mismatch", 5, "does not match its stored hash"),
+    ("UPDATE audit_records SET hash = lower(hex(hash)) WHERE chain = ? AND seq = 6",
+     "hash_mismatch", 6, "does not match its stored hash"),
+    # A TEXT seq sorts after every number: seq 7 is missing, the edited row comes last.
+    ("UPDATE audit_records SET seq = 'x' WHERE chain = ? AND seq = 7",
+     "missing_records", 7, "records 7..7 missing"),
+    ("UPDATE audit_records SET seq = 'x' WHERE chain = ? AND seq = 7",
+     "column_mismatch", None, "stored column seq='x' is not a sequence number"),
+    ("UPDATE audit_records SET type = CAST(x'ff00' AS TEXT) WHERE chain = ? AND seq = 8",
+     "column_mismatch", 8, "stored column type="),
+    ("UPDATE audit_records SET body = CAST(x'ff00' AS TEXT) WHERE chain = ? AND seq = 9",
+     "hash_mismatch", 9, "does not match its stored hash"),
+]
+
+
+def test_sqlite_shell_edits_are_findings_not_crashes(
+    tmp_path: Path, signer: Signer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pub = tmp_path / "audit.pub"
+    pub.write_text(signer.verifier.vkey + "\n")
+    for n, (sql, code, seq, text) in enumerate(SQLITE_EDITS):
+        url = f"sqlite://{tmp_path / f'a{n}.db'}"
+        chain = write_log(url, signer, N)
+        raw_sql(url, sql, chain)
+        report = verify(url, signer)
+        assert not report.ok, sql
+        found = [f for f in report.errors if (f.code, f.chain) == (code, chain)
+                 and seq in (None, f.seq)]
+        assert found and text in found[0].message, (sql, [str(f) for f in report.errors])
+        capsys.readouterr()
+        assert main(["audit", "verify", "--store", url, "--public-key", str(pub)]) == 1, sql
+        assert "internal_error" not in capsys.readouterr().err
+
+
+def test_an_edited_checkpoint_time_is_not_a_crash(
+    tmp_path: Path, signer: Signer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The stored checkpoint time is unsigned metadata (the signed note carries the tree): a
+    non-number there crashed the sort of the checkpoints (internal_error, exit 2)."""
+    url = f"sqlite://{tmp_path / 'a.db'}"
+    chain = write_log(url, signer, N)
+    raw_sql(url, "UPDATE audit_checkpoints SET ts_us = 'y' WHERE chain = ? AND size = 13", chain)
+    assert verify(url, signer).ok
+    pub = tmp_path / "audit.pub"
+    pub.write_text(signer.verifier.vkey + "\n")
+    capsys.readouterr()
+    assert main(["audit", "verify", "--store", url, "--public-key", str(pub)]) == 0
+    assert "OK: no tampering found" in capsys.readouterr().out

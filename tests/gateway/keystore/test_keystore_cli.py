@@ -109,6 +109,26 @@ def test_create_list_rotate_revoke_with_audit(audited: tuple[Path, str]) -> None
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+def test_keys_need_no_backend_credentials(
+    audited: tuple[Path, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The README's config names ``api_key_env: VLLM_KEY``; managing keys from an operator's
+    workstation refused with ``environment variable VLLM_KEY is not set``."""
+    cfg, _ = audited
+    doc = yaml.safe_load(cfg.read_text())
+    doc["models"][0]["replicas"][0]["api_key_env"] = "VLLM_KEY"
+    cfg.write_text(yaml.safe_dump(doc))
+    monkeypatch.delenv("VLLM_KEY", raising=False)
+    res = invoke("create", "--models", "llama-3.1-8b", "--id", "ops", "--config", str(cfg))
+    assert res.exit_code == 0, res.output
+    res = invoke("list", "--config", str(cfg))
+    assert res.exit_code == 0 and "ops" in res.output, res.output
+    doc["models"][0]["replicas"][0]["api_key"] = "inline-secret"
+    cfg.write_text(yaml.safe_dump(doc))
+    res = invoke("list", "--config", str(cfg))  # an inline key is still refused
+    assert res.exit_code == 2 and "api_key: secrets do not belong in the file" in res.output
+
+
 def test_changes_refuse_to_run_unaudited(tmp_path: Path) -> None:
     store = f"sqlite://{tmp_path / 'k.db'}"
     res = invoke("create", "--models", "m", "--store", store)

@@ -43,6 +43,16 @@ def _verify(out: Path, pub: Path, capsys: pytest.CaptureFixture[str]) -> tuple[i
     return code, (json.loads(text) if text.strip() else {})
 
 
+def test_verify_takes_public_key_as_every_other_verify_command(
+        pack: Path, operator_key: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    """``gateway audit verify``, ``weights verify``, ``airgap verify`` take ``--public-key``;
+    ``preflight verify --public-key`` was ``No such option``."""
+    capsys.readouterr()
+    code = main(["preflight", "verify", str(pack), "--public-key", str(operator_key[1])])
+    assert code == 0, capsys.readouterr().err
+    assert "signature: verified" in capsys.readouterr().out
+
+
 def test_pack_verifies_and_lists_every_file(pack: Path, operator_key: tuple[Path, Path],
                                             capsys: pytest.CaptureFixture[str]) -> None:
     code, result = _verify(pack, operator_key[1], capsys)
