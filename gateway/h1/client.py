@@ -277,6 +277,10 @@ class RelayClient:
                 self._waiters.append(waiter)
                 try:
                     await waiter
+                except BaseException:
+                    if waiter.done() and not waiter.cancelled():
+                        self._wake_one()  # woken but leaving (cancelled): pass the slot on
+                    raise
                 finally:
                     with contextlib.suppress(ValueError):
                         self._waiters.remove(waiter)

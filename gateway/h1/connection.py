@@ -218,6 +218,9 @@ class H1Connection(asyncio.Protocol):
     def finish(self) -> None:
         """End the exchange (the connection goes idle, or is closed by the caller)."""
         self._active = False
+        # Any byte from now on answers no request of ours: with no decoder, data_received
+        # takes it for what it is (garbage on an idle connection) and drops the connection.
+        self._decoder = None
 
     def close(self) -> None:
         """Close the connection gracefully (a finished exchange, an idle connection)."""

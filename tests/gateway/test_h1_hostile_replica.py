@@ -1,0 +1,85 @@
+"""The relay's upstream client (gateway.h1) against a hostile or broken replica.
+
+Each test runs a real loopback server that misbehaves in one way: bytes on a pooled connection
+that no request asked for, a head dribbled byte by byte, a status code outside HTTP's range,
+and a request waiting for a pool slot that leaves just as it is handed one. What the client must
+do: refuse or drop the connection, never hang, never hand the bytes to another request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from gateway.h1.connection import HIGH_WATER
+from tests.gateway.test_h1_client import Backend, client, read_all, run
+
+OK = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"
+
+
+@pytest.mark.parametrize("unsolicited", [
+    b"HTTP/1.1 200 OK\r\ncontent-length: 4\r\n\r\nevil",  # an answer to a request not sent yet
+    b"x" * (HIGH_WATER + 1024),  # enough bytes to pause reading
+], ids=["response", "flood"])
+def test_bytes_on_an_idle_pooled_connection_close_it(unsolicited: bytes) -> None:
+    async def test() -> None:
+        released = asyncio.Event()
+
+        async def answer(n: int, writer: asyncio.StreamWriter) -> bool:
+            if backend.connections == 1:
+                writer.write(OK)
+                await writer.drain()
+                await released.wait()  # the connection is idle in the pool now
+                writer.write(unsolicited)
+                return True
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 6\r\n\r\nsecond")
+            return True
+
+        backend = Backend(answer)
+        url = await backend.start()
+        c = client()
+        assert await read_all(c, url) == (200, b"ok")
+        assert c.idle_connections() == 1
+        released.set()
+        async with asyncio.timeout(5):
+            await backend.closed.wait()  # the client dropped the connection at once
+        assert c.idle_connections() == 0
+        async with asyncio.timeout(5):
+            assert await read_all(c, url) == (200, b"second")
+        assert backend.connections == 2
+        await c.close()
+        await backend.stop()
+
+    run(test)
+
+
+def test_a_waiter_that_leaves_as_it_is_woken_passes_the_slot_on() -> None:
+    """limit=1: the slot freed by the first request goes to the third when the second leaves."""
+
+    async def test() -> None:
+        backend = Backend(lambda n, writer: _write(writer, OK))
+        url = await backend.start()
+        c = client(limit=1)
+        resp = await c.post(url, "/v1/x", {}, b"{}")
+        assert await resp.read() == b"ok" and await resp.read() == b""
+        second = asyncio.create_task(read_all(c, url))
+        third = asyncio.create_task(read_all(c, url))
+        for _ in range(5):  # both are waiting for the one connection
+            await asyncio.sleep(0)
+        resp.release()  # wakes the second ...
+        second.cancel()  # ... which leaves before it runs (a client gone, a deadline passed)
+        with pytest.raises(asyncio.CancelledError):
+            await second
+        async with asyncio.timeout(5):
+            assert await third == (200, b"ok")
+        assert backend.connections == 1
+        await c.close()
+        await backend.stop()
+
+    run(test)
+
+
+async def _write(writer: asyncio.StreamWriter, data: bytes) -> bool:
+    writer.write(data)
+    return True
