@@ -9,11 +9,16 @@ do: refuse or drop the connection, never hang, never hand the bytes to another r
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
+from typing import Any
 
+import httpx
 import pytest
 
+from gateway.h1 import ProtocolError
 from gateway.h1.connection import HIGH_WATER
-from tests.gateway.test_h1_client import Backend, client, read_all, run
+from tests.gateway.helpers import KEY_A, settings, start_gateway
+from tests.gateway.test_h1_client import Backend, RawBackend, client, read_all, replies, run
 
 OK = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"
 
@@ -83,3 +88,56 @@ def test_a_waiter_that_leaves_as_it_is_woken_passes_the_slot_on() -> None:
 async def _write(writer: asyncio.StreamWriter, data: bytes) -> bool:
     writer.write(data)
     return True
+
+
+@pytest.mark.parametrize("status_line", [
+    b"HTTP/1.1 600 Custom", b"HTTP/1.1 999 Custom", b"HTTP/1.1 200 O\x00K", b"HTTP/1.1 200 O\x7fK",
+], ids=["600", "999", "nul-in-reason", "del-in-reason"])
+def test_status_outside_http_or_control_in_reason_is_refused(status_line: bytes) -> None:
+    async def test() -> None:
+        backend = Backend(replies(status_line + b"\r\ncontent-length: 2\r\n\r\n{}"))
+        url = await backend.start()
+        c = client()
+        with pytest.raises(ProtocolError, match="malformed status line"):
+            await c.post(url, "/v1/x", {}, b"{}")
+        await c.close()
+        await backend.stop()
+
+    run(test)
+
+
+def test_status_outside_http_reaches_the_client_as_an_openai_error(
+    serve_asgi: Callable[..., Any],
+) -> None:
+    """Relayed as is, status 999 broke the client's response (a bare disconnect)."""
+    backend = RawBackend(b"HTTP/1.1 999 Custom\r\ncontent-type: application/json\r\n"
+                         b"content-length: 2\r\n\r\n{}")
+    try:
+        url = start_gateway(serve_asgi, settings([backend.url]))
+        r = httpx.post(url + "/v1/chat/completions", timeout=10,
+                       headers={"authorization": f"Bearer {KEY_A}"},
+                       json={"model": "llama-3.1-8b",
+                             "messages": [{"role": "user", "content": "hi"}]})
+        assert r.status_code == 502
+        assert r.json()["error"]["code"] == "upstream_error"
+        assert "malformed HTTP response" in r.json()["error"]["message"]
+    finally:
+        backend.stop()
+
+
+def test_http10_keep_alive_response_with_a_transfer_coding_is_not_pooled() -> None:
+    """RFC 9112 6.1: such a message's framing is faulty; the connection is closed after it."""
+
+    async def test() -> None:
+        backend = Backend(replies(b"HTTP/1.0 200 OK\r\nconnection: keep-alive\r\n"
+                                  b"transfer-encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n"))
+        url = await backend.start()
+        c = client()
+        assert await read_all(c, url) == (200, b"ok")
+        assert c.idle_connections() == 0
+        assert await read_all(c, url) == (200, b"ok")
+        assert backend.connections == 2
+        await c.close()
+        await backend.stop()
+
+    run(test)
