@@ -9,6 +9,8 @@ do: refuse or drop the connection, never hang, never hand the bytes to another r
 from __future__ import annotations
 
 import asyncio
+import socket
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -16,7 +18,8 @@ import httpx
 import pytest
 
 from gateway.h1 import ProtocolError
-from gateway.h1.connection import HIGH_WATER
+from gateway.h1.connection import HIGH_WATER, H1Connection
+from gateway.h1.framing import MAX_HEAD_BYTES
 from tests.gateway.helpers import KEY_A, settings, start_gateway
 from tests.gateway.test_h1_client import Backend, RawBackend, client, read_all, replies, run
 
@@ -139,5 +142,55 @@ def test_http10_keep_alive_response_with_a_transfer_coding_is_not_pooled() -> No
         assert backend.connections == 2
         await c.close()
         await backend.stop()
+
+    run(test)
+
+
+def test_a_head_dribbled_byte_by_byte_costs_linear_time() -> None:
+    """A replica that sends its head one byte per segment (slow loris) must not make the
+    client copy and rescan the whole head on every byte (64 KiB: 1.5 s of CPU, quadratic)."""
+    head = (b"HTTP/1.1 200 OK\r\nx-pad: " + b"a" * (MAX_HEAD_BYTES - 64)
+            + b"\r\ncontent-length: 2\r\n\r\n")
+
+    async def test() -> None:
+        loop = asyncio.get_running_loop()
+        ours, theirs = socket.socketpair()
+        conn = H1Connection()
+        await loop.connect_accepted_socket(lambda: conn, sock=ours)
+        conn.send(b"POST / HTTP/1.1\r\n\r\n")
+        start = time.process_time()
+        for i in range(len(head)):  # what the protocol sees of a one-byte-per-segment replica
+            conn.data_received(head[i:i + 1])
+        spent = time.process_time() - start
+        conn.data_received(b"ok")
+        assert (await conn.read_head()).status == 200 and await conn.read() == b"ok"
+        conn.abort()
+        theirs.close()
+        assert spent < 0.5, f"{spent:.2f} s of CPU for a {len(head)}-byte head"
+
+    run(test)
+
+
+def test_interim_and_final_heads_split_anywhere_parse_alike() -> None:
+    wire = (b"HTTP/1.1 103 Early Hints\r\nlink: </x>\r\n\r\n"
+            b"HTTP/1.1 100 Continue\r\n\r\n"
+            b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\nx-a: b\r\n\r\nhello")
+
+    async def test() -> None:
+        loop = asyncio.get_running_loop()
+        for cut in range(1, len(wire)):
+            for second in (cut, min(cut + 7, len(wire))):
+                ours, theirs = socket.socketpair()
+                conn = H1Connection()
+                await loop.connect_accepted_socket(lambda c=conn: c, sock=ours)
+                conn.send(b"POST / HTTP/1.1\r\n\r\n")
+                for piece in (wire[:cut], wire[cut:second], wire[second:]):
+                    if piece:
+                        conn.data_received(piece)
+                head = await conn.read_head()
+                assert (head.status, head.headers["x-a"]) == (200, "b"), cut
+                assert await conn.read() == b"hello" and conn.body_done
+                conn.abort()
+                theirs.close()
 
     run(test)
