@@ -182,7 +182,9 @@ class RelayClient:
         self._tls = tls if isinstance(tls, ssl.SSLContext) else None
         self._limit = limit
         self._keep_alive_s = keep_alive_s
-        self._connect_s = connect_s
+        self.connect_s = connect_s
+        """Longest TCP and TLS set-up in seconds for the next connections (a live reload of
+        ``timeouts.connect_s`` sets it)."""
         self._observers = tuple(observers)
         self._idle: dict[_Origin, list[tuple[H1Connection, asyncio.TimerHandle]]] = {}
         self._origins: dict[str, _Origin] = {}
@@ -290,7 +292,7 @@ class RelayClient:
         self._open += 1
         conn = H1Connection(self._lost)
         try:
-            async with asyncio.timeout(self._connect_s):
+            async with asyncio.timeout(self.connect_s):
                 sock = await self._dial(origin.host, origin.port)
                 try:
                     await loop.create_connection(
@@ -305,7 +307,7 @@ class RelayClient:
             raise ConnectFailed(f"certificate verification failed: {exc}", True) from exc
         except TimeoutError as exc:
             self._not_opened(conn)
-            raise ConnectTimedOut(f"not connected within {self._connect_s} s") from exc
+            raise ConnectTimedOut(f"not connected within {self.connect_s} s") from exc
         except OSError as exc:
             self._not_opened(conn)
             raise ConnectFailed(f"{type(exc).__name__}: {exc}") from exc
