@@ -202,7 +202,8 @@ class RelayClient:
         return sum(len(v) for v in self._idle.values())
 
     async def post(self, url: str, path: str, headers: dict[str, str], body: bytes, *,
-                   fresh: bool = False) -> Response:
+                   fresh: bool = False,
+                   on_slot: Callable[[], None] | None = None) -> Response:
         """Send ``POST url+path`` and return the response once its head arrived.
 
         Args:
@@ -212,6 +213,8 @@ class RelayClient:
                 set here). Observers may add to it.
             body: The request body.
             fresh: Use a new connection and close it after the response.
+            on_slot: Called once the request has its connection (an idle one, or room for a
+                new one): until then it waits for one of the ``limit`` connections.
 
         Raises:
             ConnectFailed: TCP/TLS connection failed.
@@ -228,7 +231,7 @@ class RelayClient:
                   for o in self._observers]
         conn: H1Connection | None = None
         try:
-            conn = await self._acquire(origin, fresh)
+            conn = await self._acquire(origin, fresh, on_slot)
             conn.send(_request_head(origin, path, headers, len(body)) + body)
             head = await conn.read_head()
         except BaseException as exc:
@@ -262,7 +265,8 @@ class RelayClient:
 
     # the pool -----------------------------------------------------------------------------
 
-    async def _acquire(self, origin: _Origin, fresh: bool) -> H1Connection:
+    async def _acquire(self, origin: _Origin, fresh: bool,
+                       on_slot: Callable[[], None] | None) -> H1Connection:
         while True:
             if self._closed:
                 raise ConnectFailed("the upstream client is closed")
@@ -271,8 +275,12 @@ class RelayClient:
                 conn, timer = idle.pop()  # the most recently used: least likely to be stale
                 timer.cancel()
                 if conn.usable:
+                    if on_slot is not None:
+                        on_slot()
                     return conn
             if self._limit <= 0 or self._open < self._limit:
+                if on_slot is not None:
+                    on_slot()
                 return await self._connect(origin)
             if not self._close_one_idle():
                 waiter = asyncio.get_running_loop().create_future()
