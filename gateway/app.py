@@ -215,6 +215,7 @@ def create_app(
         def swap(new: Gateway) -> None:
             # One step on the event loop: requests already running keep their snapshot.
             cell.current = dataclasses.replace(cell.current, **_request_parts(new, new.settings))
+            upstream.connect_s = new.settings.timeouts.connect_s  # reloadable; read per dial
             prober.rebind(new.router)
             scraper.rebind(new.router)
             if new.flow is not None:

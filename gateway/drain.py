@@ -10,8 +10,9 @@ Sequence (``gateway serve``, see :class:`gateway.server.GatewayServer`):
 3. At ``timeout_s`` after the signal: :meth:`Drain.cut_open` cancels the requests still running;
    a stream ends with a final SSE ``data: {"error": ...}`` event (code
    ``gateway_shutting_down``), a request not yet answered gets a 503, and both are audited with
-   that error code. Then the lifespan shuts down (the audit chain is sealed with a final signed
-   checkpoint) and the process exits 0.
+   that error code; a connection still open a second later (its client does not read that
+   final event) is closed (:data:`gateway.server.FINAL_WRITE_S`). Then the lifespan shuts
+   down (the audit chain is sealed with a final signed checkpoint) and the process exits 0.
 4. A second SIGTERM or SIGINT during the drain stops at once.
 
 The chart sets ``terminationGracePeriodSeconds`` to ``timeout_s`` plus a margin

@@ -24,7 +24,8 @@ Tree::
     │   ├── UpstreamEgressDenied     upstream_egress_denied / redirect_refused (transport policy)
     │   └── UpstreamStatusError      upstream_<status>      (relayed 5xx/429 after retries)
     ├── ServiceUnavailable      503  service_unavailable
-    │   └── NoHealthyReplica         no_healthy_replica
+    │   ├── NoHealthyReplica         no_healthy_replica
+    │   └── UpstreamConnectionsExhausted  upstream_connections_exhausted (no replica at fault)
     └── UpstreamTimeout         504  upstream_timeout (first byte / idle)
         └── UpstreamConnectTimeout   upstream_connect_timeout (retried on another replica)
 """
@@ -50,6 +51,7 @@ __all__ = [
     "ServiceUnavailable",
     "UpstreamConnectError",
     "UpstreamConnectTimeout",
+    "UpstreamConnectionsExhausted",
     "UpstreamEgressDenied",
     "UpstreamError",
     "UpstreamStatusError",
@@ -247,6 +249,13 @@ class NoHealthyReplica(ServiceUnavailable):
     """Every replica of the model is down or was already tried."""
 
     code = "no_healthy_replica"
+
+
+class UpstreamConnectionsExhausted(ServiceUnavailable):
+    """Every upstream connection (``limits.max_upstream_connections``) stayed busy until the
+    request's first-byte deadline: nothing was sent to a replica."""
+
+    code = "upstream_connections_exhausted"
 
 
 class UpstreamTimeout(GatewayError):

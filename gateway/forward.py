@@ -27,6 +27,7 @@ from gateway.errors import (
     GatewayError,
     NoHealthyReplica,
     UpstreamConnectError,
+    UpstreamConnectionsExhausted,
     UpstreamConnectTimeout,
     UpstreamStatusError,
     UpstreamTimeout,
@@ -198,9 +199,13 @@ class _Relay:
     phase: str = "first_byte"
     scanner: SSEUsageScanner | None = None
     complete: bool = False
+    has_slot: bool = False  # the request got an upstream connection (else it waited for one)
 
     def at_boundary(self) -> bool:
         return self.scanner.at_boundary if self.scanner is not None else True
+
+    def got_slot(self) -> None:
+        self.has_slot = True
 
 
 class _IdleDeadline:
@@ -280,7 +285,8 @@ async def _attempt(
             relay = _Relay(ex, replica, deadline)
             try:
                 resp = await ex.state.upstream.post(
-                    replica.url, ex.record.path, headers, body, fresh=fresh)
+                    replica.url, ex.record.path, headers, body, fresh=fresh,
+                    on_slot=relay.got_slot)
                 if ex.state.refuse_redirects and resp.status in REDIRECT_STATUSES:
                     raise redirect_refused(resp.host, resp.port, resp.status,
                                            resp.headers.get("location", ""))
@@ -471,9 +477,21 @@ async def _upstream_failed(relay: _Relay, exc: BaseException) -> None:
 
 
 async def _timed_out(relay: _Relay, exc: TimeoutError) -> None:
-    """The first-byte or idle deadline passed (raises before the response started)."""
+    """The first-byte or idle deadline passed (raises before the response started).
+
+    Raises:
+        UpstreamConnectionsExhausted: The request was still waiting for an upstream
+            connection (the replica is not ejected: it was not asked).
+        UpstreamTimeout: The replica did not answer in time (it is ejected).
+    """
     ex, replica, phase = relay.ex, relay.replica, relay.phase
     timeouts = ex.state.settings.timeouts
+    if not relay.has_slot:
+        # Still waiting for one of the gateway's upstream connections: no replica was asked.
+        raise UpstreamConnectionsExhausted(
+            f"Every upstream connection of the gateway (limits.max_upstream_connections = "
+            f"{ex.state.settings.limits.max_upstream_connections}) stayed busy for the "
+            f"{timeouts.first_byte_s} s first-byte limit; try again later.") from exc
     ex.pool.eject(replica)
     what = {"first_byte": "send its first byte", "stream": "send the next event",
             "body": "send the rest of the response"}[phase]

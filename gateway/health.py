@@ -17,9 +17,13 @@ from gateway.routing import Replica, Router
 from gateway.settings import HealthSettings
 from gateway.upstream import USER_AGENT
 
-__all__ = ["HealthProber", "probe"]
+__all__ = ["MAX_PROBE_BODY", "HealthProber", "probe"]
 
 _log = logging.getLogger(__name__)
+
+MAX_PROBE_BODY = 64 * 1024
+"""Bytes of a probe's answer read at most (the body is not used; a longer one is not read on,
+the connection is dropped)."""
 
 
 async def probe(
@@ -41,7 +45,11 @@ async def probe(
             async with session.get(
                 replica.url + settings.path, headers=headers, allow_redirects=False, ssl=ssl
             ) as resp:
-                await resp.read()
+                left = MAX_PROBE_BODY
+                while left > 0 and (chunk := await resp.content.read(left)):
+                    left -= len(chunk)
+                if left <= 0 and not resp.content.at_eof():
+                    resp.close()  # an endless answer: not kept in memory, nor the connection
                 return resp.status == 200
     except (aiohttp.ClientError, OSError, TimeoutError):
         return False

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import signal
 import socket
 from collections.abc import Callable
@@ -28,7 +29,7 @@ from typing import TYPE_CHECKING
 import uvicorn
 
 from clishell import CliError
-from gateway.drain import SHUTDOWN_MARGIN_S, Drain
+from gateway.drain import Drain
 from gateway.hangup import HangupLatch
 from gateway.runtime_tuning import freeze_startup_heap, tune_gc
 
@@ -37,7 +38,11 @@ if TYPE_CHECKING:
 
 _log = logging.getLogger(__name__)
 
-__all__ = ["STARTUP_FAILURE", "GatewayServer", "run_server"]
+FINAL_WRITE_S = 1.0
+"""Seconds after the drain deadline that a cut request has to write its final event; its
+connection is then closed (a client that does not read would hold the shutdown)."""
+
+__all__ = ["FINAL_WRITE_S", "STARTUP_FAILURE", "GatewayServer", "run_server"]
 
 STARTUP_FAILURE = 3
 """Exit status when the server did not start (same as ``uvicorn.main.STARTUP_FAILURE``)."""
@@ -115,10 +120,25 @@ class GatewayServer(uvicorn.Server):
         self.should_exit = True  # uvicorn's main loop closes the listener and idle connections
 
     def _deadline(self) -> None:
-        assert self.drain is not None
+        assert self.drain is not None and self._loop is not None
         cut = self.drain.cut_open()
         if cut:
             _log.warning("drain deadline: %d request(s) still running ended", cut)
+        self._loop.call_later(FINAL_WRITE_S, self._abort_stuck)
+
+    def _abort_stuck(self) -> None:
+        """Close the connections still open :data:`FINAL_WRITE_S` after the drain deadline.
+
+        A request cut at the deadline writes its final event; to a client that stopped reading,
+        that write waits for ever. Closing the connection ends the write (and the request), so
+        the lifespan shutdown (the audit chain sealed) runs before the orchestrator's SIGKILL.
+        """
+        stuck = [c for c in self.server_state.connections if c.transport is not None]
+        for connection in stuck:
+            connection.transport.abort()
+        if stuck:
+            _log.warning("drain deadline: %d connection(s) whose client did not read the end "
+                         "of its response closed", len(stuck))
 
 
 def run_server(
@@ -150,8 +170,12 @@ def run_server(
     """
     tune_gc()
     if drain is not None:
-        # uvicorn's own cut (tasks cancelled, no final event) only as a backstop after ours.
-        config.timeout_graceful_shutdown = int(drain.settings.timeout_s + SHUTDOWN_MARGIN_S)
+        # uvicorn's own cut (tasks cancelled, no final event) only as a backstop after ours,
+        # and early enough for the lifespan shutdown within SHUTDOWN_MARGIN_S: its wait starts
+        # when the listener closes, delay_s after the signal.
+        cfg = drain.settings
+        config.timeout_graceful_shutdown = math.ceil(
+            cfg.timeout_s - cfg.delay_s + FINAL_WRITE_S + 1.0)
     if reloader is not None:
         HangupLatch.install()  # held until startup() handles it
     server = GatewayServer(config, drain, reloader, on_started=on_started,

@@ -24,7 +24,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["SSEUsageScanner", "Usage", "usage_from_body", "usage_from_mapping"]
+__all__ = ["MAX_EVENT_BYTES", "SSEUsageScanner", "Usage", "usage_from_body", "usage_from_mapping"]
 
 # An empty line: a line terminator immediately followed by another. Atomic groups stop "\r\n"
 # from being read as two terminators ("\r" then "\n").
@@ -37,6 +37,15 @@ _LF_DATA = b"\ndata:"
 #: Bytes of complete events whose data lines are counted exactly (about 400 vLLM chat events);
 #: beyond them the count is extrapolated from the bytes relayed.
 SAMPLE_BYTES = 64 * 1024
+#: Longest incomplete event held (bytes). A Responses API ``response.completed`` event carries
+#: the whole output and the usage, so this is far above a long generation; an event past it is
+#: no usage event: it is passed on and no longer held (a replica that never ends its event
+#: would otherwise be held whole, and copied and rescanned on every chunk).
+MAX_EVENT_BYTES = 4 * 1024 * 1024
+# Below this many bytes an incomplete event is one piece, joined with the next chunk and searched
+# whole (cheapest for the usual event split across two reads); above, its pieces are kept and
+# only the new bytes searched (linear however the event is cut).
+_JOIN_BELOW = 4 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +109,17 @@ def _last_boundary_end(buf: bytes) -> int:
     return end
 
 
+def _first_boundary_end(buf: bytes) -> int:
+    """Index just after the first blank line in ``buf`` (0 when there is none; the patterns of
+    :func:`_last_boundary_end`)."""
+    end = 0
+    for pattern in _BOUNDARIES:
+        i = buf.find(pattern)
+        if i >= 0 and (end == 0 or i + len(pattern) < end):
+            end = i + len(pattern)
+    return end
+
+
 def _events_with(region: bytes, needle: bytes) -> list[tuple[int, int]]:
     """``(start, end)`` of each event in ``region`` whose bytes contain ``needle``.
 
@@ -127,7 +147,8 @@ class SSEUsageScanner:
     Args:
         drop_usage_only: Remove the usage-only event (``"choices": []`` with ``usage``) from the
             bytes handed back, because the gateway forced ``include_usage`` on upstream but the
-            client did not ask for it. Only then are incomplete events held back.
+            client did not ask for it. Only then are incomplete events held back (up to
+            :data:`MAX_EVENT_BYTES`: a longer one is handed back and not inspected).
 
     Attributes:
         usage: The last usage seen, if any.
@@ -139,12 +160,21 @@ class SSEUsageScanner:
     """
 
     __slots__ = (
-        "_drop", "_sampled", "_tail", "_unsampled", "at_boundary", "data_events", "done", "usage"
+        "_drop", "_edge", "_held", "_pieces", "_sampled", "_tail", "_unsampled", "at_boundary",
+        "data_events", "done", "usage",
     )
 
     def __init__(self, drop_usage_only: bool = False) -> None:
         self._drop = drop_usage_only
+        # The incomplete event at the end of what was fed, and its length in _held: one piece
+        # (_tail) while short; past _JOIN_BELOW its pieces (_pieces, joined once it is complete,
+        # not on every chunk) and its last three bytes (_edge: a blank line completed by the
+        # next chunk starts at most three bytes back). _held is -1 inside an event longer than
+        # MAX_EVENT_BYTES, which is passed on until its end.
         self._tail = b""
+        self._held = 0
+        self._pieces: list[bytes] = []
+        self._edge = b""
         self.usage: Usage | None = None
         self.done = False
         self.at_boundary = True
@@ -167,11 +197,30 @@ class SSEUsageScanner:
             events += round(self._unsampled * self.data_events / self._sampled)
         return max(0, events - (1 if self.done else 0))
 
+    @property
+    def held_bytes(self) -> int:
+        """Bytes of the incomplete event held now (at most :data:`MAX_EVENT_BYTES` plus one
+        chunk)."""
+        return max(0, self._held)
+
     def feed(self, chunk: bytes) -> bytes:
         """Take the next network chunk; return the bytes to send to the client now."""
-        buf = self._tail + chunk if self._tail else chunk
-        end = _last_boundary_end(buf)
-        self._tail = buf[end:] if end < len(buf) else b""
+        held = self._held
+        if not held:
+            buf = chunk
+            end = _last_boundary_end(buf)
+        elif 0 < held <= _JOIN_BELOW - len(chunk):  # a short split event (the usual one)
+            buf = self._tail + chunk
+            end = _last_boundary_end(buf)
+        else:  # a long event (only its new bytes searched), or one past the limit
+            buf, end = self._long(chunk)
+            if end < 0:
+                return buf  # still incomplete: what to send now
+        if end < len(buf):
+            self._tail = buf[end:]
+            self._held = len(buf) - end
+        elif held:
+            self._tail, self._held = b"", 0
         if end:
             if self._sampled < SAMPLE_BYTES:
                 # Complete events only; buf starts at an event start (stream start or after
@@ -191,12 +240,57 @@ class SSEUsageScanner:
                 self._scan(buf[:end])
             elif buf.find(_DONE, 0, end) >= 0:
                 self.done = True
-        self.at_boundary = not self._tail
+        self.at_boundary = not self._held  # (-1: inside a long event, not at a boundary)
         return chunk
+
+    def _long(self, chunk: bytes) -> tuple[bytes, int]:
+        """Feed a long or too long event: ``(complete bytes, end of the last event)`` once a
+        blank line came, else ``(bytes to send now, -1)``."""
+        if self._held > 0 and not self._pieces:  # it just grew long: keep its pieces from now
+            self._pieces, self._edge, self._tail = [self._tail], self._tail[-3:], b""
+        probe = self._edge + chunk
+        found = _last_boundary_end(probe)
+        if not found:
+            return self._hold(chunk), -1
+        if self._held < 0:
+            return self._skipped(probe, chunk), -1
+        self._pieces.append(chunk)
+        buf = b"".join(self._pieces)
+        self._pieces = []
+        return buf, len(buf) - len(probe) + found
+
+    def _hold(self, chunk: bytes) -> bytes:
+        """``chunk`` has no end of event: hold it (or pass it on past the limit)."""
+        self._edge = (self._edge + chunk)[-3:]
+        if self._held < 0:
+            self.at_boundary = False
+            return chunk
+        self._pieces.append(chunk)
+        self._held += len(chunk)
+        if self._held <= MAX_EVENT_BYTES:
+            if self._drop:
+                return b""  # held back: it may be the usage-only event
+            self.at_boundary = False
+            return chunk
+        # Too long to be a usage event: pass it on (what was held back too) and stop holding.
+        out = b"".join(self._pieces) if self._drop else chunk
+        self._pieces, self._held = [], -1
+        self.at_boundary = False
+        return out
+
+    def _skipped(self, probe: bytes, chunk: bytes) -> bytes:
+        """The end of an event that was too long: pass it on, then scan the rest anew."""
+        end = max(0, _first_boundary_end(probe) - (len(probe) - len(chunk)))
+        self._held, self._edge = 0, b""
+        rest = self.feed(chunk[end:]) if end < len(chunk) else b""
+        if not rest:
+            self.at_boundary = end == len(chunk) or self._drop
+        return chunk[:end] + rest
 
     def finish(self) -> bytes:
         """End of the upstream body: return what is still held back (drop mode only)."""
-        tail, self._tail = self._tail, b""
+        tail = b"".join(self._pieces) if self._pieces else self._tail
+        self._tail, self._pieces, self._held = b"", [], 0
         if not tail:
             return b""
         if self._sampled < SAMPLE_BYTES:

@@ -37,7 +37,9 @@ in process). Workers ignore SIGINT (a Ctrl-C reaches the whole process group; th
 forwarded SIGTERM counts once) and begin draining if the supervisor dies.
 
 A worker that exits while the pod serves is restarted with the same index, with one warning
-line naming its pid and exit status (``sg_gateway_worker_restarts_total`` counts them). A
+line naming its pid and exit status (``sg_gateway_worker_restarts_total`` counts them), from
+the configuration the last applied live reload loaded (each worker reports it on its pipe), so
+a key a reload removed stays removed on it. A
 worker that exits before it started serving (at start or after a restart: invalid
 configuration, store unreachable, port trouble) stops the pod: the other workers drain and the
 supervisor exits with status 3, so the orchestrator's restart back-off applies instead of a
@@ -212,7 +214,14 @@ class Supervisor:
         except (EOFError, OSError):
             self._loop.remove_reader(w.conn.fileno())
             return
-        if isinstance(msg, tuple) and msg and msg[0] == "ready":
+        self._handle(w, msg)
+
+    def _handle(self, w: _Worker, msg: object) -> None:
+        if not isinstance(msg, tuple) or not msg:
+            return
+        if msg[0] == "settings" and isinstance(msg[1], GatewaySettings):
+            self.settings = msg[1]  # a live reload applied: what a restarted worker starts from
+        elif msg[0] == "ready":
             w.ready = True
             if w.hup_owed:  # it loaded the config before that SIGHUP: reload it now
                 w.hup_owed = False
@@ -228,8 +237,8 @@ class Supervisor:
         self._loop.remove_reader(w.process.sentinel)
         if not w.conn.closed:
             with contextlib.suppress(EOFError, OSError):
-                if not w.ready and w.conn.poll():  # a "ready" not read yet (the one message)
-                    self._on_message(w)
+                while w.conn.poll():  # messages not read yet ("ready", "settings")
+                    self._handle(w, w.conn.recv())
             self._loop.remove_reader(w.conn.fileno())
             w.conn.close()
         w.process.join()
@@ -247,8 +256,9 @@ class Supervisor:
                          w.index, w.pid, status)
             del self._workers[w.index]
             self._spawn(w.index)
-            # It starts from the settings loaded at start-up: the file may have been reloaded
-            # since, so it reloads once it serves (a no-change reload when not).
+            # It starts from the settings of the last reload a worker applied (or start-up's);
+            # the file may have changed since, so it reloads once it serves (a no-change
+            # reload when not).
             self._workers[w.index].hup_owed = self.config is not None
             return
         if all(x.exitcode is not None for x in self._workers.values()):

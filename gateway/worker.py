@@ -14,6 +14,7 @@ until serving and then reloads the configuration in process. A worker whose supe
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing
 import multiprocessing.connection
@@ -58,7 +59,8 @@ class WorkerSlot:
         index: Worker index (0..N-1); a restarted worker keeps its index.
         workers: N, the number of workers.
         listener: The listening socket (inherited).
-        ready: Write end of the pipe on which the worker reports that it serves.
+        ready: Write end of the pipe on which the worker reports that it serves, and each
+            configuration a live reload applied.
         admin_path: Unix socket for the worker's admin routes (``None`` without telemetry).
     """
 
@@ -82,7 +84,17 @@ class WorkerSlot:
     def started(self) -> None:
         """Tell the supervisor this worker serves (called once by the server)."""
         self.ready.send(("ready", os.getpid()))
-        self.ready.close()
+
+    def applied(self, settings: GatewaySettings) -> None:
+        """Tell the supervisor the configuration a live reload applied in this worker.
+
+        Args:
+            settings: As loaded, before :meth:`settings_for`: the supervisor restarts a worker
+                that exits with the last of these, not with the start-up configuration (which
+                may grant keys removed since).
+        """
+        with contextlib.suppress(OSError):  # the supervisor is gone: this worker drains
+            self.ready.send(("settings", settings))
 
 
 def _watch_parent() -> None:

@@ -62,13 +62,20 @@ def _unchanged(settings: GatewaySettings) -> GatewaySettings:
     return settings
 
 
-@dataclass(frozen=True)
+@dataclass
 class _ForWorker:
     adjust: Callable[[GatewaySettings], GatewaySettings]
     worker: WorkerSlot
+    loaded: GatewaySettings | None = None  # the last one loaded, before the worker's changes
 
     def __call__(self, settings: GatewaySettings) -> GatewaySettings:
-        return self.worker.settings_for(self.adjust(settings))
+        self.loaded = self.adjust(settings)
+        return self.worker.settings_for(self.loaded)
+
+    def applied(self) -> None:
+        """A reload of the configuration :attr:`loaded` last was applied: tell the supervisor."""
+        if self.loaded is not None:
+            self.worker.applied(self.loaded)
 
 
 def run(
@@ -116,9 +123,10 @@ def run(
     from gateway.server import run_server
 
     adjust = adjust or _unchanged
+    for_worker = None
     if worker is not None:
         settings = worker.settings_for(settings)
-        adjust = _ForWorker(adjust, worker)  # a reload gets the worker's settings as well
+        adjust = for_worker = _ForWorker(adjust, worker)  # a reload gets them as well
     configure_logging(settings.logging)
     egress = start_egress(settings, base)  # the process guard, before any other import
     if any(r.kind == "litellm" for m in settings.models for r in m.replicas):
@@ -130,7 +138,7 @@ def run(
         gateway = assemble(settings, base, egress=egress)
     except ConfigError as exc:  # located in the file as check-config reports it
         raise InvalidConfig(settings.problems_of(exc)) from exc
-    on_applied = None
+    set_status = None
     if gateway.telemetry is not None:
         from gateway.preflight.status import gateway_status
 
@@ -140,8 +148,14 @@ def run(
         if worker is not None and worker.admin_path is not None:
             admin.listen_unix(worker.admin_path)
 
-        def on_applied(new: Gateway) -> None:  # a live reload: report what serves now
+        def set_status(new: Gateway) -> None:
             admin.set_status(gateway_status(new.settings, egress, new.policy))
+
+    def on_applied(new: Gateway) -> None:  # a live reload: report what serves now
+        if set_status is not None:
+            set_status(new)
+        if for_worker is not None:
+            for_worker.applied()  # a restarted worker starts from it
     drain = Drain(settings.drain)  # SIGTERM: readyz 503, then drain (gateway.drain)
     reloader = None
     if config is not None:

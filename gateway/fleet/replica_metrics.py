@@ -38,7 +38,7 @@ from gateway.periodic import Periodic
 if TYPE_CHECKING:
     from gateway.routing import Replica, Router
 
-__all__ = ["MetricsScraper", "ReplicaSignals", "parse_metrics"]
+__all__ = ["MAX_METRICS_BODY", "MetricsScraper", "ReplicaSignals", "parse_metrics", "scrape"]
 
 _log = logging.getLogger(__name__)
 
@@ -136,6 +136,22 @@ def parse_metrics(text: str, at: float) -> ReplicaSignals:
     )
 
 
+MAX_METRICS_BODY = 8 * 1024 * 1024
+"""Bytes of a replica's ``/metrics`` answer read at most (vLLM's is about 100 KiB); a longer one
+is not read on: the round has no signals from that replica."""
+
+
+async def _read_at_most(resp: aiohttp.ClientResponse, limit: int) -> bytes | None:
+    """The body of ``resp``, or ``None`` (connection dropped) when it is longer than ``limit``."""
+    body = bytearray()
+    while chunk := await resp.content.read(limit + 1 - len(body)):
+        body += chunk
+        if len(body) > limit:
+            resp.close()
+            return None
+    return bytes(body)
+
+
 async def scrape(
     session: aiohttp.ClientSession,
     replica: Replica,
@@ -152,10 +168,10 @@ async def scrape(
                 replica.url + settings.metrics_path, headers=headers, allow_redirects=False,
                 ssl=ssl,
             ) as resp:
-                if resp.status != 200:
-                    await resp.read()
+                body = await _read_at_most(resp, MAX_METRICS_BODY)
+                if resp.status != 200 or body is None:
                     return None
-                text = await resp.text(errors="replace")
+                text = body.decode("utf-8", errors="replace")  # the exposition format's
     except (aiohttp.ClientError, OSError, TimeoutError, UnicodeError):
         return None
     return parse_metrics(text, time.monotonic())

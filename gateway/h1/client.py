@@ -185,7 +185,9 @@ class RelayClient:
         self._tls = tls if isinstance(tls, ssl.SSLContext) else None
         self._limit = limit
         self._keep_alive_s = keep_alive_s
-        self._connect_s = connect_s
+        self.connect_s = connect_s
+        """Longest TCP and TLS set-up in seconds for the next connections (a live reload of
+        ``timeouts.connect_s`` sets it)."""
         self._observers = tuple(observers)
         self._idle: dict[_Origin, list[tuple[H1Connection, asyncio.TimerHandle]]] = {}
         self._origins: dict[str, _Origin] = {}
@@ -203,7 +205,8 @@ class RelayClient:
         return sum(len(v) for v in self._idle.values())
 
     async def post(self, url: str, path: str, headers: dict[str, str], body: bytes, *,
-                   fresh: bool = False) -> Response:
+                   fresh: bool = False,
+                   on_slot: Callable[[], None] | None = None) -> Response:
         """Send ``POST url+path`` and return the response once its head arrived.
 
         Args:
@@ -213,6 +216,8 @@ class RelayClient:
                 set here). Observers may add to it.
             body: The request body.
             fresh: Use a new connection and close it after the response.
+            on_slot: Called once the request has its connection (an idle one, or room for a
+                new one): until then it waits for one of the ``limit`` connections.
 
         Raises:
             ConnectFailed: TCP/TLS connection failed.
@@ -229,7 +234,7 @@ class RelayClient:
                   for o in self._observers]
         conn: H1Connection | None = None
         try:
-            conn = await self._acquire(origin, fresh)
+            conn = await self._acquire(origin, fresh, on_slot)
             conn.send(_request_head(origin, path, headers, len(body)) + body)
             head = await conn.read_head()
         except BaseException as exc:
@@ -263,7 +268,8 @@ class RelayClient:
 
     # the pool -----------------------------------------------------------------------------
 
-    async def _acquire(self, origin: _Origin, fresh: bool) -> H1Connection:
+    async def _acquire(self, origin: _Origin, fresh: bool,
+                       on_slot: Callable[[], None] | None) -> H1Connection:
         while True:
             if self._closed:
                 raise ConnectFailed("the upstream client is closed")
@@ -272,14 +278,22 @@ class RelayClient:
                 conn, timer = idle.pop()  # the most recently used: least likely to be stale
                 timer.cancel()
                 if conn.usable:
+                    if on_slot is not None:
+                        on_slot()
                     return conn
             if self._limit <= 0 or self._open < self._limit:
+                if on_slot is not None:
+                    on_slot()
                 return await self._connect(origin)
             if not self._close_one_idle():
                 waiter = asyncio.get_running_loop().create_future()
                 self._waiters.append(waiter)
                 try:
                     await waiter
+                except BaseException:
+                    if waiter.done() and not waiter.cancelled():
+                        self._wake_one()  # woken but leaving (cancelled): pass the slot on
+                    raise
                 finally:
                     with contextlib.suppress(ValueError):
                         self._waiters.remove(waiter)
@@ -289,7 +303,7 @@ class RelayClient:
         self._open += 1
         conn = H1Connection(self._lost)
         try:
-            async with asyncio.timeout(self._connect_s):
+            async with asyncio.timeout(self.connect_s):
                 sock = await self._dial(origin.host, origin.port)
                 try:
                     await loop.create_connection(
@@ -304,7 +318,7 @@ class RelayClient:
             raise ConnectFailed(f"certificate verification failed: {exc}", True) from exc
         except TimeoutError as exc:
             self._not_opened(conn)
-            raise ConnectTimedOut(f"not connected within {self._connect_s} s") from exc
+            raise ConnectTimedOut(f"not connected within {self.connect_s} s") from exc
         except OSError as exc:
             self._not_opened(conn)
             raise ConnectFailed(f"{type(exc).__name__}: {exc}") from exc

@@ -78,7 +78,8 @@ class H1Connection(asyncio.Protocol):
         self._loop = asyncio.get_running_loop()
         self._active = False  # an exchange is in progress
         self._received = False  # a byte of the current response arrived
-        self._head_buf = b""
+        self._head_buf: bytes | bytearray = b""  # a partial head (bytearray: grown in place)
+        self._head_scan = 0  # where in _head_buf the search for its end resumes
         self._head: Head | None = None
         self._decoder: LengthDecoder | ChunkedDecoder | None = None
         self._chunks: list[bytes] = []
@@ -283,6 +284,9 @@ class H1Connection(asyncio.Protocol):
     def finish(self) -> None:
         """End the exchange (the connection goes idle, or is closed by the caller)."""
         self._active = False
+        # Any byte from now on answers no request of ours: with no decoder, data_received
+        # takes it for what it is (garbage on an idle connection) and drops the connection.
+        self._decoder = None
 
     def close(self) -> None:
         """Close the connection gracefully (a finished exchange, an idle connection)."""
@@ -305,22 +309,37 @@ class H1Connection(asyncio.Protocol):
     # internals ----------------------------------------------------------------------------
 
     def _parse_head(self, data: bytes) -> bytes:
-        """Consume head bytes; return the bytes after the head (body), once it is parsed."""
-        buf = self._head_buf + data if self._head_buf else data
+        """Consume head bytes; return the bytes after the head (body), once it is parsed.
+
+        Linear in the bytes received however they are split: a partial head is extended in
+        place and searched only where the terminator can newly be (a head sent one byte per
+        segment must not be copied and rescanned whole for each byte), and interim responses
+        are passed over by offset.
+        """
+        buf: bytes | bytearray = self._head_buf
+        if buf:
+            buf += data  # the bytearray kept below, in place
+            scan = self._head_scan
+        else:
+            buf, scan = data, 0
+        pos = 0
         while True:
-            end = buf.find(b"\r\n\r\n", 0, MAX_HEAD_BYTES)
+            end = buf.find(b"\r\n\r\n", scan, pos + MAX_HEAD_BYTES)
             if end < 0:
-                if len(buf) >= MAX_HEAD_BYTES:
+                if len(buf) - pos >= MAX_HEAD_BYTES:
                     raise ProtocolError(f"response head larger than {MAX_HEAD_BYTES} bytes")
-                self._head_buf = buf
+                rest = buf if pos == 0 and isinstance(buf, bytearray) else bytearray(buf[pos:])
+                self._head_buf = rest
+                self._head_scan = max(0, len(rest) - 3)
                 return b""
-            head = parse_head(buf[:end + 4])
-            buf = buf[end + 4:]
+            head = parse_head(bytes(buf[pos:end + 4]))
+            pos = scan = end + 4
             if head.status == 101:
                 raise ProtocolError("unexpected 101 Switching Protocols")
             if head.status >= 200:
                 break  # 1xx: an interim response, the final one follows
         self._head_buf = b""
+        body = bytes(buf[pos:]) if isinstance(buf, bytearray) else buf[pos:]
         self._head = head
         if head.chunked:
             self._decoder = ChunkedDecoder()
@@ -328,7 +347,7 @@ class H1Connection(asyncio.Protocol):
             self._decoder = LengthDecoder(head.content_length)
         if self._decoder.done:
             self.body_done = True
-        return buf
+        return body
 
     def _fail(self, exc: BaseException) -> None:
         self._exc = exc

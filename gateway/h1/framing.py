@@ -1,13 +1,15 @@
 """HTTP/1.1 response framing, without I/O: the status line and headers, and the body's length.
 
-Strict where a relay must be (RFC 9112): a malformed status line or header line, a header
-section over :data:`MAX_HEAD_BYTES`, an invalid or conflicting ``Content-Length``, a
-``Transfer-Encoding`` other than ``chunked``, or malformed chunked framing (size line, missing
-CRLF after chunk data, oversized trailers) raises :class:`ProtocolError`; the connection is
-then closed, never reused. Obsolete line folding is refused, not unfolded.
+Strict where a relay must be (RFC 9112): a malformed status line (a status outside 100-599,
+a control character in the reason phrase) or header line, a header section over
+:data:`MAX_HEAD_BYTES`, an invalid or conflicting ``Content-Length``, a ``Transfer-Encoding``
+other than ``chunked``, or malformed chunked framing (size line, missing CRLF after chunk data,
+oversized trailers) raises :class:`ProtocolError`; the connection is then closed, never
+reused. Obsolete line folding is refused, not unfolded.
 
 Body length (RFC 9112 section 6.3): no body for 1xx/204/304; ``Transfer-Encoding: chunked``
-(which wins over a ``Content-Length``; such a connection is not reused); ``Content-Length``;
+(which wins over a ``Content-Length``; such a connection, and one of an HTTP/1.0 response
+with a transfer coding, is not reused); ``Content-Length``;
 otherwise everything up to the close of the connection.
 """
 
@@ -30,7 +32,8 @@ MAX_HEAD_BYTES = 64 * 1024
 
 _MAX_CHUNK_LINE = 1024  # chunk size plus extensions
 _MAX_TRAILERS = 16 * 1024
-_STATUS_LINE = re.compile(rb"HTTP/1\.([01]) ([1-9][0-9]{2})(?: ([^\r\n]*))?")
+# RFC 9110 15: status codes are 100..599; RFC 9112 4: reason-phrase is HTAB, SP, VCHAR, obs-text.
+_STATUS_LINE = re.compile(rb"HTTP/1\.([01]) ([1-5][0-9]{2})(?: ([\t\x20-\x7e\x80-\xff]*))?")
 _TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _HEX = re.compile(rb"[0-9A-Fa-f]{1,15}")
 _PLAIN_SIZE_LINE = re.compile(rb"([0-9A-Fa-f]{1,15})\r\n")  # no extension: the usual line
@@ -105,8 +108,8 @@ def parse_head(raw: bytes) -> Head:
         if codings != ["chunked"]:
             raise ProtocolError(f"unsupported transfer coding {coding[:80]!r}")
         chunked = True
-        if "content-length" in headers:
-            keep_alive = False  # RFC 9112 6.3: chunked wins, then the connection is closed
+        if "content-length" in headers or version == "1.0":
+            keep_alive = False  # RFC 9112 6.3, 6.1: chunked wins, then the connection is closed
     elif "content-length" in headers:
         values = {v.strip() for v in headers["content-length"].split(",")}
         if len(values) != 1:

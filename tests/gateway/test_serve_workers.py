@@ -467,8 +467,9 @@ def test_pod_counters_do_not_drop_when_workers_restart(pod: Callable[..., Pod]) 
 def test_a_worker_restarted_after_a_reload_serves_the_reloaded_config(
     pod: Callable[..., Pod], tmp_path: Path,
 ) -> None:
-    """A restarted worker starts from the settings the supervisor read at start-up; it reloads
-    the file once it serves, so a key added by an earlier reload works on it too."""
+    """A restarted worker starts from the settings of the last reload the workers applied, so
+    a key added by an earlier reload works on it too (its own reload of the unchanged file, once
+    it serves, finds no change: nothing more is audited)."""
     p = pod()
     new_key = "sg-workers-added-before-a-restart"
     cfg = yaml.safe_load(p.config.read_text())
@@ -488,9 +489,9 @@ def test_a_worker_restarted_after_a_reload_serves_the_reloaded_config(
     os.kill(victim, signal.SIGKILL)
     _wait(lambda: len(p.worker_pids()) == 2 and victim not in p.worker_pids(), 120,
           "the worker to be restarted")
-    _wait(lambda: reloads() == 3, 60, "the restarted worker to reload the file")
     for _ in range(8):  # one connection each: the kernel spreads them over both workers
         st = Stream(p.url, new_key, max_tokens=2, model="m")
         st.start()
         st.join(60)
         assert st.error is None and st.status == 200, st.body[-500:]
+    assert reloads() == 2
