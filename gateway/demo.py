@@ -23,6 +23,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -144,8 +145,8 @@ def _die_with_parent() -> list[str]:
     return [setpriv, "--pdeathsig", "TERM"] if setpriv else []
 
 
-def _start_sim(port: int) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
+def _start_sim(port: int, stopping: threading.Event) -> subprocess.Popen[bytes]:
+    sim = subprocess.Popen(
         [
             *_die_with_parent(),
             sys.executable, "-c", "import sys; from vllm_sim.cli import main; sys.exit(main())",
@@ -153,12 +154,32 @@ def _start_sim(port: int) -> subprocess.Popen[bytes]:
             "--ttft-ms", "50", "--itl-ms", "20",
         ],
         env={**os.environ, "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"},
-        process_group=0,
+        process_group=0, stderr=subprocess.PIPE,
     )
+    threading.Thread(target=_relay_stderr, args=(sim, stopping), name="vllm-sim-stderr",
+                     daemon=True).start()
+    return sim
 
 
-def _stop_sim(sim: subprocess.Popen[bytes], timeout_s: float = 5.0) -> None:
+_SIM_STOPPED = b"vllm-sim: error [interrupted]: interrupted by SIGTERM"
+
+
+def _relay_stderr(sim: subprocess.Popen[bytes], stopping: threading.Event) -> None:
+    """The simulator's standard error on ours, except the error line of the SIGTERM the demo
+    sends it on the way out: after a Ctrl-C it read as a failure of the demo."""
+    assert sim.stderr is not None
+    with sim.stderr:
+        for line in sim.stderr:
+            if stopping.is_set() and line.startswith(_SIM_STOPPED):
+                continue
+            sys.stderr.buffer.write(line)
+            sys.stderr.flush()
+
+
+def _stop_sim(sim: subprocess.Popen[bytes], stopping: threading.Event,
+              timeout_s: float = 5.0) -> None:
     """SIGTERM the simulator's process group, SIGKILL it after ``timeout_s`` seconds."""
+    stopping.set()
     if sim.poll() is not None:
         return
     with contextlib.suppress(ProcessLookupError):
@@ -209,7 +230,8 @@ def _run_demo() -> None:
     sim_port = _free_port(8001)
     gw_port = _free_port(8080)
     sim_url = f"http://127.0.0.1:{sim_port}"
-    sim = _start_sim(sim_port)
+    stopping = threading.Event()
+    sim = _start_sim(sim_port, stopping)
     try:
         with tempfile.TemporaryDirectory(prefix="sg-demo-") as tmp:
             _wait_ready(sim_url, sim)
@@ -222,7 +244,7 @@ def _run_demo() -> None:
             print(examples(f"http://127.0.0.1:{gw_port}", key), flush=True)
             run(settings)
     finally:
-        _stop_sim(sim)
+        _stop_sim(sim, stopping)
 
 
 if __name__ == "__main__":

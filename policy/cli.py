@@ -27,7 +27,7 @@ from .addresses import parse_host
 from .egress import EgressMatcher
 from .errors import PolicyError, PolicyFileError, UnknownDataClass
 from .evaluate import Decision, Policy, Principal
-from .model import PolicyDocument
+from .model import PolicyDocument, _compose
 from .render import cilium_networkpolicy, helm_values, networkpolicy
 from .runtime import check_binding
 
@@ -135,24 +135,36 @@ def _read_gateway_config(path: Path) -> dict[str, Any]:
     package never imports the gateway, so this is a deliberately small reading of the file, not
     the gateway's validation (run ``gateway check-config`` for that).
     """
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-        raise _UsageError(f"cannot read gateway config {path}: {exc}") from exc
+    raw = _read_yaml(path, "gateway config")
     if not isinstance(raw, dict):
         raise _UsageError(f"gateway config {path} is not a YAML mapping")
     keys_file = raw.get("keys_file")
     if isinstance(keys_file, str) and keys_file:
         # The gateway appends the keys of keys_file (relative to its config) to keys.
         kpath = Path(keys_file) if Path(keys_file).is_absolute() else path.parent / keys_file
-        try:
-            extra = yaml.safe_load(kpath.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-            raise _UsageError(f"cannot read keys_file {kpath}: {exc}") from exc
+        extra = _read_yaml(kpath, "keys_file")
         inline = raw.get("keys")
         raw["keys"] = [*(inline if isinstance(inline, list) else []),
                        *(extra if isinstance(extra, list) else [])]
     return raw
+
+
+def _read_yaml(path: Path, what: str) -> Any:
+    """``path`` parsed as the gateway parses it: a key written twice in one mapping is refused
+    (PyYAML keeps the last one, so explain could show another key than the gateway serves),
+    and a YAML error is one line with its line number.
+
+    Raises:
+        _UsageError: The file cannot be read or is not such YAML, naming ``what`` and the file.
+    """
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise _UsageError(f"cannot read {what} {path}: {exc}") from exc
+    try:
+        return _compose(text, str(path))[0]
+    except PolicyFileError as exc:
+        raise _UsageError(f"{what} {exc}") from exc
 
 
 def _model_destinations(raw: dict[str, Any], model: str, path: Path) -> list[tuple[str, str]]:

@@ -66,10 +66,11 @@ def test_demo_stops_simulator_and_removes_its_directory(
     sig: signal.Signals, tmp_path: Path
 ) -> None:
     out = tmp_path / "demo.out"  # a file, not a pipe: a leaked simulator would hold a pipe open
-    with out.open("w") as sink:
+    err = tmp_path / "demo.err"
+    with out.open("w") as sink, err.open("w") as err_sink:
         proc = subprocess.Popen(
             default_signals([sys.executable, "-m", "gateway.demo"]), cwd=REPO, stdout=sink,
-            stderr=subprocess.DEVNULL, start_new_session=True,
+            stderr=err_sink, start_new_session=True,
         )
     children: set[int] = set()
     tmp: Path | None = None
@@ -94,6 +95,9 @@ def test_demo_stops_simulator_and_removes_its_directory(
         assert proc.wait(timeout=30) == 0
         _wait_for(lambda: not any(_alive(pid) for pid in children), 10, "the simulator to exit")
         assert not tmp.exists(), f"{tmp} left behind"
+        # The simulator's own stop line ("vllm-sim: error [interrupted]: ...") read as a
+        # failure of the demo after a Ctrl-C.
+        assert "error" not in err.read_text().replace("uvicorn.error", ""), err.read_text()
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

@@ -175,3 +175,38 @@ def test_policy_explain_sees_keys_from_keys_file(tmp_path: Path) -> None:
     # team-file's class is confidential (from the file): no rule allows it, so exit 1.
     assert proc.returncode == 1, proc.stderr
     assert '"confidential"' in proc.stdout, proc.stdout
+
+
+def test_policy_explain_refuses_a_keys_file_the_gateway_refuses(tmp_path: Path) -> None:
+    """A field written twice: the gateway refuses the file, ``policy explain`` explained the
+    last value (another class than the reviewer saw); invalid YAML was PyYAML's multi-line
+    message squeezed into one line."""
+    import subprocess
+    import sys
+
+    (tmp_path / "policy.yaml").write_text(
+        "version: 1\ndata_classes: [internal, confidential]\ndestinations:\n"
+        "  - {id: d1, url: 'http://127.0.0.1:9', region: r, jurisdiction: EU, operator: o}\n"
+        "rules:\n  - {id: eu, constraints: {jurisdiction: EU}, classes: [internal]}\n",
+        encoding="utf-8",
+    )
+    cfg = {**config(["http://127.0.0.1:9"]), "keys_file": "keys.yaml"}
+    path = _write(tmp_path, cfg, [])
+    keys = tmp_path / "keys.yaml"
+
+    def explain() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "policy.cli", "explain", str(tmp_path / "policy.yaml"),
+             "--config", str(path), "--key", "team-file", "--destination", "d1"],
+            capture_output=True, text=True, timeout=60, check=False)
+
+    keys.write_text(f"- {{id: team-file, sha256: {sha('sg-x')}, data_class: confidential,\n"
+                    "   data_class: internal}\n", encoding="utf-8")
+    proc = explain()
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.strip() == (f"policy: error [usage_error]: keys_file {keys}:2: "
+                                   "[0].data_class: duplicate key"), proc.stderr
+    keys.write_text("- {id: team-file\n", encoding="utf-8")
+    proc = explain()
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert f"keys_file {keys}:2: not valid YAML: expected ',' or '}}'" in proc.stderr, proc.stderr

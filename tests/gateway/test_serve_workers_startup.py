@@ -50,7 +50,11 @@ def test_a_port_in_use_ends_with_the_startup_failed_line(tmp_path: Path) -> None
 def test_a_worker_that_cannot_open_its_store_names_why_without_a_traceback(
     tmp_path: Path,
 ) -> None:
-    store = f"sqlite:///{tmp_path}/no/such/dir/audit.db"
+    # A directory where the database file should be: the config check passes (a missing
+    # directory is refused before the workers' lifespan, as `audit.store` with its line), the
+    # store cannot be opened.
+    (tmp_path / "audit.db").mkdir()
+    store = f"sqlite://{tmp_path}/audit.db"
     status, stderr = _serve(tmp_path, free_port(), audit_store=store)
     lines = stderr.strip().splitlines()
     assert status == 3, stderr[-3000:]
