@@ -77,6 +77,7 @@ from gateway.http_refusal import (
     send_and_linger,
 )
 from gateway.http_response import ResponseConnection, ResponseWritingProtocol
+from gateway.http_short_paths import read_whole_request
 from gateway.settings import LimitSettings
 
 _log = logging.getLogger(__name__)
@@ -112,9 +113,29 @@ class _StrictConnection(ResponseConnection):
     protocol_error: h11.RemoteProtocolError | None = None
     """What h11 refused in the last request, if it did (its status hint and reason)."""
 
+    _ready: list[Any] | None = None
+    """Events of a whole request read by :meth:`receive_data`, not yet returned."""
+
+    def receive_data(self, data: bytes) -> None:
+        """h11's ``receive_data``; a whole plain request on an idle connection is read at once
+        (:func:`gateway.http_short_paths.read_whole_request`: the events h11 would return,
+        without its reader and state machine), the rest goes to h11's buffer."""
+        if data and self._ready is None:
+            self._ready = read_whole_request(self, data)
+            if self._ready is not None:
+                return
+        super().receive_data(data)
+
     def next_event(self) -> Any:
-        """h11's ``next_event``, keeping a refusal for :meth:`GuardedH11Protocol.send_400_response`
-        (uvicorn drops the exception, and with it h11's status hint and reason)."""
+        """h11's ``next_event`` (the events of a request read whole first), keeping a refusal
+        for :meth:`GuardedH11Protocol.send_400_response` (uvicorn drops the exception, and
+        with it h11's status hint and reason)."""
+        ready = self._ready
+        if ready is not None:
+            event = ready.pop(0)
+            if not ready:
+                self._ready = None
+            return event
         try:
             return super().next_event()
         except h11.RemoteProtocolError as exc:
