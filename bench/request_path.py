@@ -19,6 +19,7 @@ Usage::
 
     .venv/bin/python bench/request_path.py --requests 3000
     .venv/bin/python bench/request_path.py --trace
+    .venv/bin/python bench/request_path.py --profile /tmp/rp.prof  # then pstats, sort tottime
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ _ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ els
 _ap.add_argument("--requests", type=int, default=3000)
 _ap.add_argument("--trace", action="store_true", help="print the marks of one request")
 _ap.add_argument("--source", help="run another checkout's packages from this directory")
+_ap.add_argument("--profile", metavar="FILE",
+                 help="write cProfile statistics of the measured requests to FILE")
 ARGS = _ap.parse_args()
 if ARGS.source:
     sys.path.insert(0, ARGS.source)
@@ -182,9 +185,17 @@ async def _run(sim_url: str, tmp: Path) -> None:
 
     for _ in range(300):
         await one()
+    profiler = None
+    if ARGS.profile:
+        import cProfile
+        profiler = cProfile.Profile()
+        profiler.enable()
     cpu0, wall0 = time.process_time(), time.perf_counter()
     for _ in range(ARGS.requests):
         await one()
+    if profiler is not None:
+        profiler.disable()
+        profiler.dump_stats(ARGS.profile)
     cpu = (time.process_time() - cpu0) / ARGS.requests
     wall = (time.perf_counter() - wall0) / ARGS.requests
     print(f"{ARGS.requests} requests at concurrency 1: gateway CPU {cpu * 1e6:.0f} us per "
