@@ -6,7 +6,8 @@ production protocol class of :func:`gateway.http_guard.server_options`) in front
 ``vllm-sim`` on loopback; the client side is an in-memory transport (no client socket, no client
 process), so the numbers are the gateway's own: its request parsing, relay, upstream client and
 response writing, the upstream socket's system calls, and the event-loop iterations between
-them. Requests are sent one at a time (concurrency 1) on one kept-alive connection.
+them. Requests are sent one at a time (concurrency 1) on one kept-alive connection, with the
+garbage collector set up as ``gateway serve`` sets it (:mod:`gateway.runtime_tuning`).
 
 Prints the process CPU time per request (``time.process_time``) and, with ``--trace``, the
 marks of one request after the warm-up, in microseconds from the moment its bytes were handed
@@ -156,6 +157,7 @@ async def _run(sim_url: str, tmp: Path) -> None:
     from gateway.app import create_app
     from gateway.assembly import assemble
     from gateway.http_guard import server_options
+    from gateway.runtime_tuning import freeze_startup_heap, tune_gc
     from gateway.settings import load
 
     cfg = bind_config(default_config(), sim_url, 8000)
@@ -167,6 +169,11 @@ async def _run(sim_url: str, tmp: Path) -> None:
     config.load()
     lifespan = LifespanOn(config)
     await lifespan.startup()
+    # The collector settings of `gateway serve` (gateway.server: thresholds at start, the
+    # start-up heap frozen once the lifespan has started); the defaults would add young
+    # collections over the whole heap to the per-request figures.
+    tune_gc()
+    freeze_startup_heap()
     body = {"model": "m", "stream": False, "max_tokens": 1,
             "messages": [{"role": "user", "content": "hi"}]}
     req = request_bytes("127.0.0.1:8000", "/v1/chat/completions", body, BENCH_KEY, True)
