@@ -190,5 +190,5 @@ def test_the_common_exchange_takes_the_short_paths() -> None:
     assert conn.chunk(b"{}") == b"{}"
     assert end_of_message(conn, h11.EndOfMessage()) == b""
     conn.start_next_cycle()
-    assert conn.their_state is h11.IDLE and conn.our_state is h11.IDLE
+    assert dict(conn.states) == {h11.CLIENT: h11.IDLE, h11.SERVER: h11.IDLE}
     assert read_whole_request(conn, _request(*POST)) is not None
