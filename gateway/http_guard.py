@@ -64,7 +64,7 @@ from h11._readers import (
 from h11._receivebuffer import ReceiveBuffer
 from h11._util import validate
 
-from gateway.asgi_io import BODY_CHUNK_EXTENSION, DISCONNECT_EXTENSION
+from gateway.asgi_io import BODY_CHUNK_EXTENSION, DISCONNECT_EXTENSION, WHOLE_BODY_EXTENSION
 from gateway.http_body import BudgetedChunkedReader
 from gateway.http_framing import framing_problem
 from gateway.http_refusal import (
@@ -253,8 +253,8 @@ class GuardedH11Protocol(ResponseWritingProtocol):
                                    conn._max_incomplete_event_size, self.body_limit, msg))
 
     def handle_events(self) -> None:
-        """uvicorn's, plus the :data:`BODY_CHUNK_EXTENSION` and :data:`DISCONNECT_EXTENSION` in
-        the scope of a new request."""
+        """uvicorn's, plus the :data:`BODY_CHUNK_EXTENSION`, :data:`DISCONNECT_EXTENSION` and
+        :data:`WHOLE_BODY_EXTENSION` in the scope of a new request."""
         cycle = self.cycle
         super().handle_events()
         if self.cycle is not None and self.cycle is not cycle:
@@ -263,6 +263,27 @@ class GuardedH11Protocol(ResponseWritingProtocol):
             extensions = scope.setdefault("extensions", {})
             extensions[BODY_CHUNK_EXTENSION] = self._write_body_chunk
             extensions[DISCONNECT_EXTENSION] = self._watch_disconnect
+            extensions[WHOLE_BODY_EXTENSION] = self._take_whole_body
+
+    def _take_whole_body(self) -> bytes | None:
+        """The request body if it has wholly arrived and is unread, as uvicorn's ``receive``
+        would return it (then marked read); ``None`` otherwise (:data:`WHOLE_BODY_EXTENSION`).
+
+        The current cycle is the caller's: a request's body is read before its response is
+        complete, and no next request starts before that.
+        """
+        cycle = self.cycle
+        if (
+            cycle is None or cycle.more_body or cycle.disconnected or cycle.response_complete
+            or cycle.waiting_for_100_continue or not cycle.message_event.is_set()
+        ):
+            return None
+        # uvicorn's receive(), past its wait: resume reading, clear the event, take the body.
+        self.flow.resume_reading()
+        cycle.message_event.clear()
+        body = bytes(cycle.body)
+        cycle.body = bytearray()
+        return body
 
     def _watch_disconnect(self, on_disconnect: Callable[[], None]) -> Callable[[], None] | None:
         """Call ``on_disconnect`` when the connection is lost before the current response is
