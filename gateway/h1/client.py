@@ -153,6 +153,11 @@ class Response:
         self.read: Callable[[], Coroutine[Any, Any, bytes]] = conn.read
         """``await read()``: the body bytes received so far, ``b""`` at its end."""
 
+    @property
+    def complete(self) -> bool:
+        """The whole body has been received (:meth:`read` never waits again)."""
+        return self._conn.body_done
+
     def release(self) -> None:
         """Done with the response: the connection goes back to the pool if reusable."""
         self._client._release(self._origin, self._conn, self._fresh)
