@@ -28,6 +28,7 @@ tests/gateway/test_http_short_paths.py compares every short path with h11's own 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import h11
@@ -49,6 +50,16 @@ _SLOW_REQUEST_HEADERS = frozenset({b"upgrade", b"expect", b"transfer-encoding"})
 _SLOW_RESPONSE_HEADERS = frozenset({b"host", b"connection"})
 _CHUNKED_FRAMING = frozenset({b"content-length", b"transfer-encoding"})
 _NO_BODY_STATUSES = frozenset({204, 304})
+
+
+class _Headers(Headers):
+    """h11's ``Headers`` iterated without ``Sequence``'s index loop (uvicorn and h11 iterate
+    every request's headers: one ``__getitem__`` call per header, and an ``IndexError``)."""
+
+    __slots__ = ()
+
+    def __iter__(self) -> Iterator[tuple[bytes, bytes]]:
+        return iter([(name, value) for _raw, name, value in self._full_items])
 
 
 def read_whole_request(conn: Any, data: bytes) -> list[Any] | None:
@@ -107,7 +118,7 @@ def read_whole_request(conn: Any, data: bytes) -> list[Any] | None:
     if len(data) - end - 4 != length:
         return None  # an incomplete body, or bytes of a next request: h11 buffers them
     try:
-        request = h11.Request(headers=Headers(items), _parsed=True, **start.groupdict())
+        request = h11.Request(headers=_Headers(items), _parsed=True, **start.groupdict())
     except h11.LocalProtocolError:
         return None  # h11 refuses it too (missing Host, ...), with its own reason
     if request.http_version != b"1.1" or request.method == b"CONNECT":
