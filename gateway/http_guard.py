@@ -114,7 +114,8 @@ class _StrictConnection(ResponseConnection):
     """What h11 refused in the last request, if it did (its status hint and reason)."""
 
     _ready: list[Any] | None = None
-    """Events of a whole request read by :meth:`receive_data`, not yet returned."""
+    """Events of a whole request read by :meth:`receive_data`, not yet returned (empty: all
+    returned, the next event is h11's ``NEED_DATA`` unless bytes came since)."""
 
     def receive_data(self, data: bytes) -> None:
         """h11's ``receive_data``; a whole plain request on an idle connection is read at once
@@ -132,10 +133,12 @@ class _StrictConnection(ResponseConnection):
         with it h11's status hint and reason)."""
         ready = self._ready
         if ready is not None:
-            event = ready.pop(0)
-            if not ready:
-                self._ready = None
-            return event
+            if ready:
+                return ready.pop(0)
+            self._ready = None
+            if not self._receive_buffer_closed and not self._receive_buffer._data:
+                # What h11 answers here (the request is complete, nothing more arrived).
+                return h11.NEED_DATA
         try:
             return super().next_event()
         except h11.RemoteProtocolError as exc:

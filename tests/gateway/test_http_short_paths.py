@@ -192,3 +192,26 @@ def test_the_common_exchange_takes_the_short_paths() -> None:
     conn.start_next_cycle()
     assert dict(conn.states) == {h11.CLIENT: h11.IDLE, h11.SERVER: h11.IDLE}
     assert read_whole_request(conn, _request(*POST)) is not None
+
+
+@pytest.mark.parametrize("taken", [0, 1, 2, 3, 4])
+@pytest.mark.parametrize("then", [_request(*POST), b""], ids=["pipelined", "eof"])
+def test_bytes_after_a_request_read_whole_are_read_as_h11_reads_them(
+    taken: int, then: bytes
+) -> None:
+    results = []
+    for conn in (_StrictConnection(h11.SERVER), _H11Reads(h11.SERVER)):
+        conn.receive_data(_request(*POST))
+        events = [_event(conn.next_event()) for _ in range(taken)]
+        conn.receive_data(then)
+        for _ in range(6):
+            try:
+                event = conn.next_event()
+            except h11.RemoteProtocolError as exc:
+                events.append(("refused", str(exc)))
+                break
+            events.append(_event(event))
+            if event is h11.PAUSED or isinstance(event, h11.ConnectionClosed):
+                break
+        results.append((events, dict(conn.states)))
+    assert results[0] == results[1]
