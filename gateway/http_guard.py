@@ -91,6 +91,10 @@ __all__ = [
     "server_options",
 ]
 
+# Client states whose h11 reader, given no byte, needs data (a new request head, or nothing
+# after a request's end); the others (a body, a protocol switch, an error) go through h11.
+_NOTHING_TO_READ = frozenset({h11.IDLE, h11.DONE, h11.MUST_CLOSE})
+
 BodyLimit = Callable[[], int]
 """The ``limits.max_body_bytes`` in force now (it may change on a live reload), in bytes."""
 
@@ -114,8 +118,7 @@ class _StrictConnection(ResponseConnection):
     """What h11 refused in the last request, if it did (its status hint and reason)."""
 
     _ready: list[Any] | None = None
-    """Events of a whole request read by :meth:`receive_data`, not yet returned (empty: all
-    returned, the next event is h11's ``NEED_DATA`` unless bytes came since)."""
+    """Events of a whole request read by :meth:`receive_data`, not yet returned."""
 
     def receive_data(self, data: bytes) -> None:
         """h11's ``receive_data``; a whole plain request on an idle connection is read at once
@@ -133,12 +136,15 @@ class _StrictConnection(ResponseConnection):
         with it h11's status hint and reason)."""
         ready = self._ready
         if ready is not None:
-            if ready:
-                return ready.pop(0)
-            self._ready = None
-            if not self._receive_buffer_closed and not self._receive_buffer._data:
-                # What h11 answers here (the request is complete, nothing more arrived).
-                return h11.NEED_DATA
+            event = ready.pop(0)
+            if not ready:
+                self._ready = None
+            return event
+        if (
+            not self._receive_buffer._data and not self._receive_buffer_closed
+            and self._cstate.states[h11.CLIENT] in _NOTHING_TO_READ
+        ):
+            return h11.NEED_DATA  # what h11's reader of that state answers: no byte to read
         try:
             return super().next_event()
         except h11.RemoteProtocolError as exc:

@@ -215,3 +215,21 @@ def test_bytes_after_a_request_read_whole_are_read_as_h11_reads_them(
                 break
         results.append((events, dict(conn.states)))
     assert results[0] == results[1]
+
+
+@pytest.mark.parametrize("feed", [[], [b""], [b"POST /x HT"], [b"\r\n"], [b" "]],
+                         ids=["nothing", "eof", "part-of-a-head", "blank-line", "space"])
+def test_an_idle_connection_reads_as_h11_reads_it(feed: list[bytes]) -> None:
+    results = []
+    for conn in (_StrictConnection(h11.SERVER), _H11Reads(h11.SERVER)):
+        events: list[Any] = []
+        for data in feed:
+            conn.receive_data(data)
+        for _ in range(2):
+            try:
+                events.append(_event(conn.next_event()))
+            except h11.RemoteProtocolError as exc:
+                events.append(("refused", str(exc)))
+                break
+        results.append((events, dict(conn.states)))
+    assert results[0] == results[1]
