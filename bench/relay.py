@@ -152,15 +152,22 @@ async def phase_latency(targets: list[Target], args: argparse.Namespace, h: Harn
             req = request_bytes(f"127.0.0.1:{t.port}", "/v1/chat/completions",
                                 chat_body(t.model, False, 1), t.api_key, True)
             await h.run_latency(t.host, t.port, req, 100, min(conc, 8))
+        cpu: dict[str, float] = {t.name: 0.0 for t in targets}
         for _ in range(args.rounds):
             for t in targets:
                 req = request_bytes(f"127.0.0.1:{t.port}", "/v1/chat/completions",
                                     chat_body(t.model, False, 1), t.api_key, True)
+                c0 = t.proc.cpu_s if t.proc is not None else 0.0
                 lat[t.name] += await h.run_latency(t.host, t.port, req,
                                                    max(total // args.rounds, conc), conc)
+                cpu[t.name] += (t.proc.cpu_s if t.proc is not None else 0.0) - c0
         for t in targets:
             t.results[f"c{conc}_p50_ms"] = pct(lat[t.name], 0.5) * 1000
             t.results[f"c{conc}_p99_ms"] = pct(lat[t.name], 0.99) * 1000
+            if t.proc is not None and t.name != "nginx" and lat[t.name]:
+                # The serving process's CPU (user + system) per request (direct: the backend's;
+                # not nginx, whose workers are other processes).
+                t.results[f"c{conc}_cpu_us_per_req"] = cpu[t.name] / len(lat[t.name]) * 1e6
 
 
 async def phase_memory(variants: list[tuple[str, dict[str, Any] | None]], targets: list[Target],
@@ -375,6 +382,11 @@ def render(targets: list[Target], args: argparse.Namespace) -> str:
         )
     out.append("")
     out.append("latencies in ms; ratio = events/s relative to direct; +p50 = p50 minus direct's")
+    for t in targets:
+        r = t.results
+        if "c1_cpu_us_per_req" in r:
+            out.append(f"{t.name}: CPU per request (b) {r['c1_cpu_us_per_req']:.0f} us at c1, "
+                       f"{r.get('c32_cpu_us_per_req', 0.0):.0f} us at c32 (the serving process)")
     for t in targets:
         share = t.results.get("cpu_share")
         if share:

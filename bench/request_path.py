@@ -6,7 +6,8 @@ production protocol class of :func:`gateway.http_guard.server_options`) in front
 ``vllm-sim`` on loopback; the client side is an in-memory transport (no client socket, no client
 process), so the numbers are the gateway's own: its request parsing, relay, upstream client and
 response writing, the upstream socket's system calls, and the event-loop iterations between
-them. Requests are sent one at a time (concurrency 1) on one kept-alive connection.
+them. Requests are sent one at a time (concurrency 1) on one kept-alive connection, with the
+garbage collector set up as ``gateway serve`` sets it (:mod:`gateway.runtime_tuning`).
 
 Prints the process CPU time per request (``time.process_time``) and, with ``--trace``, the
 marks of one request after the warm-up, in microseconds from the moment its bytes were handed
@@ -19,6 +20,7 @@ Usage::
 
     .venv/bin/python bench/request_path.py --requests 3000
     .venv/bin/python bench/request_path.py --trace
+    .venv/bin/python bench/request_path.py --profile /tmp/rp.prof  # then pstats, sort tottime
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ _ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ els
 _ap.add_argument("--requests", type=int, default=3000)
 _ap.add_argument("--trace", action="store_true", help="print the marks of one request")
 _ap.add_argument("--source", help="run another checkout's packages from this directory")
+_ap.add_argument("--profile", metavar="FILE",
+                 help="write cProfile statistics of the measured requests to FILE")
 ARGS = _ap.parse_args()
 if ARGS.source:
     sys.path.insert(0, ARGS.source)
@@ -153,6 +157,7 @@ async def _run(sim_url: str, tmp: Path) -> None:
     from gateway.app import create_app
     from gateway.assembly import assemble
     from gateway.http_guard import server_options
+    from gateway.runtime_tuning import freeze_startup_heap, tune_gc
     from gateway.settings import load
 
     cfg = bind_config(default_config(), sim_url, 8000)
@@ -164,6 +169,11 @@ async def _run(sim_url: str, tmp: Path) -> None:
     config.load()
     lifespan = LifespanOn(config)
     await lifespan.startup()
+    # The collector settings of `gateway serve` (gateway.server: thresholds at start, the
+    # start-up heap frozen once the lifespan has started); the defaults would add young
+    # collections over the whole heap to the per-request figures.
+    tune_gc()
+    freeze_startup_heap()
     body = {"model": "m", "stream": False, "max_tokens": 1,
             "messages": [{"role": "user", "content": "hi"}]}
     req = request_bytes("127.0.0.1:8000", "/v1/chat/completions", body, BENCH_KEY, True)
@@ -182,9 +192,17 @@ async def _run(sim_url: str, tmp: Path) -> None:
 
     for _ in range(300):
         await one()
+    profiler = None
+    if ARGS.profile:
+        import cProfile
+        profiler = cProfile.Profile()
+        profiler.enable()
     cpu0, wall0 = time.process_time(), time.perf_counter()
     for _ in range(ARGS.requests):
         await one()
+    if profiler is not None:
+        profiler.disable()
+        profiler.dump_stats(ARGS.profile)
     cpu = (time.process_time() - cpu0) / ARGS.requests
     wall = (time.perf_counter() - wall0) / ARGS.requests
     print(f"{ARGS.requests} requests at concurrency 1: gateway CPU {cpu * 1e6:.0f} us per "

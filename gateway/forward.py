@@ -440,19 +440,27 @@ async def _relay_body(
     ex = relay.ex
     out = ex.out
     read = resp.read
-    idle = _IdleDeadline(relay.deadline, ex.state.settings.timeouts.idle_s)
-    clock = idle.clock
+    idle: _IdleDeadline | None = None
+    if resp.complete:
+        # The whole body came with the head (a small answer): no read will wait, so no idle
+        # timer; the first-byte deadline is lifted (writing to the client is not bounded).
+        relay.deadline.reschedule(None)
+    else:
+        idle = _IdleDeadline(relay.deadline, ex.state.settings.timeouts.idle_s)
     keep = bytearray()
     try:
         while chunk:
             if len(keep) + len(chunk) <= _MAX_USAGE_BODY:
                 keep += chunk
-            idle.last = None  # no upstream deadline while writing to a slow client
+            if idle is not None:
+                idle.last = None  # no upstream deadline while writing to a slow client
             await out.body(chunk)
-            idle.last = clock()
+            if idle is not None:
+                idle.last = idle.clock()
             chunk = await read()
     finally:
-        idle.cancel()
+        if idle is not None:
+            idle.cancel()
     relay.complete = True
     if status == 200:
         _set_usage(ex.record, usage_from_body(bytes(keep)))

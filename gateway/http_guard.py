@@ -64,7 +64,12 @@ from h11._readers import (
 from h11._receivebuffer import ReceiveBuffer
 from h11._util import validate
 
-from gateway.asgi_io import BODY_CHUNK_EXTENSION, DISCONNECT_EXTENSION, WRITE_NOW_EXTENSION
+from gateway.asgi_io import (
+    BODY_CHUNK_EXTENSION,
+    DISCONNECT_EXTENSION,
+    WHOLE_BODY_EXTENSION,
+    WRITE_NOW_EXTENSION,
+)
 from gateway.http_body import BudgetedChunkedReader
 from gateway.http_framing import framing_problem
 from gateway.http_refusal import (
@@ -77,6 +82,7 @@ from gateway.http_refusal import (
     send_and_linger,
 )
 from gateway.http_response import ResponseConnection, ResponseWritingProtocol
+from gateway.http_short_paths import read_whole_request
 from gateway.settings import LimitSettings
 
 _log = logging.getLogger(__name__)
@@ -89,6 +95,10 @@ __all__ = [
     "guarded_protocol",
     "server_options",
 ]
+
+# Client states whose h11 reader, given no byte, needs data (a new request head, or nothing
+# after a request's end); the others (a body, a protocol switch, an error) go through h11.
+_NOTHING_TO_READ = frozenset({h11.IDLE, h11.DONE, h11.MUST_CLOSE})
 
 BodyLimit = Callable[[], int]
 """The ``limits.max_body_bytes`` in force now (it may change on a live reload), in bytes."""
@@ -112,9 +122,34 @@ class _StrictConnection(ResponseConnection):
     protocol_error: h11.RemoteProtocolError | None = None
     """What h11 refused in the last request, if it did (its status hint and reason)."""
 
+    _ready: list[Any] | None = None
+    """Events of a whole request read by :meth:`receive_data`, not yet returned."""
+
+    def receive_data(self, data: bytes) -> None:
+        """h11's ``receive_data``; a whole plain request on an idle connection is read at once
+        (:func:`gateway.http_short_paths.read_whole_request`: the events h11 would return,
+        without its reader and state machine), the rest goes to h11's buffer."""
+        if data and self._ready is None:
+            self._ready = read_whole_request(self, data)
+            if self._ready is not None:
+                return
+        super().receive_data(data)
+
     def next_event(self) -> Any:
-        """h11's ``next_event``, keeping a refusal for :meth:`GuardedH11Protocol.send_400_response`
-        (uvicorn drops the exception, and with it h11's status hint and reason)."""
+        """h11's ``next_event`` (the events of a request read whole first), keeping a refusal
+        for :meth:`GuardedH11Protocol.send_400_response` (uvicorn drops the exception, and
+        with it h11's status hint and reason)."""
+        ready = self._ready
+        if ready is not None:
+            event = ready.pop(0)
+            if not ready:
+                self._ready = None
+            return event
+        if (
+            not self._receive_buffer._data and not self._receive_buffer_closed
+            and self._cstate.states[h11.CLIENT] in _NOTHING_TO_READ
+        ):
+            return h11.NEED_DATA  # what h11's reader of that state answers: no byte to read
         try:
             return super().next_event()
         except h11.RemoteProtocolError as exc:
@@ -232,8 +267,9 @@ class GuardedH11Protocol(ResponseWritingProtocol):
                                    conn._max_incomplete_event_size, self.body_limit, msg))
 
     def handle_events(self) -> None:
-        """uvicorn's, plus the :data:`BODY_CHUNK_EXTENSION`, :data:`WRITE_NOW_EXTENSION` and
-        :data:`DISCONNECT_EXTENSION` in the scope of a new request."""
+        """uvicorn's, plus the :data:`BODY_CHUNK_EXTENSION`, :data:`WRITE_NOW_EXTENSION`,
+        :data:`DISCONNECT_EXTENSION` and :data:`WHOLE_BODY_EXTENSION` in the scope of a new
+        request."""
         cycle = self.cycle
         super().handle_events()
         if self.cycle is not None and self.cycle is not cycle:
@@ -243,6 +279,27 @@ class GuardedH11Protocol(ResponseWritingProtocol):
             extensions[BODY_CHUNK_EXTENSION] = self._write_body_chunk
             extensions[WRITE_NOW_EXTENSION] = self._write_body_chunk_now
             extensions[DISCONNECT_EXTENSION] = self._watch_disconnect
+            extensions[WHOLE_BODY_EXTENSION] = self._take_whole_body
+
+    def _take_whole_body(self) -> bytes | None:
+        """The request body if it has wholly arrived and is unread, as uvicorn's ``receive``
+        would return it (then marked read); ``None`` otherwise (:data:`WHOLE_BODY_EXTENSION`).
+
+        The current cycle is the caller's: a request's body is read before its response is
+        complete, and no next request starts before that.
+        """
+        cycle = self.cycle
+        if (
+            cycle is None or cycle.more_body or cycle.disconnected or cycle.response_complete
+            or cycle.waiting_for_100_continue or not cycle.message_event.is_set()
+        ):
+            return None
+        # uvicorn's receive(), past its wait: resume reading, clear the event, take the body.
+        self.flow.resume_reading()
+        cycle.message_event.clear()
+        body = bytes(cycle.body)
+        cycle.body = bytearray()
+        return body
 
     def _watch_disconnect(self, on_disconnect: Callable[[], None]) -> Callable[[], None] | None:
         """Call ``on_disconnect`` when the connection is lost before the current response is

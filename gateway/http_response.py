@@ -29,6 +29,8 @@ import h11
 from h11._writers import ChunkedWriter, ContentLengthWriter
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from gateway.http_short_paths import end_of_message, response_head
+
 __all__ = ["ResponseConnection", "ResponseWritingProtocol"]
 
 
@@ -57,24 +59,43 @@ class ResponseConnection(h11.Connection):
         h11's machine (``SEND_BODY`` -> ``SEND_BODY``); h11 would still run its event
         processing (five calls) to find that out. Relayed SSE streams send one such event per
         token, so the chunk is framed here (:meth:`chunk`), byte for byte what h11's writer
-        writes; every other event goes through h11.
+        writes.
+
+        Head and end of a plain response (keep-alive, ``Content-Length`` or chunked): written
+        by :func:`gateway.http_short_paths.response_head` and
+        :func:`~gateway.http_short_paths.end_of_message`, byte for byte and state for state
+        what h11 does; every other event goes through h11.
         """
         kind = type(event)
-        out = self.chunk(event.data) if kind is h11.Data else None
+        if kind is h11.Data:
+            out = self.chunk(event.data)
+        elif kind is h11.Response:
+            out = response_head(self, event)
+            if out is not None:
+                return self._hold(out)
+        elif kind is h11.EndOfMessage:
+            out = end_of_message(self, event)
+            if out is not None and self.held_head:
+                out, self.held_head = self.held_head + out, b""
+        else:
+            out = None
         if out is None:
             sent = super().send(event)
             if sent is None:  # ConnectionClosed: a held head has nowhere to go
                 self.held_head = b""
                 return None
             if kind is h11.Response:
-                self.held_head = sent
-                if self.on_hold is not None:
-                    self.on_hold()
-                return b""
+                return self._hold(sent)
             out = sent
             if self.held_head:
                 out, self.held_head = self.held_head + out, b""
         return out
+
+    def _hold(self, head: bytes) -> bytes:
+        self.held_head = head
+        if self.on_hold is not None:
+            self.on_hold()
+        return b""
 
     def chunk(self, data: bytes) -> bytes | None:
         """The bytes of one body chunk of the response now being sent (a held head in front).

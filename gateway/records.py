@@ -37,8 +37,8 @@ named methods (:meth:`RequestRecord.authenticated`, :meth:`~RequestRecord.reques
 from __future__ import annotations
 
 import logging
+import os
 import time
-import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal, Protocol
@@ -64,6 +64,15 @@ Outcome = Literal[
 
 
 _log = logging.getLogger(__name__)
+
+
+def _request_id() -> str:
+    """A random version-4 UUID as 32 hex digits (``uuid.uuid4().hex``, without the UUID
+    object: a third of the time)."""
+    raw = bytearray(os.urandom(16))
+    raw[6] = raw[6] & 0x0F | 0x40  # version 4
+    raw[8] = raw[8] & 0x3F | 0x80  # RFC 4122 variant
+    return raw.hex()
 
 
 @dataclass(slots=True)
@@ -155,7 +164,7 @@ class RequestRecord:
         """
         client = scope.get("client")
         return cls(
-            request_id=uuid.uuid4().hex,
+            request_id=_request_id(),
             started_at=time.time(),
             method=scope["method"],
             path=scope["path"],

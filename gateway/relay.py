@@ -27,6 +27,7 @@ from gateway.access import log_record
 from gateway.asgi_io import (
     BODY_CHUNK_EXTENSION,
     DISCONNECT_EXTENSION,
+    WHOLE_BODY_EXTENSION,
     WRITE_NOW_EXTENSION,
     ClientGone,
     DisconnectWatch,
@@ -222,7 +223,8 @@ async def _serve(
     principal = _authenticate(state, head, record)
     limits = state.settings.limits
     raw = await read_body(receive, limits.max_body_bytes, head.declared,
-                          limits.client_body_timeout_s)
+                          limits.client_body_timeout_s,
+                          (scope.get("extensions") or {}).get(WHOLE_BODY_EXTENSION))
     record.received(len(raw))
     parsed = parse_body(raw)
     record.describe(parsed.model, parsed.stream)

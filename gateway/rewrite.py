@@ -94,6 +94,8 @@ class ParsedBody:
     spans: dict[str, tuple[int, int]] = field(repr=False)
     open_brace: int = field(repr=False, default=0)
     priority: int | None = None
+    raw: bytes = field(repr=False, default=b"")
+    """The body as received (sent as is when no splice changes a byte)."""
 
     def upstream_body(self, served_model: str, force_usage: bool) -> bytes:
         """The bytes to send upstream.
@@ -110,7 +112,10 @@ class ParsedBody:
         """
         edits: list[tuple[int, int, str]] = []
         start, end = self.spans["model"]
-        edits.append((start, end, json.dumps(served_model, ensure_ascii=False)))
+        literal = json.dumps(served_model, ensure_ascii=False)
+        text = self.text
+        if text[start:end] != literal:  # the common case: the client already sent it so
+            edits.append((start, end, literal))
         if force_usage and self.stream and not self.client_wants_usage:
             current = self.values.get("stream_options")
             if "stream_options" in self.spans:
@@ -136,7 +141,8 @@ class ParsedBody:
             else:
                 pos = self.open_brace + 1
                 edits.append((pos, pos, f'"priority":{self.priority},'))
-        text = self.text
+        if not edits and self.raw:
+            return self.raw  # not a byte to change: no copy, no encoding
         for s, e, new in sorted(edits, reverse=True):
             text = text[:s] + new + text[e:]
         return text.encode("utf-8")
@@ -343,4 +349,5 @@ def parse_body(raw: bytes) -> ParsedBody:
         values=values,
         spans=spans,
         open_brace=brace,
+        raw=raw,
     )

@@ -156,6 +156,11 @@ class Response:
         """``await read_into(sink)``: body pieces handed to ``sink`` as they arrive
         (:meth:`~gateway.h1.connection.H1Connection.read_into`)."""
 
+    @property
+    def complete(self) -> bool:
+        """The whole body has been received (:meth:`read` never waits again)."""
+        return self._conn.body_done
+
     def release(self) -> None:
         """Done with the response: the connection goes back to the pool if reusable."""
         self._client._release(self._origin, self._conn, self._fresh)
@@ -189,7 +194,9 @@ class RelayClient:
         """Longest TCP and TLS set-up in seconds for the next connections (a live reload of
         ``timeouts.connect_s`` sets it)."""
         self._observers = tuple(observers)
-        self._idle: dict[_Origin, list[tuple[H1Connection, asyncio.TimerHandle]]] = {}
+        # Per origin, idle connections with the loop time each became idle, oldest first.
+        self._idle: dict[_Origin, list[tuple[H1Connection, float]]] = {}
+        self._sweep: asyncio.TimerHandle | None = None
         self._origins: dict[str, _Origin] = {}
         self._open = 0
         self._waiters: deque[asyncio.Future[None]] = deque()
@@ -256,9 +263,11 @@ class RelayClient:
         """
         self._closed = True
         closing = [conn for idle in self._idle.values() for conn, _ in idle]
+        if self._sweep is not None:
+            self._sweep.cancel()
+            self._sweep = None
         for idle in list(self._idle.values()):
-            for conn, timer in idle:
-                timer.cancel()
+            for conn, _ in idle:
                 conn.abort()
         self._idle.clear()
         if closing:
@@ -275,8 +284,7 @@ class RelayClient:
                 raise ConnectFailed("the upstream client is closed")
             idle = self._idle.get(origin)
             while idle and not fresh:
-                conn, timer = idle.pop()  # the most recently used: least likely to be stale
-                timer.cancel()
+                conn, _ = idle.pop()  # the most recently used: least likely to be stale
                 if conn.usable:
                     if on_slot is not None:
                         on_slot()
@@ -341,9 +349,8 @@ class RelayClient:
     def _lost(self, conn: H1Connection) -> None:
         self._open -= 1
         for origin, idle in self._idle.items():
-            for i, (c, timer) in enumerate(idle):
+            for i, (c, _) in enumerate(idle):
                 if c is conn:
-                    timer.cancel()
                     del idle[i]
                     if not idle:
                         del self._idle[origin]
@@ -361,16 +368,38 @@ class RelayClient:
             else:
                 conn.abort()
             return
-        timer = asyncio.get_running_loop().call_later(self._keep_alive_s, conn.close)
-        self._idle.setdefault(origin, []).append((conn, timer))
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        self._idle.setdefault(origin, []).append((conn, now))
+        if self._sweep is None:
+            self._sweep = loop.call_at(now + self._keep_alive_s, self._expire)
         self._wake_one()
+
+    def _expire(self) -> None:
+        """Close the connections idle for ``keep_alive_s``; run again when the next one is due.
+
+        One timer for the pool instead of one per release (a timer handle made and cancelled
+        per request): each connection still closes ``keep_alive_s`` after it became idle.
+        """
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        keep = self._keep_alive_s
+        due: float | None = None
+        for origin, idle in list(self._idle.items()):
+            while idle and idle[0][1] + keep <= now:
+                conn, _ = idle.pop(0)
+                conn.close()
+            if idle:
+                due = idle[0][1] if due is None else min(due, idle[0][1])
+            else:
+                del self._idle[origin]
+        self._sweep = loop.call_at(due + keep, self._expire) if due is not None else None
 
     def _close_one_idle(self) -> bool:
         """Close the longest idle connection of any origin (room for a new one)."""
         for idle in self._idle.values():
             if idle:
-                conn, timer = idle.pop(0)
-                timer.cancel()
+                conn, _ = idle.pop(0)
                 conn.close()
                 return True
         return False

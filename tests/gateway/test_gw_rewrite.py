@@ -84,3 +84,15 @@ def test_model_required(raw: bytes) -> None:
 def test_invalid_utf8() -> None:
     with pytest.raises(InvalidRequest, match="UTF-8"):
         parse_body(b'{"model": "\xff"}')
+
+
+def test_a_body_needing_no_splice_goes_upstream_as_received() -> None:
+    raw = '{"model": "m", "messages": [{"role": "user", "content": "h\\u00e9 \u00e9"}]}'.encode()
+    parsed = parse_body(raw)
+    assert parsed.upstream_body("m", force_usage=True) is raw  # not a copy, not re-encoded
+    # The same model spelled with an escape is still written the served way (as before).
+    escaped = parse_body(b'{"model":"\\u006d","x":1}')
+    assert escaped.upstream_body("m", force_usage=False) == b'{"model":"m","x":1}'
+    streamed = parse_body(b'{"model":"m","stream":true}')
+    assert streamed.upstream_body("m", force_usage=True) == \
+        b'{"stream_options":{"include_usage":true},"model":"m","stream":true}'

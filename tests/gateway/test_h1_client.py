@@ -328,6 +328,32 @@ def test_the_pool_is_bounded_and_idle_connections_expire() -> None:
     run(test)
 
 
+def test_each_idle_connection_expires_keep_alive_after_its_own_release() -> None:
+    ok = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"
+
+    async def test() -> None:
+        loop = asyncio.get_running_loop()
+        first, second = Backend(replies(ok)), Backend(replies(ok))
+        url1, url2 = await first.start(), await second.start()
+        c = client(keep_alive_s=0.5)
+        assert await read_all(c, url1) == (200, b"ok")
+        await asyncio.sleep(0.25)
+        assert await read_all(c, url2) == (200, b"ok")
+        released2 = loop.time()
+        assert c.idle_connections() == 2
+        await asyncio.wait_for(first.closed.wait(), 5)
+        # The pool's one timer closed the first; the second is idle for its own 0.5 s.
+        assert not second.closed.is_set() and c.idle_connections() == 1
+        await asyncio.wait_for(second.closed.wait(), 5)
+        assert loop.time() - released2 >= 0.5 - 0.01
+        assert c.idle_connections() == 0
+        await c.close()
+        await first.stop()
+        await second.stop()
+
+    run(test)
+
+
 def test_cancelled_exchange_closes_the_connection() -> None:
     async def test() -> None:
         backend = Backend(replies(OK_CHUNKED + b"5\r\nfirst\r\n"))  # then never ends

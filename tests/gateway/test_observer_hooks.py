@@ -8,6 +8,7 @@ gateway or its parts.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -131,3 +132,13 @@ def test_create_app_takes_a_gateway_or_its_parts_not_both(sim: Sim) -> None:
     create_app(s, gw)
     with pytest.raises(TypeError, match="either an assembled gateway or its parts"):
         create_app(s, gw, observers=[hooks])
+
+
+def test_request_ids_are_random_version_4_uuids_in_32_hex_digits() -> None:
+    scope = {"method": "POST", "path": "/v1/chat/completions", "client": ("127.0.0.1", 5)}
+    ids = [RequestRecord.for_scope(scope).request_id for _ in range(200)]
+    assert len(set(ids)) == len(ids)
+    for rid in ids:
+        parsed = uuid.UUID(hex=rid)
+        assert len(rid) == 32 and rid == parsed.hex
+        assert parsed.version == 4 and parsed.variant == uuid.RFC_4122
