@@ -194,3 +194,23 @@ def test_interim_and_final_heads_split_anywhere_parse_alike() -> None:
                 theirs.close()
 
     run(test)
+
+
+def test_making_room_at_the_limit_closes_one_idle_connection_not_all() -> None:
+    async def test() -> None:
+        a, b = Backend(replies(OK)), Backend(replies(OK))
+        url_a, url_b = await a.start(), await b.start()
+        c = client(limit=2)
+        first = await c.post(url_a, "/v1/x", {}, b"{}")
+        assert await read_all(c, url_a) == (200, b"ok")  # a second connection to A
+        assert await first.read() == b"ok" and await first.read() == b""
+        first.release()
+        assert c.idle_connections() == 2 and c.open_connections == 2
+        async with asyncio.timeout(5):
+            assert await read_all(c, url_b) == (200, b"ok")  # room made for B: one of A's
+        assert c.idle_connections() == 2 and c.open_connections == 2  # one of A, one of B
+        await c.close()
+        await a.stop()
+        await b.stop()
+
+    run(test)
