@@ -214,3 +214,19 @@ def test_making_room_at_the_limit_closes_one_idle_connection_not_all() -> None:
         await b.stop()
 
     run(test)
+
+
+@pytest.mark.parametrize("size_line", [b"5;a\nb", b"5;a\x00b", b"5;\rx"],
+                         ids=["bare-lf", "nul", "bare-cr"])
+def test_a_control_character_in_a_chunk_extension_is_refused(size_line: bytes) -> None:
+    async def test() -> None:
+        backend = Backend(replies(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
+                                  + size_line + b"\r\nhello\r\n0\r\n\r\n"))
+        url = await backend.start()
+        c = client()
+        with pytest.raises(ProtocolError, match="malformed chunk size"):
+            await read_all(c, url)
+        await c.close()
+        await backend.stop()
+
+    run(test)
