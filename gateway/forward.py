@@ -45,7 +45,7 @@ from gateway.h1 import (
 from gateway.records import RequestRecord
 from gateway.rewrite import ParsedBody
 from gateway.routing import Pool, Replica
-from gateway.sse import SSEUsageScanner, Usage, usage_from_body
+from gateway.sse import SSEUsageScanner, Usage, usage_from_body, usage_from_body_end
 from gateway.state import GatewayState
 from gateway.upstream import USER_AGENT, map_exception
 from policy import REDIRECT_STATUSES, EgressDenied, redirect_refused
@@ -57,7 +57,8 @@ _log = logging.getLogger(__name__)
 # Endpoints whose streams carry usage only when stream_options.include_usage is set.
 USAGE_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
 _RETRY_STATUSES = frozenset({429, 502, 503})
-_MAX_USAGE_BODY = 1 << 20
+_MAX_USAGE_BODY = 1 << 20  # a JSON body kept whole for its usage up to this many bytes;
+_USAGE_TAIL = 64 * 1024  # of a longer one, the end (usage follows the choices)
 _SSE = b"text/event-stream"
 _UPSTREAM_ERRORS = (ConnectFailed, ConnectTimedOut, ConnectionClosed, IncompleteBody,
                     ProtocolError, OSError, ValueError, EgressDenied)
@@ -447,11 +448,14 @@ async def _relay_body(
         relay.deadline.reschedule(None)
     else:
         idle = _IdleDeadline(relay.deadline, ex.state.settings.timeouts.idle_s)
-    keep = bytearray()
+    keep = bytearray()  # the body up to _MAX_USAGE_BODY, then only its last _USAGE_TAIL bytes
+    whole = True
     try:
         while chunk:
-            if len(keep) + len(chunk) <= _MAX_USAGE_BODY:
-                keep += chunk
+            keep += chunk
+            if len(keep) > _MAX_USAGE_BODY:
+                del keep[:len(keep) - _USAGE_TAIL]
+                whole = False
             if idle is not None:
                 idle.last = None  # no upstream deadline while writing to a slow client
             await out.body(chunk)
@@ -463,7 +467,8 @@ async def _relay_body(
             idle.cancel()
     relay.complete = True
     if status == 200:
-        _set_usage(ex.record, usage_from_body(bytes(keep)))
+        body = bytes(keep)
+        _set_usage(ex.record, usage_from_body(body) if whole else usage_from_body_end(body))
     ex.watch.finish()
     await out.body(b"", more=False)
 

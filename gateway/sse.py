@@ -24,7 +24,14 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["MAX_EVENT_BYTES", "SSEUsageScanner", "Usage", "usage_from_body", "usage_from_mapping"]
+__all__ = [
+    "MAX_EVENT_BYTES",
+    "SSEUsageScanner",
+    "Usage",
+    "usage_from_body",
+    "usage_from_body_end",
+    "usage_from_mapping",
+]
 
 # An empty line: a line terminator immediately followed by another. Atomic groups stop "\r\n"
 # from being read as two terminators ("\r" then "\n").
@@ -81,6 +88,26 @@ def usage_from_body(body: bytes) -> Usage | None:
         return usage_from_mapping(json.loads(body))
     except ValueError:
         return None
+
+
+_USAGE_KEY = re.compile(rb'"usage"\s*:\s*')
+
+
+def usage_from_body_end(tail: bytes) -> Usage | None:
+    """Usage from the last bytes of a JSON response body too long to keep whole, or ``None``.
+
+    Reads the last ``"usage": {...}`` object in ``tail`` (vLLM and OpenAI write ``usage`` after
+    ``choices``, near the end). A ``"usage"`` inside a string value cannot match: its quotes
+    are escaped there.
+    """
+    keys = list(_USAGE_KEY.finditer(tail))
+    if not keys:
+        return None
+    try:
+        obj, _ = json.JSONDecoder().raw_decode(tail[keys[-1].end():].decode("utf-8", "replace"))
+    except ValueError:
+        return None
+    return usage_from_mapping({"usage": obj})
 
 
 def _event_data(event: bytes) -> bytes | None:

@@ -293,7 +293,12 @@ class RelayClient:
                 if on_slot is not None:
                     on_slot()
                 return await self._connect(origin)
-            if not self._close_one_idle():
+            closing = self._close_one_idle()
+            if closing is not None:
+                # Its slot is ours once it is closed (unless another request is faster): one
+                # idle connection closed per request that needs room, not every idle one.
+                await closing.wait_closed()
+            else:
                 waiter = asyncio.get_running_loop().create_future()
                 self._waiters.append(waiter)
                 try:
@@ -395,14 +400,14 @@ class RelayClient:
                 del self._idle[origin]
         self._sweep = loop.call_at(due + keep, self._expire) if due is not None else None
 
-    def _close_one_idle(self) -> bool:
-        """Close the longest idle connection of any origin (room for a new one)."""
+    def _close_one_idle(self) -> H1Connection | None:
+        """Close the longest idle connection of any origin (room for a new one); return it."""
         for idle in self._idle.values():
             if idle:
                 conn, _ = idle.pop(0)
                 conn.close()
-                return True
-        return False
+                return conn
+        return None
 
     def _wake_one(self) -> None:
         while self._waiters:

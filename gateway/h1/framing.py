@@ -160,7 +160,8 @@ class LengthDecoder:
 class ChunkedDecoder:
     """The chunked transfer coding (RFC 9112 section 7.1), strictly.
 
-    Chunk extensions are ignored; trailer fields are read and dropped. Data after the final
+    Chunk extensions are ignored (a control character in one, bare LF or NUL, is refused);
+    trailer fields are read and dropped. Data after the final
     CRLF is kept in :attr:`extra` (garbage: the response is whole, the connection is not
     reused).
     """
@@ -211,7 +212,8 @@ class ChunkedDecoder:
                 line = buf[pos:eol]
                 semi = line.find(b";")
                 size_text = line if semi < 0 else line[:semi].rstrip(b" \t")
-                if _HEX.fullmatch(size_text) is None:
+                if _HEX.fullmatch(size_text) is None or (
+                        semi >= 0 and _BAD_VALUE.search(line, semi) is not None):
                     raise ProtocolError(f"malformed chunk size {line[:40]!r}")
                 size = int(size_text, 16)
                 pos = eol + 2

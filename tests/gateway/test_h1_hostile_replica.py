@@ -194,3 +194,39 @@ def test_interim_and_final_heads_split_anywhere_parse_alike() -> None:
                 theirs.close()
 
     run(test)
+
+
+def test_making_room_at_the_limit_closes_one_idle_connection_not_all() -> None:
+    async def test() -> None:
+        a, b = Backend(replies(OK)), Backend(replies(OK))
+        url_a, url_b = await a.start(), await b.start()
+        c = client(limit=2)
+        first = await c.post(url_a, "/v1/x", {}, b"{}")
+        assert await read_all(c, url_a) == (200, b"ok")  # a second connection to A
+        assert await first.read() == b"ok" and await first.read() == b""
+        first.release()
+        assert c.idle_connections() == 2 and c.open_connections == 2
+        async with asyncio.timeout(5):
+            assert await read_all(c, url_b) == (200, b"ok")  # room made for B: one of A's
+        assert c.idle_connections() == 2 and c.open_connections == 2  # one of A, one of B
+        await c.close()
+        await a.stop()
+        await b.stop()
+
+    run(test)
+
+
+@pytest.mark.parametrize("size_line", [b"5;a\nb", b"5;a\x00b", b"5;\rx"],
+                         ids=["bare-lf", "nul", "bare-cr"])
+def test_a_control_character_in_a_chunk_extension_is_refused(size_line: bytes) -> None:
+    async def test() -> None:
+        backend = Backend(replies(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
+                                  + size_line + b"\r\nhello\r\n0\r\n\r\n"))
+        url = await backend.start()
+        c = client()
+        with pytest.raises(ProtocolError, match="malformed chunk size"):
+            await read_all(c, url)
+        await c.close()
+        await backend.stop()
+
+    run(test)
