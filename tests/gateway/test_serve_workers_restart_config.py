@@ -49,6 +49,8 @@ def test_a_key_revoked_by_a_reload_stays_revoked_on_restarted_workers(
     db = tmp_path / "audit.db"
     cfg = yaml.safe_load(p.config.read_text())
     cfg["keys"] = [k for k in cfg["keys"] if k["id"] != "limited"]  # revoke
+    # and its quota override with it (an override naming no key is refused as a typo)
+    cfg["quotas"]["keys"].pop("limited")
     p.config.write_text(yaml.safe_dump(cfg))
     p.proc.send_signal(signal.SIGHUP)
     _wait(lambda: _count(db, "config.reloaded") == 2, 60, "both workers to apply the reload")
