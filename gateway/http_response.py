@@ -157,21 +157,23 @@ class ResponseWritingProtocol(H11Protocol):
             uses ASGI ``send``); ``True`` when written, or dropped because the client is gone
             (as uvicorn drops it).
         """
+        cycle = self._sending_body()
+        if cycle is None:
+            return False
+        if self.flow.write_paused and not cycle.disconnected:
+            await self.flow.drain()
+        return self._write_body_chunk_now(data)
+
+    def _sending_body(self) -> Any:
+        """The request cycle whose response body is being sent (started, not complete, not a
+        ``HEAD`` request), or ``None``."""
         cycle = self.cycle
         if (
             cycle is None or cycle.response_complete or not cycle.response_started
             or cycle.scope["method"] == "HEAD"
         ):
-            return False
-        if self.flow.write_paused and not cycle.disconnected:
-            await self.flow.drain()
-        if cycle.disconnected:
-            return True
-        out = self.conn.chunk(data)
-        if out is None:
-            return False
-        self.transport.write(out)
-        return True
+            return None
+        return cycle
 
     def _write_body_chunk_now(self, data: bytes) -> bool:
         """Write one chunk of the response body being sent, synchronously, if that is possible
@@ -188,11 +190,8 @@ class ResponseWritingProtocol(H11Protocol):
             socket buffer over its high-water mark (the caller awaits the asynchronous path,
             which waits for the drain), more data than the ``Content-Length`` left.
         """
-        cycle = self.cycle
-        if (
-            cycle is None or cycle.response_complete or not cycle.response_started
-            or cycle.scope["method"] == "HEAD"
-        ):
+        cycle = self._sending_body()
+        if cycle is None:
             return False
         if cycle.disconnected:
             return True
