@@ -12,18 +12,20 @@ leaves every other case to h11 unchanged:
   framed HTTP/1.1 request (head and whole ``Content-Length`` body, nothing after it) on an idle
   connection becomes h11's three events at once, with h11's state set as its reader and state
   machine would leave it;
-* :func:`response_head`: a ``Response`` on a keep-alive connection whose request is complete,
-  framed by ``Content-Length`` or chunked, written as h11's ``write_any_response`` writes it
-  (after h11's header clean-up: ``Transfer-Encoding: chunked`` last, ``Content-Length``
-  dropped for a chunked body);
+* :func:`response_head`: a ``Response`` to a complete HTTP/1.1 request, framed by
+  ``Content-Length`` or chunked, written as h11's ``write_any_response`` writes it (after
+  h11's header clean-up: ``Content-Length`` dropped for a chunked body, ``Transfer-Encoding:
+  chunked`` appended, then ``Connection: close`` when the request asked to close: one stream
+  per connection, as many streaming clients open them);
 * :func:`end_of_message`: the ``EndOfMessage`` that completes such a response.
 
-Each returns ``None`` whenever the case is not the common one (HTTP/1.0, ``Connection:
-close``, ``Expect``, ``Upgrade``, ``CONNECT``, ``HEAD``, ``Transfer-Encoding`` on a request,
-pipelined bytes, a ``Host`` or ``Connection`` response header, trailers, anything h11 would
-refuse): the caller then hands the event or the bytes to h11. The functions read and set h11's
-private connection state; h11 is pinned to 0.16.x in pyproject.toml, and
-tests/gateway/test_http_short_paths.py compares every short path with h11's own result.
+Each returns ``None`` whenever the case is not the common one (HTTP/1.0, ``Expect``,
+``Upgrade``, ``CONNECT``, ``HEAD``, ``Transfer-Encoding`` on a request, pipelined bytes, a
+``Host`` response header, a ``Connection`` response header other than the ``close`` of a
+closing exchange, trailers, anything h11 would refuse): the caller then hands the event or
+the bytes to h11. The functions read and set h11's private connection state; h11 is pinned
+to 0.16.x in pyproject.toml, and tests/gateway/test_http_short_paths.py compares every short
+path with h11's own result.
 """
 
 from __future__ import annotations
@@ -43,12 +45,13 @@ __all__ = ["end_of_message", "read_whole_request", "response_head"]
 
 _CLIENT, _SERVER = h11.CLIENT, h11.SERVER
 _IDLE, _DONE, _SEND_BODY = h11.IDLE, h11.DONE, h11.SEND_BODY
-_SEND_RESPONSE = h11.SEND_RESPONSE
+_SEND_RESPONSE, _MUST_CLOSE = h11.SEND_RESPONSE, h11.MUST_CLOSE
 # Request headers that send a request down h11's own path (protocol switches, 100-continue,
 # chunked bodies): rare, and each changes h11's state in ways the short path does not copy.
 _SLOW_REQUEST_HEADERS = frozenset({b"upgrade", b"expect", b"transfer-encoding"})
 _SLOW_RESPONSE_HEADERS = frozenset({b"host", b"connection"})
-_CHUNKED_FRAMING = frozenset({b"content-length", b"transfer-encoding"})
+_CONNECTION = frozenset({b"connection"})
+_CHUNKED_FRAMING = frozenset({b"content-length", b"transfer-encoding", b"connection"})
 _NO_BODY_STATUSES = frozenset({204, 304})
 
 
@@ -144,12 +147,15 @@ def response_head(conn: Any, event: Any) -> bytes | None:
     """The bytes h11's ``send`` returns for the ``Response`` ``event``, with h11's state
     advanced as ``send`` advances it; ``None`` (nothing changed) when h11 must send it.
 
-    The short path covers a keep-alive HTTP/1.1 exchange whose request is complete (client
-    ``DONE``, server ``SEND_RESPONSE``), a request method other than ``HEAD`` and ``CONNECT``,
-    a status with a body (not 204 or 304), and no ``Host`` or ``Connection`` header in the
-    response. Framing as h11 chooses it: ``Content-Length`` without ``Transfer-Encoding`` is
-    kept; otherwise ``Content-Length`` and ``Transfer-Encoding`` are dropped and
-    ``Transfer-Encoding: chunked`` is appended.
+    The short path covers an HTTP/1.1 exchange whose request is complete (client ``DONE``, or
+    ``MUST_CLOSE`` when the request said ``Connection: close``; server ``SEND_RESPONSE``), a
+    request method other than ``HEAD`` and ``CONNECT``, a status with a body (not 204 or
+    304), no ``Host`` header in the response and no ``Connection`` header but the one
+    ``Connection: close`` uvicorn adds on a closing exchange. Framing as h11 chooses
+    it: ``Content-Length`` without ``Transfer-Encoding`` is kept; otherwise
+    ``Content-Length`` and ``Transfer-Encoding`` are dropped and ``Transfer-Encoding:
+    chunked`` is appended; without keep-alive ``Connection: close`` comes last, as h11's
+    ``_clean_up_response_headers_for_sending`` appends it.
 
     Args:
         conn: An ``h11.Connection`` in the server role.
@@ -157,9 +163,11 @@ def response_head(conn: Any, event: Any) -> bytes | None:
     """
     cstate = conn._cstate
     states = cstate.states
+    keep_alive = cstate.keep_alive
     if (
-        states[_SERVER] is not _SEND_RESPONSE or states[_CLIENT] is not _DONE
-        or not cstate.keep_alive or cstate.pending_switch_proposals
+        states[_SERVER] is not _SEND_RESPONSE
+        or states[_CLIENT] is not (_DONE if keep_alive else _MUST_CLOSE)
+        or cstate.pending_switch_proposals
         or conn.their_http_version != b"1.1" or event.http_version != b"1.1"
         or event.status_code in _NO_BODY_STATUSES
         or conn._request_method in (b"HEAD", b"CONNECT")
@@ -168,22 +176,30 @@ def response_head(conn: Any, event: Any) -> bytes | None:
     items = event.headers._full_items
     length: int | None = None
     chunked = False
+    closing = False
     for _raw, name, value in items:
         if name in _SLOW_RESPONSE_HEADERS:
-            return None
-        if name == b"content-length":
+            # One "Connection: close" on a closing exchange (uvicorn echoes the request's)
+            # is what h11 writes anyway; any other value changes h11's keep-alive state.
+            if keep_alive or name != b"connection" or closing or value.lower() != b"close":
+                return None
+            closing = True
+        elif name == b"content-length":
             length = int(value)
         elif name == b"transfer-encoding":
             chunked = True
     parts = [b"HTTP/1.1 %s %s\r\n" % (str(event.status_code).encode("ascii"), event.reason)]
     if length is not None and not chunked:
-        parts.extend([b"%s: %s\r\n" % (raw, value) for raw, _name, value in items])
+        skip, framing = _CONNECTION, b""
         writer: Any = ContentLengthWriter(length)
     else:
-        parts.extend([b"%s: %s\r\n" % (raw, value) for raw, name, value in items
-                      if name not in _CHUNKED_FRAMING])
-        parts.append(b"Transfer-Encoding: chunked\r\n")
+        skip, framing = _CHUNKED_FRAMING, b"Transfer-Encoding: chunked\r\n"
         writer = ChunkedWriter()
+    parts.extend([b"%s: %s\r\n" % (raw, value) for raw, name, value in items
+                  if name not in skip])
+    parts.append(framing)
+    if not keep_alive:  # h11 moves it last (set_comma_header on "connection")
+        parts.append(b"Connection: close\r\n")
     parts.append(b"\r\n")
     # Response: server SEND_RESPONSE -> SEND_BODY (no state-triggered transition follows).
     states[_SERVER] = _SEND_BODY
@@ -195,14 +211,17 @@ def response_head(conn: Any, event: Any) -> bytes | None:
 def end_of_message(conn: Any, event: Any) -> bytes | None:
     """The bytes h11's ``send`` returns for the ``EndOfMessage`` ``event`` ending a response
     whose head went through :func:`response_head` (or h11's same path), with h11's state
-    advanced (server ``DONE``); ``None`` (nothing changed) when h11 must send it: trailers,
-    no keep-alive, a ``Content-Length`` not yet reached (h11 raises), another writer.
+    advanced (server ``DONE``, or ``MUST_CLOSE`` without keep-alive); ``None`` (nothing
+    changed) when h11 must send it: trailers, a ``Content-Length`` not yet reached (h11
+    raises), another writer.
     """
     cstate = conn._cstate
     states = cstate.states
+    keep_alive = cstate.keep_alive
     if (
-        states[_SERVER] is not _SEND_BODY or states[_CLIENT] is not _DONE
-        or not cstate.keep_alive or cstate.pending_switch_proposals or event.headers
+        states[_SERVER] is not _SEND_BODY
+        or states[_CLIENT] is not (_DONE if keep_alive else _MUST_CLOSE)
+        or cstate.pending_switch_proposals or event.headers
     ):
         return None
     writer = conn._writer
@@ -213,7 +232,8 @@ def end_of_message(conn: Any, event: Any) -> bytes | None:
         out = b"0\r\n\r\n"
     else:
         return None
-    # EndOfMessage: server SEND_BODY -> DONE; (DONE, DONE) with keep-alive stays.
-    states[_SERVER] = _DONE
+    # EndOfMessage: server SEND_BODY -> DONE; (DONE, DONE) with keep-alive stays, without it
+    # the server's DONE becomes MUST_CLOSE (the client's already is).
+    states[_SERVER] = _DONE if keep_alive else _MUST_CLOSE
     conn._writer = None  # h11 has no writer for (SERVER, DONE)
     return out

@@ -71,6 +71,12 @@ RESPONSES: list[tuple[str, int, list[tuple[bytes, bytes]], list[bytes]]] = [
     ("not-modified", 304, [(b"content-length", b"7")], []),
     ("error", 503, [(b"content-length", b"2"), (b"retry-after", b"1")], [b"{}"]),
     ("connection-close", 200, [(b"connection", b"close"), (b"content-length", b"1")], [b"x"]),
+    ("connection-close-chunked", 200, [(b"Connection", b"Close"), (b"x-a", b"1")], [b"x"]),
+    ("connection-keep-alive", 200, [(b"connection", b"keep-alive"), (b"content-length", b"1")],
+     [b"x"]),
+    ("connection-two", 200, [(b"connection", b"close"), (b"connection", b"close"),
+                             (b"x-a", b"1")], [b"x"]),
+    ("connection-list", 200, [(b"connection", b"close, x-a"), (b"x-a", b"1")], [b"x"]),
     ("host-header", 200, [(b"x-a", b"1"), (b"host", b"h"), (b"content-length", b"1")], [b"x"]),
     ("too-short", 200, [(b"content-length", b"9")], [b"abc"]),
 ]
@@ -233,3 +239,37 @@ def test_an_idle_connection_reads_as_h11_reads_it(feed: list[bytes]) -> None:
                 break
         results.append((events, dict(conn.states)))
     assert results[0] == results[1]
+
+
+@pytest.mark.parametrize(
+    ("headers", "chunks", "expect_head", "expect_end"),
+    [
+        ([(b"content-type", b"text/event-stream")], [b"data: 1\n\n"],
+         b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+         b"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n", b"0\r\n\r\n"),
+        ([(b"content-length", b"2")], [b"{}"],
+         b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nConnection: close\r\n\r\n", b""),
+    ],
+    ids=["stream", "sized"],
+)
+def test_a_one_stream_connection_takes_the_short_paths(
+    headers: list[tuple[bytes, bytes]], chunks: list[bytes], expect_head: bytes,
+    expect_end: bytes,
+) -> None:
+    """A client that opens one connection per stream (``Connection: close``) gets its response
+    head and end past h11's event processing too, and the connection ends as h11 ends it."""
+    conn = _StrictConnection(h11.SERVER)
+    conn.receive_data(_request(*POST, "Connection: close"))
+    assert [type(conn.next_event()) for _ in range(3)] == [h11.Request, h11.Data,
+                                                            h11.EndOfMessage]
+    assert conn.their_state is h11.MUST_CLOSE
+    # uvicorn echoes the request's "Connection: close" in the response headers.
+    head = response_head(conn, h11.Response(status_code=200, reason=b"OK",
+                                            headers=[*headers, (b"connection", b"close")]))
+    assert head == expect_head
+    for chunk in chunks:
+        assert conn.chunk(chunk) is not None
+    assert end_of_message(conn, h11.EndOfMessage()) == expect_end
+    assert dict(conn.states) == {h11.CLIENT: h11.MUST_CLOSE, h11.SERVER: h11.MUST_CLOSE}
+    assert conn.send(h11.ConnectionClosed()) is None
+    assert conn.our_state is h11.CLOSED
