@@ -580,11 +580,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "`make bench-tools` builds it) or vllm-sim and the asyncio client")
     p.add_argument("--json", type=Path, help="also write the results as JSON here")
     args = p.parse_args(argv)
+    args.variant_specs = parse_variants(args.variant)
+    gateways = [name for name, path in args.variant_specs if path != "direct"]
     args.sources = {}
     for item in args.source:
         name, sep, src = item.partition("=")
         if not sep or not Path(src, "gateway").is_dir():
             raise SystemExit(f"--source must be NAME=DIR with DIR/gateway, got {item!r}")
+        if name not in gateways:
+            # A typo here would measure the current build twice and label one "other build".
+            raise SystemExit(f"--source {item!r}: no gateway variant named {name!r} "
+                             f"(variants: {', '.join(gateways) or 'none'})")
         args.sources[name] = str(Path(src).resolve())
     if args.only:
         args.skip = [ph for ph in PHASES if ph not in args.only]
@@ -627,13 +633,34 @@ async def run_unpaced(h: Harness, phases: list[str],
             proc.stop()
 
 
-async def run(args: argparse.Namespace) -> list[Target]:
+RESERVED_NAMES = ("direct", "nginx")
+
+
+def parse_variants(items: list[str]) -> list[tuple[str, str | None]]:
+    """The ``--variant NAME=CONFIG_YAML`` values, in order: (name, config path).
+
+    No ``--variant`` means ``gateway=default``. The path ``default`` becomes None (the baseline
+    config, ``relay_procs.default_config``); ``direct`` stays ``"direct"`` (the backend measured
+    again as a variant, the harness's noise floor).
+
+    Raises:
+        SystemExit: A value is not ``NAME=CONFIG``, a name repeats, or a name is one of the
+            baselines' (``direct``, ``nginx``), whose results it would overwrite.
+    """
     specs: list[tuple[str, str | None]] = []
-    for item in args.variant or ["gateway=default"]:
+    for item in items or ["gateway=default"]:
         name, sep, path = item.partition("=")
-        if not sep or not name:
+        if not sep or not name or not path:
             raise SystemExit(f"--variant must be NAME=CONFIG_YAML, got {item!r}")
+        if name in RESERVED_NAMES or any(name == n for n, _ in specs):
+            raise SystemExit(f"--variant {item!r}: the name {name!r} is taken (names must be "
+                             f"unique and not {' or '.join(RESERVED_NAMES)})")
         specs.append((name, None if path == "default" else path))
+    return specs
+
+
+async def run(args: argparse.Namespace) -> list[Target]:
+    specs: list[tuple[str, str | None]] = args.variant_specs
     variants: list[tuple[str, dict[str, Any] | None]] = [
         (name, None if path == "direct" else load_variant(path)) for name, path in specs
     ]
