@@ -18,6 +18,16 @@ Measures on this machine, for the simulator directly and for each gateway varian
 (e) a burst of ``--burst-streams`` (256) new streams at once: TTFT p50 (target <= 2x direct's);
     and from (b): added p99 at concurrency 1 (target < 1 ms), p99 at 32 (target <= 2x direct's).
 
+The target checks of (b) and (e) run against a backend that answers at once (the C backend in
+microseconds), so their ratios compare the proxy's per-request CPU with none. Beside them, a
+second reading, *informative* and never a target check: (b) at concurrency 32 and (e) again
+against the same backend with a replica's service time, ``--replica-ms`` (default 20 ms; 0 leaves
+it out): a non-streamed answer and a stream's first token wait that long. Source for the value:
+vLLM's own serving benchmark example (docs/benchmarking/cli.md, "Online Benchmark": Llama-3.1-8B
+on one GPU, 10 ShareGPT prompts at once) reports a median TTFT of 73.88 ms and a mean TPOT of
+7.91 ms; 20 ms lies between one engine step and that TTFT, on the short side, so it favours the
+backend-less reading's conclusion least.
+
 With nginx installed (Debian ``nginx-light``), nginx runs as a plain C reverse proxy beside the
 gateway (one process, ``proxy_buffering off``, HTTP/1.1 upstream keep-alive; ``--nginx off``).
 
@@ -293,6 +303,103 @@ async def phase_paced(variants: list[tuple[str, dict[str, Any] | None]], targets
             proc.stop()
 
 
+async def phase_replica(variants: list[tuple[str, dict[str, Any] | None]],
+                        targets: list[Target], args: argparse.Namespace, workdir: Path) -> None:
+    """(b) at concurrency 32 and (e) against a backend with a replica's service time.
+
+    The informative reading beside the target checks: the same harness backend, but a
+    non-streamed answer and a stream's first token wait ``--replica-ms`` (``sse_backend
+    --ttft-ms``; with ``max_tokens: 1`` the answer waits exactly that), so each proxy's
+    per-request CPU is compared with a service time instead of with none. Results go to
+    ``svc_c32_p50_ms``, ``svc_c32_p99_ms`` and ``svc_burst_ttft_p50_ms``.
+    """
+    h = harness(args)
+    sim = h.start_backend("m", args.paced_tokens, args.paced_itl_ms, args.replica_ms)
+    procs: list[Proc] = [sim]
+    served: list[tuple[Target, Target]] = [(targets[0], Target("direct", "127.0.0.1",
+                                                                sim.port, "m", None, sim))]
+    try:
+        for name, base in variants:
+            target = next(t for t in targets if t.name == name)
+            if base is None:
+                served.append((target, Target(name, "127.0.0.1", sim.port, "m", None, sim)))
+                continue
+            gw = start_gateway(f"{name}-replica", base, sim.url, workdir,
+                               args.sources.get(name))
+            procs.append(gw)
+            served.append((target, Target(name, "127.0.0.1", gw.port, target.model, BENCH_KEY,
+                                          gw)))
+        nginx = next((t for t in targets if t.name == "nginx"), None)
+        if nginx is not None:
+            ng = start_nginx(sim.port, workdir)
+            procs.append(ng)
+            served.append((nginx, Target("nginx", "127.0.0.1", ng.port, "m", None, ng)))
+        if "latency" not in args.skip:
+            conc, total = 32, args.latency_requests * 2
+            lat: dict[str, list[float]] = {t.name: [] for t, _ in served}
+            for _, t in served:  # warm-up, as in phase_latency
+                req = request_bytes(f"127.0.0.1:{t.port}", "/v1/chat/completions",
+                                    chat_body(t.model, False, 1), t.api_key, True)
+                await h.run_latency(t.host, t.port, req, 100, 8)
+            for _ in range(args.rounds):
+                for _, t in served:
+                    req = request_bytes(f"127.0.0.1:{t.port}", "/v1/chat/completions",
+                                        chat_body(t.model, False, 1), t.api_key, True)
+                    lat[t.name] += await h.run_latency(t.host, t.port, req,
+                                                       max(total // args.rounds, conc), conc)
+            for owner, t in served:
+                owner.results["svc_c32_p50_ms"] = pct(lat[t.name], 0.5) * 1000
+                owner.results["svc_c32_p99_ms"] = pct(lat[t.name], 0.99) * 1000
+        if "burst" not in args.skip:
+            for owner, t in served:
+                tot = await h.run_streams(t.host, t.port, _stream_req(t, args.burst_tokens),
+                                          args.burst_streams, args.burst_streams)
+                ttfts = [r.ttft_s for r in tot.results if r.complete]
+                owner.results.update(
+                    svc_burst_ttft_p50_ms=pct(ttfts, 0.5) * 1000 if ttfts else 0.0,
+                    svc_burst_failures=tot.failures,
+                )
+    finally:
+        for proc in reversed(procs):
+            proc.stop()
+
+
+def render_replica(targets: list[Target], replica_ms: float) -> list[str]:
+    """The informative reading of (b) c32 and (e) against a replica's service time.
+
+    Ratios only, never PASS/FAIL: the targets are checked against the backend without service
+    time (``render_paced``).
+    """
+    keys = ("svc_c32_p50_ms", "svc_c32_p99_ms", "svc_burst_ttft_p50_ms")
+    if not any(k in t.results for t in targets for k in keys):
+        return []
+    label = f"informative, against a replica with {replica_ms:g} ms service time"
+    out = ["", f"(b) c32 and (e) again, {label} (--replica-ms; not the target check):",
+           f"{'target':<16}{'c32 p50':>9}{'c32 p99':>9}{'burst ttft p50':>15}"]
+    out.append("-" * len(out[-1]))
+    for t in targets:
+        r = t.results
+
+        def f(key: str, fmt: str = "{:.2f}", res: dict[str, Any] = r) -> str:
+            return fmt.format(res[key]) if key in res else "-"
+
+        out.append(f"{t.name:<16}{f('svc_c32_p50_ms'):>9}{f('svc_c32_p99_ms'):>9}"
+                   f"{f('svc_burst_ttft_p50_ms', '{:.1f}'):>15}")
+    direct = targets[0].results
+    for t in targets[1:]:
+        r, ratios = t.results, []
+        if direct.get("svc_c32_p99_ms") and "svc_c32_p99_ms" in r:
+            ratios.append(f"c32 p99 {r['svc_c32_p99_ms'] / direct['svc_c32_p99_ms']:.2f}x direct")
+        if direct.get("svc_burst_ttft_p50_ms") and "svc_burst_ttft_p50_ms" in r:
+            x = r["svc_burst_ttft_p50_ms"] / direct["svc_burst_ttft_p50_ms"]
+            ratios.append(f"burst TTFT p50 {x:.2f}x direct")
+        if r.get("svc_burst_failures"):
+            ratios.append(f"{r['svc_burst_failures']} burst streams did not complete")
+        if ratios:
+            out.append(f"{t.name}: " + "; ".join(ratios) + f" ({label})")
+    return out
+
+
 def render_paced(targets: list[Target]) -> list[str]:
     """Rows and target checks of the issue-16 scenarios (d) and (e), and the latency tails."""
     direct = targets[0].results
@@ -416,6 +523,7 @@ def render(targets: list[Target], args: argparse.Namespace) -> str:
             out.append(f"{t.name}: " + "; ".join(checks))
     if any(k in t.results for t in targets for k in ("stall_free_pct", "burst_ttft_p50_ms")):
         out += render_paced(targets)
+    out += render_replica(targets, args.replica_ms)
     return "\n".join(out)
 
 
@@ -453,6 +561,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="milliseconds between tokens of paced streams (d, e)")
     p.add_argument("--burst-streams", type=int, default=256, help="new streams at once (e)")
     p.add_argument("--burst-tokens", type=int, default=5, help="tokens per burst stream (e)")
+    p.add_argument("--replica-ms", type=float, default=20.0,
+                   help="service time of the informative second reading of (b) c32 and (e): "
+                        "the backend waits this long before a non-streamed answer or a stream's "
+                        "first token (0: no second reading). Default 20 ms: between one engine "
+                        "step and the first-token time vLLM publishes for an 8B model on one GPU "
+                        "(docs/benchmarking/cli.md example: median TTFT 73.88 ms, mean TPOT "
+                        "7.91 ms). The targets are checked against the backend without it")
     p.add_argument("--nginx", choices=["auto", "off"], default="auto",
                    help="also measure nginx as a plain reverse proxy when installed")
     p.add_argument("--stream-connections", choices=["keep-alive", "close"],
@@ -465,14 +580,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "`make bench-tools` builds it) or vllm-sim and the asyncio client")
     p.add_argument("--json", type=Path, help="also write the results as JSON here")
     args = p.parse_args(argv)
+    args.variant_specs = parse_variants(args.variant)
+    gateways = [name for name, path in args.variant_specs if path != "direct"]
     args.sources = {}
     for item in args.source:
         name, sep, src = item.partition("=")
         if not sep or not Path(src, "gateway").is_dir():
             raise SystemExit(f"--source must be NAME=DIR with DIR/gateway, got {item!r}")
+        if name not in gateways:
+            # A typo here would measure the current build twice and label one "other build".
+            raise SystemExit(f"--source {item!r}: no gateway variant named {name!r} "
+                             f"(variants: {', '.join(gateways) or 'none'})")
         args.sources[name] = str(Path(src).resolve())
     if args.only:
         args.skip = [ph for ph in PHASES if ph not in args.only]
+    if args.replica_ms < 0:
+        raise SystemExit(f"--replica-ms must be >= 0, got {args.replica_ms:g}")
     return args
 
 
@@ -510,13 +633,34 @@ async def run_unpaced(h: Harness, phases: list[str],
             proc.stop()
 
 
-async def run(args: argparse.Namespace) -> list[Target]:
+RESERVED_NAMES = ("direct", "nginx")
+
+
+def parse_variants(items: list[str]) -> list[tuple[str, str | None]]:
+    """The ``--variant NAME=CONFIG_YAML`` values, in order: (name, config path).
+
+    No ``--variant`` means ``gateway=default``. The path ``default`` becomes None (the baseline
+    config, ``relay_procs.default_config``); ``direct`` stays ``"direct"`` (the backend measured
+    again as a variant, the harness's noise floor).
+
+    Raises:
+        SystemExit: A value is not ``NAME=CONFIG``, a name repeats, or a name is one of the
+            baselines' (``direct``, ``nginx``), whose results it would overwrite.
+    """
     specs: list[tuple[str, str | None]] = []
-    for item in args.variant or ["gateway=default"]:
+    for item in items or ["gateway=default"]:
         name, sep, path = item.partition("=")
-        if not sep or not name:
+        if not sep or not name or not path:
             raise SystemExit(f"--variant must be NAME=CONFIG_YAML, got {item!r}")
+        if name in RESERVED_NAMES or any(name == n for n, _ in specs):
+            raise SystemExit(f"--variant {item!r}: the name {name!r} is taken (names must be "
+                             f"unique and not {' or '.join(RESERVED_NAMES)})")
         specs.append((name, None if path == "default" else path))
+    return specs
+
+
+async def run(args: argparse.Namespace) -> list[Target]:
+    specs: list[tuple[str, str | None]] = args.variant_specs
     variants: list[tuple[str, dict[str, Any] | None]] = [
         (name, None if path == "direct" else load_variant(path)) for name, path in specs
     ]
@@ -541,6 +685,10 @@ async def run(args: argparse.Namespace) -> list[Target]:
         if "stalls" not in args.skip or "burst" not in args.skip:
             await phase_paced(variants, targets, args, Path(tmp))
             print(f"# stalls/burst done in {time.monotonic() - t0:.0f} s", file=sys.stderr)
+        if args.replica_ms > 0 and ("latency" not in args.skip or "burst" not in args.skip):
+            await phase_replica(variants, targets, args, Path(tmp))
+            print(f"# replica service time ({args.replica_ms:g} ms) done in "
+                  f"{time.monotonic() - t0:.0f} s", file=sys.stderr)
         if "memory" not in args.skip:
             await phase_memory(variants, targets, args, Path(tmp))
             print(f"# memory done in {time.monotonic() - t0:.0f} s", file=sys.stderr)

@@ -333,11 +333,8 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
         # ``routing:`` section the base one updated with JSON (weights merged), so that variants
         # of the decision are compared on the same schedule in the same run.
         variants: dict[str, str] = {}
-        for spec_text in args.variant:
-            name, _, text = spec_text.partition("=")
-            vrouting = {**routing, **json.loads(text)}
-            if "weights" in routing and "weights" in vrouting:
-                vrouting["weights"] = {**routing["weights"], **vrouting["weights"]}
+        for name, update in args.variant:
+            vrouting = variant_routing(routing, update)
             vport = free_port()
             vcfg = workdir / f"gateway-{name}.yaml"
             vcfg.write_text(yaml.safe_dump(
@@ -427,6 +424,36 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
     return report
 
 
+def parse_variant(text: str) -> tuple[str, dict[str, Any]]:
+    """One ``--variant NAME=JSON``: the name and the JSON object updating ``routing:``.
+
+    Raises:
+        argparse.ArgumentTypeError: No name, no ``=``, or the JSON is not an object.
+    """
+    name, sep, update = text.partition("=")
+    if not name or not sep:
+        raise argparse.ArgumentTypeError(f"expected NAME=JSON, got {text!r}")
+    try:
+        doc = json.loads(update)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"{name}: not JSON ({exc.msg}): {update!r}") from exc
+    if not isinstance(doc, dict):
+        raise argparse.ArgumentTypeError(f"{name}: the JSON must be an object, got {update!r}")
+    return name, doc
+
+
+def variant_routing(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
+    """The ``routing:`` section of a ``--variant`` gateway: ``base`` updated by ``update``.
+
+    Top-level keys of ``update`` replace ``base``'s, except ``weights``, which are merged (a
+    variant names only the weights it changes). ``base`` is not modified.
+    """
+    merged = {**base, **update}
+    if "weights" in base and "weights" in update:
+        merged["weights"] = {**base["weights"], **update["weights"]}
+    return merged
+
+
 def _chars_per_token(spec: WorkloadSpec, workloads: list[str], seed: int) -> float:
     """Characters of the gateway's canonical prompt per simulator token, over the workloads.
 
@@ -455,8 +482,12 @@ def _workload_params(workload: str, spec: WorkloadSpec) -> dict[str, Any]:
     return {"N": spec.random_requests, "prompt": spec.system_tokens + spec.question_tokens}
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Parse the flags, run the benchmark, print the tables (and write ``--json``)."""
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The flags of the benchmark (``--help``); ``--variant`` values are parsed to pairs.
+
+    Raises:
+        SystemExit: A flag is malformed (argparse's usage error, exit status 2).
+    """
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workload", action="append",
                     choices=["shared-prefix", "multi-turn", "random", "mixed"])
@@ -491,11 +522,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--vllm-router-policy", action="append", default=None)
     ap.add_argument("--routing-json", default=None, help="gateway 'routing:' section as JSON")
     ap.add_argument("--variant", action="append", default=[], metavar="NAME=JSON",
+                    type=parse_variant,
                     help="also run prefix_affinity with the routing section updated by JSON "
                          "(its own gateway), e.g. 'p25={\"weights\": {\"prefill\": 0.25}}'")
     ap.add_argument("--json", default=None, help="write the results here")
     add_mixed_arguments(ap)
     args = ap.parse_args(argv)
+    names = [name for name, _ in args.variant]
+    if len(set(names)) != len(names):
+        ap.error(f"--variant names must be unique, got {names}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse the flags, run the benchmark, print the tables (and write ``--json``)."""
+    args = parse_args(argv)
     if args.workload == ["mixed"]:  # flow control with and without (bench/routing_mixed.py)
         args.replicas = args.replicas if args.replicas != 4 else 2
         args.profile = args.profile if args.profile != "qwen3-32b-h100" else "llama-3.1-8b-h100"

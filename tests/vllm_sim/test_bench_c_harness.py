@@ -208,3 +208,26 @@ def test_latency_client_reads_whole_responses(c_tools: Any, start_sim: Any) -> N
     with pytest.raises(RuntimeError, match="HTTP 404"):
         asyncio.run(c_tools.run_latency("127.0.0.1", sim.port, _request(
             sim.port, {**body, "model": "other"}, True), 3, 1))
+
+
+def test_backend_delays_a_whole_answer_by_its_service_time(c_tools: Any, backend: Any) -> None:
+    """``--ttft-ms`` delays a non-streamed answer too (relay.py's ``--replica-ms`` reading).
+
+    With ``max_tokens: 1`` the answer waits the TTFT alone; with ``max_tokens: 3`` two token
+    intervals more. The inter-token interval is long, so an answer that waited for every token of
+    ``--tokens`` (not the ``max_tokens`` cut) or none would miss its bounds.
+    """
+    ttft_ms, itl_ms = 150.0, 1000.0
+    proc = backend(16, itl_ms=itl_ms, ttft_ms=ttft_ms)
+    body = {"model": "sim-model", "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 1}
+    lat = asyncio.run(c_tools.run_latency("127.0.0.1", proc.port,
+                                          _request(proc.port, body, True), 4, 2))
+    assert len(lat) == 4
+    assert all(ttft_ms / 1000 <= x < (ttft_ms + itl_ms) / 1000 for x in lat), lat
+    lat = asyncio.run(c_tools.run_latency("127.0.0.1", proc.port, _request(
+        proc.port, {**body, "max_tokens": 3}, True), 2, 2))
+    assert all((ttft_ms + 2 * itl_ms) / 1000 <= x < (ttft_ms + 3 * itl_ms) / 1000 for x in lat)
+    whole = httpx.post(f"{proc.url}/v1/chat/completions", json=body, timeout=10).json()
+    assert whole["choices"][0]["finish_reason"] == "length"
+    assert whole["usage"]["completion_tokens"] == 1
