@@ -68,6 +68,7 @@ from gateway.drain import SHUTDOWN_MARGIN_S
 from gateway.errors import ConfigError
 from gateway.hangup import HangupLatch
 from gateway.logs import configure_logging
+from gateway.server import LISTEN_BACKLOG
 from gateway.settings import GatewaySettings
 from gateway.worker import Adjust, WorkerSlot, worker_main
 
@@ -78,7 +79,6 @@ _log = logging.getLogger(__name__)
 STARTUP_FAILURE = 3
 """Exit status when a worker did not start (as one process: ``uvicorn.main.STARTUP_FAILURE``)."""
 
-_BACKLOG = 2048  # uvicorn's default
 
 
 def _memory_sqlite(url: str | None) -> bool:
@@ -132,7 +132,7 @@ def check_workers(settings: GatewaySettings, workers: int) -> None:
 def _bind(host: str, port: int) -> socket.socket:
     family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
                                 flags=socket.AI_PASSIVE)[0][0]
-    sock = socket.create_server((host, port), family=family, backlog=_BACKLOG)
+    sock = socket.create_server((host, port), family=family, backlog=LISTEN_BACKLOG)
     sock.set_inheritable(True)
     return sock
 
