@@ -144,11 +144,15 @@ def check_assembly(settings: GatewaySettings, base: Path | None) -> None:
         base: Directory of the config file (relative paths).
 
     Raises:
+        ConfigError: The policy file is unreadable or invalid, or a replica is outside its
+            destination (raised as one ``gateway serve`` raises it, before its assembly).
         InvalidConfig: ``file:line: key: problem`` for the first invalid section (as a single
             ``gateway serve`` reports it).
     """
     from gateway.assembly import assemble
+    from gateway.egress import load_policy
 
+    load_policy(settings, base)  # what one process's start_egress raises, unlocated as there
     try:
         gateway = assemble(settings, base)
     except ConfigError as exc:

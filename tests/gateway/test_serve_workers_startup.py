@@ -97,9 +97,9 @@ def _refused_config(tmp_path: Path, port: int) -> Path:
     return path
 
 
-def _serve_recording_binds(path: Path) -> tuple[int, str]:
+def _serve_recording_binds(path: Path, *workers: str) -> tuple[int, str]:
     proc = subprocess.run(
-        [sys.executable, "-c", _RECORD_BINDS, "serve", "--config", str(path), "--workers", "2"],
+        [sys.executable, "-c", _RECORD_BINDS, "serve", "--config", str(path), *workers],
         cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
@@ -107,14 +107,18 @@ def _serve_recording_binds(path: Path) -> tuple[int, str]:
 
 
 def test_a_refused_config_binds_no_socket_and_starts_no_worker(tmp_path: Path) -> None:
+    """Refused as one process refuses it (same lines, exit 2), before any port is bound."""
     port = free_port()
-    status, stderr = _serve_recording_binds(_refused_config(tmp_path, port))
+    config = _refused_config(tmp_path, port)
+    status, stderr = _serve_recording_binds(config, "--workers", "2")
     lines = stderr.strip().splitlines()
     assert status == 2, stderr[-3000:]
     assert lines[-1] == "binds: []", stderr[-3000:]  # not the port, nor the admin port
-    assert lines[0].startswith(f"gateway: error [config_error]: {tmp_path / 'gateway.yaml'}:4: "
-                               "models[0].replicas[0].destination: "), lines[0]
     assert "worker" not in stderr
+    one_status, one_stderr = _serve_recording_binds(config)
+    assert (status, lines) == (one_status, one_stderr.strip().splitlines())
+    assert lines[0].startswith("gateway: error [destination_mismatch]: "
+                               "models[0].replicas[0].destination: "), lines[0]
     with socket.socket() as again:  # the port is free after the refusal
         again.bind(("127.0.0.1", port))
 
@@ -125,7 +129,29 @@ def test_a_refused_config_is_named_even_when_the_port_is_in_use(tmp_path: Path) 
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         status, stderr = _serve_recording_binds(
-            _refused_config(tmp_path, taken.getsockname()[1]))
+            _refused_config(tmp_path, taken.getsockname()[1]), "--workers", "2")
     assert status == 2, stderr[-3000:]
     assert "models[0].replicas[0].destination: " in stderr
     assert "startup_failed" not in stderr and "Address already in use" not in stderr
+
+
+def test_an_assembly_problem_is_refused_located_before_binding(tmp_path: Path) -> None:
+    """A problem found by the assembly (a missing audit key file) is refused located in the
+    file, as one process refuses it, before any port is bound."""
+    port = free_port()
+    path = tmp_path / "gateway.yaml"
+    path.write_text(f"listen: {{host: 127.0.0.1, port: {port}}}\n"
+                    "models:\n  - name: m\n    replicas: [{url: 'http://127.0.0.1:9'}]\n"
+                    "health: {active: false}\n"
+                    f"audit: {{store: 'sqlite://{tmp_path}/audit.db', "
+                    f"signing_key_file: '{tmp_path}/missing.key', "
+                    f"pseudonym_key_file: '{tmp_path}/missing-pseudonym.key'}}\n",
+                    encoding="utf-8")
+    status, stderr = _serve_recording_binds(path, "--workers", "2")
+    lines = stderr.strip().splitlines()
+    assert status == 2, stderr[-3000:]
+    assert lines[-1] == "binds: []", stderr[-3000:]
+    one_status, one_stderr = _serve_recording_binds(path)
+    assert (status, lines) == (one_status, one_stderr.strip().splitlines())
+    assert lines[0].startswith(f"gateway: error [config_error]: {path}:6: "
+                               "audit.signing_key_file: cannot read signing key "), lines[0]
