@@ -5,8 +5,9 @@ recreated under a temporary root (sg_pod_files) and the real ``gateway check-con
 on the mounted config.yaml. The Deployment's probes and ports must be the gateway's (``/healthz``
 and ``/readyz`` on the client port, ``/metrics`` on the admin port; checked against a real
 ``gateway serve`` of the default scenario), the chart must set no environment variable the
-gateway ignores but the telemetry switches its own pre-flight asks for, and the egress rules must be exactly the destinations
-``policy networkpolicy --format helm-values`` prints for the scenario's policy.
+gateway ignores but the telemetry switches its own pre-flight asks for, and the egress rules
+must be exactly the destinations ``policy networkpolicy --format helm-values`` prints for the
+scenario's policy.
 """
 
 from __future__ import annotations
