@@ -39,6 +39,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from airgap.bundle import INDEX_NAME, MAX_INDEX_BYTES, SIGNATURE_NAME, Index
 from airgap.errors import AirgapError, Code, Problem, VerificationFailed
 from airgap.signing import MAX_SIGNATURE_BYTES, verify_index_signature
+from airgap.space import require_parent_dir
 from airgap.unpack import unpack_bundle
 from weights import DEFAULT_POLICY, LockEntry, SerialisationPolicy, sha256_file
 
@@ -120,7 +121,7 @@ def export_oci(
     """
     if out.exists() or out.is_symlink():
         raise AirgapError(Code.OUTPUT_EXISTS, f"{out} exists; choose a new path")
-    out.parent.mkdir(parents=True, exist_ok=True)
+    require_parent_dir(out, "--out")
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
     try:
         store = tmp / "store"

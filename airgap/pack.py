@@ -39,7 +39,7 @@ from airgap.formats import check_pack_sources
 from airgap.mlbom import BOM_NAME, build_bom
 from airgap.payload import Source, write_blobs
 from airgap.signing import key_id, sign_index
-from airgap.space import require_free, writing
+from airgap.space import require_free, require_parent_dir, writing
 from airgap.stream import Progress
 from weights import (
     DEFAULT_POLICY,
@@ -175,6 +175,7 @@ def pack_bundle(
         raise AirgapError(Code.IO_ERROR, "--part-size must be at least 1 byte")
     if (out.exists() or out.is_symlink()) and not force:
         raise AirgapError(Code.OUTPUT_EXISTS, f"{out} exists; choose a new path or use --force")
+    require_parent_dir(out, "--out")
     started = time.perf_counter()
     sources = collect_sources(lock, source, include_files)
     lock, formats = check_pack_sources(
@@ -190,12 +191,11 @@ def pack_bundle(
         raise AirgapError(Code.IO_ERROR, f"--part-size {part_size} would split {payload} bytes "
                           f"into {parts} parts (at most {MAX_PARTS}); use at least {least}")
     removed: list[Path] = []
-    if out.parent.is_dir():  # what a killed pack (SIGKILL, power cut) left: not resumable
-        for old in leftovers.dead(out.parent, f".{glob.escape(out.name)}.*.partial"):
-            shutil.rmtree(old, ignore_errors=True)
-            removed.append(old)
+    # What a killed pack (SIGKILL, power cut) left: not resumable.
+    for old in leftovers.dead(out.parent, f".{glob.escape(out.name)}.*.partial"):
+        shutil.rmtree(old, ignore_errors=True)
+        removed.append(old)
     require_free(out.parent, payload + INDEX_ALLOWANCE, f"packing into {out}")
-    out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
     try:
         with leftovers.held(tmp):

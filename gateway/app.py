@@ -208,16 +208,22 @@ def create_app(
             flow=parts.flow,
         )
         cell = LiveState(state)
-        prober = HealthProber(the_router, session, settings.health, upstream_ssl)
+        connect_s = settings.timeouts.connect_s
+        prober = HealthProber(the_router, session, settings.health, upstream_ssl,
+                              connect_s=connect_s)
         scraper = MetricsScraper(the_router, session, settings.routing, upstream_ssl,
-                                 on_round=parts.flow.kick_all if parts.flow else None)
+                                 on_round=parts.flow.kick_all if parts.flow else None,
+                                 connect_s=connect_s)
 
         def swap(new: Gateway) -> None:
             # One step on the event loop: requests already running keep their snapshot.
             cell.current = dataclasses.replace(cell.current, **_request_parts(new, new.settings))
-            upstream.connect_s = new.settings.timeouts.connect_s  # reloadable; read per dial
-            prober.rebind(new.router)
-            scraper.rebind(new.router)
+            # timeouts.connect_s is reloadable: the relay reads it per dial, the prober and
+            # the scraper per request (the session's own timeout is fixed at start).
+            connect_s = new.settings.timeouts.connect_s
+            upstream.connect_s = connect_s
+            prober.rebind(new.router, connect_s)
+            scraper.rebind(new.router, connect_s)
             if new.flow is not None:
                 new.flow.rebind(new.router)
             if new.telemetry is not None:

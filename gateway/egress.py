@@ -113,7 +113,10 @@ def load_policy(settings: GatewaySettings, base: Path | None = None) -> Policy |
     try:
         pol = Policy.from_file(ps.file)
     except PolicyError as exc:
-        raise ConfigError(f"policy.file: {exc.message}", code=exc.code) from exc
+        # One line per problem of the policy file (PolicyFileError has one per line).
+        lines = exc.message.splitlines() or [exc.message]
+        raise ConfigError("\n".join(f"policy.file: {line}" for line in lines),
+                          code=exc.code) from exc
     problems: list[str] = []
     for i, model in enumerate(settings.models):
         for j, replica in enumerate(model.replicas):

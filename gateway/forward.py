@@ -43,6 +43,7 @@ from gateway.h1 import (
     Response,
 )
 from gateway.records import RequestRecord
+from gateway.retry_after import parse_retry_after, relayed_retry_after
 from gateway.rewrite import ParsedBody
 from gateway.routing import Pool, Replica
 from gateway.sse import SSEUsageScanner, Usage, usage_from_body, usage_from_body_end
@@ -79,15 +80,6 @@ class Exchange:
     watch: DisconnectWatch
     t0: float
     hint: RouteHint | None = None  # prefix_affinity: released when the prefill is over
-
-def _retry_after_s(value: str | None) -> float | None:
-    if value is None:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        return None  # an HTTP-date: fall back to the pool cool-down
-
 
 class _Stale:
     """Marker result: the connection closed before the response began (stale keep-alive)."""
@@ -176,7 +168,7 @@ async def _next_replica(
     """The replica for the next attempt, waiting out a short ``Retry-After`` if none is left."""
     replica = ex.pool.pick(ex.candidates, exclude=tried)
     if replica is None and isinstance(error, UpstreamStatusError) and error.status == 429:
-        wait_s = _retry_after_s(error.headers.get("retry-after"))
+        wait_s = parse_retry_after(error.headers.get("retry-after"))  # already relayed form
         if wait_s is not None and wait_s <= ex.state.settings.retries.max_retry_after_s:
             await asyncio.sleep(wait_s)
             return previous
@@ -327,10 +319,11 @@ def _retryable_status(
     """Eject the replica on 429/5xx; return the error for 429/502/503 (tried elsewhere)."""
     status = resp.status
     if status in _RETRY_STATUSES:
-        retry_after = resp.headers.get("retry-after")
-        cool = _retry_after_s(retry_after) if status == 429 else None
+        retry_after = relayed_retry_after(resp.headers.get("retry-after"),
+                                          ex.state.settings.retries.retry_after_cap_s)
+        cool = float(retry_after) if status == 429 and retry_after is not None else None
         ex.pool.eject(replica, cool)
-        relayed = {"retry-after": retry_after} if retry_after else {}
+        relayed = {"retry-after": retry_after} if retry_after is not None else {}
         return UpstreamStatusError(
             f"The model backend answered {status}.", status=status, headers=relayed
         )
@@ -339,10 +332,14 @@ def _retryable_status(
     return None
 
 
-def _client_headers(resp: Response, is_sse: bool) -> list[tuple[bytes, bytes]]:
+def _client_headers(resp: Response, is_sse: bool, retry_after_cap_s: float
+                    ) -> list[tuple[bytes, bytes]]:
     ctype = resp.headers.get("content-type", "")
     out_headers = [(b"content-type", ctype.encode("latin-1"))]
-    for name in ("retry-after", "cache-control", "content-encoding"):
+    retry_after = relayed_retry_after(resp.headers.get("retry-after"), retry_after_cap_s)
+    if retry_after is not None:
+        out_headers.append((b"retry-after", retry_after.encode()))
+    for name in ("cache-control", "content-encoding"):
         value = resp.headers.get(name)
         if value is not None:
             out_headers.append((name.encode(), value.encode("latin-1")))
@@ -360,7 +357,7 @@ async def _relay_response(relay: _Relay, resp: Response, drop_usage: bool) -> No
     if ex.hint is not None:
         ex.hint.release()  # the replica's prefill of this prompt is over
     is_sse = resp.headers.get("content-type", "").encode("latin-1").startswith(_SSE)
-    out_headers = _client_headers(resp, is_sse)
+    out_headers = _client_headers(resp, is_sse, ex.state.settings.retries.retry_after_cap_s)
     status = resp.status
     if is_sse:
         relay.phase = "stream"

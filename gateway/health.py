@@ -17,7 +17,7 @@ from gateway.routing import Replica, Router
 from gateway.settings import HealthSettings
 from gateway.upstream import USER_AGENT
 
-__all__ = ["MAX_PROBE_BODY", "HealthProber", "probe"]
+__all__ = ["MAX_PROBE_BODY", "HealthProber", "connect_timeout", "probe"]
 
 _log = logging.getLogger(__name__)
 
@@ -26,13 +26,33 @@ MAX_PROBE_BODY = 64 * 1024
 the connection is dropped)."""
 
 
+def connect_timeout(connect_s: float) -> aiohttp.ClientTimeout:
+    """A request's aiohttp timeout that limits only the connect, to ``connect_s`` seconds.
+
+    Given per request (the session's own timeout is fixed at start), so that a live reload of
+    ``timeouts.connect_s`` reaches the probes and scrapes made on the app's session.
+    """
+    return aiohttp.ClientTimeout(total=None, connect=connect_s, sock_connect=connect_s,
+                                 sock_read=None)
+
+
 async def probe(
     session: aiohttp.ClientSession,
     replica: Replica,
     settings: HealthSettings,
     ssl: SSLContext | bool = True,
+    *,
+    connect_s: float | None = None,
 ) -> bool:
     """Probe one replica once.
+
+    Args:
+        session: The app's upstream session.
+        replica: The replica to probe.
+        settings: ``health`` settings (``path``, ``timeout_s``).
+        ssl: ``ssl`` argument for ``https://`` replicas.
+        connect_s: Connect timeout, seconds (``timeouts.connect_s`` as now in force); ``None``:
+            the session's.
 
     Returns:
         True when ``GET {url}{path}`` answered 200 within ``settings.timeout_s`` seconds.
@@ -40,10 +60,12 @@ async def probe(
     headers = {"user-agent": USER_AGENT}
     if replica.api_key:
         headers["authorization"] = f"Bearer {replica.api_key}"
+    timeout = session.timeout if connect_s is None else connect_timeout(connect_s)
     try:
         async with asyncio.timeout(settings.timeout_s):
             async with session.get(
-                replica.url + settings.path, headers=headers, allow_redirects=False, ssl=ssl
+                replica.url + settings.path, headers=headers, allow_redirects=False, ssl=ssl,
+                timeout=timeout,
             ) as resp:
                 left = MAX_PROBE_BODY
                 while left > 0 and (chunk := await resp.content.read(left)):
@@ -63,6 +85,8 @@ class HealthProber(Periodic):
         session: The app's upstream session.
         settings: ``health`` settings.
         ssl: ``ssl`` argument for ``https://`` replicas.
+        connect_s: Connect timeout of each probe, seconds (``timeouts.connect_s``); ``None``:
+            the session's.
     """
 
     def __init__(
@@ -71,23 +95,30 @@ class HealthProber(Periodic):
         session: aiohttp.ClientSession,
         settings: HealthSettings,
         ssl: SSLContext | bool = True,
+        *,
+        connect_s: float | None = None,
     ) -> None:
         self._ssl = ssl
         self._router = router
         self._session = session
         self._settings = settings
+        self.connect_s = connect_s
         self.interval_s = settings.interval_s
         self.round_name = "health probe round"
 
-    def rebind(self, router: Router) -> None:
-        """Probe the replicas of ``router`` from the next round on (live reload)."""
+    def rebind(self, router: Router, connect_s: float | None = None) -> None:
+        """Probe the replicas of ``router`` from the next round on (live reload), with the
+        reloaded ``timeouts.connect_s`` when given."""
         self._router = router
+        if connect_s is not None:
+            self.connect_s = connect_s
 
     async def run_once(self) -> None:
         """Probe every replica concurrently and record the results."""
         replicas = [r for pool in self._router.pools.values() for r in pool.replicas]
         results = await asyncio.gather(
-            *(probe(self._session, r, self._settings, self._ssl) for r in replicas)
+            *(probe(self._session, r, self._settings, self._ssl, connect_s=self.connect_s)
+              for r in replicas)
         )
         for replica, ok in zip(replicas, results, strict=True):
             if ok != replica.probe_ok:

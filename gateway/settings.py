@@ -306,6 +306,9 @@ class RetrySettings(_Frozen):
     max_attempts: int = Field(default=3, ge=1, le=10)
     # A 429's Retry-After longer than this is relayed to the client instead of waited out.
     max_retry_after_s: float = Field(default=2.0, ge=0, allow_inf_nan=False)
+    # A replica's Retry-After is capped at this (relayed to the client, and the replica's
+    # cool-down); an invalid one is dropped (gateway/retry_after.py).
+    retry_after_cap_s: float = Field(default=300.0, ge=0, allow_inf_nan=False)
 
 
 class HealthSettings(_Frozen):

@@ -39,11 +39,13 @@ forwarded SIGTERM counts once) and begin draining if the supervisor dies.
 A worker that exits while the pod serves is restarted with the same index, with one warning
 line naming its pid and exit status (``sg_gateway_worker_restarts_total`` counts them), from
 the configuration the last applied live reload loaded (each worker reports it on its pipe), so
-a key a reload removed stays removed on it. A
-worker that exits before it started serving (at start or after a restart: invalid
-configuration, store unreachable, port trouble) stops the pod: the other workers drain and the
-supervisor exits with status 3, so the orchestrator's restart back-off applies instead of a
-restart loop inside the pod.
+a key a reload removed stays removed on it. The configuration is checked as a worker checks it
+before anything is bound (:func:`check_assembly`, :func:`check_workers`): an invalid one is
+refused with its ``file:line: key: problem`` as by one process, no port bound. A worker that
+exits before it started serving (at start or after a restart: guard self-test, store
+unreachable, a file the configuration names that changed, port trouble) stops the pod: the
+other workers drain and the supervisor exits with status 3, so the orchestrator's restart
+back-off applies instead of a restart loop inside the pod.
 """
 
 from __future__ import annotations
@@ -72,7 +74,7 @@ from gateway.server import LISTEN_BACKLOG
 from gateway.settings import GatewaySettings
 from gateway.worker import Adjust, WorkerSlot, worker_main
 
-__all__ = ["STARTUP_FAILURE", "Supervisor", "check_workers", "serve_workers"]
+__all__ = ["STARTUP_FAILURE", "Supervisor", "check_assembly", "check_workers", "serve_workers"]
 
 _log = logging.getLogger(__name__)
 
@@ -127,6 +129,36 @@ def check_workers(settings: GatewaySettings, workers: int) -> None:
     if problems:
         located = [p for msg in problems for p in settings.problems_of(ConfigError(msg))]
         raise InvalidConfig(located)
+
+
+def check_assembly(settings: GatewaySettings, base: Path | None) -> None:
+    """Refuse a configuration that a worker would refuse, before any socket is bound.
+
+    The assembly ``gateway check-config`` runs (without the process guard, which each worker
+    installs and self-tests): the policy and each replica's destination, key store, telemetry,
+    TLS files, audit key files, quotas. No store is opened and nothing is served; the
+    telemetry's exporters it built are shut down again.
+
+    Args:
+        settings: The loaded settings.
+        base: Directory of the config file (relative paths).
+
+    Raises:
+        ConfigError: The policy file is unreadable or invalid, or a replica is outside its
+            destination (raised as one ``gateway serve`` raises it, before its assembly).
+        InvalidConfig: ``file:line: key: problem`` for the first invalid section (as a single
+            ``gateway serve`` reports it).
+    """
+    from gateway.assembly import assemble
+    from gateway.egress import load_policy
+
+    load_policy(settings, base)  # what one process's start_egress raises, unlocated as there
+    try:
+        gateway = assemble(settings, base)
+    except ConfigError as exc:
+        raise InvalidConfig(settings.problems_of(exc)) from exc
+    if gateway.telemetry is not None:
+        asyncio.run(gateway.telemetry.shutdown())  # its span exporter thread; nothing started
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -395,11 +427,16 @@ def serve_workers(
         (``signal.SIGTERM``, ``signal.SIGINT`` or None).
 
     Raises:
-        InvalidConfig: A setting keeps pod-wide state in one process (:func:`check_workers`).
+        InvalidConfig: The configuration is one a worker would refuse (:func:`check_assembly`)
+            or a setting keeps pod-wide state in one process (:func:`check_workers`); raised
+            before the listen or admin port is bound or a worker started.
         CliError: ``startup_failed`` (exit status :data:`STARTUP_FAILURE`) when the pod did
             not start: the listen or admin port could not be bound, or a worker exited before
             it served; the message names which, as ``gateway serve`` without workers does.
     """
+    # Every check a worker makes of the file, before the port is bound: a refused start never
+    # accepts a connection, and a port in use does not hide the config's problem.
+    check_assembly(settings, base)
     check_workers(settings, workers)
     configure_logging(settings.logging)
     supervisor = Supervisor(settings, base, workers, config=config, adjust=adjust)

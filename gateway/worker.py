@@ -136,9 +136,10 @@ def worker_main(settings: GatewaySettings, base: Path | None, slot: WorkerSlot,
 
     try:
         run(settings, base, worker=slot, config=config, adjust=adjust)
-    except GatewayError as exc:
-        print(error_line("gateway", exc.code, f"worker {slot.index}: {exc.message}"),
-              file=sys.stderr)
+    except GatewayError as exc:  # one line per problem of an invalid configuration
+        lines = [line for line in exc.message.splitlines() if line.strip()] or [exc.message]
+        print("\n".join(error_line("gateway", exc.code, f"worker {slot.index}: {line}")
+                        for line in lines), file=sys.stderr)
         sys.exit(2)
     except CliError as exc:  # startup_failed (exit 3): one line, not a traceback
         print(error_line("gateway", exc.code, f"worker {slot.index}: {exc.message}"),

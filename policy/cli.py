@@ -392,8 +392,14 @@ def _describe(exc: BaseException) -> CliError | None:
         return None
     if isinstance(exc, PolicyFileError):
         failed = exc.code != "policy_unreadable"
-    else:
-        failed = not isinstance(exc, UnknownDataClass)
+        # One error line per problem (`file:line: key: problem`); --json lists them too.
+        first, *rest = exc.problems
+        return CliError(exc.code, str(first), exit_code=EXIT_FAILED if failed else EXIT_USAGE,
+                        more=tuple((exc.code, str(p)) for p in rest),
+                        document={"ok": False,
+                                  "error": {"code": exc.code, "message": str(first)},
+                                  "problems": [p.to_json() for p in exc.problems]})
+    failed = not isinstance(exc, UnknownDataClass)
     return CliError(exc.code, str(exc), exit_code=EXIT_FAILED if failed else EXIT_USAGE)
 
 

@@ -4,7 +4,7 @@ Every error carries a stable machine ``code`` (snake_case) that callers map to t
 responses (the gateway turns them into OpenAI-style error JSON; the CLI into exit codes)::
 
     PolicyError                      code
-    ├── PolicyFileError              invalid_policy        (file, line, key)
+    ├── PolicyFileError              invalid_policy        (file, line, key, problems)
     │                                policy_unreadable     (I/O error reading the file)
     ├── UnknownDataClass             unknown_data_class
     ├── UnknownDestination           unknown_destination
@@ -19,7 +19,10 @@ responses (the gateway turns them into OpenAI-style error JSON; the CLI into exi
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
+
+from .problems import PolicyProblem
 
 
 class PolicyError(Exception):
@@ -45,10 +48,14 @@ class PolicyError(Exception):
 class PolicyFileError(PolicyError):
     """The policy document is unreadable or invalid.
 
+    The message holds one ``file:line: key: problem`` line per problem (:attr:`problems`);
+    ``file``, ``line`` and ``key`` are those of the first.
+
     Attributes:
         file: path of the policy document (or ``<string>``).
         line: 1-based line of the offending key, when known.
         key: dotted path of the offending key (``rules[2].require.jurisdiction``), when known.
+        problems: every problem found (at least one).
     """
 
     code = "invalid_policy"
@@ -60,9 +67,23 @@ class PolicyFileError(PolicyError):
         self.file = str(file)
         self.line = line
         self.key = key
-        where = self.file if line is None else f"{self.file}:{line}"
-        prefix = f"{where}: {key}: " if key else f"{where}: "
-        super().__init__(prefix + message)
+        self.problems: tuple[PolicyProblem, ...] = (PolicyProblem(key, message, self.file, line),)
+        super().__init__(str(self.problems[0]))
+
+    @classmethod
+    def of(cls, problems: Sequence[PolicyProblem]) -> PolicyFileError:
+        """The error of several problems of one file (one message line each).
+
+        Raises:
+            ValueError: ``problems`` is empty.
+        """
+        if not problems:
+            raise ValueError("PolicyFileError.of needs at least one problem")
+        first = problems[0]
+        err = cls(first.problem, file=first.file, line=first.line, key=first.key)
+        err.problems = tuple(problems)
+        err.args = ("\n".join(str(p) for p in problems),)
+        return err
 
 
 class UnknownDataClass(PolicyError):

@@ -20,7 +20,6 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import json
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 
 from .addresses import IPNetwork, parse_host
 from .errors import PolicyFileError
+from .problems import KeyPath, PolicyProblem, dotted, line_of, validation_problems
 
 Id = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")]
 Port = Annotated[int, Field(ge=1, le=65535)]
@@ -222,7 +222,7 @@ class PolicyDocument(_Strict):
 
 # --- loading ------------------------------------------------------------------------------------
 
-Path_ = tuple[str | int, ...]
+Path_ = KeyPath
 
 
 def _compose(text: str, file: str) -> tuple[Any, dict[Path_, int]]:
@@ -258,7 +258,7 @@ def _walk(node: yaml.Node, path: Path_, lines: dict[Path_, int], file: str) -> N
             if key in seen:
                 raise PolicyFileError(
                     "duplicate key", file=file, line=key_node.start_mark.line + 1,
-                    key=_dotted((*path, key)),
+                    key=dotted((*path, key)),
                 )
             seen.add(key)
             lines[(*path, key)] = key_node.start_mark.line + 1
@@ -269,59 +269,49 @@ def _walk(node: yaml.Node, path: Path_, lines: dict[Path_, int], file: str) -> N
             _walk(item, (*path, i), lines, file)
 
 
-def _dotted(path: Path_) -> str:
-    out = ""
-    for part in path:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out or "<document>"
-
-
-def _line(lines: Mapping[Path_, int], path: Path_) -> int | None:
-    for end in range(len(path), -1, -1):
-        if path[:end] in lines:
-            return lines[path[:end]]
-    return None
-
-
-def _fail(msg: str, file: str, lines: Mapping[Path_, int], path: Path_) -> PolicyFileError:
-    return PolicyFileError(msg, file=file, line=_line(lines, path), key=_dotted(path))
-
-
 def _check_references(doc: PolicyDocument, file: str, lines: Mapping[Path_, int]) -> None:
+    """Ids unique, references defined; every problem is reported, not only the first.
+
+    Raises:
+        PolicyFileError: one problem per duplicate or dangling reference.
+    """
+    problems: list[PolicyProblem] = []
+
+    def fail(msg: str, path: Path_) -> None:
+        problems.append(PolicyProblem(dotted(path), msg, file, line_of(lines, path)))
+
     classes = set(doc.data_classes)
     if len(classes) != len(doc.data_classes):
-        raise _fail("data classes must be unique", file, lines, ("data_classes",))
+        fail("data classes must be unique", ("data_classes",))
     dest_ids: set[str] = set()
     for i, d in enumerate(doc.destinations):
         if d.id in dest_ids:
-            raise _fail(
-                f"duplicate destination id {d.id!r}", file, lines, ("destinations", i, "id")
-            )
+            fail(f"duplicate destination id {d.id!r}", ("destinations", i, "id"))
         dest_ids.add(d.id)
     rule_ids: set[str] = set()
     for i, r in enumerate(doc.rules):
         if r.id in rule_ids:
-            raise _fail(f"duplicate rule id {r.id!r}", file, lines, ("rules", i, "id"))
+            fail(f"duplicate rule id {r.id!r}", ("rules", i, "id"))
         rule_ids.add(r.id)
         for j, c in enumerate(r.classes or ()):
             if c not in classes:
-                raise _fail(f"unknown data class {c!r}", file, lines, ("rules", i, "classes", j))
+                fail(f"unknown data class {c!r}", ("rules", i, "classes", j))
         for j, dest in enumerate(r.destinations or ()):
             if dest not in dest_ids:
-                raise _fail(
-                    f"unknown destination {dest!r}", file, lines, ("rules", i, "destinations", j)
-                )
+                fail(f"unknown destination {dest!r}", ("rules", i, "destinations", j))
     grant_ids: set[str] = set()
     for i, g in enumerate(doc.classification.grants):
         path: Path_ = ("classification", "grants", i)
         if g.id in grant_ids:
-            raise _fail(f"duplicate grant id {g.id!r}", file, lines, (*path, "id"))
+            fail(f"duplicate grant id {g.id!r}", (*path, "id"))
         grant_ids.add(g.id)
         for j, c in enumerate(g.classes or ()):
             if c not in classes:
-                raise _fail(f"unknown data class {c!r}", file, lines, (*path, "classes", j))
+                fail(f"unknown data class {c!r}", (*path, "classes", j))
         if not (g.lower or g.raise_):
-            raise _fail("a grant must allow lower or raise", file, lines, path)
+            fail("a grant must allow lower or raise", path)
+    if problems:
+        raise PolicyFileError.of(problems)
 
 
 def canonical_revision(doc: PolicyDocument) -> str:
@@ -339,8 +329,6 @@ def canonical_revision(doc: PolicyDocument) -> str:
     return "sha256:" + hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
 
-_MSG_FIX = re.compile(r"^Value error, ")
-
 
 def parse_document(text: str, file: str | Path = "<string>") -> tuple[PolicyDocument, str]:
     """Validate a policy document given as YAML text.
@@ -353,8 +341,9 @@ def parse_document(text: str, file: str | Path = "<string>") -> tuple[PolicyDocu
         ``(document, revision)`` where revision is ``sha256:<64 hex>``.
 
     Raises:
-        PolicyFileError: invalid YAML, duplicate key, schema violation or dangling reference;
-            the message names file, line and dotted key path.
+        PolicyFileError: invalid YAML, duplicate key, schema violations or dangling
+            references; one ``file:line: key: problem`` line per problem (every schema
+            violation, then every reference problem), also in ``problems``.
     """
     name = str(file)
     data, lines = _compose(text, name)
@@ -363,15 +352,8 @@ def parse_document(text: str, file: str | Path = "<string>") -> tuple[PolicyDocu
     try:
         doc = PolicyDocument.model_validate(data)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        loc: Path_ = tuple(p for p in err["loc"] if isinstance(p, str | int))
-        msg = _MSG_FIX.sub("", err["msg"])
-        if err["type"] == "missing":
-            msg = "required key is missing"
-        more = exc.error_count() - 1
-        if more:
-            msg += f" (and {more} more error{'s' if more > 1 else ''})"
-        raise _fail(msg, name, lines, loc) from None
+        raise PolicyFileError.of(
+            validation_problems(exc, file=name, lines=lines, model=PolicyDocument)) from None
     _check_references(doc, name, lines)
     return doc, canonical_revision(doc)
 

@@ -12,8 +12,9 @@ import sys
 
 import typer
 
-from clishell import VerboseOpt, VersionOpt, run
+from clishell import CliError, VerboseOpt, VersionOpt, run
 from gateway.cli import check_config, keys, serve
+from gateway.errors import ConfigError
 from gateway.preflight import cli as _preflight
 
 __all__ = ["app", "main"]
@@ -42,9 +43,21 @@ from gateway.cli import audit as _audit  # noqa: E402
 app.add_typer(_audit.app, name="audit")
 
 
+def _describe(exc: BaseException) -> CliError | None:
+    """A configuration error with several problems (``serve`` of an invalid file): one error
+    line per ``FILE:LINE: KEY: PROBLEM``, not one run-on line (the boundary joins the lines of
+    a message)."""
+    if not isinstance(exc, ConfigError):
+        return None
+    first, *rest = [line for line in exc.message.splitlines() if line.strip()] or [exc.message]
+    if not rest:
+        return None  # the boundary's own rendering
+    return CliError(exc.code, first, more=tuple((exc.code, line) for line in rest))
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``gateway`` console script; returns the exit code."""
-    return run(app, argv, prog="gateway")
+    return run(app, argv, prog="gateway", describe=_describe)
 
 
 if __name__ == "__main__":

@@ -157,16 +157,25 @@ async def scrape(
     replica: Replica,
     settings: RoutingSettings,
     ssl: SSLContext | bool = True,
+    *,
+    connect_s: float | None = None,
 ) -> ReplicaSignals | None:
-    """Scrape one replica once; ``None`` when it does not answer 200 in time."""
+    """Scrape one replica once; ``None`` when it does not answer 200 in time.
+
+    ``connect_s`` is the connect timeout in seconds (``timeouts.connect_s`` as now in force;
+    ``None``: the session's, fixed at start).
+    """
     headers = {"accept": "text/plain"}
     if replica.api_key:
         headers["authorization"] = f"Bearer {replica.api_key}"
+    # Per request: the session's timeout is fixed at start.
+    timeout = session.timeout if connect_s is None else aiohttp.ClientTimeout(
+        total=None, connect=connect_s, sock_connect=connect_s, sock_read=None)
     try:
         async with asyncio.timeout(settings.metrics_timeout_s):
             async with session.get(
                 replica.url + settings.metrics_path, headers=headers, allow_redirects=False,
-                ssl=ssl,
+                ssl=ssl, timeout=timeout,
             ) as resp:
                 body = await _read_at_most(resp, MAX_METRICS_BODY)
                 if resp.status != 200 or body is None:
@@ -188,6 +197,8 @@ class MetricsScraper(Periodic):
         settings: The ``routing`` section.
         ssl: ``ssl`` argument for ``https://`` replicas.
         on_round: Called after each round (flow control dispatches on the new figures).
+        connect_s: Connect timeout of each scrape, seconds (``timeouts.connect_s``); ``None``:
+            the session's.
     """
 
     def __init__(
@@ -197,7 +208,10 @@ class MetricsScraper(Periodic):
         settings: RoutingSettings,
         ssl: SSLContext | bool = True,
         on_round: Callable[[], None] | None = None,
+        *,
+        connect_s: float | None = None,
     ) -> None:
+        self.connect_s = connect_s
         self._on_round = on_round
         self._router = router
         self._session = session
@@ -207,9 +221,12 @@ class MetricsScraper(Periodic):
         self.round_name = "replica metrics round"
         self.rounds = 0
 
-    def rebind(self, router: Router) -> None:
-        """Scrape the replicas of ``router`` from the next round on (live reload)."""
+    def rebind(self, router: Router, connect_s: float | None = None) -> None:
+        """Scrape the replicas of ``router`` from the next round on (live reload), with the
+        reloaded ``timeouts.connect_s`` when given."""
         self._router = router
+        if connect_s is not None:
+            self.connect_s = connect_s
 
     def replicas(self) -> list[Replica]:
         """The vLLM replicas whose pool uses a strategy that reads signals.
@@ -237,7 +254,8 @@ class MetricsScraper(Periodic):
             by_url.setdefault(r.url, []).append(r)
         firsts = [group[0] for group in by_url.values()]
         results = await asyncio.gather(
-            *(scrape(self._session, r, self._settings, self._ssl) for r in firsts)
+            *(scrape(self._session, r, self._settings, self._ssl, connect_s=self.connect_s)
+              for r in firsts)
         )
         for group, signals in zip(by_url.values(), results, strict=True):
             if signals is None:

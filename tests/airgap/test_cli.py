@@ -42,6 +42,7 @@ def test_pack_verify_inspect_unpack(
     lock = tmp_path / "weights.lock"
     small_lock.save(lock)
     bundle = tmp_path / "usb" / "bundle"
+    bundle.parent.mkdir()  # the mounted medium
     rc, out, err = run(capsys, "pack", "--lock", str(lock), "--from", str(small_model), "--out",
                        str(bundle), "--key", str(keys.private_path), "--part-size", "65536")
     assert rc == 0, err

@@ -66,6 +66,35 @@ def test_pack_refuses_a_part_size_that_makes_absurdly_many_parts(
     assert tree_state(usb) == before
 
 
+@pytest.mark.parametrize("command", ["pack", "oci-export"])
+def test_an_output_in_a_missing_directory_is_refused_naming_it(
+    command: str, small_model: Path, keys: KeyPair, tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``--out /media/usbb/x`` (a mistyped mount point) is refused, as cp or tar do, instead of
+    quietly becoming a directory tree on another file system; nothing is created."""
+    lock = tmp_path / "w.lock"
+    locked = write_lock(lock, lock_entry_from_dir(small_model, "acme/tiny"))
+    bundle = tmp_path / "bundle"
+    pack_bundle(locked, small_model, bundle, keys.private)
+    before = tree_state(tmp_path)
+    out = tmp_path / "media" / "usbb" / "out"
+    args = (["pack", "--lock", str(lock), "--from", str(small_model), "--key",
+             str(keys.private_path)] if command == "pack"
+            else ["oci-export", str(bundle), "-k", str(keys.public_path)])
+    rc, _, err = run(capsys, *args, "--out", str(out))
+    assert rc == 2
+    assert err.strip() == (f"airgap: error [io_error]: --out {out}: directory {out.parent} does "
+                           "not exist; create it first (nothing is created for you: check the "
+                           "path)")
+    assert tree_state(tmp_path) == before
+    (tmp_path / "media").write_text("a file, not a directory\n")
+    rc, _, err = run(capsys, *args, "--out", str(tmp_path / "media" / "out"))
+    assert rc == 2
+    assert err.strip() == (f"airgap: error [io_error]: --out {tmp_path / 'media' / 'out'}: "
+                           f"{tmp_path / 'media'} is not a directory")
+
+
 def test_pack_refuses_up_front_without_room_on_the_media(
     small_model: Path, keys: KeyPair, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

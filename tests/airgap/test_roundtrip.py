@@ -115,6 +115,7 @@ def test_minilm_round_trip_through_hub_emulator(
 
     # Connected side: pack from the HF cache the pull wrote, in several parts.
     bundle, store = tmp_path / "media" / "minilm.bundle", tmp_path / "airgapped-cache"
+    bundle.parent.mkdir()  # the mounted medium
     airgap_env = offline_env()
     proc = _cli("airgap", "pack", "--lock", str(lock_path), "--from", str(cache), "--out",
                 str(bundle), "--key", str(keys.private_path), "--part-size", "30000000",

@@ -290,3 +290,13 @@ def test_check_config_validates_policy_file_and_bindings(tmp_path: Path) -> None
     [problem] = json.loads(broken.stdout)["problems"]
     err = f"{problem['key']}: {problem['problem']}"
     assert err.startswith("policy.file: ") and "policy.yaml:" in err and "effect" in err
+
+    # Every problem of the policy file is its own policy.file problem, not one run-on line.
+    pfile.write_text(pfile.read_text().replace("effect: maybe", "effect: maybe, efect: x"))
+    both = _check_config(cfg_file)
+    assert both.returncode == 1
+    problems = json.loads(both.stdout)["problems"]
+    assert [p["key"] for p in problems] == ["policy.file", "policy.file"]
+    assert "rules[0].effect: " in problems[0]["problem"]
+    assert problems[1]["problem"].endswith(": rules[0].efect: unknown key (did you mean "
+                                           "'effect'?)")

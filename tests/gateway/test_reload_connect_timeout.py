@@ -1,16 +1,22 @@
-"""A live reload of ``timeouts.connect_s`` reaches the relay's upstream connections.
+"""A live reload of ``timeouts.connect_s`` reaches every upstream connection: the relay's, the
+health probes' and the metrics scrapes'.
 
-The key is reloadable (:data:`gateway.reload.RELOADABLE`); the relay's client read it once at
-start, so a reload was reported as applied while connections kept the old limit.
+The key is reloadable (:data:`gateway.reload.RELOADABLE`); the relay's client, and later the
+session the prober and scraper share, read it once at start, so a reload was reported as applied
+while connections kept the old limit.
 """
 
 from __future__ import annotations
 
+import asyncio
+import select
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import aiohttp
 import httpx
 import pytest
 
@@ -32,6 +38,80 @@ def unanswered_listener() -> Iterator[str]:
         queued.close()
         listener.close()
 
+
+class Silenceable:
+    """A loopback ``/health`` server that answers 200 until :meth:`silence`; from then on its
+    accept queue stays full, so a new connect to it hangs (SYNs dropped)."""
+
+    def __init__(self) -> None:
+        self._listener = socket.socket()
+        self._listener.bind(("127.0.0.1", 0))
+        self._listener.listen(0)
+        self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
+        self._serving = True
+        self._queued: list[socket.socket] = []
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while self._serving:
+            if not select.select([self._listener], [], [], 0.05)[0] or not self._serving:
+                continue
+            conn, _ = self._listener.accept()
+            with conn:
+                conn.settimeout(5)
+                try:
+                    conn.recv(65536)
+                    conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n"
+                                 b"connection: close\r\n\r\nok")
+                except OSError:
+                    pass
+
+    def silence(self) -> None:
+        """Stop accepting, and fill the accept queue."""
+        self._serving = False
+        self._thread.join(5)
+        self._queued.append(socket.create_connection(self._listener.getsockname(), timeout=5))
+
+    def close(self) -> None:
+        self._serving = False
+        self._thread.join(5)
+        for conn in self._queued:
+            conn.close()
+        self._listener.close()
+
+
+@pytest.fixture
+def silenceable() -> Iterator[Silenceable]:
+    server = Silenceable()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+def test_a_reloaded_connect_timeout_applies_to_health_probes(
+    tmp_path: Path, silenceable: Silenceable,
+) -> None:
+    """A replica that stops answering connects is found failing within the reloaded 1 s
+    limit (plus a probe interval), not the start-up 30 s (the probe's own limit is 30 s)."""
+    cfg = config([silenceable.url], timeouts={"connect_s": 30, "first_byte_s": 60, "idle_s": 60},
+                 health={"active": True, "interval_s": 0.2, "timeout_s": 30})
+    gw = Served(tmp_path, cfg)  # ready: the replica passed its first probes
+    try:
+        gw.write({**gw.cfg, "timeouts": {**gw.cfg["timeouts"], "connect_s": 1}})
+        gw.hup_and_wait("config.reloaded")
+        assert gw.ready()
+        silenceable.silence()
+        started = time.monotonic()
+        while gw.ready():
+            took = time.monotonic() - started
+            assert took < 10, f"{took:.1f} s: the probes kept the old 30 s connect limit"
+            time.sleep(0.1)
+    finally:
+        gw.stop()
+
+
 def test_a_reloaded_connect_timeout_applies_to_new_connections(
     tmp_path: Path, unanswered_listener: str,
 ) -> None:
@@ -52,3 +132,37 @@ def test_a_reloaded_connect_timeout_applies_to_new_connections(
         assert took < 10, f"{took:.1f} s: the old 30 s connect limit still applied"
     finally:
         gw.stop()
+
+
+def test_probe_and_scrape_use_the_connect_timeout_they_are_given(
+    unanswered_listener: str,
+) -> None:
+    """Both take ``timeouts.connect_s`` per request, over the session's start-up timeout (here
+    30 s; their own round limits are 30 s too)."""
+    from gateway.fleet.replica_metrics import MetricsScraper, scrape
+    from gateway.fleet.settings import RoutingSettings
+    from gateway.health import HealthProber, probe
+    from gateway.routing import Replica
+    from gateway.settings import HealthSettings
+
+    replica = Replica(model="m", index=0, url=unanswered_listener)
+    health = HealthSettings(timeout_s=30)
+    routing = RoutingSettings(metrics_timeout_s=30)
+
+    async def run() -> tuple[float, float]:
+        async with aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(connect=30, sock_connect=30)) as session:
+            started = time.monotonic()
+            assert await probe(session, replica, health, connect_s=0.5) is False
+            probed = time.monotonic() - started
+            started = time.monotonic()
+            assert await scrape(session, replica, routing, connect_s=0.5) is None
+            return probed, time.monotonic() - started
+
+    probed, scraped = asyncio.run(run())
+    assert probed < 5 and scraped < 5, (probed, scraped)
+    prober = HealthProber(None, None, health, connect_s=30)  # type: ignore[arg-type]
+    scraper = MetricsScraper(None, None, routing, connect_s=30)  # type: ignore[arg-type]
+    prober.rebind(None, 0.5)  # type: ignore[arg-type]
+    scraper.rebind(None, 0.5)  # type: ignore[arg-type]
+    assert prober.connect_s == scraper.connect_s == 0.5

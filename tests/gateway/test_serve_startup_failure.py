@@ -42,3 +42,23 @@ def test_a_port_in_use_is_named_in_the_last_line(sim: Sim, tmp_path: Path, busy:
     busy_port = port if busy == "listen" else admin
     assert f"('127.0.0.1', {busy_port})" in last and "address already in use" in last
     assert "(hint: a port in use is listen.port or telemetry.admin.port" in last
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_an_invalid_file_is_one_error_line_per_problem(tmp_path: Path, workers: str) -> None:
+    """README: "an invalid file stops the process with one line per problem naming file, line
+    and key" (the boundary used to join them into one line), with or without workers."""
+    cfg_file = tmp_path / "gateway.yaml"
+    cfg_file.write_text("listen: {host: 127.0.0.1, port: 99999}\nmodels: []\nbogus: 1\n",
+                        encoding="utf-8")
+    r = subprocess.run([sys.executable, "-m", "gateway.cli", "serve", "--config", str(cfg_file),
+                        "--workers", workers], cwd=ROOT, capture_output=True, text=True,
+                       timeout=60, check=False)
+    assert r.returncode == 2, r.stderr[-2000:]
+    lines = r.stderr.strip().splitlines()
+    assert [line.split(": ", 3)[2] for line in lines] == [
+        f"{cfg_file}:1", f"{cfg_file}:2", f"{cfg_file}:3"], lines
+    assert all(line.startswith(f"gateway: error [config_error]: {cfg_file}:") for line in lines)
+    assert lines[2].endswith(": bogus: unknown key (known here: listen, models, keys, limits, "
+                             "timeouts, retries, health, logging, upstream_tls, routing, drain, "
+                             "reload, flow_control, policy, audit, quotas, keystore, telemetry)")

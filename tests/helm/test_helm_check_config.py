@@ -5,12 +5,14 @@ recreated under a temporary root (sg_pod_files) and the real ``gateway check-con
 on the mounted config.yaml. The Deployment's probes and ports must be the gateway's (``/healthz``
 and ``/readyz`` on the client port, ``/metrics`` on the admin port; checked against a real
 ``gateway serve`` of the default scenario), the chart must set no environment variable the
-gateway ignores, and the egress rules must be exactly the destinations
-``policy networkpolicy --format helm-values`` prints for the scenario's policy.
+gateway ignores but the telemetry switches its own pre-flight asks for, and the egress rules
+must be exactly the destinations ``policy networkpolicy --format helm-values`` prints for the
+scenario's policy.
 """
 
 from __future__ import annotations
 
+import json
 import subprocess
 import time
 from pathlib import Path
@@ -155,21 +157,56 @@ def test_probes_and_ports_are_the_gateways(scenario: str) -> None:
         assert [(e["port"], e["path"]) for e in sm["spec"]["endpoints"]] == [("admin", "/metrics")]
 
 
+#: The gateway container's switches that keep libraries from phoning home (README "Hidden
+#: egress"; the Makefile and the Containerfile set the same).
+TELEMETRY_ENV = [{"name": "HF_HUB_OFFLINE", "value": "1"},
+                 {"name": "HF_HUB_DISABLE_TELEMETRY", "value": "1"},
+                 {"name": "DO_NOT_TRACK", "value": "1"},
+                 {"name": "VLLM_NO_USAGE_STATS", "value": "1"},
+                 {"name": "LITELLM_LOCAL_MODEL_COST_MAP", "value": "True"}]
+
+
 @pytest.mark.parametrize("scenario", sorted(h.SCENARIOS))
-def test_no_environment_the_gateway_ignores(scenario: str) -> None:
-    """Known issue 1: OTEL_* variables are ignored by the gateway; the chart sets none."""
+def test_gateway_environment_is_the_telemetry_switches_only(scenario: str) -> None:
+    """Known issue 1: OTEL_* variables are ignored by the gateway; the chart sets none. The
+    telemetry switches are set in the pod spec, where the pre-flight reads them."""
     objs = h.render(h.SCENARIOS[scenario])
-    assert "env" not in pf.gateway_container(objs)
+    assert pf.gateway_container(objs)["env"] == TELEMETRY_ENV
     for _, _, spec in h.pod_specs(objs):
         for c in spec["containers"]:
             assert not [e for e in c.get("env", []) if e["name"].startswith("OTEL_")], c["name"]
 
 
-def test_extra_env_is_the_only_environment(tmp_path: Path) -> None:
+@pytest.mark.parametrize("scenario", sorted(h.SCENARIOS))
+def test_every_scenario_passes_its_own_preflight_telemetry_check(scenario: str,
+                                                                  tmp_path: Path) -> None:
+    """The real ``gateway preflight`` on the render, without any extraEnv: k8s.telemetry-env
+    passes for every container (the gateway's and the in-chart vLLM's)."""
+    manifests = tmp_path / "rendered.yaml"
+    manifests.write_text(h.render_text(h.SCENARIOS[scenario]), encoding="utf-8")
+    proc = subprocess.run(
+        [str(h.require_tool(pf.GATEWAY_CLI)), "preflight", "--json", "--manifests",
+         str(manifests), "-n", h.NAMESPACE, "--release", h.RELEASE,
+         "--policy", str(h.policy_for([h.SCENARIOS[scenario]]))],
+        capture_output=True, text=True, timeout=120, check=False,
+        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
+    assert proc.returncode in (0, 1), proc.stderr
+    (check,) = [c for c in json.loads(proc.stdout)["checks"] if c["id"] == "k8s.telemetry-env"]
+    assert check["status"] == "pass", check["verdict"]
+    assert "sg-sovereign-gateway/gateway" in check["evidence"]["containers"]
+
+
+def test_extra_env_follows_the_switches_and_replaces_one_it_names(tmp_path: Path) -> None:
     extra = tmp_path / "env.yaml"
     extra.write_text("gateway:\n  extraEnv: [{name: TZ, value: UTC}]\n", encoding="utf-8")
     objs = h.render(h.SCENARIOS["postgres-ha"], extra)
-    assert pf.gateway_container(objs)["env"] == [{"name": "TZ", "value": "UTC"}]
+    assert pf.gateway_container(objs)["env"] == [*TELEMETRY_ENV, {"name": "TZ", "value": "UTC"}]
+    extra.write_text("gateway:\n  extraEnv: [{name: DO_NOT_TRACK, value: '0'}]\n",
+                     encoding="utf-8")
+    env = pf.gateway_container(h.render(h.SCENARIOS["postgres-ha"], extra))["env"]
+    assert [e for e in env if e["name"] == "DO_NOT_TRACK"] == [
+        {"name": "DO_NOT_TRACK", "value": "0"}]  # one entry per name: the operator's
+    assert len(env) == len(TELEMETRY_ENV)
 
 
 def _wait_up(url: str, proc: subprocess.Popen[str], log: Path) -> None:

@@ -68,6 +68,32 @@ def test_check_invalid_policy_exits_1_naming_file_line_key(
     assert len(err.strip().splitlines()) == 1  # one clear line, no traceback
 
 
+def test_check_prints_every_problem_as_file_line_key_problem(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One error line per problem in the gateway's ``file:line: key: problem`` shape, with
+    our wording instead of pydantic's ("Extra inputs are not permitted", "Field required")."""
+    bad = tmp_path / "bad.yaml"
+    text = (BASE.replace("    effect: deny\n", "    effect: deny\n    efect: allow\n")
+            .replace("    operator: provider-inc\n", ""))
+    bad.write_text(text)
+    code, out, err = _run(capsys, "check", str(bad))
+    lines = text.splitlines()
+    assert code == 1 and out == ""
+    assert err.splitlines() == [
+        f"policy: error [invalid_policy]: {bad}:{lines.index('  - id: provider-us') + 1}: "
+        "destinations[2].operator: required key is missing",
+        f"policy: error [invalid_policy]: {bad}:{lines.index('    efect: allow') + 1}: "
+        "rules[0].efect: unknown key (did you mean 'effect'?)",
+    ]
+    code, out, _ = _run(capsys, "check", str(bad), "--json")
+    doc = json.loads(out)
+    assert code == 1 and doc["ok"] is False and doc["error"]["code"] == "invalid_policy"
+    assert [(p["file"], p["key"], p["problem"]) for p in doc["problems"]] == [
+        (str(bad), "destinations[2].operator", "required key is missing"),
+        (str(bad), "rules[0].efect", "unknown key (did you mean 'effect'?)")]
+
+
 def test_unreadable_file_and_usage_errors_exit_2(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -51,6 +51,52 @@ def test_missing_key_names_the_parent() -> None:
 def test_unknown_key_is_refused() -> None:
     err = _err(BASE.replace("    effect: deny\n", "    effect: deny\n    efect: allow\n"))
     assert err.key == "rules[0].efect"
+    line = BASE.splitlines().index("    effect: deny") + 2
+    assert str(err) == f"p.yaml:{line}: rules[0].efect: unknown key (did you mean 'effect'?)"
+
+
+def test_unknown_key_without_a_close_one_lists_the_known_keys() -> None:
+    err = _err(BASE.replace("version: 1\n", "version: 1\nzzz: 1\n"))
+    assert str(err) == ("p.yaml:2: zzz: unknown key (known here: version, data_classes, "
+                        "classification, destinations, rules, unsafe_allow_all)")
+
+
+def test_every_schema_problem_is_reported_one_line_each() -> None:
+    """Not the first one with "(and 3 more errors)": each key with its own line."""
+    text = (BASE.replace("    jurisdiction: non-EU\n", "    jurisdiction: [non-EU]\n")
+            .replace("    effect: deny\n", "    effect: deny\n    efect: allow\n")
+            .replace("    port: 8000\n", "    port: 80000\n"))
+    err = _err(text)
+    lines = text.splitlines()
+    expected = [
+        f"p.yaml:{lines.index('    port: 80000') + 1}: destinations[1].port: "
+        "Input should be less than or equal to 65535",
+        f"p.yaml:{lines.index('    jurisdiction: [non-EU]') + 1}: destinations[2].jurisdiction: "
+        "Input should be a valid string",
+        f"p.yaml:{lines.index('    efect: allow') + 1}: rules[0].efect: "
+        "unknown key (did you mean 'effect'?)",
+    ]
+    assert str(err).splitlines() == expected
+    assert [str(p) for p in err.problems] == expected
+    assert (err.file, err.line, err.key) == ("p.yaml", lines.index("    port: 80000") + 1,
+                                             "destinations[1].port")
+    assert "more error" not in str(err)
+
+
+def test_a_union_key_is_one_problem_without_pydantic_member_names() -> None:
+    text = BASE.replace("jurisdiction: EU\n", "jurisdiction: 5\n", 1)
+    text = text.replace("    effect: deny\n", "    effect: deny\n    constraints: "
+                        "{jurisdiction: 5}\n")
+    err = _err(text)
+    rule = [p for p in err.problems if p.key is not None and p.key.startswith("rules")]
+    assert [(p.key, p.problem) for p in rule] == [
+        ("rules[0].constraints.jurisdiction", "Input should be a valid string or a valid list")]
+
+
+def test_a_list_item_that_is_not_a_mapping() -> None:
+    err = _err(BASE.replace("destinations:\n", "destinations:\n  - 7\n", 1))
+    assert (err.key, err.problems[0].problem) == ("destinations[0]", "must be a mapping")
+    assert "instance of" not in str(err)
 
 
 def test_duplicate_yaml_key_is_refused() -> None:
@@ -67,6 +113,17 @@ def test_unknown_destination_in_rule() -> None:
     err = _err(BASE + "  - id: x\n    destinations: [nowhere]\n")
     assert err.key == "rules[4].destinations[0]"
     assert err.line == len(BASE.splitlines()) + 2
+
+
+def test_every_reference_problem_is_reported() -> None:
+    text = (BASE.replace("classes: [internal]\n", "classes: [secret]\n")
+            .replace("- id: internal-eu", "- id: public-anywhere")
+            + "  - id: x\n    destinations: [nowhere]\n")
+    err = _err(text)
+    assert [p.key for p in err.problems] == [
+        "rules[2].classes[0]", "rules[3].id", "rules[4].destinations[0]",
+        "classification.grants[0].classes[0]"]  # both `classes: [internal]` became secret
+    assert len(str(err).splitlines()) == 4
 
 
 def test_duplicate_ids() -> None:

@@ -161,6 +161,27 @@ the config volume is mounted whole there (no subPath: the kubelet updates it in 
 {{- toYaml (mergeOverwrite $cfg (deepCopy .Values.gateway.extraConfig)) -}}
 {{- end }}
 
+{{/* The gateway container's switches that keep libraries from phoning home (the same as the
+Makefile and the Containerfile; README "Hidden egress"): `gateway preflight`'s k8s.telemetry-env
+check reads them from the pod spec, not from the image. A name also given in gateway.extraEnv is
+left to that entry (one entry per name; the pre-flight then judges the operator's value). */}}
+{{- define "sg.telemetryEnv" -}}
+{{- $given := dict -}}
+{{- range .Values.gateway.extraEnv }}{{ $_ := set $given .name true }}{{ end -}}
+{{- $switches := list
+      (list "HF_HUB_OFFLINE" "1")
+      (list "HF_HUB_DISABLE_TELEMETRY" "1")
+      (list "DO_NOT_TRACK" "1")
+      (list "VLLM_NO_USAGE_STATS" "1")
+      (list "LITELLM_LOCAL_MODEL_COST_MAP" "True") -}}
+{{- range $switches }}
+{{- if not (hasKey $given (index . 0)) }}
+- name: {{ index . 0 }}
+  value: {{ index . 1 | quote }}
+{{- end }}
+{{- end }}
+{{- end }}
+
 {{/* Hardened container security context for the vLLM and test containers. */}}
 {{- define "sg.hardenedContainer" -}}
 runAsNonRoot: true
