@@ -1,16 +1,19 @@
 """``gateway serve --workers N``: the same paced streams through 1 and 2 workers, in one run.
 
     python bench/workers.py [--streams 1024] [--tokens 200] [--itl-ms 20] [--workers 1,2]
+                            [--harness auto|c|python]
 
-One vLLM simulator paces tokens (``--itl-ms`` apart, ``--tokens`` per stream, one token per SSE
+One backend paces tokens (``--itl-ms`` apart, ``--tokens`` per stream, one token per SSE
 event); ``--streams`` streams are opened at once, each on its own connection, directly against
 the simulator and through a gateway with each worker count (same config, telemetry on for
 both so the pod's ``/metrics`` tells when every worker serves). Reported per target: streams
 completed, stall-free streams (no gap between events above 100 ms), p99 inter-event gap,
 events/s, and CPU seconds of the whole process tree (supervisor + workers) per relayed event.
-The load client runs in this process; the load average before and after is printed, since
-on a small shared machine the client, the simulator and the gateway compete for the same
-cores (read the ratios, not the absolute figures).
+With ``--harness c`` (the default ``auto`` when ``cc`` builds it) the backend and the load
+client are the C harness of ``bench/csrc`` (``sse_backend``, ``sse_load``: a fraction of a
+core at 1,024 streams), else vllm-sim and the asyncio client in this process. The load average
+before and after is printed, since on a small shared machine the client, the backend and the
+gateway compete for the same cores (read the ratios, not the absolute figures).
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ from typing import Any
 
 import httpx
 import yaml
-from relay_load import request_bytes, run_streams
+from relay_harness import Harness, select_harness
+from relay_load import request_bytes
 from relay_procs import (
     BENCH_KEY,
     BIN,
@@ -35,7 +39,6 @@ from relay_procs import (
     cpu_s,
     default_config,
     free_port,
-    start_sim,
 )
 
 STALL_GAP_S = 0.100
@@ -101,13 +104,13 @@ def start_pod(workers: int, sim_url: str, workdir: Path) -> Proc:
 
 
 async def measure(name: str, port: int, api_key: str | None, proc: Proc,
-                  args: argparse.Namespace, round_: int = 0) -> dict[str, Any]:
+                  args: argparse.Namespace, h: Harness, round_: int = 0) -> dict[str, Any]:
     body = {"model": "m", "stream": True, "max_tokens": args.tokens,
             "messages": [{"role": "user", "content": "hi"}]}
     req = request_bytes(f"127.0.0.1:{port}", "/v1/chat/completions", body, api_key, False)
-    await run_streams("127.0.0.1", port, req, 32, 32)  # warm-up
+    await h.run_streams("127.0.0.1", port, req, 32, 32)  # warm-up
     c0 = tree_cpu_s(proc.proc.pid)
-    tot = await run_streams("127.0.0.1", port, req, args.streams, args.streams)
+    tot = await h.run_streams("127.0.0.1", port, req, args.streams, args.streams)
     c1 = tree_cpu_s(proc.proc.pid)
     per_pid = {pid: c1[pid] - c0.get(pid, 0.0) for pid in c1}
     used = sum(per_pid.values())
@@ -131,18 +134,18 @@ async def measure(name: str, port: int, api_key: str | None, proc: Proc,
     return row
 
 
-async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
-    sim = start_sim("m", tokens=args.tokens, itl_ms=args.itl_ms)
+async def run(args: argparse.Namespace, h: Harness) -> list[dict[str, Any]]:
+    sim = h.start_backend("m", tokens=args.tokens, itl_ms=args.itl_ms)
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="sg-bench-workers-") as tmp:
         try:
-            rows.append(await measure("direct", sim.port, None, sim, args))
+            rows.append(await measure("direct", sim.port, None, sim, args, h))
             for round_ in range(args.rounds):
                 for n in args.workers:
-                    pod = start_pod(n, sim.url, Path(tmp))
+                    pod = start_pod(n, f"http://127.0.0.1:{sim.port}", Path(tmp))
                     try:
                         rows.append(await measure(f"gateway {n} worker(s)", pod.port,
-                                                  BENCH_KEY, pod, args, round_))
+                                                  BENCH_KEY, pod, args, h, round_))
                     finally:
                         pod.stop()
         finally:
@@ -184,13 +187,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--itl-ms", type=float, default=20.0)
     p.add_argument("--workers", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2])
     p.add_argument("--rounds", type=int, default=1, help="Repeat the worker counts (A B A B).")
+    p.add_argument("--harness", choices=["auto", "c", "python"], default="auto",
+                   help="backend and load client: the C harness (auto: when it builds) or "
+                        "vllm-sim with the asyncio client")
     args = p.parse_args(argv)
+    h = select_harness(args.harness)
     import resource
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, max(soft, 8192)), hard))
     load = os.getloadavg()
-    rows = asyncio.run(run(args))
+    rows = asyncio.run(run(args, h))
+    print(f"# harness {h.name}", file=sys.stderr)
     print(render(rows, load, os.getloadavg()))
     return 0
 
