@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any, Protocol
 
@@ -65,8 +66,14 @@ client's socket buffer full: use :data:`BODY_CHUNK_EXTENSION` or ``send``, which
 ``write_now(b"")`` only asks. The relay calls it from the upstream connection's callback
 (:meth:`Responder.sink`), so a relayed SSE event wakes no task."""
 
-_DONE = b"[DONE]"
 _OWS = b" \t"
+# The event that ends an OpenAI stream: a ``data`` field line whose value starts with
+# ``[DONE]`` (WHATWG SSE: one optional space after the colon; the OpenAI SDKs stop on
+# ``data.startswith("[DONE]")``). It starts a line (after CR or LF, or at the start of the body,
+# see ``Responder._tail``): ``[DONE]`` inside a JSON payload (generated text) never does, since
+# JSON escapes its line breaks.
+_DONE_LINE = re.compile(rb"[\r\n]data: ?\[DONE\]")
+_DONE_TAIL = len(b"\ndata: [DONE]") - 1  # bytes kept to find a line split across chunks
 
 
 class Stamped(Protocol):
@@ -181,7 +188,9 @@ class Responder:
         self._held: list[Message] | None = [] if hold_end else None
         self._holding = False
         self._sse = False
-        self._tail = b""  # the last bytes of the SSE body so far (a split ``[DONE]``)
+        # The last bytes of the SSE body so far (a ``data: [DONE]`` line split across chunks);
+        # the body starts at a line start.
+        self._tail = b"\n"
         self._pending: list[bytes] = []  # what the sink could not write (see flush)
 
     async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
@@ -199,11 +208,12 @@ class Responder:
         await self._send({"type": "http.response.start", "status": status, "headers": headers})
 
     def _ends_stream(self, data: bytes) -> bool:
-        """Whether ``data``, the next bytes of a held SSE body, completes ``[DONE]`` (also
-        when the marker is split across chunks)."""
+        """Whether ``data``, the next bytes of a held SSE body, completes the line
+        ``data: [DONE]`` that ends the stream (also when it is split across chunks); the text
+        ``[DONE]`` elsewhere (inside an event's JSON: generated content) does not."""
         probe = self._tail + data
-        self._tail = probe[-(len(_DONE) - 1):]
-        return _DONE in probe
+        self._tail = probe[-_DONE_TAIL:]
+        return _DONE_LINE.search(probe) is not None
 
     async def body(self, data: bytes, more: bool = True) -> None:
         """Send body bytes (``more=False`` ends the response)."""
