@@ -19,10 +19,12 @@ from gateway.errors import GatewayError, PayloadTooLarge, RequestTimeout, error_
 __all__ = [
     "BODY_CHUNK_EXTENSION",
     "DISCONNECT_EXTENSION",
+    "MAX_HELD_AFTER_END",
     "WHOLE_BODY_EXTENSION",
     "WRITE_NOW_EXTENSION",
     "ClientGone",
     "DisconnectWatch",
+    "HeldEndTooLong",
     "Receive",
     "Responder",
     "Scope",
@@ -82,8 +84,18 @@ class Stamped(Protocol):
     last: float | None
 
 
+MAX_HELD_AFTER_END = 64 * 1024
+"""Most body bytes (in bytes) a held SSE stream may bring after the piece holding its
+``data: [DONE]`` line: an end event and a blank line, not a second stream."""
+
+
 class ClientGone(Exception):
     """The client disconnected before the request was complete."""
+
+
+class HeldEndTooLong(Exception):
+    """A held SSE stream went on past :data:`MAX_HELD_AFTER_END` bytes after its
+    ``data: [DONE]`` line (a broken or hostile replica: held, it would grow without bound)."""
 
 
 def _too_large(limit: int) -> PayloadTooLarge:
@@ -150,8 +162,9 @@ class Responder:
         hold_end: Hold back the end of the response until :meth:`release`: the last chunk of
             a sized body, and for an SSE stream the event carrying ``data: [DONE]`` and all
             that follows (earlier events flow at once; a ``[DONE]`` split across chunks is
-            found too). Used when an observer must record the request's completion before the
-            client may see it complete.
+            found too; more than :data:`MAX_HELD_AFTER_END` bytes after it raise
+            :class:`HeldEndTooLong` from :meth:`body` or the sink). Used when an observer must
+            record the request's completion before the client may see it complete.
         write_chunk: The server's body-chunk writer, if it offers one (the gateway's own
             server: ``gateway.http_guard.BODY_CHUNK_EXTENSION``): body chunks that do not end
             the response go through it instead of an ASGI message.
@@ -161,8 +174,8 @@ class Responder:
     """
 
     __slots__ = (
-        "_held", "_holding", "_on_start", "_pending", "_send", "_sse", "_tail", "_write_chunk",
-        "_write_now", "bytes_out", "request_id", "started", "status", "tap",
+        "_after_end", "_held", "_holding", "_on_start", "_pending", "_send", "_sse", "_tail",
+        "_write_chunk", "_write_now", "bytes_out", "request_id", "started", "status", "tap",
     )
 
     def __init__(
@@ -187,6 +200,7 @@ class Responder:
         self._on_start = on_start
         self._held: list[Message] | None = [] if hold_end else None
         self._holding = False
+        self._after_end = 0  # bytes held after the piece that started the hold
         self._sse = False
         # The last bytes of the SSE body so far (a ``data: [DONE]`` line split across chunks);
         # the body starts at a line start.
@@ -219,6 +233,8 @@ class Responder:
         """Send body bytes (``more=False`` ends the response)."""
         if self._pending:
             await self.flush()
+        if self._holding and more:
+            self._hold_more(len(data))
         self.bytes_out += len(data)
         if self.tap is not None and data:
             self.tap(data)
@@ -278,6 +294,8 @@ class Responder:
                 stamp.last = clock()
             if not data:
                 return True
+            if self._holding:
+                self._hold_more(len(data))
             self.bytes_out += len(data)
             if self.tap is not None:
                 self.tap(data)
@@ -292,6 +310,21 @@ class Responder:
             return False
 
         return take
+
+    def _hold_more(self, size: int) -> None:
+        """Count ``size`` more body bytes to hold for :meth:`release`, before they are counted
+        as sent (the piece that started the hold is not counted: the reader bounds it, and it
+        carries the events before the end).
+
+        Raises:
+            HeldEndTooLong: More than :data:`MAX_HELD_AFTER_END` bytes after that piece (the
+                bytes are not held; the caller ends the response).
+        """
+        self._after_end += size
+        if self._after_end > MAX_HELD_AFTER_END:
+            raise HeldEndTooLong(
+                f"more than {MAX_HELD_AFTER_END} bytes after the end of the stream "
+                "(data: [DONE])")
 
     @property
     def pending(self) -> bool:

@@ -1,10 +1,12 @@
-"""The held end of a relayed stream: only the ``data: [DONE]`` line starts the hold.
+"""The held end of a relayed stream: only the ``data: [DONE]`` line starts the hold, and the
+hold is bounded.
 
 With an observer that must record a request's completion first (the audit log's
 ``end_recorded``), the responder holds back the event that ends an SSE stream and all that
 follows until the record is written. Generated text that contains ``[DONE]`` (inside an event's
 JSON) is no end: it held the rest of the stream until the replica finished (the client saw
-nothing more, and the gateway kept every later byte).
+nothing more, and the gateway kept every later byte). A replica that streams on after the real
+end had every further byte held too (300 MiB after ``[DONE]``: the gateway's RSS grew by 306 MB).
 """
 
 from __future__ import annotations
@@ -15,12 +17,13 @@ import json
 import socket
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
 
 from gateway.app import create_app
-from gateway.asgi_io import Message, Responder
+from gateway.asgi_io import MAX_HELD_AFTER_END, HeldEndTooLong, Message, Responder
 from gateway.records import RequestRecord
 from tests.gateway.gateway_server import Servers
 from tests.gateway.helpers import KEY_A, Recorder, settings, sse_events
@@ -161,3 +164,92 @@ def test_a_stream_whose_text_says_done_reaches_the_client_as_it_is_generated(
     events = sse_events(received)
     assert [e if e == "[DONE]" else e["choices"][0]["delta"]["content"] for e in events] == [
         "say [DONE]", "!", "[DONE]"]
+
+
+@pytest.mark.parametrize("path", ["body", "sink"])
+def test_what_follows_the_end_is_held_up_to_a_bound(path: str) -> None:
+    """A held end takes a few more bytes; a second stream after ``data: [DONE]`` raises
+    instead of being held whole (it is not counted as sent)."""
+
+    async def test() -> None:
+        client = _Client()
+        out = Responder(client.send, "r1", hold_end=True, write_now=client.write_now)
+        await out.start(200, list(SSE_HEAD))
+        take = out.sink(lambda piece: piece)
+        assert take is not None
+        write = take if path == "sink" else out.body
+        filler = event("x" * 1000)
+        for piece in (event("a") + b"data: [DONE]", b"\n\n", event("late")):
+            await _call(write, piece)
+        sent = 0
+        with pytest.raises(HeldEndTooLong, match="after the end of the stream"):
+            while sent <= MAX_HELD_AFTER_END:
+                await _call(write, filler)
+                sent += len(filler)
+        assert out.bytes_out == len(event("a") + b"data: [DONE]\n\n" + event("late")) + sent
+        await out.body(b"data: {}\n\n", more=False)  # the end (an error event) is still held
+        await out.release(True)
+        assert client.written == []
+
+    asyncio.run(test())
+
+
+async def _call(write: Any, piece: bytes) -> None:
+    result = write(piece)
+    if asyncio.iscoroutine(result):
+        await result
+
+
+class _Flood:
+    """Ends its stream with ``data: [DONE]``, then sends ``after`` more bytes of events."""
+
+    def __init__(self, after: int) -> None:
+        self.after = after
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(4)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        with contextlib.suppress(OSError):
+            conn, _ = self.sock.accept()
+            with conn:
+                data = b""
+                while b"\r\n\r\n" not in data:
+                    data += conn.recv(65536)
+                conn.sendall(OK_CHUNKED + chunk(event("hi") + b"data: [DONE]\n\n"))
+                piece = chunk(event("y" * 4000))
+                for _ in range(self.after // len(piece)):
+                    conn.sendall(piece)
+                conn.sendall(b"0\r\n\r\n")
+                while conn.recv(65536):
+                    pass
+
+    def stop(self) -> None:
+        self.sock.close()
+
+
+def test_a_replica_that_streams_on_after_its_end_is_cut_and_audited_as_failed(
+    guarded: Servers,
+) -> None:
+    replica = _Flood(after=4 << 20)
+    recorder = _EndGate()
+    s = settings([replica.url])
+    gw = guarded.start(s, create_app(s, observers=[recorder])).url
+    try:
+        r = httpx.post(gw + "/v1/chat/completions", json=CHAT, headers=AUTH, timeout=30)
+    finally:
+        replica.stop()
+    assert r.status_code == 200
+    assert len(r.content) < 2 * MAX_HELD_AFTER_END + 8192  # not the 4 MiB that followed
+    events = sse_events(r.content)
+    assert events[:2] == [event_json("hi"), "[DONE]"]
+    assert events[-1]["error"]["code"] == "upstream_error"
+    assert "after the end of the stream" in events[-1]["error"]["message"]
+    record = recorder.wait(1)[0]
+    assert (record.outcome, record.error_code) == ("upstream_error", "upstream_error")
+
+
+def event_json(content: str) -> Any:
+    return json.loads(event(content)[len(b"data: "):])
