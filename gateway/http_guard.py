@@ -20,7 +20,8 @@ h11 alone serves both requests of a ``Content-Length`` + ``Transfer-Encoding: ch
 smuggle, merges repeated equal lengths and unfolds obs-fold (see docs/gateway.md for the
 side-by-side with httptools). Other malformed requests that h11 refuses get the same JSON shape
 instead of uvicorn's plain text, naming h11's reason: 400 ``invalid_http_request``, or 431
-``request_header_too_large`` for a request head over h11's size limit.
+``request_header_too_large`` for a request head over h11's size limit (16 KiB, however the head
+is split across reads: h11 alone checks it only while the head is incomplete).
 
 Slow and idle clients:
 
@@ -167,11 +168,17 @@ class _StrictConnection(ResponseConnection):
     def _read_request_head(self, buf: ReceiveBuffer) -> h11.Request | None:
         # h11's maybe_read_from_IDLE_client, with the framing check on the very lines h11
         # parses (before unfolding and before repeated Content-Length values are merged).
+        size = len(buf)
         lines = buf.maybe_extract_lines()
         if lines is None:
             if buf.is_next_line_obviously_invalid_request_line():
                 raise h11.LocalProtocolError("illegal request line")
             return None
+        if size - len(buf) > self._max_incomplete_event_size:
+            # h11 limits a head only while it is incomplete: one that arrived in a single read
+            # was taken whatever its size, the same head in two reads refused. The limit is on
+            # the head, however it arrives (the short path leaves such a head to this reader).
+            raise h11.LocalProtocolError("request head too large", error_status_hint=431)
         if not lines:
             raise h11.LocalProtocolError("no request line received")
         problem = framing_problem(bytes(lines[0]), lines[1:])

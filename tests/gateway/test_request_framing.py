@@ -16,16 +16,19 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import h11
 import httpx
 import pytest
 import yaml
 
 from gateway.app import create_app
+from gateway.http_guard import _StrictConnection
 from tests.conftest import free_port
 from tests.gateway.gateway_server import Servers, connect, read_until_closed, split_response
 from tests.gateway.helpers import KEY_A, Sim, config, settings
 
 BODY = b'{"model":"llama-3.1-8b","messages":[{"role":"user","content":"hi"}],"max_tokens":2}'
+LIMIT = 16 * 1024  # uvicorn's h11_max_incomplete_event_size: the request head limit, bytes
 SMUGGLED = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
 CHUNKED = b"%x\r\n%s\r\n0\r\n\r\n" % (len(BODY), BODY)
 
@@ -146,8 +149,8 @@ def test_malformed_requests_are_answered_with_what_was_wrong(
 ) -> None:
     # uvicorn answers every h11 refusal with "Invalid HTTP request received." (400), dropping
     # h11's reason and its 431 hint; the client and the operator reading the answer need both.
-    # The offending bytes are never echoed back. (h11 limits a head only while it is
-    # incomplete: 1 MB arrives in several reads of at most 256 KiB, so the limit always fires.)
+    # The offending bytes are never echoed back. (A head in one read: see
+    # test_the_head_limit_holds_however_the_head_is_split.)
     with connect(gateway.port) as sock:
         sock.sendall(head)
         data, closed = read_until_closed(sock)
@@ -232,3 +235,42 @@ def test_gateway_serve_runs_the_guarded_server(tmp_path: Path, sim: Sim) -> None
     finally:
         proc.terminate()
         proc.communicate(timeout=30)
+
+
+def _head_of(size: int) -> bytes:
+    """A request head of exactly ``size`` bytes (its blank line included)."""
+    start, end = b"GET /healthz HTTP/1.1\r\nHost: gw\r\nX-Pad: ", b"\r\n\r\n"
+    return start + b"a" * (size - len(start) - len(end)) + end
+
+
+@pytest.mark.parametrize("size", [LIMIT - 1, LIMIT, LIMIT + 1, 20_000])
+def test_the_head_limit_holds_however_the_head_is_split(size: int) -> None:
+    """A head over the 16 KiB limit is refused (431) whether it arrives in one read or in
+    several; h11 alone checks only an incomplete head, so one read took any size."""
+    head = _head_of(size)
+    answers = set()
+    for cuts in [(), (1,), (LIMIT // 2,), (LIMIT - 1,), (LIMIT,), (size - 1,), (100, LIMIT)]:
+        conn = _StrictConnection(h11.SERVER)
+        pieces = [head[a:b] for a, b in zip((0, *cuts), (*cuts, len(head)), strict=True)]
+        answer: Any = None
+        for piece in pieces:
+            conn.receive_data(piece)
+            try:
+                event = conn.next_event()
+            except h11.RemoteProtocolError as exc:
+                answer = exc.error_status_hint
+                break
+            if isinstance(event, h11.Request):
+                answer = "request"
+                break
+        answers.add(answer)
+    assert answers == {"request" if size <= LIMIT else 431}
+
+
+def test_a_head_over_the_limit_in_one_read_is_answered_431(gateway: Any) -> None:
+    with connect(gateway.port) as sock:
+        sock.sendall(_head_of(20_000))
+        data, closed = read_until_closed(sock)
+    assert closed
+    status, _, body = split_response(data)
+    assert (status, json.loads(body)["error"]["code"]) == (431, "request_header_too_large")
