@@ -333,12 +333,18 @@ class Responder:
 
     async def flush(self) -> None:
         """Send the bytes the sink could not write (waiting for room in the client's socket),
-        in order, before anything else is sent."""
+        in order, before anything else is sent.
+
+        Bytes are dropped from the pending list only once written: a flush cancelled while it
+        waits for room (the drain deadline) leaves them for the next send, in front of the
+        final event (both writers wait before they write, never after).
+        """
         pending = self._pending
         while pending:
-            data = pending.pop(0)
+            data = pending[0]
             if self._write_chunk is None or not await self._write_chunk(data):
                 await self._send({"type": "http.response.body", "body": data, "more_body": True})
+            del pending[0]
 
     async def release(self, send_end: bool) -> None:
         """Send what ``hold_end`` held back, or (``send_end=False``) drop it for good.
