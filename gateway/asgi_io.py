@@ -69,6 +69,7 @@ client's socket buffer full: use :data:`BODY_CHUNK_EXTENSION` or ``send``, which
 (:meth:`Responder.sink`), so a relayed SSE event wakes no task."""
 
 _OWS = b" \t"
+_DONE = b"[DONE]"
 # The event that ends an OpenAI stream: a ``data`` field line whose value starts with
 # ``[DONE]`` (WHATWG SSE: one optional space after the colon; the OpenAI SDKs stop on
 # ``data.startswith("[DONE]")``). It starts a line (after CR or LF, or at the start of the body,
@@ -227,7 +228,8 @@ class Responder:
         ``[DONE]`` elsewhere (inside an event's JSON: generated content) does not."""
         probe = self._tail + data
         self._tail = probe[-_DONE_TAIL:]
-        return _DONE_LINE.search(probe) is not None
+        # The substring test first: a fifth of the regex's cost on the usual event.
+        return _DONE in probe and _DONE_LINE.search(probe) is not None
 
     async def body(self, data: bytes, more: bool = True) -> None:
         """Send body bytes (``more=False`` ends the response)."""
