@@ -171,7 +171,10 @@ class _StrictConnection(ResponseConnection):
         size = len(buf)
         lines = buf.maybe_extract_lines()
         if lines is None:
-            if buf.is_next_line_obviously_invalid_request_line():
+            # A CR alone may be the start of an empty line (CRLF), which h11 answers with its
+            # own reason once the LF is here: wait for it, so that the answer does not depend
+            # on where the client's bytes were split.
+            if buf.is_next_line_obviously_invalid_request_line() and bytes(buf) != b"\r":
                 raise h11.LocalProtocolError("illegal request line")
             return None
         if size - len(buf) > self._max_incomplete_event_size:

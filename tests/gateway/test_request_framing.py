@@ -274,3 +274,38 @@ def test_a_head_over_the_limit_in_one_read_is_answered_431(gateway: Any) -> None
     assert closed
     status, _, body = split_response(data)
     assert (status, json.loads(body)["error"]["code"]) == (431, "request_header_too_large")
+
+
+def _answer(pieces: list[bytes]) -> Any:
+    """What the server's h11 connection makes of ``pieces`` (each one read): the requests it
+    read, and h11's refusal (reason and status hint) if it refused."""
+    conn = _StrictConnection(h11.SERVER)
+    seen: list[Any] = []
+    for piece in pieces:
+        conn.receive_data(piece)
+        while True:
+            try:
+                event = conn.next_event()
+            except h11.RemoteProtocolError as exc:
+                return seen, (str(exc), exc.error_status_hint)
+            if event in (h11.NEED_DATA, h11.PAUSED):
+                break
+            if isinstance(event, h11.Request):
+                seen.append(event.target)
+            elif isinstance(event, h11.EndOfMessage) and conn.our_state is h11.SEND_RESPONSE:
+                conn.send(h11.Response(status_code=200, headers=[(b"content-length", b"0")]))
+                conn.send(h11.EndOfMessage())
+                conn.start_next_cycle()
+    return seen, None
+
+
+@pytest.mark.parametrize("data", [
+    b"\r\n" + _head(b"/v1/models", b"Content-Length: 0"),
+    _head(b"/v1/models", b"Content-Length: 2") + b"{}\r\n",
+], ids=["empty-line-before", "empty-line-after-body"])
+def test_the_answer_does_not_depend_on_where_the_request_is_split(data: bytes) -> None:
+    """An empty line before a request line is refused with one reason however it arrives (a
+    CR read alone was an 'illegal request line', the CRLF read whole 'no request line')."""
+    whole = _answer([data])
+    for cut in range(1, len(data)):
+        assert _answer([data[:cut], data[cut:]]) == whole, cut
