@@ -301,11 +301,30 @@ def _answer(pieces: list[bytes]) -> Any:
 
 @pytest.mark.parametrize("data", [
     b"\r\n" + _head(b"/v1/models", b"Content-Length: 0"),
+    b"\n\r\n\r\n" + _head(b"/v1/models", b"Content-Length: 0"),
     _head(b"/v1/models", b"Content-Length: 2") + b"{}\r\n",
-], ids=["empty-line-before", "empty-line-after-body"])
-def test_the_answer_does_not_depend_on_where_the_request_is_split(data: bytes) -> None:
-    """An empty line before a request line is refused with one reason however it arrives (a
-    CR read alone was an 'illegal request line', the CRLF read whole 'no request line')."""
-    whole = _answer([data])
-    for cut in range(1, len(data)):
-        assert _answer([data[:cut], data[cut:]]) == whole, cut
+    b"\r\n" * 40_000 + _head(b"/v1/models", b"Content-Length: 0"),
+], ids=["empty-line-before", "empty-lines-before", "empty-line-after-body", "80-kB-of-them"])
+def test_empty_lines_before_a_request_line_are_ignored_however_split(data: bytes) -> None:
+    """RFC 9112 §2.2: a server SHOULD ignore empty lines before a request line (a client may
+    end a body with CRLF). h11 refused them ('no request line received', or 'illegal request
+    line' when the CR was read alone) and the connection was closed."""
+    assert _answer([data]) == ([b"/v1/models"], None)
+    for cut in [*range(1, 12), len(data) // 2, len(data) - 1]:
+        assert _answer([data[:cut], data[cut:]]) == ([b"/v1/models"], None), cut
+
+
+def test_a_body_ended_with_crlf_keeps_the_connection_for_the_next_request(gateway: Any) -> None:
+    """The stray CRLF after a body was answered with a 400 and a close: a client that sent its
+    next request meanwhile read that 400 as its answer."""
+    with connect(gateway.port) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: gw\r\nContent-Length: 2\r\n\r\n{}\r\n")
+        data = b""
+        while data.count(b"HTTP/1.1 ") < 1 or not data.endswith(b"}"):
+            data += sock.recv(65536)
+        sock.sendall(SMUGGLED)
+        while data.count(b"HTTP/1.1 ") < 2 or not data.endswith(b"}"):
+            chunk = sock.recv(65536)
+            assert chunk, f"closed: {data!r}"
+            data += chunk
+    assert data.startswith(b"HTTP/1.1 200 ") and data.count(b"HTTP/1.1 200 ") == 2
