@@ -70,13 +70,17 @@ client's socket buffer full: use :data:`BODY_CHUNK_EXTENSION` or ``send``, which
 
 _OWS = b" \t"
 _DONE = b"[DONE]"
+_EVENT = b"event:"
 # The event that ends an OpenAI stream: a ``data`` field line whose value starts with
 # ``[DONE]`` (WHATWG SSE: one optional space after the colon; the OpenAI SDKs stop on
-# ``data.startswith("[DONE]")``). It starts a line (after CR or LF, or at the start of the body,
-# see ``Responder._tail``): ``[DONE]`` inside a JSON payload (generated text) never does, since
-# JSON escapes its line breaks.
-_DONE_LINE = re.compile(rb"[\r\n]data: ?\[DONE\]")
-_DONE_TAIL = len(b"\ndata: [DONE]") - 1  # bytes kept to find a line split across chunks
+# ``data.startswith("[DONE]")``), or for the Responses API (``/v1/responses``, no ``[DONE]``) the
+# ``event`` line of its last event (``response.completed``, ``.failed`` or ``.incomplete``, with
+# the whole response and its usage). It starts a line (after CR or LF, or at the start of the
+# body, see ``Responder._tail``): the same text inside a JSON payload (generated text) never
+# does, since JSON escapes its line breaks.
+_END_LINE = re.compile(
+    rb"[\r\n](?:data: ?\[DONE\]|event: ?response\.(?:completed|failed|incomplete)[\r\n])")
+_END_TAIL = len(b"\nevent: response.incomplete\n") - 1  # bytes kept: a line split across chunks
 
 
 class Stamped(Protocol):
@@ -86,8 +90,9 @@ class Stamped(Protocol):
 
 
 MAX_HELD_AFTER_END = 64 * 1024
-"""Most body bytes (in bytes) a held SSE stream may bring after the piece holding its
-``data: [DONE]`` line: an end event and a blank line, not a second stream."""
+"""Most body bytes (in bytes) a held SSE stream may bring after the piece holding its end line
+(``data: [DONE]``, see :meth:`Responder.sink`): an end event and a blank line, not a second
+stream."""
 
 
 class ClientGone(Exception):
@@ -95,8 +100,8 @@ class ClientGone(Exception):
 
 
 class HeldEndTooLong(Exception):
-    """A held SSE stream went on past :data:`MAX_HELD_AFTER_END` bytes after its
-    ``data: [DONE]`` line (a broken or hostile replica: held, it would grow without bound)."""
+    """A held SSE stream went on past :data:`MAX_HELD_AFTER_END` bytes after its end line
+    (a broken or hostile replica: held, it would grow without bound)."""
 
 
 def _too_large(limit: int) -> PayloadTooLarge:
@@ -161,11 +166,12 @@ class Responder:
         on_start: Called with the header list just before the status line is sent (observer
             ``on_response_start`` hooks; may append headers).
         hold_end: Hold back the end of the response until :meth:`release`: the last chunk of
-            a sized body, and for an SSE stream the event carrying ``data: [DONE]`` and all
-            that follows (earlier events flow at once; a ``[DONE]`` split across chunks is
-            found too; more than :data:`MAX_HELD_AFTER_END` bytes after it raise
-            :class:`HeldEndTooLong` from :meth:`body` or the sink). Used when an observer must
-            record the request's completion before the client may see it complete.
+            a sized body, and for an SSE stream the event that ends it (``data: [DONE]``, or
+            the Responses API's ``event: response.completed``) and all that follows (earlier
+            events flow at once; an end line split across chunks is found too; more than
+            :data:`MAX_HELD_AFTER_END` bytes after it raise :class:`HeldEndTooLong` from
+            :meth:`body` or the sink). Used when an observer must record the request's
+            completion before the client may see it complete.
         write_chunk: The server's body-chunk writer, if it offers one (the gateway's own
             server: ``gateway.http_guard.BODY_CHUNK_EXTENSION``): body chunks that do not end
             the response go through it instead of an ASGI message.
@@ -175,8 +181,9 @@ class Responder:
     """
 
     __slots__ = (
-        "_after_end", "_held", "_holding", "_on_start", "_pending", "_send", "_sse", "_tail",
-        "_write_chunk", "_write_now", "bytes_out", "request_id", "started", "status", "tap",
+        "_after_end", "_held", "_holding", "_named", "_on_start", "_pending", "_send", "_sse",
+        "_tail", "_write_chunk", "_write_now", "bytes_out", "request_id", "started", "status",
+        "tap",
     )
 
     def __init__(
@@ -203,9 +210,10 @@ class Responder:
         self._holding = False
         self._after_end = 0  # bytes held after the piece that started the hold
         self._sse = False
-        # The last bytes of the SSE body so far (a ``data: [DONE]`` line split across chunks);
+        # The last bytes of the SSE body so far (an end line split across chunks);
         # the body starts at a line start.
         self._tail = b"\n"
+        self._named: bool | None = None  # the stream's events have event lines (first bytes)
         self._pending: list[bytes] = []  # what the sink could not write (see flush)
 
     async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
@@ -223,13 +231,20 @@ class Responder:
         await self._send({"type": "http.response.start", "status": status, "headers": headers})
 
     def _ends_stream(self, data: bytes) -> bool:
-        """Whether ``data``, the next bytes of a held SSE body, completes the line
-        ``data: [DONE]`` that ends the stream (also when it is split across chunks); the text
-        ``[DONE]`` elsewhere (inside an event's JSON: generated content) does not."""
+        """Whether ``data``, the next bytes of a held SSE body, completes the line that ends
+        the stream (``data: [DONE]``, or a Responses API ``event: response.completed``; also
+        when it is split across chunks); the same text elsewhere (inside an event's JSON:
+        generated content) does not."""
         probe = self._tail + data
-        self._tail = probe[-_DONE_TAIL:]
-        # The substring test first: a fifth of the regex's cost on the usual event.
-        return _DONE in probe and _DONE_LINE.search(probe) is not None
+        self._tail = probe[-_END_TAIL:]
+        named = self._named
+        if named is None and len(probe) > len(_EVENT):
+            # A stream of named events (the Responses API) says so from its first event; a
+            # chat stream has no event lines, and its events are not searched for one.
+            named = self._named = _EVENT in probe
+        # The substring tests first: a fifth of the regex's cost on the usual chat event.
+        return ((_DONE in probe or (named is True and _EVENT in probe))
+                and _END_LINE.search(probe) is not None)
 
     async def body(self, data: bytes, more: bool = True) -> None:
         """Send body bytes (``more=False`` ends the response)."""
@@ -325,8 +340,7 @@ class Responder:
         self._after_end += size
         if self._after_end > MAX_HELD_AFTER_END:
             raise HeldEndTooLong(
-                f"more than {MAX_HELD_AFTER_END} bytes after the end of the stream "
-                "(data: [DONE])")
+                f"more than {MAX_HELD_AFTER_END} bytes after the end of the stream")
 
     @property
     def pending(self) -> bool:

@@ -253,3 +253,21 @@ def test_a_replica_that_streams_on_after_its_end_is_cut_and_audited_as_failed(
 
 def event_json(content: str) -> Any:
     return json.loads(event(content)[len(b"data: "):])
+
+
+@pytest.mark.parametrize("path", ["body", "sink"])
+@pytest.mark.parametrize("last", ["response.completed", "response.failed", "response.incomplete"])
+def test_the_last_event_of_a_responses_stream_is_held(path: str, last: str) -> None:
+    """A Responses API stream (``/v1/responses``) ends with its ``response.completed`` event
+    (the whole answer and its usage), without ``[DONE]``: that event is held, however split;
+    the same name in generated text is not."""
+    text = (b"event: response.output_text.delta\n"
+            b'data: {"type":"response.output_text.delta","delta":"event: response.completed"}\n\n')
+    end = (b"event: " + last.encode() + b"\n"
+           b'data: {"type":"' + last.encode() + b'","response":{"usage":{"output_tokens":1}}}\n\n')
+    body = text + end
+    marker_end = len(text) + len(b"event: " + last.encode() + b"\n")
+    for cut in range(1, len(body)):
+        now, later = asyncio.run(_relay([body[:cut], body[cut:]], path))
+        expected = (body[:cut], body[cut:]) if cut < marker_end else (b"", body)
+        assert (now, later) == expected, cut
