@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any, Protocol
 
 from gateway.errors import GatewayError, PayloadTooLarge, RequestTimeout, error_body
+from gateway.sse import MAX_EVENT_BYTES
 
 __all__ = [
     "BODY_CHUNK_EXTENSION",
@@ -89,10 +90,11 @@ class Stamped(Protocol):
     last: float | None
 
 
-MAX_HELD_AFTER_END = 64 * 1024
-"""Most body bytes (in bytes) a held SSE stream may bring after the piece holding its end line
-(``data: [DONE]``, see :meth:`Responder.sink`): an end event and a blank line, not a second
-stream."""
+MAX_HELD_AFTER_END = MAX_EVENT_BYTES + 64 * 1024
+"""Most body bytes (in bytes) a held SSE stream may bring after the piece holding its end line:
+the rest of the end event (a Responses API ``response.completed`` event carries the whole
+answer: up to :data:`gateway.sse.MAX_EVENT_BYTES`, the longest event the relay inspects) and
+64 KiB, not a second stream."""
 
 
 class ClientGone(Exception):

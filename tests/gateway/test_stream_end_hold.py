@@ -178,7 +178,7 @@ def test_what_follows_the_end_is_held_up_to_a_bound(path: str) -> None:
         take = out.sink(lambda piece: piece)
         assert take is not None
         write = take if path == "sink" else out.body
-        filler = event("x" * 1000)
+        filler = event("x" * 64_000)
         for piece in (event("a") + b"data: [DONE]", b"\n\n", event("late")):
             await _call(write, piece)
         sent = 0
@@ -233,7 +233,7 @@ class _Flood:
 def test_a_replica_that_streams_on_after_its_end_is_cut_and_audited_as_failed(
     guarded: Servers,
 ) -> None:
-    replica = _Flood(after=4 << 20)
+    replica = _Flood(after=MAX_HELD_AFTER_END + (2 << 20))
     recorder = _EndGate()
     s = settings([replica.url])
     gw = guarded.start(s, create_app(s, observers=[recorder])).url
@@ -242,7 +242,7 @@ def test_a_replica_that_streams_on_after_its_end_is_cut_and_audited_as_failed(
     finally:
         replica.stop()
     assert r.status_code == 200
-    assert len(r.content) < 2 * MAX_HELD_AFTER_END + 8192  # not the 4 MiB that followed
+    assert len(r.content) < MAX_HELD_AFTER_END + (1 << 20)  # not all that followed
     events = sse_events(r.content)
     assert events[:2] == [event_json("hi"), "[DONE]"]
     assert events[-1]["error"]["code"] == "upstream_error"
@@ -271,3 +271,28 @@ def test_the_last_event_of_a_responses_stream_is_held(path: str, last: str) -> N
         now, later = asyncio.run(_relay([body[:cut], body[cut:]], path))
         expected = (body[:cut], body[cut:]) if cut < marker_end else (b"", body)
         assert (now, later) == expected, cut
+
+
+@pytest.mark.parametrize("path", ["body", "sink"])
+def test_a_large_responses_end_event_is_held_whole(path: str) -> None:
+    """The ``response.completed`` event carries the whole answer (here 1 MiB, arriving in
+    16 KiB pieces after its event line): all of it is held and released, not cut."""
+
+    async def test() -> None:
+        client = _Client()
+        out = Responder(client.send, "r1", hold_end=True, write_now=client.write_now)
+        await out.start(200, list(SSE_HEAD))
+        take = out.sink(lambda piece: piece)
+        assert take is not None
+        write = take if path == "sink" else out.body
+        data = b'data: {"type":"response.completed","response":{"text":"' + b"y" * (1 << 20)
+        body = b"event: response.created\ndata: {}\n\nevent: response.completed\n" + data
+        body += b'"}}\n\n'
+        for i in range(0, len(body), 16384):
+            await _call(write, body[i:i + 16384])
+        await out.body(b"", more=False)
+        await out.release(True)
+        assert b"".join(client.written) + b"".join(
+            m.get("body", b"") for m in client.sent) == body
+
+    asyncio.run(test())
