@@ -10,18 +10,22 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any, Protocol
 
 from gateway.errors import GatewayError, PayloadTooLarge, RequestTimeout, error_body
+from gateway.sse import MAX_EVENT_BYTES
 
 __all__ = [
     "BODY_CHUNK_EXTENSION",
     "DISCONNECT_EXTENSION",
+    "MAX_HELD_AFTER_END",
     "WHOLE_BODY_EXTENSION",
     "WRITE_NOW_EXTENSION",
     "ClientGone",
     "DisconnectWatch",
+    "HeldEndTooLong",
     "Receive",
     "Responder",
     "Scope",
@@ -65,8 +69,19 @@ client's socket buffer full: use :data:`BODY_CHUNK_EXTENSION` or ``send``, which
 ``write_now(b"")`` only asks. The relay calls it from the upstream connection's callback
 (:meth:`Responder.sink`), so a relayed SSE event wakes no task."""
 
-_DONE = b"[DONE]"
 _OWS = b" \t"
+_DONE = b"[DONE]"
+_EVENT = b"event:"
+# The event that ends an OpenAI stream: a ``data`` field line whose value starts with
+# ``[DONE]`` (WHATWG SSE: one optional space after the colon; the OpenAI SDKs stop on
+# ``data.startswith("[DONE]")``), or for the Responses API (``/v1/responses``, no ``[DONE]``) the
+# ``event`` line of its last event (``response.completed``, ``.failed`` or ``.incomplete``, with
+# the whole response and its usage). It starts a line (after CR or LF, or at the start of the
+# body, see ``Responder._tail``): the same text inside a JSON payload (generated text) never
+# does, since JSON escapes its line breaks.
+_END_LINE = re.compile(
+    rb"[\r\n](?:data: ?\[DONE\]|event: ?response\.(?:completed|failed|incomplete)[\r\n])")
+_END_TAIL = len(b"\nevent: response.incomplete\n") - 1  # bytes kept: a line split across chunks
 
 
 class Stamped(Protocol):
@@ -75,8 +90,20 @@ class Stamped(Protocol):
     last: float | None
 
 
+MAX_HELD_AFTER_END = MAX_EVENT_BYTES + 64 * 1024
+"""Most body bytes (in bytes) a held SSE stream may bring after the piece holding its end line:
+the rest of the end event (a Responses API ``response.completed`` event carries the whole
+answer: up to :data:`gateway.sse.MAX_EVENT_BYTES`, the longest event the relay inspects) and
+64 KiB, not a second stream."""
+
+
 class ClientGone(Exception):
     """The client disconnected before the request was complete."""
+
+
+class HeldEndTooLong(Exception):
+    """A held SSE stream went on past :data:`MAX_HELD_AFTER_END` bytes after its end line
+    (a broken or hostile replica: held, it would grow without bound)."""
 
 
 def _too_large(limit: int) -> PayloadTooLarge:
@@ -141,10 +168,12 @@ class Responder:
         on_start: Called with the header list just before the status line is sent (observer
             ``on_response_start`` hooks; may append headers).
         hold_end: Hold back the end of the response until :meth:`release`: the last chunk of
-            a sized body, and for an SSE stream the event carrying ``data: [DONE]`` and all
-            that follows (earlier events flow at once; a ``[DONE]`` split across chunks is
-            found too). Used when an observer must record the request's completion before the
-            client may see it complete.
+            a sized body, and for an SSE stream the event that ends it (``data: [DONE]``, or
+            the Responses API's ``event: response.completed``) and all that follows (earlier
+            events flow at once; an end line split across chunks is found too; more than
+            :data:`MAX_HELD_AFTER_END` bytes after it raise :class:`HeldEndTooLong` from
+            :meth:`body` or the sink). Used when an observer must record the request's
+            completion before the client may see it complete.
         write_chunk: The server's body-chunk writer, if it offers one (the gateway's own
             server: ``gateway.http_guard.BODY_CHUNK_EXTENSION``): body chunks that do not end
             the response go through it instead of an ASGI message.
@@ -154,8 +183,9 @@ class Responder:
     """
 
     __slots__ = (
-        "_held", "_holding", "_on_start", "_pending", "_send", "_sse", "_tail", "_write_chunk",
-        "_write_now", "bytes_out", "request_id", "started", "status", "tap",
+        "_after_end", "_held", "_holding", "_named", "_on_start", "_pending", "_send", "_sse",
+        "_tail", "_write_chunk", "_write_now", "bytes_out", "request_id", "started", "status",
+        "tap",
     )
 
     def __init__(
@@ -180,8 +210,12 @@ class Responder:
         self._on_start = on_start
         self._held: list[Message] | None = [] if hold_end else None
         self._holding = False
+        self._after_end = 0  # bytes held after the piece that started the hold
         self._sse = False
-        self._tail = b""  # the last bytes of the SSE body so far (a split ``[DONE]``)
+        # The last bytes of the SSE body so far (an end line split across chunks);
+        # the body starts at a line start.
+        self._tail = b"\n"
+        self._named: bool | None = None  # the stream's events have event lines (first bytes)
         self._pending: list[bytes] = []  # what the sink could not write (see flush)
 
     async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
@@ -199,16 +233,27 @@ class Responder:
         await self._send({"type": "http.response.start", "status": status, "headers": headers})
 
     def _ends_stream(self, data: bytes) -> bool:
-        """Whether ``data``, the next bytes of a held SSE body, completes ``[DONE]`` (also
-        when the marker is split across chunks)."""
+        """Whether ``data``, the next bytes of a held SSE body, completes the line that ends
+        the stream (``data: [DONE]``, or a Responses API ``event: response.completed``; also
+        when it is split across chunks); the same text elsewhere (inside an event's JSON:
+        generated content) does not."""
         probe = self._tail + data
-        self._tail = probe[-(len(_DONE) - 1):]
-        return _DONE in probe
+        self._tail = probe[-_END_TAIL:]
+        named = self._named
+        if named is None and len(probe) > len(_EVENT):
+            # A stream of named events (the Responses API) says so from its first event; a
+            # chat stream has no event lines, and its events are not searched for one.
+            named = self._named = _EVENT in probe
+        # The substring tests first: a fifth of the regex's cost on the usual chat event.
+        return ((_DONE in probe or (named is True and _EVENT in probe))
+                and _END_LINE.search(probe) is not None)
 
     async def body(self, data: bytes, more: bool = True) -> None:
         """Send body bytes (``more=False`` ends the response)."""
         if self._pending:
             await self.flush()
+        if self._holding and more:
+            self._hold_more(len(data))
         self.bytes_out += len(data)
         if self.tap is not None and data:
             self.tap(data)
@@ -268,6 +313,8 @@ class Responder:
                 stamp.last = clock()
             if not data:
                 return True
+            if self._holding:
+                self._hold_more(len(data))
             self.bytes_out += len(data)
             if self.tap is not None:
                 self.tap(data)
@@ -283,6 +330,20 @@ class Responder:
 
         return take
 
+    def _hold_more(self, size: int) -> None:
+        """Count ``size`` more body bytes to hold for :meth:`release`, before they are counted
+        as sent (the piece that started the hold is not counted: the reader bounds it, and it
+        carries the events before the end).
+
+        Raises:
+            HeldEndTooLong: More than :data:`MAX_HELD_AFTER_END` bytes after that piece (the
+                bytes are not held; the caller ends the response).
+        """
+        self._after_end += size
+        if self._after_end > MAX_HELD_AFTER_END:
+            raise HeldEndTooLong(
+                f"more than {MAX_HELD_AFTER_END} bytes after the end of the stream")
+
     @property
     def pending(self) -> bool:
         """Whether the sink kept bytes that :meth:`flush` must send."""
@@ -290,12 +351,18 @@ class Responder:
 
     async def flush(self) -> None:
         """Send the bytes the sink could not write (waiting for room in the client's socket),
-        in order, before anything else is sent."""
+        in order, before anything else is sent.
+
+        Bytes are dropped from the pending list only once written: a flush cancelled while it
+        waits for room (the drain deadline) leaves them for the next send, in front of the
+        final event (both writers wait before they write, never after).
+        """
         pending = self._pending
         while pending:
-            data = pending.pop(0)
+            data = pending[0]
             if self._write_chunk is None or not await self._write_chunk(data):
                 await self._send({"type": "http.response.body", "body": data, "more_body": True})
+            del pending[0]
 
     async def release(self, send_end: bool) -> None:
         """Send what ``hold_end`` held back, or (``send_end=False``) drop it for good.

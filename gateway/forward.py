@@ -22,7 +22,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from gateway.asgi_io import DisconnectWatch, Responder
+from gateway.asgi_io import DisconnectWatch, HeldEndTooLong, Responder
 from gateway.errors import (
     GatewayError,
     NoHealthyReplica,
@@ -62,7 +62,7 @@ _MAX_USAGE_BODY = 1 << 20  # a JSON body kept whole for its usage up to this man
 _USAGE_TAIL = 64 * 1024  # of a longer one, the end (usage follows the choices)
 _SSE = b"text/event-stream"
 _UPSTREAM_ERRORS = (ConnectFailed, ConnectTimedOut, ConnectionClosed, IncompleteBody,
-                    ProtocolError, OSError, ValueError, EgressDenied)
+                    ProtocolError, OSError, ValueError, EgressDenied, HeldEndTooLong)
 
 
 @dataclass(slots=True)

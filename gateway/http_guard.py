@@ -16,11 +16,14 @@ shape (``code: invalid_framing``) and the connection closed when:
   not 1-18 decimal digits;
 * any header line uses obsolete line folding (a line starting with SP or HTAB).
 
+Empty lines before a request line are ignored (RFC 9112 §2.2), however they are split.
+
 h11 alone serves both requests of a ``Content-Length`` + ``Transfer-Encoding: chunked``
 smuggle, merges repeated equal lengths and unfolds obs-fold (see docs/gateway.md for the
 side-by-side with httptools). Other malformed requests that h11 refuses get the same JSON shape
 instead of uvicorn's plain text, naming h11's reason: 400 ``invalid_http_request``, or 431
-``request_header_too_large`` for a request head over h11's size limit.
+``request_header_too_large`` for a request head over h11's size limit (16 KiB, however the head
+is split across reads: h11 alone checks it only while the head is incomplete).
 
 Slow and idle clients:
 
@@ -51,6 +54,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -95,6 +99,8 @@ __all__ = [
     "guarded_protocol",
     "server_options",
 ]
+
+_EMPTY_LINES = re.compile(rb"(?:\r?\n)+")
 
 # Client states whose h11 reader, given no byte, needs data (a new request head, or nothing
 # after a request's end); the others (a body, a protocol switch, an error) go through h11.
@@ -167,11 +173,24 @@ class _StrictConnection(ResponseConnection):
     def _read_request_head(self, buf: ReceiveBuffer) -> h11.Request | None:
         # h11's maybe_read_from_IDLE_client, with the framing check on the very lines h11
         # parses (before unfolding and before repeated Content-Length values are merged).
+        # RFC 9112 §2.2: empty lines before a request line are ignored (a client may end a
+        # body with CRLF; h11 refused the next "request" and closed, and a client that sent
+        # its next request meanwhile read that refusal as its answer). One extraction however
+        # many there are; a CR alone waits for its LF.
+        empty = _EMPTY_LINES.match(buf._data)
+        if empty is not None:
+            buf._extract(empty.end())
+        size = len(buf)
         lines = buf.maybe_extract_lines()
         if lines is None:
-            if buf.is_next_line_obviously_invalid_request_line():
+            if buf.is_next_line_obviously_invalid_request_line() and bytes(buf) != b"\r":
                 raise h11.LocalProtocolError("illegal request line")
             return None
+        if size - len(buf) > self._max_incomplete_event_size:
+            # h11 limits a head only while it is incomplete: one that arrived in a single read
+            # was taken whatever its size, the same head in two reads refused. The limit is on
+            # the head, however it arrives (the short path leaves such a head to this reader).
+            raise h11.LocalProtocolError("request head too large", error_status_hint=431)
         if not lines:
             raise h11.LocalProtocolError("no request line received")
         problem = framing_problem(bytes(lines[0]), lines[1:])
@@ -334,7 +353,7 @@ class GuardedH11Protocol(ResponseWritingProtocol):
             return
         if self.cycle is not None and not self.cycle.response_complete:
             return  # a response is still being written (pipelined head waits on purpose)
-        if self._head_bytes:
+        if self.conn._receive_buffer:  # part of a head (empty lines before one were dropped)
             self._refuse(header_timeout_refusal(self.header_timeout_s))
         else:
             self.transport.close()

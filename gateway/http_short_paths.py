@@ -21,11 +21,11 @@ leaves every other case to h11 unchanged:
 
 Each returns ``None`` whenever the case is not the common one (HTTP/1.0, ``Expect``,
 ``Upgrade``, ``CONNECT``, ``HEAD``, ``Transfer-Encoding`` on a request, pipelined bytes, a
-``Host`` response header, a ``Connection`` response header other than the ``close`` of a
-closing exchange, trailers, anything h11 would refuse): the caller then hands the event or
-the bytes to h11. The functions read and set h11's private connection state; h11 is pinned
-to 0.16.x in pyproject.toml, and tests/gateway/test_http_short_paths.py compares every short
-path with h11's own result.
+request head over h11's size limit, a ``Host`` response header, a ``Connection`` response
+header other than the ``close`` of a closing exchange, trailers, anything h11 would refuse):
+the caller then hands the event or the bytes to h11. The functions read and set h11's private
+connection state; h11 is pinned to 0.16.x in pyproject.toml, and
+tests/gateway/test_http_short_paths.py compares every short path with h11's own result.
 """
 
 from __future__ import annotations
@@ -88,8 +88,8 @@ def read_whole_request(conn: Any, data: bytes) -> list[Any] | None:
     ):
         return None
     end = data.find(b"\r\n\r\n")
-    if end <= 0:
-        return None
+    if end <= 0 or end + 4 > conn._max_incomplete_event_size:
+        return None  # no head, or one over the limit (the strict reader refuses it)
     head = data[:end]
     # h11 splits lines on LF and drops one CR before it: with every LF preceded by CR (and
     # the first blank line at ``end``, found above), splitting on CRLF gives the same lines.

@@ -24,7 +24,8 @@ Life cycle of one relayed request (``POST /v1/...``), in the order the relay cal
    are logged, never sent to the client.
 8. ``end_recorded(record) -> bool`` (optional hook): when any observer has it, the responder
    holds back the end of the response (the last chunk of a sized body, the ``data: [DONE]``
-   event and what follows of a stream) until step 7 is over, and sends it only if every such
+   event, or a Responses API stream's ``response.completed`` event, and what follows of a
+   stream) until step 7 is over, and sends it only if every such
    hook answers ``True`` (the audit log: the completion record is durable). Otherwise the
    connection is closed without the end, so a client never fully receives a response whose
    completion is not recorded.

@@ -39,6 +39,10 @@ _BLANK_LINE = re.compile(rb"(?>\r\n|\n|\r)(?>\r\n|\n|\r)")
 _BOUNDARIES = (b"\r\n\r\n", b"\n\n", b"\n\r\n", b"\r\r")
 _USAGE = b'"usage"'
 _DONE = b"[DONE]"
+# The event that ends a stream: a ``data`` line whose value starts with ``[DONE]``, at the start
+# of a line (a region scanned here starts at an event start). ``[DONE]`` inside an event's JSON
+# (generated text) is no end: JSON escapes its line breaks.
+_DONE_LINE = re.compile(rb"(?:^|[\r\n])data: ?\[DONE\]")
 _DATA = b"data:"
 _LF_DATA = b"\ndata:"
 #: Bytes of complete events whose data lines are counted exactly (about 400 vLLM chat events);
@@ -108,6 +112,11 @@ def usage_from_body_end(tail: bytes) -> Usage | None:
     except ValueError:
         return None
     return usage_from_mapping({"usage": obj})
+
+
+def _ends(region: bytes, end: int) -> bool:
+    """Whether ``region[:end]`` (starting at an event start) holds the ``data: [DONE]`` line."""
+    return region.find(_DONE, 0, end) >= 0 and _DONE_LINE.search(region, 0, end) is not None
 
 
 def _event_data(event: bytes) -> bytes | None:
@@ -265,7 +274,7 @@ class SSEUsageScanner:
             # find() with bounds: no copy of the chunk on the common path.
             if buf.find(_USAGE, 0, end) >= 0:
                 self._scan(buf[:end])
-            elif buf.find(_DONE, 0, end) >= 0:
+            elif _ends(buf, end):
                 self.done = True
         self.at_boundary = not self._held  # (-1: inside a long event, not at a boundary)
         return chunk
@@ -337,7 +346,7 @@ class SSEUsageScanner:
         """Inspect only the events that mention usage (or end the stream)."""
         for start, end in _events_with(region, _USAGE):
             self._inspect(region[start:end])
-        if _DONE in region:
+        if _ends(region, len(region)):
             self.done = True
 
     def _inspect(self, event: bytes) -> bool:
@@ -362,7 +371,7 @@ class SSEUsageScanner:
 
     def _filter(self, region: bytes) -> bytes:
         """``region`` without its usage-only events (complete events, or the final tail)."""
-        if _DONE in region:
+        if _ends(region, len(region)):
             self.done = True
         if _USAGE not in region:
             return region

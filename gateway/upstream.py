@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 import aiohttp
 from aiohttp.client_middlewares import ClientMiddlewareType
 
+from gateway.asgi_io import HeldEndTooLong
 from gateway.errors import (
     ConfigError,
     GatewayError,
@@ -160,6 +161,8 @@ def map_exception(exc: BaseException, replica_label: str) -> GatewayError:
         return UpstreamError(
             f"The model backend ({replica_label}) sent a malformed HTTP response: {exc}"
         )
+    if isinstance(exc, HeldEndTooLong):
+        return UpstreamError(f"The model backend ({replica_label}) sent {exc}.")
     if isinstance(exc, aiohttp.ClientConnectorCertificateError):
         return UpstreamConnectError(
             f"The TLS certificate of the model backend ({replica_label}) could not be verified "

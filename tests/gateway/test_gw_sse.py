@@ -102,3 +102,17 @@ def test_usage_from_body_variants() -> None:
     assert usage_from_body(b'{"usage": {"input_tokens": 2, "output_tokens": 9}}') == Usage(2, 9)
     assert usage_from_body(b'{"choices": []}') is None
     assert usage_from_body(b'{"usage": ') is None
+
+
+@pytest.mark.parametrize("drop", [False, True])
+def test_done_in_generated_text_is_no_end_of_stream(drop: bool) -> None:
+    """Only the ``data: [DONE]`` line ends a stream: an event whose text says ``[DONE]`` (a
+    client disconnect after it) is counted as a token, not taken for the end."""
+    events = [b'data: {"choices":[{"index":0,"delta":{"content":"say [DONE]"}}]}\n\n',
+              b'data: {"choices":[{"index":0,"delta":{"content":"data: [DONE]"}}]}\n\n']
+    scanner = SSEUsageScanner(drop_usage_only=drop)
+    for event in events:
+        scanner.feed(event)
+    assert not scanner.done and scanner.estimated_output_tokens == 2
+    scanner.feed(b"data: [DONE]\n\n")
+    assert scanner.done and scanner.estimated_output_tokens == 2

@@ -352,3 +352,46 @@ def _dechunked(body: bytes) -> bytes:
             return out
         out += body[eol + 2:eol + 2 + size]
         pos = eol + 2 + size + 2
+
+
+def test_bytes_kept_for_flush_survive_a_cancelled_flush() -> None:
+    """The sink kept bytes for a full client socket; the flush waiting for room is cancelled
+    (the drain deadline cuts the request): the kept bytes still go out, in order, before the
+    final event (they were dropped before they were written)."""
+
+    async def test() -> None:
+        room = asyncio.Event()
+        order: list[bytes] = []
+
+        async def send(message: Message) -> None:
+            await room.wait()  # uvicorn's send waits for room before it writes
+            if message.get("body"):
+                order.append(message["body"])
+
+        writable = [True]
+
+        def write_now(data: bytes) -> bool:
+            if not writable[0]:
+                return False
+            order.append(data)
+            return True
+
+        out = Responder(send, "r1", write_now=write_now)
+        room.set()
+        await out.start(200, list(SSE_HEAD))
+        room.clear()
+        take = out.sink(lambda piece: piece)
+        assert take is not None
+        assert take(b"data: 1\n\n")
+        writable[0] = False
+        assert not take(b"data: 2\n\n")
+        flushing = asyncio.create_task(out.flush())
+        await asyncio.sleep(0)
+        flushing.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await flushing
+        room.set()
+        await out.body(b"data: end\n\n", more=False)
+        assert order == [b"data: 1\n\n", b"data: 2\n\n", b"data: end\n\n"]
+
+    asyncio.run(test())

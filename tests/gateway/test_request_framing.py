@@ -16,16 +16,19 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import h11
 import httpx
 import pytest
 import yaml
 
 from gateway.app import create_app
+from gateway.http_guard import _StrictConnection
 from tests.conftest import free_port
 from tests.gateway.gateway_server import Servers, connect, read_until_closed, split_response
 from tests.gateway.helpers import KEY_A, Sim, config, settings
 
 BODY = b'{"model":"llama-3.1-8b","messages":[{"role":"user","content":"hi"}],"max_tokens":2}'
+LIMIT = 16 * 1024  # uvicorn's h11_max_incomplete_event_size: the request head limit, bytes
 SMUGGLED = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
 CHUNKED = b"%x\r\n%s\r\n0\r\n\r\n" % (len(BODY), BODY)
 
@@ -146,8 +149,8 @@ def test_malformed_requests_are_answered_with_what_was_wrong(
 ) -> None:
     # uvicorn answers every h11 refusal with "Invalid HTTP request received." (400), dropping
     # h11's reason and its 431 hint; the client and the operator reading the answer need both.
-    # The offending bytes are never echoed back. (h11 limits a head only while it is
-    # incomplete: 1 MB arrives in several reads of at most 256 KiB, so the limit always fires.)
+    # The offending bytes are never echoed back. (A head in one read: see
+    # test_the_head_limit_holds_however_the_head_is_split.)
     with connect(gateway.port) as sock:
         sock.sendall(head)
         data, closed = read_until_closed(sock)
@@ -232,3 +235,96 @@ def test_gateway_serve_runs_the_guarded_server(tmp_path: Path, sim: Sim) -> None
     finally:
         proc.terminate()
         proc.communicate(timeout=30)
+
+
+def _head_of(size: int) -> bytes:
+    """A request head of exactly ``size`` bytes (its blank line included)."""
+    start, end = b"GET /healthz HTTP/1.1\r\nHost: gw\r\nX-Pad: ", b"\r\n\r\n"
+    return start + b"a" * (size - len(start) - len(end)) + end
+
+
+@pytest.mark.parametrize("size", [LIMIT - 1, LIMIT, LIMIT + 1, 20_000])
+def test_the_head_limit_holds_however_the_head_is_split(size: int) -> None:
+    """A head over the 16 KiB limit is refused (431) whether it arrives in one read or in
+    several; h11 alone checks only an incomplete head, so one read took any size."""
+    head = _head_of(size)
+    answers = set()
+    for cuts in [(), (1,), (LIMIT // 2,), (LIMIT - 1,), (LIMIT,), (size - 1,), (100, LIMIT)]:
+        conn = _StrictConnection(h11.SERVER)
+        pieces = [head[a:b] for a, b in zip((0, *cuts), (*cuts, len(head)), strict=True)]
+        answer: Any = None
+        for piece in pieces:
+            conn.receive_data(piece)
+            try:
+                event = conn.next_event()
+            except h11.RemoteProtocolError as exc:
+                answer = exc.error_status_hint
+                break
+            if isinstance(event, h11.Request):
+                answer = "request"
+                break
+        answers.add(answer)
+    assert answers == {"request" if size <= LIMIT else 431}
+
+
+def test_a_head_over_the_limit_in_one_read_is_answered_431(gateway: Any) -> None:
+    with connect(gateway.port) as sock:
+        sock.sendall(_head_of(20_000))
+        data, closed = read_until_closed(sock)
+    assert closed
+    status, _, body = split_response(data)
+    assert (status, json.loads(body)["error"]["code"]) == (431, "request_header_too_large")
+
+
+def _answer(pieces: list[bytes]) -> Any:
+    """What the server's h11 connection makes of ``pieces`` (each one read): the requests it
+    read, and h11's refusal (reason and status hint) if it refused."""
+    conn = _StrictConnection(h11.SERVER)
+    seen: list[Any] = []
+    for piece in pieces:
+        conn.receive_data(piece)
+        while True:
+            try:
+                event = conn.next_event()
+            except h11.RemoteProtocolError as exc:
+                return seen, (str(exc), exc.error_status_hint)
+            if event in (h11.NEED_DATA, h11.PAUSED):
+                break
+            if isinstance(event, h11.Request):
+                seen.append(event.target)
+            elif isinstance(event, h11.EndOfMessage) and conn.our_state is h11.SEND_RESPONSE:
+                conn.send(h11.Response(status_code=200, headers=[(b"content-length", b"0")]))
+                conn.send(h11.EndOfMessage())
+                conn.start_next_cycle()
+    return seen, None
+
+
+@pytest.mark.parametrize("data", [
+    b"\r\n" + _head(b"/v1/models", b"Content-Length: 0"),
+    b"\n\r\n\r\n" + _head(b"/v1/models", b"Content-Length: 0"),
+    _head(b"/v1/models", b"Content-Length: 2") + b"{}\r\n",
+    b"\r\n" * 40_000 + _head(b"/v1/models", b"Content-Length: 0"),
+], ids=["empty-line-before", "empty-lines-before", "empty-line-after-body", "80-kB-of-them"])
+def test_empty_lines_before_a_request_line_are_ignored_however_split(data: bytes) -> None:
+    """RFC 9112 §2.2: a server SHOULD ignore empty lines before a request line (a client may
+    end a body with CRLF). h11 refused them ('no request line received', or 'illegal request
+    line' when the CR was read alone) and the connection was closed."""
+    assert _answer([data]) == ([b"/v1/models"], None)
+    for cut in [*range(1, 12), len(data) // 2, len(data) - 1]:
+        assert _answer([data[:cut], data[cut:]]) == ([b"/v1/models"], None), cut
+
+
+def test_a_body_ended_with_crlf_keeps_the_connection_for_the_next_request(gateway: Any) -> None:
+    """The stray CRLF after a body was answered with a 400 and a close: a client that sent its
+    next request meanwhile read that 400 as its answer."""
+    with connect(gateway.port) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: gw\r\nContent-Length: 2\r\n\r\n{}\r\n")
+        data = b""
+        while data.count(b"HTTP/1.1 ") < 1 or not data.endswith(b"}"):
+            data += sock.recv(65536)
+        sock.sendall(SMUGGLED)
+        while data.count(b"HTTP/1.1 ") < 2 or not data.endswith(b"}"):
+            chunk = sock.recv(65536)
+            assert chunk, f"closed: {data!r}"
+            data += chunk
+    assert data.startswith(b"HTTP/1.1 200 ") and data.count(b"HTTP/1.1 200 ") == 2
