@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any, Protocol
 
@@ -17,6 +18,7 @@ from gateway.errors import GatewayError, PayloadTooLarge, RequestTimeout, error_
 
 __all__ = [
     "BODY_CHUNK_EXTENSION",
+    "CHUNK_WRITER_EXTENSION",
     "DISCONNECT_EXTENSION",
     "WHOLE_BODY_EXTENSION",
     "WRITE_NOW_EXTENSION",
@@ -65,6 +67,14 @@ client's socket buffer full: use :data:`BODY_CHUNK_EXTENSION` or ``send``, which
 ``write_now(b"")`` only asks. The relay calls it from the upstream connection's callback
 (:meth:`Responder.sink`), so a relayed SSE event wakes no task."""
 
+CHUNK_WRITER_EXTENSION = "sovereign_gateway.chunk_writer"
+"""ASGI scope extension set by the gateway's own server (``gateway.http_guard``):
+``open() -> write | None`` returns a writer bound to the response body being sent, whose
+``write(data) -> bool`` does what the :data:`WRITE_NOW_EXTENSION` writer does (same arguments,
+same result) with the checks that hold for the whole response (a body in progress, not
+``HEAD``, chunked) done once by ``open`` rather than per call; ``None``: no such body now (use
+the :data:`WRITE_NOW_EXTENSION` writer). :meth:`Responder.sink` writes with it."""
+
 _DONE = b"[DONE]"
 _OWS = b" \t"
 
@@ -73,6 +83,14 @@ class Stamped(Protocol):
     """Anything with a settable ``last`` time (seconds on the event loop's clock, or None)."""
 
     last: float | None
+
+
+def _loop_clock(loop: asyncio.AbstractEventLoop) -> Callable[[], float]:
+    """``loop.time`` as the cheapest callable: :func:`time.monotonic` itself when the loop's
+    ``time`` is asyncio's own (which returns it), saving a Python call per use."""
+    if type(loop).time is asyncio.BaseEventLoop.time:
+        return time.monotonic
+    return loop.time
 
 
 class ClientGone(Exception):
@@ -150,12 +168,14 @@ class Responder:
             the response go through it instead of an ASGI message.
         write_now: The server's synchronous body-chunk writer, if it offers one
             (:data:`WRITE_NOW_EXTENSION`): tried first for such chunks, and what
-            :meth:`sink` writes with.
+            :meth:`sink` writes with unless ``open_writer`` gives it a writer.
+        open_writer: The server's :data:`CHUNK_WRITER_EXTENSION`, if it offers one: what
+            :meth:`sink` writes with when it opens a writer (with ``write_now`` only).
     """
 
     __slots__ = (
-        "_held", "_holding", "_on_start", "_pending", "_send", "_sse", "_tail", "_write_chunk",
-        "_write_now", "bytes_out", "request_id", "started", "status", "tap",
+        "_held", "_holding", "_on_start", "_open_writer", "_pending", "_send", "_sse", "_tail",
+        "_write_chunk", "_write_now", "bytes_out", "request_id", "started", "status", "tap",
     )
 
     def __init__(
@@ -167,10 +187,12 @@ class Responder:
         hold_end: bool = False,
         write_chunk: Callable[[bytes], Awaitable[bool]] | None = None,
         write_now: Callable[[bytes], bool] | None = None,
+        open_writer: Callable[[], Callable[[bytes], bool] | None] | None = None,
     ) -> None:
         self._send = send
         self._write_chunk = write_chunk
         self._write_now = write_now
+        self._open_writer = open_writer
         self.request_id = request_id.encode()
         self.started = False
         self.status = 0
@@ -259,7 +281,9 @@ class Responder:
         write_now = self._write_now
         if write_now is None or not self.started or (self._held is not None and not self._sse):
             return None
-        clock = asyncio.get_running_loop().time
+        if self._open_writer is not None:
+            write_now = self._open_writer() or write_now
+        clock = _loop_clock(asyncio.get_running_loop())
         pending = self._pending
 
         def take(piece: bytes) -> bool:

@@ -233,6 +233,16 @@ class SSEUsageScanner:
     def feed(self, chunk: bytes) -> bytes:
         """Take the next network chunk; return the bytes to send to the client now."""
         held = self._held
+        if not held and chunk.endswith(b"\n\n") and _USAGE not in chunk and _DONE not in chunk:
+            # The common chunk, whole LF events with neither marker, after a boundary: what
+            # the general path below does for it, without its calls (one per relayed event).
+            if self._sampled < SAMPLE_BYTES:
+                self.data_events += chunk.count(_LF_DATA) + chunk.startswith(_DATA)
+                self._sampled += len(chunk)
+            else:
+                self._unsampled += len(chunk)
+            self.at_boundary = True
+            return chunk
         if not held:
             buf = chunk
             end = _last_boundary_end(buf)
