@@ -225,7 +225,7 @@ class Responder:
         when the marker is split across chunks)."""
         probe = self._tail + data
         self._tail = probe[-(len(_DONE) - 1):]
-        return _DONE in probe
+        return probe.find(_DONE) >= 0  # (not ``in``: see gateway.sse's feed)
 
     async def body(self, data: bytes, more: bool = True) -> None:
         """Send body bytes (``more=False`` ends the response)."""

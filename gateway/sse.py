@@ -233,9 +233,12 @@ class SSEUsageScanner:
     def feed(self, chunk: bytes) -> bytes:
         """Take the next network chunk; return the bytes to send to the client now."""
         held = self._held
-        if not held and chunk.endswith(b"\n\n") and _USAGE not in chunk and _DONE not in chunk:
+        if (not held and chunk.endswith(b"\n\n") and chunk.find(_USAGE) < 0
+                and chunk.find(_DONE) < 0):
             # The common chunk, whole LF events with neither marker, after a boundary: what
             # the general path below does for it, without its calls (one per relayed event).
+            # (find, not ``in``: ``bytes in bytes`` first tries the needle as an integer and
+            # formats and clears a TypeError each time, a tenth of a relayed event's work.)
             if self._sampled < SAMPLE_BYTES:
                 self.data_events += chunk.count(_LF_DATA) + chunk.startswith(_DATA)
                 self._sampled += len(chunk)
@@ -372,9 +375,9 @@ class SSEUsageScanner:
 
     def _filter(self, region: bytes) -> bytes:
         """``region`` without its usage-only events (complete events, or the final tail)."""
-        if _DONE in region:
+        if region.find(_DONE) >= 0:
             self.done = True
-        if _USAGE not in region:
+        if region.find(_USAGE) < 0:
             return region
         out = bytearray()
         kept = 0
