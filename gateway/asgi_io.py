@@ -265,7 +265,9 @@ class Responder:
         The returned ``take(piece) -> more`` runs ``feed(piece)`` (the relay's SSE scanner:
         upstream bytes in, client bytes out), sets ``stamp.last`` to the event loop's clock,
         and writes the result with the server's :data:`WRITE_NOW_EXTENSION` writer as
-        :meth:`body` would, held end included (a held ``[DONE]`` is kept for :meth:`release`).
+        :meth:`body` would, held end included (a held ``[DONE]`` is kept for :meth:`release`);
+        with the writer :data:`CHUNK_WRITER_EXTENSION` opens for this response when it offers
+        one (the same result, the per-response checks done once, here).
         When the server cannot take the write now (the client's socket buffer is full), the
         bytes are kept for :meth:`flush` and ``take`` returns ``False``: the caller stops
         calling it and awaits :meth:`flush`, which waits for room.
