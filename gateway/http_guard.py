@@ -70,6 +70,7 @@ from h11._util import validate
 
 from gateway.asgi_io import (
     BODY_CHUNK_EXTENSION,
+    CHUNK_WRITER_EXTENSION,
     DISCONNECT_EXTENSION,
     WHOLE_BODY_EXTENSION,
     WRITE_NOW_EXTENSION,
@@ -287,8 +288,8 @@ class GuardedH11Protocol(ResponseWritingProtocol):
 
     def handle_events(self) -> None:
         """uvicorn's, plus the :data:`BODY_CHUNK_EXTENSION`, :data:`WRITE_NOW_EXTENSION`,
-        :data:`DISCONNECT_EXTENSION` and :data:`WHOLE_BODY_EXTENSION` in the scope of a new
-        request."""
+        :data:`CHUNK_WRITER_EXTENSION`, :data:`DISCONNECT_EXTENSION` and
+        :data:`WHOLE_BODY_EXTENSION` in the scope of a new request."""
         cycle = self.cycle
         super().handle_events()
         if self.cycle is not None and self.cycle is not cycle:
@@ -297,6 +298,7 @@ class GuardedH11Protocol(ResponseWritingProtocol):
             extensions = scope.setdefault("extensions", {})
             extensions[BODY_CHUNK_EXTENSION] = self._write_body_chunk
             extensions[WRITE_NOW_EXTENSION] = self._write_body_chunk_now
+            extensions[CHUNK_WRITER_EXTENSION] = self._open_chunk_writer
             extensions[DISCONNECT_EXTENSION] = self._watch_disconnect
             extensions[WHOLE_BODY_EXTENSION] = self._take_whole_body
 

@@ -205,6 +205,39 @@ class ResponseWritingProtocol(H11Protocol):
         self.transport.write(out)
         return True
 
+    def _open_chunk_writer(self) -> Callable[[bytes], bool] | None:
+        """A writer of the chunked response body being sent, bound to it (the
+        :data:`gateway.asgi_io.CHUNK_WRITER_EXTENSION` callable).
+
+        The returned ``write(data) -> bool`` is :meth:`_write_body_chunk_now` for this
+        response, with what holds for the whole response (a body in progress, not ``HEAD``,
+        the chunked transfer coding) checked here once; per call it reads the three states
+        that change while a response is sent (the client gone or its socket over the
+        high-water mark, the head still held) and the end of the response, and hands any of
+        these cases and ``b""`` to :meth:`_write_body_chunk_now`. Otherwise it frames the
+        chunk as :meth:`ResponseConnection.chunk` does (RFC 9112 §7.1) and writes it to the
+        transport: a relayed SSE event costs one call here instead of four.
+
+        Returns:
+            ``write``, or ``None`` when no chunked body is being sent now (no response body in
+            progress, a ``HEAD`` request, a ``Content-Length`` or HTTP/1.0 response).
+        """
+        cycle = self._sending_body()
+        if cycle is None or type(self.conn._writer) is not ChunkedWriter:
+            return None
+        conn, flow = self.conn, self.flow
+        transport_write = self.transport.write
+        general = self._write_body_chunk_now
+
+        def write(data: bytes) -> bool:
+            if (cycle.disconnected or flow.write_paused or conn.held_head or not data
+                    or cycle.response_complete):
+                return general(data)
+            transport_write(b"%x\r\n%b\r\n" % (len(data), data))
+            return True
+
+        return write
+
     def _schedule_head_write(self) -> None:
         # A response head waits for the body bytes sent in the same loop iteration (the relay
         # sends both in one step); should none come, it is written on the next iteration.

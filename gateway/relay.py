@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from gateway.access import log_record
 from gateway.asgi_io import (
     BODY_CHUNK_EXTENSION,
+    CHUNK_WRITER_EXTENSION,
     DISCONNECT_EXTENSION,
     WHOLE_BODY_EXTENSION,
     WRITE_NOW_EXTENSION,
@@ -109,6 +110,7 @@ async def handle(state: GatewayState, scope: Scope, receive: Receive, send: Send
         hold_end=bool(hooks.end_recorded),
         write_chunk=extensions.get(BODY_CHUNK_EXTENSION),
         write_now=extensions.get(WRITE_NOW_EXTENSION),
+        open_writer=extensions.get(CHUNK_WRITER_EXTENSION),
     )
     started_observers = False
     drain = state.drain

@@ -26,6 +26,7 @@ from collections.abc import Callable
 
 from gateway.h1.framing import (
     MAX_HEAD_BYTES,
+    PLAIN_SIZE_LINE,
     ChunkedDecoder,
     Head,
     LengthDecoder,
@@ -101,6 +102,26 @@ class H1Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         decoder = self._decoder
+        sink = self._sink
+        if (sink is not None and type(decoder) is ChunkedDecoder and not decoder._state
+                and not decoder._buf):
+            # The usual read of a relayed stream: exactly one whole chunk with a plain size
+            # line. Decoded here, without the decoder's call and the piece list (the decoder
+            # stays at the start of a size line, as its feed would leave it); the sink is set
+            # only while nothing is buffered, so the piece goes to it at once.
+            line = PLAIN_SIZE_LINE.match(data)
+            if line is not None:
+                start = line.end()
+                stop = start + int(line[1], 16)
+                if start < stop and stop + 2 == len(data) and data.endswith(b"\r\n"):
+                    try:
+                        if sink(data[start:stop]):
+                            return  # consumed: the reader sleeps on
+                    except Exception as exc:  # the relay's writer failed: the reader raises it
+                        self._exc = self._sink_error = exc
+                    self._sink = None
+                    self._wake()
+                    return
         if decoder is None:
             if not self._active:  # bytes while idle in the pool: not ours to read
                 self.garbage = True

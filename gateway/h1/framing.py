@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 __all__ = [
     "MAX_HEAD_BYTES",
+    "PLAIN_SIZE_LINE",
     "ChunkedDecoder",
     "Head",
     "LengthDecoder",
@@ -36,7 +37,8 @@ _MAX_TRAILERS = 16 * 1024
 _STATUS_LINE = re.compile(rb"HTTP/1\.([01]) ([1-5][0-9]{2})(?: ([\t\x20-\x7e\x80-\xff]*))?")
 _TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _HEX = re.compile(rb"[0-9A-Fa-f]{1,15}")
-_PLAIN_SIZE_LINE = re.compile(rb"([0-9A-Fa-f]{1,15})\r\n")  # no extension: the usual line
+PLAIN_SIZE_LINE = re.compile(rb"([0-9A-Fa-f]{1,15})\r\n")
+"""A chunk size line without extension (the usual one): the size in hex, then CRLF."""
 _DIGITS = re.compile(rb"[0-9]{1,18}")
 _BAD_VALUE = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
 
@@ -168,6 +170,10 @@ class ChunkedDecoder:
 
     __slots__ = ("_buf", "_need", "_state", "done", "extra")
 
+    # ``_state == 0`` with nothing in ``_buf``: at the start of a size line, nothing pending
+    # (:meth:`gateway.h1.connection.H1Connection.data_received` decodes a read holding exactly
+    # one whole chunk itself then, which leaves this state as it was).
+
     # States: 0 size line, 1 chunk data (_need bytes left), 2 CRLF after data, 3 trailers.
     def __init__(self) -> None:
         self._buf = b""
@@ -192,7 +198,7 @@ class ChunkedDecoder:
         while pos < end:
             state = self._state
             if state == 0:
-                plain = _PLAIN_SIZE_LINE.match(buf, pos)
+                plain = PLAIN_SIZE_LINE.match(buf, pos)
                 if plain is not None:  # one match instead of find, split and fullmatch
                     size = int(plain[1], 16)
                     pos = plain.end()
