@@ -15,7 +15,8 @@ from types import ModuleType
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 # What each script imports from its siblings, in an order that satisfies their own imports.
 _SIBLINGS = {
-    "relay": ("relay_load", "relay_procs", "relay_harness"),
+    "relay": ("relay_load", "relay_procs", "relay_harness", "relay_report"),
+    "relay_report": ("relay_procs",),
     "relay_harness": ("relay_load", "relay_procs"),
     "routing": ("relay_procs", "routing_load", "routing_mixed"),
     "routing_mixed": ("relay_procs",),

@@ -18,6 +18,7 @@ import pytest
 from tests.bench.scripts import bench_module
 
 relay = bench_module("relay")
+report = bench_module("relay_report")
 procs = bench_module("relay_procs")
 harness = bench_module("relay_harness")
 
@@ -118,8 +119,8 @@ def _figures(with_service_time: bool) -> list[Any]:
 
 def test_the_service_time_reading_is_printed_beside_the_unchanged_target_checks() -> None:
     args = argparse.Namespace(replica_ms=20.0)
-    plain = relay.render(_figures(False), args).splitlines()
-    both = relay.render(_figures(True), args).splitlines()
+    plain = report.render(_figures(False), args).splitlines()
+    both = report.render(_figures(True), args).splitlines()
     assert both[:len(plain)] == plain  # the target checks, exactly as without the reading
     checks = [ln for ln in plain if ln.startswith("gateway: added c1 p99")]
     assert checks == ["gateway: added c1 p99 0.29 ms < 1.0 ms: PASS; c32 p99 4.18x direct <= "
@@ -135,4 +136,4 @@ def test_the_service_time_reading_is_printed_beside_the_unchanged_target_checks(
 def test_the_service_time_is_a_flag_with_a_default_and_can_be_left_out() -> None:
     assert relay.parse_args([]).replica_ms == 20.0
     assert relay.parse_args(["--replica-ms", "0"]).replica_ms == 0.0
-    assert relay.render_replica(_figures(False), 20.0) == []
+    assert report.render_replica(_figures(False), 20.0) == []
