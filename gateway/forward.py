@@ -336,9 +336,11 @@ def _client_headers(resp: Response, is_sse: bool, retry_after_cap_s: float
                     ) -> list[tuple[bytes, bytes]]:
     ctype = resp.headers.get("content-type", "")
     out_headers = [(b"content-type", ctype.encode("latin-1"))]
-    retry_after = relayed_retry_after(resp.headers.get("retry-after"), retry_after_cap_s)
-    if retry_after is not None:
-        out_headers.append((b"retry-after", retry_after.encode()))
+    raw_retry_after = resp.headers.get("retry-after")
+    if raw_retry_after is not None:  # (a rare header: the usual response calls nothing here)
+        retry_after = relayed_retry_after(raw_retry_after, retry_after_cap_s)
+        if retry_after is not None:
+            out_headers.append((b"retry-after", retry_after.encode()))
     for name in ("cache-control", "content-encoding"):
         value = resp.headers.get(name)
         if value is not None:
