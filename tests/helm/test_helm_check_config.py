@@ -249,7 +249,11 @@ def test_real_gateway_serves_the_probe_paths(tmp_path: Path) -> None:
         assert ready.status_code in (200, 503), ready.text  # the route exists; backends may not
         deadline = time.monotonic() + 60
         while True:  # the pod's /metrics: both workers once the second one serves too
-            metrics = httpx.get(f"http://127.0.0.1:{admin}/metrics")
+            try:
+                metrics = httpx.get(f"http://127.0.0.1:{admin}/metrics")
+            except httpx.TransportError as exc:  # the pod stopped: its log says why
+                pytest.fail(f"{exc!r}; gateway serve exit status {proc.poll()}; log:\n"
+                            + (tmp_path / "serve.log").read_text(encoding="utf-8")[-4000:])
             assert metrics.status_code == 200
             if "sg_gateway_workers 2.0" in metrics.text or time.monotonic() > deadline:
                 break
