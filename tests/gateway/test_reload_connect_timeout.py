@@ -9,18 +9,17 @@ while connections kept the old limit.
 from __future__ import annotations
 
 import asyncio
-import select
 import socket
-import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import httpx
 import pytest
 
-from tests.gateway.helpers import KEY_A, config
+from tests.gateway.helpers import KEY_A, config, start_sim
 from tests.gateway.test_live_reload import Served
 
 
@@ -39,71 +38,31 @@ def unanswered_listener() -> Iterator[str]:
         listener.close()
 
 
-class Silenceable:
-    """A loopback ``/health`` server that answers 200 until :meth:`silence`; from then on its
-    accept queue stays full, so a new connect to it hangs (SYNs dropped)."""
-
-    def __init__(self) -> None:
-        self._listener = socket.socket()
-        self._listener.bind(("127.0.0.1", 0))
-        self._listener.listen(0)
-        self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
-        self._serving = True
-        self._queued: list[socket.socket] = []
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-        self._thread.start()
-
-    def _serve(self) -> None:
-        while self._serving:
-            if not select.select([self._listener], [], [], 0.05)[0] or not self._serving:
-                continue
-            conn, _ = self._listener.accept()
-            with conn:
-                conn.settimeout(5)
-                try:
-                    conn.recv(65536)
-                    conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n"
-                                 b"connection: close\r\n\r\nok")
-                except OSError:
-                    pass
-
-    def silence(self) -> None:
-        """Stop accepting, and fill the accept queue."""
-        self._serving = False
-        self._thread.join(5)
-        self._queued.append(socket.create_connection(self._listener.getsockname(), timeout=5))
-
-    def close(self) -> None:
-        self._serving = False
-        self._thread.join(5)
-        for conn in self._queued:
-            conn.close()
-        self._listener.close()
-
-
-@pytest.fixture
-def silenceable() -> Iterator[Silenceable]:
-    server = Silenceable()
-    try:
-        yield server
-    finally:
-        server.close()
-
-
 def test_a_reloaded_connect_timeout_applies_to_health_probes(
-    tmp_path: Path, silenceable: Silenceable,
+    tmp_path: Path, serve_asgi: Callable[..., Any], unanswered_listener: str,
 ) -> None:
-    """A replica that stops answering connects is found failing within the reloaded 1 s
-    limit (plus a probe interval), not the start-up 30 s (the probe's own limit is 30 s)."""
-    cfg = config([silenceable.url], timeouts={"connect_s": 30, "first_byte_s": 60, "idle_s": 60},
+    """After a reload to a 1 s connect limit, a replica that does not answer connects is found
+    failing within that limit (plus a probe interval), not the start-up 30 s (the probe's own
+    limit is 30 s too).
+
+    The same reload brings that replica in, in place of one that answers, so its accept queue
+    is full before the gateway ever connects to it. Silencing (filling the queue of) a replica
+    the gateway was probing failed about 1 run in 3: the two probes of a round (two models)
+    connect at once, the second's SYN was dropped on the queue of one and sent again a second
+    later, after the silence; that probe, of a round started with the start-up 30 s, held every
+    later round for 30 s. (A probe queued just before the silence would wait 30 s for its answer.)
+    """
+    sim = start_sim(serve_asgi)
+    cfg = config([sim.url], timeouts={"connect_s": 30, "first_byte_s": 60, "idle_s": 60},
                  health={"active": True, "interval_s": 0.2, "timeout_s": 30})
-    gw = Served(tmp_path, cfg)  # ready: the replica passed its first probes
+    gw = Served(tmp_path, cfg)
     try:
-        gw.write({**gw.cfg, "timeouts": {**gw.cfg["timeouts"], "connect_s": 1}})
-        gw.hup_and_wait("config.reloaded")
-        assert gw.ready()
-        silenceable.silence()
+        models = [{**m, "replicas": [{**r, "url": unanswered_listener} for r in m["replicas"]]}
+                  for m in gw.cfg["models"]]
+        gw.write({**gw.cfg, "models": models,
+                  "timeouts": {**gw.cfg["timeouts"], "connect_s": 1}})
         started = time.monotonic()
+        gw.hup_and_wait("config.reloaded")
         while gw.ready():
             took = time.monotonic() - started
             assert took < 10, f"{took:.1f} s: the probes kept the old 30 s connect limit"
