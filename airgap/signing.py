@@ -26,7 +26,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from airgap.errors import AirgapError, Code, fail
-from clishell import private_key_instead, public_key_path
+from clishell import private_key_instead, public_key_path, read_input
 
 SIGNATURE_FORMAT = "sovereign-gateway/airgap-signature"
 SIGNATURE_VERSION = 1
@@ -85,7 +85,7 @@ def load_private_key(path: Path) -> Ed25519PrivateKey:
     from cryptography.hazmat.primitives import serialization
 
     try:
-        key = serialization.load_pem_private_key(path.read_bytes(), password=None)
+        key = serialization.load_pem_private_key(read_input(path), password=None)
     except (OSError, ValueError, TypeError) as exc:
         raise AirgapError(Code.KEY_INVALID, f"cannot load private key {path}: {exc}") from exc
     if not isinstance(key, Ed25519PrivateKey):
@@ -125,7 +125,7 @@ def load_public_key(path: Path) -> Ed25519PublicKey:
         AirgapError: ``key_invalid`` (unreadable, not PEM, or not Ed25519).
     """
     try:
-        pem = path.read_bytes()
+        pem = read_input(path)
         mistake = private_key_instead(path, pem)
         if mistake is not None:
             raise AirgapError(Code.KEY_INVALID, mistake)

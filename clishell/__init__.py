@@ -17,6 +17,8 @@ A small leaf package: it imports none of the project's packages, and all four ma
     private_key_instead                               a private key given where a public one goes
     UNSAFE_TEXT, shown                                untrusted text on a terminal: escaped
     atomic_file, write_atomic                         an output file complete or absent
+    read_input, read_input_text                       an input file (or pipe) read so that a
+                                                      signal meanwhile is never lost
 """
 
 
@@ -24,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from clishell.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, CliError, error_line, warn
 from clishell.files import atomic_file, write_atomic
+from clishell.inputs import read_input, read_input_text
 from clishell.interrupt import Interrupted, die_by, interruptible
 from clishell.keyfiles import existing_public_key, private_key_instead, public_key_path
 from clishell.text import UNSAFE_TEXT, shown
@@ -86,6 +89,8 @@ __all__ = [
     "invoke",
     "private_key_instead",
     "public_key_path",
+    "read_input",
+    "read_input_text",
     "require_config",
     "run",
     "shared_flags",

@@ -14,6 +14,7 @@ from typing import Any
 
 import yaml
 
+from clishell import read_input_text
 from gateway.config_errors import DuplicateKeyError, compose_yaml, dotted
 
 __all__ = ["merge_keys_file", "relabel_keys"]
@@ -31,7 +32,7 @@ def _kind(value: object) -> str:
 
 def _read(path: Path) -> tuple[list[Any] | None, str | None]:
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_input_text(path)
     except OSError as exc:
         return None, f"keys_file: cannot read {path}: {exc.strerror}"
     except UnicodeDecodeError:

@@ -36,6 +36,7 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from clishell import read_input_text
 from gateway.audit.settings import AuditSettings
 from gateway.config_errors import (
     ConfigProblem,
@@ -570,7 +571,7 @@ def _resolve_secrets(
             elif isinstance(file_name, str):
                 path = _under(base, file_name)
                 try:
-                    value = path.read_text(encoding="utf-8").strip()
+                    value = read_input_text(path).strip()
                 except OSError as exc:
                     problems.append(((*where, "api_key_file"),
                                      f"cannot read {path}: {exc.strerror}"))
@@ -669,7 +670,7 @@ def load(
     path = Path(path)
     file = str(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_input_text(path)
     except OSError as exc:
         raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
     except UnicodeDecodeError as exc:

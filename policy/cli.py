@@ -21,7 +21,16 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from clishell import EXIT_FAILED, EXIT_USAGE, CliError, ConfigOpt, VerboseOpt, VersionOpt, run
+from clishell import (
+    EXIT_FAILED,
+    EXIT_USAGE,
+    CliError,
+    ConfigOpt,
+    VerboseOpt,
+    VersionOpt,
+    read_input_text,
+    run,
+)
 
 from .addresses import parse_host
 from .egress import EgressMatcher
@@ -158,7 +167,7 @@ def _read_yaml(path: Path, what: str) -> Any:
         _UsageError: The file cannot be read or is not such YAML, naming ``what`` and the file.
     """
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_input_text(path)
     except (OSError, UnicodeDecodeError) as exc:
         raise _UsageError(f"cannot read {what} {path}: {exc}") from exc
     try:

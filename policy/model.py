@@ -29,6 +29,8 @@ from urllib.parse import urlsplit
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
+from clishell import read_input_text
+
 from .addresses import IPNetwork, parse_host
 from .errors import PolicyFileError
 from .problems import KeyPath, PolicyProblem, dotted, line_of, validation_problems
@@ -366,7 +368,7 @@ def load_document(path: str | Path) -> tuple[PolicyDocument, str]:
     """
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        text = read_input_text(p)
     except (OSError, UnicodeDecodeError) as exc:
         err = PolicyFileError(f"cannot read policy: {exc}", file=p)
         err.code = "policy_unreadable"

@@ -34,6 +34,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from clishell import read_input_text
 from weights.errors import EmptyModelError, EntryNotInLockError, LockfileError, PathCollisionError
 from weights.installpaths import first_collision
 from weights.lockentry import LockedFile, LockEntry, Origin
@@ -179,7 +180,7 @@ class Lockfile:
         """
         p = Path(path)
         try:
-            text = p.read_text(encoding="utf-8")
+            text = read_input_text(p)
         except FileNotFoundError as exc:
             raise LockfileError(
                 f"{p}: lockfile not found", hint="pin a model first with `weights pin REPO_ID`"

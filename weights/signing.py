@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any, cast
 
-from clishell import private_key_instead
+from clishell import private_key_instead, read_input
 from weights.digests import ProgressCallback, sha256_file
 from weights.errors import SignatureVerificationError, SigningError
 from weights.verify import list_files
@@ -94,7 +94,7 @@ def check_key(path: Path, *, private: bool, password: str | None = None) -> None
     from cryptography.hazmat.primitives.asymmetric import ec
 
     try:
-        data = path.read_bytes()
+        data = read_input(path)
     except OSError as exc:
         raise SigningError(f"{path}: cannot read key: {exc.strerror or exc}") from exc
     mistake = None if private else private_key_instead(path, data)

@@ -35,7 +35,7 @@ from cryptography.hazmat.primitives.serialization import (
     load_pem_public_key,
 )
 
-from clishell import private_key_instead, public_key_path, write_atomic
+from clishell import private_key_instead, public_key_path, read_input, read_input_text, write_atomic
 from gateway.audit.errors import AuditConfigError, AuditFormatError, ProofError
 
 EM_DASH = "\u2014"
@@ -167,7 +167,7 @@ def load_signer(path: Path, name: str = DEFAULT_KEY_NAME) -> Signer:
     """
     text = ""  # a file that is not UTF-8 fails in read_text itself
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_input_text(path)
         if text.lstrip().startswith("-----BEGIN"):
             key = load_pem_private_key(text.encode(), password=None)
             if not isinstance(key, Ed25519PrivateKey):
@@ -205,7 +205,7 @@ def load_verifier(path: Path, name: str = DEFAULT_KEY_NAME) -> Verifier:
         AuditConfigError: If the file cannot be read or is not a verifier key.
     """
     try:
-        data = path.read_bytes()
+        data = read_input(path)
         mistake = private_key_instead(path, data)
         if mistake is not None:
             raise AuditConfigError(mistake)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from clishell import read_input_text
 from gateway.audit.errors import AuditConfigError
 from gateway.audit.store import sqlite_url_under
 
@@ -97,7 +98,7 @@ class AuditSettings(BaseModel):
         if self.store_file is None:
             return self.store
         try:
-            url = self.store_file.read_text(encoding="utf-8").strip()
+            url = read_input_text(self.store_file).strip()
         except (OSError, UnicodeDecodeError) as exc:
             raise AuditConfigError(
                 f"cannot read audit store_file {self.store_file}: {exc}"

@@ -28,6 +28,7 @@ from clishell import (
     ConfigOpt,
     atomic_file,
     existing_public_key,
+    read_input_text,
     run,
     shown,
     write_atomic,
@@ -100,7 +101,7 @@ def _audit_settings(ctx: typer.Context, config: Path | None) -> AuditSettings | 
         return None
     try:
         try:
-            text = config.read_text(encoding="utf-8")
+            text = read_input_text(config)
         except OSError as exc:
             raise AuditConfigError(f"cannot read config file {config}: {exc.strerror}") from exc
         doc = yaml.safe_load(text)

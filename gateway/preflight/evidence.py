@@ -37,7 +37,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from clishell import private_key_instead
+from clishell import private_key_instead, read_input
 from gateway.preflight.errors import EvidenceError
 from gateway.preflight.inputs import Facts
 from gateway.preflight.report import Report
@@ -64,7 +64,7 @@ def _dump(obj: Any) -> bytes:
 
 def _load_private(path: Path) -> Ed25519PrivateKey:
     try:
-        key = serialization.load_pem_private_key(path.read_bytes(), password=None)
+        key = serialization.load_pem_private_key(read_input(path), password=None)
     except (OSError, ValueError, TypeError) as exc:
         raise EvidenceError(f"cannot load signing key {path}: {exc}") from exc
     if not isinstance(key, Ed25519PrivateKey):
@@ -79,7 +79,7 @@ def load_public(path: Path) -> Ed25519PublicKey:
         EvidenceError: Unreadable file or not an Ed25519 public key.
     """
     try:
-        data = path.read_bytes()
+        data = read_input(path)
     except OSError as exc:
         raise EvidenceError(f"cannot load public key {path}: {exc}") from exc
     mistake = private_key_instead(path, data)

@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from clishell import read_input_text
 from gateway.preflight.errors import PreflightInputError
 
 __all__ = ["Container", "Criteria", "Facts", "Inputs", "Workload", "collect", "render_helm"]
@@ -356,7 +357,7 @@ def _collect_kube(inputs: Inputs, criteria: Criteria, facts: Facts) -> None:
 
 def _read(path: Path) -> str:
     try:
-        return path.read_text(encoding="utf-8")
+        return read_input_text(path)
     except (OSError, UnicodeDecodeError) as exc:
         raise PreflightInputError(f"cannot read {path}: {exc}") from exc
 

@@ -1,0 +1,97 @@
+"""Input files read so that a signal arriving while the read waits is never lost.
+
+An operator may hand a command a pipe instead of a file: ``gateway serve --config <(envsubst <
+gateway.yaml.tpl)``, ``airgap pack --key <(vault kv get ...)``, a named FIFO, ``/dev/stdin``.
+Reading one waits until its writer writes or closes, for as long as it takes. CPython runs a
+Python signal handler (the :class:`~clishell.interrupt.Interrupted` of a Ctrl-C) only in the
+main thread, between bytecodes or when a blocking system call returns ``EINTR``; a signal whose
+C-level handler runs just before the main thread enters ``read(2)`` interrupts nothing, and
+the read then waits for its writer for ever: the Ctrl-C is lost and the command hangs (seen: 1
+``gateway serve`` in 120 under load, blocked in ``anon_pipe_read`` after its SIGINT).
+
+:func:`read_input` reads a regular file at once (a read of one cannot wait for a writer) and
+anything else (FIFO, pipe, character device, socket) in a daemon thread, while the calling
+main thread waits in steps of at most ``poll_s``: a pending handler then runs within
+``poll_s`` of its signal, whichever thread the kernel delivered it to. When the handler raises,
+the reader thread is left blocked and ends with the process.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import threading
+from pathlib import Path
+
+__all__ = ["POLL_S", "read_input", "read_input_text"]
+
+#: The longest a signal handler waits while the main thread waits for a pipe's writer (s).
+POLL_S = 0.1
+
+
+def read_input(path: Path | str, *, poll_s: float = POLL_S) -> bytes:
+    """The whole content of the file at ``path``, as :meth:`pathlib.Path.read_bytes` gives it.
+
+    Args:
+        path: The file; a FIFO, pipe or device is read until its writer closes it.
+        poll_s: How often, in seconds, the main thread stops waiting for a pipe's reader
+            thread to run pending signal handlers.
+
+    Returns:
+        The bytes read.
+
+    Raises:
+        OSError: The file cannot be opened or read (as ``Path.read_bytes`` raises it).
+        BaseException: Whatever a signal handler raises while the read waits
+            (:class:`~clishell.interrupt.Interrupted` inside :func:`~clishell.interruptible`).
+    """
+    path = Path(path)
+    if threading.current_thread() is not threading.main_thread():
+        return path.read_bytes()  # only the main thread runs handlers: none can be lost here
+    try:
+        mode = os.stat(path).st_mode  # stat never waits for a writer
+    except OSError:
+        return path.read_bytes()  # raises the error a plain read gives
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return path.read_bytes()
+    outcome: list[bytes | BaseException] = []
+
+    def read() -> None:
+        try:
+            outcome.append(path.read_bytes())
+        except BaseException as exc:  # handed to the caller's thread
+            outcome.append(exc)
+
+    reader = threading.Thread(target=read, name=f"read {path}", daemon=True)
+    reader.start()
+    while reader.is_alive():
+        reader.join(poll_s)  # returns to the interpreter: a pending handler runs here
+    (result,) = outcome
+    if isinstance(result, BaseException):
+        raise result
+    return result
+
+
+def read_input_text(path: Path | str, *, encoding: str = "utf-8",
+                    poll_s: float = POLL_S) -> str:
+    """The text of the file at ``path``, as :meth:`pathlib.Path.read_text` gives it.
+
+    Line ends are translated as text mode does (``\\r\\n`` and ``\\r`` become ``\\n``), so a
+    caller that used ``read_text`` sees the same text.
+
+    Args:
+        path: The file (see :func:`read_input`).
+        encoding: The text encoding (strict).
+        poll_s: See :func:`read_input`.
+
+    Returns:
+        The decoded text.
+
+    Raises:
+        OSError: The file cannot be opened or read.
+        UnicodeDecodeError: The bytes are not ``encoding``; ``start`` is the byte offset in
+            the file.
+        BaseException: What a signal handler raises meanwhile (see :func:`read_input`).
+    """
+    text = read_input(path, poll_s=poll_s).decode(encoding)
+    return text.replace("\r\n", "\n").replace("\r", "\n") if "\r" in text else text
