@@ -16,6 +16,9 @@ A reload reads the config file again (with its ``keys_file``, the policy file an
 A refused reload leaves the running configuration serving and writes one log line and, with the
 audit log on, a ``config.reload_refused`` record naming every problem. An applied one writes one
 log line and a ``config.reloaded`` record with the old and new revisions (:func:`revision_of`).
+An override that a removed key left behind in ``quotas``/``flow_control`` does not refuse the
+reload (a revocation must never be blocked by it): it is applied with a warning line and the
+record's ``warnings`` (:mod:`gateway.override_names`).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ import yaml
 from gateway.assembly import Gateway, reassemble
 from gateway.config_errors import KeyPath, dotted, problems_of
 from gateway.errors import ConfigError
+from gateway.override_names import OverrideNames
 from gateway.periodic import Periodic
 from gateway.settings import GatewaySettings, load
 
@@ -132,12 +136,15 @@ class ReloadResult:
         new_revision: The revision of the new configuration (``None`` when it was refused
             before it could be built).
         problems: ``file:line: key: problem`` per problem of a refused reload.
+        warnings: ``file:line: key: problem`` per problem an applied reload tolerated (an
+            override left behind by a removed key, see :mod:`gateway.override_names`).
     """
 
     applied: bool
     old_revision: str
     new_revision: str | None = None
     problems: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()
 
 
 Swap = Callable[[Gateway], None]
@@ -220,7 +227,7 @@ class Reloader:
             built = await asyncio.to_thread(self._build)
             if isinstance(built, list):
                 return await self._refuse(cause, built)
-            gateway, new_revision = built
+            gateway, new_revision, warnings = built
             old_revision = self.revision
             if new_revision == old_revision:
                 _log.info("reload (%s): no change (revision %s)", cause, old_revision)
@@ -229,19 +236,33 @@ class Reloader:
             self.running, self.revision = gateway, new_revision
             if self._on_applied is not None:
                 self._on_applied(gateway)
-            await self._audit({"type": CONFIG_RELOADED, "cause": cause, "file": str(self.path),
-                               "old_revision": old_revision, "new_revision": new_revision})
+            record: dict[str, Any] = {
+                "type": CONFIG_RELOADED, "cause": cause, "file": str(self.path),
+                "old_revision": old_revision, "new_revision": new_revision}
+            if warnings:
+                record["warnings"] = list(warnings)
+                _log.warning("reload of %s (%s) applied with %d warning(s): %s", self.path,
+                             cause, len(warnings), " | ".join(warnings))
+            await self._audit(record)
             _log.info("reloaded %s (%s): revision %s -> %s in %.1f ms", self.path, cause,
                       old_revision, new_revision, (time.perf_counter() - t0) * 1000.0)
-            return ReloadResult(True, old_revision, new_revision)
+            return ReloadResult(True, old_revision, new_revision, warnings=warnings)
 
-    def _build(self) -> tuple[Gateway, str] | list[str]:
-        """The new gateway and its revision, or the problems (run in a thread: file reads)."""
+    def _build(self) -> tuple[Gateway, str, tuple[str, ...]] | list[str]:
+        """The new gateway, its revision and the warnings of its file, or the problems (run in
+        a thread: file reads).
+
+        An override left behind by a key this reload removes is tolerated with a warning
+        (:mod:`gateway.override_names`): it must not block a revocation.
+        """
         file = str(self.path)
         try:
-            settings = self._adjust(load(self.path, self._environ))
+            loaded = load(self.path, self._environ,
+                          tolerate=OverrideNames.known_to(self.running.settings))
         except ConfigError as exc:
             return [str(p) for p in problems_of(exc, file=file)]
+        warnings = tuple(str(w) for w in loaded.warnings)
+        settings = self._adjust(loaded)
         fixed = restart_only_changes(self.running.settings, settings)
         if fixed:
             fixed_error = ConfigError("\n".join(
@@ -253,7 +274,7 @@ class Reloader:
             gateway = reassemble(self.running, settings, self.path.parent)
         except ConfigError as exc:
             return [str(p) for p in settings.problems_of(exc)]
-        return gateway, revision_of(settings, gateway.policy)
+        return gateway, revision_of(settings, gateway.policy), warnings
 
     async def _refuse(self, cause: str, problems: list[str]) -> ReloadResult:
         await self._audit({"type": CONFIG_RELOAD_REFUSED, "cause": cause, "file": str(self.path),

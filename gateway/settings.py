@@ -56,6 +56,7 @@ from gateway.fleet.settings import RoutingSettings
 from gateway.flow.settings import FlowControlSettings
 from gateway.keys_file import merge_keys_file, relabel_keys
 from gateway.keystore.settings import KeystoreSettings
+from gateway.override_names import OverrideNames, unmatched_overrides
 from gateway.quotas.settings import QuotaSettings
 from gateway.url_paths import UrlPath, url_path_fields, url_path_problem
 
@@ -435,6 +436,13 @@ class GatewaySettings(BaseSettings):
     telemetry: TelemetrySettings | None = None
     # Where the settings were read from (file, key path -> line), set by parse().
     _source: tuple[str | None, LineMap | None] = PrivateAttr(default=(None, None))
+    _warnings: tuple[ConfigProblem, ...] = PrivateAttr(default=())
+
+    @property
+    def warnings(self) -> tuple[ConfigProblem, ...]:
+        """Problems :func:`parse` tolerated instead of refusing (an override left behind by a
+        key that a live reload removed, see :mod:`gateway.override_names`)."""
+        return self._warnings
 
     @classmethod
     def settings_customise_sources(
@@ -490,28 +498,7 @@ class GatewaySettings(BaseSettings):
         if ks is not None and ks.enabled and ks.store is None and self.audit is None:
             raise ValueError("keystore.store: store is not set and there is no audit section "
                              "(managed keys default to the audit store)")
-        if ks is None or not ks.enabled:
-            self._check_overrides_name_keys(ids)
         return self
-
-    def _check_overrides_name_keys(self, ids: set[str]) -> None:
-        """Without managed keys every key is in the file: a per-key or per-team override
-        (``quotas``, ``flow_control``) naming no key or team is a typo that would leave the
-        key it meant without its limit or class, silently."""
-        teams = {k.team for k in self.keys if k.team}
-        sections: list[tuple[str, Any]] = [("flow_control", self.flow_control)]
-        if self.quotas is not None and self.quotas.enabled:
-            sections.insert(0, ("quotas", self.quotas))
-        for where, section in sections:
-            for kind, known, names in (("key id", ids, section.keys),
-                                       ("team", teams, section.teams)):
-                for name in names:
-                    if name not in known:
-                        plural = "keys" if kind == "key id" else "teams"
-                        raise ValueError(
-                            f"{where}.{plural}.{name}: no key has the {kind} {name!r} (known: "
-                            f"{', '.join(sorted(known)) or 'none'}); without a keystore: "
-                            "section every key is in the config")
 
     def problems_of(self, exc: ConfigError) -> list[ConfigProblem]:
         """The problems of ``exc`` (raised by a check of these settings: policy binding, TLS
@@ -591,6 +578,7 @@ def parse(
     file: str | None = None,
     lines: LineMap | None = None,
     secrets: bool = True,
+    tolerate: OverrideNames | None = None,
 ) -> GatewaySettings:
     """Validate an already-parsed config mapping.
 
@@ -607,6 +595,10 @@ def parse(
         secrets: Read the replicas' backend keys (``api_key_env``/``api_key_file``). A command
             that needs none of them (``gateway keys``) passes ``False``: their ``api_key`` stays
             ``None`` and an unset variable is no problem.
+        tolerate: A live reload's names of the running configuration: an override naming no
+            key but one of these is a warning (:attr:`GatewaySettings.warnings`), not a
+            problem (:mod:`gateway.override_names`). ``None`` (start, check-config): every
+            override naming no key is refused.
 
     Returns:
         The frozen settings, every section validated (and, with ``base``, every relative path
@@ -634,6 +626,12 @@ def parse(
                  for p in validation_problems(exc, file=file, lines=lines,
                                               model=GatewaySettings)]
         raise InvalidConfig([*found, *problems]) from exc
+    warnings: list[ConfigProblem] = []
+    for unmatched in unmatched_overrides(settings):
+        tolerated = tolerate is not None and tolerate.tolerates(unmatched)
+        (warnings if tolerated else problems).append(ConfigProblem(
+            dotted(unmatched.path), unmatched.warning() if tolerated else unmatched.refusal(),
+            file, line_of(lines, unmatched.path)))
     if problems:
         raise InvalidConfig(problems)
     if base is not None:
@@ -641,6 +639,7 @@ def parse(
         if settings.audit is not None:  # its store URL too (a relative sqlite:// file)
             settings = settings.model_copy(update={"audit": settings.audit.under(here)})
     settings._source = (file, lines)
+    settings._warnings = tuple(warnings)
     return settings
 
 
@@ -657,9 +656,11 @@ def _relabel(
 
 
 def load(
-    path: Path | str, environ: Mapping[str, str] | None = None, *, secrets: bool = True
+    path: Path | str, environ: Mapping[str, str] | None = None, *, secrets: bool = True,
+    tolerate: OverrideNames | None = None,
 ) -> GatewaySettings:
-    """Read and validate the YAML config file at ``path`` (``secrets``: see :func:`parse`).
+    """Read and validate the YAML config file at ``path`` (``secrets``, ``tolerate``: see
+    :func:`parse`).
 
     Raises:
         ConfigError: The file cannot be read.
@@ -692,7 +693,8 @@ def load(
     except RecursionError as exc:
         raise fail("(top level)", "the YAML refers to itself or nests too deeply", None) from exc
     try:
-        return parse(data, environ, path.parent, file=file, lines=lines, secrets=secrets)
+        return parse(data, environ, path.parent, file=file, lines=lines, secrets=secrets,
+                     tolerate=tolerate)
     except RecursionError as exc:
         raise fail("(top level)", "the YAML refers to itself or nests too deeply", None) from exc
 

@@ -49,7 +49,8 @@ def test_a_key_revoked_by_a_reload_stays_revoked_on_restarted_workers(
     db = tmp_path / "audit.db"
     cfg = yaml.safe_load(p.config.read_text())
     cfg["keys"] = [k for k in cfg["keys"] if k["id"] != "limited"]  # revoke
-    # and its quota override with it (an override naming no key is refused as a typo)
+    # and its quota override with it (a leftover would be tolerated with a warning by the
+    # reload, but the restarted workers' own reload of this file must apply cleanly too)
     cfg["quotas"]["keys"].pop("limited")
     p.config.write_text(yaml.safe_dump(cfg))
     p.proc.send_signal(signal.SIGHUP)
