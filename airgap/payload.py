@@ -23,7 +23,8 @@ from airgap import paths
 from airgap.bundle import Blob, ContentFile, Part
 from airgap.errors import AirgapError, Code, fail
 from airgap.space import writing
-from airgap.stream import CHUNK_BYTES, WAKE_S, Progress
+from airgap.stream import CHUNK_BYTES, Progress
+from clishell import wait_for
 
 #: Keep a zlib encoding only when it is at most this fraction of the content size.
 WORTH_IT = 0.95
@@ -124,8 +125,7 @@ class PartWriter:
     def _stop(self) -> None:
         if not self._done.is_set():
             self._queue.put(None)
-        while not self._done.wait(WAKE_S):  # wake up to run signal handlers
-            pass
+        wait_for(self._done)  # wakes up to run signal handlers
 
     def close(self) -> None:
         """Stop the writer after a failure (``finish`` stops it normally)."""

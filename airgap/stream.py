@@ -19,12 +19,10 @@ from typing import Protocol
 from airgap.bundle import Index, Segment
 from airgap.errors import Code, Problem, VerificationFailed
 from airgap.media import open_part
+from clishell import wait_for
 
 #: Read size in bytes: large enough to amortise syscalls, small enough to stay in L2/L3 reach.
 CHUNK_BYTES = 4 * 1024**2
-#: A thread waiting for workers wakes this often (seconds), so that a signal the kernel gave
-#: to a worker thread is still handled promptly by the main thread (see interrupt.py).
-WAKE_S = 0.25
 
 Progress = Callable[[int], None]
 
@@ -168,21 +166,23 @@ def hash_ranges(
     if n == 1:
         work()
     else:
-        # Waited on through events, not Thread.join: on Python 3.11 a signal interrupting
-        # join() marks the thread stopped while it still runs (bpo-45274).
+        # Waited on through events, not Thread.join (see clishell.wait_for).
         finished = [threading.Event() for _ in range(n)]
         threads = [threading.Thread(target=work, args=(done,), name=f"airgap-hash-{k}")
                    for k, done in enumerate(finished)]
-        for t in threads:
-            t.start()
         try:
+            for t in threads:
+                t.start()  # a signal may interrupt it: the worker may run already
             for done in finished:
-                while not done.wait(WAKE_S):  # wake up to run signal handlers (see interrupt.py)
-                    pass
+                wait_for(done)  # wakes up to run signal handlers
         except BaseException as exc:  # interrupted: workers stop before their next range
             errors.append(exc)
-            for done in finished:
-                done.wait()
+            # Every worker running now finishes its range before the caller cleans up (a
+            # worker still writing into a staging directory while it is removed left it
+            # behind); one not yet running sees the error first and writes nothing.
+            for t, done in zip(threads, finished, strict=True):
+                if t.is_alive():
+                    done.wait()
             raise
     if errors:
         raise errors[0]

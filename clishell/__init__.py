@@ -13,6 +13,7 @@ A small leaf package: it imports none of the project's packages, and all four ma
     VersionOpt, VerboseOpt, VERSION                   the shared root options
     ConfigOpt, require_config, CONFIG_ENV             --config/-c/$SG_CONFIG, one definition
     Interrupted, interruptible, die_by                SIGINT/SIGTERM/SIGHUP -> cleanup -> 130/143
+    wait_for, WAKE_S                                  wait on another thread, signals still run
     public_key_path, existing_public_key              key file names: KEY.pem and KEY.pub
     private_key_instead                               a private key given where a public one goes
     UNSAFE_TEXT, shown                                untrusted text on a terminal: escaped
@@ -27,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from clishell.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, CliError, error_line, warn
 from clishell.files import atomic_file, write_atomic
 from clishell.inputs import read_input, read_input_text
-from clishell.interrupt import Interrupted, die_by, interruptible
+from clishell.interrupt import WAKE_S, Interrupted, die_by, interruptible, wait_for
 from clishell.keyfiles import existing_public_key, private_key_instead, public_key_path
 from clishell.text import UNSAFE_TEXT, shown
 
@@ -75,6 +76,7 @@ __all__ = [
     "IO_HINT",
     "UNSAFE_TEXT",
     "VERSION",
+    "WAKE_S",
     "CliError",
     "ConfigOpt",
     "Interrupted",
@@ -96,6 +98,7 @@ __all__ = [
     "shared_flags",
     "shown",
     "version_line",
+    "wait_for",
     "warn",
     "write_atomic",
 ]

@@ -11,9 +11,10 @@ the read then waits for its writer for ever: the Ctrl-C is lost and the command 
 
 :func:`read_input` reads a regular file at once (a read of one cannot wait for a writer) and
 anything else (FIFO, pipe, character device, socket) in a daemon thread, while the calling
-main thread waits in steps of at most ``poll_s``: a pending handler then runs within
-``poll_s`` of its signal, whichever thread the kernel delivered it to. When the handler raises,
-the reader thread is left blocked and ends with the process.
+main thread waits for it with :func:`~clishell.interrupt.wait_for`, waking every
+:data:`~clishell.interrupt.WAKE_S`: a pending handler then runs within that time of its
+signal, whichever thread the kernel delivered it to. When the handler raises, the reader thread
+is left blocked and ends with the process.
 """
 
 from __future__ import annotations
@@ -23,19 +24,18 @@ import stat
 import threading
 from pathlib import Path
 
-__all__ = ["POLL_S", "read_input", "read_input_text"]
+from clishell.interrupt import WAKE_S, wait_for
 
-#: The longest a signal handler waits while the main thread waits for a pipe's writer (s).
-POLL_S = 0.1
+__all__ = ["read_input", "read_input_text"]
 
 
-def read_input(path: Path | str, *, poll_s: float = POLL_S) -> bytes:
+def read_input(path: Path | str, *, wake_s: float = WAKE_S) -> bytes:
     """The whole content of the file at ``path``, as :meth:`pathlib.Path.read_bytes` gives it.
 
     Args:
         path: The file; a FIFO, pipe or device is read until its writer closes it.
-        poll_s: How often, in seconds, the main thread stops waiting for a pipe's reader
-            thread to run pending signal handlers.
+        wake_s: How often, in seconds, the main thread wakes while it waits for a pipe's
+            reader thread, to run pending signal handlers.
 
     Returns:
         The bytes read.
@@ -55,17 +55,18 @@ def read_input(path: Path | str, *, poll_s: float = POLL_S) -> bytes:
     if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
         return path.read_bytes()
     outcome: list[bytes | BaseException] = []
+    done = threading.Event()
 
     def read() -> None:
         try:
             outcome.append(path.read_bytes())
         except BaseException as exc:  # handed to the caller's thread
             outcome.append(exc)
+        finally:
+            done.set()
 
-    reader = threading.Thread(target=read, name=f"read {path}", daemon=True)
-    reader.start()
-    while reader.is_alive():
-        reader.join(poll_s)  # returns to the interpreter: a pending handler runs here
+    threading.Thread(target=read, name=f"read {path}", daemon=True).start()
+    wait_for(done, wake_s)  # a pending handler runs at each wake-up
     (result,) = outcome
     if isinstance(result, BaseException):
         raise result
@@ -73,7 +74,7 @@ def read_input(path: Path | str, *, poll_s: float = POLL_S) -> bytes:
 
 
 def read_input_text(path: Path | str, *, encoding: str = "utf-8",
-                    poll_s: float = POLL_S) -> str:
+                    wake_s: float = WAKE_S) -> str:
     """The text of the file at ``path``, as :meth:`pathlib.Path.read_text` gives it.
 
     Line ends are translated as text mode does (``\\r\\n`` and ``\\r`` become ``\\n``), so a
@@ -82,7 +83,7 @@ def read_input_text(path: Path | str, *, encoding: str = "utf-8",
     Args:
         path: The file (see :func:`read_input`).
         encoding: The text encoding (strict).
-        poll_s: See :func:`read_input`.
+        wake_s: See :func:`read_input`.
 
     Returns:
         The decoded text.
@@ -93,5 +94,5 @@ def read_input_text(path: Path | str, *, encoding: str = "utf-8",
             the file.
         BaseException: What a signal handler raises meanwhile (see :func:`read_input`).
     """
-    text = read_input(path, poll_s=poll_s).decode(encoding)
+    text = read_input(path, wake_s=wake_s).decode(encoding)
     return text.replace("\r\n", "\n").replace("\r", "\n") if "\r" in text else text

@@ -31,6 +31,13 @@ from types import FrameType
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
+#: How often (seconds) a main thread that waits on another thread wakes up. CPython runs a
+#: Python signal handler only in the main thread, between bytecodes or when a blocking call
+#: returns EINTR; a signal the kernel gave to another thread, or whose C-level handler ran just
+#: before the main thread began to wait, interrupts no wait. Waking this often bounds how long
+#: its handler (the :class:`Interrupted` of a Ctrl-C) is late.
+WAKE_S = 0.25
+
 
 class Interrupted(BaseException):
     """A termination signal arrived; ``signum`` says which.
@@ -74,6 +81,24 @@ def interruptible() -> Iterator[None]:
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)
+
+
+def wait_for(done: threading.Event, wake_s: float = WAKE_S) -> None:
+    """Wait until ``done`` is set, waking every ``wake_s`` seconds to run signal handlers.
+
+    An :class:`threading.Event`, not :meth:`threading.Thread.join`: on Python 3.11 a signal
+    that interrupts ``join()`` can mark the thread stopped while it still runs (bpo-45274).
+
+    Args:
+        done: Set by the thread waited on when it ends.
+        wake_s: See :data:`WAKE_S`.
+
+    Raises:
+        BaseException: What a signal handler raises meanwhile (:class:`Interrupted` inside
+            :func:`interruptible`); ``done`` may then still be unset.
+    """
+    while not done.wait(wake_s):
+        pass
 
 
 def die_by(signum: int) -> int:

@@ -110,7 +110,7 @@ def test_a_signal_delivered_to_another_thread_interrupts_read_input(
     proc, out = _start_blocked_reader(fifo, fds, "read_input", tmp_path)
     proc.send_signal(signal.SIGINT)
     try:
-        status = proc.wait(20)  # within POLL_S (0.1 s) of the signal; the bound is for load
+        status = proc.wait(20)  # within WAKE_S (0.25 s) of the signal; the bound is for load
     finally:
         if proc.poll() is None:
             proc.kill()

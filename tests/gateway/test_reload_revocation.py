@@ -13,7 +13,6 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import openai
@@ -71,7 +70,7 @@ def test_parse_refuses_an_unmatched_override_unless_the_running_names_hold_it() 
 
 
 def test_a_reload_that_removes_a_key_revokes_it_though_its_overrides_stay(
-    sims: tuple[Sim, Sim], serve: Callable[[dict[str, Any]], Served],
+    sims: tuple[Sim, Sim], serve: Callable[[dict[str, Any]], Served],  # noqa: F811
 ) -> None:
     sim_a, _ = sims
     gw = serve(_overrides(config([sim_a.url]), "team-b"))
