@@ -225,6 +225,7 @@ def create_app(
             prober.rebind(new.router, connect_s)
             scraper.rebind(new.router, connect_s)
             if new.flow is not None:
+                new.flow.reconfigure(new.settings.flow_control)
                 new.flow.rebind(new.router)
             if new.telemetry is not None:
                 new.telemetry.bind(new.router)

@@ -7,18 +7,26 @@ silently. :func:`unmatched_overrides` finds them; :func:`gateway.settings.parse`
 
 A live reload is different. Revoking a key is removing it from ``keys``/``keys_file`` and
 sending SIGHUP; refusing that reload because the key's quota override was left behind kept the
-revoked key working until someone found the log line. So a reload passes the names the running
-configuration knew (:meth:`OverrideNames.known_to`): an unmatched override that names one of
-them (the key was removed by this reload, or the running configuration already carried the
-leftover) is a warning, logged and audited with the reload; an override new in this reload that
-names nothing is refused as at start. A restart still refuses the leftover, which the warning
-says.
+revoked key working until someone found the log line. So a reload passes what the running
+configuration knew (:meth:`OverrideNames.known_to`), and an unmatched override is a warning,
+logged and audited with the reload, only when it is a revocation's leftover:
+
+* a key id whose running key's secret (its ``sha256``) no key of the new configuration has:
+  the key was removed. A key renamed with the same secret is no revocation: its override
+  naming the old id is refused (the renamed key would run without its limit or class);
+* a team none of whose running keys' secrets remains: the team's keys were removed. A key
+  moved to another team (``a`` -> ``A``) keeps its secret: the old team's override is refused;
+* a name the running configuration already carried unmatched (tolerated by an earlier
+  reload, or by this rule on a restarted worker).
+
+Any other override naming no key is refused as at start. A restart still refuses the
+leftover, which the warning says.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping, Set
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from gateway.config_errors import KeyPath
@@ -59,31 +67,54 @@ class Unmatched:
 
 @dataclass(frozen=True, slots=True)
 class OverrideNames:
-    """The key ids and teams that a reload tolerates in an override naming no key.
+    """What a running configuration knew, against which a reload's unmatched overrides are
+    judged (see the module docstring).
 
     Attributes:
-        key_ids: Key ids (of keys, or of overrides already tolerated).
-        teams: Teams, likewise.
+        key_secrets: Running key id -> its ``sha256``.
+        team_secrets: Running team -> the ``sha256`` of its keys.
+        leftover_key_ids: Key ids the running overrides name without a key.
+        leftover_teams: Teams likewise.
     """
 
-    key_ids: frozenset[str] = frozenset()
-    teams: frozenset[str] = frozenset()
+    key_secrets: Mapping[str, str] = field(default_factory=dict)
+    team_secrets: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    leftover_key_ids: frozenset[str] = frozenset()
+    leftover_teams: frozenset[str] = frozenset()
 
     @classmethod
     def known_to(cls, settings: GatewaySettings) -> OverrideNames:
-        """The names the running ``settings`` know: their keys' ids and teams, and the names
-        their overrides give (a leftover tolerated by an earlier reload stays tolerated)."""
-        ids = {k.id for k in settings.keys}
-        teams = {k.team for k in settings.keys if k.team}
+        """What the running ``settings`` know: their keys' ids, teams and secrets, and the
+        names their overrides give without a key."""
+        key_secrets = {k.id: k.sha256 for k in settings.keys}
+        team_secrets: dict[str, set[str]] = {}
+        for k in settings.keys:
+            if k.team:
+                team_secrets.setdefault(k.team, set()).add(k.sha256)
+        ids: set[str] = set()
+        teams: set[str] = set()
         for _, section in _sections(settings):
-            ids.update(section.keys)
-            teams.update(section.teams)
-        return cls(frozenset(ids), frozenset(teams))
+            ids.update(name for name in section.keys if name not in key_secrets)
+            teams.update(name for name in section.teams if name not in team_secrets)
+        return cls(key_secrets, {t: frozenset(d) for t, d in team_secrets.items()},
+                   frozenset(ids), frozenset(teams))
 
-    def tolerates(self, unmatched: Unmatched) -> bool:
-        """Whether ``unmatched`` names a key id or team these names hold."""
-        names = self.key_ids if unmatched.kind == "key id" else self.teams
-        return unmatched.name in names
+    def tolerates(self, unmatched: Unmatched, secrets_now: Set[str]) -> bool:
+        """Whether ``unmatched`` is a revocation's leftover.
+
+        Args:
+            unmatched: An override of the new configuration naming no key id or team.
+            secrets_now: The ``sha256`` of every key of the new configuration.
+        """
+        if unmatched.kind == "key id":
+            if unmatched.name in self.leftover_key_ids:
+                return True
+            secret = self.key_secrets.get(unmatched.name)
+            return secret is not None and secret not in secrets_now
+        if unmatched.name in self.leftover_teams:
+            return True
+        secrets = self.team_secrets.get(unmatched.name)
+        return secrets is not None and secrets.isdisjoint(secrets_now)
 
 
 def _sections(settings: GatewaySettings) -> Iterator[tuple[str, Any]]:

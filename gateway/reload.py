@@ -72,12 +72,14 @@ RELOADABLE: tuple[KeyPath, ...] = (
     ("quotas", "defaults"),
     ("quotas", "keys"),
     ("quotas", "teams"),
+    ("flow_control", "keys"),
+    ("flow_control", "teams"),
 )
 """The keys a live reload may change (a key and everything under it). Every other key is read
 once at start (server socket and its limits, upstream connection pool, audit store, key store,
-quota backend, telemetry exporters, logging, drain, the prober's and scraper's schedules) and a
-change to it is refused, naming it. The policy file's content may change too, except its
-destinations (see :func:`gateway.assembly.reassemble`)."""
+quota backend, telemetry exporters, logging, drain, the prober's and scraper's schedules, the
+rest of ``flow_control``) and a change to it is refused, naming it. The policy file's content
+may change too, except its destinations (see :func:`gateway.assembly.reassemble`)."""
 
 
 def revision_of(settings: GatewaySettings, policy: Any = None) -> str:

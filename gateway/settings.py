@@ -627,8 +627,9 @@ def parse(
                                               model=GatewaySettings)]
         raise InvalidConfig([*found, *problems]) from exc
     warnings: list[ConfigProblem] = []
+    secrets_now = {k.sha256 for k in settings.keys}
     for unmatched in unmatched_overrides(settings):
-        tolerated = tolerate is not None and tolerate.tolerates(unmatched)
+        tolerated = tolerate is not None and tolerate.tolerates(unmatched, secrets_now)
         (warnings if tolerated else problems).append(ConfigProblem(
             dotted(unmatched.path), unmatched.warning() if tolerated else unmatched.refusal(),
             file, line_of(lines, unmatched.path)))

@@ -191,9 +191,22 @@ class FlowGate:
         self._retired.append(flow)
         return flow
 
+    def reconfigure(self, settings: FlowControlSettings) -> None:
+        """Classify new requests by a reloaded section's per-key and per-team overrides.
+
+        ``flow_control.keys`` and ``flow_control.teams`` are the only part of the section a
+        live reload may change (:data:`gateway.reload.RELOADABLE`); a request already admitted
+        or queued keeps the class and weight it was classified with.
+
+        Args:
+            settings: The reloaded ``flow_control`` section (as this worker's share of it).
+        """
+        self.settings = settings
+        self.classifier = Classifier(settings)
+
     def rebind(self, router: Router) -> None:
-        """Cover the pools of a reloaded router (live reload; the ``flow_control`` section
-        itself cannot change live).
+        """Cover the pools of a reloaded router (live reload; of the ``flow_control`` section
+        only the per-key and per-team overrides change live, see :meth:`reconfigure`).
 
         A model whose pool the new router kept keeps its queues. A model with a new pool starts
         with empty queues; the requests already queued on its old pool stay there and are

@@ -33,7 +33,9 @@ from tests.gateway.test_live_reload import (  # noqa: F401 (fixtures)
 def _overrides(cfg: dict[str, Any], key_id: str) -> dict[str, Any]:
     return {**cfg,
             "quotas": {"keys": {key_id: {"requests_per_minute": 1000}}},
-            "flow_control": {"classes": [{"name": "batch"}], "default_class": "batch",
+            "flow_control": {"enabled": True,
+                             "classes": [{"name": "interactive"}, {"name": "batch"}],
+                             "default_class": "interactive",
                              "keys": {key_id: {"class": "batch"}}}}
 
 
@@ -61,7 +63,27 @@ def test_parse_refuses_an_unmatched_override_unless_the_running_names_hold_it() 
     # A leftover the running configuration already carries stays tolerated ...
     again = parse(revoked, {"VLLM_KEY": BACKEND_KEY}, tolerate=OverrideNames.known_to(reloaded))
     assert len(again.warnings) == 2
-    # ... but a name new in this reload is a typo, as at start.
+    # A key renamed with the same secret is no revocation: its old id's override is refused
+    # (the renamed key would run without its limit and class) ...
+    renamed = {**base, "keys": [k if k["id"] != "team-b" else {**k, "id": "team-b2"}
+                                for k in base["keys"]]}
+    with pytest.raises(InvalidConfig) as rename:
+        parse(renamed, {"VLLM_KEY": BACKEND_KEY}, tolerate=OverrideNames.known_to(running))
+    assert [p.key for p in rename.value.problems] == ["quotas.keys.team-b",
+                                                      "flow_control.keys.team-b"]
+    # ... and so is a team override whose keys moved to another team with their secrets.
+    teamed = {**base, "quotas": {"teams": {"a": {"requests_per_minute": 2}}}}
+    team_running = parse(teamed, {"VLLM_KEY": BACKEND_KEY})
+    moved = {**teamed, "keys": [k if k.get("team") != "a" else {**k, "team": "A"}
+                                for k in teamed["keys"]]}
+    with pytest.raises(InvalidConfig) as move:
+        parse(moved, {"VLLM_KEY": BACKEND_KEY}, tolerate=OverrideNames.known_to(team_running))
+    assert [p.key for p in move.value.problems] == ["quotas.teams.a"]
+    gone = {**teamed, "keys": [k for k in teamed["keys"] if k.get("team") != "a"]}
+    assert [w.key for w in parse(gone, {"VLLM_KEY": BACKEND_KEY},
+                                 tolerate=OverrideNames.known_to(team_running)).warnings] == [
+        "quotas.teams.a"]
+    # ... and a name new in this reload is a typo, as at start.
     typo = {**revoked, "quotas": {"keys": {"team-b": {"requests_per_minute": 1000},
                                            "team-aa": {"requests_per_minute": 5}}}}
     with pytest.raises(InvalidConfig) as refused:
@@ -111,3 +133,33 @@ def test_a_reload_that_removes_a_key_revokes_it_though_its_overrides_stay(
     doc = json.loads(res.stdout)
     assert "quotas.keys.team-b" in json.dumps(doc), doc
     assert gw.proc.poll() is None
+
+
+def test_a_key_and_its_overrides_removed_in_one_edit_and_a_class_changed_live(
+    sims: tuple[Sim, Sim], serve: Callable[[dict[str, Any]], Served],  # noqa: F811
+) -> None:
+    """``flow_control.keys``/``teams`` reload like ``quotas.keys``/``teams``: deleting a key
+    with its class override was refused as a restart-only change (the revoked key kept
+    working); a key's new class applies to its next requests."""
+    sim_a, _ = sims
+    gw = serve(_overrides(config([sim_a.url]), "team-b"))
+    chat: dict[str, Any] = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    revoked = _without(gw.cfg, "team-b")
+    revoked = {**revoked, "quotas": {"keys": {}},
+               "flow_control": {**revoked["flow_control"], "keys": {}}}
+    gw.write(revoked)
+    record = gw.hup_and_wait("config.reloaded")
+    assert "warnings" not in record
+    with pytest.raises(openai.AuthenticationError):
+        gw.client(KEY_B).chat.completions.create(model="other-model", **chat)
+
+    def last_class() -> str:
+        gw.client(KEY_A).chat.completions.create(model="default", **chat)
+        flow: dict[str, Any] = gw.records("request.started")[-1]["flow"]
+        return str(flow["class"])
+
+    assert last_class() == "interactive"
+    gw.write({**revoked, "flow_control": {**revoked["flow_control"],
+                                          "keys": {"team-a": {"class": "batch"}}}})
+    gw.hup_and_wait("config.reloaded")
+    assert last_class() == "batch"
