@@ -27,6 +27,8 @@ import asyncio
 import hashlib
 import json
 import logging
+import os
+import stat
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -258,6 +260,11 @@ class Reloader:
         (:mod:`gateway.override_names`): it must not block a revocation.
         """
         file = str(self.path)
+        piped = [f"{f}: not a regular file (a pipe or FIFO is read once, at start): a live "
+                 "reload reads its files again; restart the gateway to apply a change"
+                 for f in self.files() if not _regular_or_absent(f)]
+        if piped:  # reading it again would wait for a writer for ever, holding every reload
+            return piped
         try:
             loaded = load(self.path, self._environ,
                           tolerate=OverrideNames.known_to(self.running.settings))
@@ -278,6 +285,29 @@ class Reloader:
             return [str(p) for p in settings.problems_of(exc)]
         return gateway, revision_of(settings, gateway.policy), warnings
 
+    def files(self) -> list[Path]:
+        """The files a reload reads: the config file, its ``keys_file``, the policy file and
+        the replicas' ``api_key_file`` (those of the running configuration, and the
+        ``keys_file`` the config file names now; the config file itself is read only when it
+        is a regular file)."""
+        path = self.path
+        settings = self.running.settings
+        out = [path]
+        raw = None
+        if _regular_or_absent(path):
+            try:
+                raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+            except (OSError, UnicodeDecodeError, yaml.YAMLError):
+                raw = None
+        keys_file = raw.get("keys_file") if isinstance(raw, dict) else None
+        if isinstance(keys_file, str) and keys_file:
+            out.append(path.parent / keys_file)  # an absolute keys_file replaces the parent
+        if settings.policy is not None:
+            out.append(settings.policy.file)
+        out.extend(r.api_key_file for m in settings.models for r in m.replicas
+                   if r.api_key_file is not None)
+        return out
+
     async def _refuse(self, cause: str, problems: list[str]) -> ReloadResult:
         await self._audit({"type": CONFIG_RELOAD_REFUSED, "cause": cause, "file": str(self.path),
                            "revision": self.revision, "problems": problems})
@@ -295,6 +325,15 @@ class Reloader:
             _log.exception("could not record %s in the audit log", event["type"])
 
 
+def _regular_or_absent(path: Path) -> bool:
+    """Whether reading ``path`` cannot wait for a writer: a regular file (links followed, as
+    a ConfigMap's), or nothing there (the read then fails at once and is reported)."""
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:
+        return True
+
+
 class _FileWatch(Periodic):
     """Polls the content of the files a configuration is read from; reloads when it changes.
 
@@ -310,31 +349,14 @@ class _FileWatch(Periodic):
         # take seconds), so the first round reloads and compares revisions.
         self.seen = ""
 
-    def files(self) -> list[Path]:
-        """The config file, its ``keys_file``, the policy file, replicas' ``api_key_file``."""
-        path = self._reloader.path
-        settings = self._reloader.running.settings
-        out = [path]
-        try:
-            raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, yaml.YAMLError):
-            raw = None
-        keys_file = raw.get("keys_file") if isinstance(raw, dict) else None
-        if isinstance(keys_file, str) and keys_file:
-            out.append(path.parent / keys_file)  # an absolute keys_file replaces the parent
-        if settings.policy is not None:
-            out.append(settings.policy.file)
-        out.extend(r.api_key_file for m in settings.models for r in m.replicas
-                   if r.api_key_file is not None)
-        return out
-
     def digest(self) -> str:
-        """SHA-256 over every watched file's path and content (or read error)."""
+        """SHA-256 over every watched file's path and content (or read error); a file that is
+        not a regular file is not read (a pipe's content is its writer's, once)."""
         h = hashlib.sha256()
-        for file in self.files():
+        for file in self._reloader.files():
             h.update(str(file).encode() + b"\0")
             try:
-                h.update(file.read_bytes())
+                h.update(file.read_bytes() if _regular_or_absent(file) else b"not regular")
             except OSError as exc:
                 h.update(f"unreadable: {exc.strerror}".encode())
             h.update(b"\0")
