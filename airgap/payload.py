@@ -9,6 +9,7 @@ first 16 MiB do not shrink (model weights) is abandoned early and stored as is.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import queue
@@ -24,7 +25,7 @@ from airgap.bundle import Blob, ContentFile, Part
 from airgap.errors import AirgapError, Code, fail
 from airgap.space import writing
 from airgap.stream import CHUNK_BYTES, Progress
-from clishell import wait_for
+from clishell import WAKE_S, wait_for, wait_out
 
 #: Keep a zlib encoding only when it is at most this fraction of the content size.
 WORTH_IT = 0.95
@@ -128,10 +129,16 @@ class PartWriter:
         wait_for(self._done)  # wakes up to run signal handlers
 
     def close(self) -> None:
-        """Stop the writer after a failure (``finish`` stops it normally)."""
+        """Stop the writer after a failure (``finish`` stops it normally); returns once it
+        stopped, through a second Ctrl-C too (the caller then removes its directory)."""
         if not self._done.is_set():
             self._error = self._error or RuntimeError("packing aborted")
-            self._stop()
+            sent = False  # the end marker: the writer discards what is queued before it
+            while not sent and self._thread.is_alive():
+                with contextlib.suppress(BaseException):  # queue.Full, or a later signal
+                    self._queue.put(None, timeout=WAKE_S)
+                    sent = True
+            wait_out(self._done, self._thread.is_alive)
 
     def finish(self) -> tuple[Part, ...]:
         """Flush, close the last part and give every part its final name; returns the parts."""

@@ -19,7 +19,7 @@ from typing import Protocol
 from airgap.bundle import Index, Segment
 from airgap.errors import Code, Problem, VerificationFailed
 from airgap.media import open_part
-from clishell import wait_for
+from clishell import wait_for, wait_out
 
 #: Read size in bytes: large enough to amortise syscalls, small enough to stay in L2/L3 reach.
 CHUNK_BYTES = 4 * 1024**2
@@ -137,6 +137,12 @@ def hash_ranges(
     cursor = iter(order)
     errors: list[BaseException] = []
 
+    def tick(n: int) -> None:  # per chunk read, in the worker
+        if errors:  # another worker failed or the caller was interrupted: stop mid-range
+            raise _Stopped
+        if progress is not None:
+            progress(n)
+
     def work(done: threading.Event | None = None) -> None:
         buf = bytearray(CHUNK_BYTES)
         view = memoryview(buf)
@@ -150,7 +156,7 @@ def hash_ranges(
                 out = sink(ranges[i]) if sink else None
                 try:
                     results[i] = _hash_one(bundle, index, ranges[i], readable, view, fds, out,
-                                           progress)  # fmt: skip
+                                           tick)  # fmt: skip
                 finally:
                     if out is not None:
                         out.close()
@@ -177,16 +183,19 @@ def hash_ranges(
                 wait_for(done)  # wakes up to run signal handlers
         except BaseException as exc:  # interrupted: workers stop before their next range
             errors.append(exc)
-            # Every worker running now finishes its range before the caller cleans up (a
-            # worker still writing into a staging directory while it is removed left it
+            # Every worker running now stops (at its next chunk) before the caller cleans up
+            # (a worker still writing into a staging directory while it was removed left it
             # behind); one not yet running sees the error first and writes nothing.
             for t, done in zip(threads, finished, strict=True):
-                if t.is_alive():
-                    done.wait()
+                wait_out(done, t.is_alive)  # through a second Ctrl-C: a chunk, 4 MiB at most
             raise
     if errors:
         raise errors[0]
     return [r for r in results if r is not None]
+
+
+class _Stopped(Exception):
+    """Raised in a worker at its next chunk once the hashing failed or was interrupted."""
 
 
 def _hash_one(

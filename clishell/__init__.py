@@ -14,6 +14,7 @@ A small leaf package: it imports none of the project's packages, and all four ma
     ConfigOpt, require_config, CONFIG_ENV             --config/-c/$SG_CONFIG, one definition
     Interrupted, interruptible, die_by                SIGINT/SIGTERM/SIGHUP -> cleanup -> 130/143
     wait_for, WAKE_S                                  wait on another thread, signals still run
+    wait_out                                          the cleanup wait: through later signals
     public_key_path, existing_public_key              key file names: KEY.pem and KEY.pub
     private_key_instead                               a private key given where a public one goes
     UNSAFE_TEXT, shown                                untrusted text on a terminal: escaped
@@ -28,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from clishell.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, CliError, error_line, warn
 from clishell.files import atomic_file, write_atomic
 from clishell.inputs import read_input, read_input_text
-from clishell.interrupt import WAKE_S, Interrupted, die_by, interruptible, wait_for
+from clishell.interrupt import WAKE_S, Interrupted, die_by, interruptible, wait_for, wait_out
 from clishell.keyfiles import existing_public_key, private_key_instead, public_key_path
 from clishell.text import UNSAFE_TEXT, shown
 
@@ -99,6 +100,7 @@ __all__ = [
     "shown",
     "version_line",
     "wait_for",
+    "wait_out",
     "warn",
     "write_atomic",
 ]

@@ -23,9 +23,10 @@ disposition to the default before it starts.)
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
 
@@ -99,6 +100,25 @@ def wait_for(done: threading.Event, wake_s: float = WAKE_S) -> None:
     """
     while not done.wait(wake_s):
         pass
+
+
+def wait_out(done: threading.Event, alive: Callable[[], bool] = lambda: True) -> None:
+    """Wait until ``done`` is set (or ``alive()`` turns false), whatever signal handlers raise
+    meanwhile: the cleanup wait after a first interruption.
+
+    Code that cleans up after a thread (removes the directory it writes into) must not go on
+    while the thread still runs; a second Ctrl-C during that wait would cut it short if its
+    :class:`Interrupted` propagated. The first interruption is the one the caller re-raises;
+    what a later handler raises is dropped. The thread waited on must stop soon by itself.
+
+    Args:
+        done: Set by the thread when it ends.
+        alive: False once the thread is known not to run (e.g. ``Thread.is_alive``: a thread
+            whose start was interrupted before it ran never sets ``done``).
+    """
+    while alive() and not done.is_set():
+        with contextlib.suppress(BaseException):  # see the docstring: a later signal
+            done.wait(WAKE_S)
 
 
 def die_by(signum: int) -> int:

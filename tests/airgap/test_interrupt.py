@@ -87,14 +87,21 @@ class _SignalRaised(BaseException):
     """What a signal handler raises (as clishell's Interrupted): not an Exception."""
 
 
+class _SecondSignal(BaseException):
+    """What the handler of a second signal raises during the cleanup wait."""
+
+
+@pytest.mark.parametrize("second_signal", [False, True], ids=["one-signal", "second-signal"])
 def test_a_signal_while_the_hash_workers_start_waits_for_the_started_ones(
-    pristine_bundle: Path, monkeypatch: pytest.MonkeyPatch,
+    pristine_bundle: Path, monkeypatch: pytest.MonkeyPatch, second_signal: bool,
 ) -> None:
     """``airgap unpack --workers 2`` interrupted while its second worker was starting left a
     ``.airgap-staging-*`` directory (1 run in 10 under load): the exception came out of
     ``Thread.start`` before the wait that stops the workers, the caller removed the staging
     directory while the first worker still wrote into it. Here the first worker is held inside
-    its first range and the signal handler raises in the second ``start()``."""
+    its first range and the signal handler raises in the second ``start()``; a second signal
+    during the wait for it (its handler raises too) must not cut that wait short."""
+    import os
     import threading
     import time
 
@@ -130,10 +137,22 @@ def test_a_signal_while_the_hash_workers_start_waits_for_the_started_ones(
             assert in_range.wait(10)
             raise _SignalRaised  # as a handler raising in start()'s wait for the next worker
 
+    def second(signum: int, frame: object) -> None:
+        raise _SecondSignal
+
     monkeypatch.setattr(threading.Thread, "start", interrupted_start)
-    with pytest.raises(_SignalRaised):
-        hash_ranges(pristine_bundle, index, ranges, readable=readable, workers=2,
-                    sink=lambda rng: HeldSink())
-    assert busy == []  # the started worker finished its range before the caller went on
+    if second_signal:
+        previous = signal.signal(signal.SIGUSR1, second)
+        timer = threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGUSR1))
+        timer.start()
+    try:
+        with pytest.raises(_SignalRaised):
+            hash_ranges(pristine_bundle, index, ranges, readable=readable, workers=2,
+                        sink=lambda rng: HeldSink())
+    finally:
+        if second_signal:
+            timer.join(10)
+            signal.signal(signal.SIGUSR1, previous)
+    assert busy == []  # the started worker stopped before the caller went on
     monkeypatch.undo()
     assert [t.name for t in threading.enumerate() if t.name.startswith("airgap-hash")] == []
