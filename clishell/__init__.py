@@ -21,6 +21,7 @@ A small leaf package: it imports none of the project's packages, and all four ma
     atomic_file, write_atomic                         an output file complete or absent
     read_input, read_input_text                       an input file (or pipe) read so that a
                                                       signal meanwhile is never lost
+    not_regular                                       a pipe/FIFO where a file is read twice
 """
 
 
@@ -28,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from clishell.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, CliError, error_line, warn
 from clishell.files import atomic_file, write_atomic
-from clishell.inputs import read_input, read_input_text
+from clishell.inputs import not_regular, read_input, read_input_text
 from clishell.interrupt import WAKE_S, Interrupted, die_by, interruptible, wait_for, wait_out
 from clishell.keyfiles import existing_public_key, private_key_instead, public_key_path
 from clishell.text import UNSAFE_TEXT, shown
@@ -90,6 +91,7 @@ __all__ = [
     "existing_public_key",
     "interruptible",
     "invoke",
+    "not_regular",
     "private_key_instead",
     "public_key_path",
     "read_input",

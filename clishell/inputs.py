@@ -26,7 +26,7 @@ from pathlib import Path
 
 from clishell.interrupt import WAKE_S, wait_for
 
-__all__ = ["read_input", "read_input_text"]
+__all__ = ["not_regular", "read_input", "read_input_text"]
 
 
 def read_input(path: Path | str, *, wake_s: float = WAKE_S) -> bytes:
@@ -46,13 +46,9 @@ def read_input(path: Path | str, *, wake_s: float = WAKE_S) -> bytes:
             (:class:`~clishell.interrupt.Interrupted` inside :func:`~clishell.interruptible`).
     """
     path = Path(path)
-    if threading.current_thread() is not threading.main_thread():
-        return path.read_bytes()  # only the main thread runs handlers: none can be lost here
-    try:
-        mode = os.stat(path).st_mode  # stat never waits for a writer
-    except OSError:
-        return path.read_bytes()  # raises the error a plain read gives
-    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+    if threading.current_thread() is not threading.main_thread() or not not_regular(path):
+        # Only the main thread runs handlers; a regular file never waits for a writer; a
+        # missing file or a directory fails at once, with the error a plain read gives.
         return path.read_bytes()
     outcome: list[bytes | BaseException] = []
     done = threading.Event()
@@ -96,3 +92,22 @@ def read_input_text(path: Path | str, *, encoding: str = "utf-8",
     """
     text = read_input(path, wake_s=wake_s).decode(encoding)
     return text.replace("\r\n", "\n").replace("\r", "\n") if "\r" in text else text
+
+
+def not_regular(path: Path | str) -> bool:
+    """Whether ``path`` names something a read may wait on: a FIFO, pipe, device or socket.
+
+    For a consumer that reads a file by name more than once (the TLS layer, a signing library,
+    a live reload): a pipe's content is its writer's, once, and a second read waits for a writer
+    that never comes. Links are followed (a Kubernetes Secret's file is a link to a regular
+    file).
+
+    Returns:
+        False for a regular file, a directory, or nothing at ``path`` (the read then fails at
+        once and says so).
+    """
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))

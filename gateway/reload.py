@@ -27,8 +27,6 @@ import asyncio
 import hashlib
 import json
 import logging
-import os
-import stat
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -37,6 +35,7 @@ from typing import Any
 
 import yaml
 
+from clishell import not_regular
 from gateway.assembly import Gateway, reassemble
 from gateway.config_errors import KeyPath, dotted, problems_of
 from gateway.errors import ConfigError
@@ -262,7 +261,7 @@ class Reloader:
         file = str(self.path)
         piped = [f"{f}: not a regular file (a pipe or FIFO is read once, at start): a live "
                  "reload reads its files again; restart the gateway to apply a change"
-                 for f in self.files() if not _regular_or_absent(f)]
+                 for f in self.files() if not_regular(f)]
         if piped:  # reading it again would wait for a writer for ever, holding every reload
             return piped
         try:
@@ -294,7 +293,7 @@ class Reloader:
         settings = self.running.settings
         out = [path]
         raw = None
-        if _regular_or_absent(path):
+        if not not_regular(path):
             try:
                 raw = yaml.safe_load(path.read_text(encoding="utf-8"))
             except (OSError, UnicodeDecodeError, yaml.YAMLError):
@@ -325,15 +324,6 @@ class Reloader:
             _log.exception("could not record %s in the audit log", event["type"])
 
 
-def _regular_or_absent(path: Path) -> bool:
-    """Whether reading ``path`` cannot wait for a writer: a regular file (links followed, as
-    a ConfigMap's), or nothing there (the read then fails at once and is reported)."""
-    try:
-        return stat.S_ISREG(os.stat(path).st_mode)
-    except OSError:
-        return True
-
-
 class _FileWatch(Periodic):
     """Polls the content of the files a configuration is read from; reloads when it changes.
 
@@ -356,7 +346,7 @@ class _FileWatch(Periodic):
         for file in self._reloader.files():
             h.update(str(file).encode() + b"\0")
             try:
-                h.update(file.read_bytes() if _regular_or_absent(file) else b"not regular")
+                h.update(b"not regular" if not_regular(file) else file.read_bytes())
             except OSError as exc:
                 h.update(f"unreadable: {exc.strerror}".encode())
             h.update(b"\0")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ssl
 from pathlib import Path
 
+from clishell import not_regular
 from gateway.errors import ConfigError
 from gateway.settings import GatewaySettings
 
@@ -19,6 +20,9 @@ __all__ = ["check_tls_files"]
 def _readable(key: str, path: Path | None) -> None:
     if path is None:
         return
+    if not_regular(path):  # checked here, loaded by name by the TLS layer: read twice
+        raise ConfigError(f"{key}: {path} is not a regular file (a pipe or FIFO is read once; "
+                          "the TLS layer reads it again by name): give a file")
     try:
         with path.open("rb") as fh:
             fh.read(1)

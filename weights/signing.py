@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any, cast
 
-from clishell import private_key_instead, read_input
+from clishell import not_regular, private_key_instead, read_input
 from weights.digests import ProgressCallback, sha256_file
 from weights.errors import SignatureVerificationError, SigningError
 from weights.verify import list_files
@@ -93,6 +93,9 @@ def check_key(path: Path, *, private: bool, password: str | None = None) -> None
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import ec
 
+    if not_regular(path):  # model_signing reads the key file again by name
+        raise SigningError(f"{path}: not a regular file (a pipe or FIFO is read once; the "
+                           "signing library reads the key again by name): give a key file")
     try:
         data = read_input(path)
     except OSError as exc:

@@ -17,7 +17,7 @@ import hmac
 import secrets
 from pathlib import Path
 
-from clishell import write_atomic
+from clishell import read_input_text, write_atomic
 from gateway.audit.errors import AuditConfigError
 
 MIN_KEY_BYTES = 32
@@ -101,7 +101,7 @@ def load_pseudonymizer(path: Path) -> Pseudonymizer:
         AuditConfigError: If it cannot be read or holds fewer than 32 bytes of key.
     """
     try:
-        text = path.read_text(encoding="ascii").strip()
+        text = read_input_text(path, encoding="ascii").strip()
     except (OSError, UnicodeDecodeError) as exc:
         raise AuditConfigError(f"cannot read pseudonym key {path}: {exc}") from exc
     try:

@@ -205,3 +205,40 @@ def test_another_thread_reads_a_pipe_directly(tmp_path: Path) -> None:
     reader.join(10)
     assert got == [b"key: value\n"]
     assert [t for t in threading.enumerate() if t.name.startswith("read ")] == []
+
+
+def test_not_regular_names_pipes_and_nothing_else(tmp_path: Path) -> None:
+    from clishell import not_regular
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    (tmp_path / "file").write_text("x")
+    (tmp_path / "link").symlink_to(tmp_path / "file")  # a Kubernetes Secret's file
+    assert not_regular(fifo)
+    assert not_regular("/dev/null")
+    assert not any(not_regular(p) for p in (tmp_path / "file", tmp_path / "link", tmp_path,
+                                            tmp_path / "absent"))
+
+
+def test_a_pipe_where_a_file_is_read_again_by_name_is_refused_at_once(tmp_path: Path) -> None:
+    """The TLS layer and the model-signing library read their files by name after our check:
+    a pipe's content is gone by then (``<(...)`` gave "MalformedFraming") and a FIFO waited
+    for a writer for ever. Both are refused naming the file; nothing is opened."""
+    from gateway.errors import ConfigError
+    from gateway.settings import parse
+    from gateway.tls_files import check_tls_files
+    from tests.gateway.helpers import BACKEND_KEY, config
+    from weights.errors import SigningError
+    from weights.signing import check_key
+
+    fifo = tmp_path / "tls.pem"
+    os.mkfifo(fifo)
+    settings = parse(config(["http://127.0.0.1:1"], listen={
+        "host": "127.0.0.1", "port": 0, "tls_cert_file": str(fifo),
+        "tls_key_file": str(fifo)}), {"VLLM_KEY": BACKEND_KEY})
+    with pytest.raises(ConfigError) as tls:
+        check_tls_files(settings)
+    assert str(tls.value).startswith(f"listen.tls_cert_file: {fifo} is not a regular file")
+    with pytest.raises(SigningError) as key:
+        check_key(fifo, private=True)
+    assert str(key.value).startswith(f"{fifo}: not a regular file")
