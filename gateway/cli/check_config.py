@@ -14,7 +14,7 @@ from typing import Annotated
 
 import typer
 
-from clishell import ConfigOpt, require_config, warn
+from clishell import ConfigOpt, not_regular, require_config, warn
 from gateway.assembly import assemble
 from gateway.config_errors import ConfigProblem, problems_of
 from gateway.errors import ConfigError
@@ -71,10 +71,12 @@ def check_config(
     (:func:`gateway.supervisor.check_workers`).
     """
     file = _config_file(config, legacy_file)
+    reason = None
     try:  # unreadable (exit 2) apart from invalid (exit 1), with the reason
-        with file.open("rb"):
-            pass
-        reason = None if file.is_file() else "not a regular file"
+        if not not_regular(file):  # a pipe (`<(envsubst ...)`) is read once, by load, as serve
+            with file.open("rb"):
+                pass
+            reason = None if file.is_file() else "not a regular file"
     except OSError as exc:
         reason = exc.strerror or str(exc)
     if reason is not None:

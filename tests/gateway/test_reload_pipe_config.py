@@ -72,3 +72,17 @@ def test_a_reload_of_a_config_read_from_a_pipe_is_refused_and_the_gateway_still_
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
+
+
+def test_check_config_reads_a_pipe_as_serve_does(tmp_path: Path) -> None:
+    """``gateway check-config --config <(envsubst ...)``: it refused the pipe as "not a
+    regular file" (after opening it twice) while ``serve`` served it."""
+    path = tmp_path / "gateway.yaml"
+    path.write_text(yaml.safe_dump(config(["http://127.0.0.1:1"])))
+    res = subprocess.run(
+        ["bash", "-c", 'exec "$0" -m gateway.cli check-config --config <(cat "$1")',
+         sys.executable, str(path)],
+        capture_output=True, text=True, check=False, env={**os.environ, "VLLM_KEY": "x"},
+        cwd=tmp_path, timeout=60)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert ": OK (listen 127.0.0.1:0)" in res.stdout
