@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -47,6 +48,14 @@ CREATE TABLE IF NOT EXISTS audit_checkpoints (
     PRIMARY KEY (chain, size, ts_us)
 );
 """
+
+
+def _busy(exc: sqlite3.OperationalError) -> bool:
+    """Whether ``exc`` is SQLITE_BUSY or SQLITE_LOCKED ("database is locked")."""
+    code = getattr(exc, "sqlite_errorcode", None)  # Python 3.11+
+    if code is not None:
+        return code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+    return "locked" in str(exc) or "busy" in str(exc)
 
 
 def _text(data: bytes) -> str:
@@ -116,19 +125,20 @@ class SqliteStore:
                 ro = sqlite3.connect(uri, uri=True, timeout=timeout, isolation_level=None)
                 ro.text_factory = _text
                 return ro
-            conn = sqlite3.connect(self.path, timeout=timeout, isolation_level=None)
-            conn.text_factory = _text
-            try:
-                conn.execute(f"PRAGMA busy_timeout={int(self._busy_timeout_ms)}")
-                mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
-                if str(mode).lower() != "wal":
-                    raise sqlite3.OperationalError(f"cannot enable WAL (journal_mode={mode})")
-                conn.execute("PRAGMA synchronous=FULL")
-                conn.executescript(_SCHEMA)
-            except BaseException:
-                conn.close()
-                raise
-            return conn
+            # SQLite skips the busy handler where waiting could deadlock: two connections
+            # that both hold SHARED and want to write (several workers switching a new file
+            # to WAL or creating the schema at once) get SQLITE_BUSY at once, and a pod's
+            # second worker failed to start. Such an attempt is retried, within the timeout.
+            deadline = time.monotonic() + timeout
+            pause_s = 0.005
+            while True:
+                try:
+                    return self._initialised(timeout)
+                except sqlite3.OperationalError as exc:
+                    if not _busy(exc) or time.monotonic() + pause_s > deadline:
+                        raise
+                time.sleep(pause_s)
+                pause_s = min(pause_s * 2, 0.1)
 
         loop = asyncio.get_running_loop()
         try:
@@ -137,6 +147,29 @@ class SqliteStore:
             self._executor.shutdown(wait=False)
             self._executor = None
             raise AuditUnavailable(f"cannot open audit store {self.display_url}: {exc}") from exc
+
+    def _initialised(self, timeout_s: float) -> sqlite3.Connection:
+        """A new connection with WAL, synchronous=FULL and the schema (in the worker thread).
+
+        The schema is created in one ``BEGIN IMMEDIATE`` transaction: the write lock is taken
+        first, where the busy handler waits, not upgraded from a read lock mid-statement.
+
+        Raises:
+            sqlite3.Error: The file cannot be opened or initialised (closed again).
+        """
+        conn = sqlite3.connect(self.path, timeout=timeout_s, isolation_level=None)
+        conn.text_factory = _text
+        try:
+            conn.execute(f"PRAGMA busy_timeout={int(self._busy_timeout_ms)}")
+            mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+            if str(mode).lower() != "wal":
+                raise sqlite3.OperationalError(f"cannot enable WAL (journal_mode={mode})")
+            conn.execute("PRAGMA synchronous=FULL")
+            conn.executescript(f"BEGIN IMMEDIATE;\n{_SCHEMA}\nCOMMIT;")
+        except BaseException:
+            conn.close()
+            raise
+        return conn
 
     async def close(self) -> None:
         """Close the connection and stop the worker thread."""
