@@ -52,10 +52,8 @@ CREATE TABLE IF NOT EXISTS audit_checkpoints (
 
 def _busy(exc: sqlite3.OperationalError) -> bool:
     """Whether ``exc`` is SQLITE_BUSY or SQLITE_LOCKED ("database is locked")."""
-    code = getattr(exc, "sqlite_errorcode", None)  # Python 3.11+
-    if code is not None:
-        return code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
-    return "locked" in str(exc) or "busy" in str(exc)
+    primary = exc.sqlite_errorcode & 0xFF  # an extended result code's primary part
+    return primary in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
 
 
 def _text(data: bytes) -> str:
