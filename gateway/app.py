@@ -41,7 +41,7 @@ from gateway.auth import Authenticator
 from gateway.drain import Drain
 from gateway.errors import GatewayError, InvalidRequest, MethodNotAllowed
 from gateway.fleet.replica_metrics import MetricsScraper
-from gateway.h1 import RelayClient, connector_dialer
+from gateway.h1 import Dialer, RelayClient, resolver_dialer
 from gateway.health import HealthProber
 from gateway.models_api import is_models_path
 from gateway.records import AdmissionHook, RequestObserver
@@ -134,6 +134,7 @@ def create_app(
     gateway: Gateway | None = None,
     *,
     connector_factory: ConnectorFactory | None = None,
+    dialer: Dialer | None = None,
     policy: RoutePolicy | None = None,
     observers: Sequence[RequestObserver] = (),
     admission: Sequence[AdmissionHook] = (),
@@ -152,9 +153,11 @@ def create_app(
         settings: The validated configuration.
         gateway: The assembled components (then no other keyword may be given).
         connector_factory: Builds the aiohttp connector for upstream connections (the egress
-            policy's checked connector); default a plain pooled ``TCPConnector``. It must be
-            a ``TCPConnector``: the relay's own client dials through its resolver and socket
-            factory (:func:`gateway.h1.connector_dialer`).
+            policy's checked connector); default a plain pooled ``TCPConnector``. It serves
+            the health prober and the metrics scraper.
+        dialer: Opens the relay's own upstream connections (:func:`gateway.h1.resolver_dialer`
+            with the egress policy's resolver and socket factory); default the system
+            resolver. Give it with ``connector_factory`` built from the same resolver.
         policy: Per-request routing decision (default: every replica allowed).
         observers: Request observers (audit log, telemetry), see :mod:`gateway.records`.
         admission: Admission hooks run before forwarding (quotas).
@@ -178,9 +181,10 @@ def create_app(
         gateway = Gateway.of(
             settings, router=router, authenticator=authenticator, route_policy=policy,
             admission=admission, observers=observers, connector_factory=connector_factory,
+            dialer=dialer,
             upstream_middlewares=upstream_middlewares,
         )
-    elif (connector_factory or policy or observers or admission or authenticator or router
+    elif (connector_factory or dialer or policy or observers or admission or authenticator or router
           or upstream_middlewares):
         raise TypeError("create_app: pass either an assembled gateway or its parts, not both")
     parts = gateway
@@ -191,9 +195,8 @@ def create_app(
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[dict[str, Any]]:
         session = new_session(settings, parts.connector_factory, parts.upstream_middlewares)
-        assert session.connector is not None  # new_session always gives it one
         upstream = RelayClient(
-            connector_dialer(session.connector), tls=upstream_ssl,
+            parts.dialer or resolver_dialer(), tls=upstream_ssl,
             limit=settings.limits.max_upstream_connections,
             keep_alive_s=settings.timeouts.upstream_keep_alive_s,
             connect_s=settings.timeouts.connect_s, observers=parts.attempt_observers,

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp.client_middlewares import ClientMiddlewareType
 
 from gateway.auth import Authenticator, KeyRing, principal_of
-from gateway.h1 import AttemptObserver
+from gateway.h1 import AttemptObserver, Dialer
 from gateway.records import AdmissionHook, ObserverHooks, RequestObserver
 from gateway.routing import AllowAll, RoutePolicy, Router, RouteTable
 from gateway.settings import GatewaySettings
@@ -64,8 +64,10 @@ class Gateway:
             policy's ``PolicyRoutes``, or ``AllowAll``).
         admission: Admission hooks, in call order (telemetry's observer, quotas).
         observers: Request observers, in call order (audit, telemetry's observer, quotas).
-        connector_factory: Builds the upstream aiohttp connector (policy-checked with a
-            policy; ``None``: a plain pooled connector).
+        connector_factory: Builds the upstream aiohttp connector of the health prober and the
+            metrics scraper (policy-checked with a policy; ``None``: a plain pooled connector).
+        dialer: Opens the relay's upstream connections with the same resolver and socket
+            factory (policy-checked with a policy; ``None``: the system resolver).
         upstream_middlewares: aiohttp client middlewares, outermost first (telemetry client
             spans). The egress policy needs none: its connector checks every connection.
         policy: The egress policy document, if configured.
@@ -89,6 +91,7 @@ class Gateway:
     admission: tuple[AdmissionHook, ...] = ()
     observers: tuple[RequestObserver, ...] = ()
     connector_factory: Callable[[], Any] | None = None
+    dialer: Dialer | None = None
     upstream_middlewares: tuple[ClientMiddlewareType, ...] = ()
     policy: Policy | None = None
     egress: EgressRuntime | None = None
@@ -122,6 +125,7 @@ class Gateway:
         admission: Sequence[AdmissionHook] = (),
         observers: Sequence[RequestObserver] = (),
         connector_factory: Callable[[], Any] | None = None,
+        dialer: Dialer | None = None,
         upstream_middlewares: Sequence[ClientMiddlewareType] = (),
     ) -> Gateway:
         """A gateway put together by hand (tests, embedding): defaults for what is not given.
@@ -140,6 +144,7 @@ class Gateway:
             admission=tuple(admission),
             observers=tuple(observers),
             connector_factory=connector_factory,
+            dialer=dialer,
             upstream_middlewares=tuple(upstream_middlewares),
             flow=build_flow(settings, router),
         )
@@ -157,6 +162,7 @@ class Gateway:
         """
         transport: tuple[object, ...] = (
             *((self.connector_factory,) if self.connector_factory else ()),
+            *((self.dialer,) if self.dialer else ()),
             *self.upstream_middlewares,
         )
         stages = [
@@ -238,6 +244,7 @@ def assemble(
         )
     route_policy: RoutePolicy = AllowAll()
     connector_factory = None
+    dialer: Dialer | None = None
     middlewares: list[ClientMiddlewareType] = []
     observer = telemetry.observer if telemetry is not None else None
     if telemetry is not None:
@@ -259,6 +266,7 @@ def assemble(
         )
         route_policy = wiring.routes
         connector_factory = wiring.connector_factory
+        dialer = wiring.dialer
 
     return Gateway(
         settings=settings,
@@ -268,6 +276,7 @@ def assemble(
         admission=tuple(h for h in (observer, quotas) if h is not None),
         observers=tuple(o for o in (audit, observer, quotas) if o is not None),
         connector_factory=connector_factory,
+        dialer=dialer,
         upstream_middlewares=tuple(middlewares),
         policy=policy,
         egress=egress,
@@ -354,6 +363,7 @@ def reassemble(running: Gateway, settings: GatewaySettings, base: Path | None = 
         admission=running.admission,
         observers=running.observers,
         connector_factory=running.connector_factory,
+        dialer=running.dialer,
         upstream_middlewares=running.upstream_middlewares,
         policy=policy,
         egress=running.egress,

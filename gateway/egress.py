@@ -39,6 +39,7 @@ from typing import Any
 
 from gateway.auth import Principal
 from gateway.errors import ClassChangeRefused, ConfigError, InvalidRequest
+from gateway.h1 import Dialer, resolver_dialer
 from gateway.routing import Replica, RouteDecision, Router
 from gateway.settings import GatewaySettings, ModelSettings, PolicySettings
 from policy import (
@@ -48,8 +49,10 @@ from policy import (
     EgressMatcher,
     Policy,
     PolicyError,
+    PolicyResolver,
     UnknownDataClass,
     check_binding,
+    checked_socket_factory,
     make_connector,
     start_guard,
 )
@@ -406,12 +409,15 @@ class EgressWiring:
 
     Attributes:
         routes: The routing policy seam (``RoutePolicy``) with data-class resolution.
-        connector_factory: Builds the policy-checked aiohttp connector of upstream requests
-            (every connection checked when it is opened).
+        connector_factory: Builds the policy-checked aiohttp connector of the health prober
+            and the metrics scraper (every connection checked when it is opened).
+        dialer: Opens the relay's upstream connections with the same pinning resolver and
+            checked socket factory.
     """
 
     routes: PolicyRoutes
     connector_factory: Callable[[], Any]
+    dialer: Dialer
 
 
 def wire_egress(
@@ -439,7 +445,7 @@ def wire_egress(
         mode: Guard mode, recorded in ``policy.loaded``.
 
     Returns:
-        The routing policy and the connector factory.
+        The routing policy, the connector factory and the relay's dialer.
     """
     for pool in router.pools.values():
         for replica in pool.replicas:
@@ -456,4 +462,5 @@ def wire_egress(
             matcher, limit=limit, limit_per_host=0,
             keepalive_timeout=settings.timeouts.upstream_keep_alive_s,
         ),
+        dialer=resolver_dialer(PolicyResolver(matcher), checked_socket_factory(matcher)),
     )

@@ -13,7 +13,7 @@ from gateway.h1.client import (
     Dialer,
     RelayClient,
     Response,
-    connector_dialer,
+    resolver_dialer,
 )
 from gateway.h1.connection import ConnectionClosed, H1Connection, IncompleteBody
 from gateway.h1.framing import ProtocolError
@@ -29,5 +29,5 @@ __all__ = [
     "ProtocolError",
     "RelayClient",
     "Response",
-    "connector_dialer",
+    "resolver_dialer",
 ]

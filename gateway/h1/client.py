@@ -1,11 +1,12 @@
 """The relay's upstream HTTP/1.1 client: a bounded keep-alive pool per replica origin.
 
-Connections are opened through a :class:`Dialer`, which resolves and connects exactly as the
-upstream aiohttp session's connector does (:func:`connector_dialer`: its resolver, DNS cache
-and socket factory; with the egress policy that is the policy-checked connector, so every new
-connection is checked by the one egress implementation, :mod:`policy.transport`), then TLS
-for ``https://`` replicas with the configured context. A connection returns to its origin's
-idle list only when its response was read whole and the replica kept it open; idle
+Connections are opened through a :class:`Dialer`, which resolves and connects with the same
+resolver and socket factory as the upstream aiohttp session's connector
+(:func:`resolver_dialer`; with the egress policy those are the policy's pinning resolver and
+checked socket factory, so every new connection is checked by the one egress implementation,
+:mod:`policy.transport`), then TLS for ``https://`` replicas with the configured context. A
+connection returns to its origin's idle list only when its response was read whole and the
+replica kept it open; idle
 connections close after ``keep_alive_s`` (below the backends' keep-alive). At most ``limit``
 connections are open at once (idle ones of other origins are closed to make room; ``0``: no
 limit). A request that asks for a ``fresh`` connection gets a new one that is closed after its
@@ -30,6 +31,8 @@ from urllib.parse import urlsplit
 
 import aiohappyeyeballs
 import aiohttp
+from aiohappyeyeballs import AddrInfoType
+from aiohttp.abc import AbstractResolver
 
 from gateway.h1.connection import H1Connection, Sink
 from gateway.h1.framing import Head
@@ -41,7 +44,7 @@ __all__ = [
     "Dialer",
     "RelayClient",
     "Response",
-    "connector_dialer",
+    "resolver_dialer",
 ]
 
 Dialer = Callable[[str, int], Awaitable[socket.socket]]
@@ -80,31 +83,48 @@ class AttemptObserver(Protocol):
     def attempt_failed(self, token: object, exc: BaseException) -> None: ...
 
 
-def connector_dialer(connector: aiohttp.BaseConnector) -> Dialer:
-    """A dialer that resolves and connects as ``connector`` does for aiohttp.
+def resolver_dialer(
+    resolver: AbstractResolver | None = None,
+    socket_factory: Callable[[AddrInfoType], socket.socket] | None = None,
+    *,
+    happy_eyeballs_delay_s: float | None = 0.25,
+) -> Dialer:
+    """A dialer that resolves with ``resolver`` and connects with Happy Eyeballs (RFC 8305).
 
-    Uses the connector's resolver (and DNS cache), its ``socket_factory`` (the egress policy's
-    address check before every connect) and its Happy Eyeballs settings, the same calls as
-    ``aiohttp.TCPConnector._create_direct_connection`` makes (aiohttp 3.14).
+    Only public APIs: ``AbstractResolver.resolve`` (aiohttp's resolver interface, which the
+    egress policy's pinning resolver implements) and ``aiohappyeyeballs.start_connection``,
+    whose ``socket_factory`` creates each socket (the egress policy's address check before
+    every connect). The aiohttp session of the health prober and the metrics scraper is built
+    from the same resolver and factory (:func:`policy.make_connector`), so both clients resolve
+    and connect by one rule.
 
-    Raises:
-        TypeError: ``connector`` is not an ``aiohttp.TCPConnector``.
+    Args:
+        resolver: Hostname lookups (default: ``aiohttp.ThreadedResolver``, the system
+            ``getaddrinfo`` in a thread). Address literals are resolved too (the policy's
+            resolver checks them; the default returns them as they are).
+        socket_factory: Makes the socket for one address (default: a plain socket).
+        happy_eyeballs_delay_s: Seconds before the next address is tried in parallel
+            (RFC 8305 section 5 recommends 250 ms); ``None``: one address at a time.
+
+    Raises (from the returned dialer):
+        OSError: The name did not resolve, or no address accepted the connection.
+        policy.EgressDenied: The policy refused the name or an address.
     """
-    if not isinstance(connector, aiohttp.TCPConnector):
-        raise TypeError(f"the relay needs an aiohttp.TCPConnector, not {type(connector)!r}")
-    c = connector
+    the_resolver = resolver if resolver is not None else aiohttp.ThreadedResolver()
 
     async def dial(host: str, port: int) -> socket.socket:
-        hosts = await c._resolve_host(host, port)
-        addr_infos = c._convert_hosts_to_addr_infos(hosts)
+        infos = await the_resolver.resolve(host, port, socket.AF_UNSPEC)
+        addr_infos: list[AddrInfoType] = []
+        for info in infos:
+            address: tuple[str, int] | tuple[str, int, int, int] = (
+                (info["host"], info["port"], 0, 0) if info["family"] == socket.AF_INET6
+                else (info["host"], info["port"]))
+            addr_infos.append((info["family"], socket.SOCK_STREAM, info["proto"], "", address))
         if not addr_infos:
             raise OSError(f"no address of {host}")
         return await aiohappyeyeballs.start_connection(
-            addr_infos,
-            local_addr_infos=c._local_addr_infos,
-            happy_eyeballs_delay=c._happy_eyeballs_delay,
-            interleave=c._interleave,
-            socket_factory=c._socket_factory,
+            addr_infos, happy_eyeballs_delay=happy_eyeballs_delay_s,
+            socket_factory=socket_factory,
         )
 
     return dial
@@ -175,7 +195,7 @@ class RelayClient:
     """The pooled upstream client of the relay (see module docstring).
 
     Args:
-        dial: Opens TCP connections (:func:`connector_dialer`).
+        dial: Opens TCP connections (:func:`resolver_dialer`).
         tls: ``ssl`` setting for ``https://`` replicas (``True``: system CAs, or a context).
         limit: Most connections open at once (in use and idle); ``0``: no limit.
         keep_alive_s: Idle time in seconds after which a pooled connection is closed.
@@ -289,6 +309,7 @@ class RelayClient:
                     if on_slot is not None:
                         on_slot()
                     return conn
+                conn.abort()  # closed, closing, or bytes arrived while idle: never reused
             if self._limit <= 0 or self._open < self._limit:
                 if on_slot is not None:
                     on_slot()

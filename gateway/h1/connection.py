@@ -22,6 +22,7 @@ body was read, the replica kept it open (``Connection``), and nothing followed t
 from __future__ import annotations
 
 import asyncio
+import select
 from collections.abc import Callable
 
 from gateway.h1.framing import (
@@ -295,8 +296,27 @@ class H1Connection(asyncio.Protocol):
 
     @property
     def usable(self) -> bool:
-        """Open and not closing (an idle connection that may be taken from the pool)."""
-        return not self.closed and self.transport is not None and not self.transport.is_closing()
+        """Open, not closing and silent: an idle connection that may carry the next request.
+
+        Silent means no byte (nor the replica's close) waits unread in the socket: an idle
+        connection answers no request, so anything the replica sent since the last response
+        (an unsolicited second response, a stray byte) would otherwise be read as the answer to
+        the next request. ``data_received`` drops such a connection when the event loop gets to
+        the bytes; this check covers the bytes that arrived but were not yet read (a busy loop
+        releases and re-takes a connection in one pass). One ``poll(2)`` without waiting.
+        """
+        transport = self.transport
+        if self.closed or transport is None or transport.is_closing():
+            return False
+        sock = transport.get_extra_info("socket")
+        if sock is None:
+            return True
+        poller = select.poll()
+        poller.register(sock.fileno(), select.POLLIN | select.POLLPRI)
+        if poller.poll(0):
+            self.garbage = True
+            return False
+        return True
 
     def detach(self) -> None:
         """Forget the ``on_lost`` callback (a connection the pool never counted as open)."""

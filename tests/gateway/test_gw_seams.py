@@ -14,6 +14,7 @@ from aiohttp.abc import AbstractResolver, ResolveResult
 
 from gateway.auth import Principal
 from gateway.errors import RateLimited
+from gateway.h1 import resolver_dialer
 from gateway.records import RequestRecord
 from gateway.routing import Replica, RouteDecision
 from gateway.settings import ModelSettings
@@ -86,12 +87,15 @@ class StaticResolver(AbstractResolver):
         pass
 
 
-def test_connector_factory_is_used_for_backend_calls(serve_asgi: Any, sim: Sim) -> None:
+def test_connector_factory_and_dialer_are_used_for_backend_calls(
+    serve_asgi: Any, sim: Sim,
+) -> None:
     resolver = StaticResolver()
     port = sim.url.rsplit(":", 1)[1]
     s = settings([f"http://vllm.internal.test:{port}"])
     gw = start_gateway(serve_asgi, s,
-                       connector_factory=lambda: aiohttp.TCPConnector(resolver=resolver))
+                       connector_factory=lambda: aiohttp.TCPConnector(resolver=resolver),
+                       dialer=resolver_dialer(resolver))
     r = httpx.post(gw + "/v1/chat/completions", json=CHAT, headers=AUTH_A)
     assert r.status_code == 200, r.text
     assert resolver.asked == ["vllm.internal.test"]

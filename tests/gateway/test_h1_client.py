@@ -15,7 +15,6 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
-import aiohttp
 import httpx
 import pytest
 
@@ -25,7 +24,7 @@ from gateway.h1 import (
     IncompleteBody,
     ProtocolError,
     RelayClient,
-    connector_dialer,
+    resolver_dialer,
 )
 from gateway.h1.framing import MAX_HEAD_BYTES
 from tests.gateway.helpers import KEY_A, settings, sse_events, start_gateway
@@ -91,7 +90,7 @@ def replies(*raw: bytes, keep: bool = True) -> Answer:
 
 
 def client(limit: int = 0, keep_alive_s: float = 30.0) -> RelayClient:
-    return RelayClient(connector_dialer(aiohttp.TCPConnector()), tls=True, limit=limit,
+    return RelayClient(resolver_dialer(), tls=True, limit=limit,
                        keep_alive_s=keep_alive_s, connect_s=5.0)
 
 

@@ -10,8 +10,15 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.h1 import RelayClient, connector_dialer
-from policy import EgressDenied, PinStore, Policy, make_connector
+from gateway.h1 import RelayClient, resolver_dialer
+from policy import (
+    EgressDenied,
+    EgressMatcher,
+    PinStore,
+    Policy,
+    PolicyResolver,
+    checked_socket_factory,
+)
 from tests.gateway.test_h1_client import Backend, replies, run
 from tests.policy.test_policy_transport import ScriptedResolver
 
@@ -29,9 +36,10 @@ def _policy(port: int) -> Policy:
 
 
 def _client(policy: Policy, resolver: ScriptedResolver, pins: PinStore) -> RelayClient:
-    # No aiohttp DNS cache: the policy's pin is what keeps a name on its checked address.
-    connector = make_connector(policy, resolver=resolver, pins=pins, use_dns_cache=False)
-    return RelayClient(connector_dialer(connector), tls=True, limit=0, keep_alive_s=30.0,
+    # No DNS cache: the policy's pin is what keeps a name on its checked address.
+    matcher = EgressMatcher(policy, pins)
+    dial = resolver_dialer(PolicyResolver(matcher, resolver), checked_socket_factory(matcher))
+    return RelayClient(dial, tls=True, limit=0, keep_alive_s=30.0,
                        connect_s=5.0)
 
 

@@ -18,12 +18,15 @@ import pytest
 
 from gateway.app import create_app
 from gateway.egress import PolicyRoutes
+from gateway.h1 import resolver_dialer
 from gateway.settings import parse
 from policy import (
     EgressEvent,
     EgressGuard,
     Policy,
+    PolicyResolver,
     check_binding,
+    checked_socket_factory,
     make_connector,
     start_guard,
 )
@@ -94,6 +97,8 @@ def stack(serve_asgi: Callable[..., Any]) -> Iterator[dict[str, Any]]:
         app = create_app(
             settings,
             connector_factory=lambda: make_connector(guard.matcher),
+            dialer=resolver_dialer(PolicyResolver(guard.matcher),
+                                   checked_socket_factory(guard.matcher)),
             policy=PolicyRoutes(policy),
         )
         gw = serve_asgi(app, port=gateway_port)
