@@ -30,7 +30,7 @@ def _config(tmp: Path) -> tuple[Path, str, Signer]:
     url = f"sqlite://{tmp / 'audit.db'}"
     policy = tmp / "policy.yaml"
     policy.write_text(
-        "version: 1\ndata_classes: [public]\ndestinations:\n"
+        "version: 1\ndata_classes: [public, internal]\ndestinations:\n"
         "  - {id: sim, host: 127.0.0.1, port: 9, region: eu-central-1, jurisdiction: EU, "
         "operator: acme}\nrules:\n  - {id: r, principals: {teams: [a]}, destinations: [sim]}\n")
     cfg = {
