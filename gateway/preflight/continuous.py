@@ -35,7 +35,6 @@ import datetime as dt
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
-from pathlib import Path
 from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily
@@ -241,7 +240,3 @@ class ContinuousPreflight(Periodic):
         _log.info("continuous pre-flight: evidence pack %s (%s)", out,
                   "fail" if report.exit_code else "pass")
 
-
-def evidence_dirs(directory: Path) -> list[Path]:
-    """The packs in ``directory``, oldest first (their names start with the UTC time)."""
-    return sorted(p for p in directory.iterdir() if (p / "envelope.dsse.json").is_file())

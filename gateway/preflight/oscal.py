@@ -39,7 +39,7 @@ from gateway.preflight.inputs import Facts
 from gateway.preflight.report import MANUAL_ATTESTATIONS, CheckResult, Report
 
 __all__ = ["NS", "OSCAL_VERSION", "Mapping", "assessment_results", "component_definition",
-           "load_mapping", "oscal_control_id", "oscal_files", "write_oscal"]
+           "load_mapping", "mapping_table", "oscal_control_id", "oscal_files", "write_oscal"]
 
 #: The OSCAL version written (compliance-trestle 5.2.0's models are generated for 1.2.1).
 OSCAL_VERSION = "1.2.1"
@@ -96,6 +96,24 @@ def load_mapping() -> Mapping:
                 raise EvidenceError(f"mapping.yaml: check {cid} names unknown control "
                                     f"{control}") from None
     return mapping
+
+
+def mapping_table(mapping: Mapping) -> str:
+    """The mapping as the Markdown table of docs/evidence.md (one row per check)."""
+    def cell(control: str) -> str:
+        fw = mapping.framework_of(control)
+        mark = {"verified": "", "secondary": "†", "ours": "*"}[
+            str(mapping.frameworks[fw]["controls"][control]["citation"])]
+        return f"{control}{mark}"
+
+    rows = ["| Check | EU CSF | CADA | BSI C5 | Grundschutz | AI Act |",
+            "|---|---|---|---|---|---|"]
+    for cid, m in mapping.checks.items():
+        by_fw = {key: [cell(c) for c in m["controls"] if mapping.framework_of(c) == key]
+                 for key in ("eu-csf", "cada", "bsi-c5", "bsi-grundschutz", "ai-act")}
+        rows.append(f"| `{cid}` | " + " | ".join(", ".join(v) or "-" for v in by_fw.values())
+                    + " |")
+    return "\n".join(rows) + "\n"
 
 
 def oscal_control_id(control: str) -> str:
