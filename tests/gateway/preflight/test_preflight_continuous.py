@@ -173,3 +173,22 @@ def test_continuous_preflight_reports_signs_and_flips_on_tampering(
                  str(serving["dir"] / "operator.pub"), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["predicate"]["checks"]["audit.verify"] == "fail"
     assert "continuous pre-flight: audit.verify failed" in log.read_text()
+
+
+def test_pod_merge_keeps_a_failing_workers_check_at_1() -> None:
+    """With ``serve --workers N`` the supervisor merges the workers' /metrics: a summed gauge
+    would report 2 for two failing workers and hide a stalled one behind a live one."""
+    from gateway.telemetry.pod import merge_expositions
+
+    def worker(fail: float, last_run: float) -> str:
+        return ("# TYPE sg_preflight_check gauge\n"
+                f'sg_preflight_check{{check="audit.verify",status="fail"}} {fail}\n'
+                f'sg_preflight_check{{check="audit.verify",status="pass"}} {1 - fail}\n'
+                "# TYPE sg_preflight_last_run_timestamp_seconds gauge\n"
+                f"sg_preflight_last_run_timestamp_seconds {last_run}\n")
+
+    merged = {(f.name, tuple(sorted(s.labels.items()))): s.value
+              for f in merge_expositions([worker(1, 100.0), worker(1, 40.0)])
+              for s in f.samples}
+    assert merged[("sg_preflight_check", (("check", "audit.verify"), ("status", "fail")))] == 1
+    assert merged[("sg_preflight_last_run_timestamp_seconds", ())] == 40.0
