@@ -35,6 +35,7 @@ import datetime as dt
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily
@@ -216,9 +217,17 @@ class ContinuousPreflight(Periodic):
             if c.status == "fail":
                 _log.warning("continuous pre-flight: %s failed: %s", c.id, c.verdict)
         if s.evidence_dir is not None and s.sign_key_file is not None:
-            await asyncio.to_thread(self._maybe_write_pack, report, facts)
+            await asyncio.to_thread(self.write_pack_if_due, report, facts)
 
-    def _maybe_write_pack(self, report: Report, facts: Facts) -> None:
+    def write_pack_if_due(self, report: Report, facts: Facts) -> Path | None:
+        """Write a signed pack unless one was written today with the same statuses.
+
+        Returns:
+            The pack directory, or ``None`` when none was due.
+
+        Raises:
+            EvidenceError: The pack cannot be written (the next round tries again).
+        """
         from gateway.preflight.evidence import evidence_files, write_pack
         from gateway.preflight.oscal import oscal_files
 
@@ -226,7 +235,7 @@ class ContinuousPreflight(Periodic):
         day = report.generated_at[:10]
         statuses = tuple((c.id, c.status) for c in report.checks)
         if self._last_pack == (day, statuses):
-            return
+            return None
         stamp = report.generated_at.replace("-", "").replace(":", "")
         out = self.settings.evidence_dir / f"{stamp}-{self.replica.replace('/', '_')}"
         n = 1
@@ -239,4 +248,5 @@ class ContinuousPreflight(Periodic):
         self.packs_written += 1
         _log.info("continuous pre-flight: evidence pack %s (%s)", out,
                   "fail" if report.exit_code else "pass")
+        return out
 

@@ -192,3 +192,37 @@ def test_pod_merge_keeps_a_failing_workers_check_at_1() -> None:
               for s in f.samples}
     assert merged[("sg_preflight_check", (("check", "audit.verify"), ("status", "fail")))] == 1
     assert merged[("sg_preflight_last_run_timestamp_seconds", ())] == 40.0
+
+
+def test_a_pack_per_day_and_per_change(tmp_path: Path) -> None:
+    """Same statuses on the same UTC day: no new pack; a new day or a changed status: one."""
+    import dataclasses
+
+    from gateway.preflight import Criteria, Inputs, run_preflight
+    from gateway.preflight.continuous import ContinuousPreflight
+    from gateway.preflight.live_settings import ContinuousSettings
+    from tests.gateway.preflight.conftest import SCENARIO_POLICY
+
+    key = Ed25519PrivateKey.generate()
+    (tmp_path / "op.pem").write_bytes(key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption()))
+    settings = ContinuousSettings(evidence_dir=tmp_path / "ev", sign_key_file=tmp_path / "op.pem")
+
+    async def no_status() -> dict[str, Any]:
+        return {}
+
+    live = ContinuousPreflight(settings, None, None, no_status)
+    report, facts = run_preflight(Inputs(policy=SCENARIO_POLICY),
+                                  Criteria(regions=("eu-central-1",)))
+    day1 = dataclasses.replace(report, generated_at="2026-12-01T10:00:00Z")
+    first = live.write_pack_if_due(day1, facts)
+    assert first is not None and first.name == "20261201T100000Z-gateway"
+    later = dataclasses.replace(report, generated_at="2026-12-01T18:00:00Z")
+    assert live.write_pack_if_due(later, facts) is None
+    next_day = dataclasses.replace(report, generated_at="2026-12-02T00:00:05Z")
+    assert live.write_pack_if_due(next_day, facts) is not None
+    failed, _ = run_preflight(Inputs(policy=SCENARIO_POLICY), Criteria(regions=("us-east-1",)))
+    changed = dataclasses.replace(failed, generated_at="2026-12-02T00:10:00Z")
+    assert live.write_pack_if_due(changed, facts) is not None
+    assert len(list((tmp_path / "ev").iterdir())) == 3 == live.packs_written
