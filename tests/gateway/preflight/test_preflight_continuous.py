@@ -50,6 +50,15 @@ def _checks(metrics_text: str) -> dict[tuple[str, str], float]:
     return out
 
 
+def _oscal_state(pack: Path, check: str) -> str:
+    """The finding's state in the pack's OSCAL results, read by compliance-trestle's models."""
+    from trestle.oscal.assessment_results import AssessmentResults
+
+    results = AssessmentResults.oscal_read(pack / "oscal" / "assessment-results.json")
+    finding = next(f for f in results.results[0].findings or () if f.title == check)
+    return str(finding.target.status.state.value)
+
+
 def _last_run(admin: str) -> float:
     resp = _get(admin + "/metrics")
     if resp is None:
@@ -151,6 +160,7 @@ def test_continuous_preflight_reports_signs_and_flips_on_tampering(
     assert {"oscal/assessment-results.json", "oscal/component-definition.json",
             "evidence/status.json", "evidence/checkpoint.txt"} <= set(verified["subjects"])
     assert verified["predicate"]["checks"]["audit.verify"] == "pass"
+    assert _oscal_state(packs[0], "audit.verify") == "satisfied"
 
     # tamper with a sealed record of the store the gateway is writing to
     with sqlite3.connect(serving["db"], timeout=10) as conn:
@@ -172,6 +182,7 @@ def test_continuous_preflight_reports_signs_and_flips_on_tampering(
     assert main(["preflight", "verify", str(packs[1]), "--key",
                  str(serving["dir"] / "operator.pub"), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["predicate"]["checks"]["audit.verify"] == "fail"
+    assert _oscal_state(packs[1], "audit.verify") == "not-satisfied"
     assert "continuous pre-flight: audit.verify failed" in log.read_text()
 
 
