@@ -108,10 +108,24 @@ class LiveChecks:
         self._checks.append(check)
 
     def run(self, facts: Facts) -> Report:
-        """Run every check over ``facts`` (blocking: call it from a worker thread)."""
+        """Run every check over ``facts`` (blocking: call it from a worker thread).
+
+        A check that raises fails (named by its function) and the others still run: one
+        broken check must not silence the rest.
+        """
         now = dt.datetime.now(dt.UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
-        return Report(tuple(check(facts) for check in self._checks),
+        return Report(tuple(_guarded(check, facts) for check in self._checks),
                       {"source": "continuous pre-flight of the running gateway"}, now)
+
+
+def _guarded(check: LiveCheck, facts: Facts) -> CheckResult:
+    try:
+        return check(facts)
+    except Exception as exc:  # any failure of the check itself is a failed check
+        _log.exception("continuous pre-flight check %s raised", check)
+        name = getattr(check, "__name__", repr(check)).removeprefix("check_")
+        return CheckResult(f"check.{name}", "the check ran", "fail",
+                           f"the check raised {type(exc).__name__}: {exc}")
 
 
 class _Collector(Collector):

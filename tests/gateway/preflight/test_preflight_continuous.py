@@ -237,3 +237,23 @@ def test_a_pack_per_day_and_per_change(tmp_path: Path) -> None:
     changed = dataclasses.replace(failed, generated_at="2026-12-02T00:10:00Z")
     assert live.write_pack_if_due(changed, facts) is not None
     assert len(list((tmp_path / "ev").iterdir())) == 3 == live.packs_written
+
+
+def test_a_check_that_raises_fails_alone() -> None:
+    """A registered check (identity, MCP, ...) that raises is a failed check; the rest run."""
+    from gateway.preflight import Criteria, Inputs, collect
+    from gateway.preflight.continuous import LiveChecks
+    from tests.gateway.preflight.conftest import SCENARIO_POLICY
+
+    def check_identity_provider(facts: Any) -> Any:
+        raise OSError("issuer metadata unreadable")
+
+    checks = LiveChecks()
+    checks.register(check_identity_provider)
+    facts = collect(Inputs(policy=SCENARIO_POLICY), Criteria(regions=("eu-central-1",)))
+    report = checks.run(facts)
+    by_id = {c.id: c for c in report.checks}
+    assert by_id["policy.destinations"].status == "pass"
+    broken = by_id["check.identity_provider"]
+    assert broken.status == "fail" and "OSError: issuer metadata unreadable" in broken.verdict
+    assert report.exit_code == 1
