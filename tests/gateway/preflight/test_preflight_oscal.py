@@ -8,6 +8,7 @@ models are generated from NIST's OSCAL JSON schemas (OSCAL 1.2.1 for trestle 5.2
 from __future__ import annotations
 
 import base64
+import copy
 import hashlib
 import json
 import shutil
@@ -173,3 +174,31 @@ def test_docs_table_is_the_shipped_mapping() -> None:
     """docs/evidence.md shows the mapping as shipped (regenerate it from mapping_table)."""
     doc = (REPO / "docs" / "evidence.md").read_text(encoding="utf-8")
     assert mapping_table(load_mapping()) in doc
+
+
+def test_pack_with_oscal_subjects_verifies_with_securesystemslib(
+        tmp_path: Path, operator_key: tuple[Path, Path]) -> None:
+    """The secure-systems-lab reference implementation of DSSE accepts the envelope, and the
+    payload it returns lists the OSCAL files with the digests of the bytes on disk."""
+    from cryptography.hazmat.primitives import serialization
+    from securesystemslib.dsse import Envelope
+    from securesystemslib.exceptions import VerificationError
+    from securesystemslib.signer import SSlibKey
+
+    priv, pub = operator_key
+    code, _, out = _run(tmp_path, priv, "--region", "eu-central-1")
+    assert code == 0
+    env = json.loads((out / "envelope.dsse.json").read_text())
+    raw = serialization.load_pem_public_key(pub.read_bytes()).public_bytes(
+        serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    key = SSlibKey(env["signatures"][0]["keyid"], "ed25519", "ed25519", {"public": raw.hex()})
+    envelope = Envelope.from_dict(copy.deepcopy(env))  # from_dict consumes its argument
+    assert list(envelope.verify([key], 1)) == [key.keyid]
+    statement = json.loads(envelope.payload)
+    digests = {s["name"]: s["digest"]["sha256"] for s in statement["subject"]}
+    for name in ("oscal/assessment-results.json", "oscal/component-definition.json"):
+        assert digests[name] == hashlib.sha256((out / name).read_bytes()).hexdigest()
+    # one changed payload byte: the reference implementation refuses it
+    env["payload"] = base64.b64encode(envelope.payload.replace(b'"pass"', b'"fail"', 1)).decode()
+    with pytest.raises(VerificationError):
+        Envelope.from_dict(env).verify([key], 1)
