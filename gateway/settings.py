@@ -500,6 +500,10 @@ class GatewaySettings(BaseSettings):
         if ks is not None and ks.enabled and ks.store is None and self.audit is None:
             raise ValueError("keystore.store: store is not set and there is no audit section "
                              "(managed keys default to the audit store)")
+        pf = self.preflight
+        if pf is not None and pf.enabled and (self.telemetry is None or not self.telemetry.enabled):
+            raise ValueError("preflight: the continuous pre-flight reports on the admin port: "
+                             "add a telemetry section (telemetry.admin)")
         return self
 
     def problems_of(self, exc: ConfigError) -> list[ConfigProblem]:

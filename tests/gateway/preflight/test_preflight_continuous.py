@@ -257,3 +257,18 @@ def test_a_check_that_raises_fails_alone() -> None:
     broken = by_id["check.identity_provider"]
     assert broken.status == "fail" and "OSError: issuer metadata unreadable" in broken.verdict
     assert report.exit_code == 1
+
+
+@pytest.mark.parametrize(("section", "problem"), [
+    ("preflight: {interval_s: 10}\n",
+     ":2: preflight: the continuous pre-flight reports on the admin port"),
+    ("telemetry: {admin: {port: 0}}\npreflight: {evidence_dir: ev}\n",
+     ":3: preflight: evidence_dir needs sign_key_file"),
+])
+def test_check_config_refuses_a_preflight_that_cannot_report(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], section: str, problem: str) -> None:
+    config = tmp_path / "gateway.yaml"
+    config.write_text('models: [{name: m, replicas: [{url: "http://127.0.0.1:9"}]}]\n' + section)
+    capsys.readouterr()
+    assert main(["check-config", "--config", str(config)]) == 1
+    assert problem in capsys.readouterr().err
