@@ -100,6 +100,8 @@ class Gateway:
     telemetry: Telemetry | None = None
     flow: FlowGate | None = None
     pure_routes: bool = False
+    # Started and stopped with the app, after the others (the continuous pre-flight).
+    background: tuple[object, ...] = ()
     hooks: ObserverHooks = field(init=False)
     routes: RouteTable = field(init=False)
 
@@ -188,7 +190,7 @@ class Gateway:
         seen: list[object] = []
         telemetry = (self.telemetry,) if self.telemetry is not None else ()
         for component in (self.authenticator, *self.observers, *self.admission, *telemetry,
-                          self.route_policy):
+                          self.route_policy, *self.background):
             if not any(component is other for other in seen):
                 seen.append(component)
         return tuple(seen)

@@ -57,6 +57,7 @@ from gateway.flow.settings import FlowControlSettings
 from gateway.keys_file import merge_keys_file, relabel_keys
 from gateway.keystore.settings import KeystoreSettings
 from gateway.override_names import OverrideNames, unmatched_overrides
+from gateway.preflight.live_settings import ContinuousSettings
 from gateway.quotas.settings import QuotaSettings
 from gateway.url_paths import UrlPath, url_path_fields, url_path_problem
 
@@ -434,6 +435,7 @@ class GatewaySettings(BaseSettings):
     quotas: QuotaSettings | None = None
     keystore: KeystoreSettings | None = None  # managed keys (store defaults to audit.store)
     telemetry: TelemetrySettings | None = None
+    preflight: ContinuousSettings | None = None  # continuous pre-flight (gateway.preflight)
     # Where the settings were read from (file, key path -> line), set by parse().
     _source: tuple[str | None, LineMap | None] = PrivateAttr(default=(None, None))
     _warnings: tuple[ConfigProblem, ...] = PrivateAttr(default=())
@@ -498,6 +500,10 @@ class GatewaySettings(BaseSettings):
         if ks is not None and ks.enabled and ks.store is None and self.audit is None:
             raise ValueError("keystore.store: store is not set and there is no audit section "
                              "(managed keys default to the audit store)")
+        pf = self.preflight
+        if pf is not None and pf.enabled and (self.telemetry is None or not self.telemetry.enabled):
+            raise ValueError("preflight: the continuous pre-flight reports on the admin port: "
+                             "add a telemetry section (telemetry.admin)")
         return self
 
     def problems_of(self, exc: ConfigError) -> list[ConfigProblem]:

@@ -9,6 +9,7 @@ Ctrl-C never reads as success. ``--workers N``: the same, by the supervisor.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import signal
@@ -28,6 +29,8 @@ from gateway.settings import GatewaySettings, is_loopback_host, load
 
 if TYPE_CHECKING:
     from gateway.assembly import Gateway
+    from gateway.egress import EgressRuntime
+    from gateway.preflight.continuous import ContinuousPreflight
     from gateway.reload import Reloader
     from gateway.worker import WorkerSlot
 
@@ -144,12 +147,19 @@ def run(
 
         # GET /status on the admin port: what `gateway preflight` reads from a running gateway.
         admin = gateway.telemetry.admin
-        admin.set_status(gateway_status(settings, egress))
+        live = _continuous_preflight(settings, egress, gateway)
+        if live is not None:
+            gateway = dataclasses.replace(gateway, background=(live,))
+        shown_status = live.status_with_results if live is not None else (lambda s: s)
+        admin.set_status(shown_status(gateway_status(settings, egress)))
         if worker is not None and worker.admin_path is not None:
             admin.listen_unix(worker.admin_path)
 
         def set_status(new: Gateway) -> None:
-            admin.set_status(gateway_status(new.settings, egress, new.policy))
+            source = gateway_status(new.settings, egress, new.policy)
+            if live is not None:
+                live.rebind(new.settings, new.policy, source)
+            admin.set_status(shown_status(source))
 
     def on_applied(new: Gateway) -> None:  # a live reload: report what serves now
         if set_status is not None:
@@ -184,6 +194,22 @@ def run(
         sockets=[worker.listener] if worker is not None else None,
         on_started=worker.started if worker is not None else None,
     )
+
+
+def _continuous_preflight(settings: GatewaySettings, egress: EgressRuntime | None,
+                          gateway: Gateway) -> ContinuousPreflight | None:
+    """The continuous pre-flight of a ``preflight:`` section (needs the admin port)."""
+    section = settings.preflight
+    if section is None or not section.enabled or gateway.telemetry is None:
+        return None
+    from gateway.preflight.continuous import ContinuousPreflight
+    from gateway.preflight.status import gateway_status
+
+    replica = settings.audit.replica_id if settings.audit is not None else "gateway"
+    live = ContinuousPreflight(section, settings, gateway.policy,
+                               gateway_status(settings, egress), replica=str(replica))
+    gateway.telemetry.registry.register(live.collector())
+    return live
 
 
 def _body_limit(reloader: Reloader) -> Callable[[], int]:

@@ -265,8 +265,10 @@ def check_signing_key(facts: Facts) -> CheckResult:
                    evidence, crit)
 
 
-def check_retention(facts: Facts) -> CheckResult:
-    """Declared retention >= 6 months; a SQLite store sits on a persistent volume."""
+def check_retention(facts: Facts, now_s: float | None = None) -> CheckResult:
+    """Declared retention >= 6 months; a SQLite store sits on a persistent volume; with the
+    config's store, no record was deleted while the oldest left is younger than the retention.
+    """
     cid, title, crit = ("audit.retention", "audit log retention is at least six months",
                         ("AIA-26(6)",))
     days = facts.criteria.retention_days
@@ -287,8 +289,44 @@ def check_retention(facts: Facts) -> CheckResult:
                                     "PersistentVolumeClaim (lost with the pod)")
     evidence = {"declared_days": days, "minimum_days": RETENTION_MIN_DAYS,
                 "audit_volumes": storage}
+    store = _store_retention(facts, days, problems, now_s)
+    if store is not None:
+        evidence["store"] = store
     return _result(cid, title, problems, f"declared retention {days} days >= "
                    f"{RETENTION_MIN_DAYS}", evidence, crit)
+
+
+def _store_retention(facts: Facts, days: int, problems: list[str],
+                     now_s: float | None) -> dict[str, Any] | None:
+    """Pruned records younger than the declared retention fail (AI Act Art. 26(6))."""
+    from gateway.audit import AuditError, open_store
+    from gateway.audit.retention import retention_state
+
+    a = _audit_settings(facts) if facts.settings is not None else None
+    if a is None or not a.enabled:
+        return None
+
+    async def run() -> Any:
+        store = open_store(a.store_url(), read_only=True)
+        await store.open()
+        try:
+            return await retention_state(store)
+        finally:
+            await store.close()
+
+    try:
+        state = run_async(run())
+    except AuditError as exc:
+        problems.append(f"cannot read the audit store's oldest record: {exc}")
+        return None
+    now = time.time() if now_s is None else now_s
+    age_days = None if state.oldest_us is None else (now - state.oldest_us / 1e6) / 86400
+    if state.pruned and (age_days is None or age_days < days):
+        problems.append(f"records were deleted while the oldest left is "
+                        f"{0 if age_days is None else age_days:.1f} days old, under the "
+                        f"declared {days}: " + "; ".join(state.pruned[:3]))
+    return {**state.to_dict(), "oldest_age_days": None if age_days is None
+            else round(age_days, 3)}
 
 
 def check_weights(facts: Facts) -> CheckResult:

@@ -77,6 +77,9 @@ def preflight(
     out: Annotated[Path | None, _Opt(help="Write the signed evidence pack here.")] = None,
     sign_key: Annotated[Path | None, _Opt(help="Operator's Ed25519 private key (PEM) for "
                                           "--out.")] = None,
+    oscal: Annotated[Path | None, _Opt(help="Also write OSCAL 1.2.1 component definition and "
+                                       "assessment results here (and into the --out pack).")]
+    = None,
     as_json: Annotated[bool, _Opt("--json", help="Print the report as JSON.")] = False,
 ) -> None:
     """Run the pre-flight checks (inputs optional; checks without their input are skipped)."""
@@ -85,6 +88,7 @@ def preflight(
     # Imported here so that the other `gateway` commands start fast.
     from gateway.preflight.checks import run_preflight
     from gateway.preflight.evidence import write_pack
+    from gateway.preflight.oscal import write_oscal
 
     if out is not None and sign_key is None:
         raise typer.BadParameter("--out needs --sign-key", param_hint="--sign-key")
@@ -101,8 +105,11 @@ def preflight(
                         registries=tuple(registry or ()), retention_days=retention_days,
                         region_label=region_label)
     report, facts = run_preflight(inputs, criteria)
+    extra: dict[str, bytes] = {}
+    if oscal is not None:
+        extra = write_oscal(oscal, report, facts)
     if out is not None and sign_key is not None:
-        write_pack(out, report, facts, sign_key)
+        write_pack(out, report, facts, sign_key, extra)
     if as_json:
         typer.echo(json.dumps(report.to_json(), indent=2, sort_keys=True))
     else:

@@ -128,8 +128,11 @@ def evidence_files(report: Report, facts: Facts) -> dict[str, bytes]:
     return files
 
 
-def write_pack(out: Path, report: Report, facts: Facts, sign_key: Path) -> Path:
+def write_pack(out: Path, report: Report, facts: Facts, sign_key: Path,
+               extra_files: dict[str, bytes] | None = None) -> Path:
     """Write and sign the evidence pack at ``out`` (must not exist, or be an empty directory).
+
+    ``extra_files`` (``{relative path: bytes}``, e.g. the OSCAL documents) become subjects too.
 
     Returns:
         The envelope path.
@@ -140,7 +143,7 @@ def write_pack(out: Path, report: Report, facts: Facts, sign_key: Path) -> Path:
     key = _load_private(sign_key)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise EvidenceError(f"{out} exists and is not an empty directory")
-    files = evidence_files(report, facts)
+    files = {**evidence_files(report, facts), **(extra_files or {})}
     statement = {
         "_type": STATEMENT_TYPE,
         "subject": [{"name": n, "digest": {"sha256": hashlib.sha256(b).hexdigest()}}

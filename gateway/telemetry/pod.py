@@ -58,6 +58,10 @@ GAUGE_MERGE: dict[str, Merge] = {
     "sg_gateway_replica_kv_usage_ratio": "max",
     "sg_gateway_replica_signals_age_seconds": "max",
     "sg_gateway_replica_index_blocks": "max",
+    # continuous pre-flight (gateway.preflight.continuous): each worker runs its own rounds
+    "sg_preflight_check": "max",
+    "sg_preflight_last_run_timestamp_seconds": "min",
+    "sg_preflight_interval_seconds": "max",
 }
 
 _SCRAPE_TIMEOUT_S = 5.0
