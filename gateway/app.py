@@ -40,6 +40,7 @@ from gateway.assembly import Gateway
 from gateway.auth import Authenticator
 from gateway.drain import Drain
 from gateway.errors import GatewayError, InvalidRequest, MethodNotAllowed
+from gateway.fleet.kv_subscriber import KVEventsFeed
 from gateway.fleet.replica_metrics import MetricsScraper
 from gateway.h1 import RelayClient, connector_dialer
 from gateway.health import HealthProber
@@ -214,6 +215,9 @@ def create_app(
         scraper = MetricsScraper(the_router, session, settings.routing, upstream_ssl,
                                  on_round=parts.flow.kick_all if parts.flow else None,
                                  connect_s=connect_s)
+        # KV-cache events of the replicas (routing.kv_events; not reloadable: the sockets
+        # follow the start-up configuration, the indexes follow reloaded pools).
+        kv_feed = KVEventsFeed(the_router, settings.routing.kv_events)
 
         def swap(new: Gateway) -> None:
             # One step on the event loop: requests already running keep their snapshot.
@@ -224,6 +228,7 @@ def create_app(
             upstream.connect_s = connect_s
             prober.rebind(new.router, connect_s)
             scraper.rebind(new.router, connect_s)
+            kv_feed.rebind(new.router)
             if new.flow is not None:
                 new.flow.reconfigure(new.settings.flow_control)
                 new.flow.rebind(new.router)
@@ -244,6 +249,7 @@ def create_app(
                 prober.start()
             if scraper.needed:
                 scraper.start()
+            kv_feed.start()
             if reloader is not None:
                 reloader.attach(swap)
             yield {STATE_KEY: cell}
@@ -251,6 +257,7 @@ def create_app(
             if reloader is not None:
                 await reloader.detach()
             await scraper.stop()
+            await kv_feed.stop()
             await prober.stop()
             for hook in reversed(started):
                 shutdown = getattr(hook, "shutdown", None)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["RoutingSettings", "RoutingWeights"]
+__all__ = ["KVEventsSource", "RoutingSettings", "RoutingWeights"]
 
 
 class _Frozen(BaseModel):
@@ -47,6 +47,27 @@ class RoutingWeights(_Frozen):
     kv: float = Field(default=0.25, ge=0, allow_inf_nan=False)
 
 
+class KVEventsSource(_Frozen):
+    """Where one replica publishes its KV-cache events (vLLM ``--kv-events-config``).
+
+    vLLM's side: ``--kv-events-config '{"enable_kv_cache_events": true, "publisher": "zmq",
+    "endpoint": "tcp://*:5557", "replay_endpoint": "tcp://*:5558", "topic": "kv"}'``.
+
+    Attributes:
+        replica: The replica's ``url`` exactly as in its model's ``replicas``.
+        endpoint: The publisher, ``tcp://<the replica's host>:<port>``.
+        replay_endpoint: The publisher's replay (ROUTER) socket on the same host, for gaps.
+        topic: The topic the publisher sends on (vLLM's default: empty).
+        replay_timeout_s: Seconds to wait for each replay answer before giving a gap up.
+    """
+
+    replica: str
+    endpoint: str
+    replay_endpoint: str | None = None
+    topic: str = ""
+    replay_timeout_s: float = Field(default=2.0, gt=0, allow_inf_nan=False)
+
+
 class RoutingSettings(_Frozen):
     """Signals and weights of fleet-aware routing.
 
@@ -74,6 +95,8 @@ class RoutingSettings(_Frozen):
         imbalance_ratio: ... and more than this factor times (its load + 1), the least loaded
             replica is chosen.
         weights: Score weights.
+        kv_events: Replicas whose KV-cache events give the exact cache state; the others are
+            scored from the estimate (see :mod:`gateway.fleet.exact_index`).
     """
 
     metrics: bool = True
@@ -92,3 +115,4 @@ class RoutingSettings(_Frozen):
     imbalance_abs: int = Field(default=8, ge=1)
     imbalance_ratio: float = Field(default=2.0, ge=1.0, allow_inf_nan=False)
     weights: RoutingWeights = Field(default_factory=RoutingWeights)
+    kv_events: list[KVEventsSource] = Field(default_factory=list)

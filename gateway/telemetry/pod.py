@@ -58,6 +58,8 @@ GAUGE_MERGE: dict[str, Merge] = {
     "sg_gateway_replica_kv_usage_ratio": "max",
     "sg_gateway_replica_signals_age_seconds": "max",
     "sg_gateway_replica_index_blocks": "max",
+    "sg_gateway_replica_cache_exact": "min",
+    "sg_gateway_replica_exact_blocks": "max",
 }
 
 _SCRAPE_TIMEOUT_S = 5.0
