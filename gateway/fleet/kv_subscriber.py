@@ -12,7 +12,12 @@ sequence number (:mod:`gateway.fleet.kv_events`):
   replay cannot fill the gap (no replay socket, no answer within ``replay_timeout_s``, or the
   buffer no longer holds the first missing batch) the replica's index is cleared and rebuilt
   from this batch on (``gaps_lost``);
-* a lower one: the publisher restarted (its numbers start at 0 again): the index is cleared.
+* a lower one: a batch already applied (the replay and the SUB socket both delivered it; the
+  same bytes under the same number) is skipped; any other means the publisher restarted (its
+  numbers start at 0 again): the index is cleared.
+
+With a replay socket the subscriber also catches up at once when it starts, without waiting for
+the replica's next batch.
 
 :meth:`KVEventSubscriber.exact` tells the scorer whether to trust the exact index of a replica:
 once a batch has been applied since the (re)start and no gap is unresolved. A replica that
@@ -27,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -105,6 +111,9 @@ class KVEventSubscriber:
         self._synced = False
         self._task: asyncio.Task[None] | None = None
         self._sub: zmq.asyncio.Socket | None = None
+        self._pending_gap: tuple[int, list[bytes]] | None = None
+        # Recently applied batches: seq -> payload hash (tells a duplicate from a restart).
+        self._recent: OrderedDict[int, int] = OrderedDict()
 
     def exact(self) -> bool:
         """True when the replica's exact index can be trusted (see the module docstring)."""
@@ -133,6 +142,8 @@ class KVEventSubscriber:
 
     async def _run(self) -> None:
         assert self._sub is not None
+        if self.source.replay_endpoint is not None:
+            await self._catch_up()
         while True:
             frames = await self._sub.recv_multipart()
             try:
@@ -142,7 +153,13 @@ class KVEventSubscriber:
             if self._expected is not None and self._pending_gap is not None:
                 await self._fill_gap()
 
-    _pending_gap: tuple[int, list[bytes]] | None = None
+    async def _catch_up(self) -> None:
+        """Apply what the replay buffer holds from the expected number on (at start)."""
+        assert self._expected is not None
+        for rseq, payload in await self._replay(self._expected):
+            if rseq == self._expected:
+                self._take(rseq, payload)
+                self.stats.replayed += 1
 
     def handle(self, frames: Sequence[bytes]) -> None:
         """Process one published ``(topic, seq, payload)`` message (synchronously when in order;
@@ -160,7 +177,10 @@ class KVEventSubscriber:
             self._pending_gap = (seq, list(frames))
             return
         if expected is not None and seq < expected:
+            if self._recent.get(seq) == hash(frames[2]):
+                return  # delivered twice (replay and SUB): applied already
             self.stats.restarts += 1
+            self._recent.clear()
             self._clear()
         self._take(seq, frames[2])
 
@@ -173,6 +193,9 @@ class KVEventSubscriber:
             self._expected = seq + 1
             return
         self._apply(batch.events)
+        self._recent[seq] = hash(payload)
+        if len(self._recent) > 4096:
+            self._recent.popitem(last=False)
         self.stats.batches += 1
         self.stats.last_seq = seq
         self._expected = seq + 1
