@@ -52,6 +52,8 @@ class KVEventsSource(_Frozen):
 
     vLLM's side: ``--kv-events-config '{"enable_kv_cache_events": true, "publisher": "zmq",
     "endpoint": "tcp://*:5557", "replay_endpoint": "tcp://*:5558", "topic": "kv"}'``.
+    vLLM binds its PUB socket only when the endpoint has ``*`` (else it connects out); the
+    gateway connects to it, so give vLLM a ``*`` endpoint. The replay socket always binds.
 
     Attributes:
         replica: The replica's ``url`` exactly as in its model's ``replicas``.
