@@ -5,6 +5,8 @@ Exception tree (each class has a stable machine ``code`` and an HTTP ``status``)
     FlowError                          code "flow_error"
     ├── Shed                           429, type "rate_limit_error", with Retry-After
     │   ├── QueueFull                  code "queue_full": the class's queue is full
+    │   ├── FlowShareFull              code "flow_queue_full": this key's (team's) share of
+    │   │                              the class's queue is full, the queue is not
     │   └── QueueTimeout               code "queue_timeout": waited the class's max_wait_s
     ├── PriorityRaiseRefused           403, code "priority_raise_forbidden"
     └── UnknownPriorityClass           400, code "unknown_priority_class"
@@ -21,6 +23,7 @@ import math
 
 __all__ = [
     "FlowError",
+    "FlowShareFull",
     "PriorityRaiseRefused",
     "QueueFull",
     "QueueTimeout",
@@ -77,6 +80,12 @@ class QueueFull(Shed):
     """The request's class queue was full when it arrived."""
 
     code = "queue_full"
+
+
+class FlowShareFull(Shed):
+    """The request's key (or team) already holds its share of the class's queue."""
+
+    code = "flow_queue_full"
 
 
 class QueueTimeout(Shed):

@@ -33,6 +33,7 @@ queue separately; strict priority holds within each set.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
@@ -81,6 +82,9 @@ class FlowGate:
         self.limits = tuple(settings.limits())
         self.workers = settings.workers
         self._max_lens = [c.max_queue for c in self.classes]
+        # Waiters one flow may hold per class (max_queue_share of max_queue, at least 1).
+        self.flow_caps = [max(1, math.floor(c.max_queue_share * c.max_queue))
+                          for c in self.classes]
         self._header = settings.header.encode("latin-1")
         self._vllm = frozenset(settings.vllm_priority_models)
         self.pools = {

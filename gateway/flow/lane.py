@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from gateway.asgi_io import ClientGone, Receive
 from gateway.errors import GatewayError
-from gateway.flow.errors import FlowError, QueueFull, QueueTimeout
+from gateway.flow.errors import FlowError, FlowShareFull, QueueFull, QueueTimeout
 from gateway.flow.queues import ClassQueues, Waiter
 from gateway.flow.saturation import with_room
 
@@ -124,6 +124,16 @@ class Lane:
                     return replica
         hand = _Hand(asyncio.get_running_loop().create_future(), hint)
         waiter = Waiter(self.flow, self.weight, self.cls, now, hand, gate.cost(self._parsed))
+        queue = group.queues.classes[self.cls]
+        cap = gate.flow_caps[self.cls]
+        if len(queue) < queue.max_len and queue.flow_len(self.flow) >= cap:
+            self.record.flowed(self.class_name, "flow_queue_full", 0)
+            cls = gate.classes[self.cls]
+            raise to_gateway_error(FlowShareFull(
+                f"The fleet serving '{flow.pool.model.name}' is saturated and this key already "
+                f"holds its share of the queue of class '{cls.name}' ({cap} of "
+                f"{cls.max_queue} requests, max_queue_share {cls.max_queue_share}); retry "
+                "later.", gate.mean_wait_s[self.cls]))
         if not group.queues.push(waiter):
             self.record.flowed(self.class_name, "queue_full", 0)
             cls = gate.classes[self.cls]

@@ -95,6 +95,11 @@ class FlowClassSettings(_Frozen):
         max_queue: Requests of this class that may wait in the gateway (per model); one more
             is refused with 429 ``queue_full``.
         max_wait_s: Longest wait in the gateway, seconds; then 429 ``queue_timeout``.
+        max_queue_share: Fraction of ``max_queue`` one flow (a key, or a team) may hold
+            (at least one request); one more from it is refused with 429 ``flow_queue_full``
+            while the queue still has room for other flows, so one key cannot fill it.
+            Default 1.0 (off: one key may fill the queue, as before); 0.25 to 0.5 is the
+            intended setting where several keys share a class.
         saturation: Thresholds for this class (default: those of the class above it, the
             section's for the first class). A lower class may only have the same or lower
             thresholds than a higher one: the headroom between them is kept for the higher
@@ -106,6 +111,7 @@ class FlowClassSettings(_Frozen):
     name: str = Field(pattern=_CLASS_NAME)
     max_queue: int = Field(default=1000, ge=0)
     max_wait_s: float = Field(default=30.0, gt=0, allow_inf_nan=False)
+    max_queue_share: float = Field(default=1.0, gt=0, le=1, allow_inf_nan=False)
     saturation: SaturationSettings | None = None
     vllm_priority: int | None = None
 

@@ -375,6 +375,29 @@ def test_below_saturation_the_relay_path_is_unchanged(
     assert rig.pool.replicas[0].outstanding == 0 and sum(rig.queued().values()) == 0
 
 
+def test_one_key_cannot_fill_its_class_queue(rigs: Callable[..., Rig]) -> None:
+    """max_queue 4, max_queue_share 0.5: one key queues 2; its third is refused with
+    ``flow_queue_full`` (naming the limit) while another key of the class still queues."""
+    rig = rigs(classes=[{"name": "interactive", "max_queue": 5},
+                        {"name": "standard", "max_queue": 5},
+                        {"name": "batch", "max_queue": 4, "max_queue_share": 0.5}])
+    rig.hold()
+    waiting = [rig.submit("batch-1"), rig.submit("batch-1")]
+    rig.wait_queued(2)
+    refused = rig.submit("batch-1").result(timeout=30)
+    assert isinstance(refused, openai.RateLimitError)
+    assert refused.code == "flow_queue_full" and refused.status_code == 429
+    assert "its share of the queue of class 'batch' (2 of 4" in str(refused.message)
+    assert int(refused.response.headers["retry-after"]) >= 1
+    waiting.append(rig.submit("batch-2"))
+    rig.wait_queued(3)
+    rig.release()
+    assert all(f.result(timeout=30).http_response.status_code == 200 for f in waiting)
+    shed = [r for r in rig.recorder.wait(4) if r.error_code == "flow_queue_full"]
+    assert len(shed) == 1 and shed[0].flow is not None
+    assert shed[0].flow["outcome"] == "flow_queue_full"
+
+
 def _audited(serve_asgi: Callable[..., Any], tmp_path: Path) -> tuple[Rig, str]:
     sim = start_sim(serve_asgi)
     key, _ = write_key_pair(Signer.generate(), tmp_path / "audit.key")
