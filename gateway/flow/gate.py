@@ -96,6 +96,9 @@ class FlowGate:
                                        completion_reserve_cap=1 << 40)
                         if settings.share_cost == "tokens" else None)
         self._retired: list[PoolFlow] = []
+        # Bytes of the bodies of queued requests, and this worker's budget for them.
+        self.queued_bytes = 0
+        self.body_budget = max(1, settings.max_queued_body_bytes // settings.workers)
 
     # --- per request ----------------------------------------------------------------------
 

@@ -162,6 +162,13 @@ class FlowControlSettings(_Frozen):
         vllm_priority_models: Models whose vLLM runs with ``--scheduling-policy priority``: the
             class's ``vllm_priority`` is set as the body's ``priority`` (replacing the client's).
             Other models never get a ``priority`` field from the gateway.
+        max_queued_body_bytes: Bytes of request bodies all queued requests may hold together
+            (every model and class; with ``--workers N`` each worker holds its ``1/N``). A
+            request that would pass it is refused with 429 ``queue_bytes_full``; a body larger
+            than the whole budget can never queue: 413 ``body_exceeds_queue_budget``.
+            Counted in body bytes as received; a queued request holds its body about 3.5 times
+            over in memory (the bytes, the decoded text, the parsed values), so the memory
+            bound is about 3.5 times this.
     """
 
     enabled: bool = False
@@ -176,6 +183,7 @@ class FlowControlSettings(_Frozen):
     keys: dict[str, FlowShare] = Field(default_factory=dict)
     teams: dict[str, FlowShare] = Field(default_factory=dict)
     vllm_priority_models: list[str] = Field(default_factory=list)
+    max_queued_body_bytes: int = Field(default=256 * 1024 * 1024, ge=1)
     # (worker index, worker count) of ``gateway serve --workers``: set by the supervisor
     # (:meth:`for_worker`), never by a config file.
     _worker: tuple[int, int] = PrivateAttr(default=(0, 1))

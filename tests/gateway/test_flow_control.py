@@ -393,9 +393,39 @@ def test_one_key_cannot_fill_its_class_queue(rigs: Callable[..., Rig]) -> None:
     rig.wait_queued(3)
     rig.release()
     assert all(f.result(timeout=30).http_response.status_code == 200 for f in waiting)
-    shed = [r for r in rig.recorder.wait(4) if r.error_code == "flow_queue_full"]
+    shed = [r for r in rig.recorder.wait(5) if r.error_code == "flow_queue_full"]
     assert len(shed) == 1 and shed[0].flow is not None
     assert shed[0].flow["outcome"] == "flow_queue_full"
+
+
+def test_queued_bodies_have_a_byte_budget_and_refusals_name_it(
+    rigs: Callable[..., Rig],
+) -> None:
+    """max_queued_body_bytes 3000: two ~1.3 kB bodies queue, a third gets 429
+    ``queue_bytes_full``; a 5 kB body could never queue: 413 ``body_exceeds_queue_budget``.
+    Bodies leave the budget when their requests leave the queue."""
+    rig = rigs(max_queued_body_bytes=3000)
+    rig.hold()
+    pad = "x" * 1200
+    waiting = [rig.submit("batch-1", user=pad), rig.submit("batch-2", user=pad)]
+    rig.wait_queued(2)
+    assert 2400 < rig.gate.queued_bytes < 3000
+    full = rig.submit("interactive", user=pad).result(timeout=30)
+    assert isinstance(full, openai.RateLimitError) and full.code == "queue_bytes_full"
+    assert "max_queued_body_bytes" in str(full.message)
+    assert int(full.response.headers["retry-after"]) >= 1
+    big = rig.submit("batch-1", user="y" * 5000).result(timeout=30)
+    assert isinstance(big, openai.APIStatusError) and big.status_code == 413
+    assert big.code == "body_exceeds_queue_budget" and "3000 bytes" in str(big.message)
+    rig.release()
+    assert all(f.result(timeout=30).http_response.status_code == 200 for f in waiting)
+    assert rig.gate.queued_bytes == 0
+    # With the budget free again a request of the same size queues.
+    rig.hold()
+    again = rig.submit("interactive", user=pad)
+    rig.wait_queued(1)
+    rig.release()
+    assert again.result(timeout=30).http_response.status_code == 200
 
 
 def _audited(serve_asgi: Callable[..., Any], tmp_path: Path) -> tuple[Rig, str]:
