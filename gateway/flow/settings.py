@@ -61,11 +61,19 @@ class SaturationSettings(_Frozen):
             example when ``routing.metrics`` is off or the scrape is stale). With
             ``gateway serve --workers N`` each worker enforces its share (see
             :meth:`FlowControlSettings.limits`), so at least ``N`` is required.
+        prefill_tokens: Prompt tokens waiting for their prefill on the replica at which it is
+            full (``None``: no such threshold): the uncached prompt tokens of the requests the
+            gateway sent it whose response has not started (``prefix_affinity`` pools only,
+            :mod:`gateway.fleet.scoring`; exact cached prefixes when the replica publishes KV
+            events). Judges saturation in work rather than in requests: one 4,000-token batch
+            prompt weighs as much as many short ones. With ``--workers N`` each worker counts
+            its own and assumes the others' is the same (as ``queue_depth``).
     """
 
     queue_depth: float = Field(default=4, ge=1, allow_inf_nan=False)
     kv_usage: float = Field(default=0.9, gt=0, le=1.0, allow_inf_nan=False)
     in_flight: int | None = Field(default=None, ge=1)
+    prefill_tokens: float | None = Field(default=None, ge=1, allow_inf_nan=False)
 
     def within(self, other: SaturationSettings) -> bool:
         """True when every threshold of ``self`` is at most the same one of ``other``."""
@@ -80,7 +88,7 @@ class SaturationSettings(_Frozen):
         """
         unbounded = float(1 << 62)
         out: list[tuple[str, float, float]] = []
-        for name in ("queue_depth", "kv_usage", "in_flight"):
+        for name in ("queue_depth", "kv_usage", "in_flight", "prefill_tokens"):
             mine, theirs = getattr(self, name), getattr(other, name)
             if (unbounded if mine is None else mine) > (unbounded if theirs is None else theirs):
                 out.append((name, mine, theirs))

@@ -428,6 +428,35 @@ def test_queued_bodies_have_a_byte_budget_and_refusals_name_it(
     assert again.result(timeout=30).http_response.status_code == 200
 
 
+def test_a_class_saturates_on_prefill_tokens_in_flight(
+    serve_asgi: Callable[..., Any],
+) -> None:
+    """Saturation in tokens: the held request's uncached prompt (never answered, so its prefill
+    stays charged) fills the replica for batch (threshold 1 token) but not for interactive
+    (1,000,000): a batch request queues until it ends, an interactive one goes at once."""
+    sim = start_sim(serve_asgi)
+    models = [{"name": "m", "served_model_name": SERVED, "strategy": "prefix_affinity",
+               "replicas": [{"url": sim.url}]}]
+    s = flow_settings(sim.url, models=models, saturation={"queue_depth": 1000},
+                      classes=[{"name": "interactive", "max_queue": 5,
+                                "saturation": {"queue_depth": 1000, "prefill_tokens": 1e6}},
+                               {"name": "standard", "max_queue": 5},
+                               {"name": "batch", "max_queue": 5,
+                                "saturation": {"queue_depth": 1000, "prefill_tokens": 1}}])
+    rig = Rig(serve_asgi, sim, s)
+    try:
+        rig.hold()
+        assert rig.pool.replicas[0].prefill_tokens >= 1
+        queued = rig.submit("batch-1")
+        rig.wait_queued(1)
+        assert rig.submit("interactive").result(timeout=30).http_response.status_code == 200
+        assert rig.queued()["batch"] == 1
+        rig.release()
+        assert queued.result(timeout=30).http_response.status_code == 200
+    finally:
+        rig.close()
+
+
 def _audited(serve_asgi: Callable[..., Any], tmp_path: Path) -> tuple[Rig, str]:
     sim = start_sim(serve_asgi)
     key, _ = write_key_pair(Signer.generate(), tmp_path / "audit.key")

@@ -150,6 +150,18 @@ class _Replica:
     scrape_outstanding: int = 0
     signals: ReplicaSignals | None = None
     flow_in_flight: list[int] = field(default_factory=list)
+    prefill_tokens: float = 0.0
+
+
+def test_room_by_prefill_tokens_in_flight_without_any_scrape() -> None:
+    """Saturation in tokens: one long uncached prompt fills a replica that many short ones
+    would not; with N workers each assumes the others sent as much as it did."""
+    now = 100.0
+    batch = SaturationSettings(prefill_tokens=4096)
+    assert has_room(_Replica(1, prefill_tokens=4000.0), 1, batch, now, 2.0)
+    assert not has_room(_Replica(1, prefill_tokens=4096.0), 1, batch, now, 2.0)
+    assert not has_room(_Replica(1, prefill_tokens=2100.0), 1, batch, now, 2.0, workers=2)
+    assert has_room(_Replica(9, prefill_tokens=1e9), 0, SaturationSettings(), now, 2.0)
 
 
 def test_room_by_in_flight_waiting_estimate_and_kv_usage() -> None:
