@@ -184,3 +184,35 @@ def test_gateway_routes_on_the_exact_state_and_falls_back_without_events(
     assert rows[b.url]["cache_exact"] == 1.0 and rows[plain.url]["cache_exact"] == 0.0
     assert rows[b.url]["exact_blocks"] == float(aff.exact.size(1)) >= 10
     assert aff.describe(pool.replicas[1])["kv_events"]["batches"] >= 1
+
+
+def test_every_gateway_pod_follows_the_same_events_and_picks_the_same_holder(
+    serve_asgi: Any,
+) -> None:
+    """Two gateways (two pods) over the same two replicas: a prefix cached through pod 1 is
+    known to pod 2 from the replica's events, so pod 2 sends the next turn to the same holder
+    although it never routed that prefix itself."""
+    (a, src_a), (b, src_b) = _events_sim(serve_asgi), _events_sim(serve_asgi)
+    s = settings([a.url, b.url],
+                 routing={"metrics_interval_s": 0.05, "kv_events": [src_a, src_b]})
+    model = s.models[0].model_copy(update={"strategy": "prefix_affinity"})
+    s = s.model_copy(update={"models": [model, *s.models[1:]]})
+    pods = []
+    for _ in range(2):
+        router, rec = Router(s), Recorder()
+        pods.append((start_gateway(serve_asgi, s, router=router, observers=[rec]), router, rec))
+    head = _prompt(9, 200)
+    _complete(pods[0][0], [*head, 1], AUTH_A, "llama-3.1-8b")
+    holder = pods[0][2].wait(1)[0].replica_url
+    aff2 = pods[1][1].pools["llama-3.1-8b"].affinity
+    assert aff2 is not None
+    i = [a.url, b.url].index(holder)
+    deadline = time.monotonic() + 10
+    while aff2.exact.size(i) < 12:
+        assert time.monotonic() < deadline, "pod 2 did not see the holder's events"
+        time.sleep(0.02)
+    _complete(pods[1][0], [*head, 2], AUTH_A, "llama-3.1-8b")
+    rec2 = pods[1][2].wait(1)[0]
+    assert rec2.replica_url == holder
+    assert rec2.route is not None and rec2.route["cache_state"] == "exact"
+    assert rec2.route["cached_tokens"] == 192
