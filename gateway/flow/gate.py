@@ -80,7 +80,7 @@ class FlowGate:
         self.classes = tuple(settings.classes)
         self.classifier = Classifier(settings)
         self.limits = tuple(settings.limits())
-        self.workers = settings.workers
+        self.workers = settings.processes  # whose sends the estimates count as this one's
         self._max_lens = [c.max_queue for c in self.classes]
         # Waiters one flow may hold per class (max_queue_share of max_queue, at least 1).
         self.flow_caps = [max(1, math.floor(c.max_queue_share * c.max_queue))

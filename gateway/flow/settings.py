@@ -177,6 +177,12 @@ class FlowControlSettings(_Frozen):
             Counted in body bytes as received; a queued request holds its body about 3.5 times
             over in memory (the bytes, the decoded text, the parsed values), so the memory
             bound is about 3.5 times this.
+        pods: Gateway pods in front of the same replicas (the Helm chart's replica count).
+            Flow control is not shared between pods: each pod enforces ``1/pods`` of every
+            ``in_flight`` threshold (``T // pods``, which must be at least 1), and counts its
+            own change of in-flight requests and prefill tokens ``pods`` times in the
+            ``queue_depth`` and ``prefill_tokens`` estimates, as ``--workers`` does within a
+            pod (docs/flow-control.md, "Several pods").
     """
 
     enabled: bool = False
@@ -192,6 +198,7 @@ class FlowControlSettings(_Frozen):
     teams: dict[str, FlowShare] = Field(default_factory=dict)
     vllm_priority_models: list[str] = Field(default_factory=list)
     max_queued_body_bytes: int = Field(default=256 * 1024 * 1024, ge=1)
+    pods: int = Field(default=1, ge=1)
     # (worker index, worker count) of ``gateway serve --workers``: set by the supervisor
     # (:meth:`for_worker`), never by a config file.
     _worker: tuple[int, int] = PrivateAttr(default=(0, 1))
@@ -223,6 +230,10 @@ class FlowControlSettings(_Frozen):
                     "higher thresholds than the class above it (the headroom is the higher "
                     f"classes'): set {name} to at most {_num(theirs)}")
             previous, above = limits, f"class {cls.name!r} (classes[{i}])"
+        for where, value in self.small_in_flight(1):
+            raise ValueError(f"{where}: {value} is less than pods {self.pods}: each pod "
+                             f"enforces {value} // {self.pods} = 0 of it; set at least "
+                             f"{self.pods}")
         return self
 
     @property
@@ -267,12 +278,21 @@ class FlowControlSettings(_Frozen):
         """
         index, workers = self._worker
         out = self.thresholds()
+        if self.pods > 1:
+            out = [lim if lim.in_flight is None else lim.model_copy(update={
+                       "in_flight": max(1, lim.in_flight // self.pods)})
+                   for lim in out]
         if workers == 1:
             return out
         return [lim if lim.in_flight is None else lim.model_copy(update={
                     "in_flight": lim.in_flight // workers
                     + (1 if index < lim.in_flight % workers else 0)})
                 for lim in out]
+
+    @property
+    def processes(self) -> int:
+        """Gateway processes sharing the replicas: ``pods x workers``."""
+        return self.pods * self._worker[1]
 
     def small_in_flight(self, workers: int) -> list[tuple[str, int]]:
         """``(setting, value)`` of every configured ``in_flight`` threshold below ``workers``
@@ -281,7 +301,8 @@ class FlowControlSettings(_Frozen):
         sections = [("saturation", self.saturation)] + [
             (f"classes[{i}].saturation", c.saturation) for i, c in enumerate(self.classes)]
         for where, sat in sections:
-            if sat is not None and sat.in_flight is not None and sat.in_flight < workers:
+            if (sat is not None and sat.in_flight is not None
+                    and sat.in_flight // self.pods < workers):
                 found.append((f"{where}.in_flight", sat.in_flight))
         return found
 

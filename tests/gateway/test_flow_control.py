@@ -457,6 +457,24 @@ def test_a_class_saturates_on_prefill_tokens_in_flight(
         rig.close()
 
 
+def test_each_of_several_pods_enforces_its_share_of_in_flight(
+    rigs: Callable[..., Rig],
+) -> None:
+    """in_flight 2 split over 2 pods: this pod sends the replica 1 request, the next queues;
+    the same threshold with one pod would take both at once."""
+    rig = rigs(pods=2, saturation={"in_flight": 2})
+    assert rig.gate.limits[0].in_flight == 1 and rig.gate.workers == 2
+    rig.hold()
+    queued = rig.submit("batch-1")
+    rig.wait_queued(1)
+    rig.release()
+    assert queued.result(timeout=30).http_response.status_code == 200
+    one = rigs(saturation={"in_flight": 2})
+    one.hold()
+    assert one.submit("batch-1").result(timeout=30).http_response.status_code == 200
+    one.release()
+
+
 def _audited(serve_asgi: Callable[..., Any], tmp_path: Path) -> tuple[Rig, str]:
     sim = start_sim(serve_asgi)
     key, _ = write_key_pair(Signer.generate(), tmp_path / "audit.key")
