@@ -275,7 +275,7 @@ SIGNAL_FIELDS: tuple[tuple[str, str, str], ...] = (
     ("index_blocks", "{block}", "Prefix-index blocks held for the replica"),
     ("prefill_tokens", "{token}",
      "Estimated uncached prompt tokens sent to the replica whose response has not started"),
-    ("cache_exact", "1",
+    ("cache_exact", "{state}",
      "1 when the replica is scored from its KV-cache events (exact), 0 from the estimate"),
     ("exact_blocks", "{block}", "Blocks the replica holds according to its KV-cache events"),
 )

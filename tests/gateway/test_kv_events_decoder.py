@@ -10,6 +10,7 @@ import struct
 
 import msgpack
 import pytest
+import zmq.asyncio
 
 from gateway.fleet.exact_index import ExactIndex, content_keys
 from gateway.fleet.kv_events import (
@@ -20,6 +21,8 @@ from gateway.fleet.kv_events import (
     decode_batch,
     decode_seq,
 )
+from gateway.fleet.kv_subscriber import KVEventSubscriber, check_endpoint
+from gateway.fleet.settings import KVEventsSource
 
 F15 = b"\xcb" + struct.pack(">d", 1.5)
 
@@ -115,3 +118,43 @@ def test_other_content_under_the_same_parent_does_not_match() -> None:
     idx.apply(0, [_stored([10, 11], None, [1, 2, 3, 4])])
     assert idx.match(content_keys([1, 2, 3, 9], 2), [0]) == {0: 1}
     assert idx.match(content_keys([1, 2, 3, 4], 2, lora="adapter"), [0]) == {0: 0}
+
+
+def _frames(seq: int, events: list[object]) -> list[bytes]:
+    return [b"", seq.to_bytes(8, "big"), msgpack.packb({"ts": 0.0, "events": events})]
+
+
+def _stored_map(h: int, tokens: list[int], parent: int | None = None) -> dict[str, object]:
+    return {"type": "BlockStored", "block_hashes": [h], "parent_block_hash": parent,
+            "token_ids": tokens, "block_size": len(tokens), "lora_id": None, "medium": "GPU",
+            "lora_name": None}
+
+
+def test_a_duplicate_batch_is_skipped_and_a_restarted_publisher_clears_the_index() -> None:
+    idx = ExactIndex(1)
+    ctx = zmq.asyncio.Context()
+    try:
+        sub = KVEventSubscriber(KVEventsSource(replica="http://h:1", endpoint="tcp://h:2"),
+                                lambda evs: idx.apply(0, evs), lambda: idx.clear(0), ctx)
+        first = _frames(0, [_stored_map(1, [5, 6])])
+        sub.handle(first)
+        sub.handle(_frames(1, [_stored_map(2, [7, 8], parent=1)]))
+        assert idx.size(0) == 2 and sub.exact()
+        sub.handle(first)  # the same batch again (replay and SUB both delivered it)
+        assert idx.size(0) == 2 and sub.stats.restarts == 0
+        # A new process numbers from 0 again, with other content: start over.
+        sub.handle(_frames(0, [_stored_map(9, [1, 1])]))
+        assert sub.stats.restarts == 1 and idx.size(0) == 1
+        assert idx.match(content_keys([1, 1, 0], 2), [0]) == {0: 1}
+        sub.handle([b"only two", b"frames"])
+        assert sub.stats.decode_errors == 1
+    finally:
+        ctx.term()
+
+
+def test_event_endpoints_must_be_on_the_replicas_host() -> None:
+    check_endpoint("tcp://10.0.0.5:5557", "http://10.0.0.5:8000")
+    with pytest.raises(ValueError, match=r"is not the replica's host '10\.0\.0\.5'"):
+        check_endpoint("tcp://10.9.9.9:5557", "http://10.0.0.5:8000")
+    with pytest.raises(ValueError, match="expected tcp://host:port"):
+        check_endpoint("ipc:///tmp/kv", "http://10.0.0.5:8000")

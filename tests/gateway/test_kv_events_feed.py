@@ -4,17 +4,22 @@ follows them (gaps replayed), routes on the exact state and falls back to its es
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from typing import Any
 
 import httpx
 import zmq.asyncio
+from opentelemetry.sdk.resources import Resource
+from prometheus_client import CollectorRegistry, generate_latest
 
 from gateway.fleet.exact_index import ExactIndex, content_keys
 from gateway.fleet.kv_subscriber import KVEventSubscriber
 from gateway.fleet.replica_metrics import signal_rows
 from gateway.fleet.settings import KVEventsSource
 from gateway.routing import Router
+from gateway.telemetry.metrics import GatewayMetrics
+from gateway.telemetry.prometheus import PrometheusCollector
 from tests.gateway.helpers import KEY_A, SERVED, Recorder, settings, start_gateway, start_sim
 
 AUTH_A = {"authorization": f"Bearer {KEY_A}"}
@@ -184,6 +189,19 @@ def test_gateway_routes_on_the_exact_state_and_falls_back_without_events(
     assert rows[b.url]["cache_exact"] == 1.0 and rows[plain.url]["cache_exact"] == 0.0
     assert rows[b.url]["exact_blocks"] == float(aff.exact.size(1)) >= 10
     assert aff.describe(pool.replicas[1])["kv_events"]["batches"] >= 1
+
+    # The admin port's Prometheus page shows which state each replica is scored from.
+    metrics = GatewayMetrics(Resource.create({"service.name": "t"}), router)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(PrometheusCollector(metrics.set))
+    page = generate_latest(registry).decode()
+    def gauge(name: str, url: str) -> float:
+        m = re.search(rf'{name}\{{[^}}]*"{re.escape(url)}"[^}}]*\}} (\S+)', page)
+        assert m is not None, (name, url)
+        return float(m.group(1))
+    assert gauge("sg_gateway_replica_cache_exact", b.url) == 1.0
+    assert gauge("sg_gateway_replica_cache_exact", plain.url) == 0.0
+    assert gauge("sg_gateway_replica_exact_blocks", b.url) >= 10
 
 
 def test_every_gateway_pod_follows_the_same_events_and_picks_the_same_holder(
