@@ -44,7 +44,7 @@ from vllm_sim.errors import (
 )
 from vllm_sim.inference import embed, generate, hang, until_disconnect
 from vllm_sim.kv_events import KVEventPublisher
-from vllm_sim.prompt import chat_text, completion_text
+from vllm_sim.prompt import chat_text, completion_text, prompt_pieces
 from vllm_sim.protocol import (
     embedding_inputs,
     parse_chat,
@@ -57,7 +57,7 @@ from vllm_sim.render import (
     models_response,
 )
 from vllm_sim.state import SimState
-from vllm_sim.tokens import message_text
+from vllm_sim.tokens import message_text, piece_ids
 from vllm_sim.wire import (
     Message,
     Receive,
@@ -180,6 +180,12 @@ class SimApp:
             await send_body(send, exc.status, exc.body())
             return
         tokens = self.state.vocab.encode(text)
+        if self.kv_events is not None:
+            # With KV events on, the ids the engine and its events use: the chat rendering
+            # (with the generation prompt, as vLLM's TokenizeChatRequest) in piece ids.
+            rendered = (chat_text(body) if isinstance(body.get("messages"), list)
+                        else completion_text([body["prompt"]]))
+            tokens = piece_ids(prompt_pieces(rendered))
         doc = {
             "count": len(tokens),
             "max_model_len": self.config.max_model_len,

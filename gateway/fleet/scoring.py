@@ -58,8 +58,13 @@ from gateway.fleet.prefix_index import (
     token_block_hashes,
 )
 from gateway.fleet.settings import RoutingSettings
+from gateway.fleet.tokenize import replica_token_ids
 
 if TYPE_CHECKING:
+    from ssl import SSLContext
+
+    import aiohttp
+
     from gateway.fleet.kv_subscriber import KVEventSubscriber
     from gateway.routing import Replica
 
@@ -160,6 +165,25 @@ class PrefixAffinity:
             session = user if isinstance(user, str) and user else None
         return RouteHint(hashes, session if s.session_affinity else None, tokens,
                          token_ids=token_ids)
+
+    async def fill_token_ids(
+        self, hint: RouteHint, body: Mapping[str, Any], candidates: Sequence[Replica],
+        served_model: str, session: aiohttp.ClientSession, ssl: SSLContext | bool = True,
+    ) -> None:
+        """With ``tokenize: replica``, give a chat ``hint`` its prompt's token ids from a
+        candidate's ``/tokenize`` (the first one whose events are followed); nothing on
+        failure or when no candidate publishes events."""
+        if (self.settings.tokenize != "replica" or hint.token_ids is not None
+                or hint.session is not None or not isinstance(body.get("messages"), list)):
+            return
+        ask = next((r for r in candidates if self._events[r.index] is not None), None)
+        if ask is None:
+            return
+        ids = await replica_token_ids(session, ask, served_model, body,
+                                      self.settings.tokenize_timeout_s, ssl)
+        if ids:
+            hint.token_ids = ids
+            hint.tokens = float(len(ids))
 
     def attach_events(self, replica: int, subscriber: KVEventSubscriber) -> None:
         """Follow ``replica``'s KV-cache events through ``subscriber`` (exact index)."""

@@ -14,6 +14,7 @@ Every field has a default that works; the section may be left out.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -99,6 +100,11 @@ class RoutingSettings(_Frozen):
         weights: Score weights.
         kv_events: Replicas whose KV-cache events give the exact cache state; the others are
             scored from the estimate (see :mod:`gateway.fleet.exact_index`).
+        tokenize: ``replica``: a chat request's token ids come from a replica's ``/tokenize``
+            (one round trip; :mod:`gateway.fleet.tokenize`), so that chat prompts are matched
+            against the exact index too; ``none`` (default): chat prompts use the estimate.
+            Only asked when some replica of the pool publishes KV events.
+        tokenize_timeout_s: Longest wait for that answer, seconds (then the estimate decides).
     """
 
     metrics: bool = True
@@ -118,3 +124,5 @@ class RoutingSettings(_Frozen):
     imbalance_ratio: float = Field(default=2.0, ge=1.0, allow_inf_nan=False)
     weights: RoutingWeights = Field(default_factory=RoutingWeights)
     kv_events: list[KVEventsSource] = Field(default_factory=list)
+    tokenize: Literal["none", "replica"] = "none"
+    tokenize_timeout_s: float = Field(default=0.5, gt=0, allow_inf_nan=False)

@@ -234,3 +234,37 @@ def test_every_gateway_pod_follows_the_same_events_and_picks_the_same_holder(
     assert rec2.replica_url == holder
     assert rec2.route is not None and rec2.route["cache_state"] == "exact"
     assert rec2.route["cached_tokens"] == 192
+
+
+def test_chat_prompts_are_matched_exactly_with_the_replicas_tokenizer(serve_asgi: Any) -> None:
+    """routing.tokenize: replica: a chat prompt's ids come from a replica's /tokenize (its chat
+    template), so chat requests are routed on the exact state too."""
+    (a, src_a), (b, src_b) = _events_sim(serve_asgi), _events_sim(serve_asgi)
+    s = settings([a.url, b.url], routing={"metrics_interval_s": 0.05, "tokenize": "replica",
+                                          "kv_events": [src_a, src_b]})
+    model = s.models[0].model_copy(update={"strategy": "prefix_affinity"})
+    s = s.model_copy(update={"models": [model, *s.models[1:]]})
+    router, recorder = Router(s), Recorder()
+    gw = start_gateway(serve_asgi, s, router=router, observers=[recorder])
+    aff = router.pools["llama-3.1-8b"].affinity
+    assert aff is not None
+    system = " ".join(f"rule{i}" for i in range(200))
+
+    def chat(question: str) -> dict[str, Any]:
+        return {"model": SERVED, "max_tokens": 2,
+                "messages": [{"role": "system", "content": system},
+                             {"role": "user", "content": question}]}
+
+    assert httpx.post(b.url + "/v1/chat/completions", json=chat("warm"), timeout=10).is_success
+    deadline = time.monotonic() + 10
+    while aff.exact.size(1) < 12:
+        assert time.monotonic() < deadline, "events of replica b not applied"
+        time.sleep(0.02)
+    body = {**chat("a new question"), "model": "llama-3.1-8b"}
+    expected = int(httpx.post(b.url + "/sim/prefix", json=chat("a new question")).json()[
+        "cached_tokens"])
+    r = httpx.post(gw + "/v1/chat/completions", json=body, headers=AUTH_A, timeout=10)
+    assert r.is_success
+    rec = recorder.wait(1)[0]
+    assert rec.replica_url == b.url and rec.route is not None
+    assert rec.route["cache_state"] == "exact" and rec.route["cached_tokens"] == expected > 190
