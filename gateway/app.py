@@ -42,6 +42,7 @@ from gateway.drain import Drain
 from gateway.errors import GatewayError, InvalidRequest, MethodNotAllowed
 from gateway.fleet.kv_subscriber import KVEventsFeed
 from gateway.fleet.replica_metrics import MetricsScraper
+from gateway.flow.peers import FlowPeers
 from gateway.h1 import RelayClient, connector_dialer
 from gateway.health import HealthProber
 from gateway.models_api import is_models_path
@@ -218,6 +219,10 @@ def create_app(
         # KV-cache events of the replicas (routing.kv_events; not reloadable: the sockets
         # follow the start-up configuration, the indexes follow reloaded pools).
         kv_feed = KVEventsFeed(the_router, settings.routing.kv_events)
+        shared = settings.flow_control.shared if settings.flow_control.enabled else None
+        peers = (FlowPeers(the_router, shared,
+                           on_round=parts.flow.kick_all if parts.flow else None)
+                 if shared is not None else None)
 
         def swap(new: Gateway) -> None:
             # One step on the event loop: requests already running keep their snapshot.
@@ -229,6 +234,8 @@ def create_app(
             prober.rebind(new.router, connect_s)
             scraper.rebind(new.router, connect_s)
             kv_feed.rebind(new.router)
+            if peers is not None:
+                peers.rebind(new.router)
             if new.flow is not None:
                 new.flow.reconfigure(new.settings.flow_control)
                 new.flow.rebind(new.router)
@@ -250,6 +257,8 @@ def create_app(
             if scraper.needed:
                 scraper.start()
             kv_feed.start()
+            if peers is not None:
+                peers.start()
             if reloader is not None:
                 reloader.attach(swap)
             yield {STATE_KEY: cell}
@@ -258,6 +267,8 @@ def create_app(
                 await reloader.detach()
             await scraper.stop()
             await kv_feed.stop()
+            if peers is not None:
+                await peers.stop()
             await prober.stop()
             for hook in reversed(started):
                 shutdown = getattr(hook, "shutdown", None)

@@ -145,6 +145,23 @@ def _default_classes() -> list[FlowClassSettings]:
     ]
 
 
+class SharedFlowSettings(_Frozen):
+    """``flow_control.shared``: in-flight counts shared by every gateway process via Redis
+    (:mod:`gateway.flow.peers`).
+
+    Attributes:
+        redis_url: ``redis://host:port/db`` (the quotas' Redis serves).
+        key_prefix: Prefix of the per-process keys.
+        interval_s: Seconds between two publications (and reads) of the counts.
+        ttl_s: A process's counts expire this long after its last publication.
+    """
+
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    key_prefix: str = "sg:flow:"
+    interval_s: float = Field(default=0.1, gt=0, allow_inf_nan=False)
+    ttl_s: float = Field(default=2.0, gt=0, allow_inf_nan=False)
+
+
 class FlowControlSettings(_Frozen):
     """Flow control when the fleet is saturated (see :mod:`gateway.flow`).
 
@@ -182,7 +199,10 @@ class FlowControlSettings(_Frozen):
             ``in_flight`` threshold (``T // pods``, which must be at least 1), and counts its
             own change of in-flight requests and prefill tokens ``pods`` times in the
             ``queue_depth`` and ``prefill_tokens`` estimates, as ``--workers`` does within a
-            pod (docs/flow-control.md, "Several pods").
+            pod (docs/flow-control.md, "Several pods"). Ignored for ``in_flight`` with
+            ``shared``.
+        shared: Share the in-flight counts of every gateway process through Redis, so that
+            ``in_flight`` thresholds hold for all pods and workers together, unsplit.
     """
 
     enabled: bool = False
@@ -199,6 +219,7 @@ class FlowControlSettings(_Frozen):
     vllm_priority_models: list[str] = Field(default_factory=list)
     max_queued_body_bytes: int = Field(default=256 * 1024 * 1024, ge=1)
     pods: int = Field(default=1, ge=1)
+    shared: SharedFlowSettings | None = None
     # (worker index, worker count) of ``gateway serve --workers``: set by the supervisor
     # (:meth:`for_worker`), never by a config file.
     _worker: tuple[int, int] = PrivateAttr(default=(0, 1))
@@ -230,7 +251,7 @@ class FlowControlSettings(_Frozen):
                     "higher thresholds than the class above it (the headroom is the higher "
                     f"classes'): set {name} to at most {_num(theirs)}")
             previous, above = limits, f"class {cls.name!r} (classes[{i}])"
-        for where, value in self.small_in_flight(1):
+        for where, value in ([] if self.shared is not None else self.small_in_flight(1)):
             raise ValueError(f"{where}: {value} is less than pods {self.pods}: each pod "
                              f"enforces {value} // {self.pods} = 0 of it; set at least "
                              f"{self.pods}")
@@ -278,6 +299,8 @@ class FlowControlSettings(_Frozen):
         """
         index, workers = self._worker
         out = self.thresholds()
+        if self.shared is not None:
+            return out  # every process counts every other's requests (gateway.flow.peers)
         if self.pods > 1:
             out = [lim if lim.in_flight is None else lim.model_copy(update={
                        "in_flight": max(1, lim.in_flight // self.pods)})

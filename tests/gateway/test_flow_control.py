@@ -475,6 +475,31 @@ def test_each_of_several_pods_enforces_its_share_of_in_flight(
     one.release()
 
 
+def test_shared_counts_hold_an_in_flight_threshold_across_pods(
+    serve_asgi: Callable[..., Any], redis_prefix: str,
+) -> None:
+    """flow_control.shared (real Redis): pod 1 holds the replica's one batch slot; pod 2 learns
+    it from Redis and queues its batch request until pod 1's request ends."""
+    sim = start_sim(serve_asgi)
+    s = flow_settings(sim.url, saturation={"in_flight": 1},
+                      shared={"redis_url": "redis://127.0.0.1:6379/0",
+                              "key_prefix": redis_prefix, "interval_s": 0.05})
+    pod1, pod2 = Rig(serve_asgi, sim, s), Rig(serve_asgi, sim, s)
+    try:
+        pod1.hold()
+        wait_for(lambda: sum(pod2.pool.replicas[0].peer_in_flight) == 1,
+                 "pod 2 sees pod 1's request")
+        queued = pod2.submit("batch-1")
+        pod2.wait_queued(1)
+        assert pod2.pool.replicas[0].outstanding == 0  # nothing sent by pod 2
+        pod1.release()
+        assert queued.result(timeout=30).http_response.status_code == 200
+        wait_for(lambda: not any(pod2.pool.replicas[0].peer_in_flight), "counts withdrawn")
+    finally:
+        pod1.close()
+        pod2.close()
+
+
 def _audited(serve_asgi: Callable[..., Any], tmp_path: Path) -> tuple[Rig, str]:
     sim = start_sim(serve_asgi)
     key, _ = write_key_pair(Signer.generate(), tmp_path / "audit.key")

@@ -153,6 +153,7 @@ class _Replica:
     signals: ReplicaSignals | None = None
     flow_in_flight: list[int] = field(default_factory=list)
     prefill_tokens: float = 0.0
+    peer_in_flight: list[int] = field(default_factory=list)
 
 
 def test_room_by_prefill_tokens_in_flight_without_any_scrape() -> None:
