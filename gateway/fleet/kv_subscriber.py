@@ -36,7 +36,6 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
-from urllib.parse import urlsplit
 
 import zmq
 import zmq.asyncio
@@ -48,7 +47,7 @@ from gateway.fleet.kv_events import (
     decode_batch,
     decode_seq,
 )
-from gateway.fleet.settings import KVEventsSource
+from gateway.fleet.settings import KVEventsSource, check_endpoint
 
 if TYPE_CHECKING:
     from gateway.fleet.scoring import PrefixAffinity
@@ -59,22 +58,6 @@ __all__ = ["KVEventSubscriber", "KVEventsFeed", "check_endpoint"]
 _log = logging.getLogger(__name__)
 
 Apply = Callable[[Sequence[Event]], None]
-
-
-def check_endpoint(endpoint: str, replica_url: str) -> None:
-    """Refuse an event endpoint that is not ``tcp://<the replica's host>:<port>``.
-
-    Raises:
-        ValueError: Another scheme or host, or no port; the message names the endpoint.
-    """
-    parts = urlsplit(endpoint)
-    host = urlsplit(replica_url).hostname
-    if parts.scheme != "tcp" or parts.port is None:
-        raise ValueError(f"routing.kv_events endpoint {endpoint!r}: expected tcp://host:port")
-    if parts.hostname != host:
-        raise ValueError(
-            f"routing.kv_events endpoint {endpoint!r}: host {parts.hostname!r} is not the "
-            f"replica's host {host!r} (the egress policy allows only the replica itself)")
 
 
 @dataclass(slots=True)

@@ -15,10 +15,31 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Literal
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["KVEventsSource", "RoutingSettings", "RoutingWeights"]
+__all__ = ["KVEventsSource", "RoutingSettings", "RoutingWeights", "check_endpoint"]
+
+
+def check_endpoint(endpoint: str, replica_url: str) -> None:
+    """Refuse a KV-event endpoint that is not ``tcp://<the replica's host>:<port>``.
+
+    Raises:
+        ValueError: Another scheme or host, or no port; the message names the endpoint.
+    """
+    parts = urlsplit(endpoint)
+    host = urlsplit(replica_url).hostname
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    if parts.scheme != "tcp" or port is None:
+        raise ValueError(f"{endpoint!r}: expected tcp://host:port")
+    if parts.hostname != host:
+        raise ValueError(
+            f"{endpoint!r}: host {parts.hostname!r} is not the replica's host {host!r} (the "
+            "egress policy allows only the replica itself)")
 
 
 class _Frozen(BaseModel):

@@ -12,6 +12,7 @@ import msgpack
 import pytest
 import zmq.asyncio
 
+from gateway.config_errors import InvalidConfig
 from gateway.fleet.exact_index import ExactIndex, content_keys
 from gateway.fleet.kv_events import (
     AllBlocksCleared,
@@ -21,8 +22,10 @@ from gateway.fleet.kv_events import (
     decode_batch,
     decode_seq,
 )
-from gateway.fleet.kv_subscriber import KVEventSubscriber, check_endpoint
-from gateway.fleet.settings import KVEventsSource
+from gateway.fleet.kv_subscriber import KVEventSubscriber
+from gateway.fleet.settings import KVEventsSource, check_endpoint
+from gateway.settings import parse
+from tests.gateway.helpers import config
 
 F15 = b"\xcb" + struct.pack(">d", 1.5)
 
@@ -158,3 +161,23 @@ def test_event_endpoints_must_be_on_the_replicas_host() -> None:
         check_endpoint("tcp://10.9.9.9:5557", "http://10.0.0.5:8000")
     with pytest.raises(ValueError, match="expected tcp://host:port"):
         check_endpoint("ipc:///tmp/kv", "http://10.0.0.5:8000")
+
+
+@pytest.mark.parametrize(("source", "problem"), [
+    ({"replica": "http://10.0.0.5:8000", "endpoint": "tcp://10.9.9.9:5557"},
+     "routing.kv_events[0].endpoint: 'tcp://10.9.9.9:5557': host '10.9.9.9' is not the "
+     "replica's host '10.0.0.5'"),
+    ({"replica": "http://10.0.0.5:8000", "endpoint": "tcp://10.0.0.5:5557",
+      "replay_endpoint": "tcp://10.0.0.5"},
+     "routing.kv_events[0].replay_endpoint: 'tcp://10.0.0.5': expected tcp://host:port"),
+    ({"replica": "http://10.0.0.6:8000", "endpoint": "tcp://10.0.0.6:5557"},
+     "routing.kv_events[0].replica: 'http://10.0.0.6:8000' is not the url of any model's "
+     "replica"),
+])
+def test_the_config_refuses_event_sources_off_the_replicas(
+    source: dict[str, str], problem: str,
+) -> None:
+    with pytest.raises(InvalidConfig) as exc:
+        parse(config(["http://10.0.0.5:8000"], routing={"kv_events": [source]}),
+              {"VLLM_KEY": "x"})
+    assert problem in str(exc.value)
