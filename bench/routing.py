@@ -13,6 +13,12 @@ in turn and stays there (no load considered). ``--variant NAME=JSON`` also runs
 ``prefix_affinity`` through one more gateway whose ``routing:`` section is updated by JSON, so
 that variants of the decision are compared on the same schedule in one run.
 
+``--gateways 1 --gateways 3`` also runs every gateway strategy through 3 gateway processes
+(pods) with the same config behind a client-side round-robin front (rows ``NAME@3pods``);
+``--kv-events`` makes the simulators publish KV-cache events that every gateway follows, and
+``--prompt-format tokens`` sends each chat as a completions prompt of the simulator's token ids
+(exact matching against the events needs the prompt's token ids).
+
 ``--workload mixed`` is the flow-control benchmark (interactive and batch classes, with and
 without flow control in one run): see ``bench/routing_mixed.py``.
 
@@ -199,11 +205,25 @@ class _Partition(Target):
         self.owner: dict[str, str] = {}
 
     async def pick(self, body: dict[str, Any]) -> str:
-        key = str(body.get("user") or body["messages"][0]["content"])
+        key = str(body.get("user") or (body["messages"][0]["content"] if "messages" in body
+                                       else body["prompt"][:256]))
         url = self.owner.get(key)
         if url is None:
             url = self.owner[key] = self.urls[len(self.owner) % len(self.urls)]
         return url
+
+
+class _RoundRobin(Target):
+    """The front of N gateway pods: each request to the next gateway in turn (a Service)."""
+
+    def __init__(self, urls: list[str]) -> None:
+        super().__init__()
+        self.urls = urls
+        self.turn = 0
+
+    async def pick(self, body: dict[str, Any]) -> str:
+        self.turn += 1
+        return self.urls[self.turn % len(self.urls)]
 
 
 class _Oracle(Target):
@@ -304,6 +324,7 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
     try:
         simulated = not args.backend_url
         if simulated:
+            events: list[dict[str, Any]] = []
             for _ in range(args.replicas):
                 port = free_port()
                 argv = [str(BIN / "vllm-sim"), "--port", str(port), "--model", SERVED,
@@ -311,6 +332,14 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
                         "--max-model-len", "200000"]
                 if args.num_gpu_blocks:
                     argv += ["--num-gpu-blocks", str(args.num_gpu_blocks)]
+                if args.kv_events:
+                    pub = f"tcp://127.0.0.1:{free_port()}"
+                    replay = f"tcp://127.0.0.1:{free_port()}"
+                    argv += ["--kv-events-config", json.dumps(
+                        {"enable_kv_cache_events": True, "endpoint": pub,
+                         "replay_endpoint": replay})]
+                    events.append({"replica": f"http://127.0.0.1:{port}", "endpoint": pub,
+                                   "replay_endpoint": replay})
                 procs.append(Proc(f"vllm-sim:{port}", argv, port, "/health"))
             urls = [p.url for p in procs]
         else:
@@ -323,12 +352,28 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
             # estimates prompt tokens from characters: tell it the simulator's tokenization,
             # as a deployment sets ``chars_per_token`` (or a tokenizer) for its model.
             routing["chars_per_token"] = round(_chars_per_token(spec, args.workload, args.seed), 2)
+        if simulated and args.kv_events:
+            routing["kv_events"] = events
         cfg_path.write_text(yaml.safe_dump(_gateway_config(urls, port, args.strategy, routing)))
         exe = BIN / "gateway"
         gw_argv = [str(exe)] if exe.exists() else [sys.executable, "-m", "gateway.cli"]
         procs.append(Proc("gateway", [*gw_argv, "serve", "--config", str(cfg_path)], port,
                           "/healthz"))
         gateway = procs[-1].url
+        # ``--gateways N``: N gateway processes (pods) with the same config behind a
+        # round-robin front, for each N > 1 asked for (N = 1 is the gateway above).
+        pods: dict[int, list[str]] = {}
+        for n in sorted(set(args.gateways) - {1}):
+            pod_urls = []
+            for k in range(n):
+                pport = free_port()
+                pcfg = workdir / f"gateway-pods{n}-{k}.yaml"
+                pcfg.write_text(yaml.safe_dump(
+                    _gateway_config(urls, pport, args.strategy, routing)))
+                procs.append(Proc(f"gateway:pods{n}-{k}",
+                                  [*gw_argv, "serve", "--config", str(pcfg)], pport, "/healthz"))
+                pod_urls.append(procs[-1].url)
+            pods[n] = pod_urls
         # ``--variant NAME=JSON``: one more gateway per variant, ``prefix_affinity`` only, its
         # ``routing:`` section the base one updated with JSON (weights merged), so that variants
         # of the decision are compared on the same schedule in the same run.
@@ -394,7 +439,10 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
                     elif s == "partition":
                         targets[s] = (_Partition(urls), SERVED, {})
                     else:
-                        targets[s] = (Target(gateway), f"route-{s}", auth)
+                        if 1 in args.gateways:
+                            targets[s] = (Target(gateway), f"route-{s}", auth)
+                        for n, pod_urls in pods.items():
+                            targets[f"{s}@{n}pods"] = (_RoundRobin(pod_urls), f"route-{s}", auth)
                 for name, url in variants.items():
                     targets[name] = (Target(url), "route-prefix_affinity", auth)
                 for name, url in peers.items():
@@ -403,7 +451,7 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
                     await _reset(client, urls, simulated)
                     h0, q0 = await _scrape(client, urls)
                     results, wall = await run(client, turns, target, model, spec.output_tokens,
-                                              headers)
+                                              headers, args.prompt_format)
                     h1, q1 = await _scrape(client, urls)
                     table[name] = _summary(results, wall, h1 - h0, q1 - q0)
                     print(f"  {workload} {name}: done in {wall:.1f}s", file=sys.stderr)
@@ -526,6 +574,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="also run prefix_affinity with the routing section updated by JSON "
                          "(its own gateway), e.g. 'p25={\"weights\": {\"prefill\": 0.25}}'")
     ap.add_argument("--json", default=None, help="write the results here")
+    ap.add_argument("--gateways", type=int, action="append", default=None,
+                    help="gateway pods behind a round-robin front (repeat: --gateways 1 "
+                         "--gateways 3 compares both in one run)")
+    ap.add_argument("--kv-events", action="store_true",
+                    help="simulators publish KV-cache events; the gateways follow them")
+    ap.add_argument("--prompt-format", choices=["chat", "tokens"], default="chat",
+                    help="tokens: send each chat as a completions prompt of the simulator's "
+                         "token ids (exact KV-event matching needs token ids)")
     add_mixed_arguments(ap)
     args = ap.parse_args(argv)
     names = [name for name, _ in args.variant]
@@ -548,6 +604,7 @@ def main(argv: list[str] | None = None) -> int:
     args.workload = args.workload or ["shared-prefix"]
     args.strategy = args.strategy or [*GATEWAY_STRATEGIES, "oracle"]
     args.vllm_router_policy = args.vllm_router_policy or ["cache_aware", "round_robin"]
+    args.gateways = args.gateways or [1]
     report = asyncio.run(_bench(args))
     report["note"] = "shared 2-core machine; every process (replicas, gateway, client) competes"
     if args.json:

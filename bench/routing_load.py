@@ -25,6 +25,9 @@ from typing import Any
 
 import httpx
 
+from vllm_sim.prompt import chat_text, prompt_pieces
+from vllm_sim.tokens import piece_ids
+
 
 @dataclass
 class Turn:
@@ -147,11 +150,17 @@ async def run(
     model: str,
     output_tokens: int,
     headers: dict[str, str],
+    prompt_format: str = "chat",
 ) -> tuple[list[Result], float]:
     """Send every turn at its arrival time (open loop); return the results and the wall time.
 
     Multi-turn history: a turn with ``after`` waits for that turn's answer and then sends the
     previous turn's messages, the answer, and its own new question.
+
+    ``prompt_format="tokens"`` sends each chat as a completions request whose ``prompt`` is
+    the token ids the simulator's engine computes for that chat (its chat rendering and piece
+    ids): the same cache behaviour, and prompt token ids a router can match against the
+    replicas' KV-cache events.
     """
     done: list[asyncio.Event] = [asyncio.Event() for _ in turns]
     results: list[Result] = [Result(ok=False) for _ in turns]
@@ -171,6 +180,9 @@ async def run(
             "model": model, "messages": messages, "max_tokens": output_tokens,
             "stream": True, "stream_options": {"include_usage": True},
         }
+        if prompt_format == "tokens":
+            body["prompt"] = piece_ids(prompt_pieces(chat_text({"messages": messages})))
+            del body["messages"]
         if turn.user is not None:
             body["user"] = turn.user
         url = await target.pick(body)
@@ -192,7 +204,8 @@ async def _stream(
     parts: list[str] = []
     tokens = 0
     try:
-        async with client.stream("POST", f"{base}/v1/chat/completions", json=body,
+        path = "/v1/completions" if "prompt" in body else "/v1/chat/completions"
+        async with client.stream("POST", f"{base}{path}", json=body,
                                  headers=headers) as resp:
             if resp.status_code != 200:
                 await resp.aread()
@@ -203,7 +216,7 @@ async def _stream(
                     continue
                 event = json.loads(line[6:])
                 for choice in event.get("choices") or []:
-                    text = (choice.get("delta") or {}).get("content")
+                    text = (choice.get("delta") or {}).get("content") or choice.get("text")
                     if text:
                         if not ttft:
                             ttft = time.monotonic() - start

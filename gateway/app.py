@@ -40,7 +40,9 @@ from gateway.assembly import Gateway
 from gateway.auth import Authenticator
 from gateway.drain import Drain
 from gateway.errors import GatewayError, InvalidRequest, MethodNotAllowed
+from gateway.fleet.kv_subscriber import KVEventsFeed
 from gateway.fleet.replica_metrics import MetricsScraper
+from gateway.flow.peers import FlowPeers
 from gateway.h1 import Dialer, RelayClient, resolver_dialer
 from gateway.health import HealthProber
 from gateway.models_api import is_models_path
@@ -217,6 +219,13 @@ def create_app(
         scraper = MetricsScraper(the_router, session, settings.routing, upstream_ssl,
                                  on_round=parts.flow.kick_all if parts.flow else None,
                                  connect_s=connect_s)
+        # KV-cache events of the replicas (routing.kv_events; not reloadable: the sockets
+        # follow the start-up configuration, the indexes follow reloaded pools).
+        kv_feed = KVEventsFeed(the_router, settings.routing.kv_events)
+        shared = settings.flow_control.shared if settings.flow_control.enabled else None
+        peers = (FlowPeers(the_router, shared,
+                           on_round=parts.flow.kick_all if parts.flow else None)
+                 if shared is not None else None)
 
         def swap(new: Gateway) -> None:
             # One step on the event loop: requests already running keep their snapshot.
@@ -227,6 +236,9 @@ def create_app(
             upstream.connect_s = connect_s
             prober.rebind(new.router, connect_s)
             scraper.rebind(new.router, connect_s)
+            kv_feed.rebind(new.router)
+            if peers is not None:
+                peers.rebind(new.router)
             if new.flow is not None:
                 new.flow.reconfigure(new.settings.flow_control)
                 new.flow.rebind(new.router)
@@ -247,6 +259,9 @@ def create_app(
                 prober.start()
             if scraper.needed:
                 scraper.start()
+            kv_feed.start()
+            if peers is not None:
+                peers.start()
             if reloader is not None:
                 reloader.attach(swap)
             yield {STATE_KEY: cell}
@@ -254,6 +269,9 @@ def create_app(
             if reloader is not None:
                 await reloader.detach()
             await scraper.stop()
+            await kv_feed.stop()
+            if peers is not None:
+                await peers.stop()
             await prober.stop()
             for hook in reversed(started):
                 shutdown = getattr(hook, "shutdown", None)

@@ -233,6 +233,10 @@ async def _serve(
     pool = _authorised_pool(state, principal, parsed.model, record)
     decision = _route(state, principal, pool, record)
     hint = pool.route_hint(parsed.values, scope["headers"])  # affinity input (gateway.fleet)
+    if hint is not None and pool.affinity is not None and pool.affinity.settings.tokenize != "none":
+        # routing.tokenize: replica: a chat prompt's exact token ids (gateway.fleet.tokenize)
+        await pool.affinity.fill_token_ids(hint, parsed.values, decision.candidates,
+                                           pool.upstream_name, state.session, state.upstream_ssl)
     flow = state.flow
     lane = (flow.lane(principal, pool, scope["headers"], parsed, record)
             if flow is not None else None)

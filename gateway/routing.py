@@ -75,6 +75,8 @@ class Replica:
         flow_in_flight: Flow-controlled requests in flight to this replica per priority class
             (index: class, 0 the highest; empty until flow control hands it a request), from
             the hand-over to the request's end (see :mod:`gateway.flow.saturation`).
+        peer_in_flight: The same counts of the other gateway processes, summed (kept by
+            :mod:`gateway.flow.peers` with ``flow_control.shared``; empty otherwise).
     """
 
     model: str
@@ -94,6 +96,7 @@ class Replica:
     scrape_outstanding: int = 0
     prefill_tokens: float = 0.0
     flow_in_flight: list[int] = field(default_factory=list)
+    peer_in_flight: list[int] = field(default_factory=list)
 
     @property
     def label(self) -> str:

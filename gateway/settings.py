@@ -52,7 +52,7 @@ from gateway.config_errors import (
 )
 from gateway.drain import DrainSettings
 from gateway.errors import ConfigError
-from gateway.fleet.settings import RoutingSettings
+from gateway.fleet.settings import RoutingSettings, check_endpoint
 from gateway.flow.settings import FlowControlSettings
 from gateway.keys_file import merge_keys_file, relabel_keys
 from gateway.keystore.settings import KeystoreSettings
@@ -492,6 +492,18 @@ class GatewaySettings(BaseSettings):
             for name in names:
                 if seen.get(name) != name:
                     raise ValueError(f"flow_control.{where}: {name!r} is not a model name")
+        urls = {r.url for m in self.models for r in m.replicas}
+        for i, src in enumerate(self.routing.kv_events):  # gateway.fleet.kv_subscriber
+            if src.replica not in urls:
+                raise ValueError(f"routing.kv_events[{i}].replica: {src.replica!r} is not the "
+                                 "url of any model's replica")
+            for field_name in ("endpoint", "replay_endpoint"):
+                value = getattr(src, field_name)
+                if value is not None:
+                    try:
+                        check_endpoint(value, src.replica)
+                    except ValueError as exc:
+                        raise ValueError(f"routing.kv_events[{i}].{field_name}: {exc}") from None
         for where, path in url_path_fields(self):  # every section's, typed UrlPath or not
             problem = url_path_problem(path)
             if problem is not None:

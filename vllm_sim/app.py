@@ -43,7 +43,8 @@ from vllm_sim.errors import (
     error_body,
 )
 from vllm_sim.inference import embed, generate, hang, until_disconnect
-from vllm_sim.prompt import chat_text, completion_text
+from vllm_sim.kv_events import KVEventPublisher
+from vllm_sim.prompt import chat_text, completion_text, prompt_pieces
 from vllm_sim.protocol import (
     embedding_inputs,
     parse_chat,
@@ -56,7 +57,7 @@ from vllm_sim.render import (
     models_response,
 )
 from vllm_sim.state import SimState
-from vllm_sim.tokens import message_text
+from vllm_sim.tokens import message_text, piece_ids
 from vllm_sim.wire import (
     Message,
     Receive,
@@ -85,6 +86,13 @@ class SimApp:
         self.config = config
         self.state = SimState()
         self.engine = perf.engine_for(config)
+        self.kv_events: KVEventPublisher | None = None
+        ev = config.kv_events
+        if (self.engine is not None and ev is not None and ev.enable_kv_cache_events
+                and ev.publisher == "zmq"):
+            self.kv_events = KVEventPublisher(ev.endpoint, ev.replay_endpoint, ev.topic,
+                                              ev.layout, ev.buffer_steps)
+            self.engine.publish = self.kv_events.publish
         self.created = int(time.time())
         self._routes: dict[str, dict[str, Handler]] = {
             "/health": {"GET": self._health},
@@ -101,11 +109,12 @@ class SimApp:
             "/sim/stats": {"GET": self._stats},
             "/sim/reset": {"POST": self._reset},
             "/sim/prefix": {"POST": self._prefix},
+            "/sim/kv_events/drop": {"POST": self._drop_events},
         }
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
-            await _lifespan(receive, send, self.engine)
+            await _lifespan(receive, send, self.engine, self.kv_events)
             return
         if scope["type"] != "http":
             return
@@ -171,6 +180,12 @@ class SimApp:
             await send_body(send, exc.status, exc.body())
             return
         tokens = self.state.vocab.encode(text)
+        if self.kv_events is not None:
+            # With KV events on, the ids the engine and its events use: the chat rendering
+            # (with the generation prompt, as vLLM's TokenizeChatRequest) in piece ids.
+            rendered = (chat_text(body) if isinstance(body.get("messages"), list)
+                        else completion_text([body["prompt"]]))
+            tokens = piece_ids(prompt_pieces(rendered))
         doc = {
             "count": len(tokens),
             "max_model_len": self.config.max_model_len,
@@ -222,6 +237,8 @@ class SimApp:
         doc = self.state.stats()
         if self.engine is not None:
             doc["engine"] = perf.engine_stats(self.engine)
+        if self.kv_events is not None:
+            doc["kv_events"] = self.kv_events.describe()
         await send_body(send, 200, dumps(doc).encode())
 
     async def _reset(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -230,6 +247,19 @@ class SimApp:
         if self.engine is not None:
             self.engine.reset_cache()
         await send_body(send, 200, b'{"reset":true}')
+
+    async def _drop_events(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """``POST /sim/kv_events/drop {"count": n}``: the next n event batches skip the PUB
+        socket (a sequence gap; the replay buffer keeps them)."""
+        body = await _json_or_error(receive, send)
+        if body is None:
+            return
+        count = body.get("count")
+        if self.kv_events is None or not isinstance(count, int) or count < 0:
+            await send_body(send, 400, b'{"error":"kv events off, or count not an int >= 0"}')
+            return
+        self.kv_events.drop_next(count)
+        await send_body(send, 200, dumps({"dropping": count}).encode())
 
     async def _prefix(self, scope: Scope, receive: Receive, send: Send) -> None:
         body = await _json_or_error(receive, send)
@@ -301,7 +331,8 @@ class SimApp:
             gen, prompts = parse_completion(body, self.config)
             echo = bool(body.get("echo", False))
             text = completion_text(prompts)
-            pacer = perf.pacer(self.engine, gen, text, lambda a: text + a, len(prompts))
+            pacer = perf.pacer(self.engine, gen, text, lambda a: text + a, len(prompts),
+                               perf.single_token_prompt(prompts))
             work = generate(self.config, self.state, gen, prompts, echo, send, fault, pacer)
             return work, gen.model
         model = resolve_model(body, self.config)
@@ -361,14 +392,19 @@ async def _send_fault_status(send: Send, fault: FaultSpec) -> None:
         await send_body(send, 500, body)
 
 
-async def _lifespan(receive: Receive, send: Send, engine: Engine | None) -> None:
+async def _lifespan(receive: Receive, send: Send, engine: Engine | None,
+                    kv_events: KVEventPublisher | None) -> None:
     while True:
         message: Message = await receive()
         if message["type"] == "lifespan.startup":
+            if kv_events is not None:
+                kv_events.start()
             await send({"type": "lifespan.startup.complete"})
         elif message["type"] == "lifespan.shutdown":
             if engine is not None:
                 await engine.close()
+            if kv_events is not None:
+                await kv_events.close()
             await send({"type": "lifespan.shutdown.complete"})
             return
 

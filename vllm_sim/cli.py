@@ -14,6 +14,7 @@ into the interrupted exit): a simulator never stops "successfully" by a signal.
 
 from __future__ import annotations
 
+import json
 import logging
 import signal
 import sys
@@ -58,6 +59,10 @@ def serve(
     num_gpu_blocks: Annotated[
         int | None, typer.Option(help="With --profile: override the KV-cache size in blocks.")
     ] = None,
+    kv_events_config: Annotated[
+        str | None,
+        typer.Option(help="With --profile: vLLM's --kv-events-config JSON (publish KV events)."),
+    ] = None,
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "warning",
     access_log: Annotated[bool, typer.Option(help="Log every request.")] = False,
     version: VersionOpt = False,
@@ -74,6 +79,7 @@ def serve(
         profile=profile,
         time_scale=time_scale,
         num_gpu_blocks=num_gpu_blocks,
+        kv_events=None if kv_events_config is None else json.loads(kv_events_config),
     )
     server = _Server(uvicorn.Config(
         create_app(config),
@@ -129,7 +135,8 @@ def _cannot_serve(host: str, port: int) -> CliError:
 _OPTION = {"models": "--model", "ttft_s": "--ttft-ms", "itl_s": "--itl-ms",
            "tokens_per_response": "--tokens", "max_model_len": "--max-model-len",
            "embedding_dim": "--embedding-dim", "profile": "--profile",
-           "time_scale": "--time-scale", "num_gpu_blocks": "--num-gpu-blocks"}
+           "time_scale": "--time-scale", "num_gpu_blocks": "--num-gpu-blocks",
+           "kv_events": "--kv-events-config"}
 
 
 def _describe(exc: BaseException) -> CliError | None:

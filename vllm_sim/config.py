@@ -30,6 +30,30 @@ INFERENCE_PATHS: tuple[str, ...] = ("/v1/chat/completions", "/v1/completions", "
 """Paths a fault applies to unless ``FaultSpec.paths`` names others."""
 
 
+class KVEventsConfig(BaseModel):
+    """vLLM's ``--kv-events-config`` (the fields the simulator uses; same names as vLLM's).
+
+    Attributes:
+        enable_kv_cache_events: Publish the prefix cache's events.
+        publisher: ``zmq`` (vLLM's ``null`` publishes nothing).
+        endpoint: PUB address to bind, e.g. ``tcp://127.0.0.1:5557``.
+        replay_endpoint: ROUTER address to bind for replay, or None.
+        topic: Topic frame of every message.
+        buffer_steps: Batches kept for replay.
+        layout: ``map`` (vLLM >= 0.12's encoding) or ``array`` (vLLM <= 0.11's); simulator only.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    enable_kv_cache_events: bool = False
+    publisher: str = "zmq"
+    endpoint: str = "tcp://*:5557"
+    replay_endpoint: str | None = None
+    topic: str = ""
+    buffer_steps: int = Field(default=10_000, ge=1)
+    layout: Literal["map", "array"] = "map"
+
+
 class SimConfig(BaseModel):
     """Start-up configuration of one simulator app (immutable).
 
@@ -47,6 +71,8 @@ class SimConfig(BaseModel):
         time_scale: With a profile: wall-clock seconds per model second (2.0 = half speed).
         num_gpu_blocks: With a profile: override its KV-cache size in blocks (like vLLM's
             ``--num-gpu-blocks-override``).
+        kv_events: With a profile: publish the prefix cache's KV events (vLLM's
+            ``--kv-events-config``, :mod:`vllm_sim.kv_events`).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -60,6 +86,7 @@ class SimConfig(BaseModel):
     profile: str | None = None
     time_scale: float = Field(default=1.0, gt=0.0)
     num_gpu_blocks: int | None = Field(default=None, ge=1)
+    kv_events: KVEventsConfig | None = None
 
 
 class FaultSpec(BaseModel):

@@ -25,6 +25,11 @@ event loop, like vLLM V1's scheduler:
   first); the blocks of the answer are cached under the hashes of the conversation as the next
   turn's prompt will render it.
 
+KV-cache events (vLLM's ``--kv-events-config``, :mod:`vllm_sim.kv_events`): the cache records
+a ``Stored`` event when a block gets a hash no cached block has (with its parent's hash and its
+token ids), a ``Removed`` event when an eviction or a reset drops one, and the engine publishes
+the step's events as one batch after each step, as vLLM's scheduler does.
+
 Metrics (vLLM's names): ``num_requests_waiting``/``running``, ``kv_cache_usage_perc`` (blocks
 referenced by running requests / all blocks), ``prefix_cache_queries``/``hits`` (prompt tokens
 looked up / found cached, counted at admission like vLLM V1).
@@ -35,15 +40,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import OrderedDict, deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from vllm_sim.kv_events import Cleared, Removed, SimEvent, Stored
 from vllm_sim.profiles import PerfProfile
 
 __all__ = ["BlockCache", "Engine", "SeqHandle", "block_hashes"]
 
 
-def block_hashes(tokens: Sequence[str], block_size: int) -> list[int]:
+def block_hashes(tokens: Sequence[object], block_size: int) -> list[int]:
     """Chained hashes of the full blocks of ``tokens`` (a partial tail block has none).
 
     Returns:
@@ -72,6 +78,7 @@ class BlockCache:
         self._refs: dict[int, int] = {}  # hash -> references (> 0)
         self._lru: OrderedDict[int, None] = OrderedDict()  # cached, unreferenced; LRU first
         self._anon = 0  # referenced blocks without a hash
+        self.events: list[SimEvent] = []  # since the last publish
 
     @property
     def used(self) -> int:
@@ -111,14 +118,34 @@ class BlockCache:
         self._anon += new_blocks
         return True
 
-    def promote(self, hashes: Sequence[int]) -> list[int]:
+    def promote(self, hashes: Sequence[int], parent: int | None = None,
+                token_ids: Sequence[int] = (), block_size: int = 0) -> list[int]:
         """Give as many computed anonymous blocks the ``hashes`` (their content is now known).
 
         A hash already cached (another request computed the same block) is referenced instead
         and the anonymous block freed, as vLLM deduplicates. Returns the hashes now held.
+
+        Args:
+            hashes: Consecutive blocks' hashes.
+            parent: Hash of the block before the first (None: they start the prompt).
+            token_ids: Their tokens, ``block_size`` per block (for the ``Stored`` events).
+            block_size: Tokens per block.
         """
         held: list[int] = []
-        for h in hashes:
+        run: list[int] = []
+        run_parent = parent
+        run_start = 0
+        prev = parent
+        for i, h in enumerate(hashes):
+            new = h not in self._refs and h not in self._lru
+            if new and block_size:
+                if not run:
+                    run_parent, run_start = prev, i
+                run.append(h)
+            elif run:
+                self._stored(run, run_parent, token_ids, run_start, block_size)
+                run = []
+            prev = h
             self._anon -= 1
             if h in self._refs:
                 self._refs[h] += 1
@@ -128,7 +155,15 @@ class BlockCache:
             else:
                 self._refs[h] = 1
             held.append(h)
+        if run:
+            self._stored(run, run_parent, token_ids, run_start, block_size)
         return held
+
+    def _stored(self, run: list[int], parent: int | None, token_ids: Sequence[int],
+                start: int, size: int) -> None:
+        tokens = tuple(token_ids[start * size : (start + len(run)) * size])
+        if len(tokens) == len(run) * size:
+            self.events.append(Stored(tuple(run), parent, tokens, size))
 
     def release(self, held: Sequence[int], anon: int) -> None:
         """Drop a finished request's references; unreferenced hashed blocks stay cached.
@@ -147,11 +182,16 @@ class BlockCache:
 
     def reset(self) -> None:
         """Forget every unreferenced cached block (``POST /sim/reset``)."""
+        if not self._refs:
+            self.events.append(Cleared())
+        elif self._lru:
+            self.events.append(Removed(tuple(self._lru)))
         self._lru.clear()
 
     def _evict(self, n: int) -> None:
-        for _ in range(n):
-            self._lru.popitem(last=False)
+        gone = [self._lru.popitem(last=False)[0] for _ in range(n)]
+        if gone:
+            self.events.append(Removed(tuple(gone)))
 
 
 @dataclass(eq=False)
@@ -160,6 +200,7 @@ class SeqHandle:
 
     Attributes:
         prompt_hashes: Chained hashes of the prompt's full blocks.
+        prompt_ids: Token ids of the prompt (with the answer: ``final_ids``), for the events.
         prompt_tokens: Prompt length in tokens.
         output_tokens: Tokens to generate.
         final_hashes: Hashes of the full blocks of prompt plus answer (cached when it ends).
@@ -177,6 +218,8 @@ class SeqHandle:
     generated: int = 0
     held: list[int] = field(default_factory=list)
     anon: int = 0
+    prompt_ids: list[int] = field(default_factory=list)
+    final_ids: list[int] = field(default_factory=list)
     done: bool = False
     _event: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -209,6 +252,7 @@ class Engine:
         self.steps = 0
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self.publish: Callable[[Sequence[SimEvent]], None] | None = None
 
     @property
     def kv_usage(self) -> float:
@@ -231,6 +275,15 @@ class Engine:
             self._finish_blocks(seq)
         seq.done = True
         seq._wake()
+        self.flush_events()
+
+    def flush_events(self) -> None:
+        """Publish the cache's events since the last flush as one batch (if any)."""
+        events = self.cache.events
+        if events:
+            self.cache.events = []
+            if self.publish is not None:
+                self.publish(events)
 
     def cached_tokens(self, hashes: Sequence[int], prompt_tokens: int) -> int:
         """Prompt tokens a request with these block hashes would find cached now."""
@@ -241,6 +294,7 @@ class Engine:
     def reset_cache(self) -> None:
         """Drop unreferenced cached blocks and zero the prefix-cache counters."""
         self.cache.reset()
+        self.flush_events()
         self.queries_total = 0
         self.hits_total = 0
 
@@ -323,7 +377,7 @@ class Engine:
         """Hash the prompt's full blocks up to ``upto_tokens`` (scheduled for this step)."""
         full = min(upto_tokens // self.profile.block_size, len(seq.prompt_hashes))
         if full > len(seq.held):
-            self._promote(seq, seq.prompt_hashes[:full])
+            self._promote(seq, seq.prompt_hashes[:full], seq.prompt_ids)
 
     async def _loop(self) -> None:
         loop = asyncio.get_running_loop()
@@ -364,16 +418,20 @@ class Engine:
                 self._finish_blocks(seq)
                 seq.done = True
                 seq._wake()
+            self.flush_events()
 
-    def _promote(self, seq: SeqHandle, hashes: Sequence[int]) -> None:
-        new = hashes[len(seq.held) : len(seq.held) + seq.anon]
-        seq.held += self.cache.promote(new)
+    def _promote(self, seq: SeqHandle, hashes: Sequence[int], ids: Sequence[int]) -> None:
+        start = len(seq.held)
+        new = hashes[start : start + seq.anon]
+        size = self.profile.block_size
+        parent = hashes[start - 1] if start else None
+        seq.held += self.cache.promote(new, parent, ids[start * size :], size)
         seq.anon -= len(new)
 
     def _finish_blocks(self, seq: SeqHandle) -> None:
         if seq.computed >= seq.prompt_tokens:
             # The answer's full blocks are cached under the next turn's rendering.
             done = (seq.prompt_tokens + seq.generated) // self.profile.block_size
-            self._promote(seq, seq.final_hashes[:done])
+            self._promote(seq, seq.final_hashes[:done], seq.final_ids)
         self.cache.release(seq.held, seq.anon)
         seq.held, seq.anon = [], 0

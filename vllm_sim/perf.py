@@ -18,9 +18,9 @@ from vllm_sim.profiles import PerfProfile, get_profile, load_profile
 from vllm_sim.prompt import chat_text, completion_text, prompt_pieces
 from vllm_sim.protocol import Generation, parse_completion
 from vllm_sim.render import total_completion_tokens
-from vllm_sim.tokens import output_tokens
+from vllm_sim.tokens import output_tokens, piece_ids
 
-__all__ = ["engine_for", "engine_stats", "pacer", "prefix_probe"]
+__all__ = ["engine_for", "engine_stats", "pacer", "prefix_probe", "single_token_prompt"]
 
 
 def engine_for(config: SimConfig) -> Engine | None:
@@ -47,6 +47,7 @@ def pacer(
     prompt: str,
     with_answer: Callable[[str], str],
     prompts: int,
+    token_ids: list[int] | None = None,
 ) -> EnginePacer | None:
     """The engine pacing of a generation request, or ``None`` without a profile.
 
@@ -57,17 +58,26 @@ def pacer(
         with_answer: Renders the conversation with a given answer appended (the next turn's
             prefix, cached when the request ends).
         prompts: Number of completion prompts (1 for chat).
+        token_ids: A completions prompt given as token ids: the engine's tokens are these ids
+            (as vLLM takes them), not the pieces of ``prompt``.
     """
     if engine is None:
         return None
     size = engine.profile.block_size
-    pieces = prompt_pieces(prompt)
     answer = "".join(output_tokens(gen.completion_tokens))
+    if token_ids is not None:
+        ids = list(token_ids)
+        final = ids + piece_ids(prompt_pieces(answer))
+    else:
+        ids = piece_ids(prompt_pieces(prompt))
+        final = piece_ids(prompt_pieces(with_answer(answer)))
     seq = SeqHandle(
-        prompt_hashes=block_hashes(pieces, size),
-        prompt_tokens=max(len(pieces), 1),
+        prompt_hashes=block_hashes(ids, size),
+        prompt_tokens=max(len(ids), 1),
         output_tokens=max(total_completion_tokens(gen, prompts), 1),
-        final_hashes=block_hashes(prompt_pieces(with_answer(answer)), size),
+        final_hashes=block_hashes(final, size),
+        prompt_ids=ids,
+        final_ids=final,
     )
     return EnginePacer(engine, seq)
 
@@ -80,17 +90,27 @@ def prefix_probe(engine: Engine | None, body: dict[str, Any], config: SimConfig)
     """
     if engine is None:
         raise BadRequest("/sim/prefix needs a simulator profile", param="profile")
+    ids: list[int] | None = None
     if isinstance(body.get("messages"), list):
         text = chat_text(body)
     elif "prompt" in body:
         _, prompts = parse_completion(body, config)
+        ids = single_token_prompt(prompts)
         text = completion_text(prompts)
     else:
         raise BadRequest("'prompt' or 'messages' is required", param="prompt")
-    pieces = prompt_pieces(text)
-    hashes = block_hashes(pieces, engine.profile.block_size)
-    return {"cached_tokens": engine.cached_tokens(hashes, len(pieces)),
-            "prompt_tokens": len(pieces)}
+    if ids is None:
+        ids = piece_ids(prompt_pieces(text))
+    hashes = block_hashes(ids, engine.profile.block_size)
+    return {"cached_tokens": engine.cached_tokens(hashes, len(ids)),
+            "prompt_tokens": len(ids)}
+
+
+def single_token_prompt(prompts: list[str | list[int]]) -> list[int] | None:
+    """The token ids of a completions request with one prompt given as token ids."""
+    if len(prompts) == 1 and isinstance(prompts[0], list):
+        return list(prompts[0])
+    return None
 
 
 def engine_stats(engine: Engine) -> dict[str, Any]:

@@ -48,6 +48,16 @@ def split_pieces(text: str) -> list[str]:
     return _PIECE.findall(text)
 
 
+def piece_ids(pieces: Iterable[str]) -> list[int]:
+    """Stable token ids of token pieces (31-bit, from BLAKE2b of the piece's UTF-8).
+
+    The simulator has no vocabulary; an id only has to be the same for the same piece in every
+    process, so that KV-cache events name tokens the same way each time.
+    """
+    return [int.from_bytes(hashlib.blake2b(p.encode(), digest_size=4).digest(), "big") >> 1
+            for p in pieces]
+
+
 def count_text(text: str) -> int:
     """Approximate token count of ``text`` (see ``split_pieces``)."""
     return len(_PIECE.findall(text))

@@ -275,6 +275,9 @@ SIGNAL_FIELDS: tuple[tuple[str, str, str], ...] = (
     ("index_blocks", "{block}", "Prefix-index blocks held for the replica"),
     ("prefill_tokens", "{token}",
      "Estimated uncached prompt tokens sent to the replica whose response has not started"),
+    ("cache_exact", "{state}",
+     "1 when the replica is scored from its KV-cache events (exact), 0 from the estimate"),
+    ("exact_blocks", "{block}", "Blocks the replica holds according to its KV-cache events"),
 )
 """Per-replica signals exported on the admin port (field, unit, description)."""
 
@@ -299,5 +302,7 @@ def signal_rows(router: Router, now: float) -> list[tuple[Replica, dict[str, flo
                 "signals_age": now - sig.at if sig else None,
                 "index_blocks": float(affinity.index.size(r.index)),
                 "prefill_tokens": r.prefill_tokens,
+                "cache_exact": 1.0 if affinity.cache_state(r.index) == "exact" else 0.0,
+                "exact_blocks": float(affinity.exact.size(r.index)),
             }))
     return rows

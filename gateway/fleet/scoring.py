@@ -30,17 +30,27 @@ nodes per replica) whose load is within ``ceil(session_load_factor x (total load
 consistent hashing with bounded loads (Mirrokni, Thorup, Zadimoghaddam, SODA 2018).
 
 After a decision the prompt's blocks are recorded for the chosen replica in the prefix index.
+
+**Exact cache state**: for a replica whose KV-cache events are followed
+(:mod:`gateway.fleet.kv_subscriber`) and in sync, and a request whose prompt token ids the
+gateway knows (a completions ``prompt`` given as token ids, or a string ``prompt`` with
+``tokenizer_file``), ``match_r`` is the fraction of the prompt's tokens in leading blocks the
+replica *holds now* (:mod:`gateway.fleet.exact_index`) instead of the estimate; the uncached
+prompt tokens charged to ``prefill_r`` follow from the same figure. ``explain["cache_state"]``
+says which one decided (``exact`` when the chosen replica's exact state was used).
 """
 
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import hashlib
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from gateway.fleet.exact_index import ExactIndex, content_keys
 from gateway.fleet.prefix_index import (
     PrefixIndex,
     block_hashes,
@@ -48,8 +58,14 @@ from gateway.fleet.prefix_index import (
     token_block_hashes,
 )
 from gateway.fleet.settings import RoutingSettings
+from gateway.fleet.tokenize import replica_token_ids
 
 if TYPE_CHECKING:
+    from ssl import SSLContext
+
+    import aiohttp
+
+    from gateway.fleet.kv_subscriber import KVEventSubscriber
     from gateway.routing import Replica
 
 __all__ = ["PrefixAffinity", "RouteHint"]
@@ -69,6 +85,8 @@ class RouteHint:
             load figures used (copied to the access line and the audit record).
         charged: Uncached prompt tokens added to the chosen replica's
             :attr:`~gateway.routing.Replica.prefill_tokens` until :meth:`release`.
+        token_ids: The prompt's token ids as the replicas tokenize them, when known (matched
+            against the exact, event-fed index).
     """
 
     hashes: list[int]
@@ -77,6 +95,7 @@ class RouteHint:
     explain: dict[str, Any] | None = None
     charged: float = 0.0
     _replica: Replica | None = None
+    token_ids: list[int] | None = None
 
     def release(self) -> None:
         """The request's prefill is over (first response byte, or the attempt ended).
@@ -104,6 +123,8 @@ class PrefixAffinity:
         self.settings = settings
         self.replicas = replicas
         self.index = PrefixIndex(replicas, settings.index_blocks)
+        self.exact = ExactIndex(replicas)
+        self._events: list[KVEventSubscriber | None] = [None] * replicas
         self._tokenizer: Any = None
         if settings.tokenizer_file is not None:
             self._tokenizer = _load_tokenizer(str(settings.tokenizer_file))
@@ -123,18 +144,71 @@ class PrefixAffinity:
         text = canonical_prompt(body)
         hashes: list[int] = []
         tokens = 0.0
-        if text:
+        token_ids = _prompt_ids(body)
+        if token_ids is not None:
+            hashes = token_block_hashes(token_ids, s.block_tokens)
+            tokens = float(len(token_ids))
+        elif text:
             if self._tokenizer is not None:
                 ids = self._tokenizer.encode(text[: s.max_prompt_chars]).ids
                 hashes = token_block_hashes(ids, s.block_tokens)
                 tokens = float(len(ids))
+                if isinstance(body.get("prompt"), str):
+                    # A completions prompt is tokenized as is (a chat body goes through the
+                    # model's chat template, which the gateway does not render).
+                    token_ids = list(ids)
             else:
                 hashes = block_hashes(text, s.block_chars, s.max_prompt_chars)
                 tokens = min(len(text), s.max_prompt_chars) / s.chars_per_token
         if session is None and s.session_affinity:
             user = body.get("user")
             session = user if isinstance(user, str) and user else None
-        return RouteHint(hashes, session if s.session_affinity else None, tokens)
+        return RouteHint(hashes, session if s.session_affinity else None, tokens,
+                         token_ids=token_ids)
+
+    async def fill_token_ids(
+        self, hint: RouteHint, body: Mapping[str, Any], candidates: Sequence[Replica],
+        served_model: str, session: aiohttp.ClientSession, ssl: SSLContext | bool = True,
+    ) -> None:
+        """With ``tokenize: replica``, give a chat ``hint`` its prompt's token ids from a
+        candidate's ``/tokenize`` (the first one whose events are followed); nothing on
+        failure or when no candidate publishes events."""
+        if (self.settings.tokenize != "replica" or hint.token_ids is not None
+                or hint.session is not None or not isinstance(body.get("messages"), list)):
+            return
+        ask = next((r for r in candidates if self._events[r.index] is not None), None)
+        if ask is None:
+            return
+        ids = await replica_token_ids(session, ask, served_model, body,
+                                      self.settings.tokenize_timeout_s, ssl)
+        if ids:
+            hint.token_ids = ids
+            hint.tokens = float(len(ids))
+
+    def attach_events(self, replica: int, subscriber: KVEventSubscriber) -> None:
+        """Follow ``replica``'s KV-cache events through ``subscriber`` (exact index)."""
+        self._events[replica] = subscriber
+
+    def cache_state(self, replica: int) -> str:
+        """``exact`` when ``replica``'s events are followed and in sync, else ``estimate``."""
+        sub = self._events[replica]
+        return "exact" if sub is not None and sub.exact() else "estimate"
+
+    def _exact_cached(self, candidates: Sequence[Replica], ids: list[int]) -> dict[int, int]:
+        """Cached prompt tokens of each exact-state candidate (replica index -> tokens)."""
+        by_size: dict[int, list[int]] = {}
+        for r in candidates:
+            sub = self._events[r.index]
+            if sub is not None and sub.exact():
+                size = self.exact.replicas[r.index].block_size or self.settings.block_tokens
+                by_size.setdefault(size, []).append(r.index)
+        out: dict[int, int] = {}
+        for size, members in by_size.items():
+            # vLLM reuses at most ``prompt - 1`` tokens (the last one is always computed).
+            keys = content_keys(ids[: max(len(ids) - 1, 0)], size)
+            for i, n in self.exact.match(keys, members).items():
+                out[i] = n * size
+        return out
 
     def load(self, r: Replica, now: float) -> float:
         """Estimated requests on ``r`` (see the module docstring)."""
@@ -174,6 +248,13 @@ class PrefixAffinity:
             return self._chosen(candidates[i], hint, "session", loads[i], min(loads), 0, now)
         total = len(hint.hashes)
         matched = self.index.match(hint.hashes, self.replicas) if total else [0] * self.replicas
+        exact = (self._exact_cached(candidates, hint.token_ids)
+                 if hint.token_ids and any(self._events) else {})
+        # Per candidate: the fraction of the prompt cached there (exact, or the estimate).
+        frac_scale = 1.0 / total if total else 0.0
+        ntok = float(len(hint.token_ids)) if hint.token_ids else 1.0
+        fracs = [exact[r.index] / ntok if r.index in exact else frac_scale * matched[r.index]
+                 for r in candidates]
         w = self.settings.weights
         w_prefix, w_load = w.prefix, w.load
         w_prefill = w.prefill / max(hint.tokens, 1.0)
@@ -181,13 +262,12 @@ class PrefixAffinity:
         load_scale = w_load / (1.0 + mean)
         # Nothing of the prompt is indexed anywhere: decide on load alone (no KV term), so that
         # affinity costs nothing when there is nothing to share.
-        w_kv = w.kv if any(matched[r.index] for r in candidates) else 0.0
-        frac_scale = w_prefix / total if total else 0.0
+        w_kv = w.kv if any(fracs) else 0.0
         best = least = 0
         best_key: tuple[float, int, int] | None = None
         least_key: tuple[float, int] | None = None
         for i, r in enumerate(candidates):
-            score = (frac_scale * matched[r.index] - load_scale * loads[i]
+            score = (w_prefix * fracs[i] - load_scale * loads[i]
                      - w_prefill * r.prefill_tokens)
             if w_kv:
                 sig = r.signals
@@ -199,25 +279,27 @@ class PrefixAffinity:
             lkey = (loads[i], r.outstanding)
             if least_key is None or lkey < least_key:
                 least, least_key = i, lkey
-        reason = "prefix" if matched[candidates[best].index] else "load"
+        reason = "prefix" if fracs[best] else "load"
         gap = loads[best] - loads[least]
         s = self.settings
         if gap >= s.imbalance_abs and loads[best] > s.imbalance_ratio * (loads[least] + 1):
             best, reason = least, "imbalance"
         chosen = candidates[best]
         return self._chosen(
-            chosen, hint, reason, loads[best], loads[least], matched[chosen.index], now
+            chosen, hint, reason, loads[best], loads[least], matched[chosen.index], now,
+            exact.get(chosen.index),
         )
 
     def _chosen(
         self, r: Replica, hint: RouteHint, reason: str, load: float, least: float,
-        matched: int, now: float,
+        matched: int, now: float, exact_tokens: int | None = None,
     ) -> Replica:
         if hint.hashes:
             # ``matched`` is the match just taken (0 for a session pick: probe every block).
             self.index.insert(r.index, hint.hashes, matched if reason != "session" else None)
         queued = r.prefill_tokens
-        hint.charged = cost = max(0.0, hint.tokens - matched * self._block_tokens)
+        cached = matched * self._block_tokens if exact_tokens is None else exact_tokens
+        hint.charged = cost = max(0.0, hint.tokens - cached)
         hint._replica = r
         r.prefill_tokens = queued + cost
         sig = r.signals
@@ -228,6 +310,8 @@ class PrefixAffinity:
             "replica": r.index,
             "matched_blocks": matched,
             "prompt_blocks": len(hint.hashes),
+            "cache_state": "estimate" if exact_tokens is None else "exact",
+            "cached_tokens": round(cached),
             "load": round(load, 2),
             "least_load": round(least, 2),
             "prefill_tokens": round(queued),
@@ -284,9 +368,24 @@ class PrefixAffinity:
 
     def describe(self, r: Replica) -> dict[str, Any]:
         """Index figures of ``r`` for the admin view."""
+        sub = self._events[r.index]
         return {"prefill_tokens": r.prefill_tokens,
                 "index_blocks": self.index.size(r.index),
-                "index_capacity": self.index.capacity(r.index)}
+                "index_capacity": self.index.capacity(r.index),
+                "cache_state": self.cache_state(r.index),
+                "exact_blocks": self.exact.size(r.index),
+                "kv_events": None if sub is None else dataclasses.asdict(sub.stats)}
+
+
+def _prompt_ids(body: Mapping[str, Any]) -> list[int] | None:
+    """A completions ``prompt`` given as token ids (one list, or a list of one list)."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], list):
+        prompt = prompt[0]
+    if (isinstance(prompt, list) and prompt
+            and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)):
+        return list(prompt)
+    return None
 
 
 def _point(key: str) -> int:

@@ -14,10 +14,32 @@ Every field has a default that works; the section may be left out.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["RoutingSettings", "RoutingWeights"]
+__all__ = ["KVEventsSource", "RoutingSettings", "RoutingWeights", "check_endpoint"]
+
+
+def check_endpoint(endpoint: str, replica_url: str) -> None:
+    """Refuse a KV-event endpoint that is not ``tcp://<the replica's host>:<port>``.
+
+    Raises:
+        ValueError: Another scheme or host, or no port; the message names the endpoint.
+    """
+    parts = urlsplit(endpoint)
+    host = urlsplit(replica_url).hostname
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    if parts.scheme != "tcp" or port is None:
+        raise ValueError(f"{endpoint!r}: expected tcp://host:port")
+    if parts.hostname != host:
+        raise ValueError(
+            f"{endpoint!r}: host {parts.hostname!r} is not the replica's host {host!r} (the "
+            "egress policy allows only the replica itself)")
 
 
 class _Frozen(BaseModel):
@@ -47,6 +69,29 @@ class RoutingWeights(_Frozen):
     kv: float = Field(default=0.25, ge=0, allow_inf_nan=False)
 
 
+class KVEventsSource(_Frozen):
+    """Where one replica publishes its KV-cache events (vLLM ``--kv-events-config``).
+
+    vLLM's side: ``--kv-events-config '{"enable_kv_cache_events": true, "publisher": "zmq",
+    "endpoint": "tcp://*:5557", "replay_endpoint": "tcp://*:5558", "topic": "kv"}'``.
+    vLLM binds its PUB socket only when the endpoint has ``*`` (else it connects out); the
+    gateway connects to it, so give vLLM a ``*`` endpoint. The replay socket always binds.
+
+    Attributes:
+        replica: The replica's ``url`` exactly as in its model's ``replicas``.
+        endpoint: The publisher, ``tcp://<the replica's host>:<port>``.
+        replay_endpoint: The publisher's replay (ROUTER) socket on the same host, for gaps.
+        topic: The topic the publisher sends on (vLLM's default: empty).
+        replay_timeout_s: Seconds to wait for each replay answer before giving a gap up.
+    """
+
+    replica: str
+    endpoint: str
+    replay_endpoint: str | None = None
+    topic: str = ""
+    replay_timeout_s: float = Field(default=2.0, gt=0, allow_inf_nan=False)
+
+
 class RoutingSettings(_Frozen):
     """Signals and weights of fleet-aware routing.
 
@@ -74,6 +119,13 @@ class RoutingSettings(_Frozen):
         imbalance_ratio: ... and more than this factor times (its load + 1), the least loaded
             replica is chosen.
         weights: Score weights.
+        kv_events: Replicas whose KV-cache events give the exact cache state; the others are
+            scored from the estimate (see :mod:`gateway.fleet.exact_index`).
+        tokenize: ``replica``: a chat request's token ids come from a replica's ``/tokenize``
+            (one round trip; :mod:`gateway.fleet.tokenize`), so that chat prompts are matched
+            against the exact index too; ``none`` (default): chat prompts use the estimate.
+            Only asked when some replica of the pool publishes KV events.
+        tokenize_timeout_s: Longest wait for that answer, seconds (then the estimate decides).
     """
 
     metrics: bool = True
@@ -92,3 +144,6 @@ class RoutingSettings(_Frozen):
     imbalance_abs: int = Field(default=8, ge=1)
     imbalance_ratio: float = Field(default=2.0, ge=1.0, allow_inf_nan=False)
     weights: RoutingWeights = Field(default_factory=RoutingWeights)
+    kv_events: list[KVEventsSource] = Field(default_factory=list)
+    tokenize: Literal["none", "replica"] = "none"
+    tokenize_timeout_s: float = Field(default=0.5, gt=0, allow_inf_nan=False)

@@ -5,7 +5,12 @@ Exception tree (each class has a stable machine ``code`` and an HTTP ``status``)
     FlowError                          code "flow_error"
     ├── Shed                           429, type "rate_limit_error", with Retry-After
     │   ├── QueueFull                  code "queue_full": the class's queue is full
+    │   ├── FlowShareFull              code "flow_queue_full": this key's (team's) share of
+    │   │                              the class's queue is full, the queue is not
+    │   ├── QueueBytesFull             code "queue_bytes_full": the queued bodies' byte
+    │   │                              budget (max_queued_body_bytes) is spent
     │   └── QueueTimeout               code "queue_timeout": waited the class's max_wait_s
+    ├── BodyOverQueueBudget            413, code "body_exceeds_queue_budget"
     ├── PriorityRaiseRefused           403, code "priority_raise_forbidden"
     └── UnknownPriorityClass           400, code "unknown_priority_class"
 
@@ -20,8 +25,11 @@ from __future__ import annotations
 import math
 
 __all__ = [
+    "BodyOverQueueBudget",
     "FlowError",
+    "FlowShareFull",
     "PriorityRaiseRefused",
+    "QueueBytesFull",
     "QueueFull",
     "QueueTimeout",
     "Shed",
@@ -77,6 +85,26 @@ class QueueFull(Shed):
     """The request's class queue was full when it arrived."""
 
     code = "queue_full"
+
+
+class FlowShareFull(Shed):
+    """The request's key (or team) already holds its share of the class's queue."""
+
+    code = "flow_queue_full"
+
+
+class QueueBytesFull(Shed):
+    """Queuing the request would pass the byte budget of queued bodies."""
+
+    code = "queue_bytes_full"
+
+
+class BodyOverQueueBudget(FlowError):
+    """The request's body alone is larger than the byte budget of queued bodies."""
+
+    code = "body_exceeds_queue_budget"
+    status = 413
+    error_type = "invalid_request_error"
 
 
 class QueueTimeout(Shed):

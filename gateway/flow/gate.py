@@ -33,6 +33,7 @@ queue separately; strict priority holds within each set.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
@@ -79,8 +80,11 @@ class FlowGate:
         self.classes = tuple(settings.classes)
         self.classifier = Classifier(settings)
         self.limits = tuple(settings.limits())
-        self.workers = settings.workers
+        self.workers = settings.processes  # whose sends the estimates count as this one's
         self._max_lens = [c.max_queue for c in self.classes]
+        # Waiters one flow may hold per class (max_queue_share of max_queue, at least 1).
+        self.flow_caps = [max(1, math.floor(c.max_queue_share * c.max_queue))
+                          for c in self.classes]
         self._header = settings.header.encode("latin-1")
         self._vllm = frozenset(settings.vllm_priority_models)
         self.pools = {
@@ -92,6 +96,9 @@ class FlowGate:
                                        completion_reserve_cap=1 << 40)
                         if settings.share_cost == "tokens" else None)
         self._retired: list[PoolFlow] = []
+        # Bytes of the bodies of queued requests, and this worker's budget for them.
+        self.queued_bytes = 0
+        self.body_budget = max(1, settings.max_queued_body_bytes // settings.workers)
 
     # --- per request ----------------------------------------------------------------------
 

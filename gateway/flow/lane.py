@@ -12,7 +12,14 @@ from typing import TYPE_CHECKING
 
 from gateway.asgi_io import ClientGone, Receive
 from gateway.errors import GatewayError
-from gateway.flow.errors import FlowError, QueueFull, QueueTimeout
+from gateway.flow.errors import (
+    BodyOverQueueBudget,
+    FlowError,
+    FlowShareFull,
+    QueueBytesFull,
+    QueueFull,
+    QueueTimeout,
+)
 from gateway.flow.queues import ClassQueues, Waiter
 from gateway.flow.saturation import with_room
 
@@ -81,8 +88,8 @@ class Lane:
         weight: Its fair-share weight.
     """
 
-    __slots__ = ("_flow", "_gate", "_group", "_held", "_parsed", "_reserved", "_waiter", "cls",
-                 "flow", "record", "weight")
+    __slots__ = ("_bytes", "_flow", "_gate", "_group", "_held", "_parsed", "_reserved",
+                 "_waiter", "cls", "flow", "record", "weight")
 
     def __init__(self, gate: FlowGate, flow: PoolFlow, cls: int, who: str, weight: float,
                  record: RequestRecord, parsed: ParsedBody) -> None:
@@ -97,6 +104,7 @@ class Lane:
         self._held: Replica | None = None  # counted in its class's in-flight count there
         self._group: Group | None = None
         self._waiter: Waiter[_Hand] | None = None
+        self._bytes = 0  # body bytes counted in the gate's queued bytes while it waits
 
     @property
     def class_name(self) -> str:
@@ -124,6 +132,31 @@ class Lane:
                     return replica
         hand = _Hand(asyncio.get_running_loop().create_future(), hint)
         waiter = Waiter(self.flow, self.weight, self.cls, now, hand, gate.cost(self._parsed))
+        queue = group.queues.classes[self.cls]
+        cap = gate.flow_caps[self.cls]
+        if len(queue) < queue.max_len and queue.flow_len(self.flow) >= cap:
+            self.record.flowed(self.class_name, "flow_queue_full", 0)
+            cls = gate.classes[self.cls]
+            raise to_gateway_error(FlowShareFull(
+                f"The fleet serving '{flow.pool.model.name}' is saturated and this key already "
+                f"holds its share of the queue of class '{cls.name}' ({cap} of "
+                f"{cls.max_queue} requests, max_queue_share {cls.max_queue_share}); retry "
+                "later.", gate.mean_wait_s[self.cls]))
+        size = len(self._parsed.raw) if self._parsed.raw else len(self._parsed.text)
+        if size > gate.body_budget:
+            self.record.flowed(self.class_name, "body_exceeds_queue_budget", 0)
+            raise to_gateway_error(BodyOverQueueBudget(
+                f"The fleet serving '{flow.pool.model.name}' is saturated and this request's "
+                f"body ({size} bytes) is larger than the byte budget for queued requests "
+                f"(max_queued_body_bytes: {gate.body_budget} bytes here), so it cannot wait; "
+                "send a smaller request or retry when the fleet has room."))
+        if gate.queued_bytes + size > gate.body_budget:
+            self.record.flowed(self.class_name, "queue_bytes_full", 0)
+            raise to_gateway_error(QueueBytesFull(
+                f"The fleet serving '{flow.pool.model.name}' is saturated and the queued "
+                f"requests' bodies already hold {gate.queued_bytes} of the "
+                f"{gate.body_budget} bytes queued bodies may hold (max_queued_body_bytes); "
+                "retry later.", gate.mean_wait_s[self.cls]))
         if not group.queues.push(waiter):
             self.record.flowed(self.class_name, "queue_full", 0)
             cls = gate.classes[self.cls]
@@ -132,6 +165,8 @@ class Lane:
                 f"class '{cls.name}' is full ({cls.max_queue} requests); retry later.",
                 gate.mean_wait_s[self.cls]))
         self._group, self._waiter = group, waiter
+        self._bytes = size
+        gate.queued_bytes += size
         gate.dispatch(flow, group)
         return None
 
@@ -142,6 +177,14 @@ class Lane:
             GatewayError: The class's ``max_wait_s`` passed (429 ``queue_timeout``).
             ClientGone: The client disconnected; the request left the queue at once.
         """
+        try:
+            return await self._wait(receive)
+        finally:
+            # Out of the queue, whatever happened: its body no longer counts as queued.
+            self._gate.queued_bytes -= self._bytes
+            self._bytes = 0
+
+    async def _wait(self, receive: Receive) -> Replica:
         gate, waiter, group = self._gate, self._waiter, self._group
         assert waiter is not None and group is not None
         future = waiter.item.future

@@ -158,6 +158,11 @@ class ClassQueue(Generic[T]):
         if flow is self._current:
             self._current = None
 
+    def flow_len(self, name: str) -> int:
+        """Waiters of flow ``name`` in this class."""
+        flow = self._flows.get(name)
+        return 0 if flow is None else len(flow.items)
+
     def flows(self) -> dict[str, int]:
         """Waiters per flow (for reports and tests)."""
         return {name: len(flow.items) for name, flow in self._flows.items()}

@@ -4,7 +4,8 @@ A replica is **full** for a class when any threshold of the class
 (:class:`~gateway.flow.settings.SaturationSettings`) is reached:
 
 * ``in_flight``: the requests of **this class and the classes below it** that the gateway has
-  in flight to the replica (``flow_in_flight[cls:]``, summed) reach it. A higher class's
+  (with ``flow_control.shared``: that every gateway process has) in flight to the replica
+  (``flow_in_flight[cls:]``, plus ``peer_in_flight[cls:]``, summed) reach it. A higher class's
   requests never count against a lower class's allowance, and a lower class can never take the
   slots its threshold leaves to the classes above: with ``interactive`` at 8 and ``batch`` at 4,
   batch holds at most 4 of a replica's 8 and interactive may fill the rest, whatever batch holds;
@@ -14,7 +15,10 @@ A replica is **full** for a class when any threshold of the class
   each request that ended since let a waiting one run. With ``workers`` gateway processes each
   sees only its own change and assumes the others' is the same (the change counts ``workers``
   times), so that together they send the room left, not ``workers`` times it;
-* ``kv_usage``: the scraped ``vllm:kv_cache_usage_perc`` reaches it.
+* ``kv_usage``: the scraped ``vllm:kv_cache_usage_perc`` reaches it;
+* ``prefill_tokens``: the uncached prompt tokens the gateway sent the replica whose response
+  has not started (``Replica.prefill_tokens``, kept by ``prefix_affinity``), times
+  ``workers``, reach it: saturation in tokens, not requests, known without a scrape.
 
 Scraped figures older than ``stale_s`` (or missing) are not used: the replica is then judged by
 ``in_flight`` alone, and has room without that threshold (flow control does not hold requests
@@ -71,6 +75,17 @@ class ReplicaLoad(Protocol):
         ...
 
     @property
+    def peer_in_flight(self) -> Sequence[int]:
+        """Flow-controlled requests other gateway processes have in flight to it, per class
+        (``flow_control.shared``; empty otherwise)."""
+        ...
+
+    @property
+    def prefill_tokens(self) -> float:
+        """Uncached prompt tokens sent to it whose response has not started."""
+        ...
+
+    @property
     def signals(self) -> LoadSignals | None:
         """The last scrape, if any."""
         ...
@@ -93,7 +108,12 @@ def has_room(replica: ReplicaLoad, cls: int, limits: SaturationSettings, now: fl
         stale_s: Scrapes older than this many seconds are ignored.
         workers: Gateway worker processes sharing the replica (``gateway serve --workers``).
     """
-    if limits.in_flight is not None and sum(replica.flow_in_flight[cls:]) >= limits.in_flight:
+    if limits.in_flight is not None and (sum(replica.flow_in_flight[cls:])
+                                         + sum(replica.peer_in_flight[cls:])
+                                         >= limits.in_flight):
+        return False
+    if (limits.prefill_tokens is not None
+            and workers * replica.prefill_tokens >= limits.prefill_tokens):
         return False
     sig = replica.signals
     if sig is None or now - sig.at > stale_s:

@@ -61,11 +61,19 @@ class SaturationSettings(_Frozen):
             example when ``routing.metrics`` is off or the scrape is stale). With
             ``gateway serve --workers N`` each worker enforces its share (see
             :meth:`FlowControlSettings.limits`), so at least ``N`` is required.
+        prefill_tokens: Prompt tokens waiting for their prefill on the replica at which it is
+            full (``None``: no such threshold): the uncached prompt tokens of the requests the
+            gateway sent it whose response has not started (``prefix_affinity`` pools only,
+            :mod:`gateway.fleet.scoring`; exact cached prefixes when the replica publishes KV
+            events). Judges saturation in work rather than in requests: one 4,000-token batch
+            prompt weighs as much as many short ones. With ``--workers N`` each worker counts
+            its own and assumes the others' is the same (as ``queue_depth``).
     """
 
     queue_depth: float = Field(default=4, ge=1, allow_inf_nan=False)
     kv_usage: float = Field(default=0.9, gt=0, le=1.0, allow_inf_nan=False)
     in_flight: int | None = Field(default=None, ge=1)
+    prefill_tokens: float | None = Field(default=None, ge=1, allow_inf_nan=False)
 
     def within(self, other: SaturationSettings) -> bool:
         """True when every threshold of ``self`` is at most the same one of ``other``."""
@@ -80,7 +88,7 @@ class SaturationSettings(_Frozen):
         """
         unbounded = float(1 << 62)
         out: list[tuple[str, float, float]] = []
-        for name in ("queue_depth", "kv_usage", "in_flight"):
+        for name in ("queue_depth", "kv_usage", "in_flight", "prefill_tokens"):
             mine, theirs = getattr(self, name), getattr(other, name)
             if (unbounded if mine is None else mine) > (unbounded if theirs is None else theirs):
                 out.append((name, mine, theirs))
@@ -95,6 +103,11 @@ class FlowClassSettings(_Frozen):
         max_queue: Requests of this class that may wait in the gateway (per model); one more
             is refused with 429 ``queue_full``.
         max_wait_s: Longest wait in the gateway, seconds; then 429 ``queue_timeout``.
+        max_queue_share: Fraction of ``max_queue`` one flow (a key, or a team) may hold
+            (at least one request); one more from it is refused with 429 ``flow_queue_full``
+            while the queue still has room for other flows, so one key cannot fill it.
+            Default 1.0 (off: one key may fill the queue, as before); 0.25 to 0.5 is the
+            intended setting where several keys share a class.
         saturation: Thresholds for this class (default: those of the class above it, the
             section's for the first class). A lower class may only have the same or lower
             thresholds than a higher one: the headroom between them is kept for the higher
@@ -106,6 +119,7 @@ class FlowClassSettings(_Frozen):
     name: str = Field(pattern=_CLASS_NAME)
     max_queue: int = Field(default=1000, ge=0)
     max_wait_s: float = Field(default=30.0, gt=0, allow_inf_nan=False)
+    max_queue_share: float = Field(default=1.0, gt=0, le=1, allow_inf_nan=False)
     saturation: SaturationSettings | None = None
     vllm_priority: int | None = None
 
@@ -129,6 +143,23 @@ def _default_classes() -> list[FlowClassSettings]:
         FlowClassSettings(name="standard", max_queue=500, max_wait_s=30.0),
         FlowClassSettings(name="batch", max_queue=2000, max_wait_s=300.0),
     ]
+
+
+class SharedFlowSettings(_Frozen):
+    """``flow_control.shared``: in-flight counts shared by every gateway process via Redis
+    (:mod:`gateway.flow.peers`).
+
+    Attributes:
+        redis_url: ``redis://host:port/db`` (the quotas' Redis serves).
+        key_prefix: Prefix of the per-process keys.
+        interval_s: Seconds between two publications (and reads) of the counts.
+        ttl_s: A process's counts expire this long after its last publication.
+    """
+
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    key_prefix: str = "sg:flow:"
+    interval_s: float = Field(default=0.1, gt=0, allow_inf_nan=False)
+    ttl_s: float = Field(default=2.0, gt=0, allow_inf_nan=False)
 
 
 class FlowControlSettings(_Frozen):
@@ -156,6 +187,22 @@ class FlowControlSettings(_Frozen):
         vllm_priority_models: Models whose vLLM runs with ``--scheduling-policy priority``: the
             class's ``vllm_priority`` is set as the body's ``priority`` (replacing the client's).
             Other models never get a ``priority`` field from the gateway.
+        max_queued_body_bytes: Bytes of request bodies all queued requests may hold together
+            (every model and class; with ``--workers N`` each worker holds its ``1/N``). A
+            request that would pass it is refused with 429 ``queue_bytes_full``; a body larger
+            than the whole budget can never queue: 413 ``body_exceeds_queue_budget``.
+            Counted in body bytes as received; a queued request holds its body about 3.5 times
+            over in memory (the bytes, the decoded text, the parsed values), so the memory
+            bound is about 3.5 times this.
+        pods: Gateway pods in front of the same replicas (the Helm chart's replica count).
+            Flow control is not shared between pods: each pod enforces ``1/pods`` of every
+            ``in_flight`` threshold (``T // pods``, which must be at least 1), and counts its
+            own change of in-flight requests and prefill tokens ``pods`` times in the
+            ``queue_depth`` and ``prefill_tokens`` estimates, as ``--workers`` does within a
+            pod (docs/flow-control.md, "Several pods"). Ignored for ``in_flight`` with
+            ``shared``.
+        shared: Share the in-flight counts of every gateway process through Redis, so that
+            ``in_flight`` thresholds hold for all pods and workers together, unsplit.
     """
 
     enabled: bool = False
@@ -170,6 +217,9 @@ class FlowControlSettings(_Frozen):
     keys: dict[str, FlowShare] = Field(default_factory=dict)
     teams: dict[str, FlowShare] = Field(default_factory=dict)
     vllm_priority_models: list[str] = Field(default_factory=list)
+    max_queued_body_bytes: int = Field(default=256 * 1024 * 1024, ge=1)
+    pods: int = Field(default=1, ge=1)
+    shared: SharedFlowSettings | None = None
     # (worker index, worker count) of ``gateway serve --workers``: set by the supervisor
     # (:meth:`for_worker`), never by a config file.
     _worker: tuple[int, int] = PrivateAttr(default=(0, 1))
@@ -201,6 +251,10 @@ class FlowControlSettings(_Frozen):
                     "higher thresholds than the class above it (the headroom is the higher "
                     f"classes'): set {name} to at most {_num(theirs)}")
             previous, above = limits, f"class {cls.name!r} (classes[{i}])"
+        for where, value in ([] if self.shared is not None else self.small_in_flight(1)):
+            raise ValueError(f"{where}: {value} is less than pods {self.pods}: each pod "
+                             f"enforces {value} // {self.pods} = 0 of it; set at least "
+                             f"{self.pods}")
         return self
 
     @property
@@ -245,12 +299,23 @@ class FlowControlSettings(_Frozen):
         """
         index, workers = self._worker
         out = self.thresholds()
+        if self.shared is not None:
+            return out  # every process counts every other's requests (gateway.flow.peers)
+        if self.pods > 1:
+            out = [lim if lim.in_flight is None else lim.model_copy(update={
+                       "in_flight": max(1, lim.in_flight // self.pods)})
+                   for lim in out]
         if workers == 1:
             return out
         return [lim if lim.in_flight is None else lim.model_copy(update={
                     "in_flight": lim.in_flight // workers
                     + (1 if index < lim.in_flight % workers else 0)})
                 for lim in out]
+
+    @property
+    def processes(self) -> int:
+        """Gateway processes sharing the replicas: ``pods x workers``."""
+        return self.pods * self._worker[1]
 
     def small_in_flight(self, workers: int) -> list[tuple[str, int]]:
         """``(setting, value)`` of every configured ``in_flight`` threshold below ``workers``
@@ -259,7 +324,8 @@ class FlowControlSettings(_Frozen):
         sections = [("saturation", self.saturation)] + [
             (f"classes[{i}].saturation", c.saturation) for i, c in enumerate(self.classes)]
         for where, sat in sections:
-            if sat is not None and sat.in_flight is not None and sat.in_flight < workers:
+            if (sat is not None and sat.in_flight is not None
+                    and sat.in_flight // self.pods < workers):
                 found.append((f"{where}.in_flight", sat.in_flight))
         return found
 

@@ -21,7 +21,7 @@ GenAI semantic-convention names where they exist
 | ``sg.gateway.routing.decisions`` | counter | model, reason (prefix/load/imbalance/session) |
 | ``sg.gateway.routing.matched_blocks``, ``.prompt_blocks`` | counter, {block} | model |
 | ``sg.gateway.replica.waiting``/``running``/``kv_usage``/``signals_age``/``index_blocks``/
-  ``prefill_tokens`` |
+  ``prefill_tokens``/``cache_exact``/``exact_blocks`` |
   gauge | model, replica, destination (``prefix_affinity`` pools; see gateway.fleet) |
 | ``sg.gateway.flow.requests`` | counter | model, class, outcome (immediate/dispatched/
   queue_full/queue_timeout/client_disconnect; see gateway.flow) |

@@ -62,6 +62,8 @@ GAUGE_MERGE: dict[str, Merge] = {
     "sg_preflight_check": "max",
     "sg_preflight_last_run_timestamp_seconds": "min",
     "sg_preflight_interval_seconds": "max",
+    "sg_gateway_replica_cache_exact": "min",
+    "sg_gateway_replica_exact_blocks": "max",
 }
 
 _SCRAPE_TIMEOUT_S = 5.0

@@ -375,6 +375,131 @@ def test_below_saturation_the_relay_path_is_unchanged(
     assert rig.pool.replicas[0].outstanding == 0 and sum(rig.queued().values()) == 0
 
 
+def test_one_key_cannot_fill_its_class_queue(rigs: Callable[..., Rig]) -> None:
+    """max_queue 4, max_queue_share 0.5: one key queues 2; its third is refused with
+    ``flow_queue_full`` (naming the limit) while another key of the class still queues."""
+    rig = rigs(classes=[{"name": "interactive", "max_queue": 5},
+                        {"name": "standard", "max_queue": 5},
+                        {"name": "batch", "max_queue": 4, "max_queue_share": 0.5}])
+    rig.hold()
+    waiting = [rig.submit("batch-1"), rig.submit("batch-1")]
+    rig.wait_queued(2)
+    refused = rig.submit("batch-1").result(timeout=30)
+    assert isinstance(refused, openai.RateLimitError)
+    assert refused.code == "flow_queue_full" and refused.status_code == 429
+    assert "its share of the queue of class 'batch' (2 of 4" in str(refused.message)
+    assert int(refused.response.headers["retry-after"]) >= 1
+    waiting.append(rig.submit("batch-2"))
+    rig.wait_queued(3)
+    rig.release()
+    assert all(f.result(timeout=30).http_response.status_code == 200 for f in waiting)
+    shed = [r for r in rig.recorder.wait(5) if r.error_code == "flow_queue_full"]
+    assert len(shed) == 1 and shed[0].flow is not None
+    assert shed[0].flow["outcome"] == "flow_queue_full"
+
+
+def test_queued_bodies_have_a_byte_budget_and_refusals_name_it(
+    rigs: Callable[..., Rig],
+) -> None:
+    """max_queued_body_bytes 3000: two ~1.3 kB bodies queue, a third gets 429
+    ``queue_bytes_full``; a 5 kB body could never queue: 413 ``body_exceeds_queue_budget``.
+    Bodies leave the budget when their requests leave the queue."""
+    rig = rigs(max_queued_body_bytes=3000)
+    rig.hold()
+    pad = "x" * 1200
+    waiting = [rig.submit("batch-1", user=pad), rig.submit("batch-2", user=pad)]
+    rig.wait_queued(2)
+    assert 2400 < rig.gate.queued_bytes < 3000
+    full = rig.submit("interactive", user=pad).result(timeout=30)
+    assert isinstance(full, openai.RateLimitError) and full.code == "queue_bytes_full"
+    assert "max_queued_body_bytes" in str(full.message)
+    assert int(full.response.headers["retry-after"]) >= 1
+    big = rig.submit("batch-1", user="y" * 5000).result(timeout=30)
+    assert isinstance(big, openai.APIStatusError) and big.status_code == 413
+    assert big.code == "body_exceeds_queue_budget" and "3000 bytes" in str(big.message)
+    rig.release()
+    assert all(f.result(timeout=30).http_response.status_code == 200 for f in waiting)
+    assert rig.gate.queued_bytes == 0
+    # With the budget free again a request of the same size queues.
+    rig.hold()
+    again = rig.submit("interactive", user=pad)
+    rig.wait_queued(1)
+    rig.release()
+    assert again.result(timeout=30).http_response.status_code == 200
+
+
+def test_a_class_saturates_on_prefill_tokens_in_flight(
+    serve_asgi: Callable[..., Any],
+) -> None:
+    """Saturation in tokens: the held request's uncached prompt (never answered, so its prefill
+    stays charged) fills the replica for batch (threshold 1 token) but not for interactive
+    (1,000,000): a batch request queues until it ends, an interactive one goes at once."""
+    sim = start_sim(serve_asgi)
+    models = [{"name": "m", "served_model_name": SERVED, "strategy": "prefix_affinity",
+               "replicas": [{"url": sim.url}]}]
+    s = flow_settings(sim.url, models=models, saturation={"queue_depth": 1000},
+                      classes=[{"name": "interactive", "max_queue": 5,
+                                "saturation": {"queue_depth": 1000, "prefill_tokens": 1e6}},
+                               {"name": "standard", "max_queue": 5},
+                               {"name": "batch", "max_queue": 5,
+                                "saturation": {"queue_depth": 1000, "prefill_tokens": 1}}])
+    rig = Rig(serve_asgi, sim, s)
+    try:
+        rig.hold()
+        assert rig.pool.replicas[0].prefill_tokens >= 1
+        queued = rig.submit("batch-1")
+        rig.wait_queued(1)
+        assert rig.submit("interactive").result(timeout=30).http_response.status_code == 200
+        assert rig.queued()["batch"] == 1
+        rig.release()
+        assert queued.result(timeout=30).http_response.status_code == 200
+    finally:
+        rig.close()
+
+
+def test_each_of_several_pods_enforces_its_share_of_in_flight(
+    rigs: Callable[..., Rig],
+) -> None:
+    """in_flight 2 split over 2 pods: this pod sends the replica 1 request, the next queues;
+    the same threshold with one pod would take both at once."""
+    rig = rigs(pods=2, saturation={"in_flight": 2})
+    assert rig.gate.limits[0].in_flight == 1 and rig.gate.workers == 2
+    rig.hold()
+    queued = rig.submit("batch-1")
+    rig.wait_queued(1)
+    rig.release()
+    assert queued.result(timeout=30).http_response.status_code == 200
+    one = rigs(saturation={"in_flight": 2})
+    one.hold()
+    assert one.submit("batch-1").result(timeout=30).http_response.status_code == 200
+    one.release()
+
+
+def test_shared_counts_hold_an_in_flight_threshold_across_pods(
+    serve_asgi: Callable[..., Any], redis_prefix: str,
+) -> None:
+    """flow_control.shared (real Redis): pod 1 holds the replica's one batch slot; pod 2 learns
+    it from Redis and queues its batch request until pod 1's request ends."""
+    sim = start_sim(serve_asgi)
+    s = flow_settings(sim.url, saturation={"in_flight": 1},
+                      shared={"redis_url": "redis://127.0.0.1:6379/0",
+                              "key_prefix": redis_prefix, "interval_s": 0.05})
+    pod1, pod2 = Rig(serve_asgi, sim, s), Rig(serve_asgi, sim, s)
+    try:
+        pod1.hold()
+        wait_for(lambda: sum(pod2.pool.replicas[0].peer_in_flight) == 1,
+                 "pod 2 sees pod 1's request")
+        queued = pod2.submit("batch-1")
+        pod2.wait_queued(1)
+        assert pod2.pool.replicas[0].outstanding == 0  # nothing sent by pod 2
+        pod1.release()
+        assert queued.result(timeout=30).http_response.status_code == 200
+        wait_for(lambda: not any(pod2.pool.replicas[0].peer_in_flight), "counts withdrawn")
+    finally:
+        pod1.close()
+        pod2.close()
+
+
 def _audited(serve_asgi: Callable[..., Any], tmp_path: Path) -> tuple[Rig, str]:
     sim = start_sim(serve_asgi)
     key, _ = write_key_pair(Signer.generate(), tmp_path / "audit.key")

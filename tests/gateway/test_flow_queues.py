@@ -5,12 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import pytest
+from pydantic import ValidationError
 
 from gateway.auth import Principal
 from gateway.config_errors import InvalidConfig
 from gateway.fleet.replica_metrics import ReplicaSignals
 from gateway.flow import ClassQueue, ClassQueues, SaturationSettings, Waiter, has_room, with_room
 from gateway.flow.gate import FlowGate, Lane
+from gateway.flow.settings import FlowControlSettings
 from gateway.records import RequestRecord
 from gateway.rewrite import parse_body
 from gateway.routing import Router
@@ -150,6 +152,19 @@ class _Replica:
     scrape_outstanding: int = 0
     signals: ReplicaSignals | None = None
     flow_in_flight: list[int] = field(default_factory=list)
+    prefill_tokens: float = 0.0
+    peer_in_flight: list[int] = field(default_factory=list)
+
+
+def test_room_by_prefill_tokens_in_flight_without_any_scrape() -> None:
+    """Saturation in tokens: one long uncached prompt fills a replica that many short ones
+    would not; with N workers each assumes the others sent as much as it did."""
+    now = 100.0
+    batch = SaturationSettings(prefill_tokens=4096)
+    assert has_room(_Replica(1, prefill_tokens=4000.0), 1, batch, now, 2.0)
+    assert not has_room(_Replica(1, prefill_tokens=4096.0), 1, batch, now, 2.0)
+    assert not has_room(_Replica(1, prefill_tokens=2100.0), 1, batch, now, 2.0, workers=2)
+    assert has_room(_Replica(9, prefill_tokens=1e9), 0, SaturationSettings(), now, 2.0)
 
 
 def test_room_by_in_flight_waiting_estimate_and_kv_usage() -> None:
@@ -459,3 +474,13 @@ def test_a_live_reload_keeps_queued_requests_on_the_pool_they_were_admitted_with
         fresh.done()
 
     asyncio.run(scenario())
+
+
+def test_pods_split_in_flight_and_refuse_a_threshold_below_their_count() -> None:
+    fc = FlowControlSettings(enabled=True, pods=3, saturation=SaturationSettings(in_flight=8))
+    assert fc.limits()[0].in_flight == 2  # 8 // 3
+    workers = [fc.for_worker(i, 2) for i in range(2)]
+    assert [w.limits()[0].in_flight for w in workers] == [1, 1]
+    assert workers[0].processes == 6
+    with pytest.raises(ValidationError, match="2 is less than pods 3"):
+        FlowControlSettings(enabled=True, pods=3, saturation=SaturationSettings(in_flight=2))

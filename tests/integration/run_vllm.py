@@ -18,6 +18,7 @@ pinning cores per replica would make them wait for each other). vLLM runs fully 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from pathlib import Path
@@ -51,9 +52,17 @@ def main(argv: list[str] | None = None) -> int:
     }
     engines: list[Engine] = []
     urls: list[str] = []
+    events: list[tuple[str, str]] = []
     for i in range(args.replicas):
         port = free_port()
         url = f"http://127.0.0.1:{port}"
+        # KV-cache events (tests/integration/test_vllm_kv_events.py): PUB + replay ROUTER.
+        # vLLM binds its PUB socket only for an endpoint with "*" (else it connects); the
+        # replay socket always binds.
+        pub_port, replay = free_port(), f"tcp://127.0.0.1:{free_port()}"
+        events.append((f"tcp://127.0.0.1:{pub_port}", replay))
+        kv_events = json.dumps({"enable_kv_cache_events": True, "publisher": "zmq",
+                                "endpoint": f"tcp://*:{pub_port}", "replay_endpoint": replay})
         cmd = [
             str(args.vllm_python), "-m", "vllm.entrypoints.openai.api_server",
             "--host", "127.0.0.1", "--port", str(port),
@@ -61,11 +70,13 @@ def main(argv: list[str] | None = None) -> int:
             "--max-model-len", str(args.max_model_len), "--dtype", "float32",
             # named tool_choice needs a tool-call parser in vLLM >= 0.3x
             "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+            "--kv-events-config", kv_events,
         ]
         log = args.log if i == 0 else args.log.with_stem(f"{args.log.stem}-{i + 1}")
         engines.append(Engine(f"vLLM replica {i + 1} on {url}", cmd, log, f"{url}/health"))
         urls.append(url)
-    test_env = {"SG_VLLM_URL": urls[0], "SG_VLLM_MODEL": SERVED_NAME}
+    test_env = {"SG_VLLM_URL": urls[0], "SG_VLLM_MODEL": SERVED_NAME,
+                "SG_VLLM_KV_EVENTS": events[0][0], "SG_VLLM_KV_REPLAY": events[0][1]}
     if len(urls) > 1:
         test_env["SG_VLLM_URL_2"] = urls[1]
     return serve_all_and_test(engines, env, args.startup_timeout_s, test_env,

@@ -1,0 +1,270 @@
+"""KV-cache events end to end: simulated vLLM replicas publish over ZMQ on loopback, the gateway
+follows them (gaps replayed), routes on the exact state and falls back to its estimate."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from typing import Any
+
+import httpx
+import zmq.asyncio
+from opentelemetry.sdk.resources import Resource
+from prometheus_client import CollectorRegistry, generate_latest
+
+from gateway.fleet.exact_index import ExactIndex, content_keys
+from gateway.fleet.kv_subscriber import KVEventSubscriber
+from gateway.fleet.replica_metrics import signal_rows
+from gateway.fleet.settings import KVEventsSource
+from gateway.routing import Router
+from gateway.telemetry.metrics import GatewayMetrics
+from gateway.telemetry.prometheus import PrometheusCollector
+from tests.gateway.helpers import KEY_A, SERVED, Recorder, settings, start_gateway, start_sim
+
+AUTH_A = {"authorization": f"Bearer {KEY_A}"}
+
+BLOCK = 16  # the tiny-test profile's block size
+
+
+def _events_sim(serve_asgi: Any, replay: bool = True) -> tuple[Any, KVEventsSource]:
+    ev = {"enable_kv_cache_events": True, "endpoint": "tcp://127.0.0.1:*"}
+    if replay:
+        ev["replay_endpoint"] = "tcp://127.0.0.1:*"
+    sim = start_sim(serve_asgi, profile="tiny-test", num_gpu_blocks=512, kv_events=ev)
+    bound = sim.stats()["kv_events"]
+    return sim, KVEventsSource(replica=sim.url, endpoint=bound["endpoint"],
+                               replay_endpoint=bound["replay_endpoint"], replay_timeout_s=5)
+
+
+def _complete(url: str, ids: list[int], headers: dict[str, str] | None = None,
+              model: str = SERVED) -> httpx.Response:
+    r = httpx.post(url + "/v1/completions", headers=headers, timeout=10,
+                   json={"model": model, "prompt": ids, "max_tokens": 2})
+    assert r.is_success, r.text
+    return r
+
+
+def _cached(sim: Any, ids: list[int]) -> int:
+    r = httpx.post(sim.url + "/sim/prefix", json={"model": SERVED, "prompt": ids}, timeout=5)
+    return int(r.json()["cached_tokens"])
+
+
+async def _until(pred: Any, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not pred():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.02)
+
+
+def _prompt(seed: int, n: int = 100) -> list[int]:
+    return [seed * 1000 + i for i in range(n)]
+
+
+_CTX: list[zmq.asyncio.Context] = []
+
+
+async def _follow(source: KVEventsSource, idx: ExactIndex) -> KVEventSubscriber:
+    ctx = zmq.asyncio.Context()
+    _CTX.append(ctx)
+    sub = KVEventSubscriber(source, lambda evs: idx.apply(0, evs), lambda: idx.clear(0), ctx)
+    sub.start()
+    return sub
+
+
+async def _stop(sub: KVEventSubscriber) -> None:
+    await sub.stop()
+    _CTX.pop().term()
+
+
+def _held(idx: ExactIndex, ids: list[int]) -> int:
+    return idx.match(content_keys(ids[:-1], BLOCK), [0])[0] * BLOCK
+
+
+def test_late_subscriber_catches_up_by_replay_and_a_gap_is_filled(serve_asgi: Any) -> None:
+    sim, source = _events_sim(serve_asgi)
+    first = _prompt(1)
+    _complete(sim.url, first)  # cached before anyone subscribed
+
+    async def run() -> None:
+        idx = ExactIndex(1)
+        sub = await _follow(source, idx)
+        try:
+            second = _prompt(2)
+            await asyncio.to_thread(_complete, sim.url, second)
+            await _until(lambda: _held(idx, second) == _cached(sim, second) > 0)
+            # The first prompt's batches came from the replay buffer (seq 0 expected first).
+            assert _held(idx, first) == _cached(sim, first) == 96
+            assert sub.stats.replayed >= 1 and sub.exact() and sub.stats.gaps_lost == 0
+            gaps = sub.stats.gaps
+
+            # A batch lost on the PUB socket: the next one reveals the gap, replay fills it.
+            r = httpx.post(sim.url + "/sim/kv_events/drop", json={"count": 1})
+            assert r.is_success
+            third, fourth = _prompt(3), _prompt(4)
+            await asyncio.to_thread(_complete, sim.url, third)
+            await asyncio.to_thread(_complete, sim.url, fourth)
+            await _until(lambda: _held(idx, fourth) == 96)
+            assert _held(idx, third) == _cached(sim, third) == 96
+            assert sub.stats.gaps == gaps + 1 and sub.stats.gaps_lost == 0
+            assert sub.stats.restarts == 0
+        finally:
+            await _stop(sub)
+
+    asyncio.run(run())
+
+
+def test_a_gap_without_replay_rebuilds_the_index(serve_asgi: Any) -> None:
+    sim, source = _events_sim(serve_asgi, replay=False)
+
+    async def run() -> None:
+        idx = ExactIndex(1)
+        sub = await _follow(source, idx)
+        try:
+            # Without replay, batches published before the SUB socket joined are missed: warm up
+            # with fresh prompts until one batch has arrived.
+            warm = iter(range(100, 1000))
+            await _until(lambda: (_complete(sim.url, _prompt(next(warm))),
+                                  sub.stats.batches > 0)[1])
+            first = _prompt(1)
+            await asyncio.to_thread(_complete, sim.url, first)
+            await _until(lambda: _held(idx, first) == 96)
+            httpx.post(sim.url + "/sim/kv_events/drop", json={"count": 1}).raise_for_status()
+            second, third = _prompt(2), _prompt(3)
+            await asyncio.to_thread(_complete, sim.url, second)
+            await asyncio.to_thread(_complete, sim.url, third)
+            await _until(lambda: _held(idx, third) == 96)
+            # Without replay the lost batch cannot be recovered: everything before is forgotten
+            # rather than trusted with a hole.
+            assert sub.stats.gaps_lost == 1
+            assert _held(idx, first) == 0 and _held(idx, second) == 0
+        finally:
+            await _stop(sub)
+
+    asyncio.run(run())
+
+
+def test_gateway_routes_on_the_exact_state_and_falls_back_without_events(
+    serve_asgi: Any,
+) -> None:
+    (a, src_a), (b, src_b) = _events_sim(serve_asgi), _events_sim(serve_asgi)
+    plain = start_sim(serve_asgi, profile="tiny-test", num_gpu_blocks=512)  # publishes nothing
+    s = settings([a.url, b.url, plain.url],
+                 routing={"metrics_interval_s": 0.05, "kv_events": [src_a, src_b]})
+    model = s.models[0].model_copy(update={"strategy": "prefix_affinity"})
+    s = s.model_copy(update={"models": [model, *s.models[1:]]})
+    router = Router(s)
+    recorder = Recorder()
+    gw = start_gateway(serve_asgi, s, router=router, observers=[recorder])
+    pool = router.pools["llama-3.1-8b"]
+    aff = pool.affinity
+    assert aff is not None
+
+    # Warm one replica directly (not through the gateway: its estimate knows nothing of it).
+    head = _prompt(7, 160)
+    _complete(b.url, head)
+    deadline = time.monotonic() + 10
+    while aff.cache_state(1) != "exact" or aff.exact.size(1) < 9:
+        assert time.monotonic() < deadline, "events of replica b not applied"
+        time.sleep(0.02)
+    assert aff.cache_state(2) == "estimate"  # no events configured: the estimate is used
+
+    # Same prefix, new tail, through the gateway: the exact index sends it to b.
+    _complete(gw, [*head, 1, 2, 3], AUTH_A, "llama-3.1-8b")
+    rec = recorder.wait(1)[0]
+    assert rec.replica_url == b.url
+    assert rec.route is not None
+    assert rec.route["cache_state"] == "exact" and rec.route["reason"] == "prefix"
+    assert rec.route["cached_tokens"] == _cached(b, [*head, 1, 2, 3]) == 160
+
+    # A chat prompt has no token ids the gateway can know: the estimate decides.
+    r = httpx.post(gw + "/v1/chat/completions", headers=AUTH_A, timeout=10, json={
+        "model": "llama-3.1-8b", "max_tokens": 2,
+        "messages": [{"role": "user", "content": "hello " * 50}]})
+    assert r.is_success
+    assert recorder.wait(2)[1].route["cache_state"] == "estimate"  # type: ignore[index]
+
+    rows = {r.url: row for r, row in signal_rows(router, time.monotonic())
+            if r.model == "llama-3.1-8b"}
+    assert rows[b.url]["cache_exact"] == 1.0 and rows[plain.url]["cache_exact"] == 0.0
+    assert rows[b.url]["exact_blocks"] == float(aff.exact.size(1)) >= 10
+    assert aff.describe(pool.replicas[1])["kv_events"]["batches"] >= 1
+
+    # The admin port's Prometheus page shows which state each replica is scored from.
+    metrics = GatewayMetrics(Resource.create({"service.name": "t"}), router)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(PrometheusCollector(metrics.set))
+    page = generate_latest(registry).decode()
+    def gauge(name: str, url: str) -> float:
+        m = re.search(rf'{name}\{{[^}}]*"{re.escape(url)}"[^}}]*\}} (\S+)', page)
+        assert m is not None, (name, url)
+        return float(m.group(1))
+    assert gauge("sg_gateway_replica_cache_exact", b.url) == 1.0
+    assert gauge("sg_gateway_replica_cache_exact", plain.url) == 0.0
+    assert gauge("sg_gateway_replica_exact_blocks", b.url) >= 10
+
+
+def test_every_gateway_pod_follows_the_same_events_and_picks_the_same_holder(
+    serve_asgi: Any,
+) -> None:
+    """Two gateways (two pods) over the same two replicas: a prefix cached through pod 1 is
+    known to pod 2 from the replica's events, so pod 2 sends the next turn to the same holder
+    although it never routed that prefix itself."""
+    (a, src_a), (b, src_b) = _events_sim(serve_asgi), _events_sim(serve_asgi)
+    s = settings([a.url, b.url],
+                 routing={"metrics_interval_s": 0.05, "kv_events": [src_a, src_b]})
+    model = s.models[0].model_copy(update={"strategy": "prefix_affinity"})
+    s = s.model_copy(update={"models": [model, *s.models[1:]]})
+    pods = []
+    for _ in range(2):
+        router, rec = Router(s), Recorder()
+        pods.append((start_gateway(serve_asgi, s, router=router, observers=[rec]), router, rec))
+    head = _prompt(9, 200)
+    _complete(pods[0][0], [*head, 1], AUTH_A, "llama-3.1-8b")
+    holder = pods[0][2].wait(1)[0].replica_url
+    aff2 = pods[1][1].pools["llama-3.1-8b"].affinity
+    assert aff2 is not None
+    i = [a.url, b.url].index(holder)
+    deadline = time.monotonic() + 10
+    while aff2.exact.size(i) < 12:
+        assert time.monotonic() < deadline, "pod 2 did not see the holder's events"
+        time.sleep(0.02)
+    _complete(pods[1][0], [*head, 2], AUTH_A, "llama-3.1-8b")
+    rec2 = pods[1][2].wait(1)[0]
+    assert rec2.replica_url == holder
+    assert rec2.route is not None and rec2.route["cache_state"] == "exact"
+    assert rec2.route["cached_tokens"] == 192
+
+
+def test_chat_prompts_are_matched_exactly_with_the_replicas_tokenizer(serve_asgi: Any) -> None:
+    """routing.tokenize: replica: a chat prompt's ids come from a replica's /tokenize (its chat
+    template), so chat requests are routed on the exact state too."""
+    (a, src_a), (b, src_b) = _events_sim(serve_asgi), _events_sim(serve_asgi)
+    s = settings([a.url, b.url], routing={"metrics_interval_s": 0.05, "tokenize": "replica",
+                                          "kv_events": [src_a, src_b]})
+    model = s.models[0].model_copy(update={"strategy": "prefix_affinity"})
+    s = s.model_copy(update={"models": [model, *s.models[1:]]})
+    router, recorder = Router(s), Recorder()
+    gw = start_gateway(serve_asgi, s, router=router, observers=[recorder])
+    aff = router.pools["llama-3.1-8b"].affinity
+    assert aff is not None
+    system = " ".join(f"rule{i}" for i in range(200))
+
+    def chat(question: str) -> dict[str, Any]:
+        return {"model": SERVED, "max_tokens": 2,
+                "messages": [{"role": "system", "content": system},
+                             {"role": "user", "content": question}]}
+
+    assert httpx.post(b.url + "/v1/chat/completions", json=chat("warm"), timeout=10).is_success
+    deadline = time.monotonic() + 10
+    while aff.exact.size(1) < 12:
+        assert time.monotonic() < deadline, "events of replica b not applied"
+        time.sleep(0.02)
+    body = {**chat("a new question"), "model": "llama-3.1-8b"}
+    expected = int(httpx.post(b.url + "/sim/prefix", json=chat("a new question")).json()[
+        "cached_tokens"])
+    r = httpx.post(gw + "/v1/chat/completions", json=body, headers=AUTH_A, timeout=10)
+    assert r.is_success
+    rec = recorder.wait(1)[0]
+    assert rec.replica_url == b.url and rec.route is not None
+    assert rec.route["cache_state"] == "exact" and rec.route["cached_tokens"] == expected > 190
