@@ -230,6 +230,8 @@ async def _serve(
     record.received(len(raw))
     parsed = parse_body(raw)
     record.describe(parsed.model, parsed.stream)
+    if state.pii is not None:  # sensitive data may raise the class before routing (gateway.pii)
+        principal, parsed = await state.pii.inspect(scope["path"], principal, parsed, record)
     pool = _authorised_pool(state, principal, parsed.model, record)
     decision = _route(state, principal, pool, record)
     hint = pool.route_hint(parsed.values, scope["headers"])  # affinity input (gateway.fleet)

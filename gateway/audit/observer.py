@@ -138,6 +138,7 @@ class AuditObserver:
             "policy_revision": getattr(record, "policy_revision", None),
             "route": getattr(record, "route", None),
             "flow": getattr(record, "flow", None),
+            "pii": getattr(record, "pii", None),
             "bytes_in": record.bytes_in,
         }
 

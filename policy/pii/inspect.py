@@ -83,7 +83,7 @@ class PiiVerdict:
             "class_before": self.class_before,
             "class_after": self.class_after,
             "error": self.error,
-            "scan_ms": round(self.duration_s * 1000.0, 3),
+            "scan_us": round(self.duration_s * 1_000_000),
         }
 
 

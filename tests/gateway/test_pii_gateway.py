@@ -1,0 +1,176 @@
+"""Sensitive data in prompts, end to end: the policy's ``pii`` section in a real gateway.
+
+Three simulators are the replicas ``us``, ``eu-b`` and ``eu-a`` (EU, ``no-retention``); the
+policy sends ``confidential`` only to ``eu-a`` and ``public`` anywhere (tests/gateway/
+egress_testdata.py). The ``pii`` section raises a request with an IBAN or a national id to
+``confidential``, refuses cards, masks for the research team, and fails closed for
+``confidential``
+when the detector fails. The official openai SDK is the client, on loopback.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+from gateway.app import create_app
+from gateway.assembly import assemble
+from gateway.audit import Signer, generate_key_file, write_key_pair
+from gateway.egress import start_egress
+from gateway.settings import parse
+from tests.gateway.egress_testdata import KEYS, gateway_config, policy_text
+from vllm_sim import SimConfig
+from vllm_sim import create_app as create_sim
+
+ROOT = Path(__file__).parents[2]
+IBAN = "DE89 3704 0044 0532 0130 00"
+CARD = "4111 1111 1111 1111"
+
+PII = """\
+pii:
+  default_class: confidential
+  entity_classes: {EMAIL_ADDRESS: internal}
+  fail_closed_classes: [confidential]
+  timeout_s: %s
+  rules:
+    - {id: no-cards, entities: [CREDIT_CARD], action: refuse}
+    - {id: research-masks, teams: [research], action: mask}
+"""
+
+
+class Stack:
+    def __init__(self, url: str, sims: dict[str, Any], audit_db: Path) -> None:
+        self.url, self.sims, self.audit_db = url, sims, audit_db
+
+    def client(self, who: str) -> openai.OpenAI:
+        return openai.OpenAI(base_url=self.url + "/v1", api_key=KEYS[who], max_retries=0,
+                             timeout=30)
+
+    def received(self) -> dict[str, int]:
+        return {name: app.state.received for name, app in self.sims.items()}
+
+    def audit_requests(self) -> list[dict[str, Any]]:
+        """The ``data`` of every request record (``gateway audit export``)."""
+        res = subprocess.run(
+            [sys.executable, "-m", "gateway.cli", "audit", "export", "--store",
+             f"sqlite://{self.audit_db}"], cwd=ROOT, capture_output=True, text=True, check=True)
+        records = [json.loads(line) for line in res.stdout.splitlines() if line.strip()]
+        return [r["data"] for r in records if r["type"].startswith("request.")]
+
+    def audit_text(self) -> bytes:
+        return self.audit_db.read_bytes() + b"".join(
+            p.read_bytes() for p in self.audit_db.parent.glob("audit.db-*"))
+
+
+def _build(serve_asgi: Callable[..., Any], tmp_path: Path, timeout_s: str = "2.0") -> Stack:
+    sims = {name: create_sim(SimConfig(models=["m"])) for name in ("eu-a", "eu-b", "us")}
+    servers = {name: serve_asgi(app) for name, app in sims.items()}
+    (tmp_path / "policy.yaml").write_text(
+        policy_text({n: s.port for n, s in servers.items()}) + PII % timeout_s)
+    cfg = gateway_config({n: s.url for n, s in servers.items()}, Path("policy.yaml"))
+    signer = Signer.generate()
+    key, _ = write_key_pair(signer, tmp_path / "audit.key")
+    cfg["audit"] = {
+        "store": f"sqlite://{tmp_path / 'audit.db'}",
+        "signing_key_file": str(key),
+        "pseudonym_key_file": str(generate_key_file(tmp_path / "pseudonym.key")),
+        "replica_id": "pii-test",
+    }
+    settings = parse(cfg)
+    runtime = start_egress(settings, tmp_path)
+    app = create_app(settings, assemble(settings, tmp_path, egress=runtime))
+    return Stack(serve_asgi(app).url, sims, tmp_path / "audit.db")
+
+
+@pytest.fixture
+def stack(serve_asgi: Callable[..., Any], tmp_path: Path) -> Stack:
+    return _build(serve_asgi, tmp_path)
+
+
+def _chat(client: openai.OpenAI, text: str, stream: bool = False) -> str:
+    messages: Any = [{"role": "system", "content": "be brief"}, {"role": "user", "content": text}]
+    if stream:
+        chunks = client.chat.completions.create(model="m", messages=messages, max_tokens=4,
+                                                stream=True)
+        return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    resp = client.chat.completions.create(model="m", messages=messages, max_tokens=4)
+    return resp.choices[0].message.content or ""
+
+
+def test_a_public_keys_request_with_an_iban_only_goes_where_confidential_may(
+        stack: Stack) -> None:
+    client = stack.client("pub")
+    for i in range(6):
+        assert _chat(client, f"Please pay invoice {i} to {IBAN}.", stream=i % 2 == 1)
+    assert stack.received() == {"eu-a": 6, "eu-b": 0, "us": 0}
+    for _ in range(6):  # the same key without an identifier may go anywhere
+        assert _chat(client, "Please summarise the meeting.")
+    received = stack.received()
+    assert received["us"] > 0 and received["eu-b"] > 0
+
+
+def test_embeddings_and_completions_inputs_are_scanned_too(stack: Stack) -> None:
+    client = stack.client("pub")
+    client.embeddings.create(model="m", input=[f"account {IBAN}"])
+    client.completions.create(model="m", prompt=f"Steuer-ID 86 095 742 719", max_tokens=2)
+    assert stack.received() == {"eu-a": 2, "eu-b": 0, "us": 0}
+
+
+def test_a_refused_entity_is_a_403_naming_its_type_never_its_value(stack: Stack) -> None:
+    with pytest.raises(openai.PermissionDeniedError) as info:
+        _chat(stack.client("pub"), f"my card is {CARD}, expiry 12/29")
+    assert info.value.status_code == 403
+    body = info.value.body
+    assert isinstance(body, dict)
+    assert body["code"] == "pii_refused" and body["param"] == "messages"
+    assert "CREDIT_CARD" in body["message"]
+    assert "4111" not in json.dumps(body)
+    assert stack.received() == {"eu-a": 0, "eu-b": 0, "us": 0}
+
+
+def test_masking_replaces_the_value_before_it_is_forwarded(stack: Stack) -> None:
+    client = stack.client("research")  # team research: mask, class stays public
+    resp = client.completions.create(model="m", prompt=f"Pay to {IBAN} today.", max_tokens=2,
+                                     extra_body={"echo": True})
+    text = resp.choices[0].text
+    assert text.startswith("Pay to <IBAN_CODE> today.")
+    assert "3704" not in text
+
+
+def test_the_audit_log_records_types_counts_and_classes_never_the_text(stack: Stack) -> None:
+    _chat(stack.client("pub"), f"IBAN {IBAN} and mail jane.doe@example.org")
+    with pytest.raises(openai.PermissionDeniedError):
+        _chat(stack.client("pub"), f"card {CARD}")
+    _chat(stack.client("research"), f"IBAN {IBAN}")
+    records = [r for r in stack.audit_requests() if r.get("pii")]
+    by_key = [(r["key_id"], r["pii"]["entities"], r["pii"]["actions"],
+               r["pii"]["class_before"], r["pii"]["class_after"]) for r in records]
+    assert ("k-pub", {"IBAN_CODE": 1, "EMAIL_ADDRESS": 1},
+            {"IBAN_CODE": "raise", "EMAIL_ADDRESS": "raise"}, "public", "confidential") in by_key
+    assert ("k-pub", {"CREDIT_CARD": 1}, {"CREDIT_CARD": "refuse"}, "public",
+            "public") in by_key
+    assert ("k-research", {"IBAN_CODE": 1}, {"IBAN_CODE": "mask"}, "public",
+            "public") in by_key
+    raw = stack.audit_text()
+    for secret in (b"3704", b"jane.doe", b"4111 1111"):
+        assert secret not in raw
+
+
+def test_a_scan_that_times_out_fails_closed_only_for_the_classes_marked_so(
+        serve_asgi: Callable[..., Any], tmp_path: Path) -> None:
+    stack = _build(serve_asgi, tmp_path, timeout_s="0.000001")
+    with pytest.raises(openai.InternalServerError) as info:  # confidential: fail closed
+        _chat(stack.client("conf"), "hello there")
+    assert info.value.status_code == 503
+    assert isinstance(info.value.body, dict) and info.value.body["code"] == "pii_scan_failed"
+    assert _chat(stack.client("pub"), "hello there")  # public: open, recorded
+    records = [r["pii"] for r in stack.audit_requests() if r.get("pii")]
+    assert any(r["error"] == "scan timed out" and r["class_before"] == "public"
+               for r in records)
