@@ -36,8 +36,8 @@ from .addresses import parse_host
 from .egress import EgressMatcher
 from .errors import PiiRefused, PolicyError, PolicyFileError, UnknownDataClass
 from .evaluate import Decision, Policy, Principal
-from .pii import PiiPolicy, PiiVerdict
 from .model import PolicyDocument, _compose
+from .pii import PiiPolicy, PiiVerdict
 from .render import cilium_networkpolicy, helm_values, networkpolicy
 from .runtime import check_binding
 
