@@ -28,7 +28,7 @@ GenAI semantic-convention names where they exist
 | ``sg.gateway.flow.wait`` | histogram, s | model, class (requests that queued) |
 | ``sg.gateway.flow.queue_length`` | gauge | model, class |
 | ``sg.gateway.pii.findings`` | counter, {finding} | entity type, action (raise/mask/refuse/
-  record; see gateway.pii) |
+  record; ``response`` for findings in a model's answer; see gateway.pii) |
 | ``sg.gateway.pii.requests`` | counter | class before, class after, outcome (clean/found/
   refused/scan_failed) |
 
@@ -244,6 +244,8 @@ class GatewayMetrics:
         actions = pii["actions"]
         for entity, n in pii["entities"].items():
             self.pii_findings.add(n, (entity, actions.get(entity, "")))
+        for entity, n in (pii.get("response_entities") or {}).items():
+            self.pii_findings.add(n, (entity, "response"))
         outcome = ("scan_failed" if pii["error"] else
                    "refused" if "refuse" in actions.values() else
                    "found" if pii["entities"] else "clean")

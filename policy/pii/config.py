@@ -14,6 +14,8 @@
         - {id: no-cards, entities: [CREDIT_CARD], action: refuse}
         - {id: lab-mask, keys: [lab], classes: [public], action: mask}
       builtin: true                  # the built-in EU recognisers (IBAN, cards, national ids...)
+      responses: record              # off | record: scan what the model answered (at its end)
+      response_max_bytes: 1048576    # response bytes kept for that scan (beyond: not scanned)
       recognizers:                   # the operator's own
         - entity: EMPLOYEE_ID
           patterns: [{regex: "\\bEMP-\\d{6}\\b", score: 0.4}]
@@ -110,6 +112,8 @@ class PiiSection(_Strict):
     default_action: Action = "raise"
     rules: list[PiiRule] = Field(default_factory=list)
     recognizers: list[OperatorRecognizer] = Field(default_factory=list)
+    responses: Literal["off", "record"] = "off"
+    response_max_bytes: int = Field(default=1_048_576, ge=1024)
 
     @model_validator(mode="after")
     def _unique_rules(self) -> PiiSection:

@@ -212,6 +212,23 @@ class PiiPolicy:
             raise PiiRefused(verdict.refused, verdict)
         return verdict
 
+    async def scan_async(self, value: Any) -> tuple[dict[str, int], str | None]:
+        """Entity counts in ``value`` (a response's text), bounded by ``timeout_s``.
+
+        Returns:
+            ``(entity type -> count, error)``; error is ``"scan timed out"`` or
+            ``"scan failed (...)"`` when the detector did not finish (counts then empty).
+        """
+        detector = self.load()
+        try:
+            async with asyncio.timeout(self.section.timeout_s):
+                findings = await asyncio.to_thread(detector.scan, value)
+        except TimeoutError:
+            return {}, "scan timed out"
+        except Exception as exc:
+            return {}, f"scan failed ({type(exc).__name__})"
+        return dict(Counter(f.entity for f in findings)), None
+
     @staticmethod
     def masked(value: Any, verdict: PiiVerdict) -> Any:
         """``value`` with the verdict's ``mask`` findings replaced by ``<ENTITY>``."""

@@ -19,6 +19,10 @@ from typing import Any
 
 import openai
 import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, StreamingResponse
+from starlette.routing import Route
 
 from gateway.app import create_app
 from gateway.assembly import assemble
@@ -39,6 +43,7 @@ pii:
   entity_classes: {EMAIL_ADDRESS: internal}
   fail_closed_classes: [confidential]
   timeout_s: %s
+  responses: record
   rules:
     - {id: no-cards, entities: [CREDIT_CARD], action: refuse}
     - {id: research-masks, teams: [research], action: mask}
@@ -69,8 +74,11 @@ class Stack:
             p.read_bytes() for p in self.audit_db.parent.glob("audit.db-*"))
 
 
-def _build(serve_asgi: Callable[..., Any], tmp_path: Path, timeout_s: str = "2.0") -> Stack:
+def _build(serve_asgi: Callable[..., Any], tmp_path: Path, timeout_s: str = "2.0",
+           eu_a: Any = None) -> Stack:
     sims = {name: create_sim(SimConfig(models=["m"])) for name in ("eu-a", "eu-b", "us")}
+    if eu_a is not None:
+        sims["eu-a"] = eu_a
     servers = {name: serve_asgi(app) for name, app in sims.items()}
     (tmp_path / "policy.yaml").write_text(
         policy_text({n: s.port for n, s in servers.items()}) + PII % timeout_s)
@@ -149,7 +157,7 @@ def test_the_audit_log_records_types_counts_and_classes_never_the_text(stack: St
     with pytest.raises(openai.PermissionDeniedError):
         _chat(stack.client("pub"), f"card {CARD}")
     _chat(stack.client("research"), f"IBAN {IBAN}")
-    records = [r for r in stack.audit_requests() if r.get("pii")]
+    records = [r for r in stack.audit_requests() if r.get("pii") and "key_id" in r]
     by_key = [(r["key_id"], r["pii"]["entities"], r["pii"]["actions"],
                r["pii"]["class_before"], r["pii"]["class_after"]) for r in records]
     assert ("k-pub", {"IBAN_CODE": 1, "EMAIL_ADDRESS": 1},
@@ -174,3 +182,45 @@ def test_a_scan_that_times_out_fails_closed_only_for_the_classes_marked_so(
     records = [r["pii"] for r in stack.audit_requests() if r.get("pii")]
     assert any(r["error"] == "scan timed out" and r["class_before"] == "public"
                for r in records)
+
+
+SPLIT = ["Your IBAN is DE89 37", "04 0044 0532", " 0130 00 and", " all is well."]
+
+
+def _answering_an_iban() -> Starlette:
+    """A backend whose answer holds an IBAN split across SSE events (and whole in JSON)."""
+
+    async def chat(request: Request) -> Any:
+        body = await request.json()
+        if not body.get("stream"):
+            return JSONResponse({
+                "id": "c", "object": "chat.completion", "created": 0, "model": "m",
+                "choices": [{"index": 0, "finish_reason": "stop",
+                             "message": {"role": "assistant", "content": "".join(SPLIT)}}],
+                "usage": {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}})
+
+        async def events() -> Any:
+            for piece in SPLIT:
+                chunk = {"id": "c", "object": "chat.completion.chunk", "created": 0,
+                         "model": "m", "choices": [{"index": 0, "delta": {"content": piece},
+                                                    "finish_reason": None}]}
+                yield f"data: {json.dumps(chunk)}\n\n"
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    app = Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])
+    app.state.received = 0
+    return app
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_an_iban_split_across_response_events_is_recorded(
+        serve_asgi: Callable[..., Any], tmp_path: Path, stream: bool) -> None:
+    stack = _build(serve_asgi, tmp_path, eu_a=_answering_an_iban())
+    answer = _chat(stack.client("conf"), "what is my IBAN?", stream=stream)
+    assert answer == "".join(SPLIT)  # record mode: the client gets the answer unchanged
+    records = [r["pii"] for r in stack.audit_requests()
+               if r.get("pii") and "response_entities" in r["pii"]]
+    assert [r["response_entities"] for r in records] == [{"IBAN_CODE": 1}]
+    assert b"3704" not in stack.audit_text() and b"0532" not in stack.audit_text()
