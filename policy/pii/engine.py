@@ -3,9 +3,11 @@
 Presidio's default NLP engine loads a spaCy model (``en_core_web_lg``) and downloads it when
 missing. The gateway must never reach the network on its own, and named-entity models add
 hundreds of megabytes for entities (names, places) no check digit can confirm. The detector
-therefore runs Presidio's :class:`~presidio_analyzer.AnalyzerEngine` with
-:class:`OfflineNlpEngine`: spaCy's blank tokenizer (rules shipped in the spaCy wheel, no model,
-no download), used only for the context words around a match.
+therefore runs Presidio's :class:`~presidio_analyzer.AnalyzerEngine` with an offline NLP engine
+that only serves the context words around a match: words by a regular expression, lower-cased,
+and spaCy's English stop-word list (shipped in the spaCy wheel; no model, no download). The
+words are made only when a pattern matched (spaCy's own tokenizer cost ~10 ms per 4 KB here,
+the expression ~0.3 ms).
 
 A JSON value (a chat ``messages`` array, a Responses ``input``, MCP tool arguments) is scanned
 as one text: its strings joined by blank lines (no recogniser pattern crosses a line break), so
@@ -76,30 +78,34 @@ def iter_strings(value: Any, path: str = "") -> Iterator[tuple[str, str]]:
             yield from iter_strings(v, f"{path}[{i}]")
 
 
+_WORD = re.compile(r"\w+|[^\w\s]")
+
+
 def _make_nlp_engine(language: str) -> Any:
-    import spacy
     from presidio_analyzer.nlp_engine import NlpArtifacts, NlpEngine
+    from spacy.lang.en.stop_words import STOP_WORDS
 
     class LazyArtifacts(NlpArtifacts):
-        """Tokens made on first use: the context enhancer reads them only when a recogniser
-        matched, so text without candidates is never tokenized (most of the cost)."""
+        """Words made on first use: the context enhancer reads them only when a recogniser
+        matched, so text without candidates is never tokenized."""
 
         def __init__(self, engine: Any, text: str, language: str) -> None:
             # NlpArtifacts.__init__ would tokenize at once; its attributes are properties here.
             self._engine, self._text, self._language = engine, text, language
-            self._doc: Any = None
+            self._words: list[str] | None = None
             self.entities: list[Any] = []
             self.nlp_engine = engine
             self.scores: list[float] = []
 
-        def _tokens(self) -> Any:
-            if self._doc is None:
-                self._doc = self._engine.tokenizer(self._text)
-                self._lemmas = [t.lower_ for t in self._doc]
-                self._indices = [t.idx for t in self._doc]
+        def _tokens(self) -> list[str]:
+            if self._words is None:
+                matches = list(_WORD.finditer(self._text))
+                self._words = [m.group() for m in matches]
+                self._indices = [m.start() for m in matches]
+                self._lemmas = [w.lower() for w in self._words]
                 self._keywords = list(
                     NlpArtifacts.set_keywords(self._engine, self._lemmas, self._language))
-            return self._doc
+            return self._words
 
         @property
         def tokens(self) -> Any:  # type: ignore[override]  # lazy
@@ -121,19 +127,17 @@ def _make_nlp_engine(language: str) -> Any:
             return self._keywords
 
     class OfflineNlpEngine(NlpEngine):
-        """spaCy's blank tokenizer: tokens and lower-cased words for context, no model."""
+        """Words by a regular expression, lower-cased as lemmas, spaCy's English stop words:
+        what the context enhancer needs, with no model."""
 
         def __init__(self) -> None:
-            self._nlp: Any = None
+            self._loaded = False
 
         def load(self) -> None:
-            self._nlp = spacy.blank(language)
+            self._loaded = True
 
         def is_loaded(self) -> bool:
-            return self._nlp is not None
-
-        def tokenizer(self, text: str) -> Any:
-            return self._nlp.make_doc(text)
+            return self._loaded
 
         def process_text(self, text: str, language: str) -> Any:
             return LazyArtifacts(self, text, language)
@@ -144,10 +148,10 @@ def _make_nlp_engine(language: str) -> Any:
                 yield text, self.process_text(text, language)
 
         def is_stopword(self, word: str, language: str) -> bool:
-            return bool(self._nlp.vocab[word].is_stop)
+            return word in STOP_WORDS
 
         def is_punct(self, word: str, language: str) -> bool:
-            return bool(self._nlp.vocab[word].is_punct)
+            return len(word) == 1 and not word.isalnum()
 
         def get_supported_entities(self) -> list[str]:
             return []

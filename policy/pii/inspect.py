@@ -30,7 +30,7 @@ from typing import Any
 
 from ..errors import PiiRefused, PiiScanFailed
 from .config import Action, PiiRule, PiiSection
-from .engine import Detector, Finding, mask
+from .engine import Detector, Finding, iter_strings, mask
 from .recognizers import BUILTIN, RecognizerSpec
 
 __all__ = ["PiiPolicy", "PiiVerdict"]
@@ -189,13 +189,17 @@ class PiiPolicy:
                             data_class: str) -> PiiVerdict:
         """:meth:`inspect` in a worker thread, bounded by ``timeout_s``.
 
-        A scan still running at the timeout is abandoned (its thread finishes on its own; the
-        result is dropped) and counts as a detector failure.
+        Text up to ``inline_max_chars`` is scanned inline instead (its cost is bounded by its
+        size, and a thread hop costs more than the scan); a longer scan still running at the
+        timeout is abandoned (its thread finishes on its own; the result is dropped) and
+        counts as a detector failure.
 
         Raises:
             PiiRefused: a finding's action is ``refuse``.
             PiiScanFailed: the detector failed or timed out and ``data_class`` fails closed.
         """
+        if self._small(value):
+            return self.inspect(value, key, team, data_class)
         t0 = time.perf_counter()
         detector = self.load()
         try:
@@ -205,6 +209,16 @@ class PiiPolicy:
             return self._failed(exc, key, data_class, time.perf_counter() - t0)
         return self._checked(self.decide(findings, key, team, data_class,
                                          duration_s=time.perf_counter() - t0))
+
+    def _small(self, value: Any) -> bool:
+        """Whether ``value``'s text is short enough to scan inline (``inline_max_chars``)."""
+        limit = self.section.inline_max_chars
+        total = 0
+        for _, text in iter_strings(value):
+            total += len(text)
+            if total > limit:
+                return False
+        return True
 
     @staticmethod
     def _checked(verdict: PiiVerdict) -> PiiVerdict:
@@ -221,8 +235,11 @@ class PiiPolicy:
         """
         detector = self.load()
         try:
-            async with asyncio.timeout(self.section.timeout_s):
-                findings = await asyncio.to_thread(detector.scan, value)
+            if self._small(value):
+                findings = detector.scan(value)
+            else:
+                async with asyncio.timeout(self.section.timeout_s):
+                    findings = await asyncio.to_thread(detector.scan, value)
         except TimeoutError:
             return {}, "scan timed out"
         except Exception as exc:

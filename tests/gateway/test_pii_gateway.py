@@ -43,6 +43,7 @@ pii:
   entity_classes: {EMAIL_ADDRESS: internal}
   fail_closed_classes: [confidential]
   timeout_s: %s
+  inline_max_chars: %s
   responses: record
   rules:
     - {id: no-cards, entities: [CREDIT_CARD], action: refuse}
@@ -81,7 +82,8 @@ def _build(serve_asgi: Callable[..., Any], tmp_path: Path, timeout_s: str = "2.0
         sims["eu-a"] = eu_a
     servers = {name: serve_asgi(app) for name, app in sims.items()}
     (tmp_path / "policy.yaml").write_text(
-        policy_text({n: s.port for n, s in servers.items()}) + PII % timeout_s)
+        policy_text({n: s.port for n, s in servers.items()})
+        + PII % (timeout_s, 0 if timeout_s != "2.0" else 16384))
     cfg = gateway_config({n: s.url for n, s in servers.items()}, Path("policy.yaml"))
     signer = Signer.generate()
     key, _ = write_key_pair(signer, tmp_path / "audit.key")
