@@ -11,14 +11,19 @@ when the detector fails. The official openai SDK is the client, on loopback.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
 import pytest
+import yaml
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
@@ -29,6 +34,7 @@ from gateway.assembly import assemble
 from gateway.audit import Signer, generate_key_file, write_key_pair
 from gateway.egress import start_egress
 from gateway.settings import parse
+from tests.conftest import free_port
 from tests.gateway.egress_testdata import KEYS, gateway_config, policy_text
 from vllm_sim import SimConfig
 from vllm_sim import create_app as create_sim
@@ -226,3 +232,43 @@ def test_an_iban_split_across_response_events_is_recorded(
                if r.get("pii") and "response_entities" in r["pii"]]
     assert [r["response_entities"] for r in records] == [{"IBAN_CODE": 1}]
     assert b"3704" not in stack.audit_text() and b"0532" not in stack.audit_text()
+
+
+def test_gateway_serve_with_the_guard_enforcing_raises_the_class(
+        serve_asgi: Callable[..., Any], tmp_path: Path) -> None:
+    # The real entry point: `gateway serve` in a subprocess, process egress guard enforcing
+    # (the detector is built after the guard started: Presidio's imports must not connect).
+    sims = {name: create_sim(SimConfig(models=["m"])) for name in ("eu-a", "eu-b", "us")}
+    servers = {name: serve_asgi(app) for name, app in sims.items()}
+    (tmp_path / "policy.yaml").write_text(
+        policy_text({n: s.port for n, s in servers.items()}) + PII % ("2.0", 16384))
+    port = free_port()
+    cfg = gateway_config({n: s.url for n, s in servers.items()}, tmp_path / "policy.yaml",
+                         guard="enforce", port=port)
+    cfg_file = tmp_path / "gateway.yaml"
+    cfg_file.write_text(yaml.safe_dump(cfg))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    url = f"http://127.0.0.1:{port}"
+    with subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", "--config",
+                           str(cfg_file)], cwd=ROOT, env=env, stderr=subprocess.PIPE) as proc:
+        try:
+            deadline = time.monotonic() + 120
+            while True:
+                try:
+                    httpx.get(url + "/healthz", timeout=1).raise_for_status()
+                    break
+                except httpx.HTTPError:
+                    assert proc.poll() is None, "gateway exited"
+                    assert time.monotonic() < deadline, "gateway did not start"
+                    time.sleep(0.1)
+            client = openai.OpenAI(base_url=url + "/v1", api_key=KEYS["pub"], max_retries=0,
+                                   timeout=30)
+            for i in range(4):
+                assert _chat(client, f"Pay to {IBAN}.", stream=i % 2 == 0)
+            with pytest.raises(openai.PermissionDeniedError):
+                _chat(client, f"card {CARD}")
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            _, stderr = proc.communicate(timeout=30)
+    assert {n: a.state.received for n, a in sims.items()} == {"eu-a": 4, "eu-b": 0, "us": 0}
+    assert b"EgressBlocked" not in stderr and b"egress denied" not in stderr.lower()
