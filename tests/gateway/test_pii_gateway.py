@@ -10,13 +10,14 @@ when the detector fails. The official openai SDK is the client, on loopback.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -234,14 +235,12 @@ def test_an_iban_split_across_response_events_is_recorded(
     assert b"3704" not in stack.audit_text() and b"0532" not in stack.audit_text()
 
 
-def test_gateway_serve_with_the_guard_enforcing_raises_the_class(
-        serve_asgi: Callable[..., Any], tmp_path: Path) -> None:
-    # The real entry point: `gateway serve` in a subprocess, process egress guard enforcing
-    # (the detector is built after the guard started: Presidio's imports must not connect).
-    sims = {name: create_sim(SimConfig(models=["m"])) for name in ("eu-a", "eu-b", "us")}
-    servers = {name: serve_asgi(app) for name, app in sims.items()}
+@contextlib.contextmanager
+def _gateway_serve(tmp_path: Path, sims: dict[str, Any], servers: dict[str, Any],
+                   pii: str) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """``gateway serve`` in a subprocess, guard enforcing, with the test policy + ``pii``."""
     (tmp_path / "policy.yaml").write_text(
-        policy_text({n: s.port for n, s in servers.items()}) + PII % ("2.0", 16384))
+        policy_text({n: s.port for n, s in servers.items()}) + pii)
     port = free_port()
     cfg = gateway_config({n: s.url for n, s in servers.items()}, tmp_path / "policy.yaml",
                          guard="enforce", port=port)
@@ -261,14 +260,53 @@ def test_gateway_serve_with_the_guard_enforcing_raises_the_class(
                     assert proc.poll() is None, "gateway exited"
                     assert time.monotonic() < deadline, "gateway did not start"
                     time.sleep(0.1)
-            client = openai.OpenAI(base_url=url + "/v1", api_key=KEYS["pub"], max_retries=0,
-                                   timeout=30)
-            for i in range(4):
-                assert _chat(client, f"Pay to {IBAN}.", stream=i % 2 == 0)
-            with pytest.raises(openai.PermissionDeniedError):
-                _chat(client, f"card {CARD}")
+            yield url, proc
         finally:
             proc.send_signal(signal.SIGTERM)
             _, stderr = proc.communicate(timeout=30)
+            assert b"EgressBlocked" not in stderr, stderr[-3000:]
+
+
+def _sims(serve_asgi: Callable[..., Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    sims = {name: create_sim(SimConfig(models=["m"])) for name in ("eu-a", "eu-b", "us")}
+    return sims, {name: serve_asgi(app) for name, app in sims.items()}
+
+
+def test_gateway_serve_with_the_guard_enforcing_raises_the_class(
+        serve_asgi: Callable[..., Any], tmp_path: Path) -> None:
+    # The real entry point: `gateway serve` in a subprocess, process egress guard enforcing
+    # (the detector is built after the guard started: Presidio's imports must not connect).
+    sims, servers = _sims(serve_asgi)
+    with _gateway_serve(tmp_path, sims, servers, PII % ("2.0", 16384)) as (url, _):
+        client = openai.OpenAI(base_url=url + "/v1", api_key=KEYS["pub"], max_retries=0,
+                               timeout=30)
+        for i in range(4):
+            assert _chat(client, f"Pay to {IBAN}.", stream=i % 2 == 0)
+        with pytest.raises(openai.PermissionDeniedError):
+            _chat(client, f"card {CARD}")
     assert {n: a.state.received for n, a in sims.items()} == {"eu-a": 4, "eu-b": 0, "us": 0}
-    assert b"EgressBlocked" not in stderr and b"egress denied" not in stderr.lower()
+
+
+def test_a_reloaded_pii_section_applies_to_new_requests(
+        serve_asgi: Callable[..., Any], tmp_path: Path) -> None:
+    sims, servers = _sims(serve_asgi)
+    lenient = PII.replace("    - {id: no-cards, entities: [CREDIT_CARD], action: refuse}\n", "")
+    with _gateway_serve(tmp_path, sims, servers, lenient % ("2.0", 16384)) as (url, proc):
+        client = openai.OpenAI(base_url=url + "/v1", api_key=KEYS["pub"], max_retries=0,
+                               timeout=30)
+        assert _chat(client, f"card {CARD}")  # raised to confidential, not refused
+        (tmp_path / "policy.yaml").write_text(
+            policy_text({n: s.port for n, s in servers.items()}) + PII % ("2.0", 16384))
+        proc.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 60
+        while True:  # until the reload is applied: the next card is refused
+            try:
+                _chat(client, f"card {CARD}")
+            except openai.PermissionDeniedError as exc:
+                assert isinstance(exc.body, dict) and exc.body["code"] == "pii_refused"
+                break
+            assert time.monotonic() < deadline, "the reloaded pii section was not applied"
+            time.sleep(0.2)
+        assert _chat(client, f"Pay to {IBAN}.")  # the detector still raises after the swap
+    received = {n: a.state.received for n, a in sims.items()}
+    assert received["eu-b"] == 0 and received["us"] == 0
