@@ -5,8 +5,8 @@
     pii:
       score_threshold: 0.5           # Presidio score a finding needs (0..1)
       timeout_s: 0.05                # a scan taking longer counts as a detector failure
-      inline_max_chars: 16384        # texts up to this size are scanned on the event loop
-                                     # (~1 ms per 4 KB, cheaper than a thread hop); longer
+      inline_max_chars: 8192         # texts up to this size are scanned on the event loop
+                                     # (~0.5-2 ms per 4 KB, cheaper than a thread hop); longer
                                      # ones in a worker thread bounded by timeout_s
       fail_closed_classes: [public]  # a failed scan refuses requests of these classes (503);
                                      # others pass, the failure recorded
@@ -109,7 +109,7 @@ class PiiSection(_Strict):
     builtin: bool = True
     score_threshold: Score = 0.5
     timeout_s: float = Field(default=0.05, gt=0.0, le=10.0)
-    inline_max_chars: int = Field(default=16384, ge=0)
+    inline_max_chars: int = Field(default=8192, ge=0)
     fail_closed_classes: list[str] = Field(default_factory=list)
     default_class: str | None = None
     entity_classes: dict[Entity, str] = Field(default_factory=dict)

@@ -200,10 +200,6 @@ class Detector:
         self.load_s = time.perf_counter() - t0
         _log.info("PII detector ready: %d recognisers in %.2f s", len(specs), self.load_s)
 
-    def scan_text(self, text: str) -> list[Finding]:
-        """Findings in one text (path ``""``), overlaps resolved (see :meth:`scan`)."""
-        return self.scan(text)
-
     def scan(self, value: Any) -> list[Finding]:
         """Findings in a string or in every string of a JSON value.
 
