@@ -172,6 +172,11 @@ bench-quotas: install
 bench-policy-telemetry: install
 	$(PY) bench/policy_telemetry.py --skip memory
 
+# @pii: sensitive-data detection cost per KB, added TTFT (on vs off, one run), precision/recall.
+.PHONY: bench-pii
+bench-pii: install
+	$(PY) bench/pii.py
+
 # @realparts: wrk (Debian) and bench/relay_load.py drive the same gateway; both rates and their
 # ratio, agreement within the noise (~40 s; exit 1 when they disagree).
 .PHONY: bench-loadtool

@@ -46,6 +46,7 @@ from gateway.flow.peers import FlowPeers
 from gateway.h1 import Dialer, RelayClient, resolver_dialer
 from gateway.health import HealthProber
 from gateway.models_api import is_models_path
+from gateway.pii import pii_stage
 from gateway.records import AdmissionHook, RequestObserver
 from gateway.routing import ClassifyingPolicy, RoutePolicy, Router
 from gateway.settings import GatewaySettings
@@ -128,6 +129,7 @@ def _request_parts(parts: Gateway, settings: GatewaySettings) -> dict[str, Any]:
         "classify": classifying.classify if classifying else None,
         "routes": parts.routes,
         "refuse_redirects": parts.policy is not None,
+        "pii": pii_stage(parts.policy),
     }
 
 

@@ -230,6 +230,8 @@ def assemble(
     from policy import EgressMatcher
 
     policy = egress.policy if egress is not None else load_policy(settings, base)
+    if policy is not None and policy.pii is not None:
+        policy.pii.load()  # the sensitive-data detector, once, before serving (gateway.pii)
     authenticator = build_authenticator(settings)
     telemetry_settings = check_telemetry(settings, policy)
     check_tls_files(settings)
@@ -333,6 +335,8 @@ def reassemble(running: Gateway, settings: GatewaySettings, base: Path | None = 
         if problems:
             raise ConfigError("\n".join(problems), code="restart_required")
     policy = load_policy(settings, base)
+    if policy is not None and policy.pii is not None:
+        policy.pii.load()  # in the reload's thread, not on the event loop at the swap
     old = running.policy
     if policy is not None and old is not None and (
         policy.document.destinations != old.document.destinations

@@ -15,6 +15,7 @@ Tree::
     ├── ModelNotAllowed         403  model_not_allowed
     │   └── PolicyDenied             egress_denied (the egress policy allows no replica)
     ├── ClassChangeRefused      403  class_change_forbidden (x-data-classification not granted)
+    ├── SensitiveDataRefused    403  pii_refused (the policy's pii section refuses an entity type)
     ├── ModelNotFound           404  model_not_found
     ├── MethodNotAllowed        405  method_not_allowed
     ├── PayloadTooLarge         413  request_too_large
@@ -25,7 +26,8 @@ Tree::
     │   └── UpstreamStatusError      upstream_<status>      (relayed 5xx/429 after retries)
     ├── ServiceUnavailable      503  service_unavailable
     │   ├── NoHealthyReplica         no_healthy_replica
-    │   └── UpstreamConnectionsExhausted  upstream_connections_exhausted (no replica at fault)
+    │   ├── UpstreamConnectionsExhausted  upstream_connections_exhausted (no replica at fault)
+    │   └── SensitiveDataScanFailed  pii_scan_failed (detector failed, the class fails closed)
     └── UpstreamTimeout         504  upstream_timeout (first byte / idle)
         └── UpstreamConnectTimeout   upstream_connect_timeout (retried on another replica)
 """
@@ -48,6 +50,8 @@ __all__ = [
     "PayloadTooLarge",
     "PolicyDenied",
     "RateLimited",
+    "SensitiveDataRefused",
+    "SensitiveDataScanFailed",
     "ServiceUnavailable",
     "UpstreamConnectError",
     "UpstreamConnectTimeout",
@@ -243,6 +247,20 @@ class ServiceUnavailable(GatewayError):
     status = 503
     type = "server_error"
     code = "service_unavailable"
+
+
+class SensitiveDataRefused(GatewayError):
+    """The request holds an entity type the policy refuses (named; the value never is)."""
+
+    status = 403
+    type = "permission_error"
+    code = "pii_refused"
+
+
+class SensitiveDataScanFailed(ServiceUnavailable):
+    """The sensitive-data detector failed or timed out, and the request's class fails closed."""
+
+    code = "pii_scan_failed"
 
 
 class NoHealthyReplica(ServiceUnavailable):

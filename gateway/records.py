@@ -122,6 +122,9 @@ class RequestRecord:
             outcome ``immediate``, ``dispatched``, ``queue_full``, ``queue_timeout`` or
             ``client_disconnect`` and the wait in the gateway (integer milliseconds); ``None``
             when flow control does not cover the model or the request was refused before.
+        pii: The sensitive-data scan (see :mod:`gateway.pii`): ``{"entities": {type: count},
+            "actions", "rules", "class_before", "class_after", "error", "scan_us"}``; ``None``
+            when the policy has no ``pii`` section or the path is not scanned.
     """
 
     request_id: str
@@ -157,6 +160,7 @@ class RequestRecord:
     content_hmac: bool = False
     route: dict[str, Any] | None = None
     flow: dict[str, Any] | None = None
+    pii: dict[str, Any] | None = None
 
     @classmethod
     def for_scope(cls, scope: Mapping[str, Any]) -> RequestRecord:
@@ -184,6 +188,11 @@ class RequestRecord:
         self.key_id = key_id
         self.team = team
         self.data_class = data_class
+
+    def detected(self, verdict: dict[str, Any]) -> None:
+        """The sensitive-data scan's verdict (:meth:`policy.PiiVerdict.as_record`: entity
+        types and counts, actions, class before and after; never matched text)."""
+        self.pii = verdict
 
     def received(self, bytes_in: int) -> None:
         """The request body arrived: ``bytes_in`` bytes."""

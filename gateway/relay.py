@@ -200,6 +200,20 @@ def _tap_content(state: GatewayState, record: RequestRecord, raw: bytes, out: Re
         out.tap = fan_out
 
 
+def _also(
+    tap: Callable[[bytes], None] | None, more: Callable[[bytes], None]
+) -> Callable[[bytes], None]:
+    """A content tap that calls ``tap`` (when set) and then ``more``."""
+    if tap is None:
+        return more
+
+    def both(chunk: bytes) -> None:
+        tap(chunk)
+        more(chunk)
+
+    return both
+
+
 @dataclass(slots=True)
 class _Head:
     """What the relay reads from the request headers (one pass over them)."""
@@ -230,6 +244,10 @@ async def _serve(
     record.received(len(raw))
     parsed = parse_body(raw)
     record.describe(parsed.model, parsed.stream)
+    response_scan = None
+    if state.pii is not None:  # sensitive data may raise the class before routing (gateway.pii)
+        principal, parsed = await state.pii.inspect(scope["path"], principal, parsed, record)
+        response_scan = state.pii.response_scan(scope["path"])
     pool = _authorised_pool(state, principal, parsed.model, record)
     decision = _route(state, principal, pool, record)
     hint = pool.route_hint(parsed.values, scope["headers"])  # affinity input (gateway.fleet)
@@ -257,6 +275,8 @@ async def _serve(
             record.route = hint.explain if hint is not None else None
         if decision.content_hmac:
             _tap_content(state, record, raw, out)
+        if response_scan is not None:
+            out.tap = _also(out.tap, response_scan.tap)
         for on_start in state.hooks.on_start:
             await on_start(record)
         watch = DisconnectWatch(receive, (scope.get("extensions") or {}).get(DISCONNECT_EXTENSION))
@@ -266,6 +286,8 @@ async def _serve(
             lane.go()  # forward counts the request in flight from here
         assert first is not None  # narrowed above on both paths
         await _forward_watched(exchange, first)
+        if response_scan is not None:
+            await response_scan.finish(record)  # after the last byte: no cost to TTFT
     finally:
         if lane is not None:
             lane.done()

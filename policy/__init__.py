@@ -13,6 +13,8 @@ Public API (other packages import only these names):
 * :func:`litellm_env`, :func:`import_litellm` (litellm without hidden egress);
 * :func:`check_binding`, :func:`start_guard` (gateway start-up), :func:`policy_middleware`
   (the gateway's ``RoutePolicy`` is ``gateway.egress.PolicyRoutes``, over :meth:`Policy.select`);
+* :class:`PiiPolicy` / :class:`PiiVerdict` (``Policy.pii``; sensitive data in prompts, the
+  ``policy.pii`` subpackage with :func:`policy.pii.scan`);
 * the :class:`PolicyError` tree (``errors`` module docstring).
 """
 
@@ -22,6 +24,8 @@ from .errors import (
     EgressBlocked,
     EgressDenied,
     GuardSelfTestFailed,
+    PiiRefused,
+    PiiScanFailed,
     PolicyError,
     PolicyFileError,
     RedirectRefused,
@@ -32,6 +36,7 @@ from .errors import (
 from .evaluate import UNSAFE_RULE_ID, Decision, Policy, Principal, Selection
 from .guard import SELF_TEST_TARGET, EgressEvent, EgressGuard
 from .httpx_transport import PolicyAsyncTransport, make_httpx_client
+from .pii import PiiPolicy, PiiVerdict
 from .providers import LITELLM_OFFLINE_ENV, import_litellm, litellm_env
 from .runtime import BindingError, GuardMode, check_binding, start_guard
 from .transport import (
@@ -59,6 +64,10 @@ __all__ = [
     "EgressMatcher",
     "GuardMode",
     "GuardSelfTestFailed",
+    "PiiPolicy",
+    "PiiRefused",
+    "PiiScanFailed",
+    "PiiVerdict",
     "PinStore",
     "Policy",
     "PolicyAsyncTransport",

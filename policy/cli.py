@@ -34,9 +34,10 @@ from clishell import (
 
 from .addresses import parse_host
 from .egress import EgressMatcher
-from .errors import PolicyError, PolicyFileError, UnknownDataClass
+from .errors import PiiRefused, PolicyError, PolicyFileError, UnknownDataClass
 from .evaluate import Decision, Policy, Principal
 from .model import PolicyDocument, _compose
+from .pii import PiiPolicy, PiiVerdict
 from .render import cilium_networkpolicy, helm_values, networkpolicy
 from .runtime import check_binding
 
@@ -197,12 +198,16 @@ def explain(
     destinations: Annotated[list[str] | None, typer.Option(
         "--destination", help="Destination id to evaluate (repeatable).")] = None,
     config: ConfigOpt = None,
+    text: Annotated[str | None, typer.Option(
+        "--text", help="A sample prompt: what the policy's pii section finds in it, each "
+        "finding's action, and the class routing then uses (scanned here, sent nowhere).")] = None,
     as_json: JsonOpt = False,
 ) -> int:
     """Explain which destinations a request may go to, which rule decided, and why.
 
     With a gateway config (--config or SG_CONFIG): the key's team and data class from its
-    keys[], and --model's destinations from its replicas[].destination.
+    keys[], and --model's destinations from its replicas[].destination. With --text: the
+    sensitive data found in a sample prompt and its effect (class raised, masked, refused).
     """
     policy = Policy.from_file(file)
     default_class = data_class
@@ -225,6 +230,9 @@ def explain(
         raise _UsageError("give --class, or --config with the key's default data class")
     principal = Principal(key, team)
     resolved = policy.resolve_class(default_class, header, principal)
+    pii = _pii_effect(policy, principal, resolved, text) if text is not None else None
+    if pii is not None:
+        resolved = pii["class_after"]
     ids: list[str | None] | None = [d or None for d, _ in pairs] if pairs else None
     explained = policy.explain(principal, resolved, ids)
     urls = [url for _, url in pairs] if pairs else [""] * len(explained)
@@ -243,11 +251,14 @@ def explain(
             "key": key, "team": team, "data_class": resolved, "model": model,
             "revision": policy.revision, "allowed": [d.destination_id for d in allowed],
             "decisions": [{**d.as_record(), "replica": url or None} for d, url in decisions],
+            **({"pii": pii} if pii is not None else {}),
         }, indent=2))
     else:
         out = _out()
         out.print(escape(f"key {key} (team {team or '-'}), data class {resolved}, "
                          f"policy {policy.revision}"))
+        if pii is not None:
+            _print_pii(out, pii)
         table = Table()
         for col in ("destination", "replica", "decision", "rule", "reason"):
             table.add_column(col)
@@ -258,7 +269,37 @@ def explain(
         out.print(table)
         if not allowed:
             out.print("[bold red]no destination allowed: the gateway answers 403[/]")
+    if pii is not None and pii["refused"]:
+        return 1
     return 0 if allowed else 1
+
+
+def _pii_effect(policy: Policy, principal: Principal, data_class: str,
+                text: str) -> dict[str, Any]:
+    """What the gateway's pii stage does with ``text`` for this key: the verdict's record,
+    the refused entity types and the text as forwarded (masked)."""
+    if policy.pii is None:
+        raise _UsageError("--text needs a policy with an enabled pii section")
+    try:
+        verdict = policy.pii.inspect(text, principal.key, principal.team, data_class)
+    except PiiRefused as exc:
+        assert isinstance(exc.verdict, PiiVerdict)
+        verdict = exc.verdict
+    return {**verdict.as_record(), "refused": list(verdict.refused),
+            "forwarded_text": None if verdict.refused else PiiPolicy.masked(text, verdict)}
+
+
+def _print_pii(out: Console, pii: dict[str, Any]) -> None:
+    found = ", ".join(f"{e} x{n} -> {pii['actions'][e]}"
+                      + (f" (rule {pii['rules'][e]})" if pii["rules"].get(e) else "")
+                      for e, n in pii["entities"].items()) or "nothing"
+    out.print(escape(f"sample text: {found}; class {pii['class_before']} -> "
+                     f"{pii['class_after']}"))
+    if pii["refused"]:
+        out.print("[bold red]" + escape("refused: the gateway answers 403 pii_refused naming "
+                                        + ", ".join(pii["refused"])) + "[/]")
+    elif pii["forwarded_text"] is not None and "mask" in pii["actions"].values():
+        out.print(escape(f"forwarded as: {pii['forwarded_text']}"))
 
 
 @app.command(name="connect")

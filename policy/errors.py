@@ -14,7 +14,9 @@ responses (the gateway turns them into OpenAI-style error JSON; the CLI into exi
     │   └── RedirectRefused          redirect_refused
     ├── GuardSelfTestFailed          guard_self_test_failed
     ├── BindingError                 destination_mismatch  (runtime.py)
-    └── RenderError                  render_refused
+    ├── RenderError                  render_refused
+    ├── PiiRefused                   pii_refused           (entities; pii section)
+    └── PiiScanFailed                pii_scan_failed       (detector error or timeout)
 """
 
 from __future__ import annotations
@@ -152,3 +154,28 @@ class RenderError(PolicyError):
     """A destination cannot be rendered safely (e.g. it would allow ``0.0.0.0/0``)."""
 
     code = "render_refused"
+
+
+class PiiRefused(PolicyError):
+    """A request holds an entity type the ``pii`` section refuses (the value is never named).
+
+    Attributes:
+        entities: the refused entity types, sorted.
+        verdict: the inspection's :class:`policy.pii.PiiVerdict` (for the audit record).
+    """
+
+    code = "pii_refused"
+
+    def __init__(self, entities: Sequence[str], verdict: object | None = None) -> None:
+        self.entities = tuple(sorted(set(entities)))
+        self.verdict = verdict
+        super().__init__(
+            "The request contains sensitive data the policy does not allow to be sent: "
+            + ", ".join(self.entities) + "."
+        )
+
+
+class PiiScanFailed(PolicyError):
+    """The detector failed or timed out on a request of a class the policy fails closed for."""
+
+    code = "pii_scan_failed"

@@ -27,6 +27,7 @@ from typing import Any
 
 from .errors import ClassChangeForbidden, UnknownDataClass, UnknownDestination
 from .model import Destination, PolicyDocument, Rule, load_document, parse_document
+from .pii.inspect import PiiPolicy
 
 _log = logging.getLogger(__name__)
 
@@ -161,6 +162,10 @@ class Policy:
             for r in document.rules
         )
         self._cache: dict[tuple[str, str | None, str, str], Decision] = {}
+        pii = document.pii
+        #: Sensitive-data detection (``pii`` section, enabled), its detector built on ``load()``.
+        self.pii: PiiPolicy | None = (
+            PiiPolicy(pii, self.classes) if pii is not None and pii.enabled else None)
 
     @classmethod
     def from_file(cls, path: str | Path) -> Policy:

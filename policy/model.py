@@ -8,6 +8,7 @@ A policy is a YAML mapping (schema ``version: 1``)::
     destinations: [{id, url | host+port(s) | cidr+ports, region, jurisdiction, operator, tags}]
     rules: [{id, effect, principals: {keys, teams}, classes, destinations, constraints}]
     unsafe_allow_all: false
+    pii: {...}      # sensitive-data detection (policy.pii.config), optional
 
 Everything is deny by default: a place that is not a destination cannot be reached, and a
 request that no rule allows is refused. The ``revision`` of a policy is the SHA-256 of the
@@ -33,6 +34,8 @@ from clishell import read_input_text
 
 from .addresses import IPNetwork, parse_host
 from .errors import PolicyFileError
+from .pii.config import PiiSection
+from .pii.recognizers import BUILTIN
 from .problems import KeyPath, PolicyProblem, dotted, line_of, validation_problems
 
 Id = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")]
@@ -220,6 +223,7 @@ class PolicyDocument(_Strict):
     destinations: list[Destination] = Field(default_factory=list)
     rules: list[Rule] = Field(default_factory=list)
     unsafe_allow_all: bool = False
+    pii: PiiSection | None = None
 
 
 # --- loading ------------------------------------------------------------------------------------
@@ -312,6 +316,15 @@ def _check_references(doc: PolicyDocument, file: str, lines: Mapping[Path_, int]
                 fail(f"unknown data class {c!r}", (*path, "classes", j))
         if not (g.lower or g.raise_):
             fail("a grant must allow lower or raise", path)
+    if doc.pii is not None:
+        for path_, c in doc.pii.classes_named():
+            if c not in classes:
+                fail(f"unknown data class {c!r}", path_)
+        entities = {s.entity for s in BUILTIN} | {r.entity for r in doc.pii.recognizers}
+        for i, pr in enumerate(doc.pii.rules):
+            for j, e in enumerate(pr.entities or ()):
+                if e not in entities:
+                    fail(f"unknown entity type {e!r}", ("pii", "rules", i, "entities", j))
     if problems:
         raise PolicyFileError.of(problems)
 
@@ -327,6 +340,8 @@ def canonical_revision(doc: PolicyDocument) -> str:
     for rule in data["rules"]:
         if rule.get("audit") == default_audit:
             del rule["audit"]
+    if data.get("pii") is None:  # policies without a pii section keep their revision
+        data.pop("pii", None)
     canonical = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return "sha256:" + hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 

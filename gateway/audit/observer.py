@@ -138,6 +138,7 @@ class AuditObserver:
             "policy_revision": getattr(record, "policy_revision", None),
             "route": getattr(record, "route", None),
             "flow": getattr(record, "flow", None),
+            "pii": getattr(record, "pii", None),
             "bytes_in": record.bytes_in,
         }
 
@@ -157,6 +158,8 @@ class AuditObserver:
             "ttft_us": _us(record.ttft_ms),
             "bytes_in": record.bytes_in,
             "bytes_out": record.bytes_out,
+            # With pii.responses: record, the response's findings are known only now.
+            "pii": getattr(record, "pii", None),
         }
 
     def content_tap(self, record: RequestRecord, body: bytes) -> Callable[[bytes], None] | None:

@@ -12,7 +12,7 @@ GenAI semantic-convention names where they exist
   per-request mean inter-token latency, as the semconv defines it) |
 | ``gen_ai.client.token.usage`` | histogram, {token} | token type, model, key |
 | ``sg.gateway.upstream.retries`` | counter | model |
-| ``sg.gateway.policy.denials`` | counter | layer (routing/class/transport), rule |
+| ``sg.gateway.policy.denials`` | counter | layer (routing/class/transport/pii), rule |
 | ``sg.gateway.replica.inflight`` | gauge | model, replica, destination |
 | ``sg.gateway.replica.healthy`` | gauge (0/1) | model, replica, destination |
 | ``sg.egress.blocked`` | counter | decision (deny/monitor), destination (process guard) |
@@ -27,6 +27,10 @@ GenAI semantic-convention names where they exist
   queue_full/queue_timeout/client_disconnect; see gateway.flow) |
 | ``sg.gateway.flow.wait`` | histogram, s | model, class (requests that queued) |
 | ``sg.gateway.flow.queue_length`` | gauge | model, class |
+| ``sg.gateway.pii.findings`` | counter, {finding} | entity type, action (raise/mask/refuse/
+  record; ``response`` for findings in a model's answer; see gateway.pii) |
+| ``sg.gateway.pii.requests`` | counter | class before, class after, outcome (clean/found/
+  refused/scan_failed) |
 
 Time per output token is derived from the request record (``latency - ttft`` over
 ``output_tokens - 1``): no work per streamed event. Values are aggregated in process
@@ -83,6 +87,7 @@ _DENIAL_LAYERS = {
     "unknown_data_class": "class",
     "upstream_egress_denied": "transport",
     "redirect_refused": "transport",
+    "pii_refused": "pii",
 }
 
 
@@ -171,6 +176,14 @@ class GatewayMetrics:
         self.route_blocks = m.counter(
             "sg.gateway.routing.prompt_blocks", "{block}",
             "Prompt blocks of routed requests", (_MODEL,))
+        self.pii_findings = m.counter(
+            "sg.gateway.pii.findings", "{finding}",
+            "Sensitive data found in requests, by entity type and the policy's action",
+            ("sg.pii.entity", "sg.pii.action"))
+        self.pii_requests = m.counter(
+            "sg.gateway.pii.requests", "{request}",
+            "Requests scanned for sensitive data, by class before and after and outcome",
+            ("sg.pii.class_before", "sg.pii.class_after", "sg.pii.outcome"))
         self.flow_requests = m.counter(
             "sg.gateway.flow.requests", "{request}",
             "Flow-controlled requests by class and how they left the gateway's queue",
@@ -227,6 +240,17 @@ class GatewayMetrics:
         if not ok:
             self.audit_failures.add(1, (type_,))
 
+    def _record_pii(self, pii: dict[str, Any]) -> None:
+        actions = pii["actions"]
+        for entity, n in pii["entities"].items():
+            self.pii_findings.add(n, (entity, actions.get(entity, "")))
+        for entity, n in (pii.get("response_entities") or {}).items():
+            self.pii_findings.add(n, (entity, "response"))
+        outcome = ("scan_failed" if pii["error"] else
+                   "refused" if "refuse" in actions.values() else
+                   "found" if pii["entities"] else "clean")
+        self.pii_requests.add(1, (pii["class_before"], pii["class_after"], outcome))
+
     def record_request(self, record: RequestRecord) -> None:
         """Record the metrics of one finished relay request."""
         model = record.canonical_model or record.model or ""
@@ -245,6 +269,9 @@ class GatewayMetrics:
             self.route_decisions.add(1, (model, record.route.get("reason", "")))
             self.route_matched.add(record.route.get("matched_blocks", 0), (model,))
             self.route_blocks.add(record.route.get("prompt_blocks", 0), (model,))
+        pii = record.pii
+        if pii is not None:
+            self._record_pii(pii)
         flow = record.flow
         if flow is not None:
             self.flow_requests.add(1, (model, flow["class"], flow["outcome"]))

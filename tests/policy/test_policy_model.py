@@ -58,7 +58,7 @@ def test_unknown_key_is_refused() -> None:
 def test_unknown_key_without_a_close_one_lists_the_known_keys() -> None:
     err = _err(BASE.replace("version: 1\n", "version: 1\nzzz: 1\n"))
     assert str(err) == ("p.yaml:2: zzz: unknown key (known here: version, data_classes, "
-                        "classification, destinations, rules, unsafe_allow_all)")
+                        "classification, destinations, rules, unsafe_allow_all, pii)")
 
 
 def test_every_schema_problem_is_reported_one_line_each() -> None:

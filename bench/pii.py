@@ -1,0 +1,206 @@
+"""Cost and accuracy of sensitive-data detection (policy.pii, gateway.pii), in one run.
+
+1. Detection cost: :meth:`policy.pii.Detector.scan` on prompts of 1, 4 and 16 KB, without and
+   with identifiers (p50 and p95 in ms, and ms per KB).
+2. Added time to first token: two gateways on loopback in this process, the same config and
+   policy except that one policy has a ``pii`` section, relaying to one vLLM simulator; streamed
+   chat requests with a 4 KB prompt alternate between them (same client, same simulator), and
+   the time to the first SSE data event is compared (p50, p95).
+3. Precision and recall on the labelled set of :mod:`bench.pii_corpus` (valid and invalid check
+   digits, identifiers split by spaces, hyphens and dots, decoys).
+
+Usage::
+
+    .venv/bin/python bench/pii.py [--requests 60] [--per-entity 100]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import socket
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import uvicorn
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+from bench.pii_corpus import generate, score  # noqa: E402
+from gateway.app import create_app  # noqa: E402
+from gateway.assembly import assemble  # noqa: E402
+from gateway.egress import start_egress  # noqa: E402
+from gateway.settings import parse  # noqa: E402
+from policy.pii import Detector  # noqa: E402
+from vllm_sim import SimConfig  # noqa: E402
+from vllm_sim import create_app as create_sim  # noqa: E402
+
+FILLER = ("The quarterly report covers 14 regions and 2024 targets; revenue grew 3.5% while "
+          "costs fell. Please summarise the key risks, the open actions from meeting 7 and "
+          "the next steps for the team. ")
+IDS = " Customer IBAN DE89 3704 0044 0532 0130 00, mail jane.doe@example.org. "
+KEY = "sg-bench-pii"
+
+
+def _prompt(kb: int, with_ids: bool) -> str:
+    text = (FILLER * (kb * 1024 // len(FILLER) + 1))[: kb * 1024]
+    if with_ids:
+        mid = len(text) // 2
+        text = (text[:mid] + IDS + text[mid:])[: kb * 1024]
+    return text
+
+
+def _pct(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+def detection_cost(detector: Detector, rounds: int = 200) -> list[dict[str, Any]]:
+    rows = []
+    for kb in (1, 4, 16):
+        for with_ids in (False, True):
+            text = _prompt(kb, with_ids)
+            for _ in range(10):
+                detector.scan(text)
+            times = []
+            for _ in range(rounds):
+                t0 = time.perf_counter()
+                detector.scan(text)
+                times.append((time.perf_counter() - t0) * 1000.0)
+            p50 = statistics.median(times)
+            rows.append({"kb": kb, "identifiers": with_ids, "p50_ms": round(p50, 3),
+                         "p95_ms": round(_pct(times, 0.95), 3),
+                         "ms_per_kb": round(p50 / kb, 3)})
+    return rows
+
+
+class _Server:
+    def __init__(self, app: Any) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = int(s.getsockname()[1])
+        self.server = uvicorn.Server(uvicorn.Config(
+            app, host="127.0.0.1", port=self.port, loop="asyncio", lifespan="on",
+            log_level="warning"))
+        self.thread = threading.Thread(target=lambda: asyncio.run(self.server.serve()),
+                                       daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError("server did not start")
+            time.sleep(0.01)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+
+
+def _gateway(tmp: Path, name: str, sim: _Server, pii: bool) -> _Server:
+    policy = (
+        "version: 1\ndata_classes: [public, personal]\ndestinations:\n"
+        f"  - {{id: sim, host: 127.0.0.1, port: {sim.port}, region: eu, jurisdiction: EU, "
+        "operator: bench}\n"
+        "rules:\n  - {id: anyone, classes: [public, personal]}\n"
+        + ("pii:\n  default_class: personal\n" if pii else ""))
+    (tmp / f"{name}.yaml").write_text(policy)
+    settings = parse({
+        "models": [{"name": "m", "replicas": [{"url": sim.url, "destination": "sim"}]}],
+        "keys": [{"id": "k", "sha256": hashlib.sha256(KEY.encode()).hexdigest(),
+                  "models": ["m"], "data_class": "public"}],
+        "health": {"active": False},
+        "logging": {"access_log": False},
+        "policy": {"file": f"{name}.yaml", "guard": "off"},
+    })
+    runtime = start_egress(settings, tmp)
+    return _Server(create_app(settings, assemble(settings, tmp, egress=runtime)))
+
+
+def _ttft(client: httpx.Client, url: str, prompt: str) -> float:
+    body = {"model": "m", "stream": True, "max_tokens": 2,
+            "messages": [{"role": "user", "content": prompt}]}
+    t0 = time.perf_counter()
+    with client.stream("POST", url + "/v1/chat/completions", json=body,
+                       headers={"authorization": f"Bearer {KEY}"}) as resp:
+        resp.raise_for_status()
+        ttft = None
+        for line in resp.iter_lines():  # read to the end: the connection is reused
+            if ttft is None and line.startswith("data:"):
+                ttft = (time.perf_counter() - t0) * 1000.0
+    assert ttft is not None
+    return ttft
+
+
+def added_ttft(requests: int) -> dict[str, Any]:
+    sim = _Server(create_sim(SimConfig(models=["m"])))
+    with tempfile.TemporaryDirectory() as d:
+        off = _gateway(Path(d), "off", sim, pii=False)
+        on = _gateway(Path(d), "on", sim, pii=True)
+        try:
+            out: dict[str, Any] = {}
+            with httpx.Client(timeout=30) as client:
+                for with_ids in (False, True):
+                    prompt = _prompt(4, with_ids)
+                    for _ in range(5):  # warm both paths (connections, detector)
+                        _ttft(client, off.url, prompt)
+                        _ttft(client, on.url, prompt)
+                    t_off, t_on = [], []
+                    for _ in range(requests):
+                        t_off.append(_ttft(client, off.url, prompt))
+                        t_on.append(_ttft(client, on.url, prompt))
+                    p50_off, p50_on = statistics.median(t_off), statistics.median(t_on)
+                    out["with_identifiers" if with_ids else "clean"] = {
+                        "off_p50_ms": round(p50_off, 3), "on_p50_ms": round(p50_on, 3),
+                        "added_p50_ms": round(p50_on - p50_off, 3),
+                        "off_p95_ms": round(_pct(t_off, 0.95), 3),
+                        "on_p95_ms": round(_pct(t_on, 0.95), 3),
+                    }
+            return out
+        finally:
+            on.stop()
+            off.stop()
+            sim.stop()
+
+
+def accuracy(detector: Detector, per_entity: int) -> dict[str, Any]:
+    tp = fp = fn = 0
+    for sample, _ in generate(per_entity):
+        found = [(f.entity, f.start, f.end) for f in detector.scan(sample.text)]
+        a, b, c = score(found, sample.spans)
+        tp, fp, fn = tp + a, fp + b, fn + c
+    return {"true_positives": tp, "false_positives": fp, "false_negatives": fn,
+            "precision": round(tp / (tp + fp), 4), "recall": round(tp / (tp + fn), 4)}
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--requests", type=int, default=60, help="streamed requests per variant")
+    ap.add_argument("--per-entity", type=int, default=100, help="labelled samples per entity")
+    args = ap.parse_args(argv)
+    t0 = time.perf_counter()
+    detector = Detector()
+    result = {
+        "detector_build_s": round(time.perf_counter() - t0, 2),
+        "detection_cost": detection_cost(detector),
+        "added_ttft_4kb": added_ttft(args.requests),
+        "accuracy": accuracy(detector, args.per_entity),
+    }
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

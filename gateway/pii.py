@@ -1,0 +1,209 @@
+"""Sensitive data in requests: the policy's ``pii`` section applied before routing.
+
+The relay calls :meth:`PiiStage.inspect` right after the body is parsed and the key's class is
+resolved, before the model's replicas are chosen. The texts that reach a model are scanned
+(:data:`SCANNED_FIELDS`: chat ``messages``, completions ``prompt``, Responses ``input`` and
+``instructions``, embeddings ``input``); what the policy decides (:mod:`policy.pii.inspect`)
+then happens here:
+
+* a ``raise`` changes the request's data class, so the route table, egress rules, quotas and
+  flow-control lanes all see the raised class (a ``public`` key's request with an IBAN may only
+  go where ``personal`` may);
+* ``mask`` rewrites the body with ``<ENTITY>`` in place of each match before it is forwarded;
+* ``refuse`` answers 403 ``pii_refused`` naming the entity types (never the values);
+* a detector failure or timeout answers 503 ``pii_scan_failed`` for the classes the policy
+  fails closed for, and passes (recorded) for the others.
+
+With ``responses: record``, the text a model answered is scanned too, once the response has been
+sent (:class:`ResponseScan`: boundary-safe, an entity split across SSE events is found), and the
+counts are added to the record; responses are never masked.
+
+The request record carries the verdict (``record.pii``: entity types and counts, actions, class
+before and after, never matched text) for the audit log and the metrics.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+from gateway.auth import Principal
+from gateway.errors import SensitiveDataRefused, SensitiveDataScanFailed
+from gateway.records import RequestRecord
+from gateway.rewrite import ParsedBody, parse_body
+from policy import PiiPolicy, PiiRefused, PiiScanFailed, PiiVerdict, Policy
+
+__all__ = ["SCANNED_FIELDS", "PiiStage", "ResponseScan", "pii_stage", "response_texts"]
+
+#: Request fields scanned per relay path (the text a model reads).
+SCANNED_FIELDS: dict[str, tuple[str, ...]] = {
+    "/v1/chat/completions": ("messages",),
+    "/v1/completions": ("prompt",),
+    "/v1/responses": ("input", "instructions"),
+    "/v1/embeddings": ("input",),
+}
+
+
+def pii_stage(policy: Policy | None) -> PiiStage | None:
+    """The stage of ``policy``'s ``pii`` section (``None`` without one); builds its detector
+    now (Presidio imports, once per process; about 0.4 s per policy after that)."""
+    if policy is None or policy.pii is None:
+        return None
+    return PiiStage(policy.pii)
+
+
+class PiiStage:
+    """Scans a request and applies the policy's decision (see the module docstring).
+
+    Args:
+        pii: the policy's ``pii`` section; its detector is built here (start-up).
+    """
+
+    def __init__(self, pii: PiiPolicy) -> None:
+        self._pii = pii
+        pii.load()
+
+    async def inspect(self, path: str, principal: Principal, parsed: ParsedBody,
+                      record: RequestRecord) -> tuple[Principal, ParsedBody]:
+        """The request's principal (class raised) and body (masked) after the policy's decision.
+
+        Raises:
+            SensitiveDataRefused: 403 ``pii_refused`` naming the entity types.
+            SensitiveDataScanFailed: 503 ``pii_scan_failed`` (detector failed, class fails
+                closed).
+        """
+        fields = SCANNED_FIELDS.get(path)
+        if fields is None:
+            return principal, parsed
+        value = {f: parsed.values[f] for f in fields if f in parsed.values}
+        if not value:
+            return principal, parsed
+        try:
+            verdict = await self._pii.inspect_async(
+                value, principal.key_id, principal.team, principal.data_class)
+        except PiiRefused as exc:
+            if isinstance(exc.verdict, PiiVerdict):
+                record.detected(exc.verdict.as_record())
+            raise SensitiveDataRefused(exc.message, param=fields[0]) from exc
+        except PiiScanFailed as exc:
+            record.detected({"entities": {}, "actions": {}, "rules": {},
+                             "class_before": principal.data_class,
+                             "class_after": principal.data_class, "error": exc.code})
+            raise SensitiveDataScanFailed(exc.message) from exc
+        record.detected(verdict.as_record())
+        if verdict.to_mask:
+            parsed = _with(parsed, PiiPolicy.masked(value, verdict))
+        if verdict.class_after != principal.data_class:
+            principal = dataclasses.replace(principal, data_class=verdict.class_after)
+            record.identify(principal.key_id, principal.team, principal.data_class)
+        return principal, parsed
+
+    def response_scan(self, path: str) -> ResponseScan | None:
+        """A collector of the response's text when ``pii.responses`` is ``record`` and the
+        path is scanned (embeddings answer vectors: not scanned)."""
+        section = self._pii.section
+        if section.responses == "off" or path not in SCANNED_FIELDS or path == "/v1/embeddings":
+            return None
+        return ResponseScan(self._pii, section.response_max_bytes)
+
+
+def _with(parsed: ParsedBody, fields: dict[str, Any]) -> ParsedBody:
+    """``parsed`` with top-level ``fields`` replaced (the body re-encoded; the client's
+    formatting is not kept, its values and key order are)."""
+    body = json.loads(parsed.text)
+    body.update(fields)
+    return parse_body(json.dumps(body, ensure_ascii=False).encode("utf-8"))
+
+
+class ResponseScan:
+    """A response's text, collected as it is sent and scanned once at its end (record mode).
+
+    The relay hands every body chunk sent to the client to :meth:`tap` (the responder's content
+    tap: a copy, bounded by ``pii.response_max_bytes``); :meth:`finish` then joins the text of
+    every SSE event (``delta.content``, ``text``, Responses ``delta``), per choice, so an entity
+    split across events (``"DE89 3704"`` + ``" 0044 ..."``) is one string when scanned. The scan
+    runs after the last byte went to the client: it costs no time to first token.
+
+    Args:
+        pii: the policy's ``pii`` section.
+        limit: bytes kept; a longer response is recorded as not scanned.
+    """
+
+    def __init__(self, pii: PiiPolicy, limit: int) -> None:
+        self._pii = pii
+        self._limit = limit
+        self._buf = bytearray()
+        self._over = False
+
+    def tap(self, chunk: bytes) -> None:
+        """Keep a copy of one body chunk (until the limit)."""
+        if len(self._buf) + len(chunk) > self._limit:
+            self._over = True
+        elif not self._over:
+            self._buf += chunk
+
+    async def finish(self, record: RequestRecord) -> None:
+        """Scan the collected text and add ``response_entities`` (and ``response_error``) to
+        the record's ``pii`` verdict."""
+        counts: dict[str, int] = {}
+        error: str | None = None
+        if self._over:
+            error = "response larger than pii.response_max_bytes: not scanned"
+        else:
+            texts = response_texts(bytes(self._buf))
+            if texts:
+                counts, error = await self._pii.scan_async(texts)
+        verdict = dict(record.pii or {})
+        verdict["response_entities"] = counts
+        if error is not None:
+            verdict["response_error"] = error
+        record.detected(verdict)
+
+
+def response_texts(body: bytes) -> list[str]:
+    """The generated text of a JSON or SSE response body, one string per choice/output.
+
+    Chat (``choices[].message.content``, ``choices[].delta.content``), completions
+    (``choices[].text``) and Responses (``output[].content[].text``,
+    ``response.output_text.delta`` events); tool-call arguments are included.
+    """
+    parts: dict[tuple[str, int], list[str]] = {}
+    text = body.decode("utf-8", "replace")
+    if text.lstrip().startswith("{"):
+        events = [text]
+    else:
+        events = [line[5:].strip() for line in text.splitlines() if line.startswith("data:")]
+    for event in events:
+        if event == "[DONE]":
+            continue
+        try:
+            obj = json.loads(event)
+        except ValueError:
+            continue
+        if isinstance(obj, dict):
+            _collect(obj, parts)
+    return ["".join(p) for p in parts.values() if p]
+
+
+def _collect(obj: dict[str, Any], parts: dict[tuple[str, int], list[str]]) -> None:
+    for choice in obj.get("choices") or ():
+        if not isinstance(choice, dict):
+            continue
+        out = parts.setdefault(("choice", int(choice.get("index") or 0)), [])
+        for holder in (choice.get("message"), choice.get("delta"), choice):
+            if not isinstance(holder, dict):
+                continue
+            for key in ("content", "text", "reasoning_content"):
+                if isinstance(holder.get(key), str):
+                    out.append(holder[key])
+            for call in holder.get("tool_calls") or ():
+                fn = call.get("function") if isinstance(call, dict) else None
+                if isinstance(fn, dict) and isinstance(fn.get("arguments"), str):
+                    out.append(fn["arguments"])
+    if isinstance(obj.get("delta"), str):  # Responses: response.output_text.delta
+        parts.setdefault(("output", int(obj.get("output_index") or 0)), []).append(obj["delta"])
+    for i, item in enumerate(obj.get("output") or ()):  # Responses, not streamed
+        for c in (item.get("content") or ()) if isinstance(item, dict) else ():
+            if isinstance(c, dict) and isinstance(c.get("text"), str):
+                parts.setdefault(("output", i), []).append(c["text"])
