@@ -216,13 +216,14 @@ def assemble(
     """
     from gateway.audit.observer import checked_build
     from gateway.egress import load_policy, wire_egress
+    from gateway.identity.build import wrap_identity
     from gateway.quotas.wiring import build_authenticator, build_quota_hook
     from gateway.telemetry import Telemetry, check_telemetry
     from gateway.tls_files import check_tls_files
     from policy import EgressMatcher
 
     policy = egress.policy if egress is not None else load_policy(settings, base)
-    authenticator = build_authenticator(settings)
+    authenticator = wrap_identity(settings, build_authenticator(settings))  # gateway.identity
     telemetry_settings = check_telemetry(settings, policy)
     check_tls_files(settings)
     audit = checked_build(settings)  # reads the key files; the store opens in the lifespan
@@ -308,6 +309,7 @@ def reassemble(running: Gateway, settings: GatewaySettings, base: Path | None = 
     """
     from gateway.egress import load_policy, wire_egress
     from gateway.errors import ConfigError
+    from gateway.identity.build import wrap_identity
     from gateway.keystore.auth import ManagedKeyAuthenticator
     from policy import EgressMatcher
 
@@ -334,8 +336,10 @@ def reassemble(running: Gateway, settings: GatewaySettings, base: Path | None = 
         )
     ring = KeyRing(settings.keys)
     authenticator: Authenticator = ring
-    if isinstance(running.authenticator, ManagedKeyAuthenticator):  # keep its started cache
-        authenticator = ManagedKeyAuthenticator(ring, running.authenticator.cache)
+    keys = getattr(running.authenticator, "keys", running.authenticator)  # under identity
+    if isinstance(keys, ManagedKeyAuthenticator):  # keep its started cache
+        authenticator = ManagedKeyAuthenticator(ring, keys.cache)
+    authenticator = wrap_identity(settings, authenticator)  # JWKS files read and pinned again
     router = Router(settings, reuse=running.router)
     route_policy: RoutePolicy = AllowAll()
     if policy is not None:

@@ -157,6 +157,7 @@ class RequestRecord:
     content_hmac: bool = False
     route: dict[str, Any] | None = None
     flow: dict[str, Any] | None = None
+    identity: dict[str, Any] | None = None
 
     @classmethod
     def for_scope(cls, scope: Mapping[str, Any]) -> RequestRecord:

@@ -139,6 +139,8 @@ class AuditObserver:
             "route": getattr(record, "route", None),
             "flow": getattr(record, "flow", None),
             "bytes_in": record.bytes_in,
+            # gateway.identity: who (pseudonymised) and what verified it; keys have none
+            **({"identity": record.identity} if record.identity is not None else {}),
         }
 
     def _end_fields(self, record: RequestRecord) -> dict[str, Any]:

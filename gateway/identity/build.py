@@ -1,0 +1,67 @@
+"""Building the identity authenticator from the settings (start-up and every live reload).
+
+Every JWKS file is read and checked against its pin here; any problem is a
+:class:`~gateway.errors.ConfigError` naming the key, so a reload with a changed or broken JWKS
+is refused whole and the running key sets stay (:mod:`gateway.reload`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from gateway.audit.errors import AuditError
+from gateway.audit.pseudonym import load_pseudonymizer
+from gateway.auth import Authenticator
+from gateway.errors import ConfigError
+from gateway.identity.auth import IdentityAuthenticator
+from gateway.identity.jwks import load_jwks
+from gateway.identity.mtls import MtlsVerifier
+from gateway.identity.settings import IdentitySettings
+from gateway.identity.verify import IssuerKeys, JwtVerifier
+
+__all__ = ["identity_files", "wrap_identity"]
+
+
+def wrap_identity(settings: Any, keys: Authenticator) -> Authenticator:
+    """``keys`` wrapped by the identity authenticator of ``settings.identity`` (or ``keys``
+    itself when there is no ``identity:`` section).
+
+    Raises:
+        ConfigError: A JWKS file unreadable, invalid or not matching its pin; the trust bundle
+            unreadable; no pseudonym key (``identity.pseudonym_key_file`` or
+            ``audit.pseudonym_key_file``).
+    """
+    section: IdentitySettings | None = getattr(settings, "identity", None)
+    if section is None:
+        return keys
+    issuers = [
+        IssuerKeys(i, load_jwks(i.jwks_file, i.jwks_sha256, i.algorithms,
+                                f"identity.issuers[{n}]"))
+        for n, i in enumerate(section.issuers)
+    ]
+    key_file = section.pseudonym_key_file
+    audit = getattr(settings, "audit", None)
+    if key_file is None and audit is not None:
+        key_file = audit.pseudonym_key_file
+    if key_file is None:
+        raise ConfigError("identity.pseudonym_key_file: required (subjects are recorded only as "
+                          "pseudonyms) when there is no audit section with a pseudonym key")
+    try:
+        pseudo = load_pseudonymizer(key_file)
+    except AuditError as exc:
+        raise ConfigError(f"identity.pseudonym_key_file: {exc}") from exc
+    mtls = (MtlsVerifier(section.mtls.trust_bundle_file) if section.mtls is not None else None)
+    return IdentityAuthenticator(keys, section, JwtVerifier(issuers) if issuers else None,
+                                 pseudo, mtls)
+
+
+def identity_files(settings: Any) -> list[Path]:
+    """The files the identity section reads (watched by the live reload)."""
+    section: IdentitySettings | None = getattr(settings, "identity", None)
+    if section is None:
+        return []
+    out = [i.jwks_file for i in section.issuers]
+    if section.mtls is not None:
+        out.append(section.mtls.trust_bundle_file)
+    return out

@@ -1,0 +1,89 @@
+"""Claims mapping: the first :class:`IdentityRule` whose ``match`` holds decides what a verified
+caller may do (team, models, data class). Pure functions over the claims, so ``policy explain``
+and the request path give the same answer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.identity.errors import IdentityNotAllowed
+from gateway.identity.settings import IdentityRule
+
+__all__ = ["Decision", "claim_value", "decide"]
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What a rule decided.
+
+    Attributes:
+        rule: The rule id.
+        team: Team (from the rule, or its ``team_claim``).
+        models: Models allowed.
+        data_class: Data class.
+        decided_by: The claims (name, matched value) that made the rule hold.
+    """
+
+    rule: str
+    team: str | None
+    models: frozenset[str]
+    data_class: str
+    decided_by: tuple[tuple[str, str], ...]
+
+
+def claim_value(claims: Mapping[str, Any], name: str) -> Any:
+    """The claim ``name``; a dotted name walks nested objects (``realm_access.roles``).
+    ``None`` when absent."""
+    if name in claims:
+        return claims[name]
+    value: Any = claims
+    for part in name.split("."):
+        if not isinstance(value, Mapping) or part not in value:
+            return None
+        value = value[part]
+    return value
+
+
+def _matched(value: Any, wanted: str | list[str]) -> str | None:
+    options = [wanted] if isinstance(wanted, str) else wanted
+    have = value if isinstance(value, list) else [value]
+    for item in have:
+        if isinstance(item, (str, int, float, bool)) and not isinstance(item, dict):
+            text = str(item).lower() if isinstance(item, bool) else str(item)
+            if text in options:
+                return text
+    return None
+
+
+def decide(rules: Sequence[IdentityRule], issuer: str, claims: Mapping[str, Any]) -> Decision:
+    """The decision of the first rule that holds for ``claims`` of ``issuer``.
+
+    Raises:
+        IdentityNotAllowed: No rule holds (403 ``identity_not_mapped``), or the matching
+            rule's ``team_claim`` is missing or not a string.
+    """
+    for rule in rules:
+        if rule.issuer is not None and rule.issuer != issuer:
+            continue
+        decided: list[tuple[str, str]] = []
+        for name, wanted in rule.match.items():
+            hit = _matched(claim_value(claims, name), wanted)
+            if hit is None:
+                break
+            decided.append((name, hit))
+        else:
+            team = rule.team
+            if rule.team_claim is not None:
+                value = claim_value(claims, rule.team_claim)
+                if not isinstance(value, str) or not value:
+                    raise IdentityNotAllowed(
+                        f"The identity has no {rule.team_claim!r} claim naming its team "
+                        f"(rule {rule.id}).")
+                team = value
+                decided.append((rule.team_claim, value))
+            return Decision(rule.id, team, frozenset(rule.models), rule.data_class,
+                            tuple(decided))
+    raise IdentityNotAllowed("The identity is verified but no identity rule grants it access.")
