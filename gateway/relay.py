@@ -303,7 +303,11 @@ def _read_head(state: GatewayState, scope: Scope) -> _Head:
 def _authenticate(
     state: GatewayState, head: _Head, record: RequestRecord, scope: Scope
 ) -> Principal:
-    principal: Principal = state.authenticator.authenticate(bearer_token(head.auth), scope)
+    try:
+        principal: Principal = state.authenticator.authenticate(bearer_token(head.auth), scope)
+    except GatewayError as exc:  # gateway.identity: a verified caller that no rule admits
+        record.identity = getattr(exc, "identity", None)
+        raise
     record.identify(principal.key_id, principal.team, principal.data_class)
     if principal.identity is not None:  # gateway.identity: who, and what verified it
         record.identity = principal.identity.audit_fields()

@@ -51,8 +51,12 @@ from gateway.audit import (
     write_key_pair,
 )
 from gateway.audit.checkpoint import DEFAULT_KEY_NAME
+from gateway.audit.pseudonym import PREFIX as PSEUDONYM_PREFIX
+from gateway.audit.pseudonym import load_pseudonymizer
+from gateway.audit.query import subject_records
 from gateway.audit.records import Record
 from gateway.audit.verify import VerifyReport
+from gateway.identity.auth import subject_pseudonym
 
 T = TypeVar("T")
 
@@ -219,10 +223,24 @@ def export(
     until: Annotated[str | None, typer.Option(help="ISO 8601 end (exclusive, UTC).")] = None,
     fmt: Annotated[str, typer.Option("--format", help="Output format: jsonl.")] = "jsonl",
     out: Annotated[Path | None, typer.Option(help="Write here instead of stdout.")] = None,
+    subject: Annotated[str | None, typer.Option(
+        "--subject", help="Only this data subject's records: its pseudonym "
+        "(hmac-sha256:...), or ISSUER SUBJECT with --issuer (needs the pseudonym key).")] = None,
+    issuer: Annotated[str | None, typer.Option(
+        "--issuer", help="The token issuer of --subject (then --subject is the plain subject "
+        "claim, pseudonymised with the pseudonym key; 'mtls' for client certificates).")] = None,
+    pseudonym_key: Annotated[Path | None, typer.Option(
+        "--pseudonym-key", help="Pseudonym key file (default: --config's "
+        "audit.pseudonym_key_file).")] = None,
 ) -> None:
-    """Export records in a time range as JSON lines (the canonical record bytes)."""
+    """Export records in a time range as JSON lines (the canonical record bytes).
+
+    With ``--subject``: only one person's or workload's records (a data-subject access request):
+    the requests whose verified identity is that subject, with their completion records.
+    """
     if fmt != "jsonl":
         raise typer.BadParameter("only jsonl is supported", param_hint="--format")
+    wanted = _subject_pseudonym(ctx, subject, issuer, pseudonym_key, config)
     since_us, until_us = _parse_time(since, "--since"), _parse_time(until, "--until")
     if since_us is not None and until_us is not None and since_us >= until_us:
         raise CliError("usage_error", f"--since {since} is not before --until {until}: the "
@@ -236,7 +254,10 @@ def export(
         try:
             # --out: the file appears complete or not at all (interrupted, disk full)
             with atomic_file(out) if out else _stdout() as fh:
-                async for rec in export_records(st, since_us, until_us):
+                records = export_records(st, since_us, until_us)
+                if wanted is not None:
+                    records = subject_records(records, wanted)
+                async for rec in records:
                     fh.write(rec.body.decode("utf-8") + "\n")
                     n += 1
         except BrokenPipeError:
@@ -250,6 +271,33 @@ def export(
     n = _run(ctx, go())
     if out:
         typer.echo(f"exported {n} records to {out}", err=True)
+
+
+def _subject_pseudonym(ctx: typer.Context, subject: str | None, issuer: str | None,
+                       key_file: Path | None, config: Path | None) -> str | None:
+    """The pseudonym to filter on: ``--subject`` as given, or (with ``--issuer``) the plain
+    subject pseudonymised with the pseudonym key, as the gateway recorded it."""
+    if subject is None:
+        if issuer is not None:
+            raise typer.BadParameter("--issuer needs --subject", param_hint="--issuer")
+        return None
+    if issuer is None:
+        if not subject.startswith(PSEUDONYM_PREFIX):
+            raise typer.BadParameter(
+                f"give the pseudonym ({PSEUDONYM_PREFIX}...), or the subject with --issuer",
+                param_hint="--subject")
+        return subject
+    if key_file is None:
+        settings = _audit_settings(ctx, config)
+        if settings is None:
+            raise _fail(AuditConfigError("--issuer needs the pseudonym key: give "
+                                         "--pseudonym-key FILE or --config FILE"))
+        key_file = settings.pseudonym_key_file
+    try:
+        pseudo = load_pseudonymizer(key_file)
+    except AuditError as exc:
+        raise _fail(exc) from exc
+    return subject_pseudonym(pseudo, issuer, subject)
 
 
 class _stdout:

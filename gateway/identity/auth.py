@@ -123,10 +123,17 @@ class IdentityAuthenticator:
         if not isinstance(subject, str) or not subject:
             raise TokenRejected(f"The token lacks the subject claim {subject_claim!r}.",
                                 "token_claim_missing")
-        d = decide(self.settings.rules, issuer, claims)
+        pseudonym = subject_pseudonym(self._pseudo, issuer, subject)
+        try:
+            d = decide(self.settings.rules, issuer, claims)
+        except IdentityNotAllowed as exc:
+            # Verified but refused: the audit record still says who (gateway.relay).
+            exc.identity = {"method": "jwt", "issuer": issuer, "subject": pseudonym,
+                            "rule": None, "kid": kid, "jwks_sha256": jwks_sha256}
+            raise
         return Identity(
             method="jwt" if kid is not None or issuer != "mtls" else "mtls",
-            issuer=issuer, subject=subject_pseudonym(self._pseudo, issuer, subject),
+            issuer=issuer, subject=pseudonym,
             team=d.team, models=d.models, data_class=d.data_class, rule=d.rule,
             decided_by=d.decided_by, kid=kid, jwks_sha256=jwks_sha256,
         )
@@ -143,9 +150,15 @@ class IdentityAuthenticator:
         assert self.mtls is not None
         names, fingerprint = self.mtls.verify(chain)
         subject = names.get("spiffe_id") or names.get("subject_cn") or fingerprint
-        d = decide(self.settings.rules, "mtls", names)
+        pseudonym = subject_pseudonym(self._pseudo, "mtls", subject)
+        try:
+            d = decide(self.settings.rules, "mtls", names)
+        except IdentityNotAllowed as exc:
+            exc.identity = {"method": "mtls", "issuer": "mtls", "subject": pseudonym,
+                            "rule": None, "cert_sha256": fingerprint}
+            raise
         return Identity(
-            method="mtls", issuer="mtls", subject=subject_pseudonym(self._pseudo, "mtls", subject),
+            method="mtls", issuer="mtls", subject=pseudonym,
             team=d.team, models=d.models, data_class=d.data_class, rule=d.rule,
             decided_by=d.decided_by, cert_sha256=fingerprint,
         )

@@ -9,6 +9,8 @@ Tree::
 
 from __future__ import annotations
 
+from typing import Any
+
 from gateway.errors import GatewayError
 
 __all__ = ["IdentityNotAllowed", "TokenRejected"]
@@ -42,3 +44,5 @@ class IdentityNotAllowed(GatewayError):
 
     def __init__(self, message: str, code: str = "identity_not_mapped") -> None:
         super().__init__(message, code=code)
+        self.identity: dict[str, Any] | None = None
+        """The verified identity's audit fields when it was verified and then refused."""

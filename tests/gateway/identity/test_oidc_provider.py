@@ -10,6 +10,7 @@ import hashlib
 import json
 import shutil
 import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -210,3 +211,26 @@ def test_provider_tokens_rotation_and_audit(
     assert "ci-bot" not in json.dumps(started[rid])
     denied = [r for r in gw.records("request.denied") if r.get("error_code") == "token_key_unknown"]
     assert denied, "refused tokens are audited with their code"
+    intruder = [r for r in gw.records("request.denied")
+                if r.get("error_code") == "identity_not_mapped"]
+    assert intruder[0]["identity"]["subject"] == subject_pseudonym(
+        pseudo, provider.issuer, "intruder")  # verified, then refused: still says who
+
+    # A data-subject access request: only ci-bot's requests, found from the plain subject by
+    # the holder of the pseudonym key.
+    res = subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "audit", "export", "--config", str(gw.path),
+         "--subject", "ci-bot", "--issuer", provider.issuer],
+        capture_output=True, text=True, check=False)
+    assert res.returncode == 0, res.stderr
+    rows = [json.loads(line) for line in res.stdout.splitlines()]
+    mine = {r["data"]["request_id"] for r in rows}
+    assert {rid, rid_new} <= mine
+    assert {r["type"] for r in rows} == {"request.started", "request.completed"}
+    assert all(r["data"].get("identity", {"subject": expected})["subject"] == expected
+               for r in rows)
+    assert intruder[0]["request_id"] not in mine
+    by_pseudonym = subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "audit", "export", "--store", gw.store,
+         "--subject", expected], capture_output=True, text=True, check=True)
+    assert by_pseudonym.stdout == res.stdout
