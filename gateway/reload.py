@@ -74,6 +74,7 @@ RELOADABLE: tuple[KeyPath, ...] = (
     ("quotas", "defaults"),
     ("quotas", "keys"),
     ("quotas", "teams"),
+    ("quotas", "orgs"),
     ("flow_control", "keys"),
     ("flow_control", "teams"),
     ("identity",),

@@ -134,7 +134,7 @@ class IdentityAuthenticator:
         return Identity(
             method="jwt" if kid is not None or issuer != "mtls" else "mtls",
             issuer=issuer, subject=pseudonym,
-            team=d.team, models=d.models, data_class=d.data_class, rule=d.rule,
+            team=d.team, org=d.org, models=d.models, data_class=d.data_class, rule=d.rule,
             decided_by=d.decided_by, kid=kid, jwks_sha256=jwks_sha256,
         )
 
@@ -159,7 +159,7 @@ class IdentityAuthenticator:
             raise
         return Identity(
             method="mtls", issuer="mtls", subject=pseudonym,
-            team=d.team, models=d.models, data_class=d.data_class, rule=d.rule,
+            team=d.team, org=d.org, models=d.models, data_class=d.data_class, rule=d.rule,
             decided_by=d.decided_by, cert_sha256=fingerprint,
         )
 

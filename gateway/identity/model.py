@@ -23,6 +23,7 @@ class Identity:
         subject: Pseudonym of the subject (``hmac-sha256:<hex>`` under the pseudonym key; the
             subject itself is never kept).
         team: Team decided by the rule.
+        org: Organisation decided by the rule (a quota budget shared across teams).
         models: Models the caller may use (``*``: all).
         data_class: Data class decided by the rule.
         rule: Id of the rule that decided.
@@ -36,6 +37,7 @@ class Identity:
     issuer: str
     subject: str
     team: str | None
+    org: str | None
     models: frozenset[str]
     data_class: str
     rule: str
@@ -56,6 +58,7 @@ class Identity:
             "method": self.method,
             "issuer": self.issuer,
             "subject": self.subject,
+            "org": self.org,
             "rule": self.rule,
             "decided_by": {name: value for name, value in self.decided_by},
             "kid": self.kid,

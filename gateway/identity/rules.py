@@ -22,6 +22,7 @@ class Decision:
     Attributes:
         rule: The rule id.
         team: Team (from the rule, or its ``team_claim``).
+        org: Organisation (from the rule, or its ``org_claim``).
         models: Models allowed.
         data_class: Data class.
         decided_by: The claims (name, matched value) that made the rule hold.
@@ -29,6 +30,7 @@ class Decision:
 
     rule: str
     team: str | None
+    org: str | None
     models: frozenset[str]
     data_class: str
     decided_by: tuple[tuple[str, str], ...]
@@ -58,12 +60,24 @@ def _matched(value: Any, wanted: str | list[str]) -> str | None:
     return None
 
 
+def _named(claims: Mapping[str, Any], fixed: str | None, claim: str | None, rule: str,
+           what: str, decided: list[tuple[str, str]]) -> str | None:
+    if claim is None:
+        return fixed
+    value = claim_value(claims, claim)
+    if not isinstance(value, str) or not value:
+        raise IdentityNotAllowed(
+            f"The identity has no {claim!r} claim naming its {what} (rule {rule}).")
+    decided.append((claim, value))
+    return value
+
+
 def decide(rules: Sequence[IdentityRule], issuer: str, claims: Mapping[str, Any]) -> Decision:
     """The decision of the first rule that holds for ``claims`` of ``issuer``.
 
     Raises:
         IdentityNotAllowed: No rule holds (403 ``identity_not_mapped``), or the matching
-            rule's ``team_claim`` is missing or not a string.
+            rule's ``team_claim`` or ``org_claim`` is missing or not a string.
     """
     for rule in rules:
         if rule.issuer is not None and rule.issuer != issuer:
@@ -75,15 +89,8 @@ def decide(rules: Sequence[IdentityRule], issuer: str, claims: Mapping[str, Any]
                 break
             decided.append((name, hit))
         else:
-            team = rule.team
-            if rule.team_claim is not None:
-                value = claim_value(claims, rule.team_claim)
-                if not isinstance(value, str) or not value:
-                    raise IdentityNotAllowed(
-                        f"The identity has no {rule.team_claim!r} claim naming its team "
-                        f"(rule {rule.id}).")
-                team = value
-                decided.append((rule.team_claim, value))
-            return Decision(rule.id, team, frozenset(rule.models), rule.data_class,
+            team = _named(claims, rule.team, rule.team_claim, rule.id, "team", decided)
+            org = _named(claims, rule.org, rule.org_claim, rule.id, "organisation", decided)
+            return Decision(rule.id, team, org, frozenset(rule.models), rule.data_class,
                             tuple(decided))
     raise IdentityNotAllowed("The identity is verified but no identity rule grants it access.")

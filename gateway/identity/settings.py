@@ -127,6 +127,8 @@ class IdentityRule(_Frozen):
         match: Conditions, all of which must hold.
         team: Team of the caller (quotas and flow-control classes by team apply).
         team_claim: Take the team from this claim instead (a string claim such as ``tenant``).
+        org: Organisation of the caller (``quotas.orgs``: a budget shared across teams).
+        org_claim: Take the organisation from this claim instead.
         models: Models the caller may use (``*``: all).
         data_class: Data class of the caller's traffic (egress policy).
     """
@@ -136,6 +138,8 @@ class IdentityRule(_Frozen):
     match: dict[str, str | list[str]] = Field(default_factory=dict)
     team: str | None = None
     team_claim: str | None = None
+    org: str | None = None
+    org_claim: str | None = None
     models: list[str] = Field(default_factory=list)
     data_class: str = "internal"
 
