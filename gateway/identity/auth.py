@@ -3,13 +3,14 @@ certificates beside API keys.
 
 :class:`IdentityAuthenticator` wraps the key authenticator (config keys, managed keys). Per
 request it takes the credential the path accepts (``identity.accept``, or ``identity.routes``
-for the path): a token shaped like a JWT is verified (:mod:`gateway.identity.verify`) and its
-claims mapped (:mod:`gateway.identity.rules`); a client certificate of the TLS connection
-(ASGI TLS extension) is verified against the trust bundle (:mod:`gateway.identity.mtls`);
-anything else is an API key for the wrapped authenticator. The result is a
-:class:`~gateway.auth.Principal` whose ``key_id`` is ``id:`` + the subject's pseudonym and whose
-``identity`` carries the verified :class:`~gateway.identity.model.Identity`, so routing, policy,
-quotas and flow control treat it as they treat a key.
+for the path), in this order: a bearer token shaped like a JWT is verified
+(:mod:`gateway.identity.verify`) and its claims mapped (:mod:`gateway.identity.rules`); else a
+client certificate of the TLS connection (ASGI TLS extension) is verified against the trust
+bundle (:mod:`gateway.identity.mtls`); else the bearer value is an API key for the wrapped
+authenticator. The result is a :class:`~gateway.auth.Principal` whose ``key_id`` is ``id:`` +
+the subject's pseudonym and whose ``identity`` carries the verified
+:class:`~gateway.identity.model.Identity`, so routing, policy, quotas and flow control treat it
+as they treat a key.
 """
 
 from __future__ import annotations
@@ -94,11 +95,9 @@ class IdentityAuthenticator:
                                          "credential_not_accepted")
             return self._principal(self._from_token(token))
         chain = peer_chain(scope) if scope is not None and self.mtls is not None else None
-        if token is None and chain:
-            assert self.mtls is not None
-            if "mtls" not in accept:
-                raise IdentityNotAllowed("Client certificates are not accepted on this path.",
-                                         "credential_not_accepted")
+        if chain and "mtls" in accept:
+            # A verified client certificate outranks an API key on the same request (an SDK
+            # always sends some api_key); a bearer JWT was taken above.
             return self._principal(self._from_cert(chain))
         if "key" not in accept:
             if token is None:

@@ -7,6 +7,7 @@ is refused whole and the running key sets stay (:mod:`gateway.reload`).
 
 from __future__ import annotations
 
+import ssl
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ from gateway.identity.mtls import MtlsVerifier
 from gateway.identity.settings import IdentitySettings
 from gateway.identity.verify import IssuerKeys, JwtVerifier
 
-__all__ = ["identity_files", "wrap_identity"]
+__all__ = ["client_cert_options", "identity_files", "wrap_identity"]
 
 
 def wrap_identity(settings: Any, keys: Authenticator) -> Authenticator:
@@ -65,3 +66,18 @@ def identity_files(settings: Any) -> list[Path]:
     if section.mtls is not None:
         out.append(section.mtls.trust_bundle_file)
     return out
+
+
+def client_cert_options(settings: Any) -> dict[str, Any]:
+    """uvicorn TLS options asking for client certificates when ``identity.mtls`` is set.
+
+    ``CERT_OPTIONAL``: a client may still come with an API key or a bearer token; a client
+    certificate it does present must chain to the trust bundle, or the handshake fails (a
+    certificate of another CA never reaches the app). The app verifies the chain again
+    (:class:`~gateway.identity.mtls.MtlsVerifier`).
+    """
+    section: IdentitySettings | None = getattr(settings, "identity", None)
+    if section is None or section.mtls is None:
+        return {}
+    return {"ssl_ca_certs": str(section.mtls.trust_bundle_file),
+            "ssl_cert_reqs": ssl.CERT_OPTIONAL}
