@@ -18,6 +18,7 @@ from gateway.assembly import assemble, reassemble
 from gateway.audit import generate_key_file
 from gateway.errors import ConfigError
 from gateway.identity.auth import IdentityAuthenticator
+from gateway.identity.errors import TokenRejected
 from gateway.reload import Reloader
 from gateway.settings import GatewaySettings
 from tests.gateway.gateway_server import GuardedServer
@@ -199,3 +200,19 @@ def test_bad_jwks_files_are_refused(sim: Sim, idp: Idp, jwks: dict[str, Any],
 def test_symmetric_algorithms_are_refused_in_config(sim: Sim, idp: Idp) -> None:
     with pytest.raises(ConfigError, match=r"identity\.issuers\.0\.algorithms|HS256"):
         idp.settings(sim.url, algorithms=["HS256"])
+
+
+def test_a_remembered_token_still_expires(sim: Sim, idp: Idp) -> None:
+    auth = assemble(idp.settings(sim.url, clock_skew_s=0)).authenticator
+    assert isinstance(auth, IdentityAuthenticator)
+    exp = int(time.time()) + 2
+    token = idp.rsa.token(exp=exp)
+    first = auth.authenticate(token)
+    assert auth.authenticate(token) is first  # the second use is remembered
+    deadline = time.monotonic() + 10
+    while time.time() < exp + 0.05:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    with pytest.raises(TokenRejected) as info:
+        auth.authenticate(token)
+    assert info.value.code == "token_expired"
