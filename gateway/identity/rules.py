@@ -37,16 +37,20 @@ class Decision:
 
 
 def claim_value(claims: Mapping[str, Any], name: str) -> Any:
-    """The claim ``name``; a dotted name walks nested objects (``realm_access.roles``).
-    ``None`` when absent."""
+    """The claim ``name``; a dotted name walks nested objects (``realm_access.roles``), and a
+    claim whose own name has dots is found too (``kubernetes.io.namespace``: the claim
+    ``kubernetes.io``, then its ``namespace``). ``None`` when absent."""
     if name in claims:
         return claims[name]
-    value: Any = claims
-    for part in name.split("."):
-        if not isinstance(value, Mapping) or part not in value:
-            return None
-        value = value[part]
-    return value
+    parts = name.split(".")
+    for cut in range(1, len(parts)):
+        head = ".".join(parts[:cut])
+        inner = claims.get(head)
+        if isinstance(inner, Mapping):
+            found = claim_value(inner, ".".join(parts[cut:]))
+            if found is not None:
+                return found
+    return None
 
 
 def _matched(value: Any, wanted: str | list[str]) -> str | None:

@@ -77,3 +77,16 @@ def test_a_refused_token_exits_1_with_its_code(tmp_path: Path) -> None:
         res = gateway("identity", "explain", "--config", str(path), "--token", token, "--json")
         assert res.exit_code == 1, res.output
         assert json.loads(res.output)["code"] == code
+
+
+def test_nested_and_dotted_claim_names() -> None:
+    from gateway.identity.rules import claim_value
+
+    sa = {"sub": "system:serviceaccount:ml:scorer",
+          "kubernetes.io": {"namespace": "ml", "serviceaccount": {"name": "scorer"}},
+          "realm_access": {"roles": ["chat"]}}
+    assert claim_value(sa, "kubernetes.io.namespace") == "ml"
+    assert claim_value(sa, "kubernetes.io.serviceaccount.name") == "scorer"
+    assert claim_value(sa, "realm_access.roles") == ["chat"]
+    assert claim_value(sa, "kubernetes.io.missing") is None
+    assert claim_value(sa, "nope.namespace") is None
