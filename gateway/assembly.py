@@ -223,7 +223,8 @@ def assemble(
     from policy import EgressMatcher
 
     policy = egress.policy if egress is not None else load_policy(settings, base)
-    authenticator = wrap_identity(settings, build_authenticator(settings))  # gateway.identity
+    authenticator = wrap_identity(settings, build_authenticator(settings),  # gateway.identity
+                                  policy=policy)
     telemetry_settings = check_telemetry(settings, policy)
     check_tls_files(settings)
     audit = checked_build(settings)  # reads the key files; the store opens in the lifespan
@@ -339,7 +340,9 @@ def reassemble(running: Gateway, settings: GatewaySettings, base: Path | None = 
     keys = getattr(running.authenticator, "keys", running.authenticator)  # under identity
     if isinstance(keys, ManagedKeyAuthenticator):  # keep its started cache
         authenticator = ManagedKeyAuthenticator(ring, keys.cache)
-    authenticator = wrap_identity(settings, authenticator)  # JWKS files read and pinned again
+    # JWKS files read and pinned again; started jwks_uri fetchers kept
+    authenticator = wrap_identity(settings, authenticator, policy=policy,
+                                  running=running.authenticator)
     router = Router(settings, reuse=running.router)
     route_policy: RoutePolicy = AllowAll()
     if policy is not None:

@@ -61,7 +61,7 @@ def explain(
             verified = auth.verifier.verify(token)
             identity = auth.identity_of_claims(
                 verified.issuer.settings.issuer, verified.claims, kid=verified.kid,
-                jwks_sha256=verified.issuer.keyset.sha256)
+                jwks_sha256=verified.jwks_sha256)
         else:
             assert claims is not None
             doc = json.loads(read_input_text(claims))

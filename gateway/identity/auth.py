@@ -24,6 +24,7 @@ from gateway.audit.pseudonym import Pseudonymizer
 from gateway.auth import Authenticator, Principal
 from gateway.errors import AuthenticationFailed
 from gateway.identity.errors import IdentityNotAllowed, TokenRejected
+from gateway.identity.fetch import JwksFetcher
 from gateway.identity.model import Identity
 from gateway.identity.mtls import MtlsVerifier, peer_chain
 from gateway.identity.rules import decide
@@ -70,14 +71,24 @@ class IdentityAuthenticator:
         self._verified: dict[str, tuple[Principal, float]] = {}  # token -> (principal, until)
         self._routes = {path: frozenset(m) for path, m in settings.routes.items()}
 
+    @property
+    def fetchers(self) -> list[JwksFetcher]:
+        """The ``jwks_uri`` fetchers of the issuers that opted in."""
+        issuers = self.verifier.issuers.values() if self.verifier is not None else ()
+        return [i.fetcher for i in issuers if i.fetcher is not None]
+
     async def startup(self) -> None:
-        """Start the wrapped authenticator (managed keys' cache), if it has a start."""
+        """Start the wrapped authenticator (managed keys' cache) and the JWKS fetchers."""
         start = getattr(self.keys, "startup", None)
         if start is not None:
             await start()
+        for fetcher in self.fetchers:
+            await fetcher.start()
 
     async def shutdown(self) -> None:
-        """Stop the wrapped authenticator, if it has a stop."""
+        """Stop the JWKS fetchers and the wrapped authenticator."""
+        for fetcher in self.fetchers:
+            await fetcher.stop()
         stop = getattr(self.keys, "shutdown", None)
         if stop is not None:
             await stop()
@@ -157,7 +168,7 @@ class IdentityAuthenticator:
         verified = self.verifier.verify(token)
         identity = self.identity_of_claims(
             verified.issuer.settings.issuer, verified.claims, kid=verified.kid,
-            jwks_sha256=verified.issuer.keyset.sha256,
+            jwks_sha256=verified.jwks_sha256,
         )
         principal = self._principal(identity)
         # nbf and iat held at verification and only recede; exp is the one bound left.

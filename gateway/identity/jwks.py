@@ -21,7 +21,7 @@ from jwt.exceptions import PyJWKError
 
 from gateway.errors import ConfigError
 
-__all__ = ["KeySet", "load_jwks"]
+__all__ = ["KeySet", "load_jwks", "parse_jwks"]
 
 _FAMILY = {
     "RSA": ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512"),
@@ -77,18 +77,30 @@ def load_jwks(path: Path, sha256: str, algorithms: Iterable[str], where: str) ->
     if digest != sha256:
         raise ConfigError(f"{where}.jwks_sha256: {path} has sha256 {digest}, the pin is "
                           f"{sha256}; refusing the file (update the pin with the file)")
+    return parse_jwks(data, algorithms, f"{where}.jwks_file: {path}")
+
+
+def parse_jwks(data: bytes, algorithms: Iterable[str], where: str) -> KeySet:
+    """Parse JWKS bytes (a file's or a fetched document's) into a key set, all or nothing.
+
+    Raises:
+        ConfigError: Not JSON, not a JWKS, a private or symmetric key, a key without ``kid``,
+            a duplicate ``kid``, or no key an allowed algorithm can use (``where`` prefixes
+            the message).
+    """
+    digest = hashlib.sha256(data).hexdigest()
     try:
         doc = json.loads(data)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"{where}.jwks_file: {path} is not JSON: {exc}") from exc
+        raise ConfigError(f"{where} is not JSON: {exc}") from exc
     entries = doc.get("keys") if isinstance(doc, dict) else None
     if not isinstance(entries, list) or not entries:
-        raise ConfigError(f"{where}.jwks_file: {path} has no \"keys\" list (RFC 7517 section 5)")
+        raise ConfigError(f"{where} has no \"keys\" list (RFC 7517 section 5)")
     allowed = set(algorithms)
     keys: dict[tuple[str, str], jwt.PyJWK] = {}
     kids: set[str] = set()
     for i, entry in enumerate(entries):
-        at = f"{where}.jwks_file: {path}: keys[{i}]"
+        at = f"{where}: keys[{i}]"
         kid = _check_entry(entry, at)
         if kid in kids:
             raise ConfigError(f"{at}: duplicate kid {kid!r}")
@@ -101,7 +113,7 @@ def load_jwks(path: Path, sha256: str, algorithms: Iterable[str], where: str) ->
             except PyJWKError as exc:
                 raise ConfigError(f"{at}: not a usable {alg} key: {exc}") from exc
     if not keys:
-        raise ConfigError(f"{where}.jwks_file: {path}: no signing key usable with "
+        raise ConfigError(f"{where}: no signing key usable with "
                           + ", ".join(sorted(allowed)))
     return KeySet(digest, keys, frozenset(kids))
 

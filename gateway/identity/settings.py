@@ -23,6 +23,9 @@ Example::
           models: ["*"]
           data_class: internal
 
+An issuer may opt in to ``jwks_uri`` (fetched through the egress policy every
+``jwks_refresh_s``, :mod:`gateway.identity.fetch`), beside its pinned file.
+
 A token is accepted only when its issuer is listed, its ``kid`` is a key of that issuer's
 pinned JWKS (and not revoked), its ``alg`` is one of the issuer's asymmetric algorithms, the
 signature verifies, ``aud`` names one of the audiences, ``exp``/``nbf``/``iat`` hold within the
@@ -76,6 +79,12 @@ class IssuerSettings(_Frozen):
         required_claims: Claims that must be present (``exp`` always is).
         subject_claim: The claim naming the person or workload (pseudonymised).
         max_token_bytes: Longer tokens are refused before any parsing.
+        jwks_uri: Opt-in: also fetch the issuer's JWKS from this URL, through the egress
+            policy's transport (the host must be a policy destination), at start and then every
+            ``jwks_refresh_s``; never because a token names an unknown ``kid``. The fetched keys
+            are used beside the pinned file's; a fetched document that is not a valid JWKS is
+            refused whole and the keys fetched before stay.
+        jwks_refresh_s: Seconds between fetches of ``jwks_uri`` (the refresh cap).
     """
 
     issuer: str = Field(min_length=1)
@@ -88,6 +97,15 @@ class IssuerSettings(_Frozen):
     required_claims: list[str] = Field(default_factory=lambda: ["exp", "iat", "sub"])
     subject_claim: str = "sub"
     max_token_bytes: int = Field(default=8192, ge=512, le=65536)
+    jwks_uri: str | None = None
+    jwks_refresh_s: float = Field(default=300.0, ge=10.0, le=86400.0)
+
+    @field_validator("jwks_uri")
+    @classmethod
+    def _http_url(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("https://", "http://")):
+            raise ValueError("must be an https:// (or http://) URL")
+        return value
 
     @field_validator("algorithms")
     @classmethod

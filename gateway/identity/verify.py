@@ -23,6 +23,7 @@ import jwt
 from jwt import exceptions as jwt_errors
 
 from gateway.identity.errors import TokenRejected
+from gateway.identity.fetch import JwksFetcher
 from gateway.identity.jwks import KeySet
 from gateway.identity.settings import ASYMMETRIC_ALGORITHMS, IssuerSettings
 
@@ -40,10 +41,11 @@ def looks_like_jwt(token: str) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class IssuerKeys:
-    """One configured issuer and its loaded key set."""
+    """One configured issuer, its pinned key set and (opt-in) its ``jwks_uri`` fetcher."""
 
     settings: IssuerSettings
     keyset: KeySet
+    fetcher: JwksFetcher | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,11 +56,13 @@ class Verified:
         issuer: The issuer it verified against.
         claims: Its payload.
         kid: The key id that verified it.
+        jwks_sha256: SHA-256 of the JWKS (pinned file or fetched document) that held the key.
     """
 
     issuer: IssuerKeys
     claims: Mapping[str, Any]
     kid: str
+    jwks_sha256: str
 
 
 def _segment(raw: str, what: str) -> Any:
@@ -135,7 +139,12 @@ class JwtVerifier:
             raise TokenRejected("The token names no key (kid).", "token_key_unknown")
         if kid in cfg.revoked_kids:
             raise TokenRejected(f"The token's key {kid!r} is revoked.", "token_key_revoked")
-        key = issuer.keyset.keys.get((kid, alg))
+        keyset = issuer.keyset
+        key = keyset.keys.get((kid, alg))
+        fetched = issuer.fetcher.keyset if issuer.fetcher is not None else None
+        if key is None and fetched is not None:  # never a fetch here: the refresh is timed
+            keyset = fetched
+            key = keyset.keys.get((kid, alg))
         if key is None:
             raise TokenRejected(f"The token's key {kid!r} is not a known {alg} key of its "
                                 "issuer.", "token_key_unknown")
@@ -148,7 +157,7 @@ class JwtVerifier:
             )
         except jwt_errors.InvalidTokenError as exc:
             raise _rejected(exc) from exc
-        return Verified(issuer, claims, kid)
+        return Verified(issuer, claims, kid, keyset.sha256)
 
 
 def _rejected(exc: jwt_errors.InvalidTokenError) -> TokenRejected:
