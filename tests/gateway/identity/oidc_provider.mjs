@@ -26,6 +26,14 @@ const provider = new Provider(issuer, {
       response_types: [],
     },
     {
+      // A web application signing people in (authorization code + PKCE, the dev login form).
+      client_id: "webapp",
+      client_secret: "webapp-secret-of-the-test",
+      grant_types: ["authorization_code"],
+      redirect_uris: ["http://127.0.0.1:9/callback"],
+      response_types: ["code"],
+    },
+    {
       client_id: "intruder",
       client_secret: "intruder-secret-of-the-test",
       grant_types: ["client_credentials"],
@@ -48,11 +56,18 @@ const provider = new Provider(issuer, {
       }),
     },
   },
-  // The claims the gateway's identity rules map: groups by client.
-  extraTokenClaims: async (ctx, token) => ({
-    groups: token.clientId === "ci-bot" ? ["ml-engineers"] : ["visitors"],
-  }),
+  // The claims the gateway's identity rules map: groups by client, or by person for tokens
+  // issued after a login (accountId is the login name typed into the dev form).
+  extraTokenClaims: async (ctx, token) => {
+    if (token.accountId) {
+      return { groups: token.accountId === "alice" ? ["ml-engineers"] : ["visitors"] };
+    }
+    return { groups: token.clientId === "ci-bot" ? ["ml-engineers"] : ["visitors"] };
+  },
+  cookies: { keys: ["cookie-key-of-the-test-only"] },
 });
+// Errors go to the output the test shows when the provider fails.
+provider.on("server_error", (ctx, err) => process.stdout.write(`server_error: ${err.stack}\n`));
 provider.listen(Number(port), "127.0.0.1", () => {
   process.stdout.write(`listening ${issuer}\n`);
 });

@@ -234,3 +234,63 @@ def test_provider_tokens_rotation_and_audit(
         [sys.executable, "-m", "gateway.cli", "audit", "export", "--store", gw.store,
          "--subject", expected], capture_output=True, text=True, check=True)
     assert by_pseudonym.stdout == res.stdout
+
+
+def _login(provider: Provider, person: str) -> str:
+    """The scripted user login: authorization code with PKCE through the provider's login and
+    consent forms, as a browser would post them; returns the JWT access token."""
+    import base64
+    import re
+    import secrets
+    from urllib.parse import parse_qs, urljoin, urlsplit
+
+    verifier = secrets.token_urlsafe(48)
+    challenge = base64.urlsafe_b64encode(
+        hashlib.sha256(verifier.encode()).digest()).rstrip(b"=").decode()
+    redirect = "http://127.0.0.1:9/callback"
+    with httpx.Client(base_url=provider.issuer, timeout=10) as browser:
+        r = browser.get("/auth", params={
+            "client_id": "webapp", "response_type": "code", "redirect_uri": redirect,
+            "scope": "openid", "resource": "urn:sovereign-gateway",
+            "code_challenge": challenge, "code_challenge_method": "S256", "state": "s1"})
+        code = None
+        for _ in range(12):  # redirects, the login form, the consent form
+            if r.is_redirect:
+                location = r.headers["location"]
+                if location.startswith(redirect):
+                    code = parse_qs(urlsplit(location).query)["code"][0]
+                    break
+                r = browser.get(urljoin(provider.issuer + "/", location))
+                continue
+            assert r.status_code == 200, r.text
+            action = re.search(r'<form[^>]*action="([^"]+)"', r.text)
+            assert action is not None, r.text
+            # The form's own hidden fields (prompt: login or consent), then what a person types.
+            fields = dict(re.findall(r'<input[^>]*name="([^"]+)"[^>]*value="([^"]*)"', r.text))
+            if 'name="login"' in r.text:
+                fields.update(login=person, password="any")  # noqa: S106 (dev form: any)
+            r = browser.post(action.group(1), data=fields)
+        assert code is not None, "the login flow did not reach the callback"
+        token = httpx.post(provider.issuer + "/token", timeout=10, auth=(
+            "webapp", "webapp-secret-of-the-test"), data={
+            "grant_type": "authorization_code", "code": code, "redirect_uri": redirect,
+            "code_verifier": verifier, "resource": "urn:sovereign-gateway"})
+        assert token.status_code == 200, token.text
+        return str(token.json()["access_token"])
+
+
+def test_a_person_signs_in_and_is_served_as_herself(
+    provider: Provider, sim: Sim, tmp_path: Path, serve: Callable[..., Served],
+) -> None:
+    provider.start(_private_jwk("key-login"))
+    jwks = tmp_path / "idp-jwks.json"
+    gw = serve(_gateway_config(sim, provider.issuer, jwks, _save(jwks, provider.public_jwks())))
+    alice = _login(provider, "alice")
+    claims = jwt.decode(alice, options={"verify_signature": False})
+    assert claims["sub"] == "alice" and claims["groups"] == ["ml-engineers"]
+    rid = _chat(gw.url, alice)
+    assert _refused(gw.url, _login(provider, "mallory"))["code"] == "identity_not_mapped"
+    started = {r["request_id"]: r for r in gw.records("request.started")}
+    pseudo = load_pseudonymizer(Path(gw.cfg["audit"]["pseudonym_key_file"]))
+    assert started[rid]["identity"]["subject"] == subject_pseudonym(
+        pseudo, provider.issuer, "alice")
