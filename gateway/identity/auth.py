@@ -155,7 +155,7 @@ class IdentityAuthenticator:
             method="jwt" if kid is not None or issuer != "mtls" else "mtls",
             issuer=issuer, subject=pseudonym,
             team=d.team, org=d.org, models=d.models, data_class=d.data_class, rule=d.rule,
-            decided_by=d.decided_by, kid=kid, jwks_sha256=jwks_sha256,
+            decided_by=d.decided_by, flow_class=d.flow_class, kid=kid, jwks_sha256=jwks_sha256,
         )
 
     def _token_principal(self, token: str) -> Principal:
@@ -192,7 +192,7 @@ class IdentityAuthenticator:
         return Identity(
             method="mtls", issuer="mtls", subject=pseudonym,
             team=d.team, org=d.org, models=d.models, data_class=d.data_class, rule=d.rule,
-            decided_by=d.decided_by, cert_sha256=fingerprint,
+            decided_by=d.decided_by, flow_class=d.flow_class, cert_sha256=fingerprint,
         )
 
     @staticmethod

@@ -58,6 +58,13 @@ def wrap_identity(settings: Any, keys: Authenticator, *, policy: Any = None,
                                                  if i.fetcher is not None}:
         raise ConfigError("identity.issuers: a jwks_uri was removed; the fetcher runs until a "
                           "restart: restart the gateway to apply", code="restart_required")
+    flow = getattr(settings, "flow_control", None)
+    classes = {c.name for c in flow.classes} if flow is not None else set()
+    for n, rule in enumerate(section.rules):
+        if rule.flow_class is not None and rule.flow_class not in classes:
+            raise ConfigError(f"identity.rules[{n}].flow_class: {rule.flow_class!r} is not a "
+                              "class of flow_control.classes (" + ", ".join(sorted(classes))
+                              + ")")
     key_file = section.pseudonym_key_file
     audit = getattr(settings, "audit", None)
     if key_file is None and audit is not None:

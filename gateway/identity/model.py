@@ -26,6 +26,8 @@ class Identity:
         org: Organisation decided by the rule (a quota budget shared across teams).
         models: Models the caller may use (``*``: all).
         data_class: Data class decided by the rule.
+        flow_class: Flow-control priority class decided by the rule (``None``: the key's or
+            team's class, as for keys).
         rule: Id of the rule that decided.
         decided_by: The claims (name, value) that made the rule match.
         kid: Key id that verified the token (``None`` for mTLS).
@@ -43,6 +45,7 @@ class Identity:
     rule: str
     decided_by: tuple[tuple[str, str], ...]
     kid: str | None = None
+    flow_class: str | None = None
     jwks_sha256: str | None = None
     cert_sha256: str | None = None
 
@@ -60,6 +63,7 @@ class Identity:
             "subject": self.subject,
             "org": self.org,
             "rule": self.rule,
+            "flow_class": self.flow_class,
             "decided_by": {name: value for name, value in self.decided_by},
             "kid": self.kid,
             "jwks_sha256": self.jwks_sha256,

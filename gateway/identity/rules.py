@@ -25,6 +25,7 @@ class Decision:
         org: Organisation (from the rule, or its ``org_claim``).
         models: Models allowed.
         data_class: Data class.
+        flow_class: Flow-control priority class (``None``: by team, as for keys).
         decided_by: The claims (name, matched value) that made the rule hold.
     """
 
@@ -33,6 +34,7 @@ class Decision:
     org: str | None
     models: frozenset[str]
     data_class: str
+    flow_class: str | None
     decided_by: tuple[tuple[str, str], ...]
 
 
@@ -96,5 +98,5 @@ def decide(rules: Sequence[IdentityRule], issuer: str, claims: Mapping[str, Any]
             team = _named(claims, rule.team, rule.team_claim, rule.id, "team", decided)
             org = _named(claims, rule.org, rule.org_claim, rule.id, "organisation", decided)
             return Decision(rule.id, team, org, frozenset(rule.models), rule.data_class,
-                            tuple(decided))
+                            rule.flow_class, tuple(decided))
     raise IdentityNotAllowed("The identity is verified but no identity rule grants it access.")

@@ -149,6 +149,8 @@ class IdentityRule(_Frozen):
         org_claim: Take the organisation from this claim instead.
         models: Models the caller may use (``*``: all).
         data_class: Data class of the caller's traffic (egress policy).
+        flow_class: Flow-control priority class (a name of ``flow_control.classes``); unset:
+            the class of the team (``flow_control.teams``), else the default class.
     """
 
     id: str
@@ -160,6 +162,7 @@ class IdentityRule(_Frozen):
     org_claim: str | None = None
     models: list[str] = Field(default_factory=list)
     data_class: str = "internal"
+    flow_class: str | None = None
 
     @field_validator("id")
     @classmethod
