@@ -69,6 +69,18 @@ $(CHECKOV): $(UV) tools/checkov-requirements.txt
 	  -r tools/checkov-requirements.txt
 	touch $(CHECKOV)
 
+# @identity: panva's oidc-provider (npm), the real OpenID provider of the identity tests
+# (tests/gateway/identity). package-lock.json pins every package by version and sha512;
+# npm ci installs exactly that into .cache/npm/oidc-provider, where the tests look.
+OIDC_PROVIDER_DIR   := .cache/npm/oidc-provider
+OIDC_PROVIDER_STAMP := $(OIDC_PROVIDER_DIR)/.installed-9.13.3
+
+$(OIDC_PROVIDER_STAMP): tools/npm/oidc-provider/package.json tools/npm/oidc-provider/package-lock.json
+	mkdir -p $(OIDC_PROVIDER_DIR)
+	cp tools/npm/oidc-provider/package.json tools/npm/oidc-provider/package-lock.json $(OIDC_PROVIDER_DIR)/
+	cd $(OIDC_PROVIDER_DIR) && npm ci --ignore-scripts --no-audit --no-fund --quiet
+	touch $@
+
 # @realparts: Debian's prometheus/promtool (the dashboard queries run against a real Prometheus)
 # and wrk (bench-loadtool), installed only when the binary is missing; services are not started.
 DEBIAN_TOOLS := prometheus:prometheus promtool:prometheus wrk:wrk cc:gcc
@@ -77,7 +89,8 @@ DEBIAN_TOOLS := prometheus:prometheus promtool:prometheus wrk:wrk cc:gcc
 debian-tools:
 	tools/install_debian_tools.sh $(DEBIAN_TOOLS)
 
-tools: install $(KUBE_STAMP) $(CHECKOV) debian-tools $(TOOLS)/torch-venv/.installed bench-tools
+tools: install $(KUBE_STAMP) $(CHECKOV) debian-tools $(TOOLS)/torch-venv/.installed bench-tools \
+  $(OIDC_PROVIDER_STAMP)
 
 run: install-runtime
 	$(PY) -m gateway.demo

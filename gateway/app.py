@@ -33,7 +33,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from gateway import models_api, relay
+from gateway import models_api, relay, usage_api
 from gateway.access import AccessLogMiddleware
 from gateway.asgi_io import framing_refusal, scope_framing_problem
 from gateway.assembly import Gateway
@@ -308,6 +308,12 @@ def create_app(
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
         return _error_response(InvalidRequest(str(exc.errors()[:1])))
+
+    @app.get(usage_api.USAGE_PATH)
+    async def usage(request: Request) -> JSONResponse:
+        """The caller's own consumption and remaining budget (:mod:`gateway.usage_api`)."""
+        return JSONResponse(await usage_api.usage(gateway_state(request), parts.quotas,
+                                                  request.scope))
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:

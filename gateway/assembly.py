@@ -224,6 +224,7 @@ def assemble(
     """
     from gateway.audit.observer import checked_build
     from gateway.egress import load_policy, wire_egress
+    from gateway.identity.build import wrap_identity
     from gateway.quotas.wiring import build_authenticator, build_quota_hook
     from gateway.telemetry import Telemetry, check_telemetry
     from gateway.tls_files import check_tls_files
@@ -232,7 +233,8 @@ def assemble(
     policy = egress.policy if egress is not None else load_policy(settings, base)
     if policy is not None and policy.pii is not None:
         policy.pii.load()  # the sensitive-data detector, once, before serving (gateway.pii)
-    authenticator = build_authenticator(settings)
+    authenticator = wrap_identity(settings, build_authenticator(settings),  # gateway.identity
+                                  policy=policy)
     telemetry_settings = check_telemetry(settings, policy)
     check_tls_files(settings)
     audit = checked_build(settings)  # reads the key files; the store opens in the lifespan
@@ -321,6 +323,7 @@ def reassemble(running: Gateway, settings: GatewaySettings, base: Path | None = 
     """
     from gateway.egress import load_policy, wire_egress
     from gateway.errors import ConfigError
+    from gateway.identity.build import wrap_identity
     from gateway.keystore.auth import ManagedKeyAuthenticator
     from policy import EgressMatcher
 
@@ -349,8 +352,12 @@ def reassemble(running: Gateway, settings: GatewaySettings, base: Path | None = 
         )
     ring = KeyRing(settings.keys)
     authenticator: Authenticator = ring
-    if isinstance(running.authenticator, ManagedKeyAuthenticator):  # keep its started cache
-        authenticator = ManagedKeyAuthenticator(ring, running.authenticator.cache)
+    keys = getattr(running.authenticator, "keys", running.authenticator)  # under identity
+    if isinstance(keys, ManagedKeyAuthenticator):  # keep its started cache
+        authenticator = ManagedKeyAuthenticator(ring, keys.cache)
+    # JWKS files read and pinned again; started jwks_uri fetchers kept
+    authenticator = wrap_identity(settings, authenticator, policy=policy,
+                                  running=running.authenticator)
     router = Router(settings, reuse=running.router)
     route_policy: RoutePolicy = AllowAll()
     if policy is not None:

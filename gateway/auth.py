@@ -11,12 +11,15 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gateway.errors import AuthenticationFailed
 from gateway.settings import KeySettings
+
+if TYPE_CHECKING:
+    from gateway.identity.model import Identity
 
 __all__ = [
     "Authenticator",
@@ -29,6 +32,9 @@ __all__ = [
 ]
 
 KEY_PREFIX = "sg-"
+MAX_BEARER_BYTES = 65536
+"""Longest bearer value read (API keys are 46 characters; a JWT is refused by its issuer's
+``max_token_bytes``, 8 KiB by default, with its own error, so a long token is answered clearly)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,12 +46,15 @@ class Principal:
         team: Team the key belongs to, if configured.
         data_class: Data classification of the key's traffic (for the egress policy).
         models: Model names the key may use; ``"*"`` means all.
+        identity: The verified token or client-certificate identity (``None`` for an API
+            key; :mod:`gateway.identity`). ``key_id`` is then ``id:`` + its subject pseudonym.
     """
 
     key_id: str
     team: str | None
     data_class: str
     models: frozenset[str]
+    identity: Identity | None = None
 
     def may_use(self, model_name: str) -> bool:
         """True when the key may call the model with canonical name ``model_name``."""
@@ -55,8 +64,12 @@ class Principal:
 class Authenticator(Protocol):
     """Turns a presented API key into a :class:`Principal` (seam for managed key stores)."""
 
-    def authenticate(self, token: str | None) -> Principal:
-        """Return the principal or raise :class:`AuthenticationFailed`."""
+    def authenticate(self, token: str | None, scope: Mapping[str, Any] | None = None) -> Principal:
+        """Return the principal or raise :class:`AuthenticationFailed`.
+
+        ``scope`` is the request's ASGI scope (path, TLS extension) for authenticators that
+        look beyond the bearer token (:mod:`gateway.identity`); key lookups ignore it.
+        """
         ...
 
 
@@ -82,7 +95,7 @@ def bearer_token(value: bytes | None) -> str | None:
     if scheme.lower() != b"bearer":
         return None
     token = token.strip()
-    if not token or len(token) > 512:
+    if not token or len(token) > MAX_BEARER_BYTES:
         return None
     try:
         return token.decode("ascii")
@@ -110,8 +123,8 @@ class KeyRing:
         # A dummy digest keeps the work constant when no key is configured.
         self._dummy = hashlib.sha256(b"no key configured").digest()
 
-    def authenticate(self, token: str | None) -> Principal:
-        """Return the principal for ``token``.
+    def authenticate(self, token: str | None, scope: Mapping[str, Any] | None = None) -> Principal:
+        """Return the principal for ``token`` (``scope`` is not used).
 
         Raises:
             AuthenticationFailed: Missing or unknown key (same error for both).

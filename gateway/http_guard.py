@@ -55,6 +55,7 @@ import asyncio
 import functools
 import logging
 import re
+import ssl
 from collections.abc import Callable
 from typing import Any
 
@@ -301,6 +302,9 @@ class GuardedH11Protocol(ResponseWritingProtocol):
             extensions[CHUNK_WRITER_EXTENSION] = self._open_chunk_writer
             extensions[DISCONNECT_EXTENSION] = self._watch_disconnect
             extensions[WHOLE_BODY_EXTENSION] = self._take_whole_body
+            tls = _tls_extension(self.transport)
+            if tls is not None:
+                extensions["tls"] = tls
 
     def _take_whole_body(self) -> bytes | None:
         """The request body if it has wholly arrived and is unread, as uvicorn's ``receive``
@@ -381,6 +385,25 @@ class GuardedH11Protocol(ResponseWritingProtocol):
                                 self.client[0] if self.client else None)
             except Exception:
                 _log.exception("on_refused hook failed (%s %s)", status, code)
+
+
+def _tls_extension(transport: Any) -> dict[str, Any] | None:
+    """The ASGI TLS extension of an HTTPS connection (``client_cert_chain``: the peer's
+    certificate as PEM, leaf only: Python's ``ssl`` before 3.13 exposes no verified chain;
+    ``tls_version``, ``cipher_suite``), ``None`` over plain HTTP. The certificate was verified
+    by the handshake against the listener's client CA bundle (``identity.mtls``)."""
+    ssl_object = transport.get_extra_info("ssl_object") if transport is not None else None
+    if ssl_object is None:
+        return None
+    der = ssl_object.getpeercert(binary_form=True)
+    return {
+        "server_cert": None,
+        "client_cert_chain": [ssl.DER_cert_to_PEM_cert(der)] if der else [],
+        "client_cert_name": None,
+        "client_cert_error": None,
+        "tls_version": None,
+        "cipher_suite": None,
+    }
 
 
 def guarded_protocol(

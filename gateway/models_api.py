@@ -62,8 +62,10 @@ def _answer(state: GatewayState, scope: Scope, record: RequestRecord, created: i
     if scope["method"] != "GET":
         raise MethodNotAllowed(f"Method not allowed on {scope['path']}.")
     auth = next((v for k, v in scope["headers"] if k == b"authorization"), None)
-    principal = state.authenticator.authenticate(bearer_token(auth))
+    principal = state.authenticator.authenticate(bearer_token(auth), scope)
     record.identify(principal.key_id, principal.team, principal.data_class)
+    if principal.identity is not None:  # gateway.identity: audited like a relay request
+        record.identity = principal.identity.audit_fields()
     router = state.router
     path: str = scope["path"]
     if path == MODELS_PATH:

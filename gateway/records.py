@@ -161,6 +161,7 @@ class RequestRecord:
     route: dict[str, Any] | None = None
     flow: dict[str, Any] | None = None
     pii: dict[str, Any] | None = None
+    identity: dict[str, Any] | None = None
 
     @classmethod
     def for_scope(cls, scope: Mapping[str, Any]) -> RequestRecord:

@@ -236,7 +236,7 @@ async def _serve(
     """Validate and relay; return whether observers' ``on_start`` ran."""
     _check_target(scope)
     head = _read_head(state, scope)
-    principal = _authenticate(state, head, record)
+    principal = _authenticate(state, head, record, scope)
     limits = state.settings.limits
     raw = await read_body(receive, limits.max_body_bytes, head.declared,
                           limits.client_body_timeout_s,
@@ -326,9 +326,17 @@ def _read_head(state: GatewayState, scope: Scope) -> _Head:
     return head
 
 
-def _authenticate(state: GatewayState, head: _Head, record: RequestRecord) -> Principal:
-    principal: Principal = state.authenticator.authenticate(bearer_token(head.auth))
+def _authenticate(
+    state: GatewayState, head: _Head, record: RequestRecord, scope: Scope
+) -> Principal:
+    try:
+        principal: Principal = state.authenticator.authenticate(bearer_token(head.auth), scope)
+    except GatewayError as exc:  # gateway.identity: a verified caller that no rule admits
+        record.identity = getattr(exc, "identity", None)
+        raise
     record.identify(principal.key_id, principal.team, principal.data_class)
+    if principal.identity is not None:  # gateway.identity: who, and what verified it
+        record.identity = principal.identity.audit_fields()
     if state.classify is not None and head.class_value is not None:
         # The egress policy: the classification header may change the class only by grant.
         principal = state.classify(principal, head.class_value)

@@ -39,6 +39,7 @@ from clishell import not_regular
 from gateway.assembly import Gateway, reassemble
 from gateway.config_errors import KeyPath, dotted, problems_of
 from gateway.errors import ConfigError
+from gateway.identity.build import identity_files
 from gateway.override_names import OverrideNames
 from gateway.periodic import Periodic
 from gateway.settings import GatewaySettings, load
@@ -73,8 +74,10 @@ RELOADABLE: tuple[KeyPath, ...] = (
     ("quotas", "defaults"),
     ("quotas", "keys"),
     ("quotas", "teams"),
+    ("quotas", "orgs"),
     ("flow_control", "keys"),
     ("flow_control", "teams"),
+    ("identity",),
 )
 """The keys a live reload may change (a key and everything under it). Every other key is read
 once at start (server socket and its limits, upstream connection pool, audit store, key store,
@@ -305,6 +308,7 @@ class Reloader:
             out.append(settings.policy.file)
         out.extend(r.api_key_file for m in settings.models for r in m.replicas
                    if r.api_key_file is not None)
+        out.extend(identity_files(settings))  # JWKS files and the mTLS trust bundle
         return out
 
     async def _refuse(self, cause: str, problems: list[str]) -> ReloadResult:

@@ -54,6 +54,7 @@ from gateway.drain import DrainSettings
 from gateway.errors import ConfigError
 from gateway.fleet.settings import RoutingSettings, check_endpoint
 from gateway.flow.settings import FlowControlSettings
+from gateway.identity.settings import IdentitySettings
 from gateway.keys_file import merge_keys_file, relabel_keys
 from gateway.keystore.settings import KeystoreSettings
 from gateway.override_names import OverrideNames, unmatched_overrides
@@ -436,6 +437,7 @@ class GatewaySettings(BaseSettings):
     keystore: KeystoreSettings | None = None  # managed keys (store defaults to audit.store)
     telemetry: TelemetrySettings | None = None
     preflight: ContinuousSettings | None = None  # continuous pre-flight (gateway.preflight)
+    identity: IdentitySettings | None = None  # gateway.identity: JWT and mTLS callers
     # Where the settings were read from (file, key path -> line), set by parse().
     _source: tuple[str | None, LineMap | None] = PrivateAttr(default=(None, None))
     _warnings: tuple[ConfigProblem, ...] = PrivateAttr(default=())

@@ -140,6 +140,8 @@ class AuditObserver:
             "flow": getattr(record, "flow", None),
             "pii": getattr(record, "pii", None),
             "bytes_in": record.bytes_in,
+            # gateway.identity: who (pseudonymised) and what verified it; keys have none
+            **({"identity": record.identity} if record.identity is not None else {}),
         }
 
     def _end_fields(self, record: RequestRecord) -> dict[str, Any]:

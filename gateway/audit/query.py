@@ -64,3 +64,27 @@ async def tail_records(
         for row_id, rec in await store.scan(after, _PAGE):
             after = row_id
             yield rec
+
+
+async def subject_records(records: AsyncIterator[Record], subject: str) -> AsyncIterator[Record]:
+    """The records of one data subject (a data-subject access request): every record whose
+    ``identity.subject`` is the pseudonym ``subject``, and the completion records of those
+    requests (which carry the request id only).
+
+    Args:
+        records: Records in insertion order (:func:`export_records`).
+        subject: The subject's pseudonym (``hmac-sha256:<hex>``).
+    """
+    requests: set[str] = set()
+    for_request = ("request.completed",)
+    async for rec in records:
+        data = rec.decoded().get("data") or {}
+        identity = data.get("identity")
+        request_id = data.get("request_id")
+        if isinstance(identity, dict) and identity.get("subject") == subject:
+            if isinstance(request_id, str):
+                requests.add(request_id)
+            yield rec
+        elif rec.type in for_request and request_id in requests:
+            requests.discard(request_id)
+            yield rec

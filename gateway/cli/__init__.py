@@ -1,4 +1,5 @@
-"""The ``gateway`` command: ``serve``, ``check-config``, ``keys``, ``preflight``, ``audit``.
+"""The ``gateway`` command: ``serve``, ``check-config``, ``keys``, ``preflight``, ``audit``,
+``identity``.
 
 The error boundary is the shared one (:func:`clishell.run`): a :class:`~gateway.errors.GatewayError`
 (or any other failure) prints ``gateway: error [CODE]: WHAT (hint: ...)`` and exits non-zero;
@@ -41,6 +42,10 @@ app.add_typer(_preflight.app, name="preflight")
 from gateway.cli import audit as _audit  # noqa: E402
 
 app.add_typer(_audit.app, name="audit")
+
+from gateway.cli import identity as _identity  # noqa: E402
+
+app.add_typer(_identity.app, name="identity")
 
 
 def _describe(exc: BaseException) -> CliError | None:

@@ -51,8 +51,12 @@ from gateway.audit import (
     write_key_pair,
 )
 from gateway.audit.checkpoint import DEFAULT_KEY_NAME
+from gateway.audit.pseudonym import PREFIX as PSEUDONYM_PREFIX
+from gateway.audit.pseudonym import load_pseudonymizer
+from gateway.audit.query import subject_records
 from gateway.audit.records import Record
 from gateway.audit.verify import VerifyReport
+from gateway.identity.auth import subject_pseudonym
 
 T = TypeVar("T")
 
@@ -221,10 +225,29 @@ def export(
                                      "ai-act (one JSON document: events mapped to AI Act "
                                      "Art. 12(2), with completeness proofs).")] = "jsonl",
     out: Annotated[Path | None, typer.Option(help="Write here instead of stdout.")] = None,
+    subject: Annotated[str | None, typer.Option(
+        "--subject", help="Only this data subject's records: its pseudonym "
+        "(hmac-sha256:...), or ISSUER SUBJECT with --issuer (needs the pseudonym key).")] = None,
+    issuer: Annotated[str | None, typer.Option(
+        "--issuer", help="The token issuer of --subject (then --subject is the plain subject "
+        "claim, pseudonymised with the pseudonym key; 'mtls' for client certificates).")] = None,
+    pseudonym_key: Annotated[Path | None, typer.Option(
+        "--pseudonym-key", help="Pseudonym key file (default: --config's "
+        "audit.pseudonym_key_file).")] = None,
 ) -> None:
-    """Export records in a time range as JSON lines (the canonical record bytes)."""
+    """Export records in a time range as JSON lines (the canonical record bytes), or as one
+    AI Act log document (``--format ai-act``, :mod:`gateway.audit.ai_act`).
+
+    With ``--subject``: only one person's or workload's records (a data-subject access request):
+    the requests whose verified identity is that subject, with their completion records.
+    """
     if fmt not in ("jsonl", "ai-act"):
         raise typer.BadParameter("jsonl or ai-act", param_hint="--format")
+    if fmt == "ai-act" and subject is not None:
+        # The ai-act export proves completeness over whole chains; a subject's records are a
+        # selection of them (a data-subject access request is exported as jsonl).
+        raise typer.BadParameter("--subject works with --format jsonl", param_hint="--subject")
+    wanted = _subject_pseudonym(ctx, subject, issuer, pseudonym_key, config)
     since_us, until_us = _parse_time(since, "--since"), _parse_time(until, "--until")
     if since_us is not None and until_us is not None and since_us >= until_us:
         raise CliError("usage_error", f"--since {since} is not before --until {until}: the "
@@ -241,7 +264,10 @@ def export(
         try:
             # --out: the file appears complete or not at all (interrupted, disk full)
             with atomic_file(out) if out else _stdout() as fh:
-                async for rec in export_records(st, since_us, until_us):
+                records = export_records(st, since_us, until_us)
+                if wanted is not None:
+                    records = subject_records(records, wanted)
+                async for rec in records:
                     fh.write(rec.body.decode("utf-8") + "\n")
                     n += 1
         except BrokenPipeError:
@@ -309,6 +335,31 @@ def verify_export_cmd(
     unsealed = sum(int(c.get("unsealed_excluded") or 0) for c in doc.get("completeness") or ())
     if unsealed:  # stated by the exporter, not proven: export again after the next checkpoint
         typer.echo(f"note: the exporter left out {unsealed} records not sealed yet", err=True)
+def _subject_pseudonym(ctx: typer.Context, subject: str | None, issuer: str | None,
+                       key_file: Path | None, config: Path | None) -> str | None:
+    """The pseudonym to filter on: ``--subject`` as given, or (with ``--issuer``) the plain
+    subject pseudonymised with the pseudonym key, as the gateway recorded it."""
+    if subject is None:
+        if issuer is not None:
+            raise typer.BadParameter("--issuer needs --subject", param_hint="--issuer")
+        return None
+    if issuer is None:
+        if not subject.startswith(PSEUDONYM_PREFIX):
+            raise typer.BadParameter(
+                f"give the pseudonym ({PSEUDONYM_PREFIX}...), or the subject with --issuer",
+                param_hint="--subject")
+        return subject
+    if key_file is None:
+        settings = _audit_settings(ctx, config)
+        if settings is None:
+            raise _fail(AuditConfigError("--issuer needs the pseudonym key: give "
+                                         "--pseudonym-key FILE or --config FILE"))
+        key_file = settings.pseudonym_key_file
+    try:
+        pseudo = load_pseudonymizer(key_file)
+    except AuditError as exc:
+        raise _fail(exc) from exc
+    return subject_pseudonym(pseudo, issuer, subject)
 
 
 class _stdout:

@@ -123,6 +123,7 @@ def run(
     from gateway.drain import Drain
     from gateway.egress import start_egress
     from gateway.http_guard import server_options
+    from gateway.identity.build import client_cert_options
     from gateway.server import run_server
 
     adjust = adjust or _unchanged
@@ -187,6 +188,7 @@ def run(
                 port=settings.listen.port,
                 ssl_certfile=settings.listen.tls_cert_file,
                 ssl_keyfile=settings.listen.tls_key_file,
+                **client_cert_options(settings),  # gateway.identity: mTLS workloads
             ),
         ),
         drain,

@@ -31,13 +31,15 @@ class Classifier:
         self._by_team = settings.share_by == "team"
 
     def classify(self, key_id: str, team: str | None,
-                 named: Sequence[str] = ()) -> tuple[int, str, float]:
+                 named: Sequence[str] = (), assigned: str | None = None) -> tuple[int, str, float]:
         """``(class index, flow, weight)`` of a request of key ``key_id`` (of ``team``).
 
         Args:
             key_id: The caller's key id.
             team: The key's team, if any.
             named: The values of the priority header's fields (empty: no header).
+            assigned: A class the caller's identity rule assigned (gateway.identity): it
+                replaces the key's or team's class; an unknown name is ignored.
 
         Raises:
             FlowError: The header names a higher class (``PriorityRaiseRefused``, 403), no
@@ -49,6 +51,8 @@ class Classifier:
         if share is None and team is not None:
             share = s.teams.get(team)
         cls = self.index[share.class_] if share is not None else self._default
+        if assigned is not None and assigned in self.index:
+            cls = self.index[assigned]
         if self._by_team:
             who = team or key_id
             team_share = s.teams.get(team) if team is not None else None

@@ -126,7 +126,10 @@ class FlowGate:
             flow = self._retired_flow(pool)
         named = [v.decode("latin-1") for n, v in headers if n == self._header]
         try:
-            cls, who, weight = self.classifier.classify(principal.key_id, principal.team, named)
+            identity = principal.identity  # gateway.identity: a rule's flow_class
+            cls, who, weight = self.classifier.classify(
+                principal.key_id, principal.team, named,
+                identity.flow_class if identity is not None else None)
         except FlowError as exc:
             raise to_gateway_error(exc) from None
         if pool.model.name in self._vllm:

@@ -39,8 +39,8 @@ class ManagedKeyAuthenticator:
         """Stop polling."""
         await self.cache.stop()
 
-    def authenticate(self, token: str | None) -> Principal:
-        """Return the principal of ``token``.
+    def authenticate(self, token: str | None, scope: Mapping[str, Any] | None = None) -> Principal:
+        """Return the principal of ``token`` (``scope`` is not used).
 
         Raises:
             AuthenticationFailed: unknown, revoked, expired or rotated-out key.

@@ -6,6 +6,7 @@ import datetime as dt
 from collections.abc import Callable
 
 from gateway.preflight import checks_cluster as cluster
+from gateway.preflight import checks_identity as identity
 from gateway.preflight import checks_runtime as runtime
 from gateway.preflight.inputs import Criteria, Facts, Inputs, collect
 from gateway.preflight.report import CheckResult, Report
@@ -27,6 +28,7 @@ CHECKS: tuple[Callable[[Facts], CheckResult], ...] = (
     runtime.check_signing_key,
     runtime.check_retention,
     runtime.check_weights,
+    identity.check_identity,
 )
 
 

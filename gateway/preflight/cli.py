@@ -68,6 +68,9 @@ def preflight(
     = None,
     region_label: Annotated[str, _Opt(help="Node label carrying the region.")] = REGION_LABEL,
     audit_public_key: Annotated[Path | None, _Opt(help="Audit log verifier key.")] = None,
+    require_identity: Annotated[bool, _Opt(
+        "--require-identity", help="Callers must be identified by OIDC/JWT or mTLS "
+        "(identity.configured fails without an identity: section).")] = False,
     lockfile: Annotated[Path | None, _Opt(help="weights.lock.")] = None,
     weights_dir: Annotated[Path | None, _Opt("--weights", help="Weights in use (directory or "
                                              "HF cache).")] = None,
@@ -103,7 +106,7 @@ def preflight(
         weights_public_key=_public_key(weights_public_key))
     criteria = Criteria(regions=tuple(region or ()), jurisdictions=tuple(jurisdiction or ("EU",)),
                         registries=tuple(registry or ()), retention_days=retention_days,
-                        region_label=region_label)
+                        region_label=region_label, require_identity=require_identity)
     report, facts = run_preflight(inputs, criteria)
     extra: dict[str, bytes] = {}
     if oscal is not None:

@@ -41,6 +41,8 @@ class Criteria:
         registries: In-region image registries (``registry.example.eu`` or a path prefix).
         retention_days: Declared retention of the audit log, days (``None``: not declared).
         region_label: Node label carrying the region.
+        require_identity: Callers must be identified by token or client certificate (the
+            ``identity.configured`` check runs; also when the config says ``identity.required``).
     """
 
     regions: tuple[str, ...] = ()
@@ -48,6 +50,7 @@ class Criteria:
     registries: tuple[str, ...] = ()
     retention_days: int | None = None
     region_label: str = REGION_LABEL
+    require_identity: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -69,7 +69,7 @@ class QuotaHook:
         self.service = service
         self.limiter = service.limiter
         self._pending: dict[str, Admission] = {}
-        self._plans: dict[tuple[str, str | None], QuotaPlan] = {}
+        self._plans: dict[tuple[str, str | None, str | None], QuotaPlan] = {}
 
     @classmethod
     def from_settings(
@@ -113,7 +113,8 @@ class QuotaHook:
             gateway.errors.RateLimited: a limit has no room (429).
             gateway.errors.ServiceUnavailable: Redis is down and the policy fails closed (503).
         """
-        key = (record.key_id or "", record.team)
+        identity = record.identity  # gateway.identity: the organisation's shared budget
+        key = (record.key_id or "", record.team, identity.get("org") if identity else None)
         plan = self._plans.get(key)
         if plan is None:
             if len(self._plans) >= _PLAN_CACHE_MAX:
@@ -142,6 +143,39 @@ class QuotaHook:
         if admission is not None:
             extra = admission_headers(admission)
             headers.extend((k.encode(), v.encode()) for k, v in extra.items())
+
+    async def usage(self, key_id: str, team: str | None,
+                    org: str | None = None) -> list[dict[str, Any]]:
+        """The limits and the tokens used today and this month of one caller's subjects (its
+        key or identity, its team, its organisation): the self-service usage endpoint.
+
+        Returns:
+            One entry per limited subject: ``{"subject": "key"|"team"|"org", "limits": {...},
+            "tokens_used": {"day", "month"}, "tokens_remaining": {"day", "month"}}``
+            (``None`` remaining where there is no budget).
+
+        Raises:
+            gateway.errors.ServiceUnavailable: The backend cannot be read.
+        """
+        out: list[dict[str, Any]] = []
+        for subject in self.service.plan(key_id, team, org).subjects:
+            try:
+                used = await self.limiter.used_tokens(subject.name)
+            except QuotaError as exc:
+                raise to_gateway_error(exc) from exc
+            limits = subject.limits
+            out.append({
+                "subject": subject.name.split(":", 1)[0],
+                "limits": limits.model_dump(),
+                "tokens_used": used,
+                "tokens_remaining": {
+                    "day": (None if limits.tokens_per_day is None
+                            else max(0, limits.tokens_per_day - used["day"])),
+                    "month": (None if limits.tokens_per_month is None
+                              else max(0, limits.tokens_per_month - used["month"])),
+                },
+            })
+        return out
 
     async def on_start(self, record: RequestRecord) -> None:
         """Nothing to do before forwarding (admission already ran)."""

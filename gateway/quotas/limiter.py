@@ -129,6 +129,14 @@ class Limiter(Protocol):
         """Replace the token estimate by the real usage (idempotent, never raises)."""
         ...
 
+    async def used_tokens(self, subject: str) -> dict[str, int]:
+        """Tokens charged to ``subject`` (``key:...``) in the current UTC ``day`` and ``month``.
+
+        Raises:
+            QuotaBackendUnavailable: the shared state is unreachable.
+        """
+        ...
+
     async def release(self, admission: Admission) -> None:
         """Free the concurrency slot of an admission (idempotent, never raises)."""
         ...

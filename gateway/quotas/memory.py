@@ -140,6 +140,11 @@ class MemoryLimiter:
         table = self._used_day if period == "day" else self._used_month
         return table.get(subject, 0)
 
+    async def used_tokens(self, subject: str) -> dict[str, int]:
+        """Tokens charged to ``subject`` in the current UTC day and month."""
+        self._roll_periods(self._periods.at(self._clock()))
+        return {"day": self.used(subject, "day"), "month": self.used(subject, "month")}
+
     async def admit(self, subjects: Sequence[SubjectLimits], estimated_tokens: int) -> Admission:
         """Admit one request against every subject or raise (see ``Limiter.admit``)."""
         now = self._clock()

@@ -149,6 +149,20 @@ class RedisLimiter:
         if self._owns_client:
             await self._redis.aclose()
 
+    async def used_tokens(self, subject: str) -> dict[str, int]:
+        """Tokens charged to ``subject`` in the current UTC day and month (two GETs).
+
+        Raises:
+            QuotaBackendUnavailable: Redis cannot be reached.
+        """
+        periods = self._periods.at(self._clock())
+        try:
+            day, month = await self._redis.mget(
+                self.key("d", subject, periods.day), self.key("m", subject, periods.month))
+        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+            raise QuotaBackendUnavailable(f"quota backend unreachable: {exc}") from exc
+        return {"day": int(day or 0), "month": int(month or 0)}
+
     async def admit(self, subjects: Sequence[SubjectLimits], estimated_tokens: int) -> Admission:
         """Admit one request against every subject or raise (see ``Limiter.admit``)."""
         cost = max(0, int(estimated_tokens))

@@ -59,7 +59,7 @@ class QuotaService:
         self.settings = settings
         self.limiter = limiter
         self.estimator = estimator
-        self._plans: dict[tuple[str, str | None], QuotaPlan] = {}
+        self._plans: dict[tuple[str, str | None, str | None], QuotaPlan] = {}
 
     @classmethod
     def from_settings(
@@ -117,9 +117,10 @@ class QuotaService:
         self.settings = settings
         self._plans = {}
 
-    def plan(self, key_id: str, team: str | None) -> QuotaPlan:
-        """Return what admitting a request of ``key_id`` (and ``team``) involves (cached)."""
-        cache_key = (key_id, team)
+    def plan(self, key_id: str, team: str | None, org: str | None = None) -> QuotaPlan:
+        """Return what admitting a request of ``key_id`` (and ``team``, and the identity's
+        organisation ``org``) involves (cached)."""
+        cache_key = (key_id, team, org)
         found = self._plans.get(cache_key)
         if found is not None:
             return found
@@ -131,6 +132,10 @@ class QuotaService:
             team_limits = self.settings.limits_for("team", team)
             if not team_limits.unlimited:
                 out.append(SubjectLimits(f"team:{team}", team_limits))
+        if org:
+            org_limits = self.settings.limits_for("org", org)
+            if not org_limits.unlimited:
+                out.append(SubjectLimits(f"org:{org}", org_limits))
         if len(self._plans) >= _SUBJECT_CACHE_MAX:
             self._plans.clear()
         needs_tokens = any(

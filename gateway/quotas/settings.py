@@ -28,7 +28,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-Subject = Literal["key", "team"]
+Subject = Literal["key", "team", "org"]
 
 
 class Limits(BaseModel):
@@ -72,12 +72,13 @@ class Limits(BaseModel):
 
 
 class SubjectDefaults(BaseModel):
-    """Limits applied to every key and every team unless overridden."""
+    """Limits applied to every key, team and organisation unless overridden."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     key: Limits = Limits()
     team: Limits = Limits()
+    org: Limits = Limits()
 
 
 class QuotaSettings(BaseModel):
@@ -101,6 +102,8 @@ class QuotaSettings(BaseModel):
         defaults: limits for every key and every team.
         keys: per key id overrides.
         teams: per team overrides.
+        orgs: per organisation overrides (an identity's ``org``, from the identity rules: a
+            budget shared by everyone the rules put in it, across teams).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -119,6 +122,7 @@ class QuotaSettings(BaseModel):
     defaults: SubjectDefaults = SubjectDefaults()
     keys: dict[str, Limits] = Field(default_factory=dict)
     teams: dict[str, Limits] = Field(default_factory=dict)
+    orgs: dict[str, Limits] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _check_redis_url(self) -> QuotaSettings:
@@ -135,13 +139,13 @@ class QuotaSettings(BaseModel):
         """Return the effective limits of one key or team.
 
         Args:
-            subject: ``key`` or ``team``.
-            name: the key id or the team name.
+            subject: ``key``, ``team`` or ``org``.
+            name: the key id, the team or the organisation name.
 
         Returns:
             ``defaults.<subject>`` with the matching override merged over it.
         """
-        base = self.defaults.key if subject == "key" else self.defaults.team
-        table = self.keys if subject == "key" else self.teams
+        base = getattr(self.defaults, subject)
+        table = {"key": self.keys, "team": self.teams, "org": self.orgs}[subject]
         override = table.get(name)
         return base if override is None else override.over(base)

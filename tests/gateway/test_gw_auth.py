@@ -6,7 +6,7 @@ import hashlib
 
 import pytest
 
-from gateway.auth import KeyRing, bearer_token, digest_key, new_key
+from gateway.auth import MAX_BEARER_BYTES, KeyRing, bearer_token, digest_key, new_key
 from gateway.errors import AuthenticationFailed, error_body
 from gateway.settings import KeySettings
 
@@ -49,7 +49,8 @@ def test_empty_ring_refuses_everything() -> None:
         (b"Bearer ", None),
         (None, None),
         (b"Bearer \xff", None),
-        (b"Bearer " + b"x" * 600, None),
+        (b"Bearer " + b"x" * 600, "x" * 600),  # a JWT is longer than a key
+        (b"Bearer " + b"x" * (MAX_BEARER_BYTES + 1), None),
     ],
 )
 def test_bearer_parsing(header: bytes | None, token: str | None) -> None:

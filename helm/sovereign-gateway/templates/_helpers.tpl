@@ -158,6 +158,7 @@ the config volume is mounted whole there (no subPath: the kubelet updates it in 
   "audit" $audit -}}
 {{- if eq .Values.gateway.reload.mode "live" }}{{ $_ := set $cfg "reload" (dict "watch" true "interval_s" .Values.gateway.reload.interval_s) }}{{ end -}}
 {{- if .Values.keys.existingSecret }}{{ $_ := set $cfg "keys_file" "/etc/sovereign-gateway/keys/keys.yaml" }}{{ end -}}
+{{- with (include "sg.identityConfig" . | fromYaml) }}{{ $_ := set $cfg "identity" . }}{{ end -}}
 {{- toYaml (mergeOverwrite $cfg (deepCopy .Values.gateway.extraConfig)) -}}
 {{- end }}
 
@@ -247,5 +248,22 @@ state in memory (each worker would admit the whole limit), and a number > 1 is t
     {{- fail (printf "gateway.workers=%v with extraConfig.quotas.backend memory: each worker would keep its own quota state and admit the whole limit. Set quotas.backend: redis, or gateway.workers: 1 (or auto)." $w) -}}
   {{- end -}}
   {{- int $w -}}
+{{- end -}}
+{{- end }}
+
+{{/* The gateway config's identity section (empty without issuers and trust bundle): each
+issuer's jwksKey becomes its jwks_file in the mounted jwksSecret. */}}
+{{- define "sg.identityConfig" -}}
+{{- $id := .Values.identity -}}
+{{- if or $id.issuers $id.mtls.trustBundleSecret -}}
+{{- $issuers := list -}}
+{{- range $id.issuers -}}
+{{- $i := omit . "jwksKey" -}}
+{{- $_ := set $i "jwks_file" (printf "/etc/sovereign-gateway/jwks/%s" (default "jwks.json" .jwksKey)) -}}
+{{- $issuers = append $issuers $i -}}
+{{- end -}}
+{{- $section := dict "accept" $id.accept "issuers" $issuers "rules" $id.rules "required" $id.required -}}
+{{- if $id.mtls.trustBundleSecret }}{{ $_ := set $section "mtls" (dict "trust_bundle_file" "/etc/sovereign-gateway/mtls/ca.pem") }}{{ end -}}
+{{- toYaml $section -}}
 {{- end -}}
 {{- end }}

@@ -33,6 +33,12 @@ Checks that values.schema.json cannot express. Each fails the render with one cl
 {{- if hasKey $ids .id }}{{ fail (printf "egress destination id %q appears twice" .id) }}{{ end }}
 {{- $_ := set $ids .id true }}
 {{- end }}
+{{- if and .Values.identity.required (not .Values.identity.issuers) (not .Values.identity.mtls.trustBundleSecret) }}
+{{- fail "identity.required is true but identity.issuers is empty and identity.mtls.trustBundleSecret is not set: callers could not be identified" }}
+{{- end }}
+{{- if and .Values.identity.issuers (not .Values.identity.jwksSecret) }}
+{{- fail "identity.issuers is set but identity.jwksSecret is not: the issuers' JWKS files come from that Secret" }}
+{{- end }}
 {{- include "sg.validatePolicyRefs" . }}
 {{- end }}
 

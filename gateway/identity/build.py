@@ -1,0 +1,128 @@
+"""Building the identity authenticator from the settings (start-up and every live reload).
+
+Every JWKS file is read and checked against its pin here; any problem is a
+:class:`~gateway.errors.ConfigError` naming the key, so a reload with a changed or broken JWKS
+is refused whole and the running key sets stay (:mod:`gateway.reload`).
+"""
+
+from __future__ import annotations
+
+import ssl
+from pathlib import Path
+from typing import Any
+
+from gateway.audit.errors import AuditError
+from gateway.audit.pseudonym import load_pseudonymizer
+from gateway.auth import Authenticator
+from gateway.errors import ConfigError
+from gateway.identity.auth import IdentityAuthenticator
+from gateway.identity.fetch import JwksFetcher
+from gateway.identity.jwks import load_jwks
+from gateway.identity.mtls import MtlsVerifier
+from gateway.identity.settings import IdentitySettings, IssuerSettings
+from gateway.identity.verify import IssuerKeys, JwtVerifier
+
+__all__ = ["client_cert_options", "identity_files", "wrap_identity"]
+
+
+def wrap_identity(settings: Any, keys: Authenticator, *, policy: Any = None,
+                  running: Authenticator | None = None) -> Authenticator:
+    """``keys`` wrapped by the identity authenticator of ``settings.identity`` (or ``keys``
+    itself when there is no ``identity:`` section).
+
+    Args:
+        settings: The gateway settings.
+        keys: The key authenticator to wrap.
+        policy: The egress policy (``policy.Policy``): the HTTP client of opted-in
+            ``jwks_uri`` fetches goes through it.
+        running: The authenticator serving now (a live reload): its started ``jwks_uri``
+            fetchers are kept.
+
+    Raises:
+        ConfigError: A JWKS file unreadable, invalid or not matching its pin; the trust bundle
+            unreadable; no pseudonym key (``identity.pseudonym_key_file`` or
+            ``audit.pseudonym_key_file``); a ``jwks_uri`` without an egress policy; a reload
+            that adds, drops or changes a ``jwks_uri`` (code ``restart_required``).
+    """
+    section: IdentitySettings | None = getattr(settings, "identity", None)
+    if section is None:
+        return keys
+    before = {f.issuer: f for f in (running.fetchers if isinstance(
+        running, IdentityAuthenticator) else [])}
+    issuers = []
+    for n, i in enumerate(section.issuers):
+        where = f"identity.issuers[{n}]"
+        keyset = load_jwks(i.jwks_file, i.jwks_sha256, i.algorithms, where)
+        issuers.append(IssuerKeys(i, keyset, _fetcher(i, where, policy, before, running)))
+    if running is not None and before.keys() - {i.settings.issuer for i in issuers
+                                                 if i.fetcher is not None}:
+        raise ConfigError("identity.issuers: a jwks_uri was removed; the fetcher runs until a "
+                          "restart: restart the gateway to apply", code="restart_required")
+    flow = getattr(settings, "flow_control", None)
+    classes = {c.name for c in flow.classes} if flow is not None else set()
+    for n, rule in enumerate(section.rules):
+        if rule.flow_class is not None and rule.flow_class not in classes:
+            raise ConfigError(f"identity.rules[{n}].flow_class: {rule.flow_class!r} is not a "
+                              "class of flow_control.classes (" + ", ".join(sorted(classes))
+                              + ")")
+    key_file = section.pseudonym_key_file
+    audit = getattr(settings, "audit", None)
+    if key_file is None and audit is not None:
+        key_file = audit.pseudonym_key_file
+    if key_file is None:
+        raise ConfigError("identity.pseudonym_key_file: required (subjects are recorded only as "
+                          "pseudonyms) when there is no audit section with a pseudonym key")
+    try:
+        pseudo = load_pseudonymizer(key_file)
+    except AuditError as exc:
+        raise ConfigError(f"identity.pseudonym_key_file: {exc}") from exc
+    mtls = (MtlsVerifier(section.mtls.trust_bundle_file) if section.mtls is not None else None)
+    return IdentityAuthenticator(keys, section, JwtVerifier(issuers) if issuers else None,
+                                 pseudo, mtls)
+
+
+def _fetcher(issuer: IssuerSettings, where: str, policy: Any,
+             before: dict[str, JwksFetcher], running: Authenticator | None) -> JwksFetcher | None:
+    if issuer.jwks_uri is None:
+        return None
+    algorithms = tuple(issuer.algorithms)
+    kept = before.get(issuer.issuer)
+    if kept is not None and kept.same_as(issuer.jwks_uri, algorithms, issuer.jwks_refresh_s):
+        return kept
+    if running is not None:
+        raise ConfigError(f"{where}.jwks_uri: added or changed while serving; fetchers start "
+                          "with the gateway: restart to apply", code="restart_required")
+    if policy is None:
+        raise ConfigError(f"{where}.jwks_uri: fetching keys needs the egress policy "
+                          "(policy.file): the fetch goes through it, and its host must be a "
+                          "destination")
+    from policy import make_httpx_client
+
+    return JwksFetcher(issuer.issuer, issuer.jwks_uri, algorithms, issuer.jwks_refresh_s,
+                       lambda: make_httpx_client(policy))
+
+
+def identity_files(settings: Any) -> list[Path]:
+    """The files the identity section reads (watched by the live reload)."""
+    section: IdentitySettings | None = getattr(settings, "identity", None)
+    if section is None:
+        return []
+    out = [i.jwks_file for i in section.issuers]
+    if section.mtls is not None:
+        out.append(section.mtls.trust_bundle_file)
+    return out
+
+
+def client_cert_options(settings: Any) -> dict[str, Any]:
+    """uvicorn TLS options asking for client certificates when ``identity.mtls`` is set.
+
+    ``CERT_OPTIONAL``: a client may still come with an API key or a bearer token; a client
+    certificate it does present must chain to the trust bundle, or the handshake fails (a
+    certificate of another CA never reaches the app). The app verifies the chain again
+    (:class:`~gateway.identity.mtls.MtlsVerifier`).
+    """
+    section: IdentitySettings | None = getattr(settings, "identity", None)
+    if section is None or section.mtls is None:
+        return {}
+    return {"ssl_ca_certs": str(section.mtls.trust_bundle_file),
+            "ssl_cert_reqs": ssl.CERT_OPTIONAL}

@@ -1,0 +1,226 @@
+"""The ``identity:`` configuration section: who may sign tokens, which keys verify them, and
+how verified claims (or a client certificate) map to what the caller may do.
+
+Example::
+
+    identity:
+      accept: [key, jwt]              # on the listener; per path in routes:
+      routes: {/v1/embeddings: [key]}
+      pseudonym_key_file: /run/secrets/pseudonym.key   # default: audit.pseudonym_key_file
+      issuers:
+        - issuer: https://idp.example/realms/ai
+          audiences: [sovereign-gateway]
+          algorithms: [RS256, ES256]
+          jwks_file: /etc/sg/idp-jwks.json
+          jwks_sha256: 3f1c...        # sha256 of the file's bytes (`sha256sum`)
+          revoked_kids: [old-2025]
+          clock_skew_s: 30
+          required_claims: [exp, iat, sub]
+      rules:                          # first match wins
+        - id: ml-team
+          match: {groups: ml-engineers}
+          team: ml
+          models: ["*"]
+          data_class: internal
+
+An issuer may opt in to ``jwks_uri`` (fetched through the egress policy every
+``jwks_refresh_s``, :mod:`gateway.identity.fetch`), beside its pinned file.
+
+A token is accepted only when its issuer is listed, its ``kid`` is a key of that issuer's
+pinned JWKS (and not revoked), its ``alg`` is one of the issuer's asymmetric algorithms, the
+signature verifies, ``aud`` names one of the audiences, ``exp``/``nbf``/``iat`` hold within the
+clock skew and every required claim is present; then the first rule whose ``match`` holds
+decides the team, models and data class (no rule: 403).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+__all__ = [
+    "ASYMMETRIC_ALGORITHMS",
+    "IdentityRule",
+    "IdentitySettings",
+    "IssuerSettings",
+    "MtlsSettings",
+]
+
+ASYMMETRIC_ALGORITHMS = frozenset({
+    "RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "EdDSA",
+})
+"""The only ``alg`` values a token may carry (RFC 7518 §3.1, RFC 8037): never ``none`` and never
+an HMAC algorithm, whose key would be the public key everyone holds."""
+
+Method = Literal["key", "jwt", "mtls"]
+_DEFAULT_ACCEPT: tuple[Method, ...] = ("key", "jwt")
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_RULE_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class IssuerSettings(_Frozen):
+    """One token issuer (an OpenID provider or a Kubernetes service-account issuer).
+
+    Attributes:
+        issuer: The exact ``iss`` value.
+        audiences: ``aud`` values accepted (one must appear in the token).
+        algorithms: Allowed ``alg`` values (asymmetric only).
+        jwks_file: The issuer's JWKS (RFC 7517 §5), a file or a mounted Secret.
+        jwks_sha256: SHA-256 hex of the file's bytes; a file that differs is refused.
+        revoked_kids: Key ids refused even when present in the JWKS.
+        clock_skew_s: Seconds of leeway on ``exp``, ``nbf`` and ``iat``.
+        required_claims: Claims that must be present (``exp`` always is).
+        subject_claim: The claim naming the person or workload (pseudonymised).
+        max_token_bytes: Longer tokens are refused before any parsing.
+        jwks_uri: Opt-in: also fetch the issuer's JWKS from this URL, through the egress
+            policy's transport (the host must be a policy destination), at start and then every
+            ``jwks_refresh_s``; never because a token names an unknown ``kid``. The fetched keys
+            are used beside the pinned file's; a fetched document that is not a valid JWKS is
+            refused whole and the keys fetched before stay.
+        jwks_refresh_s: Seconds between fetches of ``jwks_uri`` (the refresh cap).
+    """
+
+    issuer: str = Field(min_length=1)
+    audiences: list[str] = Field(min_length=1)
+    algorithms: list[str] = Field(default_factory=lambda: ["RS256", "ES256"], min_length=1)
+    jwks_file: Path
+    jwks_sha256: str
+    revoked_kids: list[str] = Field(default_factory=list)
+    clock_skew_s: float = Field(default=30.0, ge=0.0, le=600.0)
+    required_claims: list[str] = Field(default_factory=lambda: ["exp", "iat", "sub"])
+    subject_claim: str = "sub"
+    max_token_bytes: int = Field(default=8192, ge=512, le=65536)
+    jwks_uri: str | None = None
+    jwks_refresh_s: float = Field(default=300.0, ge=10.0, le=86400.0)
+
+    @field_validator("jwks_uri")
+    @classmethod
+    def _http_url(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("https://", "http://")):
+            raise ValueError("must be an https:// (or http://) URL")
+        return value
+
+    @field_validator("algorithms")
+    @classmethod
+    def _asymmetric(cls, value: list[str]) -> list[str]:
+        bad = [a for a in value if a not in ASYMMETRIC_ALGORITHMS]
+        if bad:
+            raise ValueError(f"{bad[0]!r} is not allowed; use asymmetric algorithms only: "
+                             + ", ".join(sorted(ASYMMETRIC_ALGORITHMS)))
+        return value
+
+    @field_validator("jwks_sha256")
+    @classmethod
+    def _hex(cls, value: str) -> str:
+        value = value.strip().lower()
+        if not _HEX64.match(value):
+            raise ValueError("must be 64 hex characters (sha256sum of the JWKS file)")
+        return value
+
+    @field_validator("required_claims")
+    @classmethod
+    def _exp_always(cls, value: list[str]) -> list[str]:
+        return value if "exp" in value else [*value, "exp"]
+
+
+class IdentityRule(_Frozen):
+    """Claims (or certificate names) -> what the caller may do. First matching rule wins.
+
+    ``match`` maps a claim name (dotted for nested claims: ``realm_access.roles``) to a value or
+    a list of values; it holds when, for every claim, the token's value equals one of them or
+    (a list claim such as ``groups``) contains one of them. An mTLS identity offers the claims
+    ``spiffe_id``, ``subject_cn`` and ``issuer`` (``iss``: ``mtls``). An empty ``match`` holds
+    for every verified caller.
+
+    Attributes:
+        id: Rule id, recorded in the audit log with the claims that decided.
+        issuer: Only tokens of this issuer (``None``: any).
+        match: Conditions, all of which must hold.
+        team: Team of the caller (quotas and flow-control classes by team apply).
+        team_claim: Take the team from this claim instead (a string claim such as ``tenant``).
+        org: Organisation of the caller (``quotas.orgs``: a budget shared across teams).
+        org_claim: Take the organisation from this claim instead.
+        models: Models the caller may use (``*``: all).
+        data_class: Data class of the caller's traffic (egress policy).
+        flow_class: Flow-control priority class (a name of ``flow_control.classes``); unset:
+            the class of the team (``flow_control.teams``), else the default class.
+    """
+
+    id: str
+    issuer: str | None = None
+    match: dict[str, str | list[str]] = Field(default_factory=dict)
+    team: str | None = None
+    team_claim: str | None = None
+    org: str | None = None
+    org_claim: str | None = None
+    models: list[str] = Field(default_factory=list)
+    data_class: str = "internal"
+    flow_class: str | None = None
+
+    @field_validator("id")
+    @classmethod
+    def _check_id(cls, value: str) -> str:
+        if not _RULE_ID.match(value):
+            raise ValueError("must be 1-64 characters of letters, digits and ._-")
+        return value
+
+
+class MtlsSettings(_Frozen):
+    """Workload identity from the client certificate of a TLS connection.
+
+    Attributes:
+        trust_bundle_file: PEM CA certificates that may issue client certificates.
+    """
+
+    trust_bundle_file: Path
+
+
+class IdentitySettings(_Frozen):
+    """The ``identity:`` section (see the module docstring).
+
+    Attributes:
+        accept: Credentials accepted on the listener (``key``, ``jwt``, ``mtls``).
+        routes: Per path, the credentials accepted there instead of ``accept``.
+        pseudonym_key_file: HMAC key pseudonymising subjects (default: the audit log's).
+        issuers: Token issuers.
+        rules: Claims mapping, first match wins.
+        mtls: Client-certificate identities.
+        required: ``gateway preflight`` fails unless identity is configured (Helm sets this
+            when the operator says identity is mandatory).
+    """
+
+    accept: list[Method] = Field(default_factory=lambda: list(_DEFAULT_ACCEPT), min_length=1)
+    routes: dict[str, list[Method]] = Field(default_factory=dict)
+    pseudonym_key_file: Path | None = None
+    issuers: list[IssuerSettings] = Field(default_factory=list)
+    rules: list[IdentityRule] = Field(default_factory=list)
+    mtls: MtlsSettings | None = None
+    required: bool = False
+
+    @model_validator(mode="after")
+    def _consistent(self) -> IdentitySettings:
+        seen: set[str] = set()
+        for i, issuer in enumerate(self.issuers):
+            if issuer.issuer in seen:
+                raise ValueError(f"issuers[{i}].issuer: duplicate issuer {issuer.issuer!r}")
+            seen.add(issuer.issuer)
+        ids: set[str] = set()
+        for i, rule in enumerate(self.rules):
+            if rule.id in ids:
+                raise ValueError(f"rules[{i}].id: duplicate rule id {rule.id!r}")
+            ids.add(rule.id)
+            if rule.issuer is not None and rule.issuer not in seen and rule.issuer != "mtls":
+                raise ValueError(f"rules[{i}].issuer: {rule.issuer!r} is not a configured issuer")
+        methods = {m for ms in (self.accept, *self.routes.values()) for m in ms}
+        if "jwt" in methods and not self.issuers and "key" not in methods:
+            raise ValueError("issuers: jwt is accepted but no issuer is configured")
+        if "mtls" in methods and self.mtls is None:
+            raise ValueError("mtls: mtls is accepted but mtls.trust_bundle_file is not set")
+        return self
