@@ -91,8 +91,9 @@ def run(
     With a ``policy:`` section the policy is loaded and checked and the process egress guard
     installed and self-tested *before* the server starts (see :mod:`gateway.egress`). The guard
     relies on ``sys.addaudithook`` socket events, which uvloop does not raise; hence
-    ``loop="asyncio"``. The HTTP server is uvicorn's h11 protocol with strict request framing,
-    header/idle timeouts and a connection cap (:mod:`gateway.http_guard`).
+    the standard asyncio loop. The HTTP server is the gateway's own (:mod:`gateway.server`,
+    :mod:`gateway.h1.server`): strict request framing, a timer on every connection state and a
+    connection cap.
 
     Args:
         settings: The validated configuration.
@@ -113,14 +114,11 @@ def run(
             or any other section or TLS file invalid (see :func:`gateway.assembly.assemble`).
     """
     # Imported here so that `gateway keys` / `check-config` start fast.
-    import uvicorn
-
     from gateway.app import create_app
     from gateway.assembly import assemble
     from gateway.drain import Drain
     from gateway.egress import start_egress
-    from gateway.http_guard import server_options
-    from gateway.server import run_server
+    from gateway.server import ServerConfig, run_server, server_limits
 
     adjust = adjust or _unchanged
     for_worker = None
@@ -167,23 +165,27 @@ def run(
     if worker is None and not is_loopback_host(settings.listen.host):
         _log.info("listening on %s:%s", settings.listen.host, settings.listen.port)
     return run_server(
-        uvicorn.Config(
+        ServerConfig(
             app,
-            **server_options(
-                settings.limits,
-                on_refused=gateway.audit.http_refused if gateway.audit is not None else None,
-                body_limit=_body_limit(reloader) if reloader is not None else None,
-                host=settings.listen.host,
-                port=settings.listen.port,
-                ssl_certfile=settings.listen.tls_cert_file,
-                ssl_keyfile=settings.listen.tls_key_file,
-            ),
+            limits=server_limits(settings.limits),
+            on_refused=gateway.audit.http_refused if gateway.audit is not None else None,
+            body_limit=(_body_limit(reloader) if reloader is not None
+                        else _fixed(settings.limits.max_body_bytes)),
+            host=settings.listen.host,
+            port=settings.listen.port,
+            ssl_certfile=settings.listen.tls_cert_file,
+            ssl_keyfile=settings.listen.tls_key_file,
         ),
         drain,
         reloader,
         sockets=[worker.listener] if worker is not None else None,
         on_started=worker.started if worker is not None else None,
     )
+
+
+def _fixed(max_body_bytes: int) -> Callable[[], int]:
+    """``limits.max_body_bytes`` without live reload."""
+    return lambda: max_body_bytes
 
 
 def _body_limit(reloader: Reloader) -> Callable[[], int]:
