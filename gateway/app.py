@@ -35,11 +35,17 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gateway import models_api, relay
 from gateway.access import AccessLogMiddleware
-from gateway.asgi_io import framing_refusal, scope_framing_problem
+from gateway.asgi_io import escaped_api_path, framing_refusal, scope_framing_problem
 from gateway.assembly import Gateway
 from gateway.auth import Authenticator
 from gateway.drain import Drain
-from gateway.errors import GatewayError, InvalidRequest, MethodNotAllowed
+from gateway.errors import (
+    GatewayError,
+    InvalidRequest,
+    MethodNotAllowed,
+    PathNotFound,
+    error_body,
+)
 from gateway.fleet.replica_metrics import MetricsScraper
 from gateway.h1 import RelayClient, connector_dialer
 from gateway.health import HealthProber
@@ -74,6 +80,9 @@ class _GatewayApp(FastAPI):
                     await send(message)
                 return
             path = scope["path"]
+            if escaped_api_path(scope):
+                await _send_error(send, PathNotFound("Not Found"))
+                return
             if path in relay.RELAY_PATHS:
                 try:  # gateway_state's lookup, without a call per request
                     state = scope["state"][STATE_KEY].current
@@ -87,6 +96,15 @@ class _GatewayApp(FastAPI):
         elif scope["type"] == "lifespan":
             send = _startup_failure_in_one_line(send)
         await super().__call__(scope, receive, send)
+
+
+async def _send_error(send: Any, exc: GatewayError) -> None:
+    """Answer ``exc`` as OpenAI-style JSON with raw ASGI messages."""
+    body = error_body(exc)
+    await send({"type": "http.response.start", "status": exc.status,
+                "headers": [(b"content-type", b"application/json"),
+                            (b"content-length", b"%d" % len(body))]})
+    await send({"type": "http.response.body", "body": body})
 
 
 def _startup_failure_in_one_line(send: Any) -> Any:

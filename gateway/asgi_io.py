@@ -32,6 +32,7 @@ __all__ = [
     "Responder",
     "Scope",
     "Send",
+    "escaped_api_path",
     "framing_refusal",
     "read_body",
     "scope_framing_problem",
@@ -506,6 +507,17 @@ def scope_framing_problem(headers: list[tuple[bytes, bytes]]) -> str | None:
     if lengths > 1 or encodings > 1:
         return "repeated Content-Length or Transfer-Encoding header"
     return None
+
+
+API_PREFIX = "/v1/"
+
+
+def escaped_api_path(scope: Scope) -> bool:
+    """Whether an API request (its decoded path under ``/v1/``) spelled its path with
+    percent-escapes: ``/v1/mode%6cs``, ``/v1%2Fmodels``. The one rule for every API route (the
+    relay paths and ``/v1/models``): such a request is not found (404). A proxy in front that
+    matches the literal path would otherwise be bypassed, since the server decodes the path."""
+    return b"%" in (scope.get("raw_path") or b"") and scope["path"].startswith(API_PREFIX)
 
 
 def framing_refusal(problem: str) -> tuple[dict[str, Any], dict[str, Any]]:
