@@ -597,6 +597,7 @@ class ServerProtocol(asyncio.Protocol):
             return
         self.cycle = None
         self.reader.next_request()
+        self.reader.body_limit = self.ctx.body_limit()  # a live reload may have changed it
         self._arm(self.limits.keep_alive_timeout_s, self._idle_timeout)
         self._resume_reading()
         if self.reader.buffered:
