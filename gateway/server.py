@@ -178,6 +178,7 @@ class GatewayServer:
                 binding ``config.host:config.port``.
         """
         self._loop = loop = asyncio.get_running_loop()
+        _log.info("Started server process [%d]", os.getpid())
         self._stop = asyncio.Event()
         if self.should_exit:
             self._stop.set()
@@ -247,6 +248,8 @@ class GatewayServer:
             for listening in server.sockets:
                 _listen(listening, LISTEN_BACKLOG)
         self.started = True
+        _log.info("Application startup complete; serving on %s",
+                  ", ".join(f"{s.getsockname()}" for srv in self.servers for s in srv.sockets))
         freeze_startup_heap()
         if self.reloader is not None and threading.current_thread() is threading.main_thread():
             held = HangupLatch.install()  # the handler until now: read after replacing it

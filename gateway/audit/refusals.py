@@ -31,7 +31,7 @@ class RefusalCounter:
 
     Args:
         emit: Called with each record's fields (``status``, ``error_code``, ``reason``,
-            ``client``, ``count``, ``interval_s``); must not block.
+            ``client``, ``count``, ``interval_ms``); must not block.
         interval_s: The counting interval, in seconds.
     """
 
@@ -63,7 +63,7 @@ class RefusalCounter:
     def _record(self, key: _Key, reason: str, count: int) -> dict[str, Any]:
         client, status, code = key
         return {"status": status, "error_code": code, "reason": reason, "client": client,
-                "count": count, "interval_s": self.interval_s}
+                "count": count, "interval_ms": round(self.interval_s * 1000)}
 
     def _tick(self) -> None:
         self._timer = None

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+
 from gateway.server import ACCEPTS_PER_WAKEUP, GatewayServer, ServerConfig
 from tests.conftest import free_port
 

@@ -24,6 +24,7 @@ Where the gateway is deliberately stricter the case is not compared but checked 
 
 from __future__ import annotations
 
+import itertools
 import re
 from typing import Any
 
@@ -76,7 +77,7 @@ def requests(draw: Any) -> bytes:
 
 def _split(data: bytes, cuts: list[int]) -> list[bytes]:
     points = sorted({c % (len(data) + 1) for c in cuts} | {0, len(data)})
-    return [data[a:b] for a, b in zip(points, points[1:], strict=False)]
+    return [data[a:b] for a, b in itertools.pairwise(points)]
 
 
 def ours(pieces: list[bytes]) -> tuple[list[Any], bool]:
