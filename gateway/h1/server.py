@@ -522,9 +522,10 @@ class ServerProtocol(asyncio.Protocol):
                 raise RuntimeError(f"invalid response header {bytes(name)[:40]!r}")
             if lower == b"content-length":
                 length = int(value)
-            elif lower == b"transfer-encoding":
+                continue  # written once, below
+            if lower == b"transfer-encoding":
                 continue  # the framing is chosen here
-            elif lower == b"connection":
+            if lower == b"connection":
                 if b"close" in value.lower():
                     cycle.keep_alive = False
                 continue

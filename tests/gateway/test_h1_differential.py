@@ -180,3 +180,75 @@ def test_bare_lf_heads_are_refused(data: bytes) -> None:
     head, sep, body = data.partition(b"\r\n\r\n")
     assert sep
     assert ours([head.replace(b"\r\n", b"\n") + b"\n\n" + body])[1] is True
+
+
+# --- responses: what the server writes, read by h11 as the client ------------------------------
+
+async def _shaped(scope: Any, receive: Any, send: Any) -> None:
+    """Answers as the request's ``x-shape`` header says: sized, streamed, empty, 204."""
+    if scope["type"] == "lifespan":
+        while (message := await receive())["type"] != "lifespan.shutdown":
+            if message["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+        await send({"type": "lifespan.shutdown.complete"})
+        return
+    shape = dict(scope["headers"]).get(b"x-shape", b"sized")
+    status = 204 if shape == b"204" else 200
+    headers = [(b"content-type", b"text/plain")]
+    pieces = [b"hello ", b"", b"world\r\n0\r\n\r\n"]
+    if shape == b"sized":
+        headers.append((b"content-length", b"%d" % sum(map(len, pieces))))
+    elif shape == b"204":
+        pieces = []
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    for piece in pieces:
+        await send({"type": "http.response.body", "body": piece, "more_body": True})
+    await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+def test_responses_read_by_h11_as_sent(tmp_path: Any) -> None:
+    from tests.gateway.gateway_server import Servers, connect
+    from tests.gateway.helpers import settings as gateway_settings
+
+    servers = Servers()
+    srv = servers.start(gateway_settings(["http://127.0.0.1:9"]), _shaped)
+    try:
+        cases = [(b"GET", b"1.1", b"sized"), (b"GET", b"1.1", b"streamed"),
+                 (b"HEAD", b"1.1", b"sized"), (b"HEAD", b"1.1", b"streamed"),
+                 (b"GET", b"1.1", b"204"), (b"GET", b"1.0", b"streamed"),
+                 (b"GET", b"1.0", b"sized")]
+        for method, version, shape in cases:
+            client = h11.Connection(h11.CLIENT)
+            with connect(srv.port) as sock:
+                # h11 sends HTTP/1.1 only: it is told the request, the bytes are written here.
+                client.send(h11.Request(method=method, target="/",
+                                        headers=[("Host", "gw"), ("x-shape", shape)]))
+                client.send(h11.EndOfMessage())
+                sock.sendall(b"%s / HTTP/%s\r\nHost: gw\r\nx-shape: %s\r\n\r\n"
+                             % (method, version, shape))
+                sock.settimeout(5)
+                response: Any = None
+                body = b""
+                raw = b""
+                while True:
+                    event = client.next_event()
+                    if event is h11.NEED_DATA:
+                        data = sock.recv(65536)
+                        raw += data
+                        client.receive_data(data)
+                        continue
+                    if isinstance(event, h11.Response):
+                        response = event
+                    elif isinstance(event, h11.Data):
+                        body += event.data
+                    elif isinstance(event, (h11.EndOfMessage, h11.ConnectionClosed)):
+                        break
+            case = (method, version, shape)
+            names = [n for n, _ in response.headers]
+            assert response.status_code == (204 if shape == b"204" else 200), case
+            assert names.count(b"content-length") + names.count(b"transfer-encoding") <= 1, (
+                case, raw[:300])
+            expected = b"" if method == b"HEAD" or shape == b"204" else b"hello world\r\n0\r\n\r\n"
+            assert body == expected, case
+    finally:
+        servers.stop_all()
