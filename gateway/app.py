@@ -7,7 +7,7 @@ keyed ``/v1/models`` endpoints (:mod:`gateway.models_api`), which are observed (
 relay requests. Everything else (``/healthz``, ``/readyz``, unknown paths) is ordinary FastAPI.
 Before any of them, a request with ambiguous framing (``Content-Length`` with
 ``Transfer-Encoding``, repeated framing headers) is refused with 400 ``invalid_framing`` and
-``Connection: close`` (second layer behind the parser check of :mod:`gateway.http_guard`;
+``Connection: close`` (second layer behind the parser check of :mod:`gateway.h1.request`;
 :func:`gateway.asgi_io.scope_framing_problem`).
 
 Everything the app needs is passed to the constructor: the settings and the assembled
@@ -74,7 +74,7 @@ class _GatewayApp(FastAPI):
         if scope["type"] == "http":
             problem = scope_framing_problem(scope["headers"])
             if problem is not None:
-                # Second layer behind gateway.http_guard's parser check (any ASGI server):
+                # Second layer behind gateway.h1.request's parser check (any ASGI server):
                 # answer and let the server close, so a smuggled request is never read.
                 for message in framing_refusal(problem):
                     await send(message)
