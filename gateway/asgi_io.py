@@ -510,14 +510,20 @@ def scope_framing_problem(headers: list[tuple[bytes, bytes]]) -> str | None:
 
 
 API_PREFIX = "/v1/"
+_MODEL_ITEM_PREFIX = b"/v1/models/"
 
 
 def escaped_api_path(scope: Scope) -> bool:
-    """Whether an API request (its decoded path under ``/v1/``) spelled its path with
-    percent-escapes: ``/v1/mode%6cs``, ``/v1%2Fmodels``. The one rule for every API route (the
-    relay paths and ``/v1/models``): such a request is not found (404). A proxy in front that
-    matches the literal path would otherwise be bypassed, since the server decodes the path."""
-    return b"%" in (scope.get("raw_path") or b"") and scope["path"].startswith(API_PREFIX)
+    """Whether an API request (its decoded path under ``/v1/``) spelled its route with
+    percent-escapes: ``/v1/mode%6cs``, ``/v1%2Fmodels``, ``/v1%2Fchat/completions``. The one
+    rule for every API route (the relay paths and ``/v1/models``): the route is spelled
+    literally, else the request is not found (404); only a model id after a literal
+    ``/v1/models/`` may carry escapes (the OpenAI SDKs send ``meta-llama%2FLlama-3.1-8B``).
+    A proxy in front that matches the literal path would otherwise be bypassed, since the
+    server decodes the path."""
+    raw = scope.get("raw_path") or b""
+    return (b"%" in raw and scope["path"].startswith(API_PREFIX)
+            and not raw.startswith(_MODEL_ITEM_PREFIX))
 
 
 def framing_refusal(problem: str) -> tuple[dict[str, Any], dict[str, Any]]:

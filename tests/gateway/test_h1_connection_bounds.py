@@ -143,6 +143,17 @@ def test_escaped_api_paths_are_not_found(servers: Servers, sim: Sim, path: bytes
     assert (status, json.loads(answer)["error"]["code"]) == (404, "not_found")
 
 
+def test_an_escaped_model_id_is_still_found(servers: Servers, sim: Sim) -> None:
+    """The rule is on the route, not the id: the OpenAI SDK escapes a model id's slash."""
+    from tests.gateway.helpers import SERVED
+
+    srv = servers.start(settings([sim.url]))
+    escaped = SERVED.replace("/", "%2F")
+    got = httpx.get(f"{srv.url}/v1/models/{escaped}",
+                    headers={"Authorization": f"Bearer {KEY_A}"}, timeout=10)
+    assert got.status_code == 200, got.text
+
+
 def test_a_client_that_stops_reading_is_dropped_after_the_send_timeout(
     servers: Servers, sim: Sim
 ) -> None:
