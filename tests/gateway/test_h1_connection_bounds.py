@@ -207,3 +207,4 @@ def test_refusals_are_counted_per_client_and_reason() -> None:
     got = [(r["client"], r["status"], r["count"]) for r in records]
     assert got == [("client-a", 400, 1), ("client-a", 408, 1), ("client-b", 400, 1),
                    ("client-a", 400, 999)]
+
