@@ -1,7 +1,8 @@
 """Client-facing HTTP parser: framing behaviour and bare throughput, side by side.
 
-Compares uvicorn's plain h11 protocol, the gateway's guarded h11 protocol
-(:mod:`gateway.http_guard`) and, when installed, httptools (llhttp), on a trivial ASGI app:
+Compares uvicorn's plain h11 protocol, the gateway's own server (:mod:`gateway.h1.server`,
+strict sans-IO request reader) and, when installed, uvicorn's httptools (llhttp) protocol, on a
+trivial ASGI app:
 
 1. Framing: each ambiguous request of ``CASES`` is sent on a raw socket followed by a second
    request; prints the status, whether the second (smuggled) request was served and whether the
@@ -25,8 +26,7 @@ from typing import Any
 
 import uvicorn
 
-from gateway.http_guard import server_options
-from gateway.settings import LimitSettings
+from gateway.server import GatewayServer, ServerConfig
 
 SERVED: list[str] = []
 
@@ -71,14 +71,13 @@ def _free_port() -> int:
 class _Server:
     def __init__(self, parser: str) -> None:
         self.port = _free_port()
-        if parser == "guarded h11":
-            options = server_options(LimitSettings(), log_level="critical")
-            options.pop("log_config")
+        self.server: Any
+        if parser == "gateway":
+            self.server = GatewayServer(ServerConfig(app, host="127.0.0.1", port=self.port))
         else:
-            options = {"loop": "asyncio", "http": parser, "lifespan": "on",
-                       "log_level": "critical"}
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port,
-                                                    **options))
+            self.server = uvicorn.Server(uvicorn.Config(
+                app, host="127.0.0.1", port=self.port, loop="asyncio", http=parser,
+                lifespan="on", log_level="critical"))
         self.thread = threading.Thread(target=lambda: asyncio.run(self.server.serve()),
                                        daemon=True)
 
@@ -146,7 +145,7 @@ def main() -> None:
     p.add_argument("--connections", type=int, default=8)
     p.add_argument("--rounds", type=int, default=3)
     args = p.parse_args()
-    parsers = ["h11", "guarded h11"]
+    parsers = ["h11", "gateway"]
     if importlib.util.find_spec("httptools") is not None:
         parsers.append("httptools")
     print("framing (status and body type, request sent after the body, connection):")

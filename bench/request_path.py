@@ -2,7 +2,8 @@
 wall-clock trace of one request.
 
 The gateway runs in this process (``assemble`` + ``create_app`` + the lifespan, served by the
-production protocol class of :func:`gateway.http_guard.server_options`) in front of a real
+production protocol class, :class:`gateway.h1.server.ServerProtocol`; with ``--source`` of a
+checkout from before it, uvicorn's protocol of ``gateway.http_guard``) in front of a real
 ``vllm-sim`` on loopback; the client side is an in-memory transport (no client socket, no client
 process), so the numbers are the gateway's own: its request parsing, relay, upstream client and
 response writing, the upstream socket's system calls, and the event-loop iterations between
@@ -48,9 +49,6 @@ if ARGS.source:
 import yaml  # noqa: E402
 from relay_load import request_bytes  # noqa: E402
 from relay_procs import BENCH_KEY, bind_config, default_config, start_sim  # noqa: E402
-from uvicorn.config import Config  # noqa: E402
-from uvicorn.lifespan.on import LifespanOn  # noqa: E402
-from uvicorn.server import ServerState  # noqa: E402
 
 
 class _Client(asyncio.Transport):
@@ -156,7 +154,6 @@ def _trace_targets() -> list[tuple[Any, str, str]]:
 async def _run(sim_url: str, tmp: Path) -> None:
     from gateway.app import create_app
     from gateway.assembly import assemble
-    from gateway.http_guard import server_options
     from gateway.runtime_tuning import freeze_startup_heap, tune_gc
     from gateway.settings import load
 
@@ -165,10 +162,7 @@ async def _run(sim_url: str, tmp: Path) -> None:
     path.write_text(yaml.safe_dump(cfg))
     settings = load(path)
     app = create_app(settings, assemble(settings, tmp))
-    config = Config(app, **server_options(settings.limits))
-    config.load()
-    lifespan = LifespanOn(config)
-    await lifespan.startup()
+    proto, lifespan = await _server_protocol(app, settings)
     # The collector settings of `gateway serve` (gateway.server: thresholds at start, the
     # start-up heap frozen once the lifespan has started); the defaults would add young
     # collections over the whole heap to the per-request figures.
@@ -177,8 +171,6 @@ async def _run(sim_url: str, tmp: Path) -> None:
     body = {"model": "m", "stream": False, "max_tokens": 1,
             "messages": [{"role": "user", "content": "hi"}]}
     req = request_bytes("127.0.0.1:8000", "/v1/chat/completions", body, BENCH_KEY, True)
-    proto = config.http_protocol_class(config=config, server_state=ServerState(),
-                                       app_state=lifespan.state)
     client = _Client()
     proto.connection_made(client)
     loop = asyncio.get_running_loop()
@@ -227,6 +219,33 @@ async def _run(sim_url: str, tmp: Path) -> None:
         for t, label in best:
             print(f"{(t - t0) * 1e6:8.1f} us  {label}")
     await lifespan.shutdown()
+
+
+async def _server_protocol(app: Any, settings: Any) -> tuple[Any, Any]:
+    """The server protocol of one connection and the started lifespan: the gateway's own
+    server, or (a checkout from before it, ``--source``) uvicorn's protocol class."""
+    try:
+        from gateway.h1.lifespan import Lifespan
+        from gateway.h1.server import ServerContext, ServerProtocol
+        from gateway.server import server_limits
+    except ImportError:
+        from gateway.http_guard import server_options  # type: ignore[import-not-found]
+        from uvicorn.config import Config
+        from uvicorn.lifespan.on import LifespanOn
+        from uvicorn.server import ServerState
+
+        config = Config(app, **server_options(settings.limits))
+        config.load()
+        old = LifespanOn(config)
+        await old.startup()
+        return config.http_protocol_class(config=config, server_state=ServerState(),
+                                          app_state=old.state), old
+    lifespan = Lifespan(app)
+    assert await lifespan.startup(), lifespan.failure
+    max_body = settings.limits.max_body_bytes
+    context = ServerContext(app, server_limits(settings.limits), lambda: max_body,
+                            state=lifespan.state)
+    return ServerProtocol(context), lifespan
 
 
 def main() -> int:

@@ -7,7 +7,7 @@ keyed ``/v1/models`` endpoints (:mod:`gateway.models_api`), which are observed (
 relay requests. Everything else (``/healthz``, ``/readyz``, unknown paths) is ordinary FastAPI.
 Before any of them, a request with ambiguous framing (``Content-Length`` with
 ``Transfer-Encoding``, repeated framing headers) is refused with 400 ``invalid_framing`` and
-``Connection: close`` (second layer behind the parser check of :mod:`gateway.http_guard`;
+``Connection: close`` (second layer behind the parser check of :mod:`gateway.h1.request`;
 :func:`gateway.asgi_io.scope_framing_problem`).
 
 Everything the app needs is passed to the constructor: the settings and the assembled
@@ -35,11 +35,17 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gateway import models_api, relay, usage_api
 from gateway.access import AccessLogMiddleware
-from gateway.asgi_io import framing_refusal, scope_framing_problem
+from gateway.asgi_io import escaped_api_path, framing_refusal, scope_framing_problem
 from gateway.assembly import Gateway
 from gateway.auth import Authenticator
 from gateway.drain import Drain
-from gateway.errors import GatewayError, InvalidRequest, MethodNotAllowed
+from gateway.errors import (
+    GatewayError,
+    InvalidRequest,
+    MethodNotAllowed,
+    PathNotFound,
+    error_body,
+)
 from gateway.fleet.kv_subscriber import KVEventsFeed
 from gateway.fleet.replica_metrics import MetricsScraper
 from gateway.flow.peers import FlowPeers
@@ -71,12 +77,15 @@ class _GatewayApp(FastAPI):
         if scope["type"] == "http":
             problem = scope_framing_problem(scope["headers"])
             if problem is not None:
-                # Second layer behind gateway.http_guard's parser check (any ASGI server):
+                # Second layer behind gateway.h1.request's parser check (any ASGI server):
                 # answer and let the server close, so a smuggled request is never read.
                 for message in framing_refusal(problem):
                     await send(message)
                 return
             path = scope["path"]
+            if escaped_api_path(scope):
+                await _send_error(send, PathNotFound("Not Found"))
+                return
             if path in relay.RELAY_PATHS:
                 try:  # gateway_state's lookup, without a call per request
                     state = scope["state"][STATE_KEY].current
@@ -90,6 +99,15 @@ class _GatewayApp(FastAPI):
         elif scope["type"] == "lifespan":
             send = _startup_failure_in_one_line(send)
         await super().__call__(scope, receive, send)
+
+
+async def _send_error(send: Any, exc: GatewayError) -> None:
+    """Answer ``exc`` as OpenAI-style JSON with raw ASGI messages."""
+    body = error_body(exc)
+    await send({"type": "http.response.start", "status": exc.status,
+                "headers": [(b"content-type", b"application/json"),
+                            (b"content-length", b"%d" % len(body))]})
+    await send({"type": "http.response.body", "body": body})
 
 
 def _startup_failure_in_one_line(send: Any) -> Any:

@@ -1,7 +1,7 @@
 """Small raw-ASGI helpers for the relay path: reading a bounded body, sending responses.
 
 Also the app's framing check on the ASGI scope (:func:`scope_framing_problem`, the second layer
-behind the server's parser check in :mod:`gateway.http_guard`) and its refusal messages.
+behind the server's parser check in :mod:`gateway.h1.server`) and its refusal messages.
 
 ASGI HTTP message types: https://asgi.readthedocs.io/en/latest/specs/www.html
 """
@@ -32,6 +32,7 @@ __all__ = [
     "Responder",
     "Scope",
     "Send",
+    "escaped_api_path",
     "framing_refusal",
     "read_body",
     "scope_framing_problem",
@@ -43,12 +44,12 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
 BODY_CHUNK_EXTENSION = "sovereign_gateway.body_chunk"
-"""ASGI scope extension set by the gateway's own server (``gateway.http_guard``):
+"""ASGI scope extension set by the gateway's own server (``gateway.h1.server``):
 ``await write(data) -> bool`` writes one non-empty chunk of a chunked response body without an
 ASGI message (``False``: not possible now, use ``send``). The relay writes one per SSE event."""
 
 DISCONNECT_EXTENSION = "sovereign_gateway.on_disconnect"
-"""ASGI scope extension set by the gateway's own server (``gateway.http_guard``):
+"""ASGI scope extension set by the gateway's own server (``gateway.h1.server``):
 ``watch(callback) -> unwatch | None`` has the server call ``callback()`` (once, from the event
 loop) when the client's connection is lost before the response is complete, until
 ``unwatch()`` is called. ``None``: not possible now (no response in progress, or the client is
@@ -56,7 +57,7 @@ already gone): await ``receive()`` instead. It spares :class:`DisconnectWatch` a
 wake-up per request."""
 
 WHOLE_BODY_EXTENSION = "sovereign_gateway.whole_body"
-"""ASGI scope extension set by the gateway's own server (``gateway.http_guard``):
+"""ASGI scope extension set by the gateway's own server (``gateway.h1.server``):
 ``take() -> bytes | None`` returns the whole request body when all of it has arrived and none
 of it was read yet, as ``receive()`` would return it in one ``http.request`` message (and it
 is then read: a later ``receive()`` waits for the disconnect); ``None``: use ``receive()``.
@@ -64,7 +65,7 @@ It spares :func:`read_body` a wait, a timer and a message for the common small r
 
 
 WRITE_NOW_EXTENSION = "sovereign_gateway.write_now"
-"""ASGI scope extension set by the gateway's own server (``gateway.http_guard``):
+"""ASGI scope extension set by the gateway's own server (``gateway.h1.server``):
 ``write_now(data) -> bool`` writes one chunk of the response body being sent synchronously, or
 returns ``False`` with nothing changed when that is not possible now (no body in progress, the
 client's socket buffer full: use :data:`BODY_CHUNK_EXTENSION` or ``send``, which wait).
@@ -72,7 +73,7 @@ client's socket buffer full: use :data:`BODY_CHUNK_EXTENSION` or ``send``, which
 (:meth:`Responder.sink`), so a relayed SSE event wakes no task."""
 
 CHUNK_WRITER_EXTENSION = "sovereign_gateway.chunk_writer"
-"""ASGI scope extension set by the gateway's own server (``gateway.http_guard``):
+"""ASGI scope extension set by the gateway's own server (``gateway.h1.server``):
 ``open() -> write | None`` returns a writer bound to the response body being sent, whose
 ``write(data) -> bool`` does what the :data:`WRITE_NOW_EXTENSION` writer does (same arguments,
 same result) with the checks that hold for the whole response (a body in progress, not
@@ -192,7 +193,7 @@ class Responder:
             :meth:`body` or the sink). Used when an observer must record the request's
             completion before the client may see it complete.
         write_chunk: The server's body-chunk writer, if it offers one (the gateway's own
-            server: ``gateway.http_guard.BODY_CHUNK_EXTENSION``): body chunks that do not end
+            server: :data:`BODY_CHUNK_EXTENSION`): body chunks that do not end
             the response go through it instead of an ASGI message.
         write_now: The server's synchronous body-chunk writer, if it offers one
             (:data:`WRITE_NOW_EXTENSION`): tried first for such chunks, and what
@@ -506,6 +507,23 @@ def scope_framing_problem(headers: list[tuple[bytes, bytes]]) -> str | None:
     if lengths > 1 or encodings > 1:
         return "repeated Content-Length or Transfer-Encoding header"
     return None
+
+
+API_PREFIX = "/v1/"
+_MODEL_ITEM_PREFIX = b"/v1/models/"
+
+
+def escaped_api_path(scope: Scope) -> bool:
+    """Whether an API request (its decoded path under ``/v1/``) spelled its route with
+    percent-escapes: ``/v1/mode%6cs``, ``/v1%2Fmodels``, ``/v1%2Fchat/completions``. The one
+    rule for every API route (the relay paths and ``/v1/models``): the route is spelled
+    literally, else the request is not found (404); only a model id after a literal
+    ``/v1/models/`` may carry escapes (the OpenAI SDKs send ``meta-llama%2FLlama-3.1-8B``).
+    A proxy in front that matches the literal path would otherwise be bypassed, since the
+    server decodes the path."""
+    raw = scope.get("raw_path") or b""
+    return (b"%" in raw and scope["path"].startswith(API_PREFIX)
+            and not raw.startswith(_MODEL_ITEM_PREFIX))
 
 
 def framing_refusal(problem: str) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -36,6 +36,7 @@ from gateway.asgi_io import (
     Responder,
     Scope,
     Send,
+    escaped_api_path,
     read_body,
 )
 from gateway.auth import Principal, bearer_token
@@ -298,9 +299,7 @@ async def _serve(
 
 def _check_target(scope: Scope) -> None:
     """Only plain relay paths, only POST."""
-    if b"%" in (scope.get("raw_path") or b""):
-        # uvicorn decodes %2F in ``path``; a proxy in front matching the literal path would be
-        # bypassed by ``/v1%2Fchat/completions``. Relay paths are plain ASCII: refuse escapes.
+    if escaped_api_path(scope):  # the one rule of every API path (gateway.asgi_io)
         raise PathNotFound("Not Found")
     if scope["method"] != "POST":
         raise MethodNotAllowed(f"{scope['method']} is not allowed on {scope['path']}; use POST.")

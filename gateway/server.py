@@ -1,7 +1,8 @@
-"""Running the ASGI app under uvicorn for ``gateway serve``, with the process tuning applied.
+"""Running the ASGI app for ``gateway serve``: listeners, lifespan, signals, drain.
 
-``uvicorn.run`` is replaced by :func:`run_server` so that the start and the end of serving are
-named steps: once the lifespan start-up finished (state built, pools open, audit chain opened),
+The gateway's own server (:class:`GatewayServer`, on asyncio's public API; each connection a
+:class:`gateway.h1.server.ServerProtocol`) so that the start and the end of serving are named
+steps: once the lifespan start-up finished (state built, pools open, audit chain opened),
 the heap that lives as long as the process is frozen out of the garbage collector
 (:mod:`gateway.runtime_tuning`); on SIGTERM or SIGINT the server drains (:mod:`gateway.drain`)
 and :func:`run_server` returns the signal that stopped it (``gateway serve`` then exits 0 after
@@ -23,19 +24,24 @@ import math
 import os
 import signal
 import socket
+import ssl
+import threading
 from collections.abc import Callable
-from types import FrameType
-from typing import TYPE_CHECKING
-
-import uvicorn
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from clishell import CliError
 from gateway.drain import Drain
+from gateway.h1.lifespan import Lifespan
+from gateway.h1.server import ServerContext, ServerLimits, ServerProtocol
 from gateway.hangup import HangupLatch
+from gateway.http_refusal import RefusalHook
 from gateway.runtime_tuning import freeze_startup_heap, tune_gc
 
 if TYPE_CHECKING:
     from gateway.reload import Reloader
+    from gateway.settings import LimitSettings
 
 _log = logging.getLogger(__name__)
 
@@ -44,104 +50,274 @@ FINAL_WRITE_S = 1.0
 connection is then closed (a client that does not read would hold the shutdown)."""
 
 LISTEN_BACKLOG = 2048
-"""Connections the kernel queues on a listening socket before it refuses more (uvicorn's
-default ``backlog``; the supervisor of ``--workers N`` binds with it too)."""
+"""Connections the kernel queues on a listening socket before it refuses more (the supervisor
+of ``--workers N`` binds with it too)."""
 
 ACCEPTS_PER_WAKEUP = 1
 """Connections the event loop accepts each time a listening socket is ready (nginx's default,
-``multi_accept off``). asyncio accepts up to the server's ``backlog`` per readiness, and
-uvicorn passes 2048: a burst of new streams was then accepted, parsed and started phase by
-phase for every connection before any of them reached its replica, so the first token of each
-waited for the whole burst's CPU. One per wake-up interleaves accepting with the work of the
-connections already in (burst TTFT p50 down by a quarter to a third, docs/benchmarks.md); the
-listening socket stays readable, so the next loop iteration accepts the next one."""
+``multi_accept off``). asyncio accepts up to the server's ``backlog`` per readiness: a burst of
+new streams was then accepted, parsed and started phase by phase for every connection before
+any of them reached its replica, so the first token of each waited for the whole burst's CPU.
+One per wake-up interleaves accepting with the work of the connections already in (burst TTFT
+p50 down by a quarter to a third, docs/benchmarks.md); the listening socket stays readable, so
+the next loop iteration accepts the next one."""
 
 __all__ = ["ACCEPTS_PER_WAKEUP", "FINAL_WRITE_S", "LISTEN_BACKLOG", "STARTUP_FAILURE",
-           "GatewayServer", "run_server"]
+           "GatewayServer", "ServerConfig", "run_server", "server_limits"]
 
 STARTUP_FAILURE = 3
-"""Exit status when the server did not start (same as ``uvicorn.main.STARTUP_FAILURE``)."""
+"""Exit status when the server did not start."""
 
 
-class GatewayServer(uvicorn.Server):
-    """uvicorn's server: freezes the start-up heap once started; drains on SIGTERM; reloads
-    on SIGHUP.
+def server_limits(limits: LimitSettings) -> ServerLimits:
+    """The connection bounds of ``limits`` (the ``limits:`` section)."""
+    return ServerLimits(
+        header_timeout_s=limits.client_header_timeout_s,
+        keep_alive_timeout_s=limits.keep_alive_timeout_s,
+        body_timeout_s=limits.client_body_timeout_s,
+        send_timeout_s=limits.client_send_timeout_s,
+        max_connections=limits.max_client_connections,
+    )
+
+
+@dataclass
+class ServerConfig:
+    """What the server serves and where.
+
+    Attributes:
+        app: The ASGI application (its lifespan is run).
+        host: Address to bind (unless sockets are given to :meth:`GatewayServer.serve`).
+        port: Port to bind.
+        limits: The connection bounds.
+        body_limit: ``limits.max_body_bytes`` in force now, in bytes.
+        on_refused: Told of each request refused before the app saw it.
+        ssl_certfile: With ``ssl_keyfile``: serve HTTPS with this certificate chain (PEM).
+        ssl_keyfile: The private key of ``ssl_certfile`` (PEM).
+        ssl_context: Serve HTTPS with this context (wins over the files; mTLS: one that
+            requests client certificates).
+        timeout_graceful_shutdown: Seconds a stop waits for requests in progress before it
+            cancels them.
+        lifespan: Run the app's lifespan.
+    """
+
+    app: Any
+    host: str = "127.0.0.1"
+    port: int = 8000
+    limits: ServerLimits = field(default_factory=ServerLimits)
+    body_limit: Callable[[], int] = lambda: 16 * 1024 * 1024
+    on_refused: RefusalHook | None = None
+    ssl_certfile: Path | str | None = None
+    ssl_keyfile: Path | str | None = None
+    ssl_context: ssl.SSLContext | None = None
+    timeout_graceful_shutdown: float = 10.0
+    lifespan: bool = True
+
+    def tls(self) -> ssl.SSLContext | None:
+        """The TLS context connections are served through, ``None`` for plain HTTP."""
+        if self.ssl_context is not None:
+            return self.ssl_context
+        if self.ssl_certfile is None:
+            return None
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(self.ssl_certfile, self.ssl_keyfile)
+        return context
+
+
+class GatewayServer:
+    """The gateway's HTTP server: freezes the start-up heap once started; drains on SIGTERM;
+    reloads on SIGHUP.
 
     Args:
-        config: The uvicorn configuration.
+        config: What to serve and where.
         drain: The drain state shared with the app (``/readyz``, the relay); ``None``: stop
-            as uvicorn does.
+            gracefully at once.
         reloader: Reloads the configuration on SIGHUP (``None``: SIGHUP keeps its default).
         on_started: Called once serving started (a worker tells its supervisor).
         ignore_sigint: Ignore SIGINT (a worker: its supervisor forwards SIGINT as SIGTERM).
+
+    Attributes:
+        started: Serving began (listening, lifespan started).
+        should_exit: A stop was asked (the listeners close, requests in progress end).
+        force_exit: A second stop was asked: requests in progress are cancelled at once.
+        failure: Why the server did not start (one line), or ``None``.
+        stopped_by: The first signal that stopped the server.
     """
 
     def __init__(
-        self, config: uvicorn.Config, drain: Drain | None = None,
+        self, config: ServerConfig, drain: Drain | None = None,
         reloader: Reloader | None = None, *,
         on_started: Callable[[], None] | None = None,
         ignore_sigint: bool = False,
     ) -> None:
-        super().__init__(config)
+        self.config = config
         self.drain = drain
         self.reloader = reloader
         self._loop: asyncio.AbstractEventLoop | None = None
         self._on_started = on_started
         self._ignore_sigint = ignore_sigint
-        self.stopped_by: int | None = None  # the first signal that stopped the server
+        self.started = False
+        self.should_exit = False
+        self.force_exit = False
+        self.failure: str | None = None
+        self.stopped_by: int | None = None
+        self.context = ServerContext(config.app, config.limits, config.body_limit,
+                                     config.on_refused)
+        self.servers: list[asyncio.Server] = []
+        self._stop = asyncio.Event()
+        self._lifespan: Lifespan | None = None
+
+    def run(self, sockets: list[socket.socket] | None = None) -> None:
+        """Serve in a new event loop until stopped (see :meth:`serve`)."""
+        asyncio.run(self.serve(sockets))
+
+    async def serve(self, sockets: list[socket.socket] | None = None) -> None:
+        """Start, serve until a stop is asked, then shut down gracefully.
+
+        Args:
+            sockets: Listening sockets to serve (a worker: the supervisor's) instead of
+                binding ``config.host:config.port``.
+        """
+        self._loop = loop = asyncio.get_running_loop()
+        _log.info("Started server process [%d]", os.getpid())
+        self._stop = asyncio.Event()
+        if self.should_exit:
+            self._stop.set()
+        handled: list[signal.Signals] = []
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self.handle_exit, sig)
+                handled.append(sig)
+        try:
+            await self.startup(sockets)
+            if not self.started:
+                return
+            while not self.should_exit:
+                await self._wait_for_stop()
+            await self.shutdown()
+        finally:
+            for sig in handled:
+                loop.remove_signal_handler(sig)
+
+    async def _wait_for_stop(self) -> None:
+        # Polled too: tests and the drain set should_exit from outside the loop.
+        try:
+            await asyncio.wait_for(self._stop.wait(), 0.1)
+        except TimeoutError:
+            pass
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        """Start as uvicorn does, accepting :data:`ACCEPTS_PER_WAKEUP` connections per
-        readiness of the listening socket with a kernel queue of :data:`LISTEN_BACKLOG`; then
-        :func:`freeze_startup_heap` (only when started) and handle SIGHUP (a reload on the
-        event loop)."""
-        self._loop = asyncio.get_running_loop()
-        # asyncio uses the server's backlog both for listen() and as the number of accepts per
-        # readiness: create the servers with the accept count, then listen() again with the
-        # kernel queue (Linux updates the backlog of a listening socket in place).
-        self.config.backlog = ACCEPTS_PER_WAKEUP
-        await super().startup(sockets=sockets)
-        for server in getattr(self, "servers", []):
+        """Run the lifespan start-up and listen, accepting :data:`ACCEPTS_PER_WAKEUP`
+        connections per readiness with a kernel queue of :data:`LISTEN_BACKLOG`; then
+        :func:`freeze_startup_heap` and handle SIGHUP (a reload on the event loop).
+
+        A failure (the lifespan, a port in use) leaves :attr:`started` false and
+        :attr:`failure` naming it.
+        """
+        loop = asyncio.get_running_loop()
+        config = self.config
+        if config.lifespan:
+            self._lifespan = Lifespan(config.app)
+            if not await self._lifespan.startup():
+                self.failure = self._lifespan.failure
+                return
+            self.context.state = self._lifespan.state
+        context = self.context
+        try:
+            tls = config.tls()
+            # asyncio uses the backlog both for listen() and as the number of accepts per
+            # readiness: create the servers with the accept count, then listen() again with
+            # the kernel queue (Linux updates the backlog of a listening socket in place).
+            if sockets is not None:
+                for sock in sockets:
+                    self.servers.append(await loop.create_server(
+                        lambda: ServerProtocol(context), sock=sock, ssl=tls,
+                        backlog=ACCEPTS_PER_WAKEUP))
+            else:
+                self.servers.append(await loop.create_server(
+                    lambda: ServerProtocol(context), config.host, config.port, ssl=tls,
+                    backlog=ACCEPTS_PER_WAKEUP))
+        except (OSError, ssl.SSLError) as exc:
+            self.failure = f"{type(exc).__name__}: {exc}"
+            _log.error("%s", self.failure)
+            for server in self.servers:
+                server.close()
+            if self._lifespan is not None:
+                await self._lifespan.shutdown()
+            return
+        for server in self.servers:
             for listening in server.sockets:
                 _listen(listening, LISTEN_BACKLOG)
-        if self.started:
-            freeze_startup_heap()
-            if self.reloader is not None:
-                held = HangupLatch.install()  # the handler until now: read after replacing it
-                self._loop.add_signal_handler(signal.SIGHUP, self.reloader.trigger, "signal")
-                if held.take():  # a SIGHUP came while starting: reload now
-                    self.reloader.trigger("signal")
-            if self._on_started is not None:
-                self._on_started()
+        self.started = True
+        _log.info("Application startup complete; serving on %s",
+                  ", ".join(f"{s.getsockname()}" for srv in self.servers for s in srv.sockets))
+        freeze_startup_heap()
+        if self.reloader is not None and threading.current_thread() is threading.main_thread():
+            held = HangupLatch.install()  # the handler until now: read after replacing it
+            loop.add_signal_handler(signal.SIGHUP, self.reloader.trigger, "signal")
+            if held.take():  # a SIGHUP came while starting: reload now
+                self.reloader.trigger("signal")
+        if self._on_started is not None:
+            self._on_started()
 
-    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        """SIGTERM/SIGINT: begin the drain; a second one: stop at once.
+    @property
+    def port(self) -> int:
+        """The port of the first listener (0 before start)."""
+        for server in self.servers:
+            for listening in server.sockets:
+                return int(listening.getsockname()[1])
+        return 0
 
-        The signal is not re-raised after shutdown (uvicorn would, ending the process by the
-        signal): a completed drain exits 0.
-        """
+    async def shutdown(self) -> None:
+        """Stop accepting, close idle connections, let requests in progress end (within
+        ``timeout_graceful_shutdown``, or at once on a second stop), then the lifespan
+        shutdown."""
+        for server in self.servers:
+            server.close()
+        connections = self.context.connections
+        for connection in list(connections):
+            connection.shutdown()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.timeout_graceful_shutdown
+        while connections and not self.force_exit and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        for connection in list(connections):
+            connection.abort()
+        if connections:
+            await asyncio.sleep(0)
+        if self._lifespan is not None:
+            await self._lifespan.shutdown()
+
+    def request_exit(self) -> None:
+        """Stop serving (from the event loop's thread)."""
+        self.should_exit = True
+        self._stop.set()
+
+    def handle_exit(self, sig: int) -> None:
+        """SIGTERM/SIGINT: begin the drain; a second one: stop at once. A completed drain
+        exits 0 (the signal is not re-raised)."""
         if sig == signal.SIGINT and self._ignore_sigint:
             return
         if self.stopped_by is None:
             self.stopped_by = sig
         drain, loop = self.drain, self._loop
-        if drain is None or loop is None:  # no drain, or not started yet: stop as uvicorn does
+        if drain is None or loop is None:  # no drain, or not started yet: stop now
             self.force_exit = self.should_exit
-            self.should_exit = True
+            self.request_exit()
             return
         if drain.draining:
             _log.warning("second %s: stopping at once", signal.Signals(sig).name)
-            self.force_exit = self.should_exit = True
+            self.force_exit = True
+            self.request_exit()
             return
         drain.begin()
         cfg = drain.settings
         _log.info("%s: draining (readyz 503; accepting for %g s; requests end within %g s)",
                   signal.Signals(sig).name, cfg.delay_s, cfg.timeout_s)
-        loop.call_soon_threadsafe(loop.call_later, cfg.delay_s, self._stop_accepting)
-        loop.call_soon_threadsafe(loop.call_later, cfg.timeout_s, self._deadline)
+        loop.call_later(cfg.delay_s, self._stop_accepting)
+        loop.call_later(cfg.timeout_s, self._deadline)
 
     def _stop_accepting(self) -> None:
-        self.should_exit = True  # uvicorn's main loop closes the listener and idle connections
+        self.request_exit()  # shutdown() closes the listeners and the idle connections
 
     def _deadline(self) -> None:
         assert self.drain is not None and self._loop is not None
@@ -157,15 +333,15 @@ class GatewayServer(uvicorn.Server):
         that write waits for ever. Closing the connection ends the write (and the request), so
         the lifespan shutdown (the audit chain sealed) runs before the orchestrator's SIGKILL.
         """
-        stuck = [c for c in self.server_state.connections if c.transport is not None]
+        stuck = list(self.context.connections)
         for connection in stuck:
-            connection.transport.abort()
+            connection.abort()
         if stuck:
             _log.warning("drain deadline: %d connection(s) whose client did not read the end "
                          "of its response closed", len(stuck))
 
 
-def _listen(listening: socket.socket, backlog: int) -> None:
+def _listen(listening: Any, backlog: int) -> None:
     """``listen(backlog)`` on a serving socket (asyncio hands out a wrapper without
     ``listen``: a duplicate of its descriptor is the same socket)."""
     dup = socket.socket(listening.family, listening.type, listening.proto,
@@ -177,15 +353,15 @@ def _listen(listening: socket.socket, backlog: int) -> None:
 
 
 def run_server(
-    config: uvicorn.Config, drain: Drain | None = None, reloader: Reloader | None = None, *,
+    config: ServerConfig, drain: Drain | None = None, reloader: Reloader | None = None, *,
     sockets: list[socket.socket] | None = None,
     on_started: Callable[[], None] | None = None,
 ) -> int | None:
     """Serve ``config`` in the foreground until a signal stops it.
 
     Args:
-        config: The uvicorn configuration (one process; no reload). With ``drain``, its
-            ``timeout_graceful_shutdown`` is set past the drain deadline.
+        config: What to serve. With ``drain``, its ``timeout_graceful_shutdown`` is set past
+            the drain deadline.
         drain: Drain on SIGTERM (see :mod:`gateway.drain`).
         reloader: Reload on SIGHUP (see :mod:`gateway.reload`); a SIGHUP that comes before
             the server started is held (:class:`gateway.hangup.HangupLatch`) and reloads once
@@ -201,13 +377,13 @@ def run_server(
     Raises:
         CliError: ``startup_failed`` with exit status :data:`STARTUP_FAILURE` when the server
             did not start (a port in use, a lifespan start-up error such as the audit store),
-            naming the reason uvicorn logged, so the CLI's last line says why.
+            naming the reason, so the CLI's last line says why.
     """
     tune_gc()
     if drain is not None:
-        # uvicorn's own cut (tasks cancelled, no final event) only as a backstop after ours,
-        # and early enough for the lifespan shutdown within SHUTDOWN_MARGIN_S: its wait starts
-        # when the listener closes, delay_s after the signal.
+        # The server's own cut (tasks cancelled, no final event) only as a backstop after
+        # ours, and early enough for the lifespan shutdown within SHUTDOWN_MARGIN_S: its wait
+        # starts when the listener closes, delay_s after the signal.
         cfg = drain.settings
         config.timeout_graceful_shutdown = math.ceil(
             cfg.timeout_s - cfg.delay_s + FINAL_WRITE_S + 1.0)
@@ -215,18 +391,9 @@ def run_server(
         HangupLatch.install()  # held until startup() handles it
     server = GatewayServer(config, drain, reloader, on_started=on_started,
                            ignore_sigint=sockets is not None)
-    reasons = _StartupErrors()
-    uvicorn_log = logging.getLogger("uvicorn.error")
-    uvicorn_log.addHandler(reasons)
-    try:
-        server.run(sockets=sockets)
-    except SystemExit as exc:
-        if exc.code != STARTUP_FAILURE or server.started:
-            raise
-    finally:
-        uvicorn_log.removeHandler(reasons)
+    server.run(sockets=sockets)
     if not server.started:
-        reason = reasons.reason()
+        reason = server.failure
         raise CliError(
             "startup_failed",
             f"the gateway did not start: {reason or 'see the log lines above'}",
@@ -241,28 +408,3 @@ def startup_hint(reason: str | None) -> str:
                 "have the details")
     return ("fix what it names and start again (`gateway check-config` checks the config "
             "file); the log lines above have the details")
-
-
-class _StartupErrors(logging.Handler):
-    """Keeps why uvicorn did not start: its error records, as one line each (the exception
-    line of a logged traceback)."""
-
-    _DONE = "Application startup failed. Exiting."
-
-    def __init__(self) -> None:
-        super().__init__(logging.ERROR)
-        self.reasons: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        exc = record.exc_info[1] if record.exc_info else None
-        if exc is not None:
-            text = f"{type(exc).__name__}: {exc}"
-        else:
-            lines = [line.strip() for line in record.getMessage().strip().splitlines()]
-            text = lines[-1] if lines else ""
-        if text and text != self._DONE:
-            self.reasons.append(text)
-
-    def reason(self) -> str | None:
-        """The first reason recorded, or ``None``."""
-        return self.reasons[0] if self.reasons else None

@@ -272,6 +272,9 @@ class LimitSettings(_Frozen):
     client_header_timeout_s: float = Field(default=10.0, gt=0, allow_inf_nan=False)
     # Seconds an idle keep-alive client connection is kept open between requests.
     keep_alive_timeout_s: float = Field(default=5.0, gt=0, allow_inf_nan=False)
+    # Seconds a client may leave its socket buffer full (not reading) while a response is
+    # written before its connection is closed (and its upstream request ended).
+    client_send_timeout_s: float = Field(default=30.0, gt=0, allow_inf_nan=False)
     # Concurrent client connections; one more is answered 503 at once and closed.
     max_client_connections: int = Field(default=4096, gt=0)
     max_upstream_connections: int = Field(default=4096, ge=0)

@@ -30,6 +30,7 @@ from gateway.audit.checkpoint import load_signer
 from gateway.audit.errors import AuditError, AuditUnavailable
 from gateway.audit.pseudonym import ContentHasher, Pseudonymizer, load_pseudonymizer
 from gateway.audit.records import REQUEST_COMPLETED, REQUEST_STARTED
+from gateway.audit.refusals import RefusalCounter
 from gateway.audit.settings import AuditSettings
 from gateway.audit.store import sqlite_file
 from gateway.audit.writer import AuditLog, Receipt
@@ -75,6 +76,7 @@ class AuditObserver:
         self._content: dict[str, tuple[str, ContentHasher]] = {}
         self._clients: dict[str, str] = {}  # client host -> pseudonym (the HMAC is fixed)
         self._refusals: set[asyncio.Task[None]] = set()
+        self._refusal_counter = RefusalCounter(self._append_refused)
 
     @classmethod
     def from_settings(
@@ -99,6 +101,7 @@ class AuditObserver:
 
     async def shutdown(self) -> None:
         """Close the chain with a final signed checkpoint (after pending refusal records)."""
+        self._refusal_counter.flush()
         if self._refusals:
             await asyncio.gather(*self._refusals, return_exceptions=True)
         await self.log.close()
@@ -229,7 +232,7 @@ class AuditObserver:
     def http_refused(self, status: int, code: str, message: str, client_host: str | None) -> None:
         """Record a request the HTTP server refused before the app saw it (``http.refused``).
 
-        The server's ``on_refused`` hook (:mod:`gateway.http_guard`: ambiguous framing,
+        The server's ``on_refused`` hook (:mod:`gateway.h1.server`: ambiguous framing,
         malformed or oversized heads, header timeouts, the connection cap). Called on the
         event loop, synchronously: the append runs as a task; a failure is logged (the
         refusal was already sent, nothing was served).
@@ -239,9 +242,15 @@ class AuditObserver:
             code: The error code sent (``invalid_framing``, ...).
             message: The message sent (never the client's bytes).
             client_host: The peer's address, recorded as its HMAC pseudonym.
+
+        Refusals are counted (:class:`gateway.audit.refusals.RefusalCounter`): the first of a
+        client and reason is written at once, the next ones of the interval as one record
+        with their ``count``.
         """
-        event = {"type": HTTP_REFUSED, "status": status, "error_code": code, "reason": message,
-                 "client": self._client_host(client_host)}
+        self._refusal_counter.add(status, code, message, self._client_host(client_host))
+
+    def _append_refused(self, fields: Mapping[str, Any]) -> None:
+        event = {"type": HTTP_REFUSED, **fields}
         task = asyncio.get_running_loop().create_task(self._append_refusal(event))
         self._refusals.add(task)  # keep a reference until done (asyncio holds tasks weakly)
         task.add_done_callback(self._refusals.discard)

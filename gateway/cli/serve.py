@@ -94,8 +94,9 @@ def run(
     With a ``policy:`` section the policy is loaded and checked and the process egress guard
     installed and self-tested *before* the server starts (see :mod:`gateway.egress`). The guard
     relies on ``sys.addaudithook`` socket events, which uvloop does not raise; hence
-    ``loop="asyncio"``. The HTTP server is uvicorn's h11 protocol with strict request framing,
-    header/idle timeouts and a connection cap (:mod:`gateway.http_guard`).
+    the standard asyncio loop. The HTTP server is the gateway's own (:mod:`gateway.server`,
+    :mod:`gateway.h1.server`): strict request framing, a timer on every connection state and a
+    connection cap.
 
     Args:
         settings: The validated configuration.
@@ -116,15 +117,12 @@ def run(
             or any other section or TLS file invalid (see :func:`gateway.assembly.assemble`).
     """
     # Imported here so that `gateway keys` / `check-config` start fast.
-    import uvicorn
-
     from gateway.app import create_app
     from gateway.assembly import assemble
     from gateway.drain import Drain
     from gateway.egress import start_egress
-    from gateway.http_guard import server_options
-    from gateway.identity.build import client_cert_options
-    from gateway.server import run_server
+    from gateway.identity.build import client_cert_context
+    from gateway.server import ServerConfig, run_server, server_limits
 
     adjust = adjust or _unchanged
     for_worker = None
@@ -178,18 +176,17 @@ def run(
     if worker is None and not is_loopback_host(settings.listen.host):
         _log.info("listening on %s:%s", settings.listen.host, settings.listen.port)
     return run_server(
-        uvicorn.Config(
+        ServerConfig(
             app,
-            **server_options(
-                settings.limits,
-                on_refused=gateway.audit.http_refused if gateway.audit is not None else None,
-                body_limit=_body_limit(reloader) if reloader is not None else None,
-                host=settings.listen.host,
-                port=settings.listen.port,
-                ssl_certfile=settings.listen.tls_cert_file,
-                ssl_keyfile=settings.listen.tls_key_file,
-                **client_cert_options(settings),  # gateway.identity: mTLS workloads
-            ),
+            limits=server_limits(settings.limits),
+            on_refused=gateway.audit.http_refused if gateway.audit is not None else None,
+            body_limit=(_body_limit(reloader) if reloader is not None
+                        else _fixed(settings.limits.max_body_bytes)),
+            host=settings.listen.host,
+            port=settings.listen.port,
+            ssl_certfile=settings.listen.tls_cert_file,
+            ssl_keyfile=settings.listen.tls_key_file,
+            ssl_context=client_cert_context(settings),  # gateway.identity: mTLS workloads
         ),
         drain,
         reloader,
@@ -212,6 +209,11 @@ def _continuous_preflight(settings: GatewaySettings, egress: EgressRuntime | Non
                                gateway_status(settings, egress), replica=str(replica))
     gateway.telemetry.registry.register(live.collector())
     return live
+
+
+def _fixed(max_body_bytes: int) -> Callable[[], int]:
+    """``limits.max_body_bytes`` without live reload."""
+    return lambda: max_body_bytes
 
 
 def _body_limit(reloader: Reloader) -> Callable[[], int]:

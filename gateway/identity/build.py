@@ -22,7 +22,7 @@ from gateway.identity.mtls import MtlsVerifier
 from gateway.identity.settings import IdentitySettings, IssuerSettings
 from gateway.identity.verify import IssuerKeys, JwtVerifier
 
-__all__ = ["client_cert_options", "identity_files", "wrap_identity"]
+__all__ = ["client_cert_context", "identity_files", "wrap_identity"]
 
 
 def wrap_identity(settings: Any, keys: Authenticator, *, policy: Any = None,
@@ -113,16 +113,28 @@ def identity_files(settings: Any) -> list[Path]:
     return out
 
 
-def client_cert_options(settings: Any) -> dict[str, Any]:
-    """uvicorn TLS options asking for client certificates when ``identity.mtls`` is set.
+def client_cert_context(settings: Any) -> ssl.SSLContext | None:
+    """The listener's TLS context asking for client certificates when ``identity.mtls`` is set.
 
     ``CERT_OPTIONAL``: a client may still come with an API key or a bearer token; a client
     certificate it does present must chain to the trust bundle, or the handshake fails (a
     certificate of another CA never reaches the app). The app verifies the chain again
     (:class:`~gateway.identity.mtls.MtlsVerifier`).
+
+    Returns:
+        The server context (the listener's certificate and key, the trust bundle), or ``None``
+        when there is no ``identity.mtls`` or no TLS listener (the server then builds its
+        plain TLS context from ``listen``).
+
+    Raises:
+        OSError, ssl.SSLError: A certificate, key or bundle file cannot be read or parsed.
     """
     section: IdentitySettings | None = getattr(settings, "identity", None)
-    if section is None or section.mtls is None:
-        return {}
-    return {"ssl_ca_certs": str(section.mtls.trust_bundle_file),
-            "ssl_cert_reqs": ssl.CERT_OPTIONAL}
+    listen = getattr(settings, "listen", None)
+    if section is None or section.mtls is None or listen is None or not listen.tls_cert_file:
+        return None
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(listen.tls_cert_file, listen.tls_key_file)
+    context.load_verify_locations(cafile=str(section.mtls.trust_bundle_file))
+    context.verify_mode = ssl.CERT_OPTIONAL
+    return context

@@ -100,10 +100,9 @@ class AdminServer:
         if self.unix_path is not None:
             _log.debug("worker admin server on %s", self.unix_path)
             return
-        server = site._server  # the bound port when configured as 0
-        sockets = getattr(server, "sockets", None) or ()
-        if sockets:
-            self.port = int(sockets[0].getsockname()[1])
+        addresses = runner.addresses  # the bound port when configured as 0
+        if addresses:
+            self.port = int(addresses[0][1])
         _log.info("admin server (/metrics) on %s:%s", self.host, self.port)
 
     async def stop(self) -> None:

@@ -1,7 +1,7 @@
-"""The gateway served as ``gateway serve`` serves it (``gateway.http_guard.server_options``).
+"""The gateway served as ``gateway serve`` serves it (:class:`gateway.server.GatewayServer`).
 
 ``tests/conftest.py``'s ``serve_asgi`` runs plain uvicorn h11; the tests of the client-facing
-HTTP behaviour (framing, timeouts, connection cap) need the production protocol instead.
+HTTP behaviour (framing, timeouts, connection cap) need the production server instead.
 """
 
 from __future__ import annotations
@@ -12,24 +12,24 @@ import threading
 import time
 from typing import Any
 
-import uvicorn
-
 from gateway.app import create_app
-from gateway.http_guard import server_options
+from gateway.http_refusal import RefusalHook
+from gateway.server import GatewayServer, ServerConfig, server_limits
 from gateway.settings import GatewaySettings
 from tests.conftest import free_port
 
 
 class GuardedServer:
-    """``create_app(settings)`` on loopback with the production uvicorn options."""
+    """``create_app(settings)`` on loopback, served as ``gateway serve`` serves it."""
 
-    def __init__(self, settings: GatewaySettings, app: Any = None) -> None:
+    def __init__(self, settings: GatewaySettings, app: Any = None,
+                 on_refused: RefusalHook | None = None, **options: Any) -> None:
         self.port = free_port()
-        options = server_options(
-            settings.limits, host="127.0.0.1", port=self.port, log_level="warning"
-        )
-        options.pop("log_config")
-        self.server = uvicorn.Server(uvicorn.Config(app or create_app(settings), **options))
+        max_body = settings.limits.max_body_bytes
+        config = ServerConfig(app or create_app(settings), host="127.0.0.1", port=self.port,
+                              limits=server_limits(settings.limits),
+                              body_limit=lambda: max_body, on_refused=on_refused, **options)
+        self.server = GatewayServer(config)
         self.thread = threading.Thread(target=lambda: asyncio.run(self.server.serve()),
                                        daemon=True)
 
@@ -57,8 +57,8 @@ class Servers:
     def __init__(self) -> None:
         self._running: list[GuardedServer] = []
 
-    def start(self, settings: GatewaySettings, app: Any = None) -> GuardedServer:
-        srv = GuardedServer(settings, app).start()
+    def start(self, settings: GatewaySettings, app: Any = None, **options: Any) -> GuardedServer:
+        srv = GuardedServer(settings, app, **options).start()
         self._running.append(srv)
         return srv
 

@@ -18,9 +18,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import uvicorn
 
-from gateway.server import ACCEPTS_PER_WAKEUP, GatewayServer
+from gateway.server import ACCEPTS_PER_WAKEUP, GatewayServer, ServerConfig
 from tests.conftest import free_port
 
 
@@ -37,8 +36,7 @@ class _Running:
 
     def __init__(self) -> None:
         self.port = free_port()
-        config = uvicorn.Config(_app, host="127.0.0.1", port=self.port, lifespan="off",
-                                log_level="warning", log_config=None)
+        config = ServerConfig(_app, host="127.0.0.1", port=self.port, lifespan=False)
         self.server = GatewayServer(config)
         self.loop: asyncio.AbstractEventLoop | None = None
         self.thread = threading.Thread(target=self._run, daemon=True)
@@ -71,7 +69,7 @@ class _Running:
         return release
 
     def connections(self) -> int:
-        return len(self.server.server_state.connections)
+        return len(self.server.context.connections)
 
     def stop(self) -> None:
         self.server.should_exit = True

@@ -174,7 +174,7 @@ def test_413_streamed_body_without_length(small_gw: str, sim: Sim, clients: Clie
 
 
 # Both servers: uvicorn's own h11 (the relay watches ``receive()`` in a task) and the gateway's
-# server (gateway.http_guard: the connection calls the relay back, DISCONNECT_EXTENSION).
+# server (gateway.h1.server: the connection calls the relay back, DISCONNECT_EXTENSION).
 SERVERS = pytest.mark.parametrize("server", ["uvicorn-h11", "gateway"])
 
 

@@ -3,7 +3,7 @@
 ``H1Connection.read_into`` hands each decoded body piece to a sink from the protocol callback
 (no task wake-up per piece), ``Responder.sink`` writes them with the server's
 ``WRITE_NOW_EXTENSION`` writer, and the relay uses both under the gateway's own server. Tested
-against real loopback servers and the production uvicorn protocol (``gateway.http_guard``).
+against real loopback servers and the production server (``gateway.h1.server``).
 """
 
 from __future__ import annotations

@@ -1,11 +1,6 @@
-"""Response framing: the guarded h11 connection writes exactly the bytes h11 itself writes.
-
-The gateway's connection frames each body chunk of a chunked response itself (a short path
-around h11's event processing, one per relayed SSE event) and holds the response head back so
-that it leaves with the first body bytes in one write. Every case here runs the same request
-and response events through a plain ``h11.Connection`` and through the gateway's connection and
-compares the bytes written and the final states, so a framing difference fails; the served
-cases (a real uvicorn, a raw socket) check that a head is never lost or late.
+"""Response framing of the gateway's server: a held head is never lost or late, the fast paths
+write what ASGI ``send`` writes (byte-level comparisons with h11 as the client-side oracle are
+in tests/gateway/test_h1_differential.py).
 """
 
 from __future__ import annotations
@@ -15,12 +10,10 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import h11
 import httpx
 import pytest
 
 from gateway.asgi_io import BODY_CHUNK_EXTENSION
-from gateway.http_guard import _StrictConnection
 from tests.gateway.gateway_server import Servers, connect, read_until_closed
 from tests.gateway.helpers import KEY_A, Sim, settings, sse_events
 
@@ -33,110 +26,6 @@ BODIES: list[Any] = [
     memoryview(b"x" * 70_000),
     b"\r\n0\r\n\r\n",  # looks like a last chunk: must be framed as data, not end the body
 ]
-
-
-def _strict_connection() -> h11.Connection:
-    return _StrictConnection(h11.SERVER)
-
-
-def _read_request(conn: h11.Connection) -> None:
-    """Feed ``conn`` the test request and read it whole: the connection may now respond."""
-    conn.receive_data(CHUNKED_REQUEST)
-    while conn.next_event() not in (h11.NEED_DATA, h11.PAUSED):
-        pass
-
-
-def _run(conn: h11.Connection, request: bytes, response_headers: list[tuple[bytes, bytes]],
-         bodies: list[Any]) -> list[bytes | None]:
-    conn.receive_data(request)
-    while conn.next_event() not in (h11.NEED_DATA, h11.PAUSED):
-        pass
-    out: list[bytes | None] = [
-        conn.send(h11.Response(status_code=200, headers=response_headers))
-    ]
-    out.extend(conn.send(h11.Data(data=body)) for body in bodies)
-    out.append(conn.send(h11.EndOfMessage()))
-    return out
-
-
-@pytest.mark.parametrize("request_bytes", [CHUNKED_REQUEST, HTTP10_REQUEST],
-                         ids=["http11-chunked", "http10-close"])
-def test_body_chunks_are_framed_byte_for_byte_as_h11_frames_them(request_bytes: bytes) -> None:
-    headers = [(b"content-type", b"text/event-stream")]
-    plain, strict = h11.Connection(h11.SERVER), _strict_connection()
-    expected = _run(plain, request_bytes, headers, BODIES)
-    got = _run(strict, request_bytes, headers, BODIES)
-    # The head is held (empty write) and leaves with the first body chunk; all else is equal.
-    assert got[0] == b""
-    assert got[1] == expected[0] + expected[1]
-    assert got[2:] == expected[2:]
-    assert strict.states == plain.states
-    if request_bytes is CHUNKED_REQUEST:
-        assert expected[1] == b"%x\r\n%s\r\n" % (len(BODIES[0]), BODIES[0])
-        assert expected[2] == b""  # an empty chunk would end the body: nothing is written
-        assert expected[-1] == b"0\r\n\r\n"
-
-
-@pytest.mark.parametrize("request_bytes", [CHUNKED_REQUEST, HTTP10_REQUEST],
-                         ids=["http11", "http10"])
-def test_sized_body_chunks_are_written_as_h11_writes_them(request_bytes: bytes) -> None:
-    total = sum(len(body) for body in BODIES)
-    headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % total)]
-    plain, strict = h11.Connection(h11.SERVER), _strict_connection()
-    expected = _run(plain, request_bytes, headers, BODIES)
-    got = _run(strict, request_bytes, headers, BODIES)
-    assert got[0] == b""
-    assert got[1] == expected[0] + expected[1]
-    assert got[2:] == expected[2:]
-    assert b"".join(bytes(b) for b in got[1:]).endswith(b"".join(bytes(b) for b in BODIES))
-    assert strict.states == plain.states
-
-
-def test_sized_body_cut_short_is_refused_at_its_end_as_by_h11() -> None:
-    strict = _strict_connection()
-    _read_request(strict)
-    strict.send(h11.Response(status_code=200, headers=[(b"content-length", b"3")]))
-    assert strict.send(h11.Data(data=b"ab")).endswith(b"\r\n\r\nab")
-    with pytest.raises(h11.LocalProtocolError, match="Too little data"):
-        strict.send(h11.EndOfMessage())
-    assert strict.our_state is h11.ERROR
-
-
-def test_head_of_a_response_without_body_leaves_with_its_end() -> None:
-    plain, strict = h11.Connection(h11.SERVER), _strict_connection()
-    headers = [(b"content-length", b"0")]
-    expected = _run(plain, CHUNKED_REQUEST, headers, [])
-    got = _run(strict, CHUNKED_REQUEST, headers, [])
-    assert got == [b"", expected[0] + expected[1]]
-    assert strict.take_head() == b""
-
-
-def test_held_head_is_reported_and_can_be_taken() -> None:
-    strict = _strict_connection()
-    held: list[bytes] = []
-    strict.on_hold = lambda: held.append(strict.held_head)
-    _read_request(strict)
-    assert strict.send(h11.Response(status_code=200, headers=[])) == b""
-    assert held and held[0].startswith(b"HTTP/1.1 200 ")
-    assert strict.take_head() == held[0]
-    assert strict.send(h11.Data(data=b"x")) == b"1\r\nx\r\n"  # taken: not sent twice
-
-
-def test_sized_body_keeps_h11_length_checks() -> None:
-    strict = _strict_connection()
-    _read_request(strict)
-    strict.send(h11.Response(status_code=200, headers=[(b"content-length", b"3")]))
-    assert strict.send(h11.Data(data=b"ab")).endswith(b"\r\n\r\nab")
-    with pytest.raises(h11.LocalProtocolError, match="Too much data"):
-        strict.send(h11.Data(data=b"cd"))
-    assert strict.our_state is h11.ERROR
-
-
-def test_data_before_the_response_is_refused_as_by_h11() -> None:
-    strict = _strict_connection()
-    _read_request(strict)
-    with pytest.raises(h11.LocalProtocolError):
-        strict.send(h11.Data(data=b"data: x\n\n"))
 
 
 # --- served by the production protocol -----------------------------------------------------

@@ -110,4 +110,6 @@ def test_server_level_refusals_are_audited(sim: Sim, tmp_path: Path) -> None:
     assert refused[0]["reason"] == ("Invalid HTTP request framing: both Content-Length and "
                                     "Transfer-Encoding are present.")
     assert all(r["client"].startswith("hmac-sha256:") for r in refused)
+    # Counted per client and reason (gateway.audit.refusals): the first one written at once.
+    assert all(r["count"] >= 1 and r["interval_ms"] == 10_000 for r in refused)
     assert b"127.0.0.1" not in db.read_bytes()

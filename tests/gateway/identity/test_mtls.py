@@ -1,15 +1,12 @@
-"""mTLS workloads through a real socket: the production uvicorn protocol over TLS asking for
+"""mTLS workloads through a real socket: the production server over TLS asking for
 client certificates (``identity.mtls``), a SPIFFE ID mapped by the identity rules like token
 claims, a certificate of another CA refused, and the app's own chain check (401) for a
 certificate that reaches it from a looser TLS terminator."""
 
 from __future__ import annotations
 
-import asyncio
 import socket
 import ssl
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,17 +14,15 @@ from typing import Any
 import httpx
 import openai
 import pytest
-import uvicorn
 
 from gateway.app import create_app
 from gateway.assembly import assemble
 from gateway.audit import generate_key_file
-from gateway.http_guard import server_options
 from gateway.identity.auth import IdentityAuthenticator
-from gateway.identity.build import client_cert_options
+from gateway.identity.build import client_cert_context
 from gateway.identity.errors import TokenRejected
 from gateway.settings import GatewaySettings
-from tests.conftest import free_port
+from tests.gateway.gateway_server import GuardedServer
 from tests.gateway.helpers import KEY_A, Sim, settings
 from tests.gateway.identity.pki import Ca
 
@@ -59,28 +54,17 @@ def _settings(sim: Sim, pki: Pki, tmp: Path) -> GatewaySettings:
 
 
 class TlsServer:
-    """The app under the production uvicorn options, with the TLS options of gateway serve."""
+    """The app under the production server, with the TLS context of gateway serve."""
 
     def __init__(self, s: GatewaySettings) -> None:
-        self.port = free_port()
-        options = server_options(s.limits, host="127.0.0.1", port=self.port,
-                                 log_level="warning", ssl_certfile=str(s.listen.tls_cert_file),
-                                 ssl_keyfile=str(s.listen.tls_key_file),
-                                 **client_cert_options(s))
-        options.pop("log_config")
-        self.server = uvicorn.Server(uvicorn.Config(create_app(s, assemble(s)), **options))
-        self.thread = threading.Thread(target=lambda: asyncio.run(self.server.serve()),
-                                       daemon=True)
-        self.thread.start()
-        deadline = time.monotonic() + 20
-        while not self.server.started:
-            assert self.thread.is_alive() and time.monotonic() < deadline, "did not start"
-            time.sleep(0.01)
+        context = client_cert_context(s)
+        assert context is not None
+        self.server = GuardedServer(s, create_app(s, assemble(s)), ssl_context=context).start()
+        self.port = self.server.port
         self.url = f"https://127.0.0.1:{self.port}"
 
     def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(10)
+        self.server.stop()
 
 
 @pytest.fixture

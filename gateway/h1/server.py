@@ -1,0 +1,746 @@
+"""The client-facing HTTP/1.1 server protocol: requests in, ASGI to the app, responses out.
+
+The twin of the upstream client (:mod:`gateway.h1.connection`): one :class:`ServerProtocol` per
+client connection, on asyncio's public ``Protocol`` API, reading requests with the strict
+sans-IO :class:`gateway.h1.request.RequestReader` and writing responses itself (RFC 9112 §6,
+§7.1). It speaks ASGI 3 to the app (HTTP spec 2.3, https://asgi.readthedocs.io/en/latest/specs/
+www.html), with the gateway's fast paths as its own methods, offered as scope extensions
+(:mod:`gateway.asgi_io`: whole body, write now, chunk writer, body chunk, disconnect watch) and
+the ASGI TLS extension (``scope["extensions"]["tls"]``, https://asgi.readthedocs.io/en/latest/
+specs/tls.html) on HTTPS connections.
+
+Every state of a connection has a timer and a bound (:class:`ServerLimits`):
+
+* waiting for the first request head, or idle between requests: ``header_timeout_s`` /
+  ``keep_alive_timeout_s``, then closed;
+* part of a head received: ``header_timeout_s`` from its first byte (reads do not extend it),
+  then 408 and closed;
+* a request body being received: ``body_timeout_s`` without a byte of it (while the server
+  reads), then 408 (or closed if the response started);
+* a response sent before the request's body was wholly received (401, 404, 413 ...): the write
+  side is shut and what the client still sends is discarded for at most ``linger_s``, then the
+  connection is closed, however much the client keeps sending;
+* writing to a client whose socket buffer stays full (a client that stopped reading):
+  ``send_timeout_s``, then the connection is aborted and the app sees the disconnect (the relay
+  then frees its upstream connection);
+* over ``max_connections`` open connections: 503 at once and closed after the linger.
+
+A request refused before the app sees it (:class:`gateway.h1.request.RequestRefused`, a header
+timeout, the connection cap) is answered with the OpenAI error JSON and told to the
+``on_refused`` hook (:data:`gateway.http_refusal.RefusalHook`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import unquote
+
+from gateway.asgi_io import (
+    BODY_CHUNK_EXTENSION,
+    CHUNK_WRITER_EXTENSION,
+    DISCONNECT_EXTENSION,
+    WHOLE_BODY_EXTENSION,
+    WRITE_NOW_EXTENSION,
+    Message,
+)
+from gateway.h1.request import MAX_HEAD_BYTES, RequestHead, RequestReader, RequestRefused
+from gateway.h1.tls_scope import tls_extension
+from gateway.http_refusal import (
+    Refusal,
+    RefusalHook,
+    connection_cap_refusal,
+    header_timeout_refusal,
+)
+
+__all__ = ["ServerContext", "ServerLimits", "ServerProtocol"]
+
+_log = logging.getLogger(__name__)
+
+_READ_HIGH_WATER = 64 * 1024  # request bytes buffered for the app before reading pauses
+_NO_BODY_STATUSES = frozenset({204, 304})
+_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+_ASGI = {"version": "3.0", "spec_version": "2.3"}
+_REASONS: dict[int, bytes] = {}
+
+
+def _reason(status: int) -> bytes:
+    reason = _REASONS.get(status)
+    if reason is None:
+        from http import HTTPStatus
+
+        try:
+            reason = HTTPStatus(status).phrase.encode()
+        except ValueError:
+            reason = b""
+        _REASONS[status] = reason
+    return reason
+
+
+class _DateHeader:
+    """The ``date`` response header line (RFC 9110 §6.6.1), formatted once per second."""
+
+    __slots__ = ("_line", "_second")
+
+    def __init__(self) -> None:
+        self._second = -1
+        self._line = b""
+
+    def line(self) -> bytes:
+        now = int(time.time())
+        if now != self._second:
+            self._second = now
+            self._line = b"date: %s\r\n" % email.utils.formatdate(now, usegmt=True).encode()
+        return self._line
+
+
+@dataclass(frozen=True, slots=True)
+class ServerLimits:
+    """The bounds of every connection state (seconds, counts, bytes).
+
+    Attributes:
+        header_timeout_s: The first request head (or the rest of a started head) must arrive
+            within this many seconds (``limits.client_header_timeout_s``).
+        keep_alive_timeout_s: An idle connection between requests is closed after this
+            (``limits.keep_alive_timeout_s``).
+        body_timeout_s: Longest wait for the next byte of a request body the server is
+            reading (``limits.client_body_timeout_s``).
+        send_timeout_s: Longest time the client's socket buffer may stay full while a response
+            is written (``limits.client_send_timeout_s``).
+        linger_s: How long a connection whose response went out before its request body was
+            read discards what the client still sends before it is closed.
+        max_connections: Open client connections; one more is answered 503 and closed.
+        max_head_bytes: Longest request head (431 beyond).
+    """
+
+    header_timeout_s: float = 10.0
+    keep_alive_timeout_s: float = 5.0
+    body_timeout_s: float = 30.0
+    send_timeout_s: float = 30.0
+    linger_s: float = 2.0
+    max_connections: int = 4096
+    max_head_bytes: int = MAX_HEAD_BYTES
+
+
+@dataclass(slots=True)
+class ServerContext:
+    """What every connection of one server shares.
+
+    Attributes:
+        app: The ASGI application.
+        limits: The connection bounds.
+        body_limit: ``limits.max_body_bytes`` in force now (a live reload may change it).
+        on_refused: Told of each request or connection refused before the app saw it.
+        state: The lifespan state (``scope["state"]``: a shallow copy per request).
+        connections: The open connections (drain and shutdown walk it).
+    """
+
+    app: Any
+    limits: ServerLimits = field(default_factory=ServerLimits)
+    body_limit: Callable[[], int] = lambda: 16 * 1024 * 1024
+    on_refused: RefusalHook | None = None
+    state: dict[str, Any] = field(default_factory=dict)
+    connections: set[ServerProtocol] = field(default_factory=set)
+    date: _DateHeader = field(default_factory=_DateHeader)
+
+
+class _Cycle:
+    """One request and its response."""
+
+    __slots__ = ("body", "body_size", "chunked", "closing", "continue_due", "disconnected",
+                 "head_only", "held", "keep_alive", "left", "more_body", "response_complete",
+                 "response_started", "scope", "taken", "waiter", "watch")
+
+    def __init__(self, scope: dict[str, Any], head: RequestHead) -> None:
+        self.scope = scope
+        self.body: list[bytes] = []
+        self.body_size = 0
+        self.more_body = head.content_length != 0
+        self.continue_due = head.expect_continue
+        self.keep_alive = head.keep_alive
+        self.head_only = head.method == b"HEAD"
+        self.disconnected = False
+        self.response_started = False
+        self.response_complete = False
+        self.taken = False  # the whole body was handed out (WHOLE_BODY_EXTENSION)
+        self.chunked = False
+        self.closing = False  # the response is delimited by the close of the connection
+        self.left = 0  # Content-Length bytes still to send
+        self.held = b""  # the response head, waiting for the first body bytes
+        self.waiter: asyncio.Future[None] | None = None
+        self.watch: Callable[[], None] | None = None
+
+    def wake(self) -> None:
+        waiter = self.waiter
+        if waiter is not None:
+            self.waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+
+class ServerProtocol(asyncio.Protocol):
+    """One client connection (see the module docstring).
+
+    Args:
+        context: The server's shared context.
+    """
+
+    def __init__(self, context: ServerContext) -> None:
+        self.ctx = context
+        self.limits = context.limits
+        self.loop = asyncio.get_running_loop()
+        self.transport: asyncio.Transport | None = None
+        self.reader = RequestReader(context.limits.max_head_bytes, context.body_limit())
+        self.cycle: _Cycle | None = None
+        self.client: tuple[str, int] | None = None
+        self.server: tuple[str, int] | None = None
+        self.scheme = "http"
+        self._tls: dict[str, Any] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._send_timer: asyncio.TimerHandle | None = None
+        self._head_timed = False  # the header timer runs for a started head
+        self._served = False  # a request was served on this connection (keep-alive timer)
+        self._closed = False
+        self._lingering = False
+        self._read_paused = False
+        self._write_paused = False
+        self._drain: list[asyncio.Future[None]] = []
+        self._shutting_down = False
+
+    # --- connection lifecycle ---------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        """Accept, or answer 503 when the connection cap is reached; start the head timer."""
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        peer = transport.get_extra_info("peername")
+        sock = transport.get_extra_info("sockname")
+        self.client = (str(peer[0]), int(peer[1])) if isinstance(peer, tuple) else None
+        self.server = (str(sock[0]), int(sock[1])) if isinstance(sock, tuple) else None
+        ssl_object = transport.get_extra_info("ssl_object")
+        if ssl_object is not None:
+            self.scheme = "https"
+            self._tls = tls_extension(ssl_object)
+        connections = self.ctx.connections
+        if len(connections) >= self.limits.max_connections:
+            self._refuse(connection_cap_refusal())
+            return
+        connections.add(self)
+        self._arm(self.limits.header_timeout_s, self._idle_timeout)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        """Tell the request in progress (its receive, its disconnect watch), drop timers."""
+        self._closed = True
+        self.ctx.connections.discard(self)
+        self._cancel_timers()
+        for waiter in self._drain:
+            if not waiter.done():
+                waiter.set_result(None)
+        self._drain.clear()
+        cycle = self.cycle
+        if cycle is not None:
+            cycle.disconnected = True
+            cycle.wake()
+            watch, cycle.watch = cycle.watch, None
+            if watch is not None and not cycle.response_complete:
+                watch()
+
+    def pause_writing(self) -> None:
+        """The client's socket buffer is full: the send timer runs until it drains."""
+        self._write_paused = True
+        if self._send_timer is None:
+            self._send_timer = self.loop.call_later(self.limits.send_timeout_s,
+                                                    self._send_timeout)
+
+    def resume_writing(self) -> None:
+        """The client reads again: writers waiting for room go on."""
+        self._write_paused = False
+        if self._send_timer is not None:
+            self._send_timer.cancel()
+            self._send_timer = None
+        for waiter in self._drain:
+            if not waiter.done():
+                waiter.set_result(None)
+        self._drain.clear()
+
+    def shutdown(self) -> None:
+        """The server stops: close now when idle, else after the response in progress."""
+        self._shutting_down = True
+        cycle = self.cycle
+        if cycle is None or cycle.response_complete:
+            self._close()
+        else:
+            cycle.keep_alive = False
+
+    def abort(self) -> None:
+        """Close the connection at once, unsent bytes dropped."""
+        if self.transport is not None:
+            self.transport.abort()
+
+    # --- timers -----------------------------------------------------------------------------
+
+    def _arm(self, delay_s: float, callback: Callable[[], None]) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = self.loop.call_later(delay_s, callback)
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _cancel_timers(self) -> None:
+        self._disarm()
+        if self._send_timer is not None:
+            self._send_timer.cancel()
+            self._send_timer = None
+
+    def _idle_timeout(self) -> None:
+        self._timer = None
+        if self.cycle is None and not self.reader.buffered:
+            self._close()  # nothing of a request came: closed without an answer
+        elif self.cycle is None:
+            self._refuse(header_timeout_refusal(self.limits.header_timeout_s))
+
+    def _body_timeout(self) -> None:
+        self._timer = None
+        cycle = self.cycle
+        if cycle is None or not cycle.more_body:
+            return
+        if cycle.response_started:
+            self.abort()
+        else:
+            self._refuse(Refusal(
+                408, "Request Timeout",
+                f"The request body was not received in time (no data for "
+                f"{self.limits.body_timeout_s:g} s).", "request_timeout"))
+
+    def _send_timeout(self) -> None:
+        self._send_timer = None
+        if self._write_paused:
+            _log.info("client %s did not read for %g s: connection closed",
+                      self.client[0] if self.client else "?", self.limits.send_timeout_s)
+            self.abort()
+
+    # --- reading ------------------------------------------------------------------------------
+
+    def data_received(self, data: bytes) -> None:
+        """Parse what the client sent; start a request, or hand body bytes to it."""
+        if self._lingering:
+            return  # a refused or answered-early connection: discarded until closed
+        reader = self.reader
+        reader.feed(data)
+        if self.cycle is None and not self._head_timed:
+            # Part of a head is here: the clock runs from its first byte, once.
+            self._head_timed = True
+            self._arm(self.limits.header_timeout_s, self._idle_timeout)
+        self._parse()
+
+    def _parse(self) -> None:
+        reader = self.reader
+        cycle = self.cycle
+        try:
+            while True:
+                event = reader.next_event()
+                if event is None:
+                    break
+                if type(event) is bytes:
+                    assert cycle is not None
+                    cycle.body.append(event)
+                    cycle.body_size += len(event)
+                else:
+                    assert isinstance(event, RequestHead)
+                    cycle = self._start(event)
+        except RequestRefused as exc:
+            self._refuse(Refusal(exc.status, _status_phrase(exc.status), exc.reason, exc.code))
+            return
+        if cycle is None or cycle.response_complete:
+            return
+        if cycle.more_body:
+            if reader.complete:
+                cycle.more_body = False
+                self._disarm()
+            elif not self._read_paused:
+                self._arm(self.limits.body_timeout_s, self._body_timeout)
+            cycle.wake()
+        if cycle.body_size > _READ_HIGH_WATER or (reader.complete and reader.buffered):
+            self._pause_reading()  # the app reads it first; pipelined bytes wait
+
+    def _pause_reading(self) -> None:
+        if not self._read_paused and self.transport is not None:
+            self._read_paused = True
+            self.transport.pause_reading()
+            cycle = self.cycle
+            if cycle is not None and cycle.more_body:
+                self._disarm()  # the app is behind, not the client
+
+    def _resume_reading(self) -> None:
+        if self._read_paused and self.transport is not None and not self._lingering:
+            self._read_paused = False
+            self.transport.resume_reading()
+            cycle = self.cycle
+            if cycle is not None and cycle.more_body:
+                self._arm(self.limits.body_timeout_s, self._body_timeout)
+
+    def _start(self, head: RequestHead) -> _Cycle:
+        self._disarm()
+        self._head_timed = False
+        target = head.target
+        raw_path, _, query = target.partition(b"?")
+        scope: dict[str, Any] = {
+            "type": "http",
+            "asgi": _ASGI,
+            "http_version": "1.1" if head.version == b"1.1" else "1.0",
+            "server": self.server,
+            "client": self.client,
+            "scheme": self.scheme,
+            "method": head.method.decode("ascii"),
+            "root_path": "",
+            "path": unquote(raw_path.decode("latin-1")),
+            "raw_path": raw_path,
+            "query_string": query,
+            "headers": head.headers,
+            "state": self.ctx.state.copy(),
+        }
+        extensions: dict[str, Any] = {
+            BODY_CHUNK_EXTENSION: self._write_body_chunk,
+            WRITE_NOW_EXTENSION: self.write_now,
+            CHUNK_WRITER_EXTENSION: self._open_chunk_writer,
+            DISCONNECT_EXTENSION: self._watch_disconnect,
+            WHOLE_BODY_EXTENSION: self._take_whole_body,
+        }
+        if self._tls is not None:
+            extensions["tls"] = self._tls
+        scope["extensions"] = extensions
+        if self._shutting_down:
+            head.keep_alive = False
+        cycle = self.cycle = _Cycle(scope, head)
+        self._served = True
+        self.loop.create_task(self._run(cycle))
+        return cycle
+
+    # --- the ASGI application ------------------------------------------------------------------
+
+    async def _run(self, cycle: _Cycle) -> None:
+        async def receive() -> Message:
+            return await self._receive(cycle)
+
+        async def send(message: Message) -> None:
+            await self._send(cycle, message)
+
+        try:
+            await self.ctx.app(cycle.scope, receive, send)
+        except BaseException as exc:
+            if not cycle.disconnected:
+                _log.error("Exception in ASGI application", exc_info=exc)
+            if not cycle.response_started and not cycle.disconnected:
+                self._internal_error(cycle)
+            elif not cycle.response_complete:
+                self.abort()
+            if not isinstance(exc, Exception):
+                raise
+            return
+        if not cycle.response_complete and not cycle.disconnected:
+            if not cycle.response_started:
+                _log.error("ASGI callable returned without starting response.")
+                self._internal_error(cycle)
+            else:
+                _log.error("ASGI callable returned without completing response.")
+                self.abort()
+
+    def _internal_error(self, cycle: _Cycle) -> None:
+        body = b"Internal Server Error"
+        cycle.keep_alive = False
+        self._write_head(cycle, 500, [(b"content-type", b"text/plain; charset=utf-8"),
+                                      (b"content-length", b"%d" % len(body))])
+        self._write_body(cycle, body, False)
+
+    async def _receive(self, cycle: _Cycle) -> Message:
+        if cycle.continue_due and not cycle.body and cycle.more_body and not cycle.disconnected:
+            cycle.continue_due = False
+            if not cycle.response_started and self.transport is not None:
+                self.transport.write(_CONTINUE)
+        while not cycle.disconnected and not cycle.response_complete:
+            if cycle.body or (not cycle.more_body and not cycle.taken):
+                body = cycle.body[0] if len(cycle.body) == 1 else b"".join(cycle.body)
+                cycle.body.clear()
+                cycle.body_size = 0
+                if not cycle.more_body:
+                    cycle.taken = True
+                elif self.cycle is cycle:
+                    self._resume_reading()
+                return {"type": "http.request", "body": body, "more_body": cycle.more_body}
+            if self.cycle is cycle:
+                self._resume_reading()
+            waiter = cycle.waiter = self.loop.create_future()
+            await waiter
+        return {"type": "http.disconnect"}
+
+    async def _send(self, cycle: _Cycle, message: Message) -> None:
+        kind = message["type"]
+        if cycle.disconnected:
+            return  # the client is gone: dropped, as the app learns from receive()
+        if kind == "http.response.start":
+            if cycle.response_started:
+                raise RuntimeError("Unexpected ASGI message 'http.response.start' sent, after "
+                                   "response already started.")
+            self._write_head(cycle, int(message["status"]), list(message.get("headers", ())))
+        elif kind == "http.response.body":
+            if not cycle.response_started or cycle.response_complete:
+                raise RuntimeError(f"Unexpected ASGI message '{kind}' sent.")
+            if self._write_paused:
+                await self._wait_for_room()
+                if cycle.disconnected:
+                    return
+            self._write_body(cycle, bytes(message.get("body", b"")),
+                             bool(message.get("more_body", False)))
+        else:
+            raise RuntimeError(f"Unexpected ASGI message '{kind}' sent.")
+
+    async def _wait_for_room(self) -> None:
+        waiter = self.loop.create_future()
+        self._drain.append(waiter)
+        await waiter
+
+    # --- writing --------------------------------------------------------------------------------
+
+    def _write_head(self, cycle: _Cycle, status: int, headers: list[Any]) -> None:
+        cycle.response_started = True
+        if cycle.continue_due:
+            cycle.continue_due = False  # answered without reading the body: no 100
+        length: int | None = None
+        parts = [b"HTTP/1.1 %d %s\r\n" % (status, _reason(status))]
+        for name, value in headers:
+            lower = bytes(name).lower()
+            value = bytes(value)
+            if not _valid_field(lower, value):
+                raise RuntimeError(f"invalid response header {bytes(name)[:40]!r}")
+            if lower == b"content-length":
+                length = int(value)
+                continue  # written once, below
+            if lower == b"transfer-encoding":
+                continue  # the framing is chosen here
+            if lower == b"connection":
+                if b"close" in value.lower():
+                    cycle.keep_alive = False
+                continue
+            parts.append(b"%s: %s\r\n" % (bytes(name), value))
+        bodyless = status < 200 or status in _NO_BODY_STATUSES
+        if length is not None and not bodyless:
+            parts.append(b"content-length: %d\r\n" % length)
+            cycle.left = length
+        elif bodyless:
+            cycle.left = 0
+        elif cycle.scope["http_version"] == "1.1":
+            parts.append(b"transfer-encoding: chunked\r\n")
+            cycle.chunked = True
+        else:
+            cycle.closing = True
+            cycle.keep_alive = False
+        if cycle.head_only or bodyless:
+            cycle.chunked = cycle.closing = False
+            cycle.left = 0
+        parts.append(self.ctx.date.line())
+        if not cycle.keep_alive:
+            parts.append(b"connection: close\r\n")
+        parts.append(b"\r\n")
+        cycle.held = b"".join(parts)
+        self.loop.call_soon(self._write_held, cycle)
+
+    def _write_held(self, cycle: _Cycle) -> None:
+        held, cycle.held = cycle.held, b""
+        if held and self.transport is not None and not self.transport.is_closing():
+            self.transport.write(held)
+
+    def _write_body(self, cycle: _Cycle, data: bytes, more: bool) -> None:
+        if cycle.head_only:
+            out = b""
+        elif cycle.chunked:
+            out = b"%x\r\n%b\r\n" % (len(data), data) if data else b""
+            if not more:
+                out += b"0\r\n\r\n"
+        elif cycle.closing:
+            out = data
+        else:
+            if len(data) > cycle.left:
+                raise RuntimeError("Response content longer than Content-Length")
+            cycle.left -= len(data)
+            out = data
+            if not more and cycle.left:
+                cycle.keep_alive = False  # shorter than announced: the close tells the client
+        if cycle.held:
+            out, cycle.held = cycle.held + out, b""
+        transport = self.transport
+        if out and transport is not None:
+            transport.write(out)
+        if not more:
+            self._complete(cycle)
+
+    def _complete(self, cycle: _Cycle) -> None:
+        cycle.response_complete = True
+        cycle.watch = None
+        cycle.wake()
+        if self.cycle is not cycle:
+            return
+        if not cycle.keep_alive or self._shutting_down:
+            self._close()
+            return
+        if not self.reader.complete:
+            # Answered before the request body was wholly received (401, 404, 413 ...): the
+            # connection cannot carry another request; what the client still sends is
+            # discarded for a bounded time.
+            self._linger()
+            return
+        self.cycle = None
+        self.reader.next_request()
+        self.reader.body_limit = self.ctx.body_limit()  # a live reload may have changed it
+        self._arm(self.limits.keep_alive_timeout_s, self._idle_timeout)
+        self._resume_reading()
+        if self.reader.buffered:
+            self.loop.call_soon(self._parse_next)
+
+    def _parse_next(self) -> None:
+        if self.cycle is None and not self._closed and not self._lingering:
+            self._head_timed = True
+            self._arm(self.limits.header_timeout_s, self._idle_timeout)
+            self._parse()
+
+    def _close(self) -> None:
+        self._disarm()
+        if self.transport is not None and not self.transport.is_closing():
+            cycle = self.cycle
+            if cycle is not None and cycle.held:
+                self._write_held(cycle)
+            self.transport.close()
+
+    def _linger(self) -> None:
+        """Shut the write side, discard input, close after ``linger_s`` (not extended)."""
+        transport = self.transport
+        self._lingering = True
+        self._disarm()
+        if transport is None or transport.is_closing():
+            return
+        cycle = self.cycle
+        if cycle is not None and cycle.held:
+            self._write_held(cycle)
+        if self._read_paused:
+            self._read_paused = False
+            transport.resume_reading()
+        if transport.can_write_eof():
+            transport.write_eof()
+            self._timer = self.loop.call_later(self.limits.linger_s, transport.abort)
+        else:
+            transport.close()
+
+    def _refuse(self, refusal: Refusal) -> None:
+        """Answer ``refusal`` (the app never sees this request), linger, then tell the hook."""
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete:
+            cycle.disconnected = True  # the app reading this body learns the client is gone
+            cycle.wake()
+        transport = self.transport
+        if transport is not None and not transport.is_closing():
+            if cycle is None or not cycle.response_started:
+                transport.write(refusal.response())
+            self._linger()
+        hook = self.ctx.on_refused
+        if hook is not None:
+            try:
+                hook(refusal.status, refusal.code, refusal.message,
+                     self.client[0] if self.client else None)
+            except Exception:
+                _log.exception("on_refused hook failed (%s %s)", refusal.status, refusal.code)
+
+    # --- the fast paths (scope extensions) ------------------------------------------------
+
+    def _sending(self) -> _Cycle | None:
+        cycle = self.cycle
+        if (cycle is None or not cycle.response_started or cycle.response_complete
+                or cycle.head_only):
+            return None
+        return cycle
+
+    def write_now(self, data: bytes) -> bool:
+        """Write one chunk of the response body being sent, now, if possible
+        (:data:`gateway.asgi_io.WRITE_NOW_EXTENSION`).
+
+        Returns:
+            ``True`` when written (or dropped: the client is gone; nothing for ``b""``);
+            ``False``, nothing changed, when not possible now (no body in progress, ``HEAD``,
+            the client's socket buffer full, more than the ``Content-Length`` left).
+        """
+        cycle = self._sending()
+        if cycle is None:
+            return False
+        if cycle.disconnected:
+            return True
+        if self._write_paused:
+            return False
+        if not data:
+            return True
+        if not cycle.chunked and not cycle.closing and len(data) > cycle.left:
+            return False
+        self._write_body(cycle, data, True)
+        return True
+
+    async def _write_body_chunk(self, data: bytes) -> bool:
+        cycle = self._sending()
+        if cycle is None:
+            return False
+        if self._write_paused and not cycle.disconnected:
+            await self._wait_for_room()
+        return self.write_now(data)
+
+    def _open_chunk_writer(self) -> Callable[[bytes], bool] | None:
+        cycle = self._sending()
+        if cycle is None or not cycle.chunked or self.transport is None:
+            return None
+        transport_write = self.transport.write
+        general = self.write_now
+
+        def write(data: bytes) -> bool:
+            if (cycle.disconnected or self._write_paused or cycle.held or not data
+                    or cycle.response_complete):
+                return general(data)
+            transport_write(b"%x\r\n%b\r\n" % (len(data), data))
+            return True
+
+        return write
+
+    def _take_whole_body(self) -> bytes | None:
+        cycle = self.cycle
+        if (cycle is None or cycle.more_body or cycle.taken or cycle.disconnected
+                or cycle.response_complete):
+            return None
+        cycle.taken = True
+        body = cycle.body[0] if len(cycle.body) == 1 else b"".join(cycle.body)
+        cycle.body.clear()
+        cycle.body_size = 0
+        return body
+
+    def _watch_disconnect(self, callback: Callable[[], None]) -> Callable[[], None] | None:
+        cycle = self.cycle
+        if cycle is None or cycle.response_complete or cycle.disconnected:
+            return None
+        cycle.watch = callback
+
+        def unwatch() -> None:
+            cycle.watch = None
+
+        return unwatch
+
+
+def _valid_field(name: bytes, value: bytes) -> bool:
+    return (bool(name) and b"\r" not in value and b"\n" not in value and b"\x00" not in value
+            and b":" not in name and b" " not in name and b"\r" not in name
+            and b"\n" not in name)
+
+
+def _status_phrase(status: int) -> str:
+    return _reason(status).decode()
+
