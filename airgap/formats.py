@@ -34,7 +34,8 @@ from weights import (
 
 def _refused(exc: UnsafeSerialisationError) -> VerificationFailed:
     text = exc.message + (f"; {exc.hint}" if exc.hint else "")
-    return VerificationFailed([Problem(str(Code.UNSAFE_SERIALISATION), text, path=exc.path)])
+    code = exc.code if exc.code != UnsafeSerialisationError.code else str(Code.UNSAFE_SERIALISATION)
+    return VerificationFailed([Problem(code, text, path=exc.path)])
 
 
 def check_pack_sources(

@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import json
 import math
-import struct
-from collections.abc import Iterable, Mapping
+import os
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 from weights.errors import SizingError
+from weights.safetensors_format import MalformedSafetensors, read_safetensors_header
 
 #: Bytes per element of safetensors dtypes (safetensors specification).
 SAFETENSORS_DTYPE_BYTES = {
@@ -43,7 +44,6 @@ DTYPE_BYTES: dict[str, float] = {
     "fp8": 1, "float8": 1, "int8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "int4": 0.5, "fp4": 0.5,
 }
 
-MAX_HEADER_BYTES = 100 * 1024 * 1024
 GB = 1000**3
 GIB = 1024**3
 
@@ -87,46 +87,47 @@ class ParamCount:
         return sum(self.by_dtype.values())
 
 
-def parse_header(length_prefix: bytes, read: Any) -> dict[str, Any]:
-    """Parse a safetensors header given its 8-byte prefix and a ``read(n) -> bytes`` callable.
+def parse_header(length_prefix: bytes, read: Callable[[int], bytes], size: int) -> dict[str, Any]:
+    """Parse a safetensors header as strictly as the reference loader
+    (:func:`weights.safetensors_format.read_safetensors_header`), given its 8-byte prefix, a
+    ``read(n) -> bytes`` callable for the header, and the file size in bytes (the tensors must
+    cover the file exactly: a negative, overflowing or missing shape never reaches a count).
+
+    Returns:
+        ``{name: {"dtype", "shape", "data_offsets"}}`` (and ``"__metadata__"`` when present).
 
     Raises:
-        SizingError: Truncated or malformed header.
+        SizingError: Truncated or malformed header (the reason in the message).
     """
-    if len(length_prefix) != 8:
-        raise SizingError("safetensors file shorter than its 8-byte header length")
-    (n,) = struct.unpack("<Q", length_prefix)
-    if n > MAX_HEADER_BYTES:
-        raise SizingError(f"safetensors header of {n} bytes exceeds {MAX_HEADER_BYTES}")
-    raw = read(n)
-    if len(raw) != n:
-        raise SizingError("safetensors header truncated")
+    prefix = [length_prefix]
+
+    def _read(n: int) -> bytes:
+        return prefix.pop() if prefix else read(n)
+
     try:
-        doc = json.loads(raw)
-    except ValueError as exc:
-        raise SizingError(f"safetensors header is not JSON: {exc}") from exc
-    if not isinstance(doc, dict):
-        raise SizingError("safetensors header is not a JSON object")
+        header = read_safetensors_header(_read, size)
+    except MalformedSafetensors as exc:
+        raise SizingError(exc.message) from exc
+    doc: dict[str, Any] = {t.name: {"dtype": t.dtype, "shape": list(t.shape),
+                                    "data_offsets": [t.begin, t.end]} for t in header.tensors}
+    if header.metadata is not None:
+        doc["__metadata__"] = dict(header.metadata)
     return doc
 
 
 def read_header_file(path: Path) -> dict[str, Any]:
-    """Read the JSON header of a local safetensors file (no tensor data is read).
+    """Read and validate the header of a local safetensors file (no tensor data is read).
 
     Raises:
         SizingError: Unreadable or malformed file (message names it).
     """
     try:
         with open(path, "rb") as fh:
-            return _read_header(fh)
+            return parse_header(fh.read(8), fh.read, os.fstat(fh.fileno()).st_size)
     except OSError as exc:
         raise SizingError(f"{path}: {exc.strerror or exc}") from exc
     except SizingError as exc:
         raise SizingError(f"{path}: {exc.message}") from exc
-
-
-def _read_header(fh: BinaryIO) -> dict[str, Any]:
-    return parse_header(fh.read(8), fh.read)
 
 
 def count_params(headers: Iterable[tuple[str, Mapping[str, Any]]]) -> ParamCount:
