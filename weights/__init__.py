@@ -45,6 +45,7 @@ from weights.lockvalues import check_text
 from weights.serialisation import (
     ALLOW_SWITCH,
     DEFAULT_POLICY,
+    REMOTE_CODE_SWITCH,
     SCANNER,
     SerialisationPolicy,
     UnsafeSerialisationError,
@@ -56,6 +57,7 @@ from weights.verify import Mismatch, VerifyReport, verify_tree
 __all__ = [
     "ALLOW_SWITCH",
     "DEFAULT_POLICY",
+    "REMOTE_CODE_SWITCH",
     "SCANNER",
     "CacheLayoutError",
     "DigestMismatchError",

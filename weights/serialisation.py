@@ -31,6 +31,7 @@ huggingface/safetensors README); GGUF magic ``GGUF`` (ggml docs/gguf.md); zip lo
 from __future__ import annotations
 
 import io
+import json
 import os
 import zipfile
 from collections.abc import Callable, Iterable
@@ -96,9 +97,12 @@ class SerialisationPolicy:
 
     Attributes:
         allow_pickle: Accept pickle-based files that the allowlist scanner finds safe.
+        allow_remote_code: Accept Python files and configs with ``auto_map`` (what
+            ``trust_remote_code=True`` runs at load); refused by default.
     """
 
     allow_pickle: bool = False
+    allow_remote_code: bool = False
 
 
 #: The default policy: safetensors, GGUF and data files; every pickle refused.
@@ -119,6 +123,41 @@ class FormatVerdict:
     format: str
     scan: str | None = None
     pickle: PickleVerdict | None = None
+
+
+REMOTE_CODE_SWITCH = "--allow-remote-code"
+#: The largest JSON file read to look for ``auto_map``, in bytes (configs are a few KiB).
+MAX_CONFIG_BYTES = 16 * 1024**2
+
+
+def remote_code_reason(path: Path, label: str) -> str | None:
+    """Why ``path`` is code a loader runs with ``trust_remote_code``, or None.
+
+    A ``.py`` file is code (``modeling_*.py``, ``configuration_*.py`` ... are imported by
+    transformers' dynamic module loader); a JSON file whose top-level object has ``auto_map``
+    (config.json, tokenizer_config.json) names such code for ``AutoModel``/``AutoTokenizer``
+    (transformers ``dynamic_module_utils``).
+    """
+    lower = label.lower()
+    if lower.endswith(".py"):
+        return "a Python file (run by trust_remote_code)"
+    if not lower.endswith(".json"):
+        return None
+    try:
+        if path.stat().st_size > MAX_CONFIG_BYTES:
+            return None
+        doc = json.loads(path.read_bytes())
+    except (OSError, ValueError, RecursionError):
+        return None
+    if isinstance(doc, dict) and "auto_map" in doc:
+        return "a config with auto_map (asks for trust_remote_code)"
+    return None
+
+
+class RemoteCodeRefused(UnsafeSerialisationError):
+    """A file that ``trust_remote_code`` would run, refused without ``allow_remote_code``."""
+
+    code = "remote_code"
 
 
 def named_as_pickle(path: str) -> bool:
@@ -305,10 +344,19 @@ def check_format(path: Path, label: str, policy: SerialisationPolicy) -> FormatV
         The format and, for an allowed pickle, the recorded scan line.
 
     Raises:
+        RemoteCodeRefused: Code ``trust_remote_code`` would run (``remote_code_reason``)
+            without ``allow_remote_code``; with it, the format is ``code``.
         UnsafeSerialisationError: A pickle-based file without ``allow_pickle``, or one the
             scanner finds unsafe (message names the file and the first findings).
         OSError: The file cannot be read.
     """
+    code = remote_code_reason(path, label)
+    if code is not None:
+        if not policy.allow_remote_code:
+            raise RemoteCodeRefused(
+                f"{label}: {code} refused; re-run with {REMOTE_CODE_SWITCH} to stage it (the "
+                "server must then be started with trust_remote_code)", path=label)
+        return FormatVerdict("code", f"remote code accepted with {REMOTE_CODE_SWITCH}")
     kind, verdict = inspect_file(path, label)
     if kind != "pickle":
         return FormatVerdict(kind)
@@ -350,9 +398,11 @@ __all__ = [
     "ALLOW_SWITCH",
     "DEFAULT_POLICY",
     "PICKLE_SUFFIXES",
+    "REMOTE_CODE_SWITCH",
     "SCANNER",
     "FormatVerdict",
     "ModelFileRefused",
+    "RemoteCodeRefused",
     "SerialisationPolicy",
     "UnsafeSerialisationError",
     "check_format",
@@ -360,5 +410,6 @@ __all__ = [
     "describe",
     "inspect_file",
     "named_as_pickle",
+    "remote_code_reason",
     "sniff",
 ]
