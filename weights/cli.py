@@ -40,6 +40,7 @@ from weights.errors import (
     WeightsError,
 )
 from weights.lockfile import LockEntry, Lockfile
+from weights.modeltree import UnsafeTreeError
 from weights.serialisation import SerialisationPolicy, UnsafeSerialisationError
 from weights.verify import VerifyReport
 
@@ -52,7 +53,7 @@ app = typer.Typer(
 )
 
 _VERIFY_FAILURES = (DigestMismatchError, SignatureVerificationError, DriftError,
-                    UnsafeSerialisationError)
+                    UnsafeSerialisationError, UnsafeTreeError)
 AllowPickleOpt = Annotated[bool, typer.Option(
     "--allow-pickle", help="Accept pickle-based files that the allowlist scanner finds safe.")]
 AllowCodeOpt = Annotated[bool, typer.Option(

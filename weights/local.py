@@ -38,11 +38,11 @@ from weights.lockfile import (
     LockEntry,
     Lockfile,
     Origin,
-    check_repo_path,
     is_commit_sha,
     is_repo_id,
     validate_entry,
 )
+from weights.modeltree import model_files
 from weights.pin import PinResult, diff_entries
 from weights.serialisation import DEFAULT_POLICY, SerialisationPolicy, check_format
 
@@ -95,29 +95,9 @@ def _lfs_patterns(directory: Path) -> list[str]:
 
 
 def _walk(directory: Path) -> list[tuple[str, Path]]:
-    """Regular files under ``directory`` as (repository path, file), sorted; symlinks are
-    followed only when they stay inside the directory or its cache repository."""
-    root = directory.resolve()
-    allowed = root.parent.parent if snapshot_claim(directory) else root
-    out: list[tuple[str, Path]] = []
-    for dirpath, dirnames, filenames in os.walk(directory):
-        dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS)
-        for name in filenames:
-            p = Path(dirpath) / name
-            rel = p.relative_to(directory).as_posix()
-            try:
-                rel.encode("utf-8")
-                check_repo_path(rel)
-            except (UnicodeEncodeError, ValueError) as exc:
-                raise WeightsError(f"{p}: file name cannot be locked ({exc})") from None
-            real = p.resolve()
-            if real != allowed and allowed not in real.parents:
-                raise WeightsError(f"{p}: symlink leads outside {directory} (to {real})",
-                                   hint="copy the file into the directory")
-            if not real.is_file():
-                raise WeightsError(f"{p}: not a regular file")
-            out.append((rel, p))
-    return sorted(out)
+    """Regular files under ``directory`` as (repository path, file), sorted, by the one tree
+    rule every command applies (:func:`weights.modeltree.model_files`)."""
+    return model_files(directory, skip_dirs=_SKIP_DIRS)
 
 
 def content_id(files: tuple[LockedFile, ...]) -> str:
@@ -156,7 +136,8 @@ def local_entry(
         The validated entry.
 
     Raises:
-        WeightsError: Not a directory, no files, no name, an unsafe name or symlink.
+        WeightsError: Not a directory, no files, no name.
+        UnsafeTreeError: An unsafe name or link (:mod:`weights.modeltree`).
         UnsafeSerialisationError: A pickle-based file the policy refuses.
     """
     if not directory.is_dir():
