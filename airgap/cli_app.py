@@ -240,7 +240,12 @@ def inspect(
                   f"({sum(b.size for b in index.base.blobs)} bytes) expected in the store from "
                   f"base index sha256 {index.base.index_sha256}")
     for e in index.lock.entries:
-        out.print(f"model {e.repo_id} revision {e.requested_revision} commit {e.commit}\n"
+        pin = f"commit {e.commit}" if e.origin is None else (
+            f"content id {e.commit} (locked from local files, not a hub commit"
+            + (f"; upstream claimed {e.origin.claimed_repo_id or '?'}@"
+               f"{e.origin.claimed_commit or '?'}, not verified)"
+               if e.origin.claimed_repo_id or e.origin.claimed_commit else ")"))
+        out.print(f"model {e.repo_id} revision {e.requested_revision} {pin}\n"
                   f"  licence {e.license or '-'}, gated {'yes' if e.gated else 'no'}, "
                   f"{len(e.files)} files, {e.total_bytes} bytes, pinned {e.pinned_at}",
                   highlight=False)  # fmt: skip

@@ -7,10 +7,12 @@ as such and never verified). DIR may be a plain directory or a Hugging Face cach
 (``.../models--org--name/snapshots/<commit>``); for a snapshot, repository and commit are
 read from the cache layout, again as a claim.
 
-The entry's ``commit`` names the snapshot ``airgap unpack`` creates: the claimed commit when
-one is given, else a *content id*: the git-style SHA-1 of the manifest
+The entry's ``commit`` names the snapshot ``airgap unpack`` creates. It is always the
+*content id* (the git-style SHA-1 of the manifest
 ``"sovereign-gateway local v1\\n" + "".join(f"{path}\\0{sha256}\\n")`` over files sorted by
-path, so the same bytes always lock to the same id and any change gives a new one.
+path): the same bytes always lock to the same id and any change gives a new one. A claimed
+commit (``--claim-commit``, or a cache snapshot's directory name) stays in ``origin`` and is
+never used as the pin: no cache snapshot is ever named by a commit nobody verified.
 ``lfs`` follows the cache's blob names for a snapshot (64 hex: LFS), else ``.gitattributes``
 ``filter=lfs`` patterns, else the Hub's default (a weight suffix or more than 10 MiB).
 
@@ -173,7 +175,7 @@ def local_entry(
     return validate_entry(LockEntry(
         repo_id=name,
         requested_revision=revision,
-        commit=claimed_commit or content_id(tuple(files)),
+        commit=content_id(tuple(files)),  # a claim is never the pin (module docstring)
         files=tuple(files),
         license=model_card_license(directory),
         gated=False,
