@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from weights.errors import SizingError
+from weights.quantization import read_quantization
 from weights.sizing import (
     DTYPE_BYTES,
     GB,
@@ -135,6 +136,14 @@ class SizingReport:
                 "figures": [f.to_json() for f in self.figures]}
 
 
+def _embedding_params(cfg: Mapping[str, Any], hidden: int) -> int:
+    """Embedding (and untied LM head) parameters: vocab_size x hidden (x 2 when untied)."""
+    vocab = cfg.get("vocab_size")
+    if not isinstance(vocab, int):
+        return 0
+    return vocab * hidden * (1 if cfg.get("tie_word_embeddings") else 2)
+
+
 def _per_gpu_bytes(weights: float, kv_total: float, kv_heads: int, tp: int) -> float:
     # KV heads split across ranks; replicated when tp exceeds them.
     kv_split = min(tp, kv_heads) if kv_heads > 0 else tp
@@ -193,6 +202,17 @@ def size_model(
         weights_dt = Dtype("as stored", "safetensors headers (each tensor in its own dtype)")
         w_bytes = params.stored_bytes
         figs.append(Figure("weights", w_bytes, "bytes", "safetensors dtypes x shapes"))
+    elif (quant := read_quantization(config)) is not None:
+        # Quantised linear weights at the scheme's width; embeddings and LM head stay in the
+        # activation dtype (torch_dtype), as vLLM loads them.
+        act = dtype_bytes(stored.name) if stored.name.lower() in _ACTIVATION else 2.0
+        embed = _embedding_params(shape.raw, int(shape.hidden.value))
+        weights_dt = Dtype(f"{quant.method} ({quant.bits:g} bits per weight)", quant.source)
+        w_bytes = (n - embed) * quant.bits / 8 + embed * act
+        figs.append(Figure("weights", w_bytes, "bytes",
+                           f"(parameters - {embed} embedding/LM-head) x {quant.bits:g}/8 bytes "
+                           f"({quant.source}) + embedding/LM-head x {act:g} bytes "
+                           f"({stored.source})"))
     else:
         weights_dt = stored
         w_bytes = n * dtype_bytes(stored.name)

@@ -238,10 +238,36 @@ def model_shape(config: Mapping[str, Any]) -> ModelShape:
                       hidden=hidden, dtype=dtype, mla=mla, raw=cfg, dtype_source=dtype_source)
 
 
+def _mla_attention(cfg: Mapping[str, Any], p: str, h: int, heads: int) -> tuple[int, list[str]]:
+    """Parameters of one multi-head latent attention block (DeepSeek-V2/V3), with its real
+    shapes (transformers ``DeepseekV3Attention``): ``q_a_proj`` h x q_lora_rank, its norm,
+    ``q_b_proj`` q_lora_rank x heads x (qk_nope + qk_rope) (or ``q_proj`` h x heads x
+    (qk_nope + qk_rope) without q_lora_rank), ``kv_a_proj_with_mqa`` h x (kv_lora_rank +
+    qk_rope), its norm, ``kv_b_proj`` kv_lora_rank x heads x (qk_nope + v_head_dim), ``o_proj``
+    heads x v_head_dim x h.
+
+    Raises:
+        SizingError: A required MLA field is absent.
+    """
+    def get(name: str) -> int:
+        return int(_field(cfg, p, (name,), name).value)
+
+    nope, rope, v, kv_rank = (get("qk_nope_head_dim"), get("qk_rope_head_dim"),
+                              get("v_head_dim"), get("kv_lora_rank"))
+    q_rank = cfg.get("q_lora_rank")
+    qk = heads * (nope + rope)
+    q = h * int(q_rank) + int(q_rank) + int(q_rank) * qk if q_rank else h * qk
+    kv = h * (kv_rank + rope) + kv_rank + kv_rank * heads * (nope + v)
+    fields = ["q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
+              "v_head_dim"]
+    return q + kv + heads * v * h, fields
+
+
 def estimate_params(config: Mapping[str, Any]) -> Figure:
     """Estimate the total parameter count of a llama-style decoder from config.json.
 
-    Counts embeddings (and an untied LM head), per layer q/k/v/o projections, a gated MLP
+    Counts embeddings (and an untied LM head), per layer q/k/v/o projections (multi-head
+    latent attention with its own shapes, :func:`_mla_attention`), a gated MLP
     (3 x hidden x intermediate) or, for mixture-of-experts, every routed and shared expert
     plus the router, and RMSNorm weights. Biases are ignored.
 
@@ -257,10 +283,14 @@ def estimate_params(config: Mapping[str, Any]) -> Figure:
     vocab = int(_field(cfg, p, ("vocab_size",), "vocab").value)
     inter = int(_field(cfg, p, ("intermediate_size", "ffn_dim", "n_inner"), "ffn").value)
     attn = h * q + 2 * h * kv + q * h
+    mla_fields: list[str] = []
+    if shape.mla is not None:
+        attn, mla_fields = _mla_attention(cfg, p, h, int(shape.attention_heads.value))
     experts = cfg.get("n_routed_experts") or cfg.get("num_local_experts") or cfg.get(
         "num_experts")
-    fields = ["hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-              "head_dim", "vocab_size", "intermediate_size"]
+    fields = ["hidden_size", "num_hidden_layers", "num_attention_heads",
+              *(mla_fields or ["num_key_value_heads", "head_dim"]), "vocab_size",
+              "intermediate_size"]
     if experts:
         moe_inter = int(cfg.get("moe_intermediate_size") or inter)
         shared = int(cfg.get("n_shared_experts") or 0)

@@ -1,0 +1,93 @@
+"""Sizing reads ``quantization_config`` (every scheme vLLM loads) and counts MLA with its real
+shapes: DeepSeek-V3's own config.json is 671.03 B parameters stored in FP8, about 673 GB, one
+node of 8 x H200, not 1,342 GB on two; ``weights size`` and ``weights plan`` agree."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.weights.cli_util import run_cli
+from weights.errors import SizingError
+from weights.memory import size_model
+from weights.quantization import read_quantization
+from weights.sizing import estimate_params
+
+CONFIGS = Path(__file__).parent / "configs"
+#: The quantization_config of deepseek-ai/DeepSeek-V3's config.json on the Hub.
+DEEPSEEK_FP8 = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+                "weight_block_size": [128, 128]}
+H200 = 141 * 10**9
+
+
+def _deepseek(tmp_path: Path | None = None) -> dict[str, Any]:
+    cfg: dict[str, Any] = json.loads((CONFIGS / "deepseek-v3.json").read_text())
+    cfg["quantization_config"] = DEEPSEEK_FP8
+    return cfg
+
+
+def test_mla_is_counted_with_its_real_projection_shapes() -> None:
+    # 671,026,404,352: embeddings 2 x 129,280 x 7,168, 61 MLA blocks (q_a 7,168 x 1,536,
+    # q_b 1,536 x 128 x 192, kv_a 7,168 x 576, kv_b 512 x 128 x 256, o 16,384 x 7,168 and
+    # two norms), 3 dense and 58 MoE MLPs (257 experts x 3 x 7,168 x 2,048 + router).
+    est = estimate_params(_deepseek())
+    assert est.value == 671_026_404_352
+    assert "q_lora_rank" in est.source and " head_dim" not in est.source
+
+
+def test_deepseek_v3_fp8_is_sized_as_fp8_and_fits_one_h200_node() -> None:
+    r = size_model(_deepseek(), gpu_mem_bytes=H200, gpus=8)
+    weights = r.figure("weights")
+    assert 670e9 < weights.value < 675e9  # was 1,342 GB (sized as bfloat16)
+    assert "quantization_config.quant_method=fp8" in weights.source
+    assert "weight_block_size=[128, 128]" in weights.source
+    assert r.weights_dtype is not None and r.weights_dtype.name.startswith("fp8")
+    assert r.fits is True and r.min_gpus == 8
+    bf16 = json.loads((CONFIGS / "deepseek-v3.json").read_text())
+    assert size_model(bf16).figure("weights").value > 1.3e12  # no quantization_config: bf16
+
+
+@pytest.mark.parametrize(("q", "bits"), [
+    (DEEPSEEK_FP8, 8 + 32 / 16384),
+    ({"quant_method": "fbgemm_fp8"}, 8),
+    ({"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": {
+        "group_0": {"targets": ["Linear"], "weights": {"num_bits": 4, "type": "int",
+                                                       "strategy": "group",
+                                                       "group_size": 128}}}}, 4 + 16 / 128),
+    ({"quant_method": "compressed-tensors", "format": "float-quantized", "config_groups": {
+        "group_0": {"weights": {"num_bits": 8, "type": "float", "strategy": "channel"}}}}, 8),
+    ({"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True}, 4 + 20 / 128),
+    ({"quant_method": "gptq", "bits": 8, "group_size": -1}, 8),
+    ({"quant_method": "bitsandbytes", "load_in_4bit": True,
+      "bnb_4bit_quant_type": "nf4"}, 4.5),
+    ({"quant_method": "bitsandbytes", "load_in_8bit": True}, 8),
+    ({"quant_method": "mxfp4"}, 4.25),
+    ({"quant_method": "modelopt", "quant_algo": "NVFP4"}, 4.5),
+], ids=["fp8-block", "fbgemm", "ct-w4a16", "ct-fp8", "awq", "gptq8", "bnb4", "bnb8", "mxfp4",
+        "nvfp4"])
+def test_every_scheme_gives_its_width_and_cites_it(q: dict[str, Any], bits: float) -> None:
+    got = read_quantization({"quantization_config": q})
+    assert got is not None and got.bits == pytest.approx(bits)
+    assert got.source.startswith("config.json:quantization_config.quant_method=")
+
+
+def test_an_unknown_scheme_is_an_error_not_a_bf16_guess() -> None:
+    with pytest.raises(SizingError, match="'aqlm' is not a scheme"):
+        read_quantization({"quantization_config": {"quant_method": "aqlm"}})
+
+
+def test_size_and_plan_agree_on_the_weights(tmp_path: Path) -> None:
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(_deepseek()))
+    r = run_cli(["size", str(cfg), "--gpu-mem", "141GB", "--gpus", "8", "--json"])
+    assert r.returncode == 0, r.stderr
+    size_doc = json.loads(r.stdout)
+    size_w = next(f for f in size_doc["figures"] if f["name"] == "weights")
+    r = run_cli(["plan", str(cfg), "--gpu", "h200", "--json"])
+    plan_doc = json.loads(r.stdout)
+    plan_w = next(f for f in plan_doc["memory"] if f["name"] == "weights")
+    assert size_w["value"] == plan_w["value"] and size_w["source"] == plan_w["source"]
+    assert r.returncode == 0 and plan_doc["fits"] is True, r.stderr
