@@ -91,3 +91,48 @@ def test_size_and_plan_agree_on_the_weights(tmp_path: Path) -> None:
     plan_w = next(f for f in plan_doc["memory"] if f["name"] == "weights")
     assert size_w["value"] == plan_w["value"] and size_w["source"] == plan_w["source"]
     assert r.returncode == 0 and plan_doc["fits"] is True, r.stderr
+
+
+# -- the plan chooses by the operator's goal and says why --------------------------------------
+
+def _llama_plan(goal: str) -> Any:
+    from weights.gpus import gpu_spec
+    from weights.plan import Cluster, Workload, make_plan
+
+    cfg = json.loads((CONFIGS / "llama-3.1-8b.json").read_text())
+    return make_plan(cfg, None, Cluster(gpu_spec("h200"), 8, 1),
+                     Workload(concurrency=16, goal=goal))
+
+
+def test_throughput_goal_picks_the_highest_estimate_and_says_why() -> None:
+    from weights.plan_speed import aggregate_tokens_s
+
+    p = _llama_plan("throughput")
+    assert p.layout is not None
+    best = aggregate_tokens_s(p, p.layout)
+    assert all(aggregate_tokens_s(p, a) <= best for a in p.alternatives)
+    assert p.why.startswith("goal throughput") and f"{best:,.0f} tok/s all replicas" in p.why
+    assert "; next TP" in p.why
+
+
+def test_latency_and_cost_goals_choose_by_their_own_figure() -> None:
+    from weights.plan_speed import speed
+
+    def per_seq(p: Any, lay: Any) -> float:
+        return next(f.value for f in speed(p, lay) if f.name == "decode tokens/s per sequence")
+
+    lat = _llama_plan("latency")
+    assert lat.layout is not None
+    assert all(per_seq(lat, a) <= per_seq(lat, lat.layout) for a in lat.alternatives)
+    cost = _llama_plan("cost")
+    assert cost.layout is not None and cost.layout.gpus_per_replica == 1
+    assert cost.why.startswith("goal cost")
+    with pytest.raises(SizingError, match="goal 'speed'"):
+        _llama_plan("speed")
+
+
+def test_plan_cli_prints_why() -> None:
+    r = run_cli(["plan", str(CONFIGS / "llama-3.1-8b.json"), "--gpu", "h200",
+                 "--concurrency", "16", "--json"])
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["why"].startswith("goal throughput")
