@@ -31,7 +31,7 @@ from .errors import (
 )
 from .evaluate import UNSAFE_RULE_ID, Decision, Policy, Principal, Selection
 from .guard import SELF_TEST_TARGET, EgressEvent, EgressGuard
-from .httpx_transport import PolicyAsyncTransport, make_httpx_client
+from .httpx_transport import DeniedAddressAsyncTransport, PolicyAsyncTransport, make_httpx_client
 from .providers import LITELLM_OFFLINE_ENV, import_litellm, litellm_env
 from .runtime import BindingError, GuardMode, check_binding, start_guard
 from .transport import (
@@ -53,6 +53,7 @@ __all__ = [
     "BindingError",
     "ClassChangeForbidden",
     "Decision",
+    "DeniedAddressAsyncTransport",
     "EgressBlocked",
     "EgressDenied",
     "EgressEvent",

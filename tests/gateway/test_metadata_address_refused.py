@@ -77,3 +77,30 @@ def test_a_name_resolving_to_the_metadata_address_is_refused_before_connecting()
         assert resolver.calls == ["models.example"]
 
     asyncio.run(go())
+
+
+def test_the_litellm_client_without_a_policy_refuses_the_metadata_address() -> None:
+    """The litellm backend's openai client (no policy): a literal or a name resolving to
+    169.254.169.254 is refused before a connection; a loopback name is sent as usual."""
+    from gateway.litellm_backend import make_client
+    from policy import DeniedAddressAsyncTransport
+
+    async def go() -> None:
+        client = make_client("http://169.254.169.254:80", "k")
+        with pytest.raises(EgressDenied, match="cloud metadata"):  # gateway maps it (litellm _map)
+            await client.models.list()
+        await client.close()
+        asked: list[str] = []
+
+        def resolver(host: str, port: int) -> list[str]:
+            asked.append(host)
+            return ["169.254.169.254"]
+
+        import httpx
+
+        async with httpx.AsyncClient(transport=DeniedAddressAsyncTransport(resolver)) as http:
+            with pytest.raises(EgressDenied, match=r"resolved to 169\.254\.169\.254"):
+                await http.get("http://models.example/")
+        assert asked == ["models.example"]
+
+    asyncio.run(go())
