@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from weights.errors import SizingError
-from weights.quantization import read_quantization
+from weights.quantization import kv_cache_scheme, read_quantization
 from weights.sizing import (
     DTYPE_BYTES,
     GB,
@@ -136,6 +136,18 @@ class SizingReport:
                 "figures": [f.to_json() for f in self.figures]}
 
 
+def _cross_check(config: Mapping[str, Any], counted: int) -> list[Figure]:
+    """The config estimate next to the header count, and how far apart they are (a header
+    count far from what the architecture implies is worth a look: a partial or odd file set)."""
+    try:
+        est = estimate_params(config)
+    except SizingError:
+        return []
+    gap = (counted - est.value) / est.value * 100 if est.value else 0.0
+    return [Figure("parameters (config estimate)", est.value, "params",
+                   f"{est.source}; safetensors headers count {gap:+.1f} % against it")]
+
+
 def _embedding_params(cfg: Mapping[str, Any], hidden: int) -> int:
     """Embedding (and untied LM head) parameters: vocab_size x hidden (x 2 when untied)."""
     vocab = cfg.get("vocab_size")
@@ -188,6 +200,7 @@ def size_model(
         for dt, count in params.by_dtype.items():
             figs.append(Figure(f"parameters {dt}", count, "params", params.source))
         figs.append(Figure("parameters", n, "params", params.source))
+        figs += _cross_check(config, n)
     else:
         est = estimate_params(config)
         n = int(est.value)
@@ -230,6 +243,10 @@ def size_model(
     else:
         kv = Dtype("bf16", f"bf16 activations of {stored.name} weights (vLLM "
                            "--kv-cache-dtype auto)")
+    declared = kv_cache_scheme(config)
+    if declared is not None and kv_dtype is None:
+        kv = Dtype(kv.name, f"{kv.source}; the checkpoint declares a {declared} KV cache: "
+                            "give --kv-dtype fp8 to size it as vLLM --kv-cache-dtype fp8")
     kv_el = dtype_bytes(kv.name)
     kv_src = f"{kv.name}: {kv.source}"
     L = int(shape.layers.value)

@@ -31,7 +31,7 @@ from typing import Any
 
 from weights.errors import SizingError
 
-__all__ = ["Quantization", "read_quantization"]
+__all__ = ["Quantization", "kv_cache_scheme", "read_quantization"]
 
 
 @dataclass(frozen=True)
@@ -125,3 +125,24 @@ def read_quantization(config: Mapping[str, Any]) -> Quantization | None:
         raise SizingError(f"{where} ({method}) does not say how many bits a weight takes",
                           hint="give --dtype with the width the weights are stored in")
     return Quantization(method=method, bits=bits, source=", ".join(src))
+
+
+def kv_cache_scheme(config: Mapping[str, Any]) -> str | None:
+    """The KV cache scheme a checkpoint declares, as ``"fp8 (config.json:...)"``, or None.
+
+    compressed-tensors: ``quantization_config.kv_cache_scheme`` (``num_bits``, ``type``);
+    modelopt: ``quantization_config.kv_cache_quant_algo``. vLLM uses the checkpoint's KV
+    scales when started with ``--kv-cache-dtype fp8``; with ``auto`` the cache keeps the model
+    dtype.
+    """
+    q = config.get("quantization_config")
+    if not isinstance(q, dict):
+        return None
+    scheme = q.get("kv_cache_scheme")
+    if isinstance(scheme, dict) and scheme.get("num_bits") == 8:
+        kind = "fp8" if scheme.get("type") == "float" else "int8"
+        return f"{kind} (config.json:quantization_config.kv_cache_scheme)"
+    algo = q.get("kv_cache_quant_algo")
+    if isinstance(algo, str) and algo:
+        return f"{algo.lower()} (config.json:quantization_config.kv_cache_quant_algo)"
+    return None

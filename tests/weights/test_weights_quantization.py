@@ -136,3 +136,34 @@ def test_plan_cli_prints_why() -> None:
                  "--concurrency", "16", "--json"])
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["why"].startswith("goal throughput")
+
+
+def test_a_declared_fp8_kv_cache_is_cited() -> None:
+    cfg = json.loads((CONFIGS / "llama-3.1-8b.json").read_text())
+    cfg["quantization_config"] = {
+        "quant_method": "compressed-tensors",
+        "config_groups": {"g": {"weights": {"num_bits": 8, "type": "float",
+                                            "strategy": "channel"}}},
+        "kv_cache_scheme": {"num_bits": 8, "type": "float", "strategy": "tensor"}}
+    r = size_model(cfg)
+    assert r.kv_dtype is not None
+    assert "fp8 (config.json:quantization_config.kv_cache_scheme)" in r.kv_dtype.source
+    fp8 = size_model(cfg, kv_dtype="fp8")
+    assert fp8.figure("kv cache per token").value * 2 == r.figure("kv cache per token").value
+
+
+def test_header_counts_are_checked_against_the_config_estimate(tmp_path: Path) -> None:
+    from tests.hub_emulator.safetensors_gen import make_safetensors
+    from weights.sizing import count_params, read_header_file
+
+    cfg = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 1,
+           "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 128,
+           "intermediate_size": 128, "tie_word_embeddings": True}
+    f = tmp_path / "model.safetensors"
+    f.write_bytes(make_safetensors({"embed": ("BF16", [128, 64])}))  # only the embedding
+    r = size_model(cfg, count_params([(f.name, read_header_file(f))]))
+    check = r.figure("parameters (config estimate)")
+    assert check.value == estimate_params(cfg).value
+    # 49,344 by the architecture (embedding 8,192 + attention 16,384 + MLP 24,576 + norms)
+    assert check.value == 49_344
+    assert "safetensors headers count -83.4 % against it" in check.source
