@@ -18,8 +18,10 @@ duplicated name is refused (the library keeps the last one), and so is a tensor 
 a nested object or longer than :data:`MAX_ENTRY_CHARS`.
 
 Memory is bounded by the header: the parser never builds the JSON tree at once. Each tensor
-entry is decoded alone and kept as a compact :class:`TensorEntry` (a 26 MB hostile header of
-tiny entries costs a few times its size, not the 12x of ``json.loads``).
+entry is decoded alone (at most :data:`MAX_ENTRY_CHARS`) and kept as a compact
+:class:`TensorEntry`; metadata holds at most :data:`MAX_METADATA_ENTRIES` strings. Measured
+on a 30 MB header of 450,000 one-byte tensors (the worst shape that is valid): peak 5.8x the
+header (``json.loads`` alone: 9.4x); nested or oversized values are refused at about 2x.
 """
 
 from __future__ import annotations
@@ -38,6 +40,9 @@ from weights.errors import WeightsError
 MAX_HEADER_BYTES = 100_000_000
 #: Longest JSON text of one tensor entry, in characters (a rank-100 shape fits).
 MAX_ENTRY_CHARS = 8192
+#: Most ``__metadata__`` entries (real files carry a handful; tiny entries cost ~10x their
+#: text in Python objects).
+MAX_METADATA_ENTRIES = 65536
 _USIZE_MAX = 2**64 - 1
 
 #: Bits per element of every safetensors dtype (specification, ``Dtype::bitsize``).
@@ -65,7 +70,7 @@ class MalformedSafetensors(WeightsError):
         self.path = path
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class TensorEntry:
     """One tensor of a safetensors header.
 
@@ -177,6 +182,8 @@ def _metadata(text: str, pos: int) -> tuple[dict[str, str], int]:
         value, pos = _string(text, _skip(text, pos + 1), f"metadata value of {key!r}")
         if key in out:
             raise _fail(f"metadata key {key!r} appears twice")
+        if len(out) >= MAX_METADATA_ENTRIES:
+            raise _fail(f"more than {MAX_METADATA_ENTRIES} metadata entries")
         out[key] = value
         pos = _skip(text, pos)
         sep = text[pos:pos + 1]
