@@ -9,14 +9,19 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from airgap_helpers import KeyPair, lock_entry_from_dir, make_small_model, write_lock
+from airgap_helpers import (
+    KeyPair,
+    lock_entry_from_dir,
+    make_small_model,
+    rewrite_bom,
+    write_lock,
+)
 
 from airgap import pack_bundle, unpack_bundle, verify_bundle
 from airgap.bundle import Index
 from airgap.errors import VerificationFailed
-from airgap.mlbom import BOM_NAME, read_extra
+from airgap.mlbom import BOM_NAME
 from airgap.oci import export_oci, verify_oci
-from airgap.signing import sign_index
 
 REPO = "acme/tiny"
 
@@ -31,39 +36,6 @@ def bundle(tmp_path: Path, keys: KeyPair) -> Path:
     return out
 
 
-def _with_bom(bundle: Path, keys: KeyPair, edit: Callable[[dict[str, object]], None]) -> None:
-    """Re-write the ML-BOM (a signer's lie: bytes that match the re-signed index)."""
-    index = Index.parse((bundle / "index.json").read_bytes())
-    old = read_extra(bundle, index, BOM_NAME)
-    assert old is not None
-    doc = json.loads(old)
-    edit(doc)
-    data = (json.dumps(doc, indent=2) + "\n").encode()
-    idx = json.loads((bundle / "index.json").read_text())
-    payload = b"".join((bundle / p["name"]).read_bytes() for p in idx["parts"])
-    (blob,) = [b for b in idx["blobs"] if b["sha256"] == hashlib.sha256(old).hexdigest()]
-    start, sha = blob["offset"], hashlib.sha256(data).hexdigest()
-    payload = payload[:start] + data + payload[start + blob["stored_size"]:]
-    delta = len(data) - blob["stored_size"]
-    for f in idx["files"]:
-        if f["path"] == BOM_NAME:
-            f.update(size=len(data), sha256=sha, blob_id=sha)
-    for b in idx["blobs"]:
-        if b["offset"] > start:
-            b["offset"] += delta
-    blob.update(sha256=sha, size=len(data), stored_size=len(data))
-    for p in idx["parts"]:
-        (bundle / p["name"]).unlink()
-    idx["payload_size"] = len(payload)
-    idx["parts"] = [{"name": "payload.000-of-001", "offset": 0, "size": len(payload),
-                     "sha256": hashlib.sha256(payload).hexdigest()}]
-    idx["part_size"] = max(idx["part_size"], len(payload))
-    (bundle / "payload.000-of-001").write_bytes(payload)
-    raw = Index.parse(json.dumps(idx).encode()).dumps()
-    (bundle / "index.json").write_bytes(raw)
-    (bundle / "index.sig").write_bytes(sign_index(raw, keys.private))
-
-
 def _lie_about_a_hash(doc: dict[str, object]) -> None:
     model = doc["components"][0]  # type: ignore[index]
     model["components"][0]["hashes"][0]["content"] = "0" * 64
@@ -72,7 +44,7 @@ def _lie_about_a_hash(doc: dict[str, object]) -> None:
 def test_unpack_refuses_a_doctored_bom_without_extras_into(
     bundle: Path, keys: KeyPair, tmp_path: Path
 ) -> None:
-    _with_bom(bundle, keys, _lie_about_a_hash)
+    rewrite_bom(bundle, keys.private, _lie_about_a_hash)
     assert [p.code for p in verify_bundle(bundle, [keys.public]).problems] == ["mlbom_mismatch"]
     store = tmp_path / "store"
     with pytest.raises(VerificationFailed) as exc:
