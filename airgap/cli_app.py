@@ -48,6 +48,8 @@ app = typer.Typer(
 
 AllowPickle = Annotated[bool, typer.Option(
     "--allow-pickle", help="Accept pickle-based files scanned safe by the allowlist scanner.")]
+AllowCode = Annotated[bool, typer.Option(
+    "--allow-remote-code", help="Accept Python files and auto_map configs (trust_remote_code).")]
 PublicKeys = Annotated[
     list[Path],
     typer.Option("--public-key", "-k", help="Trusted Ed25519 public key (PEM); repeatable."),
@@ -96,6 +98,7 @@ def pack(
     ] = False,
     quiet: Quiet = False,
     allow_pickle: AllowPickle = False,
+    allow_remote_code: AllowCode = False,
     since: Annotated[
         Path | None, typer.Option("--since", help="Base bundle's index.json: pack a delta.")
     ] = None,
@@ -117,7 +120,8 @@ def pack(
         report = pack_bundle(locked, source, bundle, signing_key, include_files=include,
                              part_size=part_size, force=force, compress=compress,
                              progress=progress,
-                             policy=SerialisationPolicy(allow_pickle=allow_pickle),
+                             policy=SerialisationPolicy(allow_pickle=allow_pickle,
+                                          allow_remote_code=allow_remote_code),
                              since=since)  # fmt: skip
     for leftover in report.leftovers_removed:
         err.print(f"removed {leftover}, left by an interrupted earlier pack", markup=False)
@@ -163,6 +167,7 @@ def unpack(
     workers: Workers = 0,
     quiet: Quiet = False,
     allow_pickle: AllowPickle = False,
+    allow_remote_code: AllowCode = False,
 ) -> None:
     """Verify, then install atomically into a Hugging Face cache or a plain directory."""
     from airgap.unpack import unpack_bundle
@@ -177,7 +182,8 @@ def unpack(
         report = unpack_bundle(bundle, keys, store, layout=chosen, extras_into=extras_into,
                                expected_lock=_load_lock(expected_lock),
                                workers=_workers(workers), progress=progress,
-                               policy=SerialisationPolicy(allow_pickle=allow_pickle))  # fmt: skip
+                               policy=SerialisationPolicy(allow_pickle=allow_pickle,
+                                          allow_remote_code=allow_remote_code))  # fmt: skip
     if as_json:
         out.print_json(json.dumps({
             "ok": True, "store": str(store), "layout": report.layout,
@@ -234,7 +240,12 @@ def inspect(
                   f"({sum(b.size for b in index.base.blobs)} bytes) expected in the store from "
                   f"base index sha256 {index.base.index_sha256}")
     for e in index.lock.entries:
-        out.print(f"model {e.repo_id} revision {e.requested_revision} commit {e.commit}\n"
+        pin = f"commit {e.commit}" if e.origin is None else (
+            f"content id {e.commit} (locked from local files, not a hub commit"
+            + (f"; upstream claimed {e.origin.claimed_repo_id or '?'}@"
+               f"{e.origin.claimed_commit or '?'}, not verified)"
+               if e.origin.claimed_repo_id or e.origin.claimed_commit else ")"))
+        out.print(f"model {e.repo_id} revision {e.requested_revision} {pin}\n"
                   f"  licence {e.license or '-'}, gated {'yes' if e.gated else 'no'}, "
                   f"{len(e.files)} files, {e.total_bytes} bytes, pinned {e.pinned_at}",
                   highlight=False)  # fmt: skip
@@ -263,13 +274,15 @@ def oci_export(
     repo: Annotated[str | None, typer.Option("--repo", help="Model of the bundle.")] = None,
     tag: Annotated[str | None, typer.Option("--tag", help="Reference name.")] = None,
     allow_pickle: AllowPickle = False,
+    allow_remote_code: AllowCode = False,
 ) -> None:
     """Verify a bundle and write one model as an OCI artifact (CNCF ModelPack media types)."""
     from airgap.oci import export_oci
 
     keys = _trusted_keys(public_key)
     export_oci(bundle, keys, out_dir, repo_id=repo, tag=tag,
-               policy=SerialisationPolicy(allow_pickle=allow_pickle))
+               policy=SerialisationPolicy(allow_pickle=allow_pickle,
+                                          allow_remote_code=allow_remote_code))
     # The command to copy-paste names the reference written (the commit's first 12 hex unless
     # --tag) and the model (registries take lower-case names); only REGISTRY is the operator's.
     manifest = json.loads((out_dir / "index.json").read_text(encoding="utf-8"))["manifests"][0]

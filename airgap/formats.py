@@ -22,6 +22,7 @@ from airgap.bundle import Index
 from airgap.errors import Code, Problem, VerificationFailed
 from weights import (
     ALLOW_SWITCH,
+    REMOTE_CODE_SWITCH,
     SCANNER,
     LockEntry,
     Lockfile,
@@ -31,10 +32,13 @@ from weights import (
     named_as_pickle,
 )
 
+REMOTE_CODE = "remote code accepted"
+
 
 def _refused(exc: UnsafeSerialisationError) -> VerificationFailed:
     text = exc.message + (f"; {exc.hint}" if exc.hint else "")
-    return VerificationFailed([Problem(str(Code.UNSAFE_SERIALISATION), text, path=exc.path)])
+    code = exc.code if exc.code != UnsafeSerialisationError.code else str(Code.UNSAFE_SERIALISATION)
+    return VerificationFailed([Problem(code, text, path=exc.path)])
 
 
 def check_pack_sources(
@@ -82,6 +86,12 @@ def check_index_formats(index: Index, policy: SerialisationPolicy) -> None:
     for entry in index.lock.entries:
         for pin in entry.files:
             label = f"{entry.repo_id}:{pin.path}"
+            if pin.path.lower().endswith(".py") or (pin.scan or "").startswith(REMOTE_CODE):
+                if not policy.allow_remote_code:
+                    problems.append(Problem(
+                        "remote_code", f"{label}: code run by trust_remote_code refused; re-run "
+                        f"with {REMOTE_CODE_SWITCH} to install it", path=label))
+                continue
             if not (named_as_pickle(pin.path) or pin.scan is not None):
                 continue
             if not policy.allow_pickle:

@@ -63,12 +63,14 @@ def _model(entry: LockEntry, formats: dict[tuple[str, str], str]) -> Component:
         {formats.get((entry.repo_id, f.path), "data") for f in entry.files})))]
     if origin is None:
         purl = _purl(entry.repo_id, entry.commit)
-    else:
-        purl = _purl(origin.claimed_repo_id, origin.claimed_commit)
+    else:  # a claim is never the component's identity: no purl, the claim as properties
+        purl = None
         props += [Property(name=f"{_NS}:origin", value=origin.kind),
                   Property(name=f"{_NS}:origin-path", value=origin.path)]
-        if purl is not None:
-            props.append(Property(name=f"{_NS}:upstream-claim", value="not verified"))
+        claimed = _purl(origin.claimed_repo_id, origin.claimed_commit)
+        if claimed is not None:
+            props += [Property(name=f"{_NS}:upstream-claim", value="not verified"),
+                      Property(name=f"{_NS}:upstream-claimed-purl", value=claimed.to_string())]
     files = []
     for f in entry.files:
         fprops = [Property(name=f"{_NS}:serialisation",

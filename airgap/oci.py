@@ -144,13 +144,7 @@ def export_oci(
                                (sig_bytes, SIGNATURE, SIGNATURE_NAME)):
             layers.append({"mediaType": mt, **_put(blobs, data),
                            "annotations": {FILEPATH: f".airgap/{name}"}})
-        config = {
-            "descriptor": {"name": entry.repo_id, "revision": entry.commit,
-                           "createdAt": index.created_at,
-                           **({"licenses": [entry.license]} if entry.license else {})},
-            "modelfs": {"type": "layers", "diffIds": [x["digest"] for x in layers]},
-            "config": {},
-        }
+        config = _config(index, entry, [x["digest"] for x in layers])
         manifest = {
             "schemaVersion": 2, "mediaType": MANIFEST, "artifactType": ARTIFACT,
             "config": {"mediaType": CONFIG, **_put(blobs, _dumps(config))},
@@ -169,6 +163,18 @@ def export_oci(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+def _config(index: Index, entry: LockEntry, diff_ids: list[Any]) -> dict[str, Any]:
+    """The ModelPack config of ``entry``: everything in it follows from the signed index and
+    the layer digests, so ``verify_oci`` rebuilds it and refuses any edit (licences, format)."""
+    return {
+        "descriptor": {"name": entry.repo_id, "revision": entry.commit,
+                       "createdAt": index.created_at,
+                       **({"licenses": [entry.license]} if entry.license else {})},
+        "modelfs": {"type": "layers", "diffIds": diff_ids},
+        "config": {},
+    }
 
 
 def _pick(index: Index, repo_id: str | None) -> LockEntry:
@@ -260,6 +266,11 @@ def _verify(layout: Path, trusted: Sequence[Ed25519PublicKey], tag: str | None,
     if config["descriptor"].get("revision") != entry.commit:
         report.problems.append(Problem(str(Code.PIN_MISMATCH), "config revision "
                                        f"{config['descriptor'].get('revision')} != {entry.commit}"))
+    expected = _config(index, entry, [x.get("digest") for x in layers])
+    if config != expected:
+        keys = sorted(k for k in {*expected, *config} if config.get(k) != expected.get(k))
+        report.problems.append(Problem(str(Code.OCI_INVALID), "the config differs from what "
+                                       f"the signed index gives ({', '.join(keys)})"))
     model_layers = [x for x in layers if x.get("mediaType") not in (SIGNED_INDEX, SIGNATURE)]
     got = {x.get("annotations", {}).get(FILEPATH): x for x in model_layers}
     if len(got) != len(model_layers):
@@ -272,6 +283,11 @@ def _verify(layout: Path, trusted: Sequence[Ed25519PublicKey], tag: str | None,
                                            path=label))
             continue
         want = f"sha256:{f.sha256}"
+        if layer.get("mediaType") != media_type(f.path):
+            report.problems.append(Problem(str(Code.OCI_INVALID),
+                                           f"{label}: layer media type differs from the pin's",
+                                           path=label, expected=media_type(f.path),
+                                           actual=str(layer.get("mediaType"))))
         if layer.get("digest") != want or layer.get("size") != f.size:
             report.problems.append(Problem(str(Code.PIN_MISMATCH),
                                            f"{label}: layer digest differs from the pin",

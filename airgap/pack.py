@@ -46,7 +46,9 @@ from weights import (
     LockEntry,
     Lockfile,
     SerialisationPolicy,
+    UnsafeTreeError,
     WeightsError,
+    check_model_file,
     resolve_model_dir,
     sha256_file,
 )
@@ -88,6 +90,8 @@ def collect_sources(
         for pin in entry.files:
             paths.check_path(pin.path, what=f"pinned path of {entry.repo_id}")
             origin = root / pin.path
+            if os.path.lexists(origin):
+                _check_tree_rule(root, entry.repo_id, pin.path)
             _check_source(origin, pin.size, f"{entry.repo_id}:{pin.path}")
             cf = ContentFile(entry.repo_id, pin.path, pin.size, pin.sha256, pin.blob_id)
             out.append(Source(cf, origin, None if pin.lfs else pin.git_sha1))
@@ -118,6 +122,18 @@ def _model_root(source: Path, entry: LockEntry) -> Path:
         return resolve_model_dir(source, entry)
     except WeightsError as exc:
         raise AirgapError(Code.SOURCE_MISSING, f"{entry.repo_id}: {exc}") from exc
+
+
+def _check_tree_rule(root: Path, repo_id: str, path: str) -> None:
+    """The tree rule lock, verify and sign apply (:func:`weights.check_model_file`): no
+    symlink out of the model, to a directory, or in a loop."""
+    try:
+        check_model_file(root, path)
+    except UnsafeTreeError as exc:
+        if exc.code in ("dangling_symlink", "not_regular_file"):
+            raise AirgapError(Code.SOURCE_MISSING, f"{repo_id}: {exc.message}") from exc
+        raise fail(Code.UNSAFE_PATH, f"{repo_id}: {exc.message} [{exc.code}]",
+                   path=f"{repo_id}:{path}") from exc
 
 
 def _check_source(path: Path, size: int | None, label: str) -> int:

@@ -19,6 +19,7 @@ import unicodedata
 from collections.abc import Iterable
 
 from airgap.errors import Code, fail
+from weights import unsafe_path_reason
 
 MAX_PATH_BYTES = 4096
 MAX_COMPONENT_BYTES = 255
@@ -44,24 +45,8 @@ def check_path(path: object, *, what: str = "path") -> str:
 
 
 def _unsafe_reason(path: str) -> str | None:
-    if "\0" in path:
-        return "contains NUL"
-    if "\\" in path:
-        return "contains a backslash"
-    if _CONTROL.search(path):
-        return "contains a control character"
-    if ":" in path:
-        return "contains ':' (drive letter or alternate stream)"
-    if path.startswith("/"):
-        return "is absolute"
-    if len(path.encode("utf-8", "surrogatepass")) > MAX_PATH_BYTES:
-        return f"is longer than {MAX_PATH_BYTES} bytes"
-    for comp in path.split("/"):
-        if comp in ("", ".", ".."):
-            return f"has a {comp or 'empty'!r} component"
-        if len(comp.encode("utf-8", "surrogatepass")) > MAX_COMPONENT_BYTES:
-            return f"has a component longer than {MAX_COMPONENT_BYTES} bytes"
-    return None
+    # One rule for names on disk (lock, sign) and in indexes (pack, unpack): weights owns it.
+    return unsafe_path_reason(path)
 
 
 def fold(path: str) -> str:

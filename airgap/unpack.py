@@ -51,7 +51,7 @@ from airgap.formats import check_index_formats, check_staged_formats
 from airgap.install import Plan, StagedFile, commit, resume
 from airgap.space import require_free
 from airgap.stream import Progress, Range, hash_ranges
-from airgap.verify import VerifyReport, blob_ranges, check_index, diagnose
+from airgap.verify import VerifyReport, blob_ranges, check_index, diagnose, extras_problems
 from weights import (
     DEFAULT_POLICY,
     Lockfile,
@@ -145,6 +145,9 @@ def unpack_bundle(
     index = check.index
     assert index is not None
     check_index_formats(index, policy)
+    extras = extras_problems(bundle, index, check, workers=workers)  # as verify does
+    if extras:
+        raise VerificationFailed(extras)
     check_base_in_store(index, store, layout)  # a delta: its base must be there, verified
     report = UnpackReport(store=store, layout=layout, check=check)
     # Every directory this run will create, parents included, deepest first.

@@ -198,6 +198,37 @@ def verify_bundle(
     return report
 
 
+def extras_problems(
+    bundle: Path, index: Index, report: VerifyReport, *, workers: int = 1
+) -> list[Problem]:
+    """What :func:`verify_bundle` finds in the blobs no model file uses (the extras: the
+    ML-BOM, included files) and in the parts under them, then the ML-BOM's meaning.
+
+    ``unpack`` calls it whether or not it installs the extras, so it refuses every bundle
+    ``verify`` refuses (a doctored ML-BOM, a damaged last part holding only extras).
+
+    Returns:
+        The problems (empty when the extras are intact and the ML-BOM agrees with the index).
+    """
+    model_blobs = {f.sha256 for f in index.files if f.repo_id is not None}
+    blobs = [b for b in index.blobs if b.sha256 not in model_blobs]
+    results = hash_ranges(bundle, index, blob_ranges(index, blobs),
+                          readable=report.readable_parts, workers=workers)
+    problems: list[Problem] = []
+    suspects: set[str] = set()
+    for res in results:
+        found = content_problems(index, res)
+        problems.extend(found)
+        if found:  # only parts under a bad extra: the model blobs are unpack's own to judge
+            suspects.update(s.part.name for s in index.segments(res.range.offset, res.range.size))
+    problems += _check_part_digests(report, index, suspects, workers, None) if suspects else []
+    if not problems:
+        bom = read_extra(bundle, index, BOM_NAME)
+        if bom is not None:
+            problems.extend(check_bom(bom, index))
+    return problems
+
+
 def blob_ranges(index: Index, blobs: Iterable[Blob]) -> list[Range]:
     """The payload ranges of ``blobs`` (keyed by sha256, with their encoding)."""
     return [Range(b.sha256, b.offset, b.stored_size, b.encoding, b.size) for b in blobs]

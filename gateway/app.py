@@ -58,6 +58,7 @@ from gateway.routing import ClassifyingPolicy, RoutePolicy, Router
 from gateway.settings import GatewaySettings
 from gateway.state import STATE_KEY, GatewayState, LiveState, gateway_state
 from gateway.upstream import ConnectorFactory, new_session, tls_context
+from policy import denied_address_socket_factory
 
 if TYPE_CHECKING:
     from gateway.reload import Reloader
@@ -218,7 +219,8 @@ def create_app(
     async def lifespan(_: FastAPI) -> AsyncIterator[dict[str, Any]]:
         session = new_session(settings, parts.connector_factory, parts.upstream_middlewares)
         upstream = RelayClient(
-            parts.dialer or resolver_dialer(), tls=upstream_ssl,
+            parts.dialer or resolver_dialer(socket_factory=denied_address_socket_factory()),
+            tls=upstream_ssl,
             limit=settings.limits.max_upstream_connections,
             keep_alive_s=settings.timeouts.upstream_keep_alive_s,
             connect_s=settings.timeouts.connect_s, observers=parts.attempt_observers,

@@ -56,10 +56,11 @@ def make_client(replica_url: str, api_key: str | None, matcher: Any = None) -> A
     """
     import openai
 
-    from policy import make_httpx_client
+    from policy import DeniedAddressAsyncTransport, make_httpx_client
 
     http = (make_httpx_client(matcher) if matcher is not None
-            else httpx.AsyncClient(trust_env=False, follow_redirects=False))
+            else httpx.AsyncClient(trust_env=False, follow_redirects=False,
+                                   transport=DeniedAddressAsyncTransport()))
     return openai.AsyncOpenAI(base_url=replica_url + "/v1", api_key=api_key or "unused",
                               http_client=http, max_retries=0)  # type: ignore[arg-type]
 

@@ -37,7 +37,7 @@ from gateway.h1 import (
     ProtocolError,
 )
 from gateway.settings import GatewaySettings, UpstreamTlsSettings
-from policy import EgressDenied, RedirectRefused
+from policy import EgressDenied, RedirectRefused, denied_address_socket_factory
 
 __all__ = ["ConnectorFactory", "map_exception", "new_session", "tls_context"]
 
@@ -94,6 +94,7 @@ def new_session(
             limit_per_host=0,
             ttl_dns_cache=10,
             keepalive_timeout=settings.timeouts.upstream_keep_alive_s,
+            socket_factory=denied_address_socket_factory(),  # metadata: never, policy or not
         )
     else:
         connector = aiohttp.TCPConnector(
@@ -101,6 +102,7 @@ def new_session(
             limit_per_host=0,
             ttl_dns_cache=10,
             force_close=True,
+            socket_factory=denied_address_socket_factory(),
         )
     timeout = aiohttp.ClientTimeout(
         total=None,

@@ -35,7 +35,7 @@ from .errors import (
 )
 from .evaluate import UNSAFE_RULE_ID, Decision, Policy, Principal, Selection
 from .guard import SELF_TEST_TARGET, EgressEvent, EgressGuard
-from .httpx_transport import PolicyAsyncTransport, make_httpx_client
+from .httpx_transport import DeniedAddressAsyncTransport, PolicyAsyncTransport, make_httpx_client
 from .pii import PiiPolicy, PiiVerdict
 from .providers import LITELLM_OFFLINE_ENV, import_litellm, litellm_env
 from .runtime import BindingError, GuardMode, check_binding, start_guard
@@ -43,6 +43,7 @@ from .transport import (
     REDIRECT_STATUSES,
     PolicyResolver,
     checked_socket_factory,
+    denied_address_socket_factory,
     make_connector,
     make_session,
     policy_middleware,
@@ -57,6 +58,7 @@ __all__ = [
     "BindingError",
     "ClassChangeForbidden",
     "Decision",
+    "DeniedAddressAsyncTransport",
     "EgressBlocked",
     "EgressDenied",
     "EgressEvent",
@@ -83,6 +85,7 @@ __all__ = [
     "Verdict",
     "check_binding",
     "checked_socket_factory",
+    "denied_address_socket_factory",
     "import_litellm",
     "litellm_env",
     "make_connector",

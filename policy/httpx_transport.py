@@ -20,8 +20,9 @@ from typing import Any
 
 import httpx
 
+from .addresses import always_denied_reason, parse_ip
 from .egress import EgressMatcher, PinStore, SyncResolver, check_target, system_resolve
-from .errors import RedirectRefused
+from .errors import EgressDenied, RedirectRefused
 from .evaluate import Policy
 
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
@@ -80,6 +81,57 @@ class PolicyAsyncTransport(httpx.AsyncBaseTransport):
             if url.scheme == "https":
                 request.extensions = {**request.extensions, "sni_hostname": hostname}
         return await self._pool(hostname or str(ip)).handle_async_request(request)
+
+    async def aclose(self) -> None:
+        """Close every connection pool."""
+        pools, self._pools = list(self._pools.values()), {}
+        for pool in pools:
+            await pool.aclose()
+
+
+class DeniedAddressAsyncTransport(httpx.AsyncBaseTransport):
+    """An httpx transport for clients with no policy: the always-denied addresses (link-local
+    / cloud metadata, this host, broadcast, multicast; :func:`~policy.addresses.
+    always_denied_reason`) are refused after resolution, and the request goes to the checked
+    address (original ``Host`` header, TLS SNI / certificate name), so a second DNS answer
+    cannot move it. The httpx twin of :func:`~policy.transport.denied_address_socket_factory`.
+
+    Args:
+        resolver: ``(host, port) -> [address, ...]`` (default: system getaddrinfo in a thread).
+    """
+
+    def __init__(self, resolver: SyncResolver = system_resolve) -> None:
+        self._resolver = resolver
+        self._pools: dict[str, httpx.AsyncHTTPTransport] = {}
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        """Resolve, check every address, send to the first.
+
+        Raises:
+            EgressDenied: an address of the host is always denied.
+        """
+        url = request.url
+        port = url.port or _DEFAULT_PORTS.get(url.scheme, 0)
+        literal = parse_ip(url.host)
+        addresses = [str(literal)] if literal is not None else \
+            await asyncio.to_thread(self._resolver, url.host, port)
+        for address in addresses:
+            ip = parse_ip(address)
+            reason = always_denied_reason(ip) if ip is not None else None
+            if reason is not None:
+                raise EgressDenied(url.host, port, f"{reason} (always denied, with or "
+                                   f"without a policy; resolved to {address})")
+        if not addresses:
+            raise EgressDenied(url.host, port, "the name has no address")
+        if literal is None:
+            request.url = url.copy_with(host=addresses[0])
+            if url.scheme == "https":
+                request.extensions = {**request.extensions, "sni_hostname": url.host}
+        key = url.host
+        pool = self._pools.get(key)
+        if pool is None:
+            pool = self._pools[key] = httpx.AsyncHTTPTransport(trust_env=False)
+        return await pool.handle_async_request(request)
 
     async def aclose(self) -> None:
         """Close every connection pool."""

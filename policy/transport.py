@@ -32,6 +32,7 @@ from aiohappyeyeballs import AddrInfoType
 from aiohttp.abc import AbstractResolver, ResolveResult
 from aiohttp.client_middlewares import ClientHandlerType, ClientMiddlewareType
 
+from .addresses import always_denied_reason, parse_ip
 from .egress import EgressMatcher, PinStore, admit_host, check_target
 from .errors import EgressDenied, RedirectRefused
 from .evaluate import Policy
@@ -201,6 +202,31 @@ def checked_socket_factory(matcher: EgressMatcher) -> Callable[[AddrInfoType], s
         verdict = matcher.check_connect(host, port)
         if not verdict.allowed:
             raise EgressDenied(host, port, verdict.reason)
+        return socket.socket(family=family, type=type_, proto=proto)
+
+    return factory
+
+
+def denied_address_socket_factory() -> Callable[[AddrInfoType], socket.socket]:
+    """Return an aiohttp ``socket_factory`` that refuses the always-denied addresses
+    (:func:`~policy.addresses.always_denied_reason`: link-local and the cloud metadata
+    services, "this host", broadcast, multicast) at connect time, with no policy configured.
+
+    The check runs on the address aiohttp is about to connect to, after resolution, so a name
+    that resolves to ``169.254.169.254`` is refused like the literal, before anything is sent.
+    With a policy, :func:`checked_socket_factory` does this and more.
+
+    Raises (from the connection attempt):
+        EgressDenied: the address is always denied.
+    """
+
+    def factory(addr_info: AddrInfoType) -> socket.socket:
+        family, type_, proto, _, address = addr_info
+        host, port = str(address[0]), int(address[1])
+        ip = parse_ip(host)
+        reason = always_denied_reason(ip) if ip is not None else None
+        if reason is not None:
+            raise EgressDenied(host, port, f"{reason} (always denied, with or without a policy)")
         return socket.socket(family=family, type=type_, proto=proto)
 
     return factory

@@ -42,9 +42,11 @@ from weights.lockfile import (
     is_commit_sha,
 )
 from weights.lockvalues import check_text
+from weights.modeltree import UnsafeTreeError, check_model_file, model_files, unsafe_path_reason
 from weights.serialisation import (
     ALLOW_SWITCH,
     DEFAULT_POLICY,
+    REMOTE_CODE_SWITCH,
     SCANNER,
     SerialisationPolicy,
     UnsafeSerialisationError,
@@ -56,6 +58,7 @@ from weights.verify import Mismatch, VerifyReport, verify_tree
 __all__ = [
     "ALLOW_SWITCH",
     "DEFAULT_POLICY",
+    "REMOTE_CODE_SWITCH",
     "SCANNER",
     "CacheLayoutError",
     "DigestMismatchError",
@@ -71,9 +74,11 @@ __all__ = [
     "PathCollisionError",
     "SerialisationPolicy",
     "UnsafeSerialisationError",
+    "UnsafeTreeError",
     "VerifyReport",
     "WeightsError",
     "check_format",
+    "check_model_file",
     "check_repo_path",
     "check_text",
     "digest_file",
@@ -82,10 +87,12 @@ __all__ = [
     "hf_cache_paths",
     "install_hf_cache",
     "is_commit_sha",
+    "model_files",
     "named_as_pickle",
     "repo_folder_name",
     "resolve_model_dir",
     "sha256_file",
+    "unsafe_path_reason",
     "verify_tree",
     "write_ref",
 ]

@@ -40,6 +40,7 @@ from weights.errors import (
     WeightsError,
 )
 from weights.lockfile import LockEntry, Lockfile
+from weights.modeltree import UnsafeTreeError
 from weights.serialisation import SerialisationPolicy, UnsafeSerialisationError
 from weights.verify import VerifyReport
 
@@ -52,9 +53,11 @@ app = typer.Typer(
 )
 
 _VERIFY_FAILURES = (DigestMismatchError, SignatureVerificationError, DriftError,
-                    UnsafeSerialisationError)
+                    UnsafeSerialisationError, UnsafeTreeError)
 AllowPickleOpt = Annotated[bool, typer.Option(
     "--allow-pickle", help="Accept pickle-based files that the allowlist scanner finds safe.")]
+AllowCodeOpt = Annotated[bool, typer.Option(
+    "--allow-remote-code", help="Stage Python files and auto_map configs (trust_remote_code).")]
 
 
 @app.callback()
@@ -78,6 +81,7 @@ def pin(
     redirect_host: RedirectHostOpt = None,
     as_json: JsonOpt = False,
     allow_pickle: AllowPickleOpt = False,
+    allow_remote_code: AllowCodeOpt = False,
 ) -> None:
     """Resolve REPO_ID at a revision to its commit and record every file's digests."""
     from weights.pin import pin as do_pin
@@ -87,7 +91,8 @@ def pin(
         result = do_pin(hub_client(endpoint, token, redirect_host), lock, repo_id, revision,
                         include=include or (), exclude=exclude or (),
                         allow_license=allow_license or (), update=update,
-                        policy=SerialisationPolicy(allow_pickle=allow_pickle))
+                        policy=SerialisationPolicy(allow_pickle=allow_pickle,
+                                                    allow_remote_code=allow_remote_code))
     except DriftError as exc:
         _show_drift_refusal(console, exc, as_json)
         raise
@@ -143,6 +148,7 @@ def pull(
     redirect_host: RedirectHostOpt = None,
     quiet: QuietOpt = False,
     allow_pickle: AllowPickleOpt = False,
+    allow_remote_code: AllowCodeOpt = False,
 ) -> None:
     """Download exactly the pinned commit's files, verifying each before it becomes visible."""
     from weights.pull import plain_dir_for, pull_entry, select_entries
@@ -156,7 +162,8 @@ def pull(
         dest = plain_dir_for(into, entry, len(entries) > 1) if into is not None else None
         with progress(entry.total_bytes, entry.repo_id, quiet) as advance:
             result = pull_entry(hub, entry, into=dest, cache=cache, progress=advance,
-                                policy=SerialisationPolicy(allow_pickle=allow_pickle))
+                                policy=SerialisationPolicy(allow_pickle=allow_pickle,
+                                                    allow_remote_code=allow_remote_code))
         if result.resumed:  # even with --quiet: the operator should know a run did not finish
             console.print(f"{entry.repo_id}: resumed {result.resumed} file(s) left by an "
                           "earlier run that did not finish (interrupted or failed)",

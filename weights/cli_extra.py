@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from functools import partial
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -100,8 +101,8 @@ def _remote_inputs(
         prefix = hub.read_range(snap.repo_id, snap.commit, name, 0, 8)
         if len(prefix) != 8:
             raise SizingError(f"{name}: shorter than 8 bytes")
-        header = parse_header(prefix, lambda k, name=name: hub.read_range(
-            snap.repo_id, snap.commit, name, 8, k))
+        header = parse_header(prefix, partial(hub.read_range, snap.repo_id, snap.commit,
+                                              name, 8), by_path[name].size)
         headers.append((name, header))
     return config, count_params(headers)
 

@@ -31,6 +31,9 @@ def lock(
     allow_pickle: Annotated[bool, typer.Option(
         "--allow-pickle", help="Accept pickle-based files the allowlist scanner finds safe.")
     ] = False,
+    allow_remote_code: Annotated[bool, typer.Option(
+        "--allow-remote-code", help="Stage Python files and auto_map configs "
+        "(trust_remote_code).")] = False,
     as_json: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
@@ -46,7 +49,9 @@ def lock(
             result = lock_local(
                 lock_path, directory, update=update, repo_id=repo_id, revision=revision,
                 claimed_repo_id=claim_repo, claimed_commit=claim_commit,
-                policy=SerialisationPolicy(allow_pickle=allow_pickle), progress=advance)
+                policy=SerialisationPolicy(allow_pickle=allow_pickle,
+                                           allow_remote_code=allow_remote_code),
+                progress=advance)
     except DriftError as exc:
         _show_drift_refusal(console, exc, as_json)
         raise

@@ -122,6 +122,8 @@ def plan(
     overhead: Annotated[str, typer.Option("--overhead", help="Engine overhead per GPU.")] = "2GiB",
     training: Annotated[bool, typer.Option("--training", help="Add Adam training state.")] = False,
     no_ep: Annotated[bool, typer.Option("--no-expert-parallel", help="Never use EP.")] = False,
+    goal: Annotated[str, typer.Option(
+        "--goal", help="Choose the layout for: throughput, latency or cost.")] = "throughput",
     estimate: Annotated[bool, typer.Option("--estimate", help="Params from config.")] = False,
     lock: Annotated[Path | None, typer.Option("--lock", help="TARGET is pinned here.")] = None,
     source: Annotated[Path | None, typer.Option("--from", help="With --lock: dir/cache.")] = None,
@@ -163,7 +165,7 @@ def plan(
         params = None
     work = Workload(dtype=dtype, kv_dtype=kv_dtype, context=context, concurrency=concurrency,
                     utilization=utilization, overhead_bytes=parse_memory(overhead),
-                    training=training, expert_parallel=not no_ep)
+                    training=training, expert_parallel=not no_ep, goal=goal)
     cluster = Cluster(spec, gpus_per_node, nodes, intra, inter)
     result = make_plan(config, params, cluster, work)
     lay = result.layout
@@ -210,6 +212,7 @@ def _to_json(p: Plan, stored_fp8: bool) -> dict[str, Any]:
                     "intra": p.cluster.intra, "inter": p.cluster.inter},
         "memory": [f.to_json() for f in p.memory],
         "layout": lay.to_json() if lay else None,
+        "why": p.why,
         "alternatives": [{**a.to_json(), "decode_tokens_s_estimate": aggregate_tokens_s(p, a)}
                          for a in p.alternatives],
         "speed": [f.to_json() for f in speed(p, lay)] if lay else [],
@@ -252,6 +255,7 @@ def _render(p: Plan, target: str, doc: dict[str, Any]) -> None:
         out.print(p.shortfall(), markup=False)
         return
     out.print(f"Layout: {_layout_line(lay)}", markup=False)
+    out.print(f"  why: {p.why}", markup=False)
     for r in lay.reasons:
         out.print(f"  {r}", markup=False)
     if p.alternatives:

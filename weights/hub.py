@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 from weights.errors import (
     FileNotOnHubError,
@@ -160,18 +160,23 @@ class HubClient:
         timeout_s: Timeout of metadata requests, in seconds.
         redirect_hosts: Hosts a redirect may lead to besides the endpoint's (exact names or
             ``*.domain``); ``None`` or empty: :data:`weights.redirects.DEFAULT_REDIRECT_HOSTS`.
+        resolver: ``(host, port) -> [address, ...]`` for every connection (default: the
+            system resolver); each address is checked before connecting
+            (:mod:`weights.netcheck`).
 
     Raises:
         WeightsError: A redirect host that is not a host name or ``*.domain``.
     """
 
     def __init__(self, endpoint: str = DEFAULT_ENDPOINT, token: str | None = None,
-                 timeout_s: float = 30.0, redirect_hosts: Iterable[str] | None = None) -> None:
+                 timeout_s: float = 30.0, redirect_hosts: Iterable[str] | None = None,
+                 resolver: Callable[[str, int], list[str]] | None = None) -> None:
         self.endpoint = endpoint.rstrip("/")
         # False: never fall back to a token stored on disk or in the environment implicitly.
         self.token: str | bool = token if token else False
         self.timeout_s = timeout_s
         self.redirects = RedirectPolicy.of(self.endpoint, redirect_hosts)
+        self.resolver = resolver
 
     def _session(self) -> Any:
         """A new ``httpx2.Client`` (use it with ``with``) that follows a redirect only when
@@ -187,8 +192,15 @@ class HubClient:
                 source = response.request.url
                 policy.check(str(source), str(source.join(response.headers["Location"])))
 
+        from weights.netcheck import CheckedBackend, CheckedTransport
+
+        # Every connection (the endpoint's and each redirect's) is checked after resolution.
+        exact = [h for h in policy.hosts if not h.startswith("*.")]
+        backend = CheckedBackend([urlsplit(self.endpoint).hostname or "", *exact],
+                                 self.resolver)
         return httpx2.Client(follow_redirects=True, timeout=None,
-                             event_hooks={"response": [check_redirect]})
+                             event_hooks={"response": [check_redirect]},
+                             transport=CheckedTransport(backend))
 
     def snapshot(self, repo_id: str, revision: str) -> RemoteSnapshot:
         """Resolve ``revision`` and describe every file at the resulting commit (one request).

@@ -7,10 +7,12 @@ as such and never verified). DIR may be a plain directory or a Hugging Face cach
 (``.../models--org--name/snapshots/<commit>``); for a snapshot, repository and commit are
 read from the cache layout, again as a claim.
 
-The entry's ``commit`` names the snapshot ``airgap unpack`` creates: the claimed commit when
-one is given, else a *content id*: the git-style SHA-1 of the manifest
+The entry's ``commit`` names the snapshot ``airgap unpack`` creates. It is always the
+*content id* (the git-style SHA-1 of the manifest
 ``"sovereign-gateway local v1\\n" + "".join(f"{path}\\0{sha256}\\n")`` over files sorted by
-path, so the same bytes always lock to the same id and any change gives a new one.
+path): the same bytes always lock to the same id and any change gives a new one. A claimed
+commit (``--claim-commit``, or a cache snapshot's directory name) stays in ``origin`` and is
+never used as the pin: no cache snapshot is ever named by a commit nobody verified.
 ``lfs`` follows the cache's blob names for a snapshot (64 hex: LFS), else ``.gitattributes``
 ``filter=lfs`` patterns, else the Hub's default (a weight suffix or more than 10 MiB).
 
@@ -38,11 +40,11 @@ from weights.lockfile import (
     LockEntry,
     Lockfile,
     Origin,
-    check_repo_path,
     is_commit_sha,
     is_repo_id,
     validate_entry,
 )
+from weights.modeltree import model_files
 from weights.pin import PinResult, diff_entries
 from weights.serialisation import DEFAULT_POLICY, SerialisationPolicy, check_format
 
@@ -95,29 +97,9 @@ def _lfs_patterns(directory: Path) -> list[str]:
 
 
 def _walk(directory: Path) -> list[tuple[str, Path]]:
-    """Regular files under ``directory`` as (repository path, file), sorted; symlinks are
-    followed only when they stay inside the directory or its cache repository."""
-    root = directory.resolve()
-    allowed = root.parent.parent if snapshot_claim(directory) else root
-    out: list[tuple[str, Path]] = []
-    for dirpath, dirnames, filenames in os.walk(directory):
-        dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS)
-        for name in filenames:
-            p = Path(dirpath) / name
-            rel = p.relative_to(directory).as_posix()
-            try:
-                rel.encode("utf-8")
-                check_repo_path(rel)
-            except (UnicodeEncodeError, ValueError) as exc:
-                raise WeightsError(f"{p}: file name cannot be locked ({exc})") from None
-            real = p.resolve()
-            if real != allowed and allowed not in real.parents:
-                raise WeightsError(f"{p}: symlink leads outside {directory} (to {real})",
-                                   hint="copy the file into the directory")
-            if not real.is_file():
-                raise WeightsError(f"{p}: not a regular file")
-            out.append((rel, p))
-    return sorted(out)
+    """Regular files under ``directory`` as (repository path, file), sorted, by the one tree
+    rule every command applies (:func:`weights.modeltree.model_files`)."""
+    return model_files(directory, skip_dirs=_SKIP_DIRS)
 
 
 def content_id(files: tuple[LockedFile, ...]) -> str:
@@ -156,7 +138,8 @@ def local_entry(
         The validated entry.
 
     Raises:
-        WeightsError: Not a directory, no files, no name, an unsafe name or symlink.
+        WeightsError: Not a directory, no files, no name.
+        UnsafeTreeError: An unsafe name or link (:mod:`weights.modeltree`).
         UnsafeSerialisationError: A pickle-based file the policy refuses.
     """
     if not directory.is_dir():
@@ -192,7 +175,7 @@ def local_entry(
     return validate_entry(LockEntry(
         repo_id=name,
         requested_revision=revision,
-        commit=claimed_commit or content_id(tuple(files)),
+        commit=content_id(tuple(files)),  # a claim is never the pin (module docstring)
         files=tuple(files),
         license=model_card_license(directory),
         gated=False,

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from weights.errors import SizingError
+from weights.quantization import kv_cache_scheme, read_quantization
 from weights.sizing import (
     DTYPE_BYTES,
     GB,
@@ -135,6 +136,26 @@ class SizingReport:
                 "figures": [f.to_json() for f in self.figures]}
 
 
+def _cross_check(config: Mapping[str, Any], counted: int) -> list[Figure]:
+    """The config estimate next to the header count, and how far apart they are (a header
+    count far from what the architecture implies is worth a look: a partial or odd file set)."""
+    try:
+        est = estimate_params(config)
+    except SizingError:
+        return []
+    gap = (counted - est.value) / est.value * 100 if est.value else 0.0
+    return [Figure("parameters (config estimate)", est.value, "params",
+                   f"{est.source}; safetensors headers count {gap:+.1f} % against it")]
+
+
+def _embedding_params(cfg: Mapping[str, Any], hidden: int) -> int:
+    """Embedding (and untied LM head) parameters: vocab_size x hidden (x 2 when untied)."""
+    vocab = cfg.get("vocab_size")
+    if not isinstance(vocab, int):
+        return 0
+    return vocab * hidden * (1 if cfg.get("tie_word_embeddings") else 2)
+
+
 def _per_gpu_bytes(weights: float, kv_total: float, kv_heads: int, tp: int) -> float:
     # KV heads split across ranks; replicated when tp exceeds them.
     kv_split = min(tp, kv_heads) if kv_heads > 0 else tp
@@ -179,6 +200,7 @@ def size_model(
         for dt, count in params.by_dtype.items():
             figs.append(Figure(f"parameters {dt}", count, "params", params.source))
         figs.append(Figure("parameters", n, "params", params.source))
+        figs += _cross_check(config, n)
     else:
         est = estimate_params(config)
         n = int(est.value)
@@ -193,6 +215,17 @@ def size_model(
         weights_dt = Dtype("as stored", "safetensors headers (each tensor in its own dtype)")
         w_bytes = params.stored_bytes
         figs.append(Figure("weights", w_bytes, "bytes", "safetensors dtypes x shapes"))
+    elif (quant := read_quantization(config)) is not None:
+        # Quantised linear weights at the scheme's width; embeddings and LM head stay in the
+        # activation dtype (torch_dtype), as vLLM loads them.
+        act = dtype_bytes(stored.name) if stored.name.lower() in _ACTIVATION else 2.0
+        embed = _embedding_params(shape.raw, int(shape.hidden.value))
+        weights_dt = Dtype(f"{quant.method} ({quant.bits:g} bits per weight)", quant.source)
+        w_bytes = (n - embed) * quant.bits / 8 + embed * act
+        figs.append(Figure("weights", w_bytes, "bytes",
+                           f"(parameters - {embed} embedding/LM-head) x {quant.bits:g}/8 bytes "
+                           f"({quant.source}) + embedding/LM-head x {act:g} bytes "
+                           f"({stored.source})"))
     else:
         weights_dt = stored
         w_bytes = n * dtype_bytes(stored.name)
@@ -210,6 +243,10 @@ def size_model(
     else:
         kv = Dtype("bf16", f"bf16 activations of {stored.name} weights (vLLM "
                            "--kv-cache-dtype auto)")
+    declared = kv_cache_scheme(config)
+    if declared is not None and kv_dtype is None:
+        kv = Dtype(kv.name, f"{kv.source}; the checkpoint declares a {declared} KV cache: "
+                            "give --kv-dtype fp8 to size it as vLLM --kv-cache-dtype fp8")
     kv_el = dtype_bytes(kv.name)
     kv_src = f"{kv.name}: {kv.source}"
     L = int(shape.layers.value)

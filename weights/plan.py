@@ -9,8 +9,9 @@ each reported with its figure:
   replicated when TP exceeds them (an MLA latent is one head: every TP rank holds it).
 * Layout: TP inside one NVLink domain (all-reduce every layer), PP across domains or nodes
   (only activations cross), EP for MoE over the TP group, data-parallel replicas with the
-  remaining GPUs; concurrency is spread over the replicas. Preference: least PP, replica in
-  one node, then the smallest TP that fits (more replicas); the rest are ranked alternatives.
+  remaining GPUs; concurrency is spread over the replicas. The layouts that fit are ranked by
+  the workload's goal (:data:`GOALS`; :func:`weights.plan_speed.by_goal`), ties kept in the
+  order least PP, replica in one node, smallest TP; the plan says why (``Plan.why``).
 * Speed (estimates, roofline): :mod:`weights.plan_speed`.
 """
 
@@ -89,6 +90,13 @@ class Workload:
     overhead_bytes: int = 2 * GIB
     training: bool = False
     expert_parallel: bool = True
+    goal: str = "throughput"
+
+
+#: What a plan optimises (``weights plan --goal``): the most decode tokens/s over all
+#: replicas, the fastest tokens/s per sequence at the stated concurrency, or the fewest GPUs
+#: per replica (the rest left for other models).
+GOALS = ("throughput", "latency", "cost")
 
 
 @dataclass(frozen=True)
@@ -218,6 +226,7 @@ class Plan:
         fits_on_nodes: When nothing fits, the fewest nodes of this kind that would fit
             (None if not within 64 nodes).
         notes: Caveats of the inputs (context beyond the model's, no FP8 tensor cores, ...).
+        why: Why the chosen layout, by the workload's goal (with the runner-up's figure).
     """
 
     model: ModelFacts
@@ -229,6 +238,7 @@ class Plan:
     closest: Layout | None
     fits_on_nodes: int | None
     notes: tuple[str, ...] = ()
+    why: str = ""
 
     @property
     def fits(self) -> bool:
@@ -262,6 +272,8 @@ def make_plan(config: Mapping[str, Any], params: ParamCount | None, cluster: Clu
     if cluster.inter not in INTERCONNECTS:
         raise SizingError(f"unknown interconnect {cluster.inter!r} "
                           f"(known: {', '.join(INTERCONNECTS)})")
+    if work.goal not in GOALS:
+        raise SizingError(f"goal {work.goal!r}: one of {', '.join(GOALS)}")
     m = model_facts(config, params, work)
     cands = candidates(m, cluster, work)
     fitting = [lay for lay in cands if lay.fits]
@@ -276,10 +288,15 @@ def make_plan(config: Mapping[str, Any], params: ParamCount | None, cluster: Clu
             if any(lay.fits for lay in candidates(m, bigger, work)):
                 more = n
                 break
-    return Plan(notes=_notes(m, cluster, work), model=m, cluster=cluster, work=work,
-                memory=_memory(m, cluster, work, ranked[0] if ranked else closest),
-                layout=ranked[0] if ranked else None, alternatives=tuple(ranked[1:]),
-                closest=closest, fits_on_nodes=more)
+    plan = Plan(notes=_notes(m, cluster, work), model=m, cluster=cluster, work=work,
+                memory=(), layout=ranked[0] if ranked else None,
+                alternatives=tuple(ranked[1:]), closest=closest, fits_on_nodes=more)
+    if ranked:
+        from weights.plan_speed import by_goal  # plan_speed builds on Plan
+
+        ranked, why = by_goal(plan, ranked, work.goal)
+        plan = replace(plan, layout=ranked[0], alternatives=tuple(ranked[1:]), why=why)
+    return replace(plan, memory=_memory(m, cluster, work, ranked[0] if ranked else closest))
 
 
 def _memory(m: ModelFacts, c: Cluster, w: Workload, lay: Layout | None) -> tuple[Figure, ...]:

@@ -80,6 +80,46 @@ def speed(plan: Plan, lay: Layout) -> tuple[Figure, ...]:
     )
 
 
+def _per_sequence_tokens_s(plan: Plan, lay: Layout) -> float:
+    for f in speed(plan, lay):
+        if f.name == "decode tokens/s per sequence":
+            return f.value
+    raise KeyError("decode tokens/s per sequence")
+
+
+def by_goal(plan: Plan, layouts: list[Layout], goal: str) -> tuple[list[Layout], str]:
+    """Rank fitting ``layouts`` by ``goal`` and say why the first wins.
+
+    ``throughput``: most decode tokens/s over all replicas; ``latency``: most decode tokens/s
+    per sequence at the stated concurrency; ``cost``: fewest GPUs per replica, then the most
+    tokens/s. Ties keep the given (structural) order. Estimates: :func:`speed`.
+
+    Returns:
+        (ranked layouts, one line naming the goal, the winner's figure and the runner-up's).
+    """
+    def line(lay: Layout) -> str:
+        return (f"TP {lay.tp} x PP {lay.pp} x {lay.replicas} replica(s): "
+                f"{aggregate_tokens_s(plan, lay):,.0f} tok/s all replicas, "
+                f"{_per_sequence_tokens_s(plan, lay):,.1f} tok/s per sequence, "
+                f"{lay.gpus_per_replica} GPU(s) per replica")
+
+    if goal == "latency":
+        ranked = sorted(layouts, key=lambda lay: -_per_sequence_tokens_s(plan, lay))
+        what = (f"goal latency (tok/s per sequence at concurrency {plan.work.concurrency})")
+    elif goal == "cost":
+        ranked = sorted(layouts, key=lambda lay: (lay.gpus_per_replica,
+                                                  -aggregate_tokens_s(plan, lay)))
+        what = "goal cost (fewest GPUs per replica, then tok/s)"
+    else:
+        ranked = sorted(layouts, key=lambda lay: -aggregate_tokens_s(plan, lay))
+        what = f"goal throughput (decode tok/s of all replicas at concurrency " \
+               f"{plan.work.concurrency})"
+    why = f"{what}: chose {line(ranked[0])}"
+    if len(ranked) > 1:
+        why += f"; next {line(ranked[1])} (estimates)"
+    return ranked, why
+
+
 def aggregate_tokens_s(plan: Plan, lay: Layout) -> float:
     """Estimated decode tokens/s of all replicas of ``lay`` (for ranking tables)."""
     for f in speed(plan, lay):

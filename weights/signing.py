@@ -16,7 +16,6 @@ Sigstore ``ClientTrustConfig``); nothing is fetched.
 
 from __future__ import annotations
 
-import fnmatch
 import json
 import os
 from collections.abc import Iterable, Mapping
@@ -43,12 +42,7 @@ def signed_files(root: Path, ignore: Iterable[str] = ()) -> list[str]:
     Everything under ``root`` except git metadata (as model_signing does) and ``ignore``
     globs.
     """
-    patterns = [*GIT_PATHS, *ignore]
-    return [
-        p for p in list_files(root)
-        if not any(fnmatch.fnmatchcase(p, g) or p.startswith(g.rstrip("/") + "/")
-                   for g in patterns)
-    ]
+    return list_files(root, skip_dirs=(".git",), ignore=[*GIT_PATHS, *ignore])
 
 
 def compute_digests(

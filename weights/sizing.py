@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import json
 import math
-import struct
-from collections.abc import Iterable, Mapping
+import os
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 from weights.errors import SizingError
+from weights.safetensors_format import MalformedSafetensors, read_safetensors_header
 
 #: Bytes per element of safetensors dtypes (safetensors specification).
 SAFETENSORS_DTYPE_BYTES = {
@@ -43,7 +44,6 @@ DTYPE_BYTES: dict[str, float] = {
     "fp8": 1, "float8": 1, "int8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "int4": 0.5, "fp4": 0.5,
 }
 
-MAX_HEADER_BYTES = 100 * 1024 * 1024
 GB = 1000**3
 GIB = 1024**3
 
@@ -87,46 +87,47 @@ class ParamCount:
         return sum(self.by_dtype.values())
 
 
-def parse_header(length_prefix: bytes, read: Any) -> dict[str, Any]:
-    """Parse a safetensors header given its 8-byte prefix and a ``read(n) -> bytes`` callable.
+def parse_header(length_prefix: bytes, read: Callable[[int], bytes], size: int) -> dict[str, Any]:
+    """Parse a safetensors header as strictly as the reference loader
+    (:func:`weights.safetensors_format.read_safetensors_header`), given its 8-byte prefix, a
+    ``read(n) -> bytes`` callable for the header, and the file size in bytes (the tensors must
+    cover the file exactly: a negative, overflowing or missing shape never reaches a count).
+
+    Returns:
+        ``{name: {"dtype", "shape", "data_offsets"}}`` (and ``"__metadata__"`` when present).
 
     Raises:
-        SizingError: Truncated or malformed header.
+        SizingError: Truncated or malformed header (the reason in the message).
     """
-    if len(length_prefix) != 8:
-        raise SizingError("safetensors file shorter than its 8-byte header length")
-    (n,) = struct.unpack("<Q", length_prefix)
-    if n > MAX_HEADER_BYTES:
-        raise SizingError(f"safetensors header of {n} bytes exceeds {MAX_HEADER_BYTES}")
-    raw = read(n)
-    if len(raw) != n:
-        raise SizingError("safetensors header truncated")
+    prefix = [length_prefix]
+
+    def _read(n: int) -> bytes:
+        return prefix.pop() if prefix else read(n)
+
     try:
-        doc = json.loads(raw)
-    except ValueError as exc:
-        raise SizingError(f"safetensors header is not JSON: {exc}") from exc
-    if not isinstance(doc, dict):
-        raise SizingError("safetensors header is not a JSON object")
+        header = read_safetensors_header(_read, size)
+    except MalformedSafetensors as exc:
+        raise SizingError(exc.message) from exc
+    doc: dict[str, Any] = {t.name: {"dtype": t.dtype, "shape": list(t.shape),
+                                    "data_offsets": [t.begin, t.end]} for t in header.tensors}
+    if header.metadata is not None:
+        doc["__metadata__"] = dict(header.metadata)
     return doc
 
 
 def read_header_file(path: Path) -> dict[str, Any]:
-    """Read the JSON header of a local safetensors file (no tensor data is read).
+    """Read and validate the header of a local safetensors file (no tensor data is read).
 
     Raises:
         SizingError: Unreadable or malformed file (message names it).
     """
     try:
         with open(path, "rb") as fh:
-            return _read_header(fh)
+            return parse_header(fh.read(8), fh.read, os.fstat(fh.fileno()).st_size)
     except OSError as exc:
         raise SizingError(f"{path}: {exc.strerror or exc}") from exc
     except SizingError as exc:
         raise SizingError(f"{path}: {exc.message}") from exc
-
-
-def _read_header(fh: BinaryIO) -> dict[str, Any]:
-    return parse_header(fh.read(8), fh.read)
 
 
 def count_params(headers: Iterable[tuple[str, Mapping[str, Any]]]) -> ParamCount:
@@ -237,10 +238,36 @@ def model_shape(config: Mapping[str, Any]) -> ModelShape:
                       hidden=hidden, dtype=dtype, mla=mla, raw=cfg, dtype_source=dtype_source)
 
 
+def _mla_attention(cfg: Mapping[str, Any], p: str, h: int, heads: int) -> tuple[int, list[str]]:
+    """Parameters of one multi-head latent attention block (DeepSeek-V2/V3), with its real
+    shapes (transformers ``DeepseekV3Attention``): ``q_a_proj`` h x q_lora_rank, its norm,
+    ``q_b_proj`` q_lora_rank x heads x (qk_nope + qk_rope) (or ``q_proj`` h x heads x
+    (qk_nope + qk_rope) without q_lora_rank), ``kv_a_proj_with_mqa`` h x (kv_lora_rank +
+    qk_rope), its norm, ``kv_b_proj`` kv_lora_rank x heads x (qk_nope + v_head_dim), ``o_proj``
+    heads x v_head_dim x h.
+
+    Raises:
+        SizingError: A required MLA field is absent.
+    """
+    def get(name: str) -> int:
+        return int(_field(cfg, p, (name,), name).value)
+
+    nope, rope, v, kv_rank = (get("qk_nope_head_dim"), get("qk_rope_head_dim"),
+                              get("v_head_dim"), get("kv_lora_rank"))
+    q_rank = cfg.get("q_lora_rank")
+    qk = heads * (nope + rope)
+    q = h * int(q_rank) + int(q_rank) + int(q_rank) * qk if q_rank else h * qk
+    kv = h * (kv_rank + rope) + kv_rank + kv_rank * heads * (nope + v)
+    fields = ["q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
+              "v_head_dim"]
+    return q + kv + heads * v * h, fields
+
+
 def estimate_params(config: Mapping[str, Any]) -> Figure:
     """Estimate the total parameter count of a llama-style decoder from config.json.
 
-    Counts embeddings (and an untied LM head), per layer q/k/v/o projections, a gated MLP
+    Counts embeddings (and an untied LM head), per layer q/k/v/o projections (multi-head
+    latent attention with its own shapes, :func:`_mla_attention`), a gated MLP
     (3 x hidden x intermediate) or, for mixture-of-experts, every routed and shared expert
     plus the router, and RMSNorm weights. Biases are ignored.
 
@@ -256,10 +283,14 @@ def estimate_params(config: Mapping[str, Any]) -> Figure:
     vocab = int(_field(cfg, p, ("vocab_size",), "vocab").value)
     inter = int(_field(cfg, p, ("intermediate_size", "ffn_dim", "n_inner"), "ffn").value)
     attn = h * q + 2 * h * kv + q * h
+    mla_fields: list[str] = []
+    if shape.mla is not None:
+        attn, mla_fields = _mla_attention(cfg, p, h, int(shape.attention_heads.value))
     experts = cfg.get("n_routed_experts") or cfg.get("num_local_experts") or cfg.get(
         "num_experts")
-    fields = ["hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-              "head_dim", "vocab_size", "intermediate_size"]
+    fields = ["hidden_size", "num_hidden_layers", "num_attention_heads",
+              *(mla_fields or ["num_key_value_heads", "head_dim"]), "vocab_size",
+              "intermediate_size"]
     if experts:
         moe_inter = int(cfg.get("moe_intermediate_size") or inter)
         shared = int(cfg.get("n_shared_experts") or 0)

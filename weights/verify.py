@@ -21,6 +21,7 @@ from weights.cache import resolve_model_dir
 from weights.digests import ProgressCallback, digest_file, sha256_file
 from weights.errors import WeightsError
 from weights.lockfile import LockedFile, LockEntry
+from weights.modeltree import model_files
 
 
 class Mismatch(NamedTuple):
@@ -118,20 +119,16 @@ def check_file(
     return None
 
 
-def list_files(root: Path) -> list[str]:
-    """Return every file (or symlink to a file) under ``root`` as sorted relative POSIX paths.
+def list_files(root: Path, *, skip_dirs: Iterable[str] = (),
+               ignore: Iterable[str] = ()) -> list[str]:
+    """Return every file under ``root`` as sorted relative POSIX paths, by the one tree rule
+    (:func:`weights.modeltree.model_files`: a symlink leading outside, to a directory, in a
+    loop, or an unsafe name is refused, never skipped or followed).
 
-    Directory symlinks are not followed.
+    Raises:
+        UnsafeTreeError: The tree breaks the rule.
     """
-    out: list[str] = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        base = Path(dirpath)
-        for name in filenames:
-            out.append((base / name).relative_to(root).as_posix())
-        for name in dirnames:
-            if (base / name).is_symlink():
-                out.append((base / name).relative_to(root).as_posix())
-    return sorted(out)
+    return [rel for rel, _p in model_files(root, skip_dirs=skip_dirs, ignore=ignore)]
 
 
 def index_missing_shards(
@@ -193,10 +190,12 @@ def verify_tree(
 
     Raises:
         CacheLayoutError: ``path`` is not a directory or a cache lacks the pinned snapshot.
+        UnsafeTreeError: The tree holds an unsafe name or link (:mod:`weights.modeltree`).
         WeightsError: A file cannot be read.
     """
     root = resolve_model_dir(path, entry)
     patterns = list(ignore)
+    present = list_files(root, ignore=patterns)  # the tree rule first: no hash through a bad link
     mismatched: list[Mismatch] = []
     missing: list[str] = []
     checked = 0
@@ -216,7 +215,6 @@ def verify_tree(
         if mm is not None:
             mismatched.append(mm)
     pinned = {f.path for f in entry.files}
-    present = list_files(root)
     extra = [
         p
         for p in present

@@ -8,6 +8,7 @@ weights check uses ``weights.verify_tree`` and ``weights.signing.verify_signatur
 
 from __future__ import annotations
 
+import hashlib
 import re
 import time
 from pathlib import Path
@@ -329,6 +330,31 @@ def _store_retention(facts: Facts, days: int, problems: list[str],
             else round(age_days, 3)}
 
 
+def _file_sha256(path: Path | None) -> str | None:
+    """SHA-256 hex of a file's bytes (what was checked, not just its name), or None."""
+    if path is None:
+        return None
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+def _key_fingerprint(path: Path | None) -> str | None:
+    """SHA-256 hex of the public key's DER SubjectPublicKeyInfo (``openssl pkey -pubin
+    -outform DER | sha256sum``), or None when absent or unreadable."""
+    if path is None:
+        return None
+    from cryptography.hazmat.primitives import serialization
+
+    try:
+        key = serialization.load_pem_public_key(path.read_bytes())
+    except (OSError, ValueError, TypeError):
+        return None
+    return hashlib.sha256(key.public_bytes(
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)).hexdigest()
+
+
 def check_weights(facts: Facts) -> CheckResult:
     """Weights in use match the lockfile and a verified model_signing signature."""
     cid, title, crit = ("weights.locked-signed", "weights in use match a lockfile and a "
@@ -360,6 +386,10 @@ def check_weights(facts: Facts) -> CheckResult:
             models[entry.repo_id]["signature"] = "verified"
     except WeightsError as exc:
         problems.append(str(exc))
-    evidence = {"lockfile": str(i.lockfile), "models": models}
+    evidence = {"lockfile": str(i.lockfile), "lockfile_sha256": _file_sha256(i.lockfile),
+                "signature": str(i.weights_signature) if i.weights_signature else None,
+                "signature_sha256": _file_sha256(i.weights_signature),
+                "signer_key_sha256": _key_fingerprint(i.weights_public_key),
+                "models": models}
     return _result(cid, title, problems, f"{len(models)} models match the lockfile and a "
                    "verified signature", evidence, crit)

@@ -2,8 +2,11 @@
 
 ``gateway preflight [inputs] [--out DIR --sign-key KEY] [--json]`` exits 0 (every required
 check passed or was skipped), 1 (a required check failed), 2 (could not run: an input given
-cannot be read). ``gateway preflight verify DIR --key PUB [--json]`` exits 0 (signature and
-every file verify), 1 (verification failed), 2 (not a pack, unreadable key).
+cannot be read). ``gateway preflight verify DIR --key PUB [--max-age 30d] [--allow-fail]
+[--json]`` shows the pack's signed result and date and exits 0 (signature and every file
+verify, the result is PASS and the pack is no older than --max-age), 1 (verification failed,
+a FAIL pack, or a pack too old: ``gateway.preflight.acceptance``), 2 (not a pack, unreadable
+key, a bad --max-age).
 """
 
 from __future__ import annotations
@@ -133,17 +136,38 @@ def verify(
         help="Operator's Ed25519 public key (PEM) you trust (also --public-key, the name "
              "every other verify command uses).")],
     as_json: Annotated[bool, _Opt("--json", help="Print the result as JSON.")] = False,
+    max_age: Annotated[str, _Opt(
+        "--max-age", help="Oldest acceptable pack (12h, 30d, 2w; 'none': any age).")] = "30d",
+    allow_fail: Annotated[bool, _Opt(
+        "--allow-fail", help="Accept a pack whose signed result is FAIL.")] = False,
 ) -> None:
-    """Verify an evidence pack offline (signature, then every file's digest)."""
+    """Verify an evidence pack offline (signature, every file's digest), then accept it only if
+    its signed result is PASS and it is no older than --max-age."""
+    from gateway.preflight.acceptance import judge, parse_max_age
     from gateway.preflight.evidence import verify_pack
 
+    limit = parse_max_age(max_age)  # errors: exit 2
     result = verify_pack(directory, existing_public_key(key, "gateway"))  # errors: exit 2
+    verdict = judge(result.predicate, max_age=limit, allow_fail=allow_fail) \
+        if result.ok else None
+    accepted = verdict is not None and verdict.accepted
     if as_json:
-        typer.echo(json.dumps(result.to_json(), indent=2, sort_keys=True))
+        doc = result.to_json()
+        if verdict is not None:
+            doc |= {"result": verdict.result, "generated_at": verdict.generated_at,
+                    "age_s": None if verdict.age is None else int(verdict.age.total_seconds()),
+                    "refusals": list(verdict.refusals)}
+        doc["accepted"] = accepted
+        typer.echo(json.dumps(doc, indent=2, sort_keys=True))
     else:
         typer.echo(f"signature: {result.signature}")
         for p in result.problems:
             typer.echo(f"  {p}")
-        typer.echo(f"{'OK' if result.ok else 'FAILED'}: {len(result.subjects)} files in "
+        if verdict is not None:
+            typer.echo(f"result: {(verdict.result or '?').upper()}, generated "
+                       f"{verdict.generated_at or '?'}")
+            for r in verdict.refusals:
+                typer.echo(f"  {r}")
+        typer.echo(f"{'OK' if accepted else 'FAILED'}: {len(result.subjects)} files in "
                    f"{directory}")
-    raise typer.Exit(0 if result.ok else 1)
+    raise typer.Exit(0 if accepted else 1)

@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,8 @@ from typing import Any
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from airgap import generate_keypair, load_private_key, load_public_key
-from airgap.bundle import INDEX_NAME, SIGNATURE_NAME
+from airgap.bundle import INDEX_NAME, SIGNATURE_NAME, Index
+from airgap.mlbom import BOM_NAME, read_extra
 from airgap.signing import sign_index
 from weights import LockedFile, LockEntry, Lockfile, digest_file
 
@@ -132,3 +134,35 @@ def make_small_model(root: Path) -> Path:
     return root
 
 
+def rewrite_bom(bundle: Path, key: Ed25519PrivateKey,
+                edit: Callable[[dict[str, object]], None]) -> None:
+    """Re-write the ML-BOM (a signer's lie: bytes that match the re-signed index)."""
+    index = Index.parse((bundle / "index.json").read_bytes())
+    old = read_extra(bundle, index, BOM_NAME)
+    assert old is not None
+    doc = json.loads(old)
+    edit(doc)
+    data = (json.dumps(doc, indent=2) + "\n").encode()
+    idx = json.loads((bundle / "index.json").read_text())
+    payload = b"".join((bundle / p["name"]).read_bytes() for p in idx["parts"])
+    (blob,) = [b for b in idx["blobs"] if b["sha256"] == hashlib.sha256(old).hexdigest()]
+    start, sha = blob["offset"], hashlib.sha256(data).hexdigest()
+    payload = payload[:start] + data + payload[start + blob["stored_size"]:]
+    delta = len(data) - blob["stored_size"]
+    for f in idx["files"]:
+        if f["path"] == BOM_NAME:
+            f.update(size=len(data), sha256=sha, blob_id=sha)
+    for b in idx["blobs"]:
+        if b["offset"] > start:
+            b["offset"] += delta
+    blob.update(sha256=sha, size=len(data), stored_size=len(data))
+    for p in idx["parts"]:
+        (bundle / p["name"]).unlink()
+    idx["payload_size"] = len(payload)
+    idx["parts"] = [{"name": "payload.000-of-001", "offset": 0, "size": len(payload),
+                     "sha256": hashlib.sha256(payload).hexdigest()}]
+    idx["part_size"] = max(idx["part_size"], len(payload))
+    (bundle / "payload.000-of-001").write_bytes(payload)
+    raw = Index.parse(json.dumps(idx).encode()).dumps()
+    (bundle / "index.json").write_bytes(raw)
+    (bundle / "index.sig").write_bytes(sign_index(raw, key))

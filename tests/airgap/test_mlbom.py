@@ -151,5 +151,8 @@ def test_local_origin_is_a_claim_in_the_bom(minilm_snapshot: Path, tmp_path: Pat
     assert props["sovereign-gateway:origin-path"] == str(minilm_snapshot.absolute())
     assert props["sovereign-gateway:upstream-claim"] == "not verified"
     assert props["sovereign-gateway:serialisation-formats"] == "data,safetensors"
-    assert model["purl"] == f"pkg:huggingface/sentence-transformers/all-MiniLM-L6-v2@{claim}"
+    assert "purl" not in model  # a claim is never the component's identity
+    assert props["sovereign-gateway:upstream-claimed-purl"] == \
+        f"pkg:huggingface/sentence-transformers/all-MiniLM-L6-v2@{claim}"
+    assert model["version"] == entry.commit != claim
     assert model["licenses"] == [{"license": {"id": "Apache-2.0"}}]

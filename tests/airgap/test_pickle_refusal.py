@@ -6,9 +6,16 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
-from airgap_helpers import KeyPair, lock_entry_from_dir, make_small_model, write_lock
+from airgap_helpers import (
+    KeyPair,
+    lock_entry_from_dir,
+    make_small_model,
+    rewrite_bom,
+    write_lock,
+)
 
 from airgap import pack_bundle, unpack_bundle
 from airgap.bundle import Index
@@ -113,6 +120,13 @@ def test_unpack_refuses_a_renamed_pickle_the_index_says_nothing_about(
     data = Index.parse(json.dumps(doc).encode()).dumps()
     (bundle / "index.json").write_bytes(data)
     (bundle / "index.sig").write_bytes(sign_index(data, keys.private))
+
+    def no_scans(bom: dict[str, Any]) -> None:  # that packer's ML-BOM records none either
+        for f in bom["components"][0]["components"]:
+            f["properties"] = [p for p in f.get("properties", [])
+                               if p["name"] != "sovereign-gateway:scan"]
+
+    rewrite_bom(bundle, keys.private, no_scans)
     store = tmp_path / "store"
     store.mkdir()
     with pytest.raises(VerificationFailed, match=r"model\.safetensors: pickle-based file refused"):

@@ -47,7 +47,8 @@ def test_local_lock_of_real_minilm_equals_a_hub_pin_of_the_same_bytes(
     assert local.origin is not None and local.origin.kind == "local"
     assert local.origin.path == str(minilm_snapshot.absolute())
     assert (local.origin.claimed_repo_id, local.origin.claimed_commit) == (MINILM, CLAIM)
-    assert local.commit == CLAIM and local.license == "apache-2.0"
+    # The claim stays a claim: the pin (and the snapshot unpack names) is the content id.
+    assert local.commit == content_id(local.files) != CLAIM and local.license == "apache-2.0"
     hub_lock = tmp_path / "hub.lock"
     pin(HubClient(hub_server.url), hub_lock, MINILM, now=NOW)
     hub = Lockfile.load(hub_lock).entry(MINILM)

@@ -121,8 +121,8 @@ def test_sign_refuses_a_non_utf8_file_name_with_one_clear_line(tmp_path: Path) -
         serialization.NoEncryption()))
     sig = tmp_path / "model.sig"
     res = run_cli(["sign", str(model), "--key", str(key), "--out", str(sig), "-q"])
-    assert res.returncode == 2, res.stderr
-    assert "weights: error [signing_error]" in res.stderr
+    assert res.returncode == 1, res.stderr  # the tree rule lock and verify apply too
+    assert "weights: error [unsafe_path]" in res.stderr
     assert "\\xff\\xfe.bin: file name is not valid UTF-8" in res.stderr
     assert "Traceback" not in res.stderr
     assert not sig.exists()
@@ -136,8 +136,10 @@ def test_verify_json_stays_valid_utf8_with_a_non_utf8_extra_file(
     res = run_cli(["verify", str(plain / "org/beta"), "--lock", str(lock), "--json"],
                   text=False)
     assert res.returncode == 1
-    doc = json.loads(res.stdout.decode("utf-8"))  # strict: raises on invalid UTF-8
-    assert doc["lock"]["extra"] == ["\udcff.bin"]  # the surrogateescape'd name, as escaped
+    # The tree rule sign and lock apply: the name is refused, in valid UTF-8.
+    text = (res.stdout + res.stderr).decode("utf-8")  # strict: raises on invalid UTF-8
+    assert "[unsafe_path]" in text or '"unsafe_path"' in text
+    assert "\\xff.bin: file name is not valid UTF-8" in text
 
 
 def _pull_with_file_size_limit(lock: Path, dest: Path, endpoint: str, limit: int) -> Any:

@@ -127,7 +127,7 @@ def test_moe_counts_total_weights_and_active_parameters() -> None:
 # -- layout --------------------------------------------------------------------------------
 
 def test_small_model_gets_one_gpu_replicas_and_the_concurrency_is_spread() -> None:
-    p = _plan("llama-3.1-8b", context=8192, concurrency=100)
+    p = _plan("llama-3.1-8b", context=8192, concurrency=100, goal="cost")
     lay = p.layout
     assert lay is not None
     assert (lay.tp, lay.pp, lay.replicas) == (1, 1, 8)
@@ -336,7 +336,7 @@ def test_cli_helm_values_from_an_hf_cache_snapshot_names_repo_and_commit(tmp_pat
     snap = tmp_path / "models--meta-llama--Llama-3.1-8B" / "snapshots" / ("c" * 40)
     snap.mkdir(parents=True)
     (snap / "config.json").write_text(json.dumps(_cfg("llama-3.1-8b")))
-    r = run_cli(["plan", str(snap), "--helm-values", "--concurrency", "64"])
+    r = run_cli(["plan", str(snap), "--helm-values", "--concurrency", "64", "--goal", "cost"])
     assert r.returncode == 0, r.stderr
     model = yaml.safe_load(r.stdout)["vllm"]["models"][0]
     assert model["servedModelName"] == "meta-llama/Llama-3.1-8B"
