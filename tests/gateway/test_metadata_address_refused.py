@@ -104,3 +104,17 @@ def test_the_litellm_client_without_a_policy_refuses_the_metadata_address() -> N
         assert asked == ["models.example"]
 
     asyncio.run(go())
+
+
+def test_the_relay_dialer_refuses_a_name_resolving_to_the_metadata_address() -> None:
+    """The relay's own client dials with the same check (no policy: the default dialer)."""
+    from gateway.h1 import resolver_dialer
+
+    async def go() -> None:
+        resolver = ScriptedResolver({"models.example": [["169.254.169.254"]]})
+        dial = resolver_dialer(resolver, denied_address_socket_factory())
+        with pytest.raises(EgressDenied, match="cloud metadata"):
+            await dial("models.example", 80)
+        assert resolver.calls == ["models.example"]
+
+    asyncio.run(go())
