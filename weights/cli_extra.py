@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.table import Table
 
+from clishell.consoles import table as _table
 from weights.cli_common import (
     EndpointOpt,
     JsonOpt,
@@ -162,7 +162,7 @@ def size(
     if as_json:
         print(json.dumps(report.to_json(), indent=2))
     else:
-        table = Table("figure", "value", "source", title=f"size {target}")
+        table = _table("figure", "value", "source", title=f"size {target}")
         for f in report.figures:
             table.add_row(f.name, _human(f.value, f.unit), f.source)
         console = _console()
