@@ -329,8 +329,8 @@ def verify_proof_cmd(
 ) -> None:
     """Check a proof bundle offline with the public key alone.
 
-    Prints the record types proved per request and a ``warning:`` line (exit 0) when a
-    request's ``request.started`` / ``request.completed`` pair is incomplete.
+    Prints the record types proved per request and a 'warning:' line (exit 0) when a
+    request's request.started / request.completed pair is incomplete.
     """
     verifiers = _verifiers(ctx, public_key)
     if not verifiers:
