@@ -52,6 +52,8 @@ def sign(
         str | None, typer.Option("--password", envvar="WEIGHTS_KEY_PASSWORD", help="Key password.")
     ] = None,
     ignore: Annotated[list[str] | None, typer.Option("--ignore", help="Glob to leave out.")] = None,
+    force: Annotated[bool, typer.Option(
+        "--force", help="Replace an existing signature file.")] = False,
     quiet: QuietOpt = False,
 ) -> None:
     """Sign PATH in the OpenSSF model-signing format (verifiable by `model_signing verify key`)."""
@@ -59,6 +61,9 @@ def sign(
 
     if not path.is_dir():
         raise WeightsError(f"{path} is not a directory")
+    if out.exists() and not force:  # a signature someone may still rely on
+        raise WeightsError(f"{out} exists: not replacing a signature",
+                           hint="pass --force to replace it, or --out another file")
     total = sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
     with progress(total, f"sign {path.name}", quiet) as adv:
         signed = sign_model(path, key, out, password=password, ignore=ignore or (), progress=adv)
