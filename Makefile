@@ -38,7 +38,7 @@ install: $(VENV)/.installed
 # `make install` leaves the development venv whole (and its stamp true); a venv made by this
 # target alone gets the full set from `make install` later (its own stamp is missing).
 $(VENV)/.installed-runtime: $(UV) uv.lock pyproject.toml
-	$(UV) sync --frozen --inexact --no-dev --python $(PYTHON)
+	$(UV) sync --frozen --inexact --no-dev --extra demo --python $(PYTHON)
 	touch $@
 
 install-runtime: $(VENV)/.installed-runtime
