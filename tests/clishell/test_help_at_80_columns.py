@@ -47,3 +47,13 @@ def test_help_fits_80_columns_uncut(prog: str, path: list[str]) -> None:
     usage = next(line for line in lines if line.lstrip().startswith("Usage:"))
     assert "{" not in usage, usage
     assert not RST.search(text), text
+
+
+def test_serve_help_lists_its_exit_codes_including_3() -> None:
+    """Exit 3 (could not start serving) was documented only in docs/gateway.md."""
+    run = on_terminal([sys.executable, "-m", "gateway.cli", "serve", "--help"], columns=80)
+    text = " ".join(" ".join(visible_lines(run.screen)).split())
+    assert run.returncode == 0, text
+    for code in ("0 stopped by SIGTERM", "2 the config", "3 the gateway could not start",
+                 "130 stopped by SIGINT"):
+        assert code in text, text
