@@ -137,7 +137,8 @@ def size(
     ] = None,
     gpus: Annotated[int, typer.Option("--gpus", min=1, help="GPUs available.")] = 1,
     utilization: Annotated[
-        float, typer.Option("--utilization", min=0.05, max=1.0, help="vLLM memory fraction.")
+        float, typer.Option("--gpu-memory-utilization", "--utilization", min=0.05, max=1.0,
+                            help="vLLM memory fraction (as weights plan and vllm serve).")
     ] = 0.9,
     estimate: Annotated[
         bool, typer.Option("--estimate", help="Count parameters from config, not headers.")

@@ -119,7 +119,8 @@ def plan(
     context: Annotated[int, typer.Option("--context", min=1, help="--max-model-len.")] = 8192,
     concurrency: Annotated[int, typer.Option("--concurrency", min=1, help="All replicas.")] = 16,
     utilization: Annotated[
-        float, typer.Option("--gpu-memory-utilization", min=0.05, max=1.0)] = 0.9,
+        float, typer.Option("--gpu-memory-utilization", "--utilization", min=0.05, max=1.0,
+                            help="vLLM memory fraction (as vllm serve).")] = 0.9,
     overhead: Annotated[str, typer.Option("--overhead", help="Engine overhead per GPU.")] = "2GiB",
     training: Annotated[bool, typer.Option("--training", help="Add Adam training state.")] = False,
     no_ep: Annotated[bool, typer.Option("--no-expert-parallel", help="Never use EP.")] = False,

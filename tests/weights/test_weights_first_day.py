@@ -62,3 +62,15 @@ def test_sign_does_not_replace_a_signature_without_force(model: Path, tmp_path: 
     forced = piped([*sign, "--force"], cwd=tmp_path)
     assert forced.returncode == 0, forced.stderr
     assert "signed 2 files" in forced.stdout
+
+
+def test_size_and_plan_take_the_same_memory_fraction_flag(tmp_path: Path) -> None:
+    """``weights size --utilization`` and ``weights plan --gpu-memory-utilization`` asked the
+    same question under two names: both now take vLLM's name (and the old one)."""
+    config = Path(__file__).parent / "configs" / "llama-3.1-8b.json"
+    for command in ("size", "plan"):
+        for flag in ("--gpu-memory-utilization", "--utilization"):
+            run = piped([PY, "-m", "weights.cli", command, str(config), "--estimate",
+                         flag, "0.5", "--json"], cwd=tmp_path)
+            assert run.returncode in (0, 1), (command, flag, run.stderr)
+            assert "error" not in run.stderr, (command, flag, run.stderr)
