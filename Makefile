@@ -147,6 +147,15 @@ lint: install
 bench: install
 	$(PY) bench/relay.py
 
+# Plots of the benchmarks' own JSON output (bench/plots.py, matplotlib): the relay's paced
+# phase (stall-free streams, p99 gap, CPU per event; nginx beside it when installed) into
+# docs/plots/relay-stalls.svg and .png. Run it on a quiet machine: the figures are what it measures.
+.PHONY: bench-plots
+bench-plots: install
+	@mkdir -p .cache/bench
+	$(PY) bench/relay.py --only stalls --json .cache/bench/relay.json
+	$(PY) bench/plots.py --relay .cache/bench/relay.json --out docs/plots
+
 # @bench: the relay benchmark's C harness (bench/csrc: a paced SSE backend and a load client,
 # single-threaded epoll), so that the harness leaves the cores to the proxies it measures.
 # `cc -O2` into .cache/bench; bench/relay.py uses it when built (--harness c).
