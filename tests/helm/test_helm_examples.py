@@ -64,3 +64,36 @@ def test_example_egress_is_what_the_policy_renders(values: Path) -> None:
         cwd=h.REPO, env={**os.environ, "PYTHONPATH": str(h.REPO)}, capture_output=True,
         text=True, timeout=60, check=True).stdout
     assert yaml.safe_load(values.read_text())["egress"] == yaml.safe_load(rendered)["egress"]
+
+
+def _preflight(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "gateway.cli", "preflight", *argv, "--json"],
+                          cwd=h.REPO, env={**os.environ, "PYTHONPATH": str(h.REPO)},
+                          capture_output=True, text=True, timeout=180, check=False)
+
+
+def _node_regions(run: subprocess.CompletedProcess[str]) -> dict[str, object]:
+    import json
+
+    checks = {c["id"]: c for c in json.loads(run.stdout)["checks"]}
+    return checks["k8s.node-regions"]
+
+
+def test_preflight_takes_the_regions_from_the_policy_when_none_are_given(tmp_path: Path) -> None:
+    """One region model: without --region the node-regions check uses the policy's regions
+    (it was skipped), so the chart's default region is flagged against the example policy
+    and the example values pass."""
+    helm = ["--helm", str(h.HELM), "--chart", str(h.CHART)]
+    policy = str(h.REPO / "examples" / "policy-eu.yaml")
+    own = _preflight("-f", str(h.REPO / "examples" / "values-own-dc.yaml"), "--policy", policy,
+                     *helm)
+    check = _node_regions(own)
+    assert check["status"] == "pass", check
+    assert check["evidence"]["allowed_regions"] == ["eu-de-1", "eu-fr-1"]  # type: ignore[index]
+    chart_default = tmp_path / "chart-default-regions.yaml"  # the chart's own sovereignty
+    chart_default.write_text(yaml.safe_dump({"sovereignty": {
+        "allowedRegions": ["eu-central-1"], "additionalRegions": []}}))
+    default = _preflight("-f", str(h.REPO / "examples" / "values-own-dc.yaml"), "-f",
+                         str(chart_default), "--policy", policy, *helm)
+    check = _node_regions(default)
+    assert check["status"] == "fail" and "eu-central-1" in str(check["verdict"]), check
