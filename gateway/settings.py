@@ -36,7 +36,7 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from clishell import read_input_text
+from clishell import not_regular, read_input_text
 from gateway.audit.settings import AuditSettings
 from gateway.config_errors import (
     ConfigProblem,
@@ -717,7 +717,10 @@ def load(
     except RecursionError as exc:
         raise fail("(top level)", "the YAML refers to itself or nests too deeply", None) from exc
     try:
-        return parse(data, environ, path.parent, file=file, lines=lines, secrets=secrets,
+        # A config given as a pipe (<(envsubst < gw.yaml), /dev/stdin) has no directory of its
+        # own: its relative paths are the operator's, relative to where the command runs.
+        base = Path.cwd() if not_regular(path) else path.parent
+        return parse(data, environ, base, file=file, lines=lines, secrets=secrets,
                      tolerate=tolerate)
     except RecursionError as exc:
         raise fail("(top level)", "the YAML refers to itself or nests too deeply", None) from exc

@@ -19,7 +19,6 @@ import typer
 import yaml
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
 from clishell import (
     EXIT_FAILED,
@@ -31,6 +30,7 @@ from clishell import (
     read_input_text,
     run,
 )
+from clishell.consoles import table as _table
 
 from .addresses import parse_host
 from .egress import EgressMatcher
@@ -58,8 +58,9 @@ class _UsageError(CliError):
 
 
 def _out() -> Console:
-    # Not a terminal (pipes, CI logs): wide enough that ids and reasons are never cut.
-    return Console(highlight=False, width=None if sys.stdout.isatty() else 200)
+    # Not a terminal (pipes, CI logs): 100 columns, a width a file is read at; the tables'
+    # cells fold rather than cut (clishell.consoles.table), so ids and reasons are kept whole.
+    return Console(highlight=False, width=None if sys.stdout.isatty() else 100)
 
 
 @app.callback()
@@ -90,26 +91,24 @@ def check(file: PolicyFile, as_json: JsonOpt = False) -> int:
         out.print("[bold red]WARNING: unsafe_allow_all is on: every request is allowed "
                   "(development only)[/]")
     out.print(f"data classes (least to most sensitive): {', '.join(doc.data_classes)}")
-    table = Table(title=f"{len(doc.destinations)} destinations")
-    for col in ("jurisdiction", "region", "id", "endpoint", "purpose", "operator", "tags"):
-        table.add_column(col)
+    table = _table("where", "id", "endpoint", "purpose", "operator", "tags",
+                   title=f"{len(doc.destinations)} destinations (where: jurisdiction region)",
+                   whole=("id",))
     for d in sorted(doc.destinations, key=lambda d: (d.jurisdiction, d.region, d.id)):
-        table.add_row(*map(escape, (d.jurisdiction, d.region, d.id, _endpoint_text(d), d.purpose,
-                                    d.operator, ", ".join(d.tags))))
+        table.add_row(*map(escape, (f"{d.jurisdiction} {d.region}", d.id, _endpoint_text(d),
+                                    d.purpose, d.operator, ", ".join(d.tags))))
     out.print(table)
-    rules = Table(title=f"{len(doc.rules)} rules (first match decides; no match denies)")
-    for col in ("#", "id", "effect", "principals", "classes", "destinations", "constraints"):
-        rules.add_column(col)
+    # Rules as blocks, not a table: seven columns of sentences did not fit 80 columns.
+    out.print(f"{len(doc.rules)} rules (first match decides; no match denies)")
     for i, r in enumerate(doc.rules, 1):
         who = ", ".join([*(f"key:{k}" for k in r.principals.keys),
                          *(f"team:{t}" for t in r.principals.teams)]) or "everyone"
         cons = r.constraints.model_dump(exclude_defaults=True)
-        rules.add_row(*map(escape, (
-            str(i), r.id, r.effect, who, ", ".join(r.classes or ["any"]),
-            ", ".join(r.destinations or ["any inference"]),
-            ", ".join(f"{k}={v}" for k, v in cons.items()) or "-",
-        )))
-    out.print(rules)
+        requires = ", ".join(f"{k}={v}" for k, v in cons.items()) or "-"
+        out.print(escape(f"{i:>2} {r.effect:5} {r.id}"), soft_wrap=True)
+        out.print(escape(f"      who {who}; classes {', '.join(r.classes or ['any'])}; to "
+                         f"{', '.join(r.destinations or ['any inference'])}; requires {requires}"),
+                  soft_wrap=True)
     return 0
 
 
@@ -259,14 +258,14 @@ def explain(
                          f"policy {policy.revision}"))
         if pii is not None:
             _print_pii(out, pii)
-        table = Table()
-        for col in ("destination", "replica", "decision", "rule", "reason"):
-            table.add_column(col)
+        # One block per destination, not a table: a reason is a sentence, and a table cell
+        # 15 columns wide broke it into a word a line at 80 columns.
         for d, url in decisions:
-            table.add_row(escape(d.destination_id or "-"), escape(url or "-"),
-                          "[green]allow[/]" if d.allowed else "[red]deny[/]",
-                          escape(d.rule_id or "(no rule matched)"), escape(d.reason))
-        out.print(table)
+            verdict = "[green]allow[/]" if d.allowed else "[red]deny[/] "
+            replica = f" (replica {url})" if url else ""
+            out.print(f"{verdict} {escape(d.destination_id or '-')}{escape(replica)}: "
+                      f"{escape(d.rule_id or '(no rule matched)')}", soft_wrap=True)
+            out.print(f"      {escape(d.reason)}", soft_wrap=True)
         if not allowed:
             out.print("[bold red]no destination allowed: the gateway answers 403[/]")
     if pii is not None and pii["refused"]:

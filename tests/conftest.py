@@ -176,3 +176,15 @@ def minilm_snapshot() -> Path:
     path = Path(next(iter(spec.submodule_search_locations))) / "model"
     assert (path / "model.safetensors").is_file(), path
     return path
+
+
+_SLOW_DIRS = ("bench",)  # tests/bench runs the benchmark scripts end to end
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark the end-to-end benchmark runs ``slow`` (left out of ``make test-fast``)."""
+    tests = Path(__file__).resolve().parent
+    for item in items:
+        parts = item.path.resolve().relative_to(tests).parts
+        if parts and parts[0] in _SLOW_DIRS:
+            item.add_marker(pytest.mark.slow)

@@ -27,6 +27,7 @@ from weights.cli_common import (
     RedirectHostOpt,
     TokenOpt,
     VerificationFailed,
+    diagnostics_console,
     dump_json,
     hub_client,
     progress,
@@ -94,7 +95,7 @@ def pin(
                         policy=SerialisationPolicy(allow_pickle=allow_pickle,
                                                     allow_remote_code=allow_remote_code))
     except DriftError as exc:
-        _show_drift_refusal(console, exc, as_json)
+        _show_drift_refusal(diagnostics_console(), exc, as_json)
         raise
     e = result.entry
     if as_json:
@@ -103,7 +104,7 @@ def pin(
                          indent=2, ensure_ascii=False))
         return
     for w in result.warnings:
-        console.print(f"warning: {w}", markup=False)
+        diagnostics_console().print(f"warning: {w}", markup=False)
     if result.written and result.previous is not None:
         _print_drift(console, result.drift)
     state = "pinned" if result.written else "unchanged"
@@ -165,9 +166,9 @@ def pull(
                                 policy=SerialisationPolicy(allow_pickle=allow_pickle,
                                                     allow_remote_code=allow_remote_code))
         if result.resumed:  # even with --quiet: the operator should know a run did not finish
-            console.print(f"{entry.repo_id}: resumed {result.resumed} file(s) left by an "
-                          "earlier run that did not finish (interrupted or failed)",
-                          markup=False)
+            diagnostics_console().print(
+                f"{entry.repo_id}: resumed {result.resumed} file(s) left by an earlier run "
+                "that did not finish (interrupted or failed)", markup=False)
         if not quiet:
             console.print(f"{entry.repo_id}@{entry.commit[:12]}: {len(result.downloaded)} "
                           f"downloaded, {len(result.reused)} already present -> {result.target}")

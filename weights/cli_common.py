@@ -3,21 +3,14 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    DownloadColumn,
-    Progress,
-    TextColumn,
-    TimeRemainingColumn,
-    TransferSpeedColumn,
-)
+
+from clishell.consoles import byte_progress, diagnostics, results
 
 
 class VerificationFailed(typer.Exit):
@@ -52,27 +45,18 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable JSON rep
 
 
 def console() -> Console:
-    """The stderr console of the CLI (reports and progress; stdout is for --json)."""
-    return Console(stderr=True, highlight=False, soft_wrap=True, markup=False)
+    """The console of a command's result: standard output (``weights plan ... > plan.txt``)."""
+    return results()
 
 
-@contextmanager
-def progress(total: int, label: str, quiet: bool) -> Iterator[Any]:
-    """A rich byte progress bar (bytes, throughput, ETA); silent if quiet or not a TTY."""
-    out = console()
-    disable = quiet or not out.is_terminal
-    with Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        DownloadColumn(),
-        TransferSpeedColumn(),
-        TimeRemainingColumn(),
-        console=out,
-        disable=disable,
-        transient=False,
-    ) as bar:
-        task = bar.add_task(label, total=total)
-        yield lambda n: bar.advance(task, n)
+def diagnostics_console() -> Console:
+    """The console of warnings and notes: standard error, next to the progress bar."""
+    return diagnostics()
+
+
+def progress(total: int, label: str, quiet: bool) -> AbstractContextManager[Any]:
+    """A rich byte progress bar (bytes, throughput, ETA) on stderr; none if quiet or no TTY."""
+    return byte_progress(total, label, quiet)
 
 
 def hub_client(endpoint: str, token: str | None, redirect_hosts: list[str] | None = None) -> Any:

@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.table import Table
 
+from clishell.consoles import table as _table
 from weights.cli_common import (
     EndpointOpt,
     JsonOpt,
@@ -53,6 +53,8 @@ def sign(
         str | None, typer.Option("--password", envvar="WEIGHTS_KEY_PASSWORD", help="Key password.")
     ] = None,
     ignore: Annotated[list[str] | None, typer.Option("--ignore", help="Glob to leave out.")] = None,
+    force: Annotated[bool, typer.Option(
+        "--force", help="Replace an existing signature file.")] = False,
     quiet: QuietOpt = False,
 ) -> None:
     """Sign PATH in the OpenSSF model-signing format (verifiable by `model_signing verify key`)."""
@@ -60,6 +62,9 @@ def sign(
 
     if not path.is_dir():
         raise WeightsError(f"{path} is not a directory")
+    if out.exists() and not force:  # a signature someone may still rely on
+        raise WeightsError(f"{out} exists: not replacing a signature",
+                           hint="pass --force to replace it, or --out another file")
     total = sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
     with progress(total, f"sign {path.name}", quiet) as adv:
         signed = sign_model(path, key, out, password=password, ignore=ignore or (), progress=adv)
@@ -133,7 +138,8 @@ def size(
     ] = None,
     gpus: Annotated[int, typer.Option("--gpus", min=1, help="GPUs available.")] = 1,
     utilization: Annotated[
-        float, typer.Option("--utilization", min=0.05, max=1.0, help="vLLM memory fraction.")
+        float, typer.Option("--gpu-memory-utilization", "--utilization", min=0.05, max=1.0,
+                            help="vLLM memory fraction (as weights plan and vllm serve).")
     ] = 0.9,
     estimate: Annotated[
         bool, typer.Option("--estimate", help="Count parameters from config, not headers.")
@@ -163,7 +169,7 @@ def size(
     if as_json:
         print(json.dumps(report.to_json(), indent=2))
     else:
-        table = Table("figure", "value", "source", title=f"size {target}")
+        table = _table("figure", "value", "source", title=f"size {target}")
         for f in report.figures:
             table.add_row(f.name, _human(f.value, f.unit), f.source)
         console = _console()

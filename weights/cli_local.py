@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from weights.cli_common import JsonOpt, LockOpt, QuietOpt, progress
+from weights.cli_common import JsonOpt, LockOpt, QuietOpt, diagnostics_console, progress
 from weights.cli_common import console as _console
 from weights.errors import DriftError
 from weights.serialisation import SerialisationPolicy
@@ -53,7 +53,7 @@ def lock(
                                            allow_remote_code=allow_remote_code),
                 progress=advance)
     except DriftError as exc:
-        _show_drift_refusal(console, exc, as_json)
+        _show_drift_refusal(diagnostics_console(), exc, as_json)
         raise
     e = result.entry
     if as_json:

@@ -15,14 +15,15 @@ from typing import Annotated, Any
 
 import typer
 import yaml
-from rich.table import Table
 
+from clishell.consoles import table as _table
 from weights.cli_common import (
     EndpointOpt,
     JsonOpt,
     RedirectHostOpt,
     TokenOpt,
     VerificationFailed,
+    diagnostics_console,
     hub_client,
 )
 from weights.cli_common import console as _console
@@ -118,7 +119,8 @@ def plan(
     context: Annotated[int, typer.Option("--context", min=1, help="--max-model-len.")] = 8192,
     concurrency: Annotated[int, typer.Option("--concurrency", min=1, help="All replicas.")] = 16,
     utilization: Annotated[
-        float, typer.Option("--gpu-memory-utilization", min=0.05, max=1.0)] = 0.9,
+        float, typer.Option("--gpu-memory-utilization", "--utilization", min=0.05, max=1.0,
+                            help="vLLM memory fraction (as vllm serve).")] = 0.9,
     overhead: Annotated[str, typer.Option("--overhead", help="Engine overhead per GPU.")] = "2GiB",
     training: Annotated[bool, typer.Option("--training", help="Add Adam training state.")] = False,
     no_ep: Annotated[bool, typer.Option("--no-expert-parallel", help="Never use EP.")] = False,
@@ -171,7 +173,7 @@ def plan(
     lay = result.layout
     if helm:
         if lay is None:
-            _console().print(result.shortfall(), markup=False)
+            diagnostics_console().print(result.shortfall(), markup=False)
             raise VerificationFailed()
         served_name = served or repo_id
         if served_name is None:
@@ -244,7 +246,7 @@ def _value(v: float, unit: str) -> str:
 
 def _render(p: Plan, target: str, doc: dict[str, Any]) -> None:
     out = _console()
-    mem = Table("figure", "value", "source / formula", title=f"Memory: {target}")
+    mem = _table("figure", "value", "source / formula", title=f"Memory: {target}")
     for f in p.memory:
         mem.add_row(f.name, _value(f.value, f.unit), f.source)
     out.print(mem)
@@ -259,14 +261,14 @@ def _render(p: Plan, target: str, doc: dict[str, Any]) -> None:
     for r in lay.reasons:
         out.print(f"  {r}", markup=False)
     if p.alternatives:
-        alt = Table("rank", "TP", "PP", "EP", "replicas", "seqs each", "left per GPU",
+        alt = _table("rank", "TP", "PP", "EP", "replicas", "seqs each", "left per GPU",
                     "decode tok/s (est.)", title="Alternatives that also fit")
         for i, a in enumerate(p.alternatives, 2):
             alt.add_row(str(i), str(a.tp), str(a.pp), "on" if a.ep else "off",
                         str(a.replicas), str(a.seqs_per_replica),
                         _human(a.left_per_gpu, "bytes"), f"{aggregate_tokens_s(p, a):,.0f}")
         out.print(alt)
-    sp = Table("figure", "value", "formula", title="Speed (estimates, roofline arithmetic)")
+    sp = _table("figure", "value", "formula", title="Speed (estimates, roofline arithmetic)")
     for f in speed(p, lay):
         sp.add_row(f.name, _value(f.value, f.unit), f.source)
     out.print(sp)

@@ -149,10 +149,14 @@ def local_entry(
         claimed_repo_id = claimed_repo_id or cached[0]
         claimed_commit = claimed_commit or cached[1]
     name = repo_id or claimed_repo_id
-    if name is None or not is_repo_id(name):
-        raise WeightsError(f"{directory}: a model name is needed ({name!r} is not org/name)",
+    if name is None:
+        raise WeightsError(f"{directory}: a model name is needed (no --repo-id given and the "
+                           "directory does not say which model it is)",
                            hint="give --repo-id org/name (and --claim-repo/--claim-commit "
                                 "if you know the upstream)")
+    if not is_repo_id(name):
+        raise WeightsError(f"{directory}: {name!r} is not a model name of the form org/name",
+                           hint="give --repo-id org/name")
     if claimed_commit is not None and not is_commit_sha(claimed_commit):
         raise WeightsError(f"--claim-commit {claimed_commit!r} is not a 40-hex commit SHA")
     patterns = _lfs_patterns(directory)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import os
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -246,6 +247,10 @@ def pin(
         LicenseRefusedError, LockfileError, HubError and subclasses.
     """
     if not is_repo_id(repo_id):
+        if os.path.isdir(repo_id):  # a model already on disk: pin is for the Hub
+            raise WeightsError(f"{repo_id!r} is a local directory, not a Hub repository id",
+                               hint=f"to lock a model already on disk: weights lock {repo_id} "
+                                    "--repo-id org/name")
         raise WeightsError(f"{repo_id!r} is not a repository id",
                            hint="use org/name as on the Hub, e.g. "
                                 "sentence-transformers/all-MiniLM-L6-v2")

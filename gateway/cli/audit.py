@@ -28,6 +28,7 @@ from clishell import (
     ConfigOpt,
     atomic_file,
     existing_public_key,
+    public_key_path,
     read_input_text,
     run,
     shown,
@@ -119,6 +120,22 @@ def _audit_settings(ctx: typer.Context, config: Path | None) -> AuditSettings | 
         raise _fail(exc) from exc
 
 
+def _config_public_key(signing_key: Path, config: Path | None) -> Path:
+    """The public key of the config's signing key (``KEY.pub``; the old ``KEY.pub.pem`` too).
+
+    Raises:
+        CliError: Neither exists (exit 2), naming the file looked for.
+    """
+    pub = public_key_path(signing_key)
+    found = existing_public_key(pub, "gateway")
+    if found.is_file():
+        return found
+    raise CliError("key_missing", f"{config} names audit.signing_key_file {signing_key}, but its "
+                   f"public key {pub} is not there: signatures cannot be checked",
+                   hint="copy KEY.pub from where 'gateway audit keygen' wrote it, or pass "
+                        "--public-key FILE")
+
+
 def _store_url(ctx: typer.Context, store: str | None, config: Path | None) -> str:
     """``--store``, else the store of ``--config``'s audit section."""
     if store:
@@ -166,11 +183,18 @@ def verify(
     ] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Recompute every record hash, chain link, checkpoint root and signature."""
-    verifiers = _verifiers(ctx, public_key)
+    """Recompute every record hash, chain link, checkpoint root and signature.
+
+    With --config and no --public-key, signatures are checked with the public key of the
+    config's audit.signing_key_file (KEY.pub next to it); a missing one is an error, not a
+    silent "signatures unchecked".
+    """
     url = _store_url(ctx, store, config)
+    settings = _audit_settings(ctx, config)
+    if not public_key and settings is not None:
+        public_key = [_config_public_key(settings.signing_key_file, config)]
+    verifiers = _verifiers(ctx, public_key)
     if checkpoints is None:
-        settings = _audit_settings(ctx, config)
         checkpoints = settings.checkpoint_dir if settings else None
 
     async def go() -> VerifyReport:
@@ -439,8 +463,8 @@ def verify_proof_cmd(
 ) -> None:
     """Check a proof bundle offline with the public key alone.
 
-    Prints the record types proved per request and a ``warning:`` line (exit 0) when a
-    request's ``request.started`` / ``request.completed`` pair is incomplete.
+    Prints the record types proved per request and a 'warning:' line (exit 0) when a
+    request's request.started / request.completed pair is incomplete.
     """
     verifiers = _verifiers(ctx, public_key)
     if not verifiers:

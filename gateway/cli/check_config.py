@@ -65,10 +65,9 @@ def check_config(
 ) -> None:
     """Validate the config (and its policy file and replica bindings) without serving.
 
-    Prints one line per problem, ``FILE:LINE: KEY: PROBLEM``. Exit 0 valid, 1 invalid,
-    2 unreadable. With ``--workers N`` (or ``SG_WORKERS``, read as ``serve`` reads it) it also
-    refuses what ``gateway serve --workers N`` refuses
-    (:func:`gateway.supervisor.check_workers`).
+    Prints one line per problem, FILE:LINE: KEY: PROBLEM. Exit 0 valid, 1 invalid,
+    2 unreadable. With --workers N (or SG_WORKERS, read as serve reads it) it also
+    refuses what 'gateway serve --workers N' refuses.
     """
     file = _config_file(config, legacy_file)
     reason = None

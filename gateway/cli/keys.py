@@ -46,8 +46,8 @@ def new(
 ) -> None:
     """Print a fresh random key ONCE, and the config line holding its SHA-256.
 
-    The config line is validated like the config file's ``keys:`` entries, so what is printed
-    loads (a bad ``--id`` exits 2 naming the option).
+    The config line is validated like the config file's keys: entries, so what is printed
+    loads (a bad --id exits 2 naming the option).
     """
     key = new_key()
     try:

@@ -235,6 +235,10 @@ def serve(
     SIGTERM drains and exits 0; SIGINT (Ctrl-C) drains and exits 130; SIGHUP reloads the file
     live (an invalid or restart-only change is refused whole and the running configuration
     stays).
+
+    Exit codes: 0 stopped by SIGTERM after its drain; 2 the config or a command-line value is
+    invalid or unreadable; 3 the gateway could not start serving (a port in use, an audit
+    store that cannot be opened: the last line says which); 130 stopped by SIGINT.
     """
 
     file = require_config(config)

@@ -161,8 +161,16 @@ def check_node_regions(facts: Facts) -> CheckResult:
     if facts.workloads is None:
         return _skip(cid, title, "no Helm values, manifests or kubeconfig given", crit)
     allowed, label = set(facts.criteria.regions), facts.criteria.region_label
+    allowed_from = "--region"
+    if not allowed and facts.policy is not None:
+        # One region model: without --region, the pods may run where the policy's destinations
+        # in the allowed jurisdictions are (the regions the chart's affinity should name).
+        jurisdictions = facts.criteria.jurisdictions
+        allowed = {d.region for d in facts.policy.destinations.values()
+                   if d.jurisdiction in jurisdictions}
+        allowed_from = f"the policy's destinations in {', '.join(jurisdictions)}"
     if not allowed:
-        return _skip(cid, title, "no allowed regions given (--region)", crit)
+        return _skip(cid, title, "no allowed regions given (--region, or a policy)", crit)
     problems: list[str] = []
     placement: dict[str, Any] = {}
     if facts.nodes is not None:
@@ -186,6 +194,7 @@ def check_node_regions(facts: Facts) -> CheckResult:
         evidence = {"source": "manifests (required node affinity)", "region_label": label,
                     "pods": placement}
     evidence["allowed_regions"] = sorted(allowed)
+    evidence["allowed_regions_from"] = allowed_from
     if problems:
         return CheckResult(cid, title, "fail", "; ".join(problems), evidence, crit)
     return CheckResult(cid, title, "pass", f"all {len(facts.workloads)} pods in "

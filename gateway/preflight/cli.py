@@ -18,7 +18,7 @@ from typing import Annotated
 
 import typer
 
-from clishell import ConfigOpt, existing_public_key
+from clishell import CliError, ConfigOpt, existing_public_key
 from gateway.preflight.inputs import REGION_LABEL, Criteria, Inputs
 
 __all__ = ["app"]
@@ -36,6 +36,27 @@ def _default_helm() -> Path | None:
         return local
     found = shutil.which("helm")
     return Path(found) if found else None
+
+
+def _helm_for(values: list[Path] | None, helm: Path | None, chart: Path,
+              release: str) -> Path | None:
+    """The helm binary to render ``values`` with (None without values).
+
+    Raises:
+        CliError: Values given and no helm found: says where it looked and what to do instead.
+    """
+    if not values:
+        return None
+    found = helm or _default_helm()
+    if found is None:
+        flags = " ".join(f"-f {v}" for v in values)
+        raise CliError("preflight_input",
+                       f"--values needs helm to render the chart {chart}, and no helm was "
+                       "found (looked for .tools/bin/helm and helm on PATH)",
+                       hint=f"install helm (make tools puts one in .tools/bin), pass --helm "
+                            f"PATH, or render elsewhere: helm template {release} {chart} "
+                            f"{flags} > manifests.yaml, then --manifests manifests.yaml")
+    return found
 
 
 def _public_key(path: Path | None) -> Path | None:
@@ -101,7 +122,7 @@ def preflight(
     inputs = Inputs(
         config=config, policy=policy, values=tuple(values or ()),
         chart=chart if values else None, manifests=manifests,
-        helm=(helm or _default_helm()) if values else None, release=release,
+        helm=_helm_for(values, helm, chart, release), release=release,
         namespace=namespace,
         admin_url=admin_url, kubeconfig=kubeconfig, kube_context=kube_context,
         audit_public_key=_public_key(audit_public_key), lockfile=lockfile,

@@ -28,7 +28,46 @@ def _values(tmp_path: Path, data: dict[str, object]) -> Path:
 def test_non_eu_region_is_refused_with_eu_only(tmp_path: Path, region: str) -> None:
     # eu-west-2 (London) and europe-west6 (Zurich) are European but not in the EU.
     err = h.refuse(DEFAULT, _values(tmp_path, {"sovereignty": {"allowedRegions": [region]}}))
-    assert "at '/sovereignty/allowedRegions/0': value must be one of 'eu-central-1'" in err
+    assert (f'sovereignty.allowedRegions: "{region}" is not in the built-in EU region list'
+            in err), err
+    assert f"add {{name: {region}, reason: ...}} to sovereignty.additionalRegions" in err
+
+
+def test_the_templates_region_list_is_the_schemas() -> None:
+    # helm's .Files cannot read values.schema.json: the templates read files/eu-regions.yaml.
+    listed = yaml.safe_load((h.CHART / "files" / "eu-regions.yaml").read_text())["regions"]
+    assert listed == SCHEMA["$defs"]["euRegion"]["enum"]
+
+
+def test_an_own_region_is_allowed_once_named_with_a_reason(tmp_path: Path) -> None:
+    # The example policy's regions (eu-de-1) are an operator's own: no built-in region is
+    # forced next to them (the pre-flight would flag it as outside the allowed regions).
+    own = _values(tmp_path, {"sovereignty": {
+        "allowedRegions": ["eu-de-1"],
+        "additionalRegions": [{"name": "eu-de-1", "reason": "own data centre, Frankfurt"},
+                              {"name": "eu-fr-1", "reason": "own data centre, Paris"}]}})
+    deploy = h.one(h.render(DEFAULT, own), "Deployment", "sg-sovereign-gateway")
+    terms = deploy["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert terms[0]["matchExpressions"][0]["values"] == ["eu-de-1", "eu-fr-1"]
+    only_added = _values(tmp_path, {"sovereignty": {
+        "allowedRegions": [],
+        "additionalRegions": [{"name": "dc-fra-1", "reason": "own data centre, Frankfurt"}]}})
+    deploy = h.one(h.render(DEFAULT, only_added), "Deployment", "sg-sovereign-gateway")
+    terms = deploy["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert terms[0]["matchExpressions"][0]["values"] == ["dc-fra-1"]
+
+
+def test_the_values_files_own_additional_regions_example_is_valid(tmp_path: Path) -> None:
+    # values.yaml shows an additionalRegions entry in a comment; it failed minLength (reason).
+    text = (h.CHART / "values.yaml").read_text()
+    example = text.split("additionalRegions: []", 1)[0].rsplit("e.g.", 1)[1]
+    entries = yaml.safe_load(" ".join(line.strip().lstrip("#").strip()
+                                      for line in example.splitlines()).split(". ", 1)[0])
+    assert entries and all(len(e["reason"]) >= 10 for e in entries), entries
+    extra = _values(tmp_path, {"sovereignty": {"additionalRegions": entries}})
+    assert h.render(DEFAULT, extra)
 
 
 def test_eu_region_list_is_one_documented_place() -> None:
@@ -59,7 +98,8 @@ def test_eu_only_off_accepts_other_regions(tmp_path: Path) -> None:
 
 def test_empty_region_list_is_refused(tmp_path: Path) -> None:
     err = h.refuse(DEFAULT, _values(tmp_path, {"sovereignty": {"allowedRegions": []}}))
-    assert "at '/sovereignty/allowedRegions': minItems: got 0, want 1" in err
+    assert ("sovereignty.allowedRegions and sovereignty.additionalRegions are both empty"
+            in err), err
 
 
 @pytest.mark.parametrize("cidr", ["0.0.0.0/0", "::/0", "0.0.0.0/00"])

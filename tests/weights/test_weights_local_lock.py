@@ -72,7 +72,7 @@ def test_drift_is_shown_and_refused_until_update(minilm_copy: Path, tmp_path: Pa
                     "-q"]).returncode == 0
     before = lock.read_bytes()
     again = run_cli(["lock", str(minilm_copy), "--repo-id", "site/minilm", "--lock", str(lock)])
-    assert again.returncode == 0 and "unchanged" in again.stderr
+    assert again.returncode == 0 and "unchanged" in again.stdout
     (minilm_copy / "config.json").write_text('{"changed": true}\n')
     (minilm_copy / "vocab.txt").unlink()
     (minilm_copy / "extra.json").write_text("{}\n")

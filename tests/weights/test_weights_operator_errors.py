@@ -49,8 +49,8 @@ def test_verify_multi_model_plain_root_checks_every_model(
     (plain / "org/beta/config.json").write_bytes(b'{"model_type": "llamb"}\n')
     bad = run_cli(["verify", str(plain), "--lock", str(lock)])
     assert bad.returncode == 1, bad.stderr
-    assert "org/beta: MISMATCH config.json" in bad.stderr
-    assert "OK org/alpha" in bad.stderr
+    assert "org/beta: MISMATCH config.json" in bad.stdout
+    assert "OK org/alpha" in bad.stdout
 
 
 def test_verify_multi_model_cache_root_checks_every_model(

@@ -264,7 +264,7 @@ def test_cli_json_fits_exit_0_and_does_not_fit_exit_1_with_shortfall() -> None:
     assert all(f["source"] for f in doc["memory"] + doc["speed"])
     r = run_cli(["plan", str(cfg), "--concurrency", "16"])
     assert r.returncode == 1
-    assert "does not fit" in r.stderr and "short by" in r.stderr and "GB per GPU" in r.stderr
+    assert "does not fit" in r.stdout and "short by" in r.stdout and "GB per GPU" in r.stdout
     r = run_cli(["plan", str(cfg), "--json"])
     assert r.returncode == 1 and json.loads(r.stdout)["shortfall"].startswith("does not fit")
 
@@ -277,8 +277,8 @@ def test_cli_table_and_custom_gpu_figures() -> None:
     assert r.returncode == 0, r.stderr
     for part in ("Memory", "Layout: TP", "Speed (estimates", "ridge point", "What to run: vllm",
                  "training state", "operator-supplied"):
-        assert part in r.stderr, part
-    assert "│ 200 FLOP/byte" in r.stderr  # 800 TFLOP/s / 4 TB/s
+        assert part in r.stdout, part
+    assert "│ 200 FLOP/byte" in r.stdout  # 800 TFLOP/s / 4 TB/s
 
 
 @pytest.mark.parametrize(("args", "words"), [

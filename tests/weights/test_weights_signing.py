@@ -107,7 +107,7 @@ def test_wrong_key_modified_added_and_removed_files_fail(model: Path, keys: dict
         verify_signature(model, sig, public_key=keys["pub"])
     out = run_cli(["verify", str(model), "--no-lock", "--signature", str(sig),
                    "--public-key", str(keys["pub"])])
-    assert out.returncode == 1 and "missing modules.json" in out.stderr
+    assert out.returncode == 1 and "missing modules.json" in out.stdout
 
 
 def test_tampered_signature_file_fails(model: Path, keys: dict[str, Path], tmp_path: Path) -> None:

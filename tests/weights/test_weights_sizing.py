@@ -97,7 +97,7 @@ def test_cli_size_local_json_and_fit_exit_code(tmp_path: Path) -> None:
     assert doc["fits"] is True and doc["min_gpus"] == 8
     assert all(f["source"] for f in doc["figures"])
     r = run_cli(["size", str(cfg), "--gpu-mem", "80GB", "--gpus", "8"])
-    assert r.returncode == 1 and "does NOT fit" in r.stderr
+    assert r.returncode == 1 and "does NOT fit" in r.stdout
 
 
 def test_cli_size_repo_id_reads_headers_with_range_requests(hub_server: HubServer) -> None:

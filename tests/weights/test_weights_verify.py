@@ -137,8 +137,8 @@ def test_cli_verify_exit_codes_and_json(sharded_dir: Path, tmp_path: Path) -> No
     assert [m["path"] for m in doc["mismatched"]] == ["config.json"]
     assert doc["missing"] == doc["missing_shards"] == ["model-00002-of-00002.safetensors"]
     text = run_cli(["verify", str(sharded_dir), "--lock", str(lock)])
-    assert text.returncode == 1 and "MISMATCH config.json" in text.stderr
-    assert "MISSING SHARD" in text.stderr
+    assert text.returncode == 1 and "MISMATCH config.json" in text.stdout
+    assert "MISSING SHARD" in text.stdout
     io = run_cli(["verify", str(tmp_path / "absent"), "--lock", str(lock)])
     assert io.returncode == 2 and "not a directory" in io.stderr
     nolock = run_cli(["verify", str(sharded_dir), "--lock", str(tmp_path / "none.lock")])

@@ -61,12 +61,29 @@ app.kubernetes.io/component: gateway
 {{- end -}}
 {{- end }}
 
-{{/* Regions of the node affinity: allowed list plus explicitly added regions. */}}
+{{/*
+Regions of the node affinity: allowed list plus explicitly added regions. With euOnly, an
+allowed region is in the built-in EU list (files/eu-regions.yaml, the list of
+values.schema.json $defs/euRegion) or named in additionalRegions with a reason (an operator's own data
+centre, a sovereign provider's region the list does not know): no built-in region is forced.
+*/}}
 {{- define "sg.regions" -}}
-{{- $regions := list -}}
-{{- range .Values.sovereignty.allowedRegions }}{{ $regions = append $regions . }}{{ end -}}
-{{- range .Values.sovereignty.additionalRegions }}{{ $regions = append $regions .name }}{{ end -}}
-{{- toYaml (uniq $regions) -}}
+{{- $sov := .Values.sovereignty -}}
+{{- $added := list -}}
+{{- range $sov.additionalRegions }}{{ $added = append $added .name }}{{ end -}}
+{{- if $sov.euOnly -}}
+{{- $eu := (.Files.Get "files/eu-regions.yaml" | fromYaml).regions -}}
+{{- range $sov.allowedRegions -}}
+{{- if not (or (has . $eu) (has . $added)) -}}
+{{- fail (printf "sovereignty.allowedRegions: %q is not in the built-in EU region list (values.schema.json $defs/euRegion); if it is in the EU (your own data centre, a sovereign provider), add {name: %s, reason: ...} to sovereignty.additionalRegions, or set sovereignty.euOnly: false" . .) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- $regions := concat $sov.allowedRegions $added | uniq -}}
+{{- if not $regions -}}
+{{- fail "sovereignty.allowedRegions and sovereignty.additionalRegions are both empty: name at least one region the pods may run in" -}}
+{{- end -}}
+{{- toYaml $regions -}}
 {{- end }}
 
 {{/* Required node affinity pinning pods to the allowed regions. */}}

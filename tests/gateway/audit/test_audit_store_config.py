@@ -136,3 +136,38 @@ def test_a_wrong_key_file_is_named_at_its_own_key(sim: Sim, tmp_path: Path) -> N
     check = _gateway("check-config", "--config", str(cfg), cwd=tmp_path)
     line = _line_of(cfg, "pseudonym_key_file:")
     assert f"{cfg}:{line}: audit.pseudonym_key_file: " in check.stderr, check.stderr
+
+
+def test_verify_with_a_config_checks_signatures_with_the_key_it_names(
+    sim: Sim, tmp_path: Path
+) -> None:
+    """``gateway audit verify --config gateway.yaml`` said OK with signatures unchecked
+    although the config names the signing key: it now checks them with ``KEY.pub`` next to
+    ``audit.signing_key_file``, fails on a wrong one and refuses when it is missing."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "checkpoints").mkdir()
+    cfg = _config_file(site, sim.url, "sqlite://audit.db", checkpoint_dir="checkpoints")
+    env = {**os.environ, "VLLM_KEY": BACKEND_KEY}
+    with subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", "--config",
+                           str(cfg)], cwd=site, env=env,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as proc:
+        deadline = time.monotonic() + 60
+        while not any((site / "checkpoints").iterdir()):
+            assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint written"
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+    ok = _gateway("audit", "verify", "--config", str(cfg), cwd=tmp_path)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "OK: no tampering found" in ok.stdout
+    # Another key in its place: the signatures no longer verify.
+    write_key_pair(Signer.generate(), tmp_path / "other.key")
+    (site / "audit.key.pub").write_bytes((tmp_path / "other.key.pub").read_bytes())
+    wrong = _gateway("audit", "verify", "--config", str(cfg), cwd=tmp_path)
+    assert wrong.returncode == 1, wrong.stdout + wrong.stderr
+    (site / "audit.key.pub").unlink()
+    missing = _gateway("audit", "verify", "--config", str(cfg), cwd=tmp_path)
+    assert missing.returncode == 2, missing.stdout + missing.stderr
+    assert "error [key_missing]" in missing.stderr and "audit.key.pub" in missing.stderr
+    assert "--public-key" in missing.stderr

@@ -1,0 +1,52 @@
+"""The test lanes: ``make test`` is what CI runs (every test, serially, slowest listed);
+``make test-fast`` is the developer lane (pytest-xdist, the slow tests left out).
+
+Both lanes are run here for real on a small slice: the marker selection and the xdist plugin
+must work as the Makefile invokes them.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _recipe(target: str) -> list[str]:
+    text = (ROOT / "Makefile").read_text()
+    match = re.search(rf"^{re.escape(target)}:[^\n]*\n((?:\t[^\n]*\n)+)", text, re.M)
+    assert match, f"no make target {target}"
+    (line,) = [x.strip() for x in match.group(1).splitlines() if "pytest" in x]
+    return shlex.split(line.replace("$(PY)", sys.executable))
+
+
+def _options(argv: list[str]) -> list[str]:
+    return argv[argv.index("pytest") + 1:]
+
+
+def test_ci_lane_runs_everything_serially_and_lists_the_slowest() -> None:
+    argv = _options(_recipe("test"))
+    assert "--durations=25" in argv
+    assert "-n" not in argv and "-m" not in argv  # every test, one process
+
+
+def test_fast_lane_uses_xdist_and_leaves_out_slow_tests() -> None:
+    argv = _options(_recipe("test-fast"))
+    assert argv[argv.index("-n") + 1] == "2" and argv[argv.index("-m") + 1] == "not slow"
+    dev = tomllib.loads((ROOT / "pyproject.toml").read_text())["dependency-groups"]["dev"]
+    assert any(re.fullmatch(r"pytest-xdist>=3\.8,<3\.9", d) for d in dev), dev
+
+
+def test_fast_lane_runs_as_the_makefile_invokes_it_and_skips_bench() -> None:
+    argv = _recipe("test-fast")
+    argv = [*argv, "--collect-only", "-q", "tests/bench", "tests/test_test_lanes.py"]
+    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "tests/bench/" not in done.stdout  # deselected: marked slow
+    assert "tests/test_test_lanes.py: 3" in done.stdout
