@@ -260,9 +260,9 @@ def export(
         "audit.pseudonym_key_file).")] = None,
 ) -> None:
     """Export records in a time range as JSON lines (the canonical record bytes), or as one
-    AI Act log document (``--format ai-act``, :mod:`gateway.audit.ai_act`).
+    AI Act log document with its completeness proofs (--format ai-act).
 
-    With ``--subject``: only one person's or workload's records (a data-subject access request):
+    With --subject: only one person's or workload's records (a data-subject access request):
     the requests whose verified identity is that subject, with their completion records.
     """
     if fmt not in ("jsonl", "ai-act"):

@@ -312,6 +312,7 @@ CONFIG_READERS = {
     ("gateway", "audit tail"): [], ("gateway", "audit prove"): ["req-1"],
     ("gateway", "keys create"): ["--id", "k", "--model", "m"], ("gateway", "keys list"): [],
     ("gateway", "keys revoke"): ["k"], ("gateway", "keys rotate"): ["k"],
+    ("gateway", "identity explain"): ["--claims", "claims.json"],
     ("policy", "explain"): [str(ROOT / "examples" / "policy.yaml"), "--key", "team-a"],
 }
 
