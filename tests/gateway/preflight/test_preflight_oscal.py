@@ -202,3 +202,49 @@ def test_pack_with_oscal_subjects_verifies_with_securesystemslib(
     env["payload"] = base64.b64encode(envelope.payload.replace(b'"pass"', b'"fail"', 1)).decode()
     with pytest.raises(VerificationError):
         Envelope.from_dict(env).verify([key], 1)
+
+
+def _uuids(node: object, out: list[str] | None = None) -> list[str]:
+    """Every ``uuid`` an OSCAL document defines (not the ``*-uuid`` references)."""
+    out = [] if out is None else out
+    if isinstance(node, dict):
+        for k, v in node.items():
+            if k == "uuid":
+                out.append(v)
+            _uuids(v, out)
+    elif isinstance(node, list):
+        for v in node:
+            _uuids(v, out)
+    return out
+
+
+def test_results_uuids_are_stable_for_one_run_and_unique_across_runs() -> None:
+    """OSCAL: a uuid identifies one subject. Two runs in the same second with other results
+    (two replicas, two regions) are two assessments; the same run gives the same bytes."""
+    import dataclasses
+
+    from gateway.preflight.evidence import evidence_files
+    from gateway.preflight.oscal import oscal_files
+    from gateway.preflight.report import CheckResult
+
+    eu, facts_eu = run_preflight(Inputs(policy=SCENARIO_POLICY),
+                                 Criteria(regions=("eu-central-1",)))
+    us, facts_us = run_preflight(Inputs(policy=SCENARIO_POLICY), Criteria(regions=("us-east-1",)))
+    us = dataclasses.replace(us, generated_at=eu.generated_at)  # the same second
+    docs = []
+    for report, facts in ((eu, facts_eu), (us, facts_us), (eu, facts_eu)):
+        files = oscal_files(report, evidence_files(report, facts))
+        docs.append((files["oscal/assessment-results.json"],
+                     json.loads(files["oscal/assessment-results.json"])))
+    assert docs[0][0] == docs[2][0]  # stable: same report, same bytes
+    (_, a), (_, b) = docs[0], docs[1]
+    assert a["assessment-results"]["uuid"] != b["assessment-results"]["uuid"]
+    assert not set(_uuids(a["assessment-results"]["results"])) & set(
+        _uuids(b["assessment-results"]["results"]))
+    # two checks reported under one id (a registered check that raised, twice): still unique
+    twice = dataclasses.replace(eu, checks=(*eu.checks, CheckResult(
+        "check.x", "t", "fail", "raised"), CheckResult("check.x", "t", "fail", "raised")))
+    doc = json.loads(oscal_files(twice, evidence_files(twice, facts_eu))[
+        "oscal/assessment-results.json"])
+    ids = _uuids(doc)
+    assert len(ids) == len(set(ids))
