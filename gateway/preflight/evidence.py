@@ -72,6 +72,15 @@ def _load_private(path: Path) -> Ed25519PrivateKey:
     return key
 
 
+def load_signing_key(path: Path) -> Ed25519PrivateKey:
+    """Load the operator's Ed25519 private key (PEM, unencrypted) that signs packs.
+
+    Raises:
+        EvidenceError: Unreadable file or not an Ed25519 private key.
+    """
+    return _load_private(path)
+
+
 def load_public(path: Path) -> Ed25519PublicKey:
     """Load an Ed25519 public key (PEM SubjectPublicKeyInfo).
 

@@ -272,3 +272,42 @@ def test_check_config_refuses_a_preflight_that_cannot_report(
     capsys.readouterr()
     assert main(["check-config", "--config", str(config)]) == 1
     assert problem in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("section", "problem"), [
+    # the docs' example names audit-key.pub; `gateway audit keygen --out audit.key` writes
+    # audit.key.pub: serve ran and every round failed audit.verify and checkpoint-fresh
+    ("telemetry: {admin: {port: 0}}\npreflight: {audit_public_key: audit-key.pub}\n",
+     "preflight.audit_public_key: cannot read public key"),
+    ("telemetry: {admin: {port: 0}}\npreflight: {audit_public_key: op.pem}\n",
+     "preflight.audit_public_key:"),
+    ("telemetry: {admin: {port: 0}}\npreflight: {evidence_dir: ev, sign_key_file: none.pem}\n",
+     "preflight.sign_key_file: cannot load signing key"),
+    ("telemetry: {admin: {port: 0}}\npreflight: {evidence_dir: ev, sign_key_file: op.pub}\n",
+     "preflight.sign_key_file:"),
+    ("telemetry: {admin: {port: 0}}\npreflight: {evidence_dir: gateway.yaml, "
+     "sign_key_file: op.pem}\n", "preflight.evidence_dir: "),
+])
+def test_check_config_reads_the_preflight_key_files(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], section: str, problem: str) -> None:
+    """A key the rounds cannot load is a config error at start, naming the key."""
+    key = Ed25519PrivateKey.generate()
+    (tmp_path / "op.pem").write_bytes(key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption()))
+    (tmp_path / "op.pub").write_bytes(key.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+    config = tmp_path / "gateway.yaml"
+    config.write_text('models: [{name: m, replicas: [{url: "http://127.0.0.1:9"}]}]\n' + section)
+    capsys.readouterr()
+    assert main(["check-config", "--config", str(config)]) == 1
+    assert problem in capsys.readouterr().err
+    # the same section with readable files is fine
+    good = section.replace("audit-key.pub", "op.pub").replace("audit_public_key: op.pem",
+                                                              "audit_public_key: op.pub")
+    good = good.replace("none.pem", "op.pem").replace("sign_key_file: op.pub",
+                                                      "sign_key_file: op.pem")
+    good = good.replace("evidence_dir: gateway.yaml", "evidence_dir: ev")
+    config.write_text('models: [{name: m, replicas: [{url: "http://127.0.0.1:9"}]}]\n' + good)
+    capsys.readouterr()
+    assert main(["check-config", "--config", str(config)]) == 0, capsys.readouterr().err
