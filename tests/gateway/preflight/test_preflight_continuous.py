@@ -311,3 +311,36 @@ def test_check_config_reads_the_preflight_key_files(
     config.write_text('models: [{name: m, replicas: [{url: "http://127.0.0.1:9"}]}]\n' + good)
     capsys.readouterr()
     assert main(["check-config", "--config", str(config)]) == 0, capsys.readouterr().err
+
+
+def test_shutdown_waits_for_the_round_in_its_thread(tmp_path: Path) -> None:
+    """A round runs in a worker thread; shutdown returns only once that thread is done, so no
+    check reads the audit store (or writes a pack) after the store was closed."""
+    import asyncio
+    import threading
+
+    from gateway.preflight.continuous import ContinuousPreflight, LiveChecks
+    from gateway.preflight.live_settings import ContinuousSettings
+    from gateway.preflight.report import CheckResult
+
+    entered, release, finished = threading.Event(), threading.Event(), threading.Event()
+
+    def check_slow_store(facts: Any) -> CheckResult:
+        entered.set()
+        release.wait(30)
+        finished.set()
+        return CheckResult("slow.store", "t", "pass", "read")
+
+    async def no_status() -> dict[str, Any]:
+        return {}
+
+    async def main_() -> None:
+        live = ContinuousPreflight(ContinuousSettings(interval_s=0.05), None, None, no_status,
+                                   checks=LiveChecks([check_slow_store]))
+        await live.startup()
+        assert await asyncio.to_thread(entered.wait, 30)
+        threading.Timer(0.3, release.set).start()
+        await live.shutdown()
+        assert finished.is_set(), "shutdown returned while the round's thread still ran"
+
+    asyncio.run(main_())
