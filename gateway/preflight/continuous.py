@@ -284,8 +284,9 @@ class ContinuousPreflight(Periodic):
         while out.exists():
             n += 1
             out = out.with_name(f"{stamp}-{self.replica.replace('/', '_')}-{n}")
-        extra = oscal_files(report, evidence_files(report, facts))
-        write_pack(out, report, facts, self.settings.sign_key_file, extra)
+        evidence = evidence_files(report, facts)
+        extra = oscal_files(report, evidence)
+        write_pack(out, report, facts, self.settings.sign_key_file, extra, evidence=evidence)
         self._last_pack = (day, statuses)
         self.packs_written += 1
         _log.info("continuous pre-flight: evidence pack %s (%s)", out,

@@ -38,7 +38,6 @@ from typing import Any
 import yaml
 
 from gateway.preflight.errors import EvidenceError
-from gateway.preflight.inputs import Facts
 from gateway.preflight.report import MANUAL_ATTESTATIONS, CheckResult, Report
 
 __all__ = ["NS", "OSCAL_VERSION", "Mapping", "assessment_results", "component_definition",
@@ -303,8 +302,15 @@ def oscal_files(report: Report, evidence: dict[str, bytes]) -> dict[str, bytes]:
             RESULTS_FILE: _dump(assessment_results(report, mapping, evidence, ver))}
 
 
-def write_oscal(directory: Path, report: Report, facts: Facts) -> dict[str, bytes]:
+def write_oscal(directory: Path, report: Report, evidence: dict[str, bytes]) -> dict[str, bytes]:
     """Write both OSCAL documents into ``directory`` (created if missing; files replaced).
+
+    Args:
+        directory: Where to write them.
+        report: The pre-flight report.
+        evidence: The pack's evidence files (:func:`gateway.preflight.evidence.evidence_files`),
+            the very bytes later given to ``write_pack(..., evidence=...)``: the documents
+            carry their digests.
 
     Returns:
         The files as written, keyed by their path inside an evidence pack (``oscal/...``).
@@ -312,9 +318,7 @@ def write_oscal(directory: Path, report: Report, facts: Facts) -> dict[str, byte
     Raises:
         EvidenceError: A file cannot be written, or the packaged mapping is inconsistent.
     """
-    from gateway.preflight.evidence import evidence_files
-
-    files = oscal_files(report, evidence_files(report, facts))
+    files = oscal_files(report, evidence)
     try:
         directory.mkdir(parents=True, exist_ok=True)
         for name, data in files.items():

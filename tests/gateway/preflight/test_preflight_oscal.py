@@ -248,3 +248,60 @@ def test_results_uuids_are_stable_for_one_run_and_unique_across_runs() -> None:
         "oscal/assessment-results.json"])
     ids = _uuids(doc)
     assert len(ids) == len(set(ids))
+
+
+def test_oscal_digests_are_of_the_pack_files_while_the_log_grows(
+        tmp_path: Path, operator_key: tuple[Path, Path]) -> None:
+    """`gateway preflight --config` reads the newest checkpoint from the store. With a gateway
+    writing checkpoints meanwhile, the OSCAL back-matter must still carry the digests of the
+    files in the pack (it read the store once for OSCAL and again for the pack: 15 of 15
+    runs differed on evidence/checkpoint.txt)."""
+    import asyncio
+    import threading
+
+    import yaml
+
+    from gateway.audit import AuditLog, Signer, open_store, write_key_pair
+
+    signer = Signer.generate()
+    key, pub = write_key_pair(signer, tmp_path / "audit.key")
+    url = f"sqlite://{tmp_path / 'audit.db'}"
+    config = tmp_path / "gateway.yaml"
+    config.write_text(yaml.safe_dump({
+        "models": [{"name": "m", "replicas": [{"url": "http://127.0.0.1:9"}]}],
+        "audit": {"store": url, "signing_key_file": str(key), "replica_id": "r1"}}))
+    stop, started = threading.Event(), threading.Event()
+
+    async def write() -> None:
+        log = AuditLog(open_store(url), signer, replica_id="r1", checkpoint_every_records=1,
+                       checkpoint_every_s=0.001)
+        await log.start()
+        started.set()
+        i = 0
+        while not stop.is_set():
+            await log.append({"type": "request.started", "request_id": f"x-{i}"})
+            i += 1
+            await asyncio.sleep(0.001)
+        await log.close()
+
+    writer = threading.Thread(target=asyncio.run, args=(write(),))
+    writer.start()
+    mismatched = []
+    try:
+        assert started.wait(30)
+        for n in range(3):
+            out = tmp_path / f"pack{n}"
+            main(["preflight", "--config", str(config), "--audit-public-key", str(pub),
+                  "--oscal", str(tmp_path / f"oscal{n}"), "--out", str(out),
+                  "--sign-key", str(operator_key[0]), "--json"])
+            doc = json.loads((out / "oscal" / "assessment-results.json").read_text())
+            for res in doc["assessment-results"]["back-matter"]["resources"]:
+                link = res["rlinks"][0]
+                if hashlib.sha256((out / link["href"]).read_bytes()).hexdigest() != \
+                        link["hashes"][0]["value"]:
+                    mismatched.append((n, link["href"]))
+    finally:
+        stop.set()
+        writer.join(30)
+    assert (out / "evidence" / "checkpoint.txt").is_file()
+    assert mismatched == []
