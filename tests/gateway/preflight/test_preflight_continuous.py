@@ -344,3 +344,26 @@ def test_shutdown_waits_for_the_round_in_its_thread(tmp_path: Path) -> None:
         assert finished.is_set(), "shutdown returned while the round's thread still ran"
 
     asyncio.run(main_())
+
+
+def test_pod_status_shows_the_worst_workers_preflight() -> None:
+    """With ``serve --workers N`` the pod's ``/status`` answered the first worker's
+    ``preflight`` object: a check failing in another worker read as ``pass``."""
+    from gateway.preflight.status import merge_preflight
+
+    def summary(at: str, guard: str, fresh: str) -> dict[str, Any]:
+        return {"generated_at": at, "result": "fail" if "fail" in (guard, fresh) else "pass",
+                "interval_s": 300.0,
+                "checks": {"gateway.guard": {"status": guard, "verdict": f"guard {guard}"},
+                           "audit.checkpoint-fresh": {"status": fresh,
+                                                      "verdict": f"fresh {fresh}"}}}
+
+    merged = merge_preflight([summary("2026-12-04T10:00:05Z", "pass", "pass"),
+                              summary("2026-12-04T10:00:01Z", "fail", "pass"), None])
+    assert merged is not None and merged["result"] == "fail"
+    assert merged["checks"]["gateway.guard"] == {"status": "fail", "verdict": "guard fail",
+                                                 "worker": 1}
+    assert merged["checks"]["audit.checkpoint-fresh"]["status"] == "pass"
+    assert merged["generated_at"] == "2026-12-04T10:00:01Z"  # the oldest round
+    assert merged["workers_reporting"] == 2
+    assert merge_preflight([None, None]) is None
