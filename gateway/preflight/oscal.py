@@ -234,7 +234,8 @@ def assessment_results(report: Report, mapping: Mapping, files: dict[str, bytes]
     resources_by_file = {name: _uuid("resource", run, name) for name in sorted(files)}
     back_matter = [{
         "uuid": resources_by_file[name], "title": name,
-        "rlinks": [{"href": name, "hashes": [
+        # Relative to this document, which a pack holds under oscal/ (RFC 3986 resolution).
+        "rlinks": [{"href": f"../{name}", "hashes": [
             {"algorithm": "SHA-256", "value": hashlib.sha256(data).hexdigest()}]}],
     } for name, data in sorted(files.items())]
     observations, findings, controls = [], [], []

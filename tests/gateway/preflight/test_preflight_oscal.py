@@ -297,7 +297,7 @@ def test_oscal_digests_are_of_the_pack_files_while_the_log_grows(
             doc = json.loads((out / "oscal" / "assessment-results.json").read_text())
             for res in doc["assessment-results"]["back-matter"]["resources"]:
                 link = res["rlinks"][0]
-                if hashlib.sha256((out / link["href"]).read_bytes()).hexdigest() != \
+                if hashlib.sha256((out / res["title"]).read_bytes()).hexdigest() != \
                         link["hashes"][0]["value"]:
                     mismatched.append((n, link["href"]))
     finally:
@@ -305,3 +305,23 @@ def test_oscal_digests_are_of_the_pack_files_while_the_log_grows(
         writer.join(30)
     assert (out / "evidence" / "checkpoint.txt").is_file()
     assert mismatched == []
+
+
+def test_back_matter_links_resolve_inside_the_pack(
+        tmp_path: Path, operator_key: tuple[Path, Path]) -> None:
+    """An rlink ``href`` is a URI reference resolved against the document (RFC 3986 5.2): from
+    ``oscal/assessment-results.json``, ``report.json`` would name ``oscal/report.json``."""
+    from urllib.parse import urljoin
+
+    code, _, out = _run(tmp_path, operator_key[0], "--region", "eu-central-1")
+    assert code == 0
+    doc_path = out / "oscal" / "assessment-results.json"
+    doc = json.loads(doc_path.read_text())
+    resources = doc["assessment-results"]["back-matter"]["resources"]
+    assert resources
+    for res in resources:
+        link = res["rlinks"][0]
+        target = Path(urljoin(doc_path.as_uri(), link["href"]).removeprefix("file://"))
+        assert target.is_file(), (link["href"], target)
+        assert hashlib.sha256(target.read_bytes()).hexdigest() == link["hashes"][0]["value"]
+        assert target.relative_to(out).as_posix() == res["title"]
