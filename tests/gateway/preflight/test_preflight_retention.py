@@ -24,10 +24,10 @@ from tests.gateway.audit._audit_helpers import write_log
 RETENTION_DAYS = 190
 
 
-def _config(tmp: Path) -> tuple[Path, str, Signer]:
+def _config(tmp: Path, url: str | None = None) -> tuple[Path, str, Signer]:
     signer = Signer.generate()
     key, _ = write_key_pair(signer, tmp / "audit.key")
-    url = f"sqlite://{tmp / 'audit.db'}"
+    url = url or f"sqlite://{tmp / 'audit.db'}"
     policy = tmp / "policy.yaml"
     policy.write_text(
         "version: 1\ndata_classes: [public, internal]\ndestinations:\n"
@@ -133,3 +133,22 @@ def test_signed_checkpoints_of_a_deleted_chain_date_its_records(tmp_path: Path) 
                              Criteria(regions=("eu-central-1",), retention_days=RETENTION_DAYS))
     later = time.time() + (RETENTION_DAYS + 1) * 86400
     assert check_retention(facts, now_s=later).status == "pass"
+
+
+def test_postgresql_store_empty_then_pruned(tmp_path: Path, pg_database: str) -> None:
+    """The same rule on a real PostgreSQL store: an empty store passes (nothing to keep yet),
+    a deleted head of a young chain fails."""
+    from tests.gateway.audit._audit_helpers import raw_sql
+
+    config, url, signer = _config(tmp_path, pg_database)
+    write_log(url, signer, 0, replica="r1", close=False)  # creates the schema, one record
+    raw_sql(url, "DELETE FROM audit_records")
+    raw_sql(url, "DELETE FROM audit_checkpoints")
+    raw_sql(url, "DELETE FROM audit_chains")
+    status, verdict, evidence = _retention(config)
+    assert status == "pass", verdict
+    assert evidence["store"]["records"] == 0 and evidence["store"]["oldest_us"] is None
+    chain = write_log(url, signer, 12, replica="r1")
+    raw_sql(url, "DELETE FROM audit_records WHERE chain = ? AND seq < 3", chain)
+    status, verdict, _ = _retention(config)
+    assert status == "fail" and f"chain {chain}: records 0..2 deleted" in verdict
