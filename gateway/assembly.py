@@ -206,7 +206,8 @@ def assemble(
     """Build every component of the gateway from ``settings`` (no store or socket is opened).
 
     Sections are checked in this order, the first problem raised: ``policy`` (and each
-    replica's destination), ``keystore``, ``telemetry``, TLS files, ``audit``, ``quotas``.
+    replica's destination), ``keystore``, ``telemetry``, TLS files, ``preflight`` key files,
+    ``audit``, ``quotas``.
 
     Args:
         settings: The validated configuration.
@@ -225,6 +226,7 @@ def assemble(
     from gateway.audit.observer import checked_build
     from gateway.egress import load_policy, wire_egress
     from gateway.identity.build import wrap_identity
+    from gateway.preflight.live_settings import check_preflight_files
     from gateway.quotas.wiring import build_authenticator, build_quota_hook
     from gateway.telemetry import Telemetry, check_telemetry
     from gateway.tls_files import check_tls_files
@@ -237,6 +239,7 @@ def assemble(
                                   policy=policy)
     telemetry_settings = check_telemetry(settings, policy)
     check_tls_files(settings)
+    check_preflight_files(settings.preflight)
     audit = checked_build(settings)  # reads the key files; the store opens in the lifespan
     quotas = build_quota_hook(settings, on_event=audit.record_event if audit is not None else None)
 

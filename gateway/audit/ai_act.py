@@ -16,7 +16,9 @@ per chain: the period's sealed records are ``first_seq..last_seq`` without gap, 
 previous one's hash; ``first`` and ``last`` are inclusion proofs (format of
 :mod:`gateway.audit.proof`) against a signed checkpoint; ``before`` (record ``first_seq - 1``,
 older than ``since``) and ``after`` (record ``last_seq + 1``, not older than ``until``) prove
-that nothing of the period lies outside the range. Records after a chain's newest checkpoint
+that nothing of the period lies outside the range; without ``after`` the range must end with
+the chain's ``chain.closed`` record (a checkpoint carries no time: an older one would hide a cut
+tail), and every event must lie in the period. Records after a chain's newest checkpoint
 are not sealed yet: they are left out and counted in ``unsealed_excluded``. A chain is found by
 its records in the period; a chain whose records were all deleted cannot be seen here (the
 pre-flight's ``audit.retention`` and ``gateway audit verify`` look for that).
@@ -226,11 +228,24 @@ def verify_export(doc: Mapping[str, Any], verifiers: Sequence[Verifier]) -> int:
         chain = str(entry.get("chain"))
         seen.add(chain)
         objs = sorted(by_chain.get(chain, []), key=lambda o: o["seq"])
+        try:
+            count = int(entry.get("count") or 0)
+            first, last = ((int(entry["first_seq"]), int(entry["last_seq"])) if count or objs
+                           else (0, -1))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise AuditFormatError(f"chain {chain}: malformed completeness entry: {exc}") \
+                from exc
+        if count != len(objs):
+            raise ProofError(f"chain {chain}: records {first}..{last} are not all exported "
+                             f"(count {count}, {len(objs)} exported)")
         if not objs:
             continue
-        first, last = int(entry["first_seq"]), int(entry["last_seq"])
         if [o["seq"] for o in objs] != list(range(first, last + 1)):
             raise ProofError(f"chain {chain}: records {first}..{last} are not all exported")
+        for o in objs:
+            if (since is not None and o["ts_us"] < since) or \
+                    (until is not None and o["ts_us"] >= until):
+                raise ProofError(f"chain {chain} seq {o['seq']}: outside the period")
         for prev, cur in itertools.pairwise(objs):
             if cur["prev"] != prev["_hash"].hex():
                 raise ProofError(f"chain {chain} seq {cur['seq']}: prev is not the hash of "
@@ -241,8 +256,11 @@ def verify_export(doc: Mapping[str, Any], verifiers: Sequence[Verifier]) -> int:
                     record_hash(str(entry[name]["record"]).encode()) != obj["_hash"]:
                 raise ProofError(f"chain {chain}: the {name} proof is for another record")
         if first > 0:
+            if since is None:  # the period starts at the beginning: records 0.. belong to it
+                raise ProofError(f"chain {chain}: records 0..{first - 1} are missing from an "
+                                 "export from the beginning")
             before = _proved(entry.get("before"), verifiers, f"chain {chain} before")
-            if before["seq"] != first - 1 or (since is not None and before["ts_us"] >= since):
+            if before["seq"] != first - 1 or before["ts_us"] >= since:
                 raise ProofError(f"chain {chain}: record {before['seq']} before the range "
                                  "belongs to the period")
         if entry.get("after") is not None:
@@ -250,9 +268,13 @@ def verify_export(doc: Mapping[str, Any], verifiers: Sequence[Verifier]) -> int:
             if after["seq"] != last + 1 or (until is None or after["ts_us"] < until):
                 raise ProofError(f"chain {chain}: record {after['seq']} after the range "
                                  "belongs to the period")
-        elif int(entry["last"]["tree_size"]) != last + 1:
+        elif objs[-1]["type"] != "chain.closed":
+            # A signed checkpoint carries no time: one of size last + 1 only shows the chain
+            # had no more records when it was signed. Without a record after the range, only
+            # the chain's own closing record proves that nothing follows.
             raise ProofError(f"chain {chain}: no proof that record {last + 1} is outside "
-                             "the period")
+                             "the period (the chain has not ended: export again once a "
+                             "record after the period is sealed)")
     if set(by_chain) - seen:
         raise ProofError(f"chains without completeness proof: {sorted(set(by_chain) - seen)}")
     return sum(len(v) for v in by_chain.values())

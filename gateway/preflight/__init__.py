@@ -7,7 +7,9 @@ Public API::
     write_pack(out_dir, report, facts, sign_key)        # in-toto Statement v1 in DSSE
     verify_pack(out_dir, public_key) -> PackReport
     gateway_status(settings, egress)                   # the admin port's GET /status source
-    oscal.write_oscal(dir, report, facts)              # OSCAL 1.2.1 (mapping.yaml as data)
+    files = evidence_files(report, facts)              # read once, then:
+    oscal.write_oscal(dir, report, files)              # OSCAL 1.2.1 (mapping.yaml as data)
+    write_pack(out_dir, report, facts, sign_key, oscal_files, evidence=files)
     continuous.ContinuousPreflight / LiveChecks        # re-runs in `gateway serve`
 """
 

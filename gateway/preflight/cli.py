@@ -114,7 +114,7 @@ def preflight(
         return
     # Imported here so that the other `gateway` commands start fast.
     from gateway.preflight.checks import run_preflight
-    from gateway.preflight.evidence import write_pack
+    from gateway.preflight.evidence import evidence_files, write_pack
     from gateway.preflight.oscal import write_oscal
 
     if out is not None and sign_key is None:
@@ -133,10 +133,13 @@ def preflight(
                         region_label=region_label, require_identity=require_identity)
     report, facts = run_preflight(inputs, criteria)
     extra: dict[str, bytes] = {}
+    # Read once: a second read of the audit store may see a newer checkpoint than the one
+    # whose digest the OSCAL documents carry.
+    evidence = evidence_files(report, facts) if oscal is not None or out is not None else {}
     if oscal is not None:
-        extra = write_oscal(oscal, report, facts)
+        extra = write_oscal(oscal, report, evidence)
     if out is not None and sign_key is not None:
-        write_pack(out, report, facts, sign_key, extra)
+        write_pack(out, report, facts, sign_key, extra, evidence=evidence)
     if as_json:
         typer.echo(json.dumps(report.to_json(), indent=2, sort_keys=True))
     else:

@@ -26,6 +26,9 @@ format of :mod:`gateway.preflight.evidence`, OSCAL documents included) is writte
 ``evidence_dir/<UTC time>-<replica>`` on the first round, whenever a check's status changes,
 and at least once per UTC day. The checks run in a worker thread: they read files and the
 audit store with blocking calls, and must not stall the event loop serving requests.
+:meth:`ContinuousPreflight.shutdown` waits for a round's thread (up to
+:attr:`~ContinuousPreflight.stop_wait_s`): cancelling the task does not stop a thread, and a
+check must not read the audit store after the lifespan closed it.
 """
 
 from __future__ import annotations
@@ -118,6 +121,11 @@ class LiveChecks:
                       {"source": "continuous pre-flight of the running gateway"}, now)
 
 
+def _retrieve(fut: asyncio.Future[Any]) -> None:
+    if not fut.cancelled():
+        fut.exception()
+
+
 def _guarded(check: LiveCheck, facts: Facts) -> CheckResult:
     try:
         return check(facts)
@@ -170,6 +178,8 @@ class ContinuousPreflight(Periodic):
     """
 
     round_name = "continuous pre-flight"
+    #: Seconds :meth:`shutdown` waits for a round's worker thread to end.
+    stop_wait_s = 30.0
 
     def __init__(self, settings: ContinuousSettings, gateway_settings: Any, policy: Any,
                  status: StatusSource, checks: LiveChecks | None = None,
@@ -183,6 +193,7 @@ class ContinuousPreflight(Periodic):
         self.last_run_s: float | None = None
         self.packs_written = 0
         self._last_pack: tuple[str, tuple[tuple[str, str], ...]] | None = None
+        self._inflight: asyncio.Future[Any] | None = None
 
     def collector(self) -> Collector:
         """A Prometheus collector of the results (register it on the admin registry)."""
@@ -197,8 +208,25 @@ class ContinuousPreflight(Periodic):
         self.start()
 
     async def shutdown(self) -> None:
-        """Stop the rounds (lifespan hook)."""
+        """Stop the rounds and wait for a round's thread to end (lifespan hook).
+
+        A thread cannot be cancelled: the round's checks (or pack) finish, up to
+        :attr:`stop_wait_s` seconds; a longer one is logged and left to end alone.
+        """
         await self.stop()
+        inflight = self._inflight
+        if inflight is not None and not inflight.done():
+            done, _ = await asyncio.wait({inflight}, timeout=self.stop_wait_s)
+            if not done:
+                _log.warning("continuous pre-flight: a round still runs %.0f s after shutdown",
+                             self.stop_wait_s)
+
+    async def _in_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` in a worker thread, tracked so that :meth:`shutdown` can wait for it."""
+        fut = asyncio.ensure_future(asyncio.to_thread(fn, *args))
+        fut.add_done_callback(_retrieve)  # a result nobody awaits after a cancel is not an error
+        self._inflight = fut
+        return await asyncio.shield(fut)
 
     def summary(self) -> dict[str, Any] | None:
         """The ``preflight`` object of ``GET /status`` (``None`` before the first round)."""
@@ -225,13 +253,13 @@ class ContinuousPreflight(Periodic):
                       Criteria(regions=tuple(s.regions), jurisdictions=tuple(s.jurisdictions),
                                retention_days=s.retention_days))
         facts.settings, facts.policy, facts.status = self._gateway_settings, self._policy, status
-        report = await asyncio.to_thread(self.checks.run, facts)
+        report = await self._in_thread(self.checks.run, facts)
         self.report, self.last_run_s = report, time.time()
         for c in report.checks:
             if c.status == "fail":
                 _log.warning("continuous pre-flight: %s failed: %s", c.id, c.verdict)
         if s.evidence_dir is not None and s.sign_key_file is not None:
-            await asyncio.to_thread(self.write_pack_if_due, report, facts)
+            await self._in_thread(self.write_pack_if_due, report, facts)
 
     def write_pack_if_due(self, report: Report, facts: Facts) -> Path | None:
         """Write a signed pack unless one was written today with the same statuses.
@@ -256,8 +284,9 @@ class ContinuousPreflight(Periodic):
         while out.exists():
             n += 1
             out = out.with_name(f"{stamp}-{self.replica.replace('/', '_')}-{n}")
-        extra = oscal_files(report, evidence_files(report, facts))
-        write_pack(out, report, facts, self.settings.sign_key_file, extra)
+        evidence = evidence_files(report, facts)
+        extra = oscal_files(report, evidence)
+        write_pack(out, report, facts, self.settings.sign_key_file, extra, evidence=evidence)
         self._last_pack = (day, statuses)
         self.packs_written += 1
         _log.info("continuous pre-flight: evidence pack %s (%s)", out,

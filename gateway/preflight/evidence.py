@@ -72,6 +72,15 @@ def _load_private(path: Path) -> Ed25519PrivateKey:
     return key
 
 
+def load_signing_key(path: Path) -> Ed25519PrivateKey:
+    """Load the operator's Ed25519 private key (PEM, unencrypted) that signs packs.
+
+    Raises:
+        EvidenceError: Unreadable file or not an Ed25519 private key.
+    """
+    return _load_private(path)
+
+
 def load_public(path: Path) -> Ed25519PublicKey:
     """Load an Ed25519 public key (PEM SubjectPublicKeyInfo).
 
@@ -129,10 +138,13 @@ def evidence_files(report: Report, facts: Facts) -> dict[str, bytes]:
 
 
 def write_pack(out: Path, report: Report, facts: Facts, sign_key: Path,
-               extra_files: dict[str, bytes] | None = None) -> Path:
+               extra_files: dict[str, bytes] | None = None, *,
+               evidence: dict[str, bytes] | None = None) -> Path:
     """Write and sign the evidence pack at ``out`` (must not exist, or be an empty directory).
 
     ``extra_files`` (``{relative path: bytes}``, e.g. the OSCAL documents) become subjects too.
+    ``evidence`` is :func:`evidence_files` as computed already: pass the same bytes the extra
+    files refer to by digest (reading ``facts`` again may read a newer audit checkpoint).
 
     Returns:
         The envelope path.
@@ -143,7 +155,8 @@ def write_pack(out: Path, report: Report, facts: Facts, sign_key: Path,
     key = _load_private(sign_key)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise EvidenceError(f"{out} exists and is not an empty directory")
-    files = {**evidence_files(report, facts), **(extra_files or {})}
+    files = {**(evidence if evidence is not None else evidence_files(report, facts)),
+             **(extra_files or {})}
     statement = {
         "_type": STATEMENT_TYPE,
         "subject": [{"name": n, "digest": {"sha256": hashlib.sha256(b).hexdigest()}}

@@ -17,8 +17,11 @@ pages.nist.gov/OSCAL; the version compliance-trestle 5.2 validates):
 The mapping is data (:file:`mapping.yaml`, schema ``sovereign-gateway/control-mapping/v1``):
 every framework and control carries ``citation`` (``verified``, ``secondary`` or ``ours``), and
 every check-to-control line is our judgement, not the framework's. OSCAL control ids are tokens,
-so ``AIA-26(6)`` is written ``AIA-26.6`` (:func:`oscal_control_id`). UUIDs are version 5, derived
-from the run's time and the item's name: the same report gives the same bytes.
+so ``AIA-26(6)`` is written ``AIA-26.6`` (:func:`oscal_control_id`). UUIDs are version 5. Those of
+the assessment results are derived from the run's evidence (the SHA-256 of every pack file,
+report included) and the item's name and position: the same run gives the same bytes, and two
+runs that differ in anything (two replicas in the same second, two regions) never share a
+uuid (OSCAL: a uuid identifies one subject).
 """
 
 from __future__ import annotations
@@ -35,7 +38,6 @@ from typing import Any
 import yaml
 
 from gateway.preflight.errors import EvidenceError
-from gateway.preflight.inputs import Facts
 from gateway.preflight.report import MANUAL_ATTESTATIONS, CheckResult, Report
 
 __all__ = ["NS", "OSCAL_VERSION", "Mapping", "assessment_results", "component_definition",
@@ -188,7 +190,14 @@ def component_definition(mapping: Mapping, when: str, version: str) -> dict[str,
     }}
 
 
-def _observation(check: CheckResult, mapping: Mapping, when: str,
+def _run_id(report: Report, files: dict[str, bytes]) -> str:
+    """SHA-256 hex naming one run: its report and every evidence file, by digest."""
+    digests = {name: hashlib.sha256(data).hexdigest() for name, data in files.items()}
+    digests["\x00report"] = hashlib.sha256(_dump(report.to_json())).hexdigest()
+    return hashlib.sha256(json.dumps(digests, sort_keys=True).encode()).hexdigest()
+
+
+def _observation(check: CheckResult, index: int, mapping: Mapping, when: str, run: str,
                  resources_by_file: dict[str, str]) -> dict[str, Any]:
     files = ["report.json", *mapping.checks.get(check.id, {}).get("evidence", [])]
     evidence = [{"href": f"#{resources_by_file[f]}",
@@ -197,7 +206,7 @@ def _observation(check: CheckResult, mapping: Mapping, when: str,
                     if f == "report.json" else "")}
                 for f in files if f in resources_by_file]
     obs: dict[str, Any] = {
-        "uuid": _uuid("observation", when, check.id), "title": check.id,
+        "uuid": _uuid("observation", run, str(index), check.id), "title": check.id,
         "description": f"{check.title}: {check.verdict}",
         "props": [_prop("check-status", check.status), _prop("required", str(check.required))],
         "methods": ["TEST"], "types": ["finding" if check.status == "fail"
@@ -221,22 +230,24 @@ def assessment_results(report: Report, mapping: Mapping, files: dict[str, bytes]
         version: Document version.
     """
     when = report.generated_at
-    resources_by_file = {name: _uuid("resource", when, name) for name in sorted(files)}
+    run = _run_id(report, files)
+    resources_by_file = {name: _uuid("resource", run, name) for name in sorted(files)}
     back_matter = [{
         "uuid": resources_by_file[name], "title": name,
-        "rlinks": [{"href": name, "hashes": [
+        # Relative to this document, which a pack holds under oscal/ (RFC 3986 resolution).
+        "rlinks": [{"href": f"../{name}", "hashes": [
             {"algorithm": "SHA-256", "value": hashlib.sha256(data).hexdigest()}]}],
     } for name, data in sorted(files.items())]
     observations, findings, controls = [], [], []
-    for check in report.checks:
-        obs = _observation(check, mapping, when, resources_by_file)
+    for index, check in enumerate(report.checks):
+        obs = _observation(check, index, mapping, when, run, resources_by_file)
         observations.append(obs)
         mapped = mapping.checks.get(check.id, {}).get("controls", list(check.criteria))
         controls += [c for c in mapped if c not in controls]
         if check.status == "skip":
             continue
         findings.append({
-            "uuid": _uuid("finding", when, check.id), "title": check.id,
+            "uuid": _uuid("finding", run, str(index), check.id), "title": check.id,
             "description": check.verdict,
             "props": [_prop("evidences", oscal_control_id(c), mapping.framework_of(c))
                       for c in mapped],
@@ -247,7 +258,7 @@ def assessment_results(report: Report, mapping: Mapping, files: dict[str, bytes]
         })
     open_boxes = "; ".join(f"{m['criterion']}: {m['attest']}" for m in MANUAL_ATTESTATIONS)
     result: dict[str, Any] = {
-        "uuid": _uuid("result", when),
+        "uuid": _uuid("result", run),
         "title": f"sovereign-gateway pre-flight {when}",
         "description": (f"Result: {'fail' if report.exit_code else 'pass'}; "
                         f"{json.dumps(report.counts(), sort_keys=True)}."),
@@ -260,7 +271,7 @@ def assessment_results(report: Report, mapping: Mapping, files: dict[str, bytes]
     if findings:
         result["findings"] = findings
     return {"assessment-results": {
-        "uuid": _uuid("assessment-results", when),
+        "uuid": _uuid("assessment-results", run),
         "metadata": _metadata(f"sovereign-gateway pre-flight assessment {when}", when, version),
         "import-ap": {"href": "urn:sovereign-gateway:preflight:v1",
                       "remarks": ("No separate assessment plan: the plan is the fixed check "
@@ -292,8 +303,15 @@ def oscal_files(report: Report, evidence: dict[str, bytes]) -> dict[str, bytes]:
             RESULTS_FILE: _dump(assessment_results(report, mapping, evidence, ver))}
 
 
-def write_oscal(directory: Path, report: Report, facts: Facts) -> dict[str, bytes]:
+def write_oscal(directory: Path, report: Report, evidence: dict[str, bytes]) -> dict[str, bytes]:
     """Write both OSCAL documents into ``directory`` (created if missing; files replaced).
+
+    Args:
+        directory: Where to write them.
+        report: The pre-flight report.
+        evidence: The pack's evidence files (:func:`gateway.preflight.evidence.evidence_files`),
+            the very bytes later given to ``write_pack(..., evidence=...)``: the documents
+            carry their digests.
 
     Returns:
         The files as written, keyed by their path inside an evidence pack (``oscal/...``).
@@ -301,9 +319,7 @@ def write_oscal(directory: Path, report: Report, facts: Facts) -> dict[str, byte
     Raises:
         EvidenceError: A file cannot be written, or the packaged mapping is inconsistent.
     """
-    from gateway.preflight.evidence import evidence_files
-
-    files = oscal_files(report, evidence_files(report, facts))
+    files = oscal_files(report, evidence)
     try:
         directory.mkdir(parents=True, exist_ok=True)
         for name, data in files.items():

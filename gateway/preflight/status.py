@@ -20,6 +20,7 @@ store URL is shown without credentials and the checkpoint note is public by desi
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from gateway.audit.observer import config_digest
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
     from gateway.telemetry.admin import StatusSource
     from policy import Policy
 
-__all__ = ["STATUS_SCHEMA", "audit_state", "gateway_status"]
+__all__ = ["STATUS_SCHEMA", "audit_state", "gateway_status", "merge_preflight"]
 
 STATUS_SCHEMA = "sovereign-gateway/status/v1"
 
@@ -106,3 +107,38 @@ def gateway_status(
                 "guard": guard, "audit": await audit_state(settings.audit)}
 
     return status
+
+
+_WORST = {"pass": 0, "skip": 1, "fail": 2}
+
+
+def merge_preflight(summaries: Sequence[Mapping[str, Any] | None]) -> dict[str, Any] | None:
+    """The pod's ``preflight`` object of ``GET /status`` from its workers' (``serve --workers``).
+
+    Each worker runs its own rounds; the pod shows, per check, the worst status over the
+    workers (``fail`` > ``skip`` > ``pass``) with that worker's verdict and index, ``result``
+    ``fail`` when any worker's is, ``generated_at`` of the oldest round (as the
+    ``sg_preflight_last_run_timestamp_seconds`` gauge takes the minimum) and
+    ``workers_reporting``.
+
+    Args:
+        summaries: Per worker, in worker order, its ``preflight`` object (``None`` before its
+            first round).
+
+    Returns:
+        The merged object, or ``None`` when no worker has finished a round.
+    """
+    present = [(i, s) for i, s in enumerate(summaries) if s]
+    if not present:
+        return None
+    checks: dict[str, dict[str, Any]] = {}
+    for index, s in present:
+        for cid, c in (s.get("checks") or {}).items():
+            seen = checks.get(cid)
+            if seen is None or _WORST.get(str(c.get("status")), 2) > _WORST.get(
+                    str(seen["status"]), 2):
+                checks[cid] = {**c, "worker": index}
+    return {"generated_at": min(str(s.get("generated_at")) for _, s in present),
+            "result": "fail" if any(s.get("result") != "pass" for _, s in present) else "pass",
+            "interval_s": present[0][1].get("interval_s"), "checks": checks,
+            "workers_reporting": len(present)}

@@ -23,9 +23,10 @@ Prometheus' ``rate`` would count the other workers' totals again. What a worker 
 its last scrape and before it exited is lost.
 
 ``/status`` answers the first worker's document (what ``gateway preflight`` reads) with
-``guard`` and ``loop`` taken from the worst worker, plus ``workers``: every worker's index,
-pid, guard, loop and audit replica. The pid list is how an operator (and the tests) see which
-process answers.
+``guard`` and ``loop`` taken from the worst worker, ``preflight`` merged over the workers
+(:func:`gateway.preflight.status.merge_preflight`: a check's worst status), plus ``workers``:
+every worker's index, pid, guard, loop, audit replica and pre-flight result. The pid list is
+how an operator (and the tests) see which process answers.
 """
 
 from __future__ import annotations
@@ -224,10 +225,15 @@ class PodAdminServer(AdminServer):
         }
         loops = [str(d.get("loop", "")) for d in docs]
         out["loop"] = next((lp for lp in loops if lp != loops[0]), loops[0])
+        if any("preflight" in d for d in docs):  # each worker runs its own rounds
+            from gateway.preflight.status import merge_preflight
+
+            out["preflight"] = merge_preflight([d.get("preflight") for d in docs])
         out["workers"] = [
             {"index": d["worker"], "pid": d.get("pid"), "guard": d.get("guard"),
              "loop": d.get("loop"), "audit_replica": (d.get("audit") or {}).get("replica"),
-             "config_revision": d.get("config_revision")}
+             "config_revision": d.get("config_revision"),
+             "preflight": (d.get("preflight") or {}).get("result")}
             for d in docs
         ]
         out.pop("worker", None)

@@ -176,6 +176,15 @@ the config volume is mounted whole there (no subPath: the kubelet updates it in 
 {{- if eq .Values.gateway.reload.mode "live" }}{{ $_ := set $cfg "reload" (dict "watch" true "interval_s" .Values.gateway.reload.interval_s) }}{{ end -}}
 {{- if .Values.keys.existingSecret }}{{ $_ := set $cfg "keys_file" "/etc/sovereign-gateway/keys/keys.yaml" }}{{ end -}}
 {{- with (include "sg.identityConfig" . | fromYaml) }}{{ $_ := set $cfg "identity" . }}{{ end -}}
+{{- with .Values.preflight }}{{ if .enabled }}
+{{- $pf := dict "interval_s" .intervalSeconds "regions" (include "sg.regions" $ | fromYamlArray) "jurisdictions" .jurisdictions "retention_days" .retentionDays -}}
+{{- if $.Values.audit.publicKey }}{{ $_ := set $pf "audit_public_key" "/etc/sovereign-gateway/audit-key.pub" }}{{ end -}}
+{{- if .signingKey.existingSecret }}
+{{- $_ := set $pf "sign_key_file" (printf "/etc/sovereign-gateway/operator-key/%s" .signingKey.secretKey) -}}
+{{- $_ := set $pf "evidence_dir" "/var/lib/sovereign-gateway/evidence" -}}
+{{- end }}
+{{- $_ := set $cfg "preflight" $pf -}}
+{{- end }}{{ end -}}
 {{- toYaml (mergeOverwrite $cfg (deepCopy .Values.gateway.extraConfig)) -}}
 {{- end }}
 

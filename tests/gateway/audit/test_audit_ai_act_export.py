@@ -119,3 +119,97 @@ def test_verify_export_cli_exits_1_on_a_missing_record(
     capsys.readouterr()
     assert main(["audit", "verify-export", str(path), "--public-key", str(pub)]) == 1
     assert "FAILED" in capsys.readouterr().err
+
+
+def _older_checkpoint_proof(url: str, chain: str, below: int) -> dict[str, Any]:
+    """The attacker's forged tail: an inclusion proof of record ``size - 1`` against an older
+    signed checkpoint of ``chain`` (public data: every checkpoint note is stored)."""
+    import base64
+
+    from gateway.audit.merkle import inclusion_proof
+    from gateway.audit.records import record_hash
+
+    size, note = next((s, n) for s, n in sorted(raw_sql(
+        url, "SELECT size, note FROM audit_checkpoints WHERE chain = ?", chain),
+        reverse=True) if s < below)
+    bodies = [bytes(b) if not isinstance(b, str) else b.encode() for (b,) in raw_sql(
+        url, "SELECT body FROM audit_records WHERE chain = ? ORDER BY seq", chain)][:size]
+    path = inclusion_proof(size - 1, [record_hash(b) for b in bodies])
+    return {"record": bodies[-1].decode(), "index": size - 1, "tree_size": size,
+            "proof": [base64.b64encode(p).decode() for p in path], "checkpoint": note}
+
+
+def test_doctored_exports_are_refused(store: tuple[str, Signer, Path], tmp_path: Path,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """Records removed, a tail cut at an older checkpoint, a boundary moved: each refused."""
+    url, signer, _ = store
+    key = [signer.verifier]
+    doc = _export(url, tmp_path / "all.json", capsys)
+    chain = doc["completeness"][0]["chain"]
+
+    # every event of one chain removed, its completeness entry kept
+    gone = copy.deepcopy(doc)
+    gone["events"] = [e for e in gone["events"] if not e["event_id"].startswith(chain + "#")]
+    with pytest.raises(ProofError, match="not all exported"):
+        verify_export(gone, key)
+
+    # the chain's tail cut, its 'last' proved against an older (genuine) checkpoint
+    entry = doc["completeness"][0]
+    forged = _older_checkpoint_proof(url, chain, entry["last_seq"] + 1)
+    cut = copy.deepcopy(doc)
+    keep = forged["index"]
+    cut["events"] = [e for e in cut["events"] if not (
+        e["event_id"].startswith(chain + "#") and int(e["event_id"].rsplit("#")[1]) > keep)]
+    c0 = cut["completeness"][0]
+    c0.update(last_seq=keep, count=keep + 1, last=forged, after=None)
+    with pytest.raises(ProofError, match="has not ended"):
+        verify_export(cut, key)
+
+    # the head cut from an export 'from the beginning', with a genuine 'before' proof
+    head = copy.deepcopy(doc)
+    head["events"] = [e for e in head["events"] if e["event_id"] not in (
+        f"{chain}#0", f"{chain}#1")]
+    h0 = head["completeness"][0]
+    before = next(e for e in doc["events"] if e["event_id"] == f"{chain}#1")
+    h0.update(first_seq=2, count=h0["count"] - 2, before=_proof_of(url, before["record"]),
+              first=_proof_of(url, next(e["record"] for e in doc["events"]
+                                        if e["event_id"] == f"{chain}#2")))
+    with pytest.raises(ProofError, match="from the beginning"):
+        verify_export(head, key)
+
+    # the period's start moved past events the document still holds
+    moved = copy.deepcopy(doc)
+    moved["period"]["since"] = max(e["timestamp"] for e in doc["events"])
+    with pytest.raises(ProofError, match="outside the period"):
+        verify_export(moved, key)
+    moved = copy.deepcopy(doc)
+    moved["period"]["until"] = min(e["timestamp"] for e in doc["events"])
+    with pytest.raises(ProofError, match="outside the period"):
+        verify_export(moved, key)
+
+    # a completeness entry whose count disagrees with the events
+    count = copy.deepcopy(doc)
+    count["completeness"][0]["count"] += 1
+    with pytest.raises(ProofError, match="count"):
+        verify_export(count, key)
+    assert verify_export(doc, key) == len(doc["events"])  # the genuine one still verifies
+
+
+def _proof_of(url: str, record: str) -> dict[str, Any]:
+    import asyncio
+
+    from gateway.audit import open_store
+    from gateway.audit.proof import prove_record
+    from gateway.audit.records import parse_body
+
+    obj = parse_body(record.encode())
+
+    async def run() -> dict[str, Any]:
+        store = open_store(url, read_only=True)
+        await store.open()
+        try:
+            rec = (await store.read_records(obj["chain"], obj["seq"], 1))[0]
+            return await prove_record(store, rec)
+        finally:
+            await store.close()
+    return asyncio.run(run())

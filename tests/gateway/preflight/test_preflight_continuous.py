@@ -272,3 +272,98 @@ def test_check_config_refuses_a_preflight_that_cannot_report(
     capsys.readouterr()
     assert main(["check-config", "--config", str(config)]) == 1
     assert problem in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("section", "problem"), [
+    # the docs' example names audit-key.pub; `gateway audit keygen --out audit.key` writes
+    # audit.key.pub: serve ran and every round failed audit.verify and checkpoint-fresh
+    ("telemetry: {admin: {port: 0}}\npreflight: {audit_public_key: audit-key.pub}\n",
+     "preflight.audit_public_key: cannot read public key"),
+    ("telemetry: {admin: {port: 0}}\npreflight: {audit_public_key: op.pem}\n",
+     "preflight.audit_public_key:"),
+    ("telemetry: {admin: {port: 0}}\npreflight: {evidence_dir: ev, sign_key_file: none.pem}\n",
+     "preflight.sign_key_file: cannot load signing key"),
+    ("telemetry: {admin: {port: 0}}\npreflight: {evidence_dir: ev, sign_key_file: op.pub}\n",
+     "preflight.sign_key_file:"),
+    ("telemetry: {admin: {port: 0}}\npreflight: {evidence_dir: gateway.yaml, "
+     "sign_key_file: op.pem}\n", "preflight.evidence_dir: "),
+])
+def test_check_config_reads_the_preflight_key_files(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], section: str, problem: str) -> None:
+    """A key the rounds cannot load is a config error at start, naming the key."""
+    key = Ed25519PrivateKey.generate()
+    (tmp_path / "op.pem").write_bytes(key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption()))
+    (tmp_path / "op.pub").write_bytes(key.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+    config = tmp_path / "gateway.yaml"
+    config.write_text('models: [{name: m, replicas: [{url: "http://127.0.0.1:9"}]}]\n' + section)
+    capsys.readouterr()
+    assert main(["check-config", "--config", str(config)]) == 1
+    assert problem in capsys.readouterr().err
+    # the same section with readable files is fine
+    good = section.replace("audit-key.pub", "op.pub").replace("audit_public_key: op.pem",
+                                                              "audit_public_key: op.pub")
+    good = good.replace("none.pem", "op.pem").replace("sign_key_file: op.pub",
+                                                      "sign_key_file: op.pem")
+    good = good.replace("evidence_dir: gateway.yaml", "evidence_dir: ev")
+    config.write_text('models: [{name: m, replicas: [{url: "http://127.0.0.1:9"}]}]\n' + good)
+    capsys.readouterr()
+    assert main(["check-config", "--config", str(config)]) == 0, capsys.readouterr().err
+
+
+def test_shutdown_waits_for_the_round_in_its_thread(tmp_path: Path) -> None:
+    """A round runs in a worker thread; shutdown returns only once that thread is done, so no
+    check reads the audit store (or writes a pack) after the store was closed."""
+    import asyncio
+    import threading
+
+    from gateway.preflight.continuous import ContinuousPreflight, LiveChecks
+    from gateway.preflight.live_settings import ContinuousSettings
+    from gateway.preflight.report import CheckResult
+
+    entered, release, finished = threading.Event(), threading.Event(), threading.Event()
+
+    def check_slow_store(facts: Any) -> CheckResult:
+        entered.set()
+        release.wait(30)
+        finished.set()
+        return CheckResult("slow.store", "t", "pass", "read")
+
+    async def no_status() -> dict[str, Any]:
+        return {}
+
+    async def main_() -> None:
+        live = ContinuousPreflight(ContinuousSettings(interval_s=0.05), None, None, no_status,
+                                   checks=LiveChecks([check_slow_store]))
+        await live.startup()
+        assert await asyncio.to_thread(entered.wait, 30)
+        threading.Timer(0.3, release.set).start()
+        await live.shutdown()
+        assert finished.is_set(), "shutdown returned while the round's thread still ran"
+
+    asyncio.run(main_())
+
+
+def test_pod_status_shows_the_worst_workers_preflight() -> None:
+    """With ``serve --workers N`` the pod's ``/status`` answered the first worker's
+    ``preflight`` object: a check failing in another worker read as ``pass``."""
+    from gateway.preflight.status import merge_preflight
+
+    def summary(at: str, guard: str, fresh: str) -> dict[str, Any]:
+        return {"generated_at": at, "result": "fail" if "fail" in (guard, fresh) else "pass",
+                "interval_s": 300.0,
+                "checks": {"gateway.guard": {"status": guard, "verdict": f"guard {guard}"},
+                           "audit.checkpoint-fresh": {"status": fresh,
+                                                      "verdict": f"fresh {fresh}"}}}
+
+    merged = merge_preflight([summary("2026-12-04T10:00:05Z", "pass", "pass"),
+                              summary("2026-12-04T10:00:01Z", "fail", "pass"), None])
+    assert merged is not None and merged["result"] == "fail"
+    assert merged["checks"]["gateway.guard"] == {"status": "fail", "verdict": "guard fail",
+                                                 "worker": 1}
+    assert merged["checks"]["audit.checkpoint-fresh"]["status"] == "pass"
+    assert merged["generated_at"] == "2026-12-04T10:00:01Z"  # the oldest round
+    assert merged["workers_reporting"] == 2
+    assert merge_preflight([None, None]) is None

@@ -202,3 +202,126 @@ def test_pack_with_oscal_subjects_verifies_with_securesystemslib(
     env["payload"] = base64.b64encode(envelope.payload.replace(b'"pass"', b'"fail"', 1)).decode()
     with pytest.raises(VerificationError):
         Envelope.from_dict(env).verify([key], 1)
+
+
+def _uuids(node: object, out: list[str] | None = None) -> list[str]:
+    """Every ``uuid`` an OSCAL document defines (not the ``*-uuid`` references)."""
+    out = [] if out is None else out
+    if isinstance(node, dict):
+        for k, v in node.items():
+            if k == "uuid":
+                out.append(v)
+            _uuids(v, out)
+    elif isinstance(node, list):
+        for v in node:
+            _uuids(v, out)
+    return out
+
+
+def test_results_uuids_are_stable_for_one_run_and_unique_across_runs() -> None:
+    """OSCAL: a uuid identifies one subject. Two runs in the same second with other results
+    (two replicas, two regions) are two assessments; the same run gives the same bytes."""
+    import dataclasses
+
+    from gateway.preflight.evidence import evidence_files
+    from gateway.preflight.oscal import oscal_files
+    from gateway.preflight.report import CheckResult
+
+    eu, facts_eu = run_preflight(Inputs(policy=SCENARIO_POLICY),
+                                 Criteria(regions=("eu-central-1",)))
+    us, facts_us = run_preflight(Inputs(policy=SCENARIO_POLICY), Criteria(regions=("us-east-1",)))
+    us = dataclasses.replace(us, generated_at=eu.generated_at)  # the same second
+    docs = []
+    for report, facts in ((eu, facts_eu), (us, facts_us), (eu, facts_eu)):
+        files = oscal_files(report, evidence_files(report, facts))
+        docs.append((files["oscal/assessment-results.json"],
+                     json.loads(files["oscal/assessment-results.json"])))
+    assert docs[0][0] == docs[2][0]  # stable: same report, same bytes
+    (_, a), (_, b) = docs[0], docs[1]
+    assert a["assessment-results"]["uuid"] != b["assessment-results"]["uuid"]
+    assert not set(_uuids(a["assessment-results"]["results"])) & set(
+        _uuids(b["assessment-results"]["results"]))
+    # two checks reported under one id (a registered check that raised, twice): still unique
+    twice = dataclasses.replace(eu, checks=(*eu.checks, CheckResult(
+        "check.x", "t", "fail", "raised"), CheckResult("check.x", "t", "fail", "raised")))
+    doc = json.loads(oscal_files(twice, evidence_files(twice, facts_eu))[
+        "oscal/assessment-results.json"])
+    ids = _uuids(doc)
+    assert len(ids) == len(set(ids))
+
+
+def test_oscal_digests_are_of_the_pack_files_while_the_log_grows(
+        tmp_path: Path, operator_key: tuple[Path, Path]) -> None:
+    """`gateway preflight --config` reads the newest checkpoint from the store. With a gateway
+    writing checkpoints meanwhile, the OSCAL back-matter must still carry the digests of the
+    files in the pack (it read the store once for OSCAL and again for the pack: 15 of 15
+    runs differed on evidence/checkpoint.txt)."""
+    import asyncio
+    import threading
+
+    import yaml
+
+    from gateway.audit import AuditLog, Signer, open_store, write_key_pair
+
+    signer = Signer.generate()
+    key, pub = write_key_pair(signer, tmp_path / "audit.key")
+    url = f"sqlite://{tmp_path / 'audit.db'}"
+    config = tmp_path / "gateway.yaml"
+    config.write_text(yaml.safe_dump({
+        "models": [{"name": "m", "replicas": [{"url": "http://127.0.0.1:9"}]}],
+        "audit": {"store": url, "signing_key_file": str(key), "replica_id": "r1"}}))
+    stop, started = threading.Event(), threading.Event()
+
+    async def write() -> None:
+        log = AuditLog(open_store(url), signer, replica_id="r1", checkpoint_every_records=1,
+                       checkpoint_every_s=0.001)
+        await log.start()
+        started.set()
+        i = 0
+        while not stop.is_set():
+            await log.append({"type": "request.started", "request_id": f"x-{i}"})
+            i += 1
+            await asyncio.sleep(0.001)
+        await log.close()
+
+    writer = threading.Thread(target=asyncio.run, args=(write(),))
+    writer.start()
+    mismatched = []
+    try:
+        assert started.wait(30)
+        for n in range(3):
+            out = tmp_path / f"pack{n}"
+            main(["preflight", "--config", str(config), "--audit-public-key", str(pub),
+                  "--oscal", str(tmp_path / f"oscal{n}"), "--out", str(out),
+                  "--sign-key", str(operator_key[0]), "--json"])
+            doc = json.loads((out / "oscal" / "assessment-results.json").read_text())
+            for res in doc["assessment-results"]["back-matter"]["resources"]:
+                link = res["rlinks"][0]
+                if hashlib.sha256((out / res["title"]).read_bytes()).hexdigest() != \
+                        link["hashes"][0]["value"]:
+                    mismatched.append((n, link["href"]))
+    finally:
+        stop.set()
+        writer.join(30)
+    assert (out / "evidence" / "checkpoint.txt").is_file()
+    assert mismatched == []
+
+
+def test_back_matter_links_resolve_inside_the_pack(
+        tmp_path: Path, operator_key: tuple[Path, Path]) -> None:
+    """An rlink ``href`` is a URI reference resolved against the document (RFC 3986 5.2): from
+    ``oscal/assessment-results.json``, ``report.json`` would name ``oscal/report.json``."""
+    from urllib.parse import urljoin
+
+    code, _, out = _run(tmp_path, operator_key[0], "--region", "eu-central-1")
+    assert code == 0
+    doc_path = out / "oscal" / "assessment-results.json"
+    doc = json.loads(doc_path.read_text())
+    resources = doc["assessment-results"]["back-matter"]["resources"]
+    assert resources
+    for res in resources:
+        link = res["rlinks"][0]
+        target = Path(urljoin(doc_path.as_uri(), link["href"]).removeprefix("file://"))
+        assert target.is_file(), (link["href"], target)
+        assert hashlib.sha256(target.read_bytes()).hexdigest() == link["hashes"][0]["value"]
+        assert target.relative_to(out).as_posix() == res["title"]
