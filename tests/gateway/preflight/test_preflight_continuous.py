@@ -179,8 +179,12 @@ def test_continuous_preflight_reports_signs_and_flips_on_tampering(
     packs = sorted((serving["dir"] / "evidence").iterdir())
     assert len(packs) == 2, packs  # the change was sealed in a new pack
     capsys.readouterr()
+    # The pack is genuine and says FAIL: verify exits 1 for it unless told to accept a FAIL.
     assert main(["preflight", "verify", str(packs[1]), "--key",
-                 str(serving["dir"] / "operator.pub"), "--json"]) == 0
+                 str(serving["dir"] / "operator.pub")]) == 1
+    capsys.readouterr()
+    assert main(["preflight", "verify", str(packs[1]), "--key",
+                 str(serving["dir"] / "operator.pub"), "--json", "--allow-fail"]) == 0
     assert json.loads(capsys.readouterr().out)["predicate"]["checks"]["audit.verify"] == "fail"
     assert _oscal_state(packs[1], "audit.verify") == "not-satisfied"
     assert "continuous pre-flight: audit.verify failed" in log.read_text()
