@@ -30,6 +30,7 @@ from typing import Any
 
 from gateway.auth import Principal
 from gateway.errors import SensitiveDataRefused, SensitiveDataScanFailed
+from gateway.pii_response import ResponseMasker
 from gateway.records import RequestRecord
 from gateway.rewrite import ParsedBody, parse_body
 from policy import PiiPolicy, PiiRefused, PiiScanFailed, PiiVerdict, Policy
@@ -103,9 +104,17 @@ class PiiStage:
         """A collector of the response's text when ``pii.responses`` is ``record`` and the
         path is scanned (embeddings answer vectors: not scanned)."""
         section = self._pii.section
-        if section.responses == "off" or path not in SCANNED_FIELDS or path == "/v1/embeddings":
+        if section.responses != "record" or path not in SCANNED_FIELDS or path == "/v1/embeddings":
             return None
         return ResponseScan(self._pii, section.response_max_bytes)
+
+    def response_masker(self, path: str) -> ResponseMasker | None:
+        """The masker of the response when ``pii.responses`` is ``mask`` and the path answers
+        text (:mod:`gateway.pii_response`)."""
+        if (self._pii.section.responses != "mask" or path not in SCANNED_FIELDS
+                or path == "/v1/embeddings"):
+            return None
+        return ResponseMasker(self._pii)
 
 
 def _with(parsed: ParsedBody, fields: dict[str, Any]) -> ParsedBody:

@@ -116,8 +116,9 @@ class PiiSection(_Strict):
     default_action: Action = "raise"
     rules: list[PiiRule] = Field(default_factory=list)
     recognizers: list[OperatorRecognizer] = Field(default_factory=list)
-    responses: Literal["off", "record"] = "off"
+    responses: Literal["off", "record", "mask"] = "off"
     response_max_bytes: int = Field(default=1_048_576, ge=1024)
+    response_hold_chars: int = Field(default=64, ge=16, le=4096)
 
     @model_validator(mode="after")
     def _unique_rules(self) -> PiiSection:
