@@ -30,18 +30,21 @@ import asyncio
 import json
 import re
 from collections import Counter
+from collections.abc import Sequence
 from typing import Any
 
 from gateway.records import RequestRecord
 from policy import PiiPolicy
 from policy.pii.engine import Detector, Finding, iter_strings, mask
 
-__all__ = ["UNSCANNED", "ResponseMasker", "StreamMask", "mask_json_body", "mask_value"]
+__all__ = ["UNSCANNED", "ResponseMasker", "StreamMask", "mask_json_body", "mask_numbered",
+           "mask_value", "restore_value"]
 
 #: What replaces text the detector failed on (fail closed).
 UNSCANNED = "<UNSCANNED>"
 
 _EVENT_END = re.compile(rb"\r?\n\r?\n")
+_PLACEHOLDER = re.compile(r"<[A-Z][A-Z0-9_]*_[0-9]+>")
 _TEXT_KEYS = frozenset({"content", "text"})
 
 
@@ -71,6 +74,81 @@ def mask_value(detector: Detector, value: Any, counts: Counter[str]) -> Any:
     return mask(value, findings)
 
 
+def mask_numbered(value: Any, findings: Sequence[Finding], reversible: frozenset[str],
+                  restore: dict[str, str], path: str = "") -> Any:
+    """``value`` with findings masked: those of ``reversible`` types by numbered placeholders
+    (``<IBAN_CODE_1>``; one value, one placeholder) recorded in ``restore``, others by
+    ``<ENTITY>``.
+
+    Args:
+        value: a JSON value the findings were made on (not changed).
+        findings: findings to mask.
+        reversible: entity types masked reversibly.
+        restore: gets placeholder -> original value (the request's own; never logged).
+        path: the path of ``value``.
+    """
+    by_path: dict[str, list[Finding]] = {}
+    for f in findings:
+        by_path.setdefault(f.path, []).append(f)
+    numbers: dict[tuple[str, str], str] = {(k.rsplit("_", 1)[0][1:], v): k
+                                           for k, v in restore.items()}
+
+    def label(entity: str, original: str) -> str:
+        if entity not in reversible:
+            return f"<{entity}>"
+        known = numbers.get((entity, original))
+        if known is None:
+            n = 1 + sum(1 for e, _ in numbers if e == entity)
+            known = numbers[(entity, original)] = f"<{entity}_{n}>"
+            restore[known] = original
+        return known
+
+    def walk(v: Any, p: str) -> Any:
+        if isinstance(v, str):
+            spans = by_path.get(p)
+            if not spans:
+                return v
+            out, last = [], 0
+            for f in sorted(spans, key=lambda f: f.start):
+                out.append(v[last:f.start])
+                out.append(label(f.entity, v[f.start:f.end]))
+                last = f.end
+            out.append(v[last:])
+            return "".join(out)
+        if isinstance(v, dict):
+            return {k: walk(x, f"{p}.{k}" if p else str(k)) for k, x in v.items()}
+        if isinstance(v, list):
+            return [walk(x, f"{p}[{i}]") for i, x in enumerate(v)]
+        return v
+
+    return walk(value, path) if by_path else value
+
+
+def restore_value(value: Any, restore: dict[str, str]) -> tuple[Any, int]:
+    """``value`` with the placeholders of ``restore`` in its ``content``/``text`` strings
+    mapped back, and the number mapped."""
+    count = 0
+
+    def original(m: re.Match[str]) -> str:
+        nonlocal count
+        found = restore.get(m.group())
+        if found is None:
+            return m.group()
+        count += 1
+        return found
+
+    def walk(v: Any, key: str | None) -> Any:
+        if isinstance(v, str):
+            return _PLACEHOLDER.sub(original, v) if key in _TEXT_KEYS and "<" in v else v
+        if isinstance(v, dict):
+            return {k: walk(x, k) for k, x in v.items()}
+        if isinstance(v, list):
+            return [walk(x, key) for x in v]
+        return v
+
+    return walk(value, None), count
+
+
 def mask_json_body(detector: Detector, body: bytes, counts: Counter[str]) -> bytes:
     """A non-streamed JSON answer with its generated text masked (re-encoded only if it
     changed; a body that is not JSON is returned as it is)."""
@@ -87,11 +165,12 @@ def mask_json_body(detector: Detector, body: bytes, counts: Counter[str]) -> byt
 class _Pending:
     """One choice's text not yet sent, and the last event that carried its text."""
 
-    __slots__ = ("ctx", "event", "text")
+    __slots__ = ("ctx", "event", "rtext", "text")
 
     def __init__(self) -> None:
         self.ctx = ""  # the last ``hold`` characters sent (scanned as left context only)
-        self.text = ""  # received, not yet sent
+        self.text = ""  # received, not yet scanned/sent
+        self.rtext = ""  # masked, held as it may be the start of a placeholder
         self.event: tuple[list[bytes], Any, tuple[Any, ...]] | None = None
 
 
@@ -102,14 +181,21 @@ class StreamMask:
     to send instead; ``finish`` returns what is still held at the end of the stream.
 
     Args:
-        pii: the policy's ``pii`` section (its detector is built already).
+        pii: the policy's ``pii`` section (its detector is built already); ``None``: no
+            masking, only ``restore``.
         hold: characters held back per choice (``pii.response_hold_chars``): the longest
             identifier found when split across events.
+        restore: placeholder -> the request's value (reversible masking), mapped back in the
+            text after masking (a placeholder split across events is held until whole).
     """
 
-    def __init__(self, pii: PiiPolicy, hold: int) -> None:
-        self._detector = pii.load()
+    def __init__(self, pii: PiiPolicy | None, hold: int,
+                 restore: dict[str, str] | None = None) -> None:
+        self._detector = pii.load() if pii is not None else None
         self._hold = hold
+        self._restore = restore or {}
+        self._longest = max((len(k) for k in self._restore), default=0)
+        self.restored = 0
         self._buf = b""
         self._pending: dict[tuple[Any, ...], _Pending] = {}
         self.counts: Counter[str] = Counter()
@@ -166,6 +252,8 @@ class StreamMask:
 
     # -- masking -----------------------------------------------------------------------
     def _scan(self, text: str) -> list[Finding] | None:
+        if self._detector is None:
+            return []
         try:
             return self._detector.scan(text)
         except Exception as exc:
@@ -173,6 +261,31 @@ class StreamMask:
             return None
 
     def _take(self, p: _Pending, piece: str) -> str:
+        """Add ``piece`` to the pending text; return what may be sent now, masked, with
+        placeholders mapped back."""
+        if self._detector is None:
+            return self._unplace(p, piece, False)
+        return self._unplace(p, self._mask_some(p, piece), False)
+
+    def _unplace(self, p: _Pending, text: str, final: bool) -> str:
+        """Placeholders in ``text`` mapped back; a possible placeholder start is held."""
+        if not self._restore:
+            return text
+        text = p.rtext + text
+        p.rtext = ""
+        at = text.rfind("<")
+        if not final and at >= 0 and ">" not in text[at:] and len(text) - at < self._longest:
+            text, p.rtext = text[:at], text[at:]
+        return _PLACEHOLDER.sub(self._original, text)
+
+    def _original(self, m: re.Match[str]) -> str:
+        value = self._restore.get(m.group())
+        if value is None:
+            return m.group()
+        self.restored += 1
+        return value
+
+    def _mask_some(self, p: _Pending, piece: str) -> str:
         """Add ``piece`` to the pending text; return what may be sent now, masked."""
         p.text += piece
         text = p.ctx + p.text
@@ -210,11 +323,12 @@ class StreamMask:
     def _flush(self, key: tuple[Any, ...]) -> bytes:
         """The added event carrying ``key``'s held text (masked), or nothing."""
         p = self._pending.pop(key)
-        if not p.text or p.event is None:
+        if not (p.text or p.rtext) or p.event is None:
             return b""
         text = p.ctx + p.text
         found = self._scan(text)
         sent = UNSCANNED if found is None else self._masked(text, len(p.ctx), len(text), found)
+        sent = self._unplace(p, sent, True)
         lines, obj, (holder, field) = p.event
         held = holder[field]
         holder[field] = sent
@@ -228,10 +342,15 @@ class StreamMask:
 
     def _mask_whole(self, obj: dict[str, Any]) -> Any:
         try:
-            return mask_value(self._detector, obj, self.counts)
+            if self._detector is not None:
+                obj = mask_value(self._detector, obj, self.counts)
         except Exception as exc:
             self.error = f"scan failed ({type(exc).__name__})"
             return _blank(obj)
+        if self._restore:
+            obj, n = restore_value(obj, self._restore)
+            self.restored += n
+        return obj
 
 
 def _text_deltas(obj: dict[str, Any]) -> list[tuple[tuple[Any, ...], dict[str, Any], str]] | None:
@@ -292,17 +411,25 @@ class ResponseMasker:
 
     Args:
         pii: the policy's ``pii`` section.
+        masking: whether the answer's own findings are masked (``responses: mask``).
+        restore: placeholder -> value of this request's reversible masking, mapped back in
+            the answer (this object only: never logged, gone with the request).
     """
 
-    def __init__(self, pii: PiiPolicy) -> None:
+    def __init__(self, pii: PiiPolicy, masking: bool = True,
+                 restore: dict[str, str] | None = None) -> None:
         self._pii = pii
+        self._masking = masking
+        self._restore = restore or {}
         self._stream: StreamMask | None = None
         self._counts: Counter[str] = Counter()
         self._error: str | None = None
+        self._restored = 0
 
     def stream(self) -> StreamMask:
         """The masker of this response's SSE stream."""
-        self._stream = StreamMask(self._pii, self._pii.section.response_hold_chars)
+        self._stream = StreamMask(self._pii if self._masking else None,
+                                  self._pii.section.response_hold_chars, self._restore)
         return self._stream
 
     async def body(self, body: bytes) -> bytes:
@@ -310,15 +437,28 @@ class ResponseMasker:
         in a worker thread. A detector failure blanks the generated text (fail closed)."""
         detector = self._pii.load()
         try:
-            if len(body) <= self._pii.section.inline_max_chars:
-                return mask_json_body(detector, body, self._counts)
-            return await asyncio.to_thread(mask_json_body, detector, body, self._counts)
+            if self._masking and len(body) <= self._pii.section.inline_max_chars:
+                body = mask_json_body(detector, body, self._counts)
+            elif self._masking:
+                body = await asyncio.to_thread(mask_json_body, detector, body, self._counts)
+            if self._restore:
+                body = self._restored_body(body)
+            return body
         except Exception as exc:
             self._error = f"scan failed ({type(exc).__name__})"
             try:
                 return json.dumps(_blank(json.loads(body)), ensure_ascii=False).encode("utf-8")
             except ValueError:
                 return UNSCANNED.encode()
+
+    def _restored_body(self, body: bytes) -> bytes:
+        try:
+            value = json.loads(body)
+        except ValueError:
+            return body
+        value, n = restore_value(value, self._restore)
+        self._restored += n
+        return json.dumps(value, ensure_ascii=False).encode("utf-8") if n else body
 
     def finish(self, record: RequestRecord) -> None:
         """Add ``response_entities`` (masked findings per type), ``response_action: mask`` and
@@ -328,9 +468,14 @@ class ResponseMasker:
         if self._stream is not None:
             counts.update(self._stream.counts)
             error = error or self._stream.error
+        restored = self._restored + (self._stream.restored if self._stream is not None else 0)
+        self._restore.clear()  # the request's values: not kept after it
         verdict = dict(record.pii or {})
-        verdict["response_entities"] = dict(counts)
-        verdict["response_action"] = "mask"
+        if self._masking:
+            verdict["response_entities"] = dict(counts)
+            verdict["response_action"] = "mask"
+        if restored:
+            verdict["restored"] = restored
         if error is not None:
             verdict["response_error"] = error
         record.detected(verdict)

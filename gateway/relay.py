@@ -246,9 +246,11 @@ async def _serve(
     record.describe(parsed.model, parsed.stream)
     response_scan = masker = None
     if state.pii is not None:  # sensitive data may raise the class before routing (gateway.pii)
-        principal, parsed = await state.pii.inspect(scope["path"], principal, parsed, record)
+        restore: dict[str, str] = {}  # reversible masking: this request's values, never logged
+        principal, parsed = await state.pii.inspect(scope["path"], principal, parsed, record,
+                                                    restore)
         response_scan = state.pii.response_scan(scope["path"])
-        masker = state.pii.response_masker(scope["path"])
+        masker = state.pii.response_masker(scope["path"], restore)
     pool = _authorised_pool(state, principal, parsed.model, record)
     decision = _route(state, principal, pool, record)
     hint = pool.route_hint(parsed.values, scope["headers"])  # affinity input (gateway.fleet)

@@ -100,6 +100,7 @@ class PiiRule(_Strict):
     classes: list[str] | None = None
     entities: list[Entity] | None = None
     action: Action
+    reversible: bool = False  # mask: numbered placeholders, mapped back in the response
 
 
 class PiiSection(_Strict):
@@ -114,6 +115,7 @@ class PiiSection(_Strict):
     default_class: str | None = None
     entity_classes: dict[Entity, str] = Field(default_factory=dict)
     default_action: Action = "raise"
+    mask_reversible: bool = False  # default_action mask: numbered placeholders, mapped back
     rules: list[PiiRule] = Field(default_factory=list)
     recognizers: list[OperatorRecognizer] = Field(default_factory=list)
     responses: Literal["off", "record", "mask"] = "off"

@@ -83,10 +83,12 @@ class Stack:
 
 
 def _build(serve_asgi: Callable[..., Any], tmp_path: Path, timeout_s: str = "2.0",
-           eu_a: Any = None, pii: str | None = None) -> Stack:
+           eu_a: Any = None, pii: str | None = None,
+           apps: dict[str, Any] | None = None) -> Stack:
     sims = {name: create_sim(SimConfig(models=["m"])) for name in ("eu-a", "eu-b", "us")}
     if eu_a is not None:
         sims["eu-a"] = eu_a
+    sims.update(apps or {})
     servers = {name: serve_asgi(app) for name, app in sims.items()}
     (tmp_path / "policy.yaml").write_text(
         policy_text({n: s.port for n, s in servers.items()})
