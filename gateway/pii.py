@@ -16,7 +16,9 @@ then happens here:
 
 With ``responses: record``, the text a model answered is scanned too, once the response has been
 sent (:class:`ResponseScan`: boundary-safe, an entity split across SSE events is found), and the
-counts are added to the record; responses are never masked.
+counts are added to the record. With ``responses: mask`` it is masked before the client sees it,
+and values masked reversibly in the request are mapped back in its answer
+(:mod:`gateway.pii_response`).
 
 The request record carries the verdict (``record.pii``: entity types and counts, actions, class
 before and after, never matched text) for the audit log and the metrics.
