@@ -19,7 +19,7 @@
       builtin: true                  # the built-in EU recognisers (IBAN, cards, national ids...)
       responses: record              # off | record | mask: scan or mask what the model answered
       response_max_bytes: 1048576    # response bytes kept for that scan (beyond: not scanned)
-      response_hold_chars: 64        # mask: text held back per streamed choice (gateway.pii_response)
+      response_hold_chars: 64        # mask: text held back per streamed choice
       recognizers:                   # the operator's own
         - entity: EMPLOYEE_ID
           patterns: [{regex: "\\bEMP-\\d{6}\\b", score: 0.4}]
