@@ -202,3 +202,27 @@ def test_gateway_serve_masks_a_split_iban_streamed_and_not(
                                timeout=30)
         for stream in (True, False, True):
             assert _chat(client, "what is my IBAN?", stream=stream) == MASKED
+
+
+def test_a_responses_api_stream_is_masked_deltas_and_full_texts(pii: PiiPolicy) -> None:
+    def named(kind: str, **fields: Any) -> bytes:
+        return f"event: {kind}\ndata: {json.dumps({'type': kind, **fields})}\n\n".encode()
+
+    full = "".join(SPLIT)
+    stream = [named("response.output_text.delta", output_index=0, content_index=0, delta=p)
+              for p in SPLIT]
+    stream += [named("response.output_text.done", output_index=0, content_index=0, text=full),
+               named("response.completed", response={"output": [
+                   {"type": "message", "content": [{"type": "output_text", "text": full}]}]})]
+    mask = StreamMask(pii, 48)
+    out = (b"".join(mask.feed(e) for e in stream) + mask.finish()).decode()
+    assert "3704" not in out and "0532" not in out
+    events = [e.split("\n") for e in out[:-2].split("\n\n")]
+    assert all(lines[0].startswith("event: ") and lines[1].startswith("data: ")
+               for lines in events)
+    objs = [json.loads(lines[1][6:]) for lines in events]
+    deltas = [o["delta"] for o in objs if o["type"] == "response.output_text.delta"]
+    assert "".join(deltas) == MASKED
+    assert [o["type"] for o in objs][-2:] == ["response.output_text.done", "response.completed"]
+    assert objs[-2]["text"] == MASKED
+    assert objs[-1]["response"]["output"][0]["content"][0]["text"] == MASKED
