@@ -42,6 +42,7 @@ from gateway.h1 import (
     ProtocolError,
     Response,
 )
+from gateway.pii_response import ResponseMasker
 from gateway.records import RequestRecord
 from gateway.retry_after import parse_retry_after, relayed_retry_after
 from gateway.rewrite import ParsedBody
@@ -80,6 +81,7 @@ class Exchange:
     watch: DisconnectWatch
     t0: float
     hint: RouteHint | None = None  # prefix_affinity: released when the prefill is over
+    masker: ResponseMasker | None = None  # pii.responses: mask (gateway.pii)
 
 class _Stale:
     """Marker result: the connection closed before the response began (stale keep-alive)."""
@@ -368,6 +370,9 @@ async def _relay_response(relay: _Relay, resp: Response, drop_usage: bool) -> No
         )
         await ex.out.start(status, out_headers)
         await _relay_sse(relay, resp, chunk, relay.scanner)
+    elif ex.masker is not None:
+        relay.phase = "body"
+        await _relay_masked_body(relay, resp, chunk, status, out_headers, ex.masker)
     else:
         relay.phase = "body"
         await ex.out.start(status, out_headers)
@@ -382,10 +387,14 @@ async def _relay_sse(
     out = ex.out
     idle = _IdleDeadline(relay.deadline, ex.state.settings.timeouts.idle_s)
     clock = idle.clock
-    read = _sink_reader(resp, out, scanner, idle)
+    feed: Callable[[bytes], bytes] = scanner.feed
+    masked = ex.masker.stream() if ex.masker is not None else None
+    if masked is not None:  # pii.responses: mask (gateway.pii_response): after the scanner
+        feed = _then(scanner.feed, masked.feed)
+    read = _sink_reader(resp, out, feed, idle)
     try:
         while chunk:
-            data = scanner.feed(chunk)
+            data = feed(chunk)
             if data:
                 idle.last = None  # no upstream deadline while writing to a slow client
                 await out.body(data)
@@ -395,20 +404,30 @@ async def _relay_sse(
         idle.cancel()
     relay.complete = True
     tail = scanner.finish()
+    if masked is not None:
+        tail = masked.feed(tail) + masked.finish()
     _set_usage(ex.record, scanner.usage)
     ex.watch.finish()
     await out.body(tail, more=False)
 
 
+def _then(first: Callable[[bytes], bytes],
+          second: Callable[[bytes], bytes]) -> Callable[[bytes], bytes]:
+    """``second(first(piece))``."""
+    def both(piece: bytes) -> bytes:
+        return second(first(piece))
+    return both
+
+
 def _sink_reader(
-    resp: Response, out: Responder, scanner: SSEUsageScanner, idle: _IdleDeadline
+    resp: Response, out: Responder, feed: Callable[[bytes], bytes], idle: _IdleDeadline
 ) -> Callable[[], Awaitable[bytes]]:
     """The SSE relay's ``read``: with a synchronous writer to the client, each upstream piece
     is scanned and written from the upstream connection's callback (no task wake-up per
     event, :meth:`gateway.h1.connection.H1Connection.read_into`); the call returns only the
     bytes that arrived while the client's socket was full (after sending what was held back
     for it), or ``b""`` at the end. Otherwise plain ``resp.read``."""
-    take = out.sink(scanner.feed, idle)
+    take = out.sink(feed, idle)
     if take is None:
         return resp.read
     read_into, clock = resp.read_into, idle.clock
@@ -470,6 +489,38 @@ async def _relay_body(
         _set_usage(ex.record, usage_from_body(body) if whole else usage_from_body_end(body))
     ex.watch.finish()
     await out.body(b"", more=False)
+
+
+async def _relay_masked_body(
+    relay: _Relay, resp: Response, chunk: bytes, status: int,
+    headers: list[tuple[bytes, bytes]], masker: ResponseMasker,
+) -> None:
+    """A non-streamed answer under ``pii.responses: mask``: read whole, masked, then sent
+    with the masked body's ``Content-Length`` (the status line waits for the whole body)."""
+    ex = relay.ex
+    idle = None if resp.complete else _IdleDeadline(relay.deadline,
+                                                    ex.state.settings.timeouts.idle_s)
+    parts = []
+    try:
+        while chunk:
+            parts.append(chunk)
+            if idle is not None:
+                idle.last = idle.clock()
+            chunk = await resp.read()
+    finally:
+        if idle is not None:
+            idle.cancel()
+    relay.deadline.reschedule(None)
+    relay.complete = True
+    body = b"".join(parts)
+    if status == 200:
+        _set_usage(ex.record, usage_from_body(body))
+        body = await masker.body(body)
+    headers = [(k, v) for k, v in headers if k != b"content-length"]
+    headers.append((b"content-length", str(len(body)).encode()))
+    await ex.out.start(status, headers)
+    ex.watch.finish()
+    await ex.out.body(body, more=False)
 
 
 async def _upstream_failed(relay: _Relay, exc: BaseException) -> None:

@@ -16,7 +16,9 @@ then happens here:
 
 With ``responses: record``, the text a model answered is scanned too, once the response has been
 sent (:class:`ResponseScan`: boundary-safe, an entity split across SSE events is found), and the
-counts are added to the record; responses are never masked.
+counts are added to the record. With ``responses: mask`` it is masked before the client sees it,
+and values masked reversibly in the request are mapped back in its answer
+(:mod:`gateway.pii_response`).
 
 The request record carries the verdict (``record.pii``: entity types and counts, actions, class
 before and after, never matched text) for the audit log and the metrics.
@@ -30,6 +32,7 @@ from typing import Any
 
 from gateway.auth import Principal
 from gateway.errors import SensitiveDataRefused, SensitiveDataScanFailed
+from gateway.pii_response import ResponseMasker, mask_numbered
 from gateway.records import RequestRecord
 from gateway.rewrite import ParsedBody, parse_body
 from policy import PiiPolicy, PiiRefused, PiiScanFailed, PiiVerdict, Policy
@@ -65,8 +68,12 @@ class PiiStage:
         pii.load()
 
     async def inspect(self, path: str, principal: Principal, parsed: ParsedBody,
-                      record: RequestRecord) -> tuple[Principal, ParsedBody]:
+                      record: RequestRecord, restore: dict[str, str] | None = None,
+                      ) -> tuple[Principal, ParsedBody]:
         """The request's principal (class raised) and body (masked) after the policy's decision.
+
+        ``restore`` gets placeholder -> value for findings masked reversibly (numbered
+        placeholders, ``<IBAN_CODE_1>``), for :meth:`response_masker` to map back.
 
         Raises:
             SensitiveDataRefused: 403 ``pii_refused`` naming the entity types.
@@ -92,7 +99,10 @@ class PiiStage:
                              "class_after": principal.data_class, "error": exc.code})
             raise SensitiveDataScanFailed(exc.message) from exc
         record.detected(verdict.as_record())
-        if verdict.to_mask:
+        if verdict.to_mask and verdict.reversible and restore is not None:
+            parsed = _with(parsed, mask_numbered(value, verdict.to_mask, verdict.reversible,
+                                                 restore))
+        elif verdict.to_mask:
             parsed = _with(parsed, PiiPolicy.masked(value, verdict))
         if verdict.class_after != principal.data_class:
             principal = dataclasses.replace(principal, data_class=verdict.class_after)
@@ -103,9 +113,20 @@ class PiiStage:
         """A collector of the response's text when ``pii.responses`` is ``record`` and the
         path is scanned (embeddings answer vectors: not scanned)."""
         section = self._pii.section
-        if section.responses == "off" or path not in SCANNED_FIELDS or path == "/v1/embeddings":
+        if section.responses != "record" or path not in SCANNED_FIELDS or path == "/v1/embeddings":
             return None
         return ResponseScan(self._pii, section.response_max_bytes)
+
+    def response_masker(self, path: str,
+                        restore: dict[str, str] | None = None) -> ResponseMasker | None:
+        """The masker of the response (:mod:`gateway.pii_response`) when ``pii.responses`` is
+        ``mask`` or the request was masked reversibly (``restore`` not empty), and the path
+        answers text."""
+        masking = self._pii.section.responses == "mask"
+        if (not masking and not restore) or path not in SCANNED_FIELDS or (
+                path == "/v1/embeddings"):
+            return None
+        return ResponseMasker(self._pii, masking, restore)
 
 
 def _with(parsed: ParsedBody, fields: dict[str, Any]) -> ParsedBody:

@@ -245,10 +245,13 @@ async def _serve(
     record.received(len(raw))
     parsed = parse_body(raw)
     record.describe(parsed.model, parsed.stream)
-    response_scan = None
+    response_scan = masker = None
     if state.pii is not None:  # sensitive data may raise the class before routing (gateway.pii)
-        principal, parsed = await state.pii.inspect(scope["path"], principal, parsed, record)
+        restore: dict[str, str] = {}  # reversible masking: this request's values, never logged
+        principal, parsed = await state.pii.inspect(scope["path"], principal, parsed, record,
+                                                    restore)
         response_scan = state.pii.response_scan(scope["path"])
+        masker = state.pii.response_masker(scope["path"], restore)
     pool = _authorised_pool(state, principal, parsed.model, record)
     decision = _route(state, principal, pool, record)
     hint = pool.route_hint(parsed.values, scope["headers"])  # affinity input (gateway.fleet)
@@ -282,13 +285,15 @@ async def _serve(
             await on_start(record)
         watch = DisconnectWatch(receive, (scope.get("extensions") or {}).get(DISCONNECT_EXTENSION))
         exchange = Exchange(state, pool, decision.candidates, parsed, head.accept,
-                            head.forwarded, out, record, watch, t0, hint)
+                            head.forwarded, out, record, watch, t0, hint, masker)
         if lane is not None:
             lane.go()  # forward counts the request in flight from here
         assert first is not None  # narrowed above on both paths
         await _forward_watched(exchange, first)
         if response_scan is not None:
             await response_scan.finish(record)  # after the last byte: no cost to TTFT
+        if masker is not None:
+            masker.finish(record)
     finally:
         if lane is not None:
             lane.done()

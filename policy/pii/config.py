@@ -17,8 +17,9 @@
         - {id: no-cards, entities: [CREDIT_CARD], action: refuse}
         - {id: lab-mask, keys: [lab], classes: [public], action: mask}
       builtin: true                  # the built-in EU recognisers (IBAN, cards, national ids...)
-      responses: record              # off | record: scan what the model answered (at its end)
+      responses: record              # off | record | mask: scan or mask what the model answered
       response_max_bytes: 1048576    # response bytes kept for that scan (beyond: not scanned)
+      response_hold_chars: 64        # mask: text held back per streamed choice
       recognizers:                   # the operator's own
         - entity: EMPLOYEE_ID
           patterns: [{regex: "\\bEMP-\\d{6}\\b", score: 0.4}]
@@ -100,6 +101,7 @@ class PiiRule(_Strict):
     classes: list[str] | None = None
     entities: list[Entity] | None = None
     action: Action
+    reversible: bool = False  # mask: numbered placeholders, mapped back in the response
 
 
 class PiiSection(_Strict):
@@ -114,10 +116,12 @@ class PiiSection(_Strict):
     default_class: str | None = None
     entity_classes: dict[Entity, str] = Field(default_factory=dict)
     default_action: Action = "raise"
+    mask_reversible: bool = False  # default_action mask: numbered placeholders, mapped back
     rules: list[PiiRule] = Field(default_factory=list)
     recognizers: list[OperatorRecognizer] = Field(default_factory=list)
-    responses: Literal["off", "record"] = "off"
+    responses: Literal["off", "record", "mask"] = "off"
     response_max_bytes: int = Field(default=1_048_576, ge=1024)
+    response_hold_chars: int = Field(default=64, ge=16, le=4096)
 
     @model_validator(mode="after")
     def _unique_rules(self) -> PiiSection:

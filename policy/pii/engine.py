@@ -81,6 +81,18 @@ def iter_strings(value: Any, path: str = "") -> Iterator[tuple[str, str]]:
 _WORD = re.compile(r"\w+|[^\w\s]")
 
 
+class _Keywords(list[str]):
+    """The keywords of a text, as :meth:`NlpArtifacts.set_keywords` lists them, with a set
+    for ``in`` (Presidio's context enhancer tests each surrounding word's membership)."""
+
+    def __init__(self, words: list[str]) -> None:
+        super().__init__(words)
+        self._set = frozenset(words)
+
+    def __contains__(self, word: object) -> bool:
+        return word in self._set
+
+
 def _make_nlp_engine(language: str) -> Any:
     from presidio_analyzer.nlp_engine import NlpArtifacts, NlpEngine
     from spacy.lang.en.stop_words import STOP_WORDS
@@ -102,9 +114,14 @@ def _make_nlp_engine(language: str) -> Any:
                 matches = list(_WORD.finditer(self._text))
                 self._words = [m.group() for m in matches]
                 self._indices = [m.start() for m in matches]
-                self._lemmas = [w.lower() for w in self._words]
-                self._keywords = list(
-                    NlpArtifacts.set_keywords(self._engine, self._lemmas, self._language))
+                self._lemmas = lemmas = [w.lower() for w in self._words]
+                # NlpArtifacts.set_keywords, decided once per distinct word (a 4 KB prompt has
+                # ~700 words, ~100 distinct), and a list whose ``in`` is a set lookup: the
+                # context enhancer only tests membership, once per word it walks past.
+                keep = {w: not (w in STOP_WORDS or (len(w) == 1 and not w.isalnum())
+                                or w == "-PRON-" or w == "be")
+                        for w in set(lemmas)}
+                self._keywords = _Keywords([w for w in lemmas if keep[w]])
             return self._words
 
         @property

@@ -59,6 +59,7 @@ class PiiVerdict:
     rules: dict[str, str | None] = field(default_factory=dict)
     error: str | None = None
     duration_s: float = 0.0
+    reversible: frozenset[str] = frozenset()  # masked entity types mapped back in the answer
 
     @property
     def refused(self) -> tuple[str, ...]:
@@ -76,7 +77,8 @@ class PiiVerdict:
 
     def as_record(self) -> dict[str, Any]:
         """The JSON-ready audit form: types, counts, classes, actions; never matched text."""
-        return {
+        extra = {"reversible": sorted(self.reversible)} if self.reversible else {}
+        return {**extra,
             "entities": self.counts(),
             "actions": dict(self.actions),
             "rules": dict(self.rules),
@@ -143,6 +145,7 @@ class PiiPolicy:
         actions: dict[str, Action] = {}
         rules: dict[str, str | None] = {}
         raised = data_class
+        reversible: set[str] = set()
         for f in findings:
             if f.entity in actions:
                 continue
@@ -151,12 +154,15 @@ class PiiPolicy:
             action: Action = rule.action if rule is not None else self.section.default_action
             actions[f.entity] = action
             rules[f.entity] = rule.id if rule is not None else None
+            if action == "mask" and (rule.reversible if rule is not None
+                                     else self.section.mask_reversible):
+                reversible.add(f.entity)
             if action == "raise":
                 implied = self.implied_class(f.entity)
                 if self._rank.get(implied, -1) > self._rank.get(raised, -1):
                     raised = implied
         return PiiVerdict(tuple(findings), data_class, raised, actions, rules,
-                          duration_s=duration_s)
+                          duration_s=duration_s, reversible=frozenset(reversible))
 
     def _failed(self, exc: BaseException, key: str, data_class: str,
                 duration_s: float) -> PiiVerdict:

@@ -83,14 +83,16 @@ class Stack:
 
 
 def _build(serve_asgi: Callable[..., Any], tmp_path: Path, timeout_s: str = "2.0",
-           eu_a: Any = None) -> Stack:
+           eu_a: Any = None, pii: str | None = None,
+           apps: dict[str, Any] | None = None) -> Stack:
     sims = {name: create_sim(SimConfig(models=["m"])) for name in ("eu-a", "eu-b", "us")}
     if eu_a is not None:
         sims["eu-a"] = eu_a
+    sims.update(apps or {})
     servers = {name: serve_asgi(app) for name, app in sims.items()}
     (tmp_path / "policy.yaml").write_text(
         policy_text({n: s.port for n, s in servers.items()})
-        + PII % (timeout_s, 0 if timeout_s != "2.0" else 16384))
+        + (pii or PII % (timeout_s, 0 if timeout_s != "2.0" else 16384)))
     cfg = gateway_config({n: s.url for n, s in servers.items()}, Path("policy.yaml"))
     signer = Signer.generate()
     key, _ = write_key_pair(signer, tmp_path / "audit.key")
