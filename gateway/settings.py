@@ -38,6 +38,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from clishell import read_input_text
 from gateway.audit.settings import AuditSettings
+from gateway.batch.settings import BatchSettings
 from gateway.config_errors import (
     ConfigProblem,
     DuplicateKeyError,
@@ -436,6 +437,7 @@ class GatewaySettings(BaseSettings):
     keystore: KeystoreSettings | None = None  # managed keys (store defaults to audit.store)
     telemetry: TelemetrySettings | None = None
     preflight: ContinuousSettings | None = None  # continuous pre-flight (gateway.preflight)
+    batch: BatchSettings | None = None  # the Batch API (gateway.batch)
     # Where the settings were read from (file, key path -> line), set by parse().
     _source: tuple[str | None, LineMap | None] = PrivateAttr(default=(None, None))
     _warnings: tuple[ConfigProblem, ...] = PrivateAttr(default=())

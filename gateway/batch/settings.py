@@ -1,0 +1,57 @@
+"""The ``batch:`` config section (the OpenAI-compatible Batch API, :mod:`gateway.batch`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = ["BatchSettings", "database_path"]
+
+
+class BatchSettings(BaseModel):
+    """``batch:``: files and batches of ``/v1/files`` and ``/v1/batches``.
+
+    Attributes:
+        enabled: Serve the Batch API (default true once the section is present).
+        database: SQLite file of the job state and the files; default ``batch.db`` next to
+            the audit store's SQLite file (a relative path is relative to the config file).
+        max_file_bytes: Largest accepted upload, in bytes (413 ``file_too_large`` above).
+        max_requests: Most request lines in one input file.
+        concurrency: Requests of all batches in flight at once (they then wait in the flow
+            control ``batch`` class like any other request of that class).
+        priority_class: The flow-control class named in the priority header of batch requests
+            (when flow control is on and has that class).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    enabled: bool = True
+    database: Path | None = None
+    max_file_bytes: int = Field(default=100 * 1024 * 1024, gt=0)
+    max_requests: int = Field(default=50_000, gt=0)
+    concurrency: int = Field(default=4, gt=0, le=256)
+    priority_class: str = "batch"
+
+
+def database_path(batch: BatchSettings, audit_store: str | None) -> Path:
+    """The batch database file: ``batch.database``, else ``batch.db`` next to the audit
+    store's SQLite file.
+
+    Args:
+        batch: The section.
+        audit_store: The ``audit.store`` URL (``None`` without an audit section).
+
+    Raises:
+        ConfigError: Neither is given (a PostgreSQL audit store needs ``batch.database``).
+    """
+    from gateway.audit.store import sqlite_file
+    from gateway.errors import ConfigError
+
+    if batch.database is not None:
+        return batch.database
+    audit_file = sqlite_file(audit_store) if audit_store else None
+    if audit_file is None:
+        raise ConfigError("batch.database: not set, and the audit store is not a SQLite file "
+                          "to put batch.db next to; set batch.database")
+    return audit_file.parent / "batch.db"
