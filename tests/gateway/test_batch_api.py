@@ -94,11 +94,16 @@ def test_sdk_batch_round_trip_runs_through_the_relay_in_the_batch_class(
         assert x["error"] is None and x["response"]["status_code"] == 200
         assert x["response"]["body"]["choices"][0]["message"]["content"]
     # The five requests went through the observers (audit seam) as the owner's key.
-    ended = recorder.wait(5)
+    ended = list(recorder.wait(5))
     assert {r.key_id for r in ended} == {"owner"}
     assert {r.path for r in ended} == {"/v1/chat/completions"}
+    assert {r.flow["class"] for r in ended if r.flow} == {"batch"}  # not the key's interactive
+    assert all(r.flow for r in ended)
+    # An interactive request of the same key is still in its own class.
+    c.chat.completions.create(model="m", max_tokens=2, messages=[{"role": "user", "content": "x"}])
+    assert recorder.wait(6)[-1].flow["class"] == "interactive"
     assert {x["response"]["request_id"] for x in lines} == {r.request_id for r in ended}
-    assert sim.stats()["received"] == 5
+    assert sim.stats()["received"] == 6
     assert [x.id for x in c.batches.list().data] == [b.id]
 
 
