@@ -158,7 +158,14 @@ class BatchRunner:
     async def _one(self, batch_id: str, principal: Principal, line: int, custom_id: str,
                    url: str, body: bytes) -> None:
         try:
-            status, request_id, answer = await self.call(principal, url, body)
+            for attempt in range(self.settings.retries + 1):
+                status, request_id, answer, wait_s = await self.call(principal, url, body)
+                if status not in (429, 503) or attempt == self.settings.retries:
+                    break
+                if await self._status(batch_id) == "cancelling":
+                    break
+                await asyncio.sleep(min(wait_s if wait_s is not None else 0.5 * 2 ** attempt,
+                                        self.settings.retry_max_wait_s))
         finally:
             self._slots.release()
         try:
@@ -183,11 +190,12 @@ class BatchRunner:
                                              strict=True))
             await asyncio.to_thread(self.store.save_batch, obj)
 
-    async def call(self, principal: Principal, url: str, body: bytes) -> tuple[int, str, bytes]:
+    async def call(self, principal: Principal, url: str,
+                   body: bytes) -> tuple[int, str, bytes, float | None]:
         """Send one request through the relay in process.
 
         Returns:
-            ``(HTTP status, x-request-id, response body)``.
+            ``(HTTP status, x-request-id, response body, retry-after in seconds or None)``.
         """
         state = dataclasses.replace(self.cell.current, authenticator=_Fixed(principal))
         headers = [(b"authorization", b"Bearer batch"), (b"content-type", b"application/json"),
@@ -214,15 +222,21 @@ class BatchRunner:
 
         status = 500
         request_id = ""
+        retry_after: float | None = None
         chunks: list[bytes] = []
 
         async def send(message: MutableMapping[str, Any]) -> None:
-            nonlocal status, request_id
+            nonlocal status, request_id, retry_after
             if message["type"] == "http.response.start":
                 status = int(message["status"])
                 for name, value in message.get("headers", ()):
-                    if bytes(name).lower() == b"x-request-id":
+                    name = bytes(name).lower()
+                    if name == b"x-request-id":
                         request_id = bytes(value).decode("latin-1")
+                    elif name in (b"retry-after-ms", b"retry-after") and retry_after is None:
+                        with contextlib.suppress(ValueError):
+                            scale = 1000.0 if name == b"retry-after-ms" else 1.0
+                            retry_after = float(bytes(value)) / scale
             elif message["type"] == "http.response.body":
                 chunks.append(bytes(message.get("body", b"")))
 
@@ -230,7 +244,7 @@ class BatchRunner:
             await relay.handle(state, scope, receive, send)
         finally:
             never.cancel()
-        return status, request_id, b"".join(chunks)
+        return status, request_id, b"".join(chunks), retry_after
 
     async def _finalize(self, batch_id: str) -> None:
         store = self.store

@@ -22,6 +22,10 @@ class BatchSettings(BaseModel):
             control ``batch`` class like any other request of that class).
         priority_class: The flow-control class named in the priority header of batch requests
             (when flow control is on and has that class).
+        retries: How many times a request answered 429 or 503 (a full queue, a rate limit,
+            no replica) is sent again before its answer is recorded as its error line.
+        retry_max_wait_s: Longest wait before a retry, seconds (the answer's
+            ``retry-after-ms``/``Retry-After`` when shorter, else doubling from 0.5 s).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -32,6 +36,8 @@ class BatchSettings(BaseModel):
     max_requests: int = Field(default=50_000, gt=0)
     concurrency: int = Field(default=4, gt=0, le=256)
     priority_class: str = "batch"
+    retries: int = Field(default=5, ge=0, le=100)
+    retry_max_wait_s: float = Field(default=30.0, gt=0)
 
 
 def database_path(batch: BatchSettings, audit_store: str | None) -> Path:

@@ -198,3 +198,23 @@ def test_a_restarted_gateway_resumes_without_resending_answered_requests(
     assert sim.stats()["received"] == received_before + (n - answered)
     lines = [json.loads(x) for x in c.files.content(b.output_file_id).text.splitlines()]
     assert [x["custom_id"] for x in lines] == [f"req-{i}" for i in range(n)]
+
+
+def test_busy_answers_are_retried_and_other_errors_become_error_lines(
+        serve_asgi: Any, tmp_path: Path) -> None:
+    sim = start_sim(serve_asgi)
+    url = str(serve_asgi(create_app(settings(sim.url, tmp_path / "batch.db", 1))).url)
+    c = client(url, "owner")
+    sim.fault(mode="status_429", retry_after_s=0, count=2)  # a busy replica, twice
+    content = jsonl(2) + json.dumps({
+        "custom_id": "no-such-model", "method": "POST", "url": "/v1/chat/completions",
+        "body": {"model": "nope", "messages": [{"role": "user", "content": "x"}]}}).encode()
+    b = submit(c, content)
+    b = wait_batch(c, b.id, lambda b: b.status == "completed")
+    assert (b.request_counts.completed, b.request_counts.failed) == (2, 1)
+    assert sim.stats()["received"] == 4  # two 429s, then the two requests answered
+    ok = [json.loads(x) for x in c.files.content(b.output_file_id).text.splitlines()]
+    assert [x["custom_id"] for x in ok] == ["req-0", "req-1"]
+    [err] = [json.loads(x) for x in c.files.content(b.error_file_id).text.splitlines()]
+    assert err["custom_id"] == "no-such-model" and err["response"]["status_code"] == 404
+    assert err["error"]["code"] == "model_not_found" and "nope" in err["error"]["message"]
