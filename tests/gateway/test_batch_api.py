@@ -26,8 +26,8 @@ from tests.gateway.helpers import SERVED, Recorder, sha, start_sim
 KEYS = {"owner": "sg-batch-owner-key", "other": "sg-batch-other-key"}
 
 
-def settings(sim_url: str, db: Path, concurrency: int = 2) -> GatewaySettings:
-    return parse({
+def settings(sim_url: str, db: Path, concurrency: int = 2, **extra: Any) -> GatewaySettings:
+    return parse({**extra,
         "listen": {"host": "127.0.0.1", "port": 0},
         "models": [{"name": "m", "served_model_name": SERVED, "replicas": [{"url": sim_url}]}],
         "keys": [{"id": k, "sha256": sha(v), "models": ["*"]} for k, v in KEYS.items()],
@@ -203,7 +203,9 @@ def test_a_restarted_gateway_resumes_without_resending_answered_requests(
 def test_busy_answers_are_retried_and_other_errors_become_error_lines(
         serve_asgi: Any, tmp_path: Path) -> None:
     sim = start_sim(serve_asgi)
-    url = str(serve_asgi(create_app(settings(sim.url, tmp_path / "batch.db", 1))).url)
+    # The relay does not retry (one attempt): the 429 reaches the batch runner, which waits.
+    s = settings(sim.url, tmp_path / "batch.db", 1, retries={"max_attempts": 1})
+    url = str(serve_asgi(create_app(s)).url)
     c = client(url, "owner")
     sim.fault(mode="status_429", retry_after_s=0, count=2)  # a busy replica, twice
     content = jsonl(2) + json.dumps({
