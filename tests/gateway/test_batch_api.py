@@ -220,3 +220,17 @@ def test_busy_answers_are_retried_and_other_errors_become_error_lines(
     [err] = [json.loads(x) for x in c.files.content(b.error_file_id).text.splitlines()]
     assert err["custom_id"] == "no-such-model" and err["response"]["status_code"] == 404
     assert err["error"]["code"] == "model_not_found" and "nope" in err["error"]["message"]
+
+
+def test_the_database_defaults_to_batch_db_next_to_the_audit_store(tmp_path: Path) -> None:
+    from gateway.batch.settings import BatchSettings, database_path
+    from gateway.errors import ConfigError
+
+    audit = f"sqlite://{tmp_path}/audit/audit.db"
+    assert database_path(BatchSettings(), audit) == tmp_path / "audit" / "batch.db"
+    named = BatchSettings(database=tmp_path / "jobs.db")
+    assert database_path(named, audit) == tmp_path / "jobs.db"
+    with pytest.raises(ConfigError, match="batch.database: not set"):
+        database_path(BatchSettings(), "postgresql://u@127.0.0.1/db")
+    with pytest.raises(ConfigError, match="batch.database: not set"):
+        database_path(BatchSettings(), None)
