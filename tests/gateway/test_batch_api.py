@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+import socket
 import sqlite3
 import time
 from collections.abc import Callable
@@ -230,7 +231,45 @@ def test_the_database_defaults_to_batch_db_next_to_the_audit_store(tmp_path: Pat
     assert database_path(BatchSettings(), audit) == tmp_path / "audit" / "batch.db"
     named = BatchSettings(database=tmp_path / "jobs.db")
     assert database_path(named, audit) == tmp_path / "jobs.db"
-    with pytest.raises(ConfigError, match="batch.database: not set"):
+    with pytest.raises(ConfigError, match=r"batch\.database: not set"):
         database_path(BatchSettings(), "postgresql://u@127.0.0.1/db")
-    with pytest.raises(ConfigError, match="batch.database: not set"):
+    with pytest.raises(ConfigError, match=r"batch\.database: not set"):
         database_path(BatchSettings(), None)
+
+
+def test_uploads_are_bounded_before_the_body_is_read_and_listing_pages(
+        serve_asgi: Any, tmp_path: Path) -> None:
+    import httpx
+
+    sim = start_sim(serve_asgi)
+    url = str(serve_asgi(create_app(settings(sim.url, tmp_path / "batch.db"))).url)
+    auth = {"authorization": f"Bearer {KEYS['owner']}"}
+
+    def chunks() -> Any:
+        yield b"--x\r\n"
+
+    with httpx.Client(timeout=10) as h:
+        r = h.post(url + "/v1/files", headers={**auth, "content-type":
+                                               "multipart/form-data; boundary=x"},
+                   content=chunks())  # chunked: no Content-Length
+        assert r.status_code == 411 and r.json()["error"]["code"] == "length_required"
+    # A declared size over the limit is refused from the headers alone (no body sent).
+    host, port = url.rsplit("/", 1)[1].split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(b"POST /v1/files HTTP/1.1\r\nhost: x\r\n"
+                     + f"authorization: Bearer {KEYS['owner']}\r\n".encode()
+                     + b"content-type: multipart/form-data; boundary=x\r\n"
+                     b"content-length: 1000000000\r\n\r\n")
+        answer = b""
+        while b"}}" not in answer:
+            got = sock.recv(65536)
+            assert got, answer
+            answer += got
+    assert answer.startswith(b"HTTP/1.1 413") and b"batch.max_file_bytes" in answer
+    c = client(url, "owner")
+    ids = [submit(c, jsonl(1)).id for _ in range(3)]
+    first = c.batches.list(limit=2)
+    assert first.has_more and len(first.data) == 2
+    second = c.batches.list(limit=2, after=first.data[-1].id)
+    assert not second.has_more
+    assert sorted(b.id for b in [*first.data, *second.data]) == sorted(ids)
