@@ -75,16 +75,35 @@ class BatchRunner:
         self.settings = settings
         self._slots = asyncio.Semaphore(settings.concurrency)
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._me = secrets.token_hex(8)  # this runner's name in the batches' leases
+        self._scan: asyncio.Task[None] | None = None
 
     async def startup(self) -> None:
-        """Resume every batch a previous run left unfinished."""
+        """Resume every batch a previous run left unfinished (and, every ``lease_s``, any
+        whose runner stopped without giving it up)."""
+        await self._resume()
+        self._scan = asyncio.get_running_loop().create_task(self._rescan())
+
+    async def _resume(self) -> None:
         for batch_id in await asyncio.to_thread(self.store.unfinished):
-            _log.info("resuming batch %s", batch_id)
-            self.start(batch_id)
+            if batch_id not in self._tasks:
+                self.start(batch_id)  # runs only if it gets the lease
+
+    async def _rescan(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.lease_s)
+            try:
+                await self._resume()
+            except Exception:
+                _log.exception("batch resume scan failed")
 
     async def shutdown(self) -> None:
-        """Stop the running batches (requests without a stored answer run again on resume)
-        and close the database."""
+        """Stop the running batches (requests without a stored answer run again on resume),
+        give up their leases and close the database."""
+        if self._scan is not None:
+            self._scan.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._scan
         tasks = list(self._tasks.values())
         for task in tasks:
             task.cancel()
@@ -124,6 +143,27 @@ class BatchRunner:
         return str(obj["status"]) if obj is not None else "failed"
 
     async def _run(self, batch_id: str) -> None:
+        now = time.time()
+        if not await asyncio.to_thread(self.store.claim, batch_id, self._me, now,
+                                       now + self.settings.lease_s):
+            return  # another worker or pod runs it
+        _log.info("running batch %s", batch_id)
+        renew = asyncio.get_running_loop().create_task(self._renew(batch_id))
+        try:
+            await self._run_claimed(batch_id)
+        finally:
+            renew.cancel()
+            self.store.release(batch_id, self._me)  # sync: also when cancelled at shutdown
+
+    async def _renew(self, batch_id: str) -> None:
+        while True:
+            await asyncio.sleep(self.settings.lease_s / 3)
+            now = time.time()
+            if not await asyncio.to_thread(self.store.claim, batch_id, self._me, now,
+                                           now + self.settings.lease_s):
+                _log.error("lost the lease on batch %s", batch_id)
+
+    async def _run_claimed(self, batch_id: str) -> None:
         store = self.store
         obj = await asyncio.to_thread(store.batch, batch_id, None)
         if obj is None:

@@ -26,6 +26,9 @@ class BatchSettings(BaseModel):
             no replica) is sent again before its answer is recorded as its error line.
         retry_max_wait_s: Longest wait before a retry, seconds (the answer's
             ``retry-after-ms``/``Retry-After`` when shorter, else doubling from 0.5 s).
+        lease_s: How long a runner's claim on a batch lasts without renewal, seconds: after a
+            crash, another worker or the restarted gateway takes the batch over this late
+            (a clean stop gives it up at once).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -38,6 +41,7 @@ class BatchSettings(BaseModel):
     priority_class: str = "batch"
     retries: int = Field(default=5, ge=0, le=100)
     retry_max_wait_s: float = Field(default=30.0, gt=0)
+    lease_s: float = Field(default=30.0, ge=1.0)
 
 
 def database_path(batch: BatchSettings, audit_store: str | None) -> Path:

@@ -2,10 +2,12 @@
 
 One table per concept: ``files`` (uploads and produced output files, content as a BLOB, owner
 key id), ``batches`` (the OpenAI batch object's fields as JSON, owner, status) and ``requests``
-(one row per input line: ``done`` once its answer is stored). A request's answer is written in
-the same transaction that marks it done, so after a restart only requests without an answer
-are sent again. Every call is short and synchronous; :class:`BatchStore` callers run them in a
-thread (:func:`asyncio.to_thread`).
+(one row per input line: ``done`` once its answer is stored). A batch is run by one runner
+at a time (worker processes or pods sharing the file): the runner holds a lease on it
+(:meth:`BatchStore.claim`), renewed while it runs, released when it stops.
+A request's answer is written in the same statement that marks it done, so after a
+restart only requests without an answer are sent again. Every call is short and synchronous;
+callers run them in a thread (:func:`asyncio.to_thread`).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ CREATE TABLE IF NOT EXISTS files (
     created_at INTEGER NOT NULL, content BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS batches (
     id TEXT PRIMARY KEY, owner TEXT NOT NULL, status TEXT NOT NULL, created_at INTEGER NOT NULL,
-    principal TEXT NOT NULL, object TEXT NOT NULL);
+    principal TEXT NOT NULL, object TEXT NOT NULL, lease_owner TEXT, lease_until REAL);
 CREATE TABLE IF NOT EXISTS requests (
     batch_id TEXT NOT NULL, line INTEGER NOT NULL, custom_id TEXT NOT NULL, url TEXT NOT NULL,
     body BLOB NOT NULL, done INTEGER NOT NULL DEFAULT 0, ok INTEGER, result TEXT,
@@ -86,7 +88,8 @@ class BatchStore:
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             try:
-                self._db.execute("INSERT INTO batches VALUES (?,?,?,?,?,?)",
+                self._db.execute("INSERT INTO batches (id, owner, status, created_at, "
+                                 "principal, object) VALUES (?,?,?,?,?,?)",
                                  (obj["id"], owner, obj["status"], obj["created_at"],
                                   json.dumps(principal), json.dumps(obj)))
                 self._db.executemany(
@@ -136,6 +139,22 @@ class BatchStore:
                 "('validating','in_progress','finalizing','cancelling') ORDER BY created_at, id"
             ).fetchall()
         return [r[0] for r in rows]
+
+    def claim(self, batch_id: str, me: str, now: float, until: float) -> bool:
+        """Take (or renew) the lease on running the batch: ``me`` runs it until ``until``
+        (Unix seconds) unless another runner holds an unexpired lease. Returns whether it did."""
+        with self._lock:
+            cur = self._db.execute(
+                "UPDATE batches SET lease_owner=?, lease_until=? WHERE id=? AND "
+                "(lease_owner IS NULL OR lease_owner=? OR lease_until<?)",
+                (me, until, batch_id, me, now))
+        return cur.rowcount == 1
+
+    def release(self, batch_id: str, me: str) -> None:
+        """Give up ``me``'s lease (another runner may take the batch at once)."""
+        with self._lock:
+            self._db.execute("UPDATE batches SET lease_owner=NULL, lease_until=0 "
+                             "WHERE id=? AND lease_owner=?", (batch_id, me))
 
     # requests
 

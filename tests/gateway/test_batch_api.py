@@ -27,7 +27,8 @@ from tests.gateway.helpers import SERVED, Recorder, sha, start_sim
 KEYS = {"owner": "sg-batch-owner-key", "other": "sg-batch-other-key"}
 
 
-def settings(sim_url: str, db: Path, concurrency: int = 2, **extra: Any) -> GatewaySettings:
+def settings(sim_url: str, db: Path, concurrency: int = 2, batch_lease_s: float = 30,
+             **extra: Any) -> GatewaySettings:
     return parse({**extra,
         "listen": {"host": "127.0.0.1", "port": 0},
         "models": [{"name": "m", "served_model_name": SERVED, "replicas": [{"url": sim_url}]}],
@@ -40,7 +41,8 @@ def settings(sim_url: str, db: Path, concurrency: int = 2, **extra: Any) -> Gate
             "classes": [{"name": "interactive"}, {"name": "batch"}],
             "default_class": "interactive",
         },
-        "batch": {"database": str(db), "concurrency": concurrency, "max_file_bytes": 4096},
+        "batch": {"database": str(db), "concurrency": concurrency, "max_file_bytes": 4096,
+                  "lease_s": batch_lease_s},
     }, {})
 
 
@@ -273,3 +275,19 @@ def test_uploads_are_bounded_before_the_body_is_read_and_listing_pages(
     second = c.batches.list(limit=2, after=first.data[-1].id)
     assert not second.has_more
     assert sorted(b.id for b in [*first.data, *second.data]) == sorted(ids)
+
+
+def test_two_gateways_on_one_database_run_a_batch_once(serve_asgi: Any,
+                                                       tmp_path: Path) -> None:
+    # Like `gateway serve --workers 2`: both processes resume unfinished batches at start-up
+    # and every lease_s; the lease lets only one of them run a batch.
+    sim = start_sim(serve_asgi, ttft_s=0.05)
+    db = tmp_path / "batch.db"
+    n = 10
+    a = str(serve_asgi(create_app(settings(sim.url, db, 1, batch_lease_s=1))).url)
+    b = submit(client(a, "owner"), jsonl(n))
+    other = client(str(serve_asgi(create_app(settings(sim.url, db, 1,
+                                                      batch_lease_s=1))).url), "owner")
+    done = wait_batch(other, b.id, lambda b: b.status == "completed")  # read through B
+    assert done.request_counts.completed == n
+    assert sim.stats()["received"] == n  # not 2n: B never ran it while A held the lease
