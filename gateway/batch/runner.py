@@ -22,11 +22,11 @@ from collections.abc import MutableMapping
 from typing import Any
 
 from gateway import relay
-from gateway.auth import Principal
+from gateway.auth import Principal, principal_of
 from gateway.batch.errors import NotCancellable, NotFound
 from gateway.batch.settings import BatchSettings, database_path
 from gateway.batch.store import BatchStore
-from gateway.errors import AuthenticationFailed
+from gateway.errors import AuthenticationFailed, GatewayError
 from gateway.settings import GatewaySettings
 from gateway.state import LiveState
 
@@ -237,7 +237,18 @@ class BatchRunner:
         Returns:
             ``(HTTP status, x-request-id, response body, retry-after in seconds or None)``.
         """
-        state = dataclasses.replace(self.cell.current, authenticator=_Fixed(principal))
+        current = self.cell.current
+        if current.settings.keystore is None:
+            # Config keys: the key as configured now (a reload or restart may have removed it
+            # or changed its models); managed keys keep the principal stored with the batch.
+            key = next((k for k in current.settings.keys if k.id == principal.key_id), None)
+            if key is None:
+                err = GatewayError(
+                    f"The API key '{principal.key_id}' that created this batch is no longer "
+                    "configured.", code="key_revoked")
+                return 401, "", json.dumps(err.to_dict()).encode(), None
+            principal = principal_of(key)
+        state = dataclasses.replace(current, authenticator=_Fixed(principal))
         headers = [(b"authorization", b"Bearer batch"), (b"content-type", b"application/json"),
                    (b"content-length", str(len(body)).encode())]
         flow = state.settings.flow_control

@@ -28,11 +28,11 @@ KEYS = {"owner": "sg-batch-owner-key", "other": "sg-batch-other-key"}
 
 
 def settings(sim_url: str, db: Path, concurrency: int = 2, batch_lease_s: float = 30,
-             **extra: Any) -> GatewaySettings:
+             keys: tuple[str, ...] = tuple(KEYS), **extra: Any) -> GatewaySettings:
     return parse({**extra,
         "listen": {"host": "127.0.0.1", "port": 0},
         "models": [{"name": "m", "served_model_name": SERVED, "replicas": [{"url": sim_url}]}],
-        "keys": [{"id": k, "sha256": sha(v), "models": ["*"]} for k, v in KEYS.items()],
+        "keys": [{"id": k, "sha256": sha(KEYS[k]), "models": ["*"]} for k in keys],
         "timeouts": {"connect_s": 2, "first_byte_s": 30, "idle_s": 30},
         "health": {"active": False},
         "logging": {"access_log": False},
@@ -291,3 +291,33 @@ def test_two_gateways_on_one_database_run_a_batch_once(serve_asgi: Any,
     done = wait_batch(other, b.id, lambda b: b.status == "completed")  # read through B
     assert done.request_counts.completed == n
     assert sim.stats()["received"] == n  # not 2n: B never ran it while A held the lease
+
+
+def test_a_batch_of_a_key_removed_before_the_restart_sends_nothing_more(
+        serve_asgi: Any, tmp_path: Path) -> None:
+    sim = start_sim(serve_asgi, ttft_s=0.2)
+    db = tmp_path / "batch.db"
+    n = 8
+    first = serve_asgi(create_app(settings(sim.url, db, 1)))
+    b = submit(client(str(first.url), "owner"), jsonl(n))
+    wait_batch(client(str(first.url), "owner"), b.id, lambda b: b.request_counts.completed >= 2)
+    first.stop()
+    received = sim.stats()["received"]
+    with sqlite3.connect(db) as con:
+        answered = con.execute("SELECT count(*) FROM requests WHERE done=1").fetchone()[0]
+    # Restarted with the owner's key removed from the config (revoked).
+    serve_asgi(create_app(settings(sim.url, db, 1, keys=("other",))))
+    deadline = time.monotonic() + 30
+    while True:
+        with sqlite3.connect(db) as con:
+            status = con.execute("SELECT status FROM batches").fetchone()[0]
+        if status == "completed":
+            break
+        assert time.monotonic() < deadline, status
+        time.sleep(0.05)
+    assert sim.stats()["received"] == received  # nothing more sent for the revoked key
+    with sqlite3.connect(db) as con:
+        errors = [json.loads(r[0]) for r in con.execute(
+            "SELECT result FROM requests WHERE ok=0 ORDER BY line")]
+    assert len(errors) == n - answered
+    assert {e["error"]["code"] for e in errors} == {"key_revoked"}
