@@ -24,7 +24,7 @@ from typing import Any
 from gateway import relay
 from gateway.auth import Principal, principal_of
 from gateway.batch.errors import NotCancellable, NotFound
-from gateway.batch.settings import BatchSettings, database_path
+from gateway.batch.settings import BatchSettings, audit_store_url, database_path
 from gateway.batch.store import BatchStore
 from gateway.errors import AuthenticationFailed, GatewayError
 from gateway.settings import GatewaySettings
@@ -335,6 +335,5 @@ def open_runner(settings: GatewaySettings, cell: LiveState) -> BatchRunner | Non
     section = settings.batch
     if section is None or not section.enabled:
         return None
-    audit = settings.audit
-    path = database_path(section, audit.store if audit is not None else None)
+    path = database_path(section, audit_store_url(settings.audit))
     return BatchRunner(BatchStore(path), cell, section)

@@ -3,10 +3,20 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["BatchSettings", "database_path"]
+if TYPE_CHECKING:
+    from gateway.audit.settings import AuditSettings
+
+__all__ = [
+    "NO_DATABASE",
+    "BatchSettings",
+    "audit_store_url",
+    "database_path",
+    "default_database",
+]
 
 
 class BatchSettings(BaseModel):
@@ -50,18 +60,37 @@ def database_path(batch: BatchSettings, audit_store: str | None) -> Path:
 
     Args:
         batch: The section.
-        audit_store: The ``audit.store`` URL (``None`` without an audit section).
+        audit_store: The ``audit.store`` URL (``None`` without an audit section, or when the
+            URL is read from ``audit.store_file``).
 
     Raises:
         ConfigError: Neither is given (a PostgreSQL audit store needs ``batch.database``).
     """
-    from gateway.audit.store import sqlite_file
     from gateway.errors import ConfigError
+
+    found = default_database(batch, audit_store)
+    if found is None:
+        raise ConfigError(NO_DATABASE)
+    return found
+
+
+NO_DATABASE = ("batch.database: not set, and the audit store is not a SQLite file named in "
+               "audit.store to put batch.db next to; set batch.database")
+
+
+def default_database(batch: BatchSettings, audit_store: str | None) -> Path | None:
+    """:func:`database_path`, or ``None`` where it raises (for the settings' cross-check)."""
+    from gateway.audit.store import sqlite_file
 
     if batch.database is not None:
         return batch.database
     audit_file = sqlite_file(audit_store) if audit_store else None
-    if audit_file is None:
-        raise ConfigError("batch.database: not set, and the audit store is not a SQLite file "
-                          "to put batch.db next to; set batch.database")
-    return audit_file.parent / "batch.db"
+    return audit_file.parent / "batch.db" if audit_file is not None else None
+
+
+def audit_store_url(audit: AuditSettings | None) -> str | None:
+    """The ``audit.store`` URL when the config names it (``None`` without an audit section or
+    when the URL is read from ``audit.store_file`` at start-up)."""
+    if audit is None or audit.store_file is not None:
+        return None
+    return audit.store

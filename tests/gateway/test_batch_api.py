@@ -321,3 +321,22 @@ def test_a_batch_of_a_key_removed_before_the_restart_sends_nothing_more(
             "SELECT result FROM requests WHERE ok=0 ORDER BY line")]
     assert len(errors) == n - answered
     assert {e["error"]["code"] for e in errors} == {"key_revoked"}
+
+
+def test_check_config_names_a_missing_batch_database(tmp_path: Path) -> None:
+    from gateway.errors import ConfigError
+    from gateway.settings import load
+
+    cfg = tmp_path / "gw.yaml"
+    cfg.write_text("models: [{name: m, replicas: [{url: 'http://127.0.0.1:9'}]}]\n"
+                   "audit: {store: 'postgresql://u@127.0.0.1:5432/db'}\n"
+                   "batch: {concurrency: 2}\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"batch\.database: not set"):
+        load(cfg, {})
+    cfg.write_text("models: [{name: m, replicas: [{url: 'http://127.0.0.1:9'}]}]\n"
+                   "audit: {store: 'sqlite://audit/audit.db'}\nbatch: {}\n", encoding="utf-8")
+    s = load(cfg, {})
+    from gateway.batch.settings import audit_store_url, database_path
+
+    assert s.batch is not None
+    assert database_path(s.batch, audit_store_url(s.audit)) == tmp_path / "audit" / "batch.db"
