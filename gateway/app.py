@@ -38,6 +38,8 @@ from gateway.access import AccessLogMiddleware
 from gateway.asgi_io import escaped_api_path, framing_refusal, scope_framing_problem
 from gateway.assembly import Gateway
 from gateway.auth import Authenticator
+from gateway.batch.api import RUNNER_KEY, batch_routes
+from gateway.batch.runner import open_runner
 from gateway.drain import Drain
 from gateway.errors import (
     GatewayError,
@@ -235,6 +237,7 @@ def create_app(
             flow=parts.flow,
         )
         cell = LiveState(state)
+        batches = open_runner(settings, cell)  # the Batch API (gateway.batch), or None
         connect_s = settings.timeouts.connect_s
         prober = HealthProber(the_router, session, settings.health, upstream_ssl,
                               connect_s=connect_s)
@@ -286,8 +289,12 @@ def create_app(
                 peers.start()
             if reloader is not None:
                 reloader.attach(swap)
-            yield {STATE_KEY: cell}
+            if batches is not None:
+                await batches.startup()  # resumes the batches a previous run left
+            yield {STATE_KEY: cell, RUNNER_KEY: batches}
         finally:
+            if batches is not None:
+                await batches.shutdown()
             if reloader is not None:
                 await reloader.detach()
             await scraper.stop()
@@ -310,6 +317,8 @@ def create_app(
         openapi_url=None,
     )
     app.created = created
+    if settings.batch is not None and settings.batch.enabled:
+        app.router.routes.extend(batch_routes())
     app.add_middleware(AccessLogMiddleware, log=settings.logging.access_log)
 
     @app.exception_handler(GatewayError)

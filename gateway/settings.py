@@ -38,6 +38,12 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from clishell import not_regular, read_input_text
 from gateway.audit.settings import AuditSettings
+from gateway.batch.settings import (
+    NO_DATABASE,
+    BatchSettings,
+    audit_store_url,
+    default_database,
+)
 from gateway.config_errors import (
     ConfigProblem,
     DuplicateKeyError,
@@ -441,6 +447,7 @@ class GatewaySettings(BaseSettings):
     telemetry: TelemetrySettings | None = None
     preflight: ContinuousSettings | None = None  # continuous pre-flight (gateway.preflight)
     identity: IdentitySettings | None = None  # gateway.identity: JWT and mTLS callers
+    batch: BatchSettings | None = None  # the Batch API (gateway.batch)
     # Where the settings were read from (file, key path -> line), set by parse().
     _source: tuple[str | None, LineMap | None] = PrivateAttr(default=(None, None))
     _warnings: tuple[ConfigProblem, ...] = PrivateAttr(default=())
@@ -517,6 +524,10 @@ class GatewaySettings(BaseSettings):
         if ks is not None and ks.enabled and ks.store is None and self.audit is None:
             raise ValueError("keystore.store: store is not set and there is no audit section "
                              "(managed keys default to the audit store)")
+        bs = self.batch
+        if (bs is not None and bs.enabled
+                and default_database(bs, audit_store_url(self.audit)) is None):
+            raise ValueError(NO_DATABASE)
         pf = self.preflight
         if pf is not None and pf.enabled and (self.telemetry is None or not self.telemetry.enabled):
             raise ValueError("preflight: the continuous pre-flight reports on the admin port: "

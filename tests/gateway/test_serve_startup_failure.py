@@ -61,4 +61,5 @@ def test_an_invalid_file_is_one_error_line_per_problem(tmp_path: Path, workers: 
     assert all(line.startswith(f"gateway: error [config_error]: {cfg_file}:") for line in lines)
     assert lines[2].endswith(": bogus: unknown key (known here: listen, models, keys, limits, "
                              "timeouts, retries, health, logging, upstream_tls, routing, drain, "
-                             "reload, flow_control, policy, audit, quotas, keystore, telemetry)")
+                             "reload, flow_control, policy, audit, quotas, keystore, telemetry, "
+                             "preflight, batch)")

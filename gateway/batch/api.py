@@ -1,0 +1,197 @@
+"""HTTP endpoints of the Batch API (OpenAI-compatible ``/v1/files`` and ``/v1/batches``).
+
+Every endpoint authenticates the key like the relay does; a key sees only its own files and
+batches (another key's id answers 404, as an unknown one does). Uploads are bounded by
+``batch.max_file_bytes`` before the body is read (``Content-Length`` is required); an input
+file is checked line by line when a batch is created from it, and the error names the line.
+References: https://platform.openai.com/docs/api-reference/files and /batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from starlette.datastructures import UploadFile
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from gateway.auth import Principal, bearer_token
+from gateway.batch.errors import BatchError, FileTooLarge, NotFound
+from gateway.batch.jsonl import ENDPOINTS, parse_input
+from gateway.batch.runner import BatchRunner, new_id, principal_fields
+from gateway.state import gateway_state
+
+__all__ = ["RUNNER_KEY", "batch_routes"]
+
+RUNNER_KEY = "sovereign_gateway_batch"
+"""Key of the :class:`BatchRunner` in the ASGI lifespan state."""
+
+_FORM_OVERHEAD = 64 * 1024  # multipart boundaries and the other fields of an upload
+
+
+def _runner(request: Request) -> BatchRunner:
+    try:
+        runner = request.scope["state"][RUNNER_KEY]
+    except (KeyError, TypeError) as exc:
+        raise NotFound("The Batch API is not enabled (no batch section).") from exc
+    assert isinstance(runner, BatchRunner)
+    return runner
+
+
+def _caller(request: Request) -> Principal:
+    token = bearer_token(request.headers.get("authorization", "").encode("latin-1") or None)
+    return gateway_state(request).authenticator.authenticate(token)
+
+
+def _file_object(row: dict[str, Any]) -> dict[str, Any]:
+    return {"id": row["id"], "object": "file", "bytes": row["bytes"],
+            "created_at": row["created_at"], "filename": row["filename"],
+            "purpose": row["purpose"], "status": "processed", "expires_at": None,
+            "status_details": None}
+
+
+async def create_file(request: Request) -> Response:
+    """``POST /v1/files`` (multipart: ``file``, ``purpose`` ``batch``)."""
+    runner = _runner(request)
+    who = _caller(request)
+    limit = runner.settings.max_file_bytes
+    declared = request.headers.get("content-length")
+    if declared is None or not declared.isdigit():
+        err = BatchError("A file upload needs a Content-Length header.", code="length_required")
+        err.status = 411
+        raise err
+    if int(declared) > limit + _FORM_OVERHEAD:
+        raise FileTooLarge(f"The upload of {declared} bytes is larger than the limit of {limit} "
+                           "bytes (batch.max_file_bytes).", param="file")
+    form = await request.form(max_files=1, max_fields=8)
+    try:
+        purpose = form.get("purpose")
+        if purpose != "batch":
+            raise BatchError(f"'purpose' must be 'batch' (got {str(purpose)[:32]!r}).",
+                             param="purpose")
+        upload = form.get("file")
+        if not isinstance(upload, UploadFile):
+            raise BatchError("The upload has no 'file' part.", param="file")
+        content = await upload.read(limit + 1)
+        if len(content) > limit:
+            raise FileTooLarge(f"The file is larger than the limit of {limit} bytes "
+                               "(batch.max_file_bytes).", param="file")
+        row = {"id": new_id("file-"), "owner": who.key_id, "purpose": "batch",
+               "filename": (upload.filename or "upload.jsonl")[:255],
+               "created_at": int(time.time())}
+    finally:
+        await form.close()
+    await asyncio.to_thread(runner.store.add_file, row, content)
+    return JSONResponse(_file_object({**row, "bytes": len(content)}))
+
+
+async def retrieve_file(request: Request) -> Response:
+    """``GET /v1/files/{file_id}``."""
+    runner, who = _runner(request), _caller(request)
+    file_id = request.path_params["file_id"]
+    row = await asyncio.to_thread(runner.store.file, file_id, who.key_id)
+    if row is None:
+        raise NotFound(f"No such file: '{file_id}'.", param="file_id")
+    return JSONResponse(_file_object(row))
+
+
+async def file_content(request: Request) -> Response:
+    """``GET /v1/files/{file_id}/content`` (the bytes, JSONL)."""
+    runner, who = _runner(request), _caller(request)
+    file_id = request.path_params["file_id"]
+    content = await asyncio.to_thread(runner.store.content, file_id, who.key_id)
+    if content is None:
+        raise NotFound(f"No such file: '{file_id}'.", param="file_id")
+    return Response(content, media_type="application/jsonl")
+
+
+async def create_batch(request: Request) -> Response:
+    """``POST /v1/batches`` (``input_file_id``, ``endpoint``, ``completion_window``)."""
+    runner, who = _runner(request), _caller(request)
+    try:
+        params = await request.json()
+    except ValueError as exc:
+        raise BatchError("The request body is not valid JSON.") from exc
+    if not isinstance(params, dict):
+        raise BatchError("The request body must be a JSON object.")
+    endpoint = params.get("endpoint")
+    if endpoint not in ENDPOINTS:
+        raise BatchError(f"'endpoint' must be one of {', '.join(sorted(ENDPOINTS))}.",
+                         param="endpoint")
+    if params.get("completion_window") != "24h":
+        raise BatchError("'completion_window' must be '24h'.", param="completion_window")
+    metadata = params.get("metadata")
+    if metadata is not None and not isinstance(metadata, dict):
+        raise BatchError("'metadata' must be an object.", param="metadata")
+    file_id = params.get("input_file_id")
+    content = (await asyncio.to_thread(runner.store.content, file_id, who.key_id)
+               if isinstance(file_id, str) else None)
+    if content is None:
+        raise NotFound(f"No such file: '{file_id}'.", param="input_file_id")
+    requests = parse_input(content, endpoint, runner.settings.max_requests)
+    now = int(time.time())
+    obj: dict[str, Any] = {
+        "id": new_id("batch_"), "object": "batch", "endpoint": endpoint, "errors": None,
+        "input_file_id": file_id, "completion_window": "24h", "status": "validating",
+        "output_file_id": None, "error_file_id": None, "created_at": now,
+        "in_progress_at": None, "expires_at": now + 24 * 3600, "finalizing_at": None,
+        "completed_at": None, "failed_at": None, "expired_at": None, "cancelling_at": None,
+        "cancelled_at": None,
+        "request_counts": {"total": len(requests), "completed": 0, "failed": 0},
+        "metadata": metadata,
+    }
+    lines = [(line, custom_id, endpoint, body) for line, custom_id, body in requests]
+    await asyncio.to_thread(runner.store.add_batch, obj, who.key_id, principal_fields(who),
+                            lines)
+    runner.start(obj["id"])
+    return JSONResponse(obj)
+
+
+async def retrieve_batch(request: Request) -> Response:
+    """``GET /v1/batches/{batch_id}``."""
+    runner, who = _runner(request), _caller(request)
+    batch_id = request.path_params["batch_id"]
+    obj = await asyncio.to_thread(runner.store.batch, batch_id, who.key_id)
+    if obj is None:
+        raise NotFound(f"No batch found with id '{batch_id}'.", param="batch_id")
+    return JSONResponse(obj)
+
+
+async def cancel_batch(request: Request) -> Response:
+    """``POST /v1/batches/{batch_id}/cancel``."""
+    runner, who = _runner(request), _caller(request)
+    return JSONResponse(await runner.cancel(request.path_params["batch_id"], who.key_id))
+
+
+async def list_batches(request: Request) -> Response:
+    """``GET /v1/batches`` (``after``, ``limit`` 1..100, default 20)."""
+    runner, who = _runner(request), _caller(request)
+    try:
+        limit = int(request.query_params.get("limit", "20"))
+    except ValueError as exc:
+        raise BatchError("'limit' must be an integer.", param="limit") from exc
+    if not 1 <= limit <= 100:
+        raise BatchError("'limit' must be between 1 and 100.", param="limit")
+    after = request.query_params.get("after")
+    page = await asyncio.to_thread(runner.store.batches, who.key_id, after, limit + 1)
+    data = page[:limit]
+    return JSONResponse({"object": "list", "data": data,
+                         "first_id": data[0]["id"] if data else None,
+                         "last_id": data[-1]["id"] if data else None,
+                         "has_more": len(page) > limit})
+
+
+def batch_routes() -> list[Route]:
+    """The Batch API's routes (added to the app's router by :func:`gateway.app.create_app`)."""
+    return [
+        Route("/v1/files", create_file, methods=["POST"]),
+        Route("/v1/files/{file_id}", retrieve_file, methods=["GET"]),
+        Route("/v1/files/{file_id}/content", file_content, methods=["GET"]),
+        Route("/v1/batches", create_batch, methods=["POST"]),
+        Route("/v1/batches", list_batches, methods=["GET"]),
+        Route("/v1/batches/{batch_id}", retrieve_batch, methods=["GET"]),
+        Route("/v1/batches/{batch_id}/cancel", cancel_batch, methods=["POST"]),
+    ]

@@ -1,0 +1,47 @@
+"""Errors of the Batch API (OpenAI-style JSON through :class:`gateway.errors.GatewayError`).
+
+``BatchError`` (400 ``invalid_request_error``) with ``BadInputFile`` (400, ``invalid_jsonl``:
+the message names the line), ``FileTooLarge`` (413), ``NotFound`` (404, also for another key's
+file or batch: its existence is not revealed) and ``NotCancellable`` (409).
+"""
+
+from __future__ import annotations
+
+from gateway.errors import GatewayError
+
+__all__ = ["BadInputFile", "BatchError", "FileTooLarge", "NotCancellable", "NotFound"]
+
+
+class BatchError(GatewayError):
+    """A Batch API request that cannot be served as asked."""
+
+    status = 400
+    type = "invalid_request_error"
+    code = "invalid_request"
+
+
+class BadInputFile(BatchError):
+    """An input file that is not valid batch JSONL (the message names the line)."""
+
+    code = "invalid_jsonl"
+
+
+class FileTooLarge(BatchError):
+    """An upload above ``batch.max_file_bytes``."""
+
+    status = 413
+    code = "file_too_large"
+
+
+class NotFound(BatchError):
+    """No such file or batch for this key."""
+
+    status = 404
+    code = "not_found"
+
+
+class NotCancellable(BatchError):
+    """The batch already ended."""
+
+    status = 409
+    code = "batch_not_cancellable"

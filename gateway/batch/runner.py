@@ -1,0 +1,339 @@
+"""Run batches: each request through the gateway's own relay path, in process, in the flow
+control ``batch`` class.
+
+A request is handed to :func:`gateway.relay.handle` as an ASGI request (no socket, no HTTP
+connection to ourselves), so it goes through the same authorisation, policy, routing, quotas,
+flow control and audit as an interactive one. The caller's key is not kept (only its digest is
+ever configured): the relay sees a snapshot of the live state whose authenticator answers with
+the principal stored when the batch was created. The priority header names
+``batch.priority_class`` (a key may always lower its class).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+import secrets
+import time
+from collections.abc import MutableMapping
+from typing import Any
+
+from gateway import relay
+from gateway.auth import Principal, principal_of
+from gateway.batch.errors import NotCancellable, NotFound
+from gateway.batch.settings import BatchSettings, audit_store_url, database_path
+from gateway.batch.store import BatchStore
+from gateway.errors import AuthenticationFailed, GatewayError
+from gateway.settings import GatewaySettings
+from gateway.state import LiveState
+
+__all__ = ["BatchRunner", "new_id", "open_runner", "principal_fields"]
+
+_log = logging.getLogger(__name__)
+
+FINAL = frozenset({"completed", "failed", "cancelled", "expired"})
+
+
+def new_id(prefix: str) -> str:
+    """A fresh object id such as ``batch_...`` or ``file-...``."""
+    return prefix + secrets.token_hex(12)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Fixed:
+    """An authenticator that answers with one principal (a batch's owner)."""
+
+    principal: Principal
+
+    def authenticate(self, token: str | None) -> Principal:
+        if token is None:
+            raise AuthenticationFailed()
+        return self.principal
+
+
+def principal_fields(p: Principal) -> dict[str, Any]:
+    """A principal as JSON-ready fields (stored with its batch)."""
+    return {"key_id": p.key_id, "team": p.team, "data_class": p.data_class,
+            "models": sorted(p.models)}
+
+
+class BatchRunner:
+    """Runs every unfinished batch in the background; resumes them at start-up.
+
+    Args:
+        store: The batch database.
+        cell: The gateway's live state (each request takes the current snapshot).
+        settings: The ``batch`` section.
+    """
+
+    def __init__(self, store: BatchStore, cell: LiveState, settings: BatchSettings) -> None:
+        self.store = store
+        self.cell = cell
+        self.settings = settings
+        self._slots = asyncio.Semaphore(settings.concurrency)
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._me = secrets.token_hex(8)  # this runner's name in the batches' leases
+        self._scan: asyncio.Task[None] | None = None
+
+    async def startup(self) -> None:
+        """Resume every batch a previous run left unfinished (and, every ``lease_s``, any
+        whose runner stopped without giving it up)."""
+        await self._resume()
+        self._scan = asyncio.get_running_loop().create_task(self._rescan())
+
+    async def _resume(self) -> None:
+        for batch_id in await asyncio.to_thread(self.store.unfinished):
+            if batch_id not in self._tasks:
+                self.start(batch_id)  # runs only if it gets the lease
+
+    async def _rescan(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.lease_s)
+            try:
+                await self._resume()
+            except Exception:
+                _log.exception("batch resume scan failed")
+
+    async def shutdown(self) -> None:
+        """Stop the running batches (requests without a stored answer run again on resume),
+        give up their leases and close the database."""
+        if self._scan is not None:
+            self._scan.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._scan
+        tasks = list(self._tasks.values())
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self.store.close()
+
+    def start(self, batch_id: str) -> None:
+        """Run the batch ``batch_id`` in the background."""
+        task = asyncio.get_running_loop().create_task(self._run(batch_id))
+        self._tasks[batch_id] = task
+        task.add_done_callback(lambda _: self._tasks.pop(batch_id, None))
+
+    async def cancel(self, batch_id: str, owner: str) -> dict[str, Any]:
+        """Ask the batch to stop: no new request is sent; it ends ``cancelled``.
+
+        Raises:
+            NotFound: No such batch of ``owner``.
+            NotCancellable: It already ended.
+        """
+        obj = await asyncio.to_thread(self.store.batch, batch_id, owner)
+        if obj is None:
+            raise NotFound(f"No batch found with id '{batch_id}'.", param="batch_id")
+        if obj["status"] in FINAL:
+            raise NotCancellable(f"Batch '{batch_id}' is {obj['status']}: it cannot be cancelled.")
+        if obj["status"] != "cancelling":
+            obj["status"] = "cancelling"
+            obj["cancelling_at"] = int(time.time())
+            await asyncio.to_thread(self.store.save_batch, obj)
+        if batch_id not in self._tasks:
+            self.start(batch_id)
+        return obj
+
+    async def _status(self, batch_id: str) -> str:
+        obj = await asyncio.to_thread(self.store.batch, batch_id, None)
+        return str(obj["status"]) if obj is not None else "failed"
+
+    async def _run(self, batch_id: str) -> None:
+        now = time.time()
+        if not await asyncio.to_thread(self.store.claim, batch_id, self._me, now,
+                                       now + self.settings.lease_s):
+            return  # another worker or pod runs it
+        _log.info("running batch %s", batch_id)
+        renew = asyncio.get_running_loop().create_task(self._renew(batch_id))
+        try:
+            await self._run_claimed(batch_id)
+        finally:
+            renew.cancel()
+            self.store.release(batch_id, self._me)  # sync: also when cancelled at shutdown
+
+    async def _renew(self, batch_id: str) -> None:
+        while True:
+            await asyncio.sleep(self.settings.lease_s / 3)
+            now = time.time()
+            if not await asyncio.to_thread(self.store.claim, batch_id, self._me, now,
+                                           now + self.settings.lease_s):
+                _log.error("lost the lease on batch %s", batch_id)
+
+    async def _run_claimed(self, batch_id: str) -> None:
+        store = self.store
+        obj = await asyncio.to_thread(store.batch, batch_id, None)
+        if obj is None:
+            return
+        if obj["status"] == "validating":
+            obj["status"] = "in_progress"
+            obj["in_progress_at"] = int(time.time())
+            await asyncio.to_thread(store.save_batch, obj)
+        fields = await asyncio.to_thread(store.principal, batch_id)
+        principal = Principal(fields["key_id"], fields["team"], fields["data_class"],
+                              frozenset(fields["models"]))
+        pending = await asyncio.to_thread(store.pending, batch_id)
+        running: set[asyncio.Task[None]] = set()
+        try:
+            for line, custom_id, url, body in pending:
+                await self._slots.acquire()
+                if await self._status(batch_id) == "cancelling":
+                    self._slots.release()
+                    break
+                task = asyncio.get_running_loop().create_task(
+                    self._one(batch_id, principal, line, custom_id, url, body))
+                running.add(task)
+                task.add_done_callback(running.discard)
+            if running:
+                await asyncio.gather(*running)
+        except asyncio.CancelledError:
+            for task in running:
+                task.cancel()
+            raise
+        await self._finalize(batch_id)
+
+    async def _one(self, batch_id: str, principal: Principal, line: int, custom_id: str,
+                   url: str, body: bytes) -> None:
+        try:
+            for attempt in range(self.settings.retries + 1):
+                status, request_id, answer, wait_s = await self.call(principal, url, body)
+                if status not in (429, 503) or attempt == self.settings.retries:
+                    break
+                if await self._status(batch_id) == "cancelling":
+                    break
+                await asyncio.sleep(min(wait_s if wait_s is not None else 0.5 * 2 ** attempt,
+                                        self.settings.retry_max_wait_s))
+        finally:
+            self._slots.release()
+        try:
+            parsed: Any = json.loads(answer)
+        except ValueError:
+            parsed = answer.decode("utf-8", "replace")
+        ok = 200 <= status < 300
+        result: dict[str, Any] = {
+            "id": new_id("batch_req_"), "custom_id": custom_id,
+            "response": {"status_code": status, "request_id": request_id, "body": parsed},
+            "error": None,
+        }
+        if not ok:
+            err = parsed.get("error") if isinstance(parsed, dict) else None
+            result["error"] = {"code": (err or {}).get("code") or str(status),
+                               "message": (err or {}).get("message") or str(parsed)[:500]}
+        await asyncio.to_thread(self.store.answer, batch_id, line, ok, result)
+        obj = await asyncio.to_thread(self.store.batch, batch_id, None)
+        if obj is not None:
+            obj["request_counts"] = dict(zip(("total", "completed", "failed"),
+                                             await asyncio.to_thread(self.store.counts, batch_id),
+                                             strict=True))
+            await asyncio.to_thread(self.store.save_batch, obj)
+
+    async def call(self, principal: Principal, url: str,
+                   body: bytes) -> tuple[int, str, bytes, float | None]:
+        """Send one request through the relay in process.
+
+        Returns:
+            ``(HTTP status, x-request-id, response body, retry-after in seconds or None)``.
+        """
+        current = self.cell.current
+        if current.settings.keystore is None:
+            # Config keys: the key as configured now (a reload or restart may have removed it
+            # or changed its models); managed keys keep the principal stored with the batch.
+            key = next((k for k in current.settings.keys if k.id == principal.key_id), None)
+            if key is None:
+                err = GatewayError(
+                    f"The API key '{principal.key_id}' that created this batch is no longer "
+                    "configured.", code="key_revoked")
+                return 401, "", json.dumps(err.to_dict()).encode(), None
+            principal = principal_of(key)
+        state = dataclasses.replace(current, authenticator=_Fixed(principal))
+        headers = [(b"authorization", b"Bearer batch"), (b"content-type", b"application/json"),
+                   (b"content-length", str(len(body)).encode())]
+        flow = state.settings.flow_control
+        if flow.enabled and any(c.name == self.settings.priority_class for c in flow.classes):
+            headers.append((flow.header.lower().encode("latin-1"),
+                            self.settings.priority_class.encode("latin-1")))
+        scope: dict[str, Any] = {
+            "type": "http", "method": "POST", "path": url, "raw_path": url.encode(),
+            "headers": headers, "query_string": b"", "client": None, "extensions": {},
+            "http_version": "1.1", "scheme": "http",
+        }
+        sent = False
+        never: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        async def receive() -> dict[str, Any]:
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            await never  # no client to go away: the request ends when the relay ends it
+            return {"type": "http.disconnect"}
+
+        status = 500
+        request_id = ""
+        retry_after: float | None = None
+        chunks: list[bytes] = []
+
+        async def send(message: MutableMapping[str, Any]) -> None:
+            nonlocal status, request_id, retry_after
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+                for name, value in message.get("headers", ()):
+                    name = bytes(name).lower()
+                    if name == b"x-request-id":
+                        request_id = bytes(value).decode("latin-1")
+                    elif name in (b"retry-after-ms", b"retry-after") and retry_after is None:
+                        with contextlib.suppress(ValueError):
+                            scale = 1000.0 if name == b"retry-after-ms" else 1.0
+                            retry_after = float(bytes(value)) / scale
+            elif message["type"] == "http.response.body":
+                chunks.append(bytes(message.get("body", b"")))
+
+        try:
+            await relay.handle(state, scope, receive, send)
+        finally:
+            never.cancel()
+        return status, request_id, b"".join(chunks), retry_after
+
+    async def _finalize(self, batch_id: str) -> None:
+        store = self.store
+        obj = await asyncio.to_thread(store.batch, batch_id, None)
+        if obj is None or obj["status"] in FINAL:
+            return
+        cancelling = obj["status"] == "cancelling"
+        obj["status"] = "finalizing"
+        obj["finalizing_at"] = int(time.time())
+        await asyncio.to_thread(store.save_batch, obj)
+        owner = (await asyncio.to_thread(store.principal, batch_id))["key_id"]
+        now = int(time.time())
+        for ok, field in ((True, "output_file_id"), (False, "error_file_id")):
+            lines = await asyncio.to_thread(store.results, batch_id, ok)
+            if not lines:
+                continue
+            file_id = new_id("file-")
+            content = ("\n".join(lines) + "\n").encode()
+            row = {"id": file_id, "owner": owner, "purpose": "batch_output",
+                   "filename": f"{batch_id}_{'output' if ok else 'error'}.jsonl",
+                   "created_at": now}
+            await asyncio.to_thread(store.add_file, row, content)
+            obj[field] = file_id
+        total, completed, failed = await asyncio.to_thread(store.counts, batch_id)
+        obj["request_counts"] = {"total": total, "completed": completed, "failed": failed}
+        obj["status"] = "cancelled" if cancelling else "completed"
+        obj["cancelled_at" if cancelling else "completed_at"] = int(time.time())
+        await asyncio.to_thread(store.save_batch, obj)
+
+
+def open_runner(settings: GatewaySettings, cell: LiveState) -> BatchRunner | None:
+    """The runner of the ``batch`` section over its database, or ``None`` when it is off.
+
+    Raises:
+        ConfigError: No database path can be derived (see :func:`database_path`).
+    """
+    section = settings.batch
+    if section is None or not section.enabled:
+        return None
+    path = database_path(section, audit_store_url(settings.audit))
+    return BatchRunner(BatchStore(path), cell, section)

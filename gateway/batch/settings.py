@@ -1,0 +1,96 @@
+"""The ``batch:`` config section (the OpenAI-compatible Batch API, :mod:`gateway.batch`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pydantic import BaseModel, ConfigDict, Field
+
+if TYPE_CHECKING:
+    from gateway.audit.settings import AuditSettings
+
+__all__ = [
+    "NO_DATABASE",
+    "BatchSettings",
+    "audit_store_url",
+    "database_path",
+    "default_database",
+]
+
+
+class BatchSettings(BaseModel):
+    """``batch:``: files and batches of ``/v1/files`` and ``/v1/batches``.
+
+    Attributes:
+        enabled: Serve the Batch API (default true once the section is present).
+        database: SQLite file of the job state and the files; default ``batch.db`` next to
+            the audit store's SQLite file (a relative path is relative to the config file).
+        max_file_bytes: Largest accepted upload, in bytes (413 ``file_too_large`` above).
+        max_requests: Most request lines in one input file.
+        concurrency: Requests of all batches in flight at once (they then wait in the flow
+            control ``batch`` class like any other request of that class).
+        priority_class: The flow-control class named in the priority header of batch requests
+            (when flow control is on and has that class).
+        retries: How many times a request answered 429 or 503 (a full queue, a rate limit,
+            no replica) is sent again before its answer is recorded as its error line.
+        retry_max_wait_s: Longest wait before a retry, seconds (the answer's
+            ``retry-after-ms``/``Retry-After`` when shorter, else doubling from 0.5 s).
+        lease_s: How long a runner's claim on a batch lasts without renewal, seconds: after a
+            crash, another worker or the restarted gateway takes the batch over this late
+            (a clean stop gives it up at once).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    enabled: bool = True
+    database: Path | None = None
+    max_file_bytes: int = Field(default=100 * 1024 * 1024, gt=0)
+    max_requests: int = Field(default=50_000, gt=0)
+    concurrency: int = Field(default=4, gt=0, le=256)
+    priority_class: str = "batch"
+    retries: int = Field(default=5, ge=0, le=100)
+    retry_max_wait_s: float = Field(default=30.0, gt=0)
+    lease_s: float = Field(default=30.0, ge=1.0)
+
+
+def database_path(batch: BatchSettings, audit_store: str | None) -> Path:
+    """The batch database file: ``batch.database``, else ``batch.db`` next to the audit
+    store's SQLite file.
+
+    Args:
+        batch: The section.
+        audit_store: The ``audit.store`` URL (``None`` without an audit section, or when the
+            URL is read from ``audit.store_file``).
+
+    Raises:
+        ConfigError: Neither is given (a PostgreSQL audit store needs ``batch.database``).
+    """
+    from gateway.errors import ConfigError
+
+    found = default_database(batch, audit_store)
+    if found is None:
+        raise ConfigError(NO_DATABASE)
+    return found
+
+
+NO_DATABASE = ("batch.database: not set, and the audit store is not a SQLite file named in "
+               "audit.store to put batch.db next to; set batch.database")
+
+
+def default_database(batch: BatchSettings, audit_store: str | None) -> Path | None:
+    """:func:`database_path`, or ``None`` where it raises (for the settings' cross-check)."""
+    from gateway.audit.store import sqlite_file
+
+    if batch.database is not None:
+        return batch.database
+    audit_file = sqlite_file(audit_store) if audit_store else None
+    return audit_file.parent / "batch.db" if audit_file is not None else None
+
+
+def audit_store_url(audit: AuditSettings | None) -> str | None:
+    """The ``audit.store`` URL when the config names it (``None`` without an audit section or
+    when the URL is read from ``audit.store_file`` at start-up)."""
+    if audit is None or audit.store_file is not None:
+        return None
+    return audit.store
