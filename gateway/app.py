@@ -33,7 +33,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from gateway import models_api, relay
+from gateway import mcp, models_api, relay
 from gateway.access import AccessLogMiddleware
 from gateway.asgi_io import framing_refusal, scope_framing_problem
 from gateway.assembly import Gateway
@@ -63,6 +63,8 @@ class _GatewayApp(FastAPI):
 
     created: int = 0
     """Unix time in seconds reported as every model's ``created`` (set by create_app)."""
+    mcp: bool = False
+    """An MCP endpoint (``/mcp/<name>``, RFC 9728 metadata) is configured (set by create_app)."""
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http":
@@ -83,6 +85,14 @@ class _GatewayApp(FastAPI):
                 return
             if is_models_path(path):
                 await models_api.handle(gateway_state(scope), scope, receive, send, self.created)
+                return
+            if self.mcp and (path.startswith(mcp.PREFIX) or path.startswith(mcp.WELL_KNOWN)):
+                state = gateway_state(scope)
+                assert state.mcp is not None  # mcp: is restart-only
+                if path.startswith(mcp.PREFIX):
+                    await state.mcp.handle(state, scope, receive, send)
+                else:
+                    await state.mcp.handle_metadata(scope, send)
                 return
         elif scope["type"] == "lifespan":
             send = _startup_failure_in_one_line(send)
@@ -126,6 +136,7 @@ def _request_parts(parts: Gateway, settings: GatewaySettings) -> dict[str, Any]:
         "classify": classifying.classify if classifying else None,
         "routes": parts.routes,
         "refuse_redirects": parts.policy is not None,
+        "mcp": parts.mcp,
     }
 
 
@@ -267,6 +278,7 @@ def create_app(
         openapi_url=None,
     )
     app.created = created
+    app.mcp = parts.mcp is not None
     app.add_middleware(AccessLogMiddleware, log=settings.logging.access_log)
 
     @app.exception_handler(GatewayError)

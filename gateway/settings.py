@@ -56,6 +56,7 @@ from gateway.fleet.settings import RoutingSettings
 from gateway.flow.settings import FlowControlSettings
 from gateway.keys_file import merge_keys_file, relabel_keys
 from gateway.keystore.settings import KeystoreSettings
+from gateway.mcp.settings import McpSettings
 from gateway.override_names import OverrideNames, unmatched_overrides
 from gateway.quotas.settings import QuotaSettings
 from gateway.url_paths import UrlPath, url_path_fields, url_path_problem
@@ -434,6 +435,7 @@ class GatewaySettings(BaseSettings):
     quotas: QuotaSettings | None = None
     keystore: KeystoreSettings | None = None  # managed keys (store defaults to audit.store)
     telemetry: TelemetrySettings | None = None
+    mcp: McpSettings | None = None  # gateway.mcp: MCP servers fronted at /mcp/<name>
     # Where the settings were read from (file, key path -> line), set by parse().
     _source: tuple[str | None, LineMap | None] = PrivateAttr(default=(None, None))
     _warnings: tuple[ConfigProblem, ...] = PrivateAttr(default=())

@@ -25,6 +25,7 @@ from gateway.settings import GatewaySettings
 
 if TYPE_CHECKING:
     from gateway.flow.gate import FlowGate
+    from gateway.mcp.endpoint import McpEndpoint
 
 __all__ = ["STATE_KEY", "GatewayState", "LiveState", "gateway_state"]
 
@@ -57,6 +58,7 @@ class GatewayState:
             the configured CA bundle / client certificate).
         drain: The drain state of ``gateway serve`` (``None`` when not served by it).
         flow: Flow control (``None`` when ``flow_control.enabled`` is off).
+        mcp: The MCP endpoint (``/mcp/<name>``), if ``mcp:`` is configured.
         refuse_redirects: An upstream redirect answer fails the request with
             ``redirect_refused`` (the egress policy is on; it is never followed either way).
     """
@@ -76,6 +78,7 @@ class GatewayState:
     drain: Drain | None = None
     flow: FlowGate | None = None
     refuse_redirects: bool = False
+    mcp: McpEndpoint | None = None
 
 
 class LiveState:

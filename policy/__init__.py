@@ -9,14 +9,16 @@ Public API (other packages import only these names):
   :func:`checked_socket_factory`), :func:`make_session`, :class:`PolicyResolver` (transport
   layer, aiohttp), :func:`redirect_refused` / :data:`REDIRECT_STATUSES`,
   :func:`make_httpx_client`, :class:`PolicyAsyncTransport` (httpx, openai SDK);
-* :class:`EgressMatcher`, :class:`PinStore` (address checks shared by both);
+* :class:`EgressMatcher`, :class:`PinStore` (address checks shared by both),
+  :func:`check_target` (the one egress check of a host and port, also used for URL arguments
+  of MCP tool calls);
 * :func:`litellm_env`, :func:`import_litellm` (litellm without hidden egress);
 * :func:`check_binding`, :func:`start_guard` (gateway start-up), :func:`policy_middleware`
   (the gateway's ``RoutePolicy`` is ``gateway.egress.PolicyRoutes``, over :meth:`Policy.select`);
 * the :class:`PolicyError` tree (``errors`` module docstring).
 """
 
-from .egress import EgressMatcher, PinStore, Verdict
+from .egress import EgressMatcher, PinStore, Target, Verdict, check_target
 from .errors import (
     ClassChangeForbidden,
     EgressBlocked,
@@ -69,10 +71,12 @@ __all__ = [
     "RedirectRefused",
     "RenderError",
     "Selection",
+    "Target",
     "UnknownDataClass",
     "UnknownDestination",
     "Verdict",
     "check_binding",
+    "check_target",
     "checked_socket_factory",
     "import_litellm",
     "litellm_env",

@@ -139,6 +139,7 @@ class AuditObserver:
             "route": getattr(record, "route", None),
             "flow": getattr(record, "flow", None),
             "bytes_in": record.bytes_in,
+            "trace_id": record.trace_id,
         }
 
     def _end_fields(self, record: RequestRecord) -> dict[str, Any]:
