@@ -349,17 +349,20 @@ class McpEndpoint:
 
 
 async def _read_body(receive: Any, headers: Mapping[str, str], limit: int) -> bytes:
+    """The request body, up to ``limit`` bytes. A batch is refused at its first byte and an
+    announced length above the limit at the first chunk: neither is read whole."""
     length = headers.get("content-length")
-    if length is not None and length.isdigit() and int(length) > limit:
-        raise McpRefusal(413, INVALID_REQUEST, "request_too_large",
-                         f"request body above the limit of {limit} bytes")
+    too_large = length is not None and length.isdigit() and int(length) > limit
     body = bytearray()
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
             raise McpRefusal(400, INVALID_REQUEST, "client_gone", "client disconnected")
         body += message.get("body", b"")
-        if len(body) > limit:
+        if body.lstrip()[:1] == b"[":
+            raise McpRefusal(400, INVALID_REQUEST, "batch_refused",
+                             "JSON-RPC batches are not accepted: send one message per POST")
+        if too_large or len(body) > limit:
             raise McpRefusal(413, INVALID_REQUEST, "request_too_large",
                              f"request body above the limit of {limit} bytes")
         if not message.get("more_body", False):

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from tests.gateway.mcp_gateway.harness import Gateway, start_gateway
-from tests.gateway.mcp_gateway.upstreams import bad_server, sdk_server
+from tests.gateway.mcp_gateway.upstreams import Counting, bad_server, sdk_server
 from vllm_sim import SimConfig
 from vllm_sim import create_app as create_sim
 
@@ -19,7 +19,8 @@ def stack(serve_asgi: Callable[..., Any], tmp_path: Path) -> Iterator[dict[str, 
     """Upstreams (``tools``: the SDK server; ``wrongid``, ``forever``, ``huge``: bad ones),
     a ``web`` site, the simulator and the gateway in front of them."""
     sim = serve_asgi(create_sim(SimConfig(models=["m"])))
-    tools = serve_asgi(sdk_server())
+    counting = Counting(sdk_server())
+    tools = serve_asgi(counting)
     bad = {mode: serve_asgi(bad_server(mode)) for mode in ("wrong_id", "forever", "huge")}
     web = serve_asgi(create_sim(SimConfig(models=["w"])))
     servers = {"tools": tools.url + "/mcp",
@@ -34,6 +35,6 @@ def stack(serve_asgi: Callable[..., Any], tmp_path: Path) -> Iterator[dict[str, 
 
     gw: Gateway = start_gateway(tmp_path, sim.url, servers, {"web": web.port}, extra)
     try:
-        yield {"gateway": gw, "sim": sim, "web": web, "tools": tools}
+        yield {"gateway": gw, "sim": sim, "web": web, "tools": tools, "upstream": counting}
     finally:
         gw.stop()

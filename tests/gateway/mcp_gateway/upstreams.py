@@ -42,13 +42,53 @@ def sdk_server() -> Any:
     return server.streamable_http_app()
 
 
+class Counting:
+    """ASGI wrapper recording the JSON-RPC methods (and tool names) an upstream received."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.seen: list[str] = []
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        chunks: list[bytes] = []
+        more = True
+        while more:
+            msg = await receive()
+            chunks.append(msg.get("body", b""))
+            more = msg.get("more_body", False)
+        body = b"".join(chunks)
+        try:
+            obj = json.loads(body)
+            name = (obj.get("params") or {}).get("name")
+            self.seen.append(obj.get("method", "-") + (f":{name}" if name else ""))
+        except ValueError:
+            self.seen.append("not-json")
+        sent = False
+
+        async def replay() -> dict[str, Any]:
+            nonlocal sent
+            if sent:
+                return await receive()
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        await self.app(scope, replay, send)
+
+    def calls(self) -> list[str]:
+        """The ``tools/call`` requests received (``tools/call:<name>``)."""
+        return [s for s in self.seen if s.startswith("tools/call")]
+
+
 TOOLS = [{"name": "echo", "inputSchema": {"type": "object",
                                           "properties": {"text": {"type": "string"}}}}]
 
 
 def bad_server(mode: str) -> Any:
     """A raw ASGI MCP server answering ``tools/call`` badly (``mode``): ``wrong_id``, ``forever``
-    (an SSE stream of keep-alive events that never ends), ``huge`` (an endless JSON body)."""
+    (an SSE stream of progress notifications that never ends), ``huge`` (a 1 GiB JSON body)."""
 
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
@@ -84,18 +124,26 @@ def bad_server(mode: str) -> Any:
                         "headers": [(b"content-type", b"text/event-stream")]})
             note = {"jsonrpc": "2.0", "method": "notifications/progress",
                     "params": {"progressToken": 1, "progress": 1}}
-            while True:
+            gone = asyncio.ensure_future(receive())  # http.disconnect when the gateway cuts
+            while not gone.done():
                 await send({"type": "http.response.body", "more_body": True,
                             "body": b"data: " + json.dumps(note).encode() + b"\n\n"})
                 await asyncio.sleep(0.01)
-        else:  # huge: a JSON body that never ends
+            return
+        else:  # huge: a 1 GiB JSON body
             await send({"type": "http.response.start", "status": 200,
                         "headers": [(b"content-type", b"application/json")]})
             chunk = b" " * 65536
             await send({"type": "http.response.body", "body": b'{"jsonrpc":"2.0","id":1,'
                         b'"result":{"content":[{"type":"text","text":"', "more_body": True})
-            while True:
+            gone = asyncio.ensure_future(receive())
+            for _ in range(16384):  # 1 GiB, unless the gateway hangs up first
+                if gone.done():
+                    return
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                await asyncio.sleep(0)
+            await send({"type": "http.response.body", "body": b'"}]}}'})
+            return
         out = json.dumps({"jsonrpc": "2.0", "id": req.get("id"), "result": answer}).encode()
         await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"content-type", b"application/json")]})
