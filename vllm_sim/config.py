@@ -47,6 +47,10 @@ class SimConfig(BaseModel):
         time_scale: With a profile: wall-clock seconds per model second (2.0 = half speed).
         num_gpu_blocks: With a profile: override its KV-cache size in blocks (like vLLM's
             ``--num-gpu-blocks-override``).
+        auto_tool_calls: A request with ``tools`` and ``tool_choice`` ``auto`` (or absent) is
+            answered with a call of its first tool, as an agent's model would, unless the last
+            message is a tool result (then text: the agent loop ends). Off: ``auto`` answers
+            text, as before.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -60,6 +64,7 @@ class SimConfig(BaseModel):
     profile: str | None = None
     time_scale: float = Field(default=1.0, gt=0.0)
     num_gpu_blocks: int | None = Field(default=None, ge=1)
+    auto_tool_calls: bool = False
 
 
 class FaultSpec(BaseModel):

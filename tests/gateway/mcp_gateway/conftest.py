@@ -18,7 +18,7 @@ from vllm_sim import create_app as create_sim
 def stack(serve_asgi: Callable[..., Any], tmp_path: Path) -> Iterator[dict[str, Any]]:
     """Upstreams (``tools``: the SDK server; ``wrongid``, ``forever``, ``huge``: bad ones),
     a ``web`` site, the simulator and the gateway in front of them."""
-    sim = serve_asgi(create_sim(SimConfig(models=["m"])))
+    sim = serve_asgi(create_sim(SimConfig(models=["m"], auto_tool_calls=True)))
     counting = Counting(sdk_server())
     tools = serve_asgi(counting)
     bad = {mode: serve_asgi(bad_server(mode)) for mode in ("wrong_id", "forever", "huge")}

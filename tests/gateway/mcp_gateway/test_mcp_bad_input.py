@@ -92,7 +92,7 @@ def test_each_bad_request_is_refused_audited_and_not_forwarded(stack: dict[str, 
     del anon["authorization"]
     case("no key", post(url, call("echo", {"text": "x"}), anon), 401, -32600, "invalid_api_key")
 
-    for label, resp, status, code, reason in cases:
+    for label, resp, status, code, _ in cases:
         assert resp.status_code == status, (label, resp.status_code, resp.text[:300])
         body = resp.json()
         assert body["error"]["code"] == code, (label, body)
@@ -117,7 +117,7 @@ def test_url_arguments_to_denied_hosts_are_refused_in_every_spelling(
         "http://0251.0376.0251.0376/",                     # octal dotted
         "http://[fd00:ec2::254]/",                         # AWS IPv6 metadata
         "http://metadata.google.internal/",                # a name no destination names
-        "http://localhost:%d/" % web.port,                 # a name that resolves to loopback
+        f"http://localhost:{web.port}/",                   # a name that resolves to loopback
         "http://127.0.0.1:1/",                             # loopback, not a destination port
         "http://10.1.2.3/",                                # private, no destination
         "127.0.0.1:22",                                    # bare host:port
