@@ -15,6 +15,7 @@ Public API (other packages import only these names):
 * :func:`litellm_env`, :func:`import_litellm` (litellm without hidden egress);
 * :func:`check_binding`, :func:`start_guard` (gateway start-up), :func:`policy_middleware`
   (the gateway's ``RoutePolicy`` is ``gateway.egress.PolicyRoutes``, over :meth:`Policy.select`);
+* :func:`check_tool_access` (the MCP tool allow/deny globs of the gateway's ``mcp.access``);
 * the :class:`PolicyError` tree (``errors`` module docstring).
 """
 
@@ -36,6 +37,7 @@ from .guard import SELF_TEST_TARGET, EgressEvent, EgressGuard
 from .httpx_transport import PolicyAsyncTransport, make_httpx_client
 from .providers import LITELLM_OFFLINE_ENV, import_litellm, litellm_env
 from .runtime import BindingError, GuardMode, check_binding, start_guard
+from .tools import ToolVerdict, check_tool_access
 from .transport import (
     REDIRECT_STATUSES,
     PolicyResolver,
@@ -72,11 +74,13 @@ __all__ = [
     "RenderError",
     "Selection",
     "Target",
+    "ToolVerdict",
     "UnknownDataClass",
     "UnknownDestination",
     "Verdict",
     "check_binding",
     "check_target",
+    "check_tool_access",
     "checked_socket_factory",
     "import_litellm",
     "litellm_env",
