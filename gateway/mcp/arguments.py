@@ -26,7 +26,9 @@ from gateway.mcp.jsonrpc import FORBIDDEN, INVALID_PARAMS, McpRefusal
 from policy import EgressDenied, EgressMatcher, Policy, check_target
 from policy import Principal as PolicyPrincipal
 
-__all__ = ["argument_bytes", "check_schema", "check_size", "check_url_arguments"]
+__all__ = [
+    "argument_bytes", "check_schema", "check_size", "check_url_arguments", "compile_schema",
+]
 
 _DEFAULT_PORTS = {"http": 80, "https": 443, "ws": 80, "wss": 443, "ftp": 21}
 
@@ -48,15 +50,37 @@ def check_size(encoded: bytes, limit: int) -> None:
                          f"tool arguments are {len(encoded)} bytes, above the limit of {limit}")
 
 
-def check_schema(arguments: Any, schema: Mapping[str, Any] | None) -> None:
+def check_schema(arguments: Any, schema: Mapping[str, Any] | None,
+                 validator: Any | None = None) -> None:
     """Validate ``arguments`` against the tool's ``inputSchema``.
+
+    Args:
+        arguments: The call's arguments.
+        schema: The tool's ``inputSchema``.
+        validator: The schema's compiled validator (:func:`compile_schema`), if cached.
 
     Raises:
         McpRefusal: 400 ``schema_invalid`` (the arguments do not match; the message names the
-            JSON path, never the value) or ``tool_schema_invalid`` (the server's schema itself).
+            JSON path, never the value) or 502 ``tool_schema_invalid`` (the server's schema).
     """
     if schema is None:
         return
+    if validator is None:
+        validator = compile_schema(schema)
+    error = jsonschema.exceptions.best_match(validator.iter_errors(arguments))
+    if error is not None:
+        where = "/".join(str(p) for p in error.absolute_path) or "(root)"
+        raise McpRefusal(400, INVALID_PARAMS, "schema_invalid",
+                         f"arguments do not match the tool's inputSchema at {where}: "
+                         f"{error.validator} {error.validator_value!r}"[:300])
+
+
+def compile_schema(schema: Mapping[str, Any]) -> Any:
+    """The validator of ``schema`` (the class its ``$schema`` names, default 2020-12).
+
+    Raises:
+        McpRefusal: 502 ``tool_schema_invalid``.
+    """
     cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
     try:
         cls.check_schema(schema)
@@ -64,12 +88,7 @@ def check_schema(arguments: Any, schema: Mapping[str, Any] | None) -> None:
         raise McpRefusal(
             502, INVALID_PARAMS, "tool_schema_invalid",
             "the server's inputSchema for this tool is not a valid JSON schema") from exc
-    error = jsonschema.exceptions.best_match(cls(schema).iter_errors(arguments))
-    if error is not None:
-        where = "/".join(str(p) for p in error.absolute_path) or "(root)"
-        raise McpRefusal(400, INVALID_PARAMS, "schema_invalid",
-                         f"arguments do not match the tool's inputSchema at {where}: "
-                         f"{error.validator} {error.validator_value!r}"[:300])
+    return cls(schema)
 
 
 def _host_port(value: str) -> tuple[str, int]:

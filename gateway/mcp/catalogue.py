@@ -14,11 +14,12 @@ import asyncio
 import json
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
 
+from gateway.mcp.arguments import compile_schema
 from gateway.mcp.jsonrpc import HANDSHAKE_VERSIONS, MODERN_VERSIONS, UPSTREAM_ERROR, McpRefusal
 from gateway.mcp.settings import McpLimits
 from gateway.mcp.upstream import Upstream, read_json_answer
@@ -42,6 +43,19 @@ class ToolCatalogue:
     tools: Mapping[str, Mapping[str, Any]]
     modern: bool
     fetched_at: float
+    validators: dict[str, Any] = field(default_factory=dict)
+    """Compiled ``inputSchema`` validators by tool name (filled on first use)."""
+
+    def validator(self, tool: str) -> Any | None:
+        """The compiled validator of ``tool``'s ``inputSchema`` (``None``: no schema).
+
+        Raises:
+            McpRefusal: 502 ``tool_schema_invalid``.
+        """
+        if tool not in self.validators:
+            schema = self.tools[tool].get("inputSchema")
+            self.validators[tool] = compile_schema(schema) if isinstance(schema, dict) else None
+        return self.validators[tool]
 
 
 def _modern_body(method: str, rid: str, params: Mapping[str, Any] | None = None) -> bytes:

@@ -234,7 +234,8 @@ class McpEndpoint:
             raise McpRefusal(400, INVALID_PARAMS, "unknown_tool",
                              f"MCP server {upstream.name} has no tool {tool!r}")
         schema = definition.get("inputSchema")
-        check_schema(arguments, schema if isinstance(schema, dict) else None)
+        check_schema(arguments, schema if isinstance(schema, dict) else None,
+                     catalogue.validator(tool))
         if declared is not None and declared.url_arguments:
             await check_url_arguments(arguments, declared.url_arguments, self._matcher,
                                       self._policy,
