@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -22,9 +23,11 @@ import aiohttp
 from gateway.mcp.arguments import compile_schema
 from gateway.mcp.jsonrpc import HANDSHAKE_VERSIONS, MODERN_VERSIONS, UPSTREAM_ERROR, McpRefusal
 from gateway.mcp.settings import McpLimits
-from gateway.mcp.upstream import Upstream, read_json_answer
+from gateway.mcp.upstream import Link, RelayedStream, Upstream, read_json_answer
 
 __all__ = ["Catalogue", "ToolCatalogue"]
+
+_log = logging.getLogger(__name__)
 
 _CLIENT_INFO = {"name": "sovereign-gateway", "version": "0.1.0"}
 _MAX_PAGES = 100
@@ -80,8 +83,7 @@ class Catalogue:
         self._cache: dict[str, ToolCatalogue] = {}
         self._pending: dict[str, asyncio.Task[ToolCatalogue]] = {}
 
-    async def get(self, upstream: Upstream, session: aiohttp.ClientSession,
-                  ssl: Any = True) -> ToolCatalogue:
+    async def get(self, upstream: Upstream, link: Link) -> ToolCatalogue:
         """The server's tools (cached up to ``catalogue_ttl_s``).
 
         Raises:
@@ -92,14 +94,14 @@ class Catalogue:
             return hit
         task = self._pending.get(upstream.name)
         if task is None:
-            task = asyncio.ensure_future(self._fetch(upstream, session, ssl))
+            task = asyncio.ensure_future(self._fetch(upstream, link))
             self._pending[upstream.name] = task
             task.add_done_callback(lambda _: self._pending.pop(upstream.name, None))
         result = await asyncio.shield(task)
         self._cache[upstream.name] = result
         return result
 
-    async def _list(self, upstream: Upstream, session: aiohttp.ClientSession, ssl: Any,
+    async def _list(self, upstream: Upstream, link: Link,
                     headers: dict[str, str], modern: bool) -> dict[str, Mapping[str, Any]]:
         tools: dict[str, Mapping[str, Any]] = {}
         cursor: str | None = None
@@ -108,8 +110,8 @@ class Catalogue:
             rid = f"gateway-tools-{page}"
             body = (_modern_body("tools/list", rid, params) if modern else json.dumps(
                 {"jsonrpc": "2.0", "id": rid, "method": "tools/list", "params": params}).encode())
-            resp = await upstream.post(session, body, {**headers, "mcp-method": "tools/list"},
-                                       self._limits, ssl)
+            resp = await upstream.post(link, body, {**headers, "mcp-method": "tools/list"},
+                                       self._limits)
             async with resp:
                 if resp.status != 200:
                     raise McpRefusal(502, UPSTREAM_ERROR, "upstream_invalid",
@@ -128,35 +130,38 @@ class Catalogue:
                 break
         return tools
 
-    async def _fetch(self, upstream: Upstream, session: aiohttp.ClientSession,
-                     ssl: Any) -> ToolCatalogue:
+    async def _fetch(self, upstream: Upstream, link: Link) -> ToolCatalogue:
         modern_headers = upstream.headers({"mcp-protocol-version": MODERN_VERSIONS[-1]}, None)
         probe = await upstream.post(
-            session, _modern_body("server/discover", "gateway-discover"),
-            {**modern_headers, "mcp-method": "server/discover"}, self._limits, ssl)
+            link, _modern_body("server/discover", "gateway-discover"),
+            {**modern_headers, "mcp-method": "server/discover"}, self._limits)
         async with probe:
             modern = probe.status == 200
+            async for _ in RelayedStream(probe, None, upstream.name, self._limits).chunks():
+                pass  # read to the end: the connection goes back to the pool
         if modern:
-            tools = await self._list(upstream, session, ssl, modern_headers, True)
+            tools = await self._list(upstream, link, modern_headers, True)
             return ToolCatalogue(tools, True, time.monotonic())
         version = HANDSHAKE_VERSIONS[-1]
         init = json.dumps({"jsonrpc": "2.0", "id": "gateway-init", "method": "initialize",
                            "params": {"protocolVersion": version, "capabilities": {},
                                       "clientInfo": _CLIENT_INFO}}).encode()
-        resp = await upstream.post(session, init, upstream.headers({}, None), self._limits, ssl)
+        resp = await upstream.post(link, init, upstream.headers({}, None), self._limits)
         async with resp:
             sid = resp.headers.get("mcp-session-id")
             await read_json_answer(resp, "gateway-init", upstream.name, self._limits)
         headers = upstream.headers({"mcp-protocol-version": version}, sid)
         note = json.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"}).encode()
-        async with await upstream.post(session, note, headers, self._limits, ssl):
-            pass
+        async with await upstream.post(link, note, headers, self._limits) as answer:
+            async for _ in RelayedStream(answer, None, upstream.name, self._limits).chunks():
+                pass
         try:
-            tools = await self._list(upstream, session, ssl, headers, False)
+            tools = await self._list(upstream, link, headers, False)
         finally:
             if sid is not None:
                 try:
-                    await upstream.delete(session, sid, ssl)
-                except aiohttp.ClientError:
-                    pass
+                    await upstream.delete(link, sid)
+                except aiohttp.ClientError as exc:
+                    _log.warning("MCP server %s: ending the catalogue session failed: %s",
+                                 upstream.name, exc)
         return ToolCatalogue(tools, False, time.monotonic())

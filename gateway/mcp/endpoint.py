@@ -47,7 +47,7 @@ from gateway.mcp.paths import PREFIX
 from gateway.mcp.records import CallRecord, trace_id_of
 from gateway.mcp.sessions import SessionBinder
 from gateway.mcp.settings import McpSettings
-from gateway.mcp.upstream import RelayedStream, Upstream
+from gateway.mcp.upstream import Link, RelayedStream, Upstream
 from policy import EgressMatcher, Policy
 from policy import Principal as PolicyPrincipal
 
@@ -145,16 +145,24 @@ class McpEndpoint:
                     extra.append((b"allow", b"POST, DELETE"))
                 out = error_body(msg.id if msg is not None and msg.is_request else None,
                                  exc.rpc_code, exc.message, exc.data)
-                await _send_json(send, exc.status, out, extra)
                 rec.bytes_out = len(out)
+                await self._record(rec)  # durable before the client hears of the refusal
+                await _send_json(send, exc.status, out, extra)
         finally:
             self.metrics.observe(rec)
-            if self._audit is not None and (rec.method == "tools/call" or rec.decision != "allow"
-                                            or rec.reason is not None):
-                try:
-                    await self._audit(rec.event())
-                except Exception:
-                    _log.exception("audit record of MCP request %s lost", rec.request_id)
+            await self._record(rec)
+
+    async def _record(self, rec: CallRecord) -> None:
+        """Append the request's audit record once (tool calls and refusals only)."""
+        if self._audit is None or rec.recorded:
+            return
+        if rec.method != "tools/call" and rec.decision == "allow" and rec.reason is None:
+            return
+        rec.recorded = True
+        try:
+            await self._audit(rec.event())
+        except Exception:
+            _log.exception("audit record of MCP request %s lost", rec.request_id)
 
     def _challenge(self, server: str) -> bytes:
         meta = self.settings.resource_metadata
@@ -228,7 +236,7 @@ class McpEndpoint:
         if declared is not None and declared.max_argument_bytes is not None:
             limit = min(limit, declared.max_argument_bytes)
         check_size(encoded, limit)
-        catalogue = await self.catalogue.get(upstream, state.session, state.upstream_ssl)
+        catalogue = await self.catalogue.get(upstream, Link.of(state))
         definition = catalogue.tools.get(tool)
         if definition is None:
             raise McpRefusal(400, INVALID_PARAMS, "unknown_tool",
@@ -248,8 +256,8 @@ class McpEndpoint:
                        body: bytes, headers: Mapping[str, str], upstream_sid: str | None,
                        rec: CallRecord, send: Any) -> None:
         limits = self.settings.limits
-        resp = await upstream.post(state.session, body, upstream.headers(headers, upstream_sid),
-                                   limits, state.upstream_ssl)
+        resp = await upstream.post(Link.of(state), body,
+                                   upstream.headers(headers, upstream_sid), limits)
         async with resp:
             out_headers: list[tuple[bytes, bytes]] = []
             sid = resp.headers.get("mcp-session-id")
@@ -290,6 +298,7 @@ class McpEndpoint:
             async for raw, _, message in stream.events():
                 if isinstance(message, dict) and "method" in message and "id" in message and (
                         rec.protocol_version in MODERN_VERSIONS):
+                    stream.resp.abandon()
                     raise McpRefusal(502, INTERNAL_ERROR, "upstream_request_refused",
                                      "MCP server sent a request on a 2026-07-28 stream")
                 if not started:
@@ -344,7 +353,7 @@ class McpEndpoint:
         if sid is None:
             raise McpRefusal(404, INVALID_REQUEST, "session_unknown", "Session not found")
         rec.decision = "allow"
-        status = await upstream.delete(state.session, sid, state.upstream_ssl)
+        status = await upstream.delete(Link.of(state), sid)
         rec.status = status
         await _send(send, status, b"", [])
 

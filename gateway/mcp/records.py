@@ -57,6 +57,7 @@ class CallRecord:
     bytes_out: int = 0
     trace_id: str | None = None
     rpc_error: int | None = None
+    recorded: bool = False
 
     @property
     def duration_us(self) -> int:

@@ -1,8 +1,10 @@
 """Forwarding one MCP message to an upstream server and reading its answer, bounded.
 
-Requests go through the gateway's upstream aiohttp session, whose connector is the egress
-policy's checked connector when a policy is configured (every connection checked at connect
-time, no proxy from the environment); redirects are never followed. The client's
+Requests go through the relay's own pooled HTTP/1.1 client (:class:`gateway.h1.RelayClient`,
+the one model requests take), which dials through the egress policy's checked connector when a
+policy is configured (every connection checked at connect time, no proxy from the
+environment); redirects are never followed (the client does not follow any). ``DELETE`` of a
+handshake-era session goes through the upstream aiohttp session (same connector). The client's
 ``Authorization`` is never forwarded: the server's own token (``auth_token_file``, a mounted
 Secret) is injected instead.
 
@@ -21,20 +23,106 @@ import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 
+from gateway.h1 import (
+    ConnectFailed,
+    ConnectionClosed,
+    ConnectTimedOut,
+    IncompleteBody,
+    RelayClient,
+    Response,
+)
+from gateway.h1 import ProtocolError as H1ProtocolError
 from gateway.mcp.jsonrpc import UPSTREAM_ERROR, McpRefusal
 from gateway.mcp.settings import McpLimits, McpServerSettings
 from gateway.mcp.sse import SseSplitter
 
-__all__ = ["FORWARDED_HEADERS", "RelayedStream", "Upstream", "read_json_answer"]
+__all__ = ["FORWARDED_HEADERS", "Answer", "Link", "RelayedStream", "Upstream", "read_json_answer"]
 
 FORWARDED_HEADERS = frozenset({
     "accept", "content-type", "mcp-protocol-version", "mcp-method", "mcp-name",
     "traceparent", "tracestate", "last-event-id",
 })
 """Client headers relayed upstream (plus ``mcp-param-*``); never ``authorization`` or cookies."""
+
+
+@dataclass(frozen=True, slots=True)
+class Link:
+    """The upstream transports of one gateway state (``state.upstream``, ``state.session``).
+
+    Attributes:
+        client: The relay's pooled client (POST).
+        session: The aiohttp session (DELETE).
+        ssl: ``ssl`` argument for aiohttp requests (``state.upstream_ssl``).
+    """
+
+    client: RelayClient
+    session: aiohttp.ClientSession
+    ssl: Any = True
+
+    @classmethod
+    def of(cls, state: Any) -> Link:
+        """The link of a :class:`gateway.state.GatewayState`."""
+        return cls(state.upstream, state.session, state.upstream_ssl)
+
+
+_DRAIN_BYTES = 65536
+_DRAIN_S = 0.05
+
+
+class Answer:
+    """An upstream response whose head has arrived (use ``async with``: the connection goes
+    back to the pool when the body was read to its end, else it is closed).
+
+    Attributes:
+        status: HTTP status.
+        headers: Lower-case name -> value.
+    """
+
+    def __init__(self, response: Response) -> None:
+        self._response = response
+        self.status = response.status
+        self.headers: Mapping[str, str] = response.headers
+        self._abandoned = False
+
+    @property
+    def content_type(self) -> str:
+        """The media type, lower case, without parameters."""
+        return self.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+
+    async def read(self) -> bytes:
+        """The body bytes received so far; ``b""`` at its end."""
+        return await self._response.read()
+
+    async def __aenter__(self) -> Answer:
+        return self
+
+    def abandon(self) -> None:
+        """The answer was refused midway: close the connection at exit, read nothing more."""
+        self._abandoned = True
+
+    async def __aexit__(self, *exc: object) -> None:
+        if not self._response.complete and exc[0] is None and not self._abandoned:
+            # An SSE answer ends just after its final response: a short, bounded wait for that
+            # end lets the connection go back to the pool instead of being closed.
+            deadline = time.monotonic() + _DRAIN_S
+            try:
+                left = _DRAIN_BYTES
+                while left > 0 and not self._response.complete:
+                    chunk = await asyncio.wait_for(self._response.read(),
+                                                   max(0.0, deadline - time.monotonic()))
+                    if not chunk:
+                        break
+                    left -= len(chunk)
+            except (TimeoutError, ConnectionClosed, IncompleteBody, H1ProtocolError):
+                pass
+        if self._response.complete:
+            self._response.release()
+        else:
+            self._response.close()
 
 
 class Upstream:
@@ -48,6 +136,9 @@ class Upstream:
         self.settings = settings
         self.name = settings.name
         self.url = settings.url
+        split = urlsplit(settings.url)
+        self._parts = (f"{split.scheme}://{split.netloc}",
+                       (split.path or "/") + (f"?{split.query}" if split.query else ""))
         self._token: str | None = None
 
     def load_secret(self) -> None:
@@ -72,35 +163,40 @@ class Upstream:
             out["authorization"] = f"Bearer {self._token}"
         return out
 
-    async def post(self, session: aiohttp.ClientSession, body: bytes, headers: Mapping[str, str],
-                   limits: McpLimits, ssl: Any = True) -> aiohttp.ClientResponse:
-        """POST one message upstream and return the response (headers read, body not).
+    async def post(self, link: Link, body: bytes, headers: Mapping[str, str],
+                   limits: McpLimits) -> Answer:
+        """POST one message upstream and return the answer (head read, body not).
 
         Raises:
-            McpRefusal: 502 ``upstream_unreachable`` / 504 ``upstream_timeout``; an egress
-                refusal of the connection surfaces here as ``upstream_unreachable`` with the
-                policy's reason.
+            McpRefusal: 502 ``upstream_unreachable`` (an egress refusal of the connection
+                included, with the policy's reason) / 504 ``upstream_timeout``.
         """
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=10.0,
-                                        sock_read=limits.idle_timeout_s)
+        parts = self._parts
         try:
-            return await session.post(self.url, data=body, headers=dict(headers),
-                                      allow_redirects=False, timeout=timeout, ssl=ssl)
+            response = await asyncio.wait_for(
+                link.client.post(parts[0], parts[1], dict(headers), body),
+                limits.idle_timeout_s)
         except TimeoutError as exc:
             raise McpRefusal(504, UPSTREAM_ERROR, "upstream_timeout",
                              f"MCP server {self.name} did not answer in time") from exc
+        except (ConnectFailed, ConnectTimedOut, ConnectionClosed, H1ProtocolError, OSError,
+                ValueError) as exc:
+            raise McpRefusal(502, UPSTREAM_ERROR, "upstream_unreachable",
+                             f"MCP server {self.name} unreachable: {type(exc).__name__}") from exc
         except Exception as exc:
+            # policy.EgressDenied and the like: a refusal of the connection by the policy.
             reason = getattr(exc, "message", None) or type(exc).__name__
             raise McpRefusal(502, UPSTREAM_ERROR, "upstream_unreachable",
                              f"MCP server {self.name} unreachable: {reason}") from exc
+        return Answer(response)
 
-    async def delete(self, session: aiohttp.ClientSession, session_id: str, ssl: Any = True) -> int:
+    async def delete(self, link: Link, session_id: str) -> int:
         """End an upstream session (``DELETE`` with ``Mcp-Session-Id``); return the status."""
         headers = {"mcp-session-id": session_id}
         if self._token is not None:
             headers["authorization"] = f"Bearer {self._token}"
-        async with session.delete(self.url, headers=headers, allow_redirects=False,
-                                  ssl=ssl) as resp:
+        async with link.session.delete(self.url, headers=headers, allow_redirects=False,
+                                       ssl=link.ssl) as resp:
             return resp.status
 
 
@@ -120,7 +216,7 @@ def _check_id(message: Any, request_id: Any, server: str) -> bool:
     return False
 
 
-async def read_json_answer(resp: aiohttp.ClientResponse, request_id: Any, server: str,
+async def read_json_answer(resp: Answer, request_id: Any, server: str,
                            limits: McpLimits) -> tuple[bytes, Any]:
     """Read a JSON (or SSE, to its final response) answer whole, bounded.
 
@@ -152,7 +248,7 @@ class RelayedStream:
         digest: SHA-256 of the final response message's bytes (set when it arrives).
     """
 
-    resp: aiohttp.ClientResponse
+    resp: Answer
     request_id: Any
     server: str
     limits: McpLimits
@@ -166,7 +262,20 @@ class RelayedStream:
         return self.resp.content_type == "text/event-stream"
 
     async def chunks(self) -> AsyncIterator[bytes]:
-        """The body's chunks as they arrive, within the byte limit, deadline and idle gap."""
+        """The body's chunks as they arrive, within the byte limit, deadline and idle gap.
+
+        Raises:
+            McpRefusal: A bound was crossed (the answer is then abandoned: its connection
+                closes).
+        """
+        try:
+            async for chunk in self._chunks():
+                yield chunk
+        except McpRefusal:
+            self.resp.abandon()
+            raise
+
+    async def _chunks(self) -> AsyncIterator[bytes]:
         deadline = time.monotonic() + self.limits.call_timeout_s
         while True:
             left = deadline - time.monotonic()
@@ -175,11 +284,11 @@ class RelayedStream:
                                  f"MCP server {self.server} exceeded the call timeout")
             try:
                 chunk = await asyncio.wait_for(
-                    self.resp.content.readany(), min(left, self.limits.idle_timeout_s))
+                    self.resp.read(), min(left, self.limits.idle_timeout_s))
             except TimeoutError as exc:
                 raise McpRefusal(504, UPSTREAM_ERROR, "upstream_timeout",
                                  f"MCP server {self.server} went silent") from exc
-            except aiohttp.ClientError as exc:
+            except (ConnectionClosed, IncompleteBody, H1ProtocolError) as exc:
                 raise McpRefusal(502, UPSTREAM_ERROR, "upstream_invalid",
                                  f"MCP server {self.server} broke the answer off") from exc
             if not chunk:
@@ -198,8 +307,16 @@ class RelayedStream:
         stops after the final response to the request.
 
         Raises:
-            McpRefusal: See :func:`read_json_answer`.
+            McpRefusal: See :func:`read_json_answer` (the answer is then abandoned).
         """
+        try:
+            async for item in self._events():
+                yield item
+        except McpRefusal:
+            self.resp.abandon()
+            raise
+
+    async def _events(self) -> AsyncIterator[tuple[bytes, bytes | None, Any]]:
         if not self.is_sse:
             body = bytearray()
             async for chunk in self.chunks():
