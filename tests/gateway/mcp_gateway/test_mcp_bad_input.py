@@ -101,8 +101,18 @@ def test_each_bad_request_is_refused_audited_and_not_forwarded(stack: dict[str, 
     assert [r["reason"] for r in refused] == [c[4] for c in cases]
     assert all(r["decision"] == "deny" for r in refused)
     no_key = cases[-1][1]
-    assert no_key.headers["www-authenticate"] == (
-        f'Bearer resource_metadata="{gw.url}/.well-known/oauth-protected-resource/mcp/tools"')
+    metadata_url = f"{gw.url}/.well-known/oauth-protected-resource/mcp/tools"
+    assert no_key.headers["www-authenticate"] == f'Bearer resource_metadata="{metadata_url}"'
+    # RFC 9728: the document at that URL names this resource exactly and the token issuers.
+    meta = httpx.get(metadata_url, timeout=10)
+    assert meta.status_code == 200 and meta.json() == {
+        "resource": f"{gw.url}/mcp/tools", "authorization_servers": ["https://id.example.eu"],
+        "bearer_methods_supported": ["header"]}
+    assert httpx.get(f"{gw.url}/.well-known/oauth-protected-resource/mcp/nope",
+                     timeout=10).status_code == 404
+    # The standalone GET stream of the 2025 revisions is not offered.
+    get = httpx.get(url, headers={"authorization": f"Bearer {KEYS['agent']}"}, timeout=10)
+    assert get.status_code == 405 and get.headers["allow"] == "POST, DELETE"
 
 
 def test_url_arguments_to_denied_hosts_are_refused_in_every_spelling(
