@@ -253,6 +253,8 @@ def assemble(
             telemetry.watch_audit(audit.log)
         if flow is not None:
             telemetry.watch_flow(flow.queue_lengths)
+        if mcp is not None:
+            telemetry.watch_mcp(mcp.metrics.call_rows, mcp.metrics.seconds_rows)
         middlewares.append(telemetry.tracer.middleware)  # outermost: client spans
     if policy is not None:
         wiring = wire_egress(

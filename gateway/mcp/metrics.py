@@ -20,6 +20,8 @@ class McpMetrics:
         """(server, tool or method, decision, reason or "ok") -> count."""
         self.duration_us_total = 0
         self.tool_calls = 0
+        self.duration_us: Counter[str] = Counter()
+        """server -> total microseconds of forwarded tool calls."""
 
     def observe(self, rec: CallRecord) -> None:
         """Count one finished request."""
@@ -28,6 +30,15 @@ class McpMetrics:
         if rec.method == "tools/call" and rec.decision == "allow":
             self.tool_calls += 1
             self.duration_us_total += rec.duration_us
+            self.duration_us[rec.server or "-"] += rec.duration_us
+
+    def call_rows(self) -> list[tuple[tuple[str, ...], float]]:
+        """``((server, tool, decision, reason), count)`` rows (the telemetry's counter)."""
+        return [(labels, float(n)) for labels, n in list(self.calls.items())]
+
+    def seconds_rows(self) -> list[tuple[tuple[str, ...], float]]:
+        """``((server,), seconds)`` rows of forwarded tool calls."""
+        return [((server,), us / 1e6) for server, us in list(self.duration_us.items())]
 
     def refusals(self) -> Counter[str]:
         """Refusals by reason."""

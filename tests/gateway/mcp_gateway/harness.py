@@ -52,6 +52,7 @@ class Gateway:
     url: str
     db: Path
     proc: subprocess.Popen[bytes]
+    admin_port: int = 0
     stderr: bytes = b""
     cfg: dict[str, Any] = field(default_factory=dict)
 
@@ -66,6 +67,15 @@ class Gateway:
              f"sqlite://{self.db}"], cwd=ROOT, capture_output=True, text=True, check=True,
             env={**os.environ, "PYTHONPATH": str(ROOT)})
         return [json.loads(line) for line in res.stdout.splitlines() if line.strip()]
+
+    def metrics(self, prefix: str) -> dict[tuple[tuple[str, str], ...], float]:
+        """Samples of the admin ``/metrics`` page whose names start with ``prefix``."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        text = httpx.get(f"http://127.0.0.1:{self.admin_port}/metrics", timeout=10).text
+        return {(("__name__", smp.name), *sorted(smp.labels.items())): smp.value
+                for fam in text_string_to_metric_families(text) for smp in fam.samples
+                if smp.name.startswith(prefix)}
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -117,6 +127,7 @@ def start_gateway(tmp_path: Path, model_url: str, servers: dict[str, str],
                   "replica_id": "mcp-test",
                   "pseudonym_key_file": str(generate_key_file(tmp_path / "pseudonym.key"))},
         "mcp": mcp,
+        "telemetry": {"admin": {"host": "127.0.0.1", "port": (admin := free_port())}},
     }
     cfg_file = tmp_path / "gateway.yaml"
     cfg_file.write_text(yaml.safe_dump(cfg))
@@ -124,7 +135,7 @@ def start_gateway(tmp_path: Path, model_url: str, servers: dict[str, str],
         [sys.executable, "-m", "gateway.cli", "serve", "--config", str(cfg_file)], cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT)}, stderr=subprocess.PIPE,
         start_new_session=True)
-    gw = Gateway(f"http://127.0.0.1:{port}", db, proc, cfg=cfg)
+    gw = Gateway(f"http://127.0.0.1:{port}", db, proc, admin_port=admin, cfg=cfg)
     deadline = time.monotonic() + 60
     while True:
         try:

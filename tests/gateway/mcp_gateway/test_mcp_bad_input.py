@@ -100,6 +100,14 @@ def test_each_bad_request_is_refused_audited_and_not_forwarded(stack: dict[str, 
     refused = [r["data"] for r in gw.records() if r["type"] == "mcp.refused"]
     assert [r["reason"] for r in refused] == [c[4] for c in cases]
     assert all(r["decision"] == "deny" for r in refused)
+    # Refusals per reason on the Prometheus page.
+    counts: dict[str, float] = {}
+    for labels, value in gw.metrics("sg_gateway_mcp_calls").items():
+        lab = dict(labels)
+        if lab["__name__"] == "sg_gateway_mcp_calls_total" and lab["sg_decision"] == "deny":
+            counts[lab["sg_mcp_reason"]] = counts.get(lab["sg_mcp_reason"], 0) + value
+    assert counts["header_mismatch"] == 4 and counts["batch_refused"] == 1
+    assert sum(counts.values()) == len(cases)
     no_key = cases[-1][1]
     metadata_url = f"{gw.url}/.well-known/oauth-protected-resource/mcp/tools"
     assert no_key.headers["www-authenticate"] == f'Bearer resource_metadata="{metadata_url}"'
