@@ -33,7 +33,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from gateway import models_api, relay, usage_api
+from gateway import mcp, models_api, relay, usage_api
 from gateway.access import AccessLogMiddleware
 from gateway.asgi_io import escaped_api_path, framing_refusal, scope_framing_problem
 from gateway.assembly import Gateway
@@ -75,6 +75,8 @@ class _GatewayApp(FastAPI):
 
     created: int = 0
     """Unix time in seconds reported as every model's ``created`` (set by create_app)."""
+    mcp: bool = False
+    """An MCP endpoint (``/mcp/<name>``, RFC 9728 metadata) is configured (set by create_app)."""
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http":
@@ -98,6 +100,14 @@ class _GatewayApp(FastAPI):
                 return
             if is_models_path(path):
                 await models_api.handle(gateway_state(scope), scope, receive, send, self.created)
+                return
+            if self.mcp and (path.startswith(mcp.PREFIX) or path.startswith(mcp.WELL_KNOWN)):
+                state = gateway_state(scope)
+                assert state.mcp is not None  # mcp: is restart-only
+                if path.startswith(mcp.PREFIX):
+                    await state.mcp.handle(state, scope, receive, send)
+                else:
+                    await state.mcp.handle_metadata(scope, send)
                 return
         elif scope["type"] == "lifespan":
             send = _startup_failure_in_one_line(send)
@@ -151,6 +161,7 @@ def _request_parts(parts: Gateway, settings: GatewaySettings) -> dict[str, Any]:
         "routes": parts.routes,
         "refuse_redirects": parts.policy is not None,
         "pii": pii_stage(parts.policy),
+        "mcp": parts.mcp,
     }
 
 
@@ -319,6 +330,7 @@ def create_app(
     app.created = created
     if settings.batch is not None and settings.batch.enabled:
         app.router.routes.extend(batch_routes())
+    app.mcp = parts.mcp is not None
     app.add_middleware(AccessLogMiddleware, log=settings.logging.access_log)
 
     @app.exception_handler(GatewayError)

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from gateway.audit.observer import AuditObserver
     from gateway.egress import EgressRuntime
     from gateway.flow.gate import FlowGate
+    from gateway.mcp.endpoint import McpEndpoint
     from gateway.quotas.hook import QuotaHook
     from gateway.telemetry import Telemetry
     from policy import Policy
@@ -77,6 +78,7 @@ class Gateway:
         telemetry: The telemetry, if ``telemetry:`` is enabled (or passed in).
         flow: Flow control, if ``flow_control.enabled`` (acts in the ``admit`` stage, after
             the admission hooks: a request the quotas refuse never queues).
+        mcp: The MCP endpoint (``/mcp/<name>``), if ``mcp:`` is configured.
         pure_routes: ``route_policy`` decides from the model, key, team and data class alone,
             so its decisions are made once (the egress policy, ``AllowAll``).
         hooks: The observers' and admission hooks' bound hooks (built here, once).
@@ -99,6 +101,7 @@ class Gateway:
     quotas: QuotaHook | None = None
     telemetry: Telemetry | None = None
     flow: FlowGate | None = None
+    mcp: McpEndpoint | None = None
     pure_routes: bool = False
     # Started and stopped with the app, after the others (the continuous pre-flight).
     background: tuple[object, ...] = ()
@@ -189,8 +192,9 @@ class Gateway:
         """
         seen: list[object] = []
         telemetry = (self.telemetry,) if self.telemetry is not None else ()
+        mcp = (self.mcp,) if self.mcp is not None else ()
         for component in (self.authenticator, *self.observers, *self.admission, *telemetry,
-                          self.route_policy, *self.background):
+                          self.route_policy, *self.background, *mcp):
             if not any(component is other for other in seen):
                 seen.append(component)
         return tuple(seen)
@@ -226,6 +230,7 @@ def assemble(
     from gateway.audit.observer import checked_build
     from gateway.egress import load_policy, wire_egress
     from gateway.identity.build import wrap_identity
+    from gateway.mcp.wiring import build_mcp
     from gateway.preflight.live_settings import check_preflight_files
     from gateway.quotas.wiring import build_authenticator, build_quota_hook
     from gateway.telemetry import Telemetry, check_telemetry
@@ -241,6 +246,8 @@ def assemble(
     check_tls_files(settings)
     check_preflight_files(settings.preflight)
     audit = checked_build(settings)  # reads the key files; the store opens in the lifespan
+    mcp = build_mcp(settings.mcp, policy, egress.matcher if egress is not None else None,
+                    audit.record_event if audit is not None else None)
     quotas = build_quota_hook(settings, on_event=audit.record_event if audit is not None else None)
 
     router = Router(settings)
@@ -262,6 +269,8 @@ def assemble(
             telemetry.watch_audit(audit.log)
         if flow is not None:
             telemetry.watch_flow(flow.queue_lengths)
+        if mcp is not None:
+            telemetry.watch_mcp(mcp.metrics.call_rows, mcp.metrics.seconds_rows)
         middlewares.append(telemetry.tracer.middleware)  # outermost: client spans
     if policy is not None:
         wiring = wire_egress(
@@ -293,6 +302,7 @@ def assemble(
         quotas=quotas,
         telemetry=telemetry,
         flow=flow,
+        mcp=mcp,
         pure_routes=policy is None or not policy.unsafe_allow_all,  # unsafe logs per request
     )
 
@@ -388,6 +398,8 @@ def reassemble(running: Gateway, settings: GatewaySettings, base: Path | None = 
         telemetry=running.telemetry,
         pure_routes=policy is None or not policy.unsafe_allow_all,
         flow=running.flow,  # rebound to the new router when the app swaps
+        # mcp: itself is restart-only; a new policy revision applies to its calls too.
+        mcp=running.mcp.rebound(policy) if running.mcp is not None else None,
     )
 
 

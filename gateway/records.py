@@ -67,6 +67,22 @@ Outcome = Literal[
 _log = logging.getLogger(__name__)
 
 
+def _client_trace_id(scope: Mapping[str, Any]) -> str | None:
+    """The trace id of the client's W3C ``traceparent`` (links a chat completion to the tool
+    calls its answer asked for in the audit log; telemetry replaces it with its span's)."""
+    for name, value in scope["headers"]:
+        if name == b"traceparent":
+            parts = value.split(b"-")
+            if len(parts) == 4 and len(parts[1]) == 32 and parts[1] != b"0" * 32:
+                try:
+                    int(parts[1], 16)
+                except ValueError:
+                    return None
+                return str(parts[1].decode().lower())
+            return None
+    return None
+
+
 def _request_id() -> str:
     """A random version-4 UUID as 32 hex digits (``uuid.uuid4().hex``, without the UUID
     object: a third of the time)."""
@@ -166,7 +182,8 @@ class RequestRecord:
     @classmethod
     def for_scope(cls, scope: Mapping[str, Any]) -> RequestRecord:
         """A new record for the ASGI HTTP request ``scope``: a fresh 32-hex-digit request id,
-        the wall-clock start (Unix epoch seconds), method, path and ``host:port`` of the client.
+        the wall-clock start (Unix epoch seconds), method, path and ``host:port`` of the client,
+        and the trace id of the client's ``traceparent``.
         """
         client = scope.get("client")
         return cls(
@@ -175,6 +192,7 @@ class RequestRecord:
             method=scope["method"],
             path=scope["path"],
             client_addr=f"{client[0]}:{client[1]}" if client else None,
+            trace_id=_client_trace_id(scope),
         )
 
     def to_dict(self) -> dict[str, Any]:

@@ -63,6 +63,7 @@ from gateway.flow.settings import FlowControlSettings
 from gateway.identity.settings import IdentitySettings
 from gateway.keys_file import merge_keys_file, relabel_keys
 from gateway.keystore.settings import KeystoreSettings
+from gateway.mcp.settings import McpSettings
 from gateway.override_names import OverrideNames, unmatched_overrides
 from gateway.preflight.live_settings import ContinuousSettings
 from gateway.quotas.settings import QuotaSettings
@@ -448,6 +449,7 @@ class GatewaySettings(BaseSettings):
     preflight: ContinuousSettings | None = None  # continuous pre-flight (gateway.preflight)
     identity: IdentitySettings | None = None  # gateway.identity: JWT and mTLS callers
     batch: BatchSettings | None = None  # the Batch API (gateway.batch)
+    mcp: McpSettings | None = None  # gateway.mcp: MCP servers fronted at /mcp/<name>
     # Where the settings were read from (file, key path -> line), set by parse().
     _source: tuple[str | None, LineMap | None] = PrivateAttr(default=(None, None))
     _warnings: tuple[ConfigProblem, ...] = PrivateAttr(default=())

@@ -25,6 +25,7 @@ from gateway.settings import GatewaySettings
 
 if TYPE_CHECKING:
     from gateway.flow.gate import FlowGate
+    from gateway.mcp.endpoint import McpEndpoint
     from gateway.pii import PiiStage
 
 __all__ = ["STATE_KEY", "GatewayState", "LiveState", "gateway_state"]
@@ -59,6 +60,7 @@ class GatewayState:
         drain: The drain state of ``gateway serve`` (``None`` when not served by it).
         flow: Flow control (``None`` when ``flow_control.enabled`` is off).
         pii: The policy's sensitive-data stage (``None`` without a ``pii`` section).
+        mcp: The MCP endpoint (``/mcp/<name>``), if ``mcp:`` is configured.
         refuse_redirects: An upstream redirect answer fails the request with
             ``redirect_refused`` (the egress policy is on; it is never followed either way).
     """
@@ -79,6 +81,7 @@ class GatewayState:
     flow: FlowGate | None = None
     refuse_redirects: bool = False
     pii: PiiStage | None = None
+    mcp: McpEndpoint | None = None
 
 
 class LiveState:

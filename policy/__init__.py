@@ -9,16 +9,19 @@ Public API (other packages import only these names):
   :func:`checked_socket_factory`), :func:`make_session`, :class:`PolicyResolver` (transport
   layer, aiohttp), :func:`redirect_refused` / :data:`REDIRECT_STATUSES`,
   :func:`make_httpx_client`, :class:`PolicyAsyncTransport` (httpx, openai SDK);
-* :class:`EgressMatcher`, :class:`PinStore` (address checks shared by both);
+* :class:`EgressMatcher`, :class:`PinStore` (address checks shared by both),
+  :func:`check_target` (the one egress check of a host and port, also used for URL arguments
+  of MCP tool calls);
 * :func:`litellm_env`, :func:`import_litellm` (litellm without hidden egress);
 * :func:`check_binding`, :func:`start_guard` (gateway start-up), :func:`policy_middleware`
   (the gateway's ``RoutePolicy`` is ``gateway.egress.PolicyRoutes``, over :meth:`Policy.select`);
 * :class:`PiiPolicy` / :class:`PiiVerdict` (``Policy.pii``; sensitive data in prompts, the
   ``policy.pii`` subpackage with :func:`policy.pii.scan`);
+* :func:`check_tool_access` (the MCP tool allow/deny globs of the gateway's ``mcp.access``);
 * the :class:`PolicyError` tree (``errors`` module docstring).
 """
 
-from .egress import EgressMatcher, PinStore, Verdict
+from .egress import EgressMatcher, PinStore, Target, Verdict, check_target
 from .errors import (
     ClassChangeForbidden,
     EgressBlocked,
@@ -39,6 +42,7 @@ from .httpx_transport import DeniedAddressAsyncTransport, PolicyAsyncTransport, 
 from .pii import PiiPolicy, PiiVerdict
 from .providers import LITELLM_OFFLINE_ENV, import_litellm, litellm_env
 from .runtime import BindingError, GuardMode, check_binding, start_guard
+from .tools import ToolVerdict, check_tool_access
 from .transport import (
     REDIRECT_STATUSES,
     PolicyResolver,
@@ -80,10 +84,14 @@ __all__ = [
     "RedirectRefused",
     "RenderError",
     "Selection",
+    "Target",
+    "ToolVerdict",
     "UnknownDataClass",
     "UnknownDestination",
     "Verdict",
     "check_binding",
+    "check_target",
+    "check_tool_access",
     "checked_socket_factory",
     "denied_address_socket_factory",
     "import_litellm",

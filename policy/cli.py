@@ -40,6 +40,7 @@ from .model import PolicyDocument, _compose
 from .pii import PiiPolicy, PiiVerdict
 from .render import cilium_networkpolicy, helm_values, networkpolicy
 from .runtime import check_binding
+from .tools import ToolVerdict, check_tool_access
 
 app = typer.Typer(
     name="policy", add_completion=False, no_args_is_help=True,
@@ -196,6 +197,11 @@ def explain(
     team: Annotated[str | None, typer.Option("--team", help="The key's team.")] = None,
     destinations: Annotated[list[str] | None, typer.Option(
         "--destination", help="Destination id to evaluate (repeatable).")] = None,
+    mcp_server: Annotated[str | None, typer.Option(
+        "--mcp-server", help="MCP server name (its destination and access rules, from "
+        "--config's mcp: section).")] = None,
+    tool: Annotated[str | None, typer.Option(
+        "--tool", help="With --mcp-server: may the key call this tool?")] = None,
     config: ConfigOpt = None,
     text: Annotated[str | None, typer.Option(
         "--text", help="A sample prompt: what the policy's pii section finds in it, each "
@@ -207,7 +213,11 @@ def explain(
     With a gateway config (--config or SG_CONFIG): the key's team and data class from its
     keys[], and --model's destinations from its replicas[].destination. With --text: the
     sensitive data found in a sample prompt and its effect (class raised, masked, refused).
+    With --mcp-server S --tool T: may key K call tool T on MCP server S with its class (the
+    access rules of mcp.access, then the policy for S's destination); exit 1 when either
+    refuses.
     """
+    tool_verdict: ToolVerdict | None = None
     policy = Policy.from_file(file)
     default_class = data_class
     header: str | None = None
@@ -223,7 +233,18 @@ def explain(
         header = data_class
         if model is not None:
             pairs += _model_destinations(raw, model, config)
-    elif model is not None and not pairs:
+        if mcp_server is not None:
+            section = raw.get("mcp")
+            mcp: dict[str, Any] = section if isinstance(section, dict) else {}
+            server = next((s for s in mcp.get("servers") or []
+                           if isinstance(s, dict) and s.get("name") == mcp_server), None)
+            if server is None:
+                raise _UsageError(f"MCP server {mcp_server!r} is not in gateway config {config}")
+            pairs.append((str(server.get("destination") or ""), str(server.get("url") or "")))
+            if tool is not None:
+                tool_verdict = check_tool_access(list(mcp.get("access") or []), key, team,
+                                                 mcp_server, tool)
+    elif (model is not None or mcp_server is not None) and not pairs:
         raise _UsageError("--model needs --config (to find its replicas) or --destination")
     if default_class is None:
         raise _UsageError("give --class, or --config with the key's default data class")
@@ -245,13 +266,18 @@ def explain(
             decision = Decision(False, None, mismatch, policy.revision, decision.destination_id)
         decisions.append((decision, url))
     allowed = [d for d, _ in decisions if d.allowed]
+    tool_ok = tool_verdict is None or tool_verdict.allowed
     if as_json:
-        print(json.dumps({
+        doc: dict[str, Any] = {
             "key": key, "team": team, "data_class": resolved, "model": model,
             "revision": policy.revision, "allowed": [d.destination_id for d in allowed],
             "decisions": [{**d.as_record(), "replica": url or None} for d, url in decisions],
             **({"pii": pii} if pii is not None else {}),
-        }, indent=2))
+        }
+        if tool_verdict is not None:
+            doc["mcp"] = {"server": mcp_server, "tool": tool, "allowed": tool_verdict.allowed,
+                          "reason": tool_verdict.reason}
+        print(json.dumps(doc, indent=2))
     else:
         out = _out()
         out.print(escape(f"key {key} (team {team or '-'}), data class {resolved}, "
@@ -266,11 +292,15 @@ def explain(
             out.print(f"{verdict} {escape(d.destination_id or '-')}{escape(replica)}: "
                       f"{escape(d.rule_id or '(no rule matched)')}", soft_wrap=True)
             out.print(f"      {escape(d.reason)}", soft_wrap=True)
+        if tool_verdict is not None:
+            out.print(("[green]tool allowed[/]: " if tool_verdict.allowed else
+                       "[bold red]tool refused (403)[/]: ")
+                      + escape(f"{mcp_server}/{tool}: {tool_verdict.reason}"), soft_wrap=True)
         if not allowed:
             out.print("[bold red]no destination allowed: the gateway answers 403[/]")
     if pii is not None and pii["refused"]:
         return 1
-    return 0 if allowed else 1
+    return 0 if allowed and tool_ok else 1
 
 
 def _pii_effect(policy: Policy, principal: Principal, data_class: str,

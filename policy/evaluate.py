@@ -4,8 +4,10 @@ Semantics (deny by default):
 
 * A request's data class is the key's default; the classification header may lower or raise
   it only under a grant (:meth:`Policy.resolve_class`).
-* Prompts only go to destinations of purpose ``inference``; telemetry, audit and storage
-  destinations exist for the process guard and transport, never for routing.
+* Prompts only go to destinations of purpose ``inference``, and tool calls (which carry the
+  prompt's data in their arguments) to ``tool`` destinations (MCP servers, and what a tool's
+  URL arguments may reach); telemetry, audit and storage destinations exist for the process
+  guard and transport, never for routing.
 * Rules are tried in order. A rule *applies* when its principals, classes and destinations
   selectors match; the first rule that applies decides. An ``allow`` rule whose constraints
   the destination does not meet denies, naming the failed constraint; a ``deny`` rule denies.
@@ -298,11 +300,11 @@ class Policy:
         if dest is None:
             return Decision(False, None, f"destination {destination_id!r} is not defined",
                             self.revision, destination_id)
-        if dest.purpose != "inference":
+        if dest.purpose not in ("inference", "tool"):
             return Decision(
                 False, None,
                 f"destination {dest.id} has purpose {dest.purpose!r}: prompts only go to "
-                "'inference' destinations", self.revision, destination_id,
+                "'inference' and 'tool' destinations", self.revision, destination_id,
             )
         for cr in self._rules:
             if not cr.applies(principal, data_class, destination_id):

@@ -40,7 +40,7 @@ from .problems import KeyPath, PolicyProblem, dotted, line_of, validation_proble
 
 Id = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")]
 Port = Annotated[int, Field(ge=1, le=65535)]
-Purpose = Literal["inference", "telemetry", "audit", "storage", "other"]
+Purpose = Literal["inference", "tool", "telemetry", "audit", "storage", "other"]
 
 #: Default ports of the URL schemes a destination may use.
 DEFAULT_PORTS: dict[str, int] = {

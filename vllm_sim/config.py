@@ -73,6 +73,10 @@ class SimConfig(BaseModel):
             ``--num-gpu-blocks-override``).
         kv_events: With a profile: publish the prefix cache's KV events (vLLM's
             ``--kv-events-config``, :mod:`vllm_sim.kv_events`).
+        auto_tool_calls: A request with ``tools`` and ``tool_choice`` ``auto`` (or absent) is
+            answered with a call of its first tool, as an agent's model would, unless the last
+            message is a tool result (then text: the agent loop ends). Off: ``auto`` answers
+            text, as before.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -87,6 +91,7 @@ class SimConfig(BaseModel):
     time_scale: float = Field(default=1.0, gt=0.0)
     num_gpu_blocks: int | None = Field(default=None, ge=1)
     kv_events: KVEventsConfig | None = None
+    auto_tool_calls: bool = False
 
 
 class FaultSpec(BaseModel):

@@ -140,7 +140,7 @@ def _budget(config: SimConfig, prompt_tokens: int, max_tokens: int | None) -> tu
     return config.tokens_per_response, "stop"
 
 
-def _pick_tool(body: dict[str, Any]) -> dict[str, Any] | None:
+def _pick_tool(body: dict[str, Any], auto_calls: bool = False) -> dict[str, Any] | None:
     tools = body.get("tools")
     choice = body.get("tool_choice")
     if tools is not None and not isinstance(tools, list):
@@ -158,6 +158,11 @@ def _pick_tool(body: dict[str, Any]) -> dict[str, Any] | None:
         raise BadRequest(f"Tool '{name}' has not been passed in `tools`.", param="tool_choice")
     if choice not in (None, "auto", "none"):
         raise BadRequest(f"invalid tool_choice {choice!r}", param="tool_choice")
+    messages = body.get("messages")
+    last = messages[-1] if isinstance(messages, list) and messages else None
+    answered = isinstance(last, dict) and last.get("role") == "tool"
+    if auto_calls and choice != "none" and tools and not answered:
+        return dict(tools[0])
     return None
 
 
@@ -193,7 +198,7 @@ def parse_chat(body: dict[str, Any], config: SimConfig) -> Generation:
     completion_tokens, finish = _budget(config, prompt_tokens, max_tokens)
     fmt = body.get("response_format")
     json_mode = isinstance(fmt, dict) and fmt.get("type") in ("json_object", "json_schema")
-    tool = _pick_tool(body)
+    tool = _pick_tool(body, config.auto_tool_calls)
     return Generation(
         model=model,
         stream=stream,

@@ -145,6 +145,7 @@ class AuditObserver:
             "bytes_in": record.bytes_in,
             # gateway.identity: who (pseudonymised) and what verified it; keys have none
             **({"identity": record.identity} if record.identity is not None else {}),
+            "trace_id": record.trace_id,
         }
 
     def _end_fields(self, record: RequestRecord) -> dict[str, Any]:

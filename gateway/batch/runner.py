@@ -18,7 +18,7 @@ import json
 import logging
 import secrets
 import time
-from collections.abc import MutableMapping
+from collections.abc import Mapping, MutableMapping
 from typing import Any
 
 from gateway import relay
@@ -48,7 +48,8 @@ class _Fixed:
 
     principal: Principal
 
-    def authenticate(self, token: str | None) -> Principal:
+    def authenticate(self, token: str | None,
+                     scope: Mapping[str, Any] | None = None) -> Principal:
         if token is None:
             raise AuthenticationFailed()
         return self.principal

@@ -1,4 +1,4 @@
-"""``gateway audit ...``: verify, export, tail, prove, verify-proof, keygen.
+"""``gateway audit ...``: verify, export, tail, timeline, prove, verify-proof, keygen.
 
 Registered by the gateway CLI as a sub-app (``app.add_typer(audit.app, name="audit")``); also
 runnable alone as ``python -m gateway.cli.audit``. Exit codes: 0 ok, 1 verification failed
@@ -359,6 +359,8 @@ def verify_export_cmd(
     unsealed = sum(int(c.get("unsealed_excluded") or 0) for c in doc.get("completeness") or ())
     if unsealed:  # stated by the exporter, not proven: export again after the next checkpoint
         typer.echo(f"note: the exporter left out {unsealed} records not sealed yet", err=True)
+
+
 def _subject_pseudonym(ctx: typer.Context, subject: str | None, issuer: str | None,
                        key_file: Path | None, config: Path | None) -> str | None:
     """The pseudonym to filter on: ``--subject`` as given, or (with ``--issuer``) the plain
@@ -384,6 +386,44 @@ def _subject_pseudonym(ctx: typer.Context, subject: str | None, issuer: str | No
     except AuditError as exc:
         raise _fail(exc) from exc
     return subject_pseudonym(pseudo, issuer, subject)
+
+
+@app.command()
+def timeline(
+    ctx: typer.Context,
+    store: StoreOpt = None,
+    config: ConfigOpt = None,
+    trace_id: Annotated[str | None, typer.Option(
+        "--trace-id", help="The W3C trace id (32 hex) of the agent session.")] = None,
+    key: Annotated[str | None, typer.Option("--key", help="Only this key id.")] = None,
+    since: Annotated[str | None, typer.Option(help="ISO 8601 start (inclusive, UTC).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per step.")] = False,
+) -> None:
+    """An agent session as one timeline: model calls and MCP tool calls linked by trace id."""
+    if trace_id is None and key is None:
+        raise typer.BadParameter("give --trace-id or --key", param_hint="--trace-id")
+    from gateway.audit.timeline import session_timeline
+
+    url = _store_url(ctx, store, config)
+    since_us = _parse_time(since, "--since")
+
+    async def go() -> list[Any]:
+        st = open_store(url, read_only=True)
+        await st.open()
+        try:
+            records = [rec async for rec in export_records(st, since_us, None)]
+        finally:
+            await st.close()
+        return session_timeline(records, trace_id=trace_id, key_id=key)
+
+    for entry in _run(ctx, go()):
+        if as_json:
+            typer.echo(json.dumps(entry.as_dict(), sort_keys=True))
+            continue
+        when = datetime.fromtimestamp(entry.ts_us / 1e6, UTC).isoformat(timespec="milliseconds")
+        typer.echo(f"{when} {entry.kind:<5} {shown(entry.key_id)} {shown(entry.what)} "
+                   f"{entry.decision} {entry.status} {shown(entry.detail)} "
+                   f"trace={entry.trace_id} {entry.ref}".rstrip())
 
 
 class _stdout:

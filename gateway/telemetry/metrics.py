@@ -31,6 +31,8 @@ GenAI semantic-convention names where they exist
   record; ``response`` for findings in a model's answer; see gateway.pii) |
 | ``sg.gateway.pii.requests`` | counter | class before, class after, outcome (clean/found/
   refused/scan_failed) |
+| ``sg.gateway.mcp.calls`` | counter | MCP server, tool or method, decision, reason |
+| ``sg.gateway.mcp.tool_call.time`` | counter (s) | MCP server |
 
 Time per output token is derived from the request record (``latency - ttft`` over
 ``output_tokens - 1``): no work per streamed event. Values are aggregated in process
@@ -129,6 +131,8 @@ class GatewayMetrics:
         self._egress_counts = egress_counts
         self._audit_queue: Callable[[], int] | None = None
         self._flow_queues: Callable[[], list[tuple[str, str, int]]] | None = None
+        self._mcp: Callable[[], Iterable[tuple[tuple[str, ...], float]]] | None = None
+        self._mcp_seconds: Callable[[], Iterable[tuple[tuple[str, ...], float]]] | None = None
         self.requests = m.counter(
             "sg.gateway.requests", "{request}",
             "Relayed requests by model, key, status and outcome",
@@ -197,6 +201,15 @@ class GatewayMetrics:
         for field, unit, text in SIGNAL_FIELDS:
             m.observed(f"sg.gateway.replica.{field}", unit, text, _REPLICA_LABELS,
                        self._signal(field))
+        m.observed("sg.gateway.mcp.calls", "{request}",
+                   "MCP requests by server, tool (or method), decision and refusal reason",
+                   ("sg.mcp.server", "sg.mcp.tool", "sg.decision", "sg.mcp.reason"),
+                   lambda: self._mcp() if self._mcp is not None else [], kind="counter")
+        m.observed("sg.gateway.mcp.tool_call.time", "s",
+                   "Total time of forwarded MCP tool calls by server",
+                   ("sg.mcp.server",),
+                   lambda: self._mcp_seconds() if self._mcp_seconds is not None else [],
+                   kind="counter")
 
     def rebind(self, router: Router) -> None:
         """Observe the pools of ``router`` from the next collection on (live reload)."""
@@ -209,6 +222,11 @@ class GatewayMetrics:
     def watch_flow(self, lengths: Callable[[], list[tuple[str, str, int]]]) -> None:
         """Observe the flow-control queues through ``lengths()`` (``(model, class, n)`` rows)."""
         self._flow_queues = lengths
+
+    def watch_mcp(self, calls: Callable[[], Iterable[tuple[tuple[str, ...], float]]],
+                  seconds: Callable[[], Iterable[tuple[tuple[str, ...], float]]]) -> None:
+        """Observe the MCP endpoint's counters (``gateway.mcp.metrics.McpMetrics``)."""
+        self._mcp, self._mcp_seconds = calls, seconds
 
     def _flow_lengths(self) -> Iterable[tuple[Labels, float]]:
         if self._flow_queues is None:

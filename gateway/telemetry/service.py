@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 import requests
@@ -192,6 +192,13 @@ class Telemetry:
         """Observe the flow-control queue lengths (``(model, class, waiters)`` rows)."""
         if self.metrics is not None:
             self.metrics.watch_flow(lengths)
+
+
+    def watch_mcp(self, calls: Callable[[], Iterable[tuple[tuple[str, ...], float]]],
+                  seconds: Callable[[], Iterable[tuple[tuple[str, ...], float]]]) -> None:
+        """Observe the MCP endpoint's call counters (:mod:`gateway.mcp.metrics`)."""
+        if self.metrics is not None:
+            self.metrics.watch_mcp(calls, seconds)
 
 
 class _MetricPusher:

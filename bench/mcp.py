@@ -1,0 +1,166 @@
+"""MCP benchmark: the latency a tool call gains by going through the gateway, in one run.
+
+An upstream MCP server (the official SDK's ``MCPServer`` with an ``echo`` tool, uvicorn) and a
+``gateway serve`` in front of it (egress policy on, guard ``enforce``; ``--audit`` adds the
+SQLite audit chain) run as separate processes. A client sends ``--calls`` modern (2026-07-28)
+``tools/call`` requests at concurrency ``--concurrency`` (32) straight to the server, then the
+same through ``/mcp/echo``, and prints p50/p99 of each and the added latency (gateway minus
+direct, per percentile). Targets (issue 28): added p50 <= 1 ms, added p99 <= 3 ms at c=32.
+
+Usage::
+
+    .venv/bin/python bench/mcp.py [--calls 2000] [--concurrency 32] [--audit]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+KEY = "sg-bench-mcp"
+META = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientInfo": {"name": "bench", "version": "1"},
+        "io.modelcontextprotocol/clientCapabilities": {}}
+UPSTREAM = """
+import sys, uvicorn
+from mcp.server.mcpserver import MCPServer
+server = MCPServer("bench")
+@server.tool()
+def echo(text: str) -> str:
+    return text
+uvicorn.run(server.streamable_http_app(), host="127.0.0.1", port=int(sys.argv[1]),
+            log_level="warning", lifespan="on")
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def wait_up(url: str, proc: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + 60
+    async with aiohttp.ClientSession() as session:
+        while True:
+            try:
+                async with session.get(url) as resp:
+                    if resp.status < 500:
+                        return
+            except aiohttp.ClientError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"{url} did not come up")
+            await asyncio.sleep(0.1)
+
+
+async def load(url: str, calls: int, concurrency: int, key: str | None) -> list[float]:
+    """Latencies (ms) of ``calls`` tools/call requests, ``concurrency`` at a time."""
+    headers = {"content-type": "application/json", "accept": "application/json, text/event-stream",
+               "mcp-protocol-version": "2026-07-28", "mcp-method": "tools/call",
+               "mcp-name": "echo"}
+    if key:
+        headers["authorization"] = f"Bearer {key}"
+    out: list[float] = []
+    counter = iter(range(calls))
+    conn = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(connector=conn) as session:
+        async def worker() -> None:
+            for i in counter:
+                body = json.dumps({"jsonrpc": "2.0", "id": i, "method": "tools/call",
+                                   "params": {"name": "echo", "arguments": {"text": f"hi {i}"},
+                                              "_meta": META}})
+                t0 = time.perf_counter()
+                async with session.post(url, data=body, headers=headers) as resp:
+                    text = await resp.read()
+                    if resp.status != 200 or f"hi {i}".encode() not in text:
+                        raise SystemExit(f"bad answer {resp.status}: {text[:200]!r}")
+                out.append((time.perf_counter() - t0) * 1000)
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return out
+
+
+def pct(values: list[float], q: float) -> float:
+    return statistics.quantiles(values, n=1000)[int(q * 1000) - 1]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--calls", type=int, default=2000)
+    ap.add_argument("--concurrency", type=int, default=32)
+    ap.add_argument("--audit", action="store_true", help="audit chain on (SQLite)")
+    args = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="bench-mcp-"))
+    up_port, gw_port, model_port = free_port(), free_port(), free_port()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    (tmp / "policy.yaml").write_text(
+        "version: 1\ndata_classes: [internal]\ndestinations:\n"
+        f"  - {{id: model, host: 127.0.0.1, port: {model_port}, region: r, jurisdiction: EU, "
+        "operator: o}\n"
+        f"  - {{id: tools, host: 127.0.0.1, port: {up_port}, region: r, jurisdiction: EU, "
+        "operator: o, purpose: tool}\n"
+        "rules:\n  - {id: all, classes: [internal]}\n")
+    cfg: dict[str, Any] = {
+        "listen": {"host": "127.0.0.1", "port": gw_port},
+        "models": [{"name": "m", "replicas": [{"url": f"http://127.0.0.1:{model_port}",
+                                               "destination": "model"}]}],
+        "keys": [{"id": "bench", "sha256": hashlib.sha256(KEY.encode()).hexdigest(),
+                  "team": "bench", "data_class": "internal"}],
+        "health": {"active": False}, "logging": {"access_log": False},
+        "policy": {"file": str(tmp / "policy.yaml"), "guard": "enforce"},
+        "mcp": {"servers": [{"name": "echo", "url": f"http://127.0.0.1:{up_port}/mcp",
+                             "destination": "tools"}],
+                "access": [{"teams": ["bench"], "allow": ["*"]}]},
+    }
+    if args.audit:
+        from gateway.audit import Signer, generate_key_file, write_key_pair
+
+        key, _ = write_key_pair(Signer.generate(), tmp / "audit.key")
+        cfg["audit"] = {"store": f"sqlite://{tmp / 'audit.db'}", "signing_key_file": str(key),
+                        "replica_id": "bench",
+                        "pseudonym_key_file": str(generate_key_file(tmp / "p.key"))}
+    (tmp / "gateway.yaml").write_text(yaml.safe_dump(cfg))
+    upstream = subprocess.Popen([sys.executable, "-c", UPSTREAM, str(up_port)], env=env)
+    gateway = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", "--config",
+                                str(tmp / "gateway.yaml")], env=env, cwd=ROOT)
+    try:
+        asyncio.run(wait_up(f"http://127.0.0.1:{up_port}/mcp", upstream))
+        asyncio.run(wait_up(f"http://127.0.0.1:{gw_port}/healthz", gateway))
+        direct_url = f"http://127.0.0.1:{up_port}/mcp"
+        gw_url = f"http://127.0.0.1:{gw_port}/mcp/echo"
+        asyncio.run(load(direct_url, 200, args.concurrency, None))  # warm up both paths
+        asyncio.run(load(gw_url, 200, args.concurrency, KEY))
+        direct = asyncio.run(load(direct_url, args.calls, args.concurrency, None))
+        through = asyncio.run(load(gw_url, args.calls, args.concurrency, KEY))
+    finally:
+        for proc in (gateway, upstream):
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(30)
+    rows = {"direct": direct, "gateway": through}
+    print(f"tools/call x{args.calls} at c={args.concurrency}"
+          f"{' (audit on)' if args.audit else ''}")
+    for name, values in rows.items():
+        print(f"  {name:8} p50 {pct(values, 0.5):7.2f} ms  p99 {pct(values, 0.99):7.2f} ms")
+    add50 = pct(through, 0.5) - pct(direct, 0.5)
+    add99 = pct(through, 0.99) - pct(direct, 0.99)
+    print(f"  added    p50 {add50:7.2f} ms (target <= 1)  p99 {add99:7.2f} ms (target <= 3)")
+
+
+if __name__ == "__main__":
+    main()

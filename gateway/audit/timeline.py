@@ -1,0 +1,101 @@
+"""An agent session as one timeline: model calls and tool calls linked by W3C trace id.
+
+A chat completion's ``request.started`` record and the MCP ``mcp.tool_call``/``mcp.refused``
+records of the tool calls its answer asked for share the client's trace id (the agent sends
+the same ``traceparent`` with both). :func:`session_timeline` selects the records of one trace
+(or one key) and joins each model call's start with its completion.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.audit.records import Record
+
+__all__ = ["TimelineEntry", "session_timeline"]
+
+_MODEL_TYPES = ("request.started", "request.denied")
+_TOOL_TYPES = ("mcp.tool_call", "mcp.refused")
+
+
+@dataclass(frozen=True, slots=True)
+class TimelineEntry:
+    """One step of a session.
+
+    Attributes:
+        ts_us: Record time (microseconds since the Unix epoch).
+        kind: ``model`` or ``tool``.
+        key_id: The caller.
+        what: The model, or ``server/tool`` (``server method`` for non-call refusals).
+        decision: ``allow`` or ``deny``.
+        status: HTTP status (model calls: of the completion record).
+        detail: Reason of a refusal or failure, token counts of a model call.
+        trace_id: The W3C trace id.
+        ref: ``chain#seq`` of the record.
+    """
+
+    ts_us: int
+    kind: str
+    key_id: str | None
+    what: str
+    decision: str | None
+    status: int | None
+    detail: str
+    trace_id: str | None
+    ref: str
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return {k: getattr(self, k) for k in self.__slots__}
+
+
+def session_timeline(records: Iterable[Record], trace_id: str | None = None,
+                     key_id: str | None = None) -> list[TimelineEntry]:
+    """The model and tool calls of one trace (or of one key), in record order.
+
+    Args:
+        records: Records in chain order (``export_records``).
+        trace_id: Keep the steps of this trace (32 hex).
+        key_id: Keep the steps of this key (with or without ``trace_id``).
+    """
+    entries: list[TimelineEntry] = []
+    started: dict[str, int] = {}
+    for rec in records:
+        kind = rec.type
+        data = rec.decoded()["data"]
+        if kind == "request.completed":
+            at = started.pop(str(data.get("request_id")), None)
+            if at is not None:
+                e = entries[at]
+                detail = (f"outcome={data.get('outcome')} tokens={data.get('input_tokens')}/"
+                          f"{data.get('output_tokens')}")
+                entries[at] = TimelineEntry(e.ts_us, e.kind, e.key_id, e.what, e.decision,
+                                            data.get("status"), detail, e.trace_id, e.ref)
+            continue
+        if kind not in _MODEL_TYPES and kind not in _TOOL_TYPES:
+            continue
+        if trace_id is not None and data.get("trace_id") != trace_id:
+            continue
+        if key_id is not None and data.get("key_id") != key_id:
+            continue
+        ref = f"{rec.chain}#{rec.seq}"
+        if kind in _MODEL_TYPES:
+            entry = TimelineEntry(rec.ts_us, "model", data.get("key_id"),
+                                  str(data.get("canonical_model") or data.get("model")),
+                                  data.get("decision"), data.get("status"),
+                                  str(data.get("error_code") or ""), data.get("trace_id"), ref)
+            if kind == "request.started":
+                started[str(data.get("request_id"))] = len(entries)
+        else:
+            what = f"{data.get('server')}/{data.get('tool')}" if data.get("tool") else (
+                f"{data.get('server')} {data.get('mcp_method')}")
+            detail = str(data.get("reason") or "")
+            if data.get("duration_us") is not None:
+                detail = f"{detail} {int(data['duration_us']) // 1000}ms".strip()
+            entry = TimelineEntry(rec.ts_us, "tool", data.get("key_id"), what,
+                                  data.get("decision"), data.get("status"), detail,
+                                  data.get("trace_id"), ref)
+        entries.append(entry)
+    return entries

@@ -1,0 +1,154 @@
+"""Argument checks of a tool call, made before any byte is forwarded.
+
+1. Size: the serialised ``arguments`` object against the tool's (or the default) limit.
+2. Shape: JSON-schema validation against the tool's own ``inputSchema`` (from the server's
+   ``tools/list``, :mod:`gateway.mcp.catalogue`), with the validator class the schema's
+   ``$schema`` names (default draft 2020-12, as MCP 2025-11-25 and later specify).
+3. Reach: each declared URL/host argument is put through the egress policy's one check,
+   :func:`policy.check_target` (every IPv4/IPv6 spelling the guard parses, always-denied
+   metadata and link-local addresses, names no destination names refused without DNS, names a
+   destination names resolved and checked against its ``resolves_to``), and then the policy
+   must allow the caller's data class to that destination.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import urlsplit
+
+import jsonschema
+from jsonschema.exceptions import SchemaError
+
+from gateway.mcp.jsonrpc import FORBIDDEN, INVALID_PARAMS, McpRefusal
+from policy import EgressDenied, EgressMatcher, Policy, check_target
+from policy import Principal as PolicyPrincipal
+
+__all__ = [
+    "argument_bytes", "check_schema", "check_size", "check_url_arguments", "compile_schema",
+]
+
+_DEFAULT_PORTS = {"http": 80, "https": 443, "ws": 80, "wss": 443, "ftp": 21}
+
+
+def argument_bytes(arguments: Any) -> bytes:
+    """The canonical serialisation of ``arguments`` (hashed for the audit record)."""
+    return json.dumps(arguments, separators=(",", ":"), sort_keys=True,
+                      ensure_ascii=False).encode("utf-8")
+
+
+def check_size(encoded: bytes, limit: int) -> None:
+    """Refuse ``arguments`` larger than ``limit`` bytes.
+
+    Raises:
+        McpRefusal: 413 ``arguments_too_large``.
+    """
+    if len(encoded) > limit:
+        raise McpRefusal(413, INVALID_PARAMS, "arguments_too_large",
+                         f"tool arguments are {len(encoded)} bytes, above the limit of {limit}")
+
+
+def check_schema(arguments: Any, schema: Mapping[str, Any] | None,
+                 validator: Any | None = None) -> None:
+    """Validate ``arguments`` against the tool's ``inputSchema``.
+
+    Args:
+        arguments: The call's arguments.
+        schema: The tool's ``inputSchema``.
+        validator: The schema's compiled validator (:func:`compile_schema`), if cached.
+
+    Raises:
+        McpRefusal: 400 ``schema_invalid`` (the arguments do not match; the message names the
+            JSON path, never the value) or 502 ``tool_schema_invalid`` (the server's schema).
+    """
+    if schema is None:
+        return
+    if validator is None:
+        validator = compile_schema(schema)
+    error = jsonschema.exceptions.best_match(validator.iter_errors(arguments))
+    if error is not None:
+        where = "/".join(str(p) for p in error.absolute_path) or "(root)"
+        raise McpRefusal(400, INVALID_PARAMS, "schema_invalid",
+                         f"arguments do not match the tool's inputSchema at {where}: "
+                         f"{error.validator} {error.validator_value!r}"[:300])
+
+
+def compile_schema(schema: Mapping[str, Any]) -> Any:
+    """The validator of ``schema`` (the class its ``$schema`` names, default 2020-12).
+
+    Raises:
+        McpRefusal: 502 ``tool_schema_invalid``.
+    """
+    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    try:
+        cls.check_schema(schema)
+    except SchemaError as exc:
+        raise McpRefusal(
+            502, INVALID_PARAMS, "tool_schema_invalid",
+            "the server's inputSchema for this tool is not a valid JSON schema") from exc
+    return cls(schema)
+
+
+def _host_port(value: str) -> tuple[str, int]:
+    text = value.strip()
+    if "//" not in text:
+        text = "http://" + text  # a bare host or host:port
+    try:
+        parts = urlsplit(text)
+        port = parts.port
+    except ValueError as exc:
+        raise McpRefusal(400, INVALID_PARAMS, "url_invalid", "URL argument is not a URL") from exc
+    host = parts.hostname
+    if not host:
+        raise McpRefusal(400, INVALID_PARAMS, "url_invalid", "URL argument has no host")
+    return host, port or _DEFAULT_PORTS.get(parts.scheme.lower(), 80)
+
+
+async def _resolve(name: str, port: int) -> list[str]:
+    infos = await asyncio.get_running_loop().getaddrinfo(name, port, type=1)
+    return [str(info[4][0]) for info in infos]
+
+
+async def check_url_arguments(
+    arguments: Mapping[str, Any],
+    names: list[str],
+    matcher: EgressMatcher | None,
+    policy: Policy | None,
+    principal: PolicyPrincipal,
+    data_class: str,
+) -> None:
+    """Check each URL/host argument in ``names`` against the egress policy.
+
+    Without a policy nothing may be reached through a URL argument (fail closed).
+
+    Raises:
+        McpRefusal: 403 ``url_denied`` naming the argument and the policy's reason.
+    """
+    for name in names:
+        value = arguments.get(name)
+        if value is None:
+            continue
+        if not isinstance(value, str):
+            raise McpRefusal(400, INVALID_PARAMS, "url_invalid",
+                             f"argument {name!r} is not a string")
+        if matcher is None or policy is None:
+            raise McpRefusal(403, FORBIDDEN, "url_denied",
+                             f"argument {name!r}: no egress policy is configured")
+        host, port = _host_port(value)
+        try:
+            target = await check_target(matcher, host, port, _resolve)
+        except EgressDenied as exc:
+            raise McpRefusal(403, FORBIDDEN, "url_denied",
+                             f"argument {name!r}: {exc.message}") from exc
+        except OSError as exc:
+            raise McpRefusal(403, FORBIDDEN, "url_denied",
+                             f"argument {name!r}: host does not resolve") from exc
+        if target.destination_id is None:
+            continue  # unsafe_allow_all: the policy logs that it restricts nothing
+        decision = policy.evaluate(principal, data_class, target.destination_id)
+        if not decision.allowed:
+            raise McpRefusal(403, FORBIDDEN, "url_denied",
+                             f"argument {name!r}: destination {target.destination_id} may not "
+                             f"receive data class {data_class}: {decision.reason}")

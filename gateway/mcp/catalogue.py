@@ -1,0 +1,167 @@
+"""The tool catalogue of each upstream server, as the gateway itself lists it.
+
+Tool calls are checked against the server's own tool definitions (the name must be one of
+its tools, the arguments must match its ``inputSchema``). The gateway asks the server with
+its own ``tools/list`` (all pages), in the modern stateless form (2026-07-28) first; a server
+that answers that with an HTTP error and no modern JSON-RPC error is asked through the
+``initialize`` handshake (2025-11-25), its session ended with ``DELETE``. The list is kept
+for ``catalogue_ttl_s`` seconds per server; concurrent calls share one fetch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from gateway.mcp.arguments import compile_schema
+from gateway.mcp.jsonrpc import HANDSHAKE_VERSIONS, MODERN_VERSIONS, UPSTREAM_ERROR, McpRefusal
+from gateway.mcp.settings import McpLimits
+from gateway.mcp.upstream import Link, RelayedStream, Upstream, read_json_answer
+
+__all__ = ["Catalogue", "ToolCatalogue"]
+
+_log = logging.getLogger(__name__)
+
+_CLIENT_INFO = {"name": "sovereign-gateway", "version": "0.1.0"}
+_MAX_PAGES = 100
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCatalogue:
+    """The tools of one server at one time.
+
+    Attributes:
+        tools: Tool definitions by name (as the server sent them).
+        modern: The server answered the modern (stateless) request form.
+        fetched_at: ``time.monotonic()`` of the fetch.
+    """
+
+    tools: Mapping[str, Mapping[str, Any]]
+    modern: bool
+    fetched_at: float
+    validators: dict[str, Any] = field(default_factory=dict)
+    """Compiled ``inputSchema`` validators by tool name (filled on first use)."""
+
+    def validator(self, tool: str) -> Any | None:
+        """The compiled validator of ``tool``'s ``inputSchema`` (``None``: no schema).
+
+        Raises:
+            McpRefusal: 502 ``tool_schema_invalid``.
+        """
+        if tool not in self.validators:
+            schema = self.tools[tool].get("inputSchema")
+            self.validators[tool] = compile_schema(schema) if isinstance(schema, dict) else None
+        return self.validators[tool]
+
+
+def _modern_body(method: str, rid: str, params: Mapping[str, Any] | None = None) -> bytes:
+    meta = {
+        "io.modelcontextprotocol/protocolVersion": MODERN_VERSIONS[-1],
+        "io.modelcontextprotocol/clientInfo": _CLIENT_INFO,
+        "io.modelcontextprotocol/clientCapabilities": {},
+    }
+    return json.dumps({"jsonrpc": "2.0", "id": rid, "method": method,
+                       "params": {**(params or {}), "_meta": meta}}).encode()
+
+
+class Catalogue:
+    """Cached tool catalogues of the declared servers.
+
+    Args:
+        limits: The ``mcp.limits`` (TTL, response bounds).
+    """
+
+    def __init__(self, limits: McpLimits) -> None:
+        self._limits = limits
+        self._cache: dict[str, ToolCatalogue] = {}
+        self._pending: dict[str, asyncio.Task[ToolCatalogue]] = {}
+
+    async def get(self, upstream: Upstream, link: Link) -> ToolCatalogue:
+        """The server's tools (cached up to ``catalogue_ttl_s``).
+
+        Raises:
+            McpRefusal: The server could not be listed (502/504).
+        """
+        hit = self._cache.get(upstream.name)
+        if hit is not None and time.monotonic() - hit.fetched_at < self._limits.catalogue_ttl_s:
+            return hit
+        task = self._pending.get(upstream.name)
+        if task is None:
+            task = asyncio.ensure_future(self._fetch(upstream, link))
+            self._pending[upstream.name] = task
+            task.add_done_callback(lambda _: self._pending.pop(upstream.name, None))
+        result = await asyncio.shield(task)
+        self._cache[upstream.name] = result
+        return result
+
+    async def _list(self, upstream: Upstream, link: Link,
+                    headers: dict[str, str], modern: bool) -> dict[str, Mapping[str, Any]]:
+        tools: dict[str, Mapping[str, Any]] = {}
+        cursor: str | None = None
+        for page in range(_MAX_PAGES):
+            params = {"cursor": cursor} if cursor else {}
+            rid = f"gateway-tools-{page}"
+            body = (_modern_body("tools/list", rid, params) if modern else json.dumps(
+                {"jsonrpc": "2.0", "id": rid, "method": "tools/list", "params": params}).encode())
+            resp = await upstream.post(link, body, {**headers, "mcp-method": "tools/list"},
+                                       self._limits)
+            async with resp:
+                if resp.status != 200:
+                    raise McpRefusal(502, UPSTREAM_ERROR, "upstream_invalid",
+                                     f"MCP server {upstream.name} answered tools/list with "
+                                     f"HTTP {resp.status}")
+                _, message = await read_json_answer(resp, rid, upstream.name, self._limits)
+            result = message.get("result") if isinstance(message, dict) else None
+            if not isinstance(result, dict) or not isinstance(result.get("tools"), list):
+                raise McpRefusal(502, UPSTREAM_ERROR, "upstream_invalid",
+                                 f"MCP server {upstream.name} sent no tool list")
+            for tool in result["tools"]:
+                if isinstance(tool, dict) and isinstance(tool.get("name"), str):
+                    tools[tool["name"]] = tool
+            cursor = result.get("nextCursor")
+            if not isinstance(cursor, str) or not cursor:
+                break
+        return tools
+
+    async def _fetch(self, upstream: Upstream, link: Link) -> ToolCatalogue:
+        modern_headers = upstream.headers({"mcp-protocol-version": MODERN_VERSIONS[-1]}, None)
+        probe = await upstream.post(
+            link, _modern_body("server/discover", "gateway-discover"),
+            {**modern_headers, "mcp-method": "server/discover"}, self._limits)
+        async with probe:
+            modern = probe.status == 200
+            async for _ in RelayedStream(probe, None, upstream.name, self._limits).chunks():
+                pass  # read to the end: the connection goes back to the pool
+        if modern:
+            tools = await self._list(upstream, link, modern_headers, True)
+            return ToolCatalogue(tools, True, time.monotonic())
+        version = HANDSHAKE_VERSIONS[-1]
+        init = json.dumps({"jsonrpc": "2.0", "id": "gateway-init", "method": "initialize",
+                           "params": {"protocolVersion": version, "capabilities": {},
+                                      "clientInfo": _CLIENT_INFO}}).encode()
+        resp = await upstream.post(link, init, upstream.headers({}, None), self._limits)
+        async with resp:
+            sid = resp.headers.get("mcp-session-id")
+            await read_json_answer(resp, "gateway-init", upstream.name, self._limits)
+        headers = upstream.headers({"mcp-protocol-version": version}, sid)
+        note = json.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"}).encode()
+        async with await upstream.post(link, note, headers, self._limits) as answer:
+            async for _ in RelayedStream(answer, None, upstream.name, self._limits).chunks():
+                pass
+        try:
+            tools = await self._list(upstream, link, headers, False)
+        finally:
+            if sid is not None:
+                try:
+                    await upstream.delete(link, sid)
+                except aiohttp.ClientError as exc:
+                    _log.warning("MCP server %s: ending the catalogue session failed: %s",
+                                 upstream.name, exc)
+        return ToolCatalogue(tools, False, time.monotonic())

@@ -1,0 +1,390 @@
+"""The MCP endpoint ``/mcp/<server>``: Streamable HTTP in front of a declared upstream server.
+
+Order of one POST (each refusal is a JSON-RPC error with an HTTP status, audited, and nothing
+is forwarded)::
+
+    server known -> authenticate (401 + RFC 9728 hint) -> Origin -> data class (header, by
+    grant) -> body (size, one JSON-RPC object, headers match body) -> policy: the server's
+    destination may receive the class -> session bound to this caller -> tools/call: access
+    globs, tool exists, argument size, inputSchema, URL arguments -> forward (checked
+    transport, injected credentials) -> relay the answer (ids, bytes, time checked)
+    -> tools/list answers filtered to the tools the caller may call -> audit record
+
+Modern requests (2026-07-28) are stateless; handshake-era requests (2025-03-26..2025-11-25)
+get caller-bound session ids (:mod:`gateway.mcp.sessions`). ``GET`` (the old standalone
+stream) is answered 405, as the 2025 revisions allow.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from gateway.auth import bearer_token
+from gateway.errors import GatewayError
+from gateway.mcp.access import ToolAccess
+from gateway.mcp.arguments import argument_bytes, check_schema, check_size, check_url_arguments
+from gateway.mcp.catalogue import Catalogue
+from gateway.mcp.jsonrpc import (
+    FORBIDDEN,
+    INTERNAL_ERROR,
+    INVALID_PARAMS,
+    INVALID_REQUEST,
+    MODERN_VERSIONS,
+    McpRefusal,
+    Message,
+    check_headers,
+    error_body,
+    parse_message,
+)
+from gateway.mcp.metadata import metadata_document, metadata_url
+from gateway.mcp.metrics import McpMetrics
+from gateway.mcp.paths import PREFIX
+from gateway.mcp.records import CallRecord, trace_id_of
+from gateway.mcp.sessions import SessionBinder
+from gateway.mcp.settings import McpSettings
+from gateway.mcp.upstream import Link, RelayedStream, Upstream
+from policy import EgressMatcher, Policy
+from policy import Principal as PolicyPrincipal
+
+__all__ = ["McpEndpoint"]
+
+_log = logging.getLogger(__name__)
+
+AuditSink = Callable[[Mapping[str, Any]], Awaitable[Any]]
+_SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"),
+                (b"x-accel-buffering", b"no")]
+
+
+class McpEndpoint:
+    """Serves ``/mcp/<server>`` for the servers of the ``mcp:`` section.
+
+    Args:
+        settings: The ``mcp:`` section.
+        policy: The egress policy (``None``: no policy; then a server needs no destination,
+            and URL arguments are refused, failing closed).
+        matcher: The address checks shared with the process guard (one pin store).
+        audit: Appends an audit event and waits until it is durable (``None``: audit off).
+    """
+
+    def __init__(self, settings: McpSettings, policy: Policy | None,
+                 matcher: EgressMatcher | None, audit: AuditSink | None) -> None:
+        self.settings = settings
+        self.upstreams = {s.name: Upstream(s) for s in settings.servers}
+        self.access = ToolAccess(settings.access)
+        self.catalogue = Catalogue(settings.limits)
+        self.sessions = SessionBinder()
+        self.metrics = McpMetrics()
+        self._policy = policy
+        self._matcher = matcher
+        self._audit = audit
+
+    def rebound(self, policy: Policy | None) -> McpEndpoint:
+        """A copy judging by ``policy`` (a live reload's new revision; same destinations),
+        sharing the catalogue, session key, metrics and credentials."""
+        other = copy.copy(self)
+        other._policy = policy
+        return other
+
+    async def startup(self) -> None:
+        """Read the injected upstream credentials (a missing Secret fails start-up)."""
+        for upstream in self.upstreams.values():
+            upstream.load_secret()
+
+    async def handle(self, state: Any, scope: Mapping[str, Any], receive: Any, send: Any) -> None:
+        """Serve one HTTP request under ``/mcp/``."""
+        name = scope["path"][len(PREFIX):].rstrip("/")
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        rec = CallRecord(server=name, trace_id=trace_id_of(headers.get("traceparent")))
+        msg: Message | None = None
+        try:
+            upstream = self.upstreams.get(name)
+            if upstream is None:
+                raise McpRefusal(404, INVALID_REQUEST, "unknown_server", f"no MCP server {name!r}")
+            rec.destination = upstream.settings.destination
+            principal = self._authenticate(state, headers)
+            rec.key_id, rec.team, rec.data_class = (principal.key_id, principal.team,
+                                                     principal.data_class)
+            method = scope["method"]
+            if method == "DELETE":
+                await self._delete(state, upstream, principal.key_id, headers, rec, send)
+                return
+            if method != "POST":
+                raise McpRefusal(405, INVALID_REQUEST, "method_not_allowed",
+                                 "use POST (the standalone GET stream is not offered)")
+            if "origin" in headers and headers["origin"] not in self.settings.allowed_origins:
+                raise McpRefusal(403, FORBIDDEN, "origin_refused", "Origin not allowed")
+            body = await _read_body(receive, headers, self.settings.limits.max_request_bytes)
+            rec.bytes_in = len(body)
+            msg = parse_message(body)
+            rec.method = msg.method
+            rec.tool = msg.name if msg.method == "tools/call" else None
+            rec.protocol_version = check_headers(msg, headers)
+            self._check_class(principal, upstream, rec)
+            upstream_sid = self._session(principal.key_id, upstream, headers, rec)
+            if msg.method == "tools/call":
+                await self._check_call(state, upstream, principal, msg, rec)
+            elif msg.method is not None and msg.is_request and not self.access.may_use_server(
+                    principal.key_id, principal.team, upstream.name):
+                raise McpRefusal(403, FORBIDDEN, "server_denied",
+                                 f"key {principal.key_id} may not use MCP server {upstream.name}")
+            rec.decision = "allow"
+            await self._forward(state, upstream, principal, msg, body, headers, upstream_sid,
+                                rec, send)
+        except McpRefusal as exc:
+            rec.reason, rec.status, rec.rpc_error = exc.reason, exc.status, exc.rpc_code
+            if rec.bytes_out == 0:  # nothing sent yet: the refusal is the answer
+                extra = []
+                if exc.status == 401:
+                    extra.append((b"www-authenticate", self._challenge(name)))
+                if exc.status == 405:
+                    extra.append((b"allow", b"POST, DELETE"))
+                out = error_body(msg.id if msg is not None and msg.is_request else None,
+                                 exc.rpc_code, exc.message, exc.data)
+                rec.bytes_out = len(out)
+                await self._record(rec)  # durable before the client hears of the refusal
+                await _send_json(send, exc.status, out, extra)
+        finally:
+            self.metrics.observe(rec)
+            await self._record(rec)
+
+    async def _record(self, rec: CallRecord) -> None:
+        """Append the request's audit record once (tool calls and refusals only)."""
+        if self._audit is None or rec.recorded:
+            return
+        if rec.method != "tools/call" and rec.decision == "allow" and rec.reason is None:
+            return
+        rec.recorded = True
+        try:
+            await self._audit(rec.event())
+        except Exception:
+            _log.exception("audit record of MCP request %s lost", rec.request_id)
+
+    def _challenge(self, server: str) -> bytes:
+        meta = self.settings.resource_metadata
+        if meta is None or server not in self.upstreams:
+            return b"Bearer"
+        return f'Bearer resource_metadata="{metadata_url(meta, server)}"'.encode()
+
+    async def handle_metadata(self, scope: Mapping[str, Any], send: Any) -> None:
+        """Serve the RFC 9728 document (404 when not configured or another path)."""
+        meta = self.settings.resource_metadata
+        doc = None if meta is None else metadata_document(meta, scope["path"],
+                                                           set(self.upstreams))
+        if doc is None:
+            await _send_json(send, 404, b'{"error":"not_found"}')
+            return
+        await _send_json(send, 200, json.dumps(doc).encode())
+
+    # -- checks ---------------------------------------------------------------------------
+
+    def _authenticate(self, state: Any, headers: Mapping[str, str]) -> Any:
+        token = bearer_token(headers.get("authorization", "").encode("latin-1") or None)
+        try:
+            principal = state.authenticator.authenticate(token)
+            header = state.class_header.decode() if state.class_header is not None else None
+            if state.classify is not None and header is not None and header in headers:
+                principal = state.classify(principal, headers[header])
+        except GatewayError as exc:
+            code = FORBIDDEN if exc.status == 403 else INVALID_REQUEST
+            raise McpRefusal(exc.status, code, exc.code or "unauthenticated", exc.message) from exc
+        return principal
+
+    def _check_class(self, principal: Any, upstream: Upstream, rec: CallRecord) -> None:
+        if self._policy is None:
+            return
+        dest = upstream.settings.destination or ""
+        decision = self._policy.evaluate(PolicyPrincipal(principal.key_id, principal.team),
+                                         principal.data_class, dest)
+        if not decision.allowed:
+            raise McpRefusal(403, FORBIDDEN, "class_refused",
+                             f"MCP server {upstream.name} (destination {dest}) may not receive "
+                             f"data class {principal.data_class}: {decision.reason}")
+
+    def _session(self, key_id: str, upstream: Upstream, headers: Mapping[str, str],
+                 rec: CallRecord) -> str | None:
+        presented = headers.get("mcp-session-id")
+        if presented is None:
+            return None
+        if rec.protocol_version in MODERN_VERSIONS:
+            raise McpRefusal(400, INVALID_REQUEST, "session_refused",
+                             "protocol 2026-07-28 has no sessions")
+        sid = self.sessions.unwrap(key_id, upstream.name, presented)
+        if sid is None:
+            raise McpRefusal(404, INVALID_REQUEST, "session_unknown", "Session not found")
+        return sid
+
+    async def _check_call(self, state: Any, upstream: Upstream, principal: Any, msg: Message,
+                          rec: CallRecord) -> None:
+        tool = msg.name or ""
+        verdict = self.access.check(principal.key_id, principal.team, upstream.name, tool)
+        if not verdict.allowed:
+            raise McpRefusal(403, FORBIDDEN, "tool_denied", verdict.reason)
+        arguments = msg.params.get("arguments", {})
+        if arguments is None:
+            arguments = {}
+        if not isinstance(arguments, dict):
+            raise McpRefusal(400, INVALID_PARAMS, "invalid_params", "arguments must be an object")
+        encoded = argument_bytes(arguments)
+        rec.arguments_sha256 = hashlib.sha256(encoded).hexdigest()
+        declared = upstream.settings.tools.get(tool)
+        limit = self.settings.limits.max_argument_bytes
+        if declared is not None and declared.max_argument_bytes is not None:
+            limit = min(limit, declared.max_argument_bytes)
+        check_size(encoded, limit)
+        catalogue = await self.catalogue.get(upstream, Link.of(state))
+        definition = catalogue.tools.get(tool)
+        if definition is None:
+            raise McpRefusal(400, INVALID_PARAMS, "unknown_tool",
+                             f"MCP server {upstream.name} has no tool {tool!r}")
+        schema = definition.get("inputSchema")
+        check_schema(arguments, schema if isinstance(schema, dict) else None,
+                     catalogue.validator(tool))
+        if declared is not None and declared.url_arguments:
+            await check_url_arguments(arguments, declared.url_arguments, self._matcher,
+                                      self._policy,
+                                      PolicyPrincipal(principal.key_id, principal.team),
+                                      principal.data_class)
+
+    # -- forwarding -----------------------------------------------------------------------
+
+    async def _forward(self, state: Any, upstream: Upstream, principal: Any, msg: Message,
+                       body: bytes, headers: Mapping[str, str], upstream_sid: str | None,
+                       rec: CallRecord, send: Any) -> None:
+        limits = self.settings.limits
+        resp = await upstream.post(Link.of(state), body,
+                                   upstream.headers(headers, upstream_sid), limits)
+        async with resp:
+            out_headers: list[tuple[bytes, bytes]] = []
+            sid = resp.headers.get("mcp-session-id")
+            if sid is not None:
+                out_headers.append((b"mcp-session-id", self.sessions.wrap(
+                    principal.key_id, upstream.name, sid).encode()))
+            if not msg.is_request or resp.status != 200:
+                # Notifications and client responses (202), upstream HTTP errors: relay the
+                # status with a bounded body.
+                stream = RelayedStream(resp, None, upstream.name, limits)
+                data = bytearray()
+                async for chunk in stream.chunks():
+                    data += chunk
+                ctype = resp.headers.get("content-type", "application/json").encode("latin-1")
+                rec.status = resp.status
+                await _send(send, resp.status, bytes(data),
+                            [(b"content-type", ctype), *out_headers])
+                rec.bytes_out = len(data)
+                return
+            stream = RelayedStream(resp, msg.id, upstream.name, limits)
+            if msg.method == "tools/list":
+                await self._relay_filtered(stream, principal, upstream, rec, send, out_headers)
+            elif stream.is_sse:
+                await self._relay_sse(stream, msg, rec, send, out_headers)
+            else:
+                answer = b""
+                async for raw, _, _ in stream.events():
+                    answer = raw
+                rec.status = 200
+                await _send_json(send, 200, answer, out_headers)
+                rec.bytes_out = len(answer)
+            rec.result_sha256 = stream.digest
+
+    async def _relay_sse(self, stream: RelayedStream, msg: Message, rec: CallRecord, send: Any,
+                         out_headers: list[tuple[bytes, bytes]]) -> None:
+        started = False
+        try:
+            async for raw, _, message in stream.events():
+                if isinstance(message, dict) and "method" in message and "id" in message and (
+                        rec.protocol_version in MODERN_VERSIONS):
+                    stream.resp.abandon()
+                    raise McpRefusal(502, INTERNAL_ERROR, "upstream_request_refused",
+                                     "MCP server sent a request on a 2026-07-28 stream")
+                if not started:
+                    await send({"type": "http.response.start", "status": 200,
+                                "headers": [*_SSE_HEADERS, *out_headers]})
+                    started = True
+                    rec.status = 200
+                await send({"type": "http.response.body", "body": raw, "more_body": True})
+                rec.bytes_out += len(raw)
+        except McpRefusal as exc:
+            if not started:
+                raise
+            # The stream has begun: the refusal becomes the request's final JSON-RPC error.
+            final = error_body(msg.id, exc.rpc_code, exc.message)
+            event = b"event: message\ndata: " + final + b"\n\n"
+            await send({"type": "http.response.body", "body": event, "more_body": True})
+            rec.bytes_out += len(event)
+            rec.reason, rec.rpc_error = exc.reason, exc.rpc_code
+        if not started:
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [*_SSE_HEADERS, *out_headers]})
+            rec.status = 200
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def _relay_filtered(self, stream: RelayedStream, principal: Any, upstream: Upstream,
+                              rec: CallRecord, send: Any,
+                              out_headers: list[tuple[bytes, bytes]]) -> None:
+        final: Any = None
+        async for _, _, message in stream.events():
+            if stream.final:
+                final = message
+        if not isinstance(final, dict):
+            raise McpRefusal(502, INTERNAL_ERROR, "upstream_invalid", "no tools/list answer")
+        result = final.get("result")
+        if isinstance(result, dict) and isinstance(result.get("tools"), list):
+            result["tools"] = [
+                t for t in result["tools"]
+                if isinstance(t, dict) and isinstance(t.get("name"), str)
+                and self.access.check(principal.key_id, principal.team, upstream.name,
+                                      t["name"]).allowed
+            ]
+        data = json.dumps(final, separators=(",", ":")).encode()
+        rec.status = 200
+        await _send_json(send, 200, data, out_headers)
+        rec.bytes_out = len(data)
+
+    async def _delete(self, state: Any, upstream: Upstream, key_id: str,
+                      headers: Mapping[str, str], rec: CallRecord, send: Any) -> None:
+        rec.method = "DELETE"
+        presented = headers.get("mcp-session-id")
+        sid = self.sessions.unwrap(key_id, upstream.name, presented) if presented else None
+        if sid is None:
+            raise McpRefusal(404, INVALID_REQUEST, "session_unknown", "Session not found")
+        rec.decision = "allow"
+        status = await upstream.delete(Link.of(state), sid)
+        rec.status = status
+        await _send(send, status, b"", [])
+
+
+async def _read_body(receive: Any, headers: Mapping[str, str], limit: int) -> bytes:
+    """The request body, up to ``limit`` bytes. A batch is refused at its first byte and an
+    announced length above the limit at the first chunk: neither is read whole."""
+    length = headers.get("content-length")
+    too_large = length is not None and length.isdigit() and int(length) > limit
+    body = bytearray()
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise McpRefusal(400, INVALID_REQUEST, "client_gone", "client disconnected")
+        body += message.get("body", b"")
+        if body.lstrip()[:1] == b"[":
+            raise McpRefusal(400, INVALID_REQUEST, "batch_refused",
+                             "JSON-RPC batches are not accepted: send one message per POST")
+        if too_large or len(body) > limit:
+            raise McpRefusal(413, INVALID_REQUEST, "request_too_large",
+                             f"request body above the limit of {limit} bytes")
+        if not message.get("more_body", False):
+            return bytes(body)
+
+
+async def _send(send: Any, status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> None:
+    await send({"type": "http.response.start", "status": status,
+                "headers": [*headers, (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _send_json(send: Any, status: int, body: bytes,
+                     headers: list[tuple[bytes, bytes]] | None = None) -> None:
+    await _send(send, status, body, [(b"content-type", b"application/json"), *(headers or [])])

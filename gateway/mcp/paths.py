@@ -1,0 +1,8 @@
+"""The URL paths the MCP endpoint answers (kept import-light: the app's dispatch reads them)."""
+
+__all__ = ["PREFIX", "WELL_KNOWN"]
+
+PREFIX = "/mcp/"
+"""``/mcp/<server-name>``: one Streamable HTTP endpoint per declared server."""
+WELL_KNOWN = "/.well-known/oauth-protected-resource"
+"""RFC 9728 protected-resource metadata (and ``.../mcp/<server-name>``)."""

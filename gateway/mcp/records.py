@@ -1,0 +1,91 @@
+"""The audit record of one MCP call or refusal (``mcp.tool_call`` / ``mcp.refused``).
+
+One record per tool call (allowed and forwarded, or refused) and per refused request of any
+other method, appended to the gateway's hash chain. It holds who, where, what and why, the
+SHA-256 of the arguments and of the result (never their content), byte counts, the duration
+and the W3C trace id that links it to the chat completion whose answer asked for the call.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["MCP_REFUSED", "MCP_TOOL_CALL", "CallRecord", "trace_id_of"]
+
+MCP_TOOL_CALL = "mcp.tool_call"
+MCP_REFUSED = "mcp.refused"
+
+_TRACEPARENT = re.compile(r"^[0-9a-f]{2}-([0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}$")
+
+
+def trace_id_of(traceparent: str | None) -> str | None:
+    """The trace id (32 hex) of a W3C ``traceparent`` header, ``None`` if absent or invalid
+    (W3C Trace Context, section 3.2: all-zero ids are invalid)."""
+    if not traceparent:
+        return None
+    m = _TRACEPARENT.match(traceparent.strip().lower())
+    if m is None or m.group(1) == "0" * 32:
+        return None
+    return m.group(1)
+
+
+@dataclass
+class CallRecord:
+    """What is known about one MCP request as it goes (filled in by the endpoint)."""
+
+    server: str | None
+    method: str | None = None
+    request_id: str = field(default_factory=lambda: secrets.token_hex(16))
+    started: float = field(default_factory=time.monotonic)
+    started_us: int = field(default_factory=lambda: int(time.time() * 1_000_000))
+    key_id: str | None = None
+    team: str | None = None
+    data_class: str | None = None
+    destination: str | None = None
+    tool: str | None = None
+    protocol_version: str | None = None
+    decision: str = "deny"
+    reason: str | None = None
+    status: int = 0
+    arguments_sha256: str | None = None
+    result_sha256: str | None = None
+    bytes_in: int = 0
+    bytes_out: int = 0
+    trace_id: str | None = None
+    rpc_error: int | None = None
+    recorded: bool = False
+
+    @property
+    def duration_us(self) -> int:
+        """Microseconds since the request arrived."""
+        return int((time.monotonic() - self.started) * 1_000_000)
+
+    def event(self) -> dict[str, Any]:
+        """The audit event (``mcp.tool_call`` when forwarded, else ``mcp.refused``)."""
+        return {
+            "type": MCP_TOOL_CALL if self.decision == "allow" else MCP_REFUSED,
+            "request_id": self.request_id,
+            "started_us": self.started_us,
+            "key_id": self.key_id,
+            "team": self.team,
+            "data_class": self.data_class,
+            "server": self.server,
+            "destination": self.destination,
+            "mcp_method": self.method,
+            "tool": self.tool,
+            "protocol_version": self.protocol_version,
+            "decision": self.decision,
+            "reason": self.reason,
+            "status": self.status,
+            "rpc_error": self.rpc_error,
+            "arguments_sha256": self.arguments_sha256,
+            "result_sha256": self.result_sha256,
+            "bytes_in": self.bytes_in,
+            "bytes_out": self.bytes_out,
+            "duration_us": self.duration_us,
+            "trace_id": self.trace_id,
+        }

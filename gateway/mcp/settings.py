@@ -1,0 +1,149 @@
+"""The ``mcp:`` section: the MCP servers the gateway fronts and who may call which tool.
+
+Example::
+
+    mcp:
+      servers:
+        - name: search
+          url: http://10.0.0.30:8080/mcp
+          destination: tools-eu          # an egress policy destination, as for replicas
+          auth_token_file: /run/secrets/search-token   # injected upstream, never passed through
+          tools:
+            fetch: {url_arguments: [url], max_argument_bytes: 4096}
+      access:
+        - keys: ["agent-*"]
+          servers: ["search"]
+          allow: ["*"]
+          deny: ["delete_*"]
+      resource_metadata:               # RFC 9728 protected-resource metadata
+        resource: https://gw.example.eu/mcp
+        authorization_servers: [https://id.example.eu]
+
+Sizes are bytes, durations seconds. Local (stdio) servers are out of scope: every server is an
+HTTP endpoint and an egress destination.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+__all__ = [
+    "McpAccessRule",
+    "McpLimits",
+    "McpResourceMetadata",
+    "McpServerSettings",
+    "McpSettings",
+    "McpToolSettings",
+]
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class McpToolSettings(_Frozen):
+    """Argument checks declared for one tool (applied before the call is forwarded).
+
+    Attributes:
+        url_arguments: Argument names (top-level keys) holding a URL or host the tool will
+            reach: each is checked against the egress policy for the caller's data class.
+        max_argument_bytes: Largest serialised ``arguments`` object of this tool (bytes).
+    """
+
+    url_arguments: list[str] = Field(default_factory=list)
+    max_argument_bytes: int | None = Field(default=None, gt=0)
+
+
+class McpServerSettings(_Frozen):
+    """One upstream MCP server (Streamable HTTP), served at ``/mcp/<name>``.
+
+    Attributes:
+        name: Path segment and audit name (letters, digits, ``._-``).
+        url: The server's MCP endpoint (``http(s)://host:port/path``).
+        destination: Egress policy destination the URL lies in (required with a policy).
+        auth_token_file: File holding the bearer token the gateway sends upstream (a mounted
+            Secret); the client's own ``Authorization`` is never forwarded.
+        tools: Per-tool argument checks by tool name.
+    """
+
+    name: str
+    url: str
+    destination: str | None = None
+    auth_token_file: Path | None = None
+    tools: dict[str, McpToolSettings] = Field(default_factory=dict)
+
+    @field_validator("name")
+    @classmethod
+    def _check_name(cls, value: str) -> str:
+        if not _NAME.match(value):
+            raise ValueError("must be 1-64 characters of letters, digits and ._- (a path segment)")
+        return value
+
+    @field_validator("url")
+    @classmethod
+    def _check_url(cls, value: str) -> str:
+        if not re.match(r"^https?://[^/?#]+", value):
+            raise ValueError("must be an http:// or https:// URL (stdio servers are out of scope)")
+        return value
+
+
+class McpAccessRule(_Frozen):
+    """Which tools of which servers the matching callers may call (globs, ``fnmatch``).
+
+    A caller matches when its key id matches one of ``keys`` or its team one of ``teams``.
+    A tool is callable when some matching rule for the server allows it and no matching rule
+    denies it (deny wins; nothing matches: refused).
+    """
+
+    keys: list[str] = Field(default_factory=list)
+    teams: list[str] = Field(default_factory=list)
+    servers: list[str] = Field(default_factory=lambda: ["*"])
+    allow: list[str] = Field(default_factory=list)
+    deny: list[str] = Field(default_factory=list)
+
+
+class McpLimits(_Frozen):
+    """Bounds of one MCP request (bytes, seconds, counts)."""
+
+    max_request_bytes: int = Field(default=1024 * 1024, gt=0)
+    max_argument_bytes: int = Field(default=256 * 1024, gt=0)
+    max_response_bytes: int = Field(default=16 * 1024 * 1024, gt=0)
+    max_event_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
+    call_timeout_s: float = Field(default=300.0, gt=0, allow_inf_nan=False)
+    idle_timeout_s: float = Field(default=60.0, gt=0, allow_inf_nan=False)
+    catalogue_ttl_s: float = Field(default=60.0, ge=0, allow_inf_nan=False)
+    max_sessions: int = Field(default=10_000, gt=0)
+
+
+class McpResourceMetadata(_Frozen):
+    """RFC 9728 OAuth 2.0 protected-resource metadata served at
+    ``/.well-known/oauth-protected-resource`` (and ``.../mcp/<name>``)."""
+
+    resource: str
+    authorization_servers: list[str] = Field(default_factory=list)
+    scopes_supported: list[str] = Field(default_factory=list)
+    resource_name: str | None = None
+
+
+class McpSettings(_Frozen):
+    """The ``mcp:`` section (absent: no MCP endpoint)."""
+
+    servers: list[McpServerSettings] = Field(min_length=1)
+    access: list[McpAccessRule] = Field(default_factory=list)
+    limits: McpLimits = Field(default_factory=McpLimits)
+    resource_metadata: McpResourceMetadata | None = None
+    allowed_origins: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> McpSettings:
+        seen: set[str] = set()
+        for i, server in enumerate(self.servers):
+            if server.name in seen:
+                raise ValueError(f"servers[{i}].name: {server.name!r} is used twice")
+            seen.add(server.name)
+        return self

@@ -1,0 +1,152 @@
+"""Upstream MCP servers for the gateway's MCP tests: the official SDK's high-level
+``MCPServer`` with three tools, and a misbehaving raw server for the bad-answer cases."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import urllib.request
+from typing import Any
+
+from mcp.server.mcpserver import Context, MCPServer
+
+
+def sdk_server() -> Any:
+    """The SDK server (Streamable HTTP app at ``/mcp``): ``echo``, ``fetch_url``, ``count``."""
+    server = MCPServer("upstream-tools")
+
+    @server.tool()
+    def echo(text: str) -> str:
+        """Echo ``text`` back."""
+        return text
+
+    @server.tool()
+    def fetch_url(url: str) -> str:
+        """Fetch ``url`` and return the first 200 characters of its body."""
+        with urllib.request.urlopen(url, timeout=5) as resp:  # noqa: S310 - test server
+            return resp.read(200).decode("utf-8", "replace")
+
+    @server.tool()
+    async def count(steps: int, ctx: Context) -> str:
+        """Report ``steps`` progress notifications, then answer."""
+        for i in range(steps):
+            await ctx.report_progress(i + 1, steps, f"step {i + 1}")
+            await asyncio.sleep(0.01)
+        return f"counted {steps}"
+
+    @server.tool()
+    def delete_everything() -> str:
+        """A tool the access rules deny."""
+        return "gone"
+
+    return server.streamable_http_app()
+
+
+class Counting:
+    """ASGI wrapper recording the JSON-RPC methods (and tool names) an upstream received."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.seen: list[str] = []
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        chunks: list[bytes] = []
+        more = True
+        while more:
+            msg = await receive()
+            chunks.append(msg.get("body", b""))
+            more = msg.get("more_body", False)
+        body = b"".join(chunks)
+        try:
+            obj = json.loads(body)
+            name = (obj.get("params") or {}).get("name")
+            self.seen.append(obj.get("method", "-") + (f":{name}" if name else ""))
+        except ValueError:
+            self.seen.append("not-json")
+        sent = False
+
+        async def replay() -> dict[str, Any]:
+            nonlocal sent
+            if sent:
+                return await receive()
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        await self.app(scope, replay, send)
+
+    def calls(self) -> list[str]:
+        """The ``tools/call`` requests received (``tools/call:<name>``)."""
+        return [s for s in self.seen if s.startswith("tools/call")]
+
+
+TOOLS = [{"name": "echo", "inputSchema": {"type": "object",
+                                          "properties": {"text": {"type": "string"}}}}]
+
+
+def bad_server(mode: str) -> Any:
+    """A raw ASGI MCP server answering ``tools/call`` badly (``mode``): ``wrong_id``, ``forever``
+    (an SSE stream of progress notifications that never ends), ``huge`` (a 1 GiB JSON body)."""
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                msg = await receive()
+                if msg["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                elif msg["type"] == "lifespan.shutdown":
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        body = b""
+        while True:
+            msg = await receive()
+            body += msg.get("body", b"")
+            if not msg.get("more_body"):
+                break
+        req = json.loads(body or b"{}")
+        method = req.get("method")
+        if method == "server/discover":
+            answer = {"supportedVersions": ["2026-07-28"], "capabilities": {"tools": {}}}
+        elif method == "tools/list":
+            answer = {"tools": TOOLS}
+        elif mode == "wrong_id":
+            answer = None
+            out = json.dumps({"jsonrpc": "2.0", "id": "someone-else",
+                              "result": {"content": []}}).encode()
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"content-type", b"application/json")]})
+            await send({"type": "http.response.body", "body": out})
+            return
+        elif mode == "forever":
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"content-type", b"text/event-stream")]})
+            note = {"jsonrpc": "2.0", "method": "notifications/progress",
+                    "params": {"progressToken": 1, "progress": 1}}
+            gone = asyncio.ensure_future(receive())  # http.disconnect when the gateway cuts
+            while not gone.done():
+                await send({"type": "http.response.body", "more_body": True,
+                            "body": b"data: " + json.dumps(note).encode() + b"\n\n"})
+                await asyncio.sleep(0.01)
+            return
+        else:  # huge: a 1 GiB JSON body
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"content-type", b"application/json")]})
+            chunk = b" " * 65536
+            await send({"type": "http.response.body", "body": b'{"jsonrpc":"2.0","id":1,'
+                        b'"result":{"content":[{"type":"text","text":"', "more_body": True})
+            gone = asyncio.ensure_future(receive())
+            for _ in range(16384):  # 1 GiB, unless the gateway hangs up first
+                if gone.done():
+                    return
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                await asyncio.sleep(0)
+            await send({"type": "http.response.body", "body": b'"}]}}'})
+            return
+        out = json.dumps({"jsonrpc": "2.0", "id": req.get("id"), "result": answer}).encode()
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": out})
+
+    return app
