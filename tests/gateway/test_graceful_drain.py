@@ -168,3 +168,21 @@ def test_two_gateways_sharing_an_audit_store_one_drained_mid_way_nothing_truncat
     done = [json.loads(line) for line in res.stdout.splitlines()]
     completed = [r for r in done if r["type"] == "request.completed"]
     assert len(completed) == 20  # every request audited, on both chains
+
+
+def test_ctrl_c_twice_during_the_drain_stops_without_a_traceback(
+    serve: Callable[..., Gateway],
+) -> None:
+    # What an operator does at a terminal: Ctrl-C starts the drain, a second Ctrl-C stops at
+    # once. It ends the process with one line, not a traceback.
+    gw = serve(delay_s=0.5, timeout_s=60.0)
+    long = Stream(gw.url, max_tokens=1000)
+    long.start()
+    _wait(lambda: len(long.events) > 1, 30, "the stream to start")
+    gw.proc.send_signal(signal.SIGINT)
+    _wait(lambda: gw.readyz() == 503, 1.0, "readyz 503")
+    gw.proc.send_signal(signal.SIGINT)
+    _, stderr = gw.proc.communicate(timeout=15)
+    long.join(15)
+    assert "Traceback" not in stderr, stderr[-3000:]
+    assert "CancelledError" not in stderr, stderr[-3000:]
