@@ -60,10 +60,15 @@ class Lifespan:
         try:
             await self.app(scope, self._inbox.get, self._send)
         except BaseException as exc:
-            if not self._startup_done.is_set():
+            if self.failure is not None:
+                pass  # the start-up failure the app reported (lifespan.startup.failed): logged
+            elif not self._startup_done.is_set():
                 if self.failure is None:
                     self.failure = f"{type(exc).__name__}: {exc}"
-                    _log.error("Application startup failed: %s", self.failure, exc_info=exc)
+                    # One line names it (the CLI's error line repeats it with a hint); the
+                    # traceback is for --log-level debug, not for an operator's terminal.
+                    _log.error("Application startup failed: %s", self.failure)
+                    _log.debug("start-up failure", exc_info=exc)
             elif not self._shutdown_done.is_set():
                 _log.error("Application shutdown failed", exc_info=exc)
             if not isinstance(exc, Exception):

@@ -313,6 +313,7 @@ CONFIG_READERS = {
     ("gateway", "keys create"): ["--id", "k", "--model", "m"], ("gateway", "keys list"): [],
     ("gateway", "keys revoke"): ["k"], ("gateway", "keys rotate"): ["k"],
     ("gateway", "identity explain"): ["--claims", "claims.json"],
+    ("gateway", "audit timeline"): ["--trace-id", "0" * 32],
     ("policy", "explain"): [str(ROOT / "examples" / "policy.yaml"), "--key", "team-a"],
 }
 
