@@ -6,7 +6,9 @@ is forwarded)::
     server known -> authenticate (401 + RFC 9728 hint) -> Origin -> data class (header, by
     grant) -> body (size, one JSON-RPC object, headers match body) -> policy: the server's
     destination may receive the class -> session bound to this caller -> tools/call: access
-    globs, tool exists, argument size, inputSchema, URL arguments -> forward (checked
+    globs, argument size, sensitive data in the arguments (policy ``pii``: the class raised
+    and the destination checked again, masked or refused), tool exists, inputSchema, URL
+    arguments -> forward (checked
     transport, injected credentials) -> relay the answer (ids, bytes, time checked)
     -> tools/list answers filtered to the tools the caller may call -> audit record
 
@@ -18,6 +20,7 @@ stream) is answered 405, as the 2025 revisions allow.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import json
 import logging
@@ -44,6 +47,7 @@ from gateway.mcp.jsonrpc import (
 from gateway.mcp.metadata import metadata_document, metadata_url
 from gateway.mcp.metrics import McpMetrics
 from gateway.mcp.paths import PREFIX
+from gateway.mcp.pii import refusal_record, scan_arguments
 from gateway.mcp.records import CallRecord, trace_id_of
 from gateway.mcp.sessions import SessionBinder
 from gateway.mcp.settings import McpSettings
@@ -127,7 +131,8 @@ class McpEndpoint:
             self._check_class(principal, upstream, rec)
             upstream_sid = self._session(principal.key_id, upstream, headers, rec)
             if msg.method == "tools/call":
-                await self._check_call(state, upstream, principal, msg, rec)
+                principal, body = await self._check_call(state, upstream, principal, msg,
+                                                         body, rec)
             elif msg.method is not None and msg.is_request and not self.access.may_use_server(
                     principal.key_id, principal.team, upstream.name):
                 raise McpRefusal(403, FORBIDDEN, "server_denied",
@@ -219,7 +224,9 @@ class McpEndpoint:
         return sid
 
     async def _check_call(self, state: Any, upstream: Upstream, principal: Any, msg: Message,
-                          rec: CallRecord) -> None:
+                          body: bytes, rec: CallRecord) -> tuple[Any, bytes]:
+        """Check a ``tools/call``; the principal (class raised by detected sensitive data) and
+        the body to forward (arguments masked by the ``pii`` section) after the checks."""
         tool = msg.name or ""
         verdict = self.access.check(principal.key_id, principal.team, upstream.name, tool)
         if not verdict.allowed:
@@ -236,6 +243,10 @@ class McpEndpoint:
         if declared is not None and declared.max_argument_bytes is not None:
             limit = min(limit, declared.max_argument_bytes)
         check_size(encoded, limit)
+        pii = self._policy.pii if self._policy is not None else None
+        if pii is not None:
+            principal, body, arguments = await self._scan_arguments(
+                pii, upstream, principal, msg, arguments, body, rec)
         catalogue = await self.catalogue.get(upstream, Link.of(state))
         definition = catalogue.tools.get(tool)
         if definition is None:
@@ -249,6 +260,29 @@ class McpEndpoint:
                                       self._policy,
                                       PolicyPrincipal(principal.key_id, principal.team),
                                       principal.data_class)
+        return principal, body
+
+    async def _scan_arguments(self, pii: Any, upstream: Upstream, principal: Any, msg: Message,
+                              arguments: dict[str, Any], body: bytes, rec: CallRecord,
+                              ) -> tuple[Any, bytes, dict[str, Any]]:
+        """Apply the ``pii`` section to the arguments (:mod:`gateway.mcp.pii`)."""
+        try:
+            scan = await scan_arguments(pii, arguments, principal.key_id, principal.team,
+                                        principal.data_class)
+        except McpRefusal as exc:
+            rec.pii = refusal_record(exc)
+            raise
+        rec.pii = scan.record
+        if scan.data_class != principal.data_class:
+            principal = dataclasses.replace(principal, data_class=scan.data_class)
+            rec.data_class = scan.data_class
+            self._check_class(principal, upstream, rec)
+        if scan.masked:
+            obj = dict(msg.obj)
+            obj["params"] = {**msg.params, "arguments": scan.arguments}
+            body = json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+            arguments = scan.arguments
+        return principal, body, arguments
 
     # -- forwarding -----------------------------------------------------------------------
 

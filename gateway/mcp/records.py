@@ -57,6 +57,7 @@ class CallRecord:
     bytes_out: int = 0
     trace_id: str | None = None
     rpc_error: int | None = None
+    pii: dict[str, Any] | None = None  # sensitive data in the arguments (types, counts, classes)
     recorded: bool = False
 
     @property
@@ -88,4 +89,5 @@ class CallRecord:
             "bytes_out": self.bytes_out,
             "duration_us": self.duration_us,
             "trace_id": self.trace_id,
+            **({"pii": self.pii} if self.pii is not None else {}),
         }

@@ -29,7 +29,7 @@ _ROWS = [("k-agent", "agent", "agents", "internal"), ("k-secret", "secret", "age
          ("k-nobody", "nobody", "outsiders", "internal")]
 
 
-def policy_text(ports: dict[str, int]) -> str:
+def policy_text(ports: dict[str, int], extra: str = "") -> str:
     """Destinations: the model replica, each MCP server (``tools-*``: internal data only), and
     ``web`` (a fetchable site); the ``secret`` class may go nowhere but the model."""
     dests = "".join(
@@ -41,7 +41,7 @@ def policy_text(ports: dict[str, int]) -> str:
         "destinations:\n" + dests +
         "rules:\n"
         "  - {id: secret-model-only, classes: [secret], destinations: [model]}\n"
-        "  - {id: internal-anywhere, classes: [public, internal]}\n"
+        "  - {id: internal-anywhere, classes: [public, internal]}\n" + extra
     )
 
 
@@ -85,7 +85,7 @@ class Gateway:
 
 def start_gateway(tmp_path: Path, model_url: str, servers: dict[str, str],
                   extra_ports: dict[str, int], mcp_extra: Callable[[dict[str, Any]], None]
-                  | None = None) -> Gateway:
+                  | None = None, policy_extra: str = "") -> Gateway:
     """Write the policy and config, start ``gateway serve``, wait for ``/healthz``.
 
     Args:
@@ -93,13 +93,14 @@ def start_gateway(tmp_path: Path, model_url: str, servers: dict[str, str],
         servers: MCP server name -> its MCP endpoint URL (destination ``tools-<name>``).
         extra_ports: More destinations by id (``web``).
         mcp_extra: Edits the ``mcp:`` section in place.
+        policy_extra: Appended to the policy file (top-level sections, e.g. ``pii:``).
     """
     ports = {"model": int(model_url.rsplit(":", 1)[1])}
     for name, url in servers.items():
         ports[f"tools-{name}"] = int(url.split(":")[2].split("/")[0])
     ports.update(extra_ports)
     pfile = tmp_path / "policy.yaml"
-    pfile.write_text(policy_text(ports))
+    pfile.write_text(policy_text(ports, policy_extra))
     port = free_port()
     key, _ = write_key_pair(Signer.generate(), tmp_path / "audit.key")
     db = tmp_path / "audit.db"

@@ -1,0 +1,113 @@
+"""Sensitive data in MCP tool arguments (issue 34), end to end: the official ``mcp`` SDK client
+through a real ``gateway serve`` whose policy has a ``pii`` section, to the SDK upstream server.
+
+The harness's tool servers may receive ``public`` and ``internal`` data, never ``secret``; the
+``pii`` section raises a finding to ``secret``, refuses cards, and masks for ``k-other``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from mcp.shared.exceptions import MCPError
+
+from tests.gateway.mcp_gateway.harness import KEYS, Gateway, start_gateway
+from tests.gateway.mcp_gateway.test_mcp_sdk_through_gateway import sdk_client
+from tests.gateway.mcp_gateway.upstreams import Counting, sdk_server
+from vllm_sim import SimConfig
+from vllm_sim import create_app as create_sim
+
+PII = """pii:
+  default_class: secret
+  default_action: raise
+  rules:
+    - {id: no-cards, entities: [CREDIT_CARD], action: refuse}
+    - {id: other-masks, keys: [k-other], action: mask}
+"""
+IBAN = "DE89 3704 0044 0532 0130 00"
+CARD = "4111 1111 1111 1111"
+
+
+@pytest.fixture
+def pii_stack(serve_asgi: Callable[..., Any], tmp_path: Path) -> Iterator[dict[str, Any]]:
+    """The SDK upstream (counting what it receives), the simulator, the gateway with ``pii``."""
+    sim = serve_asgi(create_sim(SimConfig(models=["m"])))
+    counting = Counting(sdk_server())
+    tools = serve_asgi(counting)
+    gw: Gateway = start_gateway(tmp_path, sim.url, {"tools": tools.url + "/mcp"}, {},
+                                policy_extra=PII)
+    try:
+        yield {"gateway": gw, "upstream": counting}
+    finally:
+        gw.stop()
+
+
+def _call(gw: Gateway, key: str, text: str) -> Any:
+    """``echo(text)`` through the gateway: the echoed text, or the ``MCPError``."""
+
+    async def go() -> Any:
+        async with sdk_client(gw.mcp("tools"), key) as client:
+            try:
+                result = await client.call_tool("echo", {"text": text})
+            except MCPError as exc:
+                return exc
+            return result.content[0].text  # type: ignore[union-attr]
+
+    return anyio.run(go)
+
+
+def _calls(gw: Gateway) -> list[dict[str, Any]]:
+    return [r["data"] for r in gw.records() if r["type"] in ("mcp.tool_call", "mcp.refused")
+            and r["data"].get("tool") == "echo"]
+
+
+def test_iban_raises_the_class_and_the_call_is_refused_before_forwarding(
+        pii_stack: dict[str, Any]) -> None:
+    gw, upstream = pii_stack["gateway"], pii_stack["upstream"]
+    assert _call(gw, KEYS["agent"], "nothing sensitive here") == "nothing sensitive here"
+    assert upstream.calls() == ["tools/call:echo"]
+
+    err = _call(gw, KEYS["agent"], f"please pay to {IBAN} today")
+    assert isinstance(err, MCPError), err
+    assert "may not receive data class secret" in str(err)
+    assert "3704" not in str(err)
+    assert upstream.calls() == ["tools/call:echo"]  # the second call never arrived
+
+    err = _call(gw, KEYS["agent"], f"card {CARD} please")
+    assert isinstance(err, MCPError), err
+    assert "CREDIT_CARD" in str(err) and "1111" not in str(err)
+    assert upstream.calls() == ["tools/call:echo"]
+
+    clean, raised, card = _calls(gw)
+    assert clean["decision"] == "allow" and clean["pii"]["entities"] == {}
+    assert clean["pii"]["class_after"] == "internal" and clean["data_class"] == "internal"
+    assert raised["decision"] == "deny" and raised["reason"] == "class_refused"
+    assert raised["status"] == 403 and raised["data_class"] == "secret"
+    assert raised["pii"]["entities"] == {"IBAN_CODE": 1}
+    assert raised["pii"]["actions"] == {"IBAN_CODE": "raise"}
+    assert (raised["pii"]["class_before"], raised["pii"]["class_after"]) == ("internal",
+                                                                              "secret")
+    assert card["reason"] == "pii_refused" and card["status"] == 403
+    assert card["pii"]["entities"] == {"CREDIT_CARD": 1}
+    assert card["pii"]["actions"] == {"CREDIT_CARD": "refuse"}
+    for rec in (clean, raised, card):
+        dumped = json.dumps(rec)
+        assert "3704" not in dumped and "1111 1111" not in dumped
+
+
+def test_mask_rule_forwards_masked_arguments(pii_stack: dict[str, Any]) -> None:
+    gw, upstream = pii_stack["gateway"], pii_stack["upstream"]
+    echoed = _call(gw, KEYS["other"], f"please pay to {IBAN} today")
+    assert echoed == "please pay to <IBAN_CODE> today"  # what the upstream's echo received
+    assert upstream.calls() == ["tools/call:echo"]
+    (rec,) = _calls(gw)
+    assert rec["decision"] == "allow" and rec["data_class"] == "internal"
+    assert rec["pii"]["entities"] == {"IBAN_CODE": 1}
+    assert rec["pii"]["actions"] == {"IBAN_CODE": "mask"}
+    assert rec["pii"]["rules"] == {"IBAN_CODE": "other-masks"}
+    assert "3704" not in json.dumps(rec)
