@@ -17,6 +17,9 @@ from gateway.runtime_tuning import GC_THRESHOLDS, freeze_startup_heap, gc_state,
 @pytest.fixture
 def restore_gc() -> Iterator[None]:
     before = gc.get_threshold()
+    # Servers an earlier test ran in this process (the gateway's own server, in a thread) froze
+    # the heap they started with: start from an unfrozen heap.
+    gc.unfreeze()
     yield
     gc.unfreeze()
     gc.set_threshold(*before)
