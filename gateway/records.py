@@ -70,7 +70,7 @@ _log = logging.getLogger(__name__)
 def _client_trace_id(scope: Mapping[str, Any]) -> str | None:
     """The trace id of the client's W3C ``traceparent`` (links a chat completion to the tool
     calls its answer asked for in the audit log; telemetry replaces it with its span's)."""
-    for name, value in scope["headers"]:
+    for name, value in scope.get("headers") or ():
         if name == b"traceparent":
             parts = value.split(b"-")
             if len(parts) == 4 and len(parts[1]) == 32 and parts[1] != b"0" * 32:
