@@ -16,25 +16,22 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import asyncio
 import hashlib
 import io
 import json
-import socket
 import sys
 import tempfile
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import openai
-import uvicorn
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
+from bench.loopback import ThreadServer  # noqa: E402
 from gateway.app import create_app  # noqa: E402
 from gateway.settings import parse  # noqa: E402
 from vllm_sim import SimConfig  # noqa: E402
@@ -44,32 +41,6 @@ KEY = "sg-bench-batch"
 SERVED = "sim-model"
 
 
-class _Server:
-    def __init__(self, app: Any) -> None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = int(s.getsockname()[1])
-        self.server = uvicorn.Server(uvicorn.Config(
-            app, host="127.0.0.1", port=self.port, loop="asyncio", lifespan="on",
-            log_level="warning"))
-        self.thread = threading.Thread(target=lambda: asyncio.run(self.server.serve()),
-                                       daemon=True)
-        self.thread.start()
-        deadline = time.monotonic() + 30
-        while not self.server.started:
-            if time.monotonic() > deadline or not self.thread.is_alive():
-                raise RuntimeError("server did not start")
-            time.sleep(0.01)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(10)
-
-
 def _body(i: int) -> dict[str, Any]:
     return {"model": "m", "max_tokens": 8,
             "messages": [{"role": "user", "content": f"question number {i}"}]}
@@ -77,7 +48,7 @@ def _body(i: int) -> dict[str, Any]:
 
 def run(requests: int, concurrency: int, ttft_s: float) -> dict[str, Any]:
     """Both runs; returns their figures."""
-    sim = _Server(create_sim(SimConfig(models=[SERVED], ttft_s=ttft_s)))
+    sim = ThreadServer(create_sim(SimConfig(models=[SERVED], ttft_s=ttft_s)))
     with tempfile.TemporaryDirectory() as tmp:
         settings = parse({
             "listen": {"host": "127.0.0.1", "port": 0},
@@ -91,7 +62,7 @@ def run(requests: int, concurrency: int, ttft_s: float) -> dict[str, Any]:
                              "classes": [{"name": "interactive"}, {"name": "batch"}]},
             "batch": {"database": str(Path(tmp) / "batch.db"), "concurrency": concurrency},
         }, {})
-        gw = _Server(create_app(settings))
+        gw = ThreadServer(create_app(settings))
         client = openai.OpenAI(base_url=gw.url + "/v1", api_key=KEY, max_retries=0, timeout=60)
         try:
             t0 = time.perf_counter()

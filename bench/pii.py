@@ -21,24 +21,21 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import asyncio
 import hashlib
 import json
-import socket
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import httpx
-import uvicorn
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
+from bench.loopback import ThreadServer  # noqa: E402
 from bench.pii_corpus import generate, score  # noqa: E402
 from gateway.app import create_app  # noqa: E402
 from gateway.assembly import assemble  # noqa: E402
@@ -87,33 +84,7 @@ def detection_cost(detector: Detector, rounds: int = 200) -> list[dict[str, Any]
     return rows
 
 
-class _Server:
-    def __init__(self, app: Any) -> None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = int(s.getsockname()[1])
-        self.server = uvicorn.Server(uvicorn.Config(
-            app, host="127.0.0.1", port=self.port, loop="asyncio", lifespan="on",
-            log_level="warning"))
-        self.thread = threading.Thread(target=lambda: asyncio.run(self.server.serve()),
-                                       daemon=True)
-        self.thread.start()
-        deadline = time.monotonic() + 30
-        while not self.server.started:
-            if time.monotonic() > deadline or not self.thread.is_alive():
-                raise RuntimeError("server did not start")
-            time.sleep(0.01)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(10)
-
-
-def _gateway(tmp: Path, name: str, sim: _Server, pii: bool) -> _Server:
+def _gateway(tmp: Path, name: str, sim: ThreadServer, pii: bool) -> ThreadServer:
     policy = (
         "version: 1\ndata_classes: [public, personal]\ndestinations:\n"
         f"  - {{id: sim, host: 127.0.0.1, port: {sim.port}, region: eu, jurisdiction: EU, "
@@ -130,7 +101,7 @@ def _gateway(tmp: Path, name: str, sim: _Server, pii: bool) -> _Server:
         "policy": {"file": f"{name}.yaml", "guard": "off"},
     })
     runtime = start_egress(settings, tmp)
-    return _Server(create_app(settings, assemble(settings, tmp, egress=runtime)))
+    return ThreadServer(create_app(settings, assemble(settings, tmp, egress=runtime)))
 
 
 def _ttft(client: httpx.Client, url: str, prompt: str) -> float:
@@ -149,7 +120,7 @@ def _ttft(client: httpx.Client, url: str, prompt: str) -> float:
 
 
 def added_ttft(requests: int) -> dict[str, Any]:
-    sim = _Server(create_sim(SimConfig(models=["m"])))
+    sim = ThreadServer(create_sim(SimConfig(models=["m"])))
     with tempfile.TemporaryDirectory() as d:
         off = _gateway(Path(d), "off", sim, pii=False)
         on = _gateway(Path(d), "on", sim, pii=True)
