@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 from gateway.preflight import checks_cluster as cluster
 from gateway.preflight import checks_identity as identity
+from gateway.preflight import checks_mcp as mcp
 from gateway.preflight import checks_runtime as runtime
 from gateway.preflight.inputs import Criteria, Facts, Inputs, collect
 from gateway.preflight.report import CheckResult, Report
@@ -29,6 +30,7 @@ CHECKS: tuple[Callable[[Facts], CheckResult], ...] = (
     runtime.check_retention,
     runtime.check_weights,
     identity.check_identity,
+    mcp.check_mcp,
 )
 
 

@@ -15,7 +15,8 @@ now, its own ``/status`` document) and runs the checks of a :class:`LiveChecks` 
     the OTLP collector the process exports to lies inside its egress-policy destination, and
     that destination is in an allowed region and jurisdiction.
 
-Identity and MCP checks join by :meth:`LiveChecks.register` (a function ``Facts ->
+Identity (``identity.configured``) and MCP configuration (``mcp.destinations``) are among the
+default checks; other checks join by :meth:`LiveChecks.register` (a function ``Facts ->
 CheckResult``), without changing this module.
 
 Results are exported on the admin port's ``/metrics`` (``sg_preflight_check{check, status}``
@@ -46,6 +47,8 @@ from prometheus_client.registry import Collector
 
 from gateway.periodic import Periodic
 from gateway.preflight import checks_runtime as runtime
+from gateway.preflight.checks_identity import check_identity
+from gateway.preflight.checks_mcp import check_mcp
 from gateway.preflight.inputs import Criteria, Facts, Inputs
 from gateway.preflight.live_settings import ContinuousSettings
 from gateway.preflight.report import CheckResult, Report
@@ -96,7 +99,7 @@ def check_telemetry_destinations(facts: Facts) -> CheckResult:
 DEFAULT_LIVE_CHECKS: tuple[LiveCheck, ...] = (
     runtime.check_destinations, runtime.check_allow_all, runtime.check_unsafe,
     runtime.check_guard, runtime.check_audit_log, runtime.check_checkpoint,
-    runtime.check_retention, check_telemetry_destinations,
+    runtime.check_retention, check_telemetry_destinations, check_identity, check_mcp,
 )
 
 

@@ -240,10 +240,10 @@ def test_cli_json_report_of_the_compliant_render(capsys: pytest.CaptureFixture[s
                  "registry.example.eu", "--json"])
     report = json.loads(capsys.readouterr().out)
     assert code == 0 and report["result"] == "pass"
-    assert report["counts"] == {"pass": 8, "fail": 0, "skip": 6}
+    assert report["counts"] == {"pass": 8, "fail": 0, "skip": 7}
     assert {c["id"] for c in report["checks"] if c["status"] == "skip"} == {
         "gateway.guard", "audit.verify", "audit.checkpoint-fresh", "audit.retention",
-        "weights.locked-signed", "identity.configured"}
+        "weights.locked-signed", "identity.configured", "mcp.destinations"}
     assert [m["criterion"] for m in report["manual_attestations"]][:2] == ["SOV-1", "SOV-2"]
 
 

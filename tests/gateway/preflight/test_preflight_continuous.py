@@ -146,7 +146,9 @@ def test_continuous_preflight_reports_signs_and_flips_on_tampering(
     assert checks == {"policy.destinations": "pass", "policy.no-allow-all": "pass",
                       "policy.unsafe-off": "pass", "gateway.guard": "pass",
                       "audit.verify": "pass", "audit.checkpoint-fresh": "pass",
-                      "audit.retention": "pass", "telemetry.destinations": "pass"}, status
+                      "audit.retention": "pass", "telemetry.destinations": "pass",
+                      # not required, no mcp: section
+                      "identity.configured": "skip", "mcp.destinations": "skip"}, status
     metrics = _checks(httpx.get(admin + "/metrics", timeout=5).text)
     assert metrics[("gateway.guard", "pass")] == 1.0
     assert metrics[("audit.verify", "fail")] == 0.0
