@@ -33,7 +33,7 @@ import dataclasses
 import logging
 import threading
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +64,7 @@ __all__ = [
     "EgressWiring",
     "PolicyRoutes",
     "PolicySettings",
+    "binding_problems",
     "load_policy",
     "policy_settings",
     "start_egress",
@@ -97,6 +98,30 @@ def policy_settings(settings: GatewaySettings, base: Path | None = None) -> Poli
     return ps
 
 
+def binding_problems(policy: Policy,
+                     bindings: Iterable[tuple[str, str, str | None]]) -> list[str]:
+    """Check that each URL lies in the destination it names (:func:`policy.check_binding`).
+
+    Args:
+        policy: The loaded policy.
+        bindings: ``(config key path, URL, destination id or None)`` per replica or server.
+
+    Returns:
+        One ``"<key path>: <problem>"`` line per binding that fails (a missing destination
+        included), in the given order; empty when all hold.
+    """
+    problems: list[str] = []
+    for where, url, destination in bindings:
+        if destination is None:
+            problems.append(f"{where}: required when a policy is configured")
+            continue
+        try:
+            check_binding(policy, url, destination)
+        except PolicyError as exc:
+            problems.append(f"{where}: {exc.message}")
+    return problems
+
+
 def load_policy(settings: GatewaySettings, base: Path | None = None) -> Policy | None:
     """Load the policy the config names and check the config against it.
 
@@ -120,17 +145,9 @@ def load_policy(settings: GatewaySettings, base: Path | None = None) -> Policy |
         lines = exc.message.splitlines() or [exc.message]
         raise ConfigError("\n".join(f"policy.file: {line}" for line in lines),
                           code=exc.code) from exc
-    problems: list[str] = []
-    for i, model in enumerate(settings.models):
-        for j, replica in enumerate(model.replicas):
-            where = f"models[{i}].replicas[{j}].destination"
-            if replica.destination is None:
-                problems.append(f"{where}: required when a policy is configured")
-                continue
-            try:
-                check_binding(pol, replica.url, replica.destination)
-            except PolicyError as exc:
-                problems.append(f"{where}: {exc.message}")
+    problems = binding_problems(pol, (
+        (f"models[{i}].replicas[{j}].destination", replica.url, replica.destination)
+        for i, model in enumerate(settings.models) for j, replica in enumerate(model.replicas)))
     for i, key in enumerate(settings.keys):
         if key.data_class not in pol.classes:
             problems.append(

@@ -1,9 +1,9 @@
 """Building the MCP endpoint from the settings (called by :func:`gateway.assembly.assemble`).
 
 With an egress policy, every declared server must name a destination and its URL must lie
-inside it (the check replicas get, :func:`policy.check_binding`); the servers' destinations
-are then rendered into the NetworkPolicy with the others, and the upstream session's checked
-connector and the process guard refuse any address outside them.
+inside it (the check replicas get, :func:`gateway.egress.binding_problems`); the servers'
+destinations are then rendered into the NetworkPolicy with the others, and the upstream
+session's checked connector and the process guard refuse any address outside them.
 """
 
 from __future__ import annotations
@@ -11,10 +11,11 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
+from gateway.egress import binding_problems
 from gateway.errors import ConfigError
 from gateway.mcp.endpoint import McpEndpoint
 from gateway.mcp.settings import McpSettings
-from policy import EgressMatcher, Policy, PolicyError, check_binding
+from policy import EgressMatcher, Policy
 
 __all__ = ["build_mcp", "check_mcp_destinations"]
 
@@ -27,16 +28,9 @@ def check_mcp_destinations(settings: McpSettings, policy: Policy | None) -> None
     """
     if policy is None:
         return
-    problems: list[str] = []
-    for i, server in enumerate(settings.servers):
-        where = f"mcp.servers[{i}].destination"
-        if server.destination is None:
-            problems.append(f"{where}: required when a policy is configured")
-            continue
-        try:
-            check_binding(policy, server.url, server.destination)
-        except PolicyError as exc:
-            problems.append(f"{where}: {exc.message}")
+    problems = binding_problems(policy, (
+        (f"mcp.servers[{i}].destination", server.url, server.destination)
+        for i, server in enumerate(settings.servers)))
     if problems:
         raise ConfigError("\n".join(problems), code="destination_mismatch")
 
