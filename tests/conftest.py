@@ -124,6 +124,24 @@ class ServerThread:
         self.thread.join(timeout_s)
 
 
+@pytest.fixture(autouse=True)
+def _restore_gc() -> Iterator[None]:
+    """Undo what a gateway server started in this process does to the collector.
+
+    ``gateway.server`` freezes the start-up heap (``gc.freeze``) and sets its own thresholds:
+    right for a serving process, wrong for the next test in this one. Frozen objects are
+    invisible to ``gc.get_referrers``, which Hypothesis uses to check its own PRNG, so a test
+    after a freeze would fail with a ``HypothesisWarning``.
+    """
+    import gc
+
+    thresholds = gc.get_threshold()
+    yield
+    if gc.get_freeze_count():
+        gc.unfreeze()
+    gc.set_threshold(*thresholds)
+
+
 @pytest.fixture
 def serve_asgi() -> Iterator[Callable[..., ServerThread]]:
     """Factory ``serve_asgi(app, **uvicorn_config) -> ServerThread``.
