@@ -26,7 +26,7 @@ from typing import Any
 
 import uvicorn
 
-from gateway.server import GatewayServer, ServerConfig
+from gateway.serving.server import GatewayServer, ServerConfig
 
 SERVED: list[str] = []
 

@@ -1,4 +1,4 @@
-"""Cost and accuracy of sensitive-data detection (policy.pii, gateway.pii), in one run.
+"""Cost and accuracy of sensitive-data detection (policy.pii, gateway.pii.request), in one run.
 
 1. Detection cost: :meth:`policy.pii.Detector.scan` on prompts of 1, 4 and 16 KB, without and
    with identifiers (p50 and p95 in ms, and ms per KB).
@@ -39,8 +39,8 @@ from bench.loopback import ThreadServer  # noqa: E402
 from bench.pii_corpus import generate, score  # noqa: E402
 from gateway.app import create_app  # noqa: E402
 from gateway.assembly import assemble  # noqa: E402
+from gateway.config.settings import parse  # noqa: E402
 from gateway.egress import start_egress  # noqa: E402
-from gateway.settings import parse  # noqa: E402
 from policy.pii import Detector  # noqa: E402
 from vllm_sim import SimConfig  # noqa: E402
 from vllm_sim import create_app as create_sim  # noqa: E402

@@ -8,7 +8,7 @@ checkout from before it, uvicorn's protocol of ``gateway.http_guard``) in front 
 process), so the numbers are the gateway's own: its request parsing, relay, upstream client and
 response writing, the upstream socket's system calls, and the event-loop iterations between
 them. Requests are sent one at a time (concurrency 1) on one kept-alive connection, with the
-garbage collector set up as ``gateway serve`` sets it (:mod:`gateway.runtime_tuning`).
+garbage collector set up as ``gateway serve`` sets it (:mod:`gateway.serving.runtime_tuning`).
 
 Prints the process CPU time per request (``time.process_time``) and, with ``--trace``, the
 marks of one request after the warm-up, in microseconds from the moment its bytes were handed
@@ -133,7 +133,9 @@ def _trace_targets() -> list[tuple[Any, str, str]]:
     import aiohttp.client_proto
     import aiohttp.http_writer
 
-    from gateway import asgi_io, forward, relay, rewrite
+    from gateway.h1 import asgi_io
+    from gateway.relay import forward, rewrite
+    from gateway.relay import pipeline as relay
 
     targets: list[tuple[Any, str, str]] = [
         (asyncio.base_events.BaseEventLoop, "_run_once", "loop iteration"),
@@ -154,8 +156,8 @@ def _trace_targets() -> list[tuple[Any, str, str]]:
 async def _run(sim_url: str, tmp: Path) -> None:
     from gateway.app import create_app
     from gateway.assembly import assemble
-    from gateway.runtime_tuning import freeze_startup_heap, tune_gc
-    from gateway.settings import load
+    from gateway.config.settings import load
+    from gateway.serving.runtime_tuning import freeze_startup_heap, tune_gc
 
     cfg = bind_config(default_config(), sim_url, 8000)
     path = tmp / "gateway.yaml"
@@ -163,7 +165,7 @@ async def _run(sim_url: str, tmp: Path) -> None:
     settings = load(path)
     app = create_app(settings, assemble(settings, tmp))
     proto, lifespan = await _server_protocol(app, settings)
-    # The collector settings of `gateway serve` (gateway.server: thresholds at start, the
+    # The collector settings of `gateway serve` (gateway.serving.server: thresholds at start, the
     # start-up heap frozen once the lifespan has started); the defaults would add young
     # collections over the whole heap to the per-request figures.
     tune_gc()
@@ -227,7 +229,7 @@ async def _server_protocol(app: Any, settings: Any) -> tuple[Any, Any]:
     try:
         from gateway.h1.lifespan import Lifespan
         from gateway.h1.server import ServerContext, ServerProtocol
-        from gateway.server import server_limits
+        from gateway.serving.server import server_limits
     except ImportError:
         from gateway.http_guard import server_options  # type: ignore[import-not-found]
         from uvicorn.config import Config

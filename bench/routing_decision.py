@@ -25,10 +25,10 @@ import statistics
 import time
 import tracemalloc
 
+from gateway.config.settings import ModelSettings, ReplicaSettings
 from gateway.fleet import RoutingSettings
 from gateway.fleet.replica_metrics import ReplicaSignals
 from gateway.routing import Pool
-from gateway.settings import ModelSettings, ReplicaSettings
 
 
 def _percentile(values: list[float], q: float) -> float:

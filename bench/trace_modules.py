@@ -52,7 +52,7 @@ import uvicorn  # noqa: E402
 from gateway.app import create_app  # noqa: E402
 from gateway.assembly import assemble  # noqa: E402
 from gateway.audit import Signer, generate_key_file, write_key_pair  # noqa: E402
-from gateway.settings import parse  # noqa: E402
+from gateway.config.settings import parse  # noqa: E402
 from vllm_sim import SimConfig  # noqa: E402
 from vllm_sim import create_app as create_sim  # noqa: E402
 

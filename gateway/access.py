@@ -1,6 +1,7 @@
 """Access logging: one JSON line per request (logger ``gateway.access``).
 
-Relay requests are logged by :mod:`gateway.relay` from their :class:`RequestRecord`; the other
+Relay requests are logged by :mod:`gateway.relay.pipeline` from their :class:`RequestRecord`; the
+other
 HTTP endpoints by :class:`AccessLogMiddleware`. Liveness and readiness probes are not logged
 (orchestrators call them every few seconds). Never prompts, completions or keys.
 """
@@ -12,7 +13,7 @@ import time
 import uuid
 from typing import Any
 
-from gateway.records import RequestRecord
+from gateway.relay.records import RequestRecord
 
 __all__ = ["AccessLogMiddleware", "log_record"]
 

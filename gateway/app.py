@@ -1,14 +1,16 @@
 """The app factory: :func:`create_app` builds the gateway's ASGI application.
 
-Relay paths (``POST /v1/chat/completions`` and the others in :data:`gateway.relay.RELAY_PATHS`)
+Relay paths (``POST /v1/chat/completions`` and the others in
+:data:`gateway.relay.pipeline.RELAY_PATHS`)
 are dispatched by path *before* FastAPI's middleware and router, straight into the raw-ASGI
-handler of :mod:`gateway.relay` (the hot path: no per-request framework objects); so are the
+handler of :mod:`gateway.relay.pipeline` (the hot path: no per-request framework objects); so are
+the
 keyed ``/v1/models`` endpoints (:mod:`gateway.models_api`), which are observed (audited) like
 relay requests. Everything else (``/healthz``, ``/readyz``, unknown paths) is ordinary FastAPI.
 Before any of them, a request with ambiguous framing (``Content-Length`` with
 ``Transfer-Encoding``, repeated framing headers) is refused with 400 ``invalid_framing`` and
 ``Connection: close`` (second layer behind the parser check of :mod:`gateway.h1.request`;
-:func:`gateway.asgi_io.scope_framing_problem`).
+:func:`gateway.h1.asgi_io.scope_framing_problem`).
 
 Everything the app needs is passed to the constructor: the settings and the assembled
 components (:class:`gateway.assembly.Gateway`: authenticator, routing policy, observers such as
@@ -33,14 +35,13 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from gateway import mcp, models_api, relay, usage_api
+from gateway import mcp, models_api, usage_api
 from gateway.access import AccessLogMiddleware
-from gateway.asgi_io import escaped_api_path, framing_refusal, scope_framing_problem
 from gateway.assembly import Gateway
 from gateway.auth import Authenticator
 from gateway.batch.api import RUNNER_KEY, batch_routes
 from gateway.batch.runner import open_runner
-from gateway.drain import Drain
+from gateway.config.settings import GatewaySettings
 from gateway.errors import (
     GatewayError,
     InvalidRequest,
@@ -52,18 +53,20 @@ from gateway.fleet.kv_subscriber import KVEventsFeed
 from gateway.fleet.replica_metrics import MetricsScraper
 from gateway.flow.peers import FlowPeers
 from gateway.h1 import Dialer, RelayClient, resolver_dialer
+from gateway.h1.asgi_io import escaped_api_path, framing_refusal, scope_framing_problem
 from gateway.health import HealthProber
 from gateway.models_api import is_models_path
-from gateway.pii import pii_stage
-from gateway.records import AdmissionHook, RequestObserver
+from gateway.pii.request import pii_stage
+from gateway.relay import pipeline as relay
+from gateway.relay.records import AdmissionHook, RequestObserver
+from gateway.relay.upstream import ConnectorFactory, new_session, tls_context
 from gateway.routing import ClassifyingPolicy, RoutePolicy, Router
-from gateway.settings import GatewaySettings
+from gateway.serving.drain import Drain
 from gateway.state import STATE_KEY, GatewayState, LiveState, gateway_state
-from gateway.upstream import ConnectorFactory, new_session, tls_context
 from policy import denied_address_socket_factory
 
 if TYPE_CHECKING:
-    from gateway.reload import Reloader
+    from gateway.serving.reload import Reloader
 
 __all__ = ["create_app"]
 
@@ -195,7 +198,7 @@ def create_app(
             with the egress policy's resolver and socket factory); default the system
             resolver. Give it with ``connector_factory`` built from the same resolver.
         policy: Per-request routing decision (default: every replica allowed).
-        observers: Request observers (audit log, telemetry), see :mod:`gateway.records`.
+        observers: Request observers (audit log, telemetry), see :mod:`gateway.relay.records`.
         admission: Admission hooks run before forwarding (quotas).
         authenticator: Key lookup (default: the ``keys`` of the config file).
         router: Replica pools (default: built from ``settings``; pass one to inspect it).
@@ -203,7 +206,8 @@ def create_app(
             first (telemetry client spans, ``policy.policy_middleware``).
         drain: Drain state of ``gateway serve``: ``/readyz`` answers 503 while draining, and
             relay requests are tracked so the drain deadline can end them.
-        reloader: Live reload of ``gateway serve`` (:mod:`gateway.reload`): the lifespan hands
+        reloader: Live reload of ``gateway serve`` (:mod:`gateway.serving.reload`): the lifespan
+        hands
             it the function that swaps in a reassembled gateway (new requests get the new
             snapshot; the health prober, metrics scraper and telemetry follow the new router).
 

@@ -11,14 +11,14 @@ validate the same sections in the same order. It builds, without opening any sto
 * flow control (``flow_control:``) over the router's pools.
 
 :func:`reassemble` builds the gateway of a new configuration for a live reload
-(:mod:`gateway.reload`) from the running one, keeping its long-lived components.
+(:mod:`gateway.serving.reload`) from the running one, keeping its long-lived components.
 
 The order in which a relayed request meets them is written down once, in
-:meth:`Gateway.stages` (the relay, :mod:`gateway.relay`, runs the stages in that order)::
+:meth:`Gateway.stages` (the relay, :mod:`gateway.relay.pipeline`, runs the stages in that order)::
 
     authenticate -> classify -> route -> admit -> audit -> forward -> account
 
-Components talk through named hooks only (:mod:`gateway.records`): the audit log is handed to
+Components talk through named hooks only (:mod:`gateway.relay.records`): the audit log is handed to
 the quota hook and the egress policy as an event sink and to telemetry through its append
 listener API; nothing looks another component up by type or patches it.
 """
@@ -33,10 +33,10 @@ from typing import TYPE_CHECKING, Any
 from aiohttp.client_middlewares import ClientMiddlewareType
 
 from gateway.auth import Authenticator, KeyRing, principal_of
+from gateway.config.settings import GatewaySettings
 from gateway.h1 import AttemptObserver, Dialer
-from gateway.records import AdmissionHook, ObserverHooks, RequestObserver
+from gateway.relay.records import AdmissionHook, ObserverHooks, RequestObserver
 from gateway.routing import AllowAll, RoutePolicy, Router, RouteTable
-from gateway.settings import GatewaySettings
 
 if TYPE_CHECKING:
     from gateway.audit.observer import AuditObserver
@@ -228,18 +228,18 @@ def assemble(
         ConfigError: The first invalid section, naming the key.
     """
     from gateway.audit.observer import checked_build
+    from gateway.config.tls_files import check_tls_files
     from gateway.egress import load_policy, wire_egress
     from gateway.identity.build import wrap_identity
     from gateway.mcp.wiring import build_mcp
     from gateway.preflight.live_settings import check_preflight_files
     from gateway.quotas.wiring import build_authenticator, build_quota_hook
     from gateway.telemetry import Telemetry, check_telemetry
-    from gateway.tls_files import check_tls_files
     from policy import EgressMatcher
 
     policy = egress.policy if egress is not None else load_policy(settings, base)
     if policy is not None and policy.pii is not None:
-        policy.pii.load()  # the sensitive-data detector, once, before serving (gateway.pii)
+        policy.pii.load()  # the sensitive-data detector, once, before serving (gateway.pii.request)
     authenticator = wrap_identity(settings, build_authenticator(settings),  # gateway.identity
                                   policy=policy)
     telemetry_settings = check_telemetry(settings, policy)
@@ -317,11 +317,11 @@ def reassemble(running: Gateway, settings: GatewaySettings, base: Path | None = 
     swaps), the upstream transport, the egress guard and its event forwarder. Nothing is opened
     or started and ``running`` is not changed, so a refused reload leaves it serving. The
     sections that cannot change live are refused before this is called
-    (:func:`gateway.reload.restart_only_changes`).
+    (:func:`gateway.serving.reload.restart_only_changes`).
 
     Args:
         running: The gateway being served.
-        settings: The new configuration (validated by :func:`gateway.settings.load`).
+        settings: The new configuration (validated by :func:`gateway.config.settings.load`).
         base: Directory of the config file (relative ``policy.file``).
 
     Returns:

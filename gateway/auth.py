@@ -15,8 +15,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from gateway.config.settings import KeySettings
 from gateway.errors import AuthenticationFailed
-from gateway.settings import KeySettings
 
 if TYPE_CHECKING:
     from gateway.identity.model import Identity

@@ -34,7 +34,7 @@ import yaml
 
 from gateway.auth import digest_key, new_key
 from gateway.cli.serve import run
-from gateway.settings import load
+from gateway.config.settings import load
 
 __all__ = ["Stopped", "main"]
 

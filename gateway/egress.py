@@ -38,10 +38,10 @@ from pathlib import Path
 from typing import Any
 
 from gateway.auth import Principal
+from gateway.config.settings import GatewaySettings, ModelSettings, PolicySettings
 from gateway.errors import ClassChangeRefused, ConfigError, InvalidRequest
 from gateway.h1 import Dialer, resolver_dialer
 from gateway.routing import Replica, RouteDecision, Router
-from gateway.settings import GatewaySettings, ModelSettings, PolicySettings
 from policy import (
     ClassChangeForbidden,
     EgressEvent,
@@ -78,12 +78,12 @@ AuditSink = Callable[[Mapping[str, Any]], Awaitable[Any]]
 
 def policy_settings(settings: GatewaySettings, base: Path | None = None) -> PolicySettings | None:
     """The ``policy:`` section (``None`` when absent); validated and its ``file`` resolved
-    against the config file's directory by :func:`gateway.settings.load`.
+    against the config file's directory by :func:`gateway.config.settings.load`.
 
     Args:
         settings: The gateway settings (a mapping in ``settings.policy`` is validated here).
         base: Directory a still relative ``file`` is resolved against (settings built without
-            :func:`gateway.settings.parse`).
+            :func:`gateway.config.settings.parse`).
 
     Raises:
         pydantic.ValidationError: ``settings.policy`` is a mapping that is not a valid section.
@@ -469,7 +469,7 @@ def wire_egress(
             dest = policy.destinations.get(replica.destination or "")
             replica.region = dest.region if dest is not None else None
             if replica.kind == "litellm":  # litellm gets the policy-checked httpx client
-                from gateway.litellm_backend import make_client
+                from gateway.relay.litellm_backend import make_client
 
                 replica.client = make_client(replica.url, replica.api_key, matcher)
     limit = settings.limits.max_upstream_connections

@@ -12,10 +12,10 @@ from ssl import SSLContext
 
 import aiohttp
 
-from gateway.periodic import Periodic
+from gateway.config.settings import HealthSettings
+from gateway.relay.upstream import USER_AGENT
 from gateway.routing import Replica, Router
-from gateway.settings import HealthSettings
-from gateway.upstream import USER_AGENT
+from gateway.serving.periodic import Periodic
 
 __all__ = ["MAX_PROBE_BODY", "HealthProber", "connect_timeout", "probe"]
 

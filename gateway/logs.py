@@ -1,7 +1,7 @@
 """Logging set-up for entry points (library modules only call ``logging.getLogger``).
 
 Production format: JSON lines on stderr. Access lines (logger ``gateway.access``) carry the
-fields of :class:`gateway.records.RequestRecord` that are safe to log: never prompts,
+fields of :class:`gateway.relay.records.RequestRecord` that are safe to log: never prompts,
 completions or keys.
 """
 
@@ -13,7 +13,7 @@ import sys
 import time
 from typing import Any
 
-from gateway.settings import LoggingSettings
+from gateway.config.settings import LoggingSettings
 
 __all__ = ["JsonFormatter", "configure_logging"]
 

@@ -3,7 +3,7 @@
 These endpoints authenticate with an API key and tell its holder which models it may use, so
 they belong in the audit log as much as a completion does: a refused key (401), an unknown or
 forbidden model (404) and a listing that was served each leave a record. They go through the
-same observer life cycle as the relay (:mod:`gateway.records`), minus the admission hooks:
+same observer life cycle as the relay (:mod:`gateway.relay.records`), minus the admission hooks:
 
 * ``on_request`` hooks when the request arrives;
 * a refusal (wrong method, bad key, unknown model) ends the request: only ``on_end`` runs, so
@@ -27,10 +27,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from gateway.access import log_record
-from gateway.asgi_io import Receive, Responder, Scope, Send
 from gateway.auth import bearer_token
 from gateway.errors import GatewayError, MethodNotAllowed, ModelNotFound
-from gateway.records import RequestRecord
+from gateway.h1.asgi_io import Receive, Responder, Scope, Send
+from gateway.relay.records import RequestRecord
 from gateway.state import GatewayState
 
 __all__ = ["MODELS_PATH", "handle", "is_models_path", "model_entry"]

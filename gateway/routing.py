@@ -31,11 +31,11 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from gateway.auth import Principal
+from gateway.config.settings import GatewaySettings, ModelSettings
 from gateway.errors import GatewayError
 from gateway.fleet.replica_metrics import ReplicaSignals
 from gateway.fleet.scoring import PrefixAffinity, RouteHint
 from gateway.fleet.settings import RoutingSettings
-from gateway.settings import GatewaySettings, ModelSettings
 
 __all__ = [
     "AllowAll",

@@ -2,7 +2,8 @@
 
 Reach it only through :func:`gateway_state` (from an ASGI scope or a Starlette request): the
 lifespan puts a :class:`LiveState` into the ASGI lifespan state under one key, so there is no
-global and no ``app.state`` probing. A live reload (:mod:`gateway.reload`) replaces the whole
+global and no ``app.state`` probing. A live reload (:mod:`gateway.serving.reload`) replaces the
+whole
 :class:`GatewayState` in that cell; a request reads the cell once, at its start, and keeps that
 snapshot to its end.
 """
@@ -17,16 +18,16 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 
 from gateway.auth import Authenticator, Principal
-from gateway.drain import Drain
+from gateway.config.settings import GatewaySettings
 from gateway.h1 import RelayClient
-from gateway.records import ObserverHooks
+from gateway.relay.records import ObserverHooks
 from gateway.routing import RoutePolicy, Router, RouteTable
-from gateway.settings import GatewaySettings
+from gateway.serving.drain import Drain
 
 if TYPE_CHECKING:
     from gateway.flow.gate import FlowGate
     from gateway.mcp.endpoint import McpEndpoint
-    from gateway.pii import PiiStage
+    from gateway.pii.request import PiiStage
 
 __all__ = ["STATE_KEY", "GatewayState", "LiveState", "gateway_state"]
 

@@ -1,7 +1,7 @@
 """Problems of a policy file as one-line ``file:line: key: problem`` messages.
 
 The policy package's one formatter of validation errors, in the shape of the gateway's config
-errors (``gateway/config_errors.py``; the policy package is a leaf and cannot import it)::
+errors (``gateway/config/errors.py``; the policy package is a leaf and cannot import it)::
 
     p.yaml:25: destinations[0].prot: unknown key (did you mean 'port'?)
     p.yaml:31: rules[1].constraints.jurisdiction: Input should be a valid string or a valid list

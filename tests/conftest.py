@@ -128,7 +128,8 @@ class ServerThread:
 def _restore_gc() -> Iterator[None]:
     """Undo what a gateway server started in this process does to the collector.
 
-    ``gateway.server`` freezes the start-up heap (``gc.freeze``) and sets its own thresholds:
+    ``gateway.serving.server`` freezes the start-up heap (``gc.freeze``) and sets its own
+    thresholds:
     right for a serving process, wrong for the next test in this one. Frozen objects are
     invisible to ``gc.get_referrers``, which Hypothesis uses to check its own PRNG, so a test
     after a freeze would fail with a ``HypothesisWarning``.

@@ -34,9 +34,9 @@ from gateway.audit.refusals import RefusalCounter
 from gateway.audit.settings import AuditSettings
 from gateway.audit.store import sqlite_file
 from gateway.audit.writer import AuditLog, Receipt
-from gateway.config_errors import InvalidConfig, validation_problems
+from gateway.config.errors import InvalidConfig, validation_problems
 from gateway.errors import ConfigError, ServiceUnavailable
-from gateway.records import RequestRecord
+from gateway.relay.records import RequestRecord
 
 _log = logging.getLogger(__name__)
 

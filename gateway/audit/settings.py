@@ -1,4 +1,4 @@
-"""The ``audit:`` section of the gateway configuration (embedded by ``gateway.settings``)."""
+"""The ``audit:`` section of the gateway configuration (embedded by ``gateway.config.settings``)."""
 
 from __future__ import annotations
 

@@ -7,7 +7,7 @@
 * :mod:`gateway.batch.runner`: runs batches through the relay in process, resumes them.
 * :mod:`gateway.batch.api`: the HTTP endpoints.
 
-Only the settings are imported here (``gateway.settings`` imports this package).
+Only the settings are imported here (``gateway.config.settings`` imports this package).
 """
 
 from gateway.batch.settings import BatchSettings

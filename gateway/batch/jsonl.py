@@ -15,7 +15,7 @@ __all__ = ["ENDPOINTS", "parse_input"]
 
 ENDPOINTS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings",
                        "/v1/responses"})
-"""Endpoints a batch may target (relay paths of :mod:`gateway.relay`)."""
+"""Endpoints a batch may target (relay paths of :mod:`gateway.relay.pipeline`)."""
 
 
 def parse_input(content: bytes, endpoint: str, max_requests: int) -> list[tuple[int, str, bytes]]:

@@ -1,7 +1,7 @@
 """Run batches: each request through the gateway's own relay path, in process, in the flow
 control ``batch`` class.
 
-A request is handed to :func:`gateway.relay.handle` as an ASGI request (no socket, no HTTP
+A request is handed to :func:`gateway.relay.pipeline.handle` as an ASGI request (no socket, no HTTP
 connection to ourselves), so it goes through the same authorisation, policy, routing, quotas,
 flow control and audit as an interactive one. The caller's key is not kept (only its digest is
 ever configured): the relay sees a snapshot of the live state whose authenticator answers with
@@ -21,13 +21,13 @@ import time
 from collections.abc import Mapping, MutableMapping
 from typing import Any
 
-from gateway import relay
 from gateway.auth import Principal, principal_of
 from gateway.batch.errors import NotCancellable, NotFound
 from gateway.batch.settings import BatchSettings, audit_store_url, database_path
 from gateway.batch.store import BatchStore
+from gateway.config.settings import GatewaySettings
 from gateway.errors import AuthenticationFailed, GatewayError
-from gateway.settings import GatewaySettings
+from gateway.relay import pipeline as relay
 from gateway.state import LiveState
 
 __all__ = ["BatchRunner", "new_id", "open_runner", "principal_fields"]

@@ -16,11 +16,11 @@ import typer
 
 from clishell import ConfigOpt, not_regular, require_config, warn
 from gateway.assembly import assemble
-from gateway.config_errors import ConfigProblem, problems_of
+from gateway.config.errors import ConfigProblem, problems_of
+from gateway.config.settings import load
 from gateway.errors import ConfigError
-from gateway.reload import revision_of
-from gateway.settings import load
-from gateway.supervisor import check_workers
+from gateway.serving.reload import revision_of
+from gateway.serving.supervisor import check_workers
 
 __all__ = ["check_config"]
 
@@ -96,7 +96,7 @@ def check_config(
     summary = {
         "ok": True,
         "file": str(file),
-        # What a live reload of this file would record as its new revision (gateway.reload).
+        # What a live reload of this file would record as its new revision (gateway.serving.reload).
         "revision": revision_of(settings, policy),
         "listen": f"{settings.listen.host}:{settings.listen.port}",
         "workers": workers,

@@ -41,8 +41,8 @@ def explain(
     """Explain which rule a token's claims match, the team, models and data class it gets,
     and (with --model and an egress policy) where its prompts may go."""
     from gateway.assembly import assemble
+    from gateway.config.settings import load
     from gateway.identity.auth import IdentityAuthenticator
-    from gateway.settings import load
     from policy import Principal
 
     if (token is None) == (claims is None):

@@ -12,8 +12,8 @@ from pydantic import ValidationError
 
 from clishell import CliError
 from gateway.auth import digest_key, new_key
-from gateway.config_errors import validation_problems
-from gateway.settings import KeySettings
+from gateway.config.errors import validation_problems
+from gateway.config.settings import KeySettings
 
 __all__ = ["app"]
 

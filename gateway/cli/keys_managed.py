@@ -78,8 +78,8 @@ def _config_sections(config: Path | None) -> tuple[dict[str, Any] | None, dict[s
     """Return the raw ``keystore`` and ``audit`` sections of the gateway config, if any."""
     if config is None:
         return None, None
+    from gateway.config.settings import load
     from gateway.errors import GatewayError
-    from gateway.settings import load
 
     try:
         # Key management needs no backend credential: VLLM_KEY need not be set on the

@@ -2,7 +2,7 @@
 
 Signals: before it serves (reading the config, the guard's self-test, the assembly) SIGINT and
 SIGTERM stop it with 130 / 143 and the one error line (:func:`clishell.run`). While it serves
-both drain (:mod:`gateway.drain`); after the drain it exits 0 when SIGTERM stopped it (the
+both drain (:mod:`gateway.serving.drain`); after the drain it exits 0 when SIGTERM stopped it (the
 documented stop of an orchestrator) and 130 with the error line when SIGINT did, so that a
 Ctrl-C never reads as success. ``--workers N``: the same, by the supervisor.
 """
@@ -21,18 +21,18 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from clishell import ConfigOpt, Interrupted, require_config
-from gateway.config_errors import InvalidConfig
+from gateway.config.errors import InvalidConfig
+from gateway.config.settings import GatewaySettings, is_loopback_host, load
 from gateway.errors import ConfigError
-from gateway.hangup import HangupLatch
 from gateway.logs import configure_logging
-from gateway.settings import GatewaySettings, is_loopback_host, load
+from gateway.serving.hangup import HangupLatch
 
 if TYPE_CHECKING:
     from gateway.assembly import Gateway
     from gateway.egress import EgressRuntime
     from gateway.preflight.continuous import ContinuousPreflight
-    from gateway.reload import Reloader
-    from gateway.worker import WorkerSlot
+    from gateway.serving.reload import Reloader
+    from gateway.serving.worker import WorkerSlot
 
 __all__ = ["ListenOverrides", "run", "serve"]
 
@@ -94,7 +94,7 @@ def run(
     With a ``policy:`` section the policy is loaded and checked and the process egress guard
     installed and self-tested *before* the server starts (see :mod:`gateway.egress`). The guard
     relies on ``sys.addaudithook`` socket events, which uvloop does not raise; hence
-    the standard asyncio loop. The HTTP server is the gateway's own (:mod:`gateway.server`,
+    the standard asyncio loop. The HTTP server is the gateway's own (:mod:`gateway.serving.server`,
     :mod:`gateway.h1.server`): strict request framing, a timer on every connection state and a
     connection cap.
 
@@ -102,10 +102,10 @@ def run(
         settings: The validated configuration.
         base: Directory of the config file (relative ``policy.file``).
         config: The config file: SIGHUP (and, with ``reload.watch``, a change of its files)
-            reloads it live (:mod:`gateway.reload`). ``None``: no live reload.
+            reloads it live (:mod:`gateway.serving.reload`). ``None``: no live reload.
         adjust: The command line's overrides, applied to each reloaded configuration too.
         worker: Run as a worker of ``gateway serve --workers N`` (see
-            :mod:`gateway.worker`): serve the supervisor's socket, audit under the
+            :mod:`gateway.serving.worker`): serve the supervisor's socket, audit under the
             worker's replica id, admin routes on the worker's Unix socket.
 
     Returns:
@@ -119,10 +119,10 @@ def run(
     # Imported here so that `gateway keys` / `check-config` start fast.
     from gateway.app import create_app
     from gateway.assembly import assemble
-    from gateway.drain import Drain
     from gateway.egress import start_egress
     from gateway.identity.build import client_cert_context
-    from gateway.server import ServerConfig, run_server, server_limits
+    from gateway.serving.drain import Drain
+    from gateway.serving.server import ServerConfig, run_server, server_limits
 
     adjust = adjust or _unchanged
     for_worker = None
@@ -165,10 +165,10 @@ def run(
             set_status(new)
         if for_worker is not None:
             for_worker.applied()  # a restarted worker starts from it
-    drain = Drain(settings.drain)  # SIGTERM: readyz 503, then drain (gateway.drain)
+    drain = Drain(settings.drain)  # SIGTERM: readyz 503, then drain (gateway.serving.drain)
     reloader = None
     if config is not None:
-        from gateway.reload import Reloader
+        from gateway.serving.reload import Reloader
 
         reloader = Reloader(config, gateway, environ=os.environ, adjust=adjust,
                             on_applied=on_applied)
@@ -248,7 +248,7 @@ def serve(
     adjust = ListenOverrides(host, port)
     settings = adjust(load(file, os.environ))
     if workers > 1:
-        from gateway.supervisor import serve_workers
+        from gateway.serving.supervisor import serve_workers
 
         status, stopped_by = serve_workers(settings, file.parent, workers, config=file,
                                            adjust=adjust)

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 import aiohttp
 
 from gateway.fleet.settings import RoutingSettings
-from gateway.periodic import Periodic
+from gateway.serving.periodic import Periodic
 
 if TYPE_CHECKING:
     from gateway.routing import Replica, Router

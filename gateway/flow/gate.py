@@ -47,8 +47,8 @@ from gateway.quotas.tokens import TokenEstimator
 
 if TYPE_CHECKING:
     from gateway.auth import Principal
-    from gateway.records import RequestRecord
-    from gateway.rewrite import ParsedBody
+    from gateway.relay.records import RequestRecord
+    from gateway.relay.rewrite import ParsedBody
     from gateway.routing import Pool, Replica, Router
 
 __all__ = ["FlowGate", "Lane", "to_gateway_error"]
@@ -205,7 +205,8 @@ class FlowGate:
         """Classify new requests by a reloaded section's per-key and per-team overrides.
 
         ``flow_control.keys`` and ``flow_control.teams`` are the only part of the section a
-        live reload may change (:data:`gateway.reload.RELOADABLE`); a request already admitted
+        live reload may change (:data:`gateway.serving.reload.RELOADABLE`); a request already
+        admitted
         or queued keeps the class and weight it was classified with.
 
         Args:

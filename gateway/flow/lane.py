@@ -10,7 +10,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from gateway.asgi_io import ClientGone, Receive
 from gateway.errors import GatewayError
 from gateway.flow.errors import (
     BodyOverQueueBudget,
@@ -22,12 +21,13 @@ from gateway.flow.errors import (
 )
 from gateway.flow.queues import ClassQueues, Waiter
 from gateway.flow.saturation import with_room
+from gateway.h1.asgi_io import ClientGone, Receive
 
 if TYPE_CHECKING:
     from gateway.fleet.scoring import RouteHint
     from gateway.flow.gate import FlowGate
-    from gateway.records import RequestRecord
-    from gateway.rewrite import ParsedBody
+    from gateway.relay.records import RequestRecord
+    from gateway.relay.rewrite import ParsedBody
     from gateway.routing import Pool, Replica
 
 __all__ = ["Group", "Lane", "PoolFlow", "to_gateway_error"]

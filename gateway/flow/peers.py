@@ -28,7 +28,7 @@ import redis.asyncio as redis_async
 from redis.exceptions import RedisError
 
 from gateway.flow.settings import SharedFlowSettings
-from gateway.periodic import Periodic
+from gateway.serving.periodic import Periodic
 
 if TYPE_CHECKING:
     from gateway.routing import Router

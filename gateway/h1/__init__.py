@@ -3,7 +3,7 @@
 :mod:`gateway.h1.framing` parses response heads and decodes bodies (no I/O),
 :mod:`gateway.h1.connection` is the asyncio protocol of one connection, and
 :mod:`gateway.h1.client` the bounded keep-alive pool that dials through the upstream
-connector (the egress policy's checks) and hands responses to :mod:`gateway.forward`.
+connector (the egress policy's checks) and hands responses to :mod:`gateway.relay.forward`.
 """
 
 from gateway.h1.client import (

@@ -5,7 +5,7 @@ client connection, on asyncio's public ``Protocol`` API, reading requests with t
 sans-IO :class:`gateway.h1.request.RequestReader` and writing responses itself (RFC 9112 §6,
 §7.1). It speaks ASGI 3 to the app (HTTP spec 2.3, https://asgi.readthedocs.io/en/latest/specs/
 www.html), with the gateway's fast paths as its own methods, offered as scope extensions
-(:mod:`gateway.asgi_io`: whole body, write now, chunk writer, body chunk, disconnect watch) and
+(:mod:`gateway.h1.asgi_io`: whole body, write now, chunk writer, body chunk, disconnect watch) and
 the ASGI TLS extension (``scope["extensions"]["tls"]``, https://asgi.readthedocs.io/en/latest/
 specs/tls.html) on HTTPS connections.
 
@@ -27,7 +27,7 @@ Every state of a connection has a timer and a bound (:class:`ServerLimits`):
 
 A request refused before the app sees it (:class:`gateway.h1.request.RequestRefused`, a header
 timeout, the connection cap) is answered with the OpenAI error JSON and told to the
-``on_refused`` hook (:data:`gateway.http_refusal.RefusalHook`).
+``on_refused`` hook (:data:`gateway.h1.refusal.RefusalHook`).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote
 
-from gateway.asgi_io import (
+from gateway.h1.asgi_io import (
     BODY_CHUNK_EXTENSION,
     CHUNK_WRITER_EXTENSION,
     DISCONNECT_EXTENSION,
@@ -49,14 +49,14 @@ from gateway.asgi_io import (
     WRITE_NOW_EXTENSION,
     Message,
 )
-from gateway.h1.request import MAX_HEAD_BYTES, RequestHead, RequestReader, RequestRefused
-from gateway.h1.tls_scope import tls_extension
-from gateway.http_refusal import (
+from gateway.h1.refusal import (
     Refusal,
     RefusalHook,
     connection_cap_refusal,
     header_timeout_refusal,
 )
+from gateway.h1.request import MAX_HEAD_BYTES, RequestHead, RequestReader, RequestRefused
+from gateway.h1.tls_scope import tls_extension
 
 __all__ = ["ServerContext", "ServerLimits", "ServerProtocol"]
 
@@ -667,7 +667,7 @@ class ServerProtocol(asyncio.Protocol):
 
     def write_now(self, data: bytes) -> bool:
         """Write one chunk of the response body being sent, now, if possible
-        (:data:`gateway.asgi_io.WRITE_NOW_EXTENSION`).
+        (:data:`gateway.h1.asgi_io.WRITE_NOW_EXTENSION`).
 
         Returns:
             ``True`` when written (or dropped: the client is gone; nothing for ``b""``);

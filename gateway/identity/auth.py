@@ -147,7 +147,7 @@ class IdentityAuthenticator:
         try:
             d = decide(self.settings.rules, issuer, claims)
         except IdentityNotAllowed as exc:
-            # Verified but refused: the audit record still says who (gateway.relay).
+            # Verified but refused: the audit record still says who (gateway.relay.pipeline).
             exc.identity = {"method": "jwt", "issuer": issuer, "subject": pseudonym,
                             "rule": None, "kid": kid, "jwks_sha256": jwks_sha256}
             raise

@@ -2,7 +2,7 @@
 
 Every JWKS file is read and checked against its pin here; any problem is a
 :class:`~gateway.errors.ConfigError` naming the key, so a reload with a changed or broken JWKS
-is refused whole and the running key sets stay (:mod:`gateway.reload`).
+is refused whole and the running key sets stay (:mod:`gateway.serving.reload`).
 """
 
 from __future__ import annotations

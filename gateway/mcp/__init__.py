@@ -15,5 +15,5 @@ from gateway.mcp.settings import McpSettings
 
 __all__ = ["PREFIX", "WELL_KNOWN", "McpSettings"]
 
-# The endpoint (gateway.mcp.endpoint.McpEndpoint) is not re-exported here: gateway.settings
+# The endpoint (gateway.mcp.endpoint.McpEndpoint) is not re-exported here: gateway.config.settings
 # imports this package for McpSettings, and the endpoint imports the gateway core.

@@ -1,7 +1,7 @@
 """Sensitive data in MCP tool arguments: the policy's ``pii`` section applied to ``tools/call``.
 
 A tool call's ``arguments`` pass the same detection as a model request's prompt
-(:mod:`gateway.pii`, :mod:`policy.pii.inspect`), before the call's destination check is
+(:mod:`gateway.pii.request`, :mod:`policy.pii.inspect`), before the call's destination check is
 repeated and before anything is forwarded:
 
 * ``raise``: the call's data class becomes the raised class, and the server's destination is

@@ -45,13 +45,13 @@ from typing import Any
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from gateway.periodic import Periodic
 from gateway.preflight import checks_runtime as runtime
 from gateway.preflight.checks_identity import check_identity
 from gateway.preflight.checks_mcp import check_mcp
 from gateway.preflight.inputs import Criteria, Facts, Inputs
 from gateway.preflight.live_settings import ContinuousSettings
 from gateway.preflight.report import CheckResult, Report
+from gateway.serving.periodic import Periodic
 
 __all__ = ["DEFAULT_LIVE_CHECKS", "ContinuousPreflight", "LiveCheck", "LiveChecks",
            "check_telemetry_destinations"]

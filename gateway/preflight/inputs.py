@@ -265,8 +265,8 @@ def _load_config(inputs: Inputs, facts: Facts) -> None:
     Backend credentials (``api_key_env``/``api_key_file``) are dropped before validation: the
     pre-flight needs none of them, so it never reads them and they cannot reach a report.
     """
+    from gateway.config.settings import parse
     from gateway.errors import ConfigError
-    from gateway.settings import parse
 
     assert inputs.config is not None
     text = _read(inputs.config)

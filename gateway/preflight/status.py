@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, Any
 from gateway.audit.observer import config_digest
 
 if TYPE_CHECKING:
+    from gateway.config.settings import GatewaySettings
     from gateway.egress import EgressRuntime
-    from gateway.settings import GatewaySettings
     from gateway.telemetry.admin import StatusSource
     from policy import Policy
 

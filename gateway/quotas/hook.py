@@ -26,7 +26,7 @@ from gateway.quotas.errors import QuotaBackendUnavailable, QuotaError
 from gateway.quotas.limiter import Admission, EventSink, admission_headers
 from gateway.quotas.service import QuotaPlan, QuotaService
 from gateway.quotas.settings import QuotaSettings
-from gateway.records import Headers, RequestRecord
+from gateway.relay.records import Headers, RequestRecord
 
 _log = logging.getLogger(__name__)
 

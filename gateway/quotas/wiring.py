@@ -10,12 +10,12 @@ Redis client and the key store connect in the app's lifespan.
 from __future__ import annotations
 
 from gateway.auth import Authenticator, KeyRing
+from gateway.config.settings import GatewaySettings
 from gateway.errors import ConfigError
 from gateway.keystore.auth import managed_authenticator
 from gateway.keystore.errors import KeystoreError
 from gateway.quotas.hook import QuotaHook, quota_hook
 from gateway.quotas.limiter import EventSink
-from gateway.settings import GatewaySettings
 
 __all__ = ["build_authenticator", "build_quota_hook"]
 
@@ -29,7 +29,7 @@ def build_quota_hook(
         settings: The gateway settings.
         on_event: Sink for quota backend outage and recovery events (the audit log).
 
-    The section itself is validated by :func:`gateway.settings.load`.
+    The section itself is validated by :func:`gateway.config.settings.load`.
     """
     return quota_hook(settings.quotas, on_event=on_event)
 
@@ -38,7 +38,7 @@ def build_authenticator(settings: GatewaySettings) -> Authenticator:
     """The key lookup: config-file keys, then the managed keys of ``keystore:`` if enabled.
 
     The ``keystore:`` section (and that it has a store, its own or the audit log's) is
-    validated by :func:`gateway.settings.load`.
+    validated by :func:`gateway.config.settings.load`.
 
     Raises:
         ConfigError: The key store URL is not supported.

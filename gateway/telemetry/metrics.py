@@ -28,7 +28,7 @@ GenAI semantic-convention names where they exist
 | ``sg.gateway.flow.wait`` | histogram, s | model, class (requests that queued) |
 | ``sg.gateway.flow.queue_length`` | gauge | model, class |
 | ``sg.gateway.pii.findings`` | counter, {finding} | entity type, action (raise/mask/refuse/
-  record; ``response`` for findings in a model's answer; see gateway.pii) |
+  record; ``response`` for findings in a model's answer; see gateway.pii.request) |
 | ``sg.gateway.pii.requests`` | counter | class before, class after, outcome (clean/found/
   refused/scan_failed) |
 | ``sg.gateway.mcp.calls`` | counter | MCP server, tool or method, decision, reason |
@@ -58,7 +58,7 @@ from typing import Any
 from opentelemetry.sdk.resources import Resource
 
 from gateway.fleet.replica_metrics import SIGNAL_FIELDS, signal_rows
-from gateway.records import RequestRecord
+from gateway.relay.records import RequestRecord
 from gateway.routing import Router
 from gateway.telemetry.aggregate import Labels, MetricSet
 from gateway.telemetry.tracing import operation_name
@@ -78,7 +78,8 @@ WAIT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 3
 FOLD_AT = 64
 """Hand-overs waiting at most before the observer folds them itself: small, so the records
 waiting are few and short-lived (per-request objects should die by reference counting, not
-reach the cyclic collector: :mod:`gateway.runtime_tuning`), and still one fold per 64 requests
+reach the cyclic collector: :mod:`gateway.serving.runtime_tuning`), and still one fold per 64
+requests
 (about 0.5 ms)."""
 
 AUDIT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0)

@@ -31,9 +31,9 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 from prometheus_client import CollectorRegistry
 
+from gateway.config.settings import GatewaySettings
 from gateway.errors import ConfigError
 from gateway.routing import Router
-from gateway.settings import GatewaySettings
 from gateway.telemetry.admin import AdminServer
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.telemetry.prometheus import PrometheusCollector

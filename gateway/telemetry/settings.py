@@ -11,7 +11,8 @@ telemetry:
 ```
 
 Without an ``otlp_endpoint`` nothing is exported and no connection is ever attempted. The models
-live in :mod:`gateway.settings` (validated with the rest of the file at load) and are re-exported
+live in :mod:`gateway.config.settings` (validated with the rest of the file at load) and are
+re-exported
 here.
 """
 
@@ -20,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from gateway.settings import AdminSettings, TelemetrySettings
+from gateway.config.settings import AdminSettings, TelemetrySettings
 
 __all__ = ["AdminSettings", "TelemetrySettings", "telemetry_settings"]
 

@@ -40,7 +40,7 @@ from opentelemetry.sdk.trace import Tracer
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, set_span_in_context
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from gateway.records import RequestRecord
+from gateway.relay.records import RequestRecord
 
 if TYPE_CHECKING:
     from gateway.telemetry.metrics import GatewayMetrics

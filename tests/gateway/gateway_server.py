@@ -1,4 +1,5 @@
-"""The gateway served as ``gateway serve`` serves it (:class:`gateway.server.GatewayServer`).
+"""The gateway served as ``gateway serve`` serves it
+(:class:`gateway.serving.server.GatewayServer`).
 
 ``tests/conftest.py``'s ``serve_asgi`` runs plain uvicorn h11; the tests of the client-facing
 HTTP behaviour (framing, timeouts, connection cap) need the production server instead.
@@ -13,9 +14,9 @@ import time
 from typing import Any
 
 from gateway.app import create_app
-from gateway.http_refusal import RefusalHook
-from gateway.server import GatewayServer, ServerConfig, server_limits
-from gateway.settings import GatewaySettings
+from gateway.config.settings import GatewaySettings
+from gateway.h1.refusal import RefusalHook
+from gateway.serving.server import GatewayServer, ServerConfig, server_limits
 from tests.conftest import free_port
 
 

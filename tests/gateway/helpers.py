@@ -14,8 +14,8 @@ import httpx
 import openai
 
 from gateway.app import create_app
-from gateway.records import RequestRecord
-from gateway.settings import GatewaySettings, parse
+from gateway.config.settings import GatewaySettings, parse
+from gateway.relay.records import RequestRecord
 from vllm_sim import SimConfig
 from vllm_sim import create_app as create_sim
 
@@ -95,7 +95,7 @@ def start_gateway(serve_asgi: Callable[..., Any], s: GatewaySettings, **kwargs: 
 
 
 def sse_events(raw: bytes) -> list[Any]:
-    """Parse the data payloads of an SSE body (test-side, independent of gateway.sse)."""
+    """Parse the data payloads of an SSE body (test-side, independent of gateway.relay.sse)."""
     out: list[Any] = []
     for block in raw.replace(b"\r\n", b"\n").split(b"\n\n"):
         for line in block.split(b"\n"):

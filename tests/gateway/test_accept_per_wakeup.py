@@ -2,7 +2,8 @@
 
 A burst of new connections is accepted one per event-loop iteration (as nginx's default
 ``multi_accept off``), so the connections already in make progress between two accepts; the
-kernel still queues :data:`gateway.server.LISTEN_BACKLOG` connections meanwhile (asyncio ties
+kernel still queues :data:`gateway.serving.server.LISTEN_BACKLOG` connections meanwhile (asyncio
+ties
 the listen backlog to the accept count, the server listens again with the full queue).
 """
 
@@ -19,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from gateway.server import ACCEPTS_PER_WAKEUP, GatewayServer, ServerConfig
+from gateway.serving.server import ACCEPTS_PER_WAKEUP, GatewayServer, ServerConfig
 from tests.conftest import free_port
 
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from gateway.config.settings import load
 from gateway.errors import ConfigError
-from gateway.settings import load
 
 BASE = """\
 models:

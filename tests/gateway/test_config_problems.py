@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 
 from gateway.audit.settings import AuditSettings
-from gateway.config_errors import InvalidConfig
+from gateway.config.errors import InvalidConfig
+from gateway.config.settings import PolicySettings, TelemetrySettings, load
 from gateway.keystore.settings import KeystoreSettings
 from gateway.quotas.settings import QuotaSettings
-from gateway.settings import PolicySettings, TelemetrySettings, load
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -138,9 +138,9 @@ def test_keystore_without_any_store_is_refused_at_load(tmp_path: Path) -> None:
 
 
 def test_one_formatter_of_validation_errors() -> None:
-    """Only gateway/config_errors.py turns pydantic errors into messages (gateway/app.py maps
+    """Only gateway/config/errors.py turns pydantic errors into messages (gateway/app.py maps
     request validation errors of the HTTP API, not configuration)."""
-    allowed = {"gateway/config_errors.py", "gateway/app.py"}
+    allowed = {"gateway/config/errors.py", "gateway/app.py"}
     offenders = [
         f"{module.relative_to(REPO)}:{number}: {line.strip()}"
         for module in sorted((REPO / "gateway").rglob("*.py"))

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from gateway.config.settings import load
+from gateway.config.url_paths import url_path_problem
 from gateway.errors import ConfigError
-from gateway.settings import load
-from gateway.url_paths import url_path_problem
 
 BASE = """\
 models:

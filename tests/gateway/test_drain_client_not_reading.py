@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gateway.drain import SHUTDOWN_MARGIN_S
+from gateway.serving.drain import SHUTDOWN_MARGIN_S
 from tests.conftest import wait_until
 from tests.gateway.helpers import KEY_A, config, start_sim
 from tests.gateway.test_live_reload import Served

@@ -12,10 +12,10 @@ from typing import Any
 import httpx
 
 from gateway.auth import Principal
+from gateway.config.settings import ModelSettings, ReplicaSettings
 from gateway.fleet import PrefixIndex, RoutingSettings, block_hashes, canonical_prompt
 from gateway.fleet.replica_metrics import ReplicaSignals, parse_metrics
 from gateway.routing import Pool, Replica, RouteDecision, Router
-from gateway.settings import ModelSettings, ReplicaSettings
 from tests.gateway.helpers import KEY_A, Recorder, settings, start_gateway, start_sim
 
 AUTH_A = {"authorization": f"Bearer {KEY_A}"}
@@ -410,7 +410,7 @@ def test_admin_metrics_export_replica_signals_and_routing_outcomes() -> None:
     from opentelemetry.sdk.resources import Resource
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from gateway.records import RequestRecord
+    from gateway.relay.records import RequestRecord
     from gateway.telemetry.metrics import GatewayMetrics
     from gateway.telemetry.prometheus import PrometheusCollector
 
@@ -491,7 +491,7 @@ def test_a_request_refused_after_the_decision_gives_its_prefill_estimate_back(
     from collections.abc import Mapping
 
     from gateway.errors import RateLimited
-    from gateway.records import RequestRecord
+    from gateway.relay.records import RequestRecord
 
     class RefuseAll:
         async def admit(self, record: RequestRecord, body: Mapping[str, Any]) -> None:

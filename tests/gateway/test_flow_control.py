@@ -28,8 +28,8 @@ from gateway.app import create_app
 from gateway.assembly import Gateway, assemble
 from gateway.audit import Signer, generate_key_file, open_store, write_key_pair
 from gateway.audit.records import Record
+from gateway.config.settings import GatewaySettings, parse
 from gateway.flow.gate import FlowGate
-from gateway.settings import GatewaySettings, parse
 from gateway.telemetry import Telemetry
 from gateway.telemetry.settings import TelemetrySettings
 from tests.gateway.helpers import SERVED, Recorder, Sim, sha, start_sim

@@ -8,15 +8,15 @@ import pytest
 from pydantic import ValidationError
 
 from gateway.auth import Principal
-from gateway.config_errors import InvalidConfig
+from gateway.config.errors import InvalidConfig
+from gateway.config.settings import parse
 from gateway.fleet.replica_metrics import ReplicaSignals
 from gateway.flow import ClassQueue, ClassQueues, SaturationSettings, Waiter, has_room, with_room
 from gateway.flow.gate import FlowGate, Lane
 from gateway.flow.settings import FlowControlSettings
-from gateway.records import RequestRecord
-from gateway.rewrite import parse_body
+from gateway.relay.records import RequestRecord
+from gateway.relay.rewrite import parse_body
 from gateway.routing import Router
-from gateway.settings import parse
 from tests.gateway.helpers import config, sha
 
 

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from gateway.asgi_io import DisconnectWatch
-from gateway.runtime_tuning import GC_THRESHOLDS, freeze_startup_heap, gc_state, tune_gc
+from gateway.h1.asgi_io import DisconnectWatch
+from gateway.serving.runtime_tuning import GC_THRESHOLDS, freeze_startup_heap, gc_state, tune_gc
 
 
 @pytest.fixture

@@ -125,7 +125,7 @@ def test_second_signal_during_the_drain_stops_at_once(serve: Callable[..., Gatew
 def test_drain_settings_refuse_a_delay_longer_than_the_timeout() -> None:
     from pydantic import ValidationError
 
-    from gateway.drain import DrainSettings
+    from gateway.serving.drain import DrainSettings
 
     with pytest.raises(ValidationError, match=r"delay_s \(10\) must not exceed timeout_s \(5\)"):
         DrainSettings(delay_s=10, timeout_s=5)

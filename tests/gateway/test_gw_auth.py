@@ -7,8 +7,8 @@ import hashlib
 import pytest
 
 from gateway.auth import MAX_BEARER_BYTES, KeyRing, bearer_token, digest_key, new_key
+from gateway.config.settings import KeySettings
 from gateway.errors import AuthenticationFailed, error_body
-from gateway.settings import KeySettings
 
 
 def ring() -> KeyRing:

@@ -28,9 +28,9 @@ from starlette.routing import Route
 from gateway.app import create_app
 from gateway.assembly import assemble
 from gateway.audit import Signer, generate_key_file, write_key_pair
+from gateway.config.settings import parse
 from gateway.egress import start_egress
 from gateway.errors import ConfigError
-from gateway.settings import parse
 from policy import Policy
 from tests.gateway.egress_testdata import KEYS, REGIONS, gateway_config, policy_text
 from vllm_sim import SimConfig

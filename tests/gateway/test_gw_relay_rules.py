@@ -1,4 +1,4 @@
-"""Each relay rule (gateway.relay), tested so that it fails if the rule breaks."""
+"""Each relay rule (gateway.relay.pipeline), tested so that it fails if the rule breaks."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 
 from gateway.app import create_app
 from gateway.errors import ServiceUnavailable
-from gateway.records import RequestRecord
+from gateway.relay.records import RequestRecord
 from tests.conftest import free_port
 from tests.gateway.gateway_server import Servers
 from tests.gateway.helpers import (

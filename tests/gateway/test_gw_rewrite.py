@@ -7,7 +7,7 @@ import json
 import pytest
 
 from gateway.errors import InvalidRequest
-from gateway.rewrite import parse_body
+from gateway.relay.rewrite import parse_body
 
 
 def test_only_model_changes_byte_for_byte() -> None:

@@ -7,8 +7,8 @@ from collections.abc import Sequence
 
 from gateway.assembly import Gateway
 from gateway.auth import Principal, principal_of
+from gateway.config.settings import ModelSettings, ReplicaSettings
 from gateway.routing import Pool, Replica, RouteDecision, Router, RouteTable
-from gateway.settings import ModelSettings, ReplicaSettings
 from tests.gateway.helpers import settings
 
 

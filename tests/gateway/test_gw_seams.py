@@ -13,11 +13,11 @@ import pytest
 from aiohttp.abc import AbstractResolver, ResolveResult
 
 from gateway.auth import Principal
+from gateway.config.settings import ModelSettings
 from gateway.errors import RateLimited
 from gateway.h1 import resolver_dialer
-from gateway.records import RequestRecord
+from gateway.relay.records import RequestRecord
 from gateway.routing import Replica, RouteDecision
-from gateway.settings import ModelSettings
 from tests.gateway.helpers import KEY_A, Clients, Recorder, Sim, settings, start_gateway, start_sim
 
 CHAT: Any = {"model": "llama-3.1-8b", "messages": [{"role": "user", "content": "hi"}]}

@@ -9,8 +9,8 @@ import pydantic
 import pytest
 import yaml
 
+from gateway.config.settings import load, parse
 from gateway.errors import ConfigError
-from gateway.settings import load, parse
 from tests.gateway.helpers import config, sha
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "gateway.yaml"

@@ -29,8 +29,8 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span
 from gateway.app import create_app
 from gateway.assembly import assemble
 from gateway.audit import Signer, generate_key_file, write_key_pair
+from gateway.config.settings import parse
 from gateway.errors import ConfigError
-from gateway.settings import parse
 from gateway.telemetry import Telemetry, TelemetrySettings
 from policy import Policy
 from tests.conftest import free_port

@@ -14,8 +14,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from gateway.config.settings import parse
 from gateway.errors import ConfigError
-from gateway.settings import parse
 from tests.gateway.helpers import KEY_A, SERVED, Sim, config, settings, start_gateway
 from vllm_sim import SimConfig
 from vllm_sim import create_app as create_sim

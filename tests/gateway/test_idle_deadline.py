@@ -13,7 +13,7 @@ import asyncio
 
 import pytest
 
-from gateway.forward import _IdleDeadline
+from gateway.relay.forward import _IdleDeadline
 
 IDLE_S = 0.1
 

@@ -8,7 +8,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.rewrite import MAX_DEPTH
+from gateway.relay.rewrite import MAX_DEPTH
 from tests.gateway.helpers import KEY_A, Sim
 
 AUTH = {"authorization": f"Bearer {KEY_A}", "content-type": "application/json"}

@@ -10,8 +10,8 @@ import openai
 import pytest
 import yaml
 
+from gateway.config.settings import load
 from gateway.errors import ConfigError
-from gateway.settings import load
 from tests.gateway.helpers import (
     BACKEND_KEY,
     KEY_A,

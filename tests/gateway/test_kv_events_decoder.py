@@ -12,7 +12,8 @@ import msgpack
 import pytest
 import zmq.asyncio
 
-from gateway.config_errors import InvalidConfig
+from gateway.config.errors import InvalidConfig
+from gateway.config.settings import parse
 from gateway.fleet.exact_index import ExactIndex, content_keys
 from gateway.fleet.kv_events import (
     AllBlocksCleared,
@@ -24,7 +25,6 @@ from gateway.fleet.kv_events import (
 )
 from gateway.fleet.kv_subscriber import KVEventSubscriber
 from gateway.fleet.settings import KVEventsSource, check_endpoint
-from gateway.settings import parse
 from tests.gateway.helpers import config
 
 F15 = b"\xcb" + struct.pack(">d", 1.5)

@@ -16,7 +16,7 @@ import pytest
 
 from gateway.app import create_app
 from gateway.assembly import assemble
-from gateway.settings import parse
+from gateway.config.settings import parse
 from policy import EgressDenied, denied_address_socket_factory
 from tests.policy.test_policy_transport import ScriptedResolver
 from vllm_sim import SimConfig
@@ -82,7 +82,7 @@ def test_a_name_resolving_to_the_metadata_address_is_refused_before_connecting()
 def test_the_litellm_client_without_a_policy_refuses_the_metadata_address() -> None:
     """The litellm backend's openai client (no policy): a literal or a name resolving to
     169.254.169.254 is refused before a connection; a loopback name is sent as usual."""
-    from gateway.litellm_backend import make_client
+    from gateway.relay.litellm_backend import make_client
     from policy import DeniedAddressAsyncTransport
 
     async def go() -> None:

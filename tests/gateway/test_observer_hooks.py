@@ -1,4 +1,5 @@
-"""The optional observer hooks the relay calls (gateway.records), against a real uvicorn gateway.
+"""The optional observer hooks the relay calls (gateway.relay.records), against a real uvicorn
+gateway.
 
 ``on_request`` sees the request headers, ``on_response_start`` may add response headers,
 ``end_recorded`` decides whether the held-back end of a response is sent; the lifespan starts
@@ -17,7 +18,7 @@ import pytest
 
 from gateway.app import create_app
 from gateway.assembly import Gateway
-from gateway.records import Headers, RequestRecord
+from gateway.relay.records import Headers, RequestRecord
 from tests.gateway.helpers import KEY_A, Sim, settings, start_gateway, start_sim
 
 CHAT = {"model": "llama-3.1-8b", "messages": [{"role": "user", "content": "hi"}],

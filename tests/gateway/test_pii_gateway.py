@@ -33,8 +33,8 @@ from starlette.routing import Route
 from gateway.app import create_app
 from gateway.assembly import assemble
 from gateway.audit import Signer, generate_key_file, write_key_pair
+from gateway.config.settings import parse
 from gateway.egress import start_egress
-from gateway.settings import parse
 from tests.conftest import free_port
 from tests.gateway.egress_testdata import KEYS, gateway_config, policy_text
 from vllm_sim import SimConfig

@@ -8,9 +8,9 @@ import pytest
 from opentelemetry.sdk.resources import Resource
 from prometheus_client import CollectorRegistry, generate_latest
 
-from gateway.records import RequestRecord
+from gateway.config.settings import parse
+from gateway.relay.records import RequestRecord
 from gateway.routing import Router
-from gateway.settings import parse
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.telemetry.prometheus import PrometheusCollector
 from policy import PiiRefused, Policy

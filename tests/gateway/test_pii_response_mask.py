@@ -2,7 +2,7 @@
 
 A real gateway on loopback, the official openai SDK as the client, and a backend whose answer
 holds an IBAN split across SSE events (``"... DE89 37"`` + ``"04 0044 0532"`` + ``" 0130 00
-..."``). :class:`gateway.pii_response.StreamMask` is also driven directly with the real
+..."``). :class:`gateway.pii.response.StreamMask` is also driven directly with the real
 detector: at every split point of the text, nothing of the IBAN leaves, and at most the hold
 (``response_hold_chars``) of text is ever held back.
 """
@@ -22,7 +22,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
-from gateway.pii_response import StreamMask
+from gateway.pii.response import StreamMask
 from policy import PiiPolicy
 from policy.pii.config import PiiSection
 from tests.gateway.egress_testdata import KEYS

@@ -19,7 +19,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
-from gateway.pii_response import StreamMask
+from gateway.pii.response import StreamMask
 from tests.gateway.test_pii_gateway import IBAN, PII, Stack, _build, _chat
 
 REVERSIBLE = PII.replace("{id: research-masks, teams: [research], action: mask}",

@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
-from gateway.asgi_io import CHUNK_WRITER_EXTENSION, WRITE_NOW_EXTENSION
+from gateway.h1.asgi_io import CHUNK_WRITER_EXTENSION, WRITE_NOW_EXTENSION
 from gateway.h1.connection import H1Connection
 from gateway.h1.framing import ChunkedDecoder
-from gateway.sse import SSEUsageScanner
+from gateway.relay.sse import SSEUsageScanner
 from tests.gateway.gateway_server import Servers, connect, read_until_closed
 from tests.gateway.helpers import Sim, settings
 from tests.gateway.test_h1_client import OK_CHUNKED, run

@@ -21,7 +21,7 @@ import httpx
 import pytest
 
 from gateway.app import create_app
-from gateway.asgi_io import Message, Responder
+from gateway.h1.asgi_io import Message, Responder
 from gateway.h1.connection import H1Connection
 from tests.gateway.gateway_server import Servers
 from tests.gateway.helpers import KEY_A, SERVED, Recorder, settings, sse_events, start_sim

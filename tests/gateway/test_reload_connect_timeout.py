@@ -1,7 +1,7 @@
 """A live reload of ``timeouts.connect_s`` reaches every upstream connection: the relay's, the
 health probes' and the metrics scrapes'.
 
-The key is reloadable (:data:`gateway.reload.RELOADABLE`); the relay's client, and later the
+The key is reloadable (:data:`gateway.serving.reload.RELOADABLE`); the relay's client, and later the
 session the prober and scraper share, read it once at start, so a reload was reported as applied
 while connections kept the old limit.
 """
@@ -98,11 +98,11 @@ def test_probe_and_scrape_use_the_connect_timeout_they_are_given(
 ) -> None:
     """Both take ``timeouts.connect_s`` per request, over the session's start-up timeout (here
     30 s; their own round limits are 30 s too)."""
+    from gateway.config.settings import HealthSettings
     from gateway.fleet.replica_metrics import MetricsScraper, scrape
     from gateway.fleet.settings import RoutingSettings
     from gateway.health import HealthProber, probe
     from gateway.routing import Replica
-    from gateway.settings import HealthSettings
 
     replica = Replica(model="m", index=0, url=unanswered_listener)
     health = HealthSettings(timeout_s=30)

@@ -9,10 +9,10 @@ import pytest
 import yaml
 
 from gateway.assembly import Gateway, reassemble
+from gateway.config.settings import GatewaySettings, load
 from gateway.errors import ConfigError
-from gateway.reload import restart_only_changes, revision_of
 from gateway.routing import Router
-from gateway.settings import GatewaySettings, load
+from gateway.serving.reload import restart_only_changes, revision_of
 from tests.gateway.helpers import config, sha
 
 ENV = {"VLLM_KEY": "backend-key"}

@@ -18,9 +18,9 @@ from typing import Any
 import openai
 import pytest
 
-from gateway.config_errors import InvalidConfig
-from gateway.override_names import OverrideNames
-from gateway.settings import parse
+from gateway.config.errors import InvalidConfig
+from gateway.config.override_names import OverrideNames
+from gateway.config.settings import parse
 from tests.gateway.helpers import BACKEND_KEY, KEY_A, KEY_B, Sim, config, sha
 from tests.gateway.test_live_reload import (  # noqa: F401 (fixtures)
     KEY_C,

@@ -14,11 +14,11 @@ import contextlib
 
 import aiohttp
 
+from gateway.config.settings import HealthSettings
 from gateway.fleet.replica_metrics import MAX_METRICS_BODY, scrape
 from gateway.fleet.settings import RoutingSettings
 from gateway.health import MAX_PROBE_BODY, probe
 from gateway.routing import Replica
-from gateway.settings import HealthSettings
 
 TOTAL = 256 * 1024 * 1024  # what the replica would send: far more than either limit
 

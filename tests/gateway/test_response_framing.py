@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.asgi_io import BODY_CHUNK_EXTENSION
+from gateway.h1.asgi_io import BODY_CHUNK_EXTENSION
 from tests.gateway.gateway_server import Servers, connect, read_until_closed
 from tests.gateway.helpers import KEY_A, Sim, settings, sse_events
 

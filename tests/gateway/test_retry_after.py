@@ -15,7 +15,7 @@ import httpx
 import openai
 import pytest
 
-from gateway.retry_after import parse_retry_after, relayed_retry_after
+from gateway.relay.retry_after import parse_retry_after, relayed_retry_after
 from tests.gateway.helpers import SERVED, Clients, settings, start_gateway
 
 NOW = float(calendar.timegm((2026, 12, 2, 0, 0, 0)))  # Wed, 02 Dec 2026 00:00:00 GMT

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gateway.settings import GatewaySettings
+from gateway.config.settings import GatewaySettings
 from tests.conftest import free_port
 from tests.gateway.helpers import BACKEND_KEY, Sim, config
 

@@ -23,8 +23,8 @@ import httpx
 import pytest
 
 from gateway.app import create_app
-from gateway.asgi_io import MAX_HELD_AFTER_END, HeldEndTooLong, Message, Responder
-from gateway.records import RequestRecord
+from gateway.h1.asgi_io import MAX_HELD_AFTER_END, HeldEndTooLong, Message, Responder
+from gateway.relay.records import RequestRecord
 from tests.gateway.gateway_server import Servers
 from tests.gateway.helpers import KEY_A, Recorder, settings, sse_events
 from tests.gateway.test_h1_client import OK_CHUNKED

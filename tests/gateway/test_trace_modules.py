@@ -33,7 +33,8 @@ def test_a_streamed_request_crosses_a_bounded_set_of_modules() -> None:
     modules = set(report["modules"])
     # Every feature was on and took part in the request: through its one per-request object
     # (audit observer, quota hook and its backend, telemetry observer) ...
-    assert {"gateway.relay", "gateway.forward", "gateway.routing", "gateway.audit.observer",
+    assert {"gateway.relay.pipeline", "gateway.relay.forward", "gateway.routing",
+    "gateway.audit.observer",
             "gateway.audit.writer", "gateway.quotas.hook", "gateway.quotas.memory",
             "gateway.telemetry.tracing"} <= modules, sorted(modules)
     # ... the egress policy decided the route at assembly (the route table) and is not asked

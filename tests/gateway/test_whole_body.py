@@ -1,4 +1,4 @@
-"""The server's whole-body extension (gateway.asgi_io.WHOLE_BODY_EXTENSION) gives what
+"""The server's whole-body extension (gateway.h1.asgi_io.WHOLE_BODY_EXTENSION) gives what
 ``receive()`` gives, only when all of the body is there, and only once.
 
 Served by the production protocol (a real uvicorn on loopback, raw sockets), plus
@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from gateway.asgi_io import WHOLE_BODY_EXTENSION, read_body
 from gateway.errors import PayloadTooLarge
+from gateway.h1.asgi_io import WHOLE_BODY_EXTENSION, read_body
 from tests.gateway.gateway_server import Servers, connect, read_until_closed
 from tests.gateway.helpers import Sim, settings
 

@@ -23,10 +23,10 @@ import httpx
 import pytest
 
 from gateway.app import create_app
+from gateway.config.settings import parse
 from gateway.fleet.replica_metrics import parse_metrics
-from gateway.records import RequestRecord
+from gateway.relay.records import RequestRecord
 from gateway.routing import Router
-from gateway.settings import parse
 
 pytestmark = pytest.mark.vllm
 

@@ -17,9 +17,9 @@ import openai
 import pytest
 
 from gateway.app import create_app
+from gateway.config.settings import parse
 from gateway.egress import PolicyRoutes
 from gateway.h1 import resolver_dialer
-from gateway.settings import parse
 from policy import (
     EgressEvent,
     EgressGuard,

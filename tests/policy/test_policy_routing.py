@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 
 from gateway.auth import Principal as GatewayPrincipal
+from gateway.config.settings import ModelSettings
 from gateway.egress import PolicyRoutes
 from gateway.errors import ClassChangeRefused, InvalidRequest
 from gateway.routing import Replica
-from gateway.settings import ModelSettings
 from policy import Policy
 
 MODEL = ModelSettings(name="m", replicas=[{"url": "http://10.20.0.12:8000"}])

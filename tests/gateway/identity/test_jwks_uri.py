@@ -17,10 +17,10 @@ import pytest
 
 from gateway.assembly import assemble, reassemble
 from gateway.audit import generate_key_file
+from gateway.config.settings import GatewaySettings, parse
 from gateway.errors import ConfigError
 from gateway.identity.auth import IdentityAuthenticator
 from gateway.identity.errors import TokenRejected
-from gateway.settings import GatewaySettings, parse
 from tests.gateway.egress_testdata import gateway_config, policy_text
 from tests.gateway.identity.jwtkit import SigningKey, identity_section, write_jwks
 

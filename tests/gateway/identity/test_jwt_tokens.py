@@ -16,11 +16,11 @@ import pytest
 from gateway.app import create_app
 from gateway.assembly import assemble, reassemble
 from gateway.audit import generate_key_file
+from gateway.config.settings import GatewaySettings
 from gateway.errors import ConfigError
 from gateway.identity.auth import IdentityAuthenticator
 from gateway.identity.errors import TokenRejected
-from gateway.reload import Reloader
-from gateway.settings import GatewaySettings
+from gateway.serving.reload import Reloader
 from tests.gateway.gateway_server import GuardedServer
 from tests.gateway.helpers import KEY_A, Sim, settings
 from tests.gateway.identity.jwtkit import (

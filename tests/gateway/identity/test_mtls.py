@@ -18,10 +18,10 @@ import pytest
 from gateway.app import create_app
 from gateway.assembly import assemble
 from gateway.audit import generate_key_file
+from gateway.config.settings import GatewaySettings
 from gateway.identity.auth import IdentityAuthenticator
 from gateway.identity.build import client_cert_context
 from gateway.identity.errors import TokenRejected
-from gateway.settings import GatewaySettings
 from tests.gateway.gateway_server import GuardedServer
 from tests.gateway.helpers import KEY_A, Sim, settings
 from tests.gateway.identity.pki import Ca

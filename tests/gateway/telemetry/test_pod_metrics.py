@@ -10,7 +10,7 @@ from opentelemetry.sdk.resources import Resource
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.records import RequestRecord
+from gateway.relay.records import RequestRecord
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.telemetry.pod import merge_expositions
 from gateway.telemetry.prometheus import PrometheusCollector

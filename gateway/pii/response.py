@@ -33,7 +33,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from gateway.records import RequestRecord
+from gateway.relay.records import RequestRecord
 from policy import PiiPolicy
 from policy.pii.engine import Detector, Finding, iter_strings, mask
 

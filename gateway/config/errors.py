@@ -1,7 +1,8 @@
 """Configuration problems as one-line ``file:line: key: problem`` messages (the one formatter).
 
 Every configuration check of the gateway reports through this module: pydantic validation
-errors of every section (:func:`validation_problems`), the checks :func:`gateway.settings.load`
+errors of every section (:func:`validation_problems`), the checks
+:func:`gateway.config.settings.load`
 makes before and after validation (secrets, ``keys_file``), and the checks ``check-config``
 runs on the loaded settings (policy binding, TLS files, audit key files). The format follows
 the policy loader (``policy/model.py``) and compilers' ``file:line:`` convention, so editors

@@ -8,7 +8,7 @@ Every section is a typed, frozen model validated once by :func:`load` / :func:`p
 ``policy`` (:class:`PolicySettings`), ``audit`` (``gateway.audit.settings``), ``quotas``
 (``gateway.quotas.settings``), ``keystore`` (``gateway.keystore.settings``), ``flow_control``
 (``gateway.flow.settings``) and ``telemetry`` (:class:`TelemetrySettings`). Problems are
-reported by the one formatter of :mod:`gateway.config_errors` as ``file:line: key: problem``
+reported by the one formatter of :mod:`gateway.config.errors` as ``file:line: key: problem``
 lines, and every relative path of every section is resolved against the config file's
 directory in one place (:func:`_resolve_paths`).
 """
@@ -44,7 +44,7 @@ from gateway.batch.settings import (
     audit_store_url,
     default_database,
 )
-from gateway.config_errors import (
+from gateway.config.errors import (
     ConfigProblem,
     DuplicateKeyError,
     InvalidConfig,
@@ -56,18 +56,18 @@ from gateway.config_errors import (
     problems_of,
     validation_problems,
 )
-from gateway.drain import DrainSettings
+from gateway.config.keys_file import merge_keys_file, relabel_keys
+from gateway.config.override_names import OverrideNames, unmatched_overrides
+from gateway.config.url_paths import UrlPath, url_path_fields, url_path_problem
 from gateway.errors import ConfigError
 from gateway.fleet.settings import RoutingSettings, check_endpoint
 from gateway.flow.settings import FlowControlSettings
 from gateway.identity.settings import IdentitySettings
-from gateway.keys_file import merge_keys_file, relabel_keys
 from gateway.keystore.settings import KeystoreSettings
 from gateway.mcp.settings import McpSettings
-from gateway.override_names import OverrideNames, unmatched_overrides
 from gateway.preflight.live_settings import ContinuousSettings
 from gateway.quotas.settings import QuotaSettings
-from gateway.url_paths import UrlPath, url_path_fields, url_path_problem
+from gateway.serving.drain import DrainSettings
 
 _M = TypeVar("_M", bound=BaseModel)
 
@@ -321,7 +321,7 @@ class RetrySettings(_Frozen):
     # A 429's Retry-After longer than this is relayed to the client instead of waited out.
     max_retry_after_s: float = Field(default=2.0, ge=0, allow_inf_nan=False)
     # A replica's Retry-After is capped at this (relayed to the client, and the replica's
-    # cool-down); an invalid one is dropped (gateway/retry_after.py).
+    # cool-down); an invalid one is dropped (gateway/relay/retry_after.py).
     retry_after_cap_s: float = Field(default=300.0, ge=0, allow_inf_nan=False)
 
 
@@ -344,7 +344,8 @@ class LoggingSettings(_Frozen):
 
 
 class ReloadSettings(_Frozen):
-    """Live reload (:mod:`gateway.reload`): SIGHUP always reloads; ``watch`` also polls files.
+    """Live reload (:mod:`gateway.serving.reload`): SIGHUP always reloads; ``watch`` also polls
+    files.
 
     Attributes:
         watch: Poll the config file, its ``keys_file``, the policy file and the replicas'
@@ -437,8 +438,8 @@ class GatewaySettings(BaseSettings):
     logging: LoggingSettings = Field(default_factory=LoggingSettings)
     upstream_tls: UpstreamTlsSettings = Field(default_factory=UpstreamTlsSettings)
     routing: RoutingSettings = Field(default_factory=RoutingSettings)  # gateway.fleet.settings
-    drain: DrainSettings = Field(default_factory=DrainSettings)  # gateway.drain
-    reload: ReloadSettings = Field(default_factory=ReloadSettings)  # gateway.reload
+    drain: DrainSettings = Field(default_factory=DrainSettings)  # gateway.serving.drain
+    reload: ReloadSettings = Field(default_factory=ReloadSettings)  # gateway.serving.reload
     flow_control: FlowControlSettings = Field(default_factory=FlowControlSettings)  # gateway.flow
     # Optional sections: absent (None) means the feature is off.
     policy: PolicySettings | None = None
@@ -457,7 +458,7 @@ class GatewaySettings(BaseSettings):
     @property
     def warnings(self) -> tuple[ConfigProblem, ...]:
         """Problems :func:`parse` tolerated instead of refusing (an override left behind by a
-        key that a live reload removed, see :mod:`gateway.override_names`)."""
+        key that a live reload removed, see :mod:`gateway.config.override_names`)."""
         return self._warnings
 
     @classmethod
@@ -625,15 +626,15 @@ def parse(
             passes the config file's). Without it, relative paths stay relative (to the current
             directory, where ``api_key_file`` and ``keys_file`` are read). ``keys_file`` (a YAML
             list shaped like ``keys``) is merged after the inline ``keys``
-            (see :mod:`gateway.keys_file`).
+            (see :mod:`gateway.config.keys_file`).
         file: The config file the data came from (named in each problem).
-        lines: Key path -> 1-based line of ``file`` (:func:`gateway.config_errors.compose_yaml`).
+        lines: Key path -> 1-based line of ``file`` (:func:`gateway.config.errors.compose_yaml`).
         secrets: Read the replicas' backend keys (``api_key_env``/``api_key_file``). A command
             that needs none of them (``gateway keys``) passes ``False``: their ``api_key`` stays
             ``None`` and an unset variable is no problem.
         tolerate: A live reload's names of the running configuration: an override naming no
             key but one of these is a warning (:attr:`GatewaySettings.warnings`), not a
-            problem (:mod:`gateway.override_names`). ``None`` (start, check-config): every
+            problem (:mod:`gateway.config.override_names`). ``None`` (start, check-config): every
             override naming no key is refused.
 
     Returns:

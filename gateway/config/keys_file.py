@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 
 from clishell import read_input_text
-from gateway.config_errors import DuplicateKeyError, compose_yaml, dotted
+from gateway.config.errors import DuplicateKeyError, compose_yaml, dotted
 
 __all__ = ["merge_keys_file", "relabel_keys"]
 

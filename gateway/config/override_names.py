@@ -3,7 +3,8 @@
 Without managed keys (no ``keystore:`` section) every key is in the config file, so an override
 in ``quotas.keys``/``quotas.teams`` or ``flow_control.keys``/``flow_control.teams`` that names no
 key id or team is a typo that would leave the key it meant without its limit or class,
-silently. :func:`unmatched_overrides` finds them; :func:`gateway.settings.parse` refuses them.
+silently. :func:`unmatched_overrides` finds them; :func:`gateway.config.settings.parse` refuses
+them.
 
 A live reload is different. Revoking a key is removing it from ``keys``/``keys_file`` and
 sending SIGHUP; refusing that reload because the key's quota override was left behind kept the
@@ -29,10 +30,10 @@ from collections.abc import Iterator, Mapping, Set
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from gateway.config_errors import KeyPath
+from gateway.config.errors import KeyPath
 
 if TYPE_CHECKING:
-    from gateway.settings import GatewaySettings
+    from gateway.config.settings import GatewaySettings
 
 __all__ = ["OverrideNames", "Unmatched", "unmatched_overrides"]
 

@@ -24,23 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gateway.access import log_record
-from gateway.asgi_io import (
-    BODY_CHUNK_EXTENSION,
-    CHUNK_WRITER_EXTENSION,
-    DISCONNECT_EXTENSION,
-    WHOLE_BODY_EXTENSION,
-    WRITE_NOW_EXTENSION,
-    ClientGone,
-    DisconnectWatch,
-    Receive,
-    Responder,
-    Scope,
-    Send,
-    escaped_api_path,
-    read_body,
-)
 from gateway.auth import Principal, bearer_token
-from gateway.drain import ShuttingDown
 from gateway.errors import (
     GatewayError,
     InvalidRequest,
@@ -55,10 +39,26 @@ from gateway.errors import (
     UpstreamTimeout,
     sse_error_event,
 )
-from gateway.forward import Exchange, forward
-from gateway.records import ContentTap, Headers, Outcome, RequestRecord
-from gateway.rewrite import parse_body
+from gateway.h1.asgi_io import (
+    BODY_CHUNK_EXTENSION,
+    CHUNK_WRITER_EXTENSION,
+    DISCONNECT_EXTENSION,
+    WHOLE_BODY_EXTENSION,
+    WRITE_NOW_EXTENSION,
+    ClientGone,
+    DisconnectWatch,
+    Receive,
+    Responder,
+    Scope,
+    Send,
+    escaped_api_path,
+    read_body,
+)
+from gateway.relay.forward import Exchange, forward
+from gateway.relay.records import ContentTap, Headers, Outcome, RequestRecord
+from gateway.relay.rewrite import parse_body
 from gateway.routing import Pool, Replica, RouteDecision
+from gateway.serving.drain import ShuttingDown
 from gateway.state import GatewayState
 
 __all__ = ["RELAY_PATHS", "handle"]
@@ -122,7 +122,7 @@ async def handle(state: GatewayState, scope: Scope, receive: Receive, send: Send
         task = asyncio.current_task()
         if drain is None or task is None or not drain.was_cut(task):
             raise
-        task.uncancel()  # the drain deadline (gateway.drain): end the request, audited
+        task.uncancel()  # the drain deadline (gateway.serving.drain): end the request, audited
         await _end_at_drain_deadline(out, record)
     except GatewayError as exc:
         record.failed(_outcome_for(exc), exc.code)
@@ -246,7 +246,7 @@ async def _serve(
     parsed = parse_body(raw)
     record.describe(parsed.model, parsed.stream)
     response_scan = masker = None
-    if state.pii is not None:  # sensitive data may raise the class before routing (gateway.pii)
+    if state.pii is not None:  # sensitive data may raise the class before routing (pii.request)
         restore: dict[str, str] = {}  # reversible masking: this request's values, never logged
         principal, parsed = await state.pii.inspect(scope["path"], principal, parsed, record,
                                                     restore)
@@ -304,7 +304,7 @@ async def _serve(
 
 def _check_target(scope: Scope) -> None:
     """Only plain relay paths, only POST."""
-    if escaped_api_path(scope):  # the one rule of every API path (gateway.asgi_io)
+    if escaped_api_path(scope):  # the one rule of every API path (gateway.h1.asgi_io)
         raise PathNotFound("Not Found")
     if scope["method"] != "POST":
         raise MethodNotAllowed(f"{scope['method']} is not allowed on {scope['path']}; use POST.")

@@ -3,7 +3,7 @@
 A reload reads the config file again (with its ``keys_file``, the policy file and the replicas'
 ``api_key_file``), checks it whole, and either swaps it in or refuses it whole:
 
-1. :func:`gateway.settings.load` validates it (``file:line: key: problem``);
+1. :func:`gateway.config.settings.load` validates it (``file:line: key: problem``);
 2. :func:`restart_only_changes` refuses a change to a key that cannot change in a running
    process (listen address, audit store, telemetry, connection limits, ...): only the keys of
    :data:`RELOADABLE` change live;
@@ -18,7 +18,7 @@ audit log on, a ``config.reload_refused`` record naming every problem. An applie
 log line and a ``config.reloaded`` record with the old and new revisions (:func:`revision_of`).
 An override that a removed key left behind in ``quotas``/``flow_control`` does not refuse the
 reload (a revocation must never be blocked by it): it is applied with a warning line and the
-record's ``warnings`` (:mod:`gateway.override_names`).
+record's ``warnings`` (:mod:`gateway.config.override_names`).
 """
 
 from __future__ import annotations
@@ -37,12 +37,12 @@ import yaml
 
 from clishell import not_regular
 from gateway.assembly import Gateway, reassemble
-from gateway.config_errors import KeyPath, dotted, problems_of
+from gateway.config.errors import KeyPath, dotted, problems_of
+from gateway.config.override_names import OverrideNames
+from gateway.config.settings import GatewaySettings, load
 from gateway.errors import ConfigError
 from gateway.identity.build import identity_files
-from gateway.override_names import OverrideNames
-from gateway.periodic import Periodic
-from gateway.settings import GatewaySettings, load
+from gateway.serving.periodic import Periodic
 
 __all__ = [
     "CONFIG_RELOADED",
@@ -143,7 +143,7 @@ class ReloadResult:
             before it could be built).
         problems: ``file:line: key: problem`` per problem of a refused reload.
         warnings: ``file:line: key: problem`` per problem an applied reload tolerated (an
-            override left behind by a removed key, see :mod:`gateway.override_names`).
+            override left behind by a removed key, see :mod:`gateway.config.override_names`).
     """
 
     applied: bool
@@ -259,7 +259,7 @@ class Reloader:
         a thread: file reads).
 
         An override left behind by a key this reload removes is tolerated with a warning
-        (:mod:`gateway.override_names`): it must not block a revocation.
+        (:mod:`gateway.config.override_names`): it must not block a revocation.
         """
         file = str(self.path)
         piped = [f"{f}: not a regular file (a pipe or FIFO is read once, at start): a live "

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 import aiohttp
 from aiohttp.client_middlewares import ClientMiddlewareType
 
-from gateway.asgi_io import HeldEndTooLong
+from gateway.config.settings import GatewaySettings, UpstreamTlsSettings
 from gateway.errors import (
     ConfigError,
     GatewayError,
@@ -36,7 +36,7 @@ from gateway.h1 import (
     IncompleteBody,
     ProtocolError,
 )
-from gateway.settings import GatewaySettings, UpstreamTlsSettings
+from gateway.h1.asgi_io import HeldEndTooLong
 from policy import EgressDenied, RedirectRefused, denied_address_socket_factory
 
 __all__ = ["ConnectorFactory", "map_exception", "new_session", "tls_context"]

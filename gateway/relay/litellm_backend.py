@@ -36,8 +36,8 @@ from gateway.errors import (
     UpstreamTimeout,
     sse_error_event,
 )
-from gateway.forward import Exchange
-from gateway.records import RequestRecord
+from gateway.relay.forward import Exchange
+from gateway.relay.records import RequestRecord
 from gateway.routing import Replica
 from policy import EgressDenied
 

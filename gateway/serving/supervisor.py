@@ -4,7 +4,7 @@ The supervisor (the process started, PID 1 in the container) binds ``listen.host
 and starts N workers with the ``spawn`` start method: each worker is a fresh interpreter that
 runs exactly what one ``gateway serve`` process runs (the process egress guard installed and
 self-tested first, the assembly, the drain) on the socket it inherited (the worker's side:
-:mod:`gateway.worker`). The kernel hands each new connection to one worker's ``accept``. The
+:mod:`gateway.serving.worker`). The kernel hands each new connection to one worker's ``accept``. The
 supervisor serves no client request.
 
 Per worker:
@@ -65,14 +65,14 @@ from pathlib import Path
 from typing import Any
 
 from clishell import CliError
-from gateway.config_errors import InvalidConfig
-from gateway.drain import SHUTDOWN_MARGIN_S
+from gateway.config.errors import InvalidConfig
+from gateway.config.settings import GatewaySettings
 from gateway.errors import ConfigError
-from gateway.hangup import HangupLatch
 from gateway.logs import configure_logging
-from gateway.server import LISTEN_BACKLOG
-from gateway.settings import GatewaySettings
-from gateway.worker import Adjust, WorkerSlot, worker_main
+from gateway.serving.drain import SHUTDOWN_MARGIN_S
+from gateway.serving.hangup import HangupLatch
+from gateway.serving.server import LISTEN_BACKLOG
+from gateway.serving.worker import Adjust, WorkerSlot, worker_main
 
 __all__ = ["STARTUP_FAILURE", "Supervisor", "check_assembly", "check_workers", "serve_workers"]
 

@@ -5,7 +5,8 @@ A SIGHUP that reaches ``gateway serve`` before it serves would otherwise either 
 keeps serving the file it loaded, while the operator was told the new one applies). The
 :class:`HangupLatch` is installed as the process's SIGHUP handler as soon as ``serve`` runs (and
 first thing in each worker of ``--workers``); it only remembers that a SIGHUP came. Once the
-server serves and :mod:`gateway.reload` handles SIGHUP, :meth:`HangupLatch.take` tells whether one
+server serves and :mod:`gateway.serving.reload` handles SIGHUP, :meth:`HangupLatch.take` tells
+whether one
 is owed, and one reload runs then.
 
 The latch is the signal handler itself, so there is no module state: the process's signal table

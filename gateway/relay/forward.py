@@ -22,7 +22,6 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from gateway.asgi_io import DisconnectWatch, HeldEndTooLong, Responder
 from gateway.errors import (
     GatewayError,
     NoHealthyReplica,
@@ -42,14 +41,15 @@ from gateway.h1 import (
     ProtocolError,
     Response,
 )
-from gateway.pii_response import ResponseMasker
-from gateway.records import RequestRecord
-from gateway.retry_after import parse_retry_after, relayed_retry_after
-from gateway.rewrite import ParsedBody
+from gateway.h1.asgi_io import DisconnectWatch, HeldEndTooLong, Responder
+from gateway.pii.response import ResponseMasker
+from gateway.relay.records import RequestRecord
+from gateway.relay.retry_after import parse_retry_after, relayed_retry_after
+from gateway.relay.rewrite import ParsedBody
+from gateway.relay.sse import SSEUsageScanner, Usage, usage_from_body, usage_from_body_end
+from gateway.relay.upstream import USER_AGENT, map_exception
 from gateway.routing import Pool, Replica
-from gateway.sse import SSEUsageScanner, Usage, usage_from_body, usage_from_body_end
 from gateway.state import GatewayState
-from gateway.upstream import USER_AGENT, map_exception
 from policy import REDIRECT_STATUSES, EgressDenied, redirect_refused
 
 __all__ = ["USAGE_PATHS", "Exchange", "forward"]
@@ -81,7 +81,7 @@ class Exchange:
     watch: DisconnectWatch
     t0: float
     hint: RouteHint | None = None  # prefix_affinity: released when the prefill is over
-    masker: ResponseMasker | None = None  # pii.responses: mask (gateway.pii)
+    masker: ResponseMasker | None = None  # pii.responses: mask (gateway.pii.request)
 
 class _Stale:
     """Marker result: the connection closed before the response began (stale keep-alive)."""
@@ -179,7 +179,7 @@ async def _next_replica(
 
 async def _litellm_attempt(ex: Exchange, replica: Replica) -> GatewayError | None:
     # Imported only when a litellm replica is configured; vLLM replicas never reach it.
-    from gateway.litellm_backend import attempt
+    from gateway.relay.litellm_backend import attempt
 
     return await attempt(ex, replica)
 
@@ -389,7 +389,7 @@ async def _relay_sse(
     clock = idle.clock
     feed: Callable[[bytes], bytes] = scanner.feed
     masked = ex.masker.stream() if ex.masker is not None else None
-    if masked is not None:  # pii.responses: mask (gateway.pii_response): after the scanner
+    if masked is not None:  # pii.responses: mask (gateway.pii.response): after the scanner
         feed = _then(scanner.feed, masked.feed)
     read = _sink_reader(resp, out, feed, idle)
     try:

@@ -18,7 +18,7 @@ With ``responses: record``, the text a model answered is scanned too, once the r
 sent (:class:`ResponseScan`: boundary-safe, an entity split across SSE events is found), and the
 counts are added to the record. With ``responses: mask`` it is masked before the client sees it,
 and values masked reversibly in the request are mapped back in its answer
-(:mod:`gateway.pii_response`).
+(:mod:`gateway.pii.response`).
 
 The request record carries the verdict (``record.pii``: entity types and counts, actions, class
 before and after, never matched text) for the audit log and the metrics.
@@ -32,9 +32,9 @@ from typing import Any
 
 from gateway.auth import Principal
 from gateway.errors import SensitiveDataRefused, SensitiveDataScanFailed
-from gateway.pii_response import ResponseMasker, mask_numbered
-from gateway.records import RequestRecord
-from gateway.rewrite import ParsedBody, parse_body
+from gateway.pii.response import ResponseMasker, mask_numbered
+from gateway.relay.records import RequestRecord
+from gateway.relay.rewrite import ParsedBody, parse_body
 from policy import PiiPolicy, PiiRefused, PiiScanFailed, PiiVerdict, Policy
 
 __all__ = ["SCANNED_FIELDS", "PiiStage", "ResponseScan", "pii_stage", "response_texts"]
@@ -119,7 +119,7 @@ class PiiStage:
 
     def response_masker(self, path: str,
                         restore: dict[str, str] | None = None) -> ResponseMasker | None:
-        """The masker of the response (:mod:`gateway.pii_response`) when ``pii.responses`` is
+        """The masker of the response (:mod:`gateway.pii.response`) when ``pii.responses`` is
         ``mask`` or the request was masked reversibly (``restore`` not empty), and the path
         answers text."""
         masking = self._pii.section.responses == "mask"

@@ -11,8 +11,8 @@ import ssl
 from pathlib import Path
 
 from clishell import not_regular
+from gateway.config.settings import GatewaySettings
 from gateway.errors import ConfigError
-from gateway.settings import GatewaySettings
 
 __all__ = ["check_tls_files"]
 

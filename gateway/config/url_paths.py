@@ -87,7 +87,7 @@ def url_path_fields(model: BaseModel, key: str = "") -> Iterator[tuple[str, str]
     (sections, lists of sections, mappings of sections).
 
     Args:
-        model: A settings model (:class:`gateway.settings.GatewaySettings`).
+        model: A settings model (:class:`gateway.config.settings.GatewaySettings`).
         key: The dotted key of ``model`` itself (empty at the top).
 
     Yields:

@@ -1,6 +1,6 @@
 """Graceful drain on SIGTERM: the ``drain:`` settings and the state shared by server and app.
 
-Sequence (``gateway serve``, see :class:`gateway.server.GatewayServer`):
+Sequence (``gateway serve``, see :class:`gateway.serving.server.GatewayServer`):
 
 1. First SIGTERM or SIGINT: :meth:`Drain.begin`. ``/readyz`` answers 503 ``draining`` at once;
    the listener keeps accepting for ``delay_s`` so that load balancers and Kubernetes endpoints
@@ -11,7 +11,7 @@ Sequence (``gateway serve``, see :class:`gateway.server.GatewayServer`):
    a stream ends with a final SSE ``data: {"error": ...}`` event (code
    ``gateway_shutting_down``), a request not yet answered gets a 503, and both are audited with
    that error code; a connection still open a second later (its client does not read that
-   final event) is closed (:data:`gateway.server.FINAL_WRITE_S`). Then the lifespan shuts
+   final event) is closed (:data:`gateway.serving.server.FINAL_WRITE_S`). Then the lifespan shuts
    down (the audit chain is sealed with a final signed checkpoint) and the process exits 0.
 4. A second SIGTERM or SIGINT during the drain stops at once.
 

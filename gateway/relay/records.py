@@ -125,7 +125,7 @@ class RequestRecord:
         usage_estimated: ``output_tokens`` is the gateway's estimate, not the backend's usage:
             a stream ended without a usage event (client disconnect, broken or timed-out
             upstream) after relaying content; counted as one token per relayed SSE data event
-            (see :class:`gateway.sse.SSEUsageScanner`). ``input_tokens`` stays ``None`` then.
+            (see :class:`gateway.relay.sse.SSEUsageScanner`). ``input_tokens`` stays ``None`` then.
         latency_ms: Total time in the gateway, milliseconds.
         ttft_ms: Time to the first response byte from the backend, milliseconds.
         bytes_in: Request body bytes received from the client.
@@ -138,7 +138,7 @@ class RequestRecord:
             outcome ``immediate``, ``dispatched``, ``queue_full``, ``queue_timeout`` or
             ``client_disconnect`` and the wait in the gateway (integer milliseconds); ``None``
             when flow control does not cover the model or the request was refused before.
-        pii: The sensitive-data scan (see :mod:`gateway.pii`): ``{"entities": {type: count},
+        pii: The sensitive-data scan (see :mod:`gateway.pii.request`): ``{"entities": {type: count},
             "actions", "rules", "class_before", "class_after", "error", "scan_us"}``; ``None``
             when the policy has no ``pii`` section or the path is not scanned.
     """

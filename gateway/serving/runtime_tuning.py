@@ -16,7 +16,7 @@ machine). Two settings remove that class of pause:
    long-lived ones (``Modules/gcmodule.c``, ``long_lived_pending``).
 
 The relay hot path avoids creating reference cycles per request (see
-``gateway.asgi_io.DisconnectWatch.finish``), so most per-request objects are freed by reference
+``gateway.h1.asgi_io.DisconnectWatch.finish``), so most per-request objects are freed by reference
 counting and never reach a collection.
 
 Sources: https://docs.python.org/3/library/gc.html#gc.freeze (call ``gc.freeze()`` after

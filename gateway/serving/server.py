@@ -4,13 +4,15 @@ The gateway's own server (:class:`GatewayServer`, on asyncio's public API; each 
 :class:`gateway.h1.server.ServerProtocol`) so that the start and the end of serving are named
 steps: once the lifespan start-up finished (state built, pools open, audit chain opened),
 the heap that lives as long as the process is frozen out of the garbage collector
-(:mod:`gateway.runtime_tuning`); on SIGTERM or SIGINT the server drains (:mod:`gateway.drain`)
+(:mod:`gateway.serving.runtime_tuning`); on SIGTERM or SIGINT the server drains
+(:mod:`gateway.serving.drain`)
 and :func:`run_server` returns the signal that stopped it (``gateway serve`` then exits 0 after
 SIGTERM, an orchestrator's normal stop, and 130 after SIGINT, so that a Ctrl-C never reads as
-success); on SIGHUP it reloads its configuration (:mod:`gateway.reload`) without closing a
+success); on SIGHUP it reloads its configuration (:mod:`gateway.serving.reload`) without closing a
 connection.
 
-A worker of ``gateway serve --workers N`` (:mod:`gateway.supervisor`) runs the same server on the
+A worker of ``gateway serve --workers N`` (:mod:`gateway.serving.supervisor`) runs the same server
+on the
 listening socket it inherited from the supervisor, tells the supervisor when it started, and
 ignores SIGINT: the supervisor forwards the signals it receives (a Ctrl-C reaches the whole
 process group, and a worker must count it once).
@@ -32,16 +34,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from clishell import CliError
-from gateway.drain import Drain
 from gateway.h1.lifespan import Lifespan
+from gateway.h1.refusal import RefusalHook
 from gateway.h1.server import ServerContext, ServerLimits, ServerProtocol
-from gateway.hangup import HangupLatch
-from gateway.http_refusal import RefusalHook
-from gateway.runtime_tuning import freeze_startup_heap, tune_gc
+from gateway.serving.drain import Drain
+from gateway.serving.hangup import HangupLatch
+from gateway.serving.runtime_tuning import freeze_startup_heap, tune_gc
 
 if TYPE_CHECKING:
-    from gateway.reload import Reloader
-    from gateway.settings import LimitSettings
+    from gateway.config.settings import LimitSettings
+    from gateway.serving.reload import Reloader
 
 _log = logging.getLogger(__name__)
 
@@ -362,9 +364,10 @@ def run_server(
     Args:
         config: What to serve. With ``drain``, its ``timeout_graceful_shutdown`` is set past
             the drain deadline.
-        drain: Drain on SIGTERM (see :mod:`gateway.drain`).
-        reloader: Reload on SIGHUP (see :mod:`gateway.reload`); a SIGHUP that comes before
-            the server started is held (:class:`gateway.hangup.HangupLatch`) and reloads once
+        drain: Drain on SIGTERM (see :mod:`gateway.serving.drain`).
+        reloader: Reload on SIGHUP (see :mod:`gateway.serving.reload`); a SIGHUP that comes before
+            the server started is held (:class:`gateway.serving.hangup.HangupLatch`) and reloads
+            once
             serving.
         sockets: Serve on these listening sockets (a worker: the supervisor's) instead of
             binding ``config.host:config.port``; SIGINT is then ignored (see module docstring).

@@ -1,6 +1,7 @@
 """The worker side of ``gateway serve --workers N``: what one worker process is given and runs.
 
-The supervisor (:mod:`gateway.supervisor`) starts each worker with the ``spawn`` start method as
+The supervisor (:mod:`gateway.serving.supervisor`) starts each worker with the ``spawn`` start
+method as
 :func:`worker_main` with a :class:`WorkerSlot`: a fresh interpreter that runs exactly what one
 ``gateway serve`` process runs (:func:`gateway.cli.serve.run`: the process egress guard
 installed and self-tested first, the assembly, the drain) on the listening socket it inherited,
@@ -28,9 +29,9 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
 
+from gateway.config.settings import GatewaySettings
 from gateway.errors import GatewayError
-from gateway.hangup import HangupLatch
-from gateway.settings import GatewaySettings
+from gateway.serving.hangup import HangupLatch
 
 __all__ = ["Adjust", "WorkerSlot", "worker_main", "worker_replica_id"]
 
@@ -127,7 +128,7 @@ def worker_main(settings: GatewaySettings, base: Path | None, slot: WorkerSlot,
             line, naming the worker); 3 when the server did not start.
     """
     # The supervisor forwards SIGINT as SIGTERM; a SIGHUP is held until the in-process reload
-    # (gateway.reload) handles it once serving (the default would end the worker).
+    # (gateway.serving.reload) handles it once serving (the default would end the worker).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     HangupLatch.install()
     _watch_parent()
