@@ -232,7 +232,7 @@ def assemble(
     from gateway.egress import load_policy, wire_egress
     from gateway.identity.build import wrap_identity
     from gateway.mcp.wiring import build_mcp
-    from gateway.preflight.live_settings import check_preflight_files
+    from gateway.preflight.files import check_preflight_files
     from gateway.quotas.wiring import build_authenticator, build_quota_hook
     from gateway.telemetry import Telemetry, check_telemetry
     from policy import EgressMatcher

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-__all__ = ["ContinuousSettings", "check_preflight_files"]
+__all__ = ["ContinuousSettings"]
 
 
 class ContinuousSettings(BaseModel):
@@ -54,37 +54,3 @@ class ContinuousSettings(BaseModel):
         if self.evidence_dir is not None and self.sign_key_file is None:
             raise ValueError("evidence_dir needs sign_key_file (the packs are signed)")
         return self
-
-
-def check_preflight_files(section: ContinuousSettings | None) -> None:
-    """Load the files the rounds will use, so a wrong path fails at start, naming the key.
-
-    Without it ``gateway serve`` started and every round failed ``audit.verify`` (or never
-    wrote a pack) for a key file that was misspelt. Run by ``check-config`` and ``serve``
-    (:func:`gateway.assembly.assemble`).
-
-    Raises:
-        ConfigError: ``preflight.audit_public_key`` is not a readable verifier key,
-            ``preflight.sign_key_file`` not an Ed25519 private key, or ``preflight.evidence_dir``
-            exists and is not a directory.
-    """
-    from gateway.audit import AuditError, load_verifier
-    from gateway.errors import ConfigError
-    from gateway.preflight.errors import EvidenceError
-    from gateway.preflight.evidence import load_signing_key
-
-    if section is None or not section.enabled:
-        return
-    if section.audit_public_key is not None:
-        try:
-            load_verifier(section.audit_public_key)
-        except AuditError as exc:
-            raise ConfigError(f"preflight.audit_public_key: {exc}") from exc
-    if section.sign_key_file is not None:
-        try:
-            load_signing_key(section.sign_key_file)
-        except EvidenceError as exc:
-            raise ConfigError(f"preflight.sign_key_file: {exc}") from exc
-    ev = section.evidence_dir
-    if ev is not None and ev.exists() and not ev.is_dir():
-        raise ConfigError(f"preflight.evidence_dir: {ev} exists and is not a directory")
