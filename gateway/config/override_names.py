@@ -26,16 +26,43 @@ leftover, which the warning says.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Set
+from collections.abc import Iterator, Mapping, Sequence, Set
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from gateway.config.errors import KeyPath
 
-if TYPE_CHECKING:
-    from gateway.config.settings import GatewaySettings
+__all__ = ["OverrideNames", "OverrideSource", "Unmatched", "unmatched_overrides"]
 
-__all__ = ["OverrideNames", "Unmatched", "unmatched_overrides"]
+
+class _Key(Protocol):
+    @property
+    def id(self) -> str: ...
+    @property
+    def sha256(self) -> str: ...
+    @property
+    def team(self) -> str | None: ...
+
+
+class _Switch(Protocol):
+    @property
+    def enabled(self) -> bool: ...
+
+
+class OverrideSource(Protocol):
+    """What this module reads of a configuration (:class:`gateway.config.settings.GatewaySettings`
+    has it): the keys, and the sections with per-key and per-team overrides (``quotas``,
+    ``flow_control``; each with ``keys`` and ``teams`` mappings), and whether keys are managed
+    (``keystore``)."""
+
+    @property
+    def keys(self) -> Sequence[_Key]: ...
+    @property
+    def quotas(self) -> Any: ...
+    @property
+    def flow_control(self) -> Any: ...
+    @property
+    def keystore(self) -> _Switch | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +111,7 @@ class OverrideNames:
     leftover_teams: frozenset[str] = frozenset()
 
     @classmethod
-    def known_to(cls, settings: GatewaySettings) -> OverrideNames:
+    def known_to(cls, settings: OverrideSource) -> OverrideNames:
         """What the running ``settings`` know: their keys' ids, teams and secrets, and the
         names their overrides give without a key."""
         key_secrets = {k.id: k.sha256 for k in settings.keys}
@@ -118,14 +145,14 @@ class OverrideNames:
         return secrets is not None and secrets.isdisjoint(secrets_now)
 
 
-def _sections(settings: GatewaySettings) -> Iterator[tuple[str, Any]]:
+def _sections(settings: OverrideSource) -> Iterator[tuple[str, Any]]:
     """The override sections in force: ``quotas`` (when enabled) and ``flow_control``."""
     if settings.quotas is not None and settings.quotas.enabled:
         yield "quotas", settings.quotas
     yield "flow_control", settings.flow_control
 
 
-def unmatched_overrides(settings: GatewaySettings) -> list[Unmatched]:
+def unmatched_overrides(settings: OverrideSource) -> list[Unmatched]:
     """Every per-key or per-team override of ``settings`` naming no key id or team, in file
     order of the sections (``quotas`` first); none with managed keys (keys may live in the
     key store)."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from gateway.errors import GatewayError
 from gateway.flow.errors import (
@@ -21,16 +21,57 @@ from gateway.flow.errors import (
 )
 from gateway.flow.queues import ClassQueues, Waiter
 from gateway.flow.saturation import with_room
+from gateway.flow.settings import FlowClassSettings, SaturationSettings
 from gateway.h1.asgi_io import ClientGone, Receive
 
 if TYPE_CHECKING:
     from gateway.fleet.scoring import RouteHint
-    from gateway.flow.gate import FlowGate
     from gateway.relay.records import RequestRecord
     from gateway.relay.rewrite import ParsedBody
     from gateway.routing import Pool, Replica
 
-__all__ = ["Group", "Lane", "PoolFlow", "to_gateway_error"]
+__all__ = ["Group", "Lane", "LaneGate", "PoolFlow", "to_gateway_error"]
+
+
+class LaneGate(Protocol):
+    """What a :class:`Lane` uses of its gate (:class:`gateway.flow.gate.FlowGate` has it)."""
+
+    classes: tuple[FlowClassSettings, ...]
+    limits: tuple[SaturationSettings, ...]
+    flow_caps: list[int]
+    mean_wait_s: list[float]
+    body_budget: int
+    queued_bytes: int
+    stale_s: float
+    workers: int
+
+    def clock(self) -> float:
+        """Monotonic time, seconds."""
+        ...
+
+    def cost(self, parsed: ParsedBody) -> float:
+        """A queued request's fair-share cost."""
+        ...
+
+    def group(self, flow: PoolFlow, candidates: Sequence[Replica]) -> Group:
+        """The queues of ``flow``'s model for ``candidates``."""
+        ...
+
+    def dispatch(self, flow: PoolFlow, group: Group) -> None:
+        """Hand replicas to waiters while some candidate has room."""
+        ...
+
+    def hold(self, replica: Replica, cls: int) -> None:
+        """Reserve ``replica`` for a request of class ``cls``."""
+        ...
+
+    def kick(self, flow: PoolFlow) -> None:
+        """Dispatch the waiters of one model."""
+        ...
+
+    def observe_wait(self, cls: int, wait_s: float) -> None:
+        """Fold one queue wait into the class's mean."""
+        ...
 
 
 def to_gateway_error(exc: FlowError) -> GatewayError:
@@ -91,7 +132,7 @@ class Lane:
     __slots__ = ("_bytes", "_flow", "_gate", "_group", "_held", "_parsed", "_reserved",
                  "_waiter", "cls", "flow", "record", "weight")
 
-    def __init__(self, gate: FlowGate, flow: PoolFlow, cls: int, who: str, weight: float,
+    def __init__(self, gate: LaneGate, flow: PoolFlow, cls: int, who: str, weight: float,
                  record: RequestRecord, parsed: ParsedBody) -> None:
         self._gate = gate
         self._flow = flow

@@ -32,7 +32,6 @@ from gateway.errors import (
     UpstreamTimeout,
     sse_error_event,
 )
-from gateway.fleet import RouteHint
 from gateway.h1 import (
     ConnectFailed,
     ConnectionClosed,
@@ -41,15 +40,14 @@ from gateway.h1 import (
     ProtocolError,
     Response,
 )
-from gateway.h1.asgi_io import DisconnectWatch, HeldEndTooLong, Responder
+from gateway.h1.asgi_io import HeldEndTooLong, Responder
 from gateway.pii.response import ResponseMasker
+from gateway.relay.exchange import Exchange
 from gateway.relay.records import RequestRecord
 from gateway.relay.retry_after import parse_retry_after, relayed_retry_after
-from gateway.relay.rewrite import ParsedBody
 from gateway.relay.sse import SSEUsageScanner, Usage, usage_from_body, usage_from_body_end
 from gateway.relay.upstream import USER_AGENT, map_exception
-from gateway.routing import Pool, Replica
-from gateway.state import GatewayState
+from gateway.routing import Replica
 from policy import REDIRECT_STATUSES, EgressDenied, redirect_refused
 
 __all__ = ["USAGE_PATHS", "Exchange", "forward"]
@@ -65,23 +63,6 @@ _SSE = b"text/event-stream"
 _UPSTREAM_ERRORS = (ConnectFailed, ConnectTimedOut, ConnectionClosed, IncompleteBody,
                     ProtocolError, OSError, ValueError, EgressDenied, HeldEndTooLong)
 
-
-@dataclass(slots=True)
-class Exchange:
-    """One request being relayed: what to send, and where to write the answer."""
-
-    state: GatewayState
-    pool: Pool
-    candidates: tuple[Replica, ...]
-    parsed: ParsedBody
-    accept: str
-    forwarded: list[tuple[str, str]]
-    out: Responder
-    record: RequestRecord
-    watch: DisconnectWatch
-    t0: float
-    hint: RouteHint | None = None  # prefix_affinity: released when the prefill is over
-    masker: ResponseMasker | None = None  # pii.responses: mask (gateway.pii.request)
 
 class _Stale:
     """Marker result: the connection closed before the response began (stale keep-alive)."""

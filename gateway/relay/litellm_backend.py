@@ -36,7 +36,7 @@ from gateway.errors import (
     UpstreamTimeout,
     sse_error_event,
 )
-from gateway.relay.forward import Exchange
+from gateway.relay.exchange import Exchange
 from gateway.relay.records import RequestRecord
 from gateway.routing import Replica
 from policy import EgressDenied
