@@ -27,13 +27,13 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from gateway.auth import Principal
 from gateway.config.settings import GatewaySettings, ModelSettings
 from gateway.errors import GatewayError
-from gateway.fleet.replica_metrics import ReplicaSignals
+from gateway.fleet.replica import Replica
 from gateway.fleet.scoring import PrefixAffinity, RouteHint
 from gateway.fleet.settings import RoutingSettings
 
@@ -48,80 +48,6 @@ __all__ = [
 ]
 
 Clock = Callable[[], float]
-
-
-@dataclass(eq=False, slots=True)
-class Replica:
-    """Run-time state of one backend replica.
-
-    Attributes:
-        model: Canonical model name of the pool.
-        index: Position in the pool (stable).
-        url: Server root URL (no trailing slash).
-        api_key: Credential sent to the backend as ``Authorization: Bearer``.
-        destination: Egress policy destination id, if configured.
-        region: Region of that destination (filled from the egress policy at start-up).
-        kind: ``vllm`` (byte relay) or ``litellm`` (called through litellm).
-        litellm_model: litellm model string for ``litellm`` replicas.
-        client: Per-replica client object for ``litellm`` replicas (set at start-up).
-        outstanding: Requests currently in flight to this replica.
-        ejected_until: Monotonic time (s) until which passive health keeps it out.
-        probe_ok: Result of the last active health probe (``True`` before the first probe).
-        failures: Failures counted against the replica since start (for metrics).
-        signals: The last scrape of the replica's ``/metrics`` (``prefix_affinity`` pools).
-        scrape_outstanding: ``outstanding`` at the time of that scrape.
-        prefill_tokens: Estimated uncached prompt tokens of the requests ``prefix_affinity``
-            sent here whose response has not started (see :class:`gateway.fleet.RouteHint`).
-        flow_in_flight: Flow-controlled requests in flight to this replica per priority class
-            (index: class, 0 the highest; empty until flow control hands it a request), from
-            the hand-over to the request's end (see :mod:`gateway.flow.saturation`).
-        peer_in_flight: The same counts of the other gateway processes, summed (kept by
-            :mod:`gateway.flow.peers` with ``flow_control.shared``; empty otherwise).
-    """
-
-    model: str
-    index: int
-    url: str
-    api_key: str | None = field(default=None, repr=False)
-    destination: str | None = None
-    region: str | None = None
-    kind: str = "vllm"
-    litellm_model: str | None = None
-    client: Any = field(default=None, repr=False)
-    outstanding: int = 0
-    ejected_until: float = 0.0
-    probe_ok: bool = True
-    failures: int = 0
-    signals: ReplicaSignals | None = None
-    scrape_outstanding: int = 0
-    prefill_tokens: float = 0.0
-    flow_in_flight: list[int] = field(default_factory=list)
-    peer_in_flight: list[int] = field(default_factory=list)
-
-    @property
-    def label(self) -> str:
-        """Name of the replica for client-facing messages: model, position and destination id.
-
-        Never the URL: backend addresses are internal network layout, which error bodies sent
-        to API clients must not reveal (the access log and audit record carry the URL).
-        """
-        where = f" ({self.destination})" if self.destination else ""
-        return f"{self.model} replica {self.index}{where}"
-
-    def available(self, now: float) -> bool:
-        """True when the replica is neither ejected nor failing its active probe."""
-        return self.probe_ok and now >= self.ejected_until
-
-    def observe(self, signals: ReplicaSignals) -> None:
-        """Store a scrape of the replica's metrics (and the in-flight count it reflects)."""
-        self.signals = signals
-        self.scrape_outstanding = self.outstanding
-
-    def mark_probe(self, ok: bool) -> None:
-        """Record an active health probe result; a passing probe also ends an ejection."""
-        self.probe_ok = ok
-        if ok:
-            self.ejected_until = 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,8 @@
 """
 
 from gateway.fleet.prefix_index import PrefixIndex, block_hashes, canonical_prompt
-from gateway.fleet.replica_metrics import MetricsScraper, ReplicaSignals, parse_metrics
+from gateway.fleet.replica import ReplicaSignals
+from gateway.fleet.replica_metrics import MetricsScraper, parse_metrics
 from gateway.fleet.scoring import PrefixAffinity, RouteHint
 from gateway.fleet.settings import RoutingSettings, RoutingWeights
 

@@ -51,7 +51,7 @@ from gateway.fleet.settings import KVEventsSource, check_endpoint
 
 if TYPE_CHECKING:
     from gateway.fleet.scoring import PrefixAffinity
-    from gateway.routing import Router
+    from gateway.fleet.view import Fleet
 
 __all__ = ["KVEventSubscriber", "KVEventsFeed", "check_endpoint"]
 
@@ -245,7 +245,7 @@ class KVEventsFeed:
         ValueError: A source's endpoint is not on its replica's host (:func:`check_endpoint`).
     """
 
-    def __init__(self, router: Router, sources: Sequence[KVEventsSource]) -> None:
+    def __init__(self, router: Fleet, sources: Sequence[KVEventsSource]) -> None:
         self._router = router
         self._sources = {s.replica: s for s in sources}
         for s in sources:
@@ -255,7 +255,7 @@ class KVEventsFeed:
         self._ctx: zmq.asyncio.Context | None = None
         self.subscribers: dict[str, KVEventSubscriber] = {}
 
-    def rebind(self, router: Router) -> None:
+    def rebind(self, router: Fleet) -> None:
         """Apply events to the pools of ``router`` from now on (live reload); a new pool's
         index starts empty and is trusted from the next batch on."""
         self._router = router

@@ -26,17 +26,17 @@ import logging
 import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from ssl import SSLContext
 from typing import TYPE_CHECKING
 
 import aiohttp
 
+from gateway.fleet.replica import Replica, ReplicaSignals
 from gateway.fleet.settings import RoutingSettings
 from gateway.serving.periodic import Periodic
 
 if TYPE_CHECKING:
-    from gateway.routing import Replica, Router
+    from gateway.fleet.view import Fleet
 
 __all__ = ["MAX_METRICS_BODY", "MetricsScraper", "ReplicaSignals", "parse_metrics", "scrape"]
 
@@ -54,38 +54,6 @@ _NAMES = {
     "vllm:prefix_cache_queries_total": "queries",
     "vllm:gpu_prefix_cache_queries_total": "queries",
 }
-
-
-@dataclass(frozen=True, slots=True)
-class ReplicaSignals:
-    """One scrape of one replica.
-
-    Attributes:
-        at: Monotonic time of the scrape, seconds.
-        waiting: Requests in the replica's waiting queue (``None`` if not reported).
-        running: Requests in its running batch.
-        kv_usage: KV-cache usage, 0..1.
-        prefix_hits: Prefix-cache hits counter, tokens.
-        prefix_queries: Prefix-cache queries counter, tokens.
-        num_gpu_blocks: KV-cache blocks (``vllm:cache_config_info``).
-        block_size: Tokens per block.
-    """
-
-    at: float
-    waiting: float | None = None
-    running: float | None = None
-    kv_usage: float | None = None
-    prefix_hits: float | None = None
-    prefix_queries: float | None = None
-    num_gpu_blocks: int | None = None
-    block_size: int | None = None
-
-    @property
-    def kv_tokens(self) -> int | None:
-        """KV capacity in tokens, when ``vllm:cache_config_info`` gave it."""
-        if self.num_gpu_blocks is None or self.block_size is None:
-            return None
-        return self.num_gpu_blocks * self.block_size
 
 
 def parse_metrics(text: str, at: float) -> ReplicaSignals:
@@ -203,7 +171,7 @@ class MetricsScraper(Periodic):
 
     def __init__(
         self,
-        router: Router,
+        router: Fleet,
         session: aiohttp.ClientSession,
         settings: RoutingSettings,
         ssl: SSLContext | bool = True,
@@ -221,7 +189,7 @@ class MetricsScraper(Periodic):
         self.round_name = "replica metrics round"
         self.rounds = 0
 
-    def rebind(self, router: Router, connect_s: float | None = None) -> None:
+    def rebind(self, router: Fleet, connect_s: float | None = None) -> None:
         """Scrape the replicas of ``router`` from the next round on (live reload), with the
         reloaded ``timeouts.connect_s`` when given."""
         self._router = router
@@ -282,7 +250,7 @@ SIGNAL_FIELDS: tuple[tuple[str, str, str], ...] = (
 """Per-replica signals exported on the admin port (field, unit, description)."""
 
 
-def signal_rows(router: Router, now: float) -> list[tuple[Replica, dict[str, float | None]]]:
+def signal_rows(router: Fleet, now: float) -> list[tuple[Replica, dict[str, float | None]]]:
     """The current signals of every replica of a ``prefix_affinity`` pool (admin view).
 
     Returns:

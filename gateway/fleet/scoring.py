@@ -48,7 +48,7 @@ import hashlib
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gateway.fleet.exact_index import ExactIndex, content_keys
 from gateway.fleet.prefix_index import (
@@ -65,10 +65,23 @@ if TYPE_CHECKING:
 
     import aiohttp
 
-    from gateway.fleet.kv_subscriber import KVEventSubscriber
-    from gateway.routing import Replica
+    from gateway.fleet.replica import Replica
 
-__all__ = ["PrefixAffinity", "RouteHint"]
+__all__ = ["EventFeed", "PrefixAffinity", "RouteHint"]
+
+
+class EventFeed(Protocol):
+    """What the scorer uses of a replica's KV-event subscriber
+    (:class:`gateway.fleet.kv_subscriber.KVEventSubscriber` has it)."""
+
+    @property
+    def stats(self) -> Any:
+        """The subscriber's counters (a dataclass, shown in the admin view)."""
+        ...
+
+    def exact(self) -> bool:
+        """Whether the exact index of its replica is in sync (trusted for scoring)."""
+        ...
 
 _VNODES = 64
 
@@ -124,7 +137,7 @@ class PrefixAffinity:
         self.replicas = replicas
         self.index = PrefixIndex(replicas, settings.index_blocks)
         self.exact = ExactIndex(replicas)
-        self._events: list[KVEventSubscriber | None] = [None] * replicas
+        self._events: list[EventFeed | None] = [None] * replicas
         self._tokenizer: Any = None
         if settings.tokenizer_file is not None:
             self._tokenizer = _load_tokenizer(str(settings.tokenizer_file))
@@ -185,7 +198,7 @@ class PrefixAffinity:
             hint.token_ids = ids
             hint.tokens = float(len(ids))
 
-    def attach_events(self, replica: int, subscriber: KVEventSubscriber) -> None:
+    def attach_events(self, replica: int, subscriber: EventFeed) -> None:
         """Follow ``replica``'s KV-cache events through ``subscriber`` (exact index)."""
         self._events[replica] = subscriber
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 
 if TYPE_CHECKING:
-    from gateway.routing import Replica
+    from gateway.fleet.replica import Replica
 
 __all__ = ["replica_token_ids"]
 
