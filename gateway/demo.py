@@ -33,8 +33,8 @@ from types import FrameType
 import yaml
 
 from gateway.auth import digest_key, new_key
-from gateway.cli.serve import run
 from gateway.config.settings import load
+from gateway.serving.run import run
 
 __all__ = ["Stopped", "main"]
 

@@ -189,7 +189,7 @@ class Supervisor:
         workers: Number of worker processes (>= 2).
         config: The config file each worker reloads live on SIGHUP (``None``: no reload).
         adjust: The command line's overrides applied to each reloaded configuration
-            (picklable, e.g. :class:`gateway.cli.serve.ListenOverrides`).
+            (picklable, e.g. :class:`gateway.serving.run.ListenOverrides`).
     """
 
     def __init__(

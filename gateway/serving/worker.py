@@ -3,7 +3,7 @@
 The supervisor (:mod:`gateway.serving.supervisor`) starts each worker with the ``spawn`` start
 method as
 :func:`worker_main` with a :class:`WorkerSlot`: a fresh interpreter that runs exactly what one
-``gateway serve`` process runs (:func:`gateway.cli.serve.run`: the process egress guard
+``gateway serve`` process runs (:func:`gateway.serving.run.run`: the process egress guard
 installed and self-tested first, the assembly, the drain) on the listening socket it inherited,
 with its own audit replica id (:func:`worker_replica_id`), and reports on a pipe once it serves.
 
@@ -38,7 +38,8 @@ __all__ = ["Adjust", "WorkerSlot", "worker_main", "worker_replica_id"]
 _log = logging.getLogger(__name__)
 
 Adjust = Callable[[GatewaySettings], GatewaySettings]
-"""The command line's overrides of a loaded configuration (see ``gateway.cli.serve``)."""
+"""The command line's overrides of a loaded configuration
+(see :class:`gateway.serving.run.ListenOverrides`)."""
 
 
 def worker_replica_id(replica_id: str, index: int) -> str:
@@ -133,7 +134,7 @@ def worker_main(settings: GatewaySettings, base: Path | None, slot: WorkerSlot,
     HangupLatch.install()
     _watch_parent()
     from clishell import CliError, error_line
-    from gateway.cli.serve import run
+    from gateway.serving.run import run
 
     try:
         run(settings, base, worker=slot, config=config, adjust=adjust)
