@@ -1,13 +1,19 @@
 """Which project modules does one streamed chat completion cross, with every feature on?
 
-Builds the gateway the way ``gateway serve`` does (:func:`gateway.assembly.assemble` and
-:func:`gateway.app.create_app`) with the audit log (SQLite), quotas (memory backend), the
-egress policy (routing and the policy-checked connector; the process guard stays off so the
-script can run inside a test) and telemetry (spans and metrics) on, in front of the vLLM
-simulator. One warm-up request loads everything lazily imported; then a ``sys.setprofile``
-hook on the event loop's thread records every Python function call during one streamed
-``POST /v1/chat/completions`` (from the ASGI call until the last body message is sent). The
-simulator runs in another thread and is not counted.
+Builds the gateway the way ``gateway serve`` does (:func:`gateway.assembly.assemble`,
+:func:`gateway.app.create_app` and the gateway's own HTTP server,
+:class:`gateway.serving.server.GatewayServer`, on a loopback port) with the audit log
+(SQLite), quotas (memory backend), the egress policy (routing and the policy-checked
+connector; the process guard stays off so the script can run inside a test) and telemetry
+(spans and metrics) on, in front of the vLLM simulator. One warm-up request loads everything
+lazily imported; then a ``sys.setprofile`` hook on the event loop's thread records every
+Python function call during one streamed ``POST /v1/chat/completions`` sent over a real TCP
+connection (from the first bytes the server reads until the client has read the last chunk):
+the server's protocol callbacks count as the request's. The client (asyncio streams) and the
+simulator (another thread) are not project code and are not counted.
+
+The relay's stages (:data:`gateway.relay.pipeline.STAGES`) are reported in the order their
+functions were first called.
 
 Calls are attributed to the task that makes them. The request's own calls (its ASGI task and
 the tasks it starts) are the modules it crosses. The audit log's group-commit task (named
@@ -37,7 +43,6 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -53,6 +58,8 @@ from gateway.app import create_app  # noqa: E402
 from gateway.assembly import assemble  # noqa: E402
 from gateway.audit import Signer, generate_key_file, write_key_pair  # noqa: E402
 from gateway.config.settings import parse  # noqa: E402
+from gateway.relay.pipeline import STAGES  # noqa: E402
+from gateway.serving.server import GatewayServer, ServerConfig, server_limits  # noqa: E402
 from vllm_sim import SimConfig  # noqa: E402
 from vllm_sim import create_app as create_sim  # noqa: E402
 
@@ -66,6 +73,8 @@ BODY = json.dumps({
     "max_tokens": 8,
 }).encode()
 
+
+_STAGE_CODES = {stage.run.__code__: stage.name for stage in STAGES}
 
 COMMITTER_TASK = "audit-writer"
 """Name prefix of the audit log's group-commit task (``gateway.audit.writer``)."""
@@ -82,6 +91,7 @@ class Trace:
     calls: dict[str, int] = field(default_factory=dict)
     committer: dict[str, int] = field(default_factory=dict)
     switches: int = 0
+    stages: list[str] = field(default_factory=list)
     _last: str | None = None
     _names: dict[str, str | None] = field(default_factory=dict)
 
@@ -109,6 +119,9 @@ class Trace:
         """``sys.setprofile`` callback: count Python calls into project modules."""
         if event != "call":
             return
+        stage = _STAGE_CODES.get(frame.f_code)
+        if stage is not None and stage not in self.stages:
+            self.stages.append(stage)
         module = self.module_of(frame.f_code.co_filename)
         if module is None:
             return
@@ -180,60 +193,25 @@ class Response:
     headers: dict[str, str] = field(default_factory=dict)
 
 
-async def _request(app: Any, state: dict[str, Any]) -> Response:
-    """One streamed chat completion through the ASGI app."""
-    received = False
-    response = Response()
-    done = asyncio.Event()
-
-    async def receive() -> dict[str, Any]:
-        nonlocal received
-        if not received:
-            received = True
-            return {"type": "http.request", "body": BODY, "more_body": False}
-        await done.wait()
-        return {"type": "http.disconnect"}
-
-    async def send(message: dict[str, Any]) -> None:
-        if message["type"] == "http.response.start":
-            response.status = message["status"]
-            response.headers = {k.decode(): v.decode() for k, v in message["headers"]}
-        elif message["type"] == "http.response.body":
-            response.body.extend(message.get("body", b""))
-            if not message.get("more_body", False):
-                done.set()
-
-    scope = {
-        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
-        "scheme": "http", "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions",
-        "query_string": b"", "root_path": "", "client": ("127.0.0.1", 50000),
-        "server": ("127.0.0.1", 8000), "state": dict(state),
-        "headers": [(b"host", b"gateway"), (b"authorization", f"Bearer {KEY}".encode()),
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(BODY)).encode())],
-    }
-    await app(scope, receive, send)
-    done.set()
+async def _request(port: int) -> Response:
+    """One streamed chat completion over a new TCP connection to the gateway."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nhost: gateway\r\n"
+                     + f"authorization: Bearer {KEY}\r\n".encode()
+                     + b"content-type: application/json\r\nconnection: close\r\n"
+                     + f"content-length: {len(BODY)}\r\n\r\n".encode() + BODY)
+        await writer.drain()
+        raw = await reader.read()  # the server closes after the response (connection: close)
+    finally:
+        writer.close()
+    head, _, body = raw.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    response = Response(status=int(lines[0].split()[1]))
+    response.headers = {k.strip().lower(): v.strip()
+                        for k, _, v in (line.partition(":") for line in lines[1:])}
+    response.body.extend(body)  # chunked framing left in: the events are found inside it
     return response
-
-
-async def _lifespan(app: Any, state: dict[str, Any]) -> Callable[[], Any]:
-    """Run the app's lifespan startup; return a coroutine function that shuts it down."""
-    inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-    outbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-    task = asyncio.create_task(app({"type": "lifespan", "asgi": {"version": "3.0"},
-                                    "state": state}, inbox.get, outbox.put))
-    await inbox.put({"type": "lifespan.startup"})
-    message = await outbox.get()
-    if message["type"] != "lifespan.startup.complete":
-        raise RuntimeError(f"gateway start-up failed: {message}")
-
-    async def shutdown() -> None:
-        await inbox.put({"type": "lifespan.shutdown"})
-        await outbox.get()
-        await task
-
-    return shutdown
 
 
 def _check(response: Response, what: str) -> None:
@@ -241,22 +219,28 @@ def _check(response: Response, what: str) -> None:
         raise RuntimeError(f"{what} failed: {response.status} {bytes(response.body[:200])!r}")
 
 
-async def trace_one_request(app: Any) -> tuple[Trace, Response]:
-    """Start the app, warm it up with one request, then trace one streamed request."""
-    state: dict[str, Any] = {}
-    shutdown = await _lifespan(app, state)
+async def trace_one_request(app: Any, settings: Any, on_refused: Any) -> tuple[Trace, Response]:
+    """Serve the app on a loopback port, warm it up with one request, then trace one."""
+    max_body = settings.limits.max_body_bytes
+    server = GatewayServer(ServerConfig(app, host="127.0.0.1", port=0,
+                                        limits=server_limits(settings.limits),
+                                        body_limit=lambda: max_body, on_refused=on_refused))
+    await server.startup()
+    if not server.started:
+        raise RuntimeError(f"the gateway did not start: {server.failure}")
+    port = server.port
     try:
-        _check(await _request(app, state), "warm-up request")  # lazy imports, pools, caches
+        _check(await _request(port), "warm-up request")  # lazy imports, pools, caches
         trace = Trace()
         sys.setprofile(trace.hook)
         try:
-            response = await _request(app, state)
+            response = await _request(port)
         finally:
             sys.setprofile(None)
         _check(response, "traced request")
         return trace, response
     finally:
-        await shutdown()
+        await server.shutdown()
 
 
 def _evidence(db: Path, response: Response) -> dict[str, Any]:
@@ -289,8 +273,10 @@ def run() -> tuple[Trace, dict[str, Any]]:
     try:
         with tempfile.TemporaryDirectory(prefix="sg-trace-") as tmp:
             settings = parse(_config(Path(tmp), port), {})
-            app = create_app(settings, assemble(settings, Path(tmp)))
-            trace, response = asyncio.run(trace_one_request(app))
+            gateway = assemble(settings, Path(tmp))
+            app = create_app(settings, gateway)
+            on_refused = gateway.audit.http_refused if gateway.audit is not None else None
+            trace, response = asyncio.run(trace_one_request(app, settings, on_refused))
             return trace, _evidence(Path(tmp) / "audit.db", response)
     finally:
         server.should_exit = True
@@ -308,6 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps({"modules": trace.calls, "count": len(modules),
                           "switches": trace.switches, "max": args.max,
+                          "stages": trace.stages,
                           "committer": trace.committer, "with_committer": len(union),
                           "evidence": evidence}))
     else:
@@ -319,6 +306,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{len(trace.committer)} modules ({len(union)} together with the request's):")
         for module, count in trace.committer.items():
             print(f"  {module:40s} {count:6d} calls")
+        print(f"the relay's stages, in the order they ran: {' -> '.join(trace.stages)}")
         print(f"the request: {evidence}")
     return 0 if len(modules) <= args.max else 1
 

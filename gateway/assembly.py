@@ -35,6 +35,7 @@ from aiohttp.client_middlewares import ClientMiddlewareType
 from gateway.auth import Authenticator, KeyRing, principal_of
 from gateway.config.settings import GatewaySettings
 from gateway.h1 import AttemptObserver, Dialer
+from gateway.relay.pipeline import STAGES as RELAY_STAGES
 from gateway.relay.records import AdmissionHook, ObserverHooks, RequestObserver
 from gateway.routing import AllowAll, RoutePolicy, Router, RouteTable
 
@@ -49,7 +50,8 @@ if TYPE_CHECKING:
 
 __all__ = ["STAGES", "Gateway", "assemble", "reassemble"]
 
-STAGES = ("authenticate", "classify", "route", "admit", "audit", "forward", "account")
+STAGES = tuple(stage.name for stage in RELAY_STAGES)
+"""The names of the relay's stages, in order (:data:`gateway.relay.pipeline.STAGES`)."""
 """The request stages of a relayed request, in the order the relay runs them."""
 
 
@@ -155,24 +157,29 @@ class Gateway:
         )
 
     def stages(self) -> list[tuple[str, tuple[object, ...]]]:
-        """The request stages in order, each with the components that act in it.
+        """The request stages in the order the relay runs them
+        (:data:`gateway.relay.pipeline.STAGES`), each with the components that act in it.
 
         ``authenticate`` (401), ``classify`` (data class from the classification header, by
-        grant: 403), ``route`` (model -> pool -> replicas the policy allows: 403/404),
-        ``admit`` (admission hooks, then flow control: 429), ``audit`` (observers'
+        grant: 403), ``read`` (the bounded body: 413, 400), ``inspect`` (the policy's
+        sensitive-data stage), ``route`` (model -> pool -> replicas the policy allows:
+        403/404), ``admit`` (admission hooks, then flow control: 429), ``audit`` (observers'
         ``on_start``; the audit log makes ``request.started`` durable before a byte goes
-        upstream: 503), ``forward``
-        (upstream session: connector and client middlewares), ``account`` (observers'
-        ``on_end``: completion record, quota settlement, spans and metrics).
+        upstream: 503), ``forward`` (upstream session: connector and client middlewares),
+        ``account`` (observers' ``on_end``: completion record, quota settlement, spans and
+        metrics).
         """
         transport: tuple[object, ...] = (
             *((self.connector_factory,) if self.connector_factory else ()),
             *((self.dialer,) if self.dialer else ()),
             *self.upstream_middlewares,
         )
+        pii = self.policy.pii if self.policy is not None else None
         stages = [
             ("authenticate", (self.authenticator,)),
             ("classify", (self.route_policy,)),
+            ("read", ()),
+            ("inspect", (pii,) if pii is not None else ()),
             ("route", (self.router, self.route_policy)),
             ("admit", (*self.admission, *((self.flow,) if self.flow is not None else ()))),
             ("audit", self.observers),

@@ -20,8 +20,9 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from gateway.access import log_record
 from gateway.auth import Principal, bearer_token
@@ -61,7 +62,14 @@ from gateway.routing import Pool, Replica, RouteDecision
 from gateway.serving.drain import ShuttingDown
 from gateway.state import GatewayState
 
-__all__ = ["RELAY_PATHS", "handle"]
+if TYPE_CHECKING:
+    from gateway.fleet.scoring import RouteHint
+    from gateway.flow.lane import Lane
+    from gateway.pii.request import ResponseScan
+    from gateway.pii.response import ResponseMasker
+    from gateway.relay.rewrite import ParsedBody
+
+__all__ = ["RELAY_PATHS", "STAGES", "Flight", "Stage", "handle"]
 
 _log = logging.getLogger(__name__)
 
@@ -113,11 +121,11 @@ async def handle(state: GatewayState, scope: Scope, receive: Receive, send: Send
         write_now=extensions.get(WRITE_NOW_EXTENSION),
         open_writer=extensions.get(CHUNK_WRITER_EXTENSION),
     )
-    started_observers = False
+    flight = Flight(state, scope, receive, out, record, t0)
     drain = state.drain
     try:
         with drain.track() if drain is not None else contextlib.nullcontext():
-            started_observers = await _serve(state, scope, receive, out, record, t0)
+            await _serve(flight)
     except asyncio.CancelledError:
         task = asyncio.current_task()
         if drain is None or task is None or not drain.was_cut(task):
@@ -141,7 +149,8 @@ async def handle(state: GatewayState, scope: Scope, receive: Receive, send: Send
                 await out.body(sse_error_event(err), more=False)
     finally:
         record.sent(out.status, out.bytes_out, round((time.perf_counter() - t0) * 1000.0, 3))
-        await _finish(state, record, started_observers)
+        for run in _AT_END:
+            await run(flight)
         if hooks.end_recorded:
             recorded = [gate(record) for gate in hooks.end_recorded]  # ask every gate
             if not all(recorded):
@@ -174,12 +183,6 @@ async def _end_at_drain_deadline(out: Responder, record: RequestRecord) -> None:
         else:
             # A blank line first: ends a partly relayed event, and is no event on its own.
             await out.body(b"\n\n" + sse_error_event(err), more=False)
-
-
-async def _finish(state: GatewayState, record: RequestRecord, started: bool) -> None:
-    await state.hooks.ended(record)
-    if state.settings.logging.access_log:
-        log_record(record)
 
 
 def _tap_content(state: GatewayState, record: RequestRecord, raw: bytes, out: Responder) -> None:
@@ -226,80 +229,228 @@ class _Head:
     forwarded: list[tuple[str, str]] = field(default_factory=list)
 
 
-async def _serve(
-    state: GatewayState,
-    scope: Scope,
-    receive: Receive,
-    out: Responder,
-    record: RequestRecord,
-    t0: float,
-) -> bool:
-    """Validate and relay; return whether observers' ``on_start`` ran."""
-    _check_target(scope)
-    head = _read_head(state, scope)
-    principal = _authenticate(state, head, record, scope)
-    limits = state.settings.limits
-    raw = await read_body(receive, limits.max_body_bytes, head.declared,
-                          limits.client_body_timeout_s,
-                          (scope.get("extensions") or {}).get(WHOLE_BODY_EXTENSION))
-    record.received(len(raw))
-    parsed = parse_body(raw)
-    record.describe(parsed.model, parsed.stream)
-    response_scan = masker = None
-    if state.pii is not None:  # sensitive data may raise the class before routing (pii.request)
-        restore: dict[str, str] = {}  # reversible masking: this request's values, never logged
-        principal, parsed = await state.pii.inspect(scope["path"], principal, parsed, record,
-                                                    restore)
-        response_scan = state.pii.response_scan(scope["path"])
-        masker = state.pii.response_masker(scope["path"], restore)
-    pool = _authorised_pool(state, principal, parsed.model, record)
-    decision = _route(state, principal, pool, record)
-    hint = pool.route_hint(parsed.values, scope["headers"])  # affinity input (gateway.fleet)
+_NO_HEAD = _Head()  # before ``authenticate`` reads the headers (never changed)
+
+
+class Flight:
+    """One relay request on its way through :data:`STAGES`: what each stage reads and sets.
+
+    Attributes:
+        state, scope, receive, out, record, t0: The request as :func:`handle` got it (``t0``:
+            ``time.perf_counter()`` at its start, seconds).
+        head: What the headers say (``authenticate``).
+        principal: The caller (``authenticate``; ``classify`` and ``inspect`` may change its
+            data class).
+        raw: The request body as received, bytes (``read``).
+        parsed: The parsed body (``read``; ``inspect`` may mask it).
+        response_scan, masker: The response's sensitive-data scan and masking (``inspect``).
+        pool, decision, hint: The model's pool, the egress policy's decision and the
+            routing hint (``route``).
+        lane: The flow-control lane (``admit``; ended by :func:`_serve` whatever happens).
+        first: The replica the request goes to first (``admit``).
+    """
+
+    __slots__ = (
+        "decision",
+        "first",
+        "head",
+        "hint",
+        "lane",
+        "masker",
+        "out",
+        "parsed",
+        "pool",
+        "principal",
+        "raw",
+        "receive",
+        "record",
+        "response_scan",
+        "scope",
+        "state",
+        "t0",
+    )
+
+    def __init__(self, state: GatewayState, scope: Scope, receive: Receive, out: Responder,
+                 record: RequestRecord, t0: float) -> None:
+        self.state = state
+        self.scope = scope
+        self.receive = receive
+        self.out = out
+        self.record = record
+        self.t0 = t0
+        self.head = _NO_HEAD
+        self.principal: Principal | None = None
+        self.raw = b""
+        self.parsed: ParsedBody | None = None
+        self.response_scan: ResponseScan | None = None
+        self.masker: ResponseMasker | None = None
+        self.pool: Pool | None = None
+        self.decision: RouteDecision | None = None
+        self.hint: RouteHint | None = None
+        self.lane: Lane | None = None
+        self.first: Replica | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Stage:
+    """One step of a relay request.
+
+    Attributes:
+        name: The stage's name (audit and docs use it; :meth:`gateway.assembly.Gateway.stages`
+            names the components behind each).
+        run: The step; raises :class:`~gateway.errors.GatewayError` to refuse the request.
+        always: Run once the request ends, whatever happened (after the others).
+    """
+
+    name: str
+    run: Callable[[Flight], Awaitable[None]]
+    always: bool = False
+
+
+async def _authenticate(f: Flight) -> None:
+    """Only POST on a plain relay path; the API key or token -> the caller (401)."""
+    _check_target(f.scope)
+    f.head = _read_head(f.state, f.scope)
+    f.principal = _caller(f.state, f.head, f.record, f.scope)
+
+
+async def _classify(f: Flight) -> None:
+    """The classification header may change the caller's data class, by grant only (403)."""
+    state, head = f.state, f.head
+    if state.classify is not None and head.class_value is not None:
+        assert f.principal is not None
+        principal = f.principal = state.classify(f.principal, head.class_value)
+        f.record.identify(principal.key_id, principal.team, principal.data_class)
+
+
+async def _read(f: Flight) -> None:
+    """The bounded body (413, 408), parsed and validated (400)."""
+    limits = f.state.settings.limits
+    raw = f.raw = await read_body(f.receive, limits.max_body_bytes, f.head.declared,
+                                  limits.client_body_timeout_s,
+                                  (f.scope.get("extensions") or {}).get(WHOLE_BODY_EXTENSION))
+    f.record.received(len(raw))
+    parsed = f.parsed = parse_body(raw)
+    f.record.describe(parsed.model, parsed.stream)
+
+
+async def _inspect(f: Flight) -> None:
+    """Sensitive data in the body (``gateway.pii.request``) may raise the class or mask it,
+    before routing; the response's scan and masking are set up."""
+    pii = f.state.pii
+    if pii is None:
+        return
+    assert f.principal is not None and f.parsed is not None
+    restore: dict[str, str] = {}  # reversible masking: this request's values, never logged
+    path = f.scope["path"]
+    f.principal, f.parsed = await pii.inspect(path, f.principal, f.parsed, f.record, restore)
+    f.response_scan = pii.response_scan(path)
+    f.masker = pii.response_masker(path, restore)
+
+
+async def _route_stage(f: Flight) -> None:
+    """Model -> pool -> the replicas the egress policy allows (404, 403); the routing hint."""
+    state, principal, parsed = f.state, f.principal, f.parsed
+    assert principal is not None and parsed is not None
+    pool = f.pool = _authorised_pool(state, principal, parsed.model, f.record)
+    decision = f.decision = _route(state, principal, pool, f.record)
+    hint = f.hint = pool.route_hint(parsed.values, f.scope["headers"])  # gateway.fleet
     if hint is not None and pool.affinity is not None and pool.affinity.settings.tokenize != "none":
         # routing.tokenize: replica: a chat prompt's exact token ids (gateway.fleet.tokenize)
         await pool.affinity.fill_token_ids(hint, parsed.values, decision.candidates,
                                            pool.upstream_name, state.session, state.upstream_ssl)
+
+
+async def _admit(f: Flight) -> None:
+    """Admission hooks (quotas: 429), then flow control (a replica with room, or a wait in
+    the class's queue: 429, 503) or, without it, the pool's pick (503)."""
+    state, pool, decision, record, hint = f.state, f.pool, f.decision, f.record, f.hint
+    assert pool is not None and decision is not None and f.principal is not None
+    assert f.parsed is not None
     flow = state.flow
-    lane = (flow.lane(principal, pool, scope["headers"], parsed, record)
-            if flow is not None else None)
+    lane = f.lane = (flow.lane(f.principal, pool, f.scope["headers"], f.parsed, record)
+                     if flow is not None else None)
     if lane is None:
         first = pool.pick(decision.candidates, hint=hint)
         if first is None:
             raise NoHealthyReplica(f"No replica of '{pool.model.name}' is available.")
+        f.first = first
         record.attempt(first.url, first.destination, first.region)
         record.route = hint.explain if hint is not None else None
+    for admit in state.hooks.admit:
+        await admit(record, f.parsed.values)
+    if lane is not None:
+        # After the admission hooks: a request the quotas refuse never queues.
+        first = f.first = lane.admit(decision.candidates, hint) or await lane.wait(f.receive)
+        record.attempt(first.url, first.destination, first.region)
+        record.route = hint.explain if hint is not None else None
+
+
+async def _audit(f: Flight) -> None:
+    """Content taps (policy opt-in), then the observers' ``on_start``: the audit log makes
+    ``request.started`` durable before a byte goes upstream (503 when it cannot)."""
+    assert f.decision is not None
+    if f.decision.content_hmac:
+        _tap_content(f.state, f.record, f.raw, f.out)
+    if f.response_scan is not None:
+        f.out.tap = _also(f.out.tap, f.response_scan.tap)
+    for on_start in f.state.hooks.on_start:
+        await on_start(f.record)
+
+
+async def _forward_stage(f: Flight) -> None:
+    """To the first replica, with retries (:mod:`gateway.relay.forward`); a client disconnect
+    cancels the upstream request; the response's scans end after its last byte."""
+    assert f.pool is not None and f.decision is not None and f.parsed is not None
+    assert f.first is not None
+    watch = DisconnectWatch(f.receive, (f.scope.get("extensions") or {}).get(DISCONNECT_EXTENSION))
+    exchange = Exchange(f.state, f.pool, f.decision.candidates, f.parsed, f.head.accept,
+                        f.head.forwarded, f.out, f.record, watch, f.t0, f.hint, f.masker)
+    if f.lane is not None:
+        f.lane.go()  # forward counts the request in flight from here
+    await _forward_watched(exchange, f.first)
+    if f.response_scan is not None:
+        await f.response_scan.finish(f.record)  # after the last byte: no cost to TTFT
+    if f.masker is not None:
+        f.masker.finish(f.record)
+
+
+async def _account(f: Flight) -> None:
+    """The observers' ``on_end`` (completion record, quota settlement, spans and metrics) and
+    the access line."""
+    await f.state.hooks.ended(f.record)
+    if f.state.settings.logging.access_log:
+        log_record(f.record)
+
+
+STAGES: tuple[Stage, ...] = (
+    Stage("authenticate", _authenticate),
+    Stage("classify", _classify),
+    Stage("read", _read),
+    Stage("inspect", _inspect),
+    Stage("route", _route_stage),
+    Stage("admit", _admit),
+    Stage("audit", _audit),
+    Stage("forward", _forward_stage),
+    Stage("account", _account, always=True),
+)
+"""The stages of a relay request, in the order :func:`handle` runs them: the others in
+order until one refuses, then the ``always`` ones. The one list of the request's order."""
+
+_IN_ORDER = tuple(stage.run for stage in STAGES if not stage.always)
+_AT_END = tuple(stage.run for stage in STAGES if stage.always)
+
+
+async def _serve(f: Flight) -> None:
+    """Run the stages in order; a lane and a routing hint are released whatever happens."""
     try:
-        for admit in state.hooks.admit:
-            await admit(record, parsed.values)
-        if lane is not None:
-            # Flow control (gateway.flow), after the admission hooks (a request the quotas
-            # refuse never queues): a replica with room now, or a wait in the class's queue.
-            first = lane.admit(decision.candidates, hint) or await lane.wait(receive)
-            record.attempt(first.url, first.destination, first.region)
-            record.route = hint.explain if hint is not None else None
-        if decision.content_hmac:
-            _tap_content(state, record, raw, out)
-        if response_scan is not None:
-            out.tap = _also(out.tap, response_scan.tap)
-        for on_start in state.hooks.on_start:
-            await on_start(record)
-        watch = DisconnectWatch(receive, (scope.get("extensions") or {}).get(DISCONNECT_EXTENSION))
-        exchange = Exchange(state, pool, decision.candidates, parsed, head.accept,
-                            head.forwarded, out, record, watch, t0, hint, masker)
-        if lane is not None:
-            lane.go()  # forward counts the request in flight from here
-        assert first is not None  # narrowed above on both paths
-        await _forward_watched(exchange, first)
-        if response_scan is not None:
-            await response_scan.finish(record)  # after the last byte: no cost to TTFT
-        if masker is not None:
-            masker.finish(record)
+        for run in _IN_ORDER:
+            await run(f)
     finally:
-        if lane is not None:
-            lane.done()
-        if hint is not None:  # refused before forwarding (quota, audit): no prefill queued
-            hint.release()
-    return True
+        if f.lane is not None:
+            f.lane.done()
+        if f.hint is not None:  # refused before forwarding (quota, audit): no prefill queued
+            f.hint.release()
 
 
 def _check_target(scope: Scope) -> None:
@@ -330,7 +481,7 @@ def _read_head(state: GatewayState, scope: Scope) -> _Head:
     return head
 
 
-def _authenticate(
+def _caller(
     state: GatewayState, head: _Head, record: RequestRecord, scope: Scope
 ) -> Principal:
     try:
@@ -341,10 +492,6 @@ def _authenticate(
     record.identify(principal.key_id, principal.team, principal.data_class)
     if principal.identity is not None:  # gateway.identity: who, and what verified it
         record.identity = principal.identity.audit_fields()
-    if state.classify is not None and head.class_value is not None:
-        # The egress policy: the classification header may change the class only by grant.
-        principal = state.classify(principal, head.class_value)
-        record.identify(principal.key_id, principal.team, principal.data_class)
     return principal
 
 

@@ -21,6 +21,7 @@ process group, and a worker must count it once).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 import os
@@ -232,11 +233,11 @@ class GatewayServer:
             if sockets is not None:
                 for sock in sockets:
                     self.servers.append(await loop.create_server(
-                        lambda: ServerProtocol(context), sock=sock, ssl=tls,
+                        functools.partial(ServerProtocol, context), sock=sock, ssl=tls,
                         backlog=ACCEPTS_PER_WAKEUP))
             else:
                 self.servers.append(await loop.create_server(
-                    lambda: ServerProtocol(context), config.host, config.port, ssl=tls,
+                    functools.partial(ServerProtocol, context), config.host, config.port, ssl=tls,
                     backlog=ACCEPTS_PER_WAKEUP))
         except (OSError, ssl.SSLError) as exc:
             self.failure = f"{type(exc).__name__}: {exc}"

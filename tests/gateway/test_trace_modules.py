@@ -1,12 +1,15 @@
-"""One streamed chat completion with every feature on crosses at most 18 project modules.
+"""One streamed chat completion with every feature on crosses a bounded set of project modules,
+and runs the relay's stages in the order of the one list that names them.
 
-Runs ``bench/trace_modules.py`` (a ``sys.setprofile`` trace of one request through the gateway
-as ``gateway serve`` assembles it). The request's own calls are bounded; the audit log's
-group-commit task, which builds, hashes and stores the records of all requests in batches and
-which the response waits for, is reported beside them (see docs/architecture.md).
+Runs ``bench/trace_modules.py``: a ``sys.setprofile`` trace of one request sent over a real TCP
+connection to the gateway as ``gateway serve`` builds it (assembly, app and its own HTTP
+server), from the first bytes the server reads to the last chunk the client reads. The
+request's own calls are bounded; the audit log's group-commit task, which builds, hashes and
+stores the records of all requests in batches and which the response waits for, is reported
+beside them (see docs/architecture.md).
 
-The bound was 15 while the upstream exchange ran in aiohttp (not a project module); the relay's
-own HTTP/1.1 client (``gateway.h1``: framing, connection, pool) adds its three modules.
+The bound is the count measured over the socket (21: the server side of ``gateway.h1`` and the
+server's request parser count too), not the 15 the layout aims at; it may only go down.
 """
 
 from __future__ import annotations
@@ -17,9 +20,10 @@ import sys
 from pathlib import Path
 
 from gateway.assembly import STAGES
+from gateway.relay import pipeline
 
 ROOT = Path(__file__).resolve().parents[2]
-MAX_MODULES = 18
+MAX_MODULES = 21
 
 
 def test_a_streamed_request_crosses_a_bounded_set_of_modules() -> None:
@@ -33,8 +37,8 @@ def test_a_streamed_request_crosses_a_bounded_set_of_modules() -> None:
     modules = set(report["modules"])
     # Every feature was on and took part in the request: through its one per-request object
     # (audit observer, quota hook and its backend, telemetry observer) ...
-    assert {"gateway.relay.pipeline", "gateway.relay.forward", "gateway.routing",
-    "gateway.audit.observer",
+    assert {"gateway.h1.server", "gateway.h1.request", "gateway.relay.pipeline",
+            "gateway.relay.forward", "gateway.routing", "gateway.audit.observer",
             "gateway.audit.writer", "gateway.quotas.hook", "gateway.quotas.memory",
             "gateway.telemetry.tracing"} <= modules, sorted(modules)
     # ... the egress policy decided the route at assembly (the route table) and is not asked
@@ -52,8 +56,14 @@ def test_a_streamed_request_crosses_a_bounded_set_of_modules() -> None:
     assert report["count"] == len(modules)
     assert report["count"] <= MAX_MODULES, sorted(modules)
     assert result.returncode == 0
+    # The relay ran its stages in the order of the list that names them (the trace saw each
+    # stage's function called, first call first).
+    assert report["stages"] == [stage.name for stage in pipeline.STAGES]
 
 
 def test_the_stages_are_written_once_in_order() -> None:
-    assert STAGES == ("authenticate", "classify", "route", "admit", "audit", "forward",
-                      "account")
+    assert STAGES == tuple(stage.name for stage in pipeline.STAGES) == (
+        "authenticate", "classify", "read", "inspect", "route", "admit", "audit", "forward",
+        "account")
+    # Only the last one runs whatever happened.
+    assert [stage.always for stage in pipeline.STAGES] == [False] * 8 + [True]
