@@ -15,7 +15,6 @@ file is reported, one problem each, never only the first.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import re
 import types
 import typing
@@ -24,9 +23,11 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from clishell.problems import KeyPath, line_of, model_in, unknown_key, unwrap
+from clishell.problems import dotted as _dotted
+
 __all__ = ["KeyPath", "PolicyProblem", "dotted", "line_of", "validation_problems"]
 
-KeyPath = tuple[str | int, ...]
 
 _PREFIX = re.compile(r"^(Value error|Assertion failed), ")
 _SHOULD = "Input should be "
@@ -60,18 +61,7 @@ class PolicyProblem:
 
 def dotted(path: KeyPath) -> str:
     """``("rules", 0, "id")`` -> ``rules[0].id`` (``<document>`` for ``()``)."""
-    out = ""
-    for part in path:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out or "<document>"
-
-
-def line_of(lines: Mapping[KeyPath, int], path: KeyPath) -> int | None:
-    """Line of ``path`` or of its nearest parent present in ``lines`` (``None``: unknown)."""
-    for end in range(len(path), -1, -1):
-        if path[:end] in lines:
-            return lines[path[:end]]
-    return None
+    return _dotted(path, "<document>")
 
 
 def validation_problems(
@@ -103,7 +93,7 @@ def validation_problems(
         if err["type"] == "missing":
             msg = "required key is missing"
         elif err["type"] == "extra_forbidden":
-            msg = _unknown_key(model, path)
+            msg = unknown_key(model, path) or "unknown key"
         elif err["type"] in ("model_type", "model_attributes_type", "dict_type"):
             msg = "must be a mapping"
         found = merged.setdefault(path, [])
@@ -130,7 +120,7 @@ def _key_path(model: type[BaseModel], loc: KeyPath) -> KeyPath:
         if current is not None and _is_member_tag(current, part):
             continue  # stay on the union: the next part (if any) is inside this member
         out.append(part)
-        current = _unwrap(current, part) if current is not None else None
+        current = unwrap(current, part) if current is not None else None
     return tuple(out)
 
 
@@ -140,59 +130,7 @@ def _is_member_tag(annotation: Any, part: str | int) -> bool:
             typing.Union, types.UnionType):
         return False
     for arg in typing.get_args(annotation):
-        found = _model_in(arg)
+        found = model_in(arg)
         if found is not None and any(part in (n, f.alias) for n, f in found.model_fields.items()):
             return False  # a key of a model member (``X | None``)
     return True
-
-
-def _unknown_key(model: type[BaseModel], path: KeyPath) -> str:
-    """``unknown key (did you mean 'x'?)`` for the extra key at ``path``, or with the known
-    keys; ``unknown key`` when the mapping that holds it is not a model."""
-    current: Any = model
-    for part in path[:-1]:
-        current = _unwrap(current, part)
-        if current is None:
-            return "unknown key"
-    found = _model_in(current)
-    if found is None:
-        return "unknown key"
-    known = [field.alias or name for name, field in found.model_fields.items()]
-    close = difflib.get_close_matches(str(path[-1]), known, n=1, cutoff=0.6)
-    if close:
-        return f"unknown key (did you mean {close[0]!r}?)"
-    return f"unknown key (known here: {', '.join(known)})"
-
-
-def _unwrap(annotation: Any, part: str | int) -> Any:
-    """The annotation that ``part`` of a location leads to inside ``annotation``, or ``None``."""
-    if typing.get_origin(annotation) is typing.Annotated:
-        annotation = typing.get_args(annotation)[0]
-    found = _model_in(annotation)
-    if found is not None and isinstance(part, str):
-        for name, field in found.model_fields.items():
-            if part in (name, field.alias):
-                return field.annotation
-        return None
-    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
-    if origin in (list, tuple, set, frozenset) and args and isinstance(part, int):
-        return args[0]
-    if origin is dict and len(args) == 2:
-        return args[1]
-    if origin in (typing.Union, types.UnionType):
-        for arg in args:
-            inner = _unwrap(arg, part)
-            if inner is not None:
-                return inner
-    return None
-
-
-def _model_in(annotation: Any) -> type[BaseModel] | None:
-    """``annotation`` if it is a pydantic model, else the first model of a union (``X | None``)."""
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
-        for arg in typing.get_args(annotation):
-            if isinstance(arg, type) and issubclass(arg, BaseModel):
-                return arg
-    return None

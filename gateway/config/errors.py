@@ -18,16 +18,14 @@ written in the file (a missing key is reported on the line of the mapping that l
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import re
-import types
-import typing
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from clishell.problems import KeyPath, dotted, line_of, unknown_key
 from gateway.errors import ConfigError
 
 __all__ = [
@@ -43,7 +41,6 @@ __all__ = [
     "validation_problems",
 ]
 
-KeyPath = tuple[str | int, ...]
 LineMap = Mapping[KeyPath, int]
 
 _PREFIX = re.compile(r"^(Value error|Assertion failed), ")
@@ -108,26 +105,8 @@ class InvalidConfig(ConfigError):
         self.problems: tuple[ConfigProblem, ...] = tuple(problems)
 
 
-def dotted(path: KeyPath) -> str:
-    """``("models", 0, "url")`` -> ``models[0].url`` (``(top level)`` for ``()``)."""
-    out = ""
-    for part in path:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out or "(top level)"
-
-
 def _parse_dotted(key: str) -> KeyPath:
     return tuple(int(m[1]) if m[1] is not None else m[2] for m in _PART.finditer(key))
-
-
-def line_of(lines: LineMap | None, path: KeyPath) -> int | None:
-    """Line of ``path`` or of its nearest parent present in ``lines`` (``None``: unknown)."""
-    if not lines:
-        return None
-    for end in range(len(path), -1, -1):
-        if path[:end] in lines:
-            return lines[path[:end]]
-    return None
 
 
 def compose_yaml(loader: yaml.SafeLoader) -> tuple[Any, dict[KeyPath, int]]:
@@ -210,75 +189,13 @@ def validation_problems(
         if err["type"] == "missing":
             msg = "required key is missing"
         elif err["type"] == "extra_forbidden" and model is not None:
-            msg = _unknown_key(model, err["loc"]) or msg
+            msg = unknown_key(model, err["loc"]) or msg
         keyed = _KEYED.match(msg) if err["type"] == "value_error" else None
         if keyed is not None:
             path = (*path, *_parse_dotted(keyed[1]))
             msg = keyed[2]
         out.append(ConfigProblem(dotted(path), msg, file, line_of(lines, path)))
     return out
-
-
-def _unknown_key(model: type[BaseModel], loc: Sequence[Any]) -> str | None:
-    """``unknown key (did you mean 'x'?)`` for the extra key at ``loc`` of ``model``, or with
-    the known keys; ``None`` when the mapping that holds it is not found in the model."""
-    known = _keys_at(model, loc[:-1])
-    if not known:
-        return None
-    close = difflib.get_close_matches(str(loc[-1]), known, n=1, cutoff=0.6)
-    if close:
-        return f"unknown key (did you mean {close[0]!r}?)"
-    return f"unknown key (known here: {', '.join(known)})"
-
-
-def _keys_at(model: type[BaseModel], loc: Sequence[Any]) -> list[str] | None:
-    """The keys (field names or aliases) of the model found by following ``loc`` (field names,
-    list indexes, mapping keys, union member tags) from ``model``."""
-    current: Any = model
-    for part in loc:
-        current = _unwrap(current, part)
-        if current is None:
-            return None
-    found = _model_in(current)
-    if found is None:
-        return None
-    return [field.alias or name for name, field in found.model_fields.items()]
-
-
-def _unwrap(annotation: Any, part: Any) -> Any:
-    """The annotation that ``part`` of a location leads to inside ``annotation``, or ``None``."""
-    found = _model_in(annotation)
-    if found is not None and isinstance(part, str):
-        for name, field in found.model_fields.items():
-            if part in (name, field.alias):
-                return field.annotation
-    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
-    if origin in (list, tuple, set, frozenset) and args and isinstance(part, int):
-        return args[0]
-    if origin is dict and len(args) == 2:
-        return args[1]
-    if isinstance(part, str):  # a union member's tag (pydantic names it in the location)
-        for arg in args:
-            member = _model_in(arg)
-            if member is not None and member.__name__ == part:
-                return member
-    if origin in (typing.Union, types.UnionType):
-        for arg in args:
-            inner = _unwrap(arg, part)
-            if inner is not None:
-                return inner
-    return None
-
-
-def _model_in(annotation: Any) -> type[BaseModel] | None:
-    """``annotation`` if it is a pydantic model, else the first model of a union (``X | None``)."""
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
-        for arg in typing.get_args(annotation):
-            if isinstance(arg, type) and issubclass(arg, BaseModel):
-                return arg
-    return None
 
 
 def problems_of(
