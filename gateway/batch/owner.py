@@ -8,8 +8,9 @@ token is not kept at all). What is stored (:func:`owner_fields`, JSON):
 * a verified identity (a JWT, or a client certificate): its key id (``id:`` + the subject's
   pseudonym), the principal, and what verified and admitted it: method, issuer, subject
   pseudonym, ``kid``, the deciding rule's id, the claims that made the rule match
-  (``decided_by``, as the audit records keep them), and ``rules_sha256``, the SHA-256 of the
-  identity rules up to and including the deciding one.
+  (``decided_by``, as the audit records keep them), and ``rules_sha256``, the SHA-256 of what
+  decides whether the identity rules up to and including the deciding one hold (their ids,
+  issuers, matches and team/org claims: :func:`rules_digest`).
 
 Before each request (:func:`reauthorise`) the owner is checked against the configuration in
 force *then* (after a live reload or a restart), failing closed:
@@ -18,12 +19,13 @@ force *then* (after a live reload or a restart), failing closed:
   models and data class;
 * an identity's issuer must still be configured (``identity_issuer_removed``), its signing key
   not revoked (``identity_key_revoked``), its method accepted on the batch's endpoint
-  (``credential_not_accepted``), and the rules that decided for it unchanged: the deciding
-  rule still there and it and every rule before it identical (``identity_rules_changed``).
-  The token's full claims are not kept, so a changed earlier rule, which might now match
-  those claims first, cannot be evaluated: the owner must submit again. When they hold, the
-  deciding rule is applied again to the stored claims, so a changed ``team_claim`` mapping,
-  models or data class of that rule apply.
+  (``credential_not_accepted``), and the rules that decided for it holding for the same
+  claims: the deciding rule still there, and its and every earlier rule's deciding fields
+  unchanged (``identity_rules_changed``). The token's full claims are not kept, so a changed
+  earlier rule, which might now match those claims first, cannot be evaluated: the owner must
+  submit again. When they hold, the deciding rule is applied again to the stored claims, so
+  what it grants now (team, org, models, data class, flow class) applies, as a config key's
+  current settings do.
 """
 
 from __future__ import annotations
@@ -52,10 +54,16 @@ class OwnerRevoked(GatewayError):
     code = "key_revoked"
 
 
+_DECIDING = ("id", "issuer", "match", "team_claim", "org_claim")
+"""The fields of a rule that decide whether it holds for some claims (:func:`decide`); the
+others (team, org, models, data class, flow class) only say what it grants."""
+
+
 def rules_digest(rules: list[IdentityRule]) -> str:
-    """SHA-256 hex of the canonical JSON of ``rules`` (in order)."""
-    text = json.dumps([r.model_dump(mode="json") for r in rules], sort_keys=True,
-                      separators=(",", ":"))
+    """SHA-256 hex of the canonical JSON of the deciding fields of ``rules`` (in order): equal
+    digests mean the rules hold for exactly the same claims."""
+    text = json.dumps([r.model_dump(mode="json", include=set(_DECIDING)) for r in rules],
+                      sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()
 
 

@@ -104,9 +104,11 @@ def test_a_jwt_owned_batch_runs_as_the_identity_and_resumes_without_the_token(
         owner = json.loads(con.execute("SELECT principal FROM batches").fetchone()[0])
     assert owner["key_id"].startswith("id:") and owner["identity"]["rule"] == "ml"
     assert owner["identity"]["decided_by"] == [["groups", "ml-engineers"]]
-    # Restarted with a rule added after the one that admitted the owner: it still holds.
+    # Restarted with a rule added after the one that admitted the owner, and that rule now
+    # granting another team: the owner is still admitted, with what the rule grants now.
     section = idp.section()
     section["rules"].append({"id": "later", "match": {"groups": "ops"}, "models": ["m"]})
+    section["rules"][0]["team"] = "ml-platform"
     second = served(serve_asgi, settings(sim.url, db, section), recorder)
     c = token_client(str(second.url), idp.key.token())  # a fresh token of the same subject
     b = wait_batch(c, b.id, lambda b: b.status == "completed")
@@ -116,6 +118,7 @@ def test_a_jwt_owned_batch_runs_as_the_identity_and_resumes_without_the_token(
     assert [x["custom_id"] for x in lines] == [f"req-{i}" for i in range(n)]
     ended = recorder.wait(sim.stats()["received"])
     assert {r.key_id for r in ended} == {owner["key_id"]}
+    assert [r.team for r in ended[-(n - done):]] == ["ml-platform"] * (n - done)
     assert all(r.identity is not None and r.identity["rule"] == "ml"
                and r.identity["issuer"] == idp.section()["issuers"][0]["issuer"]
                for r in ended)

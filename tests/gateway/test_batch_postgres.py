@@ -68,9 +68,9 @@ def started_request_ids(dsn: str) -> list[str]:
             found: list[str] = []
             after = 0
             while batch := await store.scan(after, 500):
-                for after, rec in batch:
-                    if rec.type == "request.started":
-                        found.append(str(parse_body(rec.body)["data"]["request_id"]))
+                after = batch[-1][0]
+                found.extend(str(parse_body(rec.body)["data"]["request_id"])
+                             for _, rec in batch if rec.type == "request.started")
             return found
         finally:
             await store.close()
