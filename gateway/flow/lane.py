@@ -142,7 +142,7 @@ class Lane:
                 f"holds its share of the queue of class '{cls.name}' ({cap} of "
                 f"{cls.max_queue} requests, max_queue_share {cls.max_queue_share}); retry "
                 "later.", gate.mean_wait_s[self.cls]))
-        size = len(self._parsed.raw) if self._parsed.raw else len(self._parsed.text)
+        size = len(self._parsed.raw)
         if size > gate.body_budget:
             self.record.flowed(self.class_name, "body_exceeds_queue_budget", 0)
             raise to_gateway_error(BodyOverQueueBudget(
