@@ -87,7 +87,7 @@ class ParsedBody:
         model: The ``model`` the client asked for.
         stream: Whether ``"stream": true`` was sent.
         client_wants_usage: Whether the client set ``stream_options.include_usage``.
-        values: Top-level values by key (parsed; read-only use).
+        values: Top-level values by key (a property: see :attr:`values`).
         spans: Byte offsets ``(start, end)`` in ``raw`` of the values of the top-level keys
             that may be spliced (``model``, and ``stream_options`` and ``priority`` when sent).
         open_brace: Byte offset of the top-level ``{``.
@@ -99,10 +99,27 @@ class ParsedBody:
     model: str
     stream: bool
     client_wants_usage: bool
-    values: dict[str, Any]
+    _values: dict[str, Any] = field(repr=False)
     spans: dict[str, tuple[int, int]] = field(repr=False)
     open_brace: int = field(repr=False, default=0)
     priority: int | None = None
+    _shed: bool = field(repr=False, default=False)
+
+    @property
+    def values(self) -> dict[str, Any]:
+        """Top-level values by key (parsed; read-only use). After :meth:`shed`, the first
+        read parses them again from ``raw`` (already validated: the same values)."""
+        if self._shed:
+            self._values = _scan_object(self.raw.decode("utf-8"))[1]
+            self._shed = False
+        return self._values
+
+    def shed(self) -> None:
+        """Drop the parsed values but those the splices need, while the request waits in a
+        queue: a queued request then holds its body once (``raw``), not twice. The values
+        come back, parsed again, on the next read of :attr:`values`."""
+        self._values = {k: self._values[k] for k in _SPLICED if k in self._values}
+        self._shed = True
 
     def upstream_body(self, served_model: str, force_usage: bool) -> bytes:
         """The bytes to send upstream.
@@ -125,7 +142,7 @@ class ParsedBody:
         if raw[start:end] != literal:  # the common case: the client already sent it so
             edits.append((start, end, literal))
         if force_usage and self.stream and not self.client_wants_usage:
-            current = self.values.get("stream_options")
+            current = self._values.get("stream_options")  # kept by shed()
             if "stream_options" in self.spans:
                 opts = dict(current) if isinstance(current, dict) else {}
                 opts["include_usage"] = True
@@ -371,7 +388,7 @@ def parse_body(raw: bytes) -> ParsedBody:
         model=model,
         stream=stream is True,
         client_wants_usage=wants_usage,
-        values=values,
+        _values=values,
         spans=_byte_spans(text, raw, spans),
         open_brace=brace,  # only whitespace (ASCII) before it: the byte offset too
     )

@@ -167,6 +167,9 @@ class Lane:
         self._group, self._waiter = group, waiter
         self._bytes = size
         gate.queued_bytes += size
+        # Its values were read (cost, route hint, admission hooks): while it waits it holds
+        # its body once, the bytes; the values are parsed again if read after the wait.
+        self._parsed.shed()
         gate.dispatch(flow, group)
         return None
 
