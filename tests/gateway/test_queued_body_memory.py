@@ -101,6 +101,19 @@ def test_queued_requests_hold_their_bodies_about_once(serve_asgi: Any,
         assert gw.flow.queued_bytes == bodies
         assert held < 1.5 * bodies, f"queued requests hold {held / bodies:.2f} x their bodies"
         assert sim.stats()["received"] == 1  # all of them waited
+        # Released, each is sent whole (the bytes as received, written apart from the head):
+        # the simulator parses every one (and refuses it as longer than its context).
+        holder.close()
+        wait_for(lambda: sim.stats()["received"] == N + 1, "the queued requests reach the sim")
+        for sock in sockets[1:]:
+            sock.settimeout(30)
+            answer = b""
+            while b"maximum context length" not in answer:
+                got = sock.recv(65536)
+                assert got, answer
+                answer += got
+        last = sim.stats()["last_body"]
+        assert last["model"] == SERVED and len(last["messages"][0]["content"]) > SIZE - 100
     finally:
         for sock in sockets:
             sock.close()
