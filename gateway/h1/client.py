@@ -262,11 +262,11 @@ class RelayClient:
         conn: H1Connection | None = None
         try:
             conn = await self._acquire(origin, fresh, on_slot)
-            head = _request_head(origin, path, headers, len(body))
+            request = _request_head(origin, path, headers, len(body))
             if len(body) <= _JOIN_MAX:
-                conn.send(head + body)  # one write, one send() for the usual small body
+                conn.send(request + body)  # one write, one send() for the usual small body
             else:
-                conn.send(head, body)  # not joined: a join would copy the body
+                conn.send(request, body)  # not joined: a join would copy the body
             head = await conn.read_head()
         except BaseException as exc:
             if conn is not None:
