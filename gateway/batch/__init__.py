@@ -3,7 +3,9 @@
 * :mod:`gateway.batch.settings`: the ``batch:`` config section.
 * :mod:`gateway.batch.errors`: ``BatchError`` and its codes.
 * :mod:`gateway.batch.jsonl`: the input file's format, checked line by line.
-* :mod:`gateway.batch.store`: the durable SQLite state (files, batches, answers).
+* :mod:`gateway.batch.store`: the durable state (files, batches, answers): the protocol;
+  ``store_sqlite`` (a file) and ``store_postgres`` (the PostgreSQL audit store's database).
+* :mod:`gateway.batch.owner`: who a batch runs as, re-authorised before each request.
 * :mod:`gateway.batch.runner`: runs batches through the relay in process, resumes them.
 * :mod:`gateway.batch.api`: the HTTP endpoints.
 

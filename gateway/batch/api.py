@@ -9,7 +9,6 @@ References: https://platform.openai.com/docs/api-reference/files and /batch.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import Any
 
@@ -21,7 +20,8 @@ from starlette.routing import Route
 from gateway.auth import Principal, bearer_token
 from gateway.batch.errors import BatchError, FileTooLarge, NotFound
 from gateway.batch.jsonl import ENDPOINTS, parse_input
-from gateway.batch.runner import BatchRunner, new_id, principal_fields
+from gateway.batch.owner import owner_fields
+from gateway.batch.runner import BatchRunner, new_id
 from gateway.state import gateway_state
 
 __all__ = ["RUNNER_KEY", "batch_routes"]
@@ -84,7 +84,7 @@ async def create_file(request: Request) -> Response:
                "created_at": int(time.time())}
     finally:
         await form.close()
-    await asyncio.to_thread(runner.store.add_file, row, content)
+    await runner.store.add_file(row, content)
     return JSONResponse(_file_object({**row, "bytes": len(content)}))
 
 
@@ -92,7 +92,7 @@ async def retrieve_file(request: Request) -> Response:
     """``GET /v1/files/{file_id}``."""
     runner, who = _runner(request), _caller(request)
     file_id = request.path_params["file_id"]
-    row = await asyncio.to_thread(runner.store.file, file_id, who.key_id)
+    row = await runner.store.file(file_id, who.key_id)
     if row is None:
         raise NotFound(f"No such file: '{file_id}'.", param="file_id")
     return JSONResponse(_file_object(row))
@@ -102,7 +102,7 @@ async def file_content(request: Request) -> Response:
     """``GET /v1/files/{file_id}/content`` (the bytes, JSONL)."""
     runner, who = _runner(request), _caller(request)
     file_id = request.path_params["file_id"]
-    content = await asyncio.to_thread(runner.store.content, file_id, who.key_id)
+    content = await runner.store.content(file_id, who.key_id)
     if content is None:
         raise NotFound(f"No such file: '{file_id}'.", param="file_id")
     return Response(content, media_type="application/jsonl")
@@ -127,7 +127,7 @@ async def create_batch(request: Request) -> Response:
     if metadata is not None and not isinstance(metadata, dict):
         raise BatchError("'metadata' must be an object.", param="metadata")
     file_id = params.get("input_file_id")
-    content = (await asyncio.to_thread(runner.store.content, file_id, who.key_id)
+    content = (await runner.store.content(file_id, who.key_id)
                if isinstance(file_id, str) else None)
     if content is None:
         raise NotFound(f"No such file: '{file_id}'.", param="input_file_id")
@@ -144,8 +144,8 @@ async def create_batch(request: Request) -> Response:
         "metadata": metadata,
     }
     lines = [(line, custom_id, endpoint, body) for line, custom_id, body in requests]
-    await asyncio.to_thread(runner.store.add_batch, obj, who.key_id, principal_fields(who),
-                            lines)
+    owner = owner_fields(who, gateway_state(request).settings.identity)
+    await runner.store.add_batch(obj, who.key_id, owner, lines)
     runner.start(obj["id"])
     return JSONResponse(obj)
 
@@ -154,7 +154,7 @@ async def retrieve_batch(request: Request) -> Response:
     """``GET /v1/batches/{batch_id}``."""
     runner, who = _runner(request), _caller(request)
     batch_id = request.path_params["batch_id"]
-    obj = await asyncio.to_thread(runner.store.batch, batch_id, who.key_id)
+    obj = await runner.store.batch(batch_id, who.key_id)
     if obj is None:
         raise NotFound(f"No batch found with id '{batch_id}'.", param="batch_id")
     return JSONResponse(obj)
@@ -176,7 +176,7 @@ async def list_batches(request: Request) -> Response:
     if not 1 <= limit <= 100:
         raise BatchError("'limit' must be between 1 and 100.", param="limit")
     after = request.query_params.get("after")
-    page = await asyncio.to_thread(runner.store.batches, who.key_id, after, limit + 1)
+    page = await runner.store.batches(who.key_id, after, limit + 1)
     data = page[:limit]
     return JSONResponse({"object": "list", "data": data,
                          "first_id": data[0]["id"] if data else None,

@@ -21,20 +21,19 @@ import time
 from collections.abc import Mapping, MutableMapping
 from typing import Any
 
-from gateway.auth import Principal, principal_of
+from gateway.auth import Principal
 from gateway.batch.errors import NotCancellable, NotFound
-from gateway.batch.settings import BatchSettings, audit_store_url, database_path
-from gateway.batch.store import BatchStore
+from gateway.batch.owner import OwnerRevoked, reauthorise
+from gateway.batch.settings import BatchSettings, store_location
+from gateway.batch.store import FINAL, BatchStore, BatchStoreUnavailable, open_batch_store
 from gateway.config.settings import GatewaySettings
-from gateway.errors import AuthenticationFailed, GatewayError
+from gateway.errors import AuthenticationFailed
 from gateway.relay import pipeline as relay
 from gateway.state import LiveState
 
-__all__ = ["BatchRunner", "new_id", "open_runner", "principal_fields"]
+__all__ = ["BatchRunner", "new_id", "open_runner"]
 
 _log = logging.getLogger(__name__)
-
-FINAL = frozenset({"completed", "failed", "cancelled", "expired"})
 
 
 def new_id(prefix: str) -> str:
@@ -53,12 +52,6 @@ class _Fixed:
         if token is None:
             raise AuthenticationFailed()
         return self.principal
-
-
-def principal_fields(p: Principal) -> dict[str, Any]:
-    """A principal as JSON-ready fields (stored with its batch)."""
-    return {"key_id": p.key_id, "team": p.team, "data_class": p.data_class,
-            "models": sorted(p.models)}
 
 
 class BatchRunner:
@@ -81,12 +74,17 @@ class BatchRunner:
 
     async def startup(self) -> None:
         """Resume every batch a previous run left unfinished (and, every ``lease_s``, any
-        whose runner stopped without giving it up)."""
+        whose runner stopped without giving it up).
+
+        Raises:
+            BatchStoreUnavailable: The database cannot be opened (the gateway does not start).
+        """
+        await self.store.open()
         await self._resume()
         self._scan = asyncio.get_running_loop().create_task(self._rescan())
 
     async def _resume(self) -> None:
-        for batch_id in await asyncio.to_thread(self.store.unfinished):
+        for batch_id in await self.store.unfinished():
             if batch_id not in self._tasks:
                 self.start(batch_id)  # runs only if it gets the lease
 
@@ -111,7 +109,7 @@ class BatchRunner:
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        self.store.close()
+        await self.store.close()
 
     def start(self, batch_id: str) -> None:
         """Run the batch ``batch_id`` in the background."""
@@ -126,7 +124,7 @@ class BatchRunner:
             NotFound: No such batch of ``owner``.
             NotCancellable: It already ended.
         """
-        obj = await asyncio.to_thread(self.store.batch, batch_id, owner)
+        obj = await self.store.batch(batch_id, owner)
         if obj is None:
             raise NotFound(f"No batch found with id '{batch_id}'.", param="batch_id")
         if obj["status"] in FINAL:
@@ -134,18 +132,24 @@ class BatchRunner:
         if obj["status"] != "cancelling":
             obj["status"] = "cancelling"
             obj["cancelling_at"] = int(time.time())
-            await asyncio.to_thread(self.store.save_batch, obj)
+            await self.store.save_batch(obj)
         if batch_id not in self._tasks:
             self.start(batch_id)
         return obj
 
     async def _status(self, batch_id: str) -> str:
-        obj = await asyncio.to_thread(self.store.batch, batch_id, None)
+        obj = await self.store.batch(batch_id, None)
         return str(obj["status"]) if obj is not None else "failed"
 
     async def _run(self, batch_id: str) -> None:
+        try:
+            await self._run_leased(batch_id)
+        except BatchStoreUnavailable as exc:  # taken up again at the next scan (lease_s)
+            _log.error("batch %s stopped: %s", batch_id, exc.message)
+
+    async def _run_leased(self, batch_id: str) -> None:
         now = time.time()
-        if not await asyncio.to_thread(self.store.claim, batch_id, self._me, now,
+        if not await self.store.claim(batch_id, self._me, now,
                                        now + self.settings.lease_s):
             return  # another worker or pod runs it
         _log.info("running batch %s", batch_id)
@@ -154,29 +158,29 @@ class BatchRunner:
             await self._run_claimed(batch_id)
         finally:
             renew.cancel()
-            self.store.release(batch_id, self._me)  # sync: also when cancelled at shutdown
+            # Also when cancelled at shutdown: the task's cancellation was delivered above.
+            with contextlib.suppress(Exception):
+                await self.store.release(batch_id, self._me)
 
     async def _renew(self, batch_id: str) -> None:
         while True:
             await asyncio.sleep(self.settings.lease_s / 3)
             now = time.time()
-            if not await asyncio.to_thread(self.store.claim, batch_id, self._me, now,
+            if not await self.store.claim(batch_id, self._me, now,
                                            now + self.settings.lease_s):
                 _log.error("lost the lease on batch %s", batch_id)
 
     async def _run_claimed(self, batch_id: str) -> None:
         store = self.store
-        obj = await asyncio.to_thread(store.batch, batch_id, None)
+        obj = await store.batch(batch_id, None)
         if obj is None:
             return
         if obj["status"] == "validating":
             obj["status"] = "in_progress"
             obj["in_progress_at"] = int(time.time())
-            await asyncio.to_thread(store.save_batch, obj)
-        fields = await asyncio.to_thread(store.principal, batch_id)
-        principal = Principal(fields["key_id"], fields["team"], fields["data_class"],
-                              frozenset(fields["models"]))
-        pending = await asyncio.to_thread(store.pending, batch_id)
+            await store.save_batch(obj)
+        owner = await store.principal(batch_id)
+        pending = await store.pending(batch_id)
         running: set[asyncio.Task[None]] = set()
         try:
             for line, custom_id, url, body in pending:
@@ -185,7 +189,7 @@ class BatchRunner:
                     self._slots.release()
                     break
                 task = asyncio.get_running_loop().create_task(
-                    self._one(batch_id, principal, line, custom_id, url, body))
+                    self._one(batch_id, owner, line, custom_id, url, body))
                 running.add(task)
                 task.add_done_callback(running.discard)
             if running:
@@ -196,11 +200,11 @@ class BatchRunner:
             raise
         await self._finalize(batch_id)
 
-    async def _one(self, batch_id: str, principal: Principal, line: int, custom_id: str,
+    async def _one(self, batch_id: str, owner: dict[str, Any], line: int, custom_id: str,
                    url: str, body: bytes) -> None:
         try:
             for attempt in range(self.settings.retries + 1):
-                status, request_id, answer, wait_s = await self.call(principal, url, body)
+                status, request_id, answer, wait_s = await self.call(owner, url, body)
                 if status not in (429, 503) or attempt == self.settings.retries:
                     break
                 if await self._status(batch_id) == "cancelling":
@@ -223,32 +227,34 @@ class BatchRunner:
             err = parsed.get("error") if isinstance(parsed, dict) else None
             result["error"] = {"code": (err or {}).get("code") or str(status),
                                "message": (err or {}).get("message") or str(parsed)[:500]}
-        await asyncio.to_thread(self.store.answer, batch_id, line, ok, result)
-        obj = await asyncio.to_thread(self.store.batch, batch_id, None)
+        await self.store.answer(batch_id, line, ok, result)
+        obj = await self.store.batch(batch_id, None)
         if obj is not None:
             obj["request_counts"] = dict(zip(("total", "completed", "failed"),
-                                             await asyncio.to_thread(self.store.counts, batch_id),
+                                             await self.store.counts(batch_id),
                                              strict=True))
-            await asyncio.to_thread(self.store.save_batch, obj)
+            await self.store.save_batch(obj)
 
-    async def call(self, principal: Principal, url: str,
+    async def call(self, owner: dict[str, Any], url: str,
                    body: bytes) -> tuple[int, str, bytes, float | None]:
-        """Send one request through the relay in process.
+        """Send one request through the relay in process, as the batch's owner re-authorised
+        under the configuration in force now (:func:`gateway.batch.owner.reauthorise`).
+
+        Args:
+            owner: The owner fields stored with the batch.
+            url: The batch's endpoint.
+            body: The request body (JSON).
 
         Returns:
-            ``(HTTP status, x-request-id, response body, retry-after in seconds or None)``.
+            ``(HTTP status, x-request-id, response body, retry-after in seconds or None)``;
+            an owner no longer allowed answers its :class:`OwnerRevoked` error (401, nothing
+            sent).
         """
         current = self.cell.current
-        if current.settings.keystore is None:
-            # Config keys: the key as configured now (a reload or restart may have removed it
-            # or changed its models); managed keys keep the principal stored with the batch.
-            key = next((k for k in current.settings.keys if k.id == principal.key_id), None)
-            if key is None:
-                err = GatewayError(
-                    f"The API key '{principal.key_id}' that created this batch is no longer "
-                    "configured.", code="key_revoked")
-                return 401, "", json.dumps(err.to_dict()).encode(), None
-            principal = principal_of(key)
+        try:
+            principal = reauthorise(owner, current.settings, url)
+        except OwnerRevoked as err:
+            return err.status, "", json.dumps(err.to_dict()).encode(), None
         state = dataclasses.replace(current, authenticator=_Fixed(principal))
         headers = [(b"authorization", b"Bearer batch"), (b"content-type", b"application/json"),
                    (b"content-length", str(len(body)).encode())]
@@ -300,17 +306,17 @@ class BatchRunner:
 
     async def _finalize(self, batch_id: str) -> None:
         store = self.store
-        obj = await asyncio.to_thread(store.batch, batch_id, None)
+        obj = await store.batch(batch_id, None)
         if obj is None or obj["status"] in FINAL:
             return
         cancelling = obj["status"] == "cancelling"
         obj["status"] = "finalizing"
         obj["finalizing_at"] = int(time.time())
-        await asyncio.to_thread(store.save_batch, obj)
-        owner = (await asyncio.to_thread(store.principal, batch_id))["key_id"]
+        await store.save_batch(obj)
+        owner = (await store.principal(batch_id))["key_id"]
         now = int(time.time())
         for ok, field in ((True, "output_file_id"), (False, "error_file_id")):
-            lines = await asyncio.to_thread(store.results, batch_id, ok)
+            lines = await store.results(batch_id, ok)
             if not lines:
                 continue
             file_id = new_id("file-")
@@ -318,23 +324,25 @@ class BatchRunner:
             row = {"id": file_id, "owner": owner, "purpose": "batch_output",
                    "filename": f"{batch_id}_{'output' if ok else 'error'}.jsonl",
                    "created_at": now}
-            await asyncio.to_thread(store.add_file, row, content)
+            await store.add_file(row, content)
             obj[field] = file_id
-        total, completed, failed = await asyncio.to_thread(store.counts, batch_id)
+        total, completed, failed = await store.counts(batch_id)
         obj["request_counts"] = {"total": total, "completed": completed, "failed": failed}
         obj["status"] = "cancelled" if cancelling else "completed"
         obj["cancelled_at" if cancelling else "completed_at"] = int(time.time())
-        await asyncio.to_thread(store.save_batch, obj)
+        await store.save_batch(obj)
 
 
 def open_runner(settings: GatewaySettings, cell: LiveState) -> BatchRunner | None:
-    """The runner of the ``batch`` section over its database, or ``None`` when it is off.
+    """The runner of the ``batch`` section over its store (opened by
+    :meth:`BatchRunner.startup`), or ``None`` when it is off.
 
     Raises:
-        ConfigError: No database path can be derived (see :func:`database_path`).
+        ConfigError: No store can be derived (see :func:`store_location`).
+        AuditConfigError: ``audit.store_file`` cannot be read.
     """
     section = settings.batch
     if section is None or not section.enabled:
         return None
-    path = database_path(section, audit_store_url(settings.audit))
-    return BatchRunner(BatchStore(path), cell, section)
+    audit = settings.audit.store_url() if settings.audit is not None else None
+    return BatchRunner(open_batch_store(store_location(section, audit)), cell, section)

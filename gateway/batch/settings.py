@@ -14,8 +14,8 @@ __all__ = [
     "NO_DATABASE",
     "BatchSettings",
     "audit_store_url",
-    "database_path",
-    "default_database",
+    "default_location",
+    "store_location",
 ]
 
 
@@ -24,7 +24,8 @@ class BatchSettings(BaseModel):
 
     Attributes:
         enabled: Serve the Batch API (default true once the section is present).
-        database: SQLite file of the job state and the files; default ``batch.db`` next to
+        database: SQLite file of the job state and the files. Default: the audit store's
+            database when it is PostgreSQL (tables ``sg_batch_*``), else ``batch.db`` next to
             the audit store's SQLite file (a relative path is relative to the config file).
         max_file_bytes: Largest accepted upload, in bytes (413 ``file_too_large`` above).
         max_requests: Most request lines in one input file.
@@ -54,43 +55,50 @@ class BatchSettings(BaseModel):
     lease_s: float = Field(default=30.0, ge=1.0)
 
 
-def database_path(batch: BatchSettings, audit_store: str | None) -> Path:
-    """The batch database file: ``batch.database``, else ``batch.db`` next to the audit
-    store's SQLite file.
+def store_location(batch: BatchSettings, audit_store: str | None) -> Path | str:
+    """Where the batch state lives: ``batch.database`` (a SQLite file); else the audit store's
+    PostgreSQL database (its URL: tables ``sg_batch_*`` beside the audit tables); else
+    ``batch.db`` next to the audit store's SQLite file.
 
     Args:
         batch: The section.
-        audit_store: The ``audit.store`` URL (``None`` without an audit section, or when the
-            URL is read from ``audit.store_file``).
+        audit_store: The audit store URL (``None`` without an audit section; the content of
+            ``audit.store_file`` once read at start-up).
 
     Raises:
-        ConfigError: Neither is given (a PostgreSQL audit store needs ``batch.database``).
+        ConfigError: None of them is given.
     """
     from gateway.errors import ConfigError
 
-    found = default_database(batch, audit_store)
+    found = default_location(batch, audit_store)
     if found is None:
         raise ConfigError(NO_DATABASE)
     return found
 
 
-NO_DATABASE = ("batch.database: not set, and the audit store is not a SQLite file named in "
-               "audit.store to put batch.db next to; set batch.database")
+NO_DATABASE = ("batch.database: not set, and there is no audit store to keep the batches in "
+               "(a PostgreSQL database, or a SQLite file to put batch.db next to); set "
+               "batch.database")
 
 
-def default_database(batch: BatchSettings, audit_store: str | None) -> Path | None:
-    """:func:`database_path`, or ``None`` where it raises (for the settings' cross-check)."""
+def default_location(batch: BatchSettings, audit_store: str | None) -> Path | str | None:
+    """:func:`store_location`, or ``None`` where it raises (for the settings' cross-check)."""
     from gateway.audit.store import sqlite_file
 
     if batch.database is not None:
         return batch.database
-    audit_file = sqlite_file(audit_store) if audit_store else None
+    if audit_store is None:
+        return None
+    if audit_store.startswith(("postgresql://", "postgres://")):
+        return audit_store
+    audit_file = sqlite_file(audit_store)
     return audit_file.parent / "batch.db" if audit_file is not None else None
 
 
 def audit_store_url(audit: AuditSettings | None) -> str | None:
-    """The ``audit.store`` URL when the config names it (``None`` without an audit section or
-    when the URL is read from ``audit.store_file`` at start-up)."""
+    """The ``audit.store`` URL as the config names it (``None`` without an audit section or
+    when the URL is read from ``audit.store_file`` at start-up: see
+    :meth:`AuditSettings.store_url`)."""
     if audit is None or audit.store_file is not None:
         return None
     return audit.store

@@ -42,7 +42,7 @@ from gateway.batch.settings import (
     NO_DATABASE,
     BatchSettings,
     audit_store_url,
-    default_database,
+    default_location,
 )
 from gateway.config.errors import (
     ConfigProblem,
@@ -529,7 +529,8 @@ class GatewaySettings(BaseSettings):
                              "(managed keys default to the audit store)")
         bs = self.batch
         if (bs is not None and bs.enabled
-                and default_database(bs, audit_store_url(self.audit)) is None):
+                and not (self.audit is not None and self.audit.store_file is not None)
+                and default_location(bs, audit_store_url(self.audit)) is None):
             raise ValueError(NO_DATABASE)
         pf = self.preflight
         if pf is not None and pf.enabled and (self.telemetry is None or not self.telemetry.enabled):

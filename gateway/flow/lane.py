@@ -183,7 +183,7 @@ class Lane:
                 f"holds its share of the queue of class '{cls.name}' ({cap} of "
                 f"{cls.max_queue} requests, max_queue_share {cls.max_queue_share}); retry "
                 "later.", gate.mean_wait_s[self.cls]))
-        size = len(self._parsed.raw) if self._parsed.raw else len(self._parsed.text)
+        size = len(self._parsed.raw)
         if size > gate.body_budget:
             self.record.flowed(self.class_name, "body_exceeds_queue_budget", 0)
             raise to_gateway_error(BodyOverQueueBudget(
@@ -208,6 +208,9 @@ class Lane:
         self._group, self._waiter = group, waiter
         self._bytes = size
         gate.queued_bytes += size
+        # Its values were read (cost, route hint, admission hooks): while it waits it holds
+        # its body once, the bytes; the values are parsed again if read after the wait.
+        self._parsed.shed()
         gate.dispatch(flow, group)
         return None
 

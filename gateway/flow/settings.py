@@ -191,9 +191,9 @@ class FlowControlSettings(_Frozen):
             (every model and class; with ``--workers N`` each worker holds its ``1/N``). A
             request that would pass it is refused with 429 ``queue_bytes_full``; a body larger
             than the whole budget can never queue: 413 ``body_exceeds_queue_budget``.
-            Counted in body bytes as received; a queued request holds its body about 3.5 times
-            over in memory (the bytes, the decoded text, the parsed values), so the memory
-            bound is about 3.5 times this.
+            Counted in body bytes as received; a queued request holds its body once (the
+            bytes; its parsed values are shed while it waits), so this bounds the memory
+            queued bodies hold.
         pods: Gateway pods in front of the same replicas (the Helm chart's replica count).
             Flow control is not shared between pods: each pod enforces ``1/pods`` of every
             ``in_flight`` threshold (``T // pods``, which must be at least 1), and counts its

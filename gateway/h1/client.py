@@ -262,7 +262,11 @@ class RelayClient:
         conn: H1Connection | None = None
         try:
             conn = await self._acquire(origin, fresh, on_slot)
-            conn.send(_request_head(origin, path, headers, len(body)) + body)
+            request = _request_head(origin, path, headers, len(body))
+            if len(body) <= _JOIN_MAX:
+                conn.send(request + body)  # one write, one send() for the usual small body
+            else:
+                conn.send(request, body)  # not joined: a join would copy the body
             head = await conn.read_head()
         except BaseException as exc:
             if conn is not None:
@@ -436,6 +440,10 @@ class RelayClient:
             if not waiter.done():
                 waiter.set_result(None)
                 return
+
+
+_JOIN_MAX = 64 * 1024
+"""Largest body joined to the head for one write (bytes); a larger one is written apart."""
 
 
 def _request_head(origin: _Origin, path: str, headers: dict[str, str], length: int) -> bytes:

@@ -192,8 +192,12 @@ class H1Connection(asyncio.Protocol):
 
     # the exchange -------------------------------------------------------------------------
 
-    def send(self, request: bytes) -> None:
-        """Start an exchange: write ``request`` (head and body, one write).
+    def send(self, request: bytes, body: bytes = b"") -> None:
+        """Start an exchange: write ``request`` (the head, or head and body), then ``body``.
+
+        A large body is written as given, not joined to the head (a join would copy it);
+        what the socket does not take at once the transport buffers (asyncio copies that
+        remainder).
 
         Raises:
             ConnectionClosed: The connection was already closed (``before_response``).
@@ -211,6 +215,8 @@ class H1Connection(asyncio.Protocol):
         self._exc = self._sink_error = None
         self.body_done = False
         transport.write(request)
+        if body:
+            transport.write(body)
 
     async def read_head(self) -> Head:
         """Wait for the response head (1xx interim responses skipped).

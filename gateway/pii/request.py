@@ -132,7 +132,7 @@ class PiiStage:
 def _with(parsed: ParsedBody, fields: dict[str, Any]) -> ParsedBody:
     """``parsed`` with top-level ``fields`` replaced (the body re-encoded; the client's
     formatting is not kept, its values and key order are)."""
-    body = json.loads(parsed.text)
+    body = json.loads(parsed.raw)
     body.update(fields)
     return parse_body(json.dumps(body, ensure_ascii=False).encode("utf-8"))
 

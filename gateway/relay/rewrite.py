@@ -72,30 +72,54 @@ _DECODER = json.JSONDecoder(parse_float=_parse_float, parse_constant=_parse_cons
 _INTERPRETED = frozenset({"model", "stream", "stream_options"})
 
 
+_SPLICED = ("model", "stream_options", "priority")
+"""Top-level keys whose values :meth:`ParsedBody.upstream_body` may replace."""
+
+
 @dataclass(slots=True)
 class ParsedBody:
-    """A validated request body.
+    """A validated request body, held once: the bytes as received and the parsed top-level
+    values (the decoded text is not kept; a queued request holds its body about twice, the
+    bytes and the values, see ``bench/queued_memory.py``).
 
     Attributes:
-        text: The body decoded as UTF-8.
+        raw: The body as received (sent as is when no splice changes a byte).
         model: The ``model`` the client asked for.
         stream: Whether ``"stream": true`` was sent.
         client_wants_usage: Whether the client set ``stream_options.include_usage``.
-        values: Top-level values by key (parsed; read-only use).
+        values: Top-level values by key (a property: see :attr:`values`).
+        spans: Byte offsets ``(start, end)`` in ``raw`` of the values of the top-level keys
+            that may be spliced (``model``, and ``stream_options`` and ``priority`` when sent).
+        open_brace: Byte offset of the top-level ``{``.
         priority: When set, the ``priority`` sent upstream (vLLM priority scheduling; set by
             flow control only for models configured for it), replacing the client's.
     """
 
-    text: str
+    raw: bytes = field(repr=False)
     model: str
     stream: bool
     client_wants_usage: bool
-    values: dict[str, Any]
+    _values: dict[str, Any] = field(repr=False)
     spans: dict[str, tuple[int, int]] = field(repr=False)
     open_brace: int = field(repr=False, default=0)
     priority: int | None = None
-    raw: bytes = field(repr=False, default=b"")
-    """The body as received (sent as is when no splice changes a byte)."""
+    _shed: bool = field(repr=False, default=False)
+
+    @property
+    def values(self) -> dict[str, Any]:
+        """Top-level values by key (parsed; read-only use). After :meth:`shed`, the first
+        read parses them again from ``raw`` (already validated: the same values)."""
+        if self._shed:
+            self._values = _scan_object(self.raw.decode("utf-8"))[1]
+            self._shed = False
+        return self._values
+
+    def shed(self) -> None:
+        """Drop the parsed values but those the splices need, while the request waits in a
+        queue: a queued request then holds its body once (``raw``), not twice. The values
+        come back, parsed again, on the next read of :attr:`values`."""
+        self._values = {k: self._values[k] for k in _SPLICED if k in self._values}
+        self._shed = True
 
     def upstream_body(self, served_model: str, force_usage: bool) -> bytes:
         """The bytes to send upstream.
@@ -105,19 +129,20 @@ class ParsedBody:
             force_usage: Set ``stream_options.include_usage`` to true (streams only).
 
         Returns:
-            UTF-8 body, identical to the client's except for the spliced values.
+            UTF-8 body, identical to the client's except for the spliced values: ``raw``
+            itself (not a copy) when nothing is spliced.
 
         Raises:
             InvalidRequest: ``stream_options`` nests too deep to be written back.
         """
-        edits: list[tuple[int, int, str]] = []
+        edits: list[tuple[int, int, bytes]] = []
         start, end = self.spans["model"]
-        literal = json.dumps(served_model, ensure_ascii=False)
-        text = self.text
-        if text[start:end] != literal:  # the common case: the client already sent it so
+        literal = json.dumps(served_model, ensure_ascii=False).encode("utf-8")
+        raw = self.raw
+        if raw[start:end] != literal:  # the common case: the client already sent it so
             edits.append((start, end, literal))
         if force_usage and self.stream and not self.client_wants_usage:
-            current = self.values.get("stream_options")
+            current = self._values.get("stream_options")  # kept by shed()
             if "stream_options" in self.spans:
                 opts = dict(current) if isinstance(current, dict) else {}
                 opts["include_usage"] = True
@@ -130,22 +155,39 @@ class ParsedBody:
                         code="invalid_json",
                         param="stream_options",
                     ) from exc
-                edits.append((s, e, spliced))
+                edits.append((s, e, spliced.encode("utf-8")))
             else:
                 pos = self.open_brace + 1
-                edits.append((pos, pos, '"stream_options":{"include_usage":true},'))
+                edits.append((pos, pos, b'"stream_options":{"include_usage":true},'))
         if self.priority is not None:
             if "priority" in self.spans:
                 s, e = self.spans["priority"]
-                edits.append((s, e, str(self.priority)))
+                edits.append((s, e, str(self.priority).encode()))
             else:
                 pos = self.open_brace + 1
-                edits.append((pos, pos, f'"priority":{self.priority},'))
-        if not edits and self.raw:
-            return self.raw  # not a byte to change: no copy, no encoding
-        for s, e, new in sorted(edits, reverse=True):
-            text = text[:s] + new + text[e:]
-        return text.encode("utf-8")
+                edits.append((pos, pos, b'"priority":%d,' % self.priority))
+        if not edits:
+            return raw  # not a byte to change: no copy, no encoding
+        # One copy of the body, built from views of the unchanged runs.
+        view = memoryview(raw)
+        parts: list[bytes | memoryview] = []
+        at = 0
+        for s, e, new in sorted(edits):
+            parts += (view[at:s], new)
+            at = e
+        parts.append(view[at:])
+        return b"".join(parts)
+
+
+def _byte_spans(text: str, raw: bytes,
+                spans: dict[str, tuple[int, int]]) -> dict[str, tuple[int, int]]:
+    """The spans of the spliced keys as byte offsets in ``raw`` (``spans`` are character
+    offsets in ``text``, ``raw`` decoded; the same numbers when the body is ASCII)."""
+    kept = {k: spans[k] for k in _SPLICED if k in spans}
+    if len(text) == len(raw):
+        return kept
+    return {k: (len(text[:s].encode("utf-8")), len(text[:e].encode("utf-8")))
+            for k, (s, e) in kept.items()}
 
 
 def _fail_json(exc: JSONDecodeError) -> InvalidRequest:
@@ -342,12 +384,11 @@ def parse_body(raw: bytes) -> ParsedBody:
         )
     wants_usage = usage_flag is True
     return ParsedBody(
-        text=text,
+        raw=raw,
         model=model,
         stream=stream is True,
         client_wants_usage=wants_usage,
-        values=values,
-        spans=spans,
-        open_brace=brace,
-        raw=raw,
+        _values=values,
+        spans=_byte_spans(text, raw, spans),
+        open_brace=brace,  # only whitespace (ASCII) before it: the byte offset too
     )

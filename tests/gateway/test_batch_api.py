@@ -225,18 +225,20 @@ def test_busy_answers_are_retried_and_other_errors_become_error_lines(
     assert err["error"]["code"] == "model_not_found" and "nope" in err["error"]["message"]
 
 
-def test_the_database_defaults_to_batch_db_next_to_the_audit_store(tmp_path: Path) -> None:
-    from gateway.batch.settings import BatchSettings, database_path
+def test_the_store_is_the_postgres_audit_database_or_batch_db_next_to_sqlite(
+        tmp_path: Path) -> None:
+    from gateway.batch.settings import BatchSettings, store_location
     from gateway.errors import ConfigError
 
     audit = f"sqlite://{tmp_path}/audit/audit.db"
-    assert database_path(BatchSettings(), audit) == tmp_path / "audit" / "batch.db"
+    assert store_location(BatchSettings(), audit) == tmp_path / "audit" / "batch.db"
     named = BatchSettings(database=tmp_path / "jobs.db")
-    assert database_path(named, audit) == tmp_path / "jobs.db"
+    assert store_location(named, audit) == tmp_path / "jobs.db"
+    pg = "postgresql://u@127.0.0.1/db"
+    assert store_location(BatchSettings(), pg) == pg  # same DSN, its own sg_batch_* tables
+    assert store_location(named, pg) == tmp_path / "jobs.db"
     with pytest.raises(ConfigError, match=r"batch\.database: not set"):
-        database_path(BatchSettings(), "postgresql://u@127.0.0.1/db")
-    with pytest.raises(ConfigError, match=r"batch\.database: not set"):
-        database_path(BatchSettings(), None)
+        store_location(BatchSettings(), None)
 
 
 def test_uploads_are_bounded_before_the_body_is_read_and_listing_pages(
@@ -329,14 +331,17 @@ def test_check_config_names_a_missing_batch_database(tmp_path: Path) -> None:
 
     cfg = tmp_path / "gw.yaml"
     cfg.write_text("models: [{name: m, replicas: [{url: 'http://127.0.0.1:9'}]}]\n"
-                   "audit: {store: 'postgresql://u@127.0.0.1:5432/db'}\n"
                    "batch: {concurrency: 2}\n", encoding="utf-8")
     with pytest.raises(ConfigError, match=r"batch\.database: not set"):
         load(cfg, {})
     cfg.write_text("models: [{name: m, replicas: [{url: 'http://127.0.0.1:9'}]}]\n"
+                   "audit: {store: 'postgresql://u@127.0.0.1:5432/db'}\n"
+                   "batch: {concurrency: 2}\n", encoding="utf-8")
+    load(cfg, {})  # the PostgreSQL audit database holds the batches
+    cfg.write_text("models: [{name: m, replicas: [{url: 'http://127.0.0.1:9'}]}]\n"
                    "audit: {store: 'sqlite://audit/audit.db'}\nbatch: {}\n", encoding="utf-8")
     s = load(cfg, {})
-    from gateway.batch.settings import audit_store_url, database_path
+    from gateway.batch.settings import audit_store_url, store_location
 
     assert s.batch is not None
-    assert database_path(s.batch, audit_store_url(s.audit)) == tmp_path / "audit" / "batch.db"
+    assert store_location(s.batch, audit_store_url(s.audit)) == tmp_path / "audit" / "batch.db"
