@@ -63,6 +63,11 @@ $(KUBE_STAMP): tools/install_kube_tools.py
 
 $(HELM) $(KUBECTL): $(KUBE_STAMP)
 
+# helm and kubectl alone, for an operator's chart steps (docs/operator-guide.md), without the
+# rest of `make tools` (apt-get as root, the torch venv, checkov).
+.PHONY: helm
+helm: $(KUBE_STAMP)
+
 $(CHECKOV): $(UV) tools/checkov-requirements.txt
 	$(UV) venv --quiet --allow-existing --python $(PYTHON) $(TOOLS)/checkov
 	$(UV) pip install --quiet --no-config --python $(TOOLS)/checkov/bin/python --require-hashes \

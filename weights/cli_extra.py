@@ -89,6 +89,26 @@ def sign(
         _console().print(f"signed {len(signed)} files of {path} -> {out}")
 
 
+def is_repo_id(target: str) -> bool:
+    """Whether a TARGET that is not on disk names a hub repo (``ORG/NAME``), not a local path.
+
+    A missing ``model/config.json`` (a file name) or ``model/sub`` whose ``model`` directory
+    exists is a local path the operator has not created yet: it is reported as missing, not
+    looked up on the hub (which, offline, said "cannot reach the hub" about a file name).
+    """
+    if target.startswith((".", "/", "~")) or target.count("/") != 1:
+        return False
+    org, name = target.split("/")
+    return bool(org and name) and not name.endswith(".json") and not Path(org).is_dir()
+
+
+def missing_target(target: str) -> WeightsError:
+    """The error for a TARGET that is neither on disk nor a hub repo id."""
+    return WeightsError(f"{target}: no such file or directory",
+                        hint="give the model's directory or its config.json (copy the files "
+                             "there first), or a hub ORG/NAME")
+
+
 def _local_inputs(path: Path) -> tuple[dict[str, Any], ParamCount | None]:
     cfg_path = path if path.is_file() else path / "config.json"
     try:
@@ -195,11 +215,11 @@ def size(
     path = Path(target)
     if path.exists():
         config, params = _local_inputs(path)
-    elif "/" in target and not target.startswith((".", "/")):
+    elif is_repo_id(target):
         hub = hub_client(endpoint, token, redirect_host)
         config, params = _remote_inputs(hub, target, revision)
     else:
-        raise WeightsError(f"{target}: no such file or directory")
+        raise missing_target(target)
     if estimate:
         params = None
     model = size_model(config, params, dtype=dtype, kv_dtype=kv_dtype, context=context,

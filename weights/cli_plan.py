@@ -27,7 +27,7 @@ from weights.cli_common import (
     hub_client,
 )
 from weights.cli_common import console as _console
-from weights.cli_extra import _human, _local_inputs, _remote_inputs
+from weights.cli_extra import _human, _local_inputs, _remote_inputs, is_repo_id, missing_target
 from weights.cli_workload import (
     CONCURRENCY,
     CONTEXT,
@@ -46,7 +46,7 @@ from weights.cli_workload import (
     UtilizationOpt,
     utilization_of,
 )
-from weights.errors import DigestMismatchError, SizingError, WeightsError
+from weights.errors import DigestMismatchError, SizingError
 from weights.gpus import GPUS, custom_gpu, gpu_spec, with_overrides
 from weights.lockfile import Lockfile
 from weights.memory import parse_memory
@@ -111,12 +111,12 @@ def _model_inputs(
         if m:
             return config, params, f"{m['org']}/{m['name']}", m["commit"]
         return config, params, None, None
-    if "/" in target and not target.startswith((".", "/")):
+    if is_repo_id(target):
         hub = hub_client(endpoint, token, redirect_host)
         commit = hub.snapshot(target, revision).commit
         config, params = _remote_inputs(hub, target, commit)
         return config, params, target, commit
-    raise WeightsError(f"{target}: no such file or directory")
+    raise missing_target(target)
 
 
 def plan(
