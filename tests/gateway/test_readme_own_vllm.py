@@ -4,9 +4,10 @@ The section's commands and its gateway.yaml are taken from the README itself; on
 addresses are moved to loopback (10.0.0.11:8000 and 10.0.0.12:8000, in the copied policy.yaml
 only, become two vLLM simulators, the example's port 8080 a free port). Before: the pasted
 config required ``VLLM_KEY`` for a vLLM without a key, the client's ``base_url``
-(``http://gateway:8080``) could not reach the example's 127.0.0.1 listener, the audit keys were made in the checkout root and not ignored
-by git, nothing said how to start or check a backend, and each replica URL had to be changed in
-two files (gateway.yaml and policy.yaml): now only policy.yaml is edited.
+(``http://gateway:8080``) could not reach the example's 127.0.0.1 listener, the audit keys
+were made in the checkout root and not ignored by git, nothing said how to start or check a
+backend, and each replica URL had to be changed in two files (gateway.yaml and policy.yaml):
+now only policy.yaml is edited.
 """
 
 from __future__ import annotations
