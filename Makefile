@@ -103,7 +103,7 @@ run: install-runtime
 # What CI runs: every test, serially (not every test is proven independent of the others), with
 # the 25 slowest listed at the end.
 test: install tools
-	$(PY) -m pytest -q --durations=25
+	$(PY) -m pytest -q --durations=0 --durations-min=2
 
 # The developer lane: two workers (pytest-xdist; a module's tests stay on one worker), the tests
 # marked slow left out. Not what CI runs: run make test before a merge.
