@@ -63,6 +63,11 @@ $(KUBE_STAMP): tools/install_kube_tools.py
 
 $(HELM) $(KUBECTL): $(KUBE_STAMP)
 
+# helm and kubectl alone, for an operator's chart steps (docs/operator-guide.md), without the
+# rest of `make tools` (apt-get as root, the torch venv, checkov).
+.PHONY: helm
+helm: $(KUBE_STAMP)
+
 $(CHECKOV): $(UV) tools/checkov-requirements.txt
 	$(UV) venv --quiet --allow-existing --python $(PYTHON) $(TOOLS)/checkov
 	$(UV) pip install --quiet --no-config --python $(TOOLS)/checkov/bin/python --require-hashes \
@@ -98,7 +103,7 @@ run: install-runtime
 # What CI runs: every test, serially (not every test is proven independent of the others), with
 # the 25 slowest listed at the end.
 test: install tools
-	$(PY) -m pytest -q --durations=25
+	$(PY) -m pytest -q --durations=0 --durations-min=2
 
 # The developer lane: two workers (pytest-xdist; a module's tests stay on one worker), the tests
 # marked slow left out. Not what CI runs: run make test before a merge.

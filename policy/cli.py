@@ -177,10 +177,20 @@ def _read_yaml(path: Path, what: str) -> Any:
         raise _UsageError(f"{what} {exc}") from exc
 
 
-def _model_destinations(raw: dict[str, Any], model: str, path: Path) -> list[tuple[str, str]]:
+def _model_destinations(raw: dict[str, Any], model: str, path: Path,
+                        policy: Policy) -> list[tuple[str, str]]:
+    """``(destination id, replica url)`` per replica of ``model``; a replica without ``url``
+    is served at its destination's ``url``, as the gateway does
+    (``gateway.config.replica_urls``)."""
+    def url_of(replica: dict[str, Any]) -> str:
+        if replica.get("url"):
+            return str(replica["url"])
+        dest = policy.destinations.get(str(replica.get("destination") or ""))
+        return dest.url.rstrip("/") if dest is not None and dest.url else "?"
+
     for m in raw.get("models") or []:
         if isinstance(m, dict) and (m.get("name") == model or model in (m.get("aliases") or [])):
-            return [(str(r.get("destination") or ""), str(r.get("url") or "?"))
+            return [(str(r.get("destination") or ""), url_of(r))
                     for r in m.get("replicas") or [] if isinstance(r, dict)]
     raise _UsageError(f"model {model!r} is not in gateway config {path}")
 
@@ -232,7 +242,7 @@ def explain(
         default_class = str(entry.get("data_class") or "internal")
         header = data_class
         if model is not None:
-            pairs += _model_destinations(raw, model, config)
+            pairs += _model_destinations(raw, model, config, policy)
         if mcp_server is not None:
             section = raw.get("mcp")
             mcp: dict[str, Any] = section if isinstance(section, dict) else {}

@@ -33,6 +33,20 @@ def test_the_guide_covers_the_first_day_in_order() -> None:
     assert positions == sorted(positions), order
 
 
+def test_the_guide_says_how_to_install_what_it_uses() -> None:
+    """A newcomer on a fresh clone has no .venv/ and no .tools/bin/helm: the guide installs
+    both with targets that exist (``make -n`` resolves them without running anything), and
+    says where ``model/`` comes from before the first command reads it."""
+    consoles = "\n".join(_blocks("console"))
+    for target in ("install-runtime", "helm"):
+        assert f"make {target}" in consoles, target
+        dry = subprocess.run(["make", "-n", target], cwd=ROOT, capture_output=True, text=True,
+                             timeout=60, check=False)
+        assert dry.returncode == 0, dry.stderr
+    text = GUIDE.read_text()
+    assert text.index("in `model/`") < text.index("weights plan model/config.json")
+
+
 def test_the_guide_runs_as_printed(tmp_path: Path) -> None:
     helm = ROOT / ".tools" / "bin" / "helm"
     if not helm.is_file():
@@ -50,5 +64,6 @@ def test_the_guide_runs_as_printed(tmp_path: Path) -> None:
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert "What to run: vllm serve MODEL" in run.stdout
     assert "PASS: " in run.stdout  # the pre-flight
+    assert re.search(r"PASS +weights\.locked-signed", run.stdout), run.stdout[-3000:]
     assert (site / "model.sig").is_file() and (site / "hf-cache").is_dir()
     assert not list(ROOT.glob("*.key")) and not (ROOT / "bundle").exists()

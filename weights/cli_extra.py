@@ -21,6 +21,23 @@ from weights.cli_common import (
     progress,
 )
 from weights.cli_common import console as _console
+from weights.cli_workload import (
+    CONCURRENCY,
+    CONTEXT,
+    DEFAULT_GPU,
+    GPUS_PER_NODE,
+    OVERHEAD,
+    UTILIZATION,
+    ConcurrencyOpt,
+    ContextOpt,
+    DtypeOpt,
+    GpuMemOpt,
+    KvDtypeOpt,
+    OverheadOpt,
+    UtilizationAliasOpt,
+    UtilizationOpt,
+    utilization_of,
+)
 from weights.errors import SizingError, WeightsError
 from weights.memory import parse_memory, size_model
 from weights.sizing import (
@@ -70,6 +87,26 @@ def sign(
         signed = sign_model(path, key, out, password=password, ignore=ignore or (), progress=adv)
     if not quiet:
         _console().print(f"signed {len(signed)} files of {path} -> {out}")
+
+
+def is_repo_id(target: str) -> bool:
+    """Whether a TARGET that is not on disk names a hub repo (``ORG/NAME``), not a local path.
+
+    A missing ``model/config.json`` (a file name) or ``model/sub`` whose ``model`` directory
+    exists is a local path the operator has not created yet: it is reported as missing, not
+    looked up on the hub (which, offline, said "cannot reach the hub" about a file name).
+    """
+    if target.startswith((".", "/", "~")) or target.count("/") != 1:
+        return False
+    org, name = target.split("/")
+    return bool(org and name) and not name.endswith(".json") and not Path(org).is_dir()
+
+
+def missing_target(target: str) -> WeightsError:
+    """The error for a TARGET that is neither on disk nor a hub repo id."""
+    return WeightsError(f"{target}: no such file or directory",
+                        hint="give the model's directory or its config.json (copy the files "
+                             "there first), or a hub ORG/NAME")
 
 
 def _local_inputs(path: Path) -> tuple[dict[str, Any], ParamCount | None]:
@@ -129,18 +166,21 @@ def _human(value: float, unit: str) -> str:
 
 def size(
     target: Annotated[str, typer.Argument(help="Local dir / config.json, or a REPO_ID.")],
-    dtype: Annotated[str | None, typer.Option("--dtype", help="Deploy dtype: bf16, fp8...")] = None,
-    kv_dtype: Annotated[str | None, typer.Option("--kv-dtype", help="KV cache dtype.")] = None,
-    context: Annotated[int, typer.Option("--context", min=0, help="Tokens per sequence.")] = 0,
-    concurrency: Annotated[int, typer.Option("--concurrency", min=1, help="Sequences.")] = 1,
-    gpu_mem: Annotated[
-        str | None, typer.Option("--gpu-mem", help="Per-GPU memory: 80 (GiB), 80GiB or 80GB.")
+    dtype: DtypeOpt = None,
+    kv_dtype: KvDtypeOpt = None,
+    context: ContextOpt = CONTEXT,
+    concurrency: ConcurrencyOpt = CONCURRENCY,
+    gpu: Annotated[str | None, typer.Option(
+        "--gpu", help=f"GPU type, as weights plan (with --gpu-mem alone: {DEFAULT_GPU}).")
     ] = None,
-    gpus: Annotated[int, typer.Option("--gpus", min=1, help="GPUs available.")] = 1,
-    utilization: Annotated[
-        float, typer.Option("--gpu-memory-utilization", "--utilization", min=0.05, max=1.0,
-                            help="vLLM memory fraction (as weights plan and vllm serve).")
-    ] = 0.9,
+    gpu_mem: GpuMemOpt = None,
+    gpus_per_node: Annotated[int, typer.Option(
+        "--gpus-per-node", min=1, help="GPUs of the one replica (its tensor-parallel degree).")
+    ] = GPUS_PER_NODE,
+    gpus_alias: Annotated[int | None, typer.Option("--gpus", min=1, hidden=True)] = None,
+    utilization: UtilizationOpt = UTILIZATION,
+    utilization_alias: UtilizationAliasOpt = None,
+    overhead: OverheadOpt = OVERHEAD,
     estimate: Annotated[
         bool, typer.Option("--estimate", help="Count parameters from config, not headers.")
     ] = False,
@@ -150,28 +190,64 @@ def size(
     redirect_host: RedirectHostOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Weights, KV cache and GPU fit; exit 1 if --gpu-mem is given and it does not fit."""
+    """Weights, KV cache and, with --gpu or --gpu-mem, the fit of one replica on
+    --gpus-per-node GPUs; exit 1 if it does not fit. Same workload flags, defaults and
+    figures as weights plan."""
+    from weights.gpus import gpu_spec, with_overrides
+    from weights.memory import SizingReport
+    from weights.plan import (
+        Cluster,
+        Workload,
+        gpu_figures,
+        kv_total_figure,
+        replica_layout,
+        tensor_parallel_ok,
+    )
+    from weights.plan_model import model_facts
+
+    # The flags first: a bad size is a usage error before any model is read.
+    memory = parse_memory(gpu_mem) if gpu_mem else None
+    spec = (with_overrides(gpu_spec(gpu or DEFAULT_GPU), memory_bytes=memory)
+            if gpu is not None or memory is not None else None)
+    work = Workload(dtype=dtype, kv_dtype=kv_dtype, context=context, concurrency=concurrency,
+                    utilization=utilization_of(utilization, utilization_alias),
+                    overhead_bytes=parse_memory(overhead))
     path = Path(target)
     if path.exists():
         config, params = _local_inputs(path)
-    elif "/" in target and not target.startswith((".", "/")):
+    elif is_repo_id(target):
         hub = hub_client(endpoint, token, redirect_host)
         config, params = _remote_inputs(hub, target, revision)
     else:
-        raise WeightsError(f"{target}: no such file or directory")
+        raise missing_target(target)
     if estimate:
         params = None
-    report = size_model(
-        config, params, dtype=dtype, kv_dtype=kv_dtype, context=context,
-        concurrency=concurrency, gpu_mem_bytes=parse_memory(gpu_mem) if gpu_mem else None,
-        gpus=gpus, utilization=utilization,
-    )
+    model = size_model(config, params, dtype=dtype, kv_dtype=kv_dtype, context=context,
+                       concurrency=concurrency)
+    facts = model_facts(config, params, work)
+    # The KV cache of the workload as the plan computes it (sliding-window layers included).
+    figures = [f for f in model.figures if f.name != "kv cache"]
+    figures += [f for f in facts.figures
+                if f.name in ("sliding-window layers", "kv cache per sequence")]
+    figures.append(kv_total_figure(facts, work))
+    fits: bool | None = None
+    min_gpus: int | None = None
+    tp = gpus_alias or gpus_per_node
+    if spec is not None:
+        lay = replica_layout(facts, spec, work, tp)
+        figures += gpu_figures(facts, Cluster(spec, tp, 1), work, lay)
+        fits = lay.fits and tensor_parallel_ok(facts, tp)
+        min_gpus = next((t for t in (2**i for i in range(11)) if tensor_parallel_ok(facts, t)
+                         and replica_layout(facts, spec, work, t).fits), None)
+    report = SizingReport(figures=tuple(figures), fits=fits, min_gpus=min_gpus,
+                          weights_dtype=model.weights_dtype, kv_dtype=model.kv_dtype)
     if as_json:
         print(json.dumps(report.to_json(), indent=2))
     else:
         table = _table("figure", "value", "source", title=f"size {target}")
         for f in report.figures:
-            table.add_row(f.name, _human(f.value, f.unit), f.source)
+            table.add_row(f.name, _human(f.value, f.unit) if f.value >= 0
+                          else "-" + _human(-f.value, f.unit), f.source)
         console = _console()
         console.print(table)
         for label, dt in (("weights dtype", report.weights_dtype),
@@ -180,7 +256,7 @@ def size(
                 console.print(f"{label}: {dt.name} ({dt.source})")
         if report.fits is not None:
             verdict = "fits" if report.fits else "does NOT fit"
-            console.print(f"{verdict} on {gpus} GPU(s); smallest tensor-parallel degree that "
-                          f"fits: {report.min_gpus or 'none up to 1024'}")
+            console.print(f"{verdict} on {tp} GPU(s) as one replica; smallest tensor-parallel "
+                          f"degree that fits: {report.min_gpus or 'none up to 1024'}")
     if report.fits is False:
         raise VerificationFailed()

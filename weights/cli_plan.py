@@ -27,8 +27,26 @@ from weights.cli_common import (
     hub_client,
 )
 from weights.cli_common import console as _console
-from weights.cli_extra import _human, _local_inputs, _remote_inputs
-from weights.errors import DigestMismatchError, SizingError, WeightsError
+from weights.cli_extra import _human, _local_inputs, _remote_inputs, is_repo_id, missing_target
+from weights.cli_workload import (
+    CONCURRENCY,
+    CONTEXT,
+    DEFAULT_GPU,
+    GPUS_PER_NODE,
+    OVERHEAD,
+    UTILIZATION,
+    ConcurrencyOpt,
+    ContextOpt,
+    DtypeOpt,
+    GpuMemOpt,
+    GpusPerNodeOpt,
+    KvDtypeOpt,
+    OverheadOpt,
+    UtilizationAliasOpt,
+    UtilizationOpt,
+    utilization_of,
+)
+from weights.errors import DigestMismatchError, SizingError
 from weights.gpus import GPUS, custom_gpu, gpu_spec, with_overrides
 from weights.lockfile import Lockfile
 from weights.memory import parse_memory
@@ -93,35 +111,34 @@ def _model_inputs(
         if m:
             return config, params, f"{m['org']}/{m['name']}", m["commit"]
         return config, params, None, None
-    if "/" in target and not target.startswith((".", "/")):
+    if is_repo_id(target):
         hub = hub_client(endpoint, token, redirect_host)
         commit = hub.snapshot(target, revision).commit
         config, params = _remote_inputs(hub, target, commit)
         return config, params, target, commit
-    raise WeightsError(f"{target}: no such file or directory")
+    raise missing_target(target)
 
 
 def plan(
     target: Annotated[str, typer.Argument(
         help="Model dir / config.json, a REPO_ID on the hub, or (with --lock) a pinned REPO_ID.")],
-    gpu: Annotated[str, typer.Option("--gpu", help=f"{', '.join(GPUS)} or custom.")] = "h100-sxm",
-    gpus_per_node: Annotated[int, typer.Option("--gpus-per-node", min=1)] = 8,
+    gpu: Annotated[str, typer.Option("--gpu", help=f"{', '.join(GPUS)} or custom.")] = DEFAULT_GPU,
+    gpus_per_node: GpusPerNodeOpt = GPUS_PER_NODE,
     nodes: Annotated[int, typer.Option("--nodes", min=1)] = 1,
     intra: Annotated[str, typer.Option("--intra", help="nvlink or pcie (in a node).")] = "nvlink",
     inter: Annotated[str, typer.Option("--inter", help="|".join(INTERCONNECTS))] = "infiniband",
-    gpu_mem: Annotated[str | None, typer.Option("--gpu-mem", help="Override: 80GB, 80GiB.")] = None,
+    gpu_mem: GpuMemOpt = None,
     gpu_bandwidth: Annotated[str | None, typer.Option("--gpu-bandwidth", help="3.35TB/s.")] = None,
     bf16_tflops: Annotated[str | None, typer.Option("--gpu-bf16-tflops", help="Dense.")] = None,
     fp8_tflops: Annotated[str | None, typer.Option("--gpu-fp8-tflops", help="Dense.")] = None,
     nvlink_domain: Annotated[int | None, typer.Option("--nvlink-domain", min=1)] = None,
-    dtype: Annotated[str | None, typer.Option("--dtype", help="Deploy dtype: bf16, fp8...")] = None,
-    kv_dtype: Annotated[str | None, typer.Option("--kv-dtype", help="KV cache dtype.")] = None,
-    context: Annotated[int, typer.Option("--context", min=1, help="--max-model-len.")] = 8192,
-    concurrency: Annotated[int, typer.Option("--concurrency", min=1, help="All replicas.")] = 16,
-    utilization: Annotated[
-        float, typer.Option("--gpu-memory-utilization", "--utilization", min=0.05, max=1.0,
-                            help="vLLM memory fraction (as vllm serve).")] = 0.9,
-    overhead: Annotated[str, typer.Option("--overhead", help="Engine overhead per GPU.")] = "2GiB",
+    dtype: DtypeOpt = None,
+    kv_dtype: KvDtypeOpt = None,
+    context: ContextOpt = CONTEXT,
+    concurrency: ConcurrencyOpt = CONCURRENCY,
+    utilization: UtilizationOpt = UTILIZATION,
+    utilization_alias: UtilizationAliasOpt = None,
+    overhead: OverheadOpt = OVERHEAD,
     training: Annotated[bool, typer.Option("--training", help="Add Adam training state.")] = False,
     no_ep: Annotated[bool, typer.Option("--no-expert-parallel", help="Never use EP.")] = False,
     goal: Annotated[str, typer.Option(
@@ -166,7 +183,8 @@ def plan(
     if estimate:
         params = None
     work = Workload(dtype=dtype, kv_dtype=kv_dtype, context=context, concurrency=concurrency,
-                    utilization=utilization, overhead_bytes=parse_memory(overhead),
+                    utilization=utilization_of(utilization, utilization_alias),
+                    overhead_bytes=parse_memory(overhead),
                     training=training, expert_parallel=not no_ep, goal=goal)
     cluster = Cluster(spec, gpus_per_node, nodes, intra, inter)
     result = make_plan(config, params, cluster, work)

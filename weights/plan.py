@@ -166,6 +166,17 @@ def _layout(m: ModelFacts, c: Cluster, w: Workload, tp: int, pp: int) -> Layout:
                   usable_per_gpu=c.gpu.memory_bytes * w.utilization)
 
 
+def tensor_parallel_ok(m: ModelFacts, tp: int) -> bool:
+    """Whether vLLM accepts tensor-parallel degree ``tp`` for the model's head counts."""
+    return _tp_ok(m, tp)
+
+
+def replica_layout(m: ModelFacts, gpu: GpuSpec, w: Workload, tp: int) -> Layout:
+    """One replica on ``tp`` GPUs (TP ``tp``, PP 1) serving all ``w.concurrency`` sequences:
+    the layout ``weights size`` reports, computed as every layout of the plan is."""
+    return _layout(m, Cluster(gpu, tp, 1), w, tp, 1)
+
+
 def candidates(m: ModelFacts, c: Cluster, w: Workload) -> list[Layout]:
     """Every placeable (TP, PP) split, fitting or not, in preference order.
 
@@ -299,13 +310,17 @@ def make_plan(config: Mapping[str, Any], params: ParamCount | None, cluster: Clu
     return replace(plan, memory=_memory(m, cluster, work, ranked[0] if ranked else closest))
 
 
-def _memory(m: ModelFacts, c: Cluster, w: Workload, lay: Layout | None) -> tuple[Figure, ...]:
+def kv_total_figure(m: ModelFacts, w: Workload) -> Figure:
+    """KV cache of all ``w.concurrency`` sequences of ``w.context`` tokens, bytes."""
+    return Figure("kv cache for context x concurrency", m.kv_per_seq * w.concurrency,
+                  "bytes", f"per sequence x {w.concurrency} (--concurrency)")
+
+
+def gpu_figures(m: ModelFacts, c: Cluster, w: Workload, lay: Layout | None) -> list[Figure]:
+    """The per-GPU memory figures of ``lay`` on ``c`` (shared by ``plan`` and ``size``)."""
     total = c.gpu.memory_bytes * c.total_gpus
-    figs = list(m.figures)
-    figs.append(Figure("kv cache for context x concurrency", m.kv_per_seq * w.concurrency,
-                       "bytes", f"per sequence x {w.concurrency} (--concurrency)"))
-    figs.append(Figure("gpu memory total", total, "bytes",
-                       f"{c.total_gpus} GPUs x {c.gpu.memory_bytes / GB:g} GB ({c.gpu.name})"))
+    figs = [Figure("gpu memory total", total, "bytes",
+                   f"{c.total_gpus} GPUs x {c.gpu.memory_bytes / GB:g} GB ({c.gpu.name})")]
     replicas = lay.replicas if lay else 1
     figs.append(Figure("left after weights", total - m.weights_bytes * replicas, "bytes",
                        f"gpu memory total - weights x {replicas} replica(s)"))
@@ -323,6 +338,11 @@ def _memory(m: ModelFacts, c: Cluster, w: Workload, lay: Layout | None) -> tuple
                    "(--gpu-memory-utilization)"),
             Figure("left per gpu", lay.left_per_gpu, "bytes",
                    "usable - weights - kv cache - overhead (per gpu)")]
+    return figs
+
+
+def _memory(m: ModelFacts, c: Cluster, w: Workload, lay: Layout | None) -> tuple[Figure, ...]:
+    figs = [*m.figures, kv_total_figure(m, w), *gpu_figures(m, c, w, lay)]
     if w.training:
         state = m.params * TRAINING_BYTES_PER_PARAM
         figs.append(Figure("training state (mixed-precision Adam)", state, "bytes",

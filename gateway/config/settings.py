@@ -58,6 +58,7 @@ from gateway.config.errors import (
 )
 from gateway.config.keys_file import merge_keys_file, relabel_keys
 from gateway.config.override_names import OverrideNames, unmatched_overrides
+from gateway.config.replica_urls import fill_replica_urls
 from gateway.config.url_paths import UrlPath, url_path_fields, url_path_problem
 from gateway.errors import ConfigError
 from gateway.fleet.settings import RoutingSettings, check_endpoint
@@ -160,8 +161,10 @@ class UpstreamTlsSettings(_Frozen):
 class ReplicaSettings(_Frozen):
     """One backend replica (a vLLM server).
 
-    ``url`` is the server root (``http://10.0.0.11:8000``), without ``/v1``. The credential comes
-    from ``api_key_env`` or ``api_key_file``; :func:`load` fills ``api_key``.
+    ``url`` is the server root (``http://10.0.0.11:8000``), without ``/v1``; when the file gives
+    only ``destination``, :func:`parse` takes it from that policy destination's ``url``
+    (:mod:`gateway.config.replica_urls`). The credential comes from ``api_key_env`` or
+    ``api_key_file``; :func:`load` fills ``api_key``.
     """
 
     url: str
@@ -650,8 +653,12 @@ def parse(
                                            file, 1 if file else None)])
     data = _deep_copy(data)
     here = base.absolute() if base is not None else Path.cwd()
+    unfilled = fill_replica_urls(data, here)
+    # A replica whose url the policy could not supply is reported once, not also as "missing".
+    unfilled_at = {dotted(path[:-1]) for path, _ in unfilled}
     problems = [ConfigProblem(dotted(path), msg, file, line_of(lines, path))
-                for path, msg in _resolve_secrets(data, environ or {}, here, read=secrets)]
+                for path, msg in (*_resolve_secrets(data, environ or {}, here, read=secrets),
+                                  *unfilled)]
     key_labels, key_problems = merge_keys_file(data, here)
     keys_file_line = line_of(lines, ("keys_file",))
     for text in key_problems:
@@ -662,7 +669,8 @@ def parse(
     except ValidationError as exc:
         found = [_relabel(p, key_labels, keys_file_line)
                  for p in validation_problems(exc, file=file, lines=lines,
-                                              model=GatewaySettings)]
+                                              model=GatewaySettings)
+                 if not (p.key.endswith(".url") and p.key.removesuffix(".url") in unfilled_at)]
         raise InvalidConfig([*found, *problems]) from exc
     warnings: list[ConfigProblem] = []
     secrets_now = {k.sha256 for k in settings.keys}

@@ -81,12 +81,20 @@ flow_control:
 MEMORY_QUOTAS = "quotas: {enabled: true, backend: memory}\n"
 
 
-@pytest.mark.parametrize(("extra", "marker", "problem"), [
-    (FLOW_IN_FLIGHT_1, "in_flight: 1",
-     "flow_control.saturation.in_flight: 1 is less than --workers 2"),
-    (MEMORY_QUOTAS, "backend: memory", "quotas.backend: memory keeps quota state inside one"),
+_FLOW = (FLOW_IN_FLIGHT_1, "in_flight: 1",
+         "flow_control.saturation.in_flight: 1 is less than --workers 2")
+_MEMORY = (MEMORY_QUOTAS, "backend: memory", "quotas.backend: memory keeps quota state inside one")
+# How N is given and what is refused are independent: the fast lane runs the diagonal (each
+# problem once, each way once; ~13 s each in CI), make test the whole cross product.
+_SLOW = pytest.mark.slow
+
+
+@pytest.mark.parametrize(("extra", "marker", "problem", "how"), [
+    pytest.param(*_FLOW, "option", id="option-flow"),
+    pytest.param(*_MEMORY, "env", id="env-memory"),
+    pytest.param(*_FLOW, "env", id="env-flow", marks=_SLOW),
+    pytest.param(*_MEMORY, "option", id="option-memory", marks=_SLOW),
 ])
-@pytest.mark.parametrize("how", ["option", "env"])
 def test_check_config_workers_refuses_what_serve_workers_refuses(
     tmp_path: Path, extra: str, marker: str, problem: str, how: str
 ) -> None:

@@ -1,11 +1,13 @@
 """README "Point it at your own vLLM", walked as printed on loopback.
 
 The section's commands and its gateway.yaml are taken from the README itself; only the
-addresses are moved to loopback (10.0.0.11:8000 and 10.0.0.12:8000 become two vLLM simulators,
-the example's port 8080 a free port). Before: the pasted config required ``VLLM_KEY`` for a
-vLLM without a key, the client's ``base_url`` (``http://gateway:8080``) could not reach the
-example's 127.0.0.1 listener, the audit keys were made in the checkout root and not ignored
-by git, and nothing said how to start or check a backend.
+addresses are moved to loopback (10.0.0.11:8000 and 10.0.0.12:8000, in the copied policy.yaml
+only, become two vLLM simulators, the example's port 8080 a free port). Before: the pasted
+config required ``VLLM_KEY`` for a vLLM without a key, the client's ``base_url``
+(``http://gateway:8080``) could not reach the example's 127.0.0.1 listener, the audit keys
+were made in the checkout root and not ignored by git, nothing said how to start or check a
+backend, and each replica URL had to be changed in two files (gateway.yaml and policy.yaml):
+now only policy.yaml is edited.
 """
 
 from __future__ import annotations
@@ -62,11 +64,12 @@ def test_walk_the_section_on_loopback(tmp_path: Path, serve_asgi: Callable[..., 
     section = _section()
     sims = [start_sim(serve_asgi), start_sim(serve_asgi)]
     port = free_port()
-    moves = {"http://10.0.0.11:8000": sims[0].url, "http://10.0.0.12:8000": sims[1].url,
-             "127.0.0.1:8080": f"127.0.0.1:{port}", "port: 8080": f"port: {port}"}
+    # The operator's edits: the replicas' addresses in policy.yaml only (step 2), the port.
+    replicas = {"http://10.0.0.11:8000": sims[0].url, "http://10.0.0.12:8000": sims[1].url}
+    moves = {"127.0.0.1:8080": f"127.0.0.1:{port}", "port: 8080": f"port: {port}"}
 
-    def moved(text: str) -> str:
-        for old, new in moves.items():
+    def moved(text: str, edits: dict[str, str] = moves) -> str:
+        for old, new in edits.items():
             text = text.replace(old, new)
         return text
 
@@ -84,11 +87,13 @@ def test_walk_the_section_on_loopback(tmp_path: Path, serve_asgi: Callable[..., 
     assert new.returncode == 0, new.stderr
     key = re.search(r"key:\s+(\S+)", new.stdout).group(1)  # type: ignore[union-attr]
     digest = re.search(r"sha256: ([0-9a-f]{64})", new.stdout).group(1)  # type: ignore[union-attr]
-    (work / "policy.yaml").write_text(moved((ROOT / "examples" / "policy.yaml").read_text()))
+    (work / "policy.yaml").write_text(moved((ROOT / "examples" / "policy.yaml").read_text(),
+                                            replicas))
     keygen = gateway(shlex.split(next(c for c in cmds
                                       if c.startswith("gateway audit keygen")))[1:])
     assert keygen.returncode == 0, keygen.stderr
     (config,) = _blocks(section, "yaml")
+    assert not any(url in config for url in replicas), "a replica URL written twice"
     (work / "gateway.yaml").write_text(moved(config).replace("<hex>", digest))
     check = next(c for c in cmds if c.startswith("gateway check-config"))
     assert "VLLM_KEY" not in check

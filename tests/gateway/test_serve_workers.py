@@ -464,6 +464,9 @@ def test_pod_counters_do_not_drop_when_workers_restart(pod: Callable[..., Pod]) 
     assert served() == before
 
 
+# slow (14 s in CI): test_serve_workers_restart_config proves the same hand-over (a restarted
+# worker starts from the last applied reload) with a revoked key, in the fast lane.
+@pytest.mark.slow
 def test_a_worker_restarted_after_a_reload_serves_the_reloaded_config(
     pod: Callable[..., Pod], tmp_path: Path,
 ) -> None:

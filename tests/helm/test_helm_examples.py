@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import sg_helm as h
+import sg_pod_files as pf
 import yaml
 
 EXAMPLES = sorted((h.REPO / "examples").glob("values-*.yaml"))
@@ -64,6 +65,24 @@ def test_example_egress_is_what_the_policy_renders(values: Path) -> None:
         cwd=h.REPO, env={**os.environ, "PYTHONPATH": str(h.REPO)}, capture_output=True,
         text=True, timeout=60, check=True).stdout
     assert yaml.safe_load(values.read_text())["egress"] == yaml.safe_load(rendered)["egress"]
+
+
+@pytest.mark.parametrize("values", EXAMPLES, ids=[p.name for p in EXAMPLES])
+def test_example_config_is_accepted_in_the_pod_with_replicas_from_the_policy(
+    values: Path, tmp_path: Path,
+) -> None:
+    """The rendered config, in the pod's mounts, passes the real ``gateway check-config``; its
+    replicas, which name only their destination, are served at the policy's urls."""
+    (helm,) = [c for c in _header_commands(values) if c[0] == ".tools/bin/helm"]
+    policy = h.REPO / next(a.split("=", 1)[1] for a in helm
+                           if a.startswith("policy.document="))
+    pod = pf.materialize(h.render(values, policy=policy), tmp_path)
+    code, out = pf.check_config(pod.config_file)
+    assert code == 0, out
+    dests = {d["id"]: d.get("url") for d in yaml.safe_load(policy.read_text())["destinations"]}
+    for model in yaml.safe_load(values.read_text())["gateway"]["models"]:
+        expected = [r.get("url") or dests[r["destination"]] for r in model["replicas"]]
+        assert out["models"][model["name"]]["replicas"] == expected
 
 
 def _preflight(*argv: str) -> subprocess.CompletedProcess[str]:

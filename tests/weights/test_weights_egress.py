@@ -85,7 +85,8 @@ def test_verify_sign_size_make_no_connection(model: tuple[Path, Path, Path, Path
         ["sign", str(root), "--key", str(priv), "--out", str(sig), "-q"],
         ["verify", str(root), "--lock", str(lock), "--signature", str(sig),
          "--public-key", str(pub)],
-        ["size", str(root), "--gpu-mem", "1GiB", "--context", "128", "--json"],
+        ["size", str(root), "--gpu-mem", "1GiB", "--context", "128", "--concurrency", "1",
+             "--overhead", "1MiB", "--gpus-per-node", "1", "--json"],
     ):
         out = _guarded(args)
         assert out == {"code": 0, "events": [], "loaded": []}, (args, out)

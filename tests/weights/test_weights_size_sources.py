@@ -27,6 +27,7 @@ def _size(tmp_path: Path, config: dict[str, Any], *args: str,
     if tensors is not None:
         (model / "model.safetensors").write_bytes(make_safetensors(tensors))
     res = run_cli(["size", str(model), "--json", "--context", "1000", "--gpu-mem", "1GiB",
+                   "--gpus-per-node", "1", "--concurrency", "1", "--overhead", "1MiB",
                    *args])
     assert res.returncode == 0, res.stderr
     doc: dict[str, Any] = json.loads(res.stdout)
