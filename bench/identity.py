@@ -102,7 +102,7 @@ def _pct(values: list[float], q: float) -> float:
 def _in_process(config: Path, token: str, fresh: list[str], n: int) -> dict[str, float]:
     """Median µs of one authenticate() call per credential (the assembled authenticator)."""
     from gateway.assembly import assemble
-    from gateway.config.settings import load
+    from gateway.config.loader import load
 
     auth = assemble(load(config, {}), config.parent).authenticator
     out: dict[str, float] = {}

@@ -39,7 +39,7 @@ from bench.loopback import ThreadServer  # noqa: E402
 from bench.pii_corpus import generate, score  # noqa: E402
 from gateway.app import create_app  # noqa: E402
 from gateway.assembly import assemble  # noqa: E402
-from gateway.config.settings import parse  # noqa: E402
+from gateway.config.loader import parse  # noqa: E402
 from gateway.egress import start_egress  # noqa: E402
 from policy.pii import Detector  # noqa: E402
 from vllm_sim import SimConfig  # noqa: E402

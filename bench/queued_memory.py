@@ -37,7 +37,7 @@ sys.path.insert(0, str(HERE.parent))
 from bench.loopback import ThreadServer  # noqa: E402
 from gateway.app import create_app  # noqa: E402
 from gateway.assembly import Gateway  # noqa: E402
-from gateway.config.settings import parse  # noqa: E402
+from gateway.config.loader import parse  # noqa: E402
 from gateway.serving.server import GatewayServer, ServerConfig, server_limits  # noqa: E402
 from vllm_sim import SimConfig  # noqa: E402
 from vllm_sim import create_app as create_sim  # noqa: E402

@@ -156,7 +156,7 @@ def _trace_targets() -> list[tuple[Any, str, str]]:
 async def _run(sim_url: str, tmp: Path) -> None:
     from gateway.app import create_app
     from gateway.assembly import assemble
-    from gateway.config.settings import load
+    from gateway.config.loader import load
     from gateway.serving.runtime_tuning import freeze_startup_heap, tune_gc
 
     cfg = bind_config(default_config(), sim_url, 8000)

@@ -57,7 +57,7 @@ import uvicorn  # noqa: E402
 from gateway.app import create_app  # noqa: E402
 from gateway.assembly import assemble  # noqa: E402
 from gateway.audit import Signer, generate_key_file, write_key_pair  # noqa: E402
-from gateway.config.settings import parse  # noqa: E402
+from gateway.config.loader import parse  # noqa: E402
 from gateway.relay.pipeline import STAGES  # noqa: E402
 from gateway.serving.server import GatewayServer, ServerConfig, server_limits  # noqa: E402
 from vllm_sim import SimConfig  # noqa: E402

@@ -328,7 +328,7 @@ def reassemble(running: Gateway, settings: GatewaySettings, base: Path | None = 
 
     Args:
         running: The gateway being served.
-        settings: The new configuration (validated by :func:`gateway.config.settings.load`).
+        settings: The new configuration (validated by :func:`gateway.config.loader.load`).
         base: Directory of the config file (relative ``policy.file``).
 
     Returns:

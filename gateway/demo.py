@@ -33,7 +33,7 @@ from types import FrameType
 import yaml
 
 from gateway.auth import digest_key, new_key
-from gateway.config.settings import load
+from gateway.config.loader import load
 from gateway.serving.run import run
 
 __all__ = ["Stopped", "main"]

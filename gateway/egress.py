@@ -78,12 +78,12 @@ AuditSink = Callable[[Mapping[str, Any]], Awaitable[Any]]
 
 def policy_settings(settings: GatewaySettings, base: Path | None = None) -> PolicySettings | None:
     """The ``policy:`` section (``None`` when absent); validated and its ``file`` resolved
-    against the config file's directory by :func:`gateway.config.settings.load`.
+    against the config file's directory by :func:`gateway.config.loader.load`.
 
     Args:
         settings: The gateway settings (a mapping in ``settings.policy`` is validated here).
         base: Directory a still relative ``file`` is resolved against (settings built without
-            :func:`gateway.config.settings.parse`).
+            :func:`gateway.config.loader.parse`).
 
     Raises:
         pydantic.ValidationError: ``settings.policy`` is a mapping that is not a valid section.

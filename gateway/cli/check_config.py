@@ -17,7 +17,7 @@ import typer
 from clishell import ConfigOpt, not_regular, require_config, warn
 from gateway.assembly import assemble
 from gateway.config.errors import ConfigProblem, problems_of
-from gateway.config.settings import load
+from gateway.config.loader import load
 from gateway.errors import ConfigError
 from gateway.serving.reload import revision_of
 from gateway.serving.supervisor import check_workers

@@ -41,7 +41,7 @@ def explain(
     """Explain which rule a token's claims match, the team, models and data class it gets,
     and (with --model and an egress policy) where its prompts may go."""
     from gateway.assembly import assemble
-    from gateway.config.settings import load
+    from gateway.config.loader import load
     from gateway.identity.auth import IdentityAuthenticator
     from policy import Principal
 

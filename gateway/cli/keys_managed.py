@@ -78,7 +78,7 @@ def _config_sections(config: Path | None) -> tuple[dict[str, Any] | None, dict[s
     """Return the raw ``keystore`` and ``audit`` sections of the gateway config, if any."""
     if config is None:
         return None, None
-    from gateway.config.settings import load
+    from gateway.config.loader import load
     from gateway.errors import GatewayError
 
     try:

@@ -18,7 +18,7 @@ from typing import Annotated
 import typer
 
 from clishell import ConfigOpt, Interrupted, require_config
-from gateway.config.settings import load
+from gateway.config.loader import load
 from gateway.serving.hangup import HangupLatch
 from gateway.serving.run import ListenOverrides, run
 

@@ -2,7 +2,7 @@
 
 Every configuration check of the gateway reports through this module: pydantic validation
 errors of every section (:func:`validation_problems`), the checks
-:func:`gateway.config.settings.load`
+:func:`gateway.config.loader.load`
 makes before and after validation (secrets, ``keys_file``), and the checks ``check-config``
 runs on the loaded settings (policy binding, TLS files, audit key files). The format follows
 the policy loader (``policy/model.py``) and compilers' ``file:line:`` convention, so editors

@@ -3,7 +3,7 @@
 Without managed keys (no ``keystore:`` section) every key is in the config file, so an override
 in ``quotas.keys``/``quotas.teams`` or ``flow_control.keys``/``flow_control.teams`` that names no
 key id or team is a typo that would leave the key it meant without its limit or class,
-silently. :func:`unmatched_overrides` finds them; :func:`gateway.config.settings.parse` refuses
+silently. :func:`unmatched_overrides` finds them; :func:`gateway.config.loader.parse` refuses
 them.
 
 A live reload is different. Revoking a key is removing it from ``keys``/``keys_file`` and

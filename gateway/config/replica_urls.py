@@ -11,7 +11,7 @@ Only a destination given as an ``http://`` or ``https://`` ``url`` (the server r
 ``.../v1`` API base) can supply a replica's URL; a ``host``/``cidr`` destination says where the
 process may connect, not which one server to use, so such a replica must give its ``url``.
 :func:`fill_replica_urls` runs on the raw config mapping before validation (called by
-:func:`gateway.config.settings.parse`), so every later reader sees an ordinary ``url``.
+:func:`gateway.config.loader.parse`), so every later reader sees an ordinary ``url``.
 """
 
 from __future__ import annotations

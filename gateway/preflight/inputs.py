@@ -265,7 +265,7 @@ def _load_config(inputs: Inputs, facts: Facts) -> None:
     Backend credentials (``api_key_env``/``api_key_file``) are dropped before validation: the
     pre-flight needs none of them, so it never reads them and they cannot reach a report.
     """
-    from gateway.config.settings import parse
+    from gateway.config.loader import parse
     from gateway.errors import ConfigError
 
     assert inputs.config is not None

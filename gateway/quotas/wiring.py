@@ -29,7 +29,7 @@ def build_quota_hook(
         settings: The gateway settings.
         on_event: Sink for quota backend outage and recovery events (the audit log).
 
-    The section itself is validated by :func:`gateway.config.settings.load`.
+    The section itself is validated by :func:`gateway.config.loader.load`.
     """
     return quota_hook(settings.quotas, on_event=on_event)
 
@@ -38,7 +38,7 @@ def build_authenticator(settings: GatewaySettings) -> Authenticator:
     """The key lookup: config-file keys, then the managed keys of ``keystore:`` if enabled.
 
     The ``keystore:`` section (and that it has a store, its own or the audit log's) is
-    validated by :func:`gateway.config.settings.load`.
+    validated by :func:`gateway.config.loader.load`.
 
     Raises:
         ConfigError: The key store URL is not supported.

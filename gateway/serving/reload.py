@@ -3,7 +3,7 @@
 A reload reads the config file again (with its ``keys_file``, the policy file and the replicas'
 ``api_key_file``), checks it whole, and either swaps it in or refuses it whole:
 
-1. :func:`gateway.config.settings.load` validates it (``file:line: key: problem``);
+1. :func:`gateway.config.loader.load` validates it (``file:line: key: problem``);
 2. :func:`restart_only_changes` refuses a change to a key that cannot change in a running
    process (listen address, audit store, telemetry, connection limits, ...): only the keys of
    :data:`RELOADABLE` change live;
@@ -38,8 +38,9 @@ import yaml
 from clishell import not_regular
 from gateway.assembly import Gateway, reassemble
 from gateway.config.errors import KeyPath, dotted, problems_of
+from gateway.config.loader import load
 from gateway.config.override_names import OverrideNames
-from gateway.config.settings import GatewaySettings, load
+from gateway.config.settings import GatewaySettings
 from gateway.errors import ConfigError
 from gateway.identity.build import identity_files
 from gateway.serving.periodic import Periodic

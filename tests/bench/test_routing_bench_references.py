@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from gateway.config.settings import parse
+from gateway.config.loader import parse
 from tests.bench.scripts import bench_module
 
 routing = bench_module("routing")

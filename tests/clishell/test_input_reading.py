@@ -224,7 +224,7 @@ def test_a_pipe_where_a_file_is_read_again_by_name_is_refused_at_once(tmp_path: 
     """The TLS layer and the model-signing library read their files by name after our check:
     a pipe's content is gone by then (``<(...)`` gave "MalformedFraming") and a FIFO waited
     for a writer for ever. Both are refused naming the file; nothing is opened."""
-    from gateway.config.settings import parse
+    from gateway.config.loader import parse
     from gateway.config.tls_files import check_tls_files
     from gateway.errors import ConfigError
     from tests.gateway.helpers import BACKEND_KEY, config

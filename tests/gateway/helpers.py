@@ -14,7 +14,8 @@ import httpx
 import openai
 
 from gateway.app import create_app
-from gateway.config.settings import GatewaySettings, parse
+from gateway.config.loader import parse
+from gateway.config.settings import GatewaySettings
 from gateway.relay.records import RequestRecord
 from vllm_sim import SimConfig
 from vllm_sim import create_app as create_sim

@@ -21,7 +21,8 @@ import pytest
 
 from gateway.app import create_app
 from gateway.assembly import Gateway
-from gateway.config.settings import GatewaySettings, parse
+from gateway.config.loader import parse
+from gateway.config.settings import GatewaySettings
 from tests.gateway.helpers import SERVED, Recorder, sha, start_sim
 
 KEYS = {"owner": "sg-batch-owner-key", "other": "sg-batch-other-key"}
@@ -326,7 +327,7 @@ def test_a_batch_of_a_key_removed_before_the_restart_sends_nothing_more(
 
 
 def test_check_config_names_a_missing_batch_database(tmp_path: Path) -> None:
-    from gateway.config.settings import load
+    from gateway.config.loader import load
     from gateway.errors import ConfigError
 
     cfg = tmp_path / "gw.yaml"

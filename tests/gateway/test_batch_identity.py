@@ -22,7 +22,8 @@ import pytest
 from gateway.app import create_app
 from gateway.assembly import assemble
 from gateway.audit import generate_key_file
-from gateway.config.settings import GatewaySettings, parse
+from gateway.config.loader import parse
+from gateway.config.settings import GatewaySettings
 from tests.gateway.helpers import SERVED, Recorder, start_sim
 from tests.gateway.identity.jwtkit import SigningKey, identity_section, write_jwks
 from tests.gateway.test_batch_api import jsonl, submit, wait_batch

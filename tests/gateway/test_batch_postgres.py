@@ -20,7 +20,8 @@ from gateway.app import create_app
 from gateway.assembly import assemble
 from gateway.audit import Signer, generate_key_file, open_store, write_key_pair
 from gateway.audit.records import parse_body
-from gateway.config.settings import GatewaySettings, parse
+from gateway.config.loader import parse
+from gateway.config.settings import GatewaySettings
 from tests.gateway.helpers import SERVED, sha, start_sim
 from tests.gateway.test_batch_api import KEYS, client, jsonl, submit, wait_batch
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.config.settings import load
+from gateway.config.loader import load
 from gateway.errors import ConfigError
 
 BASE = """\

@@ -20,7 +20,8 @@ import pytest
 
 from gateway.audit.settings import AuditSettings
 from gateway.config.errors import InvalidConfig
-from gateway.config.settings import PolicySettings, TelemetrySettings, load
+from gateway.config.loader import load
+from gateway.config.settings import PolicySettings, TelemetrySettings
 from gateway.keystore.settings import KeystoreSettings
 from gateway.quotas.settings import QuotaSettings
 

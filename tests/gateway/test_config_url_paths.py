@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.config.settings import load
+from gateway.config.loader import load
 from gateway.config.url_paths import url_path_problem
 from gateway.errors import ConfigError
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gateway.config.settings import parse
+from gateway.config.loader import parse
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))

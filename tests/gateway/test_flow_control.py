@@ -28,7 +28,8 @@ from gateway.app import create_app
 from gateway.assembly import Gateway, assemble
 from gateway.audit import Signer, generate_key_file, open_store, write_key_pair
 from gateway.audit.records import Record
-from gateway.config.settings import GatewaySettings, parse
+from gateway.config.loader import parse
+from gateway.config.settings import GatewaySettings
 from gateway.flow.gate import FlowGate
 from gateway.telemetry import Telemetry
 from gateway.telemetry.settings import TelemetrySettings

@@ -9,7 +9,7 @@ from pydantic import ValidationError
 
 from gateway.auth import Principal
 from gateway.config.errors import InvalidConfig
-from gateway.config.settings import parse
+from gateway.config.loader import parse
 from gateway.fleet.replica_metrics import ReplicaSignals
 from gateway.flow import ClassQueue, ClassQueues, SaturationSettings, Waiter, has_room, with_room
 from gateway.flow.gate import FlowGate, Lane

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from gateway.cli import main
-from gateway.config.settings import parse
+from gateway.config.loader import parse
 from tests.conftest import free_port
 from tests.gateway.helpers import KEY_A, Sim, config
 

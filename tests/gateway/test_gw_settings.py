@@ -9,7 +9,7 @@ import pydantic
 import pytest
 import yaml
 
-from gateway.config.settings import load, parse
+from gateway.config.loader import load, parse
 from gateway.errors import ConfigError
 from tests.gateway.helpers import config, sha
 

@@ -29,7 +29,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span
 from gateway.app import create_app
 from gateway.assembly import assemble
 from gateway.audit import Signer, generate_key_file, write_key_pair
-from gateway.config.settings import parse
+from gateway.config.loader import parse
 from gateway.errors import ConfigError
 from gateway.telemetry import Telemetry, TelemetrySettings
 from policy import Policy

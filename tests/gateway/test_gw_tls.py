@@ -14,7 +14,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from gateway.config.settings import parse
+from gateway.config.loader import parse
 from gateway.errors import ConfigError
 from tests.gateway.helpers import KEY_A, SERVED, Sim, config, settings, start_gateway
 from vllm_sim import SimConfig

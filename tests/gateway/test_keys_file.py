@@ -10,7 +10,7 @@ import openai
 import pytest
 import yaml
 
-from gateway.config.settings import load
+from gateway.config.loader import load
 from gateway.errors import ConfigError
 from tests.gateway.helpers import (
     BACKEND_KEY,

@@ -13,7 +13,7 @@ import pytest
 import zmq.asyncio
 
 from gateway.config.errors import InvalidConfig
-from gateway.config.settings import parse
+from gateway.config.loader import parse
 from gateway.fleet.exact_index import ExactIndex, content_keys
 from gateway.fleet.kv_events import (
     AllBlocksCleared,

@@ -16,7 +16,7 @@ import pytest
 
 from gateway.app import create_app
 from gateway.assembly import assemble
-from gateway.config.settings import parse
+from gateway.config.loader import parse
 from policy import EgressDenied, denied_address_socket_factory
 from tests.policy.test_policy_transport import ScriptedResolver
 from vllm_sim import SimConfig

@@ -33,7 +33,7 @@ from starlette.routing import Route
 from gateway.app import create_app
 from gateway.assembly import assemble
 from gateway.audit import Signer, generate_key_file, write_key_pair
-from gateway.config.settings import parse
+from gateway.config.loader import parse
 from gateway.egress import start_egress
 from tests.conftest import free_port
 from tests.gateway.egress_testdata import KEYS, gateway_config, policy_text

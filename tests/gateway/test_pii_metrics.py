@@ -8,7 +8,7 @@ import pytest
 from opentelemetry.sdk.resources import Resource
 from prometheus_client import CollectorRegistry, generate_latest
 
-from gateway.config.settings import parse
+from gateway.config.loader import parse
 from gateway.relay.records import RequestRecord
 from gateway.routing import Router
 from gateway.telemetry.metrics import GatewayMetrics

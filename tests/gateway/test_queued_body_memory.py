@@ -23,7 +23,8 @@ import pytest
 
 from gateway.app import create_app
 from gateway.assembly import Gateway
-from gateway.config.settings import GatewaySettings, parse
+from gateway.config.loader import parse
+from gateway.config.settings import GatewaySettings
 from gateway.relay.rewrite import parse_body
 from tests.gateway.gateway_server import GuardedServer
 from tests.gateway.helpers import SERVED, sha, start_sim

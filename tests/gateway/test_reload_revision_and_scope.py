@@ -9,7 +9,8 @@ import pytest
 import yaml
 
 from gateway.assembly import Gateway, reassemble
-from gateway.config.settings import GatewaySettings, load
+from gateway.config.loader import load
+from gateway.config.settings import GatewaySettings
 from gateway.errors import ConfigError
 from gateway.routing import Router
 from gateway.serving.reload import restart_only_changes, revision_of

@@ -19,8 +19,8 @@ import openai
 import pytest
 
 from gateway.config.errors import InvalidConfig
+from gateway.config.loader import parse
 from gateway.config.override_names import OverrideNames
-from gateway.config.settings import parse
 from tests.gateway.helpers import BACKEND_KEY, KEY_A, KEY_B, Sim, config, sha
 from tests.gateway.test_live_reload import (  # noqa: F401 (fixtures)
     KEY_C,

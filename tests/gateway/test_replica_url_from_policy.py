@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from gateway.config.errors import InvalidConfig
-from gateway.config.settings import load
+from gateway.config.loader import load
 from gateway.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]

@@ -347,7 +347,7 @@ def test_a_flow_control_in_flight_threshold_below_the_workers_is_refused(
 
 def test_in_memory_stores_are_refused_with_several_workers_and_allowed_with_one() -> None:
     from gateway.config.errors import InvalidConfig
-    from gateway.config.settings import parse
+    from gateway.config.loader import parse
     from gateway.serving.supervisor import check_workers
 
     settings = parse({

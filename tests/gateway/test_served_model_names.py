@@ -8,7 +8,7 @@ from typing import Any
 import openai
 import pytest
 
-from gateway.config.settings import parse
+from gateway.config.loader import parse
 from tests.gateway.helpers import (
     KEY_B,
     SERVED,

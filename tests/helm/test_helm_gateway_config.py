@@ -17,7 +17,7 @@ import sg_helm as h
 import yaml
 
 from gateway.audit import AuditSettings
-from gateway.config.settings import parse
+from gateway.config.loader import parse
 
 #: Keys of the audit: section the gateway's settings resolve before AuditSettings sees them.
 RESOLVED_AUDIT = ("store_file",)

@@ -20,7 +20,7 @@ import openai
 import pytest
 
 from gateway.app import create_app as create_gateway
-from gateway.config.settings import parse
+from gateway.config.loader import parse
 from vllm_sim import SimConfig
 from vllm_sim import create_app as create_sim
 

@@ -32,7 +32,7 @@ import openai
 import pytest
 
 from gateway.app import create_app
-from gateway.config.settings import parse
+from gateway.config.loader import parse
 from tests.gateway.helpers import Recorder, sse_events
 
 pytestmark = [

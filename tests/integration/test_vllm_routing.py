@@ -23,7 +23,7 @@ import httpx
 import pytest
 
 from gateway.app import create_app
-from gateway.config.settings import parse
+from gateway.config.loader import parse
 from gateway.fleet.replica_metrics import parse_metrics
 from gateway.relay.records import RequestRecord
 from gateway.routing import Router

@@ -17,7 +17,7 @@ import openai
 import pytest
 
 from gateway.app import create_app
-from gateway.config.settings import parse
+from gateway.config.loader import parse
 from gateway.egress import PolicyRoutes
 from gateway.h1 import resolver_dialer
 from policy import (

@@ -14,7 +14,7 @@ import uvicorn
 
 from gateway.app import create_app
 from gateway.audit.observer import build
-from gateway.config.settings import parse
+from gateway.config.loader import parse
 
 
 def main(config_file: Path, port: int) -> None:

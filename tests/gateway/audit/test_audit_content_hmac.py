@@ -22,7 +22,7 @@ from gateway.app import create_app
 from gateway.audit import AuditSettings, Signer, generate_key_file, write_key_pair
 from gateway.audit.observer import build
 from gateway.audit.pseudonym import Pseudonymizer
-from gateway.config.settings import parse
+from gateway.config.loader import parse
 from gateway.egress import PolicyRoutes
 from policy import Policy, PolicyError
 from policy import Principal as PolicyPrincipal

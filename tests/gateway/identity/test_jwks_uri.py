@@ -17,7 +17,8 @@ import pytest
 
 from gateway.assembly import assemble, reassemble
 from gateway.audit import generate_key_file
-from gateway.config.settings import GatewaySettings, parse
+from gateway.config.loader import parse
+from gateway.config.settings import GatewaySettings
 from gateway.errors import ConfigError
 from gateway.identity.auth import IdentityAuthenticator
 from gateway.identity.errors import TokenRejected
