@@ -65,7 +65,7 @@ def test_a_literal_is_dialed_without_the_executor_and_a_name_through_it() -> Non
     run(test)
 
 
-@pytest.mark.parametrize("literal", ["169.254.169.254", "[fe80::1]", "0.0.0.0"])
+@pytest.mark.parametrize("literal", ["169.254.169.254", "[fe80::1]", "224.0.0.1"])
 def test_an_always_denied_literal_is_still_refused_before_the_connect(literal: str) -> None:
     async def test() -> None:
         c = RelayClient(resolver_dialer(socket_factory=denied_address_socket_factory()),
