@@ -59,7 +59,9 @@ class Proc:
         )
         self._wait_ready(ready_path)
 
-    def _wait_ready(self, path: str, timeout_s: float = 60.0) -> None:
+    def _wait_ready(self, path: str, timeout_s: float = 240.0) -> None:
+        # Generous: on a 2-core machine at load 12-14 the gateway's imports alone took 57 s
+        # of wall time (4.4 s of CPU), and a run that lost a start lost all its phases.
         deadline = time.monotonic() + timeout_s
         while True:
             try:
