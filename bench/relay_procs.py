@@ -70,7 +70,9 @@ class Proc:
             except httpx.HTTPError:
                 pass
             if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"{self.name} did not start:\n{self.log()}")
+                log = self.log()
+                self.stop()  # else a server still starting outlives the benchmark
+                raise RuntimeError(f"{self.name} did not start:\n{log}")
             time.sleep(0.1)
 
     def log(self) -> str:
