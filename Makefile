@@ -162,14 +162,24 @@ lint: install
 
 # relay.py builds its C harness itself (bench-tools below) and falls back to the Python one
 # when there is no C compiler.
-bench: install
+bench: install bench-nginx
 	$(PY) bench/relay.py
+
+# @bench: nginx, the C reverse proxy bench/relay.py measures beside the gateway (its target
+# "CPU per relayed event <= 2x nginx's" needs it): Debian's nginx-light, installed only when
+# missing, never started as a service (relay.py runs it as its own child on a free loopback
+# port). Benchmarks only: no test needs it (they pass --nginx off), so `make tools` leaves it out.
+BENCH_DEBIAN_TOOLS := nginx:nginx-light
+
+.PHONY: bench-nginx
+bench-nginx:
+	PATH="$$PATH:/usr/sbin" tools/install_debian_tools.sh $(BENCH_DEBIAN_TOOLS)
 
 # Plots of the benchmarks' own JSON output (bench/plots.py, matplotlib): the relay's paced
 # phase (stall-free streams, p99 gap, CPU per event; nginx beside it when installed) into
 # docs/plots/relay-stalls.svg and .png. Run it on a quiet machine: the figures are what it measures.
 .PHONY: bench-plots
-bench-plots: install
+bench-plots: install bench-nginx
 	@mkdir -p .cache/bench
 	$(PY) bench/relay.py --only stalls --json .cache/bench/relay.json
 	$(PY) bench/plots.py --relay .cache/bench/relay.json --out docs/plots

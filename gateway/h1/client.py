@@ -100,8 +100,10 @@ def resolver_dialer(
 
     Args:
         resolver: Hostname lookups (default: ``aiohttp.ThreadedResolver``, the system
-            ``getaddrinfo`` in a thread). Address literals are resolved too (the policy's
-            resolver checks them; the default returns them as they are).
+            ``getaddrinfo`` in a thread). Address literals are resolved too when a resolver is
+            given (the policy's resolver checks them); with the default, a literal
+            (``127.0.0.1``, ``::1``) is used as it is, without the thread hand-off
+            (``getaddrinfo`` would return it unchanged, at ~150 us of CPU per new connection).
         socket_factory: Makes the socket for one address (default: a plain socket).
         happy_eyeballs_delay_s: Seconds before the next address is tried in parallel
             (RFC 8305 section 5 recommends 250 ms); ``None``: one address at a time.
@@ -111,8 +113,16 @@ def resolver_dialer(
         policy.EgressDenied: The policy refused the name or an address.
     """
     the_resolver = resolver if resolver is not None else aiohttp.ThreadedResolver()
+    literals = resolver is None
 
     async def dial(host: str, port: int) -> socket.socket:
+        literal = _literal_address(host, port) if literals else None
+        if literal is not None:
+            # The socket factory below still checks the address (always-denied ones).
+            return await aiohappyeyeballs.start_connection(
+                [literal], happy_eyeballs_delay=happy_eyeballs_delay_s,
+                socket_factory=socket_factory,
+            )
         infos = await the_resolver.resolve(host, port, socket.AF_UNSPEC)
         addr_infos: list[AddrInfoType] = []
         for info in infos:
@@ -128,6 +138,22 @@ def resolver_dialer(
         )
 
     return dial
+
+
+def _literal_address(host: str, port: int) -> AddrInfoType | None:
+    """The address info of ``host`` when it is an IPv4 or IPv6 address in standard notation
+    (what ``getaddrinfo`` returns for it), else ``None`` (a name, or a form to resolve)."""
+    try:
+        socket.inet_pton(socket.AF_INET, host)
+    except OSError:
+        pass
+    else:
+        return (socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", (host, port))
+    try:
+        socket.inet_pton(socket.AF_INET6, host)
+    except OSError:
+        return None  # a name, or a scoped IPv6 literal (getaddrinfo reads its zone)
+    return (socket.AF_INET6, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", (host, port, 0, 0))
 
 
 @dataclass(frozen=True, slots=True)
