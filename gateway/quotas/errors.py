@@ -17,9 +17,9 @@ backend (the gateway core answers the latter with code ``backend_saturated``).
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
-LimitKind = Literal["requests", "tokens", "concurrency", "tokens_per_day", "tokens_per_month"]
+from gateway.quotas.headers import LimitKind, WindowState, rate_limited_headers
 
 
 class QuotaError(Exception):
@@ -112,9 +112,8 @@ class RateLimited(QuotaError):
 
     def headers(self) -> dict[str, str]:
         """Return ``Retry-After``, ``retry-after-ms`` and ``x-ratelimit-*`` headers."""
-        from gateway.quotas.limiter import rate_limited_headers
-
-        return rate_limited_headers(self)
+        state = WindowState(self.limit, self.remaining, self.reset_s)
+        return rate_limited_headers(self.kind, state, self.retry_after_s)
 
 
 class BudgetExhausted(RateLimited):

@@ -19,13 +19,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from gateway.quotas.errors import BudgetExhausted, RateLimited, RequestTooLarge
+from gateway.quotas.headers import WindowState
 from gateway.quotas.limiter import (
     WINDOW_S,
     Admission,
     PeriodCache,
     Periods,
     SubjectLimits,
-    WindowState,
     pick_denial,
     tightest,
 )

@@ -40,13 +40,13 @@ from gateway.quotas.errors import (
     RateLimited,
     RequestTooLarge,
 )
+from gateway.quotas.headers import WindowState
 from gateway.quotas.limiter import (
     Admission,
     EventSink,
     PeriodCache,
     Periods,
     SubjectLimits,
-    WindowState,
     pick_denial,
     tightest,
 )
