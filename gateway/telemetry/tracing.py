@@ -41,32 +41,15 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode, set_span_in_
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from gateway.relay.records import RequestRecord
+from gateway.telemetry.operations import operation_name
 
 if TYPE_CHECKING:
     from gateway.telemetry.metrics import GatewayMetrics
 
-__all__ = ["ActiveRequest", "RequestTracer", "TelemetryObserver", "operation_name"]
+__all__ = ["ActiveRequest", "RequestTracer", "TelemetryObserver"]
 
 _RETRY_STATUSES = frozenset({429, 502, 503})
 _TRACE_HEADERS = (b"traceparent", b"tracestate")
-
-_OPERATIONS = {
-    "/v1/chat/completions": "chat",
-    "/v1/completions": "text_completion",
-    "/v1/embeddings": "embeddings",
-    "/v1/responses": "chat",
-}
-
-
-def operation_name(path: str) -> str:
-    """``gen_ai.operation.name`` of a request path (``chat``, ``text_completion``, ...).
-
-    ``/v1/models/<id>`` is ``models`` (the id, which may contain ``/``, is not an operation).
-    """
-    if path.startswith("/v1/models"):
-        return "models"
-    return _OPERATIONS.get(path) or path.rsplit("/", 1)[-1]
-
 
 @dataclass(slots=True)
 class ActiveRequest:
