@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from airgap.bundle import DEFAULT_PART_SIZE, INDEX_NAME, MAX_INDEX_BYTES, SIGNATURE_NAME
-from airgap.cli import (
+from airgap.cli_verify import (
     _load_lock,
     _peek_payload,
     _print_problems,
