@@ -32,7 +32,6 @@ PRODUCT = ("gateway", "policy", "weights", "airgap", "vllm_sim", "clishell")
 
 #: Circles still present, each the exact set of modules of one strongly connected component.
 KNOWN_CIRCLES: frozenset[frozenset[str]] = frozenset({
-    frozenset({"weights.plan", "weights.plan_model", "weights.plan_speed"}),
     frozenset({"gateway.config.override_names", "gateway.config.settings"}),
     frozenset({"gateway.flow.gate", "gateway.flow.lane"}),
     frozenset({"gateway.relay.forward", "gateway.relay.litellm_backend"}),
