@@ -31,6 +31,8 @@ ROOT = Path(__file__).parents[1]
 PRODUCT = ("gateway", "policy", "weights", "airgap", "vllm_sim", "clishell")
 
 #: Circles still present, each the exact set of modules of one strongly connected component.
+#: All in the lead's part of issue 29 (config, flow, relay, serve, fleet/routing); empty it as
+#: they go.
 KNOWN_CIRCLES: frozenset[frozenset[str]] = frozenset({
     frozenset({"gateway.config.override_names", "gateway.config.settings"}),
     frozenset({"gateway.flow.gate", "gateway.flow.lane"}),
