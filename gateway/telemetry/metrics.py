@@ -61,9 +61,9 @@ from gateway.fleet.replica_metrics import SIGNAL_FIELDS, signal_rows
 from gateway.relay.records import RequestRecord
 from gateway.routing import Router
 from gateway.telemetry.aggregate import Labels, MetricSet
-from gateway.telemetry.operations import operation_name
+from gateway.telemetry.tracing import operation_name
 
-__all__ = ["GatewayMetrics"]
+__all__ = ["GatewayMetrics", "operation_name"]
 
 # Advisory bucket boundaries from the GenAI semantic conventions (seconds / tokens).
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,

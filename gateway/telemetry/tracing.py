@@ -29,9 +29,10 @@ Per-request state lives in a ``ContextVar`` owned by the :class:`RequestTracer` 
 from __future__ import annotations
 
 import contextvars
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import aiohttp
 from aiohttp.client_middlewares import ClientHandlerType
@@ -41,15 +42,29 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode, set_span_in_
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from gateway.relay.records import RequestRecord
-from gateway.telemetry.operations import operation_name
 
-if TYPE_CHECKING:
-    from gateway.telemetry.metrics import GatewayMetrics
-
-__all__ = ["ActiveRequest", "RequestTracer", "TelemetryObserver"]
+__all__ = ["ActiveRequest", "MetricsInbox", "RequestTracer", "TelemetryObserver", "operation_name"]
 
 _RETRY_STATUSES = frozenset({429, 502, 503})
 _TRACE_HEADERS = (b"traceparent", b"tracestate")
+
+_OPERATIONS = {
+    "/v1/chat/completions": "chat",
+    "/v1/completions": "text_completion",
+    "/v1/embeddings": "embeddings",
+    "/v1/responses": "chat",
+}
+
+
+def operation_name(path: str) -> str:
+    """``gen_ai.operation.name`` of a request path (``chat``, ``text_completion``, ...).
+
+    ``/v1/models/<id>`` is ``models`` (the id, which may contain ``/``, is not an operation).
+    """
+    if path.startswith("/v1/models"):
+        return "models"
+    return _OPERATIONS.get(path) or path.rsplit("/", 1)[-1]
+
 
 @dataclass(slots=True)
 class ActiveRequest:
@@ -278,6 +293,31 @@ class RequestTracer:
         return resp
 
 
+class MetricsInbox(Protocol):
+    """Where the observer hands finished records and audit appends
+    (:class:`gateway.telemetry.metrics.GatewayMetrics`; a protocol, so that this module does
+    not import the metrics module, which imports :func:`operation_name` from here)."""
+
+    @property
+    def finished(self) -> deque[RequestRecord]:
+        """Finished request records not yet folded into the instruments."""
+        ...
+
+    @property
+    def appends(self) -> deque[tuple[str, float, bool]]:
+        """``(record type, seconds, ok)`` of audit appends not yet folded."""
+        ...
+
+    @property
+    def fold_at(self) -> int:
+        """Fold when this many wait."""
+        ...
+
+    def fold(self) -> None:
+        """Record what waits into the instruments."""
+        ...
+
+
 class TelemetryObserver:
     """Telemetry's admission hook and request observer (see the module docstring).
 
@@ -287,7 +327,7 @@ class TelemetryObserver:
             :meth:`gateway.telemetry.Telemetry.bind` sets it).
     """
 
-    def __init__(self, tracer: RequestTracer, metrics: GatewayMetrics | None = None) -> None:
+    def __init__(self, tracer: RequestTracer, metrics: MetricsInbox | None = None) -> None:
         self.tracer = tracer
         self.metrics = metrics
 
