@@ -19,8 +19,15 @@ from gateway.quotas.errors import (
     RateLimited,
     RequestTooLarge,
 )
-from gateway.quotas.headers import WindowState, format_duration, window_headers
-from gateway.quotas.limiter import Admission, Limiter, SubjectLimits, admission_headers
+from gateway.quotas.limiter import (
+    Admission,
+    Limiter,
+    SubjectLimits,
+    WindowState,
+    admission_headers,
+    format_duration,
+    window_headers,
+)
 from gateway.quotas.memory import MemoryLimiter
 from gateway.quotas.service import QuotaService
 from gateway.quotas.settings import Limits, QuotaSettings

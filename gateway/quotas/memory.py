@@ -18,15 +18,14 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from gateway.quotas.errors import BudgetExhausted, RateLimited, RequestTooLarge
-from gateway.quotas.headers import WindowState
+from gateway.quotas.errors import BudgetExhausted, RateLimited, RequestTooLarge, pick_denial
 from gateway.quotas.limiter import (
     WINDOW_S,
     Admission,
     PeriodCache,
     Periods,
     SubjectLimits,
-    pick_denial,
+    WindowState,
     tightest,
 )
 

@@ -39,15 +39,15 @@ from gateway.quotas.errors import (
     QuotaBackendUnavailable,
     RateLimited,
     RequestTooLarge,
+    pick_denial,
 )
-from gateway.quotas.headers import WindowState
 from gateway.quotas.limiter import (
     Admission,
     EventSink,
     PeriodCache,
     Periods,
     SubjectLimits,
-    pick_denial,
+    WindowState,
     tightest,
 )
 from gateway.quotas.redis_batch import ScriptBatcher
