@@ -14,9 +14,9 @@ The format is specified in docs/bundle-format.md. Nothing in this package opens 
 connection.
 """
 
-__version__ = "0.1.0"
-
 from typing import TYPE_CHECKING, Any
+
+from airgap.version import __version__
 
 if TYPE_CHECKING:  # the names for type checkers; at run time they load on first use
     from airgap.bundle import (

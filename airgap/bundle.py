@@ -227,14 +227,3 @@ class Index:
             hi = min(end, part.offset + part.size)
             if lo < hi:
                 yield Segment(part, lo - part.offset, hi - lo)
-
-    @classmethod
-    def parse(cls, data: bytes) -> Index:
-        """Parse and validate ``index.json`` bytes (see ``airgap.validate.parse_index``).
-
-        Raises:
-            VerificationFailed: the index is malformed, unsafe or inconsistent.
-        """
-        from airgap.validate import parse_index  # the validator imports this module
-
-        return parse_index(data)

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from airgap.bundle import DEFAULT_PART_SIZE, INDEX_NAME, MAX_INDEX_BYTES, SIGNATURE_NAME, Index
-from airgap.cli import (
+from airgap.bundle import DEFAULT_PART_SIZE, INDEX_NAME, MAX_INDEX_BYTES, SIGNATURE_NAME
+from airgap.cli_verify import (
     _load_lock,
     _peek_payload,
     _print_problems,
@@ -29,6 +29,7 @@ from airgap.cli import (
 from airgap.errors import AirgapError, Code, VerificationFailed
 from airgap.media import check_bundle_dir, read_small
 from airgap.signing import MAX_SIGNATURE_BYTES, signer_key_id
+from airgap.validate import parse_index
 from clishell import VerboseOpt, VersionOpt
 from clishell.consoles import table
 from weights import Lockfile, SerialisationPolicy, WeightsError
@@ -220,7 +221,7 @@ def inspect(
 
     check_bundle_dir(bundle)
     data = read_small(bundle, INDEX_NAME, MAX_INDEX_BYTES, Code.INDEX_MISSING)
-    index = Index.parse(data)
+    index = parse_index(data)
     try:
         signer = signer_key_id(read_small(bundle, SIGNATURE_NAME, MAX_SIGNATURE_BYTES,
                                           Code.SIGNATURE_MISSING))  # fmt: skip

@@ -24,6 +24,7 @@ from pathlib import Path
 from airgap.bundle import INDEX_NAME, MAX_INDEX_BYTES, Base, BaseBlob, Index
 from airgap.errors import AirgapError, Code, Problem, VerificationFailed
 from airgap.payload import Source
+from airgap.validate import parse_index
 from weights import WeightsError, hf_cache_paths, sha256_file
 
 
@@ -45,7 +46,7 @@ def read_base(path: Path) -> tuple[str, Index]:
         raise AirgapError(Code.IO_ERROR, f"--since {file}: {exc.strerror or exc}") from exc
     if len(data) > MAX_INDEX_BYTES:
         raise AirgapError(Code.IO_ERROR, f"--since {file}: larger than {MAX_INDEX_BYTES} bytes")
-    return hashlib.sha256(data).hexdigest(), Index.parse(data)
+    return hashlib.sha256(data).hexdigest(), parse_index(data)
 
 
 def split_sources(

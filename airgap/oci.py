@@ -41,6 +41,7 @@ from airgap.errors import AirgapError, Code, Problem, VerificationFailed
 from airgap.signing import MAX_SIGNATURE_BYTES, verify_index_signature
 from airgap.space import require_parent_dir
 from airgap.unpack import unpack_bundle
+from airgap.validate import parse_index
 from weights import DEFAULT_POLICY, LockEntry, SerialisationPolicy, sha256_file
 
 MANIFEST = "application/vnd.oci.image.manifest.v1+json"
@@ -256,7 +257,7 @@ def _verify(layout: Path, trusted: Sequence[Ed25519PublicKey], tag: str | None,
     index_bytes = _read(layout, by_type[SIGNED_INDEX]["digest"], MAX_INDEX_BYTES)
     sig = _read(layout, by_type[SIGNATURE]["digest"], MAX_SIGNATURE_BYTES)
     report.signer = verify_index_signature(index_bytes, sig, trusted)
-    index = Index.parse(index_bytes)
+    index = parse_index(index_bytes)
     config = json.loads(_read(layout, manifest["config"]["digest"], MAX_INDEX_BYTES))
     name = config.get("descriptor", {}).get("name")
     entry = next((e for e in index.lock.entries if e.repo_id == name), None)

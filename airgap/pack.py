@@ -23,7 +23,7 @@ from pathlib import Path
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from airgap import __version__, leftovers, paths
+from airgap import leftovers, paths
 from airgap.bundle import (
     DEFAULT_PART_SIZE,
     INDEX_NAME,
@@ -41,6 +41,8 @@ from airgap.payload import Source, write_blobs
 from airgap.signing import key_id, sign_index
 from airgap.space import require_free, require_parent_dir, writing
 from airgap.stream import Progress
+from airgap.validate import parse_index
+from airgap.version import __version__
 from weights import (
     DEFAULT_POLICY,
     LockEntry,
@@ -247,7 +249,7 @@ def _pack_into(
     index = _build_index(tmp, lock, sources, part_size, compress, progress,
                          shipped=shipped, base=base, formats=formats)
     data = index.dumps()
-    Index.parse(data)  # never sign an index that our own verifier would reject
+    parse_index(data)  # never sign an index that our own verifier would reject
     _write_file(tmp / INDEX_NAME, data)
     _write_file(tmp / SIGNATURE_NAME, sign_index(data, key))
     _fsync_dir(tmp)

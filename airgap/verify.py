@@ -5,7 +5,7 @@ fails is looked at: a hostile index costs reading at most ``MAX_INDEX_BYTES`` an
 signature check, never a parse of its lists or a look at its parts):
 
 1. ``index.sig`` verifies over the exact bytes of ``index.json`` with a trusted public key;
-2. the index parses and is structurally sound (``Index.parse``: paths, layout, pins);
+2. the index parses and is structurally sound (``parse_index``: paths, layout, pins);
 3. every listed part is present, a regular single-link file, of the listed size; no unlisted
    ``payload*`` file lies beside them;
 4. every blob's SHA-256, streamed from the parts in parallel, equals the index (which equals
@@ -41,7 +41,7 @@ from airgap.media import check_bundle_dir, check_parts, read_small
 from airgap.mlbom import BOM_NAME, check_bom, read_extra
 from airgap.signing import MAX_SIGNATURE_BYTES, verify_index_signature
 from airgap.stream import Progress, Range, RangeResult, hash_ranges
-from airgap.validate import check_expected_lock
+from airgap.validate import check_expected_lock, parse_index
 from weights import Lockfile
 
 
@@ -139,7 +139,7 @@ def check_index(
         report.problems.extend(exc.problems)
         return report  # untrusted bytes: not parsed, no part opened
     try:
-        report.index = Index.parse(index_bytes)
+        report.index = parse_index(index_bytes)
     except VerificationFailed as exc:
         report.problems.extend(exc.problems)
         return report

@@ -28,9 +28,12 @@ from weights.cli_common import (
     TokenOpt,
     VerificationFailed,
     diagnostics_console,
+    drift_json,
     dump_json,
     hub_client,
+    print_drift,
     progress,
+    show_drift_refusal,
 )
 from weights.cli_common import console as _console
 from weights.errors import (
@@ -95,47 +98,21 @@ def pin(
                         policy=SerialisationPolicy(allow_pickle=allow_pickle,
                                                     allow_remote_code=allow_remote_code))
     except DriftError as exc:
-        _show_drift_refusal(diagnostics_console(), exc, as_json)
+        show_drift_refusal(diagnostics_console(), exc, as_json)
         raise
     e = result.entry
     if as_json:
         print(json.dumps({"ok": True, "written": result.written, "entry": e.to_json(),
-                          "drift": _drift_json(result.drift), "warnings": list(result.warnings)},
+                          "drift": drift_json(result.drift), "warnings": list(result.warnings)},
                          indent=2, ensure_ascii=False))
         return
     for w in result.warnings:
         diagnostics_console().print(f"warning: {w}", markup=False)
     if result.written and result.previous is not None:
-        _print_drift(console, result.drift)
+        print_drift(console, result.drift)
     state = "pinned" if result.written else "unchanged"
     console.print(f"{state} {e.repo_id}@{e.requested_revision} -> {e.commit} "
                   f"({len(e.files)} files, {e.total_bytes} bytes, licence {e.license}) in {lock}")
-
-
-def _drift_json(drift: Any) -> dict[str, Any] | None:
-    if drift is None:
-        return None
-    return {"repo_id": drift.repo_id, "revision": drift.revision, "old_commit": drift.old_commit,
-            "new_commit": drift.new_commit, "added": list(drift.added),
-            "removed": list(drift.removed), "changed": list(drift.changed)}
-
-
-def _show_drift_refusal(console: Console, exc: DriftError, as_json: bool) -> None:
-    """Show the drift a refused ``pin``/``lock`` found (JSON document or one line a file)."""
-    if as_json:
-        print(json.dumps({"ok": False, "drift": _drift_json(exc.drift)}, indent=2))
-    else:
-        _print_drift(console, exc.drift)
-
-
-def _print_drift(console: Console, drift: Any) -> None:
-    if drift is None:
-        return
-    console.print(f"drift {drift.repo_id}@{drift.revision}: "
-                  f"{drift.old_commit[:12]} -> {drift.new_commit[:12]}")
-    for sign, paths in (("+", drift.added), ("-", drift.removed), ("~", drift.changed)):
-        for p in paths:
-            console.print(f"  {sign} {p}")
 
 
 @app.command()

@@ -1,4 +1,5 @@
-"""Shared pieces of the ``weights`` CLI: option aliases, console, progress bar, hub factory."""
+"""Shared pieces of the ``weights`` CLI: option aliases, console, progress bar, hub factory,
+drift rendering."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import typer
 from rich.console import Console
 
 from clishell.consoles import byte_progress, diagnostics, results
+from weights.errors import DriftError
 
 
 class VerificationFailed(typer.Exit):
@@ -77,3 +79,31 @@ def dump_json(doc: object) -> str:
     except UnicodeEncodeError:
         text = json.dumps(doc, indent=2, ensure_ascii=True)
     return text
+
+
+def drift_json(drift: Any) -> dict[str, Any] | None:
+    """The ``drift`` member of a ``pin``/``lock`` JSON document (``None``: no drift)."""
+    if drift is None:
+        return None
+    return {"repo_id": drift.repo_id, "revision": drift.revision, "old_commit": drift.old_commit,
+            "new_commit": drift.new_commit, "added": list(drift.added),
+            "removed": list(drift.removed), "changed": list(drift.changed)}
+
+
+def show_drift_refusal(console: Console, exc: DriftError, as_json: bool) -> None:
+    """Show the drift a refused ``pin``/``lock`` found (JSON document or one line a file)."""
+    if as_json:
+        print(json.dumps({"ok": False, "drift": drift_json(exc.drift)}, indent=2))
+    else:
+        print_drift(console, exc.drift)
+
+
+def print_drift(console: Console, drift: Any) -> None:
+    """One line for the commit change, then ``+``/``-``/``~`` and a path per changed file."""
+    if drift is None:
+        return
+    console.print(f"drift {drift.repo_id}@{drift.revision}: "
+                  f"{drift.old_commit[:12]} -> {drift.new_commit[:12]}")
+    for sign, paths in (("+", drift.added), ("-", drift.removed), ("~", drift.changed)):
+        for p in paths:
+            console.print(f"  {sign} {p}")

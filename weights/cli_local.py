@@ -8,7 +8,16 @@ from typing import Annotated
 
 import typer
 
-from weights.cli_common import JsonOpt, LockOpt, QuietOpt, diagnostics_console, progress
+from weights.cli_common import (
+    JsonOpt,
+    LockOpt,
+    QuietOpt,
+    diagnostics_console,
+    drift_json,
+    print_drift,
+    progress,
+    show_drift_refusal,
+)
 from weights.cli_common import console as _console
 from weights.errors import DriftError
 from weights.serialisation import SerialisationPolicy
@@ -38,7 +47,6 @@ def lock(
     quiet: QuietOpt = False,
 ) -> None:
     """Lock a directory already on disk (no network): digest every file, record its origin."""
-    from weights.cli import _drift_json, _print_drift, _show_drift_refusal
     from weights.local import lock_local
 
     console = _console()
@@ -53,15 +61,15 @@ def lock(
                                            allow_remote_code=allow_remote_code),
                 progress=advance)
     except DriftError as exc:
-        _show_drift_refusal(diagnostics_console(), exc, as_json)
+        show_drift_refusal(diagnostics_console(), exc, as_json)
         raise
     e = result.entry
     if as_json:
         print(json.dumps({"ok": True, "written": result.written, "entry": e.to_json(),
-                          "drift": _drift_json(result.drift)}, indent=2, ensure_ascii=False))
+                          "drift": drift_json(result.drift)}, indent=2, ensure_ascii=False))
         return
     if result.written and result.previous is not None:
-        _print_drift(console, result.drift)
+        print_drift(console, result.drift)
     state = "locked" if result.written else "unchanged"
     claim = ""
     if e.origin is not None and (e.origin.claimed_repo_id or e.origin.claimed_commit):

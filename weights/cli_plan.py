@@ -50,9 +50,10 @@ from weights.errors import DigestMismatchError, SizingError
 from weights.gpus import GPUS, custom_gpu, gpu_spec, with_overrides
 from weights.lockfile import Lockfile
 from weights.memory import parse_memory
-from weights.plan import INTERCONNECTS, Cluster, Layout, Plan, Workload, make_plan
+from weights.plan import make_plan
 from weights.plan_deploy import chart_name, helm_values, vllm_args
 from weights.plan_speed import aggregate_tokens_s, speed
+from weights.plan_types import INTERCONNECTS, Cluster, Layout, Plan, Workload
 from weights.sizing import ParamCount
 
 _SNAPSHOT = re.compile(

@@ -12,7 +12,7 @@ import re
 from typing import Any
 
 from weights.errors import SizingError
-from weights.plan import Layout, Plan
+from weights.plan_types import Layout, Plan
 
 _KV_CACHE_DTYPES = {"fp8": "fp8", "float8": "fp8", "fp8_e4m3": "fp8_e4m3",
                     "fp8_e5m2": "fp8_e5m2"}

@@ -15,36 +15,12 @@ attention; MoE counted in total). Formulas:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from weights.errors import SizingError
 from weights.memory import dtype_bytes, size_model
+from weights.plan_types import ModelFacts, Workload
 from weights.sizing import Figure, ParamCount, model_shape
-
-if TYPE_CHECKING:
-    from weights.plan import Workload
-
-
-@dataclass(frozen=True)
-class ModelFacts:
-    """Figures of the model that do not depend on the layout (bytes, params, tokens)."""
-
-    params: float
-    active_params: float
-    weights_bytes: float
-    weight_el_bytes: float
-    kv_per_token: float
-    kv_per_seq: float
-    kv_heads: int
-    heads: int
-    layers: int
-    experts: int
-    experts_per_tok: int
-    routed_expert_params: float
-    embedding_params: float
-    max_context: int | None
-    figures: tuple[Figure, ...]
 
 
 def _int(cfg: Mapping[str, Any], *names: str) -> int | None:

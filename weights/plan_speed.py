@@ -23,7 +23,7 @@ Real engines reach a fraction of these peaks (kernel efficiency, TP all-reduce, 
 
 from __future__ import annotations
 
-from weights.plan import Layout, Plan
+from weights.plan_types import Layout, Plan
 from weights.sizing import Figure
 
 

@@ -16,6 +16,7 @@ Public API::
     bundle = await prove(store, request_id);  verify_proof(bundle, [verifier])
 """
 
+from gateway.audit.backends import open_store
 from gateway.audit.checkpoint import (
     Checkpoint,
     Signer,
@@ -45,7 +46,7 @@ from gateway.audit.pseudonym import Pseudonymizer, generate_key_file, load_pseud
 from gateway.audit.query import export_records, tail_records
 from gateway.audit.records import Record, canonical_json
 from gateway.audit.settings import AuditSettings
-from gateway.audit.store import ChainInfo, Store, StoredCheckpoint, open_store
+from gateway.audit.store import ChainInfo, Store, StoredCheckpoint
 from gateway.audit.verify import Finding, VerifyReport, verify_store
 from gateway.audit.writer import AuditLog, Receipt
 

@@ -29,6 +29,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from gateway.audit.backends import open_store
 from gateway.audit.checkpoint import Checkpoint, Signer, load_signer, sign_checkpoint
 from gateway.audit.errors import AuditError, AuditFormatError, AuditUnavailable
 from gateway.audit.merkle import CompactRange
@@ -42,7 +43,7 @@ from gateway.audit.records import (
     make_record,
 )
 from gateway.audit.settings import AuditSettings
-from gateway.audit.store import ChainInfo, Store, StoredCheckpoint, open_store, replica_of
+from gateway.audit.store import ChainInfo, Store, StoredCheckpoint, replica_of
 
 _log = logging.getLogger(__name__)
 

@@ -14,6 +14,7 @@ Public API::
 gateway core; the rest of this package does not).
 """
 
+from gateway.keystore.backends import open_keystore
 from gateway.keystore.cache import ManagedKeyCache
 from gateway.keystore.errors import (
     KeyExists,
@@ -26,7 +27,7 @@ from gateway.keystore.errors import (
 from gateway.keystore.manager import IssuedKey, KeyManager, new_token
 from gateway.keystore.models import KeySecret, ManagedKey, digest_hex
 from gateway.keystore.settings import KeystoreSettings
-from gateway.keystore.store import KeyStore, open_keystore
+from gateway.keystore.store import KeyStore
 
 __all__ = [
     "IssuedKey",

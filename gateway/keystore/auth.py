@@ -13,10 +13,10 @@ from typing import Any
 
 from gateway.auth import Authenticator, KeyRing, Principal
 from gateway.errors import AuthenticationFailed, ServiceUnavailable
+from gateway.keystore.backends import open_keystore
 from gateway.keystore.cache import ManagedKeyCache
 from gateway.keystore.errors import KeystoreConfigError, KeystoreUnavailable
 from gateway.keystore.settings import KeystoreSettings
-from gateway.keystore.store import open_keystore
 
 
 class ManagedKeyAuthenticator:

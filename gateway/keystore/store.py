@@ -1,4 +1,8 @@
-"""The managed key store: a protocol, and :func:`open_keystore` for a store URL.
+"""The managed key store: its protocol, its tables, and the rows -> keys mapping.
+
+The backends (:mod:`gateway.keystore.store_sqlite`, :mod:`gateway.keystore.store_postgres`)
+import this module; :func:`gateway.keystore.backends.open_keystore` picks one by URL. This
+module imports no backend, so the dependency runs one way.
 
 Store URLs are those of the audit log (``gateway.audit``), so managed keys can live in the same
 database as the audit records, in tables of their own:
@@ -18,9 +22,9 @@ Replicas poll ``revision`` (cheap) and reload the keys only when it changed.
 
 from __future__ import annotations
 
-from typing import Protocol
+import json
+from typing import Any, Protocol
 
-from gateway.keystore.errors import KeystoreConfigError
 from gateway.keystore.models import KeySecret, ManagedKey
 
 SCHEMA = (
@@ -94,23 +98,39 @@ class KeyStore(Protocol):
         ...
 
 
-def open_keystore(url: str, *, busy_timeout_ms: int = 5000) -> KeyStore:
-    """Open (lazily: no I/O until ``init``) the key store at ``url``.
+def keys_from_rows(keys: list[Any], secrets: list[Any]) -> list[ManagedKey]:
+    """Build :class:`ManagedKey` objects from key rows and secret rows (any DB driver).
 
-    Raises:
-        KeystoreConfigError: unsupported or empty URL.
+    Args:
+        keys: Rows ``(id, team, models JSON, data_class, description, created_at, expires_at,
+            revoked_at)`` of ``sg_managed_keys`` (times: Unix ms).
+        secrets: Rows ``(digest, key_id, created_at, valid_until)`` of
+            ``sg_managed_key_secrets``.
+
+    Returns:
+        The keys, oldest first (ties by id), each with its secrets in row order.
     """
-    if url.startswith("sqlite://"):
-        path = url[len("sqlite://") :]
-        if not path:
-            raise KeystoreConfigError("sqlite store URL needs a path: sqlite:///abs/path.db")
-        from gateway.keystore.store_sqlite import SqliteKeyStore
-
-        return SqliteKeyStore(path, busy_timeout_ms=busy_timeout_ms)
-    if url.startswith(("postgresql://", "postgres://")):
-        from gateway.keystore.store_postgres import PostgresKeyStore
-
-        return PostgresKeyStore(url)
-    raise KeystoreConfigError(
-        f"unsupported key store URL {url!r}: use sqlite:///PATH or postgresql://..."
-    )
+    by_key: dict[str, list[KeySecret]] = {}
+    for digest, key_id, created_at, valid_until in secrets:
+        by_key.setdefault(key_id, []).append(
+            KeySecret(
+                digest, key_id, int(created_at), None if valid_until is None else int(valid_until)
+            )
+        )
+    out = []
+    for kid, team, models, data_class, description, created, expires, revoked in keys:
+        out.append(
+            ManagedKey(
+                id=kid,
+                team=team,
+                models=tuple(json.loads(models)),
+                data_class=data_class,
+                description=description,
+                created_at=int(created),
+                expires_at=None if expires is None else int(expires),
+                revoked_at=None if revoked is None else int(revoked),
+                secrets=tuple(by_key.get(kid, ())),
+            )
+        )
+    out.sort(key=lambda k: (k.created_at, k.id))
+    return out

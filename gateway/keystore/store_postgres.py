@@ -9,8 +9,7 @@ import asyncpg
 
 from gateway.keystore.errors import KeyExists, KeyNotFound, KeyStateError, KeystoreUnavailable
 from gateway.keystore.models import KeySecret, ManagedKey
-from gateway.keystore.store import SCHEMA
-from gateway.keystore.store_sqlite import assemble
+from gateway.keystore.store import SCHEMA, keys_from_rows
 
 _UNAVAILABLE = (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError, TimeoutError)
 
@@ -95,7 +94,7 @@ class PostgresKeyStore:
                 )
         except _UNAVAILABLE as exc:
             raise KeystoreUnavailable(f"key store unreachable: {exc}") from exc
-        return int(rev or 0), assemble([tuple(r) for r in keys], [tuple(r) for r in secrets])
+        return int(rev or 0), keys_from_rows([tuple(r) for r in keys], [tuple(r) for r in secrets])
 
     async def get(self, key_id: str) -> ManagedKey:
         """Return one key with its secrets."""
@@ -112,7 +111,7 @@ class PostgresKeyStore:
             "ORDER BY created_at DESC, digest",
             key_id,
         )
-        return assemble([tuple(rows[0])], [tuple(r) for r in secrets])[0]
+        return keys_from_rows([tuple(rows[0])], [tuple(r) for r in secrets])[0]
 
     async def insert(self, key: ManagedKey, secret: KeySecret) -> None:
         """Store a new key and its first secret."""

@@ -7,11 +7,11 @@ import json
 import sqlite3
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from gateway.keystore.errors import KeyExists, KeyNotFound, KeyStateError, KeystoreUnavailable
 from gateway.keystore.models import KeySecret, ManagedKey
-from gateway.keystore.store import SCHEMA
+from gateway.keystore.store import SCHEMA, keys_from_rows
 
 T = TypeVar("T")
 
@@ -87,7 +87,7 @@ class SqliteKeyStore:
                 ).fetchall()
             finally:
                 conn.execute("COMMIT")
-            return rev, assemble(keys, secrets)
+            return rev, keys_from_rows(keys, secrets)
 
         return await self._run(work)
 
@@ -107,7 +107,7 @@ class SqliteKeyStore:
                 "WHERE key_id = ? ORDER BY created_at DESC, digest",
                 (key_id,),
             ).fetchall()
-            return assemble([row], secrets)[0]
+            return keys_from_rows([row], secrets)[0]
 
         return await self._run(work)
 
@@ -218,31 +218,3 @@ def _check_usable(conn: sqlite3.Connection, key_id: str, now_ms: int) -> None:
         raise KeyStateError(f"managed key {key_id!r} is revoked")
     if row[1] is not None and row[1] <= now_ms:
         raise KeyStateError(f"managed key {key_id!r} has expired")
-
-
-def assemble(keys: list[Any], secrets: list[Any]) -> list[ManagedKey]:
-    """Build :class:`ManagedKey` objects from key rows and secret rows (any DB driver)."""
-    by_key: dict[str, list[KeySecret]] = {}
-    for digest, key_id, created_at, valid_until in secrets:
-        by_key.setdefault(key_id, []).append(
-            KeySecret(
-                digest, key_id, int(created_at), None if valid_until is None else int(valid_until)
-            )
-        )
-    out = []
-    for kid, team, models, data_class, description, created, expires, revoked in keys:
-        out.append(
-            ManagedKey(
-                id=kid,
-                team=team,
-                models=tuple(json.loads(models)),
-                data_class=data_class,
-                description=description,
-                created_at=int(created),
-                expires_at=None if expires is None else int(expires),
-                revoked_at=None if revoked is None else int(revoked),
-                secrets=tuple(by_key.get(kid, ())),
-            )
-        )
-    out.sort(key=lambda k: (k.created_at, k.id))
-    return out

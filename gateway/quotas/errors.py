@@ -1,4 +1,4 @@
-"""Errors of the quota subsystem.
+"""Errors of the quota subsystem, and which of several refusals to raise (:func:`pick_denial`).
 
 Exception tree (each class has a stable machine ``code`` and an HTTP ``status``)::
 
@@ -17,9 +17,10 @@ backend (the gateway core answers the latter with code ``backend_saturated``).
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from collections.abc import Sequence
+from typing import Any
 
-LimitKind = Literal["requests", "tokens", "concurrency", "tokens_per_day", "tokens_per_month"]
+from gateway.quotas.limiter import LimitKind, WindowState, rate_limited_headers
 
 
 class QuotaError(Exception):
@@ -112,9 +113,8 @@ class RateLimited(QuotaError):
 
     def headers(self) -> dict[str, str]:
         """Return ``Retry-After``, ``retry-after-ms`` and ``x-ratelimit-*`` headers."""
-        from gateway.quotas.limiter import rate_limited_headers
-
-        return rate_limited_headers(self)
+        state = WindowState(self.limit, self.remaining, self.reset_s)
+        return rate_limited_headers(self.kind, state, self.retry_after_s)
 
 
 class BudgetExhausted(RateLimited):
@@ -159,3 +159,21 @@ class QuotaConfigError(QuotaError):
     """The quota configuration is invalid (raised when it is loaded)."""
 
     code = "quota_config_invalid"
+
+
+def pick_denial(denials: Sequence[RateLimited]) -> RateLimited:
+    """Choose which of several refusals to report.
+
+    A request that can never fit (``RequestTooLarge``) wins; otherwise the refusal with the
+    longest ``retry_after_s``, so that one retry after it has a chance with every limit.
+
+    Args:
+        denials: at least one ``RateLimited``.
+
+    Returns:
+        The ``RateLimited`` to raise.
+    """
+    for denial in denials:
+        if isinstance(denial, RequestTooLarge):
+            return denial
+    return max(denials, key=lambda d: d.retry_after_s if d.retry_after_s is not None else 1e18)

@@ -35,17 +35,17 @@ import datetime as dt
 import math
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Literal, Protocol
 
 from gateway.quotas.settings import Limits
-
-if TYPE_CHECKING:
-    from gateway.quotas.errors import RateLimited
 
 #: Callback receiving admin/security events (e.g. the audit log's ``AuditLog.append``).
 EventSink = Callable[[Mapping[str, Any]], Awaitable[Any]]
 
 WINDOW_S = 60.0
+
+#: Which limit refused a request (the OpenAI error ``type`` of the 429).
+LimitKind = Literal["requests", "tokens", "concurrency", "tokens_per_day", "tokens_per_month"]
 
 
 @dataclass(frozen=True)
@@ -187,26 +187,6 @@ def tightest(states: Sequence[WindowState]) -> WindowState | None:
     return min(states, key=lambda s: (s.remaining, -s.reset_s))
 
 
-def pick_denial(denials: Sequence[Any]) -> Any:
-    """Choose which of several refusals to report.
-
-    A request that can never fit (``RequestTooLarge``) wins; otherwise the refusal with the
-    longest ``retry_after_s``, so that one retry after it has a chance with every limit.
-
-    Args:
-        denials: at least one ``RateLimited``.
-
-    Returns:
-        The ``RateLimited`` to raise.
-    """
-    from gateway.quotas.errors import RequestTooLarge
-
-    for denial in denials:
-        if isinstance(denial, RequestTooLarge):
-            return denial
-    return max(denials, key=lambda d: d.retry_after_s if d.retry_after_s is not None else 1e18)
-
-
 class PeriodCache:
     """:meth:`Periods.at` computed once per UTC day (the calendar math costs ~10 us a call)."""
 
@@ -278,7 +258,9 @@ def admission_headers(admission: Admission) -> dict[str, str]:
     return window_headers(admission.requests, admission.tokens)
 
 
-def rate_limited_headers(exc: RateLimited) -> dict[str, str]:
+def rate_limited_headers(
+    kind: LimitKind, state: WindowState, retry_after_s: float | None
+) -> dict[str, str]:
     """Return the headers of a 429 answer for ``exc``.
 
     ``Retry-After`` and ``retry-after-ms`` are present when waiting helps; otherwise
@@ -286,6 +268,15 @@ def rate_limited_headers(exc: RateLimited) -> dict[str, str]:
     limit, or a budget that only resets in hours). The limit that refused is reported in the
     ``x-ratelimit-*`` headers of its kind (requests or tokens); concurrency and budget refusals
     use ``x-ratelimit-*-concurrency`` / ``-tokens-day`` / ``-tokens-month`` names.
+
+    Args:
+        kind: The limit that refused.
+        state: That limit's configured value, what is left of it, and seconds until it resets.
+        retry_after_s: Seconds after which the same request would be admitted; ``None`` when
+            retrying cannot help.
+
+    Returns:
+        Header name (lower case) -> value.
     """
     suffix = {
         "requests": "requests",
@@ -293,14 +284,13 @@ def rate_limited_headers(exc: RateLimited) -> dict[str, str]:
         "concurrency": "concurrency",
         "tokens_per_day": "tokens-day",
         "tokens_per_month": "tokens-month",
-    }[exc.kind]
-    state = WindowState(exc.limit, exc.remaining, exc.reset_s)
+    }[kind]
     headers = {
         f"x-ratelimit-limit-{suffix}": str(state.limit),
         f"x-ratelimit-remaining-{suffix}": str(state.remaining),
         f"x-ratelimit-reset-{suffix}": format_duration(state.reset_s),
     }
-    retry = exc.retry_after_s
+    retry = retry_after_s
     # openai SDKs honour server delays only up to 60 s (1.x) or 120 s (3.x) and fall back to
     # short backoff retries past that: say "do not retry" instead.
     if retry is None or retry > 60:

@@ -18,7 +18,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from gateway.quotas.errors import BudgetExhausted, RateLimited, RequestTooLarge
+from gateway.quotas.errors import BudgetExhausted, RateLimited, RequestTooLarge, pick_denial
 from gateway.quotas.limiter import (
     WINDOW_S,
     Admission,
@@ -26,7 +26,6 @@ from gateway.quotas.limiter import (
     Periods,
     SubjectLimits,
     WindowState,
-    pick_denial,
     tightest,
 )
 

@@ -39,6 +39,7 @@ from gateway.quotas.errors import (
     QuotaBackendUnavailable,
     RateLimited,
     RequestTooLarge,
+    pick_denial,
 )
 from gateway.quotas.limiter import (
     Admission,
@@ -47,7 +48,6 @@ from gateway.quotas.limiter import (
     Periods,
     SubjectLimits,
     WindowState,
-    pick_denial,
     tightest,
 )
 from gateway.quotas.redis_batch import ScriptBatcher

@@ -29,9 +29,10 @@ Per-request state lives in a ``ContextVar`` owned by the :class:`RequestTracer` 
 from __future__ import annotations
 
 import contextvars
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import aiohttp
 from aiohttp.client_middlewares import ClientHandlerType
@@ -42,10 +43,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from gateway.relay.records import RequestRecord
 
-if TYPE_CHECKING:
-    from gateway.telemetry.metrics import GatewayMetrics
-
-__all__ = ["ActiveRequest", "RequestTracer", "TelemetryObserver", "operation_name"]
+__all__ = ["ActiveRequest", "MetricsInbox", "RequestTracer", "TelemetryObserver", "operation_name"]
 
 _RETRY_STATUSES = frozenset({429, 502, 503})
 _TRACE_HEADERS = (b"traceparent", b"tracestate")
@@ -295,6 +293,31 @@ class RequestTracer:
         return resp
 
 
+class MetricsInbox(Protocol):
+    """Where the observer hands finished records and audit appends
+    (:class:`gateway.telemetry.metrics.GatewayMetrics`; a protocol, so that this module does
+    not import the metrics module, which imports :func:`operation_name` from here)."""
+
+    @property
+    def finished(self) -> deque[RequestRecord]:
+        """Finished request records not yet folded into the instruments."""
+        ...
+
+    @property
+    def appends(self) -> deque[tuple[str, float, bool]]:
+        """``(record type, seconds, ok)`` of audit appends not yet folded."""
+        ...
+
+    @property
+    def fold_at(self) -> int:
+        """Fold when this many wait."""
+        ...
+
+    def fold(self) -> None:
+        """Record what waits into the instruments."""
+        ...
+
+
 class TelemetryObserver:
     """Telemetry's admission hook and request observer (see the module docstring).
 
@@ -304,7 +327,7 @@ class TelemetryObserver:
             :meth:`gateway.telemetry.Telemetry.bind` sets it).
     """
 
-    def __init__(self, tracer: RequestTracer, metrics: GatewayMetrics | None = None) -> None:
+    def __init__(self, tracer: RequestTracer, metrics: MetricsInbox | None = None) -> None:
         self.tracer = tracer
         self.metrics = metrics
 

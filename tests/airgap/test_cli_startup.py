@@ -17,7 +17,7 @@ import pytest
 import typer.main
 from airgap_helpers import KeyPair
 
-from airgap import cli
+from airgap import cli, cli_verify
 from airgap.cli import main
 
 #: Modules `airgap verify` must not import: heavy, and verify does not need them.
@@ -123,8 +123,8 @@ def test_plain_output_equals_rich_output(bundle: Path, keys: KeyPair,
 
     doc = {"ok": True, "bundle": str(bundle), "problems": [{"code": "x", "message": "é [b]"}],
            "n": 3, "f": 0.5, "none": None}
-    cli._print_json(doc)
-    cli._print_line(f"OK {bundle}: signed by ab12, 7 bytes verified in 0.0 s (0.00 GiB/s)")
+    cli_verify._print_json(doc)
+    cli_verify._print_line(f"OK {bundle}: signed by ab12, 7 bytes verified in 0.0 s (0.00 GiB/s)")
     plain = capsys.readouterr().out
     monkeypatch.setenv("TTY_COMPATIBLE", "0")  # rich, not styled: what the CLI printed before
     console = Console(soft_wrap=True, markup=False)

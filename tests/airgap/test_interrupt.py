@@ -105,12 +105,13 @@ def test_a_signal_while_the_hash_workers_start_waits_for_the_started_ones(
     import threading
     import time
 
-    from airgap.bundle import INDEX_NAME, Index
+    from airgap.bundle import INDEX_NAME
     from airgap.media import check_parts
     from airgap.stream import hash_ranges
+    from airgap.validate import parse_index
     from airgap.verify import blob_ranges
 
-    index = Index.parse((pristine_bundle / INDEX_NAME).read_bytes())
+    index = parse_index((pristine_bundle / INDEX_NAME).read_bytes())
     _, readable = check_parts(pristine_bundle, index)
     ranges = blob_ranges(index, index.blobs)
     assert len(ranges) >= 2

@@ -183,7 +183,7 @@ def test_an_unexpected_exception_is_one_line_without_verbose(
     def boom(*_: object, **__: object) -> None:
         raise RuntimeError("injected")
 
-    monkeypatch.setattr("airgap.cli.verify_bundle", boom)
+    monkeypatch.setattr("airgap.cli_verify.verify_bundle", boom)
     args = ("verify", str(pristine_bundle), "--public-key", str(keys.public_path))
     rc, _, err = run(capsys, *args)
     assert rc == 2

@@ -16,10 +16,11 @@ from tests.hub_fixtures import SHARDED, HubServer
 from tests.weights.cli_util import run_cli
 from weights.errors import SizingError
 from weights.gpus import GPUS, gpu_spec
-from weights.plan import Cluster, Plan, Workload, make_plan
+from weights.plan import make_plan
 from weights.plan_deploy import chart_name, kv_cache_dtype, vllm_args
 from weights.plan_model import sliding_window_layers
 from weights.plan_speed import speed
+from weights.plan_types import Cluster, Plan, Workload
 from weights.sizing import GB, GIB
 
 CONFIGS = Path(__file__).parent / "configs"

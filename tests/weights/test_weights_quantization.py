@@ -97,7 +97,8 @@ def test_size_and_plan_agree_on_the_weights(tmp_path: Path) -> None:
 
 def _llama_plan(goal: str) -> Any:
     from weights.gpus import gpu_spec
-    from weights.plan import Cluster, Workload, make_plan
+    from weights.plan import make_plan
+    from weights.plan_types import Cluster, Workload
 
     cfg = json.loads((CONFIGS / "llama-3.1-8b.json").read_text())
     return make_plan(cfg, None, Cluster(gpu_spec("h200"), 8, 1),
