@@ -31,21 +31,8 @@ ROOT = Path(__file__).parents[1]
 PRODUCT = ("gateway", "policy", "weights", "airgap", "vllm_sim", "clishell")
 
 #: Circles still present, each the exact set of modules of one strongly connected component.
-#: All in the lead's part of issue 29 (config, flow, relay, serve, fleet/routing); empty it as
-#: they go.
-KNOWN_CIRCLES: frozenset[frozenset[str]] = frozenset({
-    frozenset({"gateway.config.override_names", "gateway.config.settings"}),
-    frozenset({"gateway.flow.gate", "gateway.flow.lane"}),
-    frozenset({"gateway.relay.forward", "gateway.relay.litellm_backend"}),
-    frozenset({"gateway.cli.serve", "gateway.serving.supervisor", "gateway.serving.worker"}),
-    frozenset({
-        "gateway.fleet.kv_subscriber",
-        "gateway.fleet.replica_metrics",
-        "gateway.fleet.scoring",
-        "gateway.fleet.tokenize",
-        "gateway.routing",
-    }),
-})
+#: Empty: every circle of the product packages was broken (issue 29); keep it so.
+KNOWN_CIRCLES: frozenset[frozenset[str]] = frozenset()
 
 #: ``(importer, imported) -> line numbers`` of the import statements making that edge.
 Graph = dict[tuple[str, str], list[int]]

@@ -196,14 +196,13 @@ def size(
     from weights.gpus import gpu_spec, with_overrides
     from weights.memory import SizingReport
     from weights.plan import (
-        Cluster,
-        Workload,
         gpu_figures,
         kv_total_figure,
         replica_layout,
         tensor_parallel_ok,
     )
     from weights.plan_model import model_facts
+    from weights.plan_types import Cluster, Workload
 
     # The flags first: a bad size is a usage error before any model is read.
     memory = parse_memory(gpu_mem) if gpu_mem else None

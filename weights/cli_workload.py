@@ -15,7 +15,7 @@ from typing import Annotated
 import typer
 
 from weights.gpus import GPUS
-from weights.plan import Workload
+from weights.plan_types import Workload
 from weights.sizing import GIB
 
 __all__ = [

@@ -25,6 +25,7 @@ from dataclasses import replace
 from typing import Any
 
 from weights.errors import SizingError
+from weights.gpus import GpuSpec
 from weights.plan_model import model_facts
 from weights.plan_speed import by_goal
 from weights.plan_types import GOALS, INTERCONNECTS, Cluster, Layout, ModelFacts, Plan, Workload

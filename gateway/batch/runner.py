@@ -22,10 +22,11 @@ from collections.abc import Mapping, MutableMapping
 from typing import Any
 
 from gateway.auth import Principal
+from gateway.batch.backends import open_batch_store
 from gateway.batch.errors import NotCancellable, NotFound
 from gateway.batch.owner import OwnerRevoked, reauthorise
 from gateway.batch.settings import BatchSettings, store_location
-from gateway.batch.store import FINAL, BatchStore, BatchStoreUnavailable, open_batch_store
+from gateway.batch.store import FINAL, BatchStore, BatchStoreUnavailable
 from gateway.config.settings import GatewaySettings
 from gateway.errors import AuthenticationFailed
 from gateway.relay import pipeline as relay

@@ -1,4 +1,5 @@
-"""Durable state of the Batch API: the store protocol and :func:`open_batch_store`.
+"""Durable state of the Batch API: the store protocol (opened by
+:func:`gateway.batch.backends.open_batch_store`).
 
 Three concepts, one table each (both backends): files (uploads and produced output files, the
 content as bytes, the owner's key id), batches (the OpenAI batch object as JSON, its owner and
@@ -17,12 +18,11 @@ tables ``sg_batch_*``). Every method is a coroutine; a database that cannot be r
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Protocol
 
 from gateway.errors import ServiceUnavailable
 
-__all__ = ["FINAL", "UNFINISHED", "BatchStore", "BatchStoreUnavailable", "open_batch_store"]
+__all__ = ["FINAL", "UNFINISHED", "BatchStore", "BatchStoreUnavailable"]
 
 FINAL = frozenset({"completed", "failed", "cancelled", "expired"})
 """Statuses a batch never leaves."""
@@ -113,18 +113,3 @@ class BatchStore(Protocol):
     async def results(self, batch_id: str, ok: bool) -> list[str]:
         """The stored output (``ok``) or error lines of the batch, in input order."""
         ...
-
-
-def open_batch_store(where: Path | str) -> BatchStore:
-    """The (not yet opened) store: a SQLite file, or a ``postgresql://`` DSN.
-
-    Args:
-        where: A SQLite database path, or the PostgreSQL audit store's URL.
-    """
-    if isinstance(where, str) and where.startswith(("postgresql://", "postgres://")):
-        from gateway.batch.store_postgres import PostgresBatchStore
-
-        return PostgresBatchStore(where)
-    from gateway.batch.store_sqlite import SqliteBatchStore
-
-    return SqliteBatchStore(Path(where))
