@@ -10,10 +10,10 @@ header checks), :mod:`~gateway.mcp.access` (per-tool globs), :mod:`~gateway.mcp.
 :mod:`~gateway.mcp.metadata` (RFC 9728), :mod:`~gateway.mcp.endpoint` (the ASGI handler).
 """
 
-from gateway.mcp.paths import PREFIX, WELL_KNOWN
+from gateway.mcp.paths import AGGREGATE, PREFIX, WELL_KNOWN
 from gateway.mcp.settings import McpSettings
 
-__all__ = ["PREFIX", "WELL_KNOWN", "McpSettings"]
+__all__ = ["AGGREGATE", "PREFIX", "WELL_KNOWN", "McpSettings"]
 
 # The endpoint (gateway.mcp.endpoint.McpEndpoint) is not re-exported here: gateway.settings
 # imports this package for McpSettings, and the endpoint imports the gateway core.

@@ -46,7 +46,7 @@ from gateway.mcp.jsonrpc import (
 )
 from gateway.mcp.metadata import metadata_document, metadata_url
 from gateway.mcp.metrics import McpMetrics
-from gateway.mcp.paths import PREFIX
+from gateway.mcp.paths import AGGREGATE, PREFIX
 from gateway.mcp.pii import refusal_record, scan_arguments
 from gateway.mcp.records import CallRecord, trace_id_of
 from gateway.mcp.sessions import SessionBinder
@@ -100,17 +100,25 @@ class McpEndpoint:
             upstream.load_secret()
 
     async def handle(self, state: Any, scope: Mapping[str, Any], receive: Any, send: Any) -> None:
-        """Serve one HTTP request under ``/mcp/``."""
-        name = scope["path"][len(PREFIX):].rstrip("/")
+        """Serve one HTTP request under ``/mcp/`` (or the aggregate endpoint ``/mcp``)."""
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        if scope["path"] == AGGREGATE and self.settings.aggregate:
+            from gateway.mcp.aggregate import handle_aggregate
+
+            await handle_aggregate(self, state, scope, headers, receive, send)
+            return
+        name = scope["path"][len(PREFIX):].rstrip("/")
         rec = CallRecord(server=name, trace_id=trace_id_of(headers.get("traceparent")))
         msg: Message | None = None
         try:
+            if scope["path"] == AGGREGATE:
+                raise McpRefusal(404, INVALID_REQUEST, "unknown_server",
+                                 "the aggregate endpoint /mcp is off (mcp.aggregate)")
             upstream = self.upstreams.get(name)
             if upstream is None:
                 raise McpRefusal(404, INVALID_REQUEST, "unknown_server", f"no MCP server {name!r}")
             rec.destination = upstream.settings.destination
-            principal = self._authenticate(state, headers)
+            principal = self.authenticate(state, headers)
             rec.key_id, rec.team, rec.data_class = (principal.key_id, principal.team,
                                                      principal.data_class)
             method = scope["method"]
@@ -122,42 +130,51 @@ class McpEndpoint:
                                  "use POST (the standalone GET stream is not offered)")
             if "origin" in headers and headers["origin"] not in self.settings.allowed_origins:
                 raise McpRefusal(403, FORBIDDEN, "origin_refused", "Origin not allowed")
-            body = await _read_body(receive, headers, self.settings.limits.max_request_bytes)
+            body = await read_body(receive, headers, self.settings.limits.max_request_bytes)
             rec.bytes_in = len(body)
             msg = parse_message(body)
             rec.method = msg.method
             rec.tool = msg.name if msg.method == "tools/call" else None
             rec.protocol_version = check_headers(msg, headers)
-            self._check_class(principal, upstream, rec)
+            self.check_class(principal, upstream, rec)
             upstream_sid = self._session(principal.key_id, upstream, headers, rec)
             if msg.method == "tools/call":
-                principal, body = await self._check_call(state, upstream, principal, msg,
+                principal, body = await self.check_call(state, upstream, principal, msg,
                                                          body, rec)
             elif msg.method is not None and msg.is_request and not self.access.may_use_server(
                     principal.key_id, principal.team, upstream.name):
                 raise McpRefusal(403, FORBIDDEN, "server_denied",
                                  f"key {principal.key_id} may not use MCP server {upstream.name}")
             rec.decision = "allow"
-            await self._forward(state, upstream, principal, msg, body, headers, upstream_sid,
+            await self.forward(state, upstream, principal, msg, body, headers, upstream_sid,
                                 rec, send)
         except McpRefusal as exc:
-            rec.reason, rec.status, rec.rpc_error = exc.reason, exc.status, exc.rpc_code
-            if rec.bytes_out == 0:  # nothing sent yet: the refusal is the answer
-                extra = []
-                if exc.status == 401:
-                    extra.append((b"www-authenticate", self._challenge(name)))
-                if exc.status == 405:
-                    extra.append((b"allow", b"POST, DELETE"))
-                out = error_body(msg.id if msg is not None and msg.is_request else None,
-                                 exc.rpc_code, exc.message, exc.data)
-                rec.bytes_out = len(out)
-                await self._record(rec)  # durable before the client hears of the refusal
-                await _send_json(send, exc.status, out, extra)
+            await self.refuse(exc, rec, msg, self.challenge(name), send)
         finally:
             self.metrics.observe(rec)
-            await self._record(rec)
+            await self.record(rec)
 
-    async def _record(self, rec: CallRecord) -> None:
+    async def refuse(self, exc: McpRefusal, rec: CallRecord, msg: Message | None,
+                     challenge: bytes, send: Any) -> None:
+        """Answer ``exc`` (unless the answer has begun), after its audit record is durable.
+
+        Args:
+            challenge: The ``WWW-Authenticate`` value of a 401.
+        """
+        rec.reason, rec.status, rec.rpc_error = exc.reason, exc.status, exc.rpc_code
+        if rec.bytes_out == 0:  # nothing sent yet: the refusal is the answer
+            extra = []
+            if exc.status == 401:
+                extra.append((b"www-authenticate", challenge))
+            if exc.status == 405:
+                extra.append((b"allow", b"POST, DELETE"))
+            out = error_body(msg.id if msg is not None and msg.is_request else None,
+                             exc.rpc_code, exc.message, exc.data)
+            rec.bytes_out = len(out)
+            await self.record(rec)  # durable before the client hears of the refusal
+            await send_json(send, exc.status, out, extra)
+
+    async def record(self, rec: CallRecord) -> None:
         """Append the request's audit record once (tool calls and refusals only)."""
         if self._audit is None or rec.recorded:
             return
@@ -169,25 +186,26 @@ class McpEndpoint:
         except Exception:
             _log.exception("audit record of MCP request %s lost", rec.request_id)
 
-    def _challenge(self, server: str) -> bytes:
+    def challenge(self, server: str | None) -> bytes:
+        """The 401 challenge of ``/mcp/<server>`` (``None``: the aggregate ``/mcp``)."""
         meta = self.settings.resource_metadata
-        if meta is None or server not in self.upstreams:
+        if meta is None or (server is not None and server not in self.upstreams):
             return b"Bearer"
         return f'Bearer resource_metadata="{metadata_url(meta, server)}"'.encode()
 
     async def handle_metadata(self, scope: Mapping[str, Any], send: Any) -> None:
         """Serve the RFC 9728 document (404 when not configured or another path)."""
         meta = self.settings.resource_metadata
-        doc = None if meta is None else metadata_document(meta, scope["path"],
-                                                           set(self.upstreams))
+        doc = None if meta is None else metadata_document(
+            meta, scope["path"], set(self.upstreams), self.settings.aggregate)
         if doc is None:
-            await _send_json(send, 404, b'{"error":"not_found"}')
+            await send_json(send, 404, b'{"error":"not_found"}')
             return
-        await _send_json(send, 200, json.dumps(doc).encode())
+        await send_json(send, 200, json.dumps(doc).encode())
 
     # -- checks ---------------------------------------------------------------------------
 
-    def _authenticate(self, state: Any, headers: Mapping[str, str]) -> Any:
+    def authenticate(self, state: Any, headers: Mapping[str, str]) -> Any:
         token = bearer_token(headers.get("authorization", "").encode("latin-1") or None)
         try:
             principal = state.authenticator.authenticate(token)
@@ -199,7 +217,7 @@ class McpEndpoint:
             raise McpRefusal(exc.status, code, exc.code or "unauthenticated", exc.message) from exc
         return principal
 
-    def _check_class(self, principal: Any, upstream: Upstream, rec: CallRecord) -> None:
+    def check_class(self, principal: Any, upstream: Upstream, rec: CallRecord) -> None:
         if self._policy is None:
             return
         dest = upstream.settings.destination or ""
@@ -223,7 +241,7 @@ class McpEndpoint:
             raise McpRefusal(404, INVALID_REQUEST, "session_unknown", "Session not found")
         return sid
 
-    async def _check_call(self, state: Any, upstream: Upstream, principal: Any, msg: Message,
+    async def check_call(self, state: Any, upstream: Upstream, principal: Any, msg: Message,
                           body: bytes, rec: CallRecord) -> tuple[Any, bytes]:
         """Check a ``tools/call``; the principal (class raised by detected sensitive data) and
         the body to forward (arguments masked by the ``pii`` section) after the checks."""
@@ -276,7 +294,7 @@ class McpEndpoint:
         if scan.data_class != principal.data_class:
             principal = dataclasses.replace(principal, data_class=scan.data_class)
             rec.data_class = scan.data_class
-            self._check_class(principal, upstream, rec)
+            self.check_class(principal, upstream, rec)
         if scan.masked:
             obj = dict(msg.obj)
             obj["params"] = {**msg.params, "arguments": scan.arguments}
@@ -286,7 +304,7 @@ class McpEndpoint:
 
     # -- forwarding -----------------------------------------------------------------------
 
-    async def _forward(self, state: Any, upstream: Upstream, principal: Any, msg: Message,
+    async def forward(self, state: Any, upstream: Upstream, principal: Any, msg: Message,
                        body: bytes, headers: Mapping[str, str], upstream_sid: str | None,
                        rec: CallRecord, send: Any) -> None:
         limits = self.settings.limits
@@ -321,7 +339,7 @@ class McpEndpoint:
                 async for raw, _, _ in stream.events():
                     answer = raw
                 rec.status = 200
-                await _send_json(send, 200, answer, out_headers)
+                await send_json(send, 200, answer, out_headers)
                 rec.bytes_out = len(answer)
             rec.result_sha256 = stream.digest
 
@@ -331,7 +349,8 @@ class McpEndpoint:
         try:
             async for raw, _, message in stream.events():
                 if isinstance(message, dict) and "method" in message and "id" in message and (
-                        rec.protocol_version in MODERN_VERSIONS):
+                        rec.protocol_version in MODERN_VERSIONS
+                        or msg.meta_version in MODERN_VERSIONS):
                     stream.resp.abandon()
                     raise McpRefusal(502, INTERNAL_ERROR, "upstream_request_refused",
                                      "MCP server sent a request on a 2026-07-28 stream")
@@ -376,7 +395,7 @@ class McpEndpoint:
             ]
         data = json.dumps(final, separators=(",", ":")).encode()
         rec.status = 200
-        await _send_json(send, 200, data, out_headers)
+        await send_json(send, 200, data, out_headers)
         rec.bytes_out = len(data)
 
     async def _delete(self, state: Any, upstream: Upstream, key_id: str,
@@ -392,7 +411,7 @@ class McpEndpoint:
         await _send(send, status, b"", [])
 
 
-async def _read_body(receive: Any, headers: Mapping[str, str], limit: int) -> bytes:
+async def read_body(receive: Any, headers: Mapping[str, str], limit: int) -> bytes:
     """The request body, up to ``limit`` bytes. A batch is refused at its first byte and an
     announced length above the limit at the first chunk: neither is read whole."""
     length = headers.get("content-length")
@@ -419,6 +438,6 @@ async def _send(send: Any, status: int, body: bytes, headers: list[tuple[bytes, 
     await send({"type": "http.response.body", "body": body})
 
 
-async def _send_json(send: Any, status: int, body: bytes,
+async def send_json(send: Any, status: int, body: bytes,
                      headers: list[tuple[bytes, bytes]] | None = None) -> None:
     await _send(send, status, body, [(b"content-type", b"application/json"), *(headers or [])])

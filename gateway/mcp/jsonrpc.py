@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -164,7 +165,7 @@ def _mismatch(msg: Message, text: str) -> McpRefusal:
     return McpRefusal(400, HEADER_MISMATCH, "header_mismatch", f"Header mismatch: {text}")
 
 
-def check_headers(msg: Message, headers: dict[str, str]) -> str:
+def check_headers(msg: Message, headers: Mapping[str, str]) -> str:
     """Check the request-metadata headers against the body; return the protocol version.
 
     Modern versions (2026-07-28) require ``MCP-Protocol-Version`` equal to the body's

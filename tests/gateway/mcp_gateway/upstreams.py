@@ -42,6 +42,25 @@ def sdk_server() -> Any:
     return server.streamable_http_app()
 
 
+def notes_server() -> Any:
+    """A second SDK server (Streamable HTTP app at ``/mcp``): ``add_note``, ``delete_note``."""
+    server = MCPServer("upstream-notes")
+    notes: list[str] = []
+
+    @server.tool()
+    def add_note(text: str) -> str:
+        """Keep ``text``; answer how many notes there are."""
+        notes.append(text)
+        return f"{len(notes)} notes"
+
+    @server.tool()
+    def delete_note(index: int) -> str:
+        """A tool the access rules deny."""
+        return "deleted"
+
+    return server.streamable_http_app()
+
+
 class Counting:
     """ASGI wrapper recording the JSON-RPC methods (and tool names) an upstream received."""
 
