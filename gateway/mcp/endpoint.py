@@ -73,15 +73,17 @@ class McpEndpoint:
             and URL arguments are refused, failing closed).
         matcher: The address checks shared with the process guard (one pin store).
         audit: Appends an audit event and waits until it is durable (``None``: audit off).
+        session_key: HMAC key of handshake-era session ids (``None``: random, this process).
     """
 
     def __init__(self, settings: McpSettings, policy: Policy | None,
-                 matcher: EgressMatcher | None, audit: AuditSink | None) -> None:
+                 matcher: EgressMatcher | None, audit: AuditSink | None,
+                 session_key: bytes | None = None) -> None:
         self.settings = settings
         self.upstreams = {s.name: Upstream(s) for s in settings.servers}
         self.access = ToolAccess(settings.access)
         self.catalogue = Catalogue(settings.limits)
-        self.sessions = SessionBinder()
+        self.sessions = SessionBinder(session_key)
         self.metrics = McpMetrics()
         self._policy = policy
         self._matcher = matcher

@@ -16,6 +16,7 @@ Example::
           allow: ["*"]
           deny: ["delete_*"]
       aggregate: true                  # /mcp: every server's tools as <server>__<tool>
+      session_key_file: /run/secrets/mcp-session.key   # shared by workers and replicas
       resource_metadata:               # RFC 9728 protected-resource metadata
         resource: https://gw.example.eu/mcp
         authorization_servers: [https://id.example.eu]
@@ -145,6 +146,9 @@ class McpSettings(_Frozen):
         aggregate: Serve ``/mcp`` too: one endpoint listing the tools of every server the
             caller may use as ``<server>__<tool>`` and routing each call to its server with
             the per-server checks (server names must then not contain ``__``).
+        session_key_file: HMAC key of handshake-era session ids (base64 of >= 32 bytes, a
+            mounted Secret shared by all workers and replicas); unset: random per process, so
+            a 2025 client's session continues only in the process that opened it.
     """
 
     servers: list[McpServerSettings] = Field(min_length=1)
@@ -153,6 +157,7 @@ class McpSettings(_Frozen):
     resource_metadata: McpResourceMetadata | None = None
     allowed_origins: list[str] = Field(default_factory=list)
     aggregate: bool = False
+    session_key_file: Path | None = None
 
     @model_validator(mode="after")
     def _unique_names(self) -> McpSettings:
