@@ -40,6 +40,7 @@ from gateway.mcp.jsonrpc import (
     check_headers,
     parse_message,
 )
+from gateway.mcp.params import param_lines
 from gateway.mcp.records import CallRecord, trace_id_of
 from gateway.mcp.settings import AGGREGATE_SEPARATOR
 from gateway.mcp.upstream import Link, Upstream
@@ -91,7 +92,7 @@ async def handle_aggregate(ep: McpEndpoint, state: Any, scope: Mapping[str, Any]
         rec.bytes_in = len(body)
         msg = parse_message(body)
         rec.method = msg.method
-        rec.protocol_version = check_headers(msg, headers)
+        rec.protocol_version = check_headers(msg, headers, scope["headers"])
         modern = rec.protocol_version in MODERN_VERSIONS
         if "mcp-session-id" in headers:
             if modern:
@@ -100,7 +101,8 @@ async def handle_aggregate(ep: McpEndpoint, state: Any, scope: Mapping[str, Any]
             if _session(ep, principal.key_id, headers) is None:
                 raise McpRefusal(404, INVALID_REQUEST, "session_unknown", "Session not found")
         if msg.method == "tools/call":
-            await _call(ep, state, principal, msg, headers, rec, send)
+            client_params = param_lines(scope["headers"]) if modern else None
+            await _call(ep, state, principal, msg, headers, client_params, rec, send)
             return
         rec.decision = "allow"
         if not msg.is_request:  # notifications and client responses: nothing to do
@@ -178,7 +180,8 @@ async def _merged_tools(ep: McpEndpoint, state: Any, principal: Any) -> list[dic
 
 
 async def _call(ep: McpEndpoint, state: Any, principal: Any, msg: Message,
-                headers: Mapping[str, str], rec: CallRecord, send: Any) -> None:
+                headers: Mapping[str, str], client_params: list[tuple[str, str]] | None,
+                rec: CallRecord, send: Any) -> None:
     """Route ``<server>__<tool>`` to its server through the per-server checks."""
     split = split_tool_name(msg.name or "")
     upstream = ep.upstreams.get(split[0]) if split is not None else None
@@ -196,7 +199,8 @@ async def _call(ep: McpEndpoint, state: Any, principal: Any, msg: Message,
     obj = {**msg.obj, "params": params}
     forwarded = Message(obj, "tools/call", msg.id, True, tool, params)
     body = json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
-    principal, body = await ep.check_call(state, upstream, principal, forwarded, body, rec)
+    principal, body, params = await ep.check_call(state, upstream, principal, forwarded, body,
+                                                  rec, client_params)
     if not (await ep.catalogue.get(upstream, Link.of(state))).modern:
         raise McpRefusal(502, UPSTREAM_ERROR, "upstream_legacy",
                          f"MCP server {upstream.name} speaks only the initialize handshake: "
@@ -209,7 +213,7 @@ async def _call(ep: McpEndpoint, state: Any, principal: Any, msg: Message,
     }
     rec.decision = "allow"
     await ep.forward(state, upstream, principal, forwarded, body, upstream_headers, None, rec,
-                     send)
+                     send, params)
 
 
 def _b64(text: str) -> str:

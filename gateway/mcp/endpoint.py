@@ -7,10 +7,11 @@ is forwarded)::
     grant) -> body (size, one JSON-RPC object, headers match body) -> policy: the server's
     destination may receive the class -> session bound to this caller -> tools/call: access
     globs, argument size, sensitive data in the arguments (policy ``pii``: the class raised
-    and the destination checked again, masked or refused), tool exists, inputSchema, URL
-    arguments -> forward (checked
-    transport, injected credentials) -> relay the answer (ids, bytes, time checked)
-    -> tools/list answers filtered to the tools the caller may call -> audit record
+    and the destination checked again, masked or refused), tool exists, Mcp-Param-*
+    headers (2026-07-28), inputSchema, URL arguments -> forward (checked transport, injected
+    credentials, Mcp-Param-* rebuilt from the forwarded arguments) -> relay the answer (ids,
+    bytes, time checked) -> tools/list answers filtered to the tools the caller may call ->
+    audit record
 
 Modern requests (2026-07-28) are stateless; handshake-era requests (2025-03-26..2025-11-25)
 get caller-bound session ids (:mod:`gateway.mcp.sessions`). ``GET`` (the old standalone
@@ -46,6 +47,7 @@ from gateway.mcp.jsonrpc import (
 )
 from gateway.mcp.metadata import metadata_document, metadata_url
 from gateway.mcp.metrics import McpMetrics
+from gateway.mcp.params import check_param_headers, param_headers, param_lines
 from gateway.mcp.paths import AGGREGATE, PREFIX
 from gateway.mcp.pii import refusal_record, scan_arguments
 from gateway.mcp.records import CallRecord, trace_id_of
@@ -137,19 +139,23 @@ class McpEndpoint:
             msg = parse_message(body)
             rec.method = msg.method
             rec.tool = msg.name if msg.method == "tools/call" else None
-            rec.protocol_version = check_headers(msg, headers)
+            rec.protocol_version = check_headers(msg, headers, scope["headers"])
             self.check_class(principal, upstream, rec)
             upstream_sid = self._session(principal.key_id, upstream, headers, rec)
+            params: Mapping[str, str] = {}
             if msg.method == "tools/call":
-                principal, body = await self.check_call(state, upstream, principal, msg,
-                                                         body, rec)
+                modern = rec.protocol_version in MODERN_VERSIONS
+                principal, body, params = await self.check_call(
+                    state, upstream, principal, msg, body, rec,
+                    param_lines(scope["headers"]) if modern else None)
+                params = params if modern else {}
             elif msg.method is not None and msg.is_request and not self.access.may_use_server(
                     principal.key_id, principal.team, upstream.name):
                 raise McpRefusal(403, FORBIDDEN, "server_denied",
                                  f"key {principal.key_id} may not use MCP server {upstream.name}")
             rec.decision = "allow"
             await self.forward(state, upstream, principal, msg, body, headers, upstream_sid,
-                                rec, send)
+                               rec, send, params)
         except McpRefusal as exc:
             await self.refuse(exc, rec, msg, self.challenge(name), send)
         finally:
@@ -244,9 +250,22 @@ class McpEndpoint:
         return sid
 
     async def check_call(self, state: Any, upstream: Upstream, principal: Any, msg: Message,
-                          body: bytes, rec: CallRecord) -> tuple[Any, bytes]:
-        """Check a ``tools/call``; the principal (class raised by detected sensitive data) and
-        the body to forward (arguments masked by the ``pii`` section) after the checks."""
+                         body: bytes, rec: CallRecord, client_params: list[tuple[str, str]]
+                         | None) -> tuple[Any, bytes, dict[str, str]]:
+        """Check a ``tools/call``.
+
+        Args:
+            client_params: The request's ``Mcp-Param-*`` lines, checked against the
+                arguments (:mod:`gateway.mcp.params`); ``None``: not checked (a 2025 request).
+
+        Returns:
+            The principal (class raised by detected sensitive data), the body to forward
+            (arguments masked by the ``pii`` section) and the ``Mcp-Param-*`` headers to send
+            with it (rebuilt from the forwarded arguments; the client's are never relayed).
+
+        Raises:
+            McpRefusal: The call is refused (see the module docstring's order).
+        """
         tool = msg.name or ""
         verdict = self.access.check(principal.key_id, principal.team, upstream.name, tool)
         if not verdict.allowed:
@@ -263,6 +282,7 @@ class McpEndpoint:
         if declared is not None and declared.max_argument_bytes is not None:
             limit = min(limit, declared.max_argument_bytes)
         check_size(encoded, limit)
+        sent = arguments
         pii = self._policy.pii if self._policy is not None else None
         if pii is not None:
             principal, body, arguments = await self._scan_arguments(
@@ -273,6 +293,8 @@ class McpEndpoint:
             raise McpRefusal(400, INVALID_PARAMS, "unknown_tool",
                              f"MCP server {upstream.name} has no tool {tool!r}")
         schema = definition.get("inputSchema")
+        if client_params is not None:
+            check_param_headers(schema, sent, client_params)
         check_schema(arguments, schema if isinstance(schema, dict) else None,
                      catalogue.validator(tool))
         if declared is not None and declared.url_arguments:
@@ -280,7 +302,7 @@ class McpEndpoint:
                                       self._policy,
                                       PolicyPrincipal(principal.key_id, principal.team),
                                       principal.data_class)
-        return principal, body
+        return principal, body, param_headers(schema, arguments)
 
     async def _scan_arguments(self, pii: Any, upstream: Upstream, principal: Any, msg: Message,
                               arguments: dict[str, Any], body: bytes, rec: CallRecord,
@@ -307,11 +329,18 @@ class McpEndpoint:
     # -- forwarding -----------------------------------------------------------------------
 
     async def forward(self, state: Any, upstream: Upstream, principal: Any, msg: Message,
-                       body: bytes, headers: Mapping[str, str], upstream_sid: str | None,
-                       rec: CallRecord, send: Any) -> None:
+                      body: bytes, headers: Mapping[str, str], upstream_sid: str | None,
+                      rec: CallRecord, send: Any, params: Mapping[str, str] | None = None,
+                      ) -> None:
+        """Send the checked message upstream and relay the answer.
+
+        Args:
+            headers: The client's headers (only the MCP ones are relayed).
+            params: The ``Mcp-Param-*`` headers to send (from :meth:`check_call`).
+        """
         limits = self.settings.limits
         resp = await upstream.post(Link.of(state), body,
-                                   upstream.headers(headers, upstream_sid), limits)
+                                   upstream.headers(headers, upstream_sid, params), limits)
         async with resp:
             out_headers: list[tuple[bytes, bytes]] = []
             sid = resp.headers.get("mcp-session-id")
