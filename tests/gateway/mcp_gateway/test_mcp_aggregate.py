@@ -171,3 +171,18 @@ def test_aggregate_refuses_server_names_with_the_separator() -> None:
     McpSettings.model_validate({"servers": [server]})  # fine without the aggregate
     with pytest.raises(ValidationError, match=r"servers\[0\]\.name: 'a__b' contains '__'"):
         McpSettings.model_validate({"servers": [server], "aggregate": True})
+
+
+def test_ts_sdk_client_through_the_aggregate(agg: dict[str, Any]) -> None:
+    from tests.gateway.mcp_gateway.test_mcp_ts_sdk_client import run_ts_client
+
+    gw = agg["gateway"]
+    report = run_ts_client(gw.url + "/mcp", KEYS["agent"], [
+        ("tools__echo", {"text": "ts via the aggregate"}), ("notes__delete_note", {"index": 0})])
+    assert report["protocolVersion"] == "2025-11-25" and report["sessionId"]
+    assert sorted(report["tools"]) == ["notes__add_note", "tools__count", "tools__echo",
+                                       "tools__fetch_url"]
+    echo, denied = report["calls"]
+    assert echo["ok"] and echo["result"]["content"][0]["text"] == "ts via the aggregate"
+    assert not denied["ok"] and denied["error"]["code"] == 403
+    assert agg["tools"].calls() == ["tools/call:echo"] and agg["notes"].calls() == []
