@@ -86,6 +86,17 @@ $(OIDC_PROVIDER_STAMP): tools/npm/oidc-provider/package.json tools/npm/oidc-prov
 	cd $(OIDC_PROVIDER_DIR) && npm ci --ignore-scripts --no-audit --no-fund --quiet
 	touch $@
 
+# @mcp: the official TypeScript MCP SDK (npm @modelcontextprotocol/sdk), the TypeScript client of
+# the MCP gateway tests (tests/gateway/mcp_gateway/ts_client.mjs); pinned like oidc-provider.
+MCP_SDK_DIR   := .cache/npm/mcp-sdk
+MCP_SDK_STAMP := $(MCP_SDK_DIR)/.installed-1.32.2
+
+$(MCP_SDK_STAMP): tools/npm/mcp-sdk/package.json tools/npm/mcp-sdk/package-lock.json
+	mkdir -p $(MCP_SDK_DIR)
+	cp tools/npm/mcp-sdk/package.json tools/npm/mcp-sdk/package-lock.json $(MCP_SDK_DIR)/
+	cd $(MCP_SDK_DIR) && npm ci --ignore-scripts --no-audit --no-fund --quiet
+	touch $@
+
 # @realparts: Debian's prometheus/promtool (the dashboard queries run against a real Prometheus)
 # and wrk (bench-loadtool), installed only when the binary is missing; services are not started.
 DEBIAN_TOOLS := prometheus:prometheus promtool:prometheus wrk:wrk cc:gcc
@@ -95,7 +106,7 @@ debian-tools:
 	tools/install_debian_tools.sh $(DEBIAN_TOOLS)
 
 tools: install $(KUBE_STAMP) $(CHECKOV) debian-tools $(TOOLS)/torch-venv/.installed bench-tools \
-  $(OIDC_PROVIDER_STAMP)
+  $(OIDC_PROVIDER_STAMP) $(MCP_SDK_STAMP)
 
 run: install-runtime
 	$(PY) -m gateway.demo

@@ -104,10 +104,11 @@ class _GatewayApp(FastAPI):
             if is_models_path(path):
                 await models_api.handle(gateway_state(scope), scope, receive, send, self.created)
                 return
-            if self.mcp and (path.startswith(mcp.PREFIX) or path.startswith(mcp.WELL_KNOWN)):
+            if self.mcp and (path.startswith(mcp.PREFIX) or path == mcp.AGGREGATE
+                             or path.startswith(mcp.WELL_KNOWN)):
                 state = gateway_state(scope)
                 assert state.mcp is not None  # mcp: is restart-only
-                if path.startswith(mcp.PREFIX):
+                if not path.startswith(mcp.WELL_KNOWN):
                     await state.mcp.handle(state, scope, receive, send)
                 else:
                     await state.mcp.handle_metadata(scope, send)

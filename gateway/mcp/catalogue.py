@@ -25,7 +25,7 @@ from gateway.mcp.jsonrpc import HANDSHAKE_VERSIONS, MODERN_VERSIONS, UPSTREAM_ER
 from gateway.mcp.settings import McpLimits
 from gateway.mcp.upstream import Link, RelayedStream, Upstream, read_json_answer
 
-__all__ = ["Catalogue", "ToolCatalogue"]
+__all__ = ["Catalogue", "ToolCatalogue", "modern_meta"]
 
 _log = logging.getLogger(__name__)
 
@@ -61,14 +61,18 @@ class ToolCatalogue:
         return self.validators[tool]
 
 
-def _modern_body(method: str, rid: str, params: Mapping[str, Any] | None = None) -> bytes:
-    meta = {
+def modern_meta() -> dict[str, Any]:
+    """The ``_meta`` envelope of the gateway's own 2026-07-28 requests (as a client)."""
+    return {
         "io.modelcontextprotocol/protocolVersion": MODERN_VERSIONS[-1],
-        "io.modelcontextprotocol/clientInfo": _CLIENT_INFO,
+        "io.modelcontextprotocol/clientInfo": dict(_CLIENT_INFO),
         "io.modelcontextprotocol/clientCapabilities": {},
     }
+
+
+def _modern_body(method: str, rid: str, params: Mapping[str, Any] | None = None) -> bytes:
     return json.dumps({"jsonrpc": "2.0", "id": rid, "method": method,
-                       "params": {**(params or {}), "_meta": meta}}).encode()
+                       "params": {**(params or {}), "_meta": modern_meta()}}).encode()
 
 
 class Catalogue:

@@ -7,10 +7,11 @@ is forwarded)::
     grant) -> body (size, one JSON-RPC object, headers match body) -> policy: the server's
     destination may receive the class -> session bound to this caller -> tools/call: access
     globs, argument size, sensitive data in the arguments (policy ``pii``: the class raised
-    and the destination checked again, masked or refused), tool exists, inputSchema, URL
-    arguments -> forward (checked
-    transport, injected credentials) -> relay the answer (ids, bytes, time checked)
-    -> tools/list answers filtered to the tools the caller may call -> audit record
+    and the destination checked again, masked or refused), tool exists, Mcp-Param-*
+    headers (2026-07-28), inputSchema, URL arguments -> forward (checked transport, injected
+    credentials, Mcp-Param-* rebuilt from the forwarded arguments) -> relay the answer (ids,
+    bytes, time checked) -> tools/list answers filtered to the tools the caller may call ->
+    audit record
 
 Modern requests (2026-07-28) are stateless; handshake-era requests (2025-03-26..2025-11-25)
 get caller-bound session ids (:mod:`gateway.mcp.sessions`). ``GET`` (the old standalone
@@ -46,7 +47,8 @@ from gateway.mcp.jsonrpc import (
 )
 from gateway.mcp.metadata import metadata_document, metadata_url
 from gateway.mcp.metrics import McpMetrics
-from gateway.mcp.paths import PREFIX
+from gateway.mcp.params import check_param_headers, param_headers, param_lines
+from gateway.mcp.paths import AGGREGATE, PREFIX
 from gateway.mcp.pii import refusal_record, scan_arguments
 from gateway.mcp.records import CallRecord, trace_id_of
 from gateway.mcp.sessions import SessionBinder
@@ -73,15 +75,17 @@ class McpEndpoint:
             and URL arguments are refused, failing closed).
         matcher: The address checks shared with the process guard (one pin store).
         audit: Appends an audit event and waits until it is durable (``None``: audit off).
+        session_key: HMAC key of handshake-era session ids (``None``: random, this process).
     """
 
     def __init__(self, settings: McpSettings, policy: Policy | None,
-                 matcher: EgressMatcher | None, audit: AuditSink | None) -> None:
+                 matcher: EgressMatcher | None, audit: AuditSink | None,
+                 session_key: bytes | None = None) -> None:
         self.settings = settings
         self.upstreams = {s.name: Upstream(s) for s in settings.servers}
         self.access = ToolAccess(settings.access)
         self.catalogue = Catalogue(settings.limits)
-        self.sessions = SessionBinder()
+        self.sessions = SessionBinder(session_key)
         self.metrics = McpMetrics()
         self._policy = policy
         self._matcher = matcher
@@ -100,17 +104,25 @@ class McpEndpoint:
             upstream.load_secret()
 
     async def handle(self, state: Any, scope: Mapping[str, Any], receive: Any, send: Any) -> None:
-        """Serve one HTTP request under ``/mcp/``."""
-        name = scope["path"][len(PREFIX):].rstrip("/")
+        """Serve one HTTP request under ``/mcp/`` (or the aggregate endpoint ``/mcp``)."""
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        if scope["path"] == AGGREGATE and self.settings.aggregate:
+            from gateway.mcp.aggregate import handle_aggregate
+
+            await handle_aggregate(self, state, scope, headers, receive, send)
+            return
+        name = scope["path"][len(PREFIX):].rstrip("/")
         rec = CallRecord(server=name, trace_id=trace_id_of(headers.get("traceparent")))
         msg: Message | None = None
         try:
+            if scope["path"] == AGGREGATE:
+                raise McpRefusal(404, INVALID_REQUEST, "unknown_server",
+                                 "the aggregate endpoint /mcp is off (mcp.aggregate)")
             upstream = self.upstreams.get(name)
             if upstream is None:
                 raise McpRefusal(404, INVALID_REQUEST, "unknown_server", f"no MCP server {name!r}")
             rec.destination = upstream.settings.destination
-            principal = self._authenticate(state, headers)
+            principal = self.authenticate(state, headers)
             rec.key_id, rec.team, rec.data_class = (principal.key_id, principal.team,
                                                      principal.data_class)
             method = scope["method"]
@@ -122,42 +134,55 @@ class McpEndpoint:
                                  "use POST (the standalone GET stream is not offered)")
             if "origin" in headers and headers["origin"] not in self.settings.allowed_origins:
                 raise McpRefusal(403, FORBIDDEN, "origin_refused", "Origin not allowed")
-            body = await _read_body(receive, headers, self.settings.limits.max_request_bytes)
+            body = await read_body(receive, headers, self.settings.limits.max_request_bytes)
             rec.bytes_in = len(body)
             msg = parse_message(body)
             rec.method = msg.method
             rec.tool = msg.name if msg.method == "tools/call" else None
-            rec.protocol_version = check_headers(msg, headers)
-            self._check_class(principal, upstream, rec)
+            rec.protocol_version = check_headers(msg, headers, scope["headers"])
+            self.check_class(principal, upstream, rec)
             upstream_sid = self._session(principal.key_id, upstream, headers, rec)
+            params: Mapping[str, str] = {}
             if msg.method == "tools/call":
-                principal, body = await self._check_call(state, upstream, principal, msg,
-                                                         body, rec)
+                modern = rec.protocol_version in MODERN_VERSIONS
+                principal, body, params = await self.check_call(
+                    state, upstream, principal, msg, body, rec,
+                    param_lines(scope["headers"]) if modern else None)
+                params = params if modern else {}
             elif msg.method is not None and msg.is_request and not self.access.may_use_server(
                     principal.key_id, principal.team, upstream.name):
                 raise McpRefusal(403, FORBIDDEN, "server_denied",
                                  f"key {principal.key_id} may not use MCP server {upstream.name}")
             rec.decision = "allow"
-            await self._forward(state, upstream, principal, msg, body, headers, upstream_sid,
-                                rec, send)
+            await self.forward(state, upstream, principal, msg, body, headers, upstream_sid,
+                               rec, send, params)
         except McpRefusal as exc:
-            rec.reason, rec.status, rec.rpc_error = exc.reason, exc.status, exc.rpc_code
-            if rec.bytes_out == 0:  # nothing sent yet: the refusal is the answer
-                extra = []
-                if exc.status == 401:
-                    extra.append((b"www-authenticate", self._challenge(name)))
-                if exc.status == 405:
-                    extra.append((b"allow", b"POST, DELETE"))
-                out = error_body(msg.id if msg is not None and msg.is_request else None,
-                                 exc.rpc_code, exc.message, exc.data)
-                rec.bytes_out = len(out)
-                await self._record(rec)  # durable before the client hears of the refusal
-                await _send_json(send, exc.status, out, extra)
+            await self.refuse(exc, rec, msg, self.challenge(name), send)
         finally:
             self.metrics.observe(rec)
-            await self._record(rec)
+            await self.record(rec)
 
-    async def _record(self, rec: CallRecord) -> None:
+    async def refuse(self, exc: McpRefusal, rec: CallRecord, msg: Message | None,
+                     challenge: bytes, send: Any) -> None:
+        """Answer ``exc`` (unless the answer has begun), after its audit record is durable.
+
+        Args:
+            challenge: The ``WWW-Authenticate`` value of a 401.
+        """
+        rec.reason, rec.status, rec.rpc_error = exc.reason, exc.status, exc.rpc_code
+        if rec.bytes_out == 0:  # nothing sent yet: the refusal is the answer
+            extra = []
+            if exc.status == 401:
+                extra.append((b"www-authenticate", challenge))
+            if exc.status == 405:
+                extra.append((b"allow", b"POST, DELETE"))
+            out = error_body(msg.id if msg is not None and msg.is_request else None,
+                             exc.rpc_code, exc.message, exc.data)
+            rec.bytes_out = len(out)
+            await self.record(rec)  # durable before the client hears of the refusal
+            await send_json(send, exc.status, out, extra)
+
+    async def record(self, rec: CallRecord) -> None:
         """Append the request's audit record once (tool calls and refusals only)."""
         if self._audit is None or rec.recorded:
             return
@@ -169,25 +194,26 @@ class McpEndpoint:
         except Exception:
             _log.exception("audit record of MCP request %s lost", rec.request_id)
 
-    def _challenge(self, server: str) -> bytes:
+    def challenge(self, server: str | None) -> bytes:
+        """The 401 challenge of ``/mcp/<server>`` (``None``: the aggregate ``/mcp``)."""
         meta = self.settings.resource_metadata
-        if meta is None or server not in self.upstreams:
+        if meta is None or (server is not None and server not in self.upstreams):
             return b"Bearer"
         return f'Bearer resource_metadata="{metadata_url(meta, server)}"'.encode()
 
     async def handle_metadata(self, scope: Mapping[str, Any], send: Any) -> None:
         """Serve the RFC 9728 document (404 when not configured or another path)."""
         meta = self.settings.resource_metadata
-        doc = None if meta is None else metadata_document(meta, scope["path"],
-                                                           set(self.upstreams))
+        doc = None if meta is None else metadata_document(
+            meta, scope["path"], set(self.upstreams), self.settings.aggregate)
         if doc is None:
-            await _send_json(send, 404, b'{"error":"not_found"}')
+            await send_json(send, 404, b'{"error":"not_found"}')
             return
-        await _send_json(send, 200, json.dumps(doc).encode())
+        await send_json(send, 200, json.dumps(doc).encode())
 
     # -- checks ---------------------------------------------------------------------------
 
-    def _authenticate(self, state: Any, headers: Mapping[str, str]) -> Any:
+    def authenticate(self, state: Any, headers: Mapping[str, str]) -> Any:
         token = bearer_token(headers.get("authorization", "").encode("latin-1") or None)
         try:
             principal = state.authenticator.authenticate(token)
@@ -199,7 +225,7 @@ class McpEndpoint:
             raise McpRefusal(exc.status, code, exc.code or "unauthenticated", exc.message) from exc
         return principal
 
-    def _check_class(self, principal: Any, upstream: Upstream, rec: CallRecord) -> None:
+    def check_class(self, principal: Any, upstream: Upstream, rec: CallRecord) -> None:
         if self._policy is None:
             return
         dest = upstream.settings.destination or ""
@@ -223,10 +249,23 @@ class McpEndpoint:
             raise McpRefusal(404, INVALID_REQUEST, "session_unknown", "Session not found")
         return sid
 
-    async def _check_call(self, state: Any, upstream: Upstream, principal: Any, msg: Message,
-                          body: bytes, rec: CallRecord) -> tuple[Any, bytes]:
-        """Check a ``tools/call``; the principal (class raised by detected sensitive data) and
-        the body to forward (arguments masked by the ``pii`` section) after the checks."""
+    async def check_call(self, state: Any, upstream: Upstream, principal: Any, msg: Message,
+                         body: bytes, rec: CallRecord, client_params: list[tuple[str, str]]
+                         | None) -> tuple[Any, bytes, dict[str, str]]:
+        """Check a ``tools/call``.
+
+        Args:
+            client_params: The request's ``Mcp-Param-*`` lines, checked against the
+                arguments (:mod:`gateway.mcp.params`); ``None``: not checked (a 2025 request).
+
+        Returns:
+            The principal (class raised by detected sensitive data), the body to forward
+            (arguments masked by the ``pii`` section) and the ``Mcp-Param-*`` headers to send
+            with it (rebuilt from the forwarded arguments; the client's are never relayed).
+
+        Raises:
+            McpRefusal: The call is refused (see the module docstring's order).
+        """
         tool = msg.name or ""
         verdict = self.access.check(principal.key_id, principal.team, upstream.name, tool)
         if not verdict.allowed:
@@ -243,6 +282,7 @@ class McpEndpoint:
         if declared is not None and declared.max_argument_bytes is not None:
             limit = min(limit, declared.max_argument_bytes)
         check_size(encoded, limit)
+        sent = arguments
         pii = self._policy.pii if self._policy is not None else None
         if pii is not None:
             principal, body, arguments = await self._scan_arguments(
@@ -253,6 +293,8 @@ class McpEndpoint:
             raise McpRefusal(400, INVALID_PARAMS, "unknown_tool",
                              f"MCP server {upstream.name} has no tool {tool!r}")
         schema = definition.get("inputSchema")
+        if client_params is not None:
+            check_param_headers(schema, sent, client_params)
         check_schema(arguments, schema if isinstance(schema, dict) else None,
                      catalogue.validator(tool))
         if declared is not None and declared.url_arguments:
@@ -260,7 +302,7 @@ class McpEndpoint:
                                       self._policy,
                                       PolicyPrincipal(principal.key_id, principal.team),
                                       principal.data_class)
-        return principal, body
+        return principal, body, param_headers(schema, arguments)
 
     async def _scan_arguments(self, pii: Any, upstream: Upstream, principal: Any, msg: Message,
                               arguments: dict[str, Any], body: bytes, rec: CallRecord,
@@ -276,7 +318,7 @@ class McpEndpoint:
         if scan.data_class != principal.data_class:
             principal = dataclasses.replace(principal, data_class=scan.data_class)
             rec.data_class = scan.data_class
-            self._check_class(principal, upstream, rec)
+            self.check_class(principal, upstream, rec)
         if scan.masked:
             obj = dict(msg.obj)
             obj["params"] = {**msg.params, "arguments": scan.arguments}
@@ -286,12 +328,19 @@ class McpEndpoint:
 
     # -- forwarding -----------------------------------------------------------------------
 
-    async def _forward(self, state: Any, upstream: Upstream, principal: Any, msg: Message,
-                       body: bytes, headers: Mapping[str, str], upstream_sid: str | None,
-                       rec: CallRecord, send: Any) -> None:
+    async def forward(self, state: Any, upstream: Upstream, principal: Any, msg: Message,
+                      body: bytes, headers: Mapping[str, str], upstream_sid: str | None,
+                      rec: CallRecord, send: Any, params: Mapping[str, str] | None = None,
+                      ) -> None:
+        """Send the checked message upstream and relay the answer.
+
+        Args:
+            headers: The client's headers (only the MCP ones are relayed).
+            params: The ``Mcp-Param-*`` headers to send (from :meth:`check_call`).
+        """
         limits = self.settings.limits
         resp = await upstream.post(Link.of(state), body,
-                                   upstream.headers(headers, upstream_sid), limits)
+                                   upstream.headers(headers, upstream_sid, params), limits)
         async with resp:
             out_headers: list[tuple[bytes, bytes]] = []
             sid = resp.headers.get("mcp-session-id")
@@ -321,7 +370,7 @@ class McpEndpoint:
                 async for raw, _, _ in stream.events():
                     answer = raw
                 rec.status = 200
-                await _send_json(send, 200, answer, out_headers)
+                await send_json(send, 200, answer, out_headers)
                 rec.bytes_out = len(answer)
             rec.result_sha256 = stream.digest
 
@@ -331,7 +380,8 @@ class McpEndpoint:
         try:
             async for raw, _, message in stream.events():
                 if isinstance(message, dict) and "method" in message and "id" in message and (
-                        rec.protocol_version in MODERN_VERSIONS):
+                        rec.protocol_version in MODERN_VERSIONS
+                        or msg.meta_version in MODERN_VERSIONS):
                     stream.resp.abandon()
                     raise McpRefusal(502, INTERNAL_ERROR, "upstream_request_refused",
                                      "MCP server sent a request on a 2026-07-28 stream")
@@ -376,7 +426,7 @@ class McpEndpoint:
             ]
         data = json.dumps(final, separators=(",", ":")).encode()
         rec.status = 200
-        await _send_json(send, 200, data, out_headers)
+        await send_json(send, 200, data, out_headers)
         rec.bytes_out = len(data)
 
     async def _delete(self, state: Any, upstream: Upstream, key_id: str,
@@ -392,7 +442,7 @@ class McpEndpoint:
         await _send(send, status, b"", [])
 
 
-async def _read_body(receive: Any, headers: Mapping[str, str], limit: int) -> bytes:
+async def read_body(receive: Any, headers: Mapping[str, str], limit: int) -> bytes:
     """The request body, up to ``limit`` bytes. A batch is refused at its first byte and an
     announced length above the limit at the first chunk: neither is read whole."""
     length = headers.get("content-length")
@@ -419,6 +469,6 @@ async def _send(send: Any, status: int, body: bytes, headers: list[tuple[bytes, 
     await send({"type": "http.response.body", "body": body})
 
 
-async def _send_json(send: Any, status: int, body: bytes,
+async def send_json(send: Any, status: int, body: bytes,
                      headers: list[tuple[bytes, bytes]] | None = None) -> None:
     await _send(send, status, body, [(b"content-type", b"application/json"), *(headers or [])])

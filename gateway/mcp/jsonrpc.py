@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -164,7 +165,11 @@ def _mismatch(msg: Message, text: str) -> McpRefusal:
     return McpRefusal(400, HEADER_MISMATCH, "header_mismatch", f"Header mismatch: {text}")
 
 
-def check_headers(msg: Message, headers: dict[str, str]) -> str:
+_ROUTING = (b"mcp-protocol-version", b"mcp-method", b"mcp-name")
+
+
+def check_headers(msg: Message, headers: Mapping[str, str],
+                  lines: Sequence[tuple[bytes, bytes]] = ()) -> str:
     """Check the request-metadata headers against the body; return the protocol version.
 
     Modern versions (2026-07-28) require ``MCP-Protocol-Version`` equal to the body's
@@ -175,6 +180,8 @@ def check_headers(msg: Message, headers: dict[str, str]) -> str:
     Args:
         msg: The parsed message.
         headers: Request headers, lower-case names, latin-1 decoded.
+        lines: The request's header lines as received: a routing header given twice is a
+            mismatch (readers of the first and of the last copy would disagree).
 
     Returns:
         The protocol version the request speaks (``2025-03-26`` when nothing says).
@@ -182,6 +189,10 @@ def check_headers(msg: Message, headers: dict[str, str]) -> str:
     Raises:
         McpRefusal: 400 ``header_mismatch`` (-32020) or ``unsupported_version`` (-32022).
     """
+    names = [name.lower() for name, _ in lines]
+    for name in _ROUTING:
+        if names.count(name) > 1:
+            raise _mismatch(msg, f"{name.decode()} header appears more than once")
     header_version = headers.get("mcp-protocol-version")
     version = header_version or msg.meta_version or "2025-03-26"
     if version not in MODERN_VERSIONS and version not in HANDSHAKE_VERSIONS:

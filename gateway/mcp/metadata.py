@@ -25,24 +25,25 @@ def _base(meta: McpResourceMetadata) -> str:
     return meta.resource.rstrip("/")
 
 
-def metadata_url(meta: McpResourceMetadata, server: str) -> str:
-    """The metadata URL announced in the 401 of ``/mcp/<server>``."""
-    return f"{_base(meta)}{WELL_KNOWN}/mcp/{server}"
+def metadata_url(meta: McpResourceMetadata, server: str | None) -> str:
+    """The metadata URL announced in the 401 of ``/mcp/<server>`` (``None``: ``/mcp``)."""
+    return f"{_base(meta)}{WELL_KNOWN}/mcp" + (f"/{server}" if server is not None else "")
 
 
-def metadata_document(meta: McpResourceMetadata, path: str,
-                      servers: set[str]) -> dict[str, Any] | None:
+def metadata_document(meta: McpResourceMetadata, path: str, servers: set[str],
+                      aggregate: bool = False) -> dict[str, Any] | None:
     """The RFC 9728 document served at ``path``, or ``None`` (404) for another path.
 
     Args:
         meta: The configured metadata.
         path: The request path (``/.well-known/oauth-protected-resource[/mcp/<name>]``).
         servers: The declared server names.
+        aggregate: The aggregate endpoint ``/mcp`` is on (its document at ``.../mcp``).
     """
     rest = path[len(WELL_KNOWN):]
     if rest in ("", "/"):
         resource = _base(meta)
-    elif rest.startswith("/mcp/") and rest[5:] in servers:
+    elif (rest.startswith("/mcp/") and rest[5:] in servers) or (aggregate and rest == "/mcp"):
         resource = f"{_base(meta)}{rest}"
     else:
         return None

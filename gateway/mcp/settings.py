@@ -15,6 +15,8 @@ Example::
           servers: ["search"]
           allow: ["*"]
           deny: ["delete_*"]
+      aggregate: true                  # /mcp: every server's tools as <server>__<tool>
+      session_key_file: /run/secrets/mcp-session.key   # shared by workers and replicas
       resource_metadata:               # RFC 9728 protected-resource metadata
         resource: https://gw.example.eu/mcp
         authorization_servers: [https://id.example.eu]
@@ -31,6 +33,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 __all__ = [
+    "AGGREGATE_SEPARATOR",
     "McpAccessRule",
     "McpLimits",
     "McpResourceMetadata",
@@ -130,14 +133,31 @@ class McpResourceMetadata(_Frozen):
     resource_name: str | None = None
 
 
+AGGREGATE_SEPARATOR = "__"
+"""Between server and tool name in the aggregate endpoint's tool names (``search__fetch``):
+characters the MCP tool-name rules allow (2025-11-25 ``server/tools#tool-names``: letters,
+digits, ``_-.``) and the model APIs' function names accept (no ``.``)."""
+
+
 class McpSettings(_Frozen):
-    """The ``mcp:`` section (absent: no MCP endpoint)."""
+    """The ``mcp:`` section (absent: no MCP endpoint).
+
+    Attributes:
+        aggregate: Serve ``/mcp`` too: one endpoint listing the tools of every server the
+            caller may use as ``<server>__<tool>`` and routing each call to its server with
+            the per-server checks (server names must then not contain ``__``).
+        session_key_file: HMAC key of handshake-era session ids (base64 of >= 32 bytes, a
+            mounted Secret shared by all workers and replicas); unset: random per process, so
+            a 2025 client's session continues only in the process that opened it.
+    """
 
     servers: list[McpServerSettings] = Field(min_length=1)
     access: list[McpAccessRule] = Field(default_factory=list)
     limits: McpLimits = Field(default_factory=McpLimits)
     resource_metadata: McpResourceMetadata | None = None
     allowed_origins: list[str] = Field(default_factory=list)
+    aggregate: bool = False
+    session_key_file: Path | None = None
 
     @model_validator(mode="after")
     def _unique_names(self) -> McpSettings:
@@ -145,5 +165,8 @@ class McpSettings(_Frozen):
         for i, server in enumerate(self.servers):
             if server.name in seen:
                 raise ValueError(f"servers[{i}].name: {server.name!r} is used twice")
+            if self.aggregate and AGGREGATE_SEPARATOR in server.name:
+                raise ValueError(f"servers[{i}].name: {server.name!r} contains "
+                                 f"{AGGREGATE_SEPARATOR!r}, the aggregate endpoint's separator")
             seen.add(server.name)
         return self

@@ -46,7 +46,8 @@ FORWARDED_HEADERS = frozenset({
     "accept", "content-type", "mcp-protocol-version", "mcp-method", "mcp-name",
     "traceparent", "tracestate", "last-event-id",
 })
-"""Client headers relayed upstream (plus ``mcp-param-*``); never ``authorization`` or cookies."""
+"""Client headers relayed upstream; never ``authorization``, cookies or the client's
+``mcp-param-*`` (rebuilt from the checked arguments, :mod:`gateway.mcp.params`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,10 +151,12 @@ class Upstream:
         path = self.settings.auth_token_file
         self._token = path.read_text(encoding="utf-8").strip() if path is not None else None
 
-    def headers(self, client: Mapping[str, str], session_id: str | None) -> dict[str, str]:
-        """The upstream request headers: relayed MCP headers, injected credentials."""
-        out = {k: v for k, v in client.items()
-               if k in FORWARDED_HEADERS or k.startswith("mcp-param-")}
+    def headers(self, client: Mapping[str, str], session_id: str | None,
+                params: Mapping[str, str] | None = None) -> dict[str, str]:
+        """The upstream request headers: relayed MCP headers of ``client``, the gateway's own
+        ``mcp-param-*`` headers ``params``, the upstream session id, injected credentials."""
+        out = {k: v for k, v in client.items() if k in FORWARDED_HEADERS}
+        out.update(params or {})
         out.setdefault("content-type", "application/json")
         out.setdefault("accept", "application/json, text/event-stream")
         out["accept-encoding"] = "identity"  # the session does not decompress

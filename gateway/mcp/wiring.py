@@ -8,16 +8,20 @@ session's checked connector and the process guard refuse any address outside the
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from gateway.egress import binding_problems
 from gateway.errors import ConfigError
 from gateway.mcp.endpoint import McpEndpoint
+from gateway.mcp.sessions import load_session_key
 from gateway.mcp.settings import McpSettings
 from policy import EgressMatcher, Policy
 
 __all__ = ["build_mcp", "check_mcp_destinations"]
+
+_log = logging.getLogger(__name__)
 
 
 def check_mcp_destinations(settings: McpSettings, policy: Policy | None) -> None:
@@ -44,11 +48,21 @@ def build_mcp(
     """The MCP endpoint of ``settings`` (``None`` without an ``mcp:`` section).
 
     Raises:
-        ConfigError: See :func:`check_mcp_destinations`.
+        ConfigError: See :func:`check_mcp_destinations`; ``mcp.session_key_file`` unreadable,
+            not base64 or shorter than 32 bytes.
     """
     if settings is None:
         return None
     check_mcp_destinations(settings, policy)
     if policy is not None and matcher is None:
         matcher = EgressMatcher(policy)
-    return McpEndpoint(settings, policy, matcher, audit)
+    key = None
+    if settings.session_key_file is not None:
+        try:
+            key = load_session_key(settings.session_key_file)
+        except ValueError as exc:
+            raise ConfigError(f"mcp.session_key_file: {exc}") from exc
+    else:
+        _log.info("mcp.session_key_file not set: sessions of 2025 MCP clients continue only "
+                  "in the process that opened them")
+    return McpEndpoint(settings, policy, matcher, audit, key)

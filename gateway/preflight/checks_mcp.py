@@ -18,7 +18,8 @@ __all__ = ["check_mcp"]
 
 
 def check_mcp(facts: Facts) -> CheckResult:
-    """The MCP servers are bound to policy destinations (and their token files readable)."""
+    """The MCP servers are bound to policy destinations (and their token files and the session
+    key file readable)."""
     from gateway.errors import ConfigError
     from gateway.mcp.wiring import check_mcp_destinations
 
@@ -43,6 +44,13 @@ def check_mcp(facts: Facts) -> CheckResult:
         token = server.auth_token_file
         if token is not None and not token.is_file():
             problems.append(f"mcp.servers[{i}].auth_token_file: {token} is not a readable file")
+    if section.session_key_file is not None:
+        from gateway.mcp.sessions import load_session_key
+
+        try:
+            load_session_key(section.session_key_file)
+        except ValueError as exc:
+            problems.append(f"mcp.session_key_file: {exc}")
     if problems:
         return CheckResult(cid, title, "fail", "; ".join(problems), evidence, crit)
     return CheckResult(cid, title, "pass", f"{len(section.servers)} MCP server(s), each inside "

@@ -6,9 +6,10 @@ from __future__ import annotations
 import asyncio
 import json
 import urllib.request
-from typing import Any
+from typing import Annotated, Any
 
 from mcp.server.mcpserver import Context, MCPServer
+from pydantic import Field
 
 
 def sdk_server() -> Any:
@@ -38,6 +39,53 @@ def sdk_server() -> Any:
     def delete_everything() -> str:
         """A tool the access rules deny."""
         return "gone"
+
+    return server.streamable_http_app()
+
+
+def notes_server() -> Any:
+    """A second SDK server (Streamable HTTP app at ``/mcp``): ``add_note``, ``delete_note``."""
+    server = MCPServer("upstream-notes")
+    notes: list[str] = []
+
+    @server.tool()
+    def add_note(text: str) -> str:
+        """Keep ``text``; answer how many notes there are."""
+        notes.append(text)
+        return f"{len(notes)} notes"
+
+    @server.tool()
+    def delete_note(index: int) -> str:
+        """A tool the access rules deny."""
+        return "deleted"
+
+    return server.streamable_http_app()
+
+
+class Recording:
+    """ASGI wrapper recording each HTTP request's method and headers (lower-case names)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.requests: list[tuple[str, dict[str, str]]] = []
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            self.requests.append((scope["method"], {
+                k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}))
+        await self.app(scope, receive, send)
+
+
+def param_server() -> Any:
+    """An SDK server whose ``lookup`` tool mirrors ``region`` into ``Mcp-Param-Region``
+    (``x-mcp-header``, 2026-07-28); the SDK checks that header against the body itself."""
+    server = MCPServer("upstream-params")
+
+    @server.tool()
+    def lookup(region: Annotated[str, Field(json_schema_extra={"x-mcp-header": "Region"})],
+               query: str) -> str:
+        """Answer ``query`` in ``region``."""
+        return f"{query} in {region}"
 
     return server.streamable_http_app()
 

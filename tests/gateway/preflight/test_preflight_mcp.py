@@ -81,3 +81,15 @@ def test_a_missing_token_file_fails(capsys: pytest.CaptureFixture[str], tmp_path
     cfg = _cfg(tmp_path, "http://127.0.0.1:7100/mcp", token=tmp_path / "missing.token")
     check = _check(capsys, tmp_path, cfg)
     assert check["status"] == "fail" and "auth_token_file" in check["verdict"], check
+
+
+def test_a_bad_session_key_file_fails(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VLLM_KEY", "x")
+    key = tmp_path / "mcp-session.key"
+    key.write_text("c2hvcnQ=\n")  # 5 bytes
+    cfg = _cfg(tmp_path, "http://127.0.0.1:7100/mcp")
+    cfg["mcp"]["session_key_file"] = str(key)
+    check = _check(capsys, tmp_path, cfg)
+    assert check["status"] == "fail", check
+    assert "mcp.session_key_file" in check["verdict"] and "at least 32 bytes" in check["verdict"]

@@ -1,0 +1,232 @@
+"""The aggregate MCP endpoint ``/mcp`` (``mcp.aggregate: true``): every server behind one URL.
+
+The gateway answers the protocol itself here (``initialize``, ``server/discover``, ``ping``,
+``tools/list``) and forwards only tool calls. ``tools/list`` merges the tools of every server
+the caller may use (an ``access`` rule for it, and the server's destination may receive the
+caller's data class) under ``<server>__<tool>``, filtered per tool by the same globs as
+``/mcp/<server>``. A ``tools/call`` of ``<server>__<tool>`` is checked and forwarded by the
+per-server pipeline of :class:`~gateway.mcp.endpoint.McpEndpoint` (data class, access, size,
+sensitive data, catalogue, ``inputSchema``, URL arguments, bounded relay, one audit record
+naming the server and the tool), as a stateless 2026-07-28 request with the client's id,
+arguments and progress token.
+
+Limits: only servers that speak 2026-07-28 are merged (a handshake-era server has per-client
+sessions the aggregate does not keep; call it at ``/mcp/<server>``); resources, prompts and
+other methods are answered ``-32601``. Handshake-era clients get a caller-bound session id
+(:mod:`gateway.mcp.sessions`, server name ``""``) that carries no state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+import secrets
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from gateway.mcp.catalogue import modern_meta
+from gateway.mcp.jsonrpc import (
+    FORBIDDEN,
+    HANDSHAKE_VERSIONS,
+    INVALID_PARAMS,
+    INVALID_REQUEST,
+    METHOD_NOT_FOUND,
+    MODERN_VERSIONS,
+    UPSTREAM_ERROR,
+    McpRefusal,
+    Message,
+    check_headers,
+    parse_message,
+)
+from gateway.mcp.params import param_lines
+from gateway.mcp.records import CallRecord, trace_id_of
+from gateway.mcp.settings import AGGREGATE_SEPARATOR
+from gateway.mcp.upstream import Link, Upstream
+
+if TYPE_CHECKING:
+    from gateway.mcp.endpoint import McpEndpoint
+
+__all__ = ["handle_aggregate", "split_tool_name"]
+
+_log = logging.getLogger(__name__)
+
+SESSION_SCOPE = ""
+"""The server name the aggregate's session ids are bound to (no declared server has it)."""
+_SERVER_INFO = {"name": "sovereign-gateway", "version": "0.1.0"}
+_CAPABILITIES = {"tools": {"listChanged": False}}
+_META_PREFIX = "io.modelcontextprotocol/"
+
+
+def split_tool_name(name: str) -> tuple[str, str] | None:
+    """``(server, tool)`` of an aggregate tool name ``<server>__<tool>``, or ``None``."""
+    server, sep, tool = name.partition(AGGREGATE_SEPARATOR)
+    return (server, tool) if sep and server and tool else None
+
+
+async def handle_aggregate(ep: McpEndpoint, state: Any, scope: Mapping[str, Any],
+                           headers: Mapping[str, str], receive: Any, send: Any) -> None:
+    """Serve one HTTP request to ``/mcp`` with the checks and audit of ``ep``."""
+    from gateway.mcp.endpoint import read_body
+
+    rec = CallRecord(server=None, trace_id=trace_id_of(headers.get("traceparent")))
+    msg: Message | None = None
+    try:
+        principal = ep.authenticate(state, headers)
+        rec.key_id, rec.team, rec.data_class = (principal.key_id, principal.team,
+                                                 principal.data_class)
+        if scope["method"] == "DELETE":
+            rec.method = "DELETE"
+            if _session(ep, principal.key_id, headers) is None:
+                raise McpRefusal(404, INVALID_REQUEST, "session_unknown", "Session not found")
+            rec.decision, rec.status = "allow", 200
+            await _send(send, 200, None, [])
+            return
+        if scope["method"] != "POST":
+            raise McpRefusal(405, INVALID_REQUEST, "method_not_allowed",
+                             "use POST (the standalone GET stream is not offered)")
+        if "origin" in headers and headers["origin"] not in ep.settings.allowed_origins:
+            raise McpRefusal(403, FORBIDDEN, "origin_refused", "Origin not allowed")
+        body = await read_body(receive, headers, ep.settings.limits.max_request_bytes)
+        rec.bytes_in = len(body)
+        msg = parse_message(body)
+        rec.method = msg.method
+        rec.protocol_version = check_headers(msg, headers, scope["headers"])
+        modern = rec.protocol_version in MODERN_VERSIONS
+        if "mcp-session-id" in headers:
+            if modern:
+                raise McpRefusal(400, INVALID_REQUEST, "session_refused",
+                                 "protocol 2026-07-28 has no sessions")
+            if _session(ep, principal.key_id, headers) is None:
+                raise McpRefusal(404, INVALID_REQUEST, "session_unknown", "Session not found")
+        if msg.method == "tools/call":
+            client_params = param_lines(scope["headers"]) if modern else None
+            await _call(ep, state, principal, msg, headers, client_params, rec, send)
+            return
+        rec.decision = "allow"
+        if not msg.is_request:  # notifications and client responses: nothing to do
+            rec.status = 202
+            await _send(send, 202, None, [])
+            return
+        extra: list[tuple[bytes, bytes]] = []
+        if msg.method == "initialize":
+            asked = msg.params.get("protocolVersion")
+            result: dict[str, Any] = {
+                "protocolVersion": asked if asked in HANDSHAKE_VERSIONS else HANDSHAKE_VERSIONS[-1],
+                "capabilities": _CAPABILITIES, "serverInfo": _SERVER_INFO}
+            sid = ep.sessions.wrap(principal.key_id, SESSION_SCOPE, secrets.token_urlsafe(18))
+            extra.append((b"mcp-session-id", sid.encode()))
+        elif msg.method == "server/discover":
+            result = {"supportedVersions": list(MODERN_VERSIONS), "capabilities": _CAPABILITIES,
+                      "cacheScope": "private", "ttlMs": 0,
+                      "_meta": {_META_PREFIX + "serverInfo": _SERVER_INFO}}
+        elif msg.method == "ping":
+            result = {}
+        elif msg.method == "tools/list":
+            result = {"tools": await _merged_tools(ep, state, principal)}
+            if modern:  # 2026-07-28 cacheable results (ListToolsResult): not to be cached
+                result.update(cacheScope="private", ttlMs=0)
+        else:
+            raise McpRefusal(404, METHOD_NOT_FOUND, "method_not_found",
+                             f"the aggregate endpoint serves tools only, not {msg.method!r}")
+        if modern:
+            result["resultType"] = "complete"
+        await _send(send, 200, {"jsonrpc": "2.0", "id": msg.id, "result": result}, extra, rec)
+    except McpRefusal as exc:
+        await ep.refuse(exc, rec, msg, ep.challenge(None), send)
+    finally:
+        ep.metrics.observe(rec)
+        await ep.record(rec)
+
+
+def _session(ep: McpEndpoint, key_id: str, headers: Mapping[str, str]) -> str | None:
+    presented = headers.get("mcp-session-id")
+    return ep.sessions.unwrap(key_id, SESSION_SCOPE, presented) if presented else None
+
+
+def _usable(ep: McpEndpoint, principal: Any, upstream: Upstream) -> bool:
+    """May the caller use some tool of ``upstream`` with its data class?"""
+    if not ep.access.may_use_server(principal.key_id, principal.team, upstream.name):
+        return False
+    try:
+        ep.check_class(principal, upstream, CallRecord(server=upstream.name))
+    except McpRefusal:
+        return False
+    return True
+
+
+async def _merged_tools(ep: McpEndpoint, state: Any, principal: Any) -> list[dict[str, Any]]:
+    """The tools the caller may call, of every usable modern server, by prefixed name. A
+    server that cannot be listed is left out (logged), not the whole list."""
+    link = Link.of(state)
+    usable = [u for u in ep.upstreams.values() if _usable(ep, principal, u)]
+    found = await asyncio.gather(*(ep.catalogue.get(u, link) for u in usable),
+                                 return_exceptions=True)
+    tools: list[dict[str, Any]] = []
+    for upstream, catalogue in zip(usable, found, strict=True):
+        if isinstance(catalogue, McpRefusal):
+            _log.warning("aggregate tools/list: MCP server %s left out: %s", upstream.name,
+                         catalogue.message)
+            continue
+        if isinstance(catalogue, BaseException):
+            raise catalogue
+        if not catalogue.modern:
+            continue
+        for name, tool in catalogue.tools.items():
+            if ep.access.check(principal.key_id, principal.team, upstream.name, name).allowed:
+                tools.append({**tool, "name": f"{upstream.name}{AGGREGATE_SEPARATOR}{name}"})
+    return tools
+
+
+async def _call(ep: McpEndpoint, state: Any, principal: Any, msg: Message,
+                headers: Mapping[str, str], client_params: list[tuple[str, str]] | None,
+                rec: CallRecord, send: Any) -> None:
+    """Route ``<server>__<tool>`` to its server through the per-server checks."""
+    split = split_tool_name(msg.name or "")
+    upstream = ep.upstreams.get(split[0]) if split is not None else None
+    if split is None or upstream is None:
+        rec.tool = msg.name
+        raise McpRefusal(400, INVALID_PARAMS, "unknown_tool",
+                         f"no tool {msg.name!r} (aggregate names are <server>__<tool>)")
+    tool = split[1]
+    rec.server, rec.tool, rec.destination = upstream.name, tool, upstream.settings.destination
+    ep.check_class(principal, upstream, rec)
+    client_meta = msg.params.get("_meta")
+    meta = {k: v for k, v in (client_meta if isinstance(client_meta, dict) else {}).items()
+            if not k.startswith(_META_PREFIX)}
+    params = {**msg.params, "name": tool, "_meta": {**meta, **modern_meta()}}
+    obj = {**msg.obj, "params": params}
+    forwarded = Message(obj, "tools/call", msg.id, True, tool, params)
+    body = json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    principal, body, params = await ep.check_call(state, upstream, principal, forwarded, body,
+                                                  rec, client_params)
+    if not (await ep.catalogue.get(upstream, Link.of(state))).modern:
+        raise McpRefusal(502, UPSTREAM_ERROR, "upstream_legacy",
+                         f"MCP server {upstream.name} speaks only the initialize handshake: "
+                         f"call it at /mcp/{upstream.name}")
+    upstream_headers = {
+        "mcp-protocol-version": MODERN_VERSIONS[-1], "mcp-method": "tools/call",
+        "mcp-name": tool if tool.isascii() and tool.strip() == tool and tool.isprintable()
+        else "=?base64?" + _b64(tool) + "?=",
+        **{k: headers[k] for k in ("traceparent", "tracestate") if k in headers},
+    }
+    rec.decision = "allow"
+    await ep.forward(state, upstream, principal, forwarded, body, upstream_headers, None, rec,
+                     send, params)
+
+
+def _b64(text: str) -> str:
+    return base64.b64encode(text.encode("utf-8")).decode("ascii")
+
+
+async def _send(send: Any, status: int, message: dict[str, Any] | None,
+                headers: list[tuple[bytes, bytes]], rec: CallRecord | None = None) -> None:
+    body = b"" if message is None else json.dumps(message, separators=(",", ":")).encode()
+    out = [*headers, (b"content-length", str(len(body)).encode())]
+    if message is not None:
+        out.insert(0, (b"content-type", b"application/json"))
+    await send({"type": "http.response.start", "status": status, "headers": out})
+    await send({"type": "http.response.body", "body": body})
+    if rec is not None:
+        rec.status, rec.bytes_out = status, len(body)
