@@ -66,6 +66,12 @@ _SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no
                 (b"x-accel-buffering", b"no")]
 
 
+AggregateHandler = Callable[
+    ["McpEndpoint", Any, Mapping[str, Any], Mapping[str, str], Any, Any], Awaitable[None]]
+"""Serves the aggregate endpoint ``/mcp`` with an endpoint's checks
+(:func:`gateway.mcp.aggregate.handle_aggregate`, given by :func:`gateway.mcp.wiring`)."""
+
+
 class McpEndpoint:
     """Serves ``/mcp/<server>`` for the servers of the ``mcp:`` section.
 
@@ -80,8 +86,10 @@ class McpEndpoint:
 
     def __init__(self, settings: McpSettings, policy: Policy | None,
                  matcher: EgressMatcher | None, audit: AuditSink | None,
-                 session_key: bytes | None = None) -> None:
+                 session_key: bytes | None = None,
+                 aggregate: AggregateHandler | None = None) -> None:
         self.settings = settings
+        self._aggregate = aggregate
         self.upstreams = {s.name: Upstream(s) for s in settings.servers}
         self.access = ToolAccess(settings.access)
         self.catalogue = Catalogue(settings.limits)
@@ -106,10 +114,8 @@ class McpEndpoint:
     async def handle(self, state: Any, scope: Mapping[str, Any], receive: Any, send: Any) -> None:
         """Serve one HTTP request under ``/mcp/`` (or the aggregate endpoint ``/mcp``)."""
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        if scope["path"] == AGGREGATE and self.settings.aggregate:
-            from gateway.mcp.aggregate import handle_aggregate
-
-            await handle_aggregate(self, state, scope, headers, receive, send)
+        if scope["path"] == AGGREGATE and self.settings.aggregate and self._aggregate is not None:
+            await self._aggregate(self, state, scope, headers, receive, send)
             return
         name = scope["path"][len(PREFIX):].rstrip("/")
         rec = CallRecord(server=name, trace_id=trace_id_of(headers.get("traceparent")))

@@ -14,6 +14,7 @@ from typing import Any
 
 from gateway.egress import binding_problems
 from gateway.errors import ConfigError
+from gateway.mcp.aggregate import handle_aggregate
 from gateway.mcp.endpoint import McpEndpoint
 from gateway.mcp.sessions import load_session_key
 from gateway.mcp.settings import McpSettings
@@ -65,4 +66,4 @@ def build_mcp(
     else:
         _log.info("mcp.session_key_file not set: sessions of 2025 MCP clients continue only "
                   "in the process that opened them")
-    return McpEndpoint(settings, policy, matcher, audit, key)
+    return McpEndpoint(settings, policy, matcher, audit, key, aggregate=handle_aggregate)
