@@ -47,6 +47,21 @@ def echo(text: str) -> str:
 uvicorn.run(server.streamable_http_app(), host="127.0.0.1", port=int(sys.argv[1]),
             log_level="warning", lifespan="on")
 """
+# Run inside the gateway process with --profile: SIGUSR1 starts cProfile, SIGUSR2 stops it and
+# writes the statistics, so only the measured loads are profiled (not imports and start-up).
+# The clock is the process's CPU time: on a shared machine, wall time would charge a function
+# for the time the process waited for a core.
+PROFILED_MAIN = """
+import cProfile, signal, sys, time
+from gateway.cli import main
+prof = cProfile.Profile(time.process_time)
+signal.signal(signal.SIGUSR1, lambda *_: prof.enable())
+def _dump(*_):
+    prof.disable()
+    prof.dump_stats(sys.argv[1])
+signal.signal(signal.SIGUSR2, _dump)
+sys.exit(main(sys.argv[2:]))
+"""
 
 
 def free_port() -> int:
@@ -100,11 +115,29 @@ def pct(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=1000)[int(q * 1000) - 1]
 
 
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds used so far by ``pid`` (``/proc/<pid>/stat`` fields 14, 15)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def measure(url: str, calls: int, concurrency: int, key: str | None,
+            pids: dict[str, int]) -> tuple[list[float], dict[str, float]]:
+    """Latencies (ms) of one load, and CPU microseconds per call of each process in ``pids``."""
+    before = {name: cpu_s(pid) for name, pid in pids.items()}
+    values = asyncio.run(load(url, calls, concurrency, key))
+    return values, {name: (cpu_s(pid) - before[name]) * 1e6 / calls
+                    for name, pid in pids.items()}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--calls", type=int, default=2000)
+    ap.add_argument("--calls", type=int, default=2000, help="calls per load at --concurrency")
+    ap.add_argument("--calls-c1", type=int, default=300, help="calls per load at concurrency 1")
     ap.add_argument("--concurrency", type=int, default=32)
     ap.add_argument("--audit", action="store_true", help="audit chain on (SQLite)")
+    ap.add_argument("--profile", type=Path, default=None,
+                    help="run the gateway under cProfile and write its stats to this file")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench-mcp-"))
     up_port, gw_port, model_port = free_port(), free_port(), free_port()
@@ -136,9 +169,13 @@ def main() -> None:
                         "replica_id": "bench",
                         "pseudonym_key_file": str(generate_key_file(tmp / "p.key"))}
     (tmp / "gateway.yaml").write_text(yaml.safe_dump(cfg))
+    entry = (["-c", PROFILED_MAIN, str(args.profile)] if args.profile
+             else ["-m", "gateway.cli"])
     upstream = subprocess.Popen([sys.executable, "-c", UPSTREAM, str(up_port)], env=env)
-    gateway = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", "--config",
-                                str(tmp / "gateway.yaml")], env=env, cwd=ROOT)
+    gateway = subprocess.Popen([sys.executable, *entry, "serve",
+                                "--config", str(tmp / "gateway.yaml")], env=env, cwd=ROOT)
+    pids = {"gateway": gateway.pid, "server": upstream.pid}
+    rows: list[tuple[int, list[float], dict[str, float], list[float], dict[str, float]]] = []
     try:
         asyncio.run(wait_up(f"http://127.0.0.1:{up_port}/mcp", upstream))
         asyncio.run(wait_up(f"http://127.0.0.1:{gw_port}/healthz", gateway))
@@ -146,20 +183,35 @@ def main() -> None:
         gw_url = f"http://127.0.0.1:{gw_port}/mcp/echo"
         asyncio.run(load(direct_url, 200, args.concurrency, None))  # warm up both paths
         asyncio.run(load(gw_url, 200, args.concurrency, KEY))
-        direct = asyncio.run(load(direct_url, args.calls, args.concurrency, None))
-        through = asyncio.run(load(gw_url, args.calls, args.concurrency, KEY))
+        if args.profile:
+            gateway.send_signal(signal.SIGUSR1)
+        for conc, calls in ((1, args.calls_c1), (args.concurrency, args.calls)):
+            direct, cpu_direct = measure(direct_url, calls, conc, None, pids)
+            through, cpu_through = measure(gw_url, calls, conc, KEY, pids)
+            rows.append((conc, direct, cpu_direct, through, cpu_through))
+        if args.profile:
+            gateway.send_signal(signal.SIGUSR2)
+            deadline = time.monotonic() + 30
+            while not args.profile.exists() and time.monotonic() < deadline:
+                time.sleep(0.1)
     finally:
         for proc in (gateway, upstream):
             proc.send_signal(signal.SIGTERM)
-            proc.wait(30)
-    rows = {"direct": direct, "gateway": through}
-    print(f"tools/call x{args.calls} at c={args.concurrency}"
-          f"{' (audit on)' if args.audit else ''}")
-    for name, values in rows.items():
-        print(f"  {name:8} p50 {pct(values, 0.5):7.2f} ms  p99 {pct(values, 0.99):7.2f} ms")
-    add50 = pct(through, 0.5) - pct(direct, 0.5)
-    add99 = pct(through, 0.99) - pct(direct, 0.99)
-    print(f"  added    p50 {add50:7.2f} ms (target <= 1)  p99 {add99:7.2f} ms (target <= 3)")
+            proc.wait(60)
+    print(f"tools/call{' (audit on)' if args.audit else ''}"
+          f"{' (gateway under cProfile)' if args.profile else ''}")
+    for conc, direct, cpu_direct, through, cpu_through in rows:
+        print(f" concurrency {conc} ({len(direct)} calls each)")
+        print(f"  direct   p50 {pct(direct, 0.5):7.2f} ms  p99 {pct(direct, 0.99):7.2f} ms"
+              f"  CPU/call server {cpu_direct['server']:5.0f} us")
+        print(f"  gateway  p50 {pct(through, 0.5):7.2f} ms  p99 {pct(through, 0.99):7.2f} ms"
+              f"  CPU/call server {cpu_through['server']:5.0f} us"
+              f" gateway {cpu_through['gateway']:5.0f} us")
+        add50 = pct(through, 0.5) - pct(direct, 0.5)
+        add99 = pct(through, 0.99) - pct(direct, 0.99)
+        target = " (target <= 1)" if conc == args.concurrency else ""
+        print(f"  added    p50 {add50:7.2f} ms{target}  p99 {add99:7.2f} ms"
+              f"{' (target <= 3)' if target else ''}")
 
 
 if __name__ == "__main__":

@@ -327,7 +327,7 @@ class McpEndpoint:
 
     async def _relay_sse(self, stream: RelayedStream, msg: Message, rec: CallRecord, send: Any,
                          out_headers: list[tuple[bytes, bytes]]) -> None:
-        started = False
+        started = ended = False
         try:
             async for raw, _, message in stream.events():
                 if isinstance(message, dict) and "method" in message and "id" in message and (
@@ -340,7 +340,10 @@ class McpEndpoint:
                                 "headers": [*_SSE_HEADERS, *out_headers]})
                     started = True
                     rec.status = 200
-                await send({"type": "http.response.body", "body": raw, "more_body": True})
+                # The final response ends the body in the same write (one send, one wake-up
+                # of the client, instead of a second write for the last chunk).
+                ended = stream.final  # the generator ends after the final response
+                await send({"type": "http.response.body", "body": raw, "more_body": not ended})
                 rec.bytes_out += len(raw)
         except McpRefusal as exc:
             if not started:
@@ -355,7 +358,8 @@ class McpEndpoint:
             await send({"type": "http.response.start", "status": 200,
                         "headers": [*_SSE_HEADERS, *out_headers]})
             rec.status = 200
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        if not ended:
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def _relay_filtered(self, stream: RelayedStream, principal: Any, upstream: Upstream,
                               rec: CallRecord, send: Any,
