@@ -246,8 +246,6 @@ def assemble(
     check_tls_files(settings)
     check_preflight_files(settings.preflight)
     audit = checked_build(settings)  # reads the key files; the store opens in the lifespan
-    mcp = build_mcp(settings.mcp, policy, egress.matcher if egress is not None else None,
-                    audit.record_event if audit is not None else None)
     quotas = build_quota_hook(settings, on_event=audit.record_event if audit is not None else None)
 
     router = Router(settings)
@@ -258,6 +256,9 @@ def assemble(
             policy=policy,
             egress_counts=egress.events.snapshot if egress is not None else None,
         )
+    mcp = build_mcp(settings.mcp, policy, egress.matcher if egress is not None else None,
+                    audit.record_event if audit is not None else None,
+                    telemetry.mcp_spans if telemetry is not None else None)
     route_policy: RoutePolicy = AllowAll()
     connector_factory = None
     dialer: Dialer | None = None

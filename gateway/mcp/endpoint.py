@@ -51,6 +51,7 @@ from gateway.mcp.pii import refusal_record, scan_arguments
 from gateway.mcp.records import CallRecord, trace_id_of
 from gateway.mcp.sessions import SessionBinder
 from gateway.mcp.settings import McpSettings
+from gateway.mcp.spans import ToolCallSpans
 from gateway.mcp.upstream import Link, RelayedStream, Upstream
 from policy import EgressMatcher, Policy
 from policy import Principal as PolicyPrincipal
@@ -73,10 +74,12 @@ class McpEndpoint:
             and URL arguments are refused, failing closed).
         matcher: The address checks shared with the process guard (one pin store).
         audit: Appends an audit event and waits until it is durable (``None``: audit off).
+        spans: Opens and closes each request's span (``None``: telemetry off).
     """
 
     def __init__(self, settings: McpSettings, policy: Policy | None,
-                 matcher: EgressMatcher | None, audit: AuditSink | None) -> None:
+                 matcher: EgressMatcher | None, audit: AuditSink | None,
+                 spans: ToolCallSpans | None = None) -> None:
         self.settings = settings
         self.upstreams = {s.name: Upstream(s) for s in settings.servers}
         self.access = ToolAccess(settings.access)
@@ -86,6 +89,7 @@ class McpEndpoint:
         self._policy = policy
         self._matcher = matcher
         self._audit = audit
+        self._spans = spans
 
     def rebound(self, policy: Policy | None) -> McpEndpoint:
         """A copy judging by ``policy`` (a live reload's new revision; same destinations),
@@ -105,6 +109,7 @@ class McpEndpoint:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         rec = CallRecord(server=name, trace_id=trace_id_of(headers.get("traceparent")))
         msg: Message | None = None
+        span: object | None = None
         try:
             upstream = self.upstreams.get(name)
             if upstream is None:
@@ -138,6 +143,9 @@ class McpEndpoint:
                 raise McpRefusal(403, FORBIDDEN, "server_denied",
                                  f"key {principal.key_id} may not use MCP server {upstream.name}")
             rec.decision = "allow"
+            if self._spans is not None:  # the span's traceparent goes upstream
+                span, trace_headers = self._spans.forwarding(rec, headers)
+                headers = {**headers, **trace_headers}
             await self._forward(state, upstream, principal, msg, body, headers, upstream_sid,
                                 rec, send)
         except McpRefusal as exc:
@@ -155,6 +163,8 @@ class McpEndpoint:
                 await _send_json(send, exc.status, out, extra)
         finally:
             self.metrics.observe(rec)
+            if self._spans is not None:
+                self._spans.finished(rec, headers, span)
             await self._record(rec)
 
     async def _record(self, rec: CallRecord) -> None:

@@ -15,6 +15,7 @@ from gateway.egress import binding_problems
 from gateway.errors import ConfigError
 from gateway.mcp.endpoint import McpEndpoint
 from gateway.mcp.settings import McpSettings
+from gateway.mcp.spans import ToolCallSpans
 from policy import EgressMatcher, Policy
 
 __all__ = ["build_mcp", "check_mcp_destinations"]
@@ -40,8 +41,10 @@ def build_mcp(
     policy: Policy | None,
     matcher: EgressMatcher | None,
     audit: Callable[[Mapping[str, Any]], Awaitable[Any]] | None,
+    spans: ToolCallSpans | None = None,
 ) -> McpEndpoint | None:
-    """The MCP endpoint of ``settings`` (``None`` without an ``mcp:`` section).
+    """The MCP endpoint of ``settings`` (``None`` without an ``mcp:`` section); ``spans``
+    from the telemetry (:class:`gateway.telemetry.mcp_spans.McpSpans`) when configured.
 
     Raises:
         ConfigError: See :func:`check_mcp_destinations`.
@@ -51,4 +54,4 @@ def build_mcp(
     check_mcp_destinations(settings, policy)
     if policy is not None and matcher is None:
         matcher = EgressMatcher(policy)
-    return McpEndpoint(settings, policy, matcher, audit)
+    return McpEndpoint(settings, policy, matcher, audit, spans)
