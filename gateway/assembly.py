@@ -232,6 +232,7 @@ def assemble(
     from gateway.identity.build import wrap_identity
     from gateway.mcp.wiring import build_mcp
     from gateway.preflight.live_settings import check_preflight_files
+    from gateway.quotas.tool_calls import ToolCallQuotas
     from gateway.quotas.wiring import build_authenticator, build_quota_hook
     from gateway.telemetry import Telemetry, check_telemetry
     from gateway.tls_files import check_tls_files
@@ -258,7 +259,8 @@ def assemble(
         )
     mcp = build_mcp(settings.mcp, policy, egress.matcher if egress is not None else None,
                     audit.record_event if audit is not None else None,
-                    telemetry.mcp_spans if telemetry is not None else None)
+                    telemetry.mcp_spans if telemetry is not None else None,
+                    ToolCallQuotas(quotas) if quotas is not None else None)
     route_policy: RoutePolicy = AllowAll()
     connector_factory = None
     dialer: Dialer | None = None

@@ -19,6 +19,7 @@ stream) is answered 405, as the 2025 revisions allow.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import hashlib
@@ -44,6 +45,7 @@ from gateway.mcp.jsonrpc import (
     error_body,
     parse_message,
 )
+from gateway.mcp.limits import ServerGate, quota_refusal
 from gateway.mcp.metadata import metadata_document, metadata_url
 from gateway.mcp.metrics import McpMetrics
 from gateway.mcp.paths import PREFIX
@@ -53,6 +55,8 @@ from gateway.mcp.sessions import SessionBinder
 from gateway.mcp.settings import McpSettings
 from gateway.mcp.spans import ToolCallSpans
 from gateway.mcp.upstream import Link, RelayedStream, Upstream
+from gateway.quotas import QuotaError
+from gateway.quotas.tool_calls import ToolCallQuotas
 from policy import EgressMatcher, Policy
 from policy import Principal as PolicyPrincipal
 
@@ -75,11 +79,13 @@ class McpEndpoint:
         matcher: The address checks shared with the process guard (one pin store).
         audit: Appends an audit event and waits until it is durable (``None``: audit off).
         spans: Opens and closes each request's span (``None``: telemetry off).
+        quotas: Charges tool calls to the caller's request quotas (``None``: no quotas).
     """
 
     def __init__(self, settings: McpSettings, policy: Policy | None,
                  matcher: EgressMatcher | None, audit: AuditSink | None,
-                 spans: ToolCallSpans | None = None) -> None:
+                 spans: ToolCallSpans | None = None,
+                 quotas: ToolCallQuotas | None = None) -> None:
         self.settings = settings
         self.upstreams = {s.name: Upstream(s) for s in settings.servers}
         self.access = ToolAccess(settings.access)
@@ -90,6 +96,9 @@ class McpEndpoint:
         self._matcher = matcher
         self._audit = audit
         self._spans = spans
+        self._quotas = quotas
+        self.gates = {s.name: ServerGate(s.name, s.flow) for s in settings.servers
+                      if s.flow is not None}
 
     def rebound(self, policy: Policy | None) -> McpEndpoint:
         """A copy judging by ``policy`` (a live reload's new revision; same destinations),
@@ -110,6 +119,7 @@ class McpEndpoint:
         rec = CallRecord(server=name, trace_id=trace_id_of(headers.get("traceparent")))
         msg: Message | None = None
         span: object | None = None
+        admission: Any = None
         try:
             upstream = self.upstreams.get(name)
             if upstream is None:
@@ -136,18 +146,21 @@ class McpEndpoint:
             self._check_class(principal, upstream, rec)
             upstream_sid = self._session(principal.key_id, upstream, headers, rec)
             if msg.method == "tools/call":
+                admission = await self._admit(principal)
                 principal, body = await self._check_call(state, upstream, principal, msg,
                                                          body, rec)
             elif msg.method is not None and msg.is_request and not self.access.may_use_server(
                     principal.key_id, principal.team, upstream.name):
                 raise McpRefusal(403, FORBIDDEN, "server_denied",
                                  f"key {principal.key_id} may not use MCP server {upstream.name}")
-            rec.decision = "allow"
-            if self._spans is not None:  # the span's traceparent goes upstream
-                span, trace_headers = self._spans.forwarding(rec, headers)
-                headers = {**headers, **trace_headers}
-            await self._forward(state, upstream, principal, msg, body, headers, upstream_sid,
-                                rec, send)
+            gate = self.gates.get(upstream.name)  # flow control: wait for a slot, or 503
+            async with gate.slot() if gate is not None else contextlib.nullcontext():
+                rec.decision = "allow"
+                if self._spans is not None:  # the span's traceparent goes upstream
+                    span, trace_headers = self._spans.forwarding(rec, headers)
+                    headers = {**headers, **trace_headers}
+                await self._forward(state, upstream, principal, msg, body, headers,
+                                    upstream_sid, rec, send)
         except McpRefusal as exc:
             rec.reason, rec.status, rec.rpc_error = exc.reason, exc.status, exc.rpc_code
             if rec.bytes_out == 0:  # nothing sent yet: the refusal is the answer
@@ -156,12 +169,15 @@ class McpEndpoint:
                     extra.append((b"www-authenticate", self._challenge(name)))
                 if exc.status == 405:
                     extra.append((b"allow", b"POST, DELETE"))
+                extra.extend(exc.headers)
                 out = error_body(msg.id if msg is not None and msg.is_request else None,
                                  exc.rpc_code, exc.message, exc.data)
                 rec.bytes_out = len(out)
                 await self._record(rec)  # durable before the client hears of the refusal
                 await _send_json(send, exc.status, out, extra)
         finally:
+            if admission is not None and self._quotas is not None:
+                await self._quotas.finish(admission)
             self.metrics.observe(rec)
             if self._spans is not None:
                 self._spans.finished(rec, headers, span)
@@ -196,6 +212,17 @@ class McpEndpoint:
         await _send_json(send, 200, json.dumps(doc).encode())
 
     # -- checks ---------------------------------------------------------------------------
+
+    async def _admit(self, principal: Any) -> Any:
+        """Charge a tool call to the caller's request quotas (:mod:`gateway.mcp.limits`)."""
+        if self._quotas is None:
+            return None
+        identity = getattr(principal, "identity", None)
+        org = identity.audit_fields().get("org") if identity is not None else None
+        try:
+            return await self._quotas.admit(principal.key_id, principal.team, org)
+        except QuotaError as exc:
+            raise quota_refusal(exc) from exc
 
     def _authenticate(self, state: Any, headers: Mapping[str, str]) -> Any:
         token = bearer_token(headers.get("authorization", "").encode("latin-1") or None)

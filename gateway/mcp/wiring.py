@@ -16,6 +16,7 @@ from gateway.errors import ConfigError
 from gateway.mcp.endpoint import McpEndpoint
 from gateway.mcp.settings import McpSettings
 from gateway.mcp.spans import ToolCallSpans
+from gateway.quotas.tool_calls import ToolCallQuotas
 from policy import EgressMatcher, Policy
 
 __all__ = ["build_mcp", "check_mcp_destinations"]
@@ -42,9 +43,11 @@ def build_mcp(
     matcher: EgressMatcher | None,
     audit: Callable[[Mapping[str, Any]], Awaitable[Any]] | None,
     spans: ToolCallSpans | None = None,
+    quotas: ToolCallQuotas | None = None,
 ) -> McpEndpoint | None:
     """The MCP endpoint of ``settings`` (``None`` without an ``mcp:`` section); ``spans``
-    from the telemetry (:class:`gateway.telemetry.mcp_spans.McpSpans`) when configured.
+    from the telemetry (:class:`gateway.telemetry.mcp_spans.McpSpans`) and ``quotas`` from the
+    quota hook (tool calls count as requests) when configured.
 
     Raises:
         ConfigError: See :func:`check_mcp_destinations`.
@@ -54,4 +57,4 @@ def build_mcp(
     check_mcp_destinations(settings, policy)
     if policy is not None and matcher is None:
         matcher = EgressMatcher(policy)
-    return McpEndpoint(settings, policy, matcher, audit, spans)
+    return McpEndpoint(settings, policy, matcher, audit, spans, quotas)
