@@ -3,13 +3,20 @@
 An upstream MCP server (the official SDK's ``MCPServer`` with an ``echo`` tool, uvicorn) and a
 ``gateway serve`` in front of it (egress policy on, guard ``enforce``; ``--audit`` adds the
 SQLite audit chain) run as separate processes. A client sends ``--calls`` modern (2026-07-28)
-``tools/call`` requests at concurrency ``--concurrency`` (32) straight to the server, then the
-same through ``/mcp/echo``, and prints p50/p99 of each and the added latency (gateway minus
-direct, per percentile). Targets (issue 28): added p50 <= 1 ms, added p99 <= 3 ms at c=32.
+``tools/call`` requests at concurrency 1 (``--calls-c1``) and ``--concurrency`` (32) straight
+to the server and through ``/mcp/echo``, in ``--rounds`` interleaved rounds (so each path sees
+the same machine load), and prints p50/p99 of each, the added latency (gateway minus direct,
+per percentile) and the CPU time per call of the server and the gateway (``/proc``).
+``--baseline DIR`` adds a second gateway from another checkout in front of the same server,
+measured in the same rounds (before/after in one run). Targets (issue 28): added p50 <= 1 ms,
+added p99 <= 3 ms at c=32. ``--profile FILE`` writes a CPU-time cProfile of the gateway's
+measured loads.
 
 Usage::
 
     .venv/bin/python bench/mcp.py [--calls 2000] [--concurrency 32] [--audit]
+    git archive REV gateway policy clishell | tar -x -C /tmp/base
+    .venv/bin/python bench/mcp.py --baseline /tmp/base
 """
 
 from __future__ import annotations
@@ -136,6 +143,11 @@ def main() -> None:
     ap.add_argument("--calls-c1", type=int, default=300, help="calls per load at concurrency 1")
     ap.add_argument("--concurrency", type=int, default=32)
     ap.add_argument("--audit", action="store_true", help="audit chain on (SQLite)")
+    ap.add_argument("--rounds", type=int, default=4,
+                    help="interleaved rounds per concurrency (direct, gateway, baseline)")
+    ap.add_argument("--baseline", type=Path, default=None,
+                    help="also run the gateway of another checkout (git archive REV gateway "
+                         "policy | tar -x -C DIR) in front of the same server")
     ap.add_argument("--profile", type=Path, default=None,
                     help="run the gateway under cProfile and write its stats to this file")
     args = ap.parse_args()
@@ -172,46 +184,68 @@ def main() -> None:
     entry = (["-c", PROFILED_MAIN, str(args.profile)] if args.profile
              else ["-m", "gateway.cli"])
     upstream = subprocess.Popen([sys.executable, "-c", UPSTREAM, str(up_port)], env=env)
-    gateway = subprocess.Popen([sys.executable, *entry, "serve",
-                                "--config", str(tmp / "gateway.yaml")], env=env, cwd=ROOT)
-    pids = {"gateway": gateway.pid, "server": upstream.pid}
-    rows: list[tuple[int, list[float], dict[str, float], list[float], dict[str, float]]] = []
+    procs = {"gateway": subprocess.Popen([sys.executable, *entry, "serve", "--config",
+                                          str(tmp / "gateway.yaml")], env=env, cwd=ROOT)}
+    urls = {"direct": f"http://127.0.0.1:{up_port}/mcp",
+            "gateway": f"http://127.0.0.1:{gw_port}/mcp/echo"}
+    if args.baseline is not None:
+        base_port = free_port()
+        (tmp / "baseline.yaml").write_text(yaml.safe_dump(
+            {**cfg, "listen": {"host": "127.0.0.1", "port": base_port}}))
+        procs["baseline"] = subprocess.Popen(
+            [sys.executable, "-P", "-m", "gateway.cli", "serve", "--config",
+             str(tmp / "baseline.yaml")], cwd=args.baseline,
+            env={**os.environ, "PYTHONPATH": str(args.baseline)})
+        urls["baseline"] = f"http://127.0.0.1:{base_port}/mcp/echo"
+    pids = {"server": upstream.pid, **{name: proc.pid for name, proc in procs.items()}}
+    # concurrency -> target -> (latencies ms, {process: CPU us per call})
+    rows: dict[int, dict[str, tuple[list[float], dict[str, float]]]] = {}
     try:
-        asyncio.run(wait_up(f"http://127.0.0.1:{up_port}/mcp", upstream))
-        asyncio.run(wait_up(f"http://127.0.0.1:{gw_port}/healthz", gateway))
-        direct_url = f"http://127.0.0.1:{up_port}/mcp"
-        gw_url = f"http://127.0.0.1:{gw_port}/mcp/echo"
-        asyncio.run(load(direct_url, 200, args.concurrency, None))  # warm up both paths
-        asyncio.run(load(gw_url, 200, args.concurrency, KEY))
+        asyncio.run(wait_up(urls["direct"], upstream))
+        for name, proc in procs.items():
+            asyncio.run(wait_up(urls[name].replace("/mcp/echo", "/healthz"), proc))
+        for name, url in urls.items():  # warm up every path
+            asyncio.run(load(url, 200, args.concurrency, None if name == "direct" else KEY))
         if args.profile:
-            gateway.send_signal(signal.SIGUSR1)
+            procs["gateway"].send_signal(signal.SIGUSR1)
         for conc, calls in ((1, args.calls_c1), (args.concurrency, args.calls)):
-            direct, cpu_direct = measure(direct_url, calls, conc, None, pids)
-            through, cpu_through = measure(gw_url, calls, conc, KEY, pids)
-            rows.append((conc, direct, cpu_direct, through, cpu_through))
+            got: dict[str, tuple[list[float], dict[str, float]]] = {
+                name: ([], {p: 0.0 for p in pids}) for name in urls}
+            for _ in range(args.rounds):  # interleaved: each target sees the same load
+                for name, url in urls.items():
+                    values, cpu = measure(url, calls // args.rounds, conc,
+                                          None if name == "direct" else KEY, pids)
+                    got[name][0].extend(values)
+                    for proc_name, us in cpu.items():
+                        got[name][1][proc_name] += us / args.rounds
+            rows[conc] = got
         if args.profile:
-            gateway.send_signal(signal.SIGUSR2)
+            procs["gateway"].send_signal(signal.SIGUSR2)
             deadline = time.monotonic() + 30
             while not args.profile.exists() and time.monotonic() < deadline:
                 time.sleep(0.1)
     finally:
-        for proc in (gateway, upstream):
+        for proc in (*procs.values(), upstream):
             proc.send_signal(signal.SIGTERM)
             proc.wait(60)
     print(f"tools/call{' (audit on)' if args.audit else ''}"
-          f"{' (gateway under cProfile)' if args.profile else ''}")
-    for conc, direct, cpu_direct, through, cpu_through in rows:
+          f"{' (gateway under cProfile)' if args.profile else ''}, {args.rounds} interleaved "
+          "rounds")
+    for conc, got in rows.items():
+        direct = got["direct"][0]
         print(f" concurrency {conc} ({len(direct)} calls each)")
-        print(f"  direct   p50 {pct(direct, 0.5):7.2f} ms  p99 {pct(direct, 0.99):7.2f} ms"
-              f"  CPU/call server {cpu_direct['server']:5.0f} us")
-        print(f"  gateway  p50 {pct(through, 0.5):7.2f} ms  p99 {pct(through, 0.99):7.2f} ms"
-              f"  CPU/call server {cpu_through['server']:5.0f} us"
-              f" gateway {cpu_through['gateway']:5.0f} us")
-        add50 = pct(through, 0.5) - pct(direct, 0.5)
-        add99 = pct(through, 0.99) - pct(direct, 0.99)
-        target = " (target <= 1)" if conc == args.concurrency else ""
-        print(f"  added    p50 {add50:7.2f} ms{target}  p99 {add99:7.2f} ms"
-              f"{' (target <= 3)' if target else ''}")
+        for name, (values, cpu) in got.items():
+            own = f" {name} {cpu[name]:5.0f} us" if name != "direct" else ""
+            print(f"  {name:8} p50 {pct(values, 0.5):7.2f} ms  p99 {pct(values, 0.99):7.2f} ms"
+                  f"  CPU/call server {cpu['server']:5.0f} us{own}")
+        for name, (values, _) in got.items():
+            if name == "direct":
+                continue
+            add50 = pct(values, 0.5) - pct(direct, 0.5)
+            add99 = pct(values, 0.99) - pct(direct, 0.99)
+            target = conc == args.concurrency and name == "gateway"
+            print(f"  added by {name:8} p50 {add50:7.2f} ms{' (target <= 1)' if target else ''}"
+                  f"  p99 {add99:7.2f} ms{' (target <= 3)' if target else ''}")
 
 
 if __name__ == "__main__":
