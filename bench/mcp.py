@@ -3,13 +3,20 @@
 An upstream MCP server (the official SDK's ``MCPServer`` with an ``echo`` tool, uvicorn) and a
 ``gateway serve`` in front of it (egress policy on, guard ``enforce``; ``--audit`` adds the
 SQLite audit chain) run as separate processes. A client sends ``--calls`` modern (2026-07-28)
-``tools/call`` requests at concurrency ``--concurrency`` (32) straight to the server, then the
-same through ``/mcp/echo``, and prints p50/p99 of each and the added latency (gateway minus
-direct, per percentile). Targets (issue 28): added p50 <= 1 ms, added p99 <= 3 ms at c=32.
+``tools/call`` requests at concurrency 1 (``--calls-c1``) and ``--concurrency`` (32) straight
+to the server and through ``/mcp/echo``, in ``--rounds`` interleaved rounds (so each path sees
+the same machine load), and prints p50/p99 of each, the added latency (gateway minus direct,
+per percentile) and the CPU time per call of the server and the gateway (``/proc``).
+``--baseline DIR`` adds a second gateway from another checkout in front of the same server,
+measured in the same rounds (before/after in one run). Targets (issue 28): added p50 <= 1 ms,
+added p99 <= 3 ms at c=32. ``--profile FILE`` writes a CPU-time cProfile of the gateway's
+measured loads.
 
 Usage::
 
     .venv/bin/python bench/mcp.py [--calls 2000] [--concurrency 32] [--audit]
+    git archive REV gateway policy clishell | tar -x -C /tmp/base
+    .venv/bin/python bench/mcp.py --baseline /tmp/base
 """
 
 from __future__ import annotations
@@ -46,6 +53,21 @@ def echo(text: str) -> str:
     return text
 uvicorn.run(server.streamable_http_app(), host="127.0.0.1", port=int(sys.argv[1]),
             log_level="warning", lifespan="on")
+"""
+# Run inside the gateway process with --profile: SIGUSR1 starts cProfile, SIGUSR2 stops it and
+# writes the statistics, so only the measured loads are profiled (not imports and start-up).
+# The clock is the process's CPU time: on a shared machine, wall time would charge a function
+# for the time the process waited for a core.
+PROFILED_MAIN = """
+import cProfile, signal, sys, time
+from gateway.cli import main
+prof = cProfile.Profile(time.process_time)
+signal.signal(signal.SIGUSR1, lambda *_: prof.enable())
+def _dump(*_):
+    prof.disable()
+    prof.dump_stats(sys.argv[1])
+signal.signal(signal.SIGUSR2, _dump)
+sys.exit(main(sys.argv[2:]))
 """
 
 
@@ -100,11 +122,34 @@ def pct(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=1000)[int(q * 1000) - 1]
 
 
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds used so far by ``pid`` (``/proc/<pid>/stat`` fields 14, 15)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def measure(url: str, calls: int, concurrency: int, key: str | None,
+            pids: dict[str, int]) -> tuple[list[float], dict[str, float]]:
+    """Latencies (ms) of one load, and CPU microseconds per call of each process in ``pids``."""
+    before = {name: cpu_s(pid) for name, pid in pids.items()}
+    values = asyncio.run(load(url, calls, concurrency, key))
+    return values, {name: (cpu_s(pid) - before[name]) * 1e6 / calls
+                    for name, pid in pids.items()}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--calls", type=int, default=2000)
+    ap.add_argument("--calls", type=int, default=2000, help="calls per load at --concurrency")
+    ap.add_argument("--calls-c1", type=int, default=300, help="calls per load at concurrency 1")
     ap.add_argument("--concurrency", type=int, default=32)
     ap.add_argument("--audit", action="store_true", help="audit chain on (SQLite)")
+    ap.add_argument("--rounds", type=int, default=4,
+                    help="interleaved rounds per concurrency (direct, gateway, baseline)")
+    ap.add_argument("--baseline", type=Path, default=None,
+                    help="also run the gateway of another checkout (git archive REV gateway "
+                         "policy | tar -x -C DIR) in front of the same server")
+    ap.add_argument("--profile", type=Path, default=None,
+                    help="run the gateway under cProfile and write its stats to this file")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench-mcp-"))
     up_port, gw_port, model_port = free_port(), free_port(), free_port()
@@ -136,30 +181,71 @@ def main() -> None:
                         "replica_id": "bench",
                         "pseudonym_key_file": str(generate_key_file(tmp / "p.key"))}
     (tmp / "gateway.yaml").write_text(yaml.safe_dump(cfg))
+    entry = (["-c", PROFILED_MAIN, str(args.profile)] if args.profile
+             else ["-m", "gateway.cli"])
     upstream = subprocess.Popen([sys.executable, "-c", UPSTREAM, str(up_port)], env=env)
-    gateway = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", "--config",
-                                str(tmp / "gateway.yaml")], env=env, cwd=ROOT)
+    procs = {"gateway": subprocess.Popen([sys.executable, *entry, "serve", "--config",
+                                          str(tmp / "gateway.yaml")], env=env, cwd=ROOT)}
+    urls = {"direct": f"http://127.0.0.1:{up_port}/mcp",
+            "gateway": f"http://127.0.0.1:{gw_port}/mcp/echo"}
+    if args.baseline is not None:
+        base_port = free_port()
+        (tmp / "baseline.yaml").write_text(yaml.safe_dump(
+            {**cfg, "listen": {"host": "127.0.0.1", "port": base_port}}))
+        procs["baseline"] = subprocess.Popen(
+            [sys.executable, "-P", "-m", "gateway.cli", "serve", "--config",
+             str(tmp / "baseline.yaml")], cwd=args.baseline,
+            env={**os.environ, "PYTHONPATH": str(args.baseline)})
+        urls["baseline"] = f"http://127.0.0.1:{base_port}/mcp/echo"
+    pids = {"server": upstream.pid, **{name: proc.pid for name, proc in procs.items()}}
+    # concurrency -> target -> (latencies ms, {process: CPU us per call})
+    rows: dict[int, dict[str, tuple[list[float], dict[str, float]]]] = {}
     try:
-        asyncio.run(wait_up(f"http://127.0.0.1:{up_port}/mcp", upstream))
-        asyncio.run(wait_up(f"http://127.0.0.1:{gw_port}/healthz", gateway))
-        direct_url = f"http://127.0.0.1:{up_port}/mcp"
-        gw_url = f"http://127.0.0.1:{gw_port}/mcp/echo"
-        asyncio.run(load(direct_url, 200, args.concurrency, None))  # warm up both paths
-        asyncio.run(load(gw_url, 200, args.concurrency, KEY))
-        direct = asyncio.run(load(direct_url, args.calls, args.concurrency, None))
-        through = asyncio.run(load(gw_url, args.calls, args.concurrency, KEY))
+        asyncio.run(wait_up(urls["direct"], upstream))
+        for name, proc in procs.items():
+            asyncio.run(wait_up(urls[name].replace("/mcp/echo", "/healthz"), proc))
+        for name, url in urls.items():  # warm up every path
+            asyncio.run(load(url, 200, args.concurrency, None if name == "direct" else KEY))
+        if args.profile:
+            procs["gateway"].send_signal(signal.SIGUSR1)
+        for conc, calls in ((1, args.calls_c1), (args.concurrency, args.calls)):
+            got: dict[str, tuple[list[float], dict[str, float]]] = {
+                name: ([], {p: 0.0 for p in pids}) for name in urls}
+            for _ in range(args.rounds):  # interleaved: each target sees the same load
+                for name, url in urls.items():
+                    values, cpu = measure(url, calls // args.rounds, conc,
+                                          None if name == "direct" else KEY, pids)
+                    got[name][0].extend(values)
+                    for proc_name, us in cpu.items():
+                        got[name][1][proc_name] += us / args.rounds
+            rows[conc] = got
+        if args.profile:
+            procs["gateway"].send_signal(signal.SIGUSR2)
+            deadline = time.monotonic() + 30
+            while not args.profile.exists() and time.monotonic() < deadline:
+                time.sleep(0.1)
     finally:
-        for proc in (gateway, upstream):
+        for proc in (*procs.values(), upstream):
             proc.send_signal(signal.SIGTERM)
-            proc.wait(30)
-    rows = {"direct": direct, "gateway": through}
-    print(f"tools/call x{args.calls} at c={args.concurrency}"
-          f"{' (audit on)' if args.audit else ''}")
-    for name, values in rows.items():
-        print(f"  {name:8} p50 {pct(values, 0.5):7.2f} ms  p99 {pct(values, 0.99):7.2f} ms")
-    add50 = pct(through, 0.5) - pct(direct, 0.5)
-    add99 = pct(through, 0.99) - pct(direct, 0.99)
-    print(f"  added    p50 {add50:7.2f} ms (target <= 1)  p99 {add99:7.2f} ms (target <= 3)")
+            proc.wait(60)
+    print(f"tools/call{' (audit on)' if args.audit else ''}"
+          f"{' (gateway under cProfile)' if args.profile else ''}, {args.rounds} interleaved "
+          "rounds")
+    for conc, got in rows.items():
+        direct = got["direct"][0]
+        print(f" concurrency {conc} ({len(direct)} calls each)")
+        for name, (values, cpu) in got.items():
+            own = f" {name} {cpu[name]:5.0f} us" if name != "direct" else ""
+            print(f"  {name:8} p50 {pct(values, 0.5):7.2f} ms  p99 {pct(values, 0.99):7.2f} ms"
+                  f"  CPU/call server {cpu['server']:5.0f} us{own}")
+        for name, (values, _) in got.items():
+            if name == "direct":
+                continue
+            add50 = pct(values, 0.5) - pct(direct, 0.5)
+            add99 = pct(values, 0.99) - pct(direct, 0.99)
+            target = conc == args.concurrency and name == "gateway"
+            print(f"  added by {name:8} p50 {add50:7.2f} ms{' (target <= 1)' if target else ''}"
+                  f"  p99 {add99:7.2f} ms{' (target <= 3)' if target else ''}")
 
 
 if __name__ == "__main__":

@@ -240,6 +240,7 @@ def assemble(
     from gateway.identity.build import wrap_identity
     from gateway.mcp.wiring import build_mcp
     from gateway.preflight.files import check_preflight_files
+    from gateway.quotas.tool_calls import ToolCallQuotas
     from gateway.quotas.wiring import build_authenticator, build_quota_hook
     from gateway.telemetry import Telemetry, check_telemetry
     from policy import EgressMatcher
@@ -253,8 +254,6 @@ def assemble(
     check_tls_files(settings)
     check_preflight_files(settings.preflight)
     audit = checked_build(settings)  # reads the key files; the store opens in the lifespan
-    mcp = build_mcp(settings.mcp, policy, egress.matcher if egress is not None else None,
-                    audit.record_event if audit is not None else None)
     quotas = build_quota_hook(settings, on_event=audit.record_event if audit is not None else None)
 
     router = Router(settings)
@@ -265,6 +264,10 @@ def assemble(
             policy=policy,
             egress_counts=egress.events.snapshot if egress is not None else None,
         )
+    mcp = build_mcp(settings.mcp, policy, egress.matcher if egress is not None else None,
+                    audit.record_event if audit is not None else None,
+                    telemetry.mcp_spans if telemetry is not None else None,
+                    ToolCallQuotas(quotas) if quotas is not None else None)
     route_policy: RoutePolicy = AllowAll()
     connector_factory = None
     dialer: Dialer | None = None

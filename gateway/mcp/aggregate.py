@@ -72,6 +72,7 @@ async def handle_aggregate(ep: McpEndpoint, state: Any, scope: Mapping[str, Any]
 
     rec = CallRecord(server=None, trace_id=trace_id_of(headers.get("traceparent")))
     msg: Message | None = None
+    opened: list[object] = []
     try:
         principal = ep.authenticate(state, headers)
         rec.key_id, rec.team, rec.data_class = (principal.key_id, principal.team,
@@ -102,7 +103,7 @@ async def handle_aggregate(ep: McpEndpoint, state: Any, scope: Mapping[str, Any]
                 raise McpRefusal(404, INVALID_REQUEST, "session_unknown", "Session not found")
         if msg.method == "tools/call":
             client_params = param_lines(scope["headers"]) if modern else None
-            await _call(ep, state, principal, msg, headers, client_params, rec, send)
+            await _call(ep, state, principal, msg, headers, client_params, rec, send, opened)
             return
         rec.decision = "allow"
         if not msg.is_request:  # notifications and client responses: nothing to do
@@ -137,6 +138,7 @@ async def handle_aggregate(ep: McpEndpoint, state: Any, scope: Mapping[str, Any]
         await ep.refuse(exc, rec, msg, ep.challenge(None), send)
     finally:
         ep.metrics.observe(rec)
+        ep.end_span(rec, headers, opened)
         await ep.record(rec)
 
 
@@ -181,8 +183,9 @@ async def _merged_tools(ep: McpEndpoint, state: Any, principal: Any) -> list[dic
 
 async def _call(ep: McpEndpoint, state: Any, principal: Any, msg: Message,
                 headers: Mapping[str, str], client_params: list[tuple[str, str]] | None,
-                rec: CallRecord, send: Any) -> None:
-    """Route ``<server>__<tool>`` to its server through the per-server checks."""
+                rec: CallRecord, send: Any, opened: list[object]) -> None:
+    """Route ``<server>__<tool>`` to its server through the per-server checks, quotas and
+    flow gate."""
     split = split_tool_name(msg.name or "")
     upstream = ep.upstreams.get(split[0]) if split is not None else None
     if split is None or upstream is None:
@@ -199,6 +202,18 @@ async def _call(ep: McpEndpoint, state: Any, principal: Any, msg: Message,
     obj = {**msg.obj, "params": params}
     forwarded = Message(obj, "tools/call", msg.id, True, tool, params)
     body = json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    admission = await ep.admit(principal)  # counted before the other checks, as per server
+    try:
+        await _checked_call(ep, state, upstream, principal, forwarded, body, tool, headers,
+                            client_params, rec, send, opened)
+    finally:
+        await ep.settle(admission)
+
+
+async def _checked_call(ep: McpEndpoint, state: Any, upstream: Upstream, principal: Any,
+                        forwarded: Message, body: bytes, tool: str, headers: Mapping[str, str],
+                        client_params: list[tuple[str, str]] | None, rec: CallRecord, send: Any,
+                        opened: list[object]) -> None:
     principal, body, params = await ep.check_call(state, upstream, principal, forwarded, body,
                                                   rec, client_params)
     if not (await ep.catalogue.get(upstream, Link.of(state))).modern:
@@ -211,9 +226,8 @@ async def _call(ep: McpEndpoint, state: Any, principal: Any, msg: Message,
         else "=?base64?" + _b64(tool) + "?=",
         **{k: headers[k] for k in ("traceparent", "tracestate") if k in headers},
     }
-    rec.decision = "allow"
-    await ep.forward(state, upstream, principal, forwarded, body, upstream_headers, None, rec,
-                     send, params)
+    await ep.forward_allowed(state, upstream, principal, forwarded, body, upstream_headers, None,
+                             rec, send, params, opened)
 
 
 def _b64(text: str) -> str:

@@ -20,6 +20,7 @@ stream) is answered 405, as the 2025 revisions allow.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import hashlib
@@ -45,6 +46,7 @@ from gateway.mcp.jsonrpc import (
     error_body,
     parse_message,
 )
+from gateway.mcp.limits import ServerGate, quota_refusal
 from gateway.mcp.metadata import metadata_document, metadata_url
 from gateway.mcp.metrics import McpMetrics
 from gateway.mcp.params import check_param_headers, param_headers, param_lines
@@ -53,7 +55,10 @@ from gateway.mcp.pii import refusal_record, scan_arguments
 from gateway.mcp.records import CallRecord, trace_id_of
 from gateway.mcp.sessions import SessionBinder
 from gateway.mcp.settings import McpSettings
+from gateway.mcp.spans import ToolCallSpans
 from gateway.mcp.upstream import Link, RelayedStream, Upstream
+from gateway.quotas import QuotaError
+from gateway.quotas.tool_calls import ToolCallQuotas
 from policy import EgressMatcher, Policy
 from policy import Principal as PolicyPrincipal
 
@@ -82,12 +87,16 @@ class McpEndpoint:
         matcher: The address checks shared with the process guard (one pin store).
         audit: Appends an audit event and waits until it is durable (``None``: audit off).
         session_key: HMAC key of handshake-era session ids (``None``: random, this process).
+        spans: Opens and closes each request's span (``None``: telemetry off).
+        quotas: Charges tool calls to the caller's request quotas (``None``: no quotas).
     """
 
     def __init__(self, settings: McpSettings, policy: Policy | None,
                  matcher: EgressMatcher | None, audit: AuditSink | None,
                  session_key: bytes | None = None,
-                 aggregate: AggregateHandler | None = None) -> None:
+                 aggregate: AggregateHandler | None = None,
+                 spans: ToolCallSpans | None = None,
+                 quotas: ToolCallQuotas | None = None) -> None:
         self.settings = settings
         self._aggregate = aggregate
         self.upstreams = {s.name: Upstream(s) for s in settings.servers}
@@ -98,6 +107,10 @@ class McpEndpoint:
         self._policy = policy
         self._matcher = matcher
         self._audit = audit
+        self._spans = spans
+        self._quotas = quotas
+        self.gates = {s.name: ServerGate(s.name, s.flow) for s in settings.servers
+                      if s.flow is not None}
 
     def rebound(self, policy: Policy | None) -> McpEndpoint:
         """A copy judging by ``policy`` (a live reload's new revision; same destinations),
@@ -120,6 +133,8 @@ class McpEndpoint:
         name = scope["path"][len(PREFIX):].rstrip("/")
         rec = CallRecord(server=name, trace_id=trace_id_of(headers.get("traceparent")))
         msg: Message | None = None
+        opened: list[object] = []
+        admission: Any = None
         try:
             if scope["path"] == AGGREGATE:
                 raise McpRefusal(404, INVALID_REQUEST, "unknown_server",
@@ -150,6 +165,7 @@ class McpEndpoint:
             upstream_sid = self._session(principal.key_id, upstream, headers, rec)
             params: Mapping[str, str] = {}
             if msg.method == "tools/call":
+                admission = await self.admit(principal)
                 modern = rec.protocol_version in MODERN_VERSIONS
                 principal, body, params = await self.check_call(
                     state, upstream, principal, msg, body, rec,
@@ -159,14 +175,46 @@ class McpEndpoint:
                     principal.key_id, principal.team, upstream.name):
                 raise McpRefusal(403, FORBIDDEN, "server_denied",
                                  f"key {principal.key_id} may not use MCP server {upstream.name}")
-            rec.decision = "allow"
-            await self.forward(state, upstream, principal, msg, body, headers, upstream_sid,
-                               rec, send, params)
+            await self.forward_allowed(state, upstream, principal, msg, body, headers,
+                                       upstream_sid, rec, send, params, opened)
         except McpRefusal as exc:
             await self.refuse(exc, rec, msg, self.challenge(name), send)
         finally:
+            await self.settle(admission)
             self.metrics.observe(rec)
+            self.end_span(rec, headers, opened)
             await self.record(rec)
+
+    async def forward_allowed(self, state: Any, upstream: Upstream, principal: Any,
+                              msg: Message, body: bytes, headers: Mapping[str, str],
+                              upstream_sid: str | None, rec: CallRecord, send: Any,
+                              params: Mapping[str, str], opened: list[object]) -> None:
+        """Forward an allowed request through its server's flow gate (a slot, or 503
+        ``server_busy``) in a span whose ``traceparent`` goes upstream.
+
+        Args:
+            opened: Receives the span when one is opened (for :meth:`end_span`, whatever
+                happens to the forward).
+        """
+        gate = self.gates.get(upstream.name)  # flow control: wait for a slot, or 503
+        async with gate.slot() if gate is not None else contextlib.nullcontext():
+            rec.decision = "allow"
+            if self._spans is not None:  # the span's traceparent goes upstream
+                span, trace_headers = self._spans.forwarding(rec, headers)
+                opened.append(span)
+                headers = {**headers, **trace_headers}
+            await self.forward(state, upstream, principal, msg, body, headers, upstream_sid,
+                               rec, send, params)
+
+    async def settle(self, admission: Any) -> None:
+        """End a tool call's quota admission (:meth:`admit`; ``None``: nothing charged)."""
+        if admission is not None and self._quotas is not None:
+            await self._quotas.finish(admission)
+
+    def end_span(self, rec: CallRecord, headers: Mapping[str, str], opened: list[object]) -> None:
+        """Close the request's span (or record a refused request's), telemetry on."""
+        if self._spans is not None:
+            self._spans.finished(rec, headers, opened[0] if opened else None)
 
     async def refuse(self, exc: McpRefusal, rec: CallRecord, msg: Message | None,
                      challenge: bytes, send: Any) -> None:
@@ -182,6 +230,7 @@ class McpEndpoint:
                 extra.append((b"www-authenticate", challenge))
             if exc.status == 405:
                 extra.append((b"allow", b"POST, DELETE"))
+            extra.extend(exc.headers)
             out = error_body(msg.id if msg is not None and msg.is_request else None,
                              exc.rpc_code, exc.message, exc.data)
             rec.bytes_out = len(out)
@@ -218,6 +267,17 @@ class McpEndpoint:
         await send_json(send, 200, json.dumps(doc).encode())
 
     # -- checks ---------------------------------------------------------------------------
+
+    async def admit(self, principal: Any) -> Any:
+        """Charge a tool call to the caller's request quotas (:mod:`gateway.mcp.limits`)."""
+        if self._quotas is None:
+            return None
+        identity = getattr(principal, "identity", None)
+        org = identity.audit_fields().get("org") if identity is not None else None
+        try:
+            return await self._quotas.admit(principal.key_id, principal.team, org)
+        except QuotaError as exc:
+            raise quota_refusal(exc) from exc
 
     def authenticate(self, state: Any, headers: Mapping[str, str]) -> Any:
         token = bearer_token(headers.get("authorization", "").encode("latin-1") or None)
@@ -382,7 +442,7 @@ class McpEndpoint:
 
     async def _relay_sse(self, stream: RelayedStream, msg: Message, rec: CallRecord, send: Any,
                          out_headers: list[tuple[bytes, bytes]]) -> None:
-        started = False
+        started = ended = False
         try:
             async for raw, _, message in stream.events():
                 if isinstance(message, dict) and "method" in message and "id" in message and (
@@ -396,7 +456,10 @@ class McpEndpoint:
                                 "headers": [*_SSE_HEADERS, *out_headers]})
                     started = True
                     rec.status = 200
-                await send({"type": "http.response.body", "body": raw, "more_body": True})
+                # The final response ends the body in the same write (one send, one wake-up
+                # of the client, instead of a second write for the last chunk).
+                ended = stream.final  # the generator ends after the final response
+                await send({"type": "http.response.body", "body": raw, "more_body": not ended})
                 rec.bytes_out += len(raw)
         except McpRefusal as exc:
             if not started:
@@ -411,7 +474,8 @@ class McpEndpoint:
             await send({"type": "http.response.start", "status": 200,
                         "headers": [*_SSE_HEADERS, *out_headers]})
             rec.status = 200
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        if not ended:
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def _relay_filtered(self, stream: RelayedStream, principal: Any, upstream: Upstream,
                               rec: CallRecord, send: Any,

@@ -58,11 +58,13 @@ class McpRefusal(Exception):
         reason: Stable machine reason for the audit record and metrics.
         message: Human message (never the client's argument values).
         data: Optional JSON-RPC ``error.data``.
+        headers: Extra response headers (``Retry-After`` of a limit), lower-case names.
     """
 
     def __init__(self, status: int, rpc_code: int, reason: str, message: str,
-                 data: Any = None) -> None:
+                 data: Any = None, headers: list[tuple[bytes, bytes]] | None = None) -> None:
         super().__init__(message)
+        self.headers = headers or []
         self.status = status
         self.rpc_code = rpc_code
         self.reason = reason

@@ -35,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 __all__ = [
     "AGGREGATE_SEPARATOR",
     "McpAccessRule",
+    "McpFlowSettings",
     "McpLimits",
     "McpResourceMetadata",
     "McpServerSettings",
@@ -62,6 +63,20 @@ class McpToolSettings(_Frozen):
     max_argument_bytes: int | None = Field(default=None, gt=0)
 
 
+class McpFlowSettings(_Frozen):
+    """Flow control of one server (:class:`gateway.mcp.limits.ServerGate`).
+
+    Attributes:
+        max_concurrent: Requests forwarded to the server at the same time.
+        max_queued: Requests waiting for a slot (arrival order); more are refused (503).
+        queue_timeout_s: Longest wait for a slot in seconds; then refused (503).
+    """
+
+    max_concurrent: int = Field(gt=0)
+    max_queued: int = Field(default=0, ge=0)
+    queue_timeout_s: float = Field(default=5.0, gt=0, allow_inf_nan=False)
+
+
 class McpServerSettings(_Frozen):
     """One upstream MCP server (Streamable HTTP), served at ``/mcp/<name>``.
 
@@ -72,6 +87,7 @@ class McpServerSettings(_Frozen):
         auth_token_file: File holding the bearer token the gateway sends upstream (a mounted
             Secret); the client's own ``Authorization`` is never forwarded.
         tools: Per-tool argument checks by tool name.
+        flow: Concurrency cap and queue of this server (``None``: no cap).
     """
 
     name: str
@@ -79,6 +95,7 @@ class McpServerSettings(_Frozen):
     destination: str | None = None
     auth_token_file: Path | None = None
     tools: dict[str, McpToolSettings] = Field(default_factory=dict)
+    flow: McpFlowSettings | None = None
 
     @field_validator("name")
     @classmethod

@@ -109,15 +109,14 @@ class Answer:
         if not self._response.complete and exc[0] is None and not self._abandoned:
             # An SSE answer ends just after its final response: a short, bounded wait for that
             # end lets the connection go back to the pool instead of being closed.
-            deadline = time.monotonic() + _DRAIN_S
             try:
-                left = _DRAIN_BYTES
-                while left > 0 and not self._response.complete:
-                    chunk = await asyncio.wait_for(self._response.read(),
-                                                   max(0.0, deadline - time.monotonic()))
-                    if not chunk:
-                        break
-                    left -= len(chunk)
+                async with asyncio.timeout(_DRAIN_S):
+                    left = _DRAIN_BYTES
+                    while left > 0 and not self._response.complete:
+                        chunk = await self._response.read()
+                        if not chunk:
+                            break
+                        left -= len(chunk)
             except (TimeoutError, ConnectionClosed, IncompleteBody, H1ProtocolError):
                 pass
         if self._response.complete:
@@ -176,9 +175,9 @@ class Upstream:
         """
         parts = self._parts
         try:
-            response = await asyncio.wait_for(
-                link.client.post(parts[0], parts[1], dict(headers), body),
-                limits.idle_timeout_s)
+            # asyncio.timeout, not wait_for: no task per call on this path (Python 3.11).
+            async with asyncio.timeout(limits.idle_timeout_s):
+                response = await link.client.post(parts[0], parts[1], dict(headers), body)
         except TimeoutError as exc:
             raise McpRefusal(504, UPSTREAM_ERROR, "upstream_timeout",
                              f"MCP server {self.name} did not answer in time") from exc
@@ -286,8 +285,8 @@ class RelayedStream:
                 raise McpRefusal(504, UPSTREAM_ERROR, "upstream_timeout",
                                  f"MCP server {self.server} exceeded the call timeout")
             try:
-                chunk = await asyncio.wait_for(
-                    self.resp.read(), min(left, self.limits.idle_timeout_s))
+                async with asyncio.timeout(min(left, self.limits.idle_timeout_s)):
+                    chunk = await self.resp.read()
             except TimeoutError as exc:
                 raise McpRefusal(504, UPSTREAM_ERROR, "upstream_timeout",
                                  f"MCP server {self.server} went silent") from exc

@@ -18,6 +18,8 @@ from gateway.mcp.aggregate import handle_aggregate
 from gateway.mcp.endpoint import McpEndpoint
 from gateway.mcp.sessions import load_session_key
 from gateway.mcp.settings import McpSettings
+from gateway.mcp.spans import ToolCallSpans
+from gateway.quotas.tool_calls import ToolCallQuotas
 from policy import EgressMatcher, Policy
 
 __all__ = ["build_mcp", "check_mcp_destinations"]
@@ -45,8 +47,12 @@ def build_mcp(
     policy: Policy | None,
     matcher: EgressMatcher | None,
     audit: Callable[[Mapping[str, Any]], Awaitable[Any]] | None,
+    spans: ToolCallSpans | None = None,
+    quotas: ToolCallQuotas | None = None,
 ) -> McpEndpoint | None:
-    """The MCP endpoint of ``settings`` (``None`` without an ``mcp:`` section).
+    """The MCP endpoint of ``settings`` (``None`` without an ``mcp:`` section); ``spans``
+    from the telemetry (:class:`gateway.telemetry.mcp_spans.McpSpans`) and ``quotas`` from the
+    quota hook (tool calls count as requests) when configured.
 
     Raises:
         ConfigError: See :func:`check_mcp_destinations`; ``mcp.session_key_file`` unreadable,
@@ -66,4 +72,5 @@ def build_mcp(
     else:
         _log.info("mcp.session_key_file not set: sessions of 2025 MCP clients continue only "
                   "in the process that opened them")
-    return McpEndpoint(settings, policy, matcher, audit, key, aggregate=handle_aggregate)
+    return McpEndpoint(settings, policy, matcher, audit, key, aggregate=handle_aggregate,
+                       spans=spans, quotas=quotas)

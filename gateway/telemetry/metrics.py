@@ -33,6 +33,8 @@ GenAI semantic-convention names where they exist
   refused/scan_failed) |
 | ``sg.gateway.mcp.calls`` | counter | MCP server, tool or method, decision, reason |
 | ``sg.gateway.mcp.tool_call.time`` | counter (s) | MCP server |
+| ``sg.gateway.mcp.tool_call.duration`` | histogram, s | MCP server, tool (forwarded tool
+  calls, arrival to end of the answer; recorded by :mod:`gateway.telemetry.mcp_spans`) |
 
 Time per output token is derived from the request record (``latency - ttft`` over
 ``output_tokens - 1``): no work per streamed event. Values are aggregated in process
@@ -72,6 +74,8 @@ TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 
                 0.75, 1.0, 2.5)
 DURATION_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24,
                     20.48, 40.96, 81.92)
+MCP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+               30.0, 60.0, 300.0)
 TOKEN_BUCKETS = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576)
 WAIT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
                 120.0, 300.0)
@@ -211,6 +215,10 @@ class GatewayMetrics:
                    ("sg.mcp.server",),
                    lambda: self._mcp_seconds() if self._mcp_seconds is not None else [],
                    kind="counter")
+        self.mcp_duration = m.histogram(
+            "sg.gateway.mcp.tool_call.duration", "s",
+            "Time of forwarded MCP tool calls in the gateway, arrival to the end of the answer",
+            ("sg.mcp.server", "sg.mcp.tool"), MCP_BUCKETS)
 
     def rebind(self, router: Router) -> None:
         """Observe the pools of ``router`` from the next collection on (live reload)."""

@@ -35,6 +35,7 @@ from gateway.config.settings import GatewaySettings
 from gateway.errors import ConfigError
 from gateway.routing import Router
 from gateway.telemetry.admin import AdminServer
+from gateway.telemetry.mcp_spans import McpSpans
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.telemetry.prometheus import PrometheusCollector
 from gateway.telemetry.settings import TelemetrySettings, telemetry_settings
@@ -92,6 +93,7 @@ class Telemetry:
     Attributes:
         observer: The per-request admission hook and observer (spans, metrics hand-over).
         tracer: Creates the spans; ``tracer.middleware`` is the upstream client middleware.
+        mcp_spans: The spans of MCP requests (handed to the MCP endpoint).
         metrics: The metric set, once :meth:`bind` ran.
 
     Raises:
@@ -149,6 +151,7 @@ class Telemetry:
             self.tracer_provider.get_tracer("sovereign-gateway")  # type: ignore[arg-type]
         )
         self.observer = TelemetryObserver(self.tracer)
+        self.mcp_spans = McpSpans(self.tracer_provider.get_tracer("sovereign-gateway"))
         self.admin = AdminServer(settings.admin.host, settings.admin.port, self.registry)
 
     def bind(self, router: Router) -> None:
@@ -158,6 +161,7 @@ class Telemetry:
             self.metrics = GatewayMetrics(self._resource, router, self._egress_counts)
             self.registry.register(PrometheusCollector(self.metrics.set))
             self.observer.metrics = self.metrics
+            self.mcp_spans.metrics = self.metrics
         else:
             self.metrics.rebind(router)
 

@@ -144,6 +144,24 @@ the config volume is mounted whole there (no subPath: the kubelet updates it in 
 {{- if eq .Values.gateway.reload.mode "live" }}/etc/sovereign-gateway/config{{ else }}/etc/sovereign-gateway{{ end -}}
 {{- end }}
 
+{{/* The gateway's mcp: section from the chart's mcp: values (empty without servers). Each
+server's upstream token is the file its credentials Secret is mounted as (deployment.yaml). */}}
+{{- define "sg.mcpConfig" -}}
+{{- if .Values.mcp.servers }}
+{{- $servers := list -}}
+{{- range .Values.mcp.servers }}
+{{- $s := dict "name" .name "url" .url "destination" .destination -}}
+{{- if .credentials }}{{ $_ := set $s "auth_token_file" (printf "/etc/sovereign-gateway/mcp/%s/token" .name) }}{{ end -}}
+{{- with .tools }}{{ $_ := set $s "tools" . }}{{ end -}}
+{{- with .flow }}{{ $_ := set $s "flow" . }}{{ end -}}
+{{- $servers = append $servers $s -}}
+{{- end }}
+{{- $mcp := dict "servers" $servers "access" .Values.mcp.access "allowed_origins" .Values.mcp.allowedOrigins -}}
+{{- with .Values.mcp.limits }}{{ $_ := set $mcp "limits" . }}{{ end -}}
+{{- toYaml $mcp -}}
+{{- end }}
+{{- end }}
+
 {{- define "sg.config" -}}
 {{- $models := list -}}
 {{- range .Values.gateway.models }}{{ $models = append $models . }}{{ end -}}
@@ -176,6 +194,7 @@ the config volume is mounted whole there (no subPath: the kubelet updates it in 
 {{- if eq .Values.gateway.reload.mode "live" }}{{ $_ := set $cfg "reload" (dict "watch" true "interval_s" .Values.gateway.reload.interval_s) }}{{ end -}}
 {{- if .Values.keys.existingSecret }}{{ $_ := set $cfg "keys_file" "/etc/sovereign-gateway/keys/keys.yaml" }}{{ end -}}
 {{- with (include "sg.identityConfig" . | fromYaml) }}{{ $_ := set $cfg "identity" . }}{{ end -}}
+{{- with (include "sg.mcpConfig" . | fromYaml) }}{{ $_ := set $cfg "mcp" . }}{{ end -}}
 {{- with .Values.preflight }}{{ if .enabled }}
 {{- $pf := dict "interval_s" .intervalSeconds "regions" (include "sg.regions" $ | fromYamlArray) "jurisdictions" .jurisdictions "retention_days" .retentionDays -}}
 {{- if $.Values.audit.publicKey }}{{ $_ := set $pf "audit_public_key" "/etc/sovereign-gateway/audit-key.pub" }}{{ end -}}

@@ -58,11 +58,13 @@ policy's destinations (it is `policy networkpolicy --format helm-values` output 
 {{- range .Values.gateway.models }}{{ $m := . }}{{ range (.replicas | default list) }}{{ with .destination }}{{ $refs = append $refs (list (printf "gateway.models[%s] replica destination" $m.name) .) }}{{ end }}{{ end }}{{ end }}
 {{- if .Values.vllm.enabled }}{{ range .Values.vllm.models }}{{ $refs = append $refs (list (printf "vllm.models[%s] (in-chart backend) destination" .name) (printf "vllm-%s" .name)) }}{{ end }}{{ end }}
 {{- if .Values.telemetry.enabled }}{{ $refs = append $refs (list "telemetry.destination" .Values.telemetry.destination) }}{{ end }}
+{{- range .Values.mcp.servers }}{{ $refs = append $refs (list (printf "mcp.servers[%s] destination" .name) .destination) }}{{ end }}
 {{- range $refs }}
 {{- if not (has (index . 1) $policyIds) }}
 {{- fail (printf "%s %q is not a destination of policy.document (it defines: %s): the gateway would refuse to start" (index . 0) (index . 1) (join ", " $policyIds)) }}
 {{- end }}
 {{- end }}
+{{- include "sg.validateMcpServers" (dict "root" . "doc" $doc) }}
 {{- if .Values.networkPolicy.enabled }}
 {{- $egressIds := list }}
 {{- range .Values.egress.destinations }}{{ $egressIds = append $egressIds .id }}{{ end }}
@@ -83,6 +85,35 @@ policy's destinations (it is `policy networkpolicy --format helm-values` output 
 {{- fail (printf "telemetry.port %d is not a port of policy destination %q" (int $.Values.telemetry.port) $dest.id) }}
 {{- end }}
 {{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+Each mcp.servers entry must name a policy destination of purpose tool (the policy refuses data
+to any other purpose), and its optional region/jurisdiction must be that destination's: the
+values cannot claim a place the policy does not grant. The gateway's own mcp: section cannot
+come from both the mcp: values and gateway.extraConfig.mcp.
+*/}}
+{{- define "sg.validateMcpServers" -}}
+{{- $root := .root }}
+{{- if and $root.Values.mcp.servers (hasKey $root.Values.gateway.extraConfig "mcp") }}
+{{- fail "mcp.servers and gateway.extraConfig.mcp are both set: declare MCP servers in one place (the mcp: values)" }}
+{{- end }}
+{{- range $root.Values.mcp.servers }}
+{{- $server := . }}
+{{- range ($.doc.destinations | default list) }}
+{{- if and (kindIs "map" .) (eq (toString .id) $server.destination) }}
+{{- if ne (toString (default "inference" .purpose)) "tool" }}
+{{- fail (printf "mcp.servers[%s] destination %q has purpose %q in policy.document: an MCP server's destination must have purpose tool" $server.name $server.destination (toString (default "inference" .purpose))) }}
+{{- end }}
+{{- if and $server.region (ne (toString $server.region) (toString .region)) }}
+{{- fail (printf "mcp.servers[%s] region %q is not the region of policy destination %q (%s)" $server.name $server.region $server.destination (toString .region)) }}
+{{- end }}
+{{- if and $server.jurisdiction (ne (toString $server.jurisdiction) (toString .jurisdiction)) }}
+{{- fail (printf "mcp.servers[%s] jurisdiction %q is not the jurisdiction of policy destination %q (%s)" $server.name $server.jurisdiction $server.destination (toString .jurisdiction)) }}
 {{- end }}
 {{- end }}
 {{- end }}

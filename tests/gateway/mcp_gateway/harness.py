@@ -30,11 +30,13 @@ _ROWS = [("k-agent", "agent", "agents", "internal"), ("k-secret", "secret", "age
 
 
 def policy_text(ports: dict[str, int], extra: str = "") -> str:
-    """Destinations: the model replica, each MCP server (``tools-*``: internal data only), and
-    ``web`` (a fetchable site); the ``secret`` class may go nowhere but the model."""
+    """Destinations: the model replica, each MCP server (``tools-*``: internal data only),
+    ``web`` (a fetchable site) and an OTLP ``collector`` if given; the ``secret`` class may go
+    nowhere but the model."""
+    purposes = {"model": "inference", "collector": "telemetry"}
     dests = "".join(
         f"  - {{id: {name}, host: 127.0.0.1, port: {port}, region: eu-de-1, jurisdiction: EU, "
-        f"operator: acme, purpose: {'inference' if name == 'model' else 'tool'}}}\n"
+        f"operator: acme, purpose: {purposes.get(name, 'tool')}}}\n"
         for name, port in ports.items())
     return (
         "version: 1\ndata_classes: [public, internal, secret]\n"
@@ -85,7 +87,8 @@ class Gateway:
 
 def start_gateway(tmp_path: Path, model_url: str, servers: dict[str, str],
                   extra_ports: dict[str, int], mcp_extra: Callable[[dict[str, Any]], None]
-                  | None = None, policy_extra: str = "") -> Gateway:
+                  | None = None, policy_extra: str = "",
+                  cfg_extra: Callable[[dict[str, Any]], None] | None = None) -> Gateway:
     """Write the policy and config, start ``gateway serve``, wait for ``/healthz``.
 
     Args:
@@ -94,6 +97,7 @@ def start_gateway(tmp_path: Path, model_url: str, servers: dict[str, str],
         extra_ports: More destinations by id (``web``).
         mcp_extra: Edits the ``mcp:`` section in place.
         policy_extra: Appended to the policy file (top-level sections, e.g. ``pii:``).
+        cfg_extra: Edits the whole gateway config in place (e.g. ``telemetry:``).
     """
     ports = {"model": int(model_url.rsplit(":", 1)[1])}
     for name, url in servers.items():
@@ -130,6 +134,8 @@ def start_gateway(tmp_path: Path, model_url: str, servers: dict[str, str],
         "mcp": mcp,
         "telemetry": {"admin": {"host": "127.0.0.1", "port": (admin := free_port())}},
     }
+    if cfg_extra is not None:
+        cfg_extra(cfg)
     cfg_file = tmp_path / "gateway.yaml"
     cfg_file.write_text(yaml.safe_dump(cfg))
     proc = subprocess.Popen(
