@@ -10,18 +10,22 @@ them: two replicas, ``max_num_seqs`` 8, time scale 10) behind one gateway proces
 them as ``mixed-plain`` (no flow control) and ``mixed-fc`` (flow control,
 ``bench/routing_mixed.py``'s section).
 
-Per interactive rate, ``unloaded``: interactive traffic alone (``mixed-plain``), its p99 TTFT.
-Per point, two phases of ``--window`` seconds on the same replicas (reset in between):
-``no-fc`` and ``fc``, interactive traffic at the point's rate plus batch traffic from two
-keys: a burst of ``replicas x max_num_seqs`` requests at the start (the fleet is saturated
-from the first second, whatever the batch shape) and Poisson arrivals at ``--overload`` x the
-fleet's batch capacity estimated from the profile. At the end of the window every request
-still open is cancelled (the client disconnects: the gateway and the simulator abort it), so
-a 1,024-token answer does not hold the next point back.
+Per point, three phases on the same replicas (reset in between), one after the other so that
+the machine's load drifts little between them: ``unloaded`` (``--unloaded-window`` s of the
+point's interactive traffic alone, ``mixed-plain``), then ``no-fc`` and ``fc`` (``--window`` s
+each): the interactive traffic at the point's rate (one request every ``1/rate`` s) plus batch
+work from two keys as a batch job sends it: a closed loop of ``--batch-concurrency`` workers
+(default twice the fleet's sequence slots, two thirds of them the first key's), each sending
+its next request when the previous one ended (one second later when it was refused). The
+fleet is saturated from the first second whatever the batch shape, and the client holds a
+bounded number of connections (an open-loop overload of short batch requests had the client
+open hundreds, which it could not serve on two busy cores). At the end of the window every
+request still open is cancelled (the client disconnects: the gateway and the simulator abort
+it), so a 1,024-token answer does not hold the next phase back.
 
 Measured per point, over the window after ``--warmup`` seconds:
 
-* **interactive p99 TTFT** in ``fc`` over the unloaded p99 at the same rate (target <= 1.5x);
+* **interactive p99 TTFT** in ``fc`` over the point's unloaded p99 (target <= 1.5x);
   an interactive request without a first token by the end of the window counts with the time
   it waited; a refused one (429) counts as infinitely late;
 * **batch throughput**: batch tokens streamed in the window per second (counted as the tokens
@@ -41,7 +45,6 @@ import argparse
 import asyncio
 import json
 import os
-import random
 import sys
 import tempfile
 import time
@@ -55,7 +58,7 @@ from relay_procs import BIN, Proc, free_port
 from routing_mixed import KEYS, SERVED
 from routing_mixed import _config as mixed_config
 
-from vllm_sim.profiles import PerfProfile, get_profile
+from vllm_sim.profiles import get_profile
 
 
 @dataclass
@@ -74,27 +77,27 @@ class Call:
 
 
 def _words(n: int, tag: str) -> str:
+    # One simulator token per word: a hyphen would split ``batch-a00001w0`` into three.
+    tag = tag.replace("-", "")
     return " ".join(f"{tag}{i}" for i in range(n))
 
 
-def schedule(rate: float, batch_rate: float, burst: int, window_s: float, prompt: int,
-             output: int, args: argparse.Namespace, seed: int) -> list[Call]:
-    """The calls of one phase: interactive every ``1/rate`` s; batch: ``burst`` at 0 s, then
-    Poisson at ``batch_rate`` requests/s (the two keys alternating in the burst, 2 : 1 after).
-    """
-    rng = random.Random(seed)  # noqa: S311 - a reproducible schedule, not a secret
-    calls = [Call("interactive", "interactive", i / rate, args.interactive_prompt,
-                  args.interactive_output) for i in range(int(window_s * rate))]
-    calls += [Call("batch", ("batch-a", "batch-b")[i % 2], 0.0, prompt, output)
-              for i in range(burst)]
-    for key, share in (("batch-a", 2 / 3), ("batch-b", 1 / 3)):
-        t = 0.0
-        while batch_rate > 0:
-            t += rng.expovariate(batch_rate * share)
-            if t >= window_s:
-                break
-            calls.append(Call("batch", key, t, prompt, output))
-    return sorted(calls, key=lambda c: c.at_s)
+def interactive_calls(rate: float, window_s: float, args: argparse.Namespace) -> list[Call]:
+    """The interactive calls of one phase: one every ``1/rate`` seconds."""
+    return [Call("interactive", "interactive", i / rate, args.interactive_prompt,
+                 args.interactive_output) for i in range(int(window_s * rate))]
+
+
+async def _batch_worker(client: httpx.AsyncClient, url: str, model: str, key: str,
+                        prompt: int, output: int, calls: list[Call], t0: float,
+                        window_s: float) -> None:
+    """One worker of the batch job: the next request when the previous one ended."""
+    while (at := time.monotonic() - t0) < window_s:
+        call = Call("batch", key, at, prompt, output)
+        calls.append(call)
+        await _one(client, url, model, call, len(calls), t0)
+        if call.status != 200:
+            await asyncio.sleep(1.0)  # refused (429 queue_timeout): try again a bit later
 
 
 async def _one(client: httpx.AsyncClient, url: str, model: str, call: Call, n: int,
@@ -128,11 +131,20 @@ async def _one(client: httpx.AsyncClient, url: str, model: str, call: Call, n: i
 
 
 async def run_phase(client: httpx.AsyncClient, gateway: str, urls: list[str], model: str,
-                    calls: list[Call], window_s: float) -> float:
-    """Send ``calls``; cancel what is open at ``window_s``; reset the replicas. The wall time."""
+                    calls: list[Call], window_s: float,
+                    batch: tuple[int, int, int] | None = None) -> float:
+    """Send the interactive ``calls`` and, with ``batch`` = (workers, prompt, output), the batch
+    job's (appended to ``calls``); cancel what is open at ``window_s``; reset the replicas.
+    The wall time, seconds."""
     t0 = time.monotonic()
     tasks = [asyncio.create_task(_one(client, gateway, model, c, n, t0))
              for n, c in enumerate(calls)]
+    if batch is not None:
+        workers, prompt, output = batch
+        first = -(-2 * workers // 3)  # two thirds for the first key (it sends twice as much)
+        tasks += [asyncio.create_task(_batch_worker(
+                      client, gateway, model, "batch-a" if i < first else "batch-b", prompt,
+                      output, calls, t0, window_s)) for i in range(workers)]
     _done, pending = await asyncio.wait(tasks, timeout=window_s)
     for task in pending:
         task.cancel()
@@ -179,15 +191,6 @@ def batch_tok_s(calls: list[Call], start_s: float, end_s: float) -> float:
     return n / (end_s - start_s)
 
 
-def batch_capacity(profile: PerfProfile, prompt: int, output: int, replicas: int,
-                   time_scale: float) -> float:
-    """The fleet's batch capacity from the profile, requests/s (``bench/routing_mixed.py``)."""
-    seqs = profile.max_num_seqs
-    step = profile.step_time_s(0, seqs, seqs * (prompt + output // 2))
-    cost_s = output * step + prompt / profile.prefill_tokens_per_s
-    return replicas * seqs / (cost_s * time_scale)
-
-
 def grid_points(args: argparse.Namespace) -> list[tuple[int, int, float]]:
     """``(batch prompt, batch output, interactive rate)``: the corners, then the middle."""
     points = [(p, o, r) for p in args.prompts for o in args.outputs for r in args.rates]
@@ -205,16 +208,19 @@ async def bench_grid(args: argparse.Namespace) -> dict[str, Any]:
     (workdir / "profile.json").write_text(profile.model_dump_json())
     points = grid_points(args)
     longest = max(max(o for _, o, _ in points), args.interactive_output)
+    # The simulator refuses a prompt plus max_tokens above its context (default 2,048) with a
+    # 400, as vLLM does: give it room for the longest prompt and answer (and the template).
+    context = max(p for p, _, _ in points) + longest + 256
     procs: list[Proc] = []
     load0 = os.getloadavg()
-    report: dict[str, Any] = {"unloaded": {}, "points": []}
+    report: dict[str, Any] = {"points": []}
     try:
         for _ in range(args.replicas):
             port = free_port()
             procs.append(Proc(f"vllm-sim:{port}", [
                 str(BIN / "vllm-sim"), "--port", str(port), "--model", SERVED, "--profile",
                 str(workdir / "profile.json"), "--time-scale", str(args.time_scale),
-                "--tokens", str(longest)], port, "/health"))
+                "--tokens", str(longest), "--max-model-len", str(context)], port, "/health"))
         urls = [p.url for p in procs]
         port = free_port()
         cfg = gateway_config(urls, port, args)
@@ -225,37 +231,35 @@ async def bench_grid(args: argparse.Namespace) -> dict[str, Any]:
                                       str(workdir / "gateway.yaml")], port, "/healthz"))
         gateway = procs[-1].url
         share = args.batch_in_flight / args.max_num_seqs
+        workers = args.batch_concurrency or 2 * args.replicas * args.max_num_seqs
         async with httpx.AsyncClient(timeout=httpx.Timeout(900.0),
-                                     limits=httpx.Limits(max_connections=4000)) as client:
+                                     limits=httpx.Limits(max_connections=1000)) as client:
             await _reset(client, urls)
-            for rate in sorted({r for _, _, r in points}):
-                calls = schedule(rate, 0.0, 0, args.unloaded_window, 0, 0, args, args.seed)
-                await run_phase(client, gateway, urls, "mixed-plain", calls, args.unloaded_window)
-                p99, n, refused = interactive_p99(calls, 0.0)
-                report["unloaded"][str(rate)] = {"ttft_p99_s": p99, "requests": n,
-                                                 "refused": refused}
-                print(f"  unloaded {rate:g} req/s: p99 {p99:.3f} s ({n})", file=sys.stderr)
             for prompt, output, rate in points:
-                cap = batch_capacity(profile, prompt, output, args.replicas, args.time_scale)
-                burst = args.replicas * args.max_num_seqs
                 row: dict[str, Any] = {"batch_prompt": prompt, "batch_output": output,
-                                       "interactive_rps": rate, "batch_capacity_rps": cap}
+                                       "interactive_rps": rate, "batch_workers": workers}
+                calls = interactive_calls(rate, args.unloaded_window, args)
+                await run_phase(client, gateway, urls, "mixed-plain", calls,
+                                args.unloaded_window)
+                p99, n, refused = interactive_p99(calls, 0.0)
+                row["unloaded"] = {"ttft_p99_s": p99, "interactive": n,
+                                   "interactive_refused": refused}
                 for phase, model in (("no-fc", "mixed-plain"), ("fc", "mixed-fc")):
-                    calls = schedule(rate, args.overload * cap, burst, args.window, prompt,
-                                     output, args, args.seed)
-                    await run_phase(client, gateway, urls, model, calls, args.window)
+                    calls = interactive_calls(rate, args.window, args)
+                    await run_phase(client, gateway, urls, model, calls, args.window,
+                                    (workers, prompt, output))
                     p99, n, refused = interactive_p99(calls, args.warmup)
+                    batch = [c for c in calls if c.cls == "batch"]
                     row[phase] = {
                         "ttft_p99_s": p99, "interactive": n, "interactive_refused": refused,
                         "batch_tok_s": batch_tok_s(calls, args.warmup, args.window),
-                        "batch_requests": sum(1 for c in calls if c.cls == "batch"),
-                        "batch_refused": sum(1 for c in calls if c.cls == "batch"
-                                             and c.status not in (0, 200)),
+                        "batch_requests": len(batch),
+                        "batch_refused": sum(1 for c in batch if c.status not in (0, 200)),
                         # (sent at, TTFT) of every interactive request, seconds (tails).
                         "interactive_each": [[round(c.at_s, 3), c.ttft_s and round(c.ttft_s, 4)]
                                              for c in calls if c.cls == "interactive"],
                     }
-                unloaded = report["unloaded"][str(rate)]["ttft_p99_s"]
+                unloaded = row["unloaded"]["ttft_p99_s"]
                 row["ttft_ratio"] = row["fc"]["ttft_p99_s"] / unloaded
                 row["ttft_ratio_no_fc"] = row["no-fc"]["ttft_p99_s"] / unloaded
                 full = row["no-fc"]["batch_tok_s"]
@@ -264,8 +268,9 @@ async def bench_grid(args: argparse.Namespace) -> dict[str, Any]:
                 row["pass"] = bool(row["ttft_ratio"] <= args.target
                                    and row["batch_ratio"] >= share)
                 report["points"].append(row)
-                print(f"  point {prompt}/{output} @ {rate:g} req/s: TTFT x{row['ttft_ratio']:.2f}"
-                      f", batch x{row['batch_ratio']:.2f}", file=sys.stderr)
+                print(f"  point {prompt}/{output} @ {rate:g} req/s: unloaded p99 {unloaded:.3f}"
+                      f" s, TTFT x{row['ttft_ratio']:.2f}, batch x{row['batch_ratio']:.2f}",
+                      file=sys.stderr)
     finally:
         for p in reversed(procs):
             p.stop()
@@ -274,7 +279,7 @@ async def bench_grid(args: argparse.Namespace) -> dict[str, Any]:
         "max_num_seqs": args.max_num_seqs, "batch_in_flight": args.batch_in_flight,
         "batch_prefill_tokens": args.batch_prefill_tokens, "strategy": args.strategy,
         "window_s": args.window, "warmup_s": args.warmup, "unloaded_window_s":
-        args.unloaded_window, "overload": args.overload, "target": args.target,
+        args.unloaded_window, "batch_workers": workers, "target": args.target,
         "interactive_prompt/output": f"{args.interactive_prompt}/{args.interactive_output}",
         "loadavg_start": [round(x, 2) for x in load0],
         "loadavg_end": [round(x, 2) for x in os.getloadavg()],
@@ -302,7 +307,7 @@ def print_table(report: dict[str, Any]) -> None:
           "(x unloaded) | no-fc p99 (x) | batch tok/s fc / no-fc (x) | share | result |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---|")
     for row in report["points"]:
-        un = report["unloaded"][str(row["interactive_rps"])]["ttft_p99_s"]
+        un = row["unloaded"]["ttft_p99_s"]
         fc, nofc = row["fc"], row["no-fc"]
         print(f"| {row['batch_prompt']} | {row['batch_output']} | {row['interactive_rps']:g} "
               f"| {un:.3f} s | {fc['ttft_p99_s']:.3f} s ({row['ttft_ratio']:.2f}x) "
@@ -342,9 +347,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--rates", type=_floats, default=[1.0, 4.0], help="interactive req/s")
     ap.add_argument("--middle", type=_middle, default=(512, 128, 2.0),
                     help="PROMPT,OUTPUT,RATE of the middle point ('none': no middle)")
-    ap.add_argument("--window", type=float, default=30.0, help="s per loaded phase")
-    ap.add_argument("--warmup", type=float, default=5.0, help="s not measured at the start")
-    ap.add_argument("--unloaded-window", type=float, default=20.0, help="s per unloaded phase")
+    ap.add_argument("--window", type=float, default=25.0, help="s per loaded phase")
+    ap.add_argument("--warmup", type=float, default=4.0, help="s not measured at the start")
+    ap.add_argument("--unloaded-window", type=float, default=12.0, help="s per unloaded phase")
     ap.add_argument("--target", type=float, default=1.5, help="p99 TTFT ratio at most")
     ap.add_argument("--replicas", type=int, default=2)
     ap.add_argument("--profile", default="llama-3.1-8b-h100")
@@ -355,12 +360,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="flow control: the batch class's prefill_tokens threshold")
     ap.add_argument("--strategy", default="least_outstanding",
                     choices=["least_outstanding", "round_robin", "prefix_affinity"])
-    ap.add_argument("--overload", type=float, default=1.5)
+    ap.add_argument("--batch-concurrency", type=int, default=None,
+                    help="batch workers (closed loop); default 2 x replicas x max_num_seqs")
     ap.add_argument("--interactive-prompt", type=int, default=32)
     ap.add_argument("--interactive-output", type=int, default=16)
     ap.add_argument("--batch-max-wait", type=float, default=15.0)
     ap.add_argument("--interactive-max-wait", type=float, default=10.0)
-    ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json", type=Path, default=None, help="write the report here")
     return ap.parse_args(argv)
 
