@@ -293,6 +293,10 @@ def gateway_config(urls: list[str], port: int, args: argparse.Namespace) -> dict
     cfg = mixed_config(urls, port, args)
     for model in cfg["models"]:
         model["strategy"] = args.strategy
+    if args.strategy == "prefix_affinity":
+        # Its prompt-token estimate (prefill_tokens) is characters / chars_per_token: the
+        # workload's words are ~16 characters per simulator token, not English's ~4.
+        cfg["routing"]["chars_per_token"] = round(len(_words(512, "batch-a00000w")) / 512, 2)
     if args.batch_prefill_tokens is not None:
         batch = cfg["flow_control"]["classes"][1]
         batch["saturation"]["prefill_tokens"] = args.batch_prefill_tokens
