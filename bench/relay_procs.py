@@ -57,9 +57,14 @@ class Proc:
         self.proc = subprocess.Popen(
             argv, stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
         )
-        self._wait_ready(ready_path)
+        try:
+            self._wait_ready(ready_path)
+        except BaseException:
+            self.stop()  # never left running unowned: the caller has no handle on it yet
+            raise
 
-    def _wait_ready(self, path: str, timeout_s: float = 60.0) -> None:
+    def _wait_ready(self, path: str, timeout_s: float = 180.0) -> None:
+        # 180 s: a gateway imports for over 60 s on two cores shared with busy neighbours.
         deadline = time.monotonic() + timeout_s
         while True:
             try:
