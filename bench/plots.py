@@ -214,20 +214,25 @@ def flow_grid(doc: dict[str, Any], out: Path) -> Path:
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.2))
     width = 0.4
     fc = left.bar([x - width / 2 for x in xs], [p["ttft_ratio"] for p in points], width,
-                  color=[_GATEWAY if p["ttft_ratio"] <= target else "#cf222e" for p in points],
-                  label="with flow control")
+                  color=[_GATEWAY if p["ttft_ratio"] <= target else "#cf222e" for p in points])
     left.bar([x + width / 2 for x in xs], [p["ttft_ratio_no_fc"] for p in points], width,
-             color=_REFERENCE, label="without")
+             color=_REFERENCE)
     left.bar_label(fc, fmt="%.2f", fontsize=7)
+    from matplotlib.patches import Patch
+
+    left.legend(handles=[Patch(color=_GATEWAY, label="with flow control, target met"),
+                         Patch(color="#cf222e", label="with flow control, missed"),
+                         Patch(color=_REFERENCE, label="without flow control")],
+                fontsize=7, loc="upper left")
     left.axhline(target, color="black", linestyle="--", linewidth=1)
     left.text(len(points) - 0.5, target * 1.08, f"target {target:g}x", ha="right", fontsize=8)
     left.set_yscale("log")
     left.set_ylabel("interactive p99 TTFT / unloaded", fontsize=9)
-    left.legend(fontsize=7, loc="upper left")
     ratio = right.bar(xs, [p["batch_ratio"] for p in points], 0.6,
                       color=[_GATEWAY if p["batch_ratio"] >= p["share"] else "#cf222e"
                              for p in points])
-    right.bar_label(ratio, fmt="%.2f", fontsize=7)
+    right.bar_label(ratio, labels=[f"{p['batch_ratio']:.2f}" if p["batch_ratio"] == p["batch_ratio"]
+                                   else "no batch\ntokens" for p in points], fontsize=7)
     share = points[0]["share"]
     right.axhline(share, color="black", linestyle="--", linewidth=1)
     right.text(len(points) - 0.5, share * 1.04, f"configured share {share:.2f}", ha="right",
