@@ -132,10 +132,12 @@ async def _one(client: httpx.AsyncClient, url: str, model: str, call: Call, n: i
 
 async def run_phase(client: httpx.AsyncClient, gateway: str, urls: list[str], model: str,
                     calls: list[Call], window_s: float,
-                    batch: tuple[int, int, int] | None = None) -> float:
+                    batch: tuple[int, int, int] | None = None, settle_s: float = 0.0) -> float:
     """Send the interactive ``calls`` and, with ``batch`` = (workers, prompt, output), the batch
     job's (appended to ``calls``); cancel what is open at ``window_s``; reset the replicas.
-    The wall time, seconds."""
+    Then ``settle_s`` seconds more: an aborted request leaves at once, but the engine step it
+    was in runs to its end (up to one full-budget prefill step, seconds at time scale 10), and
+    the next phase must not start behind it. The wall time, seconds."""
     t0 = time.monotonic()
     tasks = [asyncio.create_task(_one(client, gateway, model, c, n, t0))
              for n, c in enumerate(calls)]
@@ -154,6 +156,7 @@ async def run_phase(client: httpx.AsyncClient, gateway: str, urls: list[str], mo
         if c.cls == "interactive" and c.ttft_s is None and c.status in (0, 200):
             c.ttft_s = max(0.0, wall - c.at_s)
     await _reset(client, urls)
+    await asyncio.sleep(settle_s)
     return wall
 
 
@@ -232,6 +235,9 @@ async def bench_grid(args: argparse.Namespace) -> dict[str, Any]:
         gateway = procs[-1].url
         share = args.batch_in_flight / args.max_num_seqs
         workers = args.batch_concurrency or 2 * args.replicas * args.max_num_seqs
+        # The longest engine step (a full token budget of prefill), seconds, plus a margin.
+        settle = (profile.step_time_s(profile.max_num_batched_tokens, args.max_num_seqs,
+                                      args.max_num_seqs * context) * args.time_scale + 0.5)
         async with httpx.AsyncClient(timeout=httpx.Timeout(900.0),
                                      limits=httpx.Limits(max_connections=1000)) as client:
             await _reset(client, urls)
@@ -247,7 +253,7 @@ async def bench_grid(args: argparse.Namespace) -> dict[str, Any]:
                 for phase, model in (("no-fc", "mixed-plain"), ("fc", "mixed-fc")):
                     calls = interactive_calls(rate, args.window, args)
                     await run_phase(client, gateway, urls, model, calls, args.window,
-                                    (workers, prompt, output))
+                                    (workers, prompt, output), settle)
                     p99, n, refused = interactive_p99(calls, args.warmup)
                     batch = [c for c in calls if c.cls == "batch"]
                     row[phase] = {
