@@ -30,7 +30,7 @@ def _plots(relay: Path, out: Path, flag: str = "--relay") -> subprocess.Complete
 
 def _bench(script: str, *args: str) -> None:
     argv = [sys.executable, str(BENCH / script), *args]
-    run = subprocess.run(default_signals(argv), capture_output=True, text=True, timeout=280,
+    run = subprocess.run(default_signals(argv), capture_output=True, text=True, timeout=840,
                          cwd=BENCH, check=False)
     assert run.returncode == 0, run.stderr[-2000:]
 
@@ -67,6 +67,7 @@ def test_json_without_the_paced_phase_is_refused(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # five servers start one after the other: slow on two busy cores
 def test_plots_of_a_real_routing_run_with_two_pods(tmp_path: Path) -> None:
     routing = tmp_path / "routing.json"
     _bench("routing.py", "--workload", "shared-prefix", "--replicas", "2", "--profile",
@@ -98,6 +99,7 @@ def test_plots_of_a_real_routing_run_with_two_pods(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_plots_of_a_real_flow_grid_run(tmp_path: Path) -> None:
     grid = tmp_path / "grid.json"
     _bench("flow_grid.py", "--prompts", "64", "--outputs", "16", "--rates", "4", "--middle",
