@@ -186,14 +186,33 @@ BENCH_DEBIAN_TOOLS := nginx:nginx-light
 bench-nginx:
 	PATH="$$PATH:/usr/sbin" tools/install_debian_tools.sh $(BENCH_DEBIAN_TOOLS)
 
-# Plots of the benchmarks' own JSON output (bench/plots.py, matplotlib): the relay's paced
-# phase (stall-free streams, p99 gap, CPU per event; nginx beside it when installed) into
-# docs/plots/relay-stalls.svg and .png. Run it on a quiet machine: the figures are what it measures.
-.PHONY: bench-plots
+# Plots of the benchmarks' own JSON output (bench/plots.py, matplotlib) into docs/plots:
+# the relay's paced phase (relay-stalls.svg/.png; nginx beside it when installed), routing TTFT
+# per strategy and one pod against three (routing-ttft.svg, routing-pods.svg; vllm-router beside
+# ours when `make vllm-router` installed it) and the flow-control grid (flow-grid.svg).
+# About 25 minutes; run it on a quiet machine: the figures are what it measures.
+VLLM_ROUTER := $(TOOLS)/vllm-router-venv/bin/vllm-router
+ROUTING_PLOT_ARGS := --workload shared-prefix --workload multi-turn --capacity profile \
+	--groups 16 --prompts-per-group 8 --question-tokens 100 --users 16 --rounds 6 \
+	--strategy least_outstanding --strategy round_robin --strategy prefix_affinity \
+	--strategy oracle --gateways 1 --gateways 3 \
+	$(if $(wildcard $(VLLM_ROUTER)),--vllm-router $(VLLM_ROUTER) --vllm-router-policy cache_aware)
+.PHONY: bench-plots vllm-router
 bench-plots: install bench-nginx
 	@mkdir -p .cache/bench
 	$(PY) bench/relay.py --only stalls --json .cache/bench/relay.json
-	$(PY) bench/plots.py --relay .cache/bench/relay.json --out docs/plots
+	$(PY) bench/routing.py $(ROUTING_PLOT_ARGS) --json .cache/bench/routing.json
+	$(PY) bench/flow_grid.py --json .cache/bench/flow-grid.json
+	$(PY) bench/plots.py --relay .cache/bench/relay.json --routing .cache/bench/routing.json \
+		--grid .cache/bench/flow-grid.json --out docs/plots
+
+# The vLLM project's router (PyPI vllm-router, a Rust binary in a wheel) in its own venv, for
+# bench/routing.py --vllm-router; not a dependency of the gateway.
+VLLM_ROUTER_VERSION := 0.1.17
+vllm-router: $(VLLM_ROUTER)
+$(VLLM_ROUTER): $(UV)
+	$(UV) venv --python $(PYTHON) $(TOOLS)/vllm-router-venv
+	$(UV) pip install --python $(TOOLS)/vllm-router-venv/bin/python vllm-router==$(VLLM_ROUTER_VERSION)
 
 # @bench: the relay benchmark's C harness (bench/csrc: a paced SSE backend and a load client,
 # single-threaded epoll), so that the harness leaves the cores to the proxies it measures.

@@ -1,20 +1,35 @@
 #!/usr/bin/env python3
-"""Plots of the benchmarks' own JSON output, for docs/benchmarks.md (``make bench-plots``).
+"""Plots of the benchmarks' own JSON output, for the docs (``make bench-plots``).
 
-    python bench/plots.py --relay RELAY.json --out docs/plots
+    python bench/plots.py --relay RELAY.json --routing ROUTING.json --grid GRID.json \\
+        --out docs/plots
 
-``RELAY.json`` is what ``bench/relay.py --json`` writes: ``{"started", "cpu", "args",
-"targets": {NAME: results}}``. From the paced phase (``--only stalls``) it draws, per target
-(the gateway, nginx beside it, the backend direct): the share of stall-free streams (%), the
-p99 gap between events (ms) and the relay's CPU per event (µs), one bar chart each, and writes
-``relay-stalls.svg`` and ``relay-stalls.png``. The SVG is written without timestamps or random
-ids so that regenerating from the same JSON gives the same file.
+Each input is optional (at least one is needed) and gives its figures:
+
+* ``--relay``: what ``bench/relay.py --json`` writes, ``{"started", "cpu", "args", "targets":
+  {NAME: results}}``. From the paced phase (``--only stalls``) it draws, per target (the
+  gateway, nginx beside it, the backend direct): the share of stall-free streams (%), the p99
+  gap between events (ms) and the relay's CPU per event (µs), one bar chart each:
+  ``relay-stalls.svg`` and ``relay-stalls.png``.
+* ``--routing``: what ``bench/routing.py --json`` writes, ``{"args", "workloads": {WORKLOAD:
+  {"params", "results": {STRATEGY: summary}}}}``. ``routing-ttft.svg``: TTFT p50/p90/p99 (s)
+  per strategy (the gateway's, the client-side references, ``vllm-router:*``), one panel per
+  workload. ``routing-pods.svg`` when the run had ``--gateways N`` rows (``NAME@Npods``): TTFT
+  p50 and the prefix-cache hit ratio of each gateway strategy through one pod and through N.
+* ``--grid``: what ``bench/flow_grid.py --json`` writes. ``flow-grid.svg``: per grid point,
+  interactive p99 TTFT over its unloaded value with and without flow control (log scale, the
+  1.5x target drawn), and batch throughput with flow control over without it (its configured
+  share drawn).
+
+The SVGs are written without timestamps or random ids, so that drawing the same JSON again gives
+the same file.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -22,6 +37,26 @@ from typing import Any
 PANELS = (("stall_free_pct", "stall-free streams (%)"),
           ("gap_p99_ms", "p99 gap between events (ms)"),
           ("cpu_us_per_event", "relay CPU per event (µs)"))
+_GATEWAY, _PEER, _REFERENCE = "#0969da", "#cf222e", "#8c959f"
+_PODS = re.compile(r"^(?P<name>.+)@(?P<n>\d+)pods$")
+
+
+def _pyplot() -> Any:
+    """matplotlib's pyplot on the Agg backend, set up for stable, searchable SVG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    matplotlib.rcParams["svg.hashsalt"] = "sovereign-gateway"  # stable ids in the SVG
+    matplotlib.rcParams["svg.fonttype"] = "none"  # text stays text: searchable, small
+    return plt
+
+
+def _save_svg(fig: Any, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, metadata={"Date": None})
+    return path
 
 
 def relay_stalls(doc: dict[str, Any], out: Path) -> list[Path]:
@@ -30,13 +65,7 @@ def relay_stalls(doc: dict[str, Any], out: Path) -> list[Path]:
     Raises:
         ValueError: No target has the paced phase's figures (run with ``--only stalls``).
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    matplotlib.rcParams["svg.hashsalt"] = "sovereign-gateway"  # stable ids in the SVG
-    matplotlib.rcParams["svg.fonttype"] = "none"  # text stays text: searchable, small
+    plt = _pyplot()
     targets = {name: r for name, r in doc["targets"].items()
                if all(k in r for k, _ in PANELS)}
     if not targets:
@@ -45,7 +74,7 @@ def relay_stalls(doc: dict[str, Any], out: Path) -> list[Path]:
     fig, axes = plt.subplots(1, len(PANELS), figsize=(4 * len(PANELS), 3.4))
     for ax, (key, title) in zip(axes, PANELS, strict=True):
         values = [float(targets[n][key]) for n in names]
-        bars = ax.bar(names, values, color=["#0969da" if n.startswith("gateway") else "#8c959f"
+        bars = ax.bar(names, values, color=[_GATEWAY if n.startswith("gateway") else _REFERENCE
                                             for n in names])
         ax.bar_label(bars, fmt="%.3g", fontsize=8)
         ax.set_title(title, fontsize=10)
@@ -61,16 +90,199 @@ def relay_stalls(doc: dict[str, Any], out: Path) -> list[Path]:
     return written
 
 
+def _color(name: str) -> str:
+    if name.startswith("vllm-router"):
+        return _PEER
+    if name in ("oracle", "partition"):
+        return _REFERENCE
+    return _GATEWAY
+
+
+def _workloads(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    workloads = {w: d for w, d in doc.get("workloads", {}).items() if d.get("results")}
+    if not workloads:
+        raise ValueError("no workload has results: run bench/routing.py --json")
+    return workloads
+
+
+def _params_line(params: dict[str, Any], keys: tuple[str, ...]) -> str:
+    return ", ".join(f"{k}={params[k]}" for k in keys if params.get(k) is not None)
+
+
+def routing_ttft(doc: dict[str, Any], out: Path) -> Path:
+    """Draw TTFT p50/p90/p99 per strategy of one routing benchmark run, one panel per workload
+    (rows of several pods left out: :func:`routing_pods`); the file written.
+
+    Raises:
+        ValueError: The JSON has no workload with results.
+    """
+    plt = _pyplot()
+    workloads = _workloads(doc)
+    fig, axes = plt.subplots(1, len(workloads), figsize=(5.2 * len(workloads), 3.9),
+                             squeeze=False)
+    for ax, (workload, data) in zip(axes[0], workloads.items(), strict=True):
+        rows = {n: r for n, r in data["results"].items() if not _PODS.match(n)}
+        names = list(rows)
+        width = 0.27
+        for k, (key, label, alpha) in enumerate((("ttft_p50_s", "p50", 1.0),
+                                                 ("ttft_p90_s", "p90", 0.6),
+                                                 ("ttft_p99_s", "p99", 0.3))):
+            xs = [i + (k - 1) * width for i in range(len(names))]
+            bars = ax.bar(xs, [float(rows[n][key]) for n in names], width,
+                          color=[_color(n) for n in names], alpha=alpha, label=label)
+            if key == "ttft_p50_s":
+                ax.bar_label(bars, fmt="%.2f", fontsize=7)
+        ax.set_xticks(range(len(names)), names, rotation=25, ha="right", fontsize=8)
+        ax.set_ylabel("TTFT (s)", fontsize=9)
+        params = data.get("params", {})
+        ax.set_title(f"{workload} ({_params_line(params, ('replicas', 'rate_rps', 'requests'))})",
+                     fontsize=9)
+        ax.legend(fontsize=7, title="bars: p50, p90, p99", title_fontsize=7)
+    fig.suptitle("Routing: TTFT per strategy (blue: gateway, red: vllm-router, grey: "
+                 "client-side references)", fontsize=10)
+    fig.tight_layout()
+    path = _save_svg(fig, out / "routing-ttft.svg")
+    plt.close(fig)
+    return path
+
+
+def routing_pods(doc: dict[str, Any], out: Path) -> Path | None:
+    """Draw TTFT p50 and hit ratio of each gateway strategy through one pod and through N
+    (rows ``NAME@Npods``); the file written, or ``None`` when the run had no such rows.
+
+    Raises:
+        ValueError: The JSON has no workload with results.
+    """
+    workloads = {w: d for w, d in _workloads(doc).items()
+                 if any(_PODS.match(n) for n in d["results"])}
+    if not workloads:
+        return None
+    plt = _pyplot()
+    fig, axes = plt.subplots(2, len(workloads), figsize=(4.6 * len(workloads), 5.6),
+                             squeeze=False)
+    for col, (workload, data) in enumerate(workloads.items()):
+        results = data["results"]
+        series: dict[str, dict[int, dict[str, Any]]] = {}
+        for name, row in results.items():
+            m = _PODS.match(name)
+            if m:
+                series.setdefault(m["name"], {})[int(m["n"])] = row
+        for name in series:
+            if name in results:
+                series[name][1] = results[name]
+        counts = sorted({n for s in series.values() for n in s})
+        names = list(series)
+        width = 0.8 / len(counts)
+        for row_i, (key, label, fmt) in enumerate((("ttft_p50_s", "TTFT p50 (s)", "%.3f"),
+                                                   ("hit_ratio", "prefix-cache hit ratio",
+                                                    "%.2f"))):
+            ax = axes[row_i][col]
+            for k, n in enumerate(counts):
+                xs = [i + (k - (len(counts) - 1) / 2) * width for i in range(len(names))]
+                values = [float(series[s][n][key]) if n in series[s] else 0.0 for s in names]
+                bars = ax.bar(xs, values, width, label=f"{n} pod{'s' * (n > 1)}",
+                              color=_GATEWAY, alpha=1.0 if n == 1 else 0.45)
+                ax.bar_label(bars, fmt=fmt, fontsize=7)
+            ax.set_xticks(range(len(names)), names, fontsize=8)
+            ax.set_ylabel(label, fontsize=9)
+            if row_i == 0:
+                ax.set_title(workload, fontsize=9)
+                ax.legend(fontsize=7)
+    fig.suptitle("Routing through one gateway pod and through several (round-robin front)",
+                 fontsize=10)
+    fig.tight_layout()
+    path = _save_svg(fig, out / "routing-pods.svg")
+    plt.close(fig)
+    return path
+
+
+def flow_grid(doc: dict[str, Any], out: Path) -> Path:
+    """Draw the flow-control grid of one ``bench/flow_grid.py`` run; the file written.
+
+    Raises:
+        ValueError: The JSON has no grid point.
+    """
+    points = doc.get("points") or []
+    if not points:
+        raise ValueError("no grid point: run bench/flow_grid.py --json")
+    plt = _pyplot()
+    params = doc.get("params", {})
+    target = float(params.get("target", 1.5))
+    labels = [f"{p['batch_prompt']}/{p['batch_output']}\n{p['interactive_rps']:g} req/s"
+              for p in points]
+    xs = list(range(len(points)))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.2))
+    width = 0.4
+    fc = left.bar([x - width / 2 for x in xs], [p["ttft_ratio"] for p in points], width,
+                  color=[_GATEWAY if p["ttft_ratio"] <= target else "#cf222e" for p in points])
+    left.bar([x + width / 2 for x in xs], [p["ttft_ratio_no_fc"] for p in points], width,
+             color=_REFERENCE)
+    left.bar_label(fc, fmt="%.2f", fontsize=7)
+    from matplotlib.patches import Patch
+
+    left.legend(handles=[Patch(color=_GATEWAY, label="with flow control, target met"),
+                         Patch(color="#cf222e", label="with flow control, missed"),
+                         Patch(color=_REFERENCE, label="without flow control")],
+                fontsize=7, loc="upper left")
+    left.axhline(target, color="black", linestyle="--", linewidth=1)
+    left.text(len(points) - 0.5, target * 1.08, f"target {target:g}x", ha="right", fontsize=8)
+    left.set_yscale("log")
+    left.set_ylabel("interactive p99 TTFT / unloaded", fontsize=9)
+    ratio = right.bar(xs, [p["batch_ratio"] for p in points], 0.6,
+                      color=[_GATEWAY if p["batch_ratio"] >= p["share"] else "#cf222e"
+                             for p in points])
+    right.bar_label(ratio, labels=[f"{p['batch_ratio']:.2f}" if p["batch_ratio"] == p["batch_ratio"]
+                                   else "no batch\ntokens" for p in points], fontsize=7)
+    share = points[0]["share"]
+    right.axhline(share, color="black", linestyle="--", linewidth=1)
+    right.text(len(points) - 0.5, share * 1.04, f"configured share {share:.2f}", ha="right",
+               fontsize=8)
+    right.set_ylabel("batch tokens/s with flow control / without", fontsize=9)
+    for ax in (left, right):
+        ax.set_xticks(xs, labels, fontsize=7)
+        ax.set_xlabel("batch prompt/output tokens, interactive rate", fontsize=8)
+    passed = sum(1 for p in points if p["pass"])
+    fig.suptitle(f"Flow control over the grid: {passed} of {len(points)} points pass "
+                 f"({_params_line(params, ('replicas', 'profile', 'time_scale', 'strategy'))}, "
+                 f"batch in_flight {params.get('batch_in_flight')} of "
+                 f"{params.get('max_num_seqs')})", fontsize=9)
+    fig.tight_layout()
+    path = _save_svg(fig, out / "flow-grid.svg")
+    plt.close(fig)
+    return path
+
+
+def _load(path: Path) -> dict[str, Any]:
+    doc = json.loads(path.read_text(encoding="utf-8"))
+    if not isinstance(doc, dict):
+        raise ValueError(f"{path}: not a JSON object")
+    return doc
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Parse the flags and draw; exit status (2 on unusable input)."""
+    """Parse the flags and draw; exit status (2 on unusable input or no input)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--relay", type=Path, required=True, help="bench/relay.py --json output")
+    ap.add_argument("--relay", type=Path, help="bench/relay.py --json output")
+    ap.add_argument("--routing", type=Path, help="bench/routing.py --json output")
+    ap.add_argument("--grid", type=Path, help="bench/flow_grid.py --json output")
     ap.add_argument("--out", type=Path, default=Path("docs/plots"), help="output directory")
     args = ap.parse_args(argv)
+    if not (args.relay or args.routing or args.grid):
+        ap.error("give at least one of --relay, --routing, --grid")
     try:
-        doc = json.loads(args.relay.read_text(encoding="utf-8"))
-        for path in relay_stalls(doc, args.out):
-            print(path)
+        docs = {name: _load(path) for name, path in
+                (("relay", args.relay), ("routing", args.routing), ("grid", args.grid)) if path}
+        written: list[Path | None] = []
+        if "relay" in docs:
+            written += relay_stalls(docs["relay"], args.out)
+        if "routing" in docs:
+            written += [routing_ttft(docs["routing"], args.out),
+                        routing_pods(docs["routing"], args.out)]
+        if "grid" in docs:
+            written.append(flow_grid(docs["grid"], args.out))
+        for path in written:
+            if path is not None:
+                print(path)
     except (OSError, ValueError, KeyError) as exc:
         print(f"plots: {exc}", file=sys.stderr)
         return 2

@@ -57,7 +57,11 @@ class Proc:
         self.proc = subprocess.Popen(
             argv, stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
         )
-        self._wait_ready(ready_path)
+        try:
+            self._wait_ready(ready_path)
+        except BaseException:
+            self.stop()  # never left running unowned: the caller has no handle on it yet
+            raise
 
     def _wait_ready(self, path: str, timeout_s: float = 240.0) -> None:
         # Generous: on a 2-core machine at load 12-14 the gateway's imports alone took 57 s

@@ -93,7 +93,9 @@ class Shot:
 
 def _words(n: int, tag: str) -> str:
     # Tags of one length (zero-padded): the requests of both batch keys cost the same tokens,
-    # so their fair share in tokens is also one in requests.
+    # so their fair share in tokens is also one in requests. No hyphen: the simulator counts
+    # ``batch-a00001w0`` as three tokens, which made the batch prompts three times as long.
+    tag = tag.replace("-", "")
     return " ".join(f"{tag}{i}" for i in range(n))
 
 

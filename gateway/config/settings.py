@@ -498,6 +498,16 @@ class GatewaySettings(BaseSettings):
             for name in names:
                 if seen.get(name) != name:
                     raise ValueError(f"flow_control.{where}: {name!r} is not a model name")
+        # Prefill tokens in flight are counted by prefix_affinity's decision only: on another
+        # strategy's model the threshold could never be reached (gateway.flow.saturation).
+        plain = [m.name for m in self.models
+                 if flow.covers(m.name) and m.strategy != "prefix_affinity"]
+        for where in flow.prefill_thresholds() if plain else []:
+            raise ValueError(
+                f"flow_control.{where}.prefill_tokens: prefill tokens in flight are counted "
+                f"only for models with strategy prefix_affinity, and flow control covers "
+                f"{', '.join(map(repr, plain))} with another strategy; set their strategy to "
+                "prefix_affinity or leave prefill_tokens out")
         urls = {r.url for m in self.models for r in m.replicas}
         for i, src in enumerate(self.routing.kv_events):  # gateway.fleet.kv_subscriber
             if src.replica not in urls:

@@ -329,6 +329,14 @@ class FlowControlSettings(_Frozen):
                 found.append((f"{where}.in_flight", sat.in_flight))
         return found
 
+    def prefill_thresholds(self) -> list[str]:
+        """Where a ``prefill_tokens`` threshold is set (``saturation``,
+        ``classes[1].saturation``, ...), in config order."""
+        sections = [("saturation", self.saturation)] + [
+            (f"classes[{i}].saturation", c.saturation) for i, c in enumerate(self.classes)]
+        return [where for where, sat in sections
+                if sat is not None and sat.prefill_tokens is not None]
+
     def covers(self, model: str) -> bool:
         """True when flow control is on for the model with canonical name ``model``."""
         return self.enabled and (not self.models or model in self.models)

@@ -1,17 +1,21 @@
-"""``make bench-plots``: the relay benchmark's own JSON, drawn by bench/plots.py.
+"""``make bench-plots``: the benchmarks' own JSON, drawn by bench/plots.py.
 
-A small real run of ``bench/relay.py --only stalls --json`` (the gateway and the backend direct,
-on loopback) is drawn; the SVG names every target, the PNG is a PNG, and drawing the same JSON
-again gives the same bytes (no timestamps or random ids). JSON without the paced phase's
-figures is refused with exit 2 and a line saying what to run.
+Small real runs are drawn: ``bench/relay.py --only stalls --json`` (the gateway and the backend
+direct, on loopback), ``bench/routing.py --json`` (two strategies through one gateway pod and
+through two) and ``bench/flow_grid.py --json`` (one grid point). Each SVG names what it draws,
+and drawing the same JSON again gives the same bytes (no timestamps or random ids). JSON
+without the figures a plot needs is refused with exit 2 and a line saying what to run.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from tests.bench.scripts import BENCH
 from tests.conftest import default_signals
@@ -19,9 +23,16 @@ from tests.conftest import default_signals
 PLOTS = BENCH / "plots.py"
 
 
-def _plots(relay: Path, out: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, str(PLOTS), "--relay", str(relay), "--out", str(out)],
+def _plots(relay: Path, out: Path, flag: str = "--relay") -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(PLOTS), flag, str(relay), "--out", str(out)],
                           capture_output=True, text=True, timeout=120, check=False)
+
+
+def _bench(script: str, *args: str) -> None:
+    argv = [sys.executable, str(BENCH / script), *args]
+    run = subprocess.run(default_signals(argv), capture_output=True, text=True, timeout=840,
+                         cwd=BENCH, check=False)
+    assert run.returncode == 0, run.stderr[-2000:]
 
 
 def test_plots_of_a_real_relay_run(tmp_path: Path) -> None:
@@ -52,4 +63,74 @@ def test_json_without_the_paced_phase_is_refused(tmp_path: Path) -> None:
     run = _plots(relay, tmp_path / "out")
     assert run.returncode == 2
     assert "run bench/relay.py --only stalls --json" in run.stderr
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)  # five servers start one after the other: slow on two busy cores
+def test_plots_of_a_real_routing_run_with_two_pods(tmp_path: Path) -> None:
+    routing = tmp_path / "routing.json"
+    _bench("routing.py", "--workload", "shared-prefix", "--replicas", "2", "--profile",
+           "llama-3.1-8b-h100", "--rate", "6", "--groups", "2", "--prompts-per-group", "3",
+           "--system-tokens", "120", "--question-tokens", "10", "--output-tokens", "4",
+           "--strategy", "least_outstanding", "--strategy", "prefix_affinity",
+           "--gateways", "1", "--gateways", "2", "--json", str(routing))
+    results = json.loads(routing.read_text())["workloads"]["shared-prefix"]["results"]
+    assert set(results) == {"least_outstanding", "prefix_affinity", "least_outstanding@2pods",
+                            "prefix_affinity@2pods"}
+    first = _plots(routing, tmp_path / "a", "--routing")
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.split() == [str(tmp_path / "a" / "routing-ttft.svg"),
+                                    str(tmp_path / "a" / "routing-pods.svg")]
+    ttft = (tmp_path / "a" / "routing-ttft.svg").read_text()
+    assert ttft.startswith("<?xml") and "<svg" in ttft
+    for text in ("least_outstanding", "prefix_affinity", "TTFT (s)", "shared-prefix"):
+        assert text in ttft, text
+    assert "@2pods" not in ttft  # the pods are the other figure's
+    pods = (tmp_path / "a" / "routing-pods.svg").read_text()
+    for text in ("1 pod", "2 pods", "prefix-cache hit ratio", "prefix_affinity"):
+        assert text in pods, text
+    # The bar labels are the run's own figures.
+    p50 = results["prefix_affinity@2pods"]["ttft_p50_s"]
+    assert f"{p50:.3f}" in pods
+    assert _plots(routing, tmp_path / "b", "--routing").returncode == 0
+    for name in ("routing-ttft.svg", "routing-pods.svg"):
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_plots_of_a_real_flow_grid_run(tmp_path: Path) -> None:
+    grid = tmp_path / "grid.json"
+    _bench("flow_grid.py", "--prompts", "64", "--outputs", "16", "--rates", "4", "--middle",
+           "none", "--window", "4", "--warmup", "1", "--unloaded-window", "2",
+           "--time-scale", "1", "--json", str(grid))
+    doc = json.loads(grid.read_text())
+    [point] = doc["points"]
+    assert (point["batch_prompt"], point["batch_output"], point["interactive_rps"]) == (64, 16, 4)
+    assert point["fc"]["batch_tok_s"] > 0 and point["no-fc"]["batch_tok_s"] > 0
+    run = _plots(grid, tmp_path / "a", "--grid")
+    assert run.returncode == 0, run.stderr
+    svg = (tmp_path / "a" / "flow-grid.svg").read_text()
+    verdict = f"{int(point['pass'])} of 1 points pass"
+    for text in ("64/16", "4 req/s", "target 1.5x", "configured share 0.50", verdict,
+                 f"{point['ttft_ratio']:.2f}", f"{point['batch_ratio']:.2f}"):
+        assert text in svg, text
+    assert _plots(grid, tmp_path / "b", "--grid").returncode == 0
+    assert (tmp_path / "a" / "flow-grid.svg").read_bytes() == (
+        tmp_path / "b" / "flow-grid.svg").read_bytes()
+
+
+@pytest.mark.parametrize(("flag", "doc", "hint"), [
+    ("--routing", {"workloads": {"random": {"params": {}, "results": {}}}},
+     "run bench/routing.py --json"),
+    ("--grid", {"unloaded": {}, "points": []}, "run bench/flow_grid.py --json"),
+])
+def test_json_without_figures_is_refused(tmp_path: Path, flag: str, doc: object,
+                                         hint: str) -> None:
+    path = tmp_path / "in.json"
+    path.write_text(json.dumps(doc))
+    run = _plots(path, tmp_path / "out", flag)
+    assert run.returncode == 2
+    assert re.search(re.escape(hint), run.stderr)
     assert not (tmp_path / "out").exists()

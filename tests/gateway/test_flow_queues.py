@@ -327,6 +327,30 @@ def test_config_errors_name_the_key() -> None:
         classes=[{"name": "a"}, {"name": "a"}], default_class="a")
 
 
+def test_a_prefill_threshold_needs_prefix_affinity_on_the_models_it_covers() -> None:
+    # least_outstanding (the default strategy) keeps no prefill-token count: the threshold
+    # would never be reached, so the config is refused, naming the threshold and the model.
+    problem = _problems(classes=[{"name": "a"}, {"name": "b", "saturation": {
+        "prefill_tokens": 4096}}], default_class="a")
+    assert ("flow_control.classes[1].saturation.prefill_tokens: prefill tokens in flight are "
+            "counted only for models with strategy prefix_affinity, and flow control covers "
+            "'llama-3.1-8b', 'other-model' with another strategy; set their strategy to "
+            "prefix_affinity or leave prefill_tokens out") in problem
+    doc = config(["http://127.0.0.1:9"], flow_control={
+        "enabled": True, "saturation": {"prefill_tokens": 4096}})
+    for model in doc["models"]:
+        model["strategy"] = "prefix_affinity"
+    limits = parse(doc, {"VLLM_KEY": "x"}).flow_control.limits()
+    assert [lim.prefill_tokens for lim in limits] == [4096, 4096, 4096]
+    # A model flow control does not cover may keep its strategy.
+    doc = config(["http://127.0.0.1:9"], flow_control={
+        "enabled": True, "models": ["other-model"], "saturation": {"prefill_tokens": 4096}})
+    doc["models"][1]["strategy"] = "prefix_affinity"
+    assert doc["models"][1]["name"] == "other-model"
+    flow = parse(doc, {"VLLM_KEY": "x"}).flow_control
+    assert flow.covers("other-model") and not flow.covers("llama-3.1-8b")
+
+
 def test_class_thresholds_are_inherited_from_the_class_above() -> None:
     s = parse(config(["http://127.0.0.1:9"], flow_control={
         "enabled": True, "default_class": "b", "saturation": {"queue_depth": 8},

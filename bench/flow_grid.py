@@ -1,0 +1,395 @@
+#!/usr/bin/env python3
+"""Flow control over a grid of batch shapes: issue 32's target at every corner, not one point.
+
+Target (issue 32): interactive p99 TTFT at most 1.5x its unloaded value for batch prompts of
+64 to 4,096 tokens, batch outputs of 16 to 1,024 and interactive rates of 1 to 4 requests/s,
+with batch throughput at or above its configured share. This runs the eight corners of that
+grid and one middle point (``--prompts``, ``--outputs``, ``--rates``, ``--middle``) against
+simulated replicas (``vllm-sim --profile``, as ``bench/routing.py --workload mixed`` starts
+them: two replicas, ``max_num_seqs`` 8, time scale 10) behind one gateway process that serves
+them as ``mixed-plain`` (no flow control) and ``mixed-fc`` (flow control,
+``bench/routing_mixed.py``'s section).
+
+Per point, three phases on the same replicas (reset in between), one after the other so that
+the machine's load drifts little between them: ``unloaded`` (``--unloaded-window`` s of the
+point's interactive traffic alone, ``mixed-plain``), then ``no-fc`` and ``fc`` (``--window`` s
+each): the interactive traffic at the point's rate (one request every ``1/rate`` s) plus batch
+work from two keys as a batch job sends it: a closed loop of ``--batch-concurrency`` workers
+(default twice the fleet's sequence slots, two thirds of them the first key's), each sending
+its next request when the previous one ended (one second later when it was refused). The
+fleet is saturated from the first second whatever the batch shape, and the client holds a
+bounded number of connections (an open-loop overload of short batch requests had the client
+open hundreds, which it could not serve on two busy cores). At the end of the window every
+request still open is cancelled (the client disconnects: the gateway and the simulator abort
+it), so a 1,024-token answer does not hold the next phase back.
+
+Measured per point, over the window after ``--warmup`` seconds:
+
+* **interactive p99 TTFT** in ``fc`` over the point's unloaded p99 (target <= 1.5x);
+  an interactive request without a first token by the end of the window counts with the time
+  it waited; a refused one (429) counts as infinitely late;
+* **batch throughput**: batch tokens streamed in the window per second (counted as the tokens
+  arrive, so that answers longer than the window count too), ``fc`` over ``no-fc`` (target
+  >= the configured share: ``--batch-in-flight`` / ``--max-num-seqs``, the fraction of each
+  replica's sequence slots batch may hold).
+
+``--json`` writes every figure (drawn by ``bench/plots.py --grid``). Example (about 10
+minutes)::
+
+    .venv/bin/python bench/flow_grid.py --json .cache/bench/flow-grid.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+from relay_procs import BIN, Proc, free_port
+from routing_mixed import KEYS, SERVED
+from routing_mixed import _config as mixed_config
+
+from vllm_sim.profiles import get_profile
+
+
+@dataclass
+class Call:
+    """One request of a phase and what the client saw (seconds from the phase start)."""
+
+    cls: str
+    key: str
+    at_s: float
+    prompt_tokens: int
+    max_tokens: int
+    status: int = 0
+    code: str | None = None
+    ttft_s: float | None = None
+    token_at_s: list[float] = field(default_factory=list)
+
+
+def _words(n: int, tag: str) -> str:
+    # One simulator token per word: a hyphen would split ``batch-a00001w0`` into three.
+    tag = tag.replace("-", "")
+    return " ".join(f"{tag}{i}" for i in range(n))
+
+
+def interactive_calls(rate: float, window_s: float, args: argparse.Namespace) -> list[Call]:
+    """The interactive calls of one phase: one every ``1/rate`` seconds."""
+    return [Call("interactive", "interactive", i / rate, args.interactive_prompt,
+                 args.interactive_output) for i in range(int(window_s * rate))]
+
+
+async def _batch_worker(client: httpx.AsyncClient, url: str, model: str, key: str,
+                        prompt: int, output: int, calls: list[Call], t0: float,
+                        window_s: float) -> None:
+    """One worker of the batch job: the next request when the previous one ended."""
+    while (at := time.monotonic() - t0) < window_s:
+        call = Call("batch", key, at, prompt, output)
+        calls.append(call)
+        await _one(client, url, model, call, len(calls), t0)
+        if call.status != 200:
+            await asyncio.sleep(1.0)  # refused (429 queue_timeout): try again a bit later
+
+
+async def _one(client: httpx.AsyncClient, url: str, model: str, call: Call, n: int,
+               t0: float) -> None:
+    await asyncio.sleep(max(0.0, t0 + call.at_s - time.monotonic()))
+    tag = f"{call.key}{n:05d}w"
+    body = {"model": model, "messages": [{"role": "user",
+                                          "content": _words(call.prompt_tokens, tag)}],
+            "max_tokens": call.max_tokens, "stream": True}
+    headers = {"authorization": f"Bearer {KEYS[call.key]}"}
+    start = time.monotonic()
+    try:
+        async with client.stream("POST", f"{url}/v1/chat/completions", json=body,
+                                 headers=headers) as resp:
+            call.status = resp.status_code
+            if resp.status_code != 200:
+                data = json.loads(await resp.aread())
+                call.code = (data.get("error") or {}).get("code")
+                return
+            async for line in resp.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                for choice in json.loads(line[6:]).get("choices") or []:
+                    if (choice.get("delta") or {}).get("content"):
+                        now = time.monotonic()
+                        if call.ttft_s is None:
+                            call.ttft_s = now - start
+                        call.token_at_s.append(now - t0)
+    except (httpx.HTTPError, ValueError) as exc:
+        call.code = type(exc).__name__
+
+
+async def run_phase(client: httpx.AsyncClient, gateway: str, urls: list[str], model: str,
+                    calls: list[Call], window_s: float,
+                    batch: tuple[int, int, int] | None = None, settle_s: float = 0.0) -> float:
+    """Send the interactive ``calls`` and, with ``batch`` = (workers, prompt, output), the batch
+    job's (appended to ``calls``); cancel what is open at ``window_s``; reset the replicas.
+    Then ``settle_s`` seconds more: an aborted request leaves at once, but the engine step it
+    was in runs to its end (up to one full-budget prefill step, seconds at time scale 10), and
+    the next phase must not start behind it. The wall time, seconds."""
+    t0 = time.monotonic()
+    tasks = [asyncio.create_task(_one(client, gateway, model, c, n, t0))
+             for n, c in enumerate(calls)]
+    if batch is not None:
+        workers, prompt, output = batch
+        first = -(-2 * workers // 3)  # two thirds for the first key (it sends twice as much)
+        tasks += [asyncio.create_task(_batch_worker(
+                      client, gateway, model, "batch-a" if i < first else "batch-b", prompt,
+                      output, calls, t0, window_s)) for i in range(workers)]
+    _done, pending = await asyncio.wait(tasks, timeout=window_s)
+    for task in pending:
+        task.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
+    wall = time.monotonic() - t0
+    for c in calls:  # still waiting for a first token when cancelled: count what it waited
+        if c.cls == "interactive" and c.ttft_s is None and c.status in (0, 200):
+            c.ttft_s = max(0.0, wall - c.at_s)
+    await _reset(client, urls)
+    await asyncio.sleep(settle_s)
+    return wall
+
+
+async def _reset(client: httpx.AsyncClient, urls: list[str]) -> None:
+    """Wait (bounded) until the aborted requests left every replica; empty the caches."""
+    deadline = time.monotonic() + 60
+    for url in urls:
+        while (await client.get(f"{url}/sim/stats")).json()["running"] and (
+            time.monotonic() < deadline
+        ):
+            await asyncio.sleep(0.1)
+        await client.post(f"{url}/sim/reset")
+
+
+def _p99(values: list[float]) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(0.99 * len(ordered)) - 1))]
+
+
+def interactive_p99(calls: list[Call], since_s: float) -> tuple[float, int, int]:
+    """p99 TTFT of the interactive calls sent at or after ``since_s`` (refused: infinite);
+    with how many were counted and how many were refused."""
+    mine = [c for c in calls if c.cls == "interactive" and c.at_s >= since_s]
+    refused = sum(1 for c in mine if c.status not in (0, 200))
+    values = [c.ttft_s if c.ttft_s is not None and c.status in (0, 200) else float("inf")
+              for c in mine]
+    return _p99(values), len(values), refused
+
+
+def batch_tok_s(calls: list[Call], start_s: float, end_s: float) -> float:
+    """Batch tokens that arrived in ``[start_s, end_s]`` per second."""
+    n = sum(1 for c in calls if c.cls == "batch" for t in c.token_at_s if start_s <= t <= end_s)
+    return n / (end_s - start_s)
+
+
+def grid_points(args: argparse.Namespace) -> list[tuple[int, int, float]]:
+    """``(batch prompt, batch output, interactive rate)``: the corners, then the middle."""
+    points = [(p, o, r) for p in args.prompts for o in args.outputs for r in args.rates]
+    if args.middle:
+        points.append(args.middle)
+    return points
+
+
+async def bench_grid(args: argparse.Namespace) -> dict[str, Any]:
+    """Start the replicas and the gateway, run the unloaded phases and the grid; the report."""
+    base = get_profile(args.profile)
+    profile = base.model_copy(update={"name": f"{base.name}-seqs{args.max_num_seqs}",
+                                      "max_num_seqs": args.max_num_seqs})
+    workdir = Path(tempfile.mkdtemp(prefix="bench-flow-grid-"))
+    (workdir / "profile.json").write_text(profile.model_dump_json())
+    points = grid_points(args)
+    longest = max(max(o for _, o, _ in points), args.interactive_output)
+    # The simulator refuses a prompt plus max_tokens above its context (default 2,048) with a
+    # 400, as vLLM does: give it room for the longest prompt and answer (and the template).
+    context = max(p for p, _, _ in points) + longest + 256
+    procs: list[Proc] = []
+    load0 = os.getloadavg()
+    report: dict[str, Any] = {"points": []}
+    try:
+        for _ in range(args.replicas):
+            port = free_port()
+            procs.append(Proc(f"vllm-sim:{port}", [
+                str(BIN / "vllm-sim"), "--port", str(port), "--model", SERVED, "--profile",
+                str(workdir / "profile.json"), "--time-scale", str(args.time_scale),
+                "--tokens", str(longest), "--max-model-len", str(context)], port, "/health"))
+        urls = [p.url for p in procs]
+        port = free_port()
+        cfg = gateway_config(urls, port, args)
+        (workdir / "gateway.yaml").write_text(yaml.safe_dump(cfg))
+        exe = BIN / "gateway"
+        gw_argv = [str(exe)] if exe.exists() else [sys.executable, "-m", "gateway.cli"]
+        procs.append(Proc("gateway", [*gw_argv, "serve", "--config",
+                                      str(workdir / "gateway.yaml")], port, "/healthz"))
+        gateway = procs[-1].url
+        share = args.batch_in_flight / args.max_num_seqs
+        workers = args.batch_concurrency or 2 * args.replicas * args.max_num_seqs
+        # The longest engine step (a full token budget of prefill), seconds, plus a margin.
+        settle = (profile.step_time_s(profile.max_num_batched_tokens, args.max_num_seqs,
+                                      args.max_num_seqs * context) * args.time_scale + 0.5)
+        async with httpx.AsyncClient(timeout=httpx.Timeout(900.0),
+                                     limits=httpx.Limits(max_connections=1000)) as client:
+            await _reset(client, urls)
+            for prompt, output, rate in points:
+                row: dict[str, Any] = {"batch_prompt": prompt, "batch_output": output,
+                                       "interactive_rps": rate, "batch_workers": workers}
+                calls = interactive_calls(rate, args.unloaded_window, args)
+                await run_phase(client, gateway, urls, "mixed-plain", calls,
+                                args.unloaded_window)
+                p99, n, refused = interactive_p99(calls, 0.0)
+                row["unloaded"] = {"ttft_p99_s": p99, "interactive": n,
+                                   "interactive_refused": refused}
+                for phase, model in (("no-fc", "mixed-plain"), ("fc", "mixed-fc")):
+                    calls = interactive_calls(rate, args.window, args)
+                    await run_phase(client, gateway, urls, model, calls, args.window,
+                                    (workers, prompt, output), settle)
+                    p99, n, refused = interactive_p99(calls, args.warmup)
+                    batch = [c for c in calls if c.cls == "batch"]
+                    row[phase] = {
+                        "ttft_p99_s": p99, "interactive": n, "interactive_refused": refused,
+                        "batch_tok_s": batch_tok_s(calls, args.warmup, args.window),
+                        "batch_requests": len(batch),
+                        "batch_refused": sum(1 for c in batch if c.status not in (0, 200)),
+                        # (sent at, TTFT) of every interactive request, seconds (tails).
+                        "interactive_each": [[round(c.at_s, 3), c.ttft_s and round(c.ttft_s, 4)]
+                                             for c in calls if c.cls == "interactive"],
+                    }
+                unloaded = row["unloaded"]["ttft_p99_s"]
+                row["ttft_ratio"] = row["fc"]["ttft_p99_s"] / unloaded
+                row["ttft_ratio_no_fc"] = row["no-fc"]["ttft_p99_s"] / unloaded
+                full = row["no-fc"]["batch_tok_s"]
+                row["batch_ratio"] = row["fc"]["batch_tok_s"] / full if full else float("nan")
+                row["share"] = share
+                row["pass"] = bool(row["ttft_ratio"] <= args.target
+                                   and row["batch_ratio"] >= share)
+                report["points"].append(row)
+                print(f"  point {prompt}/{output} @ {rate:g} req/s: unloaded p99 {unloaded:.3f}"
+                      f" s, TTFT x{row['ttft_ratio']:.2f}, batch x{row['batch_ratio']:.2f}",
+                      file=sys.stderr)
+    finally:
+        for p in reversed(procs):
+            p.stop()
+    report["params"] = {
+        "replicas": args.replicas, "profile": profile.name, "time_scale": args.time_scale,
+        "max_num_seqs": args.max_num_seqs, "batch_in_flight": args.batch_in_flight,
+        "batch_prefill_tokens": args.batch_prefill_tokens, "strategy": args.strategy,
+        "window_s": args.window, "warmup_s": args.warmup, "unloaded_window_s":
+        args.unloaded_window, "batch_workers": workers, "target": args.target,
+        "interactive_prompt/output": f"{args.interactive_prompt}/{args.interactive_output}",
+        "loadavg_start": [round(x, 2) for x in load0],
+        "loadavg_end": [round(x, 2) for x in os.getloadavg()],
+        "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(time.time() - 1)),
+    }
+    return report
+
+
+def gateway_config(urls: list[str], port: int, args: argparse.Namespace) -> dict[str, Any]:
+    """``bench/routing_mixed.py``'s config, with the grid's strategy and token threshold."""
+    cfg = mixed_config(urls, port, args)
+    for model in cfg["models"]:
+        model["strategy"] = args.strategy
+    if args.strategy == "prefix_affinity":
+        # Its prompt-token estimate (prefill_tokens) is characters / chars_per_token: the
+        # workload's words are ~16 characters per simulator token, not English's ~4.
+        cfg["routing"]["chars_per_token"] = round(len(_words(512, "batch-a00000w")) / 512, 2)
+    if args.batch_prefill_tokens is not None:
+        batch = cfg["flow_control"]["classes"][1]
+        batch["saturation"]["prefill_tokens"] = args.batch_prefill_tokens
+    return cfg
+
+
+def print_table(report: dict[str, Any]) -> None:
+    """The grid as a markdown table, one row per point."""
+    params = report["params"]
+    print(f"\n## flow-control grid  ({', '.join(f'{k}={v}' for k, v in params.items())})")
+    print("| batch prompt | batch output | interactive req/s | unloaded p99 TTFT | fc p99 TTFT "
+          "(x unloaded) | no-fc p99 (x) | batch tok/s fc / no-fc (x) | share | result |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    for row in report["points"]:
+        un = row["unloaded"]["ttft_p99_s"]
+        fc, nofc = row["fc"], row["no-fc"]
+        print(f"| {row['batch_prompt']} | {row['batch_output']} | {row['interactive_rps']:g} "
+              f"| {un:.3f} s | {fc['ttft_p99_s']:.3f} s ({row['ttft_ratio']:.2f}x) "
+              f"| {nofc['ttft_p99_s']:.3f} s ({row['ttft_ratio_no_fc']:.1f}x) "
+              f"| {fc['batch_tok_s']:.0f} / {nofc['batch_tok_s']:.0f} "
+              f"({row['batch_ratio']:.2f}x) | {row['share']:.2f} "
+              f"| {'PASS' if row['pass'] else 'FAIL'} |")
+    passed = sum(1 for r in report["points"] if r["pass"])
+    print(f"\n{passed} of {len(report['points'])} points pass (interactive p99 TTFT <= "
+          f"{params['target']}x unloaded and batch >= its share)")
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",")]
+
+
+def _floats(text: str) -> list[float]:
+    return [float(x) for x in text.split(",")]
+
+
+def _middle(text: str) -> tuple[int, int, float] | None:
+    if text in ("", "none"):
+        return None
+    p, o, r = text.split(",")
+    return int(p), int(o), float(r)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The flags (``--help``).
+
+    Raises:
+        SystemExit: A flag is malformed (argparse's usage error, exit status 2).
+    """
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--prompts", type=_ints, default=[64, 4096], help="batch prompt tokens")
+    ap.add_argument("--outputs", type=_ints, default=[16, 1024], help="batch output tokens")
+    ap.add_argument("--rates", type=_floats, default=[1.0, 4.0], help="interactive req/s")
+    ap.add_argument("--middle", type=_middle, default=(512, 128, 2.0),
+                    help="PROMPT,OUTPUT,RATE of the middle point ('none': no middle)")
+    ap.add_argument("--window", type=float, default=25.0, help="s per loaded phase")
+    ap.add_argument("--warmup", type=float, default=4.0, help="s not measured at the start")
+    ap.add_argument("--unloaded-window", type=float, default=12.0, help="s per unloaded phase")
+    ap.add_argument("--target", type=float, default=1.5, help="p99 TTFT ratio at most")
+    ap.add_argument("--replicas", type=int, default=2)
+    ap.add_argument("--profile", default="llama-3.1-8b-h100")
+    ap.add_argument("--time-scale", type=float, default=10.0)
+    ap.add_argument("--max-num-seqs", type=int, default=8)
+    ap.add_argument("--batch-in-flight", type=int, default=4)
+    ap.add_argument("--batch-prefill-tokens", type=float, default=None,
+                    help="flow control: the batch class's prefill_tokens threshold")
+    ap.add_argument("--strategy", default="least_outstanding",
+                    choices=["least_outstanding", "round_robin", "prefix_affinity"])
+    ap.add_argument("--batch-concurrency", type=int, default=None,
+                    help="batch workers (closed loop); default 2 x replicas x max_num_seqs")
+    ap.add_argument("--interactive-prompt", type=int, default=32)
+    ap.add_argument("--interactive-output", type=int, default=16)
+    ap.add_argument("--batch-max-wait", type=float, default=15.0)
+    ap.add_argument("--interactive-max-wait", type=float, default=10.0)
+    ap.add_argument("--json", type=Path, default=None, help="write the report here")
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the grid, print the table (and write ``--json``); 0 whatever the verdicts."""
+    args = parse_args(argv)
+    report = asyncio.run(bench_grid(args))
+    print_table(report)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
