@@ -14,9 +14,10 @@ from typing import Any
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from airgap import generate_keypair, load_private_key, load_public_key
-from airgap.bundle import INDEX_NAME, SIGNATURE_NAME, Index
+from airgap.bundle import INDEX_NAME, SIGNATURE_NAME
 from airgap.mlbom import BOM_NAME, read_extra
 from airgap.signing import sign_index
+from airgap.validate import parse_index
 from weights import LockedFile, LockEntry, Lockfile, digest_file
 
 LFS_SUFFIXES = (".safetensors", ".bin", ".onnx", ".h5", ".msgpack", ".ot")
@@ -137,7 +138,7 @@ def make_small_model(root: Path) -> Path:
 def rewrite_bom(bundle: Path, key: Ed25519PrivateKey,
                 edit: Callable[[dict[str, object]], None]) -> None:
     """Re-write the ML-BOM (a signer's lie: bytes that match the re-signed index)."""
-    index = Index.parse((bundle / "index.json").read_bytes())
+    index = parse_index((bundle / "index.json").read_bytes())
     old = read_extra(bundle, index, BOM_NAME)
     assert old is not None
     doc = json.loads(old)
@@ -163,6 +164,6 @@ def rewrite_bom(bundle: Path, key: Ed25519PrivateKey,
                      "sha256": hashlib.sha256(payload).hexdigest()}]
     idx["part_size"] = max(idx["part_size"], len(payload))
     (bundle / "payload.000-of-001").write_bytes(payload)
-    raw = Index.parse(json.dumps(idx).encode()).dumps()
+    raw = parse_index(json.dumps(idx).encode()).dumps()
     (bundle / "index.json").write_bytes(raw)
     (bundle / "index.sig").write_bytes(sign_index(raw, key))

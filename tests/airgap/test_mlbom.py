@@ -14,10 +14,10 @@ from cyclonedx.schema import SchemaVersion
 from cyclonedx.validation.json import JsonStrictValidator
 
 from airgap import pack_bundle, verify_bundle
-from airgap.bundle import Index
 from airgap.cli import main
 from airgap.mlbom import BOM_NAME, read_extra
 from airgap.signing import sign_index
+from airgap.validate import parse_index
 from tests.weights import pickle_samples as S
 from weights import SCANNER, Lockfile, SerialisationPolicy
 from weights.local import local_entry
@@ -36,7 +36,7 @@ def bundle(tmp_path: Path, keys: KeyPair) -> Path:
 
 
 def _bom(bundle: Path) -> dict[str, object]:
-    index = Index.parse((bundle / "index.json").read_bytes())
+    index = parse_index((bundle / "index.json").read_bytes())
     data = read_extra(bundle, index, BOM_NAME)
     assert data is not None
     return json.loads(data)  # type: ignore[no-any-return]
@@ -45,7 +45,7 @@ def _bom(bundle: Path) -> dict[str, object]:
 def test_bom_is_valid_cyclonedx_1_6_and_describes_each_file(bundle: Path) -> None:
     index = json.loads((bundle / "index.json").read_text())
     (entry,) = [f for f in index["files"] if f["path"] == BOM_NAME and f["repo_id"] is None]
-    index_obj = Index.parse((bundle / "index.json").read_bytes())
+    index_obj = parse_index((bundle / "index.json").read_bytes())
     data = read_extra(bundle, index_obj, BOM_NAME)
     assert data is not None and hashlib.sha256(data).hexdigest() == entry["sha256"]
     errors = JsonStrictValidator(SchemaVersion.V1_6).validate_str(data.decode())
@@ -77,7 +77,7 @@ def test_verify_accepts_the_bom_and_refuses_one_that_disagrees_with_the_index(
     # does not. Rebuild the payload with a doctored BOM and re-sign.
     bad = tmp_path / "doctored"
     shutil.copytree(bundle, bad)
-    index = Index.parse((bad / "index.json").read_bytes())
+    index = parse_index((bad / "index.json").read_bytes())
     doc = _bom(bad)
     model = doc["components"][0]  # type: ignore[index]
     model["components"][0]["hashes"][0]["content"] = "0" * 64
@@ -92,7 +92,7 @@ def test_verify_accepts_the_bom_and_refuses_one_that_disagrees_with_the_index(
     # swap the BOM bytes in the new bundle for the doctored ones, fixing up the index
     idx = json.loads((out / "index.json").read_text())
     data = (json.dumps(doc, indent=2) + "\n").encode()
-    good = read_extra(out, Index.parse((out / "index.json").read_bytes()), BOM_NAME)
+    good = read_extra(out, parse_index((out / "index.json").read_bytes()), BOM_NAME)
     assert good is not None
     payload = b"".join((out / p["name"]).read_bytes() for p in idx["parts"])
     (bom_blob,) = [b for b in idx["blobs"] if b["sha256"] == hashlib.sha256(good).hexdigest()]
@@ -117,7 +117,7 @@ def test_verify_accepts_the_bom_and_refuses_one_that_disagrees_with_the_index(
                      "sha256": hashlib.sha256(payload).hexdigest()}]
     idx["part_size"] = max(idx["part_size"], len(payload))
     (out / "payload.000-of-001").write_bytes(payload)
-    raw = Index.parse(json.dumps(idx).encode()).dumps()
+    raw = parse_index(json.dumps(idx).encode()).dumps()
     (out / "index.json").write_bytes(raw)
     (out / "index.sig").write_bytes(sign_index(raw, keys.private))
     report = verify_bundle(out, [keys.public])
@@ -142,7 +142,7 @@ def test_local_origin_is_a_claim_in_the_bom(minilm_snapshot: Path, tmp_path: Pat
     lock = write_lock(tmp_path / "weights.lock", entry)
     out = tmp_path / "b"
     pack_bundle(lock, minilm_snapshot, out, keys.private)
-    data = read_extra(out, Index.parse((out / "index.json").read_bytes()), BOM_NAME)
+    data = read_extra(out, parse_index((out / "index.json").read_bytes()), BOM_NAME)
     assert data is not None
     assert JsonStrictValidator(SchemaVersion.V1_6).validate_str(data.decode()) is None
     model = json.loads(data)["components"][0]

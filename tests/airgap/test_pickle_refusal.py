@@ -18,10 +18,10 @@ from airgap_helpers import (
 )
 
 from airgap import pack_bundle, unpack_bundle
-from airgap.bundle import Index
 from airgap.cli import main
 from airgap.errors import VerificationFailed
 from airgap.signing import sign_index
+from airgap.validate import parse_index
 from tests.weights import pickle_samples as S
 from weights import SCANNER, Lockfile, SerialisationPolicy
 
@@ -93,7 +93,7 @@ def test_unpack_refuses_a_pickle_without_a_recorded_verdict(tmp_path: Path, keys
     doc = json.loads((bundle / "index.json").read_text())
     for f in doc["lock"]["models"][0]["files"]:
         f.pop("scan", None)
-    data = Index.parse(json.dumps(doc).encode()).dumps()
+    data = parse_index(json.dumps(doc).encode()).dumps()
     (bundle / "index.json").write_bytes(data)
     (bundle / "index.sig").write_bytes(sign_index(data, keys.private))
     store = tmp_path / "store"
@@ -117,7 +117,7 @@ def test_unpack_refuses_a_renamed_pickle_the_index_says_nothing_about(
     doc = json.loads((bundle / "index.json").read_text())
     for f in doc["lock"]["models"][0]["files"]:
         f.pop("scan", None)
-    data = Index.parse(json.dumps(doc).encode()).dumps()
+    data = parse_index(json.dumps(doc).encode()).dumps()
     (bundle / "index.json").write_bytes(data)
     (bundle / "index.sig").write_bytes(sign_index(data, keys.private))
 

@@ -11,9 +11,9 @@ import pytest
 from airgap_helpers import KeyPair, lock_entry_from_dir, make_small_model, write_lock
 
 from airgap import pack_bundle, unpack_bundle
-from airgap.bundle import Index
 from airgap.errors import VerificationFailed
 from airgap.mlbom import BOM_NAME, read_extra
+from airgap.validate import parse_index
 from tests.weights.cli_util import run_cli
 from weights import Lockfile, SerialisationPolicy
 from weights.serialisation import RemoteCodeRefused, check_format
@@ -66,7 +66,7 @@ def test_pack_and_unpack_require_the_opt_in_and_the_bom_says_code(
         pack_bundle(Lockfile.load(lock_path), src, bundle, keys.private)
     assert "remote_code" in exc.value.codes
     pack_bundle(Lockfile.load(lock_path), src, bundle, keys.private, policy=CODE)
-    data = read_extra(bundle, Index.parse((bundle / "index.json").read_bytes()), BOM_NAME)
+    data = read_extra(bundle, parse_index((bundle / "index.json").read_bytes()), BOM_NAME)
     assert data is not None
     bom = json.loads(data)
     props = {p["name"]: p["value"] for p in bom["components"][0]["properties"]}

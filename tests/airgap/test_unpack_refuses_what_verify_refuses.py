@@ -18,10 +18,10 @@ from airgap_helpers import (
 )
 
 from airgap import pack_bundle, unpack_bundle, verify_bundle
-from airgap.bundle import Index
 from airgap.errors import VerificationFailed
 from airgap.mlbom import BOM_NAME
 from airgap.oci import export_oci, verify_oci
+from airgap.validate import parse_index
 
 REPO = "acme/tiny"
 
@@ -56,7 +56,7 @@ def test_unpack_refuses_a_doctored_bom_without_extras_into(
 def test_unpack_refuses_a_damaged_part_holding_only_extras(
     bundle: Path, keys: KeyPair, tmp_path: Path
 ) -> None:
-    index = Index.parse((bundle / "index.json").read_bytes())
+    index = parse_index((bundle / "index.json").read_bytes())
     bom = next(f for f in index.extras if f.path == BOM_NAME)
     blob = next(b for b in index.blobs if b.sha256 == bom.sha256)
     seg = next(iter(index.segments(blob.offset, blob.stored_size)))
