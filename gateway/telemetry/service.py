@@ -115,7 +115,8 @@ class Telemetry:
         self.tracer_provider = TracerProvider(
             resource=resource, sampler=ParentBased(TraceIdRatioBased(settings.sample_ratio))
         )
-        self.tracer_provider._disabled = False  # config file, not OTEL_* env
+        # The standard OTEL_SDK_DISABLED=true is honoured by the SDK (spans become no-ops): it
+        # can only turn telemetry off, never send anything anywhere.
         self._resource = resource
         self.registry = CollectorRegistry(auto_describe=False)
         self._pusher: _MetricPusher | None = None
