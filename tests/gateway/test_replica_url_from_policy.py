@@ -167,3 +167,26 @@ def test_policy_explain_denies_what_check_config_refuses(
     assert (decision["destination"], decision["replica"], decision["decision"]) == (
         destination, "?", "deny")
     assert problem in decision["reason"] and "gateway refuses to start" in decision["reason"]
+
+
+@pytest.mark.parametrize("purpose", ["tool", "telemetry"])
+@pytest.mark.parametrize("given_url", [False, True])
+def test_a_replica_at_a_non_inference_destination_is_refused(
+    site: Path, purpose: str, given_url: bool,
+) -> None:
+    """The rules cannot tell a prompt from a tool call: a rule that lets tool calls reach an
+    MCP server's destination let a model replica there get prompts too. Before, check-config
+    said OK and ``policy explain`` allowed it."""
+    policy = site / "policy.yaml"
+    policy.write_text(policy.read_text().replace("destinations:\n", (
+        "destinations:\n  - {id: mcp-x, url: 'http://10.0.0.30:8443', region: eu-de-1, "
+        f"jurisdiction: EU, operator: acme, purpose: {purpose}}}\n"), 1))
+    url = "url: 'http://10.0.0.30:8443', " if given_url else ""
+    path = _write(site, f"      - {{{url}destination: mcp-x}}\n")
+    from gateway.egress import load_policy
+
+    with pytest.raises(ConfigError) as info:
+        load_policy(load(path, {}))
+    assert info.value.message == (
+        f"models[0].replicas[0].destination: destination 'mcp-x' has purpose '{purpose}'; "
+        "a model replica needs one of purpose 'inference'")
