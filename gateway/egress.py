@@ -125,15 +125,16 @@ def binding_problems(policy: Policy,
 def load_policy(settings: GatewaySettings, base: Path | None = None) -> Policy | None:
     """Load the policy the config names and check the config against it.
 
-    Checks: every replica has a destination and its URL lies inside it; every key's default
-    ``data_class`` is a class of the policy.
+    Checks: every replica has a destination of purpose ``inference`` and its URL lies inside
+    it; every key's default ``data_class`` is a class of the policy.
 
     Returns:
         The policy, or ``None`` when the config has no ``policy:`` section.
 
     Raises:
         ConfigError: Unreadable/invalid policy file (``file:line: key: ...``), a replica without
-            or outside its destination, or an undefined key class (the message names the key).
+            or outside its destination or at one not of purpose ``inference``, or an undefined
+            key class (the message names the key).
     """
     ps = policy_settings(settings, base)
     if ps is None:
@@ -148,6 +149,16 @@ def load_policy(settings: GatewaySettings, base: Path | None = None) -> Policy |
     problems = binding_problems(pol, (
         (f"models[{i}].replicas[{j}].destination", replica.url, replica.destination)
         for i, model in enumerate(settings.models) for j, replica in enumerate(model.replicas)))
+    # The rules cannot tell a prompt from a tool call: a replica at a tool (or telemetry)
+    # destination would get prompts under a rule written for tool calls.
+    for i, model in enumerate(settings.models):
+        for j, replica in enumerate(model.replicas):
+            dest = pol.destinations.get(replica.destination or "")
+            if dest is not None and dest.purpose != "inference":
+                problems.append(
+                    f"models[{i}].replicas[{j}].destination: destination {dest.id!r} has "
+                    f"purpose {dest.purpose!r}; a model replica needs one of purpose "
+                    "'inference'")
     for i, key in enumerate(settings.keys):
         if key.data_class not in pol.classes:
             problems.append(

@@ -41,7 +41,7 @@ from .guard import SELF_TEST_TARGET, EgressEvent, EgressGuard
 from .httpx_transport import DeniedAddressAsyncTransport, PolicyAsyncTransport, make_httpx_client
 from .pii import PiiPolicy, PiiVerdict
 from .providers import LITELLM_OFFLINE_ENV, import_litellm, litellm_env
-from .runtime import BindingError, GuardMode, check_binding, start_guard
+from .runtime import BindingError, GuardMode, check_binding, replica_url, start_guard
 from .tools import ToolVerdict, check_tool_access
 from .transport import (
     REDIRECT_STATUSES,
@@ -101,5 +101,6 @@ __all__ = [
     "make_session",
     "policy_middleware",
     "redirect_refused",
+    "replica_url",
     "start_guard",
 ]

@@ -39,7 +39,7 @@ from .evaluate import Decision, Policy, Principal
 from .model import PolicyDocument, _compose
 from .pii import PiiPolicy, PiiVerdict
 from .render import cilium_networkpolicy, helm_values, networkpolicy
-from .runtime import check_binding
+from .runtime import check_binding, replica_url
 from .tools import ToolVerdict, check_tool_access
 
 app = typer.Typer(
@@ -178,19 +178,22 @@ def _read_yaml(path: Path, what: str) -> Any:
 
 
 def _model_destinations(raw: dict[str, Any], model: str, path: Path,
-                        policy: Policy) -> list[tuple[str, str]]:
-    """``(destination id, replica url)`` per replica of ``model``; a replica without ``url``
-    is served at its destination's ``url``, as the gateway does
-    (``gateway.config.replica_urls``)."""
-    def url_of(replica: dict[str, Any]) -> str:
+                        policy: Policy) -> list[tuple[str, str, str | None]]:
+    """``(destination id, replica url, problem)`` per replica of ``model``; a replica without
+    ``url`` is served at its destination's ``url`` by the gateway's rule
+    (:func:`policy.runtime.replica_url`), and ``problem`` says why the gateway refuses to start
+    when that destination cannot supply one (``url`` is then ``"?"``)."""
+    def url_of(replica: dict[str, Any]) -> tuple[str, str | None]:
         if replica.get("url"):
-            return str(replica["url"])
-        dest = policy.destinations.get(str(replica.get("destination") or ""))
-        return dest.url.rstrip("/") if dest is not None and dest.url else "?"
+            return str(replica["url"]), None
+        try:
+            return replica_url(policy, str(replica.get("destination") or "")), None
+        except PolicyError as exc:
+            return "?", f"{exc} (gateway refuses to start)"
 
     for m in raw.get("models") or []:
         if isinstance(m, dict) and (m.get("name") == model or model in (m.get("aliases") or [])):
-            return [(str(r.get("destination") or ""), url_of(r))
+            return [(str(r.get("destination") or ""), *url_of(r))
                     for r in m.get("replicas") or [] if isinstance(r, dict)]
     raise _UsageError(f"model {model!r} is not in gateway config {path}")
 
@@ -232,6 +235,8 @@ def explain(
     default_class = data_class
     header: str | None = None
     pairs: list[tuple[str, str]] = [(d, "") for d in destinations or []]
+    # Index in pairs -> why the gateway cannot take that replica's url from its destination.
+    unsuppliable: dict[int, str] = {}
     if config is not None:
         raw = _read_gateway_config(config)
         entry = next((k for k in raw.get("keys") or []
@@ -242,7 +247,10 @@ def explain(
         default_class = str(entry.get("data_class") or "internal")
         header = data_class
         if model is not None:
-            pairs += _model_destinations(raw, model, config, policy)
+            for dest_id, url, problem in _model_destinations(raw, model, config, policy):
+                if problem is not None:
+                    unsuppliable[len(pairs)] = problem
+                pairs.append((dest_id, url))
         if mcp_server is not None:
             section = raw.get("mcp")
             mcp: dict[str, Any] = section if isinstance(section, dict) else {}
@@ -267,11 +275,11 @@ def explain(
     explained = policy.explain(principal, resolved, ids)
     urls = [url for _, url in pairs] if pairs else [""] * len(explained)
     decisions: list[tuple[Decision, str]] = []
-    for decision, url in zip(explained, urls, strict=True):
+    for i, (decision, url) in enumerate(zip(explained, urls, strict=True)):
         # A replica outside the destination it names never gets a request: the gateway
         # refuses to start with it (check_binding), whatever the rules say.
-        mismatch = (_binding_problem(policy, url, decision.destination_id)
-                    if url and decision.destination_id else None)
+        mismatch = unsuppliable.get(i) or (_binding_problem(policy, url, decision.destination_id)
+                                           if url and decision.destination_id else None)
         if mismatch is not None:
             decision = Decision(False, None, mismatch, policy.revision, decision.destination_id)
         decisions.append((decision, url))

@@ -69,6 +69,40 @@ def check_binding(policy: Policy, url: str, destination_id: str) -> None:
         raise BindingError(f"replica {url}: host is not destination {dest.id} ({where})")
 
 
+def replica_url(policy: Policy, destination_id: str) -> str:
+    """The URL a replica naming only ``destination_id`` is served at: the destination's ``url``.
+
+    Only one ``http://`` or ``https://`` server root can be a replica's URL: not a
+    ``host``/``cidr`` destination (where the process may connect, not which server), not
+    another scheme, not an API base ending in ``/v1``. The gateway's config loader and
+    ``policy explain --config`` both ask here, so they cannot disagree.
+
+    Args:
+        policy: the policy.
+        destination_id: the destination the replica names.
+
+    Returns:
+        The destination's ``url`` without a trailing ``/`` (``http://10.0.0.11:8000``).
+
+    Raises:
+        UnknownDestination: no such destination.
+        BindingError: the destination is not one ``http(s)://`` server root.
+    """
+    dest = policy.destination(destination_id)
+    if dest.url is None:
+        form = "host" if dest.host is not None else "cidr"
+        raise BindingError(f"destination {destination_id!r} is given as a {form}, not a url: "
+                           "give this replica's url (http://HOST:PORT)")
+    parts = urlsplit(dest.url)
+    if parts.scheme.lower() not in ("http", "https"):
+        raise BindingError(f"destination {destination_id!r} has url {dest.url!r}, not an "
+                           "http:// or https:// server: give this replica's url")
+    if parts.path.rstrip("/").endswith("/v1"):
+        raise BindingError(f"destination {destination_id!r} has url {dest.url!r}, an API base, "
+                           "not a server root: give this replica's url without /v1")
+    return dest.url.rstrip("/")
+
+
 def _uvloop_running() -> bool:
     try:
         loop = asyncio.get_running_loop()

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 
 from clishell.consoles import table as _table
 from weights.cli_common import (
@@ -231,15 +232,26 @@ def size(
     figures.append(kv_total_figure(facts, work))
     fits: bool | None = None
     min_gpus: int | None = None
+    why_not: str | None = None
     tp = gpus_alias or gpus_per_node
     if spec is not None:
         lay = replica_layout(facts, spec, work, tp)
         figures += gpu_figures(facts, Cluster(spec, tp, 1), work, lay)
         fits = lay.fits and tensor_parallel_ok(facts, tp)
+        # Say which of the two failed: the table shows memory left over when only the
+        # degree is refused, and "does NOT fit" alone then reads as a contradiction.
+        if not tensor_parallel_ok(facts, tp):
+            why_not = (f"vLLM refuses tensor-parallel degree {tp}: it does not divide the "
+                       f"{facts.heads} attention heads, or the {facts.kv_heads} KV heads "
+                       "(nor is a multiple of them)")
+        elif not lay.fits:
+            why_not = ("weights, KV cache and engine overhead exceed the usable memory per "
+                       "GPU (see 'left per gpu')")
         min_gpus = next((t for t in (2**i for i in range(11)) if tensor_parallel_ok(facts, t)
                          and replica_layout(facts, spec, work, t).fits), None)
     report = SizingReport(figures=tuple(figures), fits=fits, min_gpus=min_gpus,
-                          weights_dtype=model.weights_dtype, kv_dtype=model.kv_dtype)
+                          weights_dtype=model.weights_dtype, kv_dtype=model.kv_dtype,
+                          why_not=why_not)
     if as_json:
         print(json.dumps(report.to_json(), indent=2))
     else:
@@ -255,7 +267,9 @@ def size(
                 console.print(f"{label}: {dt.name} ({dt.source})")
         if report.fits is not None:
             verdict = "fits" if report.fits else "does NOT fit"
-            console.print(f"{verdict} on {tp} GPU(s) as one replica; smallest tensor-parallel "
-                          f"degree that fits: {report.min_gpus or 'none up to 1024'}")
+            why = f" ({report.why_not})" if report.why_not else ""
+            console.print(escape(f"{verdict} on {tp} GPU(s) as one replica{why}; smallest "
+                                 "tensor-parallel degree that fits: "
+                                 f"{report.min_gpus or 'none up to 1024'}"))
     if report.fits is False:
         raise VerificationFailed()

@@ -112,6 +112,8 @@ class SizingReport:
         fits: Whether weights + KV fit on ``gpus`` GPUs (None if no GPU memory was given).
         min_gpus: Smallest tensor-parallel degree (power of two dividing the attention heads)
             that fits, or None.
+        why_not: When ``fits`` is False, why (a tensor-parallel degree vLLM refuses for the
+            head counts, or memory); otherwise None.
     """
 
     figures: tuple[Figure, ...]
@@ -119,6 +121,7 @@ class SizingReport:
     min_gpus: int | None
     weights_dtype: Dtype | None = None
     kv_dtype: Dtype | None = None
+    why_not: str | None = None
 
     def figure(self, name: str) -> Figure:
         """Return the figure called ``name``."""
@@ -129,7 +132,7 @@ class SizingReport:
 
     def to_json(self) -> dict[str, Any]:
         """JSON-ready dict."""
-        return {"fits": self.fits, "min_gpus": self.min_gpus,
+        return {"fits": self.fits, "min_gpus": self.min_gpus, "why_not": self.why_not,
                 "dtypes": {"weights": self.weights_dtype.to_json() if self.weights_dtype
                            else None,
                            "kv_cache": self.kv_dtype.to_json() if self.kv_dtype else None},

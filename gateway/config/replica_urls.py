@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
 
 from gateway.config.errors import KeyPath
 
@@ -49,30 +48,20 @@ def _policy_file(data: dict[str, Any], base: Path) -> Path | None:
 
 
 def _url_of(policy: Policy, destination: str) -> str:
-    """The replica URL destination ``destination`` supplies.
+    """The replica URL destination ``destination`` supplies (:func:`policy.replica_url`).
 
     Raises:
         ValueError: No such destination, or it is not one ``http(s)://`` server root.
     """
-    from policy import PolicyError
+    from policy import BindingError, PolicyError, replica_url
 
     try:
-        dest = policy.destination(destination)
+        return replica_url(policy, destination)
+    except BindingError as exc:
+        raise ValueError(exc.message) from None
     except PolicyError as exc:
         known = ", ".join(policy.destinations) or "none"
         raise ValueError(f"{exc.message} (known: {known})") from None
-    if dest.url is None:
-        form = "host" if dest.host is not None else "cidr"
-        raise ValueError(f"destination {destination!r} is given as a {form}, not a url: give this "
-                         "replica's url (http://HOST:PORT)")
-    parts = urlsplit(dest.url)
-    if parts.scheme.lower() not in ("http", "https"):
-        raise ValueError(f"destination {destination!r} has url {dest.url!r}, not an http:// "
-                         "or https:// server: give this replica's url")
-    if parts.path.rstrip("/").endswith("/v1"):
-        raise ValueError(f"destination {destination!r} has url {dest.url!r}, an API base, not a "
-                         "server root: give this replica's url without /v1")
-    return dest.url.rstrip("/")
 
 
 def fill_replica_urls(data: dict[str, Any], base: Path) -> list[tuple[KeyPath, str]]:

@@ -139,3 +139,54 @@ def test_check_config_and_policy_explain_see_the_url(site: Path) -> None:
     assert [(d["destination"], d["replica"], d["decision"]) for d in decisions] == [
         ("vllm-eu-1", "http://10.0.0.11:8000", "allow"),
         ("vllm-eu-2", "http://10.0.0.12:8000", "allow")]
+
+
+@pytest.mark.parametrize(("destination", "problem"), [
+    ("provider-us", "an API base, not a server root"),
+    ("audit-db", "not an http:// or https:// server"),
+])
+def test_policy_explain_denies_what_check_config_refuses(
+    site: Path, destination: str, problem: str,
+) -> None:
+    """A destination that cannot supply a replica's url (an API base, another scheme): the
+    gateway refuses to start, so explain must not answer "allow" with that url. Before, explain
+    took any destination url as is and allowed provider-us at https://api.provider.example/v1
+    for public data."""
+    path = _write(site, f"      - {{destination: {destination}}}\n")
+    path.write_text(path.read_text() + ("keys:\n  - {id: a, sha256: '" + "ab" * 32 + "', "
+                                        "models: [m], team: analytics, data_class: public}\n"))
+    [(_, key, refused)] = _problems(path)
+    assert key == "models[0].replicas[0].destination" and problem in refused
+    env = {**os.environ, "PYTHONPATH": str(REPO), "NO_COLOR": "1"}
+    explain = subprocess.run([sys.executable, "-m", "policy.cli", "explain", "policy.yaml",
+                              "--key", "a", "--model", "m", "--config", str(path), "--json"],
+                             capture_output=True, text=True, timeout=120, env=env, cwd=site,
+                             check=False)
+    assert explain.returncode == 1, explain.stdout + explain.stderr
+    [decision] = json.loads(explain.stdout)["decisions"]
+    assert (decision["destination"], decision["replica"], decision["decision"]) == (
+        destination, "?", "deny")
+    assert problem in decision["reason"] and "gateway refuses to start" in decision["reason"]
+
+
+@pytest.mark.parametrize("purpose", ["tool", "telemetry"])
+@pytest.mark.parametrize("given_url", [False, True])
+def test_a_replica_at_a_non_inference_destination_is_refused(
+    site: Path, purpose: str, given_url: bool,
+) -> None:
+    """The rules cannot tell a prompt from a tool call: a rule that lets tool calls reach an
+    MCP server's destination let a model replica there get prompts too. Before, check-config
+    said OK and ``policy explain`` allowed it."""
+    policy = site / "policy.yaml"
+    policy.write_text(policy.read_text().replace("destinations:\n", (
+        "destinations:\n  - {id: mcp-x, url: 'http://10.0.0.30:8443', region: eu-de-1, "
+        f"jurisdiction: EU, operator: acme, purpose: {purpose}}}\n"), 1))
+    url = "url: 'http://10.0.0.30:8443', " if given_url else ""
+    path = _write(site, f"      - {{{url}destination: mcp-x}}\n")
+    from gateway.egress import load_policy
+
+    with pytest.raises(ConfigError) as info:
+        load_policy(load(path, {}))
+    assert info.value.message == (
+        f"models[0].replicas[0].destination: destination 'mcp-x' has purpose '{purpose}'; "
+        "a model replica needs one of purpose 'inference'")
