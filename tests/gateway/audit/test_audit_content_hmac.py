@@ -108,7 +108,7 @@ def test_opted_in_rule_records_hmac_of_exact_request_and_response_bytes(
     completion = raw.parse().choices[0].message.content
     assert completion
     request_id = raw.http_response.headers["x-request-id"]
-    recs = gateway.relay.records(request_id)
+    recs = gateway.records(request_id)
     started, done = recs["request.started"], recs["request.completed"]
     assert started["policy_rule"] == "team-a-hashed"
     assert started["request_content_hmac"] == independent_hmac(gateway.pseudo_key,
@@ -131,7 +131,7 @@ def test_stream_gets_incremental_hmac_over_the_relayed_bytes(gateway: Gateway) -
             request_id = resp.headers["x-request-id"]
             received = b"".join(resp.iter_bytes())
     assert received.rstrip().endswith(b"data: [DONE]")
-    recs = gateway.relay.records(request_id)
+    recs = gateway.records(request_id)
     assert recs["request.started"]["request_content_hmac"] == independent_hmac(
         gateway.pseudo_key, gateway.sent[-1])
     assert recs["request.completed"]["response_content_hmac"] == independent_hmac(
@@ -145,7 +145,7 @@ def test_rule_without_opt_in_stores_no_content_and_no_hmac(gateway: Gateway) -> 
             model="other-model", max_tokens=8,
             messages=[{"role": "user", "content": PROMPT}],
         )
-    recs = gateway.relay.records(raw.http_response.headers["x-request-id"])
+    recs = gateway.records(raw.http_response.headers["x-request-id"])
     assert recs["request.started"]["policy_rule"] == "everyone-else"
     for rec in recs.values():
         assert not {"request_content_hmac", "response_content_hmac"} & set(rec)
@@ -159,7 +159,7 @@ def test_tampered_prompt_byte_gives_a_different_hmac(gateway: Gateway) -> None:
             model="llama-3.1-8b", max_tokens=4,
             messages=[{"role": "user", "content": PROMPT}],
         )
-    got = gateway.relay.records(raw.http_response.headers["x-request-id"])["request.started"]
+    got = gateway.records(raw.http_response.headers["x-request-id"])["request.started"]
     sent = gateway.sent[-1]
     flipped = sent.replace(b"7731", b"7732")
     assert flipped != sent
