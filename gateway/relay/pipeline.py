@@ -477,6 +477,10 @@ def _read_head(state: GatewayState, scope: Scope) -> _Head:
         elif name in state.forward_headers:
             head.forwarded.append((name.decode("latin-1"), value.decode("latin-1")))
         if name == class_header:
+            if head.class_value is not None:  # which one would count? neither: refused
+                header = name.decode("latin-1")
+                raise InvalidRequest(f"The {header} header is given more than once.",
+                                     param=header)
             head.class_value = value.decode("latin-1")
     return head
 

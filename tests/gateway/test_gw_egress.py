@@ -142,6 +142,17 @@ def test_class_change_by_header_refused_without_grant(stack: Stack) -> None:
     assert sum(stack.received().values()) == 0
 
 
+def test_a_repeated_classification_header_is_refused(stack: Stack) -> None:
+    """Two ``x-data-classification`` values: neither is taken (400), nothing is forwarded."""
+    body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+    res = httpx.post(stack.url + "/v1/chat/completions", content=body, timeout=20, headers=[
+        ("authorization", f"Bearer {KEYS['research']}"), ("content-type", "application/json"),
+        ("x-data-classification", "public"), ("x-data-classification", "confidential")])
+    assert res.status_code == 400
+    assert res.json()["error"]["param"] == "x-data-classification"
+    assert sum(stack.received().values()) == 0
+
+
 def test_class_raise_by_header_allowed_where_granted(stack: Stack) -> None:
     plain = stack.client("research")
     for _ in range(3):
