@@ -28,7 +28,6 @@ from typing import TYPE_CHECKING, Any
 
 from gateway.mcp.catalogue import modern_meta
 from gateway.mcp.jsonrpc import (
-    FORBIDDEN,
     HANDSHAKE_VERSIONS,
     INVALID_PARAMS,
     INVALID_REQUEST,
@@ -38,7 +37,6 @@ from gateway.mcp.jsonrpc import (
     McpRefusal,
     Message,
     check_headers,
-    parse_message,
 )
 from gateway.mcp.params import param_lines
 from gateway.mcp.records import CallRecord, trace_id_of
@@ -68,8 +66,6 @@ def split_tool_name(name: str) -> tuple[str, str] | None:
 async def handle_aggregate(ep: McpEndpoint, state: Any, scope: Mapping[str, Any],
                            headers: Mapping[str, str], receive: Any, send: Any) -> None:
     """Serve one HTTP request to ``/mcp`` with the checks and audit of ``ep``."""
-    from gateway.mcp.endpoint import read_body
-
     rec = CallRecord(server=None, trace_id=trace_id_of(headers.get("traceparent")))
     msg: Message | None = None
     opened: list[object] = []
@@ -84,15 +80,7 @@ async def handle_aggregate(ep: McpEndpoint, state: Any, scope: Mapping[str, Any]
             rec.decision, rec.status = "allow", 200
             await _send(send, 200, None, [])
             return
-        if scope["method"] != "POST":
-            raise McpRefusal(405, INVALID_REQUEST, "method_not_allowed",
-                             "use POST (the standalone GET stream is not offered)")
-        if "origin" in headers and headers["origin"] not in ep.settings.allowed_origins:
-            raise McpRefusal(403, FORBIDDEN, "origin_refused", "Origin not allowed")
-        body = await read_body(receive, headers, ep.settings.limits.max_request_bytes)
-        rec.bytes_in = len(body)
-        msg = parse_message(body)
-        rec.method = msg.method
+        msg, _ = await ep.read_message(scope, headers, receive, rec)
         rec.protocol_version = check_headers(msg, headers, scope["headers"])
         modern = rec.protocol_version in MODERN_VERSIONS
         if "mcp-session-id" in headers:

@@ -150,15 +150,7 @@ class McpEndpoint:
             if method == "DELETE":
                 await self._delete(state, upstream, principal.key_id, headers, rec, send)
                 return
-            if method != "POST":
-                raise McpRefusal(405, INVALID_REQUEST, "method_not_allowed",
-                                 "use POST (the standalone GET stream is not offered)")
-            if "origin" in headers and headers["origin"] not in self.settings.allowed_origins:
-                raise McpRefusal(403, FORBIDDEN, "origin_refused", "Origin not allowed")
-            body = await read_body(receive, headers, self.settings.limits.max_request_bytes)
-            rec.bytes_in = len(body)
-            msg = parse_message(body)
-            rec.method = msg.method
+            msg, body = await self.read_message(scope, headers, receive, rec)
             rec.tool = msg.name if msg.method == "tools/call" else None
             rec.protocol_version = check_headers(msg, headers, scope["headers"])
             self.check_class(principal, upstream, rec)
@@ -184,6 +176,23 @@ class McpEndpoint:
             self.metrics.observe(rec)
             self.end_span(rec, headers, opened)
             await self.record(rec)
+
+    async def read_message(self, scope: Mapping[str, Any], headers: Mapping[str, str],
+                           receive: Any, rec: CallRecord) -> tuple[Message, bytes]:
+        """The request's one JSON-RPC message and its body bytes: POST only (405), an allowed
+        ``Origin`` (403), the body within ``limits.max_request_bytes`` (413), parsed (400).
+        Fills ``rec``'s size and method; the caller checks the ``Mcp-*`` headers against the
+        message (:func:`check_headers`), so that a refusal answers the message's id."""
+        if scope["method"] != "POST":
+            raise McpRefusal(405, INVALID_REQUEST, "method_not_allowed",
+                             "use POST (the standalone GET stream is not offered)")
+        if "origin" in headers and headers["origin"] not in self.settings.allowed_origins:
+            raise McpRefusal(403, FORBIDDEN, "origin_refused", "Origin not allowed")
+        body = await read_body(receive, headers, self.settings.limits.max_request_bytes)
+        rec.bytes_in = len(body)
+        msg = parse_message(body)
+        rec.method = msg.method
+        return msg, body
 
     async def forward_allowed(self, state: Any, upstream: Upstream, principal: Any,
                               msg: Message, body: bytes, headers: Mapping[str, str],
