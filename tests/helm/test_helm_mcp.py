@@ -14,7 +14,9 @@ import yaml
 POLICY_CLI = h.REPO / ".venv" / "bin" / "policy"
 
 
-def test_mcp_server_destination_is_rendered_into_the_network_policy(tmp_path: Path) -> None:
+def _policy_with_tool_server(tmp_path: Path) -> tuple[Path, dict[str, object]]:
+    """The chart's policy plus the ``tools-search`` destination (purpose ``tool``), and the
+    chart values the policy CLI renders from it (``egress.destinations``)."""
     doc = yaml.safe_load(h.POLICY_FILE.read_text(encoding="utf-8"))
     doc["destinations"].append({
         "id": "tools-search", "cidr": "192.0.2.64/30", "ports": [8443], "purpose": "tool",
@@ -24,7 +26,12 @@ def test_mcp_server_destination_is_rendered_into_the_network_policy(tmp_path: Pa
     proc = subprocess.run(
         [str(h.require_tool(POLICY_CLI)), "networkpolicy", str(policy), "--format",
          "helm-values"], capture_output=True, text=True, timeout=60, check=True)
-    values = yaml.safe_load(proc.stdout)
+    values: dict[str, object] = yaml.safe_load(proc.stdout)
+    return policy, values
+
+
+def test_mcp_server_destination_is_rendered_into_the_network_policy(tmp_path: Path) -> None:
+    policy, values = _policy_with_tool_server(tmp_path)
     values["gateway"] = {"extraConfig": {"mcp": {
         "servers": [{"name": "search", "url": "https://192.0.2.65:8443/mcp",
                      "destination": "tools-search",
@@ -56,16 +63,7 @@ def _mcp_values(tmp_path: Path, servers: list[dict[str, object]],
                 extra: dict[str, object] | None = None) -> tuple[Path, Path]:
     """A policy with the tools-search destination (and egress.destinations rendered from it
     by the policy CLI) and values declaring ``servers`` under ``mcp:``."""
-    doc = yaml.safe_load(h.POLICY_FILE.read_text(encoding="utf-8"))
-    doc["destinations"].append({
-        "id": "tools-search", "cidr": "192.0.2.64/30", "ports": [8443], "purpose": "tool",
-        "region": "eu-west-3", "jurisdiction": "EU", "operator": "acme"})
-    policy = tmp_path / "policy.yaml"
-    policy.write_text(yaml.safe_dump(doc), encoding="utf-8")
-    proc = subprocess.run(
-        [str(h.require_tool(POLICY_CLI)), "networkpolicy", str(policy), "--format",
-         "helm-values"], capture_output=True, text=True, timeout=60, check=True)
-    values = yaml.safe_load(proc.stdout)
+    policy, values = _policy_with_tool_server(tmp_path)
     values["mcp"] = {"servers": servers,
                      "access": [{"teams": ["agents"], "servers": ["search"], "allow": ["*"]}],
                      "limits": {"call_timeout_s": 30}}
