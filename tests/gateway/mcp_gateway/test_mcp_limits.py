@@ -46,16 +46,25 @@ def _error(resp: httpx.Response) -> dict[str, Any]:
     return err
 
 
-def test_tool_calls_count_against_the_callers_request_quota(
-        serve_asgi: Callable[..., Any], tmp_path: Path) -> None:
+def _quota_gateway(serve_asgi: Callable[..., Any], tmp_path: Path,
+                   aggregate: bool = False) -> tuple[Any, Counting]:
+    """A gateway with ``requests_per_minute: 2`` per key in front of a counting SDK server
+    ``tools`` (and the simulator); ``aggregate`` turns ``/mcp`` on."""
     sim = serve_asgi(create_sim(SimConfig(models=["m"])))
     upstream = Counting(sdk_server())
     tools = serve_asgi(upstream)
 
     def quotas(cfg: dict[str, Any]) -> None:
         cfg["quotas"] = {"enabled": True, "defaults": {"key": {"requests_per_minute": 2}}}
+        cfg["mcp"]["aggregate"] = aggregate
 
     gw = start_gateway(tmp_path, sim.url, {"tools": tools.url + "/mcp"}, {}, cfg_extra=quotas)
+    return gw, upstream
+
+
+def test_tool_calls_count_against_the_callers_request_quota(
+        serve_asgi: Callable[..., Any], tmp_path: Path) -> None:
+    gw, upstream = _quota_gateway(serve_asgi, tmp_path)
     try:
         url = gw.mcp("tools")
         first, second = (_call(url, KEYS["agent"], "echo", {"text": f"hi {i}"}) for i in (1, 2))
@@ -130,15 +139,7 @@ def test_a_busy_server_queues_one_call_and_refuses_the_next(
 def test_calls_through_the_aggregate_count_against_the_same_quota(
         serve_asgi: Callable[..., Any], tmp_path: Path) -> None:
     """``/mcp`` (``tools__echo``) is charged like ``/mcp/tools``: no way around the quota."""
-    sim = serve_asgi(create_sim(SimConfig(models=["m"])))
-    upstream = Counting(sdk_server())
-    tools = serve_asgi(upstream)
-
-    def quotas(cfg: dict[str, Any]) -> None:
-        cfg["quotas"] = {"enabled": True, "defaults": {"key": {"requests_per_minute": 2}}}
-        cfg["mcp"]["aggregate"] = True
-
-    gw = start_gateway(tmp_path, sim.url, {"tools": tools.url + "/mcp"}, {}, cfg_extra=quotas)
+    gw, upstream = _quota_gateway(serve_asgi, tmp_path, aggregate=True)
     try:
         aggregate = gw.url + "/mcp"
         assert _call(gw.mcp("tools"), KEYS["agent"], "echo", {"text": "direct"}).status_code == 200
