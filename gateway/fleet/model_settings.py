@@ -1,9 +1,9 @@
 """The fleet's sections of the gateway config: ``models:`` (each model and the pool of replicas
 that serve it) and ``health:`` (passive ejection, active probing).
 
-Read by :mod:`gateway.routing` (pools, strategies, cool-down), :mod:`gateway.health` (the
-active prober), :mod:`gateway.egress` (each replica's policy destination) and
-:mod:`gateway.relay` (the replica's ``kind``, ``served_model_name``).
+Read by :mod:`gateway.routing` (pools, strategies, cool-down; each replica's ``kind`` and the
+model's upstream name, copied once for the relay), :mod:`gateway.health` (the active prober)
+and :mod:`gateway.egress` (each replica's policy destination).
 
 ```yaml
 models:

@@ -4,8 +4,9 @@
 Read by :mod:`gateway.serving.run` and :mod:`gateway.serving.supervisor` (sockets, TLS),
 :func:`gateway.serving.server.server_limits` (the timer of every connection state, the
 connection cap) and :mod:`gateway.serving.reload` (the file watch). ``limits`` also bounds the
-relay: ``max_body_bytes``, ``max_upstream_connections`` and ``forward_headers``
-(:mod:`gateway.relay`).
+request path: the body read (``max_body_bytes``, ``client_body_timeout_s``;
+:mod:`gateway.relay.pipeline`), the upstream pool (``max_upstream_connections``) and the
+headers relayed to the replicas (``forward_headers``; :mod:`gateway.app`).
 
 ```yaml
 listen: {host: 0.0.0.0, port: 8080}        # tls_cert_file + tls_key_file: HTTPS
