@@ -25,8 +25,8 @@ import statistics
 import time
 import tracemalloc
 
-from gateway.config.settings import ModelSettings, ReplicaSettings
 from gateway.fleet import RoutingSettings
+from gateway.fleet.model_settings import ModelSettings, ReplicaSettings
 from gateway.fleet.replica_metrics import ReplicaSignals
 from gateway.routing import Pool
 

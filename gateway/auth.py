@@ -1,4 +1,5 @@
-"""API-key authentication: key -> SHA-256 digest -> :class:`Principal`.
+"""API-key authentication: key -> SHA-256 digest -> :class:`Principal`; the ``keys:`` entries of
+the gateway config (:class:`KeySettings`).
 
 Only digests are configured (``keys[].sha256``). A presented key is hashed once and compared
 against every configured digest with :func:`hmac.compare_digest`, without an early exit, so the
@@ -10,12 +11,15 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 import secrets
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from gateway.config.settings import KeySettings
+from pydantic import Field, field_validator
+
+from gateway.config.base import FrozenSection
 from gateway.errors import AuthenticationFailed
 
 if TYPE_CHECKING:
@@ -24,6 +28,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Authenticator",
     "KeyRing",
+    "KeySettings",
     "Principal",
     "bearer_token",
     "digest_key",
@@ -35,6 +40,35 @@ KEY_PREFIX = "sg-"
 MAX_BEARER_BYTES = 65536
 """Longest bearer value read (API keys are 46 characters; a JWT is refused by its issuer's
 ``max_token_bytes``, 8 KiB by default, with its own error, so a long token is answered clearly)."""
+
+_KEY_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+
+
+class KeySettings(FrozenSection):
+    """A client API key (an entry of the config's ``keys:`` section, or of its ``keys_file``),
+    stored as the SHA-256 hex digest of the key string."""
+
+    id: str
+    sha256: str
+    models: list[str] = Field(default_factory=list)
+    team: str | None = None
+    data_class: str = "internal"
+
+    @field_validator("id")
+    @classmethod
+    def _check_id(cls, value: str) -> str:
+        if not _KEY_ID.match(value):
+            raise ValueError("must be 1-128 characters of letters, digits and ._-")
+        return value
+
+    @field_validator("sha256")
+    @classmethod
+    def _check_digest(cls, value: str) -> str:
+        value = value.strip().lower()
+        if not _HEX64.match(value):
+            raise ValueError("must be 64 hex characters (sha256 of the key; `gateway keys new`)")
+        return value
 
 
 @dataclass(frozen=True, slots=True)

@@ -38,8 +38,10 @@ from pathlib import Path
 from typing import Any
 
 from gateway.auth import Principal
-from gateway.config.settings import GatewaySettings, ModelSettings, PolicySettings
+from gateway.config.settings import GatewaySettings
+from gateway.egress_settings import PolicySettings
 from gateway.errors import ClassChangeRefused, ConfigError, InvalidRequest
+from gateway.fleet.model_settings import ModelSettings
 from gateway.h1 import Dialer, resolver_dialer
 from gateway.routing import Replica, RouteDecision, Router
 from policy import (

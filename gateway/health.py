@@ -12,7 +12,7 @@ from ssl import SSLContext
 
 import aiohttp
 
-from gateway.config.settings import HealthSettings
+from gateway.fleet.model_settings import HealthSettings
 from gateway.relay.upstream import USER_AGENT
 from gateway.routing import Replica, Router
 from gateway.serving.periodic import Periodic

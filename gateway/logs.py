@@ -1,4 +1,5 @@
-"""Logging set-up for entry points (library modules only call ``logging.getLogger``).
+"""Logging set-up for entry points (library modules only call ``logging.getLogger``), and the
+``logging:`` section of the gateway config (:class:`LoggingSettings`).
 
 Production format: JSON lines on stderr. Access lines (logger ``gateway.access``) carry the
 fields of :class:`gateway.relay.records.RequestRecord` that are safe to log: never prompts,
@@ -11,11 +12,19 @@ import json
 import logging
 import sys
 import time
-from typing import Any
+from typing import Any, Literal
 
-from gateway.config.settings import LoggingSettings
+from gateway.config.base import FrozenSection
 
-__all__ = ["JsonFormatter", "configure_logging"]
+__all__ = ["JsonFormatter", "LoggingSettings", "configure_logging"]
+
+
+class LoggingSettings(FrozenSection):
+    """The ``logging:`` section of the gateway config: process logging."""
+
+    level: Literal["debug", "info", "warning", "error"] = "info"
+    access_log: bool = True
+    format: Literal["json", "text"] = "json"
 
 
 class JsonFormatter(logging.Formatter):

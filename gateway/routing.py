@@ -31,8 +31,9 @@ from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from gateway.auth import Principal
-from gateway.config.settings import GatewaySettings, ModelSettings
+from gateway.config.settings import GatewaySettings
 from gateway.errors import GatewayError
+from gateway.fleet.model_settings import ModelSettings
 from gateway.fleet.replica import Replica
 from gateway.fleet.scoring import PrefixAffinity, RouteHint
 from gateway.fleet.settings import RoutingSettings

@@ -11,9 +11,8 @@ import yaml
 from pydantic import ValidationError
 
 from clishell import CliError
-from gateway.auth import digest_key, new_key
+from gateway.auth import KeySettings, digest_key, new_key
 from gateway.config.errors import validation_problems
-from gateway.config.settings import KeySettings
 
 __all__ = ["app"]
 

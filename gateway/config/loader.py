@@ -22,6 +22,7 @@ from pydantic import (
 )
 
 from clishell import not_regular, read_input_text
+from gateway.config.base import ENV_NAME
 from gateway.config.errors import (
     ConfigProblem,
     DuplicateKeyError,
@@ -36,7 +37,7 @@ from gateway.config.errors import (
 from gateway.config.keys_file import merge_keys_file, relabel_keys
 from gateway.config.override_names import OverrideNames, unmatched_overrides
 from gateway.config.replica_urls import fill_replica_urls
-from gateway.config.settings import ENV_NAME, GatewaySettings
+from gateway.config.settings import GatewaySettings
 from gateway.errors import ConfigError
 
 __all__ = ["load", "parse"]

@@ -17,7 +17,9 @@ from pathlib import Path
 from typing import Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from gateway.config.base import FrozenSection
 
 __all__ = ["KVEventsSource", "RoutingSettings", "RoutingWeights", "check_endpoint"]
 
@@ -42,11 +44,7 @@ def check_endpoint(endpoint: str, replica_url: str) -> None:
             "egress policy allows only the replica itself)")
 
 
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class RoutingWeights(_Frozen):
+class RoutingWeights(FrozenSection):
     """Weights of the ``prefix_affinity`` score (see :mod:`gateway.fleet.scoring`).
 
     Attributes:
@@ -69,7 +67,7 @@ class RoutingWeights(_Frozen):
     kv: float = Field(default=0.25, ge=0, allow_inf_nan=False)
 
 
-class KVEventsSource(_Frozen):
+class KVEventsSource(FrozenSection):
     """Where one replica publishes its KV-cache events (vLLM ``--kv-events-config``).
 
     vLLM's side: ``--kv-events-config '{"enable_kv_cache_events": true, "publisher": "zmq",
@@ -92,7 +90,7 @@ class KVEventsSource(_Frozen):
     replay_timeout_s: float = Field(default=2.0, gt=0, allow_inf_nan=False)
 
 
-class RoutingSettings(_Frozen):
+class RoutingSettings(FrozenSection):
     """Signals and weights of fleet-aware routing.
 
     Attributes:

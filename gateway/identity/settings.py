@@ -39,7 +39,9 @@ import re
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
+
+from gateway.config.base import FrozenSection
 
 __all__ = [
     "ASYMMETRIC_ALGORITHMS",
@@ -61,11 +63,7 @@ _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _RULE_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
 
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class IssuerSettings(_Frozen):
+class IssuerSettings(FrozenSection):
     """One token issuer (an OpenID provider or a Kubernetes service-account issuer).
 
     Attributes:
@@ -130,7 +128,7 @@ class IssuerSettings(_Frozen):
         return value if "exp" in value else [*value, "exp"]
 
 
-class IdentityRule(_Frozen):
+class IdentityRule(FrozenSection):
     """Claims (or certificate names) -> what the caller may do. First matching rule wins.
 
     ``match`` maps a claim name (dotted for nested claims: ``realm_access.roles``) to a value or
@@ -172,7 +170,7 @@ class IdentityRule(_Frozen):
         return value
 
 
-class MtlsSettings(_Frozen):
+class MtlsSettings(FrozenSection):
     """Workload identity from the client certificate of a TLS connection.
 
     Attributes:
@@ -182,7 +180,7 @@ class MtlsSettings(_Frozen):
     trust_bundle_file: Path
 
 
-class IdentitySettings(_Frozen):
+class IdentitySettings(FrozenSection):
     """The ``identity:`` section (see the module docstring).
 
     Attributes:

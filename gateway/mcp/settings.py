@@ -30,7 +30,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
+
+from gateway.config.base import FrozenSection
 
 __all__ = [
     "AGGREGATE_SEPARATOR",
@@ -46,11 +48,7 @@ __all__ = [
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class McpToolSettings(_Frozen):
+class McpToolSettings(FrozenSection):
     """Argument checks declared for one tool (applied before the call is forwarded).
 
     Attributes:
@@ -63,7 +61,7 @@ class McpToolSettings(_Frozen):
     max_argument_bytes: int | None = Field(default=None, gt=0)
 
 
-class McpFlowSettings(_Frozen):
+class McpFlowSettings(FrozenSection):
     """Flow control of one server (:class:`gateway.mcp.limits.ServerGate`).
 
     Attributes:
@@ -77,7 +75,7 @@ class McpFlowSettings(_Frozen):
     queue_timeout_s: float = Field(default=5.0, gt=0, allow_inf_nan=False)
 
 
-class McpServerSettings(_Frozen):
+class McpServerSettings(FrozenSection):
     """One upstream MCP server (Streamable HTTP), served at ``/mcp/<name>``.
 
     Attributes:
@@ -112,7 +110,7 @@ class McpServerSettings(_Frozen):
         return value
 
 
-class McpAccessRule(_Frozen):
+class McpAccessRule(FrozenSection):
     """Which tools of which servers the matching callers may call (globs, ``fnmatch``).
 
     A caller matches when its key id matches one of ``keys`` or its team one of ``teams``.
@@ -127,7 +125,7 @@ class McpAccessRule(_Frozen):
     deny: list[str] = Field(default_factory=list)
 
 
-class McpLimits(_Frozen):
+class McpLimits(FrozenSection):
     """Bounds of one MCP request (bytes, seconds, counts)."""
 
     max_request_bytes: int = Field(default=1024 * 1024, gt=0)
@@ -140,7 +138,7 @@ class McpLimits(_Frozen):
     max_sessions: int = Field(default=10_000, gt=0)
 
 
-class McpResourceMetadata(_Frozen):
+class McpResourceMetadata(FrozenSection):
     """RFC 9728 OAuth 2.0 protected-resource metadata served at
     ``/.well-known/oauth-protected-resource`` (and ``.../mcp/<name>``)."""
 
@@ -156,7 +154,7 @@ characters the MCP tool-name rules allow (2025-11-25 ``server/tools#tool-names``
 digits, ``_-.``) and the model APIs' function names accept (no ``.``)."""
 
 
-class McpSettings(_Frozen):
+class McpSettings(FrozenSection):
     """The ``mcp:`` section (absent: no MCP endpoint).
 
     Attributes:

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 import aiohttp
 from aiohttp.client_middlewares import ClientMiddlewareType
 
-from gateway.config.settings import GatewaySettings, UpstreamTlsSettings
+from gateway.config.settings import GatewaySettings
 from gateway.errors import (
     ConfigError,
     GatewayError,
@@ -37,6 +37,7 @@ from gateway.h1 import (
     ProtocolError,
 )
 from gateway.h1.asgi_io import HeldEndTooLong
+from gateway.relay.settings import UpstreamTlsSettings
 from policy import EgressDenied, RedirectRefused, denied_address_socket_factory
 
 __all__ = ["ConnectorFactory", "map_exception", "new_session", "tls_context"]

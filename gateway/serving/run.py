@@ -19,9 +19,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from gateway.config.errors import InvalidConfig
-from gateway.config.settings import GatewaySettings, is_loopback_host
+from gateway.config.settings import GatewaySettings
 from gateway.errors import ConfigError
 from gateway.logs import configure_logging
+from gateway.serving.settings import is_loopback_host
 
 if TYPE_CHECKING:
     from gateway.assembly import Gateway

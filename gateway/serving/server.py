@@ -43,8 +43,8 @@ from gateway.serving.hangup import HangupLatch
 from gateway.serving.runtime_tuning import freeze_startup_heap, tune_gc
 
 if TYPE_CHECKING:
-    from gateway.config.settings import LimitSettings
     from gateway.serving.reload import Reloader
+    from gateway.serving.settings import LimitSettings
 
 _log = logging.getLogger(__name__)
 

@@ -21,9 +21,10 @@ import pytest
 from gateway.audit.settings import AuditSettings
 from gateway.config.errors import InvalidConfig
 from gateway.config.loader import load
-from gateway.config.settings import PolicySettings, TelemetrySettings
+from gateway.egress_settings import PolicySettings
 from gateway.keystore.settings import KeystoreSettings
 from gateway.quotas.settings import QuotaSettings
+from gateway.telemetry.settings import TelemetrySettings
 
 REPO = Path(__file__).resolve().parents[2]
 

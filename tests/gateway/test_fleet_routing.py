@@ -12,8 +12,8 @@ from typing import Any
 import httpx
 
 from gateway.auth import Principal
-from gateway.config.settings import ModelSettings, ReplicaSettings
 from gateway.fleet import PrefixIndex, RoutingSettings, block_hashes, canonical_prompt
+from gateway.fleet.model_settings import ModelSettings, ReplicaSettings
 from gateway.fleet.replica_metrics import ReplicaSignals, parse_metrics
 from gateway.routing import Pool, Replica, RouteDecision, Router
 from tests.gateway.helpers import KEY_A, Recorder, settings, start_gateway, start_sim

@@ -6,8 +6,7 @@ import hashlib
 
 import pytest
 
-from gateway.auth import MAX_BEARER_BYTES, KeyRing, bearer_token, digest_key, new_key
-from gateway.config.settings import KeySettings
+from gateway.auth import MAX_BEARER_BYTES, KeyRing, KeySettings, bearer_token, digest_key, new_key
 from gateway.errors import AuthenticationFailed, error_body
 
 

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from gateway.assembly import Gateway
 from gateway.auth import Principal, principal_of
-from gateway.config.settings import ModelSettings, ReplicaSettings
+from gateway.fleet.model_settings import ModelSettings, ReplicaSettings
 from gateway.routing import Pool, Replica, RouteDecision, Router, RouteTable
 from tests.gateway.helpers import settings
 

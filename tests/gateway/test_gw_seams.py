@@ -13,8 +13,8 @@ import pytest
 from aiohttp.abc import AbstractResolver, ResolveResult
 
 from gateway.auth import Principal
-from gateway.config.settings import ModelSettings
 from gateway.errors import RateLimited
+from gateway.fleet.model_settings import ModelSettings
 from gateway.h1 import resolver_dialer
 from gateway.relay.records import RequestRecord
 from gateway.routing import Replica, RouteDecision

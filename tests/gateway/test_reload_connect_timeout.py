@@ -98,7 +98,7 @@ def test_probe_and_scrape_use_the_connect_timeout_they_are_given(
 ) -> None:
     """Both take ``timeouts.connect_s`` per request, over the session's start-up timeout (here
     30 s; their own round limits are 30 s too)."""
-    from gateway.config.settings import HealthSettings
+    from gateway.fleet.model_settings import HealthSettings
     from gateway.fleet.replica_metrics import MetricsScraper, scrape
     from gateway.fleet.settings import RoutingSettings
     from gateway.health import HealthProber, probe

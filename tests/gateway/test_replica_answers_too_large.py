@@ -14,7 +14,7 @@ import contextlib
 
 import aiohttp
 
-from gateway.config.settings import HealthSettings
+from gateway.fleet.model_settings import HealthSettings
 from gateway.fleet.replica_metrics import MAX_METRICS_BODY, scrape
 from gateway.fleet.settings import RoutingSettings
 from gateway.health import MAX_PROBE_BODY, probe

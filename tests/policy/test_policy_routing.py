@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from gateway.auth import Principal as GatewayPrincipal
-from gateway.config.settings import ModelSettings
 from gateway.egress import PolicyRoutes
 from gateway.errors import ClassChangeRefused, InvalidRequest
+from gateway.fleet.model_settings import ModelSettings
 from gateway.routing import Replica
 from policy import Policy
 
