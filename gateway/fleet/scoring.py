@@ -109,6 +109,9 @@ class RouteHint:
             :attr:`~gateway.routing.Replica.prefill_tokens` until :meth:`release`.
         token_ids: The prompt's token ids as the replicas tokenize them, when known (matched
             against the exact, event-fed index).
+        units: What ``hashes`` were cut from (the canonical text, or token ids): the
+            rendezvous tie-break hashes the block after the longest cached prefix from it.
+        block: Units (characters or tokens) per block of ``units``.
     """
 
     hashes: list[int]
@@ -118,8 +121,6 @@ class RouteHint:
     charged: float = 0.0
     _replica: Replica | None = None
     token_ids: list[int] | None = None
-    # What ``hashes`` were cut from (the canonical text, or token ids) and units per block:
-    # the rendezvous tie-break hashes the block after the longest cached prefix from it.
     units: str | Sequence[int] = ""
     block: int = 1
 
@@ -341,8 +342,8 @@ class PrefixAffinity:
         The depth is the most any candidate holds (exact tokens when some candidate's events
         are in sync, else ``blocks``, the most indexed blocks); the block is the next
         ``block_tokens`` token ids or ``block`` units of the hint (the last block when the
-        whole prompt is held). BLAKE2b,
-        not Python's per-process ``hash``, so that every gateway process gets the same value.
+        whole prompt is held). BLAKE2b, not Python's per-process ``hash``, so that every
+        gateway process gets the same value.
         """
         if exact and hint.token_ids:
             ids = hint.token_ids
