@@ -15,8 +15,17 @@ For each candidate replica *r* (already filtered by the egress policy and health
 
 ``score_r = w_prefix * match_r - w_load * load_r / (1 + mean load) - w_prefill * prefill_r
 - w_kv * kv_r`` (the KV term only when some candidate holds part of the prompt: with nothing to
-share the decision is by load alone); the highest score wins, ties go to the fewest outstanding
-requests, then in turn. With ``w_prefix = w_prefill`` the two terms would compare the prefill
+share the decision is by load alone); the highest score wins. **Ties**: the candidates whose
+score without its load term is within ``tie_tolerance`` of the winner's and whose load is at
+most ``ceil(session_load_factor x (total load + 1) / n)`` (or the winner's) are tied with it,
+and the tie goes to the prompt's *rendezvous* winner (highest random weight, Thaler and
+Ravishankar 1998): the tied replica with the highest hash of (the prompt's first block past the
+longest prefix any candidate holds, the replica's url). It depends on the request
+alone, not on what this process has seen, so every gateway pod sends a prefix none of them has
+yet seen cached to the same replica: without it each pod broke ties by its own in-flight counts
+and turn, and the first requests of a prefix group landing on different pods were spread over
+several replicas before any KV event (or, with the estimate, ever) told the others. With
+``w_prefix = w_prefill`` the two terms would compare the prefill
 work this request waits for plus the part of its own prompt it prefills on each replica (the
 greedy choice for its TTFT); the default ``w_prefill = w_prefix / 2`` also charges a move for
 the copy of the prefix it puts into a second cache.
@@ -100,6 +109,9 @@ class RouteHint:
             :attr:`~gateway.routing.Replica.prefill_tokens` until :meth:`release`.
         token_ids: The prompt's token ids as the replicas tokenize them, when known (matched
             against the exact, event-fed index).
+        units: What ``hashes`` were cut from (the canonical text, or token ids): the
+            rendezvous tie-break hashes the block after the longest cached prefix from it.
+        block: Units (characters or tokens) per block of ``units``.
     """
 
     hashes: list[int]
@@ -109,6 +121,8 @@ class RouteHint:
     charged: float = 0.0
     _replica: Replica | None = None
     token_ids: list[int] | None = None
+    units: str | Sequence[int] = ""
+    block: int = 1
 
     def release(self) -> None:
         """The request's prefill is over (first response byte, or the attempt ended).
@@ -148,6 +162,7 @@ class PrefixAffinity:
         self._seen: list[object] = [None] * replicas  # the signals last refreshed from
         self._queries: list[float] = [0.0] * replicas
         self._rings: dict[tuple[str, ...], tuple[list[int], list[int]]] = {}
+        self._seeds: dict[str, int] = {}  # replica url -> its rendezvous point
         self._turn = 0
         self.decisions: dict[str, int] = {}
 
@@ -158,14 +173,18 @@ class PrefixAffinity:
         hashes: list[int] = []
         tokens = 0.0
         token_ids = _prompt_ids(body)
+        units: str | Sequence[int] = ""
+        block = s.block_tokens
         if token_ids is not None:
             hashes = token_block_hashes(token_ids, s.block_tokens)
             tokens = float(len(token_ids))
+            units = token_ids
         elif text:
             if self._tokenizer is not None:
                 ids = self._tokenizer.encode(text[: s.max_prompt_chars]).ids
                 hashes = token_block_hashes(ids, s.block_tokens)
                 tokens = float(len(ids))
+                units = ids
                 if isinstance(body.get("prompt"), str):
                     # A completions prompt is tokenized as is (a chat body goes through the
                     # model's chat template, which the gateway does not render).
@@ -173,11 +192,12 @@ class PrefixAffinity:
             else:
                 hashes = block_hashes(text, s.block_chars, s.max_prompt_chars)
                 tokens = min(len(text), s.max_prompt_chars) / s.chars_per_token
+                units, block = text, s.block_chars
         if session is None and s.session_affinity:
             user = body.get("user")
             session = user if isinstance(user, str) and user else None
         return RouteHint(hashes, session if s.session_affinity else None, tokens,
-                         token_ids=token_ids)
+                         token_ids=token_ids, units=units, block=block)
 
     async def fill_token_ids(
         self, hint: RouteHint, body: Mapping[str, Any], candidates: Sequence[Replica],
@@ -277,35 +297,84 @@ class PrefixAffinity:
         # affinity costs nothing when there is nothing to share.
         w_kv = w.kv if any(fracs) else 0.0
         best = least = 0
-        best_key: tuple[float, int, int] | None = None
+        best_score = -math.inf
         least_key: tuple[float, int] | None = None
+        base: list[float] = []  # each score without its load term
         for i, r in enumerate(candidates):
-            score = (w_prefix * fracs[i] - load_scale * loads[i]
-                     - w_prefill * r.prefill_tokens)
+            b = w_prefix * fracs[i] - w_prefill * r.prefill_tokens
             if w_kv:
                 sig = r.signals
                 if sig is not None and sig.kv_usage is not None:
-                    score -= w_kv * sig.kv_usage
-            key = (score, -r.outstanding, -((i - turn) % n))
-            if best_key is None or key > best_key:
-                best, best_key = i, key
+                    b -= w_kv * sig.kv_usage
+            base.append(b)
+            score = b - load_scale * loads[i]
+            if score > best_score:
+                best, best_score = i, score
             lkey = (loads[i], r.outstanding)
             if least_key is None or lkey < least_key:
                 least, least_key = i, lkey
+        # Tied with the winner: as good on cache and queued prefill (within the tolerance) and
+        # not overloaded (the bound of consistent hashing with bounded loads, or no busier
+        # than the winner). The rendezvous hash picks among them, the same on every pod.
+        s = self.settings
+        floor = base[best] - s.tie_tolerance
+        bound = max(math.ceil(s.session_load_factor * (mean * n + 1) / n), loads[best])
+        tied = [i for i in range(n) if base[i] >= floor and loads[i] <= bound]
+        if len(tied) > 1:
+            if hint.units:
+                best = self._rendezvous(candidates, tied, self._anchor(
+                    hint, max(matched[r.index] for r in candidates), exact))
+            else:  # nothing to hash (an empty prompt): the fewest outstanding, then in turn
+                best = min(tied, key=lambda i: (candidates[i].outstanding, (i - turn) % n))
         reason = "prefix" if fracs[best] else "load"
         gap = loads[best] - loads[least]
-        s = self.settings
         if gap >= s.imbalance_abs and loads[best] > s.imbalance_ratio * (loads[least] + 1):
             best, reason = least, "imbalance"
         chosen = candidates[best]
         return self._chosen(
             chosen, hint, reason, loads[best], loads[least], matched[chosen.index], now,
-            exact.get(chosen.index),
+            exact.get(chosen.index), len(tied),
         )
+
+    def _anchor(self, hint: RouteHint, blocks: int, exact: Mapping[int, int]) -> int:
+        """Stable 64-bit hash of the prompt's first block past the longest cached prefix.
+
+        The depth is the most any candidate holds (exact tokens when some candidate's events
+        are in sync, else ``blocks``, the most indexed blocks); the block is the next
+        ``block_tokens`` token ids or ``block`` units of the hint (the last block when the
+        whole prompt is held). BLAKE2b, not Python's per-process ``hash``, so that every
+        gateway process gets the same value.
+        """
+        if exact and hint.token_ids:
+            ids = hint.token_ids
+            depth, size = max(exact.values()), self.settings.block_tokens
+            span: str | Sequence[int] = ids[depth: depth + size] or ids[-size:]
+        else:
+            units, size = hint.units, hint.block
+            depth = blocks * size
+            span = units[depth: depth + size] or units[-size:]
+        raw = span.encode() if isinstance(span, str) else ",".join(map(str, span)).encode()
+        return int.from_bytes(hashlib.blake2b(raw, digest_size=8).digest(), "big")
+
+    def _rendezvous(self, candidates: Sequence[Replica], tied: list[int], anchor: int) -> int:
+        """The tied candidate with the highest weight ``mix(anchor XOR point(url))``."""
+        seeds = self._seeds
+        best, top = tied[0], -1
+        for i in tied:
+            url = candidates[i].url
+            seed = seeds.get(url)
+            if seed is None:
+                if len(seeds) > 4096:
+                    seeds.clear()
+                seeds[url] = seed = _point(url)
+            weight = _mix(anchor ^ seed)
+            if weight > top:
+                best, top = i, weight
+        return best
 
     def _chosen(
         self, r: Replica, hint: RouteHint, reason: str, load: float, least: float,
-        matched: int, now: float, exact_tokens: int | None = None,
+        matched: int, now: float, exact_tokens: int | None = None, tied: int = 1,
     ) -> Replica:
         if hint.hashes:
             # ``matched`` is the match just taken (0 for a session pick: probe every block).
@@ -333,6 +402,7 @@ class PrefixAffinity:
             "running": sig.running if fresh and sig is not None else None,
             "kv_usage": sig.kv_usage if fresh and sig is not None else None,
             "signals_age_s": round(now - sig.at, 3) if sig is not None else None,
+            "tied": tied,
         }
         self.decisions[reason] = self.decisions.get(reason, 0) + 1
         return r
@@ -404,6 +474,17 @@ def _prompt_ids(body: Mapping[str, Any]) -> list[int] | None:
 def _point(key: str) -> int:
     # A stable hash (not Python's randomised one): sessions keep their replica across restarts.
     return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "big")
+
+
+_M64 = (1 << 64) - 1
+
+
+def _mix(x: int) -> int:
+    """SplitMix64's finaliser: a 64-bit integer to a well-spread 64-bit integer."""
+    x = (x + 0x9E3779B97F4A7C15) & _M64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
+    return x ^ (x >> 31)
 
 
 def _load_tokenizer(path: str) -> Any:

@@ -116,6 +116,15 @@ class RoutingSettings(FrozenSection):
             requests than the least loaded one ...
         imbalance_ratio: ... and more than this factor times (its load + 1), the least loaded
             replica is chosen.
+        tie_tolerance: Candidates whose score without its load term is within this of the
+            winner's (score units: a fraction of the prompt) and whose load is within the
+            ``session_load_factor`` bound are tied with it, and a tie goes to the prompt's
+            rendezvous winner:
+            the tied replica with the highest hash of (the prompt's first block past the
+            longest cached prefix, replica url). Every gateway process computes the same
+            winner from the request alone, so pods that have not yet seen a prefix (no KV event
+            yet, or each pod's own estimate) still send it to the same replica. 0: exact ties
+            only.
         weights: Score weights.
         kv_events: Replicas whose KV-cache events give the exact cache state; the others are
             scored from the estimate (see :mod:`gateway.fleet.exact_index`).
@@ -141,6 +150,7 @@ class RoutingSettings(FrozenSection):
     session_load_factor: float = Field(default=1.25, ge=1.0, allow_inf_nan=False)
     imbalance_abs: int = Field(default=8, ge=1)
     imbalance_ratio: float = Field(default=2.0, ge=1.0, allow_inf_nan=False)
+    tie_tolerance: float = Field(default=0.1, ge=0, allow_inf_nan=False)
     weights: RoutingWeights = Field(default_factory=RoutingWeights)
     kv_events: list[KVEventsSource] = Field(default_factory=list)
     tokenize: Literal["none", "replica"] = "none"

@@ -183,13 +183,63 @@ def _route(p: Pool, body: dict[str, Any], candidates: Sequence[Replica] | None =
 
 def test_repeated_prefix_goes_to_its_holder_and_groups_spread() -> None:
     p = _pool(4, Clock())
-    first = {g: _route(p, _chat(f"group {g} " * 200, "q0"))[0] for g in range(4)}
-    assert len({r.index for r in first.values()}) == 4  # cold groups spread over idle replicas
+    first: dict[int, Replica] = {}
+    hints = []
+    for g in range(4):
+        hint = p.route_hint(_chat(f"group {g} " * 200, "q0"), ())
+        assert hint is not None
+        first[g] = r = p.pick(hint=hint)  # type: ignore[assignment]
+        hints.append(hint)  # its prefill is still queued there: the next cold group moves on
+    assert len({r.index for r in first.values()}) == 4  # cold groups spread over the replicas
+    for hint in hints:
+        hint.release()
     for g in range(4):
         r, why = _route(p, _chat(f"group {g} " * 200, f"another question {g}"))
         assert r is first[g]
         assert why["reason"] == "prefix" and why["matched_blocks"] >= 12
         assert why["prompt_blocks"] >= why["matched_blocks"]
+
+
+def test_pods_that_never_saw_a_prefix_send_it_to_the_same_replica() -> None:
+    """Three gateway pods, each with its own history (other prompts indexed, another turn
+    counter): a new prefix group is placed on the same replica whichever pod its first
+    requests land on, and stays there on every pod (the rendezvous tie-break)."""
+    pods = [_pool(4, Clock()) for _ in range(3)]
+    for k, pod in enumerate(pods):  # different pasts: other prompts, other turn counters
+        for j in range(k * 3 + 1):
+            _route(pod, _chat(f"pod {k} history {j} " * 50, "q"))
+    for g in range(24):
+        system = f"tenant {g} system prompt " * 40
+        placed = {_route(pod, _chat(system, f"question {g} from pod {k}"))[1]["replica"]
+                  for k, pod in enumerate(pods)}
+        assert len(placed) == 1, (g, placed)
+        # A later request of the group: each pod holds it in its own estimate now.
+        again = [_route(pod, _chat(system, f"follow-up {g}"))[1] for pod in pods]
+        assert {why["replica"] for why in again} == placed
+        assert {why["reason"] for why in again} == {"prefix"}
+
+
+def test_rendezvous_spreads_new_prefixes_and_yields_to_load() -> None:
+    p = _pool(4, Clock())
+    counts = [0, 0, 0, 0]
+    for g in range(400):
+        r, why = _route(p, _chat(f"random prompt {g} " * 20, "q"))
+        counts[r.index] += 1
+        assert why["tied"] == 4 and why["reason"] == "load"
+    assert all(60 <= c <= 140 for c in counts), counts  # 100 each expected
+    # A replica busier than the tolerance allows is not tied any more, whatever its hash says.
+    body = _chat("one more new prompt " * 20, "q")
+    home = _route(_pool(4, Clock()), body)[0].index  # where it goes on an idle fleet
+    busy = _pool(4, Clock())
+    busy.replicas[home].outstanding = 2
+    r, why = _route(busy, body)
+    assert r.index != home and why["tied"] == 3
+    # tie_tolerance 0: only candidates exactly as good on cache and queued prefill are tied.
+    for tolerance, tied in ((0.1, 2), (0.0, 1)):
+        q = _pool(2, Clock(), tie_tolerance=tolerance)
+        q.replicas[0].prefill_tokens = q.replicas[1].prefill_tokens = 1.0
+        q.replicas[0].prefill_tokens = 2.0  # a little more queued prefill there
+        assert _route(q, body)[1]["tied"] == tied
 
 
 def test_load_beats_a_small_prefix_and_the_imbalance_guard_overrides_a_large_one() -> None:
@@ -218,7 +268,7 @@ def test_a_holder_busy_only_decoding_keeps_its_warm_requests() -> None:
 
 
 def test_queued_uncached_prefill_tokens_steer_until_the_response_starts() -> None:
-    p = _pool(3, Clock())
+    p = _pool(3, Clock(), tie_tolerance=0.0)  # the prefill term alone (no near-ties)
     a, b, c = p.replicas
     long_cold = _chat("x" * 8000, "cold")  # ~2,000 uncached tokens at 4 characters per token
     hint = p.route_hint(long_cold, ())

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -234,6 +235,36 @@ def test_every_gateway_pod_follows_the_same_events_and_picks_the_same_holder(
     assert rec2.replica_url == holder
     assert rec2.route is not None and rec2.route["cache_state"] == "exact"
     assert rec2.route["cached_tokens"] == 192
+
+
+def test_pods_send_a_new_prefix_to_one_replica_before_any_event_tells_them(
+    serve_asgi: Any,
+) -> None:
+    """Two gateway pods with different pasts get the first requests of a new prefix at the same
+    time, before any BlockStored event can show where it went: both pick the same replica (the
+    rendezvous tie-break), so the prefix is prefilled and cached once, not once per pod."""
+    sims = [_events_sim(serve_asgi) for _ in range(3)]
+    urls = [sim.url for sim, _ in sims]
+    s = settings(urls, routing={"metrics_interval_s": 0.05,
+                                "kv_events": [src for _, src in sims]})
+    model = s.models[0].model_copy(update={"strategy": "prefix_affinity"})
+    s = s.model_copy(update={"models": [model, *s.models[1:]]})
+    pods = []
+    for _ in range(2):
+        router, rec = Router(s), Recorder()
+        pods.append((start_gateway(serve_asgi, s, router=router, observers=[rec]), rec))
+    for k in range(2):  # pod 2 has routed other prompts: another turn counter, other counts
+        _complete(pods[1][0], _prompt(50 + k, 40), AUTH_A, "llama-3.1-8b")
+    pods[1][1].wait(2)
+    with ThreadPoolExecutor(2) as pool:
+        for k in range(6):
+            head = _prompt(60 + k, 96)
+            sent = [pool.submit(_complete, url, [*head, i], AUTH_A, "llama-3.1-8b")
+                    for i, (url, _) in enumerate(pods)]
+            for fut in sent:
+                fut.result()
+            first, second = pods[0][1].wait(k + 1)[k], pods[1][1].wait(k + 3)[k + 2]
+            assert first.replica_url == second.replica_url, k
 
 
 def test_chat_prompts_are_matched_exactly_with_the_replicas_tokenizer(serve_asgi: Any) -> None:
