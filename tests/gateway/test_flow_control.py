@@ -335,7 +335,8 @@ def test_the_priority_header_may_lower_the_class_but_not_raise_it(
 def test_the_priority_field_is_not_forwarded_unless_configured(
     serve_asgi: Callable[..., Any],
 ) -> None:
-    sim = start_sim(serve_asgi)
+    # The replica runs vLLM's priority scheduling: it accepts any priority (fcfs refuses one).
+    sim = start_sim(serve_asgi, scheduling_policy="priority")
     models = [{"name": "m", "served_model_name": SERVED, "replicas": [{"url": sim.url}]},
               {"name": "m-prio", "served_model_name": SERVED, "replicas": [{"url": sim.url}]}]
     s = flow_settings(sim.url, models=models, vllm_priority_models=["m-prio"],
