@@ -224,6 +224,7 @@ async def bench_grid(args: argparse.Namespace) -> dict[str, Any]:
     context = max(p for p, _, _ in points) + longest + 256
     procs: list[Proc] = []
     load0 = os.getloadavg()
+    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     report: dict[str, Any] = {"points": []}
     try:
         for _ in range(args.replicas):
@@ -299,7 +300,8 @@ async def bench_grid(args: argparse.Namespace) -> dict[str, Any]:
         "interactive_prompt/output": f"{args.interactive_prompt}/{args.interactive_output}",
         "loadavg_start": [round(x, 2) for x in load0],
         "loadavg_end": [round(x, 2) for x in os.getloadavg()],
-        "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(time.time() - 1)),
+        "started": started,
+        "ended": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
     }
     return report
 

@@ -129,4 +129,5 @@ def engine_stats(engine: Engine) -> dict[str, Any]:
         "prefix_cache_queries": engine.queries_total,
         "prefix_cache_hits": engine.hits_total,
         "steps": engine.steps,
+        "preemptions": engine.preemptions_total,
     }

@@ -181,6 +181,7 @@ def test_a_priority_is_refused_unless_the_engine_runs_priority_scheduling(
     assert httpx.post(f"{fcfs.url}{path}", json={**body, "priority": "1"}).status_code == 400
     prio = start_sim(profile="tiny-test", scheduling_policy="priority")
     assert httpx.post(f"{prio.url}{path}", json=body).status_code == 200
+    assert "vllm:num_preemptions_total" in httpx.get(f"{prio.url}/metrics").text
     assert httpx.post(f"{prio.url}{path}", json={**body, "priority": -7}).status_code == 200
     # Without a profile the policy is the config's: vLLM checks the field all the same.
     plain = start_sim()
