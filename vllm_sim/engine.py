@@ -282,7 +282,7 @@ class Engine:
         self.profile = profile
         self.time_scale = time_scale
         self.cache = BlockCache(profile.num_gpu_blocks)
-        self.waiting = WaitingQueue(profile.scheduling_policy)
+        self.waiting: WaitingQueue[SeqHandle] = WaitingQueue(profile.scheduling_policy)
         self._arrivals = 0
         self.running: list[SeqHandle] = []
         self.queries_total = 0

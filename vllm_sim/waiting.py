@@ -17,22 +17,36 @@ from __future__ import annotations
 import bisect
 from collections import deque
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Literal
+from typing import Generic, Literal, Protocol, TypeVar
 
-if TYPE_CHECKING:
-    from vllm_sim.engine import SeqHandle
-
-__all__ = ["SchedulingPolicy", "WaitingQueue"]
+__all__ = ["Queued", "SchedulingPolicy", "WaitingQueue"]
 
 SchedulingPolicy = Literal["fcfs", "priority"]
 """vLLM's ``--scheduling-policy`` values the simulator models (vLLM also has ``sjf``)."""
 
 
-def _key(seq: SeqHandle) -> tuple[int, int]:
+class Queued(Protocol):
+    """What the queue reads of a request (``vllm_sim.engine.SeqHandle``)."""
+
+    @property
+    def priority(self) -> int:
+        """The body's ``priority`` (lower first)."""
+        ...
+
+    @property
+    def arrival(self) -> int:
+        """Order of arrival at the engine."""
+        ...
+
+
+_Q = TypeVar("_Q", bound=Queued)
+
+
+def _key(seq: Queued) -> tuple[int, int]:
     return (seq.priority, seq.arrival)
 
 
-class WaitingQueue:
+class WaitingQueue(Generic[_Q]):
     """Requests admitted to the engine but not yet running, in the policy's order.
 
     Args:
@@ -41,24 +55,24 @@ class WaitingQueue:
 
     def __init__(self, policy: SchedulingPolicy = "fcfs") -> None:
         self.policy = policy
-        self._fifo: deque[SeqHandle] = deque()
-        self._sorted: list[SeqHandle] = []  # priority: ascending (priority, arrival)
+        self._fifo: deque[_Q] = deque()
+        self._sorted: list[_Q] = []  # priority: ascending (priority, arrival)
 
-    def add(self, seq: SeqHandle) -> None:
+    def add(self, seq: _Q) -> None:
         """Queue a new request (fcfs: at the back; priority: at its place)."""
         if self.policy == "fcfs":
             self._fifo.append(seq)
         else:
             bisect.insort(self._sorted, seq, key=_key)
 
-    def prepend(self, seq: SeqHandle) -> None:
+    def prepend(self, seq: _Q) -> None:
         """Put a preempted request back (fcfs: at the front; priority: at its place)."""
         if self.policy == "fcfs":
             self._fifo.appendleft(seq)
         else:
             bisect.insort(self._sorted, seq, key=_key)
 
-    def peek(self) -> SeqHandle:
+    def peek(self) -> _Q:
         """The request the scheduler considers next.
 
         Raises:
@@ -66,7 +80,7 @@ class WaitingQueue:
         """
         return self._fifo[0] if self.policy == "fcfs" else self._sorted[0]
 
-    def pop(self) -> SeqHandle:
+    def pop(self) -> _Q:
         """Remove and return :meth:`peek`'s request.
 
         Raises:
@@ -74,7 +88,7 @@ class WaitingQueue:
         """
         return self._fifo.popleft() if self.policy == "fcfs" else self._sorted.pop(0)
 
-    def remove(self, seq: SeqHandle) -> None:
+    def remove(self, seq: _Q) -> None:
         """Remove ``seq`` (aborted while waiting).
 
         Raises:
@@ -85,7 +99,7 @@ class WaitingQueue:
     def __contains__(self, seq: object) -> bool:
         return seq in (self._fifo if self.policy == "fcfs" else self._sorted)
 
-    def __iter__(self) -> Iterator[SeqHandle]:
+    def __iter__(self) -> Iterator[_Q]:
         return iter(list(self._fifo) if self.policy == "fcfs" else list(self._sorted))
 
     def __len__(self) -> int:
