@@ -33,6 +33,10 @@ Measured per point, over the window after ``--warmup`` seconds:
   >= the configured share: ``--batch-in-flight`` / ``--max-num-seqs``, the fraction of each
   replica's sequence slots batch may hold).
 
+The replicas' scheduler follows vLLM's flags ``--long-prefill-token-threshold`` (at most that
+many prompt tokens of one request per engine step) and ``--scheduling-policy priority`` (with
+it the gateway sends each ``mixed-fc`` request's class as vLLM's ``priority``).
+
 ``--json`` writes every figure (drawn by ``bench/plots.py --grid``). Example (about 10
 minutes)::
 
@@ -205,8 +209,12 @@ def grid_points(args: argparse.Namespace) -> list[tuple[int, int, float]]:
 async def bench_grid(args: argparse.Namespace) -> dict[str, Any]:
     """Start the replicas and the gateway, run the unloaded phases and the grid; the report."""
     base = get_profile(args.profile)
-    profile = base.model_copy(update={"name": f"{base.name}-seqs{args.max_num_seqs}",
-                                      "max_num_seqs": args.max_num_seqs})
+    # The engine's scheduler options as vLLM's flags would set them (``--max-num-seqs``,
+    # ``--long-prefill-token-threshold``, ``--scheduling-policy``).
+    profile = base.model_copy(update={
+        "name": f"{base.name}-seqs{args.max_num_seqs}", "max_num_seqs": args.max_num_seqs,
+        "long_prefill_token_threshold": args.long_prefill_token_threshold,
+        "scheduling_policy": args.scheduling_policy})
     workdir = Path(tempfile.mkdtemp(prefix="bench-flow-grid-"))
     (workdir / "profile.json").write_text(profile.model_dump_json())
     points = grid_points(args)
@@ -216,6 +224,7 @@ async def bench_grid(args: argparse.Namespace) -> dict[str, Any]:
     context = max(p for p, _, _ in points) + longest + 256
     procs: list[Proc] = []
     load0 = os.getloadavg()
+    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     report: dict[str, Any] = {"points": []}
     try:
         for _ in range(args.replicas):
@@ -284,12 +293,15 @@ async def bench_grid(args: argparse.Namespace) -> dict[str, Any]:
         "replicas": args.replicas, "profile": profile.name, "time_scale": args.time_scale,
         "max_num_seqs": args.max_num_seqs, "batch_in_flight": args.batch_in_flight,
         "batch_prefill_tokens": args.batch_prefill_tokens, "strategy": args.strategy,
+        "long_prefill_token_threshold": args.long_prefill_token_threshold,
+        "scheduling_policy": args.scheduling_policy,
         "window_s": args.window, "warmup_s": args.warmup, "unloaded_window_s":
         args.unloaded_window, "batch_workers": workers, "target": args.target,
         "interactive_prompt/output": f"{args.interactive_prompt}/{args.interactive_output}",
         "loadavg_start": [round(x, 2) for x in load0],
         "loadavg_end": [round(x, 2) for x in os.getloadavg()],
-        "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(time.time() - 1)),
+        "started": started,
+        "ended": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
     }
     return report
 
@@ -303,6 +315,10 @@ def gateway_config(urls: list[str], port: int, args: argparse.Namespace) -> dict
         # Its prompt-token estimate (prefill_tokens) is characters / chars_per_token: the
         # workload's words are ~16 characters per simulator token, not English's ~4.
         cfg["routing"]["chars_per_token"] = round(len(_words(512, "batch-a00000w")) / 512, 2)
+    if args.scheduling_policy == "priority":
+        # The replicas run vLLM's priority scheduling: the flow-controlled model sends each
+        # request's class as ``priority`` (interactive 0, batch 1); ``mixed-plain`` sends none.
+        cfg["flow_control"]["vllm_priority_models"] = ["mixed-fc"]
     if args.batch_prefill_tokens is not None:
         batch = cfg["flow_control"]["classes"][1]
         batch["saturation"]["prefill_tokens"] = args.batch_prefill_tokens
@@ -368,6 +384,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--batch-in-flight", type=int, default=4)
     ap.add_argument("--batch-prefill-tokens", type=float, default=None,
                     help="flow control: the batch class's prefill_tokens threshold")
+    ap.add_argument("--long-prefill-token-threshold", type=int, default=0,
+                    help="the replicas' vLLM --long-prefill-token-threshold (0: no cap)")
+    ap.add_argument("--scheduling-policy", default="fcfs", choices=["fcfs", "priority"],
+                    help="the replicas' vLLM --scheduling-policy (priority: the gateway sends "
+                         "the class's priority for mixed-fc)")
     ap.add_argument("--strategy", default="least_outstanding",
                     choices=["least_outstanding", "round_robin", "prefix_affinity"])
     ap.add_argument("--batch-concurrency", type=int, default=None,

@@ -242,8 +242,10 @@ def flow_grid(doc: dict[str, Any], out: Path) -> Path:
         ax.set_xticks(xs, labels, fontsize=7)
         ax.set_xlabel("batch prompt/output tokens, interactive rate", fontsize=8)
     passed = sum(1 for p in points if p["pass"])
+    keys = ("replicas", "profile", "time_scale", "strategy", "long_prefill_token_threshold",
+            "scheduling_policy")
     fig.suptitle(f"Flow control over the grid: {passed} of {len(points)} points pass "
-                 f"({_params_line(params, ('replicas', 'profile', 'time_scale', 'strategy'))}, "
+                 f"({_params_line(params, keys)}, "
                  f"batch in_flight {params.get('batch_in_flight')} of "
                  f"{params.get('max_num_seqs')})", fontsize=9)
     fig.tight_layout()

@@ -58,6 +58,7 @@ from vllm_sim.render import (
 )
 from vllm_sim.state import SimState
 from vllm_sim.tokens import message_text, piece_ids
+from vllm_sim.waiting import SchedulingPolicy
 from vllm_sim.wire import (
     Message,
     Receive,
@@ -80,12 +81,18 @@ class SimApp:
         config: The immutable start-up configuration.
         state: Counters, the active fault and the tokenizer table of this app.
         engine: The engine model when ``config.profile`` is set, else ``None``.
+        policy: The scheduling policy in effect (the profile's unless the config names one).
     """
 
     def __init__(self, config: SimConfig) -> None:
         self.config = config
         self.state = SimState()
         self.engine = perf.engine_for(config)
+        # vLLM's --scheduling-policy: orders the engine's queue, decides whether a request's
+        # ``priority`` is accepted (also without a profile, where nothing is queued).
+        self.policy: SchedulingPolicy = (
+            self.engine.profile.scheduling_policy if self.engine is not None
+            else config.scheduling_policy or "fcfs")
         self.kv_events: KVEventPublisher | None = None
         ev = config.kv_events
         if (self.engine is not None and ev is not None and ev.enable_kv_cache_events
@@ -322,13 +329,13 @@ class SimApp:
         if fault is not None and fault.mode == "hang":
             return hang(), resolve_model(body, self.config)
         if path == "/v1/chat/completions":
-            gen = parse_chat(body, self.config)
+            gen = parse_chat(body, self.config, self.policy)
             prompt = chat_text(body)
             pacer = perf.pacer(self.engine, gen, prompt, lambda a: chat_text(body, a), 1)
             work = generate(self.config, self.state, gen, None, False, send, fault, pacer)
             return work, gen.model
         if path == "/v1/completions":
-            gen, prompts = parse_completion(body, self.config)
+            gen, prompts = parse_completion(body, self.config, self.policy)
             echo = bool(body.get("echo", False))
             text = completion_text(prompts)
             pacer = perf.pacer(self.engine, gen, text, lambda a: text + a, len(prompts),

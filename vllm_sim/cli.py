@@ -14,6 +14,7 @@ into the interrupted exit): a simulator never stops "successfully" by a signal.
 
 from __future__ import annotations
 
+import enum
 import json
 import logging
 import signal
@@ -29,6 +30,14 @@ from clishell import CliError, Interrupted, VerboseOpt, VersionOpt, run
 from vllm_sim.app import create_app
 from vllm_sim.config import SimConfig
 from vllm_sim.profiles import ProfileError
+
+
+class SchedulingPolicyOpt(enum.Enum):
+    """``--scheduling-policy`` values (vLLM's names)."""
+
+    FCFS = "fcfs"
+    PRIORITY = "priority"
+
 
 app = typer.Typer(
     add_completion=False,
@@ -63,6 +72,16 @@ def serve(
         str | None,
         typer.Option(help="With --profile: vLLM's --kv-events-config JSON (publish KV events)."),
     ] = None,
+    scheduling_policy: Annotated[
+        SchedulingPolicyOpt | None,
+        typer.Option(help="vLLM's --scheduling-policy: fcfs, or priority (lower first); "
+                          "default: the profile's (fcfs)."),
+    ] = None,
+    long_prefill_token_threshold: Annotated[
+        int | None,
+        typer.Option(min=0, help="With --profile: vLLM's --long-prefill-token-threshold "
+                                 "(prompt tokens per request and step; 0: no cap)."),
+    ] = None,
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "warning",
     access_log: Annotated[bool, typer.Option(help="Log every request.")] = False,
     version: VersionOpt = False,
@@ -80,6 +99,8 @@ def serve(
         time_scale=time_scale,
         num_gpu_blocks=num_gpu_blocks,
         kv_events=None if kv_events_config is None else json.loads(kv_events_config),
+        scheduling_policy=None if scheduling_policy is None else scheduling_policy.value,
+        long_prefill_token_threshold=long_prefill_token_threshold,
     )
     server = _Server(uvicorn.Config(
         create_app(config),

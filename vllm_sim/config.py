@@ -10,6 +10,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from vllm_sim.waiting import SchedulingPolicy
+
 FaultMode = Literal[
     "none", "status_500", "status_429", "hang", "die_mid_stream", "split_writes", "crlf"
 ]
@@ -73,6 +75,13 @@ class SimConfig(BaseModel):
             ``--num-gpu-blocks-override``).
         kv_events: With a profile: publish the prefix cache's KV events (vLLM's
             ``--kv-events-config``, :mod:`vllm_sim.kv_events`).
+        scheduling_policy: vLLM's ``--scheduling-policy`` (``fcfs`` or ``priority``): the order
+            of the engine's waiting queue (:mod:`vllm_sim.waiting`). A request with a non-zero
+            ``priority`` is refused (400) unless it is ``priority``, as vLLM refuses it.
+            ``None``: the profile's (``fcfs`` without a profile).
+        long_prefill_token_threshold: With a profile: vLLM's
+            ``--long-prefill-token-threshold``, the prompt tokens one request may prefill per
+            engine step (0: no cap). ``None``: the profile's.
         auto_tool_calls: A request with ``tools`` and ``tool_choice`` ``auto`` (or absent) is
             answered with a call of its first tool, as an agent's model would, unless the last
             message is a tool result (then text: the agent loop ends). Off: ``auto`` answers
@@ -91,6 +100,8 @@ class SimConfig(BaseModel):
     time_scale: float = Field(default=1.0, gt=0.0)
     num_gpu_blocks: int | None = Field(default=None, ge=1)
     kv_events: KVEventsConfig | None = None
+    scheduling_policy: SchedulingPolicy | None = None
+    long_prefill_token_threshold: int | None = Field(default=None, ge=0)
     auto_tool_calls: bool = False
 
 

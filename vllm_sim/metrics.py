@@ -76,6 +76,12 @@ def render(config: SimConfig, state: SimState, engine: Engine | None = None) -> 
             "Prefix cache hits, in terms of number of cached tokens.",
             [(first, float(engine.hits_total))],
         )
+        family(
+            "vllm:num_preemptions",
+            "counter",
+            "Cumulative number of preemption from the engine.",
+            [(first, float(engine.preemptions_total))],
+        )
         p = engine.profile
         info = _labels(
             models[0], block_size=str(p.block_size), num_gpu_blocks=str(p.num_gpu_blocks)

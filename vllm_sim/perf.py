@@ -36,8 +36,12 @@ def engine_for(config: SimConfig) -> Engine | None:
         profile = load_profile(Path(config.profile))
     else:
         profile = get_profile(config.profile)
-    if config.num_gpu_blocks is not None:
-        profile = profile.model_copy(update={"num_gpu_blocks": config.num_gpu_blocks})
+    overrides = {"num_gpu_blocks": config.num_gpu_blocks,
+                 "scheduling_policy": config.scheduling_policy,
+                 "long_prefill_token_threshold": config.long_prefill_token_threshold}
+    update = {k: v for k, v in overrides.items() if v is not None}
+    if update:
+        profile = profile.model_copy(update=update)
     return Engine(profile, config.time_scale)
 
 
@@ -76,6 +80,7 @@ def pacer(
         prompt_tokens=max(len(ids), 1),
         output_tokens=max(total_completion_tokens(gen, prompts), 1),
         final_hashes=block_hashes(final, size),
+        priority=gen.priority,
         prompt_ids=ids,
         final_ids=final,
     )
@@ -94,7 +99,7 @@ def prefix_probe(engine: Engine | None, body: dict[str, Any], config: SimConfig)
     if isinstance(body.get("messages"), list):
         text = chat_text(body)
     elif "prompt" in body:
-        _, prompts = parse_completion(body, config)
+        _, prompts = parse_completion(body, config, engine.profile.scheduling_policy)
         ids = single_token_prompt(prompts)
         text = completion_text(prompts)
     else:
@@ -124,4 +129,5 @@ def engine_stats(engine: Engine) -> dict[str, Any]:
         "prefix_cache_queries": engine.queries_total,
         "prefix_cache_hits": engine.hits_total,
         "steps": engine.steps,
+        "preemptions": engine.preemptions_total,
     }

@@ -37,6 +37,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from vllm_sim.waiting import SchedulingPolicy
+
 __all__ = ["PROFILES", "PerfProfile", "ProfileError", "get_profile", "load_profile"]
 
 
@@ -59,6 +61,11 @@ class PerfProfile(BaseModel):
         decode_per_seq_s: Added step time per running sequence, seconds.
         decode_per_ctx_token_s: Added step time per context token of the decoding sequences,
             seconds (attention reads the KV cache).
+        long_prefill_token_threshold: Prompt tokens one request may prefill per step at most
+            (vLLM's ``--long-prefill-token-threshold``; 0: no cap, vLLM's default with one
+            partial prefill at a time).
+        scheduling_policy: Order of the waiting queue (vLLM's ``--scheduling-policy``):
+            ``fcfs`` or ``priority`` (:mod:`vllm_sim.waiting`).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -73,6 +80,8 @@ class PerfProfile(BaseModel):
     decode_base_s: float = Field(ge=0)
     decode_per_seq_s: float = Field(ge=0)
     decode_per_ctx_token_s: float = Field(default=0.0, ge=0)
+    long_prefill_token_threshold: int = Field(default=0, ge=0)
+    scheduling_policy: SchedulingPolicy = "fcfs"
 
     def step_time_s(self, prefill_tokens: int, decode_seqs: int, decode_ctx_tokens: int) -> float:
         """Duration of one engine step in seconds (model time, before any time scale).

@@ -13,6 +13,7 @@ from typing import Any
 from vllm_sim.config import SimConfig
 from vllm_sim.errors import BadRequest, InvalidBody, ModelNotFound
 from vllm_sim.tokens import count_text, message_text
+from vllm_sim.waiting import SchedulingPolicy
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 
@@ -32,6 +33,8 @@ class Generation:
         finish_reason: ``stop`` or ``length``.
         json_mode: ``response_format`` asks for JSON: the content is a JSON object.
         tool: The ``tools[]`` entry to call (tool_choice named or "required"), else None.
+        priority: The body's ``priority`` (default 0; lower is scheduled first under vLLM's
+            ``--scheduling-policy priority``).
     """
 
     model: str
@@ -44,6 +47,23 @@ class Generation:
     finish_reason: str
     json_mode: bool = False
     tool: dict[str, Any] | None = None
+    priority: int = 0
+
+
+def parse_priority(body: dict[str, Any], policy: SchedulingPolicy) -> int:
+    """The body's ``priority`` (vLLM's extra sampling field, default 0).
+
+    Raises:
+        InvalidBody: Not an integer.
+        BadRequest: Non-zero while the engine runs ``fcfs`` (vLLM's input processor refuses
+            it: "Got priority N but Priority scheduling is not enabled.").
+    """
+    value = body.get("priority", 0)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidBody("body.priority: Input should be a valid integer", param="body.priority")
+    if value != 0 and policy != "priority":
+        raise BadRequest(f"Got priority {value} but Priority scheduling is not enabled.")
+    return value
 
 
 def resolve_model(body: dict[str, Any], config: SimConfig) -> str:
@@ -166,8 +186,14 @@ def _pick_tool(body: dict[str, Any], auto_calls: bool = False) -> dict[str, Any]
     return None
 
 
-def parse_chat(body: dict[str, Any], config: SimConfig) -> Generation:
+def parse_chat(body: dict[str, Any], config: SimConfig,
+               policy: SchedulingPolicy = "fcfs") -> Generation:
     """Validate a ``/v1/chat/completions`` body.
+
+    Args:
+        body: The JSON body.
+        config: The simulator's configuration.
+        policy: The engine's scheduling policy (checks ``priority``, :func:`parse_priority`).
 
     Raises:
         BadRequest: invalid field or prompt too long.
@@ -210,6 +236,7 @@ def parse_chat(body: dict[str, Any], config: SimConfig) -> Generation:
         finish_reason="tool_calls" if tool is not None else finish,
         json_mode=json_mode,
         tool=tool,
+        priority=parse_priority(body, policy),
     )
 
 
@@ -240,9 +267,14 @@ def prompt_length(prompt: str | list[int]) -> int:
 
 
 def parse_completion(
-    body: dict[str, Any], config: SimConfig
+    body: dict[str, Any], config: SimConfig, policy: SchedulingPolicy = "fcfs"
 ) -> tuple[Generation, list[str | list[int]]]:
     """Validate a ``/v1/completions`` body; returns the generation and the prompts.
+
+    Args:
+        body: The JSON body.
+        config: The simulator's configuration.
+        policy: The engine's scheduling policy (checks ``priority``, :func:`parse_priority`).
 
     Raises:
         BadRequest: invalid field or prompt too long.
@@ -265,6 +297,7 @@ def parse_completion(
         prompt_tokens=sum(prompt_length(p) for p in prompts),
         completion_tokens=completion_tokens,
         finish_reason=finish,
+        priority=parse_priority(body, policy),
     )
     return gen, prompts
 

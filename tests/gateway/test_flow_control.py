@@ -34,6 +34,7 @@ from gateway.flow.gate import FlowGate
 from gateway.telemetry import Telemetry
 from gateway.telemetry.settings import TelemetrySettings
 from tests.gateway.helpers import SERVED, Recorder, Sim, sha, start_sim
+from vllm_sim.profiles import PROFILES
 
 KEYS = {
     "interactive": "sg-flow-interactive-key",
@@ -335,7 +336,8 @@ def test_the_priority_header_may_lower_the_class_but_not_raise_it(
 def test_the_priority_field_is_not_forwarded_unless_configured(
     serve_asgi: Callable[..., Any],
 ) -> None:
-    sim = start_sim(serve_asgi)
+    # The replica runs vLLM's priority scheduling: it accepts any priority (fcfs refuses one).
+    sim = start_sim(serve_asgi, scheduling_policy="priority")
     models = [{"name": "m", "served_model_name": SERVED, "replicas": [{"url": sim.url}]},
               {"name": "m-prio", "served_model_name": SERVED, "replicas": [{"url": sim.url}]}]
     s = flow_settings(sim.url, models=models, vllm_priority_models=["m-prio"],
@@ -358,6 +360,57 @@ def test_the_priority_field_is_not_forwarded_unless_configured(
             model="m-prio", messages=[{"role": "user", "content": "a"}], stream=True)
         assert "".join(ch.choices[0].delta.content or "" for ch in stream if ch.choices)
         assert sim.stats()["last_body"]["priority"] == 0
+
+
+@pytest.mark.parametrize(("model", "first"), [("m-prio", "interactive"), ("m", "batch-2")])
+def test_a_priority_scheduling_replica_serves_the_higher_class_first_from_its_own_queue(
+    serve_asgi: Callable[..., Any], tmp_path: Path, model: str, first: str,
+) -> None:
+    """End to end: the class's ``priority`` reaches the simulator's engine. One sequence slot
+    (``max_num_seqs`` 1), held by a long answer; a batch request and then an interactive one
+    wait in the engine's queue (the gateway's threshold is high: nothing waits in the
+    gateway). A model in ``vllm_priority_models`` sends priorities 2 and 0: the interactive
+    request is served first although it arrived second; the other model sends none: FCFS."""
+    profile = tmp_path / "one-slot.json"
+    profile.write_text(json.dumps({**PROFILES["tiny-test"].model_dump(), "name": "one-slot",
+                                   "max_num_seqs": 1}))
+    sim = start_sim(serve_asgi, profile=str(profile), time_scale=5.0,
+                    scheduling_policy="priority", tokens_per_response=240)
+    models = [{"name": name, "served_model_name": SERVED, "replicas": [{"url": sim.url}]}
+              for name in ("m", "m-prio")]
+    s = flow_settings(sim.url, models=models, vllm_priority_models=["m-prio"],
+                      saturation={"in_flight": 8})
+    url = str(serve_asgi(create_app(s, assemble(s))).url)
+    firsts: list[str] = []
+
+    def ask(key: str, max_tokens: int) -> None:
+        with openai.OpenAI(base_url=url + "/v1", api_key=KEYS[key], max_retries=0) as c:
+            stream = c.chat.completions.create(
+                model=model, messages=[{"role": "user", "content": key}],
+                max_tokens=max_tokens, stream=True)
+            for chunk in stream:
+                if chunk.choices and chunk.choices[0].delta.content and key not in firsts:
+                    firsts.append(key)
+
+    def engine_waiting(n: int) -> None:
+        deadline = time.monotonic() + 20
+        while sim.stats()["engine"]["waiting"] != n:
+            assert time.monotonic() < deadline, f"never {n} waiting in the engine"
+            time.sleep(0.01)
+
+    with ThreadPoolExecutor(3) as pool:
+        holder = pool.submit(ask, "holder", 240)  # ~0.6 model s x 5: the slot stays taken
+        deadline = time.monotonic() + 20
+        while "holder" not in firsts:
+            assert time.monotonic() < deadline and not holder.done(), "holder never started"
+            time.sleep(0.01)
+        batch = pool.submit(ask, "batch-2", 2)
+        engine_waiting(1)
+        interactive = pool.submit(ask, "interactive", 2)
+        engine_waiting(2)
+        for f in (holder, batch, interactive):
+            f.result(timeout=60)
+    assert firsts[0] == "holder" and firsts[1] == first
 
 
 def test_below_saturation_the_relay_path_is_unchanged(
