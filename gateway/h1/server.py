@@ -1,8 +1,8 @@
 """The client-facing HTTP/1.1 server protocol: requests in, ASGI to the app, responses out.
 
-The twin of the upstream client (:mod:`gateway.h1.connection`): one :class:`ServerProtocol` per
+The twin of the upstream client (:mod:`gateway.h1.client`): one :class:`ServerProtocol` per
 client connection, on asyncio's public ``Protocol`` API, reading requests with the strict
-sans-IO :class:`gateway.h1.request.RequestReader` and writing responses itself (RFC 9112 §6,
+sans-IO :class:`gateway.h1.framing.RequestReader` and writing responses itself (RFC 9112 §6,
 §7.1). It speaks ASGI 3 to the app (HTTP spec 2.3, https://asgi.readthedocs.io/en/latest/specs/
 www.html), with the gateway's fast paths as its own methods, offered as scope extensions
 (:mod:`gateway.h1.asgi_io`: whole body, write now, chunk writer, body chunk, disconnect watch) and
@@ -25,7 +25,7 @@ Every state of a connection has a timer and a bound (:class:`ServerLimits`):
   then frees its upstream connection);
 * over ``max_connections`` open connections: 503 at once and closed after the linger.
 
-A request refused before the app sees it (:class:`gateway.h1.request.RequestRefused`, a header
+A request refused before the app sees it (:class:`gateway.h1.framing.RequestRefused`, a header
 timeout, the connection cap) is answered with the OpenAI error JSON and told to the
 ``on_refused`` hook (:data:`gateway.h1.refusal.RefusalHook`).
 """
@@ -36,7 +36,7 @@ import asyncio
 import email.utils
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote
@@ -49,13 +49,13 @@ from gateway.h1.asgi_io import (
     WRITE_NOW_EXTENSION,
     Message,
 )
+from gateway.h1.framing import MAX_REQUEST_HEAD_BYTES, RequestHead, RequestReader, RequestRefused
 from gateway.h1.refusal import (
     Refusal,
     RefusalHook,
     connection_cap_refusal,
     header_timeout_refusal,
 )
-from gateway.h1.request import MAX_HEAD_BYTES, RequestHead, RequestReader, RequestRefused
 from gateway.h1.tls_scope import tls_extension
 
 __all__ = ["ServerContext", "ServerLimits", "ServerProtocol"]
@@ -124,7 +124,7 @@ class ServerLimits:
     send_timeout_s: float = 30.0
     linger_s: float = 2.0
     max_connections: int = 4096
-    max_head_bytes: int = MAX_HEAD_BYTES
+    max_head_bytes: int = MAX_REQUEST_HEAD_BYTES
 
 
 @dataclass(slots=True)
@@ -137,6 +137,8 @@ class ServerContext:
         body_limit: ``limits.max_body_bytes`` in force now (a live reload may change it).
         on_refused: Told of each request or connection refused before the app saw it.
         state: The lifespan state (``scope["state"]``: a shallow copy per request).
+        routes: Request paths served by their own ASGI callable instead of ``app`` (exact
+            match on ``scope["path"]``); the app still runs the lifespan.
         connections: The open connections (drain and shutdown walk it).
     """
 
@@ -145,6 +147,7 @@ class ServerContext:
     body_limit: Callable[[], int] = lambda: 16 * 1024 * 1024
     on_refused: RefusalHook | None = None
     state: dict[str, Any] = field(default_factory=dict)
+    routes: Mapping[str, Any] = field(default_factory=dict)
     connections: set[ServerProtocol] = field(default_factory=set)
     date: _DateHeader = field(default_factory=_DateHeader)
 
@@ -434,7 +437,8 @@ class ServerProtocol(asyncio.Protocol):
             await self._send(cycle, message)
 
         try:
-            await self.ctx.app(cycle.scope, receive, send)
+            scope = cycle.scope
+            await self.ctx.routes.get(scope["path"], self.ctx.app)(scope, receive, send)
         except BaseException as exc:
             if not cycle.disconnected:
                 _log.error("Exception in ASGI application", exc_info=exc)
