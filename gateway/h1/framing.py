@@ -80,6 +80,13 @@ PLAIN_SIZE_LINE = re.compile(rb"([0-9A-Fa-f]{1,15})\r\n")
 """A chunk size line without extension (the usual one): the size in hex, then CRLF."""
 _DIGITS = re.compile(rb"[0-9]{1,18}")
 _BAD_VALUE = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
+# One field line, as text decoded as latin-1 (byte for byte): a token name, ":", the value
+# without surrounding SP/HTAB (no control characters but HTAB), CRLF. The same rules as
+# _TOKEN and _BAD_VALUE line by line.
+_FIELD_NAME = "[!#$%&'*+\\-.^_`|~0-9A-Za-z]+"
+_FIELD_VALUE = "(?:[\t\x20-\x7e\x80-\xff]*[\x21-\x7e\x80-\xff])?"
+_FIELD_SECTION = re.compile(f"(?:{_FIELD_NAME}:[ \t]*{_FIELD_VALUE}[ \t]*\r\n)*\r\n")
+_FIELD = re.compile(f"({_FIELD_NAME}):[ \t]*({_FIELD_VALUE})[ \t]*\r\n")
 
 
 class ProtocolError(Exception):
@@ -120,10 +127,32 @@ def parse_head(raw: bytes) -> Head:
         ProtocolError: Malformed status line or field line, obs-fold, an invalid or
             conflicting ``Content-Length``, or a transfer coding other than ``chunked``.
     """
-    lines = raw.split(b"\r\n")
-    match = _STATUS_LINE.fullmatch(lines[0])
+    eol = raw.find(b"\r\n")
+    if eol < 0:
+        eol = len(raw)  # no line end: the status line is checked, then the end is missing
+    match = _STATUS_LINE.fullmatch(raw, 0, eol)
     if match is None:
-        raise ProtocolError(f"malformed status line {lines[0][:80]!r}")
+        raise ProtocolError(f"malformed status line {raw[:eol][:80]!r}")
+    # The usual head, in two passes of the regex engine over the whole field section instead
+    # of several calls per line: every line a valid field line, then their names and values.
+    # Anything else takes the line-by-line path below, which names the bad line.
+    fields = raw[eol + 2 :].decode("latin-1")
+    if _FIELD_SECTION.fullmatch(fields) is not None:
+        headers: dict[str, str] = {}
+        for name, text in _FIELD.findall(fields):
+            key = name.lower()
+            headers[key] = f"{headers[key]}, {text}" if key in headers else text
+    else:
+        headers = _field_lines(raw.split(b"\r\n"))
+    return _head(match, headers)
+
+
+def _field_lines(lines: list[bytes]) -> dict[str, str]:
+    """The fields of a head's lines (status line first), one line at a time.
+
+    Raises:
+        ProtocolError: The first malformed field line, or no final empty line.
+    """
     headers: dict[str, str] = {}
     for line in lines[1:-2]:
         name, sep, value = line.partition(b":")
@@ -137,10 +166,19 @@ def parse_head(raw: bytes) -> Head:
         headers[key] = f"{headers[key]}, {text}" if key in headers else text
     if lines[-2:] != [b"", b""]:
         raise ProtocolError("header section not terminated by an empty line")
-    version = "1." + match.group(1).decode()
+    return headers
+
+
+def _head(match: re.Match[bytes], headers: dict[str, str]) -> Head:
+    """The :class:`Head` of a parsed status line and fields (framing checks included)."""
+    version = "1.1" if match.group(1) == b"1" else "1.0"
     status = int(match.group(2))
-    connection = {t.strip().lower() for t in headers.get("connection", "").split(",")}
-    keep_alive = "close" not in connection if version == "1.1" else "keep-alive" in connection
+    tokens = headers.get("connection")
+    if tokens is None:
+        keep_alive = version == "1.1"
+    else:
+        connection = {t.strip().lower() for t in tokens.split(",")}
+        keep_alive = "close" not in connection if version == "1.1" else "keep-alive" in connection
     chunked = False
     length: int | None = None
     coding = headers.get("transfer-encoding")
@@ -152,19 +190,22 @@ def parse_head(raw: bytes) -> Head:
         if "content-length" in headers or version == "1.0":
             keep_alive = False  # RFC 9112 6.3, 6.1: chunked wins, then the connection is closed
     elif "content-length" in headers:
-        values = {v.strip() for v in headers["content-length"].split(",")}
-        if len(values) != 1:
-            raise ProtocolError("conflicting Content-Length values")
-        only = values.pop().encode()
+        declared = headers["content-length"]
+        if "," not in declared:
+            only = declared.strip().encode()
+        else:
+            values = {v.strip() for v in declared.split(",")}
+            if len(values) != 1:
+                raise ProtocolError("conflicting Content-Length values")
+            only = values.pop().encode()
         if _DIGITS.fullmatch(only) is None:
             raise ProtocolError(f"invalid Content-Length {only[:40]!r}")
         length = int(only)
-    head = Head(status, version, headers, length, chunked, keep_alive)
-    if head.bodyless:
-        head.chunked, head.content_length = False, 0
+    if status < 200 or status in (204, 304):  # Head.bodyless
+        chunked, length = False, 0
     elif not chunked and length is None:
-        head.keep_alive = False  # delimited by the close of the connection
-    return head
+        keep_alive = False  # delimited by the close of the connection
+    return Head(status, version, headers, length, chunked, keep_alive)
 
 
 class LengthDecoder:

@@ -205,6 +205,8 @@ class ServerProtocol(asyncio.Protocol):
         self.scheme = "http"
         self._tls: dict[str, Any] | None = None
         self._timer: asyncio.TimerHandle | None = None
+        self._deadline = 0.0  # loop time at which _on_deadline is due
+        self._on_deadline: Callable[[], None] | None = None
         self._send_timer: asyncio.TimerHandle | None = None
         self._head_timed = False  # the header timer runs for a started head
         self._served = False  # a request was served on this connection (keep-alive timer)
@@ -288,17 +290,42 @@ class ServerProtocol(asyncio.Protocol):
     # --- timers -----------------------------------------------------------------------------
 
     def _arm(self, delay_s: float, callback: Callable[[], None]) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-        self._timer = self.loop.call_later(delay_s, callback)
+        """Call ``callback`` in ``delay_s`` seconds unless re-armed or disarmed before.
+
+        The connection's one timer handle is kept across re-arming: a handle due no later
+        than the new deadline stays and, when it fires early, schedules itself again for the
+        rest (:meth:`_deadline_reached`). A kept-alive connection so re-arms its header and
+        idle timers per request without creating or cancelling a timer handle each time.
+        """
+        when = self.loop.time() + delay_s
+        self._deadline = when
+        self._on_deadline = callback
+        timer = self._timer
+        if timer is not None:
+            if timer.when() <= when:
+                return  # it fires first, then waits for the rest
+            timer.cancel()
+        self._timer = self.loop.call_at(when, self._deadline_reached)
 
     def _disarm(self) -> None:
+        self._on_deadline = None  # the handle, if any, fires and finds nothing to do
+
+    def _deadline_reached(self) -> None:
+        self._timer = None
+        callback = self._on_deadline
+        if callback is None:
+            return
+        if self._deadline > self.loop.time():  # re-armed for later since it was scheduled
+            self._timer = self.loop.call_at(self._deadline, self._deadline_reached)
+            return
+        self._on_deadline = None
+        callback()
+
+    def _cancel_timers(self) -> None:
+        self._on_deadline = None
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-
-    def _cancel_timers(self) -> None:
-        self._disarm()
         if self._send_timer is not None:
             self._send_timer.cancel()
             self._send_timer = None
@@ -637,7 +664,7 @@ class ServerProtocol(asyncio.Protocol):
             transport.resume_reading()
         if transport.can_write_eof():
             transport.write_eof()
-            self._timer = self.loop.call_later(self.limits.linger_s, transport.abort)
+            self._arm(self.limits.linger_s, transport.abort)
         else:
             transport.close()
 
