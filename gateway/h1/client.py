@@ -577,6 +577,7 @@ class H1Connection(asyncio.Protocol):
         self._exc: BaseException | None = None
         self.body_done = False
         self.garbage = False
+        self._poller: select.poll | None = None  # the socket, registered once (usable)
         self._lost: asyncio.Future[None] | None = None
 
     # asyncio.Protocol ---------------------------------------------------------------------
@@ -798,11 +799,13 @@ class H1Connection(asyncio.Protocol):
         transport = self.transport
         if self.closed or transport is None or transport.is_closing():
             return False
-        sock = transport.get_extra_info("socket")
-        if sock is None:
-            return True
-        poller = select.poll()
-        poller.register(sock.fileno(), select.POLLIN | select.POLLPRI)
+        poller = self._poller
+        if poller is None:
+            sock = transport.get_extra_info("socket")
+            if sock is None:
+                return True
+            poller = self._poller = select.poll()  # kept: the socket's lifetime is ours
+            poller.register(sock.fileno(), select.POLLIN | select.POLLPRI)
         if poller.poll(0):
             self.garbage = True
             return False

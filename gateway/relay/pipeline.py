@@ -444,7 +444,18 @@ async def _forward_stage(f: Flight) -> None:
                         f.head.forwarded, f.out, f.record, watch, f.t0, f.hint, f.masker)
     if f.lane is not None:
         f.lane.go()  # forward counts the request in flight from here
-    await _forward_watched(exchange, f.first)
+    # Forward while watching for a client disconnect (which cancels the upstream request).
+    watch.start()
+    try:
+        await forward(exchange, f.first)
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if not watch.fired or task is None:
+            raise
+        task.uncancel()
+        exchange.record.ended("client_disconnect")
+    finally:
+        watch.finish()
     if f.response_scan is not None:
         await f.response_scan.finish(f.record)  # after the last byte: no cost to TTFT
     if f.masker is not None:
@@ -575,17 +586,3 @@ def _route(
     return decision
 
 
-async def _forward_watched(exchange: Exchange, first: Replica) -> None:
-    """Forward while watching for a client disconnect (which cancels the upstream request)."""
-    watch = exchange.watch
-    watch.start()
-    try:
-        await forward(exchange, first)
-    except asyncio.CancelledError:
-        task = asyncio.current_task()
-        if not watch.fired or task is None:
-            raise
-        task.uncancel()
-        exchange.record.ended("client_disconnect")
-    finally:
-        watch.finish()
