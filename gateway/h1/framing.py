@@ -475,7 +475,8 @@ def parse_request_head(raw: bytes) -> RequestHead:
     Raises:
         RequestRefused: Malformed, ambiguous or unsupported (see the module docstring).
     """
-    if b"\r" in raw.replace(b"\r\n", b"") or b"\n" in raw.replace(b"\r\n", b""):
+    pairs = raw.count(b"\r\n")  # every CR and every LF in a CRLF pair: counted, not copied
+    if raw.count(b"\r") != pairs or raw.count(b"\n") != pairs:
         raise _bad("a line not ended by CRLF")
     lines = raw.split(b"\r\n")
     problem = framing_problem(lines[0], lines[1:])
