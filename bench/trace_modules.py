@@ -54,7 +54,7 @@ if str(ROOT) not in sys.path:
 
 import uvicorn  # noqa: E402
 
-from gateway.app import create_app  # noqa: E402
+from gateway.app import create_app, direct_routes  # noqa: E402
 from gateway.assembly import assemble  # noqa: E402
 from gateway.audit import Signer, generate_key_file, write_key_pair  # noqa: E402
 from gateway.config.loader import parse  # noqa: E402
@@ -224,7 +224,8 @@ async def trace_one_request(app: Any, settings: Any, on_refused: Any) -> tuple[T
     max_body = settings.limits.max_body_bytes
     server = GatewayServer(ServerConfig(app, host="127.0.0.1", port=0,
                                         limits=server_limits(settings.limits),
-                                        body_limit=lambda: max_body, on_refused=on_refused))
+                                        body_limit=lambda: max_body, on_refused=on_refused,
+                                        routes=direct_routes()))
     await server.startup()
     if not server.started:
         raise RuntimeError(f"the gateway did not start: {server.failure}")

@@ -9,7 +9,7 @@ keyed ``/v1/models`` endpoints (:mod:`gateway.models_api`), which are observed (
 relay requests. Everything else (``/healthz``, ``/readyz``, unknown paths) is ordinary FastAPI.
 Before any of them, a request with ambiguous framing (``Content-Length`` with
 ``Transfer-Encoding``, repeated framing headers) is refused with 400 ``invalid_framing`` and
-``Connection: close`` (second layer behind the parser check of :mod:`gateway.h1.request`;
+``Connection: close`` (second layer behind the parser check of :mod:`gateway.h1.framing`;
 :func:`gateway.h1.asgi_io.scope_framing_problem`).
 
 Everything the app needs is passed to the constructor: the settings and the assembled
@@ -68,7 +68,7 @@ from policy import denied_address_socket_factory
 if TYPE_CHECKING:
     from gateway.serving.reload import Reloader
 
-__all__ = ["create_app"]
+__all__ = ["create_app", "direct_routes"]
 
 _log = logging.getLogger(__name__)
 
@@ -83,23 +83,19 @@ class _GatewayApp(FastAPI):
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http":
+            path = scope["path"]
+            if path in relay.RELAY_PATHS:
+                await relay.serve(scope, receive, send)  # its own framing and path checks
+                return
             problem = scope_framing_problem(scope["headers"])
             if problem is not None:
-                # Second layer behind gateway.h1.request's parser check (any ASGI server):
+                # Second layer behind gateway.h1.framing's parser check (any ASGI server):
                 # answer and let the server close, so a smuggled request is never read.
                 for message in framing_refusal(problem):
                     await send(message)
                 return
-            path = scope["path"]
             if escaped_api_path(scope):
                 await _send_error(send, PathNotFound("Not Found"))
-                return
-            if path in relay.RELAY_PATHS:
-                try:  # gateway_state's lookup, without a call per request
-                    state = scope["state"][STATE_KEY].current
-                except (KeyError, TypeError, AttributeError):
-                    state = gateway_state(scope)  # raises the explanation
-                await relay.handle(state, scope, receive, send)
                 return
             if is_models_path(path):
                 await models_api.handle(gateway_state(scope), scope, receive, send, self.created)
@@ -116,6 +112,18 @@ class _GatewayApp(FastAPI):
         elif scope["type"] == "lifespan":
             send = _startup_failure_in_one_line(send)
         await super().__call__(scope, receive, send)
+
+
+def direct_routes() -> dict[str, Any]:
+    """The paths the gateway's own server hands straight to their handler, skipping the app's
+    dispatch: each relay path to :func:`gateway.relay.pipeline.serve` (which makes the app's
+    framing and path checks itself). Give it to ``ServerConfig.routes``; the app still serves
+    every other path and runs the lifespan, and serves these paths too under another server.
+
+    Returns:
+        Request path -> ASGI callable.
+    """
+    return dict.fromkeys(relay.RELAY_PATHS, relay.serve)
 
 
 async def _send_error(send: Any, exc: GatewayError) -> None:

@@ -279,7 +279,7 @@ class Pool:
         for r in pool:
             if r in exclude:
                 continue
-            if not r.available(now):
+            if not (r.probe_ok and now >= r.ejected_until):  # Replica.available, inline
                 if fallback is None or r.ejected_until < fallback.ejected_until:
                     fallback = r
                 continue

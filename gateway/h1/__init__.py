@@ -1,21 +1,25 @@
-"""The relay's own HTTP/1.1 client for the upstream exchange (framing, connection, pool).
+"""The gateway's own HTTP/1.1: the client-facing server and the relay's upstream client.
 
-:mod:`gateway.h1.framing` parses response heads and decodes bodies (no I/O),
-:mod:`gateway.h1.connection` is the asyncio protocol of one connection, and
-:mod:`gateway.h1.client` the bounded keep-alive pool that dials through the upstream
-connector (the egress policy's checks) and hands responses to :mod:`gateway.relay.forward`.
+:mod:`gateway.h1.framing` is the strict framing core without I/O, both ways (request heads and
+bodies for the server, response heads and bodies for the client); :mod:`gateway.h1.server` the
+server's connection protocol and :mod:`gateway.h1.asgi_io` the app side of its ASGI messages;
+:mod:`gateway.h1.client` the asyncio protocol of one upstream connection and the bounded
+keep-alive pool that dials through the upstream connector (the egress policy's checks) and
+hands responses to :mod:`gateway.relay.forward`. This package exports the client's API.
 """
 
 from gateway.h1.client import (
     AttemptObserver,
     ConnectFailed,
+    ConnectionClosed,
     ConnectTimedOut,
     Dialer,
+    H1Connection,
+    IncompleteBody,
     RelayClient,
     Response,
     resolver_dialer,
 )
-from gateway.h1.connection import ConnectionClosed, H1Connection, IncompleteBody
 from gateway.h1.framing import ProtocolError
 
 __all__ = [

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any, Protocol
 
 from gateway.errors import GatewayError, PayloadTooLarge, RequestTimeout, error_body
-from gateway.relay.sse import MAX_EVENT_BYTES
+from gateway.relay.rewrite import MAX_EVENT_BYTES
 
 __all__ = [
     "BODY_CHUNK_EXTENSION",
@@ -103,8 +103,8 @@ class Stamped(Protocol):
 MAX_HELD_AFTER_END = MAX_EVENT_BYTES + 64 * 1024
 """Most body bytes (in bytes) a held SSE stream may bring after the piece holding its end line:
 the rest of the end event (a Responses API ``response.completed`` event carries the whole
-answer: up to :data:`gateway.relay.sse.MAX_EVENT_BYTES`, the longest event the relay inspects) and
-64 KiB, not a second stream."""
+answer: up to :data:`gateway.relay.rewrite.MAX_EVENT_BYTES`, the longest event the relay
+inspects) and 64 KiB, not a second stream."""
 
 
 def _loop_clock(loop: asyncio.AbstractEventLoop) -> Callable[[], float]:
@@ -267,7 +267,7 @@ class Responder:
             # chat stream has no event lines, and its events are not searched for one.
             named = self._named = probe.find(_EVENT) >= 0
         # The substring tests first: a fifth of the regex's cost on the usual chat event (find,
-        # not ``in``: see gateway.relay.sse's feed).
+        # not ``in``: see gateway.relay.rewrite's feed).
         return ((probe.find(_DONE) >= 0 or (named is True and probe.find(_EVENT) >= 0))
                 and _END_LINE.search(probe) is not None)
 
@@ -306,7 +306,7 @@ class Responder:
     def sink(
         self, feed: Callable[[bytes], bytes], stamp: Stamped | None = None
     ) -> Callable[[bytes], bool] | None:
-        """A synchronous writer of a streamed SSE body (:data:`gateway.h1.connection.Sink`).
+        """A synchronous writer of a streamed SSE body (:data:`gateway.h1.client.Sink`).
 
         The returned ``take(piece) -> more`` runs ``feed(piece)`` (the relay's SSE scanner:
         upstream bytes in, client bytes out), sets ``stamp.last`` to the event loop's clock,

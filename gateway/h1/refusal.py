@@ -2,7 +2,7 @@
 
 :class:`gateway.h1.server.ServerProtocol` refuses a request or connection without handing it to
 the application when its head is malformed or breaks the framing rules
-(:class:`gateway.h1.request.RequestRefused`), its head or chunked body is over its limit, its
+(:class:`gateway.h1.framing.RequestRefused`), its head or chunked body is over its limit, its
 head is not complete within the header timeout, or the connection cap is reached. This module
 holds what is answered (:class:`Refusal`: the status, the OpenAI error JSON, the error code);
 the server writes it, shuts its write side and closes the connection after a bounded linger,

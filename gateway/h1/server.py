@@ -1,8 +1,8 @@
 """The client-facing HTTP/1.1 server protocol: requests in, ASGI to the app, responses out.
 
-The twin of the upstream client (:mod:`gateway.h1.connection`): one :class:`ServerProtocol` per
+The twin of the upstream client (:mod:`gateway.h1.client`): one :class:`ServerProtocol` per
 client connection, on asyncio's public ``Protocol`` API, reading requests with the strict
-sans-IO :class:`gateway.h1.request.RequestReader` and writing responses itself (RFC 9112 §6,
+sans-IO :class:`gateway.h1.framing.RequestReader` and writing responses itself (RFC 9112 §6,
 §7.1). It speaks ASGI 3 to the app (HTTP spec 2.3, https://asgi.readthedocs.io/en/latest/specs/
 www.html), with the gateway's fast paths as its own methods, offered as scope extensions
 (:mod:`gateway.h1.asgi_io`: whole body, write now, chunk writer, body chunk, disconnect watch) and
@@ -25,7 +25,7 @@ Every state of a connection has a timer and a bound (:class:`ServerLimits`):
   then frees its upstream connection);
 * over ``max_connections`` open connections: 503 at once and closed after the linger.
 
-A request refused before the app sees it (:class:`gateway.h1.request.RequestRefused`, a header
+A request refused before the app sees it (:class:`gateway.h1.framing.RequestRefused`, a header
 timeout, the connection cap) is answered with the OpenAI error JSON and told to the
 ``on_refused`` hook (:data:`gateway.h1.refusal.RefusalHook`).
 """
@@ -36,7 +36,7 @@ import asyncio
 import email.utils
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote
@@ -49,13 +49,13 @@ from gateway.h1.asgi_io import (
     WRITE_NOW_EXTENSION,
     Message,
 )
+from gateway.h1.framing import MAX_REQUEST_HEAD_BYTES, RequestHead, RequestReader, RequestRefused
 from gateway.h1.refusal import (
     Refusal,
     RefusalHook,
     connection_cap_refusal,
     header_timeout_refusal,
 )
-from gateway.h1.request import MAX_HEAD_BYTES, RequestHead, RequestReader, RequestRefused
 from gateway.h1.tls_scope import tls_extension
 
 __all__ = ["ServerContext", "ServerLimits", "ServerProtocol"]
@@ -124,7 +124,7 @@ class ServerLimits:
     send_timeout_s: float = 30.0
     linger_s: float = 2.0
     max_connections: int = 4096
-    max_head_bytes: int = MAX_HEAD_BYTES
+    max_head_bytes: int = MAX_REQUEST_HEAD_BYTES
 
 
 @dataclass(slots=True)
@@ -137,6 +137,8 @@ class ServerContext:
         body_limit: ``limits.max_body_bytes`` in force now (a live reload may change it).
         on_refused: Told of each request or connection refused before the app saw it.
         state: The lifespan state (``scope["state"]``: a shallow copy per request).
+        routes: Request paths served by their own ASGI callable instead of ``app`` (exact
+            match on ``scope["path"]``); the app still runs the lifespan.
         connections: The open connections (drain and shutdown walk it).
     """
 
@@ -145,6 +147,7 @@ class ServerContext:
     body_limit: Callable[[], int] = lambda: 16 * 1024 * 1024
     on_refused: RefusalHook | None = None
     state: dict[str, Any] = field(default_factory=dict)
+    routes: Mapping[str, Any] = field(default_factory=dict)
     connections: set[ServerProtocol] = field(default_factory=set)
     date: _DateHeader = field(default_factory=_DateHeader)
 
@@ -202,6 +205,8 @@ class ServerProtocol(asyncio.Protocol):
         self.scheme = "http"
         self._tls: dict[str, Any] | None = None
         self._timer: asyncio.TimerHandle | None = None
+        self._deadline = 0.0  # loop time at which _on_deadline is due
+        self._on_deadline: Callable[[], None] | None = None
         self._send_timer: asyncio.TimerHandle | None = None
         self._head_timed = False  # the header timer runs for a started head
         self._served = False  # a request was served on this connection (keep-alive timer)
@@ -285,17 +290,42 @@ class ServerProtocol(asyncio.Protocol):
     # --- timers -----------------------------------------------------------------------------
 
     def _arm(self, delay_s: float, callback: Callable[[], None]) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-        self._timer = self.loop.call_later(delay_s, callback)
+        """Call ``callback`` in ``delay_s`` seconds unless re-armed or disarmed before.
+
+        The connection's one timer handle is kept across re-arming: a handle due no later
+        than the new deadline stays and, when it fires early, schedules itself again for the
+        rest (:meth:`_deadline_reached`). A kept-alive connection so re-arms its header and
+        idle timers per request without creating or cancelling a timer handle each time.
+        """
+        when = self.loop.time() + delay_s
+        self._deadline = when
+        self._on_deadline = callback
+        timer = self._timer
+        if timer is not None:
+            if timer.when() <= when:
+                return  # it fires first, then waits for the rest
+            timer.cancel()
+        self._timer = self.loop.call_at(when, self._deadline_reached)
 
     def _disarm(self) -> None:
+        self._on_deadline = None  # the handle, if any, fires and finds nothing to do
+
+    def _deadline_reached(self) -> None:
+        self._timer = None
+        callback = self._on_deadline
+        if callback is None:
+            return
+        if self._deadline > self.loop.time():  # re-armed for later since it was scheduled
+            self._timer = self.loop.call_at(self._deadline, self._deadline_reached)
+            return
+        self._on_deadline = None
+        callback()
+
+    def _cancel_timers(self) -> None:
+        self._on_deadline = None
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-
-    def _cancel_timers(self) -> None:
-        self._disarm()
         if self._send_timer is not None:
             self._send_timer.cancel()
             self._send_timer = None
@@ -434,7 +464,8 @@ class ServerProtocol(asyncio.Protocol):
             await self._send(cycle, message)
 
         try:
-            await self.ctx.app(cycle.scope, receive, send)
+            scope = cycle.scope
+            await self.ctx.routes.get(scope["path"], self.ctx.app)(scope, receive, send)
         except BaseException as exc:
             if not cycle.disconnected:
                 _log.error("Exception in ASGI application", exc_info=exc)
@@ -633,7 +664,7 @@ class ServerProtocol(asyncio.Protocol):
             transport.resume_reading()
         if transport.can_write_eof():
             transport.write_eof()
-            self._timer = self.loop.call_later(self.limits.linger_s, transport.abort)
+            self._arm(self.limits.linger_s, transport.abort)
         else:
             transport.close()
 

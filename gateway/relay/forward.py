@@ -45,7 +45,7 @@ from gateway.pii.response import ResponseMasker
 from gateway.relay.exchange import Exchange
 from gateway.relay.records import RequestRecord
 from gateway.relay.retry_after import parse_retry_after, relayed_retry_after
-from gateway.relay.sse import SSEUsageScanner, Usage, usage_from_body, usage_from_body_end
+from gateway.relay.rewrite import SSEUsageScanner, Usage, usage_from_body, usage_from_body_end
 from gateway.relay.upstream import USER_AGENT, map_exception
 from gateway.routing import Replica
 from policy import REDIRECT_STATUSES, EgressDenied, redirect_refused
@@ -405,7 +405,7 @@ def _sink_reader(
 ) -> Callable[[], Awaitable[bytes]]:
     """The SSE relay's ``read``: with a synchronous writer to the client, each upstream piece
     is scanned and written from the upstream connection's callback (no task wake-up per
-    event, :meth:`gateway.h1.connection.H1Connection.read_into`); the call returns only the
+    event, :meth:`gateway.h1.client.H1Connection.read_into`); the call returns only the
     bytes that arrived while the client's socket was full (after sending what was held back
     for it), or ``b""`` at the end. Otherwise plain ``resp.read``."""
     take = out.sink(feed, idle)

@@ -38,6 +38,7 @@ from gateway.errors import (
     ServiceUnavailable,
     UpstreamError,
     UpstreamTimeout,
+    error_body,
     sse_error_event,
 )
 from gateway.h1.asgi_io import (
@@ -53,14 +54,16 @@ from gateway.h1.asgi_io import (
     Scope,
     Send,
     escaped_api_path,
+    framing_refusal,
     read_body,
+    scope_framing_problem,
 )
 from gateway.relay.forward import Exchange, forward
 from gateway.relay.records import ContentTap, Headers, Outcome, RequestRecord
 from gateway.relay.rewrite import parse_body
 from gateway.routing import Pool, Replica, RouteDecision
 from gateway.serving.drain import ShuttingDown
-from gateway.state import GatewayState
+from gateway.state import STATE_KEY, GatewayState, gateway_state
 
 if TYPE_CHECKING:
     from gateway.fleet.scoring import RouteHint
@@ -69,7 +72,7 @@ if TYPE_CHECKING:
     from gateway.pii.response import ResponseMasker
     from gateway.relay.rewrite import ParsedBody
 
-__all__ = ["RELAY_PATHS", "STAGES", "Flight", "Stage", "handle"]
+__all__ = ["RELAY_PATHS", "STAGES", "Flight", "Stage", "handle", "serve"]
 
 _log = logging.getLogger(__name__)
 
@@ -102,6 +105,39 @@ def _outcome_for(exc: GatewayError) -> Outcome:
     if exc.status < 500:
         return "invalid"
     return "gateway_error"
+
+
+async def serve(scope: Scope, receive: Receive, send: Send) -> None:
+    """The relay's ASGI entry for one HTTP request on a path of :data:`RELAY_PATHS`.
+
+    The app (:func:`gateway.app.create_app`) calls it for those paths, and the gateway's own
+    server calls it directly (``ServerConfig.routes``, :func:`gateway.app.direct_routes`):
+    the same checks either way. A request with ambiguous framing is refused with 400
+    ``invalid_framing`` and ``Connection: close`` (second layer behind the parser check of
+    :mod:`gateway.h1.framing`, for any ASGI server); an escaped path (``%2F`` ...) with 404
+    (the one rule for every ``/v1/`` path, :func:`gateway.h1.asgi_io.escaped_api_path`).
+    The gateway state is read from the lifespan state in the scope.
+
+    Raises:
+        RuntimeError: The scope has no gateway state (the app's lifespan did not run).
+    """
+    problem = scope_framing_problem(scope["headers"])
+    if problem is not None:
+        for message in framing_refusal(problem):
+            await send(message)
+        return
+    if escaped_api_path(scope):
+        body = error_body(PathNotFound("Not Found"))
+        await send({"type": "http.response.start", "status": 404,
+                    "headers": [(b"content-type", b"application/json"),
+                                (b"content-length", b"%d" % len(body))]})
+        await send({"type": "http.response.body", "body": body})
+        return
+    try:  # gateway_state's lookup, without a call per request
+        state = scope["state"][STATE_KEY].current
+    except (KeyError, TypeError, AttributeError):
+        state = gateway_state(scope)  # raises the explanation
+    await handle(state, scope, receive, send)
 
 
 async def handle(state: GatewayState, scope: Scope, receive: Receive, send: Send) -> None:
@@ -408,7 +444,18 @@ async def _forward_stage(f: Flight) -> None:
                         f.head.forwarded, f.out, f.record, watch, f.t0, f.hint, f.masker)
     if f.lane is not None:
         f.lane.go()  # forward counts the request in flight from here
-    await _forward_watched(exchange, f.first)
+    # Forward while watching for a client disconnect (which cancels the upstream request).
+    watch.start()
+    try:
+        await forward(exchange, f.first)
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if not watch.fired or task is None:
+            raise
+        task.uncancel()
+        exchange.record.ended("client_disconnect")
+    finally:
+        watch.finish()
     if f.response_scan is not None:
         await f.response_scan.finish(f.record)  # after the last byte: no cost to TTFT
     if f.masker is not None:
@@ -539,17 +586,3 @@ def _route(
     return decision
 
 
-async def _forward_watched(exchange: Exchange, first: Replica) -> None:
-    """Forward while watching for a client disconnect (which cancels the upstream request)."""
-    watch = exchange.watch
-    watch.start()
-    try:
-        await forward(exchange, first)
-    except asyncio.CancelledError:
-        task = asyncio.current_task()
-        if not watch.fired or task is None:
-            raise
-        task.uncancel()
-        exchange.record.ended("client_disconnect")
-    finally:
-        watch.finish()

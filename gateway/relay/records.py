@@ -125,7 +125,8 @@ class RequestRecord:
         usage_estimated: ``output_tokens`` is the gateway's estimate, not the backend's usage:
             a stream ended without a usage event (client disconnect, broken or timed-out
             upstream) after relaying content; counted as one token per relayed SSE data event
-            (see :class:`gateway.relay.sse.SSEUsageScanner`). ``input_tokens`` stays ``None`` then.
+            (see :class:`gateway.relay.rewrite.SSEUsageScanner`). ``input_tokens`` stays
+            ``None`` then.
         latency_ms: Total time in the gateway, milliseconds.
         ttft_ms: Time to the first response byte from the backend, milliseconds.
         bytes_in: Request body bytes received from the client.

@@ -141,7 +141,7 @@ def run(
             or any other section or TLS file invalid (see :func:`gateway.assembly.assemble`).
     """
     # Imported here so that `gateway keys` / `check-config` start fast.
-    from gateway.app import create_app
+    from gateway.app import create_app, direct_routes
     from gateway.assembly import assemble
     from gateway.egress import start_egress
     from gateway.identity.build import client_cert_context
@@ -211,6 +211,7 @@ def run(
             ssl_certfile=settings.listen.tls_cert_file,
             ssl_keyfile=settings.listen.tls_key_file,
             ssl_context=client_cert_context(settings),  # gateway.identity: mTLS workloads
+            routes=direct_routes(),
         ),
         drain,
         reloader,

@@ -29,7 +29,7 @@ import signal
 import socket
 import ssl
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -101,6 +101,8 @@ class ServerConfig:
         timeout_graceful_shutdown: Seconds a stop waits for requests in progress before it
             cancels them.
         lifespan: Run the app's lifespan.
+        routes: Request paths served by their own ASGI callable instead of ``app`` (exact
+            match on the decoded path; :func:`gateway.app.direct_routes`).
     """
 
     app: Any
@@ -114,6 +116,7 @@ class ServerConfig:
     ssl_context: ssl.SSLContext | None = None
     timeout_graceful_shutdown: float = 10.0
     lifespan: bool = True
+    routes: Mapping[str, Any] = field(default_factory=dict)
 
     def tls(self) -> ssl.SSLContext | None:
         """The TLS context connections are served through, ``None`` for plain HTTP."""
@@ -164,7 +167,7 @@ class GatewayServer:
         self.failure: str | None = None
         self.stopped_by: int | None = None
         self.context = ServerContext(config.app, config.limits, config.body_limit,
-                                     config.on_refused)
+                                     config.on_refused, routes=config.routes)
         self.servers: list[asyncio.Server] = []
         self._stop = asyncio.Event()
         self._lifespan: Lifespan | None = None

@@ -13,7 +13,7 @@ import threading
 import time
 from typing import Any
 
-from gateway.app import create_app
+from gateway.app import create_app, direct_routes
 from gateway.config.settings import GatewaySettings
 from gateway.h1.refusal import RefusalHook
 from gateway.serving.server import GatewayServer, ServerConfig, server_limits
@@ -27,6 +27,9 @@ class GuardedServer:
                  on_refused: RefusalHook | None = None, **options: Any) -> None:
         self.port = free_port()
         max_body = settings.limits.max_body_bytes
+        # The relay paths go straight to the relay, as with ``gateway serve``, unless the
+        # test serves its own app.
+        options.setdefault("routes", direct_routes() if app is None else {})
         config = ServerConfig(app or create_app(settings), host="127.0.0.1", port=self.port,
                               limits=server_limits(settings.limits),
                               body_limit=lambda: max_body, on_refused=on_refused, **options)

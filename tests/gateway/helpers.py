@@ -96,7 +96,7 @@ def start_gateway(serve_asgi: Callable[..., Any], s: GatewaySettings, **kwargs: 
 
 
 def sse_events(raw: bytes) -> list[Any]:
-    """Parse the data payloads of an SSE body (test-side, independent of gateway.relay.sse)."""
+    """Parse the data payloads of an SSE body (test-side, independent of gateway.relay.rewrite)."""
     out: list[Any] = []
     for block in raw.replace(b"\r\n", b"\n").split(b"\n\n"):
         for line in block.split(b"\n"):

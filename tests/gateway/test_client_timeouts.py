@@ -152,3 +152,21 @@ def test_many_idle_sockets_do_not_pile_up(gateway: Any) -> None:
     finally:
         for sock in socks:
             sock.close()
+
+
+def test_keep_alive_timeout_runs_from_the_answer_not_from_an_earlier_timer(gateway: Any) -> None:
+    # The connection's one timer handle is kept when re-armed for a later deadline: the
+    # header timer armed at connect (due at 1 s) fires first and must wait for the rest of
+    # the keep-alive timeout that the answer started, not close the connection early.
+    with connect(gateway.port) as sock:
+        time.sleep(0.6)  # the client's idle time before its request (the scenario, not a wait)
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: gw\r\n\r\n")
+        data = b""
+        while not data.endswith(b'{"status":"ok"}'):
+            chunk = sock.recv(65536)
+            assert chunk
+            data += chunk
+        t0 = time.monotonic()
+        rest, closed = read_until_closed(sock, timeout_s=5)
+    assert closed and rest == b""
+    assert 0.8 < time.monotonic() - t0 < 3.0

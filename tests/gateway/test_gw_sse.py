@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from gateway.relay.sse import SSEUsageScanner, Usage, usage_from_body
+from gateway.relay.rewrite import SSEUsageScanner, Usage, usage_from_body
 
 CHUNK = {"id": "c1", "object": "chat.completion.chunk", "choices": [{"index": 0,
          "delta": {"content": "naïve 日本語 🚀"}}]}

@@ -3,7 +3,7 @@
 In the spirit of h11's own tests against the standard library: Hypothesis generates request
 heads (valid and broken methods, targets, header lines), bodies (``Content-Length`` or chunked
 with random chunk sizes and extensions), split points and pipelined requests; the gateway's
-:class:`gateway.h1.request.RequestReader` and ``h11.Connection`` must agree on whether the
+:class:`gateway.h1.framing.RequestReader` and ``h11.Connection`` must agree on whether the
 bytes are refused and, when not, on every request (method, target, headers, body).
 
 Where the gateway is deliberately stricter the case is not compared but checked on its own
@@ -32,7 +32,7 @@ import h11
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.h1.request import RequestHead, RequestReader, RequestRefused
+from gateway.h1.framing import RequestHead, RequestReader, RequestRefused
 
 TOKEN = st.text(alphabet="!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCXYZ",
                 min_size=1, max_size=8)

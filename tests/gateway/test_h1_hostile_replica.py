@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from gateway.h1 import ProtocolError
-from gateway.h1.connection import HIGH_WATER, H1Connection
+from gateway.h1.client import HIGH_WATER, H1Connection
 from gateway.h1.framing import MAX_HEAD_BYTES
 from tests.gateway.helpers import KEY_A, settings, start_gateway
 from tests.gateway.test_h1_client import Backend, RawBackend, client, read_all, replies, run

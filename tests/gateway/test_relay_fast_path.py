@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 
 from gateway.h1.asgi_io import CHUNK_WRITER_EXTENSION, WRITE_NOW_EXTENSION
-from gateway.h1.connection import H1Connection
+from gateway.h1.client import H1Connection
 from gateway.h1.framing import ChunkedDecoder
-from gateway.relay.sse import SSEUsageScanner
+from gateway.relay.rewrite import SSEUsageScanner
 from tests.gateway.gateway_server import Servers, connect, read_until_closed
 from tests.gateway.helpers import Sim, settings
 from tests.gateway.test_h1_client import OK_CHUNKED, run

@@ -22,7 +22,7 @@ import pytest
 
 from gateway.app import create_app
 from gateway.h1.asgi_io import Message, Responder
-from gateway.h1.connection import H1Connection
+from gateway.h1.client import H1Connection
 from tests.gateway.gateway_server import Servers
 from tests.gateway.helpers import KEY_A, SERVED, Recorder, settings, sse_events, start_sim
 from tests.gateway.test_h1_client import OK_CHUNKED, Backend, client, run

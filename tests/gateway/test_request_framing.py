@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from gateway.app import create_app
-from gateway.h1.request import RequestHead, RequestReader, RequestRefused
+from gateway.h1.framing import RequestHead, RequestReader, RequestRefused
 from tests.conftest import free_port
 from tests.gateway.gateway_server import Servers, connect, read_until_closed, split_response
 from tests.gateway.helpers import KEY_A, Sim, config, settings

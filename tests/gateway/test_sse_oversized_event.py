@@ -4,7 +4,7 @@ The scanner holds the incomplete event at the end of what it saw (to find usage 
 complete, or to hold a usage-only event back). A replica that streams megabytes without a blank
 line made it hold all of them and copy and rescan them on every network chunk: 50 MB cost 90 s
 of CPU in the event loop, which serves every other request of the process (and in drop mode
-the client got none of it). An event longer than :data:`gateway.relay.sse.MAX_EVENT_BYTES` is no
+the client got none of it). An event longer than :data:`gateway.relay.rewrite.MAX_EVENT_BYTES` is no
 usage event: it is passed on and no longer held.
 """
 
@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from gateway.relay.sse import MAX_EVENT_BYTES, SSEUsageScanner, Usage
+from gateway.relay.rewrite import MAX_EVENT_BYTES, SSEUsageScanner, Usage
 
 PIECE = 64 * 1024
 USAGE = b'data: {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 4}}\n\n'

@@ -28,7 +28,7 @@ from gateway.audit import (
 from gateway.audit.observer import build
 from gateway.audit.records import parse_body
 from gateway.quotas.hook import QuotaHook
-from gateway.relay.sse import SAMPLE_BYTES, SSEUsageScanner
+from gateway.relay.rewrite import SAMPLE_BYTES, SSEUsageScanner
 from tests.gateway.helpers import KEY_A, Recorder, settings, start_sim
 
 MODEL = "llama-3.1-8b"
