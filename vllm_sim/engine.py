@@ -1,7 +1,7 @@
 """The simulator's engine model: continuous batching over a paged KV cache with prefix caching.
 
 Opt-in per app (``SimConfig.profile``). One :class:`Engine` per app runs a step loop on the
-event loop, like vLLM V1's scheduler:
+event loop, like vLLM V1's scheduler, over the KV cache of :mod:`vllm_sim.kv_cache`:
 
 * **Steps** (vLLM V1's ``Scheduler.schedule()``, ``vllm/v1/core/sched/scheduler.py``): each
   step has a budget of ``max_num_batched_tokens`` tokens. The running sequences are served
@@ -18,22 +18,19 @@ event loop, like vLLM V1's scheduler:
   blocks the ones behind it, as in vLLM. A step lasts ``PerfProfile.step_time_s(...) *
   time_scale`` seconds; a sequence whose prefill completes emits its first token at the end of
   that step, decoding sequences one token per step.
-* **Automatic prefix caching** (:class:`BlockCache`): the hash of full block *i* is
-  ``hash((hash of block i-1, tokens of block i))`` so a block's hash stands for its whole prefix.
-  At admission the longest cached prefix is reused, in whole blocks of at most ``prompt - 1``
-  tokens (the last token is always computed; vLLM V1's ``KVCacheManager.get_computed_blocks``);
-  its blocks are referenced, the rest allocated from free blocks or by evicting the least
-  recently used unreferenced cached block. The full blocks a prefill chunk computes are hashed
-  when the chunk is *scheduled* (``KVCacheManager.allocate_slots`` caches up to
-  ``num_computed_tokens + num_new_tokens``), so a request scheduled after it, even in the same
-  step, reuses them. When a request ends its full blocks stay cached (tail blocks are evicted
-  first); the blocks of the answer are cached under the hashes of the conversation as the next
-  turn's prompt will render it.
+* **Automatic prefix caching**, the scheduler's side (the blocks, their hashes and their
+  eviction are :class:`vllm_sim.kv_cache.BlockCache`): at admission the longest cached prefix
+  is reused, in whole blocks of at most ``prompt - 1`` tokens (the last token is always
+  computed; vLLM V1's ``KVCacheManager.get_computed_blocks``); its blocks are referenced, the
+  rest allocated. The full blocks a prefill chunk computes are hashed when the chunk is
+  *scheduled* (``KVCacheManager.allocate_slots`` caches up to ``num_computed_tokens +
+  num_new_tokens``), so a request scheduled after it, even in the same step, reuses them. When
+  a request ends its full blocks stay cached; the blocks of the answer are cached under the
+  hashes of the conversation as the next turn's prompt will render it.
 
 KV-cache events (vLLM's ``--kv-events-config``, :mod:`vllm_sim.kv_events`): the cache records
-a ``Stored`` event when a block gets a hash no cached block has (with its parent's hash and its
-token ids), a ``Removed`` event when an eviction or a reset drops one, and the engine publishes
-the step's events as one batch after each step, as vLLM's scheduler does.
+them (:mod:`vllm_sim.kv_cache`) and the engine publishes the step's events as one batch after
+each step, as vLLM's scheduler does.
 
 Metrics (vLLM's names): ``num_requests_waiting``/``running``, ``kv_cache_usage_perc`` (blocks
 referenced by running requests / all blocks), ``prefix_cache_queries``/``hits`` (prompt tokens
@@ -44,160 +41,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from vllm_sim.kv_events import Cleared, Removed, SimEvent, Stored
+from vllm_sim.kv_cache import BlockCache
+from vllm_sim.kv_events import SimEvent
 from vllm_sim.profiles import PerfProfile
 from vllm_sim.waiting import WaitingQueue
 
-__all__ = ["BlockCache", "Engine", "SeqHandle", "StepPlan", "block_hashes"]
-
-
-def block_hashes(tokens: Sequence[object], block_size: int) -> list[int]:
-    """Chained hashes of the full blocks of ``tokens`` (a partial tail block has none).
-
-    Returns:
-        ``len(tokens) // block_size`` hashes; hash *i* depends on every token before the end
-        of block *i* (vLLM's ``hash_block_tokens`` chaining, Python's ``hash`` instead of
-        SHA-256: hashes are only compared inside one process).
-    """
-    out: list[int] = []
-    parent = 0
-    for start in range(0, len(tokens) - block_size + 1, block_size):
-        parent = hash((parent, tuple(tokens[start : start + block_size])))
-        out.append(parent)
-    return out
-
-
-class BlockCache:
-    """A paged KV cache of ``num_blocks`` blocks with hash-addressed reuse and LRU eviction.
-
-    Blocks are counted, not stored: a referenced block is either *hashed* (a full block whose
-    hash is in ``_refs``) or *anonymous* (a partial or not yet computed block). Unreferenced
-    hashed blocks stay cached in ``_lru`` until a new allocation evicts them.
-    """
-
-    def __init__(self, num_blocks: int) -> None:
-        self.num_blocks = num_blocks
-        self._refs: dict[int, int] = {}  # hash -> references (> 0)
-        self._lru: OrderedDict[int, None] = OrderedDict()  # cached, unreferenced; LRU first
-        self._anon = 0  # referenced blocks without a hash
-        self.events: list[SimEvent] = []  # since the last publish
-
-    @property
-    def used(self) -> int:
-        """Blocks referenced by running requests."""
-        return len(self._refs) + self._anon
-
-    @property
-    def free(self) -> int:
-        """Blocks an allocation may take: never used, or cached and unreferenced."""
-        return self.num_blocks - self.used
-
-    def cached_prefix(self, hashes: Sequence[int]) -> int:
-        """Number of leading ``hashes`` whose blocks are cached (referenced or not)."""
-        n = 0
-        for h in hashes:
-            if h not in self._refs and h not in self._lru:
-                break
-            n += 1
-        return n
-
-    def acquire(self, hit: Sequence[int], new_blocks: int) -> bool:
-        """Reference the cached blocks ``hit`` and allocate ``new_blocks`` anonymous blocks.
-
-        Returns:
-            False (and nothing changed) when the blocks do not fit.
-        """
-        revived = sum(1 for h in hit if h in self._lru)
-        if new_blocks + revived > self.free:
-            return False
-        for h in hit:
-            if h in self._lru:
-                del self._lru[h]
-                self._refs[h] = 1
-            else:
-                self._refs[h] += 1
-        self._evict(max(0, self.used + new_blocks - (self.num_blocks - len(self._lru))))
-        self._anon += new_blocks
-        return True
-
-    def promote(self, hashes: Sequence[int], parent: int | None = None,
-                token_ids: Sequence[int] = (), block_size: int = 0) -> list[int]:
-        """Give as many computed anonymous blocks the ``hashes`` (their content is now known).
-
-        A hash already cached (another request computed the same block) is referenced instead
-        and the anonymous block freed, as vLLM deduplicates. Returns the hashes now held.
-
-        Args:
-            hashes: Consecutive blocks' hashes.
-            parent: Hash of the block before the first (None: they start the prompt).
-            token_ids: Their tokens, ``block_size`` per block (for the ``Stored`` events).
-            block_size: Tokens per block.
-        """
-        held: list[int] = []
-        run: list[int] = []
-        run_parent = parent
-        run_start = 0
-        prev = parent
-        for i, h in enumerate(hashes):
-            new = h not in self._refs and h not in self._lru
-            if new and block_size:
-                if not run:
-                    run_parent, run_start = prev, i
-                run.append(h)
-            elif run:
-                self._stored(run, run_parent, token_ids, run_start, block_size)
-                run = []
-            prev = h
-            self._anon -= 1
-            if h in self._refs:
-                self._refs[h] += 1
-            elif h in self._lru:
-                del self._lru[h]
-                self._refs[h] = 1
-            else:
-                self._refs[h] = 1
-            held.append(h)
-        if run:
-            self._stored(run, run_parent, token_ids, run_start, block_size)
-        return held
-
-    def _stored(self, run: list[int], parent: int | None, token_ids: Sequence[int],
-                start: int, size: int) -> None:
-        tokens = tuple(token_ids[start * size : (start + len(run)) * size])
-        if len(tokens) == len(run) * size:
-            self.events.append(Stored(tuple(run), parent, tokens, size))
-
-    def release(self, held: Sequence[int], anon: int) -> None:
-        """Drop a finished request's references; unreferenced hashed blocks stay cached.
-
-        ``held`` is in prompt order; it is released tail first so that eviction takes the
-        tail blocks of a prefix before its head (vLLM frees blocks in reverse order).
-        """
-        self._anon -= anon
-        for h in reversed(held):
-            refs = self._refs[h] - 1
-            if refs:
-                self._refs[h] = refs
-            else:
-                del self._refs[h]
-                self._lru[h] = None
-
-    def reset(self) -> None:
-        """Forget every unreferenced cached block (``POST /sim/reset``)."""
-        if not self._refs:
-            self.events.append(Cleared())
-        elif self._lru:
-            self.events.append(Removed(tuple(self._lru)))
-        self._lru.clear()
-
-    def _evict(self, n: int) -> None:
-        gone = [self._lru.popitem(last=False)[0] for _ in range(n)]
-        if gone:
-            self.events.append(Removed(tuple(gone)))
+__all__ = ["Engine", "SeqHandle", "StepPlan"]
 
 
 @dataclass(eq=False)

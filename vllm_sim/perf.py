@@ -11,9 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from vllm_sim.config import SimConfig
-from vllm_sim.engine import Engine, SeqHandle, block_hashes
+from vllm_sim.engine import Engine, SeqHandle
 from vllm_sim.errors import BadRequest
 from vllm_sim.inference import EnginePacer
+from vllm_sim.kv_cache import block_hashes
 from vllm_sim.profiles import PerfProfile, get_profile, load_profile
 from vllm_sim.prompt import chat_text, completion_text, prompt_pieces
 from vllm_sim.protocol import Generation, parse_completion

@@ -14,7 +14,8 @@ import httpx
 import pytest
 
 from vllm_sim import SimConfig, create_app
-from vllm_sim.engine import BlockCache, Engine, SeqHandle, block_hashes
+from vllm_sim.engine import Engine, SeqHandle
+from vllm_sim.kv_cache import block_hashes
 from vllm_sim.profiles import PROFILES, ProfileError, load_profile
 
 
@@ -32,28 +33,6 @@ def _chat(system: str, question: str, history: list[dict[str, str]] | None = Non
 
 def _words(n: int, seed: str) -> str:
     return " ".join(f"{seed}{i}" for i in range(n))
-
-
-def test_block_hashes_chain_so_a_block_stands_for_its_prefix() -> None:
-    a = block_hashes([f"t{i}" for i in range(40)], 16)
-    b = block_hashes(["x"] + [f"t{i}" for i in range(1, 40)], 16)
-    assert len(a) == 2  # the 8-token tail is not a full block
-    assert a[0] != b[0] and a[1] != b[1]  # same tokens 16..31, different prefix
-    assert block_hashes([f"t{i}" for i in range(33)], 16) == a
-
-
-def test_block_cache_evicts_least_recent_unreferenced_blocks_only() -> None:
-    cache = BlockCache(4)
-    assert cache.acquire([], 2)
-    held = cache.promote([11, 12])
-    cache.release(held, 0)  # blocks 11, 12 cached, unreferenced
-    assert cache.cached_prefix([11, 12]) == 2 and cache.free == 4
-    assert cache.acquire([11], 1)  # reuse 11 (referenced again), allocate 1 anonymous
-    assert cache.used == 2
-    assert cache.acquire([], 2)  # needs 2: one never-used block plus evicting LRU block 12
-    assert cache.cached_prefix([11]) == 1 and cache.cached_prefix([12]) == 0
-    assert not cache.acquire([], 1)  # everything referenced: nothing may be evicted
-    assert cache.used == 4
 
 
 def test_unknown_profile_and_bad_profile_file_are_named(tmp_path: Path) -> None:

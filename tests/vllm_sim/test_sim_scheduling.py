@@ -9,7 +9,8 @@ from typing import Any
 import httpx
 import pytest
 
-from vllm_sim.engine import Engine, SeqHandle, block_hashes
+from vllm_sim.engine import Engine, SeqHandle
+from vllm_sim.kv_cache import block_hashes
 from vllm_sim.profiles import PROFILES
 from vllm_sim.waiting import SchedulingPolicy, WaitingQueue
 
