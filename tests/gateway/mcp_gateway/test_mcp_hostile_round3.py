@@ -1,0 +1,135 @@
+"""An attacker's try of the MCP endpoint (round 3): each test is one way past a promise of
+``docs/mcp.md``, against a real ``gateway serve`` in front of the official SDK's ``MCPServer``
+(real uvicorn on loopback), with the upstream counting or recording what it receives."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import urllib3
+
+from tests.gateway.mcp_gateway.harness import Gateway, start_gateway
+from tests.gateway.mcp_gateway.test_mcp_bad_input import call, headers, post
+from tests.gateway.mcp_gateway.upstreams import sdk_server
+from vllm_sim import SimConfig
+from vllm_sim import create_app as create_sim
+
+
+class Bodies:
+    """ASGI wrapper keeping every POST body an upstream received (to show what left)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.bodies: list[bytes] = []
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        chunks: list[bytes] = []
+        more = True
+        while more:
+            msg = await receive()
+            chunks.append(msg.get("body", b""))
+            more = msg.get("more_body", False)
+        body = b"".join(chunks)
+        self.bodies.append(body)
+        sent = False
+
+        async def replay() -> dict[str, Any]:
+            nonlocal sent
+            if sent:
+                return await receive()
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        await self.app(scope, replay, send)
+
+    def methods(self) -> list[str]:
+        """The JSON-RPC methods received, in order (``-`` for a message without one)."""
+        out = []
+        for body in self.bodies:
+            try:
+                out.append(json.loads(body).get("method", "-"))
+            except ValueError:
+                out.append("not-json")
+        return out
+
+
+PII = """pii:
+  default_class: secret
+  default_action: raise
+  rules:
+    - {id: no-cards, entities: [CREDIT_CARD], action: refuse}
+"""
+CARD = "4111 1111 1111 1111"
+
+
+def _stack(serve_asgi: Callable[..., Any], tmp_path: Path, policy_extra: str = "",
+           ) -> tuple[Gateway, dict[str, Any]]:
+    """The SDK upstream ``tools`` (every body kept), a fetchable ``web`` site, the simulator,
+    and the gateway (``fetch_url``'s ``url`` checked), ``policy_extra`` added to the policy."""
+    sim = serve_asgi(create_sim(SimConfig(models=["m"])))
+    bodies = Bodies(sdk_server())
+    tools = serve_asgi(bodies)
+    web = serve_asgi(create_sim(SimConfig(models=["w"])))
+
+    def extra(mcp: dict[str, Any]) -> None:
+        mcp["servers"][0]["tools"] = {"fetch_url": {"url_arguments": ["url"]}}
+
+    gw = start_gateway(tmp_path, sim.url, {"tools": tools.url + "/mcp"}, {"web": web.port},
+                       extra, policy_extra=policy_extra)
+    return gw, {"gateway": gw, "upstream": bodies, "tools": tools, "web": web}
+
+
+@pytest.fixture
+def recorded(serve_asgi: Callable[..., Any], tmp_path: Path) -> Iterator[dict[str, Any]]:
+    """:func:`_stack` without a ``pii`` section."""
+    gw, parts = _stack(serve_asgi, tmp_path)
+    try:
+        yield parts
+    finally:
+        gw.stop()
+
+
+@pytest.fixture
+def recorded_pii(serve_asgi: Callable[..., Any], tmp_path: Path) -> Iterator[dict[str, Any]]:
+    """:func:`_stack` with a ``pii`` section refusing card numbers."""
+    gw, parts = _stack(serve_asgi, tmp_path, PII)
+    try:
+        yield parts
+    finally:
+        gw.stop()
+
+
+def _refusals(gw: Gateway) -> list[dict[str, Any]]:
+    return [r["data"] for r in gw.records() if r["type"] == "mcp.refused"]
+
+
+def test_url_argument_with_a_backslash_in_the_authority_is_refused(
+        recorded: dict[str, Any]) -> None:
+    """``http://A\\@B/``: Python's ``urlsplit`` (the gateway's check) reads host B, the policy's
+    allowed site; urllib3 (``requests``) and WHATWG parsers (browsers, Node ``fetch``, the usual
+    fetch/browse tools) read host A. A URL that parsers read differently must be refused, or a
+    tool reaches an address the check never saw."""
+    gw, upstream, web, tools = (recorded["gateway"], recorded["upstream"], recorded["web"],
+                                recorded["tools"])
+    sneaky = [
+        f"http://127.0.0.1:{tools.port}\\@127.0.0.1:{web.port}/",   # another loopback port
+        f"http://169.254.169.254\\@127.0.0.1:{web.port}/latest/",   # the metadata service
+        f"http://169.254.169.254\\\\@127.0.0.1:{web.port}/",
+    ]
+    # The disagreement is real: the gateway's parser and urllib3's name different hosts.
+    assert urllib3.util.parse_url(sneaky[0]).port == tools.port
+    assert urllib3.util.parse_url(sneaky[1]).host == "169.254.169.254"
+    for target in sneaky:
+        resp = post(gw.mcp("tools"), call("fetch_url", {"url": target}),
+                    headers(name="fetch_url"))
+        assert resp.status_code == 400, (target, resp.status_code, resp.text[:300])
+        assert resp.json()["error"]["code"] == -32602
+    assert "tools/call" not in upstream.methods()
+    assert [r["reason"] for r in _refusals(gw)] == ["url_invalid"] * len(sneaky)
