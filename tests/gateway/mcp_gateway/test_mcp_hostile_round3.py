@@ -13,7 +13,7 @@ import pytest
 import urllib3
 
 from tests.gateway.mcp_gateway.harness import Gateway, start_gateway
-from tests.gateway.mcp_gateway.test_mcp_bad_input import call, headers, post
+from tests.gateway.mcp_gateway.test_mcp_bad_input import META, call, headers, post
 from tests.gateway.mcp_gateway.upstreams import sdk_server
 from vllm_sim import SimConfig
 from vllm_sim import create_app as create_sim
@@ -133,3 +133,20 @@ def test_url_argument_with_a_backslash_in_the_authority_is_refused(
         assert resp.json()["error"]["code"] == -32602
     assert "tools/call" not in upstream.methods()
     assert [r["reason"] for r in _refusals(gw)] == ["url_invalid"] * len(sneaky)
+
+
+@pytest.mark.xfail(strict=True, reason="endpoint.py checks mcp.access only for requests: a "
+                   "notification from a caller with no access rule is relayed (202), unaudited")
+def test_notification_from_a_caller_without_access_is_not_forwarded(
+        recorded: dict[str, Any]) -> None:
+    """``k-nobody`` (team ``outsiders``) has no ``mcp.access`` rule for ``tools``: its requests
+    are refused (``server_denied``), but a notification (no ``id``) carrying any data was
+    relayed to the server (202) and not audited."""
+    gw, upstream = recorded["gateway"], recorded["upstream"]
+    note = {"jsonrpc": "2.0", "method": "notifications/message",
+            "params": {"level": "info", "data": "exfiltrated by a caller with no access",
+                       "_meta": META}}
+    resp = post(gw.mcp("tools"), note, headers(key="nobody", method="notifications/message"))
+    assert resp.status_code == 403, (resp.status_code, resp.text[:300])
+    assert upstream.bodies == []
+    assert [r["reason"] for r in _refusals(gw)] == ["server_denied"]
