@@ -178,3 +178,34 @@ def test_refreshes_keep_to_the_cap(jwks_server: JwksServer) -> None:
     elapsed = _run(go)
     assert elapsed >= 0.9  # start + three refreshes 0.3 s apart, never sooner
     assert fetcher.keyset is not None and fetcher.last_error is None
+
+
+@pytest.mark.xfail(strict=True, reason="a remembered token outlives its key's removal from the "
+                   "fetched JWKS (the cache is keyed by the token only)")
+def test_a_key_dropped_from_the_fetched_jwks_stops_verifying_remembered_tokens(
+        tmp_path: Path, jwks_server: JwksServer) -> None:
+    """Removing a key from the provider's JWKS is how a compromised key is withdrawn; a token
+    of that key verified (and remembered) before the refresh must not be served after it."""
+    pinned, leaked = SigningKey("pinned-1"), SigningKey("leaked-2")
+    jwks_server.body = json.dumps({"keys": [leaked.jwk]}).encode()
+    auth = assemble(_settings(tmp_path, pinned, jwks_server.port)).authenticator
+    assert isinstance(auth, IdentityAuthenticator)
+
+    async def go() -> None:
+        await auth.startup()
+        try:
+            token = leaked.token()
+            assert auth.authenticate(token).identity is not None  # verified, remembered
+            jwks_server.body = json.dumps({"keys": [SigningKey("next-3").jwk]}).encode()
+            assert await auth.fetchers[0].refresh() is True
+            with pytest.raises(TokenRejected) as info:
+                auth.authenticate(leaked.token(sub="bob"))  # a new token of the key: refused
+            assert info.value.code == "token_key_unknown"
+            with pytest.raises(TokenRejected) as info:
+                auth.authenticate(token)  # the remembered one too
+            assert info.value.code == "token_key_unknown"
+            assert auth.authenticate(pinned.token()).identity is not None
+        finally:
+            await auth.shutdown()
+
+    _run(go)
