@@ -180,8 +180,6 @@ def test_refreshes_keep_to_the_cap(jwks_server: JwksServer) -> None:
     assert fetcher.keyset is not None and fetcher.last_error is None
 
 
-@pytest.mark.xfail(strict=True, reason="a remembered token outlives its key's removal from the "
-                   "fetched JWKS (the cache is keyed by the token only)")
 def test_a_key_dropped_from_the_fetched_jwks_stops_verifying_remembered_tokens(
         tmp_path: Path, jwks_server: JwksServer) -> None:
     """Removing a key from the provider's JWKS is how a compromised key is withdrawn; a token
