@@ -207,3 +207,21 @@ def test_a_key_dropped_from_the_fetched_jwks_stops_verifying_remembered_tokens(
             await auth.shutdown()
 
     _run(go)
+
+
+_PLAIN = pytest.mark.xfail(strict=True, reason="jwks_uri accepts plain http:// to any host: "
+                           "unpinned signing keys over an unauthenticated channel")
+
+
+@pytest.mark.parametrize("uri", [pytest.param("http://kc.example.eu/realms/ai/certs", marks=_PLAIN),
+                                 pytest.param("http://10.0.0.7:8080/certs", marks=_PLAIN),
+                                 "HTTP://kc.example.eu/certs"])
+def test_jwks_uri_in_plain_http_off_the_host_is_refused(
+        tmp_path: Path, jwks_server: JwksServer, uri: str) -> None:
+    """Fetched keys are not pinned: over plain HTTP anyone on the path could add a key and sign
+    any identity. Only ``https://`` (or ``http://`` to loopback, a local sidecar) is accepted."""
+    s = _settings(tmp_path, SigningKey("pinned-1"), jwks_server.port)
+    raw = s.model_dump(mode="json", exclude_none=True)
+    raw["identity"]["issuers"][0]["jwks_uri"] = uri
+    with pytest.raises(ConfigError, match=r"identity\.issuers\.0\.jwks_uri|jwks_uri.*https"):
+        parse(raw, {})
