@@ -190,8 +190,8 @@ def test_identity_routes_hold_on_the_batch_endpoints(serve_asgi: Any, tmp_path: 
     section["accept"] = ["key", "jwt"]
     section["routes"] = {path: ["key"]}
     gw = served(serve_asgi, settings(sim.url, tmp_path / "batch.db", section))
-    client = token_client(str(gw.url), idp.key.token())
-    with pytest.raises(openai.PermissionDeniedError) as info:
+    with (token_client(str(gw.url), idp.key.token()) as client,
+          pytest.raises(openai.PermissionDeniedError) as info):
         if path == "/v1/files":
             client.files.create(file=("in.jsonl", jsonl(1)), purpose="batch")
         else:
