@@ -42,8 +42,10 @@ def _runner(request: Request) -> BatchRunner:
 
 
 def _caller(request: Request) -> Principal:
+    """The caller, authenticated as the relay does: with the request's scope, so that
+    ``identity.routes`` (per-path credentials) and client certificates apply here too."""
     token = bearer_token(request.headers.get("authorization", "").encode("latin-1") or None)
-    return gateway_state(request).authenticator.authenticate(token)
+    return gateway_state(request).authenticator.authenticate(token, request.scope)
 
 
 def _file_object(row: dict[str, Any]) -> dict[str, Any]:

@@ -176,8 +176,6 @@ def test_an_owner_the_new_identity_config_does_not_admit_sends_nothing_more(
     assert all("created this batch" in e["error"]["message"] for e in errors)
 
 
-@pytest.mark.xfail(strict=True, reason="the Batch API authenticates without the request's scope: "
-                   "identity.routes (and mTLS) are not applied on /v1/files and /v1/batches")
 @pytest.mark.parametrize("path", ["/v1/files", "/v1/batches"])
 def test_identity_routes_hold_on_the_batch_endpoints(serve_asgi: Any, tmp_path: Path,
                                                       path: str) -> None:
