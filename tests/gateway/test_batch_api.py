@@ -346,3 +346,39 @@ def test_check_config_names_a_missing_batch_database(tmp_path: Path) -> None:
 
     assert s.batch is not None
     assert store_location(s.batch, audit_store_url(s.audit)) == tmp_path / "audit" / "batch.db"
+
+
+def _raw_post(url: str, path: str, head: bytes) -> bytes:
+    """Send a request head only (no body) and read the answer until its JSON ends."""
+    host, port = url.rsplit("/", 1)[1].split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(f"POST {path} HTTP/1.1\r\nhost: x\r\n".encode() + head + b"\r\n")
+        answer = b""
+        while b"}}" not in answer:
+            got = sock.recv(65536)
+            assert got, answer
+            answer += got
+    return answer
+
+
+@pytest.mark.xfail(strict=True, reason="POST /v1/batches reads its whole body (no bound) and "
+                   "stores metadata of any size and shape")
+def test_a_batch_create_request_is_bounded_and_its_metadata_checked(
+        serve_asgi: Any, tmp_path: Path) -> None:
+    """``POST /v1/batches`` carries a few ids and at most 16 metadata pairs (OpenAI: keys up to
+    64 characters, string values up to 512): a body announced at 1 GB is refused from its head
+    (not read into memory), and metadata beyond OpenAI's limits is refused, not stored."""
+    sim = start_sim(serve_asgi)
+    url = str(serve_asgi(create_app(settings(sim.url, tmp_path / "batch.db"))).url)
+    answer = _raw_post(url, "/v1/batches", f"authorization: Bearer {KEYS['owner']}\r\n".encode()
+                       + b"content-type: application/json\r\ncontent-length: 1000000000\r\n")
+    assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
+    c = client(url, "owner")
+    f = c.files.create(file=("in.jsonl", io.BytesIO(jsonl(1))), purpose="batch")
+    for metadata in ({f"k{i}": "v" for i in range(17)}, {"k": "v" * 513}, {"k" * 65: "v"},
+                     {"k": {"nested": "object"}}):
+        with pytest.raises(openai.BadRequestError) as info:
+            c.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions",
+                             completion_window="24h", metadata=metadata)  # type: ignore[arg-type]
+        assert info.value.param == "metadata"  # type: ignore[attr-defined]
+    assert c.batches.list().data == []
