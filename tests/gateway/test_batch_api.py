@@ -361,8 +361,6 @@ def _raw_post(url: str, path: str, head: bytes) -> bytes:
     return answer
 
 
-@pytest.mark.xfail(strict=True, reason="POST /v1/batches reads its whole body (no bound) and "
-                   "stores metadata of any size and shape")
 def test_a_batch_create_request_is_bounded_and_its_metadata_checked(
         serve_asgi: Any, tmp_path: Path) -> None:
     """``POST /v1/batches`` carries a few ids and at most 16 metadata pairs (OpenAI: keys up to
