@@ -380,3 +380,24 @@ def test_a_batch_create_request_is_bounded_and_its_metadata_checked(
                              completion_window="24h", metadata=metadata)  # type: ignore[arg-type]
         assert info.value.param == "metadata"  # type: ignore[attr-defined]
     assert c.batches.list().data == []
+
+
+@pytest.mark.xfail(strict=True, reason="no DELETE /v1/files/{id}: uploads (up to max_file_bytes "
+                   "each, no per-key bound) can never be removed, so a key only adds storage")
+def test_a_key_deletes_its_own_files_and_not_another_keys(serve_asgi: Any,
+                                                          tmp_path: Path) -> None:
+    """The OpenAI SDK's ``files.delete``: the owner's upload is gone afterwards (404), another
+    key's delete answers 404 and leaves the file in place."""
+    sim = start_sim(serve_asgi)
+    url = str(serve_asgi(create_app(settings(sim.url, tmp_path / "batch.db"))).url)
+    with client(url, "owner") as owner, client(url, "other") as other:
+        f = owner.files.create(file=("in.jsonl", io.BytesIO(jsonl(1))), purpose="batch")
+        with pytest.raises(openai.NotFoundError):
+            other.files.delete(f.id)
+        assert owner.files.retrieve(f.id).id == f.id
+        gone = owner.files.delete(f.id)
+        assert gone.deleted and gone.id == f.id
+        with pytest.raises(openai.NotFoundError):
+            owner.files.content(f.id)
+    with sqlite3.connect(tmp_path / "batch.db") as con:
+        assert con.execute("SELECT count(*) FROM files").fetchone()[0] == 0
