@@ -162,6 +162,15 @@ async def file_content(request: Request) -> Response:
     return Response(content, media_type="application/jsonl")
 
 
+async def delete_file(request: Request) -> Response:
+    """``DELETE /v1/files/{file_id}`` (the owner's file; another key's answers 404)."""
+    runner, who = _runner(request), _caller(request)
+    file_id = request.path_params["file_id"]
+    if not await runner.store.delete_file(file_id, who.key_id):
+        raise NotFound(f"No such file: '{file_id}'.", param="file_id")
+    return JSONResponse({"id": file_id, "object": "file", "deleted": True})
+
+
 async def create_batch(request: Request) -> Response:
     """``POST /v1/batches`` (``input_file_id``, ``endpoint``, ``completion_window``)."""
     runner, who = _runner(request), _caller(request)
@@ -239,6 +248,7 @@ def batch_routes() -> list[Route]:
     return [
         Route("/v1/files", create_file, methods=["POST"]),
         Route("/v1/files/{file_id}", retrieve_file, methods=["GET"]),
+        Route("/v1/files/{file_id}", delete_file, methods=["DELETE"]),
         Route("/v1/files/{file_id}/content", file_content, methods=["GET"]),
         Route("/v1/batches", create_batch, methods=["POST"]),
         Route("/v1/batches", list_batches, methods=["GET"]),

@@ -382,8 +382,6 @@ def test_a_batch_create_request_is_bounded_and_its_metadata_checked(
     assert c.batches.list().data == []
 
 
-@pytest.mark.xfail(strict=True, reason="no DELETE /v1/files/{id}: uploads (up to max_file_bytes "
-                   "each, no per-key bound) can never be removed, so a key only adds storage")
 def test_a_key_deletes_its_own_files_and_not_another_keys(serve_asgi: Any,
                                                           tmp_path: Path) -> None:
     """The OpenAI SDK's ``files.delete``: the owner's upload is gone afterwards (404), another
