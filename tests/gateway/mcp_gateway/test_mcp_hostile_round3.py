@@ -220,3 +220,77 @@ def test_sensitive_data_in_an_argument_key_is_refused(recorded_pii: dict[str, An
     assert not any(CARD.encode() in b for b in upstream.bodies), resp.text[:300]
     assert resp.status_code == 403, (resp.status_code, resp.text[:300])
     assert [r["reason"] for r in _refusals(gw)] == ["pii_refused"]
+
+
+def _odd_answer_server(answers: dict[str, tuple[bytes, bytes]]) -> Any:
+    """A raw MCP server (2026-07-28): ``tools/list`` holds ``echo``; a ``tools/call`` of
+    ``echo`` is answered with ``answers[params.arguments.text]``: ``(content type, body)``."""
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                msg = await receive()
+                if msg["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                elif msg["type"] == "lifespan.shutdown":
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        body = b""
+        more = True
+        while more:
+            msg = await receive()
+            body += msg.get("body", b"")
+            more = msg.get("more_body", False)
+        req = json.loads(body)
+        ctype, out = b"application/json", b""
+        if req["method"] == "server/discover":
+            out = json.dumps({"jsonrpc": "2.0", "id": req["id"], "result": {
+                "supportedVersions": ["2026-07-28"], "capabilities": {"tools": {}}}}).encode()
+        elif req["method"] == "tools/list":
+            out = json.dumps({"jsonrpc": "2.0", "id": req["id"], "result": {"tools": [
+                {"name": "echo", "inputSchema": {"type": "object"}}]}}).encode()
+        else:
+            ctype, out = answers[req["params"]["arguments"]["text"]]
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", ctype)]})
+        await send({"type": "http.response.body", "body": out})
+
+    return app
+
+
+@pytest.mark.xfail(strict=True, reason="a JSON answer that is not a response (an array holding "
+                   "another request's id, a string, {}) is relayed as the tool's result (200)")
+def test_an_answer_that_is_not_the_response_to_the_call_is_refused(
+        serve_asgi: Callable[..., Any], tmp_path: Path) -> None:
+    """The answer to a ``tools/call`` must be its JSON-RPC response: a batch array (holding
+    another request's id), a bare string, an object without ``result``/``error``, or an event
+    stream that ends without the response are 502 (or, once the stream has begun, its final
+    JSON-RPC error event), audited with the reason, never relayed as the tool's result."""
+    other = json.dumps({"jsonrpc": "2.0", "id": "someone-else", "result": {"content": [
+        {"type": "text", "text": "another caller's result"}]}})
+    note = json.dumps({"jsonrpc": "2.0", "method": "notifications/message",
+                       "params": {"level": "info", "data": "x"}})
+    answers = {
+        "array": (b"application/json", f"[{other}]".encode()),
+        "string": (b"application/json", b'"another caller\'s result"'),
+        "empty": (b"application/json", b"{}"),
+        "sse": (b"text/event-stream", f"event: message\ndata: {note}\n\n".encode()),
+    }
+    sim = serve_asgi(create_sim(SimConfig(models=["m"])))
+    odd = serve_asgi(_odd_answer_server(answers))
+    gw = start_gateway(tmp_path, sim.url, {"odd": odd.url + "/mcp"}, {})
+    try:
+        for text in answers:
+            resp = post(gw.mcp("odd"), call("echo", {"text": text}), headers(name="echo"))
+            assert "another caller" not in resp.text, (text, resp.text[:300])
+            if text == "sse":
+                assert resp.status_code == 200
+                last = [ln for ln in resp.text.splitlines() if ln.startswith("data: ")][-1]
+                assert json.loads(last[6:])["error"]["code"] == -32002, (text, resp.text)
+            else:
+                assert resp.status_code == 502, (text, resp.status_code, resp.text[:300])
+                assert resp.json()["error"]["code"] == -32002
+        reasons = [r["data"]["reason"] for r in gw.records() if r["type"] == "mcp.tool_call"]
+        assert reasons == ["upstream_invalid"] * len(answers), reasons
+    finally:
+        gw.stop()
