@@ -258,8 +258,6 @@ def _odd_answer_server(answers: dict[str, tuple[bytes, bytes]]) -> Any:
     return app
 
 
-@pytest.mark.xfail(strict=True, reason="a JSON answer that is not a response (an array holding "
-                   "another request's id, a string, {}) is relayed as the tool's result (200)")
 def test_an_answer_that_is_not_the_response_to_the_call_is_refused(
         serve_asgi: Callable[..., Any], tmp_path: Path) -> None:
     """The answer to a ``tools/call`` must be its JSON-RPC response: a batch array (holding
