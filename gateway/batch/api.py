@@ -9,6 +9,7 @@ References: https://platform.openai.com/docs/api-reference/files and /batch.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from typing import Any
@@ -190,7 +191,9 @@ async def create_batch(request: Request) -> Response:
                if isinstance(file_id, str) else None)
     if content is None:
         raise NotFound(f"No such file: '{file_id}'.", param="input_file_id")
-    requests = parse_input(content, endpoint, runner.settings.max_requests)
+    # A 100 MB file is seconds of CPU: off the event loop, so other requests are answered.
+    requests = await asyncio.to_thread(parse_input, content, endpoint,
+                                       runner.settings.max_requests)
     now = int(time.time())
     obj: dict[str, Any] = {
         "id": new_id("batch_"), "object": "batch", "endpoint": endpoint, "errors": None,

@@ -401,8 +401,6 @@ def test_a_key_deletes_its_own_files_and_not_another_keys(serve_asgi: Any,
         assert con.execute("SELECT count(*) FROM files").fetchone()[0] == 0
 
 
-@pytest.mark.xfail(strict=True, reason="POST /v1/batches parses the input file on the event loop: "
-                   "a 36 MB file held /healthz for 2.2 s (100 MB: ~11 s)")
 def test_checking_a_large_input_file_does_not_stall_other_requests(
         serve_asgi: Any, tmp_path: Path) -> None:
     """Creating a batch parses its whole input file (up to ``max_file_bytes``, 100 MB by
