@@ -28,7 +28,8 @@ def _blocks(lang: str) -> list[str]:
 def test_the_guide_covers_the_first_day_in_order() -> None:
     script = "\n".join(_blocks("sh"))
     order = ["weights plan", "weights lock", "weights sign", "airgap pack", "airgap verify",
-             "airgap unpack", "helm\" template", "gateway preflight", "gateway keys new"]
+             "airgap unpack", "gateway audit keygen", "gateway keys new", "helm\" template",
+             "gateway preflight"]
     positions = [script.index(step) for step in order]
     assert positions == sorted(positions), order
 
@@ -47,10 +48,14 @@ def test_the_guide_says_how_to_install_what_it_uses() -> None:
     assert text.index("in `model/`") < text.index("weights plan model/config.json")
 
 
-def test_the_guide_runs_as_printed(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def guide_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """Every ``sh`` block, in order, in one ``bash -euo pipefail`` run: the site directory and
+    standard output."""
     helm = ROOT / ".tools" / "bin" / "helm"
     if not helm.is_file():
         pytest.fail(".tools/bin/helm is missing: run `make tools` (CI does)")
+    tmp_path = tmp_path_factory.mktemp("guide")
     site = tmp_path / "sg-site"
     (site / "model").mkdir(parents=True)
     shutil.copy(ROOT / "tests" / "weights" / "configs" / "llama-3.1-8b.json",
@@ -62,8 +67,38 @@ def test_the_guide_runs_as_printed(tmp_path: Path) -> None:
     run = subprocess.run(["bash", "-c", script], cwd=ROOT, env=env, capture_output=True,
                          text=True, timeout=600, check=False)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    assert "What to run: vllm serve MODEL" in run.stdout
-    assert "PASS: " in run.stdout  # the pre-flight
-    assert re.search(r"PASS +weights\.locked-signed", run.stdout), run.stdout[-3000:]
+    return site, run.stdout
+
+
+def test_the_guide_runs_as_printed(guide_run: tuple[Path, str]) -> None:
+    site, stdout = guide_run
+    assert "What to run: vllm serve MODEL" in stdout
+    assert "PASS: " in stdout  # the pre-flight
+    assert re.search(r"PASS +weights\.locked-signed", stdout), stdout[-3000:]
     assert (site / "model.sig").is_file() and (site / "hf-cache").is_dir()
     assert not list(ROOT.glob("*.key")) and not (ROOT / "bundle").exists()
+
+
+def test_the_install_and_audit_steps_use_only_what_the_guide_made(
+        guide_run: tuple[Path, str]) -> None:
+    """A newcomer types the ``console`` blocks on the same machine: every local file they name
+    (``--from-file``, ``--set-file``, ``--config``, ``--public-key``) was made by an earlier
+    ``sh`` block; every Secret the example values name is created before ``helm install``;
+    the install mounts the audit public key that NOTES' verify command reads; and ``helm`` and
+    ``kubectl`` are on the ``PATH`` the guide sets."""
+    site, _ = guide_run
+    text = GUIDE.read_text()
+    consoles = "\n".join(_blocks("console"))
+    named = re.findall(r"--from-file=[\w.-]+=(\S+)|--set-file [\w.]+=(\S+)"
+                       r"|--config (\S+)|--public-key (\S+)", consoles)
+    local = [f for group in named for f in group if f and not f.startswith(("$", "/", '"'))]
+    assert local, "the console blocks name no local file"
+    missing = [f for f in local if not (site / f).exists()]
+    assert not missing, f"named by a console block, made by no sh block: {missing}"
+    values = (ROOT / "examples" / "values-own-dc.yaml").read_text()
+    install = text.index("helm install")
+    for secret in re.findall(r"existingSecret:\s*(\S+)", values):
+        assert re.search(rf"create secret generic {secret}\b", text[:install]), secret
+    assert "audit.publicKey=" in text[install:text.index("```", install)]
+    setup = _blocks("sh")[0]
+    assert re.search(r'export PATH="[^"]*\$SG/\.tools/bin', setup), setup

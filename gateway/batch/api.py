@@ -9,6 +9,8 @@ References: https://platform.openai.com/docs/api-reference/files and /batch.
 
 from __future__ import annotations
 
+import asyncio
+import json
 import time
 from typing import Any
 
@@ -18,7 +20,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gateway.auth import Principal, bearer_token
-from gateway.batch.errors import BatchError, FileTooLarge, NotFound
+from gateway.batch.errors import BatchError, FileTooLarge, NotFound, RequestTooLarge
 from gateway.batch.jsonl import ENDPOINTS, parse_input
 from gateway.batch.owner import owner_fields
 from gateway.batch.runner import BatchRunner, new_id
@@ -30,6 +32,57 @@ RUNNER_KEY = "sovereign_gateway_batch"
 """Key of the :class:`BatchRunner` in the ASGI lifespan state."""
 
 _FORM_OVERHEAD = 64 * 1024  # multipart boundaries and the other fields of an upload
+MAX_CREATE_BYTES = 64 * 1024
+"""Largest ``POST /v1/batches`` body, bytes: a file id, the endpoint, the window and metadata
+within OpenAI's limits (16 pairs of at most 64 + 512 characters) fit many times over."""
+METADATA_MAX_PAIRS, METADATA_MAX_KEY, METADATA_MAX_VALUE = 16, 64, 512
+"""OpenAI's limits on a batch's ``metadata``: pairs, key and value length (characters)."""
+
+
+async def _bounded_json(request: Request, limit: int) -> Any:
+    """The request's JSON body, read up to ``limit`` bytes (an announced length above it is
+    refused before any byte is read).
+
+    Raises:
+        RequestTooLarge: 413, the body is above ``limit``.
+        BatchError: 400, the body is not JSON.
+    """
+    declared = request.headers.get("content-length")
+    too_large = RequestTooLarge(f"The request body is larger than {limit} bytes.")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise too_large
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise too_large
+    try:
+        return json.loads(body)
+    except ValueError as exc:
+        raise BatchError("The request body is not valid JSON.") from exc
+
+
+def _check_metadata(metadata: Any) -> None:
+    """Refuse ``metadata`` outside OpenAI's shape: an object of at most 16 string pairs, keys of
+    at most 64 characters, values of at most 512.
+
+    Raises:
+        BatchError: 400 naming ``metadata``.
+    """
+    if metadata is None:
+        return
+    if not isinstance(metadata, dict):
+        raise BatchError("'metadata' must be an object.", param="metadata")
+    if len(metadata) > METADATA_MAX_PAIRS:
+        raise BatchError(f"'metadata' holds more than {METADATA_MAX_PAIRS} pairs.",
+                         param="metadata")
+    for key, value in metadata.items():
+        if len(key) > METADATA_MAX_KEY:
+            raise BatchError(f"'metadata' keys are at most {METADATA_MAX_KEY} characters.",
+                             param="metadata")
+        if not isinstance(value, str) or len(value) > METADATA_MAX_VALUE:
+            raise BatchError(f"'metadata' values are strings of at most {METADATA_MAX_VALUE} "
+                             "characters.", param="metadata")
 
 
 def _runner(request: Request) -> BatchRunner:
@@ -42,8 +95,10 @@ def _runner(request: Request) -> BatchRunner:
 
 
 def _caller(request: Request) -> Principal:
+    """The caller, authenticated as the relay does: with the request's scope, so that
+    ``identity.routes`` (per-path credentials) and client certificates apply here too."""
     token = bearer_token(request.headers.get("authorization", "").encode("latin-1") or None)
-    return gateway_state(request).authenticator.authenticate(token)
+    return gateway_state(request).authenticator.authenticate(token, request.scope)
 
 
 def _file_object(row: dict[str, Any]) -> dict[str, Any]:
@@ -108,13 +163,19 @@ async def file_content(request: Request) -> Response:
     return Response(content, media_type="application/jsonl")
 
 
+async def delete_file(request: Request) -> Response:
+    """``DELETE /v1/files/{file_id}`` (the owner's file; another key's answers 404)."""
+    runner, who = _runner(request), _caller(request)
+    file_id = request.path_params["file_id"]
+    if not await runner.store.delete_file(file_id, who.key_id):
+        raise NotFound(f"No such file: '{file_id}'.", param="file_id")
+    return JSONResponse({"id": file_id, "object": "file", "deleted": True})
+
+
 async def create_batch(request: Request) -> Response:
     """``POST /v1/batches`` (``input_file_id``, ``endpoint``, ``completion_window``)."""
     runner, who = _runner(request), _caller(request)
-    try:
-        params = await request.json()
-    except ValueError as exc:
-        raise BatchError("The request body is not valid JSON.") from exc
+    params = await _bounded_json(request, MAX_CREATE_BYTES)
     if not isinstance(params, dict):
         raise BatchError("The request body must be a JSON object.")
     endpoint = params.get("endpoint")
@@ -124,14 +185,15 @@ async def create_batch(request: Request) -> Response:
     if params.get("completion_window") != "24h":
         raise BatchError("'completion_window' must be '24h'.", param="completion_window")
     metadata = params.get("metadata")
-    if metadata is not None and not isinstance(metadata, dict):
-        raise BatchError("'metadata' must be an object.", param="metadata")
+    _check_metadata(metadata)
     file_id = params.get("input_file_id")
     content = (await runner.store.content(file_id, who.key_id)
                if isinstance(file_id, str) else None)
     if content is None:
         raise NotFound(f"No such file: '{file_id}'.", param="input_file_id")
-    requests = parse_input(content, endpoint, runner.settings.max_requests)
+    # A 100 MB file is seconds of CPU: off the event loop, so other requests are answered.
+    requests = await asyncio.to_thread(parse_input, content, endpoint,
+                                       runner.settings.max_requests)
     now = int(time.time())
     obj: dict[str, Any] = {
         "id": new_id("batch_"), "object": "batch", "endpoint": endpoint, "errors": None,
@@ -189,6 +251,7 @@ def batch_routes() -> list[Route]:
     return [
         Route("/v1/files", create_file, methods=["POST"]),
         Route("/v1/files/{file_id}", retrieve_file, methods=["GET"]),
+        Route("/v1/files/{file_id}", delete_file, methods=["DELETE"]),
         Route("/v1/files/{file_id}/content", file_content, methods=["GET"]),
         Route("/v1/batches", create_batch, methods=["POST"]),
         Route("/v1/batches", list_batches, methods=["GET"]),

@@ -1,7 +1,8 @@
 """Errors of the Batch API (OpenAI-style JSON through :class:`gateway.errors.GatewayError`).
 
 ``BatchError`` (400 ``invalid_request_error``) with ``BadInputFile`` (400, ``invalid_jsonl``:
-the message names the line), ``FileTooLarge`` (413), ``NotFound`` (404, also for another key's
+the message names the line), ``FileTooLarge`` (413), ``RequestTooLarge`` (413, a
+``POST /v1/batches`` body above its bound), ``NotFound`` (404, also for another key's
 file or batch: its existence is not revealed) and ``NotCancellable`` (409).
 """
 
@@ -9,7 +10,8 @@ from __future__ import annotations
 
 from gateway.errors import GatewayError
 
-__all__ = ["BadInputFile", "BatchError", "FileTooLarge", "NotCancellable", "NotFound"]
+__all__ = ["BadInputFile", "BatchError", "FileTooLarge", "NotCancellable", "NotFound",
+           "RequestTooLarge"]
 
 
 class BatchError(GatewayError):
@@ -31,6 +33,13 @@ class FileTooLarge(BatchError):
 
     status = 413
     code = "file_too_large"
+
+
+class RequestTooLarge(BatchError):
+    """A ``POST /v1/batches`` body above its bound."""
+
+    status = 413
+    code = "request_too_large"
 
 
 class NotFound(BatchError):

@@ -64,6 +64,11 @@ class BatchStore(Protocol):
         """The file's bytes if ``owner`` owns it, else ``None``."""
         ...
 
+    async def delete_file(self, file_id: str, owner: str) -> bool:
+        """Remove the file if ``owner`` owns it; ``False`` when there was no such file (a batch
+        made from it keeps its own copy of the request lines)."""
+        ...
+
     async def add_batch(self, obj: dict[str, Any], owner: str, principal: dict[str, Any],
                         lines: list[RequestLine]) -> None:
         """Store a new batch, its owner's principal fields and its request lines at once."""

@@ -109,6 +109,12 @@ class PostgresBatchStore:
             "SELECT content FROM sg_batch_files WHERE id=$1 AND owner=$2", file_id, owner))
         return bytes(got) if got is not None else None
 
+    async def delete_file(self, file_id: str, owner: str) -> bool:
+        """See :meth:`gateway.batch.store.BatchStore.delete_file`."""
+        status = await self._run(lambda p: p.execute(
+            "DELETE FROM sg_batch_files WHERE id=$1 AND owner=$2", file_id, owner))
+        return str(status).endswith(" 1")
+
     # batches
 
     async def add_batch(self, obj: dict[str, Any], owner: str, principal: dict[str, Any],

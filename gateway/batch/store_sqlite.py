@@ -109,6 +109,11 @@ class SqliteBatchStore:
             "SELECT content FROM files WHERE id=? AND owner=?", (file_id, owner)).fetchone())
         return bytes(got[0]) if got is not None else None
 
+    async def delete_file(self, file_id: str, owner: str) -> bool:
+        """See :meth:`gateway.batch.store.BatchStore.delete_file`."""
+        return await self._run(lambda db: db.execute(
+            "DELETE FROM files WHERE id=? AND owner=?", (file_id, owner)).rowcount > 0)
+
     # batches
 
     async def add_batch(self, obj: dict[str, Any], owner: str, principal: dict[str, Any],

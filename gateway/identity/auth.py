@@ -29,7 +29,7 @@ from gateway.identity.model import Identity
 from gateway.identity.mtls import MtlsVerifier, peer_chain
 from gateway.identity.rules import decide
 from gateway.identity.settings import IdentitySettings
-from gateway.identity.verify import JwtVerifier, looks_like_jwt
+from gateway.identity.verify import IssuerKeys, JwtVerifier, looks_like_jwt
 
 __all__ = ["TOKEN_CACHE_MAX", "IdentityAuthenticator", "subject_pseudonym"]
 
@@ -38,8 +38,18 @@ TOKEN_CACHE_MAX = 4096
 minutes, so a repeat costs a dictionary lookup and a clock read instead of a signature check
 (the RS256 check alone is ~30 us here; PyJWT's whole decode ~100 us). The key is the whole
 token string: only the exact bytes that verified hit. Entries leave at ``exp`` (plus the clock
-skew); a reload (new keys, revoked kids, new rules) builds a new authenticator with an empty
-cache."""
+skew), or when the key set that verified them is no longer in use (a ``jwks_uri`` refresh that
+dropped the key: the token is verified again); a reload (new keys, revoked kids, new rules)
+builds a new authenticator with an empty cache."""
+
+
+def _still_in_use(issuer: IssuerKeys, jwks_sha256: str) -> bool:
+    """True while the key set (by SHA-256) that verified a token is still one of ``issuer``'s:
+    its pinned file, or the document its ``jwks_uri`` fetcher holds now."""
+    if jwks_sha256 == issuer.keyset.sha256:
+        return True
+    fetched = issuer.fetcher.keyset if issuer.fetcher is not None else None
+    return fetched is not None and fetched.sha256 == jwks_sha256
 
 
 def subject_pseudonym(pseudo: Pseudonymizer, issuer: str, subject: str) -> str:
@@ -68,7 +78,8 @@ class IdentityAuthenticator:
         self.mtls = mtls
         self._pseudo = pseudonymizer
         self._accept = frozenset(settings.accept)
-        self._verified: dict[str, tuple[Principal, float]] = {}  # token -> (principal, until)
+        # token -> (principal, until, its issuer, sha256 of the key set that verified it)
+        self._verified: dict[str, tuple[Principal, float, IssuerKeys, str]] = {}
         self._routes = {path: frozenset(m) for path, m in settings.routes.items()}
 
     @property
@@ -161,9 +172,11 @@ class IdentityAuthenticator:
     def _token_principal(self, token: str) -> Principal:
         hit = self._verified.get(token)
         if hit is not None:
-            if time.time() < hit[1]:
-                return hit[0]
-            del self._verified[token]  # expired: verify again (refused as token_expired)
+            principal, until, issuer, jwks_sha256 = hit
+            if time.time() < until and _still_in_use(issuer, jwks_sha256):
+                return principal
+            # expired (refused as token_expired), or its key set was replaced: verify again
+            del self._verified[token]
         assert self.verifier is not None
         verified = self.verifier.verify(token)
         identity = self.identity_of_claims(
@@ -175,7 +188,7 @@ class IdentityAuthenticator:
         until = float(verified.claims["exp"]) + verified.issuer.settings.clock_skew_s
         if len(self._verified) >= TOKEN_CACHE_MAX:
             self._verified.clear()
-        self._verified[token] = (principal, until)
+        self._verified[token] = (principal, until, verified.issuer, verified.jwks_sha256)
         return principal
 
     def _from_cert(self, chain: list[str]) -> Identity:

@@ -35,9 +35,11 @@ decides the team, models and data class (no rule: 403).
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from pathlib import Path
 from typing import Literal
+from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator, model_validator
 
@@ -77,7 +79,8 @@ class IssuerSettings(FrozenSection):
         required_claims: Claims that must be present (``exp`` always is).
         subject_claim: The claim naming the person or workload (pseudonymised).
         max_token_bytes: Longer tokens are refused before any parsing.
-        jwks_uri: Opt-in: also fetch the issuer's JWKS from this URL, through the egress
+        jwks_uri: Opt-in: also fetch the issuer's JWKS from this ``https://`` URL (``http://``
+            only to loopback: fetched keys are not pinned), through the egress
             policy's transport (the host must be a policy destination), at start and then every
             ``jwks_refresh_s``; never because a token names an unknown ``kid``. The fetched keys
             are used beside the pinned file's; a fetched document that is not a valid JWKS is
@@ -101,9 +104,13 @@ class IssuerSettings(FrozenSection):
     @field_validator("jwks_uri")
     @classmethod
     def _http_url(cls, value: str | None) -> str | None:
-        if value is not None and not value.startswith(("https://", "http://")):
-            raise ValueError("must be an https:// (or http://) URL")
-        return value
+        if value is None or value.startswith("https://"):
+            return value
+        if value.startswith("http://") and _is_loopback(urlsplit(value).hostname):
+            return value  # a local sidecar: the path never leaves the host
+        raise ValueError("must be an https:// URL (fetched keys are not pinned: over plain "
+                         "http:// anyone on the path could add a signing key); http:// is "
+                         "accepted only to loopback")
 
     @field_validator("algorithms")
     @classmethod
@@ -222,3 +229,15 @@ class IdentitySettings(FrozenSection):
         if "mtls" in methods and self.mtls is None:
             raise ValueError("mtls: mtls is accepted but mtls.trust_bundle_file is not set")
         return self
+
+
+def _is_loopback(host: str | None) -> bool:
+    """True for ``localhost`` and loopback address literals (``127.0.0.0/8``, ``::1``)."""
+    if host is None:
+        return False
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

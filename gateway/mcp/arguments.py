@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
@@ -30,6 +31,8 @@ __all__ = [
     "argument_bytes", "check_schema", "check_size", "check_url_arguments", "compile_schema",
 ]
 
+# Characters on which URL parsers disagree about the host (see _host_port).
+_AMBIGUOUS = re.compile(r"[\x00-\x20\x7f\\]")
 _DEFAULT_PORTS = {"http": 80, "https": 443, "ws": 80, "wss": 443, "ftp": 21}
 
 
@@ -92,7 +95,21 @@ def compile_schema(schema: Mapping[str, Any]) -> Any:
 
 
 def _host_port(value: str) -> tuple[str, int]:
+    """The host and port the URL (or bare ``host[:port]``) ``value`` names.
+
+    A backslash, space or control character inside the value is refused: URL parsers read
+    them differently (``http://A\\@B/`` is host B to :func:`urllib.parse.urlsplit`, host A to
+    urllib3 and to WHATWG parsers such as browsers and Node ``fetch``), so the host checked
+    here could differ from the host the tool connects to.
+
+    Raises:
+        McpRefusal: 400 ``url_invalid``.
+    """
     text = value.strip()
+    if _AMBIGUOUS.search(text):
+        raise McpRefusal(400, INVALID_PARAMS, "url_invalid",
+                         "URL argument contains a backslash, a space or a control character "
+                         "(URL parsers disagree on its host)")
     if "//" not in text:
         text = "http://" + text  # a bare host or host:port
     try:

@@ -305,11 +305,15 @@ class RelayedStream:
     async def events(self) -> AsyncIterator[tuple[bytes, bytes | None, Any]]:
         """Yield ``(raw bytes to relay, message bytes or None, parsed message)`` in order.
 
-        A JSON answer is one item (its whole body); an SSE answer one item per event. Reading
+        A JSON answer is one item (its whole body), and must be the final response to the
+        request; an SSE answer one item per event, each event one JSON-RPC object. Reading
         stops after the final response to the request.
 
         Raises:
-            McpRefusal: See :func:`read_json_answer` (the answer is then abandoned).
+            McpRefusal: See :func:`read_json_answer`; ``upstream_invalid`` also for a JSON
+                answer that is not the response (a batch array, a bare value, a request), an
+                event that is not one JSON object, or a stream that ends without the response
+                (the answer is then abandoned).
         """
         try:
             async for item in self._events():
@@ -324,9 +328,14 @@ class RelayedStream:
             async for chunk in self.chunks():
                 body += chunk
             message = self._parse(bytes(body))
-            if _check_id(message, self.request_id, self.server):
-                self.digest = hashlib.sha256(body).hexdigest()
-                self.final = True
+            if not _check_id(message, self.request_id, self.server):
+                # A JSON answer is the response or nothing: a batch array, a bare value, a
+                # request or notification is never relayed as the call's result.
+                raise McpRefusal(502, UPSTREAM_ERROR, "upstream_invalid",
+                                 f"MCP server {self.server} answered with something other "
+                                 "than the request's JSON-RPC response")
+            self.digest = hashlib.sha256(body).hexdigest()
+            self.final = True
             yield bytes(body), bytes(body), message
             return
         splitter = SseSplitter(self.limits.max_event_bytes)
@@ -342,12 +351,18 @@ class RelayedStream:
                     continue
                 data = event.data.encode()
                 message = self._parse(data)
+                if not isinstance(message, dict):
+                    raise McpRefusal(502, UPSTREAM_ERROR, "upstream_invalid",
+                                     f"MCP server {self.server} sent an event that is not one "
+                                     "JSON-RPC message")
                 if _check_id(message, self.request_id, self.server):
                     self.digest = hashlib.sha256(data).hexdigest()
                     self.final = True
                     yield event.raw, data, message
                     return
                 yield event.raw, data, message
+        raise McpRefusal(502, UPSTREAM_ERROR, "upstream_invalid",
+                         f"MCP server {self.server} ended the stream without the response")
 
     def _parse(self, data: bytes) -> Any:
         try:

@@ -346,3 +346,93 @@ def test_check_config_names_a_missing_batch_database(tmp_path: Path) -> None:
 
     assert s.batch is not None
     assert store_location(s.batch, audit_store_url(s.audit)) == tmp_path / "audit" / "batch.db"
+
+
+def _raw_post(url: str, path: str, head: bytes) -> bytes:
+    """Send a request head only (no body) and read the answer until its JSON ends."""
+    host, port = url.rsplit("/", 1)[1].split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(f"POST {path} HTTP/1.1\r\nhost: x\r\n".encode() + head + b"\r\n")
+        answer = b""
+        while b"}}" not in answer:
+            got = sock.recv(65536)
+            assert got, answer
+            answer += got
+    return answer
+
+
+def test_a_batch_create_request_is_bounded_and_its_metadata_checked(
+        serve_asgi: Any, tmp_path: Path) -> None:
+    """``POST /v1/batches`` carries a few ids and at most 16 metadata pairs (OpenAI: keys up to
+    64 characters, string values up to 512): a body announced at 1 GB is refused from its head
+    (not read into memory), and metadata beyond OpenAI's limits is refused, not stored."""
+    sim = start_sim(serve_asgi)
+    url = str(serve_asgi(create_app(settings(sim.url, tmp_path / "batch.db"))).url)
+    answer = _raw_post(url, "/v1/batches", f"authorization: Bearer {KEYS['owner']}\r\n".encode()
+                       + b"content-type: application/json\r\ncontent-length: 1000000000\r\n")
+    assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
+    c = client(url, "owner")
+    f = c.files.create(file=("in.jsonl", io.BytesIO(jsonl(1))), purpose="batch")
+    for metadata in ({f"k{i}": "v" for i in range(17)}, {"k": "v" * 513}, {"k" * 65: "v"},
+                     {"k": {"nested": "object"}}):
+        with pytest.raises(openai.BadRequestError) as info:
+            c.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions",
+                             completion_window="24h", metadata=metadata)  # type: ignore[arg-type]
+        assert info.value.param == "metadata"  # type: ignore[attr-defined]
+    assert c.batches.list().data == []
+
+
+def test_a_key_deletes_its_own_files_and_not_another_keys(serve_asgi: Any,
+                                                          tmp_path: Path) -> None:
+    """The OpenAI SDK's ``files.delete``: the owner's upload is gone afterwards (404), another
+    key's delete answers 404 and leaves the file in place."""
+    sim = start_sim(serve_asgi)
+    url = str(serve_asgi(create_app(settings(sim.url, tmp_path / "batch.db"))).url)
+    with client(url, "owner") as owner, client(url, "other") as other:
+        f = owner.files.create(file=("in.jsonl", io.BytesIO(jsonl(1))), purpose="batch")
+        with pytest.raises(openai.NotFoundError):
+            other.files.delete(f.id)
+        assert owner.files.retrieve(f.id).id == f.id
+        gone = owner.files.delete(f.id)
+        assert gone.deleted and gone.id == f.id
+        with pytest.raises(openai.NotFoundError):
+            owner.files.content(f.id)
+    with sqlite3.connect(tmp_path / "batch.db") as con:
+        assert con.execute("SELECT count(*) FROM files").fetchone()[0] == 0
+
+
+def test_checking_a_large_input_file_does_not_stall_other_requests(
+        serve_asgi: Any, tmp_path: Path) -> None:
+    """Creating a batch parses its whole input file (up to ``max_file_bytes``, 100 MB by
+    default: about 11 s of CPU on a loaded 2-core machine). That work must not hold the event
+    loop: other requests of the same process are answered meanwhile."""
+    import threading
+
+    import httpx
+
+    sim = start_sim(serve_asgi)
+    s = settings(sim.url, tmp_path / "batch.db")
+    s = s.model_copy(update={"batch": s.batch.model_copy(  # type: ignore[union-attr]
+        update={"max_file_bytes": 40_000_000, "max_requests": 50_000})})
+    url = str(serve_asgi(create_app(s)).url)
+    line = {"custom_id": "", "method": "POST", "url": "/v1/chat/completions",
+            "body": {"model": "m", "max_tokens": 1,
+                     "messages": [{"role": "user", "content": "a" * 1900}]}}
+    content = b"".join(json.dumps({**line, "custom_id": f"r{i}"}).encode() + b"\n"
+                       for i in range(18_000))
+    with client(url, "owner") as c:
+        f = c.files.create(file=("big.jsonl", io.BytesIO(content)), purpose="batch")
+        c.batches.list()  # warm: the next call's time is the create's own
+        created: list[Any] = []
+        worker = threading.Thread(target=lambda: created.append(c.batches.create(
+            input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h")))
+        slowest = 0.0
+        with httpx.Client(timeout=60) as h:
+            worker.start()
+            while worker.is_alive():
+                start = time.monotonic()
+                assert h.get(url + "/healthz").status_code == 200
+                slowest = max(slowest, time.monotonic() - start)
+            worker.join()
+        c.batches.cancel(created[0].id)
+    assert slowest < 1.0, f"/healthz waited {slowest:.2f} s behind the batch's file check"

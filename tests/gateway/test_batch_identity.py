@@ -174,3 +174,25 @@ def test_an_owner_the_new_identity_config_does_not_admit_sends_nothing_more(
     assert {e["error"]["code"] for e in errors} == {code}
     assert {e["response"]["status_code"] for e in errors} == {401}
     assert all("created this batch" in e["error"]["message"] for e in errors)
+
+
+@pytest.mark.parametrize("path", ["/v1/files", "/v1/batches"])
+def test_identity_routes_hold_on_the_batch_endpoints(serve_asgi: Any, tmp_path: Path,
+                                                      path: str) -> None:
+    """``identity.routes`` says which credentials a path accepts; a path that accepts API keys
+    only must refuse a bearer JWT there, as the relay's paths do (403
+    ``credential_not_accepted``), whether it uploads a file or creates a batch."""
+    sim = start_sim(serve_asgi)
+    idp = Idp(tmp_path)
+    section = idp.section()
+    section["accept"] = ["key", "jwt"]
+    section["routes"] = {path: ["key"]}
+    gw = served(serve_asgi, settings(sim.url, tmp_path / "batch.db", section))
+    with (token_client(str(gw.url), idp.key.token()) as client,
+          pytest.raises(openai.PermissionDeniedError) as info):
+        if path == "/v1/files":
+            client.files.create(file=("in.jsonl", jsonl(1)), purpose="batch")
+        else:
+            client.batches.create(input_file_id="file-x", endpoint="/v1/chat/completions",
+                                  completion_window="24h")
+    assert info.value.code == "credential_not_accepted"

@@ -10,11 +10,14 @@ simulator's: no request is sent twice.
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 from pathlib import Path
 from typing import Any
 
 import asyncpg
+import openai
+import pytest
 
 from gateway.app import create_app
 from gateway.assembly import assemble
@@ -112,3 +115,17 @@ def test_a_batch_in_the_postgres_audit_database_resumes_after_a_restart(
     # The files are in the database too (the input, and the output made at the end).
     files = query(pg_database, "SELECT purpose, owner FROM sg_batch_files ORDER BY created_at")
     assert sorted(files) == [("batch", "owner"), ("batch_output", "owner")]
+
+
+def test_a_file_is_deleted_by_its_owner_only_in_postgres(
+        serve_asgi: Any, tmp_path: Path, pg_database: str) -> None:
+    sim = start_sim(serve_asgi)
+    gw = served(serve_asgi, pg_settings(sim.url, pg_database, tmp_path))
+    with client(str(gw.url), "owner") as owner, client(str(gw.url), "other") as other:
+        f = owner.files.create(file=("in.jsonl", io.BytesIO(jsonl(1))), purpose="batch")
+        with pytest.raises(openai.NotFoundError):
+            other.files.delete(f.id)
+        assert owner.files.delete(f.id).deleted
+        with pytest.raises(openai.NotFoundError):
+            owner.files.delete(f.id)
+    assert query(pg_database, "SELECT count(*) FROM sg_batch_files") == [(0,)]

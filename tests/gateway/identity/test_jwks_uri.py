@@ -178,3 +178,46 @@ def test_refreshes_keep_to_the_cap(jwks_server: JwksServer) -> None:
     elapsed = _run(go)
     assert elapsed >= 0.9  # start + three refreshes 0.3 s apart, never sooner
     assert fetcher.keyset is not None and fetcher.last_error is None
+
+
+def test_a_key_dropped_from_the_fetched_jwks_stops_verifying_remembered_tokens(
+        tmp_path: Path, jwks_server: JwksServer) -> None:
+    """Removing a key from the provider's JWKS is how a compromised key is withdrawn; a token
+    of that key verified (and remembered) before the refresh must not be served after it."""
+    pinned, leaked = SigningKey("pinned-1"), SigningKey("leaked-2")
+    jwks_server.body = json.dumps({"keys": [leaked.jwk]}).encode()
+    auth = assemble(_settings(tmp_path, pinned, jwks_server.port)).authenticator
+    assert isinstance(auth, IdentityAuthenticator)
+
+    async def go() -> None:
+        await auth.startup()
+        try:
+            token = leaked.token()
+            assert auth.authenticate(token).identity is not None  # verified, remembered
+            jwks_server.body = json.dumps({"keys": [SigningKey("next-3").jwk]}).encode()
+            assert await auth.fetchers[0].refresh() is True
+            with pytest.raises(TokenRejected) as info:
+                auth.authenticate(leaked.token(sub="bob"))  # a new token of the key: refused
+            assert info.value.code == "token_key_unknown"
+            with pytest.raises(TokenRejected) as info:
+                auth.authenticate(token)  # the remembered one too
+            assert info.value.code == "token_key_unknown"
+            assert auth.authenticate(pinned.token()).identity is not None
+        finally:
+            await auth.shutdown()
+
+    _run(go)
+
+
+@pytest.mark.parametrize("uri", ["http://kc.example.eu/realms/ai/certs",
+                                 "http://10.0.0.7:8080/certs", "HTTP://kc.example.eu/certs",
+                                 "http://127.0.0.1.evil.example/certs"])
+def test_jwks_uri_in_plain_http_off_the_host_is_refused(
+        tmp_path: Path, jwks_server: JwksServer, uri: str) -> None:
+    """Fetched keys are not pinned: over plain HTTP anyone on the path could add a key and sign
+    any identity. Only ``https://`` (or ``http://`` to loopback, a local sidecar) is accepted."""
+    s = _settings(tmp_path, SigningKey("pinned-1"), jwks_server.port)
+    raw = s.model_dump(mode="json", exclude_none=True)
+    raw["identity"]["issuers"][0]["jwks_uri"] = uri
+    with pytest.raises(ConfigError, match=r"identity\.issuers\.0\.jwks_uri|jwks_uri.*https"):
+        parse(raw, {})
