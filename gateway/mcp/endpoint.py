@@ -33,6 +33,13 @@ from gateway.auth import bearer_token
 from gateway.errors import GatewayError
 from gateway.mcp.access import ToolAccess
 from gateway.mcp.arguments import argument_bytes, check_schema, check_size, check_url_arguments
+from gateway.mcp.asgi import (
+    RequestHeaders,
+    read_body,
+    request_headers,
+    send_json,
+    send_response,
+)
 from gateway.mcp.catalogue import Catalogue
 from gateway.mcp.jsonrpc import (
     FORBIDDEN,
@@ -49,7 +56,7 @@ from gateway.mcp.jsonrpc import (
 from gateway.mcp.limits import ServerGate, quota_refusal
 from gateway.mcp.metadata import metadata_document, metadata_url
 from gateway.mcp.metrics import McpMetrics
-from gateway.mcp.params import check_param_headers, param_headers, param_lines
+from gateway.mcp.params import check_params, mirror_params
 from gateway.mcp.paths import AGGREGATE, PREFIX
 from gateway.mcp.pii import refusal_record, scan_arguments
 from gateway.mcp.records import CallRecord, trace_id_of
@@ -72,7 +79,7 @@ _SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no
 
 
 AggregateHandler = Callable[
-    ["McpEndpoint", Any, Mapping[str, Any], Mapping[str, str], Any, Any], Awaitable[None]]
+    ["McpEndpoint", Any, Mapping[str, Any], RequestHeaders, Any, Any], Awaitable[None]]
 """Serves the aggregate endpoint ``/mcp`` with an endpoint's checks
 (:func:`gateway.mcp.aggregate.handle_aggregate`, given by :func:`gateway.mcp.wiring`)."""
 
@@ -126,7 +133,7 @@ class McpEndpoint:
 
     async def handle(self, state: Any, scope: Mapping[str, Any], receive: Any, send: Any) -> None:
         """Serve one HTTP request under ``/mcp/`` (or the aggregate endpoint ``/mcp``)."""
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        headers = request_headers(scope["headers"])
         if scope["path"] == AGGREGATE and self.settings.aggregate and self._aggregate is not None:
             await self._aggregate(self, state, scope, headers, receive, send)
             return
@@ -152,7 +159,7 @@ class McpEndpoint:
                 return
             msg, body = await self.read_message(scope, headers, receive, rec)
             rec.tool = msg.name if msg.method == "tools/call" else None
-            rec.protocol_version = check_headers(msg, headers, scope["headers"])
+            rec.protocol_version = check_headers(msg, headers, headers.repeated)
             self.check_class(principal, upstream, rec)
             upstream_sid = self._session(principal.key_id, upstream, headers, rec)
             params: Mapping[str, str] = {}
@@ -161,7 +168,7 @@ class McpEndpoint:
                 modern = rec.protocol_version in MODERN_VERSIONS
                 principal, body, params = await self.check_call(
                     state, upstream, principal, msg, body, rec,
-                    param_lines(scope["headers"]) if modern else None)
+                    headers.params if modern else None)
                 params = params if modern else {}
             elif msg.method is not None and msg.is_request and not self.access.may_use_server(
                     principal.key_id, principal.team, upstream.name):
@@ -368,8 +375,9 @@ class McpEndpoint:
             raise McpRefusal(400, INVALID_PARAMS, "unknown_tool",
                              f"MCP server {upstream.name} has no tool {tool!r}")
         schema = definition.get("inputSchema")
+        annotations = catalogue.annotations(tool)
         if client_params is not None:
-            check_param_headers(schema, sent, client_params)
+            check_params(annotations, sent, client_params)
         check_schema(arguments, schema if isinstance(schema, dict) else None,
                      catalogue.validator(tool))
         if declared is not None and declared.url_arguments:
@@ -377,7 +385,7 @@ class McpEndpoint:
                                       self._policy,
                                       PolicyPrincipal(principal.key_id, principal.team),
                                       principal.data_class)
-        return principal, body, param_headers(schema, arguments)
+        return principal, body, mirror_params(annotations, arguments)
 
     async def _scan_arguments(self, pii: Any, upstream: Upstream, principal: Any, msg: Message,
                               arguments: dict[str, Any], body: bytes, rec: CallRecord,
@@ -431,7 +439,7 @@ class McpEndpoint:
                     data += chunk
                 ctype = resp.headers.get("content-type", "application/json").encode("latin-1")
                 rec.status = resp.status
-                await _send(send, resp.status, bytes(data),
+                await send_response(send, resp.status, bytes(data),
                             [(b"content-type", ctype), *out_headers])
                 rec.bytes_out = len(data)
                 return
@@ -441,9 +449,7 @@ class McpEndpoint:
             elif stream.is_sse:
                 await self._relay_sse(stream, msg, rec, send, out_headers)
             else:
-                answer = b""
-                async for raw, _, _ in stream.events():
-                    answer = raw
+                answer, _ = await stream.whole()
                 rec.status = 200
                 await send_json(send, 200, answer, out_headers)
                 rec.bytes_out = len(answer)
@@ -518,36 +524,5 @@ class McpEndpoint:
         rec.decision = "allow"
         status = await upstream.delete(Link.of(state), sid)
         rec.status = status
-        await _send(send, status, b"", [])
+        await send_response(send, status, b"", [])
 
-
-async def read_body(receive: Any, headers: Mapping[str, str], limit: int) -> bytes:
-    """The request body, up to ``limit`` bytes. A batch is refused at its first byte and an
-    announced length above the limit at the first chunk: neither is read whole."""
-    length = headers.get("content-length")
-    too_large = length is not None and length.isdigit() and int(length) > limit
-    body = bytearray()
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise McpRefusal(400, INVALID_REQUEST, "client_gone", "client disconnected")
-        body += message.get("body", b"")
-        if body.lstrip()[:1] == b"[":
-            raise McpRefusal(400, INVALID_REQUEST, "batch_refused",
-                             "JSON-RPC batches are not accepted: send one message per POST")
-        if too_large or len(body) > limit:
-            raise McpRefusal(413, INVALID_REQUEST, "request_too_large",
-                             f"request body above the limit of {limit} bytes")
-        if not message.get("more_body", False):
-            return bytes(body)
-
-
-async def _send(send: Any, status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> None:
-    await send({"type": "http.response.start", "status": status,
-                "headers": [*headers, (b"content-length", str(len(body)).encode())]})
-    await send({"type": "http.response.body", "body": body})
-
-
-async def send_json(send: Any, status: int, body: bytes,
-                     headers: list[tuple[bytes, bytes]] | None = None) -> None:
-    await _send(send, status, body, [(b"content-type", b"application/json"), *(headers or [])])
