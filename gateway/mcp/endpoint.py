@@ -13,6 +13,9 @@ is forwarded)::
     bytes, time checked) -> tools/list answers filtered to the tools the caller may call ->
     audit record
 
+The forward and the relay of the answer are :class:`gateway.mcp.answers.AnswerRelay`'s; the
+ASGI reading and writing :mod:`gateway.mcp.asgi`'s.
+
 Modern requests (2026-07-28) are stateless; handshake-era requests (2025-03-26..2025-11-25)
 get caller-bound session ids (:mod:`gateway.mcp.sessions`). ``GET`` (the old standalone
 stream) is answered 405, as the 2025 revisions allow.
@@ -32,6 +35,7 @@ from typing import Any
 from gateway.auth import bearer_token
 from gateway.errors import GatewayError
 from gateway.mcp.access import ToolAccess
+from gateway.mcp.answers import AnswerRelay
 from gateway.mcp.arguments import argument_bytes, check_schema, check_size, check_url_arguments
 from gateway.mcp.asgi import (
     RequestHeaders,
@@ -43,7 +47,6 @@ from gateway.mcp.asgi import (
 from gateway.mcp.catalogue import Catalogue
 from gateway.mcp.jsonrpc import (
     FORBIDDEN,
-    INTERNAL_ERROR,
     INVALID_PARAMS,
     INVALID_REQUEST,
     MODERN_VERSIONS,
@@ -63,7 +66,7 @@ from gateway.mcp.records import CallRecord, trace_id_of
 from gateway.mcp.sessions import SessionBinder
 from gateway.mcp.settings import McpSettings
 from gateway.mcp.spans import ToolCallSpans
-from gateway.mcp.upstream import Link, RelayedStream, Upstream
+from gateway.mcp.upstream import Link, Upstream
 from gateway.quotas import QuotaError
 from gateway.quotas.tool_calls import ToolCallQuotas
 from policy import EgressMatcher, Policy
@@ -74,8 +77,6 @@ __all__ = ["McpEndpoint"]
 _log = logging.getLogger(__name__)
 
 AuditSink = Callable[[Mapping[str, Any]], Awaitable[Any]]
-_SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"),
-                (b"x-accel-buffering", b"no")]
 
 
 AggregateHandler = Callable[
@@ -110,6 +111,7 @@ class McpEndpoint:
         self.access = ToolAccess(settings.access)
         self.catalogue = Catalogue(settings.limits)
         self.sessions = SessionBinder(session_key)
+        self.answers = AnswerRelay(settings.limits, self.sessions, self.access)
         self.metrics = McpMetrics()
         self._policy = policy
         self._matcher = matcher
@@ -219,8 +221,8 @@ class McpEndpoint:
                 span, trace_headers = self._spans.forwarding(rec, headers)
                 opened.append(span)
                 headers = {**headers, **trace_headers}
-            await self.forward(state, upstream, principal, msg, body, headers, upstream_sid,
-                               rec, send, params)
+            await self.answers.forward(Link.of(state), upstream, principal, msg, body, headers,
+                                       upstream_sid, rec, send, params)
 
     async def settle(self, admission: Any) -> None:
         """End a tool call's quota admission (:meth:`admit`; ``None``: nothing charged)."""
@@ -409,110 +411,7 @@ class McpEndpoint:
             arguments = scan.arguments
         return principal, body, arguments
 
-    # -- forwarding -----------------------------------------------------------------------
-
-    async def forward(self, state: Any, upstream: Upstream, principal: Any, msg: Message,
-                      body: bytes, headers: Mapping[str, str], upstream_sid: str | None,
-                      rec: CallRecord, send: Any, params: Mapping[str, str] | None = None,
-                      ) -> None:
-        """Send the checked message upstream and relay the answer.
-
-        Args:
-            headers: The client's headers (only the MCP ones are relayed).
-            params: The ``Mcp-Param-*`` headers to send (from :meth:`check_call`).
-        """
-        limits = self.settings.limits
-        resp = await upstream.post(Link.of(state), body,
-                                   upstream.headers(headers, upstream_sid, params), limits)
-        async with resp:
-            out_headers: list[tuple[bytes, bytes]] = []
-            sid = resp.headers.get("mcp-session-id")
-            if sid is not None:
-                out_headers.append((b"mcp-session-id", self.sessions.wrap(
-                    principal.key_id, upstream.name, sid).encode()))
-            if not msg.is_request or resp.status != 200:
-                # Notifications and client responses (202), upstream HTTP errors: relay the
-                # status with a bounded body.
-                stream = RelayedStream(resp, None, upstream.name, limits)
-                data = bytearray()
-                async for chunk in stream.chunks():
-                    data += chunk
-                ctype = resp.headers.get("content-type", "application/json").encode("latin-1")
-                rec.status = resp.status
-                await send_response(send, resp.status, bytes(data),
-                            [(b"content-type", ctype), *out_headers])
-                rec.bytes_out = len(data)
-                return
-            stream = RelayedStream(resp, msg.id, upstream.name, limits)
-            if msg.method == "tools/list":
-                await self._relay_filtered(stream, principal, upstream, rec, send, out_headers)
-            elif stream.is_sse:
-                await self._relay_sse(stream, msg, rec, send, out_headers)
-            else:
-                answer, _ = await stream.whole()
-                rec.status = 200
-                await send_json(send, 200, answer, out_headers)
-                rec.bytes_out = len(answer)
-            rec.result_sha256 = stream.digest
-
-    async def _relay_sse(self, stream: RelayedStream, msg: Message, rec: CallRecord, send: Any,
-                         out_headers: list[tuple[bytes, bytes]]) -> None:
-        started = ended = False
-        try:
-            async for raw, _, message in stream.events():
-                if isinstance(message, dict) and "method" in message and "id" in message and (
-                        rec.protocol_version in MODERN_VERSIONS
-                        or msg.meta_version in MODERN_VERSIONS):
-                    stream.resp.abandon()
-                    raise McpRefusal(502, INTERNAL_ERROR, "upstream_request_refused",
-                                     "MCP server sent a request on a 2026-07-28 stream")
-                if not started:
-                    await send({"type": "http.response.start", "status": 200,
-                                "headers": [*_SSE_HEADERS, *out_headers]})
-                    started = True
-                    rec.status = 200
-                # The final response ends the body in the same write (one send, one wake-up
-                # of the client, instead of a second write for the last chunk).
-                ended = stream.final  # the generator ends after the final response
-                await send({"type": "http.response.body", "body": raw, "more_body": not ended})
-                rec.bytes_out += len(raw)
-        except McpRefusal as exc:
-            if not started:
-                raise
-            # The stream has begun: the refusal becomes the request's final JSON-RPC error.
-            final = error_body(msg.id, exc.rpc_code, exc.message)
-            event = b"event: message\ndata: " + final + b"\n\n"
-            await send({"type": "http.response.body", "body": event, "more_body": True})
-            rec.bytes_out += len(event)
-            rec.reason, rec.rpc_error = exc.reason, exc.rpc_code
-        if not started:
-            await send({"type": "http.response.start", "status": 200,
-                        "headers": [*_SSE_HEADERS, *out_headers]})
-            rec.status = 200
-        if not ended:
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
-
-    async def _relay_filtered(self, stream: RelayedStream, principal: Any, upstream: Upstream,
-                              rec: CallRecord, send: Any,
-                              out_headers: list[tuple[bytes, bytes]]) -> None:
-        final: Any = None
-        async for _, _, message in stream.events():
-            if stream.final:
-                final = message
-        if not isinstance(final, dict):
-            raise McpRefusal(502, INTERNAL_ERROR, "upstream_invalid", "no tools/list answer")
-        result = final.get("result")
-        if isinstance(result, dict) and isinstance(result.get("tools"), list):
-            result["tools"] = [
-                t for t in result["tools"]
-                if isinstance(t, dict) and isinstance(t.get("name"), str)
-                and self.access.check(principal.key_id, principal.team, upstream.name,
-                                      t["name"]).allowed
-            ]
-        data = json.dumps(final, separators=(",", ":")).encode()
-        rec.status = 200
-        await send_json(send, 200, data, out_headers)
-        rec.bytes_out = len(data)
+    # -- sessions ----------------------------------------------------------------------
 
     async def _delete(self, state: Any, upstream: Upstream, key_id: str,
                       headers: Mapping[str, str], rec: CallRecord, send: Any) -> None:
