@@ -35,11 +35,20 @@ class RequestHeaders(dict[str, str]):
         self.params: list[tuple[str, str]] = []
 
 
+_KNOWN = {name.encode(): name for name in (
+    "host", "content-type", "content-length", "accept", "accept-encoding", "authorization",
+    "user-agent", "connection", "origin", "traceparent", "tracestate", "mcp-protocol-version",
+    "mcp-method", "mcp-name", "mcp-session-id", "last-event-id")}
+"""Lower-case header names as ASGI servers pass them -> ``str`` (a lookup, not a decode and a
+``lower()`` per line; other names are decoded)."""
+
+
 def request_headers(raw: list[tuple[bytes, bytes]]) -> RequestHeaders:
     """Read an ASGI header list (names lower-cased here too: ASGI only recommends it)."""
     out = RequestHeaders()
+    known = _KNOWN
     for name_bytes, value_bytes in raw:
-        name = name_bytes.decode("latin-1").lower()
+        name = known.get(name_bytes) or name_bytes.decode("latin-1").lower()
         value = value_bytes.decode("latin-1")
         if name in out:
             out.repeated.add(name)
