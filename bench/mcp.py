@@ -6,7 +6,9 @@ SQLite audit chain) run as separate processes. A client sends ``--calls`` modern
 ``tools/call`` requests at concurrency 1 (``--calls-c1``) and ``--concurrency`` (32) straight
 to the server and through ``/mcp/echo``, in ``--rounds`` interleaved rounds (so each path sees
 the same machine load), and prints p50/p99 of each, the added latency (gateway minus direct,
-per percentile) and the CPU time per call of the server and the gateway (``/proc``).
+per percentile), the CPU time per call of the server, the gateway and this client
+(``/proc``) and how busy the machine's CPUs were during the loads (``/proc/stat``: at 100%,
+each call waits for a core behind the others, and every microsecond of CPU per call shows).
 ``--baseline DIR`` adds a second gateway from another checkout in front of the same server,
 measured in the same rounds (before/after in one run). Targets (issue 28): added p50 <= 1 ms,
 added p99 <= 3 ms at c=32. ``--profile FILE`` writes a CPU-time cProfile of the gateway's
@@ -128,13 +130,24 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def machine_ticks() -> tuple[int, int]:
+    """(all, idle) clock ticks of all CPUs so far (``/proc/stat`` line ``cpu``; idle + iowait)."""
+    ticks = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    return sum(ticks), ticks[3] + ticks[4]
+
+
 def measure(url: str, calls: int, concurrency: int, key: str | None,
             pids: dict[str, int]) -> tuple[list[float], dict[str, float]]:
-    """Latencies (ms) of one load, and CPU microseconds per call of each process in ``pids``."""
+    """Latencies (ms) of one load; CPU microseconds per call of each process in ``pids`` and
+    of this client (``client``); the machine's busy share during the load in % (``busy``)."""
     before = {name: cpu_s(pid) for name, pid in pids.items()}
+    client, (total, idle) = time.process_time(), machine_ticks()
     values = asyncio.run(load(url, calls, concurrency, key))
-    return values, {name: (cpu_s(pid) - before[name]) * 1e6 / calls
-                    for name, pid in pids.items()}
+    total2, idle2 = machine_ticks()
+    out = {name: (cpu_s(pid) - before[name]) * 1e6 / calls for name, pid in pids.items()}
+    out["client"] = (time.process_time() - client) * 1e6 / calls
+    out["busy"] = 100 * (1 - (idle2 - idle) / max(1, total2 - total))
+    return values, out
 
 
 def main() -> None:
@@ -210,7 +223,7 @@ def main() -> None:
             procs["gateway"].send_signal(signal.SIGUSR1)
         for conc, calls in ((1, args.calls_c1), (args.concurrency, args.calls)):
             got: dict[str, tuple[list[float], dict[str, float]]] = {
-                name: ([], {p: 0.0 for p in pids}) for name in urls}
+                name: ([], {p: 0.0 for p in (*pids, "client", "busy")}) for name in urls}
             for _ in range(args.rounds):  # interleaved: each target sees the same load
                 for name, url in urls.items():
                     values, cpu = measure(url, calls // args.rounds, conc,
@@ -237,7 +250,8 @@ def main() -> None:
         for name, (values, cpu) in got.items():
             own = f" {name} {cpu[name]:5.0f} us" if name != "direct" else ""
             print(f"  {name:8} p50 {pct(values, 0.5):7.2f} ms  p99 {pct(values, 0.99):7.2f} ms"
-                  f"  CPU/call server {cpu['server']:5.0f} us{own}")
+                  f"  CPU/call server {cpu['server']:5.0f} us{own} client {cpu['client']:5.0f} us"
+                  f"  machine busy {cpu['busy']:3.0f}%")
         for name, (values, _) in got.items():
             if name == "direct":
                 continue

@@ -26,6 +26,7 @@ import secrets
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from gateway.mcp.asgi import RequestHeaders
 from gateway.mcp.catalogue import modern_meta
 from gateway.mcp.jsonrpc import (
     HANDSHAKE_VERSIONS,
@@ -38,7 +39,6 @@ from gateway.mcp.jsonrpc import (
     Message,
     check_headers,
 )
-from gateway.mcp.params import param_lines
 from gateway.mcp.records import CallRecord, trace_id_of
 from gateway.mcp.settings import AGGREGATE_SEPARATOR
 from gateway.mcp.upstream import Link, Upstream
@@ -64,7 +64,7 @@ def split_tool_name(name: str) -> tuple[str, str] | None:
 
 
 async def handle_aggregate(ep: McpEndpoint, state: Any, scope: Mapping[str, Any],
-                           headers: Mapping[str, str], receive: Any, send: Any) -> None:
+                           headers: RequestHeaders, receive: Any, send: Any) -> None:
     """Serve one HTTP request to ``/mcp`` with the checks and audit of ``ep``."""
     rec = CallRecord(server=None, trace_id=trace_id_of(headers.get("traceparent")))
     msg: Message | None = None
@@ -81,7 +81,7 @@ async def handle_aggregate(ep: McpEndpoint, state: Any, scope: Mapping[str, Any]
             await _send(send, 200, None, [])
             return
         msg, _ = await ep.read_message(scope, headers, receive, rec)
-        rec.protocol_version = check_headers(msg, headers, scope["headers"])
+        rec.protocol_version = check_headers(msg, headers, headers.repeated)
         modern = rec.protocol_version in MODERN_VERSIONS
         if "mcp-session-id" in headers:
             if modern:
@@ -90,7 +90,7 @@ async def handle_aggregate(ep: McpEndpoint, state: Any, scope: Mapping[str, Any]
             if _session(ep, principal.key_id, headers) is None:
                 raise McpRefusal(404, INVALID_REQUEST, "session_unknown", "Session not found")
         if msg.method == "tools/call":
-            client_params = param_lines(scope["headers"]) if modern else None
+            client_params = headers.params if modern else None
             await _call(ep, state, principal, msg, headers, client_params, rec, send, opened)
             return
         rec.decision = "allow"

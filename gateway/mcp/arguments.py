@@ -3,7 +3,9 @@
 1. Size: the serialised ``arguments`` object against the tool's (or the default) limit.
 2. Shape: JSON-schema validation against the tool's own ``inputSchema`` (from the server's
    ``tools/list``, :mod:`gateway.mcp.catalogue`), with the validator class the schema's
-   ``$schema`` names (default draft 2020-12, as MCP 2025-11-25 and later specify).
+   ``$schema`` names (default draft 2020-12, as MCP 2025-11-25 and later specify); arguments
+   a quick test can tell are valid skip the full validation
+   (:mod:`gateway.mcp.schema_accept`).
 3. Reach: each declared URL/host argument is put through the egress policy's one check,
    :func:`policy.check_target` (every IPv4/IPv6 spelling the guard parses, always-denied
    metadata and link-local addresses, names no destination names refused without DNS, names a
@@ -17,6 +19,7 @@ import asyncio
 import json
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -24,11 +27,13 @@ import jsonschema
 from jsonschema.exceptions import SchemaError
 
 from gateway.mcp.jsonrpc import FORBIDDEN, INVALID_PARAMS, McpRefusal
+from gateway.mcp.schema_accept import Acceptor, acceptor
 from policy import EgressDenied, EgressMatcher, Policy, check_target
 from policy import Principal as PolicyPrincipal
 
 __all__ = [
-    "argument_bytes", "check_schema", "check_size", "check_url_arguments", "compile_schema",
+    "CompiledSchema", "argument_bytes", "check_schema", "check_size", "check_url_arguments",
+    "compile_schema",
 ]
 
 # Characters on which URL parsers disagree about the host (see _host_port).
@@ -53,14 +58,29 @@ def check_size(encoded: bytes, limit: int) -> None:
                          f"tool arguments are {len(encoded)} bytes, above the limit of {limit}")
 
 
+@dataclass(frozen=True, slots=True)
+class CompiledSchema:
+    """A tool's ``inputSchema`` made ready for validation (:func:`compile_schema`).
+
+    Attributes:
+        validator: The ``jsonschema`` validator (the class the schema's ``$schema`` names).
+        accept: Its quick acceptance test (:mod:`gateway.mcp.schema_accept`), ``None`` when
+            the schema is beyond it.
+    """
+
+    validator: Any
+    accept: Acceptor | None
+
+
 def check_schema(arguments: Any, schema: Mapping[str, Any] | None,
-                 validator: Any | None = None) -> None:
-    """Validate ``arguments`` against the tool's ``inputSchema``.
+                 compiled: CompiledSchema | None = None) -> None:
+    """Validate ``arguments`` against the tool's ``inputSchema``: accepted at once by the
+    quick test when it can tell, else validated by ``jsonschema``.
 
     Args:
         arguments: The call's arguments.
         schema: The tool's ``inputSchema``.
-        validator: The schema's compiled validator (:func:`compile_schema`), if cached.
+        compiled: The schema compiled (:func:`compile_schema`), if cached.
 
     Raises:
         McpRefusal: 400 ``schema_invalid`` (the arguments do not match; the message names the
@@ -68,9 +88,11 @@ def check_schema(arguments: Any, schema: Mapping[str, Any] | None,
     """
     if schema is None:
         return
-    if validator is None:
-        validator = compile_schema(schema)
-    error = jsonschema.exceptions.best_match(validator.iter_errors(arguments))
+    if compiled is None:
+        compiled = compile_schema(schema)
+    if compiled.accept is not None and compiled.accept(arguments):
+        return
+    error = jsonschema.exceptions.best_match(compiled.validator.iter_errors(arguments))
     if error is not None:
         where = "/".join(str(p) for p in error.absolute_path) or "(root)"
         raise McpRefusal(400, INVALID_PARAMS, "schema_invalid",
@@ -78,8 +100,9 @@ def check_schema(arguments: Any, schema: Mapping[str, Any] | None,
                          f"{error.validator} {error.validator_value!r}"[:300])
 
 
-def compile_schema(schema: Mapping[str, Any]) -> Any:
-    """The validator of ``schema`` (the class its ``$schema`` names, default 2020-12).
+def compile_schema(schema: Mapping[str, Any]) -> CompiledSchema:
+    """The validator of ``schema`` (the class its ``$schema`` names, default 2020-12) and its
+    quick acceptance test.
 
     Raises:
         McpRefusal: 502 ``tool_schema_invalid``.
@@ -91,7 +114,7 @@ def compile_schema(schema: Mapping[str, Any]) -> Any:
         raise McpRefusal(
             502, INVALID_PARAMS, "tool_schema_invalid",
             "the server's inputSchema for this tool is not a valid JSON schema") from exc
-    return cls(schema)
+    return CompiledSchema(cls(schema), acceptor(schema, cls))
 
 
 def _host_port(value: str) -> tuple[str, int]:

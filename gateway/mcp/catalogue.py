@@ -20,8 +20,9 @@ from typing import Any
 
 import aiohttp
 
-from gateway.mcp.arguments import compile_schema
+from gateway.mcp.arguments import CompiledSchema, compile_schema
 from gateway.mcp.jsonrpc import HANDSHAKE_VERSIONS, MODERN_VERSIONS, UPSTREAM_ERROR, McpRefusal
+from gateway.mcp.params import Annotations, header_annotations
 from gateway.mcp.settings import McpLimits
 from gateway.mcp.upstream import Link, RelayedStream, Upstream, read_json_answer
 
@@ -46,10 +47,19 @@ class ToolCatalogue:
     tools: Mapping[str, Mapping[str, Any]]
     modern: bool
     fetched_at: float
-    validators: dict[str, Any] = field(default_factory=dict)
+    validators: dict[str, CompiledSchema | None] = field(default_factory=dict)
     """Compiled ``inputSchema`` validators by tool name (filled on first use)."""
+    header_params: dict[str, Annotations] = field(default_factory=dict)
+    """``x-mcp-header`` annotations of each tool's ``inputSchema`` (filled on first use)."""
 
-    def validator(self, tool: str) -> Any | None:
+    def annotations(self, tool: str) -> Annotations:
+        """The ``x-mcp-header`` annotations of ``tool``'s ``inputSchema``
+        (:func:`gateway.mcp.params.header_annotations`, computed once per tool)."""
+        if tool not in self.header_params:
+            self.header_params[tool] = header_annotations(self.tools[tool].get("inputSchema"))
+        return self.header_params[tool]
+
+    def validator(self, tool: str) -> CompiledSchema | None:
         """The compiled validator of ``tool``'s ``inputSchema`` (``None``: no schema).
 
         Raises:

@@ -13,6 +13,9 @@ is forwarded)::
     bytes, time checked) -> tools/list answers filtered to the tools the caller may call ->
     audit record
 
+The forward and the relay of the answer are :class:`gateway.mcp.answers.AnswerRelay`'s; the
+ASGI reading and writing :mod:`gateway.mcp.asgi`'s.
+
 Modern requests (2026-07-28) are stateless; handshake-era requests (2025-03-26..2025-11-25)
 get caller-bound session ids (:mod:`gateway.mcp.sessions`). ``GET`` (the old standalone
 stream) is answered 405, as the 2025 revisions allow.
@@ -32,11 +35,18 @@ from typing import Any
 from gateway.auth import bearer_token
 from gateway.errors import GatewayError
 from gateway.mcp.access import ToolAccess
+from gateway.mcp.answers import AnswerRelay
 from gateway.mcp.arguments import argument_bytes, check_schema, check_size, check_url_arguments
+from gateway.mcp.asgi import (
+    RequestHeaders,
+    read_body,
+    request_headers,
+    send_json,
+    send_response,
+)
 from gateway.mcp.catalogue import Catalogue
 from gateway.mcp.jsonrpc import (
     FORBIDDEN,
-    INTERNAL_ERROR,
     INVALID_PARAMS,
     INVALID_REQUEST,
     MODERN_VERSIONS,
@@ -49,14 +59,14 @@ from gateway.mcp.jsonrpc import (
 from gateway.mcp.limits import ServerGate, quota_refusal
 from gateway.mcp.metadata import metadata_document, metadata_url
 from gateway.mcp.metrics import McpMetrics
-from gateway.mcp.params import check_param_headers, param_headers, param_lines
+from gateway.mcp.params import check_params, mirror_params
 from gateway.mcp.paths import AGGREGATE, PREFIX
 from gateway.mcp.pii import refusal_record, scan_arguments
 from gateway.mcp.records import CallRecord, trace_id_of
 from gateway.mcp.sessions import SessionBinder
 from gateway.mcp.settings import McpSettings
 from gateway.mcp.spans import ToolCallSpans
-from gateway.mcp.upstream import Link, RelayedStream, Upstream
+from gateway.mcp.upstream import Link, Upstream
 from gateway.quotas import QuotaError
 from gateway.quotas.tool_calls import ToolCallQuotas
 from policy import EgressMatcher, Policy
@@ -67,12 +77,10 @@ __all__ = ["McpEndpoint"]
 _log = logging.getLogger(__name__)
 
 AuditSink = Callable[[Mapping[str, Any]], Awaitable[Any]]
-_SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"),
-                (b"x-accel-buffering", b"no")]
 
 
 AggregateHandler = Callable[
-    ["McpEndpoint", Any, Mapping[str, Any], Mapping[str, str], Any, Any], Awaitable[None]]
+    ["McpEndpoint", Any, Mapping[str, Any], RequestHeaders, Any, Any], Awaitable[None]]
 """Serves the aggregate endpoint ``/mcp`` with an endpoint's checks
 (:func:`gateway.mcp.aggregate.handle_aggregate`, given by :func:`gateway.mcp.wiring`)."""
 
@@ -103,6 +111,7 @@ class McpEndpoint:
         self.access = ToolAccess(settings.access)
         self.catalogue = Catalogue(settings.limits)
         self.sessions = SessionBinder(session_key)
+        self.answers = AnswerRelay(settings.limits, self.sessions, self.access)
         self.metrics = McpMetrics()
         self._policy = policy
         self._matcher = matcher
@@ -126,7 +135,7 @@ class McpEndpoint:
 
     async def handle(self, state: Any, scope: Mapping[str, Any], receive: Any, send: Any) -> None:
         """Serve one HTTP request under ``/mcp/`` (or the aggregate endpoint ``/mcp``)."""
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        headers = request_headers(scope["headers"])
         if scope["path"] == AGGREGATE and self.settings.aggregate and self._aggregate is not None:
             await self._aggregate(self, state, scope, headers, receive, send)
             return
@@ -152,7 +161,7 @@ class McpEndpoint:
                 return
             msg, body = await self.read_message(scope, headers, receive, rec)
             rec.tool = msg.name if msg.method == "tools/call" else None
-            rec.protocol_version = check_headers(msg, headers, scope["headers"])
+            rec.protocol_version = check_headers(msg, headers, headers.repeated)
             self.check_class(principal, upstream, rec)
             upstream_sid = self._session(principal.key_id, upstream, headers, rec)
             params: Mapping[str, str] = {}
@@ -161,7 +170,7 @@ class McpEndpoint:
                 modern = rec.protocol_version in MODERN_VERSIONS
                 principal, body, params = await self.check_call(
                     state, upstream, principal, msg, body, rec,
-                    param_lines(scope["headers"]) if modern else None)
+                    headers.params if modern else None)
                 params = params if modern else {}
             elif msg.method is not None and msg.is_request and not self.access.may_use_server(
                     principal.key_id, principal.team, upstream.name):
@@ -212,8 +221,8 @@ class McpEndpoint:
                 span, trace_headers = self._spans.forwarding(rec, headers)
                 opened.append(span)
                 headers = {**headers, **trace_headers}
-            await self.forward(state, upstream, principal, msg, body, headers, upstream_sid,
-                               rec, send, params)
+            await self.answers.forward(Link.of(state), upstream, principal, msg, body, headers,
+                                       upstream_sid, rec, send, params)
 
     async def settle(self, admission: Any) -> None:
         """End a tool call's quota admission (:meth:`admit`; ``None``: nothing charged)."""
@@ -368,8 +377,9 @@ class McpEndpoint:
             raise McpRefusal(400, INVALID_PARAMS, "unknown_tool",
                              f"MCP server {upstream.name} has no tool {tool!r}")
         schema = definition.get("inputSchema")
+        annotations = catalogue.annotations(tool)
         if client_params is not None:
-            check_param_headers(schema, sent, client_params)
+            check_params(annotations, sent, client_params)
         check_schema(arguments, schema if isinstance(schema, dict) else None,
                      catalogue.validator(tool))
         if declared is not None and declared.url_arguments:
@@ -377,7 +387,7 @@ class McpEndpoint:
                                       self._policy,
                                       PolicyPrincipal(principal.key_id, principal.team),
                                       principal.data_class)
-        return principal, body, param_headers(schema, arguments)
+        return principal, body, mirror_params(annotations, arguments)
 
     async def _scan_arguments(self, pii: Any, upstream: Upstream, principal: Any, msg: Message,
                               arguments: dict[str, Any], body: bytes, rec: CallRecord,
@@ -401,112 +411,7 @@ class McpEndpoint:
             arguments = scan.arguments
         return principal, body, arguments
 
-    # -- forwarding -----------------------------------------------------------------------
-
-    async def forward(self, state: Any, upstream: Upstream, principal: Any, msg: Message,
-                      body: bytes, headers: Mapping[str, str], upstream_sid: str | None,
-                      rec: CallRecord, send: Any, params: Mapping[str, str] | None = None,
-                      ) -> None:
-        """Send the checked message upstream and relay the answer.
-
-        Args:
-            headers: The client's headers (only the MCP ones are relayed).
-            params: The ``Mcp-Param-*`` headers to send (from :meth:`check_call`).
-        """
-        limits = self.settings.limits
-        resp = await upstream.post(Link.of(state), body,
-                                   upstream.headers(headers, upstream_sid, params), limits)
-        async with resp:
-            out_headers: list[tuple[bytes, bytes]] = []
-            sid = resp.headers.get("mcp-session-id")
-            if sid is not None:
-                out_headers.append((b"mcp-session-id", self.sessions.wrap(
-                    principal.key_id, upstream.name, sid).encode()))
-            if not msg.is_request or resp.status != 200:
-                # Notifications and client responses (202), upstream HTTP errors: relay the
-                # status with a bounded body.
-                stream = RelayedStream(resp, None, upstream.name, limits)
-                data = bytearray()
-                async for chunk in stream.chunks():
-                    data += chunk
-                ctype = resp.headers.get("content-type", "application/json").encode("latin-1")
-                rec.status = resp.status
-                await _send(send, resp.status, bytes(data),
-                            [(b"content-type", ctype), *out_headers])
-                rec.bytes_out = len(data)
-                return
-            stream = RelayedStream(resp, msg.id, upstream.name, limits)
-            if msg.method == "tools/list":
-                await self._relay_filtered(stream, principal, upstream, rec, send, out_headers)
-            elif stream.is_sse:
-                await self._relay_sse(stream, msg, rec, send, out_headers)
-            else:
-                answer = b""
-                async for raw, _, _ in stream.events():
-                    answer = raw
-                rec.status = 200
-                await send_json(send, 200, answer, out_headers)
-                rec.bytes_out = len(answer)
-            rec.result_sha256 = stream.digest
-
-    async def _relay_sse(self, stream: RelayedStream, msg: Message, rec: CallRecord, send: Any,
-                         out_headers: list[tuple[bytes, bytes]]) -> None:
-        started = ended = False
-        try:
-            async for raw, _, message in stream.events():
-                if isinstance(message, dict) and "method" in message and "id" in message and (
-                        rec.protocol_version in MODERN_VERSIONS
-                        or msg.meta_version in MODERN_VERSIONS):
-                    stream.resp.abandon()
-                    raise McpRefusal(502, INTERNAL_ERROR, "upstream_request_refused",
-                                     "MCP server sent a request on a 2026-07-28 stream")
-                if not started:
-                    await send({"type": "http.response.start", "status": 200,
-                                "headers": [*_SSE_HEADERS, *out_headers]})
-                    started = True
-                    rec.status = 200
-                # The final response ends the body in the same write (one send, one wake-up
-                # of the client, instead of a second write for the last chunk).
-                ended = stream.final  # the generator ends after the final response
-                await send({"type": "http.response.body", "body": raw, "more_body": not ended})
-                rec.bytes_out += len(raw)
-        except McpRefusal as exc:
-            if not started:
-                raise
-            # The stream has begun: the refusal becomes the request's final JSON-RPC error.
-            final = error_body(msg.id, exc.rpc_code, exc.message)
-            event = b"event: message\ndata: " + final + b"\n\n"
-            await send({"type": "http.response.body", "body": event, "more_body": True})
-            rec.bytes_out += len(event)
-            rec.reason, rec.rpc_error = exc.reason, exc.rpc_code
-        if not started:
-            await send({"type": "http.response.start", "status": 200,
-                        "headers": [*_SSE_HEADERS, *out_headers]})
-            rec.status = 200
-        if not ended:
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
-
-    async def _relay_filtered(self, stream: RelayedStream, principal: Any, upstream: Upstream,
-                              rec: CallRecord, send: Any,
-                              out_headers: list[tuple[bytes, bytes]]) -> None:
-        final: Any = None
-        async for _, _, message in stream.events():
-            if stream.final:
-                final = message
-        if not isinstance(final, dict):
-            raise McpRefusal(502, INTERNAL_ERROR, "upstream_invalid", "no tools/list answer")
-        result = final.get("result")
-        if isinstance(result, dict) and isinstance(result.get("tools"), list):
-            result["tools"] = [
-                t for t in result["tools"]
-                if isinstance(t, dict) and isinstance(t.get("name"), str)
-                and self.access.check(principal.key_id, principal.team, upstream.name,
-                                      t["name"]).allowed
-            ]
-        data = json.dumps(final, separators=(",", ":")).encode()
-        rec.status = 200
-        await send_json(send, 200, data, out_headers)
-        rec.bytes_out = len(data)
+    # -- sessions ----------------------------------------------------------------------
 
     async def _delete(self, state: Any, upstream: Upstream, key_id: str,
                       headers: Mapping[str, str], rec: CallRecord, send: Any) -> None:
@@ -518,36 +423,5 @@ class McpEndpoint:
         rec.decision = "allow"
         status = await upstream.delete(Link.of(state), sid)
         rec.status = status
-        await _send(send, status, b"", [])
+        await send_response(send, status, b"", [])
 
-
-async def read_body(receive: Any, headers: Mapping[str, str], limit: int) -> bytes:
-    """The request body, up to ``limit`` bytes. A batch is refused at its first byte and an
-    announced length above the limit at the first chunk: neither is read whole."""
-    length = headers.get("content-length")
-    too_large = length is not None and length.isdigit() and int(length) > limit
-    body = bytearray()
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise McpRefusal(400, INVALID_REQUEST, "client_gone", "client disconnected")
-        body += message.get("body", b"")
-        if body.lstrip()[:1] == b"[":
-            raise McpRefusal(400, INVALID_REQUEST, "batch_refused",
-                             "JSON-RPC batches are not accepted: send one message per POST")
-        if too_large or len(body) > limit:
-            raise McpRefusal(413, INVALID_REQUEST, "request_too_large",
-                             f"request body above the limit of {limit} bytes")
-        if not message.get("more_body", False):
-            return bytes(body)
-
-
-async def _send(send: Any, status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> None:
-    await send({"type": "http.response.start", "status": status,
-                "headers": [*headers, (b"content-length", str(len(body)).encode())]})
-    await send({"type": "http.response.body", "body": body})
-
-
-async def send_json(send: Any, status: int, body: bytes,
-                     headers: list[tuple[bytes, bytes]] | None = None) -> None:
-    await _send(send, status, body, [(b"content-type", b"application/json"), *(headers or [])])

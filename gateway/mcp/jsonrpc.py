@@ -16,7 +16,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -100,12 +100,14 @@ class Message:
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise McpRefusal(400, INVALID_REQUEST, "duplicate_key",
-                             f"JSON object has the key {key!r} twice")
-        out[key] = value
+    out = dict(pairs)  # built in C; a repeated key leaves fewer entries than pairs
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise McpRefusal(400, INVALID_REQUEST, "duplicate_key",
+                                 f"JSON object has the key {key!r} twice")
+            seen.add(key)
     return out
 
 
@@ -167,11 +169,11 @@ def _mismatch(msg: Message, text: str) -> McpRefusal:
     return McpRefusal(400, HEADER_MISMATCH, "header_mismatch", f"Header mismatch: {text}")
 
 
-_ROUTING = (b"mcp-protocol-version", b"mcp-method", b"mcp-name")
+_ROUTING = ("mcp-protocol-version", "mcp-method", "mcp-name")
 
 
 def check_headers(msg: Message, headers: Mapping[str, str],
-                  lines: Sequence[tuple[bytes, bytes]] = ()) -> str:
+                  repeated: Collection[str] = ()) -> str:
     """Check the request-metadata headers against the body; return the protocol version.
 
     Modern versions (2026-07-28) require ``MCP-Protocol-Version`` equal to the body's
@@ -182,7 +184,8 @@ def check_headers(msg: Message, headers: Mapping[str, str],
     Args:
         msg: The parsed message.
         headers: Request headers, lower-case names, latin-1 decoded.
-        lines: The request's header lines as received: a routing header given twice is a
+        repeated: Lower-case names of the headers the request sent more than once
+            (:func:`gateway.mcp.asgi.request_headers`): a routing header given twice is a
             mismatch (readers of the first and of the last copy would disagree).
 
     Returns:
@@ -191,10 +194,10 @@ def check_headers(msg: Message, headers: Mapping[str, str],
     Raises:
         McpRefusal: 400 ``header_mismatch`` (-32020) or ``unsupported_version`` (-32022).
     """
-    names = [name.lower() for name, _ in lines]
-    for name in _ROUTING:
-        if names.count(name) > 1:
-            raise _mismatch(msg, f"{name.decode()} header appears more than once")
+    if repeated:
+        for name in _ROUTING:
+            if name in repeated:
+                raise _mismatch(msg, f"{name} header appears more than once")
     header_version = headers.get("mcp-protocol-version")
     version = header_version or msg.meta_version or "2025-03-26"
     if version not in MODERN_VERSIONS and version not in HANDSHAKE_VERSIONS:

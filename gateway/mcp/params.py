@@ -25,8 +25,8 @@ from typing import Any
 
 from gateway.mcp.jsonrpc import HEADER_MISMATCH, McpRefusal
 
-__all__ = ["PARAM_PREFIX", "check_param_headers", "header_annotations", "param_headers",
-           "param_lines"]
+__all__ = ["PARAM_PREFIX", "Annotations", "check_param_headers", "check_params",
+           "header_annotations", "mirror_params", "param_headers", "param_lines"]
 
 PARAM_PREFIX = "mcp-param-"
 """Lower-case prefix of the parameter headers."""
@@ -41,6 +41,11 @@ _SINGLE = frozenset({"items", "contains", "unevaluatedItems", "additionalPropert
                      "contentSchema"})
 _LIST = frozenset({"allOf", "anyOf", "oneOf", "prefixItems"})
 _MAP = frozenset({"patternProperties", "dependentSchemas", "$defs", "definitions"})
+
+Annotations = list[tuple[tuple[str, ...], str, str]] | None
+"""What :func:`header_annotations` found in a schema: ``(property path, token, type)`` per
+``x-mcp-header``, or ``None`` when an annotation is invalid. It depends on the schema only, so
+it is computed once per tool (:meth:`gateway.mcp.catalogue.ToolCatalogue.annotations`)."""
 
 
 def _positions(root: Any) -> Iterator[tuple[tuple[str, ...] | None, dict[str, Any]]]:
@@ -63,7 +68,7 @@ def _positions(root: Any) -> Iterator[tuple[tuple[str, ...] | None, dict[str, An
                 stack.extend((None, sub) for sub in value.values())
 
 
-def header_annotations(schema: Any) -> list[tuple[tuple[str, ...], str, str]] | None:
+def header_annotations(schema: Any) -> Annotations:
     """The ``(property path, token, type)`` of each ``x-mcp-header`` of ``schema``; ``None``
     when an annotation is invalid (clients then drop the tool, and nothing is checked)."""
     found: list[tuple[tuple[str, ...], str, str]] = []
@@ -139,10 +144,17 @@ def _matches(kind: str, value: Any, rendered: str, decoded: str) -> bool:
 
 def check_param_headers(schema: Any, arguments: Mapping[str, Any],
                         raw_headers: list[tuple[str, str]]) -> None:
+    """Check the client's ``Mcp-Param-*`` headers against the arguments, by the tool's
+    ``inputSchema`` ``schema`` (:func:`check_params` with its :func:`header_annotations`)."""
+    check_params(header_annotations(schema), arguments, raw_headers)
+
+
+def check_params(declared: Annotations, arguments: Mapping[str, Any],
+                 raw_headers: list[tuple[str, str]]) -> None:
     """Check the client's ``Mcp-Param-*`` headers against the arguments.
 
     Args:
-        schema: The tool's ``inputSchema``.
+        declared: The annotations of the tool's ``inputSchema`` (:func:`header_annotations`).
         arguments: The ``tools/call`` arguments as the client sent them.
         raw_headers: The request's ``Mcp-Param-*`` header lines (lower-case names, in order,
             repeats kept).
@@ -155,7 +167,6 @@ def check_param_headers(schema: Any, arguments: Mapping[str, Any],
     repeated = {name for name in names if names.count(name) > 1}
     if repeated:
         raise _mismatch(f"{sorted(repeated)[0]} appears more than once")
-    declared = header_annotations(schema)
     if declared is None:
         return
     given = dict(raw_headers)
@@ -179,8 +190,14 @@ def check_param_headers(schema: Any, arguments: Mapping[str, Any],
 
 def param_headers(schema: Any, arguments: Mapping[str, Any]) -> dict[str, str]:
     """The ``Mcp-Param-*`` headers (lower-case names) mirroring ``arguments`` per ``schema``."""
+    return mirror_params(header_annotations(schema), arguments)
+
+
+def mirror_params(declared: Annotations, arguments: Mapping[str, Any]) -> dict[str, str]:
+    """The ``Mcp-Param-*`` headers (lower-case names) mirroring ``arguments`` per the
+    annotations ``declared`` (:func:`header_annotations`)."""
     out: dict[str, str] = {}
-    for path, token, _ in header_annotations(schema) or ():
+    for path, token, _ in declared or ():
         value = _value(arguments, path)
         rendered = _render(value) if value is not None else None
         if rendered is not None:

@@ -94,6 +94,11 @@ class Answer:
         """The media type, lower case, without parameters."""
         return self.headers.get("content-type", "").split(";", 1)[0].strip().lower()
 
+    @property
+    def complete(self) -> bool:
+        """The whole body has arrived (:meth:`read` returns at once, never waits)."""
+        return self._response.complete
+
     async def read(self) -> bytes:
         """The body bytes received so far; ``b""`` at its end."""
         return await self._response.read()
@@ -245,6 +250,11 @@ async def read_json_answer(resp: Answer, request_id: Any, server: str,
 class RelayedStream:
     """The answer of one upstream request, as complete messages, within the limits.
 
+    Every bound is checked on each read (:meth:`_next`): the byte limit, the call deadline
+    (``call_timeout_s`` from the first read) and the idle gap (``idle_timeout_s``); a read of a
+    body already received whole cannot wait, so it is made without a timer. A refusal abandons
+    the answer (its connection closes).
+
     Attributes:
         bytes_in: Body bytes read so far.
         digest: SHA-256 of the final response message's bytes (set when it arrives).
@@ -257,6 +267,7 @@ class RelayedStream:
     bytes_in: int = 0
     digest: str | None = None
     final: bool = field(default=False)
+    _deadline: float | None = field(default=None, repr=False)
 
     @property
     def is_sse(self) -> bool:
@@ -270,44 +281,49 @@ class RelayedStream:
             McpRefusal: A bound was crossed (the answer is then abandoned: its connection
                 closes).
         """
-        try:
-            async for chunk in self._chunks():
-                yield chunk
-        except McpRefusal:
-            self.resp.abandon()
-            raise
+        while chunk := await self._next():
+            yield chunk
 
-    async def _chunks(self) -> AsyncIterator[bytes]:
-        deadline = time.monotonic() + self.limits.call_timeout_s
-        while True:
-            left = deadline - time.monotonic()
+    async def _next(self) -> bytes:
+        """The next body bytes (``b""`` at the end), within the bounds.
+
+        Raises:
+            McpRefusal: ``upstream_timeout`` (504), ``upstream_invalid`` (the body was broken
+                off), ``upstream_too_large`` (502); the answer is abandoned.
+        """
+        now = time.monotonic()
+        if self._deadline is None:
+            self._deadline = now + self.limits.call_timeout_s
+        try:
+            left = self._deadline - now
             if left <= 0:
                 raise McpRefusal(504, UPSTREAM_ERROR, "upstream_timeout",
                                  f"MCP server {self.server} exceeded the call timeout")
             try:
-                async with asyncio.timeout(min(left, self.limits.idle_timeout_s)):
+                if self.resp.complete:  # the body is all here: the read cannot wait
                     chunk = await self.resp.read()
+                else:
+                    async with asyncio.timeout(min(left, self.limits.idle_timeout_s)):
+                        chunk = await self.resp.read()
             except TimeoutError as exc:
                 raise McpRefusal(504, UPSTREAM_ERROR, "upstream_timeout",
                                  f"MCP server {self.server} went silent") from exc
             except (ConnectionClosed, IncompleteBody, H1ProtocolError) as exc:
                 raise McpRefusal(502, UPSTREAM_ERROR, "upstream_invalid",
                                  f"MCP server {self.server} broke the answer off") from exc
-            if not chunk:
-                return
             self.bytes_in += len(chunk)
             if self.bytes_in > self.limits.max_response_bytes:
                 raise McpRefusal(502, UPSTREAM_ERROR, "upstream_too_large",
                                  f"MCP server {self.server} sent more than "
                                  f"{self.limits.max_response_bytes} bytes")
-            yield chunk
+        except McpRefusal:
+            self.resp.abandon()
+            raise
+        return chunk
 
-    async def events(self) -> AsyncIterator[tuple[bytes, bytes | None, Any]]:
-        """Yield ``(raw bytes to relay, message bytes or None, parsed message)`` in order.
-
-        A JSON answer is one item (its whole body), and must be the final response to the
-        request; an SSE answer one item per event, each event one JSON-RPC object. Reading
-        stops after the final response to the request.
+    async def whole(self) -> tuple[bytes, Any]:
+        """A JSON answer read to its end: its bytes and its parsed message, which must be the
+        final response to the request (:attr:`final`, :attr:`digest` set).
 
         Raises:
             McpRefusal: See :func:`read_json_answer`; ``upstream_invalid`` also for a JSON
@@ -315,19 +331,15 @@ class RelayedStream:
                 event that is not one JSON object, or a stream that ends without the response
                 (the answer is then abandoned).
         """
+        first = await self._next()
+        body = first
+        if first:
+            parts = [first]
+            while chunk := await self._next():
+                parts.append(chunk)
+            body = parts[0] if len(parts) == 1 else b"".join(parts)
         try:
-            async for item in self._events():
-                yield item
-        except McpRefusal:
-            self.resp.abandon()
-            raise
-
-    async def _events(self) -> AsyncIterator[tuple[bytes, bytes | None, Any]]:
-        if not self.is_sse:
-            body = bytearray()
-            async for chunk in self.chunks():
-                body += chunk
-            message = self._parse(bytes(body))
+            message = self._parse(body)
             if not _check_id(message, self.request_id, self.server):
                 # A JSON answer is the response or nothing: a batch array, a bare value, a
                 # request or notification is never relayed as the call's result.
@@ -336,10 +348,34 @@ class RelayedStream:
                                  "than the request's JSON-RPC response")
             self.digest = hashlib.sha256(body).hexdigest()
             self.final = True
-            yield bytes(body), bytes(body), message
+        except McpRefusal:
+            self.resp.abandon()
+            raise
+        return body, message
+
+    async def events(self) -> AsyncIterator[tuple[bytes, bytes | None, Any]]:
+        """Yield ``(raw bytes to relay, message bytes or None, parsed message)`` in order.
+
+        A JSON answer is one item (its whole body, :meth:`whole`); an SSE answer one item per
+        event. Reading stops after the final response to the request.
+
+        Raises:
+            McpRefusal: See :func:`read_json_answer` (the answer is then abandoned).
+        """
+        if not self.is_sse:
+            body, message = await self.whole()
+            yield body, body, message
             return
+        try:
+            async for item in self._sse_events():
+                yield item
+        except McpRefusal:
+            self.resp.abandon()
+            raise
+
+    async def _sse_events(self) -> AsyncIterator[tuple[bytes, bytes | None, Any]]:
         splitter = SseSplitter(self.limits.max_event_bytes)
-        async for chunk in self.chunks():
+        while chunk := await self._next():
             try:
                 events = splitter.feed(chunk)
             except ValueError as exc:

@@ -1,0 +1,147 @@
+"""Forwarding a checked MCP message upstream and relaying the answer to the client.
+
+The answer is relayed as it comes (:class:`gateway.mcp.upstream.RelayedStream` checks ids,
+bytes and time): a JSON answer whole, an SSE answer event by event (a server request on a
+2026-07-28 stream ends it with a JSON-RPC error), a ``tools/list`` answer filtered to the
+tools the caller may call; notifications, client responses and upstream HTTP errors keep
+their status with a bounded body. An upstream session id is wrapped to the caller
+(:mod:`gateway.mcp.sessions`) before it reaches the client. The record of the call gets the
+status, the bytes sent and the SHA-256 of the final response.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from gateway.mcp.access import ToolAccess
+from gateway.mcp.asgi import send_json, send_response
+from gateway.mcp.jsonrpc import INTERNAL_ERROR, MODERN_VERSIONS, McpRefusal, Message, error_body
+from gateway.mcp.records import CallRecord
+from gateway.mcp.sessions import SessionBinder
+from gateway.mcp.settings import McpLimits
+from gateway.mcp.upstream import Link, RelayedStream, Upstream
+
+__all__ = ["AnswerRelay"]
+
+_SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"),
+                (b"x-accel-buffering", b"no")]
+
+
+class AnswerRelay:
+    """Sends checked messages upstream and relays the answers (see module docstring).
+
+    Args:
+        limits: The ``mcp.limits`` (response bytes, call and idle timeouts).
+        sessions: Wraps upstream session ids to the caller.
+        access: Filters ``tools/list`` answers to the tools the caller may call.
+    """
+
+    def __init__(self, limits: McpLimits, sessions: SessionBinder, access: ToolAccess) -> None:
+        self._limits = limits
+        self._sessions = sessions
+        self._access = access
+
+    async def forward(self, link: Link, upstream: Upstream, principal: Any, msg: Message,
+                      body: bytes, headers: Mapping[str, str], upstream_sid: str | None,
+                      rec: CallRecord, send: Any, params: Mapping[str, str] | None = None,
+                      ) -> None:
+        """Send the checked message upstream and relay the answer.
+
+        Args:
+            headers: The client's headers (only the MCP ones are relayed).
+            params: The ``Mcp-Param-*`` headers to send (from :meth:`check_call`).
+        """
+        limits = self._limits
+        resp = await upstream.post(link, body,
+                                   upstream.headers(headers, upstream_sid, params), limits)
+        async with resp:
+            out_headers: list[tuple[bytes, bytes]] = []
+            sid = resp.headers.get("mcp-session-id")
+            if sid is not None:
+                out_headers.append((b"mcp-session-id", self._sessions.wrap(
+                    principal.key_id, upstream.name, sid).encode()))
+            if not msg.is_request or resp.status != 200:
+                # Notifications and client responses (202), upstream HTTP errors: relay the
+                # status with a bounded body.
+                stream = RelayedStream(resp, None, upstream.name, limits)
+                data = bytearray()
+                async for chunk in stream.chunks():
+                    data += chunk
+                ctype = resp.headers.get("content-type", "application/json").encode("latin-1")
+                rec.status = resp.status
+                await send_response(send, resp.status, bytes(data),
+                            [(b"content-type", ctype), *out_headers])
+                rec.bytes_out = len(data)
+                return
+            stream = RelayedStream(resp, msg.id, upstream.name, limits)
+            if msg.method == "tools/list":
+                await self._relay_filtered(stream, principal, upstream, rec, send, out_headers)
+            elif stream.is_sse:
+                await self._relay_sse(stream, msg, rec, send, out_headers)
+            else:
+                answer, _ = await stream.whole()
+                rec.status = 200
+                await send_json(send, 200, answer, out_headers)
+                rec.bytes_out = len(answer)
+            rec.result_sha256 = stream.digest
+
+    async def _relay_sse(self, stream: RelayedStream, msg: Message, rec: CallRecord, send: Any,
+                         out_headers: list[tuple[bytes, bytes]]) -> None:
+        started = ended = False
+        try:
+            async for raw, _, message in stream.events():
+                if isinstance(message, dict) and "method" in message and "id" in message and (
+                        rec.protocol_version in MODERN_VERSIONS
+                        or msg.meta_version in MODERN_VERSIONS):
+                    stream.resp.abandon()
+                    raise McpRefusal(502, INTERNAL_ERROR, "upstream_request_refused",
+                                     "MCP server sent a request on a 2026-07-28 stream")
+                if not started:
+                    await send({"type": "http.response.start", "status": 200,
+                                "headers": [*_SSE_HEADERS, *out_headers]})
+                    started = True
+                    rec.status = 200
+                # The final response ends the body in the same write (one send, one wake-up
+                # of the client, instead of a second write for the last chunk).
+                ended = stream.final  # the generator ends after the final response
+                await send({"type": "http.response.body", "body": raw, "more_body": not ended})
+                rec.bytes_out += len(raw)
+        except McpRefusal as exc:
+            if not started:
+                raise
+            # The stream has begun: the refusal becomes the request's final JSON-RPC error.
+            final = error_body(msg.id, exc.rpc_code, exc.message)
+            event = b"event: message\ndata: " + final + b"\n\n"
+            await send({"type": "http.response.body", "body": event, "more_body": True})
+            rec.bytes_out += len(event)
+            rec.reason, rec.rpc_error = exc.reason, exc.rpc_code
+        if not started:
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [*_SSE_HEADERS, *out_headers]})
+            rec.status = 200
+        if not ended:
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def _relay_filtered(self, stream: RelayedStream, principal: Any, upstream: Upstream,
+                              rec: CallRecord, send: Any,
+                              out_headers: list[tuple[bytes, bytes]]) -> None:
+        final: Any = None
+        async for _, _, message in stream.events():
+            if stream.final:
+                final = message
+        if not isinstance(final, dict):
+            raise McpRefusal(502, INTERNAL_ERROR, "upstream_invalid", "no tools/list answer")
+        result = final.get("result")
+        if isinstance(result, dict) and isinstance(result.get("tools"), list):
+            result["tools"] = [
+                t for t in result["tools"]
+                if isinstance(t, dict) and isinstance(t.get("name"), str)
+                and self._access.check(principal.key_id, principal.team, upstream.name,
+                                      t["name"]).allowed
+            ]
+        data = json.dumps(final, separators=(",", ":")).encode()
+        rec.status = 200
+        await send_json(send, 200, data, out_headers)
+        rec.bytes_out = len(data)
