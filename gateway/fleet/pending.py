@@ -17,7 +17,7 @@ An entry (one routed request) leaves:
 * ``max_age_s`` seconds after it was added, whatever happened (a lost event or a hung request
   cannot pin a replica);
 * oldest first when the overlay holds more than ``max_blocks`` blocks (bounded memory: about
-  150 bytes per pending block on CPython 3.11).
+  210 bytes per pending block on CPython 3.11, tracemalloc, 100,000 blocks in entries of 32).
 
 A block pending on a replica through two requests is counted twice; a ``BlockStored`` drops it
 at once for both (from then on the exact index has it).
