@@ -351,8 +351,10 @@ class PrefixAffinity:
         tied = [i for i in range(n) if base[i] >= floor and loads[i] <= bound]
         if len(tied) > 1:
             if hint.units:
+                # Anchored on the stored state (what every pod learns from the events), not on
+                # this pod's pending overlay, so that pods still agree.
                 best = self._rendezvous(candidates, tied, self._anchor(
-                    hint, max(matched[r.index] for r in candidates), exact))
+                    hint, max(matched[r.index] for r in candidates), stored))
             else:  # nothing to hash (an empty prompt): the fewest outstanding, then in turn
                 best = min(tied, key=lambda i: (candidates[i].outstanding, (i - turn) % n))
         reason = "prefix" if fracs[best] else "load"
