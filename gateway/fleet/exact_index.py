@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.fleet.kv_events import AllBlocksCleared, BlockHash, BlockRemoved, BlockStored, Event
+from gateway.fleet.pending import PendingPrefixes
 
 __all__ = ["ExactIndex", "ReplicaBlocks", "content_keys"]
 
@@ -64,11 +65,14 @@ class ExactIndex:
 
     Args:
         replicas: Number of replicas (positions ``0 .. replicas - 1``).
+        pending: The overlay of blocks routed and not yet stored (:mod:`gateway.fleet.pending`):
+            a ``BlockStored`` confirms its block there, and :meth:`match` may count it as held.
     """
 
-    def __init__(self, replicas: int) -> None:
+    def __init__(self, replicas: int, pending: PendingPrefixes | None = None) -> None:
         self.replicas = [ReplicaBlocks() for _ in range(replicas)]
         self._owners: dict[int, int] = {}
+        self.pending = pending
 
     def size(self, replica: int) -> int:
         """Blocks ``replica`` holds."""
@@ -79,6 +83,7 @@ class ExactIndex:
         rb = self.replicas[replica]
         bit = 1 << replica
         owners = self._owners
+        pending = self.pending if self.pending else None
         for ev in events:
             rb.events += 1
             if isinstance(ev, BlockStored):
@@ -101,6 +106,8 @@ class ExactIndex:
                     if h not in rb.by_hash:
                         owners[key] = owners.get(key, 0) | bit
                     rb.by_hash[h] = key
+                    if pending is not None:
+                        pending.confirm(replica, key)
             elif isinstance(ev, BlockRemoved):
                 if ev.group_idx not in (None, 0):
                     continue
@@ -119,20 +126,26 @@ class ExactIndex:
             self._drop(k, bit)
         rb.by_hash.clear()
 
-    def match(self, keys: Sequence[int], replicas: Sequence[int]) -> dict[int, int]:
+    def match(self, keys: Sequence[int], replicas: Sequence[int],
+              with_pending: bool = False) -> dict[int, int]:
         """Leading blocks of ``keys`` each of ``replicas`` holds (a walk of the chain).
 
         A replica may hold block *i* without block *i - 1* (vLLM evicts blocks one by one, in
         any order); reuse stops at the first missing block, so the walk drops a replica at its
-        first miss.
+        first miss. With ``with_pending``, a block pending on a replica (routed there, not yet
+        stored) counts as held.
         """
         mask = 0
         for r in replicas:
             mask |= 1 << r
         counts = dict.fromkeys(replicas, 0)
         owners = self._owners
+        extra = self.pending.owners if with_pending and self.pending is not None else None
         for depth, k in enumerate(keys):
-            held = owners.get(k, 0) & mask
+            held = owners.get(k, 0)
+            if extra is not None:
+                held |= extra.get(k, 0)
+            held &= mask
             gone = mask & ~held
             while gone:
                 bit = gone & -gone

@@ -47,6 +47,14 @@ gateway knows (a completions ``prompt`` given as token ids, or a string ``prompt
 replica *holds now* (:mod:`gateway.fleet.exact_index`) instead of the estimate; the uncached
 prompt tokens charged to ``prefill_r`` follow from the same figure. ``explain["cache_state"]``
 says which one decided (``exact`` when the chosen replica's exact state was used).
+
+**Pending prefixes**: a request routed to an exact-state replica adds its prompt's blocks not
+yet held there to the pending overlay (:mod:`gateway.fleet.pending`) until the replica's
+``BlockStored`` for them arrives, its prefill is over (plus ``pending_settle_s``) or
+``pending_max_age_s`` passes; the exact match counts a block as held when it is stored or
+pending, so a second request of a new prefix group, routed before the first one's events,
+follows it to its replica. ``explain["pending_tokens"]`` is the part of ``cached_tokens`` that
+was only pending.
 """
 
 from __future__ import annotations
@@ -60,6 +68,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from gateway.fleet.exact_index import ExactIndex, content_keys
+from gateway.fleet.pending import PendingPrefixes
 from gateway.fleet.prefix_index import (
     PrefixIndex,
     block_hashes,
@@ -107,6 +116,8 @@ class RouteHint:
             load figures used (copied to the access line and the audit record).
         charged: Uncached prompt tokens added to the chosen replica's
             :attr:`~gateway.routing.Replica.prefill_tokens` until :meth:`release`.
+        pending: The entry of the prompt's blocks in the pending overlay (0: none), settled by
+            :meth:`release`.
         token_ids: The prompt's token ids as the replicas tokenize them, when known (matched
             against the exact, event-fed index).
         units: What ``hashes`` were cut from (the canonical text, or token ids): the
@@ -119,7 +130,9 @@ class RouteHint:
     tokens: float = 0.0
     explain: dict[str, Any] | None = None
     charged: float = 0.0
+    pending: int = 0
     _replica: Replica | None = None
+    _overlay: PendingPrefixes | None = None
     token_ids: list[int] | None = None
     units: str | Sequence[int] = ""
     block: int = 1
@@ -127,8 +140,12 @@ class RouteHint:
     def release(self) -> None:
         """The request's prefill is over (first response byte, or the attempt ended).
 
-        Takes its uncached tokens off the replica's queued prefill estimate; idempotent.
+        Takes its uncached tokens off the replica's queued prefill estimate and settles its
+        pending blocks; idempotent.
         """
+        if self.pending and self._overlay is not None:
+            self._overlay.settle(self.pending)
+            self.pending = 0
         r = self._replica
         if r is not None:
             self._replica = None
@@ -150,7 +167,9 @@ class PrefixAffinity:
         self.settings = settings
         self.replicas = replicas
         self.index = PrefixIndex(replicas, settings.index_blocks)
-        self.exact = ExactIndex(replicas)
+        self.pending = PendingPrefixes(replicas, settings.pending_blocks,
+                                       settings.pending_max_age_s, settings.pending_settle_s)
+        self.exact = ExactIndex(replicas, self.pending)
         self._events: list[EventFeed | None] = [None] * replicas
         self._tokenizer: Any = None
         if settings.tokenizer_file is not None:
@@ -227,8 +246,11 @@ class PrefixAffinity:
         sub = self._events[replica]
         return "exact" if sub is not None and sub.exact() else "estimate"
 
-    def _exact_cached(self, candidates: Sequence[Replica], ids: list[int]) -> dict[int, int]:
-        """Cached prompt tokens of each exact-state candidate (replica index -> tokens)."""
+    def _exact_cached(
+        self, candidates: Sequence[Replica], ids: list[int],
+    ) -> tuple[dict[int, int], dict[int, int]]:
+        """Cached prompt tokens of each exact-state candidate (replica index -> tokens), with
+        pending blocks counted as cached and (the second map) without them."""
         by_size: dict[int, list[int]] = {}
         for r in candidates:
             sub = self._events[r.index]
@@ -236,12 +258,17 @@ class PrefixAffinity:
                 size = self.exact.replicas[r.index].block_size or self.settings.block_tokens
                 by_size.setdefault(size, []).append(r.index)
         out: dict[int, int] = {}
+        stored: dict[int, int] = {}
+        pending = bool(self.pending)
         for size, members in by_size.items():
             # vLLM reuses at most ``prompt - 1`` tokens (the last one is always computed).
             keys = content_keys(ids[: max(len(ids) - 1, 0)], size)
             for i, n in self.exact.match(keys, members).items():
-                out[i] = n * size
-        return out
+                stored[i] = n * size
+            if pending:
+                for i, n in self.exact.match(keys, members, with_pending=True).items():
+                    out[i] = n * size
+        return (out if pending else stored), stored
 
     def load(self, r: Replica, now: float) -> float:
         """Estimated requests on ``r`` (see the module docstring)."""
@@ -273,6 +300,8 @@ class PrefixAffinity:
         docs/routing.md, from ``bench/routing_decision.py``).
         """
         self._refresh(candidates, now)
+        if self.pending:
+            self.pending.sweep(now)
         loads = self._loads(candidates, now)
         n = len(candidates)
         self._turn = turn = (self._turn + 1) % max(n, 1)
@@ -281,8 +310,8 @@ class PrefixAffinity:
             return self._chosen(candidates[i], hint, "session", loads[i], min(loads), 0, now)
         total = len(hint.hashes)
         matched = self.index.match(hint.hashes, self.replicas) if total else [0] * self.replicas
-        exact = (self._exact_cached(candidates, hint.token_ids)
-                 if hint.token_ids and any(self._events) else {})
+        exact, stored = (self._exact_cached(candidates, hint.token_ids)
+                         if hint.token_ids and any(self._events) else ({}, {}))
         # Per candidate: the fraction of the prompt cached there (exact, or the estimate).
         frac_scale = 1.0 / total if total else 0.0
         ntok = float(len(hint.token_ids)) if hint.token_ids else 1.0
@@ -322,8 +351,10 @@ class PrefixAffinity:
         tied = [i for i in range(n) if base[i] >= floor and loads[i] <= bound]
         if len(tied) > 1:
             if hint.units:
+                # Anchored on the stored state (what every pod learns from the events), not on
+                # this pod's pending overlay, so that pods still agree.
                 best = self._rendezvous(candidates, tied, self._anchor(
-                    hint, max(matched[r.index] for r in candidates), exact))
+                    hint, max(matched[r.index] for r in candidates), stored))
             else:  # nothing to hash (an empty prompt): the fewest outstanding, then in turn
                 best = min(tied, key=lambda i: (candidates[i].outstanding, (i - turn) % n))
         reason = "prefix" if fracs[best] else "load"
@@ -333,7 +364,7 @@ class PrefixAffinity:
         chosen = candidates[best]
         return self._chosen(
             chosen, hint, reason, loads[best], loads[least], matched[chosen.index], now,
-            exact.get(chosen.index), len(tied),
+            exact.get(chosen.index), len(tied), stored.get(chosen.index),
         )
 
     def _anchor(self, hint: RouteHint, blocks: int, exact: Mapping[int, int]) -> int:
@@ -375,6 +406,7 @@ class PrefixAffinity:
     def _chosen(
         self, r: Replica, hint: RouteHint, reason: str, load: float, least: float,
         matched: int, now: float, exact_tokens: int | None = None, tied: int = 1,
+        stored_tokens: int | None = None,
     ) -> Replica:
         if hint.hashes:
             # ``matched`` is the match just taken (0 for a session pick: probe every block).
@@ -383,6 +415,10 @@ class PrefixAffinity:
         cached = matched * self._block_tokens if exact_tokens is None else exact_tokens
         hint.charged = cost = max(0.0, hint.tokens - cached)
         hint._replica = r
+        pending_tokens = 0
+        if exact_tokens is not None and stored_tokens is not None:
+            pending_tokens = exact_tokens - stored_tokens
+            self._add_pending(r, hint, stored_tokens, now)
         r.prefill_tokens = queued + cost
         sig = r.signals
         fresh = sig is not None and now - sig.at <= self.settings.metrics_stale_s
@@ -403,9 +439,24 @@ class PrefixAffinity:
             "kv_usage": sig.kv_usage if fresh and sig is not None else None,
             "signals_age_s": round(now - sig.at, 3) if sig is not None else None,
             "tied": tied,
+            "pending_tokens": pending_tokens,
         }
         self.decisions[reason] = self.decisions.get(reason, 0) + 1
         return r
+
+    def _add_pending(self, r: Replica, hint: RouteHint, stored_tokens: int, now: float) -> None:
+        """Put the prompt's blocks past the ``stored_tokens`` ``r`` holds in the pending overlay
+        (all its full blocks: the ones vLLM will store), replacing an earlier attempt's entry."""
+        if hint.pending and hint._overlay is not None:
+            hint._overlay.settle(hint.pending)
+            hint.pending = 0
+        ids = hint.token_ids
+        if not ids or not self.settings.pending_blocks:
+            return
+        size = self.exact.replicas[r.index].block_size or self.settings.block_tokens
+        keys = content_keys(ids, size)[stored_tokens // size:]
+        hint.pending = self.pending.add(r.index, keys, now)
+        hint._overlay = self.pending
 
     def _refresh(self, candidates: Sequence[Replica], now: float) -> None:
         """Size each replica's index from its KV capacity; forget it when its counters reset."""
@@ -457,6 +508,7 @@ class PrefixAffinity:
                 "index_capacity": self.index.capacity(r.index),
                 "cache_state": self.cache_state(r.index),
                 "exact_blocks": self.exact.size(r.index),
+                "pending_blocks": self.pending.size(r.index),
                 "kv_events": None if sub is None else dataclasses.asdict(sub.stats)}
 
 

@@ -133,6 +133,12 @@ class RoutingSettings(FrozenSection):
             against the exact index too; ``none`` (default): chat prompts use the estimate.
             Only asked when some replica of the pool publishes KV events.
         tokenize_timeout_s: Longest wait for that answer, seconds (then the estimate decides).
+        pending_blocks: With KV events: most blocks of routed, not yet stored prompts kept in
+            the pending overlay (:mod:`gateway.fleet.pending`; the oldest go first). 0: off.
+        pending_max_age_s: A pending entry is dropped this many seconds after its decision,
+            whatever happened (a lost event cannot pin a replica).
+        pending_settle_s: ... and this many seconds after its request's prefill is over (first
+            response byte, or the attempt ended), the grace for its events still in flight.
     """
 
     metrics: bool = True
@@ -155,3 +161,6 @@ class RoutingSettings(FrozenSection):
     kv_events: list[KVEventsSource] = Field(default_factory=list)
     tokenize: Literal["none", "replica"] = "none"
     tokenize_timeout_s: float = Field(default=0.5, gt=0, allow_inf_nan=False)
+    pending_blocks: int = Field(default=100_000, ge=0)
+    pending_max_age_s: float = Field(default=30.0, gt=0, allow_inf_nan=False)
+    pending_settle_s: float = Field(default=0.5, ge=0, allow_inf_nan=False)

@@ -28,11 +28,13 @@ AUTH_A = {"authorization": f"Bearer {KEY_A}"}
 BLOCK = 16  # the tiny-test profile's block size
 
 
-def _events_sim(serve_asgi: Any, replay: bool = True) -> tuple[Any, KVEventsSource]:
+def _events_sim(serve_asgi: Any, replay: bool = True,
+                time_scale: float = 1.0) -> tuple[Any, KVEventsSource]:
     ev = {"enable_kv_cache_events": True, "endpoint": "tcp://127.0.0.1:*"}
     if replay:
         ev["replay_endpoint"] = "tcp://127.0.0.1:*"
-    sim = start_sim(serve_asgi, profile="tiny-test", num_gpu_blocks=512, kv_events=ev)
+    sim = start_sim(serve_asgi, profile="tiny-test", num_gpu_blocks=512, kv_events=ev,
+                    time_scale=time_scale)
     bound = sim.stats()["kv_events"]
     return sim, KVEventsSource(replica=sim.url, endpoint=bound["endpoint"],
                                replay_endpoint=bound["replay_endpoint"], replay_timeout_s=5)
@@ -299,3 +301,54 @@ def test_chat_prompts_are_matched_exactly_with_the_replicas_tokenizer(serve_asgi
     rec = recorder.wait(1)[0]
     assert rec.replica_url == b.url and rec.route is not None
     assert rec.route["cache_state"] == "exact" and rec.route["cached_tokens"] == expected > 190
+
+
+def test_a_second_request_follows_a_first_whose_blocks_are_not_stored_yet(
+    serve_asgi: Any,
+) -> None:
+    """A new prefix's first request is still prefilling (its replica has published no
+    BlockStored yet) when the second of its group arrives: the pending overlay sends the second
+    to the same replica, as a prefix hit (``pending_tokens``), and the replica's events then
+    confirm the blocks (the overlay empties)."""
+    # Prefill at 1/50 speed: a 400-token prompt prefills for ~1 s.
+    sims = [_events_sim(serve_asgi, time_scale=50.0) for _ in range(3)]
+    for k, (sim, _) in enumerate(sims):
+        _complete(sim.url, _prompt(90 + k, 32))  # one batch (replayed): the feed is in sync
+    s = settings([sim.url for sim, _ in sims],
+                 routing={"metrics_interval_s": 0.05, "kv_events": [src for _, src in sims]})
+    model = s.models[0].model_copy(update={"strategy": "prefix_affinity"})
+    s = s.model_copy(update={"models": [model, *s.models[1:]]})
+    router, recorder = Router(s), Recorder()
+    gw = start_gateway(serve_asgi, s, router=router, observers=[recorder])
+    pool = router.pools["llama-3.1-8b"]
+    aff = pool.affinity
+    assert aff is not None
+    deadline = time.monotonic() + 10
+    while not all(aff.cache_state(i) == "exact" for i in range(3)):
+        assert time.monotonic() < deadline, "subscribers not in sync"
+        time.sleep(0.02)
+    head = _prompt(77, 400)
+    with ThreadPoolExecutor(1) as ex:
+        first = ex.submit(_complete, gw, [*head, 1], AUTH_A, "llama-3.1-8b")
+        while sum(r.outstanding for r in pool.replicas) < 1:  # routed, prefilling
+            assert time.monotonic() < deadline + 10, "first request not routed"
+            time.sleep(0.005)
+        holder = next(r for r in pool.replicas if r.outstanding)
+        keys = content_keys(head, BLOCK)
+        assert aff.exact.match(keys, [holder.index])[holder.index] == 0  # no BlockStored yet
+        assert aff.describe(holder)["pending_blocks"] == 25
+        _complete(gw, [*head, 2], AUTH_A, "llama-3.1-8b")
+        first.result()
+    recs = {rec.route["replica"]: rec for rec in recorder.wait(2)  # type: ignore[index]
+            if rec.route is not None}
+    assert list(recs) == [holder.index]  # both on the holder
+    second = [rec for rec in recorder.wait(2) if rec.route and rec.route["pending_tokens"]]
+    assert len(second) == 1
+    route = second[0].route
+    assert route is not None and route["reason"] == "prefix" and route["cache_state"] == "exact"
+    assert route["cached_tokens"] == 400 and route["pending_tokens"] > 0
+    deadline = time.monotonic() + 10
+    while aff.pending.size(holder.index):  # BlockStored confirmed them (or the grace ran out)
+        assert time.monotonic() < deadline, "pending blocks never cleared"
+        time.sleep(0.02)
+    assert aff.exact.match(keys, [holder.index])[holder.index] == 25
