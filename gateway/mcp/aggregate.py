@@ -70,7 +70,7 @@ async def handle_aggregate(ep: McpEndpoint, state: Any, scope: Mapping[str, Any]
     msg: Message | None = None
     opened: list[object] = []
     try:
-        principal = ep.authenticate(state, headers)
+        principal = ep.authenticate(state, headers, scope)
         rec.key_id, rec.team, rec.data_class = (principal.key_id, principal.team,
                                                  principal.data_class)
         if scope["method"] == "DELETE":

@@ -8,7 +8,9 @@ is forwarded)::
     destination may receive the class -> session bound to this caller -> tools/call: access
     globs, argument size, sensitive data in the arguments (policy ``pii``: the class raised
     and the destination checked again, masked or refused), tool exists, Mcp-Param-*
-    headers (2026-07-28), inputSchema, URL arguments -> forward (checked transport, injected
+    headers (2026-07-28), inputSchema, URL arguments; any other message (notifications and
+    client responses included): access to the server, sensitive data in its params or
+    result -> forward (checked transport, injected
     credentials, Mcp-Param-* rebuilt from the forwarded arguments) -> relay the answer (ids,
     bytes, time checked) -> tools/list answers filtered to the tools the caller may call ->
     audit record
@@ -152,7 +154,7 @@ class McpEndpoint:
             if upstream is None:
                 raise McpRefusal(404, INVALID_REQUEST, "unknown_server", f"no MCP server {name!r}")
             rec.destination = upstream.settings.destination
-            principal = self.authenticate(state, headers)
+            principal = self.authenticate(state, headers, scope)
             rec.key_id, rec.team, rec.data_class = (principal.key_id, principal.team,
                                                      principal.data_class)
             method = scope["method"]
@@ -172,10 +174,16 @@ class McpEndpoint:
                     state, upstream, principal, msg, body, rec,
                     headers.params if modern else None)
                 params = params if modern else {}
-            elif msg.method is not None and msg.is_request and not self.access.may_use_server(
-                    principal.key_id, principal.team, upstream.name):
-                raise McpRefusal(403, FORBIDDEN, "server_denied",
-                                 f"key {principal.key_id} may not use MCP server {upstream.name}")
+            else:  # every other message, notifications and client responses included
+                if not self.access.may_use_server(principal.key_id, principal.team,
+                                                  upstream.name):
+                    raise McpRefusal(403, FORBIDDEN, "server_denied",
+                                     f"key {principal.key_id} may not use MCP server "
+                                     f"{upstream.name}")
+                pii = self._policy.pii if self._policy is not None else None
+                if pii is not None:
+                    principal, body = await self._scan_message(pii, upstream, principal, msg,
+                                                               body, rec)
             await self.forward_allowed(state, upstream, principal, msg, body, headers,
                                        upstream_sid, rec, send, params, opened)
         except McpRefusal as exc:
@@ -256,10 +264,12 @@ class McpEndpoint:
             await send_json(send, exc.status, out, extra)
 
     async def record(self, rec: CallRecord) -> None:
-        """Append the request's audit record once (tool calls and refusals only)."""
+        """Append the request's audit record once (tool calls, refusals, and other messages in
+        which the ``pii`` section found sensitive data)."""
         if self._audit is None or rec.recorded:
             return
-        if rec.method != "tools/call" and rec.decision == "allow" and rec.reason is None:
+        if (rec.method != "tools/call" and rec.decision == "allow" and rec.reason is None
+                and not rec.pii):  # an allowed message with sensitive data found is recorded
             return
         rec.recorded = True
         try:
@@ -297,10 +307,19 @@ class McpEndpoint:
         except QuotaError as exc:
             raise quota_refusal(exc) from exc
 
-    def authenticate(self, state: Any, headers: Mapping[str, str]) -> Any:
+    def authenticate(self, state: Any, headers: Mapping[str, str],
+                     scope: Mapping[str, Any]) -> Any:
+        """The caller, authenticated as the relay does: with the request's scope, so that
+        ``identity.routes`` (per-path credentials) and client certificates apply here too;
+        then the classification header, within the caller's grant.
+
+        Raises:
+            McpRefusal: 401 (no or bad credential) or 403 (credential not accepted on this
+                path, class not granted), mapped from the authenticator's error.
+        """
         token = bearer_token(headers.get("authorization", "").encode("latin-1") or None)
         try:
-            principal = state.authenticator.authenticate(token)
+            principal = state.authenticator.authenticate(token, scope)
             header = state.class_header.decode() if state.class_header is not None else None
             if state.classify is not None and header is not None and header in headers:
                 principal = state.classify(principal, headers[header])
@@ -410,6 +429,53 @@ class McpEndpoint:
             body = json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
             arguments = scan.arguments
         return principal, body, arguments
+
+    async def _scan_message(self, pii: Any, upstream: Upstream, principal: Any, msg: Message,
+                            body: bytes, rec: CallRecord) -> tuple[Any, bytes]:
+        """Apply the ``pii`` section to a message other than ``tools/call`` (whose arguments
+        :meth:`check_call` scans): the ``params`` of a request or notification (``prompts/get``
+        arguments, ``completion/complete`` values, ``notifications/message`` data...) and the
+        ``result``/``error`` of a client's response, ``_meta`` left out. The same actions as
+        for tool arguments: class raised and the destination checked again, masked, refused.
+
+        Returns:
+            The principal (class raised) and the body to forward (masked where the policy
+            masks, else the client's bytes).
+
+        Raises:
+            McpRefusal: 403 ``pii_refused``, 503 ``pii_scan_failed`` (fail-closed class), or
+                403 ``class_refused`` when the raised class may not go to this server.
+        """
+        content: dict[str, Any] = {}
+        for part in ("params", "result", "error"):
+            value = msg.obj.get(part)
+            if part == "params" and isinstance(value, dict) and "_meta" in value:
+                value = {k: v for k, v in value.items() if k != "_meta"}
+            if value not in (None, {}, []):
+                content[part] = value
+        if not content:
+            return principal, body
+        try:
+            scan = await scan_arguments(pii, content, principal.key_id, principal.team,
+                                        principal.data_class)
+        except McpRefusal as exc:
+            rec.pii = refusal_record(exc)
+            raise
+        if scan.record.get("entities"):
+            rec.pii = scan.record
+        if scan.data_class != principal.data_class:
+            principal = dataclasses.replace(principal, data_class=scan.data_class)
+            rec.data_class = scan.data_class
+            self.check_class(principal, upstream, rec)
+        if scan.masked:
+            obj = dict(msg.obj)
+            for part, value in scan.arguments.items():
+                if part == "params" and isinstance(msg.obj.get("params"), dict) and (
+                        "_meta" in msg.obj["params"]):
+                    value = {**value, "_meta": msg.obj["params"]["_meta"]}
+                obj[part] = value
+            body = json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+        return principal, body
 
     # -- sessions ----------------------------------------------------------------------
 

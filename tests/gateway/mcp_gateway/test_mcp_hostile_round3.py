@@ -136,8 +136,6 @@ def test_url_argument_with_a_backslash_in_the_authority_is_refused(
     assert [r["reason"] for r in _refusals(gw)] == ["url_invalid"] * len(sneaky)
 
 
-@pytest.mark.xfail(strict=True, reason="endpoint.py checks mcp.access only for requests: a "
-                   "notification from a caller with no access rule is relayed (202), unaudited")
 def test_notification_from_a_caller_without_access_is_not_forwarded(
         recorded: dict[str, Any]) -> None:
     """``k-nobody`` (team ``outsiders``) has no ``mcp.access`` rule for ``tools``: its requests
@@ -158,8 +156,6 @@ def test_notification_from_a_caller_without_access_is_not_forwarded(
     ("completion/complete", {"ref": {"type": "ref/prompt", "name": "summarise"},
                              "argument": {"name": "text", "value": f"card {CARD}"}}),
 ])
-@pytest.mark.xfail(strict=True, reason="endpoint.py scans (pii) and audits only tools/call: "
-                   "prompts/get and completion/complete arguments leave unscanned, unaudited")
 def test_sensitive_data_outside_tools_call_is_scanned_before_it_leaves(
         recorded_pii: dict[str, Any], method: str, params: dict[str, Any]) -> None:
     """The ``pii`` section refuses card numbers in a ``tools/call``'s arguments; the same
@@ -173,8 +169,6 @@ def test_sensitive_data_outside_tools_call_is_scanned_before_it_leaves(
     assert [r["reason"] for r in _refusals(gw)] == ["pii_refused"]
 
 
-@pytest.mark.xfail(strict=True, reason="endpoint.py authenticates without the request's scope: "
-                   "identity.routes (and client certificates) are not applied on /mcp/<server>")
 def test_identity_routes_hold_on_the_mcp_endpoint(serve_asgi: Callable[..., Any],
                                                    tmp_path: Path) -> None:
     """``identity.routes`` limits ``/mcp/tools`` to API keys: a bearer JWT (valid, mapped to
