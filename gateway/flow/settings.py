@@ -210,7 +210,8 @@ class FlowControlSettings(_Frozen):
             pod (docs/flow-control.md, "Several pods"). Ignored for ``in_flight`` with
             ``shared``.
         shared: Share the in-flight counts of every gateway process through Redis, so that
-            ``in_flight`` thresholds hold for all pods and workers together, unsplit.
+            ``in_flight`` thresholds hold for all pods and workers together, unsplit, and
+            (``shared.fair_share``) the fair share between keys and ``max_queue_share``.
     """
 
     enabled: bool = False
