@@ -5,9 +5,11 @@ Starts one simulated replica (``vllm-sim``, ``--ttft-ms`` per request) and two `
 serve`` processes in front of it that share flow control through Redis (``--redis``, a unique
 key prefix per phase), with a fleet-wide ``in_flight`` threshold of ``--slots`` for the one
 class both keys are in (weight 1 each). The heavy key sends from ``--heavy`` closed-loop workers
-to pod 1; the light key from ``--light`` workers to pod 2 (each worker sends its next request
-when the previous one ended). Two phases of ``--window`` seconds, ``fair_share`` off then on
-(the gateways are restarted in between), each measured after ``--warmup`` seconds.
+to pod 1; the light key, from ``--light-delay`` seconds on (when the heavy key already holds
+the fleet: whichever pod holds a slot first keeps it without ``fair_share``), from ``--light``
+workers to pod 2 (each worker sends its next request when the previous one ended). Two
+phases of ``--window`` seconds, ``fair_share`` off then on (the gateways are restarted in
+between), each measured after ``--warmup`` seconds.
 
 Printed per phase: requests completed per key, the light key's share of them (the fair share is
 0.5 as long as the light key has a request waiting: it has ``--light`` workers), and the light
@@ -68,9 +70,11 @@ def gateway_config(sim_url: str, port: int, prefix: str, args: argparse.Namespac
 
 
 async def worker(client: httpx.AsyncClient, url: str, key: str, stop_at: float,
-                 out: list[tuple[float, float, int]]) -> None:
-    """Send one request after the other until ``stop_at``; record (start, latency, status)."""
+                 out: list[tuple[float, float, int]], delay_s: float = 0.0) -> None:
+    """After ``delay_s``, send one request after the other until ``stop_at``; record (start,
+    latency, status)."""
     body = {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
+    await asyncio.sleep(delay_s)
     while time.monotonic() < stop_at:
         t0 = time.monotonic()
         try:
@@ -94,7 +98,7 @@ async def phase(pods: list[str], args: argparse.Namespace) -> dict[str, Any]:
         await asyncio.gather(
             *(worker(client, pods[0], "heavy", stop_at, calls["heavy"])
               for _ in range(args.heavy)),
-            *(worker(client, pods[1], "light", stop_at, calls["light"])
+            *(worker(client, pods[1], "light", stop_at, calls["light"], args.light_delay)
               for _ in range(args.light)))
     after = start + args.warmup
     done = {k: [lat for t0, lat, st in v if st == 200 and t0 + lat >= after]
@@ -121,6 +125,8 @@ def main() -> int:
     ap.add_argument("--slots", type=int, default=2, help="fleet-wide in_flight threshold")
     ap.add_argument("--heavy", type=int, default=8, help="heavy key's workers (pod 1)")
     ap.add_argument("--light", type=int, default=2, help="light key's workers (pod 2)")
+    ap.add_argument("--light-delay", type=float, default=1.0,
+                    help="seconds before the light key starts (the heavy key holds the fleet)")
     ap.add_argument("--ttft-ms", type=float, default=50.0)
     ap.add_argument("--interval", type=float, default=0.1, help="shared.interval_s")
     ap.add_argument("--warmup", type=float, default=3.0)

@@ -17,7 +17,8 @@ process hands a free slot of class ``c`` to one of its own waiters (or admits a 
   flows waiting here.
 
 Then this process leaves the slot free for at most ``3 x interval_s`` (the time the others need
-to see it free and take it: one publication and one read); past that it dispatches its own
+to see it free and take it: one publication, which :attr:`FleetShares.on_yield` asks for at once,
+and one read); past that it dispatches its own
 waiter, so a stale or unusable claim (the other process's waiter left, or its candidate set has
 no room) wastes at most that long per slot. Within a process the order stays deficit round
 robin (:mod:`gateway.flow.queues`): the fleet-wide view only decides which process serves.
@@ -92,6 +93,9 @@ class FleetShares:
         self._merged_at: float | None = None
         self._yielding: dict[tuple[str, int], float] = {}
         self.deferred = 0  # slots left to another process's claim (for tests and reports)
+        # Called when a process starts leaving a slot to another (FlowPeers publishes at once,
+        # so the others see the slot free one round sooner).
+        self.on_yield: Callable[[], None] | None = None
 
     # --- this process ---------------------------------------------------------------------
 
@@ -189,7 +193,11 @@ class FleetShares:
         if self.claim(model, cls, local, now) is None:
             self._yielding.pop(where, None)
             return False
-        since = self._yielding.setdefault(where, now)
+        since = self._yielding.get(where)
+        if since is None:
+            since = self._yielding[where] = now
+            if self.on_yield is not None:
+                self.on_yield()
         if now - since <= self.yield_s:
             self.deferred += 1
             return True

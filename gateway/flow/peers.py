@@ -70,6 +70,8 @@ class FlowPeers(Periodic):
         self._router = router
         self._shares = shares
         self._clock = clock
+        if shares is not None:
+            shares.on_yield = self.wake  # publish the free slot now, not at the next round
         self._on_round = on_round
         self._settings = settings
         self.interval_s = settings.interval_s
