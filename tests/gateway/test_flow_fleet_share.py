@@ -7,12 +7,15 @@ in front of one simulator, real Redis on 127.0.0.1:6379. Unit: the merged accoun
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Callable
 from typing import Any
 
 import openai
 
 from gateway.flow.fleetshare import FleetShares
+from gateway.serving.periodic import Periodic
 from tests.gateway.helpers import start_sim
 from tests.gateway.test_flow_control import Rig, flow_settings, wait_for
 
@@ -175,3 +178,44 @@ def test_a_process_defers_at_most_yield_s_then_serves_its_own() -> None:
     s.merge([], now=0.4)  # the light key was served elsewhere
     assert not s.defer("m", 2, {"heavy": 1.0}, 0.4)
     assert s.deferred == 3
+
+
+def test_leaving_a_slot_asks_for_one_publication_per_window() -> None:
+    s = _shares()
+    calls: list[float] = []
+    s.on_yield = lambda: calls.append(1.0)
+    s.dispatched(("m", 2, "heavy"), 3.0, now=0.0)
+    s.merge([["m", 2, "light", 0.0, 1, 1.0]], now=0.0)
+    assert s.defer("m", 2, {"heavy": 1.0}, 0.0) and s.defer("m", 2, {"heavy": 1.0}, 0.1)
+    assert len(calls) == 1
+    assert not s.defer("m", 2, {"heavy": 1.0}, 0.5) and s.defer("m", 2, {"heavy": 1.0}, 0.6)
+    assert len(calls) == 2
+
+
+def test_a_woken_periodic_round_runs_before_its_interval() -> None:
+    """Periodic.wake: with interval_s 60 the second round runs at once when woken."""
+
+    class Rounds(Periodic):
+        interval_s = 60.0
+
+        def __init__(self) -> None:
+            self.times: list[float] = []
+            self.ran = asyncio.Event()
+
+        async def run_once(self) -> None:
+            self.times.append(time.monotonic())
+            self.ran.set()
+
+    async def run() -> list[float]:
+        rounds = Rounds()
+        rounds.wake()  # not started: nothing
+        rounds.start()
+        await asyncio.wait_for(rounds.ran.wait(), 10)
+        rounds.ran.clear()
+        rounds.wake()
+        await asyncio.wait_for(rounds.ran.wait(), 10)  # far below interval_s
+        await rounds.stop()
+        return rounds.times
+
+    times = asyncio.run(run())
+    assert len(times) == 2 and times[1] - times[0] < 10
