@@ -141,6 +141,8 @@ def test_served_is_own_dispatches_plus_the_peers_published_and_decays() -> None:
     # Past ttl_s (Redis failing) only the own figures count.
     assert abs(s.served(("m", 1, "a"), 12.5) - 4.0 * 2 ** -1.25) < 1e-9
     assert s.peer_waiting(("m", 1, "a"), 12.5) == 0
+    assert s.claim("m", 1, {"a": 1.0}, 12.5) is None  # b's waiter no longer claims a slot
+    assert s.claim("m", 1, {"a": 1.0}, 10.0) == "share"  # while fresh: b 5/2 < a 5/1
 
 
 def test_rows_publish_recent_dispatches_and_waiters_and_forget_idle_keys() -> None:
