@@ -273,7 +273,9 @@ def create_app(
         kv_feed = KVEventsFeed(the_router, settings.routing.kv_events)
         shared = settings.flow_control.shared if settings.flow_control.enabled else None
         peers = (FlowPeers(the_router, shared,
-                           on_round=parts.flow.kick_all if parts.flow else None)
+                           on_round=parts.flow.kick_all if parts.flow else None,
+                           shares=parts.flow.shares if parts.flow else None,
+                           clock=parts.flow.clock if parts.flow else time.monotonic)
                  if shared is not None else None)
 
         def swap(new: Gateway) -> None:

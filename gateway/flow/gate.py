@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING
 
 from gateway.flow.classify import Classifier
 from gateway.flow.errors import FlowError
+from gateway.flow.fleetshare import FleetShares
 from gateway.flow.lane import Group, Lane, PoolFlow, to_gateway_error
 from gateway.flow.saturation import with_room
 from gateway.flow.settings import FlowControlSettings
@@ -99,6 +100,13 @@ class FlowGate:
         # Bytes of the bodies of queued requests, and this worker's budget for them.
         self.queued_bytes = 0
         self.body_budget = max(1, settings.max_queued_body_bytes // settings.workers)
+        # Fair shares across gateway processes (flow_control.shared.fair_share), fed by
+        # gateway.flow.peers off the request path.
+        shared = settings.shared
+        self.shares = (FleetShares(half_life_s=shared.fair_half_life_s,
+                                   yield_s=3 * shared.interval_s, ttl_s=shared.ttl_s,
+                                   waiting=self.waiting)
+                       if shared is not None and shared.fair_share else None)
 
     # --- per request ----------------------------------------------------------------------
 
@@ -160,7 +168,14 @@ class FlowGate:
                              self.workers)
             if not room:
                 return
+            shares = self.shares
+            model = flow.pool.model.name
+            if shares is not None and shares.defer(model, cls, queues.classes[cls].weights(),
+                                                   now):
+                return  # another process has the better claim (gateway.flow.fleetshare)
             waiter = queues.pop(cls)
+            if shares is not None:
+                shares.dispatched((model, cls, waiter.flow), waiter.cost, now)
             hand = waiter.item
             replica = flow.pool.pick(room, hint=hand.hint)
             if replica is None:  # pragma: no cover - room is never empty here
@@ -176,6 +191,20 @@ class FlowGate:
         if not held:
             held.extend([0] * len(self.classes))
         held[cls] += 1
+
+    def waiting(self) -> list[tuple[str, int, str, int, float]]:
+        """``(model, class index, flow, waiters, weight)`` per flow with a waiter (summed over
+        candidate sets; what :class:`FleetShares` publishes)."""
+        out: list[tuple[str, int, str, int, float]] = []
+        for flow in (*self.pools.values(), *self._retired):
+            model = flow.pool.model.name
+            for group in flow.groups.values():
+                for cls, queue in enumerate(group.queues.classes):
+                    if len(queue):
+                        weights = queue.weights()
+                        out.extend((model, cls, who, n, weights[who])
+                                   for who, n in queue.flows().items())
+        return out
 
     def kick(self, flow: PoolFlow) -> None:
         """Dispatch the waiters of one model (a request ended)."""

@@ -19,6 +19,7 @@ from gateway.flow.errors import (
     QueueFull,
     QueueTimeout,
 )
+from gateway.flow.fleetshare import FleetShares
 from gateway.flow.queues import ClassQueues, Waiter
 from gateway.flow.saturation import with_room
 from gateway.flow.settings import FlowClassSettings, SaturationSettings
@@ -44,6 +45,7 @@ class LaneGate(Protocol):
     queued_bytes: int
     stale_s: float
     workers: int
+    shares: FleetShares | None
 
     def clock(self) -> float:
         """Monotonic time, seconds."""
@@ -161,12 +163,19 @@ class Lane:
         gate, flow = self._gate, self._flow
         group = gate.group(flow, candidates)
         now = gate.clock()
+        shares, model = gate.shares, flow.pool.model.name
         if not group.queues.waiting_at_or_above(self.cls):
             room = with_room(candidates, self.cls, gate.limits[self.cls], now, gate.stale_s,
                              gate.workers)
+            if room and shares is not None and shares.defer(model, self.cls,
+                                                            {self.flow: self.weight}, now):
+                room = ()  # another process has the better claim: wait behind it
             if room:
                 replica = flow.pool.pick(room, hint=hint)
                 if replica is not None:
+                    if shares is not None:
+                        shares.dispatched((model, self.cls, self.flow),
+                                          gate.cost(self._parsed), now)
                     gate.hold(replica, self.cls)
                     self._reserved = self._held = replica
                     self.record.flowed(self.class_name, "immediate", 0)
@@ -175,7 +184,10 @@ class Lane:
         waiter = Waiter(self.flow, self.weight, self.cls, now, hand, gate.cost(self._parsed))
         queue = group.queues.classes[self.cls]
         cap = gate.flow_caps[self.cls]
-        if len(queue) < queue.max_len and queue.flow_len(self.flow) >= cap:
+        # With fair_share the key's waiters in the other processes count too (as published).
+        held = queue.flow_len(self.flow) + (
+            shares.peer_waiting((model, self.cls, self.flow), now) if shares is not None else 0)
+        if len(queue) < queue.max_len and held >= cap:
             self.record.flowed(self.class_name, "flow_queue_full", 0)
             cls = gate.classes[self.cls]
             raise to_gateway_error(FlowShareFull(

@@ -13,6 +13,12 @@ as of their last publication, so the fleet may briefly pass a threshold by what 
 processes sent in one interval. Nothing is read or written on a request's path; a Redis
 failure leaves the last known counts in place until they expire (``ttl_s``), then each process
 counts only its own.
+
+With ``fair_share`` (the default) the same document also carries, under ``"#flows"`` (never a
+replica URL, so a process of the previous version skips it), this process's recently dispatched
+cost and waiting requests per model, class and key (:meth:`FleetShares.rows`); the others' rows
+are summed into :class:`gateway.flow.fleetshare.FleetShares`, which the queues consult before a
+process hands a slot to its own waiter.
 """
 
 from __future__ import annotations
@@ -21,12 +27,14 @@ import json
 import logging
 import os
 import socket
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import redis.asyncio as redis_async
 from redis.exceptions import RedisError
 
+from gateway.flow.fleetshare import FleetShares
 from gateway.flow.settings import SharedFlowSettings
 from gateway.serving.periodic import Periodic
 
@@ -37,6 +45,8 @@ __all__ = ["FlowPeers"]
 
 _log = logging.getLogger(__name__)
 
+_FLOWS = "#flows"  # the document's entry for the per-key rows (not a replica URL)
+
 
 class FlowPeers(Periodic):
     """Publishes this process's in-flight counts and reads the other processes'.
@@ -46,14 +56,22 @@ class FlowPeers(Periodic):
         settings: ``flow_control.shared``.
         client: An existing ``redis.asyncio.Redis`` (tests); else one from ``redis_url``.
         on_round: Called after each read (flow control dispatches on the new counts).
+        shares: Per-key figures to publish and merge (``fair_share``), or ``None``.
+        clock: Monotonic clock, seconds (the flow gate's).
     """
 
     round_name = "flow-control peer sync"
 
     def __init__(self, router: Router, settings: SharedFlowSettings,
                  client: redis_async.Redis | None = None,
-                 on_round: Callable[[], None] | None = None) -> None:
+                 on_round: Callable[[], None] | None = None,
+                 shares: FleetShares | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._router = router
+        self._shares = shares
+        self._clock = clock
+        if shares is not None:
+            shares.on_yield = self.wake  # publish the free slot now, not at the next round
         self._on_round = on_round
         self._settings = settings
         self.interval_s = settings.interval_s
@@ -69,17 +87,21 @@ class FlowPeers(Periodic):
         """Count the replicas of ``router`` from the next round on (live reload)."""
         self._router = router
 
-    def _counts(self) -> dict[str, list[int]]:
-        """Own flow-controlled in-flight counts per replica URL (summed over pools)."""
-        out: dict[str, list[int]] = {}
+    def _counts(self) -> dict[str, object]:
+        """Own flow-controlled in-flight counts per replica URL (summed over pools), and the
+        per-key rows under ``"#flows"`` with ``fair_share``."""
+        counts: dict[str, list[int]] = {}
         for pool in self._router.pools.values():
             for r in pool.replicas:
                 if not r.flow_in_flight:
                     continue
-                mine = out.setdefault(r.url, [0] * len(r.flow_in_flight))
+                mine = counts.setdefault(r.url, [0] * len(r.flow_in_flight))
                 for i, n in enumerate(r.flow_in_flight):
                     if i < len(mine):
                         mine[i] += n
+        out: dict[str, object] = dict(counts)
+        if self._shares is not None:
+            out[_FLOWS] = self._shares.rows(self._clock())
         return out
 
     async def run_once(self) -> None:
@@ -96,6 +118,7 @@ class FlowPeers(Periodic):
             _log.warning("flow-control peer sync: %s", exc)
             return
         totals: dict[str, list[int]] = {}
+        rows: list[object] = []
         for raw in values:
             if raw is None:
                 continue  # expired between SCAN and MGET
@@ -105,6 +128,9 @@ class FlowPeers(Periodic):
                 continue
             if not isinstance(doc, dict):
                 continue
+            flows = doc.pop(_FLOWS, None)
+            if isinstance(flows, list):
+                rows.extend(flows)
             for url, counts in doc.items():
                 if not isinstance(counts, list):
                     continue
@@ -117,6 +143,8 @@ class FlowPeers(Periodic):
         for pool in self._router.pools.values():
             for r in pool.replicas:
                 r.peer_in_flight = totals.get(r.url, [])
+        if self._shares is not None:
+            self._shares.merge(rows, self._clock())
         self.rounds += 1
         if self._on_round is not None:
             self._on_round()

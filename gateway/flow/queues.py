@@ -167,6 +167,10 @@ class ClassQueue(Generic[T]):
         """Waiters per flow (for reports and tests)."""
         return {name: len(flow.items) for name, flow in self._flows.items()}
 
+    def weights(self) -> dict[str, float]:
+        """The weight of each flow with a waiter."""
+        return {name: flow.weight for name, flow in self._flows.items()}
+
 
 class ClassQueues(Generic[T]):
     """One :class:`ClassQueue` per class, highest priority first.

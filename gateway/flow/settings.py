@@ -154,12 +154,20 @@ class SharedFlowSettings(_Frozen):
         key_prefix: Prefix of the per-process keys.
         interval_s: Seconds between two publications (and reads) of the counts.
         ttl_s: A process's counts expire this long after its last publication.
+        fair_share: Also share, per model, class and key (or team), the cost each process
+            dispatched recently and the requests it has waiting, so that the fair share
+            between keys within a class and ``max_queue_share`` hold for the whole fleet
+            (:mod:`gateway.flow.fleetshare`); off: each process judges them on its own queues.
+        fair_half_life_s: Half-life of the recently dispatched cost that fair share compares,
+            seconds: how long a key that was served a lot yields to the others.
     """
 
     redis_url: str = "redis://127.0.0.1:6379/0"
     key_prefix: str = "sg:flow:"
     interval_s: float = Field(default=0.1, gt=0, allow_inf_nan=False)
     ttl_s: float = Field(default=2.0, gt=0, allow_inf_nan=False)
+    fair_share: bool = True
+    fair_half_life_s: float = Field(default=10.0, gt=0, allow_inf_nan=False)
 
 
 class FlowControlSettings(_Frozen):
@@ -202,7 +210,8 @@ class FlowControlSettings(_Frozen):
             pod (docs/flow-control.md, "Several pods"). Ignored for ``in_flight`` with
             ``shared``.
         shared: Share the in-flight counts of every gateway process through Redis, so that
-            ``in_flight`` thresholds hold for all pods and workers together, unsplit.
+            ``in_flight`` thresholds hold for all pods and workers together, unsplit, and
+            (``shared.fair_share``) the fair share between keys and ``max_queue_share``.
     """
 
     enabled: bool = False

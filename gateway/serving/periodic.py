@@ -27,18 +27,27 @@ class Periodic:
     round_name: str = "periodic round"
 
     _task: asyncio.Task[None] | None = None
+    _woken: asyncio.Event | None = None
 
     async def run_once(self) -> None:
         """One round; overridden by subclasses."""
         raise NotImplementedError
 
     async def _loop(self) -> None:
+        woken = self._woken = asyncio.Event()
         while True:
             try:
                 await self.run_once()
             except Exception:
                 _log.exception("%s failed", self.round_name)
-            await asyncio.sleep(self.interval_s)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(woken.wait(), self.interval_s)
+            woken.clear()
+
+    def wake(self) -> None:
+        """Start the next round now instead of after ``interval_s`` (nothing when stopped)."""
+        if self._woken is not None:
+            self._woken.set()
 
     @property
     def running(self) -> bool:
