@@ -162,13 +162,22 @@ class PiiRefused(PolicyError):
     Attributes:
         entities: the refused entity types, sorted.
         verdict: the inspection's :class:`policy.pii.PiiVerdict` (for the audit record).
+        in_key: refused because a finding to mask is in an object key (an argument's name),
+            which cannot be masked.
     """
 
     code = "pii_refused"
 
-    def __init__(self, entities: Sequence[str], verdict: object | None = None) -> None:
+    def __init__(self, entities: Sequence[str], verdict: object | None = None, *,
+                 in_key: bool = False) -> None:
         self.entities = tuple(sorted(set(entities)))
         self.verdict = verdict
+        self.in_key = in_key
+        if in_key:
+            super().__init__(
+                "An argument name (an object key) holds sensitive data, and a name cannot be "
+                "masked: " + ", ".join(self.entities) + ".")
+            return
         super().__init__(
             "The request contains sensitive data the policy does not allow to be sent: "
             + ", ".join(self.entities) + "."

@@ -2,18 +2,23 @@
 
 A tool call's ``arguments`` pass the same detection as a model request's prompt
 (:mod:`gateway.pii.request`, :mod:`policy.pii.inspect`), before the call's destination check is
-repeated and before anything is forwarded:
+repeated and before anything is forwarded. Object keys are scanned as well as values (an
+argument's name can carry a card number as well as its value can; a schema that allows extra
+properties lets any name through):
 
 * ``raise``: the call's data class becomes the raised class, and the server's destination is
   checked again for it (a server that may not receive the raised class is refused, 403);
 * ``mask``: each match becomes ``<ENTITY>`` in the forwarded arguments (also for rules marked
-  ``reversible``: a tool's result is not mapped back, so the plain placeholder is used);
+  ``reversible``: a tool's result is not mapped back, so the plain placeholder is used); a
+  match in an argument's name cannot be masked (the arguments' shape would change, and two
+  masked names may collide), so the call is refused (403 ``pii_refused``) instead;
 * ``refuse``: 403 with a JSON-RPC error naming the entity types, never the values;
 * ``record``: only the record.
 
 A detector failure answers 503 ``pii_scan_failed`` for the classes the policy fails closed
 for, and passes (recorded) for the others. The verdict goes into the call's audit record
-(entity types and counts, class before and after, actions; never the text).
+(entity types and counts, ``in_keys`` for findings in names, class before and after, actions;
+never the text, never a name that held a finding).
 """
 
 from __future__ import annotations
@@ -51,7 +56,7 @@ async def scan_arguments(pii: PiiPolicy, arguments: dict[str, Any], key_id: str,
 
     Args:
         pii: the policy's ``pii`` section (its detector built at start-up).
-        arguments: the call's ``params.arguments`` (object keys are not scanned, values are).
+        arguments: the call's ``params.arguments`` (object keys and values are scanned).
         key_id: the caller's key id (rules by key).
         team: the caller's team (rules by team).
         data_class: the call's class before detection.

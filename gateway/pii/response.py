@@ -50,7 +50,7 @@ _TEXT_KEYS = frozenset({"content", "text"})
 
 def _spans(value: Any, path: str = "") -> list[tuple[str, str]]:
     """The ``(path, text)`` of every string under a ``content``/``text`` key."""
-    return [(p, t) for p, t in iter_strings(value, path)
+    return [(p, t) for p, t in iter_strings(value, path, keys=False)
             if p.rsplit(".", 1)[-1] in _TEXT_KEYS]
 
 
@@ -69,13 +69,14 @@ def mask_value(detector: Detector, value: Any, counts: Counter[str]) -> Any:
     if not texts:
         return value
     keep = {p for p, _ in texts}
-    findings = [f for f in detector.scan(value) if f.path in keep]
+    # Keys of an answer are the API's own names: not scanned, so paths match _spans's.
+    findings = [f for f in detector.scan(value, keys=False) if f.path in keep]
     counts.update(f.entity for f in findings)
     return mask(value, findings)
 
 
 def mask_numbered(value: Any, findings: Sequence[Finding], reversible: frozenset[str],
-                  restore: dict[str, str], path: str = "") -> Any:
+                  restore: dict[str, str]) -> Any:
     """``value`` with findings masked: those of ``reversible`` types by numbered placeholders
     (``<IBAN_CODE_1>``; one value, one placeholder) recorded in ``restore``, others by
     ``<ENTITY>``.
@@ -85,11 +86,10 @@ def mask_numbered(value: Any, findings: Sequence[Finding], reversible: frozenset
         findings: findings to mask.
         reversible: entity types masked reversibly.
         restore: gets placeholder -> original value (the request's own; never logged).
-        path: the path of ``value``.
+
+    Raises:
+        ValueError: a finding is in an object key (:func:`policy.pii.engine.mask`).
     """
-    by_path: dict[str, list[Finding]] = {}
-    for f in findings:
-        by_path.setdefault(f.path, []).append(f)
     numbers: dict[tuple[str, str], str] = {(k.rsplit("_", 1)[0][1:], v): k
                                            for k, v in restore.items()}
 
@@ -103,25 +103,7 @@ def mask_numbered(value: Any, findings: Sequence[Finding], reversible: frozenset
             restore[known] = original
         return known
 
-    def walk(v: Any, p: str) -> Any:
-        if isinstance(v, str):
-            spans = by_path.get(p)
-            if not spans:
-                return v
-            out, last = [], 0
-            for f in sorted(spans, key=lambda f: f.start):
-                out.append(v[last:f.start])
-                out.append(label(f.entity, v[f.start:f.end]))
-                last = f.end
-            out.append(v[last:])
-            return "".join(out)
-        if isinstance(v, dict):
-            return {k: walk(x, f"{p}.{k}" if p else str(k)) for k, x in v.items()}
-        if isinstance(v, list):
-            return [walk(x, f"{p}[{i}]") for i, x in enumerate(v)]
-        return v
-
-    return walk(value, path) if by_path else value
+    return mask(value, findings, label=label)
 
 
 def restore_value(value: Any, restore: dict[str, str]) -> tuple[Any, int]:

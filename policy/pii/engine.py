@@ -11,9 +11,19 @@ the expression ~0.3 ms; :mod:`policy.pii.context` reads them from a window aroun
 not from the whole text).
 
 A JSON value (a chat ``messages`` array, a Responses ``input``, MCP tool arguments) is scanned
-as one text: its strings joined by blank lines (no recogniser pattern crosses a line break), so
-one Presidio call serves a whole request; each finding is mapped back to the JSON path of the
-string it is in.
+as one text: its strings, object keys included, joined by blank lines (no recogniser pattern
+crosses a line break), so one Presidio call serves a whole request; each finding is mapped back
+to the JSON path of the string it is in.
+
+Paths (:attr:`Finding.path`) go into records that promise never to hold the matched text, so a
+path never carries arbitrary key text. An object's member is written by its key only when the
+key is a plain identifier (``^[A-Za-z_][A-Za-z0-9_]{0,63}$``) and the key itself holds no
+finding; any other member is written by its position in the object (0-based, in the object's
+order), and an object key itself (a scanned string of its own) is marked as a key:
+
+* ``messages[0].content``: member ``content`` of item 0 of ``messages``;
+* ``arguments.{#2}``: the value of the third member of ``arguments`` (its key not written);
+* ``arguments.{key#2}``: the third member's key itself (a finding in the key's text).
 """
 
 from __future__ import annotations
@@ -21,8 +31,8 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from .context import WORD, make_enhancer
@@ -33,6 +43,8 @@ __all__ = ["Detector", "Finding", "iter_strings", "mask"]
 _log = logging.getLogger(__name__)
 
 _JOIN = "\n\n"
+#: A key written into a path as it is (any other key is written by position).
+_PLAIN_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
 _SKIP_PREFIXES = ("data:",)  # inline images and files: base64, no text to scan
 #: A text without a digit, ``@`` or ``:`` cannot hold a built-in identifier (every built-in
 #: pattern needs one of them); with only built-ins, such text skips Presidio altogether.
@@ -45,10 +57,14 @@ class Finding:
 
     Attributes:
         entity: entity type (``IBAN_CODE``, ``DE_TAX_ID``, an operator's type, ...).
-        path: JSON path of the string it is in (``messages[0].content``; ``""`` for plain text).
+        path: JSON path of the string it is in (``messages[0].content``; ``""`` for plain text;
+            the form in the module docstring: never a key's text unless a plain identifier).
         start: offset of its first character in that string (code points).
         end: offset just past its last character.
         score: Presidio's confidence after check digits and context words (0..1).
+        key: the string is an object key (path ``...{key#N}``), not a value.
+        loc: the string's position: one index per level (list item, or member in the object's
+            order); what :func:`mask` matches on (not compared, not recorded).
     """
 
     entity: str
@@ -56,28 +72,57 @@ class Finding:
     start: int
     end: int
     score: float
+    key: bool = False
+    loc: tuple[int, ...] = field(default=(), compare=False, repr=False)
 
     def as_record(self) -> dict[str, Any]:
-        """The JSON-ready form (no text of the match)."""
+        """The JSON-ready form (no text of the match; ``key: true`` for a finding in a key)."""
+        extra: dict[str, Any] = {"key": True} if self.key else {}
         return {"entity": self.entity, "path": self.path, "start": self.start,
-                "end": self.end, "score": round(self.score, 3)}
+                "end": self.end, "score": round(self.score, 3), **extra}
 
 
-def iter_strings(value: Any, path: str = "") -> Iterator[tuple[str, str]]:
+def _member(path: str, key: object, i: int, plain: bool) -> str:
+    """The path of member ``i`` (key ``key``) of the object at ``path``."""
+    seg = str(key) if plain and isinstance(key, str) and _PLAIN_KEY.fullmatch(key) \
+        else f"{{#{i}}}"
+    return f"{path}.{seg}" if path else seg
+
+
+def _key_path(path: str, i: int) -> str:
+    """The path of the key of member ``i`` of the object at ``path``."""
+    return f"{path}.{{key#{i}}}" if path else f"{{key#{i}}}"
+
+
+def iter_strings(value: Any, path: str = "", *, keys: bool = True
+                 ) -> Iterator[tuple[str, str]]:
     """Yield ``(path, text)`` for every string in a JSON value, depth first.
 
-    Object keys are not yielded (only values); ``data:`` URLs (inline images, files) are
-    skipped.
+    Each object key is yielded before its value (path ``...{key#N}``, see the module
+    docstring), unless ``keys`` is false; ``data:`` URLs (inline images, files) are skipped.
+    Paths here write every plain-identifier key (the scan writes a key holding a finding by
+    position instead).
     """
+    for _, _, p, text in _walk(value, (), path, keys, frozenset()):
+        yield p, text
+
+
+def _walk(value: Any, loc: tuple[int, ...], path: str, keys: bool,
+          hidden: frozenset[tuple[int, ...]]) -> Iterator[tuple[tuple[int, ...], bool, str, str]]:
+    """``(loc, is key, path, text)`` of every string; members at a loc in ``hidden`` are
+    written by position."""
     if isinstance(value, str):
         if value and not value.startswith(_SKIP_PREFIXES):
-            yield path, value
+            yield loc, False, path, value
     elif isinstance(value, dict):
-        for k, v in value.items():
-            yield from iter_strings(v, f"{path}.{k}" if path else str(k))
+        for i, (k, v) in enumerate(value.items()):
+            here = (*loc, i)
+            if keys and isinstance(k, str) and k and not k.startswith(_SKIP_PREFIXES):
+                yield here, True, _key_path(path, i), k
+            yield from _walk(v, here, _member(path, k, i, here not in hidden), keys, hidden)
     elif isinstance(value, list):
         for i, v in enumerate(value):
-            yield from iter_strings(v, f"{path}[{i}]")
+            yield from _walk(v, (*loc, i), f"{path}[{i}]", keys, hidden)
 
 
 _WORD = WORD
@@ -225,7 +270,7 @@ class Detector:
         self.load_s = time.perf_counter() - t0
         _log.info("PII detector ready: %d recognisers in %.2f s", len(specs), self.load_s)
 
-    def scan(self, value: Any) -> list[Finding]:
+    def scan(self, value: Any, *, keys: bool = True) -> list[Finding]:
         """Findings in a string or in every string of a JSON value.
 
         Where two findings overlap, the one with the higher score is kept (then the longer):
@@ -233,14 +278,17 @@ class Detector:
 
         Args:
             value: a ``str`` or a JSON value (dicts, lists, strings, numbers, ...).
+            keys: scan object keys too (findings with ``key`` set, path ``...{key#N}``).
 
         Returns:
-            Findings in text order (path, then offset); never the matched text.
+            Findings in text order (path, then offset); never the matched text, and paths
+            never hold a key that has a finding (see the module docstring).
         """
-        parts = list(iter_strings(value))
+        parts = [(loc, is_key, t) for loc, is_key, _, t in _walk(value, (), "", keys,
+                                                                    frozenset())]
         if not parts:
             return []
-        text = _JOIN.join(t for _, t in parts)
+        text = _JOIN.join(t for _, _, t in parts)
         if self._prefilter and _BUILTIN_HINT.search(text) is None:
             return []
         results = self._engine.analyze(text=text, language=self._language,
@@ -253,50 +301,74 @@ class Detector:
             if all(r.end <= k.start or r.start >= k.end for k in kept):
                 kept.append(r)
         kept.sort(key=lambda r: r.start)
-        findings: list[Finding] = []
+        located: list[tuple[Any, int, int]] = []  # (result, part index, part's offset)
         base, i = 0, 0
         for r in kept:
-            while i < len(parts) and r.start >= base + len(parts[i][1]):
-                base += len(parts[i][1]) + len(_JOIN)
+            while i < len(parts) and r.start >= base + len(parts[i][2]):
+                base += len(parts[i][2]) + len(_JOIN)
                 i += 1
             if i == len(parts):
                 break
-            findings.append(Finding(r.entity_type, parts[i][0], r.start - base,
-                                    r.end - base, float(r.score)))
+            located.append((r, i, base))
+        if not located:
+            return []
+        # Paths are made only now, once it is known which keys hold a finding.
+        hidden = frozenset(parts[i][0] for _, i, _ in located if parts[i][1])
+        paths = {(loc, is_key): p for loc, is_key, p, _ in _walk(value, (), "", keys, hidden)}
+        findings: list[Finding] = []
+        for r, i, base in located:
+            loc, is_key, _ = parts[i]
+            findings.append(Finding(r.entity_type, paths[(loc, is_key)], r.start - base,
+                                    r.end - base, float(r.score), is_key, loc))
         return findings
 
 
-def mask(value: Any, findings: Sequence[Finding], path: str = "") -> Any:
+#: ``(entity type, matched text) -> replacement`` for :func:`mask`.
+Label = Callable[[str, str], str]
+
+
+def mask(value: Any, findings: Sequence[Finding], *, label: Label | None = None) -> Any:
     """Return ``value`` with every finding's span replaced by ``<ENTITY>``.
+
+    Findings are matched by their location (:attr:`Finding.loc`), not their path.
 
     Args:
         value: the string or JSON value the findings were made on (not changed).
         findings: findings of :meth:`Detector.scan` on that value (only those to mask).
-        path: the path of ``value`` itself (``""`` at the top).
+        label: makes each replacement instead of ``<ENTITY>`` (numbered placeholders).
 
     Returns:
         A new value of the same shape (strings without findings are the same objects).
+
+    Raises:
+        ValueError: a finding is in an object key: a key cannot be masked without changing
+            the object's shape (:class:`policy.pii.PiiPolicy` refuses such a request).
     """
-    by_path: dict[str, list[Finding]] = {}
+    if any(f.key for f in findings):
+        raise ValueError("a finding in an object key cannot be masked")
+    by_loc: dict[tuple[int, ...], list[Finding]] = {}
     for f in findings:
-        by_path.setdefault(f.path, []).append(f)
-    return _mask(value, path, by_path) if by_path else value
+        by_loc.setdefault(f.loc, []).append(f)
+    return _mask(value, (), by_loc, label) if by_loc else value
 
 
-def _mask(value: Any, path: str, by_path: dict[str, list[Finding]]) -> Any:
+def _replace_spans(text: str, spans: Sequence[Finding], label: Label | None) -> str:
+    out, last = [], 0
+    for f in sorted(spans, key=lambda f: f.start):
+        out.append(text[last:f.start])
+        out.append(label(f.entity, text[f.start:f.end]) if label else f"<{f.entity}>")
+        last = f.end
+    out.append(text[last:])
+    return "".join(out)
+
+
+def _mask(value: Any, loc: tuple[int, ...], by_loc: dict[tuple[int, ...], list[Finding]],
+          label: Label | None) -> Any:
     if isinstance(value, str):
-        spans = by_path.get(path)
-        if not spans:
-            return value
-        out, last = [], 0
-        for f in sorted(spans, key=lambda f: f.start):
-            out.append(value[last:f.start])
-            out.append(f"<{f.entity}>")
-            last = f.end
-        out.append(value[last:])
-        return "".join(out)
+        spans = by_loc.get(loc)
+        return _replace_spans(value, spans, label) if spans else value
     if isinstance(value, dict):
-        return {k: _mask(v, f"{path}.{k}" if path else str(k), by_path) for k, v in value.items()}
+        return {k: _mask(v, (*loc, i), by_loc, label) for i, (k, v) in enumerate(value.items())}
     if isinstance(value, list):
-        return [_mask(v, f"{path}[{i}]", by_path) for i, v in enumerate(value)]
+        return [_mask(v, (*loc, i), by_loc, label) for i, v in enumerate(value)]
     return value

@@ -8,7 +8,10 @@ finding's action by the section's rules (first rule that applies, else ``default
 * ``raise``: the request's class becomes the most sensitive of its class and the classes the
   findings imply (``entity_classes``, else ``default_class``, else the policy's most sensitive
   class), so routing and egress follow the raised class;
-* ``mask``: the finding is replaced by ``<ENTITY>`` in what is forwarded;
+* ``mask``: the finding is replaced by ``<ENTITY>`` in what is forwarded; a finding in an
+  object key (an MCP argument's name) cannot be masked without changing the object's shape
+  (and a masked key may collide with a sibling), so it fails closed: the request is refused as
+  for ``refuse`` (the verdict records that entity type's action as ``refuse``);
 * ``refuse``: :class:`~policy.errors.PiiRefused` names the entity types, never the values;
 * ``record``: only the record.
 
@@ -20,6 +23,7 @@ open (the request passes, the error recorded) for the others.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import threading
 import time
@@ -76,8 +80,14 @@ class PiiVerdict:
         return dict(Counter(f.entity for f in self.findings))
 
     def as_record(self) -> dict[str, Any]:
-        """The JSON-ready audit form: types, counts, classes, actions; never matched text."""
-        extra = {"reversible": sorted(self.reversible)} if self.reversible else {}
+        """The JSON-ready audit form: types, counts, classes, actions; never matched text.
+
+        ``in_keys`` (entity type -> findings in object keys) is present when a key held one.
+        """
+        extra: dict[str, Any] = {"reversible": sorted(self.reversible)} if self.reversible else {}
+        in_keys = Counter(f.entity for f in self.findings if f.key)
+        if in_keys:
+            extra["in_keys"] = dict(in_keys)
         return {**extra,
             "entities": self.counts(),
             "actions": dict(self.actions),
@@ -228,6 +238,12 @@ class PiiPolicy:
 
     @staticmethod
     def _checked(verdict: PiiVerdict) -> PiiVerdict:
+        in_keys = {f.entity for f in verdict.to_mask if f.key}
+        if in_keys:
+            # Fail closed: a key cannot be masked (see the module docstring).
+            verdict = dataclasses.replace(verdict, actions={
+                e: "refuse" if e in in_keys else a for e, a in verdict.actions.items()})
+            raise PiiRefused(verdict.refused, verdict, in_key=True)
         if verdict.refused:
             raise PiiRefused(verdict.refused, verdict)
         return verdict

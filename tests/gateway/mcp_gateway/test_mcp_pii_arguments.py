@@ -47,13 +47,13 @@ def pii_stack(serve_asgi: Callable[..., Any], tmp_path: Path) -> Iterator[dict[s
         gw.stop()
 
 
-def _call(gw: Gateway, key: str, text: str) -> Any:
-    """``echo(text)`` through the gateway: the echoed text, or the ``MCPError``."""
+def _call(gw: Gateway, key: str, text: str, extra: dict[str, Any] | None = None) -> Any:
+    """``echo(text, **extra)`` through the gateway: the echoed text, or the ``MCPError``."""
 
     async def go() -> Any:
         async with sdk_client(gw.mcp("tools"), key) as client:
             try:
-                result = await client.call_tool("echo", {"text": text})
+                result = await client.call_tool("echo", {"text": text, **(extra or {})})
             except MCPError as exc:
                 return exc
             return result.content[0].text  # type: ignore[union-attr]
@@ -111,3 +111,19 @@ def test_mask_rule_forwards_masked_arguments(pii_stack: dict[str, Any]) -> None:
     assert rec["pii"]["actions"] == {"IBAN_CODE": "mask"}
     assert rec["pii"]["rules"] == {"IBAN_CODE": "other-masks"}
     assert "3704" not in json.dumps(rec)
+
+
+def test_a_mask_rule_refuses_a_call_whose_argument_name_holds_data(
+        pii_stack: dict[str, Any]) -> None:
+    """A name cannot be masked (the arguments' shape would change): the call fails closed,
+    nothing is forwarded, and the record holds neither the name nor its digits."""
+    gw, upstream = pii_stack["gateway"], pii_stack["upstream"]
+    err = _call(gw, KEYS["other"], "hello", {IBAN.replace(" ", ""): "x"})
+    assert isinstance(err, MCPError), err
+    assert "argument name" in str(err) and "IBAN_CODE" in str(err) and "3704" not in str(err)
+    assert upstream.calls() == []
+    (rec,) = _calls(gw)
+    assert rec["reason"] == "pii_refused" and rec["status"] == 403
+    assert rec["pii"]["actions"] == {"IBAN_CODE": "refuse"}
+    assert rec["pii"]["in_keys"] == {"IBAN_CODE": 1}
+    assert "3704" not in json.dumps(gw.records())
