@@ -436,6 +436,34 @@ def check_owner_quota(url: str, big: bytes, small: bytes) -> list[str]:
         return sorted([second.id, third.id, fourth.id])
 
 
+def check_concurrent_uploads(url: str, n: int = 8) -> None:
+    """``n`` uploads at once against ``max_files_per_owner: 3``: exactly 3 are stored (the
+    usage is read and the file stored in one transaction, serialised per owner)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def upload(i: int) -> int:
+        with client(url, "owner") as c:
+            try:
+                c.files.create(file=("in.jsonl", io.BytesIO(jsonl(1))), purpose="batch")
+            except openai.APIStatusError as exc:
+                assert exc.code == "file_count_quota_exceeded", exc
+                return exc.status_code
+            return 200
+
+    with ThreadPoolExecutor(n) as pool:
+        statuses = sorted(pool.map(upload, range(n)))
+    assert statuses == [200] * 3 + [413] * (n - 3)
+
+
+def test_concurrent_uploads_do_not_slip_past_the_per_owner_limit(
+        serve_asgi: Any, tmp_path: Path) -> None:
+    sim = start_sim(serve_asgi)
+    s = settings(sim.url, tmp_path / "batch.db", batch={"max_files_per_owner": 3})
+    check_concurrent_uploads(str(serve_asgi(create_app(s)).url))
+    with sqlite3.connect(tmp_path / "batch.db") as con:
+        assert con.execute("SELECT count(*) FROM files").fetchone()[0] == 3
+
+
 def test_stored_files_are_bounded_per_owner_and_a_delete_frees_room(
         serve_asgi: Any, tmp_path: Path) -> None:
     sim = start_sim(serve_asgi)

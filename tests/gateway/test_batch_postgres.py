@@ -28,6 +28,7 @@ from gateway.config.settings import GatewaySettings
 from tests.gateway.helpers import SERVED, sha, start_sim
 from tests.gateway.test_batch_api import (
     KEYS,
+    check_concurrent_uploads,
     check_owner_quota,
     client,
     jsonl,
@@ -149,3 +150,12 @@ def test_stored_files_are_bounded_per_owner_in_postgres(
     ids = check_owner_quota(str(gw.url), big, small)
     rows = query(pg_database, "SELECT id FROM sg_batch_files WHERE owner='owner' ORDER BY id")
     assert [r[0] for r in rows] == ids
+
+
+def test_concurrent_uploads_do_not_slip_past_the_per_owner_limit_in_postgres(
+        serve_asgi: Any, tmp_path: Path, pg_database: str) -> None:
+    sim = start_sim(serve_asgi)
+    gw = served(serve_asgi, pg_settings(sim.url, pg_database, tmp_path,
+                                        batch={"max_files_per_owner": 3}))
+    check_concurrent_uploads(str(gw.url))
+    assert query(pg_database, "SELECT count(*) FROM sg_batch_files") == [(3,)]
