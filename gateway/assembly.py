@@ -238,6 +238,7 @@ def assemble(
     from gateway.config.tls_files import check_tls_files
     from gateway.egress import load_policy, wire_egress
     from gateway.identity.build import wrap_identity
+    from gateway.mcp.metrics import queued_rows
     from gateway.mcp.wiring import build_mcp
     from gateway.preflight.files import check_preflight_files
     from gateway.quotas.tool_calls import ToolCallQuotas
@@ -280,7 +281,9 @@ def assemble(
         if flow is not None:
             telemetry.watch_flow(flow.queue_lengths)
         if mcp is not None:
-            telemetry.watch_mcp(mcp.metrics.call_rows, mcp.metrics.seconds_rows)
+            gates = mcp.gates  # shared by the endpoint's live-reload copies
+            telemetry.watch_mcp(mcp.metrics.call_rows, mcp.metrics.seconds_rows,
+                                lambda: queued_rows(gates))
         middlewares.append(telemetry.tracer.middleware)  # outermost: client spans
     if policy is not None:
         wiring = wire_egress(

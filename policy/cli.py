@@ -177,15 +177,52 @@ def _read_yaml(path: Path, what: str) -> Any:
         raise _UsageError(f"{what} {exc}") from exc
 
 
+_UNENFORCED = ("the gateway config has no policy: section: gateway serve applies no egress "
+               "policy and may send this class to every replica; the rules of {file} are not "
+               "applied")
+
+
+def _gateway_enforces(raw: dict[str, Any], config: Path, file: Path, policy: Policy) -> bool:
+    """Whether ``gateway serve`` with this config applies ``policy``: ``False`` without a
+    ``policy:`` section (the gateway then starts and routes to every replica, unchecked).
+
+    Raises:
+        _UsageError: The config names another policy (a different revision): explaining
+            ``file`` would not be what the gateway does; or a section it cannot start with.
+    """
+    section = raw.get("policy")
+    if section is None:
+        return False
+    named = section.get("file") if isinstance(section, dict) else None
+    if not isinstance(named, str) or not named:
+        raise _UsageError(f"gateway config {config}: policy: has no file (the gateway does not "
+                          "start; run gateway check-config)")
+    other = Path(named) if Path(named).is_absolute() else config.parent / named
+    try:
+        revision = Policy.from_file(other).revision
+    except PolicyError as exc:
+        raise _UsageError(f"gateway config {config} uses policy {other}, which does not load: "
+                          f"{exc.message.splitlines()[0] if exc.message else exc.code}") from exc
+    if revision != policy.revision:
+        raise _UsageError(f"gateway config {config} uses policy {other} ({revision}), not "
+                          f"{file} ({policy.revision}): explain {other} to see what the "
+                          "gateway does")
+    return True
+
+
 def _model_destinations(raw: dict[str, Any], model: str, path: Path,
-                        policy: Policy) -> list[tuple[str, str, str | None]]:
+                        policy: Policy | None) -> list[tuple[str, str, str | None]]:
     """``(destination id, replica url, problem)`` per replica of ``model``; a replica without
     ``url`` is served at its destination's ``url`` by the gateway's rule
     (:func:`policy.runtime.replica_url`), and ``problem`` says why the gateway refuses to start
-    when that destination cannot supply one (``url`` is then ``"?"``)."""
+    when that destination cannot supply one (``url`` is then ``"?"``; always without a policy,
+    ``policy`` ``None``)."""
     def url_of(replica: dict[str, Any]) -> tuple[str, str | None]:
         if replica.get("url"):
             return str(replica["url"]), None
+        if policy is None:
+            return "?", ("no url, and without a policy: section its destination cannot supply "
+                         "one (gateway refuses to start)")
         try:
             return replica_url(policy, str(replica.get("destination") or "")), None
         except PolicyError as exc:
@@ -237,8 +274,10 @@ def explain(
     pairs: list[tuple[str, str]] = [(d, "") for d in destinations or []]
     # Index in pairs -> why the gateway cannot take that replica's url from its destination.
     unsuppliable: dict[int, str] = {}
+    enforced = True  # without --config: FILE is the policy the question is about
     if config is not None:
         raw = _read_gateway_config(config)
+        enforced = _gateway_enforces(raw, config, file, policy)
         entry = next((k for k in raw.get("keys") or []
                       if isinstance(k, dict) and k.get("id") == key), None)
         if entry is None:
@@ -247,7 +286,8 @@ def explain(
         default_class = str(entry.get("data_class") or "internal")
         header = data_class
         if model is not None:
-            for dest_id, url, problem in _model_destinations(raw, model, config, policy):
+            for dest_id, url, problem in _model_destinations(raw, model, config,
+                                                             policy if enforced else None):
                 if problem is not None:
                     unsuppliable[len(pairs)] = problem
                 pairs.append((dest_id, url))
@@ -267,15 +307,29 @@ def explain(
     if default_class is None:
         raise _UsageError("give --class, or --config with the key's default data class")
     principal = Principal(key, team)
-    resolved = policy.resolve_class(default_class, header, principal)
-    pii = _pii_effect(policy, principal, resolved, text) if text is not None else None
-    if pii is not None:
-        resolved = pii["class_after"]
-    ids: list[str | None] | None = [d or None for d, _ in pairs] if pairs else None
-    explained = policy.explain(principal, resolved, ids)
+    if not enforced:
+        if text is not None:
+            raise _UsageError("--text: the gateway config has no policy: section, so the "
+                              "gateway scans nothing")
+        # No policy: the classification header is not read, every replica is a candidate.
+        resolved = default_class
+        pii = None
+        reason = _UNENFORCED.format(file=file)
+        explained = [Decision(i not in unsuppliable, None, unsuppliable.get(i, reason), "", d)
+                     for i, (d, _) in enumerate(pairs)]
+    else:
+        resolved = policy.resolve_class(default_class, header, principal)
+        pii = _pii_effect(policy, principal, resolved, text) if text is not None else None
+        if pii is not None:
+            resolved = pii["class_after"]
+        ids: list[str | None] | None = [d or None for d, _ in pairs] if pairs else None
+        explained = policy.explain(principal, resolved, ids)
     urls = [url for _, url in pairs] if pairs else [""] * len(explained)
     decisions: list[tuple[Decision, str]] = []
     for i, (decision, url) in enumerate(zip(explained, urls, strict=True)):
+        if not enforced:
+            decisions.append((decision, url))
+            continue
         # A replica outside the destination it names never gets a request: the gateway
         # refuses to start with it (check_binding), whatever the rules say.
         mismatch = unsuppliable.get(i) or (_binding_problem(policy, url, decision.destination_id)
@@ -286,10 +340,13 @@ def explain(
     allowed = [d for d, _ in decisions if d.allowed]
     tool_ok = tool_verdict is None or tool_verdict.allowed
     if as_json:
+        revision = policy.revision if enforced else None
         doc: dict[str, Any] = {
             "key": key, "team": team, "data_class": resolved, "model": model,
-            "revision": policy.revision, "allowed": [d.destination_id for d in allowed],
-            "decisions": [{**d.as_record(), "replica": url or None} for d, url in decisions],
+            "revision": revision, "enforced": enforced,
+            "allowed": [d.destination_id for d in allowed],
+            "decisions": [{**d.as_record(), "policy_revision": revision, "replica": url or None}
+                          for d, url in decisions],
             **({"pii": pii} if pii is not None else {}),
         }
         if tool_verdict is not None:
@@ -299,16 +356,22 @@ def explain(
     else:
         out = _out()
         out.print(escape(f"key {key} (team {team or '-'}), data class {resolved}, "
-                         f"policy {policy.revision}"))
+                         f"policy {policy.revision if enforced else 'none'}"))
+        if not enforced:
+            out.print("[bold red]WARNING: " + escape(
+                f"gateway config {config} has no policy: section: egress is NOT restricted "
+                f"(gateway serve starts and uses every replica; {file} is not applied)") + "[/]",
+                soft_wrap=True)
         if pii is not None:
             _print_pii(out, pii)
         # One block per destination, not a table: a reason is a sentence, and a table cell
         # 15 columns wide broke it into a word a line at 80 columns.
+        no_rule = "(no rule matched)" if enforced else "(no policy)"
         for d, url in decisions:
             verdict = "[green]allow[/]" if d.allowed else "[red]deny[/] "
             replica = f" (replica {url})" if url else ""
             out.print(f"{verdict} {escape(d.destination_id or '-')}{escape(replica)}: "
-                      f"{escape(d.rule_id or '(no rule matched)')}", soft_wrap=True)
+                      f"{escape(d.rule_id or no_rule)}", soft_wrap=True)
             out.print(f"      {escape(d.reason)}", soft_wrap=True)
         if tool_verdict is not None:
             out.print(("[green]tool allowed[/]: " if tool_verdict.allowed else

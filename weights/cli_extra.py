@@ -37,7 +37,7 @@ from weights.cli_workload import (
     OverheadOpt,
     UtilizationAliasOpt,
     UtilizationOpt,
-    utilization_of,
+    aliased,
 )
 from weights.errors import SizingError, WeightsError
 from weights.memory import parse_memory, size_model
@@ -166,6 +166,7 @@ def _human(value: float, unit: str) -> str:
 
 
 def size(
+    ctx: typer.Context,
     target: Annotated[str, typer.Argument(help="Local dir / config.json, or a REPO_ID.")],
     dtype: DtypeOpt = None,
     kv_dtype: KvDtypeOpt = None,
@@ -206,11 +207,14 @@ def size(
     from weights.plan_types import Cluster, Workload
 
     # The flags first: a bad size is a usage error before any model is read.
+    util = aliased(ctx, "utilization", utilization, utilization_alias,
+                   "--gpu-memory-utilization", "--utilization")
+    tp = aliased(ctx, "gpus_per_node", gpus_per_node, gpus_alias, "--gpus-per-node", "--gpus")
     memory = parse_memory(gpu_mem) if gpu_mem else None
     spec = (with_overrides(gpu_spec(gpu or DEFAULT_GPU), memory_bytes=memory)
             if gpu is not None or memory is not None else None)
     work = Workload(dtype=dtype, kv_dtype=kv_dtype, context=context, concurrency=concurrency,
-                    utilization=utilization_of(utilization, utilization_alias),
+                    utilization=util,
                     overhead_bytes=parse_memory(overhead))
     path = Path(target)
     if path.exists():
@@ -233,7 +237,6 @@ def size(
     fits: bool | None = None
     min_gpus: int | None = None
     why_not: str | None = None
-    tp = gpus_alias or gpus_per_node
     if spec is not None:
         lay = replica_layout(facts, spec, work, tp)
         figures += gpu_figures(facts, Cluster(spec, tp, 1), work, lay)

@@ -44,7 +44,7 @@ from weights.cli_workload import (
     OverheadOpt,
     UtilizationAliasOpt,
     UtilizationOpt,
-    utilization_of,
+    aliased,
 )
 from weights.errors import DigestMismatchError, SizingError
 from weights.gpus import GPUS, custom_gpu, gpu_spec, with_overrides
@@ -121,6 +121,7 @@ def _model_inputs(
 
 
 def plan(
+    ctx: typer.Context,
     target: Annotated[str, typer.Argument(
         help="Model dir / config.json, a REPO_ID on the hub, or (with --lock) a pinned REPO_ID.")],
     gpu: Annotated[str, typer.Option("--gpu", help=f"{', '.join(GPUS)} or custom.")] = DEFAULT_GPU,
@@ -159,6 +160,8 @@ def plan(
     as_json: JsonOpt = False,
 ) -> None:
     """Plan memory, TP/PP/EP/DP layout, speed and vLLM args; exit 1 if it does not fit."""
+    util = aliased(ctx, "utilization", utilization, utilization_alias,
+                   "--gpu-memory-utilization", "--utilization")
     if source is not None and lock is None:
         raise SizingError("--from reads a pinned model: it needs --lock (TARGET is the repo id)")
     if intra not in ("nvlink", "pcie"):
@@ -184,7 +187,7 @@ def plan(
     if estimate:
         params = None
     work = Workload(dtype=dtype, kv_dtype=kv_dtype, context=context, concurrency=concurrency,
-                    utilization=utilization_of(utilization, utilization_alias),
+                    utilization=util,
                     overhead_bytes=parse_memory(overhead),
                     training=training, expert_parallel=not no_ep, goal=goal)
     cluster = Cluster(spec, gpus_per_node, nodes, intra, inter)

@@ -5,12 +5,13 @@ the workload the same way, with the defaults of :class:`weights.plan.Workload` (
 tokens, 16 concurrent sequences, ``--gpu-memory-utilization`` 0.9, 2 GiB engine overhead per
 GPU) and the GPU of ``--gpu`` (default H100 SXM) with ``--gpu-mem`` overriding its memory.
 Old names stay as hidden aliases: ``--utilization`` (both commands) and ``--gpus`` (``size``,
-now ``--gpus-per-node``).
+now ``--gpus-per-node``); an old name and its new one on one command line are a usage error
+(:func:`aliased`), not a silent choice.
 """
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, TypeVar
 
 import typer
 
@@ -34,8 +35,10 @@ __all__ = [
     "OverheadOpt",
     "UtilizationAliasOpt",
     "UtilizationOpt",
-    "utilization_of",
+    "aliased",
 ]
+
+_T = TypeVar("_T")
 
 _W = Workload()
 #: The GPU both commands assume when ``--gpu`` is not given.
@@ -65,6 +68,28 @@ if DEFAULT_GPU not in GPUS:  # pragma: no cover - a table edit would break both 
     raise RuntimeError(f"{DEFAULT_GPU} is not in weights.gpus.GPUS")
 
 
-def utilization_of(value: float, alias: float | None) -> float:
-    """``--gpu-memory-utilization``, or the old ``--utilization`` when that was given."""
-    return alias if alias is not None else value
+def aliased(ctx: typer.Context, param: str, value: _T, alias: _T | None,
+            flag: str, old_flag: str) -> _T:
+    """The value of a flag that has a hidden old name: the old one's when only it was given.
+
+    Args:
+        ctx: The command's context (tells a flag given from its default).
+        param: The new flag's parameter name in the command (``utilization``).
+        value: The new flag's value (its default when not given).
+        alias: The old flag's value, ``None`` when not given.
+        flag: The new flag (``--gpu-memory-utilization``), for the error.
+        old_flag: The old flag (``--utilization``), for the error.
+
+    Raises:
+        typer.BadParameter: Both were given (exit 2, the shared CLI boundary's usage error):
+            which to believe is the user's call, even when the values agree.
+    """
+    if alias is None:
+        return value
+    # typer carries its own copy of click: the source enum is compared by its name, which is
+    # click's public API, not by importing typer's private module.
+    source = ctx.get_parameter_source(param)
+    if source is not None and source.name == "COMMANDLINE":
+        raise typer.BadParameter(
+            f"{old_flag} is the old name of {flag}: give only {flag}", param_hint=old_flag)
+    return alias

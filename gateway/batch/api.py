@@ -20,10 +20,17 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gateway.auth import Principal, bearer_token
-from gateway.batch.errors import BatchError, FileTooLarge, NotFound, RequestTooLarge
+from gateway.batch.errors import (
+    BatchError,
+    FileTooLarge,
+    NotFound,
+    RequestTooLarge,
+    StorageQuotaExceeded,
+)
 from gateway.batch.jsonl import ENDPOINTS, parse_input
 from gateway.batch.owner import owner_fields
 from gateway.batch.runner import BatchRunner, new_id
+from gateway.batch.store import OwnerLimits, OwnerUsage
 from gateway.state import gateway_state
 
 __all__ = ["RUNNER_KEY", "batch_routes"]
@@ -139,8 +146,26 @@ async def create_file(request: Request) -> Response:
                "created_at": int(time.time())}
     finally:
         await form.close()
-    await runner.store.add_file(row, content)
+    limits = OwnerLimits(max_bytes=runner.settings.max_stored_bytes_per_owner,
+                         max_files=runner.settings.max_files_per_owner)
+    usage = await runner.store.add_file(row, content, limits)
+    if usage is not None:
+        raise _quota_error(usage, limits, len(content))
     return JSONResponse(_file_object({**row, "bytes": len(content)}))
+
+
+def _quota_error(usage: OwnerUsage, limits: OwnerLimits, size: int) -> StorageQuotaExceeded:
+    """The refusal of an upload of ``size`` bytes the owner's ``usage`` has no room for."""
+    stored = (f"this key already stores {usage.bytes} bytes in {usage.files} files; "
+              "delete files (DELETE /v1/files/{file_id}) to make room.")
+    if usage.files + 1 > limits.max_files:
+        return StorageQuotaExceeded(
+            f"The upload would exceed the limit of {limits.max_files} files per key "
+            f"(batch.max_files_per_owner): {stored}", param="file",
+            code="file_count_quota_exceeded")
+    return StorageQuotaExceeded(
+        f"The upload of {size} bytes would exceed the limit of {limits.max_bytes} bytes per key "
+        f"(batch.max_stored_bytes_per_owner): {stored}", param="file")
 
 
 async def retrieve_file(request: Request) -> Response:

@@ -28,6 +28,11 @@ class BatchSettings(BaseModel):
             database when it is PostgreSQL (tables ``sg_batch_*``), else ``batch.db`` next to
             the audit store's SQLite file (a relative path is relative to the config file).
         max_file_bytes: Largest accepted upload, in bytes (413 ``file_too_large`` above).
+        max_stored_bytes_per_owner: Most bytes one key may store in files (its uploads and
+            its batches' output files), checked before an upload is stored (413
+            ``storage_quota_exceeded``); ``DELETE /v1/files/{id}`` frees room.
+        max_files_per_owner: Most files one key may store, counted the same way (413
+            ``file_count_quota_exceeded``).
         max_requests: Most request lines in one input file.
         concurrency: Requests of all batches in flight at once (they then wait in the flow
             control ``batch`` class like any other request of that class).
@@ -47,6 +52,8 @@ class BatchSettings(BaseModel):
     enabled: bool = True
     database: Path | None = None
     max_file_bytes: int = Field(default=100 * 1024 * 1024, gt=0)
+    max_stored_bytes_per_owner: int = Field(default=1024 * 1024 * 1024, gt=0)
+    max_files_per_owner: int = Field(default=1000, gt=0)
     max_requests: int = Field(default=50_000, gt=0)
     concurrency: int = Field(default=4, gt=0, le=256)
     priority_class: str = "batch"

@@ -18,11 +18,13 @@ tables ``sg_batch_*``). Every method is a coroutine; a database that cannot be r
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from gateway.errors import ServiceUnavailable
 
-__all__ = ["FINAL", "UNFINISHED", "BatchStore", "BatchStoreUnavailable"]
+__all__ = ["FINAL", "UNFINISHED", "BatchStore", "BatchStoreUnavailable", "OwnerLimits",
+           "OwnerUsage"]
 
 FINAL = frozenset({"completed", "failed", "cancelled", "expired"})
 """Statuses a batch never leaves."""
@@ -40,6 +42,33 @@ class BatchStoreUnavailable(ServiceUnavailable):
     code = "batch_store_unavailable"
 
 
+@dataclass(frozen=True, slots=True)
+class OwnerLimits:
+    """What one owner (key id) may store (``batch.max_stored_bytes_per_owner``,
+    ``batch.max_files_per_owner``).
+
+    Attributes:
+        max_bytes: Total content of the owner's files, bytes.
+        max_files: Number of the owner's files.
+    """
+
+    max_bytes: int
+    max_files: int
+
+
+@dataclass(frozen=True, slots=True)
+class OwnerUsage:
+    """What one owner stores: all its files (uploads and the batches' output files).
+
+    Attributes:
+        bytes: Total content, bytes.
+        files: Number of files.
+    """
+
+    bytes: int
+    files: int
+
+
 class BatchStore(Protocol):
     """What the endpoints and the runner need from the batch database."""
 
@@ -52,8 +81,17 @@ class BatchStore(Protocol):
         """Release the connections (idempotent)."""
         ...
 
-    async def add_file(self, row: dict[str, Any], content: bytes) -> None:
-        """Store a file (``row``: the file object's id, purpose, filename, created_at, owner)."""
+    async def add_file(self, row: dict[str, Any], content: bytes,
+                       limits: OwnerLimits | None = None) -> OwnerUsage | None:
+        """Store a file (``row``: the file object's id, purpose, filename, created_at, owner).
+
+        With ``limits``, the owner's usage is read and the file stored in one transaction
+        (serialised per owner, across processes sharing the database): a file that would take
+        the owner above either limit is not stored.
+
+        Returns:
+            ``None`` when stored, else the owner's usage before this file (nothing stored).
+        """
         ...
 
     async def file(self, file_id: str, owner: str) -> dict[str, Any] | None:

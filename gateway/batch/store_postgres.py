@@ -15,7 +15,13 @@ from typing import Any, TypeVar
 
 import asyncpg
 
-from gateway.batch.store import UNFINISHED, BatchStoreUnavailable, RequestLine
+from gateway.batch.store import (
+    UNFINISHED,
+    BatchStoreUnavailable,
+    OwnerLimits,
+    OwnerUsage,
+    RequestLine,
+)
 
 __all__ = ["PostgresBatchStore"]
 
@@ -25,6 +31,7 @@ _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS sg_batch_files ("
     " id TEXT PRIMARY KEY, owner TEXT NOT NULL, purpose TEXT NOT NULL, filename TEXT NOT NULL,"
     " created_at BIGINT NOT NULL, content BYTEA NOT NULL)",
+    "CREATE INDEX IF NOT EXISTS sg_batch_files_owner ON sg_batch_files (owner)",
     "CREATE TABLE IF NOT EXISTS sg_batch_batches ("
     " id TEXT PRIMARY KEY, owner TEXT NOT NULL, status TEXT NOT NULL,"
     " created_at BIGINT NOT NULL, principal TEXT NOT NULL, object TEXT NOT NULL,"
@@ -37,6 +44,7 @@ _SCHEMA = (
     " PRIMARY KEY (batch_id, line))",
 )
 _LOCK_ID = 7239117  # pg_advisory_xact_lock key of the schema creation
+_QUOTA_LOCK = 7239118  # first key of the per-owner lock (the second: hashtext(owner))
 _ERRORS = (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError)
 
 
@@ -89,12 +97,29 @@ class PostgresBatchStore:
 
     # files
 
-    async def add_file(self, row: dict[str, Any], content: bytes) -> None:
+    async def add_file(self, row: dict[str, Any], content: bytes,
+                       limits: OwnerLimits | None = None) -> OwnerUsage | None:
         """See :meth:`gateway.batch.store.BatchStore.add_file`."""
-        await self._run(lambda p: p.execute(
-            "INSERT INTO sg_batch_files VALUES ($1,$2,$3,$4,$5,$6)",
-            row["id"], row["owner"], row["purpose"], row["filename"], row["created_at"],
-            content))
+        async def add(pool: asyncpg.Pool) -> OwnerUsage | None:
+            async with pool.acquire() as conn, conn.transaction():
+                if limits is not None:
+                    # One owner's uploads queue on this lock (held to the commit), so two
+                    # uploads cannot both pass the sum; other owners are not held up.
+                    await conn.execute("SELECT pg_advisory_xact_lock($1, hashtext($2))",
+                                       _QUOTA_LOCK, row["owner"])
+                    got = await conn.fetchrow(
+                        "SELECT count(*) AS files, coalesce(sum(octet_length(content)), 0) "
+                        "AS bytes FROM sg_batch_files WHERE owner=$1", row["owner"])
+                    usage = OwnerUsage(bytes=int(got["bytes"]), files=int(got["files"]))
+                    if (usage.files + 1 > limits.max_files
+                            or usage.bytes + len(content) > limits.max_bytes):
+                        return usage
+                await conn.execute(
+                    "INSERT INTO sg_batch_files VALUES ($1,$2,$3,$4,$5,$6)",
+                    row["id"], row["owner"], row["purpose"], row["filename"],
+                    row["created_at"], content)
+            return None
+        return await self._run(add)
 
     async def file(self, file_id: str, owner: str) -> dict[str, Any] | None:
         """See :meth:`gateway.batch.store.BatchStore.file`."""

@@ -15,7 +15,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from gateway.batch.store import UNFINISHED, BatchStoreUnavailable, RequestLine
+from gateway.batch.store import (
+    UNFINISHED,
+    BatchStoreUnavailable,
+    OwnerLimits,
+    OwnerUsage,
+    RequestLine,
+)
 
 __all__ = ["SqliteBatchStore"]
 
@@ -25,6 +31,7 @@ _SCHEMA = """
 CREATE TABLE IF NOT EXISTS files (
     id TEXT PRIMARY KEY, owner TEXT NOT NULL, purpose TEXT NOT NULL, filename TEXT NOT NULL,
     created_at INTEGER NOT NULL, content BLOB NOT NULL);
+CREATE INDEX IF NOT EXISTS files_owner ON files (owner);
 CREATE TABLE IF NOT EXISTS batches (
     id TEXT PRIMARY KEY, owner TEXT NOT NULL, status TEXT NOT NULL, created_at INTEGER NOT NULL,
     principal TEXT NOT NULL, object TEXT NOT NULL, lease_owner TEXT, lease_until REAL);
@@ -86,12 +93,33 @@ class SqliteBatchStore:
 
     # files
 
-    async def add_file(self, row: dict[str, Any], content: bytes) -> None:
+    async def add_file(self, row: dict[str, Any], content: bytes,
+                       limits: OwnerLimits | None = None) -> OwnerUsage | None:
         """See :meth:`gateway.batch.store.BatchStore.add_file`."""
-        await self._run(lambda db: db.execute(
-            "INSERT INTO files VALUES (?,?,?,?,?,?)",
-            (row["id"], row["owner"], row["purpose"], row["filename"], row["created_at"],
-             content)))
+        def add(db: sqlite3.Connection) -> OwnerUsage | None:
+            # BEGIN IMMEDIATE takes the write lock before the usage is read: another process
+            # on the same file cannot slip a file in between the sum and the insert.
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                if limits is not None:
+                    files, used = db.execute(
+                        "SELECT count(*), coalesce(sum(length(content)), 0) FROM files "
+                        "WHERE owner=?", (row["owner"],)).fetchone()
+                    usage = OwnerUsage(bytes=int(used), files=int(files))
+                    if (usage.files + 1 > limits.max_files
+                            or usage.bytes + len(content) > limits.max_bytes):
+                        db.execute("ROLLBACK")
+                        return usage
+                db.execute("INSERT INTO files VALUES (?,?,?,?,?,?)",
+                           (row["id"], row["owner"], row["purpose"], row["filename"],
+                            row["created_at"], content))
+                db.execute("COMMIT")
+            except BaseException:
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+                raise
+            return None
+        return await self._run(add)
 
     async def file(self, file_id: str, owner: str) -> dict[str, Any] | None:
         """See :meth:`gateway.batch.store.BatchStore.file`."""

@@ -6,11 +6,12 @@
    ``$schema`` names (default draft 2020-12, as MCP 2025-11-25 and later specify); arguments
    a quick test can tell are valid skip the full validation
    (:mod:`gateway.mcp.schema_accept`).
-3. Reach: each declared URL/host argument is put through the egress policy's one check,
-   :func:`policy.check_target` (every IPv4/IPv6 spelling the guard parses, always-denied
-   metadata and link-local addresses, names no destination names refused without DNS, names a
-   destination names resolved and checked against its ``resolves_to``), and then the policy
-   must allow the caller's data class to that destination.
+3. Reach: each declared URL/host argument must use a scheme the tool allows (``http`` and
+   ``https`` unless the tool's ``url_schemes`` widens it) and is put through the egress
+   policy's one check, :func:`policy.check_target` (every IPv4/IPv6 spelling the guard
+   parses, always-denied metadata and link-local addresses, names no destination names
+   refused without DNS, names a destination names resolved and checked against its
+   ``resolves_to``), and then the policy must allow the caller's data class to that destination.
 """
 
 from __future__ import annotations
@@ -32,13 +33,15 @@ from policy import EgressDenied, EgressMatcher, Policy, check_target
 from policy import Principal as PolicyPrincipal
 
 __all__ = [
-    "CompiledSchema", "argument_bytes", "check_schema", "check_size", "check_url_arguments",
-    "compile_schema",
+    "DEFAULT_URL_SCHEMES", "CompiledSchema", "argument_bytes", "check_schema", "check_size",
+    "check_url_arguments", "compile_schema",
 ]
 
 # Characters on which URL parsers disagree about the host (see _host_port).
 _AMBIGUOUS = re.compile(r"[\x00-\x20\x7f\\]")
 _DEFAULT_PORTS = {"http": 80, "https": 443, "ws": 80, "wss": 443, "ftp": 21}
+# The schemes a URL argument may use when the tool's settings do not widen them.
+DEFAULT_URL_SCHEMES: frozenset[str] = frozenset({"http", "https"})
 
 
 def argument_bytes(arguments: Any) -> bytes:
@@ -117,8 +120,11 @@ def compile_schema(schema: Mapping[str, Any]) -> CompiledSchema:
     return CompiledSchema(cls(schema), acceptor(schema, cls))
 
 
-def _host_port(value: str) -> tuple[str, int]:
-    """The host and port the URL (or bare ``host[:port]``) ``value`` names.
+def _host_port(value: str, schemes: frozenset[str] = DEFAULT_URL_SCHEMES) -> tuple[str, int]:
+    """The host and port the URL (or bare ``host[:port]``, read as ``http``) ``value`` names.
+
+    Only a scheme in ``schemes`` (lower case) is accepted: an allowed host is not a licence
+    to speak ``ftp`` or ``gopher`` to it (gopher lets a caller write raw bytes to any port).
 
     A backslash, space or control character inside the value is refused: URL parsers read
     them differently (``http://A\\@B/`` is host B to :func:`urllib.parse.urlsplit`, host A to
@@ -140,10 +146,15 @@ def _host_port(value: str) -> tuple[str, int]:
         port = parts.port
     except ValueError as exc:
         raise McpRefusal(400, INVALID_PARAMS, "url_invalid", "URL argument is not a URL") from exc
+    scheme = parts.scheme.lower()
+    if scheme not in schemes:
+        raise McpRefusal(400, INVALID_PARAMS, "url_invalid",
+                         f"URL argument scheme {scheme[:32]!r} is not allowed for this tool "
+                         f"(allowed: {', '.join(sorted(schemes))})")
     host = parts.hostname
     if not host:
         raise McpRefusal(400, INVALID_PARAMS, "url_invalid", "URL argument has no host")
-    return host, port or _DEFAULT_PORTS.get(parts.scheme.lower(), 80)
+    return host, port or _DEFAULT_PORTS.get(scheme, 80)
 
 
 async def _resolve(name: str, port: int) -> list[str]:
@@ -158,13 +169,20 @@ async def check_url_arguments(
     policy: Policy | None,
     principal: PolicyPrincipal,
     data_class: str,
+    schemes: frozenset[str] = DEFAULT_URL_SCHEMES,
 ) -> None:
     """Check each URL/host argument in ``names`` against the egress policy.
 
     Without a policy nothing may be reached through a URL argument (fail closed).
 
+    Args:
+        schemes: The URL schemes the tool may be given (lower case; the tool's
+            ``url_schemes`` setting, default ``http`` and ``https``).
+
     Raises:
-        McpRefusal: 403 ``url_denied`` naming the argument and the policy's reason.
+        McpRefusal: 400 ``url_invalid`` (not a string, an ambiguous character, a scheme not
+            in ``schemes``, no host) or 403 ``url_denied`` naming the argument and the
+            policy's reason.
     """
     for name in names:
         value = arguments.get(name)
@@ -176,7 +194,7 @@ async def check_url_arguments(
         if matcher is None or policy is None:
             raise McpRefusal(403, FORBIDDEN, "url_denied",
                              f"argument {name!r}: no egress policy is configured")
-        host, port = _host_port(value)
+        host, port = _host_port(value, schemes)
         try:
             target = await check_target(matcher, host, port, _resolve)
         except EgressDenied as exc:

@@ -69,8 +69,9 @@ class ServerGate:
 
     @property
     def queued(self) -> int:
-        """Requests waiting for a slot now."""
-        return sum(1 for w in self._waiters if not w.done())
+        """Requests waiting for a slot now (also read by the metrics scrape, which may run on
+        another thread: it counts a snapshot of the queue, never the deque as it changes)."""
+        return sum(1 for w in tuple(self._waiters) if not w.done())
 
     @asynccontextmanager
     async def slot(self) -> AsyncIterator[None]:

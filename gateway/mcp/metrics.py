@@ -1,15 +1,24 @@
 """In-process counters of MCP calls: counts by server, tool, decision and reason, and the
-duration of forwarded tool calls (read by telemetry and by tests)."""
+duration of forwarded tool calls (read by telemetry and by tests); the calls queued behind
+each server's flow gate (:func:`queued_rows`)."""
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from gateway.mcp.limits import ServerGate
     from gateway.mcp.records import CallRecord
 
-__all__ = ["McpMetrics"]
+__all__ = ["McpMetrics", "queued_rows"]
+
+
+def queued_rows(gates: Mapping[str, ServerGate]) -> list[tuple[tuple[str, ...], float]]:
+    """``((server,), calls waiting for a slot)`` per server with a ``flow`` gate (the
+    ``sg.gateway.mcp.queued`` gauge); servers without a gate have no row."""
+    return [((name, ), float(gate.queued)) for name, gate in list(gates.items())]
 
 
 class McpMetrics:

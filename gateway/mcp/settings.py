@@ -54,11 +54,24 @@ class McpToolSettings(FrozenSection):
     Attributes:
         url_arguments: Argument names (top-level keys) holding a URL or host the tool will
             reach: each is checked against the egress policy for the caller's data class.
+        url_schemes: The URL schemes those arguments may use (lower case; default ``http``
+            and ``https``); another scheme is refused 400 ``url_invalid``. Widen only for a
+            tool that needs it (``ftp``, ...): the policy checks the host, not the protocol.
         max_argument_bytes: Largest serialised ``arguments`` object of this tool (bytes).
     """
 
     url_arguments: list[str] = Field(default_factory=list)
+    url_schemes: frozenset[str] = frozenset({"http", "https"})
     max_argument_bytes: int | None = Field(default=None, gt=0)
+
+    @field_validator("url_schemes")
+    @classmethod
+    def _schemes_are_schemes(cls, value: frozenset[str]) -> frozenset[str]:
+        # RFC 3986 scheme syntax, compared in lower case as urlsplit reports it.
+        bad = sorted(s for s in value if not re.fullmatch(r"[A-Za-z][A-Za-z0-9+.-]*", s))
+        if bad or not value:
+            raise ValueError(f"not URL schemes: {bad}" if bad else "at least one scheme")
+        return frozenset(s.lower() for s in value)
 
 
 class McpFlowSettings(FrozenSection):

@@ -33,6 +33,8 @@ GenAI semantic-convention names where they exist
   refused/scan_failed) |
 | ``sg.gateway.mcp.calls`` | counter | MCP server, tool or method, decision, reason |
 | ``sg.gateway.mcp.tool_call.time`` | counter (s) | MCP server |
+| ``sg.gateway.mcp.queued`` | gauge | MCP server (calls waiting behind its ``flow`` gate;
+  servers with a ``flow`` section only) |
 | ``sg.gateway.mcp.tool_call.duration`` | histogram, s | MCP server, tool (forwarded tool
   calls, arrival to end of the answer; recorded by :mod:`gateway.telemetry.mcp_spans`) |
 
@@ -138,6 +140,7 @@ class GatewayMetrics:
         self._flow_queues: Callable[[], list[tuple[str, str, int]]] | None = None
         self._mcp: Callable[[], Iterable[tuple[tuple[str, ...], float]]] | None = None
         self._mcp_seconds: Callable[[], Iterable[tuple[tuple[str, ...], float]]] | None = None
+        self._mcp_queued: Callable[[], Iterable[tuple[tuple[str, ...], float]]] | None = None
         self.requests = m.counter(
             "sg.gateway.requests", "{request}",
             "Relayed requests by model, key, status and outcome",
@@ -215,6 +218,10 @@ class GatewayMetrics:
                    ("sg.mcp.server",),
                    lambda: self._mcp_seconds() if self._mcp_seconds is not None else [],
                    kind="counter")
+        m.observed("sg.gateway.mcp.queued", "{request}",
+                   "MCP calls waiting for a slot behind their server's flow gate",
+                   ("sg.mcp.server",),
+                   lambda: self._mcp_queued() if self._mcp_queued is not None else [])
         self.mcp_duration = m.histogram(
             "sg.gateway.mcp.tool_call.duration", "s",
             "Time of forwarded MCP tool calls in the gateway, arrival to the end of the answer",
@@ -233,9 +240,12 @@ class GatewayMetrics:
         self._flow_queues = lengths
 
     def watch_mcp(self, calls: Callable[[], Iterable[tuple[tuple[str, ...], float]]],
-                  seconds: Callable[[], Iterable[tuple[tuple[str, ...], float]]]) -> None:
-        """Observe the MCP endpoint's counters (``gateway.mcp.metrics.McpMetrics``)."""
-        self._mcp, self._mcp_seconds = calls, seconds
+                  seconds: Callable[[], Iterable[tuple[tuple[str, ...], float]]],
+                  queued: Callable[[], Iterable[tuple[tuple[str, ...], float]]] | None = None,
+                  ) -> None:
+        """Observe the MCP endpoint's counters (``gateway.mcp.metrics.McpMetrics``) and, with
+        ``queued``, its flow gates (``gateway.mcp.metrics.queued_rows``)."""
+        self._mcp, self._mcp_seconds, self._mcp_queued = calls, seconds, queued
 
     def _flow_lengths(self) -> Iterable[tuple[Labels, float]]:
         if self._flow_queues is None:

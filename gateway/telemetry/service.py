@@ -200,10 +200,13 @@ class Telemetry:
 
 
     def watch_mcp(self, calls: Callable[[], Iterable[tuple[tuple[str, ...], float]]],
-                  seconds: Callable[[], Iterable[tuple[tuple[str, ...], float]]]) -> None:
-        """Observe the MCP endpoint's call counters (:mod:`gateway.mcp.metrics`)."""
+                  seconds: Callable[[], Iterable[tuple[tuple[str, ...], float]]],
+                  queued: Callable[[], Iterable[tuple[tuple[str, ...], float]]] | None = None,
+                  ) -> None:
+        """Observe the MCP endpoint's call counters and flow-gate queues
+        (:mod:`gateway.mcp.metrics`)."""
         if self.metrics is not None:
-            self.metrics.watch_mcp(calls, seconds)
+            self.metrics.watch_mcp(calls, seconds, queued)
 
 
 class _MetricPusher:

@@ -29,7 +29,8 @@ KEYS = {"owner": "sg-batch-owner-key", "other": "sg-batch-other-key"}
 
 
 def settings(sim_url: str, db: Path, concurrency: int = 2, batch_lease_s: float = 30,
-             keys: tuple[str, ...] = tuple(KEYS), **extra: Any) -> GatewaySettings:
+             keys: tuple[str, ...] = tuple(KEYS), batch: dict[str, Any] | None = None,
+             **extra: Any) -> GatewaySettings:
     return parse({**extra,
         "listen": {"host": "127.0.0.1", "port": 0},
         "models": [{"name": "m", "served_model_name": SERVED, "replicas": [{"url": sim_url}]}],
@@ -43,7 +44,7 @@ def settings(sim_url: str, db: Path, concurrency: int = 2, batch_lease_s: float 
             "default_class": "interactive",
         },
         "batch": {"database": str(db), "concurrency": concurrency, "max_file_bytes": 4096,
-                  "lease_s": batch_lease_s},
+                  "lease_s": batch_lease_s, **(batch or {})},
     }, {})
 
 
@@ -399,6 +400,79 @@ def test_a_key_deletes_its_own_files_and_not_another_keys(serve_asgi: Any,
             owner.files.content(f.id)
     with sqlite3.connect(tmp_path / "batch.db") as con:
         assert con.execute("SELECT count(*) FROM files").fetchone()[0] == 0
+
+
+def quota_settings(big: bytes, small: bytes) -> dict[str, Any]:
+    """Per-owner limits that hold two ``big`` files and one ``small`` one, three files in all."""
+    return {"max_stored_bytes_per_owner": 2 * len(big) + len(small), "max_files_per_owner": 3}
+
+
+def check_owner_quota(url: str, big: bytes, small: bytes) -> list[str]:
+    """Fill the owner's quota (:func:`quota_settings`) through the OpenAI SDK, check the
+    refusals (413, the limit and the usage named, nothing stored) and that a delete frees
+    room. Returns the owner's stored file ids."""
+    def upload(c: openai.OpenAI, content: bytes) -> Any:
+        return c.files.create(file=("in.jsonl", io.BytesIO(content)), purpose="batch")
+
+    with client(url, "owner") as owner, client(url, "other") as other:
+        first, second = upload(owner, big), upload(owner, big)
+        with pytest.raises(openai.APIStatusError) as refused:
+            upload(owner, big)
+        err = refused.value
+        assert err.status_code == 413 and err.code == "storage_quota_exceeded"
+        assert "batch.max_stored_bytes_per_owner" in err.message
+        assert f"already stores {2 * len(big)} bytes in 2 files" in err.message
+        assert upload(other, big).id  # the limit is per owner
+        third = upload(owner, small)  # exactly at the byte limit: accepted
+        with pytest.raises(openai.APIStatusError) as refused:
+            upload(owner, b"")
+        err = refused.value
+        assert err.status_code == 413 and err.code == "file_count_quota_exceeded"
+        assert "batch.max_files_per_owner" in err.message and "3 files" in err.message
+        assert [owner.files.retrieve(f.id).bytes for f in (first, second, third)] == [
+            len(big), len(big), len(small)]
+        assert owner.files.delete(first.id).deleted  # frees its bytes and its slot
+        fourth = upload(owner, big)
+        return sorted([second.id, third.id, fourth.id])
+
+
+def check_concurrent_uploads(url: str, n: int = 8) -> None:
+    """``n`` uploads at once against ``max_files_per_owner: 3``: exactly 3 are stored (the
+    usage is read and the file stored in one transaction, serialised per owner)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def upload(i: int) -> int:
+        with client(url, "owner") as c:
+            try:
+                c.files.create(file=("in.jsonl", io.BytesIO(jsonl(1))), purpose="batch")
+            except openai.APIStatusError as exc:
+                assert exc.code == "file_count_quota_exceeded", exc
+                return exc.status_code
+            return 200
+
+    with ThreadPoolExecutor(n) as pool:
+        statuses = sorted(pool.map(upload, range(n)))
+    assert statuses == [200] * 3 + [413] * (n - 3)
+
+
+def test_concurrent_uploads_do_not_slip_past_the_per_owner_limit(
+        serve_asgi: Any, tmp_path: Path) -> None:
+    sim = start_sim(serve_asgi)
+    s = settings(sim.url, tmp_path / "batch.db", batch={"max_files_per_owner": 3})
+    check_concurrent_uploads(str(serve_asgi(create_app(s)).url))
+    with sqlite3.connect(tmp_path / "batch.db") as con:
+        assert con.execute("SELECT count(*) FROM files").fetchone()[0] == 3
+
+
+def test_stored_files_are_bounded_per_owner_and_a_delete_frees_room(
+        serve_asgi: Any, tmp_path: Path) -> None:
+    sim = start_sim(serve_asgi)
+    big, small = jsonl(3), jsonl(1)
+    s = settings(sim.url, tmp_path / "batch.db", batch=quota_settings(big, small))
+    ids = check_owner_quota(str(serve_asgi(create_app(s)).url), big, small)
+    with sqlite3.connect(tmp_path / "batch.db") as con:
+        rows = con.execute("SELECT id FROM files WHERE owner='owner' ORDER BY id").fetchall()
+    assert [r[0] for r in rows] == ids
 
 
 def test_checking_a_large_input_file_does_not_stall_other_requests(

@@ -26,7 +26,16 @@ from gateway.audit.records import parse_body
 from gateway.config.loader import parse
 from gateway.config.settings import GatewaySettings
 from tests.gateway.helpers import SERVED, sha, start_sim
-from tests.gateway.test_batch_api import KEYS, client, jsonl, submit, wait_batch
+from tests.gateway.test_batch_api import (
+    KEYS,
+    check_concurrent_uploads,
+    check_owner_quota,
+    client,
+    jsonl,
+    quota_settings,
+    submit,
+    wait_batch,
+)
 
 
 def served(serve_asgi: Any, s: GatewaySettings) -> Any:
@@ -34,7 +43,8 @@ def served(serve_asgi: Any, s: GatewaySettings) -> Any:
     return serve_asgi(create_app(s, assemble(s)))
 
 
-def pg_settings(sim_url: str, dsn: str, tmp_path: Path) -> GatewaySettings:
+def pg_settings(sim_url: str, dsn: str, tmp_path: Path,
+                batch: dict[str, Any] | None = None) -> GatewaySettings:
     if not (tmp_path / "audit.key").exists():
         write_key_pair(Signer.generate(), tmp_path / "audit.key")
         generate_key_file(tmp_path / "pseudonym.key")
@@ -49,7 +59,7 @@ def pg_settings(sim_url: str, dsn: str, tmp_path: Path) -> GatewaySettings:
                   "pseudonym_key_file": str(tmp_path / "pseudonym.key"), "replica_id": "gw1"},
         "flow_control": {"enabled": True, "default_class": "interactive",
                          "classes": [{"name": "interactive"}, {"name": "batch"}]},
-        "batch": {"concurrency": 1},
+        "batch": {"concurrency": 1, **(batch or {})},
     }, {})
 
 
@@ -129,3 +139,23 @@ def test_a_file_is_deleted_by_its_owner_only_in_postgres(
         with pytest.raises(openai.NotFoundError):
             owner.files.delete(f.id)
     assert query(pg_database, "SELECT count(*) FROM sg_batch_files") == [(0,)]
+
+
+def test_stored_files_are_bounded_per_owner_in_postgres(
+        serve_asgi: Any, tmp_path: Path, pg_database: str) -> None:
+    sim = start_sim(serve_asgi)
+    big, small = jsonl(3), jsonl(1)
+    gw = served(serve_asgi, pg_settings(sim.url, pg_database, tmp_path,
+                                        batch=quota_settings(big, small)))
+    ids = check_owner_quota(str(gw.url), big, small)
+    rows = query(pg_database, "SELECT id FROM sg_batch_files WHERE owner='owner' ORDER BY id")
+    assert [r[0] for r in rows] == ids
+
+
+def test_concurrent_uploads_do_not_slip_past_the_per_owner_limit_in_postgres(
+        serve_asgi: Any, tmp_path: Path, pg_database: str) -> None:
+    sim = start_sim(serve_asgi)
+    gw = served(serve_asgi, pg_settings(sim.url, pg_database, tmp_path,
+                                        batch={"max_files_per_owner": 3}))
+    check_concurrent_uploads(str(gw.url))
+    assert query(pg_database, "SELECT count(*) FROM sg_batch_files") == [(3,)]

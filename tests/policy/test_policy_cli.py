@@ -113,6 +113,7 @@ def test_unsafe_allow_all_is_shouted(tmp_path: Path, capsys: pytest.CaptureFixtu
 
 GATEWAY = textwrap.dedent(
     """\
+    policy: {file: policy.yaml}
     models:
       - name: llama
         aliases: [default]
@@ -154,6 +155,52 @@ def test_explain_from_gateway_config(
     ]
     assert "host is not destination vllm-eu-a" in data["decisions"][3]["reason"]
     assert "lacks no-retention" in data["decisions"][1]["reason"]
+
+
+def test_explain_of_a_config_without_policy_says_nothing_is_enforced(
+    policy_file: Path, gateway_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``gateway serve`` with no ``policy:`` section starts (check-config says OK) and sends a
+    request to every replica of the model, whatever the class: explain says that, not what
+    FILE's rules would decide (before: allow vllm-eu-a by a rule, deny vllm-eu-b; both were
+    in fact used)."""
+    gateway_file.write_text(GATEWAY.replace("policy: {file: policy.yaml}\n", ""))
+    args = ["explain", str(policy_file), "--key", "k-conf", "--model", "default", "--config",
+            str(gateway_file)]
+    code, out, _ = _run(capsys, *args, "--json")
+    data = json.loads(out)
+    assert code == 0 and data["enforced"] is False and data["revision"] is None
+    assert [(d["replica"], d["decision"], d["rule_id"], d["policy_revision"])
+            for d in data["decisions"]] == [
+        (f"http://10.20.0.{n}:8000", "allow", None, None) for n in (11, 12, 13, 99)]
+    assert all("no policy: section" in d["reason"] and "not applied" in d["reason"]
+               for d in data["decisions"])
+    code, out, _ = _run(capsys, *args)
+    assert code == 0 and "egress is NOT restricted" in out
+    assert "sensitive-eu-no-retention" not in out and "deny" not in out
+    # A replica with only a destination: without a policy the gateway refuses to start.
+    gateway_file.write_text(GATEWAY.replace("policy: {file: policy.yaml}\n", "").replace(
+        "{url: http://10.20.0.13:8000}", "{destination: vllm-eu-a}"))
+    code, out, _ = _run(capsys, *args, "--json")
+    data = json.loads(out)
+    refused = [d for d in data["decisions"] if d["decision"] == "deny"]
+    assert code == 0 and len(refused) == 1
+    assert "gateway refuses to start" in refused[0]["reason"]
+
+
+def test_explain_of_a_config_using_another_policy_file_is_a_usage_error(
+    policy_file: Path, gateway_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    other = tmp_path / "other.yaml"
+    other.write_text(BASE.replace("public-anywhere", "public-anywhere-2"))
+    gateway_file.write_text(GATEWAY.replace("policy.yaml", "other.yaml"))
+    code, _, err = _run(capsys, "explain", str(policy_file), "--key", "k-conf", "--model",
+                        "default", "--config", str(gateway_file))
+    assert code == 2 and "other.yaml" in err and "not" in err
+    # The same file under another spelling is fine.
+    gateway_file.write_text(GATEWAY.replace("policy.yaml", "./policy.yaml"))
+    assert _run(capsys, "explain", str(policy_file), "--key", "k-conf", "--model", "default",
+                "--config", str(gateway_file))[0] == 0
 
 
 def test_explain_class_change_needs_a_grant(

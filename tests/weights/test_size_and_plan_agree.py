@@ -94,3 +94,21 @@ def test_the_old_flag_names_still_work_hidden() -> None:
         help_text = run_cli([command, "--help"], extra_env={"COLUMNS": "200"}).stdout
         assert "--gpu-memory-utilization" in help_text and "--utilization" not in help_text
         assert "--gpus-per-node" in help_text and "--gpus " not in help_text
+
+
+@pytest.mark.parametrize(("command", "old", "new"), [
+    ("size", ["--utilization", "0.8"], ["--gpu-memory-utilization", "0.9"]),
+    ("size", ["--gpus", "2"], ["--gpus-per-node", "8"]),
+    ("size", ["--gpus", "8"], ["--gpus-per-node", "8"]),  # equal values: still both given
+    ("plan", ["--utilization", "0.8"], ["--gpu-memory-utilization", "0.9"]),
+])
+def test_an_old_flag_and_its_new_name_together_are_a_usage_error(
+        command: str, old: list[str], new: list[str]) -> None:
+    # Before, the old one won silently (--gpu-memory-utilization 0.9 was ignored for 0.8).
+    target = str(CONFIGS / "llama-3.1-8b.json")
+    for order in ([*old, *new], [*new, *old]):
+        run = run_cli([command, target, "--estimate", "--gpu-mem", "80GB", *order, "--json"])
+        assert run.returncode == 2, (order, run.stdout, run.stderr)
+        assert run.stderr.count("\n") == 1 and "usage_error" in run.stderr, run.stderr
+        assert old[0] in run.stderr and new[0] in run.stderr, run.stderr
+        assert json.loads(run.stdout)["error"]["code"] == "usage_error"

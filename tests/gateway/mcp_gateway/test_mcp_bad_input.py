@@ -155,6 +155,26 @@ def test_url_arguments_to_denied_hosts_are_refused_in_every_spelling(
     assert len(refused) == len(denied) and {r["reason"] for r in refused} == {"url_denied"}
 
 
+def test_url_arguments_with_other_schemes_to_an_allowed_host_are_refused(
+        stack: dict[str, Any]) -> None:
+    # The host is one the policy allows for this class: only the scheme is wrong.
+    gw, upstream, web = stack["gateway"], stack["upstream"], stack["web"]
+    url = gw.mcp("tools")
+    for scheme in ("ftp", "gopher", "GOPHER", "file", "dict"):
+        target = f"{scheme}://127.0.0.1:{web.port}/x"
+        resp = post(url, call("fetch_url", {"url": target}), headers(name="fetch_url"))
+        assert resp.status_code == 400, (target, resp.text)
+        error = resp.json()["error"]
+        assert error["code"] == -32602
+        assert f"scheme {scheme.lower()!r} is not allowed" in error["message"], error
+    assert upstream.calls() == []
+    refused = [r["data"] for r in gw.records() if r["type"] == "mcp.refused"]
+    assert [r["reason"] for r in refused] == ["url_invalid"] * 5
+    ok = post(url, call("fetch_url", {"url": f"HTTPS://127.0.0.1:{web.port}/healthz"}),
+              headers(name="fetch_url"))
+    assert ok.status_code == 200, ok.text
+
+
 # The misbehaving upstreams run in this process (uvicorn threads); a connection the gateway cut
 # is now and then still referenced by uvicorn at teardown, which CPython reports as an
 # unclosed socket of this process (seen once in three runs; not a gateway socket).

@@ -6,7 +6,8 @@ and never forwarded.
   ``-32003``, ``rate_limit_exceeded``); the same counter refuses its next chat completion
   (the ``openai`` SDK sees 429), while another key is unaffected.
 * Flow: with ``flow: {max_concurrent: 1, max_queued: 1}`` on the server, while one slow call is
-  in flight a second waits and succeeds, a third is refused at once (503, ``server_busy``).
+  in flight a second waits and succeeds, a third is refused at once (503, ``server_busy``);
+  the ``sg_gateway_mcp_queued`` gauge on ``/metrics`` shows the waiting call.
 """
 
 from __future__ import annotations
@@ -93,6 +94,12 @@ def test_tool_calls_count_against_the_callers_request_quota(
                if dict(k).get("sg_mcp_reason") == "rate_limit_exceeded") == 1
 
 
+def queued_gauge(gw: Any) -> dict[str, float]:
+    """``sg_gateway_mcp_queued`` by server, from the admin ``/metrics`` page."""
+    return {dict(labels)["sg_mcp_server"]: value
+            for labels, value in gw.metrics("sg_gateway_mcp_queued").items()}
+
+
 def test_a_busy_server_queues_one_call_and_refuses_the_next(
         serve_asgi: Callable[..., Any], tmp_path: Path) -> None:
     sim = serve_asgi(create_sim(SimConfig(models=["m"])))
@@ -118,13 +125,20 @@ def test_a_busy_server_queues_one_call_and_refuses_the_next(
         while "tools/call:count" not in upstream.calls():  # in flight upstream
             assert time.monotonic() < deadline, "the slow call never reached the server"
             time.sleep(0.01)
+        assert queued_gauge(gw) == {"tools": 0.0}
         queued = threading.Thread(target=run, args=("queued", 1))
         queued.start()
-        time.sleep(0.5)  # let it take the one queue place (the slow call runs >= 3 s)
+        # The gauge on a real /metrics scrape shows the call waiting behind the gate (and is
+        # what tells this test it has taken the one queue place).
+        while queued_gauge(gw) != {"tools": 1.0}:
+            assert time.monotonic() < deadline, "the second call never queued"
+            time.sleep(0.01)
         busy = _call(url, KEYS["agent"], "count", {"steps": 1})
         assert "queued" not in results and slow.is_alive()
+        assert queued_gauge(gw) == {"tools": 1.0}  # the refused call did not queue
         slow.join(60)
         queued.join(60)
+        assert queued_gauge(gw) == {"tools": 0.0}
     finally:
         gw.stop()
     assert busy.status_code == 503 and busy.headers["retry-after"] == "1"
