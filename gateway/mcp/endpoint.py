@@ -405,7 +405,7 @@ class McpEndpoint:
             await check_url_arguments(arguments, declared.url_arguments, self._matcher,
                                       self._policy,
                                       PolicyPrincipal(principal.key_id, principal.team),
-                                      principal.data_class)
+                                      principal.data_class, schemes=declared.url_schemes)
         return principal, body, mirror_params(annotations, arguments)
 
     async def _scan_arguments(self, pii: Any, upstream: Upstream, principal: Any, msg: Message,

@@ -2,12 +2,16 @@
 with the tool's ``url_schemes`` (default ``http``/``https``) before the egress policy.
 
 The end-to-end refusal through ``gateway serve`` is in ``test_mcp_bad_input.py``; here the
-widening a tool's settings ask for, and the setting's validation.
+widening a tool's settings ask for (through the check, and end to end), and the setting's
+validation.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import pydantic
 import pytest
@@ -17,6 +21,11 @@ from gateway.mcp.jsonrpc import McpRefusal
 from gateway.mcp.settings import McpToolSettings
 from policy import EgressMatcher, Policy
 from policy import Principal as PolicyPrincipal
+from tests.gateway.mcp_gateway.harness import start_gateway
+from tests.gateway.mcp_gateway.test_mcp_bad_input import call, headers, post
+from tests.gateway.mcp_gateway.upstreams import Counting, sdk_server
+from vllm_sim import SimConfig
+from vllm_sim import create_app as create_sim
 
 POLICY = Policy.from_text(
     "version: 1\ndata_classes: [public]\ndestinations:\n"
@@ -53,3 +62,36 @@ def test_a_tool_may_widen_its_schemes_and_the_host_is_still_checked() -> None:
 def test_url_schemes_must_be_schemes(schemes: list[str]) -> None:
     with pytest.raises(pydantic.ValidationError):
         McpToolSettings.model_validate({"url_schemes": schemes})
+
+
+def test_a_widened_tool_forwards_its_extra_scheme_through_the_gateway(
+        serve_asgi: Callable[..., Any], tmp_path: Path) -> None:
+    """``url_schemes: [http, https, ftp]`` on ``fetch_url``: through a real ``gateway serve``
+    an ``ftp://`` URL to a host the policy allows is forwarded; ``gopher://`` is still refused
+    before anything leaves."""
+    sim = serve_asgi(create_sim(SimConfig(models=["m"])))
+    counting = Counting(sdk_server())
+    tools = serve_asgi(counting)
+    web = serve_asgi(create_sim(SimConfig(models=["w"])))
+
+    def extra(mcp: dict[str, Any]) -> None:
+        for server in mcp["servers"]:
+            if server["name"] == "tools":
+                server["tools"] = {"fetch_url": {"url_arguments": ["url"],
+                                                 "url_schemes": ["http", "https", "ftp"]}}
+
+    gw = start_gateway(tmp_path, sim.url, {"tools": tools.url + "/mcp"}, {"web": web.port},
+                       extra)
+    try:
+        url = gw.mcp("tools")
+        refused = post(url, call("fetch_url", {"url": f"gopher://127.0.0.1:{web.port}/x"}),
+                       headers(name="fetch_url"))
+        assert refused.status_code == 400, refused.text
+        assert "scheme 'gopher' is not allowed" in refused.json()["error"]["message"]
+        assert counting.calls() == []
+        passed = post(url, call("fetch_url", {"url": f"ftp://127.0.0.1:{web.port}/x"}),
+                      headers(name="fetch_url"))
+        assert passed.status_code == 200, passed.text
+        assert counting.calls() == ["tools/call:fetch_url"]
+    finally:
+        gw.stop()
