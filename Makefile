@@ -112,12 +112,13 @@ run: install-runtime
 	$(PY) -m gateway.demo
 
 # What CI runs: every test, serially (not every test is proven independent of the others), with
-# the 25 slowest listed at the end.
+# every test of 2 s or more listed at the end, slowest first (the basis for marking tests slow).
 test: install tools
 	$(PY) -m pytest -q --durations=0 --durations-min=2
 
 # The developer lane: two workers (pytest-xdist; a module's tests stay on one worker), the tests
-# marked slow left out. Not what CI runs: run make test before a merge.
+# marked slow left out, the 25 slowest listed. Not what CI runs: run make test before a merge.
+# Measured times and machine load: README "The two commands".
 .PHONY: test-fast
 test-fast: install tools
 	$(PY) -m pytest -q -n 2 --dist loadfile -m "not slow" --durations=25

@@ -238,8 +238,6 @@ def assemble(
     from gateway.config.tls_files import check_tls_files
     from gateway.egress import load_policy, wire_egress
     from gateway.identity.build import wrap_identity
-    from gateway.mcp.metrics import queued_rows
-    from gateway.mcp.wiring import build_mcp
     from gateway.preflight.files import check_preflight_files
     from gateway.quotas.tool_calls import ToolCallQuotas
     from gateway.quotas.wiring import build_authenticator, build_quota_hook
@@ -265,10 +263,17 @@ def assemble(
             policy=policy,
             egress_counts=egress.events.snapshot if egress is not None else None,
         )
-    mcp = build_mcp(settings.mcp, policy, egress.matcher if egress is not None else None,
-                    audit.record_event if audit is not None else None,
-                    telemetry.mcp_spans if telemetry is not None else None,
-                    ToolCallQuotas(quotas) if quotas is not None else None)
+    mcp: McpEndpoint | None = None
+    if settings.mcp is not None:
+        # Imported only with an ``mcp:`` section: its schema validation (jsonschema, whose
+        # optional format checkers build their grammars at import) is most of the import cost
+        # of every ``serve`` and ``check-config`` otherwise.
+        from gateway.mcp.wiring import build_mcp
+
+        mcp = build_mcp(settings.mcp, policy, egress.matcher if egress is not None else None,
+                        audit.record_event if audit is not None else None,
+                        telemetry.mcp_spans if telemetry is not None else None,
+                        ToolCallQuotas(quotas) if quotas is not None else None)
     route_policy: RoutePolicy = AllowAll()
     connector_factory = None
     dialer: Dialer | None = None
@@ -281,6 +286,8 @@ def assemble(
         if flow is not None:
             telemetry.watch_flow(flow.queue_lengths)
         if mcp is not None:
+            from gateway.mcp.metrics import queued_rows  # with mcp: only (as build_mcp)
+
             gates = mcp.gates  # shared by the endpoint's live-reload copies
             telemetry.watch_mcp(mcp.metrics.call_rows, mcp.metrics.seconds_rows,
                                 lambda: queued_rows(gates))

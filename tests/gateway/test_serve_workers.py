@@ -368,6 +368,10 @@ def test_in_memory_stores_are_refused_with_several_workers_and_allowed_with_one(
     check_workers(redis_quotas, 4)
 
 
+# slow (42 s in the fast lane at load 8): test_a_sighup_while_the_workers_start_is_applied_once_
+# they_serve makes the same assertions (the reload audited on both workers' chains, the added key
+# served by both, no worker ended by the signal) for a SIGHUP sent earlier, in the fast lane.
+@pytest.mark.slow
 def test_a_sighup_to_the_supervisor_reloads_every_worker(
     pod: Callable[..., Pod], tmp_path: Path,
 ) -> None:
