@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import importlib.util
 import os
+import random
 import socket
 import threading
 import time
@@ -76,8 +77,34 @@ def file_size_limited(argv: list[str], limit: int) -> list[str]:
     return ["prlimit", f"--fsize={limit}:{limit}", "env", "--ignore-signal=XFSZ", *argv]
 
 
+_PORTS = random.SystemRandom()  # not the seeded ``random``: two xdist workers never share a draw
+
+
+def _ephemeral_low() -> int:
+    """The lower end of the kernel's ephemeral port range (Linux; 32768 elsewhere)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
-    """Return a TCP port on 127.0.0.1 that was free a moment ago."""
+    """Return a TCP port on 127.0.0.1 that was free a moment ago.
+
+    Drawn at random below the kernel's ephemeral range: a ``bind(("127.0.0.1", 0))`` port is
+    one the kernel hands out again, to the next outgoing connection or to another worker's
+    ``free_port`` call, in the moment before the test's server binds it (seen as a test's
+    client reaching another test's gateway under ``pytest -n 2``).
+    """
+    low = min(_ephemeral_low(), 32768)
+    for _ in range(100):
+        port = _PORTS.randrange(20000, max(low, 20001))
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])

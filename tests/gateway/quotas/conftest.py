@@ -7,7 +7,6 @@ other engineers sharing that Redis are never touched.
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -15,6 +14,8 @@ from typing import Any
 
 import pytest
 import redis
+
+from tests.conftest import free_port
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 
@@ -37,13 +38,6 @@ async def limiter(request: pytest.FixtureRequest, redis_prefix: str) -> AsyncIte
     await lim.start()
     yield lim
     await lim.aclose()
-
-
-def free_port() -> int:
-    """An unused TCP port on 127.0.0.1 (a moment ago)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class RedisServer:

@@ -24,6 +24,7 @@ from gateway.app import create_app
 from gateway.audit import AuditLog, open_store
 from gateway.audit.checkpoint import Signer
 from gateway.quotas.hook import QuotaHook
+from tests.conftest import free_port
 from tests.gateway.helpers import KEY_A, config, settings, start_sim
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -31,13 +32,6 @@ REDIS_URL = "redis://127.0.0.1:6379/0"
 MODEL = "llama-3.1-8b"
 RPM = 40
 
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture
