@@ -165,7 +165,8 @@ def test_policy_explain_sees_keys_from_keys_file(tmp_path: Path) -> None:
         "rules:\n  - {id: eu, constraints: {jurisdiction: EU}, classes: [internal]}\n",
         encoding="utf-8",
     )
-    cfg = {**config(["http://127.0.0.1:9"]), "keys_file": "keys.yaml"}
+    cfg = {**config(["http://127.0.0.1:9"]), "keys_file": "keys.yaml",
+           "policy": {"file": "policy.yaml"}}  # explain speaks for a gateway that enforces it
     path = _write(tmp_path, cfg, [FILE_KEY])
     proc = subprocess.run(
         [sys.executable, "-m", "policy.cli", "explain", str(tmp_path / "policy.yaml"),

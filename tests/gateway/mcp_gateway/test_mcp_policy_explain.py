@@ -27,6 +27,7 @@ def explain(tmp_path: Path, key: str, tool: str, *extra: str) -> tuple[int, dict
         "mcp": {"servers": [{"name": "search", "url": "http://127.0.0.1:9100/mcp",
                              "destination": "tools-search"}],
                 "access": [{"teams": ["agents"], "allow": ["*"], "deny": ["delete_*"]}]},
+        "policy": {"file": "policy.yaml"},  # explain speaks for a gateway that enforces it
     }
     cfile = tmp_path / "gateway.yaml"
     cfile.write_text(yaml.safe_dump(cfg))
