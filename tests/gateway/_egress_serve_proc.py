@@ -25,7 +25,11 @@ def _probe(trigger: Path, result: Path, port: int) -> None:
             outcome = "connected"
     except OSError as exc:
         outcome = f"{type(exc).__name__}: {exc}"
-    result.write_text(outcome)
+    # Written whole, then renamed: the test polls for the file and must never read it
+    # between its creation and its write.
+    partial = result.with_suffix(".partial")
+    partial.write_text(outcome)
+    partial.replace(result)
 
 
 if __name__ == "__main__":
