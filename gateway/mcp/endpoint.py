@@ -63,7 +63,7 @@ from gateway.mcp.metadata import metadata_document, metadata_url
 from gateway.mcp.metrics import McpMetrics
 from gateway.mcp.params import check_params, mirror_params
 from gateway.mcp.paths import AGGREGATE, PREFIX
-from gateway.mcp.pii import refusal_record, scan_arguments
+from gateway.mcp.pii import ArgumentScan, refusal_record, scan_arguments
 from gateway.mcp.records import CallRecord, trace_id_of
 from gateway.mcp.sessions import SessionBinder
 from gateway.mcp.settings import McpSettings
@@ -412,17 +412,8 @@ class McpEndpoint:
                               arguments: dict[str, Any], body: bytes, rec: CallRecord,
                               ) -> tuple[Any, bytes, dict[str, Any]]:
         """Apply the ``pii`` section to the arguments (:mod:`gateway.mcp.pii`)."""
-        try:
-            scan = await scan_arguments(pii, arguments, principal.key_id, principal.team,
-                                        principal.data_class)
-        except McpRefusal as exc:
-            rec.pii = refusal_record(exc)
-            raise
-        rec.pii = scan.record
-        if scan.data_class != principal.data_class:
-            principal = dataclasses.replace(principal, data_class=scan.data_class)
-            rec.data_class = scan.data_class
-            self.check_class(principal, upstream, rec)
+        principal, scan = await self._apply_pii(pii, upstream, principal, arguments, rec,
+                                                record_clean=True)
         if scan.masked:
             obj = dict(msg.obj)
             obj["params"] = {**msg.params, "arguments": scan.arguments}
@@ -455,18 +446,8 @@ class McpEndpoint:
                 content[part] = value
         if not content:
             return principal, body
-        try:
-            scan = await scan_arguments(pii, content, principal.key_id, principal.team,
-                                        principal.data_class)
-        except McpRefusal as exc:
-            rec.pii = refusal_record(exc)
-            raise
-        if scan.record.get("entities"):
-            rec.pii = scan.record
-        if scan.data_class != principal.data_class:
-            principal = dataclasses.replace(principal, data_class=scan.data_class)
-            rec.data_class = scan.data_class
-            self.check_class(principal, upstream, rec)
+        principal, scan = await self._apply_pii(pii, upstream, principal, content, rec,
+                                                record_clean=False)
         if scan.masked:
             obj = dict(msg.obj)
             for part, value in scan.arguments.items():
@@ -476,6 +457,38 @@ class McpEndpoint:
                 obj[part] = value
             body = json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
         return principal, body
+
+    async def _apply_pii(self, pii: Any, upstream: Upstream, principal: Any,
+                         content: dict[str, Any], rec: CallRecord, *, record_clean: bool,
+                         ) -> tuple[Any, ArgumentScan]:
+        """Scan ``content`` (:func:`gateway.mcp.pii.scan_arguments`), put the verdict in
+        ``rec`` and, when the class was raised, check this server's destination again.
+
+        Args:
+            record_clean: Put the verdict in ``rec`` even when nothing was found (a tool
+                call's record always carries it; another message is recorded only when
+                something was found, :meth:`record`).
+
+        Returns:
+            The principal with the class after detection, and the scan (masked content).
+
+        Raises:
+            McpRefusal: ``pii_refused``/``pii_scan_failed`` (the verdict recorded), or
+                ``class_refused`` for the raised class.
+        """
+        try:
+            scan = await scan_arguments(pii, content, principal.key_id, principal.team,
+                                        principal.data_class)
+        except McpRefusal as exc:
+            rec.pii = refusal_record(exc)
+            raise
+        if record_clean or scan.record.get("entities"):
+            rec.pii = scan.record
+        if scan.data_class != principal.data_class:
+            principal = dataclasses.replace(principal, data_class=scan.data_class)
+            rec.data_class = scan.data_class
+            self.check_class(principal, upstream, rec)
+        return principal, scan
 
     # -- sessions ----------------------------------------------------------------------
 
