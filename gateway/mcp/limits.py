@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from gateway.mcp.jsonrpc import McpRefusal
 from gateway.quotas import QuotaBackendUnavailable, QuotaError, RateLimited
+from gateway.quotas.hook import refusal_headers
 
 if TYPE_CHECKING:
     from gateway.mcp.settings import McpFlowSettings
@@ -40,7 +41,7 @@ LIMITED = -32003
 
 def quota_refusal(exc: QuotaError) -> McpRefusal:
     """The MCP refusal of a quota error (its ``Retry-After`` and ``x-ratelimit-*`` kept)."""
-    headers = [(k.lower().encode(), v.encode()) for k, v in exc.headers().items()]
+    headers = [(k.lower().encode(), v.encode()) for k, v in refusal_headers(exc).items()]
     data: dict[str, Any] = {"limit": exc.error_type}
     if isinstance(exc, RateLimited) and exc.retry_after_s is not None:
         data["retry_after_s"] = exc.retry_after_s

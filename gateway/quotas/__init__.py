@@ -7,8 +7,10 @@ Public API::
     MemoryLimiter, RedisLimiter           the two backends (Limiter protocol)
     TokenEstimator, TokenEstimate         prompt token estimation
     Admission, SubjectLimits, WindowState
-    admission_headers, format_duration    x-ratelimit-* headers
     QuotaError, RateLimited, BudgetExhausted, RequestTooLarge, QuotaBackendUnavailable
+
+The ``x-ratelimit-*`` and ``Retry-After`` headers of admissions and refusals are rendered by
+the quota seam, :mod:`gateway.quotas.hook` (``admission_headers``, ``refusal_headers``).
 """
 
 from gateway.quotas.errors import (
@@ -24,9 +26,6 @@ from gateway.quotas.limiter import (
     Limiter,
     SubjectLimits,
     WindowState,
-    admission_headers,
-    format_duration,
-    window_headers,
 )
 from gateway.quotas.memory import MemoryLimiter
 from gateway.quotas.service import QuotaService
@@ -62,7 +61,4 @@ __all__ = [
     "TokenEstimate",
     "TokenEstimator",
     "WindowState",
-    "admission_headers",
-    "format_duration",
-    "window_headers",
 ]

@@ -12,7 +12,9 @@ Exception tree (each class has a stable machine ``code`` and an HTTP ``status``)
 The OpenAI error body shape is ``{"error": {"message", "type", "param", "code"}}``; the ``type``
 of a rate-limit error names the limit that was hit (``requests``, ``tokens``, ``concurrency``,
 ``tokens_per_day``, ``tokens_per_month``) so clients can tell a key's limit from a saturated
-backend (the gateway core answers the latter with code ``backend_saturated``).
+backend (the gateway core answers the latter with code ``backend_saturated``). A refusal's
+HTTP headers (``Retry-After``, ``x-ratelimit-*``) are rendered from its numbers by the quota
+seam, :func:`gateway.quotas.hook.refusal_headers`.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from gateway.quotas.limiter import LimitKind, WindowState, rate_limited_headers
+from gateway.quotas.limiter import LimitKind
 
 
 class QuotaError(Exception):
@@ -50,10 +52,6 @@ class QuotaError(Exception):
                 "code": self.code,
             }
         }
-
-    def headers(self) -> dict[str, str]:
-        """Return the extra HTTP response headers for this error (none by default)."""
-        return {}
 
 
 class RateLimited(QuotaError):
@@ -111,11 +109,6 @@ class RateLimited(QuotaError):
             text += f" Please try again in {self.retry_after_s:.3g}s."
         return text
 
-    def headers(self) -> dict[str, str]:
-        """Return ``Retry-After``, ``retry-after-ms`` and ``x-ratelimit-*`` headers."""
-        state = WindowState(self.limit, self.remaining, self.reset_s)
-        return rate_limited_headers(self.kind, state, self.retry_after_s)
-
 
 class BudgetExhausted(RateLimited):
     """The daily or monthly token budget of a key or team is used up."""
@@ -149,10 +142,6 @@ class QuotaBackendUnavailable(QuotaError):
     code = "quota_backend_unavailable"
     status = 503
     error_type = "server_error"
-
-    def headers(self) -> dict[str, str]:
-        """Return ``Retry-After: 1``: outages of the quota store are usually short."""
-        return {"retry-after": "1"}
 
 
 class QuotaConfigError(QuotaError):

@@ -12,18 +12,30 @@ when Redis is down and the policy fails closed); ``on_end`` settles the real usa
 (``input_tokens + output_tokens`` of the record; for a stream that ended without usage after
 relaying content, ``record.usage_estimated``, the prompt estimate plus the completion tokens
 estimated from the relayed events) and frees the concurrency slot, whatever the outcome.
+
+This module is also where quota outcomes become HTTP headers, for admissions
+(:func:`admission_headers`, on every relayed response) and refusals (:func:`refusal_headers`,
+on the 429/503 here and on MCP's refusals) alike: the quota core (limiter contract, backends,
+errors) reports numbers, the seam renders them. Header names and value formats follow
+OpenAI's documented rate-limit headers (platform.openai.com/docs/guides/rate-limits, "Rate
+limits in headers"): ``x-ratelimit-limit-requests``, ``x-ratelimit-remaining-requests``,
+``x-ratelimit-reset-requests`` and the same with ``-tokens``; reset values are durations in
+the Go ``time.Duration`` style that OpenAI sends (``"1s"``, ``"6m0s"``, ``"120ms"``,
+``"8.64s"``, ``"1h2m3s"``). ``Retry-After`` is delay-seconds (RFC 9110 section 10.2.3, an
+integer, rounded up); ``retry-after-ms`` (read first by the ``openai`` SDK) is milliseconds.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Mapping
 from typing import Any
 
 from gateway.errors import GatewayError, ServiceUnavailable
 from gateway.errors import RateLimited as GatewayRateLimited
-from gateway.quotas.errors import QuotaBackendUnavailable, QuotaError
-from gateway.quotas.limiter import Admission, EventSink, admission_headers
+from gateway.quotas.errors import QuotaBackendUnavailable, QuotaError, RateLimited
+from gateway.quotas.limiter import Admission, EventSink, LimitKind, WindowState
 from gateway.quotas.service import QuotaPlan, QuotaService
 from gateway.quotas.settings import QuotaSettings
 from gateway.relay.records import Headers, RequestRecord
@@ -45,9 +57,9 @@ def to_gateway_error(exc: QuotaError) -> GatewayError:
     """
     err: GatewayError
     if isinstance(exc, QuotaBackendUnavailable):
-        err = ServiceUnavailable(exc.message, code=exc.code, headers=exc.headers())
+        err = ServiceUnavailable(exc.message, code=exc.code, headers=refusal_headers(exc))
     else:
-        err = GatewayRateLimited(exc.message, code=exc.code, headers=exc.headers())
+        err = GatewayRateLimited(exc.message, code=exc.code, headers=refusal_headers(exc))
         err.status = exc.status
     err.type = exc.error_type
     return err
@@ -217,3 +229,118 @@ def quota_hook(
     if not qs.enabled:
         return None
     return QuotaHook(QuotaService.from_settings(qs, on_event=on_event))
+
+
+def format_duration(seconds: float) -> str:
+    """Format a duration like Go's ``time.Duration.String`` at millisecond precision.
+
+    Args:
+        seconds: a duration in seconds (negative values count as 0).
+
+    Returns:
+        ``"0s"``, ``"120ms"``, ``"8.64s"``, ``"6m0s"``, ``"1h2m3s"`` ...
+    """
+    ms = max(0, math.ceil(seconds * 1000 - 1e-6))
+    if ms == 0:
+        return "0s"
+    if ms < 1000:
+        return f"{ms}ms"
+    hours, rest = divmod(ms, 3_600_000)
+    minutes, rest = divmod(rest, 60_000)
+    secs, frac = divmod(rest, 1000)
+    sec_text = str(secs) if frac == 0 else f"{secs}.{frac:03d}".rstrip("0")
+    if hours:
+        return f"{hours}h{minutes}m{sec_text}s"
+    if minutes:
+        return f"{minutes}m{sec_text}s"
+    return f"{sec_text}s"
+
+
+def window_headers(requests: WindowState | None, tokens: WindowState | None) -> dict[str, str]:
+    """Return the ``x-ratelimit-*`` headers for the given per-minute snapshots.
+
+    Args:
+        requests: tightest requests-per-minute snapshot, or None when no such limit applies.
+        tokens: tightest tokens-per-minute snapshot, or None.
+
+    Returns:
+        Header name (lower case) -> value; empty when neither limit applies.
+    """
+    out: dict[str, str] = {}
+    for suffix, state in (("requests", requests), ("tokens", tokens)):
+        if state is None:
+            continue
+        out[f"x-ratelimit-limit-{suffix}"] = str(state.limit)
+        out[f"x-ratelimit-remaining-{suffix}"] = str(state.remaining)
+        out[f"x-ratelimit-reset-{suffix}"] = format_duration(state.reset_s)
+    return out
+
+
+def admission_headers(admission: Admission) -> dict[str, str]:
+    """Return the ``x-ratelimit-*`` headers to add to a successful response."""
+    return window_headers(admission.requests, admission.tokens)
+
+
+def refusal_headers(exc: QuotaError) -> dict[str, str]:
+    """Return the HTTP headers of a quota refusal.
+
+    Args:
+        exc: the refusal: a :class:`RateLimited` (or subclass), or
+            :class:`QuotaBackendUnavailable` (the shared state is down, fail closed).
+
+    Returns:
+        Header name (lower case) -> value: ``Retry-After``, ``retry-after-ms`` and
+        ``x-ratelimit-*`` for a ``RateLimited`` (see :func:`rate_limited_headers`),
+        ``Retry-After: 1`` for an outage of the quota store (usually short), none otherwise.
+    """
+    if isinstance(exc, RateLimited):
+        state = WindowState(exc.limit, exc.remaining, exc.reset_s)
+        return rate_limited_headers(exc.kind, state, exc.retry_after_s)
+    if isinstance(exc, QuotaBackendUnavailable):
+        return {"retry-after": "1"}
+    return {}
+
+
+def rate_limited_headers(
+    kind: LimitKind, state: WindowState, retry_after_s: float | None
+) -> dict[str, str]:
+    """Return the headers of a 429 answer for the limit that refused.
+
+    ``Retry-After`` and ``retry-after-ms`` are present when waiting helps; otherwise
+    ``x-should-retry: false`` tells the ``openai`` SDK not to retry (a request larger than the
+    limit, or a budget that only resets in hours). The limit that refused is reported in the
+    ``x-ratelimit-*`` headers of its kind (requests or tokens); concurrency and budget refusals
+    use ``x-ratelimit-*-concurrency`` / ``-tokens-day`` / ``-tokens-month`` names.
+
+    Args:
+        kind: The limit that refused.
+        state: That limit's configured value, what is left of it, and seconds until it resets.
+        retry_after_s: Seconds after which the same request would be admitted; ``None`` when
+            retrying cannot help.
+
+    Returns:
+        Header name (lower case) -> value.
+    """
+    suffix = {
+        "requests": "requests",
+        "tokens": "tokens",
+        "concurrency": "concurrency",
+        "tokens_per_day": "tokens-day",
+        "tokens_per_month": "tokens-month",
+    }[kind]
+    headers = {
+        f"x-ratelimit-limit-{suffix}": str(state.limit),
+        f"x-ratelimit-remaining-{suffix}": str(state.remaining),
+        f"x-ratelimit-reset-{suffix}": format_duration(state.reset_s),
+    }
+    retry = retry_after_s
+    # openai SDKs honour server delays only up to 60 s (1.x) or 120 s (3.x) and fall back to
+    # short backoff retries past that: say "do not retry" instead.
+    if retry is None or retry > 60:
+        headers["x-should-retry"] = "false"
+        if retry is not None:
+            headers["retry-after"] = str(math.ceil(retry))
+        return headers
+    headers["retry-after"] = str(max(1, math.ceil(retry)))
+    headers["retry-after-ms"] = str(max(1, math.ceil(retry * 1000)))
+    return headers

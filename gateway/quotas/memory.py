@@ -1,4 +1,5 @@
-"""In-memory limiter: exact limits for a single gateway replica (the default), and its GCRA.
+"""In-memory limiter: exact limits for a single gateway replica (the default), and the quota
+arithmetic it does in Python: GCRA, the UTC budget periods and the tightest window.
 
 All state lives in this object (no module globals). ``admit`` never awaits between checking
 and charging, so on one event loop it is atomic without locks.
@@ -8,10 +9,16 @@ arrival time ``tat``. With a limit of ``L`` units per ``W`` seconds each unit ad
 ``T = W / L``; a request of cost ``c`` is admitted when ``max(tat, now) + c*T - W <= now``. The
 bucket is full again at ``tat`` (the ``reset``); the burst is the whole limit. The Redis
 backend's Lua scripts (:mod:`gateway.quotas.redis_lua`) do the same arithmetic.
+
+The rest of the arithmetic the limits are made of is here too, in one implementation that the
+Redis backend imports: the budgets' UTC calendar periods (:class:`Periods`, computed once per
+day by :class:`PeriodCache`) and :func:`tightest` (which per-minute window an admission
+reports). The limiter contract (:mod:`gateway.quotas.limiter`) holds only types.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import math
 import time
 import uuid
@@ -19,15 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from gateway.quotas.errors import BudgetExhausted, RateLimited, RequestTooLarge, pick_denial
-from gateway.quotas.limiter import (
-    WINDOW_S,
-    Admission,
-    PeriodCache,
-    Periods,
-    SubjectLimits,
-    WindowState,
-    tightest,
-)
+from gateway.quotas.limiter import WINDOW_S, Admission, SubjectLimits, WindowState
 
 _SWEEP_EVERY = 4096
 _EPS = 1e-9
@@ -103,6 +102,68 @@ def gcra_adjust(
 
 def _remaining(tat: float, now: float, interval: float, window_s: float) -> int:
     return max(0, math.floor((window_s - (tat - now)) / interval + _EPS))
+
+
+@dataclass(frozen=True)
+class Periods:
+    """The UTC calendar periods of the budgets at one instant.
+
+    Attributes:
+        day: ``YYYYMMDD`` of the current UTC day.
+        month: ``YYYYMM`` of the current UTC month.
+        day_reset_s: seconds until the next UTC midnight.
+        month_reset_s: seconds until the first instant of the next UTC month.
+    """
+
+    day: str
+    month: str
+    day_reset_s: float
+    month_reset_s: float
+
+    @classmethod
+    def at(cls, unix_s: float) -> Periods:
+        """Compute the periods at the given Unix time (seconds)."""
+        now = dt.datetime.fromtimestamp(unix_s, tz=dt.UTC)
+        next_day = (now + dt.timedelta(days=1)).replace(hour=0, minute=0, second=0, microsecond=0)
+        if now.month == 12:
+            next_month = now.replace(year=now.year + 1, month=1, day=1)
+        else:
+            next_month = now.replace(month=now.month + 1, day=1)
+        next_month = next_month.replace(hour=0, minute=0, second=0, microsecond=0)
+        return cls(
+            day=now.strftime("%Y%m%d"),
+            month=now.strftime("%Y%m"),
+            day_reset_s=(next_day - now).total_seconds(),
+            month_reset_s=(next_month - now).total_seconds(),
+        )
+
+
+def tightest(states: Sequence[WindowState]) -> WindowState | None:
+    """Return the snapshot with the fewest remaining units (ties: the later reset)."""
+    if not states:
+        return None
+    return min(states, key=lambda s: (s.remaining, -s.reset_s))
+
+
+class PeriodCache:
+    """:meth:`Periods.at` computed once per UTC day (the calendar math costs ~10 us a call)."""
+
+    def __init__(self) -> None:
+        self._day = ""
+        self._month = ""
+        self._day_start = 0.0
+        self._day_end = 0.0
+        self._month_end = 0.0
+
+    def at(self, unix_s: float) -> Periods:
+        """Return the periods at ``unix_s`` (same result as ``Periods.at``)."""
+        if not self._day_start <= unix_s < self._day_end:
+            fresh = Periods.at(unix_s)
+            self._day, self._month = fresh.day, fresh.month
+            self._day_end = unix_s + fresh.day_reset_s
+            self._month_end = unix_s + fresh.month_reset_s
+            self._day_start = self._day_end - 86400.0
+        return Periods(self._day, self._month, self._day_end - unix_s, self._month_end - unix_s)
 
 
 class MemoryLimiter:

@@ -41,15 +41,8 @@ from gateway.quotas.errors import (
     RequestTooLarge,
     pick_denial,
 )
-from gateway.quotas.limiter import (
-    Admission,
-    EventSink,
-    PeriodCache,
-    Periods,
-    SubjectLimits,
-    WindowState,
-    tightest,
-)
+from gateway.quotas.limiter import Admission, EventSink, SubjectLimits, WindowState
+from gateway.quotas.memory import PeriodCache, Periods, tightest
 from gateway.quotas.redis_batch import ScriptBatcher
 
 _log = logging.getLogger(__name__)

@@ -24,7 +24,7 @@ from gateway.assembly import STAGES
 from gateway.relay import pipeline
 
 ROOT = Path(__file__).resolve().parents[2]
-MAX_MODULES = 16
+MAX_MODULES = 15
 
 
 def test_a_streamed_request_crosses_a_bounded_set_of_modules() -> None:

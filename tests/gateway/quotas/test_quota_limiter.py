@@ -13,6 +13,7 @@ from gateway.quotas import (
     RequestTooLarge,
     SubjectLimits,
 )
+from gateway.quotas.hook import refusal_headers
 
 pytestmark = pytest.mark.anyio
 
@@ -45,7 +46,7 @@ async def test_requests_per_minute_admits_exactly_the_limit_then_refuses(limiter
     assert 59.0 < exc.reset_s <= 60.0
     body = exc.openai_error()["error"]
     assert body["type"] == "requests" and body["code"] == "rate_limit_exceeded"
-    headers = exc.headers()
+    headers = refusal_headers(exc)
     assert headers["retry-after"] == "12"
     assert headers["x-ratelimit-limit-requests"] == "5"
     assert headers["x-ratelimit-remaining-requests"] == "0"
@@ -98,8 +99,8 @@ async def test_request_larger_than_the_limit_is_never_admitted(limiter: Any) -> 
         await limiter.admit([key], 1001)
     exc = info.value
     assert exc.code == "request_too_large" and exc.retry_after_s is None
-    assert exc.headers()["x-should-retry"] == "false"
-    assert "retry-after" not in exc.headers()
+    assert refusal_headers(exc)["x-should-retry"] == "false"
+    assert "retry-after" not in refusal_headers(exc)
     # Nothing was charged: the full request budget is still there.
     adm = await limiter.admit([key], 1000)
     assert adm.requests.remaining == 9 and adm.tokens.remaining == 0
@@ -135,7 +136,7 @@ async def test_budgets(limiter: Any, field: str, kind: str) -> None:
     exc = info.value
     assert exc.kind == kind and exc.code == "insufficient_quota" and exc.remaining == 300
     assert exc.retry_after_s is not None and exc.retry_after_s == pytest.approx(exc.reset_s)
-    assert exc.headers().get("x-should-retry") == ("false" if exc.reset_s > 60 else None)
+    assert refusal_headers(exc).get("x-should-retry") == ("false" if exc.reset_s > 60 else None)
     await limiter.settle(adm, 500)  # 200 fewer than estimated
     await limiter.admit([key], 500)
     with pytest.raises(BudgetExhausted):

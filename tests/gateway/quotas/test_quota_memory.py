@@ -102,7 +102,7 @@ async def test_idle_buckets_are_swept() -> None:
 
 
 def test_period_cache_matches_the_calendar() -> None:
-    from gateway.quotas.limiter import PeriodCache, Periods
+    from gateway.quotas.memory import PeriodCache, Periods
 
     cache = PeriodCache()
     t = at("2026-12-31T23:59:58")

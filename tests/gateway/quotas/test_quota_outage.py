@@ -16,6 +16,7 @@ from gateway.quotas import (
     RedisLimiter,
     SubjectLimits,
 )
+from gateway.quotas.hook import refusal_headers
 
 pytestmark = pytest.mark.anyio
 
@@ -54,7 +55,7 @@ async def test_fail_closed_refuses_with_503_and_recovers(
         exc = info.value
         assert exc.status == 503 and exc.code == "quota_backend_unavailable"
         assert exc.openai_error()["error"]["code"] == "quota_backend_unavailable"
-        assert exc.headers() == {"retry-after": "1"}
+        assert refusal_headers(exc) == {"retry-after": "1"}
         assert not lim.healthy
         # Releasing while Redis is down neither raises nor blocks.
         await lim.release(held[0])

@@ -15,10 +15,9 @@ from gateway.quotas import (
     RateLimited,
     TokenEstimator,
     WindowState,
-    format_duration,
-    window_headers,
 )
 from gateway.quotas.errors import BudgetExhausted
+from gateway.quotas.hook import format_duration, refusal_headers, window_headers
 
 
 def test_overrides_merge_field_by_field_and_explicit_null_unlimits() -> None:
@@ -96,7 +95,7 @@ def test_rate_limited_headers_round_retry_after_up() -> None:
     exc = RateLimited(
         kind="tokens", subject="key:a", limit=100, remaining=3, reset_s=42.2, retry_after_s=2.01
     )
-    assert exc.headers() == {
+    assert refusal_headers(exc) == {
         "x-ratelimit-limit-tokens": "100",
         "x-ratelimit-remaining-tokens": "3",
         "x-ratelimit-reset-tokens": "42.2s",
@@ -116,7 +115,7 @@ def test_long_waits_tell_the_sdk_not_to_retry() -> None:
         retry_after_s=7200,
         requested=5,
     )
-    h = exc.headers()
+    h = refusal_headers(exc)
     assert h["x-should-retry"] == "false" and h["retry-after"] == "7200"
     assert "retry-after-ms" not in h
     assert h["x-ratelimit-limit-tokens-day"] == "10"
