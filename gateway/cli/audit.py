@@ -402,6 +402,10 @@ def timeline(
     """An agent session as one timeline: model calls and MCP tool calls linked by trace id."""
     if trace_id is None and key is None:
         raise typer.BadParameter("give --trace-id or --key", param_hint="--trace-id")
+    if trace_id is not None and (len(trace_id) != 32
+                                 or not set(trace_id) <= set("0123456789abcdef")):
+        raise typer.BadParameter(f"{trace_id!r} is not a trace id (32 lowercase hex digits, the "
+                                 "second field of a W3C traceparent)", param_hint="--trace-id")
     from gateway.audit.timeline import session_timeline
 
     url = _store_url(ctx, store, config)
@@ -416,7 +420,14 @@ def timeline(
             await st.close()
         return session_timeline(records, trace_id=trace_id, key_id=key)
 
-    for entry in _run(ctx, go()):
+    entries = _run(ctx, go())
+    callers = sorted({e.key_id for e in entries if e.key_id is not None})
+    if key is None and len(callers) > 1:
+        # The client chooses its trace id: a second caller can reuse one it has seen.
+        typer.echo(f"note: trace {trace_id} holds the steps of {len(callers)} callers "
+                   f"({', '.join(callers)}); a trace id is chosen by the client, so another "
+                   "caller can reuse it: add --key KEY_ID for one caller's steps", err=True)
+    for entry in entries:
         if as_json:
             typer.echo(json.dumps(entry.as_dict(), sort_keys=True))
             continue

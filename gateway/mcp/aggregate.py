@@ -39,9 +39,10 @@ from gateway.mcp.jsonrpc import (
     Message,
     check_headers,
 )
-from gateway.mcp.records import CallRecord, trace_id_of
+from gateway.mcp.records import CallRecord
 from gateway.mcp.settings import AGGREGATE_SEPARATOR
 from gateway.mcp.upstream import Link, Upstream
+from gateway.relay.records import trace_id_of
 
 if TYPE_CHECKING:
     from gateway.mcp.endpoint import McpEndpoint

@@ -64,13 +64,14 @@ from gateway.mcp.metrics import McpMetrics
 from gateway.mcp.params import check_params, mirror_params
 from gateway.mcp.paths import AGGREGATE, PREFIX
 from gateway.mcp.pii import ArgumentScan, refusal_record, scan_arguments
-from gateway.mcp.records import CallRecord, trace_id_of
+from gateway.mcp.records import CallRecord
 from gateway.mcp.sessions import SessionBinder
 from gateway.mcp.settings import McpSettings
 from gateway.mcp.spans import ToolCallSpans
 from gateway.mcp.upstream import Link, Upstream
 from gateway.quotas import QuotaError
 from gateway.quotas.tool_calls import ToolCallQuotas
+from gateway.relay.records import trace_id_of
 from policy import EgressMatcher, Policy
 from policy import Principal as PolicyPrincipal
 

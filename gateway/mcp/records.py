@@ -8,30 +8,15 @@ and the W3C trace id that links it to the chat completion whose answer asked for
 
 from __future__ import annotations
 
-import re
 import secrets
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["MCP_REFUSED", "MCP_TOOL_CALL", "CallRecord", "trace_id_of"]
+__all__ = ["MCP_REFUSED", "MCP_TOOL_CALL", "CallRecord"]
 
 MCP_TOOL_CALL = "mcp.tool_call"
 MCP_REFUSED = "mcp.refused"
-
-_TRACEPARENT = re.compile(r"^[0-9a-f]{2}-([0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}$")
-
-
-def trace_id_of(traceparent: str | None) -> str | None:
-    """The trace id (32 hex) of a W3C ``traceparent`` header, ``None`` if absent or invalid
-    (W3C Trace Context, section 3.2: all-zero ids are invalid)."""
-    if not traceparent:
-        return None
-    m = _TRACEPARENT.match(traceparent.strip().lower())
-    if m is None or m.group(1) == "0" * 32:
-        return None
-    return m.group(1)
-
 
 @dataclass
 class CallRecord:

@@ -47,6 +47,7 @@ from typing import Any, Literal, Protocol
 __all__ = [
     "AdmissionHook", "ContentObserver", "ContentTap", "EndGate", "Headers", "ObserverHooks",
     "Outcome", "RequestHook", "RequestObserver", "RequestRecord", "ResponseStartHook",
+    "trace_id_of",
 ]
 
 ContentTap = Callable[[bytes], None]
@@ -67,19 +68,51 @@ Outcome = Literal[
 _log = logging.getLogger(__name__)
 
 
+_HEX_LC = frozenset(b"0123456789abcdef")
+
+
+def trace_id_of(traceparent: bytes | str | None) -> str | None:
+    """The trace id of a W3C ``traceparent`` header value; ``None`` if absent or invalid.
+
+    W3C Trace Context (Recommendation, section 3.2): ``version-traceid-parentid-flags``, each
+    field lowercase hex of 2, 32, 16 and 2 digits; version ``ff`` is invalid; an all-zero trace
+    id or parent id is invalid; version ``00`` has exactly these four fields, a later version
+    may append ``-`` and more (at most 512 characters in all). Whitespace around the value is
+    ignored (HTTP OWS). Uppercase hex is invalid, not lower-cased: a header a client cannot
+    send validly links nothing in the audit log. OpenTelemetry's
+    ``TraceContextTextMapPropagator`` is the oracle of the generated test
+    (``tests/gateway/test_traceparent.py``).
+
+    Args:
+        traceparent: The header value (bytes as received, or text).
+
+    Returns:
+        The 32-digit lowercase trace id, or ``None``.
+    """
+    if not traceparent:
+        return None
+    raw = traceparent.encode("latin-1") if isinstance(traceparent, str) else traceparent
+    if len(raw) > 512:  # OpenTelemetry's bound on the header
+        return None
+    raw = raw.strip(b" \t")
+    if len(raw) < 55 or (len(raw) > 55 and (raw[55:56] != b"-" or raw[:2] == b"00")):
+        return None
+    if raw[2:3] != b"-" or raw[35:36] != b"-" or raw[52:53] != b"-":
+        return None
+    version, trace, parent, flags = raw[:2], raw[3:35], raw[36:52], raw[53:55]
+    if not _HEX_LC.issuperset(version + trace + parent + flags) or version == b"ff":
+        return None
+    if trace == b"0" * 32 or parent == b"0" * 16:
+        return None
+    return trace.decode("ascii")
+
+
 def _client_trace_id(scope: Mapping[str, Any]) -> str | None:
     """The trace id of the client's W3C ``traceparent`` (links a chat completion to the tool
     calls its answer asked for in the audit log; telemetry replaces it with its span's)."""
     for name, value in scope.get("headers") or ():
         if name == b"traceparent":
-            parts = value.split(b"-")
-            if len(parts) == 4 and len(parts[1]) == 32 and parts[1] != b"0" * 32:
-                try:
-                    int(parts[1], 16)
-                except ValueError:
-                    return None
-                return str(parts[1].decode().lower())
-            return None
+            return trace_id_of(value)
     return None
 
 

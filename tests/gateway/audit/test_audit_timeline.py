@@ -1,0 +1,65 @@
+"""``gateway audit timeline``: one trace's steps, and a warning when callers share a trace id.
+
+A trace id is chosen by the client, so any key can send another key's ``traceparent`` and put
+its own steps into that timeline. The timeline cannot refuse what was recorded, but it says
+so and names the callers, and ``--key`` shows one caller's steps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from gateway.audit import AuditLog, Signer, open_store
+
+ROOT = Path(__file__).resolve().parents[3]
+TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
+
+
+def _write(url: str) -> None:
+    async def run() -> None:
+        log = AuditLog(open_store(url), Signer.generate(), replica_id="r1")
+        await log.start()
+        for rid, key in (("r-a", "k-agent"), ("r-b", "k-other")):
+            await log.append({"type": "request.started", "request_id": rid, "key_id": key,
+                              "model": "m", "decision": "allow", "trace_id": TRACE})
+            await log.append({"type": "request.completed", "request_id": rid, "status": 200,
+                              "outcome": "ok"})
+        await log.close()
+
+    asyncio.run(run())
+
+
+def _timeline(url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "audit", "timeline", "--store", url, *args],
+        cwd=ROOT, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+def test_a_trace_shared_by_two_callers_is_named_and_one_caller_can_be_chosen(
+        tmp_path: Path) -> None:
+    url = f"sqlite://{tmp_path / 'audit.db'}"
+    _write(url)
+    both = _timeline(url, "--trace-id", TRACE, "--json")
+    assert both.returncode == 0, both.stderr
+    assert [json.loads(line)["key_id"] for line in both.stdout.splitlines()] == [
+        "k-agent", "k-other"]
+    assert "holds the steps of 2 callers (k-agent, k-other)" in both.stderr
+    assert "--key" in both.stderr
+    one = _timeline(url, "--trace-id", TRACE, "--key", "k-agent", "--json")
+    assert one.returncode == 0, one.stderr
+    assert [json.loads(line)["key_id"] for line in one.stdout.splitlines()] == ["k-agent"]
+    assert "callers" not in one.stderr
+
+
+def test_a_trace_id_that_is_not_one_is_a_usage_error(tmp_path: Path) -> None:
+    url = f"sqlite://{tmp_path / 'audit.db'}"
+    _write(url)
+    for bad in (TRACE.upper(), TRACE[:-1], "z" * 32):
+        res = _timeline(url, "--trace-id", bad)
+        assert res.returncode == 2, (bad, res.stdout, res.stderr)
+        assert "--trace-id" in res.stderr and "32 lowercase hex" in res.stderr
