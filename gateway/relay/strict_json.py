@@ -26,7 +26,7 @@ from typing import Any
 
 from gateway.relay.rewrite import MAX_DEPTH
 
-__all__ = ["StrictJsonError", "loads_strict"]
+__all__ = ["StrictJsonError", "check_tree", "loads_strict", "refuse_constant"]
 
 
 class StrictJsonError(ValueError):
@@ -52,21 +52,35 @@ def _float(literal: str) -> float:
     return value
 
 
-def _constant(literal: str) -> Any:
+def refuse_constant(literal: str) -> Any:
+    """``parse_constant`` hook of :mod:`json` that refuses ``NaN``, ``Infinity`` and
+    ``-Infinity`` (Python's extension, not JSON: RFC 8259 §6).
+
+    Raises:
+        StrictJsonError: Always, naming the literal.
+    """
     raise StrictJsonError(f"{literal} is not JSON (RFC 8259)")
 
 
 _DECODER = json.JSONDecoder(object_pairs_hook=_pairs, parse_float=_float,
-                            parse_constant=_constant)
+                            parse_constant=refuse_constant)
 
 
 def _path(parts: list[str | int]) -> str:
     return "".join(f"[{p}]" if isinstance(p, int) else f".{p[:64]}" for p in parts) or "."
 
 
-def _check_tree(value: Any) -> None:
-    """Depth and lone surrogates, iteratively (a value as deep as the decoder allows must not
-    exhaust the stack here)."""
+def check_tree(value: Any) -> None:
+    """Refuse nesting deeper than :data:`~gateway.relay.rewrite.MAX_DEPTH` and strings or keys
+    with an unpaired surrogate in a parsed value (iteratively: a value as deep as the decoder
+    allows must not exhaust the stack here).
+
+    Args:
+        value: A value parsed by :mod:`json`.
+
+    Raises:
+        StrictJsonError: The first problem, with the key path of the value.
+    """
     stack: list[tuple[Any, int, list[str | int]]] = [(value, 1, [])]
     while stack:
         item, depth, path = stack.pop()
@@ -128,5 +142,5 @@ def loads_strict(raw: bytes | str) -> Any:
         raise StrictJsonError(f"nesting deeper than {MAX_DEPTH} levels") from exc
     except ValueError as exc:  # int(): more digits than the interpreter converts
         raise StrictJsonError(f"a number out of range ({str(exc)[:80]})") from exc
-    _check_tree(value)
+    check_tree(value)
     return value
