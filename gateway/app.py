@@ -261,7 +261,9 @@ def create_app(
             flow=parts.flow,
         )
         cell = LiveState(state)
-        batches = open_runner(settings, cell)  # the Batch API (gateway.batch), or None
+        # The Batch API (gateway.batch), or None; its events go to the audit log.
+        batches = open_runner(settings, cell,
+                              parts.audit.record_event if parts.audit is not None else None)
         connect_s = settings.timeouts.connect_s
         prober = HealthProber(the_router, session, settings.health, upstream_ssl,
                               connect_s=connect_s)

@@ -10,15 +10,17 @@ References: https://platform.openai.com/docs/api-reference/files and /batch.
 from __future__ import annotations
 
 import asyncio
-import json
+import hashlib
 import time
 from typing import Any
 
 from starlette.datastructures import UploadFile
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from gateway.audit.errors import AuditUnavailable
 from gateway.auth import Principal, bearer_token
 from gateway.batch.errors import (
     BatchError,
@@ -27,10 +29,19 @@ from gateway.batch.errors import (
     RequestTooLarge,
     StorageQuotaExceeded,
 )
+from gateway.batch.events import (
+    BATCH_CANCEL_REQUESTED,
+    BATCH_CREATED,
+    BATCH_FILE_CREATED,
+    BATCH_FILE_DELETED,
+    batch_trace_id,
+)
 from gateway.batch.jsonl import ENDPOINTS, parse_input
 from gateway.batch.owner import owner_fields
 from gateway.batch.runner import BatchRunner, new_id
-from gateway.batch.store import OwnerLimits, OwnerUsage
+from gateway.batch.store import FINAL, OwnerLimits, OwnerUsage
+from gateway.errors import ServiceUnavailable
+from gateway.relay.strict_json import StrictJsonError, loads_strict
 from gateway.state import gateway_state
 
 __all__ = ["RUNNER_KEY", "batch_routes"]
@@ -52,7 +63,9 @@ async def _bounded_json(request: Request, limit: int) -> Any:
 
     Raises:
         RequestTooLarge: 413, the body is above ``limit``.
-        BatchError: 400, the body is not JSON.
+        BatchError: 400, the body is not strict JSON (:func:`gateway.relay.strict_json.
+            loads_strict`: repeated keys, lone surrogates, NaN, deep nesting...), naming what
+            and where.
     """
     declared = request.headers.get("content-length")
     too_large = RequestTooLarge(f"The request body is larger than {limit} bytes.")
@@ -64,9 +77,9 @@ async def _bounded_json(request: Request, limit: int) -> Any:
         if len(body) > limit:
             raise too_large
     try:
-        return json.loads(body)
-    except ValueError as exc:
-        raise BatchError("The request body is not valid JSON.") from exc
+        return loads_strict(bytes(body))
+    except StrictJsonError as exc:
+        raise BatchError(f"The request body is not valid JSON: {exc}.") from exc
 
 
 def _check_metadata(metadata: Any) -> None:
@@ -128,12 +141,16 @@ async def create_file(request: Request) -> Response:
     if int(declared) > limit + _FORM_OVERHEAD:
         raise FileTooLarge(f"The upload of {declared} bytes is larger than the limit of {limit} "
                            "bytes (batch.max_file_bytes).", param="file")
-    form = await request.form(max_files=1, max_fields=8)
+    try:
+        form = await request.form(max_files=1, max_fields=8)
+    except HTTPException as exc:  # Starlette's answer to a malformed or oversized form
+        raise BatchError(f"The upload is not valid multipart/form-data: {exc.detail}",
+                         code="invalid_multipart", param="file") from exc
     try:
         purpose = form.get("purpose")
         if purpose != "batch":
-            raise BatchError(f"'purpose' must be 'batch' (got {str(purpose)[:32]!r}).",
-                             param="purpose")
+            got = "missing" if purpose is None else f"got {str(purpose)[:32]!r}"
+            raise BatchError(f"'purpose' must be 'batch' ({got}).", param="purpose")
         upload = form.get("file")
         if not isinstance(upload, UploadFile):
             raise BatchError("The upload has no 'file' part.", param="file")
@@ -151,7 +168,28 @@ async def create_file(request: Request) -> Response:
     usage = await runner.store.add_file(row, content, limits)
     if usage is not None:
         raise _quota_error(usage, limits, len(content))
+    digest = await asyncio.to_thread(lambda: hashlib.sha256(content).hexdigest())
+    try:
+        await _record(runner, {"type": BATCH_FILE_CREATED, "file_id": row["id"],
+                               "key_id": who.key_id, "purpose": "batch",
+                               "bytes": len(content), "sha256": digest})
+    except ServiceUnavailable:
+        await runner.store.delete_file(str(row["id"]), who.key_id)  # none without its record
+        raise
     return JSONResponse(_file_object({**row, "bytes": len(content)}))
+
+
+async def _record(runner: BatchRunner, event: dict[str, Any]) -> None:
+    """Make ``event`` durable in the audit log before the change it records is answered.
+
+    Raises:
+        ServiceUnavailable: 503 ``audit_unavailable``: the audit store cannot record now.
+    """
+    try:
+        await runner.record(event)
+    except AuditUnavailable as exc:
+        raise ServiceUnavailable(f"The audit log cannot record now: {exc}",
+                                 code="audit_unavailable") from exc
 
 
 def _quota_error(usage: OwnerUsage, limits: OwnerLimits, size: int) -> StorageQuotaExceeded:
@@ -192,6 +230,10 @@ async def delete_file(request: Request) -> Response:
     """``DELETE /v1/files/{file_id}`` (the owner's file; another key's answers 404)."""
     runner, who = _runner(request), _caller(request)
     file_id = request.path_params["file_id"]
+    if await runner.store.file(file_id, who.key_id) is None:
+        raise NotFound(f"No such file: '{file_id}'.", param="file_id")
+    await _record(runner, {"type": BATCH_FILE_DELETED, "file_id": file_id,
+                           "key_id": who.key_id})
     if not await runner.store.delete_file(file_id, who.key_id):
         raise NotFound(f"No such file: '{file_id}'.", param="file_id")
     return JSONResponse({"id": file_id, "object": "file", "deleted": True})
@@ -232,6 +274,9 @@ async def create_batch(request: Request) -> Response:
     }
     lines = [(line, custom_id, endpoint, body) for line, custom_id, body in requests]
     owner = owner_fields(who, gateway_state(request).settings.identity)
+    await _record(runner, {"type": BATCH_CREATED, "batch_id": obj["id"], "key_id": who.key_id,
+                           "input_file_id": file_id, "endpoint": endpoint,
+                           "requests": len(requests), "trace_id": batch_trace_id(obj["id"])})
     await runner.store.add_batch(obj, who.key_id, owner, lines)
     runner.start(obj["id"])
     return JSONResponse(obj)
@@ -250,7 +295,12 @@ async def retrieve_batch(request: Request) -> Response:
 async def cancel_batch(request: Request) -> Response:
     """``POST /v1/batches/{batch_id}/cancel``."""
     runner, who = _runner(request), _caller(request)
-    return JSONResponse(await runner.cancel(request.path_params["batch_id"], who.key_id))
+    batch_id = request.path_params["batch_id"]
+    obj = await runner.store.batch(batch_id, who.key_id)
+    if obj is not None and obj["status"] not in FINAL and obj["status"] != "cancelling":
+        await _record(runner, {"type": BATCH_CANCEL_REQUESTED, "batch_id": batch_id,
+                               "key_id": who.key_id, "status": obj["status"]})
+    return JSONResponse(await runner.cancel(batch_id, who.key_id))
 
 
 async def list_batches(request: Request) -> Response:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 
 from gateway.batch.errors import BadInputFile
+from gateway.relay.strict_json import StrictJsonError, loads_strict
 
 __all__ = ["ENDPOINTS", "parse_input"]
 
@@ -42,8 +43,8 @@ def parse_input(content: bytes, endpoint: str, max_requests: int) -> list[tuple[
         if not raw.strip():
             continue
         try:
-            item = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as exc:
+            item = loads_strict(raw)
+        except StrictJsonError as exc:
             raise bad(number, f"not valid JSON ({exc})") from exc
         if not isinstance(item, dict):
             raise bad(number, "not a JSON object")

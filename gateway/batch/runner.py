@@ -21,14 +21,21 @@ import time
 from collections.abc import Mapping, MutableMapping
 from typing import Any
 
+from gateway.audit.errors import AuditUnavailable
 from gateway.auth import Principal
 from gateway.batch.backends import open_batch_store
 from gateway.batch.errors import NotCancellable, NotFound
+from gateway.batch.events import (
+    BATCH_FINISHED,
+    BATCH_REQUEST_REFUSED,
+    AuditSink,
+    batch_trace_id,
+)
 from gateway.batch.owner import OwnerRevoked, reauthorise
 from gateway.batch.settings import BatchSettings, store_location
 from gateway.batch.store import FINAL, BatchStore, BatchStoreUnavailable
 from gateway.config.settings import GatewaySettings
-from gateway.errors import AuthenticationFailed
+from gateway.errors import AuthenticationFailed, ServiceUnavailable
 from gateway.relay import pipeline as relay
 from gateway.state import LiveState
 
@@ -62,12 +69,16 @@ class BatchRunner:
         store: The batch database.
         cell: The gateway's live state (each request takes the current snapshot).
         settings: The ``batch`` section.
+        audit: Where its audit events go (:mod:`gateway.batch.events`), ``None`` without an
+            audit log.
     """
 
-    def __init__(self, store: BatchStore, cell: LiveState, settings: BatchSettings) -> None:
+    def __init__(self, store: BatchStore, cell: LiveState, settings: BatchSettings,
+                 audit: AuditSink | None = None) -> None:
         self.store = store
         self.cell = cell
         self.settings = settings
+        self.audit = audit
         self._slots = asyncio.Semaphore(settings.concurrency)
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._me = secrets.token_hex(8)  # this runner's name in the batches' leases
@@ -138,6 +149,19 @@ class BatchRunner:
             self.start(batch_id)
         return obj
 
+    async def record(self, event: Mapping[str, Any]) -> None:
+        """Append a Batch API event to the audit log and wait until it is durable (nothing
+        when the gateway has no audit log).
+
+        Args:
+            event: ``{"type": "batch.<what>", ...}``: ids, counts and digests, never content.
+
+        Raises:
+            AuditUnavailable: It could not be recorded (the caller answers 503).
+        """
+        if self.audit is not None:
+            await self.audit(event)
+
     async def _status(self, batch_id: str) -> str:
         obj = await self.store.batch(batch_id, None)
         return str(obj["status"]) if obj is not None else "failed"
@@ -205,7 +229,8 @@ class BatchRunner:
                    url: str, body: bytes) -> None:
         try:
             for attempt in range(self.settings.retries + 1):
-                status, request_id, answer, wait_s = await self.call(owner, url, body)
+                status, request_id, answer, wait_s = await self.call(
+                    owner, url, body, batch_id=batch_id, line=line, custom_id=custom_id)
                 if status not in (429, 503) or attempt == self.settings.retries:
                     break
                 if await self._status(batch_id) == "cancelling":
@@ -236,29 +261,53 @@ class BatchRunner:
                                              strict=True))
             await self.store.save_batch(obj)
 
-    async def call(self, owner: dict[str, Any], url: str,
-                   body: bytes) -> tuple[int, str, bytes, float | None]:
+    async def call(self, owner: dict[str, Any], url: str, body: bytes, *,
+                   batch_id: str | None = None, line: int | None = None,
+                   custom_id: str | None = None) -> tuple[int, str, bytes, float | None]:
         """Send one request through the relay in process, as the batch's owner re-authorised
         under the configuration in force now (:func:`gateway.batch.owner.reauthorise`).
+
+        With ``batch_id`` the request carries a ``traceparent`` whose trace id is the batch's
+        (:func:`batch_trace_id`), so its audit records, spans and those of the batch's other
+        requests form one ``gateway audit timeline --trace-id``.
 
         Args:
             owner: The owner fields stored with the batch.
             url: The batch's endpoint.
             body: The request body (JSON).
+            batch_id: The batch the request belongs to (links its audit records).
+            line: Its line in the input file (1-based; recorded when it is refused here).
+            custom_id: Its ``custom_id`` (recorded when it is refused here).
 
         Returns:
             ``(HTTP status, x-request-id, response body, retry-after in seconds or None)``;
             an owner no longer allowed answers its :class:`OwnerRevoked` error (401, nothing
-            sent).
+            sent) under a request id of its own, recorded as a ``batch.request_refused`` audit
+            record (a 503 ``audit_unavailable``, retried, when that record cannot be written).
         """
         current = self.cell.current
         try:
             principal = reauthorise(owner, current.settings, url)
         except OwnerRevoked as err:
-            return err.status, "", json.dumps(err.to_dict()).encode(), None
+            request_id = secrets.token_hex(16)
+            try:
+                await self.record({
+                    "type": BATCH_REQUEST_REFUSED, "request_id": request_id,
+                    "batch_id": batch_id, "line": line, "custom_id": custom_id,
+                    "key_id": owner.get("key_id"), "path": url, "status": err.status,
+                    "code": err.code, "reason": err.message[:300],
+                    "trace_id": batch_trace_id(batch_id) if batch_id else None})
+            except AuditUnavailable as exc:
+                unavailable = ServiceUnavailable(f"The audit log cannot record now: {exc}",
+                                                 code="audit_unavailable")
+                return 503, request_id, json.dumps(unavailable.to_dict()).encode(), None
+            return err.status, request_id, json.dumps(err.to_dict()).encode(), None
         state = dataclasses.replace(current, authenticator=_Fixed(principal))
         headers = [(b"authorization", b"Bearer batch"), (b"content-type", b"application/json"),
                    (b"content-length", str(len(body)).encode())]
+        if batch_id is not None:
+            headers.append((b"traceparent", f"00-{batch_trace_id(batch_id)}-"
+                                            f"{secrets.token_hex(8)}-01".encode()))
         flow = state.settings.flow_control
         if flow.enabled and any(c.name == self.settings.priority_class for c in flow.classes):
             headers.append((flow.header.lower().encode("latin-1"),
@@ -332,11 +381,25 @@ class BatchRunner:
         obj["status"] = "cancelled" if cancelling else "completed"
         obj["cancelled_at" if cancelling else "completed_at"] = int(time.time())
         await store.save_batch(obj)
+        try:
+            await self.record({"type": BATCH_FINISHED, "batch_id": batch_id, "key_id": owner,
+                               "status": obj["status"], "completed": completed,
+                               "failed": failed, "trace_id": batch_trace_id(batch_id)})
+        except AuditUnavailable as exc:  # the batch's own requests were each recorded
+            _log.error("batch %s %s, but its batch.finished record was not written: %s",
+                       batch_id, obj["status"], exc)
 
 
-def open_runner(settings: GatewaySettings, cell: LiveState) -> BatchRunner | None:
+def open_runner(settings: GatewaySettings, cell: LiveState,
+                audit: AuditSink | None = None) -> BatchRunner | None:
     """The runner of the ``batch`` section over its store (opened by
     :meth:`BatchRunner.startup`), or ``None`` when it is off.
+
+    Args:
+        settings: The gateway's configuration.
+        cell: The live state the batch's requests take.
+        audit: Where the Batch API's events go (:mod:`gateway.batch.events`; the audit log's
+            ``record_event``), ``None`` without an audit log.
 
     Raises:
         ConfigError: No store can be derived (see :func:`store_location`).
@@ -345,5 +408,5 @@ def open_runner(settings: GatewaySettings, cell: LiveState) -> BatchRunner | Non
     section = settings.batch
     if section is None or not section.enabled:
         return None
-    audit = settings.audit.store_url() if settings.audit is not None else None
-    return BatchRunner(open_batch_store(store_location(section, audit)), cell, section)
+    where = settings.audit.store_url() if settings.audit is not None else None
+    return BatchRunner(open_batch_store(store_location(section, where)), cell, section, audit)

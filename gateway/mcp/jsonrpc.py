@@ -20,6 +20,8 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gateway.relay.strict_json import StrictJsonError, check_tree, refuse_constant
+
 __all__ = [
     "HANDSHAKE_VERSIONS",
     "MODERN_VERSIONS",
@@ -115,16 +117,21 @@ def parse_message(body: bytes) -> Message:
     """Parse one JSON-RPC message of a POST body.
 
     Raises:
-        McpRefusal: 400 ``parse_error`` (not JSON), ``batch_refused`` (an array),
+        McpRefusal: 400 ``parse_error`` (not JSON; also ``NaN``, a lone surrogate escape,
+            nesting deeper than 128 levels), ``batch_refused`` (an array),
             ``invalid_request`` (not a JSON-RPC 2.0 object), ``duplicate_key``.
     """
     if body[:1] == b"[" or body.lstrip()[:1] == b"[":
         raise McpRefusal(400, INVALID_REQUEST, "batch_refused",
                          "JSON-RPC batches are not accepted: send one message per POST")
     try:
-        obj = json.loads(body, object_pairs_hook=_no_duplicates)
+        obj = json.loads(body, object_pairs_hook=_no_duplicates, parse_constant=refuse_constant)
+        check_tree(obj)  # lone surrogates (UTF-8 cannot carry them onwards), nesting depth
     except McpRefusal:
         raise
+    except StrictJsonError as exc:
+        raise McpRefusal(400, PARSE_ERROR, "parse_error",
+                         f"body is not valid JSON: {exc}") from exc
     except (ValueError, RecursionError) as exc:
         raise McpRefusal(400, PARSE_ERROR, "parse_error", "body is not valid JSON") from exc
     if not isinstance(obj, dict) or obj.get("jsonrpc") != "2.0":

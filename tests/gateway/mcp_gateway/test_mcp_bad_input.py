@@ -69,6 +69,18 @@ def test_each_bad_request_is_refused_audited_and_not_forwarded(stack: dict[str, 
            b'"params":{"name":"echo","arguments":{"text":"x"}}}')
     case("duplicate key", post(url, None, headers(name="echo"), raw=dup), 400, -32600,
          "duplicate_key")
+    # JSON the upstream could not read the same way: a lone surrogate escape (UTF-8 cannot
+    # carry it: it was a plain-text 500, audited with no reason), NaN, nesting past 128.
+    lone = (b'{"jsonrpc":"2.0","id":1,"method":"tools/call",'
+            b'"params":{"name":"echo","arguments":{"text":"\\ud800"}}}')
+    case("lone surrogate", post(url, None, headers(name="echo"), raw=lone), 400, -32700,
+         "parse_error")
+    nan = (b'{"jsonrpc":"2.0","id":1,"method":"tools/call",'
+           b'"params":{"name":"echo","arguments":{"text":NaN}}}')
+    case("NaN", post(url, None, headers(name="echo"), raw=nan), 400, -32700, "parse_error")
+    deep = (b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"echo",'
+            b'"arguments":{"text":' + b"[" * 200 + b"]" * 200 + b"}}}")
+    case("deep", post(url, None, headers(name="echo"), raw=deep), 400, -32700, "parse_error")
     # A batch of 10,000 calls.
     batch = [call("echo", {"text": str(i)}, i) for i in range(10_000)]
     case("batch", post(url, batch, headers(name="echo")), 400, -32600, "batch_refused")

@@ -1,0 +1,146 @@
+"""Strict JSON for the documents the gateway reads whole: batch input lines, batch create
+bodies, MCP messages.
+
+The relay reads request bodies with its own locating parser (:func:`gateway.relay.rewrite.
+parse_body`); the other readers used ``json.loads``, which accepts what RFC 8259 leaves
+undefined or forbids and lets some inputs escape as exceptions that became 500s: a lone
+surrogate escape (``"\\ud800"``, which UTF-8 cannot store: it failed later, in the store or
+the audit writer), nesting deep enough to exhaust the stack (``RecursionError``), ``NaN`` and
+``Infinity``, numbers out of range, and repeated keys (the last one silently won).
+:func:`loads_strict` refuses each with one :class:`StrictJsonError` whose message says what
+and where:
+
+* invalid UTF-8 and a byte order mark (RFC 8259 §8.1);
+* a repeated key in any object (RFC 8259 §4 leaves its meaning open: two readers may pick
+  different values);
+* ``NaN``, ``Infinity``, ``-Infinity`` and floats that overflow (RFC 8259 §6);
+* nesting deeper than :data:`~gateway.relay.rewrite.MAX_DEPTH` (RFC 8259 §9 allows a limit);
+* a string or key with an unpaired UTF-16 surrogate escape (RFC 8259 §8.2).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from gateway.relay.rewrite import MAX_DEPTH
+
+__all__ = ["StrictJsonError", "check_tree", "loads_strict", "refuse_constant"]
+
+
+class StrictJsonError(ValueError):
+    """The document is not JSON the gateway accepts; the message says what and where
+    (``line L column C`` from the decoder, or the key path of the value)."""
+
+
+def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out = dict(pairs)  # built in C; a repeated key leaves fewer entries than pairs
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise StrictJsonError(f"the key {key[:64]!r} appears twice in one object")
+            seen.add(key)
+    return out
+
+
+def _float(literal: str) -> float:
+    value = float(literal)
+    if math.isinf(value):
+        raise StrictJsonError(f"the number {literal[:40]} is out of range")
+    return value
+
+
+def refuse_constant(literal: str) -> Any:
+    """``parse_constant`` hook of :mod:`json` that refuses ``NaN``, ``Infinity`` and
+    ``-Infinity`` (Python's extension, not JSON: RFC 8259 §6).
+
+    Raises:
+        StrictJsonError: Always, naming the literal.
+    """
+    raise StrictJsonError(f"{literal} is not JSON (RFC 8259)")
+
+
+_DECODER = json.JSONDecoder(object_pairs_hook=_pairs, parse_float=_float,
+                            parse_constant=refuse_constant)
+
+
+def _path(parts: list[str | int]) -> str:
+    return "".join(f"[{p}]" if isinstance(p, int) else f".{p[:64]}" for p in parts) or "."
+
+
+def check_tree(value: Any) -> None:
+    """Refuse nesting deeper than :data:`~gateway.relay.rewrite.MAX_DEPTH` and strings or keys
+    with an unpaired surrogate in a parsed value (iteratively: a value as deep as the decoder
+    allows must not exhaust the stack here).
+
+    Args:
+        value: A value parsed by :mod:`json`.
+
+    Raises:
+        StrictJsonError: The first problem, with the key path of the value.
+    """
+    stack: list[tuple[Any, int, list[str | int]]] = [(value, 1, [])]
+    while stack:
+        item, depth, path = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise StrictJsonError(
+                    f"the string at {_path(path)} holds an unpaired UTF-16 surrogate "
+                    "escape (RFC 8259 §8.2)") from exc
+            continue
+        if not isinstance(item, dict | list):
+            continue
+        if depth > MAX_DEPTH:
+            raise StrictJsonError(f"nesting deeper than {MAX_DEPTH} levels at {_path(path)}")
+        if isinstance(item, dict):
+            for key, sub in item.items():
+                try:
+                    key.encode("utf-8")
+                except UnicodeEncodeError as exc:
+                    raise StrictJsonError(
+                        f"a key in the object at {_path(path)} holds an unpaired UTF-16 "
+                        "surrogate escape (RFC 8259 §8.2)") from exc
+                stack.append((sub, depth + 1, [*path, key]))
+        else:
+            stack.extend((sub, depth + 1, [*path, i]) for i, sub in enumerate(item))
+
+
+def loads_strict(raw: bytes | str) -> Any:
+    """Parse one JSON document strictly (see the module docstring for what is refused).
+
+    Args:
+        raw: The document, UTF-8 bytes (or already decoded text).
+
+    Returns:
+        The parsed value (dicts, lists, str, int, float, bool, None).
+
+    Raises:
+        StrictJsonError: The first problem found, with its position (``line L column C (char
+            N)``, counted in the document) or the key path of the value (``.messages[0]``).
+    """
+    if isinstance(raw, bytes | bytearray):
+        try:
+            text = bytes(raw).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise StrictJsonError(f"not valid UTF-8 (byte {exc.start})") from exc
+    else:
+        text = raw
+    if text.startswith("\ufeff"):
+        raise StrictJsonError("a byte order mark (RFC 8259 §8.1) at line 1 column 1")
+    try:
+        value = _DECODER.decode(text)
+    except StrictJsonError:
+        raise
+    except json.JSONDecodeError as exc:
+        raise StrictJsonError(f"{exc.msg}: line {exc.lineno} column {exc.colno} "
+                              f"(char {exc.pos})") from exc
+    except RecursionError as exc:
+        raise StrictJsonError(f"nesting deeper than {MAX_DEPTH} levels") from exc
+    except ValueError as exc:  # int(): more digits than the interpreter converts
+        raise StrictJsonError(f"a number out of range ({str(exc)[:80]})") from exc
+    check_tree(value)
+    return value
