@@ -238,10 +238,12 @@ def routing_pods(docs: list[dict[str, Any]], out: Path) -> Path | None:
             ax.set_ylabel(label, fontsize=9)
             if row_i == 0:
                 ax.set_title(workload, fontsize=9)
-                ax.legend(fontsize=7)
+    # One legend for every panel, under them (inside a panel it would cover bars).
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 4), fontsize=8)
     fig.suptitle("Routing through one gateway pod and through several (round-robin front), "
                  "by the gateways' cache state", fontsize=10)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
     path = _save_svg(fig, out / "routing-pods.svg")
     plt.close(fig)
     return path
