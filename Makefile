@@ -193,8 +193,8 @@ bench-nginx:
 # ours when `make vllm-router` installed it) and the flow-control grid (flow-grid.svg).
 # The routing benchmark runs twice with the same schedule: once with each gateway pod scoring
 # its own estimate (chat prompts), once with every pod following the simulators' KV-cache events
-# and matching the prompts' token ids (the exact index; vllm-router only in the first run, as
-# it is not given token-id prompts); the figures draw both, each labelled with its cache state.
+# and matching the prompts' token ids (the exact index; vllm-router only in the first run: it
+# was not tried with token-id prompts); the figures draw both, each labelled with its state.
 # About 30 minutes; run it on a quiet machine: the figures are what it measures.
 VLLM_ROUTER := $(TOOLS)/vllm-router-venv/bin/vllm-router
 ROUTING_PLOT_ARGS := --workload shared-prefix --workload multi-turn --capacity profile \
