@@ -191,21 +191,29 @@ bench-nginx:
 # the relay's paced phase (relay-stalls.svg/.png; nginx beside it when installed), routing TTFT
 # per strategy and one pod against three (routing-ttft.svg, routing-pods.svg; vllm-router beside
 # ours when `make vllm-router` installed it) and the flow-control grid (flow-grid.svg).
-# About 25 minutes; run it on a quiet machine: the figures are what it measures.
+# The routing benchmark runs twice with the same schedule: once with each gateway pod scoring
+# its own estimate (chat prompts), once with every pod following the simulators' KV-cache events
+# and matching the prompts' token ids (the exact index; vllm-router only in the first run: it
+# was not tried with token-id prompts); the figures draw both, each labelled with its state.
+# About 30 minutes; run it on a quiet machine: the figures are what it measures.
 VLLM_ROUTER := $(TOOLS)/vllm-router-venv/bin/vllm-router
 ROUTING_PLOT_ARGS := --workload shared-prefix --workload multi-turn --capacity profile \
 	--groups 16 --prompts-per-group 8 --question-tokens 100 --users 16 --rounds 6 \
 	--strategy least_outstanding --strategy round_robin --strategy prefix_affinity \
-	--strategy oracle --gateways 1 --gateways 3 \
+	--strategy oracle --gateways 1 --gateways 3
+ROUTING_PEER_ARGS := \
 	$(if $(wildcard $(VLLM_ROUTER)),--vllm-router $(VLLM_ROUTER) --vllm-router-policy cache_aware)
 .PHONY: bench-plots vllm-router
 bench-plots: install bench-nginx
 	@mkdir -p .cache/bench
 	$(PY) bench/relay.py --only stalls --json .cache/bench/relay.json
-	$(PY) bench/routing.py $(ROUTING_PLOT_ARGS) --json .cache/bench/routing.json
+	$(PY) bench/routing.py $(ROUTING_PLOT_ARGS) $(ROUTING_PEER_ARGS) --json .cache/bench/routing.json
+	$(PY) bench/routing.py $(ROUTING_PLOT_ARGS) --kv-events --prompt-format tokens \
+		--json .cache/bench/routing-events.json
 	$(PY) bench/flow_grid.py --json .cache/bench/flow-grid.json
 	$(PY) bench/plots.py --relay .cache/bench/relay.json --routing .cache/bench/routing.json \
-		--grid .cache/bench/flow-grid.json --out docs/plots
+		--routing .cache/bench/routing-events.json --grid .cache/bench/flow-grid.json \
+		--out docs/plots
 
 # The vLLM project's router (PyPI vllm-router, a Rust binary in a wheel) in its own venv, for
 # bench/routing.py --vllm-router; not a dependency of the gateway.

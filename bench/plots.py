@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Plots of the benchmarks' own JSON output, for the docs (``make bench-plots``).
 
-    python bench/plots.py --relay RELAY.json --routing ROUTING.json --grid GRID.json \\
-        --out docs/plots
+    python bench/plots.py --relay RELAY.json --routing ROUTING.json \\
+        [--routing ROUTING-EVENTS.json] --grid GRID.json --out docs/plots
 
 Each input is optional (at least one is needed) and gives its figures:
 
@@ -11,11 +11,16 @@ Each input is optional (at least one is needed) and gives its figures:
   gateway, nginx beside it, the backend direct): the share of stall-free streams (%), the p99
   gap between events (ms) and the relay's CPU per event (µs), one bar chart each:
   ``relay-stalls.svg`` and ``relay-stalls.png``.
-* ``--routing``: what ``bench/routing.py --json`` writes, ``{"args", "workloads": {WORKLOAD:
-  {"params", "results": {STRATEGY: summary}}}}``. ``routing-ttft.svg``: TTFT p50/p90/p99 (s)
-  per strategy (the gateway's, the client-side references, ``vllm-router:*``), one panel per
-  workload. ``routing-pods.svg`` when the run had ``--gateways N`` rows (``NAME@Npods``): TTFT
-  p50 and the prefix-cache hit ratio of each gateway strategy through one pod and through N.
+* ``--routing`` (repeatable, one run per cache state): what ``bench/routing.py --json`` writes,
+  ``{"args", "workloads": {WORKLOAD: {"params", "results": {STRATEGY: summary}}}}``. Each run is
+  labelled with the cache state its gateways scored from, read from its ``args``: ``exact (KV
+  events)`` when the run had ``--kv-events --prompt-format tokens`` (every pod follows the
+  replicas' KV-cache events and matches the prompts' token ids), ``estimate`` otherwise (each
+  gateway's own prefix index of the requests it routed). ``routing-ttft.svg``: TTFT p50/p90/p99
+  (s) per strategy (the gateway's, the client-side references, ``vllm-router:*``), one panel per
+  workload and run. ``routing-pods.svg`` when a run had ``--gateways N`` rows (``NAME@Npods``):
+  TTFT p50 and the prefix-cache hit ratio of each gateway strategy through one pod and through
+  N, for each run side by side.
 * ``--grid``: what ``bench/flow_grid.py --json`` writes. ``flow-grid.svg``: per grid point,
   interactive p99 TTFT over its unloaded value with and without flow control (log scale, the
   1.5x target drawn), and batch throughput with flow control over without it (its configured
@@ -39,6 +44,8 @@ PANELS = (("stall_free_pct", "stall-free streams (%)"),
           ("cpu_us_per_event", "relay CPU per event (µs)"))
 _GATEWAY, _PEER, _REFERENCE = "#0969da", "#cf222e", "#8c959f"
 _PODS = re.compile(r"^(?P<name>.+)@(?P<n>\d+)pods$")
+_ESTIMATE_COLOR = "#bf8700"  # the gateway's estimate; _GATEWAY blue for the exact state
+EXACT, ESTIMATE = "exact (KV events)", "estimate"
 
 
 def _pyplot() -> Any:
@@ -109,35 +116,67 @@ def _params_line(params: dict[str, Any], keys: tuple[str, ...]) -> str:
     return ", ".join(f"{k}={params[k]}" for k in keys if params.get(k) is not None)
 
 
-def routing_ttft(doc: dict[str, Any], out: Path) -> Path:
-    """Draw TTFT p50/p90/p99 per strategy of one routing benchmark run, one panel per workload
-    (rows of several pods left out: :func:`routing_pods`); the file written.
+def cache_state(doc: dict[str, Any]) -> str:
+    """The cache state a routing run's gateways scored from, by its ``args``.
+
+    Returns:
+        :data:`EXACT` when the run had ``--kv-events`` and ``--prompt-format tokens`` (exact
+        matching needs the prompt's token ids: chat prompts stay on the estimate), else
+        :data:`ESTIMATE`.
+    """
+    args = doc.get("args") or {}
+    exact = bool(args.get("kv_events")) and args.get("prompt_format") == "tokens"
+    return EXACT if exact else ESTIMATE
+
+
+def _runs(docs: list[dict[str, Any]]) -> list[tuple[str, dict[str, dict[str, Any]]]]:
+    """``(cache state, workloads with results)`` of each run, in the order given.
 
     Raises:
-        ValueError: The JSON has no workload with results.
+        ValueError: A run has no workload with results, or two runs have the same cache state.
+    """
+    runs = [(cache_state(doc), _workloads(doc)) for doc in docs]
+    states = [state for state, _ in runs]
+    if len(set(states)) != len(states):
+        raise ValueError(f"two --routing runs of the same cache state: {states}; give one "
+                         "without --kv-events and one with --kv-events --prompt-format tokens")
+    return runs
+
+
+def routing_ttft(docs: list[dict[str, Any]], out: Path) -> Path:
+    """Draw TTFT p50/p90/p99 per strategy of routing benchmark runs, one panel per workload
+    (columns) and run (rows, labelled with its cache state; rows of several pods left out:
+    :func:`routing_pods`); the file written.
+
+    Raises:
+        ValueError: A run has no workload with results, or two share a cache state.
     """
     plt = _pyplot()
-    workloads = _workloads(doc)
-    fig, axes = plt.subplots(1, len(workloads), figsize=(5.2 * len(workloads), 3.9),
+    runs = _runs(docs)
+    cols = max(len(w) for _, w in runs)
+    fig, axes = plt.subplots(len(runs), cols, figsize=(5.2 * cols, 3.9 * len(runs)),
                              squeeze=False)
-    for ax, (workload, data) in zip(axes[0], workloads.items(), strict=True):
-        rows = {n: r for n, r in data["results"].items() if not _PODS.match(n)}
-        names = list(rows)
-        width = 0.27
-        for k, (key, label, alpha) in enumerate((("ttft_p50_s", "p50", 1.0),
-                                                 ("ttft_p90_s", "p90", 0.6),
-                                                 ("ttft_p99_s", "p99", 0.3))):
-            xs = [i + (k - 1) * width for i in range(len(names))]
-            bars = ax.bar(xs, [float(rows[n][key]) for n in names], width,
-                          color=[_color(n) for n in names], alpha=alpha, label=label)
-            if key == "ttft_p50_s":
-                ax.bar_label(bars, fmt="%.2f", fontsize=7)
-        ax.set_xticks(range(len(names)), names, rotation=25, ha="right", fontsize=8)
-        ax.set_ylabel("TTFT (s)", fontsize=9)
-        params = data.get("params", {})
-        ax.set_title(f"{workload} ({_params_line(params, ('replicas', 'rate_rps', 'requests'))})",
-                     fontsize=9)
-        ax.legend(fontsize=7, title="bars: p50, p90, p99", title_fontsize=7)
+    for row, (state, workloads) in enumerate(runs):
+        for ax in axes[row][len(workloads):]:
+            ax.set_visible(False)
+        for ax, (workload, data) in zip(axes[row], workloads.items(), strict=False):
+            rows = {n: r for n, r in data["results"].items() if not _PODS.match(n)}
+            names = list(rows)
+            width = 0.27
+            for k, (key, label, alpha) in enumerate((("ttft_p50_s", "p50", 1.0),
+                                                     ("ttft_p90_s", "p90", 0.6),
+                                                     ("ttft_p99_s", "p99", 0.3))):
+                xs = [i + (k - 1) * width for i in range(len(names))]
+                bars = ax.bar(xs, [float(rows[n][key]) for n in names], width,
+                              color=[_color(n) for n in names], alpha=alpha, label=label)
+                if key == "ttft_p50_s":
+                    ax.bar_label(bars, fmt="%.2f", fontsize=7)
+            ax.set_xticks(range(len(names)), names, rotation=25, ha="right", fontsize=8)
+            ax.set_ylabel("TTFT (s)", fontsize=9)
+            params = data.get("params", {})
+            line = _params_line(params, ("replicas", "rate_rps", "requests"))
+            ax.set_title(f"{workload}, gateway cache state: {state}\n({line})", fontsize=9)
+            ax.legend(fontsize=7, title="bars: p50, p90, p99", title_fontsize=7)
     fig.suptitle("Routing: TTFT per strategy (blue: gateway, red: vllm-router, grey: "
                  "client-side references)", fontsize=10)
     fig.tight_layout()
@@ -146,51 +185,65 @@ def routing_ttft(doc: dict[str, Any], out: Path) -> Path:
     return path
 
 
-def routing_pods(doc: dict[str, Any], out: Path) -> Path | None:
+def _pod_series(results: dict[str, Any]) -> dict[str, dict[int, dict[str, Any]]]:
+    """``strategy -> pods -> row`` of one workload's results (``NAME@Npods`` and ``NAME``)."""
+    series: dict[str, dict[int, dict[str, Any]]] = {}
+    for name, row in results.items():
+        m = _PODS.match(name)
+        if m:
+            series.setdefault(m["name"], {})[int(m["n"])] = row
+    for name in series:
+        if name in results:
+            series[name][1] = results[name]
+    return series
+
+
+def routing_pods(docs: list[dict[str, Any]], out: Path) -> Path | None:
     """Draw TTFT p50 and hit ratio of each gateway strategy through one pod and through N
-    (rows ``NAME@Npods``); the file written, or ``None`` when the run had no such rows.
+    (rows ``NAME@Npods``), the runs' cache states side by side (blue: exact, ochre: estimate;
+    lighter: more pods); the file written, or ``None`` when no run had such rows.
 
     Raises:
-        ValueError: The JSON has no workload with results.
+        ValueError: A run has no workload with results, or two share a cache state.
     """
-    workloads = {w: d for w, d in _workloads(doc).items()
-                 if any(_PODS.match(n) for n in d["results"])}
-    if not workloads:
+    # workload -> [(cache state, strategy -> pods -> row)], workloads in first-seen order.
+    panels: dict[str, list[tuple[str, dict[str, dict[int, dict[str, Any]]]]]] = {}
+    for state, workloads in _runs(docs):
+        for workload, data in workloads.items():
+            series = _pod_series(data["results"])
+            if series:
+                panels.setdefault(workload, []).append((state, series))
+    if not panels:
         return None
     plt = _pyplot()
-    fig, axes = plt.subplots(2, len(workloads), figsize=(4.6 * len(workloads), 5.6),
-                             squeeze=False)
-    for col, (workload, data) in enumerate(workloads.items()):
-        results = data["results"]
-        series: dict[str, dict[int, dict[str, Any]]] = {}
-        for name, row in results.items():
-            m = _PODS.match(name)
-            if m:
-                series.setdefault(m["name"], {})[int(m["n"])] = row
-        for name in series:
-            if name in results:
-                series[name][1] = results[name]
-        counts = sorted({n for s in series.values() for n in s})
-        names = list(series)
-        width = 0.8 / len(counts)
+    fig, axes = plt.subplots(2, len(panels), figsize=(5.4 * len(panels), 5.8), squeeze=False)
+    for col, (workload, runs) in enumerate(panels.items()):
+        names = list(dict.fromkeys(s for _, series in runs for s in series))
+        bars_of = [(state, series, n) for state, series in runs
+                   for n in sorted({n for s in series.values() for n in s})]
+        width = 0.8 / len(bars_of)
         for row_i, (key, label, fmt) in enumerate((("ttft_p50_s", "TTFT p50 (s)", "%.3f"),
                                                    ("hit_ratio", "prefix-cache hit ratio",
                                                     "%.2f"))):
             ax = axes[row_i][col]
-            for k, n in enumerate(counts):
-                xs = [i + (k - (len(counts) - 1) / 2) * width for i in range(len(names))]
-                values = [float(series[s][n][key]) if n in series[s] else 0.0 for s in names]
-                bars = ax.bar(xs, values, width, label=f"{n} pod{'s' * (n > 1)}",
-                              color=_GATEWAY, alpha=1.0 if n == 1 else 0.45)
-                ax.bar_label(bars, fmt=fmt, fontsize=7)
+            for k, (state, series, n) in enumerate(bars_of):
+                xs = [i + (k - (len(bars_of) - 1) / 2) * width for i in range(len(names))]
+                values = [float(series[s][n][key]) if n in series.get(s, {}) else 0.0
+                          for s in names]
+                bars = ax.bar(xs, values, width, label=f"{n} pod{'s' * (n > 1)}, {state}",
+                              color=_GATEWAY if state == EXACT else _ESTIMATE_COLOR,
+                              alpha=1.0 if n == 1 else 0.45)
+                ax.bar_label(bars, fmt=fmt, fontsize=6)
             ax.set_xticks(range(len(names)), names, fontsize=8)
             ax.set_ylabel(label, fontsize=9)
             if row_i == 0:
                 ax.set_title(workload, fontsize=9)
-                ax.legend(fontsize=7)
-    fig.suptitle("Routing through one gateway pod and through several (round-robin front)",
-                 fontsize=10)
-    fig.tight_layout()
+    # One legend for every panel, under them (inside a panel it would cover bars).
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 4), fontsize=8)
+    fig.suptitle("Routing through one gateway pod and through several (round-robin front), "
+                 "by the gateways' cache state", fontsize=10)
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
     path = _save_svg(fig, out / "routing-pods.svg")
     plt.close(fig)
     return path
@@ -265,7 +318,9 @@ def main(argv: list[str] | None = None) -> int:
     """Parse the flags and draw; exit status (2 on unusable input or no input)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--relay", type=Path, help="bench/relay.py --json output")
-    ap.add_argument("--routing", type=Path, help="bench/routing.py --json output")
+    ap.add_argument("--routing", type=Path, action="append", default=[],
+                    help="bench/routing.py --json output (repeat: one run without and one "
+                         "with --kv-events --prompt-format tokens, drawn side by side)")
     ap.add_argument("--grid", type=Path, help="bench/flow_grid.py --json output")
     ap.add_argument("--out", type=Path, default=Path("docs/plots"), help="output directory")
     args = ap.parse_args(argv)
@@ -273,13 +328,13 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("give at least one of --relay, --routing, --grid")
     try:
         docs = {name: _load(path) for name, path in
-                (("relay", args.relay), ("routing", args.routing), ("grid", args.grid)) if path}
+                (("relay", args.relay), ("grid", args.grid)) if path}
+        routing = [_load(path) for path in args.routing]
         written: list[Path | None] = []
         if "relay" in docs:
             written += relay_stalls(docs["relay"], args.out)
-        if "routing" in docs:
-            written += [routing_ttft(docs["routing"], args.out),
-                        routing_pods(docs["routing"], args.out)]
+        if routing:
+            written += [routing_ttft(routing, args.out), routing_pods(routing, args.out)]
         if "grid" in docs:
             written.append(flow_grid(docs["grid"], args.out))
         for path in written:

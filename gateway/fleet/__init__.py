@@ -4,14 +4,17 @@
 * :mod:`gateway.fleet.replica_metrics`: scrape and parse each replica's vLLM ``/metrics``.
 * :mod:`gateway.fleet.prefix_index`: canonical prompt rendering, chained block hashes, per-replica
   LRU index.
+* :mod:`gateway.fleet.hint`: a request's routing hint (prompt blocks, session, token count).
+* :mod:`gateway.fleet.placement`: stable-hash placement (session ring, rendezvous tie-break).
 * :mod:`gateway.fleet.scoring`: the decision (prefix match against load, imbalance guard,
   session affinity).
 """
 
+from gateway.fleet.hint import RouteHint
 from gateway.fleet.prefix_index import PrefixIndex, block_hashes, canonical_prompt
 from gateway.fleet.replica import ReplicaSignals
 from gateway.fleet.replica_metrics import MetricsScraper, parse_metrics
-from gateway.fleet.scoring import PrefixAffinity, RouteHint
+from gateway.fleet.scoring import PrefixAffinity
 from gateway.fleet.settings import RoutingSettings, RoutingWeights
 
 __all__ = [

@@ -19,13 +19,13 @@ share the decision is by load alone); the highest score wins. **Ties**: the cand
 score without its load term is within ``tie_tolerance`` of the winner's and whose load is at
 most ``ceil(session_load_factor x (total load + 1) / n)`` (or the winner's) are tied with it,
 and the tie goes to the prompt's *rendezvous* winner (highest random weight, Thaler and
-Ravishankar 1998): the tied replica with the highest hash of (the prompt's first block past the
-longest prefix any candidate holds, the replica's url). It depends on the request
-alone, not on what this process has seen, so every gateway pod sends a prefix none of them has
-yet seen cached to the same replica: without it each pod broke ties by its own in-flight counts
-and turn, and the first requests of a prefix group landing on different pods were spread over
-several replicas before any KV event (or, with the estimate, ever) told the others. With
-``w_prefix = w_prefill`` the two terms would compare the prefill
+Ravishankar 1998; :mod:`gateway.fleet.placement`): the tied replica with the highest hash of
+(the prompt's first block past the longest prefix any candidate holds, the replica's url). It
+depends on the request alone, not on what this process has seen, so every gateway pod sends a
+prefix none of them has yet seen cached to the same replica: without it each pod broke ties by
+its own in-flight counts and turn, and the first requests of a prefix group landing on
+different pods were spread over several replicas before any KV event (or, with the estimate,
+ever) told the others. With ``w_prefix = w_prefill`` the two terms would compare the prefill
 work this request waits for plus the part of its own prompt it prefills on each replica (the
 greedy choice for its TTFT); the default ``w_prefill = w_prefix / 2`` also charges a move for
 the copy of the prefix it puts into a second cache.
@@ -34,9 +34,8 @@ the copy of the prefix it puts into a second cache.
 is chosen instead.
 
 **Session affinity** (option): a request with an ``x-session-id`` header or a body ``user`` goes
-to the first replica clockwise from the session's point on a consistent-hash ring (64 virtual
-nodes per replica) whose load is within ``ceil(session_load_factor x (total load + 1) / n)``:
-consistent hashing with bounded loads (Mirrokni, Thorup, Zadimoghaddam, SODA 2018).
+to its session's replica on a consistent-hash ring with bounded loads
+(:class:`gateway.fleet.placement.SessionRing`).
 
 After a decision the prompt's blocks are recorded for the chosen replica in the prefix index.
 
@@ -59,22 +58,16 @@ was only pending.
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
-import hashlib
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from gateway.fleet.exact_index import ExactIndex, content_keys
+from gateway.fleet.hint import RouteHint, build_hint, load_tokenizer
 from gateway.fleet.pending import PendingPrefixes
-from gateway.fleet.prefix_index import (
-    PrefixIndex,
-    block_hashes,
-    canonical_prompt,
-    token_block_hashes,
-)
+from gateway.fleet.placement import Rendezvous, SessionRing, prefix_anchor
+from gateway.fleet.prefix_index import PrefixIndex
 from gateway.fleet.settings import RoutingSettings
 from gateway.fleet.tokenize import replica_token_ids
 
@@ -101,56 +94,6 @@ class EventFeed(Protocol):
         """Whether the exact index of its replica is in sync (trusted for scoring)."""
         ...
 
-_VNODES = 64
-
-
-@dataclass(slots=True)
-class RouteHint:
-    """What the strategy needs from one request, and what it decided.
-
-    Attributes:
-        hashes: Chained block hashes of the canonical prompt.
-        session: Session key (``x-session-id`` header or body ``user``), if any.
-        tokens: Estimated prompt tokens (tokenizer count, or characters / ``chars_per_token``).
-        explain: Filled by the decision: strategy, reason, matched and prompt blocks, and the
-            load figures used (copied to the access line and the audit record).
-        charged: Uncached prompt tokens added to the chosen replica's
-            :attr:`~gateway.routing.Replica.prefill_tokens` until :meth:`release`.
-        pending: The entry of the prompt's blocks in the pending overlay (0: none), settled by
-            :meth:`release`.
-        token_ids: The prompt's token ids as the replicas tokenize them, when known (matched
-            against the exact, event-fed index).
-        units: What ``hashes`` were cut from (the canonical text, or token ids): the
-            rendezvous tie-break hashes the block after the longest cached prefix from it.
-        block: Units (characters or tokens) per block of ``units``.
-    """
-
-    hashes: list[int]
-    session: str | None = None
-    tokens: float = 0.0
-    explain: dict[str, Any] | None = None
-    charged: float = 0.0
-    pending: int = 0
-    _replica: Replica | None = None
-    _overlay: PendingPrefixes | None = None
-    token_ids: list[int] | None = None
-    units: str | Sequence[int] = ""
-    block: int = 1
-
-    def release(self) -> None:
-        """The request's prefill is over (first response byte, or the attempt ended).
-
-        Takes its uncached tokens off the replica's queued prefill estimate and settles its
-        pending blocks; idempotent.
-        """
-        if self.pending and self._overlay is not None:
-            self._overlay.settle(self.pending)
-            self.pending = 0
-        r = self._replica
-        if r is not None:
-            self._replica = None
-            r.prefill_tokens = max(0.0, r.prefill_tokens - self.charged)
-
 
 class PrefixAffinity:
     """Prefix index, load estimate and the decision of one pool.
@@ -173,50 +116,22 @@ class PrefixAffinity:
         self._events: list[EventFeed | None] = [None] * replicas
         self._tokenizer: Any = None
         if settings.tokenizer_file is not None:
-            self._tokenizer = _load_tokenizer(str(settings.tokenizer_file))
+            self._tokenizer = load_tokenizer(str(settings.tokenizer_file))
         self._kv_tokens: list[int | None] = [None] * replicas
         # Tokens one index block stands for (to turn matched blocks into cached tokens).
         self._block_tokens = (float(settings.block_tokens) if self._tokenizer is not None
                               else settings.block_chars / settings.chars_per_token)
         self._seen: list[object] = [None] * replicas  # the signals last refreshed from
         self._queries: list[float] = [0.0] * replicas
-        self._rings: dict[tuple[str, ...], tuple[list[int], list[int]]] = {}
-        self._seeds: dict[str, int] = {}  # replica url -> its rendezvous point
+        self._ring = SessionRing(settings.session_load_factor)
+        self._rendezvous = Rendezvous()
         self._turn = 0
         self.decisions: dict[str, int] = {}
 
     def hint(self, body: Mapping[str, Any], session: str | None) -> RouteHint:
-        """The routing hint of a request body (``session``: the ``x-session-id`` header)."""
-        s = self.settings
-        text = canonical_prompt(body)
-        hashes: list[int] = []
-        tokens = 0.0
-        token_ids = _prompt_ids(body)
-        units: str | Sequence[int] = ""
-        block = s.block_tokens
-        if token_ids is not None:
-            hashes = token_block_hashes(token_ids, s.block_tokens)
-            tokens = float(len(token_ids))
-            units = token_ids
-        elif text:
-            if self._tokenizer is not None:
-                ids = self._tokenizer.encode(text[: s.max_prompt_chars]).ids
-                hashes = token_block_hashes(ids, s.block_tokens)
-                tokens = float(len(ids))
-                units = ids
-                if isinstance(body.get("prompt"), str):
-                    # A completions prompt is tokenized as is (a chat body goes through the
-                    # model's chat template, which the gateway does not render).
-                    token_ids = list(ids)
-            else:
-                hashes = block_hashes(text, s.block_chars, s.max_prompt_chars)
-                tokens = min(len(text), s.max_prompt_chars) / s.chars_per_token
-                units, block = text, s.block_chars
-        if session is None and s.session_affinity:
-            user = body.get("user")
-            session = user if isinstance(user, str) and user else None
-        return RouteHint(hashes, session if s.session_affinity else None, tokens,
-                         token_ids=token_ids, units=units, block=block)
+        """The routing hint of a request body (``session``: the ``x-session-id`` header);
+        see :func:`gateway.fleet.hint.build_hint`."""
+        return build_hint(body, session, self.settings, self._tokenizer)
 
     async def fill_token_ids(
         self, hint: RouteHint, body: Mapping[str, Any], candidates: Sequence[Replica],
@@ -306,7 +221,7 @@ class PrefixAffinity:
         n = len(candidates)
         self._turn = turn = (self._turn + 1) % max(n, 1)
         if hint.session is not None and self.settings.session_affinity:
-            i = self._session_pick(candidates, loads, hint.session)
+            i = self._ring.pick([r.url for r in candidates], loads, hint.session)
             return self._chosen(candidates[i], hint, "session", loads[i], min(loads), 0, now)
         total = len(hint.hashes)
         matched = self.index.match(hint.hashes, self.replicas) if total else [0] * self.replicas
@@ -353,7 +268,7 @@ class PrefixAffinity:
             if hint.units:
                 # Anchored on the stored state (what every pod learns from the events), not on
                 # this pod's pending overlay, so that pods still agree.
-                best = self._rendezvous(candidates, tied, self._anchor(
+                best = self._rendezvous.pick([r.url for r in candidates], tied, self._anchor(
                     hint, max(matched[r.index] for r in candidates), stored))
             else:  # nothing to hash (an empty prompt): the fewest outstanding, then in turn
                 best = min(tied, key=lambda i: (candidates[i].outstanding, (i - turn) % n))
@@ -377,31 +292,8 @@ class PrefixAffinity:
         gateway process gets the same value.
         """
         if exact and hint.token_ids:
-            ids = hint.token_ids
-            depth, size = max(exact.values()), self.settings.block_tokens
-            span: str | Sequence[int] = ids[depth: depth + size] or ids[-size:]
-        else:
-            units, size = hint.units, hint.block
-            depth = blocks * size
-            span = units[depth: depth + size] or units[-size:]
-        raw = span.encode() if isinstance(span, str) else ",".join(map(str, span)).encode()
-        return int.from_bytes(hashlib.blake2b(raw, digest_size=8).digest(), "big")
-
-    def _rendezvous(self, candidates: Sequence[Replica], tied: list[int], anchor: int) -> int:
-        """The tied candidate with the highest weight ``mix(anchor XOR point(url))``."""
-        seeds = self._seeds
-        best, top = tied[0], -1
-        for i in tied:
-            url = candidates[i].url
-            seed = seeds.get(url)
-            if seed is None:
-                if len(seeds) > 4096:
-                    seeds.clear()
-                seeds[url] = seed = _point(url)
-            weight = _mix(anchor ^ seed)
-            if weight > top:
-                best, top = i, weight
-        return best
+            return prefix_anchor(hint.token_ids, max(exact.values()), self.settings.block_tokens)
+        return prefix_anchor(hint.units, blocks * hint.block, hint.block)
 
     def _chosen(
         self, r: Replica, hint: RouteHint, reason: str, load: float, least: float,
@@ -480,26 +372,6 @@ class PrefixAffinity:
                     blocks = int(kv * s.chars_per_token / s.block_chars)
                 self.index.set_capacity(r.index, blocks)
 
-    def _session_pick(self, candidates: Sequence[Replica], loads: list[float], key: str) -> int:
-        urls = tuple(r.url for r in candidates)
-        ring = self._rings.get(urls)
-        if ring is None:
-            points = sorted(
-                (_point(f"{url}#{v}"), i) for i, url in enumerate(urls) for v in range(_VNODES)
-            )
-            ring = ([p for p, _ in points], [i for _, i in points])
-            if len(self._rings) > 64:
-                self._rings.clear()
-            self._rings[urls] = ring
-        bound = math.ceil(self.settings.session_load_factor * (sum(loads) + 1) / len(loads))
-        start = bisect.bisect(ring[0], _point(key))
-        owners = ring[1]
-        for step in range(len(owners)):
-            i = owners[(start + step) % len(owners)]
-            if loads[i] < bound:
-                return i
-        return min(range(len(loads)), key=loads.__getitem__)
-
     def describe(self, r: Replica) -> dict[str, Any]:
         """Index figures of ``r`` for the admin view."""
         sub = self._events[r.index]
@@ -511,41 +383,3 @@ class PrefixAffinity:
                 "pending_blocks": self.pending.size(r.index),
                 "kv_events": None if sub is None else dataclasses.asdict(sub.stats)}
 
-
-def _prompt_ids(body: Mapping[str, Any]) -> list[int] | None:
-    """A completions ``prompt`` given as token ids (one list, or a list of one list)."""
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], list):
-        prompt = prompt[0]
-    if (isinstance(prompt, list) and prompt
-            and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)):
-        return list(prompt)
-    return None
-
-
-def _point(key: str) -> int:
-    # A stable hash (not Python's randomised one): sessions keep their replica across restarts.
-    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "big")
-
-
-_M64 = (1 << 64) - 1
-
-
-def _mix(x: int) -> int:
-    """SplitMix64's finaliser: a 64-bit integer to a well-spread 64-bit integer."""
-    x = (x + 0x9E3779B97F4A7C15) & _M64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
-    return x ^ (x >> 31)
-
-
-def _load_tokenizer(path: str) -> Any:
-    try:
-        from tokenizers import Tokenizer  # optional dependency, only with tokenizer_file
-    except ImportError as exc:  # pragma: no cover - depends on the installation
-        raise ValueError(f"routing.tokenizer_file {path}: the 'tokenizers' package is missing") \
-            from exc
-    try:
-        return Tokenizer.from_file(path)
-    except Exception as exc:
-        raise ValueError(f"routing.tokenizer_file {path}: cannot load: {exc}") from exc

@@ -134,3 +134,40 @@ def test_json_without_figures_is_refused(tmp_path: Path, flag: str, doc: object,
     assert run.returncode == 2
     assert re.search(re.escape(hint), run.stderr)
     assert not (tmp_path / "out").exists()
+
+
+def _routing_doc(kv_events: bool, prompt_format: str, p50: float, hit: float) -> dict[str, object]:
+    """A ``bench/routing.py --json`` document of one workload through one pod and through 3."""
+    row = {"ttft_p50_s": p50, "ttft_p90_s": 2 * p50, "ttft_p99_s": 3 * p50, "hit_ratio": hit}
+    pods = {**row, "ttft_p50_s": p50 + 0.0005, "hit_ratio": hit - 0.01}
+    return {"args": {"kv_events": kv_events, "prompt_format": prompt_format},
+            "workloads": {"multi-turn": {"params": {"replicas": 4}, "results": {
+                "prefix_affinity": row, "prefix_affinity@3pods": pods}}}}
+
+
+def test_routing_plots_label_the_cache_state_of_each_run(tmp_path: Path) -> None:
+    estimate = tmp_path / "estimate.json"
+    exact = tmp_path / "exact.json"
+    chat_events = tmp_path / "chat-events.json"
+    estimate.write_text(json.dumps(_routing_doc(False, "chat", 0.1234, 0.611)))
+    exact.write_text(json.dumps(_routing_doc(True, "tokens", 0.0567, 0.789)))
+    # KV events with chat prompts: the gateways have no token ids, so they score the estimate.
+    chat_events.write_text(json.dumps(_routing_doc(True, "chat", 0.2, 0.5)))
+    argv = [sys.executable, str(PLOTS), "--routing", str(estimate), "--routing", str(exact),
+            "--out", str(tmp_path / "a")]
+    run = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+    assert run.returncode == 0, run.stderr
+    pods = (tmp_path / "a" / "routing-pods.svg").read_text()
+    for text in ("1 pod, estimate", "3 pods, estimate", "1 pod, exact (KV events)",
+                 "3 pods, exact (KV events)", "0.123", "0.124", "0.057", "0.61", "0.79", "0.78"):
+        assert text in pods, text
+    ttft = (tmp_path / "a" / "routing-ttft.svg").read_text()
+    for text in ("gateway cache state: estimate", "gateway cache state: exact (KV events)"):
+        assert text in ttft, text
+    # Two runs of one cache state cannot be told apart in the figure: refused.
+    argv = [sys.executable, str(PLOTS), "--routing", str(estimate), "--routing",
+            str(chat_events), "--out", str(tmp_path / "b")]
+    run = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+    assert run.returncode == 2
+    assert "two --routing runs of the same cache state" in run.stderr
+    assert not (tmp_path / "b").exists()
