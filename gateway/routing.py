@@ -25,6 +25,7 @@ candidate replicas and names the rule that decided.
 from __future__ import annotations
 
 import contextlib
+import secrets
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -205,7 +206,10 @@ class Pool:
         self.strategy = model.strategy
         self.cooldown_s = cooldown_s
         self._clock = clock
-        self._turn = 0
+        # Where the turn starts is drawn per pool: gateway pods behind a strict round-robin
+        # front, each starting at 0, stepped in lockstep and sent consecutive requests to the
+        # same replica (least_outstanding 1.34-1.63x TTFT p50 with 3 pods against 1).
+        self._turn = secrets.randbelow(max(1, len(model.replicas)))
         self.routing = routing
         self.replicas: tuple[Replica, ...] = tuple(
             Replica(

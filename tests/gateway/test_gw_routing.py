@@ -43,6 +43,14 @@ def test_ties_are_spread_round_robin() -> None:
     assert {r.index for r in picks if r is not None} == {0, 1, 2}
 
 
+def test_pools_of_several_pods_do_not_start_their_turns_in_lockstep() -> None:
+    """Each pod builds its own pool: behind a round-robin front, pods whose turns all start at
+    the same replica send consecutive requests to one replica. Twenty pools of three replicas
+    all starting alike would happen by chance with probability 3**-19."""
+    starts = {pool(3, "round_robin").pick().index for _ in range(20)}  # type: ignore[union-attr]
+    assert len(starts) > 1
+
+
 def test_round_robin_cycles_regardless_of_load() -> None:
     p = pool(3, "round_robin")
     p.replicas[1].outstanding = 100
