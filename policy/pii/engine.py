@@ -24,6 +24,11 @@ order), and an object key itself (a scanned string of its own) is marked as a ke
 * ``messages[0].content``: member ``content`` of item 0 of ``messages``;
 * ``arguments.{#2}``: the value of the third member of ``arguments`` (its key not written);
 * ``arguments.{key#2}``: the third member's key itself (a finding in the key's text).
+
+What is scanned: every string value and object key; every integer of six digits or more, as
+its decimal text (form ``number``); the text a ``data:`` URL carries (:mod:`policy.pii.dataurl`:
+as written, or decoded, form ``encoded``; binary payloads are not scanned). A finding in a
+key, a number or an encoded payload cannot be masked where it is (:attr:`Finding.maskable`).
 """
 
 from __future__ import annotations
@@ -33,22 +38,31 @@ import re
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from .context import WORD, make_enhancer
+from .dataurl import data_url_text
 from .recognizers import BUILTIN, RecognizerSpec, build_recognizers
 
-__all__ = ["Detector", "Finding", "iter_strings", "mask"]
+__all__ = ["Detector", "Finding", "Form", "iter_strings", "mask"]
 
 _log = logging.getLogger(__name__)
 
 _JOIN = "\n\n"
 #: A key written into a path as it is (any other key is written by position).
 _PLAIN_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
-_SKIP_PREFIXES = ("data:",)  # inline images and files: base64, no text to scan
+#: Integers with at least this many digits are scanned as their decimal text (a card or a
+#: national id sent as a JSON number is forwarded all the same).
+_MIN_NUMBER = 100_000
 #: A text without a digit, ``@`` or ``:`` cannot hold a built-in identifier (every built-in
 #: pattern needs one of them); with only built-ins, such text skips Presidio altogether.
 _BUILTIN_HINT = re.compile(r"[\d@:]")
+
+
+#: Where a finding's text is: ``text`` (a string, as written), ``number`` (an integer's
+#: digits), ``encoded`` (a ``data:`` URL's decoded payload), ``fixed`` (a string the caller
+#: marked as structural, see :meth:`policy.pii.PiiPolicy.inspect`).
+Form = Literal["text", "number", "encoded", "fixed"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +79,8 @@ class Finding:
         key: the string is an object key (path ``...{key#N}``), not a value.
         loc: the string's position: one index per level (list item, or member in the object's
             order); what :func:`mask` matches on (not compared, not recorded).
+        form: how the scanned text stands in the value (:data:`Form`); offsets are in the
+            scanned text (the decoded payload for ``encoded``).
     """
 
     entity: str
@@ -74,10 +90,20 @@ class Finding:
     score: float
     key: bool = False
     loc: tuple[int, ...] = field(default=(), compare=False, repr=False)
+    form: Form = "text"
+
+    @property
+    def maskable(self) -> bool:
+        """Whether :func:`mask` can replace the match where it is (a value's text as written;
+        not a key, a number, an encoded payload or a structural string)."""
+        return not self.key and self.form == "text"
 
     def as_record(self) -> dict[str, Any]:
-        """The JSON-ready form (no text of the match; ``key: true`` for a finding in a key)."""
+        """The JSON-ready form (no text of the match; ``key: true`` for a finding in a key,
+        ``form`` when not ``text``)."""
         extra: dict[str, Any] = {"key": True} if self.key else {}
+        if self.form != "text":
+            extra["form"] = self.form
         return {"entity": self.entity, "path": self.path, "start": self.start,
                 "end": self.end, "score": round(self.score, 3), **extra}
 
@@ -99,30 +125,51 @@ def iter_strings(value: Any, path: str = "", *, keys: bool = True
     """Yield ``(path, text)`` for every string in a JSON value, depth first.
 
     Each object key is yielded before its value (path ``...{key#N}``, see the module
-    docstring), unless ``keys`` is false; ``data:`` URLs (inline images, files) are skipped.
-    Paths here write every plain-identifier key (the scan writes a key holding a finding by
-    position instead).
+    docstring), unless ``keys`` is false; integers of six digits or more as their digits; a
+    ``data:`` URL as the text it carries (binary payloads skipped). Paths here write every
+    plain-identifier key (the scan writes a key holding a finding by position instead).
     """
-    for _, _, p, text in _walk(value, (), path, keys, frozenset()):
+    for _, _, _, p, text in _walk(value, (), path, keys, frozenset()):
         yield p, text
 
 
+_Part = tuple[tuple[int, ...], bool, Form, str, str]  # (loc, is key, form, path, text)
+
+
+def _text(value: str) -> tuple[Form, str] | None:
+    """The form and text to scan of a string (``None``: nothing to scan)."""
+    if not value:
+        return None
+    if value[:5].lower() != "data:":
+        return "text", value
+    found = data_url_text(value)
+    if found is None:
+        return None
+    text, in_place = found
+    return ("text" if in_place else "encoded"), text
+
+
 def _walk(value: Any, loc: tuple[int, ...], path: str, keys: bool,
-          hidden: frozenset[tuple[int, ...]]) -> Iterator[tuple[tuple[int, ...], bool, str, str]]:
-    """``(loc, is key, path, text)`` of every string; members at a loc in ``hidden`` are
-    written by position."""
+          hidden: frozenset[tuple[int, ...]]) -> Iterator[_Part]:
+    """``(loc, is key, form, path, text)`` of every scanned text; members at a loc in
+    ``hidden`` are written by position."""
     if isinstance(value, str):
-        if value and not value.startswith(_SKIP_PREFIXES):
-            yield loc, False, path, value
+        found = _text(value)
+        if found is not None:
+            yield loc, False, found[0], path, found[1]
     elif isinstance(value, dict):
         for i, (k, v) in enumerate(value.items()):
             here = (*loc, i)
-            if keys and isinstance(k, str) and k and not k.startswith(_SKIP_PREFIXES):
-                yield here, True, _key_path(path, i), k
+            if keys and isinstance(k, str):
+                found = _text(k)
+                if found is not None:  # a key is never masked: its form does not matter
+                    yield here, True, found[0], _key_path(path, i), found[1]
             yield from _walk(v, here, _member(path, k, i, here not in hidden), keys, hidden)
     elif isinstance(value, list):
         for i, v in enumerate(value):
             yield from _walk(v, (*loc, i), f"{path}[{i}]", keys, hidden)
+    elif isinstance(value, int) and not isinstance(value, bool) and abs(value) >= _MIN_NUMBER:
+        yield loc, False, "number", path, str(value)
 
 
 _WORD = WORD
@@ -284,11 +331,11 @@ class Detector:
             Findings in text order (path, then offset); never the matched text, and paths
             never hold a key that has a finding (see the module docstring).
         """
-        parts = [(loc, is_key, t) for loc, is_key, _, t in _walk(value, (), "", keys,
-                                                                    frozenset())]
+        parts = [(loc, is_key, form, t) for loc, is_key, form, _, t in _walk(
+            value, (), "", keys, frozenset())]
         if not parts:
             return []
-        text = _JOIN.join(t for _, _, t in parts)
+        text = _JOIN.join(t for *_, t in parts)
         if self._prefilter and _BUILTIN_HINT.search(text) is None:
             return []
         results = self._engine.analyze(text=text, language=self._language,
@@ -304,8 +351,8 @@ class Detector:
         located: list[tuple[Any, int, int]] = []  # (result, part index, part's offset)
         base, i = 0, 0
         for r in kept:
-            while i < len(parts) and r.start >= base + len(parts[i][2]):
-                base += len(parts[i][2]) + len(_JOIN)
+            while i < len(parts) and r.start >= base + len(parts[i][3]):
+                base += len(parts[i][3]) + len(_JOIN)
                 i += 1
             if i == len(parts):
                 break
@@ -314,12 +361,12 @@ class Detector:
             return []
         # Paths are made only now, once it is known which keys hold a finding.
         hidden = frozenset(parts[i][0] for _, i, _ in located if parts[i][1])
-        paths = {(loc, is_key): p for loc, is_key, p, _ in _walk(value, (), "", keys, hidden)}
+        paths = {(loc, is_key): p for loc, is_key, _, p, _ in _walk(value, (), "", keys, hidden)}
         findings: list[Finding] = []
         for r, i, base in located:
-            loc, is_key, _ = parts[i]
+            loc, is_key, form, _ = parts[i]
             findings.append(Finding(r.entity_type, paths[(loc, is_key)], r.start - base,
-                                    r.end - base, float(r.score), is_key, loc))
+                                    r.end - base, float(r.score), is_key, loc, form))
         return findings
 
 
@@ -341,11 +388,13 @@ def mask(value: Any, findings: Sequence[Finding], *, label: Label | None = None)
         A new value of the same shape (strings without findings are the same objects).
 
     Raises:
-        ValueError: a finding is in an object key: a key cannot be masked without changing
-            the object's shape (:class:`policy.pii.PiiPolicy` refuses such a request).
+        ValueError: a finding cannot be masked where it is (:attr:`Finding.maskable`: an object
+            key, whose masking would change the object's shape; a number; an encoded payload;
+            a structural string): :class:`policy.pii.PiiPolicy` refuses such a request.
     """
-    if any(f.key for f in findings):
-        raise ValueError("a finding in an object key cannot be masked")
+    if not all(f.maskable for f in findings):
+        raise ValueError("a finding in an object key, a number, an encoded payload or a "
+                         "structural string cannot be masked")
     by_loc: dict[tuple[int, ...], list[Finding]] = {}
     for f in findings:
         by_loc.setdefault(f.loc, []).append(f)
