@@ -26,8 +26,8 @@ order), and an object key itself (a scanned string of its own) is marked as a ke
 * ``arguments.{key#2}``: the third member's key itself (a finding in the key's text).
 
 What is scanned: every string value and object key; every integer of six digits or more, as
-its decimal text (form ``number``); the text a ``data:`` URL carries (:mod:`policy.pii.dataurl`:
-as written, or decoded, form ``encoded``; binary payloads are not scanned). A finding in a
+its decimal text (form ``number``); the text a ``data:`` URL or a bare base64 string carries
+(:mod:`policy.pii.dataurl`: decoded, form ``encoded``; binary payloads are not scanned). A finding in a
 key, a number or an encoded payload cannot be masked where it is (:attr:`Finding.maskable`).
 """
 
@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from .context import WORD, make_enhancer
-from .dataurl import data_url_text
+from .dataurl import base64_text, data_url_text
 from .recognizers import BUILTIN, RecognizerSpec, build_recognizers
 
 __all__ = ["Detector", "Finding", "Form", "iter_strings", "mask"]
@@ -157,6 +157,9 @@ def _walk(value: Any, loc: tuple[int, ...], path: str, keys: bool,
         found = _text(value)
         if found is not None:
             yield loc, False, found[0], path, found[1]
+            decoded = base64_text(value)
+            if decoded:  # scanned as written (above) and as decoded
+                yield loc, False, "encoded", path, decoded
     elif isinstance(value, dict):
         for i, (k, v) in enumerate(value.items()):
             here = (*loc, i)
