@@ -175,6 +175,40 @@ def _walk(value: Any, loc: tuple[int, ...], path: str, keys: bool,
         yield loc, False, "number", path, str(value)
 
 
+def _parts(value: Any, loc: tuple[int, ...], keys: bool,
+           out: list[tuple[tuple[int, ...], bool, Form, str]]) -> None:
+    """:func:`_walk` without paths, into ``out`` (the scan's first pass: paths are made only
+    for a value with findings; a generator per level and a path per string cost ~0.8 us per
+    string, this ~0.3 us)."""
+    if isinstance(value, str):
+        if value[:1] not in "dD":  # neither empty ("" is in any str) nor a data: URL
+            out.append((loc, False, "text", value))
+        else:
+            found = _text(value)
+            if found is not None:
+                out.append((loc, False, found[0], found[1]))
+        if len(value) >= 16:
+            decoded = base64_text(value)
+            if decoded:
+                out.append((loc, False, "encoded", decoded))
+    elif isinstance(value, dict):
+        for i, (k, v) in enumerate(value.items()):
+            here = (*loc, i)
+            if keys and isinstance(k, str):
+                if k[:1] not in "dD":
+                    out.append((here, True, "text", k))
+                else:
+                    found = _text(k)
+                    if found is not None:
+                        out.append((here, True, found[0], found[1]))
+            _parts(v, here, keys, out)
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _parts(v, (*loc, i), keys, out)
+    elif isinstance(value, int) and not isinstance(value, bool) and abs(value) >= _MIN_NUMBER:
+        out.append((loc, False, "number", str(value)))
+
+
 _WORD = WORD
 
 
@@ -334,8 +368,8 @@ class Detector:
             Findings in text order (path, then offset); never the matched text, and paths
             never hold a key that has a finding (see the module docstring).
         """
-        parts = [(loc, is_key, form, t) for loc, is_key, form, _, t in _walk(
-            value, (), "", keys, frozenset())]
+        parts: list[tuple[tuple[int, ...], bool, Form, str]] = []
+        _parts(value, (), keys, parts)
         if not parts:
             return []
         text = _JOIN.join(t for *_, t in parts)
