@@ -27,8 +27,10 @@ order), and an object key itself (a scanned string of its own) is marked as a ke
 
 What is scanned: every string value and object key; every integer of six digits or more, as
 its decimal text (form ``number``); the text a ``data:`` URL or a bare base64 string carries
-(:mod:`policy.pii.dataurl`: decoded, form ``encoded``; binary payloads are not scanned). A finding in a
-key, a number or an encoded payload cannot be masked where it is (:attr:`Finding.maskable`).
+(:mod:`policy.pii.dataurl`: decoded, form ``encoded``; binary payloads are not scanned). A
+finding in a key, a number or an encoded payload cannot be masked where it is
+(:attr:`Finding.maskable`). Findings are :mod:`policy.pii.findings`; masking is
+:mod:`policy.pii.masking`.
 """
 
 from __future__ import annotations
@@ -36,15 +38,16 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 from .context import WORD, make_enhancer
 from .dataurl import base64_text, data_url_text
+from .findings import Finding, Form
+from .masking import Label, mask
 from .recognizers import BUILTIN, RecognizerSpec, build_recognizers
 
-__all__ = ["Detector", "Finding", "Form", "iter_strings", "mask"]
+__all__ = ["Detector", "Finding", "Form", "Label", "iter_strings", "mask", "text_length"]
 
 _log = logging.getLogger(__name__)
 
@@ -57,55 +60,6 @@ _MIN_NUMBER = 100_000
 #: A text without a digit, ``@`` or ``:`` cannot hold a built-in identifier (every built-in
 #: pattern needs one of them); with only built-ins, such text skips Presidio altogether.
 _BUILTIN_HINT = re.compile(r"[\d@:]")
-
-
-#: Where a finding's text is: ``text`` (a string, as written), ``number`` (an integer's
-#: digits), ``encoded`` (a ``data:`` URL's decoded payload), ``fixed`` (a string the caller
-#: marked as structural, see :meth:`policy.pii.PiiPolicy.inspect`).
-Form = Literal["text", "number", "encoded", "fixed"]
-
-
-@dataclass(frozen=True, slots=True)
-class Finding:
-    """One detected entity, located but never carrying the matched text.
-
-    Attributes:
-        entity: entity type (``IBAN_CODE``, ``DE_TAX_ID``, an operator's type, ...).
-        path: JSON path of the string it is in (``messages[0].content``; ``""`` for plain text;
-            the form in the module docstring: never a key's text unless a plain identifier).
-        start: offset of its first character in that string (code points).
-        end: offset just past its last character.
-        score: Presidio's confidence after check digits and context words (0..1).
-        key: the string is an object key (path ``...{key#N}``), not a value.
-        loc: the string's position: one index per level (list item, or member in the object's
-            order); what :func:`mask` matches on (not compared, not recorded).
-        form: how the scanned text stands in the value (:data:`Form`); offsets are in the
-            scanned text (the decoded payload for ``encoded``).
-    """
-
-    entity: str
-    path: str
-    start: int
-    end: int
-    score: float
-    key: bool = False
-    loc: tuple[int, ...] = field(default=(), compare=False, repr=False)
-    form: Form = "text"
-
-    @property
-    def maskable(self) -> bool:
-        """Whether :func:`mask` can replace the match where it is (a value's text as written;
-        not a key, a number, an encoded payload or a structural string)."""
-        return not self.key and self.form == "text"
-
-    def as_record(self) -> dict[str, Any]:
-        """The JSON-ready form (no text of the match; ``key: true`` for a finding in a key,
-        ``form`` when not ``text``)."""
-        extra: dict[str, Any] = {"key": True} if self.key else {}
-        if self.form != "text":
-            extra["form"] = self.form
-        return {"entity": self.entity, "path": self.path, "start": self.start,
-                "end": self.end, "score": round(self.score, 3), **extra}
 
 
 def _member(path: str, key: object, i: int, plain: bool) -> str:
@@ -207,6 +161,14 @@ def _parts(value: Any, loc: tuple[int, ...], keys: bool,
             _parts(v, (*loc, i), keys, out)
     elif isinstance(value, int) and not isinstance(value, bool) and abs(value) >= _MIN_NUMBER:
         out.append((loc, False, "number", str(value)))
+
+
+def text_length(value: Any, *, keys: bool = True) -> int:
+    """Characters a scan of ``value`` reads (every part :meth:`Detector.scan` joins; the
+    separators not counted)."""
+    parts: list[tuple[tuple[int, ...], bool, Form, str]] = []
+    _parts(value, (), keys, parts)
+    return sum(len(p[3]) for p in parts)
 
 
 _WORD = WORD
@@ -405,56 +367,3 @@ class Detector:
             findings.append(Finding(r.entity_type, paths[(loc, is_key)], r.start - base,
                                     r.end - base, float(r.score), is_key, loc, form))
         return findings
-
-
-#: ``(entity type, matched text) -> replacement`` for :func:`mask`.
-Label = Callable[[str, str], str]
-
-
-def mask(value: Any, findings: Sequence[Finding], *, label: Label | None = None) -> Any:
-    """Return ``value`` with every finding's span replaced by ``<ENTITY>``.
-
-    Findings are matched by their location (:attr:`Finding.loc`), not their path.
-
-    Args:
-        value: the string or JSON value the findings were made on (not changed).
-        findings: findings of :meth:`Detector.scan` on that value (only those to mask).
-        label: makes each replacement instead of ``<ENTITY>`` (numbered placeholders).
-
-    Returns:
-        A new value of the same shape (strings without findings are the same objects).
-
-    Raises:
-        ValueError: a finding cannot be masked where it is (:attr:`Finding.maskable`: an object
-            key, whose masking would change the object's shape; a number; an encoded payload;
-            a structural string): :class:`policy.pii.PiiPolicy` refuses such a request.
-    """
-    if not all(f.maskable for f in findings):
-        raise ValueError("a finding in an object key, a number, an encoded payload or a "
-                         "structural string cannot be masked")
-    by_loc: dict[tuple[int, ...], list[Finding]] = {}
-    for f in findings:
-        by_loc.setdefault(f.loc, []).append(f)
-    return _mask(value, (), by_loc, label) if by_loc else value
-
-
-def _replace_spans(text: str, spans: Sequence[Finding], label: Label | None) -> str:
-    out, last = [], 0
-    for f in sorted(spans, key=lambda f: f.start):
-        out.append(text[last:f.start])
-        out.append(label(f.entity, text[f.start:f.end]) if label else f"<{f.entity}>")
-        last = f.end
-    out.append(text[last:])
-    return "".join(out)
-
-
-def _mask(value: Any, loc: tuple[int, ...], by_loc: dict[tuple[int, ...], list[Finding]],
-          label: Label | None) -> Any:
-    if isinstance(value, str):
-        spans = by_loc.get(loc)
-        return _replace_spans(value, spans, label) if spans else value
-    if isinstance(value, dict):
-        return {k: _mask(v, (*loc, i), by_loc, label) for i, (k, v) in enumerate(value.items())}
-    if isinstance(value, list):
-        return [_mask(v, (*loc, i), by_loc, label) for i, v in enumerate(value)]
-    return value

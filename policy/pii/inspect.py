@@ -37,13 +37,13 @@ from typing import Any
 
 from ..errors import PiiRefused, PiiScanFailed
 from .config import Action, PiiRule, PiiSection
-from .engine import Detector, Finding, iter_strings, mask
+from .engine import Detector, Finding, mask, text_length
+from .recognizers import BUILTIN, RecognizerSpec
+
+__all__ = ["Fixed", "PiiPolicy", "PiiVerdict"]
 
 #: Marks findings the caller cannot let be masked (structural strings of its format).
 Fixed = Callable[[Finding], bool]
-from .recognizers import BUILTIN, RecognizerSpec
-
-__all__ = ["PiiPolicy", "PiiVerdict"]
 
 _log = logging.getLogger(__name__)
 
@@ -248,13 +248,7 @@ class PiiPolicy:
 
     def _small(self, value: Any) -> bool:
         """Whether ``value``'s text is short enough to scan inline (``inline_max_chars``)."""
-        limit = self.section.inline_max_chars
-        total = 0
-        for _, text in iter_strings(value):
-            total += len(text)
-            if total > limit:
-                return False
-        return True
+        return text_length(value) <= self.section.inline_max_chars
 
     @staticmethod
     def _checked(verdict: PiiVerdict) -> PiiVerdict:
