@@ -37,7 +37,7 @@ from typing import Any
 
 from ..errors import PiiRefused, PiiScanFailed
 from .config import Action, PiiRule, PiiSection
-from .engine import Detector, Finding, mask, text_length
+from .engine import Detector, Finding, Texts, mask, texts
 from .recognizers import BUILTIN, RecognizerSpec
 
 __all__ = ["Fixed", "PiiPolicy", "PiiVerdict"]
@@ -213,9 +213,15 @@ class PiiPolicy:
             PiiRefused: a finding's action is ``refuse``.
             PiiScanFailed: the detector failed and ``data_class`` fails closed.
         """
+        return self._inspect(value, key, team, data_class, fixed, None)
+
+    def _inspect(self, value: Any, key: str, team: str | None, data_class: str,
+                 fixed: Fixed | None, walked: Texts | None) -> PiiVerdict:
         t0 = time.perf_counter()
         try:
-            findings = self.load().scan(value)
+            detector = self.load()
+            findings = detector.scan(value) if walked is None else detector.scan(
+                value, walked=walked)
         except Exception as exc:  # fail-safe: any detector failure is decided by policy
             return self._failed(exc, key, data_class, time.perf_counter() - t0)
         return self._checked(self.decide(_fix(findings, fixed), key, team, data_class,
@@ -234,8 +240,9 @@ class PiiPolicy:
             PiiRefused: a finding's action is ``refuse``.
             PiiScanFailed: the detector failed or timed out and ``data_class`` fails closed.
         """
-        if self._small(value):
-            return self.inspect(value, key, team, data_class, fixed)
+        walked = self._small(value)
+        if walked is not None:
+            return self._inspect(value, key, team, data_class, fixed, walked)
         t0 = time.perf_counter()
         detector = self.load()
         try:
@@ -246,9 +253,10 @@ class PiiPolicy:
         return self._checked(self.decide(_fix(findings, fixed), key, team, data_class,
                                          duration_s=time.perf_counter() - t0))
 
-    def _small(self, value: Any) -> bool:
-        """Whether ``value``'s text is short enough to scan inline (``inline_max_chars``)."""
-        return text_length(value) <= self.section.inline_max_chars
+    def _small(self, value: Any) -> Texts | None:
+        """``value``'s texts when they are short enough to scan inline (``inline_max_chars``;
+        walked once for the decision and the scan), else ``None``."""
+        return texts(value, limit=self.section.inline_max_chars)
 
     @staticmethod
     def _checked(verdict: PiiVerdict) -> PiiVerdict:
@@ -273,8 +281,9 @@ class PiiPolicy:
         """
         detector = self.load()
         try:
-            if self._small(value):
-                findings = detector.scan(value)
+            walked = self._small(value)
+            if walked is not None:
+                findings = detector.scan(value, walked=walked)
             else:
                 async with asyncio.timeout(self.section.timeout_s):
                     findings = await asyncio.to_thread(detector.scan, value)
