@@ -126,6 +126,10 @@ FAMILIES: dict[str, Callable[[openai.OpenAI, str], Any]] = {
     "response_format": lambda c, s: _chat(c, response_format={
         "type": "json_schema", "json_schema": {"name": "out", "description": f"about {s}",
                                                "schema": {**SCHEMA, "examples": [s]}}}),
+    "a property named like a keyword": lambda c, s: _chat(c, response_format={
+        "type": "json_schema", "json_schema": {"name": "out", "schema": {
+            "type": "object", "properties": {"enum": {"type": "string",
+                                                      "description": f"like {s}"}}}}}),
     "metadata": lambda c, s: _chat(c, metadata={"note": f"customer {s}"}, store=False),
     "user": lambda c, s: _chat(c, user=f"holder {s}"),
     "prediction": lambda c, s: _chat(c, prediction={"type": "content", "content": f"It is {s}"}),
