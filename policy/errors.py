@@ -164,19 +164,28 @@ class PiiRefused(PolicyError):
         verdict: the inspection's :class:`policy.pii.PiiVerdict` (for the audit record).
         in_key: refused because a finding to mask is in an object key (an argument's name),
             which cannot be masked.
+        unmaskable: refused because a finding to mask cannot be masked where it is (a key, a
+            number, an encoded payload, a structural string such as a function name).
     """
 
     code = "pii_refused"
 
     def __init__(self, entities: Sequence[str], verdict: object | None = None, *,
-                 in_key: bool = False) -> None:
+                 in_key: bool = False, unmaskable: bool = False) -> None:
         self.entities = tuple(sorted(set(entities)))
         self.verdict = verdict
         self.in_key = in_key
+        self.unmaskable = unmaskable or in_key
         if in_key:
             super().__init__(
                 "An argument name (an object key) holds sensitive data, and a name cannot be "
                 "masked: " + ", ".join(self.entities) + ".")
+            return
+        if unmaskable:
+            super().__init__(
+                "The request holds sensitive data where it cannot be masked (an object key, a "
+                "number, an encoded data: URL, or a structural field such as a function name "
+                "or a schema's enum): " + ", ".join(self.entities) + ".")
             return
         super().__init__(
             "The request contains sensitive data the policy does not allow to be sent: "

@@ -4,7 +4,9 @@ A tool call's ``arguments`` pass the same detection as a model request's prompt
 (:mod:`gateway.pii.request`, :mod:`policy.pii.inspect`), before the call's destination check is
 repeated and before anything is forwarded. Object keys are scanned as well as values (an
 argument's name can carry a card number as well as its value can; a schema that allows extra
-properties lets any name through):
+properties lets any name through), and so are long integers and the text of ``data:`` URLs and
+base64 strings (:mod:`policy.pii.engine`); a ``mask`` of a match in a name, a number or an
+encoded text refuses the call instead:
 
 * ``raise``: the call's data class becomes the raised class, and the server's destination is
   checked again for it (a server that may not receive the raised class is refused, 403);

@@ -1,15 +1,20 @@
 """Sensitive data in requests: the policy's ``pii`` section applied before routing.
 
 The relay calls :meth:`PiiStage.inspect` right after the body is parsed and the key's class is
-resolved, before the model's replicas are chosen. The texts that reach a model are scanned
-(:data:`SCANNED_FIELDS`: chat ``messages``, completions ``prompt``, Responses ``input`` and
-``instructions``, embeddings ``input``); what the policy decides (:mod:`policy.pii.inspect`)
-then happens here:
+resolved, before the model's replicas are chosen, on every relay path (batch lines too: the
+batch runner sends each line through the relay). Everything the body carries upstream is
+scanned, at any depth, object keys included, but for a short list of structural fields
+(:mod:`gateway.pii.fields`: what is scanned, what is left out and why); a body with a duplicated
+key is refused (400), since the replica would receive a value the scan did not read. What the
+policy decides (:mod:`policy.pii.inspect`) then happens here:
 
 * a ``raise`` changes the request's data class, so the route table, egress rules, quotas and
   flow-control lanes all see the raised class (a ``public`` key's request with an IBAN may only
   go where ``personal`` may);
-* ``mask`` rewrites the body with ``<ENTITY>`` in place of each match before it is forwarded;
+* ``mask`` rewrites the body with ``<ENTITY>`` in place of each match, wherever it is, before it
+  is forwarded; a match where masking would corrupt the request (an object key, a function
+  name, a schema's ``enum``, a number, an encoded ``data:`` URL: :mod:`gateway.pii.fields`) is
+  refused instead (403 ``pii_refused``);
 * ``refuse`` answers 403 ``pii_refused`` naming the entity types (never the values);
 * a detector failure or timeout answers 503 ``pii_scan_failed`` for the classes the policy
   fails closed for, and passes (recorded) for the others.
@@ -32,20 +37,18 @@ from typing import Any
 
 from gateway.auth import Principal
 from gateway.errors import SensitiveDataRefused, SensitiveDataScanFailed
+from gateway.pii.fields import check_unique_keys, is_structural, scanned
 from gateway.pii.response import ResponseMasker, mask_numbered
 from gateway.relay.records import RequestRecord
 from gateway.relay.rewrite import ParsedBody, parse_body
 from policy import PiiPolicy, PiiRefused, PiiScanFailed, PiiVerdict, Policy
+from policy.pii import Finding
 
-__all__ = ["SCANNED_FIELDS", "PiiStage", "ResponseScan", "pii_stage", "response_texts"]
+__all__ = ["ANSWER_PATHS", "PiiStage", "ResponseScan", "pii_stage", "response_texts"]
 
-#: Request fields scanned per relay path (the text a model reads).
-SCANNED_FIELDS: dict[str, tuple[str, ...]] = {
-    "/v1/chat/completions": ("messages",),
-    "/v1/completions": ("prompt",),
-    "/v1/responses": ("input", "instructions"),
-    "/v1/embeddings": ("input",),
-}
+#: Relay paths whose answers are text (scanned and masked with ``pii.responses``); every relay
+#: path's request is scanned.
+ANSWER_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses"})
 
 
 def pii_stage(policy: Policy | None) -> PiiStage | None:
@@ -80,19 +83,23 @@ class PiiStage:
             SensitiveDataScanFailed: 503 ``pii_scan_failed`` (detector failed, class fails
                 closed).
         """
-        fields = SCANNED_FIELDS.get(path)
-        if fields is None:
-            return principal, parsed
-        value = {f: parsed.values[f] for f in fields if f in parsed.values}
+        check_unique_keys(parsed.raw)
+        value = scanned(parsed.values)
         if not value:
             return principal, parsed
+
+        def structural(f: Finding) -> bool:
+            return is_structural(value, f.loc)
+
         try:
             verdict = await self._pii.inspect_async(
-                value, principal.key_id, principal.team, principal.data_class)
+                value, principal.key_id, principal.team, principal.data_class, structural)
         except PiiRefused as exc:
+            param = None
             if isinstance(exc.verdict, PiiVerdict):
                 record.detected(exc.verdict.as_record())
-            raise SensitiveDataRefused(exc.message, param=fields[0]) from exc
+                param = _param(exc.verdict)
+            raise SensitiveDataRefused(exc.message, param=param) from exc
         except PiiScanFailed as exc:
             record.detected({"entities": {}, "actions": {}, "rules": {},
                              "class_before": principal.data_class,
@@ -113,7 +120,7 @@ class PiiStage:
         """A collector of the response's text when ``pii.responses`` is ``record`` and the
         path is scanned (embeddings answer vectors: not scanned)."""
         section = self._pii.section
-        if section.responses != "record" or path not in SCANNED_FIELDS or path == "/v1/embeddings":
+        if section.responses != "record" or path not in ANSWER_PATHS:
             return None
         return ResponseScan(self._pii, section.response_max_bytes)
 
@@ -123,10 +130,19 @@ class PiiStage:
         ``mask`` or the request was masked reversibly (``restore`` not empty), and the path
         answers text."""
         masking = self._pii.section.responses == "mask"
-        if (not masking and not restore) or path not in SCANNED_FIELDS or (
-                path == "/v1/embeddings"):
+        if (not masking and not restore) or path not in ANSWER_PATHS:
             return None
         return ResponseMasker(self._pii, masking, restore)
+
+
+def _param(verdict: PiiVerdict) -> str | None:
+    """The top-level member of the first refused finding (the error's ``param``; a member
+    named by position when it is no plain identifier: never a key's text)."""
+    refused = set(verdict.refused)
+    for f in verdict.findings:
+        if f.entity in refused:
+            return f.path.split(".", 1)[0].split("[", 1)[0] or None
+    return None
 
 
 def _with(parsed: ParsedBody, fields: dict[str, Any]) -> ParsedBody:

@@ -24,6 +24,13 @@ order), and an object key itself (a scanned string of its own) is marked as a ke
 * ``messages[0].content``: member ``content`` of item 0 of ``messages``;
 * ``arguments.{#2}``: the value of the third member of ``arguments`` (its key not written);
 * ``arguments.{key#2}``: the third member's key itself (a finding in the key's text).
+
+What is scanned: every string value and object key; every integer of six digits or more, as
+its decimal text (form ``number``); the text a ``data:`` URL or a bare base64 string carries
+(:mod:`policy.pii.dataurl`: decoded, form ``encoded``; binary payloads are not scanned). A
+finding in a key, a number or an encoded payload cannot be masked where it is
+(:attr:`Finding.maskable`). Findings are :mod:`policy.pii.findings`; masking is
+:mod:`policy.pii.masking`.
 """
 
 from __future__ import annotations
@@ -31,55 +38,29 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from .context import WORD, make_enhancer
+from .dataurl import base64_text, data_url_text
+from .findings import Finding, Form
+from .masking import Label, mask
 from .recognizers import BUILTIN, RecognizerSpec, build_recognizers
 
-__all__ = ["Detector", "Finding", "iter_strings", "mask"]
+__all__ = ["Detector", "Finding", "Form", "Label", "Texts", "iter_strings", "mask", "texts"]
 
 _log = logging.getLogger(__name__)
 
 _JOIN = "\n\n"
 #: A key written into a path as it is (any other key is written by position).
 _PLAIN_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
-_SKIP_PREFIXES = ("data:",)  # inline images and files: base64, no text to scan
+#: Integers with at least this many digits are scanned as their decimal text (a card or a
+#: national id sent as a JSON number is forwarded all the same).
+_MIN_NUMBER = 100_000
 #: A text without a digit, ``@`` or ``:`` cannot hold a built-in identifier (every built-in
 #: pattern needs one of them); with only built-ins, such text skips Presidio altogether.
 _BUILTIN_HINT = re.compile(r"[\d@:]")
-
-
-@dataclass(frozen=True, slots=True)
-class Finding:
-    """One detected entity, located but never carrying the matched text.
-
-    Attributes:
-        entity: entity type (``IBAN_CODE``, ``DE_TAX_ID``, an operator's type, ...).
-        path: JSON path of the string it is in (``messages[0].content``; ``""`` for plain text;
-            the form in the module docstring: never a key's text unless a plain identifier).
-        start: offset of its first character in that string (code points).
-        end: offset just past its last character.
-        score: Presidio's confidence after check digits and context words (0..1).
-        key: the string is an object key (path ``...{key#N}``), not a value.
-        loc: the string's position: one index per level (list item, or member in the object's
-            order); what :func:`mask` matches on (not compared, not recorded).
-    """
-
-    entity: str
-    path: str
-    start: int
-    end: int
-    score: float
-    key: bool = False
-    loc: tuple[int, ...] = field(default=(), compare=False, repr=False)
-
-    def as_record(self) -> dict[str, Any]:
-        """The JSON-ready form (no text of the match; ``key: true`` for a finding in a key)."""
-        extra: dict[str, Any] = {"key": True} if self.key else {}
-        return {"entity": self.entity, "path": self.path, "start": self.start,
-                "end": self.end, "score": round(self.score, 3), **extra}
 
 
 def _member(path: str, key: object, i: int, plain: bool) -> str:
@@ -99,30 +80,131 @@ def iter_strings(value: Any, path: str = "", *, keys: bool = True
     """Yield ``(path, text)`` for every string in a JSON value, depth first.
 
     Each object key is yielded before its value (path ``...{key#N}``, see the module
-    docstring), unless ``keys`` is false; ``data:`` URLs (inline images, files) are skipped.
-    Paths here write every plain-identifier key (the scan writes a key holding a finding by
-    position instead).
+    docstring), unless ``keys`` is false; integers of six digits or more as their digits; a
+    ``data:`` URL as the text it carries (binary payloads skipped). Paths here write every
+    plain-identifier key (the scan writes a key holding a finding by position instead).
     """
-    for _, _, p, text in _walk(value, (), path, keys, frozenset()):
+    for _, _, _, p, text in _walk(value, (), path, keys, frozenset()):
         yield p, text
 
 
+_Part = tuple[tuple[int, ...], bool, Form, str, str]  # (loc, is key, form, path, text)
+
+
+def _text(value: str) -> tuple[Form, str] | None:
+    """The form and text to scan of a string (``None``: nothing to scan)."""
+    if not value:
+        return None
+    if value[:5].lower() != "data:":
+        return "text", value
+    found = data_url_text(value)
+    if found is None:
+        return None
+    text, in_place = found
+    return ("text" if in_place else "encoded"), text
+
+
 def _walk(value: Any, loc: tuple[int, ...], path: str, keys: bool,
-          hidden: frozenset[tuple[int, ...]]) -> Iterator[tuple[tuple[int, ...], bool, str, str]]:
-    """``(loc, is key, path, text)`` of every string; members at a loc in ``hidden`` are
-    written by position."""
+          hidden: frozenset[tuple[int, ...]]) -> Iterator[_Part]:
+    """``(loc, is key, form, path, text)`` of every scanned text; members at a loc in
+    ``hidden`` are written by position."""
     if isinstance(value, str):
-        if value and not value.startswith(_SKIP_PREFIXES):
-            yield loc, False, path, value
+        found = _text(value)
+        if found is not None:
+            yield loc, False, found[0], path, found[1]
+            decoded = base64_text(value)
+            if decoded:  # scanned as written (above) and as decoded
+                yield loc, False, "encoded", path, decoded
     elif isinstance(value, dict):
         for i, (k, v) in enumerate(value.items()):
             here = (*loc, i)
-            if keys and isinstance(k, str) and k and not k.startswith(_SKIP_PREFIXES):
-                yield here, True, _key_path(path, i), k
+            if keys and isinstance(k, str):
+                found = _text(k)
+                if found is not None:  # a key is never masked: its form does not matter
+                    yield here, True, found[0], _key_path(path, i), found[1]
             yield from _walk(v, here, _member(path, k, i, here not in hidden), keys, hidden)
     elif isinstance(value, list):
         for i, v in enumerate(value):
             yield from _walk(v, (*loc, i), f"{path}[{i}]", keys, hidden)
+    elif isinstance(value, int) and not isinstance(value, bool) and abs(value) >= _MIN_NUMBER:
+        yield loc, False, "number", path, str(value)
+
+
+class _Over(Exception):
+    """The walk passed its budget of characters."""
+
+
+def _parts(value: Any, loc: tuple[int, ...], keys: bool,
+           out: list[tuple[tuple[int, ...], bool, Form, str]],
+           budget: list[int] | None = None) -> None:
+    """:func:`_walk` without paths, into ``out`` (the scan's first pass: paths are made only
+    for a value with findings; a generator per level and a path per string cost ~0.8 us per
+    string, this ~0.3 us). ``budget[0]``: characters left before :class:`_Over` is raised."""
+    if isinstance(value, str):
+        if budget is not None:
+            budget[0] -= len(value)
+            if budget[0] < 0:
+                raise _Over
+        if value[:1] not in "dD":  # neither empty ("" is in any str) nor a data: URL
+            out.append((loc, False, "text", value))
+        else:
+            found = _text(value)
+            if found is not None:
+                out.append((loc, False, found[0], found[1]))
+        if len(value) >= 16:
+            decoded = base64_text(value)
+            if decoded:
+                out.append((loc, False, "encoded", decoded))
+    elif isinstance(value, dict):
+        for i, (k, v) in enumerate(value.items()):
+            here = (*loc, i)
+            if keys and isinstance(k, str):
+                if budget is not None:
+                    budget[0] -= len(k)
+                    if budget[0] < 0:
+                        raise _Over
+                if k[:1] not in "dD":
+                    out.append((here, True, "text", k))
+                else:
+                    found = _text(k)
+                    if found is not None:
+                        out.append((here, True, found[0], found[1]))
+            _parts(v, here, keys, out, budget)
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _parts(v, (*loc, i), keys, out, budget)
+    elif isinstance(value, int) and not isinstance(value, bool) and abs(value) >= _MIN_NUMBER:
+        out.append((loc, False, "number", str(value)))
+
+
+@dataclass(frozen=True, slots=True)
+class Texts:
+    """The texts a scan of one value reads (:func:`texts`): walked once, then handed to
+    :meth:`Detector.scan` (which would otherwise walk the value again).
+
+    Attributes:
+        value: the value walked (the one to scan).
+        keys: object keys included.
+        chars: characters of all the texts (separators not counted).
+    """
+
+    value: Any
+    keys: bool
+    chars: int
+    parts: list[tuple[tuple[int, ...], bool, Form, str]] = field(repr=False)
+
+
+def texts(value: Any, *, keys: bool = True, limit: int | None = None) -> Texts | None:
+    """The texts a scan of ``value`` reads, or ``None`` as soon as they pass ``limit``
+    characters (the walk stops there: deciding that a value is large costs ``limit``, not its
+    size). The count is of the strings as written (a decoded ``data:`` or base64 text is never
+    longer than its string); a decoded base64 text adds to ``chars`` beside it."""
+    parts: list[tuple[tuple[int, ...], bool, Form, str]] = []
+    try:
+        _parts(value, (), keys, parts, None if limit is None else [limit])
+    except _Over:
+        return None
+    return Texts(value, keys, sum(len(p[3]) for p in parts), parts)
 
 
 _WORD = WORD
@@ -270,7 +352,8 @@ class Detector:
         self.load_s = time.perf_counter() - t0
         _log.info("PII detector ready: %d recognisers in %.2f s", len(specs), self.load_s)
 
-    def scan(self, value: Any, *, keys: bool = True) -> list[Finding]:
+    def scan(self, value: Any, *, keys: bool = True,
+             walked: Texts | None = None) -> list[Finding]:
         """Findings in a string or in every string of a JSON value.
 
         Where two findings overlap, the one with the higher score is kept (then the longer):
@@ -279,16 +362,20 @@ class Detector:
         Args:
             value: a ``str`` or a JSON value (dicts, lists, strings, numbers, ...).
             keys: scan object keys too (findings with ``key`` set, path ``...{key#N}``).
+            walked: :func:`texts` of this ``value`` with these ``keys``, when already made.
 
         Returns:
             Findings in text order (path, then offset); never the matched text, and paths
             never hold a key that has a finding (see the module docstring).
         """
-        parts = [(loc, is_key, t) for loc, is_key, _, t in _walk(value, (), "", keys,
-                                                                    frozenset())]
+        if walked is not None and walked.value is value and walked.keys == keys:
+            parts = walked.parts
+        else:
+            parts = []
+            _parts(value, (), keys, parts)
         if not parts:
             return []
-        text = _JOIN.join(t for _, _, t in parts)
+        text = _JOIN.join(t for *_, t in parts)
         if self._prefilter and _BUILTIN_HINT.search(text) is None:
             return []
         results = self._engine.analyze(text=text, language=self._language,
@@ -304,8 +391,8 @@ class Detector:
         located: list[tuple[Any, int, int]] = []  # (result, part index, part's offset)
         base, i = 0, 0
         for r in kept:
-            while i < len(parts) and r.start >= base + len(parts[i][2]):
-                base += len(parts[i][2]) + len(_JOIN)
+            while i < len(parts) and r.start >= base + len(parts[i][3]):
+                base += len(parts[i][3]) + len(_JOIN)
                 i += 1
             if i == len(parts):
                 break
@@ -314,61 +401,10 @@ class Detector:
             return []
         # Paths are made only now, once it is known which keys hold a finding.
         hidden = frozenset(parts[i][0] for _, i, _ in located if parts[i][1])
-        paths = {(loc, is_key): p for loc, is_key, p, _ in _walk(value, (), "", keys, hidden)}
+        paths = {(loc, is_key): p for loc, is_key, _, p, _ in _walk(value, (), "", keys, hidden)}
         findings: list[Finding] = []
         for r, i, base in located:
-            loc, is_key, _ = parts[i]
+            loc, is_key, form, _ = parts[i]
             findings.append(Finding(r.entity_type, paths[(loc, is_key)], r.start - base,
-                                    r.end - base, float(r.score), is_key, loc))
+                                    r.end - base, float(r.score), is_key, loc, form))
         return findings
-
-
-#: ``(entity type, matched text) -> replacement`` for :func:`mask`.
-Label = Callable[[str, str], str]
-
-
-def mask(value: Any, findings: Sequence[Finding], *, label: Label | None = None) -> Any:
-    """Return ``value`` with every finding's span replaced by ``<ENTITY>``.
-
-    Findings are matched by their location (:attr:`Finding.loc`), not their path.
-
-    Args:
-        value: the string or JSON value the findings were made on (not changed).
-        findings: findings of :meth:`Detector.scan` on that value (only those to mask).
-        label: makes each replacement instead of ``<ENTITY>`` (numbered placeholders).
-
-    Returns:
-        A new value of the same shape (strings without findings are the same objects).
-
-    Raises:
-        ValueError: a finding is in an object key: a key cannot be masked without changing
-            the object's shape (:class:`policy.pii.PiiPolicy` refuses such a request).
-    """
-    if any(f.key for f in findings):
-        raise ValueError("a finding in an object key cannot be masked")
-    by_loc: dict[tuple[int, ...], list[Finding]] = {}
-    for f in findings:
-        by_loc.setdefault(f.loc, []).append(f)
-    return _mask(value, (), by_loc, label) if by_loc else value
-
-
-def _replace_spans(text: str, spans: Sequence[Finding], label: Label | None) -> str:
-    out, last = [], 0
-    for f in sorted(spans, key=lambda f: f.start):
-        out.append(text[last:f.start])
-        out.append(label(f.entity, text[f.start:f.end]) if label else f"<{f.entity}>")
-        last = f.end
-    out.append(text[last:])
-    return "".join(out)
-
-
-def _mask(value: Any, loc: tuple[int, ...], by_loc: dict[tuple[int, ...], list[Finding]],
-          label: Label | None) -> Any:
-    if isinstance(value, str):
-        spans = by_loc.get(loc)
-        return _replace_spans(value, spans, label) if spans else value
-    if isinstance(value, dict):
-        return {k: _mask(v, (*loc, i), by_loc, label) for i, (k, v) in enumerate(value.items())}
-    if isinstance(value, list):
-        return [_mask(v, (*loc, i), by_loc, label) for i, v in enumerate(value)]
-    return value

@@ -8,10 +8,13 @@ finding's action by the section's rules (first rule that applies, else ``default
 * ``raise``: the request's class becomes the most sensitive of its class and the classes the
   findings imply (``entity_classes``, else ``default_class``, else the policy's most sensitive
   class), so routing and egress follow the raised class;
-* ``mask``: the finding is replaced by ``<ENTITY>`` in what is forwarded; a finding in an
-  object key (an MCP argument's name) cannot be masked without changing the object's shape
-  (and a masked key may collide with a sibling), so it fails closed: the request is refused as
-  for ``refuse`` (the verdict records that entity type's action as ``refuse``);
+* ``mask``: the finding is replaced by ``<ENTITY>`` in what is forwarded; a finding that cannot
+  be masked where it is (:attr:`~policy.pii.engine.Finding.maskable`) fails closed: the
+  request is refused as for ``refuse`` (the verdict records that entity type's action as
+  ``refuse``). That is a finding in an object key (an MCP argument's name: masking changes the
+  object's shape, and a masked key may collide with a sibling), in a number (a placeholder is
+  not a number), in an encoded ``data:`` URL, or in a string the caller marks as structural
+  (``fixed``: a function name, a schema's ``enum``...);
 * ``refuse``: :class:`~policy.errors.PiiRefused` names the entity types, never the values;
 * ``record``: only the record.
 
@@ -34,10 +37,13 @@ from typing import Any
 
 from ..errors import PiiRefused, PiiScanFailed
 from .config import Action, PiiRule, PiiSection
-from .engine import Detector, Finding, iter_strings, mask
+from .engine import Detector, Finding, Texts, mask, texts
 from .recognizers import BUILTIN, RecognizerSpec
 
-__all__ = ["PiiPolicy", "PiiVerdict"]
+__all__ = ["Fixed", "PiiPolicy", "PiiVerdict"]
+
+#: Marks findings the caller cannot let be masked (structural strings of its format).
+Fixed = Callable[[Finding], bool]
 
 _log = logging.getLogger(__name__)
 
@@ -82,12 +88,17 @@ class PiiVerdict:
     def as_record(self) -> dict[str, Any]:
         """The JSON-ready audit form: types, counts, classes, actions; never matched text.
 
-        ``in_keys`` (entity type -> findings in object keys) is present when a key held one.
+        ``in_keys`` (entity type -> findings in object keys) is present when a key held one;
+        ``unmaskable`` (entity type -> findings in numbers, encoded payloads or structural
+        strings) when one of those held one.
         """
         extra: dict[str, Any] = {"reversible": sorted(self.reversible)} if self.reversible else {}
         in_keys = Counter(f.entity for f in self.findings if f.key)
         if in_keys:
             extra["in_keys"] = dict(in_keys)
+        fixed = Counter(f.entity for f in self.findings if not f.key and not f.maskable)
+        if fixed:
+            extra["unmaskable"] = dict(fixed)
         return {**extra,
             "entities": self.counts(),
             "actions": dict(self.actions),
@@ -186,23 +197,38 @@ class PiiPolicy:
         return PiiVerdict((), data_class, data_class, error=f"scan {what}",
                           duration_s=duration_s)
 
-    def inspect(self, value: Any, key: str, team: str | None, data_class: str) -> PiiVerdict:
+    def inspect(self, value: Any, key: str, team: str | None, data_class: str,
+                fixed: Fixed | None = None) -> PiiVerdict:
         """Scan ``value`` and decide (synchronously, no timeout; see :meth:`inspect_async`).
+
+        Args:
+            value: a string or JSON value (every string, key and long integer is scanned).
+            key: the caller's key id (rules by key).
+            team: the caller's team (rules by team).
+            data_class: the request's class before detection.
+            fixed: marks findings in strings that must not be masked (form ``fixed``: a
+                ``mask`` action on them refuses instead).
 
         Raises:
             PiiRefused: a finding's action is ``refuse``.
             PiiScanFailed: the detector failed and ``data_class`` fails closed.
         """
+        return self._inspect(value, key, team, data_class, fixed, None)
+
+    def _inspect(self, value: Any, key: str, team: str | None, data_class: str,
+                 fixed: Fixed | None, walked: Texts | None) -> PiiVerdict:
         t0 = time.perf_counter()
         try:
-            findings = self.load().scan(value)
+            detector = self.load()
+            findings = detector.scan(value) if walked is None else detector.scan(
+                value, walked=walked)
         except Exception as exc:  # fail-safe: any detector failure is decided by policy
             return self._failed(exc, key, data_class, time.perf_counter() - t0)
-        return self._checked(self.decide(findings, key, team, data_class,
+        return self._checked(self.decide(_fix(findings, fixed), key, team, data_class,
                                          duration_s=time.perf_counter() - t0))
 
     async def inspect_async(self, value: Any, key: str, team: str | None,
-                            data_class: str) -> PiiVerdict:
+                            data_class: str, fixed: Fixed | None = None) -> PiiVerdict:
         """:meth:`inspect` in a worker thread, bounded by ``timeout_s``.
 
         Text up to ``inline_max_chars`` is scanned inline instead (its cost is bounded by its
@@ -214,8 +240,9 @@ class PiiPolicy:
             PiiRefused: a finding's action is ``refuse``.
             PiiScanFailed: the detector failed or timed out and ``data_class`` fails closed.
         """
-        if self._small(value):
-            return self.inspect(value, key, team, data_class)
+        walked = self._small(value)
+        if walked is not None:
+            return self._inspect(value, key, team, data_class, fixed, walked)
         t0 = time.perf_counter()
         detector = self.load()
         try:
@@ -223,27 +250,24 @@ class PiiPolicy:
                 findings = await asyncio.to_thread(detector.scan, value)
         except Exception as exc:  # TimeoutError included
             return self._failed(exc, key, data_class, time.perf_counter() - t0)
-        return self._checked(self.decide(findings, key, team, data_class,
+        return self._checked(self.decide(_fix(findings, fixed), key, team, data_class,
                                          duration_s=time.perf_counter() - t0))
 
-    def _small(self, value: Any) -> bool:
-        """Whether ``value``'s text is short enough to scan inline (``inline_max_chars``)."""
-        limit = self.section.inline_max_chars
-        total = 0
-        for _, text in iter_strings(value):
-            total += len(text)
-            if total > limit:
-                return False
-        return True
+    def _small(self, value: Any) -> Texts | None:
+        """``value``'s texts when they are short enough to scan inline (``inline_max_chars``;
+        walked once for the decision and the scan), else ``None``."""
+        return texts(value, limit=self.section.inline_max_chars)
 
     @staticmethod
     def _checked(verdict: PiiVerdict) -> PiiVerdict:
-        in_keys = {f.entity for f in verdict.to_mask if f.key}
-        if in_keys:
-            # Fail closed: a key cannot be masked (see the module docstring).
+        stuck = [f for f in verdict.to_mask if not f.maskable]
+        if stuck:
+            # Fail closed: a key, a number, ... cannot be masked (see the module docstring).
+            entities = {f.entity for f in stuck}
             verdict = dataclasses.replace(verdict, actions={
-                e: "refuse" if e in in_keys else a for e, a in verdict.actions.items()})
-            raise PiiRefused(verdict.refused, verdict, in_key=True)
+                e: "refuse" if e in entities else a for e, a in verdict.actions.items()})
+            raise PiiRefused(verdict.refused, verdict, in_key=all(f.key for f in stuck),
+                             unmaskable=True)
         if verdict.refused:
             raise PiiRefused(verdict.refused, verdict)
         return verdict
@@ -257,8 +281,9 @@ class PiiPolicy:
         """
         detector = self.load()
         try:
-            if self._small(value):
-                findings = detector.scan(value)
+            walked = self._small(value)
+            if walked is not None:
+                findings = detector.scan(value, walked=walked)
             else:
                 async with asyncio.timeout(self.section.timeout_s):
                     findings = await asyncio.to_thread(detector.scan, value)
@@ -272,3 +297,11 @@ class PiiPolicy:
     def masked(value: Any, verdict: PiiVerdict) -> Any:
         """``value`` with the verdict's ``mask`` findings replaced by ``<ENTITY>``."""
         return mask(value, verdict.to_mask)
+
+
+def _fix(findings: list[Finding], fixed: Fixed | None) -> list[Finding]:
+    """``findings`` with those ``fixed`` marks in form ``fixed`` (text findings only)."""
+    if fixed is None:
+        return findings
+    return [dataclasses.replace(f, form="fixed") if f.form == "text" and not f.key and fixed(f)
+            else f for f in findings]

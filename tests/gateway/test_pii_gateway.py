@@ -84,7 +84,7 @@ class Stack:
 
 def _build(serve_asgi: Callable[..., Any], tmp_path: Path, timeout_s: str = "2.0",
            eu_a: Any = None, pii: str | None = None,
-           apps: dict[str, Any] | None = None) -> Stack:
+           apps: dict[str, Any] | None = None, extra: dict[str, Any] | None = None) -> Stack:
     sims = {name: create_sim(SimConfig(models=["m"])) for name in ("eu-a", "eu-b", "us")}
     if eu_a is not None:
         sims["eu-a"] = eu_a
@@ -102,6 +102,7 @@ def _build(serve_asgi: Callable[..., Any], tmp_path: Path, timeout_s: str = "2.0
         "pseudonym_key_file": str(generate_key_file(tmp_path / "pseudonym.key")),
         "replica_id": "pii-test",
     }
+    cfg.update(extra or {})
     settings = parse(cfg)
     runtime = start_egress(settings, tmp_path)
     app = create_app(settings, assemble(settings, tmp_path, egress=runtime))
