@@ -522,7 +522,8 @@ def escaped_api_path(scope: Scope) -> bool:
     A proxy in front that matches the literal path would otherwise be bypassed, since the
     server decodes the path."""
     raw = scope.get("raw_path") or b""
-    return (b"%" in raw and scope["path"].startswith(API_PREFIX)
+    # 37 is b"%": a byte value tests faster than a one-byte string (no buffer for it).
+    return (37 in raw and scope["path"].startswith(API_PREFIX)
             and not raw.startswith(_MODEL_ITEM_PREFIX))
 
 

@@ -192,8 +192,12 @@ def _literal_address(host: str, port: int) -> AddrInfoType | None:
     return (socket.AF_INET6, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", (host, port, 0, 0))
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class _Origin:
+    """Where a replica URL's requests go. Compared and hashed by identity (a C hash: the pool's
+    dictionaries look one up twice per request); :class:`RelayClient` makes one per distinct
+    value, so equal origins share one idle list as before."""
+
     host: str
     port: int
     tls: bool
@@ -280,6 +284,7 @@ class RelayClient:
         self._idle: dict[_Origin, list[tuple[H1Connection, float]]] = {}
         self._sweep: asyncio.TimerHandle | None = None
         self._origins: dict[str, _Origin] = {}
+        self._by_value: dict[tuple[str, int, bool, str, str], _Origin] = {}
         self._open = 0
         self._waiters: deque[asyncio.Future[None]] = deque()
         self._closed = False
@@ -318,7 +323,9 @@ class RelayClient:
         """
         origin = self._origins.get(url)
         if origin is None:
-            origin = self._origins[url] = _Origin.of(url)
+            made = _Origin.of(url)
+            key = (made.host, made.port, made.tls, made.prefix, made.host_header)
+            origin = self._origins[url] = self._by_value.setdefault(key, made)
         tokens = [(o, o.attempt_started("POST", origin.host, origin.port, headers))
                   for o in self._observers]
         conn: H1Connection | None = None

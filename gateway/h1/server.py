@@ -547,10 +547,13 @@ class ServerProtocol(asyncio.Protocol):
         length: int | None = None
         parts = [b"HTTP/1.1 %d %s\r\n" % (status, _reason(status))]
         for name, value in headers:
-            lower = bytes(name).lower()
-            value = bytes(value)
+            if type(name) is not bytes:  # ASGI allows any bytes-like
+                name = bytes(name)
+            if type(value) is not bytes:
+                value = bytes(value)
+            lower = name.lower()
             if not _valid_field(lower, value):
-                raise RuntimeError(f"invalid response header {bytes(name)[:40]!r}")
+                raise RuntimeError(f"invalid response header {name[:40]!r}")
             if lower == b"content-length":
                 length = int(value)
                 continue  # written once, below
@@ -560,7 +563,7 @@ class ServerProtocol(asyncio.Protocol):
                 if b"close" in value.lower():
                     cycle.keep_alive = False
                 continue
-            parts.append(b"%s: %s\r\n" % (bytes(name), value))
+            parts += (name, b": ", value, b"\r\n")
         bodyless = status < 200 or status in _NO_BODY_STATUSES
         if length is not None and not bodyless:
             parts.append(b"content-length: %d\r\n" % length)
@@ -766,10 +769,16 @@ class ServerProtocol(asyncio.Protocol):
         return unwatch
 
 
+_CR, _LF, _NUL, _COLON, _SP = 13, 10, 0, 58, 32
+
+
 def _valid_field(name: bytes, value: bytes) -> bool:
-    return (bool(name) and b"\r" not in value and b"\n" not in value and b"\x00" not in value
-            and b":" not in name and b" " not in name and b"\r" not in name
-            and b"\n" not in name)
+    """A response header that cannot break the head: a non-empty name without CR, LF, colon or
+    space, a value without CR, LF or NUL. Byte values (``int in bytes``) rather than one-byte
+    strings: several times faster per test (no buffer set-up for the argument)."""
+    return (bool(name) and _CR not in value and _LF not in value and _NUL not in value
+            and _COLON not in name and _SP not in name and _CR not in name
+            and _LF not in name)
 
 
 def _status_phrase(status: int) -> str:

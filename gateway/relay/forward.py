@@ -445,6 +445,16 @@ async def _relay_body(
         # The whole body came with the head (a small answer): no read will wait, so no idle
         # timer; the first-byte deadline is lifted (writing to the client is not bounded).
         relay.deadline.reschedule(None)
+        # ``chunk`` is then the whole body (the read before took every decoded byte): sent in
+        # one piece that ends the response (one pass through the responder and the server
+        # instead of a body chunk and then an empty last one).
+        relay.complete = True
+        if status == 200:
+            _set_usage(ex.record, usage_from_body(chunk) if len(chunk) <= _MAX_USAGE_BODY
+                       else usage_from_body_end(chunk[-_USAGE_TAIL:]))
+        ex.watch.finish()
+        await out.body(chunk, more=False)
+        return
     else:
         idle = _IdleDeadline(relay.deadline, ex.state.settings.timeouts.idle_s)
     keep = bytearray()  # the body up to _MAX_USAGE_BODY, then only its last _USAGE_TAIL bytes
