@@ -362,9 +362,7 @@ _REQUEST_LINE = re.compile(
 _HEADER_LINE = re.compile(
     rb"(" + _TOKEN_PATTERN + rb"):[ \t]*((?:[\x21-\x7e\x80-\xff](?:[\t\x20-\x7e\x80-\xff]*"
     rb"[\x21-\x7e\x80-\xff])?)?)[ \t]*")
-# The header lines after the request line, each with the CRLF before it (both patterns are
-# used from the request line's end): all of them valid field lines, then each one's parts.
-_HEADER_SECTION = re.compile(rb"(?:\r\n" + _HEADER_LINE.pattern + rb")*")
+# A whole valid header line with the CRLF before it (searched from the request line's end).
 _HEADER_FIELD = re.compile(rb"\r\n" + _HEADER_LINE.pattern + rb"(?=\r\n|\Z)")
 _CONTENT_LENGTH = re.compile(rb"[0-9]{1,18}")
 _LEADING_EMPTY = re.compile(rb"(?:\r?\n)+")
@@ -482,19 +480,22 @@ def parse_request_head(raw: bytes) -> RequestHead:
     pairs = raw.count(b"\r\n")  # every CR and every LF in a CRLF pair: counted, not copied
     if raw.count(b"\r") != pairs or raw.count(b"\n") != pairs:
         raise _bad("a line not ended by CRLF")
-    # The usual head, in three calls of the regex engine instead of several per line: the
-    # request line, every header line a valid field line, then their names and values. A head
-    # that is not plain (a Transfer-Encoding, a repeated or odd Content-Length, Host not once,
-    # another version, any malformed line) takes the line-by-line path, which names the problem
-    # in the order it always did.
+    # The usual head, in two calls of the regex engine instead of several per line: the
+    # request line, then every valid header line's name and value. Each match starts at a
+    # line's CRLF and ends at the next (or the end): as many matches as header lines means
+    # every line is a valid field line. A head that is not plain (a Transfer-Encoding, a
+    # repeated or odd Content-Length, Host not once, another version, any malformed line)
+    # takes the line-by-line path, which names the problem in the order it always did.
     eol = raw.find(b"\r\n")
     if eol < 0:
         eol = len(raw)
     start = _REQUEST_LINE.fullmatch(raw, 0, eol)
-    if start is not None and _HEADER_SECTION.fullmatch(raw, eol) is not None:
-        head = _plain_head(start, _HEADER_FIELD.findall(raw, eol))
-        if head is not None:
-            return head
+    if start is not None:
+        fields = _HEADER_FIELD.findall(raw, eol)
+        if len(fields) == pairs:  # one CRLF before each header line
+            head = _plain_head(start, fields)
+            if head is not None:
+                return head
     return _parse_request_lines(raw)
 
 

@@ -47,6 +47,7 @@ from gateway.h1.asgi_io import (
     DISCONNECT_EXTENSION,
     WHOLE_BODY_EXTENSION,
     WRITE_NOW_EXTENSION,
+    WRITE_RESPONSE_EXTENSION,
     Message,
 )
 from gateway.h1.framing import MAX_REQUEST_HEAD_BYTES, RequestHead, RequestReader, RequestRefused
@@ -216,6 +217,7 @@ class ServerProtocol(asyncio.Protocol):
         self._write_paused = False
         self._drain: list[asyncio.Future[None]] = []
         self._shutting_down = False
+        self._extensions: dict[str, Any] | None = None  # scope["extensions"] (read only)
 
     # --- connection lifecycle ---------------------------------------------------------------
 
@@ -437,15 +439,18 @@ class ServerProtocol(asyncio.Protocol):
             "headers": head.headers,
             "state": self.ctx.state.copy(),
         }
-        extensions: dict[str, Any] = {
-            BODY_CHUNK_EXTENSION: self._write_body_chunk,
-            WRITE_NOW_EXTENSION: self.write_now,
-            CHUNK_WRITER_EXTENSION: self._open_chunk_writer,
-            DISCONNECT_EXTENSION: self._watch_disconnect,
-            WHOLE_BODY_EXTENSION: self._take_whole_body,
-        }
-        if self._tls is not None:
-            extensions["tls"] = self._tls
+        extensions = self._extensions
+        if extensions is None:  # the same for every request of the connection: made once
+            extensions = self._extensions = {
+                BODY_CHUNK_EXTENSION: self._write_body_chunk,
+                WRITE_NOW_EXTENSION: self.write_now,
+                WRITE_RESPONSE_EXTENSION: self._write_response,
+                CHUNK_WRITER_EXTENSION: self._open_chunk_writer,
+                DISCONNECT_EXTENSION: self._watch_disconnect,
+                WHOLE_BODY_EXTENSION: self._take_whole_body,
+            }
+            if self._tls is not None:
+                extensions["tls"] = self._tls
         scope["extensions"] = extensions
         if self._shutting_down:
             head.keep_alive = False
@@ -540,7 +545,10 @@ class ServerProtocol(asyncio.Protocol):
 
     # --- writing --------------------------------------------------------------------------------
 
-    def _write_head(self, cycle: _Cycle, status: int, headers: list[Any]) -> None:
+    def _write_head(self, cycle: _Cycle, status: int, headers: list[Any],
+                    flush: bool = True) -> None:
+        """Make the response head; it is held for the first body bytes (one write for both)
+        and, with ``flush``, written at the next loop iteration if none came by then."""
         cycle.response_started = True
         if cycle.continue_due:
             cycle.continue_due = False  # answered without reading the body: no 100
@@ -584,7 +592,8 @@ class ServerProtocol(asyncio.Protocol):
             parts.append(b"connection: close\r\n")
         parts.append(b"\r\n")
         cycle.held = b"".join(parts)
-        self.loop.call_soon(self._write_held, cycle)
+        if flush:
+            self.loop.call_soon(self._write_held, cycle)
 
     def _write_held(self, cycle: _Cycle) -> None:
         held, cycle.held = cycle.held, b""
@@ -745,6 +754,24 @@ class ServerProtocol(asyncio.Protocol):
             return True
 
         return write
+
+    def _write_response(self, status: int, headers: list[Any], body: bytes) -> bool:
+        """Send a whole response at once (:data:`gateway.h1.asgi_io.WRITE_RESPONSE_EXTENSION`):
+        head and body in one write, no held head left to flush later.
+
+        Returns:
+            ``False``, nothing sent, when the response already started or the client is gone.
+
+        Raises:
+            RuntimeError: An invalid header, or a body longer than its ``Content-Length`` (as
+                from ``send``).
+        """
+        cycle = self.cycle
+        if cycle is None or cycle.response_started or cycle.disconnected:
+            return False
+        self._write_head(cycle, status, headers, flush=False)
+        self._write_body(cycle, body, False)
+        return True
 
     def _take_whole_body(self) -> bytes | None:
         cycle = self.cycle

@@ -47,6 +47,7 @@ from gateway.h1.asgi_io import (
     DISCONNECT_EXTENSION,
     WHOLE_BODY_EXTENSION,
     WRITE_NOW_EXTENSION,
+    WRITE_RESPONSE_EXTENSION,
     ClientGone,
     DisconnectWatch,
     Receive,
@@ -156,6 +157,7 @@ async def handle(state: GatewayState, scope: Scope, receive: Receive, send: Send
         write_chunk=extensions.get(BODY_CHUNK_EXTENSION),
         write_now=extensions.get(WRITE_NOW_EXTENSION),
         open_writer=extensions.get(CHUNK_WRITER_EXTENSION),
+        write_response=extensions.get(WRITE_RESPONSE_EXTENSION),
     )
     flight = Flight(state, scope, receive, out, record, t0)
     drain = state.drain
