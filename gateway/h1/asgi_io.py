@@ -37,6 +37,7 @@ __all__ = [
     "framing_refusal",
     "read_body",
     "scope_framing_problem",
+    "take_body",
 ]
 
 Scope = MutableMapping[str, Any]
@@ -137,6 +138,25 @@ def _too_large(limit: int) -> PayloadTooLarge:
     return PayloadTooLarge(f"Request body exceeds the limit of {limit} bytes.")
 
 
+def take_body(limit: int, declared: int | None,
+              take_whole: Callable[[], bytes | None] | None) -> bytes | None:
+    """The request body without waiting, when it has wholly arrived: :func:`read_body`'s
+    first step (the same arguments and refusals).
+
+    Returns:
+        The body, or ``None`` when it must be read with :func:`read_body`.
+
+    Raises:
+        PayloadTooLarge: ``declared`` or the body exceed ``limit`` bytes.
+    """
+    if declared is not None and declared > limit:
+        raise _too_large(limit)
+    whole = take_whole() if take_whole is not None else None
+    if whole is not None and len(whole) > limit:
+        raise _too_large(limit)
+    return whole
+
+
 async def read_body(
     receive: Receive, limit: int, declared: int | None, idle_timeout_s: float | None = None,
     take_whole: Callable[[], bytes | None] | None = None,
@@ -156,12 +176,8 @@ async def read_body(
         RequestTimeout: No part of the body arrived for ``idle_timeout_s``.
         ClientGone: The client disconnected.
     """
-    if declared is not None and declared > limit:
-        raise _too_large(limit)
-    whole = take_whole() if take_whole is not None else None
+    whole = take_body(limit, declared, take_whole)
     if whole is not None:
-        if len(whole) > limit:
-            raise _too_large(limit)
         return whole
     chunks: list[bytes] = []
     total = 0
