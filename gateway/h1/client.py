@@ -330,7 +330,9 @@ class RelayClient:
                   for o in self._observers]
         conn: H1Connection | None = None
         try:
-            conn = await self._acquire(origin, fresh, on_slot)
+            conn = self._idle_connection(origin, on_slot) if not fresh else None
+            if conn is None:
+                conn = await self._acquire(origin, fresh, on_slot)
             request = _request_head(origin, path, headers, len(body))
             if len(body) <= _JOIN_MAX:
                 conn.send(request + body)  # one write, one send() for the usual small body
@@ -370,19 +372,32 @@ class RelayClient:
 
     # the pool -----------------------------------------------------------------------------
 
+    def _idle_connection(self, origin: _Origin,
+                         on_slot: Callable[[], None] | None) -> H1Connection | None:
+        """A usable idle connection to ``origin`` (told to ``on_slot``), or ``None``; the
+        unusable ones met on the way are closed. No wait: :meth:`_acquire`'s first step,
+        taken without a coroutine when it finds one."""
+        if self._closed:
+            return None  # _acquire raises
+        idle = self._idle.get(origin)
+        while idle:
+            conn, _ = idle.pop()  # the most recently used: least likely to be stale
+            if conn.usable:
+                if on_slot is not None:
+                    on_slot()
+                return conn
+            conn.abort()  # closed, closing, or bytes arrived while idle: never reused
+        return None
+
     async def _acquire(self, origin: _Origin, fresh: bool,
                        on_slot: Callable[[], None] | None) -> H1Connection:
         while True:
             if self._closed:
                 raise ConnectFailed("the upstream client is closed")
-            idle = self._idle.get(origin)
-            while idle and not fresh:
-                conn, _ = idle.pop()  # the most recently used: least likely to be stale
-                if conn.usable:
-                    if on_slot is not None:
-                        on_slot()
+            if not fresh:
+                conn = self._idle_connection(origin, on_slot)
+                if conn is not None:
                     return conn
-                conn.abort()  # closed, closing, or bytes arrived while idle: never reused
             if self._limit <= 0 or self._open < self._limit:
                 if on_slot is not None:
                     on_slot()
@@ -720,7 +735,11 @@ class H1Connection(asyncio.Protocol):
         while self._head is None or self._decoder is None:
             if self._exc is not None:
                 raise self._exc
-            await self._wait()
+            waiter = self._waiter = self._loop.create_future()  # inline: no coroutine per wait
+            try:
+                await waiter
+            finally:
+                self._waiter = None
         return self._head
 
     async def read(self) -> bytes:
@@ -901,11 +920,3 @@ class H1Connection(asyncio.Protocol):
             self._waiter = None
             if not waiter.done():
                 waiter.set_result(None)
-
-    async def _wait(self) -> None:
-        waiter = self._loop.create_future()
-        self._waiter = waiter
-        try:
-            await waiter
-        finally:
-            self._waiter = None
