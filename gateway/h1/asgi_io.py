@@ -25,6 +25,7 @@ __all__ = [
     "MAX_HELD_AFTER_END",
     "WHOLE_BODY_EXTENSION",
     "WRITE_NOW_EXTENSION",
+    "WRITE_RESPONSE_EXTENSION",
     "ClientGone",
     "DisconnectWatch",
     "HeldEndTooLong",
@@ -36,6 +37,7 @@ __all__ = [
     "framing_refusal",
     "read_body",
     "scope_framing_problem",
+    "take_body",
 ]
 
 Scope = MutableMapping[str, Any]
@@ -71,6 +73,14 @@ returns ``False`` with nothing changed when that is not possible now (no body in
 client's socket buffer full: use :data:`BODY_CHUNK_EXTENSION` or ``send``, which wait).
 ``write_now(b"")`` only asks. The relay calls it from the upstream connection's callback
 (:meth:`Responder.sink`), so a relayed SSE event wakes no task."""
+
+WRITE_RESPONSE_EXTENSION = "sovereign_gateway.write_response"
+"""ASGI scope extension set by the gateway's own server (``gateway.h1.server``):
+``write(status, headers, body) -> bool`` sends a whole response (what ``http.response.start``
+and one final ``http.response.body`` would send, checked the same way) at once, head and body
+in one write, without holding the head back for a body that may come later; ``False``: not
+possible now (the response started, the client is gone): send the messages.
+:meth:`Responder.respond` uses it for a body the relay has whole."""
 
 CHUNK_WRITER_EXTENSION = "sovereign_gateway.chunk_writer"
 """ASGI scope extension set by the gateway's own server (``gateway.h1.server``):
@@ -128,6 +138,25 @@ def _too_large(limit: int) -> PayloadTooLarge:
     return PayloadTooLarge(f"Request body exceeds the limit of {limit} bytes.")
 
 
+def take_body(limit: int, declared: int | None,
+              take_whole: Callable[[], bytes | None] | None) -> bytes | None:
+    """The request body without waiting, when it has wholly arrived: :func:`read_body`'s
+    first step (the same arguments and refusals).
+
+    Returns:
+        The body, or ``None`` when it must be read with :func:`read_body`.
+
+    Raises:
+        PayloadTooLarge: ``declared`` or the body exceed ``limit`` bytes.
+    """
+    if declared is not None and declared > limit:
+        raise _too_large(limit)
+    whole = take_whole() if take_whole is not None else None
+    if whole is not None and len(whole) > limit:
+        raise _too_large(limit)
+    return whole
+
+
 async def read_body(
     receive: Receive, limit: int, declared: int | None, idle_timeout_s: float | None = None,
     take_whole: Callable[[], bytes | None] | None = None,
@@ -147,12 +176,8 @@ async def read_body(
         RequestTimeout: No part of the body arrived for ``idle_timeout_s``.
         ClientGone: The client disconnected.
     """
-    if declared is not None and declared > limit:
-        raise _too_large(limit)
-    whole = take_whole() if take_whole is not None else None
+    whole = take_body(limit, declared, take_whole)
     if whole is not None:
-        if len(whole) > limit:
-            raise _too_large(limit)
         return whole
     chunks: list[bytes] = []
     total = 0
@@ -200,12 +225,14 @@ class Responder:
             :meth:`sink` writes with unless ``open_writer`` gives it a writer.
         open_writer: The server's :data:`CHUNK_WRITER_EXTENSION`, if it offers one: what
             :meth:`sink` writes with when it opens a writer (with ``write_now`` only).
+        write_response: The server's :data:`WRITE_RESPONSE_EXTENSION`, if it offers one: what
+            :meth:`respond` sends a whole response with.
     """
 
     __slots__ = (
         "_after_end", "_held", "_holding", "_named", "_on_start", "_open_writer", "_pending",
-        "_send", "_sse", "_tail", "_write_chunk", "_write_now", "bytes_out", "request_id",
-        "started", "status", "tap",
+        "_send", "_sse", "_tail", "_write_chunk", "_write_now", "_write_response", "bytes_out",
+        "request_id", "started", "status", "tap",
     )
 
     def __init__(
@@ -218,8 +245,10 @@ class Responder:
         write_chunk: Callable[[bytes], Awaitable[bool]] | None = None,
         write_now: Callable[[bytes], bool] | None = None,
         open_writer: Callable[[], Callable[[bytes], bool] | None] | None = None,
+        write_response: Callable[[int, list[tuple[bytes, bytes]], bytes], bool] | None = None,
     ) -> None:
         self._send = send
+        self._write_response = write_response
         self._write_chunk = write_chunk
         self._write_now = write_now
         self._open_writer = open_writer
@@ -253,6 +282,27 @@ class Responder:
                 for name, value in headers
             )
         await self._send({"type": "http.response.start", "status": status, "headers": headers})
+
+    async def respond(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+        """Send a whole response: :meth:`start`, then ``body`` ending it, in one write when the
+        server offers :data:`WRITE_RESPONSE_EXTENSION` and nothing is held (``hold_end``)."""
+        write = self._write_response
+        if write is None or self._held is not None or self._pending:
+            await self.start(status, headers)
+            await self.body(body, more=False)
+            return
+        self.started = True
+        self.status = status
+        headers.append((b"x-request-id", self.request_id))
+        if self._on_start is not None:
+            self._on_start(headers)
+        self.bytes_out += len(body)
+        if self.tap is not None and body:
+            self.tap(body)
+        if not write(status, headers, body):  # the client is gone: dropped as send() drops it
+            await self._send({"type": "http.response.start", "status": status,
+                              "headers": headers})
+            await self._send({"type": "http.response.body", "body": body, "more_body": False})
 
     def _ends_stream(self, data: bytes) -> bool:
         """Whether ``data``, the next bytes of a held SSE body, completes the line that ends
@@ -522,7 +572,8 @@ def escaped_api_path(scope: Scope) -> bool:
     A proxy in front that matches the literal path would otherwise be bypassed, since the
     server decodes the path."""
     raw = scope.get("raw_path") or b""
-    return (b"%" in raw and scope["path"].startswith(API_PREFIX)
+    # 37 is b"%": a byte value tests faster than a one-byte string (no buffer for it).
+    return (37 in raw and scope["path"].startswith(API_PREFIX)
             and not raw.startswith(_MODEL_ITEM_PREFIX))
 
 

@@ -192,8 +192,12 @@ def _literal_address(host: str, port: int) -> AddrInfoType | None:
     return (socket.AF_INET6, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", (host, port, 0, 0))
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class _Origin:
+    """Where a replica URL's requests go. Compared and hashed by identity (a C hash: the pool's
+    dictionaries look one up twice per request); :class:`RelayClient` makes one per distinct
+    value, so equal origins share one idle list as before."""
+
     host: str
     port: int
     tls: bool
@@ -280,6 +284,7 @@ class RelayClient:
         self._idle: dict[_Origin, list[tuple[H1Connection, float]]] = {}
         self._sweep: asyncio.TimerHandle | None = None
         self._origins: dict[str, _Origin] = {}
+        self._by_value: dict[tuple[str, int, bool, str, str], _Origin] = {}
         self._open = 0
         self._waiters: deque[asyncio.Future[None]] = deque()
         self._closed = False
@@ -318,12 +323,16 @@ class RelayClient:
         """
         origin = self._origins.get(url)
         if origin is None:
-            origin = self._origins[url] = _Origin.of(url)
+            made = _Origin.of(url)
+            key = (made.host, made.port, made.tls, made.prefix, made.host_header)
+            origin = self._origins[url] = self._by_value.setdefault(key, made)
         tokens = [(o, o.attempt_started("POST", origin.host, origin.port, headers))
                   for o in self._observers]
         conn: H1Connection | None = None
         try:
-            conn = await self._acquire(origin, fresh, on_slot)
+            conn = self._idle_connection(origin, on_slot) if not fresh else None
+            if conn is None:
+                conn = await self._acquire(origin, fresh, on_slot)
             request = _request_head(origin, path, headers, len(body))
             if len(body) <= _JOIN_MAX:
                 conn.send(request + body)  # one write, one send() for the usual small body
@@ -363,19 +372,32 @@ class RelayClient:
 
     # the pool -----------------------------------------------------------------------------
 
+    def _idle_connection(self, origin: _Origin,
+                         on_slot: Callable[[], None] | None) -> H1Connection | None:
+        """A usable idle connection to ``origin`` (told to ``on_slot``), or ``None``; the
+        unusable ones met on the way are closed. No wait: :meth:`_acquire`'s first step,
+        taken without a coroutine when it finds one."""
+        if self._closed:
+            return None  # _acquire raises
+        idle = self._idle.get(origin)
+        while idle:
+            conn, _ = idle.pop()  # the most recently used: least likely to be stale
+            if conn.usable:
+                if on_slot is not None:
+                    on_slot()
+                return conn
+            conn.abort()  # closed, closing, or bytes arrived while idle: never reused
+        return None
+
     async def _acquire(self, origin: _Origin, fresh: bool,
                        on_slot: Callable[[], None] | None) -> H1Connection:
         while True:
             if self._closed:
                 raise ConnectFailed("the upstream client is closed")
-            idle = self._idle.get(origin)
-            while idle and not fresh:
-                conn, _ = idle.pop()  # the most recently used: least likely to be stale
-                if conn.usable:
-                    if on_slot is not None:
-                        on_slot()
+            if not fresh:
+                conn = self._idle_connection(origin, on_slot)
+                if conn is not None:
                     return conn
-                conn.abort()  # closed, closing, or bytes arrived while idle: never reused
             if self._limit <= 0 or self._open < self._limit:
                 if on_slot is not None:
                     on_slot()
@@ -713,7 +735,11 @@ class H1Connection(asyncio.Protocol):
         while self._head is None or self._decoder is None:
             if self._exc is not None:
                 raise self._exc
-            await self._wait()
+            waiter = self._waiter = self._loop.create_future()  # inline: no coroutine per wait
+            try:
+                await waiter
+            finally:
+                self._waiter = None
         return self._head
 
     async def read(self) -> bytes:
@@ -894,11 +920,3 @@ class H1Connection(asyncio.Protocol):
             self._waiter = None
             if not waiter.done():
                 waiter.set_result(None)
-
-    async def _wait(self) -> None:
-        waiter = self._loop.create_future()
-        self._waiter = waiter
-        try:
-            await waiter
-        finally:
-            self._waiter = None

@@ -362,6 +362,8 @@ _REQUEST_LINE = re.compile(
 _HEADER_LINE = re.compile(
     rb"(" + _TOKEN_PATTERN + rb"):[ \t]*((?:[\x21-\x7e\x80-\xff](?:[\t\x20-\x7e\x80-\xff]*"
     rb"[\x21-\x7e\x80-\xff])?)?)[ \t]*")
+# A whole valid header line with the CRLF before it (searched from the request line's end).
+_HEADER_FIELD = re.compile(rb"\r\n" + _HEADER_LINE.pattern + rb"(?=\r\n|\Z)")
 _CONTENT_LENGTH = re.compile(rb"[0-9]{1,18}")
 _LEADING_EMPTY = re.compile(rb"(?:\r?\n)+")
 _HEX_PREFIX = re.compile(rb"[0-9A-Fa-f]*")
@@ -478,6 +480,63 @@ def parse_request_head(raw: bytes) -> RequestHead:
     pairs = raw.count(b"\r\n")  # every CR and every LF in a CRLF pair: counted, not copied
     if raw.count(b"\r") != pairs or raw.count(b"\n") != pairs:
         raise _bad("a line not ended by CRLF")
+    # The usual head, in two calls of the regex engine instead of several per line: the
+    # request line, then every valid header line's name and value. Each match starts at a
+    # line's CRLF and ends at the next (or the end): as many matches as header lines means
+    # every line is a valid field line. A head that is not plain (a Transfer-Encoding, a
+    # repeated or odd Content-Length, Host not once, another version, any malformed line)
+    # takes the line-by-line path, which names the problem in the order it always did.
+    eol = raw.find(b"\r\n")
+    if eol < 0:
+        eol = len(raw)
+    start = _REQUEST_LINE.fullmatch(raw, 0, eol)
+    if start is not None:
+        fields = _HEADER_FIELD.findall(raw, eol)
+        if len(fields) == pairs:  # one CRLF before each header line
+            head = _plain_head(start, fields)
+            if head is not None:
+                return head
+    return _parse_request_lines(raw)
+
+
+def _plain_head(start: re.Match[bytes], fields: list[tuple[bytes, bytes]]) -> RequestHead | None:
+    """The head of a valid request line and valid header lines, or ``None`` when it is not
+    plain (:func:`parse_request_head` then parses it line by line)."""
+    method, target, major, minor = start.groups()
+    if major != b"1" or minor not in (b"0", b"1"):
+        return None
+    version = b"1." + minor
+    headers: list[tuple[bytes, bytes]] = []
+    length = 0
+    lengths = 0
+    hosts = 0
+    close = version == b"1.0"
+    expect = False
+    for raw_name, value in fields:
+        name = raw_name.lower()
+        if name == b"content-length":
+            lengths += 1
+            if lengths > 1 or _CONTENT_LENGTH.fullmatch(value) is None:
+                return None
+            length = int(value)
+        elif name == b"transfer-encoding":
+            return None
+        elif name == b"host":
+            hosts += 1
+        elif name == b"connection":
+            if b"close" in [t.strip(_OWS).lower() for t in value.split(b",")]:
+                close = True
+        elif name == b"expect":
+            expect = value.lower() == b"100-continue"
+        headers.append((name, value))
+    if version == b"1.1" and hosts != 1:
+        return None
+    return RequestHead(method, target, version, headers, length, not close,
+                       expect and version == b"1.1" and length > 0)
+
+
+def _parse_request_lines(raw: bytes) -> RequestHead:
+    """:func:`parse_request_head` line by line (any head; the one that names its problem)."""
     lines = raw.split(b"\r\n")
     problem = framing_problem(lines[0], lines[1:])
     if problem is not None:

@@ -356,8 +356,7 @@ async def _relay_response(relay: _Relay, resp: Response, drop_usage: bool) -> No
         await _relay_masked_body(relay, resp, chunk, status, out_headers, ex.masker)
     else:
         relay.phase = "body"
-        await ex.out.start(status, out_headers)
-        await _relay_body(relay, resp, chunk, status)
+        await _relay_body(relay, resp, chunk, status, out_headers)
     record.ended("ok" if status < 400 else ("invalid" if status < 500 else "upstream_error"))
 
 
@@ -435,18 +434,29 @@ def _sink_reader(
 
 
 async def _relay_body(
-    relay: _Relay, resp: Response, chunk: bytes, status: int
+    relay: _Relay, resp: Response, chunk: bytes, status: int,
+    headers: list[tuple[bytes, bytes]],
 ) -> None:
+    """Start the response and relay a (non-SSE) body, reading its usage."""
     ex = relay.ex
     out = ex.out
     read = resp.read
-    idle: _IdleDeadline | None = None
     if resp.complete:
         # The whole body came with the head (a small answer): no read will wait, so no idle
         # timer; the first-byte deadline is lifted (writing to the client is not bounded).
         relay.deadline.reschedule(None)
-    else:
-        idle = _IdleDeadline(relay.deadline, ex.state.settings.timeouts.idle_s)
+        # ``chunk`` is then the whole body (the read before took every decoded byte): the
+        # response is sent whole, head and body in one write (one pass through the responder
+        # and the server instead of a start, a body chunk and an empty last one).
+        relay.complete = True
+        if status == 200:
+            _set_usage(ex.record, usage_from_body(chunk) if len(chunk) <= _MAX_USAGE_BODY
+                       else usage_from_body_end(chunk[-_USAGE_TAIL:]))
+        ex.watch.finish()
+        await out.respond(status, headers, chunk)
+        return
+    await out.start(status, headers)
+    idle = _IdleDeadline(relay.deadline, ex.state.settings.timeouts.idle_s)
     keep = bytearray()  # the body up to _MAX_USAGE_BODY, then only its last _USAGE_TAIL bytes
     whole = True
     try:
@@ -455,15 +465,12 @@ async def _relay_body(
             if len(keep) > _MAX_USAGE_BODY:
                 del keep[:len(keep) - _USAGE_TAIL]
                 whole = False
-            if idle is not None:
-                idle.last = None  # no upstream deadline while writing to a slow client
+            idle.last = None  # no upstream deadline while writing to a slow client
             await out.body(chunk)
-            if idle is not None:
-                idle.last = idle.clock()
+            idle.last = idle.clock()
             chunk = await read()
     finally:
-        if idle is not None:
-            idle.cancel()
+        idle.cancel()
     relay.complete = True
     if status == 200:
         body = bytes(keep)

@@ -47,6 +47,7 @@ from gateway.h1.asgi_io import (
     DISCONNECT_EXTENSION,
     WHOLE_BODY_EXTENSION,
     WRITE_NOW_EXTENSION,
+    WRITE_RESPONSE_EXTENSION,
     ClientGone,
     DisconnectWatch,
     Receive,
@@ -57,6 +58,7 @@ from gateway.h1.asgi_io import (
     framing_refusal,
     read_body,
     scope_framing_problem,
+    take_body,
 )
 from gateway.relay.forward import Exchange, forward
 from gateway.relay.records import ContentTap, Headers, Outcome, RequestRecord
@@ -156,6 +158,7 @@ async def handle(state: GatewayState, scope: Scope, receive: Receive, send: Send
         write_chunk=extensions.get(BODY_CHUNK_EXTENSION),
         write_now=extensions.get(WRITE_NOW_EXTENSION),
         open_writer=extensions.get(CHUNK_WRITER_EXTENSION),
+        write_response=extensions.get(WRITE_RESPONSE_EXTENSION),
     )
     flight = Flight(state, scope, receive, out, record, t0)
     drain = state.drain
@@ -186,7 +189,9 @@ async def handle(state: GatewayState, scope: Scope, receive: Receive, send: Send
     finally:
         record.sent(out.status, out.bytes_out, round((time.perf_counter() - t0) * 1000.0, 3))
         for run in _AT_END:
-            await run(flight)
+            step = run(flight)
+            if step is not None:
+                await step
         if hooks.end_recorded:
             recorded = [gate(record) for gate in hooks.end_recorded]  # ask every gate
             if not all(recorded):
@@ -335,22 +340,24 @@ class Stage:
         name: The stage's name (audit and docs use it; :meth:`gateway.assembly.Gateway.stages`
             names the components behind each).
         run: The step; raises :class:`~gateway.errors.GatewayError` to refuse the request.
+            It returns ``None`` when it is done, or an awaitable that finishes it (a step
+            that need not wait, the usual case for most, costs no coroutine).
         always: Run once the request ends, whatever happened (after the others).
     """
 
     name: str
-    run: Callable[[Flight], Awaitable[None]]
+    run: Callable[[Flight], Awaitable[None] | None]
     always: bool = False
 
 
-async def _authenticate(f: Flight) -> None:
+def _authenticate(f: Flight) -> None:
     """Only POST on a plain relay path; the API key or token -> the caller (401)."""
     _check_target(f.scope)
     f.head = _read_head(f.state, f.scope)
     f.principal = _caller(f.state, f.head, f.record, f.scope)
 
 
-async def _classify(f: Flight) -> None:
+def _classify(f: Flight) -> None:
     """The classification header may change the caller's data class, by grant only (403)."""
     state, head = f.state, f.head
     if state.classify is not None and head.class_value is not None:
@@ -359,23 +366,40 @@ async def _classify(f: Flight) -> None:
         f.record.identify(principal.key_id, principal.team, principal.data_class)
 
 
-async def _read(f: Flight) -> None:
+def _read(f: Flight) -> Awaitable[None] | None:
     """The bounded body (413, 408), parsed and validated (400)."""
     limits = f.state.settings.limits
-    raw = f.raw = await read_body(f.receive, limits.max_body_bytes, f.head.declared,
-                                  limits.client_body_timeout_s,
-                                  (f.scope.get("extensions") or {}).get(WHOLE_BODY_EXTENSION))
+    take_whole = (f.scope.get("extensions") or {}).get(WHOLE_BODY_EXTENSION)
+    raw = take_body(limits.max_body_bytes, f.head.declared, take_whole)
+    if raw is None:
+        return _read_waiting(f)
+    _parse(f, raw)
+    return None
+
+
+async def _read_waiting(f: Flight) -> None:
+    """:func:`_read` for a body that has not wholly arrived yet."""
+    limits = f.state.settings.limits
+    _parse(f, await read_body(f.receive, limits.max_body_bytes, f.head.declared,
+                              limits.client_body_timeout_s))
+
+
+def _parse(f: Flight, raw: bytes) -> None:
+    f.raw = raw
     f.record.received(len(raw))
     parsed = f.parsed = parse_body(raw)
     f.record.describe(parsed.model, parsed.stream)
 
 
-async def _inspect(f: Flight) -> None:
+def _inspect(f: Flight) -> Awaitable[None] | None:
     """Sensitive data in the body (``gateway.pii.request``) may raise the class or mask it,
     before routing; the response's scan and masking are set up."""
+    return _inspect_pii(f) if f.state.pii is not None else None
+
+
+async def _inspect_pii(f: Flight) -> None:
     pii = f.state.pii
-    if pii is None:
-        return
+    assert pii is not None
     assert f.principal is not None and f.parsed is not None
     restore: dict[str, str] = {}  # reversible masking: this request's values, never logged
     path = f.scope["path"]
@@ -384,7 +408,7 @@ async def _inspect(f: Flight) -> None:
     f.masker = pii.response_masker(path, restore)
 
 
-async def _route_stage(f: Flight) -> None:
+def _route_stage(f: Flight) -> Awaitable[None] | None:
     """Model -> pool -> the replicas the egress policy allows (404, 403); the routing hint."""
     state, principal, parsed = f.state, f.principal, f.parsed
     assert principal is not None and parsed is not None
@@ -393,13 +417,36 @@ async def _route_stage(f: Flight) -> None:
     hint = f.hint = pool.route_hint(parsed.values, f.scope["headers"])  # gateway.fleet
     if hint is not None and pool.affinity is not None and pool.affinity.settings.tokenize != "none":
         # routing.tokenize: replica: a chat prompt's exact token ids (gateway.fleet.tokenize)
-        await pool.affinity.fill_token_ids(hint, parsed.values, decision.candidates,
-                                           pool.upstream_name, state.session, state.upstream_ssl)
+        return pool.affinity.fill_token_ids(hint, parsed.values, decision.candidates,
+                                            pool.upstream_name, state.session,
+                                            state.upstream_ssl)
+    return None
 
 
-async def _admit(f: Flight) -> None:
+def _admit(f: Flight) -> Awaitable[None] | None:
     """Admission hooks (quotas: 429), then flow control (a replica with room, or a wait in
     the class's queue: 429, 503) or, without it, the pool's pick (503)."""
+    state = f.state
+    if state.flow is not None or state.hooks.admit:
+        return _admit_waiting(f)
+    _pick_first(f)
+    return None
+
+
+def _pick_first(f: Flight) -> None:
+    """Without flow control: the pool's pick is the first replica (503 when none)."""
+    pool, decision, record, hint = f.pool, f.decision, f.record, f.hint
+    assert pool is not None and decision is not None
+    first = pool.pick(decision.candidates, hint=hint)
+    if first is None:
+        raise NoHealthyReplica(f"No replica of '{pool.model.name}' is available.")
+    f.first = first
+    record.attempt(first.url, first.destination, first.region)
+    record.route = hint.explain if hint is not None else None
+
+
+async def _admit_waiting(f: Flight) -> None:
+    """:func:`_admit` with admission hooks or flow control (both may wait)."""
     state, pool, decision, record, hint = f.state, f.pool, f.decision, f.record, f.hint
     assert pool is not None and decision is not None and f.principal is not None
     assert f.parsed is not None
@@ -407,12 +454,7 @@ async def _admit(f: Flight) -> None:
     lane = f.lane = (flow.lane(f.principal, pool, f.scope["headers"], f.parsed, record)
                      if flow is not None else None)
     if lane is None:
-        first = pool.pick(decision.candidates, hint=hint)
-        if first is None:
-            raise NoHealthyReplica(f"No replica of '{pool.model.name}' is available.")
-        f.first = first
-        record.attempt(first.url, first.destination, first.region)
-        record.route = hint.explain if hint is not None else None
+        _pick_first(f)
     for admit in state.hooks.admit:
         await admit(record, f.parsed.values)
     if lane is not None:
@@ -422,7 +464,7 @@ async def _admit(f: Flight) -> None:
         record.route = hint.explain if hint is not None else None
 
 
-async def _audit(f: Flight) -> None:
+def _audit(f: Flight) -> Awaitable[None] | None:
     """Content taps (policy opt-in), then the observers' ``on_start``: the audit log makes
     ``request.started`` durable before a byte goes upstream (503 when it cannot)."""
     assert f.decision is not None
@@ -430,6 +472,10 @@ async def _audit(f: Flight) -> None:
         _tap_content(f.state, f.record, f.raw, f.out)
     if f.response_scan is not None:
         f.out.tap = _also(f.out.tap, f.response_scan.tap)
+    return _started(f) if f.state.hooks.on_start else None
+
+
+async def _started(f: Flight) -> None:
     for on_start in f.state.hooks.on_start:
         await on_start(f.record)
 
@@ -462,9 +508,17 @@ async def _forward_stage(f: Flight) -> None:
         f.masker.finish(f.record)
 
 
-async def _account(f: Flight) -> None:
+def _account(f: Flight) -> Awaitable[None] | None:
     """The observers' ``on_end`` (completion record, quota settlement, spans and metrics) and
     the access line."""
+    if f.state.hooks.on_end:
+        return _account_ended(f)
+    if f.state.settings.logging.access_log:
+        log_record(f.record)
+    return None
+
+
+async def _account_ended(f: Flight) -> None:
     await f.state.hooks.ended(f.record)
     if f.state.settings.logging.access_log:
         log_record(f.record)
@@ -492,7 +546,9 @@ async def _serve(f: Flight) -> None:
     """Run the stages in order; a lane and a routing hint are released whatever happens."""
     try:
         for run in _IN_ORDER:
-            await run(f)
+            step = run(f)
+            if step is not None:
+                await step
     finally:
         if f.lane is not None:
             f.lane.done()

@@ -80,6 +80,8 @@ __all__ = [
 ]
 
 _WS = re.compile(r"[ \t\n\r]*")
+_COLON = re.compile(r"[ \t\n\r]*:[ \t\n\r]*")  # between a key and its value
+_COMMA = re.compile(r"[ \t\n\r]*,[ \t\n\r]*")  # between a value and the next key
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 _CONTAINERS = frozenset({dict, list})  # what the JSON decoder makes for objects and arrays
@@ -106,7 +108,7 @@ def _parse_constant(literal: str) -> float:
 
 
 # int stays the C fast path (token-id prompts are long int arrays); it raises ValueError beyond
-# the digit limit, which _decode_value maps.
+# the digit limit, which _value_error maps.
 _DECODER = json.JSONDecoder(parse_float=_parse_float, parse_constant=_parse_constant)
 _INTERPRETED = frozenset({"model", "stream", "stream_options"})
 
@@ -271,60 +273,67 @@ def _check_depth(text: str, values: dict[str, Any], spans: dict[str, tuple[int, 
 
 
 def _scan_object(text: str) -> tuple[int, dict[str, Any], dict[str, tuple[int, int]]]:
-    """Walk the top-level object; return (index of ``{``, values, value spans)."""
-    idx = _WS.match(text, 0).end()  # type: ignore[union-attr]
+    """Walk the top-level object; return (index of ``{``, values, value spans).
+
+    The delimiters with the whitespace around them (``: ``, ``, ``) are each one regex match;
+    the error positions are those of the standard library's object scanner.
+    """
+    skip = _WS.match
+    idx = skip(text, 0).end()  # type: ignore[union-attr]
     if text[idx : idx + 1] != "{":
         raise JSONDecodeError("Expecting a JSON object", text, idx)
     brace = idx
     values: dict[str, Any] = {}
     spans: dict[str, tuple[int, int]] = {}
-    idx = _WS.match(text, idx + 1).end()  # type: ignore[union-attr]
+    idx = skip(text, idx + 1).end()  # type: ignore[union-attr]
     if text[idx : idx + 1] == "}":
         idx += 1
     else:
+        decode, colon, comma = _DECODER.raw_decode, _COLON.match, _COMMA.match
         while True:
             if text[idx : idx + 1] != '"':
                 msg = "Expecting property name enclosed in double quotes"
                 raise JSONDecodeError(msg, text, idx)
             key, idx = scanstring(text, idx + 1)
-            idx = _WS.match(text, idx).end()  # type: ignore[union-attr]
-            if text[idx : idx + 1] != ":":
+            delimiter = colon(text, idx)
+            if delimiter is None:
+                idx = skip(text, idx).end()  # type: ignore[union-attr]
                 raise JSONDecodeError("Expecting ':' delimiter", text, idx)
-            idx = _WS.match(text, idx + 1).end()  # type: ignore[union-attr]
-            value, end = _decode_value(text, idx)
+            idx = delimiter.end()
+            try:
+                value, end = decode(text, idx)
+            except JSONDecodeError:
+                raise
+            except (ValueError, RecursionError) as exc:
+                raise _value_error(exc, text, idx) from exc
             if key in spans and key in _INTERPRETED:
                 raise InvalidRequest(f"duplicate key {key!r} in request body", param=key)
             values[key] = value
             spans[key] = (idx, end)
-            idx = _WS.match(text, end).end()  # type: ignore[union-attr]
-            sep = text[idx : idx + 1]
-            if sep == ",":
-                idx = _WS.match(text, idx + 1).end()  # type: ignore[union-attr]
+            delimiter = comma(text, end)
+            if delimiter is not None:
+                idx = delimiter.end()
                 continue
-            if sep == "}":
+            idx = skip(text, end).end()  # type: ignore[union-attr]
+            if text[idx : idx + 1] == "}":
                 idx += 1
                 break
             raise JSONDecodeError("Expecting ',' delimiter", text, idx)
-    idx = _WS.match(text, idx).end()  # type: ignore[union-attr]
     if idx != len(text):
-        raise JSONDecodeError("Extra data", text, idx)
+        idx = skip(text, idx).end()  # type: ignore[union-attr]
+        if idx != len(text):
+            raise JSONDecodeError("Extra data", text, idx)
     return brace, values, spans
 
 
-def _decode_value(text: str, idx: int) -> tuple[Any, int]:
-    """One JSON value at ``idx``; out-of-range numbers and constants as ``JSONDecodeError``."""
-    try:
-        return _DECODER.raw_decode(text, idx)
-    except JSONDecodeError:
-        raise
-    except _OutOfRange as exc:
-        raise JSONDecodeError(f"{exc} (in the value starting here)", text, idx) from exc
-    except ValueError as exc:  # int(): more digits than the interpreter converts
+def _value_error(exc: ValueError | RecursionError, text: str, idx: int) -> JSONDecodeError:
+    """The ``JSONDecodeError`` for what decoding the value at ``idx`` raised besides one."""
+    if isinstance(exc, _OutOfRange):
+        return JSONDecodeError(f"{exc} (in the value starting here)", text, idx)
+    if isinstance(exc, ValueError):  # int(): more digits than the interpreter converts
         msg = "integer with too many digits (in the value starting here)"
-        raise JSONDecodeError(msg, text, idx) from exc
-    except RecursionError as exc:
-        msg = "nesting too deep (in the value starting here)"
-        raise JSONDecodeError(msg, text, idx) from exc
+        return JSONDecodeError(msg, text, idx)
+    return JSONDecodeError("nesting too deep (in the value starting here)", text, idx)
 
 
 def _has_lone_surrogate(value: Any) -> bool:
@@ -491,7 +500,12 @@ def usage_from_body(body: bytes) -> Usage | None:
     if _USAGE not in body:
         return None
     try:
-        return usage_from_mapping(json.loads(body))
+        # The usual body, an object in UTF-8, decoded here as json.loads would decode it
+        # (its encoding detection says UTF-8 when the first two bytes are not NUL), without
+        # that detection's Python call.
+        text = (body.decode("utf-8", "surrogatepass")
+                if body[:1] == b"{" and body[1:2] != b"\x00" else body)
+        return usage_from_mapping(json.loads(text))
     except ValueError:
         return None
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gateway.errors import InvalidRequest
 from gateway.relay.rewrite import parse_body
@@ -96,3 +98,34 @@ def test_a_body_needing_no_splice_goes_upstream_as_received() -> None:
     streamed = parse_body(b'{"model":"m","stream":true}')
     assert streamed.upstream_body("m", force_usage=True) == \
         b'{"stream_options":{"include_usage":true},"model":"m","stream":true}'
+
+
+_WS = st.text(alphabet=" \t\r\n", max_size=3)
+_SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-10**6, 10**6), st.text(max_size=8),
+                     st.floats(allow_nan=False, allow_infinity=False))
+_VALUES = st.recursive(_SCALARS, lambda inner: st.one_of(
+    st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=4), inner, max_size=3)),
+    max_leaves=8)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.sampled_from(["messages", "max_tokens", "temperature", "x", "n"]),
+                       _VALUES, max_size=4),
+       st.text(min_size=1, max_size=6), st.lists(_WS, min_size=40, max_size=40))
+def test_any_whitespace_between_tokens_reads_like_json_loads(
+        others: dict[str, object], model: str, spaces: list[str]) -> None:
+    # The top-level walk skips whitespace only where there is some: whatever whitespace a
+    # client puts around the delimiters, the values are json.loads's and the model's span
+    # holds exactly its value.
+    items = [("model", model), *others.items()]
+    gaps = iter(spaces)
+    text = next(gaps) + "{" + next(gaps)
+    text += ",".join(f"{next(gaps)}{json.dumps(k)}{next(gaps)}:{next(gaps)}{json.dumps(v)}"
+                     f"{next(gaps)}" for k, v in items)
+    text += "}" + next(gaps)
+    raw = text.encode()
+    parsed = parse_body(raw)
+    assert parsed.values == json.loads(text)
+    start, end = parsed.spans["model"]
+    assert json.loads(raw[start:end]) == model
+    assert parsed.open_brace == raw.index(b"{")

@@ -32,7 +32,13 @@ import h11
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.h1.framing import RequestHead, RequestReader, RequestRefused
+from gateway.h1.framing import (
+    RequestHead,
+    RequestReader,
+    RequestRefused,
+    _parse_request_lines,
+    parse_request_head,
+)
 
 TOKEN = st.text(alphabet="!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCXYZ",
                 min_size=1, max_size=8)
@@ -180,6 +186,27 @@ def test_bare_lf_heads_are_refused(data: bytes) -> None:
     head, sep, body = data.partition(b"\r\n\r\n")
     assert sep
     assert ours([head.replace(b"\r\n", b"\n") + b"\n\n" + body])[1] is True
+
+
+def _parsed(parse: Any, head: bytes) -> Any:
+    try:
+        return parse(head)
+    except RequestRefused as exc:
+        return ("refused", exc.status, exc.code, exc.reason)
+
+
+@settings(max_examples=400, deadline=None)
+@given(requests(), st.sampled_from(["", "Content-Length: 7", "Content-length:  007 ",
+                                    "Content-Length: 1, 1", "Transfer-Encoding: chunked",
+                                    "Connection: close", "Expect: 100-continue", " folded",
+                                    "Host: again"]))
+def test_plain_head_fast_path_agrees_with_the_line_by_line_parse(data: bytes, extra: str) -> None:
+    # parse_request_head reads a plain head in a few regex passes and leaves the rest to the
+    # line-by-line parser: the same head or the same refusal, whichever way.
+    head = data.partition(b"\r\n\r\n")[0]
+    if extra:
+        head += b"\r\n" + extra.encode("latin-1")
+    assert _parsed(parse_request_head, head) == _parsed(_parse_request_lines, head), head
 
 
 # --- responses: what the server writes, read by h11 as the client ------------------------------
