@@ -259,3 +259,61 @@ def test_missing_scopes_get_the_insufficient_scope_challenge(oauth: dict[str, An
     refusals = refusals[1:]
     assert all(r["identity"]["issuer"] == provider.issuer for r in refusals)
     assert refusals[1]["tool"] == "count" and refusals[1]["identity"]["scopes"] == ["mcp:tools"]
+
+
+class _Memory:
+    """The SDK's token storage, in memory (:class:`mcp.client.auth.TokenStorage`)."""
+
+    def __init__(self) -> None:
+        self.tokens: Any = None
+        self.client: Any = None
+
+    async def get_tokens(self) -> Any:
+        return self.tokens
+
+    async def set_tokens(self, tokens: Any) -> None:
+        self.tokens = tokens
+
+    async def get_client_info(self) -> Any:
+        return self.client
+
+    async def set_client_info(self, client_info: Any) -> None:
+        self.client = client_info
+
+
+@pytest.mark.parametrize("oauth", [True], indirect=True)
+def test_the_sdk_discovers_authorises_and_steps_up_by_itself(oauth: dict[str, Any]) -> None:
+    """The official SDK's OAuth client (client credentials, no token given): the 401 leads it
+    to the RFC 9728 document, from there to the provider, whose token it requests for the
+    resource the document names with the scope the challenge names; the 403 of a tool that
+    needs more makes it ask again with both scopes. The gateway never saw a token it did not
+    bind to ``/mcp/tools``, and the upstream none at all."""
+    from mcp.client.auth.extensions.client_credentials import ClientCredentialsOAuthProvider
+
+    gw: Gateway = oauth["gateway"]
+    provider: Provider = oauth["provider"]
+    tools: Recording = oauth["tools"]
+    storage = _Memory()
+    sdk_oauth = ClientCredentialsOAuthProvider(
+        server_url=gw.mcp("tools"), storage=storage, client_id="ci-bot",
+        client_secret="ci-bot-secret-of-the-test", issuer=provider.issuer)  # noqa: S106
+
+    async def go() -> tuple[str, bool, str]:
+        async with httpx2.AsyncClient(auth=sdk_oauth, timeout=httpx2.Timeout(30.0)) as http:
+            async with Client(streamable_http_client(gw.mcp("tools"), http_client=http)) as c:
+                echo = await c.call_tool("echo", {"text": "discovered"})
+                first = str(storage.tokens.scope)
+                count = await c.call_tool("count", {"steps": 1})
+                return str(echo.content[0].text), bool(count.is_error), first  # type: ignore[union-attr]
+
+    text, failed, first_scope = anyio.run(go)
+    assert (text, failed) == ("discovered", False)
+    assert first_scope == "mcp:tools"  # from the 401's scope, then stepped up
+    token = storage.tokens.access_token
+    claims = jwt.decode(token, options={"verify_signature": False})
+    assert claims["aud"] == gw.mcp("tools")
+    assert set(claims["scope"].split()) == {"mcp:tools", "mcp:admin"}
+    reasons = [r["data"]["reason"] for r in gw.records() if r["type"] == "mcp.refused"]
+    assert "insufficient_scope" in reasons and "token_audience_invalid" not in reasons
+    for _, hdrs in tools.requests:
+        assert hdrs.get("authorization") == f"Bearer {UPSTREAM_TOKEN}"
