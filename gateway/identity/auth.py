@@ -33,7 +33,7 @@ from gateway.identity.mtls import MtlsVerifier, peer_chain
 from gateway.identity.resources import BoundResource, token_scopes
 from gateway.identity.rules import decide
 from gateway.identity.settings import IdentitySettings
-from gateway.identity.verify import IssuerKeys, JwtVerifier, looks_like_jwt
+from gateway.identity.verify import IssuerKeys, JwtVerifier, Verified, looks_like_jwt
 
 __all__ = ["TOKEN_CACHE_MAX", "IdentityAuthenticator", "subject_pseudonym"]
 
@@ -206,7 +206,12 @@ class IdentityAuthenticator:
             # expired (refused as token_expired), or its key set was replaced: verify again
             del self._verified[token, resource]
         assert self.verifier is not None
-        verified = self.verifier.verify(token, resource)
+        try:
+            verified = self.verifier.verify(token, resource)
+        except TokenRejected as exc:
+            if exc.verified is not None:  # signed by a trusted issuer, meant for another resource
+                exc.identity = self._who(exc.verified)
+            raise
         identity = self.identity_of_claims(
             verified.issuer.settings.issuer, verified.claims, kid=verified.kid,
             jwks_sha256=verified.jwks_sha256,
@@ -219,6 +224,15 @@ class IdentityAuthenticator:
         self._verified[token, resource] = (principal, until, verified.issuer,
                                            verified.jwks_sha256)
         return principal
+
+    def _who(self, verified: Verified) -> dict[str, Any]:
+        """The audit fields of a token that verified but is refused (no rule decided)."""
+        issuer = verified.issuer.settings
+        subject = verified.claims.get(issuer.subject_claim)
+        return {"method": "jwt", "issuer": issuer.issuer,
+                "subject": subject_pseudonym(self._pseudo, issuer.issuer, subject)
+                if isinstance(subject, str) and subject else None,
+                "rule": None, "kid": verified.kid, "jwks_sha256": verified.jwks_sha256}
 
     def _from_cert(self, chain: list[str]) -> Identity:
         assert self.mtls is not None

@@ -168,8 +168,10 @@ class JwtVerifier:
             raise _rejected(exc) from exc
         if resource is not None and not audience_names(claims, resource):
             # Signature, issuer and times held: only the audience is wrong (RFC 8707 §2).
-            raise TokenRejected(f"The token was not issued for this resource: its aud must "
-                                f"name {resource}.", "token_audience_invalid")
+            wrong = TokenRejected(f"The token was not issued for this resource: its aud must "
+                                  f"name {resource}.", "token_audience_invalid")
+            wrong.verified = Verified(issuer, claims, kid, keyset.sha256)
+            raise wrong
         return Verified(issuer, claims, kid, keyset.sha256)
 
 

@@ -255,6 +255,7 @@ class McpEndpoint:
             challenge: The ``WWW-Authenticate`` value of a 401.
         """
         rec.reason, rec.status, rec.rpc_error = exc.reason, exc.status, exc.rpc_code
+        rec.identity = rec.identity or exc.identity  # who a refused verified token was
         if rec.bytes_out == 0:  # nothing sent yet: the refusal is the answer
             extra = []
             if exc.status == 401 and not any(n == b"www-authenticate" for n, _ in exc.headers):

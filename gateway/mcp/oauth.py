@@ -94,7 +94,8 @@ def challenge(settings: McpSettings, server: str | None, *, error: str | None = 
 def auth_refusal(settings: McpSettings, path: str, exc: GatewayError,
                  presented: bool) -> McpRefusal:
     """The MCP refusal of an authentication error at ``path``: 401 with the resource's
-    challenge (``error="invalid_token"`` when a credential was presented), or the error's 403.
+    challenge (``error="invalid_token"`` when a credential was presented), or the error's 403;
+    its ``identity`` is the error's (a verified token's audit fields) for the audit record.
 
     Args:
         settings: The ``mcp:`` section.
@@ -103,11 +104,16 @@ def auth_refusal(settings: McpSettings, path: str, exc: GatewayError,
         presented: An ``Authorization`` credential was sent.
     """
     if exc.status != 401:
-        return McpRefusal(exc.status, FORBIDDEN if exc.status == 403 else INVALID_REQUEST,
-                          exc.code or "forbidden", exc.message)
-    value = challenge(settings, _server_of(path), error="invalid_token" if presented else None)
-    return McpRefusal(401, INVALID_REQUEST, exc.code or "unauthenticated", exc.message,
-                      headers=[(b"www-authenticate", value)])
+        refusal = McpRefusal(exc.status, FORBIDDEN if exc.status == 403 else INVALID_REQUEST,
+                             exc.code or "forbidden", exc.message)
+    else:
+        value = challenge(settings, _server_of(path),
+                          error="invalid_token" if presented else None)
+        refusal = McpRefusal(401, INVALID_REQUEST, exc.code or "unauthenticated", exc.message,
+                             headers=[(b"www-authenticate", value)])
+    # A verified token refused for its audience or by the rules: the audit says who it was.
+    refusal.identity = getattr(exc, "identity", None)
+    return refusal
 
 
 def check_scopes(settings: McpSettings, principal: Any, server: str | None,

@@ -18,7 +18,13 @@ from gateway.identity.build import wrap_identity
 from gateway.identity.resources import BoundResource, canonical_uri
 from gateway.mcp.oauth import resource_bindings
 from gateway.mcp.settings import McpResourceMetadata, McpSettings
-from tests.gateway.identity.jwtkit import AUDIENCE, SigningKey, identity_section, write_jwks
+from tests.gateway.identity.jwtkit import (
+    AUDIENCE,
+    ISSUER,
+    SigningKey,
+    identity_section,
+    write_jwks,
+)
 
 MCP = "https://gw.example.eu/mcp/tools"
 
@@ -49,6 +55,12 @@ def test_a_token_is_accepted_only_on_the_paths_of_its_resource(tmp_path: Path) -
         with pytest.raises(TokenRejected) as refused:
             auth.authenticate(token, _at(path))
         assert refused.value.code == "token_audience_invalid"
+    # The refusal at the bound path still says who (for the audit), pseudonymised.
+    with pytest.raises(TokenRejected) as refused:
+        auth.authenticate(for_api, _at("/mcp/tools"))
+    assert refused.value.identity is not None
+    assert refused.value.identity["issuer"] == ISSUER and refused.value.identity["kid"] == "rsa-1"
+    assert refused.value.identity["subject"].startswith("hmac-sha256:")
     # Other spellings of the same URI name the same resource; other URIs do not.
     for aud in ("HTTPS://GW.example.EU:443/mcp/tools/", [AUDIENCE, MCP]):
         assert auth.authenticate(signer.token(aud=aud), _at("/mcp/tools")).team == "ml"

@@ -200,8 +200,11 @@ def test_tokens_are_accepted_only_at_the_resource_they_were_issued_for(
     assert identity["subject"] == subject_pseudonym(pseudo, provider.issuer, "ci-bot")
     assert identity["scopes"] == ["mcp:tools"] and identity["rule"] == "bots"
     assert calls[0]["key_id"].startswith("id:")
-    reasons = [r["data"]["reason"] for r in records if r["type"] == "mcp.refused"]
-    assert reasons.count("token_audience_invalid") == 4
+    refused = [r["data"] for r in records if r["type"] == "mcp.refused"]
+    assert [r["reason"] for r in refused] == ["token_audience_invalid"] * 4
+    for r in refused:  # verified, then refused for its audience: still says who
+        assert r["identity"]["issuer"] == provider.issuer
+        assert r["identity"]["subject"] == identity["subject"] and r["identity"]["rule"] is None
     assert "ci-bot" not in json.dumps(records) and for_tools not in json.dumps(records)
 
 
