@@ -35,7 +35,14 @@ from gateway.mcp.metadata import metadata_url, resource_uri, scopes_of
 from gateway.mcp.paths import AGGREGATE, PREFIX
 from gateway.mcp.settings import McpSettings
 
-__all__ = ["auth_refusal", "caller_identity", "challenge", "check_scopes", "resource_bindings"]
+__all__ = [
+    "auth_refusal",
+    "caller_identity",
+    "challenge",
+    "check_scopes",
+    "oauth_problems",
+    "resource_bindings",
+]
 
 _SETTING = "mcp.resource_metadata.resource"
 
@@ -57,6 +64,32 @@ def resource_bindings(settings: McpSettings | None) -> dict[str, BoundResource]:
             resource_uri(meta, name) if meta is not None else None, _SETTING)
         for name in names
     }
+
+
+def oauth_problems(settings: McpSettings, identity: Any) -> list[str]:
+    """Where the OAuth settings of the MCP endpoints and the ``identity:`` section disagree
+    (``gateway preflight``'s ``mcp.destinations``; the gateway serves either way).
+
+    Args:
+        settings: The ``mcp:`` section.
+        identity: The ``identity:`` section (:class:`gateway.identity.IdentitySettings`), or
+            ``None``.
+
+    Returns:
+        One line per problem, naming the key: token issuers but no ``resource_metadata`` (every
+        bearer token is refused at the MCP endpoints); an ``authorization_servers`` entry that
+        is not an issuer (its tokens would not verify, yet clients are sent there).
+    """
+    issuers = [i.issuer for i in identity.issuers] if identity is not None else []
+    meta = settings.resource_metadata
+    if meta is None:
+        return ["mcp.resource_metadata: not set, so bearer tokens of identity.issuers are "
+                "refused at the MCP endpoints (set resource to the gateway's public origin)"
+                ] if issuers else []
+    return [f"mcp.resource_metadata.authorization_servers[{i}]: {server} is not an "
+            "identity.issuers entry: clients are sent there for tokens that would not verify"
+            for i, server in enumerate(meta.authorization_servers)
+            if server.rstrip("/") not in {s.rstrip("/") for s in issuers}]
 
 
 def _server_of(path: str) -> str | None:
