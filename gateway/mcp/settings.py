@@ -218,6 +218,8 @@ class McpResourceMetadata(FrozenSection):
             raise ValueError("must be an origin without path, query or fragment: the MCP "
                              "resources are <resource>/mcp/<name>, and RFC 9728 puts the "
                              "metadata at <origin>/.well-known/oauth-protected-resource/...")
+        if not value.isascii():  # it goes into WWW-Authenticate and is compared with aud
+            raise ValueError("must be ASCII: write an internationalised host in its xn-- form")
         if parts.scheme == "http" and not _is_loopback(parts.hostname):
             raise ValueError("must be https:// (OAuth 2.1 section 1.5); http:// only to loopback")
         return value.rstrip("/")

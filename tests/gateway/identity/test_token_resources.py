@@ -91,6 +91,7 @@ def test_the_bindings_name_the_uris_the_metadata_serves() -> None:
     assert {p: b.uri for p, b in resource_bindings(settings).items()} == {
         "/mcp/tools": MCP, "/mcp": "https://gw.example.eu/mcp"}
     assert canonical_uri("https://GW.example.eu:443") == "https://gw.example.eu"
-    for bad in ("https://gw.example.eu/mcp", "http://gw.example.eu", "https://gw.example.eu#x"):
+    for bad in ("https://gw.example.eu/mcp", "http://gw.example.eu", "https://gw.example.eu#x",
+                "https://bücher.example"):
         with pytest.raises(ValueError, match="resource"):
             McpResourceMetadata(resource=bad)
