@@ -60,15 +60,22 @@ def mint(provider: Provider, resource: str, scope: str, client: str = "ci-bot") 
     return token
 
 
+@pytest.fixture
+def provider(tmp_path: Path) -> Iterator[Provider]:
+    """The OpenID provider, stopped at teardown whatever happened after it started."""
+    p = Provider(tmp_path)
+    yield p
+    p.stop()
+
+
 @pytest.fixture(params=[False])
-def oauth(serve_asgi: Callable[..., Any], tmp_path: Path,
+def oauth(serve_asgi: Callable[..., Any], tmp_path: Path, provider: Provider,
           request: pytest.FixtureRequest) -> Iterator[dict[str, Any]]:
     """The provider, two recorded upstreams (``tools`` with a Secret, ``notes``) and the
     gateway: issuer audience ``urn:sovereign-gateway`` (the chat API), aggregate on; with the
     parameter ``True``, scope ``mcp:tools`` required everywhere and ``mcp:admin`` for the
     ``count`` tool."""
     scoped: bool = request.param
-    provider = Provider(tmp_path)
     provider.start(_signing_jwk())
     jwks = tmp_path / "idp-jwks.json"
     jwks.write_bytes(provider.public_jwks())
@@ -101,7 +108,6 @@ def oauth(serve_asgi: Callable[..., Any], tmp_path: Path,
         yield {"gateway": gw, "provider": provider, "tools": tools, "notes": notes}
     finally:
         gw.stop()
-        provider.stop()
 
 
 def _sdk(url: str, token: str, steps: Callable[[Client], Any]) -> Any:
