@@ -248,7 +248,7 @@ def assemble(
     if policy is not None and policy.pii is not None:
         policy.pii.load()  # the sensitive-data detector, once, before serving (gateway.pii.request)
     authenticator = wrap_identity(settings, build_authenticator(settings),  # gateway.identity
-                                  policy=policy)
+                                  policy=policy, resources=_mcp_resources(settings))
     telemetry_settings = check_telemetry(settings, policy)
     check_tls_files(settings)
     check_preflight_files(settings.preflight)
@@ -390,7 +390,8 @@ def reassemble(running: Gateway, settings: GatewaySettings, base: Path | None = 
         authenticator = ManagedKeyAuthenticator(ring, keys.cache)
     # JWKS files read and pinned again; started jwks_uri fetchers kept
     authenticator = wrap_identity(settings, authenticator, policy=policy,
-                                  running=running.authenticator)
+                                  running=running.authenticator,
+                                  resources=_mcp_resources(settings))
     router = Router(settings, reuse=running.router)
     route_policy: RoutePolicy = AllowAll()
     if policy is not None:
@@ -430,3 +431,13 @@ def build_flow(settings: GatewaySettings, router: Router) -> FlowGate | None:
     from gateway.flow.gate import FlowGate
 
     return FlowGate(settings.flow_control, router, stale_s=settings.routing.metrics_stale_s)
+
+
+def _mcp_resources(settings: GatewaySettings) -> dict[str, Any] | None:
+    """The MCP endpoints' token audience bindings (RFC 8707, :mod:`gateway.mcp.oauth`);
+    ``gateway.mcp`` is imported only with an ``mcp:`` section, as :func:`build_mcp` is."""
+    if settings.mcp is None:
+        return None
+    from gateway.mcp.oauth import resource_bindings
+
+    return dict(resource_bindings(settings.mcp))

@@ -11,6 +11,9 @@ authenticator. The result is a :class:`~gateway.auth.Principal` whose ``key_id``
 the subject's pseudonym and whose ``identity`` carries the verified
 :class:`~gateway.identity.model.Identity`, so routing, policy, quotas and flow control treat it
 as they treat a key.
+
+On a path bound to a resource (``resources``, RFC 8707: the MCP endpoints), a bearer token
+must have been issued for that resource (:mod:`gateway.identity.resources`).
 """
 
 from __future__ import annotations
@@ -27,9 +30,10 @@ from gateway.identity.errors import IdentityNotAllowed, TokenRejected
 from gateway.identity.fetch import JwksFetcher
 from gateway.identity.model import Identity
 from gateway.identity.mtls import MtlsVerifier, peer_chain
+from gateway.identity.resources import BoundResource, token_scopes
 from gateway.identity.rules import decide
 from gateway.identity.settings import IdentitySettings
-from gateway.identity.verify import IssuerKeys, JwtVerifier, looks_like_jwt
+from gateway.identity.verify import IssuerKeys, JwtVerifier, Verified, looks_like_jwt
 
 __all__ = ["TOKEN_CACHE_MAX", "IdentityAuthenticator", "subject_pseudonym"]
 
@@ -67,19 +71,25 @@ class IdentityAuthenticator:
         verifier: Token verification over the loaded key sets (``None``: no issuer).
         pseudonymizer: The key that pseudonymises subjects.
         mtls: Client-certificate verification (``None``: not configured).
+        resources: Request path (without a trailing ``/``) -> the resource a bearer token
+            presented there must have been issued for (RFC 8707); other paths take the
+            issuers' ``audiences``.
     """
 
     def __init__(self, keys: Authenticator, settings: IdentitySettings,
                  verifier: JwtVerifier | None, pseudonymizer: Pseudonymizer,
-                 mtls: MtlsVerifier | None = None) -> None:
+                 mtls: MtlsVerifier | None = None,
+                 resources: Mapping[str, BoundResource] | None = None) -> None:
         self.keys = keys
         self.settings = settings
         self.verifier = verifier
         self.mtls = mtls
         self._pseudo = pseudonymizer
         self._accept = frozenset(settings.accept)
-        # token -> (principal, until, its issuer, sha256 of the key set that verified it)
-        self._verified: dict[str, tuple[Principal, float, IssuerKeys, str]] = {}
+        self.resources = dict(resources or {})
+        # (token, resource) -> (principal, until, its issuer, sha256 of the verifying key set)
+        self._verified: dict[tuple[str, str | None], tuple[Principal, float, IssuerKeys,
+                                                           str]] = {}
         self._routes = {path: frozenset(m) for path, m in settings.routes.items()}
 
     @property
@@ -113,7 +123,8 @@ class IdentityAuthenticator:
                 certificate chain).
 
         Raises:
-            TokenRejected: A token or client certificate that does not verify (401).
+            TokenRejected: A token or client certificate that does not verify, or a token not
+                issued for the path's resource (``token_audience_invalid``) (401).
             IdentityNotAllowed: Verified but no rule maps it, or the credential is not accepted
                 on this path (403).
             AuthenticationFailed: No credential, or an unknown API key (401).
@@ -125,7 +136,7 @@ class IdentityAuthenticator:
             if "jwt" not in accept:
                 raise IdentityNotAllowed("Bearer tokens are not accepted on this path.",
                                          "credential_not_accepted")
-            return self._token_principal(token)
+            return self._token_principal(token, self._resource(scope))
         chain = peer_chain(scope) if scope is not None and self.mtls is not None else None
         if chain and "mtls" in accept:
             # A verified client certificate outranks an API key on the same request (an SDK
@@ -167,18 +178,40 @@ class IdentityAuthenticator:
             issuer=issuer, subject=pseudonym,
             team=d.team, org=d.org, models=d.models, data_class=d.data_class, rule=d.rule,
             decided_by=d.decided_by, flow_class=d.flow_class, kid=kid, jwks_sha256=jwks_sha256,
+            scopes=token_scopes(claims),
         )
 
-    def _token_principal(self, token: str) -> Principal:
-        hit = self._verified.get(token)
+    def _resource(self, scope: Mapping[str, Any] | None) -> str | None:
+        """The resource URI the path is bound to (``None``: not bound).
+
+        Raises:
+            TokenRejected: The path is bound but no URI is configured (fail closed).
+        """
+        path = str(scope.get("path", "")) if scope is not None else ""
+        bound = self.resources.get(path.rstrip("/") or path) if self.resources else None
+        if bound is None:
+            return None
+        if bound.uri is None:
+            raise TokenRejected(f"Bearer tokens are refused on this path: set {bound.setting} "
+                                "to its canonical URI (tokens must be issued for it).",
+                                "token_audience_invalid")
+        return bound.uri
+
+    def _token_principal(self, token: str, resource: str | None = None) -> Principal:
+        hit = self._verified.get((token, resource))
         if hit is not None:
             principal, until, issuer, jwks_sha256 = hit
             if time.time() < until and _still_in_use(issuer, jwks_sha256):
                 return principal
             # expired (refused as token_expired), or its key set was replaced: verify again
-            del self._verified[token]
+            del self._verified[token, resource]
         assert self.verifier is not None
-        verified = self.verifier.verify(token)
+        try:
+            verified = self.verifier.verify(token, resource)
+        except TokenRejected as exc:
+            if exc.verified is not None:  # signed by a trusted issuer, meant for another resource
+                exc.identity = self._who(exc.verified)
+            raise
         identity = self.identity_of_claims(
             verified.issuer.settings.issuer, verified.claims, kid=verified.kid,
             jwks_sha256=verified.jwks_sha256,
@@ -188,8 +221,18 @@ class IdentityAuthenticator:
         until = float(verified.claims["exp"]) + verified.issuer.settings.clock_skew_s
         if len(self._verified) >= TOKEN_CACHE_MAX:
             self._verified.clear()
-        self._verified[token] = (principal, until, verified.issuer, verified.jwks_sha256)
+        self._verified[token, resource] = (principal, until, verified.issuer,
+                                           verified.jwks_sha256)
         return principal
+
+    def _who(self, verified: Verified) -> dict[str, Any]:
+        """The audit fields of a token that verified but is refused (no rule decided)."""
+        issuer = verified.issuer.settings
+        subject = verified.claims.get(issuer.subject_claim)
+        return {"method": "jwt", "issuer": issuer.issuer,
+                "subject": subject_pseudonym(self._pseudo, issuer.issuer, subject)
+                if isinstance(subject, str) and subject else None,
+                "rule": None, "kid": verified.kid, "jwks_sha256": verified.jwks_sha256}
 
     def _from_cert(self, chain: list[str]) -> Identity:
         assert self.mtls is not None

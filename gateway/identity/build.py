@@ -8,6 +8,7 @@ is refused whole and the running key sets stay (:mod:`gateway.serving.reload`).
 from __future__ import annotations
 
 import ssl
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from gateway.identity.auth import IdentityAuthenticator
 from gateway.identity.fetch import JwksFetcher
 from gateway.identity.jwks import load_jwks
 from gateway.identity.mtls import MtlsVerifier
+from gateway.identity.resources import BoundResource
 from gateway.identity.settings import IdentitySettings, IssuerSettings
 from gateway.identity.verify import IssuerKeys, JwtVerifier
 
@@ -26,7 +28,8 @@ __all__ = ["client_cert_context", "identity_files", "wrap_identity"]
 
 
 def wrap_identity(settings: Any, keys: Authenticator, *, policy: Any = None,
-                  running: Authenticator | None = None) -> Authenticator:
+                  running: Authenticator | None = None,
+                  resources: Mapping[str, BoundResource] | None = None) -> Authenticator:
     """``keys`` wrapped by the identity authenticator of ``settings.identity`` (or ``keys``
     itself when there is no ``identity:`` section).
 
@@ -37,6 +40,8 @@ def wrap_identity(settings: Any, keys: Authenticator, *, policy: Any = None,
             ``jwks_uri`` fetches goes through it.
         running: The authenticator serving now (a live reload): its started ``jwks_uri``
             fetchers are kept.
+        resources: Paths whose bearer tokens must be issued for one resource (RFC 8707; the
+            MCP endpoints, :func:`gateway.mcp.oauth.resource_bindings`).
 
     Raises:
         ConfigError: A JWKS file unreadable, invalid or not matching its pin; the trust bundle
@@ -78,7 +83,7 @@ def wrap_identity(settings: Any, keys: Authenticator, *, policy: Any = None,
         raise ConfigError(f"identity.pseudonym_key_file: {exc}") from exc
     mtls = (MtlsVerifier(section.mtls.trust_bundle_file) if section.mtls is not None else None)
     return IdentityAuthenticator(keys, section, JwtVerifier(issuers) if issuers else None,
-                                 pseudo, mtls)
+                                 pseudo, mtls, resources)
 
 
 def _fetcher(issuer: IssuerSettings, where: str, policy: Any,

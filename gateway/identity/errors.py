@@ -34,6 +34,12 @@ class TokenRejected(GatewayError):
         super().__init__(message, code=code,
                          headers={"www-authenticate": 'Bearer realm="sovereign-gateway", '
                                                       'error="invalid_token"'})
+        self.verified: Any = None
+        """The :class:`~gateway.identity.verify.Verified` token when every check but the
+        audience held (``token_audience_invalid`` on a resource-bound path): who it was."""
+        self.identity: dict[str, Any] | None = None
+        """Then the caller's audit fields (issuer, subject pseudonym, ``kid``), as for
+        :class:`IdentityNotAllowed`."""
 
 
 class IdentityNotAllowed(GatewayError):

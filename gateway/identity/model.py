@@ -33,6 +33,8 @@ class Identity:
         kid: Key id that verified the token (``None`` for mTLS).
         jwks_sha256: SHA-256 hex of the JWKS file that held the key (``None`` for mTLS).
         cert_sha256: SHA-256 hex of the client certificate (DER) (``None`` for a token).
+        scopes: The scopes the token grants (``scope``/``scp`` claim,
+            :func:`gateway.identity.resources.token_scopes`; empty for mTLS).
     """
 
     method: Literal["jwt", "mtls"]
@@ -48,6 +50,7 @@ class Identity:
     flow_class: str | None = None
     jwks_sha256: str | None = None
     cert_sha256: str | None = None
+    scopes: frozenset[str] = frozenset()
 
     @property
     def key_id(self) -> str:

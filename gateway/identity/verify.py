@@ -6,7 +6,9 @@ never HMAC); no ``jku``/``x5u``/``jwk``/``x5c``/``crit`` header (a token never c
 key, RFC 8725 §3.10); ``iss`` (read unverified only to pick the issuer's key set, then verified
 by PyJWT); ``kid`` not revoked and in the pinned JWKS for that ``alg``; then PyJWT checks the
 signature, ``exp``/``nbf``/``iat`` (with the clock skew), ``aud``, ``iss`` and the required
-claims. No key is ever fetched here, so an unknown ``kid`` costs a dictionary lookup.
+claims; on a path bound to a resource (RFC 8707, :mod:`gateway.identity.resources`) ``aud``
+must name that resource instead of one of the issuer's ``audiences``. No key is ever fetched
+here, so an unknown ``kid`` costs a dictionary lookup.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from jwt import exceptions as jwt_errors
 from gateway.identity.errors import TokenRejected
 from gateway.identity.fetch import JwksFetcher
 from gateway.identity.jwks import KeySet
+from gateway.identity.resources import audience_names
 from gateway.identity.settings import ASYMMETRIC_ALGORITHMS, IssuerSettings
 
 __all__ = ["IssuerKeys", "JwtVerifier", "Verified", "looks_like_jwt"]
@@ -96,8 +99,14 @@ class JwtVerifier:
         """The issuers by ``iss``."""
         return self._issuers
 
-    def verify(self, token: str) -> Verified:
+    def verify(self, token: str, resource: str | None = None) -> Verified:
         """Verify ``token`` (see the module docstring for the order of checks).
+
+        Args:
+            token: The bearer token.
+            resource: The canonical URI of the resource the token is presented to (RFC 8707):
+                its ``aud`` must name it, and the issuer's ``audiences`` are not accepted
+                instead (``None``: one of the issuer's ``audiences``).
 
         Returns:
             The verified token.
@@ -150,13 +159,19 @@ class JwtVerifier:
                                 "issuer.", "token_key_unknown")
         try:
             claims = jwt.decode(
-                token, key, algorithms=[alg], audience=cfg.audiences, issuer=cfg.issuer,
-                leeway=cfg.clock_skew_s,
+                token, key, algorithms=[alg], issuer=cfg.issuer, leeway=cfg.clock_skew_s,
+                audience=cfg.audiences if resource is None else None,
                 options={"require": cfg.required_claims, "verify_sub": False,
-                         "verify_jti": False},
+                         "verify_jti": False, "verify_aud": resource is None},
             )
         except jwt_errors.InvalidTokenError as exc:
             raise _rejected(exc) from exc
+        if resource is not None and not audience_names(claims, resource):
+            # Signature, issuer and times held: only the audience is wrong (RFC 8707 §2).
+            wrong = TokenRejected(f"The token was not issued for this resource: its aud must "
+                                  f"name {resource}.", "token_audience_invalid")
+            wrong.verified = Verified(issuer, claims, kid, keyset.sha256)
+            raise wrong
         return Verified(issuer, claims, kid, keyset.sha256)
 
 

@@ -39,6 +39,7 @@ from gateway.mcp.jsonrpc import (
     Message,
     check_headers,
 )
+from gateway.mcp.oauth import caller_identity, check_scopes
 from gateway.mcp.records import CallRecord
 from gateway.mcp.settings import AGGREGATE_SEPARATOR
 from gateway.mcp.upstream import Link, Upstream
@@ -74,6 +75,7 @@ async def handle_aggregate(ep: McpEndpoint, state: Any, scope: Mapping[str, Any]
         principal = ep.authenticate(state, headers, scope)
         rec.key_id, rec.team, rec.data_class = (principal.key_id, principal.team,
                                                  principal.data_class)
+        rec.identity = caller_identity(principal)
         if scope["method"] == "DELETE":
             rec.method = "DELETE"
             if _session(ep, principal.key_id, headers) is None:
@@ -83,6 +85,7 @@ async def handle_aggregate(ep: McpEndpoint, state: Any, scope: Mapping[str, Any]
             return
         msg, _ = await ep.read_message(scope, headers, receive, rec)
         rec.protocol_version = check_headers(msg, headers, headers.repeated)
+        check_scopes(ep.settings, principal, None, None)  # the aggregate's own scopes
         modern = rec.protocol_version in MODERN_VERSIONS
         if "mcp-session-id" in headers:
             if modern:
@@ -183,6 +186,7 @@ async def _call(ep: McpEndpoint, state: Any, principal: Any, msg: Message,
                          f"no tool {msg.name!r} (aggregate names are <server>__<tool>)")
     tool = split[1]
     rec.server, rec.tool, rec.destination = upstream.name, tool, upstream.settings.destination
+    check_scopes(ep.settings, principal, upstream.name, tool)  # the server's and tool's too
     ep.check_class(principal, upstream, rec)
     client_meta = msg.params.get("_meta")
     meta = {k: v for k, v in (client_meta if isinstance(client_meta, dict) else {}).items()

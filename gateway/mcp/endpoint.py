@@ -3,8 +3,10 @@
 Order of one POST (each refusal is a JSON-RPC error with an HTTP status, audited, and nothing
 is forwarded)::
 
-    server known -> authenticate (401 + RFC 9728 hint) -> Origin -> data class (header, by
-    grant) -> body (size, one JSON-RPC object, headers match body) -> policy: the server's
+    server known -> authenticate (401 + RFC 9728 hint; a bearer token must be issued for this
+    server's resource URI, :mod:`gateway.mcp.oauth`) -> Origin -> data class (header, by
+    grant) -> body (size, one JSON-RPC object, headers match body) -> the token's scopes
+    (403 insufficient_scope) -> policy: the server's
     destination may receive the class -> session bound to this caller -> tools/call: access
     globs, argument size, sensitive data in the arguments (policy ``pii``: the class raised
     and the destination checked again, masked or refused), tool exists, Mcp-Param-*
@@ -59,8 +61,9 @@ from gateway.mcp.jsonrpc import (
     parse_message,
 )
 from gateway.mcp.limits import ServerGate, quota_refusal
-from gateway.mcp.metadata import metadata_document, metadata_url
+from gateway.mcp.metadata import metadata_document
 from gateway.mcp.metrics import McpMetrics
+from gateway.mcp.oauth import auth_refusal, caller_identity, challenge, check_scopes
 from gateway.mcp.params import check_params, mirror_params
 from gateway.mcp.paths import AGGREGATE, PREFIX
 from gateway.mcp.pii import ArgumentScan, refusal_record, scan_arguments
@@ -158,6 +161,7 @@ class McpEndpoint:
             principal = self.authenticate(state, headers, scope)
             rec.key_id, rec.team, rec.data_class = (principal.key_id, principal.team,
                                                      principal.data_class)
+            rec.identity = caller_identity(principal)  # gateway.mcp.oauth
             method = scope["method"]
             if method == "DELETE":
                 await self._delete(state, upstream, principal.key_id, headers, rec, send)
@@ -165,6 +169,7 @@ class McpEndpoint:
             msg, body = await self.read_message(scope, headers, receive, rec)
             rec.tool = msg.name if msg.method == "tools/call" else None
             rec.protocol_version = check_headers(msg, headers, headers.repeated)
+            check_scopes(self.settings, principal, upstream.name, rec.tool)  # 403 + challenge
             self.check_class(principal, upstream, rec)
             upstream_sid = self._session(principal.key_id, upstream, headers, rec)
             params: Mapping[str, str] = {}
@@ -251,9 +256,10 @@ class McpEndpoint:
             challenge: The ``WWW-Authenticate`` value of a 401.
         """
         rec.reason, rec.status, rec.rpc_error = exc.reason, exc.status, exc.rpc_code
+        rec.identity = rec.identity or exc.identity  # who a refused verified token was
         if rec.bytes_out == 0:  # nothing sent yet: the refusal is the answer
             extra = []
-            if exc.status == 401:
+            if exc.status == 401 and not any(n == b"www-authenticate" for n, _ in exc.headers):
                 extra.append((b"www-authenticate", challenge))
             if exc.status == 405:
                 extra.append((b"allow", b"POST, DELETE"))
@@ -280,16 +286,11 @@ class McpEndpoint:
 
     def challenge(self, server: str | None) -> bytes:
         """The 401 challenge of ``/mcp/<server>`` (``None``: the aggregate ``/mcp``)."""
-        meta = self.settings.resource_metadata
-        if meta is None or (server is not None and server not in self.upstreams):
-            return b"Bearer"
-        return f'Bearer resource_metadata="{metadata_url(meta, server)}"'.encode()
+        return challenge(self.settings, server)
 
     async def handle_metadata(self, scope: Mapping[str, Any], send: Any) -> None:
         """Serve the RFC 9728 document (404 when not configured or another path)."""
-        meta = self.settings.resource_metadata
-        doc = None if meta is None else metadata_document(
-            meta, scope["path"], set(self.upstreams), self.settings.aggregate)
+        doc = metadata_document(self.settings, scope["path"])
         if doc is None:
             await send_json(send, 404, b'{"error":"not_found"}')
             return
@@ -324,9 +325,8 @@ class McpEndpoint:
             header = state.class_header.decode() if state.class_header is not None else None
             if state.classify is not None and header is not None and header in headers:
                 principal = state.classify(principal, headers[header])
-        except GatewayError as exc:
-            code = FORBIDDEN if exc.status == 403 else INVALID_REQUEST
-            raise McpRefusal(exc.status, code, exc.code or "unauthenticated", exc.message) from exc
+        except GatewayError as exc:  # 401 with the resource's challenge (gateway.mcp.oauth)
+            raise auth_refusal(self.settings, scope["path"], exc, token is not None) from exc
         return principal
 
     def check_class(self, principal: Any, upstream: Upstream, rec: CallRecord) -> None:

@@ -72,6 +72,9 @@ class McpRefusal(Exception):
         self.reason = reason
         self.message = message
         self.data = data
+        self.identity: dict[str, Any] | None = None
+        """The audit fields of a verified caller refused at authentication
+        (:func:`gateway.mcp.oauth.auth_refusal`)."""
 
 
 @dataclass(frozen=True, slots=True)

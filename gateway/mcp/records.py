@@ -2,7 +2,8 @@
 
 One record per tool call (allowed and forwarded, or refused) and per refused request of any
 other method, appended to the gateway's hash chain. It holds who, where, what and why, the
-SHA-256 of the arguments and of the result (never their content), byte counts, the duration
+SHA-256 of the arguments and of the result (never their content), byte counts, the duration,
+the verified identity of a token or client certificate (issuer, subject pseudonym, scopes)
 and the W3C trace id that links it to the chat completion whose answer asked for the call.
 """
 
@@ -43,6 +44,7 @@ class CallRecord:
     trace_id: str | None = None
     rpc_error: int | None = None
     pii: dict[str, Any] | None = None  # sensitive data in the arguments (types, counts, classes)
+    identity: dict[str, Any] | None = None  # a token's or certificate's verified caller
     recorded: bool = False
 
     @property
@@ -75,4 +77,5 @@ class CallRecord:
             "duration_us": self.duration_us,
             "trace_id": self.trace_id,
             **({"pii": self.pii} if self.pii is not None else {}),
+            **({"identity": self.identity} if self.identity is not None else {}),
         }

@@ -17,9 +17,10 @@ Example::
           deny: ["delete_*"]
       aggregate: true                  # /mcp: every server's tools as <server>__<tool>
       session_key_file: /run/secrets/mcp-session.key   # shared by workers and replicas
-      resource_metadata:               # RFC 9728 protected-resource metadata
-        resource: https://gw.example.eu/mcp
+      resource_metadata:               # RFC 9728 protected resource (gateway.mcp.oauth)
+        resource: https://gw.example.eu   # canonical base: /mcp/search is <resource>/mcp/search
         authorization_servers: [https://id.example.eu]
+        required_scopes: [mcp]         # every token at every MCP endpoint (403 otherwise)
 
 Sizes are bytes, durations seconds. Local (stdio) servers are out of scope: every server is an
 HTTP endpoint and an egress destination.
@@ -27,8 +28,10 @@ HTTP endpoint and an egress destination.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator, model_validator
 
@@ -46,6 +49,16 @@ __all__ = [
 ]
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+# RFC 6749 section 3.3: scope-token = 1*( %x21 / %x23-5B / %x5D-7E ); goes into a header.
+_SCOPE = re.compile(r"^[\x21\x23-\x5b\x5d-\x7e]{1,128}$")
+
+
+def _scope_tokens(value: list[str]) -> list[str]:
+    bad = [s for s in value if not _SCOPE.match(s)]
+    if bad:
+        raise ValueError(f"{bad[0]!r} is not an OAuth scope token (RFC 6749 section 3.3: "
+                         "printable ASCII without space, '\"' or '\\')")
+    return value
 
 
 class McpToolSettings(FrozenSection):
@@ -58,11 +71,17 @@ class McpToolSettings(FrozenSection):
             and ``https``); another scheme is refused 400 ``url_invalid``. Widen only for a
             tool that needs it (``ftp``, ...): the policy checks the host, not the protocol.
         max_argument_bytes: Largest serialised ``arguments`` object of this tool (bytes).
+        scopes: OAuth scopes a bearer token must grant to call this tool (beside the
+            server's and ``resource_metadata.required_scopes``; else 403
+            ``insufficient_scope``). API keys and client certificates are not scoped.
     """
 
     url_arguments: list[str] = Field(default_factory=list)
     url_schemes: frozenset[str] = frozenset({"http", "https"})
     max_argument_bytes: int | None = Field(default=None, gt=0)
+    scopes: list[str] = Field(default_factory=list)
+
+    _scopes = field_validator("scopes")(_scope_tokens)
 
     @field_validator("url_schemes")
     @classmethod
@@ -99,6 +118,9 @@ class McpServerSettings(FrozenSection):
             Secret); the client's own ``Authorization`` is never forwarded.
         tools: Per-tool argument checks by tool name.
         flow: Concurrency cap and queue of this server (``None``: no cap).
+        scopes: OAuth scopes a bearer token must grant for any request to this server (at
+            ``/mcp/<name>``, and its tools' calls at ``/mcp``), beside
+            ``resource_metadata.required_scopes``.
     """
 
     name: str
@@ -107,6 +129,9 @@ class McpServerSettings(FrozenSection):
     auth_token_file: Path | None = None
     tools: dict[str, McpToolSettings] = Field(default_factory=dict)
     flow: McpFlowSettings | None = None
+    scopes: list[str] = Field(default_factory=list)
+
+    _scopes = field_validator("scopes")(_scope_tokens)
 
     @field_validator("name")
     @classmethod
@@ -152,13 +177,52 @@ class McpLimits(FrozenSection):
 
 
 class McpResourceMetadata(FrozenSection):
-    """RFC 9728 OAuth 2.0 protected-resource metadata served at
-    ``/.well-known/oauth-protected-resource`` (and ``.../mcp/<name>``)."""
+    """The MCP endpoints as OAuth 2.1 protected resources (:mod:`gateway.mcp.oauth`): their
+    canonical URIs, which bearer tokens must name in ``aud`` (RFC 8707), the scopes they
+    need, and the RFC 9728 metadata served at ``/.well-known/oauth-protected-resource`` (and
+    ``.../mcp/<name>``, ``.../mcp``).
+
+    Attributes:
+        resource: The gateway's public origin as MCP clients reach it (``https://host[:port]``,
+            no path; ``http://`` only to loopback). The resource of ``/mcp/<name>`` is
+            ``<resource>/mcp/<name>``, of the aggregate ``<resource>/mcp``: the ``resource``
+            of their metadata documents and the ``aud`` their tokens must carry.
+        authorization_servers: Issuers (``iss``) whose tokens clients should get; each should
+            be an ``identity.issuers`` entry, since only those verify.
+        scopes_supported: Scopes announced in the metadata (empty: the configured
+            ``required_scopes`` and servers' and tools' ``scopes`` relevant to the document).
+        resource_name: Human-readable name announced in the metadata.
+        required_scopes: Scopes every bearer token must grant at every MCP endpoint (else 403
+            ``insufficient_scope`` naming the scopes needed).
+    """
 
     resource: str
     authorization_servers: list[str] = Field(default_factory=list)
     scopes_supported: list[str] = Field(default_factory=list)
     resource_name: str | None = None
+    required_scopes: list[str] = Field(default_factory=list)
+
+    _scopes = field_validator("scopes_supported", "required_scopes")(_scope_tokens)
+
+    @field_validator("resource")
+    @classmethod
+    def _origin(cls, value: str) -> str:
+        parts = urlsplit(value)
+        try:
+            parts.port  # noqa: B018 - raises ValueError for a bad port
+        except ValueError as exc:
+            raise ValueError(f"bad port in {value!r}") from exc
+        if parts.scheme not in ("https", "http") or not parts.hostname:
+            raise ValueError("must be the gateway's public origin, https://host[:port]")
+        if parts.path not in ("", "/") or parts.query or parts.fragment or parts.username:
+            raise ValueError("must be an origin without path, query or fragment: the MCP "
+                             "resources are <resource>/mcp/<name>, and RFC 9728 puts the "
+                             "metadata at <origin>/.well-known/oauth-protected-resource/...")
+        if not value.isascii():  # it goes into WWW-Authenticate and is compared with aud
+            raise ValueError("must be ASCII: write an internationalised host in its xn-- form")
+        if parts.scheme == "http" and not _is_loopback(parts.hostname):
+            raise ValueError("must be https:// (OAuth 2.1 section 1.5); http:// only to loopback")
+        return value.rstrip("/")
 
 
 AGGREGATE_SEPARATOR = "__"
@@ -198,3 +262,13 @@ class McpSettings(FrozenSection):
                                  f"{AGGREGATE_SEPARATOR!r}, the aggregate endpoint's separator")
             seen.add(server.name)
         return self
+
+
+def _is_loopback(host: str) -> bool:
+    """True for ``localhost`` and loopback address literals."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

@@ -4,7 +4,9 @@
 tool calls carry the prompt's data to those servers, so each must name a policy destination
 whose URL it lies in (the binding :func:`gateway.mcp.wiring.check_mcp_destinations` checks at
 start, here against the policy in force now), and the token file the gateway sends upstream
-must be readable. Without an egress policy nothing bounds where tool calls go: that fails.
+must be readable. Without an egress policy nothing bounds where tool calls go: that fails. The
+endpoints' OAuth settings must agree with the ``identity:`` section
+(:func:`gateway.mcp.oauth.oauth_problems`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ def check_mcp(facts: Facts) -> CheckResult:
     """The MCP servers are bound to policy destinations (and their token files and the session
     key file readable)."""
     from gateway.errors import ConfigError
+    from gateway.mcp.oauth import oauth_problems
     from gateway.mcp.wiring import check_mcp_destinations
 
     cid, title, crit = ("mcp.destinations",
@@ -51,6 +54,7 @@ def check_mcp(facts: Facts) -> CheckResult:
             load_session_key(section.session_key_file)
         except ValueError as exc:
             problems.append(f"mcp.session_key_file: {exc}")
+    problems.extend(oauth_problems(section, getattr(settings, "identity", None)))
     if problems:
         return CheckResult(cid, title, "fail", "; ".join(problems), evidence, crit)
     return CheckResult(cid, title, "pass", f"{len(section.servers)} MCP server(s), each inside "

@@ -124,3 +124,35 @@ def test_mcp_values_that_the_policy_does_not_grant_are_refused(tmp_path: Path) -
     values, policy = _mcp_values(tmp_path, [SERVER], {"gateway": {"extraConfig": {"mcp": {}}}})
     assert "declare MCP servers in one place" in h.refuse(
         h.SCENARIOS["default"], values, policy=policy)
+
+
+def test_mcp_oauth_values_reach_the_config(tmp_path: Path) -> None:
+    """``mcp.resourceMetadata`` and the servers' and tools' ``scopes`` become the gateway's
+    ``resource_metadata`` and ``scopes`` (docs/mcp.md, OAuth); the schema refuses a resource
+    with a path and a scope the OAuth syntax does not allow."""
+    from gateway.mcp.settings import McpSettings
+
+    meta = {"resource": "https://gw.example.eu", "authorization_servers": ["https://id.example.eu"],
+            "required_scopes": ["mcp"]}
+    server = {**SERVER, "scopes": ["search"],
+              "tools": {"fetch": {"url_arguments": ["url"], "scopes": ["search:fetch"]}}}
+    values, policy = _mcp_values(tmp_path, [server])
+    raw = yaml.safe_load(values.read_text(encoding="utf-8"))
+    raw["mcp"]["resourceMetadata"] = meta
+    values.write_text(yaml.safe_dump(raw), encoding="utf-8")
+    objs = h.render(h.SCENARIOS["default"], values, policy=policy)
+    config = yaml.safe_load(h.one(objs, "ConfigMap", "sg-sovereign-gateway-config")
+                            ["data"]["config.yaml"])
+    assert config["mcp"]["resource_metadata"] == meta
+    assert config["mcp"]["servers"][0]["scopes"] == ["search"]
+    assert config["mcp"]["servers"][0]["tools"]["fetch"]["scopes"] == ["search:fetch"]
+    McpSettings.model_validate(config["mcp"])
+    for i, bad in enumerate(({**meta, "resource": "https://gw.example.eu/mcp"},
+                             {**meta, "required_scopes": ['a"b']})):
+        work = tmp_path / f"bad{i}"
+        work.mkdir()
+        values, policy = _mcp_values(work, [SERVER], {})
+        raw = yaml.safe_load(values.read_text(encoding="utf-8"))
+        raw["mcp"]["resourceMetadata"] = bad
+        values.write_text(yaml.safe_dump(raw), encoding="utf-8")
+        assert "resourceMetadata" in h.refuse(h.SCENARIOS["default"], values, policy=policy)

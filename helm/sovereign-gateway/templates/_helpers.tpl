@@ -152,12 +152,14 @@ server's upstream token is the file its credentials Secret is mounted as (deploy
 {{- range .Values.mcp.servers }}
 {{- $s := dict "name" .name "url" .url "destination" .destination -}}
 {{- if .credentials }}{{ $_ := set $s "auth_token_file" (printf "/etc/sovereign-gateway/mcp/%s/token" .name) }}{{ end -}}
+{{- with .scopes }}{{ $_ := set $s "scopes" . }}{{ end -}}
 {{- with .tools }}{{ $_ := set $s "tools" . }}{{ end -}}
 {{- with .flow }}{{ $_ := set $s "flow" . }}{{ end -}}
 {{- $servers = append $servers $s -}}
 {{- end }}
 {{- $mcp := dict "servers" $servers "access" .Values.mcp.access "allowed_origins" .Values.mcp.allowedOrigins -}}
 {{- with .Values.mcp.limits }}{{ $_ := set $mcp "limits" . }}{{ end -}}
+{{- with .Values.mcp.resourceMetadata }}{{ $_ := set $mcp "resource_metadata" . }}{{ end -}}
 {{- toYaml $mcp -}}
 {{- end }}
 {{- end }}

@@ -1,6 +1,6 @@
 // A real OpenID provider on loopback for the identity tests: panva's oidc-provider (npm,
 // pinned in the Makefile), client-credentials grant issuing RFC 9068 JWT access tokens for the
-// resource "sovereign-gateway". Usage: node oidc_provider.mjs PORT PRIVATE_JWKS_FILE
+// resource "urn:sovereign-gateway" (by default) or the resource the client names. Usage: node oidc_provider.mjs PORT PRIVATE_JWKS_FILE
 // The private JWKS (keys in signing order: the first RS256 key signs) is written by the test,
 // so that it can rotate the provider's signing key by restarting it with another file.
 import { readFileSync } from "node:fs";
@@ -47,9 +47,12 @@ const provider = new Provider(issuer, {
       enabled: true,
       defaultResource: () => audience,
       useGrantedResource: () => true,
-      getResourceServerInfo: () => ({
-        scope: "chat",
-        audience,
+      // Any resource a client names (RFC 8707) is a resource server whose tokens carry it as
+      // their audience: the gateway's MCP endpoints (https://gw/mcp/<name>) are resources of
+      // their own beside the chat API's "urn:sovereign-gateway".
+      getResourceServerInfo: (ctx, resourceIndicator) => ({
+        scope: "chat mcp:tools mcp:admin",
+        audience: resourceIndicator,
         accessTokenFormat: "jwt",
         accessTokenTTL: 300,
         jwt: { sign: { alg: "RS256" } },

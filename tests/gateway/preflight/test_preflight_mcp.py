@@ -93,3 +93,26 @@ def test_a_bad_session_key_file_fails(capsys: pytest.CaptureFixture[str], tmp_pa
     check = _check(capsys, tmp_path, cfg)
     assert check["status"] == "fail", check
     assert "mcp.session_key_file" in check["verdict"] and "at least 32 bytes" in check["verdict"]
+
+
+def test_oauth_settings_that_disagree_with_the_identity_section_fail(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Token issuers without ``resource_metadata`` (every token refused at /mcp/...), or an
+    ``authorization_servers`` entry that is not an issuer (clients sent for tokens that will
+    not verify): the check names the key; agreeing settings pass."""
+    from tests.gateway.identity.jwtkit import ISSUER, SigningKey, identity_section, write_jwks
+
+    monkeypatch.setenv("VLLM_KEY", "x")
+    jwks = tmp_path / "jwks.json"
+    cfg = _cfg(tmp_path, "http://127.0.0.1:7100/mcp")
+    cfg["identity"] = identity_section(jwks, write_jwks(jwks, SigningKey("k1")))
+    check = _check(capsys, tmp_path, cfg)
+    assert check["status"] == "fail" and "mcp.resource_metadata: not set" in check["verdict"]
+    cfg["mcp"]["resource_metadata"] = {"resource": "https://gw.example.eu",
+                                       "authorization_servers": ["https://other.example"]}
+    check = _check(capsys, tmp_path, cfg)
+    assert check["status"] == "fail", check
+    assert "authorization_servers[0]: https://other.example" in check["verdict"]
+    cfg["mcp"]["resource_metadata"]["authorization_servers"] = [ISSUER]
+    assert _check(capsys, tmp_path, cfg)["status"] == "pass"
