@@ -31,6 +31,7 @@ __all__ = [
     "KeySettings",
     "Principal",
     "bearer_token",
+    "canonical_path",
     "digest_key",
     "new_key",
     "principal_of",
@@ -43,6 +44,7 @@ MAX_BEARER_BYTES = 65536
 
 _KEY_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_SLASHES = re.compile(r"/{2,}")
 
 
 class KeySettings(FrozenSection):
@@ -135,6 +137,25 @@ def bearer_token(value: bytes | None) -> str | None:
         return token.decode("ascii")
     except UnicodeDecodeError:
         return None
+
+
+def canonical_path(path: str) -> str:
+    """The one form of a request path that per-path credentials (``identity.routes``) are
+    matched on and the MCP endpoint takes its server name from: the decoded path with every
+    run of ``/`` made one ``/`` and the trailing ``/`` removed (``/`` stays ``/``).
+
+    ``/mcp/tools/``, ``/mcp//tools`` and the decoded ``/mcp/tools%2f`` are all ``/mcp/tools``,
+    so no spelling reaches a handler under another name than the one its credentials were
+    checked for (percent-escapes in the MCP and ``/v1/`` paths are refused before that).
+
+    Args:
+        path: The ASGI scope's ``path`` (percent-decoded).
+
+    Returns:
+        The canonical path.
+    """
+    canonical = _SLASHES.sub("/", path).rstrip("/")
+    return canonical if canonical.startswith("/") else "/" + canonical
 
 
 def principal_of(key: KeySettings) -> Principal:

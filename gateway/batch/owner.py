@@ -148,7 +148,7 @@ def _identity_principal(fields: dict[str, Any], who: dict[str, Any],
         raise _revoked("identity_issuer_removed",
                        f"The {name} that created this batch can no longer be verified: client "
                        "certificates are not configured any more.")
-    if method not in section.routes.get(path, section.accept):
+    if method not in section.accepted(path):
         raise _revoked("credential_not_accepted",
                        f"The {name} that created this batch used a credential ({method}) that "
                        f"is no longer accepted on {path}.")

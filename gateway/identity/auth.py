@@ -80,7 +80,6 @@ class IdentityAuthenticator:
         self._accept = frozenset(settings.accept)
         # token -> (principal, until, its issuer, sha256 of the key set that verified it)
         self._verified: dict[str, tuple[Principal, float, IssuerKeys, str]] = {}
-        self._routes = {path: frozenset(m) for path, m in settings.routes.items()}
 
     @property
     def fetchers(self) -> list[JwksFetcher]:
@@ -109,8 +108,9 @@ class IdentityAuthenticator:
 
         Args:
             token: The bearer token or API key (``None``: no ``Authorization``).
-            scope: The ASGI scope (path for ``identity.routes``; the TLS extension's client
-                certificate chain).
+            scope: The ASGI scope (path for ``identity.routes``, matched as
+                :meth:`IdentitySettings.accepted` says; the TLS extension's client certificate
+                chain).
 
         Raises:
             TokenRejected: A token or client certificate that does not verify (401).
@@ -118,9 +118,10 @@ class IdentityAuthenticator:
                 on this path (403).
             AuthenticationFailed: No credential, or an unknown API key (401).
         """
-        accept = self._accept
-        if scope is not None and self._routes:
-            accept = self._routes.get(scope.get("path", ""), accept)
+        accept: frozenset[str] | list[str] = self._accept
+        if scope is not None and self.settings.routes:
+            # the entry covering the canonical path, as the handlers take it (routes and MCP)
+            accept = self.settings.accepted(scope.get("path", ""))
         if token is not None and looks_like_jwt(token) and self.verifier is not None:
             if "jwt" not in accept:
                 raise IdentityNotAllowed("Bearer tokens are not accepted on this path.",
