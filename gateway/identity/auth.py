@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from gateway.audit.pseudonym import Pseudonymizer
@@ -118,7 +118,7 @@ class IdentityAuthenticator:
                 on this path (403).
             AuthenticationFailed: No credential, or an unknown API key (401).
         """
-        accept: frozenset[str] | list[str] = self._accept
+        accept: Collection[str] = self._accept
         if scope is not None and self.settings.routes:
             # the entry covering the canonical path, as the handlers take it (routes and MCP)
             accept = self.settings.accepted(scope.get("path", ""))
