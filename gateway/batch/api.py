@@ -28,7 +28,7 @@ from gateway.batch.errors import (
     StorageQuotaExceeded,
 )
 from gateway.batch.jsonl import ENDPOINTS, parse_input
-from gateway.batch.owner import owner_fields
+from gateway.batch.owner import check_endpoint_credential, owner_fields
 from gateway.batch.runner import BatchRunner, new_id
 from gateway.batch.store import OwnerLimits, OwnerUsage
 from gateway.state import gateway_state
@@ -209,6 +209,7 @@ async def create_batch(request: Request) -> Response:
                          param="endpoint")
     if params.get("completion_window") != "24h":
         raise BatchError("'completion_window' must be '24h'.", param="completion_window")
+    check_endpoint_credential(who, gateway_state(request).settings.identity, endpoint)
     metadata = params.get("metadata")
     _check_metadata(metadata)
     file_id = params.get("input_file_id")

@@ -219,3 +219,27 @@ def test_a_route_covers_the_paths_under_it(serve_asgi: Any, tmp_path: Path) -> N
             codes.append(info.value.code)
         assert client.batches.list().data == []  # /v1/batches: JWTs accepted
     assert codes == ["credential_not_accepted"] * 4
+
+
+def test_a_batch_for_an_endpoint_that_refuses_the_credential_is_refused_at_creation(
+        serve_asgi: Any, tmp_path: Path) -> None:
+    """``/v1/embeddings`` takes API keys only: a JWT may use ``/v1/batches`` but a batch of
+    embeddings would fail on every line (its re-authorisation said the credential was "no
+    longer accepted", though it never was). It is refused when created, and not stored."""
+    sim = start_sim(serve_asgi)
+    idp = Idp(tmp_path)
+    section = idp.section()
+    section["accept"] = ["key", "jwt"]
+    section["routes"] = {"/v1/embeddings": ["key"]}
+    gw = served(serve_asgi, settings(sim.url, tmp_path / "batch.db", section))
+    with token_client(str(gw.url), idp.key.token()) as client:
+        f = client.files.create(file=("in.jsonl", jsonl(1)), purpose="batch")
+        e = client.files.create(file=("e.jsonl", jsonl(1, "/v1/embeddings")), purpose="batch")
+        with pytest.raises(openai.PermissionDeniedError) as info:
+            client.batches.create(input_file_id=e.id, endpoint="/v1/embeddings",
+                                  completion_window="24h")
+        assert info.value.code == "credential_not_accepted"
+        assert "/v1/embeddings" in info.value.message
+        assert client.batches.list().data == []
+        client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions",
+                              completion_window="24h")  # JWTs accepted there
