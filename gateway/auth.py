@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from pydantic import Field, field_validator
 
 from gateway.config.base import FrozenSection
-from gateway.errors import AuthenticationFailed
+from gateway.errors import AuthenticationFailed, InvalidRequest
 
 if TYPE_CHECKING:
     from gateway.identity.model import Identity
@@ -30,6 +30,8 @@ __all__ = [
     "KeyRing",
     "KeySettings",
     "Principal",
+    "ambiguous_credentials",
+    "authorization_of",
     "bearer_token",
     "canonical_path",
     "digest_key",
@@ -137,6 +139,33 @@ def bearer_token(value: bytes | None) -> str | None:
         return token.decode("ascii")
     except UnicodeDecodeError:
         return None
+
+
+def authorization_of(headers: Iterable[tuple[bytes, bytes]]) -> bytes | None:
+    """The request's one ``Authorization`` header value (ASGI header pairs, names lower-case).
+
+    Two of them are refused, not resolved: which one counts would depend on the reader (the
+    first here, the last there), and a proxy in front may have checked the other.
+
+    Returns:
+        The value, or ``None`` when there is none.
+
+    Raises:
+        InvalidRequest: 400 ``ambiguous_credentials`` (the header is given more than once).
+    """
+    found: bytes | None = None
+    for name, value in headers:
+        if name == b"authorization":
+            if found is not None:
+                raise ambiguous_credentials()
+            found = value
+    return found
+
+
+def ambiguous_credentials() -> InvalidRequest:
+    """The 400 of a request with more than one ``Authorization`` header."""
+    return InvalidRequest("The Authorization header is given more than once; send one "
+                          "credential.", param="authorization", code="ambiguous_credentials")
 
 
 def canonical_path(path: str) -> str:

@@ -19,7 +19,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from gateway.auth import Principal, bearer_token
+from gateway.auth import Principal, authorization_of, bearer_token
 from gateway.batch.errors import (
     BatchError,
     FileTooLarge,
@@ -104,7 +104,7 @@ def _runner(request: Request) -> BatchRunner:
 def _caller(request: Request) -> Principal:
     """The caller, authenticated as the relay does: with the request's scope, so that
     ``identity.routes`` (per-path credentials) and client certificates apply here too."""
-    token = bearer_token(request.headers.get("authorization", "").encode("latin-1") or None)
+    token = bearer_token(authorization_of(request.scope["headers"]))
     return gateway_state(request).authenticator.authenticate(token, request.scope)
 
 

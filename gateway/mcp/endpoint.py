@@ -316,7 +316,7 @@ class McpEndpoint:
         except QuotaError as exc:
             raise quota_refusal(exc) from exc
 
-    def authenticate(self, state: Any, headers: Mapping[str, str],
+    def authenticate(self, state: Any, headers: RequestHeaders,
                      scope: Mapping[str, Any]) -> Any:
         """The caller, authenticated as the relay does: with the request's scope, so that
         ``identity.routes`` (per-path credentials) and client certificates apply here too;
@@ -326,6 +326,10 @@ class McpEndpoint:
             McpRefusal: 401 (no or bad credential) or 403 (credential not accepted on this
                 path, class not granted), mapped from the authenticator's error.
         """
+        if "authorization" in headers.repeated:  # which one would count? neither
+            raise McpRefusal(400, INVALID_REQUEST, "ambiguous_credentials",
+                             "The Authorization header is given more than once; send one "
+                             "credential.")
         token = bearer_token(headers.get("authorization", "").encode("latin-1") or None)
         try:
             principal = state.authenticator.authenticate(token, scope)
