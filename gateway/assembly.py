@@ -285,6 +285,9 @@ def assemble(
             telemetry.watch_audit(audit.log)
         if flow is not None:
             telemetry.watch_flow(flow.queue_lengths)
+        fetchers = list(getattr(authenticator, "fetchers", []))  # fixed until a restart
+        if fetchers:
+            telemetry.watch_jwks(lambda: [row for f in fetchers for row in f.outcome_rows()])
         if mcp is not None:
             from gateway.mcp.metrics import queued_rows  # with mcp: only (as build_mcp)
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from pydantic import Field, field_validator
 
 from gateway.config.base import FrozenSection
-from gateway.errors import AuthenticationFailed
+from gateway.errors import AuthenticationFailed, InvalidRequest
 
 if TYPE_CHECKING:
     from gateway.identity.model import Identity
@@ -30,7 +30,10 @@ __all__ = [
     "KeyRing",
     "KeySettings",
     "Principal",
+    "ambiguous_credentials",
+    "authorization_of",
     "bearer_token",
+    "canonical_path",
     "digest_key",
     "new_key",
     "principal_of",
@@ -43,6 +46,7 @@ MAX_BEARER_BYTES = 65536
 
 _KEY_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_SLASHES = re.compile(r"/{2,}")
 
 
 class KeySettings(FrozenSection):
@@ -135,6 +139,52 @@ def bearer_token(value: bytes | None) -> str | None:
         return token.decode("ascii")
     except UnicodeDecodeError:
         return None
+
+
+def authorization_of(headers: Iterable[tuple[bytes, bytes]]) -> bytes | None:
+    """The request's one ``Authorization`` header value (ASGI header pairs, names lower-case).
+
+    Two of them are refused, not resolved: which one counts would depend on the reader (the
+    first here, the last there), and a proxy in front may have checked the other.
+
+    Returns:
+        The value, or ``None`` when there is none.
+
+    Raises:
+        InvalidRequest: 400 ``ambiguous_credentials`` (the header is given more than once).
+    """
+    found: bytes | None = None
+    for name, value in headers:
+        if name == b"authorization":
+            if found is not None:
+                raise ambiguous_credentials()
+            found = value
+    return found
+
+
+def ambiguous_credentials() -> InvalidRequest:
+    """The 400 of a request with more than one ``Authorization`` header."""
+    return InvalidRequest("The Authorization header is given more than once; send one "
+                          "credential.", param="authorization", code="ambiguous_credentials")
+
+
+def canonical_path(path: str) -> str:
+    """The one form of a request path that per-path credentials (``identity.routes``) are
+    matched on and the MCP endpoint takes its server name from: the decoded path with every
+    run of ``/`` made one ``/`` and the trailing ``/`` removed (``/`` stays ``/``).
+
+    ``/mcp/tools/``, ``/mcp//tools`` and the decoded ``/mcp/tools%2f`` are all ``/mcp/tools``,
+    so no spelling reaches a handler under another name than the one its credentials were
+    checked for (percent-escapes in the MCP and ``/v1/`` paths are refused before that).
+
+    Args:
+        path: The ASGI scope's ``path`` (percent-decoded).
+
+    Returns:
+        The canonical path.
+    """
+    canonical = _SLASHES.sub("/", path).rstrip("/")
+    return canonical if canonical.startswith("/") else "/" + canonical
 
 
 def principal_of(key: KeySettings) -> Principal:

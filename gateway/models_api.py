@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from gateway.access import log_record
-from gateway.auth import bearer_token
+from gateway.auth import authorization_of, bearer_token
 from gateway.errors import GatewayError, MethodNotAllowed, ModelNotFound
 from gateway.h1.asgi_io import Receive, Responder, Scope, Send
 from gateway.relay.records import RequestRecord
@@ -61,8 +61,8 @@ def _answer(state: GatewayState, scope: Scope, record: RequestRecord, created: i
     """The response body for an authorised request; raises the refusal otherwise."""
     if scope["method"] != "GET":
         raise MethodNotAllowed(f"Method not allowed on {scope['path']}.")
-    auth = next((v for k, v in scope["headers"] if k == b"authorization"), None)
-    principal = state.authenticator.authenticate(bearer_token(auth), scope)
+    principal = state.authenticator.authenticate(
+        bearer_token(authorization_of(scope["headers"])), scope)
     record.identify(principal.key_id, principal.team, principal.data_class)
     if principal.identity is not None:  # gateway.identity: audited like a relay request
         record.identity = principal.identity.audit_fields()

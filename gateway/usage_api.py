@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from gateway.auth import bearer_token
+from gateway.auth import authorization_of, bearer_token
 from gateway.quotas.hook import QuotaHook
 from gateway.state import GatewayState
 
@@ -34,8 +34,8 @@ async def usage(state: GatewayState, quotas: QuotaHook | None,
         GatewayError: Authentication failed (401/403), or the quota backend cannot be read
             (503).
     """
-    auth = next((v for k, v in scope["headers"] if k == b"authorization"), None)
-    principal = state.authenticator.authenticate(bearer_token(auth), scope)
+    principal = state.authenticator.authenticate(
+        bearer_token(authorization_of(scope["headers"])), scope)
     identity = principal.identity
     org = identity.org if identity is not None else None
     caller = {

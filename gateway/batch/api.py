@@ -21,7 +21,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gateway.audit.errors import AuditUnavailable
-from gateway.auth import Principal, bearer_token
+from gateway.auth import Principal, authorization_of, bearer_token
 from gateway.batch.errors import (
     BatchError,
     FileTooLarge,
@@ -37,7 +37,7 @@ from gateway.batch.events import (
     batch_trace_id,
 )
 from gateway.batch.jsonl import ENDPOINTS, parse_input
-from gateway.batch.owner import owner_fields
+from gateway.batch.owner import check_endpoint_credential, owner_fields
 from gateway.batch.runner import BatchRunner, new_id
 from gateway.batch.store import FINAL, OwnerLimits, OwnerUsage
 from gateway.errors import ServiceUnavailable
@@ -117,7 +117,7 @@ def _runner(request: Request) -> BatchRunner:
 def _caller(request: Request) -> Principal:
     """The caller, authenticated as the relay does: with the request's scope, so that
     ``identity.routes`` (per-path credentials) and client certificates apply here too."""
-    token = bearer_token(request.headers.get("authorization", "").encode("latin-1") or None)
+    token = bearer_token(authorization_of(request.scope["headers"]))
     return gateway_state(request).authenticator.authenticate(token, request.scope)
 
 
@@ -251,6 +251,7 @@ async def create_batch(request: Request) -> Response:
                          param="endpoint")
     if params.get("completion_window") != "24h":
         raise BatchError("'completion_window' must be '24h'.", param="completion_window")
+    check_endpoint_credential(who, gateway_state(request).settings.identity, endpoint)
     metadata = params.get("metadata")
     _check_metadata(metadata)
     file_id = params.get("input_file_id")

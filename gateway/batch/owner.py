@@ -42,7 +42,8 @@ from gateway.identity.model import Identity
 from gateway.identity.rules import decide
 from gateway.identity.settings import IdentityRule, IdentitySettings
 
-__all__ = ["OwnerRevoked", "owner_fields", "reauthorise", "rules_digest"]
+__all__ = ["OwnerRevoked", "check_endpoint_credential", "owner_fields", "reauthorise",
+           "rules_digest"]
 
 
 class OwnerRevoked(GatewayError):
@@ -89,6 +90,24 @@ def owner_fields(p: Principal, identity: IdentitySettings | None) -> dict[str, A
         "rules_sha256": rules_digest(rules[:at + 1]) if at is not None else None,
     }
     return fields
+
+
+def check_endpoint_credential(p: Principal, identity: IdentitySettings | None,
+                              endpoint: str) -> None:
+    """Refuse a batch whose requests the caller's credential could not send: ``identity``
+    (``accept``, ``routes``) must accept it on ``endpoint`` as well as on ``/v1/batches``,
+    else every line would fail at its re-authorisation (:func:`reauthorise`).
+
+    Raises:
+        IdentityNotAllowed: 403 ``credential_not_accepted``, naming the method and the path.
+    """
+    if identity is None:
+        return
+    method = p.identity.method if p.identity is not None else "key"
+    if method not in identity.accepted(endpoint):
+        raise IdentityNotAllowed(f"The credential of this request ({method}) is not accepted "
+                                 f"on {endpoint} (identity.routes), so a batch of it cannot "
+                                 "run.", "credential_not_accepted")
 
 
 def stored_principal(fields: dict[str, Any]) -> Principal:
@@ -148,10 +167,11 @@ def _identity_principal(fields: dict[str, Any], who: dict[str, Any],
         raise _revoked("identity_issuer_removed",
                        f"The {name} that created this batch can no longer be verified: client "
                        "certificates are not configured any more.")
-    if method not in section.routes.get(path, section.accept):
+    if method not in section.accepted(path):
         raise _revoked("credential_not_accepted",
                        f"The {name} that created this batch used a credential ({method}) that "
-                       f"is no longer accepted on {path}.")
+                       f"the configuration in force does not accept on {path} "
+                       "(identity.accept/routes).")
     rules = section.rules
     at = next((i for i, r in enumerate(rules) if r.id == who["rule"]), None)
     if at is None or rules_digest(rules[:at + 1]) != who.get("rules_sha256"):

@@ -27,7 +27,10 @@ __all__ = ["check_config"]
 
 def _report(file: Path, problems: list[ConfigProblem], as_json: bool, code: int) -> typer.Exit:
     """Print one line per problem (``file:line: key: problem``) or, with ``--json``,
-    ``{"ok": false, "file", "problems": [{"file", "line", "key", "problem"}, ...]}``."""
+    ``{"ok": false, "file", "problems": [{"file", "line", "key", "problem"}, ...]}``; in the
+    order of the file (by file, then line; problems without a line after those of their file,
+    in the order found)."""
+    problems = sorted(problems, key=lambda p: (p.file or "", p.line is None, p.line or 0))
     if as_json:
         typer.echo(json.dumps({"ok": False, "file": str(file),
                                "problems": [p.as_json() for p in problems]}))

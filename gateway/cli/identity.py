@@ -5,7 +5,9 @@ The same code path as a request: the token is verified with the configured JWKS 
 (:mod:`gateway.identity.rules`), and with ``--model`` the egress policy is asked for that
 model's destinations with the identity's team and data class, as ``policy explain`` asks for a
 key. ``--claims FILE`` explains a JSON object of claims without a token (marked unverified).
-Exit codes: 0 the identity maps to a rule, 1 it is refused (bad token, no rule), 2 usage.
+Exit codes: 0 the identity maps to a rule (and may call ``--model``), 1 it is refused (bad
+token, no rule, a ``--model`` its rule does not grant: the egress policy is then not asked, as
+a request never reaches it), 2 usage.
 """
 
 from __future__ import annotations
@@ -81,12 +83,14 @@ def explain(
             raise CliError("usage_error", f"model {model!r} is not in {path}")
         out["model"] = found.name
         out["model_allowed"] = "*" in identity.models or found.name in identity.models
-        if gateway.policy is not None:
+        if out["model_allowed"] and gateway.policy is not None:
             decisions = gateway.policy.explain(
                 Principal(identity.key_id, identity.team), identity.data_class,
                 [r.destination for r in found.replicas])
             out["egress"] = [d.as_record() for d in decisions]
     _render(out, as_json)
+    if out.get("model_allowed") is False:
+        raise typer.Exit(1)
 
 
 def _render(out: dict[str, Any], as_json: bool) -> None:
@@ -105,8 +109,12 @@ def _render(out: dict[str, Any], as_json: bool) -> None:
     typer.echo(f"  team {out['team'] or '-'}, org {out['org'] or '-'}, data class "
                f"{out['data_class']}, models {', '.join(out['models']) or '-'}")
     if "model" in out:
-        allowed = "allowed" if out["model_allowed"] else "NOT allowed"
-        typer.echo(f"  model {out['model']}: {allowed}")
+        if out["model_allowed"]:
+            typer.echo(f"  model {out['model']}: allowed")
+        else:
+            typer.echo(f"  model {out['model']}: NOT allowed (the rule grants "
+                       f"{', '.join(out['models']) or 'no model'}): a request is refused (403) "
+                       "before the egress policy")
     for d in out.get("egress", []):
         typer.echo(f"    {d['destination'] or '-'}: {d['decision']} "
                    f"({d['rule_id'] or 'no rule matched'}: {d['reason']})")

@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from gateway.audit.pseudonym import Pseudonymizer
-from gateway.auth import Authenticator, Principal
+from gateway.auth import Authenticator, Principal, canonical_path
 from gateway.errors import AuthenticationFailed
 from gateway.identity.errors import IdentityNotAllowed, TokenRejected
 from gateway.identity.fetch import JwksFetcher
@@ -90,7 +90,6 @@ class IdentityAuthenticator:
         # (token, resource) -> (principal, until, its issuer, sha256 of the verifying key set)
         self._verified: dict[tuple[str, str | None], tuple[Principal, float, IssuerKeys,
                                                            str]] = {}
-        self._routes = {path: frozenset(m) for path, m in settings.routes.items()}
 
     @property
     def fetchers(self) -> list[JwksFetcher]:
@@ -119,8 +118,9 @@ class IdentityAuthenticator:
 
         Args:
             token: The bearer token or API key (``None``: no ``Authorization``).
-            scope: The ASGI scope (path for ``identity.routes``; the TLS extension's client
-                certificate chain).
+            scope: The ASGI scope (path for ``identity.routes``, matched as
+                :meth:`IdentitySettings.accepted` says; the TLS extension's client certificate
+                chain).
 
         Raises:
             TokenRejected: A token or client certificate that does not verify, or a token not
@@ -129,9 +129,10 @@ class IdentityAuthenticator:
                 on this path (403).
             AuthenticationFailed: No credential, or an unknown API key (401).
         """
-        accept = self._accept
-        if scope is not None and self._routes:
-            accept = self._routes.get(scope.get("path", ""), accept)
+        accept: Collection[str] = self._accept
+        if scope is not None and self.settings.routes:
+            # the entry covering the canonical path, as the handlers take it (routes and MCP)
+            accept = self.settings.accepted(scope.get("path", ""))
         if token is not None and looks_like_jwt(token) and self.verifier is not None:
             if "jwt" not in accept:
                 raise IdentityNotAllowed("Bearer tokens are not accepted on this path.",
@@ -188,7 +189,7 @@ class IdentityAuthenticator:
             TokenRejected: The path is bound but no URI is configured (fail closed).
         """
         path = str(scope.get("path", "")) if scope is not None else ""
-        bound = self.resources.get(path.rstrip("/") or path) if self.resources else None
+        bound = self.resources.get(canonical_path(path)) if self.resources else None
         if bound is None:
             return None
         if bound.uri is None:

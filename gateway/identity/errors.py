@@ -4,16 +4,18 @@ Tree::
 
     GatewayError
     ├── TokenRejected        401  token_* / client_cert_*  (authentication_error)
-    └── IdentityNotAllowed   403  identity_not_mapped / credential_not_accepted
+    ├── IdentityNotAllowed   403  identity_not_mapped / credential_not_accepted
+    └── ConfigError
+        └── JwksRefused           jwks_invalid  (a key set that cannot be used, whole)
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from gateway.errors import GatewayError
+from gateway.errors import ConfigError, GatewayError
 
-__all__ = ["IdentityNotAllowed", "TokenRejected"]
+__all__ = ["IdentityNotAllowed", "JwksRefused", "TokenRejected"]
 
 
 class TokenRejected(GatewayError):
@@ -52,3 +54,23 @@ class IdentityNotAllowed(GatewayError):
         super().__init__(message, code=code)
         self.identity: dict[str, Any] | None = None
         """The verified identity's audit fields when it was verified and then refused."""
+
+
+class JwksRefused(ConfigError):
+    """A JWKS document (a pinned file, a fetched ``jwks_uri`` answer) that cannot be used: not
+    JSON, too large or too deeply nested, not a key set, or a key the JOSE library cannot
+    build. The whole document is refused; the keys in use stay.
+
+    Attributes:
+        source: Where the document came from (``identity.issuers[0].jwks_file: /path`` or
+            ``jwks_uri https://...``).
+        index: The position of the offending key in ``keys`` (``None``: the document).
+    """
+
+    code = "jwks_invalid"
+
+    def __init__(self, source: str, problem: str, index: int | None = None) -> None:
+        at = source if index is None else f"{source}: keys[{index}]"
+        super().__init__(f"{at}: {problem}")
+        self.source = source
+        self.index = index

@@ -17,11 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import jwt
-from jwt.exceptions import PyJWKError
 
 from gateway.errors import ConfigError
+from gateway.identity.errors import JwksRefused
 
-__all__ = ["KeySet", "load_jwks", "parse_jwks"]
+__all__ = ["MAX_JWKS_BYTES", "MAX_JWKS_DEPTH", "KeySet", "load_jwks", "parse_jwks"]
 
 _FAMILY = {
     "RSA": ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512"),
@@ -31,7 +31,11 @@ _FAMILY = {
     "OKP:Ed448": ("EdDSA",),
 }
 _PRIVATE_MEMBERS = frozenset({"d", "p", "q", "dp", "dq", "qi", "oth", "k"})
+_PUBLIC_MEMBERS = {"RSA": ("n", "e"), "EC": ("x", "y"), "OKP": ("x",)}
 MAX_JWKS_BYTES = 1 << 20
+MAX_JWKS_DEPTH = 8
+"""Deepest nesting of arrays and objects accepted in a JWKS: RFC 7517 needs 4 (``keys``, a
+key, its ``x5c`` or ``key_ops``); a deeper document is refused before it is parsed."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,57 +87,110 @@ def load_jwks(path: Path, sha256: str, algorithms: Iterable[str], where: str) ->
 def parse_jwks(data: bytes, algorithms: Iterable[str], where: str) -> KeySet:
     """Parse JWKS bytes (a file's or a fetched document's) into a key set, all or nothing.
 
+    Every failure, whatever raised it (the JSON parser, PyJWT or ``cryptography`` building a
+    key from members of the wrong type or value), is one :class:`JwksRefused` naming
+    ``where`` and the key's index: a document from outside never raises anything else.
+
+    Args:
+        data: The document's bytes (at most :data:`MAX_JWKS_BYTES`).
+        algorithms: The algorithms keys may be prepared for.
+        where: The document's source, prefixing messages (``jwks_uri https://...``).
+
+    Returns:
+        The key set.
+
     Raises:
-        ConfigError: Not JSON, not a JWKS, a private or symmetric key, a key without ``kid``,
-            a duplicate ``kid``, or no key an allowed algorithm can use (``where`` prefixes
-            the message).
+        JwksRefused: Over 1 MiB, nested deeper than :data:`MAX_JWKS_DEPTH`, not JSON, not a
+            JWKS, a private or symmetric key, a key without ``kid``, a duplicate ``kid``, a
+            member of the wrong type, a key the JOSE library cannot build, or no key an
+            allowed algorithm can use.
     """
+    if len(data) > MAX_JWKS_BYTES:
+        raise JwksRefused(where, f"larger than {MAX_JWKS_BYTES} bytes")
+    depth = _nesting(data)
+    if depth > MAX_JWKS_DEPTH:
+        raise JwksRefused(where, f"nested {depth} levels deep (a JWKS needs at most "
+                                 f"{MAX_JWKS_DEPTH})")
     digest = hashlib.sha256(data).hexdigest()
     try:
         doc = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"{where} is not JSON: {exc}") from exc
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise JwksRefused(where, f"not JSON: {exc}") from exc
     entries = doc.get("keys") if isinstance(doc, dict) else None
     if not isinstance(entries, list) or not entries:
-        raise ConfigError(f"{where} has no \"keys\" list (RFC 7517 section 5)")
+        raise JwksRefused(where, "has no \"keys\" list (RFC 7517 section 5)")
     allowed = set(algorithms)
     keys: dict[tuple[str, str], jwt.PyJWK] = {}
     kids: set[str] = set()
     for i, entry in enumerate(entries):
-        at = f"{where}: keys[{i}]"
-        kid = _check_entry(entry, at)
+        kid = _check_entry(entry, where, i)
         if kid in kids:
-            raise ConfigError(f"{at}: duplicate kid {kid!r}")
+            raise JwksRefused(where, f"duplicate kid {kid!r}", i)
         kids.add(kid)
         if entry.get("use", "sig") != "sig":
             continue  # an encryption key never verifies a signature
-        for alg in _algorithms_of(entry, allowed):
+        for alg in _algorithms_of(entry, allowed, where, i):
             try:
                 keys[(kid, alg)] = jwt.PyJWK({**entry, "alg": alg})
-            except PyJWKError as exc:
-                raise ConfigError(f"{at}: not a usable {alg} key: {exc}") from exc
+            # Foreign code fed foreign input: PyJWTError (InvalidKeyError, PyJWKError), and
+            # whatever cryptography or base64 raise for a member of the wrong type or value
+            # (TypeError, ValueError, OverflowError...). Each is this one refusal.
+            except Exception as exc:
+                raise JwksRefused(where, f"not a usable {alg} key: {type(exc).__name__}: "
+                                         f"{exc}", i) from exc
     if not keys:
-        raise ConfigError(f"{where}: no signing key usable with "
-                          + ", ".join(sorted(allowed)))
+        raise JwksRefused(where, "no signing key usable with " + ", ".join(sorted(allowed)))
     return KeySet(digest, keys, frozenset(kids))
 
 
-def _check_entry(entry: Any, at: str) -> str:
+def _nesting(data: bytes) -> int:
+    """The deepest ``[``/``{`` nesting of a JSON text (brackets inside strings skipped), so
+    that a hostile document is refused before the recursive parser sees it."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for byte in data:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:  # backslash
+                escaped = True
+            elif byte == 0x22:  # quote
+                in_string = False
+        elif byte == 0x22:
+            in_string = True
+        elif byte in (0x5B, 0x7B):
+            depth += 1
+            deepest = max(deepest, depth)
+        elif byte in (0x5D, 0x7D):
+            depth -= 1
+    return deepest
+
+
+def _check_entry(entry: Any, where: str, i: int) -> str:
     if not isinstance(entry, dict):
-        raise ConfigError(f"{at}: not a JSON object")
+        raise JwksRefused(where, "not a JSON object", i)
     private = sorted(_PRIVATE_MEMBERS & entry.keys())
     if private:
-        raise ConfigError(f"{at}: holds private or symmetric key material ({', '.join(private)}); "
-                          "a JWKS for verification holds public keys only")
+        raise JwksRefused(where, f"holds private or symmetric key material "
+                                 f"({', '.join(private)}); a JWKS for verification holds "
+                                 "public keys only", i)
     kid = entry.get("kid")
     if not isinstance(kid, str) or not kid:
-        raise ConfigError(f"{at}: no kid (every key needs one: tokens name their key by kid)")
+        raise JwksRefused(where, "no kid (every key needs one: tokens name their key by kid)", i)
+    for member in ("kty", "crv", "alg", "use"):
+        if member in entry and not isinstance(entry[member], str):
+            raise JwksRefused(where, f"{member!r} is not a string", i)
     return kid
 
 
-def _algorithms_of(entry: dict[str, Any], allowed: set[str]) -> list[str]:
+def _algorithms_of(entry: dict[str, Any], allowed: set[str], where: str, i: int) -> list[str]:
     kty = entry.get("kty")
     family = _FAMILY.get(str(kty) if kty == "RSA" else f"{kty}:{entry.get('crv')}", ())
+    members = _PUBLIC_MEMBERS.get(str(kty), ())
+    missing = [m for m in members if not isinstance(entry.get(m), str)]
+    if family and missing:
+        raise JwksRefused(where, f"{kty} key member(s) {', '.join(missing)} missing or not "
+                                 "base64url strings", i)
     declared = entry.get("alg")
     if declared is not None:
         return [declared] if declared in family and declared in allowed else []

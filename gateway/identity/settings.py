@@ -43,6 +43,7 @@ from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator, model_validator
 
+from gateway.auth import canonical_path
 from gateway.config.base import FrozenSection
 
 __all__ = [
@@ -192,7 +193,9 @@ class IdentitySettings(FrozenSection):
 
     Attributes:
         accept: Credentials accepted on the listener (``key``, ``jwt``, ``mtls``).
-        routes: Per path, the credentials accepted there instead of ``accept``.
+        routes: Per path, the credentials accepted there and on every path under it instead
+            of ``accept`` (:meth:`accepted`); keys are kept in canonical form
+            (:func:`gateway.auth.canonical_path`: no trailing ``/``, no ``//``).
         pseudonym_key_file: HMAC key pseudonymising subjects (default: the audit log's).
         issuers: Token issuers.
         rules: Claims mapping, first match wins.
@@ -208,6 +211,50 @@ class IdentitySettings(FrozenSection):
     rules: list[IdentityRule] = Field(default_factory=list)
     mtls: MtlsSettings | None = None
     required: bool = False
+
+    @field_validator("routes")
+    @classmethod
+    def _canonical_routes(cls, value: dict[str, list[Method]]) -> dict[str, list[Method]]:
+        out: dict[str, list[Method]] = {}
+        for path, methods in value.items():
+            bad = next((c for c in ("%", "?", "#", " ", "\\") if c in path), None)
+            if not path.startswith("/") or bad is not None:
+                raise ValueError(f"{path!r}: a route is a literal path starting with '/' "
+                                 "(no percent-escapes, query, fragment or spaces)")
+            canonical = canonical_path(path)
+            if {".", ".."} & set(canonical.split("/")):
+                raise ValueError(f"{path!r}: '.' and '..' segments never match a request path")
+            if canonical in out:
+                raise ValueError(f"{path!r}: the same path as another entry ({canonical!r})")
+            if not methods:
+                raise ValueError(f"{path!r}: at least one credential (key, jwt, mtls)")
+            out[canonical] = methods
+        return out
+
+    def accepted(self, path: str) -> list[Method]:
+        """The credentials accepted on ``path``: those of the longest ``routes`` entry that is
+        the path or one of its parents, segment by segment, else ``accept``.
+
+        ``/v1/files`` covers ``/v1/files``, ``/v1/files/`` and ``/v1/files/f-1/content``, not
+        ``/v1/filesystem``; with ``/mcp`` and ``/mcp/tools`` both listed, ``/mcp/tools``
+        decides for its own path and ``/mcp`` for ``/mcp/notes``.
+
+        Args:
+            path: The request path (decoded; made canonical here).
+
+        Returns:
+            The accepted methods (``key``, ``jwt``, ``mtls``).
+        """
+        if not self.routes:
+            return self.accept
+        at = canonical_path(path)
+        while True:
+            methods = self.routes.get(at)
+            if methods is not None:
+                return methods
+            if at == "/":
+                return self.accept
+            at = at.rsplit("/", 1)[0] or "/"
 
     @model_validator(mode="after")
     def _consistent(self) -> IdentitySettings:

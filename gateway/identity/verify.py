@@ -68,6 +68,9 @@ class Verified:
     jwks_sha256: str
 
 
+_NUMERIC_DATES = ("exp", "nbf", "iat")
+
+
 def _segment(raw: str, what: str) -> Any:
     data = raw.encode("ascii", "replace")
     if not _B64URL.match(data):
@@ -75,7 +78,7 @@ def _segment(raw: str, what: str) -> Any:
     try:
         decoded = base64.urlsafe_b64decode(data + b"=" * (-len(data) % 4))
         value = json.loads(decoded)
-    except (binascii.Error, ValueError) as exc:
+    except (binascii.Error, ValueError, RecursionError) as exc:  # RecursionError: deep nesting
         raise TokenRejected(f"The token's {what} is not base64url JSON.",
                             "token_malformed") from exc
     if not isinstance(value, dict):
@@ -132,6 +135,12 @@ class JwtVerifier:
         if not parts[2]:
             raise TokenRejected("The token is not signed.", "token_signature_invalid")
         payload = _segment(parts[1], "payload")
+        for name in _NUMERIC_DATES:
+            value = payload.get(name)
+            # RFC 7519 section 2: a NumericDate is a JSON number; PyJWT would int() "1767225600"
+            if name in payload and (isinstance(value, bool) or not isinstance(value, int | float)):
+                raise TokenRejected(f"The token's {name!r} is not a NumericDate (a JSON number).",
+                                    "token_malformed")
         iss = payload.get("iss")
         issuer = self._issuers.get(iss) if isinstance(iss, str) else None
         if issuer is None:

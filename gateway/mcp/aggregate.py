@@ -2,10 +2,11 @@
 
 The gateway answers the protocol itself here (``initialize``, ``server/discover``, ``ping``,
 ``tools/list``) and forwards only tool calls. ``tools/list`` merges the tools of every server
-the caller may use (an ``access`` rule for it, and the server's destination may receive the
-caller's data class) under ``<server>__<tool>``, filtered per tool by the same globs as
-``/mcp/<server>``. A ``tools/call`` of ``<server>__<tool>`` is checked and forwarded by the
-per-server pipeline of :class:`~gateway.mcp.endpoint.McpEndpoint` (data class, access, size,
+the caller may use (an ``access`` rule for it, its credential accepted on ``/mcp/<server>`` by
+``identity.routes``, and the server's destination may receive the caller's data class) under
+``<server>__<tool>``, filtered per tool by the same globs as ``/mcp/<server>``. A
+``tools/call`` of ``<server>__<tool>`` is checked and forwarded by the per-server
+pipeline of :class:`~gateway.mcp.endpoint.McpEndpoint` (data class, access, size,
 sensitive data, catalogue, ``inputSchema``, URL arguments, bounded relay, one audit record
 naming the server and the tool), as a stateless 2026-07-28 request with the client's id,
 arguments and progress token.
@@ -29,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 from gateway.mcp.asgi import RequestHeaders
 from gateway.mcp.catalogue import modern_meta
 from gateway.mcp.jsonrpc import (
+    FORBIDDEN,
     HANDSHAKE_VERSIONS,
     INVALID_PARAMS,
     INVALID_REQUEST,
@@ -40,6 +42,7 @@ from gateway.mcp.jsonrpc import (
     check_headers,
 )
 from gateway.mcp.oauth import caller_identity, check_scopes
+from gateway.mcp.paths import PREFIX
 from gateway.mcp.records import CallRecord
 from gateway.mcp.settings import AGGREGATE_SEPARATOR
 from gateway.mcp.upstream import Link, Upstream
@@ -139,9 +142,34 @@ def _session(ep: McpEndpoint, key_id: str, headers: Mapping[str, str]) -> str | 
     return ep.sessions.unwrap(key_id, SESSION_SCOPE, presented) if presented else None
 
 
-def _usable(ep: McpEndpoint, principal: Any, upstream: Upstream) -> bool:
-    """May the caller use some tool of ``upstream`` with its data class?"""
+def _check_route(state: Any, principal: Any, upstream: Upstream) -> None:
+    """``identity.routes`` of ``/mcp/<server>`` hold at ``/mcp`` too: the credential the
+    caller authenticated with (``key``, ``jwt``, ``mtls``) must be accepted on the server's
+    own path, else a route limiting ``/mcp/tools`` to keys would be bypassed through
+    ``tools__echo``.
+
+    Raises:
+        McpRefusal: 403 ``credential_not_accepted``.
+    """
+    section = getattr(state.settings, "identity", None)
+    if section is None or not section.routes:
+        return
+    who = getattr(principal, "identity", None)
+    method = who.method if who is not None else "key"
+    path = PREFIX + upstream.name
+    if method not in section.accepted(path):
+        raise McpRefusal(403, FORBIDDEN, "credential_not_accepted",
+                         f"{method} credentials are not accepted on {path} (identity.routes), "
+                         f"so neither are calls of its tools through /mcp")
+
+
+def _usable(ep: McpEndpoint, state: Any, principal: Any, upstream: Upstream) -> bool:
+    """May the caller use some tool of ``upstream`` with its credential and data class?"""
     if not ep.access.may_use_server(principal.key_id, principal.team, upstream.name):
+        return False
+    try:
+        _check_route(state, principal, upstream)
+    except McpRefusal:
         return False
     try:
         ep.check_class(principal, upstream, CallRecord(server=upstream.name))
@@ -154,7 +182,7 @@ async def _merged_tools(ep: McpEndpoint, state: Any, principal: Any) -> list[dic
     """The tools the caller may call, of every usable modern server, by prefixed name. A
     server that cannot be listed is left out (logged), not the whole list."""
     link = Link.of(state)
-    usable = [u for u in ep.upstreams.values() if _usable(ep, principal, u)]
+    usable = [u for u in ep.upstreams.values() if _usable(ep, state, principal, u)]
     found = await asyncio.gather(*(ep.catalogue.get(u, link) for u in usable),
                                  return_exceptions=True)
     tools: list[dict[str, Any]] = []
@@ -187,6 +215,7 @@ async def _call(ep: McpEndpoint, state: Any, principal: Any, msg: Message,
     tool = split[1]
     rec.server, rec.tool, rec.destination = upstream.name, tool, upstream.settings.destination
     check_scopes(ep.settings, principal, upstream.name, tool)  # the server's and tool's too
+    _check_route(state, principal, upstream)
     ep.check_class(principal, upstream, rec)
     client_meta = msg.params.get("_meta")
     meta = {k: v for k, v in (client_meta if isinstance(client_meta, dict) else {}).items()

@@ -36,7 +36,7 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from gateway.auth import bearer_token
+from gateway.auth import bearer_token, canonical_path
 from gateway.errors import GatewayError
 from gateway.mcp.access import ToolAccess
 from gateway.mcp.answers import AnswerRelay
@@ -142,16 +142,25 @@ class McpEndpoint:
     async def handle(self, state: Any, scope: Mapping[str, Any], receive: Any, send: Any) -> None:
         """Serve one HTTP request under ``/mcp/`` (or the aggregate endpoint ``/mcp``)."""
         headers = request_headers(scope["headers"])
-        if scope["path"] == AGGREGATE and self.settings.aggregate and self._aggregate is not None:
+        # One form for the dispatch and identity.routes (gateway.auth.canonical_path), and
+        # no percent-escapes: server names never need one, and /mcp/tools%2f must not be a
+        # spelling of /mcp/tools that a proxy in front matching literal paths lets through.
+        path = canonical_path(scope["path"])
+        escaped = b"%" in (scope.get("raw_path") or b"")
+        if (path == AGGREGATE and not escaped and self.settings.aggregate
+                and self._aggregate is not None):
             await self._aggregate(self, state, scope, headers, receive, send)
             return
-        name = scope["path"][len(PREFIX):].rstrip("/")
+        name = path[len(PREFIX):]
         rec = CallRecord(server=name, trace_id=trace_id_of(headers.get("traceparent")))
         msg: Message | None = None
         opened: list[object] = []
         admission: Any = None
         try:
-            if scope["path"] == AGGREGATE:
+            if escaped:
+                raise McpRefusal(404, INVALID_REQUEST, "unknown_server",
+                                 "an MCP path is spelled without percent-escapes")
+            if path == AGGREGATE:
                 raise McpRefusal(404, INVALID_REQUEST, "unknown_server",
                                  "the aggregate endpoint /mcp is off (mcp.aggregate)")
             upstream = self.upstreams.get(name)
@@ -309,7 +318,7 @@ class McpEndpoint:
         except QuotaError as exc:
             raise quota_refusal(exc) from exc
 
-    def authenticate(self, state: Any, headers: Mapping[str, str],
+    def authenticate(self, state: Any, headers: RequestHeaders,
                      scope: Mapping[str, Any]) -> Any:
         """The caller, authenticated as the relay does: with the request's scope, so that
         ``identity.routes`` (per-path credentials) and client certificates apply here too;
@@ -319,6 +328,10 @@ class McpEndpoint:
             McpRefusal: 401 (no or bad credential) or 403 (credential not accepted on this
                 path, class not granted), mapped from the authenticator's error.
         """
+        if "authorization" in headers.repeated:  # which one would count? neither
+            raise McpRefusal(400, INVALID_REQUEST, "ambiguous_credentials",
+                             "The Authorization header is given more than once; send one "
+                             "credential.")
         token = bearer_token(headers.get("authorization", "").encode("latin-1") or None)
         try:
             principal = state.authenticator.authenticate(token, scope)

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from gateway.access import log_record
-from gateway.auth import Principal, bearer_token
+from gateway.auth import Principal, ambiguous_credentials, bearer_token
 from gateway.errors import (
     GatewayError,
     InvalidRequest,
@@ -569,6 +569,8 @@ def _read_head(state: GatewayState, scope: Scope) -> _Head:
     class_header = state.class_header
     for name, value in scope["headers"]:
         if name == b"authorization":
+            if head.auth is not None:  # which one would count? neither: refused
+                raise ambiguous_credentials()
             head.auth = value
         elif name == b"content-length":
             try:

@@ -141,6 +141,7 @@ class GatewayMetrics:
         self._mcp: Callable[[], Iterable[tuple[tuple[str, ...], float]]] | None = None
         self._mcp_seconds: Callable[[], Iterable[tuple[tuple[str, ...], float]]] | None = None
         self._mcp_queued: Callable[[], Iterable[tuple[tuple[str, ...], float]]] | None = None
+        self._jwks: Callable[[], Iterable[tuple[tuple[str, ...], float]]] | None = None
         self.requests = m.counter(
             "sg.gateway.requests", "{request}",
             "Relayed requests by model, key, status and outcome",
@@ -222,6 +223,11 @@ class GatewayMetrics:
                    "MCP calls waiting for a slot behind their server's flow gate",
                    ("sg.mcp.server",),
                    lambda: self._mcp_queued() if self._mcp_queued is not None else [])
+        m.observed("sg.gateway.identity.jwks_fetches", "{fetch}",
+                   "jwks_uri fetches by issuer and outcome (ok, refused: the keys in use "
+                   "stayed, error: a bug caught by the refresh loop)",
+                   ("sg.identity.issuer", "sg.outcome"),
+                   lambda: self._jwks() if self._jwks is not None else [], kind="counter")
         self.mcp_duration = m.histogram(
             "sg.gateway.mcp.tool_call.duration", "s",
             "Time of forwarded MCP tool calls in the gateway, arrival to the end of the answer",
@@ -238,6 +244,10 @@ class GatewayMetrics:
     def watch_flow(self, lengths: Callable[[], list[tuple[str, str, int]]]) -> None:
         """Observe the flow-control queues through ``lengths()`` (``(model, class, n)`` rows)."""
         self._flow_queues = lengths
+
+    def watch_jwks(self, outcomes: Callable[[], Iterable[tuple[tuple[str, ...], float]]]) -> None:
+        """Observe the ``jwks_uri`` fetch outcomes (``((issuer, outcome), count)`` rows)."""
+        self._jwks = outcomes
 
     def watch_mcp(self, calls: Callable[[], Iterable[tuple[tuple[str, ...], float]]],
                   seconds: Callable[[], Iterable[tuple[tuple[str, ...], float]]],

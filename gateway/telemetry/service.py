@@ -199,6 +199,12 @@ class Telemetry:
             self.metrics.watch_flow(lengths)
 
 
+    def watch_jwks(self, outcomes: Callable[[], Iterable[tuple[tuple[str, ...], float]]]) -> None:
+        """Observe the ``jwks_uri`` fetches (``((issuer, outcome), count)`` rows,
+        :meth:`gateway.identity.fetch.JwksFetcher.outcome_rows`)."""
+        if self.metrics is not None:
+            self.metrics.watch_jwks(outcomes)
+
     def watch_mcp(self, calls: Callable[[], Iterable[tuple[tuple[str, ...], float]]],
                   seconds: Callable[[], Iterable[tuple[tuple[str, ...], float]]],
                   queued: Callable[[], Iterable[tuple[tuple[str, ...], float]]] | None = None,

@@ -196,3 +196,50 @@ def test_identity_routes_hold_on_the_batch_endpoints(serve_asgi: Any, tmp_path: 
             client.batches.create(input_file_id="file-x", endpoint="/v1/chat/completions",
                                   completion_window="24h")
     assert info.value.code == "credential_not_accepted"
+
+
+def test_a_route_covers_the_paths_under_it(serve_asgi: Any, tmp_path: Path) -> None:
+    """``routes: {/v1/files/: [key]}`` (written with a trailing ``/``) covers every path under
+    ``/v1/files``: an upload, one file, its content, its deletion refuse a bearer JWT with 403
+    ``credential_not_accepted`` before the file is looked up; ``/v1/batches`` is not under it."""
+    sim = start_sim(serve_asgi)
+    idp = Idp(tmp_path)
+    section = idp.section()
+    section["accept"] = ["key", "jwt"]
+    section["routes"] = {"/v1/files/": ["key"]}
+    gw = served(serve_asgi, settings(sim.url, tmp_path / "batch.db", section))
+    codes = []
+    with token_client(str(gw.url), idp.key.token()) as client:
+        for act in (lambda: client.files.create(file=("in.jsonl", jsonl(1)), purpose="batch"),
+                    lambda: client.files.retrieve("file-x"),
+                    lambda: client.files.content("file-x"),
+                    lambda: client.files.delete("file-x")):
+            with pytest.raises(openai.PermissionDeniedError) as info:
+                act()
+            codes.append(info.value.code)
+        assert client.batches.list().data == []  # /v1/batches: JWTs accepted
+    assert codes == ["credential_not_accepted"] * 4
+
+
+def test_a_batch_for_an_endpoint_that_refuses_the_credential_is_refused_at_creation(
+        serve_asgi: Any, tmp_path: Path) -> None:
+    """``/v1/embeddings`` takes API keys only: a JWT may use ``/v1/batches`` but a batch of
+    embeddings would fail on every line (its re-authorisation said the credential was "no
+    longer accepted", though it never was). It is refused when created, and not stored."""
+    sim = start_sim(serve_asgi)
+    idp = Idp(tmp_path)
+    section = idp.section()
+    section["accept"] = ["key", "jwt"]
+    section["routes"] = {"/v1/embeddings": ["key"]}
+    gw = served(serve_asgi, settings(sim.url, tmp_path / "batch.db", section))
+    with token_client(str(gw.url), idp.key.token()) as client:
+        f = client.files.create(file=("in.jsonl", jsonl(1)), purpose="batch")
+        e = client.files.create(file=("e.jsonl", jsonl(1, "/v1/embeddings")), purpose="batch")
+        with pytest.raises(openai.PermissionDeniedError) as info:
+            client.batches.create(input_file_id=e.id, endpoint="/v1/embeddings",
+                                  completion_window="24h")
+        assert info.value.code == "credential_not_accepted"
+        assert "/v1/embeddings" in info.value.message
+        assert client.batches.list().data == []
+        client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions",
+                              completion_window="24h")  # JWTs accepted there

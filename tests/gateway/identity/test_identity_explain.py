@@ -90,3 +90,22 @@ def test_nested_and_dotted_claim_names() -> None:
     assert claim_value(sa, "realm_access.roles") == ["chat"]
     assert claim_value(sa, "kubernetes.io.missing") is None
     assert claim_value(sa, "nope.namespace") is None
+
+
+def test_a_model_outside_the_rule_is_refused_without_egress_decisions(tmp_path: Path) -> None:
+    """``--model m2`` that the rule does not grant: one answer, refused (exit 1), and no
+    egress lines saying ``allow`` for a request that would be refused with 403 first."""
+    key = SigningKey("k1")
+    path = _config(tmp_path, key)
+    cfg = yaml.safe_load(path.read_text())
+    cfg["models"].append({**cfg["models"][0], "name": "m2"})
+    path.write_text(yaml.safe_dump(cfg))
+    token = key.token(groups=["hr"])
+    res = gateway("identity", "explain", "--config", str(path), "--token", token,
+                  "--model", "m2")
+    assert res.exit_code == 1, res.output
+    assert "model m2: NOT allowed" in res.output
+    assert ": allow (" not in res.output and ": deny (" not in res.output, res.output
+    out = json.loads(gateway("identity", "explain", "--config", str(path), "--token", token,
+                             "--model", "m2", "--json").output)
+    assert out["model_allowed"] is False and "egress" not in out

@@ -99,6 +99,15 @@ def _bad_tokens(idp: Idp) -> list[tuple[str, str, int, str]]:
          + "." + sig, 401, "token_signature_invalid"),
         ("10 KB token", rsa.token(pad="x" * 10_000), 401, "token_too_large"),
         ("no rule matches", rsa.token(groups=["visitors"]), 403, "identity_not_mapped"),
+        # RFC 7519 NumericDate is a JSON number: PyJWT int()s a string (or a bool) itself.
+        ("exp as a numeric string", rsa.token(exp=str(now + 300)), 401, "token_malformed"),
+        ("iat as a string", rsa.token(iat=str(now)), 401, "token_malformed"),
+        ("nbf as a boolean", rsa.token(nbf=False), 401, "token_malformed"),
+        # json.loads raised RecursionError (a 500) on a deep payload or header.
+        ("deeply nested payload", head + "." + b64(b'{"a":' + b"[" * 2000 + b"]" * 2000 + b"}")
+         + "." + sig, 401, "token_malformed"),
+        ("deeply nested header", b64(b'{"alg":"RS256","x":' + b"[" * 2000 + b"]" * 2000 + b"}")
+         + "." + body + "." + sig, 401, "token_malformed"),
     ]
 
 

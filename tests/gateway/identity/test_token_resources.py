@@ -72,6 +72,18 @@ def test_a_token_is_accepted_only_on_the_paths_of_its_resource(tmp_path: Path) -
         assert refused.value.code == "token_audience_invalid", aud
 
 
+def test_every_spelling_of_a_bound_path_is_bound(tmp_path: Path) -> None:
+    """The MCP endpoint serves ``/mcp//tools`` and ``/mcp/tools//`` as ``/mcp/tools``
+    (:func:`gateway.auth.canonical_path`): a token for the chat API must not pass there."""
+    auth, signer = _authenticator(tmp_path, {"/mcp/tools": BoundResource(MCP, "x")})
+    for_api, for_mcp = signer.token(), signer.token(aud=MCP)
+    for path in ("/mcp//tools", "/mcp/tools//", "//mcp/tools", "/mcp/tools/"):
+        with pytest.raises(TokenRejected) as refused:
+            auth.authenticate(for_api, _at(path))
+        assert refused.value.code == "token_audience_invalid", path
+        assert auth.authenticate(for_mcp, _at(path)).team == "ml"
+
+
 def test_a_bound_path_without_a_uri_refuses_every_token(tmp_path: Path) -> None:
     settings = McpSettings.model_validate({"servers": [{"name": "tools",
                                                         "url": "http://10.0.0.1/mcp"}]})
