@@ -63,5 +63,6 @@ def gateway_config(urls: dict[str, str], policy_file: Path, guard: str = "off",
         ],
         "health": {"active": False},
         "logging": {"access_log": False},
+        "drain": {"delay_s": 0},  # no load balancer in front: a stop need not wait 5 s
         "policy": {"file": str(policy_file), "guard": guard},
     }

@@ -54,6 +54,10 @@ def config(replica_urls: list[str], **overrides: Any) -> dict[str, Any]:
         "timeouts": {"connect_s": 1, "first_byte_s": 5, "idle_s": 5},
         "health": {"active": False, "cooldown_s": 30},
         "logging": {"access_log": False},
+        # A stopped ``gateway serve`` keeps accepting for delay_s (5 s by default: load
+        # balancers' time to notice); no test has one in front, so a stop is not 5 s of sleep.
+        # The drain tests give their own drain: section.
+        "drain": {"delay_s": 0},
     }
     for key, value in overrides.items():
         if isinstance(value, dict) and isinstance(cfg.get(key), dict):

@@ -74,8 +74,10 @@ def _points(sink: OtlpSink, name: str) -> list[tuple[dict[str, Any], Any]]:
 
 
 def test_otlp_export_reaches_the_collector_destination(
-    serve_asgi: Callable[..., Any], sink: OtlpSink
+    sink: OtlpSink, serve_asgi: Callable[..., Any]
 ) -> None:
+    # sink first: set up before the gateway's server, it is stopped after it, so the final
+    # metric push at the gateway's shutdown is not refused and retried with back-off (6 s).
     sim = start_sim(serve_asgi)
     pol = Policy.from_text(_policy_text(int(sim.url.rsplit(":", 1)[1]), sink.port))
     ts = TelemetrySettings(otlp_endpoint=sink.url, otlp_endpoint_destination="collector",

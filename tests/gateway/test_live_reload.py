@@ -163,7 +163,11 @@ def test_sighup_applies_keys_models_and_replicas_while_a_stream_runs_byte_exact(
                       quotas={"keys": {"team-a": {"requests_per_minute": 1000}}}))
     first_revision = _check_config_revision(gw.path)
     stream = Stream(gw.url, max_tokens=500, model=SERVED, include_usage=True)  # about 10 s
+    # The same request straight to the simulator, at the same time (not 10 s more afterwards):
+    # what the relayed stream must equal.
+    direct = Stream(sim_a.url, max_tokens=500, model=SERVED, include_usage=True)
     stream.start()
+    direct.start()
     _wait(lambda: len(stream.events) > 3, 30, "the stream to start")
 
     new = json.loads(json.dumps(gw.cfg))
@@ -185,9 +189,9 @@ def test_sighup_applies_keys_models_and_replicas_while_a_stream_runs_byte_exact(
     assert len(gw.log_lines("reloaded")) == 1
 
     stream.join(60)
+    direct.join(60)
     assert stream.status == 200 and stream.events[-1] == "[DONE]"
-    direct = Stream(sim_a.url, max_tokens=500, model=SERVED, include_usage=True)
-    direct.run()
+    assert direct.status == 200 and direct.events[-1] == "[DONE]"
     # byte-exact apart from the response id and creation time the simulator draws per request
     assert _ID.sub(b"", stream.body) == _ID.sub(b"", direct.body)
 

@@ -86,16 +86,27 @@ def strings(node: Any) -> list[str]:
     return [node] if isinstance(node, str) else []
 
 
+_KEYS: list[tuple[bytes, bytes]] = []  # the one keygen output of this process
+
+
 def _keygen(signing_key: Path, pseudonym_key: Path, scratch: Path) -> None:
-    """A real Ed25519 audit key and pseudonym key; only the private files go into the mounts."""
-    scratch.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.run(
-        [str(h.require_tool(GATEWAY_CLI)), "audit", "keygen", "--out", str(scratch / "audit.pem"),
-         "--pseudonym-key", str(scratch / "pseudonym.key")],
-        capture_output=True, text=True, timeout=60, check=False)
-    assert proc.returncode == 0, proc.stderr
-    signing_key.write_bytes((scratch / "audit.pem").read_bytes())
-    pseudonym_key.write_bytes((scratch / "pseudonym.key").read_bytes())
+    """A real Ed25519 audit key and pseudonym key; only the private files go into the mounts.
+
+    ``gateway audit keygen`` runs once per process (a CLI start-up each time was most of a
+    materialize); every pod laid out after that gets the same stand-in key pair.
+    """
+    if not _KEYS:
+        scratch.mkdir(parents=True, exist_ok=True)
+        proc = subprocess.run(
+            [str(h.require_tool(GATEWAY_CLI)), "audit", "keygen", "--out",
+             str(scratch / "audit.pem"), "--pseudonym-key", str(scratch / "pseudonym.key")],
+            capture_output=True, text=True, timeout=60, check=False)
+        assert proc.returncode == 0, proc.stderr
+        _KEYS.append(((scratch / "audit.pem").read_bytes(),
+                      (scratch / "pseudonym.key").read_bytes()))
+    signing, pseudonym = _KEYS[0]
+    signing_key.write_bytes(signing)
+    pseudonym_key.write_bytes(pseudonym)
 
 
 def config_path(objs: list[dict[str, Any]]) -> str:

@@ -12,6 +12,7 @@ scenario's policy.
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 import time
@@ -235,6 +236,8 @@ def test_real_gateway_serves_the_probe_paths(tmp_path: Path) -> None:
     api, admin = free_port(), free_port()
     config["listen"] = {**config["listen"], "host": "127.0.0.1", "port": api}
     config["telemetry"] = {**config["telemetry"], "admin": {"host": "127.0.0.1", "port": admin}}
+    # The chart's drain.delay_s (5 s) is for the Service endpoints; none here: stop at once.
+    config["drain"] = {**config["drain"], "delay_s": 0}
     pod.config_file.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "HF_HUB_OFFLINE": "1"}
     log = (tmp_path / "serve.log").open("w", encoding="utf-8")
@@ -273,7 +276,10 @@ def test_real_gateway_serves_the_probe_paths(tmp_path: Path) -> None:
     assert (tmp_path / "var/lib/sovereign-gateway/audit/audit.db").is_file()
 
 
+@functools.cache
 def _helm_values(policy: Path) -> list[dict[str, Any]]:
+    """What ``policy networkpolicy --format helm-values`` prints for ``policy`` (run once per
+    file; callers must not change the list)."""
     proc = subprocess.run(
         [str(h.require_tool(POLICY_CLI)), "networkpolicy", str(policy), "--format",
          "helm-values"], capture_output=True, text=True, timeout=60, check=False)

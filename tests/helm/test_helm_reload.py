@@ -66,6 +66,8 @@ def _serve_config(pod_config: dict[str, Any], api: int, admin: int) -> str:
     config = dict(pod_config)
     config["listen"] = {**config["listen"], "host": "127.0.0.1", "port": api}
     config["telemetry"] = {**config["telemetry"], "admin": {"host": "127.0.0.1", "port": admin}}
+    # The chart's drain.delay_s (5 s) is for the Service endpoints; none here: stop at once.
+    config["drain"] = {**config["drain"], "delay_s": 0}
     return yaml.safe_dump(config, sort_keys=False)
 
 

@@ -127,6 +127,8 @@ def start_gateway(tmp_path: Path, model_url: str, servers: dict[str, str],
                  for kid, who, team, cls in _ROWS],
         "health": {"active": False},
         "logging": {"access_log": False},
+        # No load balancer in front: a stop need not keep accepting for the default 5 s.
+        "drain": {"delay_s": 0},
         "policy": {"file": str(pfile), "guard": "enforce"},
         "audit": {"store": f"sqlite://{db}", "signing_key_file": str(key),
                   "replica_id": "mcp-test",

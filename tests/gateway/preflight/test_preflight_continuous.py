@@ -107,6 +107,7 @@ def serving(tmp_path: Path) -> Iterator[dict[str, Any]]:
         "keys": [{"id": "a", "sha256": hashlib.sha256(b"k").hexdigest(), "models": ["m"],
                   "team": "a"}],
         "health": {"active": False}, "logging": {"access_log": False},
+        "drain": {"delay_s": 0},  # no load balancer in front: a stop need not wait 5 s
         "policy": {"file": str(policy), "guard": "enforce"},
         "audit": {"store": f"sqlite://{tmp_path / 'audit.db'}", "signing_key_file": str(key),
                   "pseudonym_key_file": str(generate_key_file(tmp_path / "pseudonym.key")),

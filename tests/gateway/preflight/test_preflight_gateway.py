@@ -83,6 +83,7 @@ def _start(tmp: Path, sim_url: str, sim_port: int, guard: str) -> Running:
         "keys": [{"id": "a", "sha256": hashlib.sha256(KEY.encode()).hexdigest(),
                   "models": ["m", "m2"], "team": "a"}],
         "health": {"active": False}, "logging": {"access_log": False},
+        "drain": {"delay_s": 0},  # no load balancer in front: a stop need not wait 5 s
         "policy": {"file": str(policy), "guard": guard},
         "audit": {"store": f"sqlite://{tmp / 'audit.db'}", "signing_key_file": str(key),
                   "pseudonym_key_file": str(generate_key_file(tmp / "pseudonym.key")),
