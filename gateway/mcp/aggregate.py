@@ -137,7 +137,7 @@ def _session(ep: McpEndpoint, key_id: str, headers: Mapping[str, str]) -> str | 
 
 def _usable(ep: McpEndpoint, principal: Any, upstream: Upstream) -> bool:
     """May the caller use some tool of ``upstream`` with its data class?"""
-    if not ep.access.may_use_server(principal.key_id, principal.team, upstream.name):
+    if not ep.access.may_use_tools(principal.key_id, principal.team, upstream.name):
         return False
     try:
         ep.check_class(principal, upstream, CallRecord(server=upstream.name))

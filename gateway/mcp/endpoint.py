@@ -9,11 +9,12 @@ is forwarded)::
     globs, argument size, sensitive data in the arguments (policy ``pii``: the class raised
     and the destination checked again, masked or refused), tool exists, Mcp-Param-*
     headers (2026-07-28), inputSchema, URL arguments; any other message (notifications and
-    client responses included): access to the server, sensitive data in its params or
-    result -> forward (checked transport, injected
-    credentials, Mcp-Param-* rebuilt from the forwarded arguments) -> relay the answer (ids,
-    bytes, time checked) -> tools/list answers filtered to the tools the caller may call ->
-    audit record
+    client responses included): governed by the access rules or refused
+    (:mod:`gateway.mcp.governed`: prompts and resources by their globs, protocol messages by
+    access to the server, other methods refused), sensitive data in its params or result ->
+    forward (checked transport, injected credentials, Mcp-Param-* rebuilt from the forwarded
+    arguments) -> relay the answer (ids, bytes, time checked) -> list answers (tools,
+    prompts, resources, templates) filtered to what the caller may use -> audit record
 
 The forward and the relay of the answer are :class:`gateway.mcp.answers.AnswerRelay`'s; the
 ASGI reading and writing :mod:`gateway.mcp.asgi`'s.
@@ -47,6 +48,7 @@ from gateway.mcp.asgi import (
     send_response,
 )
 from gateway.mcp.catalogue import Catalogue
+from gateway.mcp.governed import check_message
 from gateway.mcp.jsonrpc import (
     FORBIDDEN,
     INVALID_PARAMS,
@@ -175,11 +177,7 @@ class McpEndpoint:
                     headers.params if modern else None)
                 params = params if modern else {}
             else:  # every other message, notifications and client responses included
-                if not self.access.may_use_server(principal.key_id, principal.team,
-                                                  upstream.name):
-                    raise McpRefusal(403, FORBIDDEN, "server_denied",
-                                     f"key {principal.key_id} may not use MCP server "
-                                     f"{upstream.name}")
+                check_message(self.access, principal, upstream.name, msg, rec)
                 pii = self._policy.pii if self._policy is not None else None
                 if pii is not None:
                     principal, body = await self._scan_message(pii, upstream, principal, msg,
@@ -264,13 +262,13 @@ class McpEndpoint:
             await send_json(send, exc.status, out, extra)
 
     async def record(self, rec: CallRecord) -> None:
-        """Append the request's audit record once (tool calls, refusals, and other messages in
-        which the ``pii`` section found sensitive data)."""
+        """Append the request's audit record once (tool calls, refusals, prompt and resource
+        requests, and other messages in which the ``pii`` section found sensitive data)."""
         if self._audit is None or rec.recorded:
             return
         if (rec.method != "tools/call" and rec.decision == "allow" and rec.reason is None
-                and not rec.pii):  # an allowed message with sensitive data found is recorded
-            return
+                and not rec.pii and rec.prompt is None and rec.resource_sha256 is None):
+            return  # recorded: sensitive data found, a prompt or resource named (governed)
         rec.recorded = True
         try:
             await self._audit(rec.event())

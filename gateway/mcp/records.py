@@ -8,6 +8,7 @@ and the W3C trace id that links it to the chat completion whose answer asked for
 
 from __future__ import annotations
 
+import hashlib
 import re
 import secrets
 import time
@@ -58,7 +59,14 @@ class CallRecord:
     trace_id: str | None = None
     rpc_error: int | None = None
     pii: dict[str, Any] | None = None  # sensitive data in the arguments (types, counts, classes)
+    prompt: str | None = None  # prompts/get, completion/complete of a prompt
+    resource_sha256: str | None = None  # of the (first refused, else last) resource URI
     recorded: bool = False
+
+    def note_resource(self, uri: str) -> None:
+        """Record the SHA-256 of a resource URI the request names (never the URI: it may
+        carry data, e.g. a name or an id, that the ``pii`` section has not yet seen)."""
+        self.resource_sha256 = hashlib.sha256(uri.encode("utf-8", "surrogatepass")).hexdigest()
 
     @property
     def duration_us(self) -> int:
@@ -90,4 +98,7 @@ class CallRecord:
             "duration_us": self.duration_us,
             "trace_id": self.trace_id,
             **({"pii": self.pii} if self.pii is not None else {}),
+            **({"prompt": self.prompt} if self.prompt is not None else {}),
+            **({"resource_sha256": self.resource_sha256}
+               if self.resource_sha256 is not None else {}),
         }
