@@ -140,7 +140,7 @@ def _usable(ep: McpEndpoint, principal: Any, upstream: Upstream) -> bool:
     if not ep.access.may_use_tools(principal.key_id, principal.team, upstream.name):
         return False
     try:
-        ep.check_class(principal, upstream, CallRecord(server=upstream.name))
+        ep.checks.check_class(principal, upstream, CallRecord(server=upstream.name))
     except McpRefusal:
         return False
     return True
@@ -182,7 +182,7 @@ async def _call(ep: McpEndpoint, state: Any, principal: Any, msg: Message,
                          f"no tool {msg.name!r} (aggregate names are <server>__<tool>)")
     tool = split[1]
     rec.server, rec.tool, rec.destination = upstream.name, tool, upstream.settings.destination
-    ep.check_class(principal, upstream, rec)
+    ep.checks.check_class(principal, upstream, rec)
     client_meta = msg.params.get("_meta")
     meta = {k: v for k, v in (client_meta if isinstance(client_meta, dict) else {}).items()
             if not k.startswith(_META_PREFIX)}
@@ -202,8 +202,8 @@ async def _checked_call(ep: McpEndpoint, state: Any, upstream: Upstream, princip
                         forwarded: Message, body: bytes, tool: str, headers: Mapping[str, str],
                         client_params: list[tuple[str, str]] | None, rec: CallRecord, send: Any,
                         opened: list[object]) -> None:
-    principal, body, params = await ep.check_call(state, upstream, principal, forwarded, body,
-                                                  rec, client_params)
+    principal, body, params = await ep.checks.check_call(state, upstream, principal, forwarded,
+                                                         body, rec, client_params)
     if not (await ep.catalogue.get(upstream, Link.of(state))).modern:
         raise McpRefusal(502, UPSTREAM_ERROR, "upstream_legacy",
                          f"MCP server {upstream.name} speaks only the initialize handshake: "

@@ -53,7 +53,8 @@ class AnswerRelay:
 
         Args:
             headers: The client's headers (only the MCP ones are relayed).
-            params: The ``Mcp-Param-*`` headers to send (from :meth:`check_call`).
+            params: The ``Mcp-Param-*`` headers to send
+                (:meth:`gateway.mcp.checks.MessageChecks.check_call`).
         """
         limits = self._limits
         resp = await upstream.post(link, body,

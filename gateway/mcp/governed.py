@@ -5,7 +5,7 @@ anything else is refused (403, ``-32601``, ``method_refused``) and nothing is fo
 a method added to the protocol later is closed until it is governed here:
 
 ========================================  ================================================
-``tools/call``                            the tool globs (:meth:`McpEndpoint.check_call`)
+``tools/call``                            the tool globs (:meth:`MessageChecks.check_call`)
 ``prompts/get``                           ``prompts`` globs on ``params.name``
 ``resources/read``, ``resources/subscribe``,
 ``resources/unsubscribe``                 ``resources`` globs on ``params.uri``
