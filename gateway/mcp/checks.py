@@ -119,7 +119,8 @@ class MessageChecks:
         if pii is not None:
             principal, body, arguments = await self._scan_arguments(
                 pii, upstream, principal, msg, arguments, body, rec)
-        catalogue = await self.catalogue.get(upstream, Link.of(state))
+        catalogue = (self.catalogue.cached(upstream)
+                     or await self.catalogue.get(upstream, Link.of(state)))
         definition = catalogue.tools.get(tool)
         if definition is None:
             raise McpRefusal(400, INVALID_PARAMS, "unknown_tool",

@@ -29,7 +29,6 @@ stream) is answered 405, as the 2025 revisions allow.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import json
 import logging
@@ -166,7 +165,8 @@ class McpEndpoint:
             upstream_sid = self._session(principal.key_id, upstream, headers, rec)
             params: Mapping[str, str] = {}
             if msg.method == "tools/call":
-                admission = await self.admit(principal)
+                if self._quotas is not None:
+                    admission = await self.admit(principal)
                 modern = rec.protocol_version in MODERN_VERSIONS
                 principal, body, params = await self.checks.check_call(
                     state, upstream, principal, msg, body, rec,
@@ -181,10 +181,13 @@ class McpEndpoint:
         except McpRefusal as exc:
             await self.refuse(exc, rec, msg, self.challenge(name), send)
         finally:
-            await self.settle(admission)
+            if admission is not None:  # no await (no coroutine) when nothing was charged
+                await self.settle(admission)
             self.metrics.observe(rec)
-            self.end_span(rec, headers, opened)
-            await self.record(rec)
+            if self._spans is not None:
+                self.end_span(rec, headers, opened)
+            if self._audit is not None and not rec.recorded:
+                await self.record(rec)
 
     async def read_message(self, scope: Mapping[str, Any], headers: Mapping[str, str],
                            receive: Any, rec: CallRecord) -> tuple[Message, bytes]:
@@ -215,14 +218,25 @@ class McpEndpoint:
                 happens to the forward).
         """
         gate = self.gates.get(upstream.name)  # flow control: wait for a slot, or 503
-        async with gate.slot() if gate is not None else contextlib.nullcontext():
-            rec.decision = "allow"
-            if self._spans is not None:  # the span's traceparent goes upstream
-                span, trace_headers = self._spans.forwarding(rec, headers)
-                opened.append(span)
-                headers = {**headers, **trace_headers}
-            await self.answers.forward(Link.of(state), upstream, principal, msg, body, headers,
-                                       upstream_sid, rec, send, params)
+        if gate is None:
+            await self._forward(state, upstream, principal, msg, body, headers, upstream_sid,
+                                rec, send, params, opened)
+            return
+        async with gate.slot():
+            await self._forward(state, upstream, principal, msg, body, headers, upstream_sid,
+                                rec, send, params, opened)
+
+    async def _forward(self, state: Any, upstream: Upstream, principal: Any, msg: Message,
+                       body: bytes, headers: Mapping[str, str], upstream_sid: str | None,
+                       rec: CallRecord, send: Any, params: Mapping[str, str],
+                       opened: list[object]) -> None:
+        rec.decision = "allow"
+        if self._spans is not None:  # the span's traceparent goes upstream
+            span, trace_headers = self._spans.forwarding(rec, headers)
+            opened.append(span)
+            headers = {**headers, **trace_headers}
+        await self.answers.forward(Link.of(state), upstream, principal, msg, body, headers,
+                                   upstream_sid, rec, send, params)
 
     async def settle(self, admission: Any) -> None:
         """End a tool call's quota admission (:meth:`admit`; ``None``: nothing charged)."""
