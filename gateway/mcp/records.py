@@ -40,7 +40,6 @@ class CallRecord:
 
     server: str | None
     method: str | None = None
-    request_id: str = field(default_factory=lambda: secrets.token_hex(16))
     started: float = field(default_factory=time.monotonic)
     started_us: int = field(default_factory=lambda: int(time.time() * 1_000_000))
     key_id: str | None = None
@@ -62,6 +61,15 @@ class CallRecord:
     prompt: str | None = None  # prompts/get, completion/complete of a prompt
     resource_sha256: str | None = None  # of the (first refused, else last) resource URI
     recorded: bool = False
+    _request_id: str | None = field(default=None, repr=False)
+
+    @property
+    def request_id(self) -> str:
+        """A random id (32 hex), drawn when first asked for: by the audit record or a log
+        line (a call neither records nor logs does not pay for the random bytes)."""
+        if self._request_id is None:
+            self._request_id = secrets.token_hex(16)
+        return self._request_id
 
     def note_resource(self, uri: str) -> None:
         """Record the SHA-256 of a resource URI the request names (never the URI: it may
