@@ -12,7 +12,9 @@ each call waits for a core behind the others, and every microsecond of CPU per c
 ``--baseline DIR`` adds a second gateway from another checkout in front of the same server,
 measured in the same rounds (before/after in one run). Targets (issue 28): added p50 <= 1 ms,
 added p99 <= 3 ms at c=32. ``--profile FILE`` writes a CPU-time cProfile of the gateway's
-measured loads.
+measured loads. ``--server-calls`` counts the Python function calls the server makes per call
+(cProfile inside the server, started and stopped around each load): the work a request costs
+it, which unlike its CPU time does not depend on how busy the machine is.
 
 Usage::
 
@@ -49,6 +51,18 @@ META = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
 UPSTREAM = """
 import sys, uvicorn
 from mcp.server.mcpserver import MCPServer
+if len(sys.argv) > 2:  # --server-calls: count the server's Python calls per load
+    import cProfile, pstats, signal
+    prof = []
+    def _start(*_):
+        prof[:] = [cProfile.Profile()]
+        prof[0].enable()
+    def _stop(*_):
+        prof[0].disable()
+        with open(sys.argv[2], "a") as out:
+            out.write(f"{pstats.Stats(prof[0]).total_calls}\\n")
+    signal.signal(signal.SIGUSR1, _start)
+    signal.signal(signal.SIGUSR2, _stop)
 server = MCPServer("bench")
 @server.tool()
 def echo(text: str) -> str:
@@ -161,6 +175,8 @@ def main() -> None:
     ap.add_argument("--baseline", type=Path, default=None,
                     help="also run the gateway of another checkout (git archive REV gateway "
                          "policy | tar -x -C DIR) in front of the same server")
+    ap.add_argument("--server-calls", action="store_true",
+                    help="count the server's Python calls per call (direct vs gateway)")
     ap.add_argument("--profile", type=Path, default=None,
                     help="run the gateway under cProfile and write its stats to this file")
     args = ap.parse_args()
@@ -196,7 +212,9 @@ def main() -> None:
     (tmp / "gateway.yaml").write_text(yaml.safe_dump(cfg))
     entry = (["-c", PROFILED_MAIN, str(args.profile)] if args.profile
              else ["-m", "gateway.cli"])
-    upstream = subprocess.Popen([sys.executable, "-c", UPSTREAM, str(up_port)], env=env)
+    counts = tmp / "server-calls.txt"
+    upstream = subprocess.Popen([sys.executable, "-c", UPSTREAM, str(up_port),
+                                 *([str(counts)] if args.server_calls else [])], env=env)
     procs = {"gateway": subprocess.Popen([sys.executable, *entry, "serve", "--config",
                                           str(tmp / "gateway.yaml")], env=env, cwd=ROOT)}
     urls = {"direct": f"http://127.0.0.1:{up_port}/mcp",
@@ -223,11 +241,25 @@ def main() -> None:
             procs["gateway"].send_signal(signal.SIGUSR1)
         for conc, calls in ((1, args.calls_c1), (args.concurrency, args.calls)):
             got: dict[str, tuple[list[float], dict[str, float]]] = {
-                name: ([], {p: 0.0 for p in (*pids, "client", "busy")}) for name in urls}
+                name: ([], {p: 0.0 for p in (*pids, "client", "busy", "server_calls")})
+                for name in urls}
             for _ in range(args.rounds):  # interleaved: each target sees the same load
                 for name, url in urls.items():
+                    if args.server_calls:
+                        upstream.send_signal(signal.SIGUSR1)
+                        time.sleep(0.2)
                     values, cpu = measure(url, calls // args.rounds, conc,
                                           None if name == "direct" else KEY, pids)
+                    if args.server_calls:
+                        seen = len(counts.read_text().split()) if counts.exists() else 0
+                        upstream.send_signal(signal.SIGUSR2)
+                        deadline = time.monotonic() + 10
+                        while (len(counts.read_text().split()) if counts.exists() else 0) == seen:
+                            if time.monotonic() > deadline:
+                                raise SystemExit("the server wrote no call count")
+                            time.sleep(0.05)
+                        cpu["server_calls"] = (int(counts.read_text().split()[-1])
+                                               / (calls // args.rounds))
                     got[name][0].extend(values)
                     for proc_name, us in cpu.items():
                         got[name][1][proc_name] += us / args.rounds
@@ -251,7 +283,9 @@ def main() -> None:
             own = f" {name} {cpu[name]:5.0f} us" if name != "direct" else ""
             print(f"  {name:8} p50 {pct(values, 0.5):7.2f} ms  p99 {pct(values, 0.99):7.2f} ms"
                   f"  CPU/call server {cpu['server']:5.0f} us{own} client {cpu['client']:5.0f} us"
-                  f"  machine busy {cpu['busy']:3.0f}%")
+                  f"  machine busy {cpu['busy']:3.0f}%"
+                  + (f"  server Python calls/call {cpu['server_calls']:6.0f}"
+                     if args.server_calls else ""))
         for name, (values, _) in got.items():
             if name == "direct":
                 continue

@@ -17,7 +17,8 @@ Public API (other packages import only these names):
   (the gateway's ``RoutePolicy`` is ``gateway.egress.PolicyRoutes``, over :meth:`Policy.select`);
 * :class:`PiiPolicy` / :class:`PiiVerdict` (``Policy.pii``; sensitive data in prompts, the
   ``policy.pii`` subpackage with :func:`policy.pii.scan`);
-* :func:`check_tool_access` (the MCP tool allow/deny globs of the gateway's ``mcp.access``);
+* :func:`check_tool_access`, :func:`check_access` (the MCP tool, prompt and resource
+  allow/deny globs of the gateway's ``mcp.access``);
 * the :class:`PolicyError` tree (``errors`` module docstring).
 """
 
@@ -42,7 +43,7 @@ from .httpx_transport import DeniedAddressAsyncTransport, PolicyAsyncTransport, 
 from .pii import PiiPolicy, PiiVerdict
 from .providers import LITELLM_OFFLINE_ENV, import_litellm, litellm_env
 from .runtime import BindingError, GuardMode, check_binding, replica_url, start_guard
-from .tools import ToolVerdict, check_tool_access
+from .tools import KINDS, ToolVerdict, check_access, check_tool_access
 from .transport import (
     REDIRECT_STATUSES,
     PolicyResolver,
@@ -55,6 +56,7 @@ from .transport import (
 )
 
 __all__ = [
+    "KINDS",
     "LITELLM_OFFLINE_ENV",
     "REDIRECT_STATUSES",
     "SELF_TEST_TARGET",
@@ -89,6 +91,7 @@ __all__ = [
     "UnknownDataClass",
     "UnknownDestination",
     "Verdict",
+    "check_access",
     "check_binding",
     "check_target",
     "check_tool_access",

@@ -165,14 +165,14 @@ def _check_route(state: Any, principal: Any, upstream: Upstream) -> None:
 
 def _usable(ep: McpEndpoint, state: Any, principal: Any, upstream: Upstream) -> bool:
     """May the caller use some tool of ``upstream`` with its credential and data class?"""
-    if not ep.access.may_use_server(principal.key_id, principal.team, upstream.name):
+    if not ep.access.may_use_tools(principal.key_id, principal.team, upstream.name):
         return False
     try:
         _check_route(state, principal, upstream)
     except McpRefusal:
         return False
     try:
-        ep.check_class(principal, upstream, CallRecord(server=upstream.name))
+        ep.checks.check_class(principal, upstream, CallRecord(server=upstream.name))
     except McpRefusal:
         return False
     return True
@@ -216,7 +216,7 @@ async def _call(ep: McpEndpoint, state: Any, principal: Any, msg: Message,
     rec.server, rec.tool, rec.destination = upstream.name, tool, upstream.settings.destination
     check_scopes(ep.settings, principal, upstream.name, tool)  # the server's and tool's too
     _check_route(state, principal, upstream)
-    ep.check_class(principal, upstream, rec)
+    ep.checks.check_class(principal, upstream, rec)
     client_meta = msg.params.get("_meta")
     meta = {k: v for k, v in (client_meta if isinstance(client_meta, dict) else {}).items()
             if not k.startswith(_META_PREFIX)}
@@ -236,8 +236,8 @@ async def _checked_call(ep: McpEndpoint, state: Any, upstream: Upstream, princip
                         forwarded: Message, body: bytes, tool: str, headers: Mapping[str, str],
                         client_params: list[tuple[str, str]] | None, rec: CallRecord, send: Any,
                         opened: list[object]) -> None:
-    principal, body, params = await ep.check_call(state, upstream, principal, forwarded, body,
-                                                  rec, client_params)
+    principal, body, params = await ep.checks.check_call(state, upstream, principal, forwarded,
+                                                         body, rec, client_params)
     if not (await ep.catalogue.get(upstream, Link.of(state))).modern:
         raise McpRefusal(502, UPSTREAM_ERROR, "upstream_legacy",
                          f"MCP server {upstream.name} speaks only the initialize handshake: "

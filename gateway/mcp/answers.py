@@ -2,8 +2,9 @@
 
 The answer is relayed as it comes (:class:`gateway.mcp.upstream.RelayedStream` checks ids,
 bytes and time): a JSON answer whole, an SSE answer event by event (a server request on a
-2026-07-28 stream ends it with a JSON-RPC error), a ``tools/list`` answer filtered to the
-tools the caller may call; notifications, client responses and upstream HTTP errors keep
+2026-07-28 stream ends it with a JSON-RPC error), a list answer (tools, prompts, resources,
+resource templates) filtered to what the caller may use (:mod:`gateway.mcp.governed`);
+notifications, client responses and upstream HTTP errors keep
 their status with a bounded body. An upstream session id is wrapped to the caller
 (:mod:`gateway.mcp.sessions`) before it reaches the client. The record of the call gets the
 status, the bytes sent and the SHA-256 of the final response.
@@ -17,6 +18,7 @@ from typing import Any
 
 from gateway.mcp.access import ToolAccess
 from gateway.mcp.asgi import send_json, send_response
+from gateway.mcp.governed import LISTS, listed_entries
 from gateway.mcp.jsonrpc import INTERNAL_ERROR, MODERN_VERSIONS, McpRefusal, Message, error_body
 from gateway.mcp.records import CallRecord
 from gateway.mcp.sessions import SessionBinder
@@ -35,7 +37,7 @@ class AnswerRelay:
     Args:
         limits: The ``mcp.limits`` (response bytes, call and idle timeouts).
         sessions: Wraps upstream session ids to the caller.
-        access: Filters ``tools/list`` answers to the tools the caller may call.
+        access: Filters list answers to what the caller may use.
     """
 
     def __init__(self, limits: McpLimits, sessions: SessionBinder, access: ToolAccess) -> None:
@@ -51,7 +53,8 @@ class AnswerRelay:
 
         Args:
             headers: The client's headers (only the MCP ones are relayed).
-            params: The ``Mcp-Param-*`` headers to send (from :meth:`check_call`).
+            params: The ``Mcp-Param-*`` headers to send
+                (:meth:`gateway.mcp.checks.MessageChecks.check_call`).
         """
         limits = self._limits
         resp = await upstream.post(link, body,
@@ -76,8 +79,9 @@ class AnswerRelay:
                 rec.bytes_out = len(data)
                 return
             stream = RelayedStream(resp, msg.id, upstream.name, limits)
-            if msg.method == "tools/list":
-                await self._relay_filtered(stream, principal, upstream, rec, send, out_headers)
+            if msg.method is not None and msg.method in LISTS:
+                await self._relay_filtered(msg.method, stream, principal, upstream, rec, send,
+                                           out_headers)
             elif stream.is_sse:
                 await self._relay_sse(stream, msg, rec, send, out_headers)
             else:
@@ -124,23 +128,16 @@ class AnswerRelay:
         if not ended:
             await send({"type": "http.response.body", "body": b"", "more_body": False})
 
-    async def _relay_filtered(self, stream: RelayedStream, principal: Any, upstream: Upstream,
-                              rec: CallRecord, send: Any,
+    async def _relay_filtered(self, method: str, stream: RelayedStream, principal: Any,
+                              upstream: Upstream, rec: CallRecord, send: Any,
                               out_headers: list[tuple[bytes, bytes]]) -> None:
         final: Any = None
         async for _, _, message in stream.events():
             if stream.final:
                 final = message
         if not isinstance(final, dict):
-            raise McpRefusal(502, INTERNAL_ERROR, "upstream_invalid", "no tools/list answer")
-        result = final.get("result")
-        if isinstance(result, dict) and isinstance(result.get("tools"), list):
-            result["tools"] = [
-                t for t in result["tools"]
-                if isinstance(t, dict) and isinstance(t.get("name"), str)
-                and self._access.check(principal.key_id, principal.team, upstream.name,
-                                      t["name"]).allowed
-            ]
+            raise McpRefusal(502, INTERNAL_ERROR, "upstream_invalid", f"no {method} answer")
+        listed_entries(method, final.get("result"), self._access, principal, upstream.name)
         data = json.dumps(final, separators=(",", ":")).encode()
         rec.status = 200
         await send_json(send, 200, data, out_headers)

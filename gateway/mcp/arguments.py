@@ -38,6 +38,8 @@ __all__ = [
 ]
 
 # Characters on which URL parsers disagree about the host (see _host_port).
+_CANONICAL = json.JSONEncoder(separators=(",", ":"), sort_keys=True, ensure_ascii=False)
+"""The canonical encoder (built once: ``json.dumps`` with these options builds one per call)."""
 _AMBIGUOUS = re.compile(r"[\x00-\x20\x7f\\]")
 _DEFAULT_PORTS = {"http": 80, "https": 443, "ws": 80, "wss": 443, "ftp": 21}
 # The schemes a URL argument may use when the tool's settings do not widen them.
@@ -46,8 +48,7 @@ DEFAULT_URL_SCHEMES: frozenset[str] = frozenset({"http", "https"})
 
 def argument_bytes(arguments: Any) -> bytes:
     """The canonical serialisation of ``arguments`` (hashed for the audit record)."""
-    return json.dumps(arguments, separators=(",", ":"), sort_keys=True,
-                      ensure_ascii=False).encode("utf-8")
+    return _CANONICAL.encode(arguments).encode("utf-8")
 
 
 def check_size(encoded: bytes, limit: int) -> None:

@@ -97,6 +97,14 @@ class Catalogue:
         self._cache: dict[str, ToolCatalogue] = {}
         self._pending: dict[str, asyncio.Task[ToolCatalogue]] = {}
 
+    def cached(self, upstream: Upstream) -> ToolCatalogue | None:
+        """The server's tools if a fetch younger than ``catalogue_ttl_s`` holds them, else
+        ``None`` (then :meth:`get`); no await on the hot path of a call."""
+        hit = self._cache.get(upstream.name)
+        if hit is not None and time.monotonic() - hit.fetched_at < self._limits.catalogue_ttl_s:
+            return hit
+        return None
+
     async def get(self, upstream: Upstream, link: Link) -> ToolCatalogue:
         """The server's tools (cached up to ``catalogue_ttl_s``).
 

@@ -11,14 +11,18 @@ is forwarded)::
     globs, argument size, sensitive data in the arguments (policy ``pii``: the class raised
     and the destination checked again, masked or refused), tool exists, Mcp-Param-*
     headers (2026-07-28), inputSchema, URL arguments; any other message (notifications and
-    client responses included): access to the server, sensitive data in its params or
-    result -> forward (checked transport, injected
-    credentials, Mcp-Param-* rebuilt from the forwarded arguments) -> relay the answer (ids,
-    bytes, time checked) -> tools/list answers filtered to the tools the caller may call ->
-    audit record
+    client responses included): governed by the access rules or refused
+    (:mod:`gateway.mcp.governed`: prompts and resources by their globs, protocol messages by
+    access to the server, other methods refused), sensitive data in its params or result ->
+    forward (checked transport, injected credentials, Mcp-Param-* rebuilt from the forwarded
+    arguments) -> relay the answer (ids, bytes, time checked) -> list answers (tools,
+    prompts, resources, templates) filtered to what the caller may use -> audit record
 
-The forward and the relay of the answer are :class:`gateway.mcp.answers.AnswerRelay`'s; the
-ASGI reading and writing :mod:`gateway.mcp.asgi`'s.
+The checks before the forward are :class:`gateway.mcp.checks.MessageChecks`' (data class,
+``tools/call`` arguments, sensitive data) and :mod:`gateway.mcp.governed`'s (which messages
+may go, under which access rule); the forward and the relay of the answer are
+:class:`gateway.mcp.answers.AnswerRelay`'s; the ASGI reading and writing
+:mod:`gateway.mcp.asgi`'s.
 
 Modern requests (2026-07-28) are stateless; handshake-era requests (2025-03-26..2025-11-25)
 get caller-bound session ids (:mod:`gateway.mcp.sessions`). ``GET`` (the old standalone
@@ -27,10 +31,7 @@ stream) is answered 405, as the 2025 revisions allow.
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import dataclasses
-import hashlib
 import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping
@@ -40,7 +41,6 @@ from gateway.auth import bearer_token, canonical_path
 from gateway.errors import GatewayError
 from gateway.mcp.access import ToolAccess
 from gateway.mcp.answers import AnswerRelay
-from gateway.mcp.arguments import argument_bytes, check_schema, check_size, check_url_arguments
 from gateway.mcp.asgi import (
     RequestHeaders,
     read_body,
@@ -49,9 +49,10 @@ from gateway.mcp.asgi import (
     send_response,
 )
 from gateway.mcp.catalogue import Catalogue
+from gateway.mcp.checks import MessageChecks
+from gateway.mcp.governed import check_message
 from gateway.mcp.jsonrpc import (
     FORBIDDEN,
-    INVALID_PARAMS,
     INVALID_REQUEST,
     MODERN_VERSIONS,
     McpRefusal,
@@ -64,9 +65,7 @@ from gateway.mcp.limits import ServerGate, quota_refusal
 from gateway.mcp.metadata import metadata_document
 from gateway.mcp.metrics import McpMetrics
 from gateway.mcp.oauth import auth_refusal, caller_identity, challenge, check_scopes
-from gateway.mcp.params import check_params, mirror_params
 from gateway.mcp.paths import AGGREGATE, PREFIX
-from gateway.mcp.pii import ArgumentScan, refusal_record, scan_arguments
 from gateway.mcp.records import CallRecord
 from gateway.mcp.sessions import SessionBinder
 from gateway.mcp.settings import McpSettings
@@ -76,7 +75,6 @@ from gateway.quotas import QuotaError
 from gateway.quotas.tool_calls import ToolCallQuotas
 from gateway.relay.records import trace_id_of
 from policy import EgressMatcher, Policy
-from policy import Principal as PolicyPrincipal
 
 __all__ = ["McpEndpoint"]
 
@@ -119,8 +117,7 @@ class McpEndpoint:
         self.sessions = SessionBinder(session_key)
         self.answers = AnswerRelay(settings.limits, self.sessions, self.access)
         self.metrics = McpMetrics()
-        self._policy = policy
-        self._matcher = matcher
+        self.checks = MessageChecks(settings, self.access, self.catalogue, policy, matcher)
         self._audit = audit
         self._spans = spans
         self._quotas = quotas
@@ -131,7 +128,7 @@ class McpEndpoint:
         """A copy judging by ``policy`` (a live reload's new revision; same destinations),
         sharing the catalogue, session key, metrics and credentials."""
         other = copy.copy(self)
-        other._policy = policy
+        other.checks = self.checks.rebound(policy)
         return other
 
     async def startup(self) -> None:
@@ -179,35 +176,33 @@ class McpEndpoint:
             rec.tool = msg.name if msg.method == "tools/call" else None
             rec.protocol_version = check_headers(msg, headers, headers.repeated)
             check_scopes(self.settings, principal, upstream.name, rec.tool)  # 403 + challenge
-            self.check_class(principal, upstream, rec)
+            self.checks.check_class(principal, upstream, rec)
             upstream_sid = self._session(principal.key_id, upstream, headers, rec)
             params: Mapping[str, str] = {}
             if msg.method == "tools/call":
-                admission = await self.admit(principal)
+                if self._quotas is not None:
+                    admission = await self.admit(principal)
                 modern = rec.protocol_version in MODERN_VERSIONS
-                principal, body, params = await self.check_call(
+                principal, body, params = await self.checks.check_call(
                     state, upstream, principal, msg, body, rec,
                     headers.params if modern else None)
                 params = params if modern else {}
             else:  # every other message, notifications and client responses included
-                if not self.access.may_use_server(principal.key_id, principal.team,
-                                                  upstream.name):
-                    raise McpRefusal(403, FORBIDDEN, "server_denied",
-                                     f"key {principal.key_id} may not use MCP server "
-                                     f"{upstream.name}")
-                pii = self._policy.pii if self._policy is not None else None
-                if pii is not None:
-                    principal, body = await self._scan_message(pii, upstream, principal, msg,
-                                                               body, rec)
+                check_message(self.access, principal, upstream.name, msg, rec)
+                principal, body = await self.checks.scan_message(upstream, principal, msg,
+                                                                 body, rec)
             await self.forward_allowed(state, upstream, principal, msg, body, headers,
                                        upstream_sid, rec, send, params, opened)
         except McpRefusal as exc:
             await self.refuse(exc, rec, msg, self.challenge(name), send)
         finally:
-            await self.settle(admission)
+            if admission is not None:  # no await (no coroutine) when nothing was charged
+                await self.settle(admission)
             self.metrics.observe(rec)
-            self.end_span(rec, headers, opened)
-            await self.record(rec)
+            if self._spans is not None:
+                self.end_span(rec, headers, opened)
+            if self._audit is not None and not rec.recorded:
+                await self.record(rec)
 
     async def read_message(self, scope: Mapping[str, Any], headers: Mapping[str, str],
                            receive: Any, rec: CallRecord) -> tuple[Message, bytes]:
@@ -238,14 +233,25 @@ class McpEndpoint:
                 happens to the forward).
         """
         gate = self.gates.get(upstream.name)  # flow control: wait for a slot, or 503
-        async with gate.slot() if gate is not None else contextlib.nullcontext():
-            rec.decision = "allow"
-            if self._spans is not None:  # the span's traceparent goes upstream
-                span, trace_headers = self._spans.forwarding(rec, headers)
-                opened.append(span)
-                headers = {**headers, **trace_headers}
-            await self.answers.forward(Link.of(state), upstream, principal, msg, body, headers,
-                                       upstream_sid, rec, send, params)
+        if gate is None:
+            await self._forward(state, upstream, principal, msg, body, headers, upstream_sid,
+                                rec, send, params, opened)
+            return
+        async with gate.slot():
+            await self._forward(state, upstream, principal, msg, body, headers, upstream_sid,
+                                rec, send, params, opened)
+
+    async def _forward(self, state: Any, upstream: Upstream, principal: Any, msg: Message,
+                       body: bytes, headers: Mapping[str, str], upstream_sid: str | None,
+                       rec: CallRecord, send: Any, params: Mapping[str, str],
+                       opened: list[object]) -> None:
+        rec.decision = "allow"
+        if self._spans is not None:  # the span's traceparent goes upstream
+            span, trace_headers = self._spans.forwarding(rec, headers)
+            opened.append(span)
+            headers = {**headers, **trace_headers}
+        await self.answers.forward(Link.of(state), upstream, principal, msg, body, headers,
+                                   upstream_sid, rec, send, params)
 
     async def settle(self, admission: Any) -> None:
         """End a tool call's quota admission (:meth:`admit`; ``None``: nothing charged)."""
@@ -280,13 +286,13 @@ class McpEndpoint:
             await send_json(send, exc.status, out, extra)
 
     async def record(self, rec: CallRecord) -> None:
-        """Append the request's audit record once (tool calls, refusals, and other messages in
-        which the ``pii`` section found sensitive data)."""
+        """Append the request's audit record once (tool calls, refusals, prompt and resource
+        requests, and other messages in which the ``pii`` section found sensitive data)."""
         if self._audit is None or rec.recorded:
             return
         if (rec.method != "tools/call" and rec.decision == "allow" and rec.reason is None
-                and not rec.pii):  # an allowed message with sensitive data found is recorded
-            return
+                and not rec.pii and rec.prompt is None and rec.resource_sha256 is None):
+            return  # recorded: sensitive data found, a prompt or resource named (governed)
         rec.recorded = True
         try:
             await self._audit(rec.event())
@@ -342,17 +348,6 @@ class McpEndpoint:
             raise auth_refusal(self.settings, scope["path"], exc, token is not None) from exc
         return principal
 
-    def check_class(self, principal: Any, upstream: Upstream, rec: CallRecord) -> None:
-        if self._policy is None:
-            return
-        dest = upstream.settings.destination or ""
-        decision = self._policy.evaluate(PolicyPrincipal(principal.key_id, principal.team),
-                                         principal.data_class, dest)
-        if not decision.allowed:
-            raise McpRefusal(403, FORBIDDEN, "class_refused",
-                             f"MCP server {upstream.name} (destination {dest}) may not receive "
-                             f"data class {principal.data_class}: {decision.reason}")
-
     def _session(self, key_id: str, upstream: Upstream, headers: Mapping[str, str],
                  rec: CallRecord) -> str | None:
         presented = headers.get("mcp-session-id")
@@ -365,144 +360,6 @@ class McpEndpoint:
         if sid is None:
             raise McpRefusal(404, INVALID_REQUEST, "session_unknown", "Session not found")
         return sid
-
-    async def check_call(self, state: Any, upstream: Upstream, principal: Any, msg: Message,
-                         body: bytes, rec: CallRecord, client_params: list[tuple[str, str]]
-                         | None) -> tuple[Any, bytes, dict[str, str]]:
-        """Check a ``tools/call``.
-
-        Args:
-            client_params: The request's ``Mcp-Param-*`` lines, checked against the
-                arguments (:mod:`gateway.mcp.params`); ``None``: not checked (a 2025 request).
-
-        Returns:
-            The principal (class raised by detected sensitive data), the body to forward
-            (arguments masked by the ``pii`` section) and the ``Mcp-Param-*`` headers to send
-            with it (rebuilt from the forwarded arguments; the client's are never relayed).
-
-        Raises:
-            McpRefusal: The call is refused (see the module docstring's order).
-        """
-        tool = msg.name or ""
-        verdict = self.access.check(principal.key_id, principal.team, upstream.name, tool)
-        if not verdict.allowed:
-            raise McpRefusal(403, FORBIDDEN, "tool_denied", verdict.reason)
-        arguments = msg.params.get("arguments", {})
-        if arguments is None:
-            arguments = {}
-        if not isinstance(arguments, dict):
-            raise McpRefusal(400, INVALID_PARAMS, "invalid_params", "arguments must be an object")
-        encoded = argument_bytes(arguments)
-        rec.arguments_sha256 = hashlib.sha256(encoded).hexdigest()
-        declared = upstream.settings.tools.get(tool)
-        limit = self.settings.limits.max_argument_bytes
-        if declared is not None and declared.max_argument_bytes is not None:
-            limit = min(limit, declared.max_argument_bytes)
-        check_size(encoded, limit)
-        sent = arguments
-        pii = self._policy.pii if self._policy is not None else None
-        if pii is not None:
-            principal, body, arguments = await self._scan_arguments(
-                pii, upstream, principal, msg, arguments, body, rec)
-        catalogue = await self.catalogue.get(upstream, Link.of(state))
-        definition = catalogue.tools.get(tool)
-        if definition is None:
-            raise McpRefusal(400, INVALID_PARAMS, "unknown_tool",
-                             f"MCP server {upstream.name} has no tool {tool!r}")
-        schema = definition.get("inputSchema")
-        annotations = catalogue.annotations(tool)
-        if client_params is not None:
-            check_params(annotations, sent, client_params)
-        check_schema(arguments, schema if isinstance(schema, dict) else None,
-                     catalogue.validator(tool))
-        if declared is not None and declared.url_arguments:
-            await check_url_arguments(arguments, declared.url_arguments, self._matcher,
-                                      self._policy,
-                                      PolicyPrincipal(principal.key_id, principal.team),
-                                      principal.data_class, schemes=declared.url_schemes)
-        return principal, body, mirror_params(annotations, arguments)
-
-    async def _scan_arguments(self, pii: Any, upstream: Upstream, principal: Any, msg: Message,
-                              arguments: dict[str, Any], body: bytes, rec: CallRecord,
-                              ) -> tuple[Any, bytes, dict[str, Any]]:
-        """Apply the ``pii`` section to the arguments (:mod:`gateway.mcp.pii`)."""
-        principal, scan = await self._apply_pii(pii, upstream, principal, arguments, rec,
-                                                record_clean=True)
-        if scan.masked:
-            obj = dict(msg.obj)
-            obj["params"] = {**msg.params, "arguments": scan.arguments}
-            body = json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
-            arguments = scan.arguments
-        return principal, body, arguments
-
-    async def _scan_message(self, pii: Any, upstream: Upstream, principal: Any, msg: Message,
-                            body: bytes, rec: CallRecord) -> tuple[Any, bytes]:
-        """Apply the ``pii`` section to a message other than ``tools/call`` (whose arguments
-        :meth:`check_call` scans): the ``params`` of a request or notification (``prompts/get``
-        arguments, ``completion/complete`` values, ``notifications/message`` data...) and the
-        ``result``/``error`` of a client's response, ``_meta`` left out. The same actions as
-        for tool arguments: class raised and the destination checked again, masked, refused.
-
-        Returns:
-            The principal (class raised) and the body to forward (masked where the policy
-            masks, else the client's bytes).
-
-        Raises:
-            McpRefusal: 403 ``pii_refused``, 503 ``pii_scan_failed`` (fail-closed class), or
-                403 ``class_refused`` when the raised class may not go to this server.
-        """
-        content: dict[str, Any] = {}
-        for part in ("params", "result", "error"):
-            value = msg.obj.get(part)
-            if part == "params" and isinstance(value, dict) and "_meta" in value:
-                value = {k: v for k, v in value.items() if k != "_meta"}
-            if value not in (None, {}, []):
-                content[part] = value
-        if not content:
-            return principal, body
-        principal, scan = await self._apply_pii(pii, upstream, principal, content, rec,
-                                                record_clean=False)
-        if scan.masked:
-            obj = dict(msg.obj)
-            for part, value in scan.arguments.items():
-                if part == "params" and isinstance(msg.obj.get("params"), dict) and (
-                        "_meta" in msg.obj["params"]):
-                    value = {**value, "_meta": msg.obj["params"]["_meta"]}
-                obj[part] = value
-            body = json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
-        return principal, body
-
-    async def _apply_pii(self, pii: Any, upstream: Upstream, principal: Any,
-                         content: dict[str, Any], rec: CallRecord, *, record_clean: bool,
-                         ) -> tuple[Any, ArgumentScan]:
-        """Scan ``content`` (:func:`gateway.mcp.pii.scan_arguments`), put the verdict in
-        ``rec`` and, when the class was raised, check this server's destination again.
-
-        Args:
-            record_clean: Put the verdict in ``rec`` even when nothing was found (a tool
-                call's record always carries it; another message is recorded only when
-                something was found, :meth:`record`).
-
-        Returns:
-            The principal with the class after detection, and the scan (masked content).
-
-        Raises:
-            McpRefusal: ``pii_refused``/``pii_scan_failed`` (the verdict recorded), or
-                ``class_refused`` for the raised class.
-        """
-        try:
-            scan = await scan_arguments(pii, content, principal.key_id, principal.team,
-                                        principal.data_class)
-        except McpRefusal as exc:
-            rec.pii = refusal_record(exc)
-            raise
-        if record_clean or scan.record.get("entities"):
-            rec.pii = scan.record
-        if scan.data_class != principal.data_class:
-            principal = dataclasses.replace(principal, data_class=scan.data_class)
-            rec.data_class = scan.data_class
-            self.check_class(principal, upstream, rec)
-        return principal, scan
 
     # -- sessions ----------------------------------------------------------------------
 

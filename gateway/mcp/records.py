@@ -9,6 +9,7 @@ and the W3C trace id that links it to the chat completion whose answer asked for
 
 from __future__ import annotations
 
+import hashlib
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -25,7 +26,6 @@ class CallRecord:
 
     server: str | None
     method: str | None = None
-    request_id: str = field(default_factory=lambda: secrets.token_hex(16))
     started: float = field(default_factory=time.monotonic)
     started_us: int = field(default_factory=lambda: int(time.time() * 1_000_000))
     key_id: str | None = None
@@ -45,7 +45,23 @@ class CallRecord:
     rpc_error: int | None = None
     pii: dict[str, Any] | None = None  # sensitive data in the arguments (types, counts, classes)
     identity: dict[str, Any] | None = None  # a token's or certificate's verified caller
+    prompt: str | None = None  # prompts/get, completion/complete of a prompt
+    resource_sha256: str | None = None  # of the (first refused, else last) resource URI
     recorded: bool = False
+    _request_id: str | None = field(default=None, repr=False)
+
+    @property
+    def request_id(self) -> str:
+        """A random id (32 hex), drawn when first asked for: by the audit record or a log
+        line (a call neither records nor logs does not pay for the random bytes)."""
+        if self._request_id is None:
+            self._request_id = secrets.token_hex(16)
+        return self._request_id
+
+    def note_resource(self, uri: str) -> None:
+        """Record the SHA-256 of a resource URI the request names (never the URI: it may
+        carry data, e.g. a name or an id, that the ``pii`` section has not yet seen)."""
+        self.resource_sha256 = hashlib.sha256(uri.encode("utf-8", "surrogatepass")).hexdigest()
 
     @property
     def duration_us(self) -> int:
@@ -78,4 +94,7 @@ class CallRecord:
             "trace_id": self.trace_id,
             **({"pii": self.pii} if self.pii is not None else {}),
             **({"identity": self.identity} if self.identity is not None else {}),
+            **({"prompt": self.prompt} if self.prompt is not None else {}),
+            **({"resource_sha256": self.resource_sha256}
+               if self.resource_sha256 is not None else {}),
         }

@@ -15,6 +15,8 @@ Example::
           servers: ["search"]
           allow: ["*"]
           deny: ["delete_*"]
+          prompts: {allow: ["summarise"]}          # prompts/get, prompts/list, completions
+          resources: {allow: ["docs://public/*"]}  # resources/read, lists, subscriptions
       aggregate: true                  # /mcp: every server's tools as <server>__<tool>
       session_key_file: /run/secrets/mcp-session.key   # shared by workers and replicas
       resource_metadata:               # RFC 9728 protected resource (gateway.mcp.oauth)
@@ -41,6 +43,7 @@ __all__ = [
     "AGGREGATE_SEPARATOR",
     "McpAccessRule",
     "McpFlowSettings",
+    "McpGlobs",
     "McpLimits",
     "McpResourceMetadata",
     "McpServerSettings",
@@ -148,12 +151,21 @@ class McpServerSettings(FrozenSection):
         return value
 
 
+class McpGlobs(FrozenSection):
+    """Allow and deny globs (``fnmatch``, case-sensitive) of prompt names or resource URIs."""
+
+    allow: list[str] = Field(default_factory=list)
+    deny: list[str] = Field(default_factory=list)
+
+
 class McpAccessRule(FrozenSection):
-    """Which tools of which servers the matching callers may call (globs, ``fnmatch``).
+    """What of which servers the matching callers may use (globs, ``fnmatch``).
 
     A caller matches when its key id matches one of ``keys`` or its team one of ``teams``.
-    A tool is callable when some matching rule for the server allows it and no matching rule
-    denies it (deny wins; nothing matches: refused).
+    A tool is callable when some matching rule for the server allows it (``allow``) and no
+    matching rule denies it (``deny``; deny wins; nothing matches: refused). Prompts (by name)
+    and resources (by URI; resource templates by their ``uriTemplate``) are judged the same
+    way by ``prompts`` and ``resources``: none is allowed unless a rule says so.
     """
 
     keys: list[str] = Field(default_factory=list)
@@ -161,6 +173,8 @@ class McpAccessRule(FrozenSection):
     servers: list[str] = Field(default_factory=lambda: ["*"])
     allow: list[str] = Field(default_factory=list)
     deny: list[str] = Field(default_factory=list)
+    prompts: McpGlobs = Field(default_factory=McpGlobs)
+    resources: McpGlobs = Field(default_factory=McpGlobs)
 
 
 class McpLimits(FrozenSection):

@@ -81,6 +81,9 @@ def _stack(serve_asgi: Callable[..., Any], tmp_path: Path, policy_extra: str = "
 
     def extra(mcp: dict[str, Any]) -> None:
         mcp["servers"][0]["tools"] = {"fetch_url": {"url_arguments": ["url"]}}
+        # Prompts are governed by access rules too: let the agents use them, so that the pii
+        # section is what decides about the prompt requests below.
+        mcp["access"][0]["prompts"] = {"allow": ["*"]}
 
     gw = start_gateway(tmp_path, sim.url, {"tools": tools.url + "/mcp"}, {"web": web.port},
                        extra, policy_extra=policy_extra)
