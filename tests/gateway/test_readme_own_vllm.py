@@ -51,6 +51,35 @@ def test_the_section_says_how_to_start_and_check_a_backend() -> None:
     assert "vllm serve" in section and "/health" in section and "vllm-sim --port 8000" in section
 
 
+def test_the_simulator_command_serves_the_model_the_config_names() -> None:
+    """The no-GPU path as printed: the simulator must serve the ``served_model_name`` of the
+    step's config, or the first request is a 404 from the replica (a new operator's walk
+    found the printed ``vllm-sim --port 8000`` serving ``sim-model``)."""
+    section = _section()
+    printed = re.search(r"`(vllm-sim [^`]+)`", section).group(1)  # type: ignore[union-attr]
+    (config,) = _blocks(section, "yaml")
+    served = re.search(r"served_model_name:\s*(\S+)", config).group(1)  # type: ignore[union-attr]
+    port = free_port()
+    argv = [a if a != "8000" else str(port) for a in shlex.split(printed)[1:]]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    with subprocess.Popen(default_signals([sys.executable, "-c", "from vllm_sim.cli import main; main()", *argv]), env=env,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) as proc:
+        try:
+            def up() -> bool:
+                assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+                try:
+                    return httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200
+                except httpx.HTTPError:
+                    return False
+
+            wait_until(up, 60, "the simulator to be up")
+            models = httpx.get(f"http://127.0.0.1:{port}/v1/models").json()
+            assert served in [m["id"] for m in models["data"]], models
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=30)
+
+
 def test_the_audit_keys_are_made_outside_the_checkout_and_ignored_by_git(tmp_path: Path) -> None:
     cmds = [c for b in _blocks(_section(), "sh") for c in _commands(b)]
     keygen = cmds.index(next(c for c in cmds if c.startswith("gateway audit keygen")))
