@@ -62,8 +62,9 @@ def test_the_simulator_command_serves_the_model_the_config_names() -> None:
     port = free_port()
     argv = [a if a != "8000" else str(port) for a in shlex.split(printed)[1:]]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    with subprocess.Popen(default_signals([sys.executable, "-c", "from vllm_sim.cli import main; main()", *argv]), env=env,
-                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) as proc:
+    cmd = [sys.executable, "-c", "from vllm_sim.cli import main; main()", *argv]
+    with subprocess.Popen(default_signals(cmd), env=env, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE, text=True) as proc:
         try:
             def up() -> bool:
                 assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
