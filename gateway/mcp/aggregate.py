@@ -89,6 +89,11 @@ async def handle_aggregate(ep: McpEndpoint, state: Any, scope: Mapping[str, Any]
         msg, _ = await ep.read_message(scope, headers, receive, rec)
         rec.protocol_version = check_headers(msg, headers, headers.repeated)
         check_scopes(ep.settings, principal, None, None)  # the aggregate's own scopes
+        if not any(ep.access.may_use_server(principal.key_id, principal.team, name)
+                   for name in ep.upstreams):
+            # As /mcp/<server> answers a caller no access rule names: nothing to discover.
+            raise McpRefusal(403, FORBIDDEN, "tool_denied",
+                             "no mcp.access rule lets this caller use any MCP server")
         modern = rec.protocol_version in MODERN_VERSIONS
         if "mcp-session-id" in headers:
             if modern:

@@ -131,6 +131,24 @@ def test_aggregate_applies_the_per_server_refusals(agg: dict[str, Any]) -> None:
     assert refused[0]["key_id"] == "k-other"
 
 
+def test_aggregate_refuses_a_caller_no_access_rule_names(agg: dict[str, Any]) -> None:
+    """As ``/mcp/<server>`` does (403): a caller that may use no server gets nothing to
+    discover at ``/mcp`` either (it answered initialize, ping and an empty tools/list)."""
+    gw = agg["gateway"]
+    for method, params in (("ping", {}), ("tools/list", {}), ("server/discover", {})):
+        resp = httpx.post(gw.url + "/mcp", timeout=10, json={
+            "jsonrpc": "2.0", "id": 1, "method": method, "params": {**params, "_meta": {
+                "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                "io.modelcontextprotocol/clientInfo": {"name": "t", "version": "1"},
+                "io.modelcontextprotocol/clientCapabilities": {}}}}, headers={
+            "authorization": f"Bearer {KEYS['nobody']}", "mcp-protocol-version": "2026-07-28",
+            "mcp-method": method, "accept": "application/json, text/event-stream"})
+        assert resp.status_code == 403, (method, resp.text)
+        assert resp.json()["error"]["code"] == -32001
+    assert [r["data"]["reason"] for r in gw.records() if r["type"] == "mcp.refused"
+            and r["data"]["key_id"] == "k-nobody"] == ["tool_denied"] * 3
+
+
 def test_aggregate_challenge_and_metadata(agg: dict[str, Any]) -> None:
     gw = agg["gateway"]
     no_key = httpx.post(gw.url + "/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "ping"},
