@@ -284,7 +284,7 @@ def assemble(
         if audit is not None:
             telemetry.watch_audit(audit.log)
         if flow is not None:
-            telemetry.watch_flow(flow.queue_lengths)
+            telemetry.watch_flow(flow.queue_lengths, flow.reserve_rows)
         if mcp is not None:
             from gateway.mcp.metrics import queued_rows  # with mcp: only (as build_mcp)
 
