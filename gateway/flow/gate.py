@@ -102,7 +102,9 @@ class FlowGate:
         reserve = settings.reserve
         self.reserve = (Reserve(reserve, [c.name for c in self.classes].index(
                             reserve.for_class or self.classes[0].name), self.limits,
-                            stale_s, self.workers) if reserve is not None else None)
+                            stale_s, self.workers,
+                            processes=1 if settings.shared is not None else self.workers)
+                        if reserve is not None else None)
         # Bytes of the bodies of queued requests, and this worker's budget for them.
         self.queued_bytes = 0
         self.body_budget = max(1, settings.max_queued_body_bytes // settings.workers)

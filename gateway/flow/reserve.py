@@ -72,6 +72,8 @@ class Reserve:
             (:meth:`~gateway.flow.settings.FlowControlSettings.limits`).
         stale_s: Scraped figures older than this are ignored, seconds.
         workers: Gateway processes whose sends the estimates count as this one's.
+        processes: Processes that split ``reserve.in_flight`` between them (``pods x workers``;
+            1 with ``flow_control.shared``, where the demand counts every process's requests).
 
     Raises:
         ValueError: No capacity can be derived: neither ``reserve.in_flight`` nor an
@@ -79,7 +81,8 @@ class Reserve:
     """
 
     def __init__(self, settings: ReserveSettings, cls: int,
-                 limits: Sequence[SaturationSettings], stale_s: float, workers: int) -> None:
+                 limits: Sequence[SaturationSettings], stale_s: float, workers: int,
+                 processes: int = 1) -> None:
         self.settings = settings
         self.cls = cls
         self._limits = tuple(limits)
@@ -88,8 +91,8 @@ class Reserve:
         per_replica = settings.in_flight
         if per_replica is None:
             per_replica = self._limits[cls].in_flight
-        elif workers > 1:
-            per_replica = max(1, per_replica // workers)
+        elif processes > 1:
+            per_replica = max(1, per_replica // processes)
         if per_replica is None:
             raise ValueError("reserve.in_flight: not set and the reserve's class has no "
                              "in_flight threshold to size the reserve by")

@@ -188,7 +188,8 @@ class ReserveSettings(_Frozen):
             reserve. Off: they keep their own thresholds there.
         in_flight: Requests of the reserve's classes one reserved replica is sized for
             (default: the ``in_flight`` threshold of ``for_class``; one of the two is
-            required). With ``--workers N`` each worker counts ``in_flight // N``.
+            required). Without ``shared``, each of ``pods x workers`` processes counts its
+            share of it (``in_flight // (pods x workers)``), as of every threshold.
         widen_at: Fraction of the capacity (``replicas x in_flight``) at which the reserve
             widens: its classes' requests in flight on the model's replicas reach it (or
             one of them waits in the gateway's queue); every replica then serves every class

@@ -6,6 +6,7 @@ Replica 0 is the reserve (the first in pool order). Requests are held on a simul
 
 from __future__ import annotations
 
+import re
 import socket
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -148,18 +149,23 @@ def test_the_reserve_widens_under_interactive_load_and_narrows_after_hold(
     assert (pair.chats(0), pair.chats(1)) == (on_reserve, on_other + 1)
 
 
-def test_a_reserve_needs_a_size_and_a_class_below_it() -> None:
+def test_a_reserve_needs_a_size_and_a_class_below_it_and_is_split_over_pods() -> None:
     base = {"enabled": True, "classes": [{"name": "interactive"}, {"name": "batch"}],
             "default_class": "batch"}
-    with pytest.raises(ValueError, match="reserve.in_flight: not set"):
+    with pytest.raises(ValueError, match=re.escape("reserve.in_flight: not set")):
         FlowControlSettings.model_validate({**base, "reserve": {}})
-    with pytest.raises(ValueError, match="reserve.for_class: 'batch' is the last class"):
+    with pytest.raises(ValueError, match=re.escape("reserve.for_class: 'batch' is the last class")):
         FlowControlSettings.model_validate({**base, "reserve": {"for_class": "batch",
                                                                  "in_flight": 4}})
-    with pytest.raises(ValueError, match="shrink_at: 0.9 is above widen_at 0.5"):
+    with pytest.raises(ValueError, match=re.escape("shrink_at: 0.9 is above widen_at 0.5")):
         FlowControlSettings.model_validate({**base, "reserve": {
             "in_flight": 4, "widen_at": 0.5, "shrink_at": 0.9}})
     ok = FlowControlSettings.model_validate({**base, "reserve": {"in_flight": 4}})
     assert ok.reserve is not None
     reserve = Reserve(ok.reserve, 0, ok.limits(), stale_s=1.0, workers=1)
     assert reserve.capacity == 4 and not ReserveState().widened
+    # Without a shared backend each of 2 pods sizes the reserve by its share of in_flight.
+    pods = FlowControlSettings.model_validate({**base, "pods": 2, "reserve": {"in_flight": 4}})
+    assert pods.reserve is not None
+    assert Reserve(pods.reserve, 0, pods.limits(), 1.0, pods.processes,
+                   processes=pods.processes).capacity == 2
