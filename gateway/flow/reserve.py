@@ -31,15 +31,28 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol, TypeVar
 
-from gateway.flow.saturation import has_room, with_room
+from gateway.flow.saturation import ReplicaLoad, has_room, with_room
 from gateway.flow.settings import ReserveSettings, SaturationSettings
 
-if TYPE_CHECKING:
-    from gateway.routing import Replica
+__all__ = ["ReservableReplica", "Reserve", "ReserveState"]
 
-__all__ = ["Reserve", "ReserveState"]
+
+class ReservableReplica(ReplicaLoad, Protocol):
+    """What the reserve reads of a replica (``gateway.routing.Replica`` has it)."""
+
+    @property
+    def index(self) -> int:
+        """Position in the pool (stable): the reserve is the first available ones."""
+        ...
+
+    def available(self, now: float) -> bool:
+        """True when the replica is neither ejected nor failing its active probe."""
+        ...
+
+
+Replica = TypeVar("Replica", bound=ReservableReplica)
 
 _log = logging.getLogger(__name__)
 
@@ -114,8 +127,8 @@ class Reserve:
             return [], list(candidates)
         return reserved, others
 
-    def update(self, state: ReserveState, candidates: Sequence[Replica], waiting: bool,
-               now: float) -> None:
+    def update(self, state: ReserveState, candidates: Sequence[ReservableReplica],
+               waiting: bool, now: float) -> None:
         """Widen or shrink ``state`` from the demand on ``candidates`` (module docstring).
 
         Args:
