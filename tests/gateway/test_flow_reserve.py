@@ -16,6 +16,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.assembly import assemble
+from gateway.fleet.replica import Replica
 from gateway.flow.reserve import Reserve, ReserveState
 from gateway.flow.settings import FlowControlSettings
 from gateway.telemetry import Telemetry
@@ -169,3 +170,28 @@ def test_a_reserve_needs_a_size_and_a_class_below_it_and_is_split_over_pods() ->
     assert pods.reserve is not None
     assert Reserve(pods.reserve, 0, pods.limits(), 1.0, pods.processes,
                    processes=pods.processes).capacity == 2
+
+
+def test_other_pods_requests_count_in_the_demand_with_shared_counts() -> None:
+    """With flow_control.shared the demand adds the other processes' requests (the Redis
+    counts kept in ``peer_in_flight``): every pod widens on the fleet's demand, not its own."""
+    s = FlowControlSettings.model_validate({
+        "enabled": True, "classes": [{"name": "interactive"}, {"name": "batch"}],
+        "default_class": "batch", "saturation": {"in_flight": 2},
+        "shared": {"redis_url": "redis://127.0.0.1:6379/0"},
+        "reserve": {"hold_s": 0}})
+    assert s.reserve is not None
+    reserve = Reserve(s.reserve, 0, s.limits(), 1.0, 1, processes=1)
+    replicas = [Replica(model="m", index=i, url=f"http://r{i}") for i in range(2)]
+    state = ReserveState()
+    replicas[0].flow_in_flight[:] = [1, 0]
+    assert [r.index for r in reserve.room(state, replicas, 1, False, 0.0)] == [1]
+    assert not state.widened and state.demand == 1
+    replicas[1].peer_in_flight[:] = [1, 0]  # another pod's interactive request
+    assert [r.index for r in reserve.room(state, replicas, 1, False, 1.0)] == [0, 1]
+    assert state.widened and state.demand == 2
+    replicas[1].peer_in_flight[:] = [0, 0]
+    replicas[0].flow_in_flight[:] = [0, 0]
+    reserve.update(state, replicas, False, 2.0)  # calm from now; hold_s 0
+    assert [r.index for r in reserve.room(state, replicas, 1, False, 2.0)] == [1]
+    assert not state.widened
