@@ -47,7 +47,7 @@ class Pair:
         models = [{"name": "m", "served_model_name": SERVED,
                    "replicas": [{"url": s.url} for s in self.sims]}]
         s = flow_settings(self.sims[0].url, models=models, **_section(**reserve))
-        self.telemetry = Telemetry(TelemetrySettings(admin={"port": 0}))
+        self.telemetry = Telemetry(TelemetrySettings.model_validate({"admin": {"port": 0}}))
         self.rig = Rig(serve_asgi, self.sims[0], s, assemble(s, telemetry=self.telemetry))
         self.socks: list[socket.socket] = []
 
