@@ -136,12 +136,15 @@ async def _one(client: httpx.AsyncClient, url: str, model: str, call: Call, n: i
 
 async def run_phase(client: httpx.AsyncClient, gateway: str, urls: list[str], model: str,
                     calls: list[Call], window_s: float,
-                    batch: tuple[int, int, int] | None = None, settle_s: float = 0.0) -> float:
+                    batch: tuple[int, int, int] | None = None, settle_s: float = 0.0,
+                    prompt_tokens: list[float] | None = None) -> float:
     """Send the interactive ``calls`` and, with ``batch`` = (workers, prompt, output), the batch
     job's (appended to ``calls``); cancel what is open at ``window_s``; reset the replicas.
     Then ``settle_s`` seconds more: an aborted request leaves at once, but the engine step it
     was in runs to its end (up to one full-budget prefill step, seconds at time scale 10), and
-    the next phase must not start behind it. The wall time, seconds."""
+    the next phase must not start behind it. With ``prompt_tokens``, each replica's prompt
+    tokens of the phase (``vllm:prompt_tokens_total`` before the reset) are appended to it:
+    which replicas ran which work. The wall time, seconds."""
     t0 = time.monotonic()
     tasks = [asyncio.create_task(_one(client, gateway, model, c, n, t0))
              for n, c in enumerate(calls)]
@@ -159,19 +162,25 @@ async def run_phase(client: httpx.AsyncClient, gateway: str, urls: list[str], mo
     for c in calls:  # still waiting for a first token when cancelled: count what it waited
         if c.cls == "interactive" and c.ttft_s is None and c.status in (0, 200):
             c.ttft_s = max(0.0, wall - c.at_s)
-    await _reset(client, urls)
+    await _reset(client, urls, prompt_tokens)
     await asyncio.sleep(settle_s)
     return wall
 
 
-async def _reset(client: httpx.AsyncClient, urls: list[str]) -> None:
-    """Wait (bounded) until the aborted requests left every replica; empty the caches."""
+async def _reset(client: httpx.AsyncClient, urls: list[str],
+                 prompt_tokens: list[float] | None = None) -> None:
+    """Wait (bounded) until the aborted requests left every replica; empty the caches (and
+    the counters: with ``prompt_tokens``, append each replica's prompt tokens before)."""
     deadline = time.monotonic() + 60
     for url in urls:
         while (await client.get(f"{url}/sim/stats")).json()["running"] and (
             time.monotonic() < deadline
         ):
             await asyncio.sleep(0.1)
+        if prompt_tokens is not None:
+            page = (await client.get(f"{url}/metrics")).text
+            prompt_tokens.append(sum(float(line.rsplit(" ", 1)[1]) for line in page.splitlines()
+                                     if line.startswith("vllm:prompt_tokens_total")))
         await client.post(f"{url}/sim/reset")
 
 
@@ -259,16 +268,30 @@ async def bench_grid(args: argparse.Namespace) -> dict[str, Any]:
                 p99, n, refused = interactive_p99(calls, 0.0)
                 row["unloaded"] = {"ttft_p99_s": p99, "interactive": n,
                                    "interactive_refused": refused}
-                for phase, model in (("no-fc", "mixed-plain"), ("fc", "mixed-fc")):
+                if args.reserve:
+                    # Diagnostic, not the target's baseline: the interactive traffic alone on
+                    # the reserved replicas only (what the reserve can give it at best).
+                    calls = interactive_calls(rate, args.unloaded_window, args)
+                    await run_phase(client, gateway, urls, "mixed-one", calls,
+                                    args.unloaded_window)
+                    p99, n, refused = interactive_p99(calls, 0.0)
+                    row["unloaded-reserve"] = {"ttft_p99_s": p99, "interactive": n,
+                                               "interactive_refused": refused}
+                phases = [("no-fc", "mixed-plain"), ("fc", "mixed-fc")]
+                if args.reserve:
+                    phases.append(("fc-reserve", "mixed-fcr"))
+                for phase, model in phases:
                     calls = interactive_calls(rate, args.window, args)
+                    replica_tokens: list[float] = []
                     await run_phase(client, gateway, urls, model, calls, args.window,
-                                    (workers, prompt, output), settle)
+                                    (workers, prompt, output), settle, replica_tokens)
                     p99, n, refused = interactive_p99(calls, args.warmup)
                     batch = [c for c in calls if c.cls == "batch"]
                     row[phase] = {
                         "ttft_p99_s": p99, "interactive": n, "interactive_refused": refused,
                         "batch_tok_s": batch_tok_s(calls, args.warmup, args.window),
                         "batch_requests": len(batch),
+                        "replica_prompt_tokens": replica_tokens,
                         "batch_refused": sum(1 for c in batch if c.status not in (0, 200)),
                         # (sent at, TTFT) of every interactive request, seconds (tails).
                         "interactive_each": [[round(c.at_s, 3), c.ttft_s and round(c.ttft_s, 4)]
@@ -282,9 +305,18 @@ async def bench_grid(args: argparse.Namespace) -> dict[str, Any]:
                 row["share"] = share
                 row["pass"] = bool(row["ttft_ratio"] <= args.target
                                    and row["batch_ratio"] >= share)
+                if args.reserve:
+                    fcr = row["fc-reserve"]
+                    row["ttft_ratio_reserve"] = fcr["ttft_p99_s"] / unloaded
+                    row["batch_ratio_reserve"] = (fcr["batch_tok_s"] / full if full
+                                                  else float("nan"))
+                    row["pass_reserve"] = bool(row["ttft_ratio_reserve"] <= args.target
+                                               and row["batch_ratio_reserve"] >= share)
                 report["points"].append(row)
                 print(f"  point {prompt}/{output} @ {rate:g} req/s: unloaded p99 {unloaded:.3f}"
-                      f" s, TTFT x{row['ttft_ratio']:.2f}, batch x{row['batch_ratio']:.2f}",
+                      f" s, TTFT x{row['ttft_ratio']:.2f}, batch x{row['batch_ratio']:.2f}"
+                      + (f"; reserve TTFT x{row['ttft_ratio_reserve']:.2f}, batch "
+                         f"x{row['batch_ratio_reserve']:.2f}" if args.reserve else ""),
                       file=sys.stderr)
     finally:
         for p in reversed(procs):
@@ -294,7 +326,7 @@ async def bench_grid(args: argparse.Namespace) -> dict[str, Any]:
         "max_num_seqs": args.max_num_seqs, "batch_in_flight": args.batch_in_flight,
         "batch_prefill_tokens": args.batch_prefill_tokens, "strategy": args.strategy,
         "long_prefill_token_threshold": args.long_prefill_token_threshold,
-        "scheduling_policy": args.scheduling_policy,
+        "scheduling_policy": args.scheduling_policy, "reserve": args.reserve,
         "window_s": args.window, "warmup_s": args.warmup, "unloaded_window_s":
         args.unloaded_window, "batch_workers": workers, "target": args.target,
         "interactive_prompt/output": f"{args.interactive_prompt}/{args.interactive_output}",
@@ -322,6 +354,19 @@ def gateway_config(urls: list[str], port: int, args: argparse.Namespace) -> dict
     if args.batch_prefill_tokens is not None:
         batch = cfg["flow_control"]["classes"][1]
         batch["saturation"]["prefill_tokens"] = args.batch_prefill_tokens
+    if args.reserve:
+        # The A/B arm: ``mixed-fcr`` is ``mixed-fc`` with ``args.reserve`` replicas kept free
+        # of batch (flow_control.reserve, applied to that model only).
+        fcr = dict(cfg["models"][-1], name="mixed-fcr")
+        one = dict(cfg["models"][0], name="mixed-one",
+                   replicas=cfg["models"][0]["replicas"][: args.reserve])
+        cfg["models"] += [fcr, one]
+        flow = cfg["flow_control"]
+        flow["models"] = [*flow["models"], "mixed-fcr"]
+        if "vllm_priority_models" in flow:
+            flow["vllm_priority_models"] = [*flow["vllm_priority_models"], "mixed-fcr"]
+        flow["reserve"] = {"replicas": args.reserve, "models": ["mixed-fcr"],
+                           "widen_at": args.reserve_widen_at, "hold_s": args.reserve_hold}
     return cfg
 
 
@@ -332,6 +377,7 @@ def print_table(report: dict[str, Any]) -> None:
     print("| batch prompt | batch output | interactive req/s | unloaded p99 TTFT | fc p99 TTFT "
           "(x unloaded) | no-fc p99 (x) | batch tok/s fc / no-fc (x) | share | result |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    reserve = params.get("reserve")
     for row in report["points"]:
         un = row["unloaded"]["ttft_p99_s"]
         fc, nofc = row["fc"], row["no-fc"]
@@ -341,9 +387,41 @@ def print_table(report: dict[str, Any]) -> None:
               f"| {fc['batch_tok_s']:.0f} / {nofc['batch_tok_s']:.0f} "
               f"({row['batch_ratio']:.2f}x) | {row['share']:.2f} "
               f"| {'PASS' if row['pass'] else 'FAIL'} |")
+    if reserve:
+        print(f"\nfc-reserve (reserve.replicas {reserve}) in the same run:\n")
+        print("| batch prompt | batch output | interactive req/s | unloaded p99 TTFT | "
+              "unloaded on the reserve alone p99 | fc-reserve p99 TTFT (x unloaded) | "
+              "fc-reserve p50 | fc p50 | batch tok/s fc-reserve / no-fc (x) | prompt tokens "
+              "per replica fc-reserve (fc) | result |")
+        print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|")
+        for row in report["points"]:
+            fcr = row["fc-reserve"]
+            warm = params["warmup_s"]
+            print(f"| {row['batch_prompt']} | {row['batch_output']} "
+                  f"| {row['interactive_rps']:g} | {row['unloaded']['ttft_p99_s']:.3f} s "
+                  f"| {row['unloaded-reserve']['ttft_p99_s']:.3f} s "
+                  f"| {fcr['ttft_p99_s']:.3f} s ({row['ttft_ratio_reserve']:.2f}x) "
+                  f"| {_p50_each(fcr, warm):.3f} s | {_p50_each(row['fc'], warm):.3f} s "
+                  f"| {fcr['batch_tok_s']:.0f} / {row['no-fc']['batch_tok_s']:.0f} "
+                  f"({row['batch_ratio_reserve']:.2f}x) "
+                  f"| {_tokens(fcr)} ({_tokens(row['fc'])}) "
+                  f"| {'PASS' if row['pass_reserve'] else 'FAIL'} |")
+        passed_r = sum(1 for r in report["points"] if r["pass_reserve"])
+        print(f"\nfc-reserve: {passed_r} of {len(report['points'])} points pass")
     passed = sum(1 for r in report["points"] if r["pass"])
     print(f"\n{passed} of {len(report['points'])} points pass (interactive p99 TTFT <= "
           f"{params['target']}x unloaded and batch >= its share)")
+
+
+def _p50_each(phase: dict[str, Any], warmup_s: float) -> float:
+    """p50 TTFT of a phase's interactive requests sent after the warm-up, seconds."""
+    values = sorted(t for at, t in phase["interactive_each"] if t is not None and at >= warmup_s)
+    return values[len(values) // 2] if values else float("nan")
+
+
+def _tokens(phase: dict[str, Any]) -> str:
+    """Each replica's prompt tokens in a phase, thousands (``12.3k / 0.9k``)."""
+    return " / ".join(f"{t / 1000:.1f}k" for t in phase["replica_prompt_tokens"])
 
 
 def _ints(text: str) -> list[int]:
@@ -397,6 +475,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--interactive-output", type=int, default=16)
     ap.add_argument("--batch-max-wait", type=float, default=15.0)
     ap.add_argument("--interactive-max-wait", type=float, default=10.0)
+    ap.add_argument("--reserve", type=int, default=0,
+                    help="also run an fc-reserve phase: flow_control.reserve with this many "
+                         "replicas kept free of batch (0: no such phase)")
+    ap.add_argument("--reserve-widen-at", type=float, default=1.0)
+    ap.add_argument("--reserve-hold", type=float, default=10.0)
     ap.add_argument("--json", type=Path, default=None, help="write the report here")
     return ap.parse_args(argv)
 

@@ -284,7 +284,7 @@ def assemble(
         if audit is not None:
             telemetry.watch_audit(audit.log)
         if flow is not None:
-            telemetry.watch_flow(flow.queue_lengths)
+            telemetry.watch_flow(flow.queue_lengths, flow.reserve_rows)
         fetchers = list(getattr(authenticator, "fetchers", []))  # fixed until a restart
         if fetchers:
             telemetry.watch_jwks(lambda: [row for f in fetchers for row in f.outcome_rows()])

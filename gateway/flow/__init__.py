@@ -7,6 +7,8 @@
 * :mod:`gateway.flow.saturation`: whether a replica has room (pure logic over the scraped
   vLLM signals and the gateway's in-flight count).
 * :mod:`gateway.flow.classify`: a request's class and fair-share flow (key or team, weight).
+* :mod:`gateway.flow.reserve`: replicas kept free of the lower classes while the higher
+  classes' load fits on them (``flow_control.reserve``; pure logic).
 * :mod:`gateway.flow.peers` and :mod:`gateway.flow.fleetshare`: in-flight counts and fair
   shares across gateway processes through Redis (``flow_control.shared``).
 * :mod:`gateway.flow.gate` and :mod:`gateway.flow.lane`: the thin adapter the relay calls

@@ -42,6 +42,7 @@ from gateway.flow.classify import Classifier
 from gateway.flow.errors import FlowError
 from gateway.flow.fleetshare import FleetShares
 from gateway.flow.lane import Group, Lane, PoolFlow, to_gateway_error
+from gateway.flow.reserve import Reserve
 from gateway.flow.saturation import with_room
 from gateway.flow.settings import FlowControlSettings
 from gateway.quotas.tokens import TokenEstimator
@@ -97,6 +98,13 @@ class FlowGate:
                                        completion_reserve_cap=1 << 40)
                         if settings.share_cost == "tokens" else None)
         self._retired: list[PoolFlow] = []
+        # Replicas kept free of the lower classes (flow_control.reserve).
+        reserve = settings.reserve
+        self.reserve = (Reserve(reserve, [c.name for c in self.classes].index(
+                            reserve.for_class or self.classes[0].name), self.limits,
+                            stale_s, self.workers,
+                            processes=1 if settings.shared is not None else self.workers)
+                        if reserve is not None else None)
         # Bytes of the bodies of queued requests, and this worker's budget for them.
         self.queued_bytes = 0
         self.body_budget = max(1, settings.max_queued_body_bytes // settings.workers)
@@ -164,8 +172,7 @@ class FlowGate:
             cls = queues.top()
             if cls is None:
                 return
-            room = with_room(group.candidates, cls, self.limits[cls], now, self.stale_s,
-                             self.workers)
+            room = self.room(flow, group.candidates, cls, now)
             if not room:
                 return
             shares = self.shares
@@ -182,6 +189,35 @@ class FlowGate:
                 return
             self.hold(replica, cls)
             hand.future.set_result(replica)
+
+    def room(self, flow: PoolFlow, candidates: Sequence[Replica], cls: int,
+             now: float) -> Sequence[Replica]:
+        """The candidates a request of class ``cls`` of ``flow``'s model may be handed now:
+        those with room for the class (:mod:`gateway.flow.saturation`), narrowed by the
+        reserve when there is one (:mod:`gateway.flow.reserve`); empty when none."""
+        reserve = self.reserve
+        if reserve is None or not reserve.covers(flow.pool.model.name):
+            return with_room(candidates, cls, self.limits[cls], now, self.stale_s,
+                             self.workers)
+        waiting = any(g.queues.waiting_at_or_above(reserve.cls) for g in flow.groups.values())
+        return reserve.room(flow.reserve, candidates, cls, waiting, now)
+
+    def settle(self, flow: PoolFlow) -> None:
+        """A request of ``flow``'s model ended: the reserve notes the demand, so that its
+        ``hold_s`` counts from when the demand fell (nothing to do without a reserve)."""
+        reserve = self.reserve
+        if reserve is not None and reserve.covers(flow.pool.model.name):
+            waiting = any(g.queues.waiting_at_or_above(reserve.cls)
+                          for g in flow.groups.values())
+            reserve.update(flow.reserve, flow.pool.replicas, waiting, self.clock())
+
+    def reserve_rows(self) -> list[tuple[str, int, int]]:
+        """``(model, widened 0/1, demand)`` per model under a reserve (the metrics gauges)."""
+        reserve = self.reserve
+        if reserve is None:
+            return []
+        return [(model, int(flow.reserve.widened), flow.reserve.demand)
+                for model, flow in self.pools.items() if reserve.covers(model)]
 
     def hold(self, replica: Replica, cls: int) -> None:
         """Hand ``replica`` to a request of class ``cls``: reserve it (``outstanding``, until

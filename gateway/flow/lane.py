@@ -21,7 +21,7 @@ from gateway.flow.errors import (
 )
 from gateway.flow.fleetshare import FleetShares
 from gateway.flow.queues import ClassQueues, Waiter
-from gateway.flow.saturation import with_room
+from gateway.flow.reserve import ReserveState
 from gateway.flow.settings import FlowClassSettings, SaturationSettings
 from gateway.h1.asgi_io import ClientGone, Receive
 
@@ -63,12 +63,21 @@ class LaneGate(Protocol):
         """Hand replicas to waiters while some candidate has room."""
         ...
 
+    def room(self, flow: PoolFlow, candidates: Sequence[Replica], cls: int,
+             now: float) -> Sequence[Replica]:
+        """The candidates a request of class ``cls`` may be handed now (empty: none)."""
+        ...
+
     def hold(self, replica: Replica, cls: int) -> None:
         """Reserve ``replica`` for a request of class ``cls``."""
         ...
 
     def kick(self, flow: PoolFlow) -> None:
         """Dispatch the waiters of one model."""
+        ...
+
+    def settle(self, flow: PoolFlow) -> None:
+        """A request of ``flow``'s model ended: let its reserve note the lower demand."""
         ...
 
     def observe_wait(self, cls: int, wait_s: float) -> None:
@@ -103,13 +112,15 @@ class Group:
 
 
 class PoolFlow:
-    """Flow control of one model: its pool and its queues by candidate set."""
+    """Flow control of one model: its pool, its queues by candidate set, and the state of its
+    reserve (``flow_control.reserve``, :mod:`gateway.flow.reserve`)."""
 
-    __slots__ = ("groups", "pool")
+    __slots__ = ("groups", "pool", "reserve")
 
     def __init__(self, pool: Pool) -> None:
         self.pool = pool
         self.groups: dict[tuple[int, ...] | None, Group] = {}
+        self.reserve = ReserveState()
 
     def queued(self) -> bool:
         """True when a request of this model waits in any of its queues."""
@@ -165,8 +176,7 @@ class Lane:
         now = gate.clock()
         shares, model = gate.shares, flow.pool.model.name
         if not group.queues.waiting_at_or_above(self.cls):
-            room = with_room(candidates, self.cls, gate.limits[self.cls], now, gate.stale_s,
-                             gate.workers)
+            room = gate.room(flow, candidates, self.cls, now)
             if room and shares is not None and shares.defer(model, self.cls,
                                                             {self.flow: self.weight}, now):
                 room = ()  # another process has the better claim: wait behind it
@@ -301,6 +311,7 @@ class Lane:
         if held is not None:
             held.flow_in_flight[self.cls] -= 1
             self._held = None
+        self._gate.settle(self._flow)
         if self._flow.queued():
             self._gate.kick(self._flow)
 

@@ -27,7 +27,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
-__all__ = ["FlowClassSettings", "FlowControlSettings", "FlowShare", "SaturationSettings"]
+__all__ = ["FlowClassSettings", "FlowControlSettings", "FlowShare", "ReserveSettings",
+           "SaturationSettings"]
 
 _CLASS_NAME = r"^[a-z][a-z0-9_-]{0,31}$"
 
@@ -170,6 +171,52 @@ class SharedFlowSettings(_Frozen):
     fair_half_life_s: float = Field(default=10.0, gt=0, allow_inf_nan=False)
 
 
+class ReserveSettings(_Frozen):
+    """``flow_control.reserve``: replicas kept free of the lower classes while the higher
+    classes' load fits on them (:mod:`gateway.flow.reserve`, docs/flow-control.md "Reserve").
+
+    Attributes:
+        replicas: Replicas of each model kept free of the classes below ``for_class`` (the
+            first ones in pool order that are available; a pool with no more than this many
+            available replicas has no reserve).
+        for_class: The class the reserve serves, with the classes above it (default: the
+            first class). The classes below it neither prefill nor decode on the reserve
+            while it is narrow.
+        lift: While the reserve is narrow, the classes below ``for_class`` may use the
+            thresholds of ``for_class`` on the other replicas (counted over ``for_class`` and
+            every class below), so that they keep the sequence slots they gave up on the
+            reserve. Off: they keep their own thresholds there.
+        in_flight: Requests of the reserve's classes one reserved replica is sized for
+            (default: the ``in_flight`` threshold of ``for_class``; one of the two is
+            required). Without ``shared``, each of ``pods x workers`` processes counts its
+            share of it (``in_flight // (pods x workers)``), as of every threshold.
+        widen_at: Fraction of the capacity (``replicas x in_flight``) at which the reserve
+            widens: its classes' requests in flight on the model's replicas reach it (or
+            one of them waits in the gateway's queue); every replica then serves every class
+            with its own thresholds.
+        shrink_at: Fraction of the capacity at or below which the demand must stay for
+            ``hold_s`` before the reserve narrows again (at most ``widen_at``).
+        hold_s: Seconds the demand must stay at or below ``shrink_at`` before narrowing.
+        models: Models the reserve applies to (empty: every flow-controlled model).
+    """
+
+    replicas: int = Field(default=1, ge=1)
+    for_class: str | None = None
+    lift: bool = True
+    in_flight: int | None = Field(default=None, ge=1)
+    widen_at: float = Field(default=1.0, gt=0, le=1, allow_inf_nan=False)
+    shrink_at: float = Field(default=0.5, ge=0, le=1, allow_inf_nan=False)
+    hold_s: float = Field(default=10.0, ge=0, allow_inf_nan=False)
+    models: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _check_marks(self) -> ReserveSettings:
+        if self.shrink_at > self.widen_at:
+            raise ValueError(f"shrink_at: {self.shrink_at} is above widen_at "
+                             f"{self.widen_at}; set it at most {self.widen_at}")
+        return self
+
+
 class FlowControlSettings(_Frozen):
     """Flow control when the fleet is saturated (see :mod:`gateway.flow`).
 
@@ -212,6 +259,8 @@ class FlowControlSettings(_Frozen):
         shared: Share the in-flight counts of every gateway process through Redis, so that
             ``in_flight`` thresholds hold for all pods and workers together, unsplit, and
             (``shared.fair_share``) the fair share between keys and ``max_queue_share``.
+        reserve: Keep replicas free of the lower classes while the higher classes' load fits
+            on them (:class:`ReserveSettings`; ``None``, the default: no reserve).
     """
 
     enabled: bool = False
@@ -229,6 +278,7 @@ class FlowControlSettings(_Frozen):
     max_queued_body_bytes: int = Field(default=256 * 1024 * 1024, ge=1)
     pods: int = Field(default=1, ge=1)
     shared: SharedFlowSettings | None = None
+    reserve: ReserveSettings | None = None
     # (worker index, worker count) of ``gateway serve --workers``: set by the supervisor
     # (:meth:`for_worker`), never by a config file.
     _worker: tuple[int, int] = PrivateAttr(default=(0, 1))
@@ -260,6 +310,18 @@ class FlowControlSettings(_Frozen):
                     "higher thresholds than the class above it (the headroom is the higher "
                     f"classes'): set {name} to at most {_num(theirs)}")
             previous, above = limits, f"class {cls.name!r} (classes[{i}])"
+        reserve = self.reserve
+        if reserve is not None:
+            top = reserve.for_class or names[0]
+            if top not in names:
+                raise ValueError(f"reserve.for_class: {top!r} is not a class "
+                                 f"(classes: {', '.join(names)})")
+            if top == names[-1]:
+                raise ValueError(f"reserve.for_class: {top!r} is the last class: no class "
+                                 "below it to keep off the reserve")
+            if reserve.in_flight is None and self.thresholds()[names.index(top)].in_flight is None:
+                raise ValueError(f"reserve.in_flight: not set, and class {top!r} has no "
+                                 "in_flight threshold to size the reserve by; set one")
         for where, value in ([] if self.shared is not None else self.small_in_flight(1)):
             raise ValueError(f"{where}: {value} is less than pods {self.pods}: each pod "
                              f"enforces {value} // {self.pods} = 0 of it; set at least "

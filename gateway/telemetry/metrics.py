@@ -138,6 +138,7 @@ class GatewayMetrics:
         self._egress_counts = egress_counts
         self._audit_queue: Callable[[], int] | None = None
         self._flow_queues: Callable[[], list[tuple[str, str, int]]] | None = None
+        self._flow_reserve: Callable[[], list[tuple[str, int, int]]] | None = None
         self._mcp: Callable[[], Iterable[tuple[tuple[str, ...], float]]] | None = None
         self._mcp_seconds: Callable[[], Iterable[tuple[tuple[str, ...], float]]] | None = None
         self._mcp_queued: Callable[[], Iterable[tuple[tuple[str, ...], float]]] | None = None
@@ -207,6 +208,13 @@ class GatewayMetrics:
         m.observed("sg.gateway.flow.queue_length", "{request}",
                    "Requests waiting in the gateway's flow-control queue",
                    (_MODEL, "sg.flow.class"), self._flow_lengths)
+        m.observed("sg.gateway.flow.reserve.widened", "{state}",
+                   "1 while the model's flow-control reserve is widened (every replica serves "
+                   "every class), 0 while its reserved replicas are kept free of the lower "
+                   "classes", (_MODEL,), self._reserve_field(1))
+        m.observed("sg.gateway.flow.reserve.demand", "{request}",
+                   "Requests of the reserve's classes in flight at its last decision",
+                   (_MODEL,), self._reserve_field(2))
         for field, unit, text in SIGNAL_FIELDS:
             m.observed(f"sg.gateway.replica.{field}", unit, text, _REPLICA_LABELS,
                        self._signal(field))
@@ -241,9 +249,19 @@ class GatewayMetrics:
         """Observe the audit writer's queue depth through ``depth()``."""
         self._audit_queue = depth
 
-    def watch_flow(self, lengths: Callable[[], list[tuple[str, str, int]]]) -> None:
-        """Observe the flow-control queues through ``lengths()`` (``(model, class, n)`` rows)."""
+    def watch_flow(self, lengths: Callable[[], list[tuple[str, str, int]]],
+                   reserve: Callable[[], list[tuple[str, int, int]]] | None = None) -> None:
+        """Observe the flow-control queues through ``lengths()`` (``(model, class, n)`` rows)
+        and the reserve through ``reserve()`` (``(model, widened 0/1, demand)`` rows)."""
         self._flow_queues = lengths
+        self._flow_reserve = reserve
+
+    def _reserve_field(self, i: int) -> Callable[[], Iterable[tuple[Labels, float]]]:
+        def rows() -> Iterable[tuple[Labels, float]]:
+            if self._flow_reserve is None:
+                return []
+            return [((row[0],), float(row[i])) for row in self._flow_reserve()]
+        return rows
 
     def watch_jwks(self, outcomes: Callable[[], Iterable[tuple[tuple[str, ...], float]]]) -> None:
         """Observe the ``jwks_uri`` fetch outcomes (``((issuer, outcome), count)`` rows)."""

@@ -193,10 +193,12 @@ class Telemetry:
         metrics.watch_audit_queue(lambda: log.queue_depth)
 
 
-    def watch_flow(self, lengths: Callable[[], list[tuple[str, str, int]]]) -> None:
-        """Observe the flow-control queue lengths (``(model, class, waiters)`` rows)."""
+    def watch_flow(self, lengths: Callable[[], list[tuple[str, str, int]]],
+                   reserve: Callable[[], list[tuple[str, int, int]]] | None = None) -> None:
+        """Observe the flow-control queue lengths (``(model, class, waiters)`` rows) and its
+        reserve (``(model, widened 0/1, demand)`` rows)."""
         if self.metrics is not None:
-            self.metrics.watch_flow(lengths)
+            self.metrics.watch_flow(lengths, reserve)
 
 
     def watch_jwks(self, outcomes: Callable[[], Iterable[tuple[tuple[str, ...], float]]]) -> None:

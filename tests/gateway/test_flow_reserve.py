@@ -1,0 +1,197 @@
+"""flow_control.reserve through the real gateway: two vLLM simulators on loopback, openai SDK.
+
+Replica 0 is the reserve (the first in pool order). Requests are held on a simulator with its
+``hang`` fault, so what runs where is read from each simulator's own request count.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from gateway.assembly import assemble
+from gateway.fleet.replica import Replica
+from gateway.flow.reserve import Reserve, ReserveState
+from gateway.flow.settings import FlowControlSettings
+from gateway.telemetry import Telemetry
+from gateway.telemetry.settings import TelemetrySettings
+from tests.gateway.helpers import SERVED, Sim, start_sim
+from tests.gateway.test_flow_control import Rig, flow_settings, wait_for
+
+
+def _section(**reserve: Any) -> dict[str, Any]:
+    """Two classes: interactive (2 per replica) and batch (1 per replica, as configured)."""
+    return {
+        "classes": [{"name": "interactive", "max_queue": 10, "max_wait_s": 20},
+                    {"name": "batch", "max_queue": 20, "max_wait_s": 20,
+                     "saturation": {"in_flight": 1}}],
+        "default_class": "batch",
+        "saturation": {"in_flight": 2},
+        "keys": {"interactive": {"class": "interactive"}, "batch-1": {"class": "batch"},
+                 "holder": {"class": "batch"}},
+        "reserve": {"replicas": 1, **reserve},
+    }
+
+
+class Pair:
+    """Two simulators behind one flow-controlled gateway (replica 0 first in the pool)."""
+
+    def __init__(self, serve_asgi: Callable[..., Any], **reserve: Any) -> None:
+        self.sims: list[Sim] = [start_sim(serve_asgi), start_sim(serve_asgi)]
+        models = [{"name": "m", "served_model_name": SERVED,
+                   "replicas": [{"url": s.url} for s in self.sims]}]
+        s = flow_settings(self.sims[0].url, models=models, **_section(**reserve))
+        self.telemetry = Telemetry(TelemetrySettings.model_validate({"admin": {"port": 0}}))
+        self.rig = Rig(serve_asgi, self.sims[0], s, assemble(s, telemetry=self.telemetry))
+        self.socks: list[socket.socket] = []
+
+    def chats(self, i: int) -> int:
+        """Chat requests simulator ``i`` received."""
+        return sum(1 for h in self.sims[i].stats()["history"]
+                   if h["path"] == "/v1/chat/completions")
+
+    def hold(self, who: str, on: int) -> None:
+        """One request of ``who`` that simulator ``on`` never answers (it must land there)."""
+        before = self.chats(on)
+        self.sims[on].fault(mode="hang", count=1)
+        self.socks.append(self.rig.raw_request(who))
+        wait_for(lambda: self.chats(on) == before + 1, f"the held request reaches sim {on}")
+
+    def widened(self) -> int:
+        rows = self.rig.gate.reserve_rows()
+        assert [m for m, _, _ in rows] == ["m"]
+        return rows[0][1]
+
+    def close(self) -> None:
+        for sock in self.socks:
+            sock.close()
+        self.rig.close()
+
+
+@pytest.fixture
+def pairs(serve_asgi: Callable[..., Any]) -> Iterator[Callable[..., Pair]]:
+    made: list[Pair] = []
+
+    def make(**reserve: Any) -> Pair:
+        pair = Pair(serve_asgi, **reserve)
+        made.append(pair)
+        return pair
+
+    yield make
+    for pair in made:
+        pair.close()
+
+
+def test_interactive_requests_land_on_the_batch_free_replica_while_batch_runs(
+    pairs: Callable[..., Pair],
+) -> None:
+    """Batch keeps off replica 0 (prefill and decode), and takes replica 1's slots up to the
+    interactive threshold (lift: 2 there against its own 1 per replica); interactive requests
+    sent while the batch requests run all reach replica 0. Without the reserve the second
+    batch request would go to replica 0 (batch's 1 per replica)."""
+    pair = pairs()
+    pair.hold("holder", on=1)
+    pair.hold("holder", on=1)  # lift: batch holds 2 on replica 1, none on replica 0
+    assert pair.chats(0) == 0
+    queued = pair.rig.submit("batch-1")
+    pair.rig.wait_queued(1)  # replica 1 is full for batch; replica 0 is kept free of it
+    assert pair.chats(0) == 0
+    for _ in range(3):
+        got = pair.rig.submit("interactive").result(timeout=30)
+        assert got.http_response.status_code == 200
+    assert pair.chats(0) == 3 and pair.chats(1) == 2
+    assert pair.widened() == 0
+    assert pair.rig.queued() == {"interactive": 0, "batch": 1}
+    pair.socks.pop().close()  # one batch request ends: the queued one takes its slot
+    assert queued.result(timeout=30).http_response.status_code == 200
+    assert pair.chats(0) == 3 and pair.chats(1) == 3
+
+
+def test_the_reserve_widens_under_interactive_load_and_narrows_after_hold(
+    pairs: Callable[..., Pair],
+) -> None:
+    """Capacity 2 (one reserved replica, interactive in_flight 2), widen_at 1: two interactive
+    requests in flight widen the reserve, and a batch request may then go to replica 0; once
+    they end and hold_s passes, batch keeps off replica 0 again. The gauges on the metrics
+    page follow."""
+    pair = pairs(shrink_at=0.5, hold_s=0.3)
+    pair.hold("interactive", on=0)
+    assert pair.widened() == 0
+    pair.hold("interactive", on=0)
+    pair.hold("holder", on=1)  # the next decision sees 2 of 2 in flight: widened
+    assert pair.widened() == 1
+    # Widened: every replica serves every class with its own thresholds (batch: 1 each).
+    got = pair.rig.submit("batch-1").result(timeout=30)
+    assert got.http_response.status_code == 200
+    assert pair.chats(0) == 3
+    page = httpx.get(f"http://127.0.0.1:{pair.telemetry.admin.port}/metrics", timeout=5).text
+    gauges = {f.name: s.value for f in text_string_to_metric_families(page) for s in f.samples
+              if f.name.startswith("sg_gateway_flow_reserve")}
+    assert gauges == {"sg_gateway_flow_reserve_widened": 1.0,
+                      "sg_gateway_flow_reserve_demand": 2.0}
+    pair.socks[0].close()
+    pair.socks[1].close()  # the interactive requests end: demand 0, calm since the first
+    wait_for(lambda: pair.rig.gate.reserve_rows()[0][2] == 0, "demand falls to 0")
+    state, gate = pair.rig.gate.pools["m"].reserve, pair.rig.gate
+    assert state.widened and state.calm_since is not None  # hold_s has not passed yet
+    wait_for(lambda: gate.clock() - (state.calm_since or 0.0) > 0.3, "hold_s passes")
+    on_reserve, on_other = pair.chats(0), pair.chats(1)
+    # Narrowed: replica 1 already holds batch's own threshold (1), but batch may use the
+    # interactive one there (lift: 2), and replica 0 is kept free of it.
+    got = pair.rig.submit("batch-1").result(timeout=30)
+    assert got.http_response.status_code == 200
+    assert pair.widened() == 0
+    assert (pair.chats(0), pair.chats(1)) == (on_reserve, on_other + 1)
+
+
+def test_a_reserve_needs_a_size_and_a_class_below_it_and_is_split_over_pods() -> None:
+    base = {"enabled": True, "classes": [{"name": "interactive"}, {"name": "batch"}],
+            "default_class": "batch"}
+    with pytest.raises(ValueError, match=re.escape("reserve.in_flight: not set")):
+        FlowControlSettings.model_validate({**base, "reserve": {}})
+    with pytest.raises(ValueError, match=re.escape("reserve.for_class: 'batch' is the last class")):
+        FlowControlSettings.model_validate({**base, "reserve": {"for_class": "batch",
+                                                                 "in_flight": 4}})
+    with pytest.raises(ValueError, match=re.escape("shrink_at: 0.9 is above widen_at 0.5")):
+        FlowControlSettings.model_validate({**base, "reserve": {
+            "in_flight": 4, "widen_at": 0.5, "shrink_at": 0.9}})
+    ok = FlowControlSettings.model_validate({**base, "reserve": {"in_flight": 4}})
+    assert ok.reserve is not None
+    reserve = Reserve(ok.reserve, 0, ok.limits(), stale_s=1.0, workers=1)
+    assert reserve.capacity == 4 and not ReserveState().widened
+    # Without a shared backend each of 2 pods sizes the reserve by its share of in_flight.
+    pods = FlowControlSettings.model_validate({**base, "pods": 2, "reserve": {"in_flight": 4}})
+    assert pods.reserve is not None
+    assert Reserve(pods.reserve, 0, pods.limits(), 1.0, pods.processes,
+                   processes=pods.processes).capacity == 2
+
+
+def test_other_pods_requests_count_in_the_demand_with_shared_counts() -> None:
+    """With flow_control.shared the demand adds the other processes' requests (the Redis
+    counts kept in ``peer_in_flight``): every pod widens on the fleet's demand, not its own."""
+    s = FlowControlSettings.model_validate({
+        "enabled": True, "classes": [{"name": "interactive"}, {"name": "batch"}],
+        "default_class": "batch", "saturation": {"in_flight": 2},
+        "shared": {"redis_url": "redis://127.0.0.1:6379/0"},
+        "reserve": {"hold_s": 0}})
+    assert s.reserve is not None
+    reserve = Reserve(s.reserve, 0, s.limits(), 1.0, 1, processes=1)
+    replicas = [Replica(model="m", index=i, url=f"http://r{i}") for i in range(2)]
+    state = ReserveState()
+    replicas[0].flow_in_flight[:] = [1, 0]
+    assert [r.index for r in reserve.room(state, replicas, 1, False, 0.0)] == [1]
+    assert not state.widened and state.demand == 1
+    replicas[1].peer_in_flight[:] = [1, 0]  # another pod's interactive request
+    assert [r.index for r in reserve.room(state, replicas, 1, False, 1.0)] == [0, 1]
+    assert state.widened and state.demand == 2
+    replicas[1].peer_in_flight[:] = [0, 0]
+    replicas[0].flow_in_flight[:] = [0, 0]
+    reserve.update(state, replicas, False, 2.0)  # calm from now; hold_s 0
+    assert [r.index for r in reserve.room(state, replicas, 1, False, 2.0)] == [1]
+    assert not state.widened
