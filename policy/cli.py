@@ -40,7 +40,7 @@ from .model import PolicyDocument, _compose
 from .pii import PiiPolicy, PiiVerdict
 from .render import cilium_networkpolicy, helm_values, networkpolicy
 from .runtime import check_binding, replica_url
-from .tools import ToolVerdict, check_tool_access
+from .tools import ToolVerdict, check_access
 
 app = typer.Typer(
     name="policy", add_completion=False, no_args_is_help=True,
@@ -252,6 +252,10 @@ def explain(
         "--config's mcp: section).")] = None,
     tool: Annotated[str | None, typer.Option(
         "--tool", help="With --mcp-server: may the key call this tool?")] = None,
+    prompt: Annotated[str | None, typer.Option(
+        "--prompt", help="With --mcp-server: may the key get this prompt?")] = None,
+    resource: Annotated[str | None, typer.Option(
+        "--resource", help="With --mcp-server: may the key read this resource URI?")] = None,
     config: ConfigOpt = None,
     text: Annotated[str | None, typer.Option(
         "--text", help="A sample prompt: what the policy's pii section finds in it, each "
@@ -263,11 +267,17 @@ def explain(
     With a gateway config (--config or SG_CONFIG): the key's team and data class from its
     keys[], and --model's destinations from its replicas[].destination. With --text: the
     sensitive data found in a sample prompt and its effect (class raised, masked, refused).
-    With --mcp-server S --tool T: may key K call tool T on MCP server S with its class (the
-    access rules of mcp.access, then the policy for S's destination); exit 1 when either
-    refuses.
+    With --mcp-server S --tool T (or --prompt P, or --resource URI): may key K call tool T
+    (get prompt P, read resource URI) on MCP server S with its class (the access rules of
+    mcp.access, then the policy for S's destination); exit 1 when either refuses.
     """
     tool_verdict: ToolVerdict | None = None
+    asked = [(k, n) for k, n in (("tool", tool), ("prompt", prompt), ("resource", resource))
+             if n is not None]
+    if len(asked) > 1:
+        raise _UsageError("give one of --tool, --prompt and --resource")
+    if asked and mcp_server is None:
+        raise _UsageError(f"--{asked[0][0]} needs --mcp-server")
     policy = Policy.from_file(file)
     default_class = data_class
     header: str | None = None
@@ -299,9 +309,10 @@ def explain(
             if server is None:
                 raise _UsageError(f"MCP server {mcp_server!r} is not in gateway config {config}")
             pairs.append((str(server.get("destination") or ""), str(server.get("url") or "")))
-            if tool is not None:
-                tool_verdict = check_tool_access(list(mcp.get("access") or []), key, team,
-                                                 mcp_server, tool)
+            if asked:
+                kind, name = asked[0]
+                tool_verdict = check_access(list(mcp.get("access") or []), key, team,
+                                            mcp_server, kind, name)
     elif (model is not None or mcp_server is not None) and not pairs:
         raise _UsageError("--model needs --config (to find its replicas) or --destination")
     if default_class is None:
@@ -350,7 +361,8 @@ def explain(
             **({"pii": pii} if pii is not None else {}),
         }
         if tool_verdict is not None:
-            doc["mcp"] = {"server": mcp_server, "tool": tool, "allowed": tool_verdict.allowed,
+            kind, name = asked[0]
+            doc["mcp"] = {"server": mcp_server, kind: name, "allowed": tool_verdict.allowed,
                           "reason": tool_verdict.reason}
         print(json.dumps(doc, indent=2))
     else:
@@ -374,9 +386,10 @@ def explain(
                       f"{escape(d.rule_id or no_rule)}", soft_wrap=True)
             out.print(f"      {escape(d.reason)}", soft_wrap=True)
         if tool_verdict is not None:
-            out.print(("[green]tool allowed[/]: " if tool_verdict.allowed else
-                       "[bold red]tool refused (403)[/]: ")
-                      + escape(f"{mcp_server}/{tool}: {tool_verdict.reason}"), soft_wrap=True)
+            kind, name = asked[0]
+            out.print((f"[green]{kind} allowed[/]: " if tool_verdict.allowed else
+                       f"[bold red]{kind} refused (403)[/]: ")
+                      + escape(f"{mcp_server}/{name}: {tool_verdict.reason}"), soft_wrap=True)
         if not allowed:
             out.print("[bold red]no destination allowed: the gateway answers 403[/]")
     if pii is not None and pii["refused"]:

@@ -14,7 +14,7 @@ import yaml
 from tests.gateway.mcp_gateway.harness import ROOT, policy_text
 
 
-def explain(tmp_path: Path, key: str, tool: str, *extra: str) -> tuple[int, dict[str, Any]]:
+def explain(tmp_path: Path, key: str, tool: str | None, *extra: str) -> tuple[int, dict[str, Any]]:
     pfile = tmp_path / "policy.yaml"
     pfile.write_text(policy_text({"model": 9001, "tools-search": 9100}))
     cfg = {
@@ -26,14 +26,18 @@ def explain(tmp_path: Path, key: str, tool: str, *extra: str) -> tuple[int, dict
                   "data_class": "secret"}],
         "mcp": {"servers": [{"name": "search", "url": "http://127.0.0.1:9100/mcp",
                              "destination": "tools-search"}],
-                "access": [{"teams": ["agents"], "allow": ["*"], "deny": ["delete_*"]}]},
+                "access": [{"teams": ["agents"], "allow": ["*"], "deny": ["delete_*"],
+                            "prompts": {"allow": ["summarise"]},
+                            "resources": {"allow": ["docs://public/*"],
+                                          "deny": ["docs://public/private-*"]}}]},
         "policy": {"file": "policy.yaml"},  # explain speaks for a gateway that enforces it
     }
     cfile = tmp_path / "gateway.yaml"
     cfile.write_text(yaml.safe_dump(cfg))
     res = subprocess.run(
         [sys.executable, "-m", "policy.cli", "explain", str(pfile), "--key", key,
-         "--config", str(cfile), "--mcp-server", "search", "--tool", tool, "--json", *extra],
+         "--config", str(cfile), "--mcp-server", "search",
+         *(["--tool", tool] if tool is not None else []), "--json", *extra],
         cwd=ROOT, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
     return res.returncode, json.loads(res.stdout)
 
@@ -47,3 +51,23 @@ def test_explain_answers_for_key_tool_server_and_class(tmp_path: Path) -> None:
     code, doc = explain(tmp_path, "k-secret", "fetch")  # the class may not go there
     assert code == 1 and doc["mcp"]["allowed"] and doc["allowed"] == []
     assert doc["data_class"] == "secret"
+
+
+def test_explain_answers_for_prompts_and_resources_as_the_gateway_decides(
+        tmp_path: Path) -> None:
+    """The same ``mcp.access`` rules the gateway applies to ``prompts/get`` and
+    ``resources/read`` (policy.check_access), asked by name or URI."""
+    code, doc = explain(tmp_path, "k-agent", None, "--prompt", "summarise")
+    assert code == 0 and doc["mcp"]["prompt"] == "summarise" and doc["mcp"]["allowed"]
+    code, doc = explain(tmp_path, "k-agent", None, "--prompt", "leak_everything")
+    assert code == 1 and not doc["mcp"]["allowed"]
+    code, doc = explain(tmp_path, "k-agent", None, "--resource", "docs://public/a.md")
+    assert code == 0 and doc["mcp"]["allowed"]
+    code, doc = explain(tmp_path, "k-agent", None, "--resource", "docs://public/private-x")
+    assert code == 1 and not doc["mcp"]["allowed"] and "denies" in doc["mcp"]["reason"]
+    both = subprocess.run(
+        [sys.executable, "-m", "policy.cli", "explain", str(tmp_path / "policy.yaml"),
+         "--key", "k-agent", "--config", str(tmp_path / "gateway.yaml"), "--mcp-server",
+         "search", "--tool", "fetch", "--prompt", "summarise"],
+        cwd=ROOT, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert both.returncode == 2 and "one of --tool, --prompt and --resource" in both.stderr
