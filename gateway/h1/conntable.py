@@ -1,0 +1,159 @@
+"""Which client connections count against the caps, and which one makes room for a new one.
+
+A connection that has proven nothing (opened and sent nothing, sent part of a request head, or
+idle between two requests) must not starve one that carries a request. Without this, 50 idle
+sockets held a gateway capped at 50 connections until the header timeout closed them, and the
+attacker simply reconnected. :class:`ConnectionTable` keeps the open connections of one server
+and, in the order they became idle, those that carry no request; when a new connection finds
+the cap reached, the one idle the longest is closed to make room (nginx drains its "reusable"
+connections the same way, ``ngx_drain_connections``). Only when every connection is busy with a
+request is the newcomer refused.
+
+With a per-address cap, one client address holds at most that many connections: a new one over
+it replaces the oldest idle connection of the same address, or is refused when all of that
+address's connections carry requests, so one peer churning connections closes only its own.
+
+The table does no I/O: it tells the connection it chose (:meth:`Evictable.evict`), which closes
+itself. Marking a connection busy or idle is one ordered-dict operation (twice per request).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from enum import Enum, StrEnum
+from typing import Generic, Protocol, TypeVar
+
+__all__ = ["Admission", "ConnectionTable", "Evictable", "EvictionCause"]
+
+
+class EvictionCause(StrEnum):
+    """Why an idle connection was closed to make room."""
+
+    CONNECTION_CAP = "connection_cap"
+    """The server's ``max_connections`` was reached."""
+    ADDRESS_CAP = "address_cap"
+    """The new connection's address reached ``max_per_address``."""
+
+
+class Admission(Enum):
+    """The answer to a new connection."""
+
+    ADMITTED = "admitted"
+    FULL = "full"
+    """Every connection carries a request: refuse (503)."""
+    ADDRESS_FULL = "address_full"
+    """Every connection of this address carries a request: refuse (429)."""
+
+
+class Evictable(Protocol):
+    """A connection the table may close to make room."""
+
+    def evict(self, cause: EvictionCause) -> None:
+        """Close now (the table already forgot it)."""
+
+
+C = TypeVar("C", bound=Evictable)
+
+
+class ConnectionTable(Generic[C]):
+    """The open connections of one server, and the idle ones in the order they became idle.
+
+    Args:
+        max_connections: Open connections at most (``limits.max_client_connections``).
+        max_per_address: Open connections of one client address at most
+            (``limits.max_client_connections_per_address``); ``None``: no such cap.
+
+    A connection is idle from :meth:`admit` until :meth:`busy` (its request head is
+    complete), and again from :meth:`idle` (its response is complete and it waits for the
+    next one) until :meth:`busy` or :meth:`remove`.
+    """
+
+    __slots__ = ("_addresses", "_idle", "_open", "_turn", "max_connections", "max_per_address")
+
+    def __init__(self, max_connections: int, max_per_address: int | None = None) -> None:
+        self.max_connections = max_connections
+        self.max_per_address = max_per_address
+        self._open: dict[C, str | None] = {}  # connection -> its client address
+        self._idle: OrderedDict[C, int] = OrderedDict()  # oldest idle first -> its idle turn
+        self._addresses: dict[str, dict[C, None]] = {}  # only with max_per_address
+        self._turn = 0
+
+    def __len__(self) -> int:
+        return len(self._open)
+
+    def __contains__(self, connection: object) -> bool:
+        return connection in self._open
+
+    @property
+    def idle_count(self) -> int:
+        """Open connections that carry no request now."""
+        return len(self._idle)
+
+    def admit(self, connection: C, address: str | None) -> Admission:
+        """Count a new connection in, closing an idle one first if a cap is reached.
+
+        Args:
+            connection: The new connection (idle until :meth:`busy`).
+            address: Its client address (host), ``None`` when unknown (a Unix socket):
+                not subject to the per-address cap.
+
+        Returns:
+            :attr:`Admission.ADMITTED` (the connection is counted), or why it must be refused
+            (it is not counted then).
+        """
+        per_address = self.max_per_address
+        if per_address is not None and address is not None:
+            mine = self._addresses.get(address)
+            if mine is not None and len(mine) >= per_address:
+                victim = self._oldest_idle_of(mine)
+                if victim is None:
+                    return Admission.ADDRESS_FULL
+                self._evict(victim, EvictionCause.ADDRESS_CAP)
+        if len(self._open) >= self.max_connections:
+            if not self._idle:
+                return Admission.FULL
+            self._evict(next(iter(self._idle)), EvictionCause.CONNECTION_CAP)
+        self._open[connection] = address
+        if per_address is not None and address is not None:
+            self._addresses.setdefault(address, {})[connection] = None
+        self._turn += 1
+        self._idle[connection] = self._turn
+        return Admission.ADMITTED
+
+    def busy(self, connection: C) -> None:
+        """``connection`` carries a request now: never chosen to make room."""
+        self._idle.pop(connection, None)
+
+    def idle(self, connection: C) -> None:
+        """``connection`` carries no request now (the newest idle one)."""
+        if connection in self._open:
+            self._turn += 1
+            self._idle.pop(connection, None)
+            self._idle[connection] = self._turn
+
+    def remove(self, connection: C) -> None:
+        """``connection`` closed (idempotent)."""
+        if connection not in self._open:
+            return
+        address = self._open.pop(connection)
+        self._idle.pop(connection, None)
+        if address is not None and self.max_per_address is not None:
+            mine = self._addresses.get(address)
+            if mine is not None:
+                mine.pop(connection, None)
+                if not mine:
+                    del self._addresses[address]
+
+    def _oldest_idle_of(self, mine: dict[C, None]) -> C | None:
+        idle = self._idle
+        oldest: C | None = None
+        oldest_turn = 0
+        for connection in mine:  # at most max_per_address of them
+            turn = idle.get(connection)
+            if turn is not None and (oldest is None or turn < oldest_turn):
+                oldest, oldest_turn = connection, turn
+        return oldest
+
+    def _evict(self, victim: C, cause: EvictionCause) -> None:
+        self.remove(victim)
+        victim.evict(cause)
