@@ -55,7 +55,8 @@ class ListenSettings(FrozenSection):
 
 
 class LimitSettings(FrozenSection):
-    """Request limits. Sizes in bytes."""
+    """Request and connection limits: sizes in bytes, durations in seconds (``*_s``), caps in
+    connections."""
 
     max_body_bytes: int = Field(default=16 * 1024 * 1024, gt=0)
     # Longest silence (seconds) while a client sends its request body before 408 (slow clients).
