@@ -139,6 +139,26 @@ def test_an_idle_connection_makes_room_before_busy_ones(servers: Servers, sim: S
             sock.close()
 
 
+def test_silent_sockets_make_room_before_a_client_s_keep_alive_connection(
+    servers: Servers, sim: Sim
+) -> None:
+    cap = 4
+    srv = servers.start(settings([sim.url], limits={**SLOW, "max_client_connections": cap}))
+    kept = _idle_socket(srv.port, "keep_alive")  # idle the longest, but it sent a request
+    silent = [_idle_socket(srv.port, "no_request") for _ in range(cap - 1)]
+    try:
+        wait_until(lambda: _open_connections(srv) == cap, 10, f"{cap} connections accepted")
+        assert _chat(srv.url).choices[0].message.content
+        assert read_until_closed(silent[0], timeout_s=5) == (b"", True)
+        assert _still_open(kept)
+        kept.sendall(b"GET /healthz HTTP/1.1\r\nHost: gw\r\n\r\n")
+        assert kept.recv(65536).startswith(b"HTTP/1.1 200 ")
+    finally:
+        kept.close()
+        for sock in silent:
+            sock.close()
+
+
 def test_a_newcomer_is_refused_when_every_connection_carries_a_request(
     servers: Servers, sim: Sim
 ) -> None:

@@ -73,3 +73,17 @@ def test_an_address_over_its_cap_replaces_its_own_idle_connection_or_is_refused(
     assert table.admit(m4, "10.0.0.2") is Admission.ADMITTED  # another address
     table.remove(m1)  # a closed connection frees its address's share
     assert table.admit(Conn("m5"), "10.0.0.1") is Admission.ADMITTED
+
+
+def test_connections_that_never_carried_a_request_make_room_first() -> None:
+    table: ConnectionTable[Conn] = ConnectionTable(3)
+    served, s1, s2 = Conn("served"), Conn("s1"), Conn("s2")
+    table.admit(served, "10.0.0.1")
+    table.busy(served)
+    table.idle(served)  # idle keep-alive, and idle the longest
+    table.admit(s1, "10.0.0.2")
+    table.admit(s2, "10.0.0.2")
+    table.admit(Conn("new"), "10.0.0.3")
+    assert (served.evicted, s1.evicted, s2.evicted) == ([], [EvictionCause.CONNECTION_CAP], [])
+    table.admit(Conn("new2"), "10.0.0.3")
+    assert s2.evicted and not served.evicted
