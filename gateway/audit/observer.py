@@ -42,6 +42,7 @@ _log = logging.getLogger(__name__)
 
 REQUEST_DENIED = "request.denied"
 HTTP_REFUSED = "http.refused"
+HTTP_EVICTED = "http.evicted"
 CONFIG_LOADED = "config.loaded"
 
 _CLIENT_CACHE_MAX = 10_000
@@ -77,6 +78,7 @@ class AuditObserver:
         self._clients: dict[str, str] = {}  # client host -> pseudonym (the HMAC is fixed)
         self._refusals: set[asyncio.Task[None]] = set()
         self._refusal_counter = RefusalCounter(self._append_refused)
+        self._eviction_counter = RefusalCounter(self._append_evicted)
 
     @classmethod
     def from_settings(
@@ -100,8 +102,10 @@ class AuditObserver:
             await self.log.append({"type": CONFIG_LOADED, "sha256": self._config_digest})
 
     async def shutdown(self) -> None:
-        """Close the chain with a final signed checkpoint (after pending refusal records)."""
+        """Close the chain with a final signed checkpoint (after pending refusal and eviction
+        records)."""
         self._refusal_counter.flush()
+        self._eviction_counter.flush()
         if self._refusals:
             await asyncio.gather(*self._refusals, return_exceptions=True)
         await self.log.close()
@@ -250,8 +254,29 @@ class AuditObserver:
         """
         self._refusal_counter.add(status, code, message, self._client_host(client_host))
 
+    def http_evicted(self, state: str, cause: str, client_host: str | None) -> None:
+        """Record an idle connection the HTTP server closed to make room (``http.evicted``).
+
+        The server's ``on_evicted`` hook (:mod:`gateway.h1.conntable`): at the connection cap
+        (or the per-address cap) a new connection closes the connection idle the longest.
+        Counted like refusals: the first of a client, ``state`` and ``cause`` is written at
+        once, the next ones of the interval as one record with their ``count``.
+
+        Args:
+            state: ``no_request``, ``partial_head``, ``keep_alive`` or ``lingering``.
+            cause: ``connection_cap`` or ``address_cap``.
+            client_host: The peer's address, recorded as its HMAC pseudonym.
+        """
+        self._eviction_counter.count(self._client_host(client_host), (state, cause),
+                                     {"state": state, "cause": cause})
+
+    def _append_evicted(self, fields: Mapping[str, Any]) -> None:
+        self._append_counted({"type": HTTP_EVICTED, **fields})
+
     def _append_refused(self, fields: Mapping[str, Any]) -> None:
-        event = {"type": HTTP_REFUSED, **fields}
+        self._append_counted({"type": HTTP_REFUSED, **fields})
+
+    def _append_counted(self, event: Mapping[str, Any]) -> None:
         task = asyncio.get_running_loop().create_task(self._append_refusal(event))
         self._refusals.add(task)  # keep a reference until done (asyncio holds tasks weakly)
         task.add_done_callback(self._refusals.discard)
@@ -260,7 +285,8 @@ class AuditObserver:
         try:
             await self.log.append(event)
         except AuditError as exc:
-            _log.error("audit record of a refused %s request lost: %s", event["status"], exc)
+            _log.error("audit record %s (%s) lost: %s", event["type"],
+                       event.get("status", event.get("state")), exc)
 
     async def record_event(self, event: Mapping[str, Any]) -> Receipt:
         """Append an admin or security event and wait until it is durable.

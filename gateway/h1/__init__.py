@@ -2,7 +2,8 @@
 
 :mod:`gateway.h1.framing` is the strict framing core without I/O, both ways (request heads and
 bodies for the server, response heads and bodies for the client); :mod:`gateway.h1.server` the
-server's connection protocol and :mod:`gateway.h1.asgi_io` the app side of its ASGI messages;
+server's connection protocol, :mod:`gateway.h1.asgi_io` the app side of its ASGI messages and
+:mod:`gateway.h1.conntable` which idle connection makes room at the connection cap;
 :mod:`gateway.h1.client` the asyncio protocol of one upstream connection and the bounded
 keep-alive pool that dials through the upstream connector (the egress policy's checks) and
 hands responses to :mod:`gateway.relay.forward`. This package exports the client's API.

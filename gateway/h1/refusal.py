@@ -17,14 +17,24 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 __all__ = [
+    "EvictionHook",
     "Refusal",
     "RefusalHook",
+    "address_cap_refusal",
     "connection_cap_refusal",
+    "eviction_refusal",
     "header_timeout_refusal",
 ]
 
 RefusalHook = Callable[[int, str, str, "str | None"], None]
 """``(status, error code, message sent, client host or None)`` of a refused request."""
+
+EvictionHook = Callable[[str, str, "str | None"], None]
+"""``(state, cause, client host or None)`` of an idle connection closed to make room for a new
+one: ``state`` is ``no_request`` (nothing received), ``partial_head`` (answered
+:func:`eviction_refusal`), ``keep_alive`` (idle between requests) or ``lingering`` (already
+answered, discarding input); ``cause`` is ``connection_cap`` or ``address_cap``
+(:class:`gateway.h1.conntable.EvictionCause`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +74,24 @@ def connection_cap_refusal() -> Refusal:
     """503 ``too_many_connections``: a connection over ``limits.max_client_connections``."""
     return Refusal(503, "Service Unavailable",
                    "The gateway is at its client connection limit; retry later.",
+                   "too_many_connections", "server_error")
+
+
+def address_cap_refusal() -> Refusal:
+    """429 ``too_many_connections_from_address``: a connection over
+    ``limits.max_client_connections_per_address`` while every connection of its address
+    carries a request."""
+    return Refusal(429, "Too Many Requests",
+                   "Too many connections from this address carry requests; retry later.",
+                   "too_many_connections_from_address")
+
+
+def eviction_refusal() -> Refusal:
+    """503 ``too_many_connections`` sent to a connection with part of a request head, closed to
+    make room for a new connection at the connection cap."""
+    return Refusal(503, "Service Unavailable",
+                   "The gateway is at its client connection limit and closed this connection, "
+                   "whose request head was not complete; retry.",
                    "too_many_connections", "server_error")
 
 

@@ -23,7 +23,11 @@ Every state of a connection has a timer and a bound (:class:`ServerLimits`):
 * writing to a client whose socket buffer stays full (a client that stopped reading):
   ``send_timeout_s``, then the connection is aborted and the app sees the disconnect (the relay
   then frees its upstream connection);
-* over ``max_connections`` open connections: 503 at once and closed after the linger.
+* over ``max_connections`` open connections (or ``max_connections_per_address`` of one
+  client address): the connection idle the longest (no complete head yet, or between
+  requests) is closed to make room (:mod:`gateway.h1.conntable`); only when every connection
+  carries a request is the newcomer answered 503 (429 for the per-address cap) and closed
+  after the linger.
 
 A request refused before the app sees it (:class:`gateway.h1.framing.RequestRefused`, a header
 timeout, the connection cap) is answered with the OpenAI error JSON and told to the
@@ -50,11 +54,15 @@ from gateway.h1.asgi_io import (
     WRITE_RESPONSE_EXTENSION,
     Message,
 )
+from gateway.h1.conntable import Admission, ConnectionTable, EvictionCause
 from gateway.h1.framing import MAX_REQUEST_HEAD_BYTES, RequestHead, RequestReader, RequestRefused
 from gateway.h1.refusal import (
+    EvictionHook,
     Refusal,
     RefusalHook,
+    address_cap_refusal,
     connection_cap_refusal,
+    eviction_refusal,
     header_timeout_refusal,
 )
 from gateway.h1.tls_scope import tls_extension
@@ -115,7 +123,11 @@ class ServerLimits:
             is written (``limits.client_send_timeout_s``).
         linger_s: How long a connection whose response went out before its request body was
             read discards what the client still sends before it is closed.
-        max_connections: Open client connections; one more is answered 503 and closed.
+        max_connections: Open client connections; one more closes the connection idle the
+            longest, or is answered 503 and closed when every connection carries a request.
+        max_connections_per_address: Open connections of one client address; one more closes
+            that address's connection idle the longest, or is answered 429 and closed when
+            all of them carry requests. ``None``: no per-address cap.
         max_head_bytes: Longest request head (431 beyond).
     """
 
@@ -125,6 +137,7 @@ class ServerLimits:
     send_timeout_s: float = 30.0
     linger_s: float = 2.0
     max_connections: int = 4096
+    max_connections_per_address: int | None = None
     max_head_bytes: int = MAX_REQUEST_HEAD_BYTES
 
 
@@ -137,10 +150,13 @@ class ServerContext:
         limits: The connection bounds.
         body_limit: ``limits.max_body_bytes`` in force now (a live reload may change it).
         on_refused: Told of each request or connection refused before the app saw it.
+        on_evicted: Told of each idle connection closed to make room for a new one.
         state: The lifespan state (``scope["state"]``: a shallow copy per request).
         routes: Request paths served by their own ASGI callable instead of ``app`` (exact
             match on ``scope["path"]``); the app still runs the lifespan.
         connections: The open connections (drain and shutdown walk it).
+        table: The connections counted against the caps, and which idle one makes room
+            (built from ``limits``).
     """
 
     app: Any
@@ -151,6 +167,12 @@ class ServerContext:
     routes: Mapping[str, Any] = field(default_factory=dict)
     connections: set[ServerProtocol] = field(default_factory=set)
     date: _DateHeader = field(default_factory=_DateHeader)
+    on_evicted: EvictionHook | None = None
+    table: ConnectionTable[ServerProtocol] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.table = ConnectionTable(self.limits.max_connections,
+                                     self.limits.max_connections_per_address)
 
 
 class _Cycle:
@@ -222,7 +244,8 @@ class ServerProtocol(asyncio.Protocol):
     # --- connection lifecycle ---------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        """Accept, or answer 503 when the connection cap is reached; start the head timer."""
+        """Accept (closing an idle connection when a cap is reached), or answer 503 (429 for
+        the per-address cap) when every connection carries a request; start the head timer."""
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
         peer = transport.get_extra_info("peername")
@@ -233,17 +256,19 @@ class ServerProtocol(asyncio.Protocol):
         if ssl_object is not None:
             self.scheme = "https"
             self._tls = tls_extension(ssl_object)
-        connections = self.ctx.connections
-        if len(connections) >= self.limits.max_connections:
-            self._refuse(connection_cap_refusal())
+        admission = self.ctx.table.admit(self, self.client[0] if self.client else None)
+        if admission is not Admission.ADMITTED:
+            self._refuse(connection_cap_refusal() if admission is Admission.FULL
+                         else address_cap_refusal())
             return
-        connections.add(self)
+        self.ctx.connections.add(self)
         self._arm(self.limits.header_timeout_s, self._idle_timeout)
 
     def connection_lost(self, exc: Exception | None) -> None:
         """Tell the request in progress (its receive, its disconnect watch), drop timers."""
         self._closed = True
         self.ctx.connections.discard(self)
+        self.ctx.table.remove(self)
         self._cancel_timers()
         for waiter in self._drain:
             if not waiter.done():
@@ -288,6 +313,29 @@ class ServerProtocol(asyncio.Protocol):
         """Close the connection at once, unsent bytes dropped."""
         if self.transport is not None:
             self.transport.abort()
+
+    def evict(self, cause: EvictionCause) -> None:
+        """Close this idle connection to make room for a new one (:class:`ConnectionTable`
+        chose it): silently, or with 503 when part of a request head had come; tell the
+        ``on_evicted`` hook."""
+        if self._lingering:
+            state = "lingering"
+        elif self.reader.buffered:
+            state = "partial_head"
+        else:
+            state = "keep_alive" if self._served else "no_request"
+        transport = self.transport
+        if transport is not None and not transport.is_closing():
+            if state == "partial_head":
+                transport.write(eviction_refusal().response())
+            self._lingering = True  # what still comes is discarded
+            self._close()
+        hook = self.ctx.on_evicted
+        if hook is not None:
+            try:
+                hook(state, cause.value, self.client[0] if self.client else None)
+            except Exception:
+                _log.exception("on_evicted hook failed (%s %s)", state, cause.value)
 
     # --- timers -----------------------------------------------------------------------------
 
@@ -421,6 +469,7 @@ class ServerProtocol(asyncio.Protocol):
 
     def _start(self, head: RequestHead) -> _Cycle:
         self._disarm()
+        self.ctx.table.busy(self)
         self._head_timed = False
         target = head.target
         raw_path, _, query = target.partition(b"?")
@@ -640,6 +689,7 @@ class ServerProtocol(asyncio.Protocol):
             self._linger()
             return
         self.cycle = None
+        self.ctx.table.idle(self)
         self.reader.next_request()
         self.reader.body_limit = self.ctx.body_limit()  # a live reload may have changed it
         self._arm(self.limits.keep_alive_timeout_s, self._idle_timeout)
@@ -666,6 +716,7 @@ class ServerProtocol(asyncio.Protocol):
         transport = self.transport
         self._lingering = True
         self._disarm()
+        self.ctx.table.idle(self)  # answered: it may make room for a new connection
         if transport is None or transport.is_closing():
             return
         cycle = self.cycle

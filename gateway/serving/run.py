@@ -204,6 +204,7 @@ def run(
             app,
             limits=server_limits(settings.limits),
             on_refused=gateway.audit.http_refused if gateway.audit is not None else None,
+            on_evicted=gateway.audit.http_evicted if gateway.audit is not None else None,
             body_limit=(_body_limit(reloader) if reloader is not None
                         else _fixed(settings.limits.max_body_bytes)),
             host=settings.listen.host,

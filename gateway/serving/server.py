@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from clishell import CliError
 from gateway.h1.lifespan import Lifespan
-from gateway.h1.refusal import RefusalHook
+from gateway.h1.refusal import EvictionHook, RefusalHook
 from gateway.h1.server import ServerContext, ServerLimits, ServerProtocol
 from gateway.serving.drain import Drain
 from gateway.serving.hangup import HangupLatch
@@ -80,6 +80,7 @@ def server_limits(limits: LimitSettings) -> ServerLimits:
         body_timeout_s=limits.client_body_timeout_s,
         send_timeout_s=limits.client_send_timeout_s,
         max_connections=limits.max_client_connections,
+        max_connections_per_address=limits.max_client_connections_per_address,
     )
 
 
@@ -94,6 +95,7 @@ class ServerConfig:
         limits: The connection bounds.
         body_limit: ``limits.max_body_bytes`` in force now, in bytes.
         on_refused: Told of each request refused before the app saw it.
+        on_evicted: Told of each idle connection closed to make room for a new one.
         ssl_certfile: With ``ssl_keyfile``: serve HTTPS with this certificate chain (PEM).
         ssl_keyfile: The private key of ``ssl_certfile`` (PEM).
         ssl_context: Serve HTTPS with this context (wins over the files; mTLS: one that
@@ -111,6 +113,7 @@ class ServerConfig:
     limits: ServerLimits = field(default_factory=ServerLimits)
     body_limit: Callable[[], int] = lambda: 16 * 1024 * 1024
     on_refused: RefusalHook | None = None
+    on_evicted: EvictionHook | None = None
     ssl_certfile: Path | str | None = None
     ssl_keyfile: Path | str | None = None
     ssl_context: ssl.SSLContext | None = None
@@ -167,7 +170,8 @@ class GatewayServer:
         self.failure: str | None = None
         self.stopped_by: int | None = None
         self.context = ServerContext(config.app, config.limits, config.body_limit,
-                                     config.on_refused, routes=config.routes)
+                                     config.on_refused, routes=config.routes,
+                                     on_evicted=config.on_evicted)
         self.servers: list[asyncio.Server] = []
         self._stop = asyncio.Event()
         self._lifespan: Lifespan | None = None

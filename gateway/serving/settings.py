@@ -55,7 +55,8 @@ class ListenSettings(FrozenSection):
 
 
 class LimitSettings(FrozenSection):
-    """Request limits. Sizes in bytes."""
+    """Request and connection limits: sizes in bytes, durations in seconds (``*_s``), caps in
+    connections."""
 
     max_body_bytes: int = Field(default=16 * 1024 * 1024, gt=0)
     # Longest silence (seconds) while a client sends its request body before 408 (slow clients).
@@ -68,8 +69,15 @@ class LimitSettings(FrozenSection):
     # Seconds a client may leave its socket buffer full (not reading) while a response is
     # written before its connection is closed (and its upstream request ended).
     client_send_timeout_s: float = Field(default=30.0, gt=0, allow_inf_nan=False)
-    # Concurrent client connections; one more is answered 503 at once and closed.
+    # Concurrent client connections. One more closes the connection idle the longest (no
+    # complete request head yet, or idle between requests); only when every connection carries
+    # a request is it answered 503 at once and closed.
     max_client_connections: int = Field(default=4096, gt=0)
+    # Concurrent client connections from one client address (the peer's IP as the socket sees
+    # it), or None: no such cap. One more closes that address's connection idle the longest, or
+    # is answered 429 when all of them carry requests. Behind a load balancer, proxy or NAT
+    # many clients share one address: leave it unset there, or size it for the whole proxy.
+    max_client_connections_per_address: int | None = Field(default=None, gt=0)
     max_upstream_connections: int = Field(default=4096, ge=0)
     # Extra request headers relayed to backends (lower-case), e.g. tracing headers.
     forward_headers: list[str] = Field(default_factory=lambda: ["traceparent", "tracestate"])

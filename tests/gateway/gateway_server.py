@@ -107,3 +107,29 @@ def split_response(data: bytes) -> tuple[int, dict[str, str], bytes]:
     if "content-length" in headers:
         body = body[: int(headers["content-length"])]
     return status, headers, body
+
+
+CHAT_BODY = b'{"model":"llama-3.1-8b","messages":[{"role":"user","content":"hello"}]}'
+
+
+def busy_request(port: int, key: str, source: str | None = None) -> socket.socket:
+    """A connection carrying a keyed chat request whose body is half sent.
+
+    Returns once the server answered ``100 Continue``: the head was complete, the app took the
+    request and waits for the rest of its body (send ``CHAT_BODY[len(CHAT_BODY) // 2:]`` to
+    finish it). ``source``: the local address to connect from (another loopback address).
+    """
+    sock = socket.create_connection(("127.0.0.1", port), timeout=5,
+                                    source_address=(source, 0) if source else None)
+    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\n"
+                 b"Authorization: Bearer " + key.encode() + b"\r\n"
+                 b"Content-Type: application/json\r\nExpect: 100-continue\r\n"
+                 b"Content-Length: %d\r\n\r\n" % len(CHAT_BODY))
+    answer = b""
+    while b"\r\n\r\n" not in answer:
+        chunk = sock.recv(65536)
+        assert chunk, f"closed before 100 Continue: {answer!r}"
+        answer += chunk
+    assert answer.startswith(b"HTTP/1.1 100 "), answer
+    sock.sendall(CHAT_BODY[: len(CHAT_BODY) // 2])
+    return sock

@@ -1,4 +1,5 @@
-"""Slow and idle clients: header timeout, keep-alive timeout and the client connection cap."""
+"""Slow and idle clients: header timeout, keep-alive timeout and the client connection cap
+(connections that carry requests; idle ones make room: test_connection_cap_eviction.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,13 @@ from typing import Any
 import openai
 import pytest
 
-from tests.gateway.gateway_server import Servers, connect, read_until_closed, split_response
+from tests.gateway.gateway_server import (
+    Servers,
+    busy_request,
+    connect,
+    read_until_closed,
+    split_response,
+)
 from tests.gateway.helpers import KEY_A, Sim, settings
 
 LIMITS = {"client_header_timeout_s": 1.0, "keep_alive_timeout_s": 1.0}
@@ -107,11 +114,10 @@ def test_over_cap_connection_is_answered_at_once(
     limits = {"client_header_timeout_s": 30, "keep_alive_timeout_s": 30,
               "max_client_connections": cap}
     gateway = guarded.start(settings([sim.url], limits=limits))
-    held = [connect(gateway.port) for _ in range(cap)]
+    # Each held connection carries a request (an idle one would make room for the newcomer,
+    # tests/gateway/test_connection_cap_eviction.py): keyed, its body half sent.
+    held = [busy_request(gateway.port, KEY_A) for _ in range(cap)]
     try:
-        for sock in held:  # make sure the server accepted each of them
-            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: gw\r\n\r\n")
-            assert b"200 OK" in sock.recv(65536)
         t0 = time.monotonic()
         with connect(gateway.port) as extra:
             data, closed = read_until_closed(extra, timeout_s=3)

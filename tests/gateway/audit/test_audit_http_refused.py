@@ -21,8 +21,8 @@ import yaml
 
 from gateway.audit import Signer, generate_key_file, write_key_pair
 from tests.conftest import free_port, wait_until
-from tests.gateway.gateway_server import connect, read_until_closed, split_response
-from tests.gateway.helpers import BACKEND_KEY, Sim, config
+from tests.gateway.gateway_server import busy_request, connect, read_until_closed, split_response
+from tests.gateway.helpers import BACKEND_KEY, KEY_A, Sim, config
 
 ROOT = Path(__file__).parents[3]
 
@@ -83,11 +83,8 @@ def test_server_level_refusals_are_audited(sim: Sim, tmp_path: Path) -> None:
             assert _refused_past_the_cap(port, b"POST /v1/chat/completions HTTP/1.1\r\n"
                                          b"Host: x\r\nTransfer-Encoding: chunked\r\n\r\n"
                                          b"ffffffffffffffffffff\r\n") == 413
-            held = [connect(port), connect(port)]
-            for sock in held:  # both slots taken: the server has answered on each
-                sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
-                sock.settimeout(5)
-                assert sock.recv(12) == b"HTTP/1.1 200"
+            # Both slots carry requests (idle connections would make room instead).
+            held = [busy_request(port, KEY_A), busy_request(port, KEY_A)]
             assert _refused(port, b"") == 503
             for sock in held:
                 sock.close()
