@@ -47,7 +47,10 @@ def routed(serve_asgi: Callable[..., Any], tmp_path: Path) -> Iterator[dict[str,
 
     gw = start_gateway(tmp_path, sim.url, servers, {}, mcp_extra, cfg_extra=cfg_extra)
     try:
-        yield {"gateway": gw, "tools": tools, "notes": notes, "token": signer.token()}
+        # Issued for the MCP endpoints (RFC 8707: the aggregate's and each server's resource
+        # URI), so what refuses it below is the route, not its audience.
+        aud = [gw.url + "/mcp", gw.url + "/mcp/tools", gw.url + "/mcp/notes"]
+        yield {"gateway": gw, "tools": tools, "notes": notes, "token": signer.token(aud=aud)}
     finally:
         gw.stop()
 
