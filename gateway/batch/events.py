@@ -6,12 +6,14 @@ and nothing is changed... see :meth:`gateway.batch.runner.BatchRunner.record`):
 
 =============================  ===============================================================
 ``batch.file_created``         ``file_id``, ``key_id``, ``purpose``, ``bytes``, ``sha256``
+                               (an upload; or ``batch_output`` with ``batch_id``: the output
+                               or error file a finished batch stored)
 ``batch.file_deleted``         ``file_id``, ``key_id``
 ``batch.created``              ``batch_id``, ``key_id``, ``input_file_id``, ``endpoint``,
                                ``requests``, ``trace_id``
 ``batch.cancel_requested``     ``batch_id``, ``key_id``, ``status`` (before)
 ``batch.finished``             ``batch_id``, ``key_id``, ``status``, ``completed``, ``failed``,
-                               ``trace_id``
+                               ``output_file_id``, ``error_file_id``, ``trace_id``
 ``batch.request_refused``      a line refused before the relay (its owner no longer allowed):
                                ``request_id``, ``batch_id``, ``line``, ``custom_id``,
                                ``key_id``, ``path``, ``status``, ``code``, ``reason``,

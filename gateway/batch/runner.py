@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import hashlib
 import json
 import logging
 import secrets
@@ -26,6 +27,7 @@ from gateway.auth import Principal
 from gateway.batch.backends import open_batch_store
 from gateway.batch.errors import NotCancellable, NotFound
 from gateway.batch.events import (
+    BATCH_FILE_CREATED,
     BATCH_FINISHED,
     BATCH_REQUEST_REFUSED,
     AuditSink,
@@ -376,18 +378,29 @@ class BatchRunner:
                    "created_at": now}
             await store.add_file(row, content)
             obj[field] = file_id
+            await self._record_quietly(batch_id, {
+                "type": BATCH_FILE_CREATED, "file_id": file_id, "key_id": owner,
+                "purpose": "batch_output", "batch_id": batch_id, "bytes": len(content),
+                "sha256": hashlib.sha256(content).hexdigest()})
         total, completed, failed = await store.counts(batch_id)
         obj["request_counts"] = {"total": total, "completed": completed, "failed": failed}
         obj["status"] = "cancelled" if cancelling else "completed"
         obj["cancelled_at" if cancelling else "completed_at"] = int(time.time())
         await store.save_batch(obj)
+        await self._record_quietly(batch_id, {
+            "type": BATCH_FINISHED, "batch_id": batch_id, "key_id": owner,
+            "status": obj["status"], "completed": completed, "failed": failed,
+            "output_file_id": obj.get("output_file_id"),
+            "error_file_id": obj.get("error_file_id"), "trace_id": batch_trace_id(batch_id)})
+
+    async def _record_quietly(self, batch_id: str, event: Mapping[str, Any]) -> None:
+        """Record an event of a batch's end; an audit store that cannot record is logged (the
+        batch's requests were each recorded, and its answers are not thrown away)."""
         try:
-            await self.record({"type": BATCH_FINISHED, "batch_id": batch_id, "key_id": owner,
-                               "status": obj["status"], "completed": completed,
-                               "failed": failed, "trace_id": batch_trace_id(batch_id)})
-        except AuditUnavailable as exc:  # the batch's own requests were each recorded
-            _log.error("batch %s %s, but its batch.finished record was not written: %s",
-                       batch_id, obj["status"], exc)
+            await self.record(event)
+        except AuditUnavailable as exc:
+            _log.error("batch %s: its %s record was not written: %s", batch_id, event["type"],
+                       exc)
 
 
 def open_runner(settings: GatewaySettings, cell: LiveState,

@@ -87,7 +87,14 @@ def token_scopes(claims: Mapping[str, Any]) -> frozenset[str]:
     for claim in ("scope", "scp"):
         value = claims.get(claim)
         if isinstance(value, str):
-            return frozenset(value.split())
+            return _split(value)
         if isinstance(value, list) and all(isinstance(v, str) for v in value):
-            return frozenset(s for v in value for s in v.split())
+            return frozenset(s for v in value for s in _split(v))
     return frozenset()
+
+
+def _split(value: str) -> frozenset[str]:
+    """Scope tokens separated by U+0020 only (RFC 6749 section 3.3: ``scope-token`` is
+    ``%x21 / %x23-5B / %x5D-7E``): a NO-BREAK SPACE or a control character is part of a token,
+    so ``"files\u00a0mcp"`` grants neither ``files`` nor ``mcp``."""
+    return frozenset(t for t in value.split(" ") if t)

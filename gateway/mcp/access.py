@@ -40,9 +40,11 @@ def uri_forms(uri: str) -> tuple[str, ...] | None:
     """The forms of a resource URI that the access globs must all allow.
 
     Returns:
-        ``(uri,)`` or ``(uri, normal form)``; ``None`` when the URI is refused outright (a dot
-        segment, backslash, whitespace or control character, in the URI or once decoded,
-        encoded bytes that are not UTF-8, or still percent-encoded after four rounds).
+        ``(uri,)`` or ``(uri, normal form)`` (scheme and host lower-cased, repeated slashes
+        collapsed, a local ``file:`` URI as ``file:///path``); ``None`` when the URI is
+        refused outright (a dot segment, backslash, whitespace or control character, in the
+        URI or once decoded, encoded bytes that are not UTF-8, or still percent-encoded after
+        four rounds).
     """
     decoded = uri
     for _ in range(_DECODE_ROUNDS):
@@ -65,6 +67,9 @@ def uri_forms(uri: str) -> tuple[str, ...] | None:
         scheme, authority, path = m.group(1), m.group(2) or "", m.group(3)
         path = re.sub(r"/{2,}", "/", path)
         normal = scheme.lower() + authority.lower() + path
+        if scheme.lower() == "file:" and authority.lower() in ("", "//", "//localhost"):
+            # RFC 8089: file:/p, file:///p and file://localhost/p name the same local file.
+            normal = "file://" + (path if path.startswith("/") else "/" + path)
     segments = re.split(r"[/?#]", path)
     if "." in segments or ".." in segments:
         return None

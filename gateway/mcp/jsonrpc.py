@@ -20,7 +20,13 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.relay.strict_json import StrictJsonError, check_tree, refuse_constant
+from gateway.relay.strict_json import (
+    StrictJsonError,
+    check_tree,
+    decode_utf8,
+    refuse_constant,
+    strict_float,
+)
 
 __all__ = [
     "HANDSHAKE_VERSIONS",
@@ -120,15 +126,17 @@ def parse_message(body: bytes) -> Message:
     """Parse one JSON-RPC message of a POST body.
 
     Raises:
-        McpRefusal: 400 ``parse_error`` (not JSON; also ``NaN``, a lone surrogate escape,
-            nesting deeper than 128 levels), ``batch_refused`` (an array),
+        McpRefusal: 400 ``parse_error`` (not JSON; also not UTF-8, a byte order mark,
+            ``NaN``, a number overflowing to infinity, a lone surrogate escape, nesting deeper
+            than 128 levels), ``batch_refused`` (an array),
             ``invalid_request`` (not a JSON-RPC 2.0 object), ``duplicate_key``.
     """
     if body[:1] == b"[" or body.lstrip()[:1] == b"[":
         raise McpRefusal(400, INVALID_REQUEST, "batch_refused",
                          "JSON-RPC batches are not accepted: send one message per POST")
     try:
-        obj = json.loads(body, object_pairs_hook=_no_duplicates, parse_constant=refuse_constant)
+        obj = json.loads(decode_utf8(body), object_pairs_hook=_no_duplicates,
+                         parse_constant=refuse_constant, parse_float=strict_float)
         check_tree(obj)  # lone surrogates (UTF-8 cannot carry them onwards), nesting depth
     except McpRefusal:
         raise
@@ -141,7 +149,7 @@ def parse_message(body: bytes) -> Message:
         raise McpRefusal(400, INVALID_REQUEST, "invalid_request",
                          "body is not a JSON-RPC 2.0 object")
     method = obj.get("method")
-    if method is not None and not isinstance(method, str):
+    if "method" in obj and not isinstance(method, str):  # "method": null is no response
         raise McpRefusal(400, INVALID_REQUEST, "invalid_request", "method must be a string")
     has_id = "id" in obj
     msg_id = obj.get("id")

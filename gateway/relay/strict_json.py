@@ -26,7 +26,10 @@ from typing import Any
 
 from gateway.relay.rewrite import MAX_DEPTH
 
-__all__ = ["StrictJsonError", "check_tree", "loads_strict", "refuse_constant"]
+__all__ = [
+    "StrictJsonError", "check_tree", "decode_utf8", "loads_strict", "refuse_constant",
+    "strict_float",
+]
 
 
 class StrictJsonError(ValueError):
@@ -45,7 +48,13 @@ def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _float(literal: str) -> float:
+def strict_float(literal: str) -> float:
+    """``parse_float`` hook of :mod:`json` that refuses a number overflowing to infinity
+    (``1e999``; RFC 8259 §6 lets a parser limit the range).
+
+    Raises:
+        StrictJsonError: The number is out of range, naming it.
+    """
     value = float(literal)
     if math.isinf(value):
         raise StrictJsonError(f"the number {literal[:40]} is out of range")
@@ -62,7 +71,7 @@ def refuse_constant(literal: str) -> Any:
     raise StrictJsonError(f"{literal} is not JSON (RFC 8259)")
 
 
-_DECODER = json.JSONDecoder(object_pairs_hook=_pairs, parse_float=_float,
+_DECODER = json.JSONDecoder(object_pairs_hook=_pairs, parse_float=strict_float,
                             parse_constant=refuse_constant)
 
 
@@ -109,6 +118,22 @@ def check_tree(value: Any) -> None:
             stack.extend((sub, depth + 1, [*path, i]) for i, sub in enumerate(item))
 
 
+def decode_utf8(raw: bytes | bytearray) -> str:
+    """The text of a JSON document: UTF-8 only (RFC 8259 §8.1; :mod:`json` would also take
+    UTF-16 and UTF-32), without a byte order mark.
+
+    Raises:
+        StrictJsonError: Not UTF-8 (naming the byte), or a byte order mark.
+    """
+    try:
+        text = bytes(raw).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise StrictJsonError(f"not valid UTF-8 (byte {exc.start})") from exc
+    if text.startswith("\ufeff"):
+        raise StrictJsonError("a byte order mark (RFC 8259 §8.1) at line 1 column 1")
+    return text
+
+
 def loads_strict(raw: bytes | str) -> Any:
     """Parse one JSON document strictly (see the module docstring for what is refused).
 
@@ -122,13 +147,7 @@ def loads_strict(raw: bytes | str) -> Any:
         StrictJsonError: The first problem found, with its position (``line L column C (char
             N)``, counted in the document) or the key path of the value (``.messages[0]``).
     """
-    if isinstance(raw, bytes | bytearray):
-        try:
-            text = bytes(raw).decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise StrictJsonError(f"not valid UTF-8 (byte {exc.start})") from exc
-    else:
-        text = raw
+    text = decode_utf8(raw) if isinstance(raw, bytes | bytearray) else raw
     if text.startswith("\ufeff"):
         raise StrictJsonError("a byte order mark (RFC 8259 §8.1) at line 1 column 1")
     try:

@@ -158,7 +158,7 @@ def test_every_batch_change_is_in_the_audit_chain_and_its_requests_share_its_tra
     by_type: dict[str, list[dict[str, Any]]] = {}
     for r in recs:
         by_type.setdefault(r["type"], []).append(r)
-    [created_file] = by_type["batch.file_created"]
+    [created_file] = [r for r in by_type["batch.file_created"] if r["purpose"] == "batch"]
     assert created_file["file_id"] == b.input_file_id and created_file["key_id"] == "owner"
     assert created_file["bytes"] == len(content)
     assert created_file["sha256"] == hashlib.sha256(content).hexdigest()
