@@ -10,8 +10,11 @@ loop pays; ``uvloop`` is measured beside the standard loop (the gateway cannot u
 egress check needs the ``socket.connect`` audit events uvloop does not raise, see
 ``gateway/serving/run.py``).
 
-Compare the floor with ``bench/relay.py``'s CPU/event for the gateway and nginx from the same
-machine and load; loads differ between runs, so read the ratios, not the microseconds.
+Compare the floor with ``bench/relay_profile.py --no-profile`` (gateway) and ``--nginx`` run
+right after it, on the same machine and load; read the ratios, not the microseconds. The feeder
+writes every stream's event at once each interval, so the relay reads many sockets per loop
+iteration: the floor is a lower bound (fewer ready sockets per wake-up cost more per event).
+The gateway's figure also carries each stream's set-up spread over its events.
 
 Usage::
 
@@ -148,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         print("uvloop not installed: the standard loop only", file=sys.stderr)
     results: dict[str, list[float]] = {name: [] for name in runners}
+    for runner in runners.values():  # warm-up, not counted: a first round costs
+        _one_round(runner, args.streams, 20, args.itl_ms / 1000.0)  # (about twice the later rounds)
     for _ in range(args.rounds):
         for name, runner in runners.items():
             results[name].append(_one_round(runner, args.streams, args.events,
