@@ -412,13 +412,21 @@ def test_connect_refused_is_a_connect_failure() -> None:
     run(test)
 
 
-def test_header_injection_is_refused() -> None:
+@pytest.mark.parametrize("headers", [
+    {"x-a": "1\r\nx-b: 2"},
+    {"x-a": "1", "x-b": "2\r"},  # a lone CR, in a later header
+    {"x-a": "1\n", "x-b": "2"},  # a lone LF
+    {"x-a": "1", "x-b": "2\0"},  # NUL in a value
+    {"x-a\r": "1"},  # CR in a name
+    {"x-a": "1", "x\nb": "2"},  # LF in a name
+])
+def test_header_injection_is_refused(headers: dict[str, str]) -> None:
     async def test() -> None:
         backend = Backend(replies(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n"))
         url = await backend.start()
         c = client()
-        with pytest.raises(ValueError):
-            await c.post(url, "/v1/x", {"x-a": "1\r\nx-b: 2"}, b"{}")
+        with pytest.raises(ValueError, match="invalid character in header"):
+            await c.post(url, "/v1/x", headers, b"{}")
         assert backend.requests == []
         await c.close()
         await backend.stop()
