@@ -291,8 +291,10 @@ class McpEndpoint:
         if self._audit is None or rec.recorded:
             return
         if (rec.method != "tools/call" and rec.decision == "allow" and rec.reason is None
-                and not rec.pii and rec.prompt is None and rec.resource_sha256 is None):
-            return  # recorded: sensitive data found, a prompt or resource named (governed)
+                and not rec.pii and rec.prompt is None and rec.resource_sha256 is None
+                and rec.withheld is None):
+            return  # recorded: sensitive data found, a prompt or resource named (governed),
+            # a resource withheld from the answer
         rec.recorded = True
         try:
             await self._audit(rec.event())
