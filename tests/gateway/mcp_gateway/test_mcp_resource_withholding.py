@@ -36,6 +36,7 @@ from mcp_types import (
 
 from gateway.mcp.withhold import PLACEHOLDER
 from tests.gateway.mcp_gateway.harness import Gateway, start_gateway
+from tests.gateway.mcp_gateway.test_mcp_bad_input import call, headers, post
 from vllm_sim import SimConfig
 from vllm_sim import create_app as create_sim
 
@@ -67,6 +68,11 @@ def out_server(json_response: bool) -> Any:
             EmbeddedResource(type="resource", resource=TextResourceContents(
                 uri="docs://public/private-notes", text="PRIVATE NOTES")),
         ]
+
+    @server.tool(structured_output=False)
+    def readme_link() -> list[ContentBlock]:
+        """Point at the readme only."""
+        return [ResourceLink(type="resource_link", uri="docs://public/readme", name="readme")]
 
     @server.tool()
     async def notify(ctx: Context) -> str:
@@ -206,3 +212,19 @@ def test_resource_updated_notifications_for_unreadable_uris_are_dropped(
     [rec] = _allowed(gw, "tools/call")
     assert rec["withheld"] == {"count": 1, "rules": ["no access rule allows it"],
                                "uri_sha256": [_digest("docs://secret/keys")]}
+
+
+@pytest.mark.parametrize("gw", [True], ids=["json"], indirect=True)
+def test_an_answer_with_nothing_to_withhold_is_relayed_byte_for_byte(gw: Gateway) -> None:
+    # The record's result_sha256 is of the server's bytes: equal to the client's digest
+    # only when the gateway relayed them as they came.
+    kept = post(gw.mcp("docs"), call("readme_link", {}), headers(name="readme_link"))
+    sifted = post(gw.mcp("docs"), call("links", {}, rid=2), headers(name="links"))
+    assert kept.status_code == sifted.status_code == 200
+    assert kept.json()["result"]["content"][0]["uri"] == "docs://public/readme"
+    assert [c["type"] for c in sifted.json()["result"]["content"]] == [
+        "text", "resource_link", "text", "text"]
+    first, second = _allowed(gw, "tools/call")
+    assert "withheld" not in first and second["withheld"]["count"] == 2
+    assert first["result_sha256"] == hashlib.sha256(kept.content).hexdigest()
+    assert second["result_sha256"] != hashlib.sha256(sifted.content).hexdigest()
