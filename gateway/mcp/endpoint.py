@@ -16,7 +16,8 @@ is forwarded)::
     access to the server, other methods refused), sensitive data in its params or result ->
     forward (checked transport, injected credentials, Mcp-Param-* rebuilt from the forwarded
     arguments) -> relay the answer (ids, bytes, time checked) -> list answers (tools,
-    prompts, resources, templates) filtered to what the caller may use -> audit record
+    prompts, resources, templates) filtered to what the caller may use, resources the caller
+    may not read withheld from every answer (:mod:`gateway.mcp.withhold`) -> audit record
 
 The checks before the forward are :class:`gateway.mcp.checks.MessageChecks`' (data class,
 ``tools/call`` arguments, sensitive data) and :mod:`gateway.mcp.governed`'s (which messages

@@ -146,6 +146,11 @@ async def client(url: str, mode: str, seen: list[Any] | None = None) -> AsyncIte
             yield c
 
 
+def _dump(model: Any) -> dict[str, Any]:
+    """An SDK model as its JSON-RPC wire form."""
+    return dict(model.model_dump(mode="json", by_alias=True, exclude_none=True))
+
+
 def _allowed(gw: Gateway, method: str) -> list[dict[str, Any]]:
     return [r["data"] for r in gw.records()
             if r["type"] == "mcp.tool_call" and r["data"]["mcp_method"] == method]
@@ -157,8 +162,7 @@ def test_tool_result_withholds_links_and_embedded_resources_the_key_may_not_read
     async def go() -> list[dict[str, Any]]:
         async with client(gw.mcp("docs"), mode) as c:
             result = await c.call_tool("links", {})
-            return [block.model_dump(mode="json", by_alias=True, exclude_none=True)
-                    for block in result.content]
+            return [_dump(block) for block in result.content]
 
     content = anyio.run(go)
     assert [b["type"] for b in content] == ["text", "resource_link", "text", "text"]
@@ -180,8 +184,7 @@ def test_resource_read_drops_contents_of_other_uris_and_prompt_withholds_embedde
         async with client(gw.mcp("docs"), mode) as c:
             read = await c.read_resource("docs://public/bundle")
             prompt = await c.get_prompt("brief")
-            return ([x.model_dump(mode="json", by_alias=True, exclude_none=True) for x in read.contents],
-                    [m.model_dump(mode="json", by_alias=True, exclude_none=True) for m in prompt.messages])
+            return ([_dump(x) for x in read.contents], [_dump(m) for m in prompt.messages])
 
     contents, messages = anyio.run(go)
     assert contents == [{"uri": "docs://public/bundle", "mimeType": "text/plain",
