@@ -231,3 +231,28 @@ def test_an_answer_with_nothing_to_withhold_is_relayed_byte_for_byte(gw: Gateway
     assert "withheld" not in first and second["withheld"]["count"] == 2
     assert first["result_sha256"] == hashlib.sha256(kept.content).hexdigest()
     assert second["result_sha256"] != hashlib.sha256(sifted.content).hexdigest()
+
+
+def test_the_aggregate_endpoint_withholds_too(serve_asgi: Callable[..., Any],
+                                              tmp_path: Path) -> None:
+    sim = serve_asgi(create_sim(SimConfig(models=["m"])))
+    upstream = serve_asgi(out_server(False))
+
+    def extra(mcp: dict[str, Any]) -> None:
+        mcp["access"] = ACCESS
+        mcp["aggregate"] = True
+
+    gateway = start_gateway(tmp_path, sim.url, {"docs": upstream.url + "/mcp"}, {}, extra)
+    try:
+        async def go() -> list[dict[str, Any]]:
+            async with client(gateway.url + "/mcp", "auto") as c:
+                result = await c.call_tool("docs__links", {})
+                return [_dump(block) for block in result.content]
+
+        content = anyio.run(go)
+        assert [b["type"] for b in content] == ["text", "resource_link", "text", "text"]
+        assert not any(s in json.dumps(content) for s in SECRETS)
+        [rec] = _allowed(gateway, "tools/call")
+        assert rec["tool"] == "links" and rec["withheld"]["count"] == 2
+    finally:
+        gateway.stop()
