@@ -3,7 +3,11 @@
 The answer is relayed as it comes (:class:`gateway.mcp.upstream.RelayedStream` checks ids,
 bytes and time): a JSON answer whole, an SSE answer event by event (a server request on a
 2026-07-28 stream ends it with a JSON-RPC error), a list answer (tools, prompts, resources,
-resource templates) filtered to what the caller may use (:mod:`gateway.mcp.governed`);
+resource templates) filtered to what the caller may use (:mod:`gateway.mcp.governed`),
+and every message, JSON or SSE event by event, sifted of the resources the caller may not
+read (:mod:`gateway.mcp.withhold`: items replaced, ``resources/read`` contents removed,
+``notifications/resources/updated`` dropped; a message without a ``"uri"`` key is relayed as
+its bytes came, and the count withheld goes into the record);
 notifications, client responses and upstream HTTP errors keep
 their status with a bounded body. An upstream session id is wrapped to the caller
 (:mod:`gateway.mcp.sessions`) before it reaches the client. The record of the call gets the
@@ -23,7 +27,9 @@ from gateway.mcp.jsonrpc import INTERNAL_ERROR, MODERN_VERSIONS, McpRefusal, Mes
 from gateway.mcp.records import CallRecord
 from gateway.mcp.sessions import SessionBinder
 from gateway.mcp.settings import McpLimits
+from gateway.mcp.sse import with_data
 from gateway.mcp.upstream import Link, RelayedStream, Upstream
+from gateway.mcp.withhold import ResourceSieve, Withheld, may_name_uris
 
 __all__ = ["AnswerRelay"]
 
@@ -79,23 +85,42 @@ class AnswerRelay:
                 rec.bytes_out = len(data)
                 return
             stream = RelayedStream(resp, msg.id, upstream.name, limits)
-            if msg.method is not None and msg.method in LISTS:
-                await self._relay_filtered(msg.method, stream, principal, upstream, rec, send,
-                                           out_headers)
-            elif stream.is_sse:
-                await self._relay_sse(stream, msg, rec, send, out_headers)
-            else:
-                answer, _ = await stream.whole()
-                rec.status = 200
-                await send_json(send, 200, answer, out_headers)
-                rec.bytes_out = len(answer)
-            rec.result_sha256 = stream.digest
+            sieve = self._sieve(principal, upstream.name)
+            try:
+                if msg.method is not None and msg.method in LISTS:
+                    await self._relay_filtered(msg.method, stream, principal, upstream, rec,
+                                               send, out_headers)
+                elif stream.is_sse:
+                    await self._relay_sse(stream, msg, rec, send, out_headers, sieve)
+                else:
+                    answer, message = await stream.whole()
+                    if may_name_uris(answer) and sieve.sift(message, msg.method):
+                        answer = _encode(message)
+                    rec.status = 200
+                    await send_json(send, 200, answer, out_headers)
+                    rec.bytes_out = len(answer)
+            finally:
+                if sieve.withheld.count:
+                    rec.withheld = sieve.withheld.record()
+            rec.result_sha256 = stream.digest  # of the answer as the server sent it
+
+    def _sieve(self, principal: Any, server: str) -> ResourceSieve:
+        """The sieve of this caller's answers from ``server`` (:mod:`gateway.mcp.withhold`)."""
+        key_id, team, access = principal.key_id, principal.team, self._access
+        return ResourceSieve(lambda uri: access.check_resource(key_id, team, server, uri),
+                             Withheld())
 
     async def _relay_sse(self, stream: RelayedStream, msg: Message, rec: CallRecord, send: Any,
-                         out_headers: list[tuple[bytes, bytes]]) -> None:
+                         out_headers: list[tuple[bytes, bytes]], sieve: ResourceSieve) -> None:
         started = ended = False
         try:
-            async for raw, _, message in stream.events():
+            async for raw, data, message in stream.events():
+                if data is not None and may_name_uris(data):
+                    sifted = sieve.sift(message, msg.method)
+                    if sifted is None:
+                        continue  # a notification about a resource the caller may not read
+                    if sifted:
+                        raw = with_data(raw, _encode(message))
                 if isinstance(message, dict) and "method" in message and "id" in message and (
                         rec.protocol_version in MODERN_VERSIONS
                         or msg.meta_version in MODERN_VERSIONS):
@@ -142,3 +167,8 @@ class AnswerRelay:
         rec.status = 200
         await send_json(send, 200, data, out_headers)
         rec.bytes_out = len(data)
+
+
+def _encode(message: Any) -> bytes:
+    """A sifted message, encoded again (compact JSON)."""
+    return json.dumps(message, separators=(",", ":")).encode()

@@ -16,7 +16,8 @@ is forwarded)::
     access to the server, other methods refused), sensitive data in its params or result ->
     forward (checked transport, injected credentials, Mcp-Param-* rebuilt from the forwarded
     arguments) -> relay the answer (ids, bytes, time checked) -> list answers (tools,
-    prompts, resources, templates) filtered to what the caller may use -> audit record
+    prompts, resources, templates) filtered to what the caller may use, resources the caller
+    may not read withheld from every answer (:mod:`gateway.mcp.withhold`) -> audit record
 
 The checks before the forward are :class:`gateway.mcp.checks.MessageChecks`' (data class,
 ``tools/call`` arguments, sensitive data) and :mod:`gateway.mcp.governed`'s (which messages
@@ -291,8 +292,10 @@ class McpEndpoint:
         if self._audit is None or rec.recorded:
             return
         if (rec.method != "tools/call" and rec.decision == "allow" and rec.reason is None
-                and not rec.pii and rec.prompt is None and rec.resource_sha256 is None):
-            return  # recorded: sensitive data found, a prompt or resource named (governed)
+                and not rec.pii and rec.prompt is None and rec.resource_sha256 is None
+                and rec.withheld is None):
+            return  # recorded: sensitive data found, a prompt or resource named (governed),
+            # a resource withheld from the answer
         rec.recorded = True
         try:
             await self._audit(rec.event())

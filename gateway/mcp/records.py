@@ -47,6 +47,7 @@ class CallRecord:
     identity: dict[str, Any] | None = None  # a token's or certificate's verified caller
     prompt: str | None = None  # prompts/get, completion/complete of a prompt
     resource_sha256: str | None = None  # of the (first refused, else last) resource URI
+    withheld: dict[str, Any] | None = None  # resources withheld from the answer (count, rules)
     recorded: bool = False
     _request_id: str | None = field(default=None, repr=False)
 
@@ -97,4 +98,5 @@ class CallRecord:
             **({"prompt": self.prompt} if self.prompt is not None else {}),
             **({"resource_sha256": self.resource_sha256}
                if self.resource_sha256 is not None else {}),
+            **({"withheld": self.withheld} if self.withheld is not None else {}),
         }

@@ -5,9 +5,10 @@ events", event stream interpretation: events end at a blank line, ``data:`` line
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
-__all__ = ["SseEvent", "SseSplitter"]
+__all__ = ["SseEvent", "SseSplitter", "with_data"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +52,15 @@ class SseSplitter:
         if len(self._buf) > self._max:
             raise ValueError(f"an SSE event is longer than {self._max} bytes")
         return events
+
+
+def with_data(raw: bytes, data: bytes) -> bytes:
+    """The event ``raw`` (complete, as :meth:`SseSplitter.feed` returns it) with its data
+    replaced by ``data`` (one line, no line break), its other fields (``event``, ``id``,
+    ``retry``, comments) kept in order."""
+    kept = [line for line in re.split(rb"\r\n|\r|\n", raw)
+            if line and not (line.startswith(b"data:") or line == b"data")]
+    return b"\n".join([*kept, b"data: " + data]) + b"\n\n"
 
 
 def _data(block: bytes) -> str | None:
