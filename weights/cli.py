@@ -112,7 +112,7 @@ def pin(
         print_drift(console, result.drift)
     state = "pinned" if result.written else "unchanged"
     console.print(f"{state} {e.repo_id}@{e.requested_revision} -> {e.commit} "
-                  f"({len(e.files)} files, {e.total_bytes} bytes, licence {e.license}) in {lock}")
+                  f"({len(e.files)} files, {e.total_bytes} bytes, licence {e.license or 'unknown'}) in {lock}")
 
 
 @app.command()

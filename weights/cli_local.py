@@ -76,4 +76,4 @@ def lock(
         claim = (f", claims {e.origin.claimed_repo_id or '?'}@"
                  f"{e.origin.claimed_commit or '?'} (not verified)")
     console.print(f"{state} {e.repo_id} from {directory} -> {e.commit} ({len(e.files)} files, "
-                  f"{e.total_bytes} bytes, licence {e.license}{claim}) in {lock_path}")
+                  f"{e.total_bytes} bytes, licence {e.license or 'unknown'}{claim}) in {lock_path}")
