@@ -196,6 +196,7 @@ def check_node_regions(facts: Facts) -> CheckResult:
     evidence["allowed_regions"] = sorted(allowed)
     evidence["allowed_regions_from"] = allowed_from
     if problems:
+        problems.append(f"allowed regions: {', '.join(sorted(allowed))} (from {allowed_from})")
         return CheckResult(cid, title, "fail", "; ".join(problems), evidence, crit)
     return CheckResult(cid, title, "pass", f"all {len(facts.workloads)} pods in "
                        f"{', '.join(sorted(allowed))}", evidence, crit)

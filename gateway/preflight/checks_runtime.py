@@ -66,6 +66,9 @@ def check_destinations(facts: Facts) -> CheckResult:
     problems = [f"destination {i} is in {w['region']} ({w['jurisdiction']})"
                 for i, w in sorted(where.items())
                 if w["region"] not in c.regions or w["jurisdiction"] not in c.jurisdictions]
+    if problems:  # what was allowed, so the operator can tell a wrong policy from a wrong flag
+        problems.append(f"allowed: regions {', '.join(c.regions)} (--region), jurisdictions "
+                        f"{', '.join(c.jurisdictions)} (--jurisdiction)")
     evidence = {"policy_revision": policy.revision, "allowed_per_class": per_class,
                 "destinations": where, "allowed_regions": list(c.regions),
                 "allowed_jurisdictions": list(c.jurisdictions)}
