@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import re
 
-__all__ = ["UNSAFE_TEXT", "human_bytes", "shown"]
+__all__ = ["UNSAFE_TEXT", "counted", "human_bytes", "shown"]
 
 UNSAFE_TEXT = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 """C0/C1 controls, DEL, and the Unicode bidirectional marks, embeddings, overrides, isolates."""
@@ -46,3 +46,14 @@ def human_bytes(size: int) -> str:
                 return f"{(size + 1) // scale} {unit} - 1 byte ({exact})"
             return f"{size / scale:.1f} {unit} ({exact})"
     return exact
+
+
+def counted(n: int, singular: str, plural: str | None = None) -> str:
+    """``n`` and the noun in the number it takes: ``1 container``, ``2 containers``.
+
+    Args:
+        n: How many.
+        singular: The noun for one (``"default-deny policy"``).
+        plural: The noun for other counts; ``singular + "s"`` when None.
+    """
+    return f"{n} {singular if n == 1 else (plural or singular + 's')}"

@@ -30,7 +30,6 @@ from clishell import (
     read_input_text,
     run,
 )
-
 from clishell.consoles import print_wrapped
 
 from .addresses import parse_host
