@@ -134,8 +134,10 @@ def test_piped_the_result_is_on_stdout_and_plain(name: str, work: Path) -> None:
 
 # Lines that are machine formats or commands to copy, kept whole on purpose: the piped file
 # list of `airgap inspect` (tab-separated, full digests) and `weights plan`'s vllm command.
+# A token longer than the line (org/name@COMMIT) is kept whole on a line of its own.
 def _may_be_wide(line: str) -> bool:
-    return "\t" in line or line.startswith("What to run: vllm serve")
+    return ("\t" in line or line.startswith("What to run: vllm serve")
+            or " " not in line.strip())
 
 
 WORDS_KEPT_WHOLE = {
