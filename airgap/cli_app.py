@@ -31,7 +31,8 @@ from airgap.media import check_bundle_dir, read_small
 from airgap.signing import MAX_SIGNATURE_BYTES, signer_key_id
 from airgap.validate import parse_index
 from clishell import VerboseOpt, VersionOpt
-from clishell.consoles import table
+from clishell.consoles import print_wrapped, table
+from clishell.text import human_bytes
 from weights import Lockfile, SerialisationPolicy, WeightsError
 
 if TYPE_CHECKING:
@@ -231,25 +232,28 @@ def inspect(
         doc = index.to_json() | {"signer_key_id_claimed": signer}
         out().print_json(json.dumps(doc))
         return
-    out().print(f"bundle {bundle}: {index.tool}, created {index.created_at}")
-    out().print(f"signer key id (claimed, unverified): {signer}")
+    # Sentences wrapped at word boundaries to the width (80 when piped); only the file list
+    # below stays one tab-separated line per file when piped, for grep, cut and diff.
+    print_wrapped(out(), f"bundle {bundle}: {index.tool}, created {index.created_at}")
+    print_wrapped(out(), f"signer key id (claimed, unverified): {signer}")
     bom = read_extra(bundle, index, BOM_NAME)
     for line in summary(bom) if bom is not None else ["ML-BOM: none in this bundle"]:
-        out().print(line, highlight=False)
+        indent = len(line) - len(line.lstrip(" "))
+        print_wrapped(out(), line.lstrip(" "), indent=indent)
     if index.base is not None:
-        out().print(f"delta bundle: {len(index.base.blobs)} blob(s) "
-                  f"({sum(b.size for b in index.base.blobs)} bytes) expected in the store from "
-                  f"base index sha256 {index.base.index_sha256}")
+        print_wrapped(out(), f"delta bundle: {len(index.base.blobs)} blob(s) "
+                             f"({sum(b.size for b in index.base.blobs)} bytes) expected in the "
+                             f"store from base index sha256 {index.base.index_sha256}")
     for e in index.lock.entries:
         pin = f"commit {e.commit}" if e.origin is None else (
             f"content id {e.commit} (locked from local files, not a hub commit"
             + (f"; upstream claimed {e.origin.claimed_repo_id or '?'}@"
                f"{e.origin.claimed_commit or '?'}, not verified)"
                if e.origin.claimed_repo_id or e.origin.claimed_commit else ")"))
-        out().print(f"model {e.repo_id} revision {e.requested_revision} {pin}\n"
-                  f"  licence {e.license or '-'}, gated {'yes' if e.gated else 'no'}, "
-                  f"{len(e.files)} files, {e.total_bytes} bytes, pinned {e.pinned_at}",
-                  highlight=False)  # fmt: skip
+        print_wrapped(out(), f"model {e.repo_id} revision {e.requested_revision} {pin}")
+        print_wrapped(out(), f"licence {e.license or 'unknown'}, gated "
+                             f"{'yes' if e.gated else 'no'}, {len(e.files)} files, "
+                             f"{human_bytes(e.total_bytes)}, pinned {e.pinned_at}", indent=2)
     if out().is_terminal:
         files = table("file", "size", "sha256", "blob id")
         for f in index.files:
@@ -262,8 +266,11 @@ def inspect(
     for p in index.parts:
         parts.add_row(p.name, str(p.offset), str(p.size), p.sha256[:16])
     out().print(parts)
-    out().print(f"payload {index.payload_size} bytes in {len(index.parts)} part(s) of at most "
-              f"{index.part_size} bytes; {len(index.blobs)} distinct blob(s)")  # fmt: skip
+    parts_n = len(index.parts)
+    print_wrapped(out(), f"payload {human_bytes(index.payload_size)} in {parts_n} "
+                         f"part{'s' if parts_n != 1 else ''}, {len(index.blobs)} distinct "
+                         f"blob{'s' if len(index.blobs) != 1 else ''}; each part at most "
+                         f"{human_bytes(index.part_size)}, the --part-size it was packed with")
 
 
 @app.command("oci-export")

@@ -100,10 +100,12 @@ class AirgapError(Exception):
 
     exit_code = 2
 
-    def __init__(self, code: str, message: str) -> None:
+    def __init__(self, code: str, message: str, *, hint: str | None = None) -> None:
         super().__init__(message)
         self.code = str(code)
         self.message = message
+        #: What to do next, shown by the CLI after the message (None: the message says it).
+        self.hint = hint
 
     def __str__(self) -> str:
         return f"{self.message} [{self.code}]"

@@ -21,7 +21,10 @@ _OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEX
 def check_bundle_dir(bundle: Path) -> None:
     """Raise ``bundle_not_found`` (a usage error) unless ``bundle`` is a directory."""
     if not bundle.is_dir():
-        raise AirgapError(Code.BUNDLE_NOT_FOUND, f"{bundle} is not a bundle directory")
+        what = "does not exist" if not bundle.exists() else "is not a directory"
+        raise AirgapError(Code.BUNDLE_NOT_FOUND, f"{bundle} is not a bundle directory ({what})",
+                          hint="give the directory that `airgap pack --out` wrote: it holds "
+                               "index.json, index.sig and the payload.* parts")
 
 
 def _file_problem(st: os.stat_result, name: str, *, part: bool) -> Problem | None:

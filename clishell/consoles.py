@@ -100,3 +100,27 @@ def table(*headers: str, title: str | None = None, whole: Collection[str] = ()) 
     for header in headers:
         t.add_column(header, overflow="fold", no_wrap=header in whole)
     return t
+
+
+def print_wrapped(console: Console, text: str, *, indent: int = 0, hang: int = 2) -> None:
+    """Print ``text`` wrapped at word boundaries to ``console``'s width, continuation indented.
+
+    rich wraps a long line back to column 0 (or not at all with soft wrap on); a sentence of
+    reasons printed that way ran to 300 columns in a log. Here every line fits the console's
+    width (80 when not a terminal), lines after the first are indented by ``indent + hang``
+    spaces. A token longer than the line (a long path, ``org/name@COMMIT``) is never broken: it
+    gets a line of its own, which may be wider, so that it can still be grepped and copied.
+
+    Args:
+        console: Where to print (markup and highlighting are not applied to ``text``).
+        text: One paragraph.
+        indent: Spaces before the first line.
+        hang: Extra spaces before the following lines.
+    """
+    import textwrap
+
+    width = max(console.width, 40)
+    lines = textwrap.wrap(text, width=width, initial_indent=" " * indent,
+                          subsequent_indent=" " * (indent + hang), break_on_hyphens=False,
+                          break_long_words=False)
+    console.print("\n".join(lines), markup=False, highlight=False, soft_wrap=True)

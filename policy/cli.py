@@ -30,7 +30,7 @@ from clishell import (
     read_input_text,
     run,
 )
-from clishell.consoles import table as _table
+from clishell.consoles import print_wrapped
 
 from .addresses import parse_host
 from .egress import EgressMatcher
@@ -59,9 +59,9 @@ class _UsageError(CliError):
 
 
 def _out() -> Console:
-    # Not a terminal (pipes, CI logs): 100 columns, a width a file is read at; the tables'
-    # cells fold rather than cut (clishell.consoles.table), so ids and reasons are kept whole.
-    return Console(highlight=False, width=None if sys.stdout.isatty() else 100)
+    # Not a terminal (pipes, CI logs): 80 columns, the width a file or a log is read at; the
+    # tables' cells wrap at word boundaries and fold only a token longer than their column.
+    return Console(highlight=False, width=None if sys.stdout.isatty() else 80)
 
 
 @app.callback()
@@ -92,25 +92,50 @@ def check(file: PolicyFile, as_json: JsonOpt = False) -> int:
         out.print("[bold red]WARNING: unsafe_allow_all is on: every request is allowed "
                   "(development only)[/]")
     out.print(f"data classes (least to most sensitive): {', '.join(doc.data_classes)}")
-    table = _table("where", "id", "endpoint", "purpose", "operator", "tags",
-                   title=f"{len(doc.destinations)} destinations (where: jurisdiction region)",
-                   whole=("id",))
+    # Destinations as blocks too: six columns (a cluster DNS name among them) did not fit 80
+    # columns without splitting addresses mid-token.
+    out.print(f"{len(doc.destinations)} destinations")
     for d in sorted(doc.destinations, key=lambda d: (d.jurisdiction, d.region, d.id)):
-        table.add_row(*map(escape, (f"{d.jurisdiction} {d.region}", d.id, _endpoint_text(d),
-                                    d.purpose, d.operator, ", ".join(d.tags))))
-    out.print(table)
+        out.print(escape(f"   {d.id}  {_endpoint_text(d)}"), soft_wrap=True)
+        _print_wrapped(out, f"{d.jurisdiction} {d.region}; purpose {d.purpose}; operator "
+                            f"{d.operator}; tags {', '.join(d.tags) or '-'}")
     # Rules as blocks, not a table: seven columns of sentences did not fit 80 columns.
     out.print(f"{len(doc.rules)} rules (first match decides; no match denies)")
     for i, r in enumerate(doc.rules, 1):
         who = ", ".join([*(f"key:{k}" for k in r.principals.keys),
                          *(f"team:{t}" for t in r.principals.teams)]) or "everyone"
-        cons = r.constraints.model_dump(exclude_defaults=True)
-        requires = ", ".join(f"{k}={v}" for k, v in cons.items()) or "-"
         out.print(escape(f"{i:>2} {r.effect:5} {r.id}"), soft_wrap=True)
-        out.print(escape(f"      who {who}; classes {', '.join(r.classes or ['any'])}; to "
-                         f"{', '.join(r.destinations or ['any inference'])}; requires {requires}"),
-                  soft_wrap=True)
+        line = (f"who {who}; classes {', '.join(r.classes or ['any'])}; to "
+                f"{', '.join(r.destinations or ['any inference'])}; "
+                f"requires {_requirements(r.constraints)}")
+        _print_wrapped(out, line)
     return 0
+
+
+def _print_wrapped(out: Console, line: str) -> None:
+    """A detail line, six spaces in, wrapped at word boundaries to the console's width."""
+    print_wrapped(out, line, indent=6)
+
+
+def _requirements(cons: Any) -> str:
+    """A rule's constraints as an operator reads them: ``jurisdiction EU; tags no-retention``.
+
+    Lists are words, not Python syntax: the alternatives of ``jurisdiction``, ``regions`` and
+    ``operators`` joined with "or", the tags (all required) with "and". ``-`` when none.
+    """
+    def words(value: str | list[str], joiner: str) -> str:
+        return value if isinstance(value, str) else f" {joiner} ".join(value)
+
+    parts = []
+    if cons.jurisdiction is not None:
+        parts.append(f"jurisdiction {words(cons.jurisdiction, 'or')}")
+    if cons.regions is not None:
+        parts.append(f"regions {words(cons.regions, 'or')}")
+    if cons.require_tags:
+        parts.append(f"tags {words(cons.require_tags, 'and')}")
+    if cons.operators is not None:
+        parts.append(f"operators {words(cons.operators, 'or')}")
+    return "; ".join(parts) or "-"
 
 
 def _endpoint_text(d: Any) -> str:

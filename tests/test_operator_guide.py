@@ -16,6 +16,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 GUIDE = ROOT / "docs" / "operator-guide.md"
@@ -102,3 +103,31 @@ def test_the_install_and_audit_steps_use_only_what_the_guide_made(
     assert "audit.publicKey=" in text[install:text.index("```", install)]
     setup = _blocks("sh")[0]
     assert re.search(r'export PATH="[^"]*\$SG/\.tools/bin', setup), setup
+
+
+def test_the_vllm_key_is_written_private(guide_run: tuple[Path, str]) -> None:
+    """Step 5 wrote the vLLM credential with ``> vllm-key``: mode 0644, readable by every user
+    of the machine. Written under ``umask 077`` it is 0600, as ``keygen`` writes its keys."""
+    site, _ = guide_run
+    for name in ("vllm-key", "audit-signing.key", "audit-pseudonym.key"):
+        assert (site / name).stat().st_mode & 0o777 == 0o600, name
+
+
+def test_the_audit_verify_step_is_the_one_the_chart_notes_print() -> None:
+    """Step 9's ``gateway audit verify`` takes the flags NOTES.txt prints for the example values
+    (SQLite store, checkpoints on by default and not turned off there): ``--store``,
+    ``--checkpoints`` and ``--public-key`` with the same paths. It left out ``--checkpoints``."""
+    notes = (ROOT / "helm" / "sovereign-gateway" / "templates" / "NOTES.txt").read_text()
+    sqlite = notes[notes.index('eq .Values.audit.store.type "sqlite"'):notes.index("{{- else }}")]
+    flags = dict(re.findall(r"(--store|--checkpoints|--public-key) (/?[\w:/.-]+)", sqlite))
+    assert set(flags) == {"--store", "--checkpoints", "--public-key"}, flags
+
+    chart = yaml.safe_load((ROOT / "helm" / "sovereign-gateway" / "values.yaml").read_text())
+    example = yaml.safe_load((ROOT / "examples" / "values-own-dc.yaml").read_text())
+    store = {**chart["audit"]["store"], **(example.get("audit") or {}).get("store", {})}
+    checkpoints = {**chart["audit"]["checkpoints"],
+                   **(example.get("audit") or {}).get("checkpoints", {})}
+    assert store["type"] == "sqlite" and checkpoints["enabled"] is True
+    step = next(b for b in _blocks("console") if "gateway audit verify" in b)
+    for flag, value in flags.items():
+        assert f"{flag} {value}" in step, (flag, value, step)

@@ -18,6 +18,7 @@ import enum
 import json
 import logging
 import signal
+import socket
 import sys
 from types import FrameType
 from typing import Annotated
@@ -113,6 +114,9 @@ def serve(
         access_log=access_log,
         timeout_graceful_shutdown=2,
     ))
+    server.banner = (f"model{'s' if len(config.models) > 1 else ''} "
+                     f"{', '.join(config.models)}, profile "
+                     f"{config.profile or 'none (fixed --ttft-ms/--itl-ms)'}")
     try:
         server.run()
     except SystemExit as exc:  # uvicorn: the port could not be bound (it logged why)
@@ -140,6 +144,24 @@ class _Server(uvicorn.Server):
     """uvicorn's server, remembering the first signal that stopped it."""
 
     stopped_by: int | None = None
+    #: What it serves, for the line printed once it listens (models, profile).
+    banner: str = ""
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        """Start listening, then say so in one line on standard error (stdout stays clean).
+
+        At the default log level (warning) uvicorn prints nothing once it listens: an operator
+        could not tell the simulator was up, nor on which address (``--port 0`` picks one).
+        """
+        await super().startup(sockets)
+        if not self.started:
+            return
+        bound = [sock.getsockname() for server in self.servers for sock in server.sockets]
+        urls = ", ".join(f"http://[{a[0]}]:{a[1]}" if ":" in str(a[0]) else
+                         f"http://{a[0]}:{a[1]}" for a in bound
+                         if isinstance(a, tuple))  # a Unix socket's name is a str
+        print(f"vllm-sim: listening on {urls or '(no TCP address)'} (simulator, not a real "
+              f"vLLM): {self.banner}; Ctrl-C stops it", file=sys.stderr, flush=True)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self.stopped_by is None:

@@ -19,6 +19,8 @@ import typer
 from rich.console import Console
 
 from clishell import EXIT_FAILED, CliError, VerboseOpt, VersionOpt, existing_public_key, run
+from clishell.consoles import print_wrapped
+from clishell.text import human_bytes
 from weights.cli_common import (
     EndpointOpt,
     JsonOpt,
@@ -111,8 +113,9 @@ def pin(
     if result.written and result.previous is not None:
         print_drift(console, result.drift)
     state = "pinned" if result.written else "unchanged"
-    console.print(f"{state} {e.repo_id}@{e.requested_revision} -> {e.commit} "
-                  f"({len(e.files)} files, {e.total_bytes} bytes, licence {e.license}) in {lock}")
+    print_wrapped(console, f"{state} {e.repo_id}@{e.requested_revision} -> {e.commit} "
+                           f"({len(e.files)} files, {human_bytes(e.total_bytes)}, licence "
+                           f"{e.license or 'unknown'}) in {lock}")
 
 
 @app.command()

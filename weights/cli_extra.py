@@ -39,7 +39,7 @@ from weights.cli_workload import (
     UtilizationOpt,
     aliased,
 )
-from weights.errors import SizingError, WeightsError
+from weights.errors import OutputExistsError, SizingError, TargetNotFoundError, WeightsError
 from weights.memory import parse_memory, size_model
 from weights.sizing import (
     ParamCount,
@@ -81,8 +81,8 @@ def sign(
     if not path.is_dir():
         raise WeightsError(f"{path} is not a directory")
     if out.exists() and not force:  # a signature someone may still rely on
-        raise WeightsError(f"{out} exists: not replacing a signature",
-                           hint="pass --force to replace it, or --out another file")
+        raise OutputExistsError(f"{out} exists: not replacing a signature",
+                                hint="pass --force to replace it, or --out another file")
     total = sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
     with progress(total, f"sign {path.name}", quiet) as adv:
         signed = sign_model(path, key, out, password=password, ignore=ignore or (), progress=adv)
@@ -103,9 +103,9 @@ def is_repo_id(target: str) -> bool:
     return bool(org and name) and not name.endswith(".json") and not Path(org).is_dir()
 
 
-def missing_target(target: str) -> WeightsError:
+def missing_target(target: str) -> TargetNotFoundError:
     """The error for a TARGET that is neither on disk nor a hub repo id."""
-    return WeightsError(f"{target}: no such file or directory",
+    return TargetNotFoundError(f"{target}: no such file or directory",
                         hint="give the model's directory or its config.json (copy the files "
                              "there first), or a hub ORG/NAME")
 

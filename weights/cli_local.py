@@ -8,6 +8,8 @@ from typing import Annotated
 
 import typer
 
+from clishell.consoles import print_wrapped
+from clishell.text import human_bytes
 from weights.cli_common import (
     JsonOpt,
     LockOpt,
@@ -75,5 +77,6 @@ def lock(
     if e.origin is not None and (e.origin.claimed_repo_id or e.origin.claimed_commit):
         claim = (f", claims {e.origin.claimed_repo_id or '?'}@"
                  f"{e.origin.claimed_commit or '?'} (not verified)")
-    console.print(f"{state} {e.repo_id} from {directory} -> {e.commit} ({len(e.files)} files, "
-                  f"{e.total_bytes} bytes, licence {e.license}{claim}) in {lock_path}")
+    print_wrapped(console, f"{state} {e.repo_id} from {directory} -> {e.commit} "
+                           f"({len(e.files)} files, {human_bytes(e.total_bytes)}, licence "
+                           f"{e.license or 'unknown'}{claim}) in {lock_path}")

@@ -16,6 +16,7 @@ from typing import Annotated, Any
 import typer
 import yaml
 
+from clishell.consoles import print_wrapped
 from clishell.consoles import table as _table
 from weights.cli_common import (
     EndpointOpt,
@@ -268,9 +269,11 @@ def _value(v: float, unit: str) -> str:
 
 def _render(p: Plan, target: str, doc: dict[str, Any]) -> None:
     out = _console()
-    mem = _table("figure", "value", "source / formula", title=f"Memory: {target}")
+    # Value and formula share a column: three columns left the formula 23 cells, too few for
+    # its words (config.json:num_hidden_layers was split mid-word at 80 columns).
+    mem = _table("figure", "value / source or formula", title=f"Memory: {target}")
     for f in p.memory:
-        mem.add_row(f.name, _value(f.value, f.unit), f.source)
+        mem.add_row(f.name, f"{_value(f.value, f.unit)}\n{f.source}")
     out.print(mem)
     for n in p.notes:
         out.print(f"note: {n}", markup=False)
@@ -279,9 +282,9 @@ def _render(p: Plan, target: str, doc: dict[str, Any]) -> None:
         out.print(p.shortfall(), markup=False)
         return
     out.print(f"Layout: {_layout_line(lay)}", markup=False)
-    out.print(f"  why: {p.why}", markup=False)
+    print_wrapped(out, f"why: {p.why}", indent=2)
     for r in lay.reasons:
-        out.print(f"  {r}", markup=False)
+        print_wrapped(out, r, indent=2)
     if p.alternatives:
         alt = _table("rank", "TP", "PP", "EP", "replicas", "seqs each", "left per GPU",
                     "decode tok/s (est.)", title="Alternatives that also fit")
@@ -290,8 +293,8 @@ def _render(p: Plan, target: str, doc: dict[str, Any]) -> None:
                         str(a.replicas), str(a.seqs_per_replica),
                         _human(a.left_per_gpu, "bytes"), f"{aggregate_tokens_s(p, a):,.0f}")
         out.print(alt)
-    sp = _table("figure", "value", "formula", title="Speed (estimates, roofline arithmetic)")
+    sp = _table("figure", "value / formula", title="Speed (estimates, roofline arithmetic)")
     for f in speed(p, lay):
-        sp.add_row(f.name, _value(f.value, f.unit), f.source)
+        sp.add_row(f.name, f"{_value(f.value, f.unit)}\n{f.source}")
     out.print(sp)
     out.print("What to run: vllm serve MODEL " + " ".join(doc["vllm_args"]), markup=False)

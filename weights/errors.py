@@ -21,6 +21,8 @@ Every error derives from :class:`WeightsError` and carries a stable machine ``co
     +-- SigningError                  "signing_error"        key or signature file unusable
     +-- SignatureVerificationError    "signature_invalid"    signature does not verify
     +-- SizingError                   "sizing_error"         config/safetensors unreadable
+    +-- TargetNotFoundError           "target_not_found"     a model path that does not exist
+    +-- OutputExistsError             "output_exists"        a file to write exists (no --force)
 
 The CLI maps verification failures (digest, signature) to exit 1 and everything else to 2.
 """
@@ -190,3 +192,17 @@ class SizingError(WeightsError):
     """A config.json or safetensors header needed for sizing is missing or malformed."""
 
     code = "sizing_error"
+
+
+class TargetNotFoundError(WeightsError):
+    """A model given on the command line (directory, config.json) is neither on disk nor a hub
+    repo id."""
+
+    code = "target_not_found"
+
+
+class OutputExistsError(WeightsError):
+    """A file the command would write exists and is not replaced without ``--force`` (a
+    signature someone may still rely on)."""
+
+    code = "output_exists"

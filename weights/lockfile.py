@@ -183,8 +183,10 @@ class Lockfile:
             text = read_input_text(p)
         except FileNotFoundError as exc:
             raise LockfileError(
-                f"{p}: lockfile not found", hint="pin a model first with `weights pin REPO_ID`"
-            ) from exc
+                f"{p}: lockfile not found",
+                hint=f"pin a model with `weights pin REPO_ID --lock {p}` (online), or lock "
+                     f"local files with `weights lock DIR --repo-id ORG/NAME --lock {p}` "
+                     "(offline)") from exc
         except (OSError, UnicodeDecodeError) as exc:
             raise LockfileError(f"{p}: cannot read lockfile: {exc}") from exc
         return cls.loads(text, source=str(p))

@@ -36,7 +36,7 @@ from cryptography.hazmat.primitives.serialization import (
 )
 
 from clishell import private_key_instead, public_key_path, read_input, read_input_text, write_atomic
-from gateway.audit.errors import AuditConfigError, AuditFormatError, ProofError
+from gateway.audit.errors import AuditConfigError, AuditFormatError, KeyExistsError, ProofError
 
 EM_DASH = "\u2014"
 ALG_ED25519 = b"\x01"
@@ -244,7 +244,7 @@ def write_key_pair(signer: Signer, out: Path) -> tuple[Path, Path]:
             out.unlink(missing_ok=True)
             raise
     except FileExistsError as exc:
-        raise AuditConfigError(f"{out} exists already; refusing to overwrite a key") from exc
+        raise KeyExistsError(out, "--out") from exc
     except OSError as exc:
         raise AuditConfigError(f"cannot write key {out}: {exc.strerror}") from exc
     return out, pub

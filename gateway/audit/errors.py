@@ -5,6 +5,7 @@ Exception tree (each class has a stable machine ``code``)::
     AuditError                      code "audit_error"
     ├── AuditUnavailable            code "audit_unavailable"   store down: refuse the request (503)
     ├── AuditConfigError            code "audit_config"        bad URL, key file, settings
+    │   └── KeyExistsError          code "audit_key_exists"    keygen onto an existing key file
     ├── AuditFormatError            code "audit_format"        malformed record, note, key, proof
     ├── ProofError                  code "audit_proof_invalid" an inclusion/consistency proof fails
     ├── NotSealedError              code "audit_not_sealed"    record newer than the last checkpoint
@@ -37,6 +38,23 @@ class AuditConfigError(AuditError):
     """Invalid audit configuration: store URL, key file, or settings value."""
 
     code = "audit_config"
+
+
+class KeyExistsError(AuditConfigError):
+    """A key file to create exists already: a key is never overwritten.
+
+    Attributes:
+        path: The existing file.
+        hint: What to do instead (there is no option to overwrite).
+    """
+
+    code = "audit_key_exists"
+
+    def __init__(self, path: object, option: str) -> None:
+        self.path = path
+        self.hint = (f"keep it (checkpoints and pseudonyms made with it need it), or choose "
+                     f"another {option}; remove it first only if nothing was made with it")
+        super().__init__(f"{path} exists already; refusing to overwrite a key")
 
 
 class AuditFormatError(AuditError):

@@ -18,7 +18,7 @@ import secrets
 from pathlib import Path
 
 from clishell import read_input_text, write_atomic
-from gateway.audit.errors import AuditConfigError
+from gateway.audit.errors import AuditConfigError, KeyExistsError
 
 MIN_KEY_BYTES = 32
 PREFIX = "hmac-sha256:"
@@ -88,7 +88,7 @@ def generate_key_file(path: Path) -> Path:
         write_atomic(path, base64.b64encode(secrets.token_bytes(MIN_KEY_BYTES)).decode() + "\n",
                      exclusive=True, private=True)
     except FileExistsError as exc:
-        raise AuditConfigError(f"{path} exists already; refusing to overwrite a key") from exc
+        raise KeyExistsError(path, "--pseudonym-key") from exc
     except OSError as exc:
         raise AuditConfigError(f"cannot write pseudonym key {path}: {exc.strerror}") from exc
     return path

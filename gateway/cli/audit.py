@@ -79,9 +79,9 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output."
 def _fail(exc: BaseException, exit_code: int = EXIT_USAGE) -> CliError:
     """``exc`` as the one error line of the CLI boundary (``config_error`` for a YAML or
     validation error of ``--config``)."""
-    code = getattr(exc, "code", None)
+    code, hint = getattr(exc, "code", None), getattr(exc, "hint", None)
     return CliError(code if isinstance(code, str) else "config_error", str(exc),
-                    exit_code=exit_code)
+                    hint=hint if isinstance(hint, str) else None, exit_code=exit_code)
 
 
 def _run(ctx: typer.Context, coro: Coroutine[Any, Any, T]) -> T:

@@ -14,7 +14,7 @@ from typing import Annotated
 
 import typer
 
-from clishell import ConfigOpt, not_regular, require_config, warn
+from clishell import CliError, ConfigOpt, not_regular, require_config, warn
 from gateway.assembly import assemble
 from gateway.config.errors import ConfigProblem, problems_of
 from gateway.config.loader import load
@@ -82,8 +82,14 @@ def check_config(
     except OSError as exc:
         reason = exc.strerror or str(exc)
     if reason is not None:
+        # Not a problem of the config (no line, no key): an I/O error in the shared form, with
+        # what to do. --json keeps its document, the problem in "problems" as before.
         problem = ConfigProblem("(top level)", f"cannot read config file: {reason}", str(file))
-        raise _report(file, [problem], as_json, 2)
+        hint = "check the path given with --config (or SG_CONFIG) and its permissions"
+        message = f"{file}: cannot read config file: {reason}"
+        raise CliError("io_error", message, hint=hint, document={
+            "ok": False, "file": str(file), "problems": [problem.as_json()],
+            "error": {"code": "io_error", "message": message, "hint": hint}})
     try:
         settings = load(file, os.environ)
     except ConfigError as exc:

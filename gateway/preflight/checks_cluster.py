@@ -14,6 +14,7 @@ import re
 from typing import Any
 from urllib.parse import urlsplit
 
+from clishell.text import counted
 from gateway.preflight.inputs import Facts, Workload
 from gateway.preflight.report import CheckResult
 
@@ -150,8 +151,10 @@ def check_default_deny(facts: Facts) -> CheckResult:
     if problems:
         return CheckResult(cid, title, "fail", "; ".join(problems), evidence, crit)
     tail = "" if facts.policy is not None else " (no policy given: peers not compared)"
-    return CheckResult(cid, title, "pass", f"{len(deny)} default-deny policies select all "
-                       f"{len(wls)} pods; {len(actual)} allowed peers{tail}", evidence, crit)
+    policies = counted(len(deny), "default-deny policy", "default-deny policies")
+    verdict = (f"{policies} {'selects' if len(deny) == 1 else 'select'} all "
+               f"{counted(len(wls), 'pod')}; {counted(len(actual), 'allowed peer')}{tail}")
+    return CheckResult(cid, title, "pass", verdict, evidence, crit)
 
 
 def check_node_regions(facts: Facts) -> CheckResult:
@@ -196,8 +199,9 @@ def check_node_regions(facts: Facts) -> CheckResult:
     evidence["allowed_regions"] = sorted(allowed)
     evidence["allowed_regions_from"] = allowed_from
     if problems:
+        problems.append(f"allowed regions: {', '.join(sorted(allowed))} (from {allowed_from})")
         return CheckResult(cid, title, "fail", "; ".join(problems), evidence, crit)
-    return CheckResult(cid, title, "pass", f"all {len(facts.workloads)} pods in "
+    return CheckResult(cid, title, "pass", f"all {counted(len(facts.workloads), 'pod')} in "
                        f"{', '.join(sorted(allowed))}", evidence, crit)
 
 
@@ -260,8 +264,8 @@ def check_env(facts: Facts) -> CheckResult:
     evidence = {"source": facts.workload_source, "containers": seen}
     if problems:
         return CheckResult(cid, title, "fail", "; ".join(problems), evidence, crit)
-    return CheckResult(cid, title, "pass", f"{len(seen)} containers with all four switches on "
-                       "and no outside OTLP/proxy target", evidence, crit)
+    return CheckResult(cid, title, "pass", f"{counted(len(seen), 'container')} with all four "
+                       "switches on and no outside OTLP/proxy target", evidence, crit)
 
 
 def check_images(facts: Facts) -> CheckResult:
@@ -287,5 +291,5 @@ def check_images(facts: Facts) -> CheckResult:
                 "registries": list(registries)}
     if problems:
         return CheckResult(cid, title, "fail", "; ".join(problems), evidence, crit)
-    return CheckResult(cid, title, "pass", f"{len(images)} images by digest from in-region "
-                       "registries", evidence, crit)
+    return CheckResult(cid, title, "pass", f"{counted(len(images), 'image')} by digest from "
+                       "in-region registries", evidence, crit)

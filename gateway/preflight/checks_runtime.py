@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from clishell.text import counted
 from gateway.preflight.inputs import Facts, run_async
 from gateway.preflight.report import CheckResult
 
@@ -66,10 +67,13 @@ def check_destinations(facts: Facts) -> CheckResult:
     problems = [f"destination {i} is in {w['region']} ({w['jurisdiction']})"
                 for i, w in sorted(where.items())
                 if w["region"] not in c.regions or w["jurisdiction"] not in c.jurisdictions]
+    if problems:  # what was allowed, so the operator can tell a wrong policy from a wrong flag
+        problems.append(f"allowed: regions {', '.join(c.regions)} (--region), jurisdictions "
+                        f"{', '.join(c.jurisdictions)} (--jurisdiction)")
     evidence = {"policy_revision": policy.revision, "allowed_per_class": per_class,
                 "destinations": where, "allowed_regions": list(c.regions),
                 "allowed_jurisdictions": list(c.jurisdictions)}
-    return _result(cid, title, problems, f"{len(where)} destinations, all in "
+    return _result(cid, title, problems, f"{counted(len(where), 'destination')}, all in "
                    f"{', '.join(c.regions)} ({', '.join(c.jurisdictions)})", evidence, crit)
 
 
@@ -167,8 +171,9 @@ def check_audit_log(facts: Facts) -> CheckResult:
         return CheckResult(cid, title, "fail", f"cannot verify: {exc}", {}, crit)
     evidence = {"store": url, "report": report.to_dict()}
     problems = [str(f) for f in report.errors]
-    return _result(cid, title, problems[:5], f"{len(report.chains)} chains verify with "
-                   f"{key.name}", evidence, crit)
+    verify = "verifies" if len(report.chains) == 1 else "verify"
+    return _result(cid, title, problems[:5], f"{counted(len(report.chains), 'chain')} {verify} "
+                   f"with {key.name}", evidence, crit)
 
 
 def latest_checkpoint(facts: Facts) -> dict[str, Any] | None:
@@ -394,5 +399,6 @@ def check_weights(facts: Facts) -> CheckResult:
                 "signature_sha256": _file_sha256(i.weights_signature),
                 "signer_key_sha256": _key_fingerprint(i.weights_public_key),
                 "models": models}
-    return _result(cid, title, problems, f"{len(models)} models match the lockfile and a "
-                   "verified signature", evidence, crit)
+    match = "matches" if len(models) == 1 else "match"
+    return _result(cid, title, problems, f"{counted(len(models), 'model')} {match} the lockfile "
+                   "and a verified signature", evidence, crit)

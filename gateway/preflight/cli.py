@@ -19,6 +19,7 @@ from typing import Annotated
 import typer
 
 from clishell import CliError, ConfigOpt, existing_public_key
+from clishell.text import counted
 from gateway.preflight.inputs import REGION_LABEL, Criteria, Inputs
 
 __all__ = ["app"]
@@ -47,6 +48,7 @@ def _helm_for(values: list[Path] | None, helm: Path | None, chart: Path,
     """
     if not values:
         return None
+    _check_chart(chart)
     found = helm or _default_helm()
     if found is None:
         flags = " ".join(f"-f {v}" for v in values)
@@ -57,6 +59,26 @@ def _helm_for(values: list[Path] | None, helm: Path | None, chart: Path,
                             f"PATH, or render elsewhere: helm template {release} {chart} "
                             f"{flags} > manifests.yaml, then --manifests manifests.yaml")
     return found
+
+
+def _check_chart(chart: Path) -> None:
+    """Refuse a ``--chart`` that is not a chart directory before helm reads it as a repository.
+
+    The chart is not part of the installed package (pyproject ships only the Python packages),
+    so the default ``helm/sovereign-gateway`` is relative to the current directory: run from
+    anywhere else, helm said ``Error: repo helm not found``, naming neither path nor option.
+
+    Raises:
+        CliError: ``preflight_input`` (exit 2) naming the directory looked for and ``--chart``.
+    """
+    if (chart / "Chart.yaml").is_file():
+        return
+    where = chart if chart.is_absolute() else f"{chart} (relative to {Path.cwd()})"
+    raise CliError("preflight_input",
+                   f"--values needs the chart, and {where} is not a chart directory "
+                   "(no Chart.yaml there)",
+                   hint="pass --chart <checkout>/helm/sovereign-gateway, or run from the "
+                        "checkout; --manifests FILE checks manifests rendered elsewhere")
 
 
 def _public_key(path: Path | None) -> Path | None:
@@ -72,7 +94,9 @@ def preflight(
     values: Annotated[list[Path] | None, _Opt("--values", "-f", help="Helm values file "
                                               "(repeatable; rendered with helm template).")]
     = None,
-    chart: Annotated[Path, _Opt(help="Chart directory.")] = Path("helm/sovereign-gateway"),
+    chart: Annotated[Path, _Opt(help="Chart directory (default: relative to the current "
+                                "directory, i.e. run from the checkout).")]
+    = Path("helm/sovereign-gateway"),
     helm: Annotated[Path | None, _Opt(help="helm binary (default: .tools/bin/helm if present, "
                                      "else helm on PATH).")] = None,
     manifests: Annotated[Path | None, _Opt(help="Rendered manifests (instead of values).")]
@@ -192,6 +216,6 @@ def verify(
                        f"{verdict.generated_at or '?'}")
             for r in verdict.refusals:
                 typer.echo(f"  {r}")
-        typer.echo(f"{'OK' if accepted else 'FAILED'}: {len(result.subjects)} files in "
+        typer.echo(f"{'OK' if accepted else 'FAILED'}: {counted(len(result.subjects), 'file')} in "
                    f"{directory}")
     raise typer.Exit(0 if accepted else 1)

@@ -86,9 +86,11 @@ def check_telemetry_destinations(facts: Facts) -> CheckResult:
         evidence.update(region=dest.region, jurisdiction=dest.jurisdiction)
         c = facts.criteria
         if c.regions and dest.region not in c.regions:
-            problems.append(f"collector destination {dest_id} is in region {dest.region}")
+            problems.append(f"collector destination {dest_id} is in region {dest.region} "
+                            f"(allowed: {', '.join(c.regions)})")
         if dest.jurisdiction not in c.jurisdictions:
-            problems.append(f"collector destination {dest_id} is under {dest.jurisdiction}")
+            problems.append(f"collector destination {dest_id} is under {dest.jurisdiction} "
+                            f"(allowed: {', '.join(c.jurisdictions)})")
     except PolicyError as exc:
         problems.append(f"OTLP endpoint: {exc}")
     return runtime._result(cid, title, problems, f"OTLP to {dest_id} ({endpoint})", evidence,

@@ -35,7 +35,7 @@ def test_unpacked_cache_names_the_content_not_the_claim(
     assert refs and all(CLAIM not in r for r in refs)
 
     assert main(["inspect", str(bundle)]) == 0
-    out = capsys.readouterr().out
+    out = " ".join(capsys.readouterr().out.split())  # as read: wrapped between words at 80
     assert f"content id {entry.commit} (locked from local files, not a hub commit" in out
     assert f"upstream claimed {UPSTREAM}@{CLAIM}, not verified" in out
     assert f"commit {CLAIM}" not in out

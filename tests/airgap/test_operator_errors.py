@@ -254,6 +254,10 @@ def test_json_mode_reports_usage_and_io_errors_as_json_too(
     rc, out, err = run(capsys, "verify", str(tmp_path / "absent"), "--public-key",
                        str(keys.public_path), "--json")  # fmt: skip
     assert rc == 2
+    hint = ("give the directory that `airgap pack --out` wrote: it holds index.json, index.sig "
+            "and the payload.* parts")
+    message = f"{tmp_path / 'absent'} is not a bundle directory (does not exist)"
     assert json.loads(out) == {"ok": False, "error": {
-        "code": "bundle_not_found", "message": f"{tmp_path / 'absent'} is not a bundle directory"}}
-    assert "airgap: error [bundle_not_found]" in err
+        "code": "bundle_not_found", "message": message, "hint": hint}}
+    # The line says what to do, not only what is wrong.
+    assert err == f"airgap: error [bundle_not_found]: {message} (hint: {hint})\n"

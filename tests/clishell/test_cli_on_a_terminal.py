@@ -130,3 +130,45 @@ def test_piped_the_result_is_on_stdout_and_plain(name: str, work: Path) -> None:
     assert "━" not in run.stderr  # no progress bar in a log
     wide = [line for line in run.stdout.splitlines() if BOX & set(line) and len(line) > 100]
     assert not wide, "table wider than 100 columns in a file:\n" + "\n".join(wide)
+
+
+# Lines that are machine formats or commands to copy, kept whole on purpose: the piped file
+# list of `airgap inspect` (tab-separated, full digests) and `weights plan`'s vllm command.
+# A token longer than the line (org/name@COMMIT) is kept whole on a line of its own.
+def _may_be_wide(line: str) -> bool:
+    return ("\t" in line or line.startswith("What to run: vllm serve")
+            or " " not in line.strip())
+
+
+WORDS_KEPT_WHOLE = {
+    "policy check": ["10.0.2.5/32:5432", "10.0.0.11/32:8000", "jurisdiction EU; tags "
+                     "no-retention", "tags no-training"],
+    "weights plan": ["config.json:num_hidden_layers", "config.json:num_key_value_heads"],
+    "airgap inspect": ["licence unknown", "each part at most 4 GiB - 1 byte"],
+    "weights lock": ["licence unknown"],
+}
+
+
+@pytest.mark.parametrize("name", list(WORDS_KEPT_WHOLE))
+def test_every_line_fits_80_columns_and_words_are_whole(name: str, work: Path) -> None:
+    """A new operator's walk: piped and on an 80-column terminal, no line is wider than 80
+    (a 125-column rule line with ``require_tags=['no-retention']``, a 299-column ``why:``, an
+    address split as ``10.0.2.5/32:543`` / ``2``), words wrap whole, lists read as words."""
+    case = CASES[name]
+    for mode in ("piped", "terminal"):
+        if case.prepare:
+            case.prepare(work)
+        if mode == "piped":
+            run = piped(case.argv, cwd=work)
+            lines, rc = run.stdout.splitlines(), run.returncode
+        else:
+            term = on_terminal(case.argv, columns=80, cwd=work)
+            lines, rc = visible_lines(term.screen), term.returncode
+        text = "\n".join(lines)
+        assert rc == 0, text
+        wide = [line for line in lines if len(line) > 80 and not _may_be_wide(line)]
+        assert not wide, f"{mode}: lines wider than 80 columns:\n" + "\n".join(wide)
+        assert "['" not in text and "None" not in text, text
+        words = " ".join(text.split())  # a phrase may wrap between words, never inside one
+        for phrase in WORDS_KEPT_WHOLE[name]:
+            assert phrase in words, f"{mode}: {phrase!r} split or missing:\n{text}"

@@ -51,14 +51,20 @@ def test_check_config_says_why_a_file_cannot_be_read(
     tmp_path: Path, capsys: pytest.CaptureFixture[str],
 ) -> None:
     """A missing config file is reported as missing (not as "not a file"), a directory as a
-    directory, both exit 2 (unreadable), in the text and the ``--json`` output alike."""
+    directory, both exit 2 (unreadable), in the text and the ``--json`` output alike.
+
+    Unreadable is an I/O error, not a problem at a line of the config: the shared error line
+    with its code and what to do (it was ``FILE: (top level): cannot read ...``, no hint)."""
     missing = tmp_path / "missing.yaml"
     assert main(["check-config", "--config", str(missing)]) == 2
-    assert f"{missing}: (top level): cannot read config file: No such file or directory" in (
-        capsys.readouterr().err)
+    assert capsys.readouterr().err == (
+        f"gateway: error [io_error]: {missing}: cannot read config file: No such file or "
+        "directory (hint: check the path given with --config (or SG_CONFIG) and its "
+        "permissions)\n")
     assert main(["check-config", "--json", "--config", str(tmp_path)]) == 2
-    problem = json.loads(capsys.readouterr().out)["problems"][0]
-    assert problem["problem"] == "cannot read config file: Is a directory"
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["ok"] is False and doc["error"]["code"] == "io_error"
+    assert doc["problems"][0]["problem"] == "cannot read config file: Is a directory"
 
 
 def test_keys_new_prints_key_once_and_config_line(capsys: pytest.CaptureFixture[str]) -> None:

@@ -63,3 +63,32 @@ def test_cli_rejects_bad_options() -> None:
     res = subprocess.run([str(VLLM_SIM), "--no-such-flag"], capture_output=True, text=True,
                          timeout=60)
     assert res.returncode == 2
+
+
+def test_cli_says_once_where_it_listens_on_stderr() -> None:
+    """At the default log level uvicorn printed nothing once it listened: a new operator could
+    not tell the simulator was up. One line on standard error names the address (the port
+    chosen for ``--port 0``), the served model and the profile; standard output stays empty."""
+    import re
+    import select
+
+    proc = subprocess.Popen(
+        [str(VLLM_SIM), "--port", "0", "--model", "llama-3.1-8b", "--profile",
+         "llama-3.1-8b-h100"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stderr is not None and proc.stdout is not None
+    try:
+        ready, _, _ = select.select([proc.stderr], [], [], 30)
+        assert ready, "no line on stderr within 30 s"
+        line = proc.stderr.readline().decode()
+        match = re.fullmatch(r"vllm-sim: listening on (http://127\.0\.0\.1:(\d+)) \(simulator, "
+                             r"not a real vLLM\): model llama-3\.1-8b, profile "
+                             r"llama-3\.1-8b-h100; Ctrl-C stops it\n", line)
+        assert match, line
+        assert int(match.group(2)) != 0
+        # The address printed is the one that answers.
+        assert httpx.get(f"{match.group(1)}/health", timeout=10).status_code == 200
+    finally:
+        proc.terminate()
+        out, err = proc.communicate(timeout=10)
+    assert out == b"", out
+    assert proc.returncode == 128 + signal.SIGTERM, err

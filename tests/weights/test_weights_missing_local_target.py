@@ -25,7 +25,7 @@ def test_a_missing_local_path_is_missing_not_a_hub_error(
         (tmp_path / "model").mkdir()
     res = run_cli([command, target, "--estimate"], cwd=tmp_path)
     assert res.returncode == 2, res.stderr
-    assert f"weights: error [weights_error]: {target}: no such file or directory" in res.stderr
+    assert f"weights: error [target_not_found]: {target}: no such file or directory" in res.stderr
     assert "copy the files there first" in res.stderr
     assert "hub" not in res.stderr.split("(hint:")[0]
 

@@ -124,7 +124,9 @@ def test_non_eu_destination_fails(tmp_path: Path) -> None:
     report, _ = run_preflight(Inputs(policy=policy), CRITERIA)
     assert _failed(report) == {"policy.destinations"}
     check = _by_id(report)["policy.destinations"]
-    assert check.verdict == "destination model-mirror is in us-east-1 (US)"
+    # The verdict names what was allowed: a wrong policy and a wrong --region read differently.
+    assert check.verdict == ("destination model-mirror is in us-east-1 (US); allowed: regions "
+                             "eu-central-1 (--region), jurisdictions EU (--jurisdiction)")
     assert check.evidence["allowed_per_class"]["internal"] == [
         "vllm-external", "vllm-llama-3-1-8b", "vllm-llama-3-3-70b"]
 
@@ -170,6 +172,7 @@ def test_pod_on_a_non_eu_node_fails(fake_kube: FakeKube, kube_inputs: Inputs) ->
     verdict = _by_id(report)["k8s.node-regions"].verdict
     assert "sg-sovereign-gateway-vllm-llama-3-3-70b-0 runs on node " \
            "ip-10-0-2-41.eu-central-1.compute.internal in region us-east-1" in verdict
+    assert verdict.endswith("; allowed regions: eu-central-1 (from --region)")
 
 
 def test_vllm_pod_without_telemetry_switches_fails(fake_kube: FakeKube,
@@ -265,8 +268,8 @@ def test_pod_template_pinned_outside_the_regions_fails(rendered: str, tmp_path: 
                 expr["values"] = ["eu-central-1", "us-east-1"]
     report, _ = run_preflight(_manifests(tmp_path, docs), CRITERIA)
     assert _failed(report) == {"k8s.node-regions"}
-    assert f"StatefulSet {vllm['metadata']['name']} may run in us-east-1" == (
-        _by_id(report)["k8s.node-regions"].verdict)
+    assert (f"StatefulSet {vllm['metadata']['name']} may run in us-east-1; allowed regions: "
+            "eu-central-1 (from --region)") == _by_id(report)["k8s.node-regions"].verdict
 
 
 def test_signing_key_outside_a_secret_and_short_retention_fail(rendered: str,

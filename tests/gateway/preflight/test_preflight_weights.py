@@ -46,7 +46,7 @@ def _weights(inputs: Inputs) -> tuple[str, str]:
 
 def test_locked_and_signed_weights_pass(signed_model: Inputs) -> None:
     assert _weights(signed_model) == (
-        "pass", "1 models match the lockfile and a verified signature")
+        "pass", "1 model matches the lockfile and a verified signature")
 
 
 def test_changed_weight_file_fails(signed_model: Inputs) -> None:
