@@ -22,6 +22,7 @@ length, so a finding's offsets in the view map back to the text as written throu
 
 from __future__ import annotations
 
+import functools
 import re
 import unicodedata
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ __all__ = ["View", "view"]
 #: A character the view changes: anything outside printable ASCII and the line breaks.
 _ODD = re.compile(r"[^\n\r\x20-\x7e]")
 _REMOVED = frozenset("\u200b\u200c\u200d\u2060\ufeff\u00ad")
+_HAS_REMOVED = re.compile("[" + "".join(sorted(_REMOVED)) + "]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +57,7 @@ class View:
         return self.starts[start], self.starts[end - 1] + 1
 
 
+@functools.lru_cache(maxsize=4096)  # pure: a character's fate never changes
 def _plain(c: str) -> str | None:
     """What ``c`` becomes in the view (``""``: removed; ``None``: unchanged)."""
     if c in _REMOVED:
@@ -72,6 +75,12 @@ def _plain(c: str) -> str | None:
     return None
 
 
+def _replacement(m: re.Match[str]) -> str:
+    c = m.group()
+    plain = _plain(c)
+    return c if plain is None else plain
+
+
 def view(text: str) -> View:
     """The normalised view of ``text`` (see the module docstring).
 
@@ -79,11 +88,15 @@ def view(text: str) -> View:
         text: any string.
 
     Returns:
-        The view; for text of printable ASCII and line breaks only (the common case: one
-        regular-expression search), ``text`` itself with no offset map.
+        The view; for ASCII text without a tab (the common case), ``text`` itself with no
+        offset map.
     """
+    if text.isascii():  # the common case, ~0.1 us per 4 KB (a regex search is ~20 us)
+        return View(text.replace("\t", " ") if "\t" in text else text)
     if _ODD.search(text) is None:
         return View(text)
+    if _HAS_REMOVED.search(text) is None:  # one for one: only the odd characters are visited
+        return View(_ODD.sub(_replacement, text))
     out: list[str] = []
     starts: list[int] = []
     removed = False
