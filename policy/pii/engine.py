@@ -28,11 +28,11 @@ order), and an object key itself (a scanned string of its own) is marked as a ke
 What is scanned: every string value and object key, each through its normalised view
 (:mod:`policy.pii.normalize`: Unicode spaces and digits made ASCII, zero-width characters
 removed; offsets map back to the string as written); every integer of six digits or more, and
-every float whose value is such an integer, as its decimal text (form ``number``); the text a ``data:`` URL or a bare base64 string carries
-(:mod:`policy.pii.dataurl`: decoded, form ``encoded``; binary payloads are not scanned). A
-finding in a key, a number or an encoded payload cannot be masked where it is
-(:attr:`Finding.maskable`). Findings are :mod:`policy.pii.findings`; masking is
-:mod:`policy.pii.masking`.
+every float whose value is such an integer, as its decimal text (form ``number``); the text
+a ``data:`` URL or a bare base64 string carries (:mod:`policy.pii.dataurl`: decoded, form
+``encoded``; binary payloads are not scanned). A finding in a key, a number or an encoded
+payload cannot be masked where it is (:attr:`Finding.maskable`). Findings are
+:mod:`policy.pii.findings`; masking is :mod:`policy.pii.masking`.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ from .context import WORD, make_enhancer
 from .dataurl import base64_text, data_url_text
 from .findings import Finding, Form
 from .masking import Label, mask
-from .normalize import view
+from .normalize import number_text, view
 from .recognizers import BUILTIN, RecognizerSpec, build_recognizers
 
 __all__ = ["Detector", "Finding", "Form", "Label", "Texts", "iter_strings", "mask", "texts"]
@@ -58,9 +58,6 @@ _log = logging.getLogger(__name__)
 _JOIN = "\n\n"
 #: A key written into a path as it is (any other key is written by position).
 _PLAIN_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
-#: Integers with at least this many digits are scanned as their decimal text (a card or a
-#: national id sent as a JSON number is forwarded all the same).
-_MIN_NUMBER = 100_000
 #: A text without a digit, ``@`` or ``:`` cannot hold a built-in identifier (every built-in
 #: pattern needs one of them); with only built-ins, such text skips Presidio altogether.
 _BUILTIN_HINT = re.compile(r"[\d@:]")
@@ -92,20 +89,6 @@ def iter_strings(value: Any, path: str = "", *, keys: bool = True
 
 
 _Part = tuple[tuple[int, ...], bool, Form, str, str]  # (loc, is key, form, path, text)
-
-
-def _number_text(value: object) -> str | None:
-    """The decimal digits a number is scanned as: an integer of six digits or more, or a
-    float with an integral value of six digits or more (``4111111111111111.0`` and
-    ``4.111111111111111e15`` are the card ``4111111111111111``); ``None`` for anything else
-    (booleans, fractions, infinities, NaN, short numbers)."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return str(value) if abs(value) >= _MIN_NUMBER else None
-    if isinstance(value, float) and value.is_integer() and abs(value) >= _MIN_NUMBER:
-        return str(int(value))
-    return None
 
 
 def _text(value: str) -> tuple[Form, str] | None:
@@ -144,7 +127,7 @@ def _walk(value: Any, loc: tuple[int, ...], path: str, keys: bool,
         for i, v in enumerate(value):
             yield from _walk(v, (*loc, i), f"{path}[{i}]", keys, hidden)
     else:
-        digits = _number_text(value)
+        digits = number_text(value)
         if digits is not None:
             yield loc, False, "number", path, digits
 
@@ -193,7 +176,7 @@ def _parts(value: Any, loc: tuple[int, ...], keys: bool,
         for i, v in enumerate(value):
             _parts(v, (*loc, i), keys, out, budget)
     elif isinstance(value, (int, float)):
-        digits = _number_text(value)
+        digits = number_text(value)
         if digits is not None:
             out.append((loc, False, "number", digits))
 

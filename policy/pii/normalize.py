@@ -15,7 +15,10 @@ normalised view of each text:
 * any other character whose NFKC form is one ASCII character (fullwidth letters and
   punctuation) becomes that character.
 
-Nothing else changes (line breaks stay: no pattern crosses one). Only removals change the
+A JSON number is read as its digits (:func:`number_text`): an integer, or a float whose value
+is an integer (a card sent as ``4111111111111111.0`` or ``4.111111111111111e15``).
+
+Nothing else in a text changes (line breaks stay: no pattern crosses one). Only removals change the
 length, so a finding's offsets in the view map back to the text as written through
 :attr:`View.starts`; a mask then replaces the original characters, look-alikes included.
 """
@@ -27,7 +30,11 @@ import re
 import unicodedata
 from dataclasses import dataclass
 
-__all__ = ["View", "view"]
+__all__ = ["MIN_NUMBER", "View", "number_text", "view"]
+
+#: Numbers of at least this value are scanned as their decimal text (a card or a national id
+#: sent as a JSON number is forwarded all the same).
+MIN_NUMBER = 100_000
 
 #: A character the view changes: anything outside printable ASCII and the line breaks.
 _ODD = re.compile(r"[^\n\r\x20-\x7e]")
@@ -112,3 +119,17 @@ def view(text: str) -> View:
         out.append(c if plain is None else plain)
         starts.append(i)
     return View("".join(out), tuple(starts) if removed else None)
+
+
+def number_text(value: object) -> str | None:
+    """The decimal digits a number is scanned as: an integer of six digits or more, or a
+    float with an integral value of six digits or more (``4111111111111111.0`` and
+    ``4.111111111111111e15`` are the card ``4111111111111111``); ``None`` for anything else
+    (booleans, fractions, infinities, NaN, short numbers)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return str(value) if abs(value) >= MIN_NUMBER else None
+    if isinstance(value, float) and value.is_integer() and abs(value) >= MIN_NUMBER:
+        return str(int(value))
+    return None
