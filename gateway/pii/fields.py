@@ -5,14 +5,15 @@ object key at any depth (chat ``messages`` and every content part, ``tools`` wit
 descriptions and JSON-schema parameters, ``tool_choice``, legacy ``functions`` and
 ``function_call``, ``response_format`` and Responses ``text.format``, ``metadata``, ``user``,
 ``prediction``, ``stop``, ``logit_bias`` keys, vLLM's ``guided_*`` and ``structured_outputs``,
-any field this list does not know), integers of six digits or more, and the text a ``data:``
+any field this list does not know), integers of six digits or more and floats whose value is
+such an integer (:func:`policy.pii.normalize.number_text`), and the text a ``data:``
 URL carries (:mod:`policy.pii.dataurl`). Left out, with why:
 
 * :data:`NOT_SCANNED` -- the top-level ``model``: the replica never receives the client's
   text, the relay writes the served model's name in its place
   (:meth:`gateway.relay.rewrite.ParsedBody.upstream_body`), and an unknown name is answered 404;
-* numbers below six digits, floats, booleans and ``null``: no identifier fits in them
-  (``temperature``, ``max_tokens``, ``logit_bias`` values...);
+* numbers below six digits, floats with a fraction, booleans and ``null``: no identifier
+  fits in them (``temperature``, ``max_tokens``, ``logit_bias`` values...);
 * binary ``data:`` payloads (images, audio): :mod:`policy.pii.dataurl`.
 
 A finding is masked where it was found, except where masking would corrupt the request's

@@ -25,12 +25,14 @@ order), and an object key itself (a scanned string of its own) is marked as a ke
 * ``arguments.{#2}``: the value of the third member of ``arguments`` (its key not written);
 * ``arguments.{key#2}``: the third member's key itself (a finding in the key's text).
 
-What is scanned: every string value and object key; every integer of six digits or more, as
-its decimal text (form ``number``); the text a ``data:`` URL or a bare base64 string carries
-(:mod:`policy.pii.dataurl`: decoded, form ``encoded``; binary payloads are not scanned). A
-finding in a key, a number or an encoded payload cannot be masked where it is
-(:attr:`Finding.maskable`). Findings are :mod:`policy.pii.findings`; masking is
-:mod:`policy.pii.masking`.
+What is scanned: every string value and object key, each through its normalised view
+(:mod:`policy.pii.normalize`: Unicode spaces and digits made ASCII, zero-width characters
+removed; offsets map back to the string as written); every integer of six digits or more, and
+every float whose value is such an integer, as its decimal text (form ``number``); the text
+a ``data:`` URL or a bare base64 string carries (:mod:`policy.pii.dataurl`: decoded, form
+``encoded``; binary payloads are not scanned). A finding in a key, a number or an encoded
+payload cannot be masked where it is (:attr:`Finding.maskable`). Findings are
+:mod:`policy.pii.findings`; masking is :mod:`policy.pii.masking`.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from .context import WORD, make_enhancer
 from .dataurl import base64_text, data_url_text
 from .findings import Finding, Form
 from .masking import Label, mask
+from .normalize import number_text, view
 from .recognizers import BUILTIN, RecognizerSpec, build_recognizers
 
 __all__ = ["Detector", "Finding", "Form", "Label", "Texts", "iter_strings", "mask", "texts"]
@@ -55,9 +58,6 @@ _log = logging.getLogger(__name__)
 _JOIN = "\n\n"
 #: A key written into a path as it is (any other key is written by position).
 _PLAIN_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
-#: Integers with at least this many digits are scanned as their decimal text (a card or a
-#: national id sent as a JSON number is forwarded all the same).
-_MIN_NUMBER = 100_000
 #: A text without a digit, ``@`` or ``:`` cannot hold a built-in identifier (every built-in
 #: pattern needs one of them); with only built-ins, such text skips Presidio altogether.
 _BUILTIN_HINT = re.compile(r"[\d@:]")
@@ -126,8 +126,10 @@ def _walk(value: Any, loc: tuple[int, ...], path: str, keys: bool,
     elif isinstance(value, list):
         for i, v in enumerate(value):
             yield from _walk(v, (*loc, i), f"{path}[{i}]", keys, hidden)
-    elif isinstance(value, int) and not isinstance(value, bool) and abs(value) >= _MIN_NUMBER:
-        yield loc, False, "number", path, str(value)
+    else:
+        digits = number_text(value)
+        if digits is not None:
+            yield loc, False, "number", path, digits
 
 
 class _Over(Exception):
@@ -173,8 +175,10 @@ def _parts(value: Any, loc: tuple[int, ...], keys: bool,
     elif isinstance(value, list):
         for i, v in enumerate(value):
             _parts(v, (*loc, i), keys, out, budget)
-    elif isinstance(value, int) and not isinstance(value, bool) and abs(value) >= _MIN_NUMBER:
-        out.append((loc, False, "number", str(value)))
+    elif isinstance(value, (int, float)):
+        digits = number_text(value)
+        if digits is not None:
+            out.append((loc, False, "number", digits))
 
 
 @dataclass(frozen=True, slots=True)
@@ -375,7 +379,8 @@ class Detector:
             _parts(value, (), keys, parts)
         if not parts:
             return []
-        text = _JOIN.join(t for *_, t in parts)
+        views = [view(t) for *_, t in parts]
+        text = _JOIN.join(v.text for v in views)
         if self._prefilter and _BUILTIN_HINT.search(text) is None:
             return []
         results = self._engine.analyze(text=text, language=self._language,
@@ -391,8 +396,8 @@ class Detector:
         located: list[tuple[Any, int, int]] = []  # (result, part index, part's offset)
         base, i = 0, 0
         for r in kept:
-            while i < len(parts) and r.start >= base + len(parts[i][3]):
-                base += len(parts[i][3]) + len(_JOIN)
+            while i < len(parts) and r.start >= base + len(views[i].text):
+                base += len(views[i].text) + len(_JOIN)
                 i += 1
             if i == len(parts):
                 break
@@ -405,6 +410,7 @@ class Detector:
         findings: list[Finding] = []
         for r, i, base in located:
             loc, is_key, form, _ = parts[i]
-            findings.append(Finding(r.entity_type, paths[(loc, is_key)], r.start - base,
-                                    r.end - base, float(r.score), is_key, loc, form))
+            start, end = views[i].span(r.start - base, r.end - base)
+            findings.append(Finding(r.entity_type, paths[(loc, is_key)], start, end,
+                                    float(r.score), is_key, loc, form))
         return findings

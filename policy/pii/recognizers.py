@@ -5,8 +5,9 @@ runs a check-digit algorithm (:mod:`policy.pii.checksums`). Presidio keeps a mat
 passes with the recogniser's ``validated_score`` (1.0 for identifiers whose form and check make
 an accidental match rare; lower for bare digit strings whose check passes by chance one time in
 ten, which then need a context word nearby to reach the threshold) and drops a match whose
-check fails. Patterns are case-sensitive (identifiers are written in capitals); context words
-are matched on lower-cased tokens.
+check fails. Patterns are case-sensitive (identifiers are written in capitals) except the
+IBAN's (often typed in lower case); context words are matched on lower-cased tokens. They run on
+the normalised view of a text (:mod:`policy.pii.normalize`), so they are written for ASCII.
 
 Presidio is imported by :func:`build_recognizers` only (about 2 s of imports: spaCy, thinc),
 which the detector calls once at start-up, never per request.
@@ -122,17 +123,21 @@ _SEP = r"[ ]?"
 BUILTIN: tuple[RecognizerSpec, ...] = (
     RecognizerSpec(
         "IBAN_CODE",
-        ((r"\b[A-Z]{2}\d{2}(?:[ ]?[A-Z0-9]{4}){2,7}(?:[ ]?[A-Z0-9]{1,3})?\b", 0.1),),
+        # Grouped by spaces (or not), or by a dot or dash before every group; any case (the
+        # check reads it upper-cased).
+        ((r"\b[A-Z]{2}\d{2}(?:(?:[ ]?[A-Z0-9]{4}){2,7}(?:[ ]?[A-Z0-9]{1,3})?"
+          r"|(?:[.-][A-Z0-9]{4}){2,7}(?:[.-][A-Z0-9]{1,3})?)\b", 0.1),),
         ("iban", "konto", "account", "compte", "conto", "cuenta", "rekening", "rachunek"),
         "iban",
+        ignore_case=True,
     ),
     RecognizerSpec(
         "CREDIT_CARD",
         # Not a run of groups inside a longer number or after an IBAN's country and check.
-        ((r"(?<![A-Z]{2}\d{2}[ -])(?<!\d{4}[ -])\b\d{4}([ -]?)\d{4}\1\d{4}\1\d{4}"
-          r"(?:\1\d{3})?\b(?![ -]\d)", 0.1),
-         (r"(?<![A-Z]{2}\d{2}[ -])(?<!\d{4}[ -])\b3[47]\d{2}([ -]?)\d{6}\1\d{5}\b(?![ -]\d)",
-          0.1),
+        ((r"(?<![A-Z]{2}\d{2}[ .-])(?<!\d{4}[ .-])\b\d{4}([ .-]?)\d{4}\1\d{4}\1\d{4}"
+          r"(?:\1\d{3})?\b(?![ .-]\d)", 0.1),
+         (r"(?<![A-Z]{2}\d{2}[ .-])(?<!\d{4}[ .-])\b3[47]\d{2}([ .-]?)\d{6}\1\d{5}\b"
+          r"(?![ .-]\d)", 0.1),
          (r"\b\d{13,19}\b", 0.1)),
         ("card", "credit", "visa", "mastercard", "karte", "carte", "carta", "tarjeta", "karta"),
         "card",

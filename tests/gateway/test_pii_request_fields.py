@@ -265,3 +265,82 @@ def test_every_line_of_a_batch_is_scanned_like_a_request(recorded: Recorded) -> 
     assert len(recorded.bodies()) == 2
     assert all(b"<IBAN_CODE>" in raw for raw in recorded.bodies())
     assert recorded.unmasked() == []
+
+
+def _spaced(ident: str, sep: str) -> str:
+    return sep.join(ident[i:i + 4] for i in range(0, len(ident), 4))
+
+
+#: How a pasted card or IBAN may be written (tester2 F1): Unicode spaces, other digit sets,
+#: invisible characters.
+LOOKALIKES: dict[str, Callable[[str], str]] = {
+    "no-break space": lambda s: _spaced(s, "\u00a0"),
+    "narrow no-break space": lambda s: _spaced(s, "\u202f"),
+    "thin space": lambda s: _spaced(s, "\u2009"),
+    "tab": lambda s: _spaced(s, "\t"),
+    "fullwidth digits": lambda s: _spaced(s, " ").translate(
+        {ord(d): 0xFF10 + int(d) for d in "0123456789"}),
+    "arabic-indic digits": lambda s: s.translate({ord(d): 0x660 + int(d) for d in "0123456789"}),
+    "zero-width space": lambda s: _spaced(s, "\u200b"),
+    "soft hyphen": lambda s: _spaced(s, "\u00ad"),
+}
+
+
+@pytest.mark.parametrize("form", list(LOOKALIKES))
+def test_a_card_written_with_lookalikes_is_refused_and_nothing_is_sent(
+        recorded: Recorded, form: str) -> None:
+    card = LOOKALIKES[form](CARD.replace(" ", ""))
+    with pytest.raises(openai.PermissionDeniedError) as info:
+        _chat(recorded.stack.client("pub"), messages=[
+            {"role": "user", "content": f"my card {card}"}])
+    assert isinstance(info.value.body, dict) and info.value.body["code"] == "pii_refused"
+    assert recorded.bodies() == []
+
+
+@pytest.mark.parametrize("form", list(LOOKALIKES))
+def test_an_iban_written_with_lookalikes_is_masked_as_written(
+        recorded: Recorded, form: str) -> None:
+    iban = LOOKALIKES[form](IBAN.replace(" ", ""))
+    _chat(recorded.stack.client("research"), messages=[
+        {"role": "user", "content": f"pay to {iban} today"}])
+    [raw] = recorded.bodies()
+    [message] = json.loads(raw)["messages"]
+    assert message["content"] == "pay to <IBAN_CODE> today"
+
+
+@pytest.mark.parametrize("literal", ["4111111111111111.0", "4.111111111111111e15"])
+def test_a_card_sent_as_a_json_float_is_refused(recorded: Recorded, literal: str) -> None:
+    import httpx
+
+    from tests.gateway.egress_testdata import KEYS
+    raw = ('{"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}], '
+           f'"vllm_xargs": {{"ref": {literal}}}}}')
+    resp = httpx.post(recorded.stack.url + "/v1/chat/completions", content=raw,
+                      headers={"authorization": f"Bearer {KEYS['pub']}",
+                               "content-type": "application/json"})
+    assert resp.status_code == 403 and resp.json()["error"]["code"] == "pii_refused"
+    assert recorded.bodies() == []
+
+
+def test_a_batch_line_with_a_card_grouped_by_no_break_spaces_is_refused(
+        recorded: Recorded) -> None:
+    client = recorded.stack.client("pub")
+    card = _spaced(CARD.replace(" ", ""), "\u00a0")
+    lines = [{"custom_id": "ok", "method": "POST", "url": "/v1/chat/completions",
+              "body": {"model": "m", "max_tokens": 2,
+                       "messages": [{"role": "user", "content": "hello"}]}},
+             {"custom_id": "card", "method": "POST", "url": "/v1/chat/completions",
+              "body": {"model": "m", "max_tokens": 2,
+                       "messages": [{"role": "user", "content": f"card {card}"}]}}]
+    content = "".join(json.dumps(line) + "\n" for line in lines).encode()
+    f = client.files.create(file=("in.jsonl", io.BytesIO(content)), purpose="batch")
+    b = client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions",
+                              completion_window="24h")
+    deadline = time.monotonic() + 60
+    while b.status not in ("completed", "failed", "cancelled"):
+        assert time.monotonic() < deadline, b.status
+        time.sleep(0.1)
+        b = client.batches.retrieve(b.id)
+    assert b.request_counts is not None and b.request_counts.completed == 1, b
+    assert len(recorded.bodies()) == 1
+    assert recorded.unmasked() == []

@@ -127,3 +127,20 @@ def test_a_mask_rule_refuses_a_call_whose_argument_name_holds_data(
     assert rec["pii"]["actions"] == {"IBAN_CODE": "refuse"}
     assert rec["pii"]["in_keys"] == {"IBAN_CODE": 1}
     assert "3704" not in json.dumps(gw.records())
+
+
+def test_identifiers_written_with_unicode_spaces_or_as_a_float_are_caught(
+        pii_stack: dict[str, Any]) -> None:
+    """tester2 F1/F2: a card grouped by narrow no-break spaces, a card sent as a JSON float and
+    an IBAN grouped by no-break spaces reached the tool; now refused, refused and masked."""
+    gw, upstream = pii_stack["gateway"], pii_stack["upstream"]
+    err = _call(gw, KEYS["agent"], "card " + CARD.replace(" ", "\u202f"))
+    assert isinstance(err, MCPError), err
+    assert "CREDIT_CARD" in str(err)
+    err = _call(gw, KEYS["agent"], "hello", {"ref": 4111111111111111.0})
+    assert isinstance(err, MCPError), err
+    assert "CREDIT_CARD" in str(err)
+    assert upstream.calls() == []
+    echoed = _call(gw, KEYS["other"], "pay to " + IBAN.replace(" ", "\u00a0") + " today")
+    assert echoed == "pay to <IBAN_CODE> today"
+    assert upstream.calls() == ["tools/call:echo"]
