@@ -19,10 +19,19 @@ The table does no I/O: it tells the connection it chose (:meth:`Evictable.evict`
 itself. Marking a connection busy or idle is one dict operation each (twice per request,
 about 100 ns together); finding the connection idle the longest is ``next(iter(dict))``
 (insertion order is idle order), a few microseconds at worst, only when a cap is reached.
+
+The table is data plus its eviction policy: its dicts are public so that the server's
+connection (:class:`gateway.h1.server.H1Connection`) makes the per-request transitions, and
+the admission below the caps, as the same dict operations inline, without a call into this
+module on every request (the request path's module bound, ``tests/gateway/
+test_trace_modules.py``); :meth:`admit`, :meth:`busy`, :meth:`idle` and :meth:`remove` are the
+reference the inline operations follow (``tests/gateway/test_h1_conntable.py`` drives the
+reference, ``tests/gateway/test_connection_cap_eviction.py`` the server's inline path).
 """
 
 from __future__ import annotations
 
+import itertools
 from enum import Enum, StrEnum
 from typing import Generic, Protocol, TypeVar
 
@@ -72,29 +81,33 @@ class ConnectionTable(Generic[C]):
     :meth:`remove`. Fresh connections make room first, the one idle the longest first.
     """
 
-    __slots__ = ("_addresses", "_fresh", "_idle", "_open", "_turn", "max_connections",
-                 "max_per_address")
+    __slots__ = ("addresses", "fresh", "max_connections", "max_per_address", "open", "resting",
+                 "turns")
 
     def __init__(self, max_connections: int, max_per_address: int | None = None) -> None:
         self.max_connections = max_connections
         self.max_per_address = max_per_address
-        self._open: dict[C, str | None] = {}  # connection -> its client address
-        # Idle connections, oldest first -> the turn each became idle; never served / served.
-        self._fresh: dict[C, int] = {}
-        self._idle: dict[C, int] = {}
-        self._addresses: dict[str, dict[C, None]] = {}  # only with max_per_address
-        self._turn = 0
+        self.open: dict[C, str | None] = {}
+        """Open, counted connections -> their client address."""
+        self.fresh: dict[C, int] = {}
+        """Idle connections that never carried a request, oldest first -> their turn."""
+        self.resting: dict[C, int] = {}
+        """Idle connections between requests (or answered), oldest first -> their turn."""
+        self.addresses: dict[str, dict[C, None]] = {}
+        """Open connections per client address (kept only with ``max_per_address``)."""
+        self.turns = itertools.count(1)
+        """Turns numbering when connections became idle (``next()``, a C call)."""
 
     def __len__(self) -> int:
-        return len(self._open)
+        return len(self.open)
 
     def __contains__(self, connection: object) -> bool:
-        return connection in self._open
+        return connection in self.open
 
     @property
     def idle_count(self) -> int:
         """Open connections that carry no request now."""
-        return len(self._fresh) + len(self._idle)
+        return len(self.fresh) + len(self.resting)
 
     def admit(self, connection: C, address: str | None) -> Admission:
         """Count a new connection in, closing an idle one first if a cap is reached.
@@ -110,52 +123,50 @@ class ConnectionTable(Generic[C]):
         """
         per_address = self.max_per_address
         if per_address is not None and address is not None:
-            mine = self._addresses.get(address)
+            mine = self.addresses.get(address)
             if mine is not None and len(mine) >= per_address:
                 victim = self._oldest_idle_of(mine)
                 if victim is None:
                     return Admission.ADDRESS_FULL
                 self._evict(victim, EvictionCause.ADDRESS_CAP)
-        if len(self._open) >= self.max_connections:
-            idle = self._fresh or self._idle
+        if len(self.open) >= self.max_connections:
+            idle = self.fresh or self.resting
             if not idle:
                 return Admission.FULL
             self._evict(next(iter(idle)), EvictionCause.CONNECTION_CAP)
-        self._open[connection] = address
+        self.open[connection] = address
         if per_address is not None and address is not None:
-            self._addresses.setdefault(address, {})[connection] = None
-        self._turn += 1
-        self._fresh[connection] = self._turn
+            self.addresses.setdefault(address, {})[connection] = None
+        self.fresh[connection] = next(self.turns)
         return Admission.ADMITTED
 
     def busy(self, connection: C) -> None:
         """``connection`` carries a request now: never chosen to make room."""
-        if self._idle.pop(connection, None) is None:
-            self._fresh.pop(connection, None)
+        if self.resting.pop(connection, None) is None:
+            self.fresh.pop(connection, None)
 
     def idle(self, connection: C) -> None:
         """``connection`` carries no request now: the newest idle one, unless it was idle
         already (it keeps its place) or is not counted (refused on connect)."""
-        if connection in self._open and connection not in self._fresh:
-            self._turn += 1
-            self._idle.setdefault(connection, self._turn)
+        if connection in self.open and connection not in self.fresh:
+            self.resting.setdefault(connection, next(self.turns))
 
     def remove(self, connection: C) -> None:
         """``connection`` closed (idempotent)."""
-        if connection not in self._open:
+        if connection not in self.open:
             return
-        address = self._open.pop(connection)
-        if self._idle.pop(connection, None) is None:
-            self._fresh.pop(connection, None)
+        address = self.open.pop(connection)
+        if self.resting.pop(connection, None) is None:
+            self.fresh.pop(connection, None)
         if address is not None and self.max_per_address is not None:
-            mine = self._addresses.get(address)
+            mine = self.addresses.get(address)
             if mine is not None:
                 mine.pop(connection, None)
                 if not mine:
-                    del self._addresses[address]
+                    del self.addresses[address]
 
     def _oldest_idle_of(self, mine: dict[C, None]) -> C | None:
-        fresh, idle = self._fresh, self._idle
+        fresh, idle = self.fresh, self.resting
         oldest: C | None = None
         oldest_rank = (2, 0)
         for connection in mine:  # at most max_per_address of them

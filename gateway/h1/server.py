@@ -69,6 +69,8 @@ from gateway.h1.tls_scope import tls_extension
 
 __all__ = ["ServerContext", "ServerLimits", "ServerProtocol"]
 
+_ABSENT: Any = object()  # a dict.pop default no connection address can equal
+
 _log = logging.getLogger(__name__)
 
 _READ_HIGH_WATER = 64 * 1024  # request bytes buffered for the app before reading pauses
@@ -256,7 +258,14 @@ class ServerProtocol(asyncio.Protocol):
         if ssl_object is not None:
             self.scheme = "https"
             self._tls = tls_extension(ssl_object)
-        admission = self.ctx.table.admit(self, self.client[0] if self.client else None)
+        table, address = self.ctx.table, self.client[0] if self.client else None
+        if len(table.open) < table.max_connections and table.max_per_address is None:
+            # ConnectionTable.admit below the caps, inline (no call on every connection).
+            table.open[self] = address
+            table.fresh[self] = next(table.turns)
+            admission = Admission.ADMITTED
+        else:
+            admission = table.admit(self, address)
         if admission is not Admission.ADMITTED:
             self._refuse(connection_cap_refusal() if admission is Admission.FULL
                          else address_cap_refusal())
@@ -268,7 +277,13 @@ class ServerProtocol(asyncio.Protocol):
         """Tell the request in progress (its receive, its disconnect watch), drop timers."""
         self._closed = True
         self.ctx.connections.discard(self)
-        self.ctx.table.remove(self)
+        table = self.ctx.table
+        if table.max_per_address is None:  # ConnectionTable.remove, inline
+            if table.open.pop(self, _ABSENT) is not _ABSENT and \
+                    table.resting.pop(self, None) is None:
+                table.fresh.pop(self, None)
+        else:
+            table.remove(self)
         self._cancel_timers()
         for waiter in self._drain:
             if not waiter.done():
@@ -469,7 +484,9 @@ class ServerProtocol(asyncio.Protocol):
 
     def _start(self, head: RequestHead) -> _Cycle:
         self._disarm()
-        self.ctx.table.busy(self)
+        table = self.ctx.table  # ConnectionTable.busy, inline: it carries a request now
+        if table.resting.pop(self, None) is None:
+            table.fresh.pop(self, None)
         self._head_timed = False
         target = head.target
         raw_path, _, query = target.partition(b"?")
@@ -689,13 +706,20 @@ class ServerProtocol(asyncio.Protocol):
             self._linger()
             return
         self.cycle = None
-        self.ctx.table.idle(self)
+        self._mark_idle()
         self.reader.next_request()
         self.reader.body_limit = self.ctx.body_limit()  # a live reload may have changed it
         self._arm(self.limits.keep_alive_timeout_s, self._idle_timeout)
         self._resume_reading()
         if self.reader.buffered:
             self.loop.call_soon(self._parse_next)
+
+    def _mark_idle(self) -> None:
+        """:meth:`ConnectionTable.idle`, inline: the newest idle connection, unless idle
+        already (it keeps its place) or not counted (refused on connect)."""
+        table = self.ctx.table
+        if self in table.open and self not in table.fresh:
+            table.resting.setdefault(self, next(table.turns))
 
     def _parse_next(self) -> None:
         if self.cycle is None and not self._closed and not self._lingering:
@@ -716,7 +740,7 @@ class ServerProtocol(asyncio.Protocol):
         transport = self.transport
         self._lingering = True
         self._disarm()
-        self.ctx.table.idle(self)  # answered: it may make room for a new connection
+        self._mark_idle()  # answered: it may make room for a new connection
         if transport is None or transport.is_closing():
             return
         cycle = self.cycle
