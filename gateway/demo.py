@@ -206,6 +206,9 @@ def _demo_config(gw_port: int, sim_url: str, key: str) -> dict[str, object]:
         "keys": [{"id": "demo", "sha256": digest_key(key).hex(), "models": [MODEL],
                   "team": "demo"}],
         "logging": {"format": "text"},
+        # No load balancer in front of the demo to take it out of rotation first: Ctrl-C
+        # stops accepting at once (requests in flight still finish, within drain.timeout_s).
+        "drain": {"delay_s": 0},
     }
 
 
