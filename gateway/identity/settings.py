@@ -35,7 +35,6 @@ decides the team, models and data class (no rule: 403).
 
 from __future__ import annotations
 
-import ipaddress
 import re
 from pathlib import Path
 from typing import Literal
@@ -45,6 +44,7 @@ from pydantic import Field, field_validator, model_validator
 
 from gateway.auth import canonical_path
 from gateway.config.base import FrozenSection
+from gateway.serving.settings import is_loopback_host
 
 __all__ = [
     "ASYMMETRIC_ALGORITHMS",
@@ -107,7 +107,7 @@ class IssuerSettings(FrozenSection):
     def _http_url(cls, value: str | None) -> str | None:
         if value is None or value.startswith("https://"):
             return value
-        if value.startswith("http://") and _is_loopback(urlsplit(value).hostname):
+        if value.startswith("http://") and is_loopback_host(urlsplit(value).hostname):
             return value  # a local sidecar: the path never leaves the host
         raise ValueError("must be an https:// URL (fetched keys are not pinned: over plain "
                          "http:// anyone on the path could add a signing key); http:// is "
@@ -276,15 +276,3 @@ class IdentitySettings(FrozenSection):
         if "mtls" in methods and self.mtls is None:
             raise ValueError("mtls: mtls is accepted but mtls.trust_bundle_file is not set")
         return self
-
-
-def _is_loopback(host: str | None) -> bool:
-    """True for ``localhost`` and loopback address literals (``127.0.0.0/8``, ``::1``)."""
-    if host is None:
-        return False
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False

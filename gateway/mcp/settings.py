@@ -30,7 +30,6 @@ HTTP endpoint and an egress destination.
 
 from __future__ import annotations
 
-import ipaddress
 import re
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -38,6 +37,7 @@ from urllib.parse import urlsplit
 from pydantic import Field, field_validator, model_validator
 
 from gateway.config.base import FrozenSection
+from gateway.serving.settings import is_loopback_host
 
 __all__ = [
     "AGGREGATE_SEPARATOR",
@@ -234,7 +234,7 @@ class McpResourceMetadata(FrozenSection):
                              "metadata at <origin>/.well-known/oauth-protected-resource/...")
         if not value.isascii():  # it goes into WWW-Authenticate and is compared with aud
             raise ValueError("must be ASCII: write an internationalised host in its xn-- form")
-        if parts.scheme == "http" and not _is_loopback(parts.hostname):
+        if parts.scheme == "http" and not is_loopback_host(parts.hostname):
             raise ValueError("must be https:// (OAuth 2.1 section 1.5); http:// only to loopback")
         return value.rstrip("/")
 
@@ -276,13 +276,3 @@ class McpSettings(FrozenSection):
                                  f"{AGGREGATE_SEPARATOR!r}, the aggregate endpoint's separator")
             seen.add(server.name)
         return self
-
-
-def _is_loopback(host: str) -> bool:
-    """True for ``localhost`` and loopback address literals."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False

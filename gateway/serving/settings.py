@@ -111,8 +111,11 @@ class ReloadSettings(FrozenSection):
     interval_s: float = Field(default=2.0, gt=0, allow_inf_nan=False)
 
 
-def is_loopback_host(host: str) -> bool:
-    """True when ``host`` is a loopback literal or ``localhost`` (used for start-up warnings)."""
+def is_loopback_host(host: str | None) -> bool:
+    """True when ``host`` is a loopback literal (``127.0.0.0/8``, ``::1``) or ``localhost``;
+    ``None`` (a URL without a host) is not (start-up warnings, ``http://`` only to loopback)."""
+    if host is None:
+        return False
     if host == "localhost":
         return True
     try:
