@@ -9,22 +9,12 @@ the chain must verify.
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
-import httpx
-import yaml
-
-from gateway.audit import Signer, generate_key_file, write_key_pair
-from tests.conftest import free_port, wait_until
+from tests.conftest import wait_until
+from tests.gateway.audit._served_audit import audited_gateway
 from tests.gateway.gateway_server import busy_request, connect, read_until_closed, split_response
-from tests.gateway.helpers import BACKEND_KEY, KEY_A, Sim, config
-
-ROOT = Path(__file__).parents[3]
+from tests.gateway.helpers import KEY_A, Sim
 
 
 def _refused(port: int, head: bytes) -> int:
@@ -49,57 +39,24 @@ def _refused_past_the_cap(port: int, head: bytes) -> int:
 
 
 def test_server_level_refusals_are_audited(sim: Sim, tmp_path: Path) -> None:
-    signer = Signer.generate()
-    key, pub = write_key_pair(signer, tmp_path / "audit.key")
-    db = tmp_path / "audit.db"
-    port = free_port()
-    cfg = config([sim.url], listen={"host": "127.0.0.1", "port": port})
-    cfg["limits"] = {**cfg.get("limits", {}), "client_header_timeout_s": 0.5,
-                     "max_client_connections": 2}
-    cfg["audit"] = {"store": f"sqlite://{db}", "signing_key_file": str(key),
-                    "pseudonym_key_file": str(generate_key_file(tmp_path / "pseudonym.key")),
-                    "replica_id": "refusals"}
-    cfg_file = tmp_path / "gateway.yaml"
-    cfg_file.write_text(yaml.safe_dump(cfg))
-    cli = [sys.executable, "-m", "gateway.cli"]
-    env = {**os.environ, "VLLM_KEY": BACKEND_KEY}
-    with subprocess.Popen([*cli, "serve", "--config", str(cfg_file)], cwd=ROOT, env=env,
-                          stderr=subprocess.PIPE) as proc:
-        try:
-            def up() -> bool:
-                assert proc.poll() is None
-                try:
-                    return httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200
-                except httpx.TransportError:
-                    return False
-
-            wait_until(up, 30, "gateway serve answering /healthz")
-            smuggle = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n"
-                       b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n")
-            assert _refused_past_the_cap(port, smuggle) == 400
-            assert _refused_past_the_cap(port, b"GET / HTTP/1.1\r\nHost: x\r\nX: "
-                                         + b"a" * 1_000_000 + b"\r\n\r\n") == 431
-            assert _refused_past_the_cap(port, b"GET /v1/models HTTP/1.1\r\nHo") == 408
-            assert _refused_past_the_cap(port, b"POST /v1/chat/completions HTTP/1.1\r\n"
-                                         b"Host: x\r\nTransfer-Encoding: chunked\r\n\r\n"
-                                         b"ffffffffffffffffffff\r\n") == 413
-            # Both slots carry requests (idle connections would make room instead).
-            held = [busy_request(port, KEY_A), busy_request(port, KEY_A)]
-            assert _refused(port, b"") == 503
-            for sock in held:
-                sock.close()
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            _, stderr = proc.communicate(timeout=30)
-    assert proc.returncode == 0, stderr.decode()[-2000:]
-    res = subprocess.run([*cli, "audit", "verify", "--store", f"sqlite://{db}",
-                          "--public-key", str(pub), "--json"],
-                         cwd=ROOT, capture_output=True, text=True, check=False)
-    assert res.returncode == 0 and json.loads(res.stdout)["findings"] == [], res.stdout
-    res = subprocess.run([*cli, "audit", "export", "--store", f"sqlite://{db}"],
-                         cwd=ROOT, capture_output=True, text=True, check=True)
-    refused = [r["data"] for r in map(json.loads, res.stdout.splitlines())
-               if r["type"] == "http.refused"]
+    with audited_gateway(sim, tmp_path, {"client_header_timeout_s": 0.5,
+                                         "max_client_connections": 2}, "refusals") as gw:
+        port = gw.port
+        smuggle = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n"
+                   b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n")
+        assert _refused_past_the_cap(port, smuggle) == 400
+        assert _refused_past_the_cap(port, b"GET / HTTP/1.1\r\nHost: x\r\nX: "
+                                     + b"a" * 1_000_000 + b"\r\n\r\n") == 431
+        assert _refused_past_the_cap(port, b"GET /v1/models HTTP/1.1\r\nHo") == 408
+        assert _refused_past_the_cap(port, b"POST /v1/chat/completions HTTP/1.1\r\n"
+                                     b"Host: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+                                     b"ffffffffffffffffffff\r\n") == 413
+        # Both slots carry requests (idle connections would make room instead).
+        held = [busy_request(port, KEY_A), busy_request(port, KEY_A)]
+        assert _refused(port, b"") == 503
+        for sock in held:
+            sock.close()
+    refused = [r["data"] for r in gw.records if r["type"] == "http.refused"]
     assert [(r["status"], r["error_code"]) for r in refused if r["status"] != 503] == [
         (400, "invalid_framing"), (431, "request_header_too_large"), (408, "request_timeout"),
         (413, "request_too_large")]
@@ -109,4 +66,4 @@ def test_server_level_refusals_are_audited(sim: Sim, tmp_path: Path) -> None:
     assert all(r["client"].startswith("hmac-sha256:") for r in refused)
     # Counted per client and reason (gateway.audit.refusals): the first one written at once.
     assert all(r["count"] >= 1 and r["interval_ms"] == 10_000 for r in refused)
-    assert b"127.0.0.1" not in db.read_bytes()
+    assert b"127.0.0.1" not in gw.db.read_bytes()
