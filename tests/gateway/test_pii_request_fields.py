@@ -14,9 +14,7 @@ simulator has no Responses API: the recorder answers ``/v1/responses`` itself.
 from __future__ import annotations
 
 import base64
-import io
 import json
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,6 +22,7 @@ from typing import Any
 import openai
 import pytest
 
+from tests.gateway.test_batch_api import submit, wait_batch
 from tests.gateway.test_pii_gateway import CARD, IBAN, Stack, _build
 from vllm_sim import SimConfig
 from vllm_sim import create_app as create_sim
@@ -108,6 +107,13 @@ def _b64(text: str) -> str:
 def _chat(client: openai.OpenAI, **kwargs: Any) -> Any:
     messages = kwargs.pop("messages", [{"role": "user", "content": "Please help."}])
     return client.chat.completions.create(model="m", messages=messages, max_tokens=2, **kwargs)
+
+
+def _run_batch(client: openai.OpenAI, lines: list[dict[str, Any]]) -> Any:
+    """Upload ``lines`` as a batch input file, create the batch, wait until it ended."""
+    b = submit(client, "".join(json.dumps(line) + "\n" for line in lines).encode())
+    return wait_batch(client, b.id, lambda b: b.status in ("completed", "failed", "cancelled"),
+                      timeout_s=60)
 
 
 def _tools(secret: str) -> list[Any]:
@@ -251,15 +257,7 @@ def test_every_line_of_a_batch_is_scanned_like_a_request(recorded: Recorded) -> 
     lines.append({"custom_id": "card", "method": "POST", "url": "/v1/chat/completions",
                   "body": {"model": "m", "max_tokens": 2, "metadata": {"c": CARD},
                            "messages": [{"role": "user", "content": "hello"}]}})
-    content = "".join(json.dumps(line) + "\n" for line in lines).encode()
-    f = client.files.create(file=("in.jsonl", io.BytesIO(content)), purpose="batch")
-    b = client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions",
-                              completion_window="24h")
-    deadline = time.monotonic() + 60
-    while b.status not in ("completed", "failed", "cancelled"):
-        assert time.monotonic() < deadline, b.status
-        time.sleep(0.1)
-        b = client.batches.retrieve(b.id)
+    b = _run_batch(client, lines)
     assert b.status == "completed", b
     assert b.request_counts is not None and b.request_counts.completed == 2
     assert len(recorded.bodies()) == 2
@@ -332,15 +330,7 @@ def test_a_batch_line_with_a_card_grouped_by_no_break_spaces_is_refused(
              {"custom_id": "card", "method": "POST", "url": "/v1/chat/completions",
               "body": {"model": "m", "max_tokens": 2,
                        "messages": [{"role": "user", "content": f"card {card}"}]}}]
-    content = "".join(json.dumps(line) + "\n" for line in lines).encode()
-    f = client.files.create(file=("in.jsonl", io.BytesIO(content)), purpose="batch")
-    b = client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions",
-                              completion_window="24h")
-    deadline = time.monotonic() + 60
-    while b.status not in ("completed", "failed", "cancelled"):
-        assert time.monotonic() < deadline, b.status
-        time.sleep(0.1)
-        b = client.batches.retrieve(b.id)
+    b = _run_batch(client, lines)
     assert b.request_counts is not None and b.request_counts.completed == 1, b
     assert len(recorded.bodies()) == 1
     assert recorded.unmasked() == []
