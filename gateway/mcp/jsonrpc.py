@@ -25,6 +25,7 @@ from gateway.relay.strict_json import (
     check_tree,
     decode_utf8,
     refuse_constant,
+    refuse_duplicates,
     strict_float,
 )
 
@@ -110,18 +111,6 @@ class Message:
         return value if isinstance(value, str) else None
 
 
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out = dict(pairs)  # built in C; a repeated key leaves fewer entries than pairs
-    if len(out) != len(pairs):
-        seen: set[str] = set()
-        for key, _ in pairs:
-            if key in seen:
-                raise McpRefusal(400, INVALID_REQUEST, "duplicate_key",
-                                 f"JSON object has the key {key!r} twice")
-            seen.add(key)
-    return out
-
-
 def parse_message(body: bytes) -> Message:
     """Parse one JSON-RPC message of a POST body.
 
@@ -135,12 +124,12 @@ def parse_message(body: bytes) -> Message:
         raise McpRefusal(400, INVALID_REQUEST, "batch_refused",
                          "JSON-RPC batches are not accepted: send one message per POST")
     try:
-        obj = json.loads(decode_utf8(body), object_pairs_hook=_no_duplicates,
+        obj = json.loads(decode_utf8(body), object_pairs_hook=refuse_duplicates,
                          parse_constant=refuse_constant, parse_float=strict_float)
         check_tree(obj)  # lone surrogates (UTF-8 cannot carry them onwards), nesting depth
-    except McpRefusal:
-        raise
     except StrictJsonError as exc:
+        if exc.duplicate_key:
+            raise McpRefusal(400, INVALID_REQUEST, "duplicate_key", str(exc)) from exc
         raise McpRefusal(400, PARSE_ERROR, "parse_error",
                          f"body is not valid JSON: {exc}") from exc
     except (ValueError, RecursionError) as exc:

@@ -28,22 +28,37 @@ from gateway.relay.rewrite import MAX_DEPTH
 
 __all__ = [
     "StrictJsonError", "check_tree", "decode_utf8", "loads_strict", "refuse_constant",
-    "strict_float",
+    "refuse_duplicates", "strict_float",
 ]
 
 
 class StrictJsonError(ValueError):
     """The document is not JSON the gateway accepts; the message says what and where
-    (``line L column C`` from the decoder, or the key path of the value)."""
+    (``line L column C`` from the decoder, or the key path of the value).
+
+    Attributes:
+        duplicate_key: The refusal is a key repeated in one object (callers with their own
+            code for it, such as MCP's ``duplicate_key``, tell it apart).
+    """
+
+    def __init__(self, message: str, *, duplicate_key: bool = False) -> None:
+        super().__init__(message)
+        self.duplicate_key = duplicate_key
 
 
-def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+def refuse_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``object_pairs_hook`` of :mod:`json` that refuses a key repeated in one object.
+
+    Raises:
+        StrictJsonError: With ``duplicate_key`` set, naming the key (at most 64 characters).
+    """
     out = dict(pairs)  # built in C; a repeated key leaves fewer entries than pairs
     if len(out) != len(pairs):
         seen: set[str] = set()
         for key, _ in pairs:
             if key in seen:
-                raise StrictJsonError(f"the key {key[:64]!r} appears twice in one object")
+                raise StrictJsonError(f"the key {key[:64]!r} appears twice in one object",
+                                      duplicate_key=True)
             seen.add(key)
     return out
 
@@ -71,7 +86,7 @@ def refuse_constant(literal: str) -> Any:
     raise StrictJsonError(f"{literal} is not JSON (RFC 8259)")
 
 
-_DECODER = json.JSONDecoder(object_pairs_hook=_pairs, parse_float=strict_float,
+_DECODER = json.JSONDecoder(object_pairs_hook=refuse_duplicates, parse_float=strict_float,
                             parse_constant=refuse_constant)
 
 
