@@ -16,7 +16,11 @@ Every state of a connection has a timer and a bound (:class:`ServerLimits`):
 * part of a head received: ``header_timeout_s`` from its first byte (reads do not extend it),
   then 408 and closed;
 * a request body being received: ``body_timeout_s`` without a byte of it (while the server
-  reads), then 408 (or closed if the response started);
+  reads), and a whole-body deadline that bytes extend only at ``body_min_rate_bytes_s``: it
+  starts ``body_timeout_s`` after the head and moves one second later per
+  ``body_min_rate_bytes_s`` bytes received (Apache httpd's mod_reqtimeout ``body=...,MinRate=``
+  rule), so a client trickling a byte now and then cannot hold the connection for ever; either
+  way 408 (or closed if the response started);
 * a response sent before the request's body was wholly received (401, 404, 413 ...): the write
   side is shut and what the client still sends is discarded for at most ``linger_s``, then the
   connection is closed, however much the client keeps sending;
@@ -120,7 +124,10 @@ class ServerLimits:
         keep_alive_timeout_s: An idle connection between requests is closed after this
             (``limits.keep_alive_timeout_s``).
         body_timeout_s: Longest wait for the next byte of a request body the server is
-            reading (``limits.client_body_timeout_s``).
+            reading (``limits.client_body_timeout_s``), and the whole body's first allowance.
+        body_min_rate_bytes_s: Bytes per second that extend the whole body's deadline by one
+            second each (``limits.client_body_min_rate_bytes_s``); ``0``: no whole-body
+            deadline, only ``body_timeout_s`` of silence.
         send_timeout_s: Longest time the client's socket buffer may stay full while a response
             is written (``limits.client_send_timeout_s``).
         linger_s: How long a connection whose response went out before its request body was
@@ -136,6 +143,7 @@ class ServerLimits:
     header_timeout_s: float = 10.0
     keep_alive_timeout_s: float = 5.0
     body_timeout_s: float = 30.0
+    body_min_rate_bytes_s: float = 500.0
     send_timeout_s: float = 30.0
     linger_s: float = 2.0
     max_connections: int = 4096
@@ -180,14 +188,15 @@ class ServerContext:
 class _Cycle:
     """One request and its response."""
 
-    __slots__ = ("body", "body_size", "chunked", "closing", "continue_due", "disconnected",
-                 "head_only", "held", "keep_alive", "left", "more_body", "response_complete",
-                 "response_started", "scope", "taken", "waiter", "watch")
+    __slots__ = ("body", "body_deadline", "body_size", "chunked", "closing", "continue_due",
+                 "disconnected", "head_only", "held", "keep_alive", "left", "more_body",
+                 "response_complete", "response_started", "scope", "taken", "waiter", "watch")
 
     def __init__(self, scope: dict[str, Any], head: RequestHead) -> None:
         self.scope = scope
         self.body: list[bytes] = []
         self.body_size = 0
+        self.body_deadline = 0.0  # loop time by which the whole body must be in (rate rule)
         self.more_body = head.content_length != 0
         self.continue_due = head.expect_continue
         self.keep_alive = head.keep_alive
@@ -235,6 +244,8 @@ class ServerProtocol(asyncio.Protocol):
         self._send_timer: asyncio.TimerHandle | None = None
         self._head_timed = False  # the header timer runs for a started head
         self._served = False  # a request was served on this connection (keep-alive timer)
+        self._min_rate = context.limits.body_min_rate_bytes_s
+        self._paused_at = 0.0  # loop time reading was paused for a body the app is behind on
         self._closed = False
         self._lingering = False
         self._read_paused = False
@@ -402,6 +413,13 @@ class ServerProtocol(asyncio.Protocol):
         elif self.cycle is None:
             self._refuse(header_timeout_refusal(self.limits.header_timeout_s))
 
+    def _arm_body(self, cycle: _Cycle) -> None:
+        """Arm the body timer: ``body_timeout_s`` of silence, or the whole-body deadline."""
+        delay_s = self.limits.body_timeout_s
+        if self._min_rate:
+            delay_s = min(delay_s, cycle.body_deadline - self.loop.time())
+        self._arm(max(delay_s, 0.0), self._body_timeout)
+
     def _body_timeout(self) -> None:
         self._timer = None
         cycle = self.cycle
@@ -409,11 +427,15 @@ class ServerProtocol(asyncio.Protocol):
             return
         if cycle.response_started:
             self.abort()
+            return
+        if self._min_rate and cycle.body_deadline <= self.loop.time():
+            why = (f"it arrived slower than {self._min_rate:g} bytes/s after the first "
+                   f"{self.limits.body_timeout_s:g} s; {cycle.body_size} bytes received")
         else:
-            self._refuse(Refusal(
-                408, "Request Timeout",
-                f"The request body was not received in time (no data for "
-                f"{self.limits.body_timeout_s:g} s).", "request_timeout"))
+            why = f"no data for {self.limits.body_timeout_s:g} s"
+        self._refuse(Refusal(408, "Request Timeout",
+                             f"The request body was not received in time ({why}).",
+                             "request_timeout"))
 
     def _send_timeout(self) -> None:
         self._send_timer = None
@@ -448,6 +470,8 @@ class ServerProtocol(asyncio.Protocol):
                     assert cycle is not None
                     cycle.body.append(event)
                     cycle.body_size += len(event)
+                    if self._min_rate:
+                        cycle.body_deadline += len(event) / self._min_rate
                 else:
                     assert isinstance(event, RequestHead)
                     cycle = self._start(event)
@@ -461,7 +485,7 @@ class ServerProtocol(asyncio.Protocol):
                 cycle.more_body = False
                 self._disarm()
             elif not self._read_paused:
-                self._arm(self.limits.body_timeout_s, self._body_timeout)
+                self._arm_body(cycle)
             cycle.wake()
         if cycle.body_size > _READ_HIGH_WATER or (reader.complete and reader.buffered):
             self._pause_reading()  # the app reads it first; pipelined bytes wait
@@ -473,6 +497,7 @@ class ServerProtocol(asyncio.Protocol):
             cycle = self.cycle
             if cycle is not None and cycle.more_body:
                 self._disarm()  # the app is behind, not the client
+                self._paused_at = self.loop.time()
 
     def _resume_reading(self) -> None:
         if self._read_paused and self.transport is not None and not self._lingering:
@@ -480,7 +505,9 @@ class ServerProtocol(asyncio.Protocol):
             self.transport.resume_reading()
             cycle = self.cycle
             if cycle is not None and cycle.more_body:
-                self._arm(self.limits.body_timeout_s, self._body_timeout)
+                # The time the app was behind is not the client's: the deadline moves by it.
+                cycle.body_deadline += self.loop.time() - self._paused_at
+                self._arm_body(cycle)
 
     def _start(self, head: RequestHead) -> _Cycle:
         self._disarm()
@@ -521,6 +548,8 @@ class ServerProtocol(asyncio.Protocol):
         if self._shutting_down:
             head.keep_alive = False
         cycle = self.cycle = _Cycle(scope, head)
+        if cycle.more_body:
+            cycle.body_deadline = self.loop.time() + self.limits.body_timeout_s
         self._served = True
         self.loop.create_task(self._run(cycle))
         return cycle

@@ -78,6 +78,7 @@ def server_limits(limits: LimitSettings) -> ServerLimits:
         header_timeout_s=limits.client_header_timeout_s,
         keep_alive_timeout_s=limits.keep_alive_timeout_s,
         body_timeout_s=limits.client_body_timeout_s,
+        body_min_rate_bytes_s=limits.client_body_min_rate_bytes_s,
         send_timeout_s=limits.client_send_timeout_s,
         max_connections=limits.max_client_connections,
         max_connections_per_address=limits.max_client_connections_per_address,

@@ -61,6 +61,11 @@ class LimitSettings(FrozenSection):
     max_body_bytes: int = Field(default=16 * 1024 * 1024, gt=0)
     # Longest silence (seconds) while a client sends its request body before 408 (slow clients).
     client_body_timeout_s: float = Field(default=30.0, gt=0, allow_inf_nan=False)
+    # Bytes per second a request body must keep up after its first client_body_timeout_s: each
+    # this many bytes received moves the whole body's deadline one second later (Apache httpd
+    # mod_reqtimeout's MinRate; its default for bodies is 500). A client trickling a byte now
+    # and then is answered 408 instead of holding its connection for ever. 0: no such deadline.
+    client_body_min_rate_bytes_s: float = Field(default=500.0, ge=0, allow_inf_nan=False)
     # Seconds a client connection may take to send a complete request head (from the moment it
     # opens, or from the first byte of a later request on a kept-alive connection).
     client_header_timeout_s: float = Field(default=10.0, gt=0, allow_inf_nan=False)

@@ -12,7 +12,9 @@ from typing import Any
 import openai
 import pytest
 
+from gateway.config.errors import InvalidConfig
 from tests.gateway.gateway_server import (
+    CHAT_BODY,
     Servers,
     busy_request,
     connect,
@@ -176,3 +178,60 @@ def test_keep_alive_timeout_runs_from_the_answer_not_from_an_earlier_timer(gatew
         rest, closed = read_until_closed(sock, timeout_s=5)
     assert closed and rest == b""
     assert 0.8 < time.monotonic() - t0 < 3.0
+
+
+BODY_LIMITS = {"client_body_timeout_s": 1.0, "client_body_min_rate_bytes_s": 100.0}
+
+
+def _keyed_head(length: int) -> bytes:
+    return (f"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer {KEY_A}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {length}\r\n\r\n").encode()
+
+
+def test_body_drip_below_the_minimum_rate_is_timed_out(guarded: Servers, sim: Sim) -> None:
+    # A byte every 0.1 s never leaves the connection silent for client_body_timeout_s (1 s),
+    # but at 10 bytes/s it is far below the minimum rate (100 bytes/s): the whole body's
+    # deadline (1 s + 1 s per 100 bytes received) passes after about 1.1 s, long before the
+    # 72-byte body would be complete (7 s), and the client gets 408, not a held connection.
+    gateway = guarded.start(settings([sim.url], limits={**LIMITS, **BODY_LIMITS}))
+    before = sim.stats()
+    with connect(gateway.port) as sock:
+        sock.sendall(_keyed_head(len(CHAT_BODY)))
+        t0 = time.monotonic()
+        data, closed = _drip_until_answered(sock, CHAT_BODY)
+    elapsed = time.monotonic() - t0
+    assert closed and elapsed < 4.0, (elapsed, data)
+    status, _, body = split_response(data)
+    assert status == 408, data
+    error = json.loads(body)["error"]
+    assert error["code"] == "request_timeout"
+    assert "slower than 100 bytes/s" in error["message"], error
+    assert sim.stats() == before  # nothing of it reached a replica
+
+
+def test_body_at_a_fair_rate_is_served_past_the_first_allowance(
+    guarded: Servers, sim: Sim
+) -> None:
+    # 16 bytes every 0.05 s (~320 bytes/s, above the 100 bytes/s minimum) over more than the
+    # first allowance of 1 s: the bytes received move the deadline on, the request is served.
+    gateway = guarded.start(settings([sim.url], limits={**LIMITS, **BODY_LIMITS}))
+    body = CHAT_BODY[:-1] + b"," + b'"user":"' + b"u" * 400 + b'"}'
+    with connect(gateway.port, timeout_s=30) as sock:
+        sock.sendall(_keyed_head(len(body)))
+        t0 = time.monotonic()
+        for i in range(0, len(body), 16):
+            sock.sendall(body[i : i + 16])
+            time.sleep(0.05)  # the client's pace (the scenario), not a wait for a condition
+        assert time.monotonic() - t0 > 1.0  # the rate rule, not the first allowance, applied
+        data = b""
+        while b"\r\n\r\n" not in data:
+            chunk = sock.recv(65536)
+            assert chunk, data
+            data += chunk
+    assert data.startswith(b"HTTP/1.1 200 "), data[:300]
+
+
+def test_body_rate_setting_is_checked() -> None:
+    with pytest.raises(InvalidConfig, match=r"limits\.client_body_min_rate_bytes_s: Input should "
+                                            r"be greater than or equal to 0"):
+        settings(["http://127.0.0.1:1"], limits={"client_body_min_rate_bytes_s": -1})
