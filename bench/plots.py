@@ -37,6 +37,7 @@ import argparse
 import json
 import re
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -314,10 +315,10 @@ def flow_grid(doc: dict[str, Any], out: Path) -> Path:
     keys = ("replicas", "profile", "time_scale", "strategy", "long_prefill_token_threshold",
             "scheduling_policy", "min_samples")
     run = f"run of {params['started']}: " if params.get("started") else ""
-    fig.suptitle(f"Flow control over the grid, {run}{verdicts}\n"
-                 f"({_params_line(params, keys)}, "
-                 f"batch in_flight {params.get('batch_in_flight')} of "
-                 f"{params.get('max_num_seqs')})", fontsize=9)
+    setup = textwrap.fill(f"({_params_line(params, keys)}, batch in_flight "
+                          f"{params.get('batch_in_flight')} of {params.get('max_num_seqs')})",
+                          width=140)
+    fig.suptitle(f"Flow control over the grid, {run}{verdicts}\n{setup}", fontsize=9)
     fig.tight_layout()
     path = _save_svg(fig, out / "flow-grid.svg")
     plt.close(fig)
