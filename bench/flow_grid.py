@@ -13,7 +13,9 @@ them as ``mixed-plain`` (no flow control) and ``mixed-fc`` (flow control,
 Per point, three phases on the same replicas (reset in between), one after the other so that
 the machine's load drifts little between them: ``unloaded`` (``--unloaded-window`` s of the
 point's interactive traffic alone, ``mixed-plain``), then ``no-fc`` and ``fc`` (``--window`` s
-each): the interactive traffic at the point's rate (one request every ``1/rate`` s) plus batch
+each; both windows lengthened at low rates so that every phase measures at least
+``--min-samples`` interactive requests, 100 by default: a p99 of fewer is their maximum):
+the interactive traffic at the point's rate (one request every ``1/rate`` s) plus batch
 work from two keys as a batch job sends it: a closed loop of ``--batch-concurrency`` workers
 (default twice the fleet's sequence slots, two thirds of them the first key's), each sending
 its next request when the previous one ended (one second later when it was refused). The
@@ -184,6 +186,25 @@ async def _reset(client: httpx.AsyncClient, urls: list[str],
         await client.post(f"{url}/sim/reset")
 
 
+def phase_windows(rate: float, args: argparse.Namespace) -> tuple[float, float]:
+    """``(unloaded, loaded)`` window of a point at ``rate`` interactive requests/s, seconds:
+    ``--unloaded-window`` and ``--window``, lengthened so that each phase measures at least
+    ``--min-samples`` interactive requests (after the warm-up in a loaded phase). The p99 of
+    n samples is the ``round(0.99 n)``-th smallest: below 100 samples it is the largest one,
+    and comparing the largest of 12 unloaded samples with the largest of 21 loaded ones (the
+    1 request/s points at the default windows) compares maxima of different sample sizes,
+    not p99s."""
+    need = args.min_samples / rate
+    return (max(args.unloaded_window, need),
+            max(args.window, args.warmup + need))
+
+
+def _each(calls: list[Call]) -> list[list[float | None]]:
+    """(sent at, TTFT) of every interactive call, seconds (``None``: no first token)."""
+    return [[round(c.at_s, 3), c.ttft_s and round(c.ttft_s, 4)]
+            for c in calls if c.cls == "interactive"]
+
+
 def _p99(values: list[float]) -> float:
     if not values:
         return float("nan")
@@ -262,40 +283,41 @@ async def bench_grid(args: argparse.Namespace) -> dict[str, Any]:
             for prompt, output, rate in points:
                 row: dict[str, Any] = {"batch_prompt": prompt, "batch_output": output,
                                        "interactive_rps": rate, "batch_workers": workers}
-                calls = interactive_calls(rate, args.unloaded_window, args)
-                await run_phase(client, gateway, urls, "mixed-plain", calls,
-                                args.unloaded_window)
+                unloaded_s, window_s = phase_windows(rate, args)
+                calls = interactive_calls(rate, unloaded_s, args)
+                await run_phase(client, gateway, urls, "mixed-plain", calls, unloaded_s)
                 p99, n, refused = interactive_p99(calls, 0.0)
                 row["unloaded"] = {"ttft_p99_s": p99, "interactive": n,
-                                   "interactive_refused": refused}
+                                   "interactive_refused": refused, "window_s": unloaded_s,
+                                   "interactive_each": _each(calls)}
                 if args.reserve:
                     # Diagnostic, not the target's baseline: the interactive traffic alone on
                     # the reserved replicas only (what the reserve can give it at best).
-                    calls = interactive_calls(rate, args.unloaded_window, args)
-                    await run_phase(client, gateway, urls, "mixed-one", calls,
-                                    args.unloaded_window)
+                    calls = interactive_calls(rate, unloaded_s, args)
+                    await run_phase(client, gateway, urls, "mixed-one", calls, unloaded_s)
                     p99, n, refused = interactive_p99(calls, 0.0)
                     row["unloaded-reserve"] = {"ttft_p99_s": p99, "interactive": n,
-                                               "interactive_refused": refused}
+                                               "interactive_refused": refused,
+                                               "window_s": unloaded_s,
+                                               "interactive_each": _each(calls)}
                 phases = [("no-fc", "mixed-plain"), ("fc", "mixed-fc")]
                 if args.reserve:
                     phases.append(("fc-reserve", "mixed-fcr"))
                 for phase, model in phases:
-                    calls = interactive_calls(rate, args.window, args)
+                    calls = interactive_calls(rate, window_s, args)
                     replica_tokens: list[float] = []
-                    await run_phase(client, gateway, urls, model, calls, args.window,
+                    await run_phase(client, gateway, urls, model, calls, window_s,
                                     (workers, prompt, output), settle, replica_tokens)
                     p99, n, refused = interactive_p99(calls, args.warmup)
                     batch = [c for c in calls if c.cls == "batch"]
                     row[phase] = {
                         "ttft_p99_s": p99, "interactive": n, "interactive_refused": refused,
-                        "batch_tok_s": batch_tok_s(calls, args.warmup, args.window),
+                        "batch_tok_s": batch_tok_s(calls, args.warmup, window_s),
+                        "window_s": window_s,
                         "batch_requests": len(batch),
                         "replica_prompt_tokens": replica_tokens,
                         "batch_refused": sum(1 for c in batch if c.status not in (0, 200)),
-                        # (sent at, TTFT) of every interactive request, seconds (tails).
-                        "interactive_each": [[round(c.at_s, 3), c.ttft_s and round(c.ttft_s, 4)]
-                                             for c in calls if c.cls == "interactive"],
+                        "interactive_each": _each(calls),
                     }
                 unloaded = row["unloaded"]["ttft_p99_s"]
                 row["ttft_ratio"] = row["fc"]["ttft_p99_s"] / unloaded
@@ -328,7 +350,8 @@ async def bench_grid(args: argparse.Namespace) -> dict[str, Any]:
         "long_prefill_token_threshold": args.long_prefill_token_threshold,
         "scheduling_policy": args.scheduling_policy, "reserve": args.reserve,
         "window_s": args.window, "warmup_s": args.warmup, "unloaded_window_s":
-        args.unloaded_window, "batch_workers": workers, "target": args.target,
+        args.unloaded_window, "min_samples": args.min_samples, "batch_workers": workers,
+        "target": args.target,
         "interactive_prompt/output": f"{args.interactive_prompt}/{args.interactive_output}",
         "loadavg_start": [round(x, 2) for x in load0],
         "loadavg_end": [round(x, 2) for x in os.getloadavg()],
@@ -454,6 +477,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--window", type=float, default=25.0, help="s per loaded phase")
     ap.add_argument("--warmup", type=float, default=4.0, help="s not measured at the start")
     ap.add_argument("--unloaded-window", type=float, default=12.0, help="s per unloaded phase")
+    ap.add_argument("--min-samples", type=int, default=100,
+                    help="interactive requests measured per phase at least (lengthens the "
+                         "windows at low rates: a p99 of fewer than 100 is the maximum)")
     ap.add_argument("--target", type=float, default=1.5, help="p99 TTFT ratio at most")
     ap.add_argument("--replicas", type=int, default=2)
     ap.add_argument("--profile", default="llama-3.1-8b-h100")

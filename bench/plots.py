@@ -22,9 +22,10 @@ Each input is optional (at least one is needed) and gives its figures:
   TTFT p50 and the prefix-cache hit ratio of each gateway strategy through one pod and through
   N, for each run side by side.
 * ``--grid``: what ``bench/flow_grid.py --json`` writes. ``flow-grid.svg``: per grid point,
-  interactive p99 TTFT over its unloaded value with and without flow control (log scale, the
-  1.5x target drawn), and batch throughput with flow control over without it (its configured
-  share drawn).
+  interactive p99 TTFT over its unloaded value with and without flow control (and with a
+  reserve, when the run had ``--reserve``; log scale, the 1.5x target drawn), and batch
+  throughput with flow control over without it (its configured share drawn). The title names
+  the run (its start time) and its parameters.
 
 The SVGs are written without timestamps or random ids, so that drawing the same JSON again gives
 the same file.
@@ -36,6 +37,7 @@ import argparse
 import json
 import re
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -265,27 +267,40 @@ def flow_grid(doc: dict[str, Any], out: Path) -> Path:
               for p in points]
     xs = list(range(len(points)))
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.2))
-    width = 0.4
-    fc = left.bar([x - width / 2 for x in xs], [p["ttft_ratio"] for p in points], width,
-                  color=[_GATEWAY if p["ttft_ratio"] <= target else "#cf222e" for p in points])
-    left.bar([x + width / 2 for x in xs], [p["ttft_ratio_no_fc"] for p in points], width,
-             color=_REFERENCE)
-    left.bar_label(fc, fmt="%.2f", fontsize=7)
     from matplotlib.patches import Patch
 
-    left.legend(handles=[Patch(color=_GATEWAY, label="with flow control, target met"),
-                         Patch(color="#cf222e", label="with flow control, missed"),
-                         Patch(color=_REFERENCE, label="without flow control")],
-                fontsize=7, loc="upper left")
+    # With ``--reserve`` the run has an fc-reserve arm beside fc: drawn as a third bar.
+    reserve = bool(params.get("reserve")) and all("ttft_ratio_reserve" in p for p in points)
+    arms = [("ttft_ratio", "batch_ratio", "pass", "with flow control", 1.0)]
+    if reserve:
+        arms.append(("ttft_ratio_reserve", "batch_ratio_reserve", "pass_reserve",
+                     f"with flow control and a reserve of {params['reserve']}", 0.55))
+    width = 0.8 / (len(arms) + 1)
+    handles = []
+    for n, (ttft, _batch, _ok, label, alpha) in enumerate(arms):
+        offset = (n - len(arms) / 2) * width
+        bars = left.bar([x + offset for x in xs], [p[ttft] for p in points], width,
+                        color=[_GATEWAY if p[ttft] <= target else "#cf222e" for p in points],
+                        alpha=alpha)
+        left.bar_label(bars, fmt="%.2f", fontsize=6)
+        handles += [Patch(color=_GATEWAY, alpha=alpha, label=f"{label}, target met"),
+                    Patch(color="#cf222e", alpha=alpha, label=f"{label}, missed")]
+    left.bar([x + (len(arms) / 2) * width for x in xs],
+             [p["ttft_ratio_no_fc"] for p in points], width, color=_REFERENCE)
+    left.legend(handles=[*handles, Patch(color=_REFERENCE, label="without flow control")],
+                fontsize=6, loc="upper left")
     left.axhline(target, color="black", linestyle="--", linewidth=1)
     left.text(len(points) - 0.5, target * 1.08, f"target {target:g}x", ha="right", fontsize=8)
     left.set_yscale("log")
     left.set_ylabel("interactive p99 TTFT / unloaded", fontsize=9)
-    ratio = right.bar(xs, [p["batch_ratio"] for p in points], 0.6,
-                      color=[_GATEWAY if p["batch_ratio"] >= p["share"] else "#cf222e"
-                             for p in points])
-    right.bar_label(ratio, labels=[f"{p['batch_ratio']:.2f}" if p["batch_ratio"] == p["batch_ratio"]
-                                   else "no batch\ntokens" for p in points], fontsize=7)
+    bwidth = 0.8 / len(arms)
+    for n, (_ttft, batch, _ok, _label, alpha) in enumerate(arms):
+        offset = (n - (len(arms) - 1) / 2) * bwidth
+        ratio = right.bar([x + offset for x in xs], [p[batch] for p in points], bwidth,
+                          color=[_GATEWAY if p[batch] >= p["share"] else "#cf222e"
+                                 for p in points], alpha=alpha)
+        right.bar_label(ratio, labels=[f"{p[batch]:.2f}" if p[batch] == p[batch]
+                                       else "no batch\ntokens" for p in points], fontsize=7)
     share = points[0]["share"]
     right.axhline(share, color="black", linestyle="--", linewidth=1)
     right.text(len(points) - 0.5, share * 1.04, f"configured share {share:.2f}", ha="right",
@@ -294,13 +309,16 @@ def flow_grid(doc: dict[str, Any], out: Path) -> Path:
     for ax in (left, right):
         ax.set_xticks(xs, labels, fontsize=7)
         ax.set_xlabel("batch prompt/output tokens, interactive rate", fontsize=8)
-    passed = sum(1 for p in points if p["pass"])
+    verdicts = "; ".join(f"{sum(1 for p in points if p[ok])} of {len(points)} points pass"
+                         + (" with the reserve" if ok == "pass_reserve" else "")
+                         for _t, _b, ok, _l, _a in arms)
     keys = ("replicas", "profile", "time_scale", "strategy", "long_prefill_token_threshold",
-            "scheduling_policy")
-    fig.suptitle(f"Flow control over the grid: {passed} of {len(points)} points pass "
-                 f"({_params_line(params, keys)}, "
-                 f"batch in_flight {params.get('batch_in_flight')} of "
-                 f"{params.get('max_num_seqs')})", fontsize=9)
+            "scheduling_policy", "min_samples")
+    run = f"run of {params['started']}: " if params.get("started") else ""
+    setup = textwrap.fill(f"({_params_line(params, keys)}, batch in_flight "
+                          f"{params.get('batch_in_flight')} of {params.get('max_num_seqs')})",
+                          width=140)
+    fig.suptitle(f"Flow control over the grid, {run}{verdicts}\n{setup}", fontsize=9)
     fig.tight_layout()
     path = _save_svg(fig, out / "flow-grid.svg")
     plt.close(fig)

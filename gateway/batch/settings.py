@@ -37,7 +37,8 @@ class BatchSettings(BaseModel):
         concurrency: Requests of all batches in flight at once (they then wait in the flow
             control ``batch`` class like any other request of that class).
         priority_class: The flow-control class named in the priority header of batch requests
-            (when flow control is on and has that class).
+            (when flow control is on; it must then be one of ``flow_control.classes``, checked
+            by :class:`gateway.config.settings.GatewaySettings`).
         retries: How many times a request answered 429 or 503 (a full queue, a rate limit,
             no replica) is sent again before its answer is recorded as its error line.
         retry_max_wait_s: Longest wait before a retry, seconds (the answer's

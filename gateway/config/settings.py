@@ -159,11 +159,8 @@ class GatewaySettings(BaseSettings):
                         "list the model name"
                     )
         flow = self.flow_control
-        for where, names in (("models", flow.models),
-                             ("vllm_priority_models", flow.vllm_priority_models)):
-            for name in names:
-                if seen.get(name) != name:
-                    raise ValueError(f"flow_control.{where}: {name!r} is not a model name")
+        _check_flow_models(flow, [m.name for m in self.models], seen)
+        _check_reserve_pools(flow, self.models)
         # Prefill tokens in flight are counted by prefix_affinity's decision only: on another
         # strategy's model the threshold could never be reached (gateway.flow.saturation).
         plain = [m.name for m in self.models
@@ -199,6 +196,14 @@ class GatewaySettings(BaseSettings):
                 and not (self.audit is not None and self.audit.store_file is not None)
                 and default_location(bs, audit_store_url(self.audit)) is None):
             raise ValueError(NO_DATABASE)
+        if bs is not None and bs.enabled and self.flow_control.enabled:
+            names = [c.name for c in self.flow_control.classes]
+            if bs.priority_class not in names:
+                default = "" if "priority_class" in bs.model_fields_set else " (the default)"
+                raise ValueError(
+                    f"batch.priority_class: {bs.priority_class!r}{default} is not a class of "
+                    f"flow_control.classes ({', '.join(names)}): batch requests would run in "
+                    "their key's class; set it to one of them")
         pf = self.preflight
         if pf is not None and pf.enabled and (self.telemetry is None or not self.telemetry.enabled):
             raise ValueError("preflight: the continuous pre-flight reports on the admin port: "
@@ -220,3 +225,64 @@ class GatewaySettings(BaseSettings):
                 out[alias] = model
         return out
 
+
+
+def _check_flow_models(flow: FlowControlSettings, known: list[str],
+                       labels: dict[str, str]) -> None:
+    """Refuse a model name in a ``flow_control`` setting that names no model the setting
+    acts on (a typo there would silently configure nothing).
+
+    Args:
+        flow: The ``flow_control`` section.
+        known: The config's model names, in config order.
+        labels: Every model name and alias -> its model's name.
+
+    Raises:
+        ValueError: ``flow_control.<setting>[i]: <problem>``, naming the known models: the
+            name is no model, is an alias (flow control names models by name), or names a
+            model not under flow control in a setting that acts only on those
+            (:meth:`~gateway.flow.settings.FlowControlSettings.model_references`).
+    """
+    for where, names, flow_controlled in flow.model_references():
+        for i, name in enumerate(names):
+            key = f"flow_control.{where}[{i}]"
+            if name not in labels:
+                raise ValueError(f"{key}: {name!r} is not a model name (models: "
+                                 f"{', '.join(known)})")
+            if labels[name] != name:
+                raise ValueError(f"{key}: {name!r} is an alias of {labels[name]!r}; list the "
+                                 "model name")
+            if flow_controlled and flow.models and name not in flow.models:
+                raise ValueError(f"{key}: {name!r} is not under flow control, so this would "
+                                 f"never apply to it (flow_control.models: "
+                                 f"{', '.join(flow.models)}); add it there or remove it here")
+
+
+def _check_reserve_pools(flow: FlowControlSettings, models: list[ModelSettings]) -> None:
+    """Refuse a ``flow_control.reserve`` that can never reserve a replica: a pool with no more
+    replicas than ``reserve.replicas`` has no reserve (:mod:`gateway.flow.reserve`), which is
+    refused for a model ``reserve.models`` names, and when no model it applies to has more.
+
+    Raises:
+        ValueError: ``flow_control.reserve.models[i]: ...`` or ``flow_control.reserve.replicas:
+            ...``, naming the models and their replica counts.
+    """
+    reserve = flow.reserve
+    if reserve is None or not flow.enabled:
+        return
+    sizes = {m.name: len(m.replicas) for m in models}
+    want = reserve.replicas
+    for i, name in enumerate(reserve.models):
+        if sizes.get(name, want + 1) <= want:
+            raise ValueError(
+                f"flow_control.reserve.models[{i}]: {name!r} has {sizes[name]} "
+                f"replica{'s' * (sizes[name] != 1)}, not more than reserve.replicas {want}: "
+                "no replica would be left to the classes below, so it would never have a "
+                "reserve; give it more replicas or set reserve.replicas lower")
+    applies = reserve.models or [m for m in sizes if flow.covers(m)]
+    if applies and all(sizes.get(m, want + 1) <= want for m in applies):
+        listed = ", ".join(f"{m!r} ({sizes[m]})" for m in applies)
+        raise ValueError(
+            f"flow_control.reserve.replicas: {want} is not less than the replicas of any model "
+            f"the reserve applies to ({listed}): no model would ever have a reserve; set it "
+            "lower or give the models more replicas")

@@ -411,3 +411,20 @@ class FlowControlSettings(_Frozen):
     def covers(self, model: str) -> bool:
         """True when flow control is on for the model with canonical name ``model``."""
         return self.enabled and (not self.models or model in self.models)
+
+    def model_references(self) -> list[tuple[str, list[str], bool]]:
+        """Every setting of the section that names models, for the check against the
+        config's models (:class:`gateway.config.settings.Settings`).
+
+        Returns:
+            ``(setting, names, flow_controlled)`` per setting (``"models"``,
+            ``"vllm_priority_models"``, ``"reserve.models"``), where ``flow_controlled`` says
+            that a name must also be a model under flow control (one in ``models`` when that
+            is set): the setting acts on flow-controlled models only, so another model named
+            there would be ignored, not served as written.
+        """
+        refs = [("models", self.models, False),
+                ("vllm_priority_models", self.vllm_priority_models, True)]
+        if self.reserve is not None:
+            refs.append(("reserve.models", self.reserve.models, True))
+        return refs

@@ -104,7 +104,7 @@ def test_plots_of_a_real_flow_grid_run(tmp_path: Path) -> None:
     grid = tmp_path / "grid.json"
     _bench("flow_grid.py", "--prompts", "64", "--outputs", "16", "--rates", "4", "--middle",
            "none", "--window", "4", "--warmup", "1", "--unloaded-window", "2",
-           "--time-scale", "1", "--json", str(grid))
+           "--min-samples", "4", "--time-scale", "1", "--json", str(grid))
     doc = json.loads(grid.read_text())
     [point] = doc["points"]
     assert (point["batch_prompt"], point["batch_output"], point["interactive_rps"]) == (64, 16, 4)

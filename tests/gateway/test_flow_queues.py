@@ -321,8 +321,10 @@ def test_config_errors_name_the_key() -> None:
             "section's saturation") in _problems(
         saturation={"kv_usage": 0.5}, classes=[{"name": "a", "saturation": {"in_flight": 2}}],
         default_class="a")
-    assert "flow_control.vllm_priority_models: 'default' is not a model name" in _problems(
-        vllm_priority_models=["default"])
+    assert ("flow_control.vllm_priority_models[0]: 'default' is an alias of 'llama-3.1-8b'; "
+            "list the model name") in _problems(vllm_priority_models=["default"])
+    assert ("flow_control.vllm_priority_models[0]: 'lama' is not a model name (models: "
+            "llama-3.1-8b, other-model)") in _problems(vllm_priority_models=["lama"])
     assert "classes[1].name: duplicate class 'a'" in _problems(
         classes=[{"name": "a"}, {"name": "a"}], default_class="a")
 

@@ -9,13 +9,17 @@ from __future__ import annotations
 import re
 import socket
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.assembly import assemble
+from gateway.config.errors import InvalidConfig
+from gateway.config.loader import load
 from gateway.fleet.replica import Replica
 from gateway.flow.reserve import Reserve, ReserveState
 from gateway.flow.settings import FlowControlSettings
@@ -195,3 +199,82 @@ def test_other_pods_requests_count_in_the_demand_with_shared_counts() -> None:
     reserve.update(state, replicas, False, 2.0)  # calm from now; hold_s 0
     assert [r.index for r in reserve.room(state, replicas, 1, False, 2.0)] == [1]
     assert not state.widened
+
+
+def _load_problem(tmp_path: Path, flow: dict[str, Any], sizes: tuple[int, ...] = (2, 2),
+                  batch: bool = False) -> str:
+    """The one problem of a config file whose models ``big`` and ``small`` have ``sizes``
+    replicas (``big`` with alias ``fast``) and whose flow_control section is ``flow``."""
+    models = [{"name": name, "aliases": ["fast"] * (name == "big"),
+               "replicas": [{"url": f"http://10.0.0.{i + 10 * n}:8000"} for i in range(size)]}
+              for n, (name, size) in enumerate(zip(("big", "small"), sizes, strict=True))]
+    doc: dict[str, Any] = {"models": models, "flow_control": {
+        "enabled": True, "classes": [{"name": "interactive"}, {"name": "batch"}],
+        "default_class": "batch", "saturation": {"in_flight": 4}, **flow}}
+    if batch:
+        doc["batch"] = {"enabled": True, "database": str(tmp_path / "batch.db")}
+    path = tmp_path / "gw.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
+    with pytest.raises(InvalidConfig) as exc:
+        load(path, {})
+    assert len(exc.value.problems) == 1, exc.value
+    problem = exc.value.problems[0]
+    lines = path.read_text(encoding="utf-8").splitlines()
+    # On the line of the key (of its mapping when not written), or of the item of ``key[i]``.
+    parent, last = problem.key.rsplit(".", 1)
+    assert problem.line is not None, problem
+    text = lines[problem.line - 1].strip()
+    assert (text.startswith("- ") if "[" in last else text.startswith(
+        (f"{last}:", f"{parent.rsplit('.', 1)[-1]}:"))), (problem, text)
+    return f"{problem.key}: {problem.problem}"
+
+
+def test_a_setting_naming_no_flow_controlled_model_is_refused(tmp_path: Path) -> None:
+    """A typo in a model name of flow_control was accepted and reserved (or prioritised)
+    nothing: every setting that names models is checked against the models it acts on."""
+    assert _load_problem(tmp_path, {"reserve": {"models": ["bgi"]}}) == (
+        "flow_control.reserve.models[0]: 'bgi' is not a model name (models: big, small)")
+    assert _load_problem(tmp_path, {"reserve": {"models": ["fast"]}}) == (
+        "flow_control.reserve.models[0]: 'fast' is an alias of 'big'; list the model name")
+    # The reserve acts on flow-controlled models only: 'small' is not one.
+    assert _load_problem(tmp_path, {"models": ["big"], "reserve": {"models": ["small"]}}) == (
+        "flow_control.reserve.models[0]: 'small' is not under flow control, so this would "
+        "never apply to it (flow_control.models: big); add it there or remove it here")
+    assert _load_problem(tmp_path, {"models": ["big"], "vllm_priority_models": ["small"]}) == (
+        "flow_control.vllm_priority_models[0]: 'small' is not under flow control, so this "
+        "would never apply to it (flow_control.models: big); add it there or remove it here")
+    assert _load_problem(tmp_path, {"models": ["big", "smal"]}) == (
+        "flow_control.models[1]: 'smal' is not a model name (models: big, small)")
+
+
+def test_a_reserve_that_can_never_reserve_a_replica_is_refused(tmp_path: Path) -> None:
+    """A pool with no more replicas than reserve.replicas has no reserve: refused for a model
+    the reserve names, and when no model it applies to has more."""
+    assert _load_problem(tmp_path, {"reserve": {"models": ["small"]}}, sizes=(2, 1)) == (
+        "flow_control.reserve.models[0]: 'small' has 1 replica, not more than "
+        "reserve.replicas 1: no replica would be left to the classes below, so it would "
+        "never have a reserve; give it more replicas or set reserve.replicas lower")
+    assert _load_problem(tmp_path, {"reserve": {"replicas": 2}}, sizes=(2, 1)) == (
+        "flow_control.reserve.replicas: 2 is not less than the replicas of any model the "
+        "reserve applies to ('big' (2), 'small' (1)): no model would ever have a reserve; set "
+        "it lower or give the models more replicas")
+    # One model with room is enough when the reserve names none (the others have none).
+    doc = {"models": [{"name": n, "replicas": [{"url": f"http://10.0.0.{i + k}:8000"}
+                                               for i in range(k)]}
+                      for n, k in (("big", 2), ("small", 1))],
+           "flow_control": {"enabled": True, "classes": [{"name": "interactive"},
+                                                          {"name": "batch"}],
+                            "default_class": "batch", "saturation": {"in_flight": 4},
+                            "reserve": {}}}
+    (tmp_path / "ok.yaml").write_text(yaml.safe_dump(doc), encoding="utf-8")
+    assert load(tmp_path / "ok.yaml", {}).flow_control.reserve is not None
+
+
+def test_a_batch_priority_class_that_is_no_flow_class_is_refused(tmp_path: Path) -> None:
+    """batch.priority_class names a flow class: one that is not (the default 'batch' with
+    classes of other names) let batch requests run in their key's class, interactive too."""
+    flow = {"classes": [{"name": "interactive"}, {"name": "bulk"}], "default_class": "bulk"}
+    assert _load_problem(tmp_path, flow, batch=True) == (
+        "batch.priority_class: 'batch' (the default) is not a class of flow_control.classes "
+        "(interactive, bulk): batch requests would run in their key's class; set it to one "
+        "of them")
