@@ -39,8 +39,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gateway.audit.chains import boot_stamp
 from gateway.audit.checkpoint import Checkpoint, Verifier, parse_checkpoint_unverified
-from gateway.audit.errors import AuditConfigError, AuditFormatError
+from gateway.audit.checkpoint_dir import load_checkpoint_dir
+from gateway.audit.errors import AuditFormatError
 from gateway.audit.records import CHAIN_CLOSED, CHAIN_STARTED, parse_body
 from gateway.audit.store import ChainInfo, Store, replica_of
 from gateway.audit.verify_report import ChainSummary, Findings, VerifyReport
@@ -57,18 +59,6 @@ class _ChainPlan:
     start: dict[str, Any] | None = None
     notes: list[tuple[str, str, int]] = field(default_factory=list)  # (source, note, ts_us)
     required_tail: tuple[int, str, str] | None = None  # (size, hash hex, named by chain)
-
-
-def _load_checkpoint_dir(directory: Path) -> list[tuple[Path, str]]:
-    if not directory.is_dir():
-        raise AuditConfigError(f"checkpoint directory {directory} does not exist")
-    out = []
-    for path in sorted(directory.glob("*.ckpt")):
-        try:
-            out.append((path, path.read_text(encoding="utf-8")))
-        except (OSError, UnicodeDecodeError) as exc:
-            raise AuditConfigError(f"cannot read checkpoint {path}: {exc}") from exc
-    return out
 
 
 async def verify_store(
@@ -134,7 +124,7 @@ async def verify_store(
         if isinstance(named, dict) and isinstance(named.get("note"), str):
             plans[prev_chain].notes.append((f"named by {chain}", named["note"], -1))
     if checkpoint_dir is not None:
-        for path, note in _load_checkpoint_dir(checkpoint_dir):
+        for path, note in load_checkpoint_dir(checkpoint_dir):
             dcp = v.open_note(note, None, str(path))
             if dcp is None:
                 continue
@@ -166,7 +156,7 @@ def _check_unlinked(
         start = plans[c.chain].start
         if start is None:
             continue  # missing_start / malformed_record are reported by the scan
-        stamp = c.chain.split("/", 1)[-1].split("-", 1)[0]
+        stamp = boot_stamp(c.chain)
         by_replica.setdefault(replica_of(c.chain), []).append((stamp, c.started_us, c.chain))
     for ordered in by_replica.values():
         ordered.sort()
