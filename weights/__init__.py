@@ -31,8 +31,10 @@ from weights.errors import (
     EntryNotInLockError,
     LockfileError,
     PathCollisionError,
+    UnsafeSerialisationError,
     WeightsError,
 )
+from weights.format_scan import named_as_pickle
 from weights.installpaths import existing_twin
 from weights.lockfile import (
     LockedFile,
@@ -49,9 +51,7 @@ from weights.serialisation import (
     REMOTE_CODE_SWITCH,
     SCANNER,
     SerialisationPolicy,
-    UnsafeSerialisationError,
     check_format,
-    named_as_pickle,
 )
 from weights.verify import Mismatch, VerifyReport, verify_tree
 

@@ -43,11 +43,12 @@ from weights.errors import (
     DriftError,
     EntryNotInLockError,
     SignatureVerificationError,
+    UnsafeSerialisationError,
     WeightsError,
 )
 from weights.lockfile import LockEntry, Lockfile
 from weights.modeltree import UnsafeTreeError
-from weights.serialisation import SerialisationPolicy, UnsafeSerialisationError
+from weights.serialisation import SerialisationPolicy
 from weights.verify import VerifyReport
 
 app = typer.Typer(

@@ -23,6 +23,9 @@ Every error derives from :class:`WeightsError` and carries a stable machine ``co
     +-- SizingError                   "sizing_error"         config/safetensors unreadable
     +-- TargetNotFoundError           "target_not_found"     a model path that does not exist
     +-- OutputExistsError             "output_exists"        a file to write exists (no --force)
+    +-- UnsafeSerialisationError      "unsafe_serialisation" a pickle the policy refuses
+        +-- ModelFileRefused          "encrypted_archive", "archive_too_deep" (not inspectable)
+        +-- RemoteCodeRefused         "remote_code"          code trust_remote_code would run
 
 The CLI maps verification failures (digest, signature) to exit 1 and everything else to 2.
 """
@@ -206,3 +209,32 @@ class OutputExistsError(WeightsError):
     signature someone may still rely on)."""
 
     code = "output_exists"
+
+
+class UnsafeSerialisationError(WeightsError):
+    """A file is pickle-based and the policy refuses it (or the scanner found it unsafe).
+
+    Attributes:
+        path: The file (repository-relative or as given).
+    """
+
+    code = "unsafe_serialisation"
+
+    def __init__(self, message: str, *, path: str, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.path = path
+
+
+class ModelFileRefused(UnsafeSerialisationError):
+    """A model file that cannot be inspected, with its own code: ``encrypted_archive``,
+    ``archive_too_deep``."""
+
+    def __init__(self, message: str, *, path: str, code: str, hint: str | None = None) -> None:
+        super().__init__(message, path=path, hint=hint)
+        self.code = code
+
+
+class RemoteCodeRefused(UnsafeSerialisationError):
+    """A file that ``trust_remote_code`` would run, refused without ``allow_remote_code``."""
+
+    code = "remote_code"

@@ -47,7 +47,8 @@ from gateway.audit.query import export_records, tail_records
 from gateway.audit.records import Record, canonical_json
 from gateway.audit.settings import AuditSettings
 from gateway.audit.store import ChainInfo, Store, StoredCheckpoint
-from gateway.audit.verify import Finding, VerifyReport, verify_store
+from gateway.audit.verify import verify_store
+from gateway.audit.verify_report import Finding, VerifyReport
 from gateway.audit.writer import AuditLog, Receipt
 
 __all__ = [

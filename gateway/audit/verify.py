@@ -1,5 +1,9 @@
 """Offline verification of an audit store.
 
+The report and its findings are in :mod:`gateway.audit.verify_report`, the per-record checks
+of one chain in :mod:`gateway.audit.verify_scan`; here, the store as a whole: which chains,
+checkpoints and links must agree, and the checkpoints against what the scan recomputed.
+
 :func:`verify_store` re-reads every chain and reports findings, each naming its chain and
 sequence number; it never returns a bare bool. Checks, per chain:
 
@@ -31,104 +35,20 @@ from __future__ import annotations
 import contextlib
 import itertools
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from gateway.audit.checkpoint import (
-    Checkpoint,
-    Verifier,
-    open_checkpoint,
-    parse_checkpoint_unverified,
-)
-from gateway.audit.errors import AuditConfigError, AuditFormatError, ProofError
-from gateway.audit.merkle import CompactRange
-from gateway.audit.records import (
-    CHAIN_CLOSED,
-    CHAIN_STARTED,
-    GENESIS_PREV,
-    Record,
-    canonical_json,
-    parse_body,
-    record_hash,
-)
+from gateway.audit.chains import boot_stamp
+from gateway.audit.checkpoint import Checkpoint, Verifier, parse_checkpoint_unverified
+from gateway.audit.checkpoint_dir import load_checkpoint_dir
+from gateway.audit.errors import AuditFormatError
+from gateway.audit.records import CHAIN_CLOSED, CHAIN_STARTED, parse_body
 from gateway.audit.store import ChainInfo, Store, replica_of
+from gateway.audit.verify_report import ChainSummary, Findings, VerifyReport
+from gateway.audit.verify_scan import ChainScan
 
-Severity = Literal["error", "warning"]
 _PAGE = 5000
-_MAX_FINDINGS_PER_CHAIN = 50
-
-
-@dataclass(frozen=True)
-class Finding:
-    """One verification result.
-
-    Attributes:
-        severity: ``error`` (tampering or loss) or ``warning``.
-        code: Stable machine code, e.g. ``hash_mismatch``.
-        chain: Chain id, if the finding is about one chain.
-        seq: Sequence number (record position) concerned, if any.
-        message: Human-readable explanation.
-    """
-
-    severity: Severity
-    code: str
-    chain: str | None
-    seq: int | None
-    message: str
-
-    def __str__(self) -> str:
-        where = self.chain or "-"
-        if self.seq is not None:
-            where += f" seq {self.seq}"
-        return f"{self.severity.upper()} {self.code} [{where}]: {self.message}"
-
-
-@dataclass
-class ChainSummary:
-    """Per-chain statistics of a verification run."""
-
-    chain: str
-    records: int = 0
-    sealed_size: int = 0
-    checkpoints: int = 0
-    closed: bool = False
-
-
-@dataclass
-class VerifyReport:
-    """Result of :func:`verify_store`: ``ok`` is True when there is no error."""
-
-    store: str
-    signatures_checked: bool
-    chains: list[ChainSummary] = field(default_factory=list)
-    findings: list[Finding] = field(default_factory=list)
-
-    @property
-    def errors(self) -> list[Finding]:
-        """Findings of severity ``error``."""
-        return [f for f in self.findings if f.severity == "error"]
-
-    @property
-    def warnings(self) -> list[Finding]:
-        """Findings of severity ``warning``."""
-        return [f for f in self.findings if f.severity == "warning"]
-
-    @property
-    def ok(self) -> bool:
-        """True when no error was found (warnings allowed)."""
-        return not self.errors
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form (for ``--json``)."""
-        return {
-            "ok": self.ok,
-            "store": self.store,
-            "signatures_checked": self.signatures_checked,
-            "records": sum(c.records for c in self.chains),
-            "chains": [asdict(c) for c in self.chains],
-            "findings": [asdict(f) for f in self.findings],
-        }
 
 
 @dataclass
@@ -139,48 +59,6 @@ class _ChainPlan:
     start: dict[str, Any] | None = None
     notes: list[tuple[str, str, int]] = field(default_factory=list)  # (source, note, ts_us)
     required_tail: tuple[int, str, str] | None = None  # (size, hash hex, named by chain)
-
-
-def _load_checkpoint_dir(directory: Path) -> list[tuple[Path, str]]:
-    if not directory.is_dir():
-        raise AuditConfigError(f"checkpoint directory {directory} does not exist")
-    out = []
-    for path in sorted(directory.glob("*.ckpt")):
-        try:
-            out.append((path, path.read_text(encoding="utf-8")))
-        except (OSError, UnicodeDecodeError) as exc:
-            raise AuditConfigError(f"cannot read checkpoint {path}: {exc}") from exc
-    return out
-
-
-class _Verifier:
-    def __init__(self, report: VerifyReport, verifiers: Sequence[Verifier]) -> None:
-        self.report = report
-        self.verifiers = verifiers
-        self._count: dict[str | None, int] = {}
-
-    def add(self, sev: Severity, code: str, chain: str | None, seq: int | None, msg: str) -> None:
-        n = self._count.get(chain, 0)
-        self._count[chain] = n + 1
-        if n == _MAX_FINDINGS_PER_CHAIN:
-            msg, code = "too many findings; further findings of this chain omitted", "truncated"
-        elif n > _MAX_FINDINGS_PER_CHAIN:
-            return
-        self.report.findings.append(Finding(sev, code, chain, seq, msg))
-
-    def open_note(self, note: str, chain: str | None, source: str) -> Checkpoint | None:
-        try:
-            if self.verifiers:
-                return open_checkpoint(note, self.verifiers)
-            return parse_checkpoint_unverified(note)
-        except ProofError as exc:
-            size = None
-            with contextlib.suppress(AuditFormatError):
-                size = parse_checkpoint_unverified(note).size
-            self.add("error", "bad_signature", chain, size, f"{source} (size {size}): {exc}")
-        except AuditFormatError as exc:
-            self.add("error", "malformed_checkpoint", chain, None, f"{source}: {exc}")
-        return None
 
 
 async def verify_store(
@@ -207,7 +85,7 @@ async def verify_store(
         AuditConfigError: If the checkpoint directory cannot be read.
     """
     report = VerifyReport(store.display_url, signatures_checked=bool(verifiers))
-    v = _Verifier(report, verifiers)
+    v = Findings(report, verifiers)
     if not verifiers:
         v.add("warning", "signatures_not_checked", None, None, "no public key given")
     chains = await store.list_chains()
@@ -246,7 +124,7 @@ async def verify_store(
         if isinstance(named, dict) and isinstance(named.get("note"), str):
             plans[prev_chain].notes.append((f"named by {chain}", named["note"], -1))
     if checkpoint_dir is not None:
-        for path, note in _load_checkpoint_dir(checkpoint_dir):
+        for path, note in load_checkpoint_dir(checkpoint_dir):
             dcp = v.open_note(note, None, str(path))
             if dcp is None:
                 continue
@@ -265,130 +143,8 @@ async def verify_store(
     return report
 
 
-class _Scan:
-    """Streaming per-record checks of one chain (positions are the stored seq column)."""
-
-    def __init__(self, chain: str, v: _Verifier, gap_us: int | None, wanted: set[int]) -> None:
-        self.chain, self.v, self.gap_us, self.wanted = chain, v, gap_us, wanted
-        self.rng = CompactRange()
-        self.roots: dict[int, bytes] = {}
-        self.hashes_at: dict[int, bytes] = {}
-        self.expected = 0
-        self.offset = 0
-        self.prev = bytes.fromhex(GENESIS_PREV)  # recomputed hash of the previous row
-        self.prev_stored = self.prev  # its stored hash
-        self.prev2 = self.prev  # recomputed hash of the row before that
-        self.prev_seq: int | None = None  # body seq of the previous row
-        self.prev_altered = False
-        self.link_known = True
-        self.prev_ts: int | None = None
-        self.last_type: str | None = None
-
-    def err(self, code: str, seq: int, msg: str) -> None:
-        self.v.add("error", code, self.chain, seq, msg)
-
-    def feed(self, rec: Record) -> None:
-        pos = rec.seq
-        if not isinstance(pos, int) or isinstance(pos, bool):  # an edit in the store
-            self.err("column_mismatch", self.expected,
-                     f"stored column seq={pos!r} is not a sequence number: edited outside the "
-                     "hash")
-            pos = self.expected
-        if pos != self.expected:
-            self.err(
-                "missing_records",
-                self.expected,
-                f"records {self.expected}..{pos - 1} missing (next stored record is {pos})",
-            )
-            self.link_known = False
-        h = record_hash(rec.body)
-        altered = h != rec.hash
-        if altered:
-            self.err("hash_mismatch", pos, "record content does not match its stored hash")
-        obj: dict[str, Any] | None
-        try:
-            obj = parse_body(rec.body)
-            if canonical_json(obj) != rec.body:
-                self.err("non_canonical", pos, "record is not canonical JSON")
-        except AuditFormatError as exc:
-            self.err("malformed_record", pos, str(exc))
-            obj = None
-        if obj is not None:
-            self._check_obj(obj, pos)
-            self._check_columns(rec, obj, pos)
-        self.prev2, self.prev, self.prev_stored = self.prev, h, rec.hash
-        self.prev_altered = altered
-        self.expected = pos + 1
-        self.rng.append(h)
-        if self.rng.size in self.wanted:
-            self.roots[self.rng.size] = self.rng.root()
-            self.hashes_at[self.rng.size] = h
-
-    def _check_columns(self, rec: Record, obj: dict[str, Any], pos: int) -> None:
-        """The stored columns outside the hash must repeat the hashed body.
-
-        ``prove`` / ``find_request`` select by ``request_id``, ``tail`` and ``export`` by
-        ``ts_us`` and ``type``: an edited column would hide or misattribute a record.
-        """
-        data = obj.get("data")
-        rid = data.get("request_id") if isinstance(data, dict) else None
-        expected = {
-            "ts_us": obj.get("ts_us"),
-            "type": obj.get("type"),
-            "request_id": rid if isinstance(rid, str) else None,
-        }
-        stored = {"ts_us": rec.ts_us, "type": rec.type, "request_id": rec.request_id}
-        for name, want in expected.items():
-            if stored[name] != want:
-                self.err(
-                    "column_mismatch",
-                    pos,
-                    f"stored column {name}={stored[name]!r} differs from the hashed record "
-                    f"({want!r}): edited outside the hash",
-                )
-
-    def _check_obj(self, obj: dict[str, Any], pos: int) -> None:
-        if obj["chain"] != self.chain:
-            self.err("wrong_chain", pos, f"record claims chain {obj['chain']}")
-        seq = obj["seq"]
-        misplaced = seq != pos
-        if misplaced and seq - pos != self.offset:
-            self.err("out_of_order", pos, f"record at position {pos} carries seq {seq}")
-        self.offset = seq - pos
-        prev = obj["prev"]
-        if prev != self.prev.hex() and self.link_known:
-            if seq == self.prev_seq and prev == self.prev2.hex():
-                self.err(
-                    "inserted_record",
-                    pos - 1,
-                    f"record at position {pos - 1} duplicates seq {seq} and is not linked "
-                    "from its successor (inserted)",
-                )
-            elif not (self.prev_altered and prev == self.prev_stored.hex()) and not misplaced:
-                self.err(
-                    "broken_link",
-                    pos,
-                    f"prev does not match the hash of record {pos - 1} (one was altered)",
-                )
-        self.link_known = True
-        if pos == 0 and obj["type"] != CHAIN_STARTED:
-            self.err("missing_start", 0, "chain does not begin with chain.started")
-        ts = obj["ts_us"]
-        if self.prev_ts is not None and self.gap_us is not None and ts - self.prev_ts > self.gap_us:
-            self.err(
-                "time_gap",
-                pos,
-                f"{(ts - self.prev_ts) / 1e6:.1f} s since the previous record exceeds the "
-                f"{self.gap_us / 1e6:.1f} s heartbeat bound (records deleted or writer "
-                "stalled)",
-            )
-        self.prev_ts = ts
-        self.prev_seq = seq
-        self.last_type = obj["type"]
-
-
 def _check_unlinked(
-    chains: Sequence[ChainInfo], plans: dict[str, _ChainPlan], v: _Verifier
+    chains: Sequence[ChainInfo], plans: dict[str, _ChainPlan], v: Findings
 ) -> None:
     """A chain that is not its replica's first must name a predecessor in ``chain.started``.
 
@@ -400,7 +156,7 @@ def _check_unlinked(
         start = plans[c.chain].start
         if start is None:
             continue  # missing_start / malformed_record are reported by the scan
-        stamp = c.chain.split("/", 1)[-1].split("-", 1)[0]
+        stamp = boot_stamp(c.chain)
         by_replica.setdefault(replica_of(c.chain), []).append((stamp, c.started_us, c.chain))
     for ordered in by_replica.values():
         ordered.sort()
@@ -428,7 +184,7 @@ def _claimed_size(notes: Sequence[tuple[str, str, int]]) -> int:
 
 
 async def _verify_chain(
-    store: Store, plan: _ChainPlan, v: _Verifier, max_gap_s: float | None
+    store: Store, plan: _ChainPlan, v: Findings, max_gap_s: float | None
 ) -> ChainSummary:
     chain = plan.chain
     summary = ChainSummary(chain)
@@ -456,7 +212,7 @@ async def _verify_chain(
         gap_us = int(max_gap_s * 1_000_000)
     elif plan.start and isinstance(plan.start.get("heartbeat_ms"), int):
         gap_us = (2 * plan.start["heartbeat_ms"] + 1000) * 1000
-    scan = _Scan(chain, v, gap_us, wanted)
+    scan = ChainScan(chain, v, gap_us, wanted)
     pos = 0
     while True:
         page = await store.read_records(chain, pos, _PAGE)

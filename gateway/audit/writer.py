@@ -8,11 +8,14 @@ fsync.
 
 A chain is ``<replica>/<UTC start time>-<random>``. Its first record (``chain.started``)
 names the previous chain of the same replica with that chain's newest checkpoint and its last
-stored record, so a restart cannot silently drop the previous chain's tail. A signed
+stored record (:mod:`gateway.audit.chains`), so a restart cannot silently drop the previous
+chain's tail. A signed
 checkpoint is written in the same transaction as the batch that makes it due (every
 ``checkpoint_every_records`` records, or ``checkpoint_every_s`` after the first unsealed
 record); when idle for ``heartbeat_s`` the writer appends an ``audit.heartbeat`` record and
-seals it. :meth:`AuditLog.close` appends ``chain.closed`` and a final checkpoint.
+seals it. :meth:`AuditLog.close` appends ``chain.closed`` and a final checkpoint. With a
+checkpoint directory each new checkpoint is also written there
+(:mod:`gateway.audit.checkpoint_dir`).
 """
 
 from __future__ import annotations
@@ -21,7 +24,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import secrets
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -30,7 +32,9 @@ from types import TracebackType
 from typing import Any
 
 from gateway.audit.backends import open_store
+from gateway.audit.chains import new_chain_id, previous_link
 from gateway.audit.checkpoint import Checkpoint, Signer, load_signer, sign_checkpoint
+from gateway.audit.checkpoint_dir import write_checkpoint_file
 from gateway.audit.errors import AuditError, AuditFormatError, AuditUnavailable
 from gateway.audit.merkle import CompactRange
 from gateway.audit.records import (
@@ -43,16 +47,11 @@ from gateway.audit.records import (
     make_record,
 )
 from gateway.audit.settings import AuditSettings
-from gateway.audit.store import ChainInfo, Store, StoredCheckpoint, replica_of
+from gateway.audit.store import ChainInfo, Store, StoredCheckpoint
 
 _log = logging.getLogger(__name__)
 
 _RESERVED_TYPES = frozenset({CHAIN_STARTED, CHAIN_CLOSED, HEARTBEAT})
-
-
-def _boot_stamp(chain: str) -> str:
-    """The UTC start stamp of a chain id ``<replica>/<YYYYmmddTHHMMSSZ>-<random>``."""
-    return chain.split("/", 1)[-1].split("-", 1)[0]
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,27 +72,6 @@ class _Pending:
 
 def _now_us() -> int:
     return time.time_ns() // 1000
-
-
-def checkpoint_file_name(chain: str) -> str:
-    """File name of a chain's newest checkpoint inside a checkpoint directory."""
-    return chain.replace("/", "_") + ".ckpt"
-
-
-def _write_checkpoint_file(directory: Path, chain: str, note: str) -> None:
-    directory.mkdir(parents=True, exist_ok=True)
-    final = directory / checkpoint_file_name(chain)
-    tmp = final.with_name(final.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(note)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, final)
-    dir_fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
 
 
 AppendListener = Callable[[str, float, bool], None]
@@ -137,8 +115,7 @@ class AuditLog:
         self._cp_dir = checkpoint_dir
         self._max_batch = max_batch_records
         self._start_info = dict(start_info or {})
-        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-        self.chain_id = f"{replica_id}/{stamp}-{secrets.token_hex(4)}"
+        self.chain_id = new_chain_id(replica_id)
         self._range = CompactRange()
         self._prev = bytes.fromhex(GENESIS_PREV)
         self._sealed_size = 0
@@ -241,26 +218,6 @@ class AuditLog:
         _log.info("audit chain %s started in %s", self.chain_id, self.store.display_url)
 
     async def _start_record_data(self) -> dict[str, Any]:
-        # By the chain id (it is inside every hashed record), not the unhashed replica and
-        # started_us columns of audit_chains: an edit there must not unlink this restart.
-        mine = sorted(
-            (c for c in await self.store.list_chains() if replica_of(c.chain) == self.replica_id),
-            key=lambda c: (_boot_stamp(c.chain), c.started_us),
-        )
-        previous: dict[str, Any] = {
-            "previous_chain": None,
-            "previous_checkpoint": None,
-            "previous_tail": None,
-        }
-        if mine:
-            last = mine[-1]
-            previous["previous_chain"] = last.chain
-            tail = await self.store.last_record(last.chain)
-            if tail is not None:
-                previous["previous_tail"] = {"size": tail.seq + 1, "hash": tail.hash.hex()}
-            cps = await self.store.checkpoints(last.chain)
-            if cps:
-                previous["previous_checkpoint"] = {"size": cps[-1].size, "note": cps[-1].note}
         data: dict[str, Any] = {
             **self._start_info,
             "replica": self.replica_id,
@@ -270,7 +227,7 @@ class AuditLog:
             "heartbeat_ms": int(self._heartbeat_s * 1000),
             "checkpoint_every_ms": int(self._cp_s * 1000),
             "checkpoint_every_records": self._cp_records,
-            **previous,
+            **await previous_link(self.store, self.replica_id),
         }
         canonical_json(data)
         return data
@@ -510,6 +467,6 @@ class AuditLog:
         if self._cp_dir is None:
             return
         try:
-            await asyncio.to_thread(_write_checkpoint_file, self._cp_dir, cp.chain, cp.note)
+            await asyncio.to_thread(write_checkpoint_file, self._cp_dir, cp.chain, cp.note)
         except OSError as exc:
             _log.error("cannot export checkpoint of %s to %s: %s", cp.chain, self._cp_dir, exc)

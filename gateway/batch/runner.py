@@ -2,11 +2,11 @@
 control ``batch`` class.
 
 A request is handed to :func:`gateway.relay.pipeline.handle` as an ASGI request (no socket, no HTTP
-connection to ourselves), so it goes through the same authorisation, policy, routing, quotas,
-flow control and audit as an interactive one. The caller's key is not kept (only its digest is
-ever configured): the relay sees a snapshot of the live state whose authenticator answers with
-the principal stored when the batch was created. The priority header names
-``batch.priority_class`` (a key may always lower its class).
+connection to ourselves: :mod:`gateway.batch.in_process`), so it goes through the same
+authorisation, policy, routing, quotas, flow control and audit as an interactive one. The
+caller's key is not kept (only its digest is ever configured): the relay sees a snapshot of the
+live state whose authenticator answers with the principal stored when the batch was created.
+The priority header names ``batch.priority_class`` (a key may always lower its class).
 """
 
 from __future__ import annotations
@@ -19,11 +19,10 @@ import json
 import logging
 import secrets
 import time
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Mapping
 from typing import Any
 
 from gateway.audit.errors import AuditUnavailable
-from gateway.auth import Principal
 from gateway.batch.backends import open_batch_store
 from gateway.batch.errors import NotCancellable, NotFound
 from gateway.batch.events import (
@@ -33,12 +32,12 @@ from gateway.batch.events import (
     AuditSink,
     batch_trace_id,
 )
+from gateway.batch.in_process import FixedPrincipal, relay_in_process
 from gateway.batch.owner import OwnerRevoked, reauthorise
 from gateway.batch.settings import BatchSettings, store_location
 from gateway.batch.store import FINAL, BatchStore, BatchStoreUnavailable
 from gateway.config.settings import GatewaySettings
-from gateway.errors import AuthenticationFailed, ServiceUnavailable
-from gateway.relay import pipeline as relay
+from gateway.errors import ServiceUnavailable
 from gateway.state import LiveState
 
 __all__ = ["BatchRunner", "new_id", "open_runner"]
@@ -49,19 +48,6 @@ _log = logging.getLogger(__name__)
 def new_id(prefix: str) -> str:
     """A fresh object id such as ``batch_...`` or ``file-...``."""
     return prefix + secrets.token_hex(12)
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class _Fixed:
-    """An authenticator that answers with one principal (a batch's owner)."""
-
-    principal: Principal
-
-    def authenticate(self, token: str | None,
-                     scope: Mapping[str, Any] | None = None) -> Principal:
-        if token is None:
-            raise AuthenticationFailed()
-        return self.principal
 
 
 class BatchRunner:
@@ -304,7 +290,7 @@ class BatchRunner:
                                                  code="audit_unavailable")
                 return 503, request_id, json.dumps(unavailable.to_dict()).encode(), None
             return err.status, request_id, json.dumps(err.to_dict()).encode(), None
-        state = dataclasses.replace(current, authenticator=_Fixed(principal))
+        state = dataclasses.replace(current, authenticator=FixedPrincipal(principal))
         headers = [(b"authorization", b"Bearer batch"), (b"content-type", b"application/json"),
                    (b"content-length", str(len(body)).encode())]
         if batch_id is not None:
@@ -314,47 +300,7 @@ class BatchRunner:
         if flow.enabled and any(c.name == self.settings.priority_class for c in flow.classes):
             headers.append((flow.header.lower().encode("latin-1"),
                             self.settings.priority_class.encode("latin-1")))
-        scope: dict[str, Any] = {
-            "type": "http", "method": "POST", "path": url, "raw_path": url.encode(),
-            "headers": headers, "query_string": b"", "client": None, "extensions": {},
-            "http_version": "1.1", "scheme": "http",
-        }
-        sent = False
-        never: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-        async def receive() -> dict[str, Any]:
-            nonlocal sent
-            if not sent:
-                sent = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            await never  # no client to go away: the request ends when the relay ends it
-            return {"type": "http.disconnect"}
-
-        status = 500
-        request_id = ""
-        retry_after: float | None = None
-        chunks: list[bytes] = []
-
-        async def send(message: MutableMapping[str, Any]) -> None:
-            nonlocal status, request_id, retry_after
-            if message["type"] == "http.response.start":
-                status = int(message["status"])
-                for name, value in message.get("headers", ()):
-                    name = bytes(name).lower()
-                    if name == b"x-request-id":
-                        request_id = bytes(value).decode("latin-1")
-                    elif name in (b"retry-after-ms", b"retry-after") and retry_after is None:
-                        with contextlib.suppress(ValueError):
-                            scale = 1000.0 if name == b"retry-after-ms" else 1.0
-                            retry_after = float(bytes(value)) / scale
-            elif message["type"] == "http.response.body":
-                chunks.append(bytes(message.get("body", b"")))
-
-        try:
-            await relay.handle(state, scope, receive, send)
-        finally:
-            never.cancel()
-        return status, request_id, b"".join(chunks), retry_after
+        return await relay_in_process(state, url, body, headers)
 
     async def _finalize(self, batch_id: str) -> None:
         store = self.store

@@ -20,7 +20,7 @@ from gateway.config.errors import ConfigProblem, problems_of
 from gateway.config.loader import load
 from gateway.errors import ConfigError
 from gateway.serving.reload import revision_of
-from gateway.serving.supervisor import check_workers
+from gateway.serving.workers_check import check_workers
 
 __all__ = ["check_config"]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Callable
 
+from gateway.preflight import checks_audit as audit
 from gateway.preflight import checks_cluster as cluster
 from gateway.preflight import checks_identity as identity
 from gateway.preflight import checks_mcp as mcp
@@ -24,10 +25,10 @@ CHECKS: tuple[Callable[[Facts], CheckResult], ...] = (
     cluster.check_node_regions,
     cluster.check_env,
     cluster.check_images,
-    runtime.check_audit_log,
-    runtime.check_checkpoint,
-    runtime.check_signing_key,
-    runtime.check_retention,
+    audit.check_audit_log,
+    audit.check_checkpoint,
+    audit.check_signing_key,
+    audit.check_retention,
     runtime.check_weights,
     identity.check_identity,
     mcp.check_mcp,

@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 
 from clishell.text import counted
 from gateway.preflight.inputs import Facts, Workload
-from gateway.preflight.report import CheckResult
+from gateway.preflight.report import CheckResult, skipped
 
 __all__ = ["check_default_deny", "check_env", "check_images", "check_node_regions",
            "destination_peers", "selects"]
@@ -28,10 +28,6 @@ _TARGET_VARS = re.compile(r"^(OTEL_EXPORTER_OTLP(_[A-Z]+)?_ENDPOINT|(HTTPS?|ALL|
                           re.IGNORECASE)
 _DIGEST = re.compile(r"@sha256:[0-9a-f]{64}$")
 _DNS_PORT = 53
-
-
-def _skip(cid: str, title: str, why: str, criteria: tuple[str, ...]) -> CheckResult:
-    return CheckResult(cid, title, "skip", why, {}, criteria)
 
 
 def selects(selector: Any, labels: dict[str, str]) -> bool:
@@ -104,7 +100,7 @@ def check_default_deny(facts: Facts) -> CheckResult:
     cid, title, crit = ("k8s.default-deny", "default-deny egress NetworkPolicy selects every "
                         "pod; allowed peers = policy destinations", ("SOV-3", "SOV-7"))
     if facts.networkpolicies is None or facts.workloads is None:
-        return _skip(cid, title, "no Helm values, manifests or kubeconfig given", crit)
+        return skipped(cid, title, "no Helm values, manifests or kubeconfig given", crit)
     wls, nps = facts.workloads, facts.networkpolicies
     deny = [np for np in nps if "Egress" in ((np.get("spec") or {}).get("policyTypes") or ())
             and not (np.get("spec") or {}).get("egress")]
@@ -162,7 +158,7 @@ def check_node_regions(facts: Facts) -> CheckResult:
     cid, title, crit = ("k8s.node-regions", "pods run only on nodes in allowed regions",
                         ("SOV-3", "SOV-2"))
     if facts.workloads is None:
-        return _skip(cid, title, "no Helm values, manifests or kubeconfig given", crit)
+        return skipped(cid, title, "no Helm values, manifests or kubeconfig given", crit)
     allowed, label = set(facts.criteria.regions), facts.criteria.region_label
     allowed_from = "--region"
     if not allowed and facts.policy is not None:
@@ -173,7 +169,7 @@ def check_node_regions(facts: Facts) -> CheckResult:
                    if d.jurisdiction in jurisdictions}
         allowed_from = f"the policy's destinations in {', '.join(jurisdictions)}"
     if not allowed:
-        return _skip(cid, title, "no allowed regions given (--region, or a policy)", crit)
+        return skipped(cid, title, "no allowed regions given (--region, or a policy)", crit)
     problems: list[str] = []
     placement: dict[str, Any] = {}
     if facts.nodes is not None:
@@ -237,7 +233,7 @@ def check_env(facts: Facts) -> CheckResult:
     cid, title, crit = ("k8s.telemetry-env", "telemetry and hub access off; no OTLP/proxy "
                         "target outside the policy", ("SOV-3", "SOV-4"))
     if facts.workloads is None:
-        return _skip(cid, title, "no Helm values, manifests or kubeconfig given", crit)
+        return skipped(cid, title, "no Helm values, manifests or kubeconfig given", crit)
     problems: list[str] = []
     seen: dict[str, Any] = {}
     for w in facts.workloads:
@@ -273,10 +269,10 @@ def check_images(facts: Facts) -> CheckResult:
     cid, title, crit = ("k8s.images", "images by digest from in-region registries",
                         ("SOV-5",))
     if facts.workloads is None:
-        return _skip(cid, title, "no Helm values, manifests or kubeconfig given", crit)
+        return skipped(cid, title, "no Helm values, manifests or kubeconfig given", crit)
     registries = facts.criteria.registries
     if not registries:
-        return _skip(cid, title, "no in-region registries given (--registry)", crit)
+        return skipped(cid, title, "no in-region registries given (--registry)", crit)
     problems: list[str] = []
     images: dict[str, str] = {}
     for w in facts.workloads:

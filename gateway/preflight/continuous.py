@@ -45,12 +45,13 @@ from typing import Any
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from gateway.preflight import checks_audit as audit
 from gateway.preflight import checks_runtime as runtime
 from gateway.preflight.checks_identity import check_identity
 from gateway.preflight.checks_mcp import check_mcp
 from gateway.preflight.inputs import Criteria, Facts, Inputs
 from gateway.preflight.live_settings import ContinuousSettings
-from gateway.preflight.report import CheckResult, Report
+from gateway.preflight.report import CheckResult, Report, outcome
 from gateway.serving.periodic import Periodic
 
 __all__ = ["DEFAULT_LIVE_CHECKS", "ContinuousPreflight", "LiveCheck", "LiveChecks",
@@ -93,15 +94,14 @@ def check_telemetry_destinations(facts: Facts) -> CheckResult:
                             f"(allowed: {', '.join(c.jurisdictions)})")
     except PolicyError as exc:
         problems.append(f"OTLP endpoint: {exc}")
-    return runtime._result(cid, title, problems, f"OTLP to {dest_id} ({endpoint})", evidence,
-                           crit)
+    return outcome(cid, title, problems, f"OTLP to {dest_id} ({endpoint})", evidence, crit)
 
 
 #: The checks a running gateway can see, in report order.
 DEFAULT_LIVE_CHECKS: tuple[LiveCheck, ...] = (
     runtime.check_destinations, runtime.check_allow_all, runtime.check_unsafe,
-    runtime.check_guard, runtime.check_audit_log, runtime.check_checkpoint,
-    runtime.check_retention, check_telemetry_destinations, check_identity, check_mcp,
+    runtime.check_guard, audit.check_audit_log, audit.check_checkpoint,
+    audit.check_retention, check_telemetry_destinations, check_identity, check_mcp,
 )
 
 

@@ -111,7 +111,7 @@ def key_id(key: Ed25519PublicKey) -> str:
 
 def evidence_files(report: Report, facts: Facts) -> dict[str, bytes]:
     """The files of a pack except the envelope: ``{relative path: content}``."""
-    from gateway.preflight.checks_runtime import latest_checkpoint
+    from gateway.preflight.checks_audit import latest_checkpoint
 
     files = {"report.json": _dump(report.to_json()), "report.md": report.to_markdown().encode()}
     if facts.policy is not None:

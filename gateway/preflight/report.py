@@ -18,7 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-__all__ = ["CRITERIA", "MANUAL_ATTESTATIONS", "REPORT_SCHEMA", "CheckResult", "Report", "Status"]
+__all__ = ["CRITERIA", "MANUAL_ATTESTATIONS", "REPORT_SCHEMA", "CheckResult", "Report", "Status",
+           "outcome", "skipped"]
 
 REPORT_SCHEMA = "sovereign-gateway/preflight-report/v1"
 
@@ -87,6 +88,19 @@ class CheckResult:
         return {"id": self.id, "title": self.title, "status": self.status,
                 "verdict": self.verdict, "required": self.required,
                 "criteria": list(self.criteria), "evidence": self.evidence}
+
+
+def skipped(cid: str, title: str, why: str, criteria: tuple[str, ...]) -> CheckResult:
+    """A check skipped because an input it needs was not given (``why`` names it)."""
+    return CheckResult(cid, title, "skip", why, {}, criteria)
+
+
+def outcome(cid: str, title: str, problems: list[str], ok: str, evidence: dict[str, Any],
+            criteria: tuple[str, ...]) -> CheckResult:
+    """``fail`` with the ``problems`` joined by ``; ``, else ``pass`` with the verdict ``ok``."""
+    if problems:
+        return CheckResult(cid, title, "fail", "; ".join(problems), evidence, criteria)
+    return CheckResult(cid, title, "pass", ok, evidence, criteria)
 
 
 @dataclass(frozen=True, slots=True)

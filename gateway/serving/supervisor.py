@@ -40,7 +40,8 @@ A worker that exits while the pod serves is restarted with the same index, with 
 line naming its pid and exit status (``sg_gateway_worker_restarts_total`` counts them), from
 the configuration the last applied live reload loaded (each worker reports it on its pipe), so
 a key a reload removed stays removed on it. The configuration is checked as a worker checks it
-before anything is bound (:func:`check_assembly`, :func:`check_workers`): an invalid one is
+before anything is bound (:func:`check_assembly`, :func:`check_workers`, in
+:mod:`gateway.serving.workers_check`): an invalid one is
 refused with its ``file:line: key: problem`` as by one process, no port bound. A worker that
 exits before it started serving (at start or after a restart: guard self-test, store
 unreachable, a file the configuration names that changed, port trouble) stops the pod: the
@@ -65,100 +66,21 @@ from pathlib import Path
 from typing import Any
 
 from clishell import CliError
-from gateway.config.errors import InvalidConfig
 from gateway.config.settings import GatewaySettings
-from gateway.errors import ConfigError
 from gateway.logs import configure_logging
 from gateway.serving.drain import SHUTDOWN_MARGIN_S
 from gateway.serving.hangup import HangupLatch
 from gateway.serving.server import LISTEN_BACKLOG
 from gateway.serving.worker import Adjust, WorkerSlot, worker_main
+from gateway.serving.workers_check import check_assembly, check_workers
 
-__all__ = ["STARTUP_FAILURE", "Supervisor", "check_assembly", "check_workers", "serve_workers"]
+__all__ = ["STARTUP_FAILURE", "Supervisor", "serve_workers"]
 
 _log = logging.getLogger(__name__)
 
 STARTUP_FAILURE = 3
 """Exit status when a worker did not start (as one process: ``uvicorn.main.STARTUP_FAILURE``)."""
 
-
-
-def _memory_sqlite(url: str | None) -> bool:
-    return url is not None and url.startswith("sqlite:") and (
-        ":memory:" in url or "mode=memory" in url)
-
-
-def check_workers(settings: GatewaySettings, workers: int) -> None:
-    """Refuse settings whose state would diverge between ``workers`` processes.
-
-    Args:
-        settings: The loaded settings.
-        workers: Worker processes (1: nothing to check).
-
-    Raises:
-        InvalidConfig: ``file:line: key: problem`` for each setting that keeps pod-wide state
-            in one process's memory, and each flow-control ``in_flight`` threshold smaller than
-            ``workers`` (each worker enforces its share of it: see
-            :meth:`gateway.flow.settings.FlowControlSettings.limits`).
-    """
-    if workers <= 1:
-        return
-    problems: list[str] = []
-    q = settings.quotas
-    if q is not None and q.enabled and q.backend == "memory":
-        problems.append(
-            f"quotas.backend: memory keeps quota state inside one process; with --workers "
-            f"{workers} each worker would admit the whole limit: use backend: redis (shared), "
-            "or --workers 1")
-    if settings.audit is not None and settings.audit.enabled and _memory_sqlite(
-            settings.audit.store):
-        problems.append("audit.store: an in-memory SQLite store is per process; with --workers "
-                        f"{workers} use a file or PostgreSQL")
-    ks = settings.keystore
-    if ks is not None and ks.enabled and _memory_sqlite(ks.store):
-        problems.append("keystore.store: an in-memory SQLite store is per process: a key "
-                        f"created or revoked would reach one of {workers} workers; use a file "
-                        "or PostgreSQL")
-    fc = settings.flow_control
-    if fc.enabled:
-        for where, value in fc.small_in_flight(workers):
-            problems.append(
-                f"flow_control.{where}: {value} is less than --workers {workers}: each worker "
-                f"enforces its share of an in_flight threshold ({value} // {workers} = "
-                f"{value // workers} for some); set at least {workers}, or fewer workers")
-    if problems:
-        located = [p for msg in problems for p in settings.problems_of(ConfigError(msg))]
-        raise InvalidConfig(located)
-
-
-def check_assembly(settings: GatewaySettings, base: Path | None) -> None:
-    """Refuse a configuration that a worker would refuse, before any socket is bound.
-
-    The assembly ``gateway check-config`` runs (without the process guard, which each worker
-    installs and self-tests): the policy and each replica's destination, key store, telemetry,
-    TLS files, audit key files, quotas. No store is opened and nothing is served; the
-    telemetry's exporters it built are shut down again.
-
-    Args:
-        settings: The loaded settings.
-        base: Directory of the config file (relative paths).
-
-    Raises:
-        ConfigError: The policy file is unreadable or invalid, or a replica is outside its
-            destination (raised as one ``gateway serve`` raises it, before its assembly).
-        InvalidConfig: ``file:line: key: problem`` for the first invalid section (as a single
-            ``gateway serve`` reports it).
-    """
-    from gateway.assembly import assemble
-    from gateway.egress import load_policy
-
-    load_policy(settings, base)  # what one process's start_egress raises, unlocated as there
-    try:
-        gateway = assemble(settings, base)
-    except ConfigError as exc:
-        raise InvalidConfig(settings.problems_of(exc)) from exc
-    if gateway.telemetry is not None:
-        asyncio.run(gateway.telemetry.shutdown())  # its span exporter thread; nothing started
 
 
 def _bind(host: str, port: int) -> socket.socket:

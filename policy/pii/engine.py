@@ -4,11 +4,11 @@ Presidio's default NLP engine loads a spaCy model (``en_core_web_lg``) and downl
 missing. The gateway must never reach the network on its own, and named-entity models add
 hundreds of megabytes for entities (names, places) no check digit can confirm. The detector
 therefore runs Presidio's :class:`~presidio_analyzer.AnalyzerEngine` with an offline NLP engine
-that only serves the context words around a match: words by a regular expression, lower-cased,
-and spaCy's English stop-word list (shipped in the spaCy wheel; no model, no download). The
-words are made only around a pattern match (spaCy's own tokenizer cost ~10 ms per 4 KB here,
-the expression ~0.3 ms; :mod:`policy.pii.context` reads them from a window around each match,
-not from the whole text).
+(:mod:`policy.pii.nlp`) that only serves the context words around a match: words by a regular
+expression, lower-cased, and spaCy's English stop-word list (shipped in the spaCy wheel; no
+model, no download). The words are made only around a pattern match (spaCy's own tokenizer
+cost ~10 ms per 4 KB here, the expression ~0.3 ms; :mod:`policy.pii.context` reads them from a
+window around each match, not from the whole text).
 
 A JSON value (a chat ``messages`` array, a Responses ``input``, MCP tool arguments) is scanned
 as one text: its strings, object keys included, joined by blank lines (no recogniser pattern
@@ -44,10 +44,11 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .context import WORD, make_enhancer
+from .context import make_enhancer
 from .dataurl import base64_text, data_url_text
 from .findings import Finding, Form
 from .masking import Label, mask
+from .nlp import make_nlp_engine
 from .normalize import number_text, view
 from .recognizers import BUILTIN, RecognizerSpec, build_recognizers
 
@@ -211,107 +212,6 @@ def texts(value: Any, *, keys: bool = True, limit: int | None = None) -> Texts |
     return Texts(value, keys, sum(len(p[3]) for p in parts), parts)
 
 
-_WORD = WORD
-
-
-class _Keywords(list[str]):
-    """The keywords of a text, as :meth:`NlpArtifacts.set_keywords` lists them, with a set
-    for ``in`` (Presidio's context enhancer tests each surrounding word's membership)."""
-
-    def __init__(self, words: list[str]) -> None:
-        super().__init__(words)
-        self._set = frozenset(words)
-
-    def __contains__(self, word: object) -> bool:
-        return word in self._set
-
-
-def _make_nlp_engine(language: str) -> Any:
-    from presidio_analyzer.nlp_engine import NlpArtifacts, NlpEngine
-    from spacy.lang.en.stop_words import STOP_WORDS
-
-    class LazyArtifacts(NlpArtifacts):
-        """Words made on first use: the context enhancer reads them only when a recogniser
-        matched, so text without candidates is never tokenized."""
-
-        def __init__(self, engine: Any, text: str, language: str) -> None:
-            # NlpArtifacts.__init__ would tokenize at once; its attributes are properties here.
-            self._engine, self._text, self._language = engine, text, language
-            self._words: list[str] | None = None
-            self.entities: list[Any] = []
-            self.nlp_engine = engine
-            self.scores: list[float] = []
-
-        def _tokens(self) -> list[str]:
-            if self._words is None:
-                matches = list(_WORD.finditer(self._text))
-                self._words = [m.group() for m in matches]
-                self._indices = [m.start() for m in matches]
-                self._lemmas = lemmas = [w.lower() for w in self._words]
-                # NlpArtifacts.set_keywords, decided once per distinct word (a 4 KB prompt has
-                # ~700 words, ~100 distinct), and a list whose ``in`` is a set lookup: the
-                # context enhancer only tests membership, once per word it walks past.
-                keep = {w: not (w in STOP_WORDS or (len(w) == 1 and not w.isalnum())
-                                or w == "-PRON-" or w == "be")
-                        for w in set(lemmas)}
-                self._keywords = _Keywords([w for w in lemmas if keep[w]])
-            return self._words
-
-        @property
-        def tokens(self) -> Any:  # type: ignore[override]  # lazy
-            return self._tokens()
-
-        @property
-        def tokens_indices(self) -> list[int]:  # type: ignore[override]  # lazy
-            self._tokens()
-            return self._indices
-
-        @property
-        def lemmas(self) -> list[str]:  # type: ignore[override]  # lazy
-            self._tokens()
-            return self._lemmas
-
-        @property
-        def keywords(self) -> list[str]:  # type: ignore[override]  # lazy
-            self._tokens()
-            return self._keywords
-
-    class OfflineNlpEngine(NlpEngine):
-        """Words by a regular expression, lower-cased as lemmas, spaCy's English stop words:
-        what the context enhancer needs, with no model."""
-
-        def __init__(self) -> None:
-            self._loaded = False
-
-        def load(self) -> None:
-            self._loaded = True
-
-        def is_loaded(self) -> bool:
-            return self._loaded
-
-        def process_text(self, text: str, language: str) -> Any:
-            return LazyArtifacts(self, text, language)
-
-        def process_batch(self, texts: Any, language: str, batch_size: int = 1,
-                          n_process: int = 1, **kwargs: Any) -> Iterator[Any]:
-            for text in texts:
-                yield text, self.process_text(text, language)
-
-        def is_stopword(self, word: str, language: str) -> bool:
-            return word in STOP_WORDS
-
-        def is_punct(self, word: str, language: str) -> bool:
-            return len(word) == 1 and not word.isalnum()
-
-        def get_supported_entities(self) -> list[str]:
-            return []
-
-        def get_supported_languages(self) -> list[str]:
-            return [language]
-
-    return OfflineNlpEngine()
-
-
 class Detector:
     """Finds sensitive entities in text or JSON values.
 
@@ -342,7 +242,7 @@ class Detector:
             global_regex_flags=re.DOTALL | re.MULTILINE,
             supported_languages=[language],
         )
-        nlp = _make_nlp_engine(language)
+        nlp = make_nlp_engine(language)
         nlp.load()
         self._engine = AnalyzerEngine(registry=registry, nlp_engine=nlp,
                                       supported_languages=[language],

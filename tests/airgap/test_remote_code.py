@@ -16,7 +16,8 @@ from airgap.mlbom import BOM_NAME, read_extra
 from airgap.validate import parse_index
 from tests.weights.cli_util import run_cli
 from weights import Lockfile, SerialisationPolicy
-from weights.serialisation import RemoteCodeRefused, check_format
+from weights.errors import RemoteCodeRefused
+from weights.serialisation import check_format
 
 REPO = "acme/custom-arch"
 CODE = SerialisationPolicy(allow_remote_code=True)

@@ -348,7 +348,7 @@ def test_a_flow_control_in_flight_threshold_below_the_workers_is_refused(
 def test_in_memory_stores_are_refused_with_several_workers_and_allowed_with_one() -> None:
     from gateway.config.errors import InvalidConfig
     from gateway.config.loader import parse
-    from gateway.serving.supervisor import check_workers
+    from gateway.serving.workers_check import check_workers
 
     settings = parse({
         "models": [{"name": "m", "replicas": [{"url": "http://127.0.0.1:9"}]}],

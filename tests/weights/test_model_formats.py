@@ -22,17 +22,11 @@ from safetensors import SafetensorError, safe_open
 
 from tests.hub_emulator.safetensors_gen import make_safetensors
 from tests.weights import pickle_samples as S
-from weights.errors import SizingError
+from weights.errors import ModelFileRefused, SizingError, UnsafeSerialisationError
+from weights.format_scan import inspect_file
 from weights.gguf_format import MalformedGGUF, parse_gguf
 from weights.safetensors_format import MalformedSafetensors, parse_safetensors
-from weights.serialisation import (
-    DEFAULT_POLICY,
-    ModelFileRefused,
-    SerialisationPolicy,
-    UnsafeSerialisationError,
-    check_format,
-    inspect_file,
-)
+from weights.serialisation import DEFAULT_POLICY, SerialisationPolicy, check_format
 from weights.sizing import count_params, read_header_file
 
 ALLOW = SerialisationPolicy(allow_pickle=True)

@@ -16,17 +16,13 @@ from tests.hub_fixtures import MINILM, HubServer
 from tests.weights import pickle_samples as S
 from tests.weights.cli_util import run_cli
 from weights import Lockfile
+from weights.errors import UnsafeSerialisationError
+from weights.format_scan import inspect_file
 from weights.hub import HubClient
 from weights.pickle_scan import ALLOWED_GLOBALS, scan_pickle_bytes
 from weights.pin import pin
 from weights.pull import pull_entry
-from weights.serialisation import (
-    SCANNER,
-    SerialisationPolicy,
-    UnsafeSerialisationError,
-    check_format,
-    inspect_file,
-)
+from weights.serialisation import SCANNER, SerialisationPolicy, check_format
 
 NOW = datetime(2026, 12, 1, 12, 0, 0, tzinfo=UTC)
 ALLOW = SerialisationPolicy(allow_pickle=True)

@@ -19,10 +19,10 @@ from tests.hub_fixtures import MINILM, HubServer
 from tests.weights import pickle_samples as S
 from tests.weights.cli_util import run_cli
 from weights import Lockfile, verify_tree
+from weights.errors import UnsafeSerialisationError
 from weights.hub import HubClient
 from weights.local import content_id, local_entry, lock_local, snapshot_claim
 from weights.pin import pin
-from weights.serialisation import UnsafeSerialisationError
 
 NOW = datetime(2026, 12, 1, 12, 0, 0, tzinfo=UTC)
 CLAIM = "c9745ed1d9f207416be6d2e6f8de32d1f16199bf"

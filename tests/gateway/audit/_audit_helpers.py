@@ -11,8 +11,7 @@ from typing import Any
 
 import asyncpg
 
-from gateway.audit import AuditLog, Signer, open_store, verify_store
-from gateway.audit.verify import VerifyReport
+from gateway.audit import AuditLog, Signer, VerifyReport, open_store, verify_store
 
 
 def raw_sql(url: str, sql: str, *args: Any) -> list[Sequence[Any]]:

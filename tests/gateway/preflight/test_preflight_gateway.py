@@ -31,7 +31,7 @@ import yaml
 from gateway.audit import Signer, generate_key_file, write_key_pair
 from gateway.cli import main
 from gateway.preflight import Criteria, Inputs, run_preflight
-from gateway.preflight.checks_runtime import check_checkpoint
+from gateway.preflight.checks_audit import check_checkpoint
 from tests.conftest import ServerThread, free_port
 from tests.gateway.helpers import SERVED
 from tests.gateway.preflight.conftest import REPO, SocketRecorder

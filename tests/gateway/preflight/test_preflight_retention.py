@@ -18,7 +18,7 @@ import yaml
 
 from gateway.audit import Signer, write_key_pair
 from gateway.preflight import Criteria, Inputs, run_preflight
-from gateway.preflight.checks_runtime import check_retention
+from gateway.preflight.checks_audit import check_retention
 from tests.gateway.audit._audit_helpers import write_log
 
 RETENTION_DAYS = 190
