@@ -6,12 +6,14 @@ URIs it is given on its request's stream, as a server that ignores subscriptions
 SDK client subscribes through a real ``gateway serve`` (2025-11-25 sessions). Only updates of
 URIs that this caller's session subscribed to (or below them) and that the key may read
 arrive; another caller's session gets none; ``resources/unsubscribe`` ends them; a stateless
-2026-07-28 tool call's stream carries none (updates ride ``subscriptions/listen`` there).
+2026-07-28 tool call's stream carries none (updates ride ``subscriptions/listen`` there), and a
+``subscriptions/listen`` stream only those of its own ``resourceSubscriptions`` filter.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,7 @@ from typing import Any
 import anyio
 import pytest
 from mcp.server.lowlevel import Server
+from mcp.shared.subscriptions import SUBSCRIPTION_ID_META_KEY
 from mcp_types import (
     CallToolRequestParams,
     CallToolResult,
@@ -27,6 +30,10 @@ from mcp_types import (
     ResourceUpdatedNotification,
     ResourceUpdatedNotificationParams,
     SubscribeRequestParams,
+    SubscriptionsAcknowledgedNotification,
+    SubscriptionsAcknowledgedNotificationParams,
+    SubscriptionsListenRequestParams,
+    SubscriptionsListenResult,
     TextContent,
     Tool,
     UnsubscribeRequestParams,
@@ -34,6 +41,7 @@ from mcp_types import (
 
 from gateway.mcp.withhold import NOT_SUBSCRIBED
 from tests.gateway.mcp_gateway.harness import Gateway, start_gateway
+from tests.gateway.mcp_gateway.test_mcp_bad_input import META, headers, post
 from tests.gateway.mcp_gateway.test_mcp_resource_withholding import ACCESS, client
 from vllm_sim import SimConfig
 from vllm_sim import create_app as create_sim
@@ -69,9 +77,25 @@ def announcing_server(subscribed: list[str]) -> Any:
         subscribed.append("-" + str(params.uri))
         return EmptyResult()
 
+    async def listen(ctx: Any, params: SubscriptionsListenRequestParams,
+                     ) -> SubscriptionsListenResult:
+        # Acknowledges the filter as asked, then announces every URI of ANNOUNCED on the
+        # stream whatever the filter said, and closes it gracefully.
+        meta = {SUBSCRIPTION_ID_META_KEY: ctx.request_id}
+        await ctx.session.send_notification(SubscriptionsAcknowledgedNotification(
+            params=SubscriptionsAcknowledgedNotificationParams(
+                notifications=params.notifications, _meta=meta)),
+            related_request_id=ctx.request_id)
+        for uri in ANNOUNCED:
+            await ctx.session.send_notification(ResourceUpdatedNotification(
+                params=ResourceUpdatedNotificationParams(uri=uri, _meta=meta)),
+                related_request_id=ctx.request_id)
+        return SubscriptionsListenResult(_meta=meta)
+
     server: Server[Any] = Server("upstream-announcing", on_list_tools=list_tools,
                                  on_call_tool=call_tool, on_subscribe_resource=subscribe,
-                                 on_unsubscribe_resource=unsubscribe)
+                                 on_unsubscribe_resource=unsubscribe,
+                                 on_subscriptions_listen=listen)
     return server.streamable_http_app()
 
 
@@ -145,3 +169,24 @@ def test_a_stateless_tool_call_stream_carries_no_updates(gw: tuple[Gateway, list
     [rec] = _calls(gateway)
     assert rec["protocol_version"] == "2026-07-28"
     assert rec["withheld"]["rules"] == [NOT_SUBSCRIBED]
+
+
+def test_a_listen_stream_carries_only_the_updates_of_its_filter(
+        gw: tuple[Gateway, list[str]]) -> None:
+    gateway, _ = gw
+    body = {"jsonrpc": "2.0", "id": 9, "method": "subscriptions/listen", "params": {
+        "notifications": {"resourceSubscriptions": [README]}, "_meta": META}}
+    resp = post(gateway.mcp("docs"), body, headers(method="subscriptions/listen"))
+    assert resp.status_code == 200, resp.text
+    assert resp.headers["content-type"].startswith("text/event-stream")
+    frames = [json.loads(line[5:]) for line in resp.text.splitlines()
+              if line.startswith("data:")]
+    assert [f.get("method") for f in frames] == [
+        "notifications/subscriptions/acknowledged", "notifications/resources/updated",
+        "notifications/resources/updated", None]
+    assert [f["params"]["uri"] for f in frames[1:3]] == [README, README + "/part"]
+    assert frames[-1]["id"] == 9 and "result" in frames[-1]
+    [rec] = [r["data"] for r in gateway.records() if r["type"] == "mcp.tool_call"]
+    assert rec["mcp_method"] == "subscriptions/listen"
+    assert rec["withheld"]["count"] == 3
+    assert rec["withheld"]["rules"] == [NOT_SUBSCRIBED, "no access rule allows it"]
