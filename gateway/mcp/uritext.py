@@ -47,12 +47,20 @@ class UriText:
         alts = "|".join(re.escape(s) for s in sorted(schemes))
         self._find = re.compile(
             r"(?<![A-Za-z0-9+.-])(?:" + alts + r"):[^\s\"'<>\\^`{|}]++(?!\{)", re.IGNORECASE)
-        # The JSON text may spell a character of a string as \uXXXX: then parse it.
-        self._bytes = re.compile(rb"\\u|(?:" + alts.encode() + rb"):", re.IGNORECASE)
+        self._needles = tuple(s.lower().encode() + b":" for s in sorted(schemes))
 
     def may_name(self, data: bytes) -> bool:
-        """False when the JSON text ``data`` cannot contain such a URI (no parse needed)."""
-        return self._bytes.search(data) is not None
+        """False when the JSON text ``data`` cannot contain such a URI (no parse needed).
+
+        Substring searches in a plain loop: a case-insensitive regular expression, or a
+        generator, costs several times more per answer (timeit, one run, loaded machine)."""
+        if b"\\u" in data:  # a character of a string may be spelled \uXXXX: parse it
+            return True
+        low = data.lower()  # ASCII only, as schemes are
+        for needle in self._needles:
+            if needle in low:
+                return True
+        return False
 
     def redact(self, root: Any, check: Callable[[str], ToolVerdict],
                note: Callable[[str, str], None]) -> int:
