@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from fnmatch import fnmatchcase
 from urllib.parse import unquote
 
 from gateway.mcp.settings import McpAccessRule
@@ -33,6 +34,7 @@ MEMO_ENTRIES = 4096
 
 _DECODE_ROUNDS = 4
 _UNSAFE = re.compile(r"[\x00-\x20\x7f\\]")
+_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):")
 _AUTHORITY = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*:)(//[^/?#]*)?(.*)$", re.DOTALL)
 
 
@@ -86,6 +88,7 @@ class ToolAccess:
     def __init__(self, rules: Sequence[McpAccessRule]) -> None:
         self._rules = [r.model_dump() for r in rules]
         self._memo: dict[tuple[str, str | None, str, str, str | None], ToolVerdict] = {}
+        self._schemes: dict[tuple[str, str | None, str, str, None], frozenset[str]] = {}
 
     def may_use_server(self, key_id: str, team: str | None, server: str) -> bool:
         """True when some rule for ``server`` lets the caller use some tool, prompt or
@@ -125,6 +128,33 @@ class ToolAccess:
                         break
             self._remember(key, verdict)
         return verdict
+
+    def resource_schemes(self, key_id: str, team: str | None, server: str) -> frozenset[str]:
+        """The URI schemes (lower case) spelled literally at the start of the ``resources``
+        globs (allow and deny) of the rules that match the caller and ``server``: the URIs
+        :mod:`gateway.mcp.uritext` looks for in free text (a glob starting with a wildcard
+        names none)."""
+        key = (key_id, team, server, "schemes", None)
+        memo = self._schemes.get(key)
+        if memo is not None:
+            return memo
+        found: set[str] = set()
+        for rule in self._rules:
+            if not (any(fnmatchcase(key_id, p) for p in rule.get("keys") or ())
+                    or (team is not None
+                        and any(fnmatchcase(team, p) for p in rule.get("teams") or ()))):
+                continue
+            if not any(fnmatchcase(server, p) for p in rule.get("servers") or ("*",)):
+                continue
+            globs = rule.get("resources") or {}
+            for glob in (*(globs.get("allow") or ()), *(globs.get("deny") or ())):
+                m = _SCHEME.match(glob)
+                if m is not None:
+                    found.add(m.group(1).lower())
+        if len(self._schemes) >= MEMO_ENTRIES:
+            self._schemes.clear()
+        memo = self._schemes[key] = frozenset(found)
+        return memo
 
     def _verdict(self, key_id: str, team: str | None, server: str, kind: str,
                  name: str | None) -> ToolVerdict:

@@ -17,7 +17,7 @@ status, the bytes sent and the SHA-256 of the final response.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from gateway.mcp.access import ToolAccess
@@ -28,8 +28,10 @@ from gateway.mcp.records import CallRecord
 from gateway.mcp.sessions import SessionBinder
 from gateway.mcp.settings import McpLimits
 from gateway.mcp.sse import with_data
+from gateway.mcp.subscriptions import Subscriptions, listen_uris
 from gateway.mcp.upstream import Link, RelayedStream, Upstream
-from gateway.mcp.withhold import ResourceSieve, Withheld, may_name_uris
+from gateway.mcp.uritext import UriText
+from gateway.mcp.withhold import ResourceSieve, Withheld
 
 __all__ = ["AnswerRelay"]
 
@@ -41,15 +43,23 @@ class AnswerRelay:
     """Sends checked messages upstream and relays the answers (see module docstring).
 
     Args:
-        limits: The ``mcp.limits`` (response bytes, call and idle timeouts).
+        limits: The ``mcp.limits`` (response bytes, call and idle timeouts, sessions).
         sessions: Wraps upstream session ids to the caller.
         access: Filters list answers to what the caller may use.
+        uri_text: ``mcp.uri_text``: URIs in strings ``redact``-ed, ``refuse``-d or ``off``.
+
+    Attributes:
+        subscriptions: The resources each handshake-era session subscribed to.
     """
 
-    def __init__(self, limits: McpLimits, sessions: SessionBinder, access: ToolAccess) -> None:
+    def __init__(self, limits: McpLimits, sessions: SessionBinder, access: ToolAccess,
+                 uri_text: str = "redact") -> None:
         self._limits = limits
         self._sessions = sessions
         self._access = access
+        self._uri_text = uri_text
+        self._texts: dict[frozenset[str], UriText] = {}
+        self.subscriptions = Subscriptions(limits.max_sessions)
 
     async def forward(self, link: Link, upstream: Upstream, principal: Any, msg: Message,
                       body: bytes, headers: Mapping[str, str], upstream_sid: str | None,
@@ -85,16 +95,16 @@ class AnswerRelay:
                 rec.bytes_out = len(data)
                 return
             stream = RelayedStream(resp, msg.id, upstream.name, limits)
-            sieve = self._sieve(principal, upstream.name)
+            sieve = self._sieve(principal, upstream.name, msg, upstream_sid)
             try:
                 if msg.method is not None and msg.method in LISTS:
                     await self._relay_filtered(msg.method, stream, principal, upstream, rec,
-                                               send, out_headers)
+                                               send, out_headers, sieve)
                 elif stream.is_sse:
                     await self._relay_sse(stream, msg, rec, send, out_headers, sieve)
                 else:
                     answer, message = await stream.whole()
-                    if may_name_uris(answer) and sieve.sift(message, msg.method):
+                    if sieve.may_withhold(answer) and sieve.sift(message, msg.method):
                         answer = _encode(message)
                     rec.status = 200
                     await send_json(send, 200, answer, out_headers)
@@ -104,18 +114,51 @@ class AnswerRelay:
                     rec.withheld = sieve.withheld.record()
             rec.result_sha256 = stream.digest  # of the answer as the server sent it
 
-    def _sieve(self, principal: Any, server: str) -> ResourceSieve:
-        """The sieve of this caller's answers from ``server`` (:mod:`gateway.mcp.withhold`)."""
+    def _sieve(self, principal: Any, server: str, msg: Message,
+               upstream_sid: str | None) -> ResourceSieve:
+        """The sieve of this caller's answer to ``msg`` from ``server``
+        (:mod:`gateway.mcp.withhold`), with the caller's subscriptions: the session's
+        (``resources/subscribe`` recorded here when forwarded, ``unsubscribe`` removed), or
+        a ``subscriptions/listen`` request's own (:mod:`gateway.mcp.subscriptions`)."""
         key_id, team, access = principal.key_id, principal.team, self._access
-        return ResourceSieve(lambda uri: access.check_resource(key_id, team, server, uri),
-                             Withheld())
+        session = (key_id, server, upstream_sid) if upstream_sid is not None else None
+        uri = msg.params.get("uri")
+        if session is not None and isinstance(uri, str):
+            if msg.method == "resources/subscribe":
+                self.subscriptions.add(session, uri)
+            elif msg.method == "resources/unsubscribe":
+                self.subscriptions.remove(session, uri)
+        subscribed: Callable[[str], bool]
+        if msg.method == "subscriptions/listen":
+            subscribed = listen_uris(msg.params).covers
+        else:
+            subscriptions = self.subscriptions
+            subscribed = lambda u: subscriptions.covers(session, u)  # noqa: E731
+        return ResourceSieve(lambda u: access.check_resource(key_id, team, server, u),
+                             Withheld(), subscribed, self._text_of(key_id, team, server),
+                             self._uri_text == "refuse")
+
+    def _text_of(self, key_id: str, team: str | None, server: str) -> UriText | None:
+        """The finder of the URIs the caller's globs name in strings (``None``: none, or
+        ``uri_text: off``); one per set of schemes."""
+        if self._uri_text == "off":
+            return None
+        schemes = self._access.resource_schemes(key_id, team, server)
+        if not schemes:
+            return None
+        text = self._texts.get(schemes)
+        if text is None:
+            if len(self._texts) >= 256:
+                self._texts.clear()
+            text = self._texts[schemes] = UriText(schemes)
+        return text
 
     async def _relay_sse(self, stream: RelayedStream, msg: Message, rec: CallRecord, send: Any,
                          out_headers: list[tuple[bytes, bytes]], sieve: ResourceSieve) -> None:
         started = ended = False
         try:
             async for raw, data, message in stream.events():
-                if data is not None and may_name_uris(data):
+                if data is not None and sieve.may_withhold(data):
                     sifted = sieve.sift(message, msg.method)
                     if sifted is None:
                         continue  # a notification about a resource the caller may not read
@@ -155,7 +198,8 @@ class AnswerRelay:
 
     async def _relay_filtered(self, method: str, stream: RelayedStream, principal: Any,
                               upstream: Upstream, rec: CallRecord, send: Any,
-                              out_headers: list[tuple[bytes, bytes]]) -> None:
+                              out_headers: list[tuple[bytes, bytes]],
+                              sieve: ResourceSieve) -> None:
         final: Any = None
         async for _, _, message in stream.events():
             if stream.final:
@@ -163,6 +207,7 @@ class AnswerRelay:
         if not isinstance(final, dict):
             raise McpRefusal(502, INTERNAL_ERROR, "upstream_invalid", f"no {method} answer")
         listed_entries(method, final.get("result"), self._access, principal, upstream.name)
+        sieve.sift(final, method)  # URIs in the entries' descriptions, titles, _meta
         data = json.dumps(final, separators=(",", ":")).encode()
         rec.status = 200
         await send_json(send, 200, data, out_headers)

@@ -116,7 +116,8 @@ class McpEndpoint:
         self.access = ToolAccess(settings.access)
         self.catalogue = Catalogue(settings.limits)
         self.sessions = SessionBinder(session_key)
-        self.answers = AnswerRelay(settings.limits, self.sessions, self.access)
+        self.answers = AnswerRelay(settings.limits, self.sessions, self.access,
+                                   settings.uri_text)
         self.metrics = McpMetrics()
         self.checks = MessageChecks(settings, self.access, self.catalogue, policy, matcher)
         self._audit = audit
@@ -374,6 +375,7 @@ class McpEndpoint:
         if sid is None:
             raise McpRefusal(404, INVALID_REQUEST, "session_unknown", "Session not found")
         rec.decision = "allow"
+        self.answers.subscriptions.end((key_id, upstream.name, sid))  # the session ends
         status = await upstream.delete(Link.of(state), sid)
         rec.status = status
         await send_response(send, status, b"", [])

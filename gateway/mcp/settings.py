@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Literal
 from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator, model_validator
@@ -255,6 +256,9 @@ class McpSettings(FrozenSection):
         session_key_file: HMAC key of handshake-era session ids (base64 of >= 32 bytes, a
             mounted Secret shared by all workers and replicas); unset: random per process, so
             a 2025 client's session continues only in the process that opened it.
+        uri_text: Resource URIs the caller may not read, found in the strings of a server's
+            answer (``text``, ``structuredContent``, ``_meta``; :mod:`gateway.mcp.uritext`):
+            ``redact`` them (default), ``refuse`` the message, or ``off`` (not searched).
     """
 
     servers: list[McpServerSettings] = Field(min_length=1)
@@ -264,6 +268,7 @@ class McpSettings(FrozenSection):
     allowed_origins: list[str] = Field(default_factory=list)
     aggregate: bool = False
     session_key_file: Path | None = None
+    uri_text: Literal["redact", "refuse", "off"] = "redact"
 
     @model_validator(mode="after")
     def _unique_names(self) -> McpSettings:

@@ -12,10 +12,20 @@ by :class:`gateway.mcp.answers.AnswerRelay`):
   something was held back, and never which URI);
 * an entry of a ``resources/read`` result's ``contents`` whose URI the caller may not read is
   removed (a resource contents list has no item for a placeholder);
-* a ``notifications/resources/updated`` for such a URI is dropped.
+* a ``notifications/resources/updated`` for such a URI is dropped, and so is one for a URI
+  the caller did not subscribe to through the gateway (:mod:`gateway.mcp.subscriptions`);
+* with ``mcp.uri_text`` ``redact`` (the default) or ``refuse``, a URI of a scheme the caller's
+  ``resources`` globs name, inside any string of the message (``text`` items,
+  ``structuredContent``, ``_meta``, descriptions), is judged too (:mod:`gateway.mcp.uritext`):
+  ``redact`` replaces a refused one by :data:`gateway.mcp.uritext.REDACTED`; ``refuse`` turns
+  a response naming one into a JSON-RPC error (:data:`TEXT_REFUSED`) and drops a notification
+  or server request naming one.
 
-A message in whose bytes no ``"uri"`` key can be spelled (:func:`may_name_uris`: the key
-as written, or with ``\\u`` escapes) is relayed as it came, unparsed again and unchanged.
+Every withheld item, notification and URI is counted for the audit record (:class:`Withheld`:
+the rules, never the URIs). A message in whose bytes no ``"uri"`` key can be spelled
+(:func:`may_name_uris`: the key as written, or with ``\\u`` escapes) nor a URI of a judged
+scheme (:meth:`ResourceSieve.may_withhold`) is relayed as it came, unparsed again and
+unchanged.
 """
 
 from __future__ import annotations
@@ -27,11 +37,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.mcp.access import ToolVerdict
+from gateway.mcp.jsonrpc import FORBIDDEN
+from gateway.mcp.uritext import UriText
 
-__all__ = ["PLACEHOLDER", "ResourceSieve", "Withheld", "may_name_uris"]
+__all__ = ["NOT_SUBSCRIBED", "PLACEHOLDER", "TEXT_REFUSED", "ResourceSieve", "Withheld",
+           "may_name_uris"]
 
 PLACEHOLDER = "[resource withheld by the gateway: the caller may not read it (mcp.access)]"
 """The text of the item that stands in for a withheld ``resource_link`` or ``resource``."""
+
+NOT_SUBSCRIBED = "not subscribed through the gateway"
+"""The rule of a ``notifications/resources/updated`` for a URI the caller did not subscribe to."""
+
+TEXT_REFUSED = ("the answer names a resource the caller may not read "
+                "(mcp.uri_text: refuse)")
+"""The message of the JSON-RPC error that replaces such an answer in ``refuse`` mode."""
 
 MAX_DIGESTS = 16
 """Most URI digests one audit record lists (the count is always exact)."""
@@ -59,14 +79,18 @@ class Withheld:
     """What was withheld from one answer: for its audit record (never a URI).
 
     Attributes:
-        count: Items and notifications withheld.
+        count: Items, notifications and URIs in text withheld.
         rules: The deciding rules (each once, in order of first use).
         uri_sha256: SHA-256 (hex) of the withheld URIs, at most :data:`MAX_DIGESTS`.
+        in_text: Of ``count``, URIs found in strings (:mod:`gateway.mcp.uritext`).
+        refused: Messages refused or dropped for such a URI (``mcp.uri_text: refuse``).
     """
 
     count: int = 0
     rules: list[str] = field(default_factory=list)
     uri_sha256: list[str] = field(default_factory=list)
+    in_text: int = 0
+    refused: int = 0
 
     def note(self, uri: str, reason: str) -> None:
         """Count one withheld item whose URI ``uri`` was refused for ``reason``."""
@@ -80,8 +104,13 @@ class Withheld:
 
     def record(self) -> dict[str, Any]:
         """The audit record's ``withheld`` field."""
-        return {"count": self.count, "rules": list(self.rules),
-                "uri_sha256": list(self.uri_sha256)}
+        out: dict[str, Any] = {"count": self.count, "rules": list(self.rules),
+                               "uri_sha256": list(self.uri_sha256)}
+        if self.in_text:
+            out["in_text"] = self.in_text
+        if self.refused:
+            out["refused"] = self.refused
+        return out
 
 
 class ResourceSieve:
@@ -91,11 +120,24 @@ class ResourceSieve:
         check: The caller's verdict on a resource URI of this server
             (:meth:`gateway.mcp.access.ToolAccess.check_resource`, bound to the caller).
         withheld: Receives the count, rules and digests.
+        subscribed: Did the caller subscribe to a URI (:mod:`gateway.mcp.subscriptions`)?
+            ``None``: no subscription check (every readable update is relayed).
+        text: Finds URIs in strings (``None``: strings are not searched).
+        refuse_text: A URI found in a string refuses its message instead of being redacted.
     """
 
-    def __init__(self, check: Callable[[str], ToolVerdict], withheld: Withheld) -> None:
+    def __init__(self, check: Callable[[str], ToolVerdict], withheld: Withheld,
+                 subscribed: Callable[[str], bool] | None = None, text: UriText | None = None,
+                 refuse_text: bool = False) -> None:
         self._check = check
         self.withheld = withheld
+        self._subscribed = subscribed
+        self._text = text
+        self._refuse_text = refuse_text
+
+    def may_withhold(self, data: bytes) -> bool:
+        """False when nothing in the JSON text ``data`` can be withheld (no parse needed)."""
+        return may_name_uris(data) or (self._text is not None and self._text.may_name(data))
 
     def _denied(self, uri: Any) -> bool:
         if not isinstance(uri, str):
@@ -115,15 +157,21 @@ class ResourceSieve:
                 ``resources/read`` filters its result's ``contents``.
 
         Returns:
-            ``None``: drop the message (a notification about a withheld URI); ``True``: it
-            was changed (encode it again); ``False``: relay it as it came.
+            ``None``: drop the message (a notification about a withheld or unsubscribed URI,
+            a notification or request refused for a URI in its text); ``True``: it was
+            changed (encode it again); ``False``: relay it as it came.
         """
         if not isinstance(message, dict):
             return False
         if message.get("method") == "notifications/resources/updated":
             params = message.get("params")
             uri = params.get("uri") if isinstance(params, dict) else None
-            return None if self._denied(uri) else False
+            if self._denied(uri):
+                return None
+            if self._subscribed is not None and not (
+                    isinstance(uri, str) and self._subscribed(uri)):
+                self.withheld.note(uri if isinstance(uri, str) else "", NOT_SUBSCRIBED)
+                return None
         before = self.withheld.count
         result = message.get("result")
         if (method == "resources/read" and "id" in message and isinstance(result, dict)
@@ -131,6 +179,18 @@ class ResourceSieve:
             result["contents"] = [c for c in result["contents"] if not (
                 isinstance(c, dict) and self._denied(c.get("uri")))]
         self._replace_items(message)
+        found = 0 if self._text is None else self._text.redact(message, self._check,
+                                                                self.withheld.note)
+        if found:
+            self.withheld.in_text += found
+            if self._refuse_text:
+                self.withheld.refused += 1
+                if "method" in message or "id" not in message:
+                    return None  # a notification or server request: not relayed
+                rid = message["id"]
+                message.clear()
+                message.update({"jsonrpc": "2.0", "id": rid, "error": {
+                    "code": FORBIDDEN, "message": TEXT_REFUSED}})
         return self.withheld.count != before
 
     def _replace_items(self, root: dict[str, Any]) -> None:

@@ -2,10 +2,12 @@
 
 The official ``mcp`` SDK (2.3) as upstream server and as client (both protocol eras), through
 a real ``gateway serve``: a tool result's ``resource_link`` and embedded ``resource`` items,
-a prompt's embedded resource, a ``resources/read`` answer's extra contents and
-``notifications/resources/updated`` for a URI the key may not read never reach the client;
-items are replaced by the placeholder text, the audit record counts them and names the rules,
-never the URIs (digests only).
+a prompt's embedded resource, a ``resources/read`` answer's extra contents,
+``notifications/resources/updated`` for a URI the key may not read (or did not subscribe to)
+and such URIs in text, ``structuredContent`` and ``_meta`` never reach the client; items are
+replaced by the placeholder text, URIs in strings redacted (or the answer refused,
+``mcp.uri_text: refuse``), the audit record counts them and names the rules, never the URIs
+(digests only).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.prompts.base import UserMessage
 from mcp_types import (
+    CallToolResult,
     ContentBlock,
     EmbeddedResource,
     ResourceLink,
@@ -34,7 +37,8 @@ from mcp_types import (
     TextResourceContents,
 )
 
-from gateway.mcp.withhold import PLACEHOLDER
+from gateway.mcp.uritext import REDACTED
+from gateway.mcp.withhold import NOT_SUBSCRIBED, PLACEHOLDER, TEXT_REFUSED
 from tests.gateway.mcp_gateway.harness import Gateway, start_gateway
 from tests.gateway.mcp_gateway.test_mcp_bad_input import call, headers, post
 from vllm_sim import SimConfig
@@ -45,6 +49,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptio
 ACCESS = [{"teams": ["agents"], "allow": ["*"], "prompts": {"allow": ["brief"]},
            "resources": {"allow": ["docs://public/*"], "deny": ["docs://public/private-*"]}}]
 SECRETS = ("SECRET KEYS", "PRIVATE NOTES", "docs://secret", "private-notes")
+MENTION = "read docs://public/readme, not docs://secret/keys; nor docs://{name} (a template)"
 EXTRA = (b'{"uri":"docs://secret/keys","mimeType":"text/plain","text":"SECRET KEYS"},')
 
 
@@ -82,6 +87,15 @@ def out_server(json_response: bool) -> Any:
                 ResourceUpdatedNotification(params=ResourceUpdatedNotificationParams(uri=uri)),
                 related_request_id=ctx.request_id)
         return "notified"
+
+    @server.tool()
+    def mentions() -> CallToolResult:
+        """Name documents in text, in the structured result and in ``_meta``."""
+        return CallToolResult(
+            content=[TextContent(type="text", text=MENTION)],
+            structured_content={"doc": "docs://secret/keys", "ok": "docs://public/readme",
+                                "docs://public/private-notes": ["Docs://Secret/keys"]},
+            _meta={"source": "see docs://public/private-notes."})
 
     @server.resource("docs://public/bundle")
     def bundle() -> str:
@@ -133,13 +147,14 @@ def gw(serve_asgi: Callable[..., Any], tmp_path: Path,
 
 
 @asynccontextmanager
-async def client(url: str, mode: str, seen: list[Any] | None = None) -> AsyncIterator[Client]:
-    """The SDK client with the agent's key; ``seen`` receives every incoming message."""
+async def client(url: str, mode: str, seen: list[Any] | None = None,
+                 key: str = "sg-mcp-agent") -> AsyncIterator[Client]:
+    """The SDK client with ``key`` (the agent's); ``seen`` receives every incoming message."""
     async def handler(message: Any) -> None:
         if seen is not None:
             seen.append(message)
 
-    async with httpx2.AsyncClient(headers={"Authorization": "Bearer sg-mcp-agent"},
+    async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {key}"},
                                   timeout=httpx2.Timeout(30.0)) as http:
         async with Client(streamable_http_client(url, http_client=http), mode=mode,
                           message_handler=handler) as c:
@@ -200,8 +215,10 @@ def test_resource_read_drops_contents_of_other_uris_and_prompt_withholds_embedde
 
 @pytest.mark.parametrize("gw", [False], ids=["sse"], indirect=True)  # JSON: no notifications
 @pytest.mark.parametrize("mode", ["auto", "legacy"])
-def test_resource_updated_notifications_for_unreadable_uris_are_dropped(
+def test_resource_updated_notifications_without_a_subscription_are_dropped(
         gw: Gateway, mode: str) -> None:
+    # The readable one was relayed before the gateway kept subscriptions (this client never
+    # subscribed; tests/gateway/mcp_gateway/test_mcp_resource_subscriptions.py subscribes).
     seen: list[Any] = []
 
     async def go() -> str:
@@ -210,11 +227,57 @@ def test_resource_updated_notifications_for_unreadable_uris_are_dropped(
             return str(result.content[0].text)  # type: ignore[union-attr]
 
     assert anyio.run(go) == "notified"
-    updated = [str(m.params.uri) for m in seen if isinstance(m, ResourceUpdatedNotification)]
-    assert updated == ["docs://public/readme"]
+    assert not [m for m in seen if isinstance(m, ResourceUpdatedNotification)]
     [rec] = _allowed(gw, "tools/call")
-    assert rec["withheld"] == {"count": 1, "rules": ["no access rule allows it"],
-                               "uri_sha256": [_digest("docs://secret/keys")]}
+    assert rec["withheld"] == {
+        "count": 2, "rules": ["no access rule allows it", NOT_SUBSCRIBED],
+        "uri_sha256": [_digest("docs://secret/keys"), _digest("docs://public/readme")]}
+
+
+@pytest.mark.parametrize("mode", ["auto", "legacy"])
+def test_uris_the_key_may_not_read_are_redacted_from_text_structured_content_and_meta(
+        gw: Gateway, mode: str) -> None:
+    async def go() -> dict[str, Any]:
+        async with client(gw.mcp("docs"), mode) as c:
+            return _dump(await c.call_tool("mentions", {}))
+
+    result = anyio.run(go)
+    assert result["content"] == [{"type": "text", "text": (
+        f"read docs://public/readme, not {REDACTED}; nor docs://{{name}} (a template)")}]
+    assert result["structuredContent"] == {"doc": REDACTED, "ok": "docs://public/readme",
+                                           REDACTED: [REDACTED]}
+    assert result["_meta"]["source"] == f"see {REDACTED}."
+    assert not any(s in json.dumps(result) for s in SECRETS)
+    [rec] = _allowed(gw, "tools/call")
+    assert rec["withheld"]["count"] == rec["withheld"]["in_text"] == 5
+    assert set(rec["withheld"]["rules"]) == {
+        "no access rule allows it", "access[0] denies resource 'docs://public/private-*'"}
+    assert "docs://secret" not in json.dumps(gw.records())
+
+
+def test_uri_text_refuse_turns_the_answer_into_an_error(serve_asgi: Callable[..., Any],
+                                                        tmp_path: Path) -> None:
+    sim = serve_asgi(create_sim(SimConfig(models=["m"])))
+    upstream = serve_asgi(out_server(True))
+
+    def extra(mcp: dict[str, Any]) -> None:
+        mcp["access"] = ACCESS
+        mcp["uri_text"] = "refuse"
+
+    gateway = start_gateway(tmp_path, sim.url, {"docs": upstream.url + "/mcp"}, {}, extra)
+    try:
+        refused = post(gateway.mcp("docs"), call("mentions", {}), headers(name="mentions"))
+        kept = post(gateway.mcp("docs"), call("readme_link", {}, rid=2),
+                    headers(name="readme_link"))
+    finally:
+        gateway.stop()
+    assert refused.status_code == 200  # the server answered: the answer is what is refused
+    assert refused.json() == {"jsonrpc": "2.0", "id": 1, "error": {
+        "code": -32001, "message": TEXT_REFUSED}}
+    assert kept.json()["result"]["content"][0]["uri"] == "docs://public/readme"
+    first, second = _allowed(gateway, "tools/call")
+    assert first["withheld"]["refused"] == 1 and first["withheld"]["in_text"] == 5
+    assert "withheld" not in second
 
 
 @pytest.mark.parametrize("gw", [True], ids=["json"], indirect=True)
