@@ -44,6 +44,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
+import os
 import select
 import socket
 import ssl
@@ -154,11 +156,8 @@ def resolver_dialer(
     async def dial(host: str, port: int) -> socket.socket:
         literal = _literal_address(host, port) if literals else None
         if literal is not None:
-            # The socket factory below still checks the address (always-denied ones).
-            return await aiohappyeyeballs.start_connection(
-                [literal], happy_eyeballs_delay=happy_eyeballs_delay_s,
-                socket_factory=socket_factory,
-            )
+            # The socket factory still checks the address (always-denied ones).
+            return await _connect_one(literal, socket_factory)
         infos = await the_resolver.resolve(host, port, socket.AF_UNSPEC)
         addr_infos: list[AddrInfoType] = []
         for info in infos:
@@ -168,12 +167,66 @@ def resolver_dialer(
             addr_infos.append((info["family"], socket.SOCK_STREAM, info["proto"], "", address))
         if not addr_infos:
             raise OSError(f"no address of {host}")
+        if len(addr_infos) == 1:  # nothing to race: Happy Eyeballs makes this one attempt
+            return await _connect_one(addr_infos[0], socket_factory)
         return await aiohappyeyeballs.start_connection(
             addr_infos, happy_eyeballs_delay=happy_eyeballs_delay_s,
             socket_factory=socket_factory,
         )
 
     return dial
+
+
+async def _connect_one(addr_info: AddrInfoType,
+                       socket_factory: Callable[[AddrInfoType], socket.socket] | None,
+                       ) -> socket.socket:
+    """Connect a non-blocking socket to one address; return it connected.
+
+    A connection that is made at once (loopback and same-host replicas: the kernel completes
+    the handshake inside ``connect``, which still answers ``EINPROGRESS``) is returned without
+    a turn of the event loop (one ``poll(2)`` without waiting tells); any other waits for the
+    socket to become writable, as ``loop.sock_connect`` does. In a burst of new streams each
+    request so reaches its replica in the step that parsed it.
+
+    Raises:
+        OSError: The connection was refused or failed (``ConnectionRefusedError`` ...).
+        policy.EgressDenied: ``socket_factory`` refused the address.
+    """
+    family, type_, proto, _, address = addr_info
+    sock = (socket_factory(addr_info) if socket_factory is not None
+            else socket.socket(family, type_, proto))
+    try:
+        sock.setblocking(False)
+        err = sock.connect_ex(address)
+        if err in (errno.EINPROGRESS, errno.EAGAIN):
+            poller = select.poll()
+            poller.register(sock.fileno(), select.POLLOUT)
+            if not poller.poll(0):
+                await _writable(sock)
+            err = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+        if err:
+            raise OSError(err, f"Connect call failed {address}: {os.strerror(err)}")
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+async def _writable(sock: socket.socket) -> None:
+    """Wait until ``sock`` is writable (its connect finished, made or failed)."""
+    loop = asyncio.get_running_loop()
+    ready: asyncio.Future[None] = loop.create_future()
+    fd = sock.fileno()
+
+    def on_writable() -> None:
+        if not ready.done():
+            ready.set_result(None)
+
+    loop.add_writer(fd, on_writable)
+    try:
+        await ready
+    finally:
+        loop.remove_writer(fd)
 
 
 def _literal_address(host: str, port: int) -> AddrInfoType | None:
@@ -331,14 +384,15 @@ class RelayClient:
                   for o in observers] if observers else ()  # none: no list per request
         conn: H1Connection | None = None
         try:
-            conn = self._idle_connection(origin, on_slot) if not fresh else None
-            if conn is None:
-                conn = await self._acquire(origin, fresh, on_slot)
             request = _request_head(origin, path, headers, len(body))
             if len(body) <= _JOIN_MAX:
-                conn.send(request + body)  # one write, one send() for the usual small body
+                request, body = request + body, b""  # one write, one send() for a small body
+            # (a large body is written apart: a join would copy it)
+            conn = self._idle_connection(origin, on_slot) if not fresh else None
+            if conn is not None:
+                conn.send(request, body)
             else:
-                conn.send(request, body)  # not joined: a join would copy the body
+                conn = await self._acquire(origin, fresh, on_slot, request, body)
             head = await conn.read_head()
         except BaseException as exc:
             if conn is not None:
@@ -390,19 +444,27 @@ class RelayClient:
             conn.abort()  # closed, closing, or bytes arrived while idle: never reused
         return None
 
-    async def _acquire(self, origin: _Origin, fresh: bool,
-                       on_slot: Callable[[], None] | None) -> H1Connection:
+    async def _acquire(self, origin: _Origin, fresh: bool, on_slot: Callable[[], None] | None,
+                       request: bytes, body: bytes) -> H1Connection:
+        """A connection to ``origin`` (idle, or new once there is room) with ``request`` and
+        ``body`` sent on it (:meth:`H1Connection.send`)."""
         while True:
             if self._closed:
                 raise ConnectFailed("the upstream client is closed")
             if not fresh:
                 conn = self._idle_connection(origin, on_slot)
                 if conn is not None:
+                    try:
+                        conn.send(request, body)
+                    except BaseException:
+                        conn.finish()
+                        conn.abort()
+                        raise
                     return conn
             if self._limit <= 0 or self._open < self._limit:
                 if on_slot is not None:
                     on_slot()
-                return await self._connect(origin)
+                return await self._connect(origin, request, body)
             closing = self._close_one_idle()
             if closing is not None:
                 # Its slot is ours once it is closed (unless another request is faster): one
@@ -421,14 +483,30 @@ class RelayClient:
                     with contextlib.suppress(ValueError):
                         self._waiters.remove(waiter)
 
-    async def _connect(self, origin: _Origin) -> H1Connection:
+    async def _connect(self, origin: _Origin, request: bytes, body: bytes) -> H1Connection:
+        """A new connection to ``origin`` with ``request`` and ``body`` sent on it.
+
+        On a plain TCP connection the request goes out on the socket as soon as it is
+        connected, before asyncio's transport is made for it (which takes another turn of the
+        event loop): in a burst of new streams each request then reaches the replica in the
+        same step as its connect, not after every other request's connect and set-up. What the
+        socket does not take at once (or an error it reports) is left to the transport.
+
+        Raises:
+            ConnectFailed, ConnectTimedOut, policy.EgressDenied: See :meth:`post`.
+            ConnectionClosed: The connection closed before the request was written.
+        """
         loop = asyncio.get_running_loop()
         self._open += 1
         conn = H1Connection(self._lost)
+        sent = 0
         try:
             async with asyncio.timeout(self.connect_s):
                 sock = await self._dial(origin.host, origin.port)
                 try:
+                    if not origin.tls:
+                        sent = _send_at_once(sock, request)
+                        conn.begin()  # the response may arrive before send() below
                     await loop.create_connection(
                         lambda: conn, sock=sock, ssl=self._ssl() if origin.tls else None,
                         server_hostname=origin.host.rstrip(".") if origin.tls else None,
@@ -447,6 +525,12 @@ class RelayClient:
             raise ConnectFailed(f"{type(exc).__name__}: {exc}") from exc
         except BaseException:
             self._not_opened(conn)
+            raise
+        try:
+            conn.send(request[sent:] if sent else request, body, begun=not origin.tls)
+        except BaseException:
+            conn.finish()
+            conn.abort()
             raise
         return conn
 
@@ -529,6 +613,18 @@ class RelayClient:
 
 _JOIN_MAX = 64 * 1024
 """Largest body joined to the head for one write (bytes); a larger one is written apart."""
+
+
+def _send_at_once(sock: socket.socket, data: bytes) -> int:
+    """Write what a newly connected non-blocking socket takes of ``data`` now; return its
+    length in bytes (0 on any error: the transport then writes it all and reports the error
+    as it would have)."""
+    with contextlib.suppress(OSError):
+        if sock.family in (socket.AF_INET, socket.AF_INET6):
+            # What asyncio's transport sets too, before the first write rather than after.
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return sock.send(data)
+    return 0
 
 
 def _request_head(origin: _Origin, path: str, headers: dict[str, str], length: int) -> bytes:
@@ -703,12 +799,18 @@ class H1Connection(asyncio.Protocol):
 
     # the exchange -------------------------------------------------------------------------
 
-    def send(self, request: bytes, body: bytes = b"") -> None:
+    def send(self, request: bytes, body: bytes = b"", *, begun: bool = False) -> None:
         """Start an exchange: write ``request`` (the head, or head and body), then ``body``.
 
         A large body is written as given, not joined to the head (a join would copy it);
         what the socket does not take at once the transport buffers (asyncio copies that
         remainder).
+
+        Args:
+            request: The request head (or head and body), or what is left of it to write.
+            body: The body, written after ``request``.
+            begun: :meth:`begin` was called already (part of the request went out before the
+                transport was made); only the rest is written.
 
         Raises:
             ConnectionClosed: The connection was already closed (``before_response``).
@@ -716,6 +818,15 @@ class H1Connection(asyncio.Protocol):
         transport = self.transport
         if self.closed or transport is None or transport.is_closing():
             raise ConnectionClosed(True, "found closed")
+        if not begun:
+            self.begin()
+        if request:
+            transport.write(request)
+        if body:
+            transport.write(body)
+
+    def begin(self) -> None:
+        """Start an exchange without writing: what arrives from now on is its response."""
         self._active = True
         self._received = False
         self._head_buf = b""
@@ -725,9 +836,6 @@ class H1Connection(asyncio.Protocol):
         self._buffered = 0
         self._exc = self._sink_error = None
         self.body_done = False
-        transport.write(request)
-        if body:
-            transport.write(body)
 
     async def read_head(self) -> Head:
         """Wait for the response head (1xx interim responses skipped).
