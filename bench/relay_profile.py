@@ -142,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
                         "(per new stream, not per event; --tokens defaults to 5 then)")
     p.add_argument("--ttft-ms", type=float, default=None,
                    help="the replica's time to first token in ms (default 20 with --burst)")
+    p.add_argument("--save", help="also write the profile (pstats) to this file")
     args = p.parse_args(argv)
     if args.burst and args.tokens == p.get_default("tokens"):
         args.tokens = 5
@@ -175,6 +176,8 @@ def main(argv: list[str] | None = None) -> int:
         if not written:
             print("no profile written", file=sys.stderr)
             return 1
+        if args.save:
+            Path(args.save).write_bytes(out.read_bytes())
         stats = pstats.Stats(str(out))
         raw = stats.stats  # type: ignore[attr-defined]
         # Per-event work only: start-up (imports, compiles) and the idle poll are left out.
