@@ -5,8 +5,9 @@ bodies for the server, response heads and bodies for the client); :mod:`gateway.
 server's connection protocol, :mod:`gateway.h1.asgi_io` the app side of its ASGI messages and
 :mod:`gateway.h1.conntable` which idle connection makes room at the connection cap;
 :mod:`gateway.h1.client` the asyncio protocol of one upstream connection and the bounded
-keep-alive pool that dials through the upstream connector (the egress policy's checks) and
-hands responses to :mod:`gateway.relay.forward`. This package exports the client's API.
+keep-alive pool that hands responses to :mod:`gateway.relay.forward`, dialing through
+:mod:`gateway.h1.dial` (the egress policy's resolver and checks). This package exports the
+client's API.
 """
 
 from gateway.h1.client import (
@@ -14,13 +15,12 @@ from gateway.h1.client import (
     ConnectFailed,
     ConnectionClosed,
     ConnectTimedOut,
-    Dialer,
     H1Connection,
     IncompleteBody,
     RelayClient,
     Response,
-    resolver_dialer,
 )
+from gateway.h1.dial import Dialer, resolver_dialer
 from gateway.h1.framing import ProtocolError
 
 __all__ = [

@@ -1,16 +1,13 @@
 """The relay's upstream HTTP/1.1 client: a bounded keep-alive pool per replica origin.
 
-Connections are opened through a :class:`Dialer`, which resolves and connects with the same
-resolver and socket factory as the upstream aiohttp session's connector
-(:func:`resolver_dialer`; with the egress policy those are the policy's pinning resolver and
-checked socket factory, so every new connection is checked by the one egress implementation,
-:mod:`policy.transport`), then TLS for ``https://`` replicas with the configured context. A
-connection returns to its origin's idle list only when its response was read whole and the
-replica kept it open; idle
-connections close after ``keep_alive_s`` (below the backends' keep-alive). At most ``limit``
-connections are open at once (idle ones of other origins are closed to make room; ``0``: no
-limit). A request that asks for a ``fresh`` connection gets a new one that is closed after its
-response (the retry after a stale pooled connection).
+Connections are opened through a :data:`~gateway.h1.dial.Dialer` (:mod:`gateway.h1.dial`:
+resolved and connected by the egress policy's rules), then TLS for ``https://`` replicas with
+the configured context. A connection returns to its origin's idle list only when its response
+was read whole and the replica kept it open; idle connections close after ``keep_alive_s``
+(below the backends' keep-alive). At most ``limit`` connections are open at once (idle ones of
+other origins are closed to make room; ``0``: no limit). A request that asks for a ``fresh``
+connection gets a new one that is closed after its response (the retry after a stale pooled
+connection).
 
 Errors: :class:`ConnectFailed`, :class:`ConnectTimedOut`, ``policy.EgressDenied`` (refused by
 the egress policy), and from the exchange :class:`ConnectionClosed`, :class:`IncompleteBody`,
@@ -48,16 +45,12 @@ import select
 import socket
 import ssl
 from collections import deque
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
-import aiohappyeyeballs
-import aiohttp
-from aiohappyeyeballs import AddrInfoType
-from aiohttp.abc import AbstractResolver
-
+from gateway.h1.dial import Dialer
 from gateway.h1.framing import (
     MAX_HEAD_BYTES,
     PLAIN_SIZE_LINE,
@@ -74,17 +67,12 @@ __all__ = [
     "ConnectFailed",
     "ConnectTimedOut",
     "ConnectionClosed",
-    "Dialer",
     "H1Connection",
     "IncompleteBody",
     "RelayClient",
     "Response",
     "Sink",
-    "resolver_dialer",
 ]
-
-Dialer = Callable[[str, int], Awaitable[socket.socket]]
-"""``(host, port) -> connected socket``; raises ``OSError`` or ``policy.EgressDenied``."""
 
 
 class ConnectFailed(Exception):
@@ -117,79 +105,6 @@ class AttemptObserver(Protocol):
     def attempt_answered(self, token: object, status: int) -> None: ...
 
     def attempt_failed(self, token: object, exc: BaseException) -> None: ...
-
-
-def resolver_dialer(
-    resolver: AbstractResolver | None = None,
-    socket_factory: Callable[[AddrInfoType], socket.socket] | None = None,
-    *,
-    happy_eyeballs_delay_s: float | None = 0.25,
-) -> Dialer:
-    """A dialer that resolves with ``resolver`` and connects with Happy Eyeballs (RFC 8305).
-
-    Only public APIs: ``AbstractResolver.resolve`` (aiohttp's resolver interface, which the
-    egress policy's pinning resolver implements) and ``aiohappyeyeballs.start_connection``,
-    whose ``socket_factory`` creates each socket (the egress policy's address check before
-    every connect). The aiohttp session of the health prober and the metrics scraper is built
-    from the same resolver and factory (:func:`policy.make_connector`), so both clients resolve
-    and connect by one rule.
-
-    Args:
-        resolver: Hostname lookups (default: ``aiohttp.ThreadedResolver``, the system
-            ``getaddrinfo`` in a thread). Address literals are resolved too when a resolver is
-            given (the policy's resolver checks them); with the default, a literal
-            (``127.0.0.1``, ``::1``) is used as it is, without the thread hand-off
-            (``getaddrinfo`` would return it unchanged, at ~150 us of CPU per new connection).
-        socket_factory: Makes the socket for one address (default: a plain socket).
-        happy_eyeballs_delay_s: Seconds before the next address is tried in parallel
-            (RFC 8305 section 5 recommends 250 ms); ``None``: one address at a time.
-
-    Raises (from the returned dialer):
-        OSError: The name did not resolve, or no address accepted the connection.
-        policy.EgressDenied: The policy refused the name or an address.
-    """
-    the_resolver = resolver if resolver is not None else aiohttp.ThreadedResolver()
-    literals = resolver is None
-
-    async def dial(host: str, port: int) -> socket.socket:
-        literal = _literal_address(host, port) if literals else None
-        if literal is not None:
-            # The socket factory below still checks the address (always-denied ones).
-            return await aiohappyeyeballs.start_connection(
-                [literal], happy_eyeballs_delay=happy_eyeballs_delay_s,
-                socket_factory=socket_factory,
-            )
-        infos = await the_resolver.resolve(host, port, socket.AF_UNSPEC)
-        addr_infos: list[AddrInfoType] = []
-        for info in infos:
-            address: tuple[str, int] | tuple[str, int, int, int] = (
-                (info["host"], info["port"], 0, 0) if info["family"] == socket.AF_INET6
-                else (info["host"], info["port"]))
-            addr_infos.append((info["family"], socket.SOCK_STREAM, info["proto"], "", address))
-        if not addr_infos:
-            raise OSError(f"no address of {host}")
-        return await aiohappyeyeballs.start_connection(
-            addr_infos, happy_eyeballs_delay=happy_eyeballs_delay_s,
-            socket_factory=socket_factory,
-        )
-
-    return dial
-
-
-def _literal_address(host: str, port: int) -> AddrInfoType | None:
-    """The address info of ``host`` when it is an IPv4 or IPv6 address in standard notation
-    (what ``getaddrinfo`` returns for it), else ``None`` (a name, or a form to resolve)."""
-    try:
-        socket.inet_pton(socket.AF_INET, host)
-    except OSError:
-        pass
-    else:
-        return (socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", (host, port))
-    try:
-        socket.inet_pton(socket.AF_INET6, host)
-    except OSError:
-        return None  # a name, or a scoped IPv6 literal (getaddrinfo reads its zone)
-    return (socket.AF_INET6, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", (host, port, 0, 0))
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -331,14 +246,15 @@ class RelayClient:
                   for o in observers] if observers else ()  # none: no list per request
         conn: H1Connection | None = None
         try:
-            conn = self._idle_connection(origin, on_slot) if not fresh else None
-            if conn is None:
-                conn = await self._acquire(origin, fresh, on_slot)
             request = _request_head(origin, path, headers, len(body))
             if len(body) <= _JOIN_MAX:
-                conn.send(request + body)  # one write, one send() for the usual small body
+                request, body = request + body, b""  # one write, one send() for a small body
+            # (a large body is written apart: a join would copy it)
+            conn = self._idle_connection(origin, on_slot) if not fresh else None
+            if conn is not None:
+                conn.send(request, body)
             else:
-                conn.send(request, body)  # not joined: a join would copy the body
+                conn = await self._acquire(origin, fresh, on_slot, request, body)
             head = await conn.read_head()
         except BaseException as exc:
             if conn is not None:
@@ -390,19 +306,27 @@ class RelayClient:
             conn.abort()  # closed, closing, or bytes arrived while idle: never reused
         return None
 
-    async def _acquire(self, origin: _Origin, fresh: bool,
-                       on_slot: Callable[[], None] | None) -> H1Connection:
+    async def _acquire(self, origin: _Origin, fresh: bool, on_slot: Callable[[], None] | None,
+                       request: bytes, body: bytes) -> H1Connection:
+        """A connection to ``origin`` (idle, or new once there is room) with ``request`` and
+        ``body`` sent on it (:meth:`H1Connection.send`)."""
         while True:
             if self._closed:
                 raise ConnectFailed("the upstream client is closed")
             if not fresh:
                 conn = self._idle_connection(origin, on_slot)
                 if conn is not None:
+                    try:
+                        conn.send(request, body)
+                    except BaseException:
+                        conn.finish()
+                        conn.abort()
+                        raise
                     return conn
             if self._limit <= 0 or self._open < self._limit:
                 if on_slot is not None:
                     on_slot()
-                return await self._connect(origin)
+                return await self._connect(origin, request, body)
             closing = self._close_one_idle()
             if closing is not None:
                 # Its slot is ours once it is closed (unless another request is faster): one
@@ -421,14 +345,30 @@ class RelayClient:
                     with contextlib.suppress(ValueError):
                         self._waiters.remove(waiter)
 
-    async def _connect(self, origin: _Origin) -> H1Connection:
+    async def _connect(self, origin: _Origin, request: bytes, body: bytes) -> H1Connection:
+        """A new connection to ``origin`` with ``request`` and ``body`` sent on it.
+
+        On a plain TCP connection the request goes out on the socket as soon as it is
+        connected, before asyncio's transport is made for it (which takes another turn of the
+        event loop): in a burst of new streams each request then reaches the replica in the
+        same step as its connect, not after every other request's connect and set-up. What the
+        socket does not take at once (or an error it reports) is left to the transport.
+
+        Raises:
+            ConnectFailed, ConnectTimedOut, policy.EgressDenied: See :meth:`post`.
+            ConnectionClosed: The connection closed before the request was written.
+        """
         loop = asyncio.get_running_loop()
         self._open += 1
         conn = H1Connection(self._lost)
+        sent = 0
         try:
             async with asyncio.timeout(self.connect_s):
                 sock = await self._dial(origin.host, origin.port)
                 try:
+                    if not origin.tls:
+                        sent = _send_at_once(sock, request)
+                        conn.begin()  # the response may arrive before send() below
                     await loop.create_connection(
                         lambda: conn, sock=sock, ssl=self._ssl() if origin.tls else None,
                         server_hostname=origin.host.rstrip(".") if origin.tls else None,
@@ -447,6 +387,12 @@ class RelayClient:
             raise ConnectFailed(f"{type(exc).__name__}: {exc}") from exc
         except BaseException:
             self._not_opened(conn)
+            raise
+        try:
+            conn.send(request[sent:] if sent else request, body, begun=not origin.tls)
+        except BaseException:
+            conn.finish()
+            conn.abort()
             raise
         return conn
 
@@ -529,6 +475,18 @@ class RelayClient:
 
 _JOIN_MAX = 64 * 1024
 """Largest body joined to the head for one write (bytes); a larger one is written apart."""
+
+
+def _send_at_once(sock: socket.socket, data: bytes) -> int:
+    """Write what a newly connected non-blocking socket takes of ``data`` now; return its
+    length in bytes (0 on any error: the transport then writes it all and reports the error
+    as it would have)."""
+    with contextlib.suppress(OSError):
+        if sock.family in (socket.AF_INET, socket.AF_INET6):
+            # What asyncio's transport sets too, before the first write rather than after.
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return sock.send(data)
+    return 0
 
 
 def _request_head(origin: _Origin, path: str, headers: dict[str, str], length: int) -> bytes:
@@ -703,12 +661,18 @@ class H1Connection(asyncio.Protocol):
 
     # the exchange -------------------------------------------------------------------------
 
-    def send(self, request: bytes, body: bytes = b"") -> None:
+    def send(self, request: bytes, body: bytes = b"", *, begun: bool = False) -> None:
         """Start an exchange: write ``request`` (the head, or head and body), then ``body``.
 
         A large body is written as given, not joined to the head (a join would copy it);
         what the socket does not take at once the transport buffers (asyncio copies that
         remainder).
+
+        Args:
+            request: The request head (or head and body), or what is left of it to write.
+            body: The body, written after ``request``.
+            begun: :meth:`begin` was called already (part of the request went out before the
+                transport was made); only the rest is written.
 
         Raises:
             ConnectionClosed: The connection was already closed (``before_response``).
@@ -716,6 +680,15 @@ class H1Connection(asyncio.Protocol):
         transport = self.transport
         if self.closed or transport is None or transport.is_closing():
             raise ConnectionClosed(True, "found closed")
+        if not begun:
+            self.begin()
+        if request:
+            transport.write(request)
+        if body:
+            transport.write(body)
+
+    def begin(self) -> None:
+        """Start an exchange without writing: what arrives from now on is its response."""
         self._active = True
         self._received = False
         self._head_buf = b""
@@ -725,9 +698,6 @@ class H1Connection(asyncio.Protocol):
         self._buffered = 0
         self._exc = self._sink_error = None
         self.body_done = False
-        transport.write(request)
-        if body:
-            transport.write(body)
 
     async def read_head(self) -> Head:
         """Wait for the response head (1xx interim responses skipped).
