@@ -48,13 +48,19 @@ def request_headers(raw: list[tuple[bytes, bytes]]) -> RequestHeaders:
     out = RequestHeaders()
     known = _KNOWN
     for name_bytes, value_bytes in raw:
-        name = known.get(name_bytes) or name_bytes.decode("latin-1").lower()
-        value = value_bytes.decode("latin-1")
-        if name in out:
-            out.repeated.add(name)
-        out[name] = value
-        if name.startswith(PARAM_PREFIX):
-            out.params.append((name, value))
+        name = known.get(name_bytes)
+        if name is None:  # not a known name, so perhaps an Mcp-Param-* line
+            name = name_bytes.decode("latin-1").lower()
+            if name.startswith(PARAM_PREFIX):
+                out.params.append((name, value_bytes.decode("latin-1")))
+        out[name] = value_bytes.decode("latin-1")
+    if len(out) != len(raw):  # some name came more than once: which (a second pass, rare)
+        seen: set[str] = set()
+        for name_bytes, _ in raw:
+            name = known.get(name_bytes) or name_bytes.decode("latin-1").lower()
+            if name in seen:
+                out.repeated.add(name)
+            seen.add(name)
     return out
 
 

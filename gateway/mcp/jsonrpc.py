@@ -20,14 +20,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.relay.strict_json import (
-    StrictJsonError,
-    check_tree,
-    decode_utf8,
-    refuse_constant,
-    refuse_duplicates,
-    strict_float,
-)
+from gateway.relay.strict_json import StrictJsonError, loads_strict
 
 __all__ = [
     "HANDSHAKE_VERSIONS",
@@ -124,16 +117,14 @@ def parse_message(body: bytes) -> Message:
         raise McpRefusal(400, INVALID_REQUEST, "batch_refused",
                          "JSON-RPC batches are not accepted: send one message per POST")
     try:
-        obj = json.loads(decode_utf8(body), object_pairs_hook=refuse_duplicates,
-                         parse_constant=refuse_constant, parse_float=strict_float)
-        check_tree(obj)  # lone surrogates (UTF-8 cannot carry them onwards), nesting depth
+        # One decoder built once (json.loads with hooks builds one per call); the walk for
+        # lone surrogates and nesting depth only when the text could hold either.
+        obj = loads_strict(body)
     except StrictJsonError as exc:
         if exc.duplicate_key:
             raise McpRefusal(400, INVALID_REQUEST, "duplicate_key", str(exc)) from exc
         raise McpRefusal(400, PARSE_ERROR, "parse_error",
                          f"body is not valid JSON: {exc}") from exc
-    except (ValueError, RecursionError) as exc:
-        raise McpRefusal(400, PARSE_ERROR, "parse_error", "body is not valid JSON") from exc
     if not isinstance(obj, dict) or obj.get("jsonrpc") != "2.0":
         raise McpRefusal(400, INVALID_REQUEST, "invalid_request",
                          "body is not a JSON-RPC 2.0 object")

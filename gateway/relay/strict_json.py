@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any
 
 from gateway.relay.rewrite import MAX_DEPTH
 
 __all__ = [
     "StrictJsonError", "check_tree", "decode_utf8", "loads_strict", "refuse_constant",
-    "refuse_duplicates", "strict_float",
+    "refuse_duplicates", "strict_float", "tree_check_needed",
 ]
 
 
@@ -133,6 +134,28 @@ def check_tree(value: Any) -> None:
             stack.extend((sub, depth + 1, [*path, i]) for i, sub in enumerate(item))
 
 
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+"""A ``\\uD800``..``\\uDFFF`` escape (any case)."""
+_SURROGATE_CHAR = re.compile(r"[\ud800-\udfff]")
+"""A surrogate character (never in text from :func:`decode_utf8`, which refuses them)."""
+
+
+def tree_check_needed(text: str) -> bool:
+    """Whether :func:`check_tree` could refuse the value :mod:`json` parses from ``text``.
+
+    Scans in C instead of a walk in Python over every value: a container nested ``d``
+    levels deep has ``d`` opening brackets before it, so a text with at most
+    :data:`~gateway.relay.rewrite.MAX_DEPTH` of them (inside strings too) nests no deeper;
+    and a text without a surrogate escape (:data:`_SURROGATE_ESCAPE`) or character parses
+    to no string or key that holds one. ``True`` may be a false alarm (brackets inside
+    strings, an escaped backslash before ``ud800``, a valid surrogate pair): the walk then
+    decides.
+    """
+    return (text.count("[") + text.count("{") > MAX_DEPTH
+            or _SURROGATE_ESCAPE.search(text) is not None
+            or (not text.isascii() and _SURROGATE_CHAR.search(text) is not None))
+
+
 def decode_utf8(raw: bytes | bytearray) -> str:
     """The text of a JSON document: UTF-8 only (RFC 8259 §8.1; :mod:`json` would also take
     UTF-16 and UTF-32), without a byte order mark.
@@ -176,5 +199,6 @@ def loads_strict(raw: bytes | str) -> Any:
         raise StrictJsonError(f"nesting deeper than {MAX_DEPTH} levels") from exc
     except ValueError as exc:  # int(): more digits than the interpreter converts
         raise StrictJsonError(f"a number out of range ({str(exc)[:80]})") from exc
-    check_tree(value)
+    if tree_check_needed(text):  # else nothing for the walk to find
+        check_tree(value)
     return value

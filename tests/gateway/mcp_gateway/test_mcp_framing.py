@@ -111,3 +111,22 @@ def test_sse_splitter_relays_whole_events_and_bounds_them() -> None:
     assert events[0].raw == b"event: message\ndata: {\"a\":1}\n\n"
     with pytest.raises(ValueError, match="longer than 64"):
         split.feed(b"y" * 100)
+
+
+def test_request_headers_one_pass_finds_repeats_and_param_lines() -> None:
+    """Known and other names, any case: the last line wins, every name sent twice is in
+    ``repeated`` (a known routing header too), ``Mcp-Param-*`` lines kept in order with
+    repeats; a request without repeats has none."""
+    from gateway.mcp.asgi import request_headers
+
+    h = request_headers([
+        (b"mcp-method", b"tools/call"), (b"X-Custom", b"1"), (b"mcp-param-region", b"eu"),
+        (b"x-custom", b"2"), (b"Mcp-Param-Region", b"us"), (b"MCP-METHOD", b"tools/list"),
+        (b"authorization", b"Bearer a"), (b"mcp-param-zone", b"=?base64?eg==?=")])
+    assert h["mcp-method"] == "tools/list" and h["x-custom"] == "2"
+    assert h["mcp-param-region"] == "us" and h["authorization"] == "Bearer a"
+    assert h.repeated == {"mcp-method", "x-custom", "mcp-param-region"}
+    assert h.params == [("mcp-param-region", "eu"), ("mcp-param-region", "us"),
+                        ("mcp-param-zone", "=?base64?eg==?=")]
+    single = request_headers([(b"host", b"h"), (b"mcp-name", b"echo"), (b"x-a", b"1")])
+    assert single.repeated == set() and single.params == [] and single["mcp-name"] == "echo"
