@@ -234,6 +234,8 @@ class BatchRunner:
                                         self.settings.retry_max_wait_s))
                 await self._slots.acquire(str(owner.get("key_id")))
                 held = True
+                if await self._status(batch_id) == "cancelling":
+                    break  # cancelled while it waited: its last answer is its line
         finally:
             if held:
                 self._slots.release()
