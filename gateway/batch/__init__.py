@@ -6,6 +6,7 @@
 * :mod:`gateway.batch.store`: the durable state (files, batches, answers): the protocol;
   ``store_sqlite`` (a file) and ``store_postgres`` (the PostgreSQL audit store's database).
 * :mod:`gateway.batch.owner`: who a batch runs as, re-authorised before each request.
+* :mod:`gateway.batch.slots`: the runner's slots, round-robin between owners; its retry rule.
 * :mod:`gateway.batch.runner`: runs batches through the relay in process, resumes them.
 * :mod:`gateway.batch.api`: the HTTP endpoints.
 

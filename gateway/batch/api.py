@@ -163,8 +163,7 @@ async def create_file(request: Request) -> Response:
                "created_at": int(time.time())}
     finally:
         await form.close()
-    limits = OwnerLimits(max_bytes=runner.settings.max_stored_bytes_per_owner,
-                         max_files=runner.settings.max_files_per_owner)
+    limits = _limits(runner)
     usage = await runner.store.add_file(row, content, limits)
     if usage is not None:
         raise _quota_error(usage, limits, len(content))
@@ -177,6 +176,12 @@ async def create_file(request: Request) -> Response:
         await runner.store.delete_file(str(row["id"]), who.key_id)  # none without its record
         raise
     return JSONResponse(_file_object({**row, "bytes": len(content)}))
+
+
+def _limits(runner: BatchRunner) -> OwnerLimits:
+    """The per-owner storage limits of the ``batch`` section."""
+    return OwnerLimits(max_bytes=runner.settings.max_stored_bytes_per_owner,
+                       max_files=runner.settings.max_files_per_owner)
 
 
 async def _record(runner: BatchRunner, event: dict[str, Any]) -> None:
@@ -192,18 +197,22 @@ async def _record(runner: BatchRunner, event: dict[str, Any]) -> None:
                                  code="audit_unavailable") from exc
 
 
-def _quota_error(usage: OwnerUsage, limits: OwnerLimits, size: int) -> StorageQuotaExceeded:
-    """The refusal of an upload of ``size`` bytes the owner's ``usage`` has no room for."""
-    stored = (f"this key already stores {usage.bytes} bytes in {usage.files} files; "
-              "delete files (DELETE /v1/files/{file_id}) to make room.")
+def _quota_error(usage: OwnerUsage, limits: OwnerLimits, size: int,
+                 what: str = "upload", param: str = "file") -> StorageQuotaExceeded:
+    """The refusal of an ``upload`` of ``size`` bytes (or a ``batch`` whose request rows are
+    ``size`` bytes) the owner's ``usage`` has no room for."""
+    stored = (f"this key already stores {usage.bytes} bytes in {usage.files} files "
+              "(running batches included); delete files (DELETE /v1/files/{file_id}) or let "
+              "its batches end to make room.")
+    noun = "The upload" if what == "upload" else "The batch"
     if usage.files + 1 > limits.max_files:
         return StorageQuotaExceeded(
-            f"The upload would exceed the limit of {limits.max_files} files per key "
-            f"(batch.max_files_per_owner): {stored}", param="file",
+            f"{noun} would exceed the limit of {limits.max_files} files per key "
+            f"(batch.max_files_per_owner): {stored}", param=param,
             code="file_count_quota_exceeded")
     return StorageQuotaExceeded(
-        f"The upload of {size} bytes would exceed the limit of {limits.max_bytes} bytes per key "
-        f"(batch.max_stored_bytes_per_owner): {stored}", param="file")
+        f"{noun} of {size} bytes would exceed the limit of {limits.max_bytes} bytes per key "
+        f"(batch.max_stored_bytes_per_owner): {stored}", param=param)
 
 
 async def retrieve_file(request: Request) -> Response:
@@ -275,10 +284,21 @@ async def create_batch(request: Request) -> Response:
     }
     lines = [(line, custom_id, endpoint, body) for line, custom_id, body in requests]
     owner = owner_fields(who, gateway_state(request).settings.identity)
-    await _record(runner, {"type": BATCH_CREATED, "batch_id": obj["id"], "key_id": who.key_id,
-                           "input_file_id": file_id, "endpoint": endpoint,
-                           "requests": len(requests), "trace_id": batch_trace_id(obj["id"])})
-    await runner.store.add_batch(obj, who.key_id, owner, lines)
+    # The request rows are a copy of the input (kept until the batch ends, even when the
+    # input file is deleted): they count toward the owner's storage like a file.
+    limits = _limits(runner)
+    usage = await runner.store.add_batch(obj, who.key_id, owner, lines, limits)
+    if usage is not None:
+        raise _quota_error(usage, limits, sum(len(x[3]) for x in lines), "batch",
+                           "input_file_id")
+    try:
+        await _record(runner, {"type": BATCH_CREATED, "batch_id": obj["id"],
+                               "key_id": who.key_id, "input_file_id": file_id,
+                               "endpoint": endpoint, "requests": len(requests),
+                               "trace_id": batch_trace_id(obj["id"])})
+    except ServiceUnavailable:
+        await runner.store.remove_batch(obj["id"])  # none without its record
+        raise
     runner.start(obj["id"])
     return JSONResponse(obj)
 

@@ -12,14 +12,34 @@ import asyncio
 import contextlib
 import dataclasses
 from collections.abc import Mapping, MutableMapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from gateway.auth import Principal
 from gateway.errors import AuthenticationFailed
 from gateway.relay import pipeline as relay
 from gateway.state import GatewayState
 
-__all__ = ["FixedPrincipal", "relay_in_process"]
+__all__ = ["FixedPrincipal", "RelayAnswer", "relay_in_process"]
+
+
+class RelayAnswer(NamedTuple):
+    """The relay's answer to one batch request.
+
+    Attributes:
+        status: HTTP status (500 when the relay answered nothing).
+        request_id: Its ``x-request-id`` (empty when none).
+        body: The response body.
+        retry_after_s: ``retry-after-ms`` or ``retry-after``, whichever came first, seconds;
+            ``None`` without one.
+        should_retry: The ``x-should-retry`` header (``false``: waiting cannot help, e.g. a
+            spent budget); ``None`` without one.
+    """
+
+    status: int
+    request_id: str
+    body: bytes
+    retry_after_s: float | None
+    should_retry: bool | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -42,13 +62,12 @@ class FixedPrincipal:
 
 async def relay_in_process(state: GatewayState, url: str, body: bytes,
                            headers: list[tuple[bytes, bytes]]
-                           ) -> tuple[int, str, bytes, float | None]:
+                           ) -> RelayAnswer:
     """POST ``body`` to ``url`` through the relay under ``state``, with ``headers``.
 
     Returns:
-        ``(HTTP status, x-request-id, response body, retry-after in seconds or None)``: the
-        ``retry-after-ms`` or ``retry-after`` header, whichever comes first; 500 and an empty
-        request id when the relay answered nothing.
+        The status, request id, body and retry headers (:class:`RelayAnswer`); 500 and an
+        empty request id when the relay answered nothing.
     """
     scope: dict[str, Any] = {
         "type": "http", "method": "POST", "path": url, "raw_path": url.encode(),
@@ -69,16 +88,19 @@ async def relay_in_process(state: GatewayState, url: str, body: bytes,
     status = 500
     request_id = ""
     retry_after: float | None = None
+    should_retry: bool | None = None
     chunks: list[bytes] = []
 
     async def send(message: MutableMapping[str, Any]) -> None:
-        nonlocal status, request_id, retry_after
+        nonlocal status, request_id, retry_after, should_retry
         if message["type"] == "http.response.start":
             status = int(message["status"])
             for name, value in message.get("headers", ()):
                 name = bytes(name).lower()
                 if name == b"x-request-id":
                     request_id = bytes(value).decode("latin-1")
+                elif name == b"x-should-retry":
+                    should_retry = bytes(value).strip().lower() != b"false"
                 elif name in (b"retry-after-ms", b"retry-after") and retry_after is None:
                     with contextlib.suppress(ValueError):
                         scale = 1000.0 if name == b"retry-after-ms" else 1.0
@@ -90,4 +112,4 @@ async def relay_in_process(state: GatewayState, url: str, body: bytes,
         await relay.handle(state, scope, receive, send)
     finally:
         never.cancel()
-    return status, request_id, b"".join(chunks), retry_after
+    return RelayAnswer(status, request_id, b"".join(chunks), retry_after, should_retry)

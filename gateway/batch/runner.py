@@ -32,9 +32,10 @@ from gateway.batch.events import (
     AuditSink,
     batch_trace_id,
 )
-from gateway.batch.in_process import FixedPrincipal, relay_in_process
+from gateway.batch.in_process import FixedPrincipal, RelayAnswer, relay_in_process
 from gateway.batch.owner import OwnerRevoked, reauthorise
 from gateway.batch.settings import BatchSettings, store_location
+from gateway.batch.slots import FairSlots, retriable
 from gateway.batch.store import FINAL, BatchStore, BatchStoreUnavailable
 from gateway.config.settings import GatewaySettings
 from gateway.errors import ServiceUnavailable
@@ -67,7 +68,7 @@ class BatchRunner:
         self.cell = cell
         self.settings = settings
         self.audit = audit
-        self._slots = asyncio.Semaphore(settings.concurrency)
+        self._slots = FairSlots(settings.concurrency)  # round-robin between owners
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._me = secrets.token_hex(8)  # this runner's name in the batches' leases
         self._scan: asyncio.Task[None] | None = None
@@ -197,7 +198,7 @@ class BatchRunner:
         running: set[asyncio.Task[None]] = set()
         try:
             for line, custom_id, url, body in pending:
-                await self._slots.acquire()
+                await self._slots.acquire(str(owner.get("key_id")))
                 if await self._status(batch_id) == "cancelling":
                     self._slots.release()
                     break
@@ -215,18 +216,29 @@ class BatchRunner:
 
     async def _one(self, batch_id: str, owner: dict[str, Any], line: int, custom_id: str,
                    url: str, body: bytes) -> None:
+        # Called holding a slot; a wait before a retry gives it back (another owner's request
+        # may run meanwhile) and queues for one again, in turn with the other owners.
+        held = True
         try:
             for attempt in range(self.settings.retries + 1):
-                status, request_id, answer, wait_s = await self.call(
+                status, request_id, answer, wait_s, should_retry = await self.call(
                     owner, url, body, batch_id=batch_id, line=line, custom_id=custom_id)
-                if status not in (429, 503) or attempt == self.settings.retries:
+                if attempt == self.settings.retries or not retriable(
+                        status, answer, wait_s, should_retry, self.settings.retry_max_wait_s):
                     break
                 if await self._status(batch_id) == "cancelling":
                     break
+                self._slots.release()
+                held = False
                 await asyncio.sleep(min(wait_s if wait_s is not None else 0.5 * 2 ** attempt,
                                         self.settings.retry_max_wait_s))
+                await self._slots.acquire(str(owner.get("key_id")))
+                held = True
+                if await self._status(batch_id) == "cancelling":
+                    break  # cancelled while it waited: its last answer is its line
         finally:
-            self._slots.release()
+            if held:
+                self._slots.release()
         try:
             parsed: Any = json.loads(answer)
         except ValueError:
@@ -251,7 +263,7 @@ class BatchRunner:
 
     async def call(self, owner: dict[str, Any], url: str, body: bytes, *,
                    batch_id: str | None = None, line: int | None = None,
-                   custom_id: str | None = None) -> tuple[int, str, bytes, float | None]:
+                   custom_id: str | None = None) -> RelayAnswer:
         """Send one request through the relay in process, as the batch's owner re-authorised
         under the configuration in force now (:func:`gateway.batch.owner.reauthorise`).
 
@@ -268,10 +280,11 @@ class BatchRunner:
             custom_id: Its ``custom_id`` (recorded when it is refused here).
 
         Returns:
-            ``(HTTP status, x-request-id, response body, retry-after in seconds or None)``;
-            an owner no longer allowed answers its :class:`OwnerRevoked` error (401, nothing
-            sent) under a request id of its own, recorded as a ``batch.request_refused`` audit
-            record (a 503 ``audit_unavailable``, retried, when that record cannot be written).
+            The relay's answer (:class:`RelayAnswer`: status, x-request-id, body, retry
+            headers); an owner no longer allowed answers its :class:`OwnerRevoked` error
+            (401, nothing sent) under a request id of its own, recorded as a
+            ``batch.request_refused`` audit record (a 503 ``audit_unavailable``, retried,
+            when that record cannot be written).
         """
         current = self.cell.current
         try:
@@ -288,8 +301,9 @@ class BatchRunner:
             except AuditUnavailable as exc:
                 unavailable = ServiceUnavailable(f"The audit log cannot record now: {exc}",
                                                  code="audit_unavailable")
-                return 503, request_id, json.dumps(unavailable.to_dict()).encode(), None
-            return err.status, request_id, json.dumps(err.to_dict()).encode(), None
+                return RelayAnswer(503, request_id,
+                                   json.dumps(unavailable.to_dict()).encode(), None)
+            return RelayAnswer(err.status, request_id, json.dumps(err.to_dict()).encode(), None)
         state = dataclasses.replace(current, authenticator=FixedPrincipal(principal))
         headers = [(b"authorization", b"Bearer batch"), (b"content-type", b"application/json"),
                    (b"content-length", str(len(body)).encode())]
@@ -333,6 +347,9 @@ class BatchRunner:
         obj["status"] = "cancelled" if cancelling else "completed"
         obj["cancelled_at" if cancelling else "completed_at"] = int(time.time())
         await store.save_batch(obj)
+        # Its answers are in its output files (counted and deletable): the request rows, a
+        # copy of the input counted toward the owner's storage, go now.
+        await store.forget_requests(batch_id)
         await self._record_quietly(batch_id, {
             "type": BATCH_FINISHED, "batch_id": batch_id, "key_id": owner,
             "status": obj["status"], "completed": completed, "failed": failed,

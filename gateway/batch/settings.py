@@ -28,21 +28,25 @@ class BatchSettings(BaseModel):
             database when it is PostgreSQL (tables ``sg_batch_*``), else ``batch.db`` next to
             the audit store's SQLite file (a relative path is relative to the config file).
         max_file_bytes: Largest accepted upload, in bytes (413 ``file_too_large`` above).
-        max_stored_bytes_per_owner: Most bytes one key may store in files (its uploads and
-            its batches' output files), checked before an upload is stored (413
-            ``storage_quota_exceeded``); ``DELETE /v1/files/{id}`` frees room.
-        max_files_per_owner: Most files one key may store, counted the same way (413
-            ``file_count_quota_exceeded``).
+        max_stored_bytes_per_owner: Most bytes one key may store: its files (uploads and its
+            batches' output files) and the request rows of its batches until they end,
+            checked before an upload or a batch is stored (413 ``storage_quota_exceeded``);
+            ``DELETE /v1/files/{id}`` and a batch's end free room.
+        max_files_per_owner: Most files one key may store, a batch holding request rows
+            counted as one (413 ``file_count_quota_exceeded``).
         max_requests: Most request lines in one input file.
-        concurrency: Requests of all batches in flight at once (they then wait in the flow
-            control ``batch`` class like any other request of that class).
+        concurrency: Requests of all batches in flight at once, the slots handed round-robin
+            between owners (:class:`gateway.batch.slots.FairSlots`); they then wait in the flow
+            control ``batch`` class like any other request of that class.
         priority_class: The flow-control class named in the priority header of batch requests
             (when flow control is on; it must then be one of ``flow_control.classes``, checked
             by :class:`gateway.config.settings.GatewaySettings`).
         retries: How many times a request answered 429 or 503 (a full queue, a rate limit,
-            no replica) is sent again before its answer is recorded as its error line.
+            no replica) is sent again before its answer is recorded as its error line; an
+            answer that says waiting cannot help is not (:func:`gateway.batch.slots.retriable`).
         retry_max_wait_s: Longest wait before a retry, seconds (the answer's
-            ``retry-after-ms``/``Retry-After`` when shorter, else doubling from 0.5 s).
+            ``retry-after-ms``/``Retry-After``, else doubling from 0.5 s); an answer asking
+            for a longer wait is its line's error at once.
         lease_s: How long a runner's claim on a batch lasts without renewal, seconds: after a
             crash, another worker or the restarted gateway takes the batch over this late
             (a clean stop gives it up at once).

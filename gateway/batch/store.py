@@ -58,11 +58,13 @@ class OwnerLimits:
 
 @dataclass(frozen=True, slots=True)
 class OwnerUsage:
-    """What one owner stores: all its files (uploads and the batches' output files).
+    """What one owner stores: all its files (uploads and the batches' output files) and the
+    request rows its batches hold until they end (each such batch also counts as one file: it
+    will write at least one output file).
 
     Attributes:
-        bytes: Total content, bytes.
-        files: Number of files.
+        bytes: Content of the files plus the request rows' bodies and stored answers, bytes.
+        files: Number of files plus the number of batches holding request rows.
     """
 
     bytes: int
@@ -104,12 +106,32 @@ class BatchStore(Protocol):
 
     async def delete_file(self, file_id: str, owner: str) -> bool:
         """Remove the file if ``owner`` owns it; ``False`` when there was no such file (a batch
-        made from it keeps its own copy of the request lines)."""
+        made from it keeps its own copy of the request lines until it ends, counted in the
+        owner's usage)."""
         ...
 
     async def add_batch(self, obj: dict[str, Any], owner: str, principal: dict[str, Any],
-                        lines: list[RequestLine]) -> None:
-        """Store a new batch, its owner's principal fields and its request lines at once."""
+                        lines: list[RequestLine],
+                        limits: OwnerLimits | None = None) -> OwnerUsage | None:
+        """Store a new batch, its owner's principal fields and its request lines at once.
+
+        With ``limits``, the owner's usage (:class:`OwnerUsage`) is read and the batch stored in
+        one transaction, serialised per owner like :meth:`add_file`: a batch whose request
+        bodies would take the owner above ``max_bytes``, or whose owner has no file left
+        under ``max_files`` (the batch counts as one), is not stored.
+
+        Returns:
+            ``None`` when stored, else the owner's usage before this batch (nothing stored).
+        """
+        ...
+
+    async def remove_batch(self, batch_id: str) -> None:
+        """Remove a batch and its request rows (a batch whose creation could not be audited)."""
+        ...
+
+    async def forget_requests(self, batch_id: str) -> None:
+        """Remove an ended batch's request rows (its answers are in its output files); also
+        done by :meth:`open` for every batch in a :data:`FINAL` status."""
         ...
 
     async def batch(self, batch_id: str, owner: str | None) -> dict[str, Any] | None:

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 import asyncpg
 
 from gateway.batch.store import (
+    FINAL,
     UNFINISHED,
     BatchStoreUnavailable,
     OwnerLimits,
@@ -48,6 +49,21 @@ _QUOTA_LOCK = 7239118  # first key of the per-owner lock (the second: hashtext(o
 _ERRORS = (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError)
 
 
+async def _usage(conn: asyncpg.Connection, owner: str) -> OwnerUsage:
+    """What ``owner`` stores (:class:`gateway.batch.store.OwnerUsage`): its files, and the
+    request rows (bodies and answers) of its batches that still hold them."""
+    files = await conn.fetchrow(
+        "SELECT count(*) AS n, coalesce(sum(octet_length(content)), 0) AS bytes "
+        "FROM sg_batch_files WHERE owner=$1", owner)
+    rows = await conn.fetchrow(
+        "SELECT count(DISTINCT r.batch_id) AS n, coalesce(sum(octet_length(r.body) + "
+        "coalesce(octet_length(r.result), 0)), 0) AS bytes FROM sg_batch_requests r "
+        "JOIN sg_batch_batches b ON b.id=r.batch_id WHERE b.owner=$1", owner)
+    assert files is not None and rows is not None
+    return OwnerUsage(bytes=int(files["bytes"]) + int(rows["bytes"]),
+                      files=int(files["n"]) + int(rows["n"]))
+
+
 class PostgresBatchStore:
     """The Batch API's tables in a PostgreSQL database.
 
@@ -76,6 +92,11 @@ class PostgresBatchStore:
                 await conn.execute("SELECT pg_advisory_xact_lock($1)", _LOCK_ID)
                 for stmt in _SCHEMA:
                     await conn.execute(stmt)
+                # A batch that ended keeps its answers in its output files: rows left by a
+                # stop between its end and their clean-up are removed here.
+                await conn.execute(
+                    "DELETE FROM sg_batch_requests WHERE batch_id IN (SELECT id FROM "
+                    "sg_batch_batches WHERE status = ANY($1::text[]))", sorted(FINAL))
         except _ERRORS as exc:
             await pool.close()
             raise BatchStoreUnavailable(f"cannot create the batch tables: {exc}") from exc
@@ -107,10 +128,7 @@ class PostgresBatchStore:
                     # uploads cannot both pass the sum; other owners are not held up.
                     await conn.execute("SELECT pg_advisory_xact_lock($1, hashtext($2))",
                                        _QUOTA_LOCK, row["owner"])
-                    got = await conn.fetchrow(
-                        "SELECT count(*) AS files, coalesce(sum(octet_length(content)), 0) "
-                        "AS bytes FROM sg_batch_files WHERE owner=$1", row["owner"])
-                    usage = OwnerUsage(bytes=int(got["bytes"]), files=int(got["files"]))
+                    usage = await _usage(conn, row["owner"])
                     if (usage.files + 1 > limits.max_files
                             or usage.bytes + len(content) > limits.max_bytes):
                         return usage
@@ -143,10 +161,20 @@ class PostgresBatchStore:
     # batches
 
     async def add_batch(self, obj: dict[str, Any], owner: str, principal: dict[str, Any],
-                        lines: list[RequestLine]) -> None:
+                        lines: list[RequestLine],
+                        limits: OwnerLimits | None = None) -> OwnerUsage | None:
         """See :meth:`gateway.batch.store.BatchStore.add_batch`."""
-        async def add(pool: asyncpg.Pool) -> None:
+        size = sum(len(line[3]) for line in lines)
+
+        async def add(pool: asyncpg.Pool) -> OwnerUsage | None:
             async with pool.acquire() as conn, conn.transaction():
+                if limits is not None:
+                    await conn.execute("SELECT pg_advisory_xact_lock($1, hashtext($2))",
+                                       _QUOTA_LOCK, owner)
+                    usage = await _usage(conn, owner)
+                    if (usage.files + 1 > limits.max_files
+                            or usage.bytes + size > limits.max_bytes):
+                        return usage
                 await conn.execute(
                     "INSERT INTO sg_batch_batches (id, owner, status, created_at, principal, "
                     "object) VALUES ($1,$2,$3,$4,$5,$6)", obj["id"], owner, obj["status"],
@@ -154,7 +182,21 @@ class PostgresBatchStore:
                 await conn.copy_records_to_table(
                     "sg_batch_requests", columns=("batch_id", "line", "custom_id", "url", "body"),
                     records=[(obj["id"], *line) for line in lines])
-        await self._run(add)
+            return None
+        return await self._run(add)
+
+    async def remove_batch(self, batch_id: str) -> None:
+        """See :meth:`gateway.batch.store.BatchStore.remove_batch`."""
+        async def remove(pool: asyncpg.Pool) -> None:
+            async with pool.acquire() as conn, conn.transaction():
+                await conn.execute("DELETE FROM sg_batch_requests WHERE batch_id=$1", batch_id)
+                await conn.execute("DELETE FROM sg_batch_batches WHERE id=$1", batch_id)
+        await self._run(remove)
+
+    async def forget_requests(self, batch_id: str) -> None:
+        """See :meth:`gateway.batch.store.BatchStore.forget_requests`."""
+        await self._run(lambda p: p.execute(
+            "DELETE FROM sg_batch_requests WHERE batch_id=$1", batch_id))
 
     async def batch(self, batch_id: str, owner: str | None) -> dict[str, Any] | None:
         """See :meth:`gateway.batch.store.BatchStore.batch`."""

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from gateway.batch.store import (
+    FINAL,
     UNFINISHED,
     BatchStoreUnavailable,
     OwnerLimits,
@@ -42,6 +43,21 @@ CREATE TABLE IF NOT EXISTS requests (
 """
 
 _UNFINISHED_SQL = ",".join(f"'{s}'" for s in UNFINISHED)
+_FORGET_FINAL = ("DELETE FROM requests WHERE batch_id IN (SELECT id FROM batches "  # noqa: S608
+                 f"WHERE status IN ({','.join(repr(s) for s in sorted(FINAL))}))")
+
+
+def _usage(db: sqlite3.Connection, owner: str) -> OwnerUsage:
+    """What ``owner`` stores (:class:`gateway.batch.store.OwnerUsage`): its files, and the
+    request rows (bodies and answers) of its batches that still hold them."""
+    files, used = db.execute(
+        "SELECT count(*), coalesce(sum(length(content)), 0) FROM files WHERE owner=?",
+        (owner,)).fetchone()
+    batches, rows = db.execute(
+        "SELECT count(DISTINCT r.batch_id), coalesce(sum(length(r.body) + "
+        "coalesce(length(r.result), 0)), 0) FROM requests r JOIN batches b ON b.id=r.batch_id "
+        "WHERE b.owner=?", (owner,)).fetchone()
+    return OwnerUsage(bytes=int(used) + int(rows), files=int(files) + int(batches))
 
 
 class SqliteBatchStore:
@@ -68,6 +84,9 @@ class SqliteBatchStore:
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=FULL")
             db.executescript(_SCHEMA)
+            # A batch that ended keeps its answers in its output files: rows left by a stop
+            # between the end and the clean-up below are removed here.
+            db.execute(_FORGET_FINAL)
         except (OSError, sqlite3.Error) as exc:
             raise BatchStoreUnavailable(f"cannot open the batch database {self.path}: {exc}") \
                 from exc
@@ -102,10 +121,7 @@ class SqliteBatchStore:
             db.execute("BEGIN IMMEDIATE")
             try:
                 if limits is not None:
-                    files, used = db.execute(
-                        "SELECT count(*), coalesce(sum(length(content)), 0) FROM files "
-                        "WHERE owner=?", (row["owner"],)).fetchone()
-                    usage = OwnerUsage(bytes=int(used), files=int(files))
+                    usage = _usage(db, row["owner"])
                     if (usage.files + 1 > limits.max_files
                             or usage.bytes + len(content) > limits.max_bytes):
                         db.execute("ROLLBACK")
@@ -145,11 +161,20 @@ class SqliteBatchStore:
     # batches
 
     async def add_batch(self, obj: dict[str, Any], owner: str, principal: dict[str, Any],
-                        lines: list[RequestLine]) -> None:
+                        lines: list[RequestLine],
+                        limits: OwnerLimits | None = None) -> OwnerUsage | None:
         """See :meth:`gateway.batch.store.BatchStore.add_batch`."""
-        def add(db: sqlite3.Connection) -> None:
-            db.execute("BEGIN IMMEDIATE")
+        size = sum(len(line[3]) for line in lines)
+
+        def add(db: sqlite3.Connection) -> OwnerUsage | None:
+            db.execute("BEGIN IMMEDIATE")  # the write lock before the usage is read
             try:
+                if limits is not None:
+                    usage = _usage(db, owner)
+                    if (usage.files + 1 > limits.max_files
+                            or usage.bytes + size > limits.max_bytes):
+                        db.execute("ROLLBACK")
+                        return usage
                 db.execute("INSERT INTO batches (id, owner, status, created_at, principal, "
                            "object) VALUES (?,?,?,?,?,?)",
                            (obj["id"], owner, obj["status"], obj["created_at"],
@@ -158,9 +183,30 @@ class SqliteBatchStore:
                                "VALUES (?,?,?,?,?)", [(obj["id"], *line) for line in lines])
                 db.execute("COMMIT")
             except BaseException:
-                db.execute("ROLLBACK")
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
                 raise
-        await self._run(add)
+            return None
+        return await self._run(add)
+
+    async def remove_batch(self, batch_id: str) -> None:
+        """See :meth:`gateway.batch.store.BatchStore.remove_batch`."""
+        def remove(db: sqlite3.Connection) -> None:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                db.execute("DELETE FROM requests WHERE batch_id=?", (batch_id,))
+                db.execute("DELETE FROM batches WHERE id=?", (batch_id,))
+                db.execute("COMMIT")
+            except BaseException:
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+                raise
+        await self._run(remove)
+
+    async def forget_requests(self, batch_id: str) -> None:
+        """See :meth:`gateway.batch.store.BatchStore.forget_requests`."""
+        await self._run(lambda db: db.execute(
+            "DELETE FROM requests WHERE batch_id=?", (batch_id,)))
 
     async def batch(self, batch_id: str, owner: str | None) -> dict[str, Any] | None:
         """See :meth:`gateway.batch.store.BatchStore.batch`."""

@@ -71,6 +71,16 @@ def wait_batch(c: openai.OpenAI, batch_id: str, done: Callable[[Any], bool],
         time.sleep(0.05)
 
 
+def error_lines(db: Path) -> list[dict[str, Any]]:
+    """The error lines of the one batch in the SQLite file ``db``, read from its error file
+    (an ended batch's request rows are removed: its answers are in its output files)."""
+    with sqlite3.connect(db) as con:
+        obj = json.loads(con.execute("SELECT object FROM batches").fetchone()[0])
+        [(content,)] = con.execute("SELECT content FROM files WHERE id=?",
+                                   (obj["error_file_id"],)).fetchall()
+    return [json.loads(x) for x in bytes(content).decode().splitlines()]
+
+
 def submit(c: openai.OpenAI, content: bytes) -> Any:
     f = c.files.create(file=("in.jsonl", io.BytesIO(content)), purpose="batch")
     return c.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions",
@@ -320,9 +330,7 @@ def test_a_batch_of_a_key_removed_before_the_restart_sends_nothing_more(
         assert time.monotonic() < deadline, status
         time.sleep(0.05)
     assert sim.stats()["received"] == received  # nothing more sent for the revoked key
-    with sqlite3.connect(db) as con:
-        errors = [json.loads(r[0]) for r in con.execute(
-            "SELECT result FROM requests WHERE ok=0 ORDER BY line")]
+    errors = error_lines(db)
     assert len(errors) == n - answered
     assert {e["error"]["code"] for e in errors} == {"key_revoked"}
 

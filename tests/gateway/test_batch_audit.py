@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import io
-import json
 import sqlite3
 import time
 from pathlib import Path
@@ -32,7 +31,15 @@ from gateway.batch.events import batch_trace_id
 from gateway.config.loader import parse
 from gateway.config.settings import GatewaySettings
 from tests.gateway.helpers import SERVED, sha, start_sim
-from tests.gateway.test_batch_api import KEYS, client, jsonl, settings, submit, wait_batch
+from tests.gateway.test_batch_api import (
+    KEYS,
+    client,
+    error_lines,
+    jsonl,
+    settings,
+    submit,
+    wait_batch,
+)
 
 
 def audited(sim_url: str, tmp_path: Path, keys: tuple[str, ...] = tuple(KEYS),
@@ -197,9 +204,7 @@ def test_a_line_refused_because_its_owner_was_removed_has_a_request_id_and_a_rec
             break
         assert time.monotonic() < deadline, status
         time.sleep(0.05)
-    with sqlite3.connect(tmp_path / "batch.db") as con:
-        errors = [json.loads(r[0]) for r in con.execute(
-            "SELECT result FROM requests WHERE ok=0 ORDER BY line")]
+    errors = error_lines(tmp_path / "batch.db")
     assert errors and {e["error"]["code"] for e in errors} == {"key_revoked"}
     refused = {r["request_id"]: r for r in records(tmp_path)
                if r["type"] == "batch.request_refused"}

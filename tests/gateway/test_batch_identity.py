@@ -26,7 +26,7 @@ from gateway.config.loader import parse
 from gateway.config.settings import GatewaySettings
 from tests.gateway.helpers import SERVED, Recorder, start_sim
 from tests.gateway.identity.jwtkit import SigningKey, identity_section, write_jwks
-from tests.gateway.test_batch_api import jsonl, submit, wait_batch
+from tests.gateway.test_batch_api import error_lines, jsonl, submit, wait_batch
 
 
 class Idp:
@@ -167,9 +167,7 @@ def test_an_owner_the_new_identity_config_does_not_admit_sends_nothing_more(
     served(serve_asgi, settings(sim.url, db, change(idp)))
     wait_status(db, "completed")
     assert sim.stats()["received"] == received  # nothing more sent for that owner
-    with sqlite3.connect(db) as con:
-        errors = [json.loads(r[0]) for r in con.execute(
-            "SELECT result FROM requests WHERE ok=0 ORDER BY line")]
+    errors = error_lines(db)
     assert len(errors) == n - done
     assert {e["error"]["code"] for e in errors} == {code}
     assert {e["response"]["status_code"] for e in errors} == {401}

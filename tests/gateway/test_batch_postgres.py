@@ -36,6 +36,7 @@ from tests.gateway.test_batch_api import (
     submit,
     wait_batch,
 )
+from tests.gateway.test_batch_limits import check_batch_storage, storage_settings
 
 
 def served(serve_asgi: Any, s: GatewaySettings) -> Any:
@@ -159,3 +160,13 @@ def test_concurrent_uploads_do_not_slip_past_the_per_owner_limit_in_postgres(
                                         batch={"max_files_per_owner": 3}))
     check_concurrent_uploads(str(gw.url))
     assert query(pg_database, "SELECT count(*) FROM sg_batch_files") == [(3,)]
+
+
+def test_a_batch_counts_toward_its_owners_storage_in_postgres(
+        serve_asgi: Any, tmp_path: Path, pg_database: str) -> None:
+    sim = start_sim(serve_asgi, ttft_s=0.2)
+    content = jsonl(6)
+    gw = served(serve_asgi, pg_settings(sim.url, pg_database, tmp_path,
+                                        batch=storage_settings(content)))
+    check_batch_storage(str(gw.url), content, lambda: int(
+        query(pg_database, "SELECT count(*) FROM sg_batch_requests")[0][0]))
