@@ -170,12 +170,10 @@ def _restore_gc() -> Iterator[None]:
     gc.set_threshold(*thresholds)
 
 
-@pytest.fixture
-def serve_asgi() -> Iterator[Callable[..., ServerThread]]:
-    """Factory ``serve_asgi(app, **uvicorn_config) -> ServerThread``.
-
-    Each server is started on return and stopped at teardown.
-    """
+@contextlib.contextmanager
+def _asgi_servers() -> Iterator[Callable[..., ServerThread]]:
+    """Factory ``start(app, **uvicorn_config) -> ServerThread``; every server it started is
+    stopped, last started first, when the context ends."""
     servers: list[ServerThread] = []
 
     def start(app: Any, **config: Any) -> ServerThread:
@@ -183,9 +181,32 @@ def serve_asgi() -> Iterator[Callable[..., ServerThread]]:
         servers.append(srv)
         return srv
 
-    yield start
-    for srv in reversed(servers):
-        srv.stop()
+    try:
+        yield start
+    finally:
+        for srv in reversed(servers):
+            srv.stop()
+
+
+@pytest.fixture
+def serve_asgi() -> Iterator[Callable[..., ServerThread]]:
+    """Factory ``serve_asgi(app, **uvicorn_config) -> ServerThread``.
+
+    Each server is started on return and stopped at teardown.
+    """
+    with _asgi_servers() as start:
+        yield start
+
+
+@pytest.fixture(scope="module")
+def serve_asgi_module() -> Iterator[Callable[..., ServerThread]]:
+    """``serve_asgi`` for a stack shared by a module's tests: stopped after its last test.
+
+    Only for servers that no test changes; a test that changes one (a fault, a reload) uses
+    ``serve_asgi``.
+    """
+    with _asgi_servers() as start:
+        yield start
 
 
 PG_ADMIN_DSN = os.environ.get("SG_TEST_PG_ADMIN_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")

@@ -19,6 +19,7 @@ from typing import Annotated
 import typer
 
 from clishell import CliError, ConfigOpt, existing_public_key
+from clishell.consoles import print_wrapped, results
 from clishell.text import counted
 from gateway.preflight.inputs import REGION_LABEL, Criteria, Inputs
 
@@ -167,12 +168,11 @@ def preflight(
     if as_json:
         typer.echo(json.dumps(report.to_json(), indent=2, sort_keys=True))
     else:
-        for c in report.checks:
-            typer.echo(f"{c.status.upper():4}  {c.id:24} {c.verdict}")
-        counts = report.counts()
-        typer.echo(f"{'FAIL' if report.exit_code else 'PASS'}: {counts['pass']} passed, "
-                   f"{counts['fail']} failed, {counts['skip']} skipped"
-                   + (f"; evidence pack {out}" if out is not None else ""))
+        console = results()
+        lines = report.to_lines(console.width)
+        console.print("\n".join(lines[:-1]), markup=False, highlight=False, soft_wrap=True)
+        # the summary wrapped too: an evidence pack path may be long
+        print_wrapped(console, lines[-1] + (f"; evidence pack {out}" if out is not None else ""))
     raise typer.Exit(report.exit_code)
 
 

@@ -135,6 +135,31 @@ class Report:
             "criteria": CRITERIA, "manual_attestations": list(MANUAL_ATTESTATIONS),
         }
 
+    def to_lines(self, width: int = 80) -> list[str]:
+        """The report as text lines: ``STATUS  check-id  verdict`` per check, then the result.
+
+        Args:
+            width: Columns to fit (the terminal's; 80 when not on one, as every CLI here). A
+                verdict that does not fit goes on under its own column on the next lines,
+                broken at spaces; a word longer than that column (a path) keeps a line of its
+                own, whole, so that it can still be copied and grepped.
+
+        Returns:
+            The lines, without line ends.
+        """
+        import textwrap
+
+        lines: list[str] = []
+        for c in self.checks:
+            head = f"{c.status.upper():4}  {c.id:24} "
+            lines += textwrap.wrap(head + c.verdict, width=max(width, len(head) + 20),
+                                   subsequent_indent=" " * len(head), break_long_words=False,
+                                   break_on_hyphens=False) or [head.rstrip()]
+        n = self.counts()
+        lines.append(f"{'FAIL' if self.exit_code else 'PASS'}: {n['pass']} passed, "
+                     f"{n['fail']} failed, {n['skip']} skipped")
+        return lines
+
     def to_markdown(self) -> str:
         """A human-readable page (GitHub-flavoured Markdown)."""
         c = self.counts()

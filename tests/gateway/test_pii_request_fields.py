@@ -16,7 +16,6 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import openai
@@ -77,6 +76,12 @@ class Recorded:
     def __init__(self, stack: Stack, recorders: dict[str, Recorder]) -> None:
         self.stack, self.recorders = stack, recorders
 
+    def reset(self) -> None:
+        """Forget what the replicas received (bodies and the simulators' counters)."""
+        for recorder in self.recorders.values():
+            recorder.bodies.clear()
+            recorder.state.reset()
+
     def bodies(self) -> list[bytes]:
         return [raw for r in self.recorders.values() for _, raw in r.bodies]
 
@@ -91,13 +96,30 @@ class Recorded:
         return out
 
 
-@pytest.fixture
-def recorded(serve_asgi: Callable[..., Any], tmp_path: Path) -> Recorded:
+@pytest.fixture(scope="module")
+def _stack(serve_asgi_module: Callable[..., Any],
+           tmp_path_factory: pytest.TempPathFactory) -> Recorded:
+    """One gateway and its three recorded replicas for the whole module.
+
+    Shared because no test changes it: the tests send requests and read what the replicas
+    received, and ``recorded`` empties that before each test. Nothing else carries over that
+    a test asserts: no quotas, an IBAN request may go to ``eu-a`` only whatever the replica
+    rotation is at, and each batch test waits for its own batch to end.
+    """
+    tmp_path = tmp_path_factory.mktemp("pii-fields")
     recorders = {n: Recorder(create_sim(SimConfig(models=["m"]))) for n in ("eu-a", "eu-b", "us")}
     batch = {"flow_control": {"enabled": True, "default_class": "interactive",
                               "classes": [{"name": "interactive"}, {"name": "batch"}]},
              "batch": {"database": str(tmp_path / "batch.db"), "concurrency": 1}}
-    return Recorded(_build(serve_asgi, tmp_path, apps=dict(recorders), extra=batch), recorders)
+    return Recorded(_build(serve_asgi_module, tmp_path, apps=dict(recorders), extra=batch),
+                    recorders)
+
+
+@pytest.fixture
+def recorded(_stack: Recorded) -> Recorded:
+    """The module's stack, what its replicas received so far forgotten."""
+    _stack.reset()
+    return _stack
 
 
 def _b64(text: str) -> str:

@@ -11,7 +11,8 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -57,17 +58,25 @@ class Gateway:
     admin_port: int = 0
     stderr: bytes = b""
     cfg: dict[str, Any] = field(default_factory=dict)
+    since: str | None = None
+    """ISO 8601 UTC time: :meth:`records` holds the records written from then on only."""
 
     def mcp(self, server: str) -> str:
         """URL of ``/mcp/<server>``."""
         return f"{self.url}/mcp/{server}"
 
+    def from_now(self) -> Gateway:
+        """This gateway as one test sees it when several share it: its :meth:`records` start
+        now (``gateway audit export --since``), so a test reads only what it caused."""
+        return replace(self, since=datetime.now(UTC).isoformat())
+
     def records(self) -> list[dict[str, Any]]:
-        """The audit chain, exported by ``gateway audit export``."""
+        """The audit chain (from :attr:`since` if set), exported by ``gateway audit export``."""
+        since = ["--since", self.since] if self.since is not None else []
         res = subprocess.run(
             [sys.executable, "-m", "gateway.cli", "audit", "export", "--store",
-             f"sqlite://{self.db}"], cwd=ROOT, capture_output=True, text=True, check=True,
-            env={**os.environ, "PYTHONPATH": str(ROOT)})
+             f"sqlite://{self.db}", *since], cwd=ROOT, capture_output=True, text=True,
+            check=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
         return [json.loads(line) for line in res.stdout.splitlines() if line.strip()]
 
     def metrics(self, prefix: str) -> dict[tuple[tuple[str, str], ...], float]:

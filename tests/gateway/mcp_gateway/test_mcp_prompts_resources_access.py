@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -82,20 +81,38 @@ def docs_server() -> Any:
     return server.streamable_http_app()
 
 
-@pytest.fixture
-def docs(serve_asgi: Callable[..., Any], tmp_path: Path) -> Iterator[tuple[Gateway, Bodies]]:
-    sim = serve_asgi(create_sim(SimConfig(models=["m"])))
+@pytest.fixture(scope="module")
+def docs_stack(serve_asgi_module: Callable[..., Any],
+               tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Gateway, Bodies]]:
+    """The gateway in front of :func:`docs_server`, shared by the module's tests.
+
+    Shared because no test changes it: each sends requests with the agent's key and reads
+    the audit records and upstream bodies of its own requests only (see ``docs``). The
+    gateway keeps no state between requests that the tests assert (no quotas, no budgets;
+    every SDK client opens its own session).
+    """
+    sim = serve_asgi_module(create_sim(SimConfig(models=["m"])))
     bodies = Bodies(docs_server())
-    upstream = serve_asgi(bodies)
+    upstream = serve_asgi_module(bodies)
 
     def extra(mcp: dict[str, Any]) -> None:
         mcp["access"] = ACCESS
 
-    gw = start_gateway(tmp_path, sim.url, {"docs": upstream.url + "/mcp"}, {}, extra)
+    gw = start_gateway(tmp_path_factory.mktemp("docs"), sim.url,
+                       {"docs": upstream.url + "/mcp"}, {}, extra)
     try:
         yield gw, bodies
     finally:
         gw.stop()
+
+
+@pytest.fixture
+def docs(docs_stack: tuple[Gateway, Bodies]) -> tuple[Gateway, Bodies]:
+    """The shared stack as this test sees it: the audit records it causes and the bodies the
+    upstream receives from now on."""
+    gw, bodies = docs_stack
+    bodies.bodies.clear()
+    return gw.from_now(), bodies
 
 
 def _forwarded(bodies: Bodies) -> list[dict[str, Any]]:

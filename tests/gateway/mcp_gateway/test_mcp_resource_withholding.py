@@ -130,20 +130,44 @@ class ExtraContents:
         await self.app(scope, receive, rewrite)
 
 
-@pytest.fixture(params=[False, True], ids=["sse", "json"])
-def gw(serve_asgi: Callable[..., Any], tmp_path: Path,
-       request: pytest.FixtureRequest) -> Iterator[Gateway]:
-    sim = serve_asgi(create_sim(SimConfig(models=["m"])))
-    upstream = serve_asgi(out_server(request.param))
+@pytest.fixture(scope="module")
+def gateways(serve_asgi_module: Callable[..., Any],
+             tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[bool], Gateway]]:
+    """``gateways(json_response) -> Gateway``: the gateway in front of :func:`out_server`
+    answering with SSE (``False``) or JSON, started at its first use and shared by the
+    module's tests from then on.
 
-    def extra(mcp: dict[str, Any]) -> None:
-        mcp["access"] = ACCESS
+    Shared because no test changes it: each sends requests with the agent's key and reads
+    the audit records of its own requests only (see ``gw``); the gateway keeps no state
+    between requests that the tests assert (no quotas, no budgets; every SDK client opens its
+    own session).
+    """
+    sim = serve_asgi_module(create_sim(SimConfig(models=["m"])))
+    started: dict[bool, Gateway] = {}
 
-    gateway = start_gateway(tmp_path, sim.url, {"docs": upstream.url + "/mcp"}, {}, extra)
+    def get(json_response: bool) -> Gateway:
+        if json_response not in started:
+            upstream = serve_asgi_module(out_server(json_response))
+
+            def extra(mcp: dict[str, Any]) -> None:
+                mcp["access"] = ACCESS
+
+            started[json_response] = start_gateway(
+                tmp_path_factory.mktemp("json" if json_response else "sse"), sim.url,
+                {"docs": upstream.url + "/mcp"}, {}, extra)
+        return started[json_response]
+
     try:
-        yield gateway
+        yield get
     finally:
-        gateway.stop()
+        for gateway in started.values():
+            gateway.stop()
+
+
+@pytest.fixture(params=[False, True], ids=["sse", "json"])
+def gw(gateways: Callable[[bool], Gateway], request: pytest.FixtureRequest) -> Gateway:
+    """The shared gateway of this test's upstream answer style, its records from now on."""
+    return gateways(request.param).from_now()
 
 
 @asynccontextmanager
