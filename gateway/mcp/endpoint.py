@@ -246,7 +246,7 @@ class McpEndpoint:
                        body: bytes, headers: Mapping[str, str], upstream_sid: str | None,
                        rec: CallRecord, send: Any, params: Mapping[str, str],
                        opened: list[object]) -> None:
-        rec.decision = "allow"
+        rec.decision, rec.forwarded = "allow", True
         if self._spans is not None:  # the span's traceparent goes upstream
             span, trace_headers = self._spans.forwarding(rec, headers)
             opened.append(span)
@@ -287,15 +287,14 @@ class McpEndpoint:
             await send_json(send, exc.status, out, extra)
 
     async def record(self, rec: CallRecord) -> None:
-        """Append the request's audit record once (tool calls, refusals, prompt and resource
-        requests, and other messages in which the ``pii`` section found sensitive data)."""
+        """Append the request's audit record once: every message forwarded upstream (tool
+        calls, notifications and client responses included) and every refusal; only an
+        allowed request the aggregate endpoint answered itself (``initialize``,
+        ``tools/list``...) is not recorded."""
         if self._audit is None or rec.recorded:
             return
-        if (rec.method != "tools/call" and rec.decision == "allow" and rec.reason is None
-                and not rec.pii and rec.prompt is None and rec.resource_sha256 is None
-                and rec.withheld is None):
-            return  # recorded: sensitive data found, a prompt or resource named (governed),
-            # a resource withheld from the answer
+        if rec.decision == "allow" and not rec.forwarded and rec.reason is None:
+            return
         rec.recorded = True
         try:
             await self._audit(rec.event())
@@ -373,7 +372,7 @@ class McpEndpoint:
         sid = self.sessions.unwrap(key_id, upstream.name, presented) if presented else None
         if sid is None:
             raise McpRefusal(404, INVALID_REQUEST, "session_unknown", "Session not found")
-        rec.decision = "allow"
+        rec.decision, rec.forwarded = "allow", True
         status = await upstream.delete(Link.of(state), sid)
         rec.status = status
         await send_response(send, status, b"", [])

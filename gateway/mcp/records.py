@@ -48,6 +48,7 @@ class CallRecord:
     prompt: str | None = None  # prompts/get, completion/complete of a prompt
     resource_sha256: str | None = None  # of the (first refused, else last) resource URI
     withheld: dict[str, Any] | None = None  # resources withheld from the answer (count, rules)
+    forwarded: bool = False  # the message went upstream (then it is always recorded)
     recorded: bool = False
     _request_id: str | None = field(default=None, repr=False)
 
