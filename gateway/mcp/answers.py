@@ -105,6 +105,8 @@ class AnswerRelay:
                     await self._relay_sse(stream, msg, rec, send, out_headers, sieve)
                 else:
                     answer, message = await stream.whole()
+                    if "result" in message:  # the server answered the prompt it was asked
+                        rec.confirm("prompt")
                     if may_name_uris(answer) and sieve.sift(message, msg.method):
                         answer = _encode(message)
                     rec.status = status
@@ -175,6 +177,8 @@ class AnswerRelay:
                 # The final response ends the body in the same write (one send, one wake-up
                 # of the client, instead of a second write for the last chunk).
                 ended = stream.final  # the generator ends after the final response
+                if ended and isinstance(message, dict) and "result" in message:
+                    rec.confirm("prompt")  # the server answered the prompt it was asked
                 await send({"type": "http.response.body", "body": raw, "more_body": not ended})
                 rec.bytes_out += len(raw)
         except McpRefusal as exc:

@@ -44,6 +44,7 @@ from gateway.mcp.access import ToolAccess
 from gateway.mcp.answers import AnswerRelay
 from gateway.mcp.asgi import (
     RequestHeaders,
+    client_host,
     read_body,
     request_headers,
     send_json,
@@ -82,6 +83,7 @@ __all__ = ["McpEndpoint"]
 _log = logging.getLogger(__name__)
 
 AuditSink = Callable[[Mapping[str, Any]], Awaitable[Any]]
+RefusalSink = Callable[[Mapping[str, Any], str | None], None]
 
 
 AggregateHandler = Callable[
@@ -102,6 +104,10 @@ class McpEndpoint:
         session_key: HMAC key of handshake-era session ids (``None``: random, this process).
         spans: Opens and closes each request's span (``None``: telemetry off).
         quotas: Charges tool calls to the caller's request quotas (``None``: no quotas).
+        count_refusal: Counts a refusal of a caller not authenticated (its record's fields
+            and the peer's address) into one record per client and reason per interval
+            (:meth:`gateway.audit.observer.AuditObserver.mcp_refused`; ``None``: each is
+            appended with ``audit``).
     """
 
     def __init__(self, settings: McpSettings, policy: Policy | None,
@@ -109,8 +115,10 @@ class McpEndpoint:
                  session_key: bytes | None = None,
                  aggregate: AggregateHandler | None = None,
                  spans: ToolCallSpans | None = None,
-                 quotas: ToolCallQuotas | None = None) -> None:
+                 quotas: ToolCallQuotas | None = None,
+                 count_refusal: RefusalSink | None = None) -> None:
         self.settings = settings
+        self._count_refusal = count_refusal
         self._aggregate = aggregate
         self.upstreams = {s.name: Upstream(s) for s in settings.servers}
         self.access = ToolAccess(settings.access)
@@ -150,7 +158,9 @@ class McpEndpoint:
             await self._aggregate(self, state, scope, headers, receive, send)
             return
         name = path[len(PREFIX):]
-        rec = CallRecord(server=name, trace_id=trace_id_of(headers.get("traceparent")))
+        rec = CallRecord(server=None, trace_id=trace_id_of(headers.get("traceparent")),
+                         client_host=client_host(scope))
+        rec.ask("server", name)
         msg: Message | None = None
         opened: list[object] = []
         admission: Any = None
@@ -164,6 +174,7 @@ class McpEndpoint:
             upstream = self.upstreams.get(name)
             if upstream is None:
                 raise McpRefusal(404, INVALID_REQUEST, "unknown_server", f"no MCP server {name!r}")
+            rec.confirm("server")
             rec.destination = upstream.settings.destination
             principal = self.authenticate(state, headers, scope)
             rec.key_id, rec.team, rec.data_class = (principal.key_id, principal.team,
@@ -174,9 +185,11 @@ class McpEndpoint:
                 await self._delete(state, upstream, principal.key_id, headers, rec, send)
                 return
             msg, body = await self.read_message(scope, headers, receive, rec)
-            rec.tool = msg.name if msg.method == "tools/call" else None
+            tool = msg.name if msg.method == "tools/call" else None
+            if tool is not None:
+                rec.ask("tool", tool)
             rec.protocol_version = check_headers(msg, headers, headers.repeated)
-            check_scopes(self.settings, principal, upstream.name, rec.tool)  # 403 + challenge
+            check_scopes(self.settings, principal, upstream.name, tool)  # 403 + challenge
             self.checks.check_class(principal, upstream, rec)
             upstream_sid = self._session(principal.key_id, upstream, headers, rec)
             params: Mapping[str, str] = {}
@@ -199,6 +212,7 @@ class McpEndpoint:
         finally:
             if admission is not None:  # no await (no coroutine) when nothing was charged
                 await self.settle(admission)
+            self.resolve_names(rec)
             self.metrics.observe(rec)
             if self._spans is not None:
                 self.end_span(rec, headers, opened)
@@ -260,9 +274,23 @@ class McpEndpoint:
             await self._quotas.finish(admission)
 
     def end_span(self, rec: CallRecord, headers: Mapping[str, str], opened: list[object]) -> None:
-        """Close the request's span (or record a refused request's), telemetry on."""
+        """Close the request's span (or record a refused request's), telemetry on; the span
+        of a caller not authenticated joins no trace (its ``traceparent`` is anyone's)."""
         if self._spans is not None:
+            if not rec.authenticated:
+                headers = {}
             self._spans.finished(rec, headers, opened[0] if opened else None)
+
+    def resolve_names(self, rec: CallRecord) -> None:
+        """Confirm the tool name asked for when its server's cached catalogue holds it
+        (:meth:`CallRecord.confirm`; not fetched for this: an unconfirmed name is recorded
+        as its digest)."""
+        tool = rec.asked.get("tool")
+        upstream = self.upstreams.get(rec.server) if rec.server is not None else None
+        if tool is not None and upstream is not None:
+            catalogue = self.catalogue.cached(upstream)
+            if catalogue is not None and tool in catalogue.tools:
+                rec.confirm("tool")
 
     async def refuse(self, exc: McpRefusal, rec: CallRecord, msg: Message | None,
                      challenge: bytes, send: Any) -> None:
@@ -296,6 +324,11 @@ class McpEndpoint:
         if rec.decision == "allow" and not rec.forwarded and rec.reason is None:
             return
         rec.recorded = True
+        if not rec.authenticated and self._count_refusal is not None:
+            # Anyone can send these: counted per client and reason (gateway.audit.refusals),
+            # as the HTTP server's refusals are, so that they cannot flood the chain.
+            self._count_refusal(rec.counted_fields(), rec.client_host)
+            return
         try:
             await self._audit(rec.event())
         except Exception:

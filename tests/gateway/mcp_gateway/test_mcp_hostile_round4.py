@@ -10,8 +10,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
+from gateway.mcp.records import name_digest
 from tests.gateway.mcp_gateway.harness import Gateway, start_gateway
 from tests.gateway.mcp_gateway.test_mcp_bad_input import META, call, headers, post
 from tests.gateway.mcp_gateway.upstreams import status_server
@@ -128,3 +130,67 @@ def test_an_answer_to_a_notification_or_client_response_is_never_relayed(
     assert resp.status_code == 202 and resp.content == b"", resp.text
     records = [r for r in _records(gw) if r["mcp_method"] in ("notifications/progress", None)]
     assert len(records) == 6 and all(r["result_sha256"] for r in records), records
+
+
+VICTIM_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
+
+
+def test_refusals_of_unknown_callers_are_counted_and_hold_no_client_text(
+        hostile: dict[str, Any]) -> None:
+    """Anyone can send a request without a key: its refusal is counted per client and
+    reason (one record, then one with the interval's count), never one record per request;
+    the path's text (an unknown server name with a card number) is not recorded as given,
+    and a ``traceparent`` someone sent along joins no trace."""
+    gw: Gateway = hostile["gateway"]
+    payload = "IGNORE-PREVIOUS;card=4111111111111111;" + "A" * 7000
+    trace = {"traceparent": f"00-{VICTIM_TRACE}-00f067aa0ba902b7-01"}
+    with httpx.Client(timeout=10) as client:
+        assert client.post(gw.mcp(payload), content=b"{}").status_code == 404
+        for i in range(40):
+            assert client.post(gw.mcp(f"nosuch{i}"), content=b"{}").status_code == 404
+            assert client.post(gw.mcp("evil"), content=b"{}", headers=trace).status_code == 401
+            resp = client.post(gw.mcp("evil"), content=b"{}",
+                               headers={"authorization": f"Bearer bogus-{i}", **trace})
+            assert resp.status_code == 401
+    gw.stop()  # the counts of the interval are written at shutdown
+    records = _records(gw, "mcp.refused")
+    text = json.dumps(records)
+    assert "4111" not in text and "AAAA" not in text and "nosuch" not in text
+    assert VICTIM_TRACE not in text
+    by_reason: dict[tuple[Any, Any], int] = {}
+    for rec in records:
+        assert rec["count"] >= 1 and rec["client"] and rec.get("trace_id") is None, rec
+        key = (rec["server"], rec["reason"])
+        by_reason[key] = by_reason.get(key, 0) + rec["count"]
+    assert by_reason == {(None, "unknown_server"): 41, ("evil", "invalid_api_key"): 80}, (
+        by_reason)
+    assert len(records) <= 2 * len(by_reason), records
+
+
+def test_names_asked_for_are_recorded_as_digests_unless_known(hostile: dict[str, Any]) -> None:
+    """A tool or prompt name is the caller's text: recorded as given only when it is known
+    (a tool of the server's catalogue, a prompt the server answered), else as its SHA-256
+    and length, however long it is and whatever it holds."""
+    gw: Gateway = hostile["gateway"]
+    old = {"mcp-protocol-version": "2025-06-18"}
+    tool = "card-4111111111111111-" + "N" * 100_000
+    prompt = "ok-4111111111111111-" + "P" * 100_000
+    agg = "nosuch__" + "Q" * 100_000
+    resp = post(gw.mcp("evil"), call("lookup", {}), headers(name="lookup"))
+    assert resp.status_code == 200, resp.text
+    bad = {"jsonrpc": "2.0", "id": 6, "method": "tools/call",
+           "params": {"name": tool, "arguments": {}}}
+    assert post(gw.mcp("evil"), bad, {**headers(), **old}).status_code == 400
+    ask = {"jsonrpc": "2.0", "id": 7, "method": "prompts/get", "params": {"name": prompt}}
+    assert post(gw.mcp("evil"), ask, {**headers(method="prompts/get"), **old}).status_code == 403
+    bad["params"]["name"] = agg
+    assert post(gw.url + "/mcp", bad, {**headers(), **old}).status_code == 400
+    records = _records(gw)
+    text = json.dumps(records)
+    assert "4111" not in text and "NNNN" not in text and "QQQQ" not in text, len(text)
+    assert len(text) < 10_000
+    assert [r["tool"] for r in records if r["type"] == "mcp.tool_call"] == ["lookup"]
+    unknown = [r["unknown_names"] for r in records if "unknown_names" in r]
+    assert unknown == [{"tool": name_digest(tool)}, {"prompt": name_digest(prompt)},
+                       {"tool": name_digest(agg)}], unknown
+    assert name_digest(tool)["bytes"] == len(tool)
