@@ -38,7 +38,7 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from gateway.auth import bearer_token, canonical_path
+from gateway.auth import bearer_token, canonical_path, repeated_header
 from gateway.errors import GatewayError
 from gateway.mcp.access import ToolAccess
 from gateway.mcp.answers import AnswerRelay
@@ -81,6 +81,14 @@ from policy import EgressMatcher, Policy
 __all__ = ["McpEndpoint"]
 
 _log = logging.getLogger(__name__)
+
+SINGLE_HEADERS = frozenset({
+    "authorization", "mcp-session-id", "traceparent", "origin", "content-type",
+    "last-event-id",
+})
+"""Single-valued request headers the endpoint reads, refused when repeated (besides the
+classification header and the routing headers of :func:`check_headers`); list-valued ones
+(``Accept``, ``tracestate``) may be split over lines."""
 
 AuditSink = Callable[[Mapping[str, Any]], Awaitable[Any]]
 RefusalSink = Callable[[Mapping[str, Any], str | None], None]
@@ -369,10 +377,8 @@ class McpEndpoint:
             McpRefusal: 401 (no or bad credential) or 403 (credential not accepted on this
                 path, class not granted), mapped from the authenticator's error.
         """
-        if "authorization" in headers.repeated:  # which one would count? neither
-            raise McpRefusal(400, INVALID_REQUEST, "ambiguous_credentials",
-                             "The Authorization header is given more than once; send one "
-                             "credential.")
+        if headers.repeated:  # which copy would count? neither (the /v1 rule)
+            self.refuse_repeated(state, headers)
         token = bearer_token(headers.get("authorization", "").encode("latin-1") or None)
         try:
             principal = state.authenticator.authenticate(token, scope)
@@ -382,6 +388,25 @@ class McpEndpoint:
         except GatewayError as exc:  # 401 with the resource's challenge (gateway.mcp.oauth)
             raise auth_refusal(self.settings, scope["path"], exc, token is not None) from exc
         return principal
+
+    @staticmethod
+    def refuse_repeated(state: Any, headers: RequestHeaders) -> None:
+        """Refuse a request that gives a single-valued header the endpoint reads more than
+        once (:data:`SINGLE_HEADERS` and the classification header), as ``/v1`` does
+        (:func:`gateway.auth.repeated_header`). The routing headers (``Mcp-Method``,
+        ``Mcp-Name``, ``MCP-Protocol-Version``) are refused later, by
+        :func:`gateway.mcp.jsonrpc.check_headers`, to answer with the message's id.
+
+        Raises:
+            McpRefusal: 400, ``-32600``, ``ambiguous_credentials`` (``Authorization``) or
+                ``repeated_header``.
+        """
+        single = SINGLE_HEADERS
+        if state.class_header is not None:
+            single = single | {state.class_header.decode("latin-1")}
+        for name in sorted(headers.repeated & single, key=lambda n: n != "authorization"):
+            exc = repeated_header(name)
+            raise McpRefusal(400, INVALID_REQUEST, exc.code, exc.message)
 
     def _session(self, key_id: str, upstream: Upstream, headers: Mapping[str, str],
                  rec: CallRecord) -> str | None:

@@ -194,3 +194,35 @@ def test_names_asked_for_are_recorded_as_digests_unless_known(hostile: dict[str,
     assert unknown == [{"tool": name_digest(tool)}, {"prompt": name_digest(prompt)},
                        {"tool": name_digest(agg)}], unknown
     assert name_digest(tool)["bytes"] == len(tool)
+
+
+def test_a_single_valued_header_given_twice_is_refused(hostile: dict[str, Any]) -> None:
+    """Which copy of a repeated single-valued header counts would depend on the reader: the
+    MCP endpoint refuses each (the classification header as ``/v1`` does, same rule), and
+    nothing is forwarded."""
+    gw: Gateway = hostile["gateway"]
+    received: list[dict[str, Any]] = hostile["received"]
+    body = json.dumps(call("lookup", {}))
+    twice = {"x-data-classification": ("secret", "internal"),
+             "mcp-session-id": ("a", "b"),
+             "traceparent": (f"00-{VICTIM_TRACE}-00f067aa0ba902b7-01",
+                             "00-0af7651916cd43dd8448eb211c80319c-00f067aa0ba902b7-01"),
+             "origin": ("http://a.example", "http://b.example"),
+             "content-type": ("application/json", "text/plain")}
+    before = len(received)
+    for name, values in twice.items():
+        hdrs = [(k, v) for k, v in headers(name="lookup").items() if k != name]
+        hdrs += [(name, value) for value in values]
+        for url in (gw.mcp("evil"), gw.url + "/mcp"):
+            resp = httpx.post(url, content=body, headers=hdrs, timeout=10)
+            assert resp.status_code == 400, (name, url, resp.text)
+            assert resp.json()["error"]["code"] == -32600
+            assert "given more than once" in resp.json()["error"]["message"], resp.text
+    assert len(received) == before
+    chat = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+    resp = httpx.post(gw.url + "/v1/chat/completions", content=chat, timeout=10, headers=[
+        ("authorization", "Bearer sg-mcp-agent"), ("content-type", "application/json"),
+        ("x-data-classification", "secret"), ("x-data-classification", "internal")])
+    assert resp.status_code == 400 and "given more than once" in resp.text
+    refused = {r["reason"] for r in _records(gw, "mcp.refused")}
+    assert refused == {"repeated_header"}, refused
