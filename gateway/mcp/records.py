@@ -42,6 +42,7 @@ class CallRecord:
     reason: str | None = None
     status: int = 0
     arguments_sha256: str | None = None
+    params_sha256: str | None = None  # of the other params forwarded (_meta, other keys)
     result_sha256: str | None = None
     bytes_in: int = 0
     bytes_out: int = 0
@@ -125,6 +126,7 @@ class CallRecord:
             **({"resource_sha256": self.resource_sha256}
                if self.resource_sha256 is not None else {}),
             **({"withheld": self.withheld} if self.withheld is not None else {}),
+            **({"params_sha256": self.params_sha256} if self.params_sha256 is not None else {}),
             **({"unknown_names": {what: name_digest(name) for what, name in self.asked.items()}}
                if self.asked else {}),
         }

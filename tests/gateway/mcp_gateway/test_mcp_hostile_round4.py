@@ -16,6 +16,7 @@ import pytest
 from gateway.mcp.records import name_digest
 from tests.gateway.mcp_gateway.harness import Gateway, start_gateway
 from tests.gateway.mcp_gateway.test_mcp_bad_input import META, call, headers, post
+from tests.gateway.mcp_gateway.test_mcp_hostile_round3 import CARD, PII
 from tests.gateway.mcp_gateway.upstreams import status_server
 from vllm_sim import SimConfig
 from vllm_sim import create_app as create_sim
@@ -27,10 +28,8 @@ ACCESS = [{"teams": ["agents"], "allow": ["*"],
 LEAKS = ("SECRET", "etc/passwd", "private/plan", "upstream=1", "realm")
 
 
-@pytest.fixture
-def hostile(serve_asgi: Callable[..., Any], tmp_path: Path) -> Iterator[dict[str, Any]]:
-    """The gateway (aggregate endpoint on) in front of :func:`status_server` as ``evil``;
-    ``received``: every message the upstream got."""
+def _hostile(serve_asgi: Callable[..., Any], tmp_path: Path,
+             policy_extra: str = "") -> Iterator[dict[str, Any]]:
     received: list[dict[str, Any]] = []
     sim = serve_asgi(create_sim(SimConfig(models=["m"])))
     evil = serve_asgi(status_server(received))
@@ -39,11 +38,25 @@ def hostile(serve_asgi: Callable[..., Any], tmp_path: Path) -> Iterator[dict[str
         mcp["access"] = ACCESS
         mcp["aggregate"] = True
 
-    gw = start_gateway(tmp_path, sim.url, {"evil": evil.url + "/mcp"}, {}, extra)
+    gw = start_gateway(tmp_path, sim.url, {"evil": evil.url + "/mcp"}, {}, extra,
+                       policy_extra=policy_extra)
     try:
         yield {"gateway": gw, "received": received}
     finally:
         gw.stop()
+
+
+@pytest.fixture
+def hostile(serve_asgi: Callable[..., Any], tmp_path: Path) -> Iterator[dict[str, Any]]:
+    """The gateway (aggregate endpoint on) in front of :func:`status_server` as ``evil``;
+    ``received``: every message the upstream got."""
+    yield from _hostile(serve_asgi, tmp_path)
+
+
+@pytest.fixture
+def hostile_pii(serve_asgi: Callable[..., Any], tmp_path: Path) -> Iterator[dict[str, Any]]:
+    """:func:`hostile` with round 3's ``pii`` section (card numbers refused)."""
+    yield from _hostile(serve_asgi, tmp_path, PII)
 
 
 def _records(gw: Gateway, kind: str | None = None) -> list[dict[str, Any]]:
@@ -226,3 +239,44 @@ def test_a_single_valued_header_given_twice_is_refused(hostile: dict[str, Any]) 
     assert resp.status_code == 400 and "given more than once" in resp.text
     refused = {r["reason"] for r in _records(gw, "mcp.refused")}
     assert refused == {"repeated_header"}, refused
+
+
+def test_everything_a_call_forwards_is_scanned_and_bounded(hostile_pii: dict[str, Any]) -> None:
+    """Not only ``params.arguments`` leaves: ``_meta`` (the progress token, custom keys) and
+    any other ``params`` key are forwarded too, so the ``pii`` section scans them and the
+    argument limit bounds them, at ``/mcp/<server>`` and at the aggregate ``/mcp``, for tool
+    calls and for other messages; the record hashes them (``params_sha256``)."""
+    gw: Gateway = hostile_pii["gateway"]
+    received: list[dict[str, Any]] = hostile_pii["received"]
+    old = {"mcp-protocol-version": "2025-06-18"}
+
+    def with_params(name: str, **params: Any) -> dict[str, Any]:
+        body = call(name, {})
+        body["params"].update(params)
+        return body
+
+    clean = with_params("lookup", _meta={**META, "progressToken": "t-1"})
+    assert post(gw.mcp("evil"), clean, headers(name="lookup")).status_code == 200
+    cases = [
+        (gw.mcp("evil"), "lookup", {"_meta": {**META, "progressToken": CARD}}, 403),
+        (gw.mcp("evil"), "lookup", {"_meta": {**META, "com.example/chat": f"pay {CARD}"}}, 403),
+        (gw.mcp("evil"), "lookup", {"context": f"card {CARD}"}, 403),
+        (gw.mcp("evil"), "lookup", {"context": "x" * 300_000}, 413),
+        (gw.url + "/mcp", "evil__lookup", {"_meta": {**META, "com.example/chat": CARD}}, 403),
+    ]
+    for url, name, params, status in cases:
+        resp = post(url, with_params(name, **params), headers(name=name))
+        assert resp.status_code == status, (params.keys(), resp.text)
+    note = {"jsonrpc": "2.0", "method": "notifications/progress",
+            "params": {"progressToken": 1, "progress": 1, "_meta": {"com.example/x": CARD}}}
+    resp = post(gw.mcp("evil"), note, {**headers(method="notifications/progress"), **old})
+    assert resp.status_code == 403, resp.text
+    sent = json.dumps(received)
+    assert CARD not in sent and CARD.replace(" ", "") not in sent
+    assert [r["params"]["name"] for r in received if r.get("method") == "tools/call"] == [
+        "lookup"]
+    records = _records(gw)
+    assert [r["reason"] for r in records] == [
+        None, "pii_refused", "pii_refused", "pii_refused", "params_too_large", "pii_refused",
+        "pii_refused"], records
+    assert records[0]["params_sha256"] and records[0]["pii"]["entities"] == {}
