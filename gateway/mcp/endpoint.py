@@ -329,6 +329,7 @@ class McpEndpoint:
         ``tools/list``...) is not recorded."""
         if self._audit is None or rec.recorded:
             return
+        self.resolve_names(rec)  # a refusal is recorded before the request's end
         if rec.decision == "allow" and not rec.forwarded and rec.reason is None:
             return
         rec.recorded = True
