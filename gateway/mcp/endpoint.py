@@ -269,6 +269,7 @@ class McpEndpoint:
                        rec: CallRecord, send: Any, params: Mapping[str, str],
                        opened: list[object]) -> None:
         rec.decision, rec.forwarded = "allow", True
+        self.resolve_names(rec)  # the checked tool is in the catalogue: the span names it
         if self._spans is not None:  # the span's traceparent goes upstream
             span, trace_headers = self._spans.forwarding(rec, headers)
             opened.append(span)
