@@ -273,7 +273,8 @@ def assemble(
         mcp = build_mcp(settings.mcp, policy, egress.matcher if egress is not None else None,
                         audit.record_event if audit is not None else None,
                         telemetry.mcp_spans if telemetry is not None else None,
-                        ToolCallQuotas(quotas) if quotas is not None else None)
+                        ToolCallQuotas(quotas) if quotas is not None else None,
+                        audit.mcp_refused if audit is not None else None)
     route_policy: RoutePolicy = AllowAll()
     connector_factory = None
     dialer: Dialer | None = None

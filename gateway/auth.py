@@ -37,6 +37,7 @@ __all__ = [
     "digest_key",
     "new_key",
     "principal_of",
+    "repeated_header",
 ]
 
 KEY_PREFIX = "sg-"
@@ -160,6 +161,17 @@ def authorization_of(headers: Iterable[tuple[bytes, bytes]]) -> bytes | None:
                 raise ambiguous_credentials()
             found = value
     return found
+
+
+def repeated_header(name: str) -> InvalidRequest:
+    """The 400 of a request giving a single-valued header (``name``, lower case) more than
+    once: which copy counts would depend on the reader (the first here, the last there, a
+    proxy in front checking either), so neither does. ``authorization``:
+    :func:`ambiguous_credentials`; else code ``repeated_header``."""
+    if name == "authorization":
+        return ambiguous_credentials()
+    return InvalidRequest(f"The {name} header is given more than once.", param=name,
+                          code="repeated_header")
 
 
 def ambiguous_credentials() -> InvalidRequest:

@@ -43,6 +43,7 @@ _log = logging.getLogger(__name__)
 REQUEST_DENIED = "request.denied"
 HTTP_REFUSED = "http.refused"
 HTTP_EVICTED = "http.evicted"
+MCP_REFUSED = "mcp.refused"
 CONFIG_LOADED = "config.loaded"
 
 _CLIENT_CACHE_MAX = 10_000
@@ -79,6 +80,7 @@ class AuditObserver:
         self._refusals: set[asyncio.Task[None]] = set()
         self._refusal_counter = RefusalCounter(self._append_refused)
         self._eviction_counter = RefusalCounter(self._append_evicted)
+        self._mcp_counter = RefusalCounter(self._append_mcp_refused)
 
     @classmethod
     def from_settings(
@@ -106,6 +108,7 @@ class AuditObserver:
         records)."""
         self._refusal_counter.flush()
         self._eviction_counter.flush()
+        self._mcp_counter.flush()
         if self._refusals:
             await asyncio.gather(*self._refusals, return_exceptions=True)
         await self.log.close()
@@ -269,6 +272,26 @@ class AuditObserver:
         """
         self._eviction_counter.count(self._client_host(client_host), (state, cause),
                                      {"state": state, "cause": cause})
+
+    def mcp_refused(self, fields: Mapping[str, Any], client_host: str | None) -> None:
+        """Record an MCP request refused before its caller was known (``mcp.refused``).
+
+        The MCP endpoint's hook for refusals anyone can cause (no or a bad credential, an
+        unknown server path): counted like :meth:`http_refused`, per client and ``fields``
+        (:meth:`gateway.mcp.records.CallRecord.counted_fields`: server, status, reason...;
+        the same for every such request), the first written at once, the next ones of the
+        interval as one record with their ``count``. No trace id: whoever sends a refused
+        request may carry someone else's ``traceparent``.
+
+        Args:
+            fields: The record's fields (JSON scalars).
+            client_host: The peer's address, recorded as its HMAC pseudonym.
+        """
+        self._mcp_counter.count(self._client_host(client_host), tuple(sorted(fields.items())),
+                                dict(fields))
+
+    def _append_mcp_refused(self, fields: Mapping[str, Any]) -> None:
+        self._append_counted({"type": MCP_REFUSED, **fields})
 
     def _append_evicted(self, fields: Mapping[str, Any]) -> None:
         self._append_counted({"type": HTTP_EVICTED, **fields})

@@ -18,6 +18,19 @@ __all__ = ["TimelineEntry", "session_timeline"]
 
 _MODEL_TYPES = ("request.started", "request.denied")
 _TOOL_TYPES = ("mcp.tool_call", "mcp.refused")
+_PLUMBING = frozenset({None, "DELETE", "initialize", "ping", "server/discover",
+                       "logging/setLevel"})
+"""MCP methods of the protocol itself (with ``notifications/*`` and the ``*/list`` methods):
+their allowed records are in the chain, but no step of the agent's actions (a refusal is)."""
+
+
+def _plumbing(kind: str, data: dict[str, Any]) -> bool:
+    """An allowed MCP protocol message (handshake, list, notification, client response)."""
+    if kind != "mcp.tool_call" or data.get("reason") is not None:
+        return False
+    method = data.get("mcp_method")
+    return method in _PLUMBING or (isinstance(method, str) and (
+        method.startswith("notifications/") or method.endswith("/list")))
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +66,8 @@ class TimelineEntry:
 
 def session_timeline(records: Iterable[Record], trace_id: str | None = None,
                      key_id: str | None = None) -> list[TimelineEntry]:
-    """The model and tool calls of one trace (or of one key), in record order.
+    """The model and tool calls of one trace (or of one key), in record order (allowed MCP
+    protocol messages, ``initialize``, lists, notifications, left out: :func:`_plumbing`).
 
     Args:
         records: Records in chain order (``export_records``).
@@ -79,6 +93,8 @@ def session_timeline(records: Iterable[Record], trace_id: str | None = None,
         if trace_id is not None and data.get("trace_id") != trace_id:
             continue
         if key_id is not None and data.get("key_id") != key_id:
+            continue
+        if _plumbing(kind, data):
             continue
         ref = f"{rec.chain}#{rec.seq}"
         if kind in _MODEL_TYPES:

@@ -27,7 +27,7 @@ import secrets
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from gateway.mcp.asgi import RequestHeaders
+from gateway.mcp.asgi import RequestHeaders, client_host
 from gateway.mcp.catalogue import modern_meta
 from gateway.mcp.jsonrpc import (
     FORBIDDEN,
@@ -71,7 +71,8 @@ def split_tool_name(name: str) -> tuple[str, str] | None:
 async def handle_aggregate(ep: McpEndpoint, state: Any, scope: Mapping[str, Any],
                            headers: RequestHeaders, receive: Any, send: Any) -> None:
     """Serve one HTTP request to ``/mcp`` with the checks and audit of ``ep``."""
-    rec = CallRecord(server=None, trace_id=trace_id_of(headers.get("traceparent")))
+    rec = CallRecord(server=None, trace_id=trace_id_of(headers.get("traceparent")),
+                     client_host=client_host(scope))
     msg: Message | None = None
     opened: list[object] = []
     try:
@@ -137,6 +138,7 @@ async def handle_aggregate(ep: McpEndpoint, state: Any, scope: Mapping[str, Any]
     except McpRefusal as exc:
         await ep.refuse(exc, rec, msg, ep.challenge(None), send)
     finally:
+        ep.resolve_names(rec)
         ep.metrics.observe(rec)
         ep.end_span(rec, headers, opened)
         await ep.record(rec)
@@ -214,11 +216,12 @@ async def _call(ep: McpEndpoint, state: Any, principal: Any, msg: Message,
     split = split_tool_name(msg.name or "")
     upstream = ep.upstreams.get(split[0]) if split is not None else None
     if split is None or upstream is None:
-        rec.tool = msg.name
+        rec.ask("tool", msg.name or "")
         raise McpRefusal(400, INVALID_PARAMS, "unknown_tool",
                          f"no tool {msg.name!r} (aggregate names are <server>__<tool>)")
     tool = split[1]
-    rec.server, rec.tool, rec.destination = upstream.name, tool, upstream.settings.destination
+    rec.server, rec.destination = upstream.name, upstream.settings.destination
+    rec.ask("tool", tool)
     check_scopes(ep.settings, principal, upstream.name, tool)  # the server's and tool's too
     _check_route(state, principal, upstream)
     ep.checks.check_class(principal, upstream, rec)

@@ -7,15 +7,21 @@ resource templates) filtered to what the caller may use (:mod:`gateway.mcp.gover
 and every message, JSON or SSE event by event, sifted of the resources the caller may not
 read (:mod:`gateway.mcp.withhold`: items replaced, ``resources/read`` contents removed,
 ``notifications/resources/updated`` dropped; a message without a ``"uri"`` key is relayed as
-its bytes came, and the count withheld goes into the record);
-notifications, client responses and upstream HTTP errors keep
-their status with a bounded body. An upstream session id is wrapped to the caller
+its bytes came, and the count withheld goes into the record).
+An answer to a request takes that path whatever its HTTP status: a 2xx is relayed as 200, a
+client error (4xx but 401/403/407) keeps its status, anything else becomes 502; a body that
+is not the request's JSON-RPC response (another id, an HTML error page) is never relayed but
+replaced by the gateway's error (``upstream_status``). Notifications and client responses
+are answered ``202`` with no body when the server accepted them, else with the gateway's
+error; the server's body is read (bounded) and only hashed. The SHA-256 of what the server
+sent is always recorded. An upstream session id is wrapped to the caller
 (:mod:`gateway.mcp.sessions`) before it reaches the client. The record of the call gets the
 status, the bytes sent and the SHA-256 of the final response.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -23,13 +29,20 @@ from typing import Any
 from gateway.mcp.access import ToolAccess
 from gateway.mcp.asgi import send_json, send_response
 from gateway.mcp.governed import LISTS, listed_entries
-from gateway.mcp.jsonrpc import INTERNAL_ERROR, MODERN_VERSIONS, McpRefusal, Message, error_body
+from gateway.mcp.jsonrpc import (
+    INTERNAL_ERROR,
+    MODERN_VERSIONS,
+    UPSTREAM_ERROR,
+    McpRefusal,
+    Message,
+    error_body,
+)
 from gateway.mcp.records import CallRecord
 from gateway.mcp.sessions import SessionBinder
 from gateway.mcp.settings import McpLimits
 from gateway.mcp.sse import with_data
 from gateway.mcp.subscriptions import Subscriptions, listen_uris
-from gateway.mcp.upstream import Link, RelayedStream, Upstream
+from gateway.mcp.upstream import Answer, Link, RelayedStream, Upstream
 from gateway.mcp.uritext import UriText
 from gateway.mcp.withhold import ResourceSieve, Withheld
 
@@ -81,38 +94,67 @@ class AnswerRelay:
             if sid is not None:
                 out_headers.append((b"mcp-session-id", self._sessions.wrap(
                     principal.key_id, upstream.name, sid).encode()))
-            if not msg.is_request or resp.status != 200:
-                # Notifications and client responses (202), upstream HTTP errors: relay the
-                # status with a bounded body.
-                stream = RelayedStream(resp, None, upstream.name, limits)
-                data = bytearray()
-                async for chunk in stream.chunks():
-                    data += chunk
-                ctype = resp.headers.get("content-type", "application/json").encode("latin-1")
-                rec.status = resp.status
-                await send_response(send, resp.status, bytes(data),
-                            [(b"content-type", ctype), *out_headers])
-                rec.bytes_out = len(data)
+            if not msg.is_request:
+                await self._relay_ack(resp, upstream.name, rec, send, out_headers)
                 return
+            status = _answer_status(resp.status)
             stream = RelayedStream(resp, msg.id, upstream.name, limits)
             sieve = self._sieve(principal, upstream.name, msg, upstream_sid)
             try:
+                if resp.status < 200 or 300 <= resp.status < 400 or (
+                        status != 200 and stream.is_sse):
+                    if not stream.is_sse:
+                        stream.digest = await _body_digest(stream)
+                    raise McpRefusal(502, UPSTREAM_ERROR, "upstream_status",
+                                     f"MCP server {upstream.name} answered HTTP {resp.status}"
+                                     + (" with an event stream" if stream.is_sse else ""))
                 if msg.method is not None and msg.method in LISTS:
                     await self._relay_filtered(msg.method, stream, principal, upstream, rec,
-                                               send, out_headers, sieve)
+                                               send, out_headers, sieve, status)
                 elif stream.is_sse:
                     await self._relay_sse(stream, msg, rec, send, out_headers, sieve)
                 else:
                     answer, message = await stream.whole()
+                    if "result" in message:  # the server answered the prompt it was asked
+                        rec.confirm("prompt")
                     if sieve.may_withhold(answer) and sieve.sift(message, msg.method):
                         answer = _encode(message)
-                    rec.status = 200
-                    await send_json(send, 200, answer, out_headers)
+                    rec.status = status
+                    await send_json(send, status, answer, out_headers)
                     rec.bytes_out = len(answer)
+            except McpRefusal as exc:
+                if resp.status == 200 or exc.reason not in _NOT_THE_RESPONSE:
+                    raise
+                # Not the request's JSON-RPC response (an HTML error page, another id...): the
+                # gateway writes the error; a client error status (404: session gone) is kept.
+                raise McpRefusal(502 if status == 200 else status, UPSTREAM_ERROR,
+                                 "upstream_status",
+                                 f"MCP server {upstream.name} answered HTTP {resp.status} "
+                                 "without the request's JSON-RPC response") from exc
             finally:
                 if sieve.withheld.count:
                     rec.withheld = sieve.withheld.record()
-            rec.result_sha256 = stream.digest  # of the answer as the server sent it
+                rec.result_sha256 = stream.digest  # of the answer as the server sent it
+
+    async def _relay_ack(self, resp: Answer, server: str, rec: CallRecord, send: Any,
+                         out_headers: list[tuple[bytes, bytes]]) -> None:
+        """Answer a notification or client response: ``202`` with no body when the server
+        accepted it (2xx), else the gateway's JSON-RPC error without an id, the status kept
+        for a client error (4xx but 401/403/407, which concern the gateway's own credential)
+        and 502 otherwise. The server's body is never relayed (the transport expects none;
+        an error body is read, bounded, and only its SHA-256 recorded).
+
+        Raises:
+            McpRefusal: ``upstream_status`` (the server did not accept the message), or a
+                bound of :class:`RelayedStream` crossed.
+        """
+        rec.result_sha256 = await _body_digest(RelayedStream(resp, None, server, self._limits))
+        if not 200 <= resp.status < 300:
+            raise McpRefusal(_error_status(resp.status), UPSTREAM_ERROR, "upstream_status",
+                             f"MCP server {server} did not accept the message "
+                             f"(HTTP {resp.status})")
+        rec.status = 202
+        await send_response(send, 202, b"", out_headers)
 
     def _sieve(self, principal: Any, server: str, msg: Message,
                upstream_sid: str | None) -> ResourceSieve:
@@ -178,6 +220,8 @@ class AnswerRelay:
                 # The final response ends the body in the same write (one send, one wake-up
                 # of the client, instead of a second write for the last chunk).
                 ended = stream.final  # the generator ends after the final response
+                if ended and isinstance(message, dict) and "result" in message:
+                    rec.confirm("prompt")  # the server answered the prompt it was asked
                 await send({"type": "http.response.body", "body": raw, "more_body": not ended})
                 rec.bytes_out += len(raw)
         except McpRefusal as exc:
@@ -199,7 +243,7 @@ class AnswerRelay:
     async def _relay_filtered(self, method: str, stream: RelayedStream, principal: Any,
                               upstream: Upstream, rec: CallRecord, send: Any,
                               out_headers: list[tuple[bytes, bytes]],
-                              sieve: ResourceSieve) -> None:
+                              sieve: ResourceSieve, status: int = 200) -> None:
         final: Any = None
         async for _, _, message in stream.events():
             if stream.final:
@@ -209,11 +253,44 @@ class AnswerRelay:
         listed_entries(method, final.get("result"), self._access, principal, upstream.name)
         sieve.sift(final, method)  # URIs in the entries' descriptions, titles, _meta
         data = json.dumps(final, separators=(",", ":")).encode()
-        rec.status = 200
-        await send_json(send, 200, data, out_headers)
+        rec.status = status
+        await send_json(send, status, data, out_headers)
         rec.bytes_out = len(data)
 
 
 def _encode(message: Any) -> bytes:
     """A sifted message, encoded again (compact JSON)."""
     return json.dumps(message, separators=(",", ":")).encode()
+
+
+_NOT_THE_RESPONSE = frozenset({"upstream_invalid", "upstream_wrong_id"})
+"""Reasons of an answer that is not the request's JSON-RPC response."""
+
+
+def _error_status(status: int) -> int:
+    """The status of the gateway's error for an upstream HTTP error ``status``: a client
+    error is kept (404: the upstream session is gone, the client starts a new one), but not
+    401/403/407 (they concern the gateway's own credential for the server, which the client
+    cannot fix; relayed, the client would take them for a refusal of its own); anything
+    else is 502."""
+    return status if 400 <= status < 500 and status not in (401, 403, 407) else 502
+
+
+def _answer_status(status: int) -> int:
+    """The status under which an upstream answer to a request is relayed once checked: 200
+    for any 2xx, an HTTP error's own status for a client error (:func:`_error_status`), 502
+    for anything else (a server error's JSON-RPC error body, checked, is relayed with it;
+    a 1xx/3xx answer is refused: never an MCP answer, and redirects are not followed)."""
+    return 200 if 200 <= status < 300 else _error_status(status)
+
+
+async def _body_digest(stream: RelayedStream) -> str:
+    """SHA-256 (hex) of an answer's body, read to its end within the stream's bounds.
+
+    Raises:
+        McpRefusal: A bound of :class:`RelayedStream` crossed.
+    """
+    digest = hashlib.sha256()
+    async for chunk in stream.chunks():
+        digest.update(chunk)
+    return digest.hexdigest()

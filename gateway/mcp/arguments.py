@@ -51,15 +51,17 @@ def argument_bytes(arguments: Any) -> bytes:
     return _CANONICAL.encode(arguments).encode("utf-8")
 
 
-def check_size(encoded: bytes, limit: int) -> None:
-    """Refuse ``arguments`` larger than ``limit`` bytes.
+def check_size(encoded: bytes, limit: int, what: str = "arguments") -> None:
+    """Refuse ``arguments`` (or, ``what="params"``, the other forwarded ``params``: ``_meta``
+    and any other key) larger than ``limit`` bytes.
 
     Raises:
-        McpRefusal: 413 ``arguments_too_large``.
+        McpRefusal: 413 ``arguments_too_large`` / ``params_too_large``.
     """
     if len(encoded) > limit:
-        raise McpRefusal(413, INVALID_PARAMS, "arguments_too_large",
-                         f"tool arguments are {len(encoded)} bytes, above the limit of {limit}")
+        label = "tool arguments" if what == "arguments" else "params other than the arguments"
+        raise McpRefusal(413, INVALID_PARAMS, f"{what}_too_large",
+                         f"{label} are {len(encoded)} bytes, above the limit of {limit}")
 
 
 @dataclass(frozen=True, slots=True)

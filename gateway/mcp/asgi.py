@@ -15,7 +15,8 @@ from typing import Any
 from gateway.mcp.jsonrpc import INVALID_REQUEST, McpRefusal
 from gateway.mcp.params import PARAM_PREFIX
 
-__all__ = ["RequestHeaders", "read_body", "request_headers", "send_json", "send_response"]
+__all__ = ["RequestHeaders", "client_host", "read_body", "request_headers", "send_json",
+           "send_response"]
 
 
 class RequestHeaders(dict[str, str]):
@@ -102,3 +103,9 @@ async def send_json(send: Any, status: int, body: bytes,
     """Send a whole ``application/json`` response."""
     await send_response(send, status, body,
                         [(b"content-type", b"application/json"), *(headers or [])])
+
+
+def client_host(scope: Mapping[str, Any]) -> str | None:
+    """The peer's address of an ASGI ``scope`` (``None`` when the server gives none)."""
+    client = scope.get("client")
+    return str(client[0]) if client else None

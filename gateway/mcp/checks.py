@@ -114,6 +114,11 @@ class MessageChecks:
         if declared is not None and declared.max_argument_bytes is not None:
             limit = min(limit, declared.max_argument_bytes)
         check_size(encoded, limit)
+        others = {k: v for k, v in msg.params.items() if k not in ("name", "arguments")}
+        if others:  # _meta or another key
+            rest = argument_bytes(others)
+            rec.params_sha256 = hashlib.sha256(rest).hexdigest()
+            check_size(rest, limit, "params")  # forwarded too: bounded as the arguments
         sent = arguments
         pii = self._policy.pii if self._policy is not None else None
         if pii is not None:
@@ -141,14 +146,19 @@ class MessageChecks:
     async def _scan_arguments(self, pii: Any, upstream: Upstream, principal: Any, msg: Message,
                               arguments: dict[str, Any], body: bytes, rec: CallRecord,
                               ) -> tuple[Any, bytes, dict[str, Any]]:
-        """Apply the ``pii`` section to the arguments (:mod:`gateway.mcp.pii`)."""
-        principal, scan = await self._apply_pii(pii, upstream, principal, arguments, rec,
+        """Apply the ``pii`` section (:mod:`gateway.mcp.pii`) to everything the call forwards
+        but the tool name (checked against the catalogue): the arguments, ``_meta`` (the
+        progress token, protocol and custom keys; the reserved keys' values are free-form
+        too) and any other ``params`` key."""
+        content = {k: v for k, v in msg.params.items() if k != "name"}
+        content["arguments"] = arguments
+        principal, scan = await self._apply_pii(pii, upstream, principal, content, rec,
                                                 record_clean=True)
         if scan.masked:
             obj = dict(msg.obj)
-            obj["params"] = {**msg.params, "arguments": scan.arguments}
+            obj["params"] = {**msg.params, **scan.arguments}
             body = json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
-            arguments = scan.arguments
+            arguments = scan.arguments["arguments"]
         return principal, body, arguments
 
     async def _scan_message(self, pii: Any, upstream: Upstream, principal: Any, msg: Message,
@@ -156,8 +166,9 @@ class MessageChecks:
         """Apply the ``pii`` section to a message other than ``tools/call`` (whose arguments
         :meth:`check_call` scans): the ``params`` of a request or notification (``prompts/get``
         arguments, ``completion/complete`` values, ``notifications/message`` data...) and the
-        ``result``/``error`` of a client's response, ``_meta`` left out. The same actions as
-        for tool arguments: class raised and the destination checked again, masked, refused.
+        ``result``/``error`` of a client's response, ``_meta`` included (a progress token or a
+        custom key is forwarded as any other value). The same actions as for tool arguments:
+        class raised and the destination checked again, masked, refused.
 
         Returns:
             The principal (class raised) and the body to forward (masked where the policy
@@ -170,8 +181,6 @@ class MessageChecks:
         content: dict[str, Any] = {}
         for part in ("params", "result", "error"):
             value = msg.obj.get(part)
-            if part == "params" and isinstance(value, dict) and "_meta" in value:
-                value = {k: v for k, v in value.items() if k != "_meta"}
             if value not in (None, {}, []):
                 content[part] = value
         if not content:
@@ -179,12 +188,7 @@ class MessageChecks:
         principal, scan = await self._apply_pii(pii, upstream, principal, content, rec,
                                                 record_clean=False)
         if scan.masked:
-            obj = dict(msg.obj)
-            for part, value in scan.arguments.items():
-                if part == "params" and isinstance(msg.obj.get("params"), dict) and (
-                        "_meta" in msg.obj["params"]):
-                    value = {**value, "_meta": msg.obj["params"]["_meta"]}
-                obj[part] = value
+            obj = {**msg.obj, **scan.arguments}
             body = json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
         return principal, body
 

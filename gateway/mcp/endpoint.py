@@ -38,12 +38,13 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from gateway.auth import bearer_token, canonical_path
+from gateway.auth import bearer_token, canonical_path, repeated_header
 from gateway.errors import GatewayError
 from gateway.mcp.access import ToolAccess
 from gateway.mcp.answers import AnswerRelay
 from gateway.mcp.asgi import (
     RequestHeaders,
+    client_host,
     read_body,
     request_headers,
     send_json,
@@ -81,7 +82,16 @@ __all__ = ["McpEndpoint"]
 
 _log = logging.getLogger(__name__)
 
+SINGLE_HEADERS = frozenset({
+    "authorization", "mcp-session-id", "traceparent", "origin", "content-type",
+    "last-event-id",
+})
+"""Single-valued request headers the endpoint reads, refused when repeated (besides the
+classification header and the routing headers of :func:`check_headers`); list-valued ones
+(``Accept``, ``tracestate``) may be split over lines."""
+
 AuditSink = Callable[[Mapping[str, Any]], Awaitable[Any]]
+RefusalSink = Callable[[Mapping[str, Any], str | None], None]
 
 
 AggregateHandler = Callable[
@@ -102,6 +112,10 @@ class McpEndpoint:
         session_key: HMAC key of handshake-era session ids (``None``: random, this process).
         spans: Opens and closes each request's span (``None``: telemetry off).
         quotas: Charges tool calls to the caller's request quotas (``None``: no quotas).
+        count_refusal: Counts a refusal of a caller not authenticated (its record's fields
+            and the peer's address) into one record per client and reason per interval
+            (:meth:`gateway.audit.observer.AuditObserver.mcp_refused`; ``None``: each is
+            appended with ``audit``).
     """
 
     def __init__(self, settings: McpSettings, policy: Policy | None,
@@ -109,8 +123,10 @@ class McpEndpoint:
                  session_key: bytes | None = None,
                  aggregate: AggregateHandler | None = None,
                  spans: ToolCallSpans | None = None,
-                 quotas: ToolCallQuotas | None = None) -> None:
+                 quotas: ToolCallQuotas | None = None,
+                 count_refusal: RefusalSink | None = None) -> None:
         self.settings = settings
+        self._count_refusal = count_refusal
         self._aggregate = aggregate
         self.upstreams = {s.name: Upstream(s) for s in settings.servers}
         self.access = ToolAccess(settings.access)
@@ -151,7 +167,9 @@ class McpEndpoint:
             await self._aggregate(self, state, scope, headers, receive, send)
             return
         name = path[len(PREFIX):]
-        rec = CallRecord(server=name, trace_id=trace_id_of(headers.get("traceparent")))
+        rec = CallRecord(server=None, trace_id=trace_id_of(headers.get("traceparent")),
+                         client_host=client_host(scope))
+        rec.ask("server", name)
         msg: Message | None = None
         opened: list[object] = []
         admission: Any = None
@@ -165,6 +183,7 @@ class McpEndpoint:
             upstream = self.upstreams.get(name)
             if upstream is None:
                 raise McpRefusal(404, INVALID_REQUEST, "unknown_server", f"no MCP server {name!r}")
+            rec.confirm("server")
             rec.destination = upstream.settings.destination
             principal = self.authenticate(state, headers, scope)
             rec.key_id, rec.team, rec.data_class = (principal.key_id, principal.team,
@@ -175,9 +194,11 @@ class McpEndpoint:
                 await self._delete(state, upstream, principal.key_id, headers, rec, send)
                 return
             msg, body = await self.read_message(scope, headers, receive, rec)
-            rec.tool = msg.name if msg.method == "tools/call" else None
+            tool = msg.name if msg.method == "tools/call" else None
+            if tool is not None:
+                rec.ask("tool", tool)
             rec.protocol_version = check_headers(msg, headers, headers.repeated)
-            check_scopes(self.settings, principal, upstream.name, rec.tool)  # 403 + challenge
+            check_scopes(self.settings, principal, upstream.name, tool)  # 403 + challenge
             self.checks.check_class(principal, upstream, rec)
             upstream_sid = self._session(principal.key_id, upstream, headers, rec)
             params: Mapping[str, str] = {}
@@ -200,6 +221,7 @@ class McpEndpoint:
         finally:
             if admission is not None:  # no await (no coroutine) when nothing was charged
                 await self.settle(admission)
+            self.resolve_names(rec)
             self.metrics.observe(rec)
             if self._spans is not None:
                 self.end_span(rec, headers, opened)
@@ -247,7 +269,8 @@ class McpEndpoint:
                        body: bytes, headers: Mapping[str, str], upstream_sid: str | None,
                        rec: CallRecord, send: Any, params: Mapping[str, str],
                        opened: list[object]) -> None:
-        rec.decision = "allow"
+        rec.decision, rec.forwarded = "allow", True
+        self.resolve_names(rec)  # the checked tool is in the catalogue: the span names it
         if self._spans is not None:  # the span's traceparent goes upstream
             span, trace_headers = self._spans.forwarding(rec, headers)
             opened.append(span)
@@ -261,9 +284,23 @@ class McpEndpoint:
             await self._quotas.finish(admission)
 
     def end_span(self, rec: CallRecord, headers: Mapping[str, str], opened: list[object]) -> None:
-        """Close the request's span (or record a refused request's), telemetry on."""
+        """Close the request's span (or record a refused request's), telemetry on; the span
+        of a caller not authenticated joins no trace (its ``traceparent`` is anyone's)."""
         if self._spans is not None:
+            if not rec.authenticated:
+                headers = {}
             self._spans.finished(rec, headers, opened[0] if opened else None)
+
+    def resolve_names(self, rec: CallRecord) -> None:
+        """Confirm the tool name asked for when its server's cached catalogue holds it
+        (:meth:`CallRecord.confirm`; not fetched for this: an unconfirmed name is recorded
+        as its digest)."""
+        tool = rec.asked.get("tool")
+        upstream = self.upstreams.get(rec.server) if rec.server is not None else None
+        if tool is not None and upstream is not None:
+            catalogue = self.catalogue.cached(upstream)
+            if catalogue is not None and tool in catalogue.tools:
+                rec.confirm("tool")
 
     async def refuse(self, exc: McpRefusal, rec: CallRecord, msg: Message | None,
                      challenge: bytes, send: Any) -> None:
@@ -288,16 +325,21 @@ class McpEndpoint:
             await send_json(send, exc.status, out, extra)
 
     async def record(self, rec: CallRecord) -> None:
-        """Append the request's audit record once (tool calls, refusals, prompt and resource
-        requests, and other messages in which the ``pii`` section found sensitive data)."""
+        """Append the request's audit record once: every message forwarded upstream (tool
+        calls, notifications and client responses included) and every refusal; only an
+        allowed request the aggregate endpoint answered itself (``initialize``,
+        ``tools/list``...) is not recorded."""
         if self._audit is None or rec.recorded:
             return
-        if (rec.method != "tools/call" and rec.decision == "allow" and rec.reason is None
-                and not rec.pii and rec.prompt is None and rec.resource_sha256 is None
-                and rec.withheld is None):
-            return  # recorded: sensitive data found, a prompt or resource named (governed),
-            # a resource withheld from the answer
+        self.resolve_names(rec)  # a refusal is recorded before the request's end
+        if rec.decision == "allow" and not rec.forwarded and rec.reason is None:
+            return
         rec.recorded = True
+        if not rec.authenticated and self._count_refusal is not None:
+            # Anyone can send these: counted per client and reason (gateway.audit.refusals),
+            # as the HTTP server's refusals are, so that they cannot flood the chain.
+            self._count_refusal(rec.counted_fields(), rec.client_host)
+            return
         try:
             await self._audit(rec.event())
         except Exception:
@@ -338,10 +380,8 @@ class McpEndpoint:
             McpRefusal: 401 (no or bad credential) or 403 (credential not accepted on this
                 path, class not granted), mapped from the authenticator's error.
         """
-        if "authorization" in headers.repeated:  # which one would count? neither
-            raise McpRefusal(400, INVALID_REQUEST, "ambiguous_credentials",
-                             "The Authorization header is given more than once; send one "
-                             "credential.")
+        if headers.repeated:  # which copy would count? neither (the /v1 rule)
+            self.refuse_repeated(state, headers)
         token = bearer_token(headers.get("authorization", "").encode("latin-1") or None)
         try:
             principal = state.authenticator.authenticate(token, scope)
@@ -351,6 +391,25 @@ class McpEndpoint:
         except GatewayError as exc:  # 401 with the resource's challenge (gateway.mcp.oauth)
             raise auth_refusal(self.settings, scope["path"], exc, token is not None) from exc
         return principal
+
+    @staticmethod
+    def refuse_repeated(state: Any, headers: RequestHeaders) -> None:
+        """Refuse a request that gives a single-valued header the endpoint reads more than
+        once (:data:`SINGLE_HEADERS` and the classification header), as ``/v1`` does
+        (:func:`gateway.auth.repeated_header`). The routing headers (``Mcp-Method``,
+        ``Mcp-Name``, ``MCP-Protocol-Version``) are refused later, by
+        :func:`gateway.mcp.jsonrpc.check_headers`, to answer with the message's id.
+
+        Raises:
+            McpRefusal: 400, ``-32600``, ``ambiguous_credentials`` (``Authorization``) or
+                ``repeated_header``.
+        """
+        single = SINGLE_HEADERS
+        if state.class_header is not None:
+            single = single | {state.class_header.decode("latin-1")}
+        for name in sorted(headers.repeated & single, key=lambda n: n != "authorization"):
+            exc = repeated_header(name)
+            raise McpRefusal(400, INVALID_REQUEST, exc.code, exc.message)
 
     def _session(self, key_id: str, upstream: Upstream, headers: Mapping[str, str],
                  rec: CallRecord) -> str | None:
@@ -374,7 +433,7 @@ class McpEndpoint:
         sid = self.sessions.unwrap(key_id, upstream.name, presented) if presented else None
         if sid is None:
             raise McpRefusal(404, INVALID_REQUEST, "session_unknown", "Session not found")
-        rec.decision = "allow"
+        rec.decision, rec.forwarded = "allow", True
         self.answers.subscriptions.end((key_id, upstream.name, sid))  # the session ends
         status = await upstream.delete(Link.of(state), sid)
         rec.status = status

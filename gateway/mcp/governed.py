@@ -76,7 +76,7 @@ def _string(value: Any, what: str) -> str:
 def _require(access: ToolAccess, principal: Any, server: str, kind: str, name: str,
              rec: CallRecord) -> None:
     if kind == "prompt":
-        rec.prompt = name
+        rec.ask("prompt", name)  # confirmed when the server answers it (gateway.mcp.answers)
     else:
         rec.note_resource(name)
     verdict = _verdict(access, principal, server, kind, name)

@@ -1,10 +1,14 @@
 """The audit record of one MCP call or refusal (``mcp.tool_call`` / ``mcp.refused``).
 
-One record per tool call (allowed and forwarded, or refused) and per refused request of any
-other method, appended to the gateway's hash chain. It holds who, where, what and why, the
-SHA-256 of the arguments and of the result (never their content), byte counts, the duration,
-the verified identity of a token or client certificate (issuer, subject pseudonym, scopes)
-and the W3C trace id that links it to the chat completion whose answer asked for the call.
+One record per message forwarded upstream (tool calls, other requests, notifications,
+client responses) and per refused request, appended to the gateway's hash chain. It holds
+who, where, what and why, the SHA-256 of the arguments and of the result (never their
+content), byte counts, the duration, the verified identity of a token or client certificate
+(issuer, subject pseudonym, scopes) and the W3C trace id that links it to the chat completion
+whose answer asked for the call. A server, tool or prompt name not known to exist is recorded
+as its SHA-256 and length only (``unknown_names``). A refusal of a caller not authenticated
+is not one record per request: it is counted per client and reason
+(:meth:`CallRecord.counted_fields`), with no trace id.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["MCP_REFUSED", "MCP_TOOL_CALL", "CallRecord"]
+__all__ = ["MCP_REFUSED", "MCP_TOOL_CALL", "CallRecord", "name_digest"]
 
 MCP_TOOL_CALL = "mcp.tool_call"
 MCP_REFUSED = "mcp.refused"
@@ -38,6 +42,7 @@ class CallRecord:
     reason: str | None = None
     status: int = 0
     arguments_sha256: str | None = None
+    params_sha256: str | None = None  # of the other params forwarded (_meta, other keys)
     result_sha256: str | None = None
     bytes_in: int = 0
     bytes_out: int = 0
@@ -48,6 +53,9 @@ class CallRecord:
     prompt: str | None = None  # prompts/get, completion/complete of a prompt
     resource_sha256: str | None = None  # of the (first refused, else last) resource URI
     withheld: dict[str, Any] | None = None  # resources withheld from the answer (count, rules)
+    asked: dict[str, str] = field(default_factory=dict)  # names asked for, not known (yet)
+    client_host: str | None = None  # the peer's address (a counted refusal's client)
+    forwarded: bool = False  # the message went upstream (then it is always recorded)
     recorded: bool = False
     _request_id: str | None = field(default=None, repr=False)
 
@@ -58,6 +66,25 @@ class CallRecord:
         if self._request_id is None:
             self._request_id = secrets.token_hex(16)
         return self._request_id
+
+    def ask(self, what: str, name: str) -> None:
+        """Note the ``server``, ``tool`` or ``prompt`` name the request asks for, not yet
+        known to exist: until :meth:`confirm` it is recorded as its SHA-256 and length only
+        (``unknown_names``), never as given (it is the client's text: it may hold data, and
+        be of any length), and it is no metric label or span attribute."""
+        self.asked[what] = name
+
+    def confirm(self, what: str) -> None:
+        """The asked ``what`` name is known (a declared server, a tool of its catalogue, a
+        prompt the server answered): from now on it is recorded as given."""
+        name = self.asked.pop(what, None)
+        if name is not None:
+            setattr(self, what, name)
+
+    @property
+    def authenticated(self) -> bool:
+        """The caller is known (a key, or a verified identity refused later)."""
+        return self.key_id is not None or self.identity is not None
 
     def note_resource(self, uri: str) -> None:
         """Record the SHA-256 of a resource URI the request names (never the URI: it may
@@ -99,4 +126,20 @@ class CallRecord:
             **({"resource_sha256": self.resource_sha256}
                if self.resource_sha256 is not None else {}),
             **({"withheld": self.withheld} if self.withheld is not None else {}),
+            **({"params_sha256": self.params_sha256} if self.params_sha256 is not None else {}),
+            **({"unknown_names": {what: name_digest(name) for what, name in self.asked.items()}}
+               if self.asked else {}),
         }
+
+    def counted_fields(self) -> dict[str, Any]:
+        """The fields of a refusal counted per client and reason
+        (:meth:`gateway.audit.observer.AuditObserver.mcp_refused`): nothing that differs
+        between two requests (no request id, time, trace id or name asked for)."""
+        return {"server": self.server, "destination": self.destination, "decision": "deny",
+                "reason": self.reason, "status": self.status, "rpc_error": self.rpc_error}
+
+
+def name_digest(name: str) -> dict[str, Any]:
+    """The recorded form of a name not known to exist: ``{"sha256": hex, "bytes": n}`` (UTF-8)."""
+    data = name.encode("utf-8", "surrogatepass")
+    return {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}

@@ -257,7 +257,8 @@ class RelayedStream:
 
     Attributes:
         bytes_in: Body bytes read so far.
-        digest: SHA-256 of the final response message's bytes (set when it arrives).
+        digest: SHA-256 of the final response message's bytes (set when it arrives; of a
+            JSON answer's body even when it is refused).
     """
 
     resp: Answer
@@ -338,6 +339,7 @@ class RelayedStream:
             while chunk := await self._next():
                 parts.append(chunk)
             body = parts[0] if len(parts) == 1 else b"".join(parts)
+        self.digest = hashlib.sha256(body).hexdigest()  # recorded even when refused
         try:
             message = self._parse(body)
             if not _check_id(message, self.request_id, self.server):
@@ -346,7 +348,6 @@ class RelayedStream:
                 raise McpRefusal(502, UPSTREAM_ERROR, "upstream_invalid",
                                  f"MCP server {self.server} answered with something other "
                                  "than the request's JSON-RPC response")
-            self.digest = hashlib.sha256(body).hexdigest()
             self.final = True
         except McpRefusal:
             self.resp.abandon()

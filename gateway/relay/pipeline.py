@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from gateway.access import log_record
-from gateway.auth import Principal, ambiguous_credentials, bearer_token
+from gateway.auth import Principal, ambiguous_credentials, bearer_token, repeated_header
 from gateway.errors import (
     GatewayError,
     InvalidRequest,
@@ -583,9 +583,7 @@ def _read_head(state: GatewayState, scope: Scope) -> _Head:
             head.forwarded.append((name.decode("latin-1"), value.decode("latin-1")))
         if name == class_header:
             if head.class_value is not None:  # which one would count? neither: refused
-                header = name.decode("latin-1")
-                raise InvalidRequest(f"The {header} header is given more than once.",
-                                     param=header)
+                raise repeated_header(name.decode("latin-1"))
             head.class_value = value.decode("latin-1")
     return head
 

@@ -16,6 +16,7 @@ import pytest
 from mcp.shared.exceptions import MCPError
 from pydantic import ValidationError
 
+from gateway.mcp.records import name_digest
 from gateway.mcp.settings import McpSettings
 from tests.gateway.mcp_gateway.harness import KEYS, Gateway, start_gateway
 from tests.gateway.mcp_gateway.test_mcp_sdk_through_gateway import sdk_client
@@ -127,8 +128,14 @@ def test_aggregate_applies_the_per_server_refusals(agg: dict[str, Any]) -> None:
     assert agg["tools"].calls() == [] and agg["notes"].calls() == []
     refused = [r["data"] for r in gw.records() if r["type"] == "mcp.refused"]
     assert [r["reason"] for r in refused] == [reason for *_, reason in refusals]
-    assert refused[0]["server"] == "tools" and refused[0]["tool"] == "echo"
+    # Refused before the tools server's catalogue was read: the name asked for is recorded as
+    # its digest; once the catalogue holds it (the schema check read it), as given.
+    assert refused[0]["server"] == "tools" and refused[0]["tool"] is None
+    assert refused[0]["unknown_names"] == {"tool": name_digest("echo")}
     assert refused[0]["key_id"] == "k-other"
+    assert refused[-1]["tool"] == "echo" and "unknown_names" not in refused[-1]
+    assert [r["unknown_names"] for r in refused[4:6]] == [
+        {"tool": name_digest("nosuch__echo")}, {"tool": name_digest("echo")}]
 
 
 def test_aggregate_refuses_a_caller_no_access_rule_names(agg: dict[str, Any]) -> None:

@@ -30,6 +30,7 @@ from mcp.client.streamable_http import streamable_http_client
 
 from gateway.audit.pseudonym import load_pseudonymizer
 from gateway.identity.auth import subject_pseudonym
+from gateway.mcp.records import name_digest
 from tests.gateway.identity.test_oidc_provider import Provider
 from tests.gateway.mcp_gateway.harness import KEYS, Gateway, start_gateway
 from tests.gateway.mcp_gateway.test_mcp_bad_input import META
@@ -267,7 +268,9 @@ def test_missing_scopes_get_the_insufficient_scope_challenge(oauth: dict[str, An
     assert "identity" not in refusals[0]  # no credential: nobody to name
     refusals = refusals[1:]
     assert all(r["identity"]["issuer"] == provider.issuer for r in refusals)
-    assert refusals[1]["tool"] == "count" and refusals[1]["identity"]["scopes"] == ["mcp:tools"]
+    # Refused before the tool catalogue was read: the tool is named by its digest only.
+    assert refusals[1]["unknown_names"] == {"tool": name_digest("count")}
+    assert refusals[1]["identity"]["scopes"] == ["mcp:tools"]
 
 
 class _Memory:

@@ -21,6 +21,7 @@ from mcp.server.mcpserver import MCPServer
 from mcp.shared.exceptions import MCPError
 from mcp_types import Completion, PromptReference, ResourceTemplateReference
 
+from gateway.mcp.records import name_digest
 from tests.gateway.mcp_gateway.harness import Gateway, start_gateway
 from tests.gateway.mcp_gateway.test_mcp_bad_input import META, headers, post
 from tests.gateway.mcp_gateway.test_mcp_hostile_round3 import Bodies
@@ -207,7 +208,10 @@ def test_denied_reads_prompts_and_completions_are_refused_audited_not_forwarded(
     assert all(r["status"] == 403 and r["rpc_error"] == -32001 for r in refusals)
     assert refusals[0]["resource_sha256"] == hashlib.sha256(b"docs://secret/keys").hexdigest()
     assert "docs://" not in json.dumps(refusals)  # URIs are recorded as digests only
-    assert [r.get("prompt") for r in refusals[3:5]] == ["leak_secrets"] * 2
+    # A refused prompt is not known to exist: its name is recorded as a digest only.
+    assert [r.get("prompt") for r in refusals[3:5]] == [None] * 2
+    assert [r["unknown_names"] for r in refusals[3:5]] == [
+        {"prompt": name_digest("leak_secrets")}] * 2
 
 
 @pytest.mark.parametrize("uri", [

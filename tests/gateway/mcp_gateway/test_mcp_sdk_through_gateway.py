@@ -21,6 +21,7 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
+from gateway.mcp.records import name_digest
 from tests.gateway.mcp_gateway.harness import KEYS
 
 
@@ -56,7 +57,8 @@ def test_sdk_client_lists_and_calls_tools_through_the_gateway(stack: dict[str, A
     assert sorted(names) == ["count", "echo", "fetch_url"]  # delete_everything is denied
     assert echoed == "hello through the door"
     assert counted == "counted 3" and progress == [1, 2, 3]
-    calls = [r["data"] for r in gw.records() if r["type"] == "mcp.tool_call"]
+    calls = [r["data"] for r in gw.records() if r["type"] == "mcp.tool_call"
+             and r["data"]["mcp_method"] == "tools/call"]  # every forwarded message is one
     assert [c["tool"] for c in calls] == ["echo", "count"]
     echo = calls[0]
     assert echo["key_id"] == "k-agent" and echo["server"] == "tools"
@@ -83,5 +85,8 @@ def test_denied_tool_is_refused_and_audited(stack: dict[str, Any]) -> None:
     assert isinstance(err, MCPError), err
     assert "denies 'delete_*'" in str(err)
     refused = [r["data"] for r in gw.records() if r["type"] == "mcp.refused"]
-    assert refused[-1]["tool"] == "delete_everything"
+    # Refused before the tool catalogue was read: the name is not known to exist, so the
+    # record holds its digest (gateway.mcp.records.name_digest), not the client's text.
+    assert refused[-1]["tool"] is None
+    assert refused[-1]["unknown_names"] == {"tool": name_digest("delete_everything")}
     assert refused[-1]["reason"] == "tool_denied" and refused[-1]["status"] == 403

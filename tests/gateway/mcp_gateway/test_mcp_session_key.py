@@ -86,8 +86,8 @@ def test_a_session_continues_on_another_gateway_sharing_the_key(
         # (A standalone GET stream, if the SDK opens one, is answered 405.)
         assert {r["reason"] for r in records if r["decision"] != "allow"} <= {
             "method_not_allowed"}
-        assert sorted(r["protocol_version"] for r in records
-                      if r["type"] == "mcp.tool_call") == ["2025-11-25", "2025-11-25"]
+        assert sorted(r["protocol_version"] for r in records if r["type"] == "mcp.tool_call"
+                      and r["mcp_method"] == "tools/call") == ["2025-11-25", "2025-11-25"]
         assert upstream.calls() == ["tools/call:echo", "tools/call:echo"]
     finally:
         for gw in gateways:

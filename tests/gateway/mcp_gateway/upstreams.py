@@ -202,3 +202,83 @@ def bad_server(mode: str) -> Any:
         await send({"type": "http.response.body", "body": out})
 
     return app
+
+
+def status_server(received: list[dict[str, Any]] | None = None) -> Any:
+    """A hostile raw MCP server (2026-07-28) answering with any HTTP status.
+
+    ``tools/list`` holds ``answer`` and ``lookup``; ``server/discover`` is answered. A
+    ``tools/call`` of ``answer`` is answered as its arguments say: ``status`` (HTTP, 200 when
+    absent), ``id`` (``same``: the request's; else that value), ``body`` (``result``: a result
+    embedding ``file:///etc/passwd`` and linking ``docs://private/plan``; ``error``: a JSON-RPC
+    error; ``html``: an HTML page carrying ``SECRET``). ``resources/list`` is answered with
+    the status in ``params.cursor`` and the three resources above. A notification or client
+    response is answered with the status in ``params.status`` / ``result.status`` (202 when
+    absent) and, unless it is 202, a body holding a result with the denied resources.
+    Every message received is appended to ``received``.
+    """
+    denied = [{"type": "resource", "resource": {"uri": "file:///etc/passwd",
+                                                "text": "root:x:0:0 SECRET"}},
+              {"type": "resource_link", "uri": "docs://private/plan", "name": "plan"}]
+    resources = [{"uri": "docs://public/ok", "name": "ok"},
+                 {"uri": "docs://private/plan", "name": "plan"},
+                 {"uri": "file:///etc/passwd", "name": "pw"}]
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                msg = await receive()
+                if msg["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                elif msg["type"] == "lifespan.shutdown":
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        body = b""
+        more = True
+        while more:
+            msg = await receive()
+            body += msg.get("body", b"")
+            more = msg.get("more_body", False)
+        req = json.loads(body)
+        if received is not None:
+            received.append(req)
+        method, rid = req.get("method"), req.get("id")
+        params = req.get("params") or {}
+        status, ctype = 200, b"application/json"
+        out: Any = {"jsonrpc": "2.0", "id": rid, "result": {}}
+        if method == "server/discover":
+            out["result"] = {"supportedVersions": ["2026-07-28"], "capabilities": {"tools": {}}}
+        elif method == "tools/list":
+            out["result"] = {"tools": [{"name": n, "inputSchema": {"type": "object"}}
+                                       for n in ("answer", "lookup")]}
+        elif method == "resources/list":
+            cursor = params.get("cursor") or "200"
+            status = int(cursor)
+            out["result"] = {"resources": resources}
+        elif method == "tools/call":
+            args = params.get("arguments") or {}
+            status = int(args.get("status", 200))
+            if args.get("id", "same") != "same":
+                out["id"] = args["id"]
+            kind = args.get("body", "result")
+            if kind == "error":
+                out = {"jsonrpc": "2.0", "id": out["id"],
+                       "error": {"code": -32603, "message": "failed", "data": denied}}
+            elif kind == "html":
+                ctype, out = b"text/html", "<html>SECRET upstream page</html>"
+            else:
+                out["result"] = {"content": denied}
+        else:  # a notification or a client response
+            holder = req.get("result") if method is None else params
+            status = int((holder or {}).get("status", 202))
+            out = None if status == 202 else {"jsonrpc": "2.0", "id": "x",
+                                               "result": {"content": denied}}
+        data = (out.encode() if isinstance(out, str)
+                else b"" if out is None else json.dumps(out).encode())
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", ctype),
+                                (b"www-authenticate", b'Bearer realm="upstream"'),
+                                (b"set-cookie", b"upstream=1")]})
+        await send({"type": "http.response.body", "body": data})
+
+    return app
