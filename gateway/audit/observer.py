@@ -34,6 +34,7 @@ from gateway.audit.refusals import RefusalCounter
 from gateway.audit.settings import AuditSettings
 from gateway.audit.store import sqlite_file
 from gateway.audit.writer import AuditLog, Receipt
+from gateway.bounded import bounded
 from gateway.config.errors import InvalidConfig, validation_problems
 from gateway.errors import ConfigError, ServiceUnavailable
 from gateway.relay.records import RequestRecord
@@ -130,12 +131,14 @@ class AuditObserver:
             "request_id": record.request_id,
             "started_us": int(record.started_at * 1_000_000),
             "method": record.method,
-            "path": record.path,
+            "path": bounded(record.path),
             "client": self._client(record),
             "key_id": record.key_id,
             "team": record.team,
             "data_class": record.data_class,
-            "model": record.model,
+            # As sent when it named a configured model, else bounded (gateway.bounded):
+            # a client's 200 KB name must not make a 200 KB record.
+            "model": record.model if record.canonical_model is not None else bounded(record.model),
             "canonical_model": record.canonical_model,
             "served_model": record.served_model,
             "stream": record.stream,
