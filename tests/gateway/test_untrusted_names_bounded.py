@@ -10,8 +10,11 @@ Now only configured names are label values and anything else is ``_OTHER``
 from __future__ import annotations
 
 import hashlib
+import io
+import json
 import secrets
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -24,7 +27,10 @@ from gateway.app import create_app
 from gateway.assembly import assemble
 from gateway.bounded import OTHER, PREFIX_CHARS, bounded
 from gateway.telemetry import Telemetry, TelemetrySettings
-from tests.gateway.helpers import KEY_A, Sim, settings
+from tests.gateway.helpers import KEY_A, Sim, settings, start_sim
+from tests.gateway.test_batch_api import client as batch_client
+from tests.gateway.test_batch_api import settings as batch_settings
+from tests.gateway.test_batch_api import wait_batch
 
 CONFIGURED = {"llama-3.1-8b", "other-model", "", OTHER}
 
@@ -97,3 +103,26 @@ def test_bounded_keeps_short_printable_text_and_digests_the_rest() -> None:
     assert escaped is not None and "\n" not in escaped and "\x1b" not in escaped
     assert escaped.startswith("a\\nb\\x1b[31m…[len=")
     assert len(bounded("\U0001f600" * 10_000) or "") <= 10 * PREFIX_CHARS + 60
+
+
+def test_batch_lines_with_unknown_models_add_no_series(
+    serve_asgi: Callable[..., Any], tmp_path: Path
+) -> None:
+    sim = start_sim(serve_asgi)
+    tel = Telemetry(TelemetrySettings.model_validate({"admin": {"port": 0}}))
+    s = batch_settings(sim.url, tmp_path / "batch.db")
+    url = str(serve_asgi(create_app(s, assemble(s, telemetry=tel))).url)
+    c = batch_client(url, "owner")
+    lines = b"".join(json.dumps({
+        "custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions",
+        "body": {"model": f"bl-{secrets.token_hex(8)}", "max_tokens": 1,
+                 "messages": [{"role": "user", "content": "x"}]}}).encode() + b"\n"
+        for i in range(5))
+    f = c.files.create(file=("in.jsonl", io.BytesIO(lines)), purpose="batch")
+    b = c.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions",
+                         completion_window="24h")
+    b = wait_batch(c, b.id, lambda b: b.status in ("completed", "failed"))
+    assert b.request_counts is not None and b.request_counts.failed == 5
+    text = httpx.get(f"http://127.0.0.1:{tel.admin.port}/metrics", timeout=5).text
+    assert "bl-" not in text
+    assert OTHER in _model_values(text) <= {OTHER, "m", ""}  # "m": the configured model
