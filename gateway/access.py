@@ -34,7 +34,7 @@ def log_record(record: RequestRecord) -> None:
                 "trace_id": record.trace_id,
                 "key_id": record.key_id,
                 "method": record.method,
-                "path": bounded(record.path),
+                "path": record.path,
                 "model": record.canonical_model or bounded(record.model),
                 "backend": record.replica_url,
                 "route": record.route,

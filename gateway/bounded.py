@@ -17,6 +17,7 @@ metric series per instrument. Two rules, used by :mod:`gateway.telemetry` and
 from __future__ import annotations
 
 import hashlib
+from typing import overload
 
 __all__ = ["OTHER", "PREFIX_CHARS", "bounded"]
 
@@ -27,6 +28,10 @@ PREFIX_CHARS = 64
 """Characters of an unknown name kept verbatim (escaped) in records and logs."""
 
 
+@overload
+def bounded(text: str, limit: int = ...) -> str: ...
+@overload
+def bounded(text: None, limit: int = ...) -> None: ...
 def bounded(text: str | None, limit: int = PREFIX_CHARS) -> str | None:
     """``text`` if it is at most ``limit`` printable characters, else a bounded stand-in.
 

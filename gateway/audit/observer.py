@@ -131,7 +131,7 @@ class AuditObserver:
             "request_id": record.request_id,
             "started_us": int(record.started_at * 1_000_000),
             "method": record.method,
-            "path": bounded(record.path),
+            "path": record.path,
             "client": self._client(record),
             "key_id": record.key_id,
             "team": record.team,

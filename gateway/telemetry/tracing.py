@@ -105,7 +105,7 @@ def _request_attributes(record: RequestRecord) -> dict[str, Any]:
         "gen_ai.operation.name": operation_name(record.path),
         "gen_ai.provider.name": "vllm",
         "http.request.method": record.method,
-        "url.path": bounded(record.path),
+        "url.path": record.path,
         "sg.request.id": record.request_id,
     }
     optional = {
