@@ -13,6 +13,7 @@ import time
 import uuid
 from typing import Any
 
+from gateway.bounded import bounded
 from gateway.relay.records import RequestRecord
 
 __all__ = ["AccessLogMiddleware", "log_record"]
@@ -34,7 +35,7 @@ def log_record(record: RequestRecord) -> None:
                 "key_id": record.key_id,
                 "method": record.method,
                 "path": record.path,
-                "model": record.canonical_model or record.model,
+                "model": record.canonical_model or bounded(record.model),
                 "backend": record.replica_url,
                 "route": record.route,
                 "flow": record.flow,

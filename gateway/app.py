@@ -380,19 +380,18 @@ def create_app(
 
     @app.get("/readyz")
     async def readyz(request: Request) -> JSONResponse:
-        """Readiness: every model has at least one available replica, and not draining."""
+        """Readiness: every model has at least one available replica, and not draining.
+
+        Unauthenticated (load balancers and kubelets probe it), so it says only the overall
+        state: ``{"status": "ready"}`` (200), ``"not_ready"`` or ``"draining"`` (503). Model
+        names and replica counts are not listed (``/v1/models`` shows a key only its own
+        models); the per-model, per-replica state is on the admin port's ``/metrics``
+        (``sg_gateway_replica_healthy``).
+        """
         if drain is not None and drain.draining:
             return JSONResponse({"status": "draining"}, status_code=503)
-        router = gateway_state(request).router
-        models = {
-            name: {
-                "available": sum(1 for r in pool.replicas if r.available(time.monotonic())),
-                "replicas": len(pool.replicas),
-            }
-            for name, pool in router.pools.items()
-        }
-        missing = router.not_ready()
-        body = {"status": "not_ready" if missing else "ready", "models": models}
-        return JSONResponse(body, status_code=503 if missing else 200)
+        missing = gateway_state(request).router.not_ready()
+        return JSONResponse({"status": "not_ready" if missing else "ready"},
+                            status_code=503 if missing else 200)
 
     return app

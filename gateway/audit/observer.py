@@ -34,6 +34,7 @@ from gateway.audit.refusals import RefusalCounter
 from gateway.audit.settings import AuditSettings
 from gateway.audit.store import sqlite_file
 from gateway.audit.writer import AuditLog, Receipt
+from gateway.bounded import bounded
 from gateway.config.errors import InvalidConfig, validation_problems
 from gateway.errors import ConfigError, ServiceUnavailable
 from gateway.relay.records import RequestRecord
@@ -138,7 +139,9 @@ class AuditObserver:
             "key_id": record.key_id,
             "team": record.team,
             "data_class": record.data_class,
-            "model": record.model,
+            # As sent when it named a configured model, else bounded (gateway.bounded):
+            # a client's 200 KB name must not make a 200 KB record.
+            "model": record.model if record.canonical_model is not None else bounded(record.model),
             "canonical_model": record.canonical_model,
             "served_model": record.served_model,
             "stream": record.stream,

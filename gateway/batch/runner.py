@@ -37,6 +37,7 @@ from gateway.batch.owner import OwnerRevoked, reauthorise
 from gateway.batch.settings import BatchSettings, store_location
 from gateway.batch.slots import FairSlots, retriable
 from gateway.batch.store import FINAL, BatchStore, BatchStoreUnavailable
+from gateway.bounded import bounded
 from gateway.config.settings import GatewaySettings
 from gateway.errors import ServiceUnavailable
 from gateway.state import LiveState
@@ -294,7 +295,7 @@ class BatchRunner:
             try:
                 await self.record({
                     "type": BATCH_REQUEST_REFUSED, "request_id": request_id,
-                    "batch_id": batch_id, "line": line, "custom_id": custom_id,
+                    "batch_id": batch_id, "line": line, "custom_id": bounded(custom_id),
                     "key_id": owner.get("key_id"), "path": url, "status": err.status,
                     "code": err.code, "reason": err.message[:300],
                     "trace_id": batch_trace_id(batch_id) if batch_id else None})

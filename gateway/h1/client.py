@@ -60,6 +60,7 @@ from gateway.h1.framing import (
     ProtocolError,
     parse_head,
 )
+from policy import EgressDenied
 
 __all__ = [
     "HIGH_WATER",
@@ -376,6 +377,11 @@ class RelayClient:
                 except BaseException:
                     sock.close()
                     raise
+        except EgressDenied:
+            # The process guard's EgressBlocked is also an OSError (for the standard library's
+            # clean-up): it stays a policy refusal (upstream_egress_denied), not ConnectFailed.
+            self._not_opened(conn)
+            raise
         except ssl.SSLCertVerificationError as exc:
             self._not_opened(conn)
             raise ConnectFailed(f"certificate verification failed: {exc}", True) from exc

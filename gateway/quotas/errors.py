@@ -137,11 +137,19 @@ class RequestTooLarge(RateLimited):
 
 
 class QuotaBackendUnavailable(QuotaError):
-    """The shared quota state (Redis) could not be reached and the policy is fail closed."""
+    """The shared quota state (Redis) could not be reached and the policy is fail closed.
+
+    Its message goes to the client: :data:`UNREACHABLE`, never the store's address or the
+    redis client's exception text (log those).
+    """
 
     code = "quota_backend_unavailable"
     status = 503
     error_type = "server_error"
+
+
+UNREACHABLE = "The quota store is unreachable and the gateway fails closed; retry shortly."
+"""The one client-facing message of :class:`QuotaBackendUnavailable`."""
 
 
 class QuotaConfigError(QuotaError):

@@ -35,6 +35,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from gateway.quotas import redis_lua
 from gateway.quotas.errors import (
+    UNREACHABLE,
     BudgetExhausted,
     QuotaBackendUnavailable,
     RateLimited,
@@ -153,7 +154,8 @@ class RedisLimiter:
             day, month = await self._redis.mget(
                 self.key("d", subject, periods.day), self.key("m", subject, periods.month))
         except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
-            raise QuotaBackendUnavailable(f"quota backend unreachable: {exc}") from exc
+            _log.error("quota backend unreachable reading usage: %s", exc)
+            raise QuotaBackendUnavailable(UNREACHABLE) from exc
         return {"day": int(day or 0), "month": int(month or 0)}
 
     async def admit(self, subjects: Sequence[SubjectLimits], estimated_tokens: int) -> Admission:
@@ -333,9 +335,7 @@ class RedisLimiter:
             )
         if not self._fail_open:
             self._outage_refused += 1
-            raise QuotaBackendUnavailable(
-                "The quota store is unreachable and the gateway fails closed; retry shortly."
-            ) from exc
+            raise QuotaBackendUnavailable(UNREACHABLE) from exc
         self._outage_admitted += 1
         _log.warning("UNSAFE fail_open: admitting a request without quota accounting")
         return Admission(

@@ -44,6 +44,8 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal, Protocol
 
+from gateway.bounded import PREFIX_CHARS, bounded
+
 __all__ = [
     "AdmissionHook", "ContentObserver", "ContentTap", "EndGate", "Headers", "ObserverHooks",
     "Outcome", "RequestHook", "RequestObserver", "RequestRecord", "ResponseStartHook",
@@ -216,15 +218,18 @@ class RequestRecord:
     @classmethod
     def for_scope(cls, scope: Mapping[str, Any]) -> RequestRecord:
         """A new record for the ASGI HTTP request ``scope``: a fresh 32-hex-digit request id,
-        the wall-clock start (Unix epoch seconds), method, path and ``host:port`` of the client,
+        the wall-clock start (Unix epoch seconds), method, path (:func:`gateway.bounded.bounded`
+        when longer than 64 characters or not printable) and ``host:port`` of the client,
         and the trace id of the client's ``traceparent``.
         """
         client = scope.get("client")
+        path: str = scope["path"]
         return cls(
             request_id=_request_id(),
             started_at=time.time(),
             method=scope["method"],
-            path=scope["path"],
+            # Reported only (records, spans, logs): a client's long path is bounded here, once.
+            path=path if len(path) <= PREFIX_CHARS and path.isprintable() else bounded(path),
             client_addr=f"{client[0]}:{client[1]}" if client else None,
             trace_id=_client_trace_id(scope),
         )

@@ -61,6 +61,7 @@ from typing import Any
 
 from opentelemetry.sdk.resources import Resource
 
+from gateway.bounded import OTHER
 from gateway.fleet.replica_metrics import SIGNAL_FIELDS, signal_rows
 from gateway.relay.records import RequestRecord
 from gateway.routing import Router
@@ -316,9 +317,24 @@ class GatewayMetrics:
                    "found" if pii["entities"] else "clean")
         self.pii_requests.add(1, (pii["class_before"], pii["class_after"], outcome))
 
+    def model_label(self, record: RequestRecord) -> str:
+        """The ``gen_ai.request.model`` label of ``record``: a configured model name only.
+
+        The configured name the request resolved to; for a request refused before routing,
+        the configured model its ``model`` names (name, alias or served name), ``""``
+        without one, and :data:`gateway.bounded.OTHER` for a name that is not configured,
+        so clients cannot add series (one per distinct name) to every model instrument.
+        """
+        if record.canonical_model is not None:
+            return record.canonical_model
+        if not record.model:
+            return ""
+        pool = self._router.resolve(record.model) if self._router is not None else None
+        return pool.model.name if pool is not None else OTHER
+
     def record_request(self, record: RequestRecord) -> None:
         """Record the metrics of one finished relay request."""
-        model = record.canonical_model or record.model or ""
+        model = self.model_label(record)
         key = record.key_id or ""
         op = operation_name(record.path)
         ok = record.outcome == "ok"

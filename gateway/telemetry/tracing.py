@@ -16,7 +16,9 @@ Spans follow the OpenTelemetry GenAI semantic conventions
 ``server.address``/``server.port`` on client spans, ``error.type`` on failures; plus
 ``sg.request.id``, ``sg.key.id``, ``sg.data_class``, ``sg.policy.rule_id``,
 ``sg.policy.decision``, ``sg.policy.revision``, ``sg.destination.id`` and
-``sg.destination.region``. Never prompt or completion content.
+``sg.destination.region``. Never prompt or completion content. Client-chosen names are
+bounded (:mod:`gateway.bounded`): the span name carries a configured model name or ``_OTHER``,
+``gen_ai.request.model`` and ``url.path`` an unknown name's bounded form.
 
 Context: the client's W3C ``traceparent``/``tracestate`` is continued (the telemetry's
 ``on_request`` observer hook extracts it), and each upstream attempt sends its own client
@@ -41,6 +43,7 @@ from opentelemetry.sdk.trace import Tracer
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, set_span_in_context
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from gateway.bounded import OTHER, bounded
 from gateway.relay.records import RequestRecord
 
 __all__ = ["ActiveRequest", "MetricsInbox", "RequestTracer", "TelemetryObserver", "operation_name"]
@@ -78,6 +81,25 @@ class ActiveRequest:
     client: Span | None = None
 
 
+def request_model(record: RequestRecord) -> str | None:
+    """``gen_ai.request.model`` of ``record``: the name as sent when it resolved to a
+    configured model, else :func:`gateway.bounded.bounded` (a client's 200 KB name is not
+    copied into every span)."""
+    if record.canonical_model is not None:
+        return record.model
+    return bounded(record.model)
+
+
+def span_model(record: RequestRecord) -> str:
+    """The model in a server span's name (``gen_ai.request.model`` per the semantic
+    conventions): the name as sent when it resolved to a configured model (a name, alias or
+    served name: a configured set), ``""`` without a model, :data:`gateway.bounded.OTHER`
+    for any other name (span names must be of low cardinality)."""
+    if record.canonical_model is not None:
+        return record.model or record.canonical_model
+    return OTHER if record.model else ""
+
+
 def _request_attributes(record: RequestRecord) -> dict[str, Any]:
     attrs: dict[str, Any] = {
         "gen_ai.operation.name": operation_name(record.path),
@@ -87,7 +109,7 @@ def _request_attributes(record: RequestRecord) -> dict[str, Any]:
         "sg.request.id": record.request_id,
     }
     optional = {
-        "gen_ai.request.model": record.model,
+        "gen_ai.request.model": request_model(record),
         "gen_ai.response.model": record.served_model,
         "sg.key.id": record.key_id,
         "sg.team": record.team,
@@ -158,9 +180,8 @@ class RequestTracer:
         act.span = self._server_span(act, record)
 
     def _server_span(self, act: ActiveRequest, record: RequestRecord) -> Span:
-        model = record.model or ""
         span = self._tracer.start_span(
-            f"{operation_name(record.path)} {model}".strip(),
+            f"{operation_name(record.path)} {span_model(record)}".strip(),
             context=act.parent,
             kind=SpanKind.SERVER,
             start_time=int(record.started_at * 1e9),

@@ -125,8 +125,8 @@ def test_reused_connection_found_closed_is_retried_without_ejecting(
             model="llama-3.1-8b", messages=[{"role": "user", "content": "hi"}])
         assert r.choices[0].message.content == "hello"
     assert dropping_backend.dropped >= 5, "the gateway never reused a pooled connection"
-    ready = httpx.get(url + "/readyz", timeout=5).json()
-    assert ready["models"]["llama-3.1-8b"]["available"] == 1, "the replica was ejected"
+    ready = httpx.get(url + "/readyz", timeout=5)  # one replica: 503 if it was ejected
+    assert ready.status_code == 200, "the replica was ejected"
 
 
 # slow (21 s in CI): a 1,000-request soak of what the deterministic test above proves on every
