@@ -120,8 +120,8 @@ class AnswerRelay:
                     if sieve.may_withhold(answer) and sieve.sift(message, msg.method):
                         answer = _encode(message)
                     rec.status = status
+                    _settled(rec, sieve, stream)
                     await send_json(send, status, answer, out_headers)
-                    rec.bytes_out = len(answer)
             except McpRefusal as exc:
                 if resp.status == 200 or exc.reason not in _NOT_THE_RESPONSE:
                     raise
@@ -220,10 +220,11 @@ class AnswerRelay:
                 # The final response ends the body in the same write (one send, one wake-up
                 # of the client, instead of a second write for the last chunk).
                 ended = stream.final  # the generator ends after the final response
-                if ended and isinstance(message, dict) and "result" in message:
-                    rec.confirm("prompt")  # the server answered the prompt it was asked
+                if ended:
+                    if isinstance(message, dict) and "result" in message:
+                        rec.confirm("prompt")  # the server answered the prompt it was asked
+                    _settled(rec, sieve, stream)
                 await send({"type": "http.response.body", "body": raw, "more_body": not ended})
-                rec.bytes_out += len(raw)
         except McpRefusal as exc:
             if not started:
                 raise
@@ -231,13 +232,13 @@ class AnswerRelay:
             final = error_body(msg.id, exc.rpc_code, exc.message)
             event = b"event: message\ndata: " + final + b"\n\n"
             await send({"type": "http.response.body", "body": event, "more_body": True})
-            rec.bytes_out += len(event)
             rec.reason, rec.rpc_error = exc.reason, exc.rpc_code
         if not started:
             await send({"type": "http.response.start", "status": 200,
                         "headers": [*_SSE_HEADERS, *out_headers]})
             rec.status = 200
         if not ended:
+            _settled(rec, sieve, stream)
             await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def _relay_filtered(self, method: str, stream: RelayedStream, principal: Any,
@@ -254,8 +255,16 @@ class AnswerRelay:
         sieve.sift(final, method)  # URIs in the entries' descriptions, titles, _meta
         data = json.dumps(final, separators=(",", ":")).encode()
         rec.status = status
+        _settled(rec, sieve, stream)
         await send_json(send, status, data, out_headers)
-        rec.bytes_out = len(data)
+
+
+def _settled(rec: CallRecord, sieve: ResourceSieve, stream: RelayedStream) -> None:
+    """Put what the answer withheld and its digest on ``rec`` before the answer's last bytes
+    are sent: the record is written then (``McpEndpoint._recorded_before_end``)."""
+    if sieve.withheld.count:
+        rec.withheld = sieve.withheld.record()
+    rec.result_sha256 = stream.digest  # of the answer as the server sent it
 
 
 def _encode(message: Any) -> bytes:

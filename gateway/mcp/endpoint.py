@@ -275,6 +275,7 @@ class McpEndpoint:
             span, trace_headers = self._spans.forwarding(rec, headers)
             opened.append(span)
             headers = {**headers, **trace_headers}
+        send = self._recorded_before_end(send, rec)
         await self.answers.forward(Link.of(state), upstream, principal, msg, body, headers,
                                    upstream_sid, rec, send, params)
 
@@ -324,7 +325,24 @@ class McpEndpoint:
             await self.record(rec)  # durable before the client hears of the refusal
             await send_json(send, exc.status, out, extra)
 
-    async def record(self, rec: CallRecord) -> None:
+    def _recorded_before_end(self, send: Any, rec: CallRecord) -> Any:
+        """``send`` that counts the body bytes sent (``rec.bytes_out``) and, with an audit
+        chain, makes the request's record durable before the last body bytes go out: a client
+        never holds a complete answer whose record is not written (the rule of the relay's
+        ``request.completed``, docs/audit.md "Durability"). If the record cannot be written
+        the error propagates and the connection closes before the answer ends."""
+        audited = self._audit is not None
+
+        async def send_recorded(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.body":
+                rec.bytes_out += len(message.get("body", b""))
+                if audited and not message.get("more_body", False) and not rec.recorded:
+                    await self.record(rec, durable=True)
+            await send(message)
+
+        return send_recorded
+
+    async def record(self, rec: CallRecord, durable: bool = False) -> None:
         """Append the request's audit record once: every message forwarded upstream (tool
         calls, notifications and client responses included) and every refusal; only an
         allowed request the aggregate endpoint answered itself (``initialize``,
@@ -344,6 +362,8 @@ class McpEndpoint:
             await self._audit(rec.event())
         except Exception:
             _log.exception("audit record of MCP request %s lost", rec.request_id)
+            if durable:
+                raise
 
     def challenge(self, server: str | None) -> bytes:
         """The 401 challenge of ``/mcp/<server>`` (``None``: the aggregate ``/mcp``)."""
