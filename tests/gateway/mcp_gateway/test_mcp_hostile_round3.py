@@ -15,7 +15,7 @@ import urllib3
 from tests.gateway.identity.jwtkit import SigningKey, identity_section, write_jwks
 from tests.gateway.mcp_gateway.harness import Gateway, start_gateway
 from tests.gateway.mcp_gateway.test_mcp_bad_input import META, call, headers, post
-from tests.gateway.mcp_gateway.upstreams import sdk_server
+from tests.gateway.mcp_gateway.upstreams import request_body, sdk_server
 from vllm_sim import SimConfig
 from vllm_sim import create_app as create_sim
 
@@ -226,20 +226,9 @@ def _odd_answer_server(answers: dict[str, tuple[bytes, bytes]]) -> Any:
     ``echo`` is answered with ``answers[params.arguments.text]``: ``(content type, body)``."""
 
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "lifespan":
-            while True:
-                msg = await receive()
-                if msg["type"] == "lifespan.startup":
-                    await send({"type": "lifespan.startup.complete"})
-                elif msg["type"] == "lifespan.shutdown":
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
-        body = b""
-        more = True
-        while more:
-            msg = await receive()
-            body += msg.get("body", b"")
-            more = msg.get("more_body", False)
+        body = await request_body(scope, receive, send)
+        if body is None:
+            return
         req = json.loads(body)
         ctype, out = b"application/json", b""
         if req["method"] == "server/discover":

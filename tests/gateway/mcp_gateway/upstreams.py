@@ -138,25 +138,34 @@ TOOLS = [{"name": "echo", "inputSchema": {"type": "object",
                                           "properties": {"text": {"type": "string"}}}}]
 
 
+async def request_body(scope: dict[str, Any], receive: Any, send: Any) -> bytes | None:
+    """For a raw ASGI test server: run the lifespan (``None``), or read an HTTP request's whole
+    body."""
+    if scope["type"] == "lifespan":
+        while True:
+            msg = await receive()
+            if msg["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif msg["type"] == "lifespan.shutdown":
+                await send({"type": "lifespan.shutdown.complete"})
+                return None
+    body = b""
+    more = True
+    while more:
+        msg = await receive()
+        body += msg.get("body", b"")
+        more = msg.get("more_body", False)
+    return body
+
+
 def bad_server(mode: str) -> Any:
     """A raw ASGI MCP server answering ``tools/call`` badly (``mode``): ``wrong_id``, ``forever``
     (an SSE stream of progress notifications that never ends), ``huge`` (a 1 GiB JSON body)."""
 
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "lifespan":
-            while True:
-                msg = await receive()
-                if msg["type"] == "lifespan.startup":
-                    await send({"type": "lifespan.startup.complete"})
-                elif msg["type"] == "lifespan.shutdown":
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
-        body = b""
-        while True:
-            msg = await receive()
-            body += msg.get("body", b"")
-            if not msg.get("more_body"):
-                break
+        body = await request_body(scope, receive, send)
+        if body is None:
+            return
         req = json.loads(body or b"{}")
         method = req.get("method")
         if method == "server/discover":
@@ -225,20 +234,9 @@ def status_server(received: list[dict[str, Any]] | None = None) -> Any:
                  {"uri": "file:///etc/passwd", "name": "pw"}]
 
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "lifespan":
-            while True:
-                msg = await receive()
-                if msg["type"] == "lifespan.startup":
-                    await send({"type": "lifespan.startup.complete"})
-                elif msg["type"] == "lifespan.shutdown":
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
-        body = b""
-        more = True
-        while more:
-            msg = await receive()
-            body += msg.get("body", b"")
-            more = msg.get("more_body", False)
+        body = await request_body(scope, receive, send)
+        if body is None:
+            return
         req = json.loads(body)
         if received is not None:
             received.append(req)
