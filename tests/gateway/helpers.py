@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -193,3 +194,18 @@ class Clients:
     def close(self) -> None:
         for client in self._open:
             client.close()
+
+
+def stop_processes(procs: Sequence[subprocess.Popen[Any]], grace_s: float = 10.0) -> None:
+    """SIGTERM every process at once, wait up to ``grace_s`` seconds for each, SIGKILL what is
+    left, and close their captured stderr."""
+    for proc in procs:
+        proc.terminate()
+    for proc in procs:
+        try:
+            proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+        if proc.stderr is not None:
+            proc.stderr.close()

@@ -30,7 +30,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import free_port
 from tests.conftest import wait_until as _wait
-from tests.gateway.helpers import SERVED, Sim, start_sim
+from tests.gateway.helpers import SERVED, Sim, start_sim, stop_processes
 
 ROOT = Path(__file__).resolve().parents[2]
 KEYS = {"fast": "sg-reserve-pods-fast", "bulk": "sg-reserve-pods-bulk"}
@@ -147,16 +147,7 @@ def fleet(serve_asgi: Callable[..., Any], tmp_path: Path, redis_prefix: str
             _wait(up, 120, f"pod {pod.number} to serve")
         yield sims, pods
     finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(5)
-            if proc.stderr is not None:
-                proc.stderr.close()
+        stop_processes(procs, 15)
 
 
 def _in_threads(calls: list[Callable[[], int]]) -> list[int]:

@@ -25,7 +25,7 @@ from gateway.audit import AuditLog, open_store
 from gateway.audit.checkpoint import Signer
 from gateway.quotas.hook import QuotaHook
 from tests.conftest import free_port
-from tests.gateway.helpers import KEY_A, config, settings, start_sim
+from tests.gateway.helpers import KEY_A, config, settings, start_sim, stop_processes
 
 ROOT = Path(__file__).resolve().parents[3]
 REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -89,16 +89,7 @@ def gateways(
                 time.sleep(0.1)
         yield urls
     finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(5)
-            if proc.stderr:
-                proc.stderr.close()
+        stop_processes(procs, 10)
 
 
 def redis_time() -> float:
