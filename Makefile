@@ -109,7 +109,7 @@ tools: install $(KUBE_STAMP) $(CHECKOV) debian-tools $(TOOLS)/torch-venv/.instal
   $(OIDC_PROVIDER_STAMP) $(MCP_SDK_STAMP)
 
 run: install-runtime
-	$(PY) -m gateway.demo
+	$(PY) -m gateway.cli.demo
 
 # What CI runs: every test, serially (not every test is proven independent of the others), with
 # every test of 2 s or more listed at the end, slowest first (the basis for marking tests slow).

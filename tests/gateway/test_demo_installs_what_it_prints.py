@@ -14,7 +14,7 @@ import re
 import tomllib
 from pathlib import Path
 
-from gateway.demo import examples
+from gateway.cli.demo import examples
 
 ROOT = Path(__file__).resolve().parents[2]
 

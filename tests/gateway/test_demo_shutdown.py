@@ -1,4 +1,4 @@
-"""``make run`` (``python -m gateway.demo``) stops cleanly on SIGTERM, SIGINT and SIGHUP.
+"""``make run`` (``python -m gateway.cli.demo``) stops cleanly on SIGTERM, SIGINT and SIGHUP.
 
 The demo is started in its own session with SIGINT/SIGTERM/SIGHUP at their default disposition
 (the test sets them itself, so it passes under ``nohup`` or from a background job). Once the
@@ -69,7 +69,7 @@ def test_demo_stops_simulator_and_removes_its_directory(
     err = tmp_path / "demo.err"
     with out.open("w") as sink, err.open("w") as err_sink:
         proc = subprocess.Popen(
-            default_signals([sys.executable, "-m", "gateway.demo"]), cwd=REPO, stdout=sink,
+            default_signals([sys.executable, "-m", "gateway.cli.demo"]), cwd=REPO, stdout=sink,
             stderr=err_sink, start_new_session=True,
         )
     children: set[int] = set()

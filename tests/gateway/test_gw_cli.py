@@ -148,7 +148,7 @@ def test_serve_runs_and_logs_json_access_lines(tmp_path: Path, sim: Sim) -> None
 def test_demo_examples_work_as_printed(tmp_path: Path) -> None:
     """``make run``: the printed curl and openai SDK examples work verbatim."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gateway.demo"], cwd=ROOT,
+        [sys.executable, "-m", "gateway.cli.demo"], cwd=ROOT,
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
     )
     out: list[str] = []
