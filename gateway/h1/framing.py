@@ -628,6 +628,16 @@ class RequestReader:
         """The current request, body included, was wholly read."""
         return self._state == 6
 
+    @property
+    def body_left(self) -> int | None:
+        """Bytes of the current request's body not yet returned as events: the rest of a
+        ``Content-Length`` body (``0`` once the request is complete), ``None`` while a
+        chunked body is read (its length is not known until its last chunk)."""
+        state = self._state
+        if state == 1:
+            return self._length_left
+        return None if 2 <= state <= 5 else 0
+
     def feed(self, data: bytes) -> None:
         """Add bytes received from the client."""
         self._buf = self._buf + data if self._buf else data

@@ -21,9 +21,16 @@ Every state of a connection has a timer and a bound (:class:`ServerLimits`):
   ``body_min_rate_bytes_s`` bytes received (Apache httpd's mod_reqtimeout ``body=...,MinRate=``
   rule), so a client trickling a byte now and then cannot hold the connection for ever; either
   way 408 (or closed if the response started);
-* a response sent before the request's body was wholly received (401, 404, 413 ...): the write
-  side is shut and what the client still sends is discarded for at most ``linger_s``, then the
-  connection is closed, however much the client keeps sending;
+* a response sent before the request's body was wholly received (401, 404, 413 ...): when the
+  rest of the body is a known ``Content-Length`` of at most 64 KiB, the connection stays open
+  (the head does not say ``close``) and the rest is read and discarded; if it is not all there
+  within ``linger_s``, the connection is closed. A larger or chunked rest (or a client waiting
+  for ``100 Continue``) gets ``connection: close`` in the response head; then the write side is
+  shut and what the client still sends is discarded for at most ``linger_s``, then the
+  connection is closed, however much the client keeps sending (nginx's discarded request body
+  and lingering close, https://nginx.org/en/docs/http/ngx_http_core_module.html#lingering_close).
+  A response head never promises a kept-alive connection that is then closed under a client
+  about to reuse it;
 * writing to a client whose socket buffer stays full (a client that stopped reading):
   ``send_timeout_s``, then the connection is aborted and the app sees the disconnect (the relay
   then frees its upstream connection);
@@ -78,6 +85,7 @@ _ABSENT: Any = object()  # a dict.pop default no connection address can equal
 _log = logging.getLogger(__name__)
 
 _READ_HIGH_WATER = 64 * 1024  # request bytes buffered for the app before reading pauses
+_DISCARD_MAX = 64 * 1024  # a body rest read and dropped after an early answer, keeping alive
 _NO_BODY_STATUSES = frozenset({204, 304})
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _ASGI = {"version": "3.0", "spec_version": "2.3"}
@@ -425,6 +433,11 @@ class ServerProtocol(asyncio.Protocol):
         cycle = self.cycle
         if cycle is None or not cycle.more_body:
             return
+        if cycle.response_complete:
+            # The rest of an answered request's body did not come within linger_s.
+            self._lingering = True
+            self.abort()
+            return
         if cycle.response_started:
             self.abort()
             return
@@ -468,6 +481,8 @@ class ServerProtocol(asyncio.Protocol):
                     break
                 if type(event) is bytes:
                     assert cycle is not None
+                    if cycle.response_complete:
+                        continue  # the rest of an answered request's body: discarded
                     cycle.body.append(event)
                     cycle.body_size += len(event)
                     if self._min_rate:
@@ -478,7 +493,12 @@ class ServerProtocol(asyncio.Protocol):
         except RequestRefused as exc:
             self._refuse(Refusal(exc.status, _status_phrase(exc.status), exc.reason, exc.code))
             return
-        if cycle is None or cycle.response_complete:
+        if cycle is None:
+            return
+        if cycle.response_complete:
+            if cycle.more_body and reader.complete:
+                cycle.more_body = False  # the discarded rest is in: the next request may come
+                self._next_request()
             return
         if cycle.more_body:
             if reader.complete:
@@ -504,7 +524,7 @@ class ServerProtocol(asyncio.Protocol):
             self._read_paused = False
             self.transport.resume_reading()
             cycle = self.cycle
-            if cycle is not None and cycle.more_body:
+            if cycle is not None and cycle.more_body and not cycle.response_complete:
                 # The time the app was behind is not the client's: the deadline moves by it.
                 cycle.body_deadline += self.loop.time() - self._paused_at
                 self._arm_body(cycle)
@@ -645,6 +665,13 @@ class ServerProtocol(asyncio.Protocol):
         """Make the response head; it is held for the first body bytes (one write for both)
         and, with ``flush``, written at the next loop iteration if none came by then."""
         cycle.response_started = True
+        if cycle.more_body:
+            # Answered before the whole body came: the connection is kept only when the rest
+            # is small and announced (it is then read and dropped, see _complete); else the
+            # head says close, so that no client reuses a connection that is about to close.
+            left = self.reader.body_left
+            if cycle.continue_due or left is None or left > _DISCARD_MAX:
+                cycle.keep_alive = False
         if cycle.continue_due:
             cycle.continue_due = False  # answered without reading the body: no 100
         length: int | None = None
@@ -725,15 +752,29 @@ class ServerProtocol(asyncio.Protocol):
         cycle.wake()
         if self.cycle is not cycle:
             return
+        if not self.reader.complete:
+            # Answered before the request body was wholly received (401, 404, 413 ...).
+            if cycle.keep_alive and not self._shutting_down:
+                # The head kept the connection: the announced rest is read and dropped
+                # (_parse), for at most linger_s.
+                cycle.body.clear()
+                cycle.body_size = 0
+                self._arm(self.limits.linger_s, self._body_timeout)
+                if self._read_paused and self.transport is not None:
+                    self._read_paused = False
+                    self.transport.resume_reading()
+            else:
+                # The head said close: what the client still sends is discarded for a
+                # bounded time (closing at once could reset the answer in flight).
+                self._linger()
+            return
         if not cycle.keep_alive or self._shutting_down:
             self._close()
             return
-        if not self.reader.complete:
-            # Answered before the request body was wholly received (401, 404, 413 ...): the
-            # connection cannot carry another request; what the client still sends is
-            # discarded for a bounded time.
-            self._linger()
-            return
+        self._next_request()
+
+    def _next_request(self) -> None:
+        """The connection waits for the next request (the response and request are done)."""
         self.cycle = None
         self._mark_idle()
         self.reader.next_request()

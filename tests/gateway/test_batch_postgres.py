@@ -119,10 +119,16 @@ def test_a_batch_in_the_postgres_audit_database_resumes_after_a_restart(
         assert x["response"]["status_code"] == 200 and x["error"] is None
         assert x["response"]["body"]["choices"][0]["message"]["content"]
     # The audit log (same database) saw each request the simulator received exactly once,
-    # and every output line names an audited request.
+    # and every output line names an audited request. The stop may have caught one request
+    # after its record and before it was sent: audited, never received, sent again after.
     audited = started_request_ids(pg_database)
-    assert len(audited) == len(set(audited)) == sim.stats()["received"]
-    assert {x["response"]["request_id"] for x in lines} <= set(audited)
+    received = [h["headers"]["x-request-id"] for h in sim.stats()["history"]
+                if h["path"] == "/v1/chat/completions"]
+    assert len(received) == len(set(received)) == sim.stats()["received"]
+    assert len(audited) == len(set(audited))
+    assert set(received) <= set(audited)
+    assert len(audited) - len(received) <= 1, (audited, received)
+    assert {x["response"]["request_id"] for x in lines} <= set(received)
     # The files are in the database too (the input, and the output made at the end).
     files = query(pg_database, "SELECT purpose, owner FROM sg_batch_files ORDER BY created_at")
     assert sorted(files) == [("batch", "owner"), ("batch_output", "owner")]
