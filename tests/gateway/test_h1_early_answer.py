@@ -59,7 +59,7 @@ def _closed(sock: socket.socket, within_s: float) -> bool:
     sock.settimeout(within_s)
     try:
         return sock.recv(65536) == b""
-    except (TimeoutError, socket.timeout):
+    except TimeoutError:
         return False
     except OSError:
         return True
