@@ -352,8 +352,9 @@ class ServerProtocol(asyncio.Protocol):
         """Close this idle connection to make room for a new one (:class:`ConnectionTable`
         chose it): silently, or with 503 when part of a request head had come; tell the
         ``on_evicted`` hook."""
-        if self._lingering:
-            state = "lingering"
+        cycle = self.cycle
+        if self._lingering or (cycle is not None and cycle.response_complete):
+            state = "lingering"  # answered; the rest of its body was being dropped, if any
         elif self.reader.buffered:
             state = "partial_head"
         else:
@@ -759,6 +760,7 @@ class ServerProtocol(asyncio.Protocol):
                 # (_parse), for at most linger_s.
                 cycle.body.clear()
                 cycle.body_size = 0
+                self._mark_idle()  # answered: it may make room for a new connection
                 self._arm(self.limits.linger_s, self._body_timeout)
                 if self._read_paused and self.transport is not None:
                     self._read_paused = False

@@ -125,3 +125,26 @@ def test_an_sdk_like_client_reusing_its_connection_after_refusals_never_loses_a_
             assert client.get("/v1/nosuch").status_code in (401, 404)
         assert client.get("/v1/models",
                           headers={"authorization": f"Bearer {KEY_A}"}).status_code == 200
+
+
+def test_connections_dropping_a_body_rest_make_room_under_the_connection_cap(
+        servers: Servers, sim: Sim) -> None:
+    """Dropping the announced rest of an answered request is no request in progress: at the
+    cap, such a connection is closed to make room, as an idle one is (found by the tester:
+    four keyless heads announcing 64 KiB held a gateway capped at four; keyed clients got
+    503)."""
+    cap = 4
+    srv = servers.start(settings([sim.url], limits={"max_client_connections": cap}))
+    holders = [connect(srv.port) for _ in range(cap)]
+    try:
+        for sock in holders:
+            sock.sendall(_post_head(b"Content-Length: 65536\r\n"))  # and no body
+            status, headers, _ = _read_response(sock)
+            assert status == 401 and headers.get("connection") is None
+        for _ in range(3):  # well within linger_s: all four still drop their rest
+            resp = httpx.get(f"{srv.url}/v1/models",
+                             headers={"Authorization": f"Bearer {KEY_A}"}, timeout=5)
+            assert resp.status_code == 200, resp.text
+    finally:
+        for sock in holders:
+            sock.close()
