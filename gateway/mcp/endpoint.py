@@ -55,6 +55,7 @@ from gateway.mcp.checks import MessageChecks
 from gateway.mcp.governed import check_message
 from gateway.mcp.jsonrpc import (
     FORBIDDEN,
+    INTERNAL_ERROR,
     INVALID_REQUEST,
     MODERN_VERSIONS,
     McpRefusal,
@@ -269,12 +270,15 @@ class McpEndpoint:
                        body: bytes, headers: Mapping[str, str], upstream_sid: str | None,
                        rec: CallRecord, send: Any, params: Mapping[str, str],
                        opened: list[object]) -> None:
-        rec.decision, rec.forwarded = "allow", True
+        rec.decision = "allow"
         self.resolve_names(rec)  # the checked tool is in the catalogue: the span names it
         if self._spans is not None:  # the span's traceparent goes upstream
             span, trace_headers = self._spans.forwarding(rec, headers)
             opened.append(span)
             headers = {**headers, **trace_headers}
+        if self._audit is not None:
+            await self.record_start(rec)  # with the span's trace id
+        rec.forwarded = True
         send = self._recorded_before_end(send, rec)
         await self.answers.forward(Link.of(state), upstream, principal, msg, body, headers,
                                    upstream_sid, rec, send, params)
@@ -341,6 +345,25 @@ class McpEndpoint:
             await send(message)
 
         return send_recorded
+
+    async def record_start(self, rec: CallRecord) -> None:
+        """Make the ``mcp.started`` record of a message about to be forwarded durable (the
+        rule of the relay's ``request.started``): nothing leaves unrecorded.
+
+        Raises:
+            McpRefusal: 503 ``audit_unavailable`` when it cannot be written (the message is
+                not forwarded; the refusal's own record is attempted and logged if lost).
+        """
+        assert self._audit is not None
+        try:
+            await self._audit(rec.started_event())
+        except Exception as exc:
+            _log.error("audit unavailable, MCP request %s not forwarded: %s",
+                       rec.request_id, exc)
+            rec.decision = "deny"
+            raise McpRefusal(503, INTERNAL_ERROR, "audit_unavailable",
+                             "the audit log is unavailable; the request was not forwarded"
+                             ) from exc
 
     async def record(self, rec: CallRecord, durable: bool = False) -> None:
         """Append the request's audit record once: every message forwarded upstream (tool
@@ -453,7 +476,10 @@ class McpEndpoint:
         sid = self.sessions.unwrap(key_id, upstream.name, presented) if presented else None
         if sid is None:
             raise McpRefusal(404, INVALID_REQUEST, "session_unknown", "Session not found")
-        rec.decision, rec.forwarded = "allow", True
+        rec.decision = "allow"
+        if self._audit is not None:
+            await self.record_start(rec)
+        rec.forwarded = True
         self.answers.subscriptions.end((key_id, upstream.name, sid))  # the session ends
         status = await upstream.delete(Link.of(state), sid)
         rec.status = status

@@ -104,6 +104,17 @@ class Message:
         return value if isinstance(value, str) else None
 
 
+def _proposed(msg: Message) -> str | None:
+    """The handshake version an ``initialize`` request proposes (``params.protocolVersion``;
+    the handshake of 2025-06-18 and 2025-11-25 sends no version header yet), for its record.
+    Any other proposal is the server's to negotiate (it answers a version it supports): not
+    taken, so that it is not refused here."""
+    if msg.method != "initialize":
+        return None
+    proposed = msg.params.get("protocolVersion")
+    return proposed if proposed in HANDSHAKE_VERSIONS else None
+
+
 def parse_message(body: bytes) -> Message:
     """Parse one JSON-RPC message of a POST body.
 
@@ -197,7 +208,7 @@ def check_headers(msg: Message, headers: Mapping[str, str],
             if name in repeated:
                 raise _mismatch(msg, f"{name} header appears more than once")
     header_version = headers.get("mcp-protocol-version")
-    version = header_version or msg.meta_version or "2025-03-26"
+    version = header_version or msg.meta_version or _proposed(msg) or "2025-03-26"
     if version not in MODERN_VERSIONS and version not in HANDSHAKE_VERSIONS:
         raise McpRefusal(
             400, UNSUPPORTED_VERSION, "unsupported_version",

@@ -1,7 +1,13 @@
-"""The audit record of one MCP call or refusal (``mcp.tool_call`` / ``mcp.refused``).
+"""The audit records of one MCP call or refusal (``mcp.started``, ``mcp.tool_call`` /
+``mcp.refused``).
 
-One record per message forwarded upstream (tool calls, other requests, notifications,
-client responses) and per refused request, appended to the gateway's hash chain. It holds
+A message forwarded upstream (tool calls, other requests, notifications, client responses)
+has two records in the gateway's hash chain: ``mcp.started``, durable before a byte of it
+leaves (who, where, what, the SHA-256 of the arguments: the fields known then), and
+``mcp.tool_call``, durable before the last bytes of its answer go out; a refused request
+has one, ``mcp.refused``. As ``request.started``/``request.completed`` for model calls
+(docs/audit.md "Durability"): a store that cannot write the first record means 503
+``audit_unavailable`` and nothing forwarded. It holds
 who, where, what and why, the SHA-256 of the arguments and of the result (never their
 content), byte counts, the duration, the verified identity of a token or client certificate
 (issuer, subject pseudonym, scopes) and the W3C trace id that links it to the chat completion
@@ -19,8 +25,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["MCP_REFUSED", "MCP_TOOL_CALL", "CallRecord", "name_digest"]
+__all__ = ["MCP_REFUSED", "MCP_STARTED", "MCP_TOOL_CALL", "CallRecord", "name_digest"]
 
+MCP_STARTED = "mcp.started"
 MCP_TOOL_CALL = "mcp.tool_call"
 MCP_REFUSED = "mcp.refused"
 
@@ -130,6 +137,16 @@ class CallRecord:
             **({"unknown_names": {what: name_digest(name) for what, name in self.asked.items()}}
                if self.asked else {}),
         }
+
+    def started_event(self) -> dict[str, Any]:
+        """The ``mcp.started`` event of a message about to be forwarded: the fields of
+        :meth:`event` known before the answer (no status, result, duration or bytes out)."""
+        event = self.event()
+        for name in ("status", "rpc_error", "reason", "result_sha256", "bytes_out",
+                     "duration_us", "withheld"):
+            event.pop(name, None)
+        event["type"] = MCP_STARTED
+        return event
 
     def counted_fields(self) -> dict[str, Any]:
         """The fields of a refusal counted per client and reason

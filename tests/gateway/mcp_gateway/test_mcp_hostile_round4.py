@@ -60,8 +60,12 @@ def hostile_pii(serve_asgi: Callable[..., Any], tmp_path: Path) -> Iterator[dict
 
 
 def _records(gw: Gateway, kind: str | None = None) -> list[dict[str, Any]]:
+    """The MCP records of answers and refusals (``kind``: of that type only); a forwarded
+    message's first record, ``mcp.started``, only when asked for (its own tests:
+    test_mcp_record_before_forward.py)."""
     return [r["data"] | {"type": r["type"]} for r in gw.records()
-            if r["type"].startswith("mcp.") and (kind is None or r["type"] == kind)]
+            if r["type"].startswith("mcp.") and (
+                r["type"] == kind if kind is not None else r["type"] != "mcp.started")]
 
 
 def _clean(text: str) -> None:

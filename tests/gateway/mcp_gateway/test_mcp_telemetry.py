@@ -132,7 +132,9 @@ def test_tool_calls_and_refusals_are_spans_in_the_agents_trace(
                  sg_mcp_tool="delete_everything") == 0  # refusals are counted, not timed
     assert value("sg_gateway_mcp_tool_call_time_seconds_total", sg_mcp_server="tools") > 0
 
-    # The audit record of the call carries the agent's trace id.
-    records = [r["data"] for r in gw.records() if r["type"].startswith("mcp.")]
-    assert [(r["tool"], r["trace_id"]) for r in records] == [
-        ("echo", trace_id), ("delete_everything", trace_id)]
+    # The audit records of the call (before it left, after its answer) carry the agent's
+    # trace id, and so does the refusal's.
+    records = [(r["type"], r["data"]) for r in gw.records() if r["type"].startswith("mcp.")]
+    assert [(kind, r["tool"], r["trace_id"]) for kind, r in records] == [
+        ("mcp.started", "echo", trace_id), ("mcp.tool_call", "echo", trace_id),
+        ("mcp.refused", "delete_everything", trace_id)]
