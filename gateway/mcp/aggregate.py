@@ -75,6 +75,7 @@ async def handle_aggregate(ep: McpEndpoint, state: Any, scope: Mapping[str, Any]
                      client_host=client_host(scope))
     msg: Message | None = None
     opened: list[object] = []
+    unwatch = rec.watch_client(scope)
     try:
         principal = ep.authenticate(state, headers, scope)
         rec.key_id, rec.team, rec.data_class = (principal.key_id, principal.team,
@@ -138,6 +139,8 @@ async def handle_aggregate(ep: McpEndpoint, state: Any, scope: Mapping[str, Any]
     except McpRefusal as exc:
         await ep.refuse(exc, rec, msg, ep.challenge(None), send)
     finally:
+        if unwatch is not None:
+            unwatch()
         ep.resolve_names(rec)
         ep.metrics.observe(rec)
         ep.end_span(rec, headers, opened)

@@ -174,6 +174,7 @@ class McpEndpoint:
         msg: Message | None = None
         opened: list[object] = []
         admission: Any = None
+        unwatch = rec.watch_client(scope)
         try:
             if escaped:
                 raise McpRefusal(404, INVALID_REQUEST, "unknown_server",
@@ -220,6 +221,8 @@ class McpEndpoint:
         except McpRefusal as exc:
             await self.refuse(exc, rec, msg, self.challenge(name), send)
         finally:
+            if unwatch is not None:
+                unwatch()
             if admission is not None:  # no await (no coroutine) when nothing was charged
                 await self.settle(admission)
             self.resolve_names(rec)

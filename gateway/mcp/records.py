@@ -22,8 +22,11 @@ from __future__ import annotations
 import hashlib
 import secrets
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from gateway.h1.asgi_io import DISCONNECT_EXTENSION
 
 __all__ = ["MCP_REFUSED", "MCP_STARTED", "MCP_TOOL_CALL", "CallRecord", "name_digest"]
 
@@ -63,6 +66,7 @@ class CallRecord:
     asked: dict[str, str] = field(default_factory=dict)  # names asked for, not known (yet)
     client_host: str | None = None  # the peer's address (a counted refusal's client)
     forwarded: bool = False  # the message went upstream (then it is always recorded)
+    client_gone: bool = False  # the client's connection was lost before its answer ended
     recorded: bool = False
     _request_id: str | None = field(default=None, repr=False)
 
@@ -136,14 +140,34 @@ class CallRecord:
             **({"params_sha256": self.params_sha256} if self.params_sha256 is not None else {}),
             **({"unknown_names": {what: name_digest(name) for what, name in self.asked.items()}}
                if self.asked else {}),
+            # As the relay's request.completed outcome: the answer was not delivered.
+            **({"outcome": "client_disconnect"} if self.client_gone else {}),
         }
+
+    def watch_client(self, scope: Mapping[str, Any]) -> Callable[[], None] | None:
+        """Note (:attr:`client_gone`) when the client's connection is lost before the answer
+        ends, through the gateway server's disconnect watch (``DISCONNECT_EXTENSION`` of
+        :mod:`gateway.h1.asgi_io`; another ASGI server: not noted).
+
+        Returns:
+            ``unwatch()`` to call when the request is over, or ``None`` (nothing watched).
+        """
+        watch = (scope.get("extensions") or {}).get(DISCONNECT_EXTENSION)
+        if watch is None:
+            return None
+
+        def gone() -> None:
+            self.client_gone = True
+
+        unwatch: Callable[[], None] | None = watch(gone)
+        return unwatch
 
     def started_event(self) -> dict[str, Any]:
         """The ``mcp.started`` event of a message about to be forwarded: the fields of
         :meth:`event` known before the answer (no status, result, duration or bytes out)."""
         event = self.event()
         for name in ("status", "rpc_error", "reason", "result_sha256", "bytes_out",
-                     "duration_us", "withheld"):
+                     "duration_us", "withheld", "outcome"):
             event.pop(name, None)
         event["type"] = MCP_STARTED
         return event

@@ -7,8 +7,11 @@ server with no record at all, and still did when the audit log was down."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import socket
 import sqlite3
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -45,10 +48,30 @@ def stack(serve_asgi: Any, tmp_path: Path) -> Iterator[dict[str, Any]]:
     inner = status_server(received)
 
     async def upstream(scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and "db" in where and scope["method"] == "POST":
+        if scope["type"] != "http":
+            await inner(scope, receive, send)
+            return
+        if "db" in where and scope["method"] == "POST":
             seen.append([r for r in _committed(where["db"], "mcp.started")
                          if r["mcp_method"] == "tools/call"])
-        await inner(scope, receive, send)
+        chunks, more = [], True
+        while more:
+            message = await receive()
+            chunks.append(message.get("body", b""))
+            more = message.get("more_body", False)
+        body = b"".join(chunks)
+        if b'"delay"' in body:  # a slow tool: the client may leave meanwhile
+            await asyncio.sleep(1.0)
+        replayed = False
+
+        async def replay() -> dict[str, Any]:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return dict(await receive())
+
+        await inner(scope, replay, send)
 
     sim = serve_asgi(create_sim(SimConfig(models=["m"])))
     evil = serve_asgi(upstream)
@@ -137,3 +160,33 @@ def test_an_initialize_is_recorded_with_the_version_it_proposes(stack: dict[str,
     versions = [r["protocol_version"] for kind in ("mcp.started", "mcp.tool_call")
                 for r in _committed(gw.db, kind) if r["mcp_method"] == "initialize"]
     assert versions == ["2025-06-18", "2025-11-25", "2025-03-26"] * 2, versions
+
+
+def test_a_call_whose_client_left_before_its_answer_is_recorded_as_such(
+        stack: dict[str, Any]) -> None:
+    """The tool ran (its side effects happened) but the agent never got its result: the
+    record says so (``outcome: client_disconnect``, as the relay's ``request.completed``),
+    where it looked like a delivered answer (tester's finding)."""
+    gw: Gateway = stack["gateway"]
+    port = int(gw.url.rsplit(":", 1)[1])
+    hdrs = headers(name="answer")
+    for rid, leave in ((1, False), (2, True)):
+        body = json.dumps(call("answer", {"status": 200, "body": "result", "delay": 1},
+                               rid)).encode()
+        with socket.create_connection(("127.0.0.1", port)) as sock:
+            sock.sendall(b"POST /mcp/evil HTTP/1.1\r\nHost: gw\r\n"
+                         + b"".join(f"{k}: {v}\r\n".encode() for k, v in hdrs.items())
+                         + b"Content-Length: %d\r\n\r\n" % len(body) + body)
+            if leave:
+                time.sleep(0.3)  # the tool is still running
+            else:
+                sock.settimeout(10)
+                assert sock.recv(100).startswith(b"HTTP/1.1 200 ")
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        done = [r for r in _committed(gw.db, "mcp.tool_call") if r["mcp_method"] == "tools/call"]
+        if len(done) == 2:
+            break
+        time.sleep(0.1)
+    assert [r.get("outcome") for r in done] == [None, "client_disconnect"], done
+    assert _calls(stack["received"]) == 2  # both calls reached the server
