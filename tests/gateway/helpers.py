@@ -209,3 +209,25 @@ def stop_processes(procs: Sequence[subprocess.Popen[Any]], grace_s: float = 10.0
             proc.wait(5)
         if proc.stderr is not None:
             proc.stderr.close()
+
+
+async def take_request_body(receive: Any) -> tuple[bytes, Any]:
+    """For a test ASGI wrapper that looks at a request's body before its app does: the whole
+    body, and a ``receive`` that hands the same body to the app once, then the real
+    ``receive`` (disconnects)."""
+    chunks, more = [], True
+    while more:
+        message = await receive()
+        chunks.append(message.get("body", b""))
+        more = message.get("more_body", False)
+    body = b"".join(chunks)
+    replayed = False
+
+    async def replay() -> dict[str, Any]:
+        nonlocal replayed
+        if not replayed:
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return dict(await receive())
+
+    return body, replay

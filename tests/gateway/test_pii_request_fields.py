@@ -21,6 +21,7 @@ from typing import Any
 import openai
 import pytest
 
+from tests.gateway.helpers import take_request_body
 from tests.gateway.test_batch_api import submit, wait_batch
 from tests.gateway.test_pii_gateway import CARD, IBAN, Stack, _build
 from vllm_sim import SimConfig
@@ -42,12 +43,7 @@ class Recorder:
         if scope["type"] != "http" or scope["method"] != "POST":  # lifespan, model listing
             await self.app(scope, receive, send)
             return
-        chunks, more = [], True
-        while more:
-            message = await receive()
-            chunks.append(message.get("body", b""))
-            more = message.get("more_body", False)
-        raw = b"".join(chunks)
+        raw, replay = await take_request_body(receive)
         self.bodies.append((scope["path"], raw))
         if scope["path"] == "/v1/responses":  # not in the simulator
             self.state.received += 1
@@ -60,15 +56,6 @@ class Recorder:
                                     (b"content-length", str(len(body)).encode())]})
             await send({"type": "http.response.body", "body": body})
             return
-        replayed = False
-
-        async def replay() -> dict[str, Any]:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": raw, "more_body": False}
-            return dict(await receive())
-
         await self.app(scope, replay, send)
 
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from tests.gateway.helpers import take_request_body
 from tests.gateway.mcp_gateway.harness import Gateway, start_gateway
 from tests.gateway.mcp_gateway.test_mcp_bad_input import call, headers, post
 from tests.gateway.mcp_gateway.test_mcp_hostile_round4 import ACCESS
@@ -54,23 +55,9 @@ def stack(serve_asgi: Any, tmp_path: Path) -> Iterator[dict[str, Any]]:
         if "db" in where and scope["method"] == "POST":
             seen.append([r for r in _committed(where["db"], "mcp.started")
                          if r["mcp_method"] == "tools/call"])
-        chunks, more = [], True
-        while more:
-            message = await receive()
-            chunks.append(message.get("body", b""))
-            more = message.get("more_body", False)
-        body = b"".join(chunks)
+        body, replay = await take_request_body(receive)
         if b'"delay"' in body:  # a slow tool: the client may leave meanwhile
             await asyncio.sleep(1.0)
-        replayed = False
-
-        async def replay() -> dict[str, Any]:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return dict(await receive())
-
         await inner(scope, replay, send)
 
     sim = serve_asgi(create_sim(SimConfig(models=["m"])))
