@@ -17,7 +17,10 @@ from gateway.audit.records import Record
 __all__ = ["TimelineEntry", "session_timeline"]
 
 _MODEL_TYPES = ("request.started", "request.denied")
-_TOOL_TYPES = ("mcp.tool_call", "mcp.refused")
+_TOOL_TYPES = ("mcp.started", "mcp.tool_call", "mcp.refused")
+_NO_ANSWER = "no answer recorded"
+"""Detail of a tool call whose ``mcp.started`` has no ``mcp.tool_call`` (yet): it left for
+its server and nobody saw its answer (the gateway stopped, or the call is in flight)."""
 _PLUMBING = frozenset({None, "DELETE", "initialize", "ping", "server/discover",
                        "logging/setLevel"})
 """MCP methods of the protocol itself (with ``notifications/*`` and the ``*/list`` methods):
@@ -26,7 +29,7 @@ their allowed records are in the chain, but no step of the agent's actions (a re
 
 def _plumbing(kind: str, data: dict[str, Any]) -> bool:
     """An allowed MCP protocol message (handshake, list, notification, client response)."""
-    if kind != "mcp.tool_call" or data.get("reason") is not None:
+    if kind not in ("mcp.started", "mcp.tool_call") or data.get("reason") is not None:
         return False
     method = data.get("mcp_method")
     return method in _PLUMBING or (isinstance(method, str) and (
@@ -69,6 +72,10 @@ def session_timeline(records: Iterable[Record], trace_id: str | None = None,
     """The model and tool calls of one trace (or of one key), in record order (allowed MCP
     protocol messages, ``initialize``, lists, notifications, left out: :func:`_plumbing`).
 
+    A step is placed by its first record (``request.started``, ``mcp.started``) and completed
+    by its last (``request.completed``, ``mcp.tool_call``); a tool call with no answer record
+    says so (:data:`_NO_ANSWER`).
+
     Args:
         records: Records in chain order (``export_records``).
         trace_id: Keep the steps of this trace (32 hex).
@@ -97,6 +104,7 @@ def session_timeline(records: Iterable[Record], trace_id: str | None = None,
         if _plumbing(kind, data):
             continue
         ref = f"{rec.chain}#{rec.seq}"
+        at = started.pop(str(data.get("request_id")), None) if kind == "mcp.tool_call" else None
         if kind in _MODEL_TYPES:
             entry = TimelineEntry(rec.ts_us, "model", data.get("key_id"),
                                   str(data.get("canonical_model") or data.get("model")),
@@ -110,8 +118,18 @@ def session_timeline(records: Iterable[Record], trace_id: str | None = None,
             detail = str(data.get("reason") or "")
             if data.get("duration_us") is not None:
                 detail = f"{detail} {int(data['duration_us']) // 1000}ms".strip()
+            if kind == "mcp.started":
+                detail = _NO_ANSWER
             entry = TimelineEntry(rec.ts_us, "tool", data.get("key_id"), what,
                                   data.get("decision"), data.get("status"), detail,
                                   data.get("trace_id"), ref)
+            if at is not None:  # the answer of a call placed by its mcp.started
+                first = entries[at]
+                entries[at] = TimelineEntry(first.ts_us, "tool", entry.key_id, entry.what,
+                                            entry.decision, entry.status, entry.detail,
+                                            entry.trace_id, first.ref)
+                continue
+            if kind == "mcp.started":
+                started[str(data.get("request_id"))] = len(entries)
         entries.append(entry)
     return entries

@@ -63,3 +63,36 @@ def test_a_trace_id_that_is_not_one_is_a_usage_error(tmp_path: Path) -> None:
         res = _timeline(url, "--trace-id", bad)
         assert res.returncode == 2, (bad, res.stdout, res.stderr)
         assert "--trace-id" in res.stderr and "32 lowercase hex" in res.stderr
+
+
+def test_a_tool_call_is_one_step_and_one_without_its_answer_says_so(tmp_path: Path) -> None:
+    """A tool call is placed by its ``mcp.started`` (before the model call that its answer
+    fed) and completed by its ``mcp.tool_call``; a call whose answer record never came (the
+    gateway stopped while it was in flight) is still a step, marked as such."""
+    url = f"sqlite://{tmp_path / 'audit.db'}"
+    call = {"key_id": "k-agent", "server": "tools", "tool": "search", "mcp_method": "tools/call",
+            "decision": "allow", "trace_id": TRACE}
+
+    async def run() -> None:
+        log = AuditLog(open_store(url), Signer.generate(), replica_id="r1")
+        await log.start()
+        await log.append({"type": "mcp.started", "request_id": "t-1", **call})
+        await log.append({"type": "request.started", "request_id": "r-a", "key_id": "k-agent",
+                          "model": "m", "decision": "allow", "trace_id": TRACE})
+        await log.append({"type": "mcp.tool_call", "request_id": "t-1", "status": 200,
+                          "duration_us": 42_000, **call})
+        await log.append({"type": "request.completed", "request_id": "r-a", "status": 200,
+                          "outcome": "ok"})
+        await log.append({"type": "mcp.started", "request_id": "t-2", **call, "tool": "write"})
+        await log.close()
+
+    asyncio.run(run())
+    res = _timeline(url, "--trace-id", TRACE, "--json")
+    assert res.returncode == 0, res.stderr
+    steps = [json.loads(line) for line in res.stdout.splitlines()]
+    assert [(s["kind"], s["what"], s["status"], s["detail"]) for s in steps] == [
+        ("tool", "tools/search", 200, "42ms"),
+        ("model", "m", 200, "outcome=ok tokens=None/None"),
+        ("tool", "tools/write", None, "no answer recorded"),
+    ], steps
+    assert steps[0]["ref"].endswith("#1")  # placed by its first record
