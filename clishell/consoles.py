@@ -33,7 +33,8 @@ if TYPE_CHECKING:
 def _console(*, stderr: bool) -> Console:
     from rich.console import Console
 
-    return Console(stderr=stderr, soft_wrap=True, markup=False, highlight=False)
+    # No emoji codes: ":a:" inside an IPv6 address or bundle text must print as written.
+    return Console(stderr=stderr, soft_wrap=True, markup=False, highlight=False, emoji=False)
 
 
 def results() -> Console:
