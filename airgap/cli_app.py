@@ -33,7 +33,7 @@ from airgap.target import MAX_LISTED
 from airgap.validate import parse_index
 from clishell import VerboseOpt, VersionOpt
 from clishell.consoles import print_wrapped, table
-from clishell.text import human_bytes, shown
+from clishell.text import escaped, human_bytes, shown
 from weights import Lockfile, SerialisationPolicy, WeightsError
 
 if TYPE_CHECKING:
@@ -253,7 +253,8 @@ def inspect(
     bom = read_extra(bundle, index, BOM_NAME)
     for line in summary(bom) if bom is not None else ["ML-BOM: none in this bundle"]:
         indent = len(line) - len(line.lstrip(" "))
-        print_wrapped(out(), line.lstrip(" "), indent=indent)
+        # the ML-BOM's values are not checked by inspect (verify compares them to the index)
+        print_wrapped(out(), escaped(line.lstrip(" ")), indent=indent)
     if index.base is not None:
         print_wrapped(out(), f"delta bundle: {len(index.base.blobs)} blob(s) "
                              f"({sum(b.size for b in index.base.blobs)} bytes) expected in the "
