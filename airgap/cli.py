@@ -20,10 +20,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from airgap.cli_verify import problem_detail, run_verify
-from airgap.errors import VerificationFailed
+from airgap.cli_verify import problem_text, run_verify
+from airgap.errors import AirgapError, VerificationFailed
 from airgap.verify import MAX_SHOWN_PROBLEMS, problems_json
 from clishell import EXIT_FAILED, CliError, invoke, run
+from clishell.text import escaped
 
 #: `airgap verify` options the fast parser takes: option -> (parameter, takes a value,
 #: repeatable). Kept equal to the typer command's by tests/airgap/test_cli_startup.py.
@@ -116,11 +117,15 @@ def _run(args: list[str]) -> Any:
 
 def _describe(exc: BaseException) -> CliError | None:
     """A bundle that is not trusted: one error line per problem (the first
-    ``MAX_SHOWN_PROBLEMS``), exit 1, and the problems in the ``--json`` document."""
+    ``MAX_SHOWN_PROBLEMS``), exit 1, and the problems in the ``--json`` document. Any other
+    package error: its line, with every control or bidirectional character of its message
+    escaped (a message can carry a name from the bundle, the media or the store)."""
+    if isinstance(exc, AirgapError) and not isinstance(exc, VerificationFailed):
+        return CliError(exc.code, escaped(exc.message), exit_code=exc.exit_code,
+                        hint=None if exc.hint is None else escaped(exc.hint))
     if not isinstance(exc, VerificationFailed):
         return None
-    shown = [(p.code, f"{p.message}{problem_detail(p)}")
-             for p in exc.problems[:MAX_SHOWN_PROBLEMS]]
+    shown = [(p.code, problem_text(p)) for p in exc.problems[:MAX_SHOWN_PROBLEMS]]
     omitted = len(exc.problems) - len(shown)
     if omitted:
         shown.append(("verification_failed", f"... and {omitted} more problem(s) "

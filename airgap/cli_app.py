@@ -29,10 +29,11 @@ from airgap.cli_verify import (
 from airgap.errors import AirgapError, Code, VerificationFailed
 from airgap.media import check_bundle_dir, read_small
 from airgap.signing import MAX_SIGNATURE_BYTES, signer_key_id
+from airgap.target import MAX_LISTED
 from airgap.validate import parse_index
 from clishell import VerboseOpt, VersionOpt
 from clishell.consoles import print_wrapped, table
-from clishell.text import human_bytes
+from clishell.text import escaped, human_bytes, shown
 from weights import Lockfile, SerialisationPolicy, WeightsError
 
 if TYPE_CHECKING:
@@ -171,6 +172,10 @@ def unpack(
     quiet: Quiet = False,
     allow_pickle: AllowPickle = False,
     allow_remote_code: AllowCode = False,
+    replace: Annotated[
+        bool, typer.Option("--replace", help="Replace a model directory (or snapshot) that "
+                           "holds files the bundle does not carry, removing them.")
+    ] = False,
 ) -> None:
     """Verify, then install atomically into a Hugging Face cache or a plain directory."""
     from airgap.unpack import unpack_bundle
@@ -186,7 +191,8 @@ def unpack(
                                expected_lock=_load_lock(expected_lock),
                                workers=_workers(workers), progress=progress,
                                policy=SerialisationPolicy(allow_pickle=allow_pickle,
-                                          allow_remote_code=allow_remote_code))  # fmt: skip
+                                          allow_remote_code=allow_remote_code),
+                               replace=replace)  # fmt: skip
     if as_json:
         out().print_json(json.dumps({
             "ok": True, "store": str(store), "layout": report.layout,
@@ -197,13 +203,21 @@ def unpack(
             "refs_moved": {k: {"old": a, "new": b} for k, (a, b) in report.refs_moved.items()},
             "resumed": report.resumed,
             "leftovers_removed": [str(p) for p in report.leftovers_removed],
+            "replaced": report.replaced,
         }))  # fmt: skip
         return
     for leftover in report.leftovers_removed:
         err().print(f"resumed from {leftover}, left by an interrupted earlier unpack "
                   f"({report.resumed} blob(s) reused in all), then removed it", markup=False)
+    for repo_id, removed in report.replaced.items():
+        names = ", ".join(shown(n) for n in removed[:MAX_LISTED])
+        more = f" and {len(removed) - MAX_LISTED} more" if len(removed) > MAX_LISTED else ""
+        err().print(f"replaced {shown(report.locations[repo_id])} whole (--replace), removing "
+                    f"{len(removed)} entr{'y' if len(removed) == 1 else 'ies'} the bundle does "
+                    f"not carry or carries otherwise: {names}{more}", markup=False,
+                    highlight=False)
     for repo_id, where in report.locations.items():
-        out().print(f"{repo_id} -> {where}")
+        out().print(f"{repo_id} -> {shown(where)}", markup=False, highlight=False)
     for label, (old, new) in report.refs_moved.items():
         repo_id, _, revision = label.rpartition("@")
         out().print(f"{repo_id}: refs/{revision} moved {old[:12]} -> {new[:12]} "
@@ -239,7 +253,8 @@ def inspect(
     bom = read_extra(bundle, index, BOM_NAME)
     for line in summary(bom) if bom is not None else ["ML-BOM: none in this bundle"]:
         indent = len(line) - len(line.lstrip(" "))
-        print_wrapped(out(), line.lstrip(" "), indent=indent)
+        # the ML-BOM's values are not checked by inspect (verify compares them to the index)
+        print_wrapped(out(), escaped(line.lstrip(" ")), indent=indent)
     if index.base is not None:
         print_wrapped(out(), f"delta bundle: {len(index.base.blobs)} blob(s) "
                              f"({sum(b.size for b in index.base.blobs)} bytes) expected in the "

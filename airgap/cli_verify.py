@@ -24,6 +24,7 @@ from airgap.stream import default_workers
 from airgap.verify import MAX_SHOWN_PROBLEMS, verify_bundle
 from clishell import EXIT_FAILED, existing_public_key
 from clishell.consoles import byte_progress, diagnostics, results
+from clishell.text import escaped
 from weights import EmptyModelError, Lockfile, PathCollisionError, WeightsError
 
 if TYPE_CHECKING:
@@ -169,8 +170,7 @@ def run_verify(
 def _print_problems(problems: Sequence[Problem], prefix: str) -> None:
     """The first ``MAX_SHOWN_PROBLEMS`` problems, one line each, then how many more."""
     for p in problems[:MAX_SHOWN_PROBLEMS]:
-        err().print(f"{prefix}{p.code}: {p.message}{problem_detail(p)}",
-                    markup=False, highlight=False)
+        err().print(f"{prefix}{p.code}: {problem_text(p)}", markup=False, highlight=False)
     if len(problems) > MAX_SHOWN_PROBLEMS:
         err().print(f"{prefix}... and {len(problems) - MAX_SHOWN_PROBLEMS} more problem(s) "
                   f"({len(problems)} in all; fix these first)", markup=False, highlight=False)
@@ -181,3 +181,14 @@ def problem_detail(p: Problem) -> str:
     if p.expected is None or p.expected in p.message:
         return ""
     return f" (expected {p.expected}, got {p.actual})"
+
+
+def problem_text(p: Problem) -> str:
+    """A problem's message and detail as one terminal line.
+
+    A message can carry text from the bundle or the media (a part's file name, an ML-BOM or
+    OCI layer value, a signed-but-hostile packer's string): every control or bidirectional
+    character is escaped (:func:`clishell.text.escaped`), so no line break, ESC sequence or
+    reordering reaches the operator's terminal and no ``OK ...`` line can be forged.
+    """
+    return escaped(f"{p.message}{problem_detail(p)}")

@@ -112,7 +112,20 @@ class AirgapError(Exception):
 
 
 class StoreError(AirgapError):
-    """The target store cannot be changed safely (unsafe layout or conflicting content)."""
+    """The target store cannot be changed safely (unsafe layout or conflicting content).
+
+    Args:
+        code: stable ``Code`` value.
+        message: what happened, where, and what to do.
+        hint: what to do next.
+        paths: for ``store_conflict`` on a model directory, every entry in the way (relative
+            to that directory), not only those the message names.
+    """
+
+    def __init__(self, code: str, message: str, *, hint: str | None = None,
+                 paths: tuple[str, ...] = ()) -> None:
+        super().__init__(code, message, hint=hint)
+        self.paths = paths
 
 
 class VerificationFailed(AirgapError):

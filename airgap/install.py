@@ -1,11 +1,13 @@
 """The atomic install of an unpack: planned files renamed into place, all or nothing.
 
-:class:`Plan` says where every blob goes (and which links and refs follow); the blobs are
-written into a staging directory inside the store (:class:`StagedFile`: fsynced when closed;
-:func:`resume` takes the blobs a killed earlier run staged);
-:func:`commit` renames everything into place, refs last, and undoes what it did, in reverse
-order, on any failure. The checking, planning and staging of a bundle are in
-:mod:`airgap.unpack`.
+:class:`Plan` says where every blob goes, which links and refs follow, and which directories
+are built whole in staging and published with one rename (:class:`Tree`: a model directory in
+the ``dir`` layout, a snapshot in ``hf-cache``); the blobs are written into a staging directory
+inside the store (:class:`StagedFile`: fsynced when closed; :func:`resume` takes the blobs a
+killed earlier run staged); :func:`commit` renames everything into place, refs last, and undoes
+what it did, in reverse order, on any failure. A kill at any point leaves each model directory
+either absent, as it was, or whole: never part-written under its final name. The checking,
+planning and staging of a bundle are in :mod:`airgap.unpack`.
 """
 
 from __future__ import annotations
@@ -23,7 +25,23 @@ from airgap.bundle import ContentFile
 from airgap.errors import Code, StoreError
 from airgap.space import writing
 
-__all__ = ["Plan", "StagedFile", "commit", "resume"]
+__all__ = ["Plan", "StagedFile", "Tree", "commit", "resume"]
+
+
+@dataclass(frozen=True)
+class Tree:
+    """A directory built whole in staging, then published at ``final`` by one rename.
+
+    Attributes:
+        staged: the directory in staging (files and links are planned inside it).
+        final: where it is published.
+        replace: a directory at ``final`` (planned to be replaced) is moved aside first; if
+            False, one that appeared since planning makes the publish fail (rolled back).
+    """
+
+    staged: Path
+    final: Path
+    replace: bool = False
 
 
 @dataclass
@@ -31,16 +49,19 @@ class Plan:
     """What an install renames into place.
 
     Attributes:
-        targets: blob sha256 -> the final paths it is installed at.
+        targets: blob sha256 -> the paths it is installed at (in the store, or inside a
+            staged :class:`Tree`).
         sizes: blob sha256 -> size in bytes.
-        links: (final symlink, its target) pairs (hf-cache snapshots).
+        links: (symlink, its target) pairs (hf-cache snapshots, inside a staged tree).
+        trees: directories published whole, after every blob and link is in place.
         refs: (final ref file, commit) pairs, written last.
         replace: existing (damaged) files the install replaces.
     """
 
     targets: dict[str, list[Path]] = field(default_factory=dict)  # blob sha256 -> final paths
     sizes: dict[str, int] = field(default_factory=dict)
-    links: list[tuple[Path, str]] = field(default_factory=list)  # (final link, link target)
+    links: list[tuple[Path, str]] = field(default_factory=list)  # (link, link target)
+    trees: list[Tree] = field(default_factory=list)
     refs: list[tuple[Path, str]] = field(default_factory=list)  # (final ref file, commit)
     replace: set[Path] = field(default_factory=set)  # damaged files to replace
 
@@ -112,7 +133,11 @@ def _is_regular(path: Path, size: int) -> bool:
 
 
 def commit(plan: Plan, staged: dict[str, Path], staging: Path) -> None:
-    """Rename everything into place (blobs, links, refs last); undo all on any failure.
+    """Rename everything into place (blobs, links, whole trees, refs last); undo all on any
+    failure.
+
+    Every blob and link is written and fsynced (with its directory) before the first tree is
+    published, and every tree before the first ref.
 
     Args:
         plan: what goes where.
@@ -158,12 +183,23 @@ def commit(plan: Plan, staged: dict[str, Path], staging: Path) -> None:
             tmp = staging / f"link-{next(counter)}"
             os.symlink(target, tmp)
             place(tmp, link)
+        _fsync_dirs({p.parent for finals in plan.targets.values() for p in finals}
+                    | {p.parent for p, _ in plan.links}
+                    | {d for t in plan.trees for d in _tree_dirs(t.staged)})  # fmt: skip
+        for tree in plan.trees:
+            makedirs(tree.final.parent)
+            if tree.replace and os.path.lexists(tree.final):
+                old = trash / str(next(counter))  # removed with the staging directory
+                os.rename(tree.final, old)
+                undo.append(functools.partial(os.rename, old, tree.final))
+            os.rename(tree.staged, tree.final)  # the one step a loader can see
+            undo.append(functools.partial(os.rename, tree.final, tree.staged))
+        _fsync_dirs({t.final.parent for t in plan.trees})
         for ref, commit in plan.refs:
             tmp = staging / f"ref-{next(counter)}"
             tmp.write_text(commit, encoding="ascii")
             place(tmp, ref)
-        _fsync_dirs({p.parent for finals in plan.targets.values() for p in finals}
-                    | {p.parent for p, _ in plan.links + plan.refs})  # fmt: skip
+        _fsync_dirs({p.parent for p, _ in plan.refs})
     except BaseException as exc:
         for action in reversed(undo):
             try:
@@ -181,6 +217,11 @@ def _fsync_file(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _tree_dirs(root: Path) -> list[Path]:
+    """``root`` and every directory below it (symlinks not followed)."""
+    return [Path(d) for d, _, _ in os.walk(root)]
 
 
 def _fsync_dirs(dirs: set[Path]) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from airgap.bundle import INDEX_NAME, SIGNATURE_NAME, Index, Part
 from airgap.errors import AirgapError, Code, Problem, fail
+from clishell.text import shown
 
 _OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
 
@@ -101,8 +102,8 @@ def check_parts(bundle: Path, index: Index) -> tuple[list[Problem], set[str]]:
     for entry in sorted(os.listdir(bundle)):
         if entry not in listed and entry.startswith("payload"):
             problems.append(
-                Problem(Code.PART_EXTRA, f"{entry} is not listed in the index: an extra part "
-                        "(remove it; parts are never taken from file names)", part=entry)
+                Problem(Code.PART_EXTRA, f"{shown(entry)} is not listed in the index: an extra "
+                        "part (remove it; parts are never taken from file names)", part=entry)
             )  # fmt: skip
     return problems, good
 

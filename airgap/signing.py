@@ -29,6 +29,8 @@ from airgap.errors import AirgapError, Code, fail
 from clishell import private_key_instead, public_key_path, read_input
 
 SIGNATURE_FORMAT = "sovereign-gateway/airgap-signature"
+#: A key id: lower-case hex SHA-256 of the raw public key (what :func:`key_id` returns).
+KEY_ID = re.compile(r"[0-9a-f]{64}")
 SIGNATURE_VERSION = 1
 MAX_SIGNATURE_BYTES = 64 * 1024
 
@@ -173,9 +175,13 @@ def _parse_signature(sig_bytes: bytes) -> tuple[str, bytes]:
         ):
             raise ValueError("not a version 1 ed25519 airgap signature")
         kid = doc["key_id"]
+        # Printed before anything is trusted (verify, unpack, inspect): its form, never its text
+        if not isinstance(kid, str) or KEY_ID.fullmatch(kid) is None:
+            raise ValueError("key_id is not 64 lower-case hex digits (the sha256 of the "
+                             "signer's raw public key)")
         sig = base64.b64decode(doc["signature"], validate=True)
-        if not isinstance(kid, str) or len(sig) != 64:
-            raise ValueError("bad key id or signature length")
+        if len(sig) != 64:
+            raise ValueError("the signature is not 64 bytes")
     except (UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError,
             binascii.Error) as exc:  # fmt: skip
         raise fail(Code.SIGNATURE_MALFORMED, f"index.sig is malformed: {exc}") from None

@@ -5,9 +5,12 @@ Plan -> stage -> commit:
 1. *check*: signature, index structure and parts (``verify.check_index``); any problem stops
    here and nothing is written.
 2. *plan*: for every file, where it goes; blobs already in the store are hashed and skipped
-   when they match (re-runs are cheap); an existing entry that differs is a conflict (a
-   damaged blob of the same id is repaired instead). Every directory on the way must be a real
-   directory, never a symlink.
+   when they match (re-runs are cheap; a damaged blob of the same id is repaired). Each model
+   directory (``dir``) or snapshot (``hf-cache``) is left alone when it already holds exactly
+   the bundle's files, else built whole in staging: one that holds anything the bundle does
+   not carry, or other content at its paths, is refused (``store_conflict``, every entry
+   named; :mod:`airgap.target`) unless ``replace`` is asked for. Every directory on the way
+   must be a real directory, never a symlink.
 3. *stage*: blobs are streamed from the parts into a staging directory inside STORE (same file
    system, so the final renames are atomic), hashed on the way and fsynced. The run holds a
    ``flock`` on it; blobs staged by a killed earlier run (a ``.airgap-staging-*`` whose lock is
@@ -16,9 +19,11 @@ Plan -> stage -> commit:
    deletes the staging directory and reports every bad blob: the store is untouched. Hashing
    the bytes actually installed (rather than verifying first and copying after) also closes
    the window in which media could change between a verify and a copy.
-4. *commit*: directories, blobs, snapshot symlinks, then refs last, each by ``rename``; a
-   failure undoes what was already done, in reverse order (:mod:`airgap.install`, with the
-   staging file writer and the reuse of a killed run's staged blobs).
+4. *commit*: blobs, then each staged model directory or snapshot published by one
+   ``rename`` (a loader, or a kill, never sees one part-written under its final name), then
+   refs last; a failure undoes what was already done, in reverse order
+   (:mod:`airgap.install`, with the staging file writer and the reuse of a killed run's
+   staged blobs).
 
 Layouts (``hf-cache`` is what ``huggingface_hub`` and vLLM read with ``HF_HUB_OFFLINE=1``)::
 
@@ -48,16 +53,16 @@ from airgap.bundle import ContentFile, Index
 from airgap.delta import check_base_in_store
 from airgap.errors import AirgapError, Code, StoreError, VerificationFailed
 from airgap.formats import check_index_formats, check_staged_formats
-from airgap.install import Plan, StagedFile, commit, resume
+from airgap.install import Plan, StagedFile, Tree, commit, resume
 from airgap.space import require_free
 from airgap.stream import Progress, Range, hash_ranges
+from airgap.target import Want, admit, check_dirs, refuse_twin, survey
 from airgap.verify import VerifyReport, blob_ranges, check_index, diagnose, extras_problems
 from weights import (
     DEFAULT_POLICY,
     Lockfile,
     SerialisationPolicy,
     WeightsError,
-    existing_twin,
     hf_cache_paths,
     is_commit_sha,
     repo_folder_name,
@@ -86,6 +91,9 @@ class UnpackReport:
         resumed: blobs taken (after hashing them again) from the staging directory of a
             killed earlier unpack instead of being streamed from the bundle again.
         leftovers_removed: staging directories of killed earlier unpacks, now removed.
+        replaced: per model repo id, the entries its existing directory (or snapshot) held
+            that the bundle does not carry or carries with other content, removed because
+            ``replace`` was asked for.
     """
 
     store: Path
@@ -100,6 +108,7 @@ class UnpackReport:
     refs_moved: dict[str, tuple[str, str]] = field(default_factory=dict)
     resumed: int = 0
     leftovers_removed: list[Path] = field(default_factory=list)
+    replaced: dict[str, list[str]] = field(default_factory=dict)
 
 
 def unpack_bundle(
@@ -113,8 +122,12 @@ def unpack_bundle(
     workers: int = 1,
     progress: Progress | None = None,
     policy: SerialisationPolicy = DEFAULT_POLICY,
+    replace: bool = False,
 ) -> UnpackReport:
     """Verify ``bundle`` and install its models into ``store``; all or nothing.
+
+    After it, each model's directory (``dir`` layout) or snapshot (``hf-cache``) holds exactly
+    the bundle's files, and was published whole by one rename.
 
     Args:
         bundle: the bundle directory.
@@ -128,6 +141,9 @@ def unpack_bundle(
         progress: called with bytes streamed.
         policy: serialisation policy, applied to the signed index before anything is
             written (``airgap.formats.check_index_formats``).
+        replace: a model directory or snapshot that holds files the bundle does not carry,
+            or other content at its paths, is replaced whole (its entries are listed in
+            ``UnpackReport.replaced``) instead of refused.
 
     Returns:
         what was installed, skipped and repaired.
@@ -136,7 +152,9 @@ def unpack_bundle(
         VerificationFailed: the bundle failed any check (``delta_base_missing``: a delta's
             base content is not in the store); the store is unchanged.
         StoreError: ``store_unsafe`` (a symlink or non-directory on the way) or
-            ``store_conflict`` (different content already at a target); the store is unchanged.
+            ``store_conflict`` (a model directory or snapshot holding files the bundle does
+            not carry or other content at its paths, all in ``paths``, and ``replace`` not
+            given; other content at an extra file's path); the store is unchanged.
         AirgapError: ``bundle_not_found``, ``io_error``.
     """
     started = time.perf_counter()
@@ -155,7 +173,7 @@ def unpack_bundle(
                      key=lambda p: len(p.parts), reverse=True)
     try:
         return _install(bundle, index, check, report, store, layout, extras_into, workers,
-                        progress, started, policy)
+                        progress, started, policy, replace)
     except BaseException:
         for d in created:  # a failed unpack leaves no new empty directory behind either
             with contextlib.suppress(OSError):
@@ -184,7 +202,8 @@ def _install(
     workers: int,
     progress: Progress | None,
     started: float,
-    policy: SerialisationPolicy = DEFAULT_POLICY,
+    policy: SerialisationPolicy,
+    replace: bool,
 ) -> UnpackReport:
     try:
         store.mkdir(parents=True, exist_ok=True)
@@ -195,26 +214,25 @@ def _install(
                                   f"of {store} (atomic renames)")  # fmt: skip
     except OSError as exc:
         raise AirgapError(Code.IO_ERROR, f"cannot create {exc.filename}: {exc.strerror}") from exc
-    plan = Plan()
     for entry in index.lock.entries:
-        _refuse_twin(store, entry.repo_id, layout)
-    for entry in index.lock.entries:
-        files = index.model_files(entry.repo_id)
-        if layout == "hf-cache":
-            report.locations[entry.repo_id] = _plan_hf(plan, report, store, entry.repo_id,
-                                                       entry.commit, entry.requested_revision,
-                                                       files)  # fmt: skip
-        else:
-            root = store / entry.repo_id
-            for f in files:
-                _plan_file(plan, report, store, root / f.path, f)
-            report.locations[entry.repo_id] = root
-    if extras_into is not None:
-        for f in index.extras:
-            _plan_file(plan, report, extras_into, extras_into / f.path, f)
+        refuse_twin(store, repo_folder_name(entry.repo_id) if layout == "hf-cache"
+                    else entry.repo_id, entry.repo_id)
     staging = Path(tempfile.mkdtemp(prefix=".airgap-staging-", dir=store))
     try:
         with leftovers.held(staging):
+            plan = Plan()
+            for n, entry in enumerate(index.lock.entries):
+                files = index.model_files(entry.repo_id)
+                tree = staging / f"tree-{n}"  # the model's directory or snapshot, built whole
+                if layout == "hf-cache":
+                    where = _plan_hf(plan, report, store, entry.repo_id, entry.commit,
+                                     entry.requested_revision, files, tree, replace)
+                else:
+                    where = _plan_dir(plan, report, store, entry.repo_id, files, tree, replace)
+                report.locations[entry.repo_id] = where
+            if extras_into is not None:
+                for f in index.extras:
+                    _plan_file(plan, report, extras_into, extras_into / f.path, f)
             resumed, removed = resume(store, staging, plan, _digest)
             report.resumed, report.leftovers_removed = len(resumed), removed
             require_free(store, sum(plan.sizes[s] for s in plan.targets if s not in resumed),
@@ -230,27 +248,38 @@ def _install(
     return report
 
 
-def _refuse_twin(store: Path, repo_id: str, layout: Layout) -> None:
-    """Refuse a model whose folder the store already holds under another spelling.
-
-    ``ORG/Tiny`` next to ``org/tiny`` is one repository on the Hub and one folder on a
-    case-folding disk (:mod:`weights.installpaths`).
-    """
-    relative = repo_folder_name(repo_id) if layout == "hf-cache" else repo_id
-    twin = existing_twin(store, relative)
-    if twin is not None:
-        raise StoreError(Code.STORE_CONFLICT, f"{repo_id} would install to {store / relative}, "
-                         f"but the store holds {twin}, the same name when case and Unicode "
-                         "normalisation are ignored; unpack with the repo id spelled as "
-                         "installed, or remove the other copy")  # fmt: skip
-
-
 def _read_ref(ref: Path) -> str | None:
     """The commit an existing ref file names (None if absent or unreadable)."""
     try:
         return ref.read_text(encoding="ascii").strip()
     except (OSError, UnicodeDecodeError):
         return None
+
+
+def _plan_dir(
+    plan: Plan,
+    report: UnpackReport,
+    store: Path,
+    repo_id: str,
+    files: list[ContentFile],
+    tree: Path,
+    replace: bool,
+) -> Path:
+    """Plan the model directory ``STORE/org/name``: kept if it holds exactly ``files``, else
+    built whole in ``tree`` (staging) and published in its place."""
+    root = store / repo_id
+    check_dirs(store, root.parent)
+    found = survey(root, {f.path: Want(f.sha256, f.size) for f in files}, _digest)
+    if found.complete:
+        report.skipped += len(files)
+        return root
+    if removed := admit(found, replace, f"the directory of model {repo_id}"):
+        report.replaced[repo_id] = removed
+    tree.mkdir()
+    plan.trees.append(Tree(tree, root, replace=found.exists))
+    for f in files:
+        plan.want(f, tree / f.path)
+    return root
 
 
 def _plan_hf(
@@ -261,32 +290,35 @@ def _plan_hf(
     commit: str,
     revision: str,
     files: list[ContentFile],
+    tree: Path,
+    replace: bool,
 ) -> Path:
+    """Plan the blobs (each kept, repaired or added), the snapshot (kept if it holds exactly
+    the bundle's links, else built whole in ``tree`` and published in its place) and the ref."""
     paths = hf_cache_paths(store, repo_id)
     snapshot = paths.snapshot(commit)
     planned: set[Path] = set()
+    wanted: dict[str, Want] = {}
     for f in files:
         blob = paths.blob(f.blob_id)
         if blob not in planned:
             planned.add(blob)
             _plan_file(plan, report, store, blob, f, repairable=True)
-        link = snapshot / f.path
-        target = os.path.relpath(blob, link.parent)
-        _check_dirs(store, link.parent)
-        try:
-            st = os.lstat(link)
-        except FileNotFoundError:
-            plan.links.append((link, target))
-            continue
-        if stat.S_ISLNK(st.st_mode) and os.readlink(link) == target:
-            continue
-        if stat.S_ISREG(st.st_mode) and _digest(link) == f.sha256:
-            continue
-        raise StoreError(Code.STORE_CONFLICT, f"{link} exists with other content; "
-                         "remove it to install this bundle")  # fmt: skip
+        link = os.path.relpath(blob, (snapshot / f.path).parent)
+        wanted[f.path] = Want(f.sha256, f.size, link)
+    check_dirs(store, snapshot.parent)
+    found = survey(snapshot, wanted, _digest)
+    if not found.complete:
+        if removed := admit(found, replace, f"snapshot {commit} of model {repo_id}"):
+            report.replaced[repo_id] = removed
+        tree.mkdir()
+        plan.trees.append(Tree(tree, snapshot, replace=found.exists))
+        for path, want in wanted.items():
+            assert want.link is not None
+            plan.links.append((tree / path, want.link))
     if not is_commit_sha(revision):
         ref = paths.refs / revision
-        _check_dirs(store, ref.parent)
+        check_dirs(store, ref.parent)
         if os.path.lexists(ref) and not stat.S_ISREG(os.lstat(ref).st_mode):
             raise StoreError(Code.STORE_UNSAFE, f"{ref} is not a regular file")
         previous = _read_ref(ref)
@@ -310,7 +342,7 @@ def _plan_file(
     ``repairable``: ``final`` is a content-addressed cache blob, so other bytes there are
     damage to repair; anywhere else they are someone's file (``store_conflict``).
     """
-    _check_dirs(root, final.parent)
+    check_dirs(root, final.parent)
     try:
         st = os.lstat(final)
     except FileNotFoundError:
@@ -334,21 +366,6 @@ def _digest(path: Path) -> str:
         return sha256_file(path)
     except WeightsError as exc:
         raise AirgapError(Code.IO_ERROR, str(exc)) from exc
-
-
-def _check_dirs(root: Path, directory: Path) -> None:
-    """Every existing component from ``root`` down to ``directory`` must be a real directory."""
-    rel = directory.relative_to(root)
-    cur = root
-    for comp in rel.parts:
-        cur = cur / comp
-        try:
-            st = os.lstat(cur)
-        except FileNotFoundError:
-            return
-        if not stat.S_ISDIR(st.st_mode):
-            kind = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a directory"
-            raise StoreError(Code.STORE_UNSAFE, f"{cur} is {kind}; refusing to write through it")
 
 
 def _stage(

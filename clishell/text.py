@@ -5,7 +5,8 @@ string in a bundle index) are printed by every CLI. C0 and C1 control characters
 sequences, CR, LF, BEL) let such a value repaint the screen, set the window title or forge a
 whole output line (``\\nOK bundle``); Unicode bidirectional marks and overrides reorder what is
 shown. :data:`UNSAFE_TEXT` matches all of them; :func:`shown` prints a value escaped when it
-holds one.
+holds one; :func:`escaped` escapes them one by one in a whole message that may carry such a
+value (the last guard before a line reaches the terminal).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import json
 import re
 
-__all__ = ["UNSAFE_TEXT", "counted", "human_bytes", "shown"]
+__all__ = ["UNSAFE_TEXT", "counted", "escaped", "human_bytes", "shown"]
 
 UNSAFE_TEXT = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 """C0/C1 controls, DEL, and the Unicode bidirectional marks, embeddings, overrides, isolates."""
@@ -26,6 +27,17 @@ def shown(value: object) -> str:
     if UNSAFE_TEXT.search(text) is None:
         return text
     return json.dumps(text, ensure_ascii=False).translate(_ESCAPE_REST)
+
+
+def escaped(text: str) -> str:
+    """``text`` with each character of :data:`UNSAFE_TEXT` written as a Python escape
+    (``\\x1b``, ``\\x0a``, ``\\u202e``); every other character as it is."""
+    return UNSAFE_TEXT.sub(_escape_one, text)
+
+
+def _escape_one(found: re.Match[str]) -> str:
+    code = ord(found.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
 
 
 # json.dumps escapes C0 controls but leaves DEL, C1 and the bidi characters as they are.
