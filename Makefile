@@ -99,7 +99,7 @@ $(MCP_SDK_STAMP): tools/npm/mcp-sdk/package.json tools/npm/mcp-sdk/package-lock.
 
 # @realparts: Debian's prometheus/promtool (the dashboard queries run against a real Prometheus)
 # and wrk (bench-loadtool), installed only when the binary is missing; services are not started.
-DEBIAN_TOOLS := prometheus:prometheus promtool:prometheus wrk:wrk cc:gcc
+DEBIAN_TOOLS := prometheus:prometheus promtool:prometheus wrk:wrk cc:gcc strace:strace
 
 .PHONY: debian-tools
 debian-tools:
