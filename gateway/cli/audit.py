@@ -111,8 +111,8 @@ def verify(
     """Recompute every record hash, chain link, checkpoint root and signature.
 
     A chain none of whose records is covered by a checkpoint signed by a trusted key fails
-    (``unauthenticated_chain``): anyone who can write to the store can add one. Name it with
-    --allow-unsealed CHAIN to accept it; the OK line then says how many were accepted.
+    (unauthenticated_chain): anyone who can write to the store can add one. Name it with
+    --allow-unsealed CHAIN to accept it; the OK line then names the chains accepted.
 
     With --config and no --public-key, signatures are checked with the public key of the
     config's audit.signing_key_file (KEY.pub next to it); a missing one is an error, not a
