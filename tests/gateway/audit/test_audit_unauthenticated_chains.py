@@ -159,3 +159,32 @@ def test_hostile_chain_id_is_reported_and_escaped(tmp_path: Path, signer: Signer
     doc = json.loads(gateway("audit", "verify", "--store", url, "--public-key",
                              _pub(tmp_path, signer), "--json").output)
     assert ("malformed_chain_id", bad) in {(f["code"], f["chain"]) for f in doc["findings"]}
+
+
+def test_tail_escapes_a_hostile_chain_id_and_type(tmp_path: Path, signer: Signer) -> None:
+    url = f"sqlite://{tmp_path / 'a.db'}"
+    write_log(url, signer, 1, replica="gw-0")
+    raw_sql(url, "UPDATE audit_records SET chain = ?, type = ?", "gw-0/x\rOK", "t\x1b[8m")
+    out = gateway("audit", "tail", "--store", url, "-n", "1")
+    assert out.exit_code == 0, out.output
+    assert "\r" not in out.output and "\x1b" not in out.output
+    assert '"gw-0/x\\rOK"#' in out.output and '"t\\u001b[8m"' in out.output
+
+
+def test_verify_proof_refuses_a_chain_id_not_of_the_writers_form(
+        tmp_path: Path, signer: Signer) -> None:
+    # Signed by the trusted key (a writer given an unchecked replica id): still refused, and
+    # the id is shown escaped, never raw.
+    url = f"sqlite://{tmp_path / 'a.db'}"
+
+    async def run() -> None:
+        async with AuditLog(open_store(url), signer, replica_id="gw-0\rOK") as log:
+            await log.append({"type": "request.started", "request_id": "req-1"})
+
+    asyncio.run(run())
+    bundle = tmp_path / "proof.json"
+    assert gateway("audit", "prove", "req-1", "--store", url, "--out", str(bundle)).exit_code == 0
+    out = gateway("audit", "verify-proof", str(bundle), "--public-key", _pub(tmp_path, signer))
+    assert out.exit_code != 0
+    assert "\r" not in out.output
+    assert "proof entry 0: the record's chain id 'gw-0\\rOK/" in out.output, out.output
