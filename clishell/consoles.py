@@ -15,7 +15,8 @@ happens)::
 Each call returns a real ``rich.console.Console`` (never a proxy: rich enters a console as a
 context manager, and a stand-in that forwards attributes is not one). rich is imported on
 first use so that a command that prints nothing styled (``airgap verify``'s fast path) does not
-pay for it. Markup is off: file names, paths and revisions such as ``a[/b]`` print as they are;
+pay for it. Markup and ``:emoji:`` codes are off: file names, paths, revisions such as
+``a[/b]`` and IPv6 addresses such as ``2001:db8::a:b`` print as they are;
 soft wrap is on, so a long path is never cut with an ellipsis: the terminal wraps it.
 """
 

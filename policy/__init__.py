@@ -22,6 +22,7 @@ Public API (other packages import only these names):
 * the :class:`PolicyError` tree (``errors`` module docstring).
 """
 
+from .addresses import whole_families
 from .egress import EgressMatcher, PinStore, Target, Verdict, check_target
 from .errors import (
     ClassChangeForbidden,
@@ -106,4 +107,5 @@ __all__ = [
     "redirect_refused",
     "replica_url",
     "start_guard",
+    "whole_families",
 ]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from collections.abc import Iterable
 from typing import Final
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -148,6 +149,45 @@ def parse_host(text: str) -> IPAddress | str:
     return normalize_hostname(text)
 
 
+def check_spelling(text: str, what: str) -> None:
+    """Refuse a host, address or CIDR written other than as it is enforced.
+
+    What the operator reads in the policy must be what is checked and rendered: non-ASCII
+    (look-alike letters and digits, or an IDN name that is enforced as its punycode), the
+    ``inet_aton(3)`` forms (``010.0.0.1`` is 8.0.0.1: ``0`` means octal) and IPv6 zone indexes
+    (dropped: they name an interface) are refused with the canonical form to write instead.
+
+    Args:
+        text: As written in the policy (a URL's host, ``host``, a CIDR, a ``resolves_to`` item).
+        what: Names the field and destination in the error.
+
+    Raises:
+        ValueError: ``text`` is not in its canonical spelling.
+    """
+    if not text.isascii():
+        odd = ", ".join(sorted({f"U+{ord(c):04X}" for c in text if not c.isascii()}))
+        try:
+            hint = f"; its ASCII form is {normalize_hostname(text)!r}"
+        except ValueError:
+            hint = ""
+        raise ValueError(f"{what} {text!r} holds non-ASCII characters ({odd}): write hosts "
+                         f"and addresses in ASCII{hint}")
+    address = text.split("/", 1)[0].strip("[]")
+    ip = parse_ip(address)
+    if ip is None:
+        return
+    if "%" in address:
+        raise ValueError(f"{what} {text!r} has a zone index, which names an interface, not an "
+                         f"address: write {ip}")
+    try:
+        ipaddress.ip_address(address)
+    except ValueError:
+        suffix = "/" + text.split("/", 1)[1] if "/" in text else ""
+        raise ValueError(f"{what} {text!r} is a legacy spelling of {ip} (inet_aton: a leading "
+                         f"0 means octal, 0x hex; missing parts are zero): write {ip}{suffix}"
+                         ) from None
+
+
 def always_denied_reason(ip: IPAddress) -> str | None:
     """Return why ``ip`` is in the always-denied set, or ``None`` when it is not."""
     ip = canonical_ip(ip)
@@ -155,3 +195,36 @@ def always_denied_reason(ip: IPAddress) -> str | None:
         if ip.version == net.version and ip in net:
             return reason
     return None
+
+
+def whole_families(networks: Iterable[IPNetwork]) -> list[str]:
+    """The address families whose every address the union of ``networks`` holds.
+
+    ``0.0.0.0/1`` and ``128.0.0.0/1`` hold every IPv4 address as ``0.0.0.0/0`` does; a check
+    that looks at one network at a time misses that. An IPv4-mapped IPv6 network
+    (``::ffff:0:0/96`` and inside) counts as the IPv4 network it is (as Go's parser, and so
+    Kubernetes, reads it).
+
+    Args:
+        networks: Any networks, both families mixed.
+
+    Returns:
+        ``["0.0.0.0/0"]``, ``["::/0"]``, both, or ``[]``: the whole networks their union equals.
+    """
+    v4: list[ipaddress.IPv4Network] = []
+    v6: list[ipaddress.IPv6Network] = []
+    for net in networks:
+        if isinstance(net, ipaddress.IPv4Network):
+            v4.append(net)
+            continue
+        mapped = net.network_address.ipv4_mapped
+        if mapped is not None and net.prefixlen >= 96:
+            v4.append(ipaddress.IPv4Network(f"{mapped}/{net.prefixlen - 96}"))
+        else:
+            v6.append(net)
+    whole = []
+    if [str(n) for n in ipaddress.collapse_addresses(v4)] == ["0.0.0.0/0"]:
+        whole.append("0.0.0.0/0")
+    if [str(n) for n in ipaddress.collapse_addresses(v6)] == ["::/0"]:
+        whole.append("::/0")
+    return whole

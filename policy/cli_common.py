@@ -27,4 +27,6 @@ def console() -> Console:
     """The console a command prints its tables to (stdout)."""
     # Not a terminal (pipes, CI logs): 80 columns, the width a file or a log is read at; the
     # tables' cells wrap at word boundaries and fold only a token longer than their column.
-    return Console(highlight=False, width=None if sys.stdout.isatty() else 80)
+    # emoji=False: rich replaces ":name:" codes even in escaped text, and IPv6 addresses are
+    # full of them ("[2001:db8::a:b]" printed as "2001:db8:🅰b").
+    return Console(highlight=False, emoji=False, width=None if sys.stdout.isatty() else 80)

@@ -32,7 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 
 from clishell import read_input_text
 
-from .addresses import IPNetwork, parse_host
+from .addresses import IPNetwork, check_spelling, parse_host, whole_families
 from .errors import PolicyFileError
 from .pii.config import PiiSection
 from .pii.recognizers import BUILTIN
@@ -111,6 +111,11 @@ class Destination(_Strict):
             raise ValueError("give port or ports, not both")
         ports = set(self.ports or ()) | ({self.port} if self.port is not None else set())
         scheme: str | None = None
+        for field in ("host", "cidr"):
+            if (value := getattr(self, field)) is not None:
+                check_spelling(value, f"{field} of destination {self.id!r}")
+        for item in self.resolves_to:
+            check_spelling(item, f"resolves_to of destination {self.id!r}")
         if self.url is not None:
             parts = urlsplit(self.url)
             scheme = parts.scheme.lower()
@@ -125,6 +130,10 @@ class Destination(_Strict):
                 raise ValueError(f"url {self.url!r}: scheme {scheme!r} needs an explicit port")
             ports.add(url_port)
             host_text: str | None = parts.hostname
+            check_spelling(parts.hostname, f"url host of destination {self.id!r}")
+            if not self.url.isascii():
+                raise ValueError(f"url of destination {self.id!r} {self.url!r} holds non-ASCII "
+                                 "characters: write it in ASCII (percent-encoded)")
         else:
             host_text = self.host
         if not ports:
@@ -325,6 +334,13 @@ def _check_references(doc: PolicyDocument, file: str, lines: Mapping[Path_, int]
             for j, e in enumerate(pr.entities or ()):
                 if e not in entities:
                     fail(f"unknown entity type {e!r}", ("pii", "rules", i, "entities", j))
+    networks = [(d.id, n) for d in doc.destinations if (n := d.endpoint.network) is not None]
+    for everything in whole_families(n for _, n in networks):
+        version = ipaddress.ip_network(everything).version
+        named = ", ".join(f"{i} ({n})" for i, n in networks if n.version == version)
+        fail(f"destinations together cover every IPv{version} address, as {everything} would: "
+             f"{named}; a policy may not allow every address, however it is split",
+             ("destinations",))
     if problems:
         raise PolicyFileError.of(problems)
 

@@ -10,11 +10,23 @@ Chains are ordered by the start stamp in their id (inside every hashed record); 
 
 from __future__ import annotations
 
+import re
 import secrets
 import time
-from typing import Any
+from typing import Any, Final
 
 from gateway.audit.store import Store, replica_of
+
+CHAIN_ID: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}/[0-9]{8}T[0-9]{6}Z-[0-9a-f]{8}")
+"""What :func:`new_chain_id` writes: a replica id (``AuditSettings.replica_id``'s pattern),
+``/``, the UTC start stamp, ``-`` and 8 lower-case hex digits. Chain ids come back from the
+store (and from proof bundles), which whoever can write there controls: one that does not
+match is reported, and never printed as it is."""
+
+
+def is_chain_id(text: object) -> bool:
+    """True when ``text`` is a string of the :data:`CHAIN_ID` form (ASCII, no controls)."""
+    return isinstance(text, str) and CHAIN_ID.fullmatch(text) is not None
 
 
 def new_chain_id(replica_id: str) -> str:

@@ -28,6 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gateway.audit.chains import is_chain_id
 from gateway.audit.checkpoint import Verifier, open_checkpoint, parse_checkpoint_unverified
 from gateway.audit.errors import (
     AuditError,
@@ -212,6 +213,10 @@ def verify_proof(bundle: Mapping[str, Any], verifiers: Sequence[Verifier]) -> li
             raise AuditFormatError(f"proof entry {i} is malformed: {exc}") from exc
         cp = open_checkpoint(note, verifiers)
         obj = parse_body(body)
+        for what, chain in (("record", obj["chain"]), ("checkpoint", cp.origin)):
+            if not is_chain_id(chain):  # never echoed raw: it may hold CR or escapes
+                raise AuditFormatError(f"proof entry {i}: the {what}'s chain id {chain!r} is "
+                                       "not <replica>/<YYYYmmddTHHMMSSZ>-<8 hex digits>")
         if obj["chain"] != cp.origin or obj["seq"] != index:
             raise AuditFormatError(
                 f"proof entry {i}: record is {obj['chain']} seq {obj['seq']}, "

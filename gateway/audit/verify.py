@@ -20,9 +20,15 @@ sequence number; it never returns a bare bool. Checks, per chain:
 * consecutive records more than ``max_gap_s`` apart (default ``2 * heartbeat + 1 s`` from the
   chain's start record) are a failure (``time_gap``): a live writer heartbeats;
 * every chain but a replica's first names its predecessor (``previous_chain_unlinked``);
-* records after the newest valid checkpoint are reported as ``unsealed`` (warning), or as
-  ``missing_checkpoint`` (error) when the chain is closed: a clean close always signs a final
-  checkpoint;
+* every chain id has the form a writer gives it (``malformed_chain_id``);
+* some record of every chain is covered by a valid checkpoint, signed by a trusted key when
+  keys are given (``unauthenticated_chain``): a writer seals ``chain.started`` as it starts;
+* records after the newest valid checkpoint are reported as ``unsealed`` (warning) when a live
+  or crashed writer could have left them (fewer than its ``checkpoint_every_records``, within
+  ``2 x checkpoint_every_s + heartbeat_s``, none after the tail its successor recorded), else
+  as ``unsealed_overdue`` (error), or as ``missing_checkpoint`` (error) when the chain is
+  closed: a clean close always signs a final checkpoint. ``allow_unsealed`` names the chains
+  for which the first two are warnings;
 * the stored columns outside the hash (``ts_us``, ``type``, ``request_id``), by which ``prove``,
   ``tail`` and ``export`` select records, repeat the hashed body (``column_mismatch``);
 * with a checkpoint directory, every exported checkpoint must be matched by the store: a
@@ -34,18 +40,18 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gateway.audit.chains import boot_stamp
+from gateway.audit.chains import boot_stamp, is_chain_id
 from gateway.audit.checkpoint import Checkpoint, Verifier, parse_checkpoint_unverified
 from gateway.audit.checkpoint_dir import load_checkpoint_dir
 from gateway.audit.errors import AuditFormatError
 from gateway.audit.records import CHAIN_CLOSED, CHAIN_STARTED, parse_body
 from gateway.audit.store import ChainInfo, Store, replica_of
-from gateway.audit.verify_report import ChainSummary, Findings, VerifyReport
+from gateway.audit.verify_report import ChainSummary, Findings, Severity, VerifyReport
 from gateway.audit.verify_scan import ChainScan
 
 _PAGE = 5000
@@ -59,6 +65,7 @@ class _ChainPlan:
     start: dict[str, Any] | None = None
     notes: list[tuple[str, str, int]] = field(default_factory=list)  # (source, note, ts_us)
     required_tail: tuple[int, str, str] | None = None  # (size, hash hex, named by chain)
+    allow_unsealed: bool = False  # named by --allow-unsealed: no trusted checkpoint is a warning
 
 
 async def verify_store(
@@ -67,6 +74,7 @@ async def verify_store(
     verifiers: Sequence[Verifier] = (),
     checkpoint_dir: Path | None = None,
     max_gap_s: float | None = None,
+    allow_unsealed: Collection[str] = (),
 ) -> VerifyReport:
     """Verify every chain of an (open) store; see the module docstring for the checks.
 
@@ -76,6 +84,9 @@ async def verify_store(
         checkpoint_dir: Directory of exported checkpoints (rollback detection).
         max_gap_s: Largest allowed time between consecutive records of a chain, seconds;
             default ``2 * heartbeat + 1`` from each chain's start record.
+        allow_unsealed: Chain ids accepted without a trusted checkpoint (their records are
+            not authenticated): ``unauthenticated_chain`` and ``unsealed_overdue`` become
+            warnings for these chains only.
 
     Returns:
         The report (``report.ok`` is False if anything was tampered with or lost).
@@ -89,7 +100,13 @@ async def verify_store(
     if not verifiers:
         v.add("warning", "signatures_not_checked", None, None, "no public key given")
     chains = await store.list_chains()
-    plans = {c.chain: _ChainPlan(c.chain) for c in chains}
+    plans = {c.chain: _ChainPlan(c.chain, allow_unsealed=c.chain in allow_unsealed)
+             for c in chains}
+    for c in chains:
+        if not is_chain_id(c.chain):
+            v.add("error", "malformed_chain_id", c.chain, None,
+                  "chain id is not <replica>/<YYYYmmddTHHMMSSZ>-<8 hex digits> (the store was "
+                  "edited, or not written by a gateway)")
     for c in chains:
         first = await store.read_records(c.chain, 0, 1)
         with contextlib.suppress(AuditFormatError):
@@ -266,6 +283,7 @@ async def _verify_chain(
             last_size = max(last_size, cp.size)
         sealed = max(sealed, cp.size)
     summary.sealed_size = sealed
+    linked = 0  # records of this chain its successor's chain.started names (size + hash)
     if plan.required_tail:
         t_size, t_hash, by = plan.required_tail
         if size < t_size:
@@ -284,6 +302,10 @@ async def _verify_chain(
                 t_size - 1,
                 f"record {t_size - 1} differs from the tail hash recorded by {by}",
             )
+        else:
+            linked = t_size
+    if size and not sealed:
+        _unauthenticated(plan, v, size)
     if size > sealed and summary.closed and _claimed_size(plan.notes) < size:
         # A clean close signs a final checkpoint over chain.closed in the same transaction;
         # none (not even a forged or mismatched one, reported above) claims to cover it.
@@ -295,14 +317,11 @@ async def _verify_chain(
             f"chain is closed but records {sealed}..{size - 1} are not covered by a signed "
             "checkpoint (its checkpoints were deleted or replaced)",
         )
-    elif size > sealed:
-        v.add(
-            "warning",
-            "unsealed",
-            chain,
-            sealed,
-            f"records {sealed}..{size - 1} are not covered by a signed checkpoint",
-        )
+    elif size > max(sealed, linked) and sealed and not summary.closed:
+        _check_unsealed_tail(plan, v, scan, size, sealed, linked)
+    elif size > sealed and sealed:  # closed: its checkpoints' errors are reported above
+        v.add("warning", "unsealed", chain, sealed,
+              f"records {sealed}..{size - 1} are not covered by a signed checkpoint")
     if not summary.closed:
         v.add(
             "warning",
@@ -312,3 +331,66 @@ async def _verify_chain(
             "chain has no chain.closed record (writer still running, or it crashed)",
         )
     return summary
+
+
+def _unauthenticated(plan: _ChainPlan, v: Findings, size: int) -> None:
+    """No record of the chain is covered by a valid (trusted, when keys are given) checkpoint.
+
+    A writer signs a checkpoint over ``chain.started`` in the transaction that creates the
+    chain, so a chain without one was not written by a gateway holding a trusted key (records
+    inserted with valid hash links by anyone who can write to the store), or its checkpoints
+    were deleted. Its records prove nothing: an error, unless named by ``--allow-unsealed``.
+    """
+    signed = "signed by a trusted key" if v.verifiers else "that verifies"
+    if plan.allow_unsealed:
+        sev: Severity = "warning"
+        what = "accepted as unauthenticated by --allow-unsealed"
+        v.report.accepted_unsealed.append(plan.chain)
+    else:
+        sev, what = "error", "pass --allow-unsealed CHAIN to accept it as unauthenticated"
+    v.add(sev, "unauthenticated_chain", plan.chain, 0,
+          f"none of its {size} records is covered by a checkpoint {signed}; a gateway seals "
+          "chain.started when it starts, so this chain was not written by a trusted gateway or "
+          f"its checkpoints were deleted ({what})")
+
+
+def _check_unsealed_tail(
+    plan: _ChainPlan, v: Findings, scan: ChainScan, size: int, sealed: int, linked: int
+) -> None:
+    """Records after the newest valid checkpoint (and after the tail a successor named).
+
+    A live or crashed writer leaves fewer than ``checkpoint_every_records`` of them, written
+    within ``2 x checkpoint_every_s + heartbeat_s`` of the last sealed record (settings from
+    its sealed ``chain.started``): such a tail is a warning (``unsealed``). A longer or later
+    one, or one after the tail the chain's successor recorded when it started, was not written
+    by that writer: ``unsealed_overdue`` (an error unless named by ``--allow-unsealed``).
+    """
+    start = plan.start or {}
+    problems: list[str] = []
+    if plan.required_tail and linked:
+        problems.append(f"they follow the {linked} records {plan.required_tail[2]} recorded "
+                        "when it started as this chain's successor")
+    every = start.get("checkpoint_every_records")
+    if isinstance(every, int) and every > 0 and size - sealed >= every:
+        problems.append(f"{size - sealed} records, but the writer signs a checkpoint every "
+                        f"{every} records")
+    cp_ms, hb_ms = start.get("checkpoint_every_ms"), start.get("heartbeat_ms")
+    t0, t1 = scan.ts_at.get(sealed), scan.prev_ts
+    if isinstance(cp_ms, int) and isinstance(hb_ms, int) and t0 is not None and t1 is not None:
+        bound_us = (2 * cp_ms + hb_ms) * 1000
+        if t1 - t0 > bound_us:
+            problems.append(f"written up to {(t1 - t0) / 1e6:.1f} s after the last sealed record, "
+                            f"but the writer signs within {bound_us / 1e6:.1f} s (2 x "
+                            "checkpoint_every_s + heartbeat_s)")
+    lo = max(sealed, linked)
+    where = f"records {lo}..{size - 1} are not covered by a signed checkpoint"
+    if not problems:
+        v.add("warning", "unsealed", plan.chain, lo, where)
+    elif plan.allow_unsealed:
+        v.report.accepted_unsealed.append(plan.chain)
+        v.add("warning", "unsealed", plan.chain, lo,
+              f"{where}: {'; '.join(problems)} (accepted by --allow-unsealed)")
+    else:
+        v.add("error", "unsealed_overdue", plan.chain, lo,
+              f"{where}: {'; '.join(problems)}; no writer leaves such a tail (records appended "
+              "to the store by hand, or its checkpoints deleted)")

@@ -60,12 +60,18 @@ class ChainSummary:
 
 @dataclass
 class VerifyReport:
-    """Result of :func:`verify_store`: ``ok`` is True when there is no error."""
+    """Result of :func:`verify_store`: ``ok`` is True when there is no error.
+
+    ``accepted_unsealed`` lists the chains that failed only for want of a trusted checkpoint
+    and were accepted because the caller named them (``--allow-unsealed``): their records
+    are not authenticated.
+    """
 
     store: str
     signatures_checked: bool
     chains: list[ChainSummary] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
+    accepted_unsealed: list[str] = field(default_factory=list)
 
     @property
     def errors(self) -> list[Finding]:
@@ -91,6 +97,7 @@ class VerifyReport:
             "records": sum(c.records for c in self.chains),
             "chains": [asdict(c) for c in self.chains],
             "findings": [asdict(f) for f in self.findings],
+            "accepted_unsealed": list(self.accepted_unsealed),
         }
 
 

@@ -31,6 +31,7 @@ class ChainScan:
         self.rng = CompactRange()
         self.roots: dict[int, bytes] = {}
         self.hashes_at: dict[int, bytes] = {}
+        self.ts_at: dict[int, int] = {}  # size -> ts_us of the record that makes it that size
         self.expected = 0
         self.offset = 0
         self.prev = bytes.fromhex(GENESIS_PREV)  # recomputed hash of the previous row
@@ -83,6 +84,8 @@ class ChainScan:
         if self.rng.size in self.wanted:
             self.roots[self.rng.size] = self.rng.root()
             self.hashes_at[self.rng.size] = h
+            if self.prev_ts is not None:
+                self.ts_at[self.rng.size] = self.prev_ts
 
     def _check_columns(self, rec: Record, obj: dict[str, Any], pos: int) -> None:
         """The stored columns outside the hash must repeat the hashed body.

@@ -21,7 +21,7 @@ from typing import Annotated, Any
 
 import typer
 
-from clishell import CliError, ConfigOpt, read_input_text, run, write_atomic
+from clishell import CliError, ConfigOpt, read_input_text, run, shown, write_atomic
 from gateway.audit import (
     AuditError,
     ProofError,
@@ -60,17 +60,29 @@ def _root() -> None:
 
 
 def _render_report(report: VerifyReport) -> None:
+    """Print the report; every value read from the store is escaped (:func:`shown`): a chain
+    id or message holding CR, LF or an escape sequence cannot forge or overwrite a line."""
     n = sum(c.records for c in report.chains)
-    typer.echo(f"store {report.store}: {len(report.chains)} chain(s), {n} record(s)")
+    typer.echo(f"store {shown(report.store)}: {len(report.chains)} chain(s), {n} record(s)")
     for c in report.chains:
         state = "closed" if c.closed else "open"
         typer.echo(
-            f"  {c.chain}: {c.records} records, sealed {c.sealed_size}, "
+            f"  {shown(c.chain)}: {c.records} records, sealed {c.sealed_size}, "
             f"{c.checkpoints} checkpoints, {state}"
         )
     for f in report.findings:
-        typer.echo(f"  {f}")
-    typer.echo("OK: no tampering found" if report.ok else f"FAILED: {len(report.errors)} error(s)")
+        where = "-" if f.chain is None else shown(f.chain)
+        if f.seq is not None:
+            where += f" seq {f.seq}"
+        typer.echo(f"  {f.severity.upper()} {f.code} [{where}]: {shown(f.message)}")
+    if not report.ok:
+        typer.echo(f"FAILED: {len(report.errors)} error(s)")
+    elif report.accepted_unsealed:
+        typer.echo(f"OK: no tampering found; {len(report.accepted_unsealed)} chain(s) accepted "
+                   "unauthenticated (--allow-unsealed): "
+                   f"{', '.join(shown(c) for c in report.accepted_unsealed)}")
+    else:
+        typer.echo("OK: no tampering found")
 
 
 @app.command()
@@ -85,9 +97,22 @@ def verify(
     max_gap_s: Annotated[
         float | None, typer.Option(help="Largest allowed gap between records, seconds.")
     ] = None,
+    allow_unsealed: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--allow-unsealed",
+            metavar="CHAIN",
+            help="Accept this chain although no record of it is covered by a trusted "
+            "checkpoint (its records are then unauthenticated); repeatable.",
+        ),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Recompute every record hash, chain link, checkpoint root and signature.
+
+    A chain none of whose records is covered by a checkpoint signed by a trusted key fails
+    (unauthenticated_chain): anyone who can write to the store can add one. Name it with
+    --allow-unsealed CHAIN to accept it; the OK line then names the chains accepted.
 
     With --config and no --public-key, signatures are checked with the public key of the
     config's audit.signing_key_file (KEY.pub next to it); a missing one is an error, not a
@@ -106,7 +131,11 @@ def verify(
         await st.open()
         try:
             return await verify_store(
-                st, verifiers=verifiers, checkpoint_dir=checkpoints, max_gap_s=max_gap_s
+                st,
+                verifiers=verifiers,
+                checkpoint_dir=checkpoints,
+                max_gap_s=max_gap_s,
+                allow_unsealed=frozenset(allow_unsealed or ()),
             )
         finally:
             await st.close()
@@ -176,7 +205,7 @@ def prove_cmd(
 
     bundle = run_async(ctx, go())
     for warning in bundle.get("warnings", []):
-        typer.echo(f"warning: {warning}", err=True)
+        typer.echo(f"warning: {shown(warning)}", err=True)
     text = json.dumps(bundle, indent=2, ensure_ascii=False) + "\n"
     if out is None:
         typer.echo(text, nl=False)
@@ -222,13 +251,14 @@ def verify_proof_cmd(
         return
     by_request: dict[str, list[str]] = {}
     for rec in report.records:
-        typer.echo(f"OK {rec['chain']}#{rec['seq']} {rec['type']} is in the signed log")
+        typer.echo(f"OK {shown(rec['chain'])}#{rec['seq']} {shown(rec['type'])} is in the "
+                   "signed log")
         rid = str((rec.get("data") or {}).get("request_id"))
         by_request.setdefault(rid, []).append(str(rec["type"]))
     for rid, types in by_request.items():
-        typer.echo(f"request {rid}: proved {', '.join(types)}")
+        typer.echo(f"request {shown(rid)}: proved {shown(', '.join(types))}")
     for warning in report.warnings:
-        typer.echo(f"warning: {warning}")
+        typer.echo(f"warning: {shown(warning)}")
 
 
 @app.command()

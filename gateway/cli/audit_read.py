@@ -46,7 +46,8 @@ def _line(rec: Record, as_json: bool) -> str:
     keys = ("request_id", "key_id", "model", "destination", "decision", "status", "outcome")
     # model (and, for /v1/models/{id}, path) are what a client sent: never raw on a terminal.
     fields = " ".join(f"{k}={shown(data[k])}" for k in keys if k in data)
-    return f"{when} {rec.chain}#{rec.seq} {rec.type} {fields}".rstrip()
+    # chain and type are columns anyone who can write to the store controls.
+    return f"{when} {shown(rec.chain)}#{rec.seq} {shown(rec.type)} {fields}".rstrip()
 
 
 def export(

@@ -95,6 +95,17 @@ def _rule_pairs(rule: dict[str, Any], release: list[Workload]) -> tuple[set[tupl
     return pairs, problems
 
 
+def _covers_everything(cidrs: set[str]) -> list[str]:
+    """``ipBlocks ... together allow every IPv4 address`` for each family the union of
+    ``cidrs`` holds whole, whatever the ports (``policy.whole_families``), else nothing."""
+    from policy import whole_families
+
+    nets = [ipaddress.ip_network(c, strict=False) for c in cidrs]
+    return [f"ipBlocks {', '.join(sorted(cidrs))} together allow every "
+            f"IPv{ipaddress.ip_network(w).version} address, as {w} would"
+            for w in whole_families(nets)]
+
+
 def check_default_deny(facts: Facts) -> CheckResult:
     """Default-deny egress selects every release pod; gateway peers equal the destinations."""
     cid, title, crit = ("k8s.default-deny", "default-deny egress NetworkPolicy selects every "
@@ -114,6 +125,7 @@ def check_default_deny(facts: Facts) -> CheckResult:
         problems.append(f"no default-deny egress policy selects {', '.join(unselected)}")
     gateway = [w for w in wls if w.labels.get("app.kubernetes.io/component") == "gateway"]
     actual: set[tuple[str, int]] = set()
+    reach: dict[str, set[str]] = {}  # pod -> the ipBlock CIDRs its egress rules allow
     for np in nps:
         spec = np.get("spec") or {}
         if "Egress" not in (spec.get("policyTypes") or ()):
@@ -125,6 +137,11 @@ def check_default_deny(facts: Facts) -> CheckResult:
             problems += [f"{_np_name(np)}: {b}" for b in bad]
             if any(selects(spec.get("podSelector"), w.labels) for w in gateway):
                 actual |= pairs
+            for w in wls:
+                if selects(spec.get("podSelector"), w.labels):
+                    reach.setdefault(w.name, set()).update(c for c, _ in pairs)
+    for name, cidrs in sorted(reach.items()):
+        problems += [f"{name}: {b}" for b in _covers_everything(cidrs)]
     evidence: dict[str, Any] = {
         "source": facts.workload_source, "pods": [w.name for w in wls],
         "default_deny": [_np_name(np) for np in deny],

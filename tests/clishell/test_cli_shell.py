@@ -344,14 +344,3 @@ def test_every_command_reads_the_config_from_the_option_or_sg_config(
     assert rc == 2, err
     assert str(missing) in err, err
 
-
-def test_the_shared_consoles_print_emoji_codes_as_written(capsys: pytest.CaptureFixture[str]
-                                                          ) -> None:
-    """``:a:`` inside an IPv6 address (``2001:db8::a:b``) or a bundle's text is text, not an
-    emoji code (a tester saw ``2001:db8:🅰b`` printed for the address checked)."""
-    from clishell.consoles import diagnostics, results
-
-    for console in (results(), diagnostics()):
-        console.print("2001:db8::a:b [::ab:cd]:80 team :smile:")
-    out, err = capsys.readouterr()
-    assert out.strip() == err.strip() == "2001:db8::a:b [::ab:cd]:80 team :smile:"

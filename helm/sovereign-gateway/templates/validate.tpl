@@ -40,6 +40,7 @@ Checks that values.schema.json cannot express. Each fails the render with one cl
 {{- fail "identity.issuers is set but identity.jwksSecret is not: the issuers' JWKS files come from that Secret" }}
 {{- end }}
 {{- include "sg.validatePolicyRefs" . }}
+{{- include "sg.validateEgressUnion" . }}
 {{- end }}
 
 {{/*
@@ -117,5 +118,93 @@ come from both the mcp: values and gateway.extraConfig.mcp.
 {{- end }}
 {{- end }}
 {{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+The gateway's egress CIDRs together may not allow every IPv4 or every IPv6 address, whatever the
+ports: the schema refuses 0.0.0.0/0 and ::/0 one CIDR at a time, and 0.0.0.0/1 + 128.0.0.0/1 (or
+::/1 + 8000::/1) are the same rule written in two. Each CIDR becomes the bit string of its
+prefix ("sg.cidrBits"; an IPv4-mapped IPv6 CIDR, ::ffff:0:0/96 and inside, counts as the IPv4
+CIDR it is, as Kubernetes' Go parser reads it); "sg.coversAll" then asks, prefix by prefix,
+whether a CIDR holds it or both of its halves are held.
+*/}}
+{{- define "sg.validateEgressUnion" -}}
+{{- if .Values.networkPolicy.enabled }}
+{{- $cidrs := list }}
+{{- range (include "sg.egressDestinations" . | fromJson).items }}{{ range (.cidrs | default list) }}{{ $cidrs = append $cidrs (toString .) }}{{ end }}{{ end }}
+{{- if eq .Values.audit.store.type "postgresql" }}{{ range (.Values.audit.store.postgresql.cidrs | default list) }}{{ $cidrs = append $cidrs (toString .) }}{{ end }}{{ end }}
+{{- if .Values.telemetry.enabled }}{{ range (.Values.telemetry.cidrs | default list) }}{{ $cidrs = append $cidrs (toString .) }}{{ end }}{{ end }}
+{{- $byVersion := dict "4" list "6" list }}
+{{- $named := dict "4" list "6" list }}
+{{- range $cidrs }}
+{{- $b := include "sg.cidrBits" . | fromJson }}
+{{- $_ := set $byVersion $b.v (append (get $byVersion $b.v) $b.bits) }}
+{{- $_ := set $named $b.v (append (get $named $b.v) .) }}
+{{- end }}
+{{- range $v, $all := dict "4" "0.0.0.0/0" "6" "::/0" }}
+{{- $set := get $byVersion $v }}
+{{- if and $set (include "sg.coversAll" (dict "p" "" "set" $set "max" (ternary 32 128 (eq $v "4")))) }}
+{{- fail (printf "the gateway's egress CIDRs together allow every IPv%s address, as %s would (%s, from egress.destinations, audit.store.postgresql.cidrs and telemetry.cidrs): an egress rule may never allow any address; name the networks the destinations are in" $v $all (join ", " (get $named $v | uniq))) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* {"v": "4"|"6", "bits": the first <prefix> bits of the address} of one CIDR string. */}}
+{{- define "sg.cidrBits" -}}
+{{- $parts := splitList "/" . }}
+{{- if ne (len $parts) 2 }}{{ fail (printf "egress CIDR %q has no prefix length" .) }}{{ end }}
+{{- $addr := lower (index $parts 0) }}
+{{- $prefix := atoi (index $parts 1) }}
+{{- $bits := "" }}
+{{- $v := "4" }}
+{{- if contains ":" $addr }}
+{{- $v = "6" }}
+{{- $halves := splitList "::" $addr }}
+{{- if gt (len $halves) 2 }}{{ fail (printf "egress CIDR %q: '::' appears twice" .) }}{{ end }}
+{{- $sides := list }}
+{{- range $halves }}
+{{- $side := "" }}
+{{- if . }}{{ range splitList ":" . }}{{ $side = print $side (include "sg.groupBits" .) }}{{ end }}{{ end }}
+{{- $sides = append $sides $side }}
+{{- end }}
+{{- $fill := 0 }}
+{{- if eq (len $halves) 2 }}{{ $fill = sub 128 (add (len (index $sides 0)) (len (index $sides 1))) | int }}{{ end }}
+{{- if lt $fill 0 }}{{ fail (printf "egress CIDR %q is not an IPv6 address" .) }}{{ end }}
+{{- $bits = print (index $sides 0) (repeat $fill "0") (rest $sides | join "") }}
+{{- if ne (len $bits) 128 }}{{ fail (printf "egress CIDR %q is not an IPv6 address" .) }}{{ end }}
+{{- if and (ge $prefix 96) (hasPrefix (print (repeat 80 "0") (repeat 16 "1")) $bits) }}
+{{- $v = "4" }}{{ $bits = substr 96 128 $bits }}{{ $prefix = sub $prefix 96 | int }}
+{{- end }}
+{{- else }}
+{{- $octets := splitList "." $addr }}
+{{- if ne (len $octets) 4 }}{{ fail (printf "egress CIDR %q is not an IPv4 address" .) }}{{ end }}
+{{- range $octets }}{{ $bits = print $bits (printf "%08b" (atoi .)) }}{{ end }}
+{{- end }}
+{{- if gt $prefix (len $bits) }}{{ fail (printf "egress CIDR %q: prefix longer than the address" .) }}{{ end }}
+{{- toJson (dict "v" $v "bits" (trunc $prefix $bits)) }}
+{{- end }}
+
+{{/* The 16 bits of one IPv6 group (hex, 1 to 4 digits), or the 32 of an embedded IPv4. */}}
+{{- define "sg.groupBits" -}}
+{{- if contains "." . }}
+{{- range splitList "." . }}{{ printf "%08b" (atoi .) }}{{ end }}
+{{- else }}
+{{- if gt (len .) 4 }}{{ fail (printf "IPv6 group %q of an egress CIDR has more than 4 hex digits" .) }}{{ end }}
+{{- $nibbles := dict "0" "0000" "1" "0001" "2" "0010" "3" "0011" "4" "0100" "5" "0101" "6" "0110" "7" "0111" "8" "1000" "9" "1001" "a" "1010" "b" "1011" "c" "1100" "d" "1101" "e" "1110" "f" "1111" }}
+{{- range splitList "" (print (repeat (sub 4 (len .) | int) "0") .) }}{{ get $nibbles . }}{{ end }}
+{{- end }}
+{{- end }}
+
+{{/* "yes" when the CIDR bit strings in .set together hold every address starting with .p. */}}
+{{- define "sg.coversAll" -}}
+{{- $p := .p }}
+{{- $held := false }}
+{{- $inside := false }}
+{{- range .set }}{{ if hasPrefix . $p }}{{ $held = true }}{{ else if hasPrefix $p . }}{{ $inside = true }}{{ end }}{{ end }}
+{{- if $held }}yes
+{{- else if and $inside (lt (len $p) (int .max)) }}
+{{- if and (include "sg.coversAll" (dict "p" (print $p "0") "set" .set "max" .max)) (include "sg.coversAll" (dict "p" (print $p "1") "set" .set "max" .max)) }}yes{{ end }}
 {{- end }}
 {{- end }}

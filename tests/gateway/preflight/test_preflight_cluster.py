@@ -303,3 +303,26 @@ def test_private_key_in_values_fails(tmp_path: Path) -> None:
     assert "audit.signing-key" in _failed(report)
     assert _by_id(report)["audit.signing-key"].verdict == (
         "the Helm values contain private key material")
+
+
+@pytest.mark.parametrize(("halves", "version"), [
+    (["0.0.0.0/1", "128.0.0.0/1"], 4), (["::/1", "8000::/1"], 6),
+    (["::ffff:0.0.0.0/97", "128.0.0.0/1"], 4),  # IPv4-mapped: read as the IPv4 half
+])
+def test_egress_blocks_that_together_allow_everything_fail(
+        rendered: str, tmp_path: Path, halves: list[str], version: int) -> None:
+    # Each half passes the one-CIDR /0 check; with no policy given, peers are not compared
+    # either: only the union shows that every address is allowed.
+    docs = _docs(rendered)
+    egress = next(d for d in docs if d["metadata"]["name"].endswith("-gateway-egress"))
+    egress["spec"]["egress"].append({"to": [{"ipBlock": {"cidr": c}} for c in halves],
+                                     "ports": [{"port": 5432}]})
+    path = tmp_path / "rendered.yaml"
+    path.write_text(yaml.safe_dump_all(docs))
+    inputs = Inputs(manifests=path, release="sg", namespace=NAMESPACE)
+    report, _ = run_preflight(inputs, CRITERIA)
+    verdict = _by_id(report)["k8s.default-deny"].verdict
+    assert _by_id(report)["k8s.default-deny"].status == "fail"
+    assert f"together allow every IPv{version} address, as " \
+           f"{'0.0.0.0/0' if version == 4 else '::/0'} would" in verdict, verdict
+    assert verdict.startswith("sg-sovereign-gateway"), verdict  # names the pod
