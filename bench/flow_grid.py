@@ -35,6 +35,12 @@ Measured per point, over the window after ``--warmup`` seconds:
   >= the configured share: ``--batch-in-flight`` / ``--max-num-seqs``, the fraction of each
   replica's sequence slots batch may hold).
 
+``--reserve K`` adds an ``fc-reserve`` phase (``flow_control.reserve`` with K replicas), and
+``--reserve-lower N`` beside it an ``fc-reserve-lower`` phase: the same traffic through a second
+gateway process whose reserve also takes N batch requests per reserved replica once the others
+are full (``reserve.lower_in_flight``; the reserve is one setting per gateway), so the two are
+compared in one run on the same replicas.
+
 The replicas' scheduler follows vLLM's flags ``--long-prefill-token-threshold`` (at most that
 many prompt tokens of one request per engine step) and ``--scheduling-policy priority`` (with
 it the gateway sends each ``mixed-fc`` request's class as vLLM's ``priority``).
@@ -272,6 +278,19 @@ async def bench_grid(args: argparse.Namespace) -> dict[str, Any]:
         procs.append(Proc("gateway", [*gw_argv, "serve", "--config",
                                       str(workdir / "gateway.yaml")], port, "/healthz"))
         gateway = procs[-1].url
+        # The ``fc-reserve-lower`` arm: the same replicas behind a second gateway whose
+        # reserve takes ``--reserve-lower`` batch requests per reserved replica (the reserve
+        # is one setting per gateway, so the arm with it needs its own process).
+        gateway_lower = None
+        if args.reserve and args.reserve_lower:
+            port = free_port()
+            cfg_lower = gateway_config(urls, port, args)
+            cfg_lower["flow_control"]["reserve"]["lower_in_flight"] = args.reserve_lower
+            (workdir / "gateway-lower.yaml").write_text(yaml.safe_dump(cfg_lower))
+            procs.append(Proc("gateway-lower", [*gw_argv, "serve", "--config",
+                                                str(workdir / "gateway-lower.yaml")],
+                              port, "/healthz"))
+            gateway_lower = procs[-1].url
         share = args.batch_in_flight / args.max_num_seqs
         workers = args.batch_concurrency or 2 * args.replicas * args.max_num_seqs
         # The longest engine step (a full token budget of prefill), seconds, plus a margin.
@@ -300,13 +319,15 @@ async def bench_grid(args: argparse.Namespace) -> dict[str, Any]:
                                                "interactive_refused": refused,
                                                "window_s": unloaded_s,
                                                "interactive_each": _each(calls)}
-                phases = [("no-fc", "mixed-plain"), ("fc", "mixed-fc")]
+                phases = [("no-fc", "mixed-plain", gateway), ("fc", "mixed-fc", gateway)]
                 if args.reserve:
-                    phases.append(("fc-reserve", "mixed-fcr"))
-                for phase, model in phases:
+                    phases.append(("fc-reserve", "mixed-fcr", gateway))
+                if gateway_lower is not None:
+                    phases.append(("fc-reserve-lower", "mixed-fcr", gateway_lower))
+                for phase, model, via in phases:
                     calls = interactive_calls(rate, window_s, args)
                     replica_tokens: list[float] = []
-                    await run_phase(client, gateway, urls, model, calls, window_s,
+                    await run_phase(client, via, urls, model, calls, window_s,
                                     (workers, prompt, output), settle, replica_tokens)
                     p99, n, refused = interactive_p99(calls, args.warmup)
                     batch = [c for c in calls if c.cls == "batch"]
@@ -334,11 +355,19 @@ async def bench_grid(args: argparse.Namespace) -> dict[str, Any]:
                                                   else float("nan"))
                     row["pass_reserve"] = bool(row["ttft_ratio_reserve"] <= args.target
                                                and row["batch_ratio_reserve"] >= share)
+                if gateway_lower is not None:
+                    low = row["fc-reserve-lower"]
+                    row["ttft_ratio_lower"] = low["ttft_p99_s"] / unloaded
+                    row["batch_ratio_lower"] = low["batch_tok_s"] / full if full else float("nan")
+                    row["pass_lower"] = bool(row["ttft_ratio_lower"] <= args.target
+                                             and row["batch_ratio_lower"] >= share)
                 report["points"].append(row)
                 print(f"  point {prompt}/{output} @ {rate:g} req/s: unloaded p99 {unloaded:.3f}"
                       f" s, TTFT x{row['ttft_ratio']:.2f}, batch x{row['batch_ratio']:.2f}"
                       + (f"; reserve TTFT x{row['ttft_ratio_reserve']:.2f}, batch "
-                         f"x{row['batch_ratio_reserve']:.2f}" if args.reserve else ""),
+                         f"x{row['batch_ratio_reserve']:.2f}" if args.reserve else "")
+                      + (f"; reserve+lower TTFT x{row['ttft_ratio_lower']:.2f}, batch "
+                         f"x{row['batch_ratio_lower']:.2f}" if gateway_lower else ""),
                       file=sys.stderr)
     finally:
         for p in reversed(procs):
@@ -349,6 +378,7 @@ async def bench_grid(args: argparse.Namespace) -> dict[str, Any]:
         "batch_prefill_tokens": args.batch_prefill_tokens, "strategy": args.strategy,
         "long_prefill_token_threshold": args.long_prefill_token_threshold,
         "scheduling_policy": args.scheduling_policy, "reserve": args.reserve,
+        "reserve_lower": args.reserve_lower if args.reserve else 0,
         "window_s": args.window, "warmup_s": args.warmup, "unloaded_window_s":
         args.unloaded_window, "min_samples": args.min_samples, "batch_workers": workers,
         "target": args.target,
@@ -431,6 +461,28 @@ def print_table(report: dict[str, Any]) -> None:
                   f"| {'PASS' if row['pass_reserve'] else 'FAIL'} |")
         passed_r = sum(1 for r in report["points"] if r["pass_reserve"])
         print(f"\nfc-reserve: {passed_r} of {len(report['points'])} points pass")
+    if params.get("reserve_lower"):
+        print(f"\nfc-reserve-lower (reserve.lower_in_flight {params['reserve_lower']}) beside "
+              "fc-reserve in the same run:\n")
+        print("| batch prompt | batch output | interactive req/s | unloaded p99 TTFT | "
+              "fc-reserve p99 (x) | fc-reserve-lower p99 (x) | fc-reserve / -lower p50 | "
+              "batch fc-reserve / no-fc | batch fc-reserve-lower / no-fc | prompt tokens "
+              "per replica, -lower | fc-reserve | fc-reserve-lower |")
+        print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---|")
+        for row in report["points"]:
+            fcr, low = row["fc-reserve"], row["fc-reserve-lower"]
+            warm = params["warmup_s"]
+            print(f"| {row['batch_prompt']} | {row['batch_output']} "
+                  f"| {row['interactive_rps']:g} | {row['unloaded']['ttft_p99_s']:.3f} s "
+                  f"| {fcr['ttft_p99_s']:.3f} s ({row['ttft_ratio_reserve']:.2f}x) "
+                  f"| {low['ttft_p99_s']:.3f} s ({row['ttft_ratio_lower']:.2f}x) "
+                  f"| {_p50_each(fcr, warm):.3f} / {_p50_each(low, warm):.3f} s "
+                  f"| {row['batch_ratio_reserve']:.3f}x | {row['batch_ratio_lower']:.3f}x "
+                  f"| {_tokens(low)} "
+                  f"| {'PASS' if row['pass_reserve'] else 'FAIL'} "
+                  f"| {'PASS' if row['pass_lower'] else 'FAIL'} |")
+        passed_l = sum(1 for r in report["points"] if r["pass_lower"])
+        print(f"\nfc-reserve-lower: {passed_l} of {len(report['points'])} points pass")
     passed = sum(1 for r in report["points"] if r["pass"])
     print(f"\n{passed} of {len(report['points'])} points pass (interactive p99 TTFT <= "
           f"{params['target']}x unloaded and batch >= its share)")
@@ -504,6 +556,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--reserve", type=int, default=0,
                     help="also run an fc-reserve phase: flow_control.reserve with this many "
                          "replicas kept free of batch (0: no such phase)")
+    ap.add_argument("--reserve-lower", type=int, default=0,
+                    help="with --reserve, also run an fc-reserve-lower phase through a second "
+                         "gateway whose reserve takes this many batch requests per reserved "
+                         "replica (reserve.lower_in_flight; 0: no such phase)")
     ap.add_argument("--reserve-widen-at", type=float, default=1.0)
     ap.add_argument("--reserve-hold", type=float, default=10.0)
     ap.add_argument("--json", type=Path, default=None, help="write the report here")

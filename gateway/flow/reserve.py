@@ -11,7 +11,10 @@ every gateway process, since all read the same config and judge health the same 
   work only. On the other replicas they may use the thresholds of the reserve's class
   (``lift``), counted over the reserve's class and every class below it, so batch keeps the
   slots it gave up on the reserve: with batch ``in_flight`` 4 of 8 on each of two replicas,
-  batch holds 8 of 8 on the one replica left to it.
+  batch holds 8 of 8 on the one replica left to it. With ``lower_in_flight`` N, once the other
+  replicas are full for them, each reserved replica takes up to N of them (within their own
+  thresholds): for engines that chunk long prompts finely enough that the chunks ride in the
+  steps the reserve's classes run anyway.
 
 The reserve **widens** (every replica serves every class with its own thresholds, exactly as
 without a reserve) when the demand of the reserve's classes reaches ``widen_at`` of its
@@ -110,6 +113,8 @@ class Reserve:
             raise ValueError("reserve.in_flight: not set and the reserve's class has no "
                              "in_flight threshold to size the reserve by")
         self.capacity = settings.replicas * per_replica
+        # Lower-class requests one reserved replica takes while narrow (this process's part).
+        self.lower_in_flight = settings.lower_in_flight // max(1, processes)
 
     def covers(self, model: str) -> bool:
         """True when the reserve applies to the model ``model`` (``reserve.models``)."""
@@ -185,8 +190,23 @@ class Reserve:
             mine = [r for r in reserved
                     if has_room(r, cls, limits[cls], now, self._stale_s, self._workers)]
             return mine or plain(others)
-        if not self.settings.lift:
-            return plain(others)
         top = self.cls
-        return [r for r in others
-                if has_room(r, top, limits[top], now, self._stale_s, self._workers)]
+        if not self.settings.lift:
+            room = plain(others)
+        else:
+            room = [r for r in others
+                    if has_room(r, top, limits[top], now, self._stale_s, self._workers)]
+        if room or not self.lower_in_flight:
+            return room
+        # The others are full for the lower classes: a reserved replica takes a few of them
+        # (``lower_in_flight``), within their own thresholds and the reserve class's.
+        return [r for r in reserved
+                if self._lower_count(r) < self.lower_in_flight
+                and has_room(r, cls, limits[cls], now, self._stale_s, self._workers)
+                and has_room(r, top, limits[top], now, self._stale_s, self._workers)]
+
+    def _lower_count(self, replica: ReservableReplica) -> int:
+        """Requests of the classes below the reserve's in flight to ``replica`` (every
+        process's with ``shared``)."""
+        low = self.cls + 1
+        return sum(replica.flow_in_flight[low:]) + sum(replica.peer_in_flight[low:])

@@ -198,6 +198,15 @@ class ReserveSettings(_Frozen):
             ``hold_s`` before the reserve narrows again (at most ``widen_at``).
         hold_s: Seconds the demand must stay at or below ``shrink_at`` before narrowing.
         models: Models the reserve applies to (empty: every flow-controlled model).
+        lower_in_flight: Requests of the classes below ``for_class`` that each reserved
+            replica still takes while narrow, once the other replicas are full for them
+            (default 0: none). Only for replicas whose vLLM splits long prompts into chunks
+            (``--long-prefill-token-threshold``) of at most about the tokens an engine step
+            computes while it reads the weights (~170 for an 8B model on an H100): their
+            prefill then rides in the steps the reserve's classes run anyway and lengthens
+            them by a few percent (Sarathi-Serve's piggybacking), where one whole long prompt
+            would hold a step for its full prefill. Without ``shared``, each of ``pods x
+            workers`` processes takes ``lower_in_flight // (pods x workers)`` of it.
     """
 
     replicas: int = Field(default=1, ge=1)
@@ -208,6 +217,7 @@ class ReserveSettings(_Frozen):
     shrink_at: float = Field(default=0.5, ge=0, le=1, allow_inf_nan=False)
     hold_s: float = Field(default=10.0, ge=0, allow_inf_nan=False)
     models: list[str] = Field(default_factory=list)
+    lower_in_flight: int = Field(default=0, ge=0)
 
     @model_validator(mode="after")
     def _check_marks(self) -> ReserveSettings:

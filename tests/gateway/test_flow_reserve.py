@@ -117,6 +117,31 @@ def test_interactive_requests_land_on_the_batch_free_replica_while_batch_runs(
     assert pair.chats(0) == 3 and pair.chats(1) == 3
 
 
+def test_a_reserved_replica_takes_lower_in_flight_batch_requests_once_the_others_are_full(
+    pairs: Callable[..., Pair],
+) -> None:
+    """With ``lower_in_flight`` 1 the reserve takes one batch request once replica 1 is full
+    for batch (lift: 2 there), and no second one: the next queues. Interactive requests still
+    run on the reserve beside it, the reserve stays narrow, and when the batch request on the
+    reserve ends the queued one takes its place there. (Without the setting the third batch
+    request queues: the first test.)"""
+    pair = pairs(lower_in_flight=1)
+    pair.hold("holder", on=1)
+    pair.hold("holder", on=1)  # replica 1 is full for batch
+    pair.hold("holder", on=0)  # so the reserved replica takes one
+    queued = pair.rig.submit("batch-1")
+    pair.rig.wait_queued(1)  # its one is taken: the next batch request waits
+    assert (pair.chats(0), pair.chats(1)) == (1, 2)
+    got = pair.rig.submit("interactive").result(timeout=30)
+    assert got.http_response.status_code == 200
+    assert (pair.chats(0), pair.chats(1)) == (2, 2)
+    assert pair.widened() == 0
+    assert pair.rig.queued() == {"interactive": 0, "batch": 1}
+    pair.socks.pop().close()  # the batch request on the reserve ends
+    assert queued.result(timeout=30).http_response.status_code == 200
+    assert (pair.chats(0), pair.chats(1)) == (3, 2)
+
+
 def test_the_reserve_widens_under_interactive_load_and_narrows_after_hold(
     pairs: Callable[..., Pair],
 ) -> None:
@@ -174,6 +199,12 @@ def test_a_reserve_needs_a_size_and_a_class_below_it_and_is_split_over_pods() ->
     assert pods.reserve is not None
     assert Reserve(pods.reserve, 0, pods.limits(), 1.0, pods.processes,
                    processes=pods.processes).capacity == 2
+    # ... and takes its share of lower_in_flight (3 // 2: 1 each).
+    lower = FlowControlSettings.model_validate({**base, "pods": 2, "reserve": {
+        "in_flight": 4, "lower_in_flight": 3}})
+    assert lower.reserve is not None
+    assert Reserve(lower.reserve, 0, lower.limits(), 1.0, lower.processes,
+                   processes=lower.processes).lower_in_flight == 1
 
 
 def test_other_pods_requests_count_in_the_demand_with_shared_counts() -> None:
