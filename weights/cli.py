@@ -207,6 +207,14 @@ def _print_report(console: Console, report: VerifyReport, lock: Path, several: b
         console.print(f"{tag}EXTRA    {p}", markup=False)
     for p in report.missing_shards:
         console.print(f"{tag}MISSING SHARD {p} (named in the index)", markup=False)
+    for m in report.refs:
+        got = m.actual.removeprefix("commit:")
+        console.print(f"{tag}REF      {m.path}: " + ("absent (a loader finds no revision "
+                      f"{m.path[5:]})" if m.actual == "absent" else
+                      f"names {got!r}, the lock pins {report.commit} (a loader reads "
+                      f"snapshots/{got})"), markup=False)
+    for p in report.extra_snapshots:
+        console.print(f"{tag}EXTRA SNAPSHOT {p} (not the pinned commit)", markup=False)
     if report.ok:
         console.print(f"OK {report.repo_id}@{report.commit[:12]}: {report.checked} "
                       f"files, {report.bytes_checked} bytes match {lock}", markup=False)
