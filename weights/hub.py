@@ -151,6 +151,30 @@ def _local(part: Path) -> Iterator[None]:
         ) from exc
 
 
+def _refuse_oversize(what: str, part: Path, response: Any, have: int, size: int) -> None:
+    """Refuse a download that would grow past the lock's ``size`` bytes, before writing it.
+
+    With a ``response``, its ``Content-Length`` (plus the ``have`` bytes kept, for a 206) is
+    checked before any byte is read; without one, ``have`` is the byte count the next chunk
+    would reach. The partial file is removed: its bytes came from a hub that does not serve
+    the pinned file.
+
+    Raises:
+        HubError: The hub sends (or announces) more bytes than the lock says.
+    """
+    if response is not None:
+        declared = response.headers.get("Content-Length")
+        if declared is None or not declared.isdigit():
+            return
+        have = (have if response.status_code == 206 else 0) + int(declared)
+    if have <= size:
+        return
+    part.unlink(missing_ok=True)
+    raise HubError(f"{what}: hub sends at least {have} bytes, lock says {size}; download "
+                   "stopped, partial file removed",
+                   hint="the hub or a mirror serves other content than the pinned file")
+
+
 class HubClient:
     """Talks to one hub endpoint with one token.
 
@@ -312,10 +336,14 @@ class HubClient:
                             if progress is not None:
                                 progress(-have)
                             have = 0
+                        _refuse_oversize(what, part, response, have, size)
                         with _local(part), open(part, "r+b") as fh:
                             fh.seek(have)
                             fh.truncate()
                             for chunk in response.iter_bytes():
+                                if have + len(chunk) > size:  # not one byte past the lock
+                                    fh.close()
+                                    _refuse_oversize(what, part, None, have + len(chunk), size)
                                 fh.write(chunk)
                                 have += len(chunk)
                                 if progress is not None:
@@ -339,6 +367,10 @@ class HubClient:
     def read_range(self, repo_id: str, revision: str, path: str, start: int, length: int) -> bytes:
         """Read ``length`` bytes at ``start`` of a file with an HTTP Range request.
 
+        Reading stops as soon as the bytes asked for are in: a hub that ignores the range
+        (200) is read only up to ``start + length`` bytes; one that answers 206 with more than
+        ``length`` bytes is refused at the first chunk past them.
+
         Raises:
             FileNotOnHubError, GatedRepoError, RepoNotFoundError, HubError.
         """
@@ -347,10 +379,18 @@ class HubClient:
         headers = hf.utils.build_hf_headers(token=self.token)
         headers["Range"] = f"bytes={start}-{start + length - 1}"
         headers["Accept-Encoding"] = "identity"
-        with _mapped(f"{repo_id}/{path}@{revision}", self.endpoint), self._session() as http:
-            response = http.get(url, headers=headers, timeout=self.timeout_s)
+        what = f"{repo_id}/{path}@{revision}"
+        buf = bytearray()
+        with _mapped(what, self.endpoint), self._session() as http, http.stream(
+                "GET", url, headers=headers, timeout=self.timeout_s) as response:
             hf.utils.hf_raise_for_status(response)
-            data: bytes = response.content
-        if response.status_code == 200:
-            data = data[start : start + length]
-        return data
+            partial = response.status_code == 206
+            want = length if partial else start + length
+            for chunk in response.iter_bytes():
+                buf += chunk
+                if len(buf) > want and partial:
+                    raise HubError(f"{what}: hub sends more than the {length} bytes asked "
+                                   f"(bytes {start}-{start + length - 1}); stopped reading")
+                if len(buf) >= want:
+                    break
+        return bytes(buf if partial else buf[start : start + length])
