@@ -31,12 +31,17 @@ from urllib.parse import quote, urlsplit
 from weights.errors import (
     FileNotOnHubError,
     GatedRepoError,
+    HubAnswerError,
     HubError,
+    HubMismatchError,
     RepoNotFoundError,
     RevisionNotFoundError,
     StorageError,
+    UnsafeHubPathError,
     WeightsError,
 )
+from weights.lockvalues import HEX40, HEX64, is_commit_sha
+from weights.modeltree import unsafe_path_reason
 from weights.redirects import RedirectPolicy
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
@@ -151,6 +156,57 @@ def _local(part: Path) -> Iterator[None]:
         ) from exc
 
 
+def _check_answer(repo_id: str, revision: str, answered_id: str, commit: str,
+                  endpoint: str) -> None:
+    """Refuse a model-info answer for another repository (the Hub spells ids in any case, so
+    case is ignored) or another commit than a SHA asked for, or a commit that is not 40 hex.
+
+    Raises:
+        HubMismatchError: Another repository or commit.
+        HubAnswerError: The commit is not a 40-hex SHA.
+    """
+    what = f"{repo_id}@{revision}"
+    if answered_id.lower() != repo_id.lower():
+        raise HubMismatchError(
+            f"{what}: {endpoint} answered for repository {answered_id!r}, not {repo_id}; "
+            "nothing was recorded",
+            hint="if the repository was renamed, pin it by its new id; otherwise the hub (or "
+                 "a proxy in front of it) is not answering what was asked")
+    if not is_commit_sha(commit):
+        raise HubAnswerError(f"{what}: the hub reported commit {commit!r}, not a 40-hex SHA")
+    if is_commit_sha(revision.lower()) and commit != revision.lower():
+        raise HubMismatchError(f"{what}: {endpoint} answered with commit {commit}, not the "
+                               "commit asked for; nothing was recorded")
+
+
+def _remote_file(repo_id: str, path: str, size: Any, blob_id: Any,
+                 sha256: Any) -> RemoteFile:
+    """A :class:`RemoteFile` from the hub's sibling values, each checked before any use (the
+    path joins a local directory, the blob id names a staging file).
+
+    Raises:
+        UnsafeHubPathError: A path that could escape the model's directory.
+        HubAnswerError: A size that is not a non-negative integer, a blob id that is not 40
+            hex, an LFS sha256 that is not 64 hex.
+    """
+    reason = unsafe_path_reason(path) if isinstance(path, str) else "is not a string"
+    if reason is not None:
+        raise UnsafeHubPathError(
+            f"{repo_id}: the hub lists a file {path!r} whose path {reason}; nothing was "
+            "recorded or downloaded", path=str(path),
+            hint="a file name like this cannot be installed safely: report it to the "
+                 "repository's owner, or pin another revision")
+    if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+        raise HubAnswerError(f"{repo_id}: the hub gave size {size!r} for {path!r}")
+    if not isinstance(blob_id, str) or HEX40.fullmatch(blob_id) is None:
+        raise HubAnswerError(f"{repo_id}: the hub gave blob id {blob_id!r} for {path!r}, not "
+                             "a 40-hex git object id")
+    if sha256 is not None and (not isinstance(sha256, str) or HEX64.fullmatch(sha256) is None):
+        raise HubAnswerError(f"{repo_id}: the hub gave LFS sha256 {sha256!r} for {path!r}, "
+                             "not 64 hex")
+    return RemoteFile(path=path, size=size, git_oid=blob_id, lfs_sha256=sha256)
+
+
 def _refuse_oversize(what: str, part: Path, response: Any, have: int, size: int) -> None:
     """Refuse a download that would grow past the lock's ``size`` bytes, before writing it.
 
@@ -244,17 +300,14 @@ class HubClient:
             info = hf.hf_api.ModelInfo(**response.json())
         if not info.sha or not info.id:
             raise HubError(f"{repo_id}@{revision}: hub did not report a commit")
+        _check_answer(repo_id, revision, str(info.id), str(info.sha), self.endpoint)
         files: list[RemoteFile] = []
         for s in info.siblings or []:
             if s.size is None or s.blob_id is None:
-                raise HubError(f"{repo_id}: hub gave no size/blob id for {s.rfilename}")
+                raise HubError(f"{repo_id}: hub gave no size/blob id for {s.rfilename!r}")
             lfs = s.lfs
-            files.append(RemoteFile(
-                path=s.rfilename,
-                size=int(lfs["size"]) if lfs else int(s.size),
-                git_oid=s.blob_id,
-                lfs_sha256=str(lfs["sha256"]) if lfs else None,
-            ))
+            files.append(_remote_file(repo_id, s.rfilename, lfs["size"] if lfs else s.size,
+                                      s.blob_id, lfs["sha256"] if lfs else None))
         card = info.card_data
         lic: Any = card.get("license") if card is not None else None
         if isinstance(lic, list):
