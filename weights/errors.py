@@ -14,6 +14,7 @@ Every error derives from :class:`WeightsError` and carries a stable machine ``co
     |   +-- FileNotOnHubError         "entry_not_found"
     |   +-- GatedRepoError            "gated_repo"           needs a token with access
     |   +-- RedirectRefusedError      "redirect_refused"     hub redirected off the allowed hosts
+    |   +-- HubOfflineError           "hub_offline"          offline mode (HF_HUB_OFFLINE) is on
     |   +-- HubAnswerError            "hub_answer_invalid"   a malformed value in the answer
     |       +-- HubMismatchError      "hub_mismatch"         answer for another repo or commit
     |       +-- UnsafeHubPathError    "unsafe_hub_path"      a file path that escapes the model
@@ -124,6 +125,12 @@ class RedirectRefusedError(HubError):
     def __init__(self, message: str, *, host: str, hint: str | None = None) -> None:
         super().__init__(message, hint=hint)
         self.host = host
+
+
+class HubOfflineError(HubError):
+    """Offline mode is on (``HF_HUB_OFFLINE``, ``--offline``): the hub is not contacted."""
+
+    code = "hub_offline"
 
 
 class HubAnswerError(HubError):

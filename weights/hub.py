@@ -34,6 +34,7 @@ from weights.errors import (
     HubAnswerError,
     HubError,
     HubMismatchError,
+    HubOfflineError,
     RepoNotFoundError,
     RevisionNotFoundError,
     StorageError,
@@ -243,6 +244,9 @@ class HubClient:
         resolver: ``(host, port) -> [address, ...]`` for every connection (default: the
             system resolver); each address is checked before connecting
             (:mod:`weights.netcheck`).
+        offline: Offline mode (``HF_HUB_OFFLINE``, read by the CLI): every method that would
+            contact the hub raises :class:`HubOfflineError` before any name lookup or
+            connection.
 
     Raises:
         WeightsError: A redirect host that is not a host name or ``*.domain``.
@@ -250,18 +254,38 @@ class HubClient:
 
     def __init__(self, endpoint: str = DEFAULT_ENDPOINT, token: str | None = None,
                  timeout_s: float = 30.0, redirect_hosts: Iterable[str] | None = None,
-                 resolver: Callable[[str, int], list[str]] | None = None) -> None:
+                 resolver: Callable[[str, int], list[str]] | None = None,
+                 offline: bool = False) -> None:
         self.endpoint = endpoint.rstrip("/")
+        self.offline = offline
         # False: never fall back to a token stored on disk or in the environment implicitly.
         self.token: str | bool = token if token else False
         self.timeout_s = timeout_s
         self.redirects = RedirectPolicy.of(self.endpoint, redirect_hosts)
         self.resolver = resolver
 
-    def _session(self) -> Any:
+    def require_online(self, what: str) -> None:
+        """Raise unless the hub may be contacted.
+
+        Raises:
+            HubOfflineError: :attr:`offline` is set (``what`` names the request refused).
+        """
+        if self.offline:
+            raise HubOfflineError(
+                f"{what}: offline mode is on (HF_HUB_OFFLINE): the hub at {self.endpoint} is "
+                "not contacted",
+                hint="unset HF_HUB_OFFLINE (and TRANSFORMERS_OFFLINE) to reach the hub; "
+                     "offline, use a local directory: weights lock/size/plan DIR")
+
+    def _session(self, what: str) -> Any:
         """A new ``httpx2.Client`` (use it with ``with``) that follows a redirect only when
         :attr:`redirects` allows it; one per operation (a metadata request, a file), so no
-        connection outlives the call that opened it."""
+        connection outlives the call that opened it. Every hub request goes through here.
+
+        Raises:
+            HubOfflineError: :attr:`offline` is set (``what`` names the request refused).
+        """
+        self.require_online(what)
         _hf()
         import httpx2
 
@@ -289,7 +313,8 @@ class HubClient:
             RepoNotFoundError, RevisionNotFoundError, GatedRepoError, HubError.
         """
         hf = _hf()
-        with _mapped(f"{repo_id}@{revision}", self.endpoint), self._session() as http:
+        with _mapped(f"{repo_id}@{revision}", self.endpoint), \
+                self._session(f"{repo_id}@{revision}") as http:
             # HfApi.model_info(files_metadata=True), through this client's session.
             hf.utils.validate_repo_id(repo_id)
             response = http.get(
@@ -356,6 +381,8 @@ class HubClient:
         hf = _hf()
         import httpx2
 
+        what = f"{repo_id}/{path}@{commit[:12]}"
+        self.require_online(what)  # before the partial file is created
         url = hf.hf_hub_url(repo_id, path, revision=commit, endpoint=self.endpoint)
         with _local(part):
             part.parent.mkdir(parents=True, exist_ok=True)
@@ -367,8 +394,7 @@ class HubClient:
         if progress is not None and have:
             progress(have)
         failures = 0
-        what = f"{repo_id}/{path}@{commit[:12]}"
-        with _mapped(what, self.endpoint), self._session() as http:
+        with _mapped(what, self.endpoint), self._session(what) as http:
             while have < size:
                 headers = hf.utils.build_hf_headers(token=self.token)
                 headers["Accept-Encoding"] = "identity"
@@ -434,7 +460,7 @@ class HubClient:
         headers["Accept-Encoding"] = "identity"
         what = f"{repo_id}/{path}@{revision}"
         buf = bytearray()
-        with _mapped(what, self.endpoint), self._session() as http, http.stream(
+        with _mapped(what, self.endpoint), self._session(what) as http, http.stream(
                 "GET", url, headers=headers, timeout=self.timeout_s) as response:
             hf.utils.hf_raise_for_status(response)
             partial = response.status_code == 206
