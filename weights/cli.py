@@ -219,7 +219,8 @@ def _print_report(console: Console, report: VerifyReport, lock: Path, several: b
                       f"names {got!r}, the lock pins {report.commit} (a loader reads "
                       f"snapshots/{got})"), markup=False)
     for p in report.extra_snapshots:
-        console.print(f"{tag}EXTRA SNAPSHOT {p} (not the pinned commit)", markup=False)
+        console.print(f"{tag}NOTE     other snapshot {p}: no ref names it; only a load by "
+                      "that commit reads it", markup=False)
     if report.ok:
         console.print(f"OK {report.repo_id}@{report.commit[:12]}: {report.checked} "
                       f"files, {report.bytes_checked} bytes match {lock}", markup=False)

@@ -10,8 +10,9 @@ For a Hugging Face cache (a cache root, a ``models--org--name`` directory or one
 snapshot directories) the files of the pinned commit's snapshot are checked, and also what a
 loader resolving the repo id by its refs would read (huggingface_hub and vLLM with
 ``HF_HUB_OFFLINE=1`` read ``refs/<revision>`` and load ``snapshots/<its text>``): every ref
-must name the pinned commit, the requested revision's ref must exist, and no other snapshot
-may be present. Otherwise the report fails, naming the ref or snapshot.
+must name the pinned commit and the requested revision's ref must exist, or the report fails
+naming the ref. Other snapshot directories (an earlier commit left by an update) are listed but
+do not fail: no ref leads there, only a load by that commit's SHA.
 """
 
 from __future__ import annotations
@@ -62,7 +63,8 @@ class VerifyReport:
             ``commit:<pinned sha>``, ``actual`` ``commit:<text of the ref>`` or ``absent``
             (the requested revision's ref is missing).
         extra_snapshots: Snapshot directories of the cache other than the pinned commit's
-            (``snapshots/<name>``): loadable by that revision, not by the lock.
+            (``snapshots/<name>``), listed for the operator; they do not make the report fail
+            (no ref leads there once :attr:`refs` is empty: only a load by that SHA reads one).
         digests: sha256 of every file hashed, by path (lets a signature check reuse them).
     """
 
@@ -81,10 +83,10 @@ class VerifyReport:
 
     @property
     def ok(self) -> bool:
-        """True when nothing is mismatched, missing, extra, a missing shard, a cache ref
-        that resolves elsewhere or another snapshot."""
+        """True when nothing is mismatched, missing, extra, a missing shard or a cache ref
+        that resolves elsewhere (other snapshots are listed, not failed)."""
         return not (self.mismatched or self.missing or self.extra or self.missing_shards
-                    or self.refs or self.extra_snapshots)
+                    or self.refs)
 
     def to_json(self) -> dict[str, Any]:
         """Return the report as a JSON-ready dict."""

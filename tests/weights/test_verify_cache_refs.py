@@ -59,15 +59,18 @@ def test_ref_moved_to_another_snapshot_fails_for_every_form_of_the_path(
         assert (r.mismatched, r.missing, r.extra) == ((), (), ())
 
 
-def test_stale_snapshot_other_refs_and_a_missing_ref_are_each_reported(
+def test_other_refs_and_a_missing_ref_fail_a_stale_snapshot_is_listed(
         cached: tuple[Path, LockEntry]) -> None:
     cache, entry = cached
     repo = cache / "models--org--model"
     _tamper(repo, entry.commit)
-    (repo / "refs" / "main").write_text(entry.commit)  # main restored, the snapshot stays
+    # main restored, the snapshot stays (as an update leaves the previous commit's): listed,
+    # not failed, since no ref leads there
+    (repo / "refs" / "main").write_text(entry.commit)
     r = verify_tree(cache, entry)
-    assert not r.ok and r.refs == ()
+    assert r.ok and r.refs == ()
     assert r.extra_snapshots == (f"snapshots/{EVIL}",)
+    assert _loader_resolves(cache, entry.repo_id).name == entry.commit
     shutil.rmtree(repo / "snapshots" / EVIL)
     (repo / "refs" / "pr").mkdir()
     (repo / "refs" / "pr" / "1").write_text(EVIL)  # a revision someone may load by name
@@ -94,7 +97,7 @@ def test_cli_names_the_ref_and_the_snapshot_and_exits_1(
     text = run_cli(["verify", str(cache), "--lock", str(lock)])
     assert text.returncode == 1, text.stderr
     assert f"REF      refs/main: names '{EVIL}', the lock pins {entry.commit}" in text.stdout
-    assert f"EXTRA SNAPSHOT snapshots/{EVIL}" in text.stdout
+    assert f"NOTE     other snapshot snapshots/{EVIL}: no ref names it" in text.stdout
     assert "OK " not in text.stdout
     doc = json.loads(run_cli(["verify", str(cache), "--lock", str(lock), "--json"]).stdout)
     assert doc["ok"] is False
