@@ -250,12 +250,14 @@ def _verify(layout: Path, trusted: Sequence[Ed25519PublicKey], tag: str | None,
     if manifest.get("artifactType") != ARTIFACT or manifest.get("config", {}).get(
             "mediaType") != CONFIG:
         raise bad(Code.OCI_INVALID, "not a CNCF ModelPack v1 model manifest")
-    layers = manifest.get("layers", [])
-    by_type = {x.get("mediaType"): x for x in layers}
-    if SIGNED_INDEX not in by_type or SIGNATURE not in by_type:
+    layers = manifest.get("layers")
+    if not isinstance(layers, list) or not all(isinstance(x, dict) for x in layers):
+        raise bad(Code.OCI_INVALID, "the manifest's layers are not a list of descriptors")
+    signed = _signature_layers(layers)
+    if signed is None:
         raise bad(Code.SIGNATURE_MISSING, "the artifact carries no signed airgap index")
-    index_bytes = _read(layout, by_type[SIGNED_INDEX]["digest"], MAX_INDEX_BYTES)
-    sig = _read(layout, by_type[SIGNATURE]["digest"], MAX_SIGNATURE_BYTES)
+    index_bytes = _read(layout, str(layers[signed[0]].get("digest")), MAX_INDEX_BYTES)
+    sig = _read(layout, str(layers[signed[1]].get("digest")), MAX_SIGNATURE_BYTES)
     report.signer = verify_index_signature(index_bytes, sig, trusted)
     index = parse_index(index_bytes)
     config = json.loads(_read(layout, manifest["config"]["digest"], MAX_INDEX_BYTES))
@@ -272,10 +274,24 @@ def _verify(layout: Path, trusted: Sequence[Ed25519PublicKey], tag: str | None,
         keys = sorted(k for k in {*expected, *config} if config.get(k) != expected.get(k))
         report.problems.append(Problem(str(Code.OCI_INVALID), "the config differs from what "
                                        f"the signed index gives ({', '.join(keys)})"))
-    model_layers = [x for x in layers if x.get("mediaType") not in (SIGNED_INDEX, SIGNATURE)]
-    got = {x.get("annotations", {}).get(FILEPATH): x for x in model_layers}
-    if len(got) != len(model_layers):
-        report.problems.append(Problem(str(Code.OCI_INVALID), "two layers share a file path"))
+    # Every layer is accounted for: the two signature layers, then one layer per pinned file;
+    # any other layer (no file path, a path twice, a path the lock does not pin) fails.
+    got: dict[str, dict[str, Any]] = {}
+    for i, x in enumerate(layers):
+        if i in signed:
+            continue
+        path = x.get("annotations", {}).get(FILEPATH) if isinstance(
+            x.get("annotations"), dict) else None
+        if not isinstance(path, str) or not path:
+            report.problems.append(Problem(
+                str(Code.PIN_MISMATCH), f"{_layer_label(i, x)} has no {FILEPATH} annotation: "
+                "it is not pinned by the signed lock", path=_layer_label(i, x)))
+        elif path in got:
+            report.problems.append(Problem(
+                str(Code.OCI_INVALID), f"{_layer_label(i, x)}: two layers share file path "
+                f"{path!r}", path=path))
+        else:
+            got[path] = x
     for f in entry.files:
         layer = got.pop(f.path, None)
         label = f"{entry.repo_id}:{f.path}"
@@ -304,8 +320,45 @@ def _verify(layout: Path, trusted: Sequence[Ed25519PublicKey], tag: str | None,
                                            f"{label}: blob bytes differ from the pin",
                                            path=label, expected=f.sha256, actual=actual))
         report.layers[f.path] = want
-    for extra in sorted(p for p in got if p is not None):
-        report.problems.append(Problem(str(Code.PIN_MISMATCH), f"layer {extra} is not pinned"))
+    for extra in sorted(got):
+        i = next(n for n, x in enumerate(layers) if x is got[extra])
+        report.problems.append(Problem(
+            str(Code.PIN_MISMATCH), f"{_layer_label(i, got[extra])} ({extra!r}) is not pinned "
+            "by the signed lock", path=extra))
+
+
+def _layer_label(i: int, layer: dict[str, Any]) -> str:
+    """``layer N (<media type>, sha256:<12 hex>)``: names a layer that has no usable path."""
+    digest = str(layer.get("digest", "?"))
+    return f"layer {i} ({layer.get('mediaType')!s}, {digest[:19]})"
+
+
+def _signature_layers(layers: list[dict[str, Any]]) -> tuple[int, int] | None:
+    """Positions of the signed index layer and its signature layer.
+
+    Returns:
+        ``(index, signature)``, or None when the manifest has neither.
+
+    Raises:
+        VerificationFailed: Not exactly one layer of each media type, or one not at its
+            ``.airgap/`` path (a second index-typed layer would be left out of the pin check
+            and written by an extractor under its own file path).
+    """
+    found: list[int] = []
+    for media, name in ((SIGNED_INDEX, INDEX_NAME), (SIGNATURE, SIGNATURE_NAME)):
+        at = [i for i, x in enumerate(layers) if x.get("mediaType") == media]
+        if not at:
+            return None
+        paths = [layers[i].get("annotations", {}).get(FILEPATH)
+                 if isinstance(layers[i].get("annotations"), dict) else None for i in at]
+        if len(at) != 1 or paths[0] != f".airgap/{name}":
+            named = ", ".join(f"{_layer_label(i, layers[i])} at {p!r}" for i, p in zip(at, paths,
+                                                                                 strict=True))
+            raise VerificationFailed([Problem(
+                str(Code.PIN_MISMATCH), f"the manifest must carry exactly one {media} layer, "
+                f"at .airgap/{name}; found {named}")])
+        found.append(at[0])
+    return found[0], found[1]
 
 
 __all__ = ["OciReport", "export_oci", "media_type", "verify_oci"]

@@ -308,6 +308,48 @@ def install_hf_cache(
     return paths.snapshot(entry.commit)
 
 
+def cache_repo_dir(path: str | os.PathLike[str], entry: LockEntry) -> Path | None:
+    """Return the cache repository directory (``models--org--name``) of ``entry`` that
+    ``path`` names, or None when ``path`` is not inside a Hugging Face cache of that model.
+
+    ``path`` may be the cache root, the repo directory or one of its snapshot directories:
+    for all three a loader that resolves ``entry.repo_id`` by its refs reads this repo
+    directory, so a verification of ``path`` must look at its refs too.
+    """
+    p = Path(path)
+
+    def is_repo(d: Path) -> bool:
+        return (d / "snapshots").is_dir() and (d / "blobs").is_dir()
+
+    if is_repo(p):
+        return p
+    if (p / repo_folder_name(entry.repo_id)).is_dir():
+        return p / repo_folder_name(entry.repo_id)
+    if p.parent.name == "snapshots" and is_repo(p.parent.parent):
+        return p.parent.parent
+    return None
+
+
+def read_refs(repo_dir: Path) -> dict[str, str]:
+    """Every ref of a cache repo directory: ref name (``main``, ``pr/1``) -> the file's text,
+    exactly as a loader reads it (huggingface_hub joins ``snapshots/`` with that text as is).
+
+    Raises:
+        CacheLayoutError: A ref file cannot be read.
+    """
+    refs: dict[str, str] = {}
+    top = repo_dir / "refs"
+    for dirpath, _dirs, names in os.walk(top):  # symlinked folders are not followed
+        for n in names:
+            f = Path(dirpath) / n
+            rel = f.relative_to(top).as_posix()
+            try:
+                refs[rel] = f.read_bytes().decode("ascii", "backslashreplace")
+            except OSError as exc:
+                raise CacheLayoutError(f"cannot read ref {f}: {exc.strerror or exc}") from exc
+    return dict(sorted(refs.items()))
+
+
 def resolve_model_dir(path: str | os.PathLike[str], entry: LockEntry | None) -> Path:
     """Return the directory holding the model files for ``path``.
 

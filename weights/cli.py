@@ -4,7 +4,8 @@ Exit codes: 0 ok; 1 verification failed (digest or signature mismatch, missing/e
 drift refused, model does not fit); 2 usage or I/O error; interrupted by SIGINT/SIGTERM/SIGHUP:
 the process ends by that signal after cleaning up (a shell sees 130/143/129). Only ``pin``
 and ``pull`` (and ``size REPO_ID``) use the network, and only towards ``--endpoint`` /
-``HF_ENDPOINT``; :mod:`weights.hub` is imported lazily by those commands.
+``HF_ENDPOINT``; :mod:`weights.hub` is imported lazily by those commands. With ``--offline``
+(``HF_HUB_OFFLINE``/``TRANSFORMERS_OFFLINE``) they contact nothing: ``hub_offline``, exit 2.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from weights.cli_common import (
     EndpointOpt,
     JsonOpt,
     LockOpt,
+    OfflineOpt,
     QuietOpt,
     RedirectHostOpt,
     TokenOpt,
@@ -86,6 +88,7 @@ def pin(
     endpoint: EndpointOpt = "https://huggingface.co",
     token: TokenOpt = None,
     redirect_host: RedirectHostOpt = None,
+    offline: OfflineOpt = False,
     as_json: JsonOpt = False,
     allow_pickle: AllowPickleOpt = False,
     allow_remote_code: AllowCodeOpt = False,
@@ -95,7 +98,8 @@ def pin(
 
     console = _console()
     try:
-        result = do_pin(hub_client(endpoint, token, redirect_host), lock, repo_id, revision,
+        hub = hub_client(endpoint, token, redirect_host, offline)
+        result = do_pin(hub, lock, repo_id, revision,
                         include=include or (), exclude=exclude or (),
                         allow_license=allow_license or (), update=update,
                         policy=SerialisationPolicy(allow_pickle=allow_pickle,
@@ -128,6 +132,7 @@ def pull(
     endpoint: EndpointOpt = "https://huggingface.co",
     token: TokenOpt = None,
     redirect_host: RedirectHostOpt = None,
+    offline: OfflineOpt = False,
     quiet: QuietOpt = False,
     allow_pickle: AllowPickleOpt = False,
     allow_remote_code: AllowCodeOpt = False,
@@ -138,7 +143,7 @@ def pull(
     if (into is None) == (cache is None):
         raise typer.BadParameter("give exactly one of --into DIR or --cache DIR")
     entries = select_entries(_nonempty(Lockfile.load(lock), lock), repo or [])
-    hub = hub_client(endpoint, token, redirect_host)
+    hub = hub_client(endpoint, token, redirect_host, offline)
     console = _console()
     for entry in entries:
         dest = plain_dir_for(into, entry, len(entries) > 1) if into is not None else None
@@ -207,6 +212,15 @@ def _print_report(console: Console, report: VerifyReport, lock: Path, several: b
         console.print(f"{tag}EXTRA    {p}", markup=False)
     for p in report.missing_shards:
         console.print(f"{tag}MISSING SHARD {p} (named in the index)", markup=False)
+    for m in report.refs:
+        got = m.actual.removeprefix("commit:")
+        console.print(f"{tag}REF      {m.path}: " + ("absent (a loader finds no revision "
+                      f"{m.path[5:]})" if m.actual == "absent" else
+                      f"names {got!r}, the lock pins {report.commit} (a loader reads "
+                      f"snapshots/{got})"), markup=False)
+    for p in report.extra_snapshots:
+        console.print(f"{tag}NOTE     other snapshot {p}: no ref names it; only a load by "
+                      "that commit reads it", markup=False)
     if report.ok:
         console.print(f"OK {report.repo_id}@{report.commit[:12]}: {report.checked} "
                       f"files, {report.bytes_checked} bytes match {lock}", markup=False)

@@ -42,6 +42,14 @@ RedirectHostOpt = Annotated[
                       "the Hub's content hosts. The endpoint's own host is always allowed; "
                       "https to http is always refused."),
 ]
+OfflineOpt = Annotated[
+    bool,
+    typer.Option("--offline", envvar=["HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"],
+                 show_default=False,
+                 help="Never contact the hub: fail with hub_offline before any name lookup or "
+                      "connection (HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE = 1/true/yes/on, as "
+                      "huggingface_hub reads them)."),
+]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable JSON report on stdout.")]
 
@@ -61,12 +69,14 @@ def progress(total: int, label: str, quiet: bool) -> AbstractContextManager[Any]
     return byte_progress(total, label, quiet)
 
 
-def hub_client(endpoint: str, token: str | None, redirect_hosts: list[str] | None = None) -> Any:
-    """A :class:`weights.hub.HubClient` (imported here: the only network-capable module)."""
+def hub_client(endpoint: str, token: str | None, redirect_hosts: list[str] | None = None,
+               offline: bool = False) -> Any:
+    """A :class:`weights.hub.HubClient` (imported here: the only network-capable module);
+    ``offline`` (``--offline``, ``HF_HUB_OFFLINE``) makes it refuse every hub request."""
     from weights.hub import HubClient
 
-    return HubClient(endpoint=endpoint, token=token, redirect_hosts=redirect_hosts)
-
+    return HubClient(endpoint=endpoint, token=token, redirect_hosts=redirect_hosts,
+                     offline=offline)
 
 
 

@@ -14,6 +14,7 @@ from clishell.consoles import table as _table
 from weights.cli_common import (
     EndpointOpt,
     JsonOpt,
+    OfflineOpt,
     QuietOpt,
     RedirectHostOpt,
     TokenOpt,
@@ -190,6 +191,7 @@ def size(
     endpoint: EndpointOpt = "https://huggingface.co",
     token: TokenOpt = None,
     redirect_host: RedirectHostOpt = None,
+    offline: OfflineOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Weights, KV cache and, with --gpu or --gpu-mem, the fit of one replica on
@@ -220,7 +222,7 @@ def size(
     if path.exists():
         config, params = _local_inputs(path)
     elif is_repo_id(target):
-        hub = hub_client(endpoint, token, redirect_host)
+        hub = hub_client(endpoint, token, redirect_host, offline)
         config, params = _remote_inputs(hub, target, revision)
     else:
         raise missing_target(target)

@@ -21,6 +21,7 @@ from clishell.consoles import table as _table
 from weights.cli_common import (
     EndpointOpt,
     JsonOpt,
+    OfflineOpt,
     RedirectHostOpt,
     TokenOpt,
     VerificationFailed,
@@ -83,7 +84,7 @@ def _bandwidth(text: str | None) -> float | None:
 
 def _model_inputs(
     target: str, lock: Path | None, source: Path | None, revision: str, endpoint: str,
-    token: str | None, redirect_host: list[str] | None = None,
+    token: str | None, redirect_host: list[str] | None = None, offline: bool = False,
 ) -> tuple[dict[str, Any], ParamCount | None, str | None, str | None]:
     """(config, parameter counts, repo id, pinned commit) from the TARGET given."""
     if lock is not None:
@@ -95,7 +96,7 @@ def _model_inputs(
             raw = (path / "config.json").read_bytes()
             config, params = _local_inputs(path)
         else:
-            hub = hub_client(endpoint, token, redirect_host)
+            hub = hub_client(endpoint, token, redirect_host, offline)
             config, params = _remote_inputs(hub, entry.repo_id, entry.commit)
             cfg_file = entry.get("config.json")
             raw = hub.read_range(entry.repo_id, entry.commit, "config.json", 0,
@@ -114,7 +115,7 @@ def _model_inputs(
             return config, params, f"{m['org']}/{m['name']}", m["commit"]
         return config, params, None, None
     if is_repo_id(target):
-        hub = hub_client(endpoint, token, redirect_host)
+        hub = hub_client(endpoint, token, redirect_host, offline)
         commit = hub.snapshot(target, revision).commit
         config, params = _remote_inputs(hub, target, commit)
         return config, params, target, commit
@@ -158,6 +159,7 @@ def plan(
     endpoint: EndpointOpt = "https://huggingface.co",
     token: TokenOpt = None,
     redirect_host: RedirectHostOpt = None,
+    offline: OfflineOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Plan memory, TP/PP/EP/DP layout, speed and vLLM args; exit 1 if it does not fit."""
@@ -183,7 +185,7 @@ def plan(
             bf16_flops=_tflops(bf16_tflops, "--gpu-bf16-tflops"),
             fp8_flops=_tflops(fp8_tflops, "--gpu-fp8-tflops"), nvlink_domain=nvlink_domain)
     config, params, repo_id, pinned = _model_inputs(target, lock, source, revision, endpoint,
-                                                    token, redirect_host)
+                                                    token, redirect_host, offline)
     stored_fp8 = bool(params and any(k.startswith("F8") for k in params.by_dtype))
     if estimate:
         params = None

@@ -14,6 +14,10 @@ Every error derives from :class:`WeightsError` and carries a stable machine ``co
     |   +-- FileNotOnHubError         "entry_not_found"
     |   +-- GatedRepoError            "gated_repo"           needs a token with access
     |   +-- RedirectRefusedError      "redirect_refused"     hub redirected off the allowed hosts
+    |   +-- HubOfflineError           "hub_offline"          offline mode (HF_HUB_OFFLINE) is on
+    |   +-- HubAnswerError            "hub_answer_invalid"   a malformed value in the answer
+    |       +-- HubMismatchError      "hub_mismatch"         answer for another repo or commit
+    |       +-- UnsafeHubPathError    "unsafe_hub_path"      a file path that escapes the model
     +-- LicenseRefusedError           "license_refused"      --allow-license rejected the model
     +-- DriftError                    "revision_drift"       a branch moved since it was pinned
     +-- CacheLayoutError              "cache_layout"         unusable Hugging Face cache tree
@@ -121,6 +125,40 @@ class RedirectRefusedError(HubError):
     def __init__(self, message: str, *, host: str, hint: str | None = None) -> None:
         super().__init__(message, hint=hint)
         self.host = host
+
+
+class HubOfflineError(HubError):
+    """Offline mode is on (``HF_HUB_OFFLINE``, ``--offline``): the hub is not contacted."""
+
+    code = "hub_offline"
+
+
+class HubAnswerError(HubError):
+    """The hub answered with a value that cannot be used (a commit that is not 40 hex, a blob
+    id that is not a digest, a negative size)."""
+
+    code = "hub_answer_invalid"
+
+
+class HubMismatchError(HubAnswerError):
+    """The hub answered for another repository, or another commit than the one asked for."""
+
+    code = "hub_mismatch"
+
+
+class UnsafeHubPathError(HubAnswerError):
+    """The hub lists a file whose path could not be installed under the model's directory
+    (``..``, absolute, backslash, control character, ...).
+
+    Attributes:
+        path: The path as the hub sent it.
+    """
+
+    code = "unsafe_hub_path"
+
+    def __init__(self, message: str, *, path: str, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.path = path
 
 
 class RepoNotFoundError(HubError):

@@ -31,12 +31,18 @@ from urllib.parse import quote, urlsplit
 from weights.errors import (
     FileNotOnHubError,
     GatedRepoError,
+    HubAnswerError,
     HubError,
+    HubMismatchError,
+    HubOfflineError,
     RepoNotFoundError,
     RevisionNotFoundError,
     StorageError,
+    UnsafeHubPathError,
     WeightsError,
 )
+from weights.lockvalues import HEX40, HEX64, is_commit_sha
+from weights.modeltree import unsafe_path_reason
 from weights.redirects import RedirectPolicy
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
@@ -151,6 +157,81 @@ def _local(part: Path) -> Iterator[None]:
         ) from exc
 
 
+def _check_answer(repo_id: str, revision: str, answered_id: str, commit: str,
+                  endpoint: str) -> None:
+    """Refuse a model-info answer for another repository (the Hub spells ids in any case, so
+    case is ignored) or another commit than a SHA asked for, or a commit that is not 40 hex.
+
+    Raises:
+        HubMismatchError: Another repository or commit.
+        HubAnswerError: The commit is not a 40-hex SHA.
+    """
+    what = f"{repo_id}@{revision}"
+    if answered_id.lower() != repo_id.lower():
+        raise HubMismatchError(
+            f"{what}: {endpoint} answered for repository {answered_id!r}, not {repo_id}; "
+            "nothing was recorded",
+            hint="if the repository was renamed, pin it by its new id; otherwise the hub (or "
+                 "a proxy in front of it) is not answering what was asked")
+    if not is_commit_sha(commit):
+        raise HubAnswerError(f"{what}: the hub reported commit {commit!r}, not a 40-hex SHA")
+    if is_commit_sha(revision.lower()) and commit != revision.lower():
+        raise HubMismatchError(f"{what}: {endpoint} answered with commit {commit}, not the "
+                               "commit asked for; nothing was recorded")
+
+
+def _remote_file(repo_id: str, path: str, size: Any, blob_id: Any,
+                 sha256: Any) -> RemoteFile:
+    """A :class:`RemoteFile` from the hub's sibling values, each checked before any use (the
+    path joins a local directory, the blob id names a staging file).
+
+    Raises:
+        UnsafeHubPathError: A path that could escape the model's directory.
+        HubAnswerError: A size that is not a non-negative integer, a blob id that is not 40
+            hex, an LFS sha256 that is not 64 hex.
+    """
+    reason = unsafe_path_reason(path) if isinstance(path, str) else "is not a string"
+    if reason is not None:
+        raise UnsafeHubPathError(
+            f"{repo_id}: the hub lists a file {path!r} whose path {reason}; nothing was "
+            "recorded or downloaded", path=str(path),
+            hint="a file name like this cannot be installed safely: report it to the "
+                 "repository's owner, or pin another revision")
+    if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+        raise HubAnswerError(f"{repo_id}: the hub gave size {size!r} for {path!r}")
+    if not isinstance(blob_id, str) or HEX40.fullmatch(blob_id) is None:
+        raise HubAnswerError(f"{repo_id}: the hub gave blob id {blob_id!r} for {path!r}, not "
+                             "a 40-hex git object id")
+    if sha256 is not None and (not isinstance(sha256, str) or HEX64.fullmatch(sha256) is None):
+        raise HubAnswerError(f"{repo_id}: the hub gave LFS sha256 {sha256!r} for {path!r}, "
+                             "not 64 hex")
+    return RemoteFile(path=path, size=size, git_oid=blob_id, lfs_sha256=sha256)
+
+
+def _refuse_oversize(what: str, part: Path, response: Any, have: int, size: int) -> None:
+    """Refuse a download that would grow past the lock's ``size`` bytes, before writing it.
+
+    With a ``response``, its ``Content-Length`` (plus the ``have`` bytes kept, for a 206) is
+    checked before any byte is read; without one, ``have`` is the byte count the next chunk
+    would reach. The partial file is removed: its bytes came from a hub that does not serve
+    the pinned file.
+
+    Raises:
+        HubError: The hub sends (or announces) more bytes than the lock says.
+    """
+    if response is not None:
+        declared = response.headers.get("Content-Length")
+        if declared is None or not declared.isdigit():
+            return
+        have = (have if response.status_code == 206 else 0) + int(declared)
+    if have <= size:
+        return
+    part.unlink(missing_ok=True)
+    raise HubError(f"{what}: hub sends at least {have} bytes, lock says {size}; download "
+                   "stopped, partial file removed",
+                   hint="the hub or a mirror serves other content than the pinned file")
+
+
 class HubClient:
     """Talks to one hub endpoint with one token.
 
@@ -163,6 +244,9 @@ class HubClient:
         resolver: ``(host, port) -> [address, ...]`` for every connection (default: the
             system resolver); each address is checked before connecting
             (:mod:`weights.netcheck`).
+        offline: Offline mode (``HF_HUB_OFFLINE``, read by the CLI): every method that would
+            contact the hub raises :class:`HubOfflineError` before any name lookup or
+            connection.
 
     Raises:
         WeightsError: A redirect host that is not a host name or ``*.domain``.
@@ -170,18 +254,38 @@ class HubClient:
 
     def __init__(self, endpoint: str = DEFAULT_ENDPOINT, token: str | None = None,
                  timeout_s: float = 30.0, redirect_hosts: Iterable[str] | None = None,
-                 resolver: Callable[[str, int], list[str]] | None = None) -> None:
+                 resolver: Callable[[str, int], list[str]] | None = None,
+                 offline: bool = False) -> None:
         self.endpoint = endpoint.rstrip("/")
+        self.offline = offline
         # False: never fall back to a token stored on disk or in the environment implicitly.
         self.token: str | bool = token if token else False
         self.timeout_s = timeout_s
         self.redirects = RedirectPolicy.of(self.endpoint, redirect_hosts)
         self.resolver = resolver
 
-    def _session(self) -> Any:
+    def require_online(self, what: str) -> None:
+        """Raise unless the hub may be contacted.
+
+        Raises:
+            HubOfflineError: :attr:`offline` is set (``what`` names the request refused).
+        """
+        if self.offline:
+            raise HubOfflineError(
+                f"{what}: offline mode is on (HF_HUB_OFFLINE): the hub at {self.endpoint} is "
+                "not contacted",
+                hint="unset HF_HUB_OFFLINE (and TRANSFORMERS_OFFLINE) to reach the hub; "
+                     "offline, use a local directory: weights lock/size/plan DIR")
+
+    def _session(self, what: str) -> Any:
         """A new ``httpx2.Client`` (use it with ``with``) that follows a redirect only when
         :attr:`redirects` allows it; one per operation (a metadata request, a file), so no
-        connection outlives the call that opened it."""
+        connection outlives the call that opened it. Every hub request goes through here.
+
+        Raises:
+            HubOfflineError: :attr:`offline` is set (``what`` names the request refused).
+        """
+        self.require_online(what)
         _hf()
         import httpx2
 
@@ -209,7 +313,8 @@ class HubClient:
             RepoNotFoundError, RevisionNotFoundError, GatedRepoError, HubError.
         """
         hf = _hf()
-        with _mapped(f"{repo_id}@{revision}", self.endpoint), self._session() as http:
+        with _mapped(f"{repo_id}@{revision}", self.endpoint), \
+                self._session(f"{repo_id}@{revision}") as http:
             # HfApi.model_info(files_metadata=True), through this client's session.
             hf.utils.validate_repo_id(repo_id)
             response = http.get(
@@ -220,17 +325,14 @@ class HubClient:
             info = hf.hf_api.ModelInfo(**response.json())
         if not info.sha or not info.id:
             raise HubError(f"{repo_id}@{revision}: hub did not report a commit")
+        _check_answer(repo_id, revision, str(info.id), str(info.sha), self.endpoint)
         files: list[RemoteFile] = []
         for s in info.siblings or []:
             if s.size is None or s.blob_id is None:
-                raise HubError(f"{repo_id}: hub gave no size/blob id for {s.rfilename}")
+                raise HubError(f"{repo_id}: hub gave no size/blob id for {s.rfilename!r}")
             lfs = s.lfs
-            files.append(RemoteFile(
-                path=s.rfilename,
-                size=int(lfs["size"]) if lfs else int(s.size),
-                git_oid=s.blob_id,
-                lfs_sha256=str(lfs["sha256"]) if lfs else None,
-            ))
+            files.append(_remote_file(repo_id, s.rfilename, lfs["size"] if lfs else s.size,
+                                      s.blob_id, lfs["sha256"] if lfs else None))
         card = info.card_data
         lic: Any = card.get("license") if card is not None else None
         if isinstance(lic, list):
@@ -279,6 +381,8 @@ class HubClient:
         hf = _hf()
         import httpx2
 
+        what = f"{repo_id}/{path}@{commit[:12]}"
+        self.require_online(what)  # before the partial file is created
         url = hf.hf_hub_url(repo_id, path, revision=commit, endpoint=self.endpoint)
         with _local(part):
             part.parent.mkdir(parents=True, exist_ok=True)
@@ -290,8 +394,7 @@ class HubClient:
         if progress is not None and have:
             progress(have)
         failures = 0
-        what = f"{repo_id}/{path}@{commit[:12]}"
-        with _mapped(what, self.endpoint), self._session() as http:
+        with _mapped(what, self.endpoint), self._session(what) as http:
             while have < size:
                 headers = hf.utils.build_hf_headers(token=self.token)
                 headers["Accept-Encoding"] = "identity"
@@ -312,10 +415,14 @@ class HubClient:
                             if progress is not None:
                                 progress(-have)
                             have = 0
+                        _refuse_oversize(what, part, response, have, size)
                         with _local(part), open(part, "r+b") as fh:
                             fh.seek(have)
                             fh.truncate()
                             for chunk in response.iter_bytes():
+                                if have + len(chunk) > size:  # not one byte past the lock
+                                    fh.close()
+                                    _refuse_oversize(what, part, None, have + len(chunk), size)
                                 fh.write(chunk)
                                 have += len(chunk)
                                 if progress is not None:
@@ -339,6 +446,10 @@ class HubClient:
     def read_range(self, repo_id: str, revision: str, path: str, start: int, length: int) -> bytes:
         """Read ``length`` bytes at ``start`` of a file with an HTTP Range request.
 
+        Reading stops as soon as the bytes asked for are in: a hub that ignores the range
+        (200) is read only up to ``start + length`` bytes; one that answers 206 with more than
+        ``length`` bytes is refused at the first chunk past them.
+
         Raises:
             FileNotOnHubError, GatedRepoError, RepoNotFoundError, HubError.
         """
@@ -347,10 +458,18 @@ class HubClient:
         headers = hf.utils.build_hf_headers(token=self.token)
         headers["Range"] = f"bytes={start}-{start + length - 1}"
         headers["Accept-Encoding"] = "identity"
-        with _mapped(f"{repo_id}/{path}@{revision}", self.endpoint), self._session() as http:
-            response = http.get(url, headers=headers, timeout=self.timeout_s)
+        what = f"{repo_id}/{path}@{revision}"
+        buf = bytearray()
+        with _mapped(what, self.endpoint), self._session(what) as http, http.stream(
+                "GET", url, headers=headers, timeout=self.timeout_s) as response:
             hf.utils.hf_raise_for_status(response)
-            data: bytes = response.content
-        if response.status_code == 200:
-            data = data[start : start + length]
-        return data
+            partial = response.status_code == 206
+            want = length if partial else start + length
+            for chunk in response.iter_bytes():
+                buf += chunk
+                if len(buf) > want and partial:
+                    raise HubError(f"{what}: hub sends more than the {length} bytes asked "
+                                   f"(bytes {start}-{start + length - 1}); stopped reading")
+                if len(buf) >= want:
+                    break
+        return bytes(buf if partial else buf[start : start + length])

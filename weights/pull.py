@@ -168,6 +168,8 @@ def pull_entry(
     if (into is None) == (cache is None):
         raise WeightsError("give exactly one of into= (plain directory) or cache= (HF cache)")
     check_names((f"{entry.repo_id}:{f.path}" for f in entry.files), policy)
+    if hub.offline:  # refuse before the lock file or the staging area is created
+        _offline_check(hub, entry, into, cache)
     if into is not None:
         lock = into.parent / f".{into.name}.weights-pull.lock"
         where = into
@@ -178,6 +180,26 @@ def pull_entry(
     with _exclusive(lock, where):
         return _pull_entry(hub, entry, into=into, cache=cache, staging=staging,
                            progress=progress, on_file=on_file, policy=policy)
+
+
+def _offline_check(hub: HubClient, entry: LockEntry, into: Path | None,
+                   cache: Path | None) -> None:
+    """In offline mode, refuse a pull that would download anything (a file not in place and
+    verified), before anything is written.
+
+    Raises:
+        HubOfflineError: A file would have to be downloaded.
+    """
+    if into is not None:
+        finals = {f.path: into / f.path for f in entry.files}
+    else:
+        assert cache is not None
+        paths = hf_cache_paths(cache, entry.repo_id)
+        finals = {f.path: paths.blob(f.blob_id) for f in entry.files}
+    absent = [f.path for f in entry.files if not _reusable(finals[f.path], f)]
+    if absent:
+        hub.require_online(f"{entry.repo_id}@{entry.commit[:12]}: {len(absent)} file(s) to "
+                           f"download ({absent[0]}{', ...' if len(absent) > 1 else ''})")
 
 
 @contextmanager

@@ -5,6 +5,14 @@ that are missing, files present but not pinned (vLLM globs ``*.safetensors`` whe
 index, so an extra shard changes the model), and shards named in a
 ``*.safetensors.index.json`` ``weight_map`` that are absent (vLLM may load such a checkpoint
 silently with missing tensors).
+
+For a Hugging Face cache (a cache root, a ``models--org--name`` directory or one of its
+snapshot directories) the files of the pinned commit's snapshot are checked, and also what a
+loader resolving the repo id by its refs would read (huggingface_hub and vLLM with
+``HF_HUB_OFFLINE=1`` read ``refs/<revision>`` and load ``snapshots/<its text>``): every ref
+must name the pinned commit and the requested revision's ref must exist, or the report fails
+naming the ref. Other snapshot directories (an earlier commit left by an update) are listed but
+do not fail: no ref leads there, only a load by that commit's SHA.
 """
 
 from __future__ import annotations
@@ -17,10 +25,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from weights.cache import resolve_model_dir
+from weights.cache import cache_repo_dir, read_refs, resolve_model_dir
 from weights.digests import ProgressCallback, digest_file, sha256_file
 from weights.errors import WeightsError
-from weights.lockfile import LockedFile, LockEntry
+from weights.lockfile import LockedFile, LockEntry, is_commit_sha
 from weights.modeltree import model_files
 
 
@@ -50,6 +58,13 @@ class VerifyReport:
         missing: Pinned files absent from the directory.
         extra: Files present but not pinned (relative POSIX paths).
         missing_shards: Shards named by an index file but absent.
+        refs: Cache refs a loader would resolve to something else than the pinned commit:
+            ``(ref path, expected, actual)`` with ``path`` ``refs/<name>``, ``expected``
+            ``commit:<pinned sha>``, ``actual`` ``commit:<text of the ref>`` or ``absent``
+            (the requested revision's ref is missing).
+        extra_snapshots: Snapshot directories of the cache other than the pinned commit's
+            (``snapshots/<name>``), listed for the operator; they do not make the report fail
+            (no ref leads there once :attr:`refs` is empty: only a load by that SHA reads one).
         digests: sha256 of every file hashed, by path (lets a signature check reuse them).
     """
 
@@ -62,12 +77,16 @@ class VerifyReport:
     missing: tuple[str, ...]
     extra: tuple[str, ...]
     missing_shards: tuple[str, ...]
+    refs: tuple[Mismatch, ...] = ()
+    extra_snapshots: tuple[str, ...] = ()
     digests: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def ok(self) -> bool:
-        """True when nothing is mismatched, missing, extra or a missing shard."""
-        return not (self.mismatched or self.missing or self.extra or self.missing_shards)
+        """True when nothing is mismatched, missing, extra, a missing shard or a cache ref
+        that resolves elsewhere (other snapshots are listed, not failed)."""
+        return not (self.mismatched or self.missing or self.extra or self.missing_shards
+                    or self.refs)
 
     def to_json(self) -> dict[str, Any]:
         """Return the report as a JSON-ready dict."""
@@ -82,6 +101,8 @@ class VerifyReport:
             "missing": list(self.missing),
             "extra": list(self.extra),
             "missing_shards": list(self.missing_shards),
+            "refs": [m._asdict() for m in self.refs],
+            "extra_snapshots": list(self.extra_snapshots),
         }
 
 
@@ -194,6 +215,8 @@ def verify_tree(
         WeightsError: A file cannot be read.
     """
     root = resolve_model_dir(path, entry)
+    repo_dir = cache_repo_dir(path, entry)
+    refs, extra_snapshots = ((), ()) if repo_dir is None else cache_problems(repo_dir, entry)
     patterns = list(ignore)
     present = list_files(root, ignore=patterns)  # the tree rule first: no hash through a bad link
     mismatched: list[Mismatch] = []
@@ -232,5 +255,36 @@ def verify_tree(
         missing=tuple(missing),
         extra=tuple(extra),
         missing_shards=tuple(shards),
+        refs=refs,
+        extra_snapshots=extra_snapshots,
         digests=hashed_digests,
     )
+
+
+def cache_problems(repo_dir: Path, entry: LockEntry) -> tuple[tuple[Mismatch, ...],
+                                                             tuple[str, ...]]:
+    """What a loader resolving ``entry.repo_id`` in the cache repo ``repo_dir`` would read
+    besides the pinned commit.
+
+    Args:
+        repo_dir: The ``models--org--name`` directory.
+        entry: The pinned entry.
+
+    Returns:
+        ``(refs, extra_snapshots)``: refs whose text is not exactly the pinned commit (and the
+        requested revision's ref when it is absent), as :class:`Mismatch` with path
+        ``refs/<name>``; snapshot directories other than ``snapshots/<commit>``.
+
+    Raises:
+        CacheLayoutError: A ref cannot be read.
+    """
+    want = f"commit:{entry.commit}"
+    refs = read_refs(repo_dir)
+    problems = [Mismatch(f"refs/{name}", want, f"commit:{text}")
+                for name, text in refs.items() if text != entry.commit]
+    rev = entry.requested_revision
+    if not is_commit_sha(rev) and rev not in refs:
+        problems.append(Mismatch(f"refs/{rev}", want, "absent"))
+    snaps = repo_dir / "snapshots"
+    others = sorted(f"snapshots/{d.name}" for d in snaps.iterdir() if d.name != entry.commit)
+    return tuple(sorted(problems)), tuple(others)

@@ -158,8 +158,14 @@ def check_weights(facts: Facts) -> CheckResult:
             models[entry.repo_id] = {"commit": entry.commit, "files": rep.checked,
                                      "ok": rep.ok, "signature": None}
             if not rep.ok:
+                cache = "".join(
+                    [f"; {m.path} " + ("is absent" if m.actual == "absent" else
+                                       f"names {m.actual.removeprefix('commit:')[:40]!r}, "
+                                       "not the pinned commit") for m in rep.refs]
+                    + [f"; other snapshot {s}" for s in rep.extra_snapshots])
                 problems.append(f"{entry.repo_id}: differs from the lockfile ({len(rep.mismatched)}"
-                                f" changed, {len(rep.missing)} missing, {len(rep.extra)} extra)")
+                                f" changed, {len(rep.missing)} missing, {len(rep.extra)} extra)"
+                                + cache)
                 continue
             if i.weights_signature is None or i.weights_public_key is None:
                 problems.append(f"{entry.repo_id}: no signature checked (--weights-signature, "

@@ -180,3 +180,66 @@ def test_minilm_artifact_survives_a_registry_round_trip_with_skopeo(
     entry = lock.entry(MINILM)
     assert doc["repo_id"] == MINILM and doc["commit"] == entry.commit
     assert doc["layers"] == {f.path: f"sha256:{f.sha256}" for f in entry.files}
+
+
+# protocol-4 pickle of os.system("id")
+_PICKLE = (b"\x80\x04\x95\x15\x00\x00\x00\x00\x00\x00\x00"
+           b"\x8c\x02os\x8c\x06system\x93\x8c\x02id\x85R.")
+
+
+def _add_layer(layout: Path, layer: dict[str, object], data: bytes, at: int = 0) -> str:
+    """Insert a layer holding ``data`` into the manifest, with the config rebuilt to match (the
+    config is unsigned: an attacker writes the one the verifier expects); return its digest."""
+    import hashlib
+
+    def put(raw: bytes) -> dict[str, object]:
+        h = hashlib.sha256(raw).hexdigest()
+        (layout / "blobs" / "sha256" / h).write_bytes(raw)
+        return {"digest": f"sha256:{h}", "size": len(raw)}
+
+    top = json.loads((layout / "index.json").read_bytes())
+    man = _manifest(layout)
+    layers: list[dict[str, object]] = man["layers"]  # type: ignore[assignment]
+    added = {**layer, **put(data)}
+    layers.insert(at, added)
+    cfg_desc: dict[str, str] = man["config"]  # type: ignore[assignment]
+    cfg = json.loads(_blob(layout, cfg_desc["digest"]))
+    cfg["modelfs"]["diffIds"] = [x["digest"] for x in layers]
+    man["config"] = {"mediaType": CONFIG, **put(json.dumps(cfg, indent=2, sort_keys=True).encode())}
+    top["manifests"][0].update(put(json.dumps(man, indent=2, sort_keys=True).encode()))
+    (layout / "index.json").write_text(json.dumps(top))
+    return str(added["digest"])
+
+
+@pytest.mark.parametrize(("layer", "message"), [
+    # typed as the signed index, so it was left out of the pin check
+    ({"mediaType": "application/vnd.sovereign-gateway.airgap.index.v1+json",
+      "annotations": {FILEPATH: "pytorch_model.bin"}},
+     "the manifest must carry exactly one application/vnd.sovereign-gateway.airgap.index.v1+json"
+     " layer, at .airgap/index.json; found layer 0 ("),
+    # no file path, so it was keyed None and skipped
+    ({"mediaType": WEIGHT}, f"layer 0 ({WEIGHT}, sha256:"),
+    ({"mediaType": WEIGHT, "annotations": {}}, f"layer 0 ({WEIGHT}, sha256:"),
+    ({"mediaType": WEIGHT, "annotations": {FILEPATH: "pytorch_model.bin"}},
+     "('pytorch_model.bin') is not pinned by the signed lock"),
+    ({"mediaType": DOC, "annotations": {FILEPATH: "README.md"}},
+     "two layers share file path 'README.md'"),
+])
+def test_every_layer_is_pinned_or_the_artifact_fails(
+    small: tuple[Lockfile, Path], keys: KeyPair, tmp_path: Path, layer: dict[str, object],
+    message: str, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Tester's finding 06: a layer the signed lock does not pin passed oci-verify (and was
+    left out of the report) when typed as the signed index or carrying no file path."""
+    _, bundle = small
+    layout = export_oci(bundle, [keys.public], tmp_path / "oci")
+    assert verify_oci(layout, [keys.public]).ok
+    digest = _add_layer(layout, layer, _PICKLE)
+    report = verify_oci(layout, [keys.public])
+    assert not report.ok
+    assert any(message in p.message for p in report.problems), report.problems
+    assert all(p.code in ("pin_mismatch", "oci_invalid") for p in report.problems)
+    capsys.readouterr()
+    assert main(["oci-verify", str(layout), "--public-key", str(keys.public_path)]) == 1
+    err = capsys.readouterr().err
+    assert message in " ".join(err.split()) or digest[:19] in err, err

@@ -162,6 +162,8 @@ class HubApp:
             "siblings": siblings,
             "usedStorage": sum(e.blob.size for e in commit.files.values()),
         }
+        if self.hub.rewrite_info is not None:
+            info = self.hub.rewrite_info(info)
         await _json(send, 200, info)
 
     async def _resolve(
@@ -217,13 +219,17 @@ class HubApp:
                              {"content-range": f"bytes */{size}"})
                 return
             status = 206
+        faults = self.hub.take_faults(path) if method == "GET" and size else []
+        pad = sum(f.extra_bytes for f in faults if f.kind == "pad")
+        declared = all(f.declare_length for f in faults if f.kind == "pad")
         out: list[tuple[bytes, bytes]] = [
             (b"content-type", b"application/octet-stream"),
             (b"accept-ranges", b"bytes"),
             (b"etag", f'"{entry.etag}"'.encode()),
             (b"x-repo-commit", commit.sha.encode()),
-            (b"content-length", str(end - start + 1 if size else 0).encode()),
         ]
+        if declared:
+            out.append((b"content-length", str((end - start + 1 if size else 0) + pad).encode()))
         if entry.lfs:
             out += [
                 (b"x-linked-etag", f'"{entry.blob.sha256}"'.encode()),
@@ -235,9 +241,9 @@ class HubApp:
         if method == "HEAD" or size == 0:
             await send({"type": "http.response.body", "body": b""})
             return
-        body = data[start : end + 1]
+        body = data[start : end + 1] + b"X" * pad
         cut_at: int | None = None
-        for fault in self.hub.take_faults(path):
+        for fault in faults:
             if fault.kind == "corrupt" and start <= fault.offset <= end:
                 i = fault.offset - start
                 body = body[:i] + bytes([body[i] ^ 0xFF]) + body[i + 1 :]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import cached_property
@@ -173,10 +173,14 @@ class Fault:
     """A one-shot (or n-shot) misbehaviour of the resolve endpoint for one file."""
 
     path: str
-    kind: str  # "cut": drop the connection after `after_bytes`; "corrupt": flip byte `offset`
+    kind: str  # "cut": drop the connection after `after_bytes`; "corrupt": flip byte `offset`;
+    # "pad": send `extra_bytes` more than the file (Content-Length says so if `declare_length`,
+    # else the body is chunked)
     after_bytes: int = 0
     offset: int = 0
     times: int = 1
+    extra_bytes: int = 0
+    declare_length: bool = True
 
 
 @dataclass(frozen=True)
@@ -197,6 +201,9 @@ class Hub:
         self.tokens = set(tokens)
         self.faults: list[Fault] = []
         self.requests: list[RequestRecord] = []
+        self.rewrite_info: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+        """When set, every model-info answer (``/api/models/...``) is passed through it before
+        it is sent: a hostile or broken hub (another repo's id, another commit, odd siblings)."""
         self.redirect_to: str | None = None
         """When set (a base URL), a GET of an LFS file's ``/resolve/`` URL is answered ``302``
         to the same path under this base with ``?cdn=1`` appended, as the Hub redirects to
@@ -222,6 +229,14 @@ class Hub:
         """Flip the byte at ``offset`` in the next ``times`` GETs of ``path`` (size unchanged)."""
         with self._lock:
             self.faults.append(Fault(path, "corrupt", offset=offset, times=times))
+
+    def pad(self, path: str, extra_bytes: int, *, declare_length: bool = True,
+            times: int = 1) -> None:
+        """Send ``extra_bytes`` more than the content in the next ``times`` GETs of ``path``
+        (a hub or mirror that serves another, larger file under the pinned name)."""
+        with self._lock:
+            self.faults.append(Fault(path, "pad", extra_bytes=extra_bytes,
+                                     declare_length=declare_length, times=times))
 
     def take_faults(self, path: str) -> list[Fault]:
         """Consume the faults armed for ``path`` (each use decrements ``times``)."""

@@ -71,3 +71,29 @@ def test_signature_by_another_key_fails(signed_model: Inputs, tmp_path: Path) ->
                     weights_signature=signed_model.weights_signature, weights_public_key=other)
     status, verdict = _weights(inputs)
     assert status == "fail" and "signature does not verify" in verdict
+
+
+def test_cache_ref_moved_to_another_snapshot_fails(signed_model: Inputs, tmp_path: Path) -> None:
+    """The weights a loader resolves by repo id in a Hugging Face cache are checked, not only
+    the pinned snapshot (tester's finding 10: refs/main -> a tampered second snapshot)."""
+    import shutil
+
+    from weights import install_hf_cache
+
+    assert signed_model.lockfile is not None and signed_model.weights_dir is not None
+    entry = Lockfile.load(signed_model.lockfile).entry("acme/tiny")
+    cache = tmp_path / "cache"
+    install_hf_cache(cache, entry, {f.path: signed_model.weights_dir / f.path
+                                    for f in entry.files})
+    inputs = Inputs(lockfile=signed_model.lockfile, weights_dir=cache,
+                    weights_signature=signed_model.weights_signature,
+                    weights_public_key=signed_model.weights_public_key)
+    assert _weights(inputs)[0] == "pass"
+    repo = cache / "models--acme--tiny"
+    evil = "f" * 40
+    shutil.copytree(repo / "snapshots" / COMMIT, repo / "snapshots" / evil)
+    (repo / "refs" / "main").write_text(evil)
+    assert _weights(inputs) == (
+        "fail", f"acme/tiny: differs from the lockfile (0 changed, 0 missing, 0 extra); "
+                f"refs/main names '{evil}', not the pinned commit; other snapshot "
+                f"snapshots/{evil}")
