@@ -126,7 +126,8 @@ async def side_by_side(targets: dict[str, tuple[str, str | None]], calls: int,
 
     The load ends for every target as soon as one target has had ``calls`` calls answered
     (the calls then in flight still count): no target runs its last calls alone on a machine
-    the others have left. Every answer is checked (200, the echoed text).
+    the others have left, and a slower target has fewer calls (each call counted was sent
+    under the same load). Every answer is checked (200, the echoed text).
     """
     out: dict[str, list[float]] = {name: [] for name in targets}
     done = asyncio.Event()
@@ -351,7 +352,8 @@ def report(args: argparse.Namespace,
             path = [v for values, _ in rounds for v in values[name]]
             direct = [v for values, _ in rounds for v in values["direct"]]
             add50, add99 = added(path, direct)
-            per_round = [added(values[name], values["direct"]) for values, _ in rounds]
+            per_round = [added(values[name], values["direct"]) for values, _ in rounds
+                         if min(len(values[name]), len(values["direct"])) >= 2]
             cpu = mean_cpu(rounds)
             target = conc == args.concurrency and name == "gateway"
             print(f"  {name:8} {len(path):6} calls p50 {pct(path, 0.5):7.2f} ms p99 "
