@@ -2,23 +2,26 @@
 
 An upstream MCP server (the official SDK's ``MCPServer`` with an ``echo`` tool, uvicorn) and a
 ``gateway serve`` in front of it (egress policy on, guard ``enforce``; ``--audit`` adds the
-SQLite audit chain) run as separate processes. A client sends ``--calls`` modern (2026-07-28)
-``tools/call`` requests at concurrency 1 (``--calls-c1``) and ``--concurrency`` (32) straight
-to the server and through ``/mcp/echo``, in ``--rounds`` interleaved rounds (so each path sees
-the same machine load), and prints p50/p99 of each, the added latency (gateway minus direct,
-per percentile), the CPU time per call of the server, the gateway and this client
-(``/proc``) and how busy the machine's CPUs were during the loads (``/proc/stat``: at 100%,
-each call waits for a core behind the others, and every microsecond of CPU per call shows).
-``--baseline DIR`` adds a second gateway from another checkout in front of the same server,
-measured in the same rounds (before/after in one run). Targets (issue 28): added p50 <= 1 ms,
-added p99 <= 3 ms at c=32. ``--profile FILE`` writes a CPU-time cProfile of the gateway's
-measured loads. ``--server-calls`` counts the Python function calls the server makes per call
-(cProfile inside the server, started and stopped around each load): the work a request costs
-it, which unlike its CPU time does not depend on how busy the machine is.
+SQLite audit chain) run as separate processes. Each load sends ``--concurrency`` (32; and 1)
+modern (2026-07-28) ``tools/call`` requests at a time through ``/mcp/echo`` AND as many
+straight to the server, side by side (one load, the same server queue, the same machine), until
+one path has its share of ``--calls`` (``--calls-c1``); loads repeat over ``--rounds`` rounds.
+It prints p50/p99 of each path, the added latency (the gateway's percentile minus the direct
+calls' of the same loads, pooled, and each round's, to show the spread), the CPU time per call
+of the server, the gateway and this client (``/proc``) and how busy the machine's CPUs were
+during the loads (``/proc/stat``). ``--alone`` also measures each path in a load of its own
+(with a CPU-bound server on shared cores that difference counts the CPU the gateway takes from
+the server as delay). ``--baseline DIR`` adds a second gateway from another checkout in front
+of the same server, in loads of its own beside direct calls, alternating with the gateway's
+(before/after in one run). Targets (issue 28): added p50 <= 1 ms, added p99 <= 3 ms at c=32.
+``--profile FILE`` writes a CPU-time cProfile of the gateway's measured loads.
+``--server-calls`` counts the Python function calls the server makes per call (cProfile inside
+the server, started and stopped around each load): the work a request costs it, which unlike
+its CPU time does not depend on how busy the machine is.
 
 Usage::
 
-    .venv/bin/python bench/mcp.py [--calls 2000] [--concurrency 32] [--audit]
+    .venv/bin/python bench/mcp.py [--calls 8000] [--concurrency 32] [--audit] [--alone]
     git archive REV gateway policy clishell | tar -x -C /tmp/base
     .venv/bin/python bench/mcp.py --baseline /tmp/base
 """
