@@ -2,23 +2,26 @@
 
 An upstream MCP server (the official SDK's ``MCPServer`` with an ``echo`` tool, uvicorn) and a
 ``gateway serve`` in front of it (egress policy on, guard ``enforce``; ``--audit`` adds the
-SQLite audit chain) run as separate processes. A client sends ``--calls`` modern (2026-07-28)
-``tools/call`` requests at concurrency 1 (``--calls-c1``) and ``--concurrency`` (32) straight
-to the server and through ``/mcp/echo``, in ``--rounds`` interleaved rounds (so each path sees
-the same machine load), and prints p50/p99 of each, the added latency (gateway minus direct,
-per percentile), the CPU time per call of the server, the gateway and this client
-(``/proc``) and how busy the machine's CPUs were during the loads (``/proc/stat``: at 100%,
-each call waits for a core behind the others, and every microsecond of CPU per call shows).
-``--baseline DIR`` adds a second gateway from another checkout in front of the same server,
-measured in the same rounds (before/after in one run). Targets (issue 28): added p50 <= 1 ms,
-added p99 <= 3 ms at c=32. ``--profile FILE`` writes a CPU-time cProfile of the gateway's
-measured loads. ``--server-calls`` counts the Python function calls the server makes per call
-(cProfile inside the server, started and stopped around each load): the work a request costs
-it, which unlike its CPU time does not depend on how busy the machine is.
+SQLite audit chain) run as separate processes. Each load sends ``--concurrency`` (32; and 1)
+modern (2026-07-28) ``tools/call`` requests at a time through ``/mcp/echo`` AND as many
+straight to the server, side by side (one load, the same server queue, the same machine), until
+one path has its share of ``--calls`` (``--calls-c1``); loads repeat over ``--rounds`` rounds.
+It prints p50/p99 of each path, the added latency (the gateway's percentile minus the direct
+calls' of the same loads, pooled, and each round's, to show the spread), the CPU time per call
+of the server, the gateway and this client (``/proc``) and how busy the machine's CPUs were
+during the loads (``/proc/stat``). ``--alone`` also measures each path in a load of its own
+(with a CPU-bound server on shared cores that difference counts the CPU the gateway takes from
+the server as delay). ``--baseline DIR`` adds a second gateway from another checkout in front
+of the same server, in loads of its own beside direct calls, alternating with the gateway's
+(before/after in one run). Targets (issue 28): added p50 <= 1 ms, added p99 <= 3 ms at c=32.
+``--profile FILE`` writes a CPU-time cProfile of the gateway's measured loads.
+``--server-calls`` counts the Python function calls the server makes per call (cProfile inside
+the server, started and stopped around each load): the work a request costs it, which unlike
+its CPU time does not depend on how busy the machine is.
 
 Usage::
 
-    .venv/bin/python bench/mcp.py [--calls 2000] [--concurrency 32] [--audit]
+    .venv/bin/python bench/mcp.py [--calls 8000] [--concurrency 32] [--audit] [--alone]
     git archive REV gateway policy clishell | tar -x -C /tmp/base
     .venv/bin/python bench/mcp.py --baseline /tmp/base
 """
@@ -37,6 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -108,29 +112,61 @@ async def wait_up(url: str, proc: subprocess.Popen[bytes]) -> None:
             await asyncio.sleep(0.1)
 
 
+HEADERS = {"content-type": "application/json", "accept": "application/json, text/event-stream",
+           "mcp-protocol-version": "2026-07-28", "mcp-method": "tools/call", "mcp-name": "echo"}
+
+
 async def load(url: str, calls: int, concurrency: int, key: str | None) -> list[float]:
     """Latencies (ms) of ``calls`` tools/call requests, ``concurrency`` at a time."""
-    headers = {"content-type": "application/json", "accept": "application/json, text/event-stream",
-               "mcp-protocol-version": "2026-07-28", "mcp-method": "tools/call",
-               "mcp-name": "echo"}
-    if key:
-        headers["authorization"] = f"Bearer {key}"
-    out: list[float] = []
-    counter = iter(range(calls))
-    conn = aiohttp.TCPConnector(limit=concurrency)
-    async with aiohttp.ClientSession(connector=conn) as session:
-        async def worker() -> None:
-            for i in counter:
-                body = json.dumps({"jsonrpc": "2.0", "id": i, "method": "tools/call",
-                                   "params": {"name": "echo", "arguments": {"text": f"hi {i}"},
-                                              "_meta": META}})
-                t0 = time.perf_counter()
-                async with session.post(url, data=body, headers=headers) as resp:
-                    text = await resp.read()
-                    if resp.status != 200 or f"hi {i}".encode() not in text:
-                        raise SystemExit(f"bad answer {resp.status}: {text[:200]!r}")
-                out.append((time.perf_counter() - t0) * 1000)
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return (await side_by_side({"one": (url, key)}, calls, concurrency))["one"]
+
+
+async def side_by_side(targets: dict[str, tuple[str, str | None]], calls: int,
+                       concurrency: int) -> dict[str, list[float]]:
+    """Latencies (ms) of tools/call requests sent to every target of ``targets`` (name ->
+    (url, bearer key or ``None``)) in ONE load: ``concurrency`` workers per target, all
+    running at once against the same server, each calling its target back to back.
+
+    The load ends for every target as soon as one target has had ``calls`` calls answered
+    (the calls then in flight still count): no target runs its last calls alone on a machine
+    the others have left, and a slower target has fewer calls (each call counted was sent
+    under the same load). Every answer is checked (200, the echoed text).
+    """
+    out: dict[str, list[float]] = {name: [] for name in targets}
+    done = asyncio.Event()
+    sessions: list[aiohttp.ClientSession] = []
+
+    async def worker(name: str, url: str, session: aiohttp.ClientSession,
+                     headers: dict[str, str], first: int) -> None:
+        got, i = out[name], first
+        while not done.is_set():
+            i += concurrency
+            text_in = f"hi {i}"
+            body = json.dumps({"jsonrpc": "2.0", "id": i, "method": "tools/call",
+                               "params": {"name": "echo", "arguments": {"text": text_in},
+                                          "_meta": META}})
+            t0 = time.perf_counter()
+            async with session.post(url, data=body, headers=headers) as resp:
+                text = await resp.read()
+                if resp.status != 200 or text_in.encode() not in text:
+                    raise SystemExit(f"{name}: bad answer {resp.status}: {text[:200]!r}")
+            got.append((time.perf_counter() - t0) * 1000)
+            if len(got) >= calls:
+                done.set()
+
+    try:
+        jobs: list[Coroutine[Any, Any, None]] = []
+        for name, (url, key) in targets.items():
+            headers = dict(HEADERS)
+            if key:
+                headers["authorization"] = f"Bearer {key}"
+            session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency))
+            sessions.append(session)
+            jobs.extend(worker(name, url, session, headers, w) for w in range(concurrency))
+        await asyncio.gather(*jobs)
+    finally:
+        for session in sessions:
+            await session.close()
     return out
 
 
@@ -150,24 +186,30 @@ def machine_ticks() -> tuple[int, int]:
     return sum(ticks), ticks[3] + ticks[4]
 
 
-def measure(url: str, calls: int, concurrency: int, key: str | None,
-            pids: dict[str, int]) -> tuple[list[float], dict[str, float]]:
-    """Latencies (ms) of one load; CPU microseconds per call of each process in ``pids`` and
-    of this client (``client``); the machine's busy share during the load in % (``busy``)."""
+def measure(targets: dict[str, tuple[str, str | None]], calls: int, concurrency: int,
+            pids: dict[str, int]) -> tuple[dict[str, list[float]], dict[str, float]]:
+    """Latencies (ms) per target of one load (:func:`side_by_side`); CPU microseconds per call
+    of each process in ``pids`` (the server and this client (``client``) per call of the
+    load, a gateway per call it carried) and the machine's busy share during the load in %
+    (``busy``)."""
     before = {name: cpu_s(pid) for name, pid in pids.items()}
     client, (total, idle) = time.process_time(), machine_ticks()
-    values = asyncio.run(load(url, calls, concurrency, key))
+    values = asyncio.run(side_by_side(targets, calls, concurrency))
     total2, idle2 = machine_ticks()
-    out = {name: (cpu_s(pid) - before[name]) * 1e6 / calls for name, pid in pids.items()}
-    out["client"] = (time.process_time() - client) * 1e6 / calls
+    n_all = sum(len(v) for v in values.values())
+    out = {name: (cpu_s(pid) - before[name]) * 1e6
+           / (len(values[name]) if name in values else n_all) for name, pid in pids.items()}
+    out["client"] = (time.process_time() - client) * 1e6 / n_all
     out["busy"] = 100 * (1 - (idle2 - idle) / max(1, total2 - total))
     return values, out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--calls", type=int, default=2000, help="calls per load at --concurrency")
-    ap.add_argument("--calls-c1", type=int, default=300, help="calls per load at concurrency 1")
+    ap.add_argument("--calls", type=int, default=8000,
+                    help="calls per path at --concurrency (over all rounds)")
+    ap.add_argument("--calls-c1", type=int, default=1000,
+                    help="calls per path at concurrency 1 (over all rounds)")
     ap.add_argument("--concurrency", type=int, default=32)
     ap.add_argument("--audit", action="store_true", help="audit chain on (SQLite)")
     ap.add_argument("--rounds", type=int, default=4,
@@ -175,6 +217,8 @@ def main() -> None:
     ap.add_argument("--baseline", type=Path, default=None,
                     help="also run the gateway of another checkout (git archive REV gateway "
                          "policy | tar -x -C DIR) in front of the same server")
+    ap.add_argument("--alone", action="store_true",
+                    help="also measure each path by itself (a load of its own per path)")
     ap.add_argument("--server-calls", action="store_true",
                     help="count the server's Python calls per call (direct vs gateway)")
     ap.add_argument("--profile", type=Path, default=None,
@@ -229,27 +273,37 @@ def main() -> None:
             env={**os.environ, "PYTHONPATH": str(args.baseline)})
         urls["baseline"] = f"http://127.0.0.1:{base_port}/mcp/echo"
     pids = {"server": upstream.pid, **{name: proc.pid for name, proc in procs.items()}}
-    # concurrency -> target -> (latencies ms, {process: CPU us per call})
-    rows: dict[int, dict[str, tuple[list[float], dict[str, float]]]] = {}
+    keys = {name: None if name == "direct" else KEY for name in urls}
+    gateways = [name for name in urls if name != "direct"]
+    levels = ((1, args.calls_c1), (args.concurrency, args.calls))
+    # side by side: concurrency -> gateway -> round -> ({"direct"|gateway: latencies ms}, CPU)
+    paired: dict[int, dict[str, list[tuple[dict[str, list[float]], dict[str, float]]]]] = {}
+    # alone (--alone): concurrency -> target -> round -> (latencies ms, CPU)
+    alone: dict[int, dict[str, list[tuple[list[float], dict[str, float]]]]] = {}
     try:
         asyncio.run(wait_up(urls["direct"], upstream))
         for name, proc in procs.items():
             asyncio.run(wait_up(urls[name].replace("/mcp/echo", "/healthz"), proc))
         for name, url in urls.items():  # warm up every path
-            asyncio.run(load(url, 200, args.concurrency, None if name == "direct" else KEY))
+            asyncio.run(load(url, 200, args.concurrency, keys[name]))
         if args.profile:
             procs["gateway"].send_signal(signal.SIGUSR1)
-        for conc, calls in ((1, args.calls_c1), (args.concurrency, args.calls)):
-            got: dict[str, tuple[list[float], dict[str, float]]] = {
-                name: ([], {p: 0.0 for p in (*pids, "client", "busy", "server_calls")})
-                for name in urls}
-            for _ in range(args.rounds):  # interleaved: each target sees the same load
+        for conc, calls in levels:
+            per_round = max(1, calls // args.rounds)
+            paired[conc] = {name: [] for name in gateways}
+            alone[conc] = {name: [] for name in urls}
+            for _ in range(args.rounds):  # interleaved: each load sees the same machine
+                for name in gateways:
+                    paired[conc][name].append(measure(
+                        {"direct": (urls["direct"], None), name: (urls[name], KEY)},
+                        per_round, conc, pids))
+                if not (args.alone or args.server_calls):
+                    continue
                 for name, url in urls.items():
                     if args.server_calls:
                         upstream.send_signal(signal.SIGUSR1)
                         time.sleep(0.2)
-                    values, cpu = measure(url, calls // args.rounds, conc,
-                                          None if name == "direct" else KEY, pids)
+                    values, cpu = measure({name: (url, keys[name])}, per_round, conc, pids)
                     if args.server_calls:
                         seen = len(counts.read_text().split()) if counts.exists() else 0
                         upstream.send_signal(signal.SIGUSR2)
@@ -259,11 +313,8 @@ def main() -> None:
                                 raise SystemExit("the server wrote no call count")
                             time.sleep(0.05)
                         cpu["server_calls"] = (int(counts.read_text().split()[-1])
-                                               / (calls // args.rounds))
-                    got[name][0].extend(values)
-                    for proc_name, us in cpu.items():
-                        got[name][1][proc_name] += us / args.rounds
-            rows[conc] = got
+                                               / len(values[name]))
+                    alone[conc][name].append((values[name], cpu))
         if args.profile:
             procs["gateway"].send_signal(signal.SIGUSR2)
             deadline = time.monotonic() + 30
@@ -273,27 +324,68 @@ def main() -> None:
         for proc in (*procs.values(), upstream):
             proc.send_signal(signal.SIGTERM)
             proc.wait(60)
+    report(args, paired, alone)
+
+
+def added(path: list[float], direct: list[float]) -> tuple[float, float]:
+    """(p50, p99) of ``path`` minus those of ``direct``, in ms."""
+    return pct(path, 0.5) - pct(direct, 0.5), pct(path, 0.99) - pct(direct, 0.99)
+
+
+def mean_cpu(rounds: list[Any]) -> dict[str, float]:
+    """The CPU figures of :func:`measure` averaged over rounds."""
+    cpu: dict[str, float] = {}
+    for _, one in rounds:
+        for name, us in one.items():
+            cpu[name] = cpu.get(name, 0.0) + us / len(rounds)
+    return cpu
+
+
+def report(args: argparse.Namespace,
+           paired: dict[int, dict[str, list[tuple[dict[str, list[float]], dict[str, float]]]]],
+           alone: dict[int, dict[str, list[tuple[list[float], dict[str, float]]]]]) -> None:
+    """Print the side-by-side figures (the target's measure) and, if run, the alone ones."""
     print(f"tools/call{' (audit on)' if args.audit else ''}"
           f"{' (gateway under cProfile)' if args.profile else ''}, {args.rounds} interleaved "
           "rounds")
-    for conc, got in rows.items():
-        direct = got["direct"][0]
-        print(f" concurrency {conc} ({len(direct)} calls each)")
-        for name, (values, cpu) in got.items():
+    for conc, by_gateway in paired.items():
+        print(f" concurrency {conc}, side by side (each load: {conc} callers through the "
+              f"gateway and {conc} straight to the same server at once)")
+        for name, rounds in by_gateway.items():
+            path = [v for values, _ in rounds for v in values[name]]
+            direct = [v for values, _ in rounds for v in values["direct"]]
+            add50, add99 = added(path, direct)
+            per_round = [added(values[name], values["direct"]) for values, _ in rounds
+                         if min(len(values[name]), len(values["direct"])) >= 2]
+            cpu = mean_cpu(rounds)
+            target = conc == args.concurrency and name == "gateway"
+            print(f"  {name:8} {len(path):6} calls p50 {pct(path, 0.5):7.2f} ms p99 "
+                  f"{pct(path, 0.99):7.2f} ms | direct beside {len(direct):6} calls p50 "
+                  f"{pct(direct, 0.5):7.2f} ms p99 {pct(direct, 0.99):7.2f} ms")
+            print(f"  added by {name:8} p50 {add50:6.2f} ms{' (target <= 1)' if target else ''}"
+                  f" p99 {add99:6.2f} ms{' (target <= 3)' if target else ''}; rounds p50 "
+                  + " ".join(f"{a:.2f}" for a, _ in per_round) + ", p99 "
+                  + " ".join(f"{b:.2f}" for _, b in per_round))
+            print(f"  CPU/call server {cpu['server']:5.0f} us {name} {cpu[name]:5.0f} us client "
+                  f"{cpu['client']:5.0f} us  machine busy {cpu['busy']:3.0f}%")
+    for conc, by_target in alone.items():
+        if not any(by_target.values()):
+            continue
+        print(f" concurrency {conc}, alone (each path by itself in its own load; with a "
+              "CPU-bound server on shared cores this counts the gateway's CPU as server delay)")
+        direct = [v for values, _ in by_target["direct"] for v in values]
+        for name, loads in by_target.items():
+            lat = [v for one, _ in loads for v in one]
+            cpu = mean_cpu(loads)
             own = f" {name} {cpu[name]:5.0f} us" if name != "direct" else ""
-            print(f"  {name:8} p50 {pct(values, 0.5):7.2f} ms  p99 {pct(values, 0.99):7.2f} ms"
+            print(f"  {name:8} p50 {pct(lat, 0.5):7.2f} ms  p99 {pct(lat, 0.99):7.2f} ms"
                   f"  CPU/call server {cpu['server']:5.0f} us{own} client {cpu['client']:5.0f} us"
                   f"  machine busy {cpu['busy']:3.0f}%"
                   + (f"  server Python calls/call {cpu['server_calls']:6.0f}"
                      if args.server_calls else ""))
-        for name, (values, _) in got.items():
-            if name == "direct":
-                continue
-            add50 = pct(values, 0.5) - pct(direct, 0.5)
-            add99 = pct(values, 0.99) - pct(direct, 0.99)
-            target = conc == args.concurrency and name == "gateway"
-            print(f"  added by {name:8} p50 {add50:7.2f} ms{' (target <= 1)' if target else ''}"
-                  f"  p99 {add99:7.2f} ms{' (target <= 3)' if target else ''}")
+            if name != "direct":
+                add50, add99 = added(lat, direct)
+                print(f"  added by {name:8} alone p50 {add50:7.2f} ms  p99 {add99:7.2f} ms")
 
 
 if __name__ == "__main__":

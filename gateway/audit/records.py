@@ -44,6 +44,41 @@ OUTCOMES: Final = frozenset({"ok", "upstream_error", "client_disconnect", "denie
 _TOP_KEYS: Final = frozenset({"v", "chain", "seq", "prev", "ts_us", "type", "data"})
 
 
+_PLAIN: Final = frozenset({type(None), bool, int, str})
+_PLAIN_NODES: Final = 10_000
+"""Most containers :func:`_plain` walks before leaving the value to :func:`_check_value`
+(a deeper or self-referencing value gets the full check and its error)."""
+
+
+def _plain(value: Any) -> bool:
+    """True when ``value`` is made only of ``dict`` (``str`` keys), ``list``, ``tuple``,
+    ``str``, ``int``, ``bool`` and ``None``, each of exactly that type: a quick test, without
+    recursion, that can only accept what :func:`_check_value` accepts (``False`` leaves the
+    value to it: subclasses, other mappings, errors)."""
+    plain = _PLAIN
+    stack = [value]
+    budget = _PLAIN_NODES
+    while stack:
+        item = stack.pop()
+        kind = type(item)
+        if kind in plain:
+            continue
+        budget -= 1
+        if budget < 0:
+            return False
+        if kind is dict:
+            for key, inner in item.items():
+                if type(key) is not str:
+                    return False
+                if type(inner) not in plain:
+                    stack.append(inner)
+        elif kind is list or kind is tuple:
+            stack.extend(item)
+        else:
+            return False
+    return True
+
+
 def _check_value(value: Any, path: str) -> None:
     if value is None or isinstance(value, bool | int | str):
         return
@@ -74,7 +109,8 @@ def canonical_json(value: Any) -> bytes:
     Raises:
         AuditFormatError: On floats, non-string keys or unsupported types.
     """
-    _check_value(value, "$")
+    if not _plain(value):
+        _check_value(value, "$")
     return json.dumps(
         value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
     ).encode("utf-8")

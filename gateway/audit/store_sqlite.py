@@ -50,6 +50,14 @@ CREATE TABLE IF NOT EXISTS audit_checkpoints (
 """
 
 
+_INSERT_RECORDS = (
+    "INSERT INTO audit_records (chain, seq, body, hash, ts_us, type, request_id) VALUES "
+)
+_ROWS_PER_INSERT = 128
+"""Records per INSERT statement (7 parameters each: 896, within every SQLite's limit of 999
+bound parameters)."""
+
+
 def _busy(exc: sqlite3.OperationalError) -> bool:
     """Whether ``exc`` is SQLITE_BUSY or SQLITE_LOCKED ("database is locked")."""
     primary = exc.sqlite_errorcode & 0xFF  # an extended result code's primary part
@@ -195,18 +203,27 @@ class SqliteStore:
                         "INSERT INTO audit_chains (chain, replica, started_us) VALUES (?, ?, ?)",
                         (new_chain.chain, new_chain.replica, new_chain.started_us),
                     )
-                conn.executemany(
-                    "INSERT INTO audit_records (chain, seq, body, hash, ts_us, type, request_id) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    [
-                        (r.chain, r.seq, r.body, r.hash, r.ts_us, r.type, r.request_id)
-                        for r in records
-                    ],
-                )
-                conn.executemany(
-                    "INSERT INTO audit_checkpoints (chain, size, ts_us, note) VALUES (?, ?, ?, ?)",
-                    [(c.chain, c.size, c.ts_us, c.note) for c in checkpoints],
-                )
+                # One multi-row INSERT per batch, not executemany: each step of a statement
+                # releases the GIL and takes it back, and while the event loop thread is busy
+                # each taking back may wait a whole switch interval (5 ms): a batch of n
+                # records waited up to n of them before its commit.
+                for start in range(0, len(records), _ROWS_PER_INSERT):
+                    rows = records[start : start + _ROWS_PER_INSERT]
+                    conn.execute(
+                        _INSERT_RECORDS + ",".join(["(?,?,?,?,?,?,?)"] * len(rows)),
+                        [
+                            v
+                            for r in rows
+                            for v in (r.chain, r.seq, r.body, r.hash, r.ts_us, r.type,
+                                      r.request_id)
+                        ],
+                    )
+                if checkpoints:
+                    conn.executemany(
+                        "INSERT INTO audit_checkpoints (chain, size, ts_us, note) "
+                        "VALUES (?, ?, ?, ?)",
+                        [(c.chain, c.size, c.ts_us, c.note) for c in checkpoints],
+                    )
                 conn.execute("COMMIT")
             except BaseException:
                 if conn.in_transaction:

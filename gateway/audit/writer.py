@@ -271,7 +271,10 @@ class AuditLog:
         future: asyncio.Future[Receipt] = asyncio.get_running_loop().create_future()
         self._pending.append(_Pending(type_, data, future))
         self._wakeup.set()
-        return await asyncio.shield(future)
+        # Awaited directly (no shield: its callback costs the caller an extra turn of the
+        # event loop): a caller cancelled meanwhile cancels only its future; the record stays
+        # in the batch and is committed all the same (the committer skips a done future).
+        return await future
 
     async def checkpoint(self) -> StoredCheckpoint | None:
         """Seal everything committed so far now (no-op when already sealed).
@@ -324,8 +327,12 @@ class AuditLog:
                 if self._state != "running":
                     return
                 timeout = max(0.0, self._next_deadline() - time.monotonic())
+                # asyncio.timeout, not wait_for: no task per wait, and an append wakes this
+                # task on the next turn of the event loop (wait_for took three: its task,
+                # its waiter, then this task), so a batch starts at once.
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wakeup.wait(), timeout)
+                    async with asyncio.timeout(timeout):
+                        await self._wakeup.wait()
                 self._wakeup.clear()
             try:
                 if self._pending:

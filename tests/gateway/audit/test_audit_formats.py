@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import base64
+import collections
+import enum
 import hashlib
+import re
 import stat
 from pathlib import Path
 
@@ -38,6 +41,37 @@ def test_canonical_json_sorted_compact_utf8() -> None:
 def test_canonical_json_rejects_non_integer_data(bad: object) -> None:
     with pytest.raises(AuditFormatError):
         canonical_json({"x": bad})
+
+
+@pytest.mark.parametrize(("bad", "where"), [
+    ({"a": [{"b": (1, 2.5)}]}, "$.x.a[0].b[1]: floats"),
+    ([[[{"k": {3: 1}}]]], "$.x[0][0][0].k: object keys must be strings"),
+    ({"a": [None, True, "s", {"b": bytearray(b"x")}]}, "$.x.a[3].b: unsupported type"),
+])
+def test_canonical_json_names_the_bad_value_deep_inside(bad: object, where: str) -> None:
+    """The quick acceptance of plain values (``_plain``) leaves every refusal to the full
+    check, which names where the bad value is."""
+    with pytest.raises(AuditFormatError, match=re.escape(where)):
+        canonical_json({"x": bad})
+
+
+def test_canonical_json_accepts_what_the_full_check_accepts() -> None:
+    """Values the quick test does not take (a dict subclass, an int subclass, more
+    containers than its budget) still go through the full check."""
+
+    class Level(enum.IntEnum):
+        HIGH = 3
+
+    wide = [[i] for i in range(20_000)]  # above the quick test's container budget
+    assert canonical_json({"m": collections.OrderedDict(a=Level.HIGH)}) == b'{"m":{"a":3}}'
+    assert canonical_json({"w": wide}).startswith(b'{"w":[[0],[1],')
+
+
+def test_canonical_json_refuses_a_value_that_contains_itself() -> None:
+    loop: list[object] = []
+    loop.append(loop)
+    with pytest.raises((RecursionError, ValueError)):
+        canonical_json({"x": loop})
 
 
 def test_record_hash_is_rfc6962_leaf_of_canonical_body() -> None:

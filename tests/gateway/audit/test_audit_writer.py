@@ -79,6 +79,30 @@ def test_group_commit_and_durability(store_url: str, signer: Signer) -> None:
     assert verify(store_url, signer).ok
 
 
+def test_a_cancelled_append_is_still_committed(tmp_path: Path, signer: Signer) -> None:
+    """An append whose caller is cancelled while it waits (a client gone) is committed all the
+    same, and the appends around it get their receipts."""
+    url = f"sqlite://{tmp_path / 'a.db'}"
+
+    async def run() -> None:
+        log = AuditLog(open_store(url), signer, replica_id="r1")
+        await log.start()
+        gone = asyncio.ensure_future(log.append({"type": "request.started", "request_id": "x"}))
+        kept = asyncio.ensure_future(log.append({"type": "request.started", "request_id": "y"}))
+        await asyncio.sleep(0)  # both queued
+        gone.cancel()
+        receipt = await kept
+        with pytest.raises(asyncio.CancelledError):
+            await gone
+        await log.close()
+        ids = raw_sql(url, "SELECT request_id FROM audit_records WHERE chain = ? ORDER BY seq",
+                      receipt.chain)
+        assert [row[0] for row in ids if row[0] is not None] == ["x", "y"]
+
+    asyncio.run(run())
+    assert verify(url, signer).ok
+
+
 def test_checkpoint_every_n_and_on_time(tmp_path: Path, signer: Signer) -> None:
     url = f"sqlite://{tmp_path / 'a.db'}"
 
