@@ -10,6 +10,7 @@ always-denied ones are refused before anything is sent).
 from __future__ import annotations
 
 import asyncio
+import socket
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -76,3 +77,18 @@ def test_an_always_denied_literal_is_still_refused_before_the_connect(literal: s
         await c.close()
 
     run(test)
+
+
+def test_the_remembered_answer_refuses_a_denied_literal_every_time() -> None:
+    """The factory remembers each address's answer: the second and later connections to a
+    metadata address are refused as the first was, and other addresses are not affected."""
+    factory = denied_address_socket_factory()
+    metadata = (socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP, "",
+                ("169.254.169.254", 80))
+    for _ in range(3):
+        with pytest.raises(EgressDenied, match=r"169\.254\.169\.254"):
+            factory(metadata)
+    for _ in range(2):
+        sock = factory((socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP, "",
+                        ("127.0.0.1", 80)))
+        sock.close()
