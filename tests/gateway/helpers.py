@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import subprocess
@@ -9,12 +10,14 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx
 import openai
 
 from gateway.app import create_app
+from gateway.audit import export_records, open_store
 from gateway.config.loader import parse
 from gateway.config.settings import GatewaySettings
 from gateway.relay.records import RequestRecord
@@ -209,3 +212,34 @@ def stop_processes(procs: Sequence[subprocess.Popen[Any]], grace_s: float = 10.0
             proc.wait(5)
         if proc.stderr is not None:
             proc.stderr.close()
+
+
+def audit_export(store: str, since: str | None = None) -> list[dict[str, Any]]:
+    """The records of an audit store as ``gateway audit export --store STORE [--since SINCE]``
+    prints them (one JSON object per record, in insertion order), read in this process.
+
+    Saves a CLI process per read (about a second on a loaded machine); the CLI itself is tested
+    in tests/gateway/audit (test_audit_serve.py, test_audit_proof.py).
+
+    Args:
+        store: ``sqlite://PATH`` or ``postgresql://...``; opened read-only.
+        since: ISO 8601 time, inclusive (a time without a zone is UTC), or None for all.
+
+    Raises:
+        AuditUnavailable: If the store cannot be read.
+    """
+    since_us = None
+    if since is not None:
+        when = datetime.fromisoformat(since)
+        when = when if when.tzinfo is not None else when.replace(tzinfo=UTC)
+        since_us = int(when.timestamp() * 1_000_000)
+
+    async def read() -> list[dict[str, Any]]:
+        st = open_store(store, read_only=True)
+        await st.open()
+        try:
+            return [json.loads(rec.body) async for rec in export_records(st, since_us)]
+        finally:
+            await st.close()
+
+    return asyncio.run(read())
