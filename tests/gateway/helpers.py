@@ -214,16 +214,23 @@ def stop_processes(procs: Sequence[subprocess.Popen[Any]], grace_s: float = 10.0
             proc.stderr.close()
 
 
-def audit_export(store: str, since: str | None = None) -> list[dict[str, Any]]:
+def audit_export(store: str, since: str | None = None, settle_s: float = 0.3,
+                 timeout_s: float = 10.0) -> list[dict[str, Any]]:
     """The records of an audit store as ``gateway audit export --store STORE [--since SINCE]``
-    prints them (one JSON object per record, in insertion order), read in this process.
+    prints them (one JSON object per record, in insertion order), read in this process once
+    no record has come for ``settle_s``.
 
-    Saves a CLI process per read (about a second on a loaded machine); the CLI itself is tested
-    in tests/gateway/audit (test_audit_serve.py, test_audit_proof.py).
+    A gateway writes some records just after its answer (a request's completion, a counted
+    refusal): the store is read until two reads ``settle_s`` apart agree, so a test reads
+    what its requests caused, as it did through the CLI (whose start took about a second).
+    Reading in-process saves that start; the CLI itself is tested in tests/gateway/audit
+    (test_audit_serve.py, test_audit_proof.py).
 
     Args:
         store: ``sqlite://PATH`` or ``postgresql://...``; opened read-only.
         since: ISO 8601 time, inclusive (a time without a zone is UTC), or None for all.
+        settle_s: Seconds without a new record before the read counts (0: read once).
+        timeout_s: Seconds to wait at most for the store to settle; then the last read.
 
     Raises:
         AuditUnavailable: If the store cannot be read.
@@ -242,4 +249,12 @@ def audit_export(store: str, since: str | None = None) -> list[dict[str, Any]]:
         finally:
             await st.close()
 
-    return asyncio.run(read())
+    records = asyncio.run(read())
+    deadline = time.monotonic() + timeout_s
+    while settle_s > 0 and time.monotonic() < deadline:
+        time.sleep(settle_s)
+        again = asyncio.run(read())
+        if len(again) == len(records):
+            return again
+        records = again
+    return records
