@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import subprocess
@@ -9,12 +10,14 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx
 import openai
 
 from gateway.app import create_app
+from gateway.audit import export_records, open_store
 from gateway.config.loader import parse
 from gateway.config.settings import GatewaySettings
 from gateway.relay.records import RequestRecord
@@ -231,3 +234,49 @@ async def take_request_body(receive: Any) -> tuple[bytes, Any]:
         return dict(await receive())
 
     return body, replay
+
+
+def audit_export(store: str, since: str | None = None, settle_s: float = 0.3,
+                 timeout_s: float = 10.0) -> list[dict[str, Any]]:
+    """The records of an audit store as ``gateway audit export --store STORE [--since SINCE]``
+    prints them (one JSON object per record, in insertion order), read in this process once
+    no record has come for ``settle_s``.
+
+    A gateway writes some records just after its answer (a request's completion, a counted
+    refusal): the store is read until two reads ``settle_s`` apart agree, so a test reads
+    what its requests caused, as it did through the CLI (whose start took about a second).
+    Reading in-process saves that start; the CLI itself is tested in tests/gateway/audit
+    (test_audit_serve.py, test_audit_proof.py).
+
+    Args:
+        store: ``sqlite://PATH`` or ``postgresql://...``; opened read-only.
+        since: ISO 8601 time, inclusive (a time without a zone is UTC), or None for all.
+        settle_s: Seconds without a new record before the read counts (0: read once).
+        timeout_s: Seconds to wait at most for the store to settle; then the last read.
+
+    Raises:
+        AuditUnavailable: If the store cannot be read.
+    """
+    since_us = None
+    if since is not None:
+        when = datetime.fromisoformat(since)
+        when = when if when.tzinfo is not None else when.replace(tzinfo=UTC)
+        since_us = int(when.timestamp() * 1_000_000)
+
+    async def read() -> list[dict[str, Any]]:
+        st = open_store(store, read_only=True)
+        await st.open()
+        try:
+            return [json.loads(rec.body) async for rec in export_records(st, since_us)]
+        finally:
+            await st.close()
+
+    records = asyncio.run(read())
+    deadline = time.monotonic() + timeout_s
+    while settle_s > 0 and time.monotonic() < deadline:
+        time.sleep(settle_s)
+        again = asyncio.run(read())
+        if len(again) == len(records):
+            return again
+        records = again
+    return records

@@ -21,7 +21,7 @@ from typing import Any
 
 from gateway.serving.drain import SHUTDOWN_MARGIN_S
 from tests.conftest import wait_until
-from tests.gateway.helpers import KEY_A, config, start_sim
+from tests.gateway.helpers import KEY_A, audit_export, config, start_sim
 from tests.gateway.test_live_reload import Served
 
 DELAY_S, TIMEOUT_S = 1.0, 2.0
@@ -73,6 +73,4 @@ def _queued(sock: socket.socket) -> int:
 
 
 def _records(store: str) -> list[dict[str, Any]]:
-    res = subprocess.run([sys.executable, "-m", "gateway.cli", "audit", "export", "--store",
-                          store], capture_output=True, text=True, check=True)
-    return [json.loads(line) for line in res.stdout.splitlines()]
+    return audit_export(store)

@@ -33,6 +33,7 @@ from gateway.egress import start_egress
 from gateway.errors import ConfigError
 from policy import Policy
 from tests.gateway.egress_testdata import KEYS, REGIONS, gateway_config, policy_text
+from tests.gateway.helpers import audit_export
 from vllm_sim import SimConfig
 from vllm_sim import create_app as create_sim
 
@@ -167,11 +168,7 @@ def test_class_raise_by_header_allowed_where_granted(stack: Stack) -> None:
 
 
 def _audit_records(db: Path) -> list[dict[str, Any]]:
-    res = subprocess.run(
-        [sys.executable, "-m", "gateway.cli", "audit", "export", "--store", f"sqlite://{db}"],
-        cwd=ROOT, capture_output=True, text=True, check=True,
-    )
-    return [json.loads(line) for line in res.stdout.splitlines() if line.strip()]
+    return audit_export(f"sqlite://{db}")
 
 
 def test_audit_records_carry_the_policy_decision(

@@ -8,7 +8,6 @@ through makes ``gateway serve`` refuse to start.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -27,6 +26,7 @@ import yaml
 from gateway.audit import Signer, generate_key_file, write_key_pair
 from tests.conftest import free_port
 from tests.gateway.egress_testdata import KEYS, gateway_config, policy_text
+from tests.gateway.helpers import audit_export
 from vllm_sim import SimConfig
 from vllm_sim import create_app as create_sim
 
@@ -110,11 +110,7 @@ def test_guard_blocks_a_non_destination_in_gateway_serve(
         listener.accept()  # nothing ever reached the non-destination
     log = stderr.decode()
     assert f"egress blocked: 127.0.0.1:{target}" in log
-    res = subprocess.run(
-        [sys.executable, "-m", "gateway.cli", "audit", "export", "--store", f"sqlite://{db}"],
-        cwd=ROOT, capture_output=True, text=True, check=True,
-    )
-    records = [json.loads(line) for line in res.stdout.splitlines() if line.strip()]
+    records = audit_export(f"sqlite://{db}")
     denied = [r["data"] for r in records if r["type"] == "egress.denied"]
     assert len(denied) == 1, denied
     assert denied[0]["port"] == target and denied[0]["decision"] == "deny"

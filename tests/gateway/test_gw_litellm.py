@@ -9,7 +9,6 @@ state, so it never happens in the test process.)
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -25,7 +24,7 @@ import yaml
 
 from gateway.audit import Signer, generate_key_file, write_key_pair
 from tests.conftest import free_port
-from tests.gateway.helpers import KEY_A, config, start_sim
+from tests.gateway.helpers import KEY_A, audit_export, config, start_sim
 
 ROOT = Path(__file__).parents[2]
 
@@ -85,10 +84,7 @@ def test_litellm_replica_under_the_guard(serve_asgi: Callable[..., Any], tmp_pat
             _, err = proc.communicate(timeout=30)
     log = err.decode()
     assert "egress blocked" not in log, log[-3000:]
-    res = subprocess.run(
-        [sys.executable, "-m", "gateway.cli", "audit", "export", "--store", f"sqlite://{db}"],
-        cwd=ROOT, capture_output=True, text=True, check=True)
-    records = [json.loads(x) for x in res.stdout.splitlines() if x.strip()]
+    records = audit_export(f"sqlite://{db}")
     assert [r for r in records if r["type"] == "egress.denied"] == []
     started = [r["data"] for r in records if r["type"] == "request.started"]
     assert len(started) == 3  # the embeddings request was refused by the litellm backend

@@ -7,6 +7,7 @@ are vLLM simulators (real uvicorn).
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 import time
 from collections.abc import Callable
@@ -25,7 +26,7 @@ from gateway.app import create_app
 from gateway.assembly import assemble
 from gateway.audit import Signer, generate_key_file, write_key_pair
 from gateway.telemetry import Telemetry, TelemetrySettings
-from tests.conftest import free_port
+from tests.conftest import free_port, wait_until
 from tests.gateway.helpers import KEY_A, SERVED, Sim, settings, start_sim
 
 PROMPT = "the secret prompt words"
@@ -305,13 +306,22 @@ def test_dashboard_queries_only_exported_series(
     list(st.client().chat.completions.create(
         model="llama-3.1-8b", messages=[{"role": "user", "content": "hi"}], max_tokens=3,
         stream=True))
-    exported = set(st.metrics())
     # series that appear with their first event (a denial, a retry, an audit append)
     later = {prometheus_name("sg.gateway.policy.denials") + "_total",
              prometheus_name("sg.gateway.upstream.retries") + "_total",
              prometheus_name("sg.audit.append.failures") + "_total",
              prometheus_name("sg.audit.append.duration", "s") + "_bucket",
              prometheus_name("sg.audit.queue.depth")}
+    exported: set[str] = set()
+
+    def all_there() -> bool:
+        # A finished request's series are folded in just after its stream ends (a lane run
+        # on a loaded machine scraped before that).
+        exported.update(st.metrics())
+        return used <= exported | later
+
+    with contextlib.suppress(AssertionError):
+        wait_until(all_there, 10, "the dashboard's series")
     assert used and used <= exported | later, used - exported - later
 
 

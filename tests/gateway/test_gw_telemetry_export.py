@@ -34,7 +34,7 @@ from gateway.errors import ConfigError
 from gateway.telemetry import Telemetry, TelemetrySettings
 from policy import Policy
 from tests.conftest import free_port
-from tests.gateway.helpers import KEY_A, SERVED, config, start_sim
+from tests.gateway.helpers import KEY_A, SERVED, audit_export, config, start_sim
 from tests.gateway.telemetry.otlp_sink import OtlpSink, attributes
 
 ROOT = Path(__file__).parents[2]
@@ -168,10 +168,7 @@ def _serve(tmp_path: Path, cfg: dict[str, Any], env: dict[str, str],
             proc.send_signal(signal.SIGTERM)
             _, err = proc.communicate(timeout=30)
     assert proc.returncode in (0, -signal.SIGTERM), err.decode()[-2000:]
-    res = subprocess.run(
-        [sys.executable, "-m", "gateway.cli", "audit", "export", "--store",
-         cfg["audit"]["store"]], cwd=ROOT, capture_output=True, text=True, check=True)
-    return err.decode(), [json.loads(x) for x in res.stdout.splitlines() if x.strip()]
+    return err.decode(), audit_export(cfg["audit"]["store"])
 
 
 def _serve_config(tmp_path: Path, sim_url: str, pfile: Path, port: int) -> dict[str, Any]:

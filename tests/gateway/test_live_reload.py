@@ -27,6 +27,7 @@ from tests.gateway.helpers import (
     SERVED,
     Sim,
     Stream,
+    audit_export,
     config,
     sha,
     start_sim,
@@ -84,10 +85,7 @@ class Served:
         return client
 
     def records(self, type_: str) -> list[dict[str, Any]]:
-        res = subprocess.run([sys.executable, "-m", "gateway.cli", "audit", "export", "--store",
-                              self.store], capture_output=True, text=True, check=True)
-        rows = [json.loads(line) for line in res.stdout.splitlines()]
-        return [r["data"] for r in rows if r["type"] == type_]
+        return [r["data"] for r in audit_export(self.store) if r["type"] == type_]
 
     def hup_and_wait(
         self, type_: str, then: Callable[[], None] | None = None

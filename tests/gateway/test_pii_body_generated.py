@@ -55,8 +55,10 @@ def stages() -> dict[str, PiiStage]:
 
 words = st.text(alphabet="abcdefghij klmnopqrstuvwxyz_-", min_size=1, max_size=12)
 keys = st.one_of(words, st.sampled_from(API_NAMES)).filter(lambda k: k != "model")
+# Numbers with at most 7 digits: a float of 16 or more digits (-2.3811893541994496e+16, drawn
+# in a lane run) is a card number to the scanner, a second finding this test did not place.
 leaves = st.one_of(words, st.integers(-999, 999), st.booleans(), st.none(),
-                   st.floats(allow_nan=False, allow_infinity=False, width=32))
+                   st.integers(-99_999, 99_999).map(lambda n: n / 100))
 json_values = st.recursive(
     leaves, lambda inner: st.one_of(st.lists(inner, max_size=4),
                                     st.dictionaries(keys, inner, max_size=4)),

@@ -37,6 +37,7 @@ from gateway.config.loader import parse
 from gateway.egress import start_egress
 from tests.conftest import free_port
 from tests.gateway.egress_testdata import KEYS, gateway_config, policy_text
+from tests.gateway.helpers import audit_export
 from vllm_sim import SimConfig
 from vllm_sim import create_app as create_sim
 
@@ -71,10 +72,7 @@ class Stack:
 
     def audit_requests(self) -> list[dict[str, Any]]:
         """The ``data`` of every request record (``gateway audit export``)."""
-        res = subprocess.run(
-            [sys.executable, "-m", "gateway.cli", "audit", "export", "--store",
-             f"sqlite://{self.audit_db}"], cwd=ROOT, capture_output=True, text=True, check=True)
-        records = [json.loads(line) for line in res.stdout.splitlines() if line.strip()]
+        records = audit_export(f"sqlite://{self.audit_db}")
         return [r["data"] for r in records if r["type"].startswith("request.")]
 
     def audit_text(self) -> bytes:

@@ -17,6 +17,10 @@ from typing import Any
 import pytest
 import sg_helm as h
 
+# slow (23 s: the real checkov over every rendered manifest): the fast lane checks the
+# chart's security settings itself (test_helm_security.py); make test runs checkov.
+pytestmark = pytest.mark.slow
+
 DIGEST = "sha256:" + "ab" * 32
 #: (check id, resource) pairs skipped by annotations, as documented in the chart README.
 EXPECTED_SKIPS = {

@@ -23,11 +23,13 @@ REPO = Path(__file__).resolve().parents[2]
 TORCH_PY = Path(os.environ.get("TORCH_PYTHON", REPO / ".tools" / "torch-venv" / "bin" / "python"))
 
 # `make tools` (and so `make test` and CI) builds the torch venv; under CI a missing venv fails.
-pytestmark = pytest.mark.skipif(
+# slow (31 s: every run of the bench script imports PyTorch): a benchmark tool, like tests/bench;
+# the fast lane checks the simulator's profile timings in test_sim_engine.py.
+pytestmark = [pytest.mark.skipif(
     not TORCH_PY.exists() and not os.environ.get("CI"),
     reason=f"no torch venv at {TORCH_PY}: run `make torch-env` (part of `make tools`) or set "
     "TORCH_PYTHON",
-)
+), pytest.mark.slow]
 
 
 def _calibrate(out: Path, *extra: str) -> subprocess.CompletedProcess[str]:

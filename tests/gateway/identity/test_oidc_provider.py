@@ -279,6 +279,10 @@ def _login(provider: Provider, person: str) -> str:
         return str(token.json()["access_token"])
 
 
+# slow (20 s: the real provider's login and consent forms, then a gateway process): in the fast
+# lane test_provider_tokens_rotation_and_audit takes the provider's tokens through a gateway to
+# its pseudonymised audit identity, and test_jwt_tokens.py maps and refuses token identities.
+@pytest.mark.slow
 def test_a_person_signs_in_and_is_served_as_herself(
     provider: Provider, sim: Sim, tmp_path: Path, serve: Callable[..., Served],
 ) -> None:

@@ -4,7 +4,6 @@ policy and the audit log on, for the MCP tests."""
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import signal
 import subprocess
@@ -21,6 +20,7 @@ import yaml
 
 from gateway.audit import Signer, generate_key_file, write_key_pair
 from tests.conftest import free_port
+from tests.gateway.helpers import audit_export
 
 ROOT = Path(__file__).parents[3]
 KEYS = {"agent": "sg-mcp-agent", "secret": "sg-mcp-secret", "other": "sg-mcp-other",
@@ -71,13 +71,9 @@ class Gateway:
         return replace(self, since=datetime.now(UTC).isoformat())
 
     def records(self) -> list[dict[str, Any]]:
-        """The audit chain (from :attr:`since` if set), exported by ``gateway audit export``."""
-        since = ["--since", self.since] if self.since is not None else []
-        res = subprocess.run(
-            [sys.executable, "-m", "gateway.cli", "audit", "export", "--store",
-             f"sqlite://{self.db}", *since], cwd=ROOT, capture_output=True, text=True,
-            check=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
-        return [json.loads(line) for line in res.stdout.splitlines() if line.strip()]
+        """The audit chain (from :attr:`since` if set), as ``gateway audit export`` prints it
+        (read in this process: :func:`tests.gateway.helpers.audit_export`)."""
+        return audit_export(f"sqlite://{self.db}", self.since)
 
     def metrics(self, prefix: str) -> dict[tuple[tuple[str, str], ...], float]:
         """Samples of the admin ``/metrics`` page whose names start with ``prefix``."""

@@ -27,14 +27,13 @@ from vllm_sim import create_app as create_sim
 TRACE_ID = "6bf92f3577b34da6a3ce929d0e0e4736"
 
 
-@pytest.fixture
-def agg(serve_asgi: Callable[..., Any], tmp_path: Path) -> Iterator[dict[str, Any]]:
+def _agg(serve: Callable[..., Any], tmp: Path) -> Iterator[dict[str, Any]]:
     """Two SDK upstreams (``tools``, ``notes``) behind a gateway with ``aggregate: true``:
     ``k-agent`` may use both (no ``delete_*``), ``k-other`` only ``notes``, ``k-secret`` all,
     but its class may go to no tool server."""
-    sim = serve_asgi(create_sim(SimConfig(models=["m"])))
+    sim = serve(create_sim(SimConfig(models=["m"])))
     tools, notes = Counting(sdk_server()), Counting(notes_server())
-    servers = {"tools": serve_asgi(tools).url + "/mcp", "notes": serve_asgi(notes).url + "/mcp"}
+    servers = {"tools": serve(tools).url + "/mcp", "notes": serve(notes).url + "/mcp"}
 
     def extra(mcp: dict[str, Any]) -> None:
         mcp["aggregate"] = True
@@ -44,11 +43,33 @@ def agg(serve_asgi: Callable[..., Any], tmp_path: Path) -> Iterator[dict[str, An
             {"keys": ["k-secret"], "allow": ["*"]},
         ]
 
-    gw: Gateway = start_gateway(tmp_path, sim.url, servers, {}, extra)
+    gw: Gateway = start_gateway(tmp, sim.url, servers, {}, extra)
     try:
         yield {"gateway": gw, "tools": tools, "notes": notes}
     finally:
         gw.stop()
+
+
+@pytest.fixture
+def agg(serve_asgi: Callable[..., Any], tmp_path: Path) -> Iterator[dict[str, Any]]:
+    """:func:`_agg` for one test: no catalogue read yet, no note added (the notes server
+    counts the notes it holds)."""
+    yield from _agg(serve_asgi, tmp_path)
+
+
+@pytest.fixture(scope="module")
+def shared_agg(serve_asgi_module: Callable[..., Any],
+               tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    yield from _agg(serve_asgi_module, tmp_path_factory.mktemp("agg"))
+
+
+@pytest.fixture
+def agg_shared(shared_agg: dict[str, Any]) -> dict[str, Any]:
+    """:func:`_agg` shared by the module's tests that add no note and do not depend on a
+    catalogue being unread: the records and upstream calls from the start of the test."""
+    shared_agg["tools"].seen.clear()
+    shared_agg["notes"].seen.clear()
+    return {**shared_agg, "gateway": shared_agg["gateway"].from_now()}
 
 
 @pytest.mark.parametrize("mode", ["auto", "legacy"])
@@ -138,10 +159,10 @@ def test_aggregate_applies_the_per_server_refusals(agg: dict[str, Any]) -> None:
         {"tool": name_digest("nosuch__echo")}, {"tool": name_digest("echo")}]
 
 
-def test_aggregate_refuses_a_caller_no_access_rule_names(agg: dict[str, Any]) -> None:
+def test_aggregate_refuses_a_caller_no_access_rule_names(agg_shared: dict[str, Any]) -> None:
     """As ``/mcp/<server>`` does (403): a caller that may use no server gets nothing to
     discover at ``/mcp`` either (it answered initialize, ping and an empty tools/list)."""
-    gw = agg["gateway"]
+    gw = agg_shared["gateway"]
     for method, params in (("ping", {}), ("tools/list", {}), ("server/discover", {})):
         resp = httpx.post(gw.url + "/mcp", timeout=10, json={
             "jsonrpc": "2.0", "id": 1, "method": method, "params": {**params, "_meta": {
@@ -156,8 +177,8 @@ def test_aggregate_refuses_a_caller_no_access_rule_names(agg: dict[str, Any]) ->
             and r["data"]["key_id"] == "k-nobody"] == ["tool_denied"] * 3
 
 
-def test_aggregate_challenge_and_metadata(agg: dict[str, Any]) -> None:
-    gw = agg["gateway"]
+def test_aggregate_challenge_and_metadata(agg_shared: dict[str, Any]) -> None:
+    gw = agg_shared["gateway"]
     no_key = httpx.post(gw.url + "/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "ping"},
                         headers={"traceparent": f"00-{TRACE_ID}-00f067aa0ba902b7-01"},
                         timeout=10)
@@ -198,10 +219,10 @@ def test_aggregate_refuses_server_names_with_the_separator() -> None:
         McpSettings.model_validate({"servers": [server], "aggregate": True})
 
 
-def test_ts_sdk_client_through_the_aggregate(agg: dict[str, Any]) -> None:
+def test_ts_sdk_client_through_the_aggregate(agg_shared: dict[str, Any]) -> None:
     from tests.gateway.mcp_gateway.test_mcp_ts_sdk_client import run_ts_client
 
-    gw = agg["gateway"]
+    gw = agg_shared["gateway"]
     report = run_ts_client(gw.url + "/mcp", KEYS["agent"], [
         ("tools__echo", {"text": "ts via the aggregate"}), ("notes__delete_note", {"index": 0})])
     assert report["protocolVersion"] == "2025-11-25" and report["sessionId"]
@@ -210,4 +231,4 @@ def test_ts_sdk_client_through_the_aggregate(agg: dict[str, Any]) -> None:
     echo, denied = report["calls"]
     assert echo["ok"] and echo["result"]["content"][0]["text"] == "ts via the aggregate"
     assert not denied["ok"] and denied["error"]["code"] == 403
-    assert agg["tools"].calls() == ["tools/call:echo"] and agg["notes"].calls() == []
+    assert agg_shared["tools"].calls() == ["tools/call:echo"] and agg_shared["notes"].calls() == []

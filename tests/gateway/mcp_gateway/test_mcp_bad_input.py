@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.gateway.mcp_gateway.harness import KEYS
+from tests.gateway.mcp_gateway.harness import KEYS, Gateway
 
 MODERN = "2026-07-28"
 META = {"io.modelcontextprotocol/protocolVersion": MODERN,
@@ -46,10 +46,21 @@ def post(url: str, body: Any, hdrs: dict[str, str], raw: bytes | None = None) ->
                       timeout=30)
 
 
+def _denied_by_reason(gw: Gateway) -> dict[str, float]:
+    """``sg_gateway_mcp_calls_total`` of the refused calls, summed per reason."""
+    counts: dict[str, float] = {}
+    for labels, value in gw.metrics("sg_gateway_mcp_calls").items():
+        lab = dict(labels)
+        if lab["__name__"] == "sg_gateway_mcp_calls_total" and lab["sg_decision"] == "deny":
+            counts[lab["sg_mcp_reason"]] = counts.get(lab["sg_mcp_reason"], 0) + value
+    return counts
+
+
 def test_each_bad_request_is_refused_audited_and_not_forwarded(stack: dict[str, Any]) -> None:
     gw, upstream = stack["gateway"], stack["upstream"]
     url = gw.mcp("tools")
     cases: list[tuple[str, httpx.Response, int, int, str]] = []
+    denied_before = _denied_by_reason(gw)  # the gateway is shared by this module's tests
 
     def case(label: str, resp: httpx.Response, status: int, code: int, reason: str) -> None:
         cases.append((label, resp, status, code, reason))
@@ -120,12 +131,9 @@ def test_each_bad_request_is_refused_audited_and_not_forwarded(stack: dict[str, 
     refused = [r["data"] for r in gw.records() if r["type"] == "mcp.refused"]
     assert [r["reason"] for r in refused] == [c[4] for c in cases]
     assert all(r["decision"] == "deny" for r in refused)
-    # Refusals per reason on the Prometheus page.
-    counts: dict[str, float] = {}
-    for labels, value in gw.metrics("sg_gateway_mcp_calls").items():
-        lab = dict(labels)
-        if lab["__name__"] == "sg_gateway_mcp_calls_total" and lab["sg_decision"] == "deny":
-            counts[lab["sg_mcp_reason"]] = counts.get(lab["sg_mcp_reason"], 0) + value
+    # Refusals per reason on the Prometheus page: what this test added.
+    counts = {reason: n - denied_before.get(reason, 0)
+              for reason, n in _denied_by_reason(gw).items()}
     assert counts["header_mismatch"] == 4 and counts["batch_refused"] == 1
     assert sum(counts.values()) == len(cases)
     no_key = cases[-1][1]

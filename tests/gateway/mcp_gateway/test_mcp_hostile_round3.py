@@ -90,24 +90,44 @@ def _stack(serve_asgi: Callable[..., Any], tmp_path: Path, policy_extra: str = "
     return gw, {"gateway": gw, "upstream": bodies, "tools": tools, "web": web}
 
 
+def _shared(serve: Callable[..., Any], tmp: Path, policy_extra: str = "",
+            ) -> Iterator[dict[str, Any]]:
+    gw, parts = _stack(serve, tmp, policy_extra)
+    try:
+        yield parts
+    finally:
+        gw.stop()
+
+
+def _view(parts: dict[str, Any]) -> dict[str, Any]:
+    """A shared stack as one test sees it: the records and upstream bodies from now on."""
+    parts["upstream"].bodies.clear()
+    return {**parts, "gateway": parts["gateway"].from_now()}
+
+
+# One gateway per module for each (no test changes it: no quotas, each call its own session).
+@pytest.fixture(scope="module")
+def shared_recorded(serve_asgi_module: Callable[..., Any],
+                    tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    yield from _shared(serve_asgi_module, tmp_path_factory.mktemp("recorded"))
+
+
+@pytest.fixture(scope="module")
+def shared_recorded_pii(serve_asgi_module: Callable[..., Any],
+                        tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    yield from _shared(serve_asgi_module, tmp_path_factory.mktemp("recorded-pii"), PII)
+
+
 @pytest.fixture
-def recorded(serve_asgi: Callable[..., Any], tmp_path: Path) -> Iterator[dict[str, Any]]:
+def recorded(shared_recorded: dict[str, Any]) -> dict[str, Any]:
     """:func:`_stack` without a ``pii`` section."""
-    gw, parts = _stack(serve_asgi, tmp_path)
-    try:
-        yield parts
-    finally:
-        gw.stop()
+    return _view(shared_recorded)
 
 
 @pytest.fixture
-def recorded_pii(serve_asgi: Callable[..., Any], tmp_path: Path) -> Iterator[dict[str, Any]]:
+def recorded_pii(shared_recorded_pii: dict[str, Any]) -> dict[str, Any]:
     """:func:`_stack` with a ``pii`` section refusing card numbers."""
-    gw, parts = _stack(serve_asgi, tmp_path, PII)
-    try:
-        yield parts
-    finally:
-        gw.stop()
+    return _view(shared_recorded_pii)
 
 
 def _refusals(gw: Gateway) -> list[dict[str, Any]]:

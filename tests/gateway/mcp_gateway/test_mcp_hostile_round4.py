@@ -46,10 +46,24 @@ def _hostile(serve_asgi: Callable[..., Any], tmp_path: Path,
         gw.stop()
 
 
-@pytest.fixture
-def hostile(serve_asgi: Callable[..., Any], tmp_path: Path) -> Iterator[dict[str, Any]]:
+@pytest.fixture(scope="module")
+def shared_hostile(serve_asgi_module: Callable[..., Any],
+                   tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """The gateway (aggregate endpoint on) in front of :func:`status_server` as ``evil``;
-    ``received``: every message the upstream got."""
+    ``received``: every message the upstream got. Shared by the module's tests through
+    :func:`hostile` (the gateway keeps no state they assert: no quotas, no sessions)."""
+    yield from _hostile(serve_asgi_module, tmp_path_factory.mktemp("hostile"))
+
+
+@pytest.fixture
+def hostile(shared_hostile: dict[str, Any]) -> dict[str, Any]:
+    """:func:`shared_hostile` as one test sees it: the records from the start of the test."""
+    return {**shared_hostile, "gateway": shared_hostile["gateway"].from_now()}
+
+
+@pytest.fixture
+def own_hostile(serve_asgi: Callable[..., Any], tmp_path: Path) -> Iterator[dict[str, Any]]:
+    """:func:`shared_hostile` for one test that stops its gateway."""
     yield from _hostile(serve_asgi, tmp_path)
 
 
@@ -153,12 +167,12 @@ VICTIM_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 
 
 def test_refusals_of_unknown_callers_are_counted_and_hold_no_client_text(
-        hostile: dict[str, Any]) -> None:
+        own_hostile: dict[str, Any]) -> None:
     """Anyone can send a request without a key: its refusal is counted per client and
     reason (one record, then one with the interval's count), never one record per request;
     the path's text (an unknown server name with a card number) is not recorded as given,
     and a ``traceparent`` someone sent along joins no trace."""
-    gw: Gateway = hostile["gateway"]
+    gw: Gateway = own_hostile["gateway"]
     payload = "IGNORE-PREVIOUS;card=4111111111111111;" + "A" * 7000
     trace = {"traceparent": f"00-{VICTIM_TRACE}-00f067aa0ba902b7-01"}
     with httpx.Client(timeout=10) as client:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -34,18 +33,28 @@ IBAN = "DE89 3704 0044 0532 0130 00"
 CARD = "4111 1111 1111 1111"
 
 
-@pytest.fixture
-def pii_stack(serve_asgi: Callable[..., Any], tmp_path: Path) -> Iterator[dict[str, Any]]:
-    """The SDK upstream (counting what it receives), the simulator, the gateway with ``pii``."""
-    sim = serve_asgi(create_sim(SimConfig(models=["m"])))
+@pytest.fixture(scope="module")
+def shared_pii_stack(serve_asgi_module: Callable[..., Any],
+                     tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """The SDK upstream (counting what it receives), the simulator, the gateway with ``pii``;
+    one for the module's tests (use it through :func:`pii_stack`): no test changes it, each
+    opens its own MCP session, and the gateway has no quota or budget."""
+    sim = serve_asgi_module(create_sim(SimConfig(models=["m"])))
     counting = Counting(sdk_server())
-    tools = serve_asgi(counting)
-    gw: Gateway = start_gateway(tmp_path, sim.url, {"tools": tools.url + "/mcp"}, {},
-                                policy_extra=PII)
+    tools = serve_asgi_module(counting)
+    gw: Gateway = start_gateway(tmp_path_factory.mktemp("mcp-pii"), sim.url,
+                                {"tools": tools.url + "/mcp"}, {}, policy_extra=PII)
     try:
         yield {"gateway": gw, "upstream": counting}
     finally:
         gw.stop()
+
+
+@pytest.fixture
+def pii_stack(shared_pii_stack: dict[str, Any]) -> dict[str, Any]:
+    """:func:`shared_pii_stack` as one test sees it: the records and upstream calls it caused."""
+    shared_pii_stack["upstream"].seen.clear()
+    return {**shared_pii_stack, "gateway": shared_pii_stack["gateway"].from_now()}
 
 
 def _call(gw: Gateway, key: str, text: str, extra: dict[str, Any] | None = None) -> Any:

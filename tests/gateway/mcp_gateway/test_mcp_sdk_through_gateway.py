@@ -70,8 +70,9 @@ def test_sdk_client_lists_and_calls_tools_through_the_gateway(stack: dict[str, A
     assert echo["protocol_version"] == ("2026-07-28" if mode == "auto" else "2025-11-25")
 
 
-def test_denied_tool_is_refused_and_audited(stack: dict[str, Any]) -> None:
-    gw = stack["gateway"]
+def test_denied_tool_is_refused_and_audited(fresh_stack: dict[str, Any]) -> None:
+    # Its own gateway: one that listed the tools already knows the name (recorded as given).
+    gw = fresh_stack["gateway"]
 
     async def go() -> Any:
         async with sdk_client(gw.mcp("tools"), KEYS["agent"]) as client:
