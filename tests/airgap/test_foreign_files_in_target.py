@@ -50,13 +50,20 @@ def _plant(model: Path, outside: Path) -> list[str]:
             "modeling_evil.py", "pytorch_model.bin"]
 
 
+def _planted_store(tmp_path: Path, layout: Layout, lock: Lockfile
+                   ) -> tuple[Path, Path, list[str]]:
+    """A store whose model directory holds the foreign entries of :func:`_plant`: the store,
+    the model directory and the names planted."""
+    store = tmp_path / "store"
+    model = _model_dir(store, layout, lock)
+    return store, model, _plant(model, tmp_path / "evil.py")
+
+
 @pytest.mark.parametrize("layout", ["dir", "hf-cache"])
 def test_foreign_files_in_the_model_directory_are_refused_and_named(
     pristine_bundle: Path, small_lock: Lockfile, keys: KeyPair, tmp_path: Path, layout: Layout
 ) -> None:
-    store = tmp_path / "store"
-    model = _model_dir(store, layout, small_lock)
-    planted = _plant(model, tmp_path / "evil.py")
+    store, model, planted = _planted_store(tmp_path, layout, small_lock)
     before = tree_state(store)
     with pytest.raises(StoreError) as info:
         unpack_bundle(pristine_bundle, [keys.public], store, layout=layout)
@@ -72,9 +79,7 @@ def test_foreign_files_in_the_model_directory_are_refused_and_named(
 def test_replace_installs_exactly_the_bundles_files(
     pristine_bundle: Path, small_lock: Lockfile, keys: KeyPair, tmp_path: Path, layout: Layout
 ) -> None:
-    store = tmp_path / "store"
-    model = _model_dir(store, layout, small_lock)
-    planted = _plant(model, tmp_path / "evil.py")
+    store, model, planted = _planted_store(tmp_path, layout, small_lock)
     report = unpack_bundle(pristine_bundle, [keys.public], store, layout=layout, replace=True)
     assert report.replaced == {REPO: planted}
     assert verify_tree(model, small_lock.entries[0]).ok  # no extra, missing or other file
