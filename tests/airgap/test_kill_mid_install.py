@@ -81,7 +81,12 @@ def test_a_kill_at_any_rename_leaves_each_model_absent_or_whole(
             paths = hf_cache_paths(store, entry.repo_id)
             model, ref = paths.snapshot(entry.commit), paths.refs / entry.requested_revision
         if model.exists():  # published: then whole, exactly the bundle's files
-            assert verify_tree(model, entry).ok, f"killed at rename {n}"
+            report = verify_tree(model, entry)
+            assert not (report.mismatched or report.missing or report.extra
+                        or report.missing_shards), f"killed at rename {n}: {report}"
+            # A kill between the snapshot's publication and its ref's leaves the ref absent
+            # (a loader asking for the revision finds nothing), never naming anything else.
+            assert all(r.actual == "absent" for r in report.refs), f"killed at rename {n}"
             killed_states += 1
         else:
             assert ref is None or not ref.exists(), f"killed at rename {n}: ref before snapshot"
