@@ -355,7 +355,8 @@ class McpEndpoint:
 
         Raises:
             McpRefusal: 503 ``audit_unavailable`` when it cannot be written (the message is
-                not forwarded; the refusal's own record is attempted and logged if lost).
+                not forwarded; its refusal is this log line, not a record: the store just
+                failed, and a second wait for it would only delay the 503).
         """
         assert self._audit is not None
         try:
@@ -364,6 +365,7 @@ class McpEndpoint:
             _log.error("audit unavailable, MCP request %s not forwarded: %s",
                        rec.request_id, exc)
             rec.decision = "deny"
+            rec.recorded = True  # nothing to wait for: see Raises
             raise McpRefusal(503, INTERNAL_ERROR, "audit_unavailable",
                              "the audit log is unavailable; the request was not forwarded"
                              ) from exc
