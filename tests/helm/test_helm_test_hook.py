@@ -19,6 +19,8 @@ from typing import Any
 import pytest
 import sg_helm as h
 
+from tests.asgi_lifespan import run_lifespan
+
 KEY = "sk-helm-test-0123456789"
 
 
@@ -33,13 +35,8 @@ class FakeGateway:
     async def __call__(self, scope: dict[str, Any], receive: Callable[..., Any],
                        send: Callable[..., Any]) -> None:
         if scope["type"] == "lifespan":
-            while True:
-                msg = await receive()
-                if msg["type"] == "lifespan.startup":
-                    await send({"type": "lifespan.startup.complete"})
-                elif msg["type"] == "lifespan.shutdown":
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
+            await run_lifespan(receive, send)
+            return
         headers = dict(scope["headers"])
         auth = headers.get(b"authorization")
         self.seen.append((scope["path"], auth.decode() if auth else None))

@@ -28,6 +28,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 from urllib.parse import parse_qs, unquote
 
+from tests.asgi_lifespan import run_lifespan
 from tests.hub_emulator.model import Commit, Hub, Repo, RequestRecord
 
 Scope = MutableMapping[str, Any]
@@ -54,13 +55,8 @@ class HubApp:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
-            while True:
-                msg = await receive()
-                if msg["type"] == "lifespan.startup":
-                    await send({"type": "lifespan.startup.complete"})
-                elif msg["type"] == "lifespan.shutdown":
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
+            await run_lifespan(receive, send)
+            return
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         auth = headers.get("authorization", "")
         token = auth[7:] if auth.lower().startswith("bearer ") else None

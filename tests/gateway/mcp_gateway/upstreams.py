@@ -11,6 +11,8 @@ from typing import Annotated, Any
 from mcp.server.mcpserver import Context, MCPServer
 from pydantic import Field
 
+from tests.asgi_lifespan import run_lifespan
+
 
 def sdk_server() -> Any:
     """The SDK server (Streamable HTTP app at ``/mcp``): ``echo``, ``fetch_url``, ``count``."""
@@ -142,13 +144,8 @@ async def request_body(scope: dict[str, Any], receive: Any, send: Any) -> bytes 
     """For a raw ASGI test server: run the lifespan (``None``), or read an HTTP request's whole
     body."""
     if scope["type"] == "lifespan":
-        while True:
-            msg = await receive()
-            if msg["type"] == "lifespan.startup":
-                await send({"type": "lifespan.startup.complete"})
-            elif msg["type"] == "lifespan.shutdown":
-                await send({"type": "lifespan.shutdown.complete"})
-                return None
+        await run_lifespan(receive, send)
+        return None
     body = b""
     more = True
     while more:
