@@ -122,7 +122,8 @@ def parse_message(body: bytes) -> Message:
         McpRefusal: 400 ``parse_error`` (not JSON; also not UTF-8, a byte order mark,
             ``NaN``, a number overflowing to infinity, a lone surrogate escape, nesting deeper
             than 128 levels), ``batch_refused`` (an array),
-            ``invalid_request`` (not a JSON-RPC 2.0 object), ``duplicate_key``.
+            ``invalid_request`` (not a JSON-RPC 2.0 object, or a request whose id is
+            null), ``duplicate_key``.
     """
     if body[:1] == b"[" or body.lstrip()[:1] == b"[":
         raise McpRefusal(400, INVALID_REQUEST, "batch_refused",
@@ -150,6 +151,11 @@ def parse_message(body: bytes) -> Message:
     if method is None and not has_id:
         raise McpRefusal(400, INVALID_REQUEST, "invalid_request",
                          "neither a request nor a response")
+    if method is not None and has_id and msg_id is None:
+        # MCP (basic/index, "Requests"): unlike base JSON-RPC, a request's id MUST NOT be
+        # null; the answer to it could not be told from an error about an unparsable message.
+        raise McpRefusal(400, INVALID_REQUEST, "invalid_request",
+                         "a request's id must not be null")
     params = obj.get("params", {})
     if params is None:
         params = {}

@@ -66,6 +66,7 @@ def test_handshake_era_request_may_omit_headers_but_not_contradict_them() -> Non
     (b"{nope", "parse_error"),
     (b'{"jsonrpc":"1.0","id":1,"method":"x"}', "invalid_request"),
     (b'{"jsonrpc":"2.0","id":true,"method":"x"}', "invalid_request"),
+    (b'{"jsonrpc":"2.0","id":null,"method":"tools/list"}', "invalid_request"),
     (b'{"jsonrpc":"2.0","id":1,"method":"a","method":"b"}', "duplicate_key"),
     (b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":1}}', "invalid_params"),
 ])
