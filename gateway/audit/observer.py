@@ -269,12 +269,31 @@ class AuditObserver:
     def _count_anonymous(self, record: RequestRecord) -> None:
         path = record.path
         # The route, not the path: a model id in the path is the client's to choose.
-        route_class = ("/v1/models/{id}" if path.startswith("/v1/models/") else bounded(path))
-        fields = {"status": record.status, "error_code": record.error_code,
-                  "route_class": route_class, "decision": "deny"}
+        route_class = "/v1/models/{id}" if path.startswith("/v1/models/") else path
         host = None if record.client_addr is None else record.client_addr.rsplit(":", 1)[0]
-        self._request_counter.count(self._counted_client(host),
-                                    (record.status, record.error_code, route_class), fields)
+        self.request_refused(record.status, record.error_code, route_class, host)
+
+    def request_refused(self, status: int, code: str | None, route_class: str,
+                        client_host: str | None) -> None:
+        """Count a request refused before any principal was established (``request.refused``).
+
+        Called by :meth:`on_end` for the relay and ``/v1/models``, and by the app's error
+        handler for a 401 on its other routes (``/v1/usage``, the Batch API). Counted per
+        client network and (status, code, route class) as :meth:`http_refused` is; never
+        waits for the store.
+
+        Args:
+            status: HTTP status sent (401, 405, 400...).
+            code: The error code sent (``invalid_api_key``, ``token_malformed``...).
+            route_class: The route, never a client-chosen id (``/v1/chat/completions``,
+                ``/v1/models/{id}``, ``/v1/files/{file_id}``); bounded here.
+            client_host: The peer's address, recorded as the pseudonym of its network.
+        """
+        route_class = bounded(route_class)
+        fields = {"status": status, "error_code": code, "route_class": route_class,
+                  "decision": "deny"}
+        self._request_counter.count(self._counted_client(client_host),
+                                    (status, code, route_class), fields)
 
     def http_refused(self, status: int, code: str, message: str, client_host: str | None) -> None:
         """Record a request the HTTP server refused before the app saw it (``http.refused``).

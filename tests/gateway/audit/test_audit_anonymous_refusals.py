@@ -47,10 +47,13 @@ def test_anonymous_refusals_are_counted_per_client_route_and_reason(
             statuses[http.post("/v1/chat/completions", json=CHAT).status_code] += 1
         for i in range(20):
             statuses[http.get(f"/v1/models/guess-{i}").status_code] += 1
+        for i in range(10):  # a route of the app's own (not the relay's)
+            statuses[http.get("/v1/usage", headers={
+                "authorization": f"Bearer sk-guess-u{i}"}).status_code] += 1
         # A known caller's refusal is attributable: its own record, as before.
         denied = http.post("/v1/chat/completions", json=CHAT,
                            headers={"authorization": f"Bearer {KEY_B}"})
-        assert statuses == {401: 420} and denied.status_code == 403
+        assert statuses == {401: 430} and denied.status_code == 403
     refused = _of_type(gw.records, "request.refused")
     counts: Counter[tuple[str, str]] = Counter()
     for r in refused:
@@ -59,9 +62,10 @@ def test_anonymous_refusals_are_counted_per_client_route_and_reason(
         counts[r["error_code"], r["route_class"]] += r["count"]
     assert counts == {("invalid_api_key", "/v1/models"): 300,
                       ("invalid_api_key", "/v1/chat/completions"): 100,
-                      ("invalid_api_key", "/v1/models/{id}"): 20}
+                      ("invalid_api_key", "/v1/models/{id}"): 20,
+                      ("invalid_api_key", "/v1/usage"): 10}
     # One client: per kind, its first at once and the rest of each interval in one record.
-    assert len(refused) <= 3 * 2 * 3, refused
+    assert len(refused) <= 4 * 2 * 3, refused
     assert [(d["key_id"], d["status"], d["error_code"])
             for d in _of_type(gw.records, "request.denied")] == [
         ("team-b", 403, "model_not_allowed")]
