@@ -350,8 +350,15 @@ def create_app(
     app.mcp = parts.mcp is not None
     app.add_middleware(AccessLogMiddleware, log=settings.logging.access_log)
 
+    audit = parts.audit
+
     @app.exception_handler(GatewayError)
-    async def _gateway_error(_: Request, exc: GatewayError) -> JSONResponse:
+    async def _gateway_error(request: Request, exc: GatewayError) -> JSONResponse:
+        if exc.status == 401 and audit is not None:  # no caller: counted, as on the relay
+            client = request.scope.get("client")
+            audit.request_refused(exc.status, exc.code,
+                                  getattr(request.scope.get("route"), "path", "other"),
+                                  client[0] if client else None)
         return _error_response(exc)
 
     @app.exception_handler(StarletteHTTPException)

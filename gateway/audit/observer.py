@@ -8,9 +8,11 @@ can verify a log offline.
 ``request.started`` record durable before the gateway forwards a byte, and turns
 :class:`AuditUnavailable` into a 503 (``audit_unavailable``) so nothing unaudited is served;
 ``on_end`` writes ``request.completed`` (or ``request.denied`` for requests refused before
-forwarding). Its ``end_recorded`` hook makes the responder hold back the end of each response
-(the last chunk of a sized body, or the ``data: [DONE]`` event and the end of a stream; earlier
-stream events flow at once) until the completion record is durable; if it could not be
+forwarding; a refusal of a caller that established no principal is counted instead, as
+``request.refused``, and does not wait for the store: see :meth:`AuditObserver.on_end`).
+Its ``end_recorded`` hook makes the responder hold back the end of each response (the last
+chunk of a sized body, or the ``data: [DONE]`` event and the end of a stream; earlier stream
+events flow at once) until the completion record is durable; if it could not be
 written, the end is never sent and the connection is closed, so a client never fully receives
 a response whose completion is not in the log. ``startup``/``shutdown`` start and close the
 chain with the app's lifespan.
@@ -30,7 +32,7 @@ from gateway.audit.checkpoint import load_signer
 from gateway.audit.errors import AuditError, AuditUnavailable
 from gateway.audit.pseudonym import ContentHasher, Pseudonymizer, load_pseudonymizer
 from gateway.audit.records import REQUEST_COMPLETED, REQUEST_STARTED
-from gateway.audit.refusals import RefusalCounter
+from gateway.audit.refusals import IPV6_PREFIX, RefusalCounter, client_network
 from gateway.audit.settings import AuditSettings
 from gateway.audit.store import sqlite_file
 from gateway.audit.writer import AuditLog, Receipt
@@ -42,6 +44,7 @@ from gateway.relay.records import RequestRecord
 _log = logging.getLogger(__name__)
 
 REQUEST_DENIED = "request.denied"
+REQUEST_REFUSED = "request.refused"
 HTTP_REFUSED = "http.refused"
 HTTP_EVICTED = "http.evicted"
 MCP_REFUSED = "mcp.refused"
@@ -62,6 +65,8 @@ class AuditObserver:
         log: The (not yet started) audit log; ``startup`` starts it.
         pseudonymizer: Keyed HMAC for client addresses; ``None`` drops the address.
         config_digest: SHA-256 of the loaded configuration, logged as ``config.loaded``.
+        refusal_ipv6_prefix: Prefix length by which counted refusals key IPv6 clients
+            (:func:`gateway.audit.refusals.client_network`).
     """
 
     def __init__(
@@ -70,6 +75,7 @@ class AuditObserver:
         pseudonymizer: Pseudonymizer | None = None,
         *,
         config_digest: str | None = None,
+        refusal_ipv6_prefix: int = IPV6_PREFIX,
     ) -> None:
         self.log = log
         self._pseudo = pseudonymizer
@@ -82,6 +88,8 @@ class AuditObserver:
         self._refusal_counter = RefusalCounter(self._append_refused)
         self._eviction_counter = RefusalCounter(self._append_evicted)
         self._mcp_counter = RefusalCounter(self._append_mcp_refused)
+        self._request_counter = RefusalCounter(self._append_request_refused)
+        self._ipv6_prefix = refusal_ipv6_prefix
 
     @classmethod
     def from_settings(
@@ -95,7 +103,8 @@ class AuditObserver:
         info = {"config_sha256": config_digest} if config_digest else {}
         log = AuditLog.from_settings(settings, start_info=info)
         return cls(
-            log, load_pseudonymizer(settings.pseudonym_key_file), config_digest=config_digest
+            log, load_pseudonymizer(settings.pseudonym_key_file), config_digest=config_digest,
+            refusal_ipv6_prefix=settings.refusal_ipv6_prefix,
         )
 
     async def startup(self) -> None:
@@ -110,6 +119,7 @@ class AuditObserver:
         self._refusal_counter.flush()
         self._eviction_counter.flush()
         self._mcp_counter.flush()
+        self._request_counter.flush()
         if self._refusals:
             await asyncio.gather(*self._refusals, return_exceptions=True)
         await self.log.close()
@@ -118,6 +128,11 @@ class AuditObserver:
         if record.client_addr is None:
             return None
         return self._client_host(record.client_addr.rsplit(":", 1)[0])
+
+    def _counted_client(self, host: str | None) -> str | None:
+        """The pseudonym of ``host``'s network (IPv6: its /64 by default), for counted
+        refusals: one IPv6 network is one client however many addresses it holds."""
+        return self._client_host(client_network(host, self._ipv6_prefix))
 
     def _client_host(self, host: str | None) -> str | None:
         if host is None or self._pseudo is None:
@@ -214,10 +229,21 @@ class AuditObserver:
         self._inflight.add(record.request_id)
 
     async def on_end(self, record: RequestRecord) -> None:
-        """Write ``request.completed`` (forwarded) or ``request.denied`` (refused before)."""
+        """Write ``request.completed`` (forwarded) or ``request.denied`` (refused before).
+
+        A refusal of a caller that established no principal (no credential, an unknown key
+        or token, a request refused before its credential was looked at: no ``key_id`` and
+        no verified identity) is anyone's to send, so it is counted per client network and
+        reason (:class:`gateway.audit.refusals.RefusalCounter`, ``request.refused``) and
+        the answer does not wait for the store. Refusals of a known caller (policy, quota,
+        model access) keep their own ``request.denied`` record: they are attributable.
+        """
         forwarded = record.request_id in self._inflight
         self._inflight.discard(record.request_id)
         content = self._content.pop(record.request_id, None)
+        if not forwarded and record.key_id is None and record.identity is None:
+            self._count_anonymous(record)
+            return
         if forwarded:
             event = {"type": REQUEST_COMPLETED, **self._end_fields(record)}
             if content is not None:
@@ -240,6 +266,35 @@ class AuditObserver:
                 self._unrecorded.add(record.request_id)
             _log.error("audit record of request %s lost: %s", record.request_id, exc)
 
+    def _count_anonymous(self, record: RequestRecord) -> None:
+        path = record.path
+        # The route, not the path: a model id in the path is the client's to choose.
+        route_class = "/v1/models/{id}" if path.startswith("/v1/models/") else path
+        host = None if record.client_addr is None else record.client_addr.rsplit(":", 1)[0]
+        self.request_refused(record.status, record.error_code, route_class, host)
+
+    def request_refused(self, status: int, code: str | None, route_class: str,
+                        client_host: str | None) -> None:
+        """Count a request refused before any principal was established (``request.refused``).
+
+        Called by :meth:`on_end` for the relay and ``/v1/models``, and by the app's error
+        handler for a 401 on its other routes (``/v1/usage``, the Batch API). Counted per
+        client network and (status, code, route class) as :meth:`http_refused` is; never
+        waits for the store.
+
+        Args:
+            status: HTTP status sent (401, 405, 400...).
+            code: The error code sent (``invalid_api_key``, ``token_malformed``...).
+            route_class: The route, never a client-chosen id (``/v1/chat/completions``,
+                ``/v1/models/{id}``, ``/v1/files/{file_id}``); bounded here.
+            client_host: The peer's address, recorded as the pseudonym of its network.
+        """
+        route_class = bounded(route_class)
+        fields = {"status": status, "error_code": code, "route_class": route_class,
+                  "decision": "deny"}
+        self._request_counter.count(self._counted_client(client_host),
+                                    (status, code, route_class), fields)
+
     def http_refused(self, status: int, code: str, message: str, client_host: str | None) -> None:
         """Record a request the HTTP server refused before the app saw it (``http.refused``).
 
@@ -258,7 +313,7 @@ class AuditObserver:
         client and reason is written at once, the next ones of the interval as one record
         with their ``count``.
         """
-        self._refusal_counter.add(status, code, message, self._client_host(client_host))
+        self._refusal_counter.add(status, code, message, self._counted_client(client_host))
 
     def http_evicted(self, state: str, cause: str, client_host: str | None) -> None:
         """Record an idle connection the HTTP server closed to make room (``http.evicted``).
@@ -273,7 +328,7 @@ class AuditObserver:
             cause: ``connection_cap`` or ``address_cap``.
             client_host: The peer's address, recorded as its HMAC pseudonym.
         """
-        self._eviction_counter.count(self._client_host(client_host), (state, cause),
+        self._eviction_counter.count(self._counted_client(client_host), (state, cause),
                                      {"state": state, "cause": cause})
 
     def mcp_refused(self, fields: Mapping[str, Any], client_host: str | None) -> None:
@@ -290,8 +345,11 @@ class AuditObserver:
             fields: The record's fields (JSON scalars).
             client_host: The peer's address, recorded as its HMAC pseudonym.
         """
-        self._mcp_counter.count(self._client_host(client_host), tuple(sorted(fields.items())),
+        self._mcp_counter.count(self._counted_client(client_host), tuple(sorted(fields.items())),
                                 dict(fields))
+
+    def _append_request_refused(self, fields: Mapping[str, Any]) -> None:
+        self._append_counted({"type": REQUEST_REFUSED, **fields})
 
     def _append_mcp_refused(self, fields: Mapping[str, Any]) -> None:
         self._append_counted({"type": MCP_REFUSED, **fields})

@@ -40,6 +40,8 @@ class AuditSettings(BaseModel):
         max_batch_records: Upper bound of records committed in one transaction.
         store_timeout_s: How long an append may wait for a locked SQLite file or a PostgreSQL
             connection before it fails (and the request gets 503), seconds.
+        refusal_ipv6_prefix: Counted refusals (``http.refused``, ``request.refused``...) key
+            an IPv6 client by its network of this prefix length (IPv4: by its address).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -56,6 +58,7 @@ class AuditSettings(BaseModel):
     checkpoint_dir: Path | None = None
     max_batch_records: int = Field(default=512, ge=1)
     store_timeout_s: float = Field(default=5.0, gt=0)
+    refusal_ipv6_prefix: int = Field(default=64, ge=1, le=128)
 
     @field_validator("replica_id")
     @classmethod

@@ -6,10 +6,13 @@ sockets held a gateway capped at 50 connections until the header timeout closed 
 attacker simply reconnected. :class:`ConnectionTable` keeps the open connections of one server
 and, in the order they became idle, those that carry no request; when a new connection finds
 the cap reached, the one idle the longest is closed to make room (nginx drains its "reusable"
-connections the same way, ``ngx_drain_connections``), one that never carried a request before
-one idle between two requests (a flood of silent sockets then closes its own kind, not the
-keep-alive connections of clients that sent requests). Only when every connection is busy with
-a request is the newcomer refused.
+connections the same way, ``ngx_drain_connections``): first one already answered that only
+waits to close (lingering after an early answer, or dropping the rest of an answered request's
+body: its client has its answer, so closing it costs nobody anything), then one that never
+carried a request, then one idle between two requests (a flood of silent sockets then closes
+its own kind, not the keep-alive connections of clients that sent requests; and a flood of
+early-answered requests closes its own kind, not a client's new connection whose head is on its
+way). Only when every connection is busy with a request is the newcomer refused.
 
 With a per-address cap, one client address holds at most that many connections: a new one over
 it replaces the oldest idle connection of the same address, or is refused when all of that
@@ -78,11 +81,14 @@ class ConnectionTable(Generic[C]):
     A connection is fresh (idle, never carried a request) from :meth:`admit` until
     :meth:`busy` (its request head is complete), and idle again from :meth:`idle` (its
     response is complete and it waits for the next one) until :meth:`busy` or
-    :meth:`remove`. Fresh connections make room first, the one idle the longest first.
+    :meth:`remove`; answered from :meth:`answered_early` (answered before its request was
+    wholly read, or refused: it waits only to close, or for the rest of the body) until
+    :meth:`idle` or :meth:`remove`. Answered connections make room first, then fresh ones,
+    then idle ones, the one idle the longest first within each.
     """
 
-    __slots__ = ("addresses", "fresh", "max_connections", "max_per_address", "open", "resting",
-                 "turns")
+    __slots__ = ("addresses", "answered", "fresh", "max_connections", "max_per_address", "open",
+                 "resting", "turns")
 
     def __init__(self, max_connections: int, max_per_address: int | None = None) -> None:
         self.max_connections = max_connections
@@ -92,7 +98,9 @@ class ConnectionTable(Generic[C]):
         self.fresh: dict[C, int] = {}
         """Idle connections that never carried a request, oldest first -> their turn."""
         self.resting: dict[C, int] = {}
-        """Idle connections between requests (or answered), oldest first -> their turn."""
+        """Idle connections between requests, oldest first -> their turn."""
+        self.answered: dict[C, int] = {}
+        """Answered connections waiting to close (or for the rest of a body), oldest first."""
         self.addresses: dict[str, dict[C, None]] = {}
         """Open connections per client address (kept only with ``max_per_address``)."""
         self.turns = itertools.count(1)
@@ -107,7 +115,7 @@ class ConnectionTable(Generic[C]):
     @property
     def idle_count(self) -> int:
         """Open connections that carry no request now."""
-        return len(self.fresh) + len(self.resting)
+        return len(self.answered) + len(self.fresh) + len(self.resting)
 
     def admit(self, connection: C, address: str | None) -> Admission:
         """Count a new connection in, closing an idle one first if a cap is reached.
@@ -130,7 +138,7 @@ class ConnectionTable(Generic[C]):
                     return Admission.ADDRESS_FULL
                 self._evict(victim, EvictionCause.ADDRESS_CAP)
         if len(self.open) >= self.max_connections:
-            idle = self.fresh or self.resting
+            idle = self.answered or self.fresh or self.resting
             if not idle:
                 return Admission.FULL
             self._evict(next(iter(idle)), EvictionCause.CONNECTION_CAP)
@@ -149,15 +157,26 @@ class ConnectionTable(Generic[C]):
         """``connection`` carries no request now: the newest idle one, unless it was idle
         already (it keeps its place) or is not counted (refused on connect)."""
         if connection in self.open and connection not in self.fresh:
+            if self.answered:
+                self.answered.pop(connection, None)
             self.resting.setdefault(connection, next(self.turns))
+
+    def answered_early(self, connection: C) -> None:
+        """``connection`` was answered (or refused) and waits only to close, or for the rest
+        of its request's body: the first to make room, unless not counted."""
+        if connection in self.open:
+            if self.resting.pop(connection, None) is None:
+                self.fresh.pop(connection, None)
+            self.answered.setdefault(connection, next(self.turns))
 
     def remove(self, connection: C) -> None:
         """``connection`` closed (idempotent)."""
         if connection not in self.open:
             return
         address = self.open.pop(connection)
-        if self.resting.pop(connection, None) is None:
-            self.fresh.pop(connection, None)
+        if self.resting.pop(connection, None) is None and \
+                self.fresh.pop(connection, None) is None:
+            self.answered.pop(connection, None)
         if address is not None and self.max_per_address is not None:
             mine = self.addresses.get(address)
             if mine is not None:
@@ -166,14 +185,15 @@ class ConnectionTable(Generic[C]):
                     del self.addresses[address]
 
     def _oldest_idle_of(self, mine: dict[C, None]) -> C | None:
-        fresh, idle = self.fresh, self.resting
         oldest: C | None = None
-        oldest_rank = (2, 0)
+        oldest_rank = (3, 0)
         for connection in mine:  # at most max_per_address of them
-            turn = fresh.get(connection)
-            rank = (0, turn) if turn is not None else (1, idle.get(connection, -1))
-            if rank[1] >= 0 and rank < oldest_rank:
-                oldest, oldest_rank = connection, rank
+            for order, kind in enumerate((self.answered, self.fresh, self.resting)):
+                turn = kind.get(connection)
+                if turn is not None:
+                    if (order, turn) < oldest_rank:
+                        oldest, oldest_rank = connection, (order, turn)
+                    break
         return oldest
 
     def _evict(self, victim: C, cause: EvictionCause) -> None:

@@ -31,7 +31,7 @@ RefusalHook = Callable[[int, str, str, "str | None"], None]
 
 EvictionHook = Callable[[str, str, "str | None"], None]
 """``(state, cause, client host or None)`` of an idle connection closed to make room for a new
-one: ``state`` is ``no_request`` (nothing received), ``partial_head`` (answered
+one: ``state`` is ``no_request`` (nothing received) or ``partial_head`` (both answered
 :func:`eviction_refusal`), ``keep_alive`` (idle between requests) or ``lingering`` (already
 answered, discarding input); ``cause`` is ``connection_cap`` or ``address_cap``
 (:class:`gateway.h1.conntable.EvictionCause`)."""
@@ -87,11 +87,12 @@ def address_cap_refusal() -> Refusal:
 
 
 def eviction_refusal() -> Refusal:
-    """503 ``too_many_connections`` sent to a connection with part of a request head, closed to
-    make room for a new connection at the connection cap."""
+    """503 ``too_many_connections`` sent to a connection that never got an answer (nothing or
+    part of a request head received), closed to make room for a new connection at the
+    connection cap."""
     return Refusal(503, "Service Unavailable",
-                   "The gateway is at its client connection limit and closed this connection, "
-                   "whose request head was not complete; retry.",
+                   "The gateway is at its client connection limit and closed this connection "
+                   "before its request was read; retry.",
                    "too_many_connections", "server_error")
 
 

@@ -35,8 +35,9 @@ Every state of a connection has a timer and a bound (:class:`ServerLimits`):
   ``send_timeout_s``, then the connection is aborted and the app sees the disconnect (the relay
   then frees its upstream connection);
 * over ``max_connections`` open connections (or ``max_connections_per_address`` of one
-  client address): the connection idle the longest (no complete head yet, or between
-  requests) is closed to make room (:mod:`gateway.h1.conntable`); only when every connection
+  client address): an idle connection is closed to make room (:mod:`gateway.h1.conntable`):
+  one already answered first, then one with no complete head yet (answered 503), then one
+  idle between requests, the one idle the longest of each; only when every connection
   carries a request is the newcomer answered 503 (429 for the per-address cap) and closed
   after the linger.
 
@@ -299,8 +300,9 @@ class ServerProtocol(asyncio.Protocol):
         table = self.ctx.table
         if table.max_per_address is None:  # ConnectionTable.remove, inline
             if table.open.pop(self, _ABSENT) is not _ABSENT and \
-                    table.resting.pop(self, None) is None:
-                table.fresh.pop(self, None)
+                    table.resting.pop(self, None) is None and \
+                    table.fresh.pop(self, None) is None:
+                table.answered.pop(self, None)
         else:
             table.remove(self)
         self._cancel_timers()
@@ -350,8 +352,13 @@ class ServerProtocol(asyncio.Protocol):
 
     def evict(self, cause: EvictionCause) -> None:
         """Close this idle connection to make room for a new one (:class:`ConnectionTable`
-        chose it): silently, or with 503 when part of a request head had come; tell the
-        ``on_evicted`` hook."""
+        chose it), and tell the ``on_evicted`` hook.
+
+        One that was answered (lingering) or is idle between requests is closed at once; one
+        that never got an answer (nothing or part of a head received: its head may be on its
+        way, or unread in the socket) is answered 503 and lingers as a refusal does, so its
+        client reads the 503 instead of a connection reset (nginx closes such connections
+        unread; an OpenAI SDK retries a 503, not a reset of a request it sent)."""
         cycle = self.cycle
         if self._lingering or (cycle is not None and cycle.response_complete):
             state = "lingering"  # answered; the rest of its body was being dropped, if any
@@ -361,10 +368,12 @@ class ServerProtocol(asyncio.Protocol):
             state = "keep_alive" if self._served else "no_request"
         transport = self.transport
         if transport is not None and not transport.is_closing():
-            if state == "partial_head":
+            if state in ("partial_head", "no_request"):
                 transport.write(eviction_refusal().response())
-            self._lingering = True  # what still comes is discarded
-            self._close()
+                self._linger()  # not counted any more (the table forgot it); closes in linger_s
+            else:
+                self._lingering = True  # what still comes is discarded
+                self._close()
         hook = self.ctx.on_evicted
         if hook is not None:
             try:
@@ -760,7 +769,7 @@ class ServerProtocol(asyncio.Protocol):
                 # (_parse), for at most linger_s.
                 cycle.body.clear()
                 cycle.body_size = 0
-                self._mark_idle()  # answered: it may make room for a new connection
+                self._mark_answered()  # answered: the first to make room for a new one
                 self._arm(self.limits.linger_s, self._body_timeout)
                 if self._read_paused and self.transport is not None:
                     self._read_paused = False
@@ -791,7 +800,14 @@ class ServerProtocol(asyncio.Protocol):
         already (it keeps its place) or not counted (refused on connect)."""
         table = self.ctx.table
         if self in table.open and self not in table.fresh:
+            if table.answered:  # the discarded rest of an answered body came
+                table.answered.pop(self, None)
             table.resting.setdefault(self, next(table.turns))
+
+    def _mark_answered(self) -> None:
+        """:meth:`ConnectionTable.answered_early`: answered, it only waits to close (or for
+        the rest of its body); the first to make room."""
+        self.ctx.table.answered_early(self)
 
     def _parse_next(self) -> None:
         if self.cycle is None and not self._closed and not self._lingering:
@@ -812,7 +828,7 @@ class ServerProtocol(asyncio.Protocol):
         transport = self.transport
         self._lingering = True
         self._disarm()
-        self._mark_idle()  # answered: it may make room for a new connection
+        self._mark_answered()  # answered: the first to make room for a new connection
         if transport is None or transport.is_closing():
             return
         cycle = self.cycle

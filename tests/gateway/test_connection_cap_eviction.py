@@ -77,6 +77,12 @@ def _still_open(sock: socket.socket) -> bool:
         sock.setblocking(True)
 
 
+def _assert_evicted_with_503(data: bytes) -> None:
+    status, headers, body = split_response(data)
+    assert (status, headers["connection"]) == (503, "close")
+    assert json.loads(body)["error"]["code"] == "too_many_connections"
+
+
 def _chat(url: str, source: str | None = None) -> Any:
     """One chat completion through the official SDK (no retries), from ``source``."""
     transport = httpx.HTTPTransport(local_address=source) if source else None
@@ -112,9 +118,8 @@ def test_idle_sockets_at_the_cap_make_room_for_a_keyed_request(
         # The connection idle the longest made room; the others stay open.
         data, closed = read_until_closed(idle[0], timeout_s=5)
         assert closed
-        if state == "partial_head":  # told why, in the OpenAI error shape
-            status, _, body = split_response(data)
-            assert (status, json.loads(body)["error"]["code"]) == (503, "too_many_connections")
+        if state != "keep_alive":  # never answered: told why, in the OpenAI error shape
+            _assert_evicted_with_503(data)
         else:
             assert data == b""
         assert all(_still_open(sock) for sock in idle[2:])
@@ -131,7 +136,9 @@ def test_an_idle_connection_makes_room_before_busy_ones(servers: Servers, sim: S
     try:
         wait_until(lambda: _open_connections(srv) == cap, 10, f"{cap} connections accepted")
         assert _chat(srv.url).choices[0].message.content
-        assert read_until_closed(idle, timeout_s=5) == (b"", True)
+        data, closed = read_until_closed(idle, timeout_s=5)
+        assert closed
+        _assert_evicted_with_503(data)
         assert [_finish(sock) for sock in busy] == [200] * (cap - 1)
     finally:
         idle.close()
@@ -149,7 +156,9 @@ def test_silent_sockets_make_room_before_a_client_s_keep_alive_connection(
     try:
         wait_until(lambda: _open_connections(srv) == cap, 10, f"{cap} connections accepted")
         assert _chat(srv.url).choices[0].message.content
-        assert read_until_closed(silent[0], timeout_s=5) == (b"", True)
+        data, closed = read_until_closed(silent[0], timeout_s=5)
+        assert closed
+        _assert_evicted_with_503(data)
         assert _still_open(kept)
         kept.sendall(b"GET /healthz HTTP/1.1\r\nHost: gw\r\n\r\n")
         assert kept.recv(65536).startswith(b"HTTP/1.1 200 ")
@@ -214,8 +223,48 @@ def test_an_address_over_its_cap_replaces_its_own_idle_connection(
     try:
         wait_until(lambda: _open_connections(srv) == 3, 10, "3 connections accepted")
         assert _chat(srv.url).choices[0].message.content
-        assert read_until_closed(mine[0], timeout_s=5) == (b"", True)
+        data, closed = read_until_closed(mine[0], timeout_s=5)
+        assert closed
+        _assert_evicted_with_503(data)
         assert _still_open(mine[1]) and _still_open(other)
     finally:
         for sock in (other, *mine):
+            sock.close()
+
+
+def _response_head(sock: socket.socket) -> bytes:
+    answer = b""
+    while b"\r\n\r\n" not in answer:
+        chunk = sock.recv(65536)
+        assert chunk, f"closed before a response: {answer!r}"
+        answer += chunk
+    return answer
+
+
+def test_answered_connections_make_room_before_a_new_one_waiting_for_its_head(
+    servers: Servers, sim: Sim
+) -> None:
+    """A tester's keyless requests with a 1 GB ``Content-Length``, answered 401 at once and
+    lingering, pushed out the new connections of a keyed client (closed before their head
+    was read: a reset, not an answer). The answered ones must make room first."""
+    cap = 4
+    srv = servers.start(settings([sim.url], limits={**SLOW, "max_client_connections": cap}))
+    answered = []
+    for _ in range(cap):  # each lingers linger_s (2 s) after its 401: all of this is faster
+        sock = connect(srv.port)
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\n"
+                     b"Content-Length: 1000000000\r\n\r\n")
+        assert _response_head(sock).startswith(b"HTTP/1.1 401 ")
+        answered.append(sock)
+    keyed = b"GET /v1/models HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer %b\r\n\r\n" % (
+        KEY_A.encode())
+    first = connect(srv.port)  # a client's new connection, its head on its way
+    second = connect(srv.port)
+    try:
+        second.sendall(keyed)  # answered: the server has admitted both by now
+        assert _response_head(second).startswith(b"HTTP/1.1 200 ")
+        first.sendall(keyed)
+        assert _response_head(first).startswith(b"HTTP/1.1 200 ")
+    finally:
+        for sock in (first, second, *answered):
             sock.close()

@@ -87,3 +87,44 @@ def test_connections_that_never_carried_a_request_make_room_first() -> None:
     assert (served.evicted, s1.evicted, s2.evicted) == ([], [EvictionCause.CONNECTION_CAP], [])
     table.admit(Conn("new2"), "10.0.0.3")
     assert s2.evicted and not served.evicted
+
+
+def test_answered_connections_make_room_before_fresh_and_idle_ones() -> None:
+    table: ConnectionTable[Conn] = ConnectionTable(3)
+    fresh, kept, answered = Conn("fresh"), Conn("kept"), Conn("answered")
+    table.admit(fresh, "10.0.0.1")  # idle the longest, never carried a request
+    table.admit(kept, "10.0.0.2")
+    table.busy(kept)
+    table.idle(kept)
+    table.admit(answered, "10.0.0.3")
+    table.busy(answered)
+    table.answered_early(answered)  # answered 401 before its body: waits only to close
+    table.admit(Conn("new"), "10.0.0.4")
+    assert (answered.evicted, fresh.evicted, kept.evicted) == (
+        [EvictionCause.CONNECTION_CAP], [], [])
+    assert answered not in table and table.idle_count == 3  # fresh, kept and new
+
+
+def test_an_answered_connection_whose_body_rest_came_is_idle_again() -> None:
+    table: ConnectionTable[Conn] = ConnectionTable(2)
+    a, b = Conn("a"), Conn("b")
+    table.admit(a, None)
+    table.admit(b, None)
+    table.busy(a)
+    table.answered_early(a)
+    table.idle(a)  # the discarded rest of its body came: it waits for its next request
+    table.admit(Conn("new"), None)
+    assert (a.evicted, b.evicted) == ([], [EvictionCause.CONNECTION_CAP])
+    table.remove(a)
+    assert len(table) == 1 and not table.answered
+
+
+def test_an_address_over_its_cap_replaces_its_answered_connection_first() -> None:
+    table: ConnectionTable[Conn] = ConnectionTable(10, max_per_address=2)
+    fresh, answered = Conn("fresh"), Conn("answered")
+    table.admit(fresh, "10.0.0.1")
+    table.admit(answered, "10.0.0.1")
+    table.busy(answered)
+    table.answered_early(answered)
+    assert table.admit(Conn("new"), "10.0.0.1") is Admission.ADMITTED
+    assert (answered.evicted, fresh.evicted) == ([EvictionCause.ADDRESS_CAP], [])

@@ -38,16 +38,18 @@ class AuditedGateway:
 
 @contextmanager
 def audited_gateway(sim: Sim, tmp_path: Path, limits: dict[str, Any],
-                    replica_id: str) -> Iterator[AuditedGateway]:
-    """Serve with ``limits`` and an audit chain; on exit stop it (exit 0 asserted), assert the
-    chain verifies with no finding, and fill ``records`` from ``gateway audit export``."""
+                    replica_id: str, audit: dict[str, Any] | None = None
+                    ) -> Iterator[AuditedGateway]:
+    """Serve with ``limits`` and an audit chain (``audit``: more keys of its section); on exit
+    stop it (exit 0 asserted), assert the chain verifies with no finding, and fill
+    ``records`` from ``gateway audit export``."""
     key, pub = write_key_pair(Signer.generate(), tmp_path / "audit.key")
     gw = AuditedGateway(free_port(), tmp_path / "audit.db", pub)
     cfg = config([sim.url], listen={"host": "127.0.0.1", "port": gw.port})
     cfg["limits"] = {**cfg.get("limits", {}), **limits}
     cfg["audit"] = {"store": f"sqlite://{gw.db}", "signing_key_file": str(key),
                     "pseudonym_key_file": str(generate_key_file(tmp_path / "pseudonym.key")),
-                    "replica_id": replica_id}
+                    "replica_id": replica_id, **(audit or {})}
     cfg_file = tmp_path / "gateway.yaml"
     cfg_file.write_text(yaml.safe_dump(cfg))
     env = {**os.environ, "VLLM_KEY": BACKEND_KEY}

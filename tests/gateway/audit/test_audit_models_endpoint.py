@@ -1,13 +1,16 @@
 """``GET /v1/models`` and ``/v1/models/{id}`` are keyed requests: each one is in the audit log.
 
-A wrong key tried against ``/v1/models`` must leave a ``request.denied`` record just as it does
-on ``/v1/chat/completions`` (otherwise key guessing there is invisible to the log), and a
-listing is disclosed only once its ``request.started`` record is durable. Real uvicorn on
+A wrong key tried against ``/v1/models`` must be in the log just as it is on
+``/v1/chat/completions`` (otherwise key guessing there is invisible to the log): counted in a
+``request.refused`` record, as every refusal of a caller not established is; a known key's
+refusal has its own ``request.denied``; and a listing is disclosed only once its
+``request.started`` record is durable. Real uvicorn on
 loopback, the official ``openai`` SDK, SQLite and PostgreSQL stores.
 """
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -20,6 +23,7 @@ from _audit_helpers import verify
 
 from gateway.app import create_app
 from gateway.audit import AuditSettings, Signer
+from gateway.audit.backends import open_store
 from gateway.audit.observer import build
 from tests.gateway.audit.test_audit_gateway import audit_section, records_of
 from tests.gateway.helpers import KEY_A, Sim, settings
@@ -38,6 +42,19 @@ def audited(
 
 def _only(store_url: str, request_id: str) -> list[tuple[str, dict[str, Any]]]:
     return [(r.type, r.decoded()["data"]) for r in records_of(store_url, request_id)]
+
+
+def _counted_refusals(store_url: str) -> list[dict[str, Any]]:
+    async def run() -> list[dict[str, Any]]:
+        store = open_store(store_url, read_only=True)
+        await store.open()
+        try:
+            rows = await store.scan(0, 10_000)
+        finally:
+            await store.close()
+        return [r.decoded()["data"] for _, r in rows if r.type == "request.refused"]
+
+    return asyncio.run(run())
 
 
 def test_every_models_request_is_audited_refusals_included(
@@ -74,13 +91,13 @@ def test_every_models_request_is_audited_refusals_included(
     assert kind == "request.denied" and data["key_id"] == "team-a"
     assert (data["status"], data["error_code"]) == (404, "model_not_found")
 
-    [(kind, data)] = _only(store_url, bad_key.value.response.headers["x-request-id"])
-    assert kind == "request.denied" and data["key_id"] is None
-    assert (data["status"], data["outcome"], data["decision"]) == (401, "denied", "deny")
-    assert data["error_code"] == "invalid_api_key" and data["path"] == "/v1/models"
-
-    [(kind, data)] = _only(store_url, wrong_method.headers["x-request-id"])
-    assert kind == "request.denied" and data["status"] == 405
+    # No caller was established: counted per client, route and reason, no record of its own.
+    assert _only(store_url, bad_key.value.response.headers["x-request-id"]) == []
+    assert _only(store_url, wrong_method.headers["x-request-id"]) == []
+    counted = [(d["status"], d["error_code"], d["route_class"], d["count"], d["decision"])
+               for d in _counted_refusals(store_url)]
+    assert counted == [(401, "invalid_api_key", "/v1/models", 1, "deny"),
+                       (405, "method_not_allowed", "/v1/models", 1, "deny")]
 
     report = verify(store_url, signer)
     assert report.ok and [f.code for f in report.findings] == [], [str(f) for f in report.errors]
