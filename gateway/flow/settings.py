@@ -232,6 +232,10 @@ class ReserveSettings(_Frozen):
         if self.shrink_at > self.widen_at:
             raise ValueError(f"shrink_at: {self.shrink_at} is above widen_at "
                              f"{self.widen_at}; set it at most {self.widen_at}")
+        if self.lower_busy_s is not None and not self.lower_in_flight:
+            raise ValueError(f"lower_busy_s: {self.lower_busy_s} has no effect with "
+                             "lower_in_flight 0 (it gates the lower-class requests a reserved "
+                             "replica takes); set lower_in_flight or remove it")
         return self
 
 

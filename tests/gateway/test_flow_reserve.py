@@ -226,6 +226,11 @@ def test_a_reserve_needs_a_size_and_a_class_below_it_and_is_split_over_pods() ->
     with pytest.raises(ValueError, match=re.escape("shrink_at: 0.9 is above widen_at 0.5")):
         FlowControlSettings.model_validate({**base, "reserve": {
             "in_flight": 4, "widen_at": 0.5, "shrink_at": 0.9}})
+    # lower_busy_s gates lower_in_flight: alone it would be ignored, silently.
+    with pytest.raises(ValueError, match=re.escape(
+            "lower_busy_s: 5.0 has no effect with lower_in_flight 0")):
+        FlowControlSettings.model_validate({**base, "reserve": {
+            "in_flight": 4, "lower_busy_s": 5}})
     ok = FlowControlSettings.model_validate({**base, "reserve": {"in_flight": 4}})
     assert ok.reserve is not None
     reserve = Reserve(ok.reserve, 0, ok.limits(), stale_s=1.0, workers=1)
