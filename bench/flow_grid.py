@@ -39,7 +39,11 @@ Measured per point, over the window after ``--warmup`` seconds:
 ``--reserve-lower N`` beside it an ``fc-reserve-lower`` phase: the same traffic through a second
 gateway process whose reserve also takes N batch requests per reserved replica once the others
 are full (``reserve.lower_in_flight``; the reserve is one setting per gateway), so the two are
-compared in one run on the same replicas.
+compared in one run on the same replicas. ``--reserve-busy S`` (with ``--reserve-lower``) adds an
+``fc-reserve-busy`` phase through a third gateway process: ``lower_in_flight`` N with
+``reserve.lower_busy_s`` S (the reserved replica takes batch only once interactive requests
+have kept it busy for S seconds). ``--phases`` runs only the named phases of those (the
+unloaded and ``no-fc`` phases always run), so that one point fits a short benchmark slot.
 
 The replicas' scheduler follows vLLM's flags ``--long-prefill-token-threshold`` (at most that
 many prompt tokens of one request per engine step) and ``--scheduling-policy priority`` (with
@@ -282,7 +286,7 @@ async def bench_grid(args: argparse.Namespace) -> dict[str, Any]:
         # reserve takes ``--reserve-lower`` batch requests per reserved replica (the reserve
         # is one setting per gateway, so the arm with it needs its own process).
         gateway_lower = None
-        if args.reserve and args.reserve_lower:
+        if args.reserve and args.reserve_lower and "fc-reserve-lower" in args.phases:
             port = free_port()
             cfg_lower = gateway_config(urls, port, args)
             cfg_lower["flow_control"]["reserve"]["lower_in_flight"] = args.reserve_lower
@@ -291,6 +295,20 @@ async def bench_grid(args: argparse.Namespace) -> dict[str, Any]:
                                                 str(workdir / "gateway-lower.yaml")],
                               port, "/healthz"))
             gateway_lower = procs[-1].url
+        # The ``fc-reserve-busy`` arm: ``lower_in_flight`` with ``lower_busy_s`` (a third
+        # gateway process, for the same reason).
+        gateway_busy = None
+        if (args.reserve and args.reserve_lower and args.reserve_busy is not None
+                and "fc-reserve-busy" in args.phases):
+            port = free_port()
+            cfg_busy = gateway_config(urls, port, args)
+            cfg_busy["flow_control"]["reserve"].update(
+                lower_in_flight=args.reserve_lower, lower_busy_s=args.reserve_busy)
+            (workdir / "gateway-busy.yaml").write_text(yaml.safe_dump(cfg_busy))
+            procs.append(Proc("gateway-busy", [*gw_argv, "serve", "--config",
+                                               str(workdir / "gateway-busy.yaml")],
+                              port, "/healthz"))
+            gateway_busy = procs[-1].url
         share = args.batch_in_flight / args.max_num_seqs
         workers = args.batch_concurrency or 2 * args.replicas * args.max_num_seqs
         # The longest engine step (a full token budget of prefill), seconds, plus a margin.
@@ -309,7 +327,7 @@ async def bench_grid(args: argparse.Namespace) -> dict[str, Any]:
                 row["unloaded"] = {"ttft_p99_s": p99, "interactive": n,
                                    "interactive_refused": refused, "window_s": unloaded_s,
                                    "interactive_each": _each(calls)}
-                if args.reserve:
+                if args.reserve and "unloaded-reserve" in args.phases:
                     # Diagnostic, not the target's baseline: the interactive traffic alone on
                     # the reserved replicas only (what the reserve can give it at best).
                     calls = interactive_calls(rate, unloaded_s, args)
@@ -319,11 +337,15 @@ async def bench_grid(args: argparse.Namespace) -> dict[str, Any]:
                                                "interactive_refused": refused,
                                                "window_s": unloaded_s,
                                                "interactive_each": _each(calls)}
-                phases = [("no-fc", "mixed-plain", gateway), ("fc", "mixed-fc", gateway)]
-                if args.reserve:
+                phases = [("no-fc", "mixed-plain", gateway)]
+                if "fc" in args.phases:
+                    phases.append(("fc", "mixed-fc", gateway))
+                if args.reserve and "fc-reserve" in args.phases:
                     phases.append(("fc-reserve", "mixed-fcr", gateway))
                 if gateway_lower is not None:
                     phases.append(("fc-reserve-lower", "mixed-fcr", gateway_lower))
+                if gateway_busy is not None:
+                    phases.append(("fc-reserve-busy", "mixed-fcr", gateway_busy))
                 for phase, model, via in phases:
                     calls = interactive_calls(rate, window_s, args)
                     replica_tokens: list[float] = []
@@ -341,34 +363,22 @@ async def bench_grid(args: argparse.Namespace) -> dict[str, Any]:
                         "interactive_each": _each(calls),
                     }
                 unloaded = row["unloaded"]["ttft_p99_s"]
-                row["ttft_ratio"] = row["fc"]["ttft_p99_s"] / unloaded
                 row["ttft_ratio_no_fc"] = row["no-fc"]["ttft_p99_s"] / unloaded
                 full = row["no-fc"]["batch_tok_s"]
-                row["batch_ratio"] = row["fc"]["batch_tok_s"] / full if full else float("nan")
                 row["share"] = share
-                row["pass"] = bool(row["ttft_ratio"] <= args.target
-                                   and row["batch_ratio"] >= share)
-                if args.reserve:
-                    fcr = row["fc-reserve"]
-                    row["ttft_ratio_reserve"] = fcr["ttft_p99_s"] / unloaded
-                    row["batch_ratio_reserve"] = (fcr["batch_tok_s"] / full if full
-                                                  else float("nan"))
-                    row["pass_reserve"] = bool(row["ttft_ratio_reserve"] <= args.target
-                                               and row["batch_ratio_reserve"] >= share)
-                if gateway_lower is not None:
-                    low = row["fc-reserve-lower"]
-                    row["ttft_ratio_lower"] = low["ttft_p99_s"] / unloaded
-                    row["batch_ratio_lower"] = low["batch_tok_s"] / full if full else float("nan")
-                    row["pass_lower"] = bool(row["ttft_ratio_lower"] <= args.target
-                                             and row["batch_ratio_lower"] >= share)
+                line = f"  point {prompt}/{output} @ {rate:g} req/s: unloaded p99 {unloaded:.3f} s"
+                for phase, suffix in (("fc", ""), ("fc-reserve", "_reserve"),
+                                      ("fc-reserve-lower", "_lower"),
+                                      ("fc-reserve-busy", "_busy")):
+                    if phase not in row:
+                        continue
+                    ratio = row[f"ttft_ratio{suffix}"] = row[phase]["ttft_p99_s"] / unloaded
+                    tput = row[f"batch_ratio{suffix}"] = (row[phase]["batch_tok_s"] / full
+                                                          if full else float("nan"))
+                    row[f"pass{suffix}"] = bool(ratio <= args.target and tput >= share)
+                    line += f"; {phase} TTFT x{ratio:.2f}, batch x{tput:.3f}"
                 report["points"].append(row)
-                print(f"  point {prompt}/{output} @ {rate:g} req/s: unloaded p99 {unloaded:.3f}"
-                      f" s, TTFT x{row['ttft_ratio']:.2f}, batch x{row['batch_ratio']:.2f}"
-                      + (f"; reserve TTFT x{row['ttft_ratio_reserve']:.2f}, batch "
-                         f"x{row['batch_ratio_reserve']:.2f}" if args.reserve else "")
-                      + (f"; reserve+lower TTFT x{row['ttft_ratio_lower']:.2f}, batch "
-                         f"x{row['batch_ratio_lower']:.2f}" if gateway_lower else ""),
-                      file=sys.stderr)
+                print(line, file=sys.stderr)
     finally:
         for p in reversed(procs):
             p.stop()
@@ -379,6 +389,7 @@ async def bench_grid(args: argparse.Namespace) -> dict[str, Any]:
         "long_prefill_token_threshold": args.long_prefill_token_threshold,
         "scheduling_policy": args.scheduling_policy, "reserve": args.reserve,
         "reserve_lower": args.reserve_lower if args.reserve else 0,
+        "reserve_busy_s": args.reserve_busy, "phases": args.phases,
         "window_s": args.window, "warmup_s": args.warmup, "unloaded_window_s":
         args.unloaded_window, "min_samples": args.min_samples, "batch_workers": workers,
         "target": args.target,
@@ -423,9 +434,42 @@ def gateway_config(urls: list[str], port: int, args: argparse.Namespace) -> dict
     return cfg
 
 
-def print_table(report: dict[str, Any]) -> None:
-    """The grid as a markdown table, one row per point."""
+_ARMS = (("fc", ""), ("fc-reserve", "_reserve"), ("fc-reserve-lower", "_lower"),
+         ("fc-reserve-busy", "_busy"))
+
+
+def print_phases(report: dict[str, Any]) -> None:
+    """The grid as a markdown table, one row per point and loaded phase (any ``--phases``)."""
     params = report["params"]
+    warm = params["warmup_s"]
+    print(f"\n## flow-control grid  ({', '.join(f'{k}={v}' for k, v in params.items())})")
+    print("| batch prompt | batch output | interactive req/s | phase | unloaded p99 | p50 | "
+          "p99 (x unloaded) | batch / no-fc | prompt tokens per replica | result |")
+    print("|---:|---:|---:|---|---:|---:|---:|---:|---|---|")
+    for row in report["points"]:
+        un = row["unloaded"]["ttft_p99_s"]
+        for phase, suffix in (("no-fc", None), *_ARMS):
+            if phase not in row:
+                continue
+            ph = row[phase]
+            ratio = ph["ttft_p99_s"] / un
+            tput = "1.000x" if suffix is None else f"{row[f'batch_ratio{suffix}']:.3f}x"
+            verdict = "-" if suffix is None else ("PASS" if row[f"pass{suffix}"] else "FAIL")
+            print(f"| {row['batch_prompt']} | {row['batch_output']} "
+                  f"| {row['interactive_rps']:g} | {phase} | {un:.3f} s "
+                  f"| {_p50_each(ph, warm):.3f} s | {ph['ttft_p99_s']:.3f} s ({ratio:.2f}x) "
+                  f"| {tput} | {_tokens(ph)} | {verdict} |")
+
+
+def print_table(report: dict[str, Any]) -> None:
+    """The grid as a markdown table, one row per point (:func:`print_phases` when
+    ``--phases`` left out a phase these tables show, or with ``--reserve-busy``)."""
+    params = report["params"]
+    if set(params.get("phases") or ()) != {"unloaded-reserve", "fc", "fc-reserve",
+                                           "fc-reserve-lower", "fc-reserve-busy"} or (
+            params.get("reserve_busy_s") is not None):
+        print_phases(report)
+        return
     print(f"\n## flow-control grid  ({', '.join(f'{k}={v}' for k, v in params.items())})")
     print("| batch prompt | batch output | interactive req/s | unloaded p99 TTFT | fc p99 TTFT "
           "(x unloaded) | no-fc p99 (x) | batch tok/s fc / no-fc (x) | share | result |")
@@ -560,6 +604,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="with --reserve, also run an fc-reserve-lower phase through a second "
                          "gateway whose reserve takes this many batch requests per reserved "
                          "replica (reserve.lower_in_flight; 0: no such phase)")
+    ap.add_argument("--reserve-busy", type=float, default=None,
+                    help="with --reserve-lower, also run an fc-reserve-busy phase through a "
+                         "third gateway: lower_in_flight with reserve.lower_busy_s this many "
+                         "seconds")
+    ap.add_argument("--phases", type=lambda t: t.split(","),
+                    default=["unloaded-reserve", "fc", "fc-reserve", "fc-reserve-lower",
+                             "fc-reserve-busy"],
+                    help="the optional phases to run, comma-separated (default all that the "
+                         "other flags enable); unloaded and no-fc always run")
     ap.add_argument("--reserve-widen-at", type=float, default=1.0)
     ap.add_argument("--reserve-hold", type=float, default=10.0)
     ap.add_argument("--json", type=Path, default=None, help="write the report here")

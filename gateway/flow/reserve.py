@@ -14,7 +14,11 @@ every gateway process, since all read the same config and judge health the same 
   batch holds 8 of 8 on the one replica left to it. With ``lower_in_flight`` N, once the other
   replicas are full for them, each reserved replica takes up to N of them (within their own
   thresholds): for engines that chunk long prompts finely enough that the chunks ride in the
-  steps the reserve's classes run anyway.
+  steps the reserve's classes run anyway. With ``lower_busy_s`` S a reserved replica does so
+  only once the reserve's classes have kept it busy (one of their requests in flight there,
+  without a gap, as seen at this process's decisions) for S seconds: on a reserve that is idle
+  between their requests, a lower-class request would itself make the step the next arrival
+  waits for.
 
 The reserve **widens** (every replica serves every class with its own thresholds, exactly as
 without a reserve) when the demand of the reserve's classes reaches ``widen_at`` of its
@@ -33,7 +37,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
 from gateway.flow.saturation import ReplicaLoad, has_room, with_room
@@ -70,12 +74,16 @@ class ReserveState:
             ``shrink_at`` of the capacity while widened (``None``: it has not).
         widenings: Times the reserve widened since start (for metrics).
         demand: The demand at the last decision, requests.
+        busy_since: Per replica index, the monotonic time (s) since which requests of the
+            reserve's classes have been in flight on it without a gap, as seen at the
+            decisions (kept only with ``lower_busy_s``).
     """
 
     widened: bool = False
     calm_since: float | None = None
     widenings: int = 0
     demand: int = 0
+    busy_since: dict[int, float] = field(default_factory=dict)
 
 
 class Reserve:
@@ -143,8 +151,16 @@ class Reserve:
             now: Monotonic time, seconds.
         """
         top = self.cls + 1
-        demand = sum(sum(r.flow_in_flight[:top]) + sum(r.peer_in_flight[:top])
-                     for r in candidates)
+        demand = 0
+        streaks = state.busy_since if self.settings.lower_busy_s is not None else None
+        for r in candidates:
+            mine = sum(r.flow_in_flight[:top]) + sum(r.peer_in_flight[:top])
+            demand += mine
+            if streaks is not None:
+                if mine:
+                    streaks.setdefault(r.index, now)
+                else:
+                    streaks.pop(r.index, None)
         state.demand = demand
         cfg = self.settings
         if not state.widened:
@@ -201,9 +217,19 @@ class Reserve:
         # The others are full for the lower classes: a reserved replica takes a few of them
         # (``lower_in_flight``), within their own thresholds and the reserve class's.
         return [r for r in reserved
-                if self._lower_count(r) < self.lower_in_flight
+                if self._kept_busy(state, r, now)
+                and self._lower_count(r) < self.lower_in_flight
                 and has_room(r, cls, limits[cls], now, self._stale_s, self._workers)
                 and has_room(r, top, limits[top], now, self._stale_s, self._workers)]
+
+    def _kept_busy(self, state: ReserveState, replica: ReservableReplica, now: float) -> bool:
+        """True when ``replica`` may take lower-class requests by ``lower_busy_s``: it is not
+        set, or the reserve's classes have kept the replica busy for that long."""
+        busy_s = self.settings.lower_busy_s
+        if busy_s is None:
+            return True
+        since = state.busy_since.get(replica.index)
+        return since is not None and now - since >= busy_s
 
     def _lower_count(self, replica: ReservableReplica) -> int:
         """Requests of the classes below the reserve's in flight to ``replica`` (every

@@ -142,6 +142,42 @@ def test_a_reserved_replica_takes_lower_in_flight_batch_requests_once_the_others
     assert (pair.chats(0), pair.chats(1)) == (3, 2)
 
 
+def test_with_lower_busy_s_batch_rides_only_on_a_reserve_its_class_keeps_busy(
+    pairs: Callable[..., Pair],
+) -> None:
+    """With ``lower_in_flight`` 1 and ``lower_busy_s`` 0.5, replica 1 full for batch: the idle
+    reserve takes no batch request (it queues), nor does it once an interactive request runs
+    there, until that request has kept it busy for 0.5 s; then the queued one goes there (at
+    the next decision: an interactive request that ends). Once the reserve's interactive
+    requests have all ended, the streak starts again: the next batch request queues. (Without
+    ``lower_busy_s`` the first batch request goes to the idle reserve at once: the test
+    above.)"""
+    pair = pairs(lower_in_flight=1, lower_busy_s=0.5, in_flight=4)  # capacity 4: narrow
+    pair.hold("holder", on=1)
+    pair.hold("holder", on=1)  # replica 1 is full for batch
+    first = pair.rig.submit("batch-1")
+    pair.rig.wait_queued(1)  # the reserve is idle: no batch onto it
+    assert (pair.chats(0), pair.chats(1)) == (0, 2)
+    state, gate = pair.rig.gate.pools["m"].reserve, pair.rig.gate
+    pair.hold("interactive", on=0)  # the reserve is busy from now on ...
+    got = pair.rig.submit("interactive").result(timeout=30)  # ... a decision sees it
+    assert got.http_response.status_code == 200
+    assert pair.rig.queued() == {"interactive": 0, "batch": 1}  # ... but not for 0.5 s yet
+    assert (pair.chats(0), pair.chats(1)) == (2, 2)
+    since = state.busy_since[0]
+    wait_for(lambda: gate.clock() - since > 0.5, "the reserve busy for lower_busy_s")
+    got = pair.rig.submit("interactive").result(timeout=30)  # it ends: dispatch runs
+    assert got.http_response.status_code == 200
+    assert first.result(timeout=30).http_response.status_code == 200
+    assert (pair.chats(0), pair.chats(1)) == (4, 2)  # the batch request rode on the reserve
+    assert pair.widened() == 0
+    pair.socks[2].close()  # the reserve's interactive request ends: its streak is over
+    wait_for(lambda: 0 not in state.busy_since, "the reserve's streak ends")
+    pair.rig.submit("batch-1")
+    pair.rig.wait_queued(1)  # replica 1 full, the reserve not busy: it waits
+    assert (pair.chats(0), pair.chats(1)) == (4, 2)
+
+
 def test_the_reserve_widens_under_interactive_load_and_narrows_after_hold(
     pairs: Callable[..., Pair],
 ) -> None:
@@ -190,6 +226,11 @@ def test_a_reserve_needs_a_size_and_a_class_below_it_and_is_split_over_pods() ->
     with pytest.raises(ValueError, match=re.escape("shrink_at: 0.9 is above widen_at 0.5")):
         FlowControlSettings.model_validate({**base, "reserve": {
             "in_flight": 4, "widen_at": 0.5, "shrink_at": 0.9}})
+    # lower_busy_s gates lower_in_flight: alone it would be ignored, silently.
+    with pytest.raises(ValueError, match=re.escape(
+            "lower_busy_s: 5.0 has no effect with lower_in_flight 0")):
+        FlowControlSettings.model_validate({**base, "reserve": {
+            "in_flight": 4, "lower_busy_s": 5}})
     ok = FlowControlSettings.model_validate({**base, "reserve": {"in_flight": 4}})
     assert ok.reserve is not None
     reserve = Reserve(ok.reserve, 0, ok.limits(), stale_s=1.0, workers=1)
