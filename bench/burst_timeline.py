@@ -28,6 +28,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import yaml
 from relay_harness import BACKEND, LOAD, CHarness
@@ -112,11 +113,11 @@ def _start_gateway(backend_url: str, workdir: Path, source: str | None) -> Proc:
     return Proc("gateway", argv, port, "/healthz", env={"PYTHONPATH": source} if source else None)
 
 
-def _wait_for(path: Path, timeout_s: float = 30.0) -> dict[str, object]:
+def _wait_for(path: Path, timeout_s: float = 30.0) -> dict[str, Any]:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
-            doc: dict[str, object] = json.loads(path.read_text())
+            doc: dict[str, Any] = json.loads(path.read_text())
             return doc
         except (OSError, ValueError):
             time.sleep(0.05)
@@ -161,7 +162,7 @@ async def _run(args: argparse.Namespace) -> None:
                     per_step[s] += [((t - t0) / 1e6, i - i0) for t, i in sorted(marks[s])
                                     ][: args.burst]
                 last = max(t for t, _ in marks["first_write"])
-                window = [n for t, n in doc["turns"] if t0 <= t <= last]  # type: ignore[union-attr]
+                window = [n for t, n in doc["turns"] if t0 <= t <= last]
                 turns += len(window)
                 events += sum(window)
                 print(f"# round {r + 1}: {len(marks['accept'])} accepted, "
