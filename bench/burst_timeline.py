@@ -8,9 +8,10 @@ parsed, and the first bytes written back to the client; and it counts the event 
 iterations (each return of the epoll selector's ``select``).
 Sends ``--rounds`` bursts of ``--burst`` new streams (the C load client, all at once) and
 prints, per step, when the k-th stream (ranked by that step's time) reached it, in ms from the
-burst's first accept, at the 10th, 50th and 90th percentile, with the client's TTFT p50 and the
-loop iterations per new stream. A step's p50 minus the previous one's is the time the median
-stream waited between them.
+burst's first accept, at the 10th, 50th and 90th percentile, and the loop turn the median reached
+it in; then the client's TTFT (from its own request) and the loop turns per burst. A step's p50
+minus the previous one's is the time the median stream waited between them. Needs the C
+harness (``make bench-tools``).
 
 Usage::
 
