@@ -20,9 +20,9 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from gateway.access import log_record
 from gateway.auth import Principal, ambiguous_credentials, bearer_token, repeated_header
@@ -45,6 +45,8 @@ from gateway.h1.asgi_io import (
     BODY_CHUNK_EXTENSION,
     CHUNK_WRITER_EXTENSION,
     DISCONNECT_EXTENSION,
+    LOST_EXTENSION,
+    REFUSED_EXTENSION,
     WHOLE_BODY_EXTENSION,
     WRITE_NOW_EXTENSION,
     WRITE_RESPONSE_EXTENSION,
@@ -176,7 +178,8 @@ async def handle(state: GatewayState, scope: Scope, receive: Receive, send: Send
         if not out.started:
             await out.error(exc)
     except ClientGone:
-        record.ended("client_disconnect")
+        refused = extensions.get(REFUSED_EXTENSION)
+        _gone_or_refused(record, refused() if refused is not None else None)
     except Exception as exc:  # a gateway bug: answer 500, keep the process serving
         _log.exception("unhandled error in relay (request %s)", record.request_id)
         record.failed("gateway_error", "internal_error")
@@ -187,17 +190,69 @@ async def handle(state: GatewayState, scope: Scope, receive: Receive, send: Send
             else:
                 await out.body(sse_error_event(err), more=False)
     finally:
-        record.sent(out.status, out.bytes_out, round((time.perf_counter() - t0) * 1000.0, 3))
+        lost = extensions.get(LOST_EXTENSION)
+        status, sent = _delivered(record, out, extensions, lost)
+        record.sent(status, sent, round((time.perf_counter() - t0) * 1000.0, 3))
         for run in _AT_END:
             step = run(flight)
             if step is not None:
                 await step
         if hooks.end_recorded:
-            recorded = [gate(record) for gate in hooks.end_recorded]  # ask every gate
-            if not all(recorded):
+            recorded = all([gate(record) for gate in hooks.end_recorded])  # ask every gate
+            if not recorded:
                 _log.error("withholding the end of response %s: its completion was not recorded",
                            record.request_id)
-            await out.release(all(recorded))
+            await out.release(recorded)
+            if recorded and lost is not None and hooks.undelivered:
+                await _amend_undelivered(hooks.undelivered, record, lost())
+
+
+def _gone_or_refused(record: RequestRecord, refused: tuple[int, str, int] | None) -> None:
+    """The request body ended without the rest: the client left, or (``refused``: the
+    server's :data:`REFUSED_EXTENSION`) the server answered it itself (413, 408)."""
+    if refused is None:
+        record.ended("client_disconnect")
+        return
+    status, code, _ = refused
+    exc = GatewayError("refused by the HTTP server", code=code)
+    exc.status = status
+    record.failed(_outcome_for(exc), code)
+
+
+def _delivered(record: RequestRecord, out: Responder, extensions: Mapping[str, Any],
+               lost: Callable[[], int | None] | None) -> tuple[int, int]:
+    """The status and the body bytes (bytes) the final record states, asked just before it is
+    built: what the responder sent; the server's own answer when it refused the request
+    (:data:`REFUSED_EXTENSION`); or, when the client's connection is lost
+    (:data:`LOST_EXTENSION`), the body bytes handed to it before, and the outcome
+    ``client_disconnect`` unless the request had failed otherwise."""
+    refused_of = extensions.get(REFUSED_EXTENSION)
+    refused = refused_of() if refused_of is not None else None
+    if refused is not None:
+        return refused[0], refused[2]
+    gone = lost() if lost is not None else None
+    if gone is None:
+        return out.status, out.bytes_out
+    if record.outcome in ("ok", "pending"):
+        record.ended("client_disconnect")
+    return out.status, min(gone, out.bytes_out)
+
+
+async def _amend_undelivered(
+    hooks: tuple[Callable[[RequestRecord, int], Awaitable[None]], ...], record: RequestRecord,
+    gone: int | None,
+) -> None:
+    """After the durable wait and the release of the end: the client left before the end went
+    out (``gone``: the server's :data:`LOST_EXTENSION` now), so the final record overstates
+    what it got; every ``on_undelivered`` hook is told the bytes it did get (the audit log
+    appends ``request.undelivered``: the chain is append-only)."""
+    if gone is None or gone >= record.bytes_out:
+        return
+    for hook in hooks:
+        try:
+            await hook(record, gone)
+        except Exception:
+            _log.exception("observer on_undelivered failed (request %s)", record.request_id)
 
 
 def _response_start(
@@ -485,7 +540,12 @@ async def _forward_stage(f: Flight) -> None:
     cancels the upstream request; the response's scans end after its last byte."""
     assert f.pool is not None and f.decision is not None and f.parsed is not None
     assert f.first is not None
-    watch = DisconnectWatch(f.receive, (f.scope.get("extensions") or {}).get(DISCONNECT_EXTENSION))
+    extensions = f.scope.get("extensions") or {}
+    lost = extensions.get(LOST_EXTENSION)
+    if lost is not None and lost() is not None:
+        # The client left while request.started waited for the store: nothing goes upstream.
+        raise ClientGone()
+    watch = DisconnectWatch(f.receive, extensions.get(DISCONNECT_EXTENSION))
     exchange = Exchange(f.state, f.pool, f.decision.candidates, f.parsed, f.head.accept,
                         f.head.forwarded, f.out, f.record, watch, f.t0, f.hint, f.masker)
     if f.lane is not None:
