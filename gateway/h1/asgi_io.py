@@ -63,7 +63,8 @@ wake-up per request."""
 LOST_EXTENSION = "sovereign_gateway.lost"
 """ASGI scope extension set by the gateway's own server (``gateway.h1.server``):
 ``lost() -> int | None`` is ``None`` while the response in progress can still reach the client
-(and when it is complete); once the client's connection is lost before it completed, the
+(and when it is complete, or the server answered the request itself: :data:`REFUSED_EXTENSION`);
+once the client's connection is lost before it completed, the
 number of response body bytes the server had handed to the connection (what the client can
 have received at most; later ``send`` calls are dropped). The relay and the MCP endpoint ask it
 before they build a response's final audit record, and again after its durable wait: a

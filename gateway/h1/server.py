@@ -948,10 +948,11 @@ class ServerProtocol(asyncio.Protocol):
     def _lost(self) -> int | None:
         """:data:`gateway.h1.asgi_io.LOST_EXTENSION`: ``None`` while the response in progress
         can still reach the client (or none is in progress, or it is complete); else the body
-        bytes of it handed to the connection before the connection was lost (or the server
-        refused the request, :meth:`_refuse`)."""
+        bytes of it handed to the connection before the connection was lost. A refusal of
+        the server's own (:meth:`_refuse`) is no loss: the server answered."""
         cycle = self.cycle
-        if cycle is None or not cycle.disconnected or cycle.response_complete:
+        if (cycle is None or not cycle.disconnected or cycle.response_complete
+                or cycle.refused is not None):
             return None
         return cycle.sent
 

@@ -506,6 +506,8 @@ class McpEndpoint:
         rec.decision = "allow"
         if self._audit is not None:
             await self.record_start(rec)
+            if rec.left():  # while mcp.started waited for the store: the session stays
+                return
         rec.forwarded = True
         self.answers.subscriptions.end((key_id, upstream.name, sid))  # the session ends
         status = await upstream.delete(Link.of(state), sid)

@@ -26,7 +26,7 @@ import httpx
 import pytest
 
 from tests.conftest import wait_until
-from tests.gateway.helpers import take_request_body
+from tests.gateway.helpers import audit_export, take_request_body
 from tests.gateway.mcp_gateway.harness import KEYS, Gateway, start_gateway
 from tests.gateway.mcp_gateway.test_mcp_bad_input import call, headers
 from tests.gateway.mcp_gateway.test_mcp_hostile_round4 import ACCESS
@@ -303,3 +303,5 @@ def test_a_body_the_server_refuses_midway_is_recorded_as_its_413(
     assert (denied["status"], denied["outcome"]) == (413, "invalid"), denied
     assert denied["error_code"] == "request_too_large", denied
     assert denied["bytes_out"] > 0
+    kinds = [r["type"] for r in audit_export(f"sqlite://{gw.db}")]  # once all is written
+    assert "request.undelivered" not in kinds, kinds  # the server's own answer went out
