@@ -40,6 +40,7 @@ from typing import Any
 
 from gateway.auth import bearer_token, canonical_path, repeated_header
 from gateway.errors import GatewayError
+from gateway.h1.asgi_io import REFUSED_EXTENSION
 from gateway.mcp.access import ToolAccess
 from gateway.mcp.answers import AnswerRelay
 from gateway.mcp.asgi import (
@@ -243,7 +244,8 @@ class McpEndpoint:
                              "use POST (the standalone GET stream is not offered)")
         if "origin" in headers and headers["origin"] not in self.settings.allowed_origins:
             raise McpRefusal(403, FORBIDDEN, "origin_refused", "Origin not allowed")
-        body = await read_body(receive, headers, self.settings.limits.max_request_bytes)
+        body = await read_body(receive, headers, self.settings.limits.max_request_bytes,
+                               (scope.get("extensions") or {}).get(REFUSED_EXTENSION))
         rec.bytes_in = len(body)
         msg = parse_message(body)
         rec.method = msg.method
@@ -321,7 +323,10 @@ class McpEndpoint:
         """
         rec.reason, rec.status, rec.rpc_error = exc.reason, exc.status, exc.rpc_code
         rec.identity = rec.identity or exc.identity  # who a refused verified token was
-        if rec.bytes_out == 0:  # nothing sent yet: the refusal is the answer
+        if exc.answered is not None:  # the HTTP server answered itself (asgi.read_body)
+            rec.bytes_out = exc.answered
+            await self.record(rec)
+        elif rec.bytes_out == 0:  # nothing sent yet: the refusal is the answer
             extra = []
             if exc.status == 401 and not any(n == b"www-authenticate" for n, _ in exc.headers):
                 extra.append((b"www-authenticate", challenge))

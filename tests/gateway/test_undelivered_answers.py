@@ -305,3 +305,22 @@ def test_a_body_the_server_refuses_midway_is_recorded_as_its_413(
     assert denied["bytes_out"] > 0
     kinds = [r["type"] for r in audit_export(f"sqlite://{gw.db}")]  # once all is written
     assert "request.undelivered" not in kinds, kinds  # the server's own answer went out
+
+
+def test_an_mcp_body_the_server_refuses_midway_is_recorded_as_its_413(
+        stack: dict[str, Any]) -> None:
+    """The same for an MCP call: before, ``mcp.refused`` said 400 ``client_gone``."""
+    gw: Gateway = stack["gateway"]
+    hdrs = "".join(f"{k}: {v}\r\n" for k, v in headers(name="answer").items()).encode()
+    with socket.create_connection(("127.0.0.1", _port(gw))) as sock:
+        sock.sendall(b"POST /mcp/evil HTTP/1.1\r\nHost: gw\r\n" + hdrs
+                     + b"Transfer-Encoding: chunked\r\n\r\n10\r\n" + b'{"jsonrpc":"2.0"\r\n')
+        _gateway_read_all(_port(gw), sock)
+        sock.sendall(b"2000000\r\n")
+        head = _read_head(sock)
+        assert head.startswith(b"HTTP/1.1 413 "), head
+    wait_until(lambda: len(_committed(gw.db, "mcp.refused")) == 1, 10, "mcp.refused")
+    [refused] = _committed(gw.db, "mcp.refused")
+    assert (refused["status"], refused["reason"]) == (413, "request_too_large"), refused
+    assert refused["key_id"] == "k-agent" and refused["bytes_out"] > 0
+    assert "outcome" not in refused
