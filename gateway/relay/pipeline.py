@@ -20,9 +20,9 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from gateway.access import log_record
 from gateway.auth import Principal, ambiguous_credentials, bearer_token, repeated_header
@@ -62,6 +62,7 @@ from gateway.h1.asgi_io import (
     scope_framing_problem,
     take_body,
 )
+from gateway.relay.delivery import amend_undelivered, delivered
 from gateway.relay.forward import Exchange, forward
 from gateway.relay.records import ContentTap, Headers, Outcome, RequestRecord
 from gateway.relay.rewrite import parse_body
@@ -190,8 +191,7 @@ async def handle(state: GatewayState, scope: Scope, receive: Receive, send: Send
             else:
                 await out.body(sse_error_event(err), more=False)
     finally:
-        lost = extensions.get(LOST_EXTENSION)
-        status, sent = _delivered(record, out, extensions, lost)
+        status, sent = delivered(record, out, extensions)
         record.sent(status, sent, round((time.perf_counter() - t0) * 1000.0, 3))
         for run in _AT_END:
             step = run(flight)
@@ -203,8 +203,8 @@ async def handle(state: GatewayState, scope: Scope, receive: Receive, send: Send
                 _log.error("withholding the end of response %s: its completion was not recorded",
                            record.request_id)
             await out.release(recorded)
-            if recorded and lost is not None and hooks.undelivered:
-                await _amend_undelivered(hooks.undelivered, record, lost())
+            if recorded and hooks.undelivered:
+                await amend_undelivered(hooks.undelivered, record, extensions)
 
 
 def _gone_or_refused(record: RequestRecord, refused: tuple[int, str, int] | None) -> None:
@@ -217,42 +217,6 @@ def _gone_or_refused(record: RequestRecord, refused: tuple[int, str, int] | None
     exc = GatewayError("refused by the HTTP server", code=code)
     exc.status = status
     record.failed(_outcome_for(exc), code)
-
-
-def _delivered(record: RequestRecord, out: Responder, extensions: Mapping[str, Any],
-               lost: Callable[[], int | None] | None) -> tuple[int, int]:
-    """The status and the body bytes (bytes) the final record states, asked just before it is
-    built: what the responder sent; the server's own answer when it refused the request
-    (:data:`REFUSED_EXTENSION`); or, when the client's connection is lost
-    (:data:`LOST_EXTENSION`), the body bytes handed to it before, and the outcome
-    ``client_disconnect`` unless the request had failed otherwise."""
-    refused_of = extensions.get(REFUSED_EXTENSION)
-    refused = refused_of() if refused_of is not None else None
-    if refused is not None:
-        return refused[0], refused[2]
-    gone = lost() if lost is not None else None
-    if gone is None:
-        return out.status, out.bytes_out
-    if record.outcome in ("ok", "pending"):
-        record.ended("client_disconnect")
-    return out.status, min(gone, out.bytes_out)
-
-
-async def _amend_undelivered(
-    hooks: tuple[Callable[[RequestRecord, int], Awaitable[None]], ...], record: RequestRecord,
-    gone: int | None,
-) -> None:
-    """After the durable wait and the release of the end: the client left before the end went
-    out (``gone``: the server's :data:`LOST_EXTENSION` now), so the final record overstates
-    what it got; every ``on_undelivered`` hook is told the bytes it did get (the audit log
-    appends ``request.undelivered``: the chain is append-only)."""
-    if gone is None or gone >= record.bytes_out:
-        return
-    for hook in hooks:
-        try:
-            await hook(record, gone)
-        except Exception:
-            _log.exception("observer on_undelivered failed (request %s)", record.request_id)
 
 
 def _response_start(
