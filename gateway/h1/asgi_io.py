@@ -62,7 +62,9 @@ wake-up per request."""
 
 LOST_EXTENSION = "sovereign_gateway.lost"
 """ASGI scope extension set by the gateway's own server (``gateway.h1.server``):
-``lost() -> int | None`` is ``None`` while the response in progress can still reach the client
+``lost_of() -> lost`` binds ``lost`` to the request in progress (a later pipelined request
+does not answer for it); ``lost() -> int | None`` is ``None`` while its response can still
+reach the client
 (and when it is complete, or the server answered the request itself: :data:`REFUSED_EXTENSION`);
 once the client's connection is lost before it completed, the
 number of response body bytes the server had handed to the connection (what the client can

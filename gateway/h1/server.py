@@ -195,6 +195,11 @@ class ServerContext:
                                      self.limits.max_connections_per_address)
 
 
+def _not_lost() -> None:
+    """:meth:`_Cycle.lost` when no request is in progress: nothing to lose."""
+    return None
+
+
 class _Cycle:
     """One request and its response."""
 
@@ -224,6 +229,14 @@ class _Cycle:
         self.refused: Refusal | None = None  # the server's own answer (the app's is dropped)
         self.waiter: asyncio.Future[None] | None = None
         self.watch: Callable[[], None] | None = None
+
+    def lost(self) -> int | None:
+        """``None`` while this response can still reach the client (and once it is complete);
+        else the body bytes of it handed to the connection before the connection was lost. A
+        refusal of the server's own (``_refuse``) is no loss: the server answered."""
+        if not self.disconnected or self.response_complete or self.refused is not None:
+            return None
+        return self.sent
 
     def wake(self) -> None:
         waiter = self.waiter
@@ -566,7 +579,7 @@ class ServerProtocol(asyncio.Protocol):
                 WRITE_RESPONSE_EXTENSION: self._write_response,
                 CHUNK_WRITER_EXTENSION: self._open_chunk_writer,
                 DISCONNECT_EXTENSION: self._watch_disconnect,
-                LOST_EXTENSION: self._lost,
+                LOST_EXTENSION: self._lost_of,
                 REFUSED_EXTENSION: self._refused,
                 WHOLE_BODY_EXTENSION: self._take_whole_body,
             }
@@ -945,16 +958,11 @@ class ServerProtocol(asyncio.Protocol):
         cycle.body_size = 0
         return body
 
-    def _lost(self) -> int | None:
-        """:data:`gateway.h1.asgi_io.LOST_EXTENSION`: ``None`` while the response in progress
-        can still reach the client (or none is in progress, or it is complete); else the body
-        bytes of it handed to the connection before the connection was lost. A refusal of
-        the server's own (:meth:`_refuse`) is no loss: the server answered."""
+    def _lost_of(self) -> Callable[[], int | None]:
+        """:data:`gateway.h1.asgi_io.LOST_EXTENSION`: :meth:`_Cycle.lost` of the request in
+        progress (bound to it: a later pipelined request does not answer for it)."""
         cycle = self.cycle
-        if (cycle is None or not cycle.disconnected or cycle.response_complete
-                or cycle.refused is not None):
-            return None
-        return cycle.sent
+        return cycle.lost if cycle is not None else _not_lost
 
     def _refused(self) -> tuple[int, str, int] | None:
         """:data:`gateway.h1.asgi_io.REFUSED_EXTENSION`: the server's own answer to the

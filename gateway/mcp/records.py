@@ -160,7 +160,8 @@ class CallRecord:
             ``unwatch()`` to call when the request is over, or ``None`` (nothing watched).
         """
         extensions = scope.get("extensions") or {}
-        self.lost = extensions.get(LOST_EXTENSION)
+        lost_of = extensions.get(LOST_EXTENSION)
+        self.lost = lost_of() if lost_of is not None else None  # bound to this request
         watch = extensions.get(DISCONNECT_EXTENSION)
         if watch is None:
             return None

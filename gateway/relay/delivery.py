@@ -20,9 +20,17 @@ from typing import Any
 from gateway.h1.asgi_io import LOST_EXTENSION, REFUSED_EXTENSION, Responder
 from gateway.relay.records import RequestRecord
 
-__all__ = ["amend_undelivered", "delivered"]
+__all__ = ["amend_undelivered", "delivered", "lost_now"]
 
 _log = logging.getLogger(__name__)
+
+
+def lost_now(extensions: Mapping[str, Any]) -> int | None:
+    """The server's ``LOST_EXTENSION`` asked now, for the request in progress: ``None`` when
+    its response can still reach the client (or the server offers no such extension), else
+    the body bytes handed to the client's connection before it was lost."""
+    lost_of = extensions.get(LOST_EXTENSION)
+    return lost_of()() if lost_of is not None else None
 
 
 def delivered(record: RequestRecord, out: Responder,
@@ -44,8 +52,7 @@ def delivered(record: RequestRecord, out: Responder,
     refused = refused_of() if refused_of is not None else None
     if refused is not None:
         return refused[0], refused[2]
-    lost = extensions.get(LOST_EXTENSION)
-    gone = lost() if lost is not None else None
+    gone = lost_now(extensions)
     if gone is None:
         return out.status, out.bytes_out
     if record.outcome in ("ok", "pending"):
@@ -67,8 +74,7 @@ async def amend_undelivered(
         record: The request as its final record stated it.
         extensions: The request's ``scope["extensions"]``.
     """
-    lost = extensions.get(LOST_EXTENSION)
-    gone = lost() if lost is not None else None
+    gone = lost_now(extensions)
     if gone is None or gone >= record.bytes_out:
         return
     for hook in hooks:

@@ -45,7 +45,6 @@ from gateway.h1.asgi_io import (
     BODY_CHUNK_EXTENSION,
     CHUNK_WRITER_EXTENSION,
     DISCONNECT_EXTENSION,
-    LOST_EXTENSION,
     REFUSED_EXTENSION,
     WHOLE_BODY_EXTENSION,
     WRITE_NOW_EXTENSION,
@@ -62,7 +61,7 @@ from gateway.h1.asgi_io import (
     scope_framing_problem,
     take_body,
 )
-from gateway.relay.delivery import amend_undelivered, delivered
+from gateway.relay.delivery import amend_undelivered, delivered, lost_now
 from gateway.relay.forward import Exchange, forward
 from gateway.relay.records import ContentTap, Headers, Outcome, RequestRecord
 from gateway.relay.rewrite import parse_body
@@ -505,8 +504,7 @@ async def _forward_stage(f: Flight) -> None:
     assert f.pool is not None and f.decision is not None and f.parsed is not None
     assert f.first is not None
     extensions = f.scope.get("extensions") or {}
-    lost = extensions.get(LOST_EXTENSION)
-    if lost is not None and lost() is not None:
+    if lost_now(extensions) is not None:
         # The client left while request.started waited for the store: nothing goes upstream.
         raise ClientGone()
     watch = DisconnectWatch(f.receive, extensions.get(DISCONNECT_EXTENSION))
