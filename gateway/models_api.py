@@ -30,6 +30,7 @@ from gateway.access import log_record
 from gateway.auth import authorization_of, bearer_token
 from gateway.errors import GatewayError, MethodNotAllowed, ModelNotFound
 from gateway.h1.asgi_io import Receive, Responder, Scope, Send
+from gateway.relay.delivery import amend_undelivered, delivered
 from gateway.relay.records import RequestRecord
 from gateway.state import GatewayState
 
@@ -124,9 +125,14 @@ async def handle(
         if not out.started:
             await out.error(exc)
     finally:
-        record.sent(out.status, out.bytes_out, round((time.perf_counter() - t0) * 1000.0, 3))
+        extensions = scope.get("extensions") or {}
+        status, sent = delivered(record, out, extensions)  # a client gone: what it got
+        record.sent(status, sent, round((time.perf_counter() - t0) * 1000.0, 3))
         await hooks.ended(record)
         if state.settings.logging.access_log:
             log_record(record)
         if hooks.end_recorded:
-            await out.release(all([gate(record) for gate in hooks.end_recorded]))
+            recorded = all([gate(record) for gate in hooks.end_recorded])
+            await out.release(recorded)
+            if recorded and hooks.undelivered:
+                await amend_undelivered(hooks.undelivered, record, extensions)

@@ -14,8 +14,9 @@ Its ``end_recorded`` hook makes the responder hold back the end of each response
 chunk of a sized body, or the ``data: [DONE]`` event and the end of a stream; earlier stream
 events flow at once) until the completion record is durable; if it could not be
 written, the end is never sent and the connection is closed, so a client never fully receives
-a response whose completion is not in the log. ``startup``/``shutdown`` start and close the
-chain with the app's lifespan.
+a response whose completion is not in the log; when the client leaves during that wait,
+``on_undelivered`` appends ``request.undelivered`` with the bytes it did get.
+``startup``/``shutdown`` start and close the chain with the app's lifespan.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ _log = logging.getLogger(__name__)
 
 REQUEST_DENIED = "request.denied"
 REQUEST_REFUSED = "request.refused"
+REQUEST_UNDELIVERED = "request.undelivered"
 HTTP_REFUSED = "http.refused"
 HTTP_EVICTED = "http.evicted"
 MCP_REFUSED = "mcp.refused"
@@ -294,6 +296,24 @@ class AuditObserver:
                   "decision": "deny"}
         self._request_counter.count(self._counted_client(client_host),
                                     (status, code, route_class), fields)
+
+    async def on_undelivered(self, record: RequestRecord, bytes_out: int) -> None:
+        """Append ``request.undelivered``: the client left after ``request.completed`` was
+        durable but before the end of the response went out, so that record overstates what
+        it got (the chain is append-only: this amends it, linked by ``request_id``).
+
+        Args:
+            record: The request (its ``bytes_out``: what ``request.completed`` says).
+            bytes_out: Response body bytes the client's connection was handed, bytes.
+        """
+        event = {"type": REQUEST_UNDELIVERED, "request_id": record.request_id,
+                 "outcome": "client_disconnect", "bytes_out": bytes_out,
+                 "bytes_recorded": record.bytes_out}
+        try:
+            await self.log.append(event)
+        except AuditUnavailable as exc:
+            _log.error("audit record request.undelivered of %s lost: %s",
+                       record.request_id, exc)
 
     def http_refused(self, status: int, code: str, message: str, client_host: str | None) -> None:
         """Record a request the HTTP server refused before the app saw it (``http.refused``).

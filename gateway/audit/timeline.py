@@ -18,6 +18,9 @@ __all__ = ["TimelineEntry", "session_timeline"]
 
 _MODEL_TYPES = ("request.started", "request.denied")
 _TOOL_TYPES = ("mcp.started", "mcp.tool_call", "mcp.refused")
+_UNDELIVERED_TYPES = ("request.undelivered", "mcp.undelivered")
+"""Follow-ups of a completed step whose client left before the end of its answer went out
+(docs/audit.md "What the client got"): they amend the step's detail, by ``request_id``."""
 _NO_ANSWER = "no answer recorded"
 """Detail of a tool call whose ``mcp.started`` has no ``mcp.tool_call`` (yet): it left for
 its server and nobody saw its answer (the gateway stopped, or the call is in flight)."""
@@ -74,7 +77,8 @@ def session_timeline(records: Iterable[Record], trace_id: str | None = None,
 
     A step is placed by its first record (``request.started``, ``mcp.started``) and completed
     by its last (``request.completed``, ``mcp.tool_call``); a tool call with no answer record
-    says so (:data:`_NO_ANSWER`).
+    says so (:data:`_NO_ANSWER`); a follow-up ``request.undelivered`` / ``mcp.undelivered``
+    adds to the step's detail that its client left before the end, and the bytes it got.
 
     Args:
         records: Records in chain order (``export_records``).
@@ -83,9 +87,19 @@ def session_timeline(records: Iterable[Record], trace_id: str | None = None,
     """
     entries: list[TimelineEntry] = []
     started: dict[str, int] = {}
+    placed: dict[str, int] = {}  # request id -> its step (for the follow-ups)
     for rec in records:
         kind = rec.type
         data = rec.decoded()["data"]
+        if kind in _UNDELIVERED_TYPES:
+            at = placed.get(str(data.get("request_id")))
+            if at is not None:
+                e = entries[at]
+                detail = (f"{e.detail} undelivered: client_disconnect after "
+                          f"{data.get('bytes_out')} of {data.get('bytes_recorded')} bytes")
+                entries[at] = TimelineEntry(e.ts_us, e.kind, e.key_id, e.what, e.decision,
+                                            e.status, detail.strip(), e.trace_id, e.ref)
+            continue
         if kind == "request.completed":
             at = started.pop(str(data.get("request_id")), None)
             if at is not None:
@@ -105,6 +119,7 @@ def session_timeline(records: Iterable[Record], trace_id: str | None = None,
             continue
         ref = f"{rec.chain}#{rec.seq}"
         at = started.pop(str(data.get("request_id")), None) if kind == "mcp.tool_call" else None
+        placed[str(data.get("request_id"))] = at if at is not None else len(entries)
         if kind in _MODEL_TYPES:
             entry = TimelineEntry(rec.ts_us, "model", data.get("key_id"),
                                   str(data.get("canonical_model") or data.get("model")),

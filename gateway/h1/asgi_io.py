@@ -22,7 +22,9 @@ __all__ = [
     "BODY_CHUNK_EXTENSION",
     "CHUNK_WRITER_EXTENSION",
     "DISCONNECT_EXTENSION",
+    "LOST_EXTENSION",
     "MAX_HELD_AFTER_END",
+    "REFUSED_EXTENSION",
     "WHOLE_BODY_EXTENSION",
     "WRITE_NOW_EXTENSION",
     "WRITE_RESPONSE_EXTENSION",
@@ -57,6 +59,25 @@ loop) when the client's connection is lost before the response is complete, unti
 ``unwatch()`` is called. ``None``: not possible now (no response in progress, or the client is
 already gone): await ``receive()`` instead. It spares :class:`DisconnectWatch` a task and a
 wake-up per request."""
+
+LOST_EXTENSION = "sovereign_gateway.lost"
+"""ASGI scope extension set by the gateway's own server (``gateway.h1.server``):
+``lost_of() -> lost`` binds ``lost`` to the request in progress (a later pipelined request
+does not answer for it); ``lost() -> int | None`` is ``None`` while its response can still
+reach the client
+(and when it is complete, or the server answered the request itself: :data:`REFUSED_EXTENSION`);
+once the client's connection is lost before it completed, the
+number of response body bytes the server had handed to the connection (what the client can
+have received at most; later ``send`` calls are dropped). The relay and the MCP endpoint ask it
+before they build a response's final audit record, and again after its durable wait: a
+record never counts bytes that went nowhere (docs/audit.md "Durability")."""
+
+REFUSED_EXTENSION = "sovereign_gateway.refused"
+"""ASGI scope extension set by the gateway's own server (``gateway.h1.server``):
+``refused() -> (status, code, body bytes) | None``: the server answered the request in
+progress itself before the app's response started (a chunk size over ``limits.max_body_bytes``:
+413; the body timeout: 408), so ``receive()`` gave ``http.disconnect`` although the client is
+still there; the app's own answer is dropped. ``None``: it did not."""
 
 WHOLE_BODY_EXTENSION = "sovereign_gateway.whole_body"
 """ASGI scope extension set by the gateway's own server (``gateway.h1.server``):

@@ -56,14 +56,18 @@ class Refusal:
     code: str
     err_type: str = "invalid_request_error"
 
-    def response(self) -> bytes:
-        """The complete HTTP/1.1 response: status line, ``content-type: application/json``,
-        ``content-length``, ``connection: close`` and the compact error JSON body."""
-        body = json.dumps(
+    def body(self) -> bytes:
+        """The compact OpenAI error JSON body."""
+        return json.dumps(
             {"error": {"message": self.message, "type": self.err_type, "param": None,
                        "code": self.code}},
             separators=(",", ":"),
         ).encode()
+
+    def response(self) -> bytes:
+        """The complete HTTP/1.1 response: status line, ``content-type: application/json``,
+        ``content-length``, ``connection: close`` and :meth:`body`."""
+        body = self.body()
         return (
             f"HTTP/1.1 {self.status} {self.reason}\r\ncontent-type: application/json\r\n"
             f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"

@@ -61,6 +61,8 @@ from gateway.h1.asgi_io import (
     BODY_CHUNK_EXTENSION,
     CHUNK_WRITER_EXTENSION,
     DISCONNECT_EXTENSION,
+    LOST_EXTENSION,
+    REFUSED_EXTENSION,
     WHOLE_BODY_EXTENSION,
     WRITE_NOW_EXTENSION,
     WRITE_RESPONSE_EXTENSION,
@@ -194,12 +196,18 @@ class ServerContext:
                                      self.limits.max_connections_per_address)
 
 
+def _not_lost() -> None:
+    """:meth:`_Cycle.lost` when no request is in progress: nothing to lose."""
+    return None
+
+
 class _Cycle:
     """One request and its response."""
 
     __slots__ = ("body", "body_deadline", "body_size", "chunked", "closing", "continue_due",
                  "disconnected", "head_only", "held", "keep_alive", "left", "more_body",
-                 "response_complete", "response_started", "scope", "taken", "waiter", "watch")
+                 "refused", "response_complete", "response_started", "scope", "sent", "taken",
+                 "waiter", "watch")
 
     def __init__(self, scope: dict[str, Any], head: RequestHead) -> None:
         self.scope = scope
@@ -218,8 +226,18 @@ class _Cycle:
         self.closing = False  # the response is delimited by the close of the connection
         self.left = 0  # Content-Length bytes still to send
         self.held = b""  # the response head, waiting for the first body bytes
+        self.sent = 0  # response body bytes handed to the connection (the app's, not framing)
+        self.refused: Refusal | None = None  # the server's own answer (the app's is dropped)
         self.waiter: asyncio.Future[None] | None = None
         self.watch: Callable[[], None] | None = None
+
+    def lost(self) -> int | None:
+        """``None`` while this response can still reach the client (and once it is complete);
+        else the body bytes of it handed to the connection before the connection was lost. A
+        refusal of the server's own (``_refuse``) is no loss: the server answered."""
+        if not self.disconnected or self.response_complete or self.refused is not None:
+            return None
+        return self.sent
 
     def wake(self) -> None:
         waiter = self.waiter
@@ -570,6 +588,8 @@ class ServerProtocol(asyncio.Protocol):
                 WRITE_RESPONSE_EXTENSION: self._write_response,
                 CHUNK_WRITER_EXTENSION: self._open_chunk_writer,
                 DISCONNECT_EXTENSION: self._watch_disconnect,
+                LOST_EXTENSION: self._lost_of,
+                REFUSED_EXTENSION: self._refused,
                 WHOLE_BODY_EXTENSION: self._take_whole_body,
             }
             if self._tls is not None:
@@ -753,6 +773,8 @@ class ServerProtocol(asyncio.Protocol):
         transport = self.transport
         if out and transport is not None:
             transport.write(out)
+            if not cycle.head_only:
+                cycle.sent += len(data)
         if not more:
             self._complete(cycle)
 
@@ -847,7 +869,11 @@ class ServerProtocol(asyncio.Protocol):
         """Answer ``refusal`` (the app never sees this request), linger, then tell the hook."""
         cycle = self.cycle
         if cycle is not None and not cycle.response_complete:
-            cycle.disconnected = True  # the app reading this body learns the client is gone
+            # The app reading this body learns that it will not get the rest, and its answer
+            # is dropped (receive: http.disconnect); REFUSED_EXTENSION tells it why.
+            cycle.disconnected = True
+            if not cycle.response_started:
+                cycle.refused = refusal
             cycle.wake()
         transport = self.transport
         if transport is not None and not transport.is_closing():
@@ -914,6 +940,7 @@ class ServerProtocol(asyncio.Protocol):
                     or cycle.response_complete):
                 return general(data)
             transport_write(b"%x\r\n%b\r\n" % (len(data), data))
+            cycle.sent += len(data)
             return True
 
         return write
@@ -946,6 +973,21 @@ class ServerProtocol(asyncio.Protocol):
         cycle.body.clear()
         cycle.body_size = 0
         return body
+
+    def _lost_of(self) -> Callable[[], int | None]:
+        """:data:`gateway.h1.asgi_io.LOST_EXTENSION`: :meth:`_Cycle.lost` of the request in
+        progress (bound to it: a later pipelined request does not answer for it)."""
+        cycle = self.cycle
+        return cycle.lost if cycle is not None else _not_lost
+
+    def _refused(self) -> tuple[int, str, int] | None:
+        """:data:`gateway.h1.asgi_io.REFUSED_EXTENSION`: the server's own answer to the
+        request in progress, ``(status, error code, body bytes)``, or ``None``."""
+        cycle = self.cycle
+        refusal = cycle.refused if cycle is not None else None
+        if refusal is None:
+            return None
+        return refusal.status, refusal.code, len(refusal.body())
 
     def _watch_disconnect(self, callback: Callable[[], None]) -> Callable[[], None] | None:
         cycle = self.cycle

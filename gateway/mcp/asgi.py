@@ -9,7 +9,7 @@ map, the names sent more than once (a repeated routing header is a mismatch,
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from gateway.mcp.jsonrpc import INVALID_REQUEST, McpRefusal
@@ -65,12 +65,19 @@ def request_headers(raw: list[tuple[bytes, bytes]]) -> RequestHeaders:
     return out
 
 
-async def read_body(receive: Any, headers: Mapping[str, str], limit: int) -> bytes:
+async def read_body(receive: Any, headers: Mapping[str, str], limit: int,
+                    refused: Callable[[], tuple[int, str, int] | None] | None = None) -> bytes:
     """The request body, up to ``limit`` bytes. A batch is refused at its first byte and an
     announced length above the limit at the first chunk: neither is read whole.
 
+    Args:
+        refused: The server's ``REFUSED_EXTENSION`` (:mod:`gateway.h1.asgi_io`), if offered:
+            why the body ended early when the server answered the request itself.
+
     Raises:
-        McpRefusal: 400 ``client_gone`` / ``batch_refused``, 413 ``request_too_large``.
+        McpRefusal: 400 ``client_gone`` / ``batch_refused``, 413 ``request_too_large``; the
+            server's own status and code (413 ``request_too_large``, 408 ``request_timeout``)
+            with :attr:`McpRefusal.answered` set when it refused the body itself.
     """
     length = headers.get("content-length")
     too_large = length is not None and length.isdigit() and int(length) > limit
@@ -78,6 +85,12 @@ async def read_body(receive: Any, headers: Mapping[str, str], limit: int) -> byt
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
+            answered = refused() if refused is not None else None
+            if answered is not None:  # the server's own 413/408, not a client gone
+                exc = McpRefusal(answered[0], INVALID_REQUEST, answered[1],
+                                 "the HTTP server refused the request body")
+                exc.answered = answered[2]
+                raise exc
             raise McpRefusal(400, INVALID_REQUEST, "client_gone", "client disconnected")
         body += message.get("body", b"")
         if body.lstrip()[:1] == b"[":

@@ -40,6 +40,7 @@ from typing import Any
 
 from gateway.auth import bearer_token, canonical_path, repeated_header
 from gateway.errors import GatewayError
+from gateway.h1.asgi_io import REFUSED_EXTENSION
 from gateway.mcp.access import ToolAccess
 from gateway.mcp.answers import AnswerRelay
 from gateway.mcp.asgi import (
@@ -243,7 +244,8 @@ class McpEndpoint:
                              "use POST (the standalone GET stream is not offered)")
         if "origin" in headers and headers["origin"] not in self.settings.allowed_origins:
             raise McpRefusal(403, FORBIDDEN, "origin_refused", "Origin not allowed")
-        body = await read_body(receive, headers, self.settings.limits.max_request_bytes)
+        body = await read_body(receive, headers, self.settings.limits.max_request_bytes,
+                               (scope.get("extensions") or {}).get(REFUSED_EXTENSION))
         rec.bytes_in = len(body)
         msg = parse_message(body)
         rec.method = msg.method
@@ -281,6 +283,8 @@ class McpEndpoint:
             headers = {**headers, **trace_headers}
         if self._audit is not None:
             await self.record_start(rec)  # with the span's trace id
+            if rec.left():  # while mcp.started waited for the store: nothing goes upstream
+                return
         rec.forwarded = True
         send = self._recorded_before_end(send, rec)
         await self.answers.forward(Link.of(state), upstream, principal, msg, body, headers,
@@ -319,7 +323,10 @@ class McpEndpoint:
         """
         rec.reason, rec.status, rec.rpc_error = exc.reason, exc.status, exc.rpc_code
         rec.identity = rec.identity or exc.identity  # who a refused verified token was
-        if rec.bytes_out == 0:  # nothing sent yet: the refusal is the answer
+        if exc.answered is not None:  # the HTTP server answered itself (asgi.read_body)
+            rec.bytes_out = exc.answered
+            await self.record(rec)
+        elif rec.bytes_out == 0:  # nothing sent yet: the refusal is the answer
             extra = []
             if exc.status == 401 and not any(n == b"www-authenticate" for n, _ in exc.headers):
                 extra.append((b"www-authenticate", challenge))
@@ -345,9 +352,26 @@ class McpEndpoint:
                 rec.bytes_out += len(message.get("body", b""))
                 if audited and not message.get("more_body", False) and not rec.recorded:
                     await self.record(rec, durable=True)
+                    await send(message)
+                    await self.amend_undelivered(rec)
+                    return
             await send(message)
 
         return send_recorded
+
+    async def amend_undelivered(self, rec: CallRecord) -> None:
+        """After an answer's last bytes were sent: when the client's connection was lost
+        during the durable wait of its record (the server's ``LOST_EXTENSION``), that record
+        overstates what the client got; append ``mcp.undelivered`` with the bytes it did get
+        (the chain is append-only). A record lost is logged."""
+        gone = rec.lost() if rec.lost is not None else None
+        if self._audit is None or gone is None or gone >= rec.bytes_out:
+            return
+        try:
+            await self._audit(rec.undelivered_event(gone))
+        except Exception:
+            _log.exception("audit record mcp.undelivered of MCP request %s lost",
+                           rec.request_id)
 
     async def record_start(self, rec: CallRecord) -> None:
         """Make the ``mcp.started`` record of a message about to be forwarded durable (the
@@ -361,6 +385,7 @@ class McpEndpoint:
         assert self._audit is not None
         try:
             await self._audit(rec.started_event())
+            rec.started_recorded = True
         except Exception as exc:
             _log.error("audit unavailable, MCP request %s not forwarded: %s",
                        rec.request_id, exc)
@@ -378,9 +403,11 @@ class McpEndpoint:
         if self._audit is None or rec.recorded:
             return
         self.resolve_names(rec)  # a refusal is recorded before the request's end
-        if rec.decision == "allow" and not rec.forwarded and rec.reason is None:
+        if (rec.decision == "allow" and not rec.forwarded and not rec.started_recorded
+                and rec.reason is None):
             return
         rec.recorded = True
+        rec.left()  # the client gone: outcome client_disconnect, the bytes it was handed
         if not rec.authenticated and self._count_refusal is not None:
             # Anyone can send these: counted per client and reason (gateway.audit.refusals),
             # as the HTTP server's refusals are, so that they cannot flood the chain.
@@ -484,6 +511,8 @@ class McpEndpoint:
         rec.decision = "allow"
         if self._audit is not None:
             await self.record_start(rec)
+            if rec.left():  # while mcp.started waited for the store: the session stays
+                return
         rec.forwarded = True
         self.answers.subscriptions.end((key_id, upstream.name, sid))  # the session ends
         status = await upstream.delete(Link.of(state), sid)

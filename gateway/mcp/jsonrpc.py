@@ -75,6 +75,9 @@ class McpRefusal(Exception):
         self.identity: dict[str, Any] | None = None
         """The audit fields of a verified caller refused at authentication
         (:func:`gateway.mcp.oauth.auth_refusal`)."""
+        self.answered: int | None = None
+        """The body bytes of the HTTP server's own answer, when the server refused the request
+        itself (:func:`gateway.mcp.asgi.read_body`): nothing more is sent."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,13 +26,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.h1.asgi_io import DISCONNECT_EXTENSION
+from gateway.h1.asgi_io import DISCONNECT_EXTENSION, LOST_EXTENSION
 
-__all__ = ["MCP_REFUSED", "MCP_STARTED", "MCP_TOOL_CALL", "CallRecord", "name_digest"]
+__all__ = ["MCP_REFUSED", "MCP_STARTED", "MCP_TOOL_CALL", "MCP_UNDELIVERED", "CallRecord",
+           "name_digest"]
 
 MCP_STARTED = "mcp.started"
 MCP_TOOL_CALL = "mcp.tool_call"
 MCP_REFUSED = "mcp.refused"
+MCP_UNDELIVERED = "mcp.undelivered"
 
 @dataclass
 class CallRecord:
@@ -67,7 +69,10 @@ class CallRecord:
     client_host: str | None = None  # the peer's address (a counted refusal's client)
     forwarded: bool = False  # the message went upstream (then it is always recorded)
     client_gone: bool = False  # the client's connection was lost before its answer ended
+    started_recorded: bool = False  # its mcp.started is durable (a final record follows)
     recorded: bool = False
+    lost: Callable[[], int | None] | None = field(default=None, repr=False)
+    """The server's ``LOST_EXTENSION`` (:mod:`gateway.h1.asgi_io`), when it offers one."""
     _request_id: str | None = field(default=None, repr=False)
 
     @property
@@ -142,6 +147,8 @@ class CallRecord:
                if self.asked else {}),
             # As the relay's request.completed outcome: the answer was not delivered.
             **({"outcome": "client_disconnect"} if self.client_gone else {}),
+            # Its mcp.started is in the chain, but the client left before it went upstream.
+            **({"forwarded": False} if self.started_recorded and not self.forwarded else {}),
         }
 
     def watch_client(self, scope: Mapping[str, Any]) -> Callable[[], None] | None:
@@ -152,7 +159,10 @@ class CallRecord:
         Returns:
             ``unwatch()`` to call when the request is over, or ``None`` (nothing watched).
         """
-        watch = (scope.get("extensions") or {}).get(DISCONNECT_EXTENSION)
+        extensions = scope.get("extensions") or {}
+        lost_of = extensions.get(LOST_EXTENSION)
+        self.lost = lost_of() if lost_of is not None else None  # bound to this request
+        watch = extensions.get(DISCONNECT_EXTENSION)
         if watch is None:
             return None
 
@@ -161,6 +171,24 @@ class CallRecord:
 
         unwatch: Callable[[], None] | None = watch(gone)
         return unwatch
+
+    def left(self) -> bool:
+        """Whether the client's connection is lost now (noted in :attr:`client_gone`; with
+        the server's ``LOST_EXTENSION``, :attr:`bytes_out` is cut to the body bytes handed
+        to the connection before: what a final record may count as sent)."""
+        gone = self.lost() if self.lost is not None else None
+        if gone is not None:
+            self.client_gone = True
+            self.bytes_out = min(gone, self.bytes_out)
+        return self.client_gone
+
+    def undelivered_event(self, sent: int) -> dict[str, Any]:
+        """The ``mcp.undelivered`` event: the client left after this call's final record was
+        durable but before the last bytes of its answer went out; ``sent``: the body bytes
+        its connection was handed (the final record's ``bytes_out`` is ``bytes_recorded``)."""
+        return {"type": MCP_UNDELIVERED, "request_id": self.request_id,
+                "outcome": "client_disconnect", "bytes_out": sent,
+                "bytes_recorded": self.bytes_out}
 
     def started_event(self) -> dict[str, Any]:
         """The ``mcp.started`` event of a message about to be forwarded: the fields of

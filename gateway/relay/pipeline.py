@@ -45,6 +45,7 @@ from gateway.h1.asgi_io import (
     BODY_CHUNK_EXTENSION,
     CHUNK_WRITER_EXTENSION,
     DISCONNECT_EXTENSION,
+    REFUSED_EXTENSION,
     WHOLE_BODY_EXTENSION,
     WRITE_NOW_EXTENSION,
     WRITE_RESPONSE_EXTENSION,
@@ -60,6 +61,7 @@ from gateway.h1.asgi_io import (
     scope_framing_problem,
     take_body,
 )
+from gateway.relay.delivery import amend_undelivered, delivered, lost_now
 from gateway.relay.forward import Exchange, forward
 from gateway.relay.records import ContentTap, Headers, Outcome, RequestRecord
 from gateway.relay.rewrite import parse_body
@@ -176,7 +178,8 @@ async def handle(state: GatewayState, scope: Scope, receive: Receive, send: Send
         if not out.started:
             await out.error(exc)
     except ClientGone:
-        record.ended("client_disconnect")
+        refused = extensions.get(REFUSED_EXTENSION)
+        _gone_or_refused(record, refused() if refused is not None else None)
     except Exception as exc:  # a gateway bug: answer 500, keep the process serving
         _log.exception("unhandled error in relay (request %s)", record.request_id)
         record.failed("gateway_error", "internal_error")
@@ -187,17 +190,32 @@ async def handle(state: GatewayState, scope: Scope, receive: Receive, send: Send
             else:
                 await out.body(sse_error_event(err), more=False)
     finally:
-        record.sent(out.status, out.bytes_out, round((time.perf_counter() - t0) * 1000.0, 3))
+        status, sent = delivered(record, out, extensions)
+        record.sent(status, sent, round((time.perf_counter() - t0) * 1000.0, 3))
         for run in _AT_END:
             step = run(flight)
             if step is not None:
                 await step
         if hooks.end_recorded:
-            recorded = [gate(record) for gate in hooks.end_recorded]  # ask every gate
-            if not all(recorded):
+            recorded = all([gate(record) for gate in hooks.end_recorded])  # ask every gate
+            if not recorded:
                 _log.error("withholding the end of response %s: its completion was not recorded",
                            record.request_id)
-            await out.release(all(recorded))
+            await out.release(recorded)
+            if recorded and hooks.undelivered:
+                await amend_undelivered(hooks.undelivered, record, extensions)
+
+
+def _gone_or_refused(record: RequestRecord, refused: tuple[int, str, int] | None) -> None:
+    """The request body ended without the rest: the client left, or (``refused``: the
+    server's :data:`REFUSED_EXTENSION`) the server answered it itself (413, 408)."""
+    if refused is None:
+        record.ended("client_disconnect")
+        return
+    status, code, _ = refused
+    exc = GatewayError("refused by the HTTP server", code=code)
+    exc.status = status
+    record.failed(_outcome_for(exc), code)
 
 
 def _response_start(
@@ -485,7 +503,11 @@ async def _forward_stage(f: Flight) -> None:
     cancels the upstream request; the response's scans end after its last byte."""
     assert f.pool is not None and f.decision is not None and f.parsed is not None
     assert f.first is not None
-    watch = DisconnectWatch(f.receive, (f.scope.get("extensions") or {}).get(DISCONNECT_EXTENSION))
+    extensions = f.scope.get("extensions") or {}
+    if lost_now(extensions) is not None:
+        # The client left while request.started waited for the store: nothing goes upstream.
+        raise ClientGone()
+    watch = DisconnectWatch(f.receive, extensions.get(DISCONNECT_EXTENSION))
     exchange = Exchange(f.state, f.pool, f.decision.candidates, f.parsed, f.head.accept,
                         f.head.forwarded, f.out, f.record, watch, f.t0, f.hint, f.masker)
     if f.lane is not None:

@@ -29,6 +29,10 @@ Life cycle of one relayed request (``POST /v1/...``), in the order the relay cal
    hook answers ``True`` (the audit log: the completion record is durable). Otherwise the
    connection is closed without the end, so a client never fully receives a response whose
    completion is not recorded.
+9. ``on_undelivered(record, bytes_out)`` (optional hook, awaited): the end was released after
+   ``on_end`` but the client's connection was lost before it went out (the gateway's own
+   server tells, ``LOST_EXTENSION``): the final record overstates what the client got;
+   ``bytes_out`` is the body bytes it did get (the audit log appends ``request.undelivered``).
 
 Optional hooks are found once, when the app is built (:meth:`ObserverHooks.of`), never per
 request. The record never holds prompts, completions or keys; it is written only through its
@@ -49,7 +53,7 @@ from gateway.bounded import PREFIX_CHARS, bounded
 __all__ = [
     "AdmissionHook", "ContentObserver", "ContentTap", "EndGate", "Headers", "ObserverHooks",
     "Outcome", "RequestHook", "RequestObserver", "RequestRecord", "ResponseStartHook",
-    "trace_id_of",
+    "UndeliveredHook", "trace_id_of",
 ]
 
 ContentTap = Callable[[bytes], None]
@@ -331,7 +335,8 @@ class RequestObserver(Protocol):
     Required: ``on_start`` and ``on_end``. Optional hooks, found once by
     :meth:`ObserverHooks.of`: ``on_request`` (:class:`RequestHook`), ``on_response_start``
     (:class:`ResponseStartHook`), ``content_tap`` (:class:`ContentObserver`) and
-    ``end_recorded`` (:class:`EndGate`); the module docstring says when each is called.
+    ``end_recorded`` (:class:`EndGate`), ``on_undelivered`` (:class:`UndeliveredHook`); the
+    module docstring says when each is called.
     """
 
     async def on_start(self, record: RequestRecord) -> None:
@@ -391,6 +396,15 @@ class EndGate(Protocol):
         ...
 
 
+class UndeliveredHook(Protocol):
+    """An observer told when a response recorded as delivered did not reach the client."""
+
+    async def on_undelivered(self, record: RequestRecord, bytes_out: int) -> None:
+        """Called after ``on_end`` and the release of the end, when the client left before the
+        end went out; ``bytes_out``: the body bytes it did get. Exceptions are logged."""
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class ObserverHooks:
     """The bound hooks of a gateway's observers and admission hooks, in call order.
@@ -405,6 +419,7 @@ class ObserverHooks:
     on_response_start: tuple[Callable[[RequestRecord, Headers], None], ...] = ()
     on_end: tuple[Callable[[RequestRecord], Awaitable[None]], ...] = ()
     end_recorded: tuple[Callable[[RequestRecord], bool], ...] = ()
+    undelivered: tuple[Callable[[RequestRecord, int], Awaitable[None]], ...] = ()
 
     async def ended(self, record: RequestRecord) -> None:
         """Run every ``on_end`` hook for ``record``, in order; a hook that raises is logged
@@ -435,4 +450,5 @@ class ObserverHooks:
             on_response_start=optional("on_response_start"),
             on_end=tuple(o.on_end for o in observers),
             end_recorded=optional("end_recorded"),
+            undelivered=optional("on_undelivered"),
         )

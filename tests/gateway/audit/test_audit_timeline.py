@@ -96,3 +96,36 @@ def test_a_tool_call_is_one_step_and_one_without_its_answer_says_so(tmp_path: Pa
         ("tool", "tools/write", None, "no answer recorded"),
     ], steps
     assert steps[0]["ref"].endswith("#1")  # placed by its first record
+
+
+def test_an_answer_whose_client_left_after_its_record_says_so(tmp_path: Path) -> None:
+    """A follow-up ``request.undelivered`` / ``mcp.undelivered`` (the client left while the
+    final record waited for the store) shows on its step: the final record alone reads as a
+    delivered answer."""
+    url = f"sqlite://{tmp_path / 'audit.db'}"
+    call = {"key_id": "k-agent", "server": "tools", "tool": "search", "mcp_method": "tools/call",
+            "decision": "allow", "trace_id": TRACE}
+
+    async def run() -> None:
+        log = AuditLog(open_store(url), Signer.generate(), replica_id="r1")
+        await log.start()
+        await log.append({"type": "mcp.started", "request_id": "t-1", **call})
+        await log.append({"type": "mcp.tool_call", "request_id": "t-1", "status": 200,
+                          "bytes_out": 256, "duration_us": 2_000, **call})
+        await log.append({"type": "mcp.undelivered", "request_id": "t-1", "bytes_out": 0,
+                          "bytes_recorded": 256, "outcome": "client_disconnect"})
+        await log.append({"type": "request.started", "request_id": "r-a", "key_id": "k-agent",
+                          "model": "m", "decision": "allow", "trace_id": TRACE})
+        await log.append({"type": "request.completed", "request_id": "r-a", "status": 200,
+                          "outcome": "ok", "bytes_out": 651})
+        await log.append({"type": "request.undelivered", "request_id": "r-a", "bytes_out": 0,
+                          "bytes_recorded": 651, "outcome": "client_disconnect"})
+        await log.close()
+
+    asyncio.run(run())
+    res = _timeline(url, "--trace-id", TRACE, "--json")
+    assert res.returncode == 0, res.stderr
+    tool, model = (json.loads(line) for line in res.stdout.splitlines())
+    assert tool["detail"] == "2ms undelivered: client_disconnect after 0 of 256 bytes"
+    assert model["status"] == 200
+    assert model["detail"].endswith("undelivered: client_disconnect after 0 of 651 bytes")
