@@ -7,6 +7,8 @@ must work as the Makefile invokes them.
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import shlex
 import subprocess
@@ -50,4 +52,23 @@ def test_fast_lane_runs_as_the_makefile_invokes_it_and_skips_bench() -> None:
                           check=False)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "tests/bench/" not in done.stdout  # deselected: marked slow
-    assert "tests/test_test_lanes.py: 3" in done.stdout
+    assert "tests/test_test_lanes.py: 4" in done.stdout
+
+
+def _lane_exports(target: str) -> dict[str, str]:
+    """The ``TARGET: export NAME := VALUE`` variables of a make target (``$(CURDIR)`` expanded)."""
+    text = (ROOT / "Makefile").read_text()
+    found = re.findall(rf"^{re.escape(target)}: export (\w+) :=[ \t]*(.*)$", text, re.M)
+    return {name: value.replace("$(CURDIR)", str(ROOT)) for name, value in found}
+
+
+def test_fast_lane_writes_bytecode_outside_the_sources_whatever_the_shell_says() -> None:
+    # Without written bytecode every worker rewrites the asserts of every test module at
+    # collection and every CLI subprocess compiles the project again.
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", **_lane_exports("test-fast")}
+    probe = "import json, sys; print(json.dumps([sys.dont_write_bytecode, sys.pycache_prefix]))"
+    done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True,
+                          text=True, timeout=60, check=True)
+    dont_write, prefix = json.loads(done.stdout)
+    assert dont_write is False
+    assert prefix is not None and Path(prefix).is_relative_to(ROOT / ".cache"), prefix
