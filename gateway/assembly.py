@@ -241,7 +241,7 @@ def assemble(
     from gateway.preflight.files import check_preflight_files
     from gateway.quotas.tool_calls import ToolCallQuotas
     from gateway.quotas.wiring import build_authenticator, build_quota_hook
-    from gateway.telemetry import Telemetry, check_telemetry
+    from gateway.telemetry import check_telemetry
     from policy import EgressMatcher
 
     policy = egress.policy if egress is not None else load_policy(settings, base)
@@ -258,6 +258,9 @@ def assemble(
     router = Router(settings)
     flow = build_flow(settings, router)
     if telemetry is None and telemetry_settings is not None:
+        # The service (the OpenTelemetry SDK, requests, the admin server) only with telemetry.
+        from gateway.telemetry import Telemetry
+
         telemetry = Telemetry(
             telemetry_settings,
             policy=policy,

@@ -22,6 +22,8 @@ Public API (other packages import only these names):
 * the :class:`PolicyError` tree (``errors`` module docstring).
 """
 
+from typing import TYPE_CHECKING, Any
+
 from .addresses import whole_families
 from .egress import EgressMatcher, PinStore, Target, Verdict, check_target
 from .errors import (
@@ -40,7 +42,6 @@ from .errors import (
 )
 from .evaluate import UNSAFE_RULE_ID, Decision, Policy, Principal, Selection
 from .guard import SELF_TEST_TARGET, EgressEvent, EgressGuard
-from .httpx_transport import DeniedAddressAsyncTransport, PolicyAsyncTransport, make_httpx_client
 from .pii import PiiPolicy, PiiVerdict
 from .providers import LITELLM_OFFLINE_ENV, import_litellm, litellm_env
 from .runtime import BindingError, GuardMode, check_binding, replica_url, start_guard
@@ -55,6 +56,34 @@ from .transport import (
     policy_middleware,
     redirect_refused,
 )
+
+if TYPE_CHECKING:
+    from .httpx_transport import (
+        DeniedAddressAsyncTransport,
+        PolicyAsyncTransport,
+        make_httpx_client,
+    )
+
+#: The httpx names, imported on first use (PEP 562): httpx imports its command line (click, rich,
+#: pygments) with itself, a fifth of the import time of a ``gateway serve`` that never makes an
+#: httpx client (only identity ``jwks_uri`` fetches and litellm replicas do, at assembly).
+_HTTPX_NAMES = frozenset(
+    {"DeniedAddressAsyncTransport", "PolicyAsyncTransport", "make_httpx_client"}
+)
+
+
+def __getattr__(name: str) -> Any:
+    """The httpx transport's public names, imported on first access (PEP 562).
+
+    Raises:
+        AttributeError: ``name`` is not a public name of the package (nor a loaded submodule).
+    """
+    if name not in _HTTPX_NAMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from . import httpx_transport
+
+    return getattr(httpx_transport, name)
+
 
 __all__ = [
     "KINDS",

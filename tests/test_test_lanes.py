@@ -7,6 +7,8 @@ must work as the Makefile invokes them.
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import shlex
 import subprocess
@@ -17,12 +19,23 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _recipe(target: str) -> list[str]:
+def _recipe_env(target: str) -> tuple[dict[str, str], list[str]]:
+    """The pytest line of a make target: its leading ``NAME=VALUE`` assignments (the
+    environment it sets, ``$(CURDIR)`` expanded) and the command."""
     text = (ROOT / "Makefile").read_text()
     match = re.search(rf"^{re.escape(target)}:[^\n]*\n((?:\t[^\n]*\n)+)", text, re.M)
     assert match, f"no make target {target}"
     (line,) = [x.strip() for x in match.group(1).splitlines() if "pytest" in x]
-    return shlex.split(line.replace("$(PY)", sys.executable))
+    words = shlex.split(line.replace("$(PY)", sys.executable).replace("$(CURDIR)", str(ROOT)))
+    env: dict[str, str] = {}
+    while re.fullmatch(r"\w+=.*", words[0]):
+        name, value = words.pop(0).split("=", 1)
+        env[name] = value
+    return env, words
+
+
+def _recipe(target: str) -> list[str]:
+    return _recipe_env(target)[1]
 
 
 def _options(argv: list[str]) -> list[str]:
@@ -44,10 +57,22 @@ def test_fast_lane_uses_xdist_and_leaves_out_slow_tests() -> None:
 
 
 def test_fast_lane_runs_as_the_makefile_invokes_it_and_skips_bench() -> None:
-    argv = _recipe("test-fast")
+    env, argv = _recipe_env("test-fast")
     argv = [*argv, "--collect-only", "-q", "tests/bench", "tests/test_test_lanes.py"]
     done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          check=False)
+                          check=False, env={**os.environ, **env})
     assert done.returncode == 0, done.stdout + done.stderr
     assert "tests/bench/" not in done.stdout  # deselected: marked slow
-    assert "tests/test_test_lanes.py: 3" in done.stdout
+    assert "tests/test_test_lanes.py: 4" in done.stdout
+
+
+def test_fast_lane_writes_bytecode_outside_the_sources_whatever_the_shell_says() -> None:
+    # Without written bytecode every worker rewrites the asserts of every test module at
+    # collection and every CLI subprocess compiles the project again.
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", **_recipe_env("test-fast")[0]}
+    probe = "import json, sys; print(json.dumps([sys.dont_write_bytecode, sys.pycache_prefix]))"
+    done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True,
+                          text=True, timeout=60, check=True)
+    dont_write, prefix = json.loads(done.stdout)
+    assert dont_write is False
+    assert prefix is not None and Path(prefix).is_relative_to(ROOT / ".cache"), prefix

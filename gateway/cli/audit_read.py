@@ -23,7 +23,6 @@ from gateway.audit.pseudonym import load_pseudonymizer
 from gateway.audit.query import subject_records
 from gateway.audit.records import Record
 from gateway.cli.audit_common import JsonOpt, StoreOpt, audit_settings, fail, run_async, store_url
-from gateway.identity.auth import subject_pseudonym
 
 
 def _parse_time(value: str | None, name: str) -> int | None:
@@ -167,6 +166,10 @@ def _subject_pseudonym(ctx: typer.Context, subject: str | None, issuer: str | No
         pseudo = load_pseudonymizer(key_file)
     except AuditError as exc:
         raise fail(exc) from exc
+    # Here, not at import: the identity checks bring PyJWT and httpx to every ``gateway``
+    # command (``serve`` too, which imports this command group).
+    from gateway.identity.auth import subject_pseudonym
+
     return subject_pseudonym(pseudo, issuer, subject)
 
 

@@ -10,19 +10,17 @@ from __future__ import annotations
 import ssl
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gateway.audit.errors import AuditError
 from gateway.audit.pseudonym import load_pseudonymizer
 from gateway.auth import Authenticator
 from gateway.errors import ConfigError
-from gateway.identity.auth import IdentityAuthenticator
-from gateway.identity.fetch import JwksFetcher
-from gateway.identity.jwks import load_jwks
-from gateway.identity.mtls import MtlsVerifier
 from gateway.identity.resources import BoundResource
 from gateway.identity.settings import IdentitySettings, IssuerSettings
-from gateway.identity.verify import IssuerKeys, JwtVerifier
+
+if TYPE_CHECKING:
+    from gateway.identity.fetch import JwksFetcher
 
 __all__ = ["client_cert_context", "identity_files", "wrap_identity"]
 
@@ -52,6 +50,14 @@ def wrap_identity(settings: Any, keys: Authenticator, *, policy: Any = None,
     section: IdentitySettings | None = getattr(settings, "identity", None)
     if section is None:
         return keys
+    # Imported only with an ``identity:`` section: the token checks bring PyJWT and httpx
+    # (with httpx's command line: click, rich, pygments), paid by every ``gateway serve``
+    # and ``check-config`` otherwise.
+    from gateway.identity.auth import IdentityAuthenticator
+    from gateway.identity.jwks import load_jwks
+    from gateway.identity.mtls import MtlsVerifier
+    from gateway.identity.verify import IssuerKeys, JwtVerifier
+
     before = {f.issuer: f for f in (running.fetchers if isinstance(
         running, IdentityAuthenticator) else [])}
     issuers = []
@@ -101,6 +107,7 @@ def _fetcher(issuer: IssuerSettings, where: str, policy: Any,
         raise ConfigError(f"{where}.jwks_uri: fetching keys needs the egress policy "
                           "(policy.file): the fetch goes through it, and its host must be a "
                           "destination")
+    from gateway.identity.fetch import JwksFetcher
     from policy import make_httpx_client
 
     return JwksFetcher(issuer.issuer, issuer.jwks_uri, algorithms, issuer.jwks_refresh_s,

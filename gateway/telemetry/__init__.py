@@ -14,15 +14,16 @@ from typing import TYPE_CHECKING, Any
 from gateway.telemetry.settings import TelemetrySettings, telemetry_settings
 
 if TYPE_CHECKING:
+    from gateway.telemetry.check import check_telemetry
     from gateway.telemetry.prometheus import prometheus_name
-    from gateway.telemetry.service import Telemetry, build_telemetry, check_telemetry
+    from gateway.telemetry.service import Telemetry, build_telemetry
 
 #: Public name -> defining module, imported on first access.
 _LAZY = {
     "prometheus_name": "gateway.telemetry.prometheus",
     "Telemetry": "gateway.telemetry.service",
     "build_telemetry": "gateway.telemetry.service",
-    "check_telemetry": "gateway.telemetry.service",
+    "check_telemetry": "gateway.telemetry.check",
 }
 
 

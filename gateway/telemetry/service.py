@@ -32,9 +32,9 @@ from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 from prometheus_client import CollectorRegistry
 
 from gateway.config.settings import GatewaySettings
-from gateway.errors import ConfigError
 from gateway.routing import Router
 from gateway.telemetry.admin import AdminServer
+from gateway.telemetry.check import check_endpoint, check_telemetry
 from gateway.telemetry.mcp_spans import McpSpans
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.telemetry.prometheus import PrometheusCollector
@@ -65,22 +65,6 @@ def _session() -> requests.Session:
     return session
 
 
-def _check_endpoint(ts: TelemetrySettings, policy: Any) -> None:
-    if ts.otlp_endpoint is None:
-        return
-    from policy import PolicyError, check_binding
-
-    if policy is None:
-        raise ConfigError(
-            "telemetry.otlp_endpoint: an OTLP collector needs the egress policy (policy.file) "
-            "naming it as a destination"
-        )
-    try:
-        check_binding(policy, ts.otlp_endpoint, ts.otlp_endpoint_destination or "")
-    except PolicyError as exc:
-        raise ConfigError(f"telemetry.otlp_endpoint_destination: {exc.message}") from exc
-
-
 class Telemetry:
     """Traces and metrics of one gateway process.
 
@@ -108,7 +92,7 @@ class Telemetry:
         span_exporter: SpanExporter | None = None,
         egress_counts: Callable[[], dict[tuple[str, str], int]] | None = None,
     ) -> None:
-        _check_endpoint(settings, policy)
+        check_endpoint(settings, policy)
         self.settings = settings
         self._egress_counts = egress_counts
         resource = Resource({"service.name": settings.service_name})
@@ -256,18 +240,6 @@ class _MetricPusher:
             self._thread = None
         self._export()
         self._exporter.shutdown()
-
-
-def check_telemetry(settings: GatewaySettings, policy: Any = None) -> TelemetrySettings | None:
-    """Validate the ``telemetry:`` section without starting anything (``gateway check-config``).
-
-    Raises:
-        ConfigError: Invalid section or collector outside its policy destination.
-    """
-    ts = telemetry_settings(settings.telemetry)
-    if ts is not None:
-        _check_endpoint(ts, policy)
-    return ts
 
 
 def build_telemetry(

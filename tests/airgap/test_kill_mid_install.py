@@ -47,6 +47,9 @@ def _killed_at(strace: str, n: int, args: list[str]) -> subprocess.CompletedProc
             sys.executable, "-m", "airgap.cli", *args]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE"))}
     env["PYTHONPATH"] = str(ROOT)
+    # The CLI's own renames only: a Python that writes bytecode renames each new .pyc into
+    # place, which would move every kill point by the modules compiled since the last run.
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
     return subprocess.run(argv, capture_output=True, text=True, env=env, cwd=ROOT,
                           timeout=120, check=False)
 
