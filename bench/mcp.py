@@ -368,6 +368,14 @@ def report(args: argparse.Namespace,
                   + " ".join(f"{b:.2f}" for _, b in per_round))
             print(f"  CPU/call server {cpu['server']:5.0f} us {name} {cpu[name]:5.0f} us client "
                   f"{cpu['client']:5.0f} us  machine busy {cpu['busy']:3.0f}%")
+            # Each round's load beside its added latency: a drift of the added p50 over the
+            # rounds is then seen with the direct path's latency, the gateway's own CPU per
+            # call and how busy the machine was in the same load (what else ran on it).
+            print("  rounds direct p50 " + " ".join(
+                f"{pct(values['direct'], 0.5):.1f}" for values, _ in rounds
+                if len(values["direct"]) >= 2) + f" ms, {name} CPU/call "
+                + " ".join(f"{one[name]:.0f}" for _, one in rounds) + " us, machine busy "
+                + " ".join(f"{one['busy']:.0f}" for _, one in rounds) + "%")
     for conc, by_target in alone.items():
         if not any(by_target.values()):
             continue
