@@ -29,8 +29,7 @@ from typing import Any
 from gateway.access import log_record
 from gateway.auth import authorization_of, bearer_token
 from gateway.errors import GatewayError, MethodNotAllowed, ModelNotFound
-from gateway.h1.asgi_io import Receive, Responder, Scope, Send
-from gateway.relay.delivery import amend_undelivered, delivered
+from gateway.h1.asgi_io import Receive, Responder, Scope, Send, amend_undelivered, delivered
 from gateway.relay.records import RequestRecord
 from gateway.state import GatewayState
 

@@ -10,13 +10,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
 import time
-from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gateway.errors import GatewayError, PayloadTooLarge, RequestTimeout, error_body
 from gateway.relay.rewrite import MAX_EVENT_BYTES
+
+if TYPE_CHECKING:
+    from gateway.relay.records import RequestRecord
 
 __all__ = [
     "BODY_CHUNK_EXTENSION",
@@ -35,8 +39,11 @@ __all__ = [
     "Responder",
     "Scope",
     "Send",
+    "amend_undelivered",
+    "delivered",
     "escaped_api_path",
     "framing_refusal",
+    "lost_now",
     "read_body",
     "scope_framing_problem",
     "take_body",
@@ -613,3 +620,72 @@ def framing_refusal(problem: str) -> tuple[dict[str, Any], dict[str, Any]]:
                     (b"connection", b"close")],
     }
     return start, {"type": "http.response.body", "body": body, "more_body": False}
+
+
+# What a response's final audit record may say the client got (docs/audit.md "What the client
+# got"), asked of this server's LOST_EXTENSION and REFUSED_EXTENSION: ``delivered`` just before
+# the final record is built, ``amend_undelivered`` after that record's durable wait and the
+# release of the response's end, when the client may have left in between. Under another ASGI
+# server neither extension exists and the responder's count stands. (Here, not in a module of
+# their own: they run on every request, and the request path is bounded in modules.)
+
+_log = logging.getLogger(__name__)
+
+
+def lost_now(extensions: Mapping[str, Any]) -> int | None:
+    """The server's ``LOST_EXTENSION`` asked now, for the request in progress: ``None`` when
+    its response can still reach the client (or the server offers no such extension), else
+    the body bytes handed to the client's connection before it was lost."""
+    lost_of = extensions.get(LOST_EXTENSION)
+    return lost_of()() if lost_of is not None else None
+
+
+def delivered(record: RequestRecord, out: Responder,
+              extensions: Mapping[str, Any]) -> tuple[int, int]:
+    """The status and the body bytes the final record states.
+
+    Args:
+        record: The request; its outcome becomes ``client_disconnect`` when the client is
+            gone and it was ``ok`` (or still ``pending``); another failure is kept.
+        out: The responder (its status and the bytes it sent or holds for the end).
+        extensions: The request's ``scope["extensions"]``.
+
+    Returns:
+        ``(status, bytes)``: the server's own answer when it refused the request; the body
+        bytes handed to the client's connection when that is lost; else what ``out`` sent
+        and holds (the held end goes out right after the record is durable).
+    """
+    refused_of = extensions.get(REFUSED_EXTENSION)
+    refused = refused_of() if refused_of is not None else None
+    if refused is not None:
+        return refused[0], refused[2]
+    gone = lost_now(extensions)
+    if gone is None:
+        return out.status, out.bytes_out
+    if record.outcome in ("ok", "pending"):
+        record.ended("client_disconnect")
+    return out.status, min(gone, out.bytes_out)
+
+
+async def amend_undelivered(
+    hooks: tuple[Callable[[RequestRecord, int], Awaitable[None]], ...], record: RequestRecord,
+    extensions: Mapping[str, Any],
+) -> None:
+    """After the final record's durable wait and the release of the end: when the client left
+    in between (``LOST_EXTENSION`` now reports fewer bytes than ``record.bytes_out``), tell
+    every ``on_undelivered`` hook the bytes it did get (the audit log appends
+    ``request.undelivered``: the chain is append-only). A hook that raises is logged.
+
+    Args:
+        hooks: The observers' ``on_undelivered`` hooks.
+        record: The request as its final record stated it.
+        extensions: The request's ``scope["extensions"]``.
+    """
+    gone = lost_now(extensions)
+    if gone is None or gone >= record.bytes_out:
+        return
+    for hook in hooks:
+        try:
+            await hook(record, gone)
+        except Exception:
+            _log.exception("observer on_undelivered failed (request %s)", record.request_id)

@@ -55,13 +55,15 @@ from gateway.h1.asgi_io import (
     Responder,
     Scope,
     Send,
+    amend_undelivered,
+    delivered,
     escaped_api_path,
     framing_refusal,
+    lost_now,
     read_body,
     scope_framing_problem,
     take_body,
 )
-from gateway.relay.delivery import amend_undelivered, delivered, lost_now
 from gateway.relay.forward import Exchange, forward
 from gateway.relay.records import ContentTap, Headers, Outcome, RequestRecord
 from gateway.relay.rewrite import parse_body
