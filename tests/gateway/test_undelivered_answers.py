@@ -103,6 +103,12 @@ class _Lock:
         self.conn.execute("ROLLBACK")
         self.conn.close()
 
+    def __enter__(self) -> _Lock:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
 
 @pytest.fixture
 def stack(serve_asgi: Any, tmp_path: Path) -> Iterator[dict[str, Any]]:
@@ -183,13 +189,10 @@ def test_an_mcp_answer_lost_while_its_record_waits_gets_a_follow_up_record(
     sock.sendall(_mcp_request(2))
     wait_until(lambda: len(_by_id(gw.db, "mcp.started")) == len(before) + 1, 10,
                "the call's mcp.started")
-    lock = _Lock(gw.db)
-    try:
+    with _Lock(gw.db):
         head = _read_head(sock)  # the answer came; its record waits for the lock
         assert head.startswith(b"HTTP/1.1 200 ") and head.endswith(b"\r\n\r\n"), head
         _hang_up(port, sock)
-    finally:
-        lock.release()
     [rid] = set(_by_id(gw.db, "mcp.started")) - before
     wait_until(lambda: rid in _by_id(gw.db, "mcp.undelivered"), 10, "mcp.undelivered")
     final = _by_id(gw.db, "mcp.tool_call")[rid]
@@ -211,14 +214,11 @@ def test_an_mcp_call_whose_client_left_during_its_started_record_is_not_forwarde
     _warm(gw, port)
     wait_until(lambda: len(_committed(gw.db, "mcp.tool_call")) == 1, 10, "the warm-up record")
     calls, before = _calls(stack["received"]), set(_by_id(gw.db, "mcp.started"))
-    lock = _Lock(gw.db)
-    try:
+    with _Lock(gw.db):
         sock = socket.create_connection(("127.0.0.1", port))
         sock.sendall(_mcp_request(2))
         _gateway_read_all(port, sock)
         _hang_up(port, sock)
-    finally:
-        lock.release()
     wait_until(lambda: len(_by_id(gw.db, "mcp.tool_call")) == 2, 10, "the final record")
     [rid] = set(_by_id(gw.db, "mcp.started")) - before
     final = _by_id(gw.db, "mcp.tool_call")[rid]
@@ -239,15 +239,12 @@ def test_a_model_answer_lost_while_its_record_waits_gets_a_follow_up_record(
     sock = socket.create_connection(("127.0.0.1", port))
     sock.sendall(_chat_request(stream))
     wait_until(lambda: len(_committed(gw.db, "request.started")) == 1, 10, "request.started")
-    lock = _Lock(gw.db)
-    try:
+    with _Lock(gw.db):
         # The answer came whole from the model; its end is held for the record.
         assert _read_head(sock).startswith(b"HTTP/1.1 200 ")
         wait_until(lambda: httpx.get(stack["sim"].url + "/sim/stats", timeout=10).json()
                    ["completed"] == 1, 10, "the model's answer to end")
         _hang_up(port, sock)
-    finally:
-        lock.release()
     wait_until(lambda: len(_committed(gw.db, "request.undelivered")) == 1, 10,
                "request.undelivered")
     [final] = _committed(gw.db, "request.completed")
@@ -267,14 +264,11 @@ def test_a_model_request_whose_client_left_during_its_started_record_is_not_forw
         stack: dict[str, Any]) -> None:
     gw: Gateway = stack["gateway"]
     port = _port(gw)
-    lock = _Lock(gw.db)
-    try:
+    with _Lock(gw.db):
         sock = socket.create_connection(("127.0.0.1", port))
         sock.sendall(_chat_request(False))
         _gateway_read_all(port, sock)
         _hang_up(port, sock)
-    finally:
-        lock.release()
     wait_until(lambda: len(_committed(gw.db, "request.completed")) == 1, 10,
                "request.completed")
     [final] = _committed(gw.db, "request.completed")

@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from gateway.audit import AuditLog, Signer, open_store
 
@@ -20,18 +21,28 @@ ROOT = Path(__file__).resolve().parents[3]
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 
 
-def _write(url: str) -> None:
+def _append_all(url: str, records: list[dict[str, Any]]) -> None:
+    """Write ``records`` in order into a new chain of the store at ``url``, then close it."""
     async def run() -> None:
         log = AuditLog(open_store(url), Signer.generate(), replica_id="r1")
         await log.start()
-        for rid, key in (("r-a", "k-agent"), ("r-b", "k-other")):
-            await log.append({"type": "request.started", "request_id": rid, "key_id": key,
-                              "model": "m", "decision": "allow", "trace_id": TRACE})
-            await log.append({"type": "request.completed", "request_id": rid, "status": 200,
-                              "outcome": "ok"})
+        for record in records:
+            await log.append(record)
         await log.close()
 
     asyncio.run(run())
+
+
+def _model_call(rid: str, key: str = "k-agent", **completed: Any) -> list[dict[str, Any]]:
+    """A model call's two records, in the session ``TRACE``."""
+    return [{"type": "request.started", "request_id": rid, "key_id": key, "model": "m",
+             "decision": "allow", "trace_id": TRACE},
+            {"type": "request.completed", "request_id": rid, "status": 200, "outcome": "ok",
+             **completed}]
+
+
+def _write(url: str) -> None:
+    _append_all(url, _model_call("r-a") + _model_call("r-b", "k-other"))
 
 
 def _timeline(url: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -73,20 +84,15 @@ def test_a_tool_call_is_one_step_and_one_without_its_answer_says_so(tmp_path: Pa
     call = {"key_id": "k-agent", "server": "tools", "tool": "search", "mcp_method": "tools/call",
             "decision": "allow", "trace_id": TRACE}
 
-    async def run() -> None:
-        log = AuditLog(open_store(url), Signer.generate(), replica_id="r1")
-        await log.start()
-        await log.append({"type": "mcp.started", "request_id": "t-1", **call})
-        await log.append({"type": "request.started", "request_id": "r-a", "key_id": "k-agent",
-                          "model": "m", "decision": "allow", "trace_id": TRACE})
-        await log.append({"type": "mcp.tool_call", "request_id": "t-1", "status": 200,
-                          "duration_us": 42_000, **call})
-        await log.append({"type": "request.completed", "request_id": "r-a", "status": 200,
-                          "outcome": "ok"})
-        await log.append({"type": "mcp.started", "request_id": "t-2", **call, "tool": "write"})
-        await log.close()
-
-    asyncio.run(run())
+    started, completed = _model_call("r-a")
+    _append_all(url, [
+        {"type": "mcp.started", "request_id": "t-1", **call},
+        started,
+        {"type": "mcp.tool_call", "request_id": "t-1", "status": 200, "duration_us": 42_000,
+         **call},
+        completed,
+        {"type": "mcp.started", "request_id": "t-2", **call, "tool": "write"},
+    ])
     res = _timeline(url, "--trace-id", TRACE, "--json")
     assert res.returncode == 0, res.stderr
     steps = [json.loads(line) for line in res.stdout.splitlines()]
@@ -106,23 +112,16 @@ def test_an_answer_whose_client_left_after_its_record_says_so(tmp_path: Path) ->
     call = {"key_id": "k-agent", "server": "tools", "tool": "search", "mcp_method": "tools/call",
             "decision": "allow", "trace_id": TRACE}
 
-    async def run() -> None:
-        log = AuditLog(open_store(url), Signer.generate(), replica_id="r1")
-        await log.start()
-        await log.append({"type": "mcp.started", "request_id": "t-1", **call})
-        await log.append({"type": "mcp.tool_call", "request_id": "t-1", "status": 200,
-                          "bytes_out": 256, "duration_us": 2_000, **call})
-        await log.append({"type": "mcp.undelivered", "request_id": "t-1", "bytes_out": 0,
-                          "bytes_recorded": 256, "outcome": "client_disconnect"})
-        await log.append({"type": "request.started", "request_id": "r-a", "key_id": "k-agent",
-                          "model": "m", "decision": "allow", "trace_id": TRACE})
-        await log.append({"type": "request.completed", "request_id": "r-a", "status": 200,
-                          "outcome": "ok", "bytes_out": 651})
-        await log.append({"type": "request.undelivered", "request_id": "r-a", "bytes_out": 0,
-                          "bytes_recorded": 651, "outcome": "client_disconnect"})
-        await log.close()
-
-    asyncio.run(run())
+    _append_all(url, [
+        {"type": "mcp.started", "request_id": "t-1", **call},
+        {"type": "mcp.tool_call", "request_id": "t-1", "status": 200, "bytes_out": 256,
+         "duration_us": 2_000, **call},
+        {"type": "mcp.undelivered", "request_id": "t-1", "bytes_out": 0, "bytes_recorded": 256,
+         "outcome": "client_disconnect"},
+        *_model_call("r-a", bytes_out=651),
+        {"type": "request.undelivered", "request_id": "r-a", "bytes_out": 0,
+         "bytes_recorded": 651, "outcome": "client_disconnect"},
+    ])
     res = _timeline(url, "--trace-id", TRACE, "--json")
     assert res.returncode == 0, res.stderr
     tool, model = (json.loads(line) for line in res.stdout.splitlines())
