@@ -277,22 +277,31 @@ def test_a_model_request_whose_client_left_during_its_started_record_is_not_forw
     assert stats["received"] == 0, stats  # never forwarded
 
 
+def _refused_midway(gw: Gateway, start: bytes, record_type: str) -> dict[str, Any]:
+    """Send ``start`` (a chunked request's head and first chunk), wait until the gateway read
+    it, then announce a chunk over ``limits.max_body_bytes``: the server answers 413 itself.
+    Returns the one ``record_type`` record committed for it."""
+    with socket.create_connection(("127.0.0.1", _port(gw))) as sock:
+        sock.sendall(start)
+        _gateway_read_all(_port(gw), sock)
+        sock.sendall(b"2000000\r\n")
+        head = _read_head(sock)
+        assert head.startswith(b"HTTP/1.1 413 "), head
+    wait_until(lambda: len(_committed(gw.db, record_type)) == 1, 10, record_type)
+    [record] = _committed(gw.db, record_type)
+    return record
+
+
 def test_a_body_the_server_refuses_midway_is_recorded_as_its_413(
         stack: dict[str, Any]) -> None:
     """A chunk size over ``limits.max_body_bytes``: the server answers 413 itself. Before,
     the relay recorded ``request.denied`` with status 0 and outcome client_disconnect."""
     gw: Gateway = stack["gateway"]
-    with socket.create_connection(("127.0.0.1", _port(gw))) as sock:
-        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\n"
-                     b"Authorization: Bearer " + KEYS["agent"].encode() + b"\r\n"
-                     b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
-                     b"10\r\n" + b'{"model":"m",   ' + b"\r\n")
-        _gateway_read_all(_port(gw), sock)
-        sock.sendall(b"2000000\r\n")
-        head = _read_head(sock)
-        assert head.startswith(b"HTTP/1.1 413 "), head
-    wait_until(lambda: len(_committed(gw.db, "request.denied")) == 1, 10, "request.denied")
-    [denied] = _committed(gw.db, "request.denied")
+    denied = _refused_midway(
+        gw, b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\n"
+        b"Authorization: Bearer " + KEYS["agent"].encode() + b"\r\n"
+        b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"10\r\n" + b'{"model":"m",   ' + b"\r\n", "request.denied")
     assert denied["key_id"] == "k-agent"
     assert (denied["status"], denied["outcome"]) == (413, "invalid"), denied
     assert denied["error_code"] == "request_too_large", denied
@@ -306,15 +315,9 @@ def test_an_mcp_body_the_server_refuses_midway_is_recorded_as_its_413(
     """The same for an MCP call: before, ``mcp.refused`` said 400 ``client_gone``."""
     gw: Gateway = stack["gateway"]
     hdrs = "".join(f"{k}: {v}\r\n" for k, v in headers(name="answer").items()).encode()
-    with socket.create_connection(("127.0.0.1", _port(gw))) as sock:
-        sock.sendall(b"POST /mcp/evil HTTP/1.1\r\nHost: gw\r\n" + hdrs
-                     + b"Transfer-Encoding: chunked\r\n\r\n10\r\n" + b'{"jsonrpc":"2.0"\r\n')
-        _gateway_read_all(_port(gw), sock)
-        sock.sendall(b"2000000\r\n")
-        head = _read_head(sock)
-        assert head.startswith(b"HTTP/1.1 413 "), head
-    wait_until(lambda: len(_committed(gw.db, "mcp.refused")) == 1, 10, "mcp.refused")
-    [refused] = _committed(gw.db, "mcp.refused")
+    refused = _refused_midway(
+        gw, b"POST /mcp/evil HTTP/1.1\r\nHost: gw\r\n" + hdrs
+        + b"Transfer-Encoding: chunked\r\n\r\n10\r\n" + b'{"jsonrpc":"2.0"\r\n', "mcp.refused")
     assert (refused["status"], refused["reason"]) == (413, "request_too_large"), refused
     assert refused["key_id"] == "k-agent" and refused["bytes_out"] > 0
     assert "outcome" not in refused
