@@ -51,7 +51,7 @@ def test_ci_lane_runs_everything_serially_and_lists_the_slowest() -> None:
 
 def test_fast_lane_uses_xdist_and_leaves_out_slow_tests() -> None:
     argv = _options(_recipe("test-fast"))
-    assert argv[argv.index("-n") + 1] == "2" and argv[argv.index("-m") + 1] == "not slow"
+    assert argv[argv.index("-n") + 1] == "3" and argv[argv.index("-m") + 1] == "not slow"
     dev = tomllib.loads((ROOT / "pyproject.toml").read_text())["dependency-groups"]["dev"]
     assert any(re.fullmatch(r"pytest-xdist>=3\.8,<3\.9", d) for d in dev), dev
 
