@@ -119,7 +119,7 @@ test: install tools
 # The developer lane: three workers (pytest-xdist; a module's tests stay on one worker), the
 # tests marked slow left out, the 25 slowest listed. Not what CI runs: run make test before a
 # merge. Three on two cores: most tests wait on the processes they start (gateway, simulator,
-# CLIs), so two workers kept the cores ~70% busy (12 min 11 s of user CPU in a 10 min 6 s run);
+# CLIs), so two workers kept the cores ~70% busy (12 min 54 s of user CPU in a 10 min 6 s run);
 # with three the same tests took 7 min 52 s, none failed.
 # Measured times and machine load: README "The two commands".
 # Bytecode is written, under .cache/pycache (never beside the sources), even when the shell sets
