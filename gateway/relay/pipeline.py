@@ -213,11 +213,8 @@ def _gone_or_refused(record: RequestRecord, refused: tuple[int, str, int] | None
     server's :data:`REFUSED_EXTENSION`) the server answered it itself (413, 408)."""
     if refused is None:
         record.ended("client_disconnect")
-        return
-    status, code, _ = refused
-    exc = GatewayError("refused by the HTTP server", code=code)
-    exc.status = status
-    record.failed(_outcome_for(exc), code)
+    else:  # a 4xx of the client's making (its status reaches the record through delivered())
+        record.failed("invalid", refused[1])
 
 
 def _response_start(
