@@ -40,6 +40,7 @@ __all__ = [
     "Scope",
     "Send",
     "amend_undelivered",
+    "answered_before_leaving",
     "delivered",
     "escaped_api_path",
     "framing_refusal",
@@ -130,6 +131,10 @@ _EVENT = b"event:"
 _END_LINE = re.compile(
     rb"[\r\n](?:data: ?\[DONE\]|event: ?response\.(?:completed|failed|incomplete)[\r\n])")
 _END_TAIL = len(b"\nevent: response.incomplete\n") - 1  # bytes kept: a line split across chunks
+# The bytes a stream's body ends with once its ``data: [DONE]`` event went out whole (the
+# blank line that dispatches it included): where the openai SDKs close the response.
+_DONE_EVENT_END = re.compile(rb"[\r\n]data: ?\[DONE\][^\r\n]*(?:\r\n|\r|\n)(?:\r\n|\r|\n)\Z")
+_DONE_EVENT_TAIL = 40  # bytes enough for that end (``\ndata: [DONE]\r\n\r\n`` is 18)
 
 
 class Stamped(Protocol):
@@ -258,9 +263,9 @@ class Responder:
     """
 
     __slots__ = (
-        "_after_end", "_held", "_holding", "_named", "_on_start", "_open_writer", "_pending",
-        "_send", "_sse", "_tail", "_write_chunk", "_write_now", "_write_response", "bytes_out",
-        "request_id", "started", "status", "tap",
+        "_after_end", "_held", "_holding", "_last", "_named", "_on_start", "_open_writer",
+        "_pending", "_prev", "_send", "_sse", "_tail", "_write_chunk", "_write_now",
+        "_write_response", "bytes_out", "request_id", "started", "status", "tap",
     )
 
     def __init__(
@@ -296,6 +301,8 @@ class Responder:
         self._tail = b"\n"
         self._named: bool | None = None  # the stream's events have event lines (first bytes)
         self._pending: list[bytes] = []  # what the sink could not write (see flush)
+        # The last two body chunks given to send (see stream_ended): a line split across them.
+        self._prev = self._last = b"\n"
 
     async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
         """Send the status line and headers (``x-request-id`` is added)."""
@@ -356,8 +363,10 @@ class Responder:
         if self._holding and more:
             self._hold_more(len(data))
         self.bytes_out += len(data)
-        if self.tap is not None and data:
-            self.tap(data)
+        if data:
+            self._prev, self._last = self._last, data
+            if self.tap is not None:
+                self.tap(data)
         held = self._held
         ending = held is not None and self._sse and self._ends_stream(data)
         if more and data and (held is None or (self._sse and not self._holding and not ending)):
@@ -421,6 +430,7 @@ class Responder:
             if self._holding:
                 self._hold_more(len(data))
             self.bytes_out += len(data)
+            self._prev, self._last = self._last, data
             if self.tap is not None:
                 self.tap(data)
             held = self._held
@@ -448,6 +458,17 @@ class Responder:
         if self._after_end > MAX_HELD_AFTER_END:
             raise HeldEndTooLong(
                 f"more than {MAX_HELD_AFTER_END} bytes after the end of the stream")
+
+    def stream_ended(self) -> bool:
+        """Whether the body given to send so far ends with a whole ``data: [DONE]`` event (its
+        dispatching blank line included) and nothing of it waits here (held for
+        :meth:`release`, or kept by the sink for :meth:`flush`): all of an OpenAI-style stream
+        a client waits for. The openai SDKs close the response at that event, before the
+        chunked body's last chunk (openai-python 3.x ``Stream.__stream__``)."""
+        if self._holding or self._pending:
+            return False
+        return _DONE_EVENT_END.search(
+            (self._prev[-_DONE_EVENT_TAIL:] + self._last)[-_DONE_EVENT_TAIL:]) is not None
 
     @property
     def pending(self) -> bool:
@@ -640,13 +661,27 @@ def lost_now(extensions: Mapping[str, Any]) -> int | None:
     return lost_of()() if lost_of is not None else None
 
 
+def answered_before_leaving(out: Responder, extensions: Mapping[str, Any]) -> bool:
+    """Whether a client that left mid-forward had the whole answer: the body handed to its
+    connection (all of it, under a server offering ``LOST_EXTENSION``; under another ASGI
+    server what ``out`` sent) ends its SSE stream (:meth:`Responder.stream_ended`). The openai
+    SDKs close the connection there, before the replica's end of the body reaches the gateway.
+    """
+    if not out.stream_ended():
+        return False
+    gone = lost_now(extensions)
+    return gone is None or gone >= out.bytes_out
+
+
 def delivered(record: RequestRecord, out: Responder,
               extensions: Mapping[str, Any]) -> tuple[int, int]:
     """The status and the body bytes the final record states.
 
     Args:
         record: The request; its outcome becomes ``client_disconnect`` when the client is
-            gone and it was ``ok`` (or still ``pending``); another failure is kept.
+            gone and it was ``ok`` (or still ``pending``), unless the whole body reached its
+            connection and ended the stream (:func:`answered_before_leaving`); another
+            failure is kept.
         out: The responder (its status and the bytes it sent or holds for the end).
         extensions: The request's ``scope["extensions"]``.
 
@@ -660,8 +695,8 @@ def delivered(record: RequestRecord, out: Responder,
     if refused is not None:
         return refused[0], refused[2]
     gone = lost_now(extensions)
-    if gone is None:
-        return out.status, out.bytes_out
+    if gone is None or (gone >= out.bytes_out and out.stream_ended()):
+        return out.status, out.bytes_out  # reachable, or all of it reached the connection
     if record.outcome in ("ok", "pending"):
         record.ended("client_disconnect")
     return out.status, min(gone, out.bytes_out)

@@ -56,6 +56,7 @@ from gateway.h1.asgi_io import (
     Scope,
     Send,
     amend_undelivered,
+    answered_before_leaving,
     delivered,
     escaped_api_path,
     framing_refusal,
@@ -520,7 +521,9 @@ async def _forward_stage(f: Flight) -> None:
         if not watch.fired or task is None:
             raise
         task.uncancel()
-        exchange.record.ended("client_disconnect")
+        # An SDK that closes at [DONE] leaves before the replica's end of the body: answered.
+        exchange.record.ended("ok" if answered_before_leaving(f.out, extensions)
+                              else "client_disconnect")
     finally:
         watch.finish()
     if f.response_scan is not None:
