@@ -860,7 +860,11 @@ class ServerProtocol(asyncio.Protocol):
             self._read_paused = False
             transport.resume_reading()
         if transport.can_write_eof():
-            transport.write_eof()
+            try:
+                transport.write_eof()
+            except OSError:  # the client reset the connection (ENOTCONN): it is gone
+                transport.abort()
+                return
             self._arm(self.limits.linger_s, transport.abort)
         else:
             transport.close()

@@ -11,7 +11,9 @@ response" (seen in CI on the MCP refusal test).
 
 from __future__ import annotations
 
+import logging
 import socket
+import struct
 import time
 from collections.abc import Iterator
 
@@ -148,3 +150,31 @@ def test_connections_dropping_a_body_rest_make_room_under_the_connection_cap(
     finally:
         for sock in holders:
             sock.close()
+
+
+def test_a_client_reset_while_the_early_answer_lingers_is_quiet(
+    servers: Servers, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Tester's F2: a keyless request with ``Connection: close`` and a body still to come is
+    answered at once and lingers (write side shut); a client that reads a byte of the answer
+    and resets made ``write_eof`` raise ENOTCONN out of the app's ``send``: an ERROR and two
+    chained tracebacks per request, anyone's to cause. A reset is a client gone, nothing more."""
+    srv = servers.start(settings([Sim("http://127.0.0.1:9").url]))
+    port, url = srv.port, srv.url
+    caplog.set_level("ERROR")
+    for i in range(90):
+        s = socket.create_connection(("127.0.0.1", port))
+        s.settimeout(2)
+        path = (b"/v1/chat/completions", b"/nope", b"/v1/models")[i % 3]
+        s.sendall(b"POST " + path + b" HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n"
+                  b"Content-Type: application/json\r\nContent-Length: 100000\r\n\r\n{")
+        try:
+            s.recv(1)
+        except OSError:
+            pass
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        s.close()  # a reset
+    time.sleep(0.3)
+    assert httpx.get(url + "/healthz", timeout=5).status_code == 200
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert errors == []
