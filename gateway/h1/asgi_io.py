@@ -26,6 +26,7 @@ __all__ = [
     "BODY_CHUNK_EXTENSION",
     "CHUNK_WRITER_EXTENSION",
     "DISCONNECT_EXTENSION",
+    "LEFT_IN_ORDER_EXTENSION",
     "LOST_EXTENSION",
     "MAX_HELD_AFTER_END",
     "REFUSED_EXTENSION",
@@ -79,6 +80,14 @@ number of response body bytes the server had handed to the connection (what the 
 have received at most; later ``send`` calls are dropped). The relay and the MCP endpoint ask it
 before they build a response's final audit record, and again after its durable wait: a
 record never counts bytes that went nowhere (docs/audit.md "Durability")."""
+
+LEFT_IN_ORDER_EXTENSION = "sovereign_gateway.left_in_order"
+"""ASGI scope extension set by the gateway's own server (``gateway.h1.server``):
+``left_of() -> left`` binds ``left`` to the request in progress; ``left() -> bool`` is ``True``
+once the client closed its connection in order (a FIN: asyncio first flushes what the server
+wrote), ``False`` while it is there or when it was lost to a reset (a client closing with bytes
+of ours unread in its socket resets the connection: it did not read the whole answer).
+:func:`answered_before_leaving` asks it."""
 
 REFUSED_EXTENSION = "sovereign_gateway.refused"
 """ASGI scope extension set by the gateway's own server (``gateway.h1.server``):
@@ -664,13 +673,18 @@ def lost_now(extensions: Mapping[str, Any]) -> int | None:
 def answered_before_leaving(out: Responder, extensions: Mapping[str, Any]) -> bool:
     """Whether a client that left mid-forward had the whole answer: the body handed to its
     connection (all of it, under a server offering ``LOST_EXTENSION``; under another ASGI
-    server what ``out`` sent) ends its SSE stream (:meth:`Responder.stream_ended`). The openai
-    SDKs close the connection there, before the replica's end of the body reaches the gateway.
+    server what ``out`` sent) ends its SSE stream (:meth:`Responder.stream_ended`), and (under
+    such a server) the client closed in order (``LEFT_IN_ORDER_EXTENSION``), not with a reset,
+    which a client closing with the answer unread sends. The openai SDKs close the connection
+    at ``[DONE]``, before the replica's end of the body reaches the gateway.
     """
     if not out.stream_ended():
         return False
     gone = lost_now(extensions)
-    return gone is None or gone >= out.bytes_out
+    if gone is None:
+        return True
+    left_of = extensions.get(LEFT_IN_ORDER_EXTENSION)
+    return gone >= out.bytes_out and left_of is not None and left_of()()
 
 
 def delivered(record: RequestRecord, out: Responder,
@@ -695,8 +709,8 @@ def delivered(record: RequestRecord, out: Responder,
     if refused is not None:
         return refused[0], refused[2]
     gone = lost_now(extensions)
-    if gone is None or (gone >= out.bytes_out and out.stream_ended()):
-        return out.status, out.bytes_out  # reachable, or all of it reached the connection
+    if gone is None or answered_before_leaving(out, extensions):
+        return out.status, out.bytes_out  # reachable, or all of it reached the client
     if record.outcome in ("ok", "pending"):
         record.ended("client_disconnect")
     return out.status, min(gone, out.bytes_out)

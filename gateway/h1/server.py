@@ -61,6 +61,7 @@ from gateway.h1.asgi_io import (
     BODY_CHUNK_EXTENSION,
     CHUNK_WRITER_EXTENSION,
     DISCONNECT_EXTENSION,
+    LEFT_IN_ORDER_EXTENSION,
     LOST_EXTENSION,
     REFUSED_EXTENSION,
     WHOLE_BODY_EXTENSION,
@@ -201,13 +202,18 @@ def _not_lost() -> None:
     return None
 
 
+def _not_left() -> bool:
+    """:meth:`_Cycle.left_in_order` when no request is in progress."""
+    return False
+
+
 class _Cycle:
     """One request and its response."""
 
     __slots__ = ("body", "body_deadline", "body_size", "chunked", "closing", "continue_due",
                  "disconnected", "head_only", "held", "keep_alive", "left", "more_body",
-                 "refused", "response_complete", "response_started", "scope", "sent", "taken",
-                 "waiter", "watch")
+                 "refused", "reset", "response_complete", "response_started", "scope", "sent",
+                 "taken", "waiter", "watch")
 
     def __init__(self, scope: dict[str, Any], head: RequestHead) -> None:
         self.scope = scope
@@ -227,6 +233,7 @@ class _Cycle:
         self.left = 0  # Content-Length bytes still to send
         self.held = b""  # the response head, waiting for the first body bytes
         self.sent = 0  # response body bytes handed to the connection (the app's, not framing)
+        self.reset = False  # the connection was lost to an error (a reset), not closed in order
         self.refused: Refusal | None = None  # the server's own answer (the app's is dropped)
         self.waiter: asyncio.Future[None] | None = None
         self.watch: Callable[[], None] | None = None
@@ -238,6 +245,13 @@ class _Cycle:
         if not self.disconnected or self.response_complete or self.refused is not None:
             return None
         return self.sent
+
+    def left_in_order(self) -> bool:
+        """Whether the client closed its connection in order (a FIN after reading what it
+        wanted; asyncio flushes what the server wrote before it reports such a close) rather
+        than losing it to an error: a reset, as a client closing with bytes of ours unread in
+        its socket sends, or an abort. ``False`` while the connection is there."""
+        return self.disconnected and not self.reset and self.refused is None
 
     def wake(self) -> None:
         waiter = self.waiter
@@ -331,6 +345,7 @@ class ServerProtocol(asyncio.Protocol):
         cycle = self.cycle
         if cycle is not None:
             cycle.disconnected = True
+            cycle.reset = exc is not None
             cycle.wake()
             watch, cycle.watch = cycle.watch, None
             if watch is not None and not cycle.response_complete:
@@ -589,6 +604,7 @@ class ServerProtocol(asyncio.Protocol):
                 CHUNK_WRITER_EXTENSION: self._open_chunk_writer,
                 DISCONNECT_EXTENSION: self._watch_disconnect,
                 LOST_EXTENSION: self._lost_of,
+                LEFT_IN_ORDER_EXTENSION: self._left_in_order_of,
                 REFUSED_EXTENSION: self._refused,
                 WHOLE_BODY_EXTENSION: self._take_whole_body,
             }
@@ -983,6 +999,12 @@ class ServerProtocol(asyncio.Protocol):
         progress (bound to it: a later pipelined request does not answer for it)."""
         cycle = self.cycle
         return cycle.lost if cycle is not None else _not_lost
+
+    def _left_in_order_of(self) -> Callable[[], bool]:
+        """:data:`gateway.h1.asgi_io.LEFT_IN_ORDER_EXTENSION`: :meth:`_Cycle.left_in_order` of
+        the request in progress (bound to it, as :meth:`_lost_of`)."""
+        cycle = self.cycle
+        return cycle.left_in_order if cycle is not None else _not_left
 
     def _refused(self) -> tuple[int, str, int] | None:
         """:data:`gateway.h1.asgi_io.REFUSED_EXTENSION`: the server's own answer to the

@@ -17,6 +17,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import socket
+import struct
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -52,17 +54,18 @@ async def _pause(receive: Any, seconds: float) -> None:
 
 
 async def _slow_end_replica(scope: dict[str, Any], receive: Any, send: Any) -> None:
-    """A chat replica whose stream's body ends ``END_GAP_S`` after ``data: [DONE]`` (a
-    ``stall`` request, ``"max_tokens": 99``, stops after its first event and never ends)."""
+    """A chat replica whose stream's body ends ``END_GAP_S`` after ``data: [DONE]``; it sends
+    ``max_tokens`` events (:data:`TOKENS` without), and with ``"max_tokens": 99`` stops after
+    its first event and never ends."""
     if scope["type"] != "http":
         return
     body, _ = await take_request_body(receive)
-    req = json.loads(body)
+    req = json.loads(body)  # max_tokens: events to send (TOKENS by default)
     await send({"type": "http.response.start", "status": 200,
                 "headers": [(b"content-type", b"text/event-stream")]})
     base = {"id": "c1", "object": "chat.completion.chunk", "created": 1,
             "model": req["model"]}
-    for i in range(TOKENS):
+    for i in range(req.get("max_tokens") or TOKENS):
         delta = {"index": 0, "delta": {"content": f"t{i}"}, "finish_reason": None}
         await send({"type": "http.response.body", "more_body": True,
                     "body": _event({**base, "choices": [delta]})})
@@ -183,3 +186,33 @@ def test_the_stream_ends_only_with_the_whole_done_event() -> None:
         assert not asyncio.run(run([body.rstrip(b"\r\n") + end[-1:]])), end  # one line end
         assert not asyncio.run(run([body], room=False)), end  # kept for flush: not out
     assert not asyncio.run(run([text]))
+
+
+def test_a_client_that_reset_with_the_stream_unread_is_not_answered(
+    serve_asgi: Callable[..., Any],
+) -> None:
+    """Tester's F1: a client that never reads and resets after the whole stream, ``[DONE]``
+    included, was handed to its connection did not get the answer (a reset discards what its
+    socket holds): ``client_disconnect``, under the gateway's own server, which tells a reset
+    from a close in order. The replica sends ~30 KB of events at once into a 4 KB receive
+    window."""
+    replica = serve_asgi(_slow_end_replica).url
+    s = settings([replica])
+    tel = Telemetry(TelemetrySettings(admin={"port": 0}), span_exporter=InMemorySpanExporter())
+    srv = GuardedServer(s, app=create_app(s, assemble(s, telemetry=tel))).start()
+    try:
+        payload = json.dumps({"model": "llama-3.1-8b", "stream": True, "max_tokens": 200,
+                              "messages": [{"role": "user", "content": "hi"}]}).encode()
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect(("127.0.0.1", srv.port))
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\n"
+                     b"Authorization: Bearer " + KEY_A.encode() + b"\r\n"
+                     b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+                     % len(payload) + payload)
+        time.sleep(END_GAP_S / 2)  # the replica sent [DONE]; its end is still to come
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        sock.close()  # a reset: nothing was read
+        assert _wait_outcomes(tel.admin.port, 1) == {("200", "client_disconnect"): 1}
+    finally:
+        srv.stop()
