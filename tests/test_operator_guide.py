@@ -49,26 +49,35 @@ def test_the_guide_says_how_to_install_what_it_uses() -> None:
     assert text.index("in `model/`") < text.index("weights plan model/config.json")
 
 
-@pytest.fixture(scope="module")
-def guide_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+def _run_guide(tmp_path: Path, edits: dict[str, str] | None = None) -> tuple[Path, str]:
     """Every ``sh`` block, in order, in one ``bash -euo pipefail`` run: the site directory and
-    standard output."""
+    standard output. ``edits`` maps a line of shell to the first block containing a string
+    it is run just before (what the reader types between two blocks, such as an edit)."""
     helm = ROOT / ".tools" / "bin" / "helm"
     if not helm.is_file():
         pytest.fail(".tools/bin/helm is missing: run `make tools` (CI does)")
-    tmp_path = tmp_path_factory.mktemp("guide")
     site = tmp_path / "sg-site"
     (site / "model").mkdir(parents=True)
     shutil.copy(ROOT / "tests" / "weights" / "configs" / "llama-3.1-8b.json",
                 site / "model" / "config.json")
     (site / "model" / "model.safetensors").write_bytes(os.urandom(200_000))
-    script = "set -euo pipefail\n" + "\n".join(_blocks("sh"))
+    blocks = _blocks("sh")
+    for line, before in (edits or {}).items():
+        at = next(i for i, block in enumerate(blocks) if before in block)
+        blocks.insert(at, line + "\n")
+    script = "set -euo pipefail\n" + "\n".join(blocks)
     env = {**os.environ, "HOME": str(tmp_path), "PYTHONPATH": str(ROOT)}
     env.pop("SG", None)
     run = subprocess.run(["bash", "-c", script], cwd=ROOT, env=env, capture_output=True,
                          text=True, timeout=600, check=False)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     return site, run.stdout
+
+
+@pytest.fixture(scope="module")
+def guide_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """The guide run as printed: the site directory and standard output."""
+    return _run_guide(tmp_path_factory.mktemp("guide"))
 
 
 def test_the_guide_runs_as_printed(guide_run: tuple[Path, str]) -> None:
@@ -80,10 +89,25 @@ def test_the_guide_runs_as_printed(guide_run: tuple[Path, str]) -> None:
     assert not list(ROOT.glob("*.key")) and not (ROOT / "bundle").exists()
 
 
+def test_a_replica_address_is_changed_in_one_file(tmp_path: Path) -> None:
+    """The reader points ``vllm-eu-1`` at their own server by editing the policy, as step 7
+    says, the one file where the address is written: the rendered config and the gateway's
+    egress NetworkPolicy both carry the new address, and the pre-flight passes. The guide
+    rendered the chart from the checkout's example policy (nothing to edit) and the example
+    values' copy of its addresses: an edited copy left the NetworkPolicy on 10.0.0.11 and
+    the pre-flight failed ``k8s.default-deny``."""
+    edit = "sed -i 's#http://10.0.0.11:8000#http://10.0.0.99:8000#' policy.yaml"
+    site, stdout = _run_guide(tmp_path, {edit: 'helm" template'})
+    manifests = (site / "manifests.yaml").read_text()
+    assert "http://10.0.0.99:8000" in manifests and "10.0.0.99/32" in manifests
+    assert "10.0.0.11" not in manifests
+    assert re.search(r"PASS +k8s\.default-deny", stdout), stdout[-3000:]
+
+
 def test_the_install_and_audit_steps_use_only_what_the_guide_made(
         guide_run: tuple[Path, str]) -> None:
     """A newcomer types the ``console`` blocks on the same machine: every local file they name
-    (``--from-file``, ``--set-file``, ``--config``, ``--public-key``) was made by an earlier
+    (``--from-file``, ``--set-file``, ``--config``, ``--public-key``, ``-f``) was made by an earlier
     ``sh`` block; every Secret the example values name is created before ``helm install``;
     the install mounts the audit public key that NOTES' verify command reads; and ``helm`` and
     ``kubectl`` are on the ``PATH`` the guide sets."""
@@ -91,8 +115,9 @@ def test_the_install_and_audit_steps_use_only_what_the_guide_made(
     text = GUIDE.read_text()
     consoles = "\n".join(_blocks("console"))
     named = re.findall(r"--from-file=[\w.-]+=(\S+)|--set-file [\w.]+=(\S+)"
-                       r"|--config (\S+)|--public-key (\S+)", consoles)
-    local = [f for group in named for f in group if f and not f.startswith(("$", "/", '"'))]
+                       r"|--config (\S+)|--public-key (\S+)|-f (\S+)", consoles)
+    local = [f for group in named for f in group
+             if f and f != "-" and not f.startswith(("$", "/", '"'))]
     assert local, "the console blocks name no local file"
     missing = [f for f in local if not (site / f).exists()]
     assert not missing, f"named by a console block, made by no sh block: {missing}"
