@@ -86,6 +86,14 @@ def test_keys_new_prints_key_once_and_config_line(capsys: pytest.CaptureFixture[
     assert data["key"] != key.group(1) and data["models"] == ["*"]
 
 
+def test_keys_new_help_says_no_model_means_every_model(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Without ``--model`` the key may use every model (``models: ['*']``, above); the help
+    said only "Allowed model (repeatable)", so a reader could not tell it from no model."""
+    assert main(["keys", "new", "--help"]) == 0
+    assert "every model" in " ".join(capsys.readouterr().out.split())
+
+
 def test_serve_invalid_config_fails_at_start(tmp_path: Path) -> None:
     cfg = config(["http://127.0.0.1:1"])
     cfg["timeouts"]["idle_s"] = -1
