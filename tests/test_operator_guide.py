@@ -130,6 +130,23 @@ def test_the_install_and_audit_steps_use_only_what_the_guide_made(
     assert re.search(r'export PATH="[^"]*\$SG/\.tools/bin', setup), setup
 
 
+def test_vllm_is_started_with_the_plans_arguments(guide_run: tuple[Path, str]) -> None:
+    """Step 6 said ``plan.txt`` has the arguments but printed ``--tensor-parallel-size 1``
+    while the plan of step 1 (8 B model, eight H100) says 8. The ``vllm serve`` line takes the
+    plan's ``What to run`` arguments: its substitution, run on the plan the guide made, gives
+    them all."""
+    site, _ = guide_run
+    step = next(b for b in _blocks("console") if "vllm serve" in b)
+    assert "--tensor-parallel-size" not in step, "hard-coded, not the plan's"
+    substitution = re.search(r"\$\((sed [^)]*plan\.txt)\)", step)
+    assert substitution, step
+    args = subprocess.run(["bash", "-c", substitution.group(1)], cwd=site, capture_output=True,
+                          text=True, timeout=60, check=True).stdout.split()
+    planned = (site / "plan.txt").read_text().split("What to run: vllm serve MODEL ")[1]
+    assert args == planned.split("\n")[0].split()
+    assert args[:2] == ["--tensor-parallel-size", "8"], args
+
+
 def test_the_vllm_key_is_written_private(guide_run: tuple[Path, str]) -> None:
     """Step 5 wrote the vLLM credential with ``> vllm-key``: mode 0644, readable by every user
     of the machine. Written under ``umask 077`` it is 0600, as ``keygen`` writes its keys."""
