@@ -147,6 +147,30 @@ def test_vllm_is_started_with_the_plans_arguments(guide_run: tuple[Path, str]) -
     assert args[:2] == ["--tensor-parallel-size", "8"], args
 
 
+def test_a_replaced_keys_secret_reaches_the_pods(guide_run: tuple[Path, str]) -> None:
+    """Step 8 replaced the keys Secret and said the pods "reload or roll": with the example
+    values (``gateway.reload.mode`` rollout, the chart's default) they do neither, since the
+    checksum annotations cover only what helm renders, and the gateway does not watch its
+    files. The step restarts the Deployment that the guide's own render names."""
+    site, _ = guide_run
+    chart = yaml.safe_load((ROOT / "helm" / "sovereign-gateway" / "values.yaml").read_text())
+    example = yaml.safe_load((ROOT / "examples" / "values-own-dc.yaml").read_text())
+    mode = {**chart["gateway"]["reload"],
+            **((example.get("gateway") or {}).get("reload") or {})}["mode"]
+    step = next(b for b in _blocks("console") if "kubectl apply" in b and "sg-api-keys" in b)
+    if mode == "live":
+        return
+    restart = re.search(r"kubectl -n (\S+) rollout restart deployment/(\S+)", step)
+    assert restart, step
+    assert step.index("kubectl apply") < restart.start()
+    deployments = [d["metadata"]["name"] for d in
+                   yaml.safe_load_all((site / "manifests.yaml").read_text())
+                   if d and d.get("kind") == "Deployment"]
+    assert restart.group(2) in deployments, deployments
+    install = next(b for b in _blocks("console") if "helm install" in b)
+    assert f"-n {restart.group(1)}" in install
+
+
 def test_the_vllm_key_is_written_private(guide_run: tuple[Path, str]) -> None:
     """Step 5 wrote the vLLM credential with ``> vllm-key``: mode 0644, readable by every user
     of the machine. Written under ``umask 077`` it is 0600, as ``keygen`` writes its keys."""
