@@ -9,6 +9,7 @@ the audit log of a running gateway) are the guide's own statement of what this d
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import shutil
@@ -17,6 +18,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+
+from gateway.audit import AuditLog, load_signer, open_store
 
 ROOT = Path(__file__).resolve().parents[1]
 GUIDE = ROOT / "docs" / "operator-guide.md"
@@ -169,6 +172,36 @@ def test_a_replaced_keys_secret_reaches_the_pods(guide_run: tuple[Path, str]) ->
     assert restart.group(2) in deployments, deployments
     install = next(b for b in _blocks("console") if "helm install" in b)
     assert f"-n {restart.group(1)}" in install
+
+
+def test_the_independent_audit_check_runs_off_the_cluster(guide_run: tuple[Path, str],
+                                                           tmp_path: Path) -> None:
+    """Step 9's check off the cluster: ``gateway audit export --format ai-act`` (what the pod
+    runs; here on a log signed with the key of step 5, the ``kubectl exec`` prefix left out)
+    and ``gateway audit verify-export`` as printed in the site directory. It said only "copy
+    the exported checkpoints out and verify them", with no command that does it."""
+    site, _ = guide_run
+    db = tmp_path / "audit.db"
+
+    async def write_log() -> None:
+        log = AuditLog(open_store(f"sqlite:///{db}"), load_signer(site / "audit-signing.key"),
+                       replica_id="gw-0")
+        await log.start()
+        await log.append({"type": "request.started", "request_id": "r1", "model": "m"})
+        await log.close()
+
+    asyncio.run(write_log())
+    step = next(b for b in _blocks("console") if "verify-export" in b)
+    export, verify = (" ".join(c.split()) for c in step.replace("\\\n", " ").splitlines())
+    export = export.split(" -- ", 1)[1].replace(
+        "sqlite:///var/lib/sovereign-gateway/audit/audit.db", f"sqlite:///{db}")
+    env = {**os.environ, "PYTHONPATH": str(ROOT),
+           "PATH": f"{ROOT / '.venv' / 'bin'}:{os.environ['PATH']}"}
+    for command in (export, verify):
+        run = subprocess.run(["bash", "-euo", "pipefail", "-c", command], cwd=site, env=env,
+                             capture_output=True, text=True, timeout=120, check=False)
+        assert run.returncode == 0, (command, run.stdout, run.stderr)
+    assert run.stdout.startswith("OK: "), run.stdout
 
 
 def test_the_vllm_key_is_written_private(guide_run: tuple[Path, str]) -> None:
