@@ -94,6 +94,16 @@ def test_keys_new_help_says_no_model_means_every_model(
     assert "every model" in " ".join(capsys.readouterr().out.split())
 
 
+def test_audit_verify_help_says_what_ok_means_without_a_key(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """``gateway audit verify --store URL`` without a key prints OK (with the warning
+    signatures_not_checked); its help spoke only of checkpoints "signed by a trusted key",
+    so a reader took that OK for a signature check."""
+    assert main(["audit", "verify", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "no signature is checked" in text and "signatures_not_checked" in text, text
+
+
 def test_serve_invalid_config_fails_at_start(tmp_path: Path) -> None:
     cfg = config(["http://127.0.0.1:1"])
     cfg["timeouts"]["idle_s"] = -1
