@@ -1,4 +1,5 @@
-"""The README's table of command-line tools names every command the CLIs have, and no other.
+"""The README's table of command-line tools names every command the CLIs have, and no other;
+its package table names every sub-package of the gateway.
 
 A newcomer reads the table to learn what exists: ``weights keygen`` (the key ``weights sign``
 takes) and ``gateway audit verify-export`` (the check of an AI Act export) were missing from it.
@@ -43,3 +44,12 @@ def _cli_names(prog: str, group: str | None) -> set[str]:
 @pytest.mark.parametrize(("prog", "group"), GROUPS, ids=[" ".join(filter(None, g)) for g in GROUPS])
 def test_the_readme_names_every_command(prog: str, group: str | None) -> None:
     assert _table_names(prog, group) == _cli_names(prog, group)
+
+
+def test_the_readme_names_every_gateway_subpackage() -> None:
+    """The README's package table listed eight of the gateway's sub-packages; ``mcp``,
+    ``flow``, ``h1``, ``relay``, ``serving``, ``config``, ``pii`` and ``cli`` were missing."""
+    row = next(line for line in (ROOT / "README.md").read_text().splitlines()
+               if line.startswith("| `gateway/` |"))
+    packages = sorted(p.parent.name for p in (ROOT / "gateway").glob("*/__init__.py"))
+    assert [p for p in packages if f"`gateway/{p}/`" not in row] == []
