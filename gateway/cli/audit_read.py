@@ -42,8 +42,10 @@ def _line(rec: Record, as_json: bool) -> str:
         return rec.body.decode("utf-8")
     data = rec.decoded()["data"]
     when = datetime.fromtimestamp(rec.ts_us / 1e6, UTC).isoformat(timespec="milliseconds")
-    keys = ("request_id", "key_id", "model", "destination", "decision", "status", "outcome")
-    # model (and, for /v1/models/{id}, path) are what a client sent: never raw on a terminal.
+    keys = ("request_id", "key_id", "model", "server", "mcp_method", "tool", "destination",
+            "decision", "status", "outcome")
+    # model, tool (and, for /v1/models/{id}, path) are what a client sent: never raw on a
+    # terminal.
     fields = " ".join(f"{k}={shown(data[k])}" for k in keys if k in data)
     # chain and type are columns anyone who can write to the store controls.
     return f"{when} {shown(rec.chain)}#{rec.seq} {shown(rec.type)} {fields}".rstrip()
