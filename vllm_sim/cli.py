@@ -52,7 +52,8 @@ def serve(
     host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port to bind.")] = 8001,
     model: Annotated[
-        list[str] | None, typer.Option("--model", help="Served model name (repeatable).")
+        list[str] | None, typer.Option(
+            "--model", help="Served model name (repeatable). None given: sim-model.")
     ] = None,
     ttft_ms: Annotated[float, typer.Option(help="Time to first token, milliseconds.")] = 0.0,
     itl_ms: Annotated[float, typer.Option(help="Inter-token latency, milliseconds.")] = 0.0,

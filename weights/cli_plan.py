@@ -88,7 +88,15 @@ def _model_inputs(
 ) -> tuple[dict[str, Any], ParamCount | None, str | None, str | None]:
     """(config, parameter counts, repo id, pinned commit) from the TARGET given."""
     if lock is not None:
-        entry = Lockfile.load(lock).entry(target)
+        lockfile = Lockfile.load(lock)
+        if lockfile.get(target) is None and Path(target).exists():
+            names = ", ".join(e.repo_id for e in lockfile.entries) or "no model"
+            directory = Path(target).parent if Path(target).is_file() else Path(target)
+            raise SizingError(
+                f"{target}: with --lock, TARGET is a repo id pinned in {lock} "
+                f"(it pins {names}), not a path",
+                hint=f"weights plan REPO_ID --lock {lock} --from {directory}")
+        entry = lockfile.entry(target)
         if source is not None:
             from weights.cache import resolve_model_dir
 

@@ -117,6 +117,10 @@ def verify(
     With --config and no --public-key, signatures are checked with the public key of the
     config's audit.signing_key_file (KEY.pub next to it); a missing one is an error, not a
     silent "signatures unchecked".
+
+    With --store and neither --public-key nor --config, no key is trusted and no signature
+    is checked: OK then means the log is consistent with itself, not that your key signed
+    it (warning signatures_not_checked).
     """
     url = store_url(ctx, store, config)
     settings = audit_settings(ctx, config)

@@ -16,7 +16,7 @@ from typing import Annotated, Any
 
 import typer
 
-from clishell import CliError, ConfigOpt, atomic_file, shown, write_atomic
+from clishell import CliError, ConfigOpt, Interrupted, atomic_file, shown, write_atomic
 from gateway.audit import AuditConfigError, AuditError, export_records, open_store, tail_records
 from gateway.audit.pseudonym import PREFIX as PSEUDONYM_PREFIX
 from gateway.audit.pseudonym import load_pseudonymizer
@@ -42,8 +42,10 @@ def _line(rec: Record, as_json: bool) -> str:
         return rec.body.decode("utf-8")
     data = rec.decoded()["data"]
     when = datetime.fromtimestamp(rec.ts_us / 1e6, UTC).isoformat(timespec="milliseconds")
-    keys = ("request_id", "key_id", "model", "destination", "decision", "status", "outcome")
-    # model (and, for /v1/models/{id}, path) are what a client sent: never raw on a terminal.
+    keys = ("request_id", "key_id", "model", "server", "mcp_method", "tool", "destination",
+            "decision", "status", "outcome")
+    # model, tool (and, for /v1/models/{id}, path) are what a client sent: never raw on a
+    # terminal.
     fields = " ".join(f"{k}={shown(data[k])}" for k in keys if k in data)
     # chain and type are columns anyone who can write to the store controls.
     return f"{when} {shown(rec.chain)}#{rec.seq} {shown(rec.type)} {fields}".rstrip()
@@ -251,5 +253,12 @@ def tail(
             await st.close()
 
     # Ctrl-C / SIGTERM while following: the boundary's Interrupted (exit 130 / 143), the
-    # store closed on the way out (asyncio.run cancels go(): its finally runs).
-    run_async(ctx, go())
+    # store closed on the way out (asyncio.run cancels go(): its finally runs). The default
+    # error line ("nothing half-written ...; rerun the command to resume") is about commands
+    # that write: tail only reads.
+    try:
+        run_async(ctx, go())
+    except Interrupted as exc:
+        raise Interrupted(exc.signum, f"interrupted by {exc.name}; stopped reading the log "
+                          "(read only: nothing was written)",
+                          hint="a signal is how -f ends; the exit status names it") from None

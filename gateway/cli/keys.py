@@ -35,7 +35,9 @@ def _config_line(entry: KeySettings) -> str:
 def new(
     key_id: Annotated[str, typer.Option("--id", help="Key id (logged; not secret).")],
     model: Annotated[
-        list[str] | None, typer.Option("--model", "-m", help="Allowed model (repeatable).")
+        list[str] | None, typer.Option(
+            "--model", "-m",
+            help="Allowed model (repeatable). None given: every model ('*').")
     ] = None,
     team: Annotated[str | None, typer.Option(help="Team the key belongs to.")] = None,
     data_class: Annotated[

@@ -65,5 +65,6 @@ def serve(
 def _after_drain(stopped_by: int | None) -> None:
     """A drain that SIGINT began ends as an interrupted command (exit 130, one error line)."""
     if stopped_by == signal.SIGINT:
-        raise Interrupted(signal.SIGINT, "interrupted by SIGINT; the gateway drained and "
-                          "stopped", hint="stop it with SIGTERM for a clean stop (exit 0)")
+        raise Interrupted(signal.SIGINT, "interrupted by SIGINT; the gateway stopped (after its "
+                          "drain, or at once on a second signal)",
+                          hint="stop it with SIGTERM for a clean stop (exit 0)")

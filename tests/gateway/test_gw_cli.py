@@ -86,6 +86,24 @@ def test_keys_new_prints_key_once_and_config_line(capsys: pytest.CaptureFixture[
     assert data["key"] != key.group(1) and data["models"] == ["*"]
 
 
+def test_keys_new_help_says_no_model_means_every_model(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Without ``--model`` the key may use every model (``models: ['*']``, above); the help
+    said only "Allowed model (repeatable)", so a reader could not tell it from no model."""
+    assert main(["keys", "new", "--help"]) == 0
+    assert "every model" in " ".join(capsys.readouterr().out.split())
+
+
+def test_audit_verify_help_says_what_ok_means_without_a_key(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """``gateway audit verify --store URL`` without a key prints OK (with the warning
+    signatures_not_checked); its help spoke only of checkpoints "signed by a trusted key",
+    so a reader took that OK for a signature check."""
+    assert main(["audit", "verify", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "no signature is checked" in text and "signatures_not_checked" in text, text
+
+
 def test_serve_invalid_config_fails_at_start(tmp_path: Path) -> None:
     cfg = config(["http://127.0.0.1:1"])
     cfg["timeouts"]["idle_s"] = -1
@@ -131,7 +149,8 @@ def test_serve_runs_and_logs_json_access_lines(tmp_path: Path, sim: Sim) -> None
     # Ctrl-C drains, then exits 130 (never "success"); SIGTERM's drain exits 0.
     assert proc.returncode == 130, stderr[-2000:]
     assert stderr.splitlines()[-1].startswith(
-        "gateway: error [interrupted]: interrupted by SIGINT; the gateway drained")
+        "gateway: error [interrupted]: interrupted by SIGINT; the gateway stopped (after its "
+        "drain, or at once on a second signal)")
     access = [json.loads(line) for line in stderr.splitlines()
               if line.startswith("{") and '"type":"access"' in line]
     assert len(access) == 2  # chat + models; health probes are not logged

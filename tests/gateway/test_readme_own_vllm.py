@@ -7,7 +7,8 @@ config required ``VLLM_KEY`` for a vLLM without a key, the client's ``base_url``
 (``http://gateway:8080``) could not reach the example's 127.0.0.1 listener, the audit keys
 were made in the checkout root and not ignored by git, nothing said how to start or check a
 backend, and each replica URL had to be changed in two files (gateway.yaml and policy.yaml):
-now only policy.yaml is edited.
+now only policy.yaml is edited. The section ended at serving: it now ends by verifying the
+audit log that the request went into.
 """
 
 from __future__ import annotations
@@ -150,3 +151,11 @@ def test_walk_the_section_on_loopback(tmp_path: Path, serve_asgi: Callable[..., 
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=60)
+    # Step 6: the request is in the log, and the signatures were checked (not skipped).
+    verify = gateway(shlex.split(next(c for c in cmds if c.startswith("gateway audit verify")))[1:])
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+    assert "OK: no tampering found" in verify.stdout
+    assert "signatures_not_checked" not in verify.stdout + verify.stderr
+    tail = gateway(shlex.split(next(c for c in cmds if c.startswith("gateway audit tail")))[1:])
+    assert tail.returncode == 0, tail.stderr
+    assert "request.completed" in tail.stdout and "outcome=ok" in tail.stdout, tail.stdout

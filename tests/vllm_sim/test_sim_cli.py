@@ -92,3 +92,13 @@ def test_cli_says_once_where_it_listens_on_stderr() -> None:
         out, err = proc.communicate(timeout=10)
     assert out == b"", out
     assert proc.returncode == 128 + signal.SIGTERM, err
+
+
+def test_help_names_the_default_model() -> None:
+    """Started without ``--model`` the simulator serves ``sim-model``; a gateway replica whose
+    ``served_model_name`` is another name gets a 404 from it. The help did not say so."""
+    out = subprocess.run([sys.executable, "-m", "vllm_sim.cli", "--help"], capture_output=True,
+                         text=True, timeout=60, check=True,
+                         env={"PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+                              "COLUMNS": "80", "PATH": "/usr/bin:/bin"}).stdout
+    assert "None given: sim-model" in " ".join(out.split()), out

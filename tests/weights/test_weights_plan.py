@@ -368,3 +368,25 @@ def test_local_and_pinned_offline_plans_make_no_network_connection(tmp_path: Pat
                     "--served-model-name", "meta-llama/Llama-3.1-405B", "--commit", "a" * 40,
                     "--dtype", "fp8"])
     assert out == {"code": 0, "events": [], "loaded": []}
+
+
+def test_cli_a_path_with_lock_says_target_is_the_pinned_repo_id(tmp_path: Path) -> None:
+    """``weights plan model/config.json --lock weights.lock`` (a reader adding ``--lock`` as
+    the ``--helm-values`` hint asks) said ``model/config.json is not pinned in the lockfile
+    (hint: run `weights pin model/config.json` first)``: a file name to pin on the hub. It now
+    says what TARGET is with ``--lock``, names what the lock pins and the command that works."""
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(_cfg("llama-3.1-8b")))
+    lock = tmp_path / "weights.lock"
+    locked = run_cli(["lock", str(model), "--repo-id", "acme/model", "--lock", str(lock)])
+    assert locked.returncode == 0, locked.stderr
+    r = run_cli(["plan", str(model / "config.json"), "--lock", str(lock), "--helm-values"])
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    (line,) = r.stderr.splitlines()
+    assert "weights pin" not in line, line
+    assert "TARGET is a repo id pinned in" in line and "acme/model" in line, line
+    assert f"--from {model})" in line, line
+    hinted = run_cli(["plan", "acme/model", "--lock", str(lock), "--from", str(model),
+                      "--helm-values"])
+    assert hinted.returncode == 0, hinted.stderr

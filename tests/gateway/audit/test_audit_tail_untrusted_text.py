@@ -35,3 +35,25 @@ def test_tail_escapes_client_text(tmp_path: Path) -> None:
     assert f'model="{escaped}"' in lines[0]
     for char in ("\x1b", "\u202e"):
         assert char not in res.output
+
+
+def test_tail_names_the_mcp_server_method_and_tool(tmp_path: Path) -> None:
+    """An MCP record's line said only ``key_id``, ``destination`` and ``decision``: a
+    ``tools/list`` and a ``tools/call`` read the same. It names server, method and tool (the
+    tool as the client sent it, escaped like the model)."""
+    url = f"sqlite://{tmp_path / 'audit.db'}"
+
+    async def write() -> None:
+        log = AuditLog(open_store(url), Signer.generate(), replica_id="r1")
+        await log.start()
+        await log.append({"type": "mcp.tool_call", "request_id": "req-1", "key_id": "k",
+                          "server": "search", "mcp_method": "tools/call", "tool": "fetch\x1b",
+                          "destination": "tools-search", "decision": "allow", "status": 200})
+        await log.close()
+
+    asyncio.run(write())
+    res = gateway("audit", "tail", "--store", url, "-n", "2")
+    assert res.exit_code == 0, res.output
+    line = res.output.splitlines()[0]
+    assert "server=search mcp_method=tools/call tool=" in line, line
+    assert "\x1b" not in line and "u001b" in line, line

@@ -4,6 +4,8 @@ pods); without it, each process's random key binds sessions to that process."""
 
 from __future__ import annotations
 
+import re
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -122,3 +124,19 @@ def test_a_bad_session_key_file_is_a_config_error(tmp_path: Path, content: str |
     with pytest.raises(ConfigError, match=r"mcp\.session_key_file: ") as err:
         build_mcp(settings, None, None, None)
     assert problem in err.value.message
+
+
+def test_the_docs_command_makes_a_session_key_file_the_gateway_takes(tmp_path: Path) -> None:
+    """docs/mcp.md named the format of ``session_key_file`` but no way to make one: its
+    command, run as printed, writes a key that the wiring loads, readable by its owner only."""
+    doc = (Path(__file__).resolve().parents[3] / "docs" / "mcp.md").read_text()
+    command = next(block for block in re.findall(r"^```sh\n(.*?)^```", doc, re.S | re.M)
+                   if "mcp-session.key" in block)
+    subprocess.run(["bash", "-euo", "pipefail", "-c", command], cwd=tmp_path, check=True,
+                   timeout=60)
+    path = tmp_path / "mcp-session.key"
+    assert path.stat().st_mode & 0o777 == 0o600
+    settings = McpSettings.model_validate({
+        "servers": [{"name": "tools", "url": "http://127.0.0.1:1/mcp"}],
+        "session_key_file": str(path)})
+    build_mcp(settings, None, None, None)
