@@ -363,7 +363,7 @@ def create_app(
             client = request.scope.get("client")
             audit.request_refused(exc.status, exc.code,
                                   getattr(request.scope.get("route"), "path", "other"),
-                                  client[0] if client else None)
+                                  client[0] if client else None, exc.reason)
         return _error_response(exc)
 
     @app.exception_handler(StarletteHTTPException)

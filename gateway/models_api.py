@@ -120,7 +120,8 @@ async def handle(
                               (b"content-length", str(len(payload)).encode())])
         await out.body(payload, more=False)
     except GatewayError as exc:
-        record.failed("denied" if exc.status in (401, 403, 503) else "invalid", exc.code)
+        record.failed("denied" if exc.status in (401, 403, 503) else "invalid", exc.code,
+                      exc.reason)
         if not out.started:
             await out.error(exc)
     finally:

@@ -273,16 +273,17 @@ class AuditObserver:
         # The route, not the path: a model id in the path is the client's to choose.
         route_class = "/v1/models/{id}" if path.startswith("/v1/models/") else path
         host = None if record.client_addr is None else record.client_addr.rsplit(":", 1)[0]
-        self.request_refused(record.status, record.error_code, route_class, host)
+        self.request_refused(record.status, record.error_code, route_class, host,
+                             record.reason)
 
     def request_refused(self, status: int, code: str | None, route_class: str,
-                        client_host: str | None) -> None:
+                        client_host: str | None, reason: str | None = None) -> None:
         """Count a request refused before any principal was established (``request.refused``).
 
         Called by :meth:`on_end` for the relay and ``/v1/models``, and by the app's error
         handler for a 401 on its other routes (``/v1/usage``, the Batch API). Counted per
-        client network and (status, code, route class) as :meth:`http_refused` is; never
-        waits for the store.
+        client network and (status, code, reason, route class) as :meth:`http_refused` is;
+        never waits for the store.
 
         Args:
             status: HTTP status sent (401, 405, 400...).
@@ -290,12 +291,18 @@ class AuditObserver:
             route_class: The route, never a client-chosen id (``/v1/chat/completions``,
                 ``/v1/models/{id}``, ``/v1/files/{file_id}``); bounded here.
             client_host: The peer's address, recorded as the pseudonym of its network.
+            reason: Why (:attr:`gateway.errors.GatewayError.reason`): ``missing_credential``
+                (no bearer credential), ``unknown_key``, ``invalid_token`` (a token or
+                ``invalid_certificate``: a client certificate that does not verify),
+                ``ambiguous_credentials``; ``None``: the ``code`` says it, and is recorded
+                as the reason.
         """
         route_class = bounded(route_class)
-        fields = {"status": status, "error_code": code, "route_class": route_class,
-                  "decision": "deny"}
+        reason = reason or code or "refused"
+        fields = {"status": status, "error_code": code, "reason": reason,
+                  "route_class": route_class, "decision": "deny"}
         self._request_counter.count(self._counted_client(client_host),
-                                    (status, code, route_class), fields)
+                                    (status, code, reason, route_class), fields)
 
     async def on_undelivered(self, record: RequestRecord, bytes_out: int) -> None:
         """Append ``request.undelivered``: the client left after ``request.completed`` was

@@ -177,7 +177,7 @@ async def handle(state: GatewayState, scope: Scope, receive: Receive, send: Send
         task.uncancel()  # the drain deadline (gateway.serving.drain): end the request, audited
         await _end_at_drain_deadline(out, record)
     except GatewayError as exc:
-        record.failed(_outcome_for(exc), exc.code)
+        record.failed(_outcome_for(exc), exc.code, exc.reason)
         if not out.started:
             await out.error(exc)
     except ClientGone:
