@@ -50,6 +50,7 @@ REQUEST_UNDELIVERED = "request.undelivered"
 HTTP_REFUSED = "http.refused"
 HTTP_EVICTED = "http.evicted"
 MCP_REFUSED = "mcp.refused"
+MCP_CATALOGUE = "mcp.catalogue"
 CONFIG_LOADED = "config.loaded"
 
 _CLIENT_CACHE_MAX = 10_000
@@ -91,6 +92,7 @@ class AuditObserver:
         self._eviction_counter = RefusalCounter(self._append_evicted)
         self._mcp_counter = RefusalCounter(self._append_mcp_refused)
         self._request_counter = RefusalCounter(self._append_request_refused)
+        self._catalogue_counter = RefusalCounter(self._append_catalogue)
         self._ipv6_prefix = refusal_ipv6_prefix
 
     @classmethod
@@ -122,6 +124,7 @@ class AuditObserver:
         self._eviction_counter.flush()
         self._mcp_counter.flush()
         self._request_counter.flush()
+        self._catalogue_counter.flush()
         if self._refusals:
             await asyncio.gather(*self._refusals, return_exceptions=True)
         await self.log.close()
@@ -374,6 +377,32 @@ class AuditObserver:
         """
         self._mcp_counter.count(self._counted_client(client_host), tuple(sorted(fields.items())),
                                 dict(fields))
+
+    def mcp_catalogue(self, fields: Mapping[str, Any]) -> None:
+        """Record a fetch of an MCP server's catalogue by the gateway itself (``mcp.catalogue``).
+
+        :class:`gateway.mcp.catalogue.Catalogue`'s hook: the discovery, ``initialize``,
+        ``tools/list`` pages and ``DELETE`` it sent on its own (to check a tool call, to list
+        the aggregate endpoint's tools), which no client's record shows. Counted per server and
+        outcome as refusals are (:class:`gateway.audit.refusals.RefusalCounter`, ``client``
+        ``None``: the gateway): the first of an interval is written at once, the next ones
+        (a failing server is asked again on every call; ``catalogue_ttl_s: 0`` refetches
+        each time) as one record with their ``count``, its ``duration_us``, ``bytes_out``,
+        ``bytes_in`` and ``methods`` the sums over them. Never waits for the store.
+
+        Args:
+            fields: ``server``, ``destination``, ``methods`` (requests by method),
+                ``outcome``, ``status``, ``modern``, ``tools``, ``duration_us``,
+                ``bytes_out``, ``bytes_in`` (:class:`gateway.mcp.catalogue.Catalogue`).
+        """
+        self._catalogue_counter.count(
+            None, (fields.get("server"), fields.get("outcome")), dict(fields),
+            totals=("duration_us", "bytes_out", "bytes_in", "methods"))
+
+    def _append_catalogue(self, fields: Mapping[str, Any]) -> None:
+        event = {"type": MCP_CATALOGUE, **fields}
+        event.pop("client", None)  # the gateway's own requests: no client
+        self._append_counted(event)
 
     def _append_request_refused(self, fields: Mapping[str, Any]) -> None:
         self._append_counted({"type": REQUEST_REFUSED, **fields})

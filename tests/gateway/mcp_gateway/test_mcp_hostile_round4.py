@@ -75,11 +75,13 @@ def hostile_pii(serve_asgi: Callable[..., Any], tmp_path: Path) -> Iterator[dict
 
 def _records(gw: Gateway, kind: str | None = None) -> list[dict[str, Any]]:
     """The MCP records of answers and refusals (``kind``: of that type only); a forwarded
-    message's first record, ``mcp.started``, only when asked for (its own tests:
-    test_mcp_record_before_forward.py)."""
+    message's first record, ``mcp.started``, and the gateway's own catalogue fetches,
+    ``mcp.catalogue``, only when asked for (their own tests: test_mcp_record_before_forward.py,
+    test_mcp_catalogue_records.py)."""
     return [r["data"] | {"type": r["type"]} for r in gw.records()
             if r["type"].startswith("mcp.") and (
-                r["type"] == kind if kind is not None else r["type"] != "mcp.started")]
+                r["type"] == kind if kind is not None
+                else r["type"] not in ("mcp.started", "mcp.catalogue"))]
 
 
 def _clean(text: str) -> None:
