@@ -134,6 +134,9 @@ def test_refusals_tell_a_missing_credential_from_a_guessed_key_or_token(
                 "authorization": f"Bearer {stranger.token()}"}))
             answers.append(http.post("/v1/chat/completions", json=CHAT, headers=[
                 ("authorization", "Bearer sk-a"), ("authorization", "Bearer sk-b")]))
+        usage = http.get("/v1/usage", headers=[  # a route of the app's own
+            ("authorization", "Bearer sk-a"), ("authorization", "Bearer sk-b")])
+        assert usage.status_code == 400
         ok = http.post("/v1/chat/completions", json=CHAT,
                        headers={"authorization": f"Bearer {signer.token()}"})
         assert ok.status_code == 200, ok.text
@@ -144,10 +147,12 @@ def test_refusals_tell_a_missing_credential_from_a_guessed_key_or_token(
     assert missing[0].json()["error"]["code"] == "invalid_api_key"
     assert {r.json()["error"]["code"] for r in forged} == {"token_signature_invalid"}
     assert {r.status_code for r in ambiguous} == {400}
-    counts: Counter[tuple[int, str, str]] = Counter()
+    counts: Counter[tuple[int, str, str, str]] = Counter()
     for r in _of_type(gw.records, "request.refused"):
-        counts[r["status"], r["error_code"], r["reason"]] += r["count"]
-    assert counts == {(401, "invalid_api_key", "missing_credential"): 6,
-                      (401, "invalid_api_key", "unknown_key"): 3,
-                      (401, "token_signature_invalid", "invalid_token"): 3,
-                      (400, "ambiguous_credentials", "ambiguous_credentials"): 3}
+        counts[r["status"], r["error_code"], r["reason"], r["route_class"]] += r["count"]
+    chat = "/v1/chat/completions"
+    assert counts == {(401, "invalid_api_key", "missing_credential", chat): 6,
+                      (401, "invalid_api_key", "unknown_key", chat): 3,
+                      (401, "token_signature_invalid", "invalid_token", chat): 3,
+                      (400, "ambiguous_credentials", "ambiguous_credentials", chat): 3,
+                      (400, "ambiguous_credentials", "ambiguous_credentials", "/v1/usage"): 1}
