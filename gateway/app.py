@@ -36,7 +36,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gateway import mcp, models_api, usage_api
-from gateway.access import AccessLogMiddleware
+from gateway.access import REFUSAL_REASON, AccessLog, AccessLogMiddleware
 from gateway.assembly import Gateway
 from gateway.auth import Authenticator
 from gateway.batch.api import RUNNER_KEY, batch_routes
@@ -240,6 +240,9 @@ def create_app(
     created = int(time.time())
     the_router = parts.router
     upstream_ssl = tls_context(settings.upstream_tls)  # fails at start, not per request
+    # One for the app's life: its refusal counts outlive a reload.
+    access = AccessLog(settings.logging.refused_interval_s,
+                       settings.logging.refused_lines_per_client)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[dict[str, Any]]:
@@ -257,6 +260,7 @@ def create_app(
             upstream=upstream,
             upstream_ssl=upstream_ssl,
             drain=drain,
+            access=access,
             **_request_parts(parts, settings),
             flow=parts.flow,
         )
@@ -341,6 +345,7 @@ def create_app(
                     await shutdown()
             await upstream.close()
             await session.close()
+            access.flush()  # the summaries of the refusals counted in the last interval
 
     app = _GatewayApp(
         title="sovereign-gateway",
@@ -353,21 +358,28 @@ def create_app(
     if settings.batch is not None and settings.batch.enabled:
         app.router.routes.extend(batch_routes())
     app.mcp = parts.mcp is not None
-    app.add_middleware(AccessLogMiddleware, log=settings.logging.access_log)
+    app.add_middleware(AccessLogMiddleware, log=settings.logging.access_log, access=access)
 
     audit = parts.audit
 
     @app.exception_handler(GatewayError)
     async def _gateway_error(request: Request, exc: GatewayError) -> JSONResponse:
-        if exc.status == 401 and audit is not None:  # no caller: counted, as on the relay
-            client = request.scope.get("client")
-            audit.request_refused(exc.status, exc.code,
-                                  getattr(request.scope.get("route"), "path", "other"),
-                                  client[0] if client else None)
+        if exc.status == 401 or exc.reason == "ambiguous_credentials":
+            # No caller: counted in the audit log as on the relay, its access line bounded.
+            request.scope[REFUSAL_REASON] = exc.reason or exc.code
+            if audit is not None:
+                client = request.scope.get("client")
+                audit.request_refused(exc.status, exc.code,
+                                      getattr(request.scope.get("route"), "path", "other"),
+                                      client[0] if client else None, exc.reason)
         return _error_response(exc)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # The router's refusal (no such path or method), before any caller is known: anyone's
+        # to send, so its access line is bounded (the routes raise GatewayErrors).
+        request.scope[REFUSAL_REASON] = {404: "not_found", 405: "method_not_allowed"}.get(
+            exc.status_code, f"status_{exc.status_code}")
         if exc.status_code == 405:
             return _error_response(MethodNotAllowed(f"Method not allowed on {request.url.path}."))
         err = GatewayError(str(exc.detail), code="not_found" if exc.status_code == 404 else None)

@@ -277,7 +277,8 @@ def assemble(
                         audit.record_event if audit is not None else None,
                         telemetry.mcp_spans if telemetry is not None else None,
                         ToolCallQuotas(quotas) if quotas is not None else None,
-                        audit.mcp_refused if audit is not None else None)
+                        audit.mcp_refused if audit is not None else None,
+                        audit.mcp_catalogue if audit is not None else None)
     route_policy: RoutePolicy = AllowAll()
     connector_factory = None
     dialer: Dialer | None = None

@@ -175,9 +175,12 @@ def repeated_header(name: str) -> InvalidRequest:
 
 
 def ambiguous_credentials() -> InvalidRequest:
-    """The 400 of a request with more than one ``Authorization`` header."""
-    return InvalidRequest("The Authorization header is given more than once; send one "
-                          "credential.", param="authorization", code="ambiguous_credentials")
+    """The 400 of a request with more than one ``Authorization`` header (its
+    :attr:`~gateway.errors.GatewayError.reason` ``ambiguous_credentials``, as its code)."""
+    refusal = InvalidRequest("The Authorization header is given more than once; send one "
+                             "credential.", param="authorization", code="ambiguous_credentials")
+    refusal.reason = "ambiguous_credentials"
+    return refusal
 
 
 def canonical_path(path: str) -> str:
@@ -223,7 +226,8 @@ class KeyRing:
         """Return the principal for ``token`` (``scope`` is not used).
 
         Raises:
-            AuthenticationFailed: Missing or unknown key (same error for both).
+            AuthenticationFailed: Missing or unknown key (same answer for both; its ``reason``
+                ``missing_credential`` or ``unknown_key`` tells them apart in the logs).
         """
         presented = digest_key(token if token is not None else "")
         found: Principal | None = None
@@ -232,6 +236,8 @@ class KeyRing:
             if hmac.compare_digest(digest, presented):
                 found = principal
                 hit = True
-        if token is None or not hit or found is None:
-            raise AuthenticationFailed()
+        if token is None:
+            raise AuthenticationFailed("missing_credential")
+        if not hit or found is None:
+            raise AuthenticationFailed("unknown_key")
         return found

@@ -74,11 +74,15 @@ class GatewayError(Exception):
         code: Stable machine code (``error.code``).
         param: The request field at fault, if any.
         headers: Extra response headers (for example ``retry-after``), lower-case names.
+        reason: Why, for the audit and access logs only (never sent): refusals that share
+            one answer may differ here (``missing_credential`` and ``unknown_key`` are both
+            401 ``invalid_api_key``); ``None``: the ``code`` says it.
     """
 
     status: int = 500
     type: str = "server_error"
     code: str = "gateway_error"
+    reason: str | None = None
 
     def __init__(
         self,
@@ -122,17 +126,25 @@ class InvalidRequest(GatewayError):
 
 
 class AuthenticationFailed(GatewayError):
-    """No API key, or an unknown one. Same body for every cause (no oracle)."""
+    """No API key, or an unknown one. Same body for every cause (no oracle).
+
+    Args:
+        reason: ``missing_credential`` (no ``Authorization: Bearer`` credential: no header,
+            another scheme, an empty or unreadable token) or ``unknown_key`` (a key no
+            configured or managed key matches); kept in :attr:`reason` for the logs, never
+            sent.
+    """
 
     status = 401
     type = "authentication_error"
     code = "invalid_api_key"
 
-    def __init__(self) -> None:
+    def __init__(self, reason: str = "unknown_key") -> None:
         super().__init__(
             "Invalid or missing API key. Send it as 'Authorization: Bearer <key>'.",
             headers={"www-authenticate": 'Bearer realm="sovereign-gateway"'},
         )
+        self.reason = reason
 
 
 class ModelNotAllowed(GatewayError):

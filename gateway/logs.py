@@ -14,17 +14,31 @@ import sys
 import time
 from typing import Any, Literal
 
+from pydantic import Field
+
 from gateway.config.base import FrozenSection
 
 __all__ = ["JsonFormatter", "LoggingSettings", "configure_logging"]
 
 
 class LoggingSettings(FrozenSection):
-    """The ``logging:`` section of the gateway config: process logging."""
+    """The ``logging:`` section of the gateway config: process logging.
+
+    Attributes:
+        level: Root log level.
+        access_log: Write access lines (logger ``gateway.access``).
+        format: ``json`` (one object per line) or ``text``.
+        refused_lines_per_client: Lines of their own per client network and interval for
+            requests refused before any principal was known (:class:`gateway.access.AccessLog`);
+            the rest are counted into ``refused_summary`` lines.
+        refused_interval_s: That interval, seconds (summaries are written at its end).
+    """
 
     level: Literal["debug", "info", "warning", "error"] = "info"
     access_log: bool = True
     format: Literal["json", "text"] = "json"
+    refused_lines_per_client: int = Field(default=10, ge=0)
+    refused_interval_s: float = Field(default=10.0, gt=0, le=3600)
 
 
 class JsonFormatter(logging.Formatter):

@@ -26,7 +26,6 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from gateway.access import log_record
 from gateway.auth import authorization_of, bearer_token
 from gateway.errors import GatewayError, MethodNotAllowed, ModelNotFound
 from gateway.h1.asgi_io import Receive, Responder, Scope, Send, amend_undelivered, delivered
@@ -120,7 +119,8 @@ async def handle(
                               (b"content-length", str(len(payload)).encode())])
         await out.body(payload, more=False)
     except GatewayError as exc:
-        record.failed("denied" if exc.status in (401, 403, 503) else "invalid", exc.code)
+        record.failed("denied" if exc.status in (401, 403, 503) else "invalid", exc.code,
+                      exc.reason)
         if not out.started:
             await out.error(exc)
     finally:
@@ -129,7 +129,7 @@ async def handle(
         record.sent(status, sent, round((time.perf_counter() - t0) * 1000.0, 3))
         await hooks.ended(record)
         if state.settings.logging.access_log:
-            log_record(record)
+            state.access.request(record)
         if hooks.end_recorded:
             recorded = all([gate(record) for gate in hooks.end_recorded])
             await out.release(recorded)

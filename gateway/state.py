@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
+from gateway.access import AccessLog
 from gateway.auth import Authenticator, Principal
 from gateway.config.settings import GatewaySettings
 from gateway.h1 import RelayClient
@@ -64,6 +65,8 @@ class GatewayState:
         mcp: The MCP endpoint (``/mcp/<name>``), if ``mcp:`` is configured.
         refuse_redirects: An upstream redirect answer fails the request with
             ``redirect_refused`` (the egress policy is on; it is never followed either way).
+        access: The access log (its refusal lines bounded per client network), kept across
+            reloads.
     """
 
     settings: GatewaySettings
@@ -83,6 +86,7 @@ class GatewayState:
     refuse_redirects: bool = False
     pii: PiiStage | None = None
     mcp: McpEndpoint | None = None
+    access: AccessLog = field(default_factory=AccessLog)
 
 
 class LiveState:

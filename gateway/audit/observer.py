@@ -50,6 +50,7 @@ REQUEST_UNDELIVERED = "request.undelivered"
 HTTP_REFUSED = "http.refused"
 HTTP_EVICTED = "http.evicted"
 MCP_REFUSED = "mcp.refused"
+MCP_CATALOGUE = "mcp.catalogue"
 CONFIG_LOADED = "config.loaded"
 
 _CLIENT_CACHE_MAX = 10_000
@@ -91,6 +92,7 @@ class AuditObserver:
         self._eviction_counter = RefusalCounter(self._append_evicted)
         self._mcp_counter = RefusalCounter(self._append_mcp_refused)
         self._request_counter = RefusalCounter(self._append_request_refused)
+        self._catalogue_counter = RefusalCounter(self._append_catalogue)
         self._ipv6_prefix = refusal_ipv6_prefix
 
     @classmethod
@@ -122,6 +124,7 @@ class AuditObserver:
         self._eviction_counter.flush()
         self._mcp_counter.flush()
         self._request_counter.flush()
+        self._catalogue_counter.flush()
         if self._refusals:
             await asyncio.gather(*self._refusals, return_exceptions=True)
         await self.log.close()
@@ -273,16 +276,17 @@ class AuditObserver:
         # The route, not the path: a model id in the path is the client's to choose.
         route_class = "/v1/models/{id}" if path.startswith("/v1/models/") else path
         host = None if record.client_addr is None else record.client_addr.rsplit(":", 1)[0]
-        self.request_refused(record.status, record.error_code, route_class, host)
+        self.request_refused(record.status, record.error_code, route_class, host,
+                             record.reason)
 
     def request_refused(self, status: int, code: str | None, route_class: str,
-                        client_host: str | None) -> None:
+                        client_host: str | None, reason: str | None = None) -> None:
         """Count a request refused before any principal was established (``request.refused``).
 
         Called by :meth:`on_end` for the relay and ``/v1/models``, and by the app's error
         handler for a 401 on its other routes (``/v1/usage``, the Batch API). Counted per
-        client network and (status, code, route class) as :meth:`http_refused` is; never
-        waits for the store.
+        client network and (status, code, reason, route class) as :meth:`http_refused` is;
+        never waits for the store.
 
         Args:
             status: HTTP status sent (401, 405, 400...).
@@ -290,12 +294,18 @@ class AuditObserver:
             route_class: The route, never a client-chosen id (``/v1/chat/completions``,
                 ``/v1/models/{id}``, ``/v1/files/{file_id}``); bounded here.
             client_host: The peer's address, recorded as the pseudonym of its network.
+            reason: Why (:attr:`gateway.errors.GatewayError.reason`): ``missing_credential``
+                (no bearer credential), ``unknown_key``, ``invalid_token`` (a token or
+                ``invalid_certificate``: a client certificate that does not verify),
+                ``ambiguous_credentials``; ``None``: the ``code`` says it, and is recorded
+                as the reason.
         """
         route_class = bounded(route_class)
-        fields = {"status": status, "error_code": code, "route_class": route_class,
-                  "decision": "deny"}
+        reason = reason or code or "refused"
+        fields = {"status": status, "error_code": code, "reason": reason,
+                  "route_class": route_class, "decision": "deny"}
         self._request_counter.count(self._counted_client(client_host),
-                                    (status, code, route_class), fields)
+                                    (status, code, reason, route_class), fields)
 
     async def on_undelivered(self, record: RequestRecord, bytes_out: int) -> None:
         """Append ``request.undelivered``: the client left after ``request.completed`` was
@@ -367,6 +377,32 @@ class AuditObserver:
         """
         self._mcp_counter.count(self._counted_client(client_host), tuple(sorted(fields.items())),
                                 dict(fields))
+
+    def mcp_catalogue(self, fields: Mapping[str, Any]) -> None:
+        """Record a fetch of an MCP server's catalogue by the gateway itself (``mcp.catalogue``).
+
+        :class:`gateway.mcp.catalogue.Catalogue`'s hook: the discovery, ``initialize``,
+        ``tools/list`` pages and ``DELETE`` it sent on its own (to check a tool call, to list
+        the aggregate endpoint's tools), which no client's record shows. Counted per server and
+        outcome as refusals are (:class:`gateway.audit.refusals.RefusalCounter`, ``client``
+        ``None``: the gateway): the first of an interval is written at once, the next ones
+        (a failing server is asked again on every call; ``catalogue_ttl_s: 0`` refetches
+        each time) as one record with their ``count``, its ``duration_us``, ``bytes_out``,
+        ``bytes_in`` and ``methods`` the sums over them. Never waits for the store.
+
+        Args:
+            fields: ``server``, ``destination``, ``methods`` (requests by method),
+                ``outcome``, ``status``, ``modern``, ``tools``, ``duration_us``,
+                ``bytes_out``, ``bytes_in`` (:class:`gateway.mcp.catalogue.Catalogue`).
+        """
+        self._catalogue_counter.count(
+            None, (fields.get("server"), fields.get("outcome")), dict(fields),
+            totals=("duration_us", "bytes_out", "bytes_in", "methods"))
+
+    def _append_catalogue(self, fields: Mapping[str, Any]) -> None:
+        event = {"type": MCP_CATALOGUE, **fields}
+        event.pop("client", None)  # the gateway's own requests: no client
+        self._append_counted(event)
 
     def _append_request_refused(self, fields: Mapping[str, Any]) -> None:
         self._append_counted({"type": REQUEST_REFUSED, **fields})

@@ -119,7 +119,8 @@ class RefusalCounter:
         self._emit = emit
         self.interval_s = interval_s
         self.clients_per_interval = clients_per_interval
-        self._counts: dict[_Key, list[Any]] = {}  # key -> [count since emitted, fields]
+        # key -> [count since emitted, fields, totals of the counted events]
+        self._counts: dict[_Key, list[Any]] = {}
         self._clients: set[str | None] = set()  # clients with records of their own
         self._folded: dict[Hashable, _Folded] = {}  # kind -> the other clients' refusals
         self._timer: asyncio.TimerHandle | None = None
@@ -129,18 +130,24 @@ class RefusalCounter:
         self.count(client, (status, code),
                    {"status": status, "error_code": code, "reason": reason})
 
-    def count(self, client: str | None, kind: Hashable, fields: dict[str, Any]) -> None:
+    def count(self, client: str | None, kind: Hashable, fields: dict[str, Any],
+              totals: tuple[str, ...] = ()) -> None:
         """One event of ``kind`` from ``client`` (on the event loop).
 
         Args:
             client: The client (pseudonym of its network), ``None`` when unknown.
             kind: What happened; events are counted per (client, kind).
             fields: The record's own fields (the first event's are written for the key).
+            totals: Fields summed over the events a later record counts (numbers added,
+                ``{name: number}`` mappings added per name), e.g. durations and bytes; the
+                others are the first event's. Not kept for folded clients.
         """
         key: _Key = (client, kind)
         entry = self._counts.get(key)
         if entry is not None:
             entry[0] += 1
+            if totals:
+                _add(entry[2], fields, totals)
             return
         if self._timer is None:
             self._timer = asyncio.get_running_loop().call_later(self.interval_s, self._tick)
@@ -148,7 +155,7 @@ class RefusalCounter:
         if len(self._counts) < MAX_KEYS and (
                 client in clients or len(clients) < self.clients_per_interval):
             clients.add(client)
-            self._counts[key] = [0, fields]
+            self._counts[key] = [0, fields, {}]
             self._emit(self._record(key, fields, 1))
             return
         folded = self._folded.get(kind)
@@ -178,9 +185,21 @@ class RefusalCounter:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        for key, (count, fields) in counts.items():
+        for key, (count, fields, summed) in counts.items():
             if count:
-                self._emit(self._record(key, fields, count))
+                self._emit(self._record(key, {**fields, **summed}, count))
         for entry in folded.values():
             self._emit({**self._record((None, None), entry.fields, entry.count),
                         "clients": len(entry.clients), "clients_capped": entry.capped})
+
+
+def _add(summed: dict[str, Any], fields: dict[str, Any], totals: tuple[str, ...]) -> None:
+    """Add ``fields``' ``totals`` into ``summed`` (numbers; ``{name: number}`` per name)."""
+    for name in totals:
+        value = fields.get(name)
+        if isinstance(value, dict):
+            into = summed.setdefault(name, {})
+            for item, n in value.items():
+                into[item] = into.get(item, 0) + n
+        elif isinstance(value, int | float) and not isinstance(value, bool):
+            summed[name] = summed.get(name, 0) + value

@@ -56,7 +56,7 @@ class FixedPrincipal:
             AuthenticationFailed: No token (never the case for a batch's request).
         """
         if token is None:
-            raise AuthenticationFailed()
+            raise AuthenticationFailed("missing_credential")
         return self.principal
 
 

@@ -145,7 +145,7 @@ class IdentityAuthenticator:
             return self._principal(self._from_cert(chain))
         if "key" not in accept:
             if token is None:
-                raise AuthenticationFailed()
+                raise AuthenticationFailed("missing_credential")
             raise IdentityNotAllowed("API keys are not accepted on this path.",
                                      "credential_not_accepted")
         return self.keys.authenticate(token)

@@ -36,6 +36,8 @@ class TokenRejected(GatewayError):
         super().__init__(message, code=code,
                          headers={"www-authenticate": 'Bearer realm="sovereign-gateway", '
                                                       'error="invalid_token"'})
+        # For the logs (never sent): a credential was presented and did not verify.
+        self.reason = "invalid_certificate" if code.startswith("client_cert") else "invalid_token"
         self.verified: Any = None
         """The :class:`~gateway.identity.verify.Verified` token when every check but the
         audience held (``token_audience_invalid`` on a resource-bound path): who it was."""

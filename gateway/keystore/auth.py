@@ -52,7 +52,7 @@ class ManagedKeyAuthenticator:
             except AuthenticationFailed:
                 pass
         if token is None:
-            raise AuthenticationFailed()
+            raise AuthenticationFailed("missing_credential")
         try:
             key = self.cache.lookup(token)
         except KeystoreUnavailable as exc:

@@ -51,7 +51,7 @@ from gateway.mcp.asgi import (
     send_json,
     send_response,
 )
-from gateway.mcp.catalogue import Catalogue
+from gateway.mcp.catalogue import Catalogue, FetchSink
 from gateway.mcp.checks import MessageChecks
 from gateway.mcp.governed import check_message
 from gateway.mcp.jsonrpc import (
@@ -118,6 +118,9 @@ class McpEndpoint:
             and the peer's address) into one record per client and reason per interval
             (:meth:`gateway.audit.observer.AuditObserver.mcp_refused`; ``None``: each is
             appended with ``audit``).
+        record_fetch: Told of each of the gateway's own catalogue fetches (``initialize``,
+            ``tools/list``... that no client asked for: :class:`gateway.mcp.catalogue.Catalogue`;
+            :meth:`gateway.audit.observer.AuditObserver.mcp_catalogue`; ``None``: not recorded).
     """
 
     def __init__(self, settings: McpSettings, policy: Policy | None,
@@ -126,13 +129,14 @@ class McpEndpoint:
                  aggregate: AggregateHandler | None = None,
                  spans: ToolCallSpans | None = None,
                  quotas: ToolCallQuotas | None = None,
-                 count_refusal: RefusalSink | None = None) -> None:
+                 count_refusal: RefusalSink | None = None,
+                 record_fetch: FetchSink | None = None) -> None:
         self.settings = settings
         self._count_refusal = count_refusal
         self._aggregate = aggregate
         self.upstreams = {s.name: Upstream(s) for s in settings.servers}
         self.access = ToolAccess(settings.access)
-        self.catalogue = Catalogue(settings.limits)
+        self.catalogue = Catalogue(settings.limits, record_fetch)
         self.sessions = SessionBinder(session_key)
         self.answers = AnswerRelay(settings.limits, self.sessions, self.access,
                                    settings.uri_text)

@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from gateway.errors import GatewayError
+from gateway.errors import AuthenticationFailed, GatewayError
 from gateway.identity.resources import BoundResource
 from gateway.mcp.jsonrpc import FORBIDDEN, INVALID_REQUEST, McpRefusal
 from gateway.mcp.metadata import metadata_url, resource_uri, scopes_of
@@ -142,7 +142,10 @@ def auth_refusal(settings: McpSettings, path: str, exc: GatewayError,
     else:
         value = challenge(settings, _server_of(path),
                           error="invalid_token" if presented else None)
-        refusal = McpRefusal(401, INVALID_REQUEST, exc.code or "unauthenticated", exc.message,
+        # The audit's reason: invalid_api_key answers both a missing credential and an
+        # unknown key; its reason tells them apart (a token's code already says why).
+        reason = exc.reason if isinstance(exc, AuthenticationFailed) else exc.code
+        refusal = McpRefusal(401, INVALID_REQUEST, reason or "unauthenticated", exc.message,
                              headers=[(b"www-authenticate", value)])
     # A verified token refused for its audience or by the rules: the audit says who it was.
     refusal.identity = getattr(exc, "identity", None)

@@ -40,7 +40,8 @@ from gateway.mcp.jsonrpc import UPSTREAM_ERROR, McpRefusal
 from gateway.mcp.settings import McpLimits, McpServerSettings
 from gateway.mcp.sse import SseSplitter
 
-__all__ = ["FORWARDED_HEADERS", "Answer", "Link", "RelayedStream", "Upstream", "read_json_answer"]
+__all__ = ["FORWARDED_HEADERS", "Answer", "Link", "RelayedStream", "Upstream", "read_final",
+           "read_json_answer"]
 
 FORWARDED_HEADERS = frozenset({
     "accept", "content-type", "mcp-protocol-version", "mcp-method", "mcp-name",
@@ -234,7 +235,17 @@ async def read_json_answer(resp: Answer, request_id: Any, server: str,
         McpRefusal: ``upstream_too_large`` (502), ``upstream_timeout`` (504),
             ``upstream_wrong_id``, ``upstream_invalid`` (not JSON-RPC).
     """
-    stream = RelayedStream(resp, request_id, server, limits)
+    return await read_final(RelayedStream(resp, request_id, server, limits))
+
+
+async def read_final(stream: RelayedStream) -> tuple[bytes, Any]:
+    """:func:`read_json_answer` of a stream the caller holds (its ``bytes_in`` then says how
+    many body bytes were read).
+
+    Raises:
+        McpRefusal: See :func:`read_json_answer`.
+    """
+    request_id, server = stream.request_id, stream.server
     final: tuple[bytes, Any] | None = None
     async for _raw, message_bytes, message in stream.events():
         if message_bytes is not None and _check_id(message, request_id, server):

@@ -50,12 +50,14 @@ def build_mcp(
     spans: ToolCallSpans | None = None,
     quotas: ToolCallQuotas | None = None,
     count_refusal: Callable[[Mapping[str, Any], str | None], None] | None = None,
+    record_fetch: Callable[[dict[str, Any]], None] | None = None,
 ) -> McpEndpoint | None:
     """The MCP endpoint of ``settings`` (``None`` without an ``mcp:`` section); ``spans``
     from the telemetry (:class:`gateway.telemetry.mcp_spans.McpSpans`) and ``quotas`` from the
     quota hook (tool calls count as requests) when configured; ``count_refusal`` counts the
     refusals of callers not authenticated (:meth:`gateway.audit.observer.AuditObserver.
-    mcp_refused`).
+    mcp_refused`); ``record_fetch`` records the gateway's own catalogue fetches
+    (:meth:`gateway.audit.observer.AuditObserver.mcp_catalogue`).
 
     Raises:
         ConfigError: See :func:`check_mcp_destinations`; ``mcp.session_key_file`` unreadable,
@@ -76,4 +78,5 @@ def build_mcp(
         _log.info("mcp.session_key_file not set: sessions of 2025 MCP clients continue only "
                   "in the process that opened them")
     return McpEndpoint(settings, policy, matcher, audit, key, aggregate=handle_aggregate,
-                       spans=spans, quotas=quotas, count_refusal=count_refusal)
+                       spans=spans, quotas=quotas, count_refusal=count_refusal,
+                       record_fetch=record_fetch)

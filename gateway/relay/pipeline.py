@@ -24,7 +24,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from gateway.access import log_record
 from gateway.auth import Principal, ambiguous_credentials, bearer_token, repeated_header
 from gateway.errors import (
     GatewayError,
@@ -177,7 +176,7 @@ async def handle(state: GatewayState, scope: Scope, receive: Receive, send: Send
         task.uncancel()  # the drain deadline (gateway.serving.drain): end the request, audited
         await _end_at_drain_deadline(out, record)
     except GatewayError as exc:
-        record.failed(_outcome_for(exc), exc.code)
+        record.failed(_outcome_for(exc), exc.code, exc.reason)
         if not out.started:
             await out.error(exc)
     except ClientGone:
@@ -538,14 +537,14 @@ def _account(f: Flight) -> Awaitable[None] | None:
     if f.state.hooks.on_end:
         return _account_ended(f)
     if f.state.settings.logging.access_log:
-        log_record(f.record)
+        f.state.access.request(f.record)
     return None
 
 
 async def _account_ended(f: Flight) -> None:
     await f.state.hooks.ended(f.record)
     if f.state.settings.logging.access_log:
-        log_record(f.record)
+        f.state.access.request(f.record)
 
 
 STAGES: tuple[Stage, ...] = (

@@ -159,6 +159,10 @@ class RequestRecord:
         status: HTTP status sent to the client (200 even if a stream later failed).
         outcome: How the request ended.
         error_code: Gateway error code, if any.
+        reason: Why it was refused, for the logs only (never sent), when the error code
+            does not say it alone (:attr:`gateway.errors.GatewayError.reason`:
+            ``missing_credential``, ``unknown_key``, ``invalid_token``,
+            ``ambiguous_credentials``); else ``None``.
         input_tokens: Prompt tokens (from the backend's usage).
         output_tokens: Completion tokens (estimated when ``usage_estimated``).
         usage_estimated: ``output_tokens`` is the gateway's estimate, not the backend's usage:
@@ -206,6 +210,7 @@ class RequestRecord:
     status: int = 0
     outcome: Outcome = "pending"
     error_code: str | None = None
+    reason: str | None = None
     input_tokens: int | None = None
     output_tokens: int | None = None
     usage_estimated: bool = False
@@ -305,10 +310,13 @@ class RequestRecord:
         """How it ended, without an error code of the gateway's."""
         self.outcome = outcome
 
-    def failed(self, outcome: Outcome, error_code: str | None) -> None:
-        """How it ended, with the gateway error code sent to the client."""
+    def failed(self, outcome: Outcome, error_code: str | None,
+               reason: str | None = None) -> None:
+        """How it ended, with the gateway error code sent to the client and, when that code
+        does not say why alone, the ``reason`` for the logs (never sent)."""
         self.outcome = outcome
         self.error_code = error_code
+        self.reason = reason
 
     def content_opt_in(self) -> None:
         """The deciding policy rule opted in to content HMACs (see the module docstring)."""

@@ -34,27 +34,33 @@ class AuditedGateway:
     db: Path
     public_key: Path
     records: list[dict[str, Any]] = field(default_factory=list)
+    stderr: str = ""
 
 
 @contextmanager
 def audited_gateway(sim: Sim, tmp_path: Path, limits: dict[str, Any],
-                    replica_id: str, audit: dict[str, Any] | None = None
+                    replica_id: str, audit: dict[str, Any] | None = None,
+                    sections: dict[str, Any] | None = None
                     ) -> Iterator[AuditedGateway]:
-    """Serve with ``limits`` and an audit chain (``audit``: more keys of its section); on exit
-    stop it (exit 0 asserted), assert the chain verifies with no finding, and fill
-    ``records`` from ``gateway audit export``."""
+    """Serve with ``limits`` and an audit chain (``audit``: more keys of its section;
+    ``sections``: more top-level sections, e.g. ``identity``); on exit stop it (exit 0
+    asserted), assert the chain verifies with no finding, and fill ``records`` from
+    ``gateway audit export`` and ``stderr`` with what the gateway wrote there."""
     key, pub = write_key_pair(Signer.generate(), tmp_path / "audit.key")
     gw = AuditedGateway(free_port(), tmp_path / "audit.db", pub)
     cfg = config([sim.url], listen={"host": "127.0.0.1", "port": gw.port})
     cfg["limits"] = {**cfg.get("limits", {}), **limits}
+    cfg.update(sections or {})
     cfg["audit"] = {"store": f"sqlite://{gw.db}", "signing_key_file": str(key),
                     "pseudonym_key_file": str(generate_key_file(tmp_path / "pseudonym.key")),
                     "replica_id": replica_id, **(audit or {})}
     cfg_file = tmp_path / "gateway.yaml"
     cfg_file.write_text(yaml.safe_dump(cfg))
     env = {**os.environ, "VLLM_KEY": BACKEND_KEY}
-    with subprocess.Popen([*CLI, "serve", "--config", str(cfg_file)], cwd=ROOT, env=env,
-                          stderr=subprocess.PIPE) as proc:
+    log_file = tmp_path / "gateway.stderr"  # a file, not a pipe: a full pipe blocks it
+    with log_file.open("wb") as log, subprocess.Popen(
+            [*CLI, "serve", "--config", str(cfg_file)], cwd=ROOT, env=env,
+            stderr=log) as proc:
         try:
             def up() -> bool:
                 assert proc.poll() is None
@@ -67,8 +73,9 @@ def audited_gateway(sim: Sim, tmp_path: Path, limits: dict[str, Any],
             yield gw
         finally:
             proc.send_signal(signal.SIGTERM)
-            _, stderr = proc.communicate(timeout=30)
-    assert proc.returncode == 0, stderr.decode()[-2000:]
+            proc.wait(timeout=30)
+    gw.stderr = log_file.read_text(errors="replace")
+    assert proc.returncode == 0, gw.stderr[-2000:]
     store = f"sqlite://{gw.db}"
     res = subprocess.run([*CLI, "audit", "verify", "--store", store, "--public-key", str(pub),
                           "--json"], cwd=ROOT, capture_output=True, text=True, check=False)

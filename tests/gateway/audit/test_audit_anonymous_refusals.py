@@ -26,6 +26,7 @@ from gateway.audit.refusals import CLIENTS_PER_INTERVAL
 from tests.gateway.audit._served_audit import audited_gateway
 from tests.gateway.gateway_server import read_until_closed, split_response
 from tests.gateway.helpers import KEY_B, Sim
+from tests.gateway.identity.jwtkit import SigningKey, identity_section, write_jwks
 
 CHAT = {"model": "llama-3.1-8b", "messages": [{"role": "user", "content": "hi"}]}
 
@@ -55,17 +56,18 @@ def test_anonymous_refusals_are_counted_per_client_route_and_reason(
                            headers={"authorization": f"Bearer {KEY_B}"})
         assert statuses == {401: 430} and denied.status_code == 403
     refused = _of_type(gw.records, "request.refused")
-    counts: Counter[tuple[str, str]] = Counter()
+    counts: Counter[tuple[str, str, str]] = Counter()
     for r in refused:
         assert (r["status"], r["decision"], r["interval_ms"]) == (401, "deny", 10_000)
         assert r["client"].startswith("hmac-sha256:")
-        counts[r["error_code"], r["route_class"]] += r["count"]
-    assert counts == {("invalid_api_key", "/v1/models"): 300,
-                      ("invalid_api_key", "/v1/chat/completions"): 100,
-                      ("invalid_api_key", "/v1/models/{id}"): 20,
-                      ("invalid_api_key", "/v1/usage"): 10}
+        counts[r["error_code"], r["reason"], r["route_class"]] += r["count"]
+    assert counts == {("invalid_api_key", "missing_credential", "/v1/models"): 150,
+                      ("invalid_api_key", "unknown_key", "/v1/models"): 150,
+                      ("invalid_api_key", "missing_credential", "/v1/chat/completions"): 100,
+                      ("invalid_api_key", "missing_credential", "/v1/models/{id}"): 20,
+                      ("invalid_api_key", "unknown_key", "/v1/usage"): 10}
     # One client: per kind, its first at once and the rest of each interval in one record.
-    assert len(refused) <= 4 * 2 * 3, refused
+    assert len(refused) <= 5 * 2 * 3, refused
     assert [(d["key_id"], d["status"], d["error_code"])
             for d in _of_type(gw.records, "request.denied")] == [
         ("team-b", 403, "model_not_allowed")]
@@ -108,3 +110,49 @@ def test_refusals_from_many_addresses_fold_into_one_record(sim: Sim, tmp_path: P
     assert [(r["status"], r["error_code"], r["count"], r["clients"], r["clients_capped"])
             for r in folded] == [(400, "invalid_framing", 100 - CLIENTS_PER_INTERVAL,
                                   100 - CLIENTS_PER_INTERVAL, False)]
+
+
+def test_refusals_tell_a_missing_credential_from_a_guessed_key_or_token(
+        sim: Sim, tmp_path: Path) -> None:
+    """``invalid_api_key`` answers both a client sending no key and one guessing keys: the
+    body the SDKs see stays one, the ``request.refused`` records say which (``reason``), so
+    a misconfigured client is told from someone guessing keys or forging tokens."""
+    signer = SigningKey("k1")
+    jwks = tmp_path / "jwks.json"
+    identity = identity_section(jwks, write_jwks(jwks, signer))
+    stranger = SigningKey("k1")  # the same kid, another key: a forged signature
+    with audited_gateway(sim, tmp_path, {}, "reasons", sections={"identity": identity}) as gw, \
+            httpx.Client(base_url=f"http://127.0.0.1:{gw.port}", timeout=10) as http:
+        answers = []
+        for i in range(3):
+            answers.append(http.post("/v1/chat/completions", json=CHAT))
+            answers.append(http.post("/v1/chat/completions", json=CHAT, headers={
+                "authorization": f"Basic dXNlcjp{i}"}))  # another scheme: no bearer key
+            answers.append(http.post("/v1/chat/completions", json=CHAT, headers={
+                "authorization": f"Bearer sk-guess-{i}"}))
+            answers.append(http.post("/v1/chat/completions", json=CHAT, headers={
+                "authorization": f"Bearer {stranger.token()}"}))
+            answers.append(http.post("/v1/chat/completions", json=CHAT, headers=[
+                ("authorization", "Bearer sk-a"), ("authorization", "Bearer sk-b")]))
+        usage = http.get("/v1/usage", headers=[  # a route of the app's own
+            ("authorization", "Bearer sk-a"), ("authorization", "Bearer sk-b")])
+        assert usage.status_code == 400
+        ok = http.post("/v1/chat/completions", json=CHAT,
+                       headers={"authorization": f"Bearer {signer.token()}"})
+        assert ok.status_code == 200, ok.text
+    missing, basic, guessed, forged, ambiguous = (answers[k::5] for k in range(5))
+    # The answers are as before: one body for a missing and an unknown key.
+    bodies = {r.content for r in missing + basic + guessed}
+    assert len(bodies) == 1 and {r.status_code for r in missing + guessed} == {401}
+    assert missing[0].json()["error"]["code"] == "invalid_api_key"
+    assert {r.json()["error"]["code"] for r in forged} == {"token_signature_invalid"}
+    assert {r.status_code for r in ambiguous} == {400}
+    counts: Counter[tuple[int, str, str, str]] = Counter()
+    for r in _of_type(gw.records, "request.refused"):
+        counts[r["status"], r["error_code"], r["reason"], r["route_class"]] += r["count"]
+    chat = "/v1/chat/completions"
+    assert counts == {(401, "invalid_api_key", "missing_credential", chat): 6,
+                      (401, "invalid_api_key", "unknown_key", chat): 3,
+                      (401, "token_signature_invalid", "invalid_token", chat): 3,
+                      (400, "ambiguous_credentials", "ambiguous_credentials", chat): 3,
+                      (400, "ambiguous_credentials", "ambiguous_credentials", "/v1/usage"): 1}

@@ -121,7 +121,8 @@ def test_each_bad_request_is_refused_audited_and_not_forwarded(stack: dict[str, 
     # No key.
     anon = headers(name="echo")
     del anon["authorization"]
-    case("no key", post(url, call("echo", {"text": "x"}), anon), 401, -32600, "invalid_api_key")
+    case("no key", post(url, call("echo", {"text": "x"}), anon), 401, -32600,
+         "missing_credential")  # the reason recorded; the answer is unchanged
 
     for label, resp, status, code, _ in cases:
         assert resp.status_code == status, (label, resp.status_code, resp.text[:300])

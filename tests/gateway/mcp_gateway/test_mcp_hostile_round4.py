@@ -75,11 +75,13 @@ def hostile_pii(serve_asgi: Callable[..., Any], tmp_path: Path) -> Iterator[dict
 
 def _records(gw: Gateway, kind: str | None = None) -> list[dict[str, Any]]:
     """The MCP records of answers and refusals (``kind``: of that type only); a forwarded
-    message's first record, ``mcp.started``, only when asked for (its own tests:
-    test_mcp_record_before_forward.py)."""
+    message's first record, ``mcp.started``, and the gateway's own catalogue fetches,
+    ``mcp.catalogue``, only when asked for (their own tests: test_mcp_record_before_forward.py,
+    test_mcp_catalogue_records.py)."""
     return [r["data"] | {"type": r["type"]} for r in gw.records()
             if r["type"].startswith("mcp.") and (
-                r["type"] == kind if kind is not None else r["type"] != "mcp.started")]
+                r["type"] == kind if kind is not None
+                else r["type"] not in ("mcp.started", "mcp.catalogue"))]
 
 
 def _clean(text: str) -> None:
@@ -193,8 +195,9 @@ def test_refusals_of_unknown_callers_are_counted_and_hold_no_client_text(
         assert rec["count"] >= 1 and rec["client"] and rec.get("trace_id") is None, rec
         key = (rec["server"], rec["reason"])
         by_reason[key] = by_reason.get(key, 0) + rec["count"]
-    assert by_reason == {(None, "unknown_server"): 41, ("evil", "invalid_api_key"): 80}, (
-        by_reason)
+    # A missing credential and an unknown key share one answer, not one reason.
+    assert by_reason == {(None, "unknown_server"): 41, ("evil", "missing_credential"): 40,
+                         ("evil", "unknown_key"): 40}, by_reason
     assert len(records) <= 2 * len(by_reason), records
 
 

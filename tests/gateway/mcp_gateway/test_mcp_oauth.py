@@ -264,7 +264,7 @@ def test_missing_scopes_get_the_insufficient_scope_challenge(oauth: dict[str, An
     assert _post(gw.mcp("tools"), KEYS["agent"], "tools/call", "count").status_code == 200
 
     refusals = [r["data"] for r in gw.records() if r["type"] == "mcp.refused"]
-    assert [r["reason"] for r in refusals] == ["invalid_api_key"] + ["insufficient_scope"] * 3
+    assert [r["reason"] for r in refusals] == ["missing_credential"] + ["insufficient_scope"] * 3
     assert "identity" not in refusals[0]  # no credential: nobody to name
     refusals = refusals[1:]
     assert all(r["identity"]["issuer"] == provider.issuer for r in refusals)
