@@ -13,10 +13,13 @@ default), since one IPv6 /64 gives anyone 2**64 addresses. And at most
 :data:`CLIENTS_PER_INTERVAL` distinct clients get records of their own per interval: the
 refusals of any further client fold into one record per kind, written when the interval ends,
 with ``client: null``, the ``count`` of refusals and the number of distinct ``clients``
-(exact up to :data:`MAX_TRACKED`, ``clients_capped: true`` past it). An interval so writes at
-most ``2 * CLIENTS_PER_INTERVAL`` records per kind of refusal plus one per kind, whatever the
-number of addresses the attacker holds; the counter holds at most :data:`MAX_KEYS` keys and
-:data:`MAX_TRACKED` folded clients.
+(exact up to :data:`MAX_TRACKED`, ``clients_capped: true`` past it), except the folded clients
+with the most refusals (up to :data:`CLIENTS_PER_INTERVAL` of them, with more than one each),
+who get records of their own then: clients that come first (decoys sending one request each)
+cannot hide a busy one, a key guesser, in the fold. An interval so writes at most
+``2 * CLIENTS_PER_INTERVAL`` records per kind of refusal, ``CLIENTS_PER_INTERVAL`` more in all
+and one per kind, whatever the number of addresses the attacker holds; the counter holds at
+most :data:`MAX_KEYS` keys and :data:`MAX_TRACKED` folded clients.
 
 The idle connections the server closes to make room for new ones (``http.evicted``) are
 counted the same way, per client and (state, cause), with :meth:`RefusalCounter.count`.
@@ -25,6 +28,7 @@ counted the same way, per client and (state, cause), with :meth:`RefusalCounter.
 from __future__ import annotations
 
 import asyncio
+import heapq
 import ipaddress
 from collections.abc import Callable, Hashable
 from typing import Any
@@ -49,9 +53,10 @@ Sixteen names every source of an ordinary incident (a misconfigured client, a sc
 hosts behind one NAT) on its own; more than that is a distributed source, which one folded
 record describes as well as thousands would (how many clients, how many refusals). The bound
 keeps a flood from any number of networks at a few records a second: at most 32 records per
-kind and interval (each client's first at once and its rest when the interval ends) plus one
-folded record per kind, about 3.3 records/s per kind at the 10 s interval, where one record
-per address let 1,500 loopback addresses write 1,500 records in 0.6 s."""
+kind and interval (each client's first at once and its rest when the interval ends), one
+folded record per kind and 16 for the busiest folded clients in all: about 3.3-5 records/s
+per kind at the 10 s interval, where one record per address let 1,500 loopback addresses
+write 1,500 records in 0.6 s."""
 
 MAX_KEYS = 4096
 """Most (client, kind) keys and folded kinds counted at once (the counter's memory bound)."""
@@ -73,7 +78,7 @@ class _Folded:
     def __init__(self, fields: dict[str, Any]) -> None:
         self.fields = fields
         self.count = 0
-        self.clients: set[str | None] = set()
+        self.clients: dict[str | None, int] = {}  # client -> its refusals of this kind
         self.capped = False
 
 
@@ -164,9 +169,12 @@ class RefusalCounter:
                 return  # a kind past the memory bound: counted nowhere (never reached)
             folded = self._folded[kind] = _Folded(fields)
         folded.count += 1
-        if len(folded.clients) < MAX_TRACKED:
-            folded.clients.add(client)
-        elif client not in folded.clients:
+        seen = folded.clients.get(client)
+        if seen is not None:
+            folded.clients[client] = seen + 1
+        elif len(folded.clients) < MAX_TRACKED:
+            folded.clients[client] = 1
+        else:
             folded.capped = True  # more clients than told apart
 
     def _record(self, key: _Key, fields: dict[str, Any], count: int) -> dict[str, Any]:
@@ -188,9 +196,21 @@ class RefusalCounter:
         for key, (count, fields, summed) in counts.items():
             if count:
                 self._emit(self._record(key, {**fields, **summed}, count))
+        # The folded clients with the most refusals are named: the first clients of an
+        # interval (decoys sending one request each) cannot hide a busy one in the fold.
+        busiest = heapq.nlargest(
+            self.clients_per_interval,
+            ((n, client, entry) for entry in folded.values()
+             for client, n in entry.clients.items() if n > 1),
+            key=lambda item: item[0])
+        for n, client, entry in busiest:
+            self._emit(self._record((client, None), entry.fields, n))
+            entry.count -= n
+            del entry.clients[client]
         for entry in folded.values():
-            self._emit({**self._record((None, None), entry.fields, entry.count),
-                        "clients": len(entry.clients), "clients_capped": entry.capped})
+            if entry.count:
+                self._emit({**self._record((None, None), entry.fields, entry.count),
+                            "clients": len(entry.clients), "clients_capped": entry.capped})
 
 
 def _add(summed: dict[str, Any], fields: dict[str, Any], totals: tuple[str, ...]) -> None:
