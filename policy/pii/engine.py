@@ -37,6 +37,7 @@ payload cannot be masked where it is (:attr:`Finding.maskable`). Findings are
 
 from __future__ import annotations
 
+import bisect
 import logging
 import re
 import time
@@ -212,6 +213,31 @@ def texts(value: Any, *, keys: bool = True, limit: int | None = None) -> Texts |
     return Texts(value, keys, sum(len(p[3]) for p in parts), parts)
 
 
+def _without_overlaps(results: list[Any]) -> list[Any]:
+    """Presidio's results with overlaps removed, in text order: higher score first, then
+    longer; on a tie a card (Luhn: one in ten) loses to an identifier with a stronger check
+    over the same digits.
+
+    The spans kept never overlap (nor are empty: Presidio drops empty matches), so they are
+    kept sorted (starts and ends both ascending) and each result is checked against its one
+    possible neighbour by bisection: O(n log n) (a comparison with every kept span was
+    quadratic: 10,000 e-mail addresses, 2.3 s).
+    """
+    starts: list[int] = []
+    ends: list[int] = []
+    kept: list[Any] = []
+    for r in sorted(results, key=lambda r: (-r.score, r.start - r.end,
+                                            r.entity_type == "CREDIT_CARD")):
+        i = bisect.bisect_left(starts, r.end)  # kept spans starting before r ends: [:i]
+        if i and ends[i - 1] > r.start:
+            continue  # the last of them ends after r starts: they overlap
+        j = bisect.bisect_left(starts, r.start)
+        starts.insert(j, r.start)
+        ends.insert(j, r.end)
+        kept.insert(j, r)
+    return kept
+
+
 class Detector:
     """Finds sensitive entities in text or JSON values.
 
@@ -285,14 +311,7 @@ class Detector:
             return []
         results = self._engine.analyze(text=text, language=self._language,
                                        score_threshold=self._threshold)
-        kept: list[Any] = []
-        # Higher score first, then longer; on a tie a card (Luhn: one in ten) loses to an
-        # identifier with a stronger check over the same digits.
-        for r in sorted(results, key=lambda r: (-r.score, r.start - r.end,
-                                                r.entity_type == "CREDIT_CARD")):
-            if all(r.end <= k.start or r.start >= k.end for k in kept):
-                kept.append(r)
-        kept.sort(key=lambda r: r.start)
+        kept = _without_overlaps(results)
         located: list[tuple[Any, int, int]] = []  # (result, part index, part's offset)
         base, i = 0, 0
         for r in kept:
