@@ -40,8 +40,9 @@ from __future__ import annotations
 import bisect
 import logging
 import re
+import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,7 +54,8 @@ from .nlp import make_nlp_engine
 from .normalize import number_text, view
 from .recognizers import BUILTIN, RecognizerSpec, build_recognizers
 
-__all__ = ["Detector", "Finding", "Form", "Label", "Texts", "iter_strings", "mask", "texts"]
+__all__ = ["Detector", "Finding", "Form", "Label", "ScanStopped", "Texts", "iter_strings", "mask",
+           "texts"]
 
 _log = logging.getLogger(__name__)
 
@@ -132,6 +134,16 @@ def _walk(value: Any, loc: tuple[int, ...], path: str, keys: bool,
         digits = number_text(value)
         if digits is not None:
             yield loc, False, "number", path, digits
+
+
+class ScanStopped(Exception):
+    """A scan was stopped before it finished (its ``stop`` said so: the caller gave up, or its
+    deadline passed). Not a ``TimeoutError``: Presidio catches that one per pattern and goes
+    on."""
+
+
+#: Parts of a value between two polls of a scan's ``stop`` while their views are made.
+_POLL_PARTS = 256
 
 
 class _Over(Exception):
@@ -263,8 +275,9 @@ class Detector:
         from presidio_analyzer import AnalyzerEngine, RecognizerRegistry
 
         t0 = time.perf_counter()
+        self._local = threading.local()  # .stop: the running scan's, in this thread
         registry = RecognizerRegistry(
-            recognizers=build_recognizers(specs),
+            recognizers=build_recognizers(specs, self._checkpoint),
             global_regex_flags=re.DOTALL | re.MULTILINE,
             supported_languages=[language],
         )
@@ -273,7 +286,7 @@ class Detector:
         self._engine = AnalyzerEngine(registry=registry, nlp_engine=nlp,
                                       supported_languages=[language],
                                       default_score_threshold=score_threshold,
-                                      context_aware_enhancer=make_enhancer()
+                                      context_aware_enhancer=make_enhancer(self._checkpoint)
                                       if windowed_context else None)
         self._language = language
         self._threshold = score_threshold
@@ -282,8 +295,14 @@ class Detector:
         self.load_s = time.perf_counter() - t0
         _log.info("PII detector ready: %d recognisers in %.2f s", len(specs), self.load_s)
 
-    def scan(self, value: Any, *, keys: bool = True,
-             walked: Texts | None = None) -> list[Finding]:
+    def _checkpoint(self) -> None:
+        """Raise :class:`ScanStopped` when this thread's running scan was told to stop."""
+        stop = getattr(self._local, "stop", None)
+        if stop is not None and stop():
+            raise ScanStopped("the scan was stopped before it finished")
+
+    def scan(self, value: Any, *, keys: bool = True, walked: Texts | None = None,
+             stop: Callable[[], bool] | None = None) -> list[Finding]:
         """Findings in a string or in every string of a JSON value.
 
         Where two findings overlap, the one with the higher score is kept (then the longer):
@@ -293,11 +312,27 @@ class Detector:
             value: a ``str`` or a JSON value (dicts, lists, strings, numbers, ...).
             keys: scan object keys too (findings with ``key`` set, path ``...{key#N}``).
             walked: :func:`texts` of this ``value`` with these ``keys``, when already made.
+            stop: polled while the scan runs (every 256 texts while they are normalised,
+                before each recogniser, on each match and each context lookup); when it
+                returns true the scan ends with :class:`ScanStopped` (a scan left to run
+                after its caller gave up costs CPU for nothing).
 
         Returns:
             Findings in text order (path, then offset); never the matched text, and paths
             never hold a key that has a finding (see the module docstring).
+
+        Raises:
+            ScanStopped: ``stop`` returned true.
         """
+        if stop is None:
+            return self._scan(value, keys, walked)
+        self._local.stop = stop
+        try:
+            return self._scan(value, keys, walked)
+        finally:
+            self._local.stop = None
+
+    def _scan(self, value: Any, keys: bool, walked: Texts | None) -> list[Finding]:
         if walked is not None and walked.value is value and walked.keys == keys:
             parts = walked.parts
         else:
@@ -305,12 +340,17 @@ class Detector:
             _parts(value, (), keys, parts)
         if not parts:
             return []
-        views = [view(t) for *_, t in parts]
+        views = []
+        for i, (*_, t) in enumerate(parts):
+            if i % _POLL_PARTS == 0:
+                self._checkpoint()
+            views.append(view(t))
         text = _JOIN.join(v.text for v in views)
         if self._prefilter and _BUILTIN_HINT.search(text) is None:
             return []
         results = self._engine.analyze(text=text, language=self._language,
                                        score_threshold=self._threshold)
+        self._checkpoint()
         kept = _without_overlaps(results)
         located: list[tuple[Any, int, int]] = []  # (result, part index, part's offset)
         base, i = 0, 0
