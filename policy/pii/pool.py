@@ -17,9 +17,9 @@ its requests buys the gateway's CPU and delays everyone else's scans. This pool 
   :meth:`policy.pii.engine.Detector.scan`, and raises :class:`~policy.pii.engine.ScanStopped`);
   the caller's own timeout stops it too (:meth:`ScanPool.run`).
 
-Errors: :class:`ScanRejected` (refused at submission), :class:`~policy.pii.engine.ScanStopped`
-(stopped at the deadline) and ``TimeoutError`` (the caller's timeout) all mean "not scanned";
-whatever the scan function raises is re-raised by :meth:`ScanPool.run`.
+Errors of :meth:`ScanPool.run`: :class:`ScanRejected` (refused at submission) and
+``TimeoutError`` (past the deadline, whether the caller or the worker saw it first) mean "not
+scanned"; whatever else the scan function raises is re-raised.
 """
 
 from __future__ import annotations
@@ -110,14 +110,17 @@ class ScanPool:
 
         Raises:
             ScanRejected: refused at once (see :meth:`submit`).
-            TimeoutError: not done within ``timeout_s`` (the scan is stopped or never starts).
-            ScanStopped: stopped at its deadline by the worker (the same as a timeout).
-            Exception: whatever ``fn`` raised.
+            TimeoutError: not done within ``timeout_s`` (the scan is stopped or never starts;
+                also when the worker saw the deadline first and ``fn`` raised
+                :class:`~policy.pii.engine.ScanStopped`).
+            Exception: whatever else ``fn`` raised.
         """
         job = self.submit(key, fn, timeout_s)
         try:
             async with asyncio.timeout(timeout_s):
                 return await asyncio.wrap_future(job.future)
+        except ScanStopped as exc:
+            raise TimeoutError("the scan passed its deadline") from exc
         finally:
             job.cancelled = True  # done: no effect; timed out or cancelled: the scan stops
             job.future.cancel()  # still waiting: never started
