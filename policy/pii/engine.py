@@ -144,6 +144,8 @@ class ScanStopped(Exception):
 
 #: Parts of a value between two polls of a scan's ``stop`` while their views are made.
 _POLL_PARTS = 256
+#: Values walked between two polls of a scan's ``stop`` (:func:`texts`).
+_POLL_NODES = 1024
 
 
 class _Over(Exception):
@@ -152,15 +154,23 @@ class _Over(Exception):
 
 def _parts(value: Any, loc: tuple[int, ...], keys: bool,
            out: list[tuple[tuple[int, ...], bool, Form, str]],
-           budget: list[int] | None = None) -> None:
+           budget: list[int] | None = None, stop: Callable[[], bool] | None = None) -> None:
     """:func:`_walk` without paths, into ``out`` (the scan's first pass: paths are made only
     for a value with findings; a generator per level and a path per string cost ~0.8 us per
-    string, this ~0.3 us). ``budget[0]``: characters left before :class:`_Over` is raised."""
+    string, this ~0.3 us). ``budget``: ``[characters left before _Over is raised, values
+    left before stop() is polled]``; every value and key costs one more than its characters
+    (an empty string, a ``null``, a ``[]`` cost one: a body of millions of them is not free
+    to walk)."""
+    if budget is not None:
+        budget[0] -= len(value) + 1 if isinstance(value, str) else 1
+        if budget[0] < 0:
+            raise _Over
+        budget[1] -= 1
+        if budget[1] <= 0:
+            budget[1] = _POLL_NODES
+            if stop is not None and stop():
+                raise ScanStopped("the scan was stopped before it finished")
     if isinstance(value, str):
-        if budget is not None:
-            budget[0] -= len(value)
-            if budget[0] < 0:
-                raise _Over
         if value[:1] not in "dD":  # neither empty ("" is in any str) nor a data: URL
             out.append((loc, False, "text", value))
         else:
@@ -176,7 +186,7 @@ def _parts(value: Any, loc: tuple[int, ...], keys: bool,
             here = (*loc, i)
             if keys and isinstance(k, str):
                 if budget is not None:
-                    budget[0] -= len(k)
+                    budget[0] -= len(k) + 1
                     if budget[0] < 0:
                         raise _Over
                 if k[:1] not in "dD":
@@ -185,10 +195,10 @@ def _parts(value: Any, loc: tuple[int, ...], keys: bool,
                     found = _text(k)
                     if found is not None:
                         out.append((here, True, found[0], found[1]))
-            _parts(v, here, keys, out, budget)
+            _parts(v, here, keys, out, budget, stop)
     elif isinstance(value, list):
         for i, v in enumerate(value):
-            _parts(v, (*loc, i), keys, out, budget)
+            _parts(v, (*loc, i), keys, out, budget, stop)
     elif isinstance(value, (int, float)):
         digits = number_text(value)
         if digits is not None:
@@ -212,14 +222,26 @@ class Texts:
     parts: list[tuple[tuple[int, ...], bool, Form, str]] = field(repr=False)
 
 
-def texts(value: Any, *, keys: bool = True, limit: int | None = None) -> Texts | None:
+def texts(value: Any, *, keys: bool = True, limit: int | None = None,
+          stop: Callable[[], bool] | None = None) -> Texts | None:
     """The texts a scan of ``value`` reads, or ``None`` as soon as they pass ``limit``
     characters (the walk stops there: deciding that a value is large costs ``limit``, not its
     size). The count is of the strings as written (a decoded ``data:`` or base64 text is never
-    longer than its string); a decoded base64 text adds to ``chars`` beside it."""
+    longer than its string), plus one per value and key (empty strings, numbers, ``null``
+    and empty containers too); a decoded base64 text adds to ``chars`` beside it.
+
+    Args:
+        value: a JSON value.
+        keys: object keys included.
+        limit: the budget (``None``: no limit; ``stop`` is then not polled).
+        stop: polled every 1024 values; when it returns true the walk ends.
+
+    Raises:
+        ScanStopped: ``stop`` returned true.
+    """
     parts: list[tuple[tuple[int, ...], bool, Form, str]] = []
     try:
-        _parts(value, (), keys, parts, None if limit is None else [limit])
+        _parts(value, (), keys, parts, None if limit is None else [limit, _POLL_NODES], stop)
     except _Over:
         return None
     return Texts(value, keys, sum(len(p[3]) for p in parts), parts)

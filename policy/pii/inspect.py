@@ -316,7 +316,7 @@ class PiiPolicy:
         limit = self.section.max_scan_chars
 
         def scan(stop: Callable[[], bool]) -> list[Finding]:
-            walked = texts(value, keys=keys, limit=limit)
+            walked = texts(value, keys=keys, limit=limit, stop=stop)
             if walked is None:
                 raise _TooLarge
             return detector.scan(value, keys=keys, walked=walked, stop=stop)

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from policy.pii import Detector
-from policy.pii.engine import ScanStopped
+from policy.pii.engine import ScanStopped, texts
 from policy.pii.pool import ScanPool, ScanRejected
 
 BOUND_S = 10.0
@@ -113,3 +113,15 @@ def test_the_detector_stops_a_scan_when_told() -> None:
     assert len(polls) > 1000  # polled on every match and context lookup, not only at start
     found: Any = detector.scan("IBAN DE89 3704 0044 0532 0130 00", stop=lambda: False)
     assert [f.entity for f in found] == ["IBAN_CODE"]
+
+
+def test_a_walk_counts_every_value_and_stops_when_told() -> None:
+    """Empty strings, ``null`` and ``[]`` cost the walk one each (a body of millions of them
+    is over any limit, not free), and a walk in the pool polls ``stop``."""
+    empties: Any = {"a": [""] * 5000, "b": [None] * 5000, "c": [[]] * 5000}
+    assert texts(empties, limit=10_000) is None
+    assert texts(empties, limit=20_000) is not None
+    with pytest.raises(ScanStopped):
+        texts(empties, limit=20_000, stop=lambda: True)
+    small = texts({"content": "hello"}, limit=100, stop=lambda: True)  # polled every 1024
+    assert small is not None and small.chars == len("content") + len("hello")
