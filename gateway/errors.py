@@ -27,7 +27,7 @@ Tree::
     ├── ServiceUnavailable      503  service_unavailable
     │   ├── NoHealthyReplica         no_healthy_replica
     │   ├── UpstreamConnectionsExhausted  upstream_connections_exhausted (no replica at fault)
-    │   └── SensitiveDataScanFailed  pii_scan_failed (detector failed, the class fails closed)
+    │   └── SensitiveDataScanFailed  pii_scan_failed (scan not finished; the request cannot pass)
     └── UpstreamTimeout         504  upstream_timeout (first byte / idle)
         └── UpstreamConnectTimeout   upstream_connect_timeout (retried on another replica)
 """
@@ -270,7 +270,8 @@ class SensitiveDataRefused(GatewayError):
 
 
 class SensitiveDataScanFailed(ServiceUnavailable):
-    """The sensitive-data detector failed or timed out, and the request's class fails closed."""
+    """The sensitive-data scan did not finish, and the request cannot pass unscanned: its class
+    fails closed, or a ``mask``/``refuse`` action could apply (docs/pii.md, "Fail-safe")."""
 
     code = "pii_scan_failed"
 

@@ -175,7 +175,8 @@ class MessageChecks:
             masks, else the client's bytes).
 
         Raises:
-            McpRefusal: 403 ``pii_refused``, 503 ``pii_scan_failed`` (fail-closed class), or
+            McpRefusal: 403 ``pii_refused``, 503 ``pii_scan_failed`` (unscanned, see
+                :mod:`gateway.mcp.pii`), or
                 403 ``class_refused`` when the raised class may not go to this server.
         """
         content: dict[str, Any] = {}

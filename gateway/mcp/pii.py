@@ -17,10 +17,13 @@ encoded text refuses the call instead:
 * ``refuse``: 403 with a JSON-RPC error naming the entity types, never the values;
 * ``record``: only the record.
 
-A detector failure answers 503 ``pii_scan_failed`` for the classes the policy fails closed
-for, and passes (recorded) for the others. The verdict goes into the call's audit record
-(entity types and counts, ``in_keys`` for findings in names, class before and after, actions;
-never the text, never a name that held a finding).
+A scan that did not finish (detector failure, ``timeout_s``, ``max_scan_chars``, the scan pool
+full) is decided as if every entity type had been found (:meth:`policy.PiiPolicy.unscanned`):
+503 ``pii_scan_failed`` for the classes the policy fails closed for and where a ``mask`` or
+``refuse`` action could apply; otherwise the call's class is raised to the most sensitive one
+a ``raise`` could give and the destination checked again. The verdict goes into the call's
+audit record (entity types and counts, ``in_keys`` for findings in names, class before and
+after, actions; never the text, never a name that held a finding).
 """
 
 from __future__ import annotations
@@ -68,8 +71,9 @@ async def scan_arguments(pii: PiiPolicy, arguments: dict[str, Any], key_id: str,
 
     Raises:
         McpRefusal: 403 ``pii_refused`` (the entity types named, never a value), or 503
-            ``pii_scan_failed`` when the detector failed and the class fails closed; the
-            verdict's audit form is read from it by :func:`refusal_record`.
+            ``pii_scan_failed`` when the scan did not finish and the call cannot pass
+            unscanned (:meth:`policy.PiiPolicy.unscanned`); the verdict's audit form is
+            read from it by :func:`refusal_record`.
     """
     try:
         verdict = await pii.inspect_async(arguments, key_id, team, data_class)

@@ -16,8 +16,11 @@ policy decides (:mod:`policy.pii.inspect`) then happens here:
   name, a schema's ``enum``, a number, an encoded ``data:`` URL: :mod:`gateway.pii.fields`) is
   refused instead (403 ``pii_refused``);
 * ``refuse`` answers 403 ``pii_refused`` naming the entity types (never the values);
-* a detector failure or timeout answers 503 ``pii_scan_failed`` for the classes the policy
-  fails closed for, and passes (recorded) for the others.
+* a scan that did not finish (detector failure, ``timeout_s``, ``max_scan_chars``, the scan
+  pool full) is decided as if every entity type had been found (:meth:`policy.PiiPolicy.
+  unscanned`): 503 ``pii_scan_failed`` for the classes the policy fails closed for and where
+  a ``mask`` or ``refuse`` action could apply; otherwise the class is raised to the most
+  sensitive one a ``raise`` could give, the error recorded.
 
 With ``responses: record``, the text a model answered is scanned too, once the response has been
 sent (:class:`ResponseScan`: boundary-safe, an entity split across SSE events is found), and the
@@ -80,8 +83,8 @@ class PiiStage:
 
         Raises:
             SensitiveDataRefused: 403 ``pii_refused`` naming the entity types.
-            SensitiveDataScanFailed: 503 ``pii_scan_failed`` (detector failed, class fails
-                closed).
+            SensitiveDataScanFailed: 503 ``pii_scan_failed`` (the scan did not finish, and
+                the class fails closed or a ``mask``/``refuse`` action could apply).
         """
         check_unique_keys(parsed.raw)
         value = scanned(parsed.values)
@@ -190,7 +193,7 @@ class ResponseScan:
         else:
             texts = response_texts(bytes(self._buf))
             if texts:
-                counts, error = await self._pii.scan_async(texts)
+                counts, error = await self._pii.scan_async(texts, record.key_id or "")
         verdict = dict(record.pii or {})
         verdict["response_entities"] = counts
         if error is not None:

@@ -8,8 +8,12 @@
       inline_max_chars: 8192         # texts up to this size are scanned on the event loop
                                      # (~0.5-2 ms per 4 KB, cheaper than a thread hop); longer
                                      # ones in a worker thread bounded by timeout_s
+      max_scan_chars: 1048576        # longer texts are not scanned at all (a failed scan)
+      scan_threads: 2                # worker threads for the longer scans (one key: all but one)
+      scan_queue: 32                 # scans waiting for a thread (one key: a quarter)
       fail_closed_classes: [public]  # a failed scan refuses requests of these classes (503);
-                                     # others pass, the failure recorded
+                                     # others are decided as if every entity had been found
+                                     # (docs/pii.md, "Fail-safe")
       default_class: personal        # class a finding implies unless entity_classes names it
       entity_classes: {EMAIL_ADDRESS: internal, IP_ADDRESS: internal}
       default_action: raise          # raise | mask | refuse | record
@@ -112,6 +116,9 @@ class PiiSection(_Strict):
     score_threshold: Score = 0.5
     timeout_s: float = Field(default=0.05, gt=0.0, le=10.0)
     inline_max_chars: int = Field(default=8192, ge=0)
+    max_scan_chars: int = Field(default=1_048_576, ge=1)
+    scan_threads: int = Field(default=2, ge=1, le=64)
+    scan_queue: int = Field(default=32, ge=0, le=4096)
     fail_closed_classes: list[str] = Field(default_factory=list)
     default_class: str | None = None
     entity_classes: dict[Entity, str] = Field(default_factory=dict)

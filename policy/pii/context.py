@@ -21,6 +21,7 @@ enhancer's on the labelled set and on texts whose context lies far from the matc
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any
 
 __all__ = ["WORD", "is_keyword", "make_enhancer"]
@@ -40,10 +41,12 @@ def is_keyword(lemma: str, stop_words: Any) -> bool:
                 or lemma == "-PRON-" or lemma == "be")
 
 
-def make_enhancer(**kwargs: Any) -> Any:
+def make_enhancer(checkpoint: Callable[[], None] | None = None, **kwargs: Any) -> Any:
     """A ``WindowedContextEnhancer`` (imports Presidio and spaCy's stop words).
 
     Args:
+        checkpoint: called before each result is enhanced; it raises to stop the scan
+            (:class:`policy.pii.engine.ScanStopped`).
         **kwargs: ``context_similarity_factor`` (0.35), ``min_score_with_context_similarity``
             (0.4), ``context_prefix_count`` (5), ``context_suffix_count`` (0): Presidio's
             defaults, which the detector uses.
@@ -79,6 +82,8 @@ def make_enhancer(**kwargs: Any) -> Any:
             by_id = {r.id: r for r in recognizers}
             extra = [w.lower() for w in context or ()]
             for result in raw_results:
+                if checkpoint is not None:
+                    checkpoint()
                 meta = result.recognition_metadata
                 recognizer = by_id.get(meta[id_key]) if meta and id_key in meta else None
                 if recognizer is None or not recognizer.context or meta.get(enhanced_key):

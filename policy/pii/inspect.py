@@ -18,14 +18,19 @@ finding's action by the section's rules (first rule that applies, else ``default
 * ``refuse``: :class:`~policy.errors.PiiRefused` names the entity types, never the values;
 * ``record``: only the record.
 
-A detector error, or a scan longer than ``timeout_s`` (:meth:`PiiPolicy.inspect_async`), fails
-closed (:class:`~policy.errors.PiiScanFailed`) for the classes in ``fail_closed_classes`` and
-open (the request passes, the error recorded) for the others.
+A scan that did not finish (a detector error, a scan longer than ``timeout_s``, a text longer
+than ``max_scan_chars``, a scan the pool refused: :meth:`PiiPolicy.inspect_async`) never leaves
+a request at a lower class, or less masked, than a finished scan could have
+(:meth:`PiiPolicy.unscanned`): it is decided as if every entity type a recogniser can find had
+been found. A class in ``fail_closed_classes``, or a request for which a ``mask`` or
+``refuse`` action could apply (it cannot be masked or checked unscanned), is refused
+(:class:`~policy.errors.PiiScanFailed`); any other request gets the most sensitive class its
+``raise`` actions could give it, the error recorded. Long scans run in the section's
+:class:`~policy.pii.pool.ScanPool` (bounded, fair between keys, stopped at their deadline).
 """
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import logging
 import threading
@@ -37,7 +42,8 @@ from typing import Any
 
 from ..errors import PiiRefused, PiiScanFailed
 from .config import Action, PiiRule, PiiSection
-from .engine import Detector, Finding, Texts, mask, texts
+from .engine import Detector, Finding, ScanStopped, Texts, mask, texts
+from .pool import ScanPool, ScanRejected
 from .recognizers import BUILTIN, RecognizerSpec
 
 __all__ = ["Fixed", "PiiPolicy", "PiiVerdict"]
@@ -58,7 +64,9 @@ class PiiVerdict:
         class_after: its class after ``raise`` actions.
         actions: entity type -> action applied.
         rules: entity type -> id of the rule that decided (``None``: ``default_action``).
-        error: the detector's failure when it failed open (``None``: the scan ran).
+        error: why the scan did not finish when the request still passes (``None``: the scan
+            ran); ``class_after`` is then the most sensitive class a finished scan could have
+            given (:meth:`PiiPolicy.unscanned`).
         duration_s: time the scan took (seconds).
     """
 
@@ -145,7 +153,10 @@ class PiiPolicy:
                 r.validator, r.validated_score, r.ignore_case,
                 name=f"operator_{r.entity.lower()}"))
         self.specs = tuple(specs)
+        #: Entity types a recogniser can find (what an unfinished scan may have missed).
+        self.entities = tuple(dict.fromkeys(s.entity for s in specs))
         self.fail_closed = frozenset(section.fail_closed_classes)
+        self.pool = ScanPool(section.scan_threads, section.scan_queue)
 
     def load(self) -> Detector:
         """Build the detector once (imports Presidio; call at start-up) and return it."""
@@ -185,17 +196,57 @@ class PiiPolicy:
         return PiiVerdict(tuple(findings), data_class, raised, actions, rules,
                           duration_s=duration_s, reversible=frozenset(reversible))
 
-    def _failed(self, exc: BaseException, key: str, data_class: str,
-                duration_s: float) -> PiiVerdict:
-        what = "timed out" if isinstance(exc, TimeoutError) else f"failed ({type(exc).__name__})"
+    def unscanned(self, why: str, key: str, team: str | None, data_class: str,
+                  duration_s: float = 0.0) -> PiiVerdict:
+        """The decision for a request whose scan did not finish: as if every entity type a
+        recogniser can find had been found (a scan that did not finish never leaves a
+        request at a lower class, or less masked, than a finished one could have).
+
+        Args:
+            why: what happened, for the record and the error (``"timed out"``, ...).
+            key: the caller's key id.
+            team: the caller's team.
+            data_class: the request's class before detection.
+            duration_s: time spent before giving up (seconds).
+
+        Returns:
+            No findings, ``class_after`` the most sensitive class the ``raise`` actions that
+            could apply give, ``error`` ``"scan <why>"``.
+
+        Raises:
+            PiiScanFailed: ``data_class`` is in ``fail_closed_classes``, or a ``mask`` or
+                ``refuse`` action could apply to this request (it cannot be masked or checked
+                unscanned); the message names the entity types, never a value.
+        """
         if data_class in self.fail_closed:
             raise PiiScanFailed(
-                f"The sensitive-data scan {what}; the policy refuses unscanned requests of "
-                f"class {data_class!r}.") from exc
-        _log.warning("PII scan %s for key %s (class %s): request passes unscanned", what, key,
-                     data_class)
-        return PiiVerdict((), data_class, data_class, error=f"scan {what}",
+                f"The sensitive-data scan {why}; the policy refuses unscanned requests of "
+                f"class {data_class!r}.")
+        worst = self.decide([_anywhere(e) for e in self.entities], key, team, data_class)
+        stopping = sorted(e for e, a in worst.actions.items() if a in ("mask", "refuse"))
+        if stopping:
+            raise PiiScanFailed(
+                f"The sensitive-data scan {why}; the policy masks or refuses "
+                f"{', '.join(stopping)} in this request, which cannot be done unscanned.")
+        _log.warning("PII scan %s for key %s: class %s taken as %s (as if every entity had "
+                     "been found)", why, key, data_class, worst.class_after)
+        return PiiVerdict((), data_class, worst.class_after, error=f"scan {why}",
                           duration_s=duration_s)
+
+    def _failed(self, exc: BaseException, key: str, team: str | None, data_class: str,
+                duration_s: float) -> PiiVerdict:
+        if isinstance(exc, (TimeoutError, ScanStopped)):
+            why = "timed out"
+        elif isinstance(exc, ScanRejected):
+            why = f"not started ({exc})"
+        elif isinstance(exc, _TooLarge):
+            why = "skipped (text over pii.max_scan_chars)"
+        else:
+            why = f"failed ({type(exc).__name__})"
+        try:
+            return self.unscanned(why, key, team, data_class, duration_s)
+        except PiiScanFailed as failed:
+            raise failed from exc
 
     def inspect(self, value: Any, key: str, team: str | None, data_class: str,
                 fixed: Fixed | None = None) -> PiiVerdict:
@@ -223,35 +274,55 @@ class PiiPolicy:
             findings = detector.scan(value) if walked is None else detector.scan(
                 value, walked=walked)
         except Exception as exc:  # fail-safe: any detector failure is decided by policy
-            return self._failed(exc, key, data_class, time.perf_counter() - t0)
+            return self._failed(exc, key, team, data_class, time.perf_counter() - t0)
         return self._checked(self.decide(_fix(findings, fixed), key, team, data_class,
                                          duration_s=time.perf_counter() - t0))
 
     async def inspect_async(self, value: Any, key: str, team: str | None,
                             data_class: str, fixed: Fixed | None = None) -> PiiVerdict:
-        """:meth:`inspect` in a worker thread, bounded by ``timeout_s``.
+        """:meth:`inspect` in the scan pool, bounded by ``timeout_s``.
 
         Text up to ``inline_max_chars`` is scanned inline instead (its cost is bounded by its
-        size, and a thread hop costs more than the scan); a longer scan still running at the
-        timeout is abandoned (its thread finishes on its own; the result is dropped) and
-        counts as a detector failure.
+        size, and a thread hop costs more than the scan). A longer text is scanned in the
+        section's :class:`~policy.pii.pool.ScanPool` under ``key`` (walked there: a text
+        over ``max_scan_chars`` is not scanned), stopped at ``timeout_s``. A scan that does
+        not finish is decided by :meth:`unscanned`.
 
         Raises:
             PiiRefused: a finding's action is ``refuse``.
-            PiiScanFailed: the detector failed or timed out and ``data_class`` fails closed.
+            PiiScanFailed: the scan did not finish and the request cannot pass unscanned
+                (:meth:`unscanned`).
         """
         walked = self._small(value)
         if walked is not None:
             return self._inspect(value, key, team, data_class, fixed, walked)
         t0 = time.perf_counter()
-        detector = self.load()
         try:
-            async with asyncio.timeout(self.section.timeout_s):
-                findings = await asyncio.to_thread(detector.scan, value)
+            findings = await self._pooled(value, key)
         except Exception as exc:  # TimeoutError included
-            return self._failed(exc, key, data_class, time.perf_counter() - t0)
+            return self._failed(exc, key, team, data_class, time.perf_counter() - t0)
         return self._checked(self.decide(_fix(findings, fixed), key, team, data_class,
                                          duration_s=time.perf_counter() - t0))
+
+    async def _pooled(self, value: Any, key: str, *, keys: bool = True) -> list[Finding]:
+        """``value``'s findings, scanned in the pool for ``key`` within ``timeout_s``.
+
+        Raises:
+            TimeoutError, ScanStopped: not done within ``timeout_s``.
+            ScanRejected: the pool refused the scan.
+            _TooLarge: the texts pass ``max_scan_chars``.
+        """
+        detector = self.load()
+        limit = self.section.max_scan_chars
+
+        def scan(stop: Callable[[], bool]) -> list[Finding]:
+            walked = texts(value, keys=keys, limit=limit, stop=stop)
+            if walked is None:
+                raise _TooLarge
+            return detector.scan(value, keys=keys, walked=walked, stop=stop)
+
+        findings: list[Finding] = await self.pool.run(key, scan, self.section.timeout_s)
+        return findings
 
     def _small(self, value: Any) -> Texts | None:
         """``value``'s texts when they are short enough to scan inline (``inline_max_chars``;
@@ -272,23 +343,27 @@ class PiiPolicy:
             raise PiiRefused(verdict.refused, verdict)
         return verdict
 
-    async def scan_async(self, value: Any) -> tuple[dict[str, int], str | None]:
-        """Entity counts in ``value`` (a response's text), bounded by ``timeout_s``.
+    async def scan_async(self, value: Any, key: str = "") -> tuple[dict[str, int], str | None]:
+        """Entity counts in ``value`` (a response's text), bounded by ``timeout_s`` (a longer
+        text in the scan pool, under ``key``).
 
         Returns:
-            ``(entity type -> count, error)``; error is ``"scan timed out"`` or
-            ``"scan failed (...)"`` when the detector did not finish (counts then empty).
+            ``(entity type -> count, error)``; error is ``"scan timed out"``, ``"scan not
+            started (...)"``, ``"scan skipped (...)"`` or ``"scan failed (...)"`` when the
+            detector did not finish (counts then empty).
         """
-        detector = self.load()
         try:
             walked = self._small(value)
             if walked is not None:
-                findings = detector.scan(value, walked=walked)
+                findings = self.load().scan(value, walked=walked)
             else:
-                async with asyncio.timeout(self.section.timeout_s):
-                    findings = await asyncio.to_thread(detector.scan, value)
-        except TimeoutError:
+                findings = await self._pooled(value, key)
+        except (TimeoutError, ScanStopped):
             return {}, "scan timed out"
+        except ScanRejected as exc:
+            return {}, f"scan not started ({exc})"
+        except _TooLarge:
+            return {}, "scan skipped (text over pii.max_scan_chars)"
         except Exception as exc:
             return {}, f"scan failed ({type(exc).__name__})"
         return dict(Counter(f.entity for f in findings)), None
@@ -297,6 +372,15 @@ class PiiPolicy:
     def masked(value: Any, verdict: PiiVerdict) -> Any:
         """``value`` with the verdict's ``mask`` findings replaced by ``<ENTITY>``."""
         return mask(value, verdict.to_mask)
+
+
+class _TooLarge(Exception):
+    """The texts of a value pass ``max_scan_chars``: not scanned."""
+
+
+def _anywhere(entity: str) -> Finding:
+    """A stand-in finding of ``entity`` (what :meth:`PiiPolicy.unscanned` decides by)."""
+    return Finding(entity, "", 0, 0, 1.0)
 
 
 def _fix(findings: list[Finding], fixed: Fixed | None) -> list[Finding]:

@@ -226,8 +226,14 @@ BUILTIN: tuple[RecognizerSpec, ...] = (
 )
 
 
-def build_recognizers(specs: Sequence[RecognizerSpec]) -> list[PatternRecognizer]:
+def build_recognizers(specs: Sequence[RecognizerSpec],
+                      checkpoint: Callable[[], None] | None = None) -> list[PatternRecognizer]:
     """Build Presidio recognisers from specs (imports Presidio).
+
+    Args:
+        specs: the recognisers.
+        checkpoint: called before each recogniser runs and on each of its matches; it raises
+            to stop the scan (:class:`policy.pii.engine.ScanStopped`).
 
     Raises:
         KeyError: a spec names an unknown validator (the policy model checks this first).
@@ -253,6 +259,8 @@ def build_recognizers(specs: Sequence[RecognizerSpec]) -> list[PatternRecognizer
             self._validated_score = spec.validated_score
 
         def validate_result(self, pattern_text: str) -> bool | None:
+            if checkpoint is not None:  # Presidio calls this on every match
+                checkpoint()
             if self._check is None:
                 return None
             for rx in self._groups:
@@ -269,6 +277,8 @@ def build_recognizers(specs: Sequence[RecognizerSpec]) -> list[PatternRecognizer
 
         def analyze(self, text: str, entities: list[str], nlp_artifacts: Any = None,
                     regex_flags: int | None = None) -> list[Any]:
+            if checkpoint is not None:
+                checkpoint()
             results: list[Any] = super().analyze(text, entities, nlp_artifacts, regex_flags)
             if self._check is not None and self._validated_score < 1.0:
                 for r in results:

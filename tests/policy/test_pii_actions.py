@@ -63,13 +63,24 @@ class _Broken(Detector):
         raise RuntimeError("detector bug")
 
 
-def test_a_detector_error_fails_closed_only_for_the_classes_marked_so() -> None:
+def test_a_detector_error_is_decided_as_if_every_entity_was_found() -> None:
+    """Fail-safe: confidential fails closed; public may have held a card, which its rule
+    refuses (cannot be checked unscanned); internal is raised to the most sensitive class a
+    ``raise`` could give; the lab's key only records."""
     policy = Policy.from_text(POLICY)
     assert policy.pii is not None
     broken = PiiPolicy(policy.pii.section, policy.classes, detector_factory=_Broken)
     with pytest.raises(PiiScanFailed):
         broken.inspect(f"IBAN {IBAN}", "k", None, "confidential")
-    v = broken.inspect(f"IBAN {IBAN}", "k", None, "public")
-    assert (v.error, v.class_after, v.findings) == ("scan failed (RuntimeError)", "public", ())
+    with pytest.raises(PiiScanFailed) as info:
+        broken.inspect(f"IBAN {IBAN}", "k", None, "public")
+    assert "CREDIT_CARD" in info.value.message and IBAN not in info.value.message
+    v = broken.inspect(f"IBAN {IBAN}", "k", None, "internal")
+    assert (v.error, v.class_before, v.class_after, v.findings) == (
+        "scan failed (RuntimeError)", "internal", "personal", ())
+    v = broken.inspect(f"IBAN {IBAN}", "k-lab", None, "public")
+    assert (v.error, v.class_after) == ("scan failed (RuntimeError)", "public")
+    with pytest.raises(PiiScanFailed):  # support masks e-mail addresses
+        broken.inspect("x", "k", "support", "internal")
     with pytest.raises(PiiScanFailed):
         asyncio.run(broken.inspect_async(f"IBAN {IBAN}", "k", None, "confidential"))
