@@ -260,6 +260,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.profile and args.timeline:
         ap.error("--profile and --timeline both run the gateway under their own main")
+    plans = [(label, parse_plan(label)) for label in (args.pin_labels or [""])]
     tmp = Path(tempfile.mkdtemp(prefix="bench-mcp-"))
     up_port, gw_port, model_port = free_port(), free_port(), free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -319,7 +320,6 @@ def main() -> None:
     alone: dict[int, dict[str, list[tuple[list[float], dict[str, float]]]]] = {}
     # --timeline, per plan: the gateway calls' stamps, the direct calls' latencies (ms)
     timelines: dict[str, tuple[list[tuple[int, float, float]], list[float]]] = {}
-    plans = [(label, parse_plan(label)) for label in (args.pin_labels or [""])]
     every = os.sched_getaffinity(0)
     roles = {"gateway": [proc.pid for proc in procs.values()], "server": [upstream.pid],
              "client": [os.getpid()]}

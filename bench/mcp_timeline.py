@@ -95,7 +95,7 @@ def parse_plan(text: str) -> dict[str, set[int]]:
         ValueError: An unknown role letter or a CPU list that is not one.
     """
     plan: dict[str, set[int]] = {}
-    for part in ([] if text == "free" else text.split(":")):
+    for part in ([] if text in ("", "free") else text.split(":")):
         role, _, cpus = part.partition("=")
         plan[ROLES[role]] = {cpu for item in cpus.split(",") for cpu in range(
             int(item.partition("-")[0]), int(item.partition("-")[2] or item) + 1)}
