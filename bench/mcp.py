@@ -18,12 +18,20 @@ of the same server, in loads of its own beside direct calls, alternating with th
 ``--server-calls`` counts the Python function calls the server makes per call (cProfile inside
 the server, started and stopped around each load): the work a request costs it, which unlike
 its CPU time does not depend on how busy the machine is.
+``--pin PLAN`` (repeatable) pins the gateway(s), the server and this client (the load
+generator) to CPUs, e.g. ``g=1:s=0:c=0`` or ``free`` (:func:`mcp_timeline.parse_plan`): each
+round then measures every plan in turn, the processes re-pinned between loads, so that the
+plans are compared under the same background load: does the added latency come from the
+processes competing for the cores, or from the gateway itself? ``--timeline`` adds one load
+per plan at ``--concurrency`` with the gateway's socket reads and writes stamped, and prints
+where a call's time goes (:mod:`mcp_timeline`).
 
 Usage::
 
     .venv/bin/python bench/mcp.py [--calls 8000] [--concurrency 32] [--audit] [--alone]
     git archive REV gateway policy clishell | tar -x -C /tmp/base
     .venv/bin/python bench/mcp.py --baseline /tmp/base
+    .venv/bin/python bench/mcp.py --pin free --pin g=1:s=0:c=0 --timeline
 """
 
 from __future__ import annotations
@@ -46,6 +54,8 @@ from typing import Any
 
 import aiohttp
 import yaml
+from mcp_timeline import TIMED_MAIN, decompose, parse_plan, pin
+from mcp_timeline import report as report_timeline
 
 ROOT = Path(__file__).resolve().parents[1]
 KEY = "sg-bench-mcp"
@@ -122,7 +132,9 @@ async def load(url: str, calls: int, concurrency: int, key: str | None) -> list[
 
 
 async def side_by_side(targets: dict[str, tuple[str, str | None]], calls: int,
-                       concurrency: int) -> dict[str, list[float]]:
+                       concurrency: int,
+                       trace: tuple[str, list[tuple[int, float, float]]] | None = None,
+                       ) -> dict[str, list[float]]:
     """Latencies (ms) of tools/call requests sent to every target of ``targets`` (name ->
     (url, bearer key or ``None``)) in ONE load: ``concurrency`` workers per target, all
     running at once against the same server, each calling its target back to back.
@@ -130,7 +142,9 @@ async def side_by_side(targets: dict[str, tuple[str, str | None]], calls: int,
     The load ends for every target as soon as one target has had ``calls`` calls answered
     (the calls then in flight still count): no target runs its last calls alone on a machine
     the others have left, and a slower target has fewer calls (each call counted was sent
-    under the same load). Every answer is checked (200, the echoed text).
+    under the same load). Every answer is checked (200, the echoed text). ``trace``
+    ``(target, out)``: each call of that target appends ``(its key N ("hi N"), sent, answered)``
+    (``time.perf_counter`` seconds) to ``out``.
     """
     out: dict[str, list[float]] = {name: [] for name in targets}
     done = asyncio.Event()
@@ -139,6 +153,7 @@ async def side_by_side(targets: dict[str, tuple[str, str | None]], calls: int,
     async def worker(name: str, url: str, session: aiohttp.ClientSession,
                      headers: dict[str, str], first: int) -> None:
         got, i = out[name], first
+        stamps = trace[1] if trace is not None and trace[0] == name else None
         while not done.is_set():
             i += concurrency
             text_in = f"hi {i}"
@@ -150,7 +165,10 @@ async def side_by_side(targets: dict[str, tuple[str, str | None]], calls: int,
                 text = await resp.read()
                 if resp.status != 200 or text_in.encode() not in text:
                     raise SystemExit(f"{name}: bad answer {resp.status}: {text[:200]!r}")
-            got.append((time.perf_counter() - t0) * 1000)
+            t1 = time.perf_counter()
+            got.append((t1 - t0) * 1000)
+            if stamps is not None:
+                stamps.append((i, t0, t1))
             if len(got) >= calls:
                 done.set()
 
@@ -168,6 +186,15 @@ async def side_by_side(targets: dict[str, tuple[str, str | None]], calls: int,
         for session in sessions:
             await session.close()
     return out
+
+
+def plan_label(text: str) -> str:
+    """``--pin``'s value, checked (:func:`mcp_timeline.parse_plan`)."""
+    try:
+        parse_plan(text)
+    except (KeyError, ValueError) as exc:
+        raise argparse.ArgumentTypeError(f"not a CPU plan: {text!r} ({exc})") from exc
+    return text
 
 
 def pct(values: list[float], q: float) -> float:
@@ -223,7 +250,17 @@ def main() -> None:
                     help="count the server's Python calls per call (direct vs gateway)")
     ap.add_argument("--profile", type=Path, default=None,
                     help="run the gateway under cProfile and write its stats to this file")
+    ap.add_argument("--pin", type=plan_label, action="append", default=None,
+                    dest="pin_labels", metavar="PLAN",
+                    help="CPU pinning plan, repeatable: free, or e.g. g=1:s=0:c=0 (g gateway, "
+                    "s server, c this client); plans alternate within each round")
+    ap.add_argument("--timeline", action="store_true",
+                    help="one more load at --concurrency with the gateway's socket calls "
+                         "stamped: where a call's time goes")
     args = ap.parse_args()
+    if args.profile and args.timeline:
+        ap.error("--profile and --timeline both run the gateway under their own main")
+    plans = [(label, parse_plan(label)) for label in (args.pin_labels or [""])]
     tmp = Path(tempfile.mkdtemp(prefix="bench-mcp-"))
     up_port, gw_port, model_port = free_port(), free_port(), free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -255,7 +292,8 @@ def main() -> None:
                         "pseudonym_key_file": str(generate_key_file(tmp / "p.key"))}
     (tmp / "gateway.yaml").write_text(yaml.safe_dump(cfg))
     entry = (["-c", PROFILED_MAIN, str(args.profile)] if args.profile
-             else ["-m", "gateway.cli"])
+             else ["-c", TIMED_MAIN, str(tmp / "timeline.json"), str(gw_port), str(up_port)]
+             if args.timeline else ["-m", "gateway.cli"])
     counts = tmp / "server-calls.txt"
     upstream = subprocess.Popen([sys.executable, "-c", UPSTREAM, str(up_port),
                                  *([str(counts)] if args.server_calls else [])], env=env)
@@ -280,6 +318,11 @@ def main() -> None:
     paired: dict[int, dict[str, list[tuple[dict[str, list[float]], dict[str, float]]]]] = {}
     # alone (--alone): concurrency -> target -> round -> (latencies ms, CPU)
     alone: dict[int, dict[str, list[tuple[list[float], dict[str, float]]]]] = {}
+    # --timeline, per plan: the gateway calls' stamps, the direct calls' latencies (ms)
+    timelines: dict[str, tuple[list[tuple[int, float, float]], list[float]]] = {}
+    every = os.sched_getaffinity(0)
+    roles = {"gateway": [proc.pid for proc in procs.values()], "server": [upstream.pid],
+             "client": [os.getpid()]}
     try:
         asyncio.run(wait_up(urls["direct"], upstream))
         for name, proc in procs.items():
@@ -290,13 +333,19 @@ def main() -> None:
             procs["gateway"].send_signal(signal.SIGUSR1)
         for conc, calls in levels:
             per_round = max(1, calls // args.rounds)
-            paired[conc] = {name: [] for name in gateways}
+            paired[conc] = {}
             alone[conc] = {name: [] for name in urls}
             for _ in range(args.rounds):  # interleaved: each load sees the same machine
                 for name in gateways:
-                    paired[conc][name].append(measure(
-                        {"direct": (urls["direct"], None), name: (urls[name], KEY)},
-                        per_round, conc, pids))
+                    for label, plan in plans:
+                        pin(plan, roles, every)
+                        values, cpu = measure(
+                            {"direct": (urls["direct"], None), name: (urls[name], KEY)},
+                            per_round, conc, pids)
+                        shown = f"{name} {label}".strip()
+                        values[shown], cpu[shown] = values.pop(name), cpu.pop(name)
+                        paired[conc].setdefault(shown, []).append((values, cpu))
+                pin({}, roles, every)
                 if not (args.alone or args.server_calls):
                     continue
                 for name, url in urls.items():
@@ -320,11 +369,31 @@ def main() -> None:
             deadline = time.monotonic() + 30
             while not args.profile.exists() and time.monotonic() < deadline:
                 time.sleep(0.1)
+        for label, plan in plans if args.timeline else ():
+            pin(plan, roles, every)
+            stamped = tmp / "timeline.json"
+            stamped.unlink(missing_ok=True)
+            procs["gateway"].send_signal(signal.SIGUSR1)
+            time.sleep(0.2)
+            stamps: list[tuple[int, float, float]] = []
+            values = asyncio.run(side_by_side(
+                {"direct": (urls["direct"], None), "gateway": (urls["gateway"], KEY)},
+                max(1, args.calls // args.rounds), args.concurrency, ("gateway", stamps)))
+            procs["gateway"].send_signal(signal.SIGUSR2)
+            deadline = time.monotonic() + 30
+            while not stamped.exists() and time.monotonic() < deadline:
+                time.sleep(0.1)
+            timelines[label] = (stamps, values["direct"])
+            stamped.rename(tmp / f"timeline-{len(timelines)}.json")
+        pin({}, roles, every)
     finally:
         for proc in (*procs.values(), upstream):
             proc.send_signal(signal.SIGTERM)
             proc.wait(60)
     report(args, paired, alone)
+    for n, (label, (stamps, direct)) in enumerate(timelines.items(), 1):
+        print(f" {label or 'as started'}:", end="")
+        report_timeline(decompose(tmp / f"timeline-{n}.json", stamps), len(stamps), direct)
 
 
 def added(path: list[float], direct: list[float]) -> tuple[float, float]:
@@ -345,9 +414,10 @@ def report(args: argparse.Namespace,
            paired: dict[int, dict[str, list[tuple[dict[str, list[float]], dict[str, float]]]]],
            alone: dict[int, dict[str, list[tuple[list[float], dict[str, float]]]]]) -> None:
     """Print the side-by-side figures (the target's measure) and, if run, the alone ones."""
+    pins = ", ".join(args.pin_labels or [])
     print(f"tools/call{' (audit on)' if args.audit else ''}"
           f"{' (gateway under cProfile)' if args.profile else ''}, {args.rounds} interleaved "
-          "rounds")
+          f"rounds{'; CPU plans (g gateway, s server, c client) ' + pins if pins else ''}")
     for conc, by_gateway in paired.items():
         print(f" concurrency {conc}, side by side (each load: {conc} callers through the "
               f"gateway and {conc} straight to the same server at once)")
@@ -358,7 +428,7 @@ def report(args: argparse.Namespace,
             per_round = [added(values[name], values["direct"]) for values, _ in rounds
                          if min(len(values[name]), len(values["direct"])) >= 2]
             cpu = mean_cpu(rounds)
-            target = conc == args.concurrency and name == "gateway"
+            target = conc == args.concurrency and name.startswith("gateway")
             print(f"  {name:8} {len(path):6} calls p50 {pct(path, 0.5):7.2f} ms p99 "
                   f"{pct(path, 0.99):7.2f} ms | direct beside {len(direct):6} calls p50 "
                   f"{pct(direct, 0.5):7.2f} ms p99 {pct(direct, 0.99):7.2f} ms")

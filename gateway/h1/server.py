@@ -212,8 +212,8 @@ class _Cycle:
 
     __slots__ = ("body", "body_deadline", "body_size", "chunked", "closing", "continue_due",
                  "disconnected", "head_only", "held", "keep_alive", "left", "more_body",
-                 "refused", "reset", "response_complete", "response_started", "scope", "sent",
-                 "taken", "waiter", "watch")
+                 "refused", "reset", "response_complete", "response_started", "running",
+                 "scope", "sent", "taken", "waiter", "watch")
 
     def __init__(self, scope: dict[str, Any], head: RequestHead) -> None:
         self.scope = scope
@@ -237,6 +237,7 @@ class _Cycle:
         self.refused: Refusal | None = None  # the server's own answer (the app's is dropped)
         self.waiter: asyncio.Future[None] | None = None
         self.watch: Callable[[], None] | None = None
+        self.running = True  # the app's task has not returned yet
 
     def lost(self) -> int | None:
         """``None`` while this response can still reach the client (and once it is complete);
@@ -326,8 +327,13 @@ class ServerProtocol(asyncio.Protocol):
         self._arm(self.limits.header_timeout_s, self._idle_timeout)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        """Tell the request in progress (its receive, its disconnect watch), drop timers."""
+        """Tell the request in progress (its receive, its disconnect watch), drop timers, and
+        let go of the scope extensions (bound methods of this protocol) and of a request whose
+        app has returned: no reference cycle is left, so the connection is freed by reference
+        counting when the transport lets go of it, not by the next ``gc`` collection (the app
+        of a request in progress holds them until it returns, see :meth:`_run`)."""
         self._closed = True
+        self._extensions = None
         self.ctx.connections.discard(self)
         table = self.ctx.table
         if table.max_per_address is None:  # ConnectionTable.remove, inline
@@ -350,6 +356,8 @@ class ServerProtocol(asyncio.Protocol):
             watch, cycle.watch = cycle.watch, None
             if watch is not None and not cycle.response_complete:
                 watch()
+            if not cycle.running:
+                self.cycle = None
 
     def pause_writing(self) -> None:
         """The client's socket buffer is full: the send timer runs until it drains."""
@@ -633,6 +641,7 @@ class ServerProtocol(asyncio.Protocol):
             scope = cycle.scope
             await self.ctx.routes.get(scope["path"], self.ctx.app)(scope, receive, send)
         except BaseException as exc:
+            self._returned(cycle)
             if not cycle.disconnected:
                 _log.error("Exception in ASGI application", exc_info=exc)
             if not cycle.response_started and not cycle.disconnected:
@@ -642,6 +651,7 @@ class ServerProtocol(asyncio.Protocol):
             if not isinstance(exc, Exception):
                 raise
             return
+        self._returned(cycle)
         if not cycle.response_complete and not cycle.disconnected:
             if not cycle.response_started:
                 _log.error("ASGI callable returned without starting response.")
@@ -649,6 +659,13 @@ class ServerProtocol(asyncio.Protocol):
             else:
                 _log.error("ASGI callable returned without completing response.")
                 self.abort()
+
+    def _returned(self, cycle: _Cycle) -> None:
+        """The app of ``cycle`` returned: on a closed connection the protocol lets go of it
+        (its scope's extensions are bound methods of the protocol: a cycle otherwise)."""
+        cycle.running = False
+        if self._closed and self.cycle is cycle:
+            self.cycle = None
 
     def _internal_error(self, cycle: _Cycle) -> None:
         body = b"Internal Server Error"
