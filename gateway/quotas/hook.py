@@ -32,9 +32,14 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from gateway.errors import GatewayError, ServiceUnavailable
+from gateway.errors import GatewayError, InvalidRequest, ServiceUnavailable
 from gateway.errors import RateLimited as GatewayRateLimited
-from gateway.quotas.errors import QuotaBackendUnavailable, QuotaError, RateLimited
+from gateway.quotas.errors import (
+    InvalidGenerationField,
+    QuotaBackendUnavailable,
+    QuotaError,
+    RateLimited,
+)
 from gateway.quotas.limiter import Admission, EventSink, LimitKind, WindowState
 from gateway.quotas.service import QuotaPlan, QuotaService
 from gateway.quotas.settings import QuotaSettings
@@ -53,9 +58,12 @@ def to_gateway_error(exc: QuotaError) -> GatewayError:
 
     ``RateLimited`` keeps its code (``rate_limit_exceeded`` / ``insufficient_quota`` /
     ``request_too_large``), its ``type`` (the limit: ``requests``, ``tokens``, ...) and its
-    headers; the backend's own saturation is reported by the relay with other codes.
+    headers; the backend's own saturation is reported by the relay with other codes. A count
+    field that bounds no generation (``InvalidGenerationField``) is a 400 naming the field.
     """
     err: GatewayError
+    if isinstance(exc, InvalidGenerationField):
+        return InvalidRequest(exc.message, param=exc.param)
     if isinstance(exc, QuotaBackendUnavailable):
         err = ServiceUnavailable(exc.message, code=exc.code, headers=refusal_headers(exc))
     else:

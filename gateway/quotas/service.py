@@ -153,8 +153,13 @@ class QuotaService:
     async def estimate(
         self, model: str, body: Mapping[str, Any], endpoint: str | None = None
     ) -> TokenEstimate:
-        """Estimate the tokens of a request (see :mod:`gateway.quotas.tokens`)."""
-        return await self.estimator.estimate_async(model, body, endpoint)
+        """Estimate the tokens of a request (see :mod:`gateway.quotas.tokens`).
+
+        Raises:
+            InvalidGenerationField: a count field (``n``, ``max_tokens``...) is not a count the
+                backend accepts, so the request cannot be bounded (400).
+        """
+        return await self.estimator.estimate_async(model, body, endpoint, strict=True)
 
     async def admit(
         self,
@@ -184,6 +189,7 @@ class QuotaService:
         Raises:
             RateLimited: a limit of the key or team has no room (429).
             QuotaBackendUnavailable: Redis is down and the policy is fail closed (503).
+            InvalidGenerationField: a count field is not a valid count (400).
         """
         if not plan.needs_tokens:
             return await self.limiter.admit(plan.subjects, 0)
