@@ -11,7 +11,9 @@ the gateway's 429 ``RateLimited`` with ``Retry-After`` and ``x-ratelimit-*`` hea
 when Redis is down and the policy fails closed); ``on_end`` settles the real usage
 (``input_tokens + output_tokens`` of the record; for a stream that ended without usage after
 relaying content, ``record.usage_estimated``, the prompt estimate plus the completion tokens
-estimated from the relayed events) and frees the concurrency slot, whatever the outcome.
+estimated from the relayed events; for an upstream failure answered with an error status, 0
+or the prompt estimate, see :data:`_NOT_TAKEN_UP`) and frees the concurrency slot, whatever
+the outcome.
 
 This module is also where quota outcomes become HTTP headers, for admissions
 (:func:`admission_headers`, on every relayed response) and refusals (:func:`refusal_headers`,
@@ -49,6 +51,16 @@ _log = logging.getLogger(__name__)
 
 #: Outcomes after which the backend did no billable work: the estimate is given back.
 _NOTHING_USED = frozenset({"denied", "invalid"})
+#: Outcomes of an upstream failure (error status relayed or sent, timeout, broken connection).
+_UPSTREAM_FAILED = frozenset({"upstream_error", "timeout"})
+#: Error codes of failures where no replica took the request up: it answered busy (429, 503)
+#: or was never reached. Such a request is charged nothing; another failure with nothing
+#: relayed (a backend 5xx, a first-byte timeout) its prompt estimate: the replica may have
+#: read and prefilled the prompt, but no completion token reached the client.
+_NOT_TAKEN_UP = frozenset({
+    "upstream_429", "upstream_503", "upstream_connect_error", "upstream_connect_timeout",
+    "upstream_egress_denied", "redirect_refused", "no_healthy_replica",
+})
 
 _PLAN_CACHE_MAX = 10_000
 
@@ -213,6 +225,10 @@ class QuotaHook:
             used = (record.input_tokens or 0) + (record.output_tokens or 0)
         elif record.outcome in _NOTHING_USED:
             used = 0
+        elif record.outcome in _UPSTREAM_FAILED and record.status >= 400:
+            # The upstream attempt failed and the client got an error status: no completion
+            # token was relayed (a response that had started keeps its status, 200).
+            used = 0 if record.error_code in _NOT_TAKEN_UP else admission.prompt_tokens
         else:
             used = None  # no usage reported: keep the estimate
         await self.limiter.finish(
