@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -229,10 +230,32 @@ class QuotaHook:
             # The upstream attempt failed and the client got an error status: no completion
             # token was relayed (a response that had started keeps its status, 200).
             used = 0 if record.error_code in _NOT_TAKEN_UP else admission.prompt_tokens
+        elif record.outcome == "client_disconnect" and not record.stream:
+            used = self._abandoned(admission, record)
         else:
             used = None  # no usage reported: keep the estimate
         await self.limiter.finish(
             admission, admission.estimated_tokens if used is None else used)
+
+
+    def _abandoned(self, admission: Admission, record: RequestRecord) -> int:
+        """The charge of a non-streamed request whose client left before the answer: no
+        usage came, and no relayed event tells how far the backend got (it is cancelled now).
+
+        Returns:
+            ``max(estimate, prompt + min(rate * seconds, bound) * completions)``: the seconds
+            since admission less the flow-control queue wait, ``rate`` the
+            ``disconnect_tokens_per_s`` setting, ``bound`` the completion's max tokens (or
+            ``completion_reserve_cap``).
+        """
+        rate = self.service.settings.disconnect_tokens_per_s
+        if not admission.admitted_at or not rate:
+            return admission.estimated_tokens
+        waited_s = float((record.flow or {}).get("wait_ms", 0)) / 1000.0
+        seconds = max(0.0, time.monotonic() - admission.admitted_at - waited_s)
+        per_completion = min(math.ceil(seconds * rate), admission.completion_bound)
+        return max(admission.estimated_tokens,
+                   admission.prompt_tokens + per_completion * admission.completions)
 
 
 def quota_hook(

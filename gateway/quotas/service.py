@@ -17,6 +17,7 @@ configured limiter to admit it, and later settles the real usage and frees the s
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
@@ -196,6 +197,9 @@ class QuotaService:
         estimate = await self.estimate(model, body, endpoint)
         admission = await self.limiter.admit(plan.subjects, estimate.total)
         admission.prompt_tokens = estimate.prompt
+        admission.completions = estimate.completions
+        admission.completion_bound = estimate.completion_bound
+        admission.admitted_at = time.monotonic()
         return admission
 
     async def settle(self, admission: Admission, actual_tokens: int | None) -> None:

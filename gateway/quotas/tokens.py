@@ -62,11 +62,16 @@ class TokenEstimate:
         prompt: estimated prompt tokens.
         completion_reserve: tokens reserved for the completion.
         method: ``tokenizer`` (the model's own) or ``approx`` (bytes / 4).
+        completions: completions the backend may generate (``max(n, best_of) * prompts``).
+        completion_bound: tokens of one completion at most as the gateway charges it (the
+            request's max tokens within ``completion_reserve_cap``, else the cap).
     """
 
     prompt: int
     completion_reserve: int
     method: Literal["tokenizer", "approx"]
+    completions: int = 1
+    completion_bound: int = 0
 
     @property
     def total(self) -> int:
@@ -163,8 +168,8 @@ class TokenEstimator:
         prompt = counted + exact
         if messages:
             prompt += self._overhead * messages + 3
-        reserve = self._completion_reserve(body, endpoint, strict)
-        return TokenEstimate(prompt, reserve, method)
+        reserve, completions, bound = self._completion_reserve(body, endpoint, strict)
+        return TokenEstimate(prompt, reserve, method, completions, bound)
 
     async def estimate_async(
         self, model: str, body: Mapping[str, Any], endpoint: str | None = None,
@@ -177,13 +182,14 @@ class TokenEstimator:
 
     def _completion_reserve(
         self, body: Mapping[str, Any], endpoint: str | None, strict: bool
-    ) -> int:
+    ) -> tuple[int, int, int]:
+        """(reserve, completions, tokens per completion at most) of one request."""
         if endpoint is not None:
             if endpoint.rstrip("/").rsplit("/", 1)[-1] in NO_COMPLETION_ENDPOINTS:
-                return 0
+                return 0, 0, 0
         elif "input" in body and "messages" not in body and "prompt" not in body:
             if not any(k in body for k in ("max_output_tokens", "instructions")):
-                return 0  # embeddings / rerank-like: no completion
+                return 0, 0, 0  # embeddings / rerank-like: no completion
         try:
             max_tokens, completions = generation_bound(body, endpoint)
         except InvalidGenerationField:
@@ -191,8 +197,9 @@ class TokenEstimator:
                 raise
             max_tokens, completions = None, 1
         if max_tokens is None:
-            return self._reserve * completions
-        return min(max_tokens, self._cap) * completions
+            return self._reserve * completions, completions, max(self._cap, self._reserve)
+        bound = min(max_tokens, self._cap)
+        return bound * completions, completions, bound
 
 
 def lax_int(body: Mapping[str, Any], name: str) -> int | None:
