@@ -48,6 +48,9 @@ NO_COMPLETION_ENDPOINTS = frozenset(
 MAX_TOKEN_FIELDS = ("max_completion_tokens", "max_tokens", "max_output_tokens")
 #: Fields multiplying the completions: ``n`` choices, ``best_of`` candidates generated.
 CHOICE_FIELDS = ("n", "best_of")
+#: ``max_tokens`` of a ``/v1/completions`` request that leaves the field out (vLLM's
+#: ``CompletionRequest`` default, as OpenAI's legacy completions).
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 #: Reads an integer field as pydantic's lax mode does (vLLM's request models): 3, "3", 3.0.
 _LAX_INT: TypeAdapter[int] = TypeAdapter(int)
 #: Above this many bytes of prompt text, tokenizing runs in a worker thread.
@@ -192,10 +195,12 @@ class TokenEstimator:
                 return 0, 0, 0  # embeddings / rerank-like: no completion
         try:
             max_tokens, completions = generation_bound(body, endpoint)
-        except InvalidGenerationField:
+        except InvalidGenerationField as exc:
             if strict:
                 raise
-            max_tokens, completions = None, 1
+            # Lenient (a cost, not a bound): the unreadable field counts as absent.
+            rest = {k: v for k, v in body.items() if k != exc.param}
+            return self._completion_reserve(rest, endpoint, strict)
         if max_tokens is None:
             return self._reserve * completions, completions, max(self._cap, self._reserve)
         bound = min(max_tokens, self._cap)
@@ -240,9 +245,11 @@ def generation_bound(body: Mapping[str, Any], endpoint: str | None) -> tuple[int
 
     Returns:
         ``(max_tokens, completions)``: the largest of :data:`MAX_TOKEN_FIELDS` present (None
-        when none is), and ``max(n, best_of) * prompts`` (``n`` and ``best_of`` are not read
-        on ``/v1/responses``, which has neither; ``prompts`` counts the prompts of a
-        ``/v1/completions`` list prompt, one completion each, else 1).
+        when none is; on ``/v1/completions`` without a ``max_tokens`` key, at least the
+        backend's default :data:`COMPLETIONS_DEFAULT_MAX_TOKENS`; an explicit null leaves the
+        backend unbounded, so None), and ``max(n, best_of) * prompts`` (``n`` and ``best_of``
+        are not read on ``/v1/responses``, which has neither; ``prompts`` counts the prompts
+        of a ``/v1/completions`` list prompt, one completion each, else 1).
 
     Raises:
         InvalidGenerationField: a count is not an integer, ``n``/``best_of`` is below 1 or a
@@ -269,6 +276,8 @@ def generation_bound(body: Mapping[str, Any], endpoint: str | None) -> tuple[int
     completions_path = last[-1:] == ["completions"] and last[:1] != ["chat"]
     if endpoint is None or completions_path:
         choices *= _prompt_count(body)
+    if completions_path and "max_tokens" not in body:
+        largest = max(largest or 0, COMPLETIONS_DEFAULT_MAX_TOKENS)
     return largest, choices
 
 

@@ -88,6 +88,18 @@ def test_every_prompt_of_a_completions_list_is_reserved(
     assert len(one.choices) == 1
 
 
+def test_completions_without_max_tokens_reserve_the_backend_default(
+    serve_asgi: Callable[..., Any]
+) -> None:
+    c, sim, _ = gateway(serve_asgi, budget(1000), tokens_per_response=50)
+    with pytest.raises(openai.RateLimitError):
+        # vLLM generates 16 tokens per completion when max_tokens is left out: 100 x 16.
+        c.completions.create(model=MODEL, prompt=["hi"] * 100)
+    assert sim.stats()["received"] == 0
+    ok = c.completions.create(model=MODEL, prompt=["hi"] * 10)
+    assert ok.usage is not None and ok.usage.completion_tokens == 160
+
+
 def test_best_of_candidates_are_reserved(serve_asgi: Callable[..., Any]) -> None:
     c, sim, _ = gateway(serve_asgi, budget(1000), tokens_per_response=50)
     with pytest.raises(openai.RateLimitError):
