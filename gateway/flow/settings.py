@@ -251,8 +251,10 @@ class FlowControlSettings(_Frozen):
         share_cost: What a queued request costs its key (or team) in the fair share of its
             class (deficit round robin, :mod:`gateway.flow.queues`): ``tokens`` (default), its
             estimated prompt tokens (UTF-8 bytes / 4 plus a few per message, as
-            :mod:`gateway.quotas.tokens` approximates them) plus its ``max_tokens`` (or
-            ``max_completion_tokens``/``max_output_tokens``, times ``n``), so that keys share
+            :mod:`gateway.quotas.tokens` approximates them) plus its completion tokens at
+            most (:func:`gateway.quotas.tokens.generation_bound`: the largest of
+            ``max_tokens``/``max_completion_tokens``/``max_output_tokens``, times
+            ``max(n, best_of)`` and the prompts of a completions list), so that keys share
             the fleet's tokens, not its request count; or ``requests``: 1 each.
         default_max_tokens: The completion tokens counted for a request that sets no maximum
             (``share_cost: tokens``).

@@ -15,6 +15,7 @@ the quota seam, :mod:`gateway.quotas.hook` (``admission_headers``, ``refusal_hea
 
 from gateway.quotas.errors import (
     BudgetExhausted,
+    InvalidGenerationField,
     QuotaBackendUnavailable,
     QuotaConfigError,
     QuotaError,
@@ -46,6 +47,7 @@ def __getattr__(name: str) -> object:
 __all__ = [
     "Admission",
     "BudgetExhausted",
+    "InvalidGenerationField",
     "Limiter",
     "Limits",
     "MemoryLimiter",

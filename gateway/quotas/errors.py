@@ -7,6 +7,8 @@ Exception tree (each class has a stable machine ``code`` and an HTTP ``status``)
     │   ├── BudgetExhausted            429, code "insufficient_quota" (daily / monthly tokens)
     │   └── RequestTooLarge            429, code "request_too_large" (can never fit the limit)
     ├── QuotaBackendUnavailable        503, code "quota_backend_unavailable" (fail closed)
+    ├── InvalidGenerationField         400, code "invalid_request" (``n``, ``max_tokens``...
+    │                                  that the backend would not read as a count)
     └── QuotaConfigError               code "quota_config_invalid"
 
 The OpenAI error body shape is ``{"error": {"message", "type", "param", "code"}}``; the ``type``
@@ -146,6 +148,25 @@ class QuotaBackendUnavailable(QuotaError):
     code = "quota_backend_unavailable"
     status = 503
     error_type = "server_error"
+
+
+class InvalidGenerationField(QuotaError):
+    """A field that sizes the generation (``n``, ``best_of``, ``max_tokens``,
+    ``max_completion_tokens``, ``max_output_tokens``) is not a count the backend accepts, so
+    the request's tokens cannot be bounded before forwarding (vLLM would refuse it too).
+
+    Args:
+        param: the field at fault (the OpenAI error's ``param``).
+        message: what is wrong, for the client.
+    """
+
+    code = "invalid_request"
+    status = 400
+    error_type = "invalid_request_error"
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 UNREACHABLE = "The quota store is unreachable and the gateway fails closed; retry shortly."

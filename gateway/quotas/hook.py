@@ -11,7 +11,9 @@ the gateway's 429 ``RateLimited`` with ``Retry-After`` and ``x-ratelimit-*`` hea
 when Redis is down and the policy fails closed); ``on_end`` settles the real usage
 (``input_tokens + output_tokens`` of the record; for a stream that ended without usage after
 relaying content, ``record.usage_estimated``, the prompt estimate plus the completion tokens
-estimated from the relayed events) and frees the concurrency slot, whatever the outcome.
+estimated from the relayed events; for an upstream failure answered with an error status, 0
+or the prompt estimate, see :data:`_NOT_TAKEN_UP`) and frees the concurrency slot, whatever
+the outcome.
 
 This module is also where quota outcomes become HTTP headers, for admissions
 (:func:`admission_headers`, on every relayed response) and refusals (:func:`refusal_headers`,
@@ -29,12 +31,18 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Mapping
 from typing import Any
 
-from gateway.errors import GatewayError, ServiceUnavailable
+from gateway.errors import GatewayError, InvalidRequest, ServiceUnavailable
 from gateway.errors import RateLimited as GatewayRateLimited
-from gateway.quotas.errors import QuotaBackendUnavailable, QuotaError, RateLimited
+from gateway.quotas.errors import (
+    InvalidGenerationField,
+    QuotaBackendUnavailable,
+    QuotaError,
+    RateLimited,
+)
 from gateway.quotas.limiter import Admission, EventSink, LimitKind, WindowState
 from gateway.quotas.service import QuotaPlan, QuotaService
 from gateway.quotas.settings import QuotaSettings
@@ -44,6 +52,16 @@ _log = logging.getLogger(__name__)
 
 #: Outcomes after which the backend did no billable work: the estimate is given back.
 _NOTHING_USED = frozenset({"denied", "invalid"})
+#: Outcomes of an upstream failure (error status relayed or sent, timeout, broken connection).
+_UPSTREAM_FAILED = frozenset({"upstream_error", "timeout"})
+#: Error codes of failures where no replica took the request up: it answered busy (429, 503)
+#: or was never reached. Such a request is charged nothing; another failure with nothing
+#: relayed (a backend 5xx, a first-byte timeout) its prompt estimate: the replica may have
+#: read and prefilled the prompt, but no completion token reached the client.
+_NOT_TAKEN_UP = frozenset({
+    "upstream_429", "upstream_503", "upstream_connect_error", "upstream_connect_timeout",
+    "upstream_egress_denied", "redirect_refused", "no_healthy_replica",
+})
 
 _PLAN_CACHE_MAX = 10_000
 
@@ -53,9 +71,12 @@ def to_gateway_error(exc: QuotaError) -> GatewayError:
 
     ``RateLimited`` keeps its code (``rate_limit_exceeded`` / ``insufficient_quota`` /
     ``request_too_large``), its ``type`` (the limit: ``requests``, ``tokens``, ...) and its
-    headers; the backend's own saturation is reported by the relay with other codes.
+    headers; the backend's own saturation is reported by the relay with other codes. A count
+    field that bounds no generation (``InvalidGenerationField``) is a 400 naming the field.
     """
     err: GatewayError
+    if isinstance(exc, InvalidGenerationField):
+        return InvalidRequest(exc.message, param=exc.param)
     if isinstance(exc, QuotaBackendUnavailable):
         err = ServiceUnavailable(exc.message, code=exc.code, headers=refusal_headers(exc))
     else:
@@ -205,10 +226,36 @@ class QuotaHook:
             used = (record.input_tokens or 0) + (record.output_tokens or 0)
         elif record.outcome in _NOTHING_USED:
             used = 0
+        elif record.outcome in _UPSTREAM_FAILED and record.status >= 400:
+            # The upstream attempt failed and the client got an error status: no completion
+            # token was relayed (a response that had started keeps its status, 200).
+            used = 0 if record.error_code in _NOT_TAKEN_UP else admission.prompt_tokens
+        elif record.outcome == "client_disconnect" and not record.stream:
+            used = self._abandoned(admission, record)
         else:
             used = None  # no usage reported: keep the estimate
         await self.limiter.finish(
             admission, admission.estimated_tokens if used is None else used)
+
+
+    def _abandoned(self, admission: Admission, record: RequestRecord) -> int:
+        """The charge of a non-streamed request whose client left before the answer: no
+        usage came, and no relayed event tells how far the backend got (it is cancelled now).
+
+        Returns:
+            ``max(estimate, prompt + min(rate * seconds, bound) * completions)``: the seconds
+            since admission less the flow-control queue wait, ``rate`` the
+            ``disconnect_tokens_per_s`` setting, ``bound`` the completion's max tokens (or
+            ``completion_reserve_cap``).
+        """
+        rate = self.service.settings.disconnect_tokens_per_s
+        if not admission.admitted_at or not rate:
+            return admission.estimated_tokens
+        waited_s = float((record.flow or {}).get("wait_ms", 0)) / 1000.0
+        seconds = max(0.0, time.monotonic() - admission.admitted_at - waited_s)
+        per_completion = min(math.ceil(seconds * rate), admission.completion_bound)
+        return max(admission.estimated_tokens,
+                   admission.prompt_tokens + per_completion * admission.completions)
 
 
 def quota_hook(

@@ -75,6 +75,10 @@ class Admission:
         estimated_tokens: tokens charged at admission (prompt estimate + completion reserve).
         prompt_tokens: the prompt part of ``estimated_tokens`` (charged with an estimated
             completion when the backend reported no usage).
+        completions: completions the backend may generate (``max(n, best_of) * prompts``).
+        completion_bound: tokens one completion may be charged without usage (its
+            ``max_tokens`` within ``completion_reserve_cap``, else the cap).
+        admitted_at: ``time.monotonic()`` of the admission, seconds (0: tokens not estimated).
         requests: tightest requests-per-minute snapshot after admission (for headers).
         tokens: tightest tokens-per-minute snapshot after admission (for headers).
         fail_open: True when admitted without accounting because the backend was down.
@@ -92,6 +96,9 @@ class Admission:
     released: bool = False
     period_keys: dict[str, str] = field(default_factory=dict)
     prompt_tokens: int = 0
+    completions: int = 1
+    completion_bound: int = 0
+    admitted_at: float = 0.0
 
 
 class Limiter(Protocol):

@@ -17,6 +17,7 @@ configured limiter to admit it, and later settles the real usage and frees the s
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
@@ -153,8 +154,13 @@ class QuotaService:
     async def estimate(
         self, model: str, body: Mapping[str, Any], endpoint: str | None = None
     ) -> TokenEstimate:
-        """Estimate the tokens of a request (see :mod:`gateway.quotas.tokens`)."""
-        return await self.estimator.estimate_async(model, body, endpoint)
+        """Estimate the tokens of a request (see :mod:`gateway.quotas.tokens`).
+
+        Raises:
+            InvalidGenerationField: a count field (``n``, ``max_tokens``...) is not a count the
+                backend accepts, so the request cannot be bounded (400).
+        """
+        return await self.estimator.estimate_async(model, body, endpoint, strict=True)
 
     async def admit(
         self,
@@ -184,12 +190,16 @@ class QuotaService:
         Raises:
             RateLimited: a limit of the key or team has no room (429).
             QuotaBackendUnavailable: Redis is down and the policy is fail closed (503).
+            InvalidGenerationField: a count field is not a valid count (400).
         """
         if not plan.needs_tokens:
             return await self.limiter.admit(plan.subjects, 0)
         estimate = await self.estimate(model, body, endpoint)
         admission = await self.limiter.admit(plan.subjects, estimate.total)
         admission.prompt_tokens = estimate.prompt
+        admission.completions = estimate.completions
+        admission.completion_bound = estimate.completion_bound
+        admission.admitted_at = time.monotonic()
         return admission
 
     async def settle(self, admission: Admission, actual_tokens: int | None) -> None:

@@ -97,6 +97,10 @@ class QuotaSettings(BaseModel):
         completion_reserve_tokens: tokens reserved for the completion when a request gives no
             ``max_tokens``; corrected with the real usage afterwards.
         completion_reserve_cap: upper bound of the reserve taken from ``max_tokens``.
+        disconnect_tokens_per_s: completion tokens per second (and per completion) charged for
+            the generation time of a non-streamed request whose client left before the answer
+            (no usage): ``max(estimate, prompt + min(rate * seconds since forwarding, max
+            tokens or cap) * completions)``; 0 keeps the admission estimate.
         tokenizers: model name -> local directory with ``tokenizer.json`` (never downloaded).
         message_overhead_tokens: per chat message overhead of the approximate estimator.
         defaults: limits for every key and every team.
@@ -117,6 +121,7 @@ class QuotaSettings(BaseModel):
     lease_s: float = Field(default=60.0, ge=3, le=86400)
     completion_reserve_tokens: int = Field(default=0, ge=0)
     completion_reserve_cap: int = Field(default=1024, ge=0)
+    disconnect_tokens_per_s: float = Field(default=50.0, ge=0)
     tokenizers: dict[str, Path] = Field(default_factory=dict)
     message_overhead_tokens: int = Field(default=4, ge=0, le=64)
     defaults: SubjectDefaults = SubjectDefaults()

@@ -8,10 +8,19 @@ never downloaded). Otherwise a documented approximation is used:
 
 (about four bytes of English text per BPE token; the per-message overhead covers role and
 separator tokens of chat templates; 3 primes the assistant reply). Token id prompts
-(``prompt: [1, 2, 3]``) count exactly. To the prompt estimate we add a completion reserve:
-``min(max_tokens, completion_reserve_cap) * n`` when the request sets ``max_tokens`` /
-``max_completion_tokens`` / ``max_output_tokens``, else ``completion_reserve_tokens``. The
-limiter later corrects the estimate with the real usage reported by the backend.
+(``prompt: [1, 2, 3]``) count exactly. To the prompt estimate we add a completion reserve,
+an upper bound of what the backend may generate (:func:`generation_bound`)::
+
+    completion_reserve = min(max_tokens, completion_reserve_cap) * completions
+    completions = max(n, best_of) * prompts
+
+where ``max_tokens`` is the largest of ``max_tokens`` / ``max_completion_tokens`` /
+``max_output_tokens`` present (vLLM reads ``max_completion_tokens`` or else ``max_tokens`` on
+chat, ``max_tokens`` on completions, ``max_output_tokens`` on responses: the largest bounds
+each), or ``completion_reserve_tokens`` when none is; ``prompts`` is the number of prompts of
+a ``/v1/completions`` list prompt (one completion each), else 1. Counts are read as vLLM's
+pydantic models read them (lax integers: ``3``, ``"3"``, ``3.0``). The limiter later corrects
+the estimate with the real usage reported by the backend.
 """
 
 from __future__ import annotations
@@ -25,12 +34,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from pydantic import TypeAdapter, ValidationError
+
+from gateway.quotas.errors import InvalidGenerationField
+
 _log = logging.getLogger(__name__)
 
 #: Last path segments of endpoints that produce no completion tokens.
 NO_COMPLETION_ENDPOINTS = frozenset(
     {"embeddings", "rerank", "score", "tokenize", "detokenize", "classify", "pooling"}
 )
+#: Fields bounding the tokens of one completion (the largest present bounds every endpoint).
+MAX_TOKEN_FIELDS = ("max_completion_tokens", "max_tokens", "max_output_tokens")
+#: Fields multiplying the completions: ``n`` choices, ``best_of`` candidates generated.
+CHOICE_FIELDS = ("n", "best_of")
+#: ``max_tokens`` of a ``/v1/completions`` request that leaves the field out (vLLM's
+#: ``CompletionRequest`` default, as OpenAI's legacy completions).
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+#: Reads an integer field as pydantic's lax mode does (vLLM's request models): 3, "3", 3.0.
+_LAX_INT: TypeAdapter[int] = TypeAdapter(int)
 #: Above this many bytes of prompt text, tokenizing runs in a worker thread.
 THREAD_THRESHOLD_BYTES = 32 * 1024
 
@@ -43,11 +65,16 @@ class TokenEstimate:
         prompt: estimated prompt tokens.
         completion_reserve: tokens reserved for the completion.
         method: ``tokenizer`` (the model's own) or ``approx`` (bytes / 4).
+        completions: completions the backend may generate (``max(n, best_of) * prompts``).
+        completion_bound: tokens of one completion at most as the gateway charges it (the
+            request's max tokens within ``completion_reserve_cap``, else the cap).
     """
 
     prompt: int
     completion_reserve: int
     method: Literal["tokenizer", "approx"]
+    completions: int = 1
+    completion_bound: int = 0
 
     @property
     def total(self) -> int:
@@ -111,7 +138,8 @@ class TokenEstimator:
         return tok
 
     def estimate(
-        self, model: str, body: Mapping[str, Any], endpoint: str | None = None
+        self, model: str, body: Mapping[str, Any], endpoint: str | None = None,
+        *, strict: bool = False,
     ) -> TokenEstimate:
         """Estimate the tokens of one request body (an OpenAI-style JSON object).
 
@@ -120,9 +148,16 @@ class TokenEstimator:
             body: the parsed request body.
             endpoint: the request path (``/v1/embeddings`` ...); endpoints that generate no
                 completion get no completion reserve. When None, the body shape decides.
+            strict: refuse a count field (``n``, ``max_tokens``, ...) that is not an integer
+                the backend accepts (quotas: the reserve must bound the generation); otherwise
+                such a field counts as absent (flow control's fair-share cost).
 
         Returns:
-            The estimate; never raises on odd bodies (unknown shapes count their JSON size).
+            The estimate; apart from ``strict``, never raises on odd bodies (unknown shapes
+            count their JSON size).
+
+        Raises:
+            InvalidGenerationField: ``strict`` and a count field is not a valid count.
         """
         texts, messages, exact = _prompt_parts(body)
         tok = self._tokenizer(model) if model in self._dirs else None
@@ -136,30 +171,125 @@ class TokenEstimator:
         prompt = counted + exact
         if messages:
             prompt += self._overhead * messages + 3
-        return TokenEstimate(prompt, self._completion_reserve(body, endpoint), method)
+        reserve, completions, bound = self._completion_reserve(body, endpoint, strict)
+        return TokenEstimate(prompt, reserve, method, completions, bound)
 
     async def estimate_async(
-        self, model: str, body: Mapping[str, Any], endpoint: str | None = None
+        self, model: str, body: Mapping[str, Any], endpoint: str | None = None,
+        *, strict: bool = False,
     ) -> TokenEstimate:
         """Like :meth:`estimate`, tokenizing large prompts in a worker thread."""
         if model in self._dirs and _rough_size(body) > THREAD_THRESHOLD_BYTES:
-            return await asyncio.to_thread(self.estimate, model, body, endpoint)
-        return self.estimate(model, body, endpoint)
+            return await asyncio.to_thread(self.estimate, model, body, endpoint, strict=strict)
+        return self.estimate(model, body, endpoint, strict=strict)
 
-    def _completion_reserve(self, body: Mapping[str, Any], endpoint: str | None) -> int:
+    def _completion_reserve(
+        self, body: Mapping[str, Any], endpoint: str | None, strict: bool
+    ) -> tuple[int, int, int]:
+        """(reserve, completions, tokens per completion at most) of one request."""
         if endpoint is not None:
             if endpoint.rstrip("/").rsplit("/", 1)[-1] in NO_COMPLETION_ENDPOINTS:
-                return 0
+                return 0, 0, 0
         elif "input" in body and "messages" not in body and "prompt" not in body:
             if not any(k in body for k in ("max_output_tokens", "instructions")):
-                return 0  # embeddings / rerank-like: no completion
-        n = body.get("n")
-        choices = n if isinstance(n, int) and 1 <= n <= 128 else 1
-        for name in ("max_completion_tokens", "max_tokens", "max_output_tokens"):
-            value = body.get(name)
-            if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-                return min(value, self._cap) * choices
-        return self._reserve * choices
+                return 0, 0, 0  # embeddings / rerank-like: no completion
+        try:
+            max_tokens, completions = generation_bound(body, endpoint)
+        except InvalidGenerationField as exc:
+            if strict:
+                raise
+            # Lenient (a cost, not a bound): the unreadable field counts as absent.
+            rest = {k: v for k, v in body.items() if k != exc.param}
+            return self._completion_reserve(rest, endpoint, strict)
+        if max_tokens is None:
+            return self._reserve * completions, completions, max(self._cap, self._reserve)
+        bound = min(max_tokens, self._cap)
+        return bound * completions, completions, bound
+
+
+def lax_int(body: Mapping[str, Any], name: str) -> int | None:
+    """Read an integer field as vLLM's request models (pydantic, lax mode) read it.
+
+    Args:
+        body: the parsed request body.
+        name: the field.
+
+    Returns:
+        The integer (``3``, ``"3"``, ``3.0``, ``" 3 "`` and ``True`` are read as vLLM reads
+        them), or None when the field is absent or null.
+
+    Raises:
+        InvalidGenerationField: the field is present but not an integer (``"x"``, ``2.5``).
+    """
+    value = body.get(name)
+    if value is None:
+        return None
+    if type(value) is int:
+        return value
+    try:
+        return _LAX_INT.validate_python(value)
+    except ValidationError:
+        shown = repr(value)
+        shown = shown if len(shown) <= 40 else shown[:37] + "..."
+        raise InvalidGenerationField(
+            name, f"'{name}' must be an integer, got {shown}.") from None
+
+
+def generation_bound(body: Mapping[str, Any], endpoint: str | None) -> tuple[int | None, int]:
+    """What the backend may generate for a request: tokens per completion and completions.
+
+    Args:
+        body: the parsed request body.
+        endpoint: the request path; None lets the body's shape decide (a ``prompt`` field is
+            a completions prompt).
+
+    Returns:
+        ``(max_tokens, completions)``: the largest of :data:`MAX_TOKEN_FIELDS` present (None
+        when none is; on ``/v1/completions`` without a ``max_tokens`` key, at least the
+        backend's default :data:`COMPLETIONS_DEFAULT_MAX_TOKENS`; an explicit null leaves the
+        backend unbounded, so None), and ``max(n, best_of) * prompts`` (``n`` and ``best_of``
+        are not read on ``/v1/responses``, which has neither; ``prompts`` counts the prompts
+        of a ``/v1/completions`` list prompt, one completion each, else 1).
+
+    Raises:
+        InvalidGenerationField: a count is not an integer, ``n``/``best_of`` is below 1 or a
+            max-tokens field below 0 (vLLM refuses them as well).
+    """
+    largest: int | None = None
+    for name in MAX_TOKEN_FIELDS:
+        value = lax_int(body, name)
+        if value is None:
+            continue
+        if value < 0:
+            raise InvalidGenerationField(name, f"'{name}' must be at least 0, got {value}.")
+        largest = value if largest is None else max(largest, value)
+    last = endpoint.rstrip("/").rsplit("/", 2)[-2:] if endpoint is not None else []
+    choices = 1
+    if last[-1:] != ["responses"]:
+        for name in CHOICE_FIELDS:
+            value = lax_int(body, name)
+            if value is None:
+                continue
+            if value < 1:
+                raise InvalidGenerationField(name, f"'{name}' must be at least 1, got {value}.")
+            choices = max(choices, value)
+    completions_path = last[-1:] == ["completions"] and last[:1] != ["chat"]
+    if endpoint is None or completions_path:
+        choices *= _prompt_count(body)
+    if completions_path and "max_tokens" not in body:
+        largest = max(largest or 0, COMPLETIONS_DEFAULT_MAX_TOKENS)
+    return largest, choices
+
+
+def _prompt_count(body: Mapping[str, Any]) -> int:
+    """Prompts of a completions body: a list of strings or of token-id lists is one prompt
+    per item; a string or one token-id list is one (chat bodies, with ``messages``: 1)."""
+    prompt = body.get("prompt")
+    if "messages" in body or not isinstance(prompt, list) or not prompt:
+        return 1
+    if all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        return 1  # one prompt of token ids
+    return len(prompt)
 
 
 def _rough_size(body: Mapping[str, Any]) -> int:

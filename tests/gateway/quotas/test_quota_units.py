@@ -16,8 +16,9 @@ from gateway.quotas import (
     TokenEstimator,
     WindowState,
 )
-from gateway.quotas.errors import BudgetExhausted
+from gateway.quotas.errors import BudgetExhausted, InvalidGenerationField
 from gateway.quotas.hook import format_duration, refusal_headers, window_headers
+from gateway.quotas.tokens import generation_bound
 
 
 def test_overrides_merge_field_by_field_and_explicit_null_unlimits() -> None:
@@ -154,6 +155,31 @@ def test_completion_reserve_from_max_tokens_capped_and_times_n() -> None:
     assert estimator.estimate("m", CHAT).completion_reserve == 50
     emb = estimator.estimate("m", {"input": ["a b c", "d"]}, "/v1/embeddings")
     assert emb.completion_reserve == 0 and emb.prompt == math.ceil(len("a b c\nd") / 4)
+
+
+@pytest.mark.parametrize(("endpoint", "body", "bound"), [
+    ("/v1/chat/completions", {"n": 500, "max_tokens": 50}, (50, 500)),
+    ("/v1/chat/completions", {"n": "3", "max_completion_tokens": 1, "max_tokens": 9}, (9, 3)),
+    ("/v1/completions", {"prompt": ["a"] * 7, "n": 2.0, "best_of": 3, "max_tokens": 5}, (5, 21)),
+    ("/v1/completions", {"prompt": [1, 2, 3]}, (16, 1)),  # vLLM's default max_tokens
+    ("/v1/completions", {"prompt": [[1], [2]], "max_tokens": None}, (None, 2)),  # no limit
+    ("/v1/completions", {"prompt": "a", "max_tokens": 4, "max_completion_tokens": 400},
+     (400, 1)),
+    ("/v1/responses", {"input": "a", "n": "x", "max_output_tokens": 7}, (7, 1)),
+    (None, {"prompt": ["a", "b"], "n": 2}, (None, 4)),
+])
+def test_generation_bound_counts_every_completion(
+    endpoint: str | None, body: dict[str, Any], bound: tuple[int | None, int]
+) -> None:
+    assert generation_bound(body, endpoint) == bound
+
+
+def test_flow_cost_counts_an_unreadable_count_as_absent() -> None:
+    body = {**CHAT, "n": "many", "max_tokens": 10}
+    with pytest.raises(InvalidGenerationField) as info:
+        TokenEstimator().estimate("m", body, "/v1/chat/completions", strict=True)
+    assert info.value.param == "n" and info.value.status == 400
+    assert TokenEstimator().estimate("m", body, "/v1/chat/completions").completion_reserve == 10
 
 
 def test_token_id_prompts_count_exactly() -> None:
