@@ -13,6 +13,8 @@ official SDK's server with ``requests_per_minute: 2`` per key:
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -23,7 +25,7 @@ import pytest
 from tests.gateway.mcp_gateway.harness import start_gateway
 from tests.gateway.mcp_gateway.test_mcp_bad_input import META, call, headers, post
 from tests.gateway.mcp_gateway.test_mcp_prompts_resources_access import ACCESS, docs_server
-from tests.gateway.mcp_gateway.upstreams import Counting
+from tests.gateway.mcp_gateway.upstreams import Counting, sdk_server
 from vllm_sim import SimConfig
 from vllm_sim import create_app as create_sim
 
@@ -98,3 +100,54 @@ def test_every_message_counts_against_the_callers_request_quota(
     assert refused.count(("k-nobody", "notifications/initialized", "rate_limit_exceeded")) == 1
     assert refused.count(("k-secret", "resources/read", "header_mismatch")) == 2
     assert refused.count(("k-secret", "resources/read", "rate_limit_exceeded")) == 1
+
+
+def _message(url: str, method: str, rid: int | None) -> httpx.Response:
+    body: dict[str, Any] = {"jsonrpc": "2.0", "method": method, "params": {"_meta": META}}
+    if rid is not None:
+        body["id"] = rid
+    if method == "notifications/cancelled":
+        body["params"]["requestId"] = 999
+    return post(url, body, headers("agent", method=method))
+
+
+def test_only_requests_hold_a_concurrency_slot(
+        serve_asgi: Callable[..., Any], tmp_path: Path) -> None:
+    """``max_concurrent: 1``: while a slow tool call holds the key's slot, another request
+    (``ping`` at ``/mcp/tools``, ``tools/list`` at the aggregate ``/mcp``) is 429
+    ``concurrency``, but a notification (here ``notifications/cancelled``, which must reach
+    the server while the call runs) is forwarded, and the aggregate's own ``ping`` is free."""
+    sim = serve_asgi(create_sim(SimConfig(models=["m"])))
+    upstream = Counting(sdk_server())
+    url = serve_asgi(upstream).url + "/mcp"
+
+    def quotas(cfg: dict[str, Any]) -> None:
+        cfg["quotas"] = {"enabled": True, "defaults": {"key": {"max_concurrent": 1}}}
+        cfg["mcp"]["aggregate"] = True
+
+    gw = start_gateway(tmp_path, sim.url, {"tools": url}, {}, cfg_extra=quotas)
+    results: dict[str, httpx.Response] = {}
+    try:
+        tools = gw.mcp("tools")
+        slow = threading.Thread(target=lambda: results.update(slow=post(
+            tools, call("count", {"steps": 300}, 1), headers(name="count"))))
+        slow.start()
+        deadline = time.monotonic() + 30
+        while "tools/call:count" not in upstream.seen:  # in flight upstream, slot held
+            assert time.monotonic() < deadline, "the slow call never reached the server"
+            time.sleep(0.01)
+        ping = _message(tools, "ping", 2)
+        listed = _message(gw.url + "/mcp", "tools/list", 3)
+        own_ping = _message(gw.url + "/mcp", "ping", 4)
+        cancelled = _message(tools, "notifications/cancelled", None)
+        assert slow.is_alive()
+        slow.join(60)
+    finally:
+        gw.stop()
+    assert results["slow"].status_code == 200
+    for resp, rid in ((ping, 2), (listed, 3)):
+        assert resp.status_code == 429, resp.text
+        assert resp.json()["id"] == rid and resp.json()["error"]["data"]["limit"] == "concurrency"
+    assert own_ping.status_code == 200
+    assert cancelled.status_code == 202, cancelled.text
+    assert "notifications/cancelled" in upstream.seen and "ping" not in upstream.seen
