@@ -68,15 +68,19 @@ async def tail_records(
 
 async def subject_records(records: AsyncIterator[Record], subject: str) -> AsyncIterator[Record]:
     """The records of one data subject (a data-subject access request): every record whose
-    ``identity.subject`` is the pseudonym ``subject``, and the completion records of those
-    requests (which carry the request id only).
+    ``identity.subject`` is the pseudonym ``subject`` (requests, MCP requests, the Batch API's
+    ``batch.*`` records), and the records that amend those requests and carry the request id
+    only (``request.completed``, ``request.undelivered``, ``mcp.undelivered``).
 
     Args:
         records: Records in insertion order (:func:`export_records`).
         subject: The subject's pseudonym (``hmac-sha256:<hex>``).
+
+    Memory: the request ids of the subject's records seen so far (an amendment may follow
+    its request's completion), about 130 bytes each.
     """
     requests: set[str] = set()
-    for_request = ("request.completed",)
+    for_request = ("request.completed", "request.undelivered", "mcp.undelivered")
     async for rec in records:
         data = rec.decoded().get("data") or {}
         identity = data.get("identity")
@@ -86,5 +90,4 @@ async def subject_records(records: AsyncIterator[Record], subject: str) -> Async
                 requests.add(request_id)
             yield rec
         elif rec.type in for_request and request_id in requests:
-            requests.discard(request_id)
             yield rec

@@ -37,7 +37,7 @@ from gateway.batch.events import (
     batch_trace_id,
 )
 from gateway.batch.jsonl import ENDPOINTS, parse_input
-from gateway.batch.owner import check_endpoint_credential, owner_fields
+from gateway.batch.owner import check_endpoint_credential, owner_fields, record_identity
 from gateway.batch.runner import BatchRunner, new_id
 from gateway.batch.store import FINAL, OwnerLimits, OwnerUsage
 from gateway.errors import ServiceUnavailable
@@ -171,7 +171,8 @@ async def create_file(request: Request) -> Response:
     try:
         await _record(runner, {"type": BATCH_FILE_CREATED, "file_id": row["id"],
                                "key_id": who.key_id, "purpose": "batch",
-                               "bytes": len(content), "sha256": digest})
+                               "bytes": len(content), "sha256": digest,
+                               **record_identity(who)})
     except ServiceUnavailable:
         await runner.store.delete_file(str(row["id"]), who.key_id)  # none without its record
         raise
@@ -242,7 +243,7 @@ async def delete_file(request: Request) -> Response:
     if await runner.store.file(file_id, who.key_id) is None:
         raise NotFound(f"No such file: '{file_id}'.", param="file_id")
     await _record(runner, {"type": BATCH_FILE_DELETED, "file_id": file_id,
-                           "key_id": who.key_id})
+                           "key_id": who.key_id, **record_identity(who)})
     if not await runner.store.delete_file(file_id, who.key_id):
         raise NotFound(f"No such file: '{file_id}'.", param="file_id")
     return JSONResponse({"id": file_id, "object": "file", "deleted": True})
@@ -295,7 +296,8 @@ async def create_batch(request: Request) -> Response:
         await _record(runner, {"type": BATCH_CREATED, "batch_id": obj["id"],
                                "key_id": who.key_id, "input_file_id": file_id,
                                "endpoint": endpoint, "requests": len(requests),
-                               "trace_id": batch_trace_id(obj["id"])})
+                               "trace_id": batch_trace_id(obj["id"]),
+                               **record_identity(who)})
     except ServiceUnavailable:
         await runner.store.remove_batch(obj["id"])  # none without its record
         raise
@@ -320,7 +322,8 @@ async def cancel_batch(request: Request) -> Response:
     obj = await runner.store.batch(batch_id, who.key_id)
     if obj is not None and obj["status"] not in FINAL and obj["status"] != "cancelling":
         await _record(runner, {"type": BATCH_CANCEL_REQUESTED, "batch_id": batch_id,
-                               "key_id": who.key_id, "status": obj["status"]})
+                               "key_id": who.key_id, "status": obj["status"],
+                               **record_identity(who)})
     return JSONResponse(await runner.cancel(batch_id, who.key_id))
 
 

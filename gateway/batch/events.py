@@ -20,6 +20,10 @@ and nothing is changed... see :meth:`gateway.batch.runner.BatchRunner.record`):
                                ``trace_id``
 =============================  ===============================================================
 
+Every record written for a token or client-certificate owner also carries its ``identity``
+(:func:`gateway.batch.owner.record_identity`: issuer, subject pseudonym, rule, ``kid``...), so
+a data-subject export (``gateway audit export --subject``) finds it.
+
 Each request of a batch that reaches the relay is audited as an interactive one
 (``request.started`` / ``request.completed``) and carries the batch's trace id
 (:func:`batch_trace_id`), so ``gateway audit timeline --trace-id`` lists a batch's requests.

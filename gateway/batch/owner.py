@@ -43,7 +43,7 @@ from gateway.identity.rules import decide
 from gateway.identity.settings import IdentityRule, IdentitySettings
 
 __all__ = ["OwnerRevoked", "check_endpoint_credential", "owner_fields", "reauthorise",
-           "rules_digest"]
+           "record_identity", "rules_digest", "stored_record_identity"]
 
 
 class OwnerRevoked(GatewayError):
@@ -90,6 +90,29 @@ def owner_fields(p: Principal, identity: IdentitySettings | None) -> dict[str, A
         "rules_sha256": rules_digest(rules[:at + 1]) if at is not None else None,
     }
     return fields
+
+
+def record_identity(p: Principal) -> dict[str, Any]:
+    """The ``identity`` field of a batch audit record written for ``p``: ``{"identity": ...}``
+    with the verified identity's audit fields (issuer, subject pseudonym, rule, ``kid``...;
+    :meth:`gateway.identity.model.Identity.audit_fields`, as request records carry them), or
+    ``{}`` for an API key; so that ``gateway audit export --subject`` finds the record."""
+    return {"identity": p.identity.audit_fields()} if p.identity is not None else {}
+
+
+def stored_record_identity(fields: dict[str, Any]) -> dict[str, Any]:
+    """:func:`record_identity` of a batch's owner as :func:`owner_fields` stored it (the
+    runner writes the records of a batch's end without the caller's request)."""
+    who = fields.get("identity")
+    if not isinstance(who, dict):
+        return {}
+    return {"identity": {
+        "method": who.get("method"), "issuer": who.get("issuer"),
+        "subject": who.get("subject"), "org": who.get("org"), "rule": who.get("rule"),
+        "flow_class": who.get("flow_class"),
+        "decided_by": {str(n): v for n, v in who.get("decided_by") or ()},
+        "kid": who.get("kid"), "jwks_sha256": who.get("jwks_sha256"),
+        "cert_sha256": who.get("cert_sha256")}}
 
 
 def check_endpoint_credential(p: Principal, identity: IdentitySettings | None,

@@ -33,7 +33,7 @@ from gateway.batch.events import (
     batch_trace_id,
 )
 from gateway.batch.in_process import FixedPrincipal, RelayAnswer, relay_in_process
-from gateway.batch.owner import OwnerRevoked, reauthorise
+from gateway.batch.owner import OwnerRevoked, reauthorise, stored_record_identity
 from gateway.batch.settings import BatchSettings, store_location
 from gateway.batch.slots import FairSlots, retriable
 from gateway.batch.store import FINAL, BatchStore, BatchStoreUnavailable
@@ -298,7 +298,8 @@ class BatchRunner:
                     "batch_id": batch_id, "line": line, "custom_id": bounded(custom_id),
                     "key_id": owner.get("key_id"), "path": url, "status": err.status,
                     "code": err.code, "reason": err.message[:300],
-                    "trace_id": batch_trace_id(batch_id) if batch_id else None})
+                    "trace_id": batch_trace_id(batch_id) if batch_id else None,
+                    **stored_record_identity(owner)})
             except AuditUnavailable as exc:
                 unavailable = ServiceUnavailable(f"The audit log cannot record now: {exc}",
                                                  code="audit_unavailable")
@@ -326,7 +327,8 @@ class BatchRunner:
         obj["status"] = "finalizing"
         obj["finalizing_at"] = int(time.time())
         await store.save_batch(obj)
-        owner = (await store.principal(batch_id))["key_id"]
+        fields = await store.principal(batch_id)
+        owner, who = fields["key_id"], stored_record_identity(fields)
         now = int(time.time())
         for ok, field in ((True, "output_file_id"), (False, "error_file_id")):
             lines = await store.results(batch_id, ok)
@@ -342,7 +344,7 @@ class BatchRunner:
             await self._record_quietly(batch_id, {
                 "type": BATCH_FILE_CREATED, "file_id": file_id, "key_id": owner,
                 "purpose": "batch_output", "batch_id": batch_id, "bytes": len(content),
-                "sha256": hashlib.sha256(content).hexdigest()})
+                "sha256": hashlib.sha256(content).hexdigest(), **who})
         total, completed, failed = await store.counts(batch_id)
         obj["request_counts"] = {"total": total, "completed": completed, "failed": failed}
         obj["status"] = "cancelled" if cancelling else "completed"
@@ -355,7 +357,8 @@ class BatchRunner:
             "type": BATCH_FINISHED, "batch_id": batch_id, "key_id": owner,
             "status": obj["status"], "completed": completed, "failed": failed,
             "output_file_id": obj.get("output_file_id"),
-            "error_file_id": obj.get("error_file_id"), "trace_id": batch_trace_id(batch_id)})
+            "error_file_id": obj.get("error_file_id"), "trace_id": batch_trace_id(batch_id),
+            **who})
 
     async def _record_quietly(self, batch_id: str, event: Mapping[str, Any]) -> None:
         """Record an event of a batch's end; an audit store that cannot record is logged (the

@@ -11,6 +11,11 @@ sensitive data, catalogue, ``inputSchema``, URL arguments, bounded relay, one au
 naming the server and the tool), as a stateless 2026-07-28 request with the client's id,
 arguments and progress token.
 
+Quotas: a ``tools/call`` (one request and a ``max_concurrent`` slot), a ``tools/list`` (it
+may list every server) and every refusal of an authenticated caller count against its request
+quotas as at ``/mcp/<server>``; what the gateway answers itself (``initialize``,
+``server/discover``, ``ping``, notifications, client responses, ``DELETE``) is free.
+
 Limits: only servers that speak 2026-07-28 are merged (a handshake-era server has per-client
 sessions the aggregate does not keep; call it at ``/mcp/<server>``); resources, prompts and
 other methods are answered ``-32601``. Handshake-era clients get a caller-bound session id
@@ -75,6 +80,9 @@ async def handle_aggregate(ep: McpEndpoint, state: Any, scope: Mapping[str, Any]
                      client_host=client_host(scope))
     msg: Message | None = None
     opened: list[object] = []
+    principal: Any = None
+    admission: Any = None
+    charged = False  # admission asked for (a refusal before it is charged in except)
     unwatch = rec.watch_client(scope)
     try:
         principal = ep.authenticate(state, headers, scope)
@@ -90,6 +98,10 @@ async def handle_aggregate(ep: McpEndpoint, state: Any, scope: Mapping[str, Any]
             return
         msg, _ = await ep.read_message(scope, headers, receive, rec)
         rec.protocol_version = check_headers(msg, headers, headers.repeated)
+        route = _route(ep, msg, rec) if msg.method == "tools/call" else None
+        if msg.method in ("tools/call", "tools/list"):  # the others are answered here, free
+            charged = True
+            admission = await ep.admit(principal, hold=msg.is_request)
         check_scopes(ep.settings, principal, None, None)  # the aggregate's own scopes
         if not any(ep.access.may_use_server(principal.key_id, principal.team, name)
                    for name in ep.upstreams):
@@ -105,7 +117,9 @@ async def handle_aggregate(ep: McpEndpoint, state: Any, scope: Mapping[str, Any]
                 raise McpRefusal(404, INVALID_REQUEST, "session_unknown", "Session not found")
         if msg.method == "tools/call":
             client_params = headers.params if modern else None
-            await _call(ep, state, principal, msg, headers, client_params, rec, send, opened)
+            assert route is not None
+            await _call(ep, state, principal, msg, route, headers, client_params, rec, send,
+                        opened)
             return
         rec.decision = "allow"
         if not msg.is_request:  # notifications and client responses: nothing to do
@@ -137,10 +151,13 @@ async def handle_aggregate(ep: McpEndpoint, state: Any, scope: Mapping[str, Any]
             result["resultType"] = "complete"
         await _send(send, 200, {"jsonrpc": "2.0", "id": msg.id, "result": result}, extra, rec)
     except McpRefusal as exc:
+        if principal is not None and not charged:
+            await ep.charge_refused(principal)
         await ep.refuse(exc, rec, msg, ep.challenge(None), send)
     finally:
         if unwatch is not None:
             unwatch()
+        await ep.settle(admission)
         ep.resolve_names(rec)
         ep.metrics.observe(rec)
         ep.end_span(rec, headers, opened)
@@ -211,20 +228,30 @@ async def _merged_tools(ep: McpEndpoint, state: Any, principal: Any) -> list[dic
     return tools
 
 
-async def _call(ep: McpEndpoint, state: Any, principal: Any, msg: Message,
-                headers: Mapping[str, str], client_params: list[tuple[str, str]] | None,
-                rec: CallRecord, send: Any, opened: list[object]) -> None:
-    """Route ``<server>__<tool>`` to its server through the per-server checks, quotas and
-    flow gate."""
+def _route(ep: McpEndpoint, msg: Message, rec: CallRecord) -> tuple[Upstream, str]:
+    """The server and tool of a ``tools/call`` of ``<server>__<tool>``, named in ``rec``.
+
+    Raises:
+        McpRefusal: 400 ``unknown_tool`` (not ``<server>__<tool>``, or no such server).
+    """
     split = split_tool_name(msg.name or "")
     upstream = ep.upstreams.get(split[0]) if split is not None else None
     if split is None or upstream is None:
         rec.ask("tool", msg.name or "")
         raise McpRefusal(400, INVALID_PARAMS, "unknown_tool",
                          f"no tool {msg.name!r} (aggregate names are <server>__<tool>)")
-    tool = split[1]
     rec.server, rec.destination = upstream.name, upstream.settings.destination
-    rec.ask("tool", tool)
+    rec.ask("tool", split[1])
+    return upstream, split[1]
+
+
+async def _call(ep: McpEndpoint, state: Any, principal: Any, msg: Message,
+                route: tuple[Upstream, str], headers: Mapping[str, str],
+                client_params: list[tuple[str, str]] | None,
+                rec: CallRecord, send: Any, opened: list[object]) -> None:
+    """Forward a call of ``route`` (:func:`_route`) through the per-server checks and flow
+    gate (charged to the caller's quotas by :func:`handle_aggregate`)."""
+    upstream, tool = route
     check_scopes(ep.settings, principal, upstream.name, tool)  # the server's and tool's too
     _check_route(state, principal, upstream)
     ep.checks.check_class(principal, upstream, rec)
@@ -235,12 +262,8 @@ async def _call(ep: McpEndpoint, state: Any, principal: Any, msg: Message,
     obj = {**msg.obj, "params": params}
     forwarded = Message(obj, "tools/call", msg.id, True, tool, params)
     body = json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
-    admission = await ep.admit(principal)  # counted before the other checks, as per server
-    try:
-        await _checked_call(ep, state, upstream, principal, forwarded, body, tool, headers,
-                            client_params, rec, send, opened)
-    finally:
-        await ep.settle(admission)
+    await _checked_call(ep, state, upstream, principal, forwarded, body, tool, headers,
+                        client_params, rec, send, opened)
 
 
 async def _checked_call(ep: McpEndpoint, state: Any, upstream: Upstream, principal: Any,

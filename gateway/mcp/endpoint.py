@@ -5,8 +5,9 @@ is forwarded)::
 
     server known -> authenticate (401 + RFC 9728 hint; a bearer token must be issued for this
     server's resource URI, :mod:`gateway.mcp.oauth`) -> Origin -> data class (header, by
-    grant) -> body (size, one JSON-RPC object, headers match body) -> the token's scopes
-    (403 insufficient_scope) -> policy: the server's
+    grant) -> body (size, one JSON-RPC object, headers match body) -> the caller's request
+    quotas (every message: :meth:`McpEndpoint.admit`; one refused before is charged too) ->
+    the token's scopes (403 insufficient_scope) -> policy: the server's
     destination may receive the class -> session bound to this caller -> tools/call: access
     globs, argument size, sensitive data in the arguments (policy ``pii``: the class raised
     and the destination checked again, masked or refused), tool exists, Mcp-Param-*
@@ -80,7 +81,7 @@ from gateway.quotas.tool_calls import ToolCallQuotas
 from gateway.relay.records import trace_id_of
 from policy import EgressMatcher, Policy
 
-__all__ = ["McpEndpoint"]
+__all__ = ["McpEndpoint", "holds_slot"]
 
 _log = logging.getLogger(__name__)
 
@@ -102,6 +103,14 @@ AggregateHandler = Callable[
 (:func:`gateway.mcp.aggregate.handle_aggregate`, given by :func:`gateway.mcp.wiring`)."""
 
 
+def holds_slot(msg: Message) -> bool:
+    """Does ``msg`` hold a ``max_concurrent`` slot of its caller while its answer lasts? A
+    request does; a notification, a client response (they belong to work already admitted,
+    e.g. a call waiting for its client's answer) and a ``subscriptions/listen`` stream (open
+    as long as the client likes) only take one of ``requests_per_minute``."""
+    return msg.is_request and msg.method != "subscriptions/listen"
+
+
 class McpEndpoint:
     """Serves ``/mcp/<server>`` for the servers of the ``mcp:`` section.
 
@@ -113,7 +122,7 @@ class McpEndpoint:
         audit: Appends an audit event and waits until it is durable (``None``: audit off).
         session_key: HMAC key of handshake-era session ids (``None``: random, this process).
         spans: Opens and closes each request's span (``None``: telemetry off).
-        quotas: Charges tool calls to the caller's request quotas (``None``: no quotas).
+        quotas: Charges each MCP request to the caller's request quotas (``None``: no quotas).
         count_refusal: Counts a refusal of a caller not authenticated (its record's fields
             and the peer's address) into one record per client and reason per interval
             (:meth:`gateway.audit.observer.AuditObserver.mcp_refused`; ``None``: each is
@@ -179,6 +188,8 @@ class McpEndpoint:
         msg: Message | None = None
         opened: list[object] = []
         admission: Any = None
+        principal: Any = None
+        charged = False  # admission asked for (a refusal before it is charged in except)
         unwatch = rec.watch_client(scope)
         try:
             if escaped:
@@ -198,6 +209,8 @@ class McpEndpoint:
             rec.identity = caller_identity(principal)  # gateway.mcp.oauth
             method = scope["method"]
             if method == "DELETE":
+                charged = True
+                admission = await self.admit(principal, hold=False)
                 await self._delete(state, upstream, principal.key_id, headers, rec, send)
                 return
             msg, body = await self.read_message(scope, headers, receive, rec)
@@ -205,13 +218,13 @@ class McpEndpoint:
             if tool is not None:
                 rec.ask("tool", tool)
             rec.protocol_version = check_headers(msg, headers, headers.repeated)
+            charged = True  # every message counts, before the checks that may refuse it
+            admission = await self.admit(principal, hold=holds_slot(msg))
             check_scopes(self.settings, principal, upstream.name, tool)  # 403 + challenge
             self.checks.check_class(principal, upstream, rec)
             upstream_sid = self._session(principal.key_id, upstream, headers, rec)
             params: Mapping[str, str] = {}
             if msg.method == "tools/call":
-                if self._quotas is not None:
-                    admission = await self.admit(principal)
                 modern = rec.protocol_version in MODERN_VERSIONS
                 principal, body, params = await self.checks.check_call(
                     state, upstream, principal, msg, body, rec,
@@ -224,6 +237,8 @@ class McpEndpoint:
             await self.forward_allowed(state, upstream, principal, msg, body, headers,
                                        upstream_sid, rec, send, params, opened)
         except McpRefusal as exc:
+            if principal is not None and not charged:
+                await self.charge_refused(principal)
             await self.refuse(exc, rec, msg, self.challenge(name), send)
         finally:
             if unwatch is not None:
@@ -295,7 +310,7 @@ class McpEndpoint:
                                    upstream_sid, rec, send, params)
 
     async def settle(self, admission: Any) -> None:
-        """End a tool call's quota admission (:meth:`admit`; ``None``: nothing charged)."""
+        """End a request's quota admission (:meth:`admit`; ``None``: nothing charged)."""
         if admission is not None and self._quotas is not None:
             await self._quotas.finish(admission)
 
@@ -438,16 +453,37 @@ class McpEndpoint:
 
     # -- checks ---------------------------------------------------------------------------
 
-    async def admit(self, principal: Any) -> Any:
-        """Charge a tool call to the caller's request quotas (:mod:`gateway.mcp.limits`)."""
+    async def admit(self, principal: Any, hold: bool = True) -> Any:
+        """Charge one MCP request to the caller's request quotas (:mod:`gateway.mcp.limits`).
+
+        Args:
+            hold: Take a ``max_concurrent`` slot until :meth:`settle` (see
+                :func:`holds_slot`).
+
+        Returns:
+            The admission for :meth:`settle` (``None``: no quotas, or no limit applies).
+
+        Raises:
+            McpRefusal: 429 ``rate_limit_exceeded`` / ``insufficient_quota``, 503
+                ``quota_backend_unavailable`` (:func:`gateway.mcp.limits.quota_refusal`).
+        """
         if self._quotas is None:
             return None
         identity = getattr(principal, "identity", None)
         org = identity.audit_fields().get("org") if identity is not None else None
         try:
-            return await self._quotas.admit(principal.key_id, principal.team, org)
+            return await self._quotas.admit(principal.key_id, principal.team, org, hold)
         except QuotaError as exc:
             raise quota_refusal(exc) from exc
+
+    async def charge_refused(self, principal: Any) -> None:
+        """Charge a message refused before its admission (its headers, body, session...) as
+        one request without a slot, so that refusals are never free; over a limit the
+        refusal stands as it is (it is refused anyway)."""
+        try:
+            await self.settle(await self.admit(principal, hold=False))
+        except McpRefusal:
+            pass
 
     def authenticate(self, state: Any, headers: RequestHeaders,
                      scope: Mapping[str, Any]) -> Any:

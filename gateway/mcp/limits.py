@@ -4,11 +4,13 @@ Two separate limits, both refused before anything is forwarded, as a JSON-RPC er
 HTTP status and ``Retry-After``, and audited (``mcp.refused``):
 
 * **The caller's quotas** (``quotas:``; :class:`gateway.quotas.tool_calls.ToolCallQuotas`): a
-  ``tools/call`` counts as one request against the key's, team's and organisation's
-  ``requests_per_minute`` and holds a ``max_concurrent`` slot until its answer has ended, the
-  same counters as model requests. Over a limit: 429, ``-32003``, reason
-  ``rate_limit_exceeded`` (``insufficient_quota`` when a token budget is spent); the quota
-  backend down and failing closed: 503, ``quota_backend_unavailable``.
+  message a caller sends (``tools/call``, ``resources/read``, lists, notifications...; a
+  refused one too) counts as one request against the key's, team's and organisation's
+  ``requests_per_minute``, and a request holds a ``max_concurrent`` slot until its answer has
+  ended (:func:`gateway.mcp.endpoint.holds_slot`), the same counters as model requests. Over a
+  limit: 429, ``-32003``, reason ``rate_limit_exceeded`` (``insufficient_quota`` when a token
+  budget is spent); the quota backend down and failing closed: 503,
+  ``quota_backend_unavailable``.
 * **Flow control per server** (``mcp.servers[].flow``, :class:`ServerGate`): at most
   ``max_concurrent`` requests are forwarded to one server at a time; the next
   ``max_queued`` wait in arrival order (FIFO) for at most ``queue_timeout_s``; beyond that, or

@@ -54,7 +54,7 @@ def build_mcp(
 ) -> McpEndpoint | None:
     """The MCP endpoint of ``settings`` (``None`` without an ``mcp:`` section); ``spans``
     from the telemetry (:class:`gateway.telemetry.mcp_spans.McpSpans`) and ``quotas`` from the
-    quota hook (tool calls count as requests) when configured; ``count_refusal`` counts the
+    quota hook (MCP requests count as requests) when configured; ``count_refusal`` counts the
     refusals of callers not authenticated (:meth:`gateway.audit.observer.AuditObserver.
     mcp_refused`); ``record_fetch`` records the gateway's own catalogue fetches
     (:meth:`gateway.audit.observer.AuditObserver.mcp_catalogue`).
