@@ -54,7 +54,7 @@ find an idle engine nearly always. At 1 request/s on two replicas at time scale 
 interactive traffic alone keeps 1.19 engines busy, so only an arm that leaves batch almost
 nothing meets 1.5x; at time scale 1 (answers of 0.12 s, 1 s apart) the reserve is idle at
 arrivals and what is left is the host's CPU: with the interactive requests sent from the
-batch job's event loop (``--interactive-client same``, runs 1 to 12) that loop's lag
+batch job's event loop (``--interactive-client same``: runs 1 to 11, part of 12) that loop's lag
 (``client_lag_p99_s`` per phase: 13-15 ms p99 under a 4,096-token batch job at time scale 1,
 against 2-5 ms unloaded) was part of every interactive TTFT measured, so they are now sent
 from a process of their own (``--interactive-client process``, the default); the lag is then
@@ -719,8 +719,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--reserve-hold", type=float, default=10.0)
     ap.add_argument("--interactive-client", default="process", choices=["process", "same"],
                     help="send the interactive requests from a process of their own (default) "
-                         "or from the batch job's event loop (runs 1 to 12: the batch client's "
-                         "work then delays the TTFTs measured)")
+                         "or from the batch job's event loop (runs 1 to 11, part of 12: the "
+                         "batch client's work then delays the TTFTs measured)")
     ap.add_argument("--json", type=Path, default=None, help="write the report here")
     return ap.parse_args(argv)
 
