@@ -35,6 +35,31 @@ Measured per point, over the window after ``--warmup`` seconds:
   >= the configured share: ``--batch-in-flight`` / ``--max-num-seqs``, the fraction of each
   replica's sequence slots batch may hold).
 
+**The unloaded reference** is the point's own interactive traffic (the same rate, prompts,
+answers and send times) alone through the same gateway and the same replicas (``mixed-plain``,
+least outstanding): interactive-only traffic at the same rate, which is what the issue's "its
+unloaded value" names, not one request on an idle engine. Where the interactive requests
+overlap each other (at time scale 10 a 16-token answer lasts about 1.19 s, so at 1 request/s
+each arrival comes while the previous answer still runs), the reference spreads them over both
+replicas and each arrival still finds an idle engine; a loaded arm that runs them on one
+replica (a reserve of one) makes them wait for each other's steps. So the ratio counts what
+an arm costs the interactive traffic, batch's interference and the engines it takes away
+alike; batch's interference alone is the loaded p99 over the ``unloaded-reserve`` diagnostic
+(the same traffic alone on the reserved replicas). This reference was kept (issue 32's words,
+and a reference on one replica would hide what a reserve costs), and it sets a bound: a step
+in progress is not interrupted (vLLM's nor the simulator's), so an arrival at a busy engine
+waits up to one step (about 7 ms model time for this profile, 70 ms at time scale 10) beside
+a reference TTFT of one step plus about 5 ms: at most about 2x, and 1.5x needs the arrivals to
+find an idle engine nearly always. At 1 request/s on two replicas at time scale 10 the
+interactive traffic alone keeps 1.19 engines busy, so only an arm that leaves batch almost
+nothing meets 1.5x; at time scale 1 (answers of 0.12 s, 1 s apart) the reserve is idle at
+arrivals and what is left is the host's CPU: with the interactive requests sent from the
+batch job's event loop (``--interactive-client same``: runs 1 to 11, part of 12) that loop's lag
+(``client_lag_p99_s`` per phase: 13-15 ms p99 under a 4,096-token batch job at time scale 1,
+against 2-5 ms unloaded) was part of every interactive TTFT measured, so they are now sent
+from a process of their own (``--interactive-client process``, the default); the lag is then
+the batch client's alone.
+
 ``--reserve K`` adds an ``fc-reserve`` phase (``flow_control.reserve`` with K replicas), and
 ``--reserve-lower N`` beside it an ``fc-reserve-lower`` phase: the same traffic through a second
 gateway process whose reserve also takes N batch requests per reserved replica once the others
@@ -60,10 +85,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import multiprocessing
 import os
 import sys
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -146,30 +173,84 @@ async def _one(client: httpx.AsyncClient, url: str, model: str, call: Call, n: i
         call.code = type(exc).__name__
 
 
+async def _loop_lag(lags: list[float], period_s: float = 0.01) -> None:
+    """Append how late each ``period_s`` sleep of the client's event loop woke, seconds
+    (until cancelled): the delay the client itself adds to a TTFT it measures."""
+    while True:
+        start = time.monotonic()
+        await asyncio.sleep(period_s)
+        lags.append(time.monotonic() - start - period_s)
+
+
+_Sent = tuple[int, "str | None", "float | None", list[float]]
+
+
+def _interactive_client(gateway: str, model: str, plan: list[tuple[float, int, int]],
+                        t0: float, window_s: float) -> list[_Sent]:
+    """Send the interactive calls ``plan`` ((sent at, prompt tokens, max tokens) each) from
+    this (child) process with its own event loop and client; cancel what is open at ``t0 +
+    window_s`` (``time.monotonic()``: one clock for every process on Linux). Per call, what
+    the client saw: (status, error code, TTFT, token arrival times), plain data to pickle."""
+    calls = [Call("interactive", "interactive", at, p, o) for at, p, o in plan]
+
+    async def send() -> None:
+        async with httpx.AsyncClient(timeout=httpx.Timeout(900.0)) as client:
+            tasks = [asyncio.create_task(_one(client, gateway, model, c, n, t0))
+                     for n, c in enumerate(calls)]
+            if tasks:
+                _done, pending = await asyncio.wait(
+                    tasks, timeout=max(0.0, t0 + window_s - time.monotonic()))
+                for task in pending:
+                    task.cancel()
+                await asyncio.gather(*pending, return_exceptions=True)
+
+    asyncio.run(send())
+    return [(c.status, c.code, c.ttft_s, c.token_at_s) for c in calls]
+
+
 async def run_phase(client: httpx.AsyncClient, gateway: str, urls: list[str], model: str,
                     calls: list[Call], window_s: float,
                     batch: tuple[int, int, int] | None = None, settle_s: float = 0.0,
-                    prompt_tokens: list[float] | None = None) -> float:
+                    prompt_tokens: list[float] | None = None,
+                    lags: list[float] | None = None,
+                    pool: ProcessPoolExecutor | None = None) -> float:
     """Send the interactive ``calls`` and, with ``batch`` = (workers, prompt, output), the batch
     job's (appended to ``calls``); cancel what is open at ``window_s``; reset the replicas.
     Then ``settle_s`` seconds more: an aborted request leaves at once, but the engine step it
     was in runs to its end (up to one full-budget prefill step, seconds at time scale 10), and
     the next phase must not start behind it. With ``prompt_tokens``, each replica's prompt
     tokens of the phase (``vllm:prompt_tokens_total`` before the reset) are appended to it:
-    which replicas ran which work. The wall time, seconds."""
+    which replicas ran which work. With ``lags``, this process's event-loop lag every 10 ms
+    of the window is appended to it (see :func:`_loop_lag`). With ``pool`` (one worker
+    process), the interactive ``calls`` are sent from it, so that the batch job's client work
+    does not delay the TTFTs the bench measures. The wall time, seconds."""
     t0 = time.monotonic()
-    tasks = [asyncio.create_task(_one(client, gateway, model, c, n, t0))
-             for n, c in enumerate(calls)]
+    mine = len(calls)  # the interactive calls (the batch workers append theirs after them)
+    child = None
+    if pool is not None:
+        plan = [(c.at_s, c.prompt_tokens, c.max_tokens) for c in calls]
+        child = asyncio.get_running_loop().run_in_executor(
+            pool, _interactive_client, gateway, model, plan, t0, window_s)
+        tasks = []
+    else:
+        tasks = [asyncio.create_task(_one(client, gateway, model, c, n, t0))
+                 for n, c in enumerate(calls)]
+    probe = asyncio.create_task(_loop_lag(lags)) if lags is not None else None
     if batch is not None:
         workers, prompt, output = batch
         first = -(-2 * workers // 3)  # two thirds for the first key (it sends twice as much)
         tasks += [asyncio.create_task(_batch_worker(
                       client, gateway, model, "batch-a" if i < first else "batch-b", prompt,
                       output, calls, t0, window_s)) for i in range(workers)]
-    _done, pending = await asyncio.wait(tasks, timeout=window_s)
-    for task in pending:
+    pending: set[asyncio.Task[None]] = set()
+    if tasks:
+        _done, pending = await asyncio.wait(tasks, timeout=window_s)
+    if child is not None:
+        for c, seen in zip(calls[:mine], await child, strict=True):
+            c.status, c.code, c.ttft_s, c.token_at_s = seen
+    for task in [*pending, *([probe] if probe else [])]:
         task.cancel()
-    await asyncio.gather(*pending, return_exceptions=True)
+    await asyncio.gather(*pending, *([probe] if probe else []), return_exceptions=True)
     wall = time.monotonic() - t0
     for c in calls:  # still waiting for a first token when cancelled: count what it waited
         if c.cls == "interactive" and c.ttft_s is None and c.status in (0, 200):
@@ -263,6 +344,7 @@ async def bench_grid(args: argparse.Namespace) -> dict[str, Any]:
     # 400, as vLLM does: give it room for the longest prompt and answer (and the template).
     context = max(p for p, _, _ in points) + longest + 256
     procs: list[Proc] = []
+    pool: ProcessPoolExecutor | None = None
     load0 = os.getloadavg()
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     report: dict[str, Any] = {"points": []}
@@ -289,7 +371,9 @@ async def bench_grid(args: argparse.Namespace) -> dict[str, Any]:
         if args.reserve and args.reserve_lower and "fc-reserve-lower" in args.phases:
             port = free_port()
             cfg_lower = gateway_config(urls, port, args)
-            cfg_lower["flow_control"]["reserve"]["lower_in_flight"] = args.reserve_lower
+            # lower_busy_s null: no streak (its default, 5 s, is the fc-reserve-busy arm).
+            cfg_lower["flow_control"]["reserve"].update(lower_in_flight=args.reserve_lower,
+                                                        lower_busy_s=None)
             (workdir / "gateway-lower.yaml").write_text(yaml.safe_dump(cfg_lower))
             procs.append(Proc("gateway-lower", [*gw_argv, "serve", "--config",
                                                 str(workdir / "gateway-lower.yaml")],
@@ -314,6 +398,11 @@ async def bench_grid(args: argparse.Namespace) -> dict[str, Any]:
         # The longest engine step (a full token budget of prefill), seconds, plus a margin.
         settle = (profile.step_time_s(profile.max_num_batched_tokens, args.max_num_seqs,
                                       args.max_num_seqs * context) * args.time_scale + 0.5)
+        if args.interactive_client == "process":
+            # One worker process for the interactive client, started (and its imports done)
+            # before the first phase.
+            pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+            await asyncio.get_running_loop().run_in_executor(pool, time.monotonic)
         async with httpx.AsyncClient(timeout=httpx.Timeout(900.0),
                                      limits=httpx.Limits(max_connections=1000)) as client:
             await _reset(client, urls)
@@ -322,16 +411,21 @@ async def bench_grid(args: argparse.Namespace) -> dict[str, Any]:
                                        "interactive_rps": rate, "batch_workers": workers}
                 unloaded_s, window_s = phase_windows(rate, args)
                 calls = interactive_calls(rate, unloaded_s, args)
-                await run_phase(client, gateway, urls, "mixed-plain", calls, unloaded_s)
+                lags: list[float] = []
+                await run_phase(client, gateway, urls, "mixed-plain", calls, unloaded_s,
+                                lags=lags, pool=pool)
                 p99, n, refused = interactive_p99(calls, 0.0)
                 row["unloaded"] = {"ttft_p99_s": p99, "interactive": n,
                                    "interactive_refused": refused, "window_s": unloaded_s,
-                                   "interactive_each": _each(calls)}
+                                   "interactive_each": _each(calls),
+                                   "client_lag_p99_s": _p99(lags),
+                                   "client_lag_max_s": max(lags or [0.0])}
                 if args.reserve and "unloaded-reserve" in args.phases:
                     # Diagnostic, not the target's baseline: the interactive traffic alone on
                     # the reserved replicas only (what the reserve can give it at best).
                     calls = interactive_calls(rate, unloaded_s, args)
-                    await run_phase(client, gateway, urls, "mixed-one", calls, unloaded_s)
+                    await run_phase(client, gateway, urls, "mixed-one", calls, unloaded_s,
+                                    pool=pool)
                     p99, n, refused = interactive_p99(calls, 0.0)
                     row["unloaded-reserve"] = {"ttft_p99_s": p99, "interactive": n,
                                                "interactive_refused": refused,
@@ -349,8 +443,10 @@ async def bench_grid(args: argparse.Namespace) -> dict[str, Any]:
                 for phase, model, via in phases:
                     calls = interactive_calls(rate, window_s, args)
                     replica_tokens: list[float] = []
+                    lags = []
                     await run_phase(client, via, urls, model, calls, window_s,
-                                    (workers, prompt, output), settle, replica_tokens)
+                                    (workers, prompt, output), settle, replica_tokens, lags,
+                                    pool)
                     p99, n, refused = interactive_p99(calls, args.warmup)
                     batch = [c for c in calls if c.cls == "batch"]
                     row[phase] = {
@@ -361,6 +457,9 @@ async def bench_grid(args: argparse.Namespace) -> dict[str, Any]:
                         "replica_prompt_tokens": replica_tokens,
                         "batch_refused": sum(1 for c in batch if c.status not in (0, 200)),
                         "interactive_each": _each(calls),
+                        # This process's event-loop lag (a floor under the TTFTs it
+                        # measures with --interactive-client same).
+                        "client_lag_p99_s": _p99(lags), "client_lag_max_s": max(lags or [0.0]),
                     }
                 unloaded = row["unloaded"]["ttft_p99_s"]
                 row["ttft_ratio_no_fc"] = row["no-fc"]["ttft_p99_s"] / unloaded
@@ -376,10 +475,13 @@ async def bench_grid(args: argparse.Namespace) -> dict[str, Any]:
                     tput = row[f"batch_ratio{suffix}"] = (row[phase]["batch_tok_s"] / full
                                                           if full else float("nan"))
                     row[f"pass{suffix}"] = bool(ratio <= args.target and tput >= share)
-                    line += f"; {phase} TTFT x{ratio:.2f}, batch x{tput:.3f}"
+                    line += (f"; {phase} TTFT x{ratio:.2f}, batch x{tput:.3f}, client lag "
+                             f"p99 {row[phase]['client_lag_p99_s'] * 1000:.1f} ms")
                 report["points"].append(row)
                 print(line, file=sys.stderr)
     finally:
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
         for p in reversed(procs):
             p.stop()
     report["params"] = {
@@ -392,7 +494,7 @@ async def bench_grid(args: argparse.Namespace) -> dict[str, Any]:
         "reserve_busy_s": args.reserve_busy, "phases": args.phases,
         "window_s": args.window, "warmup_s": args.warmup, "unloaded_window_s":
         args.unloaded_window, "min_samples": args.min_samples, "batch_workers": workers,
-        "target": args.target,
+        "target": args.target, "interactive_client": args.interactive_client,
         "interactive_prompt/output": f"{args.interactive_prompt}/{args.interactive_output}",
         "loadavg_start": [round(x, 2) for x in load0],
         "loadavg_end": [round(x, 2) for x in os.getloadavg()],
@@ -615,6 +717,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                          "other flags enable); unloaded and no-fc always run")
     ap.add_argument("--reserve-widen-at", type=float, default=1.0)
     ap.add_argument("--reserve-hold", type=float, default=10.0)
+    ap.add_argument("--interactive-client", default="process", choices=["process", "same"],
+                    help="send the interactive requests from a process of their own (default) "
+                         "or from the batch job's event loop (runs 1 to 11, part of 12: the "
+                         "batch client's work then delays the TTFTs measured)")
     ap.add_argument("--json", type=Path, default=None, help="write the report here")
     return ap.parse_args(argv)
 

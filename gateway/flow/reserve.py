@@ -14,11 +14,11 @@ every gateway process, since all read the same config and judge health the same 
   batch holds 8 of 8 on the one replica left to it. With ``lower_in_flight`` N, once the other
   replicas are full for them, each reserved replica takes up to N of them (within their own
   thresholds): for engines that chunk long prompts finely enough that the chunks ride in the
-  steps the reserve's classes run anyway. With ``lower_busy_s`` S a reserved replica does so
-  only once the reserve's classes have kept it busy (one of their requests in flight there,
-  without a gap, as seen at this process's decisions) for S seconds: on a reserve that is idle
-  between their requests, a lower-class request would itself make the step the next arrival
-  waits for.
+  steps the reserve's classes run anyway. With ``lower_busy_s`` S (default 5) a reserved
+  replica does so only once the reserve's classes have kept it busy (one of their requests in
+  flight there, without a gap, as seen at this process's decisions) for S seconds: on a
+  reserve that is idle between their requests, a lower-class request would itself make the
+  step the next arrival waits for.
 
 The reserve **widens** (every replica serves every class with its own thresholds, exactly as
 without a reserve) when the demand of the reserve's classes reaches ``widen_at`` of its
@@ -76,7 +76,7 @@ class ReserveState:
         demand: The demand at the last decision, requests.
         busy_since: Per replica index, the monotonic time (s) since which requests of the
             reserve's classes have been in flight on it without a gap, as seen at the
-            decisions (kept only with ``lower_busy_s``).
+            decisions (kept only with ``lower_in_flight`` and ``lower_busy_s``).
     """
 
     widened: bool = False
@@ -152,7 +152,8 @@ class Reserve:
         """
         top = self.cls + 1
         demand = 0
-        streaks = state.busy_since if self.settings.lower_busy_s is not None else None
+        streaks = (state.busy_since if self.lower_in_flight
+                   and self.settings.lower_busy_s is not None else None)
         for r in candidates:
             mine = sum(r.flow_in_flight[:top]) + sum(r.peer_in_flight[:top])
             demand += mine

@@ -209,11 +209,13 @@ class ReserveSettings(_Frozen):
             workers`` processes takes ``lower_in_flight // (pods x workers)`` of it.
         lower_busy_s: With ``lower_in_flight``, a reserved replica takes requests of the lower
             classes only once the reserve's classes have kept it busy (at least one of their
-            requests in flight on it, without a gap) for this many seconds; ``None`` (the
-            default): whenever the others are full. The chunks of the lower classes ride in
-            engine steps that run anyway only while the reserve's classes keep the engine
-            busy; on a reserve that is idle between their requests they would make the steps
-            an arrival waits for. A lower-class request already there runs to its end.
+            requests in flight on it, without a gap) for this many seconds (default 5);
+            ``None`` (``null``): whenever the others are full. The chunks of the lower classes
+            ride in engine steps that run anyway only while the reserve's classes keep the
+            engine busy; on a reserve that is idle between their requests they would make the
+            steps an arrival waits for. A lower-class request already there runs to its end.
+            Without ``lower_in_flight`` the default does nothing, and a value set explicitly
+            is refused.
     """
 
     replicas: int = Field(default=1, ge=1)
@@ -225,14 +227,16 @@ class ReserveSettings(_Frozen):
     hold_s: float = Field(default=10.0, ge=0, allow_inf_nan=False)
     models: list[str] = Field(default_factory=list)
     lower_in_flight: int = Field(default=0, ge=0)
-    lower_busy_s: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    lower_busy_s: float | None = Field(default=5.0, ge=0, allow_inf_nan=False)
 
     @model_validator(mode="after")
     def _check_marks(self) -> ReserveSettings:
         if self.shrink_at > self.widen_at:
             raise ValueError(f"shrink_at: {self.shrink_at} is above widen_at "
                              f"{self.widen_at}; set it at most {self.widen_at}")
-        if self.lower_busy_s is not None and not self.lower_in_flight:
+        # The default applies only with lower_in_flight; set alone it would be ignored.
+        if ("lower_busy_s" in self.model_fields_set and self.lower_busy_s is not None
+                and not self.lower_in_flight):
             raise ValueError(f"lower_busy_s: {self.lower_busy_s} has no effect with "
                              "lower_in_flight 0 (it gates the lower-class requests a reserved "
                              "replica takes); set lower_in_flight or remove it")

@@ -124,8 +124,10 @@ def test_a_reserved_replica_takes_lower_in_flight_batch_requests_once_the_others
     for batch (lift: 2 there), and no second one: the next queues. Interactive requests still
     run on the reserve beside it, the reserve stays narrow, and when the batch request on the
     reserve ends the queued one takes its place there. (Without the setting the third batch
-    request queues: the first test.)"""
-    pair = pairs(lower_in_flight=1)
+    request queues: the first test.) ``lower_busy_s: null`` turns off the default streak of
+    5 s, so the idle reserve takes the batch request at once (the setting's behaviour before
+    the default)."""
+    pair = pairs(lower_in_flight=1, lower_busy_s=None)
     pair.hold("holder", on=1)
     pair.hold("holder", on=1)  # replica 1 is full for batch
     pair.hold("holder", on=0)  # so the reserved replica takes one
@@ -176,6 +178,24 @@ def test_with_lower_busy_s_batch_rides_only_on_a_reserve_its_class_keeps_busy(
     pair.rig.submit("batch-1")
     pair.rig.wait_queued(1)  # replica 1 full, the reserve not busy: it waits
     assert (pair.chats(0), pair.chats(1)) == (4, 2)
+
+
+def test_lower_in_flight_keeps_batch_off_an_idle_reserve_by_default(
+    pairs: Callable[..., Pair],
+) -> None:
+    """``lower_in_flight`` 1 without ``lower_busy_s``: the default streak (5 s) applies, so
+    with replica 1 full for batch a batch request queues rather than go to the idle reserve
+    (with no streak it would go there at once: the test above), and an interactive request
+    sent meanwhile runs on the reserve alone."""
+    pair = pairs(lower_in_flight=1)
+    pair.hold("holder", on=1)
+    pair.hold("holder", on=1)  # replica 1 is full for batch
+    pair.rig.submit("batch-1")
+    pair.rig.wait_queued(1)  # the reserve is idle: the batch request waits
+    got = pair.rig.submit("interactive").result(timeout=30)
+    assert got.http_response.status_code == 200
+    assert (pair.chats(0), pair.chats(1)) == (1, 2)
+    assert pair.rig.queued() == {"interactive": 0, "batch": 1}
 
 
 def test_the_reserve_widens_under_interactive_load_and_narrows_after_hold(
@@ -233,6 +253,11 @@ def test_a_reserve_needs_a_size_and_a_class_below_it_and_is_split_over_pods() ->
             "in_flight": 4, "lower_busy_s": 5}})
     ok = FlowControlSettings.model_validate({**base, "reserve": {"in_flight": 4}})
     assert ok.reserve is not None
+    # lower_busy_s defaults to 5 s, in effect only with lower_in_flight; null turns it off.
+    assert ok.reserve.lower_busy_s == 5.0
+    off = FlowControlSettings.model_validate({**base, "reserve": {
+        "in_flight": 4, "lower_in_flight": 2, "lower_busy_s": None}})
+    assert off.reserve is not None and off.reserve.lower_busy_s is None
     reserve = Reserve(ok.reserve, 0, ok.limits(), stale_s=1.0, workers=1)
     assert reserve.capacity == 4 and not ReserveState().widened
     # Without a shared backend each of 2 pods sizes the reserve by its share of in_flight.
