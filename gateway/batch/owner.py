@@ -204,7 +204,7 @@ def _identity_principal(fields: dict[str, Any], who: dict[str, Any],
                        "kept to evaluate them again: submit the batch again.")
     claims = {n: v for n, v in who["decided_by"]}
     try:
-        d = decide([rules[at]], who["issuer"], claims)
+        d = decide([rules[at]], who["issuer"], claims, implicit=section.implicit_source)
     except IdentityNotAllowed as exc:
         raise _revoked("identity_rules_changed",
                        f"The identity rule '{who['rule']}' no longer admits the {name} that "

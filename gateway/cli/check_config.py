@@ -102,6 +102,7 @@ def check_config(
         raise _report(file, settings.problems_of(exc), as_json, 1) from exc
     policy = assembled.policy
     telemetry = assembled.telemetry.settings if assembled.telemetry is not None else None
+    identity = settings.identity
     summary = {
         "ok": True,
         "file": str(file),
@@ -124,6 +125,13 @@ def check_config(
             "revision": policy.revision,
             "unsafe_allow_all": policy.unsafe_allow_all,
         },
+        # Each rule's one source (gateway.identity.settings.IdentityRule.issuer): whose
+        # identities it may decide, written or implicit (the only source configured).
+        "identity": None if identity is None else {
+            "sources": identity.sources,
+            "rules": [{"id": r.id, "source": identity.source_of(r), "implicit": r.issuer is None}
+                      for r in identity.rules],
+        },
         "telemetry": None if telemetry is None else {
             "otlp_endpoint": telemetry.otlp_endpoint,
             "admin": f"{telemetry.admin.host}:{telemetry.admin.port}",
@@ -137,6 +145,11 @@ def check_config(
         aliases = f" (aliases: {', '.join(m.aliases)})" if m.aliases else ""
         typer.echo(f"  model {m.name}{aliases} -> {m.upstream_name}, {len(m.replicas)} replica(s)")
     typer.echo(f"  {len(settings.keys)} key(s): {', '.join(k.id for k in settings.keys)}")
+    if identity is not None:
+        typer.echo(f"  identity sources: {', '.join(identity.sources) or '-'}")
+        for r in identity.rules:
+            implicit = " (implicit: the only source)" if r.issuer is None else ""
+            typer.echo(f"    rule {r.id}: {identity.source_of(r) or '-'}{implicit}")
     if telemetry is not None:
         typer.echo(f"  telemetry: /metrics on {telemetry.admin.host}:{telemetry.admin.port}, "
                    f"OTLP {telemetry.otlp_endpoint or 'off'}")

@@ -75,6 +75,9 @@ def explain(
         _render(out, as_json)
         raise typer.Exit(1) from exc
     out.update(identity.audit_fields())
+    rule = next(r for r in auth.settings.rules if r.id == identity.rule)
+    # The one source the rule trusts (its issuer:, or the only source configured).
+    out.update(rule_source=auth.settings.source_of(rule), rule_source_implicit=rule.issuer is None)
     out.update(ok=True, key_id=identity.key_id, team=identity.team,
                models=sorted(identity.models), data_class=identity.data_class)
     if model is not None:
@@ -105,7 +108,9 @@ def _render(out: dict[str, Any], as_json: bool) -> None:
     if out.get("kid"):
         typer.echo(f"  key {out['kid']} of JWKS sha256 {out['jwks_sha256']}")
     decided = ", ".join(f"{k}={v}" for k, v in out["decided_by"].items()) or "(any caller)"
-    typer.echo(f"  rule {out['rule']} matched on {decided}")
+    implicit = ", implicit: the only source" if out["rule_source_implicit"] else ""
+    typer.echo(f"  rule {out['rule']} matched on {decided} (source {out['rule_source']}"
+               f"{implicit})")
     typer.echo(f"  team {out['team'] or '-'}, org {out['org'] or '-'}, data class "
                f"{out['data_class']}, models {', '.join(out['models']) or '-'}")
     if "model" in out:

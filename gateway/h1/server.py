@@ -395,7 +395,9 @@ class ServerProtocol(asyncio.Protocol):
         """Close this idle connection to make room for a new one (:class:`ConnectionTable`
         chose it), and tell the ``on_evicted`` hook.
 
-        One that was answered (lingering) or is idle between requests is closed at once; one
+        One that was answered (lingering) or is idle between requests is closed at once (aborted,
+        unsent bytes dropped, when its answer still waits in the write buffer: its client is not
+        reading, and a close would keep the descriptor until the send timeout); one
         that never got an answer (nothing or part of a head received: its head may be on its
         way, or unread in the socket) is answered 503 and lingers as a refusal does, so its
         client reads the 503 instead of a connection reset (nginx closes such connections
@@ -408,7 +410,15 @@ class ServerProtocol(asyncio.Protocol):
         else:
             state = "keep_alive" if self._served else "no_request"
         transport = self.transport
-        if transport is not None and not transport.is_closing():
+        if transport is not None and transport.get_write_buffer_size() and (
+                transport.is_closing() or state not in ("partial_head", "no_request")):
+            # Its client is not reading what it was answered: flushing (a close already under
+            # way too) would keep the socket, uncounted, beyond the cap until the send
+            # timeout. Dropped now.
+            self._lingering = True
+            self._disarm()
+            transport.abort()
+        elif transport is not None and not transport.is_closing():
             if state in ("partial_head", "no_request"):
                 transport.write(eviction_refusal().response())
                 self._linger()  # not counted any more (the table forgot it); closes in linger_s

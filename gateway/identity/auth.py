@@ -32,7 +32,7 @@ from gateway.identity.model import Identity
 from gateway.identity.mtls import MtlsVerifier, peer_chain
 from gateway.identity.resources import BoundResource, token_scopes
 from gateway.identity.rules import decide
-from gateway.identity.settings import IdentitySettings
+from gateway.identity.settings import MTLS, IdentitySettings
 from gateway.identity.verify import IssuerKeys, JwtVerifier, Verified, looks_like_jwt
 
 __all__ = ["TOKEN_CACHE_MAX", "IdentityAuthenticator", "subject_pseudonym"]
@@ -168,7 +168,8 @@ class IdentityAuthenticator:
                                 "token_claim_missing")
         pseudonym = subject_pseudonym(self._pseudo, issuer, subject)
         try:
-            d = decide(self.settings.rules, issuer, claims)
+            d = decide(self.settings.rules, issuer, claims,
+                       implicit=self.settings.implicit_source)
         except IdentityNotAllowed as exc:
             # Verified but refused: the audit record still says who (gateway.relay.pipeline).
             exc.identity = {"method": "jwt", "issuer": issuer, "subject": pseudonym,
@@ -241,7 +242,7 @@ class IdentityAuthenticator:
         subject = names.get("spiffe_id") or names.get("subject_cn") or fingerprint
         pseudonym = subject_pseudonym(self._pseudo, "mtls", subject)
         try:
-            d = decide(self.settings.rules, "mtls", names)
+            d = decide(self.settings.rules, MTLS, names, implicit=self.settings.implicit_source)
         except IdentityNotAllowed as exc:
             exc.identity = {"method": "mtls", "issuer": "mtls", "subject": pseudonym,
                             "rule": None, "cert_sha256": fingerprint}

@@ -78,15 +78,28 @@ def _named(claims: Mapping[str, Any], fixed: str | None, claim: str | None, rule
     return value
 
 
-def decide(rules: Sequence[IdentityRule], issuer: str, claims: Mapping[str, Any]) -> Decision:
+def decide(rules: Sequence[IdentityRule], issuer: str, claims: Mapping[str, Any], *,
+           implicit: str | None) -> Decision:
     """The decision of the first rule that holds for ``claims`` of ``issuer``.
+
+    A rule is tried only for identities of its source: its ``issuer`` (``mtls``: client
+    certificates), else ``implicit``. A token's claims never make a rule of another source hold,
+    whatever they carry (``spiffe_id``, ``iss: mtls``, another issuer's group names).
+
+    Args:
+        rules: The rules, in order (first match wins).
+        issuer: The verified source of ``claims``: the token's configured issuer, or ``mtls``.
+        claims: The token's claims, or a certificate's names.
+        implicit: The source of rules that name none
+            (:meth:`~gateway.identity.settings.IdentitySettings.source_of`: the only configured
+            source; ``None``: such rules hold for nobody).
 
     Raises:
         IdentityNotAllowed: No rule holds (403 ``identity_not_mapped``), or the matching
             rule's ``team_claim`` or ``org_claim`` is missing or not a string.
     """
     for rule in rules:
-        if rule.issuer is not None and rule.issuer != issuer:
+        if (rule.issuer if rule.issuer is not None else implicit) != issuer:
             continue
         decided: list[tuple[str, str]] = []
         for name, wanted in rule.match.items():

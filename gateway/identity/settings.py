@@ -48,6 +48,8 @@ from gateway.serving.settings import is_loopback_host
 
 __all__ = [
     "ASYMMETRIC_ALGORITHMS",
+    "CERTIFICATE_CLAIMS",
+    "MTLS",
     "IdentityRule",
     "IdentitySettings",
     "IssuerSettings",
@@ -64,6 +66,13 @@ Method = Literal["key", "jwt", "mtls"]
 _DEFAULT_ACCEPT: tuple[Method, ...] = ("key", "jwt")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _RULE_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+MTLS = "mtls"
+"""The source name of client certificates: a rule's ``issuer: mtls``, an identity's issuer. No
+token issuer may be named so (a JWT can never speak for a certificate)."""
+CERTIFICATE_CLAIMS = frozenset({"spiffe_id", "subject_cn"})
+"""The names only a verified client certificate offers (:mod:`gateway.identity.mtls`): a rule
+that reads one must say ``issuer: mtls``, or a token carrying that claim would meet it."""
+_CERTIFICATE_OFFERS = CERTIFICATE_CLAIMS | {"iss"}
 
 
 class IssuerSettings(FrozenSection):
@@ -101,6 +110,14 @@ class IssuerSettings(FrozenSection):
     max_token_bytes: int = Field(default=8192, ge=512, le=65536)
     jwks_uri: str | None = None
     jwks_refresh_s: float = Field(default=300.0, ge=10.0, le=86400.0)
+
+    @field_validator("issuer")
+    @classmethod
+    def _not_mtls(cls, value: str) -> str:
+        if value == MTLS:
+            raise ValueError("'mtls' is reserved for client certificates (identity.mtls): a "
+                             "token issuer named so would meet the rules written for them")
+        return value
 
     @field_validator("jwks_uri")
     @classmethod
@@ -142,12 +159,15 @@ class IdentityRule(FrozenSection):
     ``match`` maps a claim name (dotted for nested claims: ``realm_access.roles``) to a value or
     a list of values; it holds when, for every claim, the token's value equals one of them or
     (a list claim such as ``groups``) contains one of them. An mTLS identity offers the claims
-    ``spiffe_id``, ``subject_cn`` and ``issuer`` (``iss``: ``mtls``). An empty ``match`` holds
-    for every verified caller.
+    ``spiffe_id``, ``subject_cn`` and ``iss`` (``mtls``). An empty ``match`` holds for every
+    caller of the rule's source.
 
     Attributes:
         id: Rule id, recorded in the audit log with the claims that decided.
-        issuer: Only tokens of this issuer (``None``: any).
+        issuer: The one source the rule trusts: a configured issuer's ``iss``, or ``mtls`` for
+            client certificates. Required when more than one source is configured
+            (:meth:`IdentitySettings.source_of`); a rule reading ``spiffe_id`` or
+            ``subject_cn`` must say ``mtls``.
         match: Conditions, all of which must hold.
         team: Team of the caller (quotas and flow-control classes by team apply).
         team_claim: Take the team from this claim instead (a string claim such as ``tenant``).
@@ -256,6 +276,24 @@ class IdentitySettings(FrozenSection):
                 return self.accept
             at = at.rsplit("/", 1)[0] or "/"
 
+    @property
+    def sources(self) -> list[str]:
+        """The configured sources of identities: each issuer's ``iss``, then ``mtls`` when
+        client certificates are configured."""
+        return [i.issuer for i in self.issuers] + ([MTLS] if self.mtls is not None else [])
+
+    @property
+    def implicit_source(self) -> str | None:
+        """The source of the rules that name none: the only configured source, else ``None``
+        (they then hold for nobody; load refuses such a rule beside several sources)."""
+        sources = self.sources
+        return sources[0] if len(sources) == 1 else None
+
+    def source_of(self, rule: IdentityRule) -> str | None:
+        """The one source whose identities ``rule`` may decide: its ``issuer``, else
+        :attr:`implicit_source`."""
+        return rule.issuer if rule.issuer is not None else self.implicit_source
+
     @model_validator(mode="after")
     def _consistent(self) -> IdentitySettings:
         seen: set[str] = set()
@@ -263,16 +301,48 @@ class IdentitySettings(FrozenSection):
             if issuer.issuer in seen:
                 raise ValueError(f"issuers[{i}].issuer: duplicate issuer {issuer.issuer!r}")
             seen.add(issuer.issuer)
+        sources = self.sources
+        choices = ", ".join(sources) or "none: configure issuers or mtls"
         ids: set[str] = set()
         for i, rule in enumerate(self.rules):
             if rule.id in ids:
                 raise ValueError(f"rules[{i}].id: duplicate rule id {rule.id!r}")
             ids.add(rule.id)
-            if rule.issuer is not None and rule.issuer not in seen and rule.issuer != "mtls":
-                raise ValueError(f"rules[{i}].issuer: {rule.issuer!r} is not a configured issuer")
+            self._check_source(i, rule, sources, choices)
         methods = {m for ms in (self.accept, *self.routes.values()) for m in ms}
         if "jwt" in methods and not self.issuers and "key" not in methods:
             raise ValueError("issuers: jwt is accepted but no issuer is configured")
         if "mtls" in methods and self.mtls is None:
             raise ValueError("mtls: mtls is accepted but mtls.trust_bundle_file is not set")
         return self
+
+    @staticmethod
+    def _check_source(i: int, rule: IdentityRule, sources: list[str], choices: str) -> None:
+        """Refuse a rule whose source is ambiguous or cannot hold what it reads.
+
+        Raises:
+            ValueError: ``rules[i].<key>: problem``, naming the configured sources.
+        """
+        if rule.issuer is not None and rule.issuer not in sources:
+            what = ("client certificates are not configured (identity.mtls)"
+                    if rule.issuer == MTLS else "it is not a configured issuer")
+            raise ValueError(f"rules[{i}].issuer: {rule.issuer!r} cannot be used: {what}; "
+                             f"configured sources: {choices}")
+        read = {**{name: f"match.{name}" for name in rule.match},
+                **{c: k for k, c in (("team_claim", rule.team_claim),
+                                     ("org_claim", rule.org_claim)) if c is not None}}
+        cert = sorted(c for c in read if c in CERTIFICATE_CLAIMS)
+        if cert and rule.issuer != MTLS:
+            raise ValueError(f"rules[{i}].issuer: the rule reads {cert[0]!r}, a client "
+                             "certificate name: say issuer: mtls (else any token carrying a "
+                             f"{cert[0]!r} claim would meet it)")
+        if rule.issuer is None and len(sources) > 1:
+            raise ValueError(f"rules[{i}].issuer: required when more than one source is "
+                             "configured (a rule for one would be met by the others' "
+                             f"identities carrying the same claims); one of: {choices}")
+        if rule.issuer == MTLS:
+            other = sorted(c for c in read if c not in _CERTIFICATE_OFFERS)
+            if other:
+                raise ValueError(f"rules[{i}].{read[other[0]]}: {other[0]!r} is never offered "
+                                 "by a client certificate (issuer: mtls): only spiffe_id, "
+                                 "subject_cn and iss")

@@ -47,12 +47,14 @@ def test_a_token_is_explained_with_its_egress(tmp_path: Path) -> None:
         True, "hr", "eng", "confidential")
     assert out["decided_by"] == {"groups": "hr"} and out["kid"] == "k1"
     assert out["issuer"] == ISSUER and out["subject"].startswith("hmac-sha256:")
+    assert (out["rule_source"], out["rule_source_implicit"]) == (ISSUER, True)
     allowed = {d["destination"] for d in out["egress"] if d["decision"] == "allow"}
     assert allowed == {"eu-a"}  # confidential: EU with no-retention only
 
     text = gateway("identity", "explain", "--config", str(path), "--token", token,
                    "--model", "m")
     assert "rule hr matched on groups=hr" in text.output and "eu-a: allow" in text.output
+    assert f"(source {ISSUER}, implicit: the only source)" in text.output, text.output
 
 
 def test_claims_without_a_token_are_marked_unverified(tmp_path: Path) -> None:
@@ -109,3 +111,16 @@ def test_a_model_outside_the_rule_is_refused_without_egress_decisions(tmp_path: 
     out = json.loads(gateway("identity", "explain", "--config", str(path), "--token", token,
                              "--model", "m2", "--json").output)
     assert out["model_allowed"] is False and "egress" not in out
+
+
+def test_an_implicit_rule_holds_only_for_its_one_source(tmp_path: Path) -> None:
+    # The rules name no issuer: with one issuer configured they trust that issuer alone, so
+    # claims of another issuer (or of "mtls", the certificates' name) never meet them.
+    path = _config(tmp_path, SigningKey("k1"))
+    claims = tmp_path / "claims.json"
+    for iss in ("mtls", "https://other.example/tenant-2"):
+        claims.write_text(json.dumps({"iss": iss, "sub": "m@x.example", "groups": ["hr"]}))
+        res = gateway("identity", "explain", "--config", str(path), "--claims", str(claims),
+                      "--json")
+        assert res.exit_code == 1, res.output
+        assert json.loads(res.output)["code"] == "identity_not_mapped"
