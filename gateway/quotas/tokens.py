@@ -29,7 +29,7 @@ import asyncio
 import json
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -235,6 +235,24 @@ def lax_int(body: Mapping[str, Any], name: str) -> int | None:
             name, f"'{name}' must be an integer, got {shown}.") from None
 
 
+def _counts(body: Mapping[str, Any], names: Iterable[str], least: int) -> list[int]:
+    """The integer values of the fields ``names`` present in ``body`` (read by
+    :func:`lax_int`).
+
+    Raises:
+        InvalidGenerationField: a value below ``least``.
+    """
+    out = []
+    for name in names:
+        value = lax_int(body, name)
+        if value is None:
+            continue
+        if value < least:
+            raise InvalidGenerationField(name, f"'{name}' must be at least {least}, got {value}.")
+        out.append(value)
+    return out
+
+
 def generation_bound(body: Mapping[str, Any], endpoint: str | None) -> tuple[int | None, int]:
     """What the backend may generate for a request: tokens per completion and completions.
 
@@ -255,24 +273,12 @@ def generation_bound(body: Mapping[str, Any], endpoint: str | None) -> tuple[int
         InvalidGenerationField: a count is not an integer, ``n``/``best_of`` is below 1 or a
             max-tokens field below 0 (vLLM refuses them as well).
     """
-    largest: int | None = None
-    for name in MAX_TOKEN_FIELDS:
-        value = lax_int(body, name)
-        if value is None:
-            continue
-        if value < 0:
-            raise InvalidGenerationField(name, f"'{name}' must be at least 0, got {value}.")
-        largest = value if largest is None else max(largest, value)
+    present = _counts(body, MAX_TOKEN_FIELDS, 0)
+    largest = max(present) if present else None
     last = endpoint.rstrip("/").rsplit("/", 2)[-2:] if endpoint is not None else []
     choices = 1
     if last[-1:] != ["responses"]:
-        for name in CHOICE_FIELDS:
-            value = lax_int(body, name)
-            if value is None:
-                continue
-            if value < 1:
-                raise InvalidGenerationField(name, f"'{name}' must be at least 1, got {value}.")
-            choices = max(choices, value)
+        choices = max([1, *_counts(body, CHOICE_FIELDS, 1)])
     completions_path = last[-1:] == ["completions"] and last[:1] != ["chat"]
     if endpoint is None or completions_path:
         choices *= _prompt_count(body)

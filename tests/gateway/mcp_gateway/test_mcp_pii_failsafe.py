@@ -15,13 +15,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import anyio
 import pytest
 from mcp.shared.exceptions import MCPError
 
 from tests.conftest import ServerThread
 from tests.gateway.mcp_gateway.harness import KEYS, Gateway, start_gateway
-from tests.gateway.mcp_gateway.test_mcp_sdk_through_gateway import sdk_client
+from tests.gateway.mcp_gateway.test_mcp_pii_arguments import _call
 from tests.gateway.mcp_gateway.upstreams import Counting, sdk_server
 from vllm_sim import SimConfig
 from vllm_sim import create_app as create_sim
@@ -62,18 +61,6 @@ def over_limit(serve_asgi: Callable[..., ServerThread],
                tmp_path: Path) -> Iterator[tuple[Gateway, Counting]]:
     """Texts over 20,000 characters are not scanned (the session's own messages are)."""
     yield from _start(serve_asgi, tmp_path, "5.0", 8192, "\n  max_scan_chars: 20000")
-
-
-def _call(gw: Gateway, key: str, text: str) -> Any:
-    async def go() -> Any:
-        async with sdk_client(gw.mcp("tools"), key) as client:
-            try:
-                result = await client.call_tool("echo", {"text": text})
-            except MCPError as exc:
-                return exc
-            return result.content[0].text  # type: ignore[union-attr]
-
-    return anyio.run(go)
 
 
 def _calls(gw: Gateway) -> list[dict[str, Any]]:

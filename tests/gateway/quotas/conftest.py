@@ -103,3 +103,22 @@ def throwaway_redis() -> Iterator[Callable[[], RedisServer]]:
     yield make
     for srv in servers:
         srv.stop()
+
+
+OPEN_CLIENTS: list[Any] = []
+"""SDK clients a quota test opened (``openai.OpenAI``): closed after each test."""
+
+
+@pytest.fixture(autouse=True)
+def _close_sdk_clients() -> Iterator[None]:
+    yield
+    while OPEN_CLIENTS:
+        OPEN_CLIENTS.pop().close()
+
+
+@pytest.fixture(params=["memory", "redis"])
+def backend(request: pytest.FixtureRequest, redis_prefix: str) -> dict[str, Any]:
+    """The ``quotas:`` backend keys: in memory, or on the shared Redis under its own prefix."""
+    if request.param == "memory":
+        return {"backend": "memory"}
+    return {"backend": "redis", "redis_url": REDIS_URL, "key_prefix": redis_prefix}

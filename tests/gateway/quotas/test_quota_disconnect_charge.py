@@ -9,7 +9,7 @@ used to be charged its prompt only when it set no ``max_tokens`` (tester2 findin
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import openai
@@ -18,22 +18,13 @@ import pytest
 from gateway.app import create_app
 from gateway.quotas.hook import QuotaHook
 from tests.gateway.helpers import KEY_A, settings, start_sim
+from tests.gateway.quotas.conftest import OPEN_CLIENTS
 
 MODEL = "llama-3.1-8b"
 MESSAGES: Any = [{"role": "user", "content": "hi"}]
 PROMPT_ESTIMATE = 8  # ceil(len("hi") / 4) + 4 per message + 3
 HANG_UP_S = 1.0
 RATE = 100  # disconnect_tokens_per_s
-
-_OPEN: list[openai.OpenAI] = []
-
-
-@pytest.fixture(autouse=True)
-def _close_clients() -> Iterator[None]:
-    yield
-    while _OPEN:
-        _OPEN.pop().close()
-
 
 def stack(serve_asgi: Callable[..., Any]) -> tuple[openai.OpenAI, Any, QuotaHook]:
     """(SDK client of key A that hangs up after HANG_UP_S, the simulator, the quota hook)."""
@@ -45,7 +36,7 @@ def stack(serve_asgi: Callable[..., Any]) -> tuple[openai.OpenAI, Any, QuotaHook
     srv = serve_asgi(create_app(cfg, admission=[hook], observers=[hook]))
     c = openai.OpenAI(base_url=f"{srv.url}/v1", api_key=KEY_A, max_retries=0,
                       timeout=HANG_UP_S)
-    _OPEN.append(c)
+    OPEN_CLIENTS.append(c)
     return c, sim, hook
 
 
@@ -86,7 +77,7 @@ def test_a_rate_of_zero_keeps_the_estimate(serve_asgi: Callable[..., Any]) -> No
     srv = serve_asgi(create_app(cfg, admission=[hook], observers=[hook]))
     c = openai.OpenAI(base_url=f"{srv.url}/v1", api_key=KEY_A, max_retries=0,
                       timeout=HANG_UP_S)
-    _OPEN.append(c)
+    OPEN_CLIENTS.append(c)
     with pytest.raises(openai.APITimeoutError):
         c.chat.completions.create(model=MODEL, messages=MESSAGES)
     assert settled(hook) == PROMPT_ESTIMATE

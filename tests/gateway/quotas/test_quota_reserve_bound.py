@@ -10,7 +10,7 @@ token budget in one request (tester2 findings 1 and 2).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import openai
@@ -19,28 +19,10 @@ import pytest
 from gateway.app import create_app
 from gateway.quotas.hook import QuotaHook
 from tests.gateway.helpers import KEY_A, settings, start_sim
+from tests.gateway.quotas.conftest import OPEN_CLIENTS
 
 MODEL = "llama-3.1-8b"
-REDIS_URL = "redis://127.0.0.1:6379/0"
 MESSAGES: Any = [{"role": "user", "content": "hi"}]
-
-_OPEN: list[openai.OpenAI] = []
-
-
-@pytest.fixture(autouse=True)
-def _close_clients() -> Iterator[None]:
-    yield
-    while _OPEN:
-        _OPEN.pop().close()
-
-
-@pytest.fixture(params=["memory", "redis"])
-def backend(request: pytest.FixtureRequest, redis_prefix: str) -> dict[str, Any]:
-    """The ``quotas:`` backend keys: in memory, or on the shared Redis under its own prefix."""
-    if request.param == "memory":
-        return {"backend": "memory"}
-    return {"backend": "redis", "redis_url": REDIS_URL, "key_prefix": redis_prefix}
-
 
 def gateway(serve_asgi: Callable[..., Any], quotas: dict[str, Any],
             **sim: Any) -> tuple[openai.OpenAI, Any, QuotaHook]:
@@ -50,7 +32,7 @@ def gateway(serve_asgi: Callable[..., Any], quotas: dict[str, Any],
     hook = QuotaHook.from_settings(cfg.quotas or {})
     srv = serve_asgi(create_app(cfg, admission=[hook], observers=[hook]))
     c = openai.OpenAI(base_url=f"{srv.url}/v1", api_key=KEY_A, max_retries=0)
-    _OPEN.append(c)
+    OPEN_CLIENTS.append(c)
     return c, s, hook
 
 

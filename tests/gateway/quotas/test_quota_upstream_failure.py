@@ -12,7 +12,7 @@ from __future__ import annotations
 import io
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,30 +23,12 @@ import pytest
 from gateway.app import create_app
 from gateway.assembly import assemble
 from tests.gateway.helpers import KEY_A, Sim, settings, start_sim
+from tests.gateway.quotas.conftest import OPEN_CLIENTS
 
 MODEL = "llama-3.1-8b"
-REDIS_URL = "redis://127.0.0.1:6379/0"
 MESSAGES: Any = [{"role": "user", "content": "hi"}]
 PROMPT_ESTIMATE = 8  # ceil(len("hi") / 4) + 4 per message + 3
 H = {"authorization": f"Bearer {KEY_A}"}
-
-_OPEN: list[openai.OpenAI] = []
-
-
-@pytest.fixture(autouse=True)
-def _close_clients() -> Iterator[None]:
-    yield
-    while _OPEN:
-        _OPEN.pop().close()
-
-
-@pytest.fixture(params=["memory", "redis"])
-def backend(request: pytest.FixtureRequest, redis_prefix: str) -> dict[str, Any]:
-    """The ``quotas:`` backend keys: in memory, or on the shared Redis under its own prefix."""
-    if request.param == "memory":
-        return {"backend": "memory"}
-    return {"backend": "redis", "redis_url": REDIS_URL, "key_prefix": redis_prefix}
-
 
 def stack(serve_asgi: Callable[..., Any], quotas: dict[str, Any],
           **gw: Any) -> tuple[str, Sim, openai.OpenAI]:
@@ -56,7 +38,7 @@ def stack(serve_asgi: Callable[..., Any], quotas: dict[str, Any],
                  **gw)
     url = str(serve_asgi(create_app(s, assemble(s))).url)
     c = openai.OpenAI(base_url=url + "/v1", api_key=KEY_A, max_retries=0)
-    _OPEN.append(c)
+    OPEN_CLIENTS.append(c)
     return url, sim, c
 
 
