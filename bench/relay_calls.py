@@ -139,13 +139,15 @@ async def _cpu(gws: list[Proc], args: argparse.Namespace) -> list[tuple[list[flo
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     p.add_argument("--base", type=Path, required=True, help="the base checkout's directory")
+    p.add_argument("--change", type=Path, default=ROOT,
+                   help="the changed checkout's directory (default: this one)")
     p.add_argument("--requests", type=int, default=200, help="small requests counted")
     p.add_argument("--streams", type=int, default=64, help="new streams counted (at once)")
     p.add_argument("--rounds", type=int, default=3, help="interleaved CPU rounds (0: none)")
     p.add_argument("--cpu-requests", type=int, default=2000, help="small requests per round")
     p.add_argument("--cpu-streams", type=int, default=256, help="new streams per round")
     args = p.parse_args(argv)
-    sources = [("base", args.base.resolve()), ("change", ROOT)]
+    sources = [("base", args.base.resolve()), ("change", args.change.resolve())]
     sim = start_sim("m", tokens=5)
     with tempfile.TemporaryDirectory(prefix="relay-calls-") as tmp:
         gws: list[Proc] = []
