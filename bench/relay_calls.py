@@ -10,8 +10,8 @@ warm-up and read on SIGUSR2, and counts for
 
 - a small request: ``--requests`` non-streamed chat completions (``max_tokens`` 1) at
   concurrency 1 over one keep-alive connection;
-- a new stream: ``--streams`` streamed chat completions (5 tokens) at once, one new
-  connection each (the burst of ``bench/relay.py``'s phase e, smaller);
+- a new stream: ``--streams`` streamed chat completions (5 tokens) one after another, one
+  new connection each (a burst's coalesced reads and writes would vary the counts);
 
 the Python function calls (``call`` events), the builtin calls (``c_call``) and the loop
 iterations (calls of the standard asyncio loop's per-iteration method; the gateway never runs
@@ -108,8 +108,9 @@ async def _count(gw: Proc, out: Path, args: argparse.Namespace) -> tuple[list[fl
         await asyncio.sleep(0.2)
         if phase == "small":
             n = len(await run_latency("127.0.0.1", gw.port, small, args.requests, 1))
-        else:
-            n = await _burst(gw.port, stream, args.streams)
+        else:  # one after another: a burst's coalesced reads and writes vary run to run
+            tot = await run_streams("127.0.0.1", gw.port, stream, args.streams, 1)
+            n = sum(1 for r in tot.results if r.complete)
         gw.proc.send_signal(signal.SIGUSR2)
         deadline = time.monotonic() + 10
         while not out.exists() or len(out.read_text().splitlines()) <= before:
@@ -141,8 +142,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--base", type=Path, required=True, help="the base checkout's directory")
     p.add_argument("--change", type=Path, default=ROOT,
                    help="the changed checkout's directory (default: this one)")
-    p.add_argument("--requests", type=int, default=200, help="small requests counted")
-    p.add_argument("--streams", type=int, default=64, help="new streams counted (at once)")
+    p.add_argument("--requests", type=int, default=1000, help="small requests counted")
+    p.add_argument("--streams", type=int, default=300,
+                   help="new streams counted (one after another)")
     p.add_argument("--rounds", type=int, default=3, help="interleaved CPU rounds (0: none)")
     p.add_argument("--cpu-requests", type=int, default=2000, help="small requests per round")
     p.add_argument("--cpu-streams", type=int, default=256, help="new streams per round")
@@ -162,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
                 gw.stop()
             sim.stop()
     print(f"load {os.getloadavg()[0]:.2f}; counts per small request ({args.requests} at c=1) "
-          f"and per new stream ({args.streams} at once)")
+          f"and per new stream ({args.streams} one after another)")
     print(f"{'':8s}{'py calls':>10s}{'C calls':>9s}{'loop it':>9s}  |{'py calls':>10s}"
           f"{'C calls':>9s}{'loop it':>9s}")
     for (name, _), (small, stream) in zip(sources, counts, strict=True):
