@@ -95,9 +95,32 @@ async def forward(ex: Exchange, first: Replica) -> None:
         headers = dict(base_headers)
         if replica.api_key:
             headers["authorization"] = f"Bearer {replica.api_key}"
-        result = await _try_replica(ex, replica, body, headers, force_usage)
+        # One attempt on the replica (inline, not a coroutine of its own: one frame fewer per
+        # request); a stale pooled connection is retried once on a fresh one.
+        replica.outstanding += 1
+        result: _Result
+        try:
+            if replica.kind == "litellm":
+                result = await _litellm_attempt(ex, replica)
+            else:
+                result = await _attempt(ex, replica, body, headers, force_usage, fresh=False)
+                if result is _STALE:
+                    # The pooled connection was closed under us (the backend's keep-alive ran
+                    # out): not the replica's fault. Same replica, new connection; a second
+                    # failure counts.
+                    _log.info("request %s: pooled connection to %s was closed; retrying on a "
+                              "new one", record.request_id, replica.label)
+                    result = await _attempt(ex, replica, body, headers, force_usage, fresh=True)
+        except (UpstreamConnectError, UpstreamConnectTimeout) as exc:
+            pool.eject(replica)
+            result = exc
+        finally:
+            replica.outstanding -= 1
+            if ex.hint is not None:
+                ex.hint.release()
         if result is None:
             return
+        assert not isinstance(result, _Stale)
         last_error = result
         replica = await _next_replica(ex, replica, tried, result)
     raise last_error or NoHealthyReplica(f"No replica of '{pool.model.name}' is available.")
@@ -113,36 +136,6 @@ def _base_headers(ex: Exchange) -> dict[str, str]:
     }
     headers.update(ex.forwarded)
     return headers
-
-
-async def _try_replica(
-    ex: Exchange, replica: Replica, body: bytes, headers: dict[str, str], drop_usage: bool
-) -> GatewayError | None:
-    """One attempt on ``replica``; a stale pooled connection is retried once on a fresh one.
-
-    Returns:
-        ``None`` when the response was relayed, or the error to retry elsewhere.
-    """
-    replica.outstanding += 1
-    try:
-        if replica.kind == "litellm":
-            return await _litellm_attempt(ex, replica)
-        result = await _attempt(ex, replica, body, headers, drop_usage, fresh=False)
-        if result is _STALE:
-            # The pooled connection was closed under us (the backend's keep-alive ran out):
-            # not the replica's fault. Same replica, new connection; a second failure counts.
-            _log.info("request %s: pooled connection to %s was closed; retrying on a new one",
-                      ex.record.request_id, replica.label)
-            result = await _attempt(ex, replica, body, headers, drop_usage, fresh=True)
-        assert not isinstance(result, _Stale)
-        return result
-    except (UpstreamConnectError, UpstreamConnectTimeout) as exc:
-        ex.pool.eject(replica)
-        return exc
-    finally:
-        replica.outstanding -= 1
-        if ex.hint is not None:
-            ex.hint.release()
 
 
 async def _next_replica(
