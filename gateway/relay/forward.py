@@ -182,7 +182,9 @@ class _Deadline:
 
     An :class:`asyncio.Timeout` for the first byte plus a second timer for the idle deadline
     cost two scheduled handles per attempt (and a cancelled one in the loop's heap); here one
-    handle serves both. Until :meth:`idle` it fires ``first_byte_s`` after the attempt began.
+    handle serves both, armed once per attempt in the usual case (for the shorter of the two
+    periods; one re-arm only for a first byte awaited longer than ``idle_s``). Until
+    :meth:`idle` it expires ``first_byte_s`` after the attempt began.
     From :meth:`idle` on, the relay loop only stores the time of its last read (:attr:`last`;
     ``None`` while it writes to the client, which suspends the deadline), and the timer checks
     it when due: it re-arms itself for ``last + idle_s`` while chunks keep coming, and expires
@@ -199,8 +201,8 @@ class _Deadline:
         RuntimeError: Made outside a task.
     """
 
-    __slots__ = ("_cancelling", "_expired", "_handle", "_idle", "_idle_s", "_loop", "_task",
-                 "_when", "clock", "last")
+    __slots__ = ("_cancelling", "_expired", "_first_due", "_handle", "_idle", "_idle_s", "_loop",
+                 "_task", "_when", "clock", "last")
 
     def __init__(self, first_byte_s: float, idle_s: float) -> None:
         loop = asyncio.get_running_loop()
@@ -215,7 +217,11 @@ class _Deadline:
         self._idle_s = idle_s
         self.clock = loop.time
         self.last: float | None = None
-        self._when = loop.time() + first_byte_s
+        now = loop.time()
+        self._first_due = now + first_byte_s
+        # Armed for the earlier of the two periods: idle() (at least that long from now) then
+        # never has to move it, and a first byte due later re-arms it once when it fires.
+        self._when = now + min(first_byte_s, idle_s)
         self._handle: asyncio.TimerHandle | None = loop.call_at(self._when, self._due)
 
     def __enter__(self) -> _Deadline:
@@ -235,7 +241,7 @@ class _Deadline:
         self.last = now
         self._idle = True
         due = now + self._idle_s
-        if self._handle is None or self._when > due:  # the armed time is too late: move it
+        if self._handle is None or self._when > due:  # (armed at most idle_s from the start)
             self.disarm()
             self._arm(due)
         return self
@@ -260,6 +266,9 @@ class _Deadline:
             if now - last < self._idle_s:
                 self._arm(last + self._idle_s)
                 return
+        elif self._first_due > self._when:  # fired at idle_s: the first byte is due later
+            self._arm(self._first_due)
+            return
         self._expired = True
         self._task.cancel()  # the awaited read ends; __exit__ makes it a TimeoutError
 

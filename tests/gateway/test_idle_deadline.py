@@ -37,6 +37,18 @@ def test_expires_first_byte_s_after_the_attempt_began() -> None:
     assert IDLE_S <= waited < 10 * IDLE_S
 
 
+def test_a_first_byte_deadline_longer_than_idle_s_is_kept() -> None:
+    async def main() -> float:
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        with pytest.raises(TimeoutError), _Deadline(3 * IDLE_S, IDLE_S):
+            await asyncio.sleep(30)  # the timer fires at idle_s, then waits for the rest
+        return loop.time() - began
+
+    waited = asyncio.run(main())
+    assert 3 * IDLE_S <= waited < 10 * IDLE_S
+
+
 def test_expires_idle_s_after_the_last_chunk() -> None:
     async def main() -> float:
         loop = asyncio.get_running_loop()
@@ -119,3 +131,25 @@ def test_disarm_leaves_no_timer_behind() -> None:
         return (len(live) - len(before)) * 10 + len(live) - len(left)
 
     assert asyncio.run(main()) == 11  # one timer for both deadlines, gone after disarm
+
+
+def test_one_timer_handle_per_attempt_when_chunks_come_within_idle_s() -> None:
+    async def main() -> int:
+        loop = asyncio.get_running_loop()
+        scheduled = 0
+        call_at = loop.call_at
+
+        def counting_call_at(*args: object, **kwargs: object) -> asyncio.TimerHandle:
+            nonlocal scheduled
+            scheduled += 1
+            return call_at(*args, **kwargs)  # type: ignore[arg-type]
+
+        loop.call_at = counting_call_at  # type: ignore[method-assign]
+        with _Deadline(LONG_S, 2 * LONG_S / 3) as deadline:
+            deadline.idle()
+            deadline.last = deadline.clock()
+            deadline.disarm()
+        loop.call_at = call_at  # type: ignore[method-assign]
+        return scheduled
+
+    assert asyncio.run(main()) == 1
