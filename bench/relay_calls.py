@@ -17,7 +17,8 @@ the Python function calls (``call`` events), the builtin calls (``c_call``) and 
 iterations (calls of the standard asyncio loop's per-iteration method; the gateway never runs
 uvloop). Then, with the hook off, ``--rounds`` interleaved rounds measure both gateways' CPU
 per small request (``--cpu-requests`` each) and per new stream (``--cpu-streams`` at once),
-read from ``/proc/<pid>/stat``; wrap the run in ``flock /work/bench.lock``.
+read from ``/proc/<pid>/stat`` (10 ms ticks: keep the rounds large); wrap the run in
+``flock /work/bench.lock``.
 
 Usage::
 
@@ -147,7 +148,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="new streams counted (one after another)")
     p.add_argument("--rounds", type=int, default=3, help="interleaved CPU rounds (0: none)")
     p.add_argument("--cpu-requests", type=int, default=2000, help="small requests per round")
-    p.add_argument("--cpu-streams", type=int, default=256, help="new streams per round")
+    p.add_argument("--cpu-streams", type=int, default=512,
+                   help="new streams per round (/proc counts CPU in 10 ms ticks: 20 µs per "
+                        "stream at 512)")
     args = p.parse_args(argv)
     sources = [("base", args.base.resolve()), ("change", args.change.resolve())]
     sim = start_sim("m", tokens=5)
