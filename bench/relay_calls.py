@@ -10,8 +10,9 @@ warm-up and read on SIGUSR2, and counts for
 
 - a small request: ``--requests`` non-streamed chat completions (``max_tokens`` 1) at
   concurrency 1 over one keep-alive connection;
-- a new stream: ``--streams`` streamed chat completions (5 tokens) one after another, one
-  new connection each (a burst's coalesced reads and writes would vary the counts);
+- a new stream: ``--streams`` streamed chat completions (5 tokens, ``--itl-ms`` apart) one
+  after another, one new connection each (a burst's coalesced reads and writes, or tokens
+  sent back to back, vary the counts by ±5 % from run to run);
 
 the Python function calls (``call`` events), the builtin calls (``c_call``) and the loop
 iterations (calls of the standard asyncio loop's per-iteration method; the gateway never runs
@@ -146,6 +147,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--requests", type=int, default=1000, help="small requests counted")
     p.add_argument("--streams", type=int, default=300,
                    help="new streams counted (one after another)")
+    p.add_argument("--itl-ms", type=float, default=2.0,
+                   help="ms between a stream's tokens: each arrives in its own read, so the "
+                        "counts per stream do not depend on how the reads coalesce")
     p.add_argument("--rounds", type=int, default=3, help="interleaved CPU rounds (0: none)")
     p.add_argument("--cpu-requests", type=int, default=2000, help="small requests per round")
     p.add_argument("--cpu-streams", type=int, default=512,
@@ -153,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
                         "stream at 512)")
     args = p.parse_args(argv)
     sources = [("base", args.base.resolve()), ("change", args.change.resolve())]
-    sim = start_sim("m", tokens=5)
+    sim = start_sim("m", tokens=5, itl_ms=args.itl_ms)
     with tempfile.TemporaryDirectory(prefix="relay-calls-") as tmp:
         gws: list[Proc] = []
         try:
