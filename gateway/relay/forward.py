@@ -11,7 +11,7 @@ second failure counts as usual. The pool keeps idle connections for
 ``timeouts.upstream_keep_alive_s``, below the backends' keep-alive, so this is rare.
 Timeouts: ``first_byte_s`` until the first body byte, then ``idle_s`` between chunks (the
 deadline is suspended while the gateway writes to a slow client; one timer per response checks
-it, see :class:`_IdleDeadline`).
+it, see :class:`_Deadline`).
 """
 
 from __future__ import annotations
@@ -95,9 +95,32 @@ async def forward(ex: Exchange, first: Replica) -> None:
         headers = dict(base_headers)
         if replica.api_key:
             headers["authorization"] = f"Bearer {replica.api_key}"
-        result = await _try_replica(ex, replica, body, headers, force_usage)
+        # One attempt on the replica (inline, not a coroutine of its own: one frame fewer per
+        # request); a stale pooled connection is retried once on a fresh one.
+        replica.outstanding += 1
+        result: _Result
+        try:
+            if replica.kind == "litellm":
+                result = await _litellm_attempt(ex, replica)
+            else:
+                result = await _attempt(ex, replica, body, headers, force_usage, fresh=False)
+                if result is _STALE:
+                    # The pooled connection was closed under us (the backend's keep-alive ran
+                    # out): not the replica's fault. Same replica, new connection; a second
+                    # failure counts.
+                    _log.info("request %s: pooled connection to %s was closed; retrying on a "
+                              "new one", record.request_id, replica.label)
+                    result = await _attempt(ex, replica, body, headers, force_usage, fresh=True)
+        except (UpstreamConnectError, UpstreamConnectTimeout) as exc:
+            pool.eject(replica)
+            result = exc
+        finally:
+            replica.outstanding -= 1
+            if ex.hint is not None:
+                ex.hint.release()
         if result is None:
             return
+        assert not isinstance(result, _Stale)
         last_error = result
         replica = await _next_replica(ex, replica, tried, result)
     raise last_error or NoHealthyReplica(f"No replica of '{pool.model.name}' is available.")
@@ -113,36 +136,6 @@ def _base_headers(ex: Exchange) -> dict[str, str]:
     }
     headers.update(ex.forwarded)
     return headers
-
-
-async def _try_replica(
-    ex: Exchange, replica: Replica, body: bytes, headers: dict[str, str], drop_usage: bool
-) -> GatewayError | None:
-    """One attempt on ``replica``; a stale pooled connection is retried once on a fresh one.
-
-    Returns:
-        ``None`` when the response was relayed, or the error to retry elsewhere.
-    """
-    replica.outstanding += 1
-    try:
-        if replica.kind == "litellm":
-            return await _litellm_attempt(ex, replica)
-        result = await _attempt(ex, replica, body, headers, drop_usage, fresh=False)
-        if result is _STALE:
-            # The pooled connection was closed under us (the backend's keep-alive ran out):
-            # not the replica's fault. Same replica, new connection; a second failure counts.
-            _log.info("request %s: pooled connection to %s was closed; retrying on a new one",
-                      ex.record.request_id, replica.label)
-            result = await _attempt(ex, replica, body, headers, drop_usage, fresh=True)
-        assert not isinstance(result, _Stale)
-        return result
-    except (UpstreamConnectError, UpstreamConnectTimeout) as exc:
-        ex.pool.eject(replica)
-        return exc
-    finally:
-        replica.outstanding -= 1
-        if ex.hint is not None:
-            ex.hint.release()
 
 
 async def _next_replica(
@@ -171,7 +164,7 @@ class _Relay:
 
     ex: Exchange
     replica: Replica
-    deadline: asyncio.Timeout
+    deadline: _Deadline
     phase: str = "first_byte"
     scanner: SSEUsageScanner | None = None
     complete: bool = False
@@ -184,51 +177,100 @@ class _Relay:
         self.has_slot = True
 
 
-class _IdleDeadline:
-    """The idle deadline between upstream chunks: one timer per response, not two per chunk.
+class _Deadline:
+    """The one timer of an upstream attempt: first byte, then idle between chunks.
 
-    Moving an :class:`asyncio.Timeout` per chunk cancels one timer handle and schedules another
-    (a heap push, and a cancelled handle left in the heap) twice per relayed SSE event. Here the
-    relay loop only stores the time of its last read (:attr:`last`; ``None`` while it writes to
-    the client, which suspends the deadline), and one timer checks it when due: it re-arms
-    itself for ``last + idle_s`` while chunks keep coming, and lets the request's
-    ``asyncio.Timeout`` expire (so the waiting read ends in :class:`TimeoutError`, as before)
-    once ``idle_s`` passed without one. The deadline fires ``idle_s`` after the last chunk, up to
-    one loop iteration late, as a rescheduled ``Timeout`` would.
+    An :class:`asyncio.Timeout` for the first byte plus a second timer for the idle deadline
+    cost two scheduled handles per attempt (and a cancelled one in the loop's heap); here one
+    handle serves both, armed once per attempt in the usual case (for the shorter of the two
+    periods; one re-arm only for a first byte awaited longer than ``idle_s``). Until
+    :meth:`idle` it expires ``first_byte_s`` after the attempt began.
+    From :meth:`idle` on, the relay loop only stores the time of its last read (:attr:`last`;
+    ``None`` while it writes to the client, which suspends the deadline), and the timer checks
+    it when due: it re-arms itself for ``last + idle_s`` while chunks keep coming, and expires
+    once ``idle_s`` passed without one (up to one loop iteration late, as a rescheduled
+    ``Timeout`` would). Expiry cancels the attempt's task; leaving the ``with`` block turns that
+    cancellation into :class:`TimeoutError`, exactly as :func:`asyncio.timeout` does (public
+    ``Task.cancelling``/``uncancel``), and any other cancellation passes through.
 
     Args:
-        deadline: The attempt's timeout, entered, whose first-byte deadline has passed its use;
-            it is suspended here and expired only by this timer.
-        idle_s: Longest wait in seconds for the next upstream chunk.
+        first_byte_s: Longest wait in seconds for the response's first byte.
+        idle_s: Longest wait in seconds for the next upstream chunk (after :meth:`idle`).
+
+    Raises:
+        RuntimeError: Made outside a task.
     """
 
-    __slots__ = ("_deadline", "_handle", "_idle_s", "_loop", "clock", "last")
+    __slots__ = ("_cancelling", "_expired", "_first_due", "_handle", "_idle", "_idle_s", "_loop",
+                 "_task", "_when", "clock", "last")
 
-    def __init__(self, deadline: asyncio.Timeout, idle_s: float) -> None:
+    def __init__(self, first_byte_s: float, idle_s: float) -> None:
         loop = asyncio.get_running_loop()
-        deadline.reschedule(None)
-        self._deadline = deadline
-        self._idle_s = idle_s
+        task = asyncio.current_task(loop)
+        if task is None:
+            raise RuntimeError("an upstream deadline needs a task")
         self._loop = loop
+        self._task = task
+        self._cancelling = task.cancelling()
+        self._expired = False
+        self._idle = False
+        self._idle_s = idle_s
         self.clock = loop.time
-        self.last: float | None = loop.time()
-        self._handle: asyncio.TimerHandle | None = loop.call_at(self.last + idle_s, self._due)
+        self.last: float | None = None
+        now = loop.time()
+        self._first_due = now + first_byte_s
+        # Armed for the earlier of the two periods: idle() (at least that long from now) then
+        # never has to move it, and a first byte due later re-arms it once when it fires.
+        self._when = now + min(first_byte_s, idle_s)
+        self._handle: asyncio.TimerHandle | None = loop.call_at(self._when, self._due)
 
-    def _due(self) -> None:
-        last, now = self.last, self.clock()
-        if last is None:  # writing to the client: check again a whole idle period later
-            self._handle = self._loop.call_at(now + self._idle_s, self._due)
-        elif now - last < self._idle_s:
-            self._handle = self._loop.call_at(last + self._idle_s, self._due)
-        else:
-            self._handle = None
-            self._deadline.reschedule(now)  # expires: the awaited read is cancelled
+    def __enter__(self) -> _Deadline:
+        return self
 
-    def cancel(self) -> None:
-        """Stop the timer (the body ended or the relay was left)."""
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: object) -> None:
+        self.disarm()
+        if self._expired:
+            self._expired = False
+            if self._task.uncancel() <= self._cancelling and exc_type is asyncio.CancelledError:
+                raise TimeoutError from exc
+
+    def idle(self) -> _Deadline:
+        """From now on, expire ``idle_s`` after the last read (:attr:`last`, set to now)."""
+        now = self.clock()
+        self.last = now
+        self._idle = True
+        due = now + self._idle_s
+        if self._handle is None or self._when > due:  # (armed at most idle_s from the start)
+            self.disarm()
+            self._arm(due)
+        return self
+
+    def disarm(self) -> None:
+        """No deadline from now on (the body ended, or the relay was left)."""
         if self._handle is not None:
             self._handle.cancel()
             self._handle = None
+
+    def _arm(self, when: float) -> None:
+        self._when = when
+        self._handle = self._loop.call_at(when, self._due)
+
+    def _due(self) -> None:
+        self._handle = None
+        if self._idle:
+            last, now = self.last, self.clock()
+            if last is None:  # writing to the client: check again a whole idle period later
+                self._arm(now + self._idle_s)
+                return
+            if now - last < self._idle_s:
+                self._arm(last + self._idle_s)
+                return
+        elif self._first_due > self._when:  # fired at idle_s: the first byte is due later
+            self._arm(self._first_due)
+            return
+        self._expired = True
+        self._task.cancel()  # the awaited read ends; __exit__ makes it a TimeoutError
 
 
 async def _attempt(
@@ -257,7 +299,7 @@ async def _attempt(
     resp: Response | None = None
     relay: _Relay | None = None
     try:
-        async with asyncio.timeout(timeouts.first_byte_s) as deadline:
+        with _Deadline(timeouts.first_byte_s, timeouts.idle_s) as deadline:
             relay = _Relay(ex, replica, deadline)
             try:
                 resp = await ex.state.upstream.post(
@@ -365,7 +407,7 @@ async def _relay_sse(
 ) -> None:
     ex = relay.ex
     out = ex.out
-    idle = _IdleDeadline(relay.deadline, ex.state.settings.timeouts.idle_s)
+    idle = relay.deadline.idle()
     clock = idle.clock
     feed: Callable[[bytes], bytes] = scanner.feed
     masked = ex.masker.stream() if ex.masker is not None else None
@@ -381,7 +423,7 @@ async def _relay_sse(
             idle.last = clock()
             chunk = await read()
     finally:
-        idle.cancel()
+        idle.disarm()
     relay.complete = True
     tail = scanner.finish()
     if masked is not None:
@@ -400,7 +442,7 @@ def _then(first: Callable[[bytes], bytes],
 
 
 def _sink_reader(
-    resp: Response, out: Responder, feed: Callable[[bytes], bytes], idle: _IdleDeadline
+    resp: Response, out: Responder, feed: Callable[[bytes], bytes], idle: _Deadline
 ) -> Callable[[], Awaitable[bytes]]:
     """The SSE relay's ``read``: with a synchronous writer to the client, each upstream piece
     is scanned and written from the upstream connection's callback (no task wake-up per
@@ -444,7 +486,7 @@ async def _relay_body(
     if resp.complete:
         # The whole body came with the head (a small answer): no read will wait, so no idle
         # timer; the first-byte deadline is lifted (writing to the client is not bounded).
-        relay.deadline.reschedule(None)
+        relay.deadline.disarm()
         # ``chunk`` is then the whole body (the read before took every decoded byte): the
         # response is sent whole, head and body in one write (one pass through the responder
         # and the server instead of a start, a body chunk and an empty last one).
@@ -456,7 +498,7 @@ async def _relay_body(
         await out.respond(status, headers, chunk)
         return
     await out.start(status, headers)
-    idle = _IdleDeadline(relay.deadline, ex.state.settings.timeouts.idle_s)
+    idle = relay.deadline.idle()
     keep = bytearray()  # the body up to _MAX_USAGE_BODY, then only its last _USAGE_TAIL bytes
     whole = True
     try:
@@ -470,7 +512,7 @@ async def _relay_body(
             idle.last = idle.clock()
             chunk = await read()
     finally:
-        idle.cancel()
+        idle.disarm()
     relay.complete = True
     if status == 200:
         body = bytes(keep)
@@ -486,8 +528,7 @@ async def _relay_masked_body(
     """A non-streamed answer under ``pii.responses: mask``: read whole, masked, then sent
     with the masked body's ``Content-Length`` (the status line waits for the whole body)."""
     ex = relay.ex
-    idle = None if resp.complete else _IdleDeadline(relay.deadline,
-                                                    ex.state.settings.timeouts.idle_s)
+    idle = None if resp.complete else relay.deadline.idle()
     parts = []
     try:
         while chunk:
@@ -497,8 +538,8 @@ async def _relay_masked_body(
             chunk = await resp.read()
     finally:
         if idle is not None:
-            idle.cancel()
-    relay.deadline.reschedule(None)
+            idle.disarm()
+    relay.deadline.disarm()
     relay.complete = True
     body = b"".join(parts)
     if status == 200:

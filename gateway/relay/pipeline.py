@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -50,6 +50,7 @@ from gateway.h1.asgi_io import (
     WRITE_RESPONSE_EXTENSION,
     ClientGone,
     DisconnectWatch,
+    Message,
     Receive,
     Responder,
     Scope,
@@ -113,8 +114,11 @@ def _outcome_for(exc: GatewayError) -> Outcome:
     return "gateway_error"
 
 
-async def serve(scope: Scope, receive: Receive, send: Send) -> None:
+def serve(scope: Scope, receive: Receive, send: Send) -> Awaitable[None]:
     """The relay's ASGI entry for one HTTP request on a path of :data:`RELAY_PATHS`.
+
+    A plain function returning the request's awaitable (:func:`handle`'s coroutine, or the
+    refusal's): awaited like an ``async def``, one coroutine frame fewer on every request.
 
     The app (:func:`gateway.app.create_app`) calls it for those paths, and the gateway's own
     server calls it directly (``ServerConfig.routes``, :func:`gateway.app.direct_routes`):
@@ -129,21 +133,24 @@ async def serve(scope: Scope, receive: Receive, send: Send) -> None:
     """
     problem = scope_framing_problem(scope["headers"])
     if problem is not None:
-        for message in framing_refusal(problem):
-            await send(message)
-        return
+        return _send_all(send, framing_refusal(problem))
     if escaped_api_path(scope):
         body = error_body(PathNotFound("Not Found"))
-        await send({"type": "http.response.start", "status": 404,
-                    "headers": [(b"content-type", b"application/json"),
-                                (b"content-length", b"%d" % len(body))]})
-        await send({"type": "http.response.body", "body": body})
-        return
+        return _send_all(send, [
+            {"type": "http.response.start", "status": 404,
+             "headers": [(b"content-type", b"application/json"),
+                         (b"content-length", b"%d" % len(body))]},
+            {"type": "http.response.body", "body": body}])
     try:  # gateway_state's lookup, without a call per request
         state = scope["state"][STATE_KEY].current
     except (KeyError, TypeError, AttributeError):
         state = gateway_state(scope)  # raises the explanation
-    await handle(state, scope, receive, send)
+    return handle(state, scope, receive, send)
+
+
+async def _send_all(send: Send, messages: Iterable[Message]) -> None:
+    for message in messages:
+        await send(message)
 
 
 async def handle(state: GatewayState, scope: Scope, receive: Receive, send: Send) -> None:
@@ -168,7 +175,16 @@ async def handle(state: GatewayState, scope: Scope, receive: Receive, send: Send
     drain = state.drain
     try:
         with drain.track() if drain is not None else contextlib.nullcontext():
-            await _serve(flight)
+            try:  # the stages in order (no coroutine of its own: one frame fewer)
+                for run in _IN_ORDER:
+                    step = run(flight)
+                    if step is not None:
+                        await step
+            finally:  # a lane and a routing hint are released whatever happens
+                if flight.lane is not None:
+                    flight.lane.done()
+                if flight.hint is not None:  # refused before forwarding: no prefill queued
+                    flight.hint.release()
     except asyncio.CancelledError:
         task = asyncio.current_task()
         if drain is None or task is None or not drain.was_cut(task):
@@ -304,7 +320,7 @@ class Flight:
         response_scan, masker: The response's sensitive-data scan and masking (``inspect``).
         pool, decision, hint: The model's pool, the egress policy's decision and the
             routing hint (``route``).
-        lane: The flow-control lane (``admit``; ended by :func:`_serve` whatever happens).
+        lane: The flow-control lane (``admit``; ended by :func:`handle` whatever happens).
         first: The replica the request goes to first (``admit``).
     """
 
@@ -563,20 +579,6 @@ order until one refuses, then the ``always`` ones. The one list of the request's
 
 _IN_ORDER = tuple(stage.run for stage in STAGES if not stage.always)
 _AT_END = tuple(stage.run for stage in STAGES if stage.always)
-
-
-async def _serve(f: Flight) -> None:
-    """Run the stages in order; a lane and a routing hint are released whatever happens."""
-    try:
-        for run in _IN_ORDER:
-            step = run(f)
-            if step is not None:
-                await step
-    finally:
-        if f.lane is not None:
-            f.lane.done()
-        if f.hint is not None:  # refused before forwarding (quota, audit): no prefill queued
-            f.hint.release()
 
 
 def _check_target(scope: Scope) -> None:
