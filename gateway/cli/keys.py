@@ -37,7 +37,8 @@ def new(
     model: Annotated[
         list[str] | None, typer.Option(
             "--model", "-m",
-            help="Allowed model (repeatable). None given: every model ('*').")
+            help="Allowed model (repeatable; required): a served model name, an alias, or "
+                 "'*' for every model (as `keys create` requires).")
     ] = None,
     team: Annotated[str | None, typer.Option(help="Team the key belongs to.")] = None,
     data_class: Annotated[
@@ -48,11 +49,15 @@ def new(
     """Print a fresh random key ONCE, and the config line holding its SHA-256.
 
     The config line is validated like the config file's keys: entries, so what is printed
-    loads (a bad --id exits 2 naming the option).
+    loads (a bad --id exits 2 naming the option). ``--model`` is required: a key for every
+    model is ``--model '*'``, never a default.
     """
+    if not model:  # least privilege: a key for every model is asked for, never a default
+        raise CliError("usage_error",
+                       "--model: at least one --model NAME is required ('*' for every model)")
     key = new_key()
     try:
-        entry = KeySettings(id=key_id, sha256=digest_key(key).hex(), models=model or ["*"],
+        entry = KeySettings(id=key_id, sha256=digest_key(key).hex(), models=model,
                             team=team, data_class=data_class)
     except ValidationError as exc:
         found = [(_OPTIONS.get(p.key.split("[")[0], p.key), p.problem)

@@ -61,7 +61,7 @@ def test_fresh_shell_has_no_gateway_on_path(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("options", [
     ["--id", "team-a", "--model", "m", "--team", "analytics", "--data-class", "confidential"],
-    ["--id", "all-models"],  # models default to ["*"]: a bare * would be a YAML alias
+    ["--id", "all-models", "--model", "*"],  # a bare * in the line would be a YAML alias
 ])
 def test_keys_new_config_line_loads(options: list[str]) -> None:
     gateway = REPO / ".venv" / "bin" / "gateway"
@@ -80,7 +80,8 @@ def test_keys_new_config_line_loads(options: list[str]) -> None:
 
 def test_keys_new_refuses_an_id_the_config_refuses() -> None:
     gateway = REPO / ".venv" / "bin" / "gateway"
-    proc = subprocess.run([str(gateway), "keys", "new", "--id", "bad id"], capture_output=True,
+    proc = subprocess.run([str(gateway), "keys", "new", "--id", "bad id", "--model", "m"],
+                          capture_output=True,
                           text=True, timeout=60, check=False)
     assert proc.returncode == 2
     assert "--id: must be 1-128 characters" in proc.stderr, proc.stderr

@@ -81,17 +81,21 @@ def test_keys_new_prints_key_once_and_config_line(capsys: pytest.CaptureFixture[
     from gateway.auth import KeyRing
 
     assert KeyRing(s.keys).authenticate(key.group(1)).team == "x"
-    assert main(["keys", "new", "--id", "y", "--json"]) == 0
+    assert main(["keys", "new", "--id", "y", "--model", "*", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["key"] != key.group(1) and data["models"] == ["*"]
 
 
-def test_keys_new_help_says_no_model_means_every_model(
+def test_keys_new_asks_for_the_models_and_never_grants_every_model_by_default(
         capsys: pytest.CaptureFixture[str]) -> None:
-    """Without ``--model`` the key may use every model (``models: ['*']``, above); the help
-    said only "Allowed model (repeatable)", so a reader could not tell it from no model."""
+    """Without ``--model`` a new key got every model (``models: ['*']``) while ``keys
+    create`` refuses that: least privilege means a key for every model is asked for
+    (``--model '*'``), and the help says how."""
+    assert main(["keys", "new", "--id", "y"]) == 2
+    captured = capsys.readouterr()
+    assert "--model" in captured.err and "key:" not in captured.out
     assert main(["keys", "new", "--help"]) == 0
-    assert "every model" in " ".join(capsys.readouterr().out.split())
+    assert "'*' for every model" in " ".join(capsys.readouterr().out.split())
 
 
 def test_audit_verify_help_says_what_ok_means_without_a_key(
