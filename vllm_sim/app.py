@@ -24,6 +24,7 @@ A client disconnect during the time to first token, a hang or a stream cancels t
 
 from __future__ import annotations
 
+import hmac
 import json
 import time
 from collections.abc import Awaitable, Callable, Coroutine
@@ -86,6 +87,7 @@ class SimApp:
 
     def __init__(self, config: SimConfig) -> None:
         self.config = config
+        self._bearer = None if config.api_key is None else b"Bearer " + config.api_key.encode()
         self.state = SimState()
         self.engine = perf.engine_for(config)
         # vLLM's --scheduling-policy: orders the engine's queue, decides whether a request's
@@ -126,6 +128,10 @@ class SimApp:
         if scope["type"] != "http":
             return
         path: str = scope["path"]
+        if self._bearer is not None and path.startswith("/v1") and \
+                scope["method"] != "OPTIONS" and not _has_bearer(scope, self._bearer):
+            await send_body(send, 401, b'{"error":"Unauthorized"}')
+            return
         methods = self._routes.get(path)
         try:
             if methods is None:
@@ -356,6 +362,15 @@ class SimApp:
             )
         work = embed(self.config, self.state, model, inputs, fmt == "base64", send, fault)
         return work, model
+
+
+def _has_bearer(scope: Scope, expected: bytes) -> bool:
+    """Whether the request's ``Authorization`` header is ``Bearer <key>`` for the expected
+    ``Bearer <key>`` bytes (compared in constant time, as vLLM compares it)."""
+    for name, value in scope["headers"]:
+        if name == b"authorization":
+            return hmac.compare_digest(value, expected)
+    return False
 
 
 def create_app(config: SimConfig | None = None) -> SimApp:

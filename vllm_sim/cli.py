@@ -84,6 +84,12 @@ def serve(
         typer.Option(min=0, help="With --profile: vLLM's --long-prefill-token-threshold "
                                  "(prompt tokens per request and step; 0: no cap)."),
     ] = None,
+    api_key: Annotated[
+        str | None,
+        typer.Option(help="vLLM's --api-key: /v1 requests need 'Authorization: Bearer KEY' "
+                          "(else 401). Default: the VLLM_API_KEY environment variable, as vLLM.",
+                     envvar="VLLM_API_KEY", show_envvar=False),
+    ] = None,
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "warning",
     access_log: Annotated[bool, typer.Option(help="Log every request.")] = False,
     version: VersionOpt = False,
@@ -103,6 +109,7 @@ def serve(
         kv_events=None if kv_events_config is None else json.loads(kv_events_config),
         scheduling_policy=None if scheduling_policy is None else scheduling_policy.value,
         long_prefill_token_threshold=long_prefill_token_threshold,
+        api_key=api_key or None,
     )
     server = _Server(uvicorn.Config(
         create_app(config),

@@ -86,6 +86,10 @@ class SimConfig(BaseModel):
             answered with a call of its first tool, as an agent's model would, unless the last
             message is a tool result (then text: the agent loop ends). Off: ``auto`` answers
             text, as before.
+        api_key: vLLM's ``--api-key``: every ``/v1`` request must carry
+            ``Authorization: Bearer <api_key>`` or is answered 401 ``{"error": "Unauthorized"}``
+            (vLLM's authentication middleware; ``/health``, ``/metrics`` and the ``/sim``
+            controls stay open, as vLLM's non-``/v1`` routes do). ``None``: no key.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -103,6 +107,7 @@ class SimConfig(BaseModel):
     scheduling_policy: SchedulingPolicy | None = None
     long_prefill_token_threshold: int | None = Field(default=None, ge=0)
     auto_tool_calls: bool = False
+    api_key: str | None = Field(default=None, min_length=1)
 
 
 class FaultSpec(BaseModel):
