@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from functools import partial
 from pathlib import Path
 from typing import Annotated, Any
@@ -89,6 +90,21 @@ def sign(
         signed = sign_model(path, key, out, password=password, ignore=ignore or (), progress=adv)
     if not quiet:
         _console().print(f"signed {len(signed)} files of {path} -> {out}")
+        left = left_out(path, signed)
+        if left:
+            shown = ", ".join(left[:5]) + (f" and {len(left) - 5} more" if len(left) > 5 else "")
+            _console().print(f"left out {len(left)}: {shown} (git metadata, as OpenSSF model "
+                             "signing leaves it out, and --ignore globs)", markup=False)
+
+
+def left_out(path: Path, signed: Iterable[str]) -> list[str]:
+    """The files under ``path`` (``.git/`` aside) that a signature over ``signed`` does not
+    cover, sorted relative POSIX paths: ``weights sign`` names them, so that a file left out
+    (``.gitattributes``, an ``--ignore`` glob) is never a surprise at ``weights verify``."""
+    from weights.verify import list_files
+
+    covered = set(signed)
+    return [rel for rel in list_files(path, skip_dirs=(".git",)) if rel not in covered]
 
 
 def is_repo_id(target: str) -> bool:

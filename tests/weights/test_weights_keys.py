@@ -87,3 +87,19 @@ def test_airgap_refuses_the_weights_key(tmp_path: Path, capsys: pytest.CaptureFi
                       "--out", str(tmp_path / "b"), "--key", str(key)])
     assert rc == 2
     assert "is not an Ed25519 key (use `airgap keygen`)" in capsys.readouterr().err
+
+
+def test_sign_names_the_files_it_leaves_out(model: Path, tmp_path: Path) -> None:
+    """``weights sign`` signed 12 of the snapshot's 13 files and did not say that
+    ``.gitattributes`` (git metadata, left out as OpenSSF model signing leaves it out) was not
+    covered; an ``--ignore`` glob's files are named too."""
+    key = tmp_path / "model-key.pem"
+    assert run_cli(["keygen", "--out", str(key)]).returncode == 0
+    (model / ".gitattributes").write_text("*.bin filter=lfs\n")
+    (model / "notes.txt").write_text("local notes\n")
+    res = run_cli(["sign", str(model), "--key", str(key), "--out", str(tmp_path / "m.sig"),
+                   "--ignore", "notes.txt"])
+    assert res.returncode == 0, res.stderr
+    files = sum(1 for p in model.rglob("*") if p.is_file())
+    assert f"signed {files - 2} files of {model}" in res.stdout
+    assert "left out 2: .gitattributes, notes.txt (git metadata" in res.stdout
