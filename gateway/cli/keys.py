@@ -49,8 +49,8 @@ def new(
     """Print a fresh random key ONCE, and the config line holding its SHA-256.
 
     The config line is validated like the config file's keys: entries, so what is printed
-    loads (a bad --id exits 2 naming the option). ``--model`` is required: a key for every
-    model is ``--model '*'``, never a default.
+    loads (a bad --id exits 2 naming the option). --model is required: a key for every
+    model is asked for with --model '*', never a default.
     """
     if not model:  # least privilege: a key for every model is asked for, never a default
         raise CliError("usage_error",

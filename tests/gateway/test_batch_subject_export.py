@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import openai
+import pytest
 
 from gateway.audit.pseudonym import load_pseudonymizer
 from gateway.identity.auth import subject_pseudonym
@@ -45,7 +46,7 @@ def _export(store: str, *args: str) -> list[dict[str, Any]]:
 
 
 def test_the_subject_export_holds_its_batch_records(
-        serve_asgi: Callable[..., Any], tmp_path: Path) -> None:
+        serve_asgi: Callable[..., Any], tmp_path: Path, request: pytest.FixtureRequest) -> None:
     sim = serve_asgi(create_sim(SimConfig(models=["m"])))
     servers = {"tools": serve_asgi(Counting(sdk_server())).url + "/mcp"}
     signer = SigningKey("rsa-1")
@@ -67,6 +68,7 @@ def test_the_subject_export_holds_its_batch_records(
                                     "alice@example.org")
         c = openai.OpenAI(base_url=gw.url + "/v1", api_key=signer.token(aud=AUDIENCE),
                           max_retries=0)
+        request.addfinalizer(c.close)
         spare = c.files.create(file=("spare.jsonl", io.BytesIO(LINES)), purpose="batch")
         c.files.delete(spare.id)
         f = c.files.create(file=("in.jsonl", io.BytesIO(LINES)), purpose="batch")
@@ -78,6 +80,7 @@ def test_the_subject_export_holds_its_batch_records(
             b = c.batches.retrieve(b.id)
         assert b.status == "completed" and b.output_file_id is not None
         keyed = openai.OpenAI(base_url=gw.url + "/v1", api_key=KEYS["agent"], max_retries=0)
+        request.addfinalizer(keyed.close)
         other = keyed.files.create(file=("k.jsonl", io.BytesIO(LINES)), purpose="batch")
         for _ in range(100):  # batch.finished is written after the status is saved
             if any(r["type"] == "batch.finished" for r in gw.records()):

@@ -121,7 +121,7 @@ def serve(request: pytest.FixtureRequest,
 @pytest.mark.parametrize("audited", [False, True], ids=["no-audit", "audit"])
 def test_a_stream_closed_at_done_is_delivered(
     serve: Callable[[GatewaySettings, Any], str], serve_asgi: Callable[..., Any],
-    tmp_path: Path, audited: bool,
+    tmp_path: Path, audited: bool, request: pytest.FixtureRequest,
 ) -> None:
     replica = serve_asgi(_slow_end_replica).url
     audit: dict[str, Any] = {}
@@ -134,6 +134,7 @@ def test_a_stream_closed_at_done_is_delivered(
     tel = Telemetry(TelemetrySettings(admin={"port": 0}), span_exporter=InMemorySpanExporter())
     url = serve(s, create_app(s, assemble(s, telemetry=tel)))
     client = openai.OpenAI(base_url=url + "/v1", api_key=KEY_A, max_retries=0, timeout=20)
+    request.addfinalizer(client.close)
     streams = 3
     t0 = time.monotonic()
     for _ in range(streams):
