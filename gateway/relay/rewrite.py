@@ -528,6 +528,8 @@ _DONE = b"[DONE]"
 # (generated text) is no end: JSON escapes its line breaks.
 _DONE_LINE = re.compile(rb"(?:^|[\r\n])data: ?\[DONE\]")
 _DATA = b"data:"
+_DATA_SP = b"data: "
+_LINE_ENDS = (10, 13)  # LF, CR
 _LF_DATA = b"\ndata:"
 #: Bytes of complete events whose data lines are counted exactly (about 400 vLLM chat events);
 #: beyond them the count is extrapolated from the bytes relayed.
@@ -604,8 +606,24 @@ def usage_from_body_end(tail: bytes) -> Usage | None:
 
 
 def _ends(region: bytes, end: int) -> bool:
-    """Whether ``region[:end]`` (starting at an event start) holds the ``data: [DONE]`` line."""
-    return region.find(_DONE, 0, end) >= 0 and _DONE_LINE.search(region, 0, end) is not None
+    """Whether ``region[:end]`` (starting at an event start) holds the ``data: [DONE]`` line
+    (what ``_DONE_LINE.search(region, 0, end)`` finds).
+
+    Each ``[DONE]`` is looked at from where it is, backwards: the regex's leading ``(?:^|
+    [\r\n])`` gives its engine no literal to skip to, so it tried every byte of the region
+    (27 us for a short stream's whole answer, 1.4 ms for 60 KB)."""
+    pos = region.find(_DONE, 0, end)
+    while pos >= 0:
+        if region.endswith(_DATA, 0, pos):
+            start = pos - 5
+        elif region.endswith(_DATA_SP, 0, pos):
+            start = pos - 6
+        else:
+            start = -1
+        if start == 0 or (start > 0 and region[start - 1] in _LINE_ENDS):
+            return True
+        pos = region.find(_DONE, pos + 1, end)
+    return False
 
 
 def _event_data(event: bytes) -> bytes | None:
