@@ -607,7 +607,9 @@ class ServerProtocol(asyncio.Protocol):
             "scheme": self.scheme,
             "method": head.method.decode("ascii"),
             "root_path": "",
-            "path": unquote(raw_path.decode("latin-1")),
+            # unquote returns a path without "%" (37) as it is: no call for the usual one.
+            "path": (unquote(raw_path.decode("latin-1")) if 37 in raw_path
+                     else raw_path.decode("latin-1")),
             "raw_path": raw_path,
             "query_string": query,
             "headers": head.headers,
