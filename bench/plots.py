@@ -251,11 +251,16 @@ def routing_pods(docs: list[dict[str, Any]], out: Path) -> Path | None:
     return path
 
 
-def flow_grid(doc: dict[str, Any], out: Path) -> Path:
+def flow_grid(doc: dict[str, Any], out: Path, name: str = "flow-grid.svg") -> Path:
     """Draw the flow-control grid of one ``bench/flow_grid.py`` run; the file written.
 
+    Args:
+        doc: The run's JSON (:func:`merge_grid_runs` for a run made of several invocations).
+        out: Output directory.
+        name: File name of the SVG in ``out``.
+
     Raises:
-        ValueError: The JSON has no grid point.
+        ValueError: The JSON has no grid point, or no arm measured at every point.
     """
     points = doc.get("points") or []
     if not points:
@@ -269,12 +274,22 @@ def flow_grid(doc: dict[str, Any], out: Path) -> Path:
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.2))
     from matplotlib.patches import Patch
 
-    # With ``--reserve`` the run has an fc-reserve arm beside fc: drawn as a third bar.
-    reserve = bool(params.get("reserve")) and all("ttft_ratio_reserve" in p for p in points)
-    arms = [("ttft_ratio", "batch_ratio", "pass", "with flow control", 1.0)]
-    if reserve:
-        arms.append(("ttft_ratio_reserve", "batch_ratio_reserve", "pass_reserve",
-                     f"with flow control and a reserve of {params['reserve']}", 0.55))
+    # Each arm that every point measured is drawn (``--phases`` may leave fc out): fc, and
+    # with ``--reserve`` the fc-reserve arms beside it.
+    k = params.get("reserve")
+    candidates = [
+        ("ttft_ratio", "batch_ratio", "pass", "with flow control", 1.0),
+        ("ttft_ratio_reserve", "batch_ratio_reserve", "pass_reserve",
+         f"with flow control and a reserve of {k}", 0.55),
+        ("ttft_ratio_lower", "batch_ratio_lower", "pass_lower",
+         f"with a reserve of {k}, lower_in_flight {params.get('reserve_lower')}", 0.7),
+        ("ttft_ratio_busy", "batch_ratio_busy", "pass_busy",
+         f"with a reserve of {k}, lower_in_flight {params.get('reserve_lower')}, "
+         f"lower_busy_s {params.get('reserve_busy_s')}", 0.85),
+    ]
+    arms = [arm for arm in candidates if all(arm[0] in p for p in points)]
+    if not arms:
+        raise ValueError("no arm measured at every grid point (fc, fc-reserve...)")
     width = 0.8 / (len(arms) + 1)
     handles = []
     for n, (ttft, _batch, _ok, label, alpha) in enumerate(arms):
@@ -310,7 +325,7 @@ def flow_grid(doc: dict[str, Any], out: Path) -> Path:
         ax.set_xticks(xs, labels, fontsize=7)
         ax.set_xlabel("batch prompt/output tokens, interactive rate", fontsize=8)
     verdicts = "; ".join(f"{sum(1 for p in points if p[ok])} of {len(points)} points pass"
-                         + (" with the reserve" if ok == "pass_reserve" else "")
+                         + ("" if ok == "pass" else " with the reserve")
                          for _t, _b, ok, _l, _a in arms)
     keys = ("replicas", "profile", "time_scale", "strategy", "long_prefill_token_threshold",
             "scheduling_policy", "min_samples")
@@ -320,9 +335,46 @@ def flow_grid(doc: dict[str, Any], out: Path) -> Path:
                           width=140)
     fig.suptitle(f"Flow control over the grid, {run}{verdicts}\n{setup}", fontsize=9)
     fig.tight_layout()
-    path = _save_svg(fig, out / "flow-grid.svg")
+    path = _save_svg(fig, out / name)
     plt.close(fig)
     return path
+
+
+GRID_SETUP = ("replicas", "profile", "time_scale", "max_num_seqs", "batch_in_flight",
+              "strategy", "long_prefill_token_threshold", "scheduling_policy", "reserve",
+              "reserve_lower", "reserve_busy_s", "target")
+"""Parameters that every invocation of one grid run must share (:func:`merge_grid_runs`)."""
+
+
+def merge_grid_runs(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One grid run from several ``bench/flow_grid.py --json`` invocations (one point each).
+
+    Points are concatenated in the order given; the parameters are the first invocation's,
+    with ``started`` the earliest and ``ended`` the latest (``YYYY-MM-DD HH:MM UTC`` strings
+    sort as times) and ``min_samples`` the smallest.
+
+    Raises:
+        ValueError: The invocations differ in a :data:`GRID_SETUP` parameter (naming it).
+    """
+    if len(docs) == 1:
+        return docs[0]
+    first = docs[0].get("params", {})
+    for n, doc in enumerate(docs[1:], start=2):
+        params = doc.get("params", {})
+        for key in GRID_SETUP:
+            if params.get(key) != first.get(key):
+                raise ValueError(f"--grid #{n}: {key} is {params.get(key)!r}, the first run's "
+                                 f"is {first.get(key)!r}: not one grid run")
+    params = dict(first)
+    stamps = [d.get("params", {}) for d in docs]
+    if all(p.get("started") for p in stamps):
+        params["started"] = min(p["started"] for p in stamps)
+    if all(p.get("ended") for p in stamps):
+        params["ended"] = max(p["ended"] for p in stamps)
+    samples = [p["min_samples"] for p in stamps if "min_samples" in p]
+    if samples:
+        params["min_samples"] = min(samples)
+    return {"params": params, "points": [p for d in docs for p in d.get("points") or []]}
 
 
 def _load(path: Path) -> dict[str, Any]:
@@ -339,14 +391,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--routing", type=Path, action="append", default=[],
                     help="bench/routing.py --json output (repeat: one run without and one "
                          "with --kv-events --prompt-format tokens, drawn side by side)")
-    ap.add_argument("--grid", type=Path, help="bench/flow_grid.py --json output")
+    ap.add_argument("--grid", type=Path, action="append", default=[],
+                    help="bench/flow_grid.py --json output (repeat: one run made of several "
+                         "invocations, drawn as one grid)")
+    ap.add_argument("--grid-svg", default="flow-grid.svg",
+                    help="file name of the grid's SVG in --out")
     ap.add_argument("--out", type=Path, default=Path("docs/plots"), help="output directory")
     args = ap.parse_args(argv)
     if not (args.relay or args.routing or args.grid):
         ap.error("give at least one of --relay, --routing, --grid")
     try:
-        docs = {name: _load(path) for name, path in
-                (("relay", args.relay), ("grid", args.grid)) if path}
+        docs = {name: _load(path) for name, path in (("relay", args.relay),) if path}
+        if args.grid:
+            docs["grid"] = merge_grid_runs([_load(path) for path in args.grid])
         routing = [_load(path) for path in args.routing]
         written: list[Path | None] = []
         if "relay" in docs:
@@ -354,7 +411,7 @@ def main(argv: list[str] | None = None) -> int:
         if routing:
             written += [routing_ttft(routing, args.out), routing_pods(routing, args.out)]
         if "grid" in docs:
-            written.append(flow_grid(docs["grid"], args.out))
+            written.append(flow_grid(docs["grid"], args.out, args.grid_svg))
         for path in written:
             if path is not None:
                 print(path)

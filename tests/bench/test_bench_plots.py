@@ -171,3 +171,48 @@ def test_routing_plots_label_the_cache_state_of_each_run(tmp_path: Path) -> None
     assert run.returncode == 2
     assert "two --routing runs of the same cache state" in run.stderr
     assert not (tmp_path / "b").exists()
+
+
+def _grid_invocation(prompt: int, rps: float, replicas: int, ttft: float) -> dict[str, object]:
+    """A ``bench/flow_grid.py --json`` document of one point measured with the busy reserve
+    arm only (``--phases fc-reserve-busy``), as run 15 of docs/flow-control.md was."""
+    return {
+        "params": {"replicas": replicas, "profile": "p", "time_scale": 10.0, "max_num_seqs": 8,
+                   "batch_in_flight": 4, "strategy": "least_outstanding",
+                   "long_prefill_token_threshold": 64, "scheduling_policy": "priority",
+                   "reserve": 5, "reserve_lower": 2, "reserve_busy_s": 5.0, "target": 1.5,
+                   "min_samples": 60 if rps == 1 else 100,
+                   "started": f"2026-12-05 18:{10 + prompt // 1000:02d} UTC",
+                   "ended": f"2026-12-05 18:{20 + prompt // 1000:02d} UTC"},
+        "points": [{"batch_prompt": prompt, "batch_output": 16, "interactive_rps": rps,
+                    "share": 0.5, "ttft_ratio_no_fc": 30.0, "ttft_ratio_busy": ttft,
+                    "batch_ratio_busy": 0.55, "pass_busy": ttft <= 1.5}],
+    }
+
+
+def test_grid_run_of_several_invocations_is_drawn_as_one(tmp_path: Path) -> None:
+    paths = []
+    for n, doc in enumerate([_grid_invocation(64, 4, 11, 1.01),
+                             _grid_invocation(4096, 1, 11, 1.93)]):
+        paths += ["--grid", str(tmp_path / f"g{n}.json")]
+        (tmp_path / f"g{n}.json").write_text(json.dumps(doc))
+    run = subprocess.run([sys.executable, str(PLOTS), *paths, "--out", str(tmp_path / "o"),
+                          "--grid-svg", "run.svg"],
+                         capture_output=True, text=True, timeout=120, check=False)
+    assert run.returncode == 0, run.stderr
+    svg = (tmp_path / "o" / "run.svg").read_text()
+    for text in ("1 of 2 points pass with the reserve", "run of 2026-12-05 18:10 UTC", "64/16",
+                 "4096/16", "1.01", "1.93", "lower_busy_s 5.0", "min_samples=60"):
+        assert text in svg, text
+
+
+def test_grid_invocations_of_different_fleets_are_refused(tmp_path: Path) -> None:
+    paths = []
+    for n, doc in enumerate([_grid_invocation(64, 4, 11, 1.0), _grid_invocation(64, 1, 4, 1.0)]):
+        paths += ["--grid", str(tmp_path / f"g{n}.json")]
+        (tmp_path / f"g{n}.json").write_text(json.dumps(doc))
+    run = subprocess.run([sys.executable, str(PLOTS), *paths, "--out", str(tmp_path / "o")],
+                         capture_output=True, text=True, timeout=120, check=False)
+    assert run.returncode == 2
+    assert "--grid #2: replicas is 4, the first run's is 11" in run.stderr
+    assert not (tmp_path / "o").exists()
