@@ -401,17 +401,16 @@ def main(argv: list[str] | None = None) -> int:
     if not (args.relay or args.routing or args.grid):
         ap.error("give at least one of --relay, --routing, --grid")
     try:
-        docs = {name: _load(path) for name, path in (("relay", args.relay),) if path}
-        if args.grid:
-            docs["grid"] = merge_grid_runs([_load(path) for path in args.grid])
+        relay = _load(args.relay) if args.relay else None
+        grid = merge_grid_runs([_load(path) for path in args.grid]) if args.grid else None
         routing = [_load(path) for path in args.routing]
         written: list[Path | None] = []
-        if "relay" in docs:
-            written += relay_stalls(docs["relay"], args.out)
+        if relay is not None:
+            written += relay_stalls(relay, args.out)
         if routing:
             written += [routing_ttft(routing, args.out), routing_pods(routing, args.out)]
-        if "grid" in docs:
-            written.append(flow_grid(docs["grid"], args.out, args.grid_svg))
+        if grid is not None:
+            written.append(flow_grid(grid, args.out, args.grid_svg))
         for path in written:
             if path is not None:
                 print(path)
