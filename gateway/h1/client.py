@@ -60,6 +60,7 @@ from gateway.h1.framing import (
     ProtocolError,
     parse_head,
 )
+from gateway.h1.transport import SocketTransport
 from policy import EgressDenied
 
 __all__ = [
@@ -370,10 +371,12 @@ class RelayClient:
                     if not origin.tls:
                         sent = _send_at_once(sock, request)
                         conn.begin()  # the response may arrive before send() below
-                    await loop.create_connection(
-                        lambda: conn, sock=sock, ssl=self._ssl() if origin.tls else None,
-                        server_hostname=origin.host.rstrip(".") if origin.tls else None,
-                    )
+                        # Our own transport, made in this step (gateway.h1.transport).
+                        SocketTransport(loop, sock, conn).start()
+                    else:
+                        await loop.create_connection(
+                            lambda: conn, sock=sock, ssl=self._ssl(),
+                            server_hostname=origin.host.rstrip("."))
                 except BaseException:
                     sock.close()
                     raise

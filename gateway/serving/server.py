@@ -38,6 +38,7 @@ from clishell import CliError
 from gateway.h1.lifespan import Lifespan
 from gateway.h1.refusal import EvictionHook, RefusalHook
 from gateway.h1.server import ServerContext, ServerLimits, ServerProtocol
+from gateway.h1.transport import Listener, listen_plain
 from gateway.serving.drain import Drain
 from gateway.serving.hangup import HangupLatch
 from gateway.serving.runtime_tuning import freeze_startup_heap, tune_gc
@@ -173,7 +174,7 @@ class GatewayServer:
         self.context = ServerContext(config.app, config.limits, config.body_limit,
                                      config.on_refused, routes=config.routes,
                                      on_evicted=config.on_evicted)
-        self.servers: list[asyncio.Server] = []
+        self.servers: list[asyncio.Server | Listener] = []
         self._stop = asyncio.Event()
         self._lifespan: Lifespan | None = None
 
@@ -238,15 +239,19 @@ class GatewayServer:
             # asyncio uses the backlog both for listen() and as the number of accepts per
             # readiness: create the servers with the accept count, then listen() again with
             # the kernel queue (Linux updates the backlog of a listening socket in place).
-            if sockets is not None:
+            factory = functools.partial(ServerProtocol, context)
+            if tls is None:
+                # Plain HTTP: our own accept and transports (gateway.h1.transport), ~100 us of
+                # CPU less per new connection than asyncio's.
+                for sock in sockets if sockets is not None else _bind(config.host, config.port):
+                    self.servers.append(listen_plain(loop, sock, factory, ACCEPTS_PER_WAKEUP))
+            elif sockets is not None:
                 for sock in sockets:
                     self.servers.append(await loop.create_server(
-                        functools.partial(ServerProtocol, context), sock=sock, ssl=tls,
-                        backlog=ACCEPTS_PER_WAKEUP))
+                        factory, sock=sock, ssl=tls, backlog=ACCEPTS_PER_WAKEUP))
             else:
                 self.servers.append(await loop.create_server(
-                    functools.partial(ServerProtocol, context), config.host, config.port, ssl=tls,
-                    backlog=ACCEPTS_PER_WAKEUP))
+                    factory, config.host, config.port, ssl=tls, backlog=ACCEPTS_PER_WAKEUP))
         except (OSError, ssl.SSLError) as exc:
             self.failure = f"{type(exc).__name__}: {exc}"
             _log.error("%s", self.failure)
@@ -350,6 +355,36 @@ class GatewayServer:
         if stuck:
             _log.warning("drain deadline: %d connection(s) whose client did not read the end "
                          "of its response closed", len(stuck))
+
+
+def _bind(host: str | None, port: int) -> list[socket.socket]:
+    """Listening sockets for every address of ``host`` (as ``loop.create_server`` binds them:
+    ``SO_REUSEADDR``, IPv6 sockets ``IPV6_V6ONLY``), listening with :data:`LISTEN_BACKLOG`.
+
+    Raises:
+        OSError: ``host`` does not resolve, or an address cannot be bound (in use ...).
+    """
+    infos = socket.getaddrinfo(host, port, socket.AF_UNSPEC, socket.SOCK_STREAM, 0,
+                               socket.AI_PASSIVE)
+    bound: list[socket.socket] = []
+    seen: set[tuple[int, Any]] = set()
+    try:
+        for family, type_, proto, _, address in infos:
+            if (family, address) in seen:
+                continue
+            seen.add((family, address))
+            sock = socket.socket(family, type_, proto)
+            bound.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind(address)
+            sock.listen(LISTEN_BACKLOG)
+    except OSError:
+        for sock in bound:
+            sock.close()
+        raise
+    return bound
 
 
 def _listen(listening: Any, backlog: int) -> None:
