@@ -372,7 +372,7 @@ class RelayClient:
                         sent = _send_at_once(sock, request)
                         conn.begin()  # the response may arrive before send() below
                         # Our own transport, made in this step (gateway.h1.transport).
-                        SocketTransport(loop, sock, conn).start()
+                        SocketTransport(loop, sock, conn, prepared=sent >= 0).start()
                     else:
                         await loop.create_connection(
                             lambda: conn, sock=sock, ssl=self._ssl(),
@@ -398,7 +398,7 @@ class RelayClient:
             self._not_opened(conn)
             raise
         try:
-            conn.send(request[sent:] if sent else request, body, begun=not origin.tls)
+            conn.send(request[sent:] if sent > 0 else request, body, begun=not origin.tls)
         except BaseException:
             conn.finish()
             conn.abort()
@@ -487,15 +487,18 @@ _JOIN_MAX = 64 * 1024
 
 
 def _send_at_once(sock: socket.socket, data: bytes) -> int:
-    """Write what a newly connected non-blocking socket takes of ``data`` now; return its
-    length in bytes (0 on any error: the transport then writes it all and reports the error
-    as it would have)."""
-    with contextlib.suppress(OSError):
+    """Write what a newly connected non-blocking socket takes of ``data`` now, with
+    ``TCP_NODELAY`` set first (as asyncio's transport sets it); return its length in bytes, or
+    -1 on any error (the transport then sets it up, writes it all and reports the error as it
+    would have)."""
+    try:
         if sock.family in (socket.AF_INET, socket.AF_INET6):
-            # What asyncio's transport sets too, before the first write rather than after.
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return sock.send(data)
-    return 0
+    except BlockingIOError:
+        return 0  # set up; the socket takes nothing yet
+    except OSError:
+        return -1
 
 
 def _request_head(origin: _Origin, path: str, headers: dict[str, str], length: int) -> bytes:

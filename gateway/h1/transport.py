@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import ipaddress
 import logging
 import socket
 from collections.abc import Callable
@@ -60,32 +61,27 @@ class SocketTransport(asyncio.Transport):
         sock: A connected stream socket; the transport owns it from now on (made
             non-blocking, ``TCP_NODELAY`` set, closed after ``connection_lost``).
         protocol: An ``asyncio.Protocol``; its ``connection_made`` runs in :meth:`start`.
-        extra: ``get_extra_info`` values besides ``socket``, ``sockname`` and ``peername``
-            (which are read from the socket when not given).
-
-    Raises:
-        OSError: ``sock`` is closed (reading its name failed).
+        extra: ``get_extra_info`` values besides ``socket``; ``sockname`` and ``peername``
+            are read from the socket when first asked for, unless given here.
+        prepared: ``sock`` is already non-blocking with ``TCP_NODELAY`` set (a socket the
+            caller dialled that way): no system calls to set them again.
     """
 
-    __slots__ = ("_at_eof", "_buffer", "_closing", "_eof", "_fd", "_high", "_loop", "_lost",
-                 "_low", "_protocol", "_read_paused", "_sock", "_write_paused")
+    __slots__ = ("_at_eof", "_buffer", "_closing", "_eof", "_fd", "_high", "_info", "_loop",
+                 "_lost", "_low", "_protocol", "_read_paused", "_sock", "_write_paused")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, sock: socket.socket,
-                 protocol: asyncio.Protocol, extra: dict[str, Any] | None = None) -> None:
+                 protocol: asyncio.Protocol, extra: dict[str, Any] | None = None, *,
+                 prepared: bool = False) -> None:
+        super().__init__()
         info: dict[str, Any] = {"socket": sock}
         if extra:
             info.update(extra)
-        if "sockname" not in info:
-            info["sockname"] = sock.getsockname()
-        if "peername" not in info:
-            try:
-                info["peername"] = sock.getpeername()
-            except OSError:
-                info["peername"] = None
-        super().__init__(info)
-        sock.setblocking(False)
-        if sock.family in (socket.AF_INET, socket.AF_INET6):
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._info = info  # get_extra_info's (asyncio's base class keeps its own, unused here)
+        if not prepared:
+            sock.setblocking(False)
+            if sock.family in (socket.AF_INET, socket.AF_INET6):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._loop = loop
         self._sock: socket.socket | None = sock
         self._fd = sock.fileno()
@@ -332,6 +328,23 @@ class SocketTransport(asyncio.Transport):
 
     # --- the rest of the Transport API --------------------------------------------------------
 
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        """``socket``, ``sockname``, ``peername`` (``None`` once unknowable), or what was
+        given as ``extra``; ``default`` for any other name."""
+        info = self._info
+        if name in info:
+            return info[name]
+        if name in ("sockname", "peername"):
+            sock = self._sock
+            try:
+                value = (None if sock is None else
+                         sock.getsockname() if name == "sockname" else sock.getpeername())
+            except OSError:
+                value = None  # reset before anyone asked: asyncio would have read it at once
+            info[name] = value
+            return value
+        return default
+
     def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
         """Hand the connection's callbacks to ``protocol``."""
         self._protocol = protocol
@@ -373,6 +386,13 @@ class Listener:
         self._serving = False
         self._closed = False
         self._retry: asyncio.TimerHandle | None = None
+        local = sock.getsockname()
+        # Every connection's local address is the listener's unless it listens on a wildcard
+        # address (then each connection reads its own, when asked).
+        wildcard = (sock.family not in (socket.AF_INET, socket.AF_INET6)
+                    or ipaddress.ip_address(local[0]).is_unspecified)
+        self._extra_of = "peername" if wildcard else "both"
+        self._local = local
 
     @property
     def sockets(self) -> tuple[socket.socket, ...]:
@@ -420,7 +440,9 @@ class Listener:
                     return
                 raise
             try:
-                transport = SocketTransport(loop, conn, factory(), {"peername": peer})
+                extra = ({"peername": peer} if self._extra_of == "peername"
+                         else {"peername": peer, "sockname": self._local})
+                transport = SocketTransport(loop, conn, factory(), extra)
             except OSError:  # the client reset it already (its name is gone): drop it
                 conn.close()
                 continue
