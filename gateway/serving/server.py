@@ -362,7 +362,9 @@ def _bind(host: str | None, port: int) -> list[socket.socket]:
     ``SO_REUSEADDR``, IPv6 sockets ``IPV6_V6ONLY``), listening with :data:`LISTEN_BACKLOG`.
 
     Raises:
-        OSError: ``host`` does not resolve, or an address cannot be bound (in use ...).
+        OSError: ``host`` does not resolve, or an address cannot be bound (``error while
+            attempting to bind on address ('127.0.0.1', 8000): address already in use``, as
+            asyncio words it).
     """
     infos = socket.getaddrinfo(host, port, socket.AF_UNSPEC, socket.SOCK_STREAM, 0,
                                socket.AI_PASSIVE)
@@ -378,7 +380,11 @@ def _bind(host: str | None, port: int) -> list[socket.socket]:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             if family == socket.AF_INET6:
                 sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-            sock.bind(address)
+            try:
+                sock.bind(address)
+            except OSError as exc:  # named as loop.create_server names it (the CLI's hint)
+                raise OSError(exc.errno, f"error while attempting to bind on address "
+                              f"{address!r}: {str(exc.strerror).lower()}") from None
             sock.listen(LISTEN_BACKLOG)
     except OSError:
         for sock in bound:
