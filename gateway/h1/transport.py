@@ -247,7 +247,9 @@ class SocketTransport(asyncio.Transport):
 
     def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
         """Set the water marks (asyncio's rule: ``high`` defaults to 64 KiB, or 4x ``low``;
-        ``low`` to a quarter of ``high``).
+        ``low`` to a quarter of ``high``); ``pause_writing`` if the buffer is now above
+        ``high``. As asyncio, no ``resume_writing`` here: that waits for a send to bring the
+        buffer to ``low``.
 
         Raises:
             ValueError: ``high`` below ``low``, or either negative.
@@ -263,9 +265,6 @@ class SocketTransport(asyncio.Transport):
         if not self._write_paused and buffered > high:
             self._write_paused = True
             self._call_protocol("pause_writing")
-        elif self._write_paused and buffered <= low:
-            self._write_paused = False
-            self._call_protocol("resume_writing")
 
     # --- closing ------------------------------------------------------------------------------
 
