@@ -224,12 +224,17 @@ class SocketTransport(asyncio.Transport):
         return True
 
     def write_eof(self) -> None:
-        """Shut the write side once the buffer is sent (no-op when closing or done already)."""
+        """Shut the write side once the buffer is sent (no-op when closing or done already).
+
+        Raises:
+            OSError: The buffer is empty and ``shutdown`` failed (ENOTCONN: the peer reset the
+                connection); as asyncio, the transport stays open (``close``/``abort`` it).
+        """
         if self._closing or self._eof:
             return
         self._eof = True
         if not self._buffer:
-            self._shutdown_write()
+            self._sock.shutdown(socket.SHUT_WR)  # type: ignore[union-attr]
 
     def _shutdown_write(self) -> None:
         try:
