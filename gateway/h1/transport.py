@@ -220,12 +220,17 @@ class SocketTransport(asyncio.Transport):
         return True
 
     def write_eof(self) -> None:
-        """Shut the write side once the buffer is sent (no-op when closing or done already)."""
+        """Shut the write side once the buffer is sent (no-op when closing or done already).
+
+        Raises:
+            OSError: The buffer is empty and ``shutdown`` failed (ENOTCONN: the peer reset the
+                connection); as asyncio, the transport stays open (``close``/``abort`` it).
+        """
         if self._closing or self._eof:
             return
         self._eof = True
         if not self._buffer:
-            self._shutdown_write()
+            self._sock.shutdown(socket.SHUT_WR)  # type: ignore[union-attr]
 
     def _shutdown_write(self) -> None:
         try:
@@ -243,7 +248,9 @@ class SocketTransport(asyncio.Transport):
 
     def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
         """Set the water marks (asyncio's rule: ``high`` defaults to 64 KiB, or 4x ``low``;
-        ``low`` to a quarter of ``high``).
+        ``low`` to a quarter of ``high``); ``pause_writing`` if the buffer is now above
+        ``high``. As asyncio, no ``resume_writing`` here: that waits for a send to bring the
+        buffer to ``low``.
 
         Raises:
             ValueError: ``high`` below ``low``, or either negative.
@@ -259,9 +266,6 @@ class SocketTransport(asyncio.Transport):
         if not self._write_paused and buffered > high:
             self._write_paused = True
             self._call_protocol("pause_writing")
-        elif self._write_paused and buffered <= low:
-            self._write_paused = False
-            self._call_protocol("resume_writing")
 
     # --- closing ------------------------------------------------------------------------------
 
