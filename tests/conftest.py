@@ -88,6 +88,15 @@ def _ephemeral_low() -> int:
         return 32768
 
 
+async def ok_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """The smallest ASGI app: ``200`` with the body ``ok`` to every HTTP request."""
+    if scope["type"] != "http":
+        return
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-length", b"2")]})
+    await send({"type": "http.response.body", "body": b"ok"})
+
+
 def free_port() -> int:
     """Return a TCP port on 127.0.0.1 that was free a moment ago.
 

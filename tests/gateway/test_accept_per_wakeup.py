@@ -16,20 +16,11 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
 from gateway.serving.server import ACCEPTS_PER_WAKEUP, GatewayServer, ServerConfig
-from tests.conftest import free_port
-
-
-async def _app(scope: dict[str, Any], receive: Any, send: Any) -> None:
-    if scope["type"] != "http":
-        return
-    await send({"type": "http.response.start", "status": 200,
-                "headers": [(b"content-length", b"2")]})
-    await send({"type": "http.response.body", "body": b"ok"})
+from tests.conftest import free_port, ok_app
 
 
 class _Running:
@@ -37,7 +28,7 @@ class _Running:
 
     def __init__(self) -> None:
         self.port = free_port()
-        config = ServerConfig(_app, host="127.0.0.1", port=self.port, lifespan=False)
+        config = ServerConfig(ok_app, host="127.0.0.1", port=self.port, lifespan=False)
         self.server = GatewayServer(config)
         self.loop: asyncio.AbstractEventLoop | None = None
         self.thread = threading.Thread(target=self._run, daemon=True)

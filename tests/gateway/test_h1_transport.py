@@ -78,7 +78,7 @@ from gateway.h1 import transport as transport_module
 from gateway.h1.server import ServerProtocol
 from gateway.h1.transport import Listener, SocketTransport, listen_plain
 from gateway.serving.server import GatewayServer, ServerConfig
-from tests.conftest import free_port
+from tests.conftest import free_port, ok_app
 from tests.gateway.test_gw_tls import _write_pki
 
 _PATTERN = bytes(range(251)) * (2**20 // 251 + 2)  # period 251 (prime): offsets show
@@ -819,14 +819,6 @@ def test_listener_pauses_on_emfile_and_accepts_again_after_the_delay(
 
 # --- the gateway's server -------------------------------------------------------------------------
 
-async def _app(scope: dict[str, Any], receive: Any, send: Any) -> None:
-    if scope["type"] != "http":
-        return
-    await send({"type": "http.response.start", "status": 200,
-                "headers": [(b"content-length", b"2")]})
-    await send({"type": "http.response.body", "body": b"ok"})
-
-
 async def _served_transports(config: ServerConfig, client_tls: ssl.SSLContext | None
                              ) -> tuple[GatewayServer, list[asyncio.Transport], bytes]:
     """Serve ``config`` in this loop; one keep-alive request; the server's transports."""
@@ -856,7 +848,7 @@ def no_heap_freeze(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_the_server_serves_plain_http_on_socket_transports(no_heap_freeze: None) -> None:
-    config = ServerConfig(_app, host="127.0.0.1", port=free_port(), lifespan=False)
+    config = ServerConfig(ok_app, host="127.0.0.1", port=free_port(), lifespan=False)
     server, transports, answer = asyncio.run(_served_transports(config, None))
     assert answer.startswith(b"HTTP/1.1 200 ") and answer.endswith(b"ok")
     assert all(isinstance(s, Listener) for s in server.servers) and server.servers
@@ -866,7 +858,7 @@ def test_the_server_serves_plain_http_on_socket_transports(no_heap_freeze: None)
 def test_the_server_serves_https_on_asyncios_transports(no_heap_freeze: None,
                                                          tmp_path: Path) -> None:
     ca, cert, key = _write_pki(tmp_path)
-    config = ServerConfig(_app, host="127.0.0.1", port=free_port(), lifespan=False,
+    config = ServerConfig(ok_app, host="127.0.0.1", port=free_port(), lifespan=False,
                           ssl_certfile=cert, ssl_keyfile=key)
     client = ssl.create_default_context(cafile=str(ca))
     server, transports, answer = asyncio.run(_served_transports(config, client))
