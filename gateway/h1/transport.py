@@ -1,8 +1,8 @@
 """A plain-TCP transport and listener of our own, on the event loop's public reader/writer API.
 
-Why: asyncio's socket transport costs ~100 us of CPU more per new connection than the same
-exchange on ``loop.add_reader``/``add_writer`` (``bench/upstream_connect.py``: a connection,
-one request and answer, closed; measured side by side in docs/benchmarks.md); a burst of new
+Why: asyncio's socket transport costs about twice the CPU per new connection of the same
+exchange on ``loop.add_reader``/``add_writer`` (``bench/connection_floor.py``: a connection,
+one request and answer, closed: 203 against 107 us, docs/benchmarks.md); a burst of new
 streams opens two per stream (the client's, accepted; the replica's, dialled). The standard
 path runs the accept in a task awaiting a future, and makes each transport through three
 scheduled callbacks and a weak-reference registry. Here a connection is accepted and its
@@ -19,7 +19,8 @@ transport as the oracle (``tests/gateway/test_h1_transport.py``):
   write; the socket is closed after it.
 * ``data_received`` with what ``recv`` returned (up to :data:`READ_SIZE` bytes); at end of
   stream ``eof_received``, and a close unless it returns true (then reading stops and writes
-  go on).
+  go on). ``eof_received`` is called once: asyncio's calls it again after a
+  ``resume_reading``, which reads the end of stream a second time.
 * ``write`` sends at once what the socket takes and buffers the rest; the protocol's
   ``pause_writing`` when the buffer rises above the high-water mark (64 KiB by default) and
   ``resume_writing`` when it falls to the low-water mark (a quarter of it), as asyncio's
