@@ -236,13 +236,14 @@ class GatewayServer:
         context = self.context
         try:
             tls = config.tls()
-            # asyncio uses the backlog both for listen() and as the number of accepts per
-            # readiness: create the servers with the accept count, then listen() again with
-            # the kernel queue (Linux updates the backlog of a listening socket in place).
+            # Both kinds of listener accept ACCEPTS_PER_WAKEUP connections per readiness.
+            # asyncio uses create_server's backlog both for that and for listen(): its servers
+            # are created with the accept count, then every listening socket is given the
+            # kernel queue below (Linux updates the backlog of a listening socket in place).
             factory = functools.partial(ServerProtocol, context)
             if tls is None:
-                # Plain HTTP: our own accept and transports (gateway.h1.transport), ~100 us of
-                # CPU less per new connection than asyncio's.
+                # Plain HTTP: our own accept and transports (gateway.h1.transport), about half
+                # the CPU per new connection of asyncio's.
                 for sock in sockets if sockets is not None else _bind(config.host, config.port):
                     self.servers.append(listen_plain(loop, sock, factory, ACCEPTS_PER_WAKEUP))
             elif sockets is not None:
