@@ -56,6 +56,7 @@ the raise). Both are kept as explicit examples.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import itertools
 import logging
@@ -74,6 +75,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import gateway.serving.server as server_module
+from gateway.h1 import H1Connection, RelayClient, resolver_dialer
 from gateway.h1 import transport as transport_module
 from gateway.h1.server import ServerProtocol
 from gateway.h1.transport import Listener, SocketTransport, listen_plain
@@ -866,3 +868,73 @@ def test_the_server_serves_https_on_asyncios_transports(no_heap_freeze: None,
     assert all(isinstance(s, asyncio.Server) for s in server.servers) and server.servers
     assert len(transports) == 1 and not isinstance(transports[0], SocketTransport)
     assert transports[0].get_extra_info("ssl_object") is not None
+
+
+# --- the relay's upstream client ------------------------------------------------------------------
+
+async def _client_exchange(tls: ssl.SSLContext | None, server_tls: ssl.SSLContext | None
+                           ) -> tuple[bytes, int]:
+    """One POST through the relay's client to a loopback replica (HTTPS with ``server_tls``);
+    returns the body and how many connections the replica accepted."""
+    accepted = 0
+
+    async def replica(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal accepted
+        accepted += 1
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+            while True:
+                await reader.readuntil(b"\r\n\r\n{}")
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(replica, "127.0.0.1", 0, ssl=server_tls)
+    scheme = "https" if server_tls is not None else "http"
+    url = f"{scheme}://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    client = RelayClient(resolver_dialer(), tls=tls if tls is not None else True, limit=0,
+                         keep_alive_s=30.0, connect_s=5.0)
+    body = b""
+    try:
+        for _ in range(2):  # the second request reuses the pooled connection
+            resp = await client.post(url, "/v1/x", {}, b"{}")
+            while piece := await resp.read():
+                body += piece
+            resp.release()
+    finally:
+        await client.close()
+        server.close()
+    return body, accepted
+
+
+def test_the_relay_client_dials_plain_replicas_on_socket_transports(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    protocols: list[asyncio.BaseProtocol] = []
+    start = SocketTransport.start
+
+    def recording_start(self: SocketTransport) -> None:
+        protocols.append(self.get_protocol())
+        start(self)
+
+    monkeypatch.setattr(SocketTransport, "start", recording_start)
+    body, accepted = asyncio.run(_client_exchange(None, None))
+    assert body == b"okok" and accepted == 1
+    assert len(protocols) == 1 and type(protocols[0]) is H1Connection
+
+
+def test_the_relay_client_dials_https_replicas_on_asyncios_transports(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    started: list[SocketTransport] = []
+    start = SocketTransport.start
+
+    def recording_start(self: SocketTransport) -> None:
+        started.append(self)
+        start(self)
+
+    monkeypatch.setattr(SocketTransport, "start", recording_start)
+    ca, cert, key = _write_pki(tmp_path)
+    server_tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_tls.load_cert_chain(cert, key)
+    body, accepted = asyncio.run(_client_exchange(
+        ssl.create_default_context(cafile=str(ca)), server_tls))
+    assert body == b"okok" and accepted == 1
+    assert started == []
