@@ -19,8 +19,10 @@ transport as the oracle (``tests/gateway/test_h1_transport.py``):
   write; the socket is closed after it.
 * ``data_received`` with what ``recv`` returned (up to :data:`READ_SIZE` bytes); at end of
   stream ``eof_received``, and a close unless it returns true (then reading stops and writes
-  go on). ``eof_received`` is called once: asyncio's calls it again after a
-  ``resume_reading``, which reads the end of stream a second time.
+  go on). If either raises, the connection ends as after a failed read (the loop's exception
+  handler told, the buffer dropped, ``connection_lost`` with the exception).
+  ``eof_received`` is called once: asyncio's calls it again after a ``resume_reading``, which
+  reads the end of stream a second time.
 * ``write`` sends at once what the socket takes and buffers the rest; the protocol's
   ``pause_writing`` when the buffer rises above the high-water mark (64 KiB by default) and
   ``resume_writing`` when it falls to the low-water mark (a quarter of it), as asyncio's
@@ -122,11 +124,22 @@ class SocketTransport(asyncio.Transport):
             return
         protocol = self._protocol
         if data:
-            protocol.data_received(data)  # type: ignore[union-attr]
+            try:
+                protocol.data_received(data)  # type: ignore[union-attr]
+            except (SystemExit, KeyboardInterrupt):
+                raise
+            except BaseException as exc:  # as asyncio: a failing protocol ends the connection
+                self._fatal(exc, "protocol.data_received() call failed")
             return
         self._at_eof = True
         self._loop.remove_reader(self._fd)
-        keep_open = protocol.eof_received()  # type: ignore[union-attr]
+        try:
+            keep_open = protocol.eof_received()  # type: ignore[union-attr]
+        except (SystemExit, KeyboardInterrupt):
+            raise
+        except BaseException as exc:
+            self._fatal(exc, "protocol.eof_received() call failed")
+            return
         if not keep_open:
             self.close()
 
@@ -302,8 +315,10 @@ class SocketTransport(asyncio.Transport):
 
     def _fatal(self, exc: BaseException, what: str) -> None:
         if not isinstance(exc, OSError):
+            message = (f"Fatal error: {what}" if what.startswith("protocol.")
+                       else f"Fatal {what} error on a socket transport")
             self._loop.call_exception_handler({
-                "message": f"Fatal {what} error on a socket transport", "exception": exc,
+                "message": message, "exception": exc,
                 "transport": self, "protocol": self._protocol})
         self._force_close(exc)
 
