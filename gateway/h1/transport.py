@@ -100,10 +100,22 @@ class SocketTransport(asyncio.Transport):
         self._low = _HIGH_WATER // 4
 
     def start(self) -> None:
-        """Tell the protocol (``connection_made``, now) and start reading."""
+        """Tell the protocol (``connection_made``, now) and start reading.
+
+        If ``connection_made`` raises, the connection ends as a fatal error (the loop's
+        exception handler told, ``connection_lost`` with the exception from a later step, the
+        socket closed); asyncio's transport would read on with a protocol that could not set
+        itself up, and the caller here would be left with a socket nobody reads or closes.
+        """
         protocol = self._protocol
         assert protocol is not None
-        protocol.connection_made(self)
+        try:
+            protocol.connection_made(self)
+        except (SystemExit, KeyboardInterrupt):
+            raise
+        except BaseException as exc:
+            self._fatal(exc, "protocol.connection_made() call failed")
+            return
         if not self._closing and not self._read_paused:
             self._loop.add_reader(self._fd, self._read_ready)
 
