@@ -420,11 +420,10 @@ class Listener:
         self._retry: asyncio.TimerHandle | None = None
         local = sock.getsockname()
         # Every connection's local address is the listener's unless it listens on a wildcard
-        # address (then each connection reads its own, when asked).
+        # address (then each connection reads its own, when asked): None.
         wildcard = (sock.family not in (socket.AF_INET, socket.AF_INET6)
                     or ipaddress.ip_address(local[0]).is_unspecified)
-        self._extra_of = "peername" if wildcard else "both"
-        self._local = local
+        self._sockname: Any = None if wildcard else local
 
     @property
     def sockets(self) -> tuple[socket.socket, ...]:
@@ -471,11 +470,12 @@ class Listener:
                     self._retry = loop.call_later(_RETRY_ACCEPT_S, self._resume)
                     return
                 raise
+            extra = {"peername": peer}
+            if self._sockname is not None:
+                extra["sockname"] = self._sockname
             try:
-                extra = ({"peername": peer} if self._extra_of == "peername"
-                         else {"peername": peer, "sockname": self._local})
                 transport = SocketTransport(loop, conn, factory(), extra)
-            except OSError:  # the client reset it already (its name is gone): drop it
+            except OSError:  # setting the socket up failed (the client reset it): drop it
                 conn.close()
                 continue
             transport.start()
